@@ -1,0 +1,46 @@
+# Decides whether the CUDA backend is built and, if so, finds the toolkit, cuBLAS and NCCL.
+# Sets ZRT_HAVE_CUDA and the imported target zrt::nccl.
+set(ZRT_HAVE_CUDA OFF)
+if(ZRT_CUDA STREQUAL "OFF")
+  return()
+endif()
+if(NOT ZRT_CUDA MATCHES "^(AUTO|ON)$")
+  message(FATAL_ERROR "ZRT_CUDA must be AUTO, ON or OFF, not '${ZRT_CUDA}'")
+endif()
+
+# nvcc is often installed off PATH; look in the usual place before giving up.
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  find_program(_zrt_nvcc nvcc)
+  if(NOT _zrt_nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+endif()
+include(CheckLanguage)
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  if(ZRT_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "ZRT_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+  message(STATUS "zrt: nvcc not found; building the CPU backend only")
+  return()
+endif()
+
+if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+  set(CMAKE_CUDA_ARCHITECTURES 80 90)
+endif()
+enable_language(CUDA)
+set(CMAKE_CUDA_STANDARD 17)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+find_package(CUDAToolkit REQUIRED)
+
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/include)
+find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/lib)
+if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+  message(FATAL_ERROR "CUDA found but NCCL is missing (nccl.h: ${NCCL_INCLUDE_DIR}, libnccl: ${NCCL_LIBRARY})")
+endif()
+add_library(zrt::nccl UNKNOWN IMPORTED)
+set_target_properties(zrt::nccl PROPERTIES
+  IMPORTED_LOCATION ${NCCL_LIBRARY}
+  INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+set(ZRT_HAVE_CUDA ON)
+message(STATUS "zrt: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_LIBRARY}")

@@ -1,0 +1,382 @@
+#include "runtime/comm/mpi_process_group.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/reduce_kernels.h"
+#include "runtime/common/error.h"
+#include "runtime/device/cpu_stream.h"
+#include "runtime/device/device_access.h"
+
+namespace zrt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void require_thread_multiple() {
+  int level = 0;
+  ZRT_MPI_CHECK(MPI_Query_thread(&level));
+  ZRT_CHECK(level >= MPI_THREAD_MULTIPLE,
+            "MPI was initialised without MPI_THREAD_MULTIPLE (level {}); collectives run on "
+            "stream threads and need it. Initialise MPI through zrt::MpiRuntime.",
+            level);
+}
+
+MPI_Datatype mpi_int_type(DType dtype) {
+  return dtype == DType::kInt32 ? MPI_INT32_T : MPI_INT64_T;
+}
+
+// A block of `bytes` bytes whose extent is `stride` bytes: chunk c of every rank's slice.
+class StridedBlock {
+ public:
+  StridedBlock(std::int64_t bytes, std::int64_t stride) {
+    MPI_Datatype contiguous = MPI_DATATYPE_NULL;
+    ZRT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &contiguous));
+    ZRT_MPI_CHECK(MPI_Type_create_resized(contiguous, 0, stride, &type_));
+    ZRT_MPI_CHECK(MPI_Type_commit(&type_));
+    MPI_Type_free(&contiguous);
+  }
+  ~StridedBlock() { MPI_Type_free(&type_); }
+  StridedBlock(const StridedBlock&) = delete;
+  StridedBlock& operator=(const StridedBlock&) = delete;
+  MPI_Datatype get() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_DATATYPE_NULL;
+};
+
+bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+}  // namespace
+
+MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream,
+                                 std::string name, CommOptions options)
+    : ProcessGroup(0, 1, std::move(name), &stream),
+      device_(device),
+      cpu_stream_(as_cpu_stream(stream, "MpiProcessGroup")),
+      options_(options) {
+  ZRT_CHECK(device.type() == DeviceType::kCpu, "the MPI process group needs the CPU device, not {}",
+            device.description());
+  require_thread_multiple();
+  ZRT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiProcessGroup::MpiProcessGroup(Adopt, Device& device, MPI_Comm comm, Stream& stream,
+                                 std::string name, CommOptions options)
+    : ProcessGroup(0, 1, std::move(name), &stream),
+      device_(device),
+      cpu_stream_(as_cpu_stream(stream, "MpiProcessGroup")),
+      options_(options),
+      comm_(comm) {
+  ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+}
+
+MpiProcessGroup::~MpiProcessGroup() {
+  try {
+    stream_->synchronize();
+  } catch (const std::exception& e) {
+    spdlog::debug("group '{}' closes after an error: {}", name_, e.what());
+  }
+  // A timed-out operation is still pending in MPI. Give late peers a moment to complete it;
+  // if they do not, leak the communicator rather than free it under a live request.
+  const auto deadline = Clock::now() + std::chrono::seconds(2);
+  for (MPI_Request& req : abandoned_) {
+    int done = 0;
+    while (!done && Clock::now() < deadline) {
+      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      if (!done) std::this_thread::yield();
+    }
+    if (!done) {
+      spdlog::warn("group '{}': an abandoned collective is still pending; leaking its "
+                   "communicator", name_);
+      return;
+    }
+  }
+  MPI_Comm_free(&comm_);
+}
+
+std::string MpiProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
+  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
+                     name_, rank_, size_);
+}
+
+void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
+  stats_.add(op, bytes);
+  const double bandwidth = options_.simulated_bandwidth_bytes_per_s;
+  const double latency = options_.simulated_latency_s;
+  if (bandwidth <= 0.0 && latency <= 0.0) {
+    cpu_stream_.enqueue(std::move(body));
+    return;
+  }
+  const double bus_bytes = static_cast<double>(bytes) * bus_factor(op, size_);
+  const double seconds = latency + (bandwidth > 0.0 ? bus_bytes / bandwidth : 0.0);
+  cpu_stream_.enqueue([body = std::move(body), seconds] {
+    const auto start = Clock::now();
+    body();
+    // The simulated link finishes no earlier than its modelled time; sleeping costs no CPU.
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(seconds)));
+  });
+}
+
+void MpiProcessGroup::wait(MPI_Request& req, const std::string& what) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(options_.timeout_s));
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    ZRT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    if ((polls & 63u) == 63u) {
+      if (Clock::now() > deadline) {
+        abandoned_.push_back(req);
+        throw Timeout(__FILE__, __LINE__,
+                      fmt::format("{} did not complete within {:.1f} s (comm_timeout_s): a peer "
+                                  "rank died, stalled, or issued collectives in another order",
+                                  what, options_.timeout_s));
+      }
+      std::this_thread::yield();
+    }
+  }
+}
+
+std::byte* MpiProcessGroup::scratch(int which, std::int64_t bytes) {
+  Buffer& buf = scratch_[which];
+  if (buf.bytes() < bytes) {
+    buf.reset();
+    buf = device_.allocate(bytes, MemCategory::kComm,
+                           fmt::format("group '{}' collective scratch", name_));
+  }
+  return device_access::raw(buf.device<std::byte>());
+}
+
+std::int64_t MpiProcessGroup::chunk_elements(std::int64_t elem_bytes, int parts) const {
+  const std::int64_t per_part = options_.max_chunk_bytes / (elem_bytes * parts);
+  const std::int64_t int_limit = INT_MAX / elem_bytes;
+  return std::max<std::int64_t>(1, std::min({per_part, int_limit}));
+}
+
+// ---- all_gather ------------------------------------------------------------------------------
+
+void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                 std::int64_t count, DType dtype) {
+  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = src == dst + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
+            "{}: input overlaps the output but is not this rank's slice of it",
+            describe("all_gather", count, dtype));
+  enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
+          [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
+}
+
+void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::int64_t count,
+                                     DType dtype) {
+  if (count == 0) return;
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = in == out + rank_ * count * elem;
+  const std::int64_t chunk = chunk_elements(elem, size_);
+  const std::string what = describe("all_gather", count, dtype);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (count <= chunk) {
+    const int bytes = static_cast<int>(count * elem);
+    ZRT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, bytes, MPI_BYTE, out, bytes,
+                                 MPI_BYTE, comm_, &req));
+    wait(req, what);
+    return;
+  }
+  for (std::int64_t first = 0; first < count; first += chunk) {
+    const std::int64_t n = std::min(chunk, count - first);
+    StridedBlock block(n * elem, count * elem);
+    ZRT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in + first * elem,
+                                 static_cast<int>(n * elem), MPI_BYTE, out + first * elem, 1,
+                                 block.get(), comm_, &req));
+    wait(req, what);
+  }
+}
+
+// ---- reduce_scatter --------------------------------------------------------------------------
+
+void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                     std::int64_t count, DType dtype, ReduceOp op) {
+  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
+  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
+            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
+            dtype_name(dtype));
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = dst == src + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
+            "{}: output overlaps the input but is not this rank's slice of it",
+            describe("reduce_scatter", count, dtype));
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
+              "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
+              "the alltoall algorithm", dtype_name(dtype));
+  }
+  enqueue(CollectiveOp::kReduceScatter,
+          collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
+          [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
+}
+
+void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count,
+                                         DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::string what = describe("reduce_scatter", count, dtype);
+  const std::int64_t chunk = chunk_elements(elem, size_);
+  MPI_Request req = MPI_REQUEST_NULL;
+  for (std::int64_t first = 0; first < count; first += chunk) {
+    const std::int64_t n = std::min(chunk, count - first);
+    StridedBlock block(n * elem, count * elem);
+    if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+      // MPI reduces into the receive buffer; go through scratch so in-place calls stay legal.
+      std::byte* result = scratch(0, n * elem);
+      const MPI_Datatype base = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
+      MPI_Datatype strided = MPI_DATATYPE_NULL;
+      MPI_Datatype contiguous = MPI_DATATYPE_NULL;
+      ZRT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(n), base, &contiguous));
+      ZRT_MPI_CHECK(MPI_Type_create_resized(contiguous, 0, count * elem, &strided));
+      ZRT_MPI_CHECK(MPI_Type_commit(&strided));
+      MPI_Type_free(&contiguous);
+      const int rc = MPI_Ireduce_scatter_block(in + first * elem, result, 1, strided, MPI_SUM,
+                                               comm_, &req);
+      MPI_Type_free(&strided);
+      ZRT_MPI_CHECK(rc);
+      wait(req, what);
+      if (op == ReduceOp::kAvg) {
+        auto* f = reinterpret_cast<float*>(result);
+        for (std::int64_t i = 0; i < n; ++i) f[i] /= static_cast<float>(size_);
+      }
+      std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
+      continue;
+    }
+    std::byte* received = scratch(0, size_ * n * elem);
+    ZRT_MPI_CHECK(MPI_Ialltoall(in + first * elem, 1, block.get(), received,
+                                static_cast<int>(n * elem), MPI_BYTE, comm_, &req));
+    wait(req, what);
+    reduce_blocks(received, n, size_, n, dtype, op, out + first * elem);
+  }
+}
+
+// ---- all_reduce ------------------------------------------------------------------------------
+
+void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                 std::int64_t count, DType dtype, ReduceOp op) {
+  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
+  if (is_floating(dtype)) {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+  } else {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+    ZRT_CHECK(count <= INT_MAX, "integer all_reduce of {} elements is too large", count);
+  }
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
+            "{}: input and output overlap without being the same buffer",
+            describe("all_reduce", count, dtype));
+  enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
+          [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
+}
+
+void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count,
+                                     DType dtype, ReduceOp op) {
+  if (count == 0) return;
+  const std::string what = describe("all_reduce", count, dtype);
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (!is_floating(dtype)) {
+    // Integer sums and maxima are exact in any order: MPI's own all-reduce is fine.
+    ZRT_MPI_CHECK(MPI_Iallreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count),
+                                 mpi_int_type(dtype), op == ReduceOp::kMax ? MPI_MAX : MPI_SUM,
+                                 comm_, &req));
+    wait(req, what);
+    return;
+  }
+  // Floats: reduce-scatter then all-gather over a zero-padded copy, so every rank computes
+  // the same sums in the same order and the replicas stay bit-identical.
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t piece = chunk_elements(elem, size_) * size_;
+  for (std::int64_t first = 0; first < count; first += piece) {
+    const std::int64_t total = std::min(piece, count - first);
+    const std::int64_t slice = (total + size_ - 1) / size_;
+    const std::int64_t padded_bytes = slice * size_ * elem;
+    std::byte* work = scratch(1, padded_bytes);
+    std::byte* received = scratch(0, padded_bytes);
+    std::memcpy(work, in + first * elem, static_cast<std::size_t>(total * elem));
+    std::memset(work + total * elem, 0, static_cast<std::size_t>(padded_bytes - total * elem));
+    const int slice_bytes = static_cast<int>(slice * elem);
+    ZRT_MPI_CHECK(MPI_Ialltoall(work, slice_bytes, MPI_BYTE, received, slice_bytes, MPI_BYTE,
+                                comm_, &req));
+    wait(req, what);
+    reduce_blocks(received, slice, size_, slice, dtype, op, work + rank_ * slice * elem);
+    ZRT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, slice_bytes, MPI_BYTE, work, slice_bytes,
+                                 MPI_BYTE, comm_, &req));
+    wait(req, what);
+    std::memcpy(out + first * elem, work, static_cast<std::size_t>(total * elem));
+  }
+}
+
+// ---- broadcast, barrier, split ---------------------------------------------------------------
+
+void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
+                                int root) {
+  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
+  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
+            name_, size_);
+  std::byte* data = device_access::raw(buf);
+  const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+  enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+          [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
+            const std::int64_t chunk = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
+            for (std::int64_t first = 0; first < bytes; first += chunk) {
+              MPI_Request req = MPI_REQUEST_NULL;
+              ZRT_MPI_CHECK(MPI_Ibcast(data + first,
+                                       static_cast<int>(std::min(chunk, bytes - first)),
+                                       MPI_BYTE, root, comm_, &req));
+              wait(req, what);
+            }
+          });
+}
+
+void MpiProcessGroup::barrier() {
+  enqueue(CollectiveOp::kBarrier, 0, [this] {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ZRT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
+    wait(req, fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_));
+  });
+}
+
+std::unique_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, Stream& stream,
+                                                     const std::string& name) {
+  // MPI_Comm_split is a collective on comm_, so it must run in the group's stream order,
+  // never concurrently with the worker's operations.
+  MPI_Comm child = MPI_COMM_NULL;
+  cpu_stream_.enqueue(
+      [this, color, key, &child] { ZRT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child)); });
+  stream_->synchronize();
+  return std::unique_ptr<ProcessGroup>(
+      new MpiProcessGroup(Adopt{}, device_, child, stream, name, options_));
+}
+
+}  // namespace zrt

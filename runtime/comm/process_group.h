@@ -1,0 +1,106 @@
+// ProcessGroup: the collectives seam. Stream-ordered and asynchronous, as NCCL: each call
+// enqueues the operation on the group's stream and returns at once; record an event after it
+// to know when its output is ready or its input may be reused.
+//
+// One group = one communicator = one issuing stream. MPI forbids concurrent collectives on a
+// communicator and every rank must issue them in the same order, so each stream that
+// communicates gets its own group (create them in the same order on every rank, from one
+// thread). Buffers are device memory: a CPU device pairs with MPI, a CUDA device with NCCL.
+//
+// Reductions on 16-bit floats are summed in fp32, in rank order, so every rank (and every run)
+// gets bit-identical results; all_reduce on floats is a reduce-scatter followed by an
+// all-gather for the same reason.
+//
+// Every operation honours CommOptions::timeout_s: one that does not finish in time makes the
+// stream fail with zrt::Timeout naming the operation, its size and the group.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <mpi.h>
+
+#include "runtime/comm/comm_stats.h"
+#include "runtime/common/dtype.h"
+#include "runtime/device/device.h"
+
+namespace zrt {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* reduce_op_name(ReduceOp op);
+
+// How the MPI backend implements reduce-scatter.
+enum class ReduceScatterAlgo {
+  kAlltoall,  // MPI_Ialltoall + local fp32 sum in rank order (default; measured faster)
+  kNative,    // MPI_Ireduce_scatter_block (fp32 and integers only)
+};
+
+struct CommOptions {
+  double timeout_s = 600.0;
+  ReduceScatterAlgo reduce_scatter_algo = ReduceScatterAlgo::kAlltoall;
+  // Largest piece one MPI call moves per rank; bounds scratch memory and keeps counts in int.
+  std::int64_t max_chunk_bytes = std::int64_t{32} << 20;
+  // CPU backend only: model a link. An operation completes no earlier than
+  // latency + bus bytes / bandwidth after it starts (a sleep, costing no CPU). 0 disables.
+  double simulated_bandwidth_bytes_per_s = 0.0;
+  double simulated_latency_s = 0.0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  Stream& stream() const { return *stream_; }
+  const CommStats& stats() const { return stats_; }
+  CommStats& stats() { return stats_; }
+
+  // out[r*count .. (r+1)*count) = in of rank r. In place when in == out + rank*count.
+  virtual void all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                          std::int64_t count, DType dtype) = 0;
+  // out (count elements) = op over ranks of in[rank*count .. (rank+1)*count). kSum or kAvg.
+  // In place when out == in + rank*count.
+  virtual void reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                              std::int64_t count, DType dtype, ReduceOp op) = 0;
+  // out = op over ranks of in (count elements); in == out is allowed. Floats: kSum, kAvg;
+  // integers: kSum, kMax.
+  virtual void all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                          std::int64_t count, DType dtype, ReduceOp op) = 0;
+  // buf on every rank = buf of `root`.
+  virtual void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) = 0;
+  // Stream-ordered barrier: later work on the stream starts after every rank reached it.
+  virtual void barrier() = 0;
+
+  // Splits the group by colour (ranks with equal colour form a group, ordered by key, then
+  // by rank). Collective over this group; call it from the thread that owns the stream.
+  // The new group issues on `stream`.
+  virtual std::unique_ptr<ProcessGroup> split(int color, int key, Stream& stream,
+                                              const std::string& name) = 0;
+
+ protected:
+  ProcessGroup(int rank, int size, std::string name, Stream* stream)
+      : rank_(rank), size_(size), name_(std::move(name)), stream_(stream) {}
+  int rank_;
+  int size_;
+  std::string name_;
+  Stream* stream_;
+  CommStats stats_;
+};
+
+// Creates a group over `parent` (duplicated, so the group has its own communicator) issuing on
+// `stream`, of the kind `device` needs (MPI for cpu, NCCL for cuda). Collective over parent.
+std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
+                                                 const std::string& name,
+                                                 const CommOptions& options = {});
+
+// Payload bytes of one operation as nccl-tests counts them, and its bus-bandwidth factor.
+std::int64_t collective_bytes(CollectiveOp op, std::int64_t count, DType dtype, int world);
+double bus_factor(CollectiveOp op, int world);
+
+}  // namespace zrt

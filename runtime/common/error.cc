@@ -1,0 +1,26 @@
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+namespace {
+// Paths are reported relative to the source tree, so messages do not depend on the checkout.
+const char* short_path(const char* file) {
+  const std::string_view path(file);
+  for (const char* root : {"runtime/", "optimizers/", "kernels/", "models/", "offload/", "tools/", "tests/"}) {
+    const auto pos = path.rfind(root);
+    if (pos != std::string_view::npos) return file + pos;
+  }
+  return file;
+}
+}  // namespace
+
+Error::Error(const char* file, int line, const std::string& message)
+    : std::runtime_error(fmt::format("{}:{}: {}", short_path(file), line, message)) {}
+
+namespace detail {
+void throw_error(const char* file, int line, const std::string& message) {
+  throw Error(file, line, message);
+}
+}  // namespace detail
+
+}  // namespace zrt

@@ -1,0 +1,54 @@
+// Error types and checking macros. Library code reports failures by throwing zrt::Error (or a
+// subclass) with the source location and enough context to act on; it never calls exit().
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <spdlog/fmt/fmt.h>
+
+namespace zrt {
+
+// Base of every error zrt throws. what() carries "file:line: message".
+class Error : public std::runtime_error {
+ public:
+  Error(const char* file, int line, const std::string& message);
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// A configuration or argument the user supplied is invalid.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
+// A device (or simulated device) allocation would exceed its capacity.
+class OutOfMemory : public Error {
+ public:
+  using Error::Error;
+};
+
+// A collective or wait did not finish within comm_timeout_s.
+class Timeout : public Error {
+ public:
+  using Error::Error;
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const char* file, int line, const std::string& message);
+}  // namespace detail
+
+}  // namespace zrt
+
+// ZRT_CHECK(cond, "fmt {}", args...): throws zrt::Error naming the failed condition.
+#define ZRT_CHECK(cond, ...)                                                        \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      ::zrt::detail::throw_error(__FILE__, __LINE__,                                \
+                                 std::string("check failed: " #cond ": ") +         \
+                                     fmt::format(__VA_ARGS__));                     \
+    }                                                                               \
+  } while (0)
+
+// ZRT_THROW(Type, "fmt {}", args...): throws Type with file:line context.
+#define ZRT_THROW(Type, ...) throw Type(__FILE__, __LINE__, fmt::format(__VA_ARGS__))

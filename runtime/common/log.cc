@@ -1,0 +1,38 @@
+#include "runtime/common/log.h"
+
+#include <cstdlib>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+spdlog::level::level_enum parse_log_level(const std::string& name) {
+  static const std::pair<const char*, spdlog::level::level_enum> kLevels[] = {
+      {"trace", spdlog::level::trace}, {"debug", spdlog::level::debug},
+      {"info", spdlog::level::info},   {"warn", spdlog::level::warn},
+      {"error", spdlog::level::err},   {"off", spdlog::level::off}};
+  for (const auto& [n, level] : kLevels) {
+    if (name == n) return level;
+  }
+  ZRT_THROW(InvalidArgument, "unknown log level '{}'; use trace, debug, info, warn, error or off",
+            name);
+}
+
+void init_logging(int rank, const std::string& level) {
+  std::string chosen = level;
+  if (chosen.empty()) {
+    const char* env = std::getenv("ZRT_LOG_LEVEL");
+    chosen = env != nullptr ? env : "info";
+  }
+  auto logger = spdlog::get("zrt");
+  if (!logger) {
+    logger = spdlog::stderr_color_mt("zrt");
+    spdlog::set_default_logger(logger);
+  }
+  logger->set_pattern(fmt::format("[rank {}] [%^%l%$] %v", rank));
+  logger->set_level(parse_log_level(chosen));
+}
+
+}  // namespace zrt

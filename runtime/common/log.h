@@ -1,0 +1,19 @@
+// Rank-prefixed logging through spdlog. The logger is the one piece of global mutable state zrt
+// allows: call init_logging() once per process after the rank is known.
+#pragma once
+
+#include <string>
+
+#include <spdlog/spdlog.h>
+
+namespace zrt {
+
+// Configures the default spdlog logger so every line reads "[rank R] [level] message".
+// level: trace|debug|info|warn|error|off; empty takes ZRT_LOG_LEVEL from the environment,
+// else "info". Safe to call again (e.g. when the config's level becomes known).
+void init_logging(int rank, const std::string& level = "");
+
+// Parses a level name; throws InvalidArgument naming the valid ones.
+spdlog::level::level_enum parse_log_level(const std::string& name);
+
+}  // namespace zrt

@@ -1,0 +1,156 @@
+#include "runtime/device/cpu_stream.h"
+
+#include <chrono>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+namespace {
+thread_local bool t_in_host_callback = false;
+}  // namespace
+
+void check_not_in_host_callback(const char* api) {
+  ZRT_CHECK(!t_in_host_callback, "{} called from a host callback; host callbacks may not call "
+            "the stream API (as in CUDA)", api);
+}
+
+CpuStream& as_cpu_stream(Stream& stream, const char* what) {
+  auto* cpu = dynamic_cast<CpuStream*>(&stream);
+  ZRT_CHECK(cpu != nullptr, "{}: stream '{}' is not a CPU stream", what, stream.name());
+  return *cpu;
+}
+
+void CpuCompletion::complete(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+std::exception_ptr CpuCompletion::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [&] { return done_; });
+  return error_;
+}
+
+bool CpuCompletion::ready() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+CpuStream::CpuStream(std::string name, int delay_max_us, std::uint64_t seed,
+                     std::function<void(CpuStream*)> on_destroy)
+    : name_(std::move(name)),
+      delay_max_us_(delay_max_us),
+      rng_(seed ^ std::hash<std::string>{}(name_)),
+      on_destroy_(std::move(on_destroy)),
+      worker_([this] { run(); }) {}
+
+CpuStream::~CpuStream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+  if (on_destroy_) on_destroy_(this);
+}
+
+void CpuStream::push(Task task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+}
+
+void CpuStream::enqueue(std::function<void()> work) {
+  check_not_in_host_callback("Stream work");
+  push(Task{std::move(work), nullptr, nullptr, false});
+}
+
+void CpuStream::enqueue_signal(std::shared_ptr<CpuCompletion> signal) {
+  check_not_in_host_callback("Event::record");
+  push(Task{nullptr, std::move(signal), nullptr, false});
+}
+
+void CpuStream::wait(const Event& event) {
+  check_not_in_host_callback("Stream::wait");
+  const auto* cpu_event = dynamic_cast<const CpuEvent*>(&event);
+  ZRT_CHECK(cpu_event != nullptr, "stream '{}' cannot wait on an event of another backend",
+            name_);
+  auto latest = cpu_event->latest();
+  if (!latest) return;  // never recorded: a no-op, as in CUDA
+  push(Task{nullptr, nullptr, std::move(latest), false});
+}
+
+void CpuStream::synchronize() {
+  check_not_in_host_callback("Stream::synchronize");
+  auto done = std::make_shared<CpuCompletion>();
+  push(Task{nullptr, done, nullptr, false});
+  if (auto error = done->wait()) std::rethrow_exception(error);
+}
+
+void CpuStream::host_callback(std::function<void()> fn) {
+  check_not_in_host_callback("Stream::host_callback");
+  push(Task{std::move(fn), nullptr, nullptr, true});
+}
+
+void CpuStream::run() {
+  std::uniform_int_distribution<int> delay(0, delay_max_us_ > 0 ? delay_max_us_ : 0);
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    if (delay_max_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay(rng_)));
+    if (task.await) {
+      // An error on the stream we wait for poisons this one too, as a CUDA sticky error would.
+      if (auto upstream = task.await->wait(); upstream && !error_) error_ = upstream;
+    }
+    if (task.work && !error_) {
+      t_in_host_callback = task.is_callback;
+      try {
+        task.work();
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+      t_in_host_callback = false;
+    }
+    if (task.signal) task.signal->complete(error_);
+  }
+}
+
+void CpuEvent::record(Stream& stream) {
+  check_not_in_host_callback("Event::record");
+  auto completion = std::make_shared<CpuCompletion>();
+  as_cpu_stream(stream, "Event::record").enqueue_signal(completion);
+  std::lock_guard<std::mutex> lock(mutex_);
+  latest_ = std::move(completion);
+}
+
+void CpuEvent::synchronize() {
+  check_not_in_host_callback("Event::synchronize");
+  if (auto latest = this->latest()) {
+    if (auto error = latest->wait()) std::rethrow_exception(error);
+  }
+}
+
+bool CpuEvent::query() const {
+  auto latest = this->latest();
+  return !latest || latest->ready();
+}
+
+std::shared_ptr<CpuCompletion> CpuEvent::latest() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return latest_;
+}
+
+}  // namespace zrt

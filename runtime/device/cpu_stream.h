@@ -1,0 +1,96 @@
+// The CPU backend's streams and events: each stream is an in-order queue run by one worker
+// thread; events are shared completion objects, one per record, so a wait binds to the record
+// that was latest when the wait was issued (CUDA's semantics, see stream.h).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "runtime/device/stream.h"
+
+namespace zrt {
+
+// One record of an event: completes when the stream reaches it, carrying the stream's error.
+class CpuCompletion {
+ public:
+  void complete(std::exception_ptr error);
+  // Blocks until complete; returns the error it completed with (null if none).
+  std::exception_ptr wait();
+  bool ready() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class CpuStream final : public Stream {
+ public:
+  // delay_max_us > 0 sleeps a random 0..delay_max_us before each work item (race detection).
+  // on_destroy, if set, is called with this stream at the end of its destructor.
+  CpuStream(std::string name, int delay_max_us, std::uint64_t seed,
+            std::function<void(CpuStream*)> on_destroy = {});
+  ~CpuStream() override;  // finishes all enqueued work, then joins the worker
+
+  const std::string& name() const override { return name_; }
+  void wait(const Event& event) override;
+  void synchronize() override;
+  void host_callback(std::function<void()> fn) override;
+
+  // Backend use (kernels, copies, collectives): runs `work` on the worker in stream order.
+  // An exception thrown by work becomes the stream's sticky error.
+  void enqueue(std::function<void()> work);
+  // Completes `signal` when the stream reaches this point.
+  void enqueue_signal(std::shared_ptr<CpuCompletion> signal);
+
+ private:
+  struct Task {
+    std::function<void()> work;
+    std::shared_ptr<CpuCompletion> signal;  // complete after work
+    std::shared_ptr<CpuCompletion> await;   // wait for before work
+    bool is_callback = false;
+  };
+  void push(Task task);
+  void run();
+
+  const std::string name_;
+  const int delay_max_us_;
+  std::mt19937_64 rng_;  // used by the worker only
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::exception_ptr error_;  // sticky; written by the worker only
+  std::function<void(CpuStream*)> on_destroy_;
+  std::thread worker_;
+};
+
+class CpuEvent final : public Event {
+ public:
+  void record(Stream& stream) override;
+  void synchronize() override;
+  bool query() const override;
+  // The most recent record, or null if never recorded.
+  std::shared_ptr<CpuCompletion> latest() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::shared_ptr<CpuCompletion> latest_;
+};
+
+// Throws if called from inside a host callback (stream API calls are not allowed there).
+void check_not_in_host_callback(const char* api);
+
+// Returns the CPU stream behind `stream`, or throws naming `what` if it is another backend's.
+CpuStream& as_cpu_stream(Stream& stream, const char* what);
+
+}  // namespace zrt

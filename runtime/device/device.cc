@@ -1,0 +1,40 @@
+#include "runtime/device/device.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "runtime/common/error.h"
+#include "runtime/device/cpu_device.h"
+#if ZRT_HAVE_CUDA
+#include "runtime/device/cuda_device.h"
+#endif
+
+namespace zrt {
+
+const char* device_type_name(DeviceType t) {
+  return t == DeviceType::kCpu ? "cpu" : "cuda";
+}
+
+std::unique_ptr<Device> make_device(const DeviceOptions& options) {
+  DeviceOptions chosen = options;
+  // ZRT_STREAM_DELAY_US turns on race detection for any program without a rebuild.
+  if (chosen.stream_delay_max_us == 0) {
+    if (const char* env = std::getenv("ZRT_STREAM_DELAY_US")) {
+      chosen.stream_delay_max_us = std::stoi(env);
+    }
+  }
+  if (chosen.type == DeviceType::kCpu) return std::make_unique<CpuDevice>(chosen);
+#if ZRT_HAVE_CUDA
+  return make_cuda_device(chosen);
+#else
+  ZRT_THROW(InvalidArgument,
+            "device type 'cuda' requested but this zrt was built without CUDA (ZRT_CUDA=OFF or "
+            "no nvcc at configure time)");
+#endif
+}
+
+#if !ZRT_HAVE_CUDA
+int cuda_device_count() { return 0; }
+#endif
+
+}  // namespace zrt

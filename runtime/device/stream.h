@@ -1,0 +1,62 @@
+// Stream and Event: in-order work queues and the markers that order work across them, with
+// CUDA's semantics on every backend.
+//
+// - Work enqueued on one stream runs in order; streams run concurrently with each other.
+// - Event::record(s) marks the point in s after everything enqueued so far.
+// - Stream::wait(e) makes later work on the stream wait for e's most recent record *at the
+//   time of the wait call*; re-recording e afterwards does not change what was waited for.
+//   Waiting on a never-recorded event is a no-op.
+// - A host callback runs on the host in stream order and must not call the stream API
+//   (it throws if it does, on the CPU backend).
+// - An error in stream work (a timed-out collective, say) is sticky: later work on that stream
+//   is skipped, and synchronize() or a wait on an event recorded after it rethrows it.
+//
+// Streams and events are not thread-safe objects: one thread enqueues on a given stream.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace zrt {
+
+class Event;
+
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  virtual const std::string& name() const = 0;
+  // Later work on this stream waits for `event`'s most recent record (see above).
+  virtual void wait(const Event& event) = 0;
+  // Blocks the calling thread until all work enqueued so far has finished; rethrows a stream
+  // error.
+  virtual void synchronize() = 0;
+  // Runs fn on the host after all work enqueued so far; later work waits for it.
+  virtual void host_callback(std::function<void()> fn) = 0;
+
+ protected:
+  Stream() = default;
+};
+
+class Event {
+ public:
+  virtual ~Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  // Captures the work enqueued on `stream` so far.
+  virtual void record(Stream& stream) = 0;
+  // Blocks until the most recent record has completed (returns at once if never recorded);
+  // rethrows the recording stream's error.
+  virtual void synchronize() = 0;
+  // Returns true iff the most recent record has completed (or the event was never recorded).
+  virtual bool query() const = 0;
+
+ protected:
+  Event() = default;
+};
+
+}  // namespace zrt

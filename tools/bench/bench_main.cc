@@ -1,0 +1,145 @@
+// zrt-bench: performance figures, printed as tables next to their references (see
+// BENCHMARKS.md for recorded runs). Usage: zrt-bench <subcommand> [options].
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "tools/bench/bench.h"
+
+#include "runtime/common/error.h"
+
+namespace zrt::bench {
+
+namespace {
+struct Entry {
+  const char* name;
+  Command run;
+  const char* help;
+};
+constexpr Entry kCommands[] = {
+    {"collectives", collectives,
+     "all-gather / reduce-scatter time, algbw, busbw vs MPI_Allgather and "
+     "MPI_Reduce_scatter_block (run under mpirun)"},
+};
+
+void usage() {
+  std::fprintf(stderr, "usage: zrt-bench <subcommand> [options]\nsubcommands:\n");
+  for (const Entry& e : kCommands) std::fprintf(stderr, "  %-12s %s\n", e.name, e.help);
+}
+}  // namespace
+
+Args::Args(int argc, char** argv, std::vector<std::string> known) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      values_.emplace_back("help", "");
+      continue;
+    }
+    if (arg.rfind("--", 0) != 0) ZRT_THROW(InvalidArgument, "unexpected argument '{}'", arg);
+    std::string key = arg.substr(2);
+    std::string value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (i + 1 < argc && std::strncmp(argv[i + 1], "--", 2) != 0) {
+      value = argv[++i];
+    }
+    if (std::find(known.begin(), known.end(), key) == known.end()) {
+      std::string list;
+      for (const auto& k : known) list += " --" + k;
+      ZRT_THROW(InvalidArgument, "unknown option '--{}'; known:{}", key, list);
+    }
+    values_.emplace_back(key, value);
+  }
+}
+
+bool Args::has(const std::string& key) const {
+  for (const auto& [k, v] : values_) {
+    if (k == key) return true;
+  }
+  return false;
+}
+
+std::string Args::get(const std::string& key, const std::string& fallback) const {
+  for (const auto& [k, v] : values_) {
+    if (k == key) return v;
+  }
+  return fallback;
+}
+
+double Args::get_double(const std::string& key, double fallback) const {
+  return has(key) ? std::stod(get(key, "")) : fallback;
+}
+
+std::int64_t Args::get_bytes(const std::string& key, std::int64_t fallback) const {
+  if (!has(key)) return fallback;
+  std::string text = get(key, "");
+  std::int64_t scale = 1;
+  switch (text.empty() ? '\0' : text.back()) {
+    case 'K': case 'k': scale = 1 << 10; text.pop_back(); break;
+    case 'M': case 'm': scale = 1 << 20; text.pop_back(); break;
+    case 'G': case 'g': scale = std::int64_t{1} << 30; text.pop_back(); break;
+    default: break;
+  }
+  return static_cast<std::int64_t>(std::stod(text) * static_cast<double>(scale));
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t mid = values.size() / 2;
+  return values.size() % 2 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+std::string Table::str() const {
+  std::vector<std::size_t> width(header_.size(), 0);
+  auto widen = [&](const std::vector<std::string>& row) {
+    for (std::size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  };
+  widen(header_);
+  for (const auto& r : rows_) widen(r);
+  auto line = [&](const std::vector<std::string>& row) {
+    std::string out;
+    for (std::size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      out += std::string(width[i] - row[i].size(), ' ') + row[i] + (i + 1 < row.size() ? "  " : "");
+    }
+    return out + "\n";
+  };
+  std::string out = line(header_);
+  for (const auto& r : rows_) out += line(r);
+  return out;
+}
+
+std::string human_bytes(std::int64_t bytes) {
+  if (bytes >= (std::int64_t{1} << 30) && bytes % (std::int64_t{1} << 30) == 0)
+    return std::to_string(bytes >> 30) + "G";
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + "M";
+  if (bytes >= (1 << 10) && bytes % (1 << 10) == 0) return std::to_string(bytes >> 10) + "K";
+  return std::to_string(bytes);
+}
+
+}  // namespace zrt::bench
+
+int main(int argc, char** argv) {
+  using namespace zrt::bench;
+  if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
+    usage();
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Entry& e : kCommands) {
+    if (std::strcmp(argv[1], e.name) == 0) {
+      try {
+        return e.run(argc - 1, argv + 1);
+      } catch (const std::exception& ex) {
+        std::fprintf(stderr, "zrt-bench %s: %s\n", e.name, ex.what());
+        return 1;
+      }
+    }
+  }
+  std::fprintf(stderr, "zrt-bench: unknown subcommand '%s'\n", argv[1]);
+  usage();
+  return 2;
+}
