@@ -218,6 +218,11 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
             "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
             dtype_name(dtype));
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
+              "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
+              "the alltoall algorithm", dtype_name(dtype));
+  }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
@@ -225,11 +230,6 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
             "{}: output overlaps the input but is not this rank's slice of it",
             describe("reduce_scatter", count, dtype));
-  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
-    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
-              "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
-              "the alltoall algorithm", dtype_name(dtype));
-  }
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
@@ -244,21 +244,23 @@ void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, st
   MPI_Request req = MPI_REQUEST_NULL;
   for (std::int64_t first = 0; first < count; first += chunk) {
     const std::int64_t n = std::min(chunk, count - first);
-    StridedBlock block(n * elem, count * elem);
     if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
-      // MPI reduces into the receive buffer; go through scratch so in-place calls stay legal.
+      // OpenMPI applies predefined reductions to basic types only, so a chunk's strided blocks
+      // are packed first (a single chunk is already contiguous). The result goes through
+      // scratch so in-place calls stay legal.
+      const std::byte* send = in;
+      if (n != count) {
+        std::byte* packed = scratch(1, size_ * n * elem);
+        for (int r = 0; r < size_; ++r) {
+          std::memcpy(packed + r * n * elem, in + (r * count + first) * elem,
+                      static_cast<std::size_t>(n * elem));
+        }
+        send = packed;
+      }
       std::byte* result = scratch(0, n * elem);
-      const MPI_Datatype base = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
-      MPI_Datatype strided = MPI_DATATYPE_NULL;
-      MPI_Datatype contiguous = MPI_DATATYPE_NULL;
-      ZRT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(n), base, &contiguous));
-      ZRT_MPI_CHECK(MPI_Type_create_resized(contiguous, 0, count * elem, &strided));
-      ZRT_MPI_CHECK(MPI_Type_commit(&strided));
-      MPI_Type_free(&contiguous);
-      const int rc = MPI_Ireduce_scatter_block(in + first * elem, result, 1, strided, MPI_SUM,
-                                               comm_, &req);
-      MPI_Type_free(&strided);
-      ZRT_MPI_CHECK(rc);
+      const MPI_Datatype type = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
+      ZRT_MPI_CHECK(MPI_Ireduce_scatter_block(send, result, static_cast<int>(n), type, MPI_SUM,
+                                              comm_, &req));
       wait(req, what);
       if (op == ReduceOp::kAvg) {
         auto* f = reinterpret_cast<float*>(result);
@@ -267,6 +269,7 @@ void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, st
       std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
       continue;
     }
+    StridedBlock block(n * elem, count * elem);
     std::byte* received = scratch(0, size_ * n * elem);
     ZRT_MPI_CHECK(MPI_Ialltoall(in + first * elem, 1, block.get(), received,
                                 static_cast<int>(n * elem), MPI_BYTE, comm_, &req));
