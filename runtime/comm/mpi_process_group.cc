@@ -133,16 +133,22 @@ void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function
 }
 
 void MpiProcessGroup::wait(MPI_Request& req, const std::string& what) {
+  wait_all(&req, 1, what);
+}
+
+void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(
                          std::chrono::duration<double>(options_.timeout_s));
   for (unsigned polls = 0;; ++polls) {
     int done = 0;
-    ZRT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     if ((polls & 63u) == 63u) {
       if (Clock::now() > deadline) {
-        abandoned_.push_back(req);
+        for (int i = 0; i < n; ++i) {
+          if (reqs[i] != MPI_REQUEST_NULL) abandoned_.push_back(reqs[i]);
+        }
         throw Timeout(__FILE__, __LINE__,
                       fmt::format("{} did not complete within {:.1f} s (comm_timeout_s): a peer "
                                   "rank died, stalled, or issued collectives in another order",
@@ -189,25 +195,31 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
                                      DType dtype) {
   if (count == 0) return;
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = in == out + rank_ * count * elem;
-  const std::int64_t chunk = chunk_elements(elem, size_);
-  const std::string what = describe("all_gather", count, dtype);
-  MPI_Request req = MPI_REQUEST_NULL;
-  if (count <= chunk) {
-    const int bytes = static_cast<int>(count * elem);
-    ZRT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in, bytes, MPI_BYTE, out, bytes,
-                                 MPI_BYTE, comm_, &req));
-    wait(req, what);
-    return;
+  const std::int64_t bytes = count * elem;
+  std::byte* mine = out + rank_ * bytes;
+  if (in != mine) std::memcpy(mine, in, static_cast<std::size_t>(bytes));
+  if (size_ == 1) return;
+  // Every rank sends its slice to every peer and receives theirs, all messages posted at once
+  // (measured faster than OpenMPI's nonblocking MPI_Iallgather, whose schedule is a generic
+  // one, on one node). Large slices go as several messages to keep counts in int.
+  const std::int64_t piece = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
+  std::vector<MPI_Request>& reqs = requests_;
+  reqs.clear();
+  for (std::int64_t first = 0; first < bytes; first += piece) {
+    const int n = static_cast<int>(std::min(piece, bytes - first));
+    for (int step = 1; step < size_; ++step) {
+      const int from = (rank_ - step + size_) % size_;
+      reqs.emplace_back();
+      ZRT_MPI_CHECK(MPI_Irecv(out + from * bytes + first, n, MPI_BYTE, from, 0, comm_,
+                              &reqs.back()));
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int to = (rank_ + step) % size_;
+      reqs.emplace_back();
+      ZRT_MPI_CHECK(MPI_Isend(mine + first, n, MPI_BYTE, to, 0, comm_, &reqs.back()));
+    }
   }
-  for (std::int64_t first = 0; first < count; first += chunk) {
-    const std::int64_t n = std::min(chunk, count - first);
-    StridedBlock block(n * elem, count * elem);
-    ZRT_MPI_CHECK(MPI_Iallgather(in_place ? MPI_IN_PLACE : in + first * elem,
-                                 static_cast<int>(n * elem), MPI_BYTE, out + first * elem, 1,
-                                 block.get(), comm_, &req));
-    wait(req, what);
-  }
+  wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_gather", count, dtype));
 }
 
 // ---- reduce_scatter --------------------------------------------------------------------------

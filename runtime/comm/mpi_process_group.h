@@ -49,6 +49,7 @@ class MpiProcessGroup final : public ProcessGroup {
   void enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body);
   // Polls req until done; throws Timeout naming `what` after options_.timeout_s.
   void wait(MPI_Request& req, const std::string& what);
+  void wait_all(MPI_Request* reqs, int n, const std::string& what);
   std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Worker-thread scratch of at least `bytes` (comm category, grown on demand).
   std::byte* scratch(int which, std::int64_t bytes);
@@ -67,6 +68,7 @@ class MpiProcessGroup final : public ProcessGroup {
   MPI_Comm comm_ = MPI_COMM_NULL;
   Buffer scratch_[2];                   // touched by the worker only
   std::vector<MPI_Request> abandoned_;  // requests left pending by a timeout (worker only)
+  std::vector<MPI_Request> requests_;   // reused request list (worker only)
 };
 
 }  // namespace zrt

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/common/error.h"
+#include "runtime/common/simd.h"
 
 namespace zrt {
 
@@ -11,7 +12,6 @@ namespace {
 constexpr std::int64_t kTile = 2048;  // fp32 accumulator tile kept in L1
 
 // Widen a tile to fp32. Separate functions so each loop vectorizes on its own.
-#define ZRT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 ZRT_SIMD_CLONES void widen_bf16(const std::uint16_t* in, float* acc, std::int64_t n, bool add) {
   if (add) {

@@ -189,5 +189,9 @@ int wrong_results(Device& dev, bool with_wait, int trials) {
 TEST_CASE("random stream delays expose a missing event wait") {
   auto dev = cpu(/*delay_us=*/300, /*seed=*/7);
   CHECK(wrong_results(*dev, /*with_wait=*/true, 40) == 0);
+#if defined(__SANITIZE_THREAD__)
+  WARN("ThreadSanitizer build: the deliberately racy half of this test is skipped");
+#else
   CHECK(wrong_results(*dev, /*with_wait=*/false, 40) > 0);
+#endif
 }
