@@ -32,33 +32,14 @@ MPI_Datatype mpi_int_type(DType dtype) {
   return dtype == DType::kInt32 ? MPI_INT32_T : MPI_INT64_T;
 }
 
-// A block of `bytes` bytes whose extent is `stride` bytes: chunk c of every rank's slice.
-class StridedBlock {
- public:
-  StridedBlock(std::int64_t bytes, std::int64_t stride) {
-    MPI_Datatype contiguous = MPI_DATATYPE_NULL;
-    ZRT_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &contiguous));
-    ZRT_MPI_CHECK(MPI_Type_create_resized(contiguous, 0, stride, &type_));
-    ZRT_MPI_CHECK(MPI_Type_commit(&type_));
-    MPI_Type_free(&contiguous);
-  }
-  ~StridedBlock() { MPI_Type_free(&type_); }
-  StridedBlock(const StridedBlock&) = delete;
-  StridedBlock& operator=(const StridedBlock&) = delete;
-  MPI_Datatype get() const { return type_; }
-
- private:
-  MPI_Datatype type_ = MPI_DATATYPE_NULL;
-};
-
 bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
   return a < b + b_bytes && b < a + a_bytes;
 }
 
 }  // namespace
 
-MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream,
-                                 std::string name, CommOptions options)
+MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream, std::string name,
+                                 CommOptions options)
     : ProcessGroup(0, 1, std::move(name), &stream),
       device_(device),
       cpu_stream_(as_cpu_stream(stream, "MpiProcessGroup")),
@@ -100,8 +81,10 @@ MpiProcessGroup::~MpiProcessGroup() {
       if (!done) std::this_thread::yield();
     }
     if (!done) {
-      spdlog::warn("group '{}': an abandoned collective is still pending; leaking its "
-                   "communicator", name_);
+      spdlog::warn(
+          "group '{}': an abandoned collective is still pending; leaking its "
+          "communicator",
+          name_);
       return;
     }
   }
@@ -137,9 +120,8 @@ void MpiProcessGroup::wait(MPI_Request& req, const std::string& what) {
 }
 
 void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what) {
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(options_.timeout_s));
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(options_.timeout_s));
   for (unsigned polls = 0;; ++polls) {
     int done = 0;
     ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
@@ -210,8 +192,8 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(MPI_Irecv(out + from * bytes + first, n, MPI_BYTE, from, 0, comm_,
-                              &reqs.back()));
+      ZRT_MPI_CHECK(
+          MPI_Irecv(out + from * bytes + first, n, MPI_BYTE, from, 0, comm_, &reqs.back()));
     }
     for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
@@ -233,7 +215,8 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
               "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
-              "the alltoall algorithm", dtype_name(dtype));
+              "the alltoall algorithm",
+              dtype_name(dtype));
   }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
@@ -247,46 +230,89 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
 }
 
+void MpiProcessGroup::post_exchange(const std::byte* send, std::int64_t send_stride,
+                                    std::byte* recv, std::int64_t block_bytes,
+                                    std::vector<MPI_Request>& reqs) {
+  // Block p of `send` goes to rank p; block p of `recv` comes from rank p; ours is copied.
+  reqs.clear();
+  const int n = static_cast<int>(block_bytes);
+  for (int step = 1; step < size_; ++step) {
+    const int from = (rank_ - step + size_) % size_;
+    reqs.emplace_back();
+    ZRT_MPI_CHECK(MPI_Irecv(recv + from * block_bytes, n, MPI_BYTE, from, 1, comm_, &reqs.back()));
+  }
+  for (int step = 1; step < size_; ++step) {
+    const int to = (rank_ + step) % size_;
+    reqs.emplace_back();
+    ZRT_MPI_CHECK(MPI_Isend(send + to * send_stride, n, MPI_BYTE, to, 1, comm_, &reqs.back()));
+  }
+  std::memcpy(recv + rank_ * block_bytes, send + rank_ * send_stride,
+              static_cast<std::size_t>(block_bytes));
+}
+
 void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count,
                                          DType dtype, ReduceOp op) {
   if (count == 0) return;
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    run_reduce_scatter_native(in, out, count, dtype, op);
+    return;
+  }
+  // Each rank receives every peer's block of its slice (point-to-point, all posted at once),
+  // then sums them in rank order. Chunks are double-buffered: chunk k+1 is already posted while
+  // chunk k is being summed.
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::string what = describe("reduce_scatter", count, dtype);
+  const std::int64_t chunk = chunk_elements(elem, size_);
+  const std::int64_t chunks = (count + chunk - 1) / chunk;
+  std::vector<MPI_Request> pending[2];
+  std::byte* received[2] = {scratch(0, size_ * std::min(chunk, count) * elem),
+                            chunks > 1 ? scratch(1, size_ * chunk * elem) : nullptr};
+  auto post = [&](std::int64_t k) {
+    const std::int64_t first = k * chunk;
+    const std::int64_t n = std::min(chunk, count - first);
+    post_exchange(in + first * elem, count * elem, received[k % 2], n * elem, pending[k % 2]);
+  };
+  post(0);
+  for (std::int64_t k = 0; k < chunks; ++k) {
+    if (k + 1 < chunks) post(k + 1);
+    std::vector<MPI_Request>& reqs = pending[k % 2];
+    wait_all(reqs.data(), static_cast<int>(reqs.size()), what);
+    const std::int64_t first = k * chunk;
+    const std::int64_t n = std::min(chunk, count - first);
+    reduce_blocks(received[k % 2], n, size_, n, dtype, op, out + first * elem);
+  }
+}
+
+void MpiProcessGroup::run_reduce_scatter_native(const std::byte* in, std::byte* out,
+                                                std::int64_t count, DType dtype, ReduceOp op) {
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   const std::string what = describe("reduce_scatter", count, dtype);
   const std::int64_t chunk = chunk_elements(elem, size_);
   MPI_Request req = MPI_REQUEST_NULL;
   for (std::int64_t first = 0; first < count; first += chunk) {
     const std::int64_t n = std::min(chunk, count - first);
-    if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
-      // OpenMPI applies predefined reductions to basic types only, so a chunk's strided blocks
-      // are packed first (a single chunk is already contiguous). The result goes through
-      // scratch so in-place calls stay legal.
-      const std::byte* send = in;
-      if (n != count) {
-        std::byte* packed = scratch(1, size_ * n * elem);
-        for (int r = 0; r < size_; ++r) {
-          std::memcpy(packed + r * n * elem, in + (r * count + first) * elem,
-                      static_cast<std::size_t>(n * elem));
-        }
-        send = packed;
+    // OpenMPI applies predefined reductions to basic types only, so a chunk's strided blocks
+    // are packed first (a single chunk is already contiguous). The result goes through
+    // scratch so in-place calls stay legal.
+    const std::byte* send = in;
+    if (n != count) {
+      std::byte* packed = scratch(1, size_ * n * elem);
+      for (int r = 0; r < size_; ++r) {
+        std::memcpy(packed + r * n * elem, in + (r * count + first) * elem,
+                    static_cast<std::size_t>(n * elem));
       }
-      std::byte* result = scratch(0, n * elem);
-      const MPI_Datatype type = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
-      ZRT_MPI_CHECK(MPI_Ireduce_scatter_block(send, result, static_cast<int>(n), type, MPI_SUM,
-                                              comm_, &req));
-      wait(req, what);
-      if (op == ReduceOp::kAvg) {
-        auto* f = reinterpret_cast<float*>(result);
-        for (std::int64_t i = 0; i < n; ++i) f[i] /= static_cast<float>(size_);
-      }
-      std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
-      continue;
+      send = packed;
     }
-    StridedBlock block(n * elem, count * elem);
-    std::byte* received = scratch(0, size_ * n * elem);
-    ZRT_MPI_CHECK(MPI_Ialltoall(in + first * elem, 1, block.get(), received,
-                                static_cast<int>(n * elem), MPI_BYTE, comm_, &req));
+    std::byte* result = scratch(0, n * elem);
+    const MPI_Datatype type = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
+    ZRT_MPI_CHECK(
+        MPI_Ireduce_scatter_block(send, result, static_cast<int>(n), type, MPI_SUM, comm_, &req));
     wait(req, what);
-    reduce_blocks(received, n, size_, n, dtype, op, out + first * elem);
+    if (op == ReduceOp::kAvg) {
+      auto* f = reinterpret_cast<float*>(result);
+      for (std::int64_t i = 0; i < n; ++i) f[i] /= static_cast<float>(size_);
+    }
+    std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
   }
 }
 
@@ -340,14 +366,10 @@ void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::i
     std::byte* received = scratch(0, padded_bytes);
     std::memcpy(work, in + first * elem, static_cast<std::size_t>(total * elem));
     std::memset(work + total * elem, 0, static_cast<std::size_t>(padded_bytes - total * elem));
-    const int slice_bytes = static_cast<int>(slice * elem);
-    ZRT_MPI_CHECK(MPI_Ialltoall(work, slice_bytes, MPI_BYTE, received, slice_bytes, MPI_BYTE,
-                                comm_, &req));
-    wait(req, what);
+    post_exchange(work, slice * elem, received, slice * elem, requests_);
+    wait_all(requests_.data(), static_cast<int>(requests_.size()), what);
     reduce_blocks(received, slice, size_, slice, dtype, op, work + rank_ * slice * elem);
-    ZRT_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, slice_bytes, MPI_BYTE, work, slice_bytes,
-                                 MPI_BYTE, comm_, &req));
-    wait(req, what);
+    run_all_gather(work + rank_ * slice * elem, work, slice, dtype);
     std::memcpy(out + first * elem, work, static_cast<std::size_t>(total * elem));
   }
 }
@@ -361,17 +383,17 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
             name_, size_);
   std::byte* data = device_access::raw(buf);
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
-          [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
-            const std::int64_t chunk = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
-            for (std::int64_t first = 0; first < bytes; first += chunk) {
-              MPI_Request req = MPI_REQUEST_NULL;
-              ZRT_MPI_CHECK(MPI_Ibcast(data + first,
-                                       static_cast<int>(std::min(chunk, bytes - first)),
-                                       MPI_BYTE, root, comm_, &req));
-              wait(req, what);
-            }
-          });
+  enqueue(
+      CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+      [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
+        const std::int64_t chunk = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
+        for (std::int64_t first = 0; first < bytes; first += chunk) {
+          MPI_Request req = MPI_REQUEST_NULL;
+          ZRT_MPI_CHECK(MPI_Ibcast(data + first, static_cast<int>(std::min(chunk, bytes - first)),
+                                   MPI_BYTE, root, comm_, &req));
+          wait(req, what);
+        }
+      });
 }
 
 void MpiProcessGroup::barrier() {

@@ -29,8 +29,8 @@ class MpiProcessGroup final : public ProcessGroup {
 
   void all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype) override;
-  void reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
-                      std::int64_t count, DType dtype, ReduceOp op) override;
+  void reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
+                      DType dtype, ReduceOp op) override;
   void all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype, ReduceOp op) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
@@ -59,6 +59,11 @@ class MpiProcessGroup final : public ProcessGroup {
   void run_all_gather(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
   void run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                           ReduceOp op);
+  void run_reduce_scatter_native(const std::byte* in, std::byte* out, std::int64_t count,
+                                 DType dtype, ReduceOp op);
+  // Posts the exchange of one block per rank (see the .cc); completes when reqs do.
+  void post_exchange(const std::byte* send, std::int64_t send_stride, std::byte* recv,
+                     std::int64_t block_bytes, std::vector<MPI_Request>& reqs);
   void run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                       ReduceOp op);
 
