@@ -37,6 +37,10 @@ void MemoryTracker::on_allocate(MemorySpace space, MemCategory category, std::in
   u.peak[c] = std::max(u.peak[c], u.current[c]);
   u.total_current += bytes;
   u.total_peak = std::max(u.total_peak, u.total_current);
+  if (is_model_state(category)) {
+    u.model_state_current += bytes;
+    u.model_state_peak = std::max(u.model_state_peak, u.model_state_current);
+  }
 }
 
 void MemoryTracker::on_free(MemorySpace space, MemCategory category, std::int64_t bytes) {
@@ -44,6 +48,7 @@ void MemoryTracker::on_free(MemorySpace space, MemCategory category, std::int64_
   MemoryUsage& u = usage_[static_cast<std::size_t>(space)];
   u.current[static_cast<std::size_t>(category)] -= bytes;
   u.total_current -= bytes;
+  if (is_model_state(category)) u.model_state_current -= bytes;
 }
 
 void MemoryTracker::throw_out_of_memory(MemorySpace space, MemCategory category,
@@ -66,6 +71,7 @@ void MemoryTracker::reset_peaks() {
   for (MemoryUsage& u : usage_) {
     u.peak = u.current;
     u.total_peak = u.total_current;
+    u.model_state_peak = u.model_state_current;
   }
 }
 

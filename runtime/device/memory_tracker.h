@@ -21,7 +21,16 @@ struct MemoryUsage {
   std::array<std::int64_t, kNumMemCategories> peak{};  // per-category peaks (not simultaneous)
   std::int64_t total_current = 0;
   std::int64_t total_peak = 0;  // peak of the sum
+  // Model state as the ZeRO paper counts it: params + grads + master + optimizer.
+  std::int64_t model_state_current = 0;
+  std::int64_t model_state_peak = 0;
 };
+
+// True for the categories that make up model state (params, grads, master, optimizer).
+constexpr bool is_model_state(MemCategory c) {
+  return c == MemCategory::kParams || c == MemCategory::kGrads || c == MemCategory::kMaster ||
+         c == MemCategory::kOptimizer;
+}
 
 class MemoryTracker {
  public:

@@ -79,3 +79,17 @@ TEST_CASE("a cuda device without CUDA support or a GPU fails with a clear error"
     CHECK_THROWS_AS(make_device(opts), Error);
   }
 }
+
+TEST_CASE("model state counts params, grads, master and optimizer only") {
+  MemoryTracker t;
+  t.on_allocate(MemorySpace::kDevice, MemCategory::kParams, 10, "p");
+  t.on_allocate(MemorySpace::kDevice, MemCategory::kActivations, 1000, "a");
+  t.on_allocate(MemorySpace::kDevice, MemCategory::kOptimizer, 20, "o");
+  t.on_free(MemorySpace::kDevice, MemCategory::kParams, 10);
+  t.on_allocate(MemorySpace::kDevice, MemCategory::kGrads, 5, "g");
+  t.on_allocate(MemorySpace::kDevice, MemCategory::kComm, 7, "c");
+  const MemoryUsage u = t.usage(MemorySpace::kDevice);
+  CHECK(u.model_state_current == 25);
+  CHECK(u.model_state_peak == 30);
+  CHECK(u.total_peak == 1032);  // 10 + 1000 + 20 - 10 + 5 + 7
+}

@@ -1,0 +1,37 @@
+// The fused Adam kernel's launcher and slice table entry, kept free of host-only headers so
+// cuda_adam.cu needs nothing but adam_math.h. Used by CudaAdam (cuda_adam.cc) only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "optimizers/adam_math.h"
+
+namespace zrt::detail {
+
+// Elements one thread block updates (256 threads x 8).
+constexpr std::int64_t kCudaAdamBlockElems = 2048;
+
+// One slice in the device-side table. Zero-initialise before filling: tables are compared
+// bytewise.
+struct CudaAdamDesc {
+  float* param;
+  const void* grad;
+  float* exp_avg;
+  float* exp_avg_sq;
+  void* param_out;
+  std::int64_t numel;
+  std::int64_t first_block;  // index of the slice's first thread block in the grid
+  std::uint8_t grad_kind;    // 0 fp32, 1 bf16, 2 fp16
+  std::uint8_t out_kind;     // 0 none, 1 fp32, 2 bf16, 3 fp16
+  std::uint8_t weight_decay;
+  std::uint8_t pad[5];
+};
+
+// Enqueues the kernel on `stream`: `blocks` thread blocks over the `count` slices of the
+// device-resident `table`. Throws (via ZRT_CUDA_CHECK) if the launch fails.
+void launch_cuda_adam(const CudaAdamDesc* table, int count, int blocks, const AdamStepScalars& s,
+                      cudaStream_t stream);
+
+}  // namespace zrt::detail

@@ -1,0 +1,379 @@
+#include "optimizers/optimizer_config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+// Throws for any key of `object` not in `known`, suggesting the closest known key.
+void check_keys(const json& object, const std::vector<std::string>& known,
+                const std::string& where) {
+  for (const auto& item : object.items()) {
+    if (std::find(known.begin(), known.end(), item.key()) != known.end()) continue;
+    const std::string guess = detail::closest_match(item.key(), known);
+    ZRT_THROW(InvalidArgument, "unknown key '{}' in {}{}; valid keys: {}", item.key(), where,
+              guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess), join(known));
+  }
+}
+
+const json* find(const json& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+double get_number(const json& object, const char* key, double fallback, const std::string& where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_number()) {
+    ZRT_THROW(InvalidArgument, "{}.{} must be a number, not {}", where, key, v->dump());
+  }
+  const double x = v->get<double>();
+  if (!std::isfinite(x)) ZRT_THROW(InvalidArgument, "{}.{} must be finite", where, key);
+  return x;
+}
+
+std::int64_t get_int(const json& object, const char* key, std::int64_t fallback,
+                     const std::string& where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return fallback;
+  // DeepSpeed configs sometimes carry integral floats (1e4); accept them, reject fractions.
+  if (v->is_number_integer()) return v->get<std::int64_t>();
+  if (v->is_number_float()) {
+    const double x = v->get<double>();
+    if (std::isfinite(x) && x == std::floor(x) && std::fabs(x) < 9e18) {
+      return static_cast<std::int64_t>(x);
+    }
+  }
+  ZRT_THROW(InvalidArgument, "{}.{} must be an integer, not {}", where, key, v->dump());
+}
+
+bool get_bool(const json& object, const char* key, bool fallback, const std::string& where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_boolean()) {
+    ZRT_THROW(InvalidArgument, "{}.{} must be true or false, not {}", where, key, v->dump());
+  }
+  return v->get<bool>();
+}
+
+std::string get_string(const json& object, const char* key, const std::string& fallback,
+                       const std::string& where) {
+  const json* v = find(object, key);
+  if (v == nullptr) return fallback;
+  if (!v->is_string()) {
+    ZRT_THROW(InvalidArgument, "{}.{} must be a string, not {}", where, key, v->dump());
+  }
+  return v->get<std::string>();
+}
+
+void require_object(const json& v, const std::string& where) {
+  if (!v.is_object()) ZRT_THROW(InvalidArgument, "{} must be an object, not {}", where, v.dump());
+}
+
+// Optimizer types DeepSpeed knows; only the Adam family is implemented here.
+const std::vector<std::string> kSupportedOptimizers = {"Adam", "AdamW"};
+const std::vector<std::string> kKnownOptimizers = {
+    "Adam", "AdamW",  "Adagrad", "Lamb",  "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
+    "Lion", "MuAdam", "MuAdamW", "MuSGD", "SGD",        "Muon"};
+
+}  // namespace
+
+namespace detail {
+
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates) {
+  const std::string w = lower(word);
+  std::string best;
+  std::size_t best_distance = std::string::npos;
+  for (const auto& candidate : candidates) {
+    const std::string c = lower(candidate);
+    // Levenshtein distance, two rows.
+    std::vector<std::size_t> prev(c.size() + 1), cur(c.size() + 1);
+    for (std::size_t j = 0; j <= c.size(); ++j) prev[j] = j;
+    for (std::size_t i = 1; i <= w.size(); ++i) {
+      cur[0] = i;
+      for (std::size_t j = 1; j <= c.size(); ++j) {
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (w[i - 1] != c[j - 1])});
+      }
+      std::swap(prev, cur);
+    }
+    if (prev[c.size()] < best_distance) {
+      best_distance = prev[c.size()];
+      best = candidate;
+    }
+  }
+  // A plausible typo changes at most a third of the word (and at least allows one edit).
+  const std::size_t limit = std::max<std::size_t>(1, std::max(w.size(), best.size()) / 3);
+  return best_distance <= limit ? best : std::string();
+}
+
+bool glob_match(const std::string& pattern, const std::string& text) {
+  // Iterative matcher with single-star backtracking: O(|pattern| * |text|) worst case.
+  std::size_t p = 0, t = 0, star = std::string::npos, mark = 0;
+  while (t < text.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      t = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace detail
+
+bool OptimizerConfig::applies_weight_decay(const std::string& name) const {
+  const std::string param_name = lower(name);  // "LayerNorm" is a norm too
+  for (const auto& original : no_weight_decay) {
+    const std::string pattern = lower(original);
+    if (pattern.find('.') != std::string::npos) {
+      if (detail::glob_match(pattern, param_name)) return false;
+      continue;
+    }
+    std::size_t begin = 0;
+    while (begin <= param_name.size()) {
+      std::size_t end = param_name.find('.', begin);
+      if (end == std::string::npos) end = param_name.size();
+      if (detail::glob_match(pattern, param_name.substr(begin, end - begin))) return false;
+      begin = end + 1;
+    }
+  }
+  return true;
+}
+
+OptimizerConfig parse_optimizer_config(const json& block) {
+  OptimizerConfig config;
+  if (block.is_null()) return config;
+  require_object(block, "optimizer");
+  check_keys(block, {"type", "params", "no_weight_decay"}, "optimizer");
+
+  const std::string type = get_string(block, "type", "AdamW", "optimizer");
+  const auto supported =
+      std::find_if(kSupportedOptimizers.begin(), kSupportedOptimizers.end(),
+                   [&](const std::string& s) { return lower(s) == lower(type); });
+  if (supported == kSupportedOptimizers.end()) {
+    const bool known = std::any_of(kKnownOptimizers.begin(), kKnownOptimizers.end(),
+                                   [&](const std::string& s) { return lower(s) == lower(type); });
+    const std::string guess = known ? "" : detail::closest_match(type, kSupportedOptimizers);
+    ZRT_THROW(InvalidArgument, "optimizer type '{}' is {}; supported types: {}{}", type,
+              known ? "not supported by zrt" : "unknown", join(kSupportedOptimizers),
+              guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess));
+  }
+  config.type = *supported;
+
+  const json empty = json::object();
+  const json& params = block.contains("params") ? block["params"] : empty;
+  require_object(params, "optimizer.params");
+  const std::string where = "optimizer.params";
+  // torch_adam selects DeepSpeed's implementation, not the math: accepted and ignored.
+  check_keys(params,
+             {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad",
+              "torch_adam"},
+             where);
+  AdamOptions& adam = config.adam;
+  adam.lr = get_number(params, "lr", adam.lr, where);
+  if (const json* betas = find(params, "betas")) {
+    if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+        !(*betas)[1].is_number()) {
+      ZRT_THROW(InvalidArgument, "{}.betas must be a list of two numbers, not {}", where,
+                betas->dump());
+    }
+    adam.beta1 = (*betas)[0].get<double>();
+    adam.beta2 = (*betas)[1].get<double>();
+  }
+  adam.eps = get_number(params, "eps", adam.eps, where);
+  adam.weight_decay = get_number(params, "weight_decay", adam.weight_decay, where);
+  adam.bias_correction = get_bool(params, "bias_correction", adam.bias_correction, where);
+  if (get_bool(params, "amsgrad", false, where)) {
+    ZRT_THROW(InvalidArgument,
+              "{}.amsgrad: AMSGrad is not supported (DeepSpeed's fused Adam "
+              "does not support it either); remove the key or set it to false",
+              where);
+  }
+  get_bool(params, "torch_adam", false, where);
+  // DeepSpeed: "AdamW" is always decoupled; "Adam" is decoupled unless adam_w_mode is false.
+  const bool adam_w_mode = get_bool(params, "adam_w_mode", true, where);
+  if (config.type == "AdamW") {
+    if (!adam_w_mode) {
+      spdlog::warn(
+          "optimizer type AdamW ignores adam_w_mode=false (as DeepSpeed does); use type "
+          "Adam for L2 weight decay");
+    }
+    adam.adam_w_mode = true;
+  } else {
+    adam.adam_w_mode = adam_w_mode;
+  }
+
+  if (adam.lr < 0) ZRT_THROW(InvalidArgument, "{}.lr must be >= 0, got {}", where, adam.lr);
+  if (!(adam.beta1 >= 0 && adam.beta1 < 1) || !(adam.beta2 >= 0 && adam.beta2 < 1)) {
+    ZRT_THROW(InvalidArgument, "{}.betas must lie in [0, 1), got [{}, {}]", where, adam.beta1,
+              adam.beta2);
+  }
+  if (!(adam.eps > 0)) ZRT_THROW(InvalidArgument, "{}.eps must be > 0, got {}", where, adam.eps);
+  if (adam.weight_decay < 0) {
+    ZRT_THROW(InvalidArgument, "{}.weight_decay must be >= 0, got {}", where, adam.weight_decay);
+  }
+
+  if (const json* patterns = find(block, "no_weight_decay")) {
+    if (!patterns->is_array()) {
+      ZRT_THROW(InvalidArgument,
+                "optimizer.no_weight_decay must be a list of name patterns, "
+                "not {}",
+                patterns->dump());
+    }
+    config.no_weight_decay.clear();
+    for (const auto& p : *patterns) {
+      if (!p.is_string() || p.get<std::string>().empty()) {
+        ZRT_THROW(InvalidArgument,
+                  "optimizer.no_weight_decay entries must be non-empty strings, "
+                  "not {}",
+                  p.dump());
+      }
+      config.no_weight_decay.push_back(p.get<std::string>());
+    }
+  }
+  return config;
+}
+
+const char* lr_schedule_name(LrScheduleType t) {
+  switch (t) {
+    case LrScheduleType::kConstant:
+      return "constant";
+    case LrScheduleType::kWarmupLR:
+      return "WarmupLR";
+    case LrScheduleType::kWarmupDecayLR:
+      return "WarmupDecayLR";
+    case LrScheduleType::kWarmupCosineLR:
+      return "WarmupCosineLR";
+  }
+  return "?";
+}
+
+SchedulerConfig parse_scheduler_config(const json& block) {
+  SchedulerConfig config;
+  if (block.is_null()) return config;
+  require_object(block, "scheduler");
+  check_keys(block, {"type", "params"}, "scheduler");
+  const std::vector<std::string> supported = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+  if (!block.contains("type")) {
+    ZRT_THROW(InvalidArgument, "scheduler.type is missing; supported types: {}", join(supported));
+  }
+  const std::string type = get_string(block, "type", "", "scheduler");
+  if (type == "WarmupLR") {
+    config.type = LrScheduleType::kWarmupLR;
+  } else if (type == "WarmupDecayLR") {
+    config.type = LrScheduleType::kWarmupDecayLR;
+  } else if (type == "WarmupCosineLR") {
+    config.type = LrScheduleType::kWarmupCosineLR;
+  } else {
+    const bool known = type == "LRRangeTest" || type == "OneCycle";
+    const std::string guess = known ? "" : detail::closest_match(type, supported);
+    ZRT_THROW(InvalidArgument, "scheduler type '{}' is {}; supported types: {}{}", type,
+              known ? "not supported by zrt" : "unknown", join(supported),
+              guess.empty() ? "" : fmt::format(" (did you mean '{}'?)", guess));
+  }
+
+  const json empty = json::object();
+  const json& params = block.contains("params") ? block["params"] : empty;
+  const std::string where = "scheduler.params";
+  require_object(params, where);
+  std::vector<std::string> keys;
+  if (config.type == LrScheduleType::kWarmupCosineLR) {
+    keys = {"total_num_steps", "warmup_min_ratio", "warmup_num_steps",
+            "cos_min_ratio",   "warmup_type",      "last_batch_iteration"};
+  } else {
+    keys = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type",
+            "last_batch_iteration"};
+    if (config.type == LrScheduleType::kWarmupDecayLR) keys.push_back("total_num_steps");
+  }
+  check_keys(params, keys, fmt::format("{} ({})", where, type));
+  if (get_int(params, "last_batch_iteration", -1, where) != -1) {
+    ZRT_THROW(InvalidArgument,
+              "{}.last_batch_iteration: only -1 (start from the beginning) is "
+              "supported; a resumed run takes its iteration from the checkpoint",
+              where);
+  }
+
+  config.warmup_num_steps = get_int(params, "warmup_num_steps", config.warmup_num_steps, where);
+  if (config.warmup_num_steps < 0) {
+    ZRT_THROW(InvalidArgument, "{}.warmup_num_steps must be >= 0, got {}", where,
+              config.warmup_num_steps);
+  }
+  const std::string warmup_type = get_string(params, "warmup_type", "log", where);
+  if (warmup_type == "log") {
+    config.warmup_type = WarmupType::kLog;
+  } else if (warmup_type == "linear") {
+    config.warmup_type = WarmupType::kLinear;
+  } else {
+    ZRT_THROW(InvalidArgument, "{}.warmup_type must be 'log' or 'linear', not '{}'", where,
+              warmup_type);
+  }
+
+  if (config.type == LrScheduleType::kWarmupCosineLR) {
+    config.warmup_min_ratio =
+        get_number(params, "warmup_min_ratio", config.warmup_min_ratio, where);
+    config.cos_min_ratio = get_number(params, "cos_min_ratio", config.cos_min_ratio, where);
+    if (config.warmup_min_ratio < 0 || config.cos_min_ratio < 0) {
+      ZRT_THROW(InvalidArgument, "{}: warmup_min_ratio and cos_min_ratio must be >= 0", where);
+    }
+  } else {
+    config.warmup_min_lr = get_number(params, "warmup_min_lr", config.warmup_min_lr, where);
+    config.warmup_max_lr = get_number(params, "warmup_max_lr", config.warmup_max_lr, where);
+    if (config.warmup_min_lr < 0 || config.warmup_max_lr < 0) {
+      ZRT_THROW(InvalidArgument, "{}: warmup_min_lr and warmup_max_lr must be >= 0", where);
+    }
+  }
+
+  if (config.type != LrScheduleType::kWarmupLR) {
+    if (!params.contains("total_num_steps")) {
+      ZRT_THROW(InvalidArgument, "{}.total_num_steps is required for {}", where, type);
+    }
+    config.total_num_steps = get_int(params, "total_num_steps", 0, where);
+    const std::int64_t warmup = std::max<std::int64_t>(2, config.warmup_num_steps);
+    if (config.type == LrScheduleType::kWarmupCosineLR && config.total_num_steps <= warmup) {
+      ZRT_THROW(InvalidArgument,
+                "{}.total_num_steps ({}) must exceed warmup_num_steps ({}, at "
+                "least 2) for WarmupCosineLR",
+                where, config.total_num_steps, warmup);
+    }
+    if (config.total_num_steps <= 0) {
+      ZRT_THROW(InvalidArgument, "{}.total_num_steps must be > 0, got {}", where,
+                config.total_num_steps);
+    }
+    if (config.total_num_steps < warmup) {
+      spdlog::warn("{}: total_num_steps {} is less than warmup_num_steps {}", where,
+                   config.total_num_steps, warmup);
+    }
+  }
+  return config;
+}
+
+}  // namespace zrt

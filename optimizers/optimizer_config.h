@@ -1,0 +1,96 @@
+// The "optimizer" and "scheduler" blocks of a DeepSpeed-style config, parsed into validated
+// option structs. Keys, types, defaults and meaning follow DeepSpeed; every error names the
+// offending key and what would be valid (the closest known key for a typo, the supported types
+// for an unsupported "type").
+//
+//   "optimizer": {
+//     "type": "AdamW",                       // or "Adam" (case-insensitive, as DeepSpeed)
+//     "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
+//     "no_weight_decay": ["bias", "ln*", "*norm*"]   // zrt extension, see below
+//   },
+//   "scheduler": {
+//     "type": "WarmupCosineLR",
+//     "params": {"total_num_steps": 10000, "warmup_num_steps": 500}
+//   }
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace zrt {
+
+// Adam hyper-parameters (DeepSpeed's FusedAdam / DeepSpeedCPUAdam "params" keys and defaults).
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool bias_correction = true;
+  // true: decoupled weight decay, p *= 1 - lr*wd before the update (AdamW, torch.optim.AdamW);
+  // false: L2 regularisation, g += wd*p before the moments (torch.optim.Adam).
+  bool adam_w_mode = true;
+};
+
+struct OptimizerConfig {
+  // Canonical name: "Adam" or "AdamW" (both run Adam; they differ only in adam_w_mode).
+  std::string type = "AdamW";
+  AdamOptions adam;
+  // Parameters whose name matches one of these patterns get no weight decay. A pattern with a
+  // '.' is a glob ('*', '?') over the whole name ("h.*.attn.c_attn.bias"); a pattern without
+  // one is matched against each '.'-separated component of the name, so the defaults exempt
+  // biases ("...c_attn.bias") and norm weights ("ln_1.weight", "ln_f.weight", "ln1w",
+  // "input_layernorm.weight", "LayerNorm.weight"). Matching ignores case. Config key
+  // "no_weight_decay" (a zrt extension DeepSpeed ignores); [] applies decay to every parameter.
+  std::vector<std::string> no_weight_decay = default_no_weight_decay();
+
+  // Returns true iff weight decay applies to the parameter called `param_name`.
+  bool applies_weight_decay(const std::string& param_name) const;
+
+  static std::vector<std::string> default_no_weight_decay() { return {"bias", "ln*", "*norm*"}; }
+};
+
+// Parses the "optimizer" block. A null or missing block gives the defaults (AdamW, lr 1e-3).
+// Throws InvalidArgument for an unsupported type (listing Adam and AdamW), an unknown key
+// (suggesting the closest valid one), a wrongly typed or out-of-range value.
+OptimizerConfig parse_optimizer_config(const nlohmann::json& block);
+
+enum class LrScheduleType { kConstant, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+enum class WarmupType { kLog, kLinear };
+
+const char* lr_schedule_name(LrScheduleType t);  // "constant", "WarmupLR", ...
+
+// DeepSpeed's lr_schedules parameters and defaults. kConstant (no "scheduler" block) keeps the
+// optimizer's lr.
+struct SchedulerConfig {
+  LrScheduleType type = LrScheduleType::kConstant;
+  // WarmupLR, WarmupDecayLR
+  double warmup_min_lr = 0.0;
+  double warmup_max_lr = 0.001;
+  // All warmup schedules. DeepSpeed uses max(2, warmup_num_steps).
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::kLog;
+  // WarmupDecayLR, WarmupCosineLR (required there).
+  std::int64_t total_num_steps = 0;
+  // WarmupCosineLR: ratios of the optimizer's lr.
+  double warmup_min_ratio = 0.0;
+  double cos_min_ratio = 0.0001;
+};
+
+// Parses the "scheduler" block; a null or missing block gives kConstant. Throws InvalidArgument
+// for an unsupported type (listing the supported ones), an unknown key (suggesting the closest),
+// a missing total_num_steps, or out-of-range values.
+SchedulerConfig parse_scheduler_config(const nlohmann::json& block);
+
+namespace detail {
+// The candidate closest to `word` by edit distance (case-insensitive), or "" if none is close
+// enough to be a plausible typo.
+std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
+// Glob match: '*' any run of characters, '?' one character.
+bool glob_match(const std::string& pattern, const std::string& text);
+}  // namespace detail
+
+}  // namespace zrt

@@ -1,0 +1,580 @@
+#include "runtime/comm/nccl_process_group.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/comm/cuda_reduce_kernels.h"
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/common/error.h"
+#include "runtime/device/cuda_device_impl.h"
+#include "runtime/device/device_access.h"
+
+namespace zrt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
+  }
+  ZRT_THROW(InvalidArgument, "no NCCL type for dtype {}", static_cast<int>(dtype));
+}
+
+// " (NCCL's last error text)" or nothing.
+std::string last_error_text(ncclComm_t comm) {
+  const char* text = ncclGetLastError(comm);
+  if (text == nullptr || *text == '\0') return {};
+  return fmt::format(" ({})", text);
+}
+
+// Poll politely: spin briefly (enqueueing usually finishes at once), then sleep a little.
+void backoff(unsigned polls) {
+  if (polls < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(polls < 4096 ? 20 : 200));
+  }
+}
+
+bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+ncclConfig_t nonblocking_config(const std::string& name) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // calls return ncclInProgress; we poll, so everything can time out
+  config.commName = name.c_str();
+  return config;
+}
+
+}  // namespace
+
+void check_nccl(ncclResult_t code, const char* call, const char* file, int line) {
+  if (code == ncclSuccess || code == ncclInProgress) return;
+  throw Error(
+      file, line,
+      fmt::format("{} failed: {}{}", call, ncclGetErrorString(code), last_error_text(nullptr)));
+}
+
+std::unique_ptr<ProcessGroup> make_nccl_process_group(Device& device, MPI_Comm parent,
+                                                      Stream& stream, const std::string& name,
+                                                      const CommOptions& options) {
+  return std::make_unique<NcclProcessGroup>(device, parent, stream, name, options);
+}
+
+// ---- construction and teardown ---------------------------------------------------------------
+
+NcclProcessGroup::NcclProcessGroup(Device& device, MPI_Comm parent, Stream& stream,
+                                   std::string name, CommOptions options)
+    : ProcessGroup(0, 1, std::move(name), &stream),
+      device_(device),
+      device_index_(as_cuda_device(device, "NcclProcessGroup").index()),
+      cuda_stream_(as_cuda_stream(stream, "NcclProcessGroup").handle()),
+      options_(options) {
+  ZRT_CHECK(as_cuda_stream(stream, "NcclProcessGroup").device() == device_index_,
+            "group '{}': stream '{}' belongs to another GPU than {}", name_, stream.name(),
+            device.description());
+  // The device must be current before the communicator is created: NCCL binds to it.
+  ZRT_CUDA_CHECK(cudaSetDevice(device_index_));
+
+  // Bootstrap on a duplicate of the parent, so no other traffic on parent can interleave.
+  MPI_Comm boot = MPI_COMM_NULL;
+  ZRT_MPI_CHECK(MPI_Comm_dup(parent, &boot));
+  ZRT_MPI_CHECK(MPI_Comm_set_errhandler(boot, MPI_ERRORS_RETURN));
+  ZRT_MPI_CHECK(MPI_Comm_rank(boot, &rank_));
+  ZRT_MPI_CHECK(MPI_Comm_size(boot, &size_));
+  const std::string what =
+      fmt::format("NCCL communicator init of group '{}' (rank {} of {})", name_, rank_, size_);
+
+  // Rank 0's ncclGetUniqueId result travels with the id, so a failure there fails every rank
+  // instead of leaving the others waiting.
+  struct Bootstrap {
+    ncclUniqueId id;
+    int result;
+  } bootstrap;
+  std::memset(&bootstrap, 0, sizeof bootstrap);
+  if (rank_ == 0) bootstrap.result = static_cast<int>(ncclGetUniqueId(&bootstrap.id));
+  MPI_Request req = MPI_REQUEST_NULL;
+  ZRT_MPI_CHECK(
+      MPI_Ibcast(&bootstrap, static_cast<int>(sizeof bootstrap), MPI_BYTE, 0, boot, &req));
+  const auto end = deadline();
+  for (unsigned polls = 0;; ++polls) {
+    int done = 0;
+    ZRT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (Clock::now() > end) {
+      // The request is still pending, so `boot` cannot be freed: leak it (as the MPI backend).
+      ZRT_THROW(Timeout,
+                "{}: the ncclUniqueId broadcast did not complete within {:.1f} s "
+                "(comm_timeout_s): a peer rank died, stalled, or created groups in another order",
+                what, options_.timeout_s);
+    }
+    backoff(polls);
+  }
+  ZRT_MPI_CHECK(MPI_Comm_free(&boot));
+  const auto id_result = static_cast<ncclResult_t>(bootstrap.result);
+  if (id_result != ncclSuccess) {
+    ZRT_THROW(Error, "{}: ncclGetUniqueId failed on rank 0: {}", what,
+              ncclGetErrorString(id_result));
+  }
+
+  ncclConfig_t config = nonblocking_config(name_);
+  await(comm_, ncclCommInitRankConfig(&comm_, size_, bootstrap.id, rank_, &config),
+        "ncclCommInitRankConfig", what);
+  try {
+    ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
+    barrier_word_ = device_.allocate(sizeof(std::int32_t), MemCategory::kComm,
+                                     fmt::format("group '{}' barrier word", name_),
+                                     MemorySpace::kDevice, stream_);
+    device_.fill_zero(barrier_word_.device<std::byte>(), sizeof(std::int32_t), *stream_);
+  } catch (...) {
+    if (sync_event_ != nullptr) cudaEventDestroy(sync_event_);
+    ncclCommAbort(comm_);
+    throw;
+  }
+}
+
+NcclProcessGroup::NcclProcessGroup(Adopt, Device& device, ncclComm_t comm, Stream& stream,
+                                   std::string name, CommOptions options)
+    : ProcessGroup(0, 1, std::move(name), &stream),
+      device_(device),
+      device_index_(as_cuda_device(device, "NcclProcessGroup").index()),
+      cuda_stream_(as_cuda_stream(stream, "NcclProcessGroup").handle()),
+      options_(options),
+      comm_(comm) {
+  try {
+    ZRT_CHECK(as_cuda_stream(stream, "NcclProcessGroup").device() == device_index_,
+              "group '{}': stream '{}' belongs to another GPU than {}", name_, stream.name(),
+              device.description());
+    ZRT_CUDA_CHECK(cudaSetDevice(device_index_));
+    ZRT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    ZRT_NCCL_CHECK(ncclCommCount(comm_, &size_));
+    ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
+    barrier_word_ = device_.allocate(sizeof(std::int32_t), MemCategory::kComm,
+                                     fmt::format("group '{}' barrier word", name_),
+                                     MemorySpace::kDevice, stream_);
+    device_.fill_zero(barrier_word_.device<std::byte>(), sizeof(std::int32_t), *stream_);
+  } catch (...) {
+    if (sync_event_ != nullptr) cudaEventDestroy(sync_event_);
+    ncclCommAbort(comm_);
+    throw;
+  }
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  if (comm_ != nullptr) {
+    try {
+      prepare("closing the group");
+      wait_idle(last_op_.empty() ? fmt::format("work on group '{}'", name_) : last_op_);
+      // Finalize flushes the communicator's internal work and quiesces it with its peers; it is
+      // non-blocking here, so poll it (bounded by timeout_s) before the local destroy.
+      await(comm_, ncclCommFinalize(comm_), "ncclCommFinalize",
+            fmt::format("finalize of group '{}' (rank {} of {})", name_, rank_, size_));
+      const ncclResult_t result = ncclCommDestroy(comm_);
+      comm_ = nullptr;
+      if (result != ncclSuccess && result != ncclInProgress) {
+        spdlog::error("ncclCommDestroy of group '{}' failed: {}", name_,
+                      ncclGetErrorString(result));
+      }
+    } catch (const std::exception& e) {
+      // await/synchronize abort the communicator on NCCL errors and timeouts; abort it here for
+      // anything else (a CUDA error).
+      spdlog::warn("group '{}' closes after an error: {}", name_, e.what());
+      if (comm_ != nullptr) {
+        ncclCommAbort(comm_);
+        comm_ = nullptr;
+      }
+    }
+  }
+  if (sync_event_ != nullptr) cudaEventDestroy(sync_event_);
+  // barrier_word_ and scratch_ release themselves, ordered on the stream.
+}
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+std::string NcclProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
+  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
+                     name_, rank_, size_);
+}
+
+Clock::time_point NcclProcessGroup::deadline() const {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                            std::chrono::duration<double>(options_.timeout_s));
+}
+
+void NcclProcessGroup::prepare(const std::string& what) {
+  if (comm_ == nullptr) {
+    ZRT_THROW(Error, "{}: the group's communicator was aborted after an earlier failure: {}", what,
+              failure_);
+  }
+  ZRT_CUDA_CHECK(cudaSetDevice(device_index_));
+}
+
+void NcclProcessGroup::fail(ncclComm_t& comm, const std::string& message, bool timeout) {
+  if (&comm == &comm_) failure_ = message;
+  if (comm != nullptr) {
+    // Abort also stops NCCL kernels still waiting on the GPU, so the stream drains.
+    const ncclResult_t result = ncclCommAbort(comm);
+    if (result != ncclSuccess && result != ncclInProgress) {
+      spdlog::error("ncclCommAbort failed: {}", ncclGetErrorString(result));
+    }
+    comm = nullptr;
+  }
+  if (timeout) throw Timeout(__FILE__, __LINE__, message);
+  throw Error(__FILE__, __LINE__, message);
+}
+
+void NcclProcessGroup::await(ncclComm_t& comm, ncclResult_t result, const char* call,
+                             const std::string& what) {
+  if (result != ncclSuccess && result != ncclInProgress) {
+    fail(comm,
+         fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(result),
+                     last_error_text(comm)),
+         false);
+  }
+  if (comm == nullptr) {
+    fail(comm, fmt::format("{} returned no communicator for {}", call, what), false);
+  }
+  // A non-blocking communicator reports ncclInProgress until the operation is enqueued (or the
+  // communicator initialised); no other call may be made on it before that.
+  const auto end = deadline();
+  for (unsigned polls = 0;; ++polls) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+    if (queried != ncclSuccess) {
+      fail(
+          comm,
+          fmt::format("ncclCommGetAsyncError failed for {}: {}", what, ncclGetErrorString(queried)),
+          false);
+    }
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      fail(comm,
+           fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(state),
+                       last_error_text(comm)),
+           false);
+    }
+    if (Clock::now() > end) {
+      fail(comm,
+           fmt::format("{} did not complete within {:.1f} s (comm_timeout_s): a peer rank died, "
+                       "stalled, or issued collectives in another order",
+                       what, options_.timeout_s),
+           true);
+    }
+    backoff(polls);
+  }
+}
+
+void NcclProcessGroup::check_async_error() {
+  if (comm_ == nullptr) {
+    ZRT_THROW(Error, "group '{}' was aborted after an earlier failure: {}", name_, failure_);
+  }
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
+  if (queried != ncclSuccess) {
+    fail(comm_,
+         fmt::format("ncclCommGetAsyncError failed on group '{}': {}", name_,
+                     ncclGetErrorString(queried)),
+         false);
+  }
+  if (state != ncclSuccess && state != ncclInProgress) {
+    fail(comm_,
+         fmt::format("NCCL reported an asynchronous error on group '{}' (rank {} of {}){}: {}{}",
+                     name_, rank_, size_, last_op_.empty() ? "" : " after " + last_op_,
+                     ncclGetErrorString(state), last_error_text(comm_)),
+         false);
+  }
+}
+
+void NcclProcessGroup::synchronize() {
+  const std::string what = last_op_.empty() ? fmt::format("work on group '{}'", name_) : last_op_;
+  prepare(what);
+  wait_idle(what);
+  stream_->synchronize();  // done already; rethrows a host-callback error of the stream
+}
+
+void NcclProcessGroup::wait_idle(const std::string& what) {
+  ZRT_CUDA_CHECK(cudaEventRecord(sync_event_, cuda_stream_));
+  const auto end = deadline();
+  for (unsigned polls = 0;; ++polls) {
+    if (cuda_event_complete(sync_event_)) break;
+    check_async_error();
+    if (Clock::now() > end) {
+      fail(comm_,
+           fmt::format("{} (or earlier work on stream '{}') did not complete within {:.1f} s "
+                       "(comm_timeout_s): a peer rank died, stalled, or issued collectives in "
+                       "another order",
+                       what, stream_->name(), options_.timeout_s),
+           true);
+    }
+    backoff(polls);
+  }
+  check_async_error();
+}
+
+std::byte* NcclProcessGroup::scratch(int which, std::int64_t bytes) {
+  Buffer& buf = scratch_[which];
+  if (buf.bytes() < bytes) {
+    buf.reset();  // cudaFreeAsync on the stream: after the work that used it
+    buf = device_.allocate(bytes, MemCategory::kComm,
+                           fmt::format("group '{}' collective scratch", name_),
+                           MemorySpace::kDevice, stream_);
+  }
+  return device_access::raw(buf.device<std::byte>());
+}
+
+std::int64_t NcclProcessGroup::chunk_elements(std::int64_t elem_bytes, int parts) const {
+  return std::max<std::int64_t>(1, options_.max_chunk_bytes / (elem_bytes * parts));
+}
+
+void NcclProcessGroup::all_to_all(const std::byte* send, std::int64_t send_stride_bytes,
+                                  std::byte* recv, std::int64_t n, DType dtype,
+                                  const std::string& what) {
+  const auto block_bytes = n * static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CUDA_CHECK(cudaMemcpyAsync(recv + rank_ * block_bytes, send + rank_ * send_stride_bytes,
+                                 static_cast<std::size_t>(block_bytes), cudaMemcpyDeviceToDevice,
+                                 cuda_stream_));
+  if (size_ == 1) return;
+  const ncclDataType_t type = nccl_type(dtype);
+  const auto elements = static_cast<std::size_t>(n);
+  ZRT_NCCL_CHECK(ncclGroupStart());
+  ncclResult_t first_error = ncclSuccess;
+  const char* failed_call = nullptr;
+  auto note = [&](ncclResult_t result, const char* call) {
+    if (first_error == ncclSuccess && result != ncclSuccess && result != ncclInProgress) {
+      first_error = result;
+      failed_call = call;
+    }
+  };
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    note(ncclSend(send + peer * send_stride_bytes, elements, type, peer, comm_, cuda_stream_),
+         "ncclSend");
+    note(ncclRecv(recv + peer * block_bytes, elements, type, peer, comm_, cuda_stream_),
+         "ncclRecv");
+  }
+  const ncclResult_t ended = ncclGroupEnd();  // always close the group, even after an error
+  if (first_error != ncclSuccess) await(comm_, first_error, failed_call, what);
+  await(comm_, ended, "ncclGroupEnd (all-to-all of ncclSend/ncclRecv)", what);
+}
+
+// ---- all_gather ------------------------------------------------------------------------------
+
+void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                  std::int64_t count, DType dtype) {
+  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = src == dst + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
+            "{}: input overlaps the output but is not this rank's slice of it",
+            describe("all_gather", count, dtype));
+  const std::string what = describe("all_gather", count, dtype);
+  prepare(what);
+  stats_.add(CollectiveOp::kAllGather,
+             collective_bytes(CollectiveOp::kAllGather, count, dtype, size_));
+  last_op_ = what;
+  if (count == 0) return;
+  // NCCL's all-gather is in place when sendbuff == recvbuff + rank*sendcount, as ours.
+  await(comm_,
+        ncclAllGather(src, dst, static_cast<std::size_t>(count), nccl_type(dtype), comm_,
+                      cuda_stream_),
+        "ncclAllGather", what);
+}
+
+// ---- reduce_scatter --------------------------------------------------------------------------
+
+void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                      std::int64_t count, DType dtype, ReduceOp op) {
+  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
+  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
+            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
+            dtype_name(dtype));
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = dst == src + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
+            "{}: output overlaps the input but is not this rank's slice of it",
+            describe("reduce_scatter", count, dtype));
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
+              "the native NCCL reduce-scatter would sum {} in {} in an order of NCCL's choosing; "
+              "use the alltoall algorithm",
+              dtype_name(dtype), dtype_name(dtype));
+  }
+  const std::string what = describe("reduce_scatter", count, dtype);
+  prepare(what);
+  stats_.add(CollectiveOp::kReduceScatter,
+             collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_));
+  last_op_ = what;
+  run_reduce_scatter(src, dst, count, dtype, op, what);
+}
+
+void NcclProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count,
+                                          DType dtype, ReduceOp op, const std::string& what) {
+  if (count == 0) return;
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    // In place is native too (recvbuff == sendbuff + rank*recvcount).
+    await(comm_,
+          ncclReduceScatter(in, out, static_cast<std::size_t>(count), nccl_type(dtype),
+                            op == ReduceOp::kAvg ? ncclAvg : ncclSum, comm_, cuda_stream_),
+          "ncclReduceScatter", what);
+    return;
+  }
+  // All-to-all + local fp32 sum in rank order, chunked to bound the scratch. In place works:
+  // chunk c writes only out[c], and later chunks never send that part of this rank's block.
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t chunk = chunk_elements(elem, size_);
+  for (std::int64_t first = 0; first < count; first += chunk) {
+    const std::int64_t n = std::min(chunk, count - first);
+    std::byte* received = scratch(0, size_ * n * elem);
+    all_to_all(in + first * elem, count * elem, received, n, dtype, what);
+    cuda_reduce_blocks(received, n, size_, n, dtype, op, out + first * elem, cuda_stream_);
+  }
+}
+
+// ---- all_reduce ------------------------------------------------------------------------------
+
+void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                  std::int64_t count, DType dtype, ReduceOp op) {
+  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
+  if (is_floating(dtype)) {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+  } else {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+  }
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
+            "{}: input and output overlap without being the same buffer",
+            describe("all_reduce", count, dtype));
+  const std::string what = describe("all_reduce", count, dtype);
+  prepare(what);
+  stats_.add(CollectiveOp::kAllReduce,
+             collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_));
+  last_op_ = what;
+  run_all_reduce(src, dst, count, dtype, op, what);
+}
+
+void NcclProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count,
+                                      DType dtype, ReduceOp op, const std::string& what) {
+  if (count == 0) return;
+  if (!is_floating(dtype)) {
+    // Integer sums and maxima are exact in any order: NCCL's own all-reduce is fine.
+    await(comm_,
+          ncclAllReduce(in, out, static_cast<std::size_t>(count), nccl_type(dtype),
+                        op == ReduceOp::kMax ? ncclMax : ncclSum, comm_, cuda_stream_),
+          "ncclAllReduce", what);
+    return;
+  }
+  // Floats: reduce-scatter then all-gather over a zero-padded copy, so every rank computes
+  // the same sums in the same order and the replicas stay bit-identical.
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t piece = chunk_elements(elem, size_) * size_;
+  for (std::int64_t first = 0; first < count; first += piece) {
+    const std::int64_t total = std::min(piece, count - first);
+    const std::int64_t slice = (total + size_ - 1) / size_;
+    const std::int64_t padded_bytes = slice * size_ * elem;
+    std::byte* work = scratch(1, padded_bytes);
+    std::byte* received = scratch(0, padded_bytes);
+    ZRT_CUDA_CHECK(cudaMemcpyAsync(work, in + first * elem, static_cast<std::size_t>(total * elem),
+                                   cudaMemcpyDeviceToDevice, cuda_stream_));
+    if (padded_bytes > total * elem) {
+      ZRT_CUDA_CHECK(cudaMemsetAsync(work + total * elem, 0,
+                                     static_cast<std::size_t>(padded_bytes - total * elem),
+                                     cuda_stream_));
+    }
+    all_to_all(work, slice * elem, received, slice, dtype, what);
+    std::byte* mine = work + rank_ * slice * elem;
+    cuda_reduce_blocks(received, slice, size_, slice, dtype, op, mine, cuda_stream_);
+    if (size_ > 1) {
+      await(comm_,
+            ncclAllGather(mine, work, static_cast<std::size_t>(slice), nccl_type(dtype), comm_,
+                          cuda_stream_),
+            "ncclAllGather", what);
+    }
+    ZRT_CUDA_CHECK(cudaMemcpyAsync(out + first * elem, work, static_cast<std::size_t>(total * elem),
+                                   cudaMemcpyDeviceToDevice, cuda_stream_));
+  }
+}
+
+// ---- broadcast, barrier, split ---------------------------------------------------------------
+
+void NcclProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
+                                 int root) {
+  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
+  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
+            name_, size_);
+  std::byte* data = device_access::raw(buf);
+  const std::string what = describe("broadcast", count, dtype);
+  prepare(what);
+  stats_.add(CollectiveOp::kBroadcast,
+             collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_));
+  last_op_ = what;
+  if (count == 0) return;
+  await(comm_,
+        ncclBroadcast(data, data, static_cast<std::size_t>(count), nccl_type(dtype), root, comm_,
+                      cuda_stream_),
+        "ncclBroadcast", what);
+}
+
+void NcclProcessGroup::barrier() {
+  const std::string what =
+      fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_);
+  prepare(what);
+  stats_.add(CollectiveOp::kBarrier, 0);
+  last_op_ = what;
+  // A one-word all-reduce: no rank's later stream work starts before every rank reached it.
+  std::int32_t* word = device_access::raw(barrier_word_.device<std::int32_t>());
+  await(comm_, ncclAllReduce(word, word, 1, ncclInt32, ncclSum, comm_, cuda_stream_),
+        "ncclAllReduce (barrier)", what);
+}
+
+std::unique_ptr<ProcessGroup> NcclProcessGroup::split(int color, int key, Stream& stream,
+                                                      const std::string& name) {
+  ZRT_CHECK(color >= 0, "split of group '{}' with colour {}: colours must be >= 0", name_, color);
+  CudaStream& child_stream = as_cuda_stream(stream, "NcclProcessGroup::split");
+  ZRT_CHECK(child_stream.device() == device_index_,
+            "split of group '{}': stream '{}' belongs to another GPU", name_, stream.name());
+  const std::string what = fmt::format(
+      "split of group '{}' (rank {} of {}) into '{}' (colour {}, "
+      "key {})",
+      name_, rank_, size_, name, color, key);
+  prepare(what);
+  ncclConfig_t config = nonblocking_config(name);
+  ncclComm_t child = nullptr;
+  const ncclResult_t result = ncclCommSplit(comm_, color, key, &child, &config);
+  try {
+    // Non-blocking: the parent reports the split's progress, the child its own initialisation.
+    await(comm_, result, "ncclCommSplit", what);
+  } catch (...) {
+    if (child != nullptr) ncclCommAbort(child);
+    throw;
+  }
+  await(child, ncclSuccess, "ncclCommSplit", what);
+  return std::unique_ptr<ProcessGroup>(
+      new NcclProcessGroup(Adopt{}, device_, child, stream, name, options_));
+}
+
+}  // namespace zrt

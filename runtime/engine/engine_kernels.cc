@@ -1,0 +1,140 @@
+#include "runtime/engine/engine_kernels.h"
+
+#include <cstring>
+
+#include "runtime/common/error.h"
+#include "runtime/common/simd.h"
+#include "runtime/device/cpu_stream.h"
+#include "runtime/device/device_access.h"
+
+namespace zrt::engine_kernels {
+
+#if ZRT_HAVE_CUDA
+namespace cuda {
+void convert(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n);
+void accumulate(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n);
+void scale(Stream& s, void* x, DType t, std::int64_t n, float factor);
+void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* acc);
+}  // namespace cuda
+#endif
+
+namespace cpu {
+
+namespace {
+inline float load(const void* p, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kBFloat16: return to_float(static_cast<const bf16*>(p)[i]);
+    case DType::kFloat16: return to_float(static_cast<const fp16*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+inline void store(void* p, DType t, std::int64_t i, float v) {
+  switch (t) {
+    case DType::kFloat32: static_cast<float*>(p)[i] = v; break;
+    case DType::kBFloat16: static_cast<bf16*>(p)[i] = to_bf16(v); break;
+    case DType::kFloat16: static_cast<fp16*>(p)[i] = to_fp16(v); break;
+    default: break;
+  }
+}
+void check_float(DType t, const char* what) {
+  ZRT_CHECK(is_floating(t), "{}: {} is not a floating-point type", what, dtype_name(t));
+}
+
+ZRT_SIMD_CLONES void add_f32(const float* src, float* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+ZRT_SIMD_CLONES void scale_f32(float* x, std::int64_t n, float factor) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+}  // namespace
+
+void convert(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
+  check_float(st, "convert");
+  check_float(dt, "convert");
+  if (st == dt) {
+    if (src != dst) std::memmove(dst, src, static_cast<std::size_t>(n) * dtype_size(st));
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) store(dst, dt, i, load(src, st, i));
+}
+
+void accumulate(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
+  check_float(st, "accumulate");
+  check_float(dt, "accumulate");
+  if (st == DType::kFloat32 && dt == DType::kFloat32) {
+    add_f32(static_cast<const float*>(src), static_cast<float*>(dst), n);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) store(dst, dt, i, load(dst, dt, i) + load(src, st, i));
+}
+
+void scale(void* x, DType t, std::int64_t n, float factor) {
+  check_float(t, "scale");
+  if (t == DType::kFloat32) {
+    scale_f32(static_cast<float*>(x), n, factor);
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) store(x, t, i, load(x, t, i) * factor);
+}
+
+double sum_squares(const void* x, DType t, std::int64_t n) {
+  check_float(t, "sum_squares");
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double v = load(x, t, i);
+    sum += v * v;
+  }
+  return sum;
+}
+
+}  // namespace cpu
+
+void convert(Device& device, Stream& stream, DevicePtr<const std::byte> src, DType src_type,
+             DevicePtr<std::byte> dst, DType dst_type, std::int64_t n) {
+  const void* s = device_access::raw(src);
+  void* d = device_access::raw(dst);
+#if ZRT_HAVE_CUDA
+  if (device.type() == DeviceType::kCuda) return cuda::convert(stream, s, src_type, d, dst_type, n);
+#endif
+  (void)device;
+  as_cpu_stream(stream, "convert").enqueue([=] { cpu::convert(s, src_type, d, dst_type, n); });
+}
+
+void accumulate(Device& device, Stream& stream, DevicePtr<const std::byte> src, DType src_type,
+                DevicePtr<std::byte> dst, DType dst_type, std::int64_t n) {
+  const void* s = device_access::raw(src);
+  void* d = device_access::raw(dst);
+#if ZRT_HAVE_CUDA
+  if (device.type() == DeviceType::kCuda) {
+    return cuda::accumulate(stream, s, src_type, d, dst_type, n);
+  }
+#endif
+  (void)device;
+  as_cpu_stream(stream, "accumulate").enqueue([=] { cpu::accumulate(s, src_type, d, dst_type, n); });
+}
+
+void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, std::int64_t n,
+           float factor) {
+  void* p = device_access::raw(x);
+#if ZRT_HAVE_CUDA
+  if (device.type() == DeviceType::kCuda) return cuda::scale(stream, p, type, n, factor);
+#endif
+  (void)device;
+  as_cpu_stream(stream, "scale").enqueue([=] { cpu::scale(p, type, n, factor); });
+}
+
+void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> x, DType type,
+                     std::int64_t n, DevicePtr<float> acc) {
+  const void* p = device_access::raw(x);
+  float* a = device_access::raw(acc);
+#if ZRT_HAVE_CUDA
+  if (device.type() == DeviceType::kCuda) return cuda::add_sum_squares(stream, p, type, n, a);
+#endif
+  (void)device;
+  as_cpu_stream(stream, "add_sum_squares").enqueue([=] {
+    *a += static_cast<float>(cpu::sum_squares(p, type, n));
+  });
+}
+
+}  // namespace zrt::engine_kernels

@@ -1,0 +1,114 @@
+// CUDA twins of the engine kernels in engine_kernels.cc (same math, see engine_kernels.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "runtime/common/dtype.h"
+#include "runtime/common/error.h"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::engine_kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ inline float load(const void* p, int type, std::int64_t i) {
+  switch (type) {
+    case 0: return static_cast<const float*>(p)[i];
+    case 1: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+__device__ inline void store(void* p, int type, std::int64_t i, float v) {
+  switch (type) {
+    case 0: static_cast<float*>(p)[i] = v; break;
+    case 1: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
+    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+  }
+}
+
+int type_code(DType t) {
+  switch (t) {
+    case DType::kFloat32: return 0;
+    case DType::kBFloat16: return 1;
+    case DType::kFloat16: return 2;
+    default: ZRT_THROW(InvalidArgument, "engine kernel on non-float type {}", dtype_name(t));
+  }
+}
+
+__global__ void convert_kernel(const void* src, int st, void* dst, int dt, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(dst, dt, i, load(src, st, i));
+  }
+}
+
+__global__ void accumulate_kernel(const void* src, int st, void* dst, int dt, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(dst, dt, i, __fadd_rn(load(dst, dt, i), load(src, st, i)));
+  }
+}
+
+__global__ void scale_kernel(void* x, int t, std::int64_t n, float factor) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    store(x, t, i, __fmul_rn(load(x, t, i), factor));
+  }
+}
+
+// One block: a deterministic reduction (fixed thread-to-element mapping and tree order).
+__global__ void sum_squares_kernel(const void* x, int t, std::int64_t n, float* acc) {
+  __shared__ double partial[1024];
+  double sum = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const double v = load(x, t, i);
+    sum += v * v;
+  }
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *acc = __fadd_rn(*acc, static_cast<float>(partial[0]));
+}
+
+unsigned blocks_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
+}
+
+}  // namespace
+
+void convert(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n) {
+  if (n == 0) return;
+  convert_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(src, type_code(st), dst,
+                                                                        type_code(dt), n);
+  ZRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void accumulate(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n) {
+  if (n == 0) return;
+  accumulate_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(src, type_code(st),
+                                                                           dst, type_code(dt), n);
+  ZRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void scale(Stream& s, void* x, DType t, std::int64_t n, float factor) {
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(x, type_code(t), n, factor);
+  ZRT_CUDA_CHECK(cudaGetLastError());
+}
+
+void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* acc) {
+  if (n == 0) return;
+  sum_squares_kernel<<<1, 1024, 0, cuda_stream_handle(s)>>>(x, type_code(t), n, acc);
+  ZRT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zrt::engine_kernels::cuda

@@ -1,0 +1,36 @@
+// The few element-wise kernels the engine itself needs, stream-ordered on either backend:
+// dtype conversion, accumulation, scaling, and the squared L2 norm used by clipping and the
+// overflow check. CPU twins in engine_kernels.cc, CUDA in engine_kernels.cu (same math: fp32
+// arithmetic, round to nearest even on 16-bit stores; the norm accumulates in fp64).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/common/dtype.h"
+#include "runtime/device/device.h"
+
+namespace zrt::engine_kernels {
+
+// dst[i] = src[i] converted (n elements). src and dst may be the same buffer only if the types
+// are equal (then it is a no-op).
+void convert(Device& device, Stream& stream, DevicePtr<const std::byte> src, DType src_type,
+             DevicePtr<std::byte> dst, DType dst_type, std::int64_t n);
+// dst[i] += src[i] (in fp32, stored in dst's type).
+void accumulate(Device& device, Stream& stream, DevicePtr<const std::byte> src, DType src_type,
+                DevicePtr<std::byte> dst, DType dst_type, std::int64_t n);
+// x[i] *= factor.
+void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, std::int64_t n,
+           float factor);
+// *acc += sum of x[i]^2 (computed in fp64, added in fp32). Non-finite inputs make it non-finite.
+void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> x, DType type,
+                     std::int64_t n, DevicePtr<float> acc);
+
+// CPU twins on host pointers (exposed for tests and for the CUDA parity test).
+namespace cpu {
+void convert(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n);
+void accumulate(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n);
+void scale(void* x, DType type, std::int64_t n, float factor);
+double sum_squares(const void* x, DType type, std::int64_t n);
+}  // namespace cpu
+
+}  // namespace zrt::engine_kernels

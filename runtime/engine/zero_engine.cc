@@ -1,0 +1,574 @@
+#include "runtime/engine/zero_engine.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
+
+namespace zrt {
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::kForward: return "forward";
+    case Phase::kBackward: return "backward";
+    case Phase::kRecompute: return "recompute";
+    case Phase::kEval: return "eval";
+  }
+  return "?";
+}
+
+struct ZeroEngine::UnitState {
+  Buffer master;        // fp32 [shard]
+  Buffer exp_avg;       // fp32 [shard]
+  Buffer exp_avg_sq;    // fp32 [shard]
+  Buffer param_slice;   // stage 3: compute dtype [shard]
+  Buffer resident;      // stage 3 persistent unit: compute dtype [numel]
+  Buffer gathered;      // stage 3: full parameters while in use
+  bool gather_issued = false;
+  Buffer grad_slice;    // stages 2-3: accum dtype [shard]
+  Buffer grad_bucket;   // stages 2-3: compute dtype [numel], during a micro-batch's backward
+  std::unique_ptr<Event> gathered_ready;  // comm stream, after the gather
+  std::unique_ptr<Event> reduced;         // comm stream, after the bucket's reduction
+};
+
+namespace {
+DevicePtr<std::byte> at(const Buffer& b, std::int64_t elements, DType type) {
+  return b.device<std::byte>() + elements * static_cast<std::int64_t>(dtype_size(type));
+}
+std::int64_t bytes_of(std::int64_t elements, DType type) {
+  return elements * static_cast<std::int64_t>(dtype_size(type));
+}
+}  // namespace
+
+ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
+                       std::vector<ParamSpec> params, int num_modules,
+                       const EngineOptions& options, DeviceAdam& optimizer)
+    : device_(device),
+      compute_(compute),
+      group_(group),
+      comm_(group.stream()),
+      params_(std::move(params)),
+      num_modules_(num_modules),
+      options_(options),
+      optimizer_(optimizer),
+      plan_(params_, PartitionOptions{options.stage, options.stage == 0 ? 1 : group.size(),
+                                      options.reduce_bucket_size,
+                                      options.stage == 3 ? options.stage3_param_persistence_threshold
+                                                         : 0,
+                                      options.alignment, num_modules}),
+      scaler_(options.loss_scale),
+      rank_(options.stage == 0 ? 0 : group.rank()) {
+  ZRT_CHECK(options.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1");
+  ZRT_CHECK(is_floating(options.compute_dtype) && is_floating(options.grad_accum_dtype) &&
+                is_floating(comm_dtype()),
+            "engine dtypes must be floating point");
+  ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
+            "stage 3 prefetch/live limits must be >= 0");
+  comm_done_ = device_.create_event();
+  compute_done_ = device_.create_event();
+  allocate_state();
+  spdlog::debug("engine: stage {}, {}", options_.stage, plan_.describe());
+}
+
+ZeroEngine::~ZeroEngine() {
+  try {
+    comm_.synchronize();
+    compute_.synchronize();
+  } catch (const std::exception& e) {
+    spdlog::warn("engine shut down after a stream error: {}", e.what());
+  }
+}
+
+int ZeroEngine::partition_world() const { return options_.stage == 0 ? 1 : group_.size(); }
+
+DType ZeroEngine::comm_dtype() const {
+  return options_.communication_dtype.value_or(options_.compute_dtype);
+}
+
+DType ZeroEngine::grad_dtype() const {
+  return per_micro_batch_grads() ? options_.compute_dtype : options_.grad_accum_dtype;
+}
+
+void ZeroEngine::allocate_state() {
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  std::int64_t max_unit = 0;
+  for (std::size_t u = 0; u < plan_.units().size(); ++u) {
+    const Unit& unit = plan_.unit(static_cast<int>(u));
+    max_unit = std::max(max_unit, unit.numel);
+    auto s = std::make_unique<UnitState>();
+    const std::string name = fmt::format("unit {}", u);
+    s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
+                                 name + " fp32 master");
+    s->exp_avg = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
+                                  name + " exp_avg");
+    s->exp_avg_sq = device_.allocate(bytes_of(unit.shard, DType::kFloat32),
+                                     MemCategory::kOptimizer, name + " exp_avg_sq");
+    if (sharded_params()) {
+      if (unit.persistent) {
+        s->resident = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
+                                       name + " persistent params");
+      } else {
+        s->param_slice = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                                          name + " param slice");
+      }
+    }
+    if (per_micro_batch_grads()) {
+      s->grad_slice = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
+                                       name + " grad slice");
+    }
+    s->gathered_ready = device_.create_event();
+    s->reduced = device_.create_event();
+    units_.push_back(std::move(s));
+  }
+  if (!sharded_params()) {
+    full_params_ = device_.allocate(bytes_of(plan_.total_numel(), cdt), MemCategory::kParams,
+                                    "full parameters");
+  }
+  if (!per_micro_batch_grads()) {
+    full_grads_ = device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads,
+                                   "full gradients");
+  }
+  const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
+  if (comm_dtype() != reduced_type && group_.size() > 1) {
+    comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
+                                     "gradient conversion for communication_data_type");
+  }
+  norm_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm");
+}
+
+DevicePtr<std::byte> ZeroEngine::full_params_of(int u) {
+  const Unit& unit = plan_.unit(u);
+  if (sharded_params()) {
+    ZRT_CHECK(unit.persistent, "unit {} has no resident full parameters at stage 3", u);
+    return units_[static_cast<std::size_t>(u)]->resident.device<std::byte>();
+  }
+  return at(full_params_, unit.offset, options_.compute_dtype);
+}
+
+DevicePtr<std::byte> ZeroEngine::owned_grad_of(int u) {
+  const Unit& unit = plan_.unit(u);
+  if (per_micro_batch_grads()) return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
+  return at(full_grads_, unit.offset + rank_ * unit.shard, options_.grad_accum_dtype);
+}
+
+void ZeroEngine::wait_for_comm() {
+  comm_done_->record(comm_);
+  compute_.wait(*comm_done_);
+}
+
+// ---- initialisation --------------------------------------------------------------------------
+
+void ZeroEngine::initialize(const Initializer& init) {
+  const DType cdt = options_.compute_dtype;
+  std::vector<float> host;
+  std::vector<float> piece;
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    const Unit& unit = plan_.unit(u);
+    UnitState& s = *units_[ui];
+    host.assign(static_cast<std::size_t>(unit.shard), 0.0f);  // padding stays zero
+    for (int p : unit.params) {
+      const auto range = plan_.owned_range(p, rank_);
+      if (range.count == 0) continue;
+      piece.assign(static_cast<std::size_t>(range.count), 0.0f);
+      init(p, range.first, range.count, piece.data());
+      std::copy(piece.begin(), piece.end(), host.begin() + range.slice_offset);
+    }
+    device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4, compute_);
+    compute_.synchronize();  // `host` is reused for the next unit
+    device_.fill_zero(s.exp_avg.device<std::byte>(), static_cast<std::size_t>(s.exp_avg.bytes()),
+                      compute_);
+    device_.fill_zero(s.exp_avg_sq.device<std::byte>(),
+                      static_cast<std::size_t>(s.exp_avg_sq.bytes()), compute_);
+    // The compute-dtype copy of the owned slice.
+    DevicePtr<std::byte> owned_params =
+        sharded_params() && !unit.persistent
+            ? s.param_slice.device<std::byte>()
+            : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
+    engine_kernels::convert(device_, compute_, s.master.device<std::byte>(), DType::kFloat32,
+                            owned_params, cdt, unit.shard);
+    if (per_micro_batch_grads()) {
+      device_.fill_zero(s.grad_slice.device<std::byte>(),
+                        static_cast<std::size_t>(s.grad_slice.bytes()), compute_);
+    }
+  }
+  if (!per_micro_batch_grads()) {
+    device_.fill_zero(full_grads_.device<std::byte>(), static_cast<std::size_t>(full_grads_.bytes()),
+                      compute_);
+  }
+  // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies.
+  if (options_.stage >= 1) {
+    compute_done_->record(compute_);
+    comm_.wait(*compute_done_);
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      const Unit& unit = plan_.unit(u);
+      if (sharded_params() && !unit.persistent) continue;
+      DevicePtr<std::byte> full = full_params_of(u);
+      group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+    }
+    wait_for_comm();
+  }
+  compute_.synchronize();
+  comm_.synchronize();
+}
+
+// ---- ParamAccess -----------------------------------------------------------------------------
+
+DevicePtr<std::byte> ZeroEngine::param(int index) {
+  ZRT_CHECK(index >= 0 && index < static_cast<int>(params_.size()), "parameter index {}", index);
+  const ParamPlacement& pl = plan_.placement(index);
+  const Unit& unit = plan_.unit(pl.unit);
+  const DType cdt = options_.compute_dtype;
+  if (sharded_params() && !unit.persistent) {
+    const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
+    ZRT_CHECK(s.gather_issued, "parameter '{}' used while no module using it is acquired",
+              params_[static_cast<std::size_t>(index)].name);
+    return at(s.gathered, pl.offset, cdt);
+  }
+  return full_params_of(pl.unit) + bytes_of(pl.offset, cdt);
+}
+
+DevicePtr<std::byte> ZeroEngine::grad(int index) {
+  ZRT_CHECK(index >= 0 && index < static_cast<int>(params_.size()), "parameter index {}", index);
+  const ParamPlacement& pl = plan_.placement(index);
+  if (!per_micro_batch_grads()) {
+    return at(full_grads_, plan_.unit(pl.unit).offset + pl.offset, options_.grad_accum_dtype);
+  }
+  const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
+  ZRT_CHECK(!s.grad_bucket.empty(), "gradient of '{}' requested outside the backward of a module "
+            "using it", params_[static_cast<std::size_t>(index)].name);
+  return at(s.grad_bucket, pl.offset, options_.compute_dtype);
+}
+
+void ZeroEngine::acquire(int module, Phase phase) {
+  ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
+            num_modules_ - 1);
+  ZRT_CHECK(phase != Phase::kBackward || micro_batch_ < options_.gradient_accumulation_steps,
+            "backward of micro-batch {} but gradient_accumulation_steps is {}: call step() at the "
+            "accumulation boundary", micro_batch_ + 1, options_.gradient_accumulation_steps);
+  const auto& units = plan_.module_units(module);
+  if (sharded_params()) {
+    for (int u : units) {
+      if (plan_.unit(u).persistent) continue;
+      gather(u);
+      compute_.wait(*units_[static_cast<std::size_t>(u)]->gathered_ready);
+    }
+    prefetch_after(module, phase);
+  }
+  if (phase == Phase::kBackward && per_micro_batch_grads()) {
+    for (int u : units) open_grad_bucket(u);
+  }
+}
+
+void ZeroEngine::release(int module, Phase phase) {
+  ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
+            num_modules_ - 1);
+  const auto& units = plan_.module_units(module);
+  const bool last_micro_batch = micro_batch_ == options_.gradient_accumulation_steps - 1;
+  if (phase == Phase::kBackward) {
+    for (int u : units) {
+      if (plan_.unit(u).last_backward_module != module) continue;
+      if (per_micro_batch_grads() || last_micro_batch) reduce_unit(u);
+    }
+  }
+  if (sharded_params()) {
+    // Keep what the very next module use needs (the last forward module is used again at once
+    // by its backward; a recompute is followed by the same module's backward).
+    int next = -1;
+    if (phase == Phase::kForward) next = module + 1 < num_modules_ ? module + 1 : module;
+    if (phase == Phase::kEval) next = module + 1 < num_modules_ ? module + 1 : -1;
+    if (phase == Phase::kRecompute) next = module;
+    if (phase == Phase::kBackward) next = module - 1;
+    for (int u : units) {
+      const Unit& unit = plan_.unit(u);
+      if (unit.persistent) continue;
+      const bool needed_next =
+          next >= 0 && std::find(unit.modules.begin(), unit.modules.end(), next) != unit.modules.end();
+      if (!needed_next) release_gathered(u);
+    }
+  }
+  if (phase == Phase::kBackward && module == 0) {
+    ++micro_batch_;
+    close_grad_buckets();  // every bucket of this micro-batch has been reduced
+  }
+}
+
+// ---- stage 3 gathering -----------------------------------------------------------------------
+
+void ZeroEngine::gather(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  if (s.gather_issued) return;
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
+                                fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
+                                &compute_);
+  // The gather follows the allocation and any update of the slice, both on the compute stream.
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
+                    cdt);
+  s.gathered_ready->record(comm_);
+  s.gather_issued = true;
+  live_gathered_ += unit.numel;
+}
+
+void ZeroEngine::release_gathered(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  if (!s.gather_issued) return;
+  // Ordered on the compute stream after the kernels that read it (and the compute stream
+  // already waited for the gather that wrote it).
+  s.gathered.reset();
+  s.gather_issued = false;
+  live_gathered_ -= plan_.unit(u).numel;
+}
+
+void ZeroEngine::prefetch_after(int module, Phase phase) {
+  std::int64_t budget = options_.stage3_prefetch_bucket_size;
+  // The module uses that follow this one in the static schedule.
+  std::vector<int> next;
+  if (phase == Phase::kForward || phase == Phase::kEval) {
+    for (int m = module + 1; m < num_modules_; ++m) next.push_back(m);
+    if (phase == Phase::kForward) {
+      for (int m = num_modules_ - 1; m >= 0; --m) next.push_back(m);
+    }
+  } else {
+    for (int m = module - 1; m >= 0; --m) next.push_back(m);
+  }
+  for (int m : next) {
+    for (int u : plan_.module_units(m)) {
+      const Unit& unit = plan_.unit(u);
+      if (unit.persistent || units_[static_cast<std::size_t>(u)]->gather_issued) continue;
+      if (unit.numel > budget) return;
+      if (live_gathered_ + unit.numel > options_.stage3_max_live_parameters) return;
+      gather(u);
+      budget -= unit.numel;
+    }
+  }
+}
+
+// ---- gradients -------------------------------------------------------------------------------
+
+void ZeroEngine::open_grad_bucket(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  if (!s.grad_bucket.empty()) return;
+  const Unit& unit = plan_.unit(u);
+  // Units whose modules are contiguous in backward order finish before the next one opens, so
+  // their buffers rotate: at most two live, this one and the one being reduced. A shared or
+  // persistent unit stays open until its last use (module 0's backward at the latest).
+  const bool rotates = !unit.shared && !unit.persistent;
+  if (rotates) {
+    while (!rotating_buckets_.empty()) {
+      UnitState& old = *units_[static_cast<std::size_t>(rotating_buckets_.front())];
+      compute_.wait(*old.reduced);
+      old.grad_bucket.reset();
+      rotating_buckets_.pop_front();
+    }
+    rotating_buckets_.push_back(u);
+  } else {
+    pinned_buckets_.push_back(u);
+  }
+  s.grad_bucket = device_.allocate(bytes_of(unit.numel, options_.compute_dtype),
+                                   MemCategory::kGrads, fmt::format("unit {} gradient bucket", u),
+                                   MemorySpace::kDevice, &compute_);
+  device_.fill_zero(s.grad_bucket.device<std::byte>(),
+                    static_cast<std::size_t>(s.grad_bucket.bytes()), compute_);
+}
+
+void ZeroEngine::close_grad_buckets() {
+  for (auto* list : {&rotating_buckets_, &pinned_buckets_}) {
+    for (int u : *list) {
+      UnitState& s = *units_[static_cast<std::size_t>(u)];
+      compute_.wait(*s.reduced);
+      s.grad_bucket.reset();
+    }
+    list->clear();
+  }
+}
+
+void ZeroEngine::reduce_unit(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  const DType wire = comm_dtype();
+  // The unit's gradients are complete once the compute stream gets here.
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  if (per_micro_batch_grads()) {
+    DevicePtr<std::byte> source = s.grad_bucket.device<std::byte>();
+    if (wire != cdt) {
+      engine_kernels::convert(device_, comm_, source, cdt, comm_scratch_.device<std::byte>(), wire,
+                              unit.numel);
+      source = comm_scratch_.device<std::byte>();
+    }
+    DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
+    group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
+                               unit.shard);
+    s.reduced->record(comm_);
+  } else if (group_.size() > 1) {
+    // Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once.
+    DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
+    DevicePtr<std::byte> work = grads;
+    DType type = adt;
+    if (wire != adt) {
+      engine_kernels::convert(device_, comm_, grads, adt, comm_scratch_.device<std::byte>(), wire,
+                              unit.numel);
+      work = comm_scratch_.device<std::byte>();
+      type = wire;
+    }
+    // Stage 0 keeps the whole unit everywhere; stage 1 keeps the rank's slice.
+    const std::int64_t first = options_.stage == 0 ? 0 : rank_ * unit.shard;
+    const std::int64_t count = options_.stage == 0 ? unit.numel : unit.shard;
+    if (options_.stage == 0) {
+      group_.all_reduce(work, work, unit.numel, type, ReduceOp::kAvg);
+    } else {
+      group_.reduce_scatter(work, work + bytes_of(first, type), unit.shard, type, ReduceOp::kAvg);
+    }
+    if (work != grads) {
+      engine_kernels::convert(device_, comm_, work + bytes_of(first, wire), wire,
+                              grads + bytes_of(first, adt), adt, count);
+    }
+  }
+  if (!options_.overlap_comm) wait_for_comm();
+}
+
+// ---- the step --------------------------------------------------------------------------------
+
+StepResult ZeroEngine::step(double lr) {
+  ZRT_CHECK(micro_batch_ == options_.gradient_accumulation_steps,
+            "step() after {} micro-batches; gradient_accumulation_steps is {}", micro_batch_,
+            options_.gradient_accumulation_steps);
+  const int accumulation = options_.gradient_accumulation_steps;
+  const double scale = options_.compute_dtype == DType::kFloat16 ? scaler_.scale() : 1.0;
+  StepResult result;
+  result.loss_scale = scale;
+
+  // Global decision: the squared norm of the whole gradient, summed over ranks.
+  wait_for_comm();
+  device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& unit = plan_.unit(static_cast<int>(ui));
+    engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
+                                    options_.grad_accum_dtype, unit.shard,
+                                    norm_.device<float>());
+  }
+  Stream* reader = &compute_;
+  if (partition_world() > 1) {
+    compute_done_->record(compute_);
+    comm_.wait(*compute_done_);
+    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                      ReduceOp::kSum);
+    reader = &comm_;
+  }
+  float norm_squared = 0.0f;
+  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
+  reader->synchronize();
+  if (reader == &comm_) wait_for_comm();
+
+  const double norm = std::sqrt(static_cast<double>(norm_squared)) / (accumulation * scale);
+  result.grad_norm = norm;
+  const bool finite = std::isfinite(norm_squared);
+  if (finite) {
+    double factor = 1.0 / (accumulation * scale);
+    if (options_.gradient_clipping > 0.0) {
+      const double clip = options_.gradient_clipping / (norm + 1e-6);  // DeepSpeed's rule
+      if (clip < 1.0) factor *= clip;
+    }
+    std::vector<AdamDeviceSlice> slices;
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      const Unit& unit = plan_.unit(u);
+      UnitState& s = *units_[ui];
+      if (factor != 1.0) {
+        engine_kernels::scale(device_, compute_, owned_grad_of(u), options_.grad_accum_dtype,
+                              unit.shard, static_cast<float>(factor));
+      }
+      DevicePtr<std::byte> out = sharded_params() && !unit.persistent
+                                     ? s.param_slice.device<std::byte>()
+                                     : full_params_of(u) + bytes_of(rank_ * unit.shard,
+                                                                    options_.compute_dtype);
+      for (int p : unit.params) {
+        const auto range = plan_.owned_range(p, rank_);
+        if (range.count == 0) continue;
+        AdamDeviceSlice slice;
+        slice.param = s.master.device<float>() + range.slice_offset;
+        slice.exp_avg = s.exp_avg.device<float>() + range.slice_offset;
+        slice.exp_avg_sq = s.exp_avg_sq.device<float>() + range.slice_offset;
+        slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
+        slice.grad_dtype = options_.grad_accum_dtype;
+        slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
+        slice.out_dtype = options_.compute_dtype;
+        slice.numel = range.count;
+        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+        slices.push_back(slice);
+      }
+    }
+    ++optimizer_steps_;
+    optimizer_.step(slices, optimizer_steps_, lr, compute_);
+    // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
+    if (options_.stage >= 1) {
+      compute_done_->record(compute_);
+      comm_.wait(*compute_done_);
+      for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+        const int u = static_cast<int>(ui);
+        const Unit& unit = plan_.unit(u);
+        if (sharded_params() && !unit.persistent) continue;
+        DevicePtr<std::byte> full = full_params_of(u);
+        group_.all_gather(full + bytes_of(rank_ * unit.shard, options_.compute_dtype), full,
+                          unit.shard, options_.compute_dtype);
+      }
+      wait_for_comm();
+    }
+  } else {
+    result.skipped = true;
+    ++skipped_steps_;
+    spdlog::warn("step skipped: non-finite gradient norm{} (loss scale {})",
+                 options_.compute_dtype == DType::kFloat16 ? " (fp16 overflow)" : "", scale);
+  }
+  // Gradients start from zero for the next accumulation cycle.
+  if (per_micro_batch_grads()) {
+    for (auto& s : units_) {
+      device_.fill_zero(s->grad_slice.device<std::byte>(), static_cast<std::size_t>(s->grad_slice.bytes()),
+                        compute_);
+    }
+  } else {
+    device_.fill_zero(full_grads_.device<std::byte>(), static_cast<std::size_t>(full_grads_.bytes()),
+                      compute_);
+  }
+  if (options_.compute_dtype == DType::kFloat16) scaler_.update(!finite);
+  micro_batch_ = 0;
+  result.optimizer_steps = optimizer_steps_;
+  result.skipped_steps = skipped_steps_;
+  return result;
+}
+
+std::vector<float> ZeroEngine::full_parameter(int param) {
+  const ParamPlacement& pl = plan_.placement(param);
+  const Unit& unit = plan_.unit(pl.unit);
+  UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
+  std::vector<float> out(static_cast<std::size_t>(pl.numel));
+  compute_.synchronize();
+  if (partition_world() == 1) {
+    device_.copy_to_host(out.data(), s.master.device<std::byte>() + pl.offset * 4, out.size() * 4,
+                         compute_);
+    compute_.synchronize();
+    return out;
+  }
+  Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
+  device_.copy(full.device<std::byte>() + rank_ * unit.shard * 4, s.master.device<std::byte>(),
+               static_cast<std::size_t>(unit.shard * 4), comm_);
+  group_.all_gather(full.device<std::byte>() + rank_ * unit.shard * 4, full.device<std::byte>(),
+                    unit.shard, DType::kFloat32);
+  device_.copy_to_host(out.data(), full.device<std::byte>() + pl.offset * 4, out.size() * 4, comm_);
+  comm_.synchronize();
+  return out;
+}
+
+}  // namespace zrt

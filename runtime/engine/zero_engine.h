@@ -1,0 +1,141 @@
+// ZeroEngine: ZeRO stages 0-3 over units (partition.h), model-agnostic. It owns every piece of
+// model state a rank holds — compute-dtype parameters (full or sliced), gradients, fp32 master
+// weights and optimizer moments of its slices — and implements ParamAccess for the model.
+//
+// Per micro-batch the model runs forward/backward bracketed by acquire()/release(); after
+// gradient_accumulation_steps micro-batches the trainer calls step(). Communication runs on
+// the process group's stream, ordered against the compute stream by events only: the one host
+// synchronisation in a step is the global decision (gradient norm, overflow) in step().
+//
+// Thread-safety: one thread drives the engine (the thread that owns the compute stream).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "optimizers/device_adam.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/engine/loss_scaler.h"
+#include "runtime/engine/partition.h"
+#include "runtime/model_interface.h"
+
+namespace zrt {
+
+struct EngineOptions {
+  int stage = 0;
+  DType compute_dtype = DType::kFloat32;
+  std::optional<DType> communication_dtype;  // default: compute_dtype
+  DType grad_accum_dtype = DType::kFloat32;  // data_types.grad_accum_dtype
+  int gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // 0: off
+  std::int64_t reduce_bucket_size = 500000000;
+  std::int64_t stage3_prefetch_bucket_size = 50000000;
+  std::int64_t stage3_max_live_parameters = 1000000000;
+  std::int64_t stage3_param_persistence_threshold = 100000;
+  bool overlap_comm = true;  // false: the compute stream waits for each collective at once
+  std::int64_t alignment = 64;
+  LossScaleOptions loss_scale;  // used with fp16 compute
+};
+
+struct StepResult {
+  bool skipped = false;      // non-finite gradients (or fp16 overflow): no update anywhere
+  double grad_norm = 0.0;    // global L2 norm of the (unscaled, averaged) gradient
+  double loss_scale = 1.0;   // the scale the step's gradients were computed with
+  std::int64_t optimizer_steps = 0;  // successful steps so far
+  std::int64_t skipped_steps = 0;
+};
+
+class ZeroEngine final : public ParamAccess {
+ public:
+  // `group` issues on the communication stream; `compute` is the model's stream. All must
+  // outlive the engine.
+  ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
+             int num_modules, const EngineOptions& options, DeviceAdam& optimizer);
+  ~ZeroEngine() override;
+  ZeroEngine(const ZeroEngine&) = delete;
+  ZeroEngine& operator=(const ZeroEngine&) = delete;
+
+  // Sets the initial parameters. init(param, first, count, out) writes elements
+  // [first, first + count) of parameter `param` as fp32 into out (host memory); each rank
+  // asks only for what it holds, so the initial model must not depend on the world size.
+  using Initializer =
+      std::function<void(int param, std::int64_t first, std::int64_t count, float* out)>;
+  void initialize(const Initializer& init);
+
+  // ParamAccess.
+  void acquire(int module, Phase phase) override;
+  void release(int module, Phase phase) override;
+  DevicePtr<std::byte> param(int index) override;
+  DevicePtr<std::byte> grad(int index) override;
+  DType compute_dtype() const override { return options_.compute_dtype; }
+  DType grad_dtype() const override;
+
+  // The loss scale the model must multiply its loss gradient by (1 without fp16).
+  double loss_scale() const { return scaler_.scale(); }
+  // At the accumulation boundary (after gradient_accumulation_steps micro-batches): reduces
+  // what is left, takes the global decision, clips, steps the optimizer on the owned slices and
+  // makes the updated parameters available for the next forward.
+  StepResult step(double lr);
+
+  // The full fp32 master value of a parameter, gathered to every rank (collective; tests and
+  // export). Synchronises.
+  std::vector<float> full_parameter(int param);
+  const PartitionPlan& plan() const { return plan_; }
+  const std::vector<ParamSpec>& params() const { return params_; }
+  const EngineOptions& options() const { return options_; }
+  int micro_batches_done() const { return micro_batch_; }
+  const LossScaler& loss_scaler() const { return scaler_; }
+
+ private:
+  struct UnitState;
+  void allocate_state();
+  int partition_world() const;
+  DType comm_dtype() const;
+  bool sharded_params() const { return options_.stage == 3; }
+  bool per_micro_batch_grads() const { return options_.stage >= 2; }
+  // Stage 3: makes unit u's full parameters available on the compute stream.
+  void gather(int u);
+  void prefetch_after(int module, Phase phase);
+  void release_gathered(int u);
+  // Stage 2-3: the per-micro-batch gradient buffer of unit u (allocated and zeroed on demand).
+  void open_grad_bucket(int u);
+  // Frees every bucket once its reduction is done (end of a micro-batch's backward).
+  void close_grad_buckets();
+  // Issues the reduction of unit u's gradient once its last backward use is done.
+  void reduce_unit(int u);
+  void wait_for_comm();  // compute waits for everything enqueued on the comm stream
+  DevicePtr<std::byte> full_params_of(int u);
+  DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
+
+  Device& device_;
+  Stream& compute_;
+  ProcessGroup& group_;
+  Stream& comm_;
+  std::vector<ParamSpec> params_;
+  int num_modules_;
+  EngineOptions options_;
+  DeviceAdam& optimizer_;
+  PartitionPlan plan_;
+  LossScaler scaler_;
+  int rank_;
+  int micro_batch_ = 0;  // micro-batches finished since the last step
+  std::int64_t optimizer_steps_ = 0;
+  std::int64_t skipped_steps_ = 0;
+
+  std::vector<std::unique_ptr<UnitState>> units_;
+  Buffer full_params_;  // stages 0-2: every unit's full compute-dtype parameters
+  Buffer full_grads_;   // stages 0-1: every unit's full gradients (accum dtype)
+  Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)
+  Buffer norm_;          // one float: the squared gradient norm
+  std::unique_ptr<Event> comm_done_;
+  std::unique_ptr<Event> compute_done_;
+  std::deque<int> rotating_buckets_;  // stages 2-3: live buckets of contiguous modules
+  std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
+  std::int64_t live_gathered_ = 0;  // stage 3: elements of gathered, releasable units
+};
+
+}  // namespace zrt

@@ -1,0 +1,106 @@
+// The contract between a model and the engine that owns its parameters.
+//
+// A model never owns parameter or gradient memory. It describes its parameters once
+// (parameters(): names, shapes, the modules that use each), and during a pass it asks a
+// ParamAccess for them module by module: acquire(module, phase) before a module's parameters
+// are read, release(module, phase) after. The engine decides what acquire means (nothing at
+// stages 0-2; an all-gather at stage 3, prefetched along the order below) and what release
+// means (free the gathered copy; in backward: the module's gradients for this micro-batch are
+// complete, so its bucket may be reduced once every module using a parameter has released).
+//
+// Call order of one training micro-batch (Model::forward_backward), with M = num_modules():
+//   forward:  acquire(m, kForward) ... release(m, kForward)           for m = 0, 1, ..., M-1
+//   backward: acquire(m, kBackward) ... release(m, kBackward)         for m = M-1, ..., 0
+//             where a module recomputed under activation checkpointing is preceded at once by
+//             acquire(m, kRecompute) ... release(m, kRecompute) (its forward, run again), so
+//             the engine can keep m's parameters from the recompute through the backward.
+// Eval (Model::forward): acquire(m, kEval) ... release(m, kEval) for m = 0, ..., M-1.
+// A parameter may belong to several modules (a tied embedding): it is valid while any module
+// using it is acquired, and its gradient is complete only after the last of them has released
+// in backward. The sequence is a pure function of the model and its options, never of data.
+//
+// All work a model does is enqueued on its compute stream; acquire must make that stream wait
+// for whatever makes the parameters valid (an event after the all-gather), and release may
+// record an event on it to know when the gradients are written.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/dtype.h"
+#include "runtime/device/device_ptr.h"
+
+namespace zrt {
+
+// One parameter tensor as the model sees it.
+struct ParamSpec {
+  std::string name;                 // e.g. "transformer.h.0.attn.c_attn.weight" (Hugging Face)
+  std::vector<std::int64_t> shape;  // row-major, e.g. {768, 2304}
+  std::vector<int> modules;         // modules that read it, ascending; >1 entry: shared (tied)
+  bool no_weight_decay = false;     // biases and LayerNorm parameters
+
+  std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+enum class Phase { kForward, kBackward, kRecompute, kEval };
+// "forward", "backward", "recompute", "eval" (defined in runtime/engine/zero_engine.cc).
+const char* phase_name(Phase phase);
+
+// The engine side: where the parameters and gradients of acquired modules are.
+class ParamAccess {
+ public:
+  virtual ~ParamAccess() = default;
+
+  // Called before the model enqueues work that reads module `module`'s parameters in `phase`.
+  virtual void acquire(int module, Phase phase) = 0;
+  // Called after the model enqueued the last work of that acquisition (see the order above).
+  virtual void release(int module, Phase phase) = 0;
+
+  // The whole parameter, contiguous in compute_dtype(); valid while a module using it is
+  // acquired.
+  virtual DevicePtr<std::byte> param(int index) = 0;
+  // The whole gradient buffer of parameter `index`, in grad_dtype(); valid while a module using
+  // it is acquired in backward. The model ACCUMULATES into it (the engine zeroes it).
+  virtual DevicePtr<std::byte> grad(int index) = 0;
+
+  virtual DType compute_dtype() const = 0;  // fp32, bf16 or fp16
+  virtual DType grad_dtype() const = 0;     // compute_dtype() or fp32
+};
+
+// A batch of token sequences in device memory: inputs and next-token targets, (B,T) int32.
+struct TokenBatch {
+  DevicePtr<const std::int32_t> inputs;
+  DevicePtr<const std::int32_t> targets;  // may be null for forward-only passes without loss
+  int batch = 0;                          // B
+  int seq_len = 0;                        // T
+};
+
+// A trainable model, as the engine and the tools drive it.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const std::vector<ParamSpec>& parameters() const = 0;
+  virtual int num_modules() const = 0;
+  // Host fp32 initial values of elements [begin, begin+count) of parameter `index`, a pure
+  // function of (seed, index, element): any sharding of the initialisation gives the same model.
+  virtual void init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
+                              float* out) const = 0;
+
+  // Enqueues forward and backward of one micro-batch on the compute stream, calling `access` in
+  // the order documented above. Gradients of the loss times loss_scale are ACCUMULATED into
+  // access.grad(i); the unscaled mean loss is written to loss() (device memory).
+  virtual void forward_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale) = 0;
+  // Enqueues a forward pass (kEval); writes the mean loss to loss() if batch.targets is set.
+  virtual void forward(ParamAccess& access, const TokenBatch& batch) = 0;
+  // One fp32 in device memory: the mean loss of the last pass, valid once the compute stream
+  // has run it (copy it out with Device::copy_to_host, or into an accumulator on the stream).
+  virtual DevicePtr<const float> loss() const = 0;
+};
+
+}  // namespace zrt

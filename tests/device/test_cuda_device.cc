@@ -1,0 +1,325 @@
+// The CUDA backend's device, streams and events against the seam contracts that
+// test_streams.cc and test_memory_tracker.cc check on the CPU backend: tracked allocations and
+// out-of-memory errors, stream-ordered copies and releases, CUDA event semantics, host
+// callbacks and their sticky errors. Skipped (exit 77) where no GPU is usable.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "runtime/common/error.h"
+#include "runtime/device/cuda_device.h"
+#include "runtime/device/device.h"
+#include "runtime/device/device_access.h"
+#include "tests/support/gpu_test_support.h"
+
+using namespace zrt;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::unique_ptr<Device> gpu(std::int64_t memory_limit_bytes = 0) {
+  DeviceOptions o;
+  o.type = DeviceType::kCuda;
+  o.index = test::gpu_index();
+  o.memory_limit_bytes = memory_limit_bytes;
+  return make_device(o);
+}
+
+std::int64_t in_use(const Device& dev, MemorySpace space, MemCategory category) {
+  return dev.tracker().usage(space).current[static_cast<std::size_t>(category)];
+}
+
+template <typename T>
+std::uintptr_t address(DevicePtr<T> p) {
+  return reinterpret_cast<std::uintptr_t>(device_access::raw(p));
+}
+
+std::vector<float> iota_floats(std::size_t n, float scale) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) * scale;
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA device describes itself and is counted") {
+  CHECK(cuda_device_count() >= 1);
+  auto dev = gpu();
+  CHECK(dev->type() == DeviceType::kCuda);
+  CHECK_THAT(dev->description(), Catch::StartsWith("cuda:"));
+  CHECK(dev->tracker().capacity() > 0);  // the GPU's memory when no limit is given
+  auto limited = gpu(std::int64_t{1} << 30);
+  CHECK_THAT(limited->description(), Catch::Contains("capacity 1.00 GiB"));
+
+  DeviceOptions bad;
+  bad.type = DeviceType::kCuda;
+  bad.index = cuda_device_count();
+  CHECK_THROWS_AS(make_device(bad), InvalidArgument);
+}
+
+TEST_CASE("allocations are tracked per space and category, aligned, and released") {
+  auto dev = gpu();
+  {
+    Buffer params = dev->allocate(1 << 20, MemCategory::kParams, "params");
+    Buffer pinned =
+        dev->allocate(4096, MemCategory::kOptimizer, "pinned moments", MemorySpace::kPinnedHost);
+    Buffer pageable =
+        dev->allocate(100, MemCategory::kOther, "pageable", MemorySpace::kPageableHost);
+    Buffer empty = dev->allocate(0, MemCategory::kWorkspace, "empty");
+    CHECK(in_use(*dev, MemorySpace::kDevice, MemCategory::kParams) == (1 << 20));
+    CHECK(in_use(*dev, MemorySpace::kPinnedHost, MemCategory::kOptimizer) == 4096);
+    CHECK(in_use(*dev, MemorySpace::kPageableHost, MemCategory::kOther) == 100);
+    CHECK(address(params.device<std::byte>()) % 256 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(pinned.host<std::byte>()) % 256 == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(pageable.host<std::byte>()) % 256 == 0);
+    // Host memory is host-addressable; device memory is not.
+    pinned.host<float>()[0] = 1.5f;
+    pageable.host<char>()[99] = 'x';
+    CHECK_THROWS_WITH(params.host<float>(), Catch::Contains("device buffer dereferenced"));
+    CHECK_THROWS_WITH(pinned.device<float>(), Catch::Contains("used as device memory"));
+    params.reset();
+    CHECK(in_use(*dev, MemorySpace::kDevice, MemCategory::kParams) == 0);
+  }
+  for (MemorySpace space :
+       {MemorySpace::kDevice, MemorySpace::kPinnedHost, MemorySpace::kPageableHost}) {
+    CHECK(dev->tracker().usage(space).total_current == 0);
+  }
+  CHECK(dev->tracker().usage(MemorySpace::kDevice).total_peak >= (1 << 20));
+}
+
+TEST_CASE("a capacity limit throws OutOfMemory before allocating") {
+  auto dev = gpu(1 << 20);
+  Buffer half = dev->allocate(512 << 10, MemCategory::kGrads, "grad bucket 0");
+  CHECK_THROWS_AS(dev->allocate(768 << 10, MemCategory::kGrads, "grad bucket 1"), OutOfMemory);
+  CHECK_THROWS_WITH(dev->allocate(768 << 10, MemCategory::kGrads, "grad bucket 1"),
+                    Catch::Contains("grad bucket 1") && Catch::Contains("grads"));
+  CHECK(dev->tracker().usage(MemorySpace::kDevice).total_current == (512 << 10));
+}
+
+TEST_CASE("a failed cudaMallocAsync becomes OutOfMemory and leaves the tracker unchanged") {
+  auto dev = gpu(std::int64_t{1} << 52);  // a capacity far beyond the GPU: the driver says no
+  auto s = dev->create_stream("s");
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  ZRT_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const auto huge = static_cast<std::int64_t>(2 * total_bytes);
+  CHECK_THROWS_WITH(dev->allocate(huge, MemCategory::kActivations, "too big"),
+                    Catch::Contains("cudaMallocAsync failed") && Catch::Contains("too big"));
+  CHECK_THROWS_AS(dev->allocate(huge, MemCategory::kActivations, "too big, ordered",
+                                MemorySpace::kDevice, s.get()),
+                  OutOfMemory);
+  CHECK(dev->tracker().usage(MemorySpace::kDevice).total_current == 0);
+  // The device is still usable afterwards.
+  Buffer ok = dev->allocate(4096, MemCategory::kActivations, "fine");
+  dev->fill_zero(ok.device<std::byte>(), 4096, *s);
+  s->synchronize();
+}
+
+TEST_CASE("copies round-trip through device memory in stream order") {
+  auto dev = gpu();
+  auto s = dev->create_stream("copy");
+  const std::size_t n = 1 << 20;
+  const std::size_t bytes = n * sizeof(float);
+  Buffer staging = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kWorkspace,
+                                 "staging", MemorySpace::kPinnedHost);
+  const auto src = iota_floats(n, 0.25f);
+  std::copy(src.begin(), src.end(), staging.host<float>());
+  Buffer d1 = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kParams, "d1");
+  Buffer d2 = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kParams, "d2");
+  dev->copy_to_device(d1.device<std::byte>(), staging.host<std::byte>(), bytes, *s);
+  dev->copy(d2.device<std::byte>(), d1.device<std::byte>(), bytes, *s);
+  dev->fill_zero(d1.device<std::byte>(), bytes, *s);
+  std::vector<float> back(n, -1.0f);  // pageable destination
+  dev->copy_to_host(back.data(), d2.device<std::byte>(), bytes, *s);
+  s->synchronize();
+  CHECK(back == src);
+  dev->copy_to_host(staging.host<std::byte>(), d1.device<std::byte>(), bytes, *s);
+  dev->synchronize();
+  CHECK(std::vector<float>(staging.host<float>(), staging.host<float>() + n) ==
+        std::vector<float>(n, 0.0f));
+  // Zero-byte operations are no-ops.
+  dev->copy(d2.device<std::byte>(), d1.device<std::byte>(), 0, *s);
+  dev->fill_zero(d2.device<std::byte>(), 0, *s);
+  s->synchronize();
+}
+
+TEST_CASE("stream-ordered allocation and release follow the work already enqueued") {
+  auto dev = gpu();
+  auto s = dev->create_stream("s");
+  const std::size_t n = 1 << 16;
+  const auto ones = std::vector<float>(n, 1.0f);
+  std::vector<float> out(n, 0.0f);
+  {
+    Buffer b = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "ordered",
+                             MemorySpace::kDevice, s.get());
+    s->host_callback([] { std::this_thread::sleep_for(20ms); });
+    dev->copy_to_device(b.device<std::byte>(), ones.data(), n * 4, *s);
+    dev->copy_to_host(out.data(), b.device<std::byte>(), n * 4, *s);
+  }  // cudaFreeAsync on s: after the copies
+  CHECK(dev->tracker().usage(MemorySpace::kDevice).total_current == 0);
+  // Pinned memory released with an ordering stream is freed once the stream passes that point.
+  {
+    Buffer pinned = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace,
+                                  "pinned ordered", MemorySpace::kPinnedHost, s.get());
+    std::fill(pinned.host<float>(), pinned.host<float>() + n, 2.0f);
+    Buffer d = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "d");
+    dev->copy_to_device(d.device<std::byte>(), pinned.host<std::byte>(), n * 4, *s);
+    pinned.reset();  // deferred until the copy is done
+    dev->copy_to_host(out.data(), d.device<std::byte>(), n * 4, *s);
+    s->synchronize();
+    CHECK(out == std::vector<float>(n, 2.0f));
+  }
+  s->synchronize();
+  dev->synchronize();  // also frees the deferred host memory
+}
+
+TEST_CASE("an event orders work across CUDA streams") {
+  auto dev = gpu();
+  auto a = dev->create_stream("a");
+  auto b = dev->create_stream("b");
+  auto e = dev->create_event();
+  const std::size_t n = 1 << 20;
+  const auto src = iota_floats(n, 1.0f);
+  Buffer x = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "x");
+  Buffer y = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "y");
+  dev->fill_zero(y.device<std::byte>(), n * 4, *b);
+  b->synchronize();
+  // Stream a is held back by a slow callback, so without the wait b would read zeros.
+  a->host_callback([] { std::this_thread::sleep_for(100ms); });
+  dev->copy_to_device(x.device<std::byte>(), src.data(), n * 4, *a);
+  dev->copy(y.device<std::byte>(), x.device<std::byte>(), n * 4, *a);
+  e->record(*a);
+  b->wait(*e);
+  std::vector<float> out(n, -1.0f);
+  dev->copy_to_host(out.data(), y.device<std::byte>(), n * 4, *b);
+  b->synchronize();
+  CHECK(out == src);
+  CHECK(e->query());
+}
+
+TEST_CASE("a CUDA wait binds to the record that was latest when the wait was issued") {
+  auto dev = gpu();
+  auto a = dev->create_stream("a");
+  auto b = dev->create_stream("b");
+  auto e = dev->create_event();
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  a->host_callback([] {});
+  e->record(*a);  // record 1: completes at once
+  b->wait(*e);    // binds to record 1
+  a->host_callback([released] { released.wait_for(30s); });
+  e->record(*a);  // record 2: blocked until release
+  // b's own work is device work, not a callback: CUDA may run all host callbacks on one thread,
+  // which the blocked callback on a holds.
+  Buffer scratch = dev->allocate(1 << 20, MemCategory::kWorkspace, "scratch");
+  dev->fill_zero(scratch.device<std::byte>(), 1 << 20, *b);
+  auto done = std::async(std::launch::async, [&] { b->synchronize(); });
+  const bool finished = done.wait_for(10s) == std::future_status::ready;
+  CHECK_FALSE(e->query());  // query reflects the latest record
+  release.set_value();
+  CHECK(finished);
+  e->synchronize();
+  CHECK(e->query());
+  done.get();
+}
+
+TEST_CASE("a never-recorded CUDA event is complete and waiting on it is a no-op") {
+  auto dev = gpu();
+  auto s = dev->create_stream("s");
+  auto e = dev->create_event();
+  CHECK(e->query());
+  e->synchronize();
+  s->wait(*e);
+  bool ran = false;
+  s->host_callback([&] { ran = true; });
+  s->synchronize();
+  CHECK(ran);
+}
+
+TEST_CASE("re-recording an event moves it to the new record") {
+  auto dev = gpu();
+  auto a = dev->create_stream("a");
+  auto c = dev->create_stream("c");
+  auto e = dev->create_event();
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  a->host_callback([released] { released.wait_for(30s); });
+  e->record(*a);
+  CHECK_FALSE(e->query());
+  e->record(*c);  // c is idle: the new record completes at once
+  c->synchronize();
+  CHECK(e->query());
+  e->synchronize();
+  release.set_value();
+  a->synchronize();
+}
+
+TEST_CASE("host callbacks run in stream order and may not call the stream API") {
+  auto dev = gpu();
+  auto s = dev->create_stream("s");
+  std::vector<int> order;
+  for (int i = 0; i < 50; ++i) s->host_callback([&order, i] { order.push_back(i); });
+  s->synchronize();
+  REQUIRE(order.size() == 50);
+  for (int i = 0; i < 50; ++i) CHECK(order[i] == i);
+
+  auto other = dev->create_stream("other");
+  auto e = dev->create_event();
+  s->host_callback([&] { e->record(*other); });
+  CHECK_THROWS_WITH(s->synchronize(), Catch::Contains("Event::record called from a host callback"));
+}
+
+TEST_CASE("an error in a host callback is sticky and reported through later events") {
+  auto dev = gpu();
+  auto s = dev->create_stream("s");
+  auto before = dev->create_event();
+  auto after = dev->create_event();
+  bool later_ran = false;
+  before->record(*s);
+  s->host_callback([] { ZRT_THROW(Error, "simulated callback failure"); });
+  s->host_callback([&] { later_ran = true; });
+  after->record(*s);
+  CHECK_THROWS_WITH(after->synchronize(), Catch::Contains("simulated callback failure"));
+  CHECK_NOTHROW(before->synchronize());  // recorded before the failure
+  CHECK_THROWS_WITH(s->synchronize(), Catch::Contains("simulated callback failure"));
+  CHECK_THROWS_WITH(dev->synchronize(), Catch::Contains("simulated callback failure"));
+  CHECK_FALSE(later_ran);
+}
+
+TEST_CASE("cuda_stream_handle unwraps CUDA streams only") {
+  auto dev = gpu();
+  auto s = dev->create_stream("cuda");
+  CHECK(cuda_stream_handle(*s) != nullptr);
+  auto cpu = make_device(DeviceOptions{});
+  auto cpu_stream = cpu->create_stream("cpu");
+  CHECK_THROWS_WITH(cuda_stream_handle(*cpu_stream), Catch::Contains("is not a CUDA stream"));
+  Buffer b = dev->allocate(64, MemCategory::kOther, "b");
+  CHECK_THROWS_WITH(dev->fill_zero(b.device<std::byte>(), 64, *cpu_stream),
+                    Catch::Contains("is not a CUDA stream"));
+  auto cpu_event = cpu->create_event();
+  CHECK_THROWS_WITH(s->wait(*cpu_event), Catch::Contains("another backend"));
+}
+
+TEST_CASE("Device::synchronize waits for every stream") {
+  auto dev = gpu();
+  std::vector<std::unique_ptr<Stream>> streams;
+  std::atomic<int> finished{0};
+  for (int i = 0; i < 4; ++i) {
+    streams.push_back(dev->create_stream("s" + std::to_string(i)));
+    streams.back()->host_callback([&] {
+      std::this_thread::sleep_for(20ms);
+      ++finished;
+    });
+  }
+  dev->synchronize();
+  CHECK(finished == 4);
+}

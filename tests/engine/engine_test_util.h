@@ -1,0 +1,182 @@
+// Shared set-up for engine tests: an engine over TiedMlp on the CPU backend, deterministic
+// data, and a plain single-process reference trainer (full fp32 parameters, gradients of the
+// global batch computed rank by rank with the same model code, AdamW written out in double).
+#pragma once
+
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "optimizers/device_adam.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/engine/zero_engine.h"
+#include "tests/engine/tied_mlp.h"
+
+namespace zrt::test {
+
+constexpr int kD = 13;
+constexpr int kH = 24;
+constexpr int kRows = 3;  // rows per rank per micro-batch
+
+inline float data_value(int step, std::int64_t row, int col, int which) {
+  std::uint64_t x = (static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(row) << 16) ^
+                    static_cast<std::uint64_t>(col) ^ (static_cast<std::uint64_t>(which) << 60);
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return static_cast<float>(x >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f;
+}
+
+// Rows [first, first + rows) of step `step`'s global batch: inputs (which 0) or targets (1).
+inline std::vector<float> batch(int step, std::int64_t first, int rows, int which, int d = kD) {
+  std::vector<float> out(static_cast<std::size_t>(rows * d));
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < d; ++c) out[r * d + c] = data_value(step, first + r, c, which);
+  return out;
+}
+
+struct TrainSpec {
+  int steps = 10;
+  int accumulation = 1;
+  double lr = 1e-2;
+  double weight_decay = 0.1;
+  double clip = 0.0;
+};
+
+struct EngineRun {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> compute;
+  std::unique_ptr<Stream> comm;
+  std::unique_ptr<ProcessGroup> group;
+  std::unique_ptr<DeviceAdam> adam;
+  std::unique_ptr<ZeroEngine> engine;
+  TiedMlp model{kD, kH};
+  std::vector<StepResult> results;
+};
+
+inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, const TrainSpec& spec,
+                                              DeviceOptions device_options = {},
+                                              CommOptions comm_options = {},
+                                              TiedMlp model = TiedMlp(kD, kH)) {
+  auto run = std::make_unique<EngineRun>();
+  run->model = model;
+  run->device = make_device(device_options);
+  run->compute = run->device->create_stream("compute");
+  run->comm = run->device->create_stream("comm");
+  run->group = make_process_group(*run->device, MPI_COMM_WORLD, *run->comm, "engine", comm_options);
+  AdamOptions adam;
+  adam.lr = spec.lr;
+  adam.weight_decay = spec.weight_decay;
+  run->adam = make_device_adam(*run->device, adam);
+  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *run->group,
+                                             run->model.parameters(), run->model.modules(), options,
+                                             *run->adam);
+  run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
+    for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
+  });
+  return run;
+}
+
+// Trains `spec.steps` steps; returns every parameter's final fp32 value.
+inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainSpec& spec) {
+  const int rank = run.group->rank();
+  const int world = run.group->size();
+  for (int step = 0; step < spec.steps; ++step) {
+    std::vector<std::vector<float>> keep;  // inputs live until the stream has used them
+    float loss = 0.f;
+    for (int g = 0; g < spec.accumulation; ++g) {
+      const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
+      keep.push_back(batch(step, first, kRows, 0, run.model.d()));
+      keep.push_back(batch(step, first, kRows, 1, run.model.d()));
+      run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
+                                 keep.back().data(), kRows, run.engine->loss_scale(), &loss);
+    }
+    run.results.push_back(run.engine->step(spec.lr));
+    run.compute->synchronize();
+  }
+  std::vector<std::vector<float>> out;
+  for (int p = 0; p < static_cast<int>(run.model.parameters().size()); ++p) {
+    out.push_back(run.engine->full_parameter(p));
+  }
+  return out;
+}
+
+// The reference: one process, full parameters, world ranks simulated one after the other.
+inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world) {
+  TiedMlp model(kD, kH);
+  const auto specs = model.parameters();
+  auto device = make_device(DeviceOptions{});
+  auto stream = device->create_stream("reference");
+  FlatParams flat(*device, specs, DType::kFloat32, DType::kFloat32);
+  std::vector<std::vector<float>> p, m, v;
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    std::vector<float> init(static_cast<std::size_t>(specs[i].numel()));
+    for (std::size_t k = 0; k < init.size(); ++k) init[k] = TiedMlp::init_value(i, static_cast<std::int64_t>(k));
+    p.push_back(init);
+    m.emplace_back(init.size(), 0.f);
+    v.emplace_back(init.size(), 0.f);
+  }
+  for (int step = 0; step < spec.steps; ++step) {
+    std::vector<std::vector<double>> total;
+    for (const auto& s : specs) total.emplace_back(static_cast<std::size_t>(s.numel()), 0.0);
+    for (int g = 0; g < spec.accumulation; ++g) {
+      for (int r = 0; r < world; ++r) {
+        for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+          device->copy_to_device(flat.param(i), p[i].data(), p[i].size() * 4, *stream);
+          device->fill_zero(flat.grad(i), p[i].size() * 4, *stream);
+        }
+        const std::int64_t first = (static_cast<std::int64_t>(g) * world + r) * kRows;
+        auto x = batch(step, first, kRows, 0);
+        auto t = batch(step, first, kRows, 1);
+        float loss = 0.f;
+        model.forward_backward(flat, *stream, x.data(), t.data(), kRows, 1.0, &loss);
+        for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+          std::vector<float> grad(p[i].size());
+          device->copy_to_host(grad.data(), flat.grad(i), grad.size() * 4, *stream);
+          stream->synchronize();
+          for (std::size_t k = 0; k < grad.size(); ++k) total[i][k] += grad[k];
+        }
+      }
+    }
+    double norm_sq = 0.0;
+    for (auto& t : total)
+      for (double& x : t) {
+        x /= static_cast<double>(world) * spec.accumulation;
+        norm_sq += x * x;
+      }
+    double coef = 1.0;
+    if (spec.clip > 0.0) {
+      const double c = spec.clip / (std::sqrt(norm_sq) + 1e-6);
+      if (c < 1.0) coef = c;
+    }
+    const double t1 = step + 1;
+    const double bc1 = 1.0 - std::pow(0.9, t1);
+    const double bc2 = 1.0 - std::pow(0.999, t1);
+    for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+      const bool decay = !specs[i].no_weight_decay;
+      for (std::size_t k = 0; k < p[i].size(); ++k) {
+        const double g = total[i][k] * coef;
+        double param = p[i][k];
+        if (decay) param *= 1.0 - spec.lr * spec.weight_decay;
+        const double mk = 0.9 * m[i][k] + 0.1 * g;
+        const double vk = 0.999 * v[i][k] + 0.001 * g * g;
+        param -= spec.lr / bc1 * mk / (std::sqrt(vk) / std::sqrt(bc2) + 1e-8);
+        m[i][k] = static_cast<float>(mk);
+        v[i][k] = static_cast<float>(vk);
+        p[i][k] = static_cast<float>(param);
+      }
+    }
+  }
+  return p;
+}
+
+inline double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    norm += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(diff / std::max(norm, 1e-30));
+}
+
+}  // namespace zrt::test
