@@ -53,7 +53,21 @@ class TiedMlp {
   // stay valid until the stream is synchronised. *loss receives the (unscaled) loss.
   void forward_backward(ParamAccess& pa, Stream& stream, const float* x, const float* t, int b,
                         double loss_scale, float* loss) {
+    run(pa, stream, x, t, b, loss_scale, loss, /*backward=*/true);
+  }
+  // Forward only (Phase::kEval): the loss, no gradients.
+  void forward_only(ParamAccess& pa, Stream& stream, const float* x, const float* t, int b,
+                    float* loss) {
+    run(pa, stream, x, t, b, 1.0, loss, /*backward=*/false);
+  }
+  // Activation checkpointing: recompute each hidden layer's forward inside its backward.
+  void set_recompute(bool on) { recompute_ = on; }
+
+ private:
+  void run(ParamAccess& pa, Stream& stream, const float* x, const float* t, int b,
+           double loss_scale, float* loss, bool backward) {
     CpuStream& s = as_cpu_stream(stream, "TiedMlp");
+    const Phase fwd = backward ? Phase::kForward : Phase::kEval;
     // Activations of this micro-batch: the stream may still be running the previous one.
     const int layers = layers_;
     auto acts = std::make_shared<std::vector<float>>(
@@ -66,7 +80,7 @@ class TiedMlp {
     float* hl = h0 + layers * b * h;
     float* y = hl + b * h;
 
-    pa.acquire(0, Phase::kForward);
+    pa.acquire(0, fwd);
     {
       const void* w = raw(pa.param(0));
       s.enqueue([=] {
@@ -78,18 +92,18 @@ class TiedMlp {
           }
       });
     }
-    pa.release(0, Phase::kForward);
+    pa.release(0, fwd);
     for (int m = 1; m <= layers; ++m) {
-      pa.acquire(m, Phase::kForward);
+      pa.acquire(m, fwd);
       const void* w = raw(pa.param(2 * m - 1));
       const void* bias = raw(pa.param(2 * m));
       const float* in = h0 + (m - 1) * b * h;
       float* out = h0 + m * b * h;
       s.enqueue([=] { dense_tanh(in, w, bias, pt, out, b, h); });
-      pa.release(m, Phase::kForward);
+      pa.release(m, fwd);
     }
     const int last = layers + 1;
-    pa.acquire(last, Phase::kForward);
+    pa.acquire(last, fwd);
     {
       const void* w = raw(pa.param(0));
       const void* bo = raw(pa.param(2 * layers + 1));
@@ -106,7 +120,11 @@ class TiedMlp {
         *loss = static_cast<float>(sum / (b * d));
       });
     }
-    pa.release(last, Phase::kForward);
+    pa.release(last, fwd);
+    if (!backward) {
+      s.enqueue([acts] {});
+      return;
+    }
 
     // Backward, modules 3..0. Gradients accumulate (+=) into the engine's buffers.
     auto dh = std::make_shared<std::vector<float>>(static_cast<std::size_t>(b * h));
@@ -140,6 +158,16 @@ class TiedMlp {
     }
     pa.release(last, Phase::kBackward);
     for (int m = layers; m >= 1; --m) {
+      if (recompute_) {
+        // Same inputs, same math: the recomputed activations are bit-identical.
+        pa.acquire(m, Phase::kRecompute);
+        const void* w = raw(pa.param(2 * m - 1));
+        const void* bias = raw(pa.param(2 * m));
+        const float* in = h0 + (m - 1) * b * h;
+        float* out = h0 + m * b * h;
+        s.enqueue([=] { dense_tanh(in, w, bias, pt, out, b, h); });
+        pa.release(m, Phase::kRecompute);
+      }
       pa.acquire(m, Phase::kBackward);
       const void* w = raw(pa.param(2 * m - 1));
       void* gw = raw(pa.grad(2 * m - 1));
@@ -188,7 +216,6 @@ class TiedMlp {
     s.enqueue([acts] {});
   }
 
- private:
   template <typename T>
   static T* raw(DevicePtr<T> p) {
     return device_access::raw(p);
@@ -222,6 +249,7 @@ class TiedMlp {
   int d_;
   int h_;
   int layers_;
+  bool recompute_ = false;
 };
 
 // All parameters and gradients in flat buffers: the single-process stand-in for the engine.
