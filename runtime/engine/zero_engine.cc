@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
 
 namespace zrt {
 
@@ -20,28 +22,7 @@ const char* phase_name(Phase p) {
   return "?";
 }
 
-struct ZeroEngine::UnitState {
-  Buffer master;        // fp32 [shard]
-  Buffer exp_avg;       // fp32 [shard]
-  Buffer exp_avg_sq;    // fp32 [shard]
-  Buffer param_slice;   // stage 3: compute dtype [shard]
-  Buffer resident;      // stage 3 persistent unit: compute dtype [numel]
-  Buffer gathered;      // stage 3: full parameters while in use
-  bool gather_issued = false;
-  Buffer grad_slice;    // stages 2-3: accum dtype [shard]
-  Buffer grad_bucket;   // stages 2-3: compute dtype [numel], during a micro-batch's backward
-  std::unique_ptr<Event> gathered_ready;  // comm stream, after the gather
-  std::unique_ptr<Event> reduced;         // comm stream, after the bucket's reduction
-};
 
-namespace {
-DevicePtr<std::byte> at(const Buffer& b, std::int64_t elements, DType type) {
-  return b.device<std::byte>() + elements * static_cast<std::int64_t>(dtype_size(type));
-}
-std::int64_t bytes_of(std::int64_t elements, DType type) {
-  return elements * static_cast<std::int64_t>(dtype_size(type));
-}
-}  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules,
@@ -67,14 +48,26 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
             "engine dtypes must be floating point");
   ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
             "stage 3 prefetch/live limits must be >= 0");
+  ZRT_CHECK(!offload_optimizer() || options.stage >= 1,
+            "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage {} keeps full optimizer state "
+            "on every rank)", options.stage);
+  ZRT_CHECK(!offload_param() || options.stage == 3,
+            "offload_param needs ZeRO stage 3 (stage {} keeps full parameters on the device)",
+            options.stage);
+  ZRT_CHECK(!offload_param() || offload_optimizer(),
+            "offload_param without offload_optimizer is not supported: enable both");
+  ZRT_CHECK(options.offload_staging_buffers >= 1, "offload_staging_buffers must be >= 1");
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   allocate_state();
+  if (offload_optimizer()) setup_offload();
   spdlog::debug("engine: stage {}, {}", options_.stage, plan_.describe());
 }
 
 ZeroEngine::~ZeroEngine() {
   try {
+    if (cpu_optimizer_) cpu_optimizer_->synchronize();
+    if (copy_) copy_->synchronize();
     comm_.synchronize();
     compute_.synchronize();
   } catch (const std::exception& e) {
@@ -101,22 +94,40 @@ void ZeroEngine::allocate_state() {
     max_unit = std::max(max_unit, unit.numel);
     auto s = std::make_unique<UnitState>();
     const std::string name = fmt::format("unit {}", u);
+    // With optimizer offload the fp32 state never touches the device.
+    const MemorySpace state_space =
+        offload_optimizer() ? host_space(options_.offload_optimizer) : MemorySpace::kDevice;
     s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
-                                 name + " fp32 master");
+                                 name + " fp32 master", state_space);
     s->exp_avg = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
-                                  name + " exp_avg");
+                                  name + " exp_avg", state_space);
     s->exp_avg_sq = device_.allocate(bytes_of(unit.shard, DType::kFloat32),
-                                     MemCategory::kOptimizer, name + " exp_avg_sq");
+                                     MemCategory::kOptimizer, name + " exp_avg_sq", state_space);
+    const bool params_on_host = offload_param() && !unit.persistent;
     if (sharded_params()) {
       if (unit.persistent) {
         s->resident = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
                                        name + " persistent params");
+      } else if (params_on_host) {
+        s->host_params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                                          name + " param slice (offloaded)",
+                                          host_space(options_.offload_param));
       } else {
         s->param_slice = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
                                           name + " param slice");
       }
     }
-    if (per_micro_batch_grads()) {
+    if (offload_optimizer()) {
+      s->host_grad = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
+                                      name + " grad slice (offloaded)",
+                                      host_space(options_.offload_optimizer));
+      std::memset(s->host_grad.host<std::byte>(), 0, static_cast<std::size_t>(s->host_grad.bytes()));
+      s->comm_point = device_.create_event();
+      s->d2h_done = device_.create_event();
+      s->params_ready = device_.create_event();
+    }
+    // With parameter offload the gradient accumulates in host memory (host_grad).
+    if (per_micro_batch_grads() && !offload_param()) {
       s->grad_slice = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
                                        name + " grad slice");
     }
@@ -178,20 +189,42 @@ void ZeroEngine::initialize(const Initializer& init) {
       init(p, range.first, range.count, piece.data());
       std::copy(piece.begin(), piece.end(), host.begin() + range.slice_offset);
     }
-    device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4, compute_);
-    compute_.synchronize();  // `host` is reused for the next unit
-    device_.fill_zero(s.exp_avg.device<std::byte>(), static_cast<std::size_t>(s.exp_avg.bytes()),
-                      compute_);
-    device_.fill_zero(s.exp_avg_sq.device<std::byte>(),
-                      static_cast<std::size_t>(s.exp_avg_sq.bytes()), compute_);
-    // The compute-dtype copy of the owned slice.
-    DevicePtr<std::byte> owned_params =
-        sharded_params() && !unit.persistent
-            ? s.param_slice.device<std::byte>()
-            : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
-    engine_kernels::convert(device_, compute_, s.master.device<std::byte>(), DType::kFloat32,
-                            owned_params, cdt, unit.shard);
-    if (per_micro_batch_grads()) {
+    if (offload_optimizer()) {
+      // Host state: written directly; the compute-dtype copy goes up through a host buffer.
+      std::memcpy(s.master.host<float>(), host.data(), host.size() * 4);
+      std::memset(s.exp_avg.host<std::byte>(), 0, static_cast<std::size_t>(s.exp_avg.bytes()));
+      std::memset(s.exp_avg_sq.host<std::byte>(), 0,
+                  static_cast<std::size_t>(s.exp_avg_sq.bytes()));
+      if (!s.host_params.empty()) {
+        engine_kernels::cpu::convert(host.data(), DType::kFloat32, s.host_params.host<void>(), cdt,
+                                     unit.shard);
+      } else {
+        std::vector<std::byte> converted(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
+        engine_kernels::cpu::convert(host.data(), DType::kFloat32, converted.data(), cdt,
+                                     unit.shard);
+        DevicePtr<std::byte> owned = sharded_params() && !unit.persistent
+                                         ? s.param_slice.device<std::byte>()
+                                         : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
+        device_.copy_to_device(owned, converted.data(), converted.size(), compute_);
+        compute_.synchronize();  // `converted` goes out of scope
+      }
+    } else {
+      device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4,
+                             compute_);
+      compute_.synchronize();  // `host` is reused for the next unit
+      device_.fill_zero(s.exp_avg.device<std::byte>(),
+                        static_cast<std::size_t>(s.exp_avg.bytes()), compute_);
+      device_.fill_zero(s.exp_avg_sq.device<std::byte>(),
+                        static_cast<std::size_t>(s.exp_avg_sq.bytes()), compute_);
+      // The compute-dtype copy of the owned slice.
+      DevicePtr<std::byte> owned_params =
+          sharded_params() && !unit.persistent
+              ? s.param_slice.device<std::byte>()
+              : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
+      engine_kernels::convert(device_, compute_, s.master.device<std::byte>(), DType::kFloat32,
+                              owned_params, cdt, unit.shard);
+    }
+    if (!s.grad_slice.empty()) {
       device_.fill_zero(s.grad_slice.device<std::byte>(),
                         static_cast<std::size_t>(s.grad_slice.bytes()), compute_);
     }
@@ -308,11 +341,26 @@ void ZeroEngine::gather(int u) {
   s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
                                 fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
                                 &compute_);
-  // The gather follows the allocation and any update of the slice, both on the compute stream.
+  // The gather follows the allocation and any update of the slice, both on the compute stream
+  // (or, with optimizer offload, the copy stream that brought the updated slice).
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
-  group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
-                    cdt);
+  if (offload_optimizer()) comm_.wait(*s.params_ready);
+  if (!s.host_params.empty()) {
+    // Parameter offload: the slice comes up from host memory into its place in the gathered
+    // buffer just before the (in-place) gather, once the CPU optimizer has written it.
+    DevicePtr<std::byte> mine = s.gathered.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
+    std::shared_future<void> updated = s.cpu_done;
+    comm_.host_callback([updated] {
+      if (updated.valid()) updated.get();
+    });
+    device_.copy_to_device(mine, s.host_params.host<void>(),
+                           static_cast<std::size_t>(bytes_of(unit.shard, cdt)), comm_);
+    group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
+  } else {
+    group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(),
+                      unit.shard, cdt);
+  }
   s.gathered_ready->record(comm_);
   s.gather_issued = true;
   live_gathered_ += unit.numel;
@@ -397,6 +445,7 @@ void ZeroEngine::reduce_unit(int u) {
   const DType cdt = options_.compute_dtype;
   const DType adt = options_.grad_accum_dtype;
   const DType wire = comm_dtype();
+  const bool last_micro_batch = micro_batch_ == options_.gradient_accumulation_steps - 1;
   // The unit's gradients are complete once the compute stream gets here.
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
@@ -409,9 +458,25 @@ void ZeroEngine::reduce_unit(int u) {
     }
     DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
     group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
-    engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
-                               unit.shard);
-    s.reduced->record(comm_);
+    if (offload_param()) {
+      // The reduced slice accumulates in host memory. Copy it out of the bucket (not the shared
+      // conversion scratch, which the next unit's reduction reuses).
+      DevicePtr<std::byte> out = mine;
+      DType out_type = wire;
+      if (source != s.grad_bucket.device<std::byte>()) {
+        out = s.grad_bucket.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
+        engine_kernels::convert(device_, comm_, mine, wire, out, cdt, unit.shard);
+        out_type = cdt;
+      }
+      offload_gradient(u, out, out_type, last_micro_batch);
+    } else {
+      engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(),
+                                 adt, unit.shard);
+      s.reduced->record(comm_);
+      if (offload_optimizer() && last_micro_batch) {
+        offload_gradient(u, s.grad_slice.device<std::byte>(), adt, true);
+      }
+    }
   } else if (group_.size() > 1) {
     // Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once.
     DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
@@ -436,6 +501,9 @@ void ZeroEngine::reduce_unit(int u) {
                               grads + bytes_of(first, adt), adt, count);
     }
   }
+  if (!per_micro_batch_grads() && offload_optimizer()) {
+    offload_gradient(u, at(full_grads_, unit.offset + rank_ * unit.shard, adt), adt, true);
+  }
   if (!options_.overlap_comm) wait_for_comm();
 }
 
@@ -452,6 +520,10 @@ StepResult ZeroEngine::step(double lr) {
 
   // Global decision: the squared norm of the whole gradient, summed over ranks.
   wait_for_comm();
+  float norm_squared = 0.0f;
+  if (offload_optimizer()) {
+    norm_squared = static_cast<float>(offloaded_norm_squared());
+  } else {
   device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const Unit& unit = plan_.unit(static_cast<int>(ui));
@@ -467,10 +539,10 @@ StepResult ZeroEngine::step(double lr) {
                       ReduceOp::kSum);
     reader = &comm_;
   }
-  float norm_squared = 0.0f;
   device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
   reader->synchronize();
   if (reader == &comm_) wait_for_comm();
+  }
 
   const double norm = std::sqrt(static_cast<double>(norm_squared)) / (accumulation * scale);
   result.grad_norm = norm;
@@ -481,15 +553,14 @@ StepResult ZeroEngine::step(double lr) {
       const double clip = options_.gradient_clipping / (norm + 1e-6);  // DeepSpeed's rule
       if (clip < 1.0) factor *= clip;
     }
+    if (offload_optimizer()) {
+      update_offloaded(lr, factor);
+    } else {
     std::vector<AdamDeviceSlice> slices;
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
       const int u = static_cast<int>(ui);
       const Unit& unit = plan_.unit(u);
       UnitState& s = *units_[ui];
-      if (factor != 1.0) {
-        engine_kernels::scale(device_, compute_, owned_grad_of(u), options_.grad_accum_dtype,
-                              unit.shard, static_cast<float>(factor));
-      }
       DevicePtr<std::byte> out = sharded_params() && !unit.persistent
                                      ? s.param_slice.device<std::byte>()
                                      : full_params_of(u) + bytes_of(rank_ * unit.shard,
@@ -511,7 +582,7 @@ StepResult ZeroEngine::step(double lr) {
       }
     }
     ++optimizer_steps_;
-    optimizer_.step(slices, optimizer_steps_, lr, compute_);
+    optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
     // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
     if (options_.stage >= 1) {
       compute_done_->record(compute_);
@@ -526,8 +597,10 @@ StepResult ZeroEngine::step(double lr) {
       }
       wait_for_comm();
     }
+    }
   } else {
     result.skipped = true;
+    if (offload_optimizer()) zero_offloaded_grads();
     ++skipped_steps_;
     spdlog::warn("step skipped: non-finite gradient norm{} (loss scale {})",
                  options_.compute_dtype == DType::kFloat16 ? " (fp16 overflow)" : "", scale);
@@ -535,8 +608,9 @@ StepResult ZeroEngine::step(double lr) {
   // Gradients start from zero for the next accumulation cycle.
   if (per_micro_batch_grads()) {
     for (auto& s : units_) {
-      device_.fill_zero(s->grad_slice.device<std::byte>(), static_cast<std::size_t>(s->grad_slice.bytes()),
-                        compute_);
+      if (s->grad_slice.empty()) continue;  // parameter offload: host_grad instead
+      device_.fill_zero(s->grad_slice.device<std::byte>(),
+                        static_cast<std::size_t>(s->grad_slice.bytes()), compute_);
     }
   } else {
     device_.fill_zero(full_grads_.device<std::byte>(), static_cast<std::size_t>(full_grads_.bytes()),
@@ -555,15 +629,25 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
   UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
   std::vector<float> out(static_cast<std::size_t>(pl.numel));
   compute_.synchronize();
+  if (cpu_optimizer_) cpu_optimizer_->synchronize();  // offload: the master is being written
   if (partition_world() == 1) {
+    if (offload_optimizer()) {
+      std::memcpy(out.data(), s.master.host<float>() + pl.offset, out.size() * 4);
+      return out;
+    }
     device_.copy_to_host(out.data(), s.master.device<std::byte>() + pl.offset * 4, out.size() * 4,
                          compute_);
     compute_.synchronize();
     return out;
   }
   Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
-  device_.copy(full.device<std::byte>() + rank_ * unit.shard * 4, s.master.device<std::byte>(),
-               static_cast<std::size_t>(unit.shard * 4), comm_);
+  if (offload_optimizer()) {
+    device_.copy_to_device(full.device<std::byte>() + rank_ * unit.shard * 4,
+                           s.master.host<void>(), static_cast<std::size_t>(unit.shard * 4), comm_);
+  } else {
+    device_.copy(full.device<std::byte>() + rank_ * unit.shard * 4, s.master.device<std::byte>(),
+                 static_cast<std::size_t>(unit.shard * 4), comm_);
+  }
   group_.all_gather(full.device<std::byte>() + rank_ * unit.shard * 4, full.device<std::byte>(),
                     unit.shard, DType::kFloat32);
   device_.copy_to_host(out.data(), full.device<std::byte>() + pl.offset * 4, out.size() * 4, comm_);

@@ -17,13 +17,23 @@
 #include <optional>
 #include <vector>
 
+#include <future>
+
+#include "optimizers/cpu_adam.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/device/cpu_stream.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/partition.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {
+
+// DeepSpeed's offload_optimizer / offload_param with device "cpu".
+struct OffloadOptions {
+  bool enabled = false;
+  bool pin_memory = true;  // false: pageable host memory (hosts with a low `ulimit -l`)
+};
 
 struct EngineOptions {
   int stage = 0;
@@ -39,6 +49,12 @@ struct EngineOptions {
   bool overlap_comm = true;  // false: the compute stream waits for each collective at once
   std::int64_t alignment = 64;
   LossScaleOptions loss_scale;  // used with fp16 compute
+  // Optimizer offload (stages 1-3): fp32 master weights and Adam moments live in host memory
+  // and the CPU steps them; parameter offload (stage 3, with optimizer offload): parameter
+  // slices and gradient accumulation live in host memory too.
+  OffloadOptions offload_optimizer;
+  OffloadOptions offload_param;
+  int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
 };
 
 struct StepResult {
@@ -90,6 +106,14 @@ class ZeroEngine final : public ParamAccess {
   int micro_batches_done() const { return micro_batch_; }
   const LossScaler& loss_scaler() const { return scaler_; }
 
+  // Offload introspection (tests, tracing): the copy stream, and where a unit's last update is.
+  Stream* copy_stream() const { return copy_.get(); }
+  struct OffloadStatus {
+    bool cpu_updated = false;  // the CPU optimizer finished this unit's last update
+    bool on_device = false;    // ...and the updated slice reached the device
+  };
+  OffloadStatus offload_status(int unit) const;
+
  private:
   struct UnitState;
   void allocate_state();
@@ -108,6 +132,19 @@ class ZeroEngine final : public ParamAccess {
   // Issues the reduction of unit u's gradient once its last backward use is done.
   void reduce_unit(int u);
   void wait_for_comm();  // compute waits for everything enqueued on the comm stream
+  // Offload (zero_engine_offload.cc).
+  bool offload_optimizer() const { return options_.offload_optimizer.enabled; }
+  bool offload_param() const { return options_.offload_param.enabled; }
+  MemorySpace host_space(const OffloadOptions& o) const {
+    return o.pin_memory ? MemorySpace::kPinnedHost : MemorySpace::kPageableHost;
+  }
+  void setup_offload();
+  // After unit u's reduction on the last micro-batch (every micro-batch with parameter
+  // offload): brings its gradient slice to host memory on the copy stream.
+  void offload_gradient(int u, DevicePtr<std::byte> reduced, DType type, bool final);
+  double offloaded_norm_squared();  // waits for the gradients to reach the host
+  void update_offloaded(double lr, double factor);
+  void zero_offloaded_grads();
   DevicePtr<std::byte> full_params_of(int u);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
 
@@ -136,6 +173,14 @@ class ZeroEngine final : public ParamAccess {
   std::deque<int> rotating_buckets_;  // stages 2-3: live buckets of contiguous modules
   std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
   std::int64_t live_gathered_ = 0;  // stage 3: elements of gathered, releasable units
+
+  // Offload.
+  std::unique_ptr<Stream> copy_;             // device <-> host copies
+  std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
+  std::unique_ptr<CpuAdam> cpu_adam_;
+  std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way
+  Buffer host_reduced_;             // parameter offload: one reduced slice on its way
+  std::vector<int> forward_order_;  // units in the order the next forward needs them
 };
 
 }  // namespace zrt

@@ -1,0 +1,207 @@
+// Optimizer (and parameter) offload: the fp32 state lives in host memory and the CPU steps it,
+// overlapped with the copies that bring gradients down and parameters up.
+//
+// The pipeline of one step (DESIGN.md; clipping and the overflow check need every gradient
+// first):
+//   backward:  each unit's final gradient slice goes device->host on the copy stream as soon
+//              as its reduction is done, while the backward of earlier units still runs;
+//   decision:  the host waits for those copies and takes the norm of the host gradients;
+//   update:    the CPU-optimizer thread steps the units in the order the next forward needs
+//              them, writing compute-dtype parameters into a ring of staging buffers; the copy
+//              stream carries unit u up while the CPU steps unit u+1; stages 1-2 all-gather each
+//              unit as it arrives, stage 3's next gathers wait only for their own unit, so the
+//              next forward can start on units already updated. With parameter offload the CPU
+//              writes the host parameter slices directly and the gather copies them up.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
+#include "runtime/engine/zero_engine.h"
+
+namespace zrt {
+
+void ZeroEngine::setup_offload() {
+  copy_ = device_.create_stream("copy");
+  // A host thread, whatever the device: the CPU optimizer is host work on host memory.
+  cpu_optimizer_ = std::make_unique<CpuStream>("cpu-optimizer", 0, 0);
+  cpu_adam_ = std::make_unique<CpuAdam>(optimizer_.options());
+  const DType cdt = options_.compute_dtype;
+  std::int64_t max_shard = 0;
+  for (const Unit& unit : plan_.units()) max_shard = std::max(max_shard, unit.shard);
+  const MemorySpace host = host_space(options_.offload_optimizer);
+  for (int i = 0; i < options_.offload_staging_buffers; ++i) {
+    staging_.push_back(device_.allocate(bytes_of(max_shard, cdt), MemCategory::kWorkspace,
+                                        fmt::format("offload staging buffer {}", i), host));
+  }
+  if (offload_param()) {
+    host_reduced_ = device_.allocate(bytes_of(max_shard, DType::kFloat32), MemCategory::kWorkspace,
+                                     "offloaded gradient transfer", host);
+  }
+  // The next forward needs units in the order of their first module.
+  for (std::size_t u = 0; u < plan_.units().size(); ++u) forward_order_.push_back(static_cast<int>(u));
+  std::stable_sort(forward_order_.begin(), forward_order_.end(), [&](int a, int b) {
+    return plan_.unit(a).modules.front() < plan_.unit(b).modules.front();
+  });
+}
+
+void ZeroEngine::offload_gradient(int u, DevicePtr<std::byte> reduced, DType type, bool final) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType adt = options_.grad_accum_dtype;
+  s.comm_point->record(comm_);
+  copy_->wait(*s.comm_point);
+  // host_grad is the previous step's input to the CPU optimizer until it is done with it.
+  std::shared_future<void> consumed = s.cpu_done;
+  copy_->host_callback([consumed] {
+    if (consumed.valid()) consumed.get();
+  });
+  if (offload_param()) {
+    // Every micro-batch: bring the reduced slice down and accumulate it on the host.
+    void* staging = host_reduced_.host<void>();
+    void* accum = s.host_grad.host<void>();
+    const std::int64_t n = unit.shard;
+    device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
+    s.reduced->record(*copy_);  // the bucket may go once it has been read
+    copy_->host_callback([staging, type, accum, adt, n] {
+      engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
+    });
+  } else {
+    ZRT_CHECK(type == adt, "offloaded gradient of unit {} in {} but grad_accum_dtype is {}", u,
+              dtype_name(type), dtype_name(adt));
+    device_.copy_to_host(s.host_grad.host<void>(), reduced,
+                         static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
+  }
+  if (final) s.d2h_done->record(*copy_);
+}
+
+double ZeroEngine::offloaded_norm_squared() {
+  // Unit by unit in fp64, added in fp32 in unit order: exactly what the device path computes, so
+  // offload does not change the clipping decision by a single bit.
+  float local = 0.0f;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    UnitState& s = *units_[u];
+    s.d2h_done->synchronize();
+    local += static_cast<float>(engine_kernels::cpu::sum_squares(
+        s.host_grad.host<void>(), options_.grad_accum_dtype, plan_.unit(static_cast<int>(u)).shard));
+  }
+  if (partition_world() == 1) return local;
+  // Sum over ranks through the group (every rank takes the same decision).
+  float value = local;
+  device_.copy_to_device(norm_.device<std::byte>(), &value, sizeof value, comm_);
+  group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                    ReduceOp::kSum);
+  device_.copy_to_host(&value, norm_.device<std::byte>(), sizeof value, comm_);
+  comm_.synchronize();
+  return value;
+}
+
+ZeroEngine::OffloadStatus ZeroEngine::offload_status(int unit) const {
+  ZRT_CHECK(offload_optimizer(), "offload_status() without optimizer offload");
+  const UnitState& s = *units_[static_cast<std::size_t>(unit)];
+  OffloadStatus status;
+  status.cpu_updated = s.cpu_done.valid() && s.cpu_done.wait_for(std::chrono::seconds(0)) ==
+                                                 std::future_status::ready;
+  status.on_device = status.cpu_updated && (!s.host_params.empty() || s.params_ready->query());
+  return status;
+}
+
+void ZeroEngine::zero_offloaded_grads() {
+  for (auto& s : units_) {
+    std::memset(s->host_grad.host<std::byte>(), 0, static_cast<std::size_t>(s->host_grad.bytes()));
+  }
+}
+
+void ZeroEngine::update_offloaded(double lr, double factor) {
+  ++optimizer_steps_;
+  const std::int64_t step = optimizer_steps_;
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  const int ring = static_cast<int>(staging_.size());
+  int previous_staged[64];  // units that used each staging slot last (ring <= 64)
+  ZRT_CHECK(ring <= 64, "offload_staging_buffers {} is above 64", ring);
+  std::fill(previous_staged, previous_staged + ring, -1);
+  int slot_cursor = 0;
+  for (int u : forward_order_) {
+    UnitState& s = *units_[static_cast<std::size_t>(u)];
+    const Unit& unit = plan_.unit(u);
+    auto done = std::make_shared<std::promise<void>>();
+    s.cpu_done = done->get_future().share();
+    // Where the CPU writes the updated compute-dtype slice.
+    const bool direct = !s.host_params.empty();
+    int slot = -1;
+    int wait_for = -1;
+    void* out = nullptr;
+    if (direct) {
+      out = s.host_params.host<void>();
+    } else {
+      slot = slot_cursor++ % ring;
+      wait_for = previous_staged[slot];
+      previous_staged[slot] = u;
+      out = staging_[static_cast<std::size_t>(slot)].host<void>();
+      // The copy stream carries it up once the CPU is done.
+      DevicePtr<std::byte> destination =
+          sharded_params() && !unit.persistent
+              ? s.param_slice.device<std::byte>()
+              : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
+      std::shared_future<void> ready = s.cpu_done;
+      copy_->host_callback([ready] { ready.get(); });
+      device_.copy_to_device(destination, out, static_cast<std::size_t>(bytes_of(unit.shard, cdt)),
+                             *copy_);
+      s.params_ready->record(*copy_);
+    }
+    std::vector<AdamSlice> slices;
+    for (int p : unit.params) {
+      const auto range = plan_.owned_range(p, rank_);
+      if (range.count == 0) continue;
+      AdamSlice slice;
+      slice.param = s.master.host<float>() + range.slice_offset;
+      slice.exp_avg = s.exp_avg.host<float>() + range.slice_offset;
+      slice.exp_avg_sq = s.exp_avg_sq.host<float>() + range.slice_offset;
+      slice.grad = s.host_grad.host<std::byte>() + bytes_of(range.slice_offset, adt);
+      slice.grad_dtype = adt;
+      slice.param_out = static_cast<std::byte*>(out) + bytes_of(range.slice_offset, cdt);
+      slice.out_dtype = cdt;
+      slice.numel = range.count;
+      slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+      slices.push_back(slice);
+    }
+    // Staging slots are reused: the slot's previous unit must have reached the device.
+    Event* slot_free = wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)]->params_ready.get()
+                                     : nullptr;
+    void* grad = s.host_grad.host<void>();
+    const std::size_t grad_bytes = static_cast<std::size_t>(s.host_grad.bytes());
+    CpuAdam* adam = cpu_adam_.get();
+    cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
+      try {
+        if (slot_free != nullptr) slot_free->synchronize();
+        adam->step(slices, step, lr, factor);
+        std::memset(grad, 0, grad_bytes);  // consumed: the next accumulation starts from zero
+        done->set_value();
+      } catch (...) {
+        done->set_exception(std::current_exception());
+        throw;
+      }
+    });
+  }
+  // Stages 1-2 (and stage 3's persistent unit): all-gather each unit once it is up.
+  if (options_.stage >= 1) {
+    bool gathered = false;
+    for (int u : forward_order_) {
+      const Unit& unit = plan_.unit(u);
+      if (sharded_params() && !unit.persistent) continue;
+      comm_.wait(*units_[static_cast<std::size_t>(u)]->params_ready);
+      DevicePtr<std::byte> full = full_params_of(u);
+      group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+      gathered = true;
+    }
+    if (gathered) wait_for_comm();
+  }
+}
+
+}  // namespace zrt

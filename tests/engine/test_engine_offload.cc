@@ -1,0 +1,212 @@
+// Optimizer offload (stages 1-3) and parameter offload (stage 3): the same parameters as
+// without offload, bit for bit; device and host bytes as the formulas say; the CPU optimizer
+// overlapping the copies (shown without timing); and a model that only fits with offload.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include "runtime/common/error.h"
+#include "tests/engine/engine_test_util.h"
+
+using namespace zrt;
+using namespace zrt::test;
+
+namespace {
+
+EngineOptions base_options(int stage, int accumulation) {
+  EngineOptions o;
+  o.stage = stage;
+  o.gradient_accumulation_steps = accumulation;
+  o.gradient_clipping = 0.05;
+  o.reduce_bucket_size = 600;
+  o.stage3_param_persistence_threshold = 30;
+  o.stage3_prefetch_bucket_size = 700;
+  o.stage3_max_live_parameters = 2000;
+  o.offload_staging_buffers = 2;
+  return o;
+}
+
+EngineOptions with_offload(EngineOptions o, bool params, bool pinned = true) {
+  o.offload_optimizer.enabled = true;
+  o.offload_optimizer.pin_memory = pinned;
+  o.offload_param.enabled = params;
+  o.offload_param.pin_memory = pinned;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
+  for (int accumulation : {1, 3}) {
+    TrainSpec spec;
+    spec.steps = 5;
+    spec.accumulation = accumulation;
+    spec.clip = 0.05;
+    for (int stage = 1; stage <= 3; ++stage) {
+      auto plain = make_engine(base_options(stage, accumulation), spec);
+      const auto expected = train_engine(*plain, spec);
+      for (bool params : {false, true}) {
+        if (params && stage != 3) continue;
+        for (bool pinned : {true, false}) {
+          auto offloaded =
+              make_engine(with_offload(base_options(stage, accumulation), params, pinned), spec);
+          const auto got = train_engine(*offloaded, spec);
+          for (std::size_t p = 0; p < got.size(); ++p) {
+            INFO("stage " << stage << " G " << accumulation << " param offload " << params
+                          << " pinned " << pinned << " parameter " << p);
+            REQUIRE(got[p] == expected[p]);
+          }
+          for (std::size_t i = 0; i < plain->results.size(); ++i) {
+            CHECK(offloaded->results[i].grad_norm == plain->results[i].grad_norm);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("offload stays bit-identical with random stream delays") {
+  TrainSpec spec;
+  spec.steps = 3;
+  spec.accumulation = 2;
+  spec.clip = 0.05;
+  for (int stage = 1; stage <= 3; ++stage) {
+    auto plain = make_engine(base_options(stage, 2), spec);
+    const auto expected = train_engine(*plain, spec);
+    DeviceOptions delayed;
+    delayed.stream_delay_max_us = 200;
+    delayed.stream_delay_seed = 99;
+    auto racy = make_engine(with_offload(base_options(stage, 2), stage == 3), spec, delayed);
+    const auto got = train_engine(*racy, spec);
+    for (std::size_t p = 0; p < got.size(); ++p) {
+      INFO("stage " << stage << " parameter " << p);
+      REQUIRE(got[p] == expected[p]);
+    }
+  }
+}
+
+TEST_CASE("offloaded state: device and host bytes follow the formulas") {
+  const TiedMlp model(64, 128, 8);  // Ψ = 140352
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (bool params : {false, true}) {
+      if (params && stage != 3) continue;
+      EngineOptions o = with_offload(base_options(stage, 2), params);
+      o.compute_dtype = DType::kBFloat16;
+      o.grad_accum_dtype = DType::kBFloat16;
+      o.reduce_bucket_size = 140352 / 8;
+      o.stage3_param_persistence_threshold = 0;
+      o.stage3_prefetch_bucket_size = 2 * 16512;
+      o.stage3_max_live_parameters = 4 * 16512;
+      TrainSpec spec;
+      spec.steps = 2;
+      spec.accumulation = 2;
+      auto run = make_engine(o, spec, {}, {}, model);
+      train_engine(*run, spec);
+      const auto& plan = run->engine->plan();
+      const std::int64_t P = plan.total_numel();
+      const std::int64_t n = run->group->size();
+      std::int64_t largest = 0, shared = 0;
+      for (const Unit& u : plan.units()) {
+        largest = std::max(largest, u.numel);
+        if (u.shared) shared += u.numel;
+      }
+      const MemoryUsage device = run->device->tracker().usage(MemorySpace::kDevice);
+      const MemoryUsage host = run->device->tracker().usage(MemorySpace::kPinnedHost);
+      INFO("stage " << stage << " param offload " << params << " world " << n << " device "
+                    << device.model_state_peak);
+      const auto cat = [](const MemoryUsage& u, MemCategory c) {
+        return u.current[static_cast<int>(c)];
+      };
+      // Never on the device: fp32 master weights and moments. On the host: exactly 12Ψ/N of them.
+      CHECK(device.peak[static_cast<int>(MemCategory::kMaster)] == 0);
+      CHECK(device.peak[static_cast<int>(MemCategory::kOptimizer)] == 0);
+      CHECK(cat(host, MemCategory::kMaster) + cat(host, MemCategory::kOptimizer) == 12 * P / n);
+      const std::int64_t bucket = 2 * largest;
+      switch (stage) {
+        case 1: CHECK(device.model_state_peak == 4 * P); break;
+        case 2:
+          CHECK(device.model_state_peak >= 2 * P + 2 * P / n);
+          CHECK(device.model_state_peak <= 2 * P + 2 * P / n + 2 * bucket + 2 * shared);
+          break;
+        case 3: {
+          const std::int64_t working = 2 * (4 * 16512 + 2 * largest) + 2 * bucket + 2 * shared;
+          if (params) {
+            // Only the gathered working set (parameters in use and gradient buckets).
+            CHECK(device.model_state_peak <= working);
+            CHECK(cat(host, MemCategory::kParams) == 2 * P / n);
+          } else {
+            CHECK(device.model_state_peak >= 4 * P / n);
+            CHECK(device.model_state_peak <= 4 * P / n + working);
+          }
+          break;
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the CPU optimizer steps later units while earlier copies are still pending") {
+  TrainSpec spec;
+  spec.steps = 1;
+  for (int stage : {2, 3}) {
+    auto run = make_engine(with_offload(base_options(stage, 1), false), spec);
+    const int units = static_cast<int>(run->engine->plan().units().size());
+    REQUIRE(units >= 3);
+    // One micro-batch, then hold the copy stream on a latch before stepping.
+    const int rank = run->group->rank();
+    auto x = batch(0, rank * kRows, kRows, 0);
+    auto t = batch(0, rank * kRows, kRows, 1);
+    float loss = 0.f;
+    run->model.forward_backward(*run->engine, *run->compute, x.data(), t.data(), kRows, 1.0, &loss);
+    std::promise<void> latch;
+    std::shared_future<void> released = latch.get_future().share();
+    Stream* copy = run->engine->copy_stream();
+    REQUIRE(copy != nullptr);
+    // The gradients' copies are already enqueued; the latch holds every parameter copy after.
+    copy->host_callback([released] { released.wait(); });
+    run->engine->step(1e-2);
+    // With two staging buffers the CPU optimizer gets two units ahead of the copies.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    int updated = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      updated = 0;
+      for (int u = 0; u < units; ++u) updated += run->engine->offload_status(u).cpu_updated;
+      if (updated >= 2) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    CHECK(updated >= 2);
+    for (int u = 0; u < units; ++u) CHECK_FALSE(run->engine->offload_status(u).on_device);
+    latch.set_value();
+    copy->synchronize();
+    run->compute->synchronize();
+    for (int u = 0; u < units; ++u) CHECK(run->engine->offload_status(u).on_device);
+  }
+}
+
+TEST_CASE("a model that overflows a small device at stage 3 trains with offload") {
+  const TiedMlp model(64, 128, 8);
+  EngineOptions o = base_options(3, 1);
+  o.compute_dtype = DType::kBFloat16;
+  o.stage3_param_persistence_threshold = 0;
+  o.stage3_prefetch_bucket_size = 2 * 16512;
+  o.stage3_max_live_parameters = 4 * 16512;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  // A device of 16Ψ/N bytes: stage 3 needs that for model state alone, plus its working set;
+  // with both offloads only the working set stays on the device.
+  DeviceOptions small;
+  small.memory_limit_bytes = 16 * 140352 / world;
+  TrainSpec spec;
+  spec.steps = 2;
+  CHECK_THROWS_AS(
+      [&] {
+        auto run = make_engine(o, spec, small, {}, model);
+        train_engine(*run, spec);
+      }(),
+      OutOfMemory);
+  auto run = make_engine(with_offload(o, true), spec, small, {}, model);
+  train_engine(*run, spec);
+  for (const auto& r : run->results) CHECK_FALSE(r.skipped);
+}
