@@ -91,7 +91,9 @@ class ZeroEngine final : public ParamAccess {
   DType grad_dtype() const override;
 
   // The loss scale the model must multiply its loss gradient by (1 without fp16).
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const {
+    return options_.compute_dtype == DType::kFloat16 ? scaler_.scale() : 1.0;
+  }
   // At the accumulation boundary (after gradient_accumulation_steps micro-batches): reduces
   // what is left, takes the global decision, clips, steps the optimizer on the owned slices and
   // makes the updated parameters available for the next forward.

@@ -102,7 +102,9 @@ inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainS
 }
 
 // The reference: one process, full parameters, world ranks simulated one after the other.
-inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world) {
+// `norms`, if given, receives each step's gradient norm before clipping.
+inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world,
+                                                       std::vector<double>* norms = nullptr) {
   TiedMlp model(kD, kH);
   const auto specs = model.parameters();
   auto device = make_device(DeviceOptions{});
@@ -144,6 +146,7 @@ inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, in
         x /= static_cast<double>(world) * spec.accumulation;
         norm_sq += x * x;
       }
+    if (norms != nullptr) norms->push_back(std::sqrt(norm_sq));
     double coef = 1.0;
     if (spec.clip > 0.0) {
       const double c = spec.clip / (std::sqrt(norm_sq) + 1e-6);

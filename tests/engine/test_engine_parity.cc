@@ -31,7 +31,8 @@ TEST_CASE("every stage equals the single-process reference in fp32") {
     spec.steps = 10;
     spec.accumulation = accumulation;
     spec.clip = 0.05;
-    const auto reference = train_reference(spec, world);
+    std::vector<double> reference_norms;
+    const auto reference = train_reference(spec, world, &reference_norms);
     for (int stage = 0; stage <= 3; ++stage) {
       auto run = make_engine(engine_options(stage, accumulation), spec);
       const auto got = train_engine(*run, spec);
@@ -41,8 +42,12 @@ TEST_CASE("every stage equals the single-process reference in fp32") {
         CHECK(relative_l2(got[p], reference[p]) <= 1e-6);
       }
       int clipped = 0;
-      for (const auto& r : run->results) {
+      for (std::size_t i = 0; i < run->results.size(); ++i) {
+        const StepResult& r = run->results[i];
         CHECK_FALSE(r.skipped);
+        CHECK(r.loss_scale == 1.0);
+        // The reported norm is the true (unscaled, averaged) gradient norm before clipping.
+        CHECK(r.grad_norm == Approx(reference_norms[i]).epsilon(1e-5));
         clipped += r.grad_norm > 0.05;
       }
       CHECK(clipped > 0);
