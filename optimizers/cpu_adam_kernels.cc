@@ -421,3 +421,5 @@ void adam_range_avx512(const AdamSlice& slice, std::int64_t begin, std::int64_t 
 }
 
 }  // namespace zrt::detail
+
+#pragma GCC diagnostic pop

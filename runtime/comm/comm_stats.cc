@@ -4,11 +4,16 @@ namespace zrt {
 
 const char* collective_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::kAllGather: return "all_gather";
-    case CollectiveOp::kReduceScatter: return "reduce_scatter";
-    case CollectiveOp::kAllReduce: return "all_reduce";
-    case CollectiveOp::kBroadcast: return "broadcast";
-    case CollectiveOp::kBarrier: return "barrier";
+    case CollectiveOp::kAllGather:
+      return "all_gather";
+    case CollectiveOp::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveOp::kAllReduce:
+      return "all_reduce";
+    case CollectiveOp::kBroadcast:
+      return "broadcast";
+    case CollectiveOp::kBarrier:
+      return "barrier";
   }
   return "?";
 }

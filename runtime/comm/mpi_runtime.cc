@@ -32,8 +32,8 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   ZRT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
   MPI_Comm node = MPI_COMM_NULL;
-  ZRT_MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL,
-                                    &node));
+  ZRT_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
   ZRT_MPI_CHECK(MPI_Comm_rank(node, &local_rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(node, &local_size_));
   ZRT_MPI_CHECK(MPI_Comm_free(&node));

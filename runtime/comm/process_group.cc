@@ -10,9 +10,12 @@ namespace zrt {
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
   }
   return "?";
 }
@@ -21,10 +24,13 @@ std::int64_t collective_bytes(CollectiveOp op, std::int64_t count, DType dtype, 
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   switch (op) {
     case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter: return count * elem * world;  // count is per rank
+    case CollectiveOp::kReduceScatter:
+      return count * elem * world;  // count is per rank
     case CollectiveOp::kAllReduce:
-    case CollectiveOp::kBroadcast: return count * elem;
-    case CollectiveOp::kBarrier: return 0;
+    case CollectiveOp::kBroadcast:
+      return count * elem;
+    case CollectiveOp::kBarrier:
+      return 0;
   }
   return 0;
 }
@@ -33,10 +39,14 @@ double bus_factor(CollectiveOp op, int world) {
   const double n = world;
   switch (op) {
     case CollectiveOp::kAllGather:
-    case CollectiveOp::kReduceScatter: return (n - 1) / n;
-    case CollectiveOp::kAllReduce: return 2 * (n - 1) / n;
-    case CollectiveOp::kBroadcast: return 1.0;
-    case CollectiveOp::kBarrier: return 0.0;
+    case CollectiveOp::kReduceScatter:
+      return (n - 1) / n;
+    case CollectiveOp::kAllReduce:
+      return 2 * (n - 1) / n;
+    case CollectiveOp::kBroadcast:
+      return 1.0;
+    case CollectiveOp::kBarrier:
+      return 0.0;
   }
   return 0.0;
 }

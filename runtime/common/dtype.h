@@ -14,11 +14,16 @@ enum class DType : std::uint8_t { kFloat32, kBFloat16, kFloat16, kInt32, kInt64 
 // Bytes per element.
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat16: return 2;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat16:
+      return 2;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   return 0;
 }
@@ -28,8 +33,12 @@ const char* dtype_name(DType t);
 // Accepts the names above plus DeepSpeed's spellings ("float32", "bfloat16", "float16", "fp32"...).
 // Throws InvalidArgument for anything else.
 DType parse_dtype(const std::string& name);
-constexpr bool is_float16(DType t) { return t == DType::kBFloat16 || t == DType::kFloat16; }
-constexpr bool is_floating(DType t) { return t == DType::kFloat32 || is_float16(t); }
+constexpr bool is_float16(DType t) {
+  return t == DType::kBFloat16 || t == DType::kFloat16;
+}
+constexpr bool is_floating(DType t) {
+  return t == DType::kFloat32 || is_float16(t);
+}
 
 // Storage types. They are plain 16-bit words; arithmetic happens in fp32.
 struct bf16 {
@@ -50,7 +59,9 @@ inline float bits_float(std::uint32_t u) {
   return f;
 }
 
-inline float to_float(bf16 h) { return bits_float(static_cast<std::uint32_t>(h.bits) << 16); }
+inline float to_float(bf16 h) {
+  return bits_float(static_cast<std::uint32_t>(h.bits) << 16);
+}
 
 inline bf16 to_bf16(float f) {
   const std::uint32_t u = float_bits(f);
@@ -77,7 +88,7 @@ inline fp16 to_fp16(float f) {
   const std::uint32_t u = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return fp16{static_cast<std::uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs > 0x7f800000u) return fp16{static_cast<std::uint16_t>(sign | 0x7e00u)};   // NaN
   if (abs >= 0x477ff000u) return fp16{static_cast<std::uint16_t>(sign | 0x7c00u)};  // >= 65520: inf
   if (abs < 0x38800000u) {
     // Result is subnormal (or zero): scale to units of 2^-24 and round to nearest even.

@@ -41,13 +41,13 @@ namespace detail {
 }  // namespace zrt
 
 // ZRT_CHECK(cond, "fmt {}", args...): throws zrt::Error naming the failed condition.
-#define ZRT_CHECK(cond, ...)                                                        \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      ::zrt::detail::throw_error(__FILE__, __LINE__,                                \
-                                 std::string("check failed: " #cond ": ") +         \
-                                     fmt::format(__VA_ARGS__));                     \
-    }                                                                               \
+#define ZRT_CHECK(cond, ...)                                                    \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      ::zrt::detail::throw_error(                                               \
+          __FILE__, __LINE__,                                                   \
+          std::string("check failed: " #cond ": ") + fmt::format(__VA_ARGS__)); \
+    }                                                                           \
   } while (0)
 
 // ZRT_THROW(Type, "fmt {}", args...): throws Type with file:line context.

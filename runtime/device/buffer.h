@@ -32,9 +32,13 @@ class BufferOwner {
 class Buffer {
  public:
   Buffer() = default;
-  Buffer(BufferOwner* owner, void* ptr, std::int64_t bytes, MemorySpace space,
-         MemCategory category, Stream* order)
-      : owner_(owner), ptr_(ptr), bytes_(bytes), space_(space), category_(category),
+  Buffer(BufferOwner* owner, void* ptr, std::int64_t bytes, MemorySpace space, MemCategory category,
+         Stream* order)
+      : owner_(owner),
+        ptr_(ptr),
+        bytes_(bytes),
+        space_(space),
+        category_(category),
         order_(order) {}
   ~Buffer() { reset(); }
   Buffer(const Buffer&) = delete;

@@ -14,7 +14,9 @@ namespace zrt {
 namespace {
 constexpr std::size_t kAlignment = 256;  // as cudaMalloc guarantees
 
-std::size_t round_up(std::size_t n, std::size_t to) { return (n + to - 1) / to * to; }
+std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
 }  // namespace
 
 CpuDevice::CpuDevice(const DeviceOptions& options)
@@ -37,8 +39,8 @@ std::string CpuDevice::description() const {
 Buffer CpuDevice::allocate(std::int64_t bytes, MemCategory category, const std::string& label,
                            MemorySpace space, Stream* order) {
   tracker_.on_allocate(space, category, bytes, label);  // throws OutOfMemory over capacity
-  const std::size_t size = round_up(std::max<std::size_t>(static_cast<std::size_t>(bytes), 1),
-                                    kAlignment);
+  const std::size_t size =
+      round_up(std::max<std::size_t>(static_cast<std::size_t>(bytes), 1), kAlignment);
   void* ptr = std::aligned_alloc(kAlignment, size);
   if (ptr == nullptr) {
     tracker_.on_free(space, category, bytes);
@@ -69,9 +71,9 @@ void CpuDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCat
 std::unique_ptr<Stream> CpuDevice::create_stream(const std::string& name) {
   check_not_in_host_callback("Device::create_stream");
   std::lock_guard<std::mutex> lock(streams_mutex_);
-  auto stream = std::make_unique<CpuStream>(
-      name, options_.stream_delay_max_us, options_.stream_delay_seed + streams_created_++,
-      [this](CpuStream* s) { forget_stream(s); });
+  auto stream = std::make_unique<CpuStream>(name, options_.stream_delay_max_us,
+                                            options_.stream_delay_seed + streams_created_++,
+                                            [this](CpuStream* s) { forget_stream(s); });
   streams_.push_back(stream.get());
   return stream;
 }
@@ -81,7 +83,9 @@ void CpuDevice::forget_stream(CpuStream* stream) {
   streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
 }
 
-std::unique_ptr<Event> CpuDevice::create_event() { return std::make_unique<CpuEvent>(); }
+std::unique_ptr<Event> CpuDevice::create_event() {
+  return std::make_unique<CpuEvent>();
+}
 
 void CpuDevice::copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,
                      Stream& stream) {

@@ -11,8 +11,10 @@ thread_local bool t_in_host_callback = false;
 }  // namespace
 
 void check_not_in_host_callback(const char* api) {
-  ZRT_CHECK(!t_in_host_callback, "{} called from a host callback; host callbacks may not call "
-            "the stream API (as in CUDA)", api);
+  ZRT_CHECK(!t_in_host_callback,
+            "{} called from a host callback; host callbacks may not call "
+            "the stream API (as in CUDA)",
+            api);
 }
 
 CpuStream& as_cpu_stream(Stream& stream, const char* what) {
@@ -80,8 +82,7 @@ void CpuStream::enqueue_signal(std::shared_ptr<CpuCompletion> signal) {
 void CpuStream::wait(const Event& event) {
   check_not_in_host_callback("Stream::wait");
   const auto* cpu_event = dynamic_cast<const CpuEvent*>(&event);
-  ZRT_CHECK(cpu_event != nullptr, "stream '{}' cannot wait on an event of another backend",
-            name_);
+  ZRT_CHECK(cpu_event != nullptr, "stream '{}' cannot wait on an event of another backend", name_);
   auto latest = cpu_event->latest();
   if (!latest) return;  // never recorded: a no-op, as in CUDA
   push(Task{nullptr, nullptr, std::move(latest), false});

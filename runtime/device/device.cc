@@ -34,7 +34,9 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
 }
 
 #if !ZRT_HAVE_CUDA
-int cuda_device_count() { return 0; }
+int cuda_device_count() {
+  return 0;
+}
 #endif
 
 }  // namespace zrt

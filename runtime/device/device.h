@@ -21,7 +21,7 @@ const char* device_type_name(DeviceType t);  // "cpu", "cuda"
 
 struct DeviceOptions {
   DeviceType type = DeviceType::kCpu;
-  int index = 0;                       // CUDA: the GPU this process uses (usually local rank)
+  int index = 0;                        // CUDA: the GPU this process uses (usually local rank)
   std::int64_t memory_limit_bytes = 0;  // 0: unlimited (CPU) / the GPU's memory (CUDA)
   // CPU backend only: sleep a random 0..stream_delay_max_us before each stream work item, so a
   // missing event wait shows up as a wrong result. 0 disables. Seeded for reproducibility.

@@ -22,7 +22,7 @@ enum class MemCategory {
 };
 constexpr std::size_t kNumMemCategories = 8;
 
-const char* memory_space_name(MemorySpace s);   // "device", "host_pinned", "host_pageable"
+const char* memory_space_name(MemorySpace s);  // "device", "host_pinned", "host_pageable"
 const char* mem_category_name(MemCategory c);  // "params", "grads", ...
 
 }  // namespace zrt

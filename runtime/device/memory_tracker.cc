@@ -51,9 +51,8 @@ void MemoryTracker::on_free(MemorySpace space, MemCategory category, std::int64_
   if (is_model_state(category)) u.model_state_current -= bytes;
 }
 
-void MemoryTracker::throw_out_of_memory(MemorySpace space, MemCategory category,
-                                        std::int64_t bytes, const std::string& label,
-                                        const std::string& reason) const {
+void MemoryTracker::throw_out_of_memory(MemorySpace space, MemCategory category, std::int64_t bytes,
+                                        const std::string& label, const std::string& reason) const {
   std::lock_guard<std::mutex> lock(mutex_);
   throw OutOfMemory(__FILE__, __LINE__,
                     fmt::format("out of memory: '{}' asked for {} of {} ({}): {}; {}", label,

@@ -47,9 +47,8 @@ class MemoryTracker {
 
   // Throws OutOfMemory with the same text as a capacity overflow; backends call it when the
   // real allocator fails (cudaMallocAsync returning an error).
-  [[noreturn]] void throw_out_of_memory(MemorySpace space, MemCategory category,
-                                        std::int64_t bytes, const std::string& label,
-                                        const std::string& reason) const;
+  [[noreturn]] void throw_out_of_memory(MemorySpace space, MemCategory category, std::int64_t bytes,
+                                        const std::string& label, const std::string& reason) const;
 
   MemoryUsage usage(MemorySpace space) const;
   std::int64_t capacity() const { return capacity_; }

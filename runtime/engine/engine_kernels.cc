@@ -23,18 +23,29 @@ namespace cpu {
 namespace {
 inline float load(const void* p, DType t, std::int64_t i) {
   switch (t) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kBFloat16: return to_float(static_cast<const bf16*>(p)[i]);
-    case DType::kFloat16: return to_float(static_cast<const fp16*>(p)[i]);
-    default: return 0.0f;
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kBFloat16:
+      return to_float(static_cast<const bf16*>(p)[i]);
+    case DType::kFloat16:
+      return to_float(static_cast<const fp16*>(p)[i]);
+    default:
+      return 0.0f;
   }
 }
 inline void store(void* p, DType t, std::int64_t i, float v) {
   switch (t) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = v; break;
-    case DType::kBFloat16: static_cast<bf16*>(p)[i] = to_bf16(v); break;
-    case DType::kFloat16: static_cast<fp16*>(p)[i] = to_fp16(v); break;
-    default: break;
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case DType::kBFloat16:
+      static_cast<bf16*>(p)[i] = to_bf16(v);
+      break;
+    case DType::kFloat16:
+      static_cast<fp16*>(p)[i] = to_fp16(v);
+      break;
+    default:
+      break;
   }
 }
 void check_float(DType t, const char* what) {
@@ -111,7 +122,9 @@ void accumulate(Device& device, Stream& stream, DevicePtr<const std::byte> src, 
   }
 #endif
   (void)device;
-  as_cpu_stream(stream, "accumulate").enqueue([=] { cpu::accumulate(s, src_type, d, dst_type, n); });
+  as_cpu_stream(stream, "accumulate").enqueue([=] {
+    cpu::accumulate(s, src_type, d, dst_type, n);
+  });
 }
 
 void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, std::int64_t n,

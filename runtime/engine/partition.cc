@@ -7,11 +7,12 @@
 namespace zrt {
 
 namespace {
-std::int64_t round_up(std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; }
+std::int64_t round_up(std::int64_t n, std::int64_t to) {
+  return (n + to - 1) / to * to;
+}
 }  // namespace
 
-PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params,
-                             const PartitionOptions& options)
+PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options)
     : placement_(params.size()), world_(options.world) {
   ZRT_CHECK(options.stage >= 0 && options.stage <= 3, "ZeRO stage {} outside 0-3", options.stage);
   ZRT_CHECK(options.world >= 1, "world size {}", options.world);
@@ -24,8 +25,8 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params,
     ZRT_CHECK(std::is_sorted(p.modules.begin(), p.modules.end()),
               "parameter '{}': modules must be listed in ascending order", p.name);
     for (int m : p.modules) {
-      ZRT_CHECK(m >= 0 && m < options.num_modules, "parameter '{}' names module {} of {}",
-                p.name, m, options.num_modules);
+      ZRT_CHECK(m >= 0 && m < options.num_modules, "parameter '{}' names module {} of {}", p.name,
+                m, options.num_modules);
     }
     ZRT_CHECK(p.numel() > 0, "parameter '{}' has no elements", p.name);
     content_numel_ += p.numel();
@@ -88,7 +89,8 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params,
     if (!bucket.params.empty()) add_unit(std::move(bucket), params, options.alignment);
   }
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    for (int m : units_[u].modules) module_units_[static_cast<std::size_t>(m)].push_back(static_cast<int>(u));
+    for (int m : units_[u].modules)
+      module_units_[static_cast<std::size_t>(m)].push_back(static_cast<int>(u));
   }
 }
 
@@ -133,9 +135,9 @@ std::string PartitionPlan::describe() const {
   std::string out = fmt::format("{} units, {} elements ({} padded), world {}:", units_.size(),
                                 content_numel_, total_numel_, world_);
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    out += fmt::format(" [{}: {} params, {} el{}{}]", u, units_[u].params.size(), units_[u].numel,
-                       units_[u].shared ? ", shared" : "",
-                       units_[u].persistent ? ", persistent" : "");
+    out +=
+        fmt::format(" [{}: {} params, {} el{}{}]", u, units_[u].params.size(), units_[u].numel,
+                    units_[u].shared ? ", shared" : "", units_[u].persistent ? ", persistent" : "");
   }
   return out;
 }

@@ -24,7 +24,7 @@ namespace zrt {
 
 struct PartitionOptions {
   int stage = 0;
-  int world = 1;                           // ranks the units are sliced over (1 at stage 0)
+  int world = 1;                             // ranks the units are sliced over (1 at stage 0)
   std::int64_t bucket_elements = 500000000;  // reduce_bucket_size (stages 0-2)
   std::int64_t persistence_threshold = 0;    // stage3_param_persistence_threshold
   std::int64_t alignment = 64;               // elements
@@ -38,14 +38,14 @@ struct ParamPlacement {
 };
 
 struct Unit {
-  std::vector<int> params;    // in layout order
-  std::vector<int> modules;   // modules that use any of its parameters, ascending
-  std::int64_t numel = 0;     // padded size (multiple of world x alignment)
-  std::int64_t shard = 0;     // numel / world
-  std::int64_t offset = 0;    // element offset of the unit in a flat buffer of all units
-  std::int64_t content = 0;   // sum of its parameters' sizes (no padding)
-  bool persistent = false;    // stage 3: never released
-  bool shared = false;        // holds one parameter used by several modules
+  std::vector<int> params;   // in layout order
+  std::vector<int> modules;  // modules that use any of its parameters, ascending
+  std::int64_t numel = 0;    // padded size (multiple of world x alignment)
+  std::int64_t shard = 0;    // numel / world
+  std::int64_t offset = 0;   // element offset of the unit in a flat buffer of all units
+  std::int64_t content = 0;  // sum of its parameters' sizes (no padding)
+  bool persistent = false;   // stage 3: never released
+  bool shared = false;       // holds one parameter used by several modules
   // The module whose kBackward completes this unit's gradient in a micro-batch (the lowest
   // module index using it, since backward runs from the last module down).
   int last_backward_module = 0;
@@ -61,7 +61,7 @@ class PartitionPlan {
     return placement_[static_cast<std::size_t>(param)];
   }
   int world() const { return world_; }
-  std::int64_t total_numel() const { return total_numel_; }   // all units, padded
+  std::int64_t total_numel() const { return total_numel_; }  // all units, padded
   std::int64_t total_shard() const { return total_numel_ / world_; }
   std::int64_t content_numel() const { return content_numel_; }  // Ψ
   // Units a module uses, in layout order.

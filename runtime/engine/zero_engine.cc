@@ -14,19 +14,21 @@ namespace zrt {
 
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::kForward: return "forward";
-    case Phase::kBackward: return "backward";
-    case Phase::kRecompute: return "recompute";
-    case Phase::kEval: return "eval";
+    case Phase::kForward:
+      return "forward";
+    case Phase::kBackward:
+      return "backward";
+    case Phase::kRecompute:
+      return "recompute";
+    case Phase::kEval:
+      return "eval";
   }
   return "?";
 }
 
-
-
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
-                       std::vector<ParamSpec> params, int num_modules,
-                       const EngineOptions& options, DeviceAdam& optimizer)
+                       std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
+                       DeviceAdam& optimizer)
     : device_(device),
       compute_(compute),
       group_(group),
@@ -35,11 +37,11 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
       num_modules_(num_modules),
       options_(options),
       optimizer_(optimizer),
-      plan_(params_, PartitionOptions{options.stage, options.stage == 0 ? 1 : group.size(),
-                                      options.reduce_bucket_size,
-                                      options.stage == 3 ? options.stage3_param_persistence_threshold
-                                                         : 0,
-                                      options.alignment, num_modules}),
+      plan_(params_,
+            PartitionOptions{options.stage, options.stage == 0 ? 1 : group.size(),
+                             options.reduce_bucket_size,
+                             options.stage == 3 ? options.stage3_param_persistence_threshold : 0,
+                             options.alignment, num_modules}),
       scaler_(options.loss_scale),
       rank_(options.stage == 0 ? 0 : group.rank()) {
   ZRT_CHECK(options.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1");
@@ -50,7 +52,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
             "stage 3 prefetch/live limits must be >= 0");
   ZRT_CHECK(!offload_optimizer() || options.stage >= 1,
             "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage {} keeps full optimizer state "
-            "on every rank)", options.stage);
+            "on every rank)",
+            options.stage);
   ZRT_CHECK(!offload_param() || options.stage == 3,
             "offload_param needs ZeRO stage 3 (stage {} keeps full parameters on the device)",
             options.stage);
@@ -75,7 +78,9 @@ ZeroEngine::~ZeroEngine() {
   }
 }
 
-int ZeroEngine::partition_world() const { return options_.stage == 0 ? 1 : group_.size(); }
+int ZeroEngine::partition_world() const {
+  return options_.stage == 0 ? 1 : group_.size();
+}
 
 DType ZeroEngine::comm_dtype() const {
   return options_.communication_dtype.value_or(options_.compute_dtype);
@@ -101,17 +106,17 @@ void ZeroEngine::allocate_state() {
                                  name + " fp32 master", state_space);
     s->exp_avg = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
                                   name + " exp_avg", state_space);
-    s->exp_avg_sq = device_.allocate(bytes_of(unit.shard, DType::kFloat32),
-                                     MemCategory::kOptimizer, name + " exp_avg_sq", state_space);
+    s->exp_avg_sq = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
+                                     name + " exp_avg_sq", state_space);
     const bool params_on_host = offload_param() && !unit.persistent;
     if (sharded_params()) {
       if (unit.persistent) {
         s->resident = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
                                        name + " persistent params");
       } else if (params_on_host) {
-        s->host_params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
-                                          name + " param slice (offloaded)",
-                                          host_space(options_.offload_param));
+        s->host_params =
+            device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                             name + " param slice (offloaded)", host_space(options_.offload_param));
       } else {
         s->param_slice = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
                                           name + " param slice");
@@ -121,15 +126,16 @@ void ZeroEngine::allocate_state() {
       s->host_grad = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
                                       name + " grad slice (offloaded)",
                                       host_space(options_.offload_optimizer));
-      std::memset(s->host_grad.host<std::byte>(), 0, static_cast<std::size_t>(s->host_grad.bytes()));
+      std::memset(s->host_grad.host<std::byte>(), 0,
+                  static_cast<std::size_t>(s->host_grad.bytes()));
       s->comm_point = device_.create_event();
       s->d2h_done = device_.create_event();
       s->params_ready = device_.create_event();
     }
     // With parameter offload the gradient accumulates in host memory (host_grad).
     if (per_micro_batch_grads() && !offload_param()) {
-      s->grad_slice = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
-                                       name + " grad slice");
+      s->grad_slice =
+          device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads, name + " grad slice");
     }
     s->gathered_ready = device_.create_event();
     s->reduced = device_.create_event();
@@ -140,8 +146,8 @@ void ZeroEngine::allocate_state() {
                                     "full parameters");
   }
   if (!per_micro_batch_grads()) {
-    full_grads_ = device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads,
-                                   "full gradients");
+    full_grads_ =
+        device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads, "full gradients");
   }
   const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
   if (comm_dtype() != reduced_type && group_.size() > 1) {
@@ -162,7 +168,8 @@ DevicePtr<std::byte> ZeroEngine::full_params_of(int u) {
 
 DevicePtr<std::byte> ZeroEngine::owned_grad_of(int u) {
   const Unit& unit = plan_.unit(u);
-  if (per_micro_batch_grads()) return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
+  if (per_micro_batch_grads())
+    return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
   return at(full_grads_, unit.offset + rank_ * unit.shard, options_.grad_accum_dtype);
 }
 
@@ -209,11 +216,10 @@ void ZeroEngine::initialize(const Initializer& init) {
         compute_.synchronize();  // `converted` goes out of scope
       }
     } else {
-      device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4,
-                             compute_);
+      device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4, compute_);
       compute_.synchronize();  // `host` is reused for the next unit
-      device_.fill_zero(s.exp_avg.device<std::byte>(),
-                        static_cast<std::size_t>(s.exp_avg.bytes()), compute_);
+      device_.fill_zero(s.exp_avg.device<std::byte>(), static_cast<std::size_t>(s.exp_avg.bytes()),
+                        compute_);
       device_.fill_zero(s.exp_avg_sq.device<std::byte>(),
                         static_cast<std::size_t>(s.exp_avg_sq.bytes()), compute_);
       // The compute-dtype copy of the owned slice.
@@ -230,8 +236,8 @@ void ZeroEngine::initialize(const Initializer& init) {
     }
   }
   if (!per_micro_batch_grads()) {
-    device_.fill_zero(full_grads_.device<std::byte>(), static_cast<std::size_t>(full_grads_.bytes()),
-                      compute_);
+    device_.fill_zero(full_grads_.device<std::byte>(),
+                      static_cast<std::size_t>(full_grads_.bytes()), compute_);
   }
   // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies.
   if (options_.stage >= 1) {
@@ -273,8 +279,10 @@ DevicePtr<std::byte> ZeroEngine::grad(int index) {
     return at(full_grads_, plan_.unit(pl.unit).offset + pl.offset, options_.grad_accum_dtype);
   }
   const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
-  ZRT_CHECK(!s.grad_bucket.empty(), "gradient of '{}' requested outside the backward of a module "
-            "using it", params_[static_cast<std::size_t>(index)].name);
+  ZRT_CHECK(!s.grad_bucket.empty(),
+            "gradient of '{}' requested outside the backward of a module "
+            "using it",
+            params_[static_cast<std::size_t>(index)].name);
   return at(s.grad_bucket, pl.offset, options_.compute_dtype);
 }
 
@@ -283,7 +291,8 @@ void ZeroEngine::acquire(int module, Phase phase) {
             num_modules_ - 1);
   ZRT_CHECK(phase != Phase::kBackward || micro_batch_ < options_.gradient_accumulation_steps,
             "backward of micro-batch {} but gradient_accumulation_steps is {}: call step() at the "
-            "accumulation boundary", micro_batch_ + 1, options_.gradient_accumulation_steps);
+            "accumulation boundary",
+            micro_batch_ + 1, options_.gradient_accumulation_steps);
   const auto& units = plan_.module_units(module);
   if (sharded_params()) {
     for (int u : units) {
@@ -320,8 +329,8 @@ void ZeroEngine::release(int module, Phase phase) {
     for (int u : units) {
       const Unit& unit = plan_.unit(u);
       if (unit.persistent) continue;
-      const bool needed_next =
-          next >= 0 && std::find(unit.modules.begin(), unit.modules.end(), next) != unit.modules.end();
+      const bool needed_next = next >= 0 && std::find(unit.modules.begin(), unit.modules.end(),
+                                                      next) != unit.modules.end();
       if (!needed_next) release_gathered(u);
     }
   }
@@ -358,8 +367,8 @@ void ZeroEngine::gather(int u) {
                            static_cast<std::size_t>(bytes_of(unit.shard, cdt)), comm_);
     group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
   } else {
-    group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(),
-                      unit.shard, cdt);
+    group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
+                      cdt);
   }
   s.gathered_ready->record(comm_);
   s.gather_issued = true;
@@ -421,9 +430,9 @@ void ZeroEngine::open_grad_bucket(int u) {
   } else {
     pinned_buckets_.push_back(u);
   }
-  s.grad_bucket = device_.allocate(bytes_of(unit.numel, options_.compute_dtype),
-                                   MemCategory::kGrads, fmt::format("unit {} gradient bucket", u),
-                                   MemorySpace::kDevice, &compute_);
+  s.grad_bucket =
+      device_.allocate(bytes_of(unit.numel, options_.compute_dtype), MemCategory::kGrads,
+                       fmt::format("unit {} gradient bucket", u), MemorySpace::kDevice, &compute_);
   device_.fill_zero(s.grad_bucket.device<std::byte>(),
                     static_cast<std::size_t>(s.grad_bucket.bytes()), compute_);
 }
@@ -470,8 +479,8 @@ void ZeroEngine::reduce_unit(int u) {
       }
       offload_gradient(u, out, out_type, last_micro_batch);
     } else {
-      engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(),
-                                 adt, unit.shard);
+      engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
+                                 unit.shard);
       s.reduced->record(comm_);
       if (offload_optimizer() && last_micro_batch) {
         offload_gradient(u, s.grad_slice.device<std::byte>(), adt, true);
@@ -524,24 +533,23 @@ StepResult ZeroEngine::step(double lr) {
   if (offload_optimizer()) {
     norm_squared = static_cast<float>(offloaded_norm_squared());
   } else {
-  device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
-  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-    const Unit& unit = plan_.unit(static_cast<int>(ui));
-    engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
-                                    options_.grad_accum_dtype, unit.shard,
-                                    norm_.device<float>());
-  }
-  Stream* reader = &compute_;
-  if (partition_world() > 1) {
-    compute_done_->record(compute_);
-    comm_.wait(*compute_done_);
-    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                      ReduceOp::kSum);
-    reader = &comm_;
-  }
-  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
-  reader->synchronize();
-  if (reader == &comm_) wait_for_comm();
+    device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const Unit& unit = plan_.unit(static_cast<int>(ui));
+      engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
+                                      options_.grad_accum_dtype, unit.shard, norm_.device<float>());
+    }
+    Stream* reader = &compute_;
+    if (partition_world() > 1) {
+      compute_done_->record(compute_);
+      comm_.wait(*compute_done_);
+      group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                        ReduceOp::kSum);
+      reader = &comm_;
+    }
+    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
+    reader->synchronize();
+    if (reader == &comm_) wait_for_comm();
   }
 
   const double norm = std::sqrt(static_cast<double>(norm_squared)) / (accumulation * scale);
@@ -556,47 +564,47 @@ StepResult ZeroEngine::step(double lr) {
     if (offload_optimizer()) {
       update_offloaded(lr, factor);
     } else {
-    std::vector<AdamDeviceSlice> slices;
-    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-      const int u = static_cast<int>(ui);
-      const Unit& unit = plan_.unit(u);
-      UnitState& s = *units_[ui];
-      DevicePtr<std::byte> out = sharded_params() && !unit.persistent
-                                     ? s.param_slice.device<std::byte>()
-                                     : full_params_of(u) + bytes_of(rank_ * unit.shard,
-                                                                    options_.compute_dtype);
-      for (int p : unit.params) {
-        const auto range = plan_.owned_range(p, rank_);
-        if (range.count == 0) continue;
-        AdamDeviceSlice slice;
-        slice.param = s.master.device<float>() + range.slice_offset;
-        slice.exp_avg = s.exp_avg.device<float>() + range.slice_offset;
-        slice.exp_avg_sq = s.exp_avg_sq.device<float>() + range.slice_offset;
-        slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
-        slice.grad_dtype = options_.grad_accum_dtype;
-        slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
-        slice.out_dtype = options_.compute_dtype;
-        slice.numel = range.count;
-        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
-        slices.push_back(slice);
-      }
-    }
-    ++optimizer_steps_;
-    optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
-    // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
-    if (options_.stage >= 1) {
-      compute_done_->record(compute_);
-      comm_.wait(*compute_done_);
+      std::vector<AdamDeviceSlice> slices;
       for (std::size_t ui = 0; ui < units_.size(); ++ui) {
         const int u = static_cast<int>(ui);
         const Unit& unit = plan_.unit(u);
-        if (sharded_params() && !unit.persistent) continue;
-        DevicePtr<std::byte> full = full_params_of(u);
-        group_.all_gather(full + bytes_of(rank_ * unit.shard, options_.compute_dtype), full,
-                          unit.shard, options_.compute_dtype);
+        UnitState& s = *units_[ui];
+        DevicePtr<std::byte> out =
+            sharded_params() && !unit.persistent
+                ? s.param_slice.device<std::byte>()
+                : full_params_of(u) + bytes_of(rank_ * unit.shard, options_.compute_dtype);
+        for (int p : unit.params) {
+          const auto range = plan_.owned_range(p, rank_);
+          if (range.count == 0) continue;
+          AdamDeviceSlice slice;
+          slice.param = s.master.device<float>() + range.slice_offset;
+          slice.exp_avg = s.exp_avg.device<float>() + range.slice_offset;
+          slice.exp_avg_sq = s.exp_avg_sq.device<float>() + range.slice_offset;
+          slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
+          slice.grad_dtype = options_.grad_accum_dtype;
+          slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
+          slice.out_dtype = options_.compute_dtype;
+          slice.numel = range.count;
+          slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+          slices.push_back(slice);
+        }
       }
-      wait_for_comm();
-    }
+      ++optimizer_steps_;
+      optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
+      // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
+      if (options_.stage >= 1) {
+        compute_done_->record(compute_);
+        comm_.wait(*compute_done_);
+        for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+          const int u = static_cast<int>(ui);
+          const Unit& unit = plan_.unit(u);
+          if (sharded_params() && !unit.persistent) continue;
+          DevicePtr<std::byte> full = full_params_of(u);
+          group_.all_gather(full + bytes_of(rank_ * unit.shard, options_.compute_dtype), full,
+                            unit.shard, options_.compute_dtype);
+        }
+        wait_for_comm();
+      }
     }
   } else {
     result.skipped = true;
@@ -613,8 +621,8 @@ StepResult ZeroEngine::step(double lr) {
                         static_cast<std::size_t>(s->grad_slice.bytes()), compute_);
     }
   } else {
-    device_.fill_zero(full_grads_.device<std::byte>(), static_cast<std::size_t>(full_grads_.bytes()),
-                      compute_);
+    device_.fill_zero(full_grads_.device<std::byte>(),
+                      static_cast<std::size_t>(full_grads_.bytes()), compute_);
   }
   if (options_.compute_dtype == DType::kFloat16) scaler_.update(!finite);
   micro_batch_ = 0;
@@ -642,8 +650,8 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
   }
   Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
   if (offload_optimizer()) {
-    device_.copy_to_device(full.device<std::byte>() + rank_ * unit.shard * 4,
-                           s.master.host<void>(), static_cast<std::size_t>(unit.shard * 4), comm_);
+    device_.copy_to_device(full.device<std::byte>() + rank_ * unit.shard * 4, s.master.host<void>(),
+                           static_cast<std::size_t>(unit.shard * 4), comm_);
   } else {
     device_.copy(full.device<std::byte>() + rank_ * unit.shard * 4, s.master.device<std::byte>(),
                  static_cast<std::size_t>(unit.shard * 4), comm_);

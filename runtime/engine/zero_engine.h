@@ -58,9 +58,9 @@ struct EngineOptions {
 };
 
 struct StepResult {
-  bool skipped = false;      // non-finite gradients (or fp16 overflow): no update anywhere
-  double grad_norm = 0.0;    // global L2 norm of the (unscaled, averaged) gradient
-  double loss_scale = 1.0;   // the scale the step's gradients were computed with
+  bool skipped = false;              // non-finite gradients (or fp16 overflow): no update anywhere
+  double grad_norm = 0.0;            // global L2 norm of the (unscaled, averaged) gradient
+  double loss_scale = 1.0;           // the scale the step's gradients were computed with
   std::int64_t optimizer_steps = 0;  // successful steps so far
   std::int64_t skipped_steps = 0;
 };
@@ -166,18 +166,18 @@ class ZeroEngine final : public ParamAccess {
   std::int64_t skipped_steps_ = 0;
 
   std::vector<std::unique_ptr<UnitState>> units_;
-  Buffer full_params_;  // stages 0-2: every unit's full compute-dtype parameters
-  Buffer full_grads_;   // stages 0-1: every unit's full gradients (accum dtype)
+  Buffer full_params_;   // stages 0-2: every unit's full compute-dtype parameters
+  Buffer full_grads_;    // stages 0-1: every unit's full gradients (accum dtype)
   Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)
   Buffer norm_;          // one float: the squared gradient norm
   std::unique_ptr<Event> comm_done_;
   std::unique_ptr<Event> compute_done_;
   std::deque<int> rotating_buckets_;  // stages 2-3: live buckets of contiguous modules
   std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
-  std::int64_t live_gathered_ = 0;  // stage 3: elements of gathered, releasable units
+  std::int64_t live_gathered_ = 0;    // stage 3: elements of gathered, releasable units
 
   // Offload.
-  std::unique_ptr<Stream> copy_;             // device <-> host copies
+  std::unique_ptr<Stream> copy_;              // device <-> host copies
   std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
   std::unique_ptr<CpuAdam> cpu_adam_;
   std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way

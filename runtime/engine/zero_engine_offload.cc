@@ -44,7 +44,8 @@ void ZeroEngine::setup_offload() {
                                      "offloaded gradient transfer", host);
   }
   // The next forward needs units in the order of their first module.
-  for (std::size_t u = 0; u < plan_.units().size(); ++u) forward_order_.push_back(static_cast<int>(u));
+  for (std::size_t u = 0; u < plan_.units().size(); ++u)
+    forward_order_.push_back(static_cast<int>(u));
   std::stable_sort(forward_order_.begin(), forward_order_.end(), [&](int a, int b) {
     return plan_.unit(a).modules.front() < plan_.unit(b).modules.front();
   });
@@ -87,8 +88,9 @@ double ZeroEngine::offloaded_norm_squared() {
   for (std::size_t u = 0; u < units_.size(); ++u) {
     UnitState& s = *units_[u];
     s.d2h_done->synchronize();
-    local += static_cast<float>(engine_kernels::cpu::sum_squares(
-        s.host_grad.host<void>(), options_.grad_accum_dtype, plan_.unit(static_cast<int>(u)).shard));
+    local += static_cast<float>(
+        engine_kernels::cpu::sum_squares(s.host_grad.host<void>(), options_.grad_accum_dtype,
+                                         plan_.unit(static_cast<int>(u)).shard));
   }
   if (partition_world() == 1) return local;
   // Sum over ranks through the group (every rank takes the same decision).
@@ -105,8 +107,8 @@ ZeroEngine::OffloadStatus ZeroEngine::offload_status(int unit) const {
   ZRT_CHECK(offload_optimizer(), "offload_status() without optimizer offload");
   const UnitState& s = *units_[static_cast<std::size_t>(unit)];
   OffloadStatus status;
-  status.cpu_updated = s.cpu_done.valid() && s.cpu_done.wait_for(std::chrono::seconds(0)) ==
-                                                 std::future_status::ready;
+  status.cpu_updated = s.cpu_done.valid() &&
+                       s.cpu_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   status.on_device = status.cpu_updated && (!s.host_params.empty() || s.params_ready->query());
   return status;
 }
@@ -172,8 +174,8 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
       slices.push_back(slice);
     }
     // Staging slots are reused: the slot's previous unit must have reached the device.
-    Event* slot_free = wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)]->params_ready.get()
-                                     : nullptr;
+    Event* slot_free =
+        wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)]->params_ready.get() : nullptr;
     void* grad = s.host_grad.host<void>();
     const std::size_t grad_bytes = static_cast<std::size_t>(s.host_grad.bytes());
     CpuAdam* adam = cpu_adam_.get();

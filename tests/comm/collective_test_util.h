@@ -49,11 +49,29 @@ inline std::vector<std::byte> make_input(DType dtype, int rank, std::int64_t fir
     const float v = input_value(rank, first + i, salt);
     std::byte* dst = out.data() + i * static_cast<std::int64_t>(dtype_size(dtype));
     switch (dtype) {
-      case DType::kFloat32: std::memcpy(dst, &v, 4); break;
-      case DType::kBFloat16: { const bf16 h = to_bf16(v); std::memcpy(dst, &h, 2); break; }
-      case DType::kFloat16: { const fp16 h = to_fp16(v); std::memcpy(dst, &h, 2); break; }
-      case DType::kInt32: { const auto n = static_cast<std::int32_t>(v * 1000); std::memcpy(dst, &n, 4); break; }
-      case DType::kInt64: { const auto n = static_cast<std::int64_t>(v * 1e12); std::memcpy(dst, &n, 8); break; }
+      case DType::kFloat32:
+        std::memcpy(dst, &v, 4);
+        break;
+      case DType::kBFloat16: {
+        const bf16 h = to_bf16(v);
+        std::memcpy(dst, &h, 2);
+        break;
+      }
+      case DType::kFloat16: {
+        const fp16 h = to_fp16(v);
+        std::memcpy(dst, &h, 2);
+        break;
+      }
+      case DType::kInt32: {
+        const auto n = static_cast<std::int32_t>(v * 1000);
+        std::memcpy(dst, &n, 4);
+        break;
+      }
+      case DType::kInt64: {
+        const auto n = static_cast<std::int64_t>(v * 1e12);
+        std::memcpy(dst, &n, 8);
+        break;
+      }
     }
   }
   return out;
@@ -61,19 +79,43 @@ inline std::vector<std::byte> make_input(DType dtype, int rank, std::int64_t fir
 
 inline float element_as_float(const std::byte* p, DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: { float f; std::memcpy(&f, p, 4); return f; }
-    case DType::kBFloat16: { bf16 h; std::memcpy(&h, p, 2); return to_float(h); }
-    case DType::kFloat16: { fp16 h; std::memcpy(&h, p, 2); return to_float(h); }
-    default: return 0.0f;
+    case DType::kFloat32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case DType::kBFloat16: {
+      bf16 h;
+      std::memcpy(&h, p, 2);
+      return to_float(h);
+    }
+    case DType::kFloat16: {
+      fp16 h;
+      std::memcpy(&h, p, 2);
+      return to_float(h);
+    }
+    default:
+      return 0.0f;
   }
 }
 
 inline void store_float(std::byte* p, DType dtype, float v) {
   switch (dtype) {
-    case DType::kFloat32: std::memcpy(p, &v, 4); break;
-    case DType::kBFloat16: { const bf16 h = to_bf16(v); std::memcpy(p, &h, 2); break; }
-    case DType::kFloat16: { const fp16 h = to_fp16(v); std::memcpy(p, &h, 2); break; }
-    default: break;
+    case DType::kFloat32:
+      std::memcpy(p, &v, 4);
+      break;
+    case DType::kBFloat16: {
+      const bf16 h = to_bf16(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DType::kFloat16: {
+      const fp16 h = to_fp16(v);
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    default:
+      break;
   }
 }
 

@@ -17,7 +17,9 @@ namespace {
 const DType kFloatTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 const std::int64_t kCounts[] = {1, 7, 1000, 4099};
 
-std::int64_t esize(DType t) { return static_cast<std::int64_t>(dtype_size(t)); }
+std::int64_t esize(DType t) {
+  return static_cast<std::int64_t>(dtype_size(t));
+}
 
 // Reference reduce of element `index` (global index into each rank's full input).
 float reference_reduce(DType dtype, int world, std::int64_t index, int salt, ReduceOp op) {
@@ -42,8 +44,8 @@ void check_all_gather(CommFixture& f, DType dtype, std::int64_t count, bool in_p
   Buffer in;
   DevicePtr<const std::byte> src;
   if (in_place) {
-    f.device->copy_to_device(out.device<std::byte>() + f.rank() * count * esize(dtype),
-                             mine.data(), mine.size(), *f.stream);
+    f.device->copy_to_device(out.device<std::byte>() + f.rank() * count * esize(dtype), mine.data(),
+                             mine.size(), *f.stream);
     src = out.device<std::byte>() + f.rank() * count * esize(dtype);
   } else {
     in = upload(*f.device, *f.stream, mine);
@@ -184,19 +186,18 @@ TEST_CASE("the native MPI reduce-scatter gives the same fp32 sums") {
       Buffer out = upload(*f.device, *f.stream, {}, count * 4);
       DevicePtr<std::byte> dst =
           in_place ? in.device<std::byte>() + f.rank() * count * 4 : out.device<std::byte>();
-      f.group->reduce_scatter(in.device<std::byte>(), dst, count, DType::kFloat32,
-                              ReduceOp::kSum);
+      f.group->reduce_scatter(in.device<std::byte>(), dst, count, DType::kFloat32, ReduceOp::kSum);
       const auto got = download(*f.device, *f.stream, dst, count * 4);
       for (std::int64_t i = 0; i < count; ++i) {
-        const float expect = reference_reduce(DType::kFloat32, f.size(), f.rank() * count + i,
-                                              salt, ReduceOp::kSum);
+        const float expect =
+            reference_reduce(DType::kFloat32, f.size(), f.rank() * count + i, salt, ReduceOp::kSum);
         REQUIRE(element_as_float(got.data() + i * 4, DType::kFloat32) ==
                 Approx(expect).margin(1e-6));
       }
     }
   }
-  CHECK_THROWS_WITH(f.group->reduce_scatter(DevicePtr<const std::byte>(), DevicePtr<std::byte>(),
-                                            8, DType::kBFloat16, ReduceOp::kSum),
+  CHECK_THROWS_WITH(f.group->reduce_scatter(DevicePtr<const std::byte>(), DevicePtr<std::byte>(), 8,
+                                            DType::kBFloat16, ReduceOp::kSum),
                     Catch::Contains("native MPI reduce-scatter cannot sum bf16"));
 }
 
@@ -237,9 +238,9 @@ TEST_CASE("bad arguments are rejected on the calling thread with the operation n
                     Catch::Contains("broadcast root"));
   if (f.size() > 1) {
     // Input overlapping the output at the wrong offset.
-    CHECK_THROWS_WITH(f.group->all_gather(a.device<std::byte>() + 4, a.device<std::byte>(), 8,
-                                          DType::kFloat32),
-                      Catch::Contains("overlaps the output"));
+    CHECK_THROWS_WITH(
+        f.group->all_gather(a.device<std::byte>() + 4, a.device<std::byte>(), 8, DType::kFloat32),
+        Catch::Contains("overlaps the output"));
   }
 }
 

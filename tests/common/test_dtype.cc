@@ -71,7 +71,8 @@ TEST_CASE("fp32 to fp16 matches a double-precision reference on a sweep") {
     const fp16 h = to_fp16(f);
     const double got = to_float(h);
     const double down = h.bits == 0 ? 0.0 : to_float(fp16{static_cast<std::uint16_t>(h.bits - 1)});
-    const double up = std::isinf(got) ? got : to_float(fp16{static_cast<std::uint16_t>(h.bits + 1)});
+    const double up =
+        std::isinf(got) ? got : to_float(fp16{static_cast<std::uint16_t>(h.bits + 1)});
     if (std::isinf(got)) {
       REQUIRE(f >= 65520.0f);
       continue;

@@ -22,7 +22,9 @@ std::unique_ptr<Device> cpu(int delay_us = 0, std::uint64_t seed = 1) {
   o.stream_delay_seed = seed;
   return make_device(o);
 }
-CpuStream& worker(Stream& s) { return as_cpu_stream(s, "test"); }
+CpuStream& worker(Stream& s) {
+  return as_cpu_stream(s, "test");
+}
 }  // namespace
 
 TEST_CASE("work on one stream runs in order") {
@@ -146,8 +148,8 @@ TEST_CASE("stream-ordered release waits for work already enqueued") {
   auto s = dev->create_stream("s");
   std::vector<float> out(256, 0.0f);
   {
-    Buffer b = dev->allocate(256 * 4, MemCategory::kWorkspace, "ordered", MemorySpace::kDevice,
-                             s.get());
+    Buffer b =
+        dev->allocate(256 * 4, MemCategory::kWorkspace, "ordered", MemorySpace::kDevice, s.get());
     std::vector<float> ones(256, 1.0f);
     worker(*s).enqueue([] { std::this_thread::sleep_for(10ms); });
     dev->copy_to_device(b.device<std::byte>(), ones.data(), 256 * 4, *s);

@@ -19,8 +19,9 @@ constexpr int kH = 24;
 constexpr int kRows = 3;  // rows per rank per micro-batch
 
 inline float data_value(int step, std::int64_t row, int col, int which) {
-  std::uint64_t x = (static_cast<std::uint64_t>(step) << 40) ^ (static_cast<std::uint64_t>(row) << 16) ^
-                    static_cast<std::uint64_t>(col) ^ (static_cast<std::uint64_t>(which) << 60);
+  std::uint64_t x = (static_cast<std::uint64_t>(step) << 40) ^
+                    (static_cast<std::uint64_t>(row) << 16) ^ static_cast<std::uint64_t>(col) ^
+                    (static_cast<std::uint64_t>(which) << 60);
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   x ^= x >> 31;
@@ -113,7 +114,8 @@ inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, in
   std::vector<std::vector<float>> p, m, v;
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> init(static_cast<std::size_t>(specs[i].numel()));
-    for (std::size_t k = 0; k < init.size(); ++k) init[k] = TiedMlp::init_value(i, static_cast<std::int64_t>(k));
+    for (std::size_t k = 0; k < init.size(); ++k)
+      init[k] = TiedMlp::init_value(i, static_cast<std::int64_t>(k));
     p.push_back(init);
     m.emplace_back(init.size(), 0.f);
     v.emplace_back(init.size(), 0.f);

@@ -12,7 +12,9 @@ using namespace zrt::test;
 
 namespace {
 
-TiedMlp memory_model() { return TiedMlp(64, 128, 8); }  // Ψ = 140352, modules of 16512
+TiedMlp memory_model() {
+  return TiedMlp(64, 128, 8);
+}  // Ψ = 140352, modules of 16512
 
 EngineOptions accounting_options(int stage, DType accum, int accumulation) {
   EngineOptions o;
@@ -29,8 +31,8 @@ EngineOptions accounting_options(int stage, DType accum, int accumulation) {
 
 struct Measured {
   std::int64_t model_state_peak = 0;
-  std::int64_t padded = 0;       // P: all units, padded
-  std::int64_t content = 0;      // Ψ
+  std::int64_t padded = 0;   // P: all units, padded
+  std::int64_t content = 0;  // Ψ
   std::int64_t largest_unit = 0;
   std::int64_t shared = 0;
   int world = 1;
@@ -64,11 +66,15 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas") {
     const std::int64_t psi = m.content;
     INFO("stage " << stage << " world " << m.world << " Ψ " << psi << " padded " << P
                   << " measured " << m.model_state_peak);
-    CHECK(P - psi < psi / 20);  // padding stays small
+    CHECK(P - psi < psi / 20);                       // padding stays small
     const std::int64_t bucket = 2 * m.largest_unit;  // bytes of one bf16 gradient bucket
     switch (stage) {
-      case 0: CHECK(m.model_state_peak == 16 * P); break;
-      case 1: CHECK(m.model_state_peak == 4 * P + 12 * P / n); break;
+      case 0:
+        CHECK(m.model_state_peak == 16 * P);
+        break;
+      case 1:
+        CHECK(m.model_state_peak == 4 * P + 12 * P / n);
+        break;
       case 2: {
         const std::int64_t base = 2 * P + 14 * P / n;
         CHECK(m.model_state_peak >= base);
@@ -79,7 +85,8 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas") {
         const std::int64_t base = 16 * P / n;
         // Working set: gathered parameters (bounded by stage3_max_live_parameters plus the unit
         // in use) and at most two gradient buckets plus the tied one.
-        const std::int64_t working = 2 * (4 * 16512 + 2 * m.largest_unit) + 2 * bucket + 2 * m.shared;
+        const std::int64_t working =
+            2 * (4 * 16512 + 2 * m.largest_unit) + 2 * bucket + 2 * m.shared;
         CHECK(m.model_state_peak > base);
         CHECK(m.model_state_peak <= base + working);
         break;
@@ -141,7 +148,7 @@ TEST_CASE("bytes moved per step match each stage's collectives") {
         case 1:
           CHECK(rs == (n > 1 ? 2 * P : 0));  // once, at the boundary
           CHECK(ag == 2 * P);
-          CHECK(ar == (n > 1 ? 4 : 0));       // the gradient norm
+          CHECK(ar == (n > 1 ? 4 : 0));  // the gradient norm
           break;
         case 2:
           CHECK(rs == G * 2 * P);  // every micro-batch

@@ -125,7 +125,9 @@ TEST_CASE("offloaded state: device and host bytes follow the formulas") {
       CHECK(cat(host, MemCategory::kMaster) + cat(host, MemCategory::kOptimizer) == 12 * P / n);
       const std::int64_t bucket = 2 * largest;
       switch (stage) {
-        case 1: CHECK(device.model_state_peak == 4 * P); break;
+        case 1:
+          CHECK(device.model_state_peak == 4 * P);
+          break;
         case 2:
           CHECK(device.model_state_peak >= 2 * P + 2 * P / n);
           CHECK(device.model_state_peak <= 2 * P + 2 * P / n + 2 * bucket + 2 * shared);

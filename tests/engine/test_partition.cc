@@ -14,10 +14,9 @@ namespace {
 // Five modules; the tied parameter is used by modules 0 and 4.
 std::vector<ParamSpec> specs() {
   return {
-      {"wte", {50, 7}, {0, 4}, false},  {"wpe", {9, 7}, {0}, false},
-      {"h0.w", {7, 21}, {1}, false},    {"h0.b", {21}, {1}, true},
-      {"h1.w", {21, 7}, {2}, false},    {"h1.b", {7}, {2}, true},
-      {"h2.w", {7, 7}, {3}, false},     {"ln_f", {7}, {4}, true},
+      {"wte", {50, 7}, {0, 4}, false}, {"wpe", {9, 7}, {0}, false},   {"h0.w", {7, 21}, {1}, false},
+      {"h0.b", {21}, {1}, true},       {"h1.w", {21, 7}, {2}, false}, {"h1.b", {7}, {2}, true},
+      {"h2.w", {7, 7}, {3}, false},    {"ln_f", {7}, {4}, true},
   };
 }
 }  // namespace
@@ -108,8 +107,11 @@ TEST_CASE("stage 0-2 units: whole modules in backward order, cut near the bucket
 TEST_CASE("bad parameter declarations are rejected with the parameter named") {
   PartitionOptions o;
   o.num_modules = 2;
-  CHECK_THROWS_WITH(PartitionPlan({{"a", {3}, {}, false}}, o), Catch::Contains("'a' is used by no module"));
-  CHECK_THROWS_WITH(PartitionPlan({{"b", {3}, {2}, false}}, o), Catch::Contains("'b' names module 2 of 2"));
-  CHECK_THROWS_WITH(PartitionPlan({{"c", {0}, {1}, false}}, o), Catch::Contains("'c' has no elements"));
+  CHECK_THROWS_WITH(PartitionPlan({{"a", {3}, {}, false}}, o),
+                    Catch::Contains("'a' is used by no module"));
+  CHECK_THROWS_WITH(PartitionPlan({{"b", {3}, {2}, false}}, o),
+                    Catch::Contains("'b' names module 2 of 2"));
+  CHECK_THROWS_WITH(PartitionPlan({{"c", {0}, {1}, false}}, o),
+                    Catch::Contains("'c' has no elements"));
   CHECK_THROWS_WITH(PartitionPlan({{"d", {3}, {1, 0}, false}}, o), Catch::Contains("ascending"));
 }

@@ -222,18 +222,25 @@ class TiedMlp {
   }
   static float load(const void* p, DType t, std::int64_t i) {
     switch (t) {
-      case DType::kFloat32: return static_cast<const float*>(p)[i];
-      case DType::kBFloat16: return to_float(static_cast<const bf16*>(p)[i]);
-      default: return to_float(static_cast<const fp16*>(p)[i]);
+      case DType::kFloat32:
+        return static_cast<const float*>(p)[i];
+      case DType::kBFloat16:
+        return to_float(static_cast<const bf16*>(p)[i]);
+      default:
+        return to_float(static_cast<const fp16*>(p)[i]);
     }
   }
   static void add(void* p, DType t, std::int64_t i, float v) {
     switch (t) {
-      case DType::kFloat32: static_cast<float*>(p)[i] += v; break;
+      case DType::kFloat32:
+        static_cast<float*>(p)[i] += v;
+        break;
       case DType::kBFloat16:
         static_cast<bf16*>(p)[i] = to_bf16(to_float(static_cast<bf16*>(p)[i]) + v);
         break;
-      default: static_cast<fp16*>(p)[i] = to_fp16(to_float(static_cast<fp16*>(p)[i]) + v); break;
+      default:
+        static_cast<fp16*>(p)[i] = to_fp16(to_float(static_cast<fp16*>(p)[i]) + v);
+        break;
     }
   }
   static void dense_tanh(const float* in, const void* w, const void* bias, DType pt, float* out,
@@ -260,15 +267,19 @@ class FlatParams final : public ParamAccess {
     for (const auto& p : specs) {
       params_.push_back(device.allocate(p.numel() * static_cast<std::int64_t>(dtype_size(dtype)),
                                         MemCategory::kParams, p.name));
-      grads_.push_back(device.allocate(
-          p.numel() * static_cast<std::int64_t>(dtype_size(grad_dtype)), MemCategory::kGrads,
-          p.name + " grad"));
+      grads_.push_back(
+          device.allocate(p.numel() * static_cast<std::int64_t>(dtype_size(grad_dtype)),
+                          MemCategory::kGrads, p.name + " grad"));
     }
   }
   void acquire(int, Phase) override {}
   void release(int, Phase) override {}
-  DevicePtr<std::byte> param(int i) override { return params_[static_cast<std::size_t>(i)].device<std::byte>(); }
-  DevicePtr<std::byte> grad(int i) override { return grads_[static_cast<std::size_t>(i)].device<std::byte>(); }
+  DevicePtr<std::byte> param(int i) override {
+    return params_[static_cast<std::size_t>(i)].device<std::byte>();
+  }
+  DevicePtr<std::byte> grad(int i) override {
+    return grads_[static_cast<std::size_t>(i)].device<std::byte>();
+  }
   DType compute_dtype() const override { return dtype_; }
   DType grad_dtype() const override { return grad_dtype_; }
 

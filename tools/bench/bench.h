@@ -12,7 +12,9 @@ namespace zrt::bench {
 using Command = int (*)(int argc, char** argv);
 
 int collectives(int argc, char** argv);
+int step(int argc, char** argv);
 int optimizer(int argc, char** argv);
+int model(int argc, char** argv);
 
 // Minimal "--key value" / "--flag" parser; unknown options throw InvalidArgument naming them.
 class Args {

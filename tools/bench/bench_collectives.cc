@@ -36,8 +36,12 @@ double time_op(MPI_Comm comm, int iters, int repeats, const std::function<void()
   return median(samples);
 }
 
-std::string fmt_us(double s) { return fmt::format("{:.1f}", s * 1e6); }
-std::string fmt_gbs(double bytes_per_s) { return fmt::format("{:.2f}", bytes_per_s / 1e9); }
+std::string fmt_us(double s) {
+  return fmt::format("{:.1f}", s * 1e6);
+}
+std::string fmt_gbs(double bytes_per_s) {
+  return fmt::format("{:.2f}", bytes_per_s / 1e9);
+}
 
 }  // namespace
 
@@ -46,8 +50,9 @@ int collectives(int argc, char** argv) {
   MpiRuntime mpi(&argc, &argv);
   if (args.has("help")) {
     if (mpi.rank() == 0) {
-      std::printf("zrt-bench collectives [--min-bytes 4K] [--max-bytes 256M] [--repeats 5]\n"
-                  "run under mpirun (tools/zrt-run -n 2 build/bin/zrt-bench collectives)\n");
+      std::printf(
+          "zrt-bench collectives [--min-bytes 4K] [--max-bytes 256M] [--repeats 5]\n"
+          "run under mpirun (tools/zrt-run -n 2 build/bin/zrt-bench collectives)\n");
     }
     return 0;
   }
@@ -67,8 +72,8 @@ int collectives(int argc, char** argv) {
                 world, repeats);
     std::printf("# size = whole array; busbw = algbw * (n-1)/n (nccl-tests)\n");
   }
-  Table table({"size", "count", "ag_us", "ag_busbw", "mpi_ag_us", "mpi_ag_busbw", "ag/mpi",
-               "rs_us", "rs_busbw", "mpi_rs_us", "mpi_rs_busbw", "rs_speedup"});
+  Table table({"size", "count", "ag_us", "ag_busbw", "mpi_ag_us", "mpi_ag_busbw", "ag/mpi", "rs_us",
+               "rs_busbw", "mpi_rs_us", "mpi_rs_busbw", "rs_speedup"});
   const double factor = bus_factor(CollectiveOp::kAllGather, world);
   for (std::int64_t size = min_bytes; size <= max_bytes; size *= 4) {
     const std::int64_t count = size / 4 / world;  // elements per rank
@@ -92,8 +97,8 @@ int collectives(int argc, char** argv) {
                     static_cast<int>(count), MPI_FLOAT, ref_comm);
     });
     const double rs = time_op(ref_comm, iters, repeats, [&] {
-      group->reduce_scatter(in.device<std::byte>(), out.device<std::byte>(), count,
-                            DType::kFloat32, ReduceOp::kSum);
+      group->reduce_scatter(in.device<std::byte>(), out.device<std::byte>(), count, DType::kFloat32,
+                            ReduceOp::kSum);
       stream->synchronize();
     });
     const double mpi_rs = time_op(ref_comm, iters, repeats, [&] {
@@ -108,8 +113,9 @@ int collectives(int argc, char** argv) {
   }
   if (mpi.rank() == 0) {
     std::printf("%s", table.str().c_str());
-    std::printf("# busbw in GB/s (1e9); ag/mpi = MPI time / ours (>= 0.95 is the goal);\n"
-                "# rs_speedup = MPI_Reduce_scatter_block time / ours (>= 2 is the goal)\n");
+    std::printf(
+        "# busbw in GB/s (1e9); ag/mpi = MPI time / ours (>= 0.95 is the goal);\n"
+        "# rs_speedup = MPI_Reduce_scatter_block time / ours (>= 2 is the goal)\n");
   }
   MPI_Comm_free(&ref_comm);
   return 0;

@@ -21,9 +21,14 @@ constexpr Entry kCommands[] = {
     {"collectives", collectives,
      "all-gather / reduce-scatter time, algbw, busbw vs MPI_Allgather and "
      "MPI_Reduce_scatter_block (run under mpirun)"},
+    {"step", step,
+     "one GPT training step at ZeRO stages 0-3 with a simulated link: time, bytes, model-state "
+     "peak, communication hidden (run under mpirun)"},
     {"optimizer", optimizer,
      "CPU AdamW params/s and GB/s (fp32, +bf16 copy-out) vs a read-4/write-3 memory sweep and "
      "torch.optim.AdamW"},
+    {"model", model,
+     "GPT-2 forward+backward tokens/s on the CPU kernels (gpt2-tiny, gpt2) vs PyTorch"},
 };
 
 void usage() {
@@ -80,10 +85,23 @@ std::int64_t Args::get_bytes(const std::string& key, std::int64_t fallback) cons
   std::string text = get(key, "");
   std::int64_t scale = 1;
   switch (text.empty() ? '\0' : text.back()) {
-    case 'K': case 'k': scale = 1 << 10; text.pop_back(); break;
-    case 'M': case 'm': scale = 1 << 20; text.pop_back(); break;
-    case 'G': case 'g': scale = std::int64_t{1} << 30; text.pop_back(); break;
-    default: break;
+    case 'K':
+    case 'k':
+      scale = 1 << 10;
+      text.pop_back();
+      break;
+    case 'M':
+    case 'm':
+      scale = 1 << 20;
+      text.pop_back();
+      break;
+    case 'G':
+    case 'g':
+      scale = std::int64_t{1} << 30;
+      text.pop_back();
+      break;
+    default:
+      break;
   }
   return static_cast<std::int64_t>(std::stod(text) * static_cast<double>(scale));
 }

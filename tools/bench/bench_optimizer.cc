@@ -83,17 +83,23 @@ std::string count_name(std::int64_t n) {
   return std::to_string(n);
 }
 
-// Median seconds of one call over `repeats`, after one warm-up call.
-double time_median(int repeats, const std::function<void()>& fn) {
-  fn();
-  std::vector<double> samples;
-  for (int r = 0; r < repeats; ++r) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    samples.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+// Runs every function once per round, in turn, for one warm-up round and `repeats` timed
+// rounds; returns each one's median seconds. Interleaving keeps the ratios between them honest
+// when other work on the machine comes and goes during the run.
+std::vector<double> time_interleaved(int repeats, const std::vector<std::function<void()>>& fns) {
+  std::vector<std::vector<double>> samples(fns.size());
+  for (int round = 0; round <= repeats; ++round) {
+    for (std::size_t k = 0; k < fns.size(); ++k) {
+      const auto start = std::chrono::steady_clock::now();
+      fns[k]();
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (round > 0) samples[k].push_back(seconds);
+    }
   }
-  return median(samples);
+  std::vector<double> medians;
+  for (auto& s : samples) medians.push_back(median(s));
+  return medians;
 }
 
 // The reference sweeps: read p, g, m, v and write p, m, v once, with trivial arithmetic, split
@@ -291,13 +297,12 @@ int optimizer(int argc, char** argv) {
       for (const int threads : thread_counts) {
         const CpuAdam adam(options, CpuAdamOptions{isa, threads});
         std::int64_t step = 0;
-        const double t_sweep = time_median(
-            repeats, [&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, false); });
-        const double t_sweep_pf = time_median(
-            repeats, [&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, true); });
-        const double t_adam = time_median(repeats, [&] { adam.step(&slice, 1, ++step, 1e-3); });
-        const double t_out = time_median(repeats, [&] { adam.step(&with_out, 1, ++step, 1e-3); });
-        rates.push_back({t_sweep, t_sweep_pf, t_adam, t_out});
+        const std::vector<double> t = time_interleaved(
+            repeats, {[&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, false); },
+                      [&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, true); },
+                      [&] { adam.step(&slice, 1, ++step, 1e-3); },
+                      [&] { adam.step(&with_out, 1, ++step, 1e-3); }});
+        rates.push_back({t[0], t[1], t[2], t[3]});
       }
     }  // free before torch allocates its own copy
     for (std::size_t k = 0; k < thread_counts.size(); ++k) {

@@ -1,0 +1,161 @@
+#include "kernels/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace zrt::kernels::cpu {
+
+namespace {
+using I64 = std::int64_t;
+
+int pair_group(int B, int NH) {
+  return std::min(kAttentionPairGroup, B * NH);
+}
+}  // namespace
+
+template <typename S>
+std::int64_t attention_forward_workspace(int B, int T, int C, int /*NH*/) {
+  if constexpr (!kIs16Bit<S>) return 0;
+  return I64{B} * T * 3 * C + I64{B} * T * C;
+}
+
+template <typename S>
+std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
+  const I64 datt = I64{pair_group(B, NH)} * T * T;
+  if constexpr (!kIs16Bit<S>) return datt;
+  return datt + 2 * (I64{B} * T * 3 * C) + I64{B} * T * C;
+}
+
+template <typename S>
+void attention_forward(S* out, acc_t<S>* att, const S* qkv, int B, int T, int C, int NH,
+                       acc_t<S>* ws) {
+  using A = acc_t<S>;
+  const int hs = C / NH;
+  const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  const A* aqkv;
+  A* aout;
+  if constexpr (!kIs16Bit<S>) {
+    (void)ws;
+    aqkv = qkv;
+    aout = out;
+  } else {
+    A* f = ws;
+    convert_to_acc(f, qkv, I64{B} * T * 3 * C);
+    aqkv = f;
+    aout = f + I64{B} * T * 3 * C;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int p = 0; p < B * NH; ++p) {
+    const int b = p / NH;
+    const int h = p % NH;
+    const A* q = aqkv + I64{b} * T * 3 * C + I64{h} * hs;
+    const A* k = q + C;
+    const A* v = q + 2 * C;
+    A* a = att + I64{p} * T * T;
+    gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
+    for (int t = 0; t < T; ++t) {
+      A* row = a + I64{t} * T;
+      if constexpr (std::is_same_v<A, float>) {
+        const float mx = span_max(row, t + 1);
+        span_exp_scale(row, t + 1, mx, 1.0f);
+        span_scale(row, t + 1, 1.0f / span_sum(row, t + 1));
+      } else {
+        A mx = row[0];
+        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+        A sum = 0;
+        for (int u = 0; u <= t; ++u) {
+          row[u] = std::exp(row[u] - mx);
+          sum += row[u];
+        }
+        const A inv = A(1) / sum;
+        for (int u = 0; u <= t; ++u) row[u] *= inv;
+      }
+      for (int u = t + 1; u < T; ++u) row[u] = A(0);
+    }
+    gemm_serial<A>(false, false, T, hs, T, A(1), a, T, v, 3 * C, A(0),
+                   aout + I64{b} * T * C + I64{h} * hs, C);
+  }
+  if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
+}
+
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* att, int B, int T,
+                        int C, int NH, acc_t<S>* ws) {
+  using A = acc_t<S>;
+  const int hs = C / NH;
+  const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  const int group = pair_group(B, NH);
+  A* datt_ws = ws;
+  const A* aqkv;
+  const A* adout;
+  A* adqkv;
+  if constexpr (!kIs16Bit<S>) {
+    aqkv = qkv;
+    adout = dout;
+    adqkv = dqkv;
+  } else {
+    A* f = ws + I64{group} * T * T;
+    A* fqkv = f;
+    A* fdqkv = fqkv + I64{B} * T * 3 * C;
+    A* fdout = fdqkv + I64{B} * T * 3 * C;
+    convert_to_acc(fqkv, qkv, I64{B} * T * 3 * C);
+    convert_to_acc(fdout, dout, I64{B} * T * C);
+    std::fill(fdqkv, fdqkv + I64{B} * T * 3 * C, A(0));
+    aqkv = fqkv;
+    adout = fdout;
+    adqkv = fdqkv;
+  }
+  for (int p0 = 0; p0 < B * NH; p0 += group) {
+    const int p1 = std::min(B * NH, p0 + group);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int p = p0; p < p1; ++p) {
+      const int b = p / NH;
+      const int h = p % NH;
+      const I64 qoff = I64{b} * T * 3 * C + I64{h} * hs;
+      const A* q = aqkv + qoff;
+      const A* k = q + C;
+      const A* v = q + 2 * C;
+      A* dq = adqkv + qoff;
+      A* dk = dq + C;
+      A* dv = dq + 2 * C;
+      const A* dy = adout + I64{b} * T * C + I64{h} * hs;
+      const A* a = att + I64{p} * T * T;
+      A* da = datt_ws + I64{p - p0} * T * T;
+      gemm_serial<A>(false, true, T, T, hs, A(1), dy, C, v, 3 * C, A(0), da, T);
+      gemm_serial<A>(true, false, T, hs, T, A(1), a, T, dy, C, A(1), dv, 3 * C);
+      for (int t = 0; t < T; ++t) {
+        const A* arow = a + I64{t} * T;
+        A* drow = da + I64{t} * T;
+        if constexpr (std::is_same_v<A, float>) {
+          span_softmax_grad(drow, arow, t + 1, span_dot(arow, drow, t + 1));
+        } else {
+          A dot = 0;
+          for (int u = 0; u <= t; ++u) dot += arow[u] * drow[u];
+          for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+        }
+        for (int u = t + 1; u < T; ++u) drow[u] = A(0);
+      }
+      gemm_serial<A>(false, false, T, hs, T, scale, da, T, k, 3 * C, A(1), dq, 3 * C);
+      gemm_serial<A>(true, false, T, hs, T, scale, da, T, q, 3 * C, A(1), dk, 3 * C);
+    }
+  }
+  if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
+}
+
+#define ZRT_INSTANTIATE(S)                                                                         \
+  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                        \
+  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                       \
+  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);      \
+  template void attention_backward<S>(S*, const S*, const S*, const acc_t<S>*, int, int, int, int, \
+                                      acc_t<S>*);
+ZRT_INSTANTIATE(float)
+ZRT_INSTANTIATE(double)
+ZRT_INSTANTIATE(bf16)
+ZRT_INSTANTIATE(fp16)
+#undef ZRT_INSTANTIATE
+
+}  // namespace zrt::kernels::cpu

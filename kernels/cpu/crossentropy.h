@@ -1,0 +1,45 @@
+// The GPT-2 head: logits through the tied token embedding, softmax cross-entropy, and the mean
+// loss. CPU twin of kernels/cuda/crossentropy.cu.
+//
+//   logits_forward:        logits (N,V) = inp (N,C) @ wte^T           (wte (V,C), no bias)
+//   logits_backward:       dinp (N,C) += dlogits @ wte;  dwte (V,C) += dlogits^T @ inp
+//   crossentropy_forward:  losses[n] = logsumexp(logits[n,:]) - logits[n,targets[n]]
+//   crossentropy_backward: dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss
+//                          OVERWRITES dlogits (no accumulation) and may alias logits, so the
+//                          gradient can replace the logits in place.
+//   loss_mean:             out[0] = sum(losses) / N, summed in double in index order.
+//
+// Softmax and losses are computed in acc_t<S>; targets must lie in [0,V) (InvalidArgument
+// otherwise). 16-bit storage converts the logits GEMM operands to fp32 in `ws`.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace zrt::kernels::cpu {
+
+template <typename S>
+std::int64_t logits_forward_workspace(int N, int C, int V);
+template <typename S>
+std::int64_t logits_backward_workspace(int N, int C, int V);
+
+template <typename S>
+void logits_forward(S* logits, const S* inp, const S* wte, int N, int C, int V, acc_t<S>* ws);
+
+template <typename S, typename G>
+void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* wte, int N, int C,
+                     int V, acc_t<S>* ws);
+
+template <typename S>
+void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t* targets, int N,
+                          int V);
+
+template <typename S>
+void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
+                           int N, int V);
+
+template <typename A>
+void loss_mean(A* out, const A* losses, int N);
+
+}  // namespace zrt::kernels::cpu

@@ -1,0 +1,27 @@
+// Token + position embedding (GPT-2's wte/wpe lookup), CPU twin of kernels/cuda/encoder.cu.
+//
+//   forward:  out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:]
+//   backward: dwte[v,:] += sum of dout[b,t,:] over the (b,t) with tokens[b,t] == v
+//             dwpe[t,:] += sum over b of dout[b,t,:]
+//
+// Shapes: tokens (B,T) int32 in [0,V); wte (V,C); wpe (>=T,C); out, dout (B,T,C).
+// The backward sums each token's rows in (b,t) order into an acc_t accumulator and adds it to
+// dwte once, so the result does not depend on the thread count (the CUDA twin uses the same
+// order). Token ids out of range throw InvalidArgument.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/cpu_common.h"
+
+namespace zrt::kernels::cpu {
+
+template <typename S>
+void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe, int B, int T,
+                     int C, int V);
+
+template <typename S, typename G>
+void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* tokens, int B, int T,
+                      int C, int V);
+
+}  // namespace zrt::kernels::cpu

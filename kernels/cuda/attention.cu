@@ -1,0 +1,182 @@
+#include "kernels/cuda/attention.cuh"
+
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;
+
+using I64 = std::int64_t;
+
+// q/k/v[b,h,t,d] = qkv[b,t, which*C + h*hs + d] as fp32, for `which` in 0..parts-1 (parts = 3
+// for qkv, 1 for dout (B,T,C)).
+template <typename S>
+__global__ void permute_kernel(float* dst, const S* src, int B, int T, int C, int NH, int parts) {
+  const int hs = C / NH;
+  const I64 n = static_cast<I64>(B) * T * parts * C;
+  const I64 part_size = static_cast<I64>(B) * T * C;
+  for (I64 i = blockIdx.x * static_cast<I64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<I64>(gridDim.x) * blockDim.x) {
+    const int col = static_cast<int>(i % (parts * C));
+    const I64 bt = i / (parts * C);
+    const int t = static_cast<int>(bt % T);
+    const int b = static_cast<int>(bt / T);
+    const int which = col / C;
+    const int h = (col % C) / hs;
+    const int d = col % hs;
+    dst[which * part_size + ((static_cast<I64>(b) * NH + h) * T + t) * hs + d] = ld(src[i]);
+  }
+}
+
+// out[b,t, which*C + h*hs + d] (= or +=) src[which][b,h,t,d].
+template <typename S, bool kAccumulate>
+__global__ void unpermute_kernel(S* out, const float* src, int B, int T, int C, int NH, int parts) {
+  const int hs = C / NH;
+  const I64 n = static_cast<I64>(B) * T * parts * C;
+  const I64 part_size = static_cast<I64>(B) * T * C;
+  for (I64 i = blockIdx.x * static_cast<I64>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<I64>(gridDim.x) * blockDim.x) {
+    const int col = static_cast<int>(i % (parts * C));
+    const I64 bt = i / (parts * C);
+    const int t = static_cast<int>(bt % T);
+    const int b = static_cast<int>(bt / T);
+    const int which = col / C;
+    const int h = (col % C) / hs;
+    const int d = col % hs;
+    const float v = src[which * part_size + ((static_cast<I64>(b) * NH + h) * T + t) * hs + d];
+    out[i] = st<S>(kAccumulate ? ld(out[i]) + v : v);
+  }
+}
+
+// Causal softmax of each row (one warp per row of `rows` = B*NH*T), in place; zeros above the
+// diagonal.
+__global__ void causal_softmax_kernel(float* att, I64 rows, int T) {
+  const I64 row = static_cast<I64>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* a = att + row * T;
+  float mx = -INFINITY;
+  for (int u = lane; u <= t; u += 32) mx = fmaxf(mx, a[u]);
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int u = lane; u <= t; u += 32) sum += expf(a[u] - mx);
+  const float inv = 1.0f / warp_sum(sum);
+  for (int u = lane; u < T; u += 32) a[u] = u <= t ? expf(a[u] - mx) * inv : 0.0f;
+}
+
+// datt <- att * (datt - rowsum(att * datt)) below the diagonal, 0 above (one warp per row).
+__global__ void softmax_backward_kernel(float* datt, const float* att, I64 rows, int T) {
+  const I64 row = static_cast<I64>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  const float* a = att + row * T;
+  float* d = datt + row * T;
+  float dot = 0.0f;
+  for (int u = lane; u <= t; u += 32) dot += a[u] * d[u];
+  dot = warp_sum(dot);
+  for (int u = lane; u < T; u += 32) d[u] = u <= t ? a[u] * (d[u] - dot) : 0.0f;
+}
+
+template <typename S>
+void permute(const Launch& l, float* dst, const void* src, int B, int T, int C, int NH, int parts) {
+  const I64 n = static_cast<I64>(B) * T * parts * C;
+  permute_kernel<S><<<blocks_for(n, kThreads), kThreads, 0, l.stream>>>(
+      dst, static_cast<const S*>(src), B, T, C, NH, parts);
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
+template <typename S, bool kAccumulate>
+void unpermute(const Launch& l, void* out, const float* src, int B, int T, int C, int NH,
+               int parts) {
+  const I64 n = static_cast<I64>(B) * T * parts * C;
+  unpermute_kernel<S, kAccumulate><<<blocks_for(n, kThreads), kThreads, 0, l.stream>>>(
+      static_cast<S*>(out), src, B, T, C, NH, parts);
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
+unsigned row_blocks(I64 rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+}
+
+}  // namespace
+
+std::int64_t attention_forward_workspace(int B, int T, int C, int /*NH*/) {
+  return 4 * static_cast<I64>(B) * T * C * static_cast<I64>(sizeof(float));
+}
+
+void attention_forward(const Launch& l, DType dtype, void* out, float* att, const void* qkv, int B,
+                       int T, int C, int NH) {
+  const int hs = C / NH;
+  const I64 part = static_cast<I64>(B) * T * C;
+  float* q = static_cast<float*>(l.ws);
+  float* k = q + part;
+  float* v = k + part;
+  float* y = v + part;
+  const int batch = B * NH;
+  const I64 mat = static_cast<I64>(T) * hs;
+  const I64 sq = static_cast<I64>(T) * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    permute<S>(l, q, qkv, B, T, C, NH, 3);
+    gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
+                         mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
+    const I64 rows = static_cast<I64>(batch) * T;
+    causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, rows, T);
+    ZRT_CUDA_LAUNCH_CHECK();
+    gemm_strided_batched(l, false, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, v, CUDA_R_32F, hs,
+                         mat, 0.0f, y, CUDA_R_32F, hs, mat, batch);
+    unpermute<S, false>(l, out, y, B, T, C, NH, 1);
+  });
+}
+
+std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
+  return (7 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
+         static_cast<I64>(sizeof(float));
+}
+
+void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
+                        const float* att, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const I64 part = static_cast<I64>(B) * T * C;
+  float* q = static_cast<float*>(l.ws);
+  float* k = q + part;
+  float* v = k + part;
+  float* dy = v + part;
+  float* dq = dy + part;
+  float* dk = dq + part;
+  float* dv = dk + part;
+  float* datt = dv + part;
+  const int batch = B * NH;
+  const I64 mat = static_cast<I64>(T) * hs;
+  const I64 sq = static_cast<I64>(T) * T;
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    permute<S>(l, q, qkv, B, T, C, NH, 3);
+    permute<S>(l, dy, dout, B, T, C, NH, 1);
+    // datt = dy v^T; dv = att^T dy
+    gemm_strided_batched(l, false, true, T, T, hs, 1.0f, dy, CUDA_R_32F, hs, mat, v, CUDA_R_32F, hs,
+                         mat, 0.0f, datt, CUDA_R_32F, T, sq, batch);
+    gemm_strided_batched(l, true, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, dy, CUDA_R_32F, hs,
+                         mat, 0.0f, dv, CUDA_R_32F, hs, mat, batch);
+    const I64 rows = static_cast<I64>(batch) * T;
+    softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(datt, att, rows, T);
+    ZRT_CUDA_LAUNCH_CHECK();
+    // dq = scale ds k; dk = scale ds^T q
+    gemm_strided_batched(l, false, false, T, hs, T, scale, datt, CUDA_R_32F, T, sq, k, CUDA_R_32F,
+                         hs, mat, 0.0f, dq, CUDA_R_32F, hs, mat, batch);
+    gemm_strided_batched(l, true, false, T, hs, T, scale, datt, CUDA_R_32F, T, sq, q, CUDA_R_32F,
+                         hs, mat, 0.0f, dk, CUDA_R_32F, hs, mat, batch);
+    unpermute<S, true>(l, dqkv, dq, B, T, C, NH, 3);
+  });
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,110 @@
+#include "kernels/cuda/crossentropy.cuh"
+
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+using I64 = std::int64_t;
+
+template <typename S>
+__device__ void row_stats(const S* row, int V, float* scratch, float& mx, float& sum) {
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, ld(row[v]));
+  mx = block_max(m, scratch);
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(ld(row[v]) - mx);
+  sum = block_sum(s, scratch);
+}
+
+template <typename S>
+__global__ void crossentropy_forward_kernel(float* losses, const S* logits,
+                                            const std::int32_t* targets, int V) {
+  __shared__ float scratch[32];
+  const int n = blockIdx.x;
+  const S* row = logits + static_cast<I64>(n) * V;
+  float mx, sum;
+  row_stats(row, V, scratch, mx, sum);
+  if (threadIdx.x == 0) losses[n] = logf(sum) + mx - ld(row[targets[n]]);
+}
+
+// In place when dlogits == logits: every thread reads element v before writing it, and the
+// statistics are complete (block_sum synchronizes) before any write.
+template <typename S>
+__global__ void crossentropy_backward_kernel(S* dlogits, const S* logits,
+                                             const std::int32_t* targets, float dloss, int V) {
+  __shared__ float scratch[32];
+  const int n = blockIdx.x;
+  const S* row = logits + static_cast<I64>(n) * V;
+  S* drow = dlogits + static_cast<I64>(n) * V;
+  float mx, sum;
+  row_stats(row, V, scratch, mx, sum);
+  const float inv = 1.0f / sum;
+  const int target = targets[n];
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = expf(ld(row[v]) - mx) * inv;
+    drow[v] = st<S>((p - (v == target ? 1.0f : 0.0f)) * dloss);
+  }
+}
+
+__global__ void loss_mean_kernel(float* out, const float* losses, int N) {
+  __shared__ double partial[kThreads];
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < N; i += kThreads) sum += losses[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = static_cast<float>(partial[0] / N);
+}
+
+}  // namespace
+
+void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
+                    int N, int C, int V) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  gemm(l, false, true, N, V, C, 1.0f, inp, type, C, wte, type, C, 0.0f, logits, type, V);
+}
+
+void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,
+                     const void* dlogits, const void* inp, const void* wte, int N, int C, int V) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  gemm(l, false, false, N, C, V, 1.0f, dlogits, type, V, wte, type, C, 1.0f, dinp, type, C);
+  gemm(l, true, false, V, C, N, 1.0f, dlogits, type, V, inp, type, C, 1.0f, dwte,
+       to_cuda_dtype(grad_dtype), C);
+}
+
+void crossentropy_forward(const Launch& l, DType dtype, float* losses, const void* logits,
+                          const std::int32_t* targets, int N, int V) {
+  if (N <= 0) return;
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    crossentropy_forward_kernel<S>
+        <<<N, kThreads, 0, l.stream>>>(losses, static_cast<const S*>(logits), targets, V);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
+                           const std::int32_t* targets, float dloss, int N, int V) {
+  if (N <= 0) return;
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    crossentropy_backward_kernel<S><<<N, kThreads, 0, l.stream>>>(
+        static_cast<S*>(dlogits), static_cast<const S*>(logits), targets, dloss, V);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void loss_mean(const Launch& l, float* out, const float* losses, int N) {
+  loss_mean_kernel<<<1, kThreads, 0, l.stream>>>(out, losses, N);
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,73 @@
+#include <spdlog/spdlog.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "runtime/common/error.h"
+#include "runtime/device/cuda_device.h"
+#include "runtime/device/device_access.h"
+
+namespace zrt::kernels::cuda {
+
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  throw Error(file, line,
+              fmt::format("{} failed: {} (cuBLAS status {})", call, cublasGetStatusString(status),
+                          static_cast<int>(status)));
+}
+
+CudaKernelState::~CudaKernelState() {
+  if (lt != nullptr) {
+    if (cublasStatus_t s = cublasLtDestroy(lt); s != CUBLAS_STATUS_SUCCESS) {
+      spdlog::error("cublasLtDestroy failed: {}", cublasGetStatusString(s));
+    }
+  }
+  if (blas != nullptr) {
+    if (cublasStatus_t s = cublasDestroy(blas); s != CUBLAS_STATUS_SUCCESS) {
+      spdlog::error("cublasDestroy failed: {}", cublasGetStatusString(s));
+    }
+  }
+}
+
+std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,
+                                                        const KernelOptions& options) {
+  auto state = std::make_unique<CudaKernelState>();
+  state->stream = cuda_stream_handle(stream);
+  ZRT_CUBLAS_CHECK(cublasCreate(&state->blas));
+  ZRT_CUBLAS_CHECK(cublasSetStream(state->blas, state->stream));
+  // Plain fp32 math for fp32 GEMMs (no TF32), so fp32 results track the CPU twins.
+  ZRT_CUBLAS_CHECK(cublasSetMathMode(state->blas, CUBLAS_DEFAULT_MATH));
+  ZRT_CUBLAS_CHECK(cublasLtCreate(&state->lt));
+  if (options.cublaslt_workspace_bytes > 0) {
+    state->lt_workspace = device.allocate(options.cublaslt_workspace_bytes, MemCategory::kWorkspace,
+                                          "cuBLASLt workspace", MemorySpace::kDevice, &stream);
+  }
+  return state;
+}
+
+Launch make_launch(CudaKernelState& state, void* ws) {
+  Launch l;
+  l.stream = state.stream;
+  l.blas = state.blas;
+  l.lt = state.lt;
+  if (!state.lt_workspace.empty()) {
+    l.lt_workspace = device_access::raw(state.lt_workspace.device<std::byte>());
+    l.lt_workspace_bytes = static_cast<std::size_t>(state.lt_workspace.bytes());
+  }
+  l.ws = ws;
+  return l;
+}
+
+cudaDataType to_cuda_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    default:
+      break;
+  }
+  ZRT_THROW(InvalidArgument, "no CUDA floating type for dtype {}", dtype_name(dtype));
+}
+
+}  // namespace zrt::kernels::cuda

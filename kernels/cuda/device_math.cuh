@@ -1,0 +1,119 @@
+// Device-side helpers shared by the .cu kernels (nvcc only): storage types, fp32 loads and
+// rounding stores, warp and block reductions, DType dispatch, launch geometry.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "runtime/common/dtype.h"
+#include "runtime/common/error.h"
+
+namespace zrt::kernels::cuda {
+
+__device__ __forceinline__ float ld(float v) {
+  return v;
+}
+__device__ __forceinline__ float ld(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float ld(__half v) {
+  return __half2float(v);
+}
+
+// Round-to-nearest-even stores, as zrt::to_bf16 / zrt::to_fp16 on the host.
+template <typename S>
+__device__ __forceinline__ S st(float v);
+template <>
+__device__ __forceinline__ float st<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ __half st<__half>(float v) {
+  return __float2half_rn(v);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the call synchronizes the block.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int warps = blockDim.x / 32;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int warps = blockDim.x / 32;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+// Calls fn(Tag<S>{}) with S the device storage type of `dtype`.
+template <typename Fn>
+void with_storage(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32:
+      fn(Tag<float>{});
+      return;
+    case DType::kBFloat16:
+      fn(Tag<__nv_bfloat16>{});
+      return;
+    case DType::kFloat16:
+      fn(Tag<__half>{});
+      return;
+    default:
+      break;
+  }
+  ZRT_THROW(InvalidArgument, "CUDA kernels: unsupported dtype {}", dtype_name(dtype));
+}
+
+// Calls fn(Tag<S>{}, Tag<G>{}) for the storage and gradient types (G is S or float).
+template <typename Fn>
+void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {
+  with_storage(dtype, [&](auto s) {
+    if (grad_dtype == DType::kFloat32) {
+      fn(s, Tag<float>{});
+    } else {
+      fn(s, s);
+    }
+  });
+}
+
+inline unsigned blocks_for(std::int64_t n, int threads) {
+  std::int64_t blocks = (n + threads - 1) / threads;
+  if (blocks > 65535LL * 32) blocks = 65535LL * 32;  // grid-stride loops cover the rest
+  return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,147 @@
+#include "kernels/cuda/layernorm.cuh"
+
+#include "kernels/cuda/device_math.cuh"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
+constexpr int kColumnThreads = 128;
+constexpr float kEps = 1e-5f;
+
+template <typename S>
+__global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, const S* inp,
+                                         const S* weight, const S* bias, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const S* x = inp + static_cast<std::int64_t>(row) * C;
+  S* o = out + static_cast<std::int64_t>(row) * C;
+  float sum = 0.0f;
+  for (int c = lane; c < C; c += 32) sum += ld(x[c]);
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = ld(x[c]) - m;
+    var += d * d;
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + kEps);
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (ld(x[c]) - m) * s;
+    o[c] = st<S>(norm * ld(weight[c]) + ld(bias[c]));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+template <typename S>
+__global__ void layernorm_dinp_kernel(S* dinp, const S* dout, const S* inp, const S* weight,
+                                      const float* mean, const float* rstd, int N, int C) {
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const std::int64_t off = static_cast<std::int64_t>(row) * C;
+  const float m = mean[row];
+  const float s = rstd[row];
+  float g_sum = 0.0f, gn_sum = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (ld(inp[off + c]) - m) * s;
+    const float g = ld(dout[off + c]) * ld(weight[c]);
+    g_sum += g;
+    gn_sum += g * norm;
+  }
+  const float g_mean = warp_sum(g_sum) / C;
+  const float gn_mean = warp_sum(gn_sum) / C;
+  for (int c = lane; c < C; c += 32) {
+    const float norm = (ld(inp[off + c]) - m) * s;
+    const float g = ld(dout[off + c]) * ld(weight[c]);
+    dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * s);
+  }
+}
+
+// Pass 1: partial column sums of dout*norm and dout over a chunk of kColumnSumRows rows.
+template <typename S>
+__global__ void layernorm_partials_kernel(float* part_w, float* part_b, const S* dout, const S* inp,
+                                          const float* mean, const float* rstd, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int chunk = blockIdx.y;
+  if (c >= C) return;
+  const int r0 = chunk * kColumnSumRows;
+  const int r1 = min(N, r0 + kColumnSumRows);
+  float dw = 0.0f, db = 0.0f;
+  for (int r = r0; r < r1; ++r) {
+    const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
+    const float dy = ld(dout[i]);
+    dw += dy * ((ld(inp[i]) - mean[r]) * rstd[r]);
+    db += dy;
+  }
+  part_w[static_cast<std::int64_t>(chunk) * C + c] = dw;
+  part_b[static_cast<std::int64_t>(chunk) * C + c] = db;
+}
+
+// Pass 2: sum the chunks in order and accumulate into the gradients.
+template <typename G>
+__global__ void layernorm_finish_kernel(G* dweight, G* dbias, const float* part_w,
+                                        const float* part_b, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float dw = 0.0f, db = 0.0f;
+  for (int k = 0; k < chunks; ++k) {
+    dw += part_w[static_cast<std::int64_t>(k) * C + c];
+    db += part_b[static_cast<std::int64_t>(k) * C + c];
+  }
+  dweight[c] = st<G>(ld(dweight[c]) + dw);
+  dbias[c] = st<G>(ld(dbias[c]) + db);
+}
+
+int chunks_of(int N) {
+  return (N + kColumnSumRows - 1) / kColumnSumRows;
+}
+
+}  // namespace
+
+void layernorm_forward(const Launch& l, DType dtype, void* out, float* mean, float* rstd,
+                       const void* inp, const void* weight, const void* bias, int N, int C) {
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    layernorm_forward_kernel<S><<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, l.stream>>>(
+        static_cast<S*>(out), mean, rstd, static_cast<const S*>(inp), static_cast<const S*>(weight),
+        static_cast<const S*>(bias), N, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+std::int64_t layernorm_backward_workspace(int N, int C) {
+  return 2 * static_cast<std::int64_t>(chunks_of(N)) * C * static_cast<std::int64_t>(sizeof(float));
+}
+
+void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
+                        void* dbias, const void* dout, const void* inp, const void* weight,
+                        const float* mean, const float* rstd, int N, int C) {
+  const int chunks = chunks_of(N);
+  float* part_w = static_cast<float*>(l.ws);
+  float* part_b = part_w + static_cast<std::int64_t>(chunks) * C;
+  with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+    using S = typename decltype(s)::type;
+    using G = typename decltype(g)::type;
+    layernorm_dinp_kernel<S><<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, l.stream>>>(
+        static_cast<S*>(dinp), static_cast<const S*>(dout), static_cast<const S*>(inp),
+        static_cast<const S*>(weight), mean, rstd, N, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);
+    layernorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
+        part_w, part_b, static_cast<const S*>(dout), static_cast<const S*>(inp), mean, rstd, N, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+    layernorm_finish_kernel<G>
+        <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(
+            static_cast<G*>(dweight), static_cast<G*>(dbias), part_w, part_b, chunks, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,22 @@
+// CUDA twin of kernels/cpu/layernorm.h. Row statistics by warp reductions; the parameter
+// gradients as deterministic two-pass column sums (fixed row chunks, then chunks in order).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace zrt::kernels::cuda {
+
+void layernorm_forward(const Launch& l, DType dtype, void* out, float* mean, float* rstd,
+                       const void* inp, const void* weight, const void* bias, int N, int C);
+
+std::int64_t layernorm_backward_workspace(int N, int C);
+void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
+                        void* dbias, const void* dout, const void* inp, const void* weight,
+                        const float* mean, const float* rstd, int N, int C);
+
+// Rows summed per chunk by the two-pass column sums (layernorm and bias gradients).
+constexpr int kColumnSumRows = 64;
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,106 @@
+#include "kernels/cuda/matmul.cuh"
+
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kColumnThreads = 128;
+
+template <typename S>
+__global__ void add_bias_kernel(S* out, const S* bias, std::int64_t rows, int OC) {
+  const std::int64_t n = rows * OC;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = st<S>(ld(out[i]) + ld(bias[i % OC]));
+  }
+}
+
+template <typename S>
+__global__ void column_partials_kernel(float* part, const S* dout, int N, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int chunk = blockIdx.y;
+  if (c >= C) return;
+  const int r0 = chunk * kColumnSumRows;
+  const int r1 = min(N, r0 + kColumnSumRows);
+  float sum = 0.0f;
+  for (int r = r0; r < r1; ++r) sum += ld(dout[static_cast<std::int64_t>(r) * C + c]);
+  part[static_cast<std::int64_t>(chunk) * C + c] = sum;
+}
+
+template <typename G>
+__global__ void column_finish_kernel(G* dbias, const float* part, int chunks, int C) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float sum = 0.0f;
+  for (int k = 0; k < chunks; ++k) sum += part[static_cast<std::int64_t>(k) * C + c];
+  dbias[c] = st<G>(ld(dbias[c]) + sum);
+}
+
+int chunks_of(int N) {
+  return (N + kColumnSumRows - 1) / kColumnSumRows;
+}
+
+}  // namespace
+
+void matmul_forward(const Launch& l, DType dtype, void* out, const void* inp, const void* weight,
+                    const void* bias, int N, int C, int OC) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  if (bias != nullptr && gemm_bias_lt(l, N, OC, C, inp, C, weight, OC, bias, out, OC, type)) {
+    return;
+  }
+  gemm(l, false, false, N, OC, C, 1.0f, inp, type, C, weight, type, OC, 0.0f, out, type, OC);
+  if (bias == nullptr) return;
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    const std::int64_t n = static_cast<std::int64_t>(N) * OC;
+    add_bias_kernel<S><<<blocks_for(n, kThreads), kThreads, 0, l.stream>>>(
+        static_cast<S*>(out), static_cast<const S*>(bias), N, OC);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+std::int64_t bias_backward_workspace(int N, int C) {
+  return static_cast<std::int64_t>(chunks_of(N)) * C * static_cast<std::int64_t>(sizeof(float));
+}
+
+void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, const void* dout,
+                   int N, int C, void* ws) {
+  const int chunks = chunks_of(N);
+  float* part = static_cast<float*>(ws);
+  with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+    using S = typename decltype(s)::type;
+    using G = typename decltype(g)::type;
+    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);
+    column_partials_kernel<S>
+        <<<grid, kColumnThreads, 0, l.stream>>>(part, static_cast<const S*>(dout), N, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+    column_finish_kernel<G>
+        <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(
+            static_cast<G*>(dbias), part, chunks, C);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+std::int64_t matmul_backward_workspace(int N, int OC) {
+  return bias_backward_workspace(N, OC);
+}
+
+void matmul_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
+                     void* dbias, const void* dout, const void* inp, const void* weight, int N,
+                     int C, int OC) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  const cudaDataType grad_type = to_cuda_dtype(grad_dtype);
+  if (dinp != nullptr) {
+    gemm(l, false, true, N, C, OC, 1.0f, dout, type, OC, weight, type, OC, 1.0f, dinp, type, C);
+  }
+  gemm(l, true, false, C, OC, N, 1.0f, inp, type, C, dout, type, OC, 1.0f, dweight, grad_type, OC);
+  if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,42 @@
+#include "kernels/kernel_context.h"
+
+#include <algorithm>
+
+#include "runtime/common/error.h"
+
+#if ZRT_HAVE_CUDA
+#include "kernels/cuda/cuda_common.cuh"
+#else
+namespace zrt::kernels::cuda {
+struct CudaKernelState {};
+}  // namespace zrt::kernels::cuda
+#endif
+
+namespace zrt::kernels {
+
+KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)
+    : device_(device), stream_(stream), options_(options) {
+  ZRT_CHECK(options_.cpu_threads >= 0, "cpu_threads must be >= 0, not {}", options_.cpu_threads);
+  if (device.type() == DeviceType::kCuda) {
+#if ZRT_HAVE_CUDA
+    cuda_ = cuda::make_cuda_kernel_state(device, stream, options_);
+#else
+    ZRT_THROW(InvalidArgument, "KernelContext: the CUDA backend is not built");
+#endif
+  }
+}
+
+KernelContext::~KernelContext() = default;
+
+DevicePtr<std::byte> KernelContext::workspace(std::int64_t bytes) {
+  if (bytes > workspace_.bytes()) {
+    // Grow by at least 1/4 so a slowly growing sequence of requests does not reallocate often.
+    const std::int64_t grown = std::max(bytes, workspace_.bytes() + workspace_.bytes() / 4);
+    workspace_.reset();  // stream-ordered release: work already enqueued keeps the memory
+    workspace_ = device_.allocate(grown, MemCategory::kWorkspace, "kernel workspace",
+                                  MemorySpace::kDevice, &stream_);
+  }
+  return workspace_.device<std::byte>();
+}
+
+}  // namespace zrt::kernels

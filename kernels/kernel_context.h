@@ -1,0 +1,59 @@
+// KernelContext: what the kernels of one stream need besides their arguments — the device, the
+// stream they are enqueued on, a stream-ordered scratch workspace and, on the CUDA backend, the
+// cuBLAS / cuBLASLt handles bound to that stream. One per (device, stream); no globals.
+//
+// Not thread-safe: like its stream, a context is driven by one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/device/buffer.h"
+#include "runtime/device/device.h"
+
+namespace zrt::kernels {
+
+struct KernelOptions {
+  // OpenMP threads of the CPU kernels; 0 takes OpenMP's default (OMP_NUM_THREADS). Results do
+  // not depend on it.
+  int cpu_threads = 0;
+  // cuBLASLt workspace (CUDA backend).
+  std::int64_t cublaslt_workspace_bytes = std::int64_t{32} << 20;
+};
+
+namespace cuda {
+struct CudaKernelState;  // kernels/cuda/cuda_common.cuh
+}
+
+class KernelContext {
+ public:
+  // Binds the context to `stream` of `device`; both must outlive it. On the CUDA backend this
+  // creates the cuBLAS and cuBLASLt handles (throws if that fails).
+  KernelContext(Device& device, Stream& stream, KernelOptions options = {});
+  ~KernelContext();
+  KernelContext(const KernelContext&) = delete;
+  KernelContext& operator=(const KernelContext&) = delete;
+
+  Device& device() const { return device_; }
+  Stream& stream() const { return stream_; }
+  const KernelOptions& options() const { return options_; }
+
+  // Scratch of at least `bytes` (MemCategory::kWorkspace) for work enqueued on stream() until
+  // the next call. Growing it releases the old one stream-ordered, so work already enqueued
+  // keeps its memory. Contents undefined.
+  DevicePtr<std::byte> workspace(std::int64_t bytes);
+  std::int64_t workspace_bytes() const { return workspace_.bytes(); }
+
+  // The CUDA backend's state (handles, cuBLASLt workspace); null on the CPU backend.
+  cuda::CudaKernelState* cuda() const { return cuda_.get(); }
+
+ private:
+  Device& device_;
+  Stream& stream_;
+  KernelOptions options_;
+  Buffer workspace_;
+  std::unique_ptr<cuda::CudaKernelState> cuda_;
+};
+
+}  // namespace zrt::kernels

@@ -1,0 +1,459 @@
+#include "kernels/ops.h"
+
+#include <omp.h>
+
+#include <functional>
+#include <utility>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/residual.h"
+#include "runtime/common/error.h"
+#include "runtime/device/cpu_stream.h"
+#include "runtime/device/device_access.h"
+
+#if ZRT_HAVE_CUDA
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/crossentropy.cuh"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/encoder.cuh"
+#include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/residual.cuh"
+#endif
+
+namespace zrt::kernels {
+
+namespace {
+
+using device_access::raw;
+
+template <typename T>
+T* ptr(Bytes p) {
+  return reinterpret_cast<T*>(raw(p));
+}
+template <typename T>
+const T* ptr(ConstBytes p) {
+  return reinterpret_cast<const T*>(raw(p));
+}
+
+// Calls fn(S{}) with S the storage type of `dtype`.
+template <typename Fn>
+void with_storage(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kFloat32:
+      fn(float{});
+      return;
+    case DType::kBFloat16:
+      fn(bf16{});
+      return;
+    case DType::kFloat16:
+      fn(fp16{});
+      return;
+    default:
+      ZRT_THROW(InvalidArgument, "kernels: unsupported activation/parameter dtype {}",
+                dtype_name(dtype));
+  }
+}
+
+// Calls fn(S{}, G{}) with the storage and gradient types.
+template <typename Fn>
+void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {
+  check_dtypes(dtype, grad_dtype);
+  with_storage(dtype, [&](auto s) {
+    if (grad_dtype == DType::kFloat32) {
+      fn(s, float{});
+    } else {
+      fn(s, s);
+    }
+  });
+}
+
+bool on_cpu(const KernelContext& ctx) {
+  return ctx.device().type() == DeviceType::kCpu;
+}
+
+// Enqueues fn on the context's CPU stream, with the context's OpenMP thread count.
+void run_cpu(KernelContext& ctx, const char* what, std::function<void()> fn) {
+  const int threads = ctx.options().cpu_threads;
+  as_cpu_stream(ctx.stream(), what).enqueue([threads, fn = std::move(fn)] {
+    if (threads > 0) omp_set_num_threads(threads);
+    fn();
+  });
+}
+
+// Scratch for a CPU twin that needs `count` elements of A (null when none).
+template <typename A>
+A* cpu_workspace(KernelContext& ctx, std::int64_t count) {
+  if (count <= 0) return nullptr;
+  return reinterpret_cast<A*>(raw(ctx.workspace(count * static_cast<std::int64_t>(sizeof(A)))));
+}
+
+#if ZRT_HAVE_CUDA
+cuda::Launch launch(KernelContext& ctx, std::int64_t workspace_bytes = 0) {
+  ZRT_CHECK(ctx.cuda() != nullptr, "kernel context of a {} device has no CUDA state",
+            device_type_name(ctx.device().type()));
+  void* ws = workspace_bytes > 0 ? raw(ctx.workspace(workspace_bytes)) : nullptr;
+  return cuda::make_launch(*ctx.cuda(), ws);
+}
+#else
+[[noreturn]] void no_cuda(const char* op) {
+  ZRT_THROW(InvalidArgument, "kernels::{}: the CUDA backend is not built", op);
+}
+#endif
+
+}  // namespace
+
+void check_dtypes(DType dtype, DType grad_dtype) {
+  const bool ok = (dtype == DType::kFloat32 && grad_dtype == DType::kFloat32) ||
+                  (is_float16(dtype) && (grad_dtype == dtype || grad_dtype == DType::kFloat32));
+  if (!ok) {
+    ZRT_THROW(InvalidArgument,
+              "kernels: unsupported dtypes (activations {}, gradients {}); supported: fp32/fp32, "
+              "bf16/bf16|fp32, fp16/fp16|fp32",
+              dtype_name(dtype), dtype_name(grad_dtype));
+  }
+}
+
+void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
+                     ConstBytes wpe, int B, int T, int C, int V) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "encoder_forward",
+              [o = ptr<S>(out), tok = raw(tokens), w = ptr<S>(wte), p = ptr<S>(wpe), B, T, C, V] {
+                cpu::encoder_forward<S>(o, tok, w, p, B, T, C, V);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::encoder_forward(launch(ctx), dtype, raw(out), raw(tokens), raw(wte), raw(wpe), B, T, C, V);
+#else
+  no_cuda("encoder_forward");
+#endif
+}
+
+void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
+                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      run_cpu(ctx, "encoder_backward",
+              [dw = ptr<G>(dwte), dp = ptr<G>(dwpe), d = ptr<S>(dout), tok = raw(tokens), B, T, C,
+               V] { cpu::encoder_backward<S, G>(dw, dp, d, tok, B, T, C, V); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::encoder_backward(launch(ctx, cuda::encoder_backward_workspace(B, T)), dtype, grad_dtype,
+                         raw(dwte), raw(dwpe), raw(dout), raw(tokens), B, T, C, V);
+#else
+  no_cuda("encoder_backward");
+#endif
+}
+
+void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, Floats rstd,
+                       ConstBytes inp, ConstBytes weight, ConstBytes bias, int N, int C) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "layernorm_forward",
+              [o = ptr<S>(out), m = raw(mean), r = raw(rstd), x = ptr<S>(inp), w = ptr<S>(weight),
+               b = ptr<S>(bias), N, C] { cpu::layernorm_forward<S>(o, m, r, x, w, b, N, C); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::layernorm_forward(launch(ctx), dtype, raw(out), raw(mean), raw(rstd), raw(inp), raw(weight),
+                          raw(bias), N, C);
+#else
+  no_cuda("layernorm_forward");
+#endif
+}
+
+void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
+                        Bytes dweight, Bytes dbias, ConstBytes dout, ConstBytes inp,
+                        ConstBytes weight, ConstFloats mean, ConstFloats rstd, int N, int C) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      run_cpu(ctx, "layernorm_backward",
+              [dx = ptr<S>(dinp), dw = ptr<G>(dweight), db = ptr<G>(dbias), dy = ptr<S>(dout),
+               x = ptr<S>(inp), w = ptr<S>(weight), m = raw(mean), r = raw(rstd), N,
+               C] { cpu::layernorm_backward<S, G>(dx, dw, db, dy, x, w, m, r, N, C); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::layernorm_backward(launch(ctx, cuda::layernorm_backward_workspace(N, C)), dtype, grad_dtype,
+                           raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight),
+                           raw(mean), raw(rstd), N, C);
+#else
+  no_cuda("layernorm_backward");
+#endif
+}
+
+void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,
+                    ConstBytes bias, int N, int C, int OC) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::matmul_forward_workspace<S>(N, C, OC));
+      run_cpu(ctx, "matmul_forward",
+              [o = ptr<S>(out), x = ptr<S>(inp), w = ptr<S>(weight), b = ptr<S>(bias), N, C, OC,
+               ws] { cpu::matmul_forward<S>(o, x, w, b, N, C, OC, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::matmul_forward(launch(ctx), dtype, raw(out), raw(inp), raw(weight), raw(bias), N, C, OC);
+#else
+  no_cuda("matmul_forward");
+#endif
+}
+
+void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                     Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
+                     int OC) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::matmul_backward_workspace<S>(N, C, OC));
+      run_cpu(ctx, "matmul_backward",
+              [dx = ptr<S>(dinp), dw = ptr<G>(dweight), db = ptr<G>(dbias), dy = ptr<S>(dout),
+               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC,
+               ws] { cpu::matmul_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::matmul_backward(launch(ctx, cuda::matmul_backward_workspace(N, OC)), dtype, grad_dtype,
+                        raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight), N, C,
+                        OC);
+#else
+  no_cuda("matmul_backward");
+#endif
+}
+
+void gelu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "gelu_forward",
+              [o = ptr<S>(out), x = ptr<S>(inp), n] { cpu::gelu_forward<S>(o, x, n); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::gelu_forward(launch(ctx), dtype, raw(out), raw(inp), n);
+#else
+  no_cuda("gelu_forward");
+#endif
+}
+
+void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, ConstBytes dout,
+                   std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "gelu_backward", [dx = ptr<S>(dinp), x = ptr<S>(inp), dy = ptr<S>(dout), n] {
+        cpu::gelu_backward<S>(dx, x, dy, n);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::gelu_backward(launch(ctx), dtype, raw(dinp), raw(inp), raw(dout), n);
+#else
+  no_cuda("gelu_backward");
+#endif
+}
+
+void residual_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes a, ConstBytes b,
+                      std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "residual_forward", [o = ptr<S>(out), x = ptr<S>(a), y = ptr<S>(b), n] {
+        cpu::residual_forward<S>(o, x, y, n);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::residual_forward(launch(ctx), dtype, raw(out), raw(a), raw(b), n);
+#else
+  no_cuda("residual_forward");
+#endif
+}
+
+void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, ConstBytes dout,
+                       std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "residual_backward", [x = ptr<S>(da), y = ptr<S>(db), d = ptr<S>(dout), n] {
+        cpu::residual_backward<S>(x, y, d, n);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::residual_backward(launch(ctx), dtype, raw(da), raw(db), raw(dout), n);
+#else
+  no_cuda("residual_backward");
+#endif
+}
+
+void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes qkv,
+                       int B, int T, int C, int NH) {
+  ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws =
+          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_forward_workspace<S>(B, T, C, NH));
+      run_cpu(ctx, "attention_forward",
+              [o = ptr<S>(out), a = raw(att), x = ptr<S>(qkv), B, T, C, NH, ws] {
+                cpu::attention_forward<S>(o, a, x, B, T, C, NH, ws);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(B, T, C, NH)), dtype,
+                          raw(out), raw(att), raw(qkv), B, T, C, NH);
+#else
+  no_cuda("attention_forward");
+#endif
+}
+
+void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
+                        ConstBytes qkv, ConstFloats att, int B, int T, int C, int NH) {
+  ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws =
+          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
+      run_cpu(ctx, "attention_backward",
+              [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), a = raw(att), B, T, C, NH,
+               ws] { cpu::attention_backward<S>(dx, dy, x, a, B, T, C, NH, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(B, T, C, NH)), dtype,
+                           raw(dqkv), raw(dout), raw(qkv), raw(att), B, T, C, NH);
+#else
+  no_cuda("attention_backward");
+#endif
+}
+
+void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes inp, ConstBytes wte,
+                    int N, int C, int V) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_forward_workspace<S>(N, C, V));
+      run_cpu(ctx, "logits_forward",
+              [o = ptr<S>(logits), x = ptr<S>(inp), w = ptr<S>(wte), N, C, V, ws] {
+                cpu::logits_forward<S>(o, x, w, N, C, V, ws);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::logits_forward(launch(ctx), dtype, raw(logits), raw(inp), raw(wte), N, C, V);
+#else
+  no_cuda("logits_forward");
+#endif
+}
+
+void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,
+                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_backward_workspace<S>(N, C, V));
+      run_cpu(ctx, "logits_backward",
+              [dx = ptr<S>(dinp), dw = ptr<G>(dwte), dl = ptr<S>(dlogits), x = ptr<S>(inp),
+               w = ptr<S>(wte), N, C, V,
+               ws] { cpu::logits_backward<S, G>(dx, dw, dl, x, w, N, C, V, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::logits_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
+                        raw(inp), raw(wte), N, C, V);
+#else
+  no_cuda("logits_backward");
+#endif
+}
+
+void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstBytes logits,
+                          ConstTokens targets, int N, int V) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "crossentropy_forward",
+              [l = raw(losses), x = ptr<S>(logits), t = raw(targets), N, V] {
+                cpu::crossentropy_forward<S>(l, x, t, N, V);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V);
+#else
+  no_cuda("crossentropy_forward");
+#endif
+}
+
+void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
+                           ConstTokens targets, float dloss, int N, int V) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "crossentropy_backward",
+              [dl = ptr<S>(dlogits), x = ptr<S>(logits), t = raw(targets), dloss, N, V] {
+                cpu::crossentropy_backward<S>(dl, x, t, dloss, N, V);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::crossentropy_backward(launch(ctx), dtype, raw(dlogits), raw(logits), raw(targets), dloss, N,
+                              V);
+#else
+  no_cuda("crossentropy_backward");
+#endif
+}
+
+void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N) {
+  if (on_cpu(ctx)) {
+    run_cpu(ctx, "loss_mean", [o = raw(out), l = raw(losses), N] { cpu::loss_mean(o, l, N); });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::loss_mean(launch(ctx), raw(out), raw(losses), N);
+#else
+  no_cuda("loss_mean");
+#endif
+}
+
+}  // namespace zrt::kernels

@@ -1,0 +1,84 @@
+// Device-dispatching entry points of the transformer kernels: what models call.
+//
+// Every op is stream-ordered and asynchronous: it is enqueued on ctx.stream() and returns at
+// once (the CPU backend runs the CPU twin in kernels/cpu/ on the stream's worker thread; the
+// CUDA backend launches the CUDA twin in kernels/cuda/ on the CUDA stream). Buffers are device
+// memory (DevicePtr); their contents must stay valid until the op has run.
+//
+// Types: `dtype` is the storage type of activations and parameters (fp32, bf16 or fp16; 16-bit
+// storage computes in fp32). `grad_dtype` is the type of parameter gradients: dtype or fp32.
+// Statistics (LayerNorm mean/rstd, attention probabilities, losses) are always fp32.
+// Parameter and input gradients ACCUMULATE (+=) unless an op says otherwise; the caller zeroes
+// them. Shapes follow the CPU twins' headers (kernels/cpu/<layer>.h), which define the math.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/kernel_context.h"
+#include "runtime/common/dtype.h"
+#include "runtime/device/device_ptr.h"
+
+namespace zrt::kernels {
+
+using Bytes = DevicePtr<std::byte>;
+using ConstBytes = DevicePtr<const std::byte>;
+using Floats = DevicePtr<float>;
+using ConstFloats = DevicePtr<const float>;
+using ConstTokens = DevicePtr<const std::int32_t>;
+
+// Throws InvalidArgument unless (dtype, grad_dtype) is a supported pair: (fp32, fp32),
+// (bf16, bf16|fp32), (fp16, fp16|fp32).
+void check_dtypes(DType dtype, DType grad_dtype);
+
+// out (B,T,C) = wte[tokens] + wpe[t].   tokens (B,T) in [0,V).
+void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
+                     ConstBytes wpe, int B, int T, int C, int V);
+// dwte (V,C) += per-token sums of dout; dwpe (T,C) += sums over b.
+void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
+                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V);
+
+// out (N,C), mean/rstd (N) fp32.
+void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, Floats rstd,
+                       ConstBytes inp, ConstBytes weight, ConstBytes bias, int N, int C);
+void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
+                        Bytes dweight, Bytes dbias, ConstBytes dout, ConstBytes inp,
+                        ConstBytes weight, ConstFloats mean, ConstFloats rstd, int N, int C);
+
+// out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) (Conv1D layout; bias may be null).
+void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,
+                    ConstBytes bias, int N, int C, int OC);
+void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                     Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
+                     int OC);
+
+void gelu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, std::int64_t n);
+void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, ConstBytes dout,
+                   std::int64_t n);
+
+void residual_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes a, ConstBytes b,
+                      std::int64_t n);
+void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, ConstBytes dout,
+                       std::int64_t n);
+
+// out (B,T,C), att (B,NH,T,T) fp32, qkv (B,T,3C).
+void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes qkv,
+                       int B, int T, int C, int NH);
+void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
+                        ConstBytes qkv, ConstFloats att, int B, int T, int C, int NH);
+
+// logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head.
+void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes inp, ConstBytes wte,
+                    int N, int C, int V);
+void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,
+                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V);
+// losses (N) fp32.
+void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstBytes logits,
+                          ConstTokens targets, int N, int V);
+// dlogits = (softmax(logits) - onehot) * dloss; OVERWRITES dlogits, which may equal logits.
+void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
+                           ConstTokens targets, float dloss, int N, int V);
+// out[0] = mean of losses[0..N).
+void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N);
+
+}  // namespace zrt::kernels

@@ -1,0 +1,43 @@
+// Counter-based random numbers for parameter initialisation: every value is a pure function of
+// (seed, stream, counter), so a parameter (stream = its index) initialised element by element,
+// in any order, by any number of ranks, is the same. splitmix64 mixing + Box-Muller in double.
+//
+// tests/golden/gen_gpt_golden.py implements the same functions in Python (the golden data is
+// computed from weights it generates itself); keep the two in sync.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace zrt {
+
+constexpr std::uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;
+
+// splitmix64's output function: a bijective 64-bit mixer.
+constexpr std::uint64_t mix64(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// 64 random bits for (seed, stream, counter).
+constexpr std::uint64_t counter_hash(std::uint64_t seed, std::uint64_t stream,
+                                     std::uint64_t counter) {
+  const std::uint64_t key = mix64(mix64(seed + kGoldenGamma) + stream * kGoldenGamma);
+  return mix64(key + (counter + 1) * kGoldenGamma);
+}
+
+// Uniform in the open interval (0, 1), 53 bits.
+inline double counter_uniform(std::uint64_t seed, std::uint64_t stream, std::uint64_t counter) {
+  return (static_cast<double>(counter_hash(seed, stream, counter) >> 11) + 0.5) *
+         (1.0 / 9007199254740992.0);
+}
+
+// Standard normal (Box-Muller on counters 2*counter and 2*counter+1).
+inline double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint64_t counter) {
+  const double u1 = counter_uniform(seed, stream, 2 * counter);
+  const double u2 = counter_uniform(seed, stream, 2 * counter + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
+}  // namespace zrt

@@ -1,0 +1,758 @@
+#include "runtime/config/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+#include "runtime/config/json_reader.h"
+#include "runtime/config/key_table.h"
+
+namespace zrt {
+
+namespace {
+
+using json = nlohmann::json;
+using config::AutoRule;
+using config::KeyInfo;
+using config::KeyKind;
+using config::KeyStatus;
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items, const char* separator = ", ") {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? separator : "") + items[i];
+  return out;
+}
+
+std::string join_path(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+std::vector<std::string> split(const std::string& text, char separator) {
+  std::vector<std::string> out;
+  std::size_t begin = 0;
+  while (true) {
+    const std::size_t end = text.find(separator, begin);
+    out.push_back(text.substr(begin, end - begin));
+    if (end == std::string::npos) return out;
+    begin = end + 1;
+  }
+}
+
+// The value as JSON text, shortened for messages.
+std::string shown(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return text;
+}
+
+bool is_auto(const json& v) {
+  return v.is_string() && v.get<std::string>() == "auto";
+}
+
+// The integer value of an integer or an integral float (5e8); false if there is none.
+bool as_integer(const json& v, std::int64_t* out) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return false;
+    *out = static_cast<std::int64_t>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    *out = v.get<std::int64_t>();
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || x != std::floor(x) || std::fabs(x) >= 9.2e18) return false;
+    *out = static_cast<std::int64_t>(x);
+    return true;
+  }
+  return false;
+}
+
+// Drops every null member (null means "the default" everywhere in a config).
+json without_nulls(const json& v) {
+  if (v.is_object()) {
+    json out = json::object();
+    for (const auto& item : v.items()) {
+      if (!item.value().is_null()) out[item.key()] = without_nulls(item.value());
+    }
+    return out;
+  }
+  if (v.is_array()) {
+    json out = json::array();
+    for (const auto& element : v) out.push_back(without_nulls(element));
+    return out;
+  }
+  return v;
+}
+
+// "runtime/x.cc:12: message" -> "message" (messages of the optimizers library).
+std::string strip_location(const std::string& message) {
+  const std::size_t colon = message.find(": ");
+  if (colon == std::string::npos) return message;
+  const std::string head = message.substr(0, colon);
+  const std::size_t line_colon = head.rfind(':');
+  if (line_colon == std::string::npos || line_colon + 1 == head.size()) return message;
+  const bool digits = std::all_of(head.begin() + static_cast<std::ptrdiff_t>(line_colon) + 1,
+                                  head.end(), [](char c) { return std::isdigit(c) != 0; });
+  return digits ? message.substr(colon + 2) : message;
+}
+
+std::vector<std::string> choice_list(const KeyInfo& key) {
+  return split(key.choices, '|');
+}
+
+// True iff `v` is the value that leaves a feature zrt does not implement switched off.
+bool is_off(const KeyInfo& key, const json& v) {
+  if (key.off_value[0] == '\0') return false;
+  const json off = json::parse(key.off_value);
+  if (key.kind == KeyKind::kOpaque) {
+    if (!v.is_object()) return false;
+    if (v.empty()) return true;
+    if (off.empty()) return false;
+    for (const auto& item : off.items()) {
+      const auto it = v.find(item.key());
+      if (it == v.end() || *it != item.value()) return false;
+    }
+    return true;
+  }
+  if (key.kind == KeyKind::kEnumNoCase && v.is_string() && off.is_string()) {
+    return lower(v.get<std::string>()) == lower(off.get<std::string>());
+  }
+  return v == off;
+}
+
+// True iff "auto" is an ordinary value of the key rather than Hugging Face's placeholder.
+bool auto_is_literal(const KeyInfo& key) {
+  if (key.kind == KeyKind::kString) return true;
+  if (key.kind != KeyKind::kEnum && key.kind != KeyKind::kEnumNoCase) return false;
+  const auto choices = choice_list(key);
+  return std::find(choices.begin(), choices.end(), "auto") != choices.end();
+}
+
+// Validates a document against the key table and extracts a Config from it.
+class Parser {
+ public:
+  Parser(const json& document, int world_size, const std::string& source)
+      : world_size_(world_size), source_(source) {
+    config_.source = source;
+    config_.document = document;
+    if (!document.is_object()) {
+      fail_plain(fmt::format("the config must be a JSON object, not {}", shown(document)));
+    }
+    doc_ = without_nulls(document);
+    if (doc_.contains("bfloat16")) {
+      if (doc_.contains("bf16")) {
+        fail("bfloat16", "give bf16 or its old name bfloat16, not both");
+      }
+      doc_["bf16"] = doc_["bfloat16"];
+      doc_.erase("bfloat16");
+    }
+  }
+
+  Config run() {
+    walk(doc_, "");
+    read_batch();
+    read_precision();
+    read_zero();
+    read_run_blocks();  // model, data, train, seed, output_dir, log_level
+    read_optimizer_and_scheduler();
+    read_checkpoint();
+    read_device_comm_trace();
+    return std::move(config_);
+  }
+
+ private:
+  [[noreturn]] void fail_plain(const std::string& message) const {
+    throw InvalidArgument(fmt::format("{}: {}", source_, message));
+  }
+  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
+    throw InvalidArgument(fmt::format("{}: {}: {}", source_, path, message));
+  }
+  void warn(const std::string& path, const std::string& message) {
+    spdlog::warn("{}: {}: {}", source_, path, message);
+    config_.warnings.push_back(path + ": " + message);
+  }
+
+  // ---- Pass 1: every key against the table ----
+
+  void walk(const json& object, const std::string& prefix) {
+    for (const auto& item : object.items()) {
+      const std::string path = join_path(prefix, item.key());
+      const KeyInfo* key = config::find_key(path);
+      if (key == nullptr) unknown_key(path, prefix, item.key());
+      check(*key, item.value(), path);
+    }
+  }
+
+  [[noreturn]] void unknown_key(const std::string& path, const std::string& prefix,
+                                const std::string& name) const {
+    const std::vector<std::string> siblings = config::child_keys(prefix);
+    const std::string guess = detail::closest_match(name, siblings);
+    if (!guess.empty()) fail(path, fmt::format("unknown key; did you mean '{}'?", guess));
+    // The right key in the wrong block ("stage" at the top level), if only one block has it.
+    std::vector<std::string> elsewhere;
+    for (const KeyInfo& key : config::key_table()) {
+      const std::string other = key.path;
+      const std::size_t dot = other.rfind('.');
+      if (dot != std::string::npos && other.substr(dot + 1) == name) elsewhere.push_back(other);
+    }
+    if (elsewhere.size() == 1) {
+      fail(path, fmt::format("unknown key; did you mean '{}'?", elsewhere.front()));
+    }
+    if (siblings.size() <= 12) {
+      fail(path, fmt::format("unknown key; valid keys: {}", join(siblings)));
+    }
+    fail(path, "unknown key (docs/config-keys.md lists the valid keys)");
+  }
+
+  void check(const KeyInfo& key, const json& v, const std::string& path) {
+    if (is_auto(v) && !auto_is_literal(key)) {
+      if (key.auto_rule != AutoRule::kNone) return;  // resolved when the value is read
+      fail(path, fmt::format("\"auto\" is filled in by Hugging Face's Trainer and has no "
+                             "meaning in zrt here; expected {}",
+                             config::expected_form(key)));
+    }
+    if (key.status == KeyStatus::kUnsupportedError) {
+      if (is_off(key, v)) return;
+      const std::string off = key.off_value;
+      std::string fix = "remove the key";
+      if (key.kind == KeyKind::kOpaque && off.find("enabled") != std::string::npos) {
+        fix = "remove the block or set \"enabled\": false";
+      } else if (key.kind == KeyKind::kOpaque && off.find("deepcompile") != std::string::npos) {
+        fix = "remove the block or set \"deepcompile\": false";
+      } else if (key.kind != KeyKind::kOpaque && !off.empty()) {
+        fix = fmt::format("remove the key or set it to {}", off);
+      }
+      fail(path, fmt::format("not implemented by zrt ({}); {}", key.meaning, fix));
+    }
+    check_form(key, v, path);
+    if (key.kind == KeyKind::kObject) {
+      walk(v, path);
+      return;
+    }
+    if (key.status == KeyStatus::kAcceptedWithWarning && !is_off(key, v)) {
+      warn(path, fmt::format("accepted, but has no effect in zrt ({})", key.meaning));
+    }
+  }
+
+  [[noreturn]] void wrong_form(const KeyInfo& key, const json& v, const std::string& path) const {
+    std::string hint;
+    if (key.kind == KeyKind::kEnum && v.is_string()) {
+      for (const std::string& choice : choice_list(key)) {  // "CPU" for "cpu"
+        if (lower(choice) == lower(v.get<std::string>())) {
+          hint = fmt::format("; did you mean \"{}\"?", choice);
+        }
+      }
+    }
+    fail(path, fmt::format("expected {}, got {}{}", config::expected_form(key), shown(v), hint));
+  }
+
+  void check_range(const KeyInfo& key, const json& element, const json& v,
+                   const std::string& path) const {
+    const double x = element.get<double>();
+    if ((!std::isnan(key.min) && x < key.min) || (!std::isnan(key.max) && x > key.max)) {
+      fail(path,
+           fmt::format("{} is out of range; expected {}", shown(v), config::expected_form(key)));
+    }
+  }
+
+  void check_form(const KeyInfo& key, const json& v, const std::string& path) const {
+    std::int64_t integer = 0;
+    switch (key.kind) {
+      case KeyKind::kObject:
+      case KeyKind::kOpaque:
+        if (!v.is_object()) wrong_form(key, v, path);
+        return;
+      case KeyKind::kBool:
+        if (!v.is_boolean()) wrong_form(key, v, path);
+        return;
+      case KeyKind::kInt:
+        if (!as_integer(v, &integer)) wrong_form(key, v, path);
+        check_range(key, v, v, path);
+        return;
+      case KeyKind::kNumber:
+        if (!v.is_number() || !std::isfinite(v.get<double>())) wrong_form(key, v, path);
+        check_range(key, v, v, path);
+        return;
+      case KeyKind::kString:
+        if (!v.is_string()) wrong_form(key, v, path);
+        return;
+      case KeyKind::kEnum:
+      case KeyKind::kEnumNoCase: {
+        if (!v.is_string()) wrong_form(key, v, path);
+        const bool no_case = key.kind == KeyKind::kEnumNoCase;
+        const std::string s = no_case ? lower(v.get<std::string>()) : v.get<std::string>();
+        for (const std::string& choice : choice_list(key)) {
+          if ((no_case ? lower(choice) : choice) == s) return;
+        }
+        wrong_form(key, v, path);
+      }
+      case KeyKind::kNumberPair:
+      case KeyKind::kIntPair: {
+        if (!v.is_array() || v.size() != 2) wrong_form(key, v, path);
+        for (const json& element : v) {
+          const bool ok = key.kind == KeyKind::kIntPair
+                              ? as_integer(element, &integer)
+                              : element.is_number() && std::isfinite(element.get<double>());
+          if (!ok) wrong_form(key, v, path);
+          check_range(key, element, v, path);
+        }
+        return;
+      }
+      case KeyKind::kStringList:
+        if (!v.is_array()) wrong_form(key, v, path);
+        for (const json& element : v) {
+          if (!element.is_string()) wrong_form(key, v, path);
+        }
+        return;
+    }
+  }
+
+  // ---- Pass 2: typed reads (the values have their form; "auto" and absent read as unset) ----
+
+  const json* find(const std::string& path) const {
+    const json* node = &doc_;
+    for (const std::string& part : split(path, '.')) {
+      if (!node->is_object()) return nullptr;
+      const auto it = node->find(part);
+      if (it == node->end()) return nullptr;
+      node = &*it;
+    }
+    return node;
+  }
+  // The value at `path`, or nullptr if it is absent or "auto" (for a key with an auto rule).
+  const json* value(const std::string& path) const {
+    const json* v = find(path);
+    if (v == nullptr) return nullptr;
+    const KeyInfo* key = config::find_key(path);
+    if (is_auto(*v) && key != nullptr && !auto_is_literal(*key)) return nullptr;
+    return v;
+  }
+  bool has(const std::string& path) const { return value(path) != nullptr; }
+
+  std::optional<std::int64_t> get_int(const std::string& path) const {
+    const json* v = value(path);
+    if (v == nullptr) return std::nullopt;
+    std::int64_t out = 0;
+    as_integer(*v, &out);
+    return out;
+  }
+  std::int64_t get_int(const std::string& path, std::int64_t fallback) const {
+    return get_int(path).value_or(fallback);
+  }
+  int get_small_int(const std::string& path, int fallback) const {
+    const std::int64_t x = get_int(path, fallback);
+    if (x > std::numeric_limits<int>::max() || x < std::numeric_limits<int>::min()) {
+      fail(path, fmt::format("{} is too large", x));
+    }
+    return static_cast<int>(x);
+  }
+  double get_number(const std::string& path, double fallback) const {
+    const json* v = value(path);
+    return v == nullptr ? fallback : v->get<double>();
+  }
+  bool get_bool(const std::string& path, bool fallback) const {
+    const json* v = value(path);
+    return v == nullptr ? fallback : v->get<bool>();
+  }
+  std::string get_string(const std::string& path, const std::string& fallback) const {
+    const json* v = value(path);
+    return v == nullptr ? fallback : v->get<std::string>();
+  }
+
+  void read_batch() {
+    const auto train = get_int("train_batch_size");
+    const auto micro = get_int("train_micro_batch_size_per_gpu");
+    const auto accum = get_int("gradient_accumulation_steps");
+    std::int64_t world = world_size_;
+    if (world <= 0) {
+      if (!train || !micro || !accum) {
+        fail_plain(
+            "without a world size, train_batch_size, train_micro_batch_size_per_gpu and "
+            "gradient_accumulation_steps must all be numbers (the world size is their "
+            "quotient)");
+      }
+      if (*train % (*micro * *accum) != 0) {
+        fail_plain(
+            fmt::format("train_batch_size {} is not a multiple of micro {} × accumulation {} = {}",
+                        *train, *micro, *accum, *micro * *accum));
+      }
+      world = *train / (*micro * *accum);
+    }
+    BatchConfig& b = config_.batch;
+    if (train && micro && accum) {
+      if (*train != *micro * *accum * world) {
+        fail_plain(
+            fmt::format("train_batch_size {} is not micro {} × accumulation {} × world {} "
+                        "= {}",
+                        *train, *micro, *accum, world, *micro * *accum * world));
+      }
+      b.train_batch_size = *train;
+      b.micro_batch_size = *micro;
+      b.gradient_accumulation_steps = static_cast<int>(*accum);
+    } else if (train && micro) {
+      const std::int64_t d = *micro * world;
+      if (*train % d != 0) {
+        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × world {} = {}",
+                               *train, *micro, world, d));
+      }
+      b.train_batch_size = *train;
+      b.micro_batch_size = *micro;
+      b.gradient_accumulation_steps = static_cast<int>(*train / d);
+    } else if (train && accum) {
+      const std::int64_t d = *accum * world;
+      if (*train % d != 0) {
+        fail_plain(
+            fmt::format("train_batch_size {} is not divisible by accumulation {} × world {} = {}",
+                        *train, *accum, world, d));
+      }
+      b.train_batch_size = *train;
+      b.micro_batch_size = *train / d;
+      b.gradient_accumulation_steps = static_cast<int>(*accum);
+    } else if (micro && accum) {
+      b.train_batch_size = *micro * *accum * world;
+      b.micro_batch_size = *micro;
+      b.gradient_accumulation_steps = static_cast<int>(*accum);
+    } else if (train) {
+      if (*train % world != 0) {
+        fail_plain(fmt::format("train_batch_size {} is not divisible by world {}", *train, world));
+      }
+      b.train_batch_size = *train;
+      b.micro_batch_size = *train / world;
+      b.gradient_accumulation_steps = 1;
+    } else if (micro) {
+      b.train_batch_size = *micro * world;
+      b.micro_batch_size = *micro;
+      b.gradient_accumulation_steps = 1;
+    } else {
+      fail_plain(
+          "no batch size: give train_batch_size or train_micro_batch_size_per_gpu (\"auto\" "
+          "needs two of the three batch keys to be numbers)");
+    }
+    if (accum && *accum > std::numeric_limits<int>::max()) {
+      fail("gradient_accumulation_steps", fmt::format("{} is too large", *accum));
+    }
+    b.world_size = static_cast<int>(world);
+    config_.engine.gradient_accumulation_steps = b.gradient_accumulation_steps;
+  }
+
+  void read_precision() {
+    const bool fp16 = get_bool("fp16.enabled", false);
+    const bool bf16 = get_bool("bf16.enabled", false);
+    if (fp16 && bf16) fail_plain("fp16.enabled and bf16.enabled are both true; choose one");
+    EngineOptions& e = config_.engine;
+    e.compute_dtype = fp16 ? DType::kFloat16 : bf16 ? DType::kBFloat16 : DType::kFloat32;
+    if (has("communication_data_type")) {
+      e.communication_dtype = parse_dtype(get_string("communication_data_type", ""));
+    }
+    e.grad_accum_dtype = parse_dtype(get_string("data_types.grad_accum_dtype", "fp32"));
+    if (e.grad_accum_dtype != DType::kFloat32 && e.grad_accum_dtype != e.compute_dtype) {
+      fail("data_types.grad_accum_dtype",
+           fmt::format("{} accumulation with {} compute; accumulate in fp32 or the compute dtype",
+                       dtype_name(e.grad_accum_dtype), dtype_name(e.compute_dtype)));
+    }
+    e.gradient_clipping = get_number("gradient_clipping", 0.0);
+
+    LossScaleOptions& s = e.loss_scale;
+    s.loss_scale = get_number("fp16.loss_scale", s.loss_scale);
+    s.initial_scale_power = get_small_int("fp16.initial_scale_power", s.initial_scale_power);
+    s.loss_scale_window = get_small_int("fp16.loss_scale_window", s.loss_scale_window);
+    s.hysteresis = get_small_int("fp16.hysteresis", s.hysteresis);
+    s.consecutive_hysteresis = get_bool("fp16.consecutive_hysteresis", s.consecutive_hysteresis);
+    s.min_loss_scale = get_number("fp16.min_loss_scale", s.min_loss_scale);
+    if (!(s.min_loss_scale > 0)) fail("fp16.min_loss_scale", "must be > 0");
+    const double initial = std::ldexp(1.0, s.initial_scale_power);
+    if (fp16 && s.loss_scale == 0 && s.min_loss_scale > initial) {
+      fail("fp16.min_loss_scale", fmt::format("{} exceeds the initial scale 2^{} = {}",
+                                              s.min_loss_scale, s.initial_scale_power, initial));
+    }
+  }
+
+  OffloadConfig read_offload(const std::string& path, int default_buffer_count) {
+    OffloadConfig o;
+    o.buffer_count = default_buffer_count;
+    const std::string device = get_string(path + ".device", "none");
+    o.device = device == "cpu"    ? OffloadDevice::kCpu
+               : device == "nvme" ? OffloadDevice::kNvme
+                                  : OffloadDevice::kNone;
+    o.nvme_path = get_string(path + ".nvme_path", "");
+    o.pin_memory = get_bool(path + ".pin_memory", true);
+    o.buffer_count = get_small_int(path + ".buffer_count", default_buffer_count);
+    o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
+    o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
+    if (o.device == OffloadDevice::kNvme) {
+      if (o.nvme_path.empty()) fail(path + ".device", "nvme offload needs nvme_path");
+      fail(path + ".device", "nvme offload is not implemented; use \"cpu\"");
+    }
+    if (!o.nvme_path.empty()) {
+      warn(path + ".nvme_path", fmt::format("ignored: device is {}", device));
+    }
+    return o;
+  }
+
+  void read_zero() {
+    EngineOptions& e = config_.engine;
+    const std::string z = "zero_optimization.";
+    e.stage = get_small_int(z + "stage", 0);
+    e.reduce_bucket_size = get_int(z + "reduce_bucket_size", e.reduce_bucket_size);
+    e.stage3_prefetch_bucket_size =
+        get_int(z + "stage3_prefetch_bucket_size", e.stage3_prefetch_bucket_size);
+    e.stage3_param_persistence_threshold =
+        get_int(z + "stage3_param_persistence_threshold", e.stage3_param_persistence_threshold);
+    e.stage3_max_live_parameters =
+        get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
+    e.overlap_comm = get_bool(z + "overlap_comm", true);
+    if (e.stage < 3) {
+      for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+                              "stage3_max_live_parameters"}) {
+        if (has(z + key)) {
+          warn(z + key, fmt::format("only used at stage 3 (stage is {})", e.stage));
+        }
+      }
+    }
+    config_.offload_optimizer = read_offload(z + "offload_optimizer", 4);
+    config_.offload_param = read_offload(z + "offload_param", 5);
+    if (config_.offload_param.enabled() && e.stage < 3) {
+      fail(z + "offload_param",
+           fmt::format("parameter offload needs stage 3 (stage is {})", e.stage));
+    }
+    if (config_.offload_optimizer.enabled() && e.stage == 0) {
+      fail(z + "offload_optimizer", "optimizer offload needs stage 1, 2 or 3 (stage is 0)");
+    }
+    if (config_.offload_param.enabled() && !config_.offload_optimizer.enabled()) {
+      fail(z + "offload_param",
+           "parameter offload needs offload_optimizer too (zrt keeps offloaded parameter "
+           "slices beside the optimizer state in host memory)");
+    }
+    e.offload_optimizer.enabled = config_.offload_optimizer.enabled();
+    e.offload_optimizer.pin_memory = config_.offload_optimizer.pin_memory;
+    e.offload_param.enabled = config_.offload_param.enabled();
+    e.offload_param.pin_memory = config_.offload_param.pin_memory;
+  }
+
+  void read_run_blocks() {
+    Config& c = config_;
+    c.seed = static_cast<std::uint64_t>(get_int("seed", 1234));
+    c.output_dir = get_string("output_dir", "output");
+    if (c.output_dir.empty()) fail("output_dir", "must not be empty");
+    c.log_level = get_string("log_level", "info");
+
+    if (!has("model")) {
+      fail_plain("model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})");
+    }
+    ModelConfig& m = c.model;
+    m.type = get_string("model.type", "gpt2");
+    m.preset = get_string("model.preset", "");
+    const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
+                                                                {"n_head", &m.n_head},
+                                                                {"n_embd", &m.n_embd},
+                                                                {"vocab_size", &m.vocab_size},
+                                                                {"seq_len", &m.seq_len}};
+    std::vector<std::string> missing;
+    for (const auto& [name, field] : dims) {
+      const std::string path = std::string("model.") + name;
+      if (has(path)) {
+        *field = get_small_int(path, 0);
+      } else {
+        missing.push_back(name);
+      }
+    }
+    if (m.preset.empty() && !missing.empty()) {
+      fail("model", fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
+                                "seq_len are required (missing: {})",
+                                join(missing)));
+    }
+    if (m.n_head && m.n_embd && *m.n_embd % *m.n_head != 0) {
+      fail("model.n_embd", fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
+    }
+    m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
+    m.init_from = get_string("model.init_from", "");
+
+    if (!has("data")) {
+      fail_plain(
+          "data: required block is missing (e.g. \"data\": {\"train\": "
+          "\"data/kjv_train_*.bin\"})");
+    }
+    DataConfig& d = c.data;
+    d.train = get_string("data.train", "");
+    if (d.train.empty()) fail("data.train", "required: a token file path or glob");
+    d.val = get_string("data.val", "");
+    d.shuffle = get_bool("data.shuffle", true);
+    d.seed = static_cast<std::uint64_t>(get_int("data.seed", static_cast<std::int64_t>(c.seed)));
+
+    if (!has("train"))
+      fail_plain("train: required block is missing (e.g. \"train\": {\"steps\": 100})");
+    TrainConfig& t = c.train;
+    if (!has("train.steps")) fail("train.steps", "required: the number of optimizer steps");
+    t.steps = get_int("train.steps", 0);
+    t.eval_interval = get_int("train.eval_interval", 0);
+    t.eval_batches = get_small_int("train.eval_batches", t.eval_batches);
+    t.log_interval = get_int("train.log_interval", t.log_interval);
+    t.sample_tokens = get_small_int("train.sample_tokens", 0);
+    if (t.eval_interval > 0 && d.val.empty()) {
+      fail("train.eval_interval",
+           fmt::format("evaluation every {} steps needs data.val", t.eval_interval));
+    }
+    if (t.sample_tokens > 0 && t.eval_interval == 0) {
+      warn("train.sample_tokens", "samples are generated after evaluations; eval_interval is 0");
+    }
+  }
+
+  void read_optimizer_and_scheduler() {
+    try {
+      config_.optimizer = parse_optimizer_config(has("optimizer") ? doc_["optimizer"] : json());
+    } catch (const InvalidArgument& e) {
+      fail_plain(strip_location(e.what()));
+    }
+    json scheduler = has("scheduler") ? doc_["scheduler"] : json();
+    const std::string total = "scheduler.params.total_num_steps";
+    if (const json* v = find(total); v != nullptr && is_auto(*v)) {
+      scheduler["params"]["total_num_steps"] = config_.train.steps;
+    }
+    try {
+      config_.scheduler = parse_scheduler_config(scheduler);
+    } catch (const InvalidArgument& e) {
+      fail_plain(strip_location(e.what()));
+    }
+    const SchedulerConfig& s = config_.scheduler;
+    if (s.type != LrScheduleType::kConstant && s.type != LrScheduleType::kWarmupLR &&
+        s.total_num_steps != config_.train.steps) {
+      warn(total,
+           fmt::format("{} differs from train.steps {}", s.total_num_steps, config_.train.steps));
+    }
+  }
+
+  void read_checkpoint() {
+    CheckpointConfig& k = config_.checkpoint;
+    k.save_dir = get_string("checkpoint.save_dir", config_.output_dir + "/checkpoints");
+    if (k.save_dir.empty()) fail("checkpoint.save_dir", "must not be empty");
+    k.save_interval = get_int("checkpoint.save_interval", 0);
+    k.keep_last = get_small_int("checkpoint.keep_last", 0);
+    k.async = get_bool("checkpoint.async", false);
+    k.load = get_string("checkpoint.load", "");
+    const std::string tag = lower(get_string("checkpoint.tag_validation", "warn"));
+    k.tag_validation = tag == "ignore" ? TagValidation::kIgnore
+                       : tag == "fail" ? TagValidation::kFail
+                                       : TagValidation::kWarn;
+    if (k.keep_last > 0 && !k.saves()) {
+      warn("checkpoint.keep_last", "no effect: save_interval is 0, so nothing is saved");
+    }
+  }
+
+  void read_device_comm_trace() {
+    DeviceConfig& dev = config_.device;
+    const std::string type = get_string("device.type", "auto");
+    dev.type = type == "cpu"    ? DeviceChoice::kCpu
+               : type == "cuda" ? DeviceChoice::kCuda
+                                : DeviceChoice::kAuto;
+    dev.memory_limit_gb = get_number("device.memory_limit_gb", 0.0);
+    dev.stream_delay_us = get_small_int("device.stream_delay_us", 0);
+    const bool cuda = dev.type == DeviceChoice::kCuda;
+    if (cuda && dev.stream_delay_us > 0) {
+      fail("device.stream_delay_us",
+           "stream delays exist on the CPU backend only (device.type "
+           "is cuda)");
+    }
+
+    CommOptions& comm = config_.comm;
+    comm.timeout_s = get_number("comm.timeout_s", comm.timeout_s);
+    comm.reduce_scatter_algo = get_string("comm.reduce_scatter", "alltoall") == "native"
+                                   ? ReduceScatterAlgo::kNative
+                                   : ReduceScatterAlgo::kAlltoall;
+    comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
+    comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
+    comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
+    if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {
+      fail(has("comm.simulated_bandwidth_gb_per_s") ? "comm.simulated_bandwidth_gb_per_s"
+                                                    : "comm.simulated_latency_us",
+           "the link model exists on the CPU backend only (device.type is cuda)");
+    }
+
+    TraceConfig& tr = config_.trace;
+    tr.path = get_string("trace.path", "");
+    if (const json* steps = value("trace.steps")) {
+      as_integer((*steps)[0], &tr.first_step);
+      as_integer((*steps)[1], &tr.last_step);
+      if (tr.first_step > tr.last_step) {
+        fail("trace.steps", fmt::format("{}: the first step is after the last", shown(*steps)));
+      }
+      if (tr.path.empty()) warn("trace.steps", "no effect without trace.path");
+    }
+    if (tr.enabled() && tr.first_step > config_.train.steps) {
+      warn("trace.steps",
+           fmt::format("step {} is after the last step {}", tr.first_step, config_.train.steps));
+    }
+  }
+
+  int world_size_;
+  std::string source_;
+  json doc_;
+  Config config_;
+};
+
+}  // namespace
+
+const char* offload_device_name(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone:
+      return "none";
+    case OffloadDevice::kCpu:
+      return "cpu";
+    case OffloadDevice::kNvme:
+      return "nvme";
+  }
+  return "?";
+}
+
+std::string ModelConfig::spec() const {
+  std::vector<std::string> overrides;
+  const std::pair<const char*, const std::optional<int>*> dims[] = {{"n_layer", &n_layer},
+                                                                    {"n_head", &n_head},
+                                                                    {"n_embd", &n_embd},
+                                                                    {"vocab_size", &vocab_size},
+                                                                    {"seq_len", &seq_len}};
+  for (const auto& [name, field] : dims) {
+    if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
+  }
+  if (preset.empty()) return join(overrides, ",");
+  return overrides.empty() ? preset : preset + ":" + join(overrides, ",");
+}
+
+DeviceOptions DeviceConfig::options(bool gpu_available, int local_rank, std::uint64_t seed) const {
+  DeviceOptions o;
+  if (type == DeviceChoice::kCuda && !gpu_available) {
+    ZRT_THROW(InvalidArgument, "device.type is cuda, but no usable GPU was found");
+  }
+  const bool cuda = type == DeviceChoice::kCuda || (type == DeviceChoice::kAuto && gpu_available);
+  o.type = cuda ? DeviceType::kCuda : DeviceType::kCpu;
+  o.index = cuda ? local_rank : 0;
+  o.memory_limit_bytes = static_cast<std::int64_t>(std::llround(memory_limit_gb * 1073741824.0));
+  o.stream_delay_max_us = cuda ? 0 : stream_delay_us;
+  o.stream_delay_seed = seed;
+  return o;
+}
+
+Config parse_config(const json& document, int world_size, const std::string& source_name) {
+  return Parser(document, world_size, source_name).run();
+}
+
+Config parse_config_text(const std::string& text, int world_size, const std::string& source_name) {
+  return parse_config(config::parse_json_text(text, source_name), world_size, source_name);
+}
+
+Config load_config(const std::string& path, int world_size) {
+  return parse_config(config::read_json_file(path), world_size, path);
+}
+
+}  // namespace zrt

@@ -1,0 +1,160 @@
+// zrt::Config: the one JSON file that describes a run, validated strictly. DeepSpeed's keys
+// (batch sizes, zero_optimization, fp16/bf16, optimizer, scheduler, gradient_clipping,
+// communication_data_type, data_types, checkpoint, ...) plus zrt's blocks (model, data, train,
+// device, comm, trace, seed, output_dir, log_level). The keys, what zrt does with each and
+// their defaults are in key_table.h (and docs/config-keys.md, generated from it); the guide is
+// docs/config.md.
+//
+// Validation is strict: unknown keys (with the closest valid key), wrong types, out-of-range
+// values, impossible combinations and DeepSpeed features zrt does not implement are errors
+// (zrt::InvalidArgument) whose message starts with the file name and names the key path, e.g.
+//   run.json: zero_optimization.stge: unknown key; did you mean 'stage'?
+// Harmless DeepSpeed keys are accepted with a warning (logged through spdlog and kept in
+// Config::warnings).
+//
+// Thread-safety: parsing has no shared state; a Config is a plain value.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "optimizers/optimizer_config.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/device/device.h"
+#include "runtime/engine/zero_engine.h"
+
+namespace zrt {
+
+// DeepSpeed's batch rule, solved: train_batch_size = micro_batch_size x
+// gradient_accumulation_steps x world_size. (gradient_accumulation_steps is also in
+// Config::engine, where the engine reads it.)
+struct BatchConfig {
+  std::int64_t train_batch_size = 0;
+  std::int64_t micro_batch_size = 0;  // train_micro_batch_size_per_gpu
+  int gradient_accumulation_steps = 1;
+  int world_size = 1;
+};
+
+// The model, as given: a preset plus overrides. The model library resolves it (for GPT-2:
+// gpt::GptConfig::parse(spec())), so this library does not depend on it.
+struct ModelConfig {
+  std::string type = "gpt2";
+  std::string preset;  // "" or gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl
+  std::optional<int> n_layer, n_head, n_embd, vocab_size, seq_len;
+  bool activation_checkpointing = false;
+  std::string init_from;  // safetensors path, "" for a random init
+
+  // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then the
+  // overrides as key=value, in GptConfig::parse's syntax.
+  std::string spec() const;
+};
+
+struct DataConfig {
+  std::string train;  // a path or a glob
+  std::string val;    // "" when there is no validation set
+  bool shuffle = true;
+  std::uint64_t seed = 1234;  // default: Config::seed
+};
+
+struct TrainConfig {
+  std::int64_t steps = 0;          // optimizer steps
+  std::int64_t eval_interval = 0;  // 0: never
+  int eval_batches = 10;
+  std::int64_t log_interval = 10;
+  int sample_tokens = 0;
+};
+
+enum class TagValidation { kIgnore, kWarn, kFail };
+
+struct CheckpointConfig {
+  std::string save_dir;            // default: <output_dir>/checkpoints
+  std::int64_t save_interval = 0;  // 0: never save; N: every N steps and after the last
+  int keep_last = 0;               // 0: keep all
+  bool async = false;
+  std::string load;                                     // "" (fresh start), a tag, or "latest"
+  TagValidation tag_validation = TagValidation::kWarn;  // DeepSpeed key, informational
+  bool saves() const { return save_interval > 0; }
+  bool loads_latest() const { return load == "latest"; }
+};
+
+enum class OffloadDevice { kNone, kCpu, kNvme };
+const char* offload_device_name(OffloadDevice d);  // "none", "cpu", "nvme"
+
+// zero_optimization.offload_optimizer / offload_param as written. nvme is rejected at parse
+// time (not implemented), so device is kNone or kCpu in a parsed Config; the engine's part
+// (enabled, pin_memory) is also copied into Config::engine.offload_*.
+struct OffloadConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  bool pin_memory = true;
+  std::string nvme_path;
+  int buffer_count = 0;                  // DeepSpeed: 4 (optimizer), 5 (param)
+  std::int64_t buffer_size = 100000000;  // param only
+  std::int64_t max_in_cpu = 1000000000;  // param only
+  bool enabled() const { return device != OffloadDevice::kNone; }
+};
+
+enum class DeviceChoice { kCpu, kCuda, kAuto };
+
+struct DeviceConfig {
+  DeviceChoice type = DeviceChoice::kAuto;
+  double memory_limit_gb = 0.0;  // 0: no limit (CPU) / the GPU's memory (CUDA)
+  int stream_delay_us = 0;       // CPU debug
+
+  // The DeviceOptions for a rank: `gpu_available` resolves "auto"; `local_rank` picks the GPU.
+  // Throws InvalidArgument if type is cuda and no GPU is available.
+  DeviceOptions options(bool gpu_available, int local_rank, std::uint64_t seed) const;
+};
+
+struct TraceConfig {
+  std::string path;  // "" : off
+  std::int64_t first_step = 2;
+  std::int64_t last_step = 3;
+  bool enabled() const { return !path.empty(); }
+};
+
+struct Config {
+  std::string source;       // the file name (or the name given to parse_config)
+  nlohmann::json document;  // the parsed JSON as written (for checkpoints and logs)
+
+  BatchConfig batch;
+  // stage, compute/communication/accumulation dtypes, gradient_accumulation_steps,
+  // gradient_clipping, bucket sizes, stage-3 knobs, overlap_comm, fp16 loss scaling.
+  EngineOptions engine;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  OffloadConfig offload_optimizer;
+  OffloadConfig offload_param;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  DeviceConfig device;
+  CommOptions comm;
+  TraceConfig trace;
+  std::uint64_t seed = 1234;
+  std::string output_dir = "output";
+  std::string log_level = "info";
+
+  std::vector<std::string> warnings;  // "<path>: ..." for every accepted-with-warning key
+
+  bool fp16() const { return engine.compute_dtype == DType::kFloat16; }
+  bool bf16() const { return engine.compute_dtype == DType::kBFloat16; }
+};
+
+// Reads, parses and validates the config file at `path` for a run on `world_size` ranks.
+// world_size <= 0 takes the world size from the file's three batch numbers (all three must
+// then be given). Throws InvalidArgument with "<path>: ..." (or "<path>:<line>:<col>: ..." for
+// JSON syntax errors and duplicate keys). Warnings go to spdlog and Config::warnings.
+Config load_config(const std::string& path, int world_size);
+
+// As load_config, for an already parsed document; `source_name` starts every message.
+Config parse_config(const nlohmann::json& document, int world_size, const std::string& source_name);
+
+// As load_config, for JSON text (syntax and duplicate-key checks included).
+Config parse_config_text(const std::string& text, int world_size, const std::string& source_name);
+
+}  // namespace zrt

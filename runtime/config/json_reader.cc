@@ -1,0 +1,122 @@
+#include "runtime/config/json_reader.h"
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "runtime/common/error.h"
+
+namespace zrt::config {
+
+namespace {
+
+using json = nlohmann::json;
+
+// Finds the first duplicate key in `text`, which must already be valid JSON. Walks the
+// structure token by token, keeping one frame per open object or array.
+void check_duplicate_keys(const std::string& text, const std::string& source_name) {
+  struct Frame {
+    bool object = false;
+    std::string path;
+    std::map<std::string, int> keys;  // key -> line of its first occurrence
+    bool expect_key = false;
+    std::string current_key;  // object: the key whose value comes next
+    int index = 0;            // array: the index of the next element
+  };
+  std::vector<Frame> stack;
+  auto child_path = [&]() -> std::string {
+    if (stack.empty()) return "";
+    const Frame& top = stack.back();
+    if (top.object) return top.path.empty() ? top.current_key : top.path + "." + top.current_key;
+    return top.path + "[" + std::to_string(top.index) + "]";
+  };
+
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '{' || c == '[') {
+      Frame frame;
+      frame.object = c == '{';
+      frame.path = child_path();
+      frame.expect_key = frame.object;
+      stack.push_back(std::move(frame));
+    } else if (c == '}' || c == ']') {
+      if (!stack.empty()) stack.pop_back();
+    } else if (c == ',') {
+      if (!stack.empty()) {
+        if (stack.back().object) {
+          stack.back().expect_key = true;
+        } else {
+          ++stack.back().index;
+        }
+      }
+    } else if (c == '"') {
+      const std::size_t begin = i;
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\') ++i;  // skip the escaped character
+      }
+      if (stack.empty() || !stack.back().object || !stack.back().expect_key) continue;
+      Frame& top = stack.back();
+      // The literal is valid JSON; let nlohmann undo its escapes.
+      const std::string key = json::parse(text.substr(begin, i - begin + 1)).get<std::string>();
+      top.expect_key = false;
+      top.current_key = key;
+      const TextPosition at = position_of(text, begin);
+      const auto [it, inserted] = top.keys.emplace(key, at.line);
+      if (!inserted) {
+        throw InvalidArgument(fmt::format("{}:{}:{}: duplicate key '{}' (first on line {})",
+                                          source_name, at.line, at.column, child_path(),
+                                          it->second));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TextPosition position_of(const std::string& text, std::size_t offset) {
+  TextPosition p;
+  const std::size_t end = std::min(offset, text.size());
+  std::size_t line_start = 0;
+  for (std::size_t i = 0; i < end; ++i) {
+    if (text[i] == '\n') {
+      ++p.line;
+      line_start = i + 1;
+    }
+  }
+  p.column = static_cast<int>(end - line_start) + 1;
+  return p;
+}
+
+json parse_json_text(const std::string& text, const std::string& source_name) {
+  json document;
+  try {
+    document = json::parse(text);
+  } catch (const json::parse_error& e) {
+    // e.byte is the 1-based index of the character the parser stopped at.
+    const TextPosition at = position_of(text, e.byte > 0 ? e.byte - 1 : 0);
+    // what(): "[json.exception.parse_error.101] parse error at line 3, column 8: syntax error
+    // while parsing value - unexpected '}'; ...": keep the part after the position.
+    std::string detail = e.what();
+    const std::size_t column = detail.find(", column ");
+    if (column != std::string::npos) {
+      const std::size_t colon = detail.find(": ", column);
+      if (colon != std::string::npos) detail = detail.substr(colon + 2);
+    }
+    throw InvalidArgument(
+        fmt::format("{}:{}:{}: JSON {}", source_name, at.line, at.column, detail));
+  }
+  check_duplicate_keys(text, source_name);
+  return document;
+}
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidArgument(fmt::format("{}: cannot open the config file", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw InvalidArgument(fmt::format("{}: cannot read the config file", path));
+  return parse_json_text(text.str(), path);
+}
+
+}  // namespace zrt::config

@@ -1,0 +1,729 @@
+#include "runtime/config/key_table.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include <spdlog/fmt/fmt.h>
+
+namespace zrt::config {
+
+namespace {
+
+constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
+
+// Builder for one table row: K(path, status, kind, default, meaning) plus optional modifiers.
+struct K {
+  KeyInfo info;
+  K(const char* path, KeyStatus status, KeyKind kind, const char* default_text, const char* meaning)
+      : info{path, status,          kind,    "",  kNone, kNone, default_text,
+             "",   AutoRule::kNone, meaning, true} {}
+  K& range(double lo, double hi = kNone) {
+    info.min = lo;
+    info.max = hi;
+    return *this;
+  }
+  K& choices(const char* c) {
+    info.choices = c;
+    return *this;
+  }
+  K& off(const char* value) {
+    info.off_value = value;
+    return *this;
+  }
+  K& on_auto(AutoRule rule) {
+    info.auto_rule = rule;
+    return *this;
+  }
+  K& zrt() {
+    info.deepspeed = false;
+    return *this;
+  }
+};
+
+constexpr KeyStatus I = KeyStatus::kImplemented;
+constexpr KeyStatus W = KeyStatus::kAcceptedWithWarning;
+constexpr KeyStatus E = KeyStatus::kUnsupportedError;
+constexpr KeyKind kObject = KeyKind::kObject;
+constexpr KeyKind kOpaque = KeyKind::kOpaque;
+constexpr KeyKind kBool = KeyKind::kBool;
+constexpr KeyKind kInt = KeyKind::kInt;
+constexpr KeyKind kNumber = KeyKind::kNumber;
+constexpr KeyKind kString = KeyKind::kString;
+constexpr KeyKind kEnum = KeyKind::kEnum;
+constexpr KeyKind kEnumNoCase = KeyKind::kEnumNoCase;
+constexpr KeyKind kNumberPair = KeyKind::kNumberPair;
+constexpr KeyKind kIntPair = KeyKind::kIntPair;
+constexpr KeyKind kStringList = KeyKind::kStringList;
+constexpr AutoRule kBatch = AutoRule::kBatch;
+constexpr AutoRule kDefault = AutoRule::kDefault;
+
+std::vector<KeyInfo> build_table() {
+  const K rows[] = {
+      // ---- Batch size (DeepSpeed) ----
+      K("train_batch_size", I, kInt, "derived",
+        "Samples per optimizer step over all ranks: micro batch x accumulation x world size")
+          .range(1)
+          .on_auto(kBatch),
+      K("train_micro_batch_size_per_gpu", I, kInt, "derived",
+        "Samples per rank in one forward/backward pass")
+          .range(1)
+          .on_auto(kBatch),
+      K("gradient_accumulation_steps", I, kInt, "derived (1 if only one batch key is given)",
+        "Micro-batches accumulated before each optimizer step")
+          .range(1)
+          .on_auto(kBatch),
+      K("managed_gradient_accumulation", W, kBool, "true",
+        "Who calls step() at accumulation boundaries; zrt's trainer always steps there")
+          .off("true"),
+
+      // ---- Optimizer and schedule (DeepSpeed; parsed by optimizers/optimizer_config) ----
+      K("optimizer", I, kObject, "AdamW, lr 1e-3", "Optimizer type and hyper-parameters"),
+      K("optimizer.type", I, kString, "AdamW",
+        "Adam or AdamW (case-insensitive); DeepSpeed's other optimizers are errors"),
+      K("optimizer.params", I, kObject, "{}", "Optimizer hyper-parameters"),
+      K("optimizer.params.lr", I, kNumber, "1e-3", "Learning rate (the schedule's base)").range(0),
+      K("optimizer.params.betas", I, kNumberPair, "[0.9, 0.999]", "Adam's beta1, beta2")
+          .range(0, 1),
+      K("optimizer.params.eps", I, kNumber, "1e-8", "Adam's epsilon").range(0),
+      K("optimizer.params.weight_decay", I, kNumber, "0", "Weight decay coefficient").range(0),
+      K("optimizer.params.bias_correction", I, kBool, "true", "Adam bias correction"),
+      K("optimizer.params.adam_w_mode", I, kBool, "true",
+        "Type Adam only: decoupled decay (AdamW) if true, L2 regularisation if false"),
+      K("optimizer.params.amsgrad", E, kBool, "false", "The AMSGrad variant of Adam").off("false"),
+      K("optimizer.params.torch_adam", W, kBool, "false",
+        "Use torch's Adam rather than DeepSpeed's fused one; zrt has one implementation")
+          .off("false"),
+      K("optimizer.no_weight_decay", I, kStringList, "[\"bias\", \"ln*\", \"*norm*\"]",
+        "Name patterns of parameters without weight decay")
+          .zrt(),
+      K("scheduler", I, kObject, "none (constant lr)", "Learning-rate schedule"),
+      K("scheduler.type", I, kString, "required in the block",
+        "WarmupLR, WarmupDecayLR or WarmupCosineLR; OneCycle and LRRangeTest are errors"),
+      K("scheduler.params", I, kObject, "{}", "Schedule parameters (which apply depends on type)"),
+      K("scheduler.params.warmup_min_lr", I, kNumber, "0",
+        "WarmupLR, WarmupDecayLR: lr at the start of warmup")
+          .range(0),
+      K("scheduler.params.warmup_max_lr", I, kNumber, "1e-3",
+        "WarmupLR, WarmupDecayLR: lr at the end of warmup")
+          .range(0),
+      K("scheduler.params.warmup_num_steps", I, kInt, "1000", "Warmup length in optimizer steps")
+          .range(0),
+      K("scheduler.params.warmup_type", I, kEnum, "log", "Warmup curve").choices("log|linear"),
+      K("scheduler.params.total_num_steps", I, kInt, "required (WarmupDecayLR, WarmupCosineLR)",
+        "Length of the whole schedule; \"auto\" takes train.steps")
+          .range(1)
+          .on_auto(AutoRule::kTrainSteps),
+      K("scheduler.params.warmup_min_ratio", I, kNumber, "0",
+        "WarmupCosineLR: start of warmup as a fraction of the optimizer's lr")
+          .range(0),
+      K("scheduler.params.cos_min_ratio", I, kNumber, "1e-4",
+        "WarmupCosineLR: end of the cosine as a fraction of the optimizer's lr")
+          .range(0),
+      K("scheduler.params.last_batch_iteration", E, kInt, "-1",
+        "Start the schedule mid-way; a resumed zrt run takes its position from the checkpoint")
+          .off("-1"),
+
+      // ---- Communication and precision (DeepSpeed) ----
+      K("communication_data_type", I, kEnum, "compute dtype", "Data type gradients are reduced in")
+          .choices("fp32|bf16|fp16"),
+      K("gradient_allreduce_op", E, kEnum, "mean",
+        "Average (mean) or sum gradients over ranks; zrt averages")
+          .choices("mean|sum")
+          .off("\"mean\""),
+      K("prescale_gradients", E, kBool, "false", "Scale gradients before the reduction")
+          .off("false"),
+      K("gradient_predivide_factor", E, kNumber, "1.0",
+        "Divide gradients by this factor before the reduction")
+          .off("1"),
+      K("seq_parallel_comm_data_type", W, kString, "fp32",
+        "Sequence-parallel communication dtype; zrt has no sequence parallelism")
+          .off("\"fp32\""),
+      K("sequence_parallel_size", E, kInt, "1", "Sequence parallelism (Ulysses)").off("1"),
+      K("disable_allgather", W, kBool, "false", "Legacy all-gather switch").off("false"),
+      K("fp16", I, kObject, "disabled", "fp16 mixed precision with dynamic loss scaling"),
+      K("fp16.enabled", I, kBool, "false", "Compute in fp16 (fp32 master weights)"),
+      K("fp16.auto_cast", E, kBool, "false", "Cast module inputs to fp16 automatically")
+          .off("false"),
+      K("fp16.loss_scale", I, kNumber, "0", "0: dynamic loss scaling; > 0: this static scale")
+          .range(0),
+      K("fp16.initial_scale_power", I, kInt, "16", "The dynamic scale starts at 2^this")
+          .range(0, 63),
+      K("fp16.loss_scale_window", I, kInt, "1000",
+        "Overflow-free steps before the dynamic scale doubles")
+          .range(1),
+      K("fp16.hysteresis", I, kInt, "2", "Overflows absorbed before the scale halves").range(1),
+      K("fp16.consecutive_hysteresis", I, kBool, "false",
+        "Refill the hysteresis after every overflow-free step"),
+      K("fp16.min_loss_scale", I, kNumber, "1", "Lowest dynamic scale; an overflow there fails")
+          .range(0),
+      K("fp16.fp16_master_weights_and_grads", E, kBool, "false",
+        "Keep master weights and gradients in fp16")
+          .off("false"),
+      K("fp16.fused_mode", W, kBool, "true", "DeepSpeed's fused fp16 optimizer wrapper")
+          .off("true"),
+      K("bf16", I, kObject, "disabled", "bf16 mixed precision"),
+      K("bf16.enabled", I, kBool, "false", "Compute in bf16 (fp32 master weights)"),
+      K("bf16.immediate_grad_update", W, kBool, "true",
+        "DeepSpeed's bf16 optimizer gradient hook detail")
+          .off("true"),
+      K("bf16.bf16_master_weights_and_grads", E, kBool, "false",
+        "Keep master weights and gradients in bf16")
+          .off("false"),
+      K("bf16.bf16_optimizer_states", E, kBool, "false", "Keep Adam moments in bf16").off("false"),
+      K("bfloat16", I, kOpaque, "disabled", "Old name of bf16, read as bf16 (not both)"),
+      K("amp", E, kOpaque, "disabled", "NVIDIA Apex AMP").off("{\"enabled\": false}"),
+      K("torch_autocast", E, kOpaque, "disabled", "torch.autocast mixed precision")
+          .off("{\"enabled\": false}"),
+      K("data_types", I, kObject, "{}", "Data types of internal buffers"),
+      K("data_types.grad_accum_dtype", I, kEnum, "fp32",
+        "Gradient accumulation dtype across micro-batches: fp32 or the compute dtype")
+          .choices("fp32|bf16|fp16"),
+      K("gradient_clipping", I, kNumber, "0", "Clip the global gradient L2 norm to this; 0: off")
+          .range(0),
+
+      // ---- ZeRO (DeepSpeed) ----
+      K("zero_optimization", I, kObject, "stage 0", "ZeRO partitioning"),
+      K("zero_optimization.stage", I, kInt, "0",
+        "0: replicated; 1: optimizer state; 2: + gradients; 3: + parameters partitioned")
+          .range(0, 3),
+      K("zero_optimization.reduce_bucket_size", I, kInt, "5e8",
+        "Elements per gradient bucket (stages 0-2: one unit of reduction)")
+          .range(1)
+          .on_auto(kDefault),
+      K("zero_optimization.allgather_bucket_size", W, kInt, "5e8",
+        "zrt all-gathers per unit (reduce_bucket_size); no separate all-gather bucket")
+          .range(0)
+          .off("5e8")
+          .on_auto(kDefault),
+      K("zero_optimization.overlap_comm", I, kBool, "true",
+        "Overlap reductions (and stage-3 gathers) with compute; results are identical")
+          .on_auto(kDefault),
+      K("zero_optimization.contiguous_gradients", W, kBool, "true",
+        "zrt's gradients always live in contiguous unit buffers")
+          .off("true"),
+      K("zero_optimization.reduce_scatter", W, kBool, "true",
+        "zrt always reduce-scatters at stages 1-3")
+          .off("true"),
+      K("zero_optimization.allgather_partitions", W, kBool, "true",
+        "zrt always all-gathers updated slices")
+          .off("true"),
+      K("zero_optimization.round_robin_gradients", W, kBool, "false",
+        "Offload copy ordering at stages 1-2; no effect on results")
+          .off("false"),
+      K("zero_optimization.load_from_fp32_weights", E, kBool, "true",
+        "Restore fp32 master weights from the checkpoint (false: from 16-bit weights)")
+          .off("true"),
+      K("zero_optimization.elastic_checkpoint", W, kBool, "false",
+        "Deprecated; zrt checkpoints reshard to any world size")
+          .off("false"),
+      K("zero_optimization.offload_optimizer", I, kObject, "none",
+        "Optimizer state and step in host memory (stages 1-3)"),
+      K("zero_optimization.offload_optimizer.device", I, kEnum, "none",
+        "none, cpu (pinned host memory) or nvme (not implemented)")
+          .choices("none|cpu|nvme"),
+      K("zero_optimization.offload_optimizer.nvme_path", I, kString, "none",
+        "Directory for nvme offload"),
+      K("zero_optimization.offload_optimizer.pin_memory", I, kBool, "true",
+        "Page-locked host buffers (needed for overlapped copies)"),
+      K("zero_optimization.offload_optimizer.buffer_count", I, kInt, "4", "nvme buffer count")
+          .range(0),
+      K("zero_optimization.offload_optimizer.ratio", E, kNumber, "1",
+        "Fraction of the optimizer offloaded (partial offload)")
+          .range(0, 1)
+          .off("1"),
+      K("zero_optimization.offload_optimizer.fast_init", W, kBool, "false",
+        "nvme initialisation shortcut")
+          .off("false"),
+      K("zero_optimization.offload_optimizer.pipeline_read", W, kBool, "false",
+        "nvme read pipelining")
+          .off("false"),
+      K("zero_optimization.offload_optimizer.pipeline_write", W, kBool, "false",
+        "nvme write pipelining")
+          .off("false"),
+      K("zero_optimization.offload_optimizer.super_offload", E, kBool, "false",
+        "Superchip offload mode")
+          .off("false"),
+      K("zero_optimization.offload_optimizer.convert_grad_on_cpu", W, kBool, "true",
+        "Where DeepSpeed converts offloaded gradients")
+          .off("true"),
+      K("zero_optimization.offload_optimizer.cpuadam_cores_perc", W, kNumber, "0.8",
+        "Share of cores for DeepSpeed's CPU Adam (super_offload)")
+          .range(0, 1)
+          .off("0.8"),
+      K("zero_optimization.offload_param", I, kObject, "none",
+        "Parameter slices in host memory (stage 3, with offload_optimizer)"),
+      K("zero_optimization.offload_param.device", I, kEnum, "none",
+        "none, cpu (pinned host memory) or nvme (not implemented)")
+          .choices("none|cpu|nvme"),
+      K("zero_optimization.offload_param.nvme_path", I, kString, "none",
+        "Directory for nvme offload"),
+      K("zero_optimization.offload_param.pin_memory", I, kBool, "true",
+        "Page-locked host buffers (needed for overlapped copies)"),
+      K("zero_optimization.offload_param.buffer_count", I, kInt, "5", "nvme buffer count").range(0),
+      K("zero_optimization.offload_param.buffer_size", I, kInt, "1e8",
+        "nvme buffer size (elements)")
+          .range(0),
+      K("zero_optimization.offload_param.max_in_cpu", I, kInt, "1e9",
+        "nvme: parameter elements kept in host memory")
+          .range(0),
+      K("zero_optimization.sub_group_size", W, kInt, "1e9",
+        "Optimizer-step tiling; zrt steps one unit at a time")
+          .range(0)
+          .off("1e9")
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_prefetch_bucket_size", I, kInt, "5e7",
+        "Stage 3: elements gathered ahead of use")
+          .range(0)
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_param_persistence_threshold", I, kInt, "1e5",
+        "Stage 3: parameters smaller than this (elements) stay whole on every rank")
+          .range(0)
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_model_persistence_threshold", W, kInt, "unbounded",
+        "Stage 3: cap on persistent elements; zrt does not cap them")
+          .range(0)
+          .off("9223372036854775807")
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_max_live_parameters", I, kInt, "1e9",
+        "Stage 3: most gathered elements resident before release")
+          .range(0)
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_max_reuse_distance", W, kInt, "1e9",
+        "Stage 3: keep a parameter gathered if reused soon; zrt's schedule is static")
+          .range(0)
+          .off("1e9")
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_gather_16bit_weights_on_model_save", W, kBool, "false",
+        "save_16bit_model() consolidation; zrt exports from its checkpoints")
+          .off("false")
+          .on_auto(kDefault),
+      K("zero_optimization.stage3_gather_fp16_weights_on_model_save", W, kBool, "false",
+        "Deprecated name of stage3_gather_16bit_weights_on_model_save")
+          .off("false"),
+      K("zero_optimization.stage3_module_granularity_threshold", W, kInt, "0",
+        "Stage 3 hook fusion; zrt's units are modules")
+          .off("0"),
+      K("zero_optimization.stage3_use_all_reduce_for_fetch_params", W, kBool, "false",
+        "Stage 3 gather implementation detail")
+          .off("false"),
+      K("zero_optimization.stage3_allgather_sequential", W, kBool, "false",
+        "Stage 3 gather implementation detail")
+          .off("false"),
+      K("zero_optimization.ignore_unused_parameters", W, kBool, "true",
+        "Tolerate parameters without gradients")
+          .off("true"),
+      K("zero_optimization.legacy_stage1", E, kBool, "false", "Old stage-1 implementation")
+          .off("false"),
+      K("zero_optimization.use_multi_rank_bucket_allreduce", W, kBool, "true",
+        "Reduction implementation detail")
+          .off("true"),
+      K("zero_optimization.compute_grad_norm", W, kBool, "true",
+        "zrt always computes the norm (clipping, logging)")
+          .off("true"),
+      K("zero_optimization.parameter_alignment", W, kBool, "false",
+        "zrt always aligns every parameter in its unit")
+          .off("false"),
+      K("zero_optimization.zero_hpz_partition_size", E, kInt, "1",
+        "ZeRO++ hierarchical partitioning")
+          .off("1"),
+      K("zero_optimization.zero_quantized_weights", E, kBool, "false",
+        "ZeRO++ quantized weight all-gather")
+          .off("false"),
+      K("zero_optimization.zero_quantized_nontrainable_weights", E, kBool, "false",
+        "ZeRO++ quantized frozen weights")
+          .off("false"),
+      K("zero_optimization.zero_quantized_gradients", E, kBool, "false",
+        "ZeRO++ quantized gradient reduction")
+          .off("false"),
+      K("zero_optimization.zeropp_loco_param", E, kOpaque, "none", "LoCo-ZeRO++ error feedback")
+          .off("{}"),
+      K("zero_optimization.mics_shard_size", E, kInt, "-1", "MiCS sub-group sharding").off("-1"),
+      K("zero_optimization.mics_hierarchical_params_gather", E, kBool, "false",
+        "MiCS hierarchical gather")
+          .off("false"),
+      K("zero_optimization.memory_efficient_linear", W, kBool, "true",
+        "Stage 3 torch Linear replacement")
+          .off("true"),
+      K("zero_optimization.override_module_apply", W, kBool, "true",
+        "Stage 3 torch module hook detail")
+          .off("true"),
+      K("zero_optimization.log_trace_cache_warnings", W, kBool, "false",
+        "Stage 3 trace cache logging")
+          .off("false"),
+      K("zero_optimization.enable_sanity_checks", W, kBool, "false", "DeepSpeed debug checks")
+          .off("false"),
+      K("zero_optimization.pipeline_loading_checkpoint", W, kBool, "false",
+        "Stage 3 checkpoint loading mode")
+          .off("false"),
+      K("zero_optimization.save_muon_momentum_buffer_in_memory", W, kBool, "false",
+        "Muon with nvme offload")
+          .off("false"),
+      K("zero_optimization.cpu_offload", E, kBool, "false",
+        "Deprecated; use offload_optimizer {\"device\": \"cpu\"}")
+          .off("false"),
+      K("zero_optimization.cpu_offload_param", E, kBool, "false",
+        "Deprecated; use offload_param {\"device\": \"cpu\"}")
+          .off("false"),
+      K("zero_optimization.cpu_offload_use_pin_memory", W, kBool, "false",
+        "Deprecated; use pin_memory in the offload blocks")
+          .off("false"),
+      K("zero_optimization.zenflow", E, kOpaque, "none", "ZenFlow asynchronous updates").off("{}"),
+      K("zero_optimization.leaf_module", W, kOpaque, "{}", "Stage 3 leaf modules for hooks")
+          .off("{}"),
+      K("zero_allow_untested_optimizer", W, kBool, "false",
+        "Allow client optimizers with ZeRO; zrt runs its own Adam")
+          .off("false"),
+      K("zero_force_ds_cpu_optimizer", W, kBool, "true", "Force DeepSpeed's CPU Adam on offload")
+          .off("true"),
+      K("aio", W, kOpaque, "{}", "Async I/O for nvme offload").off("{}"),
+
+      // ---- Other DeepSpeed features ----
+      K("activation_checkpointing", W, kObject, "{}",
+        "DeepSpeed's checkpointing API options; zrt's switch is model.activation_checkpointing"),
+      K("activation_checkpointing.partition_activations", W, kBool, "false",
+        "Partition checkpoints over model-parallel ranks")
+          .off("false"),
+      K("activation_checkpointing.cpu_checkpointing", W, kBool, "false",
+        "Keep checkpoints in host memory")
+          .off("false"),
+      K("activation_checkpointing.contiguous_memory_optimization", W, kBool, "false",
+        "Copy checkpoints into one buffer")
+          .off("false"),
+      K("activation_checkpointing.number_checkpoints", W, kInt, "none",
+        "Checkpoint count for the contiguous buffer"),
+      K("activation_checkpointing.synchronize_checkpoint_boundary", W, kBool, "false",
+        "Synchronise at each checkpoint")
+          .off("false"),
+      K("activation_checkpointing.profile", W, kBool, "false", "Time checkpoint functions")
+          .off("false"),
+      K("sparse_gradients", E, kBool, "false", "CSR sparse embedding gradients").off("false"),
+      K("sparse_attention", E, kOpaque, "none", "Block-sparse attention").off("{}"),
+      K("pipeline", E, kOpaque, "none", "Pipeline parallelism").off("{}"),
+      K("tensor_parallel", E, kOpaque, "none", "AutoTP tensor parallelism").off("{}"),
+      K("expert_parallel", E, kOpaque, "none", "AutoEP expert parallelism")
+          .off("{\"enabled\": false}"),
+      K("moe", E, kOpaque, "none",
+        "Mixture of experts: not a DeepSpeed config key, reserved so MoE settings fail loudly")
+          .zrt()
+          .off("{}"),
+      K("hybrid_engine", E, kOpaque, "none", "RLHF hybrid train/inference engine")
+          .off("{\"enabled\": false}"),
+      K("elasticity", E, kOpaque, "none", "Elastic batch sizes over changing world sizes")
+          .off("{\"enabled\": false}"),
+      K("progressive_layer_drop", E, kOpaque, "none", "Progressive layer dropping")
+          .off("{\"enabled\": false}"),
+      K("curriculum_learning", E, kOpaque, "none", "Legacy curriculum learning")
+          .off("{\"enabled\": false}"),
+      K("data_efficiency", E, kOpaque, "none", "Curriculum sampling and random-LTD")
+          .off("{\"enabled\": false}"),
+      K("eigenvalue", E, kOpaque, "none", "Eigenvalue-based adaptive quantization")
+          .off("{\"enabled\": false}"),
+      K("compression_training", E, kOpaque, "none", "Compression-aware training").off("{}"),
+      K("quantize_training", E, kOpaque, "none", "MoQ quantization-aware training")
+          .off("{\"enabled\": false}"),
+      K("weight_quantization", E, kOpaque, "none", "Weight quantization").off("{}"),
+      K("compile", E, kOpaque, "none", "torch.compile and DeepCompile")
+          .off("{\"deepcompile\": false}"),
+      K("nebula", E, kOpaque, "none", "Nebula asynchronous checkpoint service")
+          .off("{\"enabled\": false}"),
+      K("steps_per_print", W, kInt, "10", "DeepSpeed's progress report; use train.log_interval")
+          .range(1)
+          .off("10"),
+      K("wall_clock_breakdown", W, kBool, "false", "DeepSpeed timers; use trace for timings")
+          .off("false"),
+      K("memory_breakdown", W, kBool, "false", "DeepSpeed memory report").off("false"),
+      K("dump_state", W, kBool, "false", "Print DeepSpeed's state after start-up").off("false"),
+      K("disable_python_gc", W, kBool, "false", "Python garbage-collection control").off("false"),
+      K("graph_harvesting", W, kBool, "false", "CUDA graph capture of short kernels").off("false"),
+      K("dataloader_drop_last", W, kBool, "false", "DeepSpeed's data loader option").off("false"),
+      K("use_data_before_expert_parallelism", W, kBool, "false", "MoE process-group layout")
+          .off("false"),
+      K("vocabulary_size", W, kInt, "none", "DeepSpeed hint; zrt uses model.vocab_size"),
+      K("timers", W, kOpaque, "{}", "DeepSpeed timer options").off("{}"),
+      K("autotuning", W, kOpaque, "disabled", "DeepSpeed autotuner").off("{\"enabled\": false}"),
+      K("flops_profiler", W, kOpaque, "disabled", "DeepSpeed FLOPs profiler")
+          .off("{\"enabled\": false}"),
+      K("tensorboard", W, kOpaque, "disabled", "TensorBoard monitor").off("{\"enabled\": false}"),
+      K("wandb", W, kOpaque, "disabled", "Weights & Biases monitor").off("{\"enabled\": false}"),
+      K("csv_monitor", W, kOpaque, "disabled", "CSV monitor").off("{\"enabled\": false}"),
+      K("comet", W, kOpaque, "disabled", "Comet monitor").off("{\"enabled\": false}"),
+      K("comms_logger", W, kOpaque, "disabled", "Communication logger; zrt counts bytes always")
+          .off("{\"enabled\": false}"),
+
+      // ---- Checkpoints (DeepSpeed's block plus zrt's keys) ----
+      K("checkpoint", I, kObject, "no checkpoints", "Saving and resuming"),
+      K("checkpoint.tag_validation", W, kEnumNoCase, "Warn",
+        "Cross-rank tag check; zrt tags are the step number, equal on every rank")
+          .choices("Ignore|Warn|Fail")
+          .off("\"Warn\""),
+      K("checkpoint.load_universal", W, kBool, "false",
+        "Universal checkpoints; every zrt checkpoint loads at any world size")
+          .off("false"),
+      K("checkpoint.use_node_local_storage", E, kBool, "false",
+        "Per-node checkpoint files without a shared file system")
+          .off("false"),
+      K("checkpoint.parallel_write", W, kOpaque, "{}", "Pipeline-stage parallel writes").off("{}"),
+      K("checkpoint.save_dir", I, kString, "output_dir/checkpoints",
+        "Directory holding one sub-directory per tag")
+          .zrt(),
+      K("checkpoint.save_interval", I, kInt, "0",
+        "Save every N optimizer steps and after the last; 0: never save")
+          .range(0)
+          .zrt(),
+      K("checkpoint.keep_last", I, kInt, "0", "Keep the newest N checkpoints; 0: keep all")
+          .range(0)
+          .zrt(),
+      K("checkpoint.async", I, kBool, "false",
+        "Write checkpoints on a background thread while training goes on")
+          .zrt(),
+      K("checkpoint.load", I, kString, "none",
+        "Resume from this tag, or \"latest\" (a fresh start if there is none)")
+          .zrt(),
+
+      // ---- zrt's own blocks ----
+      K("model", I, kObject, "required", "The model to train").zrt(),
+      K("model.type", I, kEnum, "gpt2", "Architecture").choices("gpt2").zrt(),
+      K("model.preset", I, kEnum, "none",
+        "Dimensions to start from; without one all five dimensions are required")
+          .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl")
+          .zrt(),
+      K("model.n_layer", I, kInt, "preset", "Transformer blocks").range(1).zrt(),
+      K("model.n_head", I, kInt, "preset", "Attention heads (divides n_embd)").range(1).zrt(),
+      K("model.n_embd", I, kInt, "preset", "Embedding width").range(1).zrt(),
+      K("model.vocab_size", I, kInt, "preset", "Vocabulary size").range(1).zrt(),
+      K("model.seq_len", I, kInt, "preset", "Sequence length (context)").range(1).zrt(),
+      K("model.activation_checkpointing", I, kBool, "false",
+        "Keep block inputs only; recompute each block in backward")
+          .zrt(),
+      K("model.init_from", I, kString, "none",
+        "Hugging Face GPT-2 safetensors file to start from (else random init from seed)")
+          .zrt(),
+      K("data", I, kObject, "required", "Token data").zrt(),
+      K("data.train", I, kString, "required", "Training token file: a path or a glob").zrt(),
+      K("data.val", I, kString, "none", "Validation token file: a path or a glob").zrt(),
+      K("data.shuffle", I, kBool, "true", "Sample training windows in a seeded random order").zrt(),
+      K("data.seed", I, kInt, "seed", "Seed of the data order").range(0).zrt(),
+      K("train", I, kObject, "required", "The training loop").zrt(),
+      K("train.steps", I, kInt, "required", "Optimizer steps to run").range(1).zrt(),
+      K("train.eval_interval", I, kInt, "0", "Evaluate every N steps and at the end; 0: never")
+          .range(0)
+          .zrt(),
+      K("train.eval_batches", I, kInt, "10", "Micro-batches per evaluation and rank")
+          .range(1)
+          .zrt(),
+      K("train.log_interval", I, kInt, "10", "Log loss, lr, norm and throughput every N steps")
+          .range(1)
+          .zrt(),
+      K("train.sample_tokens", I, kInt, "0",
+        "Generate this many tokens after each evaluation; 0: none")
+          .range(0)
+          .zrt(),
+      K("device", I, kObject, "auto", "Where each rank computes").zrt(),
+      K("device.type", I, kEnum, "auto",
+        "cpu, cuda (GPU = local rank) or auto (cuda when a GPU is usable)")
+          .choices("cpu|cuda|auto")
+          .zrt(),
+      K("device.memory_limit_gb", I, kNumber, "0",
+        "Device memory cap in GiB (a CPU rank then fails like a GPU of that size); 0: none")
+          .range(0)
+          .zrt(),
+      K("device.stream_delay_us", I, kInt, "0",
+        "CPU debug: random delay up to this before each stream operation")
+          .range(0)
+          .zrt(),
+      K("comm", I, kObject, "{}", "Collectives").zrt(),
+      K("comm.timeout_s", I, kNumber, "600", "Fail a collective that takes longer than this")
+          .range(0.001)
+          .zrt(),
+      K("comm.reduce_scatter", I, kEnum, "alltoall",
+        "MPI reduce-scatter: alltoall + local sum, or native MPI_Reduce_scatter_block")
+          .choices("alltoall|native")
+          .zrt(),
+      K("comm.max_chunk_mb", I, kInt, "32", "Largest piece one MPI call moves (MiB)")
+          .range(1, 1024)
+          .zrt(),
+      K("comm.simulated_bandwidth_gb_per_s", I, kNumber, "0",
+        "CPU backend: model a link of this many GB/s (10^9 bytes/s); 0: off")
+          .range(0)
+          .zrt(),
+      K("comm.simulated_latency_us", I, kNumber, "0",
+        "CPU backend: add this latency to every collective")
+          .range(0)
+          .zrt(),
+      K("trace", I, kObject, "off", "Chrome trace of streams and collectives").zrt(),
+      K("trace.path", I, kString, "none",
+        "Chrome trace file; each rank writes its own, with its rank before the extension")
+          .zrt(),
+      K("trace.steps", I, kIntPair, "[2, 3]", "First and last optimizer step traced")
+          .range(1)
+          .zrt(),
+      K("seed", I, kInt, "1234", "Seed of initialisation and data order").range(0).zrt(),
+      K("output_dir", I, kString, "output", "Logs, traces and default checkpoint directory").zrt(),
+      K("log_level", I, kEnum, "info", "Logging threshold (ZRT_LOG_LEVEL overrides)")
+          .choices("trace|debug|info|warn|error|off")
+          .zrt(),
+  };
+  std::vector<KeyInfo> table;
+  for (const K& row : rows) table.push_back(row.info);
+  return table;
+}
+
+std::string parent_of(const std::string& path) {
+  const std::size_t dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+std::string number(double x) {
+  return fmt::format("{}", x);
+}
+
+std::string quoted_choices(const char* choices) {
+  std::string out;
+  std::string item;
+  std::istringstream in(choices);
+  bool first = true;
+  while (std::getline(in, item, '|')) {
+    out += (first ? "\"" : ", \"") + item + "\"";
+    first = false;
+  }
+  return out;
+}
+
+std::string range_text(const KeyInfo& key) {
+  const bool lo = !std::isnan(key.min);
+  const bool hi = !std::isnan(key.max);
+  if (lo && hi) return fmt::format(" in [{}, {}]", number(key.min), number(key.max));
+  if (lo) return fmt::format(" >= {}", number(key.min));
+  if (hi) return fmt::format(" <= {}", number(key.max));
+  return "";
+}
+
+// Table-cell text with Markdown's emphasis character escaped ("*norm*" stays literal).
+std::string markdown_text(const std::string& text) {
+  std::string out;
+  for (const char c : text) {
+    if (c == '*') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+const std::vector<KeyInfo>& key_table() {
+  static const std::vector<KeyInfo> table = build_table();
+  return table;
+}
+
+const KeyInfo* find_key(const std::string& path) {
+  static const std::map<std::string, const KeyInfo*> index = [] {
+    std::map<std::string, const KeyInfo*> m;
+    for (const KeyInfo& key : key_table()) m.emplace(key.path, &key);
+    return m;
+  }();
+  const auto it = index.find(path);
+  return it == index.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> child_keys(const std::string& parent) {
+  std::vector<std::string> out;
+  for (const KeyInfo& key : key_table()) {
+    const std::string path = key.path;
+    if (parent_of(path) != parent) continue;
+    out.push_back(parent.empty() ? path : path.substr(parent.size() + 1));
+  }
+  return out;
+}
+
+std::string expected_form(const KeyInfo& key) {
+  std::string form;
+  switch (key.kind) {
+    case KeyKind::kObject:
+    case KeyKind::kOpaque:
+      form = "an object";
+      break;
+    case KeyKind::kBool:
+      form = "true or false";
+      break;
+    case KeyKind::kInt:
+      form = "an integer" + range_text(key);
+      break;
+    case KeyKind::kNumber:
+      form = "a number" + range_text(key);
+      break;
+    case KeyKind::kString:
+      form = "a string";
+      break;
+    case KeyKind::kEnum:
+      form = "one of " + quoted_choices(key.choices);
+      break;
+    case KeyKind::kEnumNoCase:
+      form = "one of " + quoted_choices(key.choices) + " (any case)";
+      break;
+    case KeyKind::kNumberPair:
+      form = "a list of two numbers" + range_text(key);
+      break;
+    case KeyKind::kIntPair:
+      form = "a list of two integers" + range_text(key);
+      break;
+    case KeyKind::kStringList:
+      form = "a list of strings";
+      break;
+  }
+  if (key.auto_rule != AutoRule::kNone) form += " or \"auto\"";
+  return form;
+}
+
+const char* status_name(KeyStatus status) {
+  switch (status) {
+    case KeyStatus::kImplemented:
+      return "implemented";
+    case KeyStatus::kAcceptedWithWarning:
+      return "warning";
+    case KeyStatus::kUnsupportedError:
+      return "error";
+  }
+  return "?";
+}
+
+std::string generate_key_table_markdown() {
+  std::string out =
+      "# zrt config keys\n"
+      "\n"
+      "<!-- Generated from runtime/config/key_table.cc by the test \"docs/config-keys.md\n"
+      "     matches the key table\" (tests/config/test_config.cc); do not edit by hand. Run\n"
+      "     ZRT_UPDATE_DOCS=1 build/tests/test_config to rewrite it. -->\n"
+      "\n"
+      "Every key a zrt config may hold, DeepSpeed's and zrt's own (see config.md for the\n"
+      "guide). Any other key is an error that names its path and the closest valid key.\n"
+      "\n"
+      "- **implemented**: read and honoured.\n"
+      "- **warning**: accepted and logged as having no effect in zrt (logging, tuning or\n"
+      "  memory-layout options that do not change what is trained). *warning unless X*: X,\n"
+      "  DeepSpeed's default, is accepted silently.\n"
+      "- **error**: changes training and is not implemented, so it is never ignored. *error\n"
+      "  unless X*: X leaves the feature off and is accepted. For a block, `{}` means an empty\n"
+      "  block; `{\"enabled\": false}` means a block whose `enabled` is false (or an empty one).\n"
+      "\n"
+      "`null` anywhere means the default. Integers may be written as `5e8` when integral. The\n"
+      "Hugging Face value `\"auto\"` is accepted where the form says so: batch keys are solved\n"
+      "by the batch rule, `scheduler.params.total_num_steps` takes `train.steps`, and the\n"
+      "others take the default shown.\n"
+      "\n"
+      "| key | zrt | form | default | meaning | from |\n"
+      "|---|---|---|---|---|---|\n";
+  for (const KeyInfo& key : key_table()) {
+    std::string status = status_name(key.status);
+    if (key.status != KeyStatus::kImplemented && key.off_value[0] != '\0') {
+      status += fmt::format(" unless `{}`", key.off_value);
+    }
+    out += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", key.path, status,
+                       markdown_text(expected_form(key)), markdown_text(key.default_text),
+                       markdown_text(key.meaning), key.deepspeed ? "DeepSpeed" : "zrt");
+  }
+  return out;
+}
+
+}  // namespace zrt::config

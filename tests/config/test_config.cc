@@ -1,0 +1,692 @@
+// runtime/config: the run's JSON file. A full config and the defaults; DeepSpeed's batch rule in
+// every combination; "auto"; a table of bad configs, each with its exact message; warnings;
+// the key table against docs/config-keys.md; every example in configs/ validates.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/error.h"
+#include "runtime/config/config.h"
+#include "runtime/config/json_reader.h"
+#include "runtime/config/key_table.h"
+
+namespace zrt {
+namespace {
+
+using json = nlohmann::json;
+
+// A small valid config for 2 ranks: 8 = micro 2 x accumulation 2 x world 2.
+json base_config() {
+  return json::parse(R"({
+    "train_batch_size": 8,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 2},
+    "optimizer": {"type": "AdamW", "params": {"lr": 3e-4}},
+    "model": {"preset": "gpt2-tiny"},
+    "data": {"train": "data/kjv_train_*.bin", "val": "data/kjv_val_*.bin"},
+    "train": {"steps": 100, "eval_interval": 50}
+  })");
+}
+
+// base_config() with an RFC 7386 merge patch applied (null removes a key).
+json patched(const char* patch) {
+  json doc = base_config();
+  doc.merge_patch(json::parse(patch));
+  return doc;
+}
+
+Config parse_doc(const json& doc, int world = 2) {
+  return parse_config(doc, world, "test.json");
+}
+
+std::string error_of(const std::string& text, int world = 2) {
+  try {
+    parse_config_text(text, world, "bad.json");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+bool has_warning(const Config& c, const std::string& prefix) {
+  for (const std::string& w : c.warnings) {
+    if (w.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+TEST_CASE("a full config sets every field", "[config]") {
+  const json doc = json::parse(R"({
+    "train_batch_size": 32,
+    "train_micro_batch_size_per_gpu": 4,
+    "gradient_accumulation_steps": 2,
+    "gradient_clipping": 1.0,
+    "communication_data_type": "fp32",
+    "data_types": {"grad_accum_dtype": "fp16"},
+    "fp16": {"enabled": true, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 500,
+             "hysteresis": 3, "consecutive_hysteresis": true, "min_loss_scale": 0.5},
+    "bf16": {"enabled": false},
+    "zero_optimization": {
+      "stage": 3, "reduce_bucket_size": 2e7, "overlap_comm": false,
+      "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4,
+      "stage3_max_live_parameters": 3e8,
+      "offload_optimizer": {"device": "cpu", "pin_memory": false},
+      "offload_param": {"device": "cpu", "buffer_count": 6}
+    },
+    "optimizer": {"type": "AdamW", "params": {"lr": 6e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                  "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupCosineLR",
+                  "params": {"total_num_steps": 1000, "warmup_num_steps": 100}},
+    "model": {"type": "gpt2", "preset": "gpt2", "n_layer": 6, "seq_len": 512,
+              "activation_checkpointing": true, "init_from": "gpt2.safetensors"},
+    "data": {"train": "tok/train_*.bin", "val": "tok/val.bin", "shuffle": false, "seed": 7},
+    "train": {"steps": 1000, "eval_interval": 100, "eval_batches": 4, "log_interval": 5,
+              "sample_tokens": 64},
+    "checkpoint": {"save_dir": "ckpt", "save_interval": 200, "keep_last": 2, "async": true,
+                   "load": "latest", "tag_validation": "FAIL"},
+    "device": {"type": "cpu", "memory_limit_gb": 1.5, "stream_delay_us": 20},
+    "comm": {"timeout_s": 30, "reduce_scatter": "native", "max_chunk_mb": 8,
+             "simulated_bandwidth_gb_per_s": 12.5, "simulated_latency_us": 5},
+    "trace": {"path": "trace.json", "steps": [3, 4]},
+    "seed": 99,
+    "output_dir": "runs/full",
+    "log_level": "debug"
+  })");
+  const Config c = parse_doc(doc, 4);
+  CHECK(c.source == "test.json");
+  CHECK(c.batch.train_batch_size == 32);
+  CHECK(c.batch.micro_batch_size == 4);
+  CHECK(c.batch.gradient_accumulation_steps == 2);
+  CHECK(c.batch.world_size == 4);
+
+  const EngineOptions& e = c.engine;
+  CHECK(e.stage == 3);
+  CHECK(e.compute_dtype == DType::kFloat16);
+  CHECK(c.fp16());
+  CHECK_FALSE(c.bf16());
+  REQUIRE(e.communication_dtype.has_value());
+  CHECK(*e.communication_dtype == DType::kFloat32);
+  CHECK(e.grad_accum_dtype == DType::kFloat16);
+  CHECK(e.gradient_accumulation_steps == 2);
+  CHECK(e.gradient_clipping == 1.0);
+  CHECK(e.reduce_bucket_size == 20000000);
+  CHECK(e.stage3_prefetch_bucket_size == 1000000);
+  CHECK(e.stage3_param_persistence_threshold == 10000);
+  CHECK(e.stage3_max_live_parameters == 300000000);
+  CHECK_FALSE(e.overlap_comm);
+  CHECK(e.loss_scale.loss_scale == 0.0);
+  CHECK(e.loss_scale.initial_scale_power == 12);
+  CHECK(e.loss_scale.loss_scale_window == 500);
+  CHECK(e.loss_scale.hysteresis == 3);
+  CHECK(e.loss_scale.consecutive_hysteresis);
+  CHECK(e.loss_scale.min_loss_scale == 0.5);
+
+  CHECK(c.offload_optimizer.device == OffloadDevice::kCpu);
+  CHECK_FALSE(c.offload_optimizer.pin_memory);
+  CHECK(c.offload_optimizer.buffer_count == 4);
+  CHECK(c.offload_param.enabled());
+  CHECK(c.offload_param.pin_memory);
+  CHECK(c.offload_param.buffer_count == 6);
+  CHECK(e.offload_optimizer.enabled);
+  CHECK_FALSE(e.offload_optimizer.pin_memory);
+  CHECK(e.offload_param.enabled);
+  CHECK(e.offload_param.pin_memory);
+
+  CHECK(c.optimizer.type == "AdamW");
+  CHECK(c.optimizer.adam.lr == 6e-4);
+  CHECK(c.optimizer.adam.beta2 == 0.95);
+  CHECK(c.optimizer.adam.weight_decay == 0.1);
+  CHECK(c.scheduler.type == LrScheduleType::kWarmupCosineLR);
+  CHECK(c.scheduler.total_num_steps == 1000);
+  CHECK(c.scheduler.warmup_num_steps == 100);
+
+  CHECK(c.model.type == "gpt2");
+  CHECK(c.model.preset == "gpt2");
+  CHECK(c.model.n_layer == 6);
+  CHECK_FALSE(c.model.n_head.has_value());
+  CHECK(c.model.spec() == "gpt2:n_layer=6,seq_len=512");
+  CHECK(c.model.activation_checkpointing);
+  CHECK(c.model.init_from == "gpt2.safetensors");
+
+  CHECK(c.data.train == "tok/train_*.bin");
+  CHECK(c.data.val == "tok/val.bin");
+  CHECK_FALSE(c.data.shuffle);
+  CHECK(c.data.seed == 7);
+  CHECK(c.train.steps == 1000);
+  CHECK(c.train.eval_interval == 100);
+  CHECK(c.train.eval_batches == 4);
+  CHECK(c.train.log_interval == 5);
+  CHECK(c.train.sample_tokens == 64);
+
+  CHECK(c.checkpoint.save_dir == "ckpt");
+  CHECK(c.checkpoint.save_interval == 200);
+  CHECK(c.checkpoint.keep_last == 2);
+  CHECK(c.checkpoint.async);
+  CHECK(c.checkpoint.loads_latest());
+  CHECK(c.checkpoint.tag_validation == TagValidation::kFail);
+
+  CHECK(c.device.type == DeviceChoice::kCpu);
+  CHECK(c.device.memory_limit_gb == 1.5);
+  CHECK(c.device.stream_delay_us == 20);
+  CHECK(c.comm.timeout_s == 30.0);
+  CHECK(c.comm.reduce_scatter_algo == ReduceScatterAlgo::kNative);
+  CHECK(c.comm.max_chunk_bytes == 8 << 20);
+  CHECK(c.comm.simulated_bandwidth_bytes_per_s == 12.5e9);
+  CHECK(c.comm.simulated_latency_s == Approx(5e-6));
+  CHECK(c.trace.enabled());
+  CHECK(c.trace.path == "trace.json");
+  CHECK(c.trace.first_step == 3);
+  CHECK(c.trace.last_step == 4);
+  CHECK(c.seed == 99);
+  CHECK(c.output_dir == "runs/full");
+  CHECK(c.log_level == "debug");
+  // tag_validation "FAIL" is DeepSpeed's; it has no effect in zrt and says so.
+  CHECK(has_warning(c, "checkpoint.tag_validation: accepted, but has no effect"));
+  CHECK(c.document == doc);
+}
+
+TEST_CASE("defaults follow DeepSpeed and the docs", "[config]") {
+  const Config c = parse_doc(json::parse(R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "model": {"preset": "gpt2-tiny"},
+    "data": {"train": "t.bin"},
+    "train": {"steps": 10}
+  })"),
+                             3);
+  CHECK(c.batch.train_batch_size == 6);
+  CHECK(c.batch.gradient_accumulation_steps == 1);
+  CHECK(c.batch.world_size == 3);
+  const EngineOptions& e = c.engine;
+  CHECK(e.stage == 0);
+  CHECK(e.compute_dtype == DType::kFloat32);
+  CHECK_FALSE(e.communication_dtype.has_value());
+  CHECK(e.grad_accum_dtype == DType::kFloat32);
+  CHECK(e.gradient_clipping == 0.0);
+  CHECK(e.reduce_bucket_size == 500000000);
+  CHECK(e.stage3_prefetch_bucket_size == 50000000);
+  CHECK(e.stage3_param_persistence_threshold == 100000);
+  CHECK(e.stage3_max_live_parameters == 1000000000);
+  CHECK(e.overlap_comm);
+  CHECK(e.loss_scale.loss_scale == 0.0);
+  CHECK(e.loss_scale.initial_scale_power == 16);
+  CHECK(e.loss_scale.loss_scale_window == 1000);
+  CHECK(e.loss_scale.hysteresis == 2);
+  CHECK_FALSE(e.loss_scale.consecutive_hysteresis);
+  CHECK(e.loss_scale.min_loss_scale == 1.0);
+  CHECK_FALSE(c.offload_optimizer.enabled());
+  CHECK_FALSE(c.offload_param.enabled());
+  CHECK_FALSE(e.offload_optimizer.enabled);
+  CHECK_FALSE(e.offload_param.enabled);
+  CHECK(c.offload_optimizer.pin_memory);
+  CHECK(c.offload_optimizer.buffer_count == 4);
+  CHECK(c.offload_param.buffer_count == 5);
+  CHECK(c.offload_param.buffer_size == 100000000);
+  CHECK(c.offload_param.max_in_cpu == 1000000000);
+  CHECK(c.optimizer.type == "AdamW");
+  CHECK(c.optimizer.adam.lr == 1e-3);
+  CHECK(c.scheduler.type == LrScheduleType::kConstant);
+  CHECK(c.model.type == "gpt2");
+  CHECK(c.model.spec() == "gpt2-tiny");
+  CHECK_FALSE(c.model.activation_checkpointing);
+  CHECK(c.data.val.empty());
+  CHECK(c.data.shuffle);
+  CHECK(c.data.seed == 1234);  // the top-level seed
+  CHECK(c.train.eval_interval == 0);
+  CHECK(c.train.eval_batches == 10);
+  CHECK(c.train.log_interval == 10);
+  CHECK(c.train.sample_tokens == 0);
+  CHECK(c.checkpoint.save_dir == "output/checkpoints");
+  CHECK_FALSE(c.checkpoint.saves());
+  CHECK(c.checkpoint.load.empty());
+  CHECK(c.checkpoint.tag_validation == TagValidation::kWarn);
+  CHECK(c.device.type == DeviceChoice::kAuto);
+  CHECK(c.device.memory_limit_gb == 0.0);
+  CHECK(c.comm.timeout_s == 600.0);
+  CHECK(c.comm.reduce_scatter_algo == ReduceScatterAlgo::kAlltoall);
+  CHECK(c.comm.max_chunk_bytes == 32 << 20);
+  CHECK(c.comm.simulated_bandwidth_bytes_per_s == 0.0);
+  CHECK_FALSE(c.trace.enabled());
+  CHECK(c.seed == 1234);
+  CHECK(c.output_dir == "output");
+  CHECK(c.log_level == "info");
+  CHECK(c.warnings.empty());
+}
+
+TEST_CASE("the batch rule solves any two keys for the third", "[config][batch]") {
+  struct Case {
+    const char* given;  // the three batch keys, as JSON members
+    int world;
+    std::int64_t train, micro;
+    int accum;
+  };
+  const Case cases[] = {
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)",
+       2, 16, 4, 2},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4)", 2, 16, 4, 2},
+      {R"("train_batch_size": 16, "gradient_accumulation_steps": 4)", 2, 16, 2, 4},
+      {R"("train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3)", 2, 24, 4, 3},
+      {R"("train_batch_size": 16)", 4, 16, 4, 1},
+      {R"("train_micro_batch_size_per_gpu": 5)", 3, 15, 5, 1},
+      // Hugging Face's "auto" is an unknown the rule solves.
+      {R"("train_batch_size": "auto", "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)",
+       2, 16, 4, 2},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 2)",
+       2, 16, 4, 2},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto")",
+       2, 16, 4, 2},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto")",
+       4, 16, 4, 1},
+      // Integral floats are integers.
+      {R"("train_batch_size": 1.6e1, "train_micro_batch_size_per_gpu": 4.0)", 1, 16, 4, 4},
+      // world size 0: taken from the three numbers.
+      {R"("train_batch_size": 24, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3)",
+       0, 24, 2, 3},
+  };
+  for (const Case& k : cases) {
+    const std::string text = std::string("{") + k.given +
+                             R"(, "model": {"preset": "gpt2-tiny"}, "data": {"train": "t"},)"
+                             R"( "train": {"steps": 1}})";
+    INFO(text << " at world " << k.world);
+    const Config c = parse_config_text(text, k.world, "batch.json");
+    CHECK(c.batch.train_batch_size == k.train);
+    CHECK(c.batch.micro_batch_size == k.micro);
+    CHECK(c.batch.gradient_accumulation_steps == k.accum);
+    CHECK(c.engine.gradient_accumulation_steps == k.accum);
+    CHECK(c.batch.world_size * c.batch.micro_batch_size * c.batch.gradient_accumulation_steps ==
+          c.batch.train_batch_size);
+  }
+}
+
+TEST_CASE("batch rule errors", "[config][batch]") {
+  struct Case {
+    const char* given;
+    int world;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)",
+       2, "b.json: train_batch_size 32 is not micro 4 × accumulation 2 × world 2 = 16"},
+      {R"("train_batch_size": 10, "train_micro_batch_size_per_gpu": 2)", 2,
+       "b.json: train_batch_size 10 is not divisible by micro 2 × world 2 = 4"},
+      {R"("train_batch_size": 12, "gradient_accumulation_steps": 5)", 2,
+       "b.json: train_batch_size 12 is not divisible by accumulation 5 × world 2 = 10"},
+      {R"("train_batch_size": 6)", 4, "b.json: train_batch_size 6 is not divisible by world 4"},
+      {R"("gradient_accumulation_steps": 4)", 2,
+       "b.json: no batch size: give train_batch_size or train_micro_batch_size_per_gpu (\"auto\" "
+       "needs two of the three batch keys to be numbers)"},
+      {R"("train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": 1)",
+       2,
+       "b.json: no batch size: give train_batch_size or train_micro_batch_size_per_gpu (\"auto\" "
+       "needs two of the three batch keys to be numbers)"},
+      {R"("train_batch_size": 16, "train_micro_batch_size_per_gpu": 4)", 0,
+       "b.json: without a world size, train_batch_size, train_micro_batch_size_per_gpu and "
+       "gradient_accumulation_steps must all be numbers (the world size is their quotient)"},
+      {R"("train_batch_size": 10, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1)",
+       0, "b.json: train_batch_size 10 is not a multiple of micro 4 × accumulation 1 = 4"},
+  };
+  for (const Case& k : cases) {
+    const std::string text = std::string("{") + k.given +
+                             R"(, "model": {"preset": "gpt2-tiny"}, "data": {"train": "t"},)"
+                             R"( "train": {"steps": 1}})";
+    INFO(text << " at world " << k.world);
+    std::string message = "(no error)";
+    try {
+      parse_config_text(text, k.world, "b.json");
+    } catch (const InvalidArgument& e) {
+      message = e.what();
+    }
+    CHECK(message == k.message);
+  }
+}
+
+TEST_CASE("\"auto\" elsewhere: defaults where clear, an error otherwise", "[config][auto]") {
+  const Config c = parse_doc(patched(R"({
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto",
+      "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto",
+      "stage3_max_live_parameters": "auto", "stage3_max_reuse_distance": "auto",
+      "sub_group_size": "auto", "stage3_gather_16bit_weights_on_model_save": "auto",
+      "overlap_comm": "auto"},
+    "scheduler": {"type": "WarmupDecayLR",
+                  "params": {"total_num_steps": "auto", "warmup_num_steps": 10}}
+  })"));
+  CHECK(c.engine.reduce_bucket_size == 500000000);
+  CHECK(c.engine.stage3_prefetch_bucket_size == 50000000);
+  CHECK(c.engine.stage3_param_persistence_threshold == 100000);
+  CHECK(c.engine.stage3_max_live_parameters == 1000000000);
+  CHECK(c.engine.overlap_comm);
+  CHECK(c.scheduler.total_num_steps == 100);  // train.steps
+  CHECK(c.warnings.empty());
+  CHECK(error_of(patched(R"({"gradient_clipping": "auto"})").dump()) ==
+        "bad.json: gradient_clipping: \"auto\" is filled in by Hugging Face's Trainer and has no "
+        "meaning in zrt here; expected a number >= 0");
+  CHECK(error_of(patched(R"({"fp16": {"enabled": "auto"}})").dump()) ==
+        "bad.json: fp16.enabled: \"auto\" is filled in by Hugging Face's Trainer and has no "
+        "meaning in zrt here; expected true or false");
+  // "auto" is an ordinary value of device.type.
+  CHECK(parse_doc(patched(R"({"device": {"type": "auto"}})")).device.type == DeviceChoice::kAuto);
+}
+
+// One bad config: `text` is either a merge patch of base_config() (patch = true) or the whole
+// file; `message` is the exact error.
+struct BadConfig {
+  const char* what;
+  bool patch;
+  const char* text;
+  const char* message;
+};
+
+const BadConfig kBadConfigs[] = {
+    // JSON syntax, with line and column.
+    {"syntax: missing value", false, "{\n  \"seed\": 1,\n  \"model\": }\n",
+     "bad.json:3:12: JSON syntax error while parsing value - unexpected '}'; expected '[', '{', "
+     "or a literal"},
+    {"syntax: trailing comma", false, "{\"seed\": 1,}",
+     "bad.json:1:12: JSON syntax error while parsing object key - unexpected '}'; expected "
+     "string literal"},
+    {"syntax: missing comma", false, "{\n  \"seed\": 1\n  \"output_dir\": \"x\"\n}",
+     "bad.json:3:14: JSON syntax error while parsing object - unexpected string literal; "
+     "expected '}'"},
+    {"syntax: empty file", false, "",
+     "bad.json:1:1: JSON syntax error while parsing value - unexpected end of input; expected "
+     "'[', '{', or a literal"},
+    {"not an object", false, "[1, 2]", "bad.json: the config must be a JSON object, not [1,2]"},
+    // Duplicate keys, at any depth.
+    {"duplicate top-level key", false, "{\n  \"seed\": 1,\n  \"seed\": 2\n}",
+     "bad.json:3:3: duplicate key 'seed' (first on line 2)"},
+    {"duplicate nested key", false,
+     "{\"zero_optimization\": {\n    \"stage\": 1,\n    \"overlap_comm\": true,\n"
+     "    \"stage\": 2}}",
+     "bad.json:4:5: duplicate key 'zero_optimization.stage' (first on line 2)"},
+    {"duplicate key in an array element", false, "{\"x\": [{\"a\": 1}, {\"b\": 1, \"b\": 2}]}",
+     "bad.json:1:27: duplicate key 'x[1].b' (first on line 1)"},
+    // Unknown keys, with the closest valid key, at several depths.
+    {"unknown top-level key", true, R"({"zero_optimisation": {"stage": 1}})",
+     "bad.json: zero_optimisation: unknown key; did you mean 'zero_optimization'?"},
+    {"unknown key at depth 2", true, R"({"zero_optimization": {"stge": 2}})",
+     "bad.json: zero_optimization.stge: unknown key; did you mean 'stage'?"},
+    {"unknown key at depth 3", true,
+     R"({"zero_optimization": {"offload_optimizer": {"devise": "cpu"}}})",
+     "bad.json: zero_optimization.offload_optimizer.devise: unknown key; did you mean "
+     "'device'?"},
+    {"unknown optimizer param", true, R"({"optimizer": {"params": {"lrr": 0.1}}})",
+     "bad.json: optimizer.params.lrr: unknown key; did you mean 'lr'?"},
+    {"key in the wrong block", true, R"({"stage": 2})",
+     "bad.json: stage: unknown key; did you mean 'zero_optimization.stage'?"},
+    {"key of several blocks in the wrong one", true, R"({"zero_optimization": {"enabled": true}})",
+     "bad.json: zero_optimization.enabled: unknown key (docs/config-keys.md lists the valid "
+     "keys)"},
+    {"unknown key without a close one", true, R"({"model": {"dropout": 0.1}})",
+     "bad.json: model.dropout: unknown key; valid keys: type, preset, n_layer, n_head, n_embd, "
+     "vocab_size, seq_len, activation_checkpointing, init_from"},
+    // Wrong types and values out of range, with the expected form.
+    {"bool written as a string", true, R"({"bf16": {"enabled": "true"}})",
+     "bad.json: bf16.enabled: expected true or false, got \"true\""},
+    {"bool written as a number", true, R"({"zero_optimization": {"overlap_comm": 1}})",
+     "bad.json: zero_optimization.overlap_comm: expected true or false or \"auto\", got 1"},
+    {"fractional integer", true, R"({"train_micro_batch_size_per_gpu": 2.5})",
+     "bad.json: train_micro_batch_size_per_gpu: expected an integer >= 1 or \"auto\", got 2.5"},
+    {"integer too large for 64 bits", true,
+     R"({"zero_optimization": {"reduce_bucket_size": 1e30}})",
+     "bad.json: zero_optimization.reduce_bucket_size: expected an integer >= 1 or \"auto\", got "
+     "1e+30"},
+    {"stage outside 0-3", true, R"({"zero_optimization": {"stage": 4}})",
+     "bad.json: zero_optimization.stage: 4 is out of range; expected an integer in [0, 3]"},
+    {"negative clipping", true, R"({"gradient_clipping": -1})",
+     "bad.json: gradient_clipping: -1 is out of range; expected a number >= 0"},
+    {"enum value", true, R"({"device": {"type": "gpu"}})",
+     "bad.json: device.type: expected one of \"cpu\", \"cuda\", \"auto\", got \"gpu\""},
+    {"enum value in the wrong case", true,
+     R"({"zero_optimization": {"offload_optimizer": {"device": "CPU"}}})",
+     "bad.json: zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", "
+     "\"nvme\", got \"CPU\"; did you mean \"cpu\"?"},
+    {"string expected", true, R"({"data": {"train": 5}})",
+     "bad.json: data.train: expected a string, got 5"},
+    {"object expected", true, R"({"fp16": true})", "bad.json: fp16: expected an object, got true"},
+    {"betas not a pair", true, R"({"optimizer": {"params": {"betas": [0.9]}}})",
+     "bad.json: optimizer.params.betas: expected a list of two numbers in [0, 1], got [0.9]"},
+    {"\"auto\" without a meaning", true, R"({"optimizer": {"params": {"lr": "auto"}}})",
+     "bad.json: optimizer.params.lr: \"auto\" is filled in by Hugging Face's Trainer and has no "
+     "meaning in zrt here; expected a number >= 0"},
+    {"dtype name", true, R"({"communication_data_type": "float16"})",
+     "bad.json: communication_data_type: expected one of \"fp32\", \"bf16\", \"fp16\", got "
+     "\"float16\""},
+    // Impossible combinations.
+    {"fp16 and bf16", true, R"({"fp16": {"enabled": true}})",
+     "bad.json: fp16.enabled and bf16.enabled are both true; choose one"},
+    {"offload_param below stage 3", true,
+     R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
+     "bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)"},
+    {"offload_optimizer at stage 0", true,
+     R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
+     "bad.json: zero_optimization.offload_optimizer: optimizer offload needs stage 1, 2 or 3 "
+     "(stage is 0)"},
+    {"offload_param without offload_optimizer", true,
+     R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
+     "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer too "
+     "(zrt keeps offloaded parameter slices beside the optimizer state in host memory)"},
+    {"nvme without nvme_path", true,
+     R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
+     "bad.json: zero_optimization.offload_param.device: nvme offload needs nvme_path"},
+    {"accumulation in another 16-bit type", true, R"({"data_types": {"grad_accum_dtype": "fp16"}})",
+     "bad.json: data_types.grad_accum_dtype: fp16 accumulation with bf16 compute; accumulate in "
+     "fp32 or the compute dtype"},
+    {"evaluation without validation data", true, R"({"data": {"val": null}})",
+     "bad.json: train.eval_interval: evaluation every 50 steps needs data.val"},
+    {"bf16 under both names", true, R"({"bfloat16": {"enabled": true}})",
+     "bad.json: bfloat16: give bf16 or its old name bfloat16, not both"},
+    {"min_loss_scale above the initial scale", true,
+     R"({"bf16": null, "fp16": {"enabled": true, "initial_scale_power": 2, "min_loss_scale": 8}})",
+     "bad.json: fp16.min_loss_scale: 8 exceeds the initial scale 2^2 = 4"},
+    {"trace steps reversed", true, R"({"trace": {"path": "t.json", "steps": [5, 3]}})",
+     "bad.json: trace.steps: [5,3]: the first step is after the last"},
+    {"stream delay on cuda", true, R"({"device": {"type": "cuda", "stream_delay_us": 10}})",
+     "bad.json: device.stream_delay_us: stream delays exist on the CPU backend only (device.type "
+     "is cuda)"},
+    {"n_embd not a multiple of n_head", true, R"({"model": {"n_head": 5, "n_embd": 64}})",
+     "bad.json: model.n_embd: 64 is not a multiple of n_head 5"},
+    {"no preset and missing dimensions", true, R"({"model": {"preset": null, "n_layer": 2}})",
+     "bad.json: model: without a preset, n_layer, n_head, n_embd, vocab_size and seq_len are "
+     "required (missing: n_head, n_embd, vocab_size, seq_len)"},
+    {"missing model", true, R"({"model": null})",
+     "bad.json: model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})"},
+    {"missing train.steps", true, R"({"train": {"steps": null}})",
+     "bad.json: train.steps: required: the number of optimizer steps"},
+    {"missing data.train", true, R"({"data": {"train": null}})",
+     "bad.json: data.train: required: a token file path or glob"},
+    // DeepSpeed features zrt does not implement: never silently ignored.
+    {"nvme offload", true,
+     R"({"zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/nvme"}}})",
+     "bad.json: zero_optimization.offload_optimizer.device: nvme offload is not implemented; "
+     "use \"cpu\""},
+    {"pipeline parallelism", true, R"({"pipeline": {"stages": 2}})",
+     "bad.json: pipeline: not implemented by zrt (Pipeline parallelism); remove the key"},
+    {"mixture of experts", true, R"({"moe": {"num_experts": 8}})",
+     "bad.json: moe: not implemented by zrt (Mixture of experts: not a DeepSpeed config key, "
+     "reserved so MoE settings fail loudly); remove the key"},
+    {"enabled DeepSpeed feature block", true, R"({"progressive_layer_drop": {"enabled": true}})",
+     "bad.json: progressive_layer_drop: not implemented by zrt (Progressive layer dropping); "
+     "remove the block or set \"enabled\": false"},
+    {"amsgrad", true, R"({"optimizer": {"params": {"amsgrad": true}}})",
+     "bad.json: optimizer.params.amsgrad: not implemented by zrt (The AMSGrad variant of Adam); "
+     "remove the key or set it to false"},
+    {"ZeRO++ quantized gradients", true,
+     R"({"zero_optimization": {"zero_quantized_gradients": true}})",
+     "bad.json: zero_optimization.zero_quantized_gradients: not implemented by zrt (ZeRO++ "
+     "quantized gradient reduction); remove the key or set it to false"},
+    {"fp16 auto_cast", true, R"({"fp16": {"auto_cast": true}})",
+     "bad.json: fp16.auto_cast: not implemented by zrt (Cast module inputs to fp16 "
+     "automatically); remove the key or set it to false"},
+    {"gradient sum", true, R"({"gradient_allreduce_op": "sum"})",
+     "bad.json: gradient_allreduce_op: not implemented by zrt (Average (mean) or sum gradients "
+     "over ranks; zrt averages); remove the key or set it to \"mean\""},
+    {"unsupported optimizer", true, R"({"optimizer": {"type": "Lamb"}})",
+     "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW"},
+    {"scheduler without total_num_steps", true,
+     R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})",
+     "bad.json: scheduler.params.total_num_steps is required for WarmupCosineLR"},
+};
+
+TEST_CASE("bad configs fail with a message naming the key", "[config][errors]") {
+  STATIC_REQUIRE(sizeof(kBadConfigs) / sizeof(kBadConfigs[0]) >= 30);
+  for (const BadConfig& bad : kBadConfigs) {
+    const std::string text = bad.patch ? patched(bad.text).dump(2) : std::string(bad.text);
+    INFO(bad.what << "\n" << text);
+    CHECK(error_of(text) == bad.message);
+  }
+}
+
+TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silently",
+          "[config][warnings]") {
+  const Config quiet = parse_doc(patched(R"({
+    "wall_clock_breakdown": false, "steps_per_print": 10, "tensorboard": {"enabled": false},
+    "fp16": {"enabled": false, "auto_cast": false}, "amp": {"enabled": false},
+    "zero_optimization": {"contiguous_gradients": true, "reduce_scatter": true,
+                          "allgather_bucket_size": 5e8, "round_robin_gradients": false},
+    "checkpoint": {"tag_validation": "warn"}, "pipeline": {}, "aio": {}
+  })"));
+  CHECK(quiet.warnings.empty());
+
+  const Config loud = parse_doc(patched(R"({
+    "wall_clock_breakdown": true, "steps_per_print": 100, "tensorboard": {"enabled": true},
+    "zero_optimization": {"contiguous_gradients": false, "allgather_bucket_size": 2e8,
+                          "stage3_prefetch_bucket_size": 1e6},
+    "activation_checkpointing": {"partition_activations": true, "profile": false}
+  })"));
+  const char* expected[] = {
+      "wall_clock_breakdown: accepted, but has no effect in zrt",
+      "steps_per_print: accepted, but has no effect in zrt",
+      "tensorboard: accepted, but has no effect in zrt",
+      "zero_optimization.contiguous_gradients: accepted, but has no effect in zrt",
+      "zero_optimization.allgather_bucket_size: accepted, but has no effect in zrt",
+      "zero_optimization.stage3_prefetch_bucket_size: only used at stage 3 (stage is 2)",
+      "activation_checkpointing.partition_activations: accepted, but has no effect in zrt",
+  };
+  for (const char* w : expected) {
+    INFO(w);
+    CHECK(has_warning(loud, w));
+  }
+  CHECK(loud.warnings.size() == sizeof(expected) / sizeof(expected[0]));
+  const std::string full =
+      "wall_clock_breakdown: accepted, but has no effect in zrt (DeepSpeed timers; use trace "
+      "for timings)";
+  CHECK(std::count(loud.warnings.begin(), loud.warnings.end(), full) == 1);
+}
+
+TEST_CASE("null means the default; bfloat16 is bf16", "[config]") {
+  const Config c = parse_doc(patched(R"({"bf16": null, "bfloat16": {"enabled": true},
+    "gradient_clipping": null, "optimizer": {"params": {"eps": null}}})"));
+  CHECK(c.bf16());
+  CHECK(c.engine.gradient_clipping == 0.0);
+  CHECK(c.optimizer.adam.eps == 1e-8);
+}
+
+TEST_CASE("json_reader: positions, duplicates, files", "[config][json]") {
+  using config::position_of;
+  CHECK(position_of("ab\ncd", 0).line == 1);
+  CHECK(position_of("ab\ncd", 0).column == 1);
+  CHECK(position_of("ab\ncd", 4).line == 2);
+  CHECK(position_of("ab\ncd", 4).column == 2);
+  // Equal keys in different objects are fine; escaped spellings of one key are duplicates.
+  CHECK_NOTHROW(config::parse_json_text(R"({"a": {"k": 1}, "b": {"k": 2}, "k": 3})", "x"));
+  CHECK_NOTHROW(config::parse_json_text(R"({"a": "{\"k\": 1, \"k\": 2}"})", "x"));
+  CHECK_THROWS_WITH(config::parse_json_text(R"({"k": 1, "\u006b": 2})", "x"),
+                    "x:1:10: duplicate key 'k' (first on line 1)");
+  CHECK_THROWS_WITH(load_config("/nonexistent/zrt.json", 1),
+                    "/nonexistent/zrt.json: cannot open the config file");
+}
+
+TEST_CASE("device options resolve auto and the memory limit", "[config]") {
+  DeviceConfig d;
+  d.memory_limit_gb = 0.5;
+  d.stream_delay_us = 7;
+  DeviceOptions cpu = d.options(false, 3, 11);
+  CHECK(cpu.type == DeviceType::kCpu);
+  CHECK(cpu.index == 0);
+  CHECK(cpu.memory_limit_bytes == (std::int64_t{1} << 29));
+  CHECK(cpu.stream_delay_max_us == 7);
+  CHECK(cpu.stream_delay_seed == 11);
+  DeviceOptions gpu = d.options(true, 3, 11);
+  CHECK(gpu.type == DeviceType::kCuda);
+  CHECK(gpu.index == 3);
+  CHECK(gpu.stream_delay_max_us == 0);
+  d.type = DeviceChoice::kCuda;
+  CHECK_THROWS_AS(d.options(false, 0, 1), InvalidArgument);
+  d.type = DeviceChoice::kCpu;
+  CHECK(d.options(true, 1, 1).type == DeviceType::kCpu);
+}
+
+TEST_CASE("the key table is consistent", "[config][keys]") {
+  std::set<std::string> seen;
+  for (const config::KeyInfo& key : config::key_table()) {
+    const std::string path = key.path;
+    INFO(path);
+    CHECK(seen.insert(path).second);
+    const std::size_t dot = path.rfind('.');
+    if (dot != std::string::npos) {
+      // Parents come first and are blocks whose keys are checked.
+      const std::string parent = path.substr(0, dot);
+      REQUIRE(seen.count(parent) == 1);
+      CHECK(config::find_key(parent)->kind == config::KeyKind::kObject);
+    }
+    if (key.off_value[0] != '\0') CHECK_NOTHROW(json::parse(key.off_value));
+    if (key.status == config::KeyStatus::kImplemented) CHECK(key.off_value[0] == '\0');
+    CHECK(std::string(key.meaning).find('|') == std::string::npos);
+    CHECK(std::string(key.default_text).find('|') == std::string::npos);
+  }
+  CHECK(config::find_key("zero_optimization.stage") != nullptr);
+  CHECK(config::find_key("zero_optimization.nope") == nullptr);
+  CHECK(config::child_keys("fp16").size() == 10);
+}
+
+TEST_CASE("docs/config-keys.md matches the key table", "[config][docs]") {
+  const std::string path = std::string(ZRT_SOURCE_DIR) + "/docs/config-keys.md";
+  const std::string generated = config::generate_key_table_markdown();
+  if (std::getenv("ZRT_UPDATE_DOCS") != nullptr) {
+    std::ofstream(path) << generated;
+  }
+  const std::string committed = read_text(path);
+  CHECK(committed == generated);  // ZRT_UPDATE_DOCS=1 build/tests/test_config rewrites it
+}
+
+TEST_CASE("every example in configs/ validates", "[config][examples]") {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(std::string(ZRT_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  REQUIRE(files.size() >= 10);
+  for (const fs::path& file : files) {
+    INFO(file.string());
+    // World size 0: taken from the file's batch numbers.
+    Config c;
+    REQUIRE_NOTHROW(c = load_config(file.string(), 0));
+    CHECK(c.batch.world_size >= 1);
+    CHECK(c.warnings.empty());
+    CHECK(c.train.steps >= 1);
+  }
+  const Config demo = load_config(std::string(ZRT_SOURCE_DIR) + "/configs/demo.json", 0);
+  CHECK(demo.batch.world_size == 4);
+  CHECK(demo.engine.stage == 3);
+}
+
+}  // namespace
+}  // namespace zrt

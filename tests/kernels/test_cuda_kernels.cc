@@ -1,0 +1,474 @@
+// GPU parity: every CUDA kernel (through ops.h on a CUDA KernelContext) against its CPU twin on
+// the same inputs, in fp32 (per-tensor relative error <= 1e-5) and with bf16 storage (<= 1e-2,
+// fp32 and bf16 gradients); the cuBLASLt bias-epilogue path against its fallback; determinism
+// of the backward passes; and the whole tiny GPT on the GPU against the PyTorch golden values.
+// Listed everywhere, skipped (exit 77) without a usable GPU (tests/support/gpu_test_main.cc).
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/residual.h"
+#include "kernels/kernel_context.h"
+#include "kernels/ops.h"
+#include "models/flat_param_access.h"
+#include "models/gpt/gpt.h"
+#include "runtime/device/device.h"
+#include "tests/kernels/kernel_test_util.h"
+#include "tests/support/gpu_test_support.h"
+
+namespace zrt::kernels {
+namespace {
+
+using test::normal_values;
+using test::to_double;
+using test::to_storage;
+using Vec = std::vector<double>;
+using Results = std::map<std::string, Vec>;
+
+constexpr std::uint64_t kSeed = 99;
+// Shapes with several thread blocks, row chunks and GEMM tiles per dimension.
+constexpr int kB = 2, kT = 64, kC = 128, kNH = 4, kV = 1000;
+constexpr int kN = kB * kT;
+
+std::vector<std::byte> encode(const Vec& v, DType dt) {
+  std::vector<std::byte> out(v.size() * dtype_size(dt));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    if (dt == DType::kFloat32) {
+      std::memcpy(&out[i * 4], &f, 4);
+    } else if (dt == DType::kBFloat16) {
+      const bf16 h = to_bf16(f);
+      std::memcpy(&out[i * 2], &h, 2);
+    } else {
+      const fp16 h = to_fp16(f);
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+Vec decode(const std::vector<std::byte>& bytes, DType dt) {
+  Vec v(bytes.size() / dtype_size(dt));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::kFloat32) {
+      float f;
+      std::memcpy(&f, &bytes[i * 4], 4);
+      v[i] = f;
+    } else if (dt == DType::kBFloat16) {
+      bf16 h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      v[i] = to_float(h);
+    } else {
+      fp16 h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      v[i] = to_float(h);
+    }
+  }
+  return v;
+}
+
+// A CUDA device, stream and kernel context, with host<->device helpers (synchronous).
+struct Gpu {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<KernelContext> ctx;
+
+  Gpu() {
+    DeviceOptions options;
+    options.type = DeviceType::kCuda;
+    options.index = test::gpu_index();
+    device = make_device(options);
+    stream = device->create_stream("compute");
+    ctx = std::make_unique<KernelContext>(*device, *stream);
+  }
+  Buffer upload_bytes(const void* data, std::size_t bytes) {
+    Buffer b = device->allocate(static_cast<std::int64_t>(bytes + 64), MemCategory::kOther, "test");
+    device->copy_to_device(b.device<std::byte>(), data, bytes, *stream);
+    stream->synchronize();
+    return b;
+  }
+  Buffer upload(const Vec& v, DType dt) {
+    const auto bytes = encode(v, dt);
+    return upload_bytes(bytes.data(), bytes.size());
+  }
+  Buffer zeros(std::size_t n, DType dt) { return upload(Vec(n, 0.0), dt); }
+  Buffer tokens(const std::vector<std::int32_t>& t) {
+    return upload_bytes(t.data(), t.size() * sizeof(std::int32_t));
+  }
+  Vec download(const Buffer& b, std::size_t n, DType dt) {
+    std::vector<std::byte> bytes(n * dtype_size(dt));
+    device->copy_to_host(bytes.data(), b.device<std::byte>(), bytes.size(), *stream);
+    stream->synchronize();
+    return decode(bytes, dt);
+  }
+};
+
+Bytes dev(const Buffer& b) {
+  return b.device<std::byte>();
+}
+Floats fdev(const Buffer& b) {
+  return b.device<float>();
+}
+ConstTokens tdev(const Buffer& b) {
+  return b.device<const std::int32_t>();
+}
+
+void compare(const Results& gpu, const Results& cpu, double tol) {
+  for (const auto& [name, want] : cpu) {
+    REQUIRE(gpu.count(name) == 1);
+    const double err = test::rel_error(gpu.at(name), want);
+    INFO(name << ": GPU vs CPU twin relative error " << err << " (tolerance " << tol << ")");
+    CHECK(err <= tol);
+  }
+}
+
+// ---- per layer: CPU twin (storage S, gradients G) and the GPU op (dtype dt, grads gt) ----------
+
+struct EncoderIn {
+  Vec wte = normal_values(kSeed, 1, kV*kC), wpe = normal_values(kSeed, 2, kT*kC),
+      dout = normal_values(kSeed, 3, kN*kC);
+  std::vector<std::int32_t> tokens = [] {
+    auto t = test::token_values(kSeed, 4, kN, 16);  // a small range: many repeated tokens
+    t[5] = kV - 1;
+    return t;
+  }();
+};
+
+template <typename S, typename G>
+Results cpu_encoder(const EncoderIn& in) {
+  const auto wte = to_storage<S>(in.wte), wpe = to_storage<S>(in.wpe),
+             dout = to_storage<S>(in.dout);
+  std::vector<S> out(kN * kC);
+  std::vector<G> dwte(wte.size(), G{}), dwpe(wpe.size(), G{});
+  cpu::encoder_forward<S>(out.data(), in.tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV);
+  cpu::encoder_backward<S, G>(dwte.data(), dwpe.data(), dout.data(), in.tokens.data(), kB, kT, kC,
+                              kV);
+  return {{"out", to_double(out)}, {"dwte", to_double(dwte)}, {"dwpe", to_double(dwpe)}};
+}
+
+Results gpu_encoder(Gpu& g, DType dt, DType gt, const EncoderIn& in) {
+  Buffer wte = g.upload(in.wte, dt), wpe = g.upload(in.wpe, dt), dout = g.upload(in.dout, dt);
+  Buffer tok = g.tokens(in.tokens);
+  Buffer out = g.zeros(kN * kC, dt), dwte = g.zeros(in.wte.size(), gt),
+         dwpe = g.zeros(in.wpe.size(), gt);
+  encoder_forward(*g.ctx, dt, dev(out), tdev(tok), dev(wte), dev(wpe), kB, kT, kC, kV);
+  encoder_backward(*g.ctx, dt, gt, dev(dwte), dev(dwpe), dev(dout), tdev(tok), kB, kT, kC, kV);
+  return {{"out", g.download(out, kN * kC, dt)},
+          {"dwte", g.download(dwte, in.wte.size(), gt)},
+          {"dwpe", g.download(dwpe, in.wpe.size(), gt)}};
+}
+
+struct LayerNormIn {
+  Vec x = normal_values(kSeed, 11, kN*kC, 2.0, 0.5), w = normal_values(kSeed, 12, kC, 0.1, 1.0),
+      b = normal_values(kSeed, 13, kC, 0.1), dout = normal_values(kSeed, 14, kN*kC);
+};
+
+template <typename S, typename G>
+Results cpu_layernorm(const LayerNormIn& in) {
+  const auto x = to_storage<S>(in.x), w = to_storage<S>(in.w), b = to_storage<S>(in.b),
+             dout = to_storage<S>(in.dout);
+  std::vector<S> out(kN * kC), dx(kN * kC, S{});
+  std::vector<float> mean(kN), rstd(kN);
+  std::vector<G> dw(kC, G{}), db(kC, G{});
+  cpu::layernorm_forward<S>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), kN,
+                            kC);
+  cpu::layernorm_backward<S, G>(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                                mean.data(), rstd.data(), kN, kC);
+  return {{"out", to_double(out)}, {"mean", to_double(mean)},  {"rstd", to_double(rstd)},
+          {"dinp", to_double(dx)}, {"dweight", to_double(dw)}, {"dbias", to_double(db)}};
+}
+
+Results gpu_layernorm(Gpu& g, DType dt, DType gt, const LayerNormIn& in) {
+  Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), b = g.upload(in.b, dt),
+         dout = g.upload(in.dout, dt);
+  Buffer out = g.zeros(kN * kC, dt), dx = g.zeros(kN * kC, dt);
+  Buffer mean = g.zeros(kN, DType::kFloat32), rstd = g.zeros(kN, DType::kFloat32);
+  Buffer dw = g.zeros(kC, gt), db = g.zeros(kC, gt);
+  layernorm_forward(*g.ctx, dt, dev(out), fdev(mean), fdev(rstd), dev(x), dev(w), dev(b), kN, kC);
+  layernorm_backward(*g.ctx, dt, gt, dev(dx), dev(dw), dev(db), dev(dout), dev(x), dev(w),
+                     fdev(mean), fdev(rstd), kN, kC);
+  return {{"out", g.download(out, kN * kC, dt)},
+          {"mean", g.download(mean, kN, DType::kFloat32)},
+          {"rstd", g.download(rstd, kN, DType::kFloat32)},
+          {"dinp", g.download(dx, kN * kC, dt)},
+          {"dweight", g.download(dw, kC, gt)},
+          {"dbias", g.download(db, kC, gt)}};
+}
+
+struct MatmulIn {
+  int N, C, OC;
+  Vec x, w, b, dout;
+  MatmulIn(int n, int c, int oc)
+      : N(n),
+        C(c),
+        OC(oc),
+        x(normal_values(kSeed, 21, n * c)),
+        w(normal_values(kSeed, 22, c * oc, 0.05)),
+        b(normal_values(kSeed, 23, oc, 0.1)),
+        dout(normal_values(kSeed, 24, n * oc)) {}
+};
+
+template <typename S, typename G>
+Results cpu_matmul(const MatmulIn& in) {
+  const auto x = to_storage<S>(in.x), w = to_storage<S>(in.w), b = to_storage<S>(in.b),
+             dout = to_storage<S>(in.dout);
+  std::vector<S> out(in.N * in.OC), dx(in.N * in.C, S{});
+  std::vector<G> dw(in.C * in.OC, G{}), db(in.OC, G{});
+  std::vector<float> ws(std::max(cpu::matmul_forward_workspace<S>(in.N, in.C, in.OC),
+                                 cpu::matmul_backward_workspace<S>(in.N, in.C, in.OC)) +
+                        1);
+  cpu::matmul_forward<S>(out.data(), x.data(), w.data(), b.data(), in.N, in.C, in.OC, ws.data());
+  cpu::matmul_backward<S, G>(dx.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(), in.N,
+                             in.C, in.OC, ws.data());
+  return {{"out", to_double(out)},
+          {"dinp", to_double(dx)},
+          {"dweight", to_double(dw)},
+          {"dbias", to_double(db)}};
+}
+
+// bias_offset > 0 misaligns the bias pointer, which sends the forward to the fallback path.
+Results gpu_matmul(Gpu& g, DType dt, DType gt, const MatmulIn& in, int bias_offset = 0) {
+  Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), dout = g.upload(in.dout, dt);
+  Vec padded(bias_offset, 0.0);
+  padded.insert(padded.end(), in.b.begin(), in.b.end());
+  Buffer b = g.upload(padded, dt);
+  Buffer out = g.zeros(in.N * in.OC, dt), dx = g.zeros(in.N * in.C, dt);
+  Buffer dw = g.zeros(in.C * in.OC, gt), db = g.zeros(in.OC, gt);
+  const Bytes bias = dev(b) + bias_offset * static_cast<std::int64_t>(dtype_size(dt));
+  matmul_forward(*g.ctx, dt, dev(out), dev(x), dev(w), bias, in.N, in.C, in.OC);
+  matmul_backward(*g.ctx, dt, gt, dev(dx), dev(dw), dev(db), dev(dout), dev(x), dev(w), in.N, in.C,
+                  in.OC);
+  return {{"out", g.download(out, in.N * in.OC, dt)},
+          {"dinp", g.download(dx, in.N * in.C, dt)},
+          {"dweight", g.download(dw, in.C * in.OC, gt)},
+          {"dbias", g.download(db, in.OC, gt)}};
+}
+
+struct ElementwiseIn {
+  int n = kN * 4 * kC;
+  Vec x = normal_values(kSeed, 31, n, 2.0), y = normal_values(kSeed, 32, n),
+      dout = normal_values(kSeed, 33, n);
+};
+
+template <typename S, typename G>
+Results cpu_elementwise(const ElementwiseIn& in) {
+  const auto x = to_storage<S>(in.x), y = to_storage<S>(in.y), dout = to_storage<S>(in.dout);
+  std::vector<S> gelu(in.n), dgelu(in.n, S{}), sum(in.n), da(in.n, S{}), db(in.n, S{});
+  cpu::gelu_forward<S>(gelu.data(), x.data(), in.n);
+  cpu::gelu_backward<S>(dgelu.data(), x.data(), dout.data(), in.n);
+  cpu::residual_forward<S>(sum.data(), x.data(), y.data(), in.n);
+  cpu::residual_backward<S>(da.data(), db.data(), dout.data(), in.n);
+  return {{"gelu", to_double(gelu)},
+          {"dgelu", to_double(dgelu)},
+          {"sum", to_double(sum)},
+          {"da", to_double(da)},
+          {"db", to_double(db)}};
+}
+
+Results gpu_elementwise(Gpu& g, DType dt, DType /*gt*/, const ElementwiseIn& in) {
+  Buffer x = g.upload(in.x, dt), y = g.upload(in.y, dt), dout = g.upload(in.dout, dt);
+  Buffer gelu = g.zeros(in.n, dt), dgelu = g.zeros(in.n, dt), sum = g.zeros(in.n, dt),
+         da = g.zeros(in.n, dt), db = g.zeros(in.n, dt);
+  gelu_forward(*g.ctx, dt, dev(gelu), dev(x), in.n);
+  gelu_backward(*g.ctx, dt, dev(dgelu), dev(x), dev(dout), in.n);
+  residual_forward(*g.ctx, dt, dev(sum), dev(x), dev(y), in.n);
+  residual_backward(*g.ctx, dt, dev(da), dev(db), dev(dout), in.n);
+  return {{"gelu", g.download(gelu, in.n, dt)},
+          {"dgelu", g.download(dgelu, in.n, dt)},
+          {"sum", g.download(sum, in.n, dt)},
+          {"da", g.download(da, in.n, dt)},
+          {"db", g.download(db, in.n, dt)}};
+}
+
+struct AttentionIn {
+  Vec qkv = normal_values(kSeed, 51, kN * 3 * kC), dout = normal_values(kSeed, 52, kN*kC);
+};
+
+template <typename S, typename G>
+Results cpu_attention(const AttentionIn& in) {
+  const auto qkv = to_storage<S>(in.qkv), dout = to_storage<S>(in.dout);
+  std::vector<S> out(kN * kC), dqkv(qkv.size(), S{});
+  std::vector<float> att(static_cast<std::size_t>(kB) * kNH * kT * kT);
+  std::vector<float> ws(std::max(cpu::attention_forward_workspace<S>(kB, kT, kC, kNH),
+                                 cpu::attention_backward_workspace<S>(kB, kT, kC, kNH)) +
+                        1);
+  cpu::attention_forward<S>(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH, ws.data());
+  cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH,
+                             ws.data());
+  return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+}
+
+Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
+  const std::size_t att_n = static_cast<std::size_t>(kB) * kNH * kT * kT;
+  Buffer qkv = g.upload(in.qkv, dt), dout = g.upload(in.dout, dt);
+  Buffer out = g.zeros(kN * kC, dt), dqkv = g.zeros(in.qkv.size(), dt),
+         att = g.zeros(att_n, DType::kFloat32);
+  attention_forward(*g.ctx, dt, dev(out), fdev(att), dev(qkv), kB, kT, kC, kNH);
+  attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), fdev(att), kB, kT, kC, kNH);
+  return {{"out", g.download(out, kN * kC, dt)},
+          {"att", g.download(att, att_n, DType::kFloat32)},
+          {"dqkv", g.download(dqkv, in.qkv.size(), dt)}};
+}
+
+struct HeadIn {
+  Vec x = normal_values(kSeed, 61, kN*kC), wte = normal_values(kSeed, 62, kV*kC, 0.1);
+  std::vector<std::int32_t> targets = test::token_values(kSeed, 63, kN, kV);
+};
+
+// logits, losses and mean loss, then the in-place cross-entropy gradient and the head backward.
+template <typename S, typename G>
+Results cpu_head(const HeadIn& in) {
+  const auto x = to_storage<S>(in.x), wte = to_storage<S>(in.wte);
+  std::vector<S> logits(kN * kV), dx(kN * kC, S{});
+  std::vector<G> dwte(wte.size(), G{});
+  std::vector<float> losses(kN), mean(1);
+  std::vector<float> ws(std::max(cpu::logits_forward_workspace<S>(kN, kC, kV),
+                                 cpu::logits_backward_workspace<S>(kN, kC, kV)) +
+                        1);
+  cpu::logits_forward<S>(logits.data(), x.data(), wte.data(), kN, kC, kV, ws.data());
+  const Vec logits_fwd = to_double(logits);
+  cpu::crossentropy_forward<S>(losses.data(), logits.data(), in.targets.data(), kN, kV);
+  cpu::loss_mean<float>(mean.data(), losses.data(), kN);
+  cpu::crossentropy_backward<S>(logits.data(), logits.data(), in.targets.data(), 1.0f / kN, kN, kV);
+  cpu::logits_backward<S, G>(dx.data(), dwte.data(), logits.data(), x.data(), wte.data(), kN, kC,
+                             kV, ws.data());
+  return {{"logits", logits_fwd},         {"losses", to_double(losses)}, {"mean", to_double(mean)},
+          {"dlogits", to_double(logits)}, {"dinp", to_double(dx)},       {"dwte", to_double(dwte)}};
+}
+
+Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in) {
+  Buffer x = g.upload(in.x, dt), wte = g.upload(in.wte, dt), tgt = g.tokens(in.targets);
+  Buffer logits = g.zeros(kN * kV, dt), dx = g.zeros(kN * kC, dt),
+         dwte = g.zeros(in.wte.size(), gt);
+  Buffer losses = g.zeros(kN, DType::kFloat32), mean = g.zeros(1, DType::kFloat32);
+  logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, kV);
+  const Vec logits_fwd = g.download(logits, kN * kV, dt);
+  crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV);
+  loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
+  crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV);
+  logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV);
+  return {{"logits", logits_fwd},
+          {"losses", g.download(losses, kN, DType::kFloat32)},
+          {"mean", g.download(mean, 1, DType::kFloat32)},
+          {"dlogits", g.download(logits, kN * kV, dt)},
+          {"dinp", g.download(dx, kN * kC, dt)},
+          {"dwte", g.download(dwte, in.wte.size(), gt)}};
+}
+
+// Runs one layer's parity check in fp32, bf16 with fp32 gradients and bf16 with bf16 gradients.
+template <typename In, typename CpuF32, typename CpuBf16F32, typename CpuBf16, typename GpuFn>
+void check_layer(const In& in, CpuF32 cpu_f32, CpuBf16F32 cpu_bf16_f32, CpuBf16 cpu_bf16,
+                 GpuFn gpu) {
+  Gpu g;
+  SECTION("fp32") {
+    compare(gpu(g, DType::kFloat32, DType::kFloat32, in), cpu_f32(in), 1e-5);
+  }
+  SECTION("bf16, fp32 grads") {
+    compare(gpu(g, DType::kBFloat16, DType::kFloat32, in), cpu_bf16_f32(in), 1e-2);
+  }
+  SECTION("bf16, bf16 grads") {
+    compare(gpu(g, DType::kBFloat16, DType::kBFloat16, in), cpu_bf16(in), 1e-2);
+  }
+}
+
+TEST_CASE("CUDA encoder matches its CPU twin", "[cuda]") {
+  check_layer(EncoderIn{}, cpu_encoder<float, float>, cpu_encoder<bf16, float>,
+              cpu_encoder<bf16, bf16>, gpu_encoder);
+}
+
+TEST_CASE("CUDA layernorm matches its CPU twin", "[cuda]") {
+  check_layer(LayerNormIn{}, cpu_layernorm<float, float>, cpu_layernorm<bf16, float>,
+              cpu_layernorm<bf16, bf16>, gpu_layernorm);
+}
+
+TEST_CASE("CUDA matmul matches its CPU twin", "[cuda]") {
+  check_layer(MatmulIn(kN, kC, 3 * kC), cpu_matmul<float, float>, cpu_matmul<bf16, float>,
+              cpu_matmul<bf16, bf16>, [](Gpu& g, DType dt, DType gt, const MatmulIn& in) {
+                return gpu_matmul(g, dt, gt, in);
+              });
+}
+
+TEST_CASE("CUDA matmul at GPT-2 124M shapes, cuBLASLt epilogue and fallback", "[cuda]") {
+  const MatmulIn in(256, 768, 2304);
+  Gpu g;
+  compare(gpu_matmul(g, DType::kFloat32, DType::kFloat32, in), cpu_matmul<float, float>(in), 1e-5);
+  // A bias at an odd element offset is not 16-byte aligned: the GemmEx + bias kernel path.
+  compare(gpu_matmul(g, DType::kFloat32, DType::kFloat32, in, 1), cpu_matmul<float, float>(in),
+          1e-5);
+  compare(gpu_matmul(g, DType::kBFloat16, DType::kFloat32, in, 1), cpu_matmul<bf16, float>(in),
+          1e-2);
+}
+
+TEST_CASE("CUDA gelu and residual match their CPU twins", "[cuda]") {
+  check_layer(ElementwiseIn{}, cpu_elementwise<float, float>, cpu_elementwise<bf16, float>,
+              cpu_elementwise<bf16, bf16>, gpu_elementwise);
+}
+
+TEST_CASE("CUDA attention matches its CPU twin", "[cuda]") {
+  check_layer(AttentionIn{}, cpu_attention<float, float>, cpu_attention<bf16, float>,
+              cpu_attention<bf16, bf16>, gpu_attention);
+}
+
+TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cuda]") {
+  check_layer(HeadIn{}, cpu_head<float, float>, cpu_head<bf16, float>, cpu_head<bf16, bf16>,
+              gpu_head);
+}
+
+TEST_CASE("CUDA backward passes are deterministic", "[cuda]") {
+  Gpu g;
+  const EncoderIn enc;
+  const LayerNormIn ln;
+  const MatmulIn mm(kN, kC, 4 * kC);
+  CHECK(gpu_encoder(g, DType::kFloat32, DType::kFloat32, enc) ==
+        gpu_encoder(g, DType::kFloat32, DType::kFloat32, enc));
+  CHECK(gpu_layernorm(g, DType::kFloat32, DType::kFloat32, ln) ==
+        gpu_layernorm(g, DType::kFloat32, DType::kFloat32, ln));
+  CHECK(gpu_matmul(g, DType::kBFloat16, DType::kFloat32, mm) ==
+        gpu_matmul(g, DType::kBFloat16, DType::kFloat32, mm));
+}
+
+TEST_CASE("tiny GPT on the GPU matches PyTorch (fp32)", "[cuda][gpt]") {
+  const auto& golden = test::golden()["gpt"];
+  gpt::GptConfig config;
+  config.n_layer = golden["config"]["n_layer"];
+  config.n_head = golden["config"]["n_head"];
+  config.n_embd = golden["config"]["n_embd"];
+  config.vocab_size = golden["config"]["vocab_size"];
+  config.seq_len = golden["config"]["seq_len"];
+  for (bool checkpointing : {false, true}) {
+    Gpu g;
+    gpt::Gpt model(config, *g.ctx, gpt::GptOptions{checkpointing});
+    FlatParamAccess access(*g.device, *g.stream, model.parameters(), model.num_modules(),
+                           DType::kFloat32, DType::kFloat32);
+    access.init_from(model, golden["seed"]);
+    const auto tokens = golden["tokens"].get<std::vector<std::int32_t>>();
+    const auto targets = golden["targets"].get<std::vector<std::int32_t>>();
+    Buffer tok = g.tokens(tokens), tgt = g.tokens(targets);
+    const TokenBatch batch{tok.device<const std::int32_t>(), tgt.device<const std::int32_t>(),
+                           golden["B"], golden["T"]};
+    model.forward_backward(access, batch, 1.0f);
+    const double loss = model.read_loss();
+    const double want = golden["loss"];
+    CHECK(std::abs(loss - want) / want <= 1e-5);
+    for (int i = 0; i < static_cast<int>(model.parameters().size()); ++i) {
+      const auto& name = model.parameters()[i].name;
+      const double err =
+          test::rel_error(access.read_grad(i), test::golden_tensor(golden["grads"][name]));
+      INFO(name << " (checkpointing " << checkpointing << "): relative error " << err);
+      CHECK(err <= 1e-5);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace zrt::kernels

@@ -1,0 +1,268 @@
+// Finite-difference gradient checks in float64 of every layer's backward (the CPU twins
+// instantiated with double), at the tiny GPT's widths (C = 64, 4 heads, V = 256). Each check
+// takes L = sum(out * R) for a fixed random R, compares the analytic gradient of every input
+// and parameter against central differences on (up to ~1500 sampled) elements.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/residual.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace zrt::kernels::cpu {
+namespace {
+
+using test::normal_values;
+using Vec = std::vector<double>;
+
+constexpr std::uint64_t kSeed = 77;
+constexpr int kB = 2, kT = 8, kC = 64, kNH = 4, kV = 256;
+constexpr int kN = kB * kT;
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// Central differences of f with respect to x, compared with `analytic`.
+void check_gradient(const std::string& what, Vec& x, const Vec& analytic,
+                    const std::function<double()>& f) {
+  REQUIRE(x.size() == analytic.size());
+  const std::size_t stride = std::max<std::size_t>(1, x.size() / 1500);
+  double diff2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
+  for (std::size_t i = stride / 2; i < x.size(); i += stride) {
+    const double saved = x[i];
+    const double h = 1e-5 * std::max(1.0, std::abs(saved));
+    x[i] = saved + h;
+    const double fp = f();
+    x[i] = saved - h;
+    const double fm = f();
+    x[i] = saved;
+    const double numeric = (fp - fm) / (2 * h);
+    const double d = numeric - analytic[i];
+    diff2 += d * d;
+    ref2 += numeric * numeric;
+    max_abs = std::max(max_abs, std::abs(d));
+    max_ref = std::max(max_ref, std::abs(numeric));
+  }
+  const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  INFO(what << ": relative error " << rel << ", max abs error " << max_abs << " (max |grad| "
+            << max_ref << ")");
+  CHECK(ref2 > 0);
+  CHECK(rel < 1e-7);
+  CHECK(max_abs <= 1e-7 * std::max(1.0, max_ref));
+}
+
+TEST_CASE("encoder backward matches finite differences (float64)", "[fd]") {
+  Vec wte = normal_values(kSeed, 1, kV * kC);
+  Vec wpe = normal_values(kSeed, 2, kT * kC);
+  const Vec R = normal_values(kSeed, 3, kN * kC);
+  auto tokens = test::token_values(kSeed, 4, kN, kV);
+  tokens[3] = tokens[0];  // repeated tokens: gradients of one row of wte from several positions
+  tokens[12] = tokens[0];
+  tokens[9] = tokens[5];
+  Vec out(kN * kC);
+  auto f = [&] {
+    encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV);
+    return dot(out, R);
+  };
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  encoder_backward<double, double>(dwte.data(), dwpe.data(), R.data(), tokens.data(), kB, kT, kC,
+                                   kV);
+  check_gradient("dwte", wte, dwte, f);
+  check_gradient("dwpe", wpe, dwpe, f);
+}
+
+TEST_CASE("layernorm backward matches finite differences (float64)", "[fd]") {
+  Vec x = normal_values(kSeed, 11, kN * kC, 2.0, 0.5);
+  Vec w = normal_values(kSeed, 12, kC, 0.1, 1.0);
+  Vec b = normal_values(kSeed, 13, kC, 0.1);
+  const Vec R = normal_values(kSeed, 14, kN * kC);
+  Vec out(kN * kC), mean(kN), rstd(kN);
+  auto f = [&] {
+    layernorm_forward<double>(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(),
+                              kN, kC);
+    return dot(out, R);
+  };
+  f();
+  Vec dx(x.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
+  layernorm_backward<double, double>(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(),
+                                     mean.data(), rstd.data(), kN, kC);
+  check_gradient("dinp", x, dx, f);
+  check_gradient("dweight", w, dw, f);
+  check_gradient("dbias", b, db, f);
+}
+
+TEST_CASE("matmul backward matches finite differences (float64)", "[fd]") {
+  const int OC = 3 * kC;
+  Vec x = normal_values(kSeed, 21, kN * kC);
+  Vec w = normal_values(kSeed, 22, kC * OC, 0.1);
+  Vec b = normal_values(kSeed, 23, OC, 0.1);
+  const Vec R = normal_values(kSeed, 24, kN * OC);
+  Vec out(kN * OC);
+  auto f = [&] {
+    matmul_forward<double>(out.data(), x.data(), w.data(), b.data(), kN, kC, OC, nullptr);
+    return dot(out, R);
+  };
+  Vec dx(x.size(), 0.0), dw(w.size(), 0.0), db(b.size(), 0.0);
+  matmul_backward<double, double>(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), kN,
+                                  kC, OC, nullptr);
+  check_gradient("dinp", x, dx, f);
+  check_gradient("dweight", w, dw, f);
+  check_gradient("dbias", b, db, f);
+}
+
+TEST_CASE("gelu backward matches finite differences (float64)", "[fd]") {
+  const int n = kN * 4 * kC;
+  Vec x = normal_values(kSeed, 31, n, 2.0);
+  const Vec R = normal_values(kSeed, 32, n);
+  Vec out(n);
+  auto f = [&] {
+    gelu_forward<double>(out.data(), x.data(), n);
+    return dot(out, R);
+  };
+  Vec dx(n, 0.0);
+  gelu_backward<double>(dx.data(), x.data(), R.data(), n);
+  check_gradient("dinp", x, dx, f);
+}
+
+TEST_CASE("residual backward matches finite differences (float64)", "[fd]") {
+  const int n = kN * kC;
+  Vec a = normal_values(kSeed, 41, n);
+  Vec b = normal_values(kSeed, 42, n);
+  const Vec R = normal_values(kSeed, 43, n);
+  Vec out(n);
+  auto f = [&] {
+    residual_forward<double>(out.data(), a.data(), b.data(), n);
+    return dot(out, R);
+  };
+  Vec da(n, 0.0), db(n, 0.0);
+  residual_backward<double>(da.data(), db.data(), R.data(), n);
+  check_gradient("da", a, da, f);
+  check_gradient("db", b, db, f);
+}
+
+TEST_CASE("attention backward matches finite differences (float64)", "[fd]") {
+  Vec qkv = normal_values(kSeed, 51, kN * 3 * kC);
+  const Vec R = normal_values(kSeed, 52, kN * kC);
+  Vec out(kN * kC), att(static_cast<std::size_t>(kB) * kNH * kT * kT);
+  Vec ws(static_cast<std::size_t>(attention_backward_workspace<double>(kB, kT, kC, kNH)));
+  auto f = [&] {
+    attention_forward<double>(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH, nullptr);
+    return dot(out, R);
+  };
+  f();
+  Vec dqkv(qkv.size(), 0.0);
+  attention_backward<double>(dqkv.data(), R.data(), qkv.data(), att.data(), kB, kT, kC, kNH,
+                             ws.data());
+  check_gradient("dqkv", qkv, dqkv, f);
+  // The stored probabilities are causal: zero above the diagonal, rows summing to one.
+  for (int p = 0; p < kB * kNH; ++p) {
+    for (int t = 0; t < kT; ++t) {
+      double sum = 0;
+      for (int u = 0; u < kT; ++u) {
+        const double a = att[(static_cast<std::size_t>(p) * kT + t) * kT + u];
+        if (u > t) CHECK(a == 0.0);
+        sum += a;
+      }
+      CHECK(sum == Approx(1.0).epsilon(1e-12));
+    }
+  }
+}
+
+TEST_CASE("tied logits backward matches finite differences (float64)", "[fd]") {
+  Vec x = normal_values(kSeed, 61, kN * kC);
+  Vec wte = normal_values(kSeed, 62, kV * kC, 0.1);
+  const Vec R = normal_values(kSeed, 63, kN * kV);
+  Vec logits(kN * kV);
+  auto f = [&] {
+    logits_forward<double>(logits.data(), x.data(), wte.data(), kN, kC, kV, nullptr);
+    return dot(logits, R);
+  };
+  Vec dx(x.size(), 0.0), dwte(wte.size(), 0.0);
+  logits_backward<double, double>(dx.data(), dwte.data(), R.data(), x.data(), wte.data(), kN, kC,
+                                  kV, nullptr);
+  check_gradient("dinp", x, dx, f);
+  check_gradient("dwte", wte, dwte, f);
+}
+
+TEST_CASE("cross-entropy backward matches finite differences (float64)", "[fd]") {
+  Vec logits = normal_values(kSeed, 71, kN * kV, 2.0);
+  const auto targets = test::token_values(kSeed, 72, kN, kV);
+  const double dloss = 1.0 / kN;
+  Vec losses(kN);
+  auto f = [&] {
+    crossentropy_forward<double>(losses.data(), logits.data(), targets.data(), kN, kV);
+    double s = 0;
+    for (double l : losses) s += l * dloss;
+    return s;
+  };
+  Vec dlogits(logits.size(), 123.0);  // overwritten, not accumulated
+  crossentropy_backward<double>(dlogits.data(), logits.data(), targets.data(), dloss, kN, kV);
+  check_gradient("dlogits", logits, dlogits, f);
+  const double total = f() / dloss;
+  double mean = 0;
+  loss_mean<double>(&mean, losses.data(), kN);
+  CHECK(mean == Approx(total / kN).epsilon(1e-14));
+}
+
+TEST_CASE("parameter and input gradients accumulate", "[fd]") {
+  const int OC = 2 * kC;
+  const Vec x = normal_values(kSeed, 81, kN * kC);
+  const Vec w = normal_values(kSeed, 82, kC * OC, 0.1);
+  const Vec R = normal_values(kSeed, 83, kN * OC);
+  Vec dx1(x.size(), 0.0), dw1(w.size(), 0.0), db1(OC, 0.0);
+  matmul_backward<double, double>(dx1.data(), dw1.data(), db1.data(), R.data(), x.data(), w.data(),
+                                  kN, kC, OC, nullptr);
+  Vec dx2 = dx1, dw2 = dw1, db2 = db1;
+  matmul_backward<double, double>(dx2.data(), dw2.data(), db2.data(), R.data(), x.data(), w.data(),
+                                  kN, kC, OC, nullptr);
+  for (std::size_t i = 0; i < dx1.size(); ++i) CHECK(dx2[i] == Approx(2 * dx1[i]).epsilon(1e-12));
+  for (std::size_t i = 0; i < dw1.size(); ++i) CHECK(dw2[i] == Approx(2 * dw1[i]).epsilon(1e-12));
+  for (std::size_t i = 0; i < db1.size(); ++i) CHECK(db2[i] == Approx(2 * db1[i]).epsilon(1e-12));
+
+  const Vec lx = normal_values(kSeed, 84, kN * kC);
+  const Vec lw = normal_values(kSeed, 85, kC, 0.1, 1.0);
+  const Vec lb(kC, 0.0);
+  Vec out(kN * kC), mean(kN), rstd(kN);
+  layernorm_forward<double>(out.data(), mean.data(), rstd.data(), lx.data(), lw.data(), lb.data(),
+                            kN, kC);
+  const Vec dy = normal_values(kSeed, 86, kN * kC);
+  Vec ldx(lx.size(), 1.0), ldw(kC, 1.0), ldb(kC, 1.0);
+  Vec zdx(lx.size(), 0.0), zdw(kC, 0.0), zdb(kC, 0.0);
+  layernorm_backward<double, double>(ldx.data(), ldw.data(), ldb.data(), dy.data(), lx.data(),
+                                     lw.data(), mean.data(), rstd.data(), kN, kC);
+  layernorm_backward<double, double>(zdx.data(), zdw.data(), zdb.data(), dy.data(), lx.data(),
+                                     lw.data(), mean.data(), rstd.data(), kN, kC);
+  for (std::size_t i = 0; i < ldx.size(); ++i) CHECK(ldx[i] == Approx(1.0 + zdx[i]).epsilon(1e-12));
+  for (int c = 0; c < kC; ++c) {
+    CHECK(ldw[c] == Approx(1.0 + zdw[c]).epsilon(1e-12));
+    CHECK(ldb[c] == Approx(1.0 + zdb[c]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("out-of-range token ids are rejected", "[fd]") {
+  std::vector<double> wte(4 * 2, 0.0), wpe(2 * 2, 0.0), out(2 * 2);
+  std::vector<std::int32_t> tokens = {1, 4};
+  CHECK_THROWS_AS(
+      encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2, 4),
+      InvalidArgument);
+  std::vector<double> logits(2 * 4, 0.0), losses(2);
+  std::vector<std::int32_t> targets = {-1, 0};
+  CHECK_THROWS_AS(crossentropy_forward<double>(losses.data(), logits.data(), targets.data(), 2, 4),
+                  InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zrt::kernels::cpu

@@ -1,0 +1,188 @@
+// zrt-bench model: forward+backward tokens/s of the GPT-2 model on the CPU kernels, next to
+// PyTorch on the same shapes and thread count (tools/bench/torch_gpt_bench.py, when python3
+// can import torch). fp32, no optimizer step; time per iteration is the median over --iters
+// (after one warm-up), measured from enqueue to stream completion.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "models/flat_param_access.h"
+#include "models/gpt/gpt.h"
+#include "models/init_rng.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+#include "tools/bench/bench.h"
+
+namespace zrt::bench {
+
+namespace {
+
+std::string capture(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) out += buffer;
+  return pclose(pipe) == 0 ? out : std::string();
+}
+
+// A python3 that can import torch ("" if none): --python, $ZRT_PYTHON, python3, /usr/bin/python3
+// (Debian's python3-torch installs for the system interpreter).
+std::string python_with_torch(const std::string& requested) {
+  std::vector<std::string> candidates;
+  if (!requested.empty()) candidates.push_back(requested);
+  if (const char* env = std::getenv("ZRT_PYTHON")) candidates.emplace_back(env);
+  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
+  for (const auto& python : candidates) {
+    if (!capture("'" + python + "' -c 'import torch' 2>/dev/null && echo ok").empty()) {
+      return python;
+    }
+  }
+  return "";
+}
+
+// torch_gpt_bench.py next to zrt-bench (tools/CMakeLists.txt copies it), else the source tree.
+std::string torch_script(const std::string& requested) {
+  if (!requested.empty()) return requested;
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string path = dir + "/torch_gpt_bench.py";
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return ZRT_TORCH_GPT_SCRIPT;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+struct ZrtResult {
+  double seconds = 0;  // median per iteration
+  float loss = 0;
+};
+
+ZrtResult run_zrt(const gpt::GptConfig& config, int B, int T, int threads, int iters,
+                  bool checkpointing) {
+  auto device = make_device(DeviceOptions{});
+  auto stream = device->create_stream("compute");
+  kernels::KernelContext ctx(*device, *stream, kernels::KernelOptions{threads});
+  gpt::Gpt model(config, ctx, gpt::GptOptions{checkpointing});
+  FlatParamAccess access(*device, *stream, model.parameters(), model.num_modules(), DType::kFloat32,
+                         DType::kFloat32);
+  access.init_from(model, 1);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B) * T), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(counter_hash(7, 0, i) % config.vocab_size);
+    targets[i] = static_cast<std::int32_t>(counter_hash(7, 1, i) % config.vocab_size);
+  }
+  Buffer tok = device->allocate(static_cast<std::int64_t>(tokens.size() * 4), MemCategory::kOther,
+                                "bench tokens");
+  Buffer tgt = device->allocate(static_cast<std::int64_t>(targets.size() * 4), MemCategory::kOther,
+                                "bench targets");
+  device->copy_to_device(tok.device<std::byte>(), tokens.data(), tokens.size() * 4, *stream);
+  device->copy_to_device(tgt.device<std::byte>(), targets.data(), targets.size() * 4, *stream);
+  stream->synchronize();
+  const TokenBatch batch{tok.device<const std::int32_t>(), tgt.device<const std::int32_t>(), B, T};
+  ZrtResult result;
+  std::vector<double> samples;
+  for (int i = 0; i < iters + 1; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    model.forward_backward(access, batch, 1.0f);
+    result.loss = model.read_loss();  // waits for the stream
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (i > 0) samples.push_back(s);  // the first iteration allocates and warms up
+  }
+  result.seconds = median(samples);
+  return result;
+}
+
+// PyTorch tokens/s for the same shapes, or 0 when unavailable.
+double run_torch(const std::string& python, const std::string& script, const gpt::GptConfig& c,
+                 int B, int T, int threads, int iters) {
+  if (python.empty()) return 0.0;
+  const std::string line = capture(fmt::format(
+      "'{}' '{}' --n_layer {} --n_head {} --n_embd {} --vocab_size {} --seq_len {} --batch {} "
+      "--seq {} --threads {} --iters {} 2>/dev/null",
+      python, script, c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.seq_len, B, T, threads,
+      iters));
+  const auto pos = line.find("tokens_per_s=");
+  return pos == std::string::npos ? 0.0 : std::stod(line.substr(pos + 13));
+}
+
+}  // namespace
+
+int model(int argc, char** argv) {
+  Args args(argc, argv,
+            {"models", "batch", "seq", "threads", "iters", "checkpointing", "no-torch", "python",
+             "torch-script", "help"});
+  if (args.has("help")) {
+    std::printf(
+        "zrt-bench model [--models gpt2-tiny,gpt2] [--batch 4] [--seq 256] [--threads 1,2]\n"
+        "                [--iters N] [--checkpointing] [--no-torch] [--python PATH]\n"
+        "Forward+backward tokens/s of the GPT-2 model on the CPU kernels (fp32), next to\n"
+        "PyTorch on the same shapes and thread count when python3 can import torch.\n"
+        "--models takes presets or specs such as 'gpt2-tiny:n_layer=4'. --iters defaults to 20\n"
+        "for models under 10M parameters, else 3 (median after one warm-up iteration).\n");
+    return 0;
+  }
+  const auto models = split(args.get("models", "gpt2-tiny,gpt2"));
+  const int B = static_cast<int>(args.get_double("batch", 4));
+  const int T = static_cast<int>(args.get_double("seq", 256));
+  std::vector<int> thread_counts;
+  for (const auto& t : split(args.get("threads", "1,2"))) thread_counts.push_back(std::stoi(t));
+  const bool checkpointing = args.has("checkpointing");
+  const std::string python = args.has("no-torch") ? "" : python_with_torch(args.get("python", ""));
+  const std::string script = torch_script(args.get("torch-script", ""));
+
+  std::printf("# zrt-bench model: forward+backward, fp32, micro-batch %d x seq %d%s\n", B, T,
+              checkpointing ? ", activation checkpointing" : "");
+  const std::string torch_note =
+      args.has("no-torch") ? "skipped (--no-torch)"
+      : python.empty()     ? "not available (no python3 with torch; apt-get install python3-torch)"
+                           : python + " " + script;
+  std::printf("# tokens/s = B*T / median time per iteration; torch: %s\n", torch_note.c_str());
+  Table table(
+      {"model", "params", "threads", "zrt_ms", "zrt_tok/s", "torch_tok/s", "zrt/torch", "loss"});
+  for (const auto& spec : models) {
+    gpt::GptConfig config = gpt::GptConfig::parse(spec);
+    if (T > config.seq_len) {
+      ZRT_THROW(InvalidArgument, "--seq {} exceeds {}'s seq_len {}", T, spec, config.seq_len);
+    }
+    const int iters =
+        static_cast<int>(args.get_double("iters", config.num_parameters() < 10'000'000 ? 20 : 3));
+    for (int threads : thread_counts) {
+      const ZrtResult z = run_zrt(config, B, T, threads, iters, checkpointing);
+      const double zrt_tps = B * T / z.seconds;
+      const double torch_tps = run_torch(python, script, config, B, T, threads, iters);
+      table.add({config.name, fmt::format("{:.1f}M", config.num_parameters() / 1e6),
+                 std::to_string(threads), fmt::format("{:.1f}", z.seconds * 1e3),
+                 fmt::format("{:.0f}", zrt_tps),
+                 torch_tps > 0 ? fmt::format("{:.0f}", torch_tps) : "-",
+                 torch_tps > 0 ? fmt::format("{:.2f}", zrt_tps / torch_tps) : "-",
+                 fmt::format("{:.3f}", z.loss)});
+      std::fflush(stdout);
+    }
+  }
+  std::printf("%s", table.str().c_str());
+  return 0;
+}
+
+}  // namespace zrt::bench

@@ -1,0 +1,263 @@
+// zrt-data: turns raw text into byte-level llm.c token shards (vocab 256: every byte is a
+// token), and inspects shards.
+//
+//   zrt-data --input text.txt --out dir/prefix [--val-fraction 0.05] [--shard-tokens N]
+//     writes dir/prefix_val_000000.bin ... (the first val-fraction of the text, extended to the
+//     end of its line) and dir/prefix_train_000000.bin ... (the rest), each shard at most N
+//     tokens (default 100M, as llm.c), atomically (temporary file + rename). Shards with the
+//     same prefix and a higher number, left by an earlier run, are removed so a glob over the
+//     prefix sees only this run's data.
+//   zrt-data --inspect 'dir/prefix_train_*.bin' [--seq-len T]
+//     validates the shards and prints their token counts (and windows of T+1 tokens).
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.h"
+#include "runtime/data/token_dataset.h"
+#include "runtime/data/token_shard.h"
+
+namespace {
+
+using zrt::DataError;
+using zrt::InvalidArgument;
+
+constexpr const char* kUsage =
+    "usage: zrt-data --input TEXT --out DIR/PREFIX [--val-fraction F] [--shard-tokens N]\n"
+    "       zrt-data --inspect GLOB [--seq-len T]\n"
+    "Converts text into byte-level (vocab 256) llm.c token shards PREFIX_val_NNNNNN.bin (the\n"
+    "first F of the text, default 0.05, to the end of a line) and PREFIX_train_NNNNNN.bin (the\n"
+    "rest), at most N tokens per shard (default 100000000); or validates shards.\n";
+
+struct Args {
+  std::string input, out, inspect;
+  double val_fraction = 0.05;
+  std::int64_t shard_tokens = 100000000;
+  int seq_len = 0;
+};
+
+std::int64_t parse_int(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (value.empty() || *end != '\0' || errno != 0) {
+    ZRT_THROW(InvalidArgument, "{}: not an integer: '{}'", flag, value);
+  }
+  return v;
+}
+
+double parse_double(const std::string& flag, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || *end != '\0' || errno != 0) {
+    ZRT_THROW(InvalidArgument, "{}: not a number: '{}'", flag, value);
+  }
+  return v;
+}
+
+Args parse_args(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string flag = argv[i], value;
+    const auto eq = flag.find('=');
+    if (flag.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (flag != "--help" && flag != "-h") {
+      if (i + 1 >= argc) ZRT_THROW(InvalidArgument, "{} needs a value", flag);
+      value = argv[++i];
+    }
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (flag == "--input") {
+      a.input = value;
+    } else if (flag == "--out") {
+      a.out = value;
+    } else if (flag == "--inspect") {
+      a.inspect = value;
+    } else if (flag == "--val-fraction") {
+      a.val_fraction = parse_double(flag, value);
+    } else if (flag == "--shard-tokens") {
+      a.shard_tokens = parse_int(flag, value);
+    } else if (flag == "--seq-len") {
+      a.seq_len = static_cast<int>(parse_int(flag, value));
+    } else {
+      ZRT_THROW(InvalidArgument, "unknown option '{}'\n{}", flag, kUsage);
+    }
+  }
+  if (a.inspect.empty() && (a.input.empty() || a.out.empty())) {
+    ZRT_THROW(InvalidArgument, "--input and --out are required\n{}", kUsage);
+  }
+  if (!(a.val_fraction >= 0.0 && a.val_fraction < 1.0)) {
+    ZRT_THROW(InvalidArgument, "--val-fraction must be in [0, 1), not {}", a.val_fraction);
+  }
+  if (a.shard_tokens < 1 || a.shard_tokens > zrt::kMaxShardTokens) {
+    ZRT_THROW(InvalidArgument, "--shard-tokens must be in [1, {}], not {}", zrt::kMaxShardTokens,
+              a.shard_tokens);
+  }
+  if (a.seq_len < 0) ZRT_THROW(InvalidArgument, "--seq-len must be positive");
+  return a;
+}
+
+std::string shard_path(const std::string& prefix, const std::string& split, int index) {
+  return fmt::format("{}_{}_{:06d}.bin", prefix, split, index);
+}
+
+// The shards of one split: bytes in, shards of at most shard_tokens tokens out.
+class SplitWriter {
+ public:
+  SplitWriter(std::string prefix, std::string split, std::int64_t shard_tokens)
+      : prefix_(std::move(prefix)), split_(std::move(split)), shard_tokens_(shard_tokens) {}
+
+  void write(const unsigned char* bytes, std::size_t n) {
+    while (n > 0) {
+      if (!writer_) {
+        paths_.push_back(shard_path(prefix_, split_, static_cast<int>(paths_.size())));
+        writer_ = std::make_unique<zrt::ShardWriter>(paths_.back());
+      }
+      const auto room = static_cast<std::size_t>(shard_tokens_ - writer_->num_tokens());
+      const std::size_t take = std::min(n, room);
+      buf_.assign(bytes, bytes + take);
+      writer_->append(buf_.data(), take);
+      bytes += take;
+      n -= take;
+      tokens_ += static_cast<std::int64_t>(take);
+      if (writer_->num_tokens() == shard_tokens_) close_shard();
+    }
+  }
+
+  void finish() {
+    if (writer_) close_shard();
+  }
+
+  // Removes PREFIX_SPLIT_NNNNNN.bin beyond the ones written (left by an earlier, longer run).
+  void remove_stale() const {
+    for (int i = static_cast<int>(paths_.size());; ++i) {
+      const std::string path = shard_path(prefix_, split_, i);
+      if (std::remove(path.c_str()) != 0) break;
+      std::printf("zrt-data: removed stale %s\n", path.c_str());
+    }
+  }
+
+  std::int64_t tokens() const { return tokens_; }
+  std::size_t shards() const { return paths_.size(); }
+
+ private:
+  void close_shard() {
+    writer_->finish();
+    std::printf("zrt-data: wrote %s (%lld tokens)\n", paths_.back().c_str(),
+                static_cast<long long>(writer_->num_tokens()));
+    writer_.reset();
+  }
+
+  std::string prefix_, split_;
+  std::int64_t shard_tokens_;
+  std::unique_ptr<zrt::ShardWriter> writer_;
+  std::vector<std::string> paths_;
+  std::vector<std::uint16_t> buf_;
+  std::int64_t tokens_ = 0;
+};
+
+int convert(const Args& a) {
+  struct stat st {};
+  if (::stat(a.input.c_str(), &st) != 0) {
+    ZRT_THROW(DataError, "{}: {}", a.input, std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) ZRT_THROW(DataError, "{}: not a regular file", a.input);
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size == 0) ZRT_THROW(DataError, "{}: empty file", a.input);
+  const std::filesystem::path parent = std::filesystem::path(a.out).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(std::fopen(a.input.c_str(), "rb"),
+                                                     &std::fclose);
+  if (!in) ZRT_THROW(DataError, "{}: cannot open: {}", a.input, std::strerror(errno));
+
+  // The validation split is the head of the text: val_fraction of its bytes, extended to the
+  // end of the line (by at most 64 KiB) so no line is cut in two.
+  const auto val_target = static_cast<std::uint64_t>(a.val_fraction * static_cast<double>(size));
+  constexpr std::uint64_t kMaxLineExtension = 64 * 1024;
+  SplitWriter val(a.out, "val", a.shard_tokens), train(a.out, "train", a.shard_tokens);
+  bool in_val = val_target > 0;
+  std::uint64_t seen = 0;
+  std::vector<unsigned char> chunk(1 << 20);
+  for (;;) {
+    const std::size_t n = std::fread(chunk.data(), 1, chunk.size(), in.get());
+    if (n == 0) {
+      if (std::ferror(in.get())) ZRT_THROW(DataError, "{}: read error", a.input);
+      break;
+    }
+    std::size_t i = 0;
+    if (in_val) {
+      // Bytes up to and including the cut go to val.
+      std::size_t j = 0;
+      for (; j < n; ++j) {
+        const std::uint64_t pos = seen + j;  // bytes before this one
+        if (pos + 1 >= val_target &&
+            (chunk[j] == '\n' || pos + 1 >= val_target + kMaxLineExtension)) {
+          ++j;
+          in_val = false;
+          break;
+        }
+      }
+      val.write(chunk.data(), j);
+      i = j;
+    }
+    if (i < n) train.write(chunk.data() + i, n - i);
+    seen += n;
+  }
+  if (train.tokens() == 0) {
+    ZRT_THROW(DataError, "{}: nothing left for training after the validation split ({} bytes)",
+              a.input, val.tokens());
+  }
+  val.finish();
+  train.finish();
+  val.remove_stale();
+  train.remove_stale();
+  std::printf(
+      "zrt-data: %s: %llu bytes -> %lld train tokens in %zu shard(s), %lld val tokens in %zu "
+      "shard(s), vocab 256\n",
+      a.input.c_str(), static_cast<unsigned long long>(seen),
+      static_cast<long long>(train.tokens()), train.shards(), static_cast<long long>(val.tokens()),
+      val.shards());
+  return 0;
+}
+
+int inspect(const Args& a) {
+  std::int64_t total = 0;
+  const std::vector<std::string> paths = zrt::expand_glob(a.inspect);
+  for (const std::string& path : paths) {
+    const zrt::ShardHeader h = zrt::read_shard_header(path);
+    total += h.num_tokens;
+    std::printf("%s: %lld tokens\n", path.c_str(), static_cast<long long>(h.num_tokens));
+  }
+  std::printf("zrt-data: %zu shard(s), %lld tokens\n", paths.size(), static_cast<long long>(total));
+  if (a.seq_len > 0) {
+    const zrt::TokenDataset dataset(a.inspect, a.seq_len);
+    std::printf("zrt-data: %lld windows of T+1 = %d tokens\n",
+                static_cast<long long>(dataset.num_samples()), a.seq_len + 1);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Args a = parse_args(argc, argv);
+    return a.inspect.empty() ? convert(a) : inspect(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zrt-data: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,384 @@
+#include "tools/train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
+
+#include "kernels/kernel_context.h"
+#include "models/gpt/gpt.h"
+#include "optimizers/device_adam.h"
+#include "optimizers/lr_schedule.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/common/error.h"
+#include "runtime/data/token_dataset.h"
+#include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/zero_engine.h"
+#include "tools/train/device_peaks.h"
+
+namespace zrt::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Two host/device buffer pairs for (inputs, targets), so the next micro-batch's tokens are
+// prepared while the previous copy may still be in flight.
+class BatchFeeder {
+ public:
+  BatchFeeder(Device& device, Stream& stream, int B, int T) : device_(device), stream_(stream) {
+    const std::int64_t bytes = std::int64_t{B} * T * 4;
+    for (int i = 0; i < 2; ++i) {
+      host_[i] = device.allocate(2 * bytes, MemCategory::kWorkspace, "token staging",
+                                 MemorySpace::kPinnedHost);
+      device_buf_[i] = device.allocate(2 * bytes, MemCategory::kActivations, "token batch");
+      copied_[i] = device.create_event();
+    }
+    B_ = B;
+    T_ = T;
+  }
+
+  // Fills the next slot with `fill(inputs, targets)` (host) and returns the device batch.
+  template <typename Fill>
+  TokenBatch next(Fill&& fill) {
+    const int slot = slot_++ % 2;
+    copied_[slot]->synchronize();  // the host buffer's previous copy is done
+    std::int32_t* inputs = host_[slot].host<std::int32_t>();
+    std::int32_t* targets = inputs + std::int64_t{B_} * T_;
+    fill(inputs, targets);
+    device_.copy_to_device(device_buf_[slot].device<std::byte>(), inputs,
+                           static_cast<std::size_t>(host_[slot].bytes()), stream_);
+    copied_[slot]->record(stream_);
+    TokenBatch batch;
+    batch.inputs = device_buf_[slot].device<std::int32_t>();
+    batch.targets = device_buf_[slot].device<std::int32_t>() + std::int64_t{B_} * T_;
+    batch.batch = B_;
+    batch.seq_len = T_;
+    return batch;
+  }
+
+ private:
+  Device& device_;
+  Stream& stream_;
+  Buffer host_[2];
+  Buffer device_buf_[2];
+  std::unique_ptr<Event> copied_[2];
+  int slot_ = 0;
+  int B_ = 0;
+  int T_ = 0;
+};
+
+// Small collective helpers over the control group (its own communicator and stream).
+class Control {
+ public:
+  Control(Device& device, ProcessGroup& group) : device_(device), group_(group) {
+    scratch_ = device.allocate(64 * 8, MemCategory::kWorkspace, "control scratch");
+  }
+  double mean(double value) {
+    float v = static_cast<float>(value);
+    device_.copy_to_device(scratch_.device<std::byte>(), &v, 4, group_.stream());
+    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1,
+                      DType::kFloat32, ReduceOp::kAvg);
+    device_.copy_to_host(&v, scratch_.device<std::byte>(), 4, group_.stream());
+    group_.stream().synchronize();
+    return v;
+  }
+  std::vector<std::int64_t> max(std::vector<std::int64_t> values) {
+    ZRT_CHECK(values.size() <= 64, "too many values");
+    const std::size_t bytes = values.size() * 8;
+    device_.copy_to_device(scratch_.device<std::byte>(), values.data(), bytes, group_.stream());
+    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(),
+                      static_cast<std::int64_t>(values.size()), DType::kInt64, ReduceOp::kMax);
+    device_.copy_to_host(values.data(), scratch_.device<std::byte>(), bytes, group_.stream());
+    group_.stream().synchronize();
+    return values;
+  }
+
+ private:
+  Device& device_;
+  ProcessGroup& group_;
+  Buffer scratch_;
+};
+
+float read_float(Device& device, Stream& stream, DevicePtr<const float> p) {
+  float v = 0.f;
+  device.copy_to_host(&v, p.as<const std::byte>(), 4, stream);
+  stream.synchronize();
+  return v;
+}
+
+EngineOptions engine_options(const Config& config) {
+  EngineOptions o = config.engine;
+  o.offload_optimizer.enabled = config.offload_optimizer.enabled();
+  o.offload_optimizer.pin_memory = config.offload_optimizer.pin_memory;
+  o.offload_param.enabled = config.offload_param.enabled();
+  o.offload_param.pin_memory = config.offload_param.pin_memory;
+  return o;
+}
+
+std::string progress_bar(std::int64_t done, std::int64_t total, int width = 30) {
+  const int filled = total > 0 ? static_cast<int>(width * done / total) : width;
+  return "[" + std::string(static_cast<std::size_t>(filled), '=') +
+         std::string(static_cast<std::size_t>(width - filled), ' ') + "]";
+}
+
+}  // namespace
+
+RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
+  const int rank = mpi.rank();
+  const int world = mpi.size();
+  RunSummary summary;
+  // Keys the config accepts for what is not built yet must not be ignored silently.
+  if (config.checkpoint.saves() || !config.checkpoint.load.empty()) {
+    ZRT_THROW(InvalidArgument,
+              "{}: checkpoint.save_interval / checkpoint.load: sharded checkpoints are not "
+              "implemented in this zrt-train yet; remove them to train without checkpoints",
+              config.source);
+  }
+  if (config.trace.enabled()) {
+    ZRT_THROW(InvalidArgument, "{}: trace: the timeline trace is not implemented yet",
+              config.source);
+  }
+  if (!config.model.init_from.empty()) {
+    ZRT_THROW(InvalidArgument, "{}: model.init_from: loading safetensors is not implemented yet",
+              config.source);
+  }
+
+  // ---- device, streams, groups ---------------------------------------------------------------
+  const DeviceOptions device_options =
+      config.device.options(cuda_device_count() > 0, mpi.local_rank(), config.seed);
+  auto device = make_device(device_options);
+  auto compute = device->create_stream("compute");
+  auto comm = device->create_stream("comm");
+  auto control_stream = device->create_stream("control");
+  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "zero", config.comm);
+  auto control_group =
+      make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", config.comm);
+  Control control(*device, *control_group);
+
+  // ---- model and engine ----------------------------------------------------------------------
+  kernels::KernelContext ctx(*device, *compute);
+  const gpt::GptConfig model_config = gpt::GptConfig::parse(config.model.spec());
+  gpt::GptOptions model_options;
+  model_options.activation_checkpointing = config.model.activation_checkpointing;
+  gpt::Gpt model(model_config, ctx, model_options);
+  std::vector<ParamSpec> params = model.parameters();
+  for (ParamSpec& p : params) p.no_weight_decay = !config.optimizer.applies_weight_decay(p.name);
+  auto adam = make_device_adam(*device, config.optimizer.adam);
+  ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
+                    *adam);
+  engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
+    model.init_parameter(p, config.seed, first, count, out);
+  });
+  const LrSchedule schedule(config.scheduler, config.optimizer.adam.lr);
+
+  // ---- data ----------------------------------------------------------------------------------
+  const int B = static_cast<int>(config.batch.micro_batch_size);
+  const int T = model_config.seq_len;
+  const int G = config.engine.gradient_accumulation_steps;
+  TokenDataset train_data(config.data.train, T);
+  train_data.set_vocab_size(model_config.vocab_size);
+  DataStreamOptions stream_options;
+  stream_options.shuffle = config.data.shuffle;
+  stream_options.seed = config.data.seed;
+  DataStream train_stream(train_data, stream_options);
+  std::unique_ptr<TokenDataset> val_data;
+  if (!config.data.val.empty()) {
+    val_data = std::make_unique<TokenDataset>(config.data.val, T);
+    val_data->set_vocab_size(model_config.vocab_size);
+  }
+  BatchFeeder feeder(*device, *compute, B, T);
+  Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
+
+  const std::int64_t tokens_per_step = std::int64_t{B} * T * G * world;
+  const double flops_per_token =
+      6.0 * static_cast<double>(model_config.num_parameters()) +
+      12.0 * model_config.n_layer * model_config.n_embd * static_cast<double>(T);
+  const DevicePeak peak = device_peak(*device, config.engine.compute_dtype, mpi.local_size());
+  if (rank == 0) {
+    spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
+                 model_config.describe(), world, config.engine.stage, B, G, world, T);
+    spdlog::info("device {}; MFU peak: {}", device->description(), peak.source);
+    spdlog::info("train data: {} windows of {} tokens in {} shard(s)", train_data.num_samples(),
+                 T + 1, train_data.shards().size());
+  }
+  std::filesystem::create_directories(config.output_dir);
+  std::ofstream metrics;
+  if (rank == 0) metrics.open(std::filesystem::path(config.output_dir) / "metrics.jsonl");
+  const bool tty = rank == 0 && isatty(STDERR_FILENO);
+
+  auto evaluate = [&]() {
+    // Every rank evaluates its share of the first eval_batches x world micro-batches.
+    DataStream val_stream(*val_data);
+    device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
+    for (int k = 0; k < config.train.eval_batches; ++k) {
+      TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
+        val_stream.next_micro_batch(rank, world, B, in, tg);
+      });
+      model.forward(engine, batch);
+      engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
+                                 DType::kFloat32, loss_sum.device<std::byte>(), DType::kFloat32, 1);
+    }
+    const double local =
+        read_float(*device, *compute, loss_sum.device<float>()) / config.train.eval_batches;
+    return control.mean(local);
+  };
+
+  // ---- the loop ------------------------------------------------------------------------------
+  CommCounts comm_before = group->stats().snapshot();
+  auto interval_start = Clock::now();
+  std::int64_t interval_steps = 0;
+  std::int64_t applied = 0;
+  for (std::int64_t step = 1; step <= config.train.steps; ++step) {
+    device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
+    for (int g = 0; g < G; ++g) {
+      TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
+        train_stream.next_micro_batch(rank, world, B, in, tg);
+      });
+      model.forward_backward(engine, batch, static_cast<float>(engine.loss_scale()));
+      engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
+                                 DType::kFloat32, loss_sum.device<std::byte>(), DType::kFloat32, 1);
+    }
+    const double lr = schedule.lr_for_step(applied + 1);
+    const StepResult result = engine.step(lr);
+    if (!result.skipped) ++applied;
+    ++interval_steps;
+    const bool log_now = config.train.log_interval > 0 && (step % config.train.log_interval == 0 ||
+                                                           step == config.train.steps || step == 1);
+    // The loss is read every step for the summary (one 4-byte copy; the step already synced).
+    const double loss = control.mean(read_float(*device, *compute, loss_sum.device<float>()) / G);
+    summary.losses.push_back(loss);
+    if (log_now) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      const double tokens_per_s = tokens_per_step * interval_steps / std::max(seconds, 1e-9);
+      const double mfu =
+          peak.flops_per_s > 0.0 ? tokens_per_s / world * flops_per_token / peak.flops_per_s : 0.0;
+      const MemoryUsage usage = device->tracker().usage(MemorySpace::kDevice);
+      std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
+      peaks.push_back(usage.total_peak);
+      peaks = control.max(peaks);
+      const CommCounts comm_now = group->stats().snapshot();
+      const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
+      comm_before = comm_now;
+      if (rank == 0) {
+        if (tty) std::fprintf(stderr, "\r%80s\r", "");
+        spdlog::info(
+            "step {:>6}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+            "mem {} | comm {}{}",
+            step, config.train.steps, loss, lr, result.grad_norm, tokens_per_s, 100.0 * mfu,
+            format_bytes(peaks.back()), format_bytes(comm_bytes),
+            result.skipped ? fmt::format(" | SKIPPED (loss scale {})", result.loss_scale) : "");
+        nlohmann::json row;
+        row["step"] = step;
+        row["loss"] = loss;
+        row["lr"] = lr;
+        row["grad_norm"] = result.grad_norm;
+        row["tokens_per_s"] = tokens_per_s;
+        row["mfu"] = mfu;
+        nlohmann::json mem;
+        for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+          mem[mem_category_name(static_cast<MemCategory>(c))] = peaks[c];
+        }
+        mem["total"] = peaks.back();
+        row["mem_peak_bytes"] = mem;
+        row["comm_bytes"] = comm_bytes;
+        row["loss_scale"] = result.loss_scale;
+        row["skipped"] = result.skipped;
+        row["skipped_total"] = result.skipped_steps;
+        metrics << row.dump() << "\n" << std::flush;
+      }
+      interval_start = Clock::now();
+      interval_steps = 0;
+    } else if (tty) {
+      std::fprintf(stderr, "\r%s step %lld/%lld loss %.4f",
+                   progress_bar(step, config.train.steps).c_str(), static_cast<long long>(step),
+                   static_cast<long long>(config.train.steps), loss);
+    }
+    if (val_data && config.train.eval_interval > 0 &&
+        (step % config.train.eval_interval == 0 || step == config.train.steps)) {
+      const double val = evaluate();
+      summary.eval_losses.push_back(val);
+      if (rank == 0) {
+        if (tty) std::fprintf(stderr, "\r%80s\r", "");
+        spdlog::info("eval after step {}: val loss {:.4f}", step, val);
+        nlohmann::json row;
+        row["step"] = step;
+        row["val_loss"] = val;
+        metrics << row.dump() << "\n" << std::flush;
+      }
+    }
+    summary.steps = step;
+    summary.skipped = result.skipped_steps;
+  }
+
+  // ---- a short byte-level sample -------------------------------------------------------------
+  if (config.train.sample_tokens > 0 && model_config.vocab_size == 256) {
+    // Every rank runs the same forwards (stage 3 gathers are collective) with the same seed.
+    std::string text = "And God said";
+    std::mt19937_64 rng(config.seed);
+    std::vector<std::byte> logits(static_cast<std::size_t>(model_config.vocab_size) *
+                                  dtype_size(config.engine.compute_dtype));
+    BatchFeeder one(*device, *compute, 1, T);
+    for (int i = 0; i < config.train.sample_tokens; ++i) {
+      const int length =
+          static_cast<int>(std::min<std::size_t>(text.size(), static_cast<std::size_t>(T)));
+      const std::string context = text.substr(text.size() - static_cast<std::size_t>(length));
+      TokenBatch batch = one.next([&](std::int32_t* in, std::int32_t* tg) {
+        for (int t = 0; t < T; ++t) {
+          in[t] = t < length ? static_cast<unsigned char>(context[static_cast<std::size_t>(t)]) : 0;
+          tg[t] = 0;
+        }
+      });
+      batch.targets = DevicePtr<const std::int32_t>();
+      model.forward(engine, batch);
+      const std::int64_t row = std::int64_t{length - 1} * model_config.vocab_size;
+      device->copy_to_host(
+          logits.data(),
+          model.logits() + row * static_cast<std::int64_t>(dtype_size(config.engine.compute_dtype)),
+          logits.size(), *compute);
+      compute->synchronize();
+      std::vector<double> probs(static_cast<std::size_t>(model_config.vocab_size));
+      double max_logit = -1e30;
+      for (int v = 0; v < model_config.vocab_size; ++v) {
+        const std::byte* p = logits.data() + v * dtype_size(config.engine.compute_dtype);
+        float value = 0.f;
+        switch (config.engine.compute_dtype) {
+          case DType::kFloat32:
+            std::memcpy(&value, p, 4);
+            break;
+          case DType::kBFloat16: {
+            bf16 h;
+            std::memcpy(&h, p, 2);
+            value = to_float(h);
+            break;
+          }
+          default: {
+            fp16 h;
+            std::memcpy(&h, p, 2);
+            value = to_float(h);
+            break;
+          }
+        }
+        probs[static_cast<std::size_t>(v)] = value;
+        max_logit = std::max(max_logit, static_cast<double>(value));
+      }
+      for (double& p : probs) p = std::exp((p - max_logit) / 0.8);  // temperature 0.8
+      std::discrete_distribution<int> pick(probs.begin(), probs.end());
+      text.push_back(static_cast<char>(pick(rng)));
+    }
+    summary.sample = text;
+    if (rank == 0) spdlog::info("sample: {}", text);
+  }
+  compute->synchronize();
+  return summary;
+}
+
+}  // namespace zrt::train
