@@ -210,3 +210,57 @@ TEST_CASE("the tiny GPT trains to the single-process parameters at every stage")
   }
   CHECK(ref_losses.front() == Approx(std::log(256.0)).epsilon(0.02));  // random init: ln V
 }
+
+TEST_CASE("larger than one device: out of memory at stage 0, trains at stage 3 on 4 ranks") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) {
+    WARN("needs 4 ranks (runs in test_engine_gpt_np4)");
+    return;
+  }
+  const char* spec = "n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=32";
+  const std::int64_t psi = gpt::GptConfig::parse(spec).num_parameters();
+  // A device of 8 bytes per parameter: stage 0 in bf16 needs 18 (bf16 weights, fp32 gradients,
+  // fp32 master and moments); stage 3 on 4 ranks needs 4.5 plus what is in use.
+  DeviceOptions small;
+  small.memory_limit_bytes = 8 * psi;
+  auto attempt = [&](int stage) {
+    auto device = make_device(small);
+    auto compute = device->create_stream("compute");
+    auto comm = device->create_stream("comm");
+    auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "oom");
+    kernels::KernelContext ctx(*device, *compute);
+    gpt::Gpt model(gpt::GptConfig::parse(spec), ctx);
+    AdamOptions adam;
+    auto optimizer = make_device_adam(*device, adam);
+    EngineOptions o;
+    o.stage = stage;
+    o.compute_dtype = DType::kBFloat16;
+    o.stage3_param_persistence_threshold = 1000;  // DeepSpeed's 1e5 would keep this model whole
+    o.stage3_prefetch_bucket_size = psi / 8;
+    o.stage3_max_live_parameters = psi / 4;
+    ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), o,
+                      *optimizer);
+    engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
+      model.init_parameter(p, 7, first, count, out);
+    });
+    Buffer buf;
+    const auto t = tokens(0, group->rank(), 1, 32);
+    for (int step = 0; step < 2; ++step) {
+      model.forward_backward(engine, upload(*device, *compute, buf, t, 1, 32), 1.0f);
+      engine.step(1e-3);
+    }
+    compute->synchronize();
+    return device->tracker().usage(MemorySpace::kDevice).total_peak;
+  };
+  try {
+    attempt(0);
+    FAIL("stage 0 fitted into 8 bytes per parameter");
+  } catch (const OutOfMemory& e) {
+    CHECK_THAT(std::string(e.what()),
+               Catch::Contains("out of memory") && Catch::Contains("by category (current / peak)"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::int64_t peak = attempt(3);
+  CHECK(peak <= 8 * psi);
+}

@@ -197,6 +197,18 @@ RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
   }
   BatchFeeder feeder(*device, *compute, B, T);
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
+  // Destroyed first: if anything below throws, the streams finish (or fail) what they were
+  // given before the buffers above are released under them.
+  struct DrainStreams {
+    Device& device;
+    ~DrainStreams() {
+      try {
+        device.synchronize();
+      } catch (const std::exception& e) {
+        spdlog::debug("streams drained after an error: {}", e.what());
+      }
+    }
+  } drain{*device};
 
   const std::int64_t tokens_per_step = std::int64_t{B} * T * G * world;
   const double flops_per_token =
