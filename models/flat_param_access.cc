@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/common/error.h"
 
 namespace zrt {
@@ -106,6 +108,14 @@ FlatParamAccess::FlatParamAccess(Device& device, Stream& stream, std::vector<Par
                     stream_);
   zero_grads();
   stream_.synchronize();
+}
+
+FlatParamAccess::~FlatParamAccess() {
+  try {
+    stream_.synchronize();
+  } catch (const std::exception& e) {
+    spdlog::error("FlatParamAccess: stream error before release: {}", e.what());
+  }
 }
 
 void FlatParamAccess::acquire(int module, Phase phase) {

@@ -26,6 +26,10 @@ class FlatParamAccess final : public ParamAccess {
   // the module ids of specs. Stream: where copies and zeroing are enqueued (the model's).
   FlatParamAccess(Device& device, Stream& stream, std::vector<ParamSpec> specs, int num_modules,
                   DType compute_dtype, DType grad_dtype);
+  // Waits for the stream (work on it may still read the buffers), then frees them.
+  ~FlatParamAccess() override;
+  FlatParamAccess(const FlatParamAccess&) = delete;
+  FlatParamAccess& operator=(const FlatParamAccess&) = delete;
 
   void acquire(int module, Phase phase) override;
   void release(int module, Phase phase) override;

@@ -51,6 +51,7 @@ struct Rig {
                                                model->num_modules(), dtype, grad_dtype);
     access->init_from(*model, seed);
   }
+  ~Rig() { stream->synchronize(); }  // passes are asynchronous: finish before freeing
 
   void set_batch(const std::vector<std::int32_t>& in, const std::vector<std::int32_t>& tgt, int B,
                  int T) {
