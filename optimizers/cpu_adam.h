@@ -1,8 +1,9 @@
 // CpuAdam: Adam/AdamW over host-memory slices in one pass per element (read param, grad, m, v;
 // write param, m, v and optionally the compute-dtype copy), vectorized with runtime dispatch
-// (AVX-512, AVX2+F16C, or portable scalar code: one binary runs on any x86-64) and split over
-// OpenMP threads. Every element's result depends only on its own inputs and every path performs
-// the same IEEE operations (adam.h), so results are bit-identical across ISAs and thread counts.
+// (AVX-512, AVX2+F16C, or portable code that the compiler vectorizes for baseline x86-64 where
+// it can: one binary runs on any x86-64) and split over OpenMP threads. Every element's result
+// depends only on its own inputs and every path performs the same IEEE operations (adam.h), so
+// results are bit-identical across ISAs and thread counts.
 //
 // Thread-safety: step() may be called from any thread; concurrent calls must not share slices.
 #pragma once

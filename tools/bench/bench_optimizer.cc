@@ -1,7 +1,8 @@
 // zrt-bench optimizer: CpuAdam (AdamW, fp32 param/grad/m/v) with and without the fused bf16
 // copy-out, next to a plain memory sweep over the same arrays in the same run (one pass reading
 // 4 and writing 3 fp32 arrays: the floor an Adam step can reach) and, when python3 can import
-// torch, torch.optim.AdamW on the same size. Times are medians over repeats of one step.
+// torch, torch.optim.AdamW on the same size. Times are medians over repeats of one step, the
+// four passes (sweep, prefetching sweep, adamw, adamw + bf16) interleaved round by round.
 // Bytes per parameter: 28 (read p, g, m, v; write p, m, v), 30 with the bf16 copy.
 #include <omp.h>
 #include <unistd.h>
