@@ -179,11 +179,20 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   const std::int64_t bytes = count * elem;
   std::byte* mine = out + rank_ * bytes;
+  // MPI's own nonblocking all-gather measured as fast as MPI_Allgather from 4 MiB up (and
+  // faster than posting every send and receive ourselves); beyond int counts, or when asked,
+  // every slice goes point to point in pieces of max_chunk_bytes.
+  if (options_.all_gather_algo == AllGatherAlgo::kMpi && bytes <= INT_MAX && size_ > 1) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ZRT_MPI_CHECK(MPI_Iallgather(in == mine ? MPI_IN_PLACE : in, static_cast<int>(bytes), MPI_BYTE,
+                                 out, static_cast<int>(bytes), MPI_BYTE, comm_, &req));
+    wait(req, describe("all_gather", count, dtype));
+    return;
+  }
   if (in != mine) std::memcpy(mine, in, static_cast<std::size_t>(bytes));
   if (size_ == 1) return;
-  // Every rank sends its slice to every peer and receives theirs, all messages posted at once
-  // (measured faster than OpenMPI's nonblocking MPI_Iallgather, whose schedule is a generic
-  // one, on one node). Large slices go as several messages to keep counts in int.
+  // Every rank sends its slice to every peer and receives theirs, all messages posted at once;
+  // large slices go as several messages to keep counts in int.
   const std::int64_t piece = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();

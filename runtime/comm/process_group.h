@@ -33,13 +33,21 @@ const char* reduce_op_name(ReduceOp op);
 
 // How the MPI backend implements reduce-scatter.
 enum class ReduceScatterAlgo {
-  kAlltoall,  // MPI_Ialltoall + local fp32 sum in rank order (default; measured faster)
+  kAlltoall,  // each rank's blocks exchanged point to point + local fp32 sum in rank order
+              // (default; 2.4-5x faster than MPI_Reduce_scatter_block here)
   kNative,    // MPI_Ireduce_scatter_block (fp32 and integers only)
+};
+
+// How the MPI backend implements all-gather.
+enum class AllGatherAlgo {
+  kMpi,           // MPI_Iallgather (default; point to point beyond int counts)
+  kPointToPoint,  // every slice sent to every peer, in pieces of max_chunk_bytes
 };
 
 struct CommOptions {
   double timeout_s = 600.0;
   ReduceScatterAlgo reduce_scatter_algo = ReduceScatterAlgo::kAlltoall;
+  AllGatherAlgo all_gather_algo = AllGatherAlgo::kMpi;
   // Largest piece one MPI call moves per rank; bounds scratch memory and keeps counts in int.
   std::int64_t max_chunk_bytes = std::int64_t{32} << 20;
   // CPU backend only: model a link. An operation completes no earlier than
