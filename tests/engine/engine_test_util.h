@@ -102,6 +102,31 @@ inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainS
   return out;
 }
 
+// AdamW (torch.optim.AdamW's formula, betas 0.9/0.999, eps 1e-8) in double on fp32 state:
+// the reference loops' optimizer. grads are scaled by coef first; `step` counts from 1.
+template <typename Grad>
+void reference_adamw(std::vector<std::vector<float>>& p, std::vector<std::vector<float>>& m,
+                     std::vector<std::vector<float>>& v,
+                     const std::vector<std::vector<Grad>>& grads, double coef, int step, double lr,
+                     double weight_decay, const std::vector<ParamSpec>& specs) {
+  const double bc1 = 1.0 - std::pow(0.9, step);
+  const double bc2 = 1.0 - std::pow(0.999, step);
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const bool decay = !specs[i].no_weight_decay;
+    for (std::size_t k = 0; k < p[i].size(); ++k) {
+      const double g = static_cast<double>(grads[i][k]) * coef;
+      double param = p[i][k];
+      if (decay) param *= 1.0 - lr * weight_decay;
+      const double mk = 0.9 * m[i][k] + 0.1 * g;
+      const double vk = 0.999 * v[i][k] + 0.001 * g * g;
+      param -= lr / bc1 * mk / (std::sqrt(vk) / std::sqrt(bc2) + 1e-8);
+      m[i][k] = static_cast<float>(mk);
+      v[i][k] = static_cast<float>(vk);
+      p[i][k] = static_cast<float>(param);
+    }
+  }
+}
+
 // The reference: one process, full parameters, world ranks simulated one after the other.
 // `norms`, if given, receives each step's gradient norm before clipping.
 inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world,
@@ -154,23 +179,7 @@ inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, in
       const double c = spec.clip / (std::sqrt(norm_sq) + 1e-6);
       if (c < 1.0) coef = c;
     }
-    const double t1 = step + 1;
-    const double bc1 = 1.0 - std::pow(0.9, t1);
-    const double bc2 = 1.0 - std::pow(0.999, t1);
-    for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-      const bool decay = !specs[i].no_weight_decay;
-      for (std::size_t k = 0; k < p[i].size(); ++k) {
-        const double g = total[i][k] * coef;
-        double param = p[i][k];
-        if (decay) param *= 1.0 - spec.lr * spec.weight_decay;
-        const double mk = 0.9 * m[i][k] + 0.1 * g;
-        const double vk = 0.999 * v[i][k] + 0.001 * g * g;
-        param -= spec.lr / bc1 * mk / (std::sqrt(vk) / std::sqrt(bc2) + 1e-8);
-        m[i][k] = static_cast<float>(mk);
-        v[i][k] = static_cast<float>(vk);
-        p[i][k] = static_cast<float>(param);
-      }
-    }
+    reference_adamw(p, m, v, total, coef, step + 1, spec.lr, spec.weight_decay, specs);
   }
   return p;
 }

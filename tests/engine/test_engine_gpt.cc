@@ -87,21 +87,9 @@ std::vector<std::vector<float>> reference(std::vector<double>* losses) {
     }
     const double c = kClip / (std::sqrt(norm_sq) + 1e-6);
     const double coef = c < 1.0 ? c : 1.0;
-    const double bc1 = 1.0 - std::pow(0.9, step + 1), bc2 = 1.0 - std::pow(0.999, step + 1);
-    for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-      for (std::size_t k = 0; k < p[i].size(); ++k) {
-        const double gk = g[i][k] * coef;
-        double param = p[i][k];
-        if (!specs[i].no_weight_decay) param *= 1.0 - kLr * kWeightDecay;
-        const double mk = 0.9 * m[i][k] + 0.1 * gk;
-        const double vk = 0.999 * v[i][k] + 0.001 * gk * gk;
-        param -= kLr / bc1 * mk / (std::sqrt(vk) / std::sqrt(bc2) + 1e-8);
-        m[i][k] = static_cast<float>(mk);
-        v[i][k] = static_cast<float>(vk);
-        p[i][k] = static_cast<float>(param);
-      }
-      flat.set_param(i, p[i]);
-    }
+    test::reference_adamw(p, m, v, g, coef, step + 1, kLr, kWeightDecay, specs);
+    for (int i = 0; i < static_cast<int>(specs.size()); ++i)
+      flat.set_param(i, p[static_cast<std::size_t>(i)]);
   }
   return p;
 }

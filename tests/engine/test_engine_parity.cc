@@ -241,21 +241,7 @@ std::vector<std::vector<float>> train_reference_bf16(const TrainSpec& spec, int 
     const double norm = std::sqrt(norm_sq) / spec.accumulation;
     double coef = 1.0 / spec.accumulation;
     if (spec.clip > 0.0 && spec.clip / (norm + 1e-6) < 1.0) coef *= spec.clip / (norm + 1e-6);
-    const double bc1 = 1.0 - std::pow(0.9, step + 1), bc2 = 1.0 - std::pow(0.999, step + 1);
-    for (std::size_t i = 0; i < np; ++i) {
-      const bool decay = !specs[i].no_weight_decay;
-      for (std::size_t k = 0; k < p[i].size(); ++k) {
-        const double gk = total[i][k] * coef;
-        double param = p[i][k];
-        if (decay) param *= 1.0 - spec.lr * spec.weight_decay;
-        const double mk = 0.9 * m[i][k] + 0.1 * gk;
-        const double vk = 0.999 * v[i][k] + 0.001 * gk * gk;
-        param -= spec.lr / bc1 * mk / (std::sqrt(vk) / std::sqrt(bc2) + 1e-8);
-        m[i][k] = static_cast<float>(mk);
-        v[i][k] = static_cast<float>(vk);
-        p[i][k] = static_cast<float>(param);
-      }
-    }
+    reference_adamw(p, m, v, total, coef, step + 1, spec.lr, spec.weight_decay, specs);
   }
   return p;
 }
