@@ -15,6 +15,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/gpt/gpt.h"
+#include "models/gpt/gpt_safetensors.h"
 #include "optimizers/device_adam.h"
 #include "optimizers/lr_schedule.h"
 #include "runtime/comm/process_group.h"
@@ -147,10 +148,6 @@ RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
     ZRT_THROW(InvalidArgument, "{}: trace: the timeline trace is not implemented yet",
               config.source);
   }
-  if (!config.model.init_from.empty()) {
-    ZRT_THROW(InvalidArgument, "{}: model.init_from: loading safetensors is not implemented yet",
-              config.source);
-  }
 
   // ---- device, streams, groups ---------------------------------------------------------------
   const DeviceOptions device_options =
@@ -175,9 +172,18 @@ RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
   auto adam = make_device_adam(*device, config.optimizer.adam);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
                     *adam);
-  engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
-    model.init_parameter(p, config.seed, first, count, out);
-  });
+  if (!config.model.init_from.empty()) {
+    // Hugging Face GPT-2 weights; every rank reads the file and keeps only its slices.
+    const gpt::GptWeights weights(config.model.init_from, model.parameters());
+    engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
+      weights.read(p, first, count, out);
+    });
+    if (rank == 0) spdlog::info("initialised from {}", config.model.init_from);
+  } else {
+    engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
+      model.init_parameter(p, config.seed, first, count, out);
+    });
+  }
   const LrSchedule schedule(config.scheduler, config.optimizer.adam.lr);
 
   // ---- data ----------------------------------------------------------------------------------
