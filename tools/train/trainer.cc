@@ -133,9 +133,9 @@ std::string progress_bar(std::int64_t done, std::int64_t total, int width = 30) 
 
 }  // namespace
 
-RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
-  const int rank = mpi.rank();
-  const int world = mpi.size();
+RunSummary run_training(const Config& config, const RankInfo& mpi) {
+  const int rank = mpi.rank;
+  const int world = mpi.world;
   RunSummary summary;
   // Keys the config accepts for what is not built yet must not be ignored silently.
   if (config.checkpoint.saves() || !config.checkpoint.load.empty()) {
@@ -151,7 +151,7 @@ RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
 
   // ---- device, streams, groups ---------------------------------------------------------------
   const DeviceOptions device_options =
-      config.device.options(cuda_device_count() > 0, mpi.local_rank(), config.seed);
+      config.device.options(cuda_device_count() > 0, mpi.local_rank, config.seed);
   auto device = make_device(device_options);
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
@@ -220,7 +220,7 @@ RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
   const double flops_per_token =
       6.0 * static_cast<double>(model_config.num_parameters()) +
       12.0 * model_config.n_layer * model_config.n_embd * static_cast<double>(T);
-  const DevicePeak peak = device_peak(*device, config.engine.compute_dtype, mpi.local_size());
+  const DevicePeak peak = device_peak(*device, config.engine.compute_dtype, mpi.local_size);
   if (rank == 0) {
     spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
                  model_config.describe(), world, config.engine.stage, B, G, world, T);

@@ -22,7 +22,18 @@ struct RunSummary {
   std::string sample;  // the generated text (empty if sample_tokens is 0)
 };
 
-// Runs the whole training described by `config` on every rank of `mpi`. Collective.
-RunSummary run_training(const Config& config, const MpiRuntime& mpi);
+// Where this process sits among the ranks of MPI_COMM_WORLD.
+struct RankInfo {
+  int rank = 0;
+  int world = 1;
+  int local_rank = 0;  // on this node: selects the GPU
+  int local_size = 1;
+};
+
+// Runs the whole training described by `config` on every rank. Collective over MPI_COMM_WORLD.
+RunSummary run_training(const Config& config, const RankInfo& ranks);
+inline RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
+  return run_training(config, RankInfo{mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size()});
+}
 
 }  // namespace zrt::train
