@@ -6,6 +6,8 @@
 #include <memory>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "runtime/comm/process_group.h"
 #include "runtime/common/dtype.h"
 #include "runtime/device/device.h"
@@ -134,6 +136,38 @@ inline std::vector<std::byte> download(Device& dev, Stream& s, DevicePtr<const s
   dev.copy_to_host(out.data(), p, out.size(), s);
   s.synchronize();
   return out;
+}
+
+inline std::int64_t esize(DType t) {
+  return static_cast<std::int64_t>(dtype_size(t));
+}
+
+// All-gather of every rank's deterministic input, in or out of place, checked bit for bit.
+// Fixture: any of the tests' group fixtures (device, stream, group, rank(), size()).
+template <typename Fixture>
+void check_all_gather(Fixture& f, DType dtype, std::int64_t count, bool in_place) {
+  const int world = f.size();
+  const int salt = 11;
+  const auto mine = make_input(dtype, f.rank(), 0, count, salt);
+  const std::int64_t out_bytes = world * count * esize(dtype);
+  Buffer out = upload(*f.device, *f.stream, {}, out_bytes);
+  Buffer in;
+  DevicePtr<const std::byte> src;
+  if (in_place) {
+    f.device->copy_to_device(out.device<std::byte>() + f.rank() * count * esize(dtype), mine.data(),
+                             mine.size(), *f.stream);
+    src = out.device<std::byte>() + f.rank() * count * esize(dtype);
+  } else {
+    in = upload(*f.device, *f.stream, mine);
+    src = in.device<std::byte>();
+  }
+  f.group->all_gather(src, out.device<std::byte>(), count, dtype);
+  const auto got = download(*f.device, *f.stream, out.device<std::byte>(), out_bytes);
+  for (int r = 0; r < world; ++r) {
+    const auto expect = make_input(dtype, r, 0, count, salt);
+    INFO("rank " << r << " dtype " << dtype_name(dtype) << " count " << count);
+    REQUIRE(std::memcmp(got.data() + r * count * esize(dtype), expect.data(), expect.size()) == 0);
+  }
 }
 
 }  // namespace zrt::test

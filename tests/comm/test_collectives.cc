@@ -17,10 +17,6 @@ namespace {
 const DType kFloatTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 const std::int64_t kCounts[] = {1, 7, 1000, 4099};
 
-std::int64_t esize(DType t) {
-  return static_cast<std::int64_t>(dtype_size(t));
-}
-
 // Reference reduce of element `index` (global index into each rank's full input).
 float reference_reduce(DType dtype, int world, std::int64_t index, int salt, ReduceOp op) {
   float acc = 0.0f;
@@ -33,31 +29,6 @@ float reference_reduce(DType dtype, int world, std::int64_t index, int salt, Red
   std::byte out[4];
   store_float(out, dtype, acc);
   return element_as_float(out, dtype);
-}
-
-void check_all_gather(CommFixture& f, DType dtype, std::int64_t count, bool in_place) {
-  const int world = f.size();
-  const int salt = 11;
-  const auto mine = make_input(dtype, f.rank(), 0, count, salt);
-  const std::int64_t out_bytes = world * count * esize(dtype);
-  Buffer out = upload(*f.device, *f.stream, {}, out_bytes);
-  Buffer in;
-  DevicePtr<const std::byte> src;
-  if (in_place) {
-    f.device->copy_to_device(out.device<std::byte>() + f.rank() * count * esize(dtype), mine.data(),
-                             mine.size(), *f.stream);
-    src = out.device<std::byte>() + f.rank() * count * esize(dtype);
-  } else {
-    in = upload(*f.device, *f.stream, mine);
-    src = in.device<std::byte>();
-  }
-  f.group->all_gather(src, out.device<std::byte>(), count, dtype);
-  const auto got = download(*f.device, *f.stream, out.device<std::byte>(), out_bytes);
-  for (int r = 0; r < world; ++r) {
-    const auto expect = make_input(dtype, r, 0, count, salt);
-    INFO("rank " << r << " dtype " << dtype_name(dtype) << " count " << count);
-    REQUIRE(std::memcmp(got.data() + r * count * esize(dtype), expect.data(), expect.size()) == 0);
-  }
 }
 
 void check_reduce_scatter(CommFixture& f, DType dtype, std::int64_t count, ReduceOp op,
