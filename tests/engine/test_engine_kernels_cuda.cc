@@ -1,0 +1,108 @@
+// The engine's CUDA kernels (engine_kernels.cu) against their CPU twins (engine_kernels.cc):
+// conversions, accumulation and scaling bit for bit in every dtype pair, the squared norm within
+// fp32 rounding of the fp64 sum. Runs on a GPU; elsewhere listed and skipped (exit 77).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "runtime/device/device.h"
+#include "runtime/engine/engine_kernels.h"
+#include "tests/support/gpu_test_support.h"
+
+using namespace zrt;
+
+namespace {
+
+const DType kTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
+
+std::vector<std::byte> random_values(DType t, std::int64_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> dist(0.f, 3.f);
+  std::vector<float> f(static_cast<std::size_t>(n));
+  for (float& x : f) x = dist(rng);
+  std::vector<std::byte> out(static_cast<std::size_t>(n) * dtype_size(t));
+  engine_kernels::cpu::convert(f.data(), DType::kFloat32, out.data(), t, n);
+  return out;
+}
+
+struct Gpu {
+  std::unique_ptr<Device> device;
+  std::unique_ptr<Stream> stream;
+  Gpu() {
+    DeviceOptions o;
+    o.type = DeviceType::kCuda;
+    o.index = test::gpu_index();
+    device = make_device(o);
+    stream = device->create_stream("engine-kernels");
+  }
+  Buffer upload(const std::vector<std::byte>& host) {
+    Buffer b =
+        device->allocate(static_cast<std::int64_t>(host.size()), MemCategory::kWorkspace, "test");
+    device->copy_to_device(b.device<std::byte>(), host.data(), host.size(), *stream);
+    return b;
+  }
+  std::vector<std::byte> download(const Buffer& b) {
+    std::vector<std::byte> host(static_cast<std::size_t>(b.bytes()));
+    device->copy_to_host(host.data(), b.device<std::byte>(), host.size(), *stream);
+    stream->synchronize();
+    return host;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("convert, accumulate and scale match the CPU twins bit for bit") {
+  Gpu gpu;
+  const std::int64_t n = 100003;  // not a multiple of the block size
+  for (DType src : kTypes) {
+    for (DType dst : kTypes) {
+      INFO(dtype_name(src) << " -> " << dtype_name(dst));
+      const auto a = random_values(src, n, 1);
+      const auto b = random_values(dst, n, 2);
+      // convert
+      std::vector<std::byte> cpu(b.size());
+      engine_kernels::cpu::convert(a.data(), src, cpu.data(), dst, n);
+      Buffer da = gpu.upload(a);
+      Buffer db = gpu.upload(b);
+      engine_kernels::convert(*gpu.device, *gpu.stream, da.device<std::byte>(), src,
+                              db.device<std::byte>(), dst, n);
+      CHECK(gpu.download(db) == cpu);
+      // accumulate into b
+      cpu = b;
+      engine_kernels::cpu::accumulate(a.data(), src, cpu.data(), dst, n);
+      Buffer dc = gpu.upload(b);
+      engine_kernels::accumulate(*gpu.device, *gpu.stream, da.device<std::byte>(), src,
+                                 dc.device<std::byte>(), dst, n);
+      CHECK(gpu.download(dc) == cpu);
+    }
+    const auto a = random_values(src, n, 3);
+    std::vector<std::byte> cpu = a;
+    engine_kernels::cpu::scale(cpu.data(), src, n, 0.37f);
+    Buffer da = gpu.upload(a);
+    engine_kernels::scale(*gpu.device, *gpu.stream, da.device<std::byte>(), src, n, 0.37f);
+    CHECK(gpu.download(da) == cpu);
+  }
+}
+
+TEST_CASE("the squared norm matches the CPU twin and accumulates into its target") {
+  Gpu gpu;
+  for (DType t : kTypes) {
+    const std::int64_t n = 77777;
+    const auto a = random_values(t, n, 4);
+    const double expect = engine_kernels::cpu::sum_squares(a.data(), t, n);
+    Buffer da = gpu.upload(a);
+    const float start = 2.5f;
+    Buffer acc = gpu.upload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(&start),
+                                                   reinterpret_cast<const std::byte*>(&start) + 4));
+    engine_kernels::add_sum_squares(*gpu.device, *gpu.stream, da.device<std::byte>(), t, n,
+                                    acc.device<float>());
+    const auto got = gpu.download(acc);
+    float value = 0.f;
+    std::memcpy(&value, got.data(), 4);
+    // fp64 partial sums in another order: equal to fp32 rounding of the total.
+    CHECK(value == Approx(static_cast<float>(expect) + start).epsilon(1e-6));
+  }
+}
