@@ -17,26 +17,39 @@ constexpr int kThreads = 256;
 
 __device__ inline float load(const void* p, int type, std::int64_t i) {
   switch (type) {
-    case 0: return static_cast<const float*>(p)[i];
-    case 1: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return __half2float(static_cast<const __half*>(p)[i]);
+    case 0:
+      return static_cast<const float*>(p)[i];
+    case 1:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return __half2float(static_cast<const __half*>(p)[i]);
   }
 }
 
 __device__ inline void store(void* p, int type, std::int64_t i, float v) {
   switch (type) {
-    case 0: static_cast<float*>(p)[i] = v; break;
-    case 1: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v); break;
-    default: static_cast<__half*>(p)[i] = __float2half_rn(v); break;
+    case 0:
+      static_cast<float*>(p)[i] = v;
+      break;
+    case 1:
+      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      break;
   }
 }
 
 int type_code(DType t) {
   switch (t) {
-    case DType::kFloat32: return 0;
-    case DType::kBFloat16: return 1;
-    case DType::kFloat16: return 2;
-    default: ZRT_THROW(InvalidArgument, "engine kernel on non-float type {}", dtype_name(t));
+    case DType::kFloat32:
+      return 0;
+    case DType::kBFloat16:
+      return 1;
+    case DType::kFloat16:
+      return 2;
+    default:
+      ZRT_THROW(InvalidArgument, "engine kernel on non-float type {}", dtype_name(t));
   }
 }
 
@@ -61,21 +74,40 @@ __global__ void scale_kernel(void* x, int t, std::int64_t n, float factor) {
   }
 }
 
-// One block: a deterministic reduction (fixed thread-to-element mapping and tree order).
-__global__ void sum_squares_kernel(const void* x, int t, std::int64_t n, float* acc) {
-  __shared__ double partial[1024];
+// The squared norm in two deterministic passes: a fixed grid of kNormBlocks blocks each sums a
+// fixed strided subset in fp64 (block partials in a fixed tree order), then one block adds the
+// partials in a fixed tree order. Same input, same bits, on every run; and the whole GPU streams
+// the gradient instead of one SM (the earlier one-block kernel took a third of a GPT-2 step).
+constexpr int kNormBlocks = 512;
+constexpr int kNormThreads = 256;
+
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+__global__ void sum_squares_partials_kernel(const void* x, int t, std::int64_t n,
+                                            double* partials) {
+  __shared__ double shared[kNormThreads];
   double sum = 0.0;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const double v = load(x, t, i);
     sum += v * v;
   }
-  partial[threadIdx.x] = sum;
-  __syncthreads();
-  for (unsigned stride = blockDim.x / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) *acc = __fadd_rn(*acc, static_cast<float>(partial[0]));
+  const double total = block_sum(sum, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void sum_partials_kernel(const double* partials, int count, float* acc) {
+  __shared__ double shared[kNormBlocks];
+  const double total = block_sum(threadIdx.x < count ? partials[threadIdx.x] : 0.0, shared);
+  if (threadIdx.x == 0) *acc = __fadd_rn(*acc, static_cast<float>(total));
 }
 
 unsigned blocks_for(std::int64_t n) {
@@ -94,8 +126,8 @@ void convert(Stream& s, const void* src, DType st, void* dst, DType dt, std::int
 
 void accumulate(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n) {
   if (n == 0) return;
-  accumulate_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(src, type_code(st),
-                                                                           dst, type_code(dt), n);
+  accumulate_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(src, type_code(st), dst,
+                                                                           type_code(dt), n);
   ZRT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -107,8 +139,18 @@ void scale(Stream& s, void* x, DType t, std::int64_t n, float factor) {
 
 void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* acc) {
   if (n == 0) return;
-  sum_squares_kernel<<<1, 1024, 0, cuda_stream_handle(s)>>>(x, type_code(t), n, acc);
+  cudaStream_t stream = cuda_stream_handle(s);
+  // Scratch for the block partials: 4 KiB from the stream-ordered pool, freed in stream order
+  // after the second pass, so concurrent streams never share it.
+  void* partials = nullptr;
+  ZRT_CUDA_CHECK(cudaMallocAsync(&partials, kNormBlocks * sizeof(double), stream));
+  sum_squares_partials_kernel<<<kNormBlocks, kNormThreads, 0, stream>>>(
+      x, type_code(t), n, static_cast<double*>(partials));
   ZRT_CUDA_CHECK(cudaGetLastError());
+  sum_partials_kernel<<<1, kNormBlocks, 0, stream>>>(static_cast<const double*>(partials),
+                                                     kNormBlocks, acc);
+  ZRT_CUDA_CHECK(cudaGetLastError());
+  ZRT_CUDA_CHECK(cudaFreeAsync(partials, stream));
 }
 
 }  // namespace zrt::engine_kernels::cuda

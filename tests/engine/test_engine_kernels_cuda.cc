@@ -87,22 +87,31 @@ TEST_CASE("convert, accumulate and scale match the CPU twins bit for bit") {
   }
 }
 
-TEST_CASE("the squared norm matches the CPU twin and accumulates into its target") {
+TEST_CASE("the squared norm matches the CPU twin, accumulates into its target, is repeatable") {
   Gpu gpu;
-  for (DType t : kTypes) {
-    const std::int64_t n = 77777;
-    const auto a = random_values(t, n, 4);
-    const double expect = engine_kernels::cpu::sum_squares(a.data(), t, n);
-    Buffer da = gpu.upload(a);
-    const float start = 2.5f;
-    Buffer acc = gpu.upload(std::vector<std::byte>(reinterpret_cast<const std::byte*>(&start),
-                                                   reinterpret_cast<const std::byte*>(&start) + 4));
-    engine_kernels::add_sum_squares(*gpu.device, *gpu.stream, da.device<std::byte>(), t, n,
-                                    acc.device<float>());
-    const auto got = gpu.download(acc);
-    float value = 0.f;
-    std::memcpy(&value, got.data(), 4);
-    // fp64 partial sums in another order: equal to fp32 rounding of the total.
-    CHECK(value == Approx(static_cast<float>(expect) + start).epsilon(1e-6));
+  // Fewer elements than threads, one odd size, and one larger than the whole grid's stride.
+  for (const std::int64_t n : {std::int64_t{3}, std::int64_t{77777}, std::int64_t{3000001}}) {
+    for (DType t : kTypes) {
+      const auto a = random_values(t, n, 4);
+      const double expect = engine_kernels::cpu::sum_squares(a.data(), t, n);
+      Buffer da = gpu.upload(a);
+      const float start = 2.5f;
+      const std::vector<std::byte> start_bytes(reinterpret_cast<const std::byte*>(&start),
+                                               reinterpret_cast<const std::byte*>(&start) + 4);
+      float first = 0.f;
+      for (int run = 0; run < 2; ++run) {
+        Buffer acc = gpu.upload(start_bytes);
+        engine_kernels::add_sum_squares(*gpu.device, *gpu.stream, da.device<std::byte>(), t, n,
+                                        acc.device<float>());
+        const auto got = gpu.download(acc);
+        float value = 0.f;
+        std::memcpy(&value, got.data(), 4);
+        INFO("n " << n << " type " << dtype_name(t) << " run " << run);
+        // fp64 partial sums in another order: equal to fp32 rounding of the total.
+        CHECK(value == Approx(static_cast<float>(expect) + start).epsilon(1e-6));
+        if (run == 0) first = value;
+        CHECK(value == first);  // a fixed reduction order: bit-identical on every run
+      }
+    }
   }
 }
