@@ -181,27 +181,75 @@ void ZeroEngine::wait_for_comm() {
 // ---- initialisation --------------------------------------------------------------------------
 
 void ZeroEngine::initialize(const Initializer& init) {
-  const DType cdt = options_.compute_dtype;
-  std::vector<float> host;
   std::vector<float> piece;
-  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-    const int u = static_cast<int>(ui);
+  assign_state([&](int u, float* master, float* exp_avg, float* exp_avg_sq) {
     const Unit& unit = plan_.unit(u);
-    UnitState& s = *units_[ui];
-    host.assign(static_cast<std::size_t>(unit.shard), 0.0f);  // padding stays zero
+    const auto n = static_cast<std::size_t>(unit.shard);
+    std::fill(master, master + n, 0.0f);  // padding stays zero
+    std::fill(exp_avg, exp_avg + n, 0.0f);
+    std::fill(exp_avg_sq, exp_avg_sq + n, 0.0f);
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
       if (range.count == 0) continue;
       piece.assign(static_cast<std::size_t>(range.count), 0.0f);
       init(p, range.first, range.count, piece.data());
-      std::copy(piece.begin(), piece.end(), host.begin() + range.slice_offset);
+      std::copy(piece.begin(), piece.end(), master + range.slice_offset);
     }
+  });
+}
+
+void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& fill) {
+  ZRT_CHECK(micro_batch_ == 0, "load_state() after {} micro-batches: only at a step boundary",
+            micro_batch_);
+  assign_state(fill);
+  optimizer_steps_ = counters.optimizer_steps;
+  skipped_steps_ = counters.skipped_steps;
+  scaler_.restore(counters.loss_scale);
+}
+
+EngineCounters ZeroEngine::counters() const {
+  return EngineCounters{optimizer_steps_, skipped_steps_, scaler_.state()};
+}
+
+void ZeroEngine::copy_state_out(int u, float* master, float* exp_avg, float* exp_avg_sq) {
+  ZRT_CHECK(micro_batch_ == 0, "copy_state_out() after {} micro-batches: only at a step boundary",
+            micro_batch_);
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
+  if (offload_optimizer()) {
+    cpu_optimizer_->synchronize();  // the CPU optimizer may still be writing the state
+    std::memcpy(master, s.master.host<float>(), bytes);
+    std::memcpy(exp_avg, s.exp_avg.host<float>(), bytes);
+    std::memcpy(exp_avg_sq, s.exp_avg_sq.host<float>(), bytes);
+    return;
+  }
+  device_.copy_to_host(master, s.master.device<std::byte>(), bytes, compute_);
+  device_.copy_to_host(exp_avg, s.exp_avg.device<std::byte>(), bytes, compute_);
+  device_.copy_to_host(exp_avg_sq, s.exp_avg_sq.device<std::byte>(), bytes, compute_);
+  compute_.synchronize();
+}
+
+void ZeroEngine::assign_state(const StateFiller& fill) {
+  const DType cdt = options_.compute_dtype;
+  // Nothing may still read or write the state being replaced.
+  if (cpu_optimizer_) cpu_optimizer_->synchronize();
+  if (copy_) copy_->synchronize();
+  compute_.synchronize();
+  comm_.synchronize();
+  std::vector<float> host, host_m, host_v;
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    const Unit& unit = plan_.unit(u);
+    UnitState& s = *units_[ui];
+    host.assign(static_cast<std::size_t>(unit.shard), 0.0f);
+    host_m.assign(host.size(), 0.0f);
+    host_v.assign(host.size(), 0.0f);
+    fill(u, host.data(), host_m.data(), host_v.data());
     if (offload_optimizer()) {
       // Host state: written directly; the compute-dtype copy goes up through a host buffer.
       std::memcpy(s.master.host<float>(), host.data(), host.size() * 4);
-      std::memset(s.exp_avg.host<std::byte>(), 0, static_cast<std::size_t>(s.exp_avg.bytes()));
-      std::memset(s.exp_avg_sq.host<std::byte>(), 0,
-                  static_cast<std::size_t>(s.exp_avg_sq.bytes()));
+      std::memcpy(s.exp_avg.host<float>(), host_m.data(), host.size() * 4);
+      std::memcpy(s.exp_avg_sq.host<float>(), host_v.data(), host.size() * 4);
       if (!s.host_params.empty()) {
         engine_kernels::cpu::convert(host.data(), DType::kFloat32, s.host_params.host<void>(), cdt,
                                      unit.shard);
@@ -217,11 +265,11 @@ void ZeroEngine::initialize(const Initializer& init) {
       }
     } else {
       device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4, compute_);
-      compute_.synchronize();  // `host` is reused for the next unit
-      device_.fill_zero(s.exp_avg.device<std::byte>(), static_cast<std::size_t>(s.exp_avg.bytes()),
-                        compute_);
-      device_.fill_zero(s.exp_avg_sq.device<std::byte>(),
-                        static_cast<std::size_t>(s.exp_avg_sq.bytes()), compute_);
+      device_.copy_to_device(s.exp_avg.device<std::byte>(), host_m.data(), host.size() * 4,
+                             compute_);
+      device_.copy_to_device(s.exp_avg_sq.device<std::byte>(), host_v.data(), host.size() * 4,
+                             compute_);
+      compute_.synchronize();  // the host vectors are reused for the next unit
       // The compute-dtype copy of the owned slice.
       DevicePtr<std::byte> owned_params =
           sharded_params() && !unit.persistent

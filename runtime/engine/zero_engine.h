@@ -57,6 +57,13 @@ struct EngineOptions {
   int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
 };
 
+// The engine's counters at a step boundary (checkpointed with the optimizer state).
+struct EngineCounters {
+  std::int64_t optimizer_steps = 0;  // applied steps: Adam's bias-correction step count
+  std::int64_t skipped_steps = 0;
+  LossScaleState loss_scale;
+};
+
 struct StepResult {
   bool skipped = false;              // non-finite gradients (or fp16 overflow): no update anywhere
   double grad_norm = 0.0;            // global L2 norm of the (unscaled, averaged) gradient
@@ -81,6 +88,19 @@ class ZeroEngine final : public ParamAccess {
   using Initializer =
       std::function<void(int param, std::int64_t first, std::int64_t count, float* out)>;
   void initialize(const Initializer& init);
+
+  // ---- checkpoints (at a step boundary, device- or host-resident state alike) ----
+  // Copies this rank's slice of unit u's fp32 master weights and Adam moments into host memory
+  // (plan().unit(u).shard floats each, padding included). Synchronises.
+  void copy_state_out(int u, float* master, float* exp_avg, float* exp_avg_sq);
+  EngineCounters counters() const;
+  // Replaces the optimizer state: fill(u, master, exp_avg, exp_avg_sq) writes this rank's slice
+  // of every unit (shard floats each, zero in the padding) into host arrays; the compute-dtype
+  // parameters are re-derived from the master weights and gathered where the stage keeps full
+  // copies. Collective at stages 1-3; the counters (step count, loss scaler) are restored.
+  using StateFiller = std::function<void(int u, float* master, float* exp_avg, float* exp_avg_sq)>;
+  void load_state(const EngineCounters& counters, const StateFiller& fill);
+  int state_rank() const { return rank_; }  // the slice this rank owns (0 at stage 0)
 
   // ParamAccess.
   void acquire(int module, Phase phase) override;
@@ -119,6 +139,8 @@ class ZeroEngine final : public ParamAccess {
  private:
   struct UnitState;
   void allocate_state();
+  // initialize() and load_state(): host values for every unit's state, then the params.
+  void assign_state(const StateFiller& fill);
   int partition_world() const;
   DType comm_dtype() const;
   bool sharded_params() const { return options_.stage == 3; }

@@ -29,6 +29,9 @@ constexpr Entry kCommands[] = {
      "torch.optim.AdamW"},
     {"model", model,
      "GPT-2 forward+backward tokens/s on the CPU kernels (gpt2-tiny, gpt2) vs PyTorch"},
+    {"checkpoint", checkpoint,
+     "sharded checkpoint save/load GB/s per rank vs a plain write/read with fsync, async-save "
+     "stall (run under mpirun)"},
 };
 
 void usage() {

@@ -18,6 +18,8 @@
 #include "models/gpt/gpt_safetensors.h"
 #include "optimizers/device_adam.h"
 #include "optimizers/lr_schedule.h"
+#include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/engine_state.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/error.h"
 #include "runtime/data/token_dataset.h"
@@ -138,12 +140,6 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   const int world = mpi.world;
   RunSummary summary;
   // Keys the config accepts for what is not built yet must not be ignored silently.
-  if (config.checkpoint.saves() || !config.checkpoint.load.empty()) {
-    ZRT_THROW(InvalidArgument,
-              "{}: checkpoint.save_interval / checkpoint.load: sharded checkpoints are not "
-              "implemented in this zrt-train yet; remove them to train without checkpoints",
-              config.source);
-  }
   if (config.trace.enabled()) {
     ZRT_THROW(InvalidArgument, "{}: trace: the timeline trace is not implemented yet",
               config.source);
@@ -202,6 +198,41 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     val_data->set_vocab_size(model_config.vocab_size);
   }
   BatchFeeder feeder(*device, *compute, B, T);
+
+  // ---- checkpoints: resume (at any world size or stage), then save as configured -------------
+  checkpoint::Checkpointer checkpointer(config.checkpoint, config.comm.timeout_s,
+                                        checkpoint::TestHooks::from_env());
+  std::int64_t start_step = 0;
+  if (const auto dir = checkpointer.resolve_load()) {
+    const checkpoint::CheckpointIndex index = checkpoint::load_engine(*dir, engine);
+    train_stream.restore(index.data);
+    start_step = index.step;
+    summary.resumed_from = index.step;
+    if (index.scheduler != lr_schedule_name(config.scheduler.type)) {
+      spdlog::warn("{}: saved with scheduler {}, resuming with {}", *dir, index.scheduler,
+                   lr_schedule_name(config.scheduler.type));
+    }
+    if (rank == 0) {
+      spdlog::info("resumed from {} at step {} (saved by {} rank(s) at ZeRO stage {})", *dir,
+                   index.step, index.world, index.stage);
+    }
+  } else if (config.checkpoint.loads_latest() && rank == 0) {
+    spdlog::info("checkpoint.load is 'latest' but {} holds no checkpoint: starting fresh",
+                 config.checkpoint.save_dir);
+  }
+  auto save_checkpoint = [&](std::int64_t step) {
+    checkpoint::SaveRequest request;
+    request.tag = checkpoint::Checkpointer::tag_for_step(step);
+    request.index.step = step;
+    request.index.seed = config.seed;
+    request.index.data = train_stream.state();
+    request.index.scheduler = lr_schedule_name(config.scheduler.type);
+    request.index.config_json = config.document.dump();
+    checkpoint::describe_engine(engine, request.index);
+    // Every rank of the partition writes its slices (at stage 0 the one full copy, rank 0's).
+    if (rank < request.index.world) request.snapshot = checkpoint::snapshot_engine(engine);
+    checkpointer.save(std::move(request));
+  };
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
   // Destroyed first: if anything below throws, the streams finish (or fail) what they were
   // given before the buffers above are released under them.
@@ -254,8 +285,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   CommCounts comm_before = group->stats().snapshot();
   auto interval_start = Clock::now();
   std::int64_t interval_steps = 0;
-  std::int64_t applied = 0;
-  for (std::int64_t step = 1; step <= config.train.steps; ++step) {
+  std::int64_t applied = engine.counters().optimizer_steps;
+  summary.steps = start_step;
+  for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
     device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
     for (int g = 0; g < G; ++g) {
       TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
@@ -335,7 +367,12 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     }
     summary.steps = step;
     summary.skipped = result.skipped_steps;
+    if (config.checkpoint.saves() &&
+        (step % config.checkpoint.save_interval == 0 || step == config.train.steps)) {
+      save_checkpoint(step);
+    }
   }
+  checkpointer.wait();  // an async save finishes (or reports its error) before the run ends
 
   // ---- a short byte-level sample -------------------------------------------------------------
   if (config.train.sample_tokens > 0 && model_config.vocab_size == 256) {

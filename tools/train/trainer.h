@@ -18,6 +18,7 @@ struct RunSummary {
   std::vector<double> losses;       // mean training loss of every step
   std::vector<double> eval_losses;  // every evaluation
   std::int64_t steps = 0;
+  std::int64_t resumed_from = 0;  // the checkpoint's step (0: a fresh start)
   std::int64_t skipped = 0;
   std::string sample;  // the generated text (empty if sample_tokens is 0)
 };

@@ -1,0 +1,295 @@
+#include "runtime/checkpoint/checkpointer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/common/error.h"
+
+namespace zrt::checkpoint {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || *v == '\0' ? -1 : std::atoi(v);
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// "global_step12" -> 12; -1 if the name is not a step tag.
+std::int64_t step_of(const std::string& name) {
+  const std::string prefix = "global_step";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
+  std::int64_t v = 0;
+  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+void write_text_durably(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) ZRT_THROW(Error, "{}: cannot write", tmp.string());
+  }
+  fsync_path(tmp.string());
+  fs::rename(tmp, path);
+  fsync_path(path.parent_path().string(), true);
+}
+
+}  // namespace
+
+TestHooks TestHooks::from_env() {
+  TestHooks h;
+  h.kill_rank = env_int("ZRT_TEST_CKPT_KILL_RANK");
+  h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
+  return h;
+}
+
+std::optional<std::string> read_latest(const std::string& save_dir) {
+  const fs::path latest = fs::path(save_dir) / "latest";
+  if (!fs::exists(latest)) return std::nullopt;
+  std::ifstream in(latest);
+  std::string tag;
+  std::getline(in, tag);
+  if (tag.empty() || tag.find('/') != std::string::npos) {
+    ZRT_THROW(InvalidArgument, "{}: does not name a checkpoint tag ('{}')", latest.string(), tag);
+  }
+  return tag;
+}
+
+Checkpointer::Checkpointer(const CheckpointConfig& config, double timeout_s, TestHooks hooks)
+    : config_(config), timeout_s_(timeout_s), hooks_(hooks) {
+  ZRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &world_);
+}
+
+Checkpointer::~Checkpointer() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    spdlog::error("checkpoint save failed: {}", e.what());
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+std::string Checkpointer::tag_for_step(std::int64_t step) {
+  return fmt::format("global_step{}", step);
+}
+
+std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) {
+  std::vector<std::int64_t> out(values.size());
+  MPI_Request request;
+  ZRT_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
+                               MPI_INT64_T, MPI_MAX, comm_, &request));
+  const auto start = Clock::now();
+  int done = 0;
+  while (true) {
+    ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) break;
+    if (seconds_since(start) > timeout_s_) {
+      ZRT_THROW(Timeout, "checkpoint: ranks did not agree within {} s (a rank died or hangs)",
+                timeout_s_);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return out;
+}
+
+void Checkpointer::check_all(const std::string& stage, const std::string& tag,
+                             const std::string& local_error) {
+  const auto failed = agree({local_error.empty() ? 0 : rank_ + 1})[0];
+  if (failed == 0) return;
+  if (!local_error.empty()) {
+    ZRT_THROW(Error, "checkpoint {}: {} failed on rank {}: {}", tag, stage, rank_, local_error);
+  }
+  ZRT_THROW(Error, "checkpoint {}: {} failed on rank {} (its log has the reason)", tag, stage,
+            failed - 1);
+}
+
+void Checkpointer::save(SaveRequest request) {
+  wait();
+  if (!config_.async) {
+    commit(request);
+    return;
+  }
+  writer_ = std::thread([this, request = std::move(request)] {
+    try {
+      commit(request);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+SaveTimings Checkpointer::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+  return timings_;
+}
+
+void Checkpointer::commit(const SaveRequest& request) {
+  const auto start = Clock::now();
+  const fs::path save_dir = config_.save_dir;
+  const fs::path tmp = save_dir / (request.tag + ".tmp");
+  const fs::path final_dir = save_dir / request.tag;
+  const fs::path probe = tmp / ".shared_fs_probe";
+  SaveTimings timings;
+
+  // 1. The directory, and proof that every rank sees what rank 0 writes.
+  std::string error;
+  std::int64_t nonce = 0;
+  if (rank_ == 0) {
+    try {
+      fs::create_directories(save_dir);
+      fs::remove_all(tmp);  // an abandoned attempt at this tag
+      fs::create_directories(tmp);
+      nonce = static_cast<std::int64_t>(std::random_device{}() & 0x7fffffff) << 16 | getpid();
+      std::ofstream(probe) << nonce << "\n";
+      fsync_path(probe.string());
+      fsync_path(tmp.string(), true);
+    } catch (const std::exception& e) {
+      error = fmt::format("cannot create {}: {}", tmp.string(), e.what());
+    }
+  }
+  const auto agreed = agree({error.empty() ? 0 : 1, nonce});
+  if (agreed[0] != 0) {
+    check_all("preparing the directory", request.tag, error);
+  }
+  nonce = agreed[1];
+  if (rank_ != 0) {
+    fs::path mine = probe;
+    if (rank_ == hooks_.probe_elsewhere_rank) {
+      mine =
+          fs::path(save_dir.string() + "_not_shared") / (request.tag + ".tmp") / probe.filename();
+    }
+    std::int64_t seen = -1;
+    std::ifstream in(mine);
+    if (in) in >> seen;
+    if (seen != nonce) {
+      error = fmt::format(
+          "checkpoint.save_dir '{}' is not shared: rank {} cannot see {} written by rank 0{} "
+          "(saving on several nodes needs a shared file system)",
+          save_dir.string(), rank_, mine.string(), in ? " (other contents)" : "");
+    }
+  }
+  check_all("the shared file system check", request.tag, error);
+
+  // 2. Every rank's file (and the index), closed and fsynced, then agreement.
+  try {
+    const auto t = Clock::now();
+    if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
+    if (rank_ == 0) fsync_path((tmp / "index.h5").string());
+    if (rank_ < request.index.world) {
+      ZRT_CHECK(request.snapshot.rank == rank_ &&
+                    static_cast<std::int64_t>(request.snapshot.master.size()) ==
+                        request.index.slice_elements(),
+                "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
+                request.snapshot.rank, request.snapshot.master.size(),
+                request.index.slice_elements());
+      write_rank_file((tmp / rank_file_name(rank_)).string(), request.snapshot, request.index.world,
+                      request.index.seed, rank_ == hooks_.kill_rank);
+      timings.bytes = request.snapshot.bytes();
+    }
+    timings.write_s = seconds_since(t);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  check_all("writing the files", request.tag, error);
+
+  // 3. Rank 0 commits: rename, latest, then pruning.
+  if (rank_ == 0) {
+    try {
+      fs::remove(probe);
+      fsync_path(tmp.string(), true);
+      if (fs::exists(final_dir)) {
+        // Saving a tag again (a re-run): the old copy goes only after the new one is complete.
+        const fs::path old = save_dir / (request.tag + ".old");
+        fs::remove_all(old);
+        fs::rename(final_dir, old);
+        fs::rename(tmp, final_dir);
+        fs::remove_all(old);
+      } else {
+        fs::rename(tmp, final_dir);
+      }
+      fsync_path(save_dir.string(), true);
+      write_text_durably(save_dir / "latest", request.tag + "\n");
+      prune(step_of(request.tag));
+    } catch (const std::exception& e) {
+      error = fmt::format("committing {}: {}", final_dir.string(), e.what());
+    }
+  }
+  check_all("the commit", request.tag, error);
+  timings.commit_s = seconds_since(start);
+  timings_ = timings;
+  if (rank_ == 0) {
+    spdlog::info("checkpoint {} saved ({:.2f} s)", final_dir.string(), timings.commit_s);
+  }
+}
+
+void Checkpointer::prune(std::int64_t keep_step) {
+  std::vector<std::pair<std::int64_t, fs::path>> complete;
+  for (const auto& entry : fs::directory_iterator(config_.save_dir)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    const bool is_tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
+    const std::int64_t step = step_of(is_tmp ? name.substr(0, name.size() - 4) : name);
+    if (step < 0) continue;
+    if (is_tmp) {
+      if (step < keep_step) fs::remove_all(entry.path());  // abandoned by a killed save
+    } else {
+      complete.emplace_back(step, entry.path());
+    }
+  }
+  if (config_.keep_last <= 0) return;
+  std::sort(complete.begin(), complete.end());
+  const auto keep = static_cast<std::size_t>(config_.keep_last);
+  for (std::size_t i = 0; i + keep < complete.size(); ++i) {
+    if (complete[i].first == keep_step) continue;
+    fs::remove_all(complete[i].second);
+    spdlog::info("checkpoint {} removed (keep_last {})", complete[i].second.string(),
+                 config_.keep_last);
+  }
+}
+
+std::optional<std::string> Checkpointer::resolve_load() const {
+  if (config_.load.empty()) return std::nullopt;
+  std::string tag = config_.load;
+  if (config_.loads_latest()) {
+    const auto latest = read_latest(config_.save_dir);
+    if (!latest) return std::nullopt;
+    tag = *latest;
+  }
+  const fs::path dir = fs::path(config_.save_dir) / tag;
+  if (!fs::exists(dir / "index.h5")) {
+    ZRT_THROW(InvalidArgument, "checkpoint.load: {} is not a complete checkpoint (no index.h5){}",
+              dir.string(), config_.loads_latest() ? " although 'latest' names it" : "");
+  }
+  return dir.string();
+}
+
+}  // namespace zrt::checkpoint

@@ -1,0 +1,32 @@
+// Whole-model views of a checkpoint, for zrt-ckpt and tests: every parameter's full fp32 value
+// rebuilt from the rank files (a re-slice, as a world size of one would load it), written as one
+// HDF5 dataset per parameter or as a Hugging Face GPT-2 safetensors file.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/checkpoint/layout.h"
+
+namespace zrt::checkpoint {
+
+// The index of the checkpoint in `dir` (dir/index.h5), validated.
+CheckpointIndex open_index(const std::string& dir);
+
+// Full fp32 master values of every parameter (index order), read and verified.
+std::vector<std::vector<float>> read_full_params(const std::string& dir,
+                                                 const CheckpointIndex& index);
+
+// Verifies every checksum of the index and the rank files; returns the bytes verified. Throws
+// on the first problem, naming the file and the dataset.
+std::int64_t verify_checkpoint(const std::string& dir);
+
+// Writes <out>: one float32 dataset per parameter at /params/<name> with the parameter's shape
+// (and checksums), plus the step as an attribute.
+void write_consolidated(const std::string& dir, const std::string& out);
+
+// Writes a Hugging Face GPT-2 safetensors file (names and (in, out) Conv1D layout as zrt keeps
+// them, fp32, {"format": "pt"} metadata) and config.json beside it (GPT2LMHeadModel).
+void export_safetensors(const std::string& dir, const std::string& out);
+
+}  // namespace zrt::checkpoint

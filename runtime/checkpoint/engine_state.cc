@@ -1,0 +1,60 @@
+#include "runtime/checkpoint/engine_state.h"
+
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+
+namespace zrt::checkpoint {
+
+RankSnapshot snapshot_engine(ZeroEngine& engine) {
+  const PartitionPlan& plan = engine.plan();
+  RankSnapshot snap;
+  snap.rank = engine.state_rank();
+  const auto n = static_cast<std::size_t>(plan.total_shard());
+  snap.master.resize(n);
+  snap.exp_avg.resize(n);
+  snap.exp_avg_sq.resize(n);
+  std::int64_t at = 0;
+  for (std::size_t u = 0; u < plan.units().size(); ++u) {
+    engine.copy_state_out(static_cast<int>(u), snap.master.data() + at, snap.exp_avg.data() + at,
+                          snap.exp_avg_sq.data() + at);
+    at += plan.unit(static_cast<int>(u)).shard;
+  }
+  return snap;
+}
+
+void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
+  fill_tables(index, engine.params(), engine.plan());
+  index.stage = engine.options().stage;
+  index.compute_dtype = dtype_name(engine.options().compute_dtype);
+  index.master_dtype = "float32";
+  const EngineCounters c = engine.counters();
+  index.optimizer_steps = c.optimizer_steps;
+  index.skipped_steps = c.skipped_steps;
+  index.loss_scale = c.loss_scale;
+}
+
+CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine) {
+  const std::string index_path = (std::filesystem::path(dir) / "index.h5").string();
+  CheckpointIndex index = read_index(index_path, &engine.params());
+  const std::string running = dtype_name(engine.options().compute_dtype);
+  if (index.compute_dtype != running) {
+    spdlog::warn(
+        "{}: saved with compute dtype {}, resuming in {} (the fp32 master weights are "
+        "exact; the first step's parameters are rounded to {})",
+        index_path, index.compute_dtype, running, running);
+  }
+  ShardedReader reader(dir, index);
+  const PartitionPlan& plan = engine.plan();
+  const int rank = engine.state_rank();
+  engine.load_state(EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
+                    [&](int u, float* master, float* exp_avg, float* exp_avg_sq) {
+                      reader.fill(plan, rank, u, master, exp_avg, exp_avg_sq);
+                    });
+  spdlog::debug("loaded {} (world {}, stage {}) as rank {} of world {}, stage {}: {} bytes read",
+                dir, index.world, index.stage, rank, plan.world(), engine.options().stage,
+                reader.bytes_read());
+  return index;
+}
+
+}  // namespace zrt::checkpoint

@@ -1,0 +1,454 @@
+#include "runtime/checkpoint/h5.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/checkpoint/crc32c.h"
+#include "runtime/common/error.h"
+
+namespace zrt::checkpoint {
+
+namespace {
+
+// HDF5 prints its error stack to stderr by default; zrt reports errors itself.
+void silence_hdf5() {
+  static const bool silenced = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)silenced;
+}
+
+herr_t keep_innermost(unsigned n, const H5E_error2_t* e, void* out) {
+  if (n == 0 && e->desc != nullptr) *static_cast<std::string*>(out) = e->desc;
+  return 0;
+}
+
+std::string elem_name(H5Elem e) {
+  switch (e) {
+    case H5Elem::kFloat32:
+      return "float32";
+    case H5Elem::kInt64:
+      return "int64";
+    case H5Elem::kString:
+      return "string";
+  }
+  return "?";
+}
+
+// A readable name of a file's element type ("float64", "int32", "string(32)").
+std::string type_name(hid_t type) {
+  const H5T_class_t cls = H5Tget_class(type);
+  const std::size_t size = H5Tget_size(type);
+  switch (cls) {
+    case H5T_FLOAT:
+      return fmt::format("float{}", size * 8);
+    case H5T_INTEGER:
+      return fmt::format("{}int{}", H5Tget_sign(type) == H5T_SGN_NONE ? "u" : "", size * 8);
+    case H5T_STRING:
+      return fmt::format("string({})", size);
+    default:
+      return fmt::format("class {} of {} bytes", static_cast<int>(cls), size);
+  }
+}
+
+H5Id string_type(std::int64_t size) {
+  H5Id t(H5Tcopy(H5T_C_S1));
+  H5Tset_size(t.get(), static_cast<std::size_t>(size));
+  H5Tset_strpad(t.get(), H5T_STR_NULLPAD);
+  return t;
+}
+
+std::vector<std::uint32_t> block_checksums(const void* data, std::int64_t bytes,
+                                           std::int64_t block) {
+  std::vector<std::uint32_t> crcs;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::int64_t at = 0; at < bytes || crcs.empty(); at += block) {
+    const std::int64_t n = std::min(block, bytes - at);
+    crcs.push_back(crc32c(p + at, static_cast<std::size_t>(std::max<std::int64_t>(n, 0))));
+    if (bytes == 0) break;
+  }
+  return crcs;
+}
+
+}  // namespace
+
+void H5Id::reset() {
+  if (id_ < 0) return;
+  switch (H5Iget_type(id_)) {
+    case H5I_FILE:
+      H5Fclose(id_);
+      break;
+    case H5I_DATASET:
+      H5Dclose(id_);
+      break;
+    case H5I_DATASPACE:
+      H5Sclose(id_);
+      break;
+    case H5I_DATATYPE:
+      H5Tclose(id_);
+      break;
+    case H5I_GENPROP_LST:
+      H5Pclose(id_);
+      break;
+    case H5I_ATTR:
+      H5Aclose(id_);
+      break;
+    case H5I_GROUP:
+      H5Gclose(id_);
+      break;
+    default:
+      break;
+  }
+  id_ = H5I_INVALID_HID;
+}
+
+std::string h5_error_detail() {
+  std::string detail;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, keep_innermost, &detail);
+  H5Eclear2(H5E_DEFAULT);
+  return detail;
+}
+
+std::string where(const H5File& file, const std::string& dataset) {
+  return fmt::format("{}: dataset '{}'", file.path(), dataset);
+}
+
+H5File H5File::create(const std::string& path) {
+  silence_hdf5();
+  H5Id fapl(H5Pcreate(H5P_FILE_ACCESS));
+  // Shared file systems (NFS, Lustre) often lack the locks HDF5 takes; each file has one writer.
+  H5Pset_file_locking(fapl.get(), false, true);
+  // Dense attribute storage: checksum arrays of large datasets exceed 64 KiB.
+  H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST);
+  H5File f;
+  f.path_ = path;
+  f.file_ = H5Id(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
+  if (!f.file_.valid()) {
+    ZRT_THROW(Error, "{}: cannot create the HDF5 file: {}", path, h5_error_detail());
+  }
+  return f;
+}
+
+H5File H5File::open_read(const std::string& path) {
+  silence_hdf5();
+  H5Id fapl(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_file_locking(fapl.get(), false, true);
+  H5File f;
+  f.path_ = path;
+  if (!std::filesystem::exists(path)) ZRT_THROW(InvalidArgument, "{}: no such file", path);
+  f.file_ = H5Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));
+  if (!f.file_.valid()) {
+    ZRT_THROW(InvalidArgument, "{}: not a readable HDF5 file (truncated, damaged or not HDF5): {}",
+              path, h5_error_detail());
+  }
+  return f;
+}
+
+bool H5File::has(const std::string& dataset) const {
+  const htri_t exists = H5Lexists(file_.get(), dataset.c_str(), H5P_DEFAULT);
+  h5_error_detail();
+  return exists > 0;
+}
+
+void H5File::close() {
+  if (!file_.valid()) return;
+  const herr_t rc = H5Fclose(file_.get());
+  // H5Fclose released the identifier even on failure.
+  file_ = H5Id();
+  if (rc < 0) ZRT_THROW(Error, "{}: closing the HDF5 file failed: {}", path_, h5_error_detail());
+}
+
+// ---- attributes -------------------------------------------------------------------------------
+
+namespace {
+void write_attr_raw(hid_t object, const std::string& name, hid_t file_type, hid_t mem_type,
+                    hsize_t count, const void* data, bool scalar) {
+  if (H5Aexists(object, name.c_str()) > 0) H5Adelete(object, name.c_str());
+  H5Id space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &count, nullptr));
+  H5Id attr(H5Acreate2(object, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+  if (!attr.valid() || H5Awrite(attr.get(), mem_type, data) < 0) {
+    ZRT_THROW(Error, "writing attribute '{}' failed: {}", name, h5_error_detail());
+  }
+}
+
+H5Id open_attr(hid_t object, const std::string& name, const std::string& context) {
+  if (H5Aexists(object, name.c_str()) <= 0) {
+    h5_error_detail();
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' is missing", context, name);
+  }
+  return H5Id(H5Aopen(object, name.c_str(), H5P_DEFAULT));
+}
+
+// The attribute's element count, after checking its class.
+hssize_t attr_count(const H5Id& attr, H5T_class_t want, const std::string& context,
+                    const std::string& name) {
+  H5Id type(H5Aget_type(attr.get()));
+  if (H5Tget_class(type.get()) != want) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' has type {}", context, name,
+              type_name(type.get()));
+  }
+  H5Id space(H5Aget_space(attr.get()));
+  return H5Sget_simple_extent_npoints(space.get());
+}
+}  // namespace
+
+void write_attr(hid_t object, const std::string& name, std::int64_t value) {
+  write_attr_raw(object, name, H5T_STD_I64LE, H5T_NATIVE_INT64, 1, &value, true);
+}
+void write_attr(hid_t object, const std::string& name, double value) {
+  write_attr_raw(object, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, 1, &value, true);
+}
+void write_attr(hid_t object, const std::string& name, const std::string& value) {
+  H5Id type = string_type(static_cast<std::int64_t>(std::max<std::size_t>(value.size(), 1)));
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  write_attr_raw(object, name, type.get(), type.get(), 1, padded.data(), true);
+}
+void write_attr(hid_t object, const std::string& name, const std::vector<std::uint32_t>& values) {
+  write_attr_raw(object, name, H5T_STD_U32LE, H5T_NATIVE_UINT32, values.size(), values.data(),
+                 false);
+}
+
+bool has_attr(hid_t object, const std::string& name) {
+  const htri_t r = H5Aexists(object, name.c_str());
+  h5_error_detail();
+  return r > 0;
+}
+
+std::int64_t read_attr_int(hid_t object, const std::string& name, const std::string& context) {
+  H5Id attr = open_attr(object, name, context);
+  if (attr_count(attr, H5T_INTEGER, context, name) != 1) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' is not one integer", context, name);
+  }
+  std::int64_t v = 0;
+  H5Aread(attr.get(), H5T_NATIVE_INT64, &v);
+  return v;
+}
+
+double read_attr_double(hid_t object, const std::string& name, const std::string& context) {
+  H5Id attr = open_attr(object, name, context);
+  if (attr_count(attr, H5T_FLOAT, context, name) != 1) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' is not one number", context, name);
+  }
+  double v = 0;
+  H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v);
+  return v;
+}
+
+std::string read_attr_string(hid_t object, const std::string& name, const std::string& context) {
+  H5Id attr = open_attr(object, name, context);
+  if (attr_count(attr, H5T_STRING, context, name) != 1) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' is not one string", context, name);
+  }
+  H5Id type(H5Aget_type(attr.get()));
+  if (H5Tis_variable_str(type.get()) > 0) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' is a variable-length string", context, name);
+  }
+  const std::size_t size = H5Tget_size(type.get());
+  std::string value(size, '\0');
+  H5Aread(attr.get(), type.get(), value.data());
+  value.resize(std::strlen(value.c_str()));
+  return value;
+}
+
+std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
+                                         const std::string& context, std::int64_t expected_count) {
+  H5Id attr = open_attr(object, name, context);
+  const hssize_t n = attr_count(attr, H5T_INTEGER, context, name);
+  if (n != expected_count) {
+    ZRT_THROW(InvalidArgument, "{}: attribute '{}' holds {} values, expected {}", context, name, n,
+              expected_count);
+  }
+  std::vector<std::uint32_t> values(static_cast<std::size_t>(n));
+  H5Aread(attr.get(), H5T_NATIVE_UINT32, values.data());
+  return values;
+}
+
+// ---- datasets ---------------------------------------------------------------------------------
+
+void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
+                   const std::vector<std::int64_t>& dims, const void* data,
+                   std::int64_t block_bytes, std::int64_t string_size) {
+  std::vector<hsize_t> hdims(dims.begin(), dims.end());
+  std::int64_t elements = 1;
+  for (std::int64_t d : dims) elements *= d;
+  H5Id type;
+  hid_t file_type = H5T_IEEE_F32LE;
+  hid_t mem_type = H5T_NATIVE_FLOAT;
+  std::int64_t elem_bytes = 4;
+  if (elem == H5Elem::kInt64) {
+    file_type = H5T_STD_I64LE;
+    mem_type = H5T_NATIVE_INT64;
+    elem_bytes = 8;
+  } else if (elem == H5Elem::kString) {
+    type = string_type(string_size);
+    file_type = mem_type = type.get();
+    elem_bytes = string_size;
+  }
+  const std::int64_t bytes = elements * elem_bytes;
+  if (block_bytes <= 0) block_bytes = std::max<std::int64_t>(bytes, elem_bytes);
+  H5Id space(H5Screate_simple(static_cast<int>(hdims.size()), hdims.data(), nullptr));
+  H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
+  H5Pset_layout(dcpl.get(), H5D_CONTIGUOUS);
+  // Allocate at creation and never write fill values: the data is written right after.
+  H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY);
+  H5Pset_fill_time(dcpl.get(), H5D_FILL_TIME_NEVER);
+  H5Id ds(H5Dcreate2(file.id(), name.c_str(), file_type, space.get(), H5P_LINK_CREATE_DEFAULT,
+                     dcpl.get(), H5P_DEFAULT));
+  if (!ds.valid()) {
+    ZRT_THROW(Error, "{}: cannot create: {}", where(file, name), h5_error_detail());
+  }
+  if (elements > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    ZRT_THROW(Error, "{}: write failed: {}", where(file, name), h5_error_detail());
+  }
+  write_attr(ds.get(), "crc32c_block_bytes", block_bytes);
+  write_attr(ds.get(), "crc32c", block_checksums(data, bytes, block_bytes));
+}
+
+H5Dataset::H5Dataset(const H5File& file, const std::string& name, H5Elem elem,
+                     const std::vector<std::int64_t>& expected, std::int64_t string_size)
+    : where_(checkpoint::where(file, name)) {
+  if (!file.has(name)) ZRT_THROW(InvalidArgument, "{}: missing", where_);
+  dataset_ = H5Id(H5Dopen2(file.id(), name.c_str(), H5P_DEFAULT));
+  if (!dataset_.valid()) {
+    ZRT_THROW(InvalidArgument, "{}: cannot open: {}", where_, h5_error_detail());
+  }
+  H5Id type(H5Dget_type(dataset_.get()));
+  const H5T_class_t cls = H5Tget_class(type.get());
+  const std::size_t size = H5Tget_size(type.get());
+  bool ok = false;
+  switch (elem) {
+    case H5Elem::kFloat32:
+      ok = cls == H5T_FLOAT && size == 4;
+      mem_type_ = H5Id(H5Tcopy(H5T_NATIVE_FLOAT));
+      element_bytes_ = 4;
+      break;
+    case H5Elem::kInt64:
+      ok = cls == H5T_INTEGER && size == 8 && H5Tget_sign(type.get()) == H5T_SGN_2;
+      mem_type_ = H5Id(H5Tcopy(H5T_NATIVE_INT64));
+      element_bytes_ = 8;
+      break;
+    case H5Elem::kString:
+      ok = cls == H5T_STRING && static_cast<std::int64_t>(size) == string_size &&
+           H5Tis_variable_str(type.get()) <= 0;
+      mem_type_ = string_type(string_size);
+      element_bytes_ = string_size;
+      break;
+  }
+  if (!ok) {
+    ZRT_THROW(InvalidArgument, "{}: element type is {}, expected {}{}", where_,
+              type_name(type.get()), elem_name(elem),
+              elem == H5Elem::kString ? fmt::format("({})", string_size) : "");
+  }
+  H5Id space(H5Dget_space(dataset_.get()));
+  const int rank = H5Sget_simple_extent_ndims(space.get());
+  std::vector<hsize_t> dims(static_cast<std::size_t>(std::max(rank, 0)));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  const std::vector<std::int64_t> got(dims.begin(), dims.end());
+  if (got != expected) {
+    auto show = [](const std::vector<std::int64_t>& v) {
+      return fmt::format("[{}]", fmt::join(v, ", "));
+    };
+    ZRT_THROW(InvalidArgument, "{}: shape is {}, expected {} (another model or world size?)",
+              where_, show(got), show(expected));
+  }
+  elements_ = 1;
+  for (std::int64_t d : expected) elements_ *= d;
+  block_bytes_ = read_attr_int(dataset_.get(), "crc32c_block_bytes", where_);
+  if (block_bytes_ <= 0 || block_bytes_ % element_bytes_ != 0) {
+    ZRT_THROW(InvalidArgument, "{}: attribute 'crc32c_block_bytes' is {}", where_, block_bytes_);
+  }
+  const std::int64_t bytes = elements_ * element_bytes_;
+  const std::int64_t blocks = std::max<std::int64_t>(1, (bytes + block_bytes_ - 1) / block_bytes_);
+  crcs_ = read_attr_u32(dataset_.get(), "crc32c", where_, blocks);
+}
+
+void H5Dataset::read_raw(std::int64_t first, std::int64_t count, void* out) const {
+  if (count == 0) return;
+  H5Id file_space(H5Dget_space(dataset_.get()));
+  herr_t rc;
+  if (first == 0 && count == elements_) {
+    rc = H5Dread(dataset_.get(), mem_type_.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out);
+  } else {
+    const hsize_t start = static_cast<hsize_t>(first);
+    const hsize_t n = static_cast<hsize_t>(count);
+    H5Sselect_hyperslab(file_space.get(), H5S_SELECT_SET, &start, nullptr, &n, nullptr);
+    H5Id mem_space(H5Screate_simple(1, &n, nullptr));
+    rc = H5Dread(dataset_.get(), mem_type_.get(), mem_space.get(), file_space.get(), H5P_DEFAULT,
+                 out);
+  }
+  if (rc < 0) {
+    ZRT_THROW(InvalidArgument, "{}: reading elements {}..{} failed (truncated file?): {}", where_,
+              first, first + count, h5_error_detail());
+  }
+}
+
+void H5Dataset::check_block(std::int64_t block, const unsigned char* bytes, std::int64_t n) const {
+  const std::uint32_t got = crc32c(bytes, static_cast<std::size_t>(n));
+  const std::uint32_t want = crcs_[static_cast<std::size_t>(block)];
+  if (got != want) {
+    ZRT_THROW(InvalidArgument,
+              "{}: checksum mismatch in block {} (bytes {}..{}): crc32c {:08x}, stored {:08x} "
+              "(the file is corrupt)",
+              where_, block, block * block_bytes_, block * block_bytes_ + n, got, want);
+  }
+}
+
+void H5Dataset::read(std::int64_t first, std::int64_t count, void* out, bool verify,
+                     std::vector<unsigned char>& scratch) const {
+  ZRT_CHECK(first >= 0 && count >= 0 && first + count <= elements_, "{}: range {}+{} of {}", where_,
+            first, count, elements_);
+  if (count == 0) return;
+  if (!verify) {
+    read_raw(first, count, out);
+    return;
+  }
+  const std::int64_t per_block = block_bytes_ / element_bytes_;
+  const std::int64_t b0 = first / per_block;
+  const std::int64_t b1 = (first + count - 1) / per_block;
+  const std::int64_t e0 = b0 * per_block;
+  const std::int64_t e1 = std::min(elements_, (b1 + 1) * per_block);
+  scratch.resize(static_cast<std::size_t>((e1 - e0) * element_bytes_));
+  read_raw(e0, e1 - e0, scratch.data());
+  for (std::int64_t b = b0; b <= b1; ++b) {
+    const std::int64_t begin = (b * per_block - e0) * element_bytes_;
+    const std::int64_t end = std::min((b + 1) * per_block, e1) - e0;
+    check_block(b, scratch.data() + begin, end * element_bytes_ - begin);
+  }
+  std::memcpy(out, scratch.data() + (first - e0) * element_bytes_,
+              static_cast<std::size_t>(count * element_bytes_));
+}
+
+void H5Dataset::read_all(void* out) const {
+  if (elements_ == 0) return;
+  read_raw(0, elements_, out);
+  const auto* p = static_cast<const unsigned char*>(out);
+  const std::int64_t bytes = elements_ * element_bytes_;
+  for (std::int64_t b = 0; b * block_bytes_ < bytes; ++b) {
+    check_block(b, p + b * block_bytes_, std::min(block_bytes_, bytes - b * block_bytes_));
+  }
+}
+
+std::int64_t H5Dataset::verify_all() const {
+  const std::int64_t per_block = block_bytes_ / element_bytes_;
+  // About 64 MiB at a time, in whole blocks.
+  const std::int64_t step =
+      std::max<std::int64_t>(1, (std::int64_t{64} << 20) / block_bytes_) * per_block;
+  std::vector<unsigned char> scratch;
+  std::vector<unsigned char> sink;
+  H5Id space(H5Dget_space(dataset_.get()));
+  if (H5Sget_simple_extent_ndims(space.get()) > 1) {
+    sink.resize(static_cast<std::size_t>(elements_ * element_bytes_));
+    read_all(sink.data());
+    return elements_ * element_bytes_;
+  }
+  for (std::int64_t at = 0; at < elements_; at += step) {
+    const std::int64_t n = std::min(step, elements_ - at);
+    sink.resize(static_cast<std::size_t>(n * element_bytes_));
+    read(at, n, sink.data(), true, scratch);
+  }
+  return elements_ * element_bytes_;
+}
+
+}  // namespace zrt::checkpoint

@@ -1,0 +1,254 @@
+#include "runtime/checkpoint/layout.h"
+
+#include <cstring>
+
+#include "runtime/checkpoint/h5.h"
+#include "runtime/common/error.h"
+
+namespace zrt::checkpoint {
+
+namespace {
+
+// Upper bounds for tables read without a model to compare with (zrt-ckpt): a corrupt count
+// must not turn into a huge allocation.
+constexpr std::int64_t kMaxParams = 1 << 20;
+constexpr std::int64_t kMaxDims = 8;
+
+std::vector<std::int64_t> read_ints(const H5File& file, const std::string& name,
+                                    std::int64_t count) {
+  H5Dataset ds(file, name, H5Elem::kInt64, {count});
+  std::vector<std::int64_t> v(static_cast<std::size_t>(count));
+  ds.read_all(v.data());
+  return v;
+}
+
+std::int64_t dataset_length(const H5File& file, const std::string& name) {
+  if (!file.has(name)) ZRT_THROW(InvalidArgument, "{}: missing", where(file, name));
+  H5Id ds(H5Dopen2(file.id(), name.c_str(), H5P_DEFAULT));
+  H5Id space(H5Dget_space(ds.get()));
+  if (H5Sget_simple_extent_ndims(space.get()) != 1) {
+    ZRT_THROW(InvalidArgument, "{}: not one-dimensional", where(file, name));
+  }
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  return static_cast<std::int64_t>(n);
+}
+
+std::string show(const std::vector<std::int64_t>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
+
+}  // namespace
+
+std::int64_t CheckpointIndex::slice_elements() const {
+  std::int64_t n = 0;
+  for (const UnitEntry& u : units) n += u.shard;
+  return n;
+}
+
+void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
+                 const PartitionPlan& plan) {
+  index.world = plan.world();
+  index.params.clear();
+  index.units.clear();
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const ParamPlacement& pl = plan.placement(static_cast<int>(p));
+    index.params.push_back(
+        ParamEntry{params[p].name, params[p].shape, params[p].numel(), pl.unit, pl.offset});
+  }
+  for (const Unit& u : plan.units()) {
+    index.units.push_back(UnitEntry{u.numel, u.shard, u.offset / plan.world()});
+  }
+}
+
+std::string rank_file_name(int rank) {
+  return fmt::format("rank_{:05d}.h5", rank);
+}
+
+void write_index(const std::string& path, const CheckpointIndex& index) {
+  H5File file = H5File::create(path);
+  const hid_t root = file.id();
+  write_attr(root, "format", std::string(kIndexFormat));
+  write_attr(root, "format_version", kFormatVersion);
+  write_attr(root, "step", index.step);
+  write_attr(root, "optimizer_steps", index.optimizer_steps);
+  write_attr(root, "skipped_steps", index.skipped_steps);
+  write_attr(root, "world", std::int64_t{index.world});
+  write_attr(root, "stage", std::int64_t{index.stage});
+  write_attr(root, "compute_dtype", index.compute_dtype);
+  write_attr(root, "master_dtype", index.master_dtype);
+  write_attr(root, "seed", static_cast<std::int64_t>(index.seed));
+  write_attr(root, "loss_scale", index.loss_scale.scale);
+  write_attr(root, "loss_scale_iteration", index.loss_scale.iteration);
+  write_attr(root, "loss_scale_last_overflow", index.loss_scale.last_overflow_iteration);
+  write_attr(root, "loss_scale_hysteresis_left", std::int64_t{index.loss_scale.hysteresis_left});
+  write_attr(root, "data_position", index.data.position);
+  write_attr(root, "data_shuffle", std::int64_t{index.data.shuffle ? 1 : 0});
+  write_attr(root, "data_seed", static_cast<std::int64_t>(index.data.seed));
+  write_attr(root, "data_seq_len", std::int64_t{index.data.seq_len});
+  write_attr(root, "data_group", index.data.group);
+  write_attr(root, "data_num_samples", index.data.num_samples);
+  write_attr(root, "scheduler", index.scheduler);
+  write_attr(root, "config", index.config_json);
+
+  const auto P = static_cast<std::int64_t>(index.params.size());
+  std::vector<char> names(static_cast<std::size_t>(P * kNameBytes), '\0');
+  std::vector<std::int64_t> ndim, dims, numel, unit, offset;
+  for (std::int64_t p = 0; p < P; ++p) {
+    const ParamEntry& e = index.params[static_cast<std::size_t>(p)];
+    ZRT_CHECK(static_cast<std::int64_t>(e.name.size()) < kNameBytes,
+              "parameter name '{}' is longer than {} bytes", e.name, kNameBytes - 1);
+    std::memcpy(names.data() + p * kNameBytes, e.name.data(), e.name.size());
+    ndim.push_back(static_cast<std::int64_t>(e.shape.size()));
+    dims.insert(dims.end(), e.shape.begin(), e.shape.end());
+    numel.push_back(e.numel);
+    unit.push_back(e.unit);
+    offset.push_back(e.offset);
+  }
+  write_dataset(file, "/param_name", H5Elem::kString, {P}, names.data(), 0, kNameBytes);
+  write_dataset(file, "/param_ndim", H5Elem::kInt64, {P}, ndim.data());
+  write_dataset(file, "/param_dims", H5Elem::kInt64, {static_cast<std::int64_t>(dims.size())},
+                dims.data());
+  write_dataset(file, "/param_numel", H5Elem::kInt64, {P}, numel.data());
+  write_dataset(file, "/param_unit", H5Elem::kInt64, {P}, unit.data());
+  write_dataset(file, "/param_offset", H5Elem::kInt64, {P}, offset.data());
+  std::vector<std::int64_t> u_numel, u_shard, u_off;
+  for (const UnitEntry& u : index.units) {
+    u_numel.push_back(u.numel);
+    u_shard.push_back(u.shard);
+    u_off.push_back(u.slice_offset);
+  }
+  const auto U = static_cast<std::int64_t>(index.units.size());
+  write_dataset(file, "/unit_numel", H5Elem::kInt64, {U}, u_numel.data());
+  write_dataset(file, "/unit_shard", H5Elem::kInt64, {U}, u_shard.data());
+  write_dataset(file, "/unit_slice_offset", H5Elem::kInt64, {U}, u_off.data());
+  file.close();
+}
+
+CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>* expect) {
+  H5File file = H5File::open_read(path);
+  const hid_t root = file.id();
+  if (!has_attr(root, "format") || read_attr_string(root, "format", path) != kIndexFormat) {
+    ZRT_THROW(InvalidArgument,
+              "{}: not a zrt checkpoint index (root attribute 'format' is not '{}')", path,
+              kIndexFormat);
+  }
+  const std::int64_t version = read_attr_int(root, "format_version", path);
+  if (version != kFormatVersion) {
+    ZRT_THROW(InvalidArgument, "{}: checkpoint format version {}, this zrt reads version {}", path,
+              version, kFormatVersion);
+  }
+  CheckpointIndex index;
+  index.step = read_attr_int(root, "step", path);
+  index.optimizer_steps = read_attr_int(root, "optimizer_steps", path);
+  index.skipped_steps = read_attr_int(root, "skipped_steps", path);
+  index.world = static_cast<int>(read_attr_int(root, "world", path));
+  index.stage = static_cast<int>(read_attr_int(root, "stage", path));
+  index.compute_dtype = read_attr_string(root, "compute_dtype", path);
+  index.master_dtype = read_attr_string(root, "master_dtype", path);
+  index.seed = static_cast<std::uint64_t>(read_attr_int(root, "seed", path));
+  index.loss_scale.scale = read_attr_double(root, "loss_scale", path);
+  index.loss_scale.iteration = read_attr_int(root, "loss_scale_iteration", path);
+  index.loss_scale.last_overflow_iteration = read_attr_int(root, "loss_scale_last_overflow", path);
+  index.loss_scale.hysteresis_left =
+      static_cast<int>(read_attr_int(root, "loss_scale_hysteresis_left", path));
+  index.data.position = read_attr_int(root, "data_position", path);
+  index.data.shuffle = read_attr_int(root, "data_shuffle", path) != 0;
+  index.data.seed = static_cast<std::uint64_t>(read_attr_int(root, "data_seed", path));
+  index.data.seq_len = static_cast<int>(read_attr_int(root, "data_seq_len", path));
+  index.data.group = read_attr_int(root, "data_group", path);
+  index.data.num_samples = read_attr_int(root, "data_num_samples", path);
+  index.scheduler = read_attr_string(root, "scheduler", path);
+  index.config_json = read_attr_string(root, "config", path);
+  if (index.world < 1 || index.world > (1 << 20) || index.stage < 0 || index.stage > 3 ||
+      index.step < 0) {
+    ZRT_THROW(InvalidArgument, "{}: world {}, stage {}, step {} out of range", path, index.world,
+              index.stage, index.step);
+  }
+  if (index.master_dtype != "float32") {
+    ZRT_THROW(InvalidArgument, "{}: master_dtype is '{}', zrt checkpoints hold float32", path,
+              index.master_dtype);
+  }
+
+  // The parameter table: its length is checked against the model before anything sized by it.
+  const std::int64_t P = dataset_length(file, "/param_name");
+  if (expect != nullptr && P != static_cast<std::int64_t>(expect->size())) {
+    ZRT_THROW(InvalidArgument,
+              "{}: dataset '/param_name': the checkpoint has {} parameters, the model {} "
+              "(another model?)",
+              path, P, expect->size());
+  }
+  if (P < 1 || P > kMaxParams) {
+    ZRT_THROW(InvalidArgument, "{}: dataset '/param_name': {} parameters", path, P);
+  }
+  std::vector<char> names(static_cast<std::size_t>(P * kNameBytes));
+  H5Dataset(file, "/param_name", H5Elem::kString, {P}, kNameBytes).read_all(names.data());
+  const auto ndim = read_ints(file, "/param_ndim", P);
+  std::int64_t total_dims = 0;
+  for (std::int64_t p = 0; p < P; ++p) {
+    const std::int64_t n = ndim[static_cast<std::size_t>(p)];
+    if (n < 0 || n > kMaxDims) {
+      ZRT_THROW(InvalidArgument, "{}: dataset '/param_ndim': parameter {} has {} dimensions", path,
+                p, n);
+    }
+    total_dims += n;
+  }
+  const auto dims = read_ints(file, "/param_dims", total_dims);
+  const auto numel = read_ints(file, "/param_numel", P);
+  const auto unit = read_ints(file, "/param_unit", P);
+  const auto offset = read_ints(file, "/param_offset", P);
+  const std::int64_t U = dataset_length(file, "/unit_numel");
+  if (U < 1 || U > kMaxParams + 1) {
+    ZRT_THROW(InvalidArgument, "{}: dataset '/unit_numel': {} units", path, U);
+  }
+  const auto u_numel = read_ints(file, "/unit_numel", U);
+  const auto u_shard = read_ints(file, "/unit_shard", U);
+  const auto u_off = read_ints(file, "/unit_slice_offset", U);
+  std::int64_t slice = 0;
+  for (std::int64_t u = 0; u < U; ++u) {
+    UnitEntry e{u_numel[static_cast<std::size_t>(u)], u_shard[static_cast<std::size_t>(u)],
+                u_off[static_cast<std::size_t>(u)]};
+    if (e.shard < 0 || e.numel != e.shard * index.world || e.slice_offset != slice) {
+      ZRT_THROW(InvalidArgument,
+                "{}: unit table row {} is inconsistent (numel {}, shard {}, slice offset {}, "
+                "world {})",
+                path, u, e.numel, e.shard, e.slice_offset, index.world);
+    }
+    slice += e.shard;
+    index.units.push_back(e);
+  }
+  std::int64_t cursor = 0;
+  for (std::int64_t p = 0; p < P; ++p) {
+    const auto i = static_cast<std::size_t>(p);
+    ParamEntry e;
+    const char* raw = names.data() + p * kNameBytes;
+    e.name.assign(raw, strnlen(raw, static_cast<std::size_t>(kNameBytes)));
+    e.shape.assign(dims.begin() + cursor, dims.begin() + cursor + ndim[i]);
+    cursor += ndim[i];
+    e.numel = numel[i];
+    e.unit = unit[i];
+    e.offset = offset[i];
+    std::int64_t product = 1;
+    for (std::int64_t d : e.shape) product *= d;
+    if (product != e.numel || e.unit < 0 || e.unit >= U || e.offset < 0 ||
+        e.offset + e.numel > index.units[static_cast<std::size_t>(e.unit)].numel) {
+      ZRT_THROW(InvalidArgument,
+                "{}: parameter table row {} ('{}') is inconsistent: shape {}, numel {}, unit {}, "
+                "offset {}",
+                path, p, e.name, show(e.shape), e.numel, e.unit, e.offset);
+    }
+    if (expect != nullptr) {
+      const ParamSpec& want = (*expect)[i];
+      if (want.name != e.name || want.shape != e.shape) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: dataset '/param_name': parameter {} is '{}' {} in the checkpoint but '{}' "
+                  "{} in the model (another model?)",
+                  path, p, e.name, show(e.shape), want.name, show(want.shape));
+      }
+    }
+    index.params.push_back(std::move(e));
+  }
+  return index;
+}
+
+}  // namespace zrt::checkpoint

@@ -1,0 +1,156 @@
+#include "runtime/checkpoint/rank_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include "runtime/common/error.h"
+
+namespace zrt::checkpoint {
+
+void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
+  if (fd < 0) ZRT_THROW(Error, "{}: cannot open to fsync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  if (rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", path, std::strerror(err));
+}
+
+void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
+                     std::uint64_t seed, bool kill_midway) {
+  H5File file = H5File::create(path);
+  write_attr(file.id(), "format", std::string(kRankFormat));
+  write_attr(file.id(), "format_version", kFormatVersion);
+  write_attr(file.id(), "rank", std::int64_t{snapshot.rank});
+  write_attr(file.id(), "world", std::int64_t{world});
+  // Training draws no random numbers after initialisation (no dropout; the data order is a pure
+  // function of the global sample index and data.seed): the seed is the whole RNG state.
+  write_attr(file.id(), "rng_seed", static_cast<std::int64_t>(seed));
+  const std::vector<float>* arrays[3] = {&snapshot.master, &snapshot.exp_avg, &snapshot.exp_avg_sq};
+  for (int i = 0; i < 3; ++i) {
+    const auto n = static_cast<std::int64_t>(arrays[i]->size());
+    write_dataset(file, kStateDatasets[i], H5Elem::kFloat32, {n}, arrays[i]->data(),
+                  kTensorBlockBytes);
+    if (kill_midway && i == 0) {
+      H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
+      std::raise(SIGKILL);
+    }
+  }
+  file.close();
+  fsync_path(path);
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+struct ShardedReader::OpenFile {
+  H5File file;
+  std::unique_ptr<H5Dataset> data[3];
+};
+
+namespace {
+void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank) {
+  const hid_t root = file.id();
+  if (!has_attr(root, "format") || read_attr_string(root, "format", file.path()) != kRankFormat) {
+    ZRT_THROW(InvalidArgument,
+              "{}: not a zrt checkpoint rank file (attribute 'format' is not '{}')", file.path(),
+              kRankFormat);
+  }
+  const std::int64_t r = read_attr_int(root, "rank", file.path());
+  const std::int64_t w = read_attr_int(root, "world", file.path());
+  if (r != rank || w != index.world) {
+    ZRT_THROW(InvalidArgument,
+              "{}: holds rank {} of {}, the index expects rank {} of {} (files mixed up?)",
+              file.path(), r, w, rank, index.world);
+  }
+}
+}  // namespace
+
+ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index)
+    : dir_(std::move(dir)), index_(index) {}
+ShardedReader::~ShardedReader() = default;
+
+ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
+  auto it = files_.find(old_rank);
+  if (it != files_.end()) return *it->second;
+  auto f = std::make_unique<OpenFile>();
+  f->file = H5File::open_read((std::filesystem::path(dir_) / rank_file_name(old_rank)).string());
+  check_rank_attrs(f->file, index_, old_rank);
+  const std::int64_t n = index_.slice_elements();
+  for (int i = 0; i < 3; ++i) {
+    f->data[i] = std::make_unique<H5Dataset>(f->file, kStateDatasets[i], H5Elem::kFloat32,
+                                             std::vector<std::int64_t>{n});
+  }
+  return *files_.emplace(old_rank, std::move(f)).first->second;
+}
+
+void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* master, float* exp_avg,
+                         float* exp_avg_sq) {
+  // Pieces of the new slice and where they are in the old rank files.
+  struct Piece {
+    int old_rank;
+    std::int64_t file_pos;  // element in the old rank's datasets
+    std::int64_t count;
+    std::int64_t dest;  // element in the new slice
+  };
+  std::vector<Piece> pieces;
+  for (int p : plan.unit(u).params) {
+    const auto range = plan.owned_range(p, rank);
+    if (range.count == 0) continue;
+    const ParamEntry& e = index_.params[static_cast<std::size_t>(p)];
+    const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
+    std::int64_t done = 0;
+    while (done < range.count) {
+      const std::int64_t idx = e.offset + range.first + done;  // element of the old unit
+      const auto old_rank = static_cast<int>(idx / old.shard);
+      const std::int64_t within = idx % old.shard;
+      const std::int64_t n = std::min(range.count - done, old.shard - within);
+      pieces.push_back(Piece{old_rank, old.slice_offset + within, n, range.slice_offset + done});
+      done += n;
+    }
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    return a.old_rank != b.old_rank ? a.old_rank < b.old_rank : a.file_pos < b.file_pos;
+  });
+  float* out[3] = {master, exp_avg, exp_avg_sq};
+  // Neighbouring pieces of one file (padding between parameters) are read as one span.
+  constexpr std::int64_t kGap = kTensorBlockBytes / 4;
+  for (std::size_t i = 0; i < pieces.size();) {
+    std::size_t j = i + 1;
+    std::int64_t end = pieces[i].file_pos + pieces[i].count;
+    while (j < pieces.size() && pieces[j].old_rank == pieces[i].old_rank &&
+           pieces[j].file_pos <= end + kGap) {
+      end = std::max(end, pieces[j].file_pos + pieces[j].count);
+      ++j;
+    }
+    const std::int64_t first = pieces[i].file_pos;
+    OpenFile& f = file(pieces[i].old_rank);
+    span_.resize(static_cast<std::size_t>(end - first));
+    for (int d = 0; d < 3; ++d) {
+      f.data[d]->read(first, end - first, span_.data(), true, scratch_);
+      bytes_read_ += static_cast<std::int64_t>(scratch_.size());
+      for (std::size_t k = i; k < j; ++k) {
+        std::memcpy(out[d] + pieces[k].dest, span_.data() + (pieces[k].file_pos - first),
+                    static_cast<std::size_t>(pieces[k].count) * 4);
+      }
+    }
+    i = j;
+  }
+}
+
+std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& index, int rank) {
+  H5File file = H5File::open_read(path);
+  check_rank_attrs(file, index, rank);
+  std::int64_t bytes = 0;
+  for (const char* name : kStateDatasets) {
+    bytes += H5Dataset(file, name, H5Elem::kFloat32, {index.slice_elements()}).verify_all();
+  }
+  return bytes;
+}
+
+}  // namespace zrt::checkpoint

@@ -1,0 +1,325 @@
+// Checkpoint files without training: CRC-32C known answers, the index and rank files round
+// trip, the resharding reader rebuilds every element of another partition (world size and
+// stage) from a value function, and damaged, foreign or mismatched files fail with messages
+// naming the file, the dataset and the problem.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/crc32c.h"
+#include "runtime/checkpoint/h5.h"
+#include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/rank_file.h"
+#include "runtime/common/error.h"
+
+using namespace zrt;
+using namespace zrt::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A small model: 4 modules, a tied parameter, odd sizes so padding and slice boundaries cut
+// through parameters.
+std::vector<ParamSpec> model() {
+  return {
+      {"emb", {37, 5}, {0, 3}, false}, {"a.w", {5, 19}, {1}, false},
+      {"a.b", {19}, {1}, true},        {"b.w", {19, 7}, {2}, false},
+      {"b.b", {7}, {2}, true},         {"head.w", {7, 11}, {3}, false},
+  };
+}
+
+// The value every state array holds at element e of parameter p (exact in fp32).
+float value(int p, std::int64_t e, int array) {
+  return static_cast<float>(p * 1000 + e) + 0.25f * static_cast<float>(array);
+}
+
+PartitionPlan plan_for(int stage, int world, std::int64_t bucket = 120) {
+  PartitionOptions o;
+  o.stage = stage;
+  o.world = stage == 0 ? 1 : world;
+  o.bucket_elements = bucket;
+  o.persistence_threshold = stage == 3 ? 10 : 0;
+  o.alignment = 4;
+  o.num_modules = 4;
+  return PartitionPlan(model(), o);
+}
+
+// Writes a checkpoint of `plan` holding value() into dir.
+CheckpointIndex write_checkpoint(const fs::path& dir, const PartitionPlan& plan, int stage) {
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CheckpointIndex index;
+  index.step = 7;
+  index.optimizer_steps = 6;
+  index.skipped_steps = 1;
+  index.stage = stage;
+  index.seed = 99;
+  index.loss_scale = LossScaleState{1024.0, 7, 3, 2};
+  index.data = DataStreamState{56, true, 5, 32, 1, 724};
+  index.scheduler = "WarmupLR";
+  index.config_json = R"({"model": {"preset": "gpt2-tiny"}})";
+  const auto params = model();
+  fill_tables(index, params, plan);
+  write_index((dir / "index.h5").string(), index);
+  for (int r = 0; r < plan.world(); ++r) {
+    RankSnapshot snap;
+    snap.rank = r;
+    const auto n = static_cast<std::size_t>(plan.total_shard());
+    snap.master.assign(n, 0.0f);
+    snap.exp_avg.assign(n, 0.0f);
+    snap.exp_avg_sq.assign(n, 0.0f);
+    std::int64_t base = 0;
+    for (const Unit& u : plan.units()) {
+      for (int p : u.params) {
+        const auto range = plan.owned_range(p, r);
+        for (std::int64_t i = 0; i < range.count; ++i) {
+          const auto at = static_cast<std::size_t>(base + range.slice_offset + i);
+          snap.master[at] = value(p, range.first + i, 0);
+          snap.exp_avg[at] = value(p, range.first + i, 1);
+          snap.exp_avg_sq[at] = value(p, range.first + i, 2);
+        }
+      }
+      base += u.shard;
+    }
+    write_rank_file((dir / rank_file_name(r)).string(), snap, plan.world(), 99);
+  }
+  return index;
+}
+
+// Loads `dir` into the slices of `plan` for every rank and checks each element.
+void check_reshard(const fs::path& dir, const PartitionPlan& plan) {
+  const auto params = model();
+  const CheckpointIndex index = read_index((dir / "index.h5").string(), &params);
+  ShardedReader reader(dir.string(), index);
+  for (int r = 0; r < plan.world(); ++r) {
+    for (std::size_t ui = 0; ui < plan.units().size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      const auto n = static_cast<std::size_t>(plan.unit(u).shard);
+      std::vector<float> a(n, -1.f), b(n, -1.f), c(n, -1.f);
+      std::fill(a.begin(), a.end(), 0.f);
+      std::fill(b.begin(), b.end(), 0.f);
+      std::fill(c.begin(), c.end(), 0.f);
+      reader.fill(plan, r, u, a.data(), b.data(), c.data());
+      std::vector<bool> covered(n, false);
+      for (int p : plan.unit(u).params) {
+        const auto range = plan.owned_range(p, r);
+        for (std::int64_t i = 0; i < range.count; ++i) {
+          const auto at = static_cast<std::size_t>(range.slice_offset + i);
+          covered[at] = true;
+          INFO("rank " << r << " unit " << u << " param " << p << " element " << range.first + i);
+          REQUIRE(a[at] == value(p, range.first + i, 0));
+          REQUIRE(b[at] == value(p, range.first + i, 1));
+          REQUIRE(c[at] == value(p, range.first + i, 2));
+        }
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!covered[i]) REQUIRE(a[i] == 0.0f);  // padding stays zero
+      }
+    }
+  }
+}
+
+fs::path scratch_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / "zrt_test_ckpt_format" / name;
+  fs::remove_all(d);
+  fs::create_directories(d.parent_path());
+  return d;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("crc32c: known answers, hardware and portable agree, chaining") {
+  const std::string digits = "123456789";
+  CHECK(crc32c(digits.data(), digits.size()) == 0xE3069283u);  // the standard check value
+  CHECK(crc32c_portable(digits.data(), digits.size()) == 0xE3069283u);
+  CHECK(crc32c("", 0) == 0u);
+  std::vector<unsigned char> zeros(32, 0);
+  CHECK(crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);  // RFC 3720 B.4: 32 zero bytes
+  std::vector<unsigned char> ones(32, 0xFF);
+  CHECK(crc32c(ones.data(), ones.size()) == 0x62A8AB43u);  // RFC 3720 B.4: 32 0xFF bytes
+  std::mt19937 rng(3);
+  std::vector<unsigned char> data(100003);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 4096u, 100003u}) {
+    INFO(n);
+    CHECK(crc32c(data.data(), n) == crc32c_portable(data.data(), n));
+  }
+  CHECK(crc32c(data.data() + 1000, data.size() - 1000, crc32c(data.data(), 1000)) ==
+        crc32c(data.data(), data.size()));
+}
+
+TEST_CASE("index round trip keeps every field and table") {
+  const fs::path dir = scratch_dir("index");
+  const PartitionPlan plan = plan_for(2, 3);
+  const CheckpointIndex written = write_checkpoint(dir, plan, 2);
+  const auto params = model();
+  const CheckpointIndex read = read_index((dir / "index.h5").string(), &params);
+  CHECK(read.step == 7);
+  CHECK(read.optimizer_steps == 6);
+  CHECK(read.skipped_steps == 1);
+  CHECK(read.world == 3);
+  CHECK(read.stage == 2);
+  CHECK(read.seed == 99);
+  CHECK(read.loss_scale.scale == 1024.0);
+  CHECK(read.loss_scale.iteration == 7);
+  CHECK(read.loss_scale.last_overflow_iteration == 3);
+  CHECK(read.loss_scale.hysteresis_left == 2);
+  CHECK(read.data.position == 56);
+  CHECK(read.data.shuffle);
+  CHECK(read.data.seed == 5);
+  CHECK(read.data.num_samples == 724);
+  CHECK(read.scheduler == "WarmupLR");
+  CHECK(read.config_json == written.config_json);
+  REQUIRE(read.params.size() == params.size());
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    CHECK(read.params[p].name == params[p].name);
+    CHECK(read.params[p].shape == params[p].shape);
+    CHECK(read.params[p].unit == plan.placement(static_cast<int>(p)).unit);
+    CHECK(read.params[p].offset == plan.placement(static_cast<int>(p)).offset);
+  }
+  CHECK(read.units.size() == plan.units().size());
+  CHECK(read.slice_elements() == plan.total_shard());
+  CHECK(verify_checkpoint(dir.string()) == 3 * 3 * plan.total_shard() * 4);
+}
+
+TEST_CASE("resharding reads every element into any world size and stage") {
+  struct Case {
+    int from_stage, from_world, to_stage, to_world;
+  };
+  for (const Case c : {Case{2, 4, 2, 2}, Case{2, 2, 2, 3}, Case{1, 3, 3, 4}, Case{2, 2, 3, 2},
+                       Case{3, 3, 1, 3}, Case{0, 4, 3, 3}, Case{3, 4, 0, 2}}) {
+    INFO("stage " << c.from_stage << " x" << c.from_world << " -> stage " << c.to_stage << " x"
+                  << c.to_world);
+    const fs::path dir = scratch_dir("reshard");
+    write_checkpoint(dir, plan_for(c.from_stage, c.from_world), c.from_stage);
+    check_reshard(dir, plan_for(c.to_stage, c.to_world));
+  }
+  // Full rebuild (consolidate's path) agrees too.
+  const fs::path dir = scratch_dir("full");
+  const auto index = write_checkpoint(dir, plan_for(2, 3), 2);
+  const auto full = read_full_params(dir.string(), index);
+  for (std::size_t p = 0; p < full.size(); ++p) {
+    for (std::size_t e = 0; e < full[p].size(); ++e) {
+      REQUIRE(full[p][e] == value(static_cast<int>(p), static_cast<std::int64_t>(e), 0));
+    }
+  }
+}
+
+TEST_CASE("damaged, foreign and mismatched files fail naming file, dataset and problem") {
+  const auto params = model();
+  const PartitionPlan plan = plan_for(2, 3);
+  const fs::path dir = scratch_dir("integrity");
+  auto fresh = [&] { write_checkpoint(dir, plan, 2); };
+  auto load_all = [&] {
+    const CheckpointIndex index = read_index((dir / "index.h5").string(), &params);
+    ShardedReader reader(dir.string(), index);
+    for (int r = 0; r < plan.world(); ++r) {
+      for (std::size_t u = 0; u < plan.units().size(); ++u) {
+        const auto n = static_cast<std::size_t>(plan.unit(static_cast<int>(u)).shard);
+        std::vector<float> a(n), b(n), c(n);
+        reader.fill(plan, r, static_cast<int>(u), a.data(), b.data(), c.data());
+      }
+    }
+  };
+
+  SECTION("a flipped byte in the tensor data: checksum error") {
+    fresh();
+    const std::string path = (dir / "rank_00001.h5").string();
+    haddr_t offset = 0;
+    {
+      H5File f = H5File::open_read(path);
+      H5Id ds(H5Dopen2(f.id(), "/exp_avg", H5P_DEFAULT));
+      offset = H5Dget_offset(ds.get());
+    }
+    {
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekg(static_cast<std::streamoff>(offset + 37));
+      char b = 0;
+      io.read(&b, 1);
+      b = static_cast<char>(b ^ 0x10);
+      io.seekp(static_cast<std::streamoff>(offset + 37));
+      io.write(&b, 1);
+    }
+    const std::string m = message_of(load_all);
+    CHECK_THAT(m,
+               Catch::Contains("rank_00001.h5: dataset '/exp_avg': checksum mismatch in block 0"));
+    CHECK_THAT(message_of([&] { verify_checkpoint(dir.string()); }),
+               Catch::Contains("rank_00001.h5: dataset '/exp_avg': checksum mismatch"));
+  }
+  SECTION("a truncated rank file") {
+    fresh();
+    const fs::path path = dir / "rank_00002.h5";
+    fs::resize_file(path, fs::file_size(path) / 2);
+    const std::string m = message_of(load_all);
+    CHECK_THAT(m, Catch::Contains("rank_00002.h5"));
+    CHECK_THAT(m, Catch::Contains("truncated"));
+  }
+  SECTION("a foreign HDF5 file as the index, a text file as a rank file") {
+    fresh();
+    {
+      H5File f = H5File::create((dir / "index.h5").string());
+      const std::int64_t v[3] = {1, 2, 3};
+      write_dataset(f, "/something", H5Elem::kInt64, {3}, v);
+      f.close();
+    }
+    CHECK_THAT(message_of(load_all),
+               Catch::Contains("index.h5: not a zrt checkpoint index (root attribute 'format'"));
+    fresh();
+    std::ofstream(dir / "rank_00000.h5") << "not an HDF5 file\n";
+    CHECK_THAT(message_of(load_all), Catch::Contains("rank_00000.h5: not a readable HDF5 file"));
+  }
+  SECTION("another model: a parameter's shape or the parameter count differs") {
+    fresh();
+    auto other = params;
+    other[3].shape = {19, 8};
+    CHECK_THAT(message_of([&] { read_index((dir / "index.h5").string(), &other); }),
+               Catch::Contains("index.h5: dataset '/param_name': parameter 3 is 'b.w' [19, 7] in "
+                               "the checkpoint but 'b.w' [19, 8] in the model"));
+    other = params;
+    other.pop_back();
+    CHECK_THAT(message_of([&] { read_index((dir / "index.h5").string(), &other); }),
+               Catch::Contains("the checkpoint has 6 parameters, the model 5"));
+  }
+  SECTION("another dtype: a rank file holding float64 master weights") {
+    fresh();
+    {
+      const std::string path = (dir / "rank_00001.h5").string();
+      H5File f = H5File::create(path);
+      write_attr(f.id(), "format", std::string(kRankFormat));
+      write_attr(f.id(), "rank", std::int64_t{1});
+      write_attr(f.id(), "world", std::int64_t{3});
+      const hsize_t n = static_cast<hsize_t>(plan.total_shard());
+      std::vector<double> zeros(n, 0.0);
+      H5Id space(H5Screate_simple(1, &n, nullptr));
+      H5Id ds(H5Dcreate2(f.id(), "/master", H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT,
+                         H5P_DEFAULT));
+      H5Dwrite(ds.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, zeros.data());
+      ds.reset();
+      f.close();
+    }
+    CHECK_THAT(message_of(load_all),
+               Catch::Contains("rank_00001.h5: dataset '/master': element type is float64, "
+                               "expected float32"));
+  }
+  SECTION("a rank file of another world size: its length is checked before reading") {
+    fresh();
+    const fs::path other = scratch_dir("integrity_other");
+    write_checkpoint(other, plan_for(2, 2), 2);
+    fs::copy_file(other / "rank_00001.h5", dir / "rank_00001.h5",
+                  fs::copy_options::overwrite_existing);
+    CHECK_THAT(message_of(load_all),
+               Catch::Contains("rank_00001.h5: holds rank 1 of 2, the index expects rank 1 of 3"));
+  }
+}

@@ -1,0 +1,416 @@
+// zrt-train's checkpoints end to end, in real processes (mpirun zrt-train, a new job per run):
+//  - resume at the same world size and stage is bit-exact: K steps, save, a new job for K more
+//    gives the losses and the saved master weights and Adam moments of 2K steps in one job, bit
+//    for bit (stage 1 with an async save; stage 3 + optimizer offload in bf16);
+//  - resume at another world size or stage (4->2, 2->3, 3->4, stage 2->3, 3->1, global batch
+//    fixed) lands within per-tensor relative error 1e-5 of the uninterrupted run;
+//  - a rank SIGKILLed midway through its file leaves `latest` on the previous checkpoint, which
+//    then loads; a rank that cannot see rank 0's probe fails the save, naming the directory;
+//  - zrt-ckpt inspect / verify / consolidate / export, the export loadable by model.init_from's
+//    reader and by torch (skipped with a message when python3 has no torch).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "models/gpt/gpt.h"
+#include "models/gpt/gpt_config.h"
+#include "models/gpt/gpt_safetensors.h"
+#include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/h5.h"
+#include "runtime/checkpoint/rank_file.h"
+#include "runtime/data/token_shard.h"
+
+using namespace zrt;
+using namespace zrt::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path& root() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::temp_directory_path() / "zrt_test_ckpt_train";
+    fs::remove_all(d);
+    fs::create_directories(d);
+    std::string text;
+    for (int i = 0; i < 400; ++i) text += "In the beginning was the Word, and the Word was God. ";
+    std::vector<std::uint16_t> tokens(text.begin(), text.end());
+    write_shard((d / "t_train_000000.bin").string(), tokens.data(), tokens.size());
+    return d;
+  }();
+  return dir;
+}
+
+struct Job {
+  int ranks = 2;
+  int stage = 2;
+  int steps = 6;
+  int save_interval = 0;
+  std::string save_dir;
+  std::string load;  // "" or "latest" or a tag
+  bool async = false;
+  bool offload = false;
+  bool bf16 = false;
+  std::string env;  // extra environment, "NAME=value ..."
+};
+
+std::string shell(const std::string& cmd, int* status) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  const int rc = pclose(pipe);
+  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  return out;
+}
+
+// Runs zrt-train for `job` as <root>/<name>; returns its exit status and output.
+int launch(const std::string& name, const Job& job, std::string* output = nullptr) {
+  const fs::path out = root() / name;
+  fs::remove_all(out);
+  fs::create_directories(out);
+  // A fixed global batch of 12 sequences at any world size: micro-batches of 12 / (N * G).
+  const int G = job.ranks == 4 ? 1 : 2;
+  const int micro = 12 / (job.ranks * G);
+  nlohmann::json c = {
+      {"train_batch_size", 12},
+      {"train_micro_batch_size_per_gpu", micro},
+      {"gradient_accumulation_steps", G},
+      {"gradient_clipping", 1.0},
+      {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.002}, {"weight_decay", 0.1}}}}},
+      {"scheduler",
+       {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 4}, {"warmup_max_lr", 0.002}}}}},
+      {"zero_optimization", {{"stage", job.stage}, {"reduce_bucket_size", 20000}}},
+      {"model", {{"preset", "gpt2-tiny"}, {"seq_len", 32}}},
+      {"data", {{"train", (root() / "t_train_*.bin").string()}, {"shuffle", true}}},
+      {"train", {{"steps", job.steps}, {"log_interval", 1}}},
+      {"device", {{"type", "cpu"}}},
+      {"output_dir", out.string()},
+  };
+  if (job.stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 100;
+  if (job.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  if (job.bf16) c["bf16"] = {{"enabled", true}};
+  nlohmann::json k = {{"save_interval", job.save_interval}, {"async", job.async}};
+  k["save_dir"] = job.save_dir.empty() ? (out / "ckpt").string() : job.save_dir;
+  if (!job.load.empty()) k["load"] = job.load;
+  c["checkpoint"] = k;
+  std::ofstream(out / "run.json") << c.dump(2);
+  const std::string cmd = job.env + " " + ZRT_MPIEXEC + " -n " + std::to_string(job.ranks) +
+                          " --oversubscribe --bind-to none " + ZRT_TRAIN + " --config " +
+                          (out / "run.json").string();
+  int status = 0;
+  const std::string text = shell(cmd, &status);
+  std::ofstream(out / "log.txt") << text;
+  if (output != nullptr) *output = text;
+  return status;
+}
+
+void run_ok(const std::string& name, const Job& job) {
+  std::string text;
+  const int status = launch(name, job, &text);
+  INFO(name << ":\n" << text);
+  REQUIRE(status == 0);
+}
+
+// Training losses by step from a run's metrics.jsonl.
+std::map<std::int64_t, double> losses(const std::string& name) {
+  std::map<std::int64_t, double> out;
+  std::ifstream in(root() / name / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("loss")) out[row["step"].get<std::int64_t>()] = row["loss"].get<double>();
+  }
+  return out;
+}
+
+std::string latest_dir(const std::string& save_dir) {
+  const auto tag = read_latest(save_dir);
+  REQUIRE(tag.has_value());
+  return (fs::path(save_dir) / *tag).string();
+}
+
+// Every state dataset of every rank file of two checkpoints, bit for bit.
+void require_identical_state(const std::string& a, const std::string& b) {
+  const CheckpointIndex ia = open_index(a);
+  const CheckpointIndex ib = open_index(b);
+  REQUIRE(ia.world == ib.world);
+  CHECK(ia.step == ib.step);
+  CHECK(ia.optimizer_steps == ib.optimizer_steps);
+  CHECK(ia.data.position == ib.data.position);
+  for (int r = 0; r < ia.world; ++r) {
+    const H5File fa = H5File::open_read((fs::path(a) / rank_file_name(r)).string());
+    const H5File fb = H5File::open_read((fs::path(b) / rank_file_name(r)).string());
+    for (const char* name : kStateDatasets) {
+      std::vector<float> va(static_cast<std::size_t>(ia.slice_elements()));
+      std::vector<float> vb(va.size());
+      H5Dataset(fa, name, H5Elem::kFloat32, {ia.slice_elements()}).read_all(va.data());
+      H5Dataset(fb, name, H5Elem::kFloat32, {ib.slice_elements()}).read_all(vb.data());
+      INFO("rank " << r << " " << name);
+      CHECK(std::memcmp(va.data(), vb.data(), va.size() * 4) == 0);
+    }
+  }
+}
+
+// Per-tensor relative error of two checkpoints' full parameters. The key third of
+// attn.c_attn.bias is left out: softmax is invariant to a per-query constant, so its true
+// gradient is identically zero and it holds only rounding noise (a norm of ~3e-6 after a few
+// steps), which Adam turns into steps of the full learning rate; two uninterrupted runs at
+// different world sizes differ there by the same ~50%. Its absolute difference is bounded
+// instead (*key_bias_diff).
+double max_relative_error(const std::string& a, const std::string& b, double* key_bias_diff,
+                          std::string* worst_name) {
+  const auto ia = open_index(a);
+  const auto ib = open_index(b);
+  const auto pa = read_full_params(a, ia);
+  const auto pb = read_full_params(b, ib);
+  REQUIRE(pa.size() == pb.size());
+  double worst = 0.0;
+  *key_bias_diff = 0.0;
+  for (std::size_t p = 0; p < pa.size(); ++p) {
+    const std::string& name = ia.params[p].name;
+    const bool qkv_bias =
+        name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0;
+    const std::size_t C = pa[p].size() / 3;
+    double diff = 0.0, norm = 0.0, key = 0.0;
+    for (std::size_t e = 0; e < pa[p].size(); ++e) {
+      const double d = static_cast<double>(pa[p][e]) - pb[p][e];
+      if (qkv_bias && e >= C && e < 2 * C) {
+        key += d * d;
+        continue;
+      }
+      diff += d * d;
+      norm += static_cast<double>(pb[p][e]) * pb[p][e];
+    }
+    *key_bias_diff = std::max(*key_bias_diff, std::sqrt(key));
+    const double rel = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+    if (rel > worst) {
+      worst = rel;
+      *worst_name = name;
+    }
+  }
+  return worst;
+}
+
+// K = 3 steps, save; a new job loads `latest` and runs to 2K; against 2K in one job.
+void bit_exact_case(const std::string& name, Job job) {
+  const std::string whole = name + "_whole";
+  const std::string first = name + "_first";
+  const std::string second = name + "_second";
+  Job j = job;
+  j.steps = 6;
+  j.save_interval = 6;
+  run_ok(whole, j);
+  j.steps = 3;
+  j.save_interval = 3;
+  j.save_dir = (root() / (name + "_ckpt")).string();
+  fs::remove_all(j.save_dir);
+  run_ok(first, j);
+  j.steps = 6;
+  j.load = "latest";
+  run_ok(second, j);
+  const auto a = losses(whole);
+  const auto b = losses(first);
+  const auto c = losses(second);
+  REQUIRE(a.size() == 6);
+  REQUIRE(b.size() == 3);
+  REQUIRE(c.size() == 3);
+  for (std::int64_t s = 1; s <= 6; ++s) {
+    INFO("step " << s);
+    CHECK(a.at(s) == (s <= 3 ? b.at(s) : c.at(s)));  // bit for bit
+  }
+  require_identical_state(latest_dir((root() / whole / "ckpt").string()), latest_dir(j.save_dir));
+}
+
+// K steps at `from`, then 2K at `to` from its checkpoint; against 2K at `to` in one job.
+void reshard_case(const std::string& name, Job from, Job to) {
+  from.steps = 3;
+  from.save_interval = 3;
+  from.save_dir = (root() / (name + "_ckpt")).string();
+  fs::remove_all(from.save_dir);
+  run_ok(name + "_first", from);
+  Job resumed = to;
+  resumed.steps = 6;
+  resumed.save_interval = 6;
+  resumed.save_dir = from.save_dir;
+  resumed.load = "latest";
+  std::string text;
+  const int status = launch(name + "_second", resumed, &text);
+  INFO(text);
+  REQUIRE(status == 0);
+  CHECK_THAT(text, Catch::Contains("resumed from") && Catch::Contains("global_step3"));
+  to.steps = 6;
+  to.save_interval = 6;
+  run_ok(name + "_whole", to);
+  const auto a = losses(name + "_whole");
+  const auto c = losses(name + "_second");
+  REQUIRE(c.size() == 3);
+  for (std::int64_t s = 4; s <= 6; ++s) {
+    INFO("step " << s);
+    CHECK(c.at(s) == Approx(a.at(s)).epsilon(1e-5));
+  }
+  double key_bias = 0.0;
+  std::string worst;
+  const double err = max_relative_error(latest_dir(from.save_dir),
+                                        latest_dir((root() / (name + "_whole") / "ckpt").string()),
+                                        &key_bias, &worst);
+  INFO(name << ": worst per-tensor relative error " << err << " (" << worst
+            << "); key-bias difference " << key_bias);
+  CHECK(err <= 1e-5);
+  CHECK(key_bias <= 1e-5);
+}
+
+}  // namespace
+
+TEST_CASE("resume at the same world size and stage is bit-exact", "[resume]") {
+  Job stage1;
+  stage1.stage = 1;
+  stage1.async = true;  // the async writer's files are the ones compared
+  bit_exact_case("exact_s1", stage1);
+  Job stage3;
+  stage3.stage = 3;
+  stage3.offload = true;
+  stage3.bf16 = true;
+  bit_exact_case("exact_s3_offload_bf16", stage3);
+}
+
+TEST_CASE("resume at another world size or stage", "[reshard]") {
+  auto job = [](int ranks, int stage) {
+    Job j;
+    j.ranks = ranks;
+    j.stage = stage;
+    return j;
+  };
+  reshard_case("n4_to_n2", job(4, 2), job(2, 2));
+  reshard_case("n2_to_n3", job(2, 2), job(3, 2));
+  reshard_case("n3_to_n4", job(3, 2), job(4, 2));
+  reshard_case("s2_to_s3", job(2, 2), job(2, 3));
+  reshard_case("s3_to_s1", job(2, 3), job(2, 1));
+}
+
+TEST_CASE("a rank killed during a save leaves the previous checkpoint loadable", "[kill]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.save_dir = (root() / "kill_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("kill_first", j);
+  j.steps = 4;
+  j.load = "latest";
+  j.env = "ZRT_TEST_CKPT_KILL_RANK=1";
+  std::string text;
+  CHECK(launch("kill_second", j, &text) != 0);
+  INFO(text);
+  CHECK(*read_latest(j.save_dir) == "global_step2");
+  CHECK(fs::exists(fs::path(j.save_dir) / "global_step4.tmp"));
+  CHECK_FALSE(fs::exists(fs::path(j.save_dir) / "global_step4"));
+  j.env = "";
+  text.clear();
+  REQUIRE(launch("kill_third", j, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("resumed from " + j.save_dir + "/global_step2 at step 2"));
+  CHECK(*read_latest(j.save_dir) == "global_step4");
+  CHECK_FALSE(fs::exists(fs::path(j.save_dir) / "global_step4.tmp"));
+  CHECK(verify_checkpoint(latest_dir(j.save_dir)) > 0);
+}
+
+TEST_CASE("a save directory one rank cannot see fails the save, naming it", "[sharedfs]") {
+  Job j;
+  j.steps = 1;
+  j.save_interval = 1;
+  j.save_dir = (root() / "probe_ckpt").string();
+  fs::remove_all(j.save_dir);
+  j.env = "ZRT_TEST_CKPT_PROBE_RANK=1";
+  std::string text;
+  CHECK(launch("probe", j, &text) != 0);
+  CHECK_THAT(text, Catch::Contains("checkpoint.save_dir '" + j.save_dir +
+                                   "' is not shared: rank 1 cannot see"));
+  CHECK_THAT(text, Catch::Contains("needs a shared file system"));
+  CHECK_FALSE(read_latest(j.save_dir).has_value());
+}
+
+TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.stage = 3;
+  j.ranks = 3;
+  run_ok("tool", j);
+  const std::string save_dir = (root() / "tool" / "ckpt").string();
+  const std::string dir = latest_dir(save_dir);
+  const std::string tool = ZRT_CKPT;
+  int status = 0;
+  const std::string inspect = shell(tool + " inspect " + save_dir, &status);
+  CHECK(status == 0);
+  CHECK_THAT(inspect, Catch::Contains("step         2 (optimizer steps 2, skipped 0)"));
+  CHECK_THAT(inspect, Catch::Contains("world        3 rank file(s), ZeRO stage 3"));
+  CHECK_THAT(inspect, Catch::Contains("transformer.h.0.attn.c_attn.weight"));
+  CHECK_THAT(inspect, Catch::Contains("(64, 192)"));
+  const std::string verify = shell(tool + " verify " + dir, &status);
+  CHECK(status == 0);
+  CHECK_THAT(verify, Catch::Contains("OK"));
+
+  const auto index = open_index(dir);
+  const auto full = read_full_params(dir, index);
+  const std::string h5 = (root() / "tool" / "model.h5").string();
+  shell(tool + " consolidate " + dir + " --out " + h5, &status);
+  REQUIRE(status == 0);
+  {
+    const H5File f = H5File::open_read(h5);
+    for (std::size_t p = 0; p < index.params.size(); ++p) {
+      std::vector<float> v(full[p].size());
+      H5Dataset(f, "/params/" + index.params[p].name, H5Elem::kFloat32, index.params[p].shape)
+          .read_all(v.data());
+      INFO(index.params[p].name);
+      CHECK(v == full[p]);
+    }
+  }
+  const std::string st = (root() / "tool" / "export" / "model.safetensors").string();
+  fs::create_directories(fs::path(st).parent_path());
+  shell(tool + " export " + dir + " --safetensors " + st, &status);
+  REQUIRE(status == 0);
+  // model.init_from's reader takes it, with the saved values.
+  const gpt::GptConfig cfg = gpt::GptConfig::parse("gpt2-tiny:seq_len=32");
+  std::vector<ParamSpec> params;
+  for (const auto& e : index.params) params.push_back(ParamSpec{e.name, e.shape, {0}, false});
+  const gpt::GptWeights weights(st, params);
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    std::vector<float> v(full[p].size());
+    weights.read(static_cast<int>(p), 0, static_cast<std::int64_t>(v.size()), v.data());
+    CHECK(v == full[p]);
+  }
+  CHECK(cfg.n_layer == 2);
+  const auto hf = nlohmann::json::parse(std::ifstream(fs::path(st).parent_path() / "config.json"));
+  CHECK(hf["n_head"] == 4);
+  CHECK(hf["n_layer"] == 2);
+  CHECK(hf["n_positions"] == 32);
+  CHECK(hf["vocab_size"] == 256);
+  CHECK(hf["model_type"] == "gpt2");
+  // torch reads it back: names, shapes and sums in float64.
+  const std::string probe = shell(std::string(ZRT_PYTHON) + " -c 'import torch' ", &status);
+  if (status != 0) {
+    WARN("SKIPPED the torch read-back of the export: " << ZRT_PYTHON << " has no torch (" << probe
+                                                       << ")");
+    return;
+  }
+  const std::string py = shell(std::string(ZRT_PYTHON) + " " + ZRT_TORCH_CHECK + " " + st, &status);
+  INFO(py);
+  REQUIRE(status == 0);
+  const auto sums = nlohmann::json::parse(py);
+  CHECK(sums["__metadata__"]["format"] == "pt");
+  for (std::size_t p = 0; p < index.params.size(); ++p) {
+    const auto& row = sums[index.params[p].name];
+    INFO(index.params[p].name);
+    CHECK(row["shape"].get<std::vector<std::int64_t>>() == index.params[p].shape);
+    double sum = 0.0;
+    for (float v : full[p]) sum += v;
+    CHECK(row["sum"].get<double>() == Approx(sum).epsilon(1e-9).margin(1e-9));
+    CHECK(row["first"].get<double>() == full[p][0]);
+  }
+}

@@ -1,0 +1,121 @@
+// zrt-ckpt: look into, check and convert zrt checkpoints (docs/checkpoints.md).
+//   zrt-ckpt inspect DIR                      step, world, stage, dtypes, the parameter table
+//   zrt-ckpt verify DIR                       every checksum of the index and the rank files
+//   zrt-ckpt consolidate DIR --out model.h5   one fp32 dataset per parameter under /params
+//   zrt-ckpt export DIR --safetensors F       Hugging Face GPT-2 safetensors + config.json
+// DIR is a checkpoint directory (<save_dir>/<tag>) or a save_dir holding a `latest` file.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/consolidate.h"
+#include "runtime/common/error.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace zrt::checkpoint;
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: zrt-ckpt inspect DIR\n"
+               "       zrt-ckpt verify DIR\n"
+               "       zrt-ckpt consolidate DIR --out model.h5\n"
+               "       zrt-ckpt export DIR --safetensors model.safetensors\n"
+               "DIR: a checkpoint (<save_dir>/<tag>) or a save_dir with a 'latest' file\n");
+}
+
+// A save_dir resolves to the checkpoint its `latest` names.
+std::string resolve(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "index.h5")) return dir;
+  if (const auto tag = read_latest(dir)) return (fs::path(dir) / *tag).string();
+  ZRT_THROW(zrt::InvalidArgument,
+            "{}: neither a checkpoint (no index.h5) nor a save_dir (no latest)", dir);
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "(";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+int inspect(const std::string& dir) {
+  const CheckpointIndex index = open_index(dir);
+  std::int64_t total = 0;
+  for (const auto& p : index.params) total += p.numel;
+  std::printf("checkpoint   %s\n", dir.c_str());
+  std::printf("step         %lld (optimizer steps %lld, skipped %lld)\n",
+              static_cast<long long>(index.step), static_cast<long long>(index.optimizer_steps),
+              static_cast<long long>(index.skipped_steps));
+  std::printf("world        %d rank file(s), ZeRO stage %d\n", index.world, index.stage);
+  std::printf("dtypes       compute %s, master %s\n", index.compute_dtype.c_str(),
+              index.master_dtype.c_str());
+  std::printf("loss scale   %g\n", index.loss_scale.scale);
+  std::printf("data         next global sample %lld (shuffle %s, seed %llu)\n",
+              static_cast<long long>(index.data.position), index.data.shuffle ? "on" : "off",
+              static_cast<unsigned long long>(index.data.seed));
+  std::printf("scheduler    %s\n", index.scheduler.c_str());
+  std::printf("parameters   %zu tensors, %lld elements, %zu units\n\n", index.params.size(),
+              static_cast<long long>(total), index.units.size());
+  std::printf("%-48s %-16s %10s %5s %10s\n", "name", "shape", "numel", "unit", "offset");
+  for (const auto& p : index.params) {
+    std::printf("%-48s %-16s %10lld %5lld %10lld\n", p.name.c_str(), shape_text(p.shape).c_str(),
+                static_cast<long long>(p.numel), static_cast<long long>(p.unit),
+                static_cast<long long>(p.offset));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    usage();
+    return 2;
+  }
+  const std::string command = argv[1];
+  try {
+    const std::string dir = resolve(argv[2]);
+    std::string out;
+    for (int i = 3; i < argc; ++i) {
+      const std::string arg = argv[i];
+      if ((arg == "--out" || arg == "--safetensors") && i + 1 < argc) {
+        out = argv[++i];
+      } else {
+        std::fprintf(stderr, "zrt-ckpt: unexpected argument '%s'\n", arg.c_str());
+        usage();
+        return 2;
+      }
+    }
+    if (command == "inspect") return inspect(dir);
+    if (command == "verify") {
+      const std::int64_t bytes = verify_checkpoint(dir);
+      std::printf("%s: OK (%lld bytes of tensor data, every checksum matches)\n", dir.c_str(),
+                  static_cast<long long>(bytes));
+      return 0;
+    }
+    if ((command == "consolidate" || command == "export") && out.empty()) {
+      std::fprintf(stderr, "zrt-ckpt %s: needs %s FILE\n", command.c_str(),
+                   command == "export" ? "--safetensors" : "--out");
+      return 2;
+    }
+    if (command == "consolidate") {
+      write_consolidated(dir, out);
+      std::printf("wrote %s\n", out.c_str());
+      return 0;
+    }
+    if (command == "export") {
+      export_safetensors(dir, out);
+      std::printf("wrote %s and %s\n", out.c_str(),
+                  (fs::path(out).parent_path() / "config.json").string().c_str());
+      return 0;
+    }
+    std::fprintf(stderr, "zrt-ckpt: unknown command '%s'\n", command.c_str());
+    usage();
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zrt-ckpt: %s\n", e.what());
+    return 1;
+  }
+}
