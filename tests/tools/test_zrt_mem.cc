@@ -1,0 +1,326 @@
+// zrt-mem's estimate without running the engine: the ZeRO paper's figures, the padded
+// per-stage formulas on a real GPT partition, GPT activation bytes against the model's own
+// layout, the verdict's order, the config path, and the command line's output and errors.
+// (test_zrt_mem_crosscheck compares the estimate with the MemoryTracker in real runs.)
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstdio>
+#include <memory>
+
+#include "kernels/kernel_context.h"
+#include "models/gpt/gpt.h"
+#include "runtime/config/config.h"
+#include "runtime/device/device.h"
+#include "runtime/engine/partition.h"
+#include "tools/mem/mem_report.h"
+#include "tools/mem/memory_estimate.h"
+
+using namespace zrt;
+using namespace zrt::mem;
+
+namespace {
+
+std::string run_tool(const std::string& args, int* status = nullptr) {
+  const std::string cmd = std::string(ZRT_MEM_TOOL) + " " + args + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  std::string out;
+  std::array<char, 512> buf{};
+  while (fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+  const int rc = pclose(pipe.release());
+  if (status != nullptr) *status = WEXITSTATUS(rc);
+  return out;
+}
+
+Inputs paper_inputs() {
+  // The ZeRO paper's Figure 1 / Table 1 setting: Ψ = 7.5B, N = 64, mixed-precision Adam
+  // (K = 12): fp16 parameters and gradients, fp32 master weights and two moments.
+  Inputs in;
+  in.params = 7.5e9;
+  in.world = 64;
+  in.engine.compute_dtype = DType::kFloat16;
+  in.engine.grad_accum_dtype = DType::kFloat16;
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("the ZeRO paper's Ψ = 7.5B, N = 64 figures: 120 / 31.4 / 16.6 / 1.9 GB") {
+  const Inputs in = paper_inputs();
+  const std::int64_t expected[] = {120'000'000'000, 31'406'250'000, 16'640'625'000, 1'875'000'000};
+  const char* printed[] = {"120.0", "31.4", "16.6", "1.9"};
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Estimate e = estimate(in, Setting{stage, false, false});
+    INFO("stage " << stage);
+    CHECK(e.model_state() == expected[stage]);
+    CHECK(gb(e.model_state()) == printed[stage]);
+    CHECK_FALSE(e.exact);
+  }
+  // K = 12 split as the paper does: 4Ψ/N master weights, 8Ψ/N moments.
+  const Estimate s1 = estimate(in, Setting{1, false, false});
+  CHECK(s1.master == 468'750'000);
+  CHECK(s1.optimizer == 937'500'000);
+}
+
+TEST_CASE("fp32 gradient accumulation adds 2Ψ at stages 0-1 and 2Ψ/N at stages 2-3") {
+  Inputs half = paper_inputs();
+  Inputs full = paper_inputs();
+  full.engine.grad_accum_dtype = DType::kFloat32;
+  for (int stage = 0; stage <= 3; ++stage) {
+    const std::int64_t extra = stage <= 1 ? 15'000'000'000 : 234'375'000;
+    CHECK(estimate(full, {stage, false, false}).model_state() -
+              estimate(half, {stage, false, false}).model_state() ==
+          extra);
+  }
+}
+
+TEST_CASE("offload moves master, moments and gradient slices to the host of each node") {
+  Inputs in = paper_inputs();
+  in.nodes = 8;  // 8 ranks per node
+  const Estimate e = estimate(in, Setting{3, true, true});
+  CHECK(e.master == 0);
+  CHECK(e.optimizer == 0);
+  CHECK(e.grads == 0);
+  CHECK(e.params == 0);
+  CHECK(at(e.host_per_rank, MemCategory::kMaster) == 468'750'000);
+  CHECK(at(e.host_per_rank, MemCategory::kOptimizer) == 937'500'000);
+  CHECK(at(e.host_per_rank, MemCategory::kGrads) == 234'375'000);
+  CHECK(at(e.host_per_rank, MemCategory::kParams) == 234'375'000);
+  CHECK(e.ranks_per_node == 8);
+  CHECK(e.host_node_total() == 8 * e.host_rank_total());
+  // Stage 2 + optimizer offload keeps full parameters and gradient slices on the device.
+  const Estimate s2 = estimate(in, Setting{2, true, false});
+  CHECK(s2.model_state() == 15'000'000'000 + 234'375'000);
+}
+
+TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") {
+  const ModelSpec model = gpt_model_spec(gpt::GptConfig::parse("gpt2"));
+  Inputs in;
+  in.model = model;
+  in.world = 4;
+  in.seq_len = 1024;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.grad_accum_dtype = DType::kBFloat16;
+  in.engine.stage3_param_persistence_threshold = 0;
+  const std::int64_t psi = gpt::GptConfig::parse("gpt2").num_parameters();
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Estimate e = estimate(in, Setting{stage, false, false});
+    // P from the engine's partition, built here independently of the estimate.
+    const PartitionPlan plan(
+        model.params, PartitionOptions{stage, stage == 0 ? 1 : 4, in.engine.reduce_bucket_size, 0,
+                                       64, model.num_modules});
+    const std::int64_t P = plan.total_numel();
+    const std::int64_t n = stage == 0 ? 1 : 4;
+    const std::int64_t expected[] = {16 * P, 4 * P + 12 * P / n, 2 * P + 14 * P / n, 16 * P / n};
+    INFO("stage " << stage << " P " << P << " Ψ " << psi);
+    CHECK(e.exact);
+    CHECK(e.content_params == psi);
+    CHECK(e.padded_params == P);
+    CHECK(e.model_state() == expected[stage]);
+    CHECK(P - psi < psi / 1000);  // padding is small for GPT-2
+    // Transient buffers: buckets at stages 2-3, gathered units at stage 3 only.
+    CHECK((e.buckets_peak > 0) == (stage >= 2));
+    CHECK((e.gathered_peak > 0) == (stage == 3));
+    CHECK(e.transient_peak >= std::max(e.buckets_peak, e.gathered_peak));
+    CHECK(e.transient_peak <= e.buckets_peak + e.gathered_peak);
+  }
+}
+
+TEST_CASE("GPT activations: the closed form equals the model's own layout") {
+  auto device = make_device(DeviceOptions{});
+  auto stream = device->create_stream("test");
+  kernels::KernelContext ctx(*device, *stream);
+  for (const char* spec : {"gpt2-tiny", "gpt2", "gpt2-xl",
+                           "n_layer=3,n_head=3,n_embd=48,"
+                           "vocab_size=101,seq_len=37"}) {
+    const auto config = gpt::GptConfig::parse(spec);
+    for (bool ckpt : {false, true}) {
+      gpt::GptOptions options;
+      options.activation_checkpointing = ckpt;
+      const gpt::Gpt model(config, ctx, options);
+      for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+        for (auto [B, T] : {std::pair{1, config.seq_len}, std::pair{3, config.seq_len / 2 + 1}}) {
+          INFO(spec << " ckpt " << ckpt << " " << dtype_name(dt) << " B " << B << " T " << T);
+          CHECK(gpt_activation_bytes(config, B, T, dt, ckpt) ==
+                model.activation_bytes(B, T, dt) + 256);  // + the loss scalar
+        }
+      }
+    }
+  }
+  // Checkpointing keeps one block's tensors instead of L: for gpt2-xl at B = 4, T = 1024 in bf16
+  // a block keeps 6 (B,T,C) tensors, qkv, two (B,T,4C), four (B,T) fp32 statistics and the fp32
+  // attention probabilities (B,NH,T,T) = 642,318,336 bytes (by hand).
+  const auto xl = gpt::GptConfig::parse("gpt2-xl");
+  const std::int64_t block =
+      6 * 13'107'200LL + 39'321'600 + 2 * 52'428'800LL + 4 * 16'384 + 419'430'400;
+  REQUIRE(block == 642'318'336);
+  CHECK(gpt_activation_bytes(xl, 4, 1024, DType::kBFloat16, false) -
+            gpt_activation_bytes(xl, 4, 1024, DType::kBFloat16, true) ==
+        47 * block);
+}
+
+TEST_CASE("the verdict takes the first setting that fits, in the issue's order") {
+  const auto& order = verdict_order();
+  REQUIRE(order.size() == 7);
+  CHECK(order[0] == Setting{0, false, false});
+  CHECK(order[1] == Setting{1, false, false});
+  CHECK(order[2] == Setting{2, false, false});
+  CHECK(order[3] == Setting{2, true, false});
+  CHECK(order[4] == Setting{3, false, false});
+  CHECK(order[5] == Setting{3, true, false});
+  CHECK(order[6] == Setting{3, true, true});
+  // Synthetic device totals (bytes) where stage 3 needs less than stage 2 + optimizer offload:
+  // the order, not the smallest total, decides.
+  const std::vector<std::pair<Setting, std::int64_t>> totals{
+      {{0, false, false}, 100}, {{1, false, false}, 90}, {{1, true, false}, 85},
+      {{2, false, false}, 80},  {{2, true, false}, 70},  {{3, false, false}, 60},
+      {{3, true, false}, 50},   {{3, true, true}, 40}};
+  std::vector<Estimate> all;
+  for (const auto& [setting, total] : totals) {
+    Estimate e;
+    e.setting = setting;
+    e.params = total;
+    e.workspace = 0;
+    REQUIRE(e.device_total() == total);
+    all.push_back(e);
+  }
+  auto fit = [&](std::int64_t cap) { return first_fit(all, cap); };
+  CHECK(*fit(100) == Setting{0, false, false});
+  CHECK(*fit(99) == Setting{1, false, false});
+  CHECK(*fit(85) == Setting{2, false, false});  // stage 1 + offload is not in the verdict's order
+  CHECK(*fit(79) == Setting{2, true, false});
+  CHECK(*fit(70) == Setting{2, true, false});  // before stage 3, which needs only 60
+  CHECK(*fit(69) == Setting{3, false, false});
+  CHECK(*fit(55) == Setting{3, true, false});
+  CHECK(*fit(40) == Setting{3, true, true});
+  CHECK_FALSE(fit(39));
+}
+
+TEST_CASE("on a real model more sharding or offload needs less device memory") {
+  Inputs in;
+  in.model = gpt_model_spec(gpt::GptConfig::parse("gpt2-xl"));
+  in.world = 8;
+  in.seq_len = 1024;
+  in.activation_checkpointing = true;
+  in.engine.compute_dtype = DType::kBFloat16;
+  std::vector<Estimate> all;
+  for (const Setting& s : table_order()) all.push_back(estimate(in, s));
+  auto total = [&](const Setting& s) {
+    for (const Estimate& e : all)
+      if (e.setting == s) return e.device_total();
+    return std::int64_t{-1};
+  };
+  CHECK(total({0, false, false}) > total({1, false, false}));
+  CHECK(total({1, false, false}) > total({1, true, false}));
+  CHECK(total({1, false, false}) > total({2, false, false}));
+  CHECK(total({2, false, false}) > total({2, true, false}));
+  CHECK(total({3, false, false}) > total({3, true, false}));
+  CHECK(total({3, true, false}) > total({3, true, true}));
+}
+
+TEST_CASE("the verdict names the checkpointing alternative when nothing fits without it") {
+  Inputs in;
+  in.model = gpt_model_spec(gpt::GptConfig::parse("gpt2-xl"));
+  in.world = 8;
+  in.seq_len = 1024;
+  in.micro_batch = 16;  // ~130 GB of activations without checkpointing, ~8 GB with it
+  in.device_gib = 80;
+  in.engine.compute_dtype = DType::kBFloat16;
+  std::vector<Estimate> all;
+  for (const Setting& s : table_order()) all.push_back(estimate(in, s));
+  const std::string line = format_verdict(in, all);
+  CHECK_THAT(line, Catch::StartsWith("verdict: no setting fits a 80 GiB (85.9 GB) device; with "
+                                     "activation checkpointing stage "));
+}
+
+TEST_CASE("a config gives the same inputs as zrt-train runs with") {
+  const Config config = parse_config_text(R"({
+    "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 1000,
+                          "stage3_param_persistence_threshold": 77,
+                          "offload_optimizer": {"device": "cpu", "pin_memory": false}},
+    "model": {"preset": "gpt2-tiny", "seq_len": 64, "activation_checkpointing": true},
+    "data": {"train": "x_*.bin"},
+    "train": {"steps": 1},
+    "device": {"type": "cpu", "memory_limit_gb": 2.5}
+  })",
+                                          4, "mem.json");
+  const Inputs in = inputs_from_config(config);
+  CHECK(in.world == 4);
+  CHECK(in.micro_batch == 3);
+  CHECK(in.seq_len == 64);
+  CHECK(in.activation_checkpointing);
+  CHECK(in.device_gib == 2.5);
+  CHECK(in.engine.stage == 3);
+  CHECK(in.engine.compute_dtype == DType::kBFloat16);
+  CHECK(in.engine.reduce_bucket_size == 1000);
+  CHECK(in.engine.stage3_param_persistence_threshold == 77);
+  CHECK(in.engine.offload_optimizer.enabled);
+  CHECK_FALSE(in.engine.offload_optimizer.pin_memory);
+  CHECK_FALSE(in.engine.offload_param.enabled);
+  REQUIRE(in.model);
+  CHECK(in.model->gpt->seq_len == 64);
+  CHECK(in.setting() == Setting{3, true, false});
+}
+
+TEST_CASE("zrt-mem prints the paper's figures, the table and the verdict") {
+  int status = -1;
+  const std::string out =
+      run_tool("--params 7.5e9 --world 64 --dtype fp16 --grad-accum-dtype fp16", &status);
+  CHECK(status == 0);
+  INFO(out);
+  CHECK_THAT(out,
+             Catch::Matches("(.|\n)*  stage 0 +15\\.0 +15\\.0 +30\\.0 +60\\.0 +120\\.0 (.|\n)*"));
+  CHECK_THAT(out, Catch::Matches("(.|\n)*  stage 1 +15\\.0 +15\\.0 +0\\.5 +0\\.9 +31\\.4 (.|\n)*"));
+  CHECK_THAT(out, Catch::Matches("(.|\n)*  stage 2 +15\\.0 +0\\.2 +0\\.5 +0\\.9 +16\\.6 (.|\n)*"));
+  CHECK_THAT(out, Catch::Matches("(.|\n)*  stage 3 +0\\.2 +0\\.2 +0\\.5 +0\\.9 +1\\.9 (.|\n)*"));
+  CHECK_THAT(out,
+             Catch::Contains("verdict: stage 1 fits a 80 GiB (85.9 GB) device: 31.4 GB per rank"));
+}
+
+TEST_CASE("zrt-mem with a model and with a config") {
+  int status = -1;
+  const std::string xl = run_tool(
+      "--model gpt2-xl --world 8 --nodes 2 --stage 3 --offload-optimizer cpu --micro-batch 4 "
+      "--seq 1024 --dtype bf16 --device-gb 80",
+      &status);
+  INFO(xl);
+  CHECK(status == 0);
+  CHECK_THAT(xl, Catch::Contains("gpt2-xl (L48 H25 C1600 V50257 T1024"));
+  CHECK_THAT(xl, Catch::Contains("8 ranks on 2 node(s) (4 per node)"));
+  CHECK_THAT(xl, Catch::Contains("stage 3 + optimizer offload — per-rank device memory"));
+  CHECK_THAT(xl, Catch::Contains("per-node host memory (4 ranks)"));
+  CHECK_THAT(xl, Catch::Contains("verdict: "));
+  const std::string cfg = run_tool(
+      std::string("--config ") + ZRT_SOURCE_DIR + "/configs/stage3.json --world 2", &status);
+  INFO(cfg);
+  CHECK(status == 0);
+  CHECK_THAT(cfg, Catch::Contains("gpt2-tiny"));
+  CHECK_THAT(cfg, Catch::Contains("2 ranks on 1 node(s)"));
+  CHECK_THAT(cfg, Catch::Contains("micro-batch 8 x 256 tokens"));
+  CHECK_THAT(cfg, Catch::Contains("stage 3 — per-rank device memory"));
+}
+
+TEST_CASE("zrt-mem rejects bad usage with a message naming the problem") {
+  int status = 0;
+  CHECK_THAT(run_tool("--world 2", &status),
+             Catch::Contains("give exactly one of --model, --params, --config"));
+  CHECK(status == 2);
+  CHECK_THAT(run_tool("--params 1e9 --wrld 2", &status),
+             Catch::Contains("unknown option '--wrld'"));
+  CHECK(status == 2);
+  CHECK_THAT(run_tool("--params 1e9 --world 6 --nodes 4", &status),
+             Catch::Contains("--world 6 is not a multiple of --nodes 4"));
+  CHECK(status == 1);
+  CHECK_THAT(run_tool("--params lots", &status), Catch::Contains("--params needs a number"));
+  CHECK_THAT(run_tool("--model gpt3", &status), Catch::Contains("unknown GPT preset 'gpt3'"));
+  CHECK_THAT(run_tool("--params 1e9 --stage 0 --offload-optimizer cpu", &status),
+             Catch::Contains("optimizer offload needs ZeRO stage 1, 2 or 3"));
+  CHECK_THAT(
+      run_tool("--params 1e9 --stage 2 --offload-optimizer cpu --offload-param cpu", &status),
+      Catch::Contains("parameter offload needs ZeRO stage 3"));
+  CHECK_THAT(run_tool("--params 1e9 --seq 128", &status), Catch::Contains("--seq needs a model"));
+  CHECK_THAT(run_tool("--config /nonexistent.json", &status), Catch::Contains("/nonexistent.json"));
+  CHECK(status == 1);
+}

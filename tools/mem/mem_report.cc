@@ -1,0 +1,141 @@
+#include "tools/mem/mem_report.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "runtime/common/dtype.h"
+
+namespace zrt::mem {
+
+namespace {
+
+std::int64_t capacity_bytes(const Inputs& in) {
+  return static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));
+}
+
+std::string opt_gb(const std::optional<std::int64_t>& bytes) {
+  return bytes ? gb(*bytes) : "-";
+}
+
+std::vector<Estimate> with_checkpointing(std::vector<Estimate> estimates, bool on) {
+  for (Estimate& e : estimates) e.checkpointing = on;
+  return estimates;
+}
+
+const Estimate* find(const std::vector<Estimate>& estimates, const Setting& s) {
+  for (const Estimate& e : estimates) {
+    if (e.setting == s) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::string gb(std::int64_t bytes) {
+  return fmt::format("{:.1f}", static_cast<double>(bytes) / 1e9);
+}
+
+std::string format_verdict(const Inputs& in, const std::vector<Estimate>& estimates) {
+  const std::int64_t capacity = capacity_bytes(in);
+  const std::string device = fmt::format("{:g} GiB ({} GB)", in.device_gib, gb(capacity));
+  const bool ckpt = in.activation_checkpointing;
+  const bool has_acts = !estimates.empty() && estimates.front().activations_full.has_value();
+  if (const auto fit = first_fit(estimates, capacity)) {
+    const Estimate* e = find(estimates, *fit);
+    return fmt::format(
+        "verdict: {} fits a {} device: {} GB per rank{}", fit->name(), device,
+        gb(e->device_total()),
+        has_acts ? (ckpt ? ", with activation checkpointing" : ", without activation checkpointing")
+                 : " (model state and buffers; no activations without a model)");
+  }
+  std::string line = fmt::format("verdict: no setting fits a {} device", device);
+  if (has_acts && !ckpt) {
+    const auto alt = with_checkpointing(estimates, true);
+    if (const auto fit = first_fit(alt, capacity)) {
+      line += fmt::format("; with activation checkpointing {} fits ({} GB per rank)", fit->name(),
+                          gb(find(alt, *fit)->device_total()));
+      return line;
+    }
+  }
+  return line + "; use more ranks, a smaller micro-batch or sequence, or a bigger device";
+}
+
+std::string format_report(const Inputs& in, const Estimate& chosen,
+                          const std::vector<Estimate>& estimates) {
+  const EngineOptions& o = in.engine;
+  std::string out;
+  const std::string what =
+      in.model ? in.model->description
+               : fmt::format("{:.4g}B parameters (ZeRO formulas: no padding, no activations)",
+                             in.params / 1e9);
+  out += fmt::format("zrt-mem: {}\n", what);
+  out += fmt::format(
+      "  {} ranks on {} node(s) ({} per node); {} compute, {} gradient accumulation, {} "
+      "communication\n",
+      in.world, in.nodes, in.ranks_per_node(), dtype_name(o.compute_dtype),
+      dtype_name(o.grad_accum_dtype), dtype_name(o.communication_dtype.value_or(o.compute_dtype)));
+  if (in.model && in.model->gpt) {
+    out += fmt::format("  micro-batch {} x {} tokens; activation checkpointing {}\n",
+                       in.micro_batch, in.seq_len, in.activation_checkpointing ? "on" : "off");
+  }
+  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n\n",
+                     chosen.content_params, chosen.padded_params);
+
+  out += fmt::format("{} — per-rank device memory\n", chosen.setting.name());
+  auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
+    out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
+  };
+  const int n = chosen.setting.stage == 0 ? 1 : in.world;
+  row("params (compute dtype)", gb(chosen.params),
+      chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
+  row("grads", gb(chosen.grads),
+      chosen.setting.stage < 2 ? "full, accumulation dtype"
+                               : (chosen.setting.offload_param ? "offloaded" : "1/N"));
+  row("master weights (fp32)", gb(chosen.master),
+      chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
+  row("optimizer (Adam moments, fp32)", gb(chosen.optimizer),
+      chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
+  row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
+  row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
+  row("buffers: gathered parameters", gb(chosen.gathered_peak), "peak (stage 3)");
+  row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
+  const bool has_acts = chosen.activations_full.has_value();
+  row("activations, no checkpointing", opt_gb(chosen.activations_full),
+      !has_acts ? "needs a model" : (in.activation_checkpointing ? "" : "<- in the total"));
+  row("activations, checkpointing", opt_gb(chosen.activations_checkpointed),
+      !has_acts ? "" : (in.activation_checkpointing ? "<- in the total" : ""));
+  row("device total (peak)", gb(chosen.device_total()),
+      fmt::format("of {:g} GiB ({} GB)", in.device_gib,
+                  gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0)))));
+  out += fmt::format("per-node host memory ({} ranks)\n", in.ranks_per_node());
+  const int per_node = chosen.ranks_per_node;
+  const CategoryBytes& h = chosen.host_per_rank;
+  row("params (offloaded slices)", gb(at(h, MemCategory::kParams) * per_node), "");
+  row("grads (offloaded slices)", gb(at(h, MemCategory::kGrads) * per_node), "");
+  row("master weights (fp32)", gb(at(h, MemCategory::kMaster) * per_node), "");
+  row("optimizer (Adam moments, fp32)", gb(at(h, MemCategory::kOptimizer) * per_node), "");
+  row("staging buffers", gb(at(h, MemCategory::kWorkspace) * per_node),
+      "offload staging, token staging");
+  row("host total", gb(chosen.host_node_total()), "");
+
+  out += "\nevery setting, GB per rank (host: per node)\n";
+  out += fmt::format("  {:<42} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}  {}\n",
+                     "setting", "params", "grads", "master", "optim", "model", "buffers", "act",
+                     "act ckpt", "device", "host", "fits");
+  for (const Estimate& e : estimates) {
+    out +=
+        fmt::format("  {:<42} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}  {}\n",
+                    e.setting.name(), gb(e.params), gb(e.grads), gb(e.master), gb(e.optimizer),
+                    gb(e.model_state()), gb(e.buffers()), opt_gb(e.activations_full),
+                    opt_gb(e.activations_checkpointed), gb(e.device_total()),
+                    gb(e.host_node_total()), e.device_total() <= capacity_bytes(in) ? "yes" : "no");
+  }
+  out +=
+      "  (model = params + grads + master + optim; device = model + buffers + the activations "
+      "in use)\n\n";
+  out += format_verdict(in, estimates) + "\n";
+  return out;
+}
+
+}  // namespace zrt::mem

@@ -1,0 +1,389 @@
+#include "tools/mem/memory_estimate.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+
+#include "kernels/kernel_context.h"
+#include "models/gpt/gpt.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+#include "runtime/engine/partition.h"
+#include "tools/mem/schedule_replay.h"
+
+namespace zrt::mem {
+
+namespace {
+
+using I64 = std::int64_t;
+
+I64 size_of(DType t) {
+  return static_cast<I64>(dtype_size(t));
+}
+
+// zrt-train's token batches: two device buffers of (inputs, targets) int32 (activations) and two
+// pinned host staging copies (workspace), B x T each.
+I64 token_batch_bytes(int B, int T) {
+  return 2 * (2 * I64{B} * T * 4);
+}
+
+EngineOptions options_for(const Inputs& in, const Setting& s) {
+  EngineOptions o = in.engine;
+  o.stage = s.stage;
+  o.offload_optimizer.enabled = s.offload_optimizer;
+  o.offload_param.enabled = s.offload_param;
+  return o;
+}
+
+// What the estimate needs to know about the units: exact from a PartitionPlan, or a stand-in
+// from the bucket size when only Ψ is known.
+struct UnitFigures {
+  I64 padded = 0;           // P
+  I64 content = 0;          // Ψ
+  I64 shard_total = 0;      // elements a rank owns (P / N)
+  I64 sharded_slices = 0;   // stage 3: elements of non-persistent slices a rank owns
+  I64 persistent = 0;       // stage 3: elements of the persistent unit (full on every rank)
+  I64 max_unit = 0;         // largest unit, elements
+  I64 max_shard = 0;        // largest slice, elements
+  I64 gathered_peak = 0;    // elements
+  I64 bucket_peak = 0;      // elements
+  I64 transient_bytes = 0;  // peak of gathered + buckets, bytes
+  std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
+};
+
+// The collective scratch an MpiProcessGroup allocates (mpi_process_group.cc): two slots that
+// grow to the largest request and stay, so the peak is the sum of the two largest requests.
+class MpiScratch {
+ public:
+  MpiScratch(int size, const CommOptions& options) : size_(size), options_(options) {}
+  void all_reduce_float(I64 count, I64 elem) {
+    const I64 piece = chunk(elem) * size_;
+    const I64 total = std::min(piece, count);
+    const I64 slice = (total + size_ - 1) / size_;
+    grow(0, slice * size_ * elem);
+    grow(1, slice * size_ * elem);
+  }
+  void reduce_scatter(I64 count, I64 elem) {
+    const I64 c = chunk(elem);
+    if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+      const I64 n = std::min(c, count);
+      if (n != count) grow(1, size_ * n * elem);
+      grow(0, n * elem);
+      return;
+    }
+    grow(0, size_ * std::min(c, count) * elem);
+    if ((count + c - 1) / c > 1) grow(1, size_ * c * elem);
+  }
+  I64 bytes() const { return slot_[0] + slot_[1]; }
+
+ private:
+  I64 chunk(I64 elem) const {
+    const I64 per_part = options_.max_chunk_bytes / (elem * size_);
+    return std::max<I64>(1, std::min<I64>(per_part, INT_MAX / elem));
+  }
+  void grow(int slot, I64 bytes) { slot_[slot] = std::max(slot_[slot], bytes); }
+  int size_;
+  const CommOptions& options_;
+  I64 slot_[2] = {0, 0};
+};
+
+// What the engine's collectives (zero_engine.cc: reduce_unit, step) and zrt-train's control
+// group (one fp32 all-reduce per step) leave allocated on the CPU backend.
+I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
+                      const CommOptions& comm, bool trainer) {
+  const I64 wire = size_of(o.communication_dtype.value_or(o.compute_dtype));
+  MpiScratch zero(world, comm);
+  for (const auto& [numel, shard] : f.units) {
+    if (o.stage == 0 && world > 1) zero.all_reduce_float(numel, wire);
+    if ((o.stage == 1 && world > 1) || o.stage >= 2) zero.reduce_scatter(shard, wire);
+  }
+  if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
+  MpiScratch control(world, comm);
+  if (trainer) control.all_reduce_float(1, 4);  // the mean loss
+  return zero.bytes() + control.bytes();
+}
+
+UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int world,
+                        bool checkpointing) {
+  const int partition_world = o.stage == 0 ? 1 : world;
+  const PartitionPlan plan(model.params,
+                           PartitionOptions{o.stage, partition_world, o.reduce_bucket_size,
+                                            o.stage == 3 ? o.stage3_param_persistence_threshold : 0,
+                                            o.alignment, model.num_modules});
+  UnitFigures f;
+  f.padded = plan.total_numel();
+  f.content = plan.content_numel();
+  f.shard_total = plan.total_shard();
+  for (const Unit& u : plan.units()) {
+    f.units.emplace_back(u.numel, u.shard);
+    f.max_unit = std::max(f.max_unit, u.numel);
+    f.max_shard = std::max(f.max_shard, u.shard);
+    if (u.persistent) {
+      f.persistent += u.numel;
+    } else {
+      f.sharded_slices += u.shard;
+    }
+  }
+  // GPT recomputes its blocks (modules 1..L) under activation checkpointing.
+  std::vector<bool> recomputed(static_cast<std::size_t>(model.num_modules), false);
+  if (checkpointing && model.gpt) {
+    for (int m = 1; m <= model.gpt->n_layer; ++m) recomputed[static_cast<std::size_t>(m)] = true;
+  }
+  const ReplayPeaks peaks = replay_schedule(plan, o, model.num_modules, recomputed);
+  f.gathered_peak = peaks.gathered_elements;
+  f.bucket_peak = peaks.bucket_elements;
+  f.transient_bytes = peaks.sum_bytes;
+  return f;
+}
+
+// The ZeRO paper's accounting: no padding, no persistent parameters; a unit stands in as one
+// reduce bucket (stages 0-2) and the gathered working set as stage3_max_live_parameters.
+UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
+  const int n = o.stage == 0 ? 1 : world;
+  UnitFigures f;
+  f.padded = f.content = static_cast<I64>(std::llround(psi));
+  f.shard_total = static_cast<I64>(std::llround(psi / n));
+  f.sharded_slices = o.stage == 3 ? f.shard_total : 0;
+  f.max_unit = std::min(f.padded, o.reduce_bucket_size);
+  f.max_shard = static_cast<I64>(std::llround(static_cast<double>(f.max_unit) / n));
+  f.units.emplace_back(f.max_unit, f.max_shard);
+  if (o.stage >= 2) f.bucket_peak = f.max_unit;
+  if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
+  f.transient_bytes = (f.bucket_peak + f.gathered_peak) * size_of(o.compute_dtype);
+  return f;
+}
+
+}  // namespace
+
+std::string Setting::name() const {
+  std::string s = "stage " + std::to_string(stage);
+  if (offload_optimizer && offload_param) return s + " + optimizer and parameter offload";
+  if (offload_optimizer) return s + " + optimizer offload";
+  if (offload_param) return s + " + parameter offload";
+  return s;
+}
+
+const std::vector<Setting>& verdict_order() {
+  static const std::vector<Setting> order{{0, false, false}, {1, false, false}, {2, false, false},
+                                          {2, true, false},  {3, false, false}, {3, true, false},
+                                          {3, true, true}};
+  return order;
+}
+
+const std::vector<Setting>& table_order() {
+  static const std::vector<Setting> order{{0, false, false}, {1, false, false}, {1, true, false},
+                                          {2, false, false}, {2, true, false},  {3, false, false},
+                                          {3, true, false},  {3, true, true}};
+  return order;
+}
+
+Setting Inputs::setting() const {
+  return Setting{engine.stage, engine.offload_optimizer.enabled, engine.offload_param.enabled};
+}
+
+int Inputs::ranks_per_node() const {
+  return world / nodes;
+}
+
+void Inputs::validate() const {
+  if (world < 1) ZRT_THROW(InvalidArgument, "--world must be >= 1, not {}", world);
+  if (nodes < 1) ZRT_THROW(InvalidArgument, "--nodes must be >= 1, not {}", nodes);
+  if (world % nodes != 0) {
+    ZRT_THROW(InvalidArgument, "--world {} is not a multiple of --nodes {} (ranks per node)", world,
+              nodes);
+  }
+  if (!model && !(params > 0.0)) {
+    ZRT_THROW(InvalidArgument,
+              "give a model (--model or --config) or a parameter count (--params)");
+  }
+  if (micro_batch < 1)
+    ZRT_THROW(InvalidArgument, "--micro-batch must be >= 1, not {}", micro_batch);
+  if (model && model->gpt && (seq_len < 1 || seq_len > model->gpt->seq_len)) {
+    ZRT_THROW(InvalidArgument, "--seq {} outside 1..{} (the model's seq_len)", seq_len,
+              model->gpt->seq_len);
+  }
+  if (!(device_gib > 0.0))
+    ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
+  if (engine.stage < 0 || engine.stage > 3) {
+    ZRT_THROW(InvalidArgument, "--stage must be 0, 1, 2 or 3, not {}", engine.stage);
+  }
+  const Setting s = setting();
+  if (s.offload_optimizer && s.stage == 0) {
+    ZRT_THROW(InvalidArgument, "optimizer offload needs ZeRO stage 1, 2 or 3");
+  }
+  if (s.offload_param && (s.stage != 3 || !s.offload_optimizer)) {
+    ZRT_THROW(InvalidArgument, "parameter offload needs ZeRO stage 3 with optimizer offload");
+  }
+}
+
+std::int64_t Estimate::activations() const {
+  const auto& a = checkpointing ? activations_checkpointed : activations_full;
+  return a.value_or(0);
+}
+
+std::int64_t Estimate::device_total() const {
+  return model_state_peak() + activations() + comm + workspace;
+}
+
+CategoryBytes Estimate::device_peaks() const {
+  CategoryBytes b{};
+  at(b, MemCategory::kParams) = params + gathered_peak;
+  at(b, MemCategory::kGrads) = grads + buckets_peak;
+  at(b, MemCategory::kMaster) = master;
+  at(b, MemCategory::kOptimizer) = optimizer;
+  at(b, MemCategory::kActivations) = activations();
+  at(b, MemCategory::kComm) = comm;
+  at(b, MemCategory::kWorkspace) = workspace;
+  return b;
+}
+
+std::int64_t Estimate::host_rank_total() const {
+  I64 total = 0;
+  for (I64 b : host_per_rank) total += b;
+  return total;
+}
+
+Estimate estimate(const Inputs& in, const Setting& setting) {
+  in.validate();
+  const EngineOptions o = options_for(in, setting);
+  const I64 cs = size_of(o.compute_dtype);
+  const I64 as = size_of(o.grad_accum_dtype);
+  const DType wire = o.communication_dtype.value_or(o.compute_dtype);
+  const UnitFigures f = in.model ? exact_units(*in.model, o, in.world, in.activation_checkpointing)
+                                 : formula_units(in.params, o, in.world);
+  Estimate e;
+  e.setting = setting;
+  e.exact = in.model.has_value();
+  e.padded_params = f.padded;
+  e.content_params = f.content;
+  e.ranks_per_node = in.ranks_per_node();
+  // ZeroEngine::allocate_state, category by category.
+  if (o.stage < 3) {
+    e.params = f.padded * cs;  // full parameters
+  } else {
+    e.params = f.persistent * cs + (setting.offload_param ? 0 : f.sharded_slices * cs);
+  }
+  if (o.stage < 2) {
+    e.grads = f.padded * as;  // full gradients, accumulated across micro-batches
+  } else {
+    e.grads = setting.offload_param ? 0 : f.shard_total * as;  // the owned slices
+  }
+  if (!setting.offload_optimizer) {
+    e.master = f.shard_total * 4;
+    e.optimizer = f.shard_total * 8;  // Adam's two fp32 moments
+  }
+  e.gathered_peak = f.gathered_peak * cs;
+  e.buckets_peak = f.bucket_peak * cs;
+  e.transient_peak = f.transient_bytes;
+  const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
+  if (wire != reduced && in.world > 1) e.comm = f.max_unit * size_of(wire);
+  if (in.device_type == DeviceType::kCpu) {
+    e.comm += mpi_scratch_bytes(f, o, in.world, in.comm, in.trainer_buffers);
+  }
+  e.workspace = 4;                                    // the gradient norm
+  if (in.trainer_buffers) e.workspace += 4 + 64 * 8;  // zrt-train's loss accumulator, control
+
+  // Host memory (pinned or pageable, as the offload blocks say).
+  CategoryBytes& h = e.host_per_rank;
+  if (setting.offload_optimizer) {
+    at(h, MemCategory::kMaster) = f.shard_total * 4;
+    at(h, MemCategory::kOptimizer) = f.shard_total * 8;
+    at(h, MemCategory::kGrads) = f.shard_total * as;
+    // Staging buffers carrying updated parameters up, one slice each.
+    at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.max_shard * cs;
+  }
+  if (setting.offload_param) {
+    at(h, MemCategory::kParams) = f.sharded_slices * cs;
+    at(h, MemCategory::kWorkspace) += f.max_shard * 4;  // one reduced slice on its way down
+  }
+
+  const bool gpt = in.model && in.model->gpt;
+  if (gpt) {
+    const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len) : 0;
+    e.activations_full =
+        gpt_activation_bytes(*in.model->gpt, in.micro_batch, in.seq_len, o.compute_dtype, false) +
+        tokens;
+    e.activations_checkpointed =
+        gpt_activation_bytes(*in.model->gpt, in.micro_batch, in.seq_len, o.compute_dtype, true) +
+        tokens;
+    if (in.trainer_buffers) at(h, MemCategory::kWorkspace) += tokens;  // pinned token staging
+  }
+  e.checkpointing = in.activation_checkpointing;
+  return e;
+}
+
+std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
+                                 std::int64_t capacity_bytes) {
+  for (const Setting& s : verdict_order()) {
+    for (const Estimate& e : estimates) {
+      if (e.setting == s && e.device_total() <= capacity_bytes) return s;
+    }
+  }
+  return std::nullopt;
+}
+
+// models/gpt/gpt.cc lays a pass's activations out in one allocation, each tensor rounded up to
+// 256 bytes (S = bytes per element of the compute dtype, BT = B x T, statistics in fp32):
+//   residual stream        L + 1 tensors (B,T,C)
+//   per block, kept for backward (all L blocks; one reused set under checkpointing, where only
+//   the residual stream, i.e. each block's input, is kept and the block's forward reruns):
+//     ln1, atty, attproj, res2, ln2, fcproj (B,T,C); qkv (B,T,3C); fch, fch_gelu (B,T,4C);
+//     ln1/ln2 mean and rstd (B,T) fp32; the attention probabilities (B,NH,T,T) fp32
+//   head: lnf (B,T,C), its mean/rstd, logits (B,T,V) (their gradient in place), losses (B,T)
+//   backward scratch: dres, dlnf (B,T,C); one block's dln1, datty, dln2 (B,T,C), dqkv (B,T,3C),
+//     dfch, dfch_gelu (B,T,4C)
+// plus the 256-byte loss scalar.
+std::int64_t gpt_activation_bytes(const gpt::GptConfig& c, int B, int T, DType dtype,
+                                  bool checkpointing) {
+  auto r = [](I64 bytes) { return (bytes + 255) / 256 * 256; };
+  const I64 S = size_of(dtype);
+  const I64 BT = I64{B} * T;
+  const I64 C = c.n_embd;
+  const I64 row = r(BT * C * S);  // one (B,T,C) tensor
+  const I64 stat = r(BT * 4);     // one (B,T) fp32 statistic
+  const I64 block = 6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat +
+                    r(I64{B} * c.n_head * T * T * 4);
+  const I64 kept_blocks = checkpointing ? 1 : c.n_layer;
+  const I64 residual = (c.n_layer + 1) * row;
+  const I64 head = row + 2 * stat + r(BT * c.vocab_size * S) + stat;
+  const I64 backward = 2 * row + 3 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S);
+  const I64 loss = 256;
+  return residual + kept_blocks * block + head + backward + loss;
+}
+
+Inputs inputs_from_config(const Config& config) {
+  Inputs in;
+  in.world = config.batch.world_size;
+  in.engine = config.engine;
+  in.engine.offload_optimizer.enabled = config.offload_optimizer.enabled();
+  in.engine.offload_optimizer.pin_memory = config.offload_optimizer.pin_memory;
+  in.engine.offload_param.enabled = config.offload_param.enabled();
+  in.engine.offload_param.pin_memory = config.offload_param.pin_memory;
+  in.micro_batch = static_cast<int>(config.batch.micro_batch_size);
+  in.activation_checkpointing = config.model.activation_checkpointing;
+  if (config.device.memory_limit_gb > 0.0) in.device_gib = config.device.memory_limit_gb;
+  // "auto" plans for the GPU it would pick where one exists.
+  in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;
+  in.comm = config.comm;
+  const gpt::GptConfig model = gpt::GptConfig::parse(config.model.spec());
+  in.model = gpt_model_spec(model);
+  in.seq_len = model.seq_len;
+  return in;
+}
+
+ModelSpec gpt_model_spec(const gpt::GptConfig& config) {
+  // The model's own parameter table (names, shapes, module uses), from a Gpt on a CPU device:
+  // constructing one allocates only its loss scalar.
+  auto device = make_device(DeviceOptions{});
+  auto stream = device->create_stream("zrt-mem");
+  kernels::KernelContext ctx(*device, *stream);
+  const gpt::Gpt model(config, ctx);
+  ModelSpec spec;
+  spec.params = model.parameters();
+  spec.num_modules = model.num_modules();
+  spec.gpt = config;
+  spec.description = config.describe();
+  return spec;
+}
+
+}  // namespace zrt::mem

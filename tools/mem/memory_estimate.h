@@ -1,0 +1,150 @@
+// The memory estimate behind zrt-mem: what one rank holds on its device and what one node
+// holds in host memory, by tracker category, for a ZeRO setting, computed without running.
+//
+// Two ways in:
+//  - a model (a GPT config): exact figures. The parameters go through the engine's own
+//    PartitionPlan (units, alignment, padding to a multiple of N x alignment), and the stage-3
+//    gathers and the gradient buckets are found by replaying the engine's static schedule
+//    (schedule_replay.h), so the numbers are the ones the MemoryTracker reports in a real run.
+//  - a parameter count Ψ: the ZeRO paper's formulas (no padding), with buffers bounded by the
+//    bucket knobs; no activations.
+//
+// Categories follow MemCategory. "Steady" figures are what stays allocated through a step;
+// "buffers" are the transient gradient buckets, gathered parameters (stage 3) and scratch.
+//
+// Thread-safety: plain functions of their arguments.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/gpt/gpt_config.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/config/config.h"
+#include "runtime/device/device.h"
+#include "runtime/device/memory.h"
+#include "runtime/engine/zero_engine.h"
+#include "runtime/model_interface.h"
+
+namespace zrt::mem {
+
+// One row of the planner: a ZeRO stage with or without offload.
+struct Setting {
+  int stage = 0;
+  bool offload_optimizer = false;
+  bool offload_param = false;
+  std::string name() const;  // "stage 2", "stage 3 + optimizer offload", ...
+  bool operator==(const Setting& o) const {
+    return stage == o.stage && offload_optimizer == o.offload_optimizer &&
+           offload_param == o.offload_param;
+  }
+};
+
+// The order in which the verdict tries settings: stage 0, 1, 2, 2 + optimizer offload, 3,
+// 3 + optimizer offload, 3 + optimizer and parameter offload (least communication and host
+// traffic first).
+const std::vector<Setting>& verdict_order();
+// Every setting the engine accepts, for the table: the verdict order plus stage 1 + optimizer
+// offload, in stage order.
+const std::vector<Setting>& table_order();
+
+// A model for exact figures: its parameters as the engine sees them, and, for activations, the
+// GPT dimensions.
+struct ModelSpec {
+  std::vector<ParamSpec> params;
+  int num_modules = 0;
+  std::optional<gpt::GptConfig> gpt;  // activations are estimated for GPT models only
+  std::string description;
+};
+
+struct Inputs {
+  std::optional<ModelSpec> model;  // exact path
+  double params = 0.0;             // Ψ, when no model is given
+  int world = 1;
+  int nodes = 1;  // the ranks are spread evenly; host figures are per node
+  // Stage, dtypes, bucket and stage-3 knobs, offload, staging buffers, accumulation steps.
+  // The stage and offload flags are overridden per Setting; these are the chosen ones.
+  EngineOptions engine;
+  int micro_batch = 1;  // B
+  int seq_len = 0;      // T (the model's seq_len: zrt-train trains at full length)
+  bool activation_checkpointing = false;
+  // zrt-train's own buffers: two (inputs, targets) token batches on the device (activations)
+  // and two pinned host staging copies (workspace).
+  bool trainer_buffers = true;
+  double device_gib = 80.0;  // capacity per rank, GiB (as device.memory_limit_gb)
+  // The backend: on CUDA, NCCL keeps its buffers outside the tracker; on the CPU backend the
+  // MPI process groups allocate collective scratch (comm category), sized by `comm`.
+  DeviceType device_type = DeviceType::kCuda;
+  CommOptions comm;
+
+  Setting setting() const;  // the chosen one, from engine
+  int ranks_per_node() const;
+  void validate() const;  // InvalidArgument naming the flag or key
+};
+
+using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
+inline std::int64_t& at(CategoryBytes& b, MemCategory c) {
+  return b[static_cast<std::size_t>(c)];
+}
+inline std::int64_t at(const CategoryBytes& b, MemCategory c) {
+  return b[static_cast<std::size_t>(c)];
+}
+
+struct Estimate {
+  Setting setting;
+  std::int64_t padded_params = 0;   // P: all units with padding (Ψ without a model)
+  std::int64_t content_params = 0;  // Ψ
+  // Per rank, device, steady: params (full / slices / persistent), grads (full / slices),
+  // master, optimizer. Their sum is the ZeRO paper's model state.
+  std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
+  std::int64_t model_state() const { return params + grads + master + optimizer; }
+  // Transient model-state buffers: stage-3 gathered parameters and gradient buckets, each at
+  // its own peak, and the peak of their sum (they overlap in backward).
+  std::int64_t gathered_peak = 0, buckets_peak = 0, transient_peak = 0;
+  std::int64_t model_state_peak() const { return model_state() + transient_peak; }
+  // Communication scratch (gradient conversion for communication_data_type; on the CPU backend
+  // also the MPI groups' collective scratch) and the engine's workspace (the gradient norm).
+  std::int64_t comm = 0, workspace = 0;
+  // Activations at (B, T) with and without activation checkpointing (model + loss + token
+  // batches); absent without a GPT model.
+  std::optional<std::int64_t> activations_full, activations_checkpointed;
+  bool checkpointing = false;  // which of the two counts in the total
+  std::int64_t activations() const;
+  std::int64_t buffers() const { return transient_peak + comm + workspace; }
+  // Per-rank device peak as the tracker reports it: model_state_peak + activations + comm +
+  // workspace (kernel workspaces and the allocator's own overhead are not included).
+  std::int64_t device_total() const;
+  // Peaks per category as MemoryTracker::usage(kDevice).peak would show them.
+  CategoryBytes device_peaks() const;
+  // Host bytes per rank by category (pinned or pageable, as the offload blocks say), and per node.
+  CategoryBytes host_per_rank{};
+  int ranks_per_node = 1;
+  std::int64_t host_rank_total() const;
+  std::int64_t host_node_total() const { return host_rank_total() * ranks_per_node; }
+  bool exact = false;  // from a model (partition + schedule) rather than the formulas
+};
+
+Estimate estimate(const Inputs& in, const Setting& setting);
+
+// The verdict: the first setting in verdict_order() whose device_total fits `capacity_bytes`,
+// or nothing.
+std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
+                                 std::int64_t capacity_bytes);
+
+// GPT activation bytes of one micro-batch (B, T) in `dtype` as models/gpt lays them out (each
+// tensor rounded up to 256 bytes), plus its 256-byte loss buffer; see the .cc for the terms.
+std::int64_t gpt_activation_bytes(const gpt::GptConfig& c, int B, int T, DType dtype,
+                                  bool checkpointing);
+
+// Everything zrt-train would run with, from a validated config: its GPT model (at its seq_len),
+// world size, micro-batch, engine options with the offload blocks, activation checkpointing and
+// device.memory_limit_gb (when set).
+Inputs inputs_from_config(const Config& config);
+
+// The parameters the engine sees for a GPT model (names, shapes, modules), from models/gpt.
+ModelSpec gpt_model_spec(const gpt::GptConfig& config);
+
+}  // namespace zrt::mem

@@ -1,0 +1,227 @@
+// zrt-mem: how much memory a run needs per rank and per node, for every ZeRO stage, before
+// running it; and the first setting that fits the device. See docs/choosing-a-stage.md.
+//
+//   zrt-mem (--model gpt2-xl | --params 7.5e9 | --config run.json) --world 8 [--nodes 2]
+//           [--stage 3] [--offload-optimizer cpu] [--offload-param cpu] [--micro-batch 4]
+//           [--seq 1024] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb 80] ...
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "runtime/common/error.h"
+#include "runtime/common/log.h"
+#include "runtime/config/config.h"
+#include "runtime/config/json_reader.h"
+#include "tools/mem/mem_report.h"
+#include "tools/mem/memory_estimate.h"
+
+using namespace zrt;
+
+namespace {
+
+const char* kUsage = R"(usage: zrt-mem (--model SPEC | --params N | --config FILE) [options]
+
+What one rank holds on its device and one node in host memory, by category, for the chosen
+ZeRO setting; a table of stages 0-3 with and without offload; and the first setting that fits
+the device (order: stage 0, 1, 2, 2 + optimizer offload, 3, 3 + optimizer offload, 3 +
+optimizer and parameter offload).
+
+model (one of):
+  --model SPEC              a GPT: gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or
+                            "gpt2:n_layer=24", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,
+                            seq_len=128" (exact: the engine's partition, padding and schedule)
+  --params N                a parameter count, e.g. 7.5e9 (the ZeRO paper's formulas)
+  --config FILE             a zrt-train config: model, batch, dtypes, zero_optimization,
+                            activation checkpointing and device.memory_limit_gb from it;
+                            the options below override it
+options:
+  --world N                 ranks (default: from the config's batch numbers, else 1)
+  --nodes N                 nodes the ranks are spread over (default 1; host figures per node)
+  --stage S                 the setting printed in detail (default: the verdict's)
+  --offload-optimizer cpu|none, --offload-param cpu|none
+  --micro-batch B           sequences per micro-batch (default 1)
+  --seq T                   tokens per sequence (default: the model's seq_len; zrt-train trains
+                            at the model's seq_len, so this also sets it)
+  --dtype fp32|bf16|fp16    compute dtype (default bf16)
+  --grad-accum-dtype D      gradient accumulation dtype (default fp32, as zrt-train)
+  --comm-dtype D            communication_data_type (default: the compute dtype)
+  --activation-checkpointing   count the checkpointed activations in the total
+  --reduce-bucket-size N, --prefetch-bucket-size N, --max-live-parameters N,
+  --persistence-threshold N  zero_optimization knobs (elements; DeepSpeed's defaults)
+  --device-gb G             device memory per rank in GiB, as device.memory_limit_gb (default 80)
+  --device cuda|cpu         the backend (default cuda; a config's device.type): the CPU backend's
+                            MPI collectives add scratch to the comm category, NCCL's is untracked
+  -h, --help
+)";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::fprintf(stderr, "zrt-mem: %s\n(zrt-mem --help for usage)\n", message.c_str());
+  std::exit(2);
+}
+
+double parse_number(const std::string& flag, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::exception&) {
+  }
+  usage_error(flag + " needs a number, not '" + value + "'");
+}
+
+int parse_int(const std::string& flag, const std::string& value) {
+  const double v = parse_number(flag, value);
+  if (v != static_cast<double>(static_cast<int>(v))) {
+    usage_error(flag + " needs an integer, not '" + value + "'");
+  }
+  return static_cast<int>(v);
+}
+
+bool parse_offload(const std::string& flag, const std::string& value) {
+  if (value == "cpu") return true;
+  if (value == "none") return false;
+  if (value == "nvme") usage_error(flag + " nvme: NVMe offload is not implemented");
+  usage_error(flag + " must be cpu or none, not '" + value + "'");
+}
+
+int run(int argc, char** argv) {
+  std::map<std::string, std::string> args;
+  bool checkpointing_flag = false;
+  const std::map<std::string, bool> known = {{"--model", true},
+                                             {"--params", true},
+                                             {"--config", true},
+                                             {"--world", true},
+                                             {"--nodes", true},
+                                             {"--stage", true},
+                                             {"--offload-optimizer", true},
+                                             {"--offload-param", true},
+                                             {"--micro-batch", true},
+                                             {"--seq", true},
+                                             {"--dtype", true},
+                                             {"--grad-accum-dtype", true},
+                                             {"--comm-dtype", true},
+                                             {"--reduce-bucket-size", true},
+                                             {"--prefetch-bucket-size", true},
+                                             {"--max-live-parameters", true},
+                                             {"--persistence-threshold", true},
+                                             {"--device-gb", true},
+                                             {"--device", true}};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (a == "--activation-checkpointing") {
+      checkpointing_flag = true;
+      continue;
+    }
+    if (known.count(a) == 0) usage_error("unknown option '" + a + "'");
+    if (i + 1 >= argc) usage_error(a + " needs a value");
+    args[a] = argv[++i];
+  }
+  const int sources =
+      static_cast<int>(args.count("--model") + args.count("--params") + args.count("--config"));
+  if (sources != 1) usage_error("give exactly one of --model, --params, --config");
+
+  mem::Inputs in;
+  in.engine.compute_dtype = DType::kBFloat16;
+  std::optional<int> chosen_stage;
+  std::string model_spec;
+  if (args.count("--config")) {
+    // Planning for another world size than the file's batch numbers imply: keep the
+    // micro-batch (what sets activation memory) and let the batch rule solve the global batch.
+    const int world = args.count("--world") ? parse_int("--world", args["--world"]) : 0;
+    nlohmann::json document = config::read_json_file(args["--config"]);
+    if (world > 0 && document.is_object() && document.contains("train_micro_batch_size_per_gpu") &&
+        document.contains("gradient_accumulation_steps")) {
+      document.erase("train_batch_size");
+    }
+    const Config config = parse_config(document, world, args["--config"]);
+    in = mem::inputs_from_config(config);
+    model_spec = config.model.spec();
+    chosen_stage = config.engine.stage;
+  }
+  if (args.count("--model")) model_spec = args["--model"];
+  if (args.count("--world")) in.world = parse_int("--world", args["--world"]);
+  if (args.count("--nodes")) in.nodes = parse_int("--nodes", args["--nodes"]);
+  if (args.count("--stage")) chosen_stage = parse_int("--stage", args["--stage"]);
+  if (args.count("--offload-optimizer"))
+    in.engine.offload_optimizer.enabled =
+        parse_offload("--offload-optimizer", args["--offload-optimizer"]);
+  if (args.count("--offload-param"))
+    in.engine.offload_param.enabled = parse_offload("--offload-param", args["--offload-param"]);
+  if (args.count("--micro-batch"))
+    in.micro_batch = parse_int("--micro-batch", args["--micro-batch"]);
+  if (args.count("--dtype")) in.engine.compute_dtype = parse_dtype(args["--dtype"]);
+  if (args.count("--grad-accum-dtype"))
+    in.engine.grad_accum_dtype = parse_dtype(args["--grad-accum-dtype"]);
+  if (args.count("--comm-dtype")) in.engine.communication_dtype = parse_dtype(args["--comm-dtype"]);
+  if (args.count("--reduce-bucket-size"))
+    in.engine.reduce_bucket_size = static_cast<std::int64_t>(
+        parse_number("--reduce-bucket-size", args["--reduce-bucket-size"]));
+  if (args.count("--prefetch-bucket-size"))
+    in.engine.stage3_prefetch_bucket_size = static_cast<std::int64_t>(
+        parse_number("--prefetch-bucket-size", args["--prefetch-bucket-size"]));
+  if (args.count("--max-live-parameters"))
+    in.engine.stage3_max_live_parameters = static_cast<std::int64_t>(
+        parse_number("--max-live-parameters", args["--max-live-parameters"]));
+  if (args.count("--persistence-threshold"))
+    in.engine.stage3_param_persistence_threshold = static_cast<std::int64_t>(
+        parse_number("--persistence-threshold", args["--persistence-threshold"]));
+  if (args.count("--device")) {
+    const std::string d = args["--device"];
+    if (d != "cuda" && d != "cpu") usage_error("--device must be cuda or cpu, not '" + d + "'");
+    in.device_type = d == "cpu" ? DeviceType::kCpu : DeviceType::kCuda;
+  }
+  if (args.count("--device-gb")) in.device_gib = parse_number("--device-gb", args["--device-gb"]);
+  if (checkpointing_flag) in.activation_checkpointing = true;
+  for (const auto& [flag, field] :
+       {std::pair{"--world", in.world}, {"--nodes", in.nodes}, {"--micro-batch", in.micro_batch}}) {
+    if (field < 1) usage_error(std::string(flag) + " must be >= 1");
+  }
+  if (args.count("--params")) {
+    in.params = parse_number("--params", args["--params"]);
+    if (!(in.params >= 1.0)) usage_error("--params must be >= 1");
+  } else {
+    gpt::GptConfig model = gpt::GptConfig::parse(model_spec);
+    if (args.count("--seq")) {
+      // zrt-train trains at the model's seq_len (wpe has seq_len rows), so --seq sets it.
+      model.seq_len = parse_int("--seq", args["--seq"]);
+      model.validate();
+    }
+    in.model = mem::gpt_model_spec(model);
+    in.seq_len = model.seq_len;
+  }
+  if (args.count("--seq") && args.count("--params")) {
+    usage_error("--seq needs a model (--model or --config): activations need its dimensions");
+  }
+  in.engine.stage = chosen_stage.value_or(0);
+  in.validate();
+
+  std::vector<mem::Estimate> estimates;
+  for (const mem::Setting& s : mem::table_order()) estimates.push_back(mem::estimate(in, s));
+  mem::Setting chosen = in.setting();
+  if (!chosen_stage) {
+    // No stage given: detail the verdict's choice (the most sharded setting if nothing fits).
+    const auto fit = mem::first_fit(
+        estimates, static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0)));
+    chosen = fit.value_or(mem::verdict_order().back());
+  }
+  const mem::Estimate detail = mem::estimate(in, chosen);
+  std::fputs(mem::format_report(in, detail, estimates).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zrt-mem: %s\n", e.what());
+    return 1;
+  }
+}
