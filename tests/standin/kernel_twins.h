@@ -78,6 +78,9 @@ void twin(const std::string& name, F f) {
   });
 }
 
+// For tests: registers a twin for a test's own kernel (exported from the stand-in library).
+void register_test_twin(const std::string& name, TwinAdapter adapter);
+
 // Called once by the launch dispatcher: registers every twin (twins_*.cc).
 void register_engine_twins();
 void register_comm_twins();

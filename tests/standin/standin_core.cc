@@ -151,7 +151,8 @@ std::string describe_pointer(const void* p) {
 }
 
 MemKind Runtime::check_range(const std::string& call, const char* arg, const void* p,
-                             std::size_t bytes, std::initializer_list<MemKind> allowed) {
+                             std::size_t bytes, std::initializer_list<MemKind> allowed,
+                             bool in_stream_order) {
   auto allows = [&](MemKind k) {
     return std::find(allowed.begin(), allowed.end(), k) != allowed.end();
   };
@@ -179,7 +180,7 @@ MemKind Runtime::check_range(const std::string& call, const char* arg, const voi
     fail(cudaErrorInvalidValue, call,
          fmt::format("{} {} is not {} memory (no live allocation contains it)", arg, p, wanted));
   }
-  if (!a->freed_by.empty()) {
+  if (!a->freed_by.empty() && !in_stream_order) {
     fail(cudaErrorInvalidValue, call,
          fmt::format("{} {} is in {}, already freed by {} (use after free)", arg, p, describe(*a),
                      a->freed_by));
@@ -296,33 +297,29 @@ bool Runtime::ordered(const VectorClock& knows, const OpStamp& op) {
 
 void Runtime::check_hazards(const std::string& call, const std::string& what, int stream,
                             const VectorClock& knows, const std::vector<Access>& accesses) {
-  const std::string where =
-      stream >= 0 ? fmt::format("on {}", streams_[static_cast<std::size_t>(stream)]
-                                             ? streams_[static_cast<std::size_t>(stream)]->name
-                                             : "a destroyed stream")
-                  : std::string("on the host");
   auto stream_name = [&](int id) {
     return static_cast<std::size_t>(id) < streams_.size() && streams_[static_cast<std::size_t>(id)]
                ? streams_[static_cast<std::size_t>(id)]->name
                : fmt::format("stream #{} (destroyed)", id);
   };
+  const std::string where = stream >= 0 ? "on " + stream_name(stream) : std::string("on the host");
   for (const Access& acc : accesses) {
     if (acc.ptr == nullptr || acc.bytes == 0) continue;
     Allocation* a = find(acc.ptr);
     if (a == nullptr) continue;
-    auto conflict = [&](const OpStamp& earlier, bool earlier_wrote) {
-      if (earlier.stream == stream || ordered(knows, earlier)) return;
+    const auto lo = reinterpret_cast<std::uintptr_t>(acc.ptr);
+    const auto hi = lo + acc.bytes;
+    for (const Allocation::Record& r : a->history) {
+      if (r.hi <= lo || hi <= r.lo) continue;  // disjoint bytes
+      if (!r.write && !acc.write) continue;    // two reads
+      if (r.op.stream == stream || ordered(knows, r.op)) continue;
       fail(cudaErrorIllegalAddress, call,
-           fmt::format("{} {} {} of {} {}, but {} on {} {} it and is not ordered before this "
-                       "(missing cudaStreamWaitEvent on an event recorded after it, or a "
-                       "synchronization): a race",
-                       what, acc.write ? "writes" : "reads", acc.arg, describe(*a), where,
-                       earlier.what, stream_name(earlier.stream),
-                       earlier_wrote ? "wrote" : "reads"));
-    };
-    if (a->last_write) conflict(*a->last_write, true);
-    if (acc.write) {
-      for (const auto& [id, read] : a->reads) conflict(read, false);
+           fmt::format("{} {} {} (bytes [{}, {}) of {}) {}, but {} on {} {} bytes [{}, {}) and "
+                       "is not ordered before this (missing cudaStreamWaitEvent on an event "
+                       "recorded after it, or a synchronization): a race",
+                       what, acc.write ? "writes" : "reads", acc.arg, lo - a->base, hi - a->base,
+                       describe(*a), where, r.op.what, stream_name(r.op.stream),
+                       r.write ? "wrote" : "reads", r.lo - a->base, r.hi - a->base));
     }
   }
 }
@@ -332,12 +329,20 @@ void Runtime::note_accesses(const OpStamp& op, const std::vector<Access>& access
     if (acc.ptr == nullptr || acc.bytes == 0) continue;
     Allocation* a = find(acc.ptr);
     if (a == nullptr) continue;
-    if (acc.write) {
-      a->last_write = op;
-      a->reads.clear();
-    } else {
-      a->reads[op.stream] = op;
-    }
+    const auto lo = reinterpret_cast<std::uintptr_t>(acc.ptr);
+    const auto hi = lo + acc.bytes;
+    // Forget what the host knows complete (ordered before every later operation), and what
+    // this operation supersedes on its own stream.
+    auto& h = a->history;
+    h.erase(std::remove_if(h.begin(), h.end(),
+                           [&](const Allocation::Record& r) {
+                             return ordered(host_knows_, r.op) ||
+                                    (r.op.stream == op.stream && r.lo >= lo && r.hi <= hi &&
+                                     (acc.write || !r.write));
+                           }),
+            h.end());
+    if (h.size() >= 4096) h.erase(h.begin());  // bound the memory of long unsynchronized runs
+    h.push_back(Allocation::Record{lo, hi, op, acc.write});
   }
 }
 

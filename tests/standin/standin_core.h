@@ -5,13 +5,14 @@
 // - every pointer lies inside a live allocation of the kind the call needs (device memory from
 //   cudaMalloc/cudaMallocAsync, pinned host memory from cudaHostAlloc, or pageable memory, i.e.
 //   anything else), with the whole range [p, p + bytes) in bounds;
-// - stream order: each device or pinned allocation remembers the last operation that wrote it
-//   and the latest read per stream since. An operation on stream S that touches it conflicts
-//   (read/write, write/read, write/write) with an earlier one on stream T != S unless that one
-//   happens before S's current position: through cudaStreamWaitEvent on an event recorded after
-//   it, or a host synchronization (stream, event, device) followed by the enqueue. Vector clocks
-//   make this independent of timing: a missing event wait is reported even when the race did not
-//   bite. Freeing (cudaFreeAsync: on its stream; cudaFreeHost: on the host) counts as a write.
+// - stream order: each device or pinned allocation remembers, by byte range, the operations
+//   that read or wrote it and are not yet known complete by the host. An operation on stream S that
+//   touches it conflicts (read/write, write/read, write/write) with an earlier one on stream T != S
+//   unless that one happens before S's current position: through cudaStreamWaitEvent on an event
+//   recorded after it, or a host synchronization (stream, event, device) followed by the enqueue.
+//   Vector clocks make this independent of timing: a missing event wait is reported even when the
+//   race did not bite. Freeing (cudaFreeAsync: on its stream; cudaFreeHost: on the host) counts as
+//   a write.
 //
 // Streams are zrt's CPU streams (runtime/device/cpu_stream.h): one worker thread each, CUDA's
 // event semantics, host callbacks. An operation that fails on a stream (a kernel twin finding
@@ -71,8 +72,13 @@ struct Allocation {
   int device = 0;
   std::uint64_t id = 0;
   std::string freed_by;  // non-empty once freed (memory released when the free runs)
-  std::optional<OpStamp> last_write;
-  std::map<int, OpStamp> reads;  // latest read per stream since last_write
+  // Accesses not yet known complete by the host, by byte range: [lo, hi) of operation op.
+  struct Record {
+    std::uintptr_t lo, hi;
+    OpStamp op;
+    bool write;
+  };
+  std::vector<Record> history;
 };
 
 // One memory access of an operation.
@@ -113,9 +119,10 @@ class Runtime {
   // Finds the allocation containing p (live or freed-pending), or null (pageable memory).
   Allocation* find(const void* p);
   // Checks [p, p+bytes) against the kinds `allowed` (pageable = not in the table); returns the
-  // kind found. Must be called with mutex() held.
+  // kind found. Must be called with mutex() held. in_stream_order: the check runs inside stream
+  // work, where memory freed by a cudaFreeAsync enqueued later is still valid.
   MemKind check_range(const std::string& call, const char* arg, const void* p, std::size_t bytes,
-                      std::initializer_list<MemKind> allowed);
+                      std::initializer_list<MemKind> allowed, bool in_stream_order = false);
   std::size_t device_bytes_in_use(int device);
 
   // ---- streams and events ----

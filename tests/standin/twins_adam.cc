@@ -57,13 +57,13 @@ void check_slice(const CudaAdamDesc& d, int k, const std::string& call) {
   const auto n = static_cast<std::size_t>(d.numel);
   const std::size_t g = d.grad_kind == 0 ? 4 : 2;
   const std::string what = fmt::format("{} (slice {})", call, k);
-  rt.check_range(what, "param", d.param, n * 4, {MemKind::kDevice});
-  rt.check_range(what, "grad", d.grad, n * g, {MemKind::kDevice});
-  rt.check_range(what, "exp_avg", d.exp_avg, n * 4, {MemKind::kDevice});
-  rt.check_range(what, "exp_avg_sq", d.exp_avg_sq, n * 4, {MemKind::kDevice});
+  rt.check_range(what, "param", d.param, n * 4, {MemKind::kDevice}, true);
+  rt.check_range(what, "grad", d.grad, n * g, {MemKind::kDevice}, true);
+  rt.check_range(what, "exp_avg", d.exp_avg, n * 4, {MemKind::kDevice}, true);
+  rt.check_range(what, "exp_avg_sq", d.exp_avg_sq, n * 4, {MemKind::kDevice}, true);
   if (d.out_kind != 0) {
     rt.check_range(what, "param_out", d.param_out, n * (d.out_kind == 1 ? 4 : 2),
-                   {MemKind::kDevice});
+                   {MemKind::kDevice}, true);
   }
 }
 

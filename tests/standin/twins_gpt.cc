@@ -62,7 +62,7 @@ std::string sig(std::string text, const char* s, const char* g = "") {
 I64 elements_left(const void* p, std::size_t elem, const std::string& call) {
   Runtime& rt = Runtime::get();
   std::lock_guard<std::mutex> lock(rt.mutex());
-  rt.check_range(call, "table", p, 1, {MemKind::kDevice, MemKind::kPinned});
+  rt.check_range(call, "table", p, 1, {MemKind::kDevice, MemKind::kPinned}, true);
   Allocation* a = rt.find(p);
   return static_cast<I64>((a->base + a->bytes - reinterpret_cast<std::uintptr_t>(p)) / elem);
 }
