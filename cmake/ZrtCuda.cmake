@@ -1,6 +1,19 @@
 # Decides whether the CUDA backend is built and, if so, finds the toolkit, cuBLAS and NCCL.
-# Sets ZRT_HAVE_CUDA and the imported target zrt::nccl.
+# Sets ZRT_HAVE_CUDA and the targets zrt::cudart, zrt::cublas (cuBLAS + cuBLASLt) and zrt::nccl.
+#
+# ZRT_CUDA_STANDIN=ON (tests only) builds the CUDA backend with nvcc as usual but links it
+# against tests/standin/'s CPU stand-ins for the CUDA runtime, cuBLAS(Lt) and NCCL instead of the
+# real libraries, so the backend's host code runs on machines without a GPU.
+option(ZRT_CUDA_STANDIN "Link the CUDA backend against the CPU stand-ins in tests/standin" OFF)
 set(ZRT_HAVE_CUDA OFF)
+if(ZRT_CUDA_STANDIN)
+  if(ZRT_CUDA STREQUAL "OFF")
+    message(FATAL_ERROR "ZRT_CUDA_STANDIN=ON needs the CUDA backend (ZRT_CUDA AUTO or ON)")
+  endif()
+  set(ZRT_CUDA ON)
+  # nvcc links cudart statically by default; the stand-in must provide every runtime symbol.
+  set(CMAKE_CUDA_RUNTIME_LIBRARY None)
+endif()
 if(ZRT_CUDA STREQUAL "OFF")
   return()
 endif()
@@ -38,9 +51,22 @@ find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/lib)
 if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
   message(FATAL_ERROR "CUDA found but NCCL is missing (nccl.h: ${NCCL_INCLUDE_DIR}, libnccl: ${NCCL_LIBRARY})")
 endif()
-add_library(zrt::nccl UNKNOWN IMPORTED)
-set_target_properties(zrt::nccl PROPERTIES
-  IMPORTED_LOCATION ${NCCL_LIBRARY}
-  INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
+add_library(zrt_cudart INTERFACE)
+add_library(zrt_cublas INTERFACE)
+add_library(zrt_nccl INTERFACE)
+target_include_directories(zrt_nccl INTERFACE ${NCCL_INCLUDE_DIR})
+if(ZRT_CUDA_STANDIN)
+  # zrt_cuda_standin (tests/standin) implements the runtime, cuBLAS(Lt) and NCCL subsets.
+  target_link_libraries(zrt_cudart INTERFACE CUDA::toolkit zrt_cuda_standin)
+  target_link_libraries(zrt_cublas INTERFACE CUDA::toolkit zrt_cuda_standin)
+  target_link_libraries(zrt_nccl INTERFACE zrt_cuda_standin)
+else()
+  target_link_libraries(zrt_cudart INTERFACE CUDA::cudart)
+  target_link_libraries(zrt_cublas INTERFACE CUDA::cublas CUDA::cublasLt)
+  target_link_libraries(zrt_nccl INTERFACE ${NCCL_LIBRARY})
+endif()
+add_library(zrt::cudart ALIAS zrt_cudart)
+add_library(zrt::cublas ALIAS zrt_cublas)
+add_library(zrt::nccl ALIAS zrt_nccl)
 set(ZRT_HAVE_CUDA ON)
-message(STATUS "zrt: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_LIBRARY}")
+message(STATUS "zrt: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_LIBRARY}, stand-ins ${ZRT_CUDA_STANDIN}")

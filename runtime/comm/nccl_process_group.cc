@@ -405,6 +405,14 @@ void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<s
   ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
             "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
             dtype_name(dtype));
+  // Argument-independent rules first: the pointer checks below depend on the rank (at rank > 0
+  // null pointers "overlap"), so they would mask this error on some ranks only.
+  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
+              "the native NCCL reduce-scatter would sum {} in {} in an order of NCCL's choosing; "
+              "use the alltoall algorithm",
+              dtype_name(dtype), dtype_name(dtype));
+  }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
@@ -412,12 +420,6 @@ void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<s
   ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
             "{}: output overlaps the input but is not this rank's slice of it",
             describe("reduce_scatter", count, dtype));
-  if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
-    ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
-              "the native NCCL reduce-scatter would sum {} in {} in an order of NCCL's choosing; "
-              "use the alltoall algorithm",
-              dtype_name(dtype), dtype_name(dtype));
-  }
   const std::string what = describe("reduce_scatter", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kReduceScatter,

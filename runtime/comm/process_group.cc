@@ -8,18 +8,6 @@
 
 namespace zrt {
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-  }
-  return "?";
-}
-
 std::int64_t collective_bytes(CollectiveOp op, std::int64_t count, DType dtype, int world) {
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   switch (op) {

@@ -7,6 +7,20 @@
 
 namespace zrt {
 
+// Defined here rather than in process_group.cc so the reductions build on their own (the CUDA
+// stand-in compiles this file alone).
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr std::int64_t kTile = 2048;  // fp32 accumulator tile kept in L1

@@ -1,0 +1,96 @@
+// Twins of the engine's CUDA kernels (runtime/engine/engine_kernels.cu): the CPU twins in
+// engine_kernels.cc, on the same type codes (0 fp32, 1 bf16, 2 fp16).
+#include <algorithm>
+#include <cstddef>
+
+#include "runtime/common/dtype.h"
+#include "runtime/engine/engine_kernels.h"
+#include "tests/standin/kernel_twins.h"
+
+namespace zrt::standin {
+
+namespace {
+
+const std::string kNs = "zrt::engine_kernels::cuda::(anonymous namespace)::";
+
+DType type_of(KernelCall& k, int code, const char* arg) {
+  k.require(code >= 0 && code <= 2, fmt::format("{} = {} is not a type code (0, 1, 2)", arg, code));
+  return code == 0 ? DType::kFloat32 : code == 1 ? DType::kBFloat16 : DType::kFloat16;
+}
+
+std::int64_t bytes_of(DType t, std::int64_t n) {
+  return n * static_cast<std::int64_t>(dtype_size(t));
+}
+
+}  // namespace
+
+void register_engine_twins() {
+  // Grid-stride loops: any grid covers n.
+  twin<const void*, int, void*, int, long>(
+      kNs + "convert_kernel(void const*, int, void*, int, long)",
+      [](KernelCall& k, const void* src, int st, void* dst, int dt, long n) {
+        const DType s = type_of(k, st, "src type"), d = type_of(k, dt, "dst type");
+        k.reads(src, bytes_of(s, n), "src");
+        k.writes(dst, bytes_of(d, n), "dst");
+        k.run([=] { engine_kernels::cpu::convert(src, s, dst, d, n); });
+      });
+  twin<const void*, int, void*, int, long>(
+      kNs + "accumulate_kernel(void const*, int, void*, int, long)",
+      [](KernelCall& k, const void* src, int st, void* dst, int dt, long n) {
+        const DType s = type_of(k, st, "src type"), d = type_of(k, dt, "dst type");
+        k.reads(src, bytes_of(s, n), "src");
+        k.writes(dst, bytes_of(d, n), "dst");
+        k.run([=] { engine_kernels::cpu::accumulate(src, s, dst, d, n); });
+      });
+  twin<void*, int, long, float>(kNs + "scale_kernel(void*, int, long, float)",
+                                [](KernelCall& k, void* x, int t, long n, float factor) {
+                                  const DType d = type_of(k, t, "type");
+                                  k.writes(x, bytes_of(d, n), "x");
+                                  k.run([=] { engine_kernels::cpu::scale(x, d, n, factor); });
+                                });
+  // The squared norm's first pass: block b sums, in fp64, the runs of blockDim.x elements that
+  // start at b*blockDim.x and then every gridDim.x*blockDim.x, into partials[b]. Its shared
+  // array holds 256 doubles, so the block must be exactly that (a power of two for the tree).
+  twin<const void*, int, long, double*>(
+      kNs + "sum_squares_partials_kernel(void const*, int, long, double*)",
+      [](KernelCall& k, const void* x, int t, long n, double* partials) {
+        const DType d = type_of(k, t, "type");
+        k.require_block(256);
+        k.require(k.grid().y == 1 && k.grid().z == 1, "the grid must be one-dimensional");
+        const long blocks = k.grid().x, threads = k.block().x;
+        k.reads(x, bytes_of(d, n), "x");
+        k.writes(partials, blocks * static_cast<std::int64_t>(sizeof(double)), "partials");
+        k.run([=] {
+          const auto* bytes = static_cast<const std::byte*>(x);
+          for (long b = 0; b < blocks; ++b) {
+            double sum = 0.0;
+            for (long i = b * threads; i < n; i += blocks * threads) {
+              const long count = std::min(threads, n - i);
+              sum += engine_kernels::cpu::sum_squares(bytes + bytes_of(d, i), d, count);
+            }
+            partials[b] = sum;
+          }
+        });
+      });
+  // The second pass: one block adds `count` partials (one per thread, so blockDim.x >= count;
+  // its shared array holds 512) and adds the total, rounded to fp32, to *acc.
+  twin<const double*, int, float*>(
+      kNs + "sum_partials_kernel(double const*, int, float*)",
+      [](KernelCall& k, const double* partials, int count, float* acc) {
+        k.require(k.grid().x == 1 && k.grid().y == 1 && k.grid().z == 1,
+                  "must run as exactly one block (it adds its total to *acc)");
+        k.require(count >= 1 && k.block().x >= static_cast<unsigned>(count) && k.block().x <= 512 &&
+                      k.block().y == 1 && k.block().z == 1,
+                  fmt::format("blockDim.x {} must cover count {} and be at most 512", k.block().x,
+                              count));
+        k.reads(partials, count * static_cast<std::int64_t>(sizeof(double)), "partials");
+        k.writes(acc, sizeof(float), "acc");
+        k.run([=] {
+          double total = 0.0;
+          for (int i = 0; i < count; ++i) total += partials[i];
+          *acc += static_cast<float>(total);
+        });
+      });
+}
+
+}  // namespace zrt::standin

@@ -1,0 +1,545 @@
+// Twins of the GPT kernels (kernels/cuda/*.cu). Where a CUDA kernel is a whole op of the CPU
+// backend (gelu, residual, encoder forward) the CPU twin in kernels/cpu runs it; the others are
+// pieces of an op (a permutation, a softmax pass, a column-sum pass) and their twins here compute
+// exactly what the kernel writes, with the kernel's geometry rules.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/encoder.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/residual.h"
+#include "runtime/common/dtype.h"
+#include "tests/standin/kernel_twins.h"
+
+namespace zrt::standin {
+
+namespace {
+
+using I64 = std::int64_t;
+const std::string kNs = "zrt::kernels::cuda::(anonymous namespace)::";
+constexpr int kRowsPerBlock = 8;    // 256 threads, one warp per row
+constexpr int kColumnSumRows = 64;  // kernels/cuda/layernorm.cuh
+constexpr float kEps = 1e-5f;
+
+template <typename S>
+float ld(S v) {
+  return load_as_float(v);
+}
+template <typename S>
+S st(float v) {
+  return store_from_float<S>(v);
+}
+
+// Demangled spelling of the storage types.
+template <typename S>
+const char* cuda_name();
+template <>
+const char* cuda_name<float>() {
+  return "float";
+}
+template <>
+const char* cuda_name<bf16>() {
+  return "__nv_bfloat16";
+}
+template <>
+const char* cuda_name<fp16>() {
+  return "__half";
+}
+
+// Replaces $S and $G in a signature.
+std::string sig(std::string text, const char* s, const char* g = "") {
+  for (auto [key, value] : {std::pair<const char*, const char*>{"$S", s}, {"$G", g}}) {
+    for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key)) {
+      text.replace(at, 2, value);
+    }
+  }
+  return text;
+}
+
+// Elements a kernel may touch through `p` when only the allocation bounds them (embedding rows
+// addressed by token ids): the rest of p's allocation. Checked when the kernel runs.
+I64 elements_left(const void* p, std::size_t elem, const std::string& call) {
+  Runtime& rt = Runtime::get();
+  std::lock_guard<std::mutex> lock(rt.mutex());
+  rt.check_range(call, "table", p, 1, {MemKind::kDevice, MemKind::kPinned}, true);
+  Allocation* a = rt.find(p);
+  return static_cast<I64>((a->base + a->bytes - reinterpret_cast<std::uintptr_t>(p)) / elem);
+}
+
+template <typename S>
+void register_storage() {
+  const char* s = cuda_name<S>();
+  const I64 ss = sizeof(S);
+
+  // ---- encoder ----
+  twin<S*, const std::int32_t*, const S*, const S*, long, int, int>(
+      sig("void " + kNs +
+              "encoder_forward_kernel<$S>($S*, int const*, $S const*, $S const*, long, int, int)",
+          s),
+      [ss](KernelCall& k, S* out, const std::int32_t* tokens, const S* wte, const S* wpe, long rows,
+           int T, int C) {
+        k.require(T > 0 && rows % T == 0, fmt::format("rows {} not a multiple of T {}", rows, T));
+        k.writes(out, rows * C * ss, "out");
+        k.reads(tokens, rows * 4, "tokens");
+        k.reads(wte, C * ss, "wte");
+        k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");
+        const std::string name = k.name();
+        k.run([=] {
+          const I64 V = elements_left(wte, sizeof(S), name) / C;
+          kernels::cpu::encoder_forward<S>(out, tokens, wte, wpe, static_cast<int>(rows / T), T, C,
+                                           static_cast<int>(V));
+        });
+      });
+
+  // ---- gelu, residual: grid-stride element-wise, the CPU twins ----
+  twin<S*, const S*, long>(sig("void " + kNs + "gelu_forward_kernel<$S>($S*, $S const*, long)", s),
+                           [ss](KernelCall& k, S* out, const S* inp, long n) {
+                             k.writes(out, n * ss, "out");
+                             k.reads(inp, n * ss, "inp");
+                             k.run([=] { kernels::cpu::gelu_forward<S>(out, inp, n); });
+                           });
+  twin<S*, const S*, const S*, long>(
+      sig("void " + kNs + "gelu_backward_kernel<$S>($S*, $S const*, $S const*, long)", s),
+      [ss](KernelCall& k, S* dinp, const S* inp, const S* dout, long n) {
+        k.writes(dinp, n * ss, "dinp");
+        k.reads(inp, n * ss, "inp");
+        k.reads(dout, n * ss, "dout");
+        k.run([=] { kernels::cpu::gelu_backward<S>(dinp, inp, dout, n); });
+      });
+  twin<S*, const S*, const S*, long>(
+      sig("void " + kNs + "residual_forward_kernel<$S>($S*, $S const*, $S const*, long)", s),
+      [ss](KernelCall& k, S* out, const S* a, const S* b, long n) {
+        k.writes(out, n * ss, "out");
+        k.reads(a, n * ss, "a");
+        k.reads(b, n * ss, "b");
+        k.run([=] { kernels::cpu::residual_forward<S>(out, a, b, n); });
+      });
+  twin<S*, S*, const S*, long>(
+      sig("void " + kNs + "residual_backward_kernel<$S>($S*, $S*, $S const*, long)", s),
+      [ss](KernelCall& k, S* da, S* db, const S* dout, long n) {
+        k.writes(da, n * ss, "da");
+        k.writes(db, n * ss, "db");
+        k.reads(dout, n * ss, "dout");
+        k.run([=] { kernels::cpu::residual_backward<S>(da, db, dout, n); });
+      });
+
+  // ---- matmul bias ----
+  twin<S*, const S*, long, int>(
+      sig("void " + kNs + "add_bias_kernel<$S>($S*, $S const*, long, int)", s),
+      [ss](KernelCall& k, S* out, const S* bias, long rows, int OC) {
+        k.writes(out, rows * OC * ss, "out");
+        k.reads(bias, OC * ss, "bias");
+        k.run([=] {
+          for (I64 i = 0; i < rows * OC; ++i) out[i] = st<S>(ld(out[i]) + ld(bias[i % OC]));
+        });
+      });
+  twin<float*, const S*, int, int>(
+      sig("void " + kNs + "column_partials_kernel<$S>(float*, $S const*, int, int)", s),
+      [ss](KernelCall& k, float* part, const S* dout, int N, int C) {
+        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+        k.require_threads(C, "columns C");
+        k.require_blocks_y(chunks, "row chunks");
+        k.writes(part, I64{chunks} * C * 4, "part");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.run([=] {
+          for (int chunk = 0; chunk < chunks; ++chunk) {
+            for (int c = 0; c < C; ++c) {
+              float sum = 0.0f;
+              for (int r = chunk * kColumnSumRows; r < std::min(N, (chunk + 1) * kColumnSumRows);
+                   ++r) {
+                sum += ld(dout[I64{r} * C + c]);
+              }
+              part[I64{chunk} * C + c] = sum;
+            }
+          }
+        });
+      });
+
+  // ---- attention ----
+  twin<float*, const S*, int, int, int, int, int>(
+      sig("void " + kNs + "permute_kernel<$S>(float*, $S const*, int, int, int, int, int)", s),
+      [ss](KernelCall& k, float* dst, const S* src, int B, int T, int C, int NH, int parts) {
+        k.require(NH > 0 && C % NH == 0, fmt::format("C {} not divisible by NH {}", C, NH));
+        const I64 n = I64{B} * T * parts * C;
+        k.writes(dst, n * 4, "dst");
+        k.reads(src, n * ss, "src");
+        k.run([=] {
+          const int hs = C / NH;
+          const I64 part = I64{B} * T * C;
+          for (I64 i = 0; i < n; ++i) {
+            const int col = static_cast<int>(i % (parts * C));
+            const I64 bt = i / (parts * C);
+            const int t = static_cast<int>(bt % T), b = static_cast<int>(bt / T);
+            const int which = col / C, h = (col % C) / hs, d = col % hs;
+            dst[which * part + ((I64{b} * NH + h) * T + t) * hs + d] = ld(src[i]);
+          }
+        });
+      });
+  for (bool accumulate : {false, true}) {
+    twin<S*, const float*, int, int, int, int, int>(
+        sig(std::string("void ") + kNs + "unpermute_kernel<$S, " + (accumulate ? "true" : "false") +
+                ">($S*, float const*, int, int, int, int, int)",
+            s),
+        [ss, accumulate](KernelCall& k, S* out, const float* src, int B, int T, int C, int NH,
+                         int parts) {
+          k.require(NH > 0 && C % NH == 0, fmt::format("C {} not divisible by NH {}", C, NH));
+          const I64 n = I64{B} * T * parts * C;
+          k.writes(out, n * ss, "out");
+          k.reads(src, n * 4, "src");
+          k.run([=] {
+            const int hs = C / NH;
+            const I64 part = I64{B} * T * C;
+            for (I64 i = 0; i < n; ++i) {
+              const int col = static_cast<int>(i % (parts * C));
+              const I64 bt = i / (parts * C);
+              const int t = static_cast<int>(bt % T), b = static_cast<int>(bt / T);
+              const int which = col / C, h = (col % C) / hs, d = col % hs;
+              const float v = src[which * part + ((I64{b} * NH + h) * T + t) * hs + d];
+              out[i] = st<S>(accumulate ? ld(out[i]) + v : v);
+            }
+          });
+        });
+  }
+
+  // ---- layernorm ----
+  twin<S*, float*, float*, const S*, const S*, const S*, int, int>(
+      sig("void " + kNs +
+              "layernorm_forward_kernel<$S>($S*, float*, float*, $S const*, $S const*, $S const*, "
+              "int, int)",
+          s),
+      [ss](KernelCall& k, S* out, float* mean, float* rstd, const S* inp, const S* weight,
+           const S* bias, int N, int C) {
+        k.require_block(256);
+        k.require_rows(N, kRowsPerBlock, "rows N");
+        k.writes(out, I64{N} * C * ss, "out");
+        k.writes(mean, I64{N} * 4, "mean");
+        k.writes(rstd, I64{N} * 4, "rstd");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(weight, C * ss, "weight");
+        k.reads(bias, C * ss, "bias");
+        k.run([=] {
+          for (int r = 0; r < N; ++r) {
+            const S* x = inp + I64{r} * C;
+            float sum = 0.0f;
+            for (int c = 0; c < C; ++c) sum += ld(x[c]);
+            const float m = sum / C;
+            float var = 0.0f;
+            for (int c = 0; c < C; ++c) var += (ld(x[c]) - m) * (ld(x[c]) - m);
+            const float sc = 1.0f / std::sqrt(var / C + kEps);
+            for (int c = 0; c < C; ++c) {
+              out[I64{r} * C + c] = st<S>((ld(x[c]) - m) * sc * ld(weight[c]) + ld(bias[c]));
+            }
+            mean[r] = m;
+            rstd[r] = sc;
+          }
+        });
+      });
+  twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
+      sig("void " + kNs +
+              "layernorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, float "
+              "const*, int, int)",
+          s),
+      [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
+           const float* rstd, int N, int C) {
+        k.require_block(256);
+        k.require_rows(N, kRowsPerBlock, "rows N");
+        k.writes(dinp, I64{N} * C * ss, "dinp");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(weight, C * ss, "weight");
+        k.reads(mean, I64{N} * 4, "mean");
+        k.reads(rstd, I64{N} * 4, "rstd");
+        k.run([=] {
+          for (int r = 0; r < N; ++r) {
+            const I64 off = I64{r} * C;
+            const float m = mean[r], sc = rstd[r];
+            float g_sum = 0.0f, gn_sum = 0.0f;
+            for (int c = 0; c < C; ++c) {
+              const float norm = (ld(inp[off + c]) - m) * sc;
+              const float g = ld(dout[off + c]) * ld(weight[c]);
+              g_sum += g;
+              gn_sum += g * norm;
+            }
+            const float g_mean = g_sum / C, gn_mean = gn_sum / C;
+            for (int c = 0; c < C; ++c) {
+              const float norm = (ld(inp[off + c]) - m) * sc;
+              const float g = ld(dout[off + c]) * ld(weight[c]);
+              dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
+            }
+          }
+        });
+      });
+  twin<float*, float*, const S*, const S*, const float*, const float*, int, int>(
+      sig("void " + kNs +
+              "layernorm_partials_kernel<$S>(float*, float*, $S const*, $S const*, float const*, "
+              "float const*, int, int)",
+          s),
+      [ss](KernelCall& k, float* part_w, float* part_b, const S* dout, const S* inp,
+           const float* mean, const float* rstd, int N, int C) {
+        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+        k.require_threads(C, "columns C");
+        k.require_blocks_y(chunks, "row chunks");
+        k.writes(part_w, I64{chunks} * C * 4, "part_w");
+        k.writes(part_b, I64{chunks} * C * 4, "part_b");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(mean, I64{N} * 4, "mean");
+        k.reads(rstd, I64{N} * 4, "rstd");
+        k.run([=] {
+          for (int chunk = 0; chunk < chunks; ++chunk) {
+            for (int c = 0; c < C; ++c) {
+              float dw = 0.0f, db = 0.0f;
+              for (int r = chunk * kColumnSumRows; r < std::min(N, (chunk + 1) * kColumnSumRows);
+                   ++r) {
+                const I64 i = I64{r} * C + c;
+                const float dy = ld(dout[i]);
+                dw += dy * ((ld(inp[i]) - mean[r]) * rstd[r]);
+                db += dy;
+              }
+              part_w[I64{chunk} * C + c] = dw;
+              part_b[I64{chunk} * C + c] = db;
+            }
+          }
+        });
+      });
+
+  // ---- cross-entropy: one block per row (rows = gridDim.x) ----
+  twin<float*, const S*, const std::int32_t*, int>(
+      sig("void " + kNs + "crossentropy_forward_kernel<$S>(float*, $S const*, int const*, int)", s),
+      [ss](KernelCall& k, float* losses, const S* logits, const std::int32_t* targets, int V) {
+        const I64 N = k.grid().x;
+        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
+        k.writes(losses, N * 4, "losses");
+        k.reads(logits, N * V * ss, "logits");
+        k.reads(targets, N * 4, "targets");
+        const std::string name = k.name();
+        k.run([=] {
+          for (I64 n = 0; n < N; ++n) {
+            const S* row = logits + n * V;
+            if (targets[n] < 0 || targets[n] >= V) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+            }
+            float mx = -INFINITY, sum = 0.0f;
+            for (int v = 0; v < V; ++v) mx = std::fmax(mx, ld(row[v]));
+            for (int v = 0; v < V; ++v) sum += std::exp(ld(row[v]) - mx);
+            losses[n] = std::log(sum) + mx - ld(row[targets[n]]);
+          }
+        });
+      });
+  twin<S*, const S*, const std::int32_t*, float, int>(
+      sig("void " + kNs +
+              "crossentropy_backward_kernel<$S>($S*, $S const*, int const*, float, int)",
+          s),
+      [ss](KernelCall& k, S* dlogits, const S* logits, const std::int32_t* targets, float dloss,
+           int V) {
+        const I64 N = k.grid().x;
+        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
+        k.writes(dlogits, N * V * ss, "dlogits");
+        k.reads(logits, N * V * ss, "logits");
+        k.reads(targets, N * 4, "targets");
+        k.run([=] {
+          std::vector<float> row(static_cast<std::size_t>(V));
+          for (I64 n = 0; n < N; ++n) {
+            for (int v = 0; v < V; ++v) row[v] = ld(logits[n * V + v]);  // in place allowed
+            float mx = -INFINITY, sum = 0.0f;
+            for (int v = 0; v < V; ++v) mx = std::fmax(mx, row[v]);
+            for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+            const float inv = 1.0f / sum;
+            for (int v = 0; v < V; ++v) {
+              const float p = std::exp(row[v] - mx) * inv;
+              dlogits[n * V + v] = st<S>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+            }
+          }
+        });
+      });
+}
+
+// Kernels templated on the storage type S and the gradient type G (S or float).
+template <typename S, typename G>
+void register_storage_grad() {
+  const char* s = cuda_name<S>();
+  const char* g = cuda_name<G>();
+  const I64 ss = sizeof(S), gs = sizeof(G);
+
+  twin<G*, const S*, const std::int32_t*, const int*, const int*, int>(
+      sig("void " + kNs +
+              "wte_backward_kernel<$S, $G>($G*, $S const*, int const*, int const*, int const*, "
+              "int)",
+          s, g),
+      [ss, gs](KernelCall& k, G* dwte, const S* dout, const std::int32_t* tokens, const int* next,
+               const int* first, int C) {
+        const I64 rows = k.grid().x;  // one block per row
+        k.reads(dout, rows * C * ss, "dout");
+        k.reads(tokens, rows * 4, "tokens");
+        k.reads(next, rows * 4, "next");
+        k.reads(first, rows * 4, "first");
+        k.writes(dwte, C * gs, "dwte");
+        const std::string name = k.name();
+        k.run([=] {
+          const I64 V = elements_left(dwte, sizeof(G), name) / C;
+          for (I64 r = 0; r < rows; ++r) {
+            if (!first[r]) continue;
+            if (tokens[r] < 0 || tokens[r] >= V) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("tokens[{}] = {} indexes past dwte's {} rows", r, tokens[r], V));
+            }
+            G* dw = dwte + I64{tokens[r]} * C;
+            for (int c = 0; c < C; ++c) {
+              float sum = 0.0f;
+              for (int q = static_cast<int>(r); q >= 0; q = next[q]) {
+                if (q >= rows)
+                  fail(cudaErrorIllegalAddress, name,
+                       fmt::format("next chain reaches row {} of {}", q, rows));
+                sum += ld(dout[I64{q} * C + c]);
+              }
+              dw[c] = st<G>(ld(dw[c]) + sum);
+            }
+          }
+        });
+      });
+  twin<G*, const S*, int, int, int>(
+      sig("void " + kNs + "wpe_backward_kernel<$S, $G>($G*, $S const*, int, int, int)", s, g),
+      [ss, gs](KernelCall& k, G* dwpe, const S* dout, int B, int T, int C) {
+        const I64 n = I64{T} * C;
+        k.writes(dwpe, n * gs, "dwpe");
+        k.reads(dout, B * n * ss, "dout");
+        k.run([=] {
+          for (I64 i = 0; i < n; ++i) {
+            float sum = 0.0f;
+            for (int b = 0; b < B; ++b) sum += ld(dout[b * n + i]);
+            dwpe[i] = st<G>(ld(dwpe[i]) + sum);
+          }
+        });
+      });
+}
+
+template <typename G>
+void register_grad() {
+  const char* g = cuda_name<G>();
+  const I64 gs = sizeof(G);
+  twin<G*, const float*, int, int>(
+      sig("void " + kNs + "column_finish_kernel<$G>($G*, float const*, int, int)", "", g),
+      [gs](KernelCall& k, G* dbias, const float* part, int chunks, int C) {
+        k.require_threads(C, "columns C");
+        k.writes(dbias, C * gs, "dbias");
+        k.reads(part, I64{chunks} * C * 4, "part");
+        k.run([=] {
+          for (int c = 0; c < C; ++c) {
+            float sum = 0.0f;
+            for (int q = 0; q < chunks; ++q) sum += part[I64{q} * C + c];
+            dbias[c] = st<G>(ld(dbias[c]) + sum);
+          }
+        });
+      });
+  twin<G*, G*, const float*, const float*, int, int>(
+      sig("void " + kNs +
+              "layernorm_finish_kernel<$G>($G*, $G*, float const*, float const*, int, int)",
+          "", g),
+      [gs](KernelCall& k, G* dweight, G* dbias, const float* part_w, const float* part_b,
+           int chunks, int C) {
+        k.require_threads(C, "columns C");
+        k.writes(dweight, C * gs, "dweight");
+        k.writes(dbias, C * gs, "dbias");
+        k.reads(part_w, I64{chunks} * C * 4, "part_w");
+        k.reads(part_b, I64{chunks} * C * 4, "part_b");
+        k.run([=] {
+          for (int c = 0; c < C; ++c) {
+            float dw = 0.0f, db = 0.0f;
+            for (int q = 0; q < chunks; ++q) {
+              dw += part_w[I64{q} * C + c];
+              db += part_b[I64{q} * C + c];
+            }
+            dweight[c] = st<G>(ld(dweight[c]) + dw);
+            dbias[c] = st<G>(ld(dbias[c]) + db);
+          }
+        });
+      });
+}
+
+}  // namespace
+
+void register_gpt_twins() {
+  register_storage<float>();
+  register_storage<bf16>();
+  register_storage<fp16>();
+  register_storage_grad<float, float>();
+  register_storage_grad<bf16, bf16>();
+  register_storage_grad<bf16, float>();
+  register_storage_grad<fp16, fp16>();
+  register_storage_grad<fp16, float>();
+  register_grad<float>();
+  register_grad<bf16>();
+  register_grad<fp16>();
+
+  twin<const std::int32_t*, int, int*, int*>(
+      kNs + "token_links_kernel(int const*, int, int*, int*)",
+      [](KernelCall& k, const std::int32_t* tokens, int rows, int* next, int* first) {
+        k.require_threads(rows, "rows");
+        k.reads(tokens, I64{rows} * 4, "tokens");
+        k.writes(next, I64{rows} * 4, "next");
+        k.writes(first, I64{rows} * 4, "first");
+        k.run([=] {
+          for (int r = 0; r < rows; ++r) {
+            next[r] = -1;
+            first[r] = 1;
+            for (int q = 0; q < rows; ++q) {
+              if (tokens[q] != tokens[r]) continue;
+              if (q < r) first[r] = 0;
+              if (q > r && next[r] < 0) next[r] = q;
+            }
+          }
+        });
+      });
+  twin<float*, long, int>(kNs + "causal_softmax_kernel(float*, long, int)",
+                          [](KernelCall& k, float* att, long rows, int T) {
+                            k.require_block(256);
+                            k.require_rows(rows, kRowsPerBlock, "rows");
+                            k.writes(att, rows * T * 4, "att");
+                            k.run([=] {
+                              for (I64 r = 0; r < rows; ++r) {
+                                const int t = static_cast<int>(r % T);
+                                float* a = att + r * T;
+                                float mx = -INFINITY, sum = 0.0f;
+                                for (int u = 0; u <= t; ++u) mx = std::fmax(mx, a[u]);
+                                for (int u = 0; u <= t; ++u) sum += std::exp(a[u] - mx);
+                                const float inv = 1.0f / sum;
+                                for (int u = 0; u < T; ++u)
+                                  a[u] = u <= t ? std::exp(a[u] - mx) * inv : 0.0f;
+                              }
+                            });
+                          });
+  twin<float*, const float*, long, int>(
+      kNs + "softmax_backward_kernel(float*, float const*, long, int)",
+      [](KernelCall& k, float* datt, const float* att, long rows, int T) {
+        k.require_block(256);
+        k.require_rows(rows, kRowsPerBlock, "rows");
+        k.writes(datt, rows * T * 4, "datt");
+        k.reads(att, rows * T * 4, "att");
+        k.run([=] {
+          for (I64 r = 0; r < rows; ++r) {
+            const int t = static_cast<int>(r % T);
+            const float* a = att + r * T;
+            float* d = datt + r * T;
+            float dot = 0.0f;
+            for (int u = 0; u <= t; ++u) dot += a[u] * d[u];
+            for (int u = 0; u < T; ++u) d[u] = u <= t ? a[u] * (d[u] - dot) : 0.0f;
+          }
+        });
+      });
+  twin<float*, const float*, int>(kNs + "loss_mean_kernel(float*, float const*, int)",
+                                  [](KernelCall& k, float* out, const float* losses, int N) {
+                                    k.require_block(256);
+                                    k.require(k.grid().x == 1, "must run as one block");
+                                    k.writes(out, 4, "out");
+                                    k.reads(losses, I64{N} * 4, "losses");
+                                    k.run([=] {
+                                      double sum = 0.0;
+                                      for (int i = 0; i < N; ++i) sum += losses[i];
+                                      out[0] = static_cast<float>(sum / N);
+                                    });
+                                  });
+}
+
+}  // namespace zrt::standin
