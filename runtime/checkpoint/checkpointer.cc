@@ -127,16 +127,56 @@ void Checkpointer::check_all(const std::string& stage, const std::string& tag,
             failed - 1);
 }
 
+void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill) {
+  wait();  // the writer may still be reading the snapshot buffer
+  RankState state;
+  state.rank = rank_;
+  if (rank_ < request.index.world) {
+    state.elements = request.index.slice_elements();
+    const std::int64_t bytes = state.bytes();
+    if (snapshot_bytes_ != bytes) {
+      snapshot_.reset();
+      snapshot_bytes_ = 0;
+      if (allocate_) {
+        snapshot_ = allocate_(bytes);
+      } else {
+        snapshot_ = std::shared_ptr<float[]>(new float[static_cast<std::size_t>(bytes / 4)]);
+      }
+      ZRT_CHECK(snapshot_ != nullptr, "checkpoint: no snapshot buffer of {} bytes", bytes);
+      snapshot_bytes_ = bytes;
+    }
+    auto* base = static_cast<float*>(snapshot_.get());
+    float* arrays[3] = {base, base + state.elements, base + 2 * state.elements};
+    fill(arrays[0], arrays[1], arrays[2]);
+    state.master = arrays[0];
+    state.exp_avg = arrays[1];
+    state.exp_avg_sq = arrays[2];
+  }
+  start(std::move(request), state);
+}
+
 void Checkpointer::save(SaveRequest request) {
   wait();
+  start(std::move(request), RankState{});
+}
+
+void Checkpointer::start(SaveRequest request, const RankState& state) {
+  // An empty state means the request's own snapshot, viewed where the request then lives.
+  const bool own = state.master == nullptr;
   if (!config_.async) {
-    commit(request);
+    commit(request, own ? request.snapshot.view() : state);
     return;
   }
-  writer_ = std::thread([this, request = std::move(request)] {
+  writer_ = std::thread([this, own, state, request = std::move(request)] {
     try {
-      commit(request);
+      commit(request, own ? request.snapshot.view() : state);
+    } catch (const std::exception& e) {
+      // Logged now, from the writer thread: the training loop hears of it only at its next
+      // save or at the end of the run.
+      spdlog::error("checkpoint {}: async save failed: {}", request.tag, e.what());
+      error_ = std::current_exception();
     } catch (...) {
+      spdlog::error("checkpoint {}: async save failed (unknown error)", request.tag);
       error_ = std::current_exception();
     }
   });
@@ -152,7 +192,7 @@ SaveTimings Checkpointer::wait() {
   return timings_;
 }
 
-void Checkpointer::commit(const SaveRequest& request) {
+void Checkpointer::commit(const SaveRequest& request, const RankState& state) {
   const auto start = Clock::now();
   const fs::path save_dir = config_.save_dir;
   const fs::path tmp = save_dir / (request.tag + ".tmp");
@@ -205,15 +245,12 @@ void Checkpointer::commit(const SaveRequest& request) {
     if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
     if (rank_ == 0) fsync_path((tmp / "index.h5").string());
     if (rank_ < request.index.world) {
-      ZRT_CHECK(request.snapshot.rank == rank_ &&
-                    static_cast<std::int64_t>(request.snapshot.master.size()) ==
-                        request.index.slice_elements(),
+      ZRT_CHECK(state.rank == rank_ && state.elements == request.index.slice_elements(),
                 "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
-                request.snapshot.rank, request.snapshot.master.size(),
-                request.index.slice_elements());
-      write_rank_file((tmp / rank_file_name(rank_)).string(), request.snapshot, request.index.world,
+                state.rank, state.elements, request.index.slice_elements());
+      write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
                       request.index.seed, rank_ == hooks_.kill_rank);
-      timings.bytes = request.snapshot.bytes();
+      timings.bytes = state.bytes();
     }
     timings.write_s = seconds_since(t);
   } catch (const std::exception& e) {

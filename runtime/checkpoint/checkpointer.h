@@ -15,9 +15,16 @@
 // A reader trusts only what `latest` names, so a save killed at any moment leaves the previous
 // checkpoint loadable.
 //
-// Async: save() takes the snapshot (host memory) from the caller and returns; the files are
-// written on the writer thread, whose all-reduces use their own duplicated communicator. The
-// next save(), wait() or the destructor waits for it; wait() rethrows its error.
+// The snapshot: save(request, fill) copies this rank's state (fill) into a host buffer the
+// checkpointer allocates on first use (set_host_allocator: pinned memory when the state is on a
+// GPU) and reuses for every later save, so a save costs a copy, not a fresh allocation whose
+// page faults would stall training. The buffer is only refilled after the previous save has
+// finished writing it.
+//
+// Async: save() takes the snapshot and returns; the files are written on the writer thread,
+// whose all-reduces use their own duplicated communicator. A failure is logged at once by the
+// writer thread (the tag, the file and the reason); the next save(), wait() or the destructor
+// waits for the thread, and save() and wait() rethrow its error.
 //
 // Thread-safety: one thread calls the public methods.
 #pragma once
@@ -26,6 +33,8 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -46,13 +55,18 @@ struct TestHooks {
   static TestHooks from_env();
 };
 
-// One checkpoint to write: the index (rank 0's) and this rank's snapshot (empty when the rank
-// owns no slice: ranks >= index.world).
+// One checkpoint to write: the index (rank 0's) and, for save(request) without a filler, this
+// rank's snapshot (empty when the rank owns no slice: ranks >= index.world).
 struct SaveRequest {
   std::string tag;
   CheckpointIndex index;
   RankSnapshot snapshot;
 };
+
+// Copies this rank's state into three host arrays of index.slice_elements() floats each.
+using SnapshotFiller = std::function<void(float* master, float* exp_avg, float* exp_avg_sq)>;
+// Allocates `bytes` of host memory for the snapshot buffer (kept until the checkpointer goes).
+using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
 
 struct SaveTimings {
   double write_s = 0.0;   // this rank's file: create, write, close, fsync
@@ -71,7 +85,13 @@ class Checkpointer {
   // The tag of a step's checkpoint: "global_step<step>" (DeepSpeed's naming).
   static std::string tag_for_step(std::int64_t step);
 
-  // Saves (collective). Waits for the previous async save first.
+  // The snapshot buffer's allocator (default: pageable host memory). Before the first save.
+  void set_host_allocator(HostAllocator allocate) { allocate_ = std::move(allocate); }
+
+  // Saves this rank's state (collective): waits for the previous save, fills the reused
+  // snapshot buffer (on ranks < index.world), then writes it, on the writer thread when async.
+  void save(SaveRequest request, const SnapshotFiller& fill);
+  // Saves request.snapshot, which the request owns (tools, tests). Waits for the previous save.
   void save(SaveRequest request);
   // Waits for a pending async save; rethrows its error. Returns its timings.
   SaveTimings wait();
@@ -83,7 +103,8 @@ class Checkpointer {
   std::optional<std::string> resolve_load() const;
 
  private:
-  void commit(const SaveRequest& request);
+  void start(SaveRequest request, const RankState& state);
+  void commit(const SaveRequest& request, const RankState& state);
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
   std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
   // Every rank learns whether any failed; throws on all if one did.
@@ -96,6 +117,9 @@ class Checkpointer {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int world_ = 1;
+  HostAllocator allocate_;
+  std::shared_ptr<void> snapshot_;  // the reused snapshot buffer: master, exp_avg, exp_avg_sq
+  std::int64_t snapshot_bytes_ = 0;
   std::thread writer_;
   std::exception_ptr error_;
   SaveTimings timings_;

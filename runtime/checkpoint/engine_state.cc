@@ -6,21 +6,25 @@
 
 namespace zrt::checkpoint {
 
-RankSnapshot snapshot_engine(ZeroEngine& engine) {
+void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* exp_avg_sq) {
   const PartitionPlan& plan = engine.plan();
-  RankSnapshot snap;
-  snap.rank = engine.state_rank();
-  const auto n = static_cast<std::size_t>(plan.total_shard());
-  snap.master.resize(n);
-  snap.exp_avg.resize(n);
-  snap.exp_avg_sq.resize(n);
   std::int64_t at = 0;
   for (std::size_t u = 0; u < plan.units().size(); ++u) {
-    engine.copy_state_out(static_cast<int>(u), snap.master.data() + at, snap.exp_avg.data() + at,
-                          snap.exp_avg_sq.data() + at);
+    engine.copy_state_out(static_cast<int>(u), master + at, exp_avg + at, exp_avg_sq + at);
     at += plan.unit(static_cast<int>(u)).shard;
   }
-  return snap;
+}
+
+HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {
+  const bool pinned =
+      device.type() == DeviceType::kCuda && !engine.options().offload_optimizer.enabled;
+  return [&device, pinned](std::int64_t bytes) {
+    auto buffer = std::make_shared<Buffer>(
+        device.allocate(bytes, MemCategory::kOther, "checkpoint snapshot",
+                        pinned ? MemorySpace::kPinnedHost : MemorySpace::kPageableHost));
+    // Shares ownership of the Buffer, points at its memory.
+    return std::shared_ptr<void>(buffer, buffer->host<void>());
+  };
 }
 
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {

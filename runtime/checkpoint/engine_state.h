@@ -5,15 +5,23 @@
 
 #include <string>
 
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
 #include "runtime/engine/zero_engine.h"
 
 namespace zrt::checkpoint {
 
-// Host copies of this rank's slices of every unit (synchronises the engine's streams). At stage
-// 0 every rank holds the same full state and only rank 0's copy is written.
-RankSnapshot snapshot_engine(ZeroEngine& engine);
+// Copies this rank's slices of every unit, in unit order, into three host arrays of
+// plan().total_shard() floats each (synchronises the engine's streams): a Checkpointer's
+// SnapshotFiller. At stage 0 every rank holds the same full state and only rank 0's is written.
+void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* exp_avg_sq);
+
+// The snapshot buffer's allocator for `engine` on `device`: pinned host memory when the state
+// lives in a CUDA device's memory (the device-to-host copy is then a DMA at full bus speed),
+// pageable host memory otherwise (the CPU backend, or optimizer offload, whose state already is
+// in host memory and is copied with memcpy). Tracked by the device as MemCategory::kOther.
+HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine);
 
 // The index fields the engine knows: tables, world, stage, dtypes, counters.
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index);

@@ -1,5 +1,7 @@
 #include "runtime/checkpoint/h5.h"
 
+#include <fcntl.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -152,6 +154,20 @@ bool H5File::has(const std::string& dataset) const {
   return exists > 0;
 }
 
+void H5File::start_writeback() const {
+  if (!file_.valid()) return;
+  H5Id fapl(H5Fget_access_plist(file_.get()));
+  void* handle = nullptr;
+  // The default (sec2) driver's handle is a pointer to its file descriptor; other drivers are
+  // left alone.
+  if (H5Pget_driver(fapl.get()) != H5FD_SEC2 ||
+      H5Fget_vfd_handle(file_.get(), fapl.get(), &handle) < 0 || handle == nullptr) {
+    h5_error_detail();
+    return;
+  }
+  ::sync_file_range(*static_cast<int*>(handle), 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
 void H5File::close() {
   if (!file_.valid()) return;
   const herr_t rc = H5Fclose(file_.get());
@@ -269,7 +285,7 @@ std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
 
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
-                   std::int64_t block_bytes, std::int64_t string_size) {
+                   std::int64_t block_bytes, std::int64_t string_size, bool writeback) {
   std::vector<hsize_t> hdims(dims.begin(), dims.end());
   std::int64_t elements = 1;
   for (std::int64_t d : dims) elements *= d;
@@ -302,6 +318,7 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
   if (elements > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
     ZRT_THROW(Error, "{}: write failed: {}", where(file, name), h5_error_detail());
   }
+  if (writeback) file.start_writeback();
   write_attr(ds.get(), "crc32c_block_bytes", block_bytes);
   write_attr(ds.get(), "crc32c", block_checksums(data, bytes, block_bytes));
 }
@@ -395,29 +412,54 @@ void H5Dataset::check_block(std::int64_t block, const unsigned char* bytes, std:
   }
 }
 
-void H5Dataset::read(std::int64_t first, std::int64_t count, void* out, bool verify,
-                     std::vector<unsigned char>& scratch) const {
+std::int64_t H5Dataset::read(std::int64_t first, std::int64_t count, void* out, bool verify,
+                             std::vector<unsigned char>& scratch) const {
   ZRT_CHECK(first >= 0 && count >= 0 && first + count <= elements_, "{}: range {}+{} of {}", where_,
             first, count, elements_);
-  if (count == 0) return;
+  if (count == 0) return 0;
   if (!verify) {
     read_raw(first, count, out);
-    return;
+    return count * element_bytes_;
   }
+  std::int64_t read_elements = 0;
   const std::int64_t per_block = block_bytes_ / element_bytes_;
-  const std::int64_t b0 = first / per_block;
-  const std::int64_t b1 = (first + count - 1) / per_block;
-  const std::int64_t e0 = b0 * per_block;
-  const std::int64_t e1 = std::min(elements_, (b1 + 1) * per_block);
-  scratch.resize(static_cast<std::size_t>((e1 - e0) * element_bytes_));
-  read_raw(e0, e1 - e0, scratch.data());
-  for (std::int64_t b = b0; b <= b1; ++b) {
-    const std::int64_t begin = (b * per_block - e0) * element_bytes_;
-    const std::int64_t end = std::min((b + 1) * per_block, e1) - e0;
-    check_block(b, scratch.data() + begin, end * element_bytes_ - begin);
+  auto* dst = static_cast<unsigned char*>(out);
+  // The whole blocks inside the range are read straight into `out` and verified there; only a
+  // partial block at either end goes through `scratch` (read whole, verified, then copied).
+  std::int64_t whole0 = (first + per_block - 1) / per_block * per_block;
+  std::int64_t whole1 = (first + count) / per_block * per_block;
+  if (first + count == elements_) whole1 = first + count;       // the last block may be short
+  if (whole0 >= whole1) whole0 = whole1 = first;                // no whole block inside
+  auto via_scratch = [&](std::int64_t from, std::int64_t to) {  // [from, to) within one block
+    if (from >= to) return;
+    const std::int64_t b = from / per_block;
+    const std::int64_t e0 = b * per_block;
+    const std::int64_t e1 = std::min(elements_, e0 + per_block);
+    scratch.resize(static_cast<std::size_t>((e1 - e0) * element_bytes_));
+    read_raw(e0, e1 - e0, scratch.data());
+    read_elements += e1 - e0;
+    check_block(b, scratch.data(), (e1 - e0) * element_bytes_);
+    std::memcpy(dst + (from - first) * element_bytes_,
+                scratch.data() + (from - e0) * element_bytes_,
+                static_cast<std::size_t>((to - from) * element_bytes_));
+  };
+  if (whole0 == whole1) {
+    // Within at most two blocks and covering neither whole.
+    const std::int64_t split = std::min(first + count, (first / per_block + 1) * per_block);
+    via_scratch(first, split);
+    via_scratch(split, first + count);
+    return read_elements * element_bytes_;
   }
-  std::memcpy(out, scratch.data() + (first - e0) * element_bytes_,
-              static_cast<std::size_t>(count * element_bytes_));
+  via_scratch(first, whole0);
+  unsigned char* mid = dst + (whole0 - first) * element_bytes_;
+  read_raw(whole0, whole1 - whole0, mid);
+  read_elements += whole1 - whole0;
+  for (std::int64_t e = whole0; e < whole1; e += per_block) {
+    const std::int64_t n = std::min(per_block, whole1 - e);
+    check_block(e / per_block, mid + (e - whole0) * element_bytes_, n * element_bytes_);
+  }
+  via_scratch(whole1, first + count);
+  return read_elements * element_bytes_;
 }
 
 void H5Dataset::read_all(void* out) const {

@@ -22,7 +22,7 @@ void fsync_path(const std::string& path, bool directory) {
   if (rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", path, std::strerror(err));
 }
 
-void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
+void write_rank_file(const std::string& path, const RankState& snapshot, int world,
                      std::uint64_t seed, bool kill_midway) {
   H5File file = H5File::create(path);
   write_attr(file.id(), "format", std::string(kRankFormat));
@@ -32,11 +32,10 @@ void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int 
   // Training draws no random numbers after initialisation (no dropout; the data order is a pure
   // function of the global sample index and data.seed): the seed is the whole RNG state.
   write_attr(file.id(), "rng_seed", static_cast<std::int64_t>(seed));
-  const std::vector<float>* arrays[3] = {&snapshot.master, &snapshot.exp_avg, &snapshot.exp_avg_sq};
+  const float* arrays[3] = {snapshot.master, snapshot.exp_avg, snapshot.exp_avg_sq};
   for (int i = 0; i < 3; ++i) {
-    const auto n = static_cast<std::int64_t>(arrays[i]->size());
-    write_dataset(file, kStateDatasets[i], H5Elem::kFloat32, {n}, arrays[i]->data(),
-                  kTensorBlockBytes);
+    write_dataset(file, kStateDatasets[i], H5Elem::kFloat32, {snapshot.elements}, arrays[i],
+                  kTensorBlockBytes, 0, /*writeback=*/true);
     if (kill_midway && i == 0) {
       H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
       std::raise(SIGKILL);
@@ -130,10 +129,24 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* mast
     }
     const std::int64_t first = pieces[i].file_pos;
     OpenFile& f = file(pieces[i].old_rank);
+    // Same layout in the old and the new slice (the usual case: same world size, or a unit
+    // whose old slice maps onto the new one in one piece): read straight into the destination
+    // (the padding read between pieces is zeroed below).
+    bool direct = true;
+    for (std::size_t k = i + 1; k < j; ++k) {
+      direct = direct && pieces[k].dest - pieces[k].file_pos == pieces[i].dest - first;
+    }
+    if (direct) {
+      for (int d = 0; d < 3; ++d) {
+        float* to = out[d] + pieces[i].dest;
+        bytes_read_ += f.data[d]->read(first, end - first, to, true, scratch_);
+      }
+      i = j;
+      continue;
+    }
     span_.resize(static_cast<std::size_t>(end - first));
     for (int d = 0; d < 3; ++d) {
-      f.data[d]->read(first, end - first, span_.data(), true, scratch_);
-      bytes_read_ += static_cast<std::int64_t>(scratch_.size());
+      bytes_read_ += f.data[d]->read(first, end - first, span_.data(), true, scratch_);
       for (std::size_t k = i; k < j; ++k) {
         std::memcpy(out[d] + pieces[k].dest, span_.data() + (pieces[k].file_pos - first),
                     static_cast<std::size_t>(pieces[k].count) * 4);
@@ -141,6 +154,19 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* mast
     }
     i = j;
   }
+  // Padding (what no piece covers) is zero.
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.dest < b.dest; });
+  std::int64_t covered = 0;
+  auto zero = [&](std::int64_t from, std::int64_t to) {
+    if (to <= from) return;
+    for (float* o : out) std::memset(o + from, 0, static_cast<std::size_t>(to - from) * 4);
+  };
+  for (const Piece& p : pieces) {
+    zero(covered, p.dest);
+    covered = std::max(covered, p.dest + p.count);
+  }
+  zero(covered, plan.unit(u).shard);
 }
 
 std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& index, int rank) {

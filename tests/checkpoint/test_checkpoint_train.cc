@@ -6,6 +6,7 @@
 //    fixed) lands within per-tensor relative error 1e-5 of the uninterrupted run;
 //  - a rank SIGKILLed midway through its file leaves `latest` on the previous checkpoint, which
 //    then loads; a rank that cannot see rank 0's probe fails the save, naming the directory;
+//  - a failed async save is logged by the writer thread and makes zrt-train exit non-zero;
 //  - zrt-ckpt inspect / verify / consolidate / export, the export loadable by model.init_from's
 //    reader and by torch (skipped with a message when python3 has no torch).
 #include <catch2/catch.hpp>
@@ -333,6 +334,23 @@ TEST_CASE("a save directory one rank cannot see fails the save, naming it", "[sh
                                    "' is not shared: rank 1 cannot see"));
   CHECK_THAT(text, Catch::Contains("needs a shared file system"));
   CHECK_FALSE(read_latest(j.save_dir).has_value());
+}
+
+TEST_CASE("a failed async save is logged at once and fails the run", "[async-fail]") {
+  Job j;
+  j.steps = 3;
+  j.save_interval = 1;
+  j.async = true;
+  const fs::path blocker = root() / "async_fail_blocker";
+  std::ofstream(blocker) << "a file, not a directory";
+  j.save_dir = (blocker / "ckpt").string();
+  std::string text;
+  CHECK(launch("async_fail", j, &text) != 0);
+  INFO(text);
+  // The writer thread's own report (tag, path, reason); the run then stops at the next save.
+  CHECK_THAT(text, Catch::Contains("checkpoint global_step1: async save failed: "));
+  CHECK_THAT(text, Catch::Contains("cannot create " + j.save_dir + "/global_step1.tmp"));
+  CHECK_THAT(text, Catch::Contains("Not a directory"));
 }
 
 TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {

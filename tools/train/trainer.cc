@@ -202,6 +202,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   // ---- checkpoints: resume (at any world size or stage), then save as configured -------------
   checkpoint::Checkpointer checkpointer(config.checkpoint, config.comm.timeout_s,
                                         checkpoint::TestHooks::from_env());
+  checkpointer.set_host_allocator(checkpoint::snapshot_allocator(*device, engine));
   std::int64_t start_step = 0;
   if (const auto dir = checkpointer.resolve_load()) {
     const checkpoint::CheckpointIndex index = checkpoint::load_engine(*dir, engine);
@@ -230,8 +231,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     request.index.config_json = config.document.dump();
     checkpoint::describe_engine(engine, request.index);
     // Every rank of the partition writes its slices (at stage 0 the one full copy, rank 0's).
-    if (rank < request.index.world) request.snapshot = checkpoint::snapshot_engine(engine);
-    checkpointer.save(std::move(request));
+    checkpointer.save(std::move(request), [&](float* master, float* exp_avg, float* exp_avg_sq) {
+      checkpoint::snapshot_engine(engine, master, exp_avg, exp_avg_sq);
+    });
   };
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
   // Destroyed first: if anything below throws, the streams finish (or fail) what they were

@@ -1,0 +1,232 @@
+// The Checkpointer's snapshot buffer and async failures, under mpirun (1 or 2 ranks):
+//  - save(request, fill) allocates the snapshot buffer once and reuses it; each async save's
+//    files hold exactly the state of its own step (the buffer is refilled only after the
+//    previous save has committed), and match a synchronous save of the same state written from
+//    an owned snapshot (every dataset and checksum);
+//  - a failed async save is logged by the writer thread at once, before the training loop asks
+//    (the tag and the reason, naming the path), and the next wait() rethrows it on every rank.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include <mpi.h>
+#include <spdlog/sinks/base_sink.h>
+#include <spdlog/spdlog.h>
+
+#include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/h5.h"
+#include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/rank_file.h"
+
+using namespace zrt;
+using namespace zrt::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+int mpi_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int mpi_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// A fresh directory every rank sees (one machine).
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / "zrt_test_ckpt_async" / name;
+  if (mpi_rank() == 0) {
+    fs::remove_all(d);
+    fs::create_directories(d);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return d;
+}
+
+std::vector<ParamSpec> model() {
+  return {{"a.w", {300, 7}, {0}, false}, {"a.b", {7}, {0}, true}, {"b.w", {7, 1000}, {1}, false}};
+}
+
+PartitionPlan plan() {
+  PartitionOptions o;
+  o.stage = 2;
+  o.world = mpi_size();
+  o.bucket_elements = 4000;
+  o.alignment = 4;
+  o.num_modules = 2;
+  return PartitionPlan(model(), o);
+}
+
+CheckpointIndex index_for(const PartitionPlan& p, std::int64_t step) {
+  CheckpointIndex index;
+  index.step = step;
+  index.stage = 2;
+  index.config_json = "{}";
+  fill_tables(index, model(), p);
+  return index;
+}
+
+// The state of a step: distinct per step, rank, array and element.
+float value(std::int64_t step, int array, std::int64_t e) {
+  return static_cast<float>(step * 100000 + mpi_rank() * 20000 + e) + 0.25f * array;
+}
+
+void fill_state(std::int64_t step, std::int64_t n, float* m, float* a, float* v) {
+  for (std::int64_t e = 0; e < n; ++e) {
+    m[e] = value(step, 0, e);
+    a[e] = value(step, 1, e);
+    v[e] = value(step, 2, e);
+  }
+}
+
+// Keeps every message logged while it is installed.
+class CaptureSink : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+
+ protected:
+  void sink_it_(const spdlog::details::log_msg& msg) override {
+    text_.append(msg.payload.data(), msg.payload.size());
+    text_ += "\n";
+  }
+  void flush_() override {}
+
+ private:
+  std::string text_;
+};
+
+}  // namespace
+
+TEST_CASE("async saves reuse one snapshot buffer and write the state of their own step") {
+  const fs::path dir = fresh_dir("reuse");
+  const PartitionPlan p = plan();
+  const std::int64_t n = p.total_shard();
+  CheckpointConfig config;
+  config.save_dir = (dir / "async").string();
+  config.save_interval = 1;
+  config.async = true;
+  int allocations = 0;
+  std::int64_t allocated = 0;
+  {
+    Checkpointer saver(config, 60.0);
+    saver.set_host_allocator([&](std::int64_t bytes) {
+      ++allocations;
+      allocated = bytes;
+      return std::shared_ptr<void>(std::shared_ptr<float[]>(new float[bytes / 4]));
+    });
+    for (std::int64_t step = 1; step <= 3; ++step) {
+      SaveRequest request;
+      request.tag = Checkpointer::tag_for_step(step);
+      request.index = index_for(p, step);
+      saver.save(std::move(request), [&](float* m, float* a, float* v) {
+        // The buffer is refilled only once the previous save has committed.
+        if (step > 1) {
+          CHECK(read_latest(config.save_dir) == Checkpointer::tag_for_step(step - 1));
+        }
+        fill_state(step, n, m, a, v);
+      });
+    }
+    saver.wait();
+  }
+  CHECK(allocations == 1);
+  CHECK(allocated == 3 * 4 * n);
+
+  // The same state of step 2 saved synchronously from an owned snapshot.
+  CheckpointConfig sync_config = config;
+  sync_config.save_dir = (dir / "sync").string();
+  sync_config.async = false;
+  {
+    Checkpointer saver(sync_config, 60.0);
+    SaveRequest request;
+    request.tag = Checkpointer::tag_for_step(2);
+    request.index = index_for(p, 2);
+    request.snapshot.rank = mpi_rank();
+    request.snapshot.master.resize(static_cast<std::size_t>(n));
+    request.snapshot.exp_avg.resize(static_cast<std::size_t>(n));
+    request.snapshot.exp_avg_sq.resize(static_cast<std::size_t>(n));
+    fill_state(2, n, request.snapshot.master.data(), request.snapshot.exp_avg.data(),
+               request.snapshot.exp_avg_sq.data());
+    saver.save(std::move(request));
+  }
+
+  const std::string file = rank_file_name(mpi_rank());
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    const fs::path path = fs::path(config.save_dir) / Checkpointer::tag_for_step(step) / file;
+    H5File f = H5File::open_read(path.string());
+    for (int d = 0; d < 3; ++d) {
+      INFO(path.string() << " " << kStateDatasets[d]);
+      H5Dataset ds(f, kStateDatasets[d], H5Elem::kFloat32, {n});
+      std::vector<float> got(static_cast<std::size_t>(n));
+      ds.read_all(got.data());  // verifies the checksums
+      for (std::int64_t e = 0; e < n; ++e)
+        REQUIRE(got[static_cast<std::size_t>(e)] == value(step, d, e));
+    }
+  }
+  // Step 2, async from the reused buffer and sync from an owned copy: same data, same checksums.
+  H5File a = H5File::open_read((fs::path(config.save_dir) / "global_step2" / file).string());
+  H5File s = H5File::open_read((fs::path(sync_config.save_dir) / "global_step2" / file).string());
+  for (const char* name : kStateDatasets) {
+    INFO(name);
+    H5Dataset da(a, name, H5Elem::kFloat32, {n});
+    H5Dataset ds(s, name, H5Elem::kFloat32, {n});
+    std::vector<float> va(static_cast<std::size_t>(n)), vs(static_cast<std::size_t>(n));
+    da.read_all(va.data());
+    ds.read_all(vs.data());
+    CHECK(va == vs);
+    H5Id ia(H5Dopen2(a.id(), name, H5P_DEFAULT));
+    H5Id is(H5Dopen2(s.id(), name, H5P_DEFAULT));
+    const std::int64_t blocks = (n * 4 + kTensorBlockBytes - 1) / kTensorBlockBytes;
+    CHECK(read_attr_u32(ia.get(), "crc32c", name, blocks) ==
+          read_attr_u32(is.get(), "crc32c", name, blocks));
+  }
+}
+
+TEST_CASE("a failed async save is logged by the writer at once and rethrown by wait()") {
+  const fs::path dir = fresh_dir("fail");
+  // save_dir lies under a regular file: rank 0 cannot create it.
+  const fs::path blocker = dir / "not_a_directory";
+  if (mpi_rank() == 0) std::ofstream(blocker) << "x";
+  MPI_Barrier(MPI_COMM_WORLD);
+  const PartitionPlan p = plan();
+  CheckpointConfig config;
+  config.save_dir = (blocker / "ckpt").string();
+  config.save_interval = 1;
+  config.async = true;
+  auto sink = std::make_shared<CaptureSink>();
+  spdlog::default_logger()->sinks().push_back(sink);
+  Checkpointer saver(config, 60.0);
+  SaveRequest request;
+  request.tag = "global_step5";
+  request.index = index_for(p, 5);
+  saver.save(std::move(request),
+             [&](float* m, float* a, float* v) { fill_state(5, p.total_shard(), m, a, v); });
+  // The training loop has not asked yet: the writer thread must report on its own.
+  const auto start = std::chrono::steady_clock::now();
+  while (sink->text().find("async save failed") == std::string::npos &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string logged = sink->text();
+  spdlog::default_logger()->sinks().pop_back();
+  INFO(logged);
+  CHECK_THAT(logged, Catch::Contains("checkpoint global_step5: async save failed: "));
+  CHECK_THAT(logged, Catch::Contains("global_step5: preparing the directory failed on rank"));
+  if (mpi_rank() == 0) {
+    CHECK_THAT(logged, Catch::Contains("cannot create " + config.save_dir + "/global_step5.tmp"));
+  } else {
+    CHECK_THAT(logged, Catch::Contains("failed on rank 0 (its log has the reason)"));
+  }
+  CHECK_THROWS_WITH(saver.wait(), Catch::Contains("global_step5: preparing the directory failed"));
+  CHECK_NOTHROW(saver.wait());  // reported once
+}
