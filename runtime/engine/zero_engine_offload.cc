@@ -23,6 +23,7 @@
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_state.h"
 #include "runtime/engine/zero_engine.h"
+#include "runtime/trace/trace_span.h"
 
 namespace zrt {
 
@@ -62,6 +63,7 @@ void ZeroEngine::offload_gradient(int u, DevicePtr<std::byte> reduced, DType typ
   copy_->host_callback([consumed] {
     if (consumed.valid()) consumed.get();
   });
+  TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
   if (offload_param()) {
     // Every micro-batch: bring the reduced slice down and accumulate it on the host.
     void* staging = host_reduced_.host<void>();
@@ -78,6 +80,7 @@ void ZeroEngine::offload_gradient(int u, DevicePtr<std::byte> reduced, DType typ
     device_.copy_to_host(s.host_grad.host<void>(), reduced,
                          static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
   }
+  span.end();
   if (final) s.d2h_done->record(*copy_);
 }
 
@@ -95,10 +98,12 @@ double ZeroEngine::offloaded_norm_squared() {
   if (partition_world() == 1) return local;
   // Sum over ranks through the group (every rank takes the same decision).
   float value = local;
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
   device_.copy_to_device(norm_.device<std::byte>(), &value, sizeof value, comm_);
   group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
                     ReduceOp::kSum);
   device_.copy_to_host(&value, norm_.device<std::byte>(), sizeof value, comm_);
+  span.end();
   comm_.synchronize();
   return value;
 }
@@ -153,8 +158,10 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
               : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
       std::shared_future<void> ready = s.cpu_done;
       copy_->host_callback([ready] { ready.get(); });
+      TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
       device_.copy_to_device(destination, out, static_cast<std::size_t>(bytes_of(unit.shard, cdt)),
                              *copy_);
+      span.end();
       s.params_ready->record(*copy_);
     }
     std::vector<AdamSlice> slices;
@@ -179,11 +186,17 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
     void* grad = s.host_grad.host<void>();
     const std::size_t grad_bytes = static_cast<std::size_t>(s.host_grad.bytes());
     CpuAdam* adam = cpu_adam_.get();
+    TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
     cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
       try {
         if (slot_free != nullptr) slot_free->synchronize();
+        const double start_us = trace != nullptr ? trace->now_us() : 0.0;
         adam->step(slices, step, lr, factor);
         std::memset(grad, 0, grad_bytes);  // consumed: the next accumulation starts from zero
+        if (trace != nullptr) {
+          trace->add(TraceTrack::kCpuOptimizer, "adam unit " + std::to_string(u), start_us,
+                     trace->now_us() - start_us);
+        }
         done->set_value();
       } catch (...) {
         done->set_exception(std::current_exception());
@@ -199,6 +212,7 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
       if (sharded_params() && !unit.persistent) continue;
       comm_.wait(*units_[static_cast<std::size_t>(u)]->params_ready);
       DevicePtr<std::byte> full = full_params_of(u);
+      TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
       group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
       gathered = true;
     }
