@@ -310,6 +310,16 @@ void ZeroEngine::acquire(int module, Phase phase) {
     }
     prefetch_after(module, phase);
   }
+  if (offload_optimizer()) {
+    // Full parameters (stages 1-2, stage 3's persistent unit) are all-gathered unit by unit
+    // after an offloaded step (update_offloaded): wait for this module's units only, so the
+    // next forward starts while the CPU optimizer still steps later units. An event never
+    // recorded (before the first step) is no wait.
+    for (int u : units) {
+      if (sharded_params() && !plan_.unit(u).persistent) continue;
+      compute_.wait(*units_[static_cast<std::size_t>(u)]->gathered_ready);
+    }
+  }
   if (phase == Phase::kBackward && per_micro_batch_grads()) {
     for (int u : units) open_grad_bucket(u);
   }

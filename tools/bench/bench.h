@@ -15,6 +15,7 @@ int collectives(int argc, char** argv);
 int step(int argc, char** argv);
 int optimizer(int argc, char** argv);
 int model(int argc, char** argv);
+int offload(int argc, char** argv);
 
 // Minimal "--key value" / "--flag" parser; unknown options throw InvalidArgument naming them.
 class Args {

@@ -29,6 +29,9 @@ constexpr Entry kCommands[] = {
      "torch.optim.AdamW"},
     {"model", model,
      "GPT-2 forward+backward tokens/s on the CPU kernels (gpt2-tiny, gpt2) vs PyTorch"},
+    {"offload", offload,
+     "optimizer offload: step time vs forward+backward and CPU optimizer alone, the share "
+     "hidden by overlap, host<->device copy GB/s (run under mpirun)"},
 };
 
 void usage() {
