@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "runtime/common/error.h"
+#include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
 
@@ -71,12 +72,12 @@ void CpuStream::push(Task task) {
 
 void CpuStream::enqueue(std::function<void()> work) {
   check_not_in_host_callback("Stream work");
-  push(Task{std::move(work), nullptr, nullptr, false});
+  push(Task{std::move(work), nullptr, nullptr, false, nullptr});
 }
 
 void CpuStream::enqueue_signal(std::shared_ptr<CpuCompletion> signal) {
   check_not_in_host_callback("Event::record");
-  push(Task{nullptr, std::move(signal), nullptr, false});
+  push(Task{nullptr, std::move(signal), nullptr, false, nullptr});
 }
 
 void CpuStream::wait(const Event& event) {
@@ -85,19 +86,45 @@ void CpuStream::wait(const Event& event) {
   ZRT_CHECK(cpu_event != nullptr, "stream '{}' cannot wait on an event of another backend", name_);
   auto latest = cpu_event->latest();
   if (!latest) return;  // never recorded: a no-op, as in CUDA
-  push(Task{nullptr, nullptr, std::move(latest), false});
+  push(Task{nullptr, nullptr, std::move(latest), false, nullptr});
 }
 
 void CpuStream::synchronize() {
   check_not_in_host_callback("Stream::synchronize");
   auto done = std::make_shared<CpuCompletion>();
-  push(Task{nullptr, done, nullptr, false});
+  push(Task{nullptr, done, nullptr, false, nullptr});
   if (auto error = done->wait()) std::rethrow_exception(error);
 }
 
 void CpuStream::host_callback(std::function<void()> fn) {
   check_not_in_host_callback("Stream::host_callback");
-  push(Task{std::move(fn), nullptr, nullptr, true});
+  push(Task{std::move(fn), nullptr, nullptr, true, nullptr});
+}
+
+void CpuStream::trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) {
+  check_not_in_host_callback("Stream::trace_begin");
+  push(Task{nullptr, nullptr, nullptr, false,
+            std::make_unique<TraceMark>(TraceMark{&recorder, track, std::move(label)})});
+}
+
+void CpuStream::trace_end() {
+  check_not_in_host_callback("Stream::trace_end");
+  push(Task{nullptr, nullptr, nullptr, false,
+            std::make_unique<TraceMark>(TraceMark{nullptr, TraceTrack::kCompute, {}})});
+}
+
+void CpuStream::on_trace_mark(TraceMark& mark) {
+  // Close the open span (a begin ends it too: spans do not nest); a span without work is dropped.
+  if (span_.recorder != nullptr && span_.start_us >= 0.0) {
+    span_.recorder->add(span_.track, std::move(span_.label), span_.start_us,
+                        span_.end_us - span_.start_us);
+  }
+  span_ = OpenSpan{};
+  if (mark.recorder != nullptr) {
+    span_.recorder = mark.recorder;
+    span_.track = mark.track;
+    span_.label = std::move(mark.label);
+  }
 }
 
 void CpuStream::run() {
@@ -111,12 +138,19 @@ void CpuStream::run() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    if (task.trace) {
+      on_trace_mark(*task.trace);
+      continue;
+    }
     if (delay_max_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay(rng_)));
     if (task.await) {
       // An error on the stream we wait for poisons this one too, as a CUDA sticky error would.
       if (auto upstream = task.await->wait(); upstream && !error_) error_ = upstream;
     }
     if (task.work && !error_) {
+      // Tracing: the only cost when off is this null check.
+      const bool timed = span_.recorder != nullptr;
+      const double start_us = timed ? span_.recorder->now_us() : 0.0;
       t_in_host_callback = task.is_callback;
       try {
         task.work();
@@ -124,6 +158,10 @@ void CpuStream::run() {
         error_ = std::current_exception();
       }
       t_in_host_callback = false;
+      if (timed) {
+        if (span_.start_us < 0.0) span_.start_us = start_us;
+        span_.end_us = span_.recorder->now_us();
+      }
     }
     if (task.signal) task.signal->complete(error_);
   }

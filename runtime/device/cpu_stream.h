@@ -45,6 +45,8 @@ class CpuStream final : public Stream {
   void wait(const Event& event) override;
   void synchronize() override;
   void host_callback(std::function<void()> fn) override;
+  void trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) override;
+  void trace_end() override;
 
   // Backend use (kernels, copies, collectives): runs `work` on the worker in stream order.
   // An exception thrown by work becomes the stream's sticky error.
@@ -53,14 +55,30 @@ class CpuStream final : public Stream {
   void enqueue_signal(std::shared_ptr<CpuCompletion> signal);
 
  private:
+  // A trace span boundary, handled by the worker in stream order.
+  struct TraceMark {
+    TraceRecorder* recorder = nullptr;  // null: the end of the open span
+    TraceTrack track;
+    std::string label;
+  };
   struct Task {
     std::function<void()> work;
     std::shared_ptr<CpuCompletion> signal;  // complete after work
     std::shared_ptr<CpuCompletion> await;   // wait for before work
     bool is_callback = false;
+    std::unique_ptr<TraceMark> trace;  // a span boundary (no work, signal or await)
+  };
+  // The span the worker is in: work items inside it are timed.
+  struct OpenSpan {
+    TraceRecorder* recorder = nullptr;  // null: no span open
+    TraceTrack track;
+    std::string label;
+    double start_us = -1.0;  // of the first work item; < 0 until one ran
+    double end_us = 0.0;     // of the last work item
   };
   void push(Task task);
   void run();
+  void on_trace_mark(TraceMark& mark);  // worker only
 
   const std::string name_;
   const int delay_max_us_;
@@ -70,6 +88,7 @@ class CpuStream final : public Stream {
   std::deque<Task> queue_;
   bool stopping_ = false;
   std::exception_ptr error_;  // sticky; written by the worker only
+  OpenSpan span_;             // worker only
   std::function<void(CpuStream*)> on_destroy_;
   std::thread worker_;
 };

@@ -9,6 +9,7 @@
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device_impl.h"
 #include "runtime/device/device_access.h"
+#include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
 
@@ -107,6 +108,21 @@ std::exception_ptr CudaStreamErrors::error_before(std::uint64_t bound) const {
 
 // ---- CudaStream ------------------------------------------------------------------------------
 
+struct CudaStream::TimingEvent {
+  cudaEvent_t event = nullptr;
+  explicit TimingEvent(int device) {
+    ZRT_CUDA_CHECK(cudaSetDevice(device));
+    ZRT_CUDA_CHECK(cudaEventCreate(&event));  // timing enabled
+  }
+  ~TimingEvent() {
+    if (const cudaError_t code = cudaEventDestroy(event); code != cudaSuccess) {
+      spdlog::error("cudaEventDestroy of a trace event failed: {}", cudaGetErrorString(code));
+    }
+  }
+  TimingEvent(const TimingEvent&) = delete;
+  TimingEvent& operator=(const TimingEvent&) = delete;
+};
+
 CudaStream::CudaStream(std::string name, int device, std::function<void(CudaStream*)> on_destroy)
     : name_(std::move(name)), device_(device), on_destroy_(std::move(on_destroy)) {
   ZRT_CUDA_CHECK(cudaSetDevice(device_));
@@ -148,6 +164,41 @@ void CudaStream::synchronize() {
 
 void CudaStream::rethrow_error() const {
   if (auto error = errors_->error_before(UINT64_MAX)) std::rethrow_exception(error);
+}
+
+void CudaStream::trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) {
+  check_not_in_cuda_host_callback("Stream::trace_begin");
+  trace_end();  // spans do not nest
+  if (reference_recorder_ != recorder.id()) {
+    // Once per recorder: a reference event whose host time is known.
+    auto reference = std::make_shared<TimingEvent>(device_);
+    ZRT_CUDA_CHECK(cudaEventRecord(reference->event, stream_));
+    ZRT_CUDA_CHECK(cudaEventSynchronize(reference->event));
+    reference_us_ = recorder.now_us();
+    reference_ = std::move(reference);
+    reference_recorder_ = recorder.id();
+  }
+  auto begin = std::make_shared<TimingEvent>(device_);
+  ZRT_CUDA_CHECK(cudaEventRecord(begin->event, stream_));
+  span_ = OpenSpan{&recorder, track, std::move(label), std::move(begin)};
+}
+
+void CudaStream::trace_end() {
+  check_not_in_cuda_host_callback("Stream::trace_end");
+  if (span_.recorder == nullptr) return;
+  OpenSpan span = std::move(span_);
+  span_ = OpenSpan{};
+  auto end = std::make_shared<TimingEvent>(device_);
+  ZRT_CUDA_CHECK(cudaEventRecord(end->event, stream_));
+  span.recorder->add_deferred([reference = reference_, reference_us = reference_us_,
+                               begin = span.begin, end, track = span.track, label = span.label]() {
+    ZRT_CUDA_CHECK(cudaEventSynchronize(end->event));
+    float from_reference_ms = 0.f;
+    float duration_ms = 0.f;
+    ZRT_CUDA_CHECK(cudaEventElapsedTime(&from_reference_ms, reference->event, begin->event));
+    ZRT_CUDA_CHECK(cudaEventElapsedTime(&duration_ms, begin->event, end->event));
+    return TraceEvent{track, label, reference_us + 1e3 * from_reference_ms, 1e3 * duration_ms};
+  });
 }
 
 void CudaStream::host_callback(std::function<void()> fn) {

@@ -78,6 +78,11 @@ class CudaStream final : public Stream {
   void wait(const Event& event) override;
   void synchronize() override;
   void host_callback(std::function<void()> fn) override;
+  // Spans are pairs of timing events; their times are read when the recorder writes (after the
+  // GPU is done). The first span for a recorder records a reference event and waits for it once,
+  // to place GPU times on the recorder's host clock.
+  void trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) override;
+  void trace_end() override;
 
   cudaStream_t handle() const { return stream_; }
   int device() const { return device_; }
@@ -91,6 +96,18 @@ class CudaStream final : public Stream {
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<CudaStreamErrors> errors_ = std::make_shared<CudaStreamErrors>();
   std::function<void(CudaStream*)> on_destroy_;
+  // Timeline trace state (trace_begin / trace_end).
+  struct TimingEvent;  // an owned cudaEvent_t with timing
+  struct OpenSpan {
+    TraceRecorder* recorder = nullptr;  // null: no span open
+    TraceTrack track;
+    std::string label;
+    std::shared_ptr<TimingEvent> begin;
+  };
+  OpenSpan span_;
+  std::uint64_t reference_recorder_ = 0;  // id of the recorder the reference belongs to
+  std::shared_ptr<TimingEvent> reference_;
+  double reference_us_ = 0.0;  // the reference event's time on the recorder's clock
 };
 
 // A cudaEvent_t created with cudaEventDisableTiming.

@@ -11,6 +11,12 @@
 // - An error in stream work (a timed-out collective, say) is sticky: later work on that stream
 //   is skipped, and synchronize() or a wait on an event recorded after it rethrows it.
 //
+// - Timeline trace: the work enqueued between trace_begin(recorder, track, label) and
+//   trace_end() becomes one event `label` on `track` of the recorder (runtime/trace), timed
+//   where the work runs: from the start of the first work item to the end of the last (waits
+//   before the first item are not counted). Spans do not nest: a trace_begin ends the open
+//   span. Nothing is recorded when no span is open, so a stream costs nothing untraced.
+//
 // Streams and events are not thread-safe objects: one thread enqueues on a given stream.
 #pragma once
 
@@ -21,6 +27,8 @@
 namespace zrt {
 
 class Event;
+class TraceRecorder;
+enum class TraceTrack;
 
 class Stream {
  public:
@@ -36,6 +44,9 @@ class Stream {
   virtual void synchronize() = 0;
   // Runs fn on the host after all work enqueued so far; later work waits for it.
   virtual void host_callback(std::function<void()> fn) = 0;
+  // Timeline trace spans (see above). `recorder` must outlive the span's work.
+  virtual void trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) = 0;
+  virtual void trace_end() = 0;
 
  protected:
   Stream() = default;

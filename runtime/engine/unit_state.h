@@ -28,6 +28,9 @@ struct ZeroEngine::UnitState {
   std::unique_ptr<Event> d2h_done;      // copy stream: host_grad holds the gradient
   std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
   std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
+  // Sum of squares of host_grad, taken on the copy stream as the final gradient arrives (read
+  // after d2h_done has completed).
+  double host_grad_sum_squares = 0.0;
 };
 
 // Element offset -> byte address in a buffer of `type` elements.

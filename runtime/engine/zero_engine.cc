@@ -9,6 +9,7 @@
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_state.h"
+#include "runtime/trace/trace_span.h"
 
 namespace zrt {
 
@@ -76,6 +77,13 @@ ZeroEngine::~ZeroEngine() {
   } catch (const std::exception& e) {
     spdlog::warn("engine shut down after a stream error: {}", e.what());
   }
+}
+
+void ZeroEngine::synchronize() {
+  if (cpu_optimizer_) cpu_optimizer_->synchronize();
+  if (copy_) copy_->synchronize();
+  comm_.synchronize();
+  compute_.synchronize();
 }
 
 int ZeroEngine::partition_world() const {
@@ -350,14 +358,30 @@ void ZeroEngine::acquire(int module, Phase phase) {
     }
     prefetch_after(module, phase);
   }
+  if (offload_optimizer()) {
+    // Full parameters (stages 1-2, stage 3's persistent unit) are all-gathered unit by unit
+    // after an offloaded step (update_offloaded): wait for this module's units only, so the
+    // next forward starts while the CPU optimizer still steps later units. An event never
+    // recorded (before the first step) is no wait.
+    for (int u : units) {
+      if (sharded_params() && !plan_.unit(u).persistent) continue;
+      compute_.wait(*units_[static_cast<std::size_t>(u)]->gathered_ready);
+    }
+  }
   if (phase == Phase::kBackward && per_micro_batch_grads()) {
     for (int u : units) open_grad_bucket(u);
+  }
+  // The model's kernels for this module, until release().
+  if (trace_ != nullptr) {
+    compute_.trace_begin(*trace_, TraceTrack::kCompute,
+                         std::string(phase_name(phase)) + " module " + std::to_string(module));
   }
 }
 
 void ZeroEngine::release(int module, Phase phase) {
   ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
             num_modules_ - 1);
+  if (trace_ != nullptr) compute_.trace_end();
   const auto& units = plan_.module_units(module);
   const bool last_micro_batch = micro_batch_ == options_.gradient_accumulation_steps - 1;
   if (phase == Phase::kBackward) {
@@ -411,10 +435,15 @@ void ZeroEngine::gather(int u) {
     comm_.host_callback([updated] {
       if (updated.valid()) updated.get();
     });
-    device_.copy_to_device(mine, s.host_params.host<void>(),
-                           static_cast<std::size_t>(bytes_of(unit.shard, cdt)), comm_);
+    {
+      TraceSpan span(trace_, comm_, TraceTrack::kComm, "h2d", "unit", u);
+      device_.copy_to_device(mine, s.host_params.host<void>(),
+                             static_cast<std::size_t>(bytes_of(unit.shard, cdt)), comm_);
+    }
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
     group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
   } else {
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
     group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
                       cdt);
   }
@@ -506,6 +535,8 @@ void ZeroEngine::reduce_unit(int u) {
   // The unit's gradients are complete once the compute stream gets here.
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
+  TraceSpan span(trace_, comm_, TraceTrack::kComm,
+                 options_.stage == 0 ? "all_reduce" : "reduce_scatter", "unit", u);
   if (per_micro_batch_grads()) {
     DevicePtr<std::byte> source = s.grad_bucket.device<std::byte>();
     if (wire != cdt) {
@@ -525,10 +556,12 @@ void ZeroEngine::reduce_unit(int u) {
         engine_kernels::convert(device_, comm_, mine, wire, out, cdt, unit.shard);
         out_type = cdt;
       }
+      span.end();
       offload_gradient(u, out, out_type, last_micro_batch);
     } else {
       engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
                                  unit.shard);
+      span.end();
       s.reduced->record(comm_);
       if (offload_optimizer() && last_micro_batch) {
         offload_gradient(u, s.grad_slice.device<std::byte>(), adt, true);
@@ -558,6 +591,7 @@ void ZeroEngine::reduce_unit(int u) {
                               grads + bytes_of(first, adt), adt, count);
     }
   }
+  span.end();
   if (!per_micro_batch_grads() && offload_optimizer()) {
     offload_gradient(u, at(full_grads_, unit.offset + rank_ * unit.shard, adt), adt, true);
   }
@@ -581,16 +615,19 @@ StepResult ZeroEngine::step(double lr) {
   if (offload_optimizer()) {
     norm_squared = static_cast<float>(offloaded_norm_squared());
   } else {
+    TraceSpan norm_span(trace_, compute_, TraceTrack::kCompute, "grad norm");
     device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
       const Unit& unit = plan_.unit(static_cast<int>(ui));
       engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
                                       options_.grad_accum_dtype, unit.shard, norm_.device<float>());
     }
+    norm_span.end();
     Stream* reader = &compute_;
     if (partition_world() > 1) {
       compute_done_->record(compute_);
       comm_.wait(*compute_done_);
+      TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
       group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
                         ReduceOp::kSum);
       reader = &comm_;
@@ -638,7 +675,10 @@ StepResult ZeroEngine::step(double lr) {
         }
       }
       ++optimizer_steps_;
-      optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
+      {
+        TraceSpan span(trace_, compute_, TraceTrack::kCompute, "adam (all units)");
+        optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
+      }
       // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
       if (options_.stage >= 1) {
         compute_done_->record(compute_);
@@ -648,6 +688,7 @@ StepResult ZeroEngine::step(double lr) {
           const Unit& unit = plan_.unit(u);
           if (sharded_params() && !unit.persistent) continue;
           DevicePtr<std::byte> full = full_params_of(u);
+          TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
           group_.all_gather(full + bytes_of(rank_ * unit.shard, options_.compute_dtype), full,
                             unit.shard, options_.compute_dtype);
         }

@@ -26,6 +26,7 @@
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/partition.h"
 #include "runtime/model_interface.h"
+#include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
 
@@ -136,6 +137,16 @@ class ZeroEngine final : public ParamAccess {
   };
   OffloadStatus offload_status(int unit) const;
 
+  // Timeline trace: from now on, the engine's work on every stream is recorded into `recorder`
+  // as named spans ("forward module 2", "reduce_scatter unit 3", "d2h unit 3", "adam unit 3",
+  // "h2d unit 3", "all_gather unit 3"); null stops recording (the default: then tracing costs a
+  // null check). Call between micro-batches or steps. The recorder must outlive the work
+  // enqueued while it was set: synchronize() before destroying or writing it.
+  void set_trace(TraceRecorder* recorder) { trace_ = recorder; }
+  // Blocks until all work the engine enqueued (compute, communication, copies, CPU optimizer)
+  // has finished; rethrows a stream error.
+  void synchronize();
+
  private:
   struct UnitState;
   void allocate_state();
@@ -197,6 +208,7 @@ class ZeroEngine final : public ParamAccess {
   std::deque<int> rotating_buckets_;  // stages 2-3: live buckets of contiguous modules
   std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
   std::int64_t live_gathered_ = 0;    // stage 3: elements of gathered, releasable units
+  TraceRecorder* trace_ = nullptr;    // timeline trace; null: off
 
   // Offload.
   std::unique_ptr<Stream> copy_;              // device <-> host copies

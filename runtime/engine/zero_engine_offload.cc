@@ -5,13 +5,17 @@
 // first):
 //   backward:  each unit's final gradient slice goes device->host on the copy stream as soon
 //              as its reduction is done, while the backward of earlier units still runs;
-//   decision:  the host waits for those copies and takes the norm of the host gradients;
+//   decision:  the copy stream takes each unit's sum of squares as its gradient arrives; the
+//              host waits for the last one and adds them in unit order (the device path's
+//              order, so the clipping decision is the same bit for bit);
 //   update:    the CPU-optimizer thread steps the units in the order the next forward needs
 //              them, writing compute-dtype parameters into a ring of staging buffers; the copy
 //              stream carries unit u up while the CPU steps unit u+1; stages 1-2 all-gather each
-//              unit as it arrives, stage 3's next gathers wait only for their own unit, so the
-//              next forward can start on units already updated. With parameter offload the CPU
-//              writes the host parameter slices directly and the gather copies them up.
+//              unit as it arrives. The next forward waits only for its own units (acquire()
+//              waits for each unit's gather, stage 3's gathers for each unit's copy), so it runs
+//              on the units already updated while the CPU steps the rest. With parameter
+//              offload the CPU writes the host parameter slices directly and the gather copies
+//              them up.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -23,6 +27,7 @@
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_state.h"
 #include "runtime/engine/zero_engine.h"
+#include "runtime/trace/trace_span.h"
 
 namespace zrt {
 
@@ -62,6 +67,7 @@ void ZeroEngine::offload_gradient(int u, DevicePtr<std::byte> reduced, DType typ
   copy_->host_callback([consumed] {
     if (consumed.valid()) consumed.get();
   });
+  TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
   if (offload_param()) {
     // Every micro-batch: bring the reduced slice down and accumulate it on the host.
     void* staging = host_reduced_.host<void>();
@@ -78,7 +84,19 @@ void ZeroEngine::offload_gradient(int u, DevicePtr<std::byte> reduced, DType typ
     device_.copy_to_host(s.host_grad.host<void>(), reduced,
                          static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
   }
-  if (final) s.d2h_done->record(*copy_);
+  span.end();
+  if (final) {
+    // The unit's share of the gradient norm, taken here while the backward of earlier units
+    // still runs rather than by the host after the whole backward.
+    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
+    const void* grad = s.host_grad.host<void>();
+    double* out = &s.host_grad_sum_squares;
+    const std::int64_t n = unit.shard;
+    copy_->host_callback(
+        [grad, adt, n, out] { *out = engine_kernels::cpu::sum_squares(grad, adt, n); });
+    norm_span.end();
+    s.d2h_done->record(*copy_);
+  }
 }
 
 double ZeroEngine::offloaded_norm_squared() {
@@ -87,18 +105,18 @@ double ZeroEngine::offloaded_norm_squared() {
   float local = 0.0f;
   for (std::size_t u = 0; u < units_.size(); ++u) {
     UnitState& s = *units_[u];
-    s.d2h_done->synchronize();
-    local += static_cast<float>(
-        engine_kernels::cpu::sum_squares(s.host_grad.host<void>(), options_.grad_accum_dtype,
-                                         plan_.unit(static_cast<int>(u)).shard));
+    s.d2h_done->synchronize();  // the copy stream took the unit's sum of squares before it
+    local += static_cast<float>(s.host_grad_sum_squares);
   }
   if (partition_world() == 1) return local;
   // Sum over ranks through the group (every rank takes the same decision).
   float value = local;
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
   device_.copy_to_device(norm_.device<std::byte>(), &value, sizeof value, comm_);
   group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
                     ReduceOp::kSum);
   device_.copy_to_host(&value, norm_.device<std::byte>(), sizeof value, comm_);
+  span.end();
   comm_.synchronize();
   return value;
 }
@@ -153,8 +171,10 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
               : full_params_of(u) + bytes_of(rank_ * unit.shard, cdt);
       std::shared_future<void> ready = s.cpu_done;
       copy_->host_callback([ready] { ready.get(); });
+      TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
       device_.copy_to_device(destination, out, static_cast<std::size_t>(bytes_of(unit.shard, cdt)),
                              *copy_);
+      span.end();
       s.params_ready->record(*copy_);
     }
     std::vector<AdamSlice> slices;
@@ -176,14 +196,22 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
     // Staging slots are reused: the slot's previous unit must have reached the device.
     Event* slot_free =
         wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)]->params_ready.get() : nullptr;
-    void* grad = s.host_grad.host<void>();
+    // With parameter offload host_grad accumulates micro-batches and must start from zero;
+    // otherwise the next step's copy overwrites it whole.
+    void* grad = offload_param() ? s.host_grad.host<void>() : nullptr;
     const std::size_t grad_bytes = static_cast<std::size_t>(s.host_grad.bytes());
     CpuAdam* adam = cpu_adam_.get();
+    TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
     cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
       try {
         if (slot_free != nullptr) slot_free->synchronize();
+        const double start_us = trace != nullptr ? trace->now_us() : 0.0;
         adam->step(slices, step, lr, factor);
-        std::memset(grad, 0, grad_bytes);  // consumed: the next accumulation starts from zero
+        if (grad != nullptr) std::memset(grad, 0, grad_bytes);  // consumed: restart from zero
+        if (trace != nullptr) {
+          trace->add(TraceTrack::kCpuOptimizer, "adam unit " + std::to_string(u), start_us,
+                     trace->now_us() - start_us);
+        }
         done->set_value();
       } catch (...) {
         done->set_exception(std::current_exception());
@@ -191,18 +219,19 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
       }
     });
   }
-  // Stages 1-2 (and stage 3's persistent unit): all-gather each unit once it is up.
-  if (options_.stage >= 1) {
-    bool gathered = false;
-    for (int u : forward_order_) {
-      const Unit& unit = plan_.unit(u);
-      if (sharded_params() && !unit.persistent) continue;
-      comm_.wait(*units_[static_cast<std::size_t>(u)]->params_ready);
-      DevicePtr<std::byte> full = full_params_of(u);
-      group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
-      gathered = true;
-    }
-    if (gathered) wait_for_comm();
+  // Stages 1-2 (and stage 3's persistent unit): all-gather each unit once it is up. The compute
+  // stream waits for each unit's gather in acquire(), not for all of them here, so the next
+  // forward runs on the units already updated while the CPU steps the rest.
+  for (int u : forward_order_) {
+    const Unit& unit = plan_.unit(u);
+    if (sharded_params() && !unit.persistent) continue;
+    UnitState& s = *units_[static_cast<std::size_t>(u)];
+    comm_.wait(*s.params_ready);
+    DevicePtr<std::byte> full = full_params_of(u);
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
+    group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+    span.end();
+    s.gathered_ready->record(comm_);
   }
 }
 

@@ -40,9 +40,11 @@ int mpi_size() {
   return n;
 }
 
-// A fresh directory every rank sees (one machine).
+// A fresh directory every rank sees (one machine); one per world size, since ctest runs the
+// np1 and np2 jobs side by side.
 fs::path fresh_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / "zrt_test_ckpt_async" / name;
+  const fs::path d =
+      fs::temp_directory_path() / ("zrt_test_ckpt_async_np" + std::to_string(mpi_size())) / name;
   if (mpi_rank() == 0) {
     fs::remove_all(d);
     fs::create_directories(d);

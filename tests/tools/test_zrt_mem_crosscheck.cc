@@ -209,7 +209,9 @@ TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, check
 TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.jsonl)") {
   const int world = world_size();
   const int rank = world_rank();
-  const auto dir = std::filesystem::temp_directory_path() / "zrt_test_mem_crosscheck";
+  // One directory per world size: ctest runs the np1, np2 and np4 jobs side by side.
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zrt_test_mem_crosscheck_np" + std::to_string(world));
   if (rank == 0) {
     std::filesystem::create_directories(dir);
     std::string text;

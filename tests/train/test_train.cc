@@ -12,16 +12,22 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/config/config.h"
 #include "runtime/data/token_shard.h"
+#include "runtime/trace/trace_recorder.h"
+#include "tests/trace/trace_test_util.h"
 #include "tools/train/trainer.h"
 
 using namespace zrt;
 
 namespace {
 
+// One directory per world size: ctest runs the np1 and np2 jobs side by side, and each writes
+// its corpus and output directories here.
 std::string corpus_dir() {
-  const auto dir = std::filesystem::temp_directory_path() / "zrt_test_train";
-  int rank = 0;
+  int rank = 0, world = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("zrt_test_train_np" + std::to_string(world));
   if (rank == 0) {
     std::filesystem::create_directories(dir);
     // A repetitive text, so a few steps visibly lower the loss.
@@ -37,7 +43,7 @@ std::string corpus_dir() {
 }
 
 train::RunSummary run(const std::string& dir, const std::string& name, const std::string& zero,
-                      bool checkpointing, int world) {
+                      bool checkpointing, int world, const std::string& extra = "") {
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2,
@@ -52,7 +58,8 @@ train::RunSummary run(const std::string& dir, const std::string& name, const std
                            R"(/t_val_*.bin", "shuffle": false},
     "train": {"steps": 6, "log_interval": 1, "eval_interval": 3, "eval_batches": 2,
               "sample_tokens": 8},
-    "device": {"type": "cpu"},
+    "device": {"type": "cpu"},)" +
+                           extra + R"(
     "output_dir": ")" + dir +
                            "/" + name + R"("
   })";
@@ -108,5 +115,37 @@ TEST_CASE("zrt-train: metrics, eval, sample; stage 3 with offload equals stage 0
     }
     CHECK(train_rows == 6);
     CHECK(eval_rows == 2);
+  }
+}
+
+TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.steps") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  const std::string path = dir + "/traced/timeline.json";
+  const auto summary =
+      run(dir, "traced", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", false, world,
+          R"( "trace": {"path": ")" + path + R"(", "steps": [4, 5]},)");
+  REQUIRE(summary.steps == 6);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string mine = trace_path_for_rank(path, rank, world);
+  if (world > 1) CHECK(mine == dir + "/traced/timeline.rank" + std::to_string(rank) + ".json");
+  const zrt::test::ParsedTrace trace = zrt::test::parse_trace(mine);
+  CHECK(trace.pid == rank);
+  zrt::test::check_tracks_serial(trace);
+  const auto& steps = trace.track("steps");
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].name == "step 4");
+  CHECK(steps[1].name == "step 5");
+  // Two micro-batches per step, the GPT's modules each: forward module 1 four times.
+  CHECK(trace.named("compute", "forward module 1").size() == 4);
+  for (const char* track : {"compute", "comm", "copy", "CPU optimizer"}) {
+    INFO(track);
+    CHECK_FALSE(trace.track(track).empty());
+    for (const auto& e : trace.track(track)) {
+      CHECK(e.ts >= steps.front().ts);
+      CHECK(e.end() <= steps.back().end());
+    }
   }
 }

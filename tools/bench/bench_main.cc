@@ -32,6 +32,9 @@ constexpr Entry kCommands[] = {
     {"checkpoint", checkpoint,
      "sharded checkpoint save/load GB/s per rank vs a plain write/read with fsync, async-save "
      "stall (run under mpirun)"},
+    {"offload", offload,
+     "optimizer offload: step time vs forward+backward and CPU optimizer alone, the share "
+     "hidden by overlap, host<->device copy GB/s (run under mpirun)"},
 };
 
 void usage() {

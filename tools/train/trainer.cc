@@ -25,6 +25,7 @@
 #include "runtime/data/token_dataset.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/zero_engine.h"
+#include "runtime/trace/trace_recorder.h"
 #include "tools/train/device_peaks.h"
 
 namespace zrt::train {
@@ -139,11 +140,6 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   const int rank = mpi.rank;
   const int world = mpi.world;
   RunSummary summary;
-  // Keys the config accepts for what is not built yet must not be ignored silently.
-  if (config.trace.enabled()) {
-    ZRT_THROW(InvalidArgument, "{}: trace: the timeline trace is not implemented yet",
-              config.source);
-  }
 
   // ---- device, streams, groups ---------------------------------------------------------------
   const DeviceOptions device_options =
@@ -236,18 +232,39 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     });
   };
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
+  // ---- timeline trace (trace.path, trace.steps) -----------------------------------------------
+  // Declared before `drain`, so it outlives the stream work that records into it.
+  std::unique_ptr<TraceRecorder> trace;
+  if (config.trace.enabled()) {
+    // One time origin for every rank (the largest clock reading): steady_clock is one clock per
+    // node, so the ranks of a node line up when their files are viewed together.
+    const auto now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch());
+    const std::int64_t origin_ns = control.max({now.count()})[0];
+    trace = std::make_unique<TraceRecorder>(
+        rank, Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::nanoseconds(origin_ns))));
+  }
+  const std::int64_t last_traced = std::min(config.trace.last_step, config.train.steps);
+
   // Destroyed first: if anything below throws, the streams finish (or fail) what they were
   // given before the buffers above are released under them.
   struct DrainStreams {
+    ZeroEngine& engine;  // its CPU-optimizer thread is not a device stream
     Device& device;
     ~DrainStreams() {
+      try {
+        engine.synchronize();
+      } catch (const std::exception& e) {
+        spdlog::debug("engine streams drained after an error: {}", e.what());
+      }
       try {
         device.synchronize();
       } catch (const std::exception& e) {
         spdlog::debug("streams drained after an error: {}", e.what());
       }
     }
-  } drain{*device};
+  } drain{engine, *device};
 
   const std::int64_t tokens_per_step = std::int64_t{B} * T * G * world;
   const double flops_per_token =
@@ -290,6 +307,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   std::int64_t applied = engine.counters().optimizer_steps;
   summary.steps = start_step;
   for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
+    const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
+    const double step_start_us = traced ? trace->now_us() : 0.0;
+    if (traced) engine.set_trace(trace.get());
     device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
     for (int g = 0; g < G; ++g) {
       TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
@@ -369,6 +389,26 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     }
     summary.steps = step;
     summary.skipped = result.skipped_steps;
+    if (traced) {
+      if (step == last_traced) {
+        // Everything the traced steps enqueued is done before the last marker ends.
+        engine.synchronize();
+        device->synchronize();
+      }
+      trace->add_step(step, step_start_us, trace->now_us());
+      if (step == last_traced) {
+        engine.set_trace(nullptr);
+        const std::string path = trace_path_for_rank(config.trace.path, rank, world);
+        trace->write(path);
+        trace.reset();
+        if (rank == 0) {
+          spdlog::info(
+              "trace of steps {}-{} written to {}", config.trace.first_step, last_traced,
+              world > 1 ? trace_path_for_rank(config.trace.path, 0, world) + " (one file per rank)"
+                        : path);
+        }
+      }
+    }
     if (config.checkpoint.saves() &&
         (step % config.checkpoint.save_interval == 0 || step == config.train.steps)) {
       save_checkpoint(step);
