@@ -62,6 +62,7 @@ TestHooks TestHooks::from_env() {
   TestHooks h;
   h.kill_rank = env_int("ZRT_TEST_CKPT_KILL_RANK");
   h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
+  h.copy_delay_ms = env_int("ZRT_TEST_CKPT_COPY_DELAY_MS");
   return h;
 }
 
@@ -127,7 +128,8 @@ void Checkpointer::check_all(const std::string& stage, const std::string& tag,
             failed - 1);
 }
 
-void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill) {
+void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
+                        const SnapshotIssuer& issue) {
   wait();  // the writer may still be reading the snapshot buffer
   RankState state;
   state.rank = rank_;
@@ -147,10 +149,15 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill) {
     }
     auto* base = static_cast<float*>(snapshot_.get());
     float* arrays[3] = {base, base + state.elements, base + 2 * state.elements};
-    fill(arrays[0], arrays[1], arrays[2]);
     state.master = arrays[0];
     state.exp_avg = arrays[1];
     state.exp_avg_sq = arrays[2];
+    if (config_.async && issue) {
+      std::function<void()> copied = issue(arrays[0], arrays[1], arrays[2]);
+      start(std::move(request), state, std::move(copied));
+      return;
+    }
+    fill(arrays[0], arrays[1], arrays[2]);
   }
   start(std::move(request), state);
 }
@@ -160,26 +167,38 @@ void Checkpointer::save(SaveRequest request) {
   start(std::move(request), RankState{});
 }
 
-void Checkpointer::start(SaveRequest request, const RankState& state) {
+void Checkpointer::start(SaveRequest request, const RankState& state,
+                         std::function<void()> copied) {
   // An empty state means the request's own snapshot, viewed where the request then lives.
   const bool own = state.master == nullptr;
   if (!config_.async) {
     commit(request, own ? request.snapshot.view() : state);
     return;
   }
-  writer_ = std::thread([this, own, state, request = std::move(request)] {
-    try {
-      commit(request, own ? request.snapshot.view() : state);
-    } catch (const std::exception& e) {
-      // Logged now, from the writer thread: the training loop hears of it only at its next
-      // save or at the end of the run.
-      spdlog::error("checkpoint {}: async save failed: {}", request.tag, e.what());
-      error_ = std::current_exception();
-    } catch (...) {
-      spdlog::error("checkpoint {}: async save failed (unknown error)", request.tag);
-      error_ = std::current_exception();
-    }
-  });
+  writer_ =
+      std::thread([this, own, state, request = std::move(request), copied = std::move(copied)] {
+        // The snapshot buffer is being filled on the state's stream: wait for it first, always (the
+        // buffer must not be written after this thread ends).
+        std::string copy_error;
+        if (copied) {
+          try {
+            copied();
+          } catch (const std::exception& e) {
+            copy_error = fmt::format("copying the state into the snapshot: {}", e.what());
+          }
+        }
+        try {
+          commit(request, own ? request.snapshot.view() : state, copy_error);
+        } catch (const std::exception& e) {
+          // Logged now, from the writer thread: the training loop hears of it only at its next
+          // save or at the end of the run.
+          spdlog::error("checkpoint {}: async save failed: {}", request.tag, e.what());
+          error_ = std::current_exception();
+        } catch (...) {
+          spdlog::error("checkpoint {}: async save failed (unknown error)", request.tag);
+          error_ = std::current_exception();
+        }
+      });
 }
 
 SaveTimings Checkpointer::wait() {
@@ -192,7 +211,8 @@ SaveTimings Checkpointer::wait() {
   return timings_;
 }
 
-void Checkpointer::commit(const SaveRequest& request, const RankState& state) {
+void Checkpointer::commit(const SaveRequest& request, const RankState& state,
+                          const std::string& copy_error) {
   const auto start = Clock::now();
   const fs::path save_dir = config_.save_dir;
   const fs::path tmp = save_dir / (request.tag + ".tmp");
@@ -240,21 +260,24 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state) {
   check_all("the shared file system check", request.tag, error);
 
   // 2. Every rank's file (and the index), closed and fsynced, then agreement.
-  try {
-    const auto t = Clock::now();
-    if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
-    if (rank_ == 0) fsync_path((tmp / "index.h5").string());
-    if (rank_ < request.index.world) {
-      ZRT_CHECK(state.rank == rank_ && state.elements == request.index.slice_elements(),
-                "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
-                state.rank, state.elements, request.index.slice_elements());
-      write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                      request.index.seed, rank_ == hooks_.kill_rank);
-      timings.bytes = state.bytes();
+  error = copy_error;  // a failed snapshot copy fails this stage on every rank
+  if (error.empty()) {
+    try {
+      const auto t = Clock::now();
+      if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
+      if (rank_ == 0) fsync_path((tmp / "index.h5").string());
+      if (rank_ < request.index.world) {
+        ZRT_CHECK(state.rank == rank_ && state.elements == request.index.slice_elements(),
+                  "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
+                  state.rank, state.elements, request.index.slice_elements());
+        write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
+                        request.index.seed, rank_ == hooks_.kill_rank);
+        timings.bytes = state.bytes();
+      }
+      timings.write_s = seconds_since(t);
+    } catch (const std::exception& e) {
+      error = e.what();
     }
-    timings.write_s = seconds_since(t);
-  } catch (const std::exception& e) {
-    error = e.what();
   }
   check_all("writing the files", request.tag, error);
 

@@ -21,6 +21,11 @@
 // page faults would stall training. The buffer is only refilled after the previous save has
 // finished writing it.
 //
+// Async with an issuer (save(request, fill, issue)): the training thread only issues the copy
+// into the buffer (the engine copies on a stream of its own and keeps its state unchanged until
+// the copy is done, see ZeroEngine::copy_state_out_async); the writer thread waits for the copy,
+// then writes. Without an issuer, or for a sync save, fill copies on the calling thread.
+//
 // Async: save() takes the snapshot and returns; the files are written on the writer thread,
 // whose all-reduces use their own duplicated communicator. A failure is logged at once by the
 // writer thread (the tag, the file and the reason); the next save(), wait() or the destructor
@@ -48,10 +53,13 @@ namespace zrt::checkpoint {
 
 // Test hooks, read from the environment by from_env() (never set them in production):
 //   ZRT_TEST_CKPT_KILL_RANK=r  rank r raises SIGKILL midway through writing its rank file;
-//   ZRT_TEST_CKPT_PROBE_RANK=r rank r looks for the shared-filesystem probe in a wrong directory.
+//   ZRT_TEST_CKPT_PROBE_RANK=r rank r looks for the shared-filesystem probe in a wrong directory;
+//   ZRT_TEST_CKPT_COPY_DELAY_MS=t an async save's state copy starts t ms late (on its stream), so
+//                              the next optimizer step must wait for it.
 struct TestHooks {
   int kill_rank = -1;
   int probe_elsewhere_rank = -1;
+  int copy_delay_ms = -1;
   static TestHooks from_env();
 };
 
@@ -65,6 +73,11 @@ struct SaveRequest {
 
 // Copies this rank's state into three host arrays of index.slice_elements() floats each.
 using SnapshotFiller = std::function<void(float* master, float* exp_avg, float* exp_avg_sq)>;
+// Issues the copy of this rank's state into three host arrays (the same as a SnapshotFiller's)
+// and returns at once; the function it returns blocks until the copy is done and is called on
+// the writer thread.
+using SnapshotIssuer =
+    std::function<std::function<void()>(float* master, float* exp_avg, float* exp_avg_sq)>;
 // Allocates `bytes` of host memory for the snapshot buffer (kept until the checkpointer goes).
 using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
 
@@ -90,12 +103,15 @@ class Checkpointer {
 
   // Saves this rank's state (collective): waits for the previous save, fills the reused
   // snapshot buffer (on ranks < index.world), then writes it, on the writer thread when async.
-  void save(SaveRequest request, const SnapshotFiller& fill);
+  // With `issue`, an async save issues the copy instead of filling (see above); a sync save
+  // still uses `fill`.
+  void save(SaveRequest request, const SnapshotFiller& fill, const SnapshotIssuer& issue = {});
   // Saves request.snapshot, which the request owns (tools, tests). Waits for the previous save.
   void save(SaveRequest request);
   // Waits for a pending async save; rethrows its error. Returns its timings.
   SaveTimings wait();
   SaveTimings last_timings() const { return timings_; }
+  const TestHooks& hooks() const { return hooks_; }
 
   // checkpoint.load resolved: none for "" or for "latest" without a `latest` file; the
   // directory of the checkpoint otherwise. Throws naming the path if a named tag (or the tag in
@@ -103,8 +119,11 @@ class Checkpointer {
   std::optional<std::string> resolve_load() const;
 
  private:
-  void start(SaveRequest request, const RankState& state);
-  void commit(const SaveRequest& request, const RankState& state);
+  // `copied`, if set, blocks until the snapshot buffer is filled (run first by the writer).
+  void start(SaveRequest request, const RankState& state, std::function<void()> copied = {});
+  // copy_error: the snapshot copy failed on this rank (the save fails on every rank).
+  void commit(const SaveRequest& request, const RankState& state,
+              const std::string& copy_error = "");
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
   std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
   // Every rank learns whether any failed; throws on all if one did.

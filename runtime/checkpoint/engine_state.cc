@@ -1,6 +1,8 @@
 #include "runtime/checkpoint/engine_state.h"
 
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -13,6 +15,16 @@ void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* e
     engine.copy_state_out(static_cast<int>(u), master + at, exp_avg + at, exp_avg_sq + at);
     at += plan.unit(static_cast<int>(u)).shard;
   }
+}
+
+std::function<void()> snapshot_engine_async(ZeroEngine& engine, float* master, float* exp_avg,
+                                            float* exp_avg_sq, int delay_ms) {
+  std::function<void()> before;
+  if (delay_ms >= 0) {
+    before = [delay_ms] { std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms)); };
+  }
+  engine.copy_state_out_async(master, exp_avg, exp_avg_sq, std::move(before));
+  return [&engine] { engine.wait_state_copy(); };
 }
 
 HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {

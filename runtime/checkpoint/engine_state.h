@@ -3,6 +3,7 @@
 // stage) into the engine.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "runtime/checkpoint/checkpointer.h"
@@ -16,6 +17,13 @@ namespace zrt::checkpoint {
 // plan().total_shard() floats each (synchronises the engine's streams): a Checkpointer's
 // SnapshotFiller. At stage 0 every rank holds the same full state and only rank 0's is written.
 void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* exp_avg_sq);
+
+// The async form (a Checkpointer's SnapshotIssuer): issues the same copy with
+// ZeroEngine::copy_state_out_async and returns at once; the returned function waits for it
+// (from any thread). The engine keeps its state unchanged until the copy is done. delay_ms >= 0
+// (a test hook) holds the copy back that long on its stream.
+std::function<void()> snapshot_engine_async(ZeroEngine& engine, float* master, float* exp_avg,
+                                            float* exp_avg_sq, int delay_ms = -1);
 
 // The snapshot buffer's allocator for `engine` on `device`: pinned host memory when the state
 // lives in a CUDA device's memory (the device-to-host copy is then a DMA at full bus speed),

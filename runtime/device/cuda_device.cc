@@ -211,7 +211,7 @@ void CudaStream::host_callback(std::function<void()> fn) {
 
 // ---- CudaEvent -------------------------------------------------------------------------------
 
-CudaEvent::CudaEvent(int device) {
+CudaEvent::CudaEvent(int device) : device_(device) {
   ZRT_CUDA_CHECK(cudaSetDevice(device));
   ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
 }
@@ -232,6 +232,7 @@ void CudaEvent::record(Stream& stream) {
 
 void CudaEvent::synchronize() {
   check_not_in_cuda_host_callback("Event::synchronize");
+  ZRT_CUDA_CHECK(cudaSetDevice(device_));  // a no-op on the device's own thread
   ZRT_CUDA_CHECK(cudaEventSynchronize(event_));  // returns at once if never recorded
   if (recorded_errors_) {
     if (auto error = recorded_errors_->error_before(recorded_callbacks_)) {

@@ -124,6 +124,9 @@ class CudaEvent final : public Event {
 
  private:
   cudaEvent_t event_ = nullptr;
+  // Its device: synchronize() may run on another thread (a checkpoint writer waiting for a
+  // state copy), which must not create a context on device 0.
+  int device_ = 0;
   // The recording stream's callback errors and how many of its callbacks precede the record.
   std::shared_ptr<CudaStreamErrors> recorded_errors_;
   std::uint64_t recorded_callbacks_ = 0;

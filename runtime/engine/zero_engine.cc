@@ -70,6 +70,7 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
 
 ZeroEngine::~ZeroEngine() {
   try {
+    wait_state_copy();  // the copy reads the state this destructor frees
     if (cpu_optimizer_) cpu_optimizer_->synchronize();
     if (copy_) copy_->synchronize();
     comm_.synchronize();
@@ -237,9 +238,79 @@ void ZeroEngine::copy_state_out(int u, float* master, float* exp_avg, float* exp
   compute_.synchronize();
 }
 
+void ZeroEngine::copy_state_out_async(float* master, float* exp_avg, float* exp_avg_sq,
+                                      std::function<void()> before) {
+  ZRT_CHECK(micro_batch_ == 0,
+            "copy_state_out_async() after {} micro-batches: only at a step boundary", micro_batch_);
+  std::vector<std::int64_t> offsets;  // where each unit's slice starts in the host arrays
+  std::int64_t at = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    offsets.push_back(at);
+    at += plan_.unit(static_cast<int>(u)).shard;
+  }
+  if (offload_optimizer()) {
+    // Host state, written only by the CPU optimizer's thread: the copy goes after its last
+    // update in that thread's queue, and the next step's updates after the copy.
+    if (!state_copied_) state_copied_ = std::make_unique<CpuEvent>();
+    if (before) cpu_optimizer_->host_callback(std::move(before));
+    std::vector<const float*> sources;
+    std::vector<std::size_t> bytes;
+    for (auto& s : units_) {
+      sources.push_back(s->master.host<float>());
+      sources.push_back(s->exp_avg.host<float>());
+      sources.push_back(s->exp_avg_sq.host<float>());
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
+    }
+    cpu_optimizer_->enqueue([=] {
+      float* out[3] = {master, exp_avg, exp_avg_sq};
+      for (std::size_t u = 0; u < bytes.size(); ++u) {
+        for (int a = 0; a < 3; ++a) {
+          std::memcpy(out[a] + offsets[u], sources[3 * u + static_cast<std::size_t>(a)], bytes[u]);
+        }
+      }
+    });
+    state_copied_->record(*cpu_optimizer_);
+    return;
+  }
+  if (!state_copy_stream_) {
+    state_copy_stream_ = device_.create_stream("state copy");
+    state_copied_ = device_.create_event();
+    state_updated_ = device_.create_event();
+  }
+  Stream& stream = *state_copy_stream_;
+  state_updated_->record(compute_);  // the last update is enqueued on the compute stream
+  stream.wait(*state_updated_);
+  if (before) stream.host_callback(std::move(before));
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const UnitState& s = *units_[u];
+    const auto bytes = static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4;
+    const std::int64_t o = offsets[u];
+    device_.copy_to_host(master + o, s.master.device<std::byte>(), bytes, stream);
+    device_.copy_to_host(exp_avg + o, s.exp_avg.device<std::byte>(), bytes, stream);
+    device_.copy_to_host(exp_avg_sq + o, s.exp_avg_sq.device<std::byte>(), bytes, stream);
+  }
+  state_copied_->record(stream);
+}
+
+void ZeroEngine::wait_state_copy() {
+  if (state_copied_) state_copied_->synchronize();
+}
+
+void ZeroEngine::order_update_after_state_copy() {
+  if (!state_copied_) return;
+  if (offload_optimizer()) {
+    cpu_optimizer_->wait(*state_copied_);  // also implied by the queue's order; kept explicit
+  } else {
+    compute_.wait(*state_copied_);
+  }
+}
+
 void ZeroEngine::assign_state(const StateFiller& fill) {
   const DType cdt = options_.compute_dtype;
   // Nothing may still read or write the state being replaced.
+  wait_state_copy();
   if (cpu_optimizer_) cpu_optimizer_->synchronize();
   if (copy_) copy_->synchronize();
   compute_.synchronize();
@@ -641,6 +712,7 @@ StepResult ZeroEngine::step(double lr) {
   result.grad_norm = norm;
   const bool finite = std::isfinite(norm_squared);
   if (finite) {
+    order_update_after_state_copy();  // a checkpoint may still be copying the state out
     double factor = 1.0 / (accumulation * scale);
     if (options_.gradient_clipping > 0.0) {
       const double clip = options_.gradient_clipping / (norm + 1e-6);  // DeepSpeed's rule

@@ -94,6 +94,22 @@ class ZeroEngine final : public ParamAccess {
   // Copies this rank's slice of unit u's fp32 master weights and Adam moments into host memory
   // (plan().unit(u).shard floats each, padding included). Synchronises.
   void copy_state_out(int u, float* master, float* exp_avg, float* exp_avg_sq);
+  // The same copy without stopping training: issues the copies of every unit's slices (unit
+  // order, plan().unit(u).shard floats each) into three host arrays of plan().total_shard()
+  // floats and returns at once. Device-resident state is copied on a stream of the engine's own,
+  // ordered after the last optimizer step by an event (on a GPU a DMA, into pinned memory for
+  // full speed); offloaded state is copied by the CPU optimizer's thread after its last update.
+  // The engine itself keeps the state unchanged until the copy is done, so no caller can forget
+  // it: step() orders its update after the copy (a stream wait, not a host wait), and
+  // load_state(), initialize() and the destructor wait for it. The host arrays must stay valid
+  // until wait_state_copy() returns. `before`, if set, runs on the copy's stream first (tests
+  // delay the copy with it; it must not call the stream API).
+  void copy_state_out_async(float* master, float* exp_avg, float* exp_avg_sq,
+                            std::function<void()> before = {});
+  // Blocks until the last copy_state_out_async() is done (at once if none); rethrows a stream
+  // error. May be called from another thread (a checkpoint writer) while the engine's thread
+  // goes on training, up to its next copy_state_out_async().
+  void wait_state_copy();
   EngineCounters counters() const;
   // Replaces the optimizer state: fill(u, master, exp_avg, exp_avg_sq) writes this rank's slice
   // of every unit (shard floats each, zero in the padding) into host arrays; the compute-dtype
@@ -167,6 +183,9 @@ class ZeroEngine final : public ParamAccess {
   // Issues the reduction of unit u's gradient once its last backward use is done.
   void reduce_unit(int u);
   void wait_for_comm();  // compute waits for everything enqueued on the comm stream
+  // The one gate before the optimizer writes the state: the stream that runs the update (the
+  // compute stream, or the CPU optimizer with offload) waits for a pending state copy.
+  void order_update_after_state_copy();
   // Offload (zero_engine_offload.cc).
   bool offload_optimizer() const { return options_.offload_optimizer.enabled; }
   bool offload_param() const { return options_.offload_param.enabled; }
@@ -209,6 +228,12 @@ class ZeroEngine final : public ParamAccess {
   std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
   std::int64_t live_gathered_ = 0;    // stage 3: elements of gathered, releasable units
   TraceRecorder* trace_ = nullptr;    // timeline trace; null: off
+
+  // copy_state_out_async(): its stream (device-resident state; created on first use), the event
+  // it records after the copies, and the event that orders it after the last update.
+  std::unique_ptr<Stream> state_copy_stream_;
+  std::unique_ptr<Event> state_copied_;
+  std::unique_ptr<Event> state_updated_;
 
   // Offload.
   std::unique_ptr<Stream> copy_;              // device <-> host copies

@@ -3,6 +3,12 @@
 //    files hold exactly the state of its own step (the buffer is refilled only after the
 //    previous save has committed), and match a synchronous save of the same state written from
 //    an owned snapshot (every dataset and checksum);
+//  - an async save of a ZeroEngine (CPU backend, stage 2, device-resident and offloaded state)
+//    copies the state on the engine's stream, off the training thread: with the copy held back
+//    300 ms and the next step's update issued at once, the file still holds the pre-step state
+//    (equal to a sync save of it), so step() really waited; and training is bit-exact with a run
+//    that never saved;
+//  - a failed state copy fails the save on every rank (naming the copy) and commits nothing;
 //  - a failed async save is logged by the writer thread at once, before the training loop asks
 //    (the tag and the reason, naming the path), and the next wait() rethrows it on every rank.
 #include <catch2/catch.hpp>
@@ -18,9 +24,11 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
+#include "tests/engine/engine_test_util.h"
 
 using namespace zrt;
 using namespace zrt::checkpoint;
@@ -87,6 +95,26 @@ void fill_state(std::int64_t step, std::int64_t n, float* m, float* a, float* v)
     a[e] = value(step, 1, e);
     v[e] = value(step, 2, e);
   }
+}
+
+// One training step of `run` on step `step`'s data (as test::train_engine's loop body).
+void train_step(test::EngineRun& run, int step, const test::TrainSpec& spec) {
+  const int rank = run.group->rank();
+  std::vector<float> x = test::batch(step, std::int64_t{rank} * test::kRows, test::kRows, 0);
+  std::vector<float> t = test::batch(step, std::int64_t{rank} * test::kRows, test::kRows, 1);
+  float loss = 0.f;
+  run.model.forward_backward(*run.engine, *run.compute, x.data(), t.data(), test::kRows,
+                             run.engine->loss_scale(), &loss);
+  run.results.push_back(run.engine->step(spec.lr));
+  run.compute->synchronize();  // x and t are read by the stream
+}
+
+std::vector<float> read_dataset(const fs::path& path, const char* name, std::int64_t n) {
+  H5File f = H5File::open_read(path.string());
+  H5Dataset ds(f, name, H5Elem::kFloat32, {n});
+  std::vector<float> out(static_cast<std::size_t>(n));
+  ds.read_all(out.data());  // verifies the checksums
+  return out;
 }
 
 // Keeps every message logged while it is installed.
@@ -194,6 +222,75 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
   }
 }
 
+TEST_CASE("an async save of an engine copies off the training thread; the next step waits") {
+  for (const bool offload : {false, true}) {
+    INFO("optimizer offload " << offload);
+    const fs::path dir = fresh_dir(offload ? "engine_offload" : "engine");
+    EngineOptions options;
+    options.stage = 2;
+    options.offload_optimizer.enabled = offload;
+    options.offload_optimizer.pin_memory = false;
+    const test::TrainSpec spec;
+    auto run = test::make_engine(options, spec);
+    auto reference = test::make_engine(options, spec);  // never saves
+    for (int step = 0; step < 2; ++step) {
+      train_step(*run, step, spec);
+      train_step(*reference, step, spec);
+    }
+    ZeroEngine& engine = *run->engine;
+    auto request_for = [&](std::int64_t step) {
+      SaveRequest request;
+      request.tag = Checkpointer::tag_for_step(step);
+      request.index.step = step;
+      request.index.config_json = "{}";
+      describe_engine(engine, request.index);
+      return request;
+    };
+    CheckpointConfig config;
+    config.save_dir = (dir / "sync").string();
+    config.save_interval = 1;
+    {  // The reference: the state after step 2, saved synchronously.
+      Checkpointer saver(config, 60.0);
+      saver.save(request_for(2),
+                 [&](float* m, float* a, float* v) { snapshot_engine(engine, m, a, v); });
+    }
+    config.save_dir = (dir / "async").string();
+    config.async = true;
+    {
+      Checkpointer saver(config, 60.0);
+      bool filled = false;
+      saver.save(
+          request_for(2), [&](float*, float*, float*) { filled = true; },
+          [&](float* m, float* a, float* v) {
+            return snapshot_engine_async(engine, m, a, v, /*delay_ms=*/300);
+          });
+      CHECK_FALSE(filled);  // the training thread only issued the copy
+      // The next step's update is issued while the copy is held back: it must wait for it.
+      train_step(*run, 2, spec);
+      train_step(*reference, 2, spec);
+      saver.wait();
+    }
+    const std::int64_t n = engine.plan().total_shard();
+    const std::string file = rank_file_name(mpi_rank());
+    const fs::path sync_file = dir / "sync" / "global_step2" / file;
+    const fs::path async_file = dir / "async" / "global_step2" / file;
+    std::vector<float> now(static_cast<std::size_t>(3 * n));  // the state after step 3
+    snapshot_engine(engine, now.data(), now.data() + n, now.data() + 2 * n);
+    bool differs_from_now = false;  // so the file holds step 2's state, not step 3's
+    for (int d = 0; d < 3; ++d) {
+      INFO(kStateDatasets[d]);
+      const std::vector<float> want = read_dataset(sync_file, kStateDatasets[d], n);
+      REQUIRE(read_dataset(async_file, kStateDatasets[d], n) == want);
+      differs_from_now |= !std::equal(want.begin(), want.end(), now.begin() + d * n);
+    }
+    CHECK(differs_from_now);
+    // Saving did not disturb training: bit-exact with the run that never saved.
+    for (int p = 0; p < static_cast<int>(run->model.parameters().size()); ++p) {
+      CHECK(engine.full_parameter(p) == reference->engine->full_parameter(p));
+    }
+  }
+}
+
 TEST_CASE("a failed async save is logged by the writer at once and rethrown by wait()") {
   const fs::path dir = fresh_dir("fail");
   // save_dir lies under a regular file: rank 0 cannot create it.
@@ -231,4 +328,36 @@ TEST_CASE("a failed async save is logged by the writer at once and rethrown by w
   }
   CHECK_THROWS_WITH(saver.wait(), Catch::Contains("global_step5: preparing the directory failed"));
   CHECK_NOTHROW(saver.wait());  // reported once
+}
+
+TEST_CASE("a failed state copy fails the async save on every rank and commits nothing") {
+  const fs::path dir = fresh_dir("copy_fails");
+  const PartitionPlan p = plan();
+  CheckpointConfig config;
+  config.save_dir = (dir / "ckpt").string();
+  config.save_interval = 1;
+  config.async = true;
+  Checkpointer saver(config, 60.0);
+  SaveRequest request;
+  request.tag = "global_step7";
+  request.index = index_for(p, 7);
+  saver.save(
+      std::move(request), [](float*, float*, float*) { FAIL("the filler must not run"); },
+      [](float*, float*, float*) -> std::function<void()> {
+        // Rank 0's copy fails (a stream error, say); the writer hears of it when it waits.
+        return [] {
+          if (mpi_rank() == 0) throw std::runtime_error("planted copy failure");
+        };
+      });
+  if (mpi_rank() == 0) {
+    CHECK_THROWS_WITH(saver.wait(), Catch::Contains("global_step7: writing the files failed on "
+                                                    "rank 0: copying the state into the "
+                                                    "snapshot: planted copy failure"));
+  } else {
+    CHECK_THROWS_WITH(saver.wait(),
+                      Catch::Contains("global_step7: writing the files failed on rank 0 (its "
+                                      "log has the reason)"));
+  }
+  CHECK_FALSE(read_latest(config.save_dir).has_value());
+  CHECK_FALSE(fs::exists(fs::path(config.save_dir) / "global_step7"));
 }

@@ -1,7 +1,8 @@
 // zrt-train's checkpoints end to end, in real processes (mpirun zrt-train, a new job per run):
 //  - resume at the same world size and stage is bit-exact: K steps, save, a new job for K more
 //    gives the losses and the saved master weights and Adam moments of 2K steps in one job, bit
-//    for bit (stage 1 with an async save; stage 3 + optimizer offload in bf16);
+//    for bit (stage 1, and stage 3 + optimizer offload in bf16, both with async saves whose
+//    state copy is held back 200 ms, so the next step must wait for it);
 //  - resume at another world size or stage (4->2, 2->3, 3->4, stage 2->3, 3->1, global batch
 //    fixed) lands within per-tensor relative error 1e-5 of the uninterrupted run;
 //  - a rank SIGKILLed midway through its file leaves `latest` on the previous checkpoint, which
@@ -274,11 +275,15 @@ TEST_CASE("resume at the same world size and stage is bit-exact", "[resume]") {
   Job stage1;
   stage1.stage = 1;
   stage1.async = true;  // the async writer's files are the ones compared
+  // The state copy is held back on its stream, so each step after a save must wait for it.
+  stage1.env = "ZRT_TEST_CKPT_COPY_DELAY_MS=200";
   bit_exact_case("exact_s1", stage1);
   Job stage3;
   stage3.stage = 3;
   stage3.offload = true;
   stage3.bf16 = true;
+  stage3.async = true;  // the copy runs on the CPU optimizer's thread
+  stage3.env = "ZRT_TEST_CKPT_COPY_DELAY_MS=200";
   bit_exact_case("exact_s3_offload_bf16", stage3);
 }
 

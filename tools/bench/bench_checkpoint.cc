@@ -1,12 +1,18 @@
 // zrt-bench checkpoint: per-rank save and load bandwidth of a sharded checkpoint (the whole
 // commit protocol, fsync included) next to a plain sequential write (and read) of the same
-// bytes with fsync, measured in the same run; and the training stall of an async save (the
-// snapshot copied into the checkpointer's reused host buffer + hand-off to the writer thread)
-// against the sync save time. The first async save also allocates that buffer (page faults):
-// its stall is shown on its own row, the median is over the repeats after it. Each rank's state is
-// 12 bytes x params / N (fp32 master + two Adam moments), laid out as GPT-2-like parameters.
-// Reads drop the page cache of the files first (posix_fadvise DONTNEED on clean pages), so
-// loads are measured from the device, not from memory. Median over repeats; the slowest rank.
+// bytes with fsync, measured in the same run; and the training stall of an async save as the
+// training loop experiences it: the save call plus what the next training step takes beyond a
+// step without a save (the step waits for a state copy still in flight, and shares the cores
+// with the copy and the writer). The state is a real ZeroEngine's on the CPU backend (fp32
+// master + two Adam moments, 12 bytes x params / N per rank, GPT-2-like tensors in 12 modules);
+// its "training step" is the engine's own work with no model compute (the micro-batch's
+// acquire/release, gradient reduce-scatter, norm, AdamW, parameter all-gather), which is the
+// shortest window a copy can hide in: a model's forward/backward only lengthens it. Two async
+// forms side by side: the copy issued on the engine's stream (ZeroEngine::copy_state_out_async,
+// what zrt-train does) and the copy made on the training thread (the snapshot filler). The first
+// async save also allocates the snapshot buffer: its own row. Reads drop the page cache of the
+// files first (posix_fadvise DONTNEED on clean pages), so loads are measured from the device.
+// Median over repeats; the slowest rank.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -19,11 +25,15 @@
 
 #include <mpi.h>
 
+#include "optimizers/device_adam.h"
 #include "runtime/checkpoint/checkpointer.h"
+#include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/process_group.h"
 #include "runtime/common/error.h"
+#include "runtime/engine/zero_engine.h"
 #include "tools/bench/bench.h"
 
 namespace zrt::bench {
@@ -108,26 +118,56 @@ int checkpoint(int argc, char** argv) {
       params.push_back(ParamSpec{fmt::format("h.{}.w{}", b, t), {per - 1 - t}, {b}, false});
     }
   }
-  PartitionOptions po;
-  po.stage = stage;
-  po.world = stage == 0 ? 1 : world;
-  po.bucket_elements = 25000000;
-  po.alignment = 64;
-  po.num_modules = 12;
-  const PartitionPlan plan(params, po);
+  // The engine whose state is saved (CPU backend).
+  auto device = make_device(DeviceOptions{});
+  auto compute = device->create_stream("compute");
+  auto comm = device->create_stream("comm");
+  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "bench-checkpoint");
+  auto adam = make_device_adam(*device, AdamOptions{});
+  EngineOptions eo;
+  eo.stage = stage;
+  eo.reduce_bucket_size = 25000000;
+  eo.alignment = 64;
+  ZeroEngine engine(*device, *compute, *group, params, 12, eo, *adam);
+  engine.initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
+    for (std::int64_t i = 0; i < count; ++i)
+      out[i] = 0.01f * static_cast<float>((p + first + i) % 97);
+  });
+  // One training step of the engine with no model compute (zero gradients): what a step costs
+  // besides the model, and where the optimizer waits for a pending state copy.
+  Clock::time_point step_called;  // when the last train_step()'s gradients were reduced
+  auto train_step = [&] {
+    for (int m = 0; m < 12; ++m) {
+      engine.acquire(m, Phase::kForward);
+      engine.release(m, Phase::kForward);
+    }
+    for (int m = 11; m >= 0; --m) {
+      engine.acquire(m, Phase::kBackward);
+      engine.release(m, Phase::kBackward);
+    }
+    // step() starts by waiting for the gradient reductions; waiting here first costs nothing
+    // and timestamps the point after which its update can be issued.
+    comm->synchronize();
+    compute->synchronize();
+    step_called = Clock::now();
+    engine.step(1e-4);
+    compute->synchronize();  // the trainer reads the loss here
+  };
+  train_step();  // first-use allocations
+  const PartitionPlan& plan = engine.plan();
   checkpoint::CheckpointIndex index;
-  index.stage = stage;
   index.config_json = "{}";
-  checkpoint::fill_tables(index, params, plan);
+  checkpoint::describe_engine(engine, index);
   const bool writes = rank < plan.world();
-  checkpoint::RankSnapshot state;  // stands for the engine's host-resident state
+  checkpoint::RankSnapshot state;  // the engine's state, copied once for the sync saves
   state.rank = rank;
   if (writes) {
     const auto n = static_cast<std::size_t>(plan.total_shard());
-    state.master.assign(n, 0.5f);
-    state.exp_avg.assign(n, 0.25f);
-    state.exp_avg_sq.assign(n, 0.125f);
-    for (std::size_t i = 0; i < n; i += 97) state.master[i] = static_cast<float>(i);
+    state.master.resize(n);
+    state.exp_avg.resize(n);
+    state.exp_avg_sq.resize(n);
+    checkpoint::snapshot_engine(engine, state.master.data(), state.exp_avg.data(),
+                                state.exp_avg_sq.data());
   }
   const std::int64_t bytes = writes ? state.bytes() : 0;
   std::vector<char> plain(static_cast<std::size_t>(bytes), 1);
@@ -144,8 +184,60 @@ int checkpoint(int argc, char** argv) {
   checkpoint::Checkpointer sync_saver(sync_config, 600.0);
   checkpoint::Checkpointer async_saver(async_config, 600.0);
 
-  std::vector<double> t_plain_w, t_save, t_plain_r, t_load, t_stall, t_first_stall, t_async_total;
+  std::vector<double> t_plain_w, t_save, t_plain_r, t_load, t_step, t_async_total, t_first_stall;
   std::int64_t step = 0;
+  // An async save, then the next training step. The stall the training loop sees is the save
+  // call plus the step's wait for the state copy. That wait is a stream wait inside step(),
+  // before the update; it is at most how long the copy was still running once the step's
+  // gradients were reduced (the update cannot start earlier), which is what is measured. The step's
+  // excess over a step without a save (`baseline`) is reported apart: there the copy and the writer
+  // thread share the cores with the step.
+  struct AsyncFigures {
+    std::vector<double> call, wait, stall, slowdown;
+  };
+  AsyncFigures on_stream_figures, on_thread_figures;
+  auto async_save_and_step = [&](bool on_stream, double baseline, AsyncFigures* figures) {
+    checkpoint::SaveRequest request;
+    request.tag = checkpoint::Checkpointer::tag_for_step(++step);
+    request.index = index;
+    checkpoint::describe_engine(engine, request.index);
+    Clock::time_point copy_done{};  // written by the writer thread, read after wait()
+    MPI_Barrier(MPI_COMM_WORLD);
+    const auto start = Clock::now();
+    auto fill = [&](float* m, float* a, float* v) { checkpoint::snapshot_engine(engine, m, a, v); };
+    if (on_stream) {
+      async_saver.save(std::move(request), fill, [&](float* m, float* a, float* v) {
+        std::function<void()> copied = checkpoint::snapshot_engine_async(engine, m, a, v);
+        return [copied, &copy_done] {
+          copied();
+          copy_done = Clock::now();
+        };
+      });
+    } else {
+      async_saver.save(std::move(request), fill);
+    }
+    const double call = since(start);
+    const auto step_start = Clock::now();
+    train_step();
+    const double stepped = since(step_start);
+    const auto wait_start = Clock::now();
+    async_saver.wait();
+    const double total = call + stepped + since(wait_start);
+    double wait = 0.0;  // the copy on the training thread is done when save() returns
+    if (on_stream && writes) {
+      wait = std::max(0.0, std::chrono::duration<double>(copy_done - step_called).count());
+    }
+    const double stall = slowest(call + wait);
+    if (figures == nullptr) {
+      t_first_stall.push_back(stall);
+      return;
+    }
+    figures->call.push_back(slowest(call));
+    figures->wait.push_back(slowest(wait));
+    figures->stall.push_back(stall);
+    figures->slowdown.push_back(slowest(stepped - baseline));
+    if (on_stream) t_async_total.push_back(slowest(total));
+  };
   for (int r = 0; r < repeats; ++r) {
     // Plain write + fsync of the same bytes.
     MPI_Barrier(MPI_COMM_WORLD);
@@ -187,28 +279,23 @@ int checkpoint(int argc, char** argv) {
     }
     t_load.push_back(slowest(since(start)));
 
-    // Async save: the training loop stalls for the snapshot copy (a memcpy per array into the
-    // reused buffer, as the CPU backend's copy_state_out does) and the hand-off only.
-    checkpoint::SaveRequest async_request;
-    async_request.tag = checkpoint::Checkpointer::tag_for_step(++step);
-    async_request.index = index;
+    // A training step with no save in flight: the baseline of this repeat.
     MPI_Barrier(MPI_COMM_WORLD);
     start = Clock::now();
-    async_saver.save(std::move(async_request), [&](float* m, float* a, float* v) {
-      const std::size_t n = state.master.size() * 4;
-      std::memcpy(m, state.master.data(), n);
-      std::memcpy(a, state.exp_avg.data(), n);
-      std::memcpy(v, state.exp_avg_sq.data(), n);
-    });
-    (r == 0 ? t_first_stall : t_stall).push_back(slowest(since(start)));
-    async_saver.wait();
-    t_async_total.push_back(slowest(since(start)));
+    train_step();
+    const double baseline = since(start);
+    t_step.push_back(slowest(baseline));
+
+    // Async saves measured the same way: the copy on the engine's stream (zrt-train's way; the
+    // first one allocates the snapshot buffer, its own row) and on the training thread.
+    async_save_and_step(true, baseline, r == 0 ? nullptr : &on_stream_figures);
+    async_save_and_step(false, baseline, &on_thread_figures);
   }
   if (writes) fs::remove(plain_path);
   if (rank == 0) {
     const double gb = static_cast<double>(bytes) / 1e9;
     const double pw = median(t_plain_w), sv = median(t_save), pr = median(t_plain_r),
-                 ld = median(t_load), st = median(t_stall), at = median(t_async_total),
+                 ld = median(t_load), at = median(t_async_total), ts = median(t_step),
                  st0 = t_first_stall.front();
     std::printf("checkpoint: %d rank(s), stage %d, %s params, %s per rank, %d repeats, dir %s\n",
                 world, stage, human_bytes(total).c_str(), human_bytes(bytes).c_str(), repeats,
@@ -221,12 +308,21 @@ int checkpoint(int argc, char** argv) {
     t.add({"plain read (cold)", fmt::format("{:.3f}", pr), fmt::format("{:.2f}", gb / pr), "1.00"});
     t.add({"load (verified, cold)", fmt::format("{:.3f}", ld), fmt::format("{:.2f}", gb / ld),
            fmt::format("{:.2f}", pr / ld)});
-    t.add({"async save: total", fmt::format("{:.3f}", at), fmt::format("{:.2f}", gb / at),
-           fmt::format("{:.2f}", pw / at)});
-    t.add({"async save: training stall", fmt::format("{:.3f}", st), "",
-           fmt::format("{:.1f}% of save", 100.0 * st / sv)});
-    t.add({"async stall, first save (allocates)", fmt::format("{:.3f}", st0), "",
-           fmt::format("{:.1f}% of save", 100.0 * st0 / sv)});
+    t.add({"async save: call to commit (during a step)", fmt::format("{:.3f}", at), "", ""});
+    t.add({"training step, no save (engine only)", fmt::format("{:.3f}", ts), "", ""});
+    const auto pct = [&](double v) { return fmt::format("{:.1f}% of save", 100.0 * v / sv); };
+    const auto rows = [&](const char* how, const AsyncFigures& f) {
+      const double st = median(f.stall), sc = median(f.call), sw = median(f.wait),
+                   sd = median(f.slowdown);
+      t.add({fmt::format("async stall, copy {}", how), fmt::format("{:.3f}", st), "", pct(st)});
+      t.add({"  save call", fmt::format("{:.3f}", sc), "", pct(sc)});
+      t.add({"  next step's wait for the copy (<=)", fmt::format("{:.3f}", sw), "", pct(sw)});
+      t.add({"  next step slower (shared cores)", fmt::format("{:.3f}", sd), "",
+             fmt::format("{:.1f}% of step", 100.0 * sd / ts)});
+    };
+    rows("on the engine's stream", on_stream_figures);
+    rows("on the training thread", on_thread_figures);
+    t.add({"async stall, first save (allocates)", fmt::format("{:.3f}", st0), "", pct(st0)});
     std::printf("%s", t.str().c_str());
   }
   return 0;

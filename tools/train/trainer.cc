@@ -227,9 +227,17 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     request.index.config_json = config.document.dump();
     checkpoint::describe_engine(engine, request.index);
     // Every rank of the partition writes its slices (at stage 0 the one full copy, rank 0's).
-    checkpointer.save(std::move(request), [&](float* master, float* exp_avg, float* exp_avg_sq) {
-      checkpoint::snapshot_engine(engine, master, exp_avg, exp_avg_sq);
-    });
+    // A sync save copies here; an async one only issues the copy (the engine's next step
+    // waits for it on its stream) and the writer thread waits for it.
+    checkpointer.save(
+        std::move(request),
+        [&](float* master, float* exp_avg, float* exp_avg_sq) {
+          checkpoint::snapshot_engine(engine, master, exp_avg, exp_avg_sq);
+        },
+        [&](float* master, float* exp_avg, float* exp_avg_sq) {
+          return checkpoint::snapshot_engine_async(engine, master, exp_avg, exp_avg_sq,
+                                                   checkpointer.hooks().copy_delay_ms);
+        });
   };
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
   // ---- timeline trace (trace.path, trace.steps) -----------------------------------------------
