@@ -1,6 +1,6 @@
 // A rank that withholds its call makes every other rank's collective fail with zrt::Timeout
-// naming the operation, instead of hanging. The late rank joins afterwards so MPI can finish
-// the abandoned operation and the test ends cleanly.
+// naming the operation and the missing rank, instead of hanging. The late rank joins afterwards so
+// MPI can finish the abandoned operation and the test ends cleanly.
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -39,6 +39,16 @@ TEST_CASE("a withheld collective times out on the other ranks with a clear error
       CHECK_THAT(std::string(e.what()),
                  Catch::Contains("all_gather of 1000 x fp32 on group 'timeout'") &&
                      Catch::Contains("did not complete within 1.0 s (comm_timeout_s)"));
+      // Attendance: the late rank is named as missing, every other rank as waiting too.
+      std::string waiting;
+      for (int r = 0; r < f.size() - 1; ++r) {
+        if (r == f.rank()) continue;
+        waiting += (waiting.empty() ? "ranks " : ", ") + std::to_string(r);
+      }
+      CHECK_THAT(std::string(e.what()),
+                 Catch::Contains("ranks missing: " + std::to_string(f.size() - 1) + " (") &&
+                     Catch::EndsWith("waiting in it too: " +
+                                     (waiting.empty() ? std::string("no other rank") : waiting)));
     }
   }
   // The group's destructor completes the abandoned request once the late rank has joined.

@@ -539,6 +539,12 @@ const BadConfig kBadConfigs[] = {
      "over ranks; zrt averages); remove the key or set it to \"mean\""},
     {"unsupported optimizer", true, R"({"optimizer": {"type": "Lamb"}})",
      "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW"},
+    {"comm timeout under both names", true, R"({"comm_timeout_s": 30, "comm": {"timeout_s": 60}})",
+     "bad.json: comm_timeout_s: give comm_timeout_s or comm.timeout_s, not both"},
+    {"comm timeout of zero", true, R"({"comm_timeout_s": 0})",
+     "bad.json: comm_timeout_s: 0 is out of range; expected a number >= 0.001"},
+    {"comm timeout as a string", true, R"({"comm": {"timeout_s": "10m"}})",
+     "bad.json: comm.timeout_s: expected a number >= 0.001, got \"10m\""},
     {"scheduler without total_num_steps", true,
      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})",
      "bad.json: scheduler.params.total_num_steps is required for WarmupCosineLR"},
@@ -588,6 +594,13 @@ TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silen
       "wall_clock_breakdown: accepted, but has no effect in zrt (DeepSpeed timers; use trace "
       "for timings)";
   CHECK(std::count(loud.warnings.begin(), loud.warnings.end(), full) == 1);
+}
+
+TEST_CASE("comm_timeout_s at the top level is comm.timeout_s; 5e8 is an integer", "[config]") {
+  CHECK(parse_doc(patched(R"({"comm_timeout_s": 7.5})")).comm.timeout_s == 7.5);
+  CHECK(parse_doc(patched(R"({"comm": {"timeout_s": 9}})")).comm.timeout_s == 9.0);
+  CHECK(parse_doc(patched(R"({"zero_optimization": {"reduce_bucket_size": 5e8}})"))
+            .engine.reduce_bucket_size == 500000000);
 }
 
 TEST_CASE("null means the default; bfloat16 is bf16", "[config]") {
