@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -389,7 +390,7 @@ TEST_CASE("\"auto\" elsewhere: defaults where clear, an error otherwise", "[conf
 struct BadConfig {
   const char* what;
   bool patch;
-  const char* text;
+  std::string_view text;  // a view, so a text may hold a NUL byte
   const char* message;
 };
 
@@ -408,6 +409,9 @@ const BadConfig kBadConfigs[] = {
      "bad.json:1:1: JSON syntax error while parsing value - unexpected end of input; expected "
      "'[', '{', or a literal"},
     {"not an object", false, "[1, 2]", "bad.json: the config must be a JSON object, not [1,2]"},
+    // Found by fuzz_config: nlohmann's parser stops at a NUL byte and accepted what preceded it.
+    {"NUL byte after a value", false, std::string_view("9\0\"\xeb\": 1", 8),
+     "bad.json:1:2: JSON syntax error: a NUL byte (is this a binary file?)"},
     // Duplicate keys, at any depth.
     {"duplicate top-level key", false, "{\n  \"seed\": 1,\n  \"seed\": 2\n}",
      "bad.json:3:3: duplicate key 'seed' (first on line 2)"},
@@ -553,7 +557,8 @@ const BadConfig kBadConfigs[] = {
 TEST_CASE("bad configs fail with a message naming the key", "[config][errors]") {
   STATIC_REQUIRE(sizeof(kBadConfigs) / sizeof(kBadConfigs[0]) >= 30);
   for (const BadConfig& bad : kBadConfigs) {
-    const std::string text = bad.patch ? patched(bad.text).dump(2) : std::string(bad.text);
+    const std::string text =
+        bad.patch ? patched(std::string(bad.text).c_str()).dump(2) : std::string(bad.text);
     INFO(bad.what << "\n" << text);
     CHECK(error_of(text) == bad.message);
   }

@@ -147,7 +147,8 @@ if [ "$fault" = sigstop ]; then
   [ -n "$report" ] || fail "no watchdog report in the log"
   echo "$report" | grep -q "did not complete within" || fail "the report does not name the operation's timeout"
   echo "$report" | grep -q "at training step $fault_step" || fail "the report does not name step $fault_step"
-  echo "$report" | grep -q "ranks missing: $victim " || fail "the report does not name rank $victim as missing"
+  echo "$report" | grep -Eq "ranks missing: ([0-9]+, )*$victim[ ,]" ||
+    fail "the report does not name rank $victim as missing"
 fi
 if [ "$failures" -ne 0 ]; then
   echo "--- log"
