@@ -48,7 +48,15 @@ MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream
   ZRT_CHECK(device.type() == DeviceType::kCpu, "the MPI process group needs the CPU device, not {}",
             device.description());
   require_thread_multiple();
-  ZRT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  {
+    // MPI_Comm_dup blocks until every rank calls it and cannot time out: the watchdog's
+    // monitor is the only guard against a rank that never comes.
+    const Watchdog::Watch watch =
+        options_.watchdog
+            ? options_.watchdog->watch(fmt::format("MPI_Comm_dup creating group '{}'", name_))
+            : Watchdog::Watch();
+    ZRT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  }
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -495,8 +503,13 @@ std::unique_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, Stream&
   // MPI_Comm_split is a collective on comm_, so it must run in the group's stream order,
   // never concurrently with the worker's operations.
   MPI_Comm child = MPI_COMM_NULL;
-  cpu_stream_.enqueue(
-      [this, color, key, &child] { ZRT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child)); });
+  cpu_stream_.enqueue([this, color, key, &child, name] {
+    const Watchdog::Watch watch =
+        options_.watchdog
+            ? options_.watchdog->watch(fmt::format("MPI_Comm_split creating group '{}'", name))
+            : Watchdog::Watch();
+    ZRT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
+  });
   stream_->synchronize();
   return std::unique_ptr<ProcessGroup>(
       new MpiProcessGroup(Adopt{}, device_, child, stream, name, options_));

@@ -14,6 +14,7 @@
 // Fault points (docs/reliability.md keeps the list):
 //   train.step        zrt-train, every step, before the last micro-batch's forward/backward
 //                     (the step's first micro-batches are done; their reductions may be in flight)
+//   train.start       zrt-train, once, before the process groups are created (step -1)
 // New points are one call: fault_point("checkpoint.write", step) where the fault should hit.
 //
 // The variable is read at each call (no cached state); a malformed value throws

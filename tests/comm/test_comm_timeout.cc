@@ -4,7 +4,11 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/common/error.h"
 #include "tests/comm/collective_test_util.h"
@@ -52,4 +56,35 @@ TEST_CASE("a withheld collective times out on the other ranks with a clear error
     }
   }
   // The group's destructor completes the abandoned request once the late rank has joined.
+}
+
+TEST_CASE("the watchdog reports a group creation that blocks past the timeout") {
+  // MPI_Comm_dup cannot time out; the watchdog's monitor reports it (zrt-train would abort).
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  REQUIRE(size >= 2);
+  std::vector<std::string> reports;
+  std::mutex mutex;
+  CommOptions o;
+  o.timeout_s = 0.3;
+  o.watchdog = std::make_shared<Watchdog>(
+      o.timeout_s,
+      [&](const std::string& m) {
+        std::lock_guard<std::mutex> lock(mutex);
+        reports.push_back(m);
+      },
+      0.3);
+  const bool late = rank == size - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  auto f = make_comm(o, "slow_start");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (late) {
+    CHECK(reports.empty());
+  } else {
+    REQUIRE(reports.size() == 1);
+    CHECK_THAT(reports[0], Catch::StartsWith("MPI_Comm_dup creating group 'slow_start' has been "
+                                             "in flight for") &&
+                               Catch::Contains("beyond comm_timeout_s = 0.3 s"));
+  }
 }

@@ -18,6 +18,14 @@ fi
 train=$1 data_tool=$2 mpirun=$3 fault=$4 ranks=$5 timeout_s=$6 work=$7
 victim=2
 fault_step=3
+action=${fault%%:*}
+# FAULT is an action (sigkill, sigstop: at train.step, mid-step 3) or an action with its own
+# fields (sigstop:point=train.start: before the process groups exist).
+if [ "$action" = "$fault" ]; then
+  spec="$fault:rank=$victim:step=$fault_step"
+else
+  spec="$fault:rank=$victim"
+fi
 failures=0
 
 now() { date +%s.%N; }
@@ -50,7 +58,7 @@ cat > "$work/run.json" << EOF
 EOF
 
 # setsid: mpirun and everything it starts form one process group we can always clean up.
-ZRT_FAULT_INJECT="$fault:rank=$victim:step=$fault_step" \
+ZRT_FAULT_INJECT="$spec" \
   setsid "$mpirun" -n "$ranks" --oversubscribe --bind-to none "$train" --config "$work/run.json" \
   > "$work/log" 2>&1 &
 launcher=$!
@@ -88,8 +96,8 @@ echo "ranks: $(for r in "${!pid_of[@]}"; do printf 'rank %s pid %s; ' "$r" "${pi
 vpid=${pid_of[$victim]}
 t_fault=""
 for _ in $(seq 1200); do
-  if [ "$fault" = sigkill ] && ! alive "$vpid"; then t_fault=$(now); fi
-  if [ "$fault" = sigstop ] && [ "$(state "$vpid")" = T ]; then t_fault=$(now); fi
+  if [ "$action" = sigkill ] && ! alive "$vpid"; then t_fault=$(now); fi
+  if [ "$action" = sigstop ] && [ "$(state "$vpid")" = T ]; then t_fault=$(now); fi
   [ -n "$t_fault" ] && break
   sleep 0.1
 done
@@ -98,7 +106,7 @@ if [ -z "$t_fault" ]; then
   cat "$work/log"
   exit 1
 fi
-echo "fault $fault hit rank $victim $(elapsed "$start" "$t_fault") s after launch"
+echo "fault $spec hit rank $victim $(elapsed "$start" "$t_fault") s after launch"
 
 # Every other rank must be gone within the timeout plus 10 s; mpirun must return.
 limit=$(awk -v t="$timeout_s" 'BEGIN { print t + 10 }')
@@ -140,15 +148,23 @@ done
 left=$(pgrep -g "$launcher" 2>/dev/null | tr '\n' ' ')
 [ -z "$left" ] || fail "processes left in the job's process group: $left"
 
-if [ "$fault" = sigstop ]; then
-  # Only the watchdog can see a frozen rank: its report must name the step and the rank.
+if [ "$action" = sigstop ]; then
+  # Only the watchdog can see a frozen rank: its report must say where the job stood.
   report=$(grep -m1 "watchdog:" "$work/log")
   echo "watchdog report: ${report:-none}"
   [ -n "$report" ] || fail "no watchdog report in the log"
-  echo "$report" | grep -q "did not complete within" || fail "the report does not name the operation's timeout"
-  echo "$report" | grep -q "at training step $fault_step" || fail "the report does not name step $fault_step"
-  echo "$report" | grep -Eq "ranks missing: ([0-9]+, )*$victim[ ,]" ||
-    fail "the report does not name rank $victim as missing"
+  if [ "$spec" = "$fault:rank=$victim:step=$fault_step" ]; then
+    echo "$report" | grep -q "did not complete within" ||
+      fail "the report does not name the operation's timeout"
+    echo "$report" | grep -q "at training step $fault_step" ||
+      fail "the report does not name step $fault_step"
+    echo "$report" | grep -Eq "ranks missing: ([0-9]+, )*$victim[ ,]" ||
+      fail "the report does not name rank $victim as missing"
+  else
+    # Group creation (MPI_Comm_dup) cannot time out: the monitor thread reports it.
+    echo "$report" | grep -q "MPI_Comm_dup creating group '[a-z]*' has been in flight" ||
+      fail "the report does not name the blocked group creation"
+  fi
 fi
 if [ "$failures" -ne 0 ]; then
   echo "--- log"

@@ -163,6 +163,8 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
     CHECK(o.status != 0);
     CHECK_THAT(o.output, Catch::Contains(c.message));
     CHECK(o.seconds < 60);
-    CHECK_THAT(o.output, !Catch::Contains("Segmentation") && !Catch::Contains("AddressSanitizer"));
+    // No crash, and under ASan/UBSan (CI) no sanitizer report in any rank.
+    CHECK_THAT(o.output, !Catch::Contains("Segmentation") && !Catch::Contains("Sanitizer") &&
+                             !Catch::Contains("runtime error:"));
   }
 }

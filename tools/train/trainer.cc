@@ -163,6 +163,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   CommOptions comm_options = config.comm;
   comm_options.watchdog = std::make_shared<Watchdog>(config.comm.timeout_s, hooks.on_hang);
   Watchdog& watchdog = *comm_options.watchdog;
+  fault_point("train.start");  // test hook: a rank lost before the groups exist
   auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "zero", comm_options);
   auto control_group =
       make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", comm_options);
