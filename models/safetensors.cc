@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +32,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::error_code ec;
   const std::uint64_t file_size = std::filesystem::file_size(path, ec);
   if (ec) ZRT_THROW(InvalidArgument, "{}: cannot read its size: {}", path, ec.message());
+  read(in, file_size);
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(const std::string& bytes, const std::string& name) {
+  SafetensorsFile f;
+  f.path_ = name;
+  std::istringstream in(bytes);
+  f.read(in, bytes.size());
+  return f;
+}
+
+void SafetensorsFile::read(std::istream& in, std::uint64_t file_size) {
+  const std::string& path = path_;
   if (file_size < 8) {
     ZRT_THROW(InvalidArgument, "{}: truncated: {} bytes, smaller than the 8-byte header length",
               path, file_size);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ class SafetensorsFile {
  public:
   // Reads and validates the header; keeps the file's data in memory.
   explicit SafetensorsFile(const std::string& path);
+  // The same checks on a file's bytes held in memory; `name` starts every message (fuzzing).
+  static SafetensorsFile from_bytes(const std::string& bytes, const std::string& name);
 
   const std::string& path() const { return path_; }
   const std::map<std::string, SafetensorsEntry>& tensors() const { return tensors_; }
@@ -39,6 +42,9 @@ class SafetensorsFile {
   std::map<std::string, SafetensorsEntry> tensors_;
   std::map<std::string, std::string> metadata_;
   std::vector<char> data_;  // the data section
+
+  SafetensorsFile() = default;
+  void read(std::istream& in, std::uint64_t file_size);
 };
 
 // Writes fp32 tensors (atomically: a temp file then rename) with `metadata` in __metadata__.

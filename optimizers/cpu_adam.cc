@@ -1,5 +1,6 @@
 #include "optimizers/cpu_adam.h"
 
+#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -46,13 +47,21 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "?";
 }
 
+namespace {
+// F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c").
+bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+}  // namespace
+
 bool cpu_isa_supported(CpuIsa isa) {
   __builtin_cpu_init();
   switch (isa) {
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f");
     case CpuIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && has_f16c();
     default:
       return true;
   }

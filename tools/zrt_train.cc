@@ -1,5 +1,7 @@
 // zrt-train: trains a GPT with the ZeRO engine, as one JSON config describes.
 //   mpirun -n N zrt-train --config run.json      (or: tools/zrt-run -n N run.json)
+// Exit status: 0 done; 1 an error (the job is aborted); 2 bad arguments; 3 the watchdog ended
+// a hung job (a collective past comm_timeout_s: a rank died, froze or diverged).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -43,7 +45,15 @@ int main(int argc, char** argv) {
     try {
       const zrt::Config config = zrt::load_config(config_path, mpi.size());
       zrt::init_logging(mpi.rank(), config.log_level);
-      zrt::train::run_training(config, mpi);
+      zrt::train::TrainHooks hooks;
+      // A hang (an operation past comm_timeout_s, reported by the watchdog with the operation,
+      // the step and the ranks missing, already logged): end the whole job now, from whichever
+      // thread saw it, rather than unwind through other waits that may block too.
+      hooks.on_hang = [](const std::string&) {
+        spdlog::default_logger()->flush();
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      };
+      zrt::train::run_training(config, mpi, hooks);
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       // The other ranks may be waiting in a collective: end the whole job now rather than let

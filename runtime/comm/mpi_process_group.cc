@@ -5,6 +5,7 @@
 #include <cstring>
 #include <thread>
 
+#include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "runtime/comm/mpi_runtime.h"
@@ -47,7 +48,15 @@ MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream
   ZRT_CHECK(device.type() == DeviceType::kCpu, "the MPI process group needs the CPU device, not {}",
             device.description());
   require_thread_multiple();
-  ZRT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  {
+    // MPI_Comm_dup blocks until every rank calls it and cannot time out: the watchdog's
+    // monitor is the only guard against a rank that never comes.
+    const Watchdog::Watch watch =
+        options_.watchdog
+            ? options_.watchdog->watch(fmt::format("MPI_Comm_dup creating group '{}'", name_))
+            : Watchdog::Watch();
+    ZRT_MPI_CHECK(MPI_Comm_dup(parent, &comm_));
+  }
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
@@ -98,6 +107,12 @@ std::string MpiProcessGroup::describe(const char* op, std::int64_t count, DType 
 
 void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
   stats_.add(op, bytes);
+  // Every rank issues the same operations in the same order, so the count names an operation
+  // across ranks (the attendance taken after a timeout compares it).
+  body = [this, body = std::move(body)] {
+    ++sequence_;
+    body();
+  };
   const double bandwidth = options_.simulated_bandwidth_bytes_per_s;
   const double latency = options_.simulated_latency_s;
   if (bandwidth <= 0.0 && latency <= 0.0) {
@@ -120,6 +135,9 @@ void MpiProcessGroup::wait(MPI_Request& req, const std::string& what) {
 }
 
 void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what) {
+  Watchdog* watchdog = options_.watchdog.get();
+  // The watchdog's monitor is the backstop should MPI_Testall itself ever block.
+  const Watchdog::Watch watch = watchdog ? watchdog->watch(what) : Watchdog::Watch();
   const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                            std::chrono::duration<double>(options_.timeout_s));
   for (unsigned polls = 0;; ++polls) {
@@ -131,14 +149,81 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
         for (int i = 0; i < n; ++i) {
           if (reqs[i] != MPI_REQUEST_NULL) abandoned_.push_back(reqs[i]);
         }
-        throw Timeout(__FILE__, __LINE__,
-                      fmt::format("{} did not complete within {:.1f} s (comm_timeout_s): a peer "
-                                  "rank died, stalled, or issued collectives in another order",
-                                  what, options_.timeout_s));
+        const std::string message = fmt::format(
+            "{} did not complete within {:.1f} s (comm_timeout_s){}; {}", what, options_.timeout_s,
+            watchdog ? watchdog->step_phrase() : "", take_attendance());
+        if (watchdog) watchdog->expired(message);
+        throw Timeout(__FILE__, __LINE__, message);
       }
       std::this_thread::yield();
     }
   }
+}
+
+std::string MpiProcessGroup::take_attendance() {
+  // Every rank stuck in this operation times out at about the same moment and sends the
+  // others its operation number on this group, point to point beside the collectives (their
+  // own tag; collective traffic never matches it). Peers heard from with the same number are
+  // waiting too; with another number they are elsewhere in the group's sequence; peers not
+  // heard from within the grace period are missing: dead, frozen, or blocked somewhere else.
+  // MPI errors here (a dead peer) only mean "not heard from".
+  constexpr int kAttendanceTag = 0x7a7;
+  const double grace = std::min(2.0, std::max(0.2, options_.timeout_s / 2));
+  attendance_send_ = sequence_;
+  std::vector<std::int64_t> heard(static_cast<std::size_t>(size_), -1);
+  std::vector<MPI_Request> recvs(static_cast<std::size_t>(size_), MPI_REQUEST_NULL);
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    MPI_Request send = MPI_REQUEST_NULL;
+    if (MPI_Isend(&attendance_send_, 1, MPI_INT64_T, peer, kAttendanceTag, comm_, &send) ==
+        MPI_SUCCESS) {
+      abandoned_.push_back(send);  // completed (or given up) by the destructor
+    }
+    MPI_Irecv(&heard[static_cast<std::size_t>(peer)], 1, MPI_INT64_T, peer, kAttendanceTag, comm_,
+              &recvs[static_cast<std::size_t>(peer)]);
+  }
+  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(grace));
+  for (;;) {
+    int done = 0;
+    if (MPI_Testall(size_, recvs.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+    if (done || Clock::now() > end) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  for (MPI_Request& r : recvs) {
+    if (r == MPI_REQUEST_NULL) continue;
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);  // a cancelled receive completes at once
+  }
+  std::vector<int> missing, waiting;
+  std::vector<std::string> elsewhere;
+  for (int peer = 0; peer < size_; ++peer) {
+    const std::int64_t seq = heard[static_cast<std::size_t>(peer)];
+    if (peer == rank_) continue;
+    if (seq < 0) {
+      missing.push_back(peer);
+    } else if (seq == sequence_) {
+      waiting.push_back(peer);
+    } else {
+      elsewhere.push_back(fmt::format("rank {} at operation #{}", peer, seq));
+    }
+  }
+  std::string text = missing.empty()
+                         ? std::string("no rank missing")
+                         : fmt::format(
+                               "ranks missing: {} (not heard from within {:.1f} s: dead, "
+                               "frozen or blocked elsewhere)",
+                               fmt::join(missing, ", "), grace);
+  if (!elsewhere.empty()) {
+    text += fmt::format(
+        "; in another operation of the group (collectives issued in another "
+        "order?): {}",
+        fmt::join(elsewhere, ", "));
+  }
+  text += fmt::format("; this is operation #{} of the group; waiting in it too: {}", sequence_,
+                      waiting.empty() ? std::string("no other rank")
+                                      : fmt::format("ranks {}", fmt::join(waiting, ", ")));
+  return text;
 }
 
 std::byte* MpiProcessGroup::scratch(int which, std::int64_t bytes) {
@@ -418,8 +503,13 @@ std::unique_ptr<ProcessGroup> MpiProcessGroup::split(int color, int key, Stream&
   // MPI_Comm_split is a collective on comm_, so it must run in the group's stream order,
   // never concurrently with the worker's operations.
   MPI_Comm child = MPI_COMM_NULL;
-  cpu_stream_.enqueue(
-      [this, color, key, &child] { ZRT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child)); });
+  cpu_stream_.enqueue([this, color, key, &child, name] {
+    const Watchdog::Watch watch =
+        options_.watchdog
+            ? options_.watchdog->watch(fmt::format("MPI_Comm_split creating group '{}'", name))
+            : Watchdog::Watch();
+    ZRT_MPI_CHECK(MPI_Comm_split(comm_, color, key, &child));
+  });
   stream_->synchronize();
   return std::unique_ptr<ProcessGroup>(
       new MpiProcessGroup(Adopt{}, device_, child, stream, name, options_));

@@ -48,9 +48,13 @@ class MpiProcessGroup final : public ProcessGroup {
 
   // Enqueues body on the stream; counts the bytes; applies the simulated link.
   void enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body);
-  // Polls req until done; throws Timeout naming `what` after options_.timeout_s.
+  // Polls req until done; after options_.timeout_s tells the watchdog and throws Timeout naming
+  // `what`, the step and the ranks missing.
   void wait(MPI_Request& req, const std::string& what);
   void wait_all(MPI_Request* reqs, int n, const std::string& what);
+  // After a timeout: which peers are waiting in the same operation, which are elsewhere and
+  // which are missing (see the .cc). Returns the phrase the error message carries.
+  std::string take_attendance();
   std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Worker-thread scratch of at least `bytes` (comm category, grown on demand).
   std::byte* scratch(int which, std::int64_t bytes);
@@ -75,6 +79,8 @@ class MpiProcessGroup final : public ProcessGroup {
   Buffer scratch_[2];                   // touched by the worker only
   std::vector<MPI_Request> abandoned_;  // requests left pending by a timeout (worker only)
   std::vector<MPI_Request> requests_;   // reused request list (worker only)
+  std::int64_t sequence_ = 0;           // operations started on this group (worker only)
+  std::int64_t attendance_send_ = 0;    // the value a timeout's attendance call sends
 };
 
 }  // namespace zrt

@@ -234,7 +234,15 @@ void NcclProcessGroup::fail(ncclComm_t& comm, const std::string& message, bool t
     }
     comm = nullptr;
   }
-  if (timeout) throw Timeout(__FILE__, __LINE__, message);
+  if (timeout) {
+    // NCCL does not say which peer is missing; the watchdog adds the step and ends the run.
+    Watchdog* watchdog = options_.watchdog.get();
+    const std::string full = watchdog && watchdog->step() > 0
+                                 ? fmt::format("{} (training step {})", message, watchdog->step())
+                                 : message;
+    if (watchdog) watchdog->expired(full);
+    throw Timeout(__FILE__, __LINE__, full);
+  }
   throw Error(__FILE__, __LINE__, message);
 }
 

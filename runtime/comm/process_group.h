@@ -12,7 +12,8 @@
 // all-gather for the same reason.
 //
 // Every operation honours CommOptions::timeout_s: one that does not finish in time makes the
-// stream fail with zrt::Timeout naming the operation, its size and the group.
+// stream fail with zrt::Timeout naming the operation, its size, the group, the ranks missing
+// and (with a watchdog) the training step; the watchdog is told first.
 #pragma once
 
 #include <cstddef>
@@ -24,6 +25,7 @@
 
 #include "runtime/comm/comm_stats.h"
 #include "runtime/common/dtype.h"
+#include "runtime/common/watchdog.h"
 #include "runtime/device/device.h"
 
 namespace zrt {
@@ -46,6 +48,9 @@ enum class AllGatherAlgo {
 
 struct CommOptions {
   double timeout_s = 600.0;
+  // Optional: told about every timeout (it names the step and may end the run) and watching
+  // every operation in flight as a backstop. Shared by all groups of a run.
+  std::shared_ptr<Watchdog> watchdog;
   ReduceScatterAlgo reduce_scatter_algo = ReduceScatterAlgo::kAlltoall;
   AllGatherAlgo all_gather_algo = AllGatherAlgo::kMpi;
   // Largest piece one MPI call moves per rank; bounds scratch memory and keeps counts in int.

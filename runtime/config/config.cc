@@ -666,7 +666,11 @@ class Parser {
     }
 
     CommOptions& comm = config_.comm;
-    comm.timeout_s = get_number("comm.timeout_s", comm.timeout_s);
+    if (has("comm_timeout_s") && has("comm.timeout_s")) {
+      fail("comm_timeout_s", "give comm_timeout_s or comm.timeout_s, not both");
+    }
+    comm.timeout_s =
+        get_number(has("comm_timeout_s") ? "comm_timeout_s" : "comm.timeout_s", comm.timeout_s);
     comm.reduce_scatter_algo = get_string("comm.reduce_scatter", "alltoall") == "native"
                                    ? ReduceScatterAlgo::kNative
                                    : ReduceScatterAlgo::kAlltoall;

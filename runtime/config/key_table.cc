@@ -533,6 +533,10 @@ std::vector<KeyInfo> build_table() {
         "CPU debug: random delay up to this before each stream operation")
           .range(0)
           .zrt(),
+      K("comm_timeout_s", I, kNumber, "600",
+        "Same as comm.timeout_s: a collective or wait longer than this ends the run (give one)")
+          .range(0.001)
+          .zrt(),
       K("comm", I, kObject, "{}", "Collectives").zrt(),
       K("comm.timeout_s", I, kNumber, "600", "Fail a collective that takes longer than this")
           .range(0.001)

@@ -1,10 +1,14 @@
 // A rank that withholds its call makes every other rank's collective fail with zrt::Timeout
-// naming the operation, instead of hanging. The late rank joins afterwards so MPI can finish
-// the abandoned operation and the test ends cleanly.
+// naming the operation and the missing rank, instead of hanging. The late rank joins afterwards so
+// MPI can finish the abandoned operation and the test ends cleanly.
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/common/error.h"
 #include "tests/comm/collective_test_util.h"
@@ -39,7 +43,50 @@ TEST_CASE("a withheld collective times out on the other ranks with a clear error
       CHECK_THAT(std::string(e.what()),
                  Catch::Contains("all_gather of 1000 x fp32 on group 'timeout'") &&
                      Catch::Contains("did not complete within 1.0 s (comm_timeout_s)"));
+      // Attendance: the late rank is named as missing, every other rank as waiting too.
+      std::string waiting;
+      for (int r = 0; r < f.size() - 1; ++r) {
+        if (r == f.rank()) continue;
+        waiting += (waiting.empty() ? "ranks " : ", ") + std::to_string(r);
+      }
+      CHECK_THAT(std::string(e.what()),
+                 Catch::Contains("ranks missing: " + std::to_string(f.size() - 1) + " (") &&
+                     Catch::EndsWith("waiting in it too: " +
+                                     (waiting.empty() ? std::string("no other rank") : waiting)));
     }
   }
-  // The group's destructor completes the abandoned request once the late rank has joined.
+  // The group's destructor completes the abandoned request once the late rank has joined: it
+  // must go before the buffers the request writes into (ASan found the test freeing them first).
+  f.group.reset();
+}
+
+TEST_CASE("the watchdog reports a group creation that blocks past the timeout") {
+  // MPI_Comm_dup cannot time out; the watchdog's monitor reports it (zrt-train would abort).
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  REQUIRE(size >= 2);
+  std::vector<std::string> reports;
+  std::mutex mutex;
+  CommOptions o;
+  o.timeout_s = 0.3;
+  o.watchdog = std::make_shared<Watchdog>(
+      o.timeout_s,
+      [&](const std::string& m) {
+        std::lock_guard<std::mutex> lock(mutex);
+        reports.push_back(m);
+      },
+      0.3);
+  const bool late = rank == size - 1;
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  auto f = make_comm(o, "slow_start");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (late) {
+    CHECK(reports.empty());
+  } else {
+    REQUIRE(reports.size() == 1);
+    CHECK_THAT(reports[0], Catch::StartsWith("MPI_Comm_dup creating group 'slow_start' has been "
+                                             "in flight for") &&
+                               Catch::Contains("beyond comm_timeout_s = 0.3 s"));
+  }
 }

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -389,7 +390,7 @@ TEST_CASE("\"auto\" elsewhere: defaults where clear, an error otherwise", "[conf
 struct BadConfig {
   const char* what;
   bool patch;
-  const char* text;
+  std::string_view text;  // a view, so a text may hold a NUL byte
   const char* message;
 };
 
@@ -408,6 +409,9 @@ const BadConfig kBadConfigs[] = {
      "bad.json:1:1: JSON syntax error while parsing value - unexpected end of input; expected "
      "'[', '{', or a literal"},
     {"not an object", false, "[1, 2]", "bad.json: the config must be a JSON object, not [1,2]"},
+    // Found by fuzz_config: nlohmann's parser stops at a NUL byte and accepted what preceded it.
+    {"NUL byte after a value", false, std::string_view("9\0\"\xeb\": 1", 8),
+     "bad.json:1:2: JSON syntax error: a NUL byte (is this a binary file?)"},
     // Duplicate keys, at any depth.
     {"duplicate top-level key", false, "{\n  \"seed\": 1,\n  \"seed\": 2\n}",
      "bad.json:3:3: duplicate key 'seed' (first on line 2)"},
@@ -539,6 +543,12 @@ const BadConfig kBadConfigs[] = {
      "over ranks; zrt averages); remove the key or set it to \"mean\""},
     {"unsupported optimizer", true, R"({"optimizer": {"type": "Lamb"}})",
      "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW"},
+    {"comm timeout under both names", true, R"({"comm_timeout_s": 30, "comm": {"timeout_s": 60}})",
+     "bad.json: comm_timeout_s: give comm_timeout_s or comm.timeout_s, not both"},
+    {"comm timeout of zero", true, R"({"comm_timeout_s": 0})",
+     "bad.json: comm_timeout_s: 0 is out of range; expected a number >= 0.001"},
+    {"comm timeout as a string", true, R"({"comm": {"timeout_s": "10m"}})",
+     "bad.json: comm.timeout_s: expected a number >= 0.001, got \"10m\""},
     {"scheduler without total_num_steps", true,
      R"({"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 10}}})",
      "bad.json: scheduler.params.total_num_steps is required for WarmupCosineLR"},
@@ -547,7 +557,8 @@ const BadConfig kBadConfigs[] = {
 TEST_CASE("bad configs fail with a message naming the key", "[config][errors]") {
   STATIC_REQUIRE(sizeof(kBadConfigs) / sizeof(kBadConfigs[0]) >= 30);
   for (const BadConfig& bad : kBadConfigs) {
-    const std::string text = bad.patch ? patched(bad.text).dump(2) : std::string(bad.text);
+    const std::string text =
+        bad.patch ? patched(std::string(bad.text).c_str()).dump(2) : std::string(bad.text);
     INFO(bad.what << "\n" << text);
     CHECK(error_of(text) == bad.message);
   }
@@ -588,6 +599,13 @@ TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silen
       "wall_clock_breakdown: accepted, but has no effect in zrt (DeepSpeed timers; use trace "
       "for timings)";
   CHECK(std::count(loud.warnings.begin(), loud.warnings.end(), full) == 1);
+}
+
+TEST_CASE("comm_timeout_s at the top level is comm.timeout_s; 5e8 is an integer", "[config]") {
+  CHECK(parse_doc(patched(R"({"comm_timeout_s": 7.5})")).comm.timeout_s == 7.5);
+  CHECK(parse_doc(patched(R"({"comm": {"timeout_s": 9}})")).comm.timeout_s == 9.0);
+  CHECK(parse_doc(patched(R"({"zero_optimization": {"reduce_bucket_size": 5e8}})"))
+            .engine.reduce_bucket_size == 500000000);
 }
 
 TEST_CASE("null means the default; bfloat16 is bf16", "[config]") {

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -12,6 +13,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/config/config.h"
 #include "runtime/data/token_shard.h"
+#include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
 #include "tests/trace/trace_test_util.h"
 #include "tools/train/trainer.h"
@@ -43,7 +45,8 @@ std::string corpus_dir() {
 }
 
 train::RunSummary run(const std::string& dir, const std::string& name, const std::string& zero,
-                      bool checkpointing, int world, const std::string& extra = "") {
+                      bool checkpointing, int world, const std::string& extra = "",
+                      const train::TrainHooks& hooks = {}) {
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2,
@@ -66,7 +69,7 @@ train::RunSummary run(const std::string& dir, const std::string& name, const std
   const Config config = parse_config_text(text, world, name + ".json");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return train::run_training(config, train::RankInfo{rank, world, rank, world});
+  return train::run_training(config, train::RankInfo{rank, world, rank, world}, hooks);
 }
 
 }  // namespace
@@ -147,5 +150,62 @@ TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.step
       CHECK(e.ts >= steps.front().ts);
       CHECK(e.end() <= steps.back().end());
     }
+  }
+}
+
+TEST_CASE("a NaN in one rank's gradients skips that step on every rank; training goes on") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  // The last rank's gradients of step 3 become NaN (runtime/common/fault.h); the others' stay
+  // finite, so only the global decision can make them skip.
+  const int victim = world - 1;
+  const std::string fault = "nan:rank=" + std::to_string(victim) + ":step=3";
+  setenv("ZRT_FAULT_INJECT", fault.c_str(), 1);
+  std::vector<std::vector<float>> params;  // every parameter's fp32 master value after each step
+  std::vector<int> skipped;
+  train::TrainHooks hooks;
+  hooks.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult& result) {
+    std::vector<float> all;
+    for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+      const std::vector<float> v = engine.full_parameter(p);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    params.push_back(std::move(all));
+    skipped.push_back(result.skipped ? 1 : 0);
+  };
+  const auto s =
+      run(dir, "nan", R"({"stage": 2, "reduce_bucket_size": 20000})", false, world, "", hooks);
+  unsetenv("ZRT_FAULT_INJECT");
+  REQUIRE(params.size() == 6);
+  CHECK(skipped == std::vector<int>{0, 0, 1, 0, 0, 0});
+  // The same decision on every rank.
+  std::vector<int> lowest(skipped.size()), highest(skipped.size());
+  MPI_Allreduce(skipped.data(), lowest.data(), 6, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(skipped.data(), highest.data(), 6, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lowest == highest);
+  // Step 3 left every parameter exactly as step 2 did; the steps before and after changed them.
+  CHECK(params[2] == params[1]);
+  CHECK(params[1] != params[0]);
+  CHECK(params[3] != params[2]);
+  for (float v : params.back()) REQUIRE(std::isfinite(v));
+  CHECK(s.skipped == 1);
+  CHECK(s.steps == 6);
+  for (double loss : s.losses) CHECK(std::isfinite(loss));
+  CHECK(s.losses.back() < s.losses.front());
+  if (rank == 0) {
+    std::ifstream in(dir + "/nan/metrics.jsonl");
+    std::string line;
+    std::vector<bool> row_skipped;
+    std::vector<std::int64_t> row_total;
+    while (std::getline(in, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.contains("val_loss")) continue;
+      row_skipped.push_back(row["skipped"].get<bool>());
+      row_total.push_back(row["skipped_total"].get<std::int64_t>());
+    }
+    CHECK(row_skipped == std::vector<bool>{false, false, true, false, false, false});
+    CHECK(row_total == std::vector<std::int64_t>{0, 0, 1, 1, 1, 1});
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -22,6 +23,8 @@
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/error.h"
+#include "runtime/common/fault.h"
+#include "runtime/common/watchdog.h"
 #include "runtime/data/token_dataset.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/zero_engine.h"
@@ -136,7 +139,7 @@ std::string progress_bar(std::int64_t done, std::int64_t total, int width = 30) 
 
 }  // namespace
 
-RunSummary run_training(const Config& config, const RankInfo& mpi) {
+RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHooks& hooks) {
   const int rank = mpi.rank;
   const int world = mpi.world;
   RunSummary summary;
@@ -148,9 +151,14 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
   auto control_stream = device->create_stream("control");
-  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "zero", config.comm);
+  // Every collective reports a timeout to the watchdog, which knows the step and ends the run.
+  CommOptions comm_options = config.comm;
+  comm_options.watchdog = std::make_shared<Watchdog>(config.comm.timeout_s, hooks.on_hang);
+  Watchdog& watchdog = *comm_options.watchdog;
+  fault_point("train.start");  // test hook: a rank lost before the groups exist
+  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "zero", comm_options);
   auto control_group =
-      make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", config.comm);
+      make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", comm_options);
   Control control(*device, *control_group);
 
   // ---- model and engine ----------------------------------------------------------------------
@@ -318,21 +326,31 @@ RunSummary run_training(const Config& config, const RankInfo& mpi) {
     const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
     const double step_start_us = traced ? trace->now_us() : 0.0;
     if (traced) engine.set_trace(trace.get());
+    watchdog.set_step(step);
     device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
     for (int g = 0; g < G; ++g) {
       TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
         train_stream.next_micro_batch(rank, world, B, in, tg);
       });
-      model.forward_backward(engine, batch, static_cast<float>(engine.loss_scale()));
+      float scale = static_cast<float>(engine.loss_scale());
+      // Test hook (runtime/common/fault.h): "nan" poisons this rank's gradients through the
+      // loss gradient's scale; signals freeze or kill the rank here, mid-step.
+      if (g == G - 1 && fault_point("train.step", step) == FaultAction::kNan) {
+        scale = std::numeric_limits<float>::quiet_NaN();
+      }
+      model.forward_backward(engine, batch, scale);
       engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
                                  DType::kFloat32, loss_sum.device<std::byte>(), DType::kFloat32, 1);
     }
     const double lr = schedule.lr_for_step(applied + 1);
     const StepResult result = engine.step(lr);
     if (!result.skipped) ++applied;
+    if (hooks.after_step) hooks.after_step(step, engine, result);
     ++interval_steps;
-    const bool log_now = config.train.log_interval > 0 && (step % config.train.log_interval == 0 ||
-                                                           step == config.train.steps || step == 1);
+    // A skipped step (the same decision on every rank) always gets its metrics row.
+    const bool log_now = config.train.log_interval > 0 &&
+                         (step % config.train.log_interval == 0 || step == config.train.steps ||
+                          step == 1 || result.skipped);
     // The loss is read every step for the summary (one 4-byte copy; the step already synced).
     const double loss = control.mean(read_float(*device, *compute, loss_sum.device<float>()) / G);
     summary.losses.push_back(loss);

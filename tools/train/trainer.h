@@ -4,12 +4,18 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/config/config.h"
+
+namespace zrt {
+class ZeroEngine;
+struct StepResult;
+}  // namespace zrt
 
 namespace zrt::train {
 
@@ -31,10 +37,22 @@ struct RankInfo {
   int local_size = 1;
 };
 
+// Optional callbacks into a run (the tool, tests).
+struct TrainHooks {
+  // The watchdog's report of a hang (an operation past comm_timeout_s; the message names it,
+  // the step and the ranks missing), on the thread that saw it. zrt-train ends the job here;
+  // unset, the run fails with zrt::Timeout as usual.
+  std::function<void(const std::string& message)> on_hang;
+  // After each step's update, on every rank (collective calls on the engine are allowed).
+  std::function<void(std::int64_t step, ZeroEngine& engine, const StepResult& result)> after_step;
+};
+
 // Runs the whole training described by `config` on every rank. Collective over MPI_COMM_WORLD.
-RunSummary run_training(const Config& config, const RankInfo& ranks);
-inline RunSummary run_training(const Config& config, const MpiRuntime& mpi) {
-  return run_training(config, RankInfo{mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size()});
+RunSummary run_training(const Config& config, const RankInfo& ranks, const TrainHooks& hooks = {});
+inline RunSummary run_training(const Config& config, const MpiRuntime& mpi,
+                               const TrainHooks& hooks = {}) {
+  return run_training(config, RankInfo{mpi.rank(), mpi.size(), mpi.local_rank(), mpi.local_size()},
+                      hooks);
 }
 
 }  // namespace zrt::train
