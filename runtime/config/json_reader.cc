@@ -113,6 +113,20 @@ json parse_json_text(const std::string& text, const std::string& source_name) {
     }
     throw InvalidArgument(
         fmt::format("{}:{}:{}: JSON {}", source_name, at.line, at.column, detail));
+  } catch (const json::out_of_range& e) {
+    // A number too large for a double ("1e999"; found by fuzz_config). nlohmann names the
+    // literal but not its position: find it in the text.
+    const std::string what = e.what();
+    const std::size_t open = what.find("parsing '");
+    const std::size_t close = open == std::string::npos ? open : what.find('\'', open + 9);
+    const std::string literal =
+        close == std::string::npos ? std::string() : what.substr(open + 9, close - open - 9);
+    const std::size_t offset = literal.empty() ? std::string::npos : text.find(literal);
+    const TextPosition at = position_of(text, offset == std::string::npos ? 0 : offset);
+    throw InvalidArgument(fmt::format("{}:{}:{}: JSON number out of range: {}", source_name,
+                                      at.line, at.column, literal.empty() ? what : literal));
+  } catch (const json::exception& e) {
+    throw InvalidArgument(fmt::format("{}: JSON error: {}", source_name, e.what()));
   }
   check_duplicate_keys(text, source_name);
   return document;

@@ -412,6 +412,9 @@ const BadConfig kBadConfigs[] = {
     // Found by fuzz_config: nlohmann's parser stops at a NUL byte and accepted what preceded it.
     {"NUL byte after a value", false, std::string_view("9\0\"\xeb\": 1", 8),
      "bad.json:1:2: JSON syntax error: a NUL byte (is this a binary file?)"},
+    // Found by fuzz_config: nlohmann throws out_of_range, not parse_error, for this number.
+    {"number beyond a double", false, "{\"seed\": 1e999}",
+     "bad.json:1:10: JSON number out of range: 1e999"},
     // Duplicate keys, at any depth.
     {"duplicate top-level key", false, "{\n  \"seed\": 1,\n  \"seed\": 2\n}",
      "bad.json:3:3: duplicate key 'seed' (first on line 2)"},
