@@ -3,7 +3,10 @@
 // stand-in is stricter where CUDA leaves behaviour undefined (see standin_core.h).
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -412,6 +415,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
     if (flags & ~0xfu)
       fail(cudaErrorInvalidValue, "cudaEventCreateWithFlags", fmt::format("flags {:#x}", flags));
     *event = rt().create_event();
+    std::lock_guard<std::mutex> lock(rt().mutex());
+    rt().event(*event, "cudaEventCreateWithFlags")->flags = flags;
   });
 }
 
@@ -430,8 +435,43 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(rt().mutex());
     auto* s = rt().stream(stream, "cudaEventRecord");
     auto* e = rt().event(event, "cudaEventRecord");
+    if (!(e->flags & cudaEventDisableTiming)) {
+      // The time the stream gets here, for cudaEventElapsedTime (timing events only).
+      rt().enqueue(*s, "cudaEventRecord", "timestamp", {}, [reached = e->reached_ms] {
+        const auto now = std::chrono::steady_clock::now().time_since_epoch();
+        reached->store(std::chrono::duration<double, std::milli>(now).count());
+      });
+    }
     rt().record(*e, *s);
   });
+}
+
+// As CUDA: both events recorded and complete, neither created with cudaEventDisableTiming.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  bool ready = true;
+  const cudaError_t code = api("cudaEventElapsedTime", [&] {
+    check_out(ms, "cudaEventElapsedTime", "ms");
+    std::lock_guard<std::mutex> lock(rt().mutex());
+    auto* a = rt().event(start, "cudaEventElapsedTime");
+    auto* b = rt().event(end, "cudaEventElapsedTime");
+    for (auto* e : {a, b}) {
+      if (e->flags & cudaEventDisableTiming)
+        fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime",
+             "an event was created with cudaEventDisableTiming");
+      if (!e->recorded)
+        fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime",
+             "an event has never been recorded");
+    }
+    ready = a->impl.query() && b->impl.query();
+    if (ready) *ms = static_cast<float>(b->reached_ms->load() - a->reached_ms->load());
+  });
+  if (code != cudaSuccess) return code;
+  if (!ready) {
+    zrt::standin::set_last_error(cudaErrorNotReady,
+                                 "cudaEventElapsedTime: an event's work is pending");
+    return cudaErrorNotReady;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t event) {

@@ -28,6 +28,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -103,6 +104,10 @@ struct EventState {
   CpuEvent impl;
   VectorClock clock;
   bool recorded = false;
+  unsigned flags = 0;  // cudaEventDisableTiming etc., as created
+  // When the stream reached the last record (steady clock, ms), written by stream work enqueued
+  // just before it: what cudaEventElapsedTime reads. Shared so pending work outlives a destroy.
+  std::shared_ptr<std::atomic<double>> reached_ms = std::make_shared<std::atomic<double>>(0.0);
 };
 
 class Runtime {

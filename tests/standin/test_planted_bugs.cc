@@ -6,6 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "kernels/cuda/cuda_common.cuh"
@@ -169,4 +171,32 @@ TEST_CASE("planted bug: a launch grid too small for its data") {
   device->copy_to_host(got.data(), x.device<std::byte>(), 400, *stream);
   stream->synchronize();
   for (float v : got) CHECK(v == 3.0f);
+}
+
+// cudaEventElapsedTime (the CUDA trace's clock): the time between two records on a stream, and
+// CUDA's errors for a timing-disabled or never-recorded event.
+TEST_CASE("stand-in: cudaEventElapsedTime measures between records and rejects bad events") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+  cudaEvent_t begin = nullptr, end = nullptr, untimed = nullptr, unrecorded = nullptr;
+  REQUIRE(cudaEventCreate(&begin) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&end) == cudaSuccess);
+  REQUIRE(cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&unrecorded) == cudaSuccess);
+  REQUIRE(cudaEventRecord(begin, stream) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(
+              stream, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(30)); },
+              nullptr) == cudaSuccess);
+  REQUIRE(cudaEventRecord(end, stream) == cudaSuccess);
+  REQUIRE(cudaEventRecord(untimed, stream) == cudaSuccess);
+  REQUIRE(cudaEventSynchronize(end) == cudaSuccess);
+  float ms = -1.f;
+  REQUIRE(cudaEventElapsedTime(&ms, begin, end) == cudaSuccess);
+  CHECK(ms >= 29.f);
+  CHECK(ms < 5000.f);
+  CHECK(cudaEventElapsedTime(&ms, begin, untimed) == cudaErrorInvalidResourceHandle);
+  CHECK(cudaEventElapsedTime(&ms, begin, unrecorded) == cudaErrorInvalidResourceHandle);
+  (void)cudaGetLastError();
+  for (cudaEvent_t e : {begin, end, untimed, unrecorded}) CHECK(cudaEventDestroy(e) == cudaSuccess);
+  CHECK(cudaStreamDestroy(stream) == cudaSuccess);
 }
