@@ -117,7 +117,14 @@ while :; do
     [ "$r" = "$victim" ] && continue
     if [ -z "${gone_at[$r]:-}" ] && ! alive "${pid_of[$r]}"; then gone_at[$r]=$(elapsed "$t_fault" "$t"); fi
   done
-  kill -0 "$launcher" 2>/dev/null || break
+  # Done when mpirun has returned and every other rank is gone (a rank may still be exiting
+  # when mpirun returns: keep watching it until the limit rather than stop at mpirun's exit).
+  all_gone=1
+  for r in "${!pid_of[@]}"; do
+    [ "$r" = "$victim" ] && continue
+    [ -n "${gone_at[$r]:-}" ] || all_gone=0
+  done
+  if ! kill -0 "$launcher" 2>/dev/null && [ "$all_gone" = 1 ]; then break; fi
   if awk -v e="$(elapsed "$t_fault" "$t")" -v l="$limit" 'BEGIN { exit !(e > l) }'; then break; fi
   sleep 0.2
 done
