@@ -1,6 +1,5 @@
 #include "optimizers/cpu_adam.h"
 
-#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -32,46 +31,6 @@ RangeKernel kernel_for(CpuIsa isa) {
 }
 
 }  // namespace
-
-const char* cpu_isa_name(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAuto:
-      return "auto";
-    case CpuIsa::kScalar:
-      return "scalar";
-    case CpuIsa::kAvx2:
-      return "avx2";
-    case CpuIsa::kAvx512:
-      return "avx512";
-  }
-  return "?";
-}
-
-namespace {
-// F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c").
-bool has_f16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-}  // namespace
-
-bool cpu_isa_supported(CpuIsa isa) {
-  __builtin_cpu_init();
-  switch (isa) {
-    case CpuIsa::kAvx512:
-      return __builtin_cpu_supports("avx512f");
-    case CpuIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && has_f16c();
-    default:
-      return true;
-  }
-}
-
-CpuIsa best_cpu_isa() {
-  if (cpu_isa_supported(CpuIsa::kAvx512)) return CpuIsa::kAvx512;
-  if (cpu_isa_supported(CpuIsa::kAvx2)) return CpuIsa::kAvx2;
-  return CpuIsa::kScalar;
-}
 
 AdamStepScalars adam_step_scalars(const AdamOptions& o, std::int64_t step, double lr,
                                   double grad_scale) {
@@ -128,7 +87,7 @@ CpuAdam::CpuAdam(const AdamOptions& options, const CpuAdamOptions& cpu)
       num_threads_(cpu.num_threads > 0 ? cpu.num_threads : omp_get_max_threads()) {
   if (!cpu_isa_supported(isa_)) {
     ZRT_THROW(InvalidArgument, "CPU Adam: ISA {} is not supported on this machine (best: {})",
-              cpu_isa_name(isa_), cpu_isa_name(best_cpu_isa()));
+              cpu_isa_name(isa_), cpu_isa_name(hardware_cpu_isa()));
   }
 }
 

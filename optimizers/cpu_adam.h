@@ -14,19 +14,13 @@
 
 #include "optimizers/adam.h"
 #include "optimizers/optimizer_config.h"
+#include "runtime/common/cpu_isa.h"
 
 namespace zrt {
 
-enum class CpuIsa { kAuto, kScalar, kAvx2, kAvx512 };
-
-const char* cpu_isa_name(CpuIsa isa);  // "auto", "scalar", "avx2", "avx512"
-// Returns true iff this machine (and OS) can run `isa`; kAuto and kScalar always can.
-bool cpu_isa_supported(CpuIsa isa);
-// The widest supported ISA: what kAuto resolves to.
-CpuIsa best_cpu_isa();
-
 struct CpuAdamOptions {
-  CpuIsa isa = CpuIsa::kAuto;  // force a path (tests, benchmarks); throws if unsupported
+  CpuIsa isa = CpuIsa::kAuto;  // kAuto: active_cpu_isa(); or force a path (tests, benchmarks);
+                               // throws if this CPU cannot run it
   int num_threads = 0;         // 0: omp_get_max_threads()
 };
 

@@ -1,8 +1,8 @@
 // Vectorizable fp32 math for the CPU kernels' hot loops: exp and tanh as branch-free
 // polynomials (so the loops vectorize; libm's expf/tanhf are scalar calls), and span helpers
-// compiled for AVX-512, AVX2 and baseline x86-64 (ZRT_SIMD_CLONES). Deterministic on a given
-// machine; reductions use OpenMP SIMD reductions, so their order depends on the vector width
-// of the clone chosen at load time, never on the thread count.
+// compiled for AVX-512, AVX2 and baseline x86-64 (ZRT_SIMD_DISPATCH). Deterministic for a given
+// path; reductions use OpenMP SIMD reductions, so their order depends on the vector width of the
+// path active_cpu_isa() picks (ZRT_CPU_ISA can force one), never on the thread count.
 #pragma once
 
 #include <cstdint>

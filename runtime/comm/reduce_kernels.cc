@@ -27,29 +27,37 @@ constexpr std::int64_t kTile = 2048;  // fp32 accumulator tile kept in L1
 
 // Widen a tile to fp32. Separate functions so each loop vectorizes on its own.
 
-ZRT_SIMD_CLONES void widen_bf16(const std::uint16_t* in, float* acc, std::int64_t n, bool add) {
+ZRT_SIMD_BODY void widen_bf16_body(const std::uint16_t* in, float* acc, std::int64_t n, bool add) {
   if (add) {
     for (std::int64_t i = 0; i < n; ++i) acc[i] += bits_float(std::uint32_t{in[i]} << 16);
   } else {
     for (std::int64_t i = 0; i < n; ++i) acc[i] = bits_float(std::uint32_t{in[i]} << 16);
   }
 }
+ZRT_SIMD_DISPATCH(void, widen_bf16, (const std::uint16_t* in, float* acc, std::int64_t n, bool add),
+                  (in, acc, n, add), widen_bf16_body)
 
-ZRT_SIMD_CLONES void add_f32(const float* in, float* acc, std::int64_t n, bool add) {
+ZRT_SIMD_BODY void add_f32_body(const float* in, float* acc, std::int64_t n, bool add) {
   if (add) {
     for (std::int64_t i = 0; i < n; ++i) acc[i] += in[i];
   } else {
     for (std::int64_t i = 0; i < n; ++i) acc[i] = in[i];
   }
 }
+ZRT_SIMD_DISPATCH(void, add_f32, (const float* in, float* acc, std::int64_t n, bool add),
+                  (in, acc, n, add), add_f32_body)
 
-ZRT_SIMD_CLONES void scale_f32(float* acc, std::int64_t n, float divisor) {
+ZRT_SIMD_BODY void scale_f32_body(float* acc, std::int64_t n, float divisor) {
   for (std::int64_t i = 0; i < n; ++i) acc[i] = acc[i] / divisor;
 }
+ZRT_SIMD_DISPATCH(void, scale_f32, (float* acc, std::int64_t n, float divisor), (acc, n, divisor),
+                  scale_f32_body)
 
-ZRT_SIMD_CLONES void narrow_bf16(const float* acc, std::uint16_t* out, std::int64_t n) {
+ZRT_SIMD_BODY void narrow_bf16_body(const float* acc, std::uint16_t* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = to_bf16(acc[i]).bits;
 }
+ZRT_SIMD_DISPATCH(void, narrow_bf16, (const float* acc, std::uint16_t* out, std::int64_t n),
+                  (acc, out, n), narrow_bf16_body)
 
 void widen_fp16(const std::uint16_t* in, float* acc, std::int64_t n, bool add) {
   if (add) {

@@ -1,13 +1,46 @@
-// ZRT_SIMD_CLONES: compile a loop for AVX-512, AVX2 and baseline x86-64 and pick one at load
-// time (GCC function multiversioning), so one binary runs on any x86-64 at full width.
+// Hot CPU loops compiled for AVX-512, AVX2 and baseline x86-64 in one binary, with the path
+// chosen at run time by active_cpu_isa() (so ZRT_CPU_ISA can force a narrower one; see
+// cpu_isa.h). A kernel is written once as an always-inlined body; ZRT_SIMD_DISPATCH compiles
+// that body under each target and defines the public function that picks one:
 //
-// Sanitizer builds get a single baseline version: the ifunc resolvers that multiversioning
-// emits run before the sanitizer runtime is initialised and crash under TSan/ASan.
+//   ZRT_SIMD_BODY void add_body(const float* a, float* b, std::int64_t n) { ... loop ... }
+//   ZRT_SIMD_DISPATCH(void, add, (const float* a, float* b, std::int64_t n), (a, b, n), add_body)
+//
+// The three copies perform the same IEEE operations; results differ between them only where a
+// loop reduces (an OpenMP SIMD reduction sums in an order set by the vector width).
+//
+// (GCC's target_clones did this before, but its load-time resolver cannot be steered, and it
+// crashed under the sanitizers; this form has no resolver and works in every build.)
 #pragma once
 
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__clang__)
-#define ZRT_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#include "runtime/common/cpu_isa.h"
+
+#define ZRT_SIMD_BODY static inline __attribute__((always_inline))
+
+#if defined(__x86_64__)
+#define ZRT_SIMD_DISPATCH(ret, name, params, args, body)               \
+  __attribute__((target("avx512f"))) static ret name##_avx512 params { \
+    return body args;                                                  \
+  }                                                                    \
+  __attribute__((target("avx2"))) static ret name##_avx2 params {      \
+    return body args;                                                  \
+  }                                                                    \
+  static ret name##_baseline params {                                  \
+    return body args;                                                  \
+  }                                                                    \
+  ret name params {                                                    \
+    switch (::zrt::active_cpu_isa()) {                                 \
+      case ::zrt::CpuIsa::kAvx512:                                     \
+        return name##_avx512 args;                                     \
+      case ::zrt::CpuIsa::kAvx2:                                       \
+        return name##_avx2 args;                                       \
+      default:                                                         \
+        return name##_baseline args;                                   \
+    }                                                                  \
+  }
 #else
-#define ZRT_SIMD_CLONES
+#define ZRT_SIMD_DISPATCH(ret, name, params, args, body) \
+  ret name params {                                      \
+    return body args;                                    \
+  }
 #endif

@@ -52,12 +52,16 @@ void check_float(DType t, const char* what) {
   ZRT_CHECK(is_floating(t), "{}: {} is not a floating-point type", what, dtype_name(t));
 }
 
-ZRT_SIMD_CLONES void add_f32(const float* src, float* dst, std::int64_t n) {
+ZRT_SIMD_BODY void add_f32_body(const float* src, float* dst, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
-ZRT_SIMD_CLONES void scale_f32(float* x, std::int64_t n, float factor) {
+ZRT_SIMD_DISPATCH(void, add_f32, (const float* src, float* dst, std::int64_t n), (src, dst, n),
+                  add_f32_body)
+ZRT_SIMD_BODY void scale_f32_body(float* x, std::int64_t n, float factor) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
+ZRT_SIMD_DISPATCH(void, scale_f32, (float* x, std::int64_t n, float factor), (x, n, factor),
+                  scale_f32_body)
 }  // namespace
 
 void convert(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
