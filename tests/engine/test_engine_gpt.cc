@@ -1,10 +1,23 @@
 // The tiny GPT under the engine: every stage (stage 3 also with activation checkpointing and
 // with offload), at the world size mpirun gives (1, 2, 4), trains to the same parameters as a
 // plain single-process loop over the whole global batch (FlatParamAccess, AdamW written out in
-// double, clipping): per-tensor relative L2 error <= 1e-5 in fp32 (the worst is printed).
-// Splitting the batch over ranks changes the order of the gradient sums at the 1e-7 level; Adam
-// normalises every element, so elements with tiny gradients carry that difference into their
-// update: 1e-6 is met by most tensors, not by all.
+// double, clipping).
+//
+// How close is close enough, derived rather than measured on one machine: splitting the batch
+// over ranks re-associates every gradient sum (per-rank partial sums, then the all-reduce), so
+// the gradients differ from the reference's at the level of fp32 rounding, by an amount that
+// depends on the GEMM kernels (OpenBLAS picks different ones on AVX2 and AVX-512 machines) and
+// on zrt's vector width (ZRT_CPU_ISA). Adam divides each moment by its own scale, so an element
+// whose gradient nearly cancels turns a rounding-level change into an lr-sized one; after three
+// steps the per-tensor relative L2 difference ranges from 1.5e-6 to over 1e-5 across machines.
+// A fixed tolerance cannot be right everywhere, so the test measures this sensitivity on the
+// machine it runs on: it trains the reference again with the same global batch accumulated over
+// 2 and over 4 micro-batches, which re-associates the same sums the way the engine does (the
+// engine at N ranks computes N partial gradients of B/N rows and adds them). The engine must
+// then be within kReassociationFactor times the larger of those two differences, per tensor,
+// plus kAdamFloor for fp32 Adam against the double one. A real defect (a lost or doubled
+// gradient shard, a wrong average, a stale parameter) moves parameters by 1e-3 or more, far
+// outside the bound.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +29,7 @@
 #include "models/gpt/gpt.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/common/cpu_isa.h"
 #include "runtime/engine/zero_engine.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -29,6 +43,14 @@ constexpr double kLr = 3e-3;
 constexpr double kWeightDecay = 0.1;
 constexpr double kClip = 0.5;
 const char* kModel = "gpt2-tiny:seq_len=32";
+// Two re-associations of the same sums give rounding differences of the same size; over a tensor
+// the relative L2 norm averages many elements, so one draw lands within a small factor of
+// another. 4 leaves room for the smallest tensors (128 elements), where a few elements dominate.
+constexpr double kReassociationFactor = 4.0;
+// fp32 AdamW against the reference's double AdamW: per step and element the update is rounded
+// a handful of times (moments, square root, division, the parameter update: < 8 ulp of |p| for
+// |update| <= |p|); over kSteps steps: kSteps x 8 x 2^-24 relative.
+constexpr double kAdamFloor = kSteps * 8 * 0x1p-24;
 
 std::vector<std::int32_t> tokens(int step, int first_row, int rows, int T) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(2 * rows * T));  // inputs, then targets
@@ -56,8 +78,9 @@ TokenBatch upload(Device& device, Stream& stream, Buffer& buffer,
   return b;
 }
 
-// One process, the whole global batch in one micro-batch.
-std::vector<std::vector<float>> reference(std::vector<double>* losses) {
+// One process, the whole global batch accumulated over `micro_batches` micro-batches (1: all in
+// one), each scaled by 1 / micro_batches so the gradient is the mean over the global batch.
+std::vector<std::vector<float>> reference(int micro_batches, std::vector<double>* losses) {
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("reference");
   kernels::KernelContext ctx(*device, *stream);
@@ -73,12 +96,18 @@ std::vector<std::vector<float>> reference(std::vector<double>* losses) {
     m.emplace_back(p.back().size(), 0.f);
     v.emplace_back(p.back().size(), 0.f);
   }
+  const int rows = kGlobalBatch / micro_batches;
   for (int step = 0; step < kSteps; ++step) {
-    Buffer buf;
-    const auto t = tokens(step, 0, kGlobalBatch, T);
     flat.zero_grads();
-    model.forward_backward(flat, upload(*device, *stream, buf, t, kGlobalBatch, T), 1.0f);
-    losses->push_back(model.read_loss());
+    double loss = 0.0;
+    for (int mb = 0; mb < micro_batches; ++mb) {
+      Buffer buf;
+      const auto t = tokens(step, mb * rows, rows, T);
+      model.forward_backward(flat, upload(*device, *stream, buf, t, rows, T),
+                             1.0f / static_cast<float>(micro_batches));
+      loss += model.read_loss();
+    }
+    losses->push_back(loss / micro_batches);
     std::vector<std::vector<float>> g;
     double norm_sq = 0.0;
     for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
@@ -92,6 +121,25 @@ std::vector<std::vector<float>> reference(std::vector<double>* losses) {
       flat.set_param(i, p[static_cast<std::size_t>(i)]);
   }
   return p;
+}
+
+// The key bias of attn.c_attn.bias (the middle third) has an exactly zero gradient (softmax
+// ignores a constant added to every score), so its computed gradient is rounding noise that
+// Adam turns into updates of up to lr x |g| / (|g| + eps): it is compared absolutely, and the
+// query and value biases (the outer thirds) relatively.
+bool is_qkv_bias(const std::string& name) {
+  return name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0;
+}
+std::vector<float> third(const std::vector<float>& x, std::size_t i) {
+  const std::size_t c = x.size() / 3;
+  return std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(i * c),
+                            x.begin() + static_cast<std::ptrdiff_t>((i + 1) * c));
+}
+// The relatively compared parts of a parameter: the whole tensor, or the q and v thirds.
+std::vector<std::vector<float>> compared_parts(const std::string& name,
+                                               const std::vector<float>& x) {
+  if (!is_qkv_bias(name)) return {x};
+  return {third(x, 0), third(x, 2)};
 }
 
 std::vector<std::vector<float>> with_engine(EngineOptions options, bool checkpointing,
@@ -136,14 +184,36 @@ std::vector<std::vector<float>> with_engine(EngineOptions options, bool checkpoi
 }  // namespace
 
 TEST_CASE("the tiny GPT trains to the single-process parameters at every stage") {
-  std::vector<double> ref_losses;
-  const auto expected = reference(&ref_losses);
+  std::vector<double> ref_losses, unused;
+  const auto expected = reference(1, &ref_losses);
+  const auto split2 = reference(2, &unused);
+  const auto split4 = reference(4, &unused);
   struct CtxHolder {
     std::unique_ptr<Device> device = make_device(DeviceOptions{});
     std::unique_ptr<Stream> stream = device->create_stream("names");
     std::unique_ptr<kernels::KernelContext> ctx =
         std::make_unique<kernels::KernelContext>(*device, *stream);
   } ctx_holder;
+  const auto specs = gpt::Gpt(gpt::GptConfig::parse(kModel), *ctx_holder.ctx).parameters();
+  // bounds[p][k]: the allowed relative L2 error of part k of parameter p (see the file comment).
+  std::vector<std::vector<double>> bounds(specs.size());
+  double widest = 0.0;
+  for (std::size_t p = 0; p < specs.size(); ++p) {
+    const auto want = compared_parts(specs[p].name, expected[p]);
+    const auto two = compared_parts(specs[p].name, split2[p]);
+    const auto four = compared_parts(specs[p].name, split4[p]);
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      const double sensitivity =
+          std::max(test::relative_l2(two[k], want[k]), test::relative_l2(four[k], want[k]));
+      bounds[p].push_back(kReassociationFactor * sensitivity + kAdamFloor);
+      widest = std::max(widest, bounds[p].back());
+    }
+  }
+  WARN("re-association sensitivity here (ZRT_CPU_ISA " << cpu_isa_name(active_cpu_isa())
+                                                       << "): widest per-tensor bound " << widest);
+  // A bound this wide would hide real defects: the sensitivity itself must stay at the rounding
+  // level (the largest seen on any machine so far is ~1.2e-5).
+  REQUIRE(widest < 1e-4);
   struct Variant {
     int stage;
     bool checkpointing;
@@ -162,38 +232,29 @@ TEST_CASE("the tiny GPT trains to the single-process parameters at every stage")
     o.offload_param.enabled = v.offload && v.stage == 3;
     std::vector<double> losses;
     const auto got = with_engine(o, v.checkpointing, &losses);
-    const auto specs = gpt::Gpt(gpt::GptConfig::parse(kModel), *ctx_holder.ctx).parameters();
-    double worst = 0.0;
+    double worst = 0.0, worst_ratio = 0.0;
     for (std::size_t p = 0; p < got.size(); ++p) {
       INFO("stage " << v.stage << " checkpointing " << v.checkpointing << " offload " << v.offload
                     << " parameter " << specs[p].name);
-      const std::string& name = specs[p].name;
-      if (name.size() > 16 && name.compare(name.size() - 16, 16, "attn.c_attn.bias") == 0) {
-        // The key bias has an exactly zero gradient (softmax ignores a constant added to every
-        // score), so its computed gradient is rounding noise that Adam turns into updates of up
-        // to lr x |g| / (|g| + eps): compare it absolutely; query and value biases relatively.
-        const std::size_t c = got[p].size() / 3;
-        const auto part = [&](const std::vector<float>& x, std::size_t i) {
-          return std::vector<float>(x.begin() + static_cast<std::ptrdiff_t>(i * c),
-                                    x.begin() + static_cast<std::ptrdiff_t>((i + 1) * c));
-        };
-        for (std::size_t i : {std::size_t{0}, std::size_t{2}}) {
-          const double err = test::relative_l2(part(got[p], i), part(expected[p], i));
-          worst = std::max(worst, err);
-          CHECK(err <= 1e-5);
-        }
-        for (std::size_t k = c; k < 2 * c; ++k) {
-          CHECK(std::abs(got[p][k] - expected[p][k]) <= kSteps * kLr * 0.05);
-        }
-        continue;
+      const auto have = compared_parts(specs[p].name, got[p]);
+      const auto want = compared_parts(specs[p].name, expected[p]);
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        const double err = test::relative_l2(have[k], want[k]);
+        INFO("part " << k << ": relative L2 error " << err << ", bound " << bounds[p][k]);
+        worst = std::max(worst, err);
+        worst_ratio = std::max(worst_ratio, err / bounds[p][k]);
+        CHECK(err <= bounds[p][k]);
       }
-      const double err = test::relative_l2(got[p], expected[p]);
-      worst = std::max(worst, err);
-      CHECK(err <= 1e-5);
+      if (is_qkv_bias(specs[p].name)) {
+        const std::size_t c = got[p].size() / 3;
+        for (std::size_t i = c; i < 2 * c; ++i) {
+          CHECK(std::abs(got[p][i] - expected[p][i]) <= kSteps * kLr * 0.05);
+        }
+      }
     }
     WARN("stage " << v.stage << (v.checkpointing ? " +checkpointing" : "")
                   << (v.offload ? " +offload" : "") << ": worst per-tensor relative L2 error "
-                  << worst);
+                  << worst << ", worst error / bound " << worst_ratio);
     for (int s = 0; s < kSteps; ++s) CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-6));
   }
   CHECK(ref_losses.front() == Approx(std::log(256.0)).epsilon(0.02));  // random init: ln V
