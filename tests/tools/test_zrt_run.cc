@@ -1,16 +1,20 @@
 // tools/zrt-run builds the mpirun command line this machine needs (checked with --dry-run).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 namespace {
-std::string run(const std::string& args, int* status = nullptr) {
-  const std::string cmd = std::string(ZRT_RUN_SCRIPT) + " " + args + " 2>&1";
+// Runs `env_prefix script args` through the shell; returns stdout and stderr together.
+std::string run_script(const std::string& env_prefix, const std::string& script,
+                       const std::string& args, int* status = nullptr) {
+  const std::string cmd = env_prefix + " " + script + " " + args + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   std::string out;
   std::array<char, 256> buf{};
@@ -18,6 +22,12 @@ std::string run(const std::string& args, int* status = nullptr) {
   const int rc = pclose(pipe.release());
   if (status != nullptr) *status = WEXITSTATUS(rc);
   return out;
+}
+std::string run_env(const std::string& env, const std::string& args, int* status = nullptr) {
+  return run_script("env " + env, ZRT_RUN_SCRIPT, args, status);
+}
+std::string run(const std::string& args, int* status = nullptr) {
+  return run_script("", ZRT_RUN_SCRIPT, args, status);
 }
 }  // namespace
 
@@ -35,14 +45,55 @@ TEST_CASE("zrt-run adds binding, threads, root and oversubscription flags") {
   CHECK_THAT(tcp, Catch::Contains("--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"));
 }
 
-TEST_CASE("zrt-run runs zrt-train for a config file and rejects bad usage") {
-  CHECK_THAT(run("--dry-run -n 4 configs/demo.json"),
-             Catch::Contains("zrt-train --config configs/demo.json") ||
-                 Catch::Contains("zrt-train not found"));
+TEST_CASE("zrt-run rejects bad usage") {
   int status = 0;
   CHECK_THAT(run("./prog", &status), Catch::Contains("-n N is required"));
   CHECK(status == 2);
   CHECK_THAT(run("-n zero ./prog", &status), Catch::Contains("-n needs a positive integer"));
   CHECK_THAT(run("--hostfile /nonexistent -n 2 ./prog", &status),
              Catch::Contains("cannot read hostfile"));
+  CHECK(run("--help", &status).find("zrt-run -n N CONFIG.json") != std::string::npos);
+  CHECK(status == 0);
+}
+
+TEST_CASE("zrt-run finds zrt-train for a config file, from the source tree or a build") {
+  // The build this test belongs to, named the way tools/test names it.
+  const std::string build = ZRT_BUILD_DIR_FOR_TEST;
+  CHECK_THAT(
+      run_env("ZRT_BUILD_DIR=" + build, "--dry-run -n 4 configs/demo.json --train.steps 5"),
+      Catch::EndsWith(build + "/bin/zrt-train --config configs/demo.json --train.steps 5\n"));
+
+  // A source tree laid out as a user has it: tools/zrt-run and build/bin/zrt-train.
+  const std::filesystem::path tree =
+      std::filesystem::temp_directory_path() / ("zrt_run_test_" + std::to_string(getpid()));
+  std::filesystem::remove_all(tree);
+  std::filesystem::create_directories(tree / "tools");
+  std::filesystem::create_directories(tree / "build" / "bin");
+  std::filesystem::copy_file(ZRT_RUN_SCRIPT, tree / "tools" / "zrt-run");
+  const auto fake_train = tree / "build" / "bin" / "zrt-train";
+  std::ofstream(fake_train) << "#!/bin/sh\n";
+  std::filesystem::permissions(fake_train, std::filesystem::perms::owner_all);
+  const std::string script = (tree / "tools" / "zrt-run").string();
+  const std::string clean_path = "env -u ZRT_BUILD_DIR PATH=/usr/bin:/bin";
+  CHECK_THAT(run_script(clean_path, script, "--dry-run -n 2 c.json"),
+             Catch::EndsWith(fake_train.string() + " --config c.json\n"));
+  // The copy in build/bin (what the build installs there) finds its neighbour.
+  std::filesystem::copy_file(ZRT_RUN_SCRIPT, tree / "build" / "bin" / "zrt-run");
+  CHECK_THAT(run_script(clean_path, (tree / "build" / "bin" / "zrt-run").string(),
+                        "--dry-run -n 2 c.json"),
+             Catch::EndsWith(fake_train.string() + " --config c.json\n"));
+  // Nowhere: the places looked in and the fix, exit 2.
+  std::filesystem::remove(fake_train);
+  int status = 0;
+  const std::string missing = run_script(clean_path, script, "--dry-run -n 2 c.json", &status);
+  CHECK(status == 2);
+  CHECK_THAT(missing, Catch::Contains("zrt-train not found; looked in:") &&
+                          Catch::Contains((tree / "build" / "bin").string()) &&
+                          Catch::Contains("tools/build"));
+  std::filesystem::remove_all(tree);
+}
+
+TEST_CASE("zrt-run passes every ZRT_ variable to the ranks") {
+  const std::string out = run_env("ZRT_CPU_ISA=avx2 ZRT_LOG_LEVEL=error", "--dry-run -n 2 ./prog");
+  CHECK_THAT(out, Catch::Contains("-x ZRT_CPU_ISA") && Catch::Contains("-x ZRT_LOG_LEVEL"));
 }
