@@ -453,8 +453,8 @@ std::vector<KeyInfo> build_table() {
       K("tensorboard.job_name", I, kString, "DeepSpeedJobName",
         "The job's directory under output_path, holding events.out.tfevents.*"),
       K("wandb", W, kOpaque, "disabled",
-        "Weights & Biases monitor; zrt does not reach the network (use tensorboard or "
-        "csv_monitor, or metrics.jsonl)")
+        "Weights & Biases monitor; zrt has no network logger: use tensorboard, csv_monitor or "
+        "metrics.jsonl")
           .off("{\"enabled\": false}"),
       K("csv_monitor", I, kObject, "disabled",
         "One CSV file per training scalar, written by rank 0"),
