@@ -312,7 +312,12 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     metrics.emplace((std::filesystem::path(config.output_dir) / "metrics.jsonl").string(),
                     start_step);
     const HistoryTrim& trim = metrics->trimmed();
-    if (trim.dropped > 0) {
+    if (trim.dropped > 0 && start_step == 0) {
+      spdlog::info(
+          "{}: a fresh start begins a new history; the {} row(s) of an earlier run "
+          "are dropped",
+          metrics->path(), trim.dropped);
+    } else if (trim.dropped > 0) {
       spdlog::info(
           "{}: kept {} row(s) up to step {}, dropped {} written after it by a run that "
           "did not reach a later checkpoint",
