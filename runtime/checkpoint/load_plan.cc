@@ -45,12 +45,15 @@ std::int64_t step_of_tag(const std::string& name) {
 
 std::vector<std::string> list_checkpoints(const std::string& save_dir) {
   std::vector<std::pair<std::int64_t, std::string>> found;
+  // Error codes rather than exceptions: with checkpoint.overwrite, rank 0 may be removing
+  // entries while other ranks list them; a vanished entry is simply not a checkpoint.
   std::error_code ec;
   if (!fs::is_directory(save_dir, ec)) return {};
-  for (const auto& entry : fs::directory_iterator(save_dir)) {
-    const std::string name = entry.path().filename().string();
+  for (fs::directory_iterator it(save_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     const std::int64_t step = step_of_tag(name);
-    if (step >= 0 && entry.is_directory()) found.emplace_back(step, name);
+    std::error_code type_ec;
+    if (step >= 0 && it->is_directory(type_ec)) found.emplace_back(step, name);
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> tags;
