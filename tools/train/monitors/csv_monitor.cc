@@ -34,7 +34,7 @@ std::string CsvMonitor::header(const std::string& name) {
 void CsvMonitor::write(const std::string& name, std::int64_t step, double value) {
   const std::string file = file_name(name);
   const fs::path path = fs::path(dir_) / file;
-  if (!prepared_[file]) {
+  if (prepared_.count(file) == 0) {
     std::error_code ec;
     fs::create_directories(dir_, ec);
     if (ec) ZRT_THROW(Error, "csv_monitor: cannot create {}: {}", dir_, ec.message());
@@ -52,7 +52,7 @@ void CsvMonitor::write(const std::string& name, std::int64_t step, double value)
         return false;
       }
     });
-    prepared_[file] = true;
+    prepared_.insert(file);
   }
   std::error_code ec;
   const bool fresh = !fs::exists(path, ec) || fs::file_size(path, ec) == 0;

@@ -8,7 +8,7 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <set>
 #include <string>
 
 namespace zrt::train {
@@ -33,7 +33,7 @@ class CsvMonitor {
  private:
   std::string dir_;
   std::int64_t resumed_step_;
-  std::map<std::string, bool> prepared_;  // file names this run has trimmed (or created)
+  std::set<std::string> prepared_;  // file names this run has trimmed (or created)
 };
 
 }  // namespace zrt::train
