@@ -1,11 +1,13 @@
 #include "models/safetensors.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include <nlohmann/json.hpp>
 
@@ -182,7 +184,7 @@ void write_safetensors(
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) ZRT_THROW(Error, "{}: cannot write", tmp);
+    if (!out) ZRT_THROW(Error, "{}: cannot write: {}", tmp, std::strerror(errno));
     std::uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
@@ -190,9 +192,12 @@ void write_safetensors(
       out.write(reinterpret_cast<const char*>(t.second.data()),
                 static_cast<std::streamsize>(t.second.size() * 4));
     }
-    if (!out) ZRT_THROW(Error, "{}: write failed", tmp);
+    out.flush();
+    if (!out) ZRT_THROW(Error, "{}: write failed: {}", tmp, std::strerror(errno));
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) ZRT_THROW(Error, "{}: cannot rename {} to it: {}", path, tmp, ec.message());
 }
 
 }  // namespace zrt

@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 
@@ -29,18 +30,6 @@ int env_int(const char* name) {
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// "global_step12" -> 12; -1 if the name is not a step tag.
-std::int64_t step_of(const std::string& name) {
-  const std::string prefix = "global_step";
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size()) return -1;
-  std::int64_t v = 0;
-  for (std::size_t i = prefix.size(); i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
 }
 
 void write_text_durably(const fs::path& path, const std::string& text) {
@@ -298,7 +287,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       }
       fsync_path(save_dir.string(), true);
       write_text_durably(save_dir / "latest", request.tag + "\n");
-      prune(step_of(request.tag));
+      prune(step_of_tag(request.tag));
     } catch (const std::exception& e) {
       error = fmt::format("committing {}: {}", final_dir.string(), e.what());
     }
@@ -317,7 +306,7 @@ void Checkpointer::prune(std::int64_t keep_step) {
     if (!entry.is_directory()) continue;
     const std::string name = entry.path().filename().string();
     const bool is_tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
-    const std::int64_t step = step_of(is_tmp ? name.substr(0, name.size() - 4) : name);
+    const std::int64_t step = step_of_tag(is_tmp ? name.substr(0, name.size() - 4) : name);
     if (step < 0) continue;
     if (is_tmp) {
       if (step < keep_step) fs::remove_all(entry.path());  // abandoned by a killed save
@@ -337,19 +326,7 @@ void Checkpointer::prune(std::int64_t keep_step) {
 }
 
 std::optional<std::string> Checkpointer::resolve_load() const {
-  if (config_.load.empty()) return std::nullopt;
-  std::string tag = config_.load;
-  if (config_.loads_latest()) {
-    const auto latest = read_latest(config_.save_dir);
-    if (!latest) return std::nullopt;
-    tag = *latest;
-  }
-  const fs::path dir = fs::path(config_.save_dir) / tag;
-  if (!fs::exists(dir / "index.h5")) {
-    ZRT_THROW(InvalidArgument, "checkpoint.load: {} is not a complete checkpoint (no index.h5){}",
-              dir.string(), config_.loads_latest() ? " although 'latest' names it" : "");
-  }
-  return dir.string();
+  return plan_load(config_).dir;
 }
 
 }  // namespace zrt::checkpoint

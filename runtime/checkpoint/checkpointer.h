@@ -113,9 +113,9 @@ class Checkpointer {
   SaveTimings last_timings() const { return timings_; }
   const TestHooks& hooks() const { return hooks_; }
 
-  // checkpoint.load resolved: none for "" or for "latest" without a `latest` file; the
-  // directory of the checkpoint otherwise. Throws naming the path if a named tag (or the tag in
-  // `latest`) has no complete checkpoint.
+  // checkpoint.load resolved (plan_load in load_plan.h): none for a fresh start; the directory
+  // of the checkpoint otherwise. Throws naming the path if a named tag (or the tag in `latest`)
+  // has no complete checkpoint, or if a fresh start would save over existing checkpoints.
   std::optional<std::string> resolve_load() const;
 
  private:

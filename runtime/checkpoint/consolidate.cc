@@ -1,5 +1,7 @@
 #include "runtime/checkpoint/consolidate.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -132,7 +134,12 @@ void export_safetensors(const std::string& dir, const std::string& out) {
   hf["tie_word_embeddings"] = true;
   hf["torch_dtype"] = "float32";
   const fs::path config_path = fs::path(out).parent_path() / "config.json";
-  std::ofstream(config_path) << hf.dump(2) << "\n";
+  std::ofstream config_file(config_path);
+  config_file << hf.dump(2) << "\n";
+  config_file.flush();
+  if (!config_file) {
+    ZRT_THROW(Error, "{}: cannot write: {}", config_path.string(), std::strerror(errno));
+  }
 }
 
 }  // namespace zrt::checkpoint

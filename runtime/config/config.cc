@@ -168,6 +168,7 @@ class Parser {
     read_run_blocks();  // model, data, train, seed, output_dir, log_level
     read_optimizer_and_scheduler();
     read_checkpoint();
+    read_monitors();
     read_device_comm_trace();
     return std::move(config_);
   }
@@ -640,13 +641,33 @@ class Parser {
     k.save_interval = get_int("checkpoint.save_interval", 0);
     k.keep_last = get_small_int("checkpoint.keep_last", 0);
     k.async = get_bool("checkpoint.async", false);
-    k.load = get_string("checkpoint.load", "");
+    k.load = get_string("checkpoint.load", "auto");
+    if (k.load.empty()) k.load = "none";  // configs written when "" meant a fresh start
+    k.overwrite = get_bool("checkpoint.overwrite", false);
+    if (k.overwrite && !k.loads_nothing()) {
+      warn("checkpoint.overwrite",
+           fmt::format("no effect: checkpoint.load is \"{}\" (overwrite applies to a fresh "
+                       "start, \"load\": \"none\")",
+                       k.load));
+    }
     const std::string tag = lower(get_string("checkpoint.tag_validation", "warn"));
     k.tag_validation = tag == "ignore" ? TagValidation::kIgnore
                        : tag == "fail" ? TagValidation::kFail
                                        : TagValidation::kWarn;
     if (k.keep_last > 0 && !k.saves()) {
       warn("checkpoint.keep_last", "no effect: save_interval is 0, so nothing is saved");
+    }
+  }
+
+  // DeepSpeed's monitor blocks; wandb and comet stay accepted-with-warning keys (no network).
+  void read_monitors() {
+    for (auto [name, monitor] : {std::pair{"tensorboard", &config_.tensorboard},
+                                 std::pair{"csv_monitor", &config_.csv_monitor}}) {
+      const std::string path = name;
+      monitor->enabled = get_bool(path + ".enabled", false);
+      monitor->output_path = get_string(path + ".output_path", "");
+      if (monitor->output_path.empty()) monitor->output_path = config_.output_dir;
+      monitor->job_name = get_string(path + ".job_name", monitor->job_name);
     }
   }
 

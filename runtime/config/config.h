@@ -75,10 +75,28 @@ struct CheckpointConfig {
   std::int64_t save_interval = 0;  // 0: never save; N: every N steps and after the last
   int keep_last = 0;               // 0: keep all
   bool async = false;
-  std::string load;                                     // "" (fresh start), a tag, or "latest"
+  // "auto": resume from <save_dir>/latest when it exists, else start fresh; "none": start
+  // fresh; "latest": as auto (kept for configs written before auto); otherwise a tag.
+  std::string load = "auto";
+  // A fresh start may save into a save_dir that already holds checkpoints (they are removed
+  // first); without it such a start is refused before anything is built.
+  bool overwrite = false;
   TagValidation tag_validation = TagValidation::kWarn;  // DeepSpeed key, informational
   bool saves() const { return save_interval > 0; }
-  bool loads_latest() const { return load == "latest"; }
+  bool loads_latest() const { return load == "latest" || load == "auto"; }
+  bool loads_nothing() const { return load == "none"; }
+};
+
+// DeepSpeed's tensorboard and csv_monitor blocks: rank 0 writes the run's scalars under
+// <output_path>/<job_name>/ (docs/config.md, "Monitors").
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // default: Config::output_dir (DeepSpeed: the launch directory)
+  std::string job_name = "DeepSpeedJobName";
+  // output_path/job_name (output_path alone when job_name is "", as DeepSpeed joins them).
+  std::string log_dir() const {
+    return job_name.empty() ? output_path : output_path + "/" + job_name;
+  }
 };
 
 enum class OffloadDevice { kNone, kCpu, kNvme };
@@ -135,6 +153,8 @@ struct Config {
   DeviceConfig device;
   CommOptions comm;
   TraceConfig trace;
+  MonitorConfig tensorboard;
+  MonitorConfig csv_monitor;
   std::uint64_t seed = 1234;
   std::string output_dir = "output";
   std::string log_level = "info";

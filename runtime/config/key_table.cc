@@ -445,9 +445,24 @@ std::vector<KeyInfo> build_table() {
       K("autotuning", W, kOpaque, "disabled", "DeepSpeed autotuner").off("{\"enabled\": false}"),
       K("flops_profiler", W, kOpaque, "disabled", "DeepSpeed FLOPs profiler")
           .off("{\"enabled\": false}"),
-      K("tensorboard", W, kOpaque, "disabled", "TensorBoard monitor").off("{\"enabled\": false}"),
-      K("wandb", W, kOpaque, "disabled", "Weights & Biases monitor").off("{\"enabled\": false}"),
-      K("csv_monitor", W, kOpaque, "disabled", "CSV monitor").off("{\"enabled\": false}"),
+      K("tensorboard", I, kObject, "disabled",
+        "TensorBoard event file of the training scalars, written by rank 0"),
+      K("tensorboard.enabled", I, kBool, "false", "Write the event file"),
+      K("tensorboard.output_path", I, kString, "output_dir",
+        "Parent directory of the job's directory (DeepSpeed: the launch directory)"),
+      K("tensorboard.job_name", I, kString, "DeepSpeedJobName",
+        "The job's directory under output_path, holding events.out.tfevents.*"),
+      K("wandb", W, kOpaque, "disabled",
+        "Weights & Biases monitor; zrt has no network logger: use tensorboard, csv_monitor or "
+        "metrics.jsonl")
+          .off("{\"enabled\": false}"),
+      K("csv_monitor", I, kObject, "disabled",
+        "One CSV file per training scalar, written by rank 0"),
+      K("csv_monitor.enabled", I, kBool, "false", "Write the CSV files"),
+      K("csv_monitor.output_path", I, kString, "output_dir",
+        "Parent directory of the job's directory (DeepSpeed: the launch directory)"),
+      K("csv_monitor.job_name", I, kString, "DeepSpeedJobName",
+        "The job's directory under output_path, holding the CSV files"),
       K("comet", W, kOpaque, "disabled", "Comet monitor").off("{\"enabled\": false}"),
       K("comms_logger", W, kOpaque, "disabled", "Communication logger; zrt counts bytes always")
           .off("{\"enabled\": false}"),
@@ -478,8 +493,13 @@ std::vector<KeyInfo> build_table() {
       K("checkpoint.async", I, kBool, "false",
         "Write checkpoints on a background thread while training goes on")
           .zrt(),
-      K("checkpoint.load", I, kString, "none",
-        "Resume from this tag, or \"latest\" (a fresh start if there is none)")
+      K("checkpoint.load", I, kString, "auto",
+        "\"auto\" or \"latest\": resume from save_dir's latest checkpoint, a fresh start if "
+        "there is none; \"none\": a fresh start; otherwise the tag to resume from")
+          .zrt(),
+      K("checkpoint.overwrite", I, kBool, "false",
+        "Let a fresh start (load \"none\") save into a save_dir that holds checkpoints, "
+        "removing them; otherwise that start is refused")
           .zrt(),
 
       // ---- zrt's own blocks ----

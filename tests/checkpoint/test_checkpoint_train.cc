@@ -9,7 +9,12 @@
 //    then loads; a rank that cannot see rank 0's probe fails the save, naming the directory;
 //  - a failed async save is logged by the writer thread and makes zrt-train exit non-zero;
 //  - zrt-ckpt inspect / verify / consolidate / export, the export loadable by model.init_from's
-//    reader and by torch (skipped with a message when python3 has no torch).
+//    reader and by torch (skipped with a message when python3 has no torch); export creates its
+//    folder, a failed write says why, --help, the loss scale shown for fp16 runs only;
+//  - metrics.jsonl is one history across a crash and its resume (rows past the checkpoint
+//    dropped, the resumed run's rows appended, time and elapsed_s in each) and a no-op restart;
+//  - checkpoint.load "auto" (the default) resumes; "none" refuses to save over existing
+//    checkpoints before training, unless checkpoint.overwrite.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -56,11 +61,14 @@ struct Job {
   int steps = 6;
   int save_interval = 0;
   std::string save_dir;
-  std::string load;  // "" or "latest" or a tag
+  std::string load;  // "" (the default, auto) or "auto", "none", "latest" or a tag
+  bool overwrite = false;
   bool async = false;
   bool offload = false;
   bool bf16 = false;
-  std::string env;  // extra environment, "NAME=value ..."
+  bool fp16 = false;
+  bool keep_output = false;  // run again in the output directory of an earlier run
+  std::string env;           // extra environment, "NAME=value ..."
 };
 
 std::string shell(const std::string& cmd, int* status) {
@@ -76,7 +84,7 @@ std::string shell(const std::string& cmd, int* status) {
 // Runs zrt-train for `job` as <root>/<name>; returns its exit status and output.
 int launch(const std::string& name, const Job& job, std::string* output = nullptr) {
   const fs::path out = root() / name;
-  fs::remove_all(out);
+  if (!job.keep_output) fs::remove_all(out);
   fs::create_directories(out);
   // A fixed global batch of 12 sequences at any world size: micro-batches of 12 / (N * G).
   const int G = job.ranks == 4 ? 1 : 2;
@@ -99,9 +107,11 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
   if (job.stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 100;
   if (job.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   if (job.bf16) c["bf16"] = {{"enabled", true}};
+  if (job.fp16) c["fp16"] = {{"enabled", true}};
   nlohmann::json k = {{"save_interval", job.save_interval}, {"async", job.async}};
   k["save_dir"] = job.save_dir.empty() ? (out / "ckpt").string() : job.save_dir;
   if (!job.load.empty()) k["load"] = job.load;
+  if (job.overwrite) k["overwrite"] = true;
   c["checkpoint"] = k;
   std::ofstream(out / "run.json") << c.dump(2);
   const std::string cmd = job.env + " " + ZRT_MPIEXEC + " -n " + std::to_string(job.ranks) +
@@ -375,6 +385,7 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
   CHECK_THAT(inspect, Catch::Contains("world        3 rank file(s), ZeRO stage 3"));
   CHECK_THAT(inspect, Catch::Contains("transformer.h.0.attn.c_attn.weight"));
   CHECK_THAT(inspect, Catch::Contains("(64, 192)"));
+  CHECK_THAT(inspect, !Catch::Contains("loss scale"));  // an fp32 run scales nothing
   const std::string verify = shell(tool + " verify " + dir, &status);
   CHECK(status == 0);
   CHECK_THAT(verify, Catch::Contains("OK"));
@@ -394,9 +405,11 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
       CHECK(v == full[p]);
     }
   }
+  // The output folder does not exist yet: export creates it.
   const std::string st = (root() / "tool" / "export" / "model.safetensors").string();
-  fs::create_directories(fs::path(st).parent_path());
-  shell(tool + " export " + dir + " --safetensors " + st, &status);
+  fs::remove_all(fs::path(st).parent_path());
+  const std::string exported = shell(tool + " export " + dir + " --safetensors " + st, &status);
+  INFO(exported);
   REQUIRE(status == 0);
   // model.init_from's reader takes it, with the saved values.
   const gpt::GptConfig cfg = gpt::GptConfig::parse("gpt2-tiny:seq_len=32");
@@ -436,4 +449,147 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
     CHECK(row["sum"].get<double>() == Approx(sum).epsilon(1e-9).margin(1e-9));
     CHECK(row["first"].get<double>() == full[p][0]);
   }
+}
+
+TEST_CASE("zrt-ckpt: --help, a write that fails says why, loss scale for fp16 only", "[zrt-ckpt]") {
+  const std::string tool = ZRT_CKPT;
+  int status = 0;
+  const std::string help = shell(tool + " --help", &status);
+  CHECK(status == 0);
+  for (const char* command : {"inspect", "verify", "consolidate", "export"}) {
+    CHECK_THAT(help, Catch::Contains(command));
+  }
+  CHECK(shell(tool + " inspect", &status).find("usage") != std::string::npos);
+  CHECK(status == 2);
+
+  Job j;
+  j.steps = 1;
+  j.save_interval = 1;
+  j.ranks = 1;
+  j.fp16 = true;
+  run_ok("tool_fp16", j);
+  const std::string save_dir = (root() / "tool_fp16" / "ckpt").string();
+  CHECK_THAT(shell(tool + " inspect " + save_dir, &status), Catch::Contains("loss scale   65536"));
+  CHECK(status == 0);
+  j.fp16 = false;
+  j.bf16 = true;
+  run_ok("tool_bf16", j);
+  CHECK_THAT(shell(tool + " inspect " + (root() / "tool_bf16" / "ckpt").string(), &status),
+             !Catch::Contains("loss scale"));
+
+  // The output's folder cannot be made (a file is in the way): the reason is given.
+  const fs::path blocker = root() / "tool_fp16" / "a_file";
+  std::ofstream(blocker) << "not a folder";
+  const std::string failed =
+      shell(tool + " export " + save_dir + " --safetensors " + (blocker / "m.safetensors").string(),
+            &status);
+  CHECK(status == 1);
+  CHECK_THAT(failed, Catch::Contains("cannot create the folder " + blocker.string()));
+  CHECK_THAT(failed, Catch::Contains("Not a directory"));
+  // A write that fails after the folder exists (the output is a folder) says why too.
+  const fs::path folder = root() / "tool_fp16" / "a_folder.h5";
+  fs::create_directories(folder);
+  const std::string refused =
+      shell(tool + " export " + save_dir + " --safetensors " + folder.string(), &status);
+  CHECK(status == 1);
+  CHECK_THAT(refused, Catch::Contains(folder.string()));
+  CHECK_THAT(refused, Catch::Contains("directory"));
+}
+
+namespace {
+
+std::vector<nlohmann::json> metrics_rows(const std::string& name) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(root() / name / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::vector<std::int64_t> row_steps(const std::vector<nlohmann::json>& rows) {
+  std::vector<std::int64_t> steps;
+  for (const auto& row : rows) steps.push_back(row["step"].get<std::int64_t>());
+  return steps;
+}
+
+}  // namespace
+
+TEST_CASE("metrics.jsonl continues across a crash, its resume and a no-op restart", "[history]") {
+  Job j;
+  j.steps = 6;
+  j.save_interval = 3;
+  std::string text;
+  REQUIRE(launch("history", j, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("| elapsed ") && Catch::Contains("| ETA "));
+  const auto first = metrics_rows("history");
+  REQUIRE(row_steps(first) == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6});
+  for (const auto& row : first) {
+    CHECK(row["time"].get<double>() > 1.7e9);  // unix seconds
+    CHECK(row["elapsed_s"].get<double>() >= 0.0);
+  }
+  CHECK(first[5]["elapsed_s"].get<double>() >= first[0]["elapsed_s"].get<double>());
+
+  // The run "crashed" after step 6 with its last checkpoint at step 3: the restart (the same
+  // config, load left at its default) resumes there and redoes steps 4-6.
+  const std::string save_dir = (root() / "history" / "ckpt").string();
+  std::ofstream(fs::path(save_dir) / "latest") << "global_step3\n";
+  j.keep_output = true;
+  text.clear();
+  REQUIRE(launch("history", j, &text) == 0);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("checkpoint.load is \"auto\""));
+  CHECK_THAT(text, Catch::Contains("resumed from " + save_dir + "/global_step3 at step 3"));
+  CHECK_THAT(text, Catch::Contains("dropped 3 written after it"));
+  const auto second = metrics_rows("history");
+  REQUIRE(row_steps(second) == std::vector<std::int64_t>{1, 2, 3, 4, 5, 6});
+  for (std::size_t i = 0; i < 3; ++i) CHECK(second[i] == first[i]);  // kept as written
+  for (std::size_t i = 3; i < 6; ++i) {
+    CHECK(second[i]["time"].get<double>() > first[5]["time"].get<double>());   // rewritten
+    CHECK(second[i]["loss"].get<double>() == first[i]["loss"].get<double>());  // bit-exact
+  }
+
+  // A restart of the finished run resumes at step 6, trains nothing and keeps the history.
+  text.clear();
+  REQUIRE(launch("history", j, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("nothing left to train"));
+  CHECK(metrics_rows("history") == second);
+}
+
+TEST_CASE("a second run into a save_dir with checkpoints resumes, or refuses, never overwrites",
+          "[overwrite]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  run_ok("overwrite", j);
+  const std::string save_dir = (root() / "overwrite" / "ckpt").string();
+  const auto stamp = fs::last_write_time(fs::path(save_dir) / "global_step2" / "index.h5");
+
+  // "none": a fresh start would overwrite global_step2; refused before any step.
+  j.keep_output = true;
+  j.load = "none";
+  std::string text;
+  CHECK(launch("overwrite", j, &text) != 0);
+  CHECK_THAT(text, Catch::Contains("checkpoint.save_dir " + save_dir +
+                                   " already holds checkpoints (global_step2)"));
+  CHECK_THAT(text, Catch::Contains("checkpoint.overwrite to true"));
+  CHECK_THAT(text, !Catch::Contains("step      1/"));
+  CHECK(fs::last_write_time(fs::path(save_dir) / "global_step2" / "index.h5") == stamp);
+
+  // The default ("auto") resumes the finished run: nothing to do, nothing written.
+  j.load = "";
+  text.clear();
+  REQUIRE(launch("overwrite", j, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("resumed from " + save_dir + "/global_step2"));
+  CHECK(fs::last_write_time(fs::path(save_dir) / "global_step2" / "index.h5") == stamp);
+
+  // "none" with overwrite: the old checkpoints go and the run starts from step 1.
+  j.load = "none";
+  j.overwrite = true;
+  j.steps = 1;
+  j.save_interval = 1;
+  text.clear();
+  REQUIRE(launch("overwrite", j, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("step      1/1"));
+  CHECK(*read_latest(save_dir) == "global_step1");
+  CHECK_FALSE(fs::exists(fs::path(save_dir) / "global_step2"));
 }

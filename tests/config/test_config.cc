@@ -256,8 +256,11 @@ TEST_CASE("defaults follow DeepSpeed and the docs", "[config]") {
   CHECK(c.train.sample_tokens == 0);
   CHECK(c.checkpoint.save_dir == "output/checkpoints");
   CHECK_FALSE(c.checkpoint.saves());
-  CHECK(c.checkpoint.load.empty());
+  CHECK(c.checkpoint.load == "auto");  // resume when save_dir has a checkpoint
+  CHECK_FALSE(c.checkpoint.overwrite);
   CHECK(c.checkpoint.tag_validation == TagValidation::kWarn);
+  CHECK_FALSE(c.tensorboard.enabled);
+  CHECK_FALSE(c.csv_monitor.enabled);
   CHECK(c.device.type == DeviceChoice::kAuto);
   CHECK(c.device.memory_limit_gb == 0.0);
   CHECK(c.comm.timeout_s == 600.0);
@@ -579,7 +582,7 @@ TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silen
   CHECK(quiet.warnings.empty());
 
   const Config loud = parse_doc(patched(R"({
-    "wall_clock_breakdown": true, "steps_per_print": 100, "tensorboard": {"enabled": true},
+    "wall_clock_breakdown": true, "steps_per_print": 100, "wandb": {"enabled": true},
     "zero_optimization": {"contiguous_gradients": false, "allgather_bucket_size": 2e8,
                           "stage3_prefetch_bucket_size": 1e6},
     "activation_checkpointing": {"partition_activations": true, "profile": false}
@@ -587,7 +590,7 @@ TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silen
   const char* expected[] = {
       "wall_clock_breakdown: accepted, but has no effect in zrt",
       "steps_per_print: accepted, but has no effect in zrt",
-      "tensorboard: accepted, but has no effect in zrt",
+      "wandb: accepted, but has no effect in zrt",
       "zero_optimization.contiguous_gradients: accepted, but has no effect in zrt",
       "zero_optimization.allgather_bucket_size: accepted, but has no effect in zrt",
       "zero_optimization.stage3_prefetch_bucket_size: only used at stage 3 (stage is 2)",
@@ -707,6 +710,41 @@ TEST_CASE("every example in configs/ validates", "[config][examples]") {
   const Config demo = load_config(std::string(ZRT_SOURCE_DIR) + "/configs/demo.json", 0);
   CHECK(demo.batch.world_size == 4);
   CHECK(demo.engine.stage == 3);
+}
+
+TEST_CASE("monitors: DeepSpeed's tensorboard and csv_monitor blocks", "[config][monitors]") {
+  const Config c = parse_doc(patched(R"({
+    "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "run1"},
+    "csv_monitor": {"enabled": true},
+    "output_dir": "runs/a"
+  })"));
+  CHECK(c.warnings.empty());  // implemented, so no "has no effect" warning
+  CHECK(c.tensorboard.enabled);
+  CHECK(c.tensorboard.log_dir() == "tb/run1");
+  CHECK(c.csv_monitor.enabled);
+  // DeepSpeed's default output_path is the launch directory; zrt keeps a run in output_dir.
+  CHECK(c.csv_monitor.log_dir() == "runs/a/DeepSpeedJobName");
+  CHECK(error_of(patched(R"({"csv_monitor": {"enabled": true, "job_nme": "x"}})").dump()) ==
+        "bad.json: csv_monitor.job_nme: unknown key; did you mean 'job_name'?");
+  const Config wandb = parse_doc(patched(R"({"wandb": {"enabled": true, "project": "p"}})"));
+  REQUIRE(wandb.warnings.size() == 1);
+  CHECK_THAT(wandb.warnings[0], Catch::Contains("wandb: accepted, but has no effect in zrt"));
+}
+
+TEST_CASE("checkpoint.load: auto, none, latest, a tag; overwrite", "[config][checkpoint]") {
+  CHECK(parse_doc(patched(R"({"checkpoint": {"load": "none"}})")).checkpoint.loads_nothing());
+  CHECK(parse_doc(patched(R"({"checkpoint": {"load": ""}})")).checkpoint.loads_nothing());
+  CHECK(parse_doc(patched(R"({"checkpoint": {"load": "latest"}})")).checkpoint.loads_latest());
+  CHECK(parse_doc(patched(R"({"checkpoint": {"load": "auto"}})")).checkpoint.loads_latest());
+  CHECK(parse_doc(patched(R"({"checkpoint": {"load": "global_step5"}})")).checkpoint.load ==
+        "global_step5");
+  const Config fresh = parse_doc(patched(R"({"checkpoint": {"load": "none", "overwrite": true}})"));
+  CHECK(fresh.checkpoint.overwrite);
+  CHECK(fresh.warnings.empty());
+  const Config pointless = parse_doc(patched(R"({"checkpoint": {"overwrite": true}})"));
+  REQUIRE(pointless.warnings.size() == 1);
+  CHECK_THAT(pointless.warnings[0],
+             Catch::Contains("checkpoint.overwrite: no effect: checkpoint.load is \"auto\""));
 }
 
 }  // namespace

@@ -3,10 +3,14 @@
 //   zrt-ckpt verify DIR                       every checksum of the index and the rank files
 //   zrt-ckpt consolidate DIR --out model.h5   one fp32 dataset per parameter under /params
 //   zrt-ckpt export DIR --safetensors F       Hugging Face GPT-2 safetensors + config.json
-// DIR is a checkpoint directory (<save_dir>/<tag>) or a save_dir holding a `latest` file.
+// DIR is a checkpoint directory (<save_dir>/<tag>) or a save_dir holding a `latest` file. The
+// output's folder is created when missing. Exit status: 0 done (and for --help), 1 an error
+// (the message names the file and the system's reason), 2 bad arguments.
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <string>
+#include <system_error>
 
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
@@ -17,13 +21,31 @@ namespace {
 namespace fs = std::filesystem;
 using namespace zrt::checkpoint;
 
-void usage() {
-  std::fprintf(stderr,
-               "usage: zrt-ckpt inspect DIR\n"
-               "       zrt-ckpt verify DIR\n"
-               "       zrt-ckpt consolidate DIR --out model.h5\n"
-               "       zrt-ckpt export DIR --safetensors model.safetensors\n"
-               "DIR: a checkpoint (<save_dir>/<tag>) or a save_dir with a 'latest' file\n");
+void usage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: zrt-ckpt COMMAND DIR [OPTIONS]\n"
+               "commands:\n"
+               "  inspect DIR                                 step, world, stage, dtypes, the "
+               "parameter table\n"
+               "  verify DIR                                  every checksum of the index and "
+               "the rank files\n"
+               "  consolidate DIR --out model.h5              one fp32 dataset per parameter\n"
+               "  export DIR --safetensors model.safetensors  Hugging Face GPT-2 safetensors + "
+               "config.json\n"
+               "DIR: a checkpoint (<save_dir>/<tag>) or a save_dir with a 'latest' file.\n"
+               "The output's folder is created if needed. See docs/checkpoints.md.\n");
+}
+
+// The folder an output file goes into, created (with its parents) if missing.
+void create_parent_folder(const std::string& file) {
+  const fs::path parent = fs::path(file).parent_path();
+  if (parent.empty()) return;
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) {
+    ZRT_THROW(zrt::Error, "cannot create the folder {} for {}: {}", parent.string(), file,
+              ec.message());
+  }
 }
 
 // A save_dir resolves to the checkpoint its `latest` names.
@@ -51,7 +73,8 @@ int inspect(const std::string& dir) {
   std::printf("world        %d rank file(s), ZeRO stage %d\n", index.world, index.stage);
   std::printf("dtypes       compute %s, master %s\n", index.compute_dtype.c_str(),
               index.master_dtype.c_str());
-  std::printf("loss scale   %g\n", index.loss_scale.scale);
+  // Only fp16 runs scale the loss; elsewhere the saved scale is an unused default.
+  if (index.compute_dtype == "fp16") std::printf("loss scale   %g\n", index.loss_scale.scale);
   std::printf("data         next global sample %lld (shuffle %s, seed %llu)\n",
               static_cast<long long>(index.data.position), index.data.shuffle ? "on" : "off",
               static_cast<unsigned long long>(index.data.seed));
@@ -70,8 +93,15 @@ int inspect(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0 ||
+        (i == 1 && std::strcmp(argv[i], "help") == 0)) {
+      usage(stdout);
+      return 0;
+    }
+  }
   if (argc < 3) {
-    usage();
+    usage(stderr);
     return 2;
   }
   const std::string command = argv[1];
@@ -84,7 +114,7 @@ int main(int argc, char** argv) {
         out = argv[++i];
       } else {
         std::fprintf(stderr, "zrt-ckpt: unexpected argument '%s'\n", arg.c_str());
-        usage();
+        usage(stderr);
         return 2;
       }
     }
@@ -100,6 +130,7 @@ int main(int argc, char** argv) {
                    command == "export" ? "--safetensors" : "--out");
       return 2;
     }
+    if (command == "consolidate" || command == "export") create_parent_folder(out);
     if (command == "consolidate") {
       write_consolidated(dir, out);
       std::printf("wrote %s\n", out.c_str());
@@ -112,7 +143,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     std::fprintf(stderr, "zrt-ckpt: unknown command '%s'\n", command.c_str());
-    usage();
+    usage(stderr);
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zrt-ckpt: %s\n", e.what());

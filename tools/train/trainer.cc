@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -21,6 +21,7 @@
 #include "optimizers/lr_schedule.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
+#include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
@@ -30,6 +31,10 @@
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
 #include "tools/train/device_peaks.h"
+#include "tools/train/metrics_log.h"
+#include "tools/train/monitors/event_file_writer.h"
+#include "tools/train/monitors/monitors.h"
+#include "tools/train/run_clock.h"
 
 namespace zrt::train {
 
@@ -144,6 +149,14 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   const int world = mpi.world;
   RunSummary summary;
 
+  // ---- what checkpoint.load means here: decided before anything is built, so a run that
+  // would overwrite another run's checkpoints stops at once (on every rank: same files) --------
+  const checkpoint::LoadPlan load_plan = checkpoint::plan_load(config.checkpoint);
+  if (rank == 0) {
+    spdlog::info("{}", load_plan.note);
+    if (load_plan.clear_save_dir) checkpoint::remove_checkpoints(config.checkpoint.save_dir);
+  }
+
   // ---- device, streams, groups ---------------------------------------------------------------
   const DeviceOptions device_options =
       config.device.options(cuda_device_count() > 0, mpi.local_rank, config.seed);
@@ -208,7 +221,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
                                         checkpoint::TestHooks::from_env());
   checkpointer.set_host_allocator(checkpoint::snapshot_allocator(*device, engine));
   std::int64_t start_step = 0;
-  if (const auto dir = checkpointer.resolve_load()) {
+  if (const auto& dir = load_plan.dir) {
     const checkpoint::CheckpointIndex index = checkpoint::load_engine(*dir, engine);
     train_stream.restore(index.data);
     start_step = index.step;
@@ -221,9 +234,6 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
       spdlog::info("resumed from {} at step {} (saved by {} rank(s) at ZeRO stage {})", *dir,
                    index.step, index.world, index.stage);
     }
-  } else if (config.checkpoint.loads_latest() && rank == 0) {
-    spdlog::info("checkpoint.load is 'latest' but {} holds no checkpoint: starting fresh",
-                 config.checkpoint.save_dir);
   }
   auto save_checkpoint = [&](std::int64_t step) {
     checkpoint::SaveRequest request;
@@ -295,8 +305,28 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
                  T + 1, train_data.shards().size());
   }
   std::filesystem::create_directories(config.output_dir);
-  std::ofstream metrics;
-  if (rank == 0) metrics.open(std::filesystem::path(config.output_dir) / "metrics.jsonl");
+  // The history of the whole training (metrics_log.h): rows after the resumed step go.
+  std::optional<MetricsLog> metrics;
+  if (rank == 0) {
+    metrics.emplace((std::filesystem::path(config.output_dir) / "metrics.jsonl").string(),
+                    start_step);
+    const HistoryTrim& trim = metrics->trimmed();
+    if (trim.dropped > 0 && start_step == 0) {
+      spdlog::info(
+          "{}: a fresh start begins a new history; the {} row(s) of an earlier run "
+          "are dropped",
+          metrics->path(), trim.dropped);
+    } else if (trim.dropped > 0) {
+      spdlog::info(
+          "{}: kept {} row(s) up to step {}, dropped {} written after it by a run that "
+          "did not reach a later checkpoint",
+          metrics->path(), trim.kept, start_step, trim.dropped);
+    }
+  }
+  // DeepSpeed's monitors; their x axis is samples trained.
+  const std::int64_t samples_per_step = config.batch.train_batch_size;
+  Monitors monitors(config, rank, start_step * samples_per_step);
+  for (const std::string& where : monitors.destinations()) spdlog::info("monitor {}", where);
   const bool tty = rank == 0 && isatty(STDERR_FILENO);
 
   auto evaluate = [&]() {
@@ -318,10 +348,15 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
 
   // ---- the loop ------------------------------------------------------------------------------
   CommCounts comm_before = group->stats().snapshot();
-  auto interval_start = Clock::now();
+  const auto run_start = Clock::now();  // elapsed_s and the ETA count from here
+  auto interval_start = run_start;
   std::int64_t interval_steps = 0;
   std::int64_t applied = engine.counters().optimizer_steps;
   summary.steps = start_step;
+  if (rank == 0 && start_step >= config.train.steps) {
+    spdlog::info("the checkpoint is at step {} and train.steps is {}: nothing left to train",
+                 start_step, config.train.steps);
+  }
   for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
     const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
     const double step_start_us = traced ? trace->now_us() : 0.0;
@@ -354,6 +389,18 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     // The loss is read every step for the summary (one 4-byte copy; the step already synced).
     const double loss = control.mean(read_float(*device, *compute, loss_sum.device<float>()) / G);
     summary.losses.push_back(loss);
+    const double wall_time = unix_seconds();
+    const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+    if (monitors.enabled()) {
+      std::vector<ScalarEvent> events = {
+          {"Train/Samples/train_loss", loss, step * samples_per_step},
+          {"Train/Samples/lr", lr, step * samples_per_step},
+          {"Train/Samples/grad_norm", result.grad_norm, step * samples_per_step}};
+      if (config.fp16()) {
+        events.push_back({"Train/Samples/loss_scale", result.loss_scale, step * samples_per_step});
+      }
+      monitors.write(events, wall_time);
+    }
     if (log_now) {
       const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
       const double tokens_per_s = tokens_per_step * interval_steps / std::max(seconds, 1e-9);
@@ -370,12 +417,15 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
         if (tty) std::fprintf(stderr, "\r%80s\r", "");
         spdlog::info(
             "step {:>6}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-            "mem {} | comm {}{}",
+            "mem {} | comm {} | elapsed {} | ETA {}{}",
             step, config.train.steps, loss, lr, result.grad_norm, tokens_per_s, 100.0 * mfu,
-            format_bytes(peaks.back()), format_bytes(comm_bytes),
+            format_bytes(peaks.back()), format_bytes(comm_bytes), format_duration(elapsed_s),
+            format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step)),
             result.skipped ? fmt::format(" | SKIPPED (loss scale {})", result.loss_scale) : "");
         nlohmann::json row;
         row["step"] = step;
+        row["time"] = wall_time;
+        row["elapsed_s"] = elapsed_s;
         row["loss"] = loss;
         row["lr"] = lr;
         row["grad_norm"] = result.grad_norm;
@@ -391,14 +441,17 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
         row["loss_scale"] = result.loss_scale;
         row["skipped"] = result.skipped;
         row["skipped_total"] = result.skipped_steps;
-        metrics << row.dump() << "\n" << std::flush;
+        metrics->append(row);
       }
       interval_start = Clock::now();
       interval_steps = 0;
     } else if (tty) {
-      std::fprintf(stderr, "\r%s step %lld/%lld loss %.4f",
-                   progress_bar(step, config.train.steps).c_str(), static_cast<long long>(step),
-                   static_cast<long long>(config.train.steps), loss);
+      std::fprintf(
+          stderr, "\r%s step %lld/%lld loss %.4f ETA %s",
+          progress_bar(step, config.train.steps).c_str(), static_cast<long long>(step),
+          static_cast<long long>(config.train.steps), loss,
+          format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step))
+              .c_str());
     }
     if (val_data && config.train.eval_interval > 0 &&
         (step % config.train.eval_interval == 0 || step == config.train.steps)) {
@@ -407,10 +460,14 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
       if (rank == 0) {
         if (tty) std::fprintf(stderr, "\r%80s\r", "");
         spdlog::info("eval after step {}: val loss {:.4f}", step, val);
+        const double eval_time = unix_seconds();
         nlohmann::json row;
         row["step"] = step;
+        row["time"] = eval_time;
+        row["elapsed_s"] = std::chrono::duration<double>(Clock::now() - run_start).count();
         row["val_loss"] = val;
-        metrics << row.dump() << "\n" << std::flush;
+        metrics->append(row);
+        monitors.write({{"Eval/Samples/val_loss", val, step * samples_per_step}}, eval_time);
       }
     }
     summary.steps = step;

@@ -1,6 +1,8 @@
 // Trainer: the training loop of zrt-train. One object per rank: builds the device, streams,
 // process groups, the GPT model, the ZeRO engine and the data streams from a validated Config,
-// then trains, logs (one line per logged step, metrics.jsonl on rank 0), evaluates and samples.
+// then trains, logs (one line per logged step, metrics.jsonl and DeepSpeed's monitors on rank 0),
+// evaluates and samples. checkpoint.load is decided first (runtime/checkpoint/load_plan.h), so
+// a run that would overwrite another run's checkpoints stops before anything is built.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,128 @@
+// checkpoint.load against what save_dir holds (runtime/checkpoint/load_plan.h), without a run:
+// "auto" resumes from `latest` or starts fresh; "none" refuses to save over existing
+// checkpoints unless overwrite is true (and then clears them); "latest" and a tag keep their
+// meaning. zrt-train end to end: test_checkpoint_train ([overwrite]).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "runtime/checkpoint/load_plan.h"
+#include "runtime/common/error.h"
+
+using namespace zrt;
+using namespace zrt::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A save_dir with complete-looking checkpoints at `steps` (an index.h5 each) and `latest`.
+fs::path save_dir_with(const std::string& name, std::initializer_list<int> steps,
+                       const std::string& latest) {
+  const fs::path dir = fs::temp_directory_path() / "zrt_test_load_plan" / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const int step : steps) {
+    const fs::path tag = dir / ("global_step" + std::to_string(step));
+    fs::create_directories(tag);
+    std::ofstream(tag / "index.h5") << "x";
+  }
+  if (!latest.empty()) std::ofstream(dir / "latest") << latest << "\n";
+  return dir;
+}
+
+CheckpointConfig config_for(const fs::path& dir, const std::string& load, bool saves = true) {
+  CheckpointConfig c;
+  c.save_dir = dir.string();
+  c.load = load;
+  c.save_interval = saves ? 10 : 0;
+  return c;
+}
+
+std::string error_of(const CheckpointConfig& c) {
+  try {
+    plan_load(c);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("the default is auto: resume from latest when there is one", "[load-plan]") {
+  CHECK(CheckpointConfig{}.load == "auto");
+  const fs::path dir = save_dir_with("auto", {2, 4}, "global_step4");
+  const LoadPlan plan = plan_load(config_for(dir, "auto"));
+  REQUIRE(plan.dir.has_value());
+  CHECK(*plan.dir == (dir / "global_step4").string());
+  CHECK_THAT(plan.note, Catch::Contains("names global_step4: resuming from it"));
+  CHECK_FALSE(plan.clear_save_dir);
+  // "latest" means the same.
+  CHECK(*plan_load(config_for(dir, "latest")).dir == *plan.dir);
+  // A tag resumes from that tag.
+  CHECK(*plan_load(config_for(dir, "global_step2")).dir == (dir / "global_step2").string());
+}
+
+TEST_CASE("auto without checkpoints starts fresh", "[load-plan]") {
+  const fs::path empty = save_dir_with("auto_empty", {}, "");
+  const LoadPlan plan = plan_load(config_for(empty, "auto"));
+  CHECK_FALSE(plan.dir.has_value());
+  CHECK_THAT(plan.note, Catch::Contains("holds no checkpoint: starting fresh"));
+  // A save_dir that does not exist yet is the usual first run.
+  CHECK_FALSE(plan_load(config_for(empty / "not_yet", "auto")).dir.has_value());
+}
+
+TEST_CASE("none refuses to save over existing checkpoints, naming the dir and the fixes",
+          "[load-plan]") {
+  const fs::path dir = save_dir_with("none", {3, 6}, "global_step6");
+  const std::string message = error_of(config_for(dir, "none"));
+  CHECK_THAT(message, Catch::Contains("checkpoint.save_dir " + dir.string() +
+                                      " already holds checkpoints (global_step3, global_step6)"));
+  CHECK_THAT(message, Catch::Contains("set checkpoint.load to \"auto\""));
+  CHECK_THAT(message, Catch::Contains("set checkpoint.overwrite to true"));
+  CHECK_THAT(message, Catch::Contains("choose another checkpoint.save_dir"));
+  // A run that saves nothing cannot overwrite anything.
+  CHECK_FALSE(plan_load(config_for(dir, "none", /*saves=*/false)).dir.has_value());
+  // Nothing was touched.
+  CHECK(list_checkpoints(dir.string()) == std::vector<std::string>{"global_step3", "global_step6"});
+}
+
+TEST_CASE("none with overwrite clears the save_dir", "[load-plan]") {
+  const fs::path dir = save_dir_with("overwrite", {3, 6}, "global_step6");
+  fs::create_directories(dir / "global_step9.tmp");  // an abandoned save
+  std::ofstream(dir / "notes.txt") << "mine";
+  CheckpointConfig c = config_for(dir, "none");
+  c.overwrite = true;
+  const LoadPlan plan = plan_load(c);
+  CHECK_FALSE(plan.dir.has_value());
+  CHECK(plan.clear_save_dir);
+  CHECK(remove_checkpoints(dir.string()) ==
+        std::vector<std::string>{"global_step3", "global_step6"});
+  CHECK(list_checkpoints(dir.string()).empty());
+  CHECK_FALSE(fs::exists(dir / "latest"));
+  CHECK_FALSE(fs::exists(dir / "global_step9.tmp"));
+  CHECK(fs::exists(dir / "notes.txt"));  // not a checkpoint: left alone
+}
+
+TEST_CASE("checkpoints without latest are not overwritten by a fresh auto start", "[load-plan]") {
+  const fs::path dir = save_dir_with("no_latest", {5}, "");
+  CHECK_THAT(error_of(config_for(dir, "auto")),
+             Catch::Contains("no 'latest' file naming one of them"));
+}
+
+TEST_CASE("a tag or latest that is not a complete checkpoint is an error", "[load-plan]") {
+  const fs::path dir = save_dir_with("missing", {2}, "global_step7");
+  CHECK_THAT(error_of(config_for(dir, "auto")),
+             Catch::Contains("global_step7 is not a complete checkpoint (no index.h5) although "
+                             "'latest' names it"));
+  CHECK_THAT(error_of(config_for(dir, "global_step3")),
+             Catch::Contains("global_step3 is not a complete checkpoint"));
+}
+
+TEST_CASE("step tags", "[load-plan]") {
+  CHECK(step_of_tag("global_step12") == 12);
+  CHECK(step_of_tag("global_step") == -1);
+  CHECK(step_of_tag("global_step1x") == -1);
+  CHECK(step_of_tag("latest") == -1);
+}
