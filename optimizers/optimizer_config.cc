@@ -141,14 +141,19 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   std::size_t best_distance = std::string::npos;
   for (const auto& candidate : candidates) {
     const std::string c = lower(candidate);
-    // Levenshtein distance, two rows.
-    std::vector<std::size_t> prev(c.size() + 1), cur(c.size() + 1);
+    // Edit distance counting an adjacent transposition as one edit ("stpes" is one edit from
+    // "steps"), as typos usually are: three rows (optimal string alignment).
+    std::vector<std::size_t> before(c.size() + 1), prev(c.size() + 1), cur(c.size() + 1);
     for (std::size_t j = 0; j <= c.size(); ++j) prev[j] = j;
     for (std::size_t i = 1; i <= w.size(); ++i) {
       cur[0] = i;
       for (std::size_t j = 1; j <= c.size(); ++j) {
         cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (w[i - 1] != c[j - 1])});
+        if (i > 1 && j > 1 && w[i - 1] == c[j - 2] && w[i - 2] == c[j - 1]) {
+          cur[j] = std::min(cur[j], before[j - 2] + 1);
+        }
       }
+      std::swap(before, prev);
       std::swap(prev, cur);
     }
     if (prev[c.size()] < best_distance) {

@@ -121,8 +121,8 @@ SchedulerConfig parse_scheduler_config(const nlohmann::json& block,
 std::string unsupported_scheduler_type(const std::string& type);
 
 namespace detail {
-// The candidate closest to `word` by edit distance (case-insensitive), or "" if none is close
-// enough to be a plausible typo.
+// The candidate closest to `word` by edit distance (case-insensitive; swapping two adjacent
+// letters is one edit), or "" if none is close enough to be a plausible typo.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 // Glob match: '*' any run of characters, '?' one character.
 bool glob_match(const std::string& pattern, const std::string& text);

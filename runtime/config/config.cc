@@ -936,6 +936,123 @@ DeviceOptions DeviceConfig::options(bool gpu_available, int local_rank, std::uin
   return o;
 }
 
+json resolved_document(const Config& c) {
+  json out;
+  out["train_batch_size"] = c.batch.train_batch_size;
+  out["train_micro_batch_size_per_gpu"] = c.batch.micro_batch_size;
+  out["gradient_accumulation_steps"] = c.batch.gradient_accumulation_steps;
+
+  const EngineOptions& e = c.engine;
+  out["bf16"]["enabled"] = c.bf16();
+  json& fp16 = out["fp16"];
+  fp16["enabled"] = c.fp16();
+  if (c.fp16()) {  // the scaler's settings matter only with fp16 compute
+    fp16["loss_scale"] = e.loss_scale.loss_scale;
+    fp16["initial_scale_power"] = e.loss_scale.initial_scale_power;
+    fp16["loss_scale_window"] = e.loss_scale.loss_scale_window;
+    fp16["hysteresis"] = e.loss_scale.hysteresis;
+    fp16["consecutive_hysteresis"] = e.loss_scale.consecutive_hysteresis;
+    fp16["min_loss_scale"] = e.loss_scale.min_loss_scale;
+  }
+  out["communication_data_type"] = dtype_name(e.communication_dtype.value_or(e.compute_dtype));
+  out["data_types"]["grad_accum_dtype"] = dtype_name(e.grad_accum_dtype);
+  out["gradient_clipping"] = e.gradient_clipping;
+
+  json& zero = out["zero_optimization"];
+  zero["stage"] = e.stage;
+  zero["reduce_bucket_size"] = e.reduce_bucket_size;
+  zero["overlap_comm"] = e.overlap_comm;
+  if (e.stage == 3) {  // below stage 3 these keys draw a warning
+    zero["stage3_prefetch_bucket_size"] = e.stage3_prefetch_bucket_size;
+    zero["stage3_param_persistence_threshold"] = e.stage3_param_persistence_threshold;
+    zero["stage3_max_live_parameters"] = e.stage3_max_live_parameters;
+  }
+  const std::pair<const char*, const OffloadConfig*> offloads[] = {
+      {"offload_optimizer", &c.offload_optimizer}, {"offload_param", &c.offload_param}};
+  for (const auto& [name, offload] : offloads) {
+    zero[name]["device"] = offload_device_name(offload->device);
+    zero[name]["pin_memory"] = offload->pin_memory;
+  }
+
+  json& optimizer = out["optimizer"];
+  const AdamOptions& adam = c.optimizer.adam;
+  optimizer["type"] = c.optimizer.type;
+  optimizer["params"] = {{"lr", adam.lr},
+                         {"betas", {adam.beta1, adam.beta2}},
+                         {"eps", adam.eps},
+                         {"weight_decay", adam.weight_decay},
+                         {"bias_correction", adam.bias_correction},
+                         {"adam_w_mode", adam.adam_w_mode}};
+  optimizer["no_weight_decay"] = c.optimizer.no_weight_decay;
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type != LrScheduleType::kConstant) {
+    json& params = out["scheduler"]["params"];
+    out["scheduler"]["type"] = lr_schedule_name(s.type);
+    params["warmup_num_steps"] = s.warmup_num_steps;
+    params["warmup_type"] = s.warmup_type == WarmupType::kLog ? "log" : "linear";
+    if (s.type == LrScheduleType::kWarmupCosineLR) {
+      params["warmup_min_ratio"] = s.warmup_min_ratio;
+      params["cos_min_ratio"] = s.cos_min_ratio;
+    } else {
+      params["warmup_min_lr"] = s.warmup_min_lr;
+      params["warmup_max_lr"] = s.warmup_max_lr;
+    }
+    if (s.type != LrScheduleType::kWarmupLR) params["total_num_steps"] = s.total_num_steps;
+  }
+
+  json& model = out["model"];
+  model["type"] = c.model.type;
+  if (!c.model.preset.empty()) model["preset"] = c.model.preset;
+  const std::pair<const char*, const std::optional<int>*> dims[] = {
+      {"n_layer", &c.model.n_layer},
+      {"n_head", &c.model.n_head},
+      {"n_embd", &c.model.n_embd},
+      {"vocab_size", &c.model.vocab_size},
+      {"seq_len", &c.model.seq_len}};
+  for (const auto& [name, field] : dims) {
+    if (field->has_value()) model[name] = **field;
+  }
+  model["activation_checkpointing"] = c.model.activation_checkpointing;
+  if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
+
+  out["data"]["train"] = c.data.train;
+  if (!c.data.val.empty()) out["data"]["val"] = c.data.val;
+  out["data"]["shuffle"] = c.data.shuffle;
+  out["data"]["seed"] = c.data.seed;
+  out["train"] = {{"steps", c.train.steps},
+                  {"eval_interval", c.train.eval_interval},
+                  {"eval_batches", c.train.eval_batches},
+                  {"log_interval", c.train.log_interval},
+                  {"sample_tokens", c.train.sample_tokens}};
+
+  json& checkpoint = out["checkpoint"];
+  checkpoint["save_dir"] = c.checkpoint.save_dir;
+  checkpoint["save_interval"] = c.checkpoint.save_interval;
+  checkpoint["keep_last"] = c.checkpoint.keep_last;
+  checkpoint["async"] = c.checkpoint.async;
+  if (!c.checkpoint.load.empty()) checkpoint["load"] = c.checkpoint.load;
+
+  const char* device_type = c.device.type == DeviceChoice::kCpu    ? "cpu"
+                            : c.device.type == DeviceChoice::kCuda ? "cuda"
+                                                                   : "auto";
+  out["device"] = {{"type", device_type},
+                   {"memory_limit_gb", c.device.memory_limit_gb},
+                   {"stream_delay_us", c.device.stream_delay_us}};
+  out["comm"] = {{"timeout_s", c.comm.timeout_s},
+                 {"reduce_scatter",
+                  c.comm.reduce_scatter_algo == ReduceScatterAlgo::kNative ? "native" : "alltoall"},
+                 {"max_chunk_mb", c.comm.max_chunk_bytes >> 20},
+                 {"simulated_bandwidth_gb_per_s", c.comm.simulated_bandwidth_bytes_per_s / 1e9},
+                 {"simulated_latency_us", c.comm.simulated_latency_s * 1e6}};
+  if (c.trace.enabled()) {
+    out["trace"] = {{"path", c.trace.path}, {"steps", {c.trace.first_step, c.trace.last_step}}};
+  }
+  out["seed"] = c.seed;
+  out["output_dir"] = c.output_dir;
+  out["log_level"] = c.log_level;
+  return out;
+}
+
 Config parse_config(const json& document, int world_size, const std::string& source_name,
                     const std::vector<std::string>& command_line_paths) {
   return Parser(document, world_size, source_name, command_line_paths).run();

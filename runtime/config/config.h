@@ -180,6 +180,12 @@ Config parse_config(const nlohmann::json& document, int world_size, const std::s
 Config parse_config(const nlohmann::json& document, int world_size, const std::string& source_name,
                     const std::vector<std::string>& command_line_paths);
 
+// The config as zrt runs it, as a config document: every key zrt reads, with the batch rule
+// solved and the defaults filled in (keys that would only draw a warning, such as stage-3
+// knobs below stage 3, are left out). parse_config of the result, at the same world size,
+// gives the same Config. Shown by zrt-train --check.
+nlohmann::json resolved_document(const Config& config);
+
 // As load_config, for JSON text (syntax and duplicate-key checks included).
 Config parse_config_text(const std::string& text, int world_size, const std::string& source_name);
 
