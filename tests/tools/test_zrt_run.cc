@@ -1,16 +1,18 @@
 // tools/zrt-run builds the mpirun command line this machine needs (checked with --dry-run).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 namespace {
-std::string run(const std::string& args, int* status = nullptr) {
-  const std::string cmd = std::string(ZRT_RUN_SCRIPT) + " " + args + " 2>&1";
+std::string run(const std::string& args, int* status = nullptr,
+                const std::string& environment = "") {
+  const std::string cmd = environment + " " + std::string(ZRT_RUN_SCRIPT) + " " + args + " 2>&1";
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
   std::string out;
   std::array<char, 256> buf{};
@@ -39,6 +41,13 @@ TEST_CASE("zrt-run runs zrt-train for a config file and rejects bad usage") {
   CHECK_THAT(run("--dry-run -n 4 configs/demo.json"),
              Catch::Contains("zrt-train --config configs/demo.json") ||
                  Catch::Contains("zrt-train not found"));
+  // Arguments after the config pass through: zrt-train's config overrides (zrt-train found
+  // on PATH, as where it is installed).
+  const std::string train_dir = std::filesystem::path(ZRT_TRAIN_EXE).parent_path().string();
+  CHECK_THAT(run("--dry-run -n 4 configs/demo.json --train.steps 5 --seed=3", nullptr,
+                 "PATH=" + train_dir + ":$PATH"),
+             Catch::EndsWith(train_dir +
+                             "/zrt-train --config configs/demo.json --train.steps 5 --seed=3\n"));
   int status = 0;
   CHECK_THAT(run("./prog", &status), Catch::Contains("-n N is required"));
   CHECK(status == 2);
