@@ -506,6 +506,16 @@ class Parser {
     const auto train = get_int("train_batch_size");
     const auto micro = get_int("train_micro_batch_size_per_gpu");
     const auto accum = get_int("gradient_accumulation_steps");
+    // The rule multiplies these: keep every product far from int64's limit (2^62 samples).
+    const std::int64_t kLargestBatchKey = std::int64_t{1} << 20;
+    for (const auto& [key, given] : {std::pair{"train_micro_batch_size_per_gpu", micro},
+                                     std::pair{"gradient_accumulation_steps", accum}}) {
+      if (given && *given > kLargestBatchKey) {
+        error(ProblemKind::kBadValue, key,
+              fmt::format("{} is too large (at most {})", *given, kLargestBatchKey));
+        return;
+      }
+    }
     std::int64_t world = world_size_;
     if (world <= 0) {
       if (!train || !micro || !accum) {
