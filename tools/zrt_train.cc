@@ -328,7 +328,9 @@ int main(int argc, char** argv) {
   if (!args) return 0;
   try {
     if (args->check) {
-      zrt::init_logging(0);
+      // The report lists the config's warnings itself; the log adds only errors (unless
+      // ZRT_LOG_LEVEL asks for more).
+      zrt::init_logging(0, "error");
       return check(*args);
     }
     return train(*args, &argc, &argv);
