@@ -53,10 +53,36 @@ struct OptimizerConfig {
   static std::vector<std::string> default_no_weight_decay() { return {"bias", "ln*", "*norm*"}; }
 };
 
+// What kind of problem a block has, so that a caller reporting every problem at once (the
+// config parser) can put the most fundamental first.
+enum class ProblemKind {
+  kUnsupported,  // a type zrt does not implement
+  kUnknownKey,   // a key that is not valid here
+  kBadValue,     // a value of the wrong type or out of range
+  kMissing,      // a required key is absent
+  kConflict,     // values that are fine alone but not together
+};
+
+struct ConfigProblem {
+  ProblemKind kind;
+  std::string message;  // "optimizer.params.eps must be > 0, got 0"
+};
+
 // Parses the "optimizer" block. A null or missing block gives the defaults (AdamW, lr 1e-3).
 // Throws InvalidArgument for an unsupported type (listing Adam and AdamW), an unknown key
-// (suggesting the closest valid one), a wrongly typed or out-of-range value.
+// (suggesting the closest valid one), a wrongly typed or out-of-range value; the message holds
+// every problem, one per line.
 OptimizerConfig parse_optimizer_config(const nlohmann::json& block);
+
+// As above, but appends every problem to `problems` instead of throwing, going on with the
+// default in place of each bad value. An unsupported type is reported alone: the parameters of
+// an optimizer zrt does not have are not looked at.
+OptimizerConfig parse_optimizer_config(const nlohmann::json& block,
+                                       std::vector<ConfigProblem>& problems);
+
+// "" if `type` names an optimizer zrt implements (any case, as DeepSpeed); otherwise the
+// message saying why not, with the supported types.
+std::string unsupported_optimizer_type(const std::string& type);
 
 enum class LrScheduleType { kConstant, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
 enum class WarmupType { kLog, kLinear };
@@ -82,12 +108,21 @@ struct SchedulerConfig {
 
 // Parses the "scheduler" block; a null or missing block gives kConstant. Throws InvalidArgument
 // for an unsupported type (listing the supported ones), an unknown key (suggesting the closest),
-// a missing total_num_steps, or out-of-range values.
+// a missing total_num_steps, or out-of-range values; the message holds every problem, one per
+// line.
 SchedulerConfig parse_scheduler_config(const nlohmann::json& block);
 
+// As above, appending every problem to `problems` (an unsupported type alone, as for the
+// optimizer).
+SchedulerConfig parse_scheduler_config(const nlohmann::json& block,
+                                       std::vector<ConfigProblem>& problems);
+
+// "" if `type` names a schedule zrt implements; otherwise the message saying why not.
+std::string unsupported_scheduler_type(const std::string& type);
+
 namespace detail {
-// The candidate closest to `word` by edit distance (case-insensitive), or "" if none is close
-// enough to be a plausible typo.
+// The candidate closest to `word` by edit distance (case-insensitive; swapping two adjacent
+// letters is one edit), or "" if none is close enough to be a plausible typo.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
 // Glob match: '*' any run of characters, '?' one character.
 bool glob_match(const std::string& pattern, const std::string& text);

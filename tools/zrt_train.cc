@@ -1,70 +1,341 @@
 // zrt-train: trains a GPT with the ZeRO engine, as one JSON config describes.
-//   mpirun -n N zrt-train --config run.json      (or: tools/zrt-run -n N run.json)
-// Exit status: 0 done; 1 an error (the job is aborted); 2 bad arguments; 3 the watchdog ended
-// a hung job (a collective past comm_timeout_s: a rank died, froze or diverged).
+//   mpirun -n N zrt-train --config run.json [--train.steps 5 ...]   (or: tools/zrt-run -n N
+//   run.json) zrt-train --check --config run.json [--world N]     validate and estimate memory, no
+//   mpirun
+// Exit status: 0 done; 1 an error (the job is aborted; with --check: the config is invalid or
+// does not fit); 2 bad arguments; 3 the watchdog ended a hung job (a collective past
+// comm_timeout_s: a rank died, froze or diverged).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
+#include "models/gpt/gpt_config.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/common/error.h"
 #include "runtime/common/log.h"
 #include "runtime/config/config.h"
+#include "runtime/config/json_reader.h"
+#include "tools/mem/mem_report.h"
+#include "tools/mem/memory_estimate.h"
 #include "tools/train/trainer.h"
 
+#ifndef ZRT_VERSION
+#define ZRT_VERSION "unknown"
+#endif
+#ifndef ZRT_GIT_DESCRIBE
+#define ZRT_GIT_DESCRIBE ""
+#endif
+
 namespace {
-void usage() {
-  std::fprintf(stderr,
-               "usage: zrt-train --config FILE.json\n"
-               "  runs under mpirun (tools/zrt-run -n N FILE.json); see docs/config.md\n");
+
+const char* kUsage = R"(usage: zrt-train --config FILE.json [--KEY VALUE ...]
+       zrt-train --check --config FILE.json [--world N] [--KEY VALUE ...]
+       zrt-train --version | --help
+
+Trains a GPT with the ZeRO engine as the config describes (DeepSpeed's keys plus zrt's blocks).
+It runs under mpirun, one process per rank; the world size is the number of ranks:
+  tools/zrt-run -n 4 run.json --train.steps 5     (mpirun -n 4 zrt-train --config run.json ...)
+
+options:
+  --config FILE       the run's JSON config; guide: docs/config.md, every key:
+                      docs/config-keys.md
+  --KEY VALUE, --KEY=VALUE
+                      set config key KEY (a dotted path; blocks are created as needed) over
+                      the file, e.g. --train.steps 5, --zero_optimization.stage=3,
+                      --optimizer.params.lr 3e-4, --zero_optimization.offload_optimizer
+                      '{"device": "cpu"}'. VALUE is read as JSON when it is valid JSON
+                      (numbers, true/false, null, lists, objects), else as a string; keys
+                      that take a string always take the text. Checked like the file: a
+                      problem names --KEY
+  --check             validate the config (with the overrides) and print it resolved: the
+                      batch rule solved, defaults filled in, warnings; then zrt-mem's memory
+                      estimate for this model, setting and world size. Trains nothing and
+                      needs no mpirun. Exit 0 if the config is valid and fits the device, 1
+                      if not
+  --world N           with --check: the number of ranks to check for (default: the file's
+                      train_batch_size / (micro-batch x accumulation) when it gives all
+                      three numbers, else 1)
+  --version           print the version and exit
+  -h, --help          print this help and exit
+
+Every problem of the config is reported in one run, the most fundamental first: unsupported
+features and types, unknown keys, wrong types and ranges, missing keys, then combinations.
+
+environment:
+  ZRT_LOG_LEVEL       trace, debug, info, warn, error or off: the log threshold; wins over
+                      the config's log_level
+
+exit status: 0 done (--check: valid and fits); 1 an error: an invalid config, a failed run
+(--check: invalid or does not fit); 2 bad arguments; 3 the watchdog ended a hung job.
+)";
+
+struct Arguments {
+  std::string config_path;
+  zrt::ConfigOverrides overrides;
+  bool check = false;
+  std::optional<int> world;
+};
+
+// Thrown for bad command-line usage (exit status 2).
+struct UsageError {
+  std::string message;
+};
+
+bool starts_with(const std::string& text, const char* prefix) {
+  return text.rfind(prefix, 0) == 0;
 }
+
+int parse_world(const std::string& text) {
+  try {
+    std::size_t used = 0;
+    const long value = std::stol(text, &used);
+    if (used == text.size() && value >= 1 && value <= 1000000) return static_cast<int>(value);
+  } catch (const std::exception&) {
+  }
+  throw UsageError{"--world needs a positive integer, not '" + text + "'"};
+}
+
+// Returns nullopt when the program should exit 0 at once (--help, --version: printed here).
+std::optional<Arguments> parse_arguments(int argc, char** argv) {
+  Arguments args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return std::nullopt;
+    }
+    if (arg == "--version") {
+      const std::string git = ZRT_GIT_DESCRIBE;
+      std::printf("zrt-train %s%s\n", ZRT_VERSION,
+                  git.empty() ? "" : (" (git " + git + ")").c_str());
+      return std::nullopt;
+    }
+    if (arg == "--check") {
+      args.check = true;
+      continue;
+    }
+    if (!starts_with(arg, "--") || arg.size() == 2) {
+      throw UsageError{"unexpected argument '" + arg + "'" +
+                       (arg.size() > 5 && arg.substr(arg.size() - 5) == ".json"
+                            ? " (the config is given as --config " + arg + ")"
+                            : "")};
+    }
+    // --NAME=VALUE or --NAME VALUE.
+    std::string name = arg.substr(2);
+    std::string value;
+    if (const std::size_t equals = name.find('='); equals != std::string::npos) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    } else {
+      // A value never starts with "--" ("-1" is fine): such an argument is the next option.
+      if (i + 1 >= argc || starts_with(argv[i + 1], "--")) {
+        throw UsageError{"--" + name + " needs a value (--" + name + " VALUE or --" + name +
+                         "=VALUE)"};
+      }
+      value = argv[++i];
+    }
+    if (name == "config") {
+      args.config_path = value;
+    } else if (name == "world") {
+      args.world = parse_world(value);
+    } else {
+      args.overrides.emplace_back(name, value);  // a config key: validated with the file
+    }
+  }
+  if (args.config_path.empty()) throw UsageError{"--config FILE is required"};
+  if (args.world && !args.check) {
+    throw UsageError{"--world is for --check; under mpirun the world size is the number of ranks"};
+  }
+  return args;
+}
+
+// The document with the overrides applied, and the paths they set.
+struct Document {
+  nlohmann::json json;
+  std::vector<std::string> command_line_paths;
+};
+
+Document read_document(const Arguments& args) {
+  Document d;
+  d.json = zrt::config::read_json_file(args.config_path);
+  d.command_line_paths = zrt::apply_overrides(d.json, args.overrides);
+  return d;
+}
+
+// --check's default world size: the file's batch numbers when it gives all three, else 1.
+int default_check_world(const nlohmann::json& document) {
+  if (!document.is_object()) return 1;
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+    const auto it = document.find(key);
+    if (it == document.end() || !it->is_number()) return 1;
+  }
+  return 0;  // parse_config takes it from the three numbers
+}
+
+void print_lines(std::FILE* out, const std::string& prefix, const std::string& text) {
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::fprintf(out, "%s%s\n", prefix.c_str(), text.substr(begin, end - begin).c_str());
+    begin = end + 1;
+  }
+}
+
+std::size_t count_lines(const std::string& text) {
+  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// "1.2 GB", or "3.4 MB" below a gigabyte (decimal units, as zrt-mem), so small models do not
+// read "0.0".
+std::string bytes_text(std::int64_t bytes) {
+  if (bytes >= 1000000000) return zrt::mem::gb(bytes) + " GB";
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
+
+// zrt-train --check: exit status 0 if the config is valid and its setting fits the device.
+int check(const Arguments& args) {
+  zrt::Config config;
+  try {
+    const Document d = read_document(args);
+    const int world = args.world.value_or(default_check_world(d.json));
+    config = zrt::parse_config(d.json, world, args.config_path, d.command_line_paths);
+  } catch (const zrt::InvalidArgument& e) {
+    const std::string message = e.what();
+    const std::size_t n = count_lines(message);
+    std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,
+                n == 1 ? "" : "s");
+    print_lines(stdout, "  ", message);
+    return 1;
+  }
+
+  const zrt::BatchConfig& b = config.batch;
+  std::printf("config: %s is valid for %d rank%s%s\n", args.config_path.c_str(), b.world_size,
+              b.world_size == 1 ? "" : "s",
+              args.overrides.empty()
+                  ? ""
+                  : fmt::format(" (with {} command-line override{})", args.overrides.size(),
+                                args.overrides.size() == 1 ? "" : "s")
+                        .c_str());
+  std::printf("batch: train_batch_size %lld = micro-batch %lld x accumulation %d x %d rank%s\n",
+              static_cast<long long>(b.train_batch_size),
+              static_cast<long long>(b.micro_batch_size), b.gradient_accumulation_steps,
+              b.world_size, b.world_size == 1 ? "" : "s");
+  if (config.warnings.empty()) {
+    std::printf("warnings: none\n");
+  } else {
+    std::printf("warnings: %zu\n", config.warnings.size());
+    for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
+  }
+  std::printf("resolved config (defaults filled in):\n");
+  print_lines(stdout, "  ", zrt::resolved_document(config).dump(2));
+
+  // The model's own checks (dimensions against the preset) happen when it is built: do them
+  // here too, so --check finds what the start of the run would.
+  zrt::mem::Inputs in;
+  try {
+    in = zrt::mem::inputs_from_config(config);
+    in.validate();
+  } catch (const zrt::InvalidArgument& e) {
+    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
+                e.what());
+    return 1;
+  }
+  std::vector<zrt::mem::Estimate> estimates;
+  for (const zrt::mem::Setting& s : zrt::mem::table_order()) {
+    estimates.push_back(zrt::mem::estimate(in, s));
+  }
+  const zrt::mem::Estimate mine = zrt::mem::estimate(in, in.setting());
+  const auto capacity = static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));
+  const bool fits = mine.device_total() <= capacity;
+  // A CPU rank without device.memory_limit_gb has no cap to exceed: the estimate is advice.
+  const bool capped =
+      config.device.type != zrt::DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
+  std::printf("model: %s\n", in.model->description.c_str());
+  std::printf(
+      "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
+      "buffers %s); the device has %g GiB (%s%s): %s\n",
+      mine.setting.name().c_str(), bytes_text(mine.device_total()).c_str(),
+      bytes_text(mine.model_state()).c_str(), bytes_text(mine.activations()).c_str(),
+      bytes_text(mine.buffers()).c_str(), in.device_gib, bytes_text(capacity).c_str(),
+      config.device.memory_limit_gb > 0 ? ", device.memory_limit_gb" : ", zrt-mem's default",
+      fits ? "fits" : (capped ? "DOES NOT FIT" : "over, but CPU ranks have no cap"));
+  std::printf("  %s\n", zrt::mem::format_verdict(in, estimates).c_str());
+  std::printf("  (the whole table: zrt-mem --config %s --world %d)\n", args.config_path.c_str(),
+              b.world_size);
+  if (!fits && capped) {
+    std::printf("result: the config is valid but does not fit the device\n");
+    return 1;
+  }
+  std::printf("result: OK\n");
+  return 0;
+}
+
+int train(const Arguments& args, int* argc, char*** argv) {
+  zrt::MpiRuntime mpi(argc, argv);
+  zrt::init_logging(mpi.rank());
+  try {
+    const Document d = read_document(args);
+    const zrt::Config config =
+        zrt::parse_config(d.json, mpi.size(), args.config_path, d.command_line_paths);
+    zrt::init_logging(mpi.rank(), config.log_level);
+    zrt::train::TrainHooks hooks;
+    // A hang (an operation past comm_timeout_s, reported by the watchdog with the operation,
+    // the step and the ranks missing, already logged): end the whole job now, from whichever
+    // thread saw it, rather than unwind through other waits that may block too.
+    hooks.on_hang = [](const std::string&) {
+      spdlog::default_logger()->flush();
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    };
+    zrt::train::run_training(config, mpi, hooks);
+  } catch (const std::exception& e) {
+    // One log line per problem (a config may have several), each with the rank prefix.
+    const std::string message = e.what();
+    std::size_t begin = 0;
+    while (begin <= message.size()) {
+      std::size_t end = message.find('\n', begin);
+      if (end == std::string::npos) end = message.size();
+      spdlog::error("{}", message.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    // The other ranks may be waiting in a collective: end the whole job now rather than let
+    // them time out.
+    spdlog::default_logger()->flush();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string config_path;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--config") == 0 && i + 1 < argc) {
-      config_path = argv[++i];
-    } else if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
-      usage();
-      return 0;
-    } else {
-      std::fprintf(stderr, "zrt-train: unexpected argument '%s'\n", argv[i]);
-      usage();
-      return 2;
-    }
-  }
-  if (config_path.empty()) {
-    usage();
+  std::optional<Arguments> args;
+  try {
+    args = parse_arguments(argc, argv);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "zrt-train: %s\n(zrt-train --help for usage)\n", e.message.c_str());
     return 2;
   }
+  if (!args) return 0;
   try {
-    zrt::MpiRuntime mpi(&argc, &argv);
-    zrt::init_logging(mpi.rank());
-    try {
-      const zrt::Config config = zrt::load_config(config_path, mpi.size());
-      zrt::init_logging(mpi.rank(), config.log_level);
-      zrt::train::TrainHooks hooks;
-      // A hang (an operation past comm_timeout_s, reported by the watchdog with the operation,
-      // the step and the ranks missing, already logged): end the whole job now, from whichever
-      // thread saw it, rather than unwind through other waits that may block too.
-      hooks.on_hang = [](const std::string&) {
-        spdlog::default_logger()->flush();
-        MPI_Abort(MPI_COMM_WORLD, 3);
-      };
-      zrt::train::run_training(config, mpi, hooks);
-    } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
-      // The other ranks may be waiting in a collective: end the whole job now rather than let
-      // them time out.
-      spdlog::default_logger()->flush();
-      MPI_Abort(MPI_COMM_WORLD, 1);
-      return 1;
+    if (args->check) {
+      // The report lists the config's warnings itself; the log adds only errors (unless
+      // ZRT_LOG_LEVEL asks for more).
+      zrt::init_logging(0, "error");
+      return check(*args);
     }
+    return train(*args, &argc, &argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zrt-train: %s\n", e.what());
     return 1;
   }
-  return 0;
 }

@@ -21,11 +21,10 @@ spdlog::level::level_enum parse_log_level(const std::string& name) {
 }
 
 void init_logging(int rank, const std::string& level) {
-  std::string chosen = level;
-  if (chosen.empty()) {
-    const char* env = std::getenv("ZRT_LOG_LEVEL");
-    chosen = env != nullptr ? env : "info";
-  }
+  // ZRT_LOG_LEVEL wins over the level given (the config's log_level), as documented: one
+  // switch for a whole job, without editing its file.
+  const char* env = std::getenv("ZRT_LOG_LEVEL");
+  const std::string chosen = env != nullptr && *env != '\0' ? env : level.empty() ? "info" : level;
   auto logger = spdlog::get("zrt");
   if (!logger) {
     logger = spdlog::stderr_color_mt("zrt");

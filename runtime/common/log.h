@@ -9,8 +9,10 @@
 namespace zrt {
 
 // Configures the default spdlog logger so every line reads "[rank R] [level] message".
-// level: trace|debug|info|warn|error|off; empty takes ZRT_LOG_LEVEL from the environment,
-// else "info". Safe to call again (e.g. when the config's level becomes known).
+// The threshold is ZRT_LOG_LEVEL from the environment when it is set and not empty (it wins
+// over `level`, so a job's verbosity can change without editing its config); otherwise `level`
+// (trace|debug|info|warn|error|off), "info" when empty. Safe to call again (e.g. when the
+// config's level becomes known).
 void init_logging(int rank, const std::string& level = "");
 
 // Parses a level name; throws InvalidArgument naming the valid ones.

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -141,26 +142,40 @@ bool auto_is_literal(const KeyInfo& key) {
 }
 
 // Validates a document against the key table and extracts a Config from it.
+//
+// Every problem is recorded rather than thrown at once, so one run reports them all. After a
+// problem the parser goes on with the default in place of the bad value, and marks the key
+// "rejected": a rejected key reads as absent, and checks that combine it with other keys are
+// skipped, so a single mistake is reported once rather than again through everything built on
+// it. At the end the problems are sorted, most fundamental first (ProblemKind's order), and
+// thrown as one InvalidArgument, one problem per line.
 class Parser {
  public:
-  Parser(const json& document, int world_size, const std::string& source)
-      : world_size_(world_size), source_(source) {
+  Parser(const json& document, int world_size, const std::string& source,
+         const std::vector<std::string>& command_line_paths)
+      : world_size_(world_size),
+        source_(source),
+        command_line_paths_(command_line_paths.begin(), command_line_paths.end()) {
     config_.source = source;
     config_.document = document;
     if (!document.is_object()) {
-      fail_plain(fmt::format("the config must be a JSON object, not {}", shown(document)));
+      // Nothing else can be checked.
+      throw InvalidArgument(
+          fmt::format("{}: the config must be a JSON object, not {}", source_, shown(document)));
     }
     doc_ = without_nulls(document);
     if (doc_.contains("bfloat16")) {
       if (doc_.contains("bf16")) {
         fail("bfloat16", "give bf16 or its old name bfloat16, not both");
+      } else {
+        doc_["bf16"] = doc_["bfloat16"];
       }
-      doc_["bf16"] = doc_["bfloat16"];
       doc_.erase("bfloat16");
     }
   }
 
   Config run() {
+    reject_parameters_of_unsupported_types();
     walk(doc_, "");
     read_batch();
     read_precision();
@@ -170,19 +185,89 @@ class Parser {
     read_checkpoint();
     read_monitors();
     read_device_comm_trace();
+    if (!errors_.empty()) {
+      std::stable_sort(errors_.begin(), errors_.end(),
+                       [](const Problem& a, const Problem& b) { return a.kind < b.kind; });
+      std::string message;
+      for (const Problem& e : errors_) message += (message.empty() ? "" : "\n") + e.line;
+      throw InvalidArgument(message);
+    }
     return std::move(config_);
   }
 
  private:
-  [[noreturn]] void fail_plain(const std::string& message) const {
-    throw InvalidArgument(fmt::format("{}: {}", source_, message));
+  struct Problem {
+    ProblemKind kind;
+    std::string line;  // "run.json: zero_optimization.stge: unknown key; ..."
+  };
+
+  // True iff the value at `path` (or an enclosing block) came from a command-line override.
+  bool from_command_line(const std::string& path) const {
+    for (std::size_t dot = path.find('.'); dot != std::string::npos;
+         dot = path.find('.', dot + 1)) {
+      if (command_line_paths_.count(path.substr(0, dot)) != 0) return true;
+    }
+    return command_line_paths_.count(path) != 0;
   }
-  [[noreturn]] void fail(const std::string& path, const std::string& message) const {
-    throw InvalidArgument(fmt::format("{}: {}: {}", source_, path, message));
+  // "run.json: <path>: message", or "--<path>: message" for a value from the command line.
+  std::string located(const std::string& path, const std::string& message) const {
+    if (from_command_line(path)) return fmt::format("--{}: {}", path, message);
+    return fmt::format("{}: {}: {}", source_, path, message);
+  }
+  void error(ProblemKind kind, const std::string& path, const std::string& message) {
+    errors_.push_back({kind, located(path, message)});
+  }
+  // A message that names its keys itself; `path` only decides where the value came from.
+  void error_plain(ProblemKind kind, const std::string& message, const std::string& path = "") {
+    const bool command_line = !path.empty() && from_command_line(path);
+    errors_.push_back({kind, command_line ? fmt::format("--{}: {}", path, message)
+                                          : fmt::format("{}: {}", source_, message)});
+  }
+  // Problems found while reading the values (combinations, mostly): reported after the
+  // problems of single keys.
+  void fail_plain(const std::string& message) { error_plain(ProblemKind::kConflict, message); }
+  void fail(const std::string& path, const std::string& message) {
+    error(ProblemKind::kConflict, path, message);
   }
   void warn(const std::string& path, const std::string& message) {
     spdlog::warn("{}: {}: {}", source_, path, message);
     config_.warnings.push_back(path + ": " + message);
+  }
+
+  // A key whose value is not usable: it reads as absent from now on.
+  void reject(const std::string& path) { rejected_.insert(path); }
+  bool is_rejected(const std::string& path) const {
+    for (std::size_t dot = path.find('.'); dot != std::string::npos;
+         dot = path.find('.', dot + 1)) {
+      if (rejected_.count(path.substr(0, dot)) != 0) return true;
+    }
+    return rejected_.count(path) != 0;
+  }
+  bool any_rejected(std::initializer_list<const char*> paths) const {
+    return std::any_of(paths.begin(), paths.end(),
+                       [&](const char* path) { return is_rejected(path); });
+  }
+
+  // An optimizer or schedule zrt does not have is the one problem worth reporting about its
+  // block: its parameters (Lamb's max_coeff, OneCycle's cycle_min_lr) are not in the key table
+  // and would each read as an unknown key. Checked before the walk for that reason.
+  void reject_parameters_of_unsupported_types() {
+    const std::pair<const char*, std::string (*)(const std::string&)> blocks[] = {
+        {"optimizer", &unsupported_optimizer_type}, {"scheduler", &unsupported_scheduler_type}};
+    for (const auto& [block, unsupported] : blocks) {
+      const std::string type_path = std::string(block) + ".type";
+      const json* type = find(type_path);
+      if (type == nullptr) continue;
+      if (!type->is_string()) {  // the walk reports its form
+        reject(std::string(block) + ".params");
+        continue;
+      }
+      const std::string why = unsupported(type->get<std::string>());
+      if (why.empty()) continue;
+      error_plain(ProblemKind::kUnsupported, why, type_path);
+      reject(type_path);
+      reject(std::string(block) + ".params");
+    }
   }
 
   // ---- Pass 1: every key against the table ----
@@ -190,17 +275,30 @@ class Parser {
   void walk(const json& object, const std::string& prefix) {
     for (const auto& item : object.items()) {
       const std::string path = join_path(prefix, item.key());
+      if (is_rejected(path)) continue;  // reported already (an unsupported type's params)
       const KeyInfo* key = config::find_key(path);
-      if (key == nullptr) unknown_key(path, prefix, item.key());
+      if (key == nullptr) {
+        unknown_key(path, prefix, item.key());
+        continue;
+      }
       check(*key, item.value(), path);
     }
   }
 
-  [[noreturn]] void unknown_key(const std::string& path, const std::string& prefix,
-                                const std::string& name) const {
+  void unknown_key(const std::string& path, const std::string& prefix, const std::string& name) {
+    reject(path);
+    // The key the user probably meant counts as given but unusable, so that what depends on it
+    // (the batch rule, required keys, combinations) is not reported as well.
+    const auto meant = [&](const std::string& intended) {
+      if (find(intended) == nullptr) reject(intended);
+    };
     const std::vector<std::string> siblings = config::child_keys(prefix);
     const std::string guess = detail::closest_match(name, siblings);
-    if (!guess.empty()) fail(path, fmt::format("unknown key; did you mean '{}'?", guess));
+    if (!guess.empty()) {
+      meant(join_path(prefix, guess));
+      error(ProblemKind::kUnknownKey, path, fmt::format("unknown key; did you mean '{}'?", guess));
+      return;
+    }
     // The right key in the wrong block ("stage" at the top level), if only one block has it.
     std::vector<std::string> elsewhere;
     for (const KeyInfo& key : config::key_table()) {
@@ -209,20 +307,27 @@ class Parser {
       if (dot != std::string::npos && other.substr(dot + 1) == name) elsewhere.push_back(other);
     }
     if (elsewhere.size() == 1) {
-      fail(path, fmt::format("unknown key; did you mean '{}'?", elsewhere.front()));
+      meant(elsewhere.front());
+      error(ProblemKind::kUnknownKey, path,
+            fmt::format("unknown key; did you mean '{}'?", elsewhere.front()));
+    } else if (siblings.size() <= 12) {
+      error(ProblemKind::kUnknownKey, path,
+            fmt::format("unknown key; valid keys: {}", join(siblings)));
+    } else {
+      error(ProblemKind::kUnknownKey, path,
+            "unknown key (docs/config-keys.md lists the valid keys)");
     }
-    if (siblings.size() <= 12) {
-      fail(path, fmt::format("unknown key; valid keys: {}", join(siblings)));
-    }
-    fail(path, "unknown key (docs/config-keys.md lists the valid keys)");
   }
 
   void check(const KeyInfo& key, const json& v, const std::string& path) {
     if (is_auto(v) && !auto_is_literal(key)) {
       if (key.auto_rule != AutoRule::kNone) return;  // resolved when the value is read
-      fail(path, fmt::format("\"auto\" is filled in by Hugging Face's Trainer and has no "
-                             "meaning in zrt here; expected {}",
-                             config::expected_form(key)));
+      reject(path);
+      error(ProblemKind::kBadValue, path,
+            fmt::format("\"auto\" is filled in by Hugging Face's Trainer and has no "
+                        "meaning in zrt here; expected {}",
+                        config::expected_form(key)));
+      return;
     }
     if (key.status == KeyStatus::kUnsupportedError) {
       if (is_off(key, v)) return;
@@ -235,9 +340,15 @@ class Parser {
       } else if (key.kind != KeyKind::kOpaque && !off.empty()) {
         fix = fmt::format("remove the key or set it to {}", off);
       }
-      fail(path, fmt::format("not implemented by zrt ({}); {}", key.meaning, fix));
+      reject(path);
+      error(ProblemKind::kUnsupported, path,
+            fmt::format("not implemented by zrt ({}); {}", key.meaning, fix));
+      return;
     }
-    check_form(key, v, path);
+    if (!check_form(key, v, path)) {
+      reject(path);
+      return;
+    }
     if (key.kind == KeyKind::kObject) {
       walk(v, path);
       return;
@@ -247,7 +358,8 @@ class Parser {
     }
   }
 
-  [[noreturn]] void wrong_form(const KeyInfo& key, const json& v, const std::string& path) const {
+  // Records that `v` does not have the key's form; returns false, for check_form.
+  bool wrong_form(const KeyInfo& key, const json& v, const std::string& path) {
     std::string hint;
     if (key.kind == KeyKind::kEnum && v.is_string()) {
       for (const std::string& choice : choice_list(key)) {  // "CPU" for "cpu"
@@ -256,68 +368,69 @@ class Parser {
         }
       }
     }
-    fail(path, fmt::format("expected {}, got {}{}", config::expected_form(key), shown(v), hint));
+    error(ProblemKind::kBadValue, path,
+          fmt::format("expected {}, got {}{}", config::expected_form(key), shown(v), hint));
+    return false;
   }
 
-  void check_range(const KeyInfo& key, const json& element, const json& v,
-                   const std::string& path) const {
+  bool check_range(const KeyInfo& key, const json& element, const json& v,
+                   const std::string& path) {
     const double x = element.get<double>();
     if ((!std::isnan(key.min) && x < key.min) || (!std::isnan(key.max) && x > key.max)) {
-      fail(path,
-           fmt::format("{} is out of range; expected {}", shown(v), config::expected_form(key)));
+      error(ProblemKind::kBadValue, path,
+            fmt::format("{} is out of range; expected {}", shown(v), config::expected_form(key)));
+      return false;
     }
+    return true;
   }
 
-  void check_form(const KeyInfo& key, const json& v, const std::string& path) const {
+  // True iff `v` has the key's form and range; otherwise records the problem.
+  bool check_form(const KeyInfo& key, const json& v, const std::string& path) {
     std::int64_t integer = 0;
     switch (key.kind) {
       case KeyKind::kObject:
       case KeyKind::kOpaque:
-        if (!v.is_object()) wrong_form(key, v, path);
-        return;
+        return v.is_object() || wrong_form(key, v, path);
       case KeyKind::kBool:
-        if (!v.is_boolean()) wrong_form(key, v, path);
-        return;
+        return v.is_boolean() || wrong_form(key, v, path);
       case KeyKind::kInt:
-        if (!as_integer(v, &integer)) wrong_form(key, v, path);
-        check_range(key, v, v, path);
-        return;
+        if (!as_integer(v, &integer)) return wrong_form(key, v, path);
+        return check_range(key, v, v, path);
       case KeyKind::kNumber:
-        if (!v.is_number() || !std::isfinite(v.get<double>())) wrong_form(key, v, path);
-        check_range(key, v, v, path);
-        return;
+        if (!v.is_number() || !std::isfinite(v.get<double>())) return wrong_form(key, v, path);
+        return check_range(key, v, v, path);
       case KeyKind::kString:
-        if (!v.is_string()) wrong_form(key, v, path);
-        return;
+        return v.is_string() || wrong_form(key, v, path);
       case KeyKind::kEnum:
       case KeyKind::kEnumNoCase: {
-        if (!v.is_string()) wrong_form(key, v, path);
+        if (!v.is_string()) return wrong_form(key, v, path);
         const bool no_case = key.kind == KeyKind::kEnumNoCase;
         const std::string s = no_case ? lower(v.get<std::string>()) : v.get<std::string>();
         for (const std::string& choice : choice_list(key)) {
-          if ((no_case ? lower(choice) : choice) == s) return;
+          if ((no_case ? lower(choice) : choice) == s) return true;
         }
-        wrong_form(key, v, path);
+        return wrong_form(key, v, path);
       }
       case KeyKind::kNumberPair:
       case KeyKind::kIntPair: {
-        if (!v.is_array() || v.size() != 2) wrong_form(key, v, path);
+        if (!v.is_array() || v.size() != 2) return wrong_form(key, v, path);
         for (const json& element : v) {
           const bool ok = key.kind == KeyKind::kIntPair
                               ? as_integer(element, &integer)
                               : element.is_number() && std::isfinite(element.get<double>());
-          if (!ok) wrong_form(key, v, path);
-          check_range(key, element, v, path);
+          if (!ok) return wrong_form(key, v, path);
+          if (!check_range(key, element, v, path)) return false;
         }
-        return;
+        return true;
       }
       case KeyKind::kStringList:
-        if (!v.is_array()) wrong_form(key, v, path);
+        if (!v.is_array()) return wrong_form(key, v, path);
         for (const json& element : v) {
-          if (!element.is_string()) wrong_form(key, v, path);
+          if (!element.is_string()) return wrong_form(key, v, path);
         }
-        return;
+        return true;
     }
+    return true;
   }
 
   // ---- Pass 2: typed reads (the values have their form; "auto" and absent read as unset) ----
@@ -332,8 +445,10 @@ class Parser {
     }
     return node;
   }
-  // The value at `path`, or nullptr if it is absent or "auto" (for a key with an auto rule).
+  // The value at `path`, or nullptr if it is absent, rejected or "auto" (for a key with an auto
+  // rule).
   const json* value(const std::string& path) const {
+    if (is_rejected(path)) return nullptr;
     const json* v = find(path);
     if (v == nullptr) return nullptr;
     const KeyInfo* key = config::find_key(path);
@@ -352,10 +467,12 @@ class Parser {
   std::int64_t get_int(const std::string& path, std::int64_t fallback) const {
     return get_int(path).value_or(fallback);
   }
-  int get_small_int(const std::string& path, int fallback) const {
+  int get_small_int(const std::string& path, int fallback) {
     const std::int64_t x = get_int(path, fallback);
     if (x > std::numeric_limits<int>::max() || x < std::numeric_limits<int>::min()) {
-      fail(path, fmt::format("{} is too large", x));
+      error(ProblemKind::kBadValue, path, fmt::format("{} is too large", x));
+      reject(path);
+      return fallback;
     }
     return static_cast<int>(x);
   }
@@ -373,9 +490,33 @@ class Parser {
   }
 
   void read_batch() {
+    BatchConfig& b = config_.batch;
+    // Placeholders for a run that will not start (every path below that records a problem
+    // leaves them), consistent so that nothing later trips over them.
+    b.world_size = world_size_ > 0 ? world_size_ : 1;
+    b.micro_batch_size = 1;
+    b.gradient_accumulation_steps = 1;
+    b.train_batch_size = b.world_size;
+    config_.engine.gradient_accumulation_steps = 1;
+    // A batch key already reported (a bad value, or the key a typo meant): solving the rule
+    // without it would report a batch problem the user did not make.
+    if (any_rejected({"train_batch_size", "train_micro_batch_size_per_gpu",
+                      "gradient_accumulation_steps"})) {
+      return;
+    }
     const auto train = get_int("train_batch_size");
     const auto micro = get_int("train_micro_batch_size_per_gpu");
     const auto accum = get_int("gradient_accumulation_steps");
+    // The rule multiplies these: keep every product far from int64's limit (2^62 samples).
+    const std::int64_t kLargestBatchKey = std::int64_t{1} << 20;
+    for (const auto& [key, given] : {std::pair{"train_micro_batch_size_per_gpu", micro},
+                                     std::pair{"gradient_accumulation_steps", accum}}) {
+      if (given && *given > kLargestBatchKey) {
+        error(ProblemKind::kBadValue, key,
+              fmt::format("{} is too large (at most {})", *given, kLargestBatchKey));
+        return;
+      }
+    }
     std::int64_t world = world_size_;
     if (world <= 0) {
       if (!train || !micro || !accum) {
@@ -383,21 +524,23 @@ class Parser {
             "without a world size, train_batch_size, train_micro_batch_size_per_gpu and "
             "gradient_accumulation_steps must all be numbers (the world size is their "
             "quotient)");
+        return;
       }
       if (*train % (*micro * *accum) != 0) {
         fail_plain(
             fmt::format("train_batch_size {} is not a multiple of micro {} × accumulation {} = {}",
                         *train, *micro, *accum, *micro * *accum));
+        return;
       }
       world = *train / (*micro * *accum);
     }
-    BatchConfig& b = config_.batch;
     if (train && micro && accum) {
       if (*train != *micro * *accum * world) {
         fail_plain(
             fmt::format("train_batch_size {} is not micro {} × accumulation {} × world {} "
                         "= {}",
                         *train, *micro, *accum, world, *micro * *accum * world));
+        return;
       }
       b.train_batch_size = *train;
       b.micro_batch_size = *micro;
@@ -407,6 +550,7 @@ class Parser {
       if (*train % d != 0) {
         fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × world {} = {}",
                                *train, *micro, world, d));
+        return;
       }
       b.train_batch_size = *train;
       b.micro_batch_size = *micro;
@@ -417,6 +561,7 @@ class Parser {
         fail_plain(
             fmt::format("train_batch_size {} is not divisible by accumulation {} × world {} = {}",
                         *train, *accum, world, d));
+        return;
       }
       b.train_batch_size = *train;
       b.micro_batch_size = *train / d;
@@ -428,6 +573,7 @@ class Parser {
     } else if (train) {
       if (*train % world != 0) {
         fail_plain(fmt::format("train_batch_size {} is not divisible by world {}", *train, world));
+        return;
       }
       b.train_batch_size = *train;
       b.micro_batch_size = *train / world;
@@ -440,9 +586,14 @@ class Parser {
       fail_plain(
           "no batch size: give train_batch_size or train_micro_batch_size_per_gpu (\"auto\" "
           "needs two of the three batch keys to be numbers)");
+      b.train_batch_size = b.world_size;
+      return;
     }
     if (accum && *accum > std::numeric_limits<int>::max()) {
-      fail("gradient_accumulation_steps", fmt::format("{} is too large", *accum));
+      error(ProblemKind::kBadValue, "gradient_accumulation_steps",
+            fmt::format("{} is too large", *accum));
+      b.gradient_accumulation_steps = 1;
+      return;
     }
     b.world_size = static_cast<int>(world);
     config_.engine.gradient_accumulation_steps = b.gradient_accumulation_steps;
@@ -458,7 +609,10 @@ class Parser {
       e.communication_dtype = parse_dtype(get_string("communication_data_type", ""));
     }
     e.grad_accum_dtype = parse_dtype(get_string("data_types.grad_accum_dtype", "fp32"));
-    if (e.grad_accum_dtype != DType::kFloat32 && e.grad_accum_dtype != e.compute_dtype) {
+    // The compute dtype is unknown when either switch was rejected or both are on.
+    const bool compute_known = !any_rejected({"fp16.enabled", "bf16.enabled"}) && !(fp16 && bf16);
+    if (compute_known && e.grad_accum_dtype != DType::kFloat32 &&
+        e.grad_accum_dtype != e.compute_dtype) {
       fail("data_types.grad_accum_dtype",
            fmt::format("{} accumulation with {} compute; accumulate in fp32 or the compute dtype",
                        dtype_name(e.grad_accum_dtype), dtype_name(e.compute_dtype)));
@@ -472,9 +626,14 @@ class Parser {
     s.hysteresis = get_small_int("fp16.hysteresis", s.hysteresis);
     s.consecutive_hysteresis = get_bool("fp16.consecutive_hysteresis", s.consecutive_hysteresis);
     s.min_loss_scale = get_number("fp16.min_loss_scale", s.min_loss_scale);
-    if (!(s.min_loss_scale > 0)) fail("fp16.min_loss_scale", "must be > 0");
+    if (!(s.min_loss_scale > 0)) {
+      error(ProblemKind::kBadValue, "fp16.min_loss_scale", "must be > 0");
+      reject("fp16.min_loss_scale");
+      s.min_loss_scale = LossScaleOptions().min_loss_scale;
+    }
     const double initial = std::ldexp(1.0, s.initial_scale_power);
-    if (fp16 && s.loss_scale == 0 && s.min_loss_scale > initial) {
+    if (fp16 && s.loss_scale == 0 && s.min_loss_scale > initial &&
+        !any_rejected({"fp16.loss_scale", "fp16.initial_scale_power", "fp16.min_loss_scale"})) {
       fail("fp16.min_loss_scale", fmt::format("{} exceeds the initial scale 2^{} = {}",
                                               s.min_loss_scale, s.initial_scale_power, initial));
     }
@@ -493,8 +652,12 @@ class Parser {
     o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
     o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
     if (o.device == OffloadDevice::kNvme) {
-      if (o.nvme_path.empty()) fail(path + ".device", "nvme offload needs nvme_path");
-      fail(path + ".device", "nvme offload is not implemented; use \"cpu\"");
+      error(ProblemKind::kUnsupported, path + ".device",
+            o.nvme_path.empty() ? "nvme offload needs nvme_path"
+                                : "nvme offload is not implemented; use \"cpu\"");
+      reject(path + ".device");
+      o.device = OffloadDevice::kNone;
+      return o;
     }
     if (!o.nvme_path.empty()) {
       warn(path + ".nvme_path", fmt::format("ignored: device is {}", device));
@@ -514,7 +677,8 @@ class Parser {
     e.stage3_max_live_parameters =
         get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
     e.overlap_comm = get_bool(z + "overlap_comm", true);
-    if (e.stage < 3) {
+    const bool stage_known = !is_rejected(z + "stage");
+    if (e.stage < 3 && stage_known) {
       for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                               "stage3_max_live_parameters"}) {
         if (has(z + key)) {
@@ -524,14 +688,15 @@ class Parser {
     }
     config_.offload_optimizer = read_offload(z + "offload_optimizer", 4);
     config_.offload_param = read_offload(z + "offload_param", 5);
-    if (config_.offload_param.enabled() && e.stage < 3) {
+    if (config_.offload_param.enabled() && e.stage < 3 && stage_known) {
       fail(z + "offload_param",
            fmt::format("parameter offload needs stage 3 (stage is {})", e.stage));
     }
-    if (config_.offload_optimizer.enabled() && e.stage == 0) {
+    if (config_.offload_optimizer.enabled() && e.stage == 0 && stage_known) {
       fail(z + "offload_optimizer", "optimizer offload needs stage 1, 2 or 3 (stage is 0)");
     }
-    if (config_.offload_param.enabled() && !config_.offload_optimizer.enabled()) {
+    if (config_.offload_param.enabled() && !config_.offload_optimizer.enabled() &&
+        !is_rejected(z + "offload_optimizer.device")) {
       fail(z + "offload_param",
            "parameter offload needs offload_optimizer too (zrt keeps offloaded parameter "
            "slices beside the optimizer state in host memory)");
@@ -546,11 +711,12 @@ class Parser {
     Config& c = config_;
     c.seed = static_cast<std::uint64_t>(get_int("seed", 1234));
     c.output_dir = get_string("output_dir", "output");
-    if (c.output_dir.empty()) fail("output_dir", "must not be empty");
+    if (c.output_dir.empty()) error(ProblemKind::kBadValue, "output_dir", "must not be empty");
     c.log_level = get_string("log_level", "info");
 
-    if (!has("model")) {
-      fail_plain("model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})");
+    if (!has("model") && !is_rejected("model")) {
+      error_plain(ProblemKind::kMissing,
+                  "model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})");
     }
     ModelConfig& m = c.model;
     m.type = get_string("model.type", "gpt2");
@@ -565,14 +731,15 @@ class Parser {
       const std::string path = std::string("model.") + name;
       if (has(path)) {
         *field = get_small_int(path, 0);
-      } else {
+      } else if (!is_rejected(path)) {
         missing.push_back(name);
       }
     }
-    if (m.preset.empty() && !missing.empty()) {
-      fail("model", fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
-                                "seq_len are required (missing: {})",
-                                join(missing)));
+    if (has("model") && m.preset.empty() && !missing.empty() && !is_rejected("model.preset")) {
+      error(ProblemKind::kMissing, "model",
+            fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
+                        "seq_len are required (missing: {})",
+                        join(missing)));
     }
     if (m.n_head && m.n_embd && *m.n_embd % *m.n_head != 0) {
       fail("model.n_embd", fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
@@ -580,28 +747,34 @@ class Parser {
     m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
     m.init_from = get_string("model.init_from", "");
 
-    if (!has("data")) {
-      fail_plain(
-          "data: required block is missing (e.g. \"data\": {\"train\": "
-          "\"data/kjv_train_*.bin\"})");
+    if (!has("data") && !is_rejected("data")) {
+      error_plain(ProblemKind::kMissing,
+                  "data: required block is missing (e.g. \"data\": {\"train\": "
+                  "\"data/kjv_train_*.bin\"})");
     }
     DataConfig& d = c.data;
     d.train = get_string("data.train", "");
-    if (d.train.empty()) fail("data.train", "required: a token file path or glob");
+    if (d.train.empty() && has("data") && !is_rejected("data.train")) {
+      error(ProblemKind::kMissing, "data.train", "required: a token file path or glob");
+    }
     d.val = get_string("data.val", "");
     d.shuffle = get_bool("data.shuffle", true);
     d.seed = static_cast<std::uint64_t>(get_int("data.seed", static_cast<std::int64_t>(c.seed)));
 
-    if (!has("train"))
-      fail_plain("train: required block is missing (e.g. \"train\": {\"steps\": 100})");
+    if (!has("train") && !is_rejected("train")) {
+      error_plain(ProblemKind::kMissing,
+                  "train: required block is missing (e.g. \"train\": {\"steps\": 100})");
+    }
     TrainConfig& t = c.train;
-    if (!has("train.steps")) fail("train.steps", "required: the number of optimizer steps");
+    if (has("train") && !has("train.steps") && !is_rejected("train.steps")) {
+      error(ProblemKind::kMissing, "train.steps", "required: the number of optimizer steps");
+    }
     t.steps = get_int("train.steps", 0);
     t.eval_interval = get_int("train.eval_interval", 0);
     t.eval_batches = get_small_int("train.eval_batches", t.eval_batches);
     t.log_interval = get_int("train.log_interval", t.log_interval);
     t.sample_tokens = get_small_int("train.sample_tokens", 0);
-    if (t.eval_interval > 0 && d.val.empty()) {
+    if (t.eval_interval > 0 && d.val.empty() && has("data") && !is_rejected("data.val")) {
       fail("train.eval_interval",
            fmt::format("evaluation every {} steps needs data.val", t.eval_interval));
     }
@@ -610,25 +783,48 @@ class Parser {
     }
   }
 
-  void read_optimizer_and_scheduler() {
-    try {
-      config_.optimizer = parse_optimizer_config(has("optimizer") ? doc_["optimizer"] : json());
-    } catch (const InvalidArgument& e) {
-      fail_plain(strip_location(e.what()));
+  // The block at `path` without its rejected keys: those are reported already, and the
+  // optimizers library would report them again.
+  json without_rejected(const json& node, const std::string& path) const {
+    if (!node.is_object()) return node;
+    json out = json::object();
+    for (const auto& item : node.items()) {
+      const std::string child = join_path(path, item.key());
+      if (rejected_.count(child) == 0) out[item.key()] = without_rejected(item.value(), child);
     }
-    json scheduler = has("scheduler") ? doc_["scheduler"] : json();
+    return out;
+  }
+
+  // The optimizers library's problems, in its words ("optimizer.params.eps must be > 0 ...").
+  void report(const std::vector<ConfigProblem>& problems, const std::string& block) {
+    for (const ConfigProblem& p : problems) {
+      error_plain(p.kind, strip_location(p.message), block);
+    }
+  }
+
+  void read_optimizer_and_scheduler() {
+    std::vector<ConfigProblem> problems;
+    if (has("optimizer") && !is_rejected("optimizer.type")) {
+      config_.optimizer =
+          parse_optimizer_config(without_rejected(doc_["optimizer"], "optimizer"), problems);
+      report(problems, "optimizer");
+    }
+    if (!has("scheduler") || is_rejected("scheduler.type")) return;
+    json scheduler = without_rejected(doc_["scheduler"], "scheduler");
     const std::string total = "scheduler.params.total_num_steps";
     if (const json* v = find(total); v != nullptr && is_auto(*v)) {
+      // "auto" is train.steps; without a usable train.steps (reported already) the schedule
+      // cannot be checked.
+      if (config_.train.steps <= 0) return;
       scheduler["params"]["total_num_steps"] = config_.train.steps;
     }
-    try {
-      config_.scheduler = parse_scheduler_config(scheduler);
-    } catch (const InvalidArgument& e) {
-      fail_plain(strip_location(e.what()));
-    }
+    problems.clear();
+    config_.scheduler = parse_scheduler_config(scheduler, problems);
+    report(problems, "scheduler");
     const SchedulerConfig& s = config_.scheduler;
-    if (s.type != LrScheduleType::kConstant && s.type != LrScheduleType::kWarmupLR &&
-        s.total_num_steps != config_.train.steps) {
+    if (problems.empty() && s.type != LrScheduleType::kConstant &&
+        s.type != LrScheduleType::kWarmupLR && s.total_num_steps != config_.train.steps &&
+        config_.train.steps > 0) {
       warn(total,
            fmt::format("{} differs from train.steps {}", s.total_num_steps, config_.train.steps));
     }
@@ -722,8 +918,11 @@ class Parser {
 
   int world_size_;
   std::string source_;
+  std::set<std::string> command_line_paths_;  // set by apply_overrides
   json doc_;
   Config config_;
+  std::vector<Problem> errors_;
+  std::set<std::string> rejected_;  // keys whose values are unusable (see the class comment)
 };
 
 }  // namespace
@@ -768,8 +967,130 @@ DeviceOptions DeviceConfig::options(bool gpu_available, int local_rank, std::uin
   return o;
 }
 
+json resolved_document(const Config& c) {
+  json out;
+  out["train_batch_size"] = c.batch.train_batch_size;
+  out["train_micro_batch_size_per_gpu"] = c.batch.micro_batch_size;
+  out["gradient_accumulation_steps"] = c.batch.gradient_accumulation_steps;
+
+  const EngineOptions& e = c.engine;
+  out["bf16"]["enabled"] = c.bf16();
+  json& fp16 = out["fp16"];
+  fp16["enabled"] = c.fp16();
+  if (c.fp16()) {  // the scaler's settings matter only with fp16 compute
+    fp16["loss_scale"] = e.loss_scale.loss_scale;
+    fp16["initial_scale_power"] = e.loss_scale.initial_scale_power;
+    fp16["loss_scale_window"] = e.loss_scale.loss_scale_window;
+    fp16["hysteresis"] = e.loss_scale.hysteresis;
+    fp16["consecutive_hysteresis"] = e.loss_scale.consecutive_hysteresis;
+    fp16["min_loss_scale"] = e.loss_scale.min_loss_scale;
+  }
+  out["communication_data_type"] = dtype_name(e.communication_dtype.value_or(e.compute_dtype));
+  out["data_types"]["grad_accum_dtype"] = dtype_name(e.grad_accum_dtype);
+  out["gradient_clipping"] = e.gradient_clipping;
+
+  json& zero = out["zero_optimization"];
+  zero["stage"] = e.stage;
+  zero["reduce_bucket_size"] = e.reduce_bucket_size;
+  zero["overlap_comm"] = e.overlap_comm;
+  if (e.stage == 3) {  // below stage 3 these keys draw a warning
+    zero["stage3_prefetch_bucket_size"] = e.stage3_prefetch_bucket_size;
+    zero["stage3_param_persistence_threshold"] = e.stage3_param_persistence_threshold;
+    zero["stage3_max_live_parameters"] = e.stage3_max_live_parameters;
+  }
+  const std::pair<const char*, const OffloadConfig*> offloads[] = {
+      {"offload_optimizer", &c.offload_optimizer}, {"offload_param", &c.offload_param}};
+  for (const auto& [name, offload] : offloads) {
+    zero[name]["device"] = offload_device_name(offload->device);
+    zero[name]["pin_memory"] = offload->pin_memory;
+  }
+
+  json& optimizer = out["optimizer"];
+  const AdamOptions& adam = c.optimizer.adam;
+  optimizer["type"] = c.optimizer.type;
+  optimizer["params"] = {{"lr", adam.lr},
+                         {"betas", {adam.beta1, adam.beta2}},
+                         {"eps", adam.eps},
+                         {"weight_decay", adam.weight_decay},
+                         {"bias_correction", adam.bias_correction},
+                         {"adam_w_mode", adam.adam_w_mode}};
+  optimizer["no_weight_decay"] = c.optimizer.no_weight_decay;
+  const SchedulerConfig& s = c.scheduler;
+  if (s.type != LrScheduleType::kConstant) {
+    json& params = out["scheduler"]["params"];
+    out["scheduler"]["type"] = lr_schedule_name(s.type);
+    params["warmup_num_steps"] = s.warmup_num_steps;
+    params["warmup_type"] = s.warmup_type == WarmupType::kLog ? "log" : "linear";
+    if (s.type == LrScheduleType::kWarmupCosineLR) {
+      params["warmup_min_ratio"] = s.warmup_min_ratio;
+      params["cos_min_ratio"] = s.cos_min_ratio;
+    } else {
+      params["warmup_min_lr"] = s.warmup_min_lr;
+      params["warmup_max_lr"] = s.warmup_max_lr;
+    }
+    if (s.type != LrScheduleType::kWarmupLR) params["total_num_steps"] = s.total_num_steps;
+  }
+
+  json& model = out["model"];
+  model["type"] = c.model.type;
+  if (!c.model.preset.empty()) model["preset"] = c.model.preset;
+  const std::pair<const char*, const std::optional<int>*> dims[] = {
+      {"n_layer", &c.model.n_layer},
+      {"n_head", &c.model.n_head},
+      {"n_embd", &c.model.n_embd},
+      {"vocab_size", &c.model.vocab_size},
+      {"seq_len", &c.model.seq_len}};
+  for (const auto& [name, field] : dims) {
+    if (field->has_value()) model[name] = **field;
+  }
+  model["activation_checkpointing"] = c.model.activation_checkpointing;
+  if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
+
+  out["data"]["train"] = c.data.train;
+  if (!c.data.val.empty()) out["data"]["val"] = c.data.val;
+  out["data"]["shuffle"] = c.data.shuffle;
+  out["data"]["seed"] = c.data.seed;
+  out["train"] = {{"steps", c.train.steps},
+                  {"eval_interval", c.train.eval_interval},
+                  {"eval_batches", c.train.eval_batches},
+                  {"log_interval", c.train.log_interval},
+                  {"sample_tokens", c.train.sample_tokens}};
+
+  json& checkpoint = out["checkpoint"];
+  checkpoint["save_dir"] = c.checkpoint.save_dir;
+  checkpoint["save_interval"] = c.checkpoint.save_interval;
+  checkpoint["keep_last"] = c.checkpoint.keep_last;
+  checkpoint["async"] = c.checkpoint.async;
+  if (!c.checkpoint.load.empty()) checkpoint["load"] = c.checkpoint.load;
+
+  const char* device_type = c.device.type == DeviceChoice::kCpu    ? "cpu"
+                            : c.device.type == DeviceChoice::kCuda ? "cuda"
+                                                                   : "auto";
+  out["device"] = {{"type", device_type},
+                   {"memory_limit_gb", c.device.memory_limit_gb},
+                   {"stream_delay_us", c.device.stream_delay_us}};
+  out["comm"] = {{"timeout_s", c.comm.timeout_s},
+                 {"reduce_scatter",
+                  c.comm.reduce_scatter_algo == ReduceScatterAlgo::kNative ? "native" : "alltoall"},
+                 {"max_chunk_mb", c.comm.max_chunk_bytes >> 20},
+                 {"simulated_bandwidth_gb_per_s", c.comm.simulated_bandwidth_bytes_per_s / 1e9},
+                 {"simulated_latency_us", c.comm.simulated_latency_s * 1e6}};
+  if (c.trace.enabled()) {
+    out["trace"] = {{"path", c.trace.path}, {"steps", {c.trace.first_step, c.trace.last_step}}};
+  }
+  out["seed"] = c.seed;
+  out["output_dir"] = c.output_dir;
+  out["log_level"] = c.log_level;
+  return out;
+}
+
+Config parse_config(const json& document, int world_size, const std::string& source_name,
+                    const std::vector<std::string>& command_line_paths) {
+  return Parser(document, world_size, source_name, command_line_paths).run();
+}
+
 Config parse_config(const json& document, int world_size, const std::string& source_name) {
-  return Parser(document, world_size, source_name).run();
+  return parse_config(document, world_size, source_name, {});
 }
 
 Config parse_config_text(const std::string& text, int world_size, const std::string& source_name) {
@@ -778,6 +1099,56 @@ Config parse_config_text(const std::string& text, int world_size, const std::str
 
 Config load_config(const std::string& path, int world_size) {
   return parse_config(config::read_json_file(path), world_size, path);
+}
+
+Config load_config(const std::string& path, int world_size, const ConfigOverrides& overrides) {
+  json document = config::read_json_file(path);
+  const std::vector<std::string> paths = apply_overrides(document, overrides);
+  return parse_config(document, world_size, path, paths);
+}
+
+namespace {
+
+// The JSON value of an override's text (see apply_overrides).
+json override_value(const std::string& path, const std::string& text) {
+  // A string key keeps its text even when it reads as JSON: a checkpoint tag of 100 or an
+  // output_dir of 2024 are names, not numbers.
+  if (const config::KeyInfo* key = config::find_key(path)) {
+    const bool string_key = key->kind == KeyKind::kString || key->kind == KeyKind::kEnum ||
+                            key->kind == KeyKind::kEnumNoCase;
+    if (string_key && text != "null" && (text.empty() || text.front() != '"')) return text;
+  }
+  try {
+    return config::parse_json_text(text, "--" + path);
+  } catch (const InvalidArgument&) {
+    return text;  // not JSON: a string (a path, a name)
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> apply_overrides(json& document, const ConfigOverrides& overrides) {
+  std::vector<std::string> paths;
+  if (!document.is_object()) return paths;  // the parser reports the document itself
+  for (const auto& [path, text] : overrides) {
+    const std::vector<std::string> parts = split(path, '.');
+    if (path.empty() ||
+        std::any_of(parts.begin(), parts.end(), [](const std::string& p) { return p.empty(); })) {
+      throw InvalidArgument(fmt::format(
+          "--{}: not a config key path (expected --block.key VALUE, e.g. --train.steps 5)", path));
+    }
+    json* node = &document;
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      json& child = (*node)[parts[i]];
+      // The command line wins over what the file has on the way (null, or a value where a
+      // block belongs, which the parser would reject anyway).
+      if (!child.is_object()) child = json::object();
+      node = &child;
+    }
+    (*node)[parts.back()] = override_value(path, text);
+    paths.push_back(path);
+  }
+  return paths;
 }
 
 }  // namespace zrt

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -168,11 +169,42 @@ struct Config {
 // Reads, parses and validates the config file at `path` for a run on `world_size` ranks.
 // world_size <= 0 takes the world size from the file's three batch numbers (all three must
 // then be given). Throws InvalidArgument with "<path>: ..." (or "<path>:<line>:<col>: ..." for
-// JSON syntax errors and duplicate keys). Warnings go to spdlog and Config::warnings.
+// JSON syntax errors and duplicate keys). Every problem of the file is reported in one throw,
+// one per line, the most fundamental first: unsupported features and types, unknown keys,
+// wrong types and ranges, missing keys, then combinations. (A syntax error stops the reading,
+// so it comes alone.) Warnings go to spdlog and Config::warnings.
 Config load_config(const std::string& path, int world_size);
+
+// Command-line overrides, in torchtitan's form: {"train.steps", "5"} for --train.steps 5.
+using ConfigOverrides = std::vector<std::pair<std::string, std::string>>;
+
+// As load_config, with `overrides` applied (apply_overrides) before validation; a problem with
+// an overridden value reads "--train.stpes: unknown key; did you mean 'steps'?".
+Config load_config(const std::string& path, int world_size, const ConfigOverrides& overrides);
+
+// Sets each dotted path of `overrides`, in order, in `document` (an object), creating the
+// blocks on the way (a null or non-object value on the way is replaced by a block). The value
+// is the text parsed as JSON when it is valid JSON (numbers, true/false, null, arrays,
+// objects), otherwise the text as a string; a key whose form is a string (or a choice of
+// strings) always takes the text, so "--checkpoint.load 100" names tag "100". Returns the
+// paths set, for parse_config's messages. Throws InvalidArgument for an empty path or one with
+// an empty part ("--a..b").
+std::vector<std::string> apply_overrides(nlohmann::json& document,
+                                         const ConfigOverrides& overrides);
 
 // As load_config, for an already parsed document; `source_name` starts every message.
 Config parse_config(const nlohmann::json& document, int world_size, const std::string& source_name);
+
+// As above; problems at or under `command_line_paths` (apply_overrides' result) are reported
+// as coming from the command line ("--path: ...") rather than from `source_name`.
+Config parse_config(const nlohmann::json& document, int world_size, const std::string& source_name,
+                    const std::vector<std::string>& command_line_paths);
+
+// The config as zrt runs it, as a config document: every key zrt reads, with the batch rule
+// solved and the defaults filled in (keys that would only draw a warning, such as stage-3
+// knobs below stage 3, are left out). parse_config of the result, at the same world size,
+// gives the same Config. Shown by zrt-train --check.
+nlohmann::json resolved_document(const Config& config);
 
 // As load_config, for JSON text (syntax and duplicate-key checks included).
 Config parse_config_text(const std::string& text, int world_size, const std::string& source_name);

@@ -482,7 +482,8 @@ const BadConfig kBadConfigs[] = {
     {"fp16 and bf16", true, R"({"fp16": {"enabled": true}})",
      "bad.json: fp16.enabled and bf16.enabled are both true; choose one"},
     {"offload_param below stage 3", true,
-     R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
+     R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"},
+                               "offload_param": {"device": "cpu"}}})",
      "bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)"},
     {"offload_optimizer at stage 0", true,
      R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
@@ -567,6 +568,240 @@ TEST_CASE("bad configs fail with a message naming the key", "[config][errors]") 
         bad.patch ? patched(std::string(bad.text).c_str()).dump(2) : std::string(bad.text);
     INFO(bad.what << "\n" << text);
     CHECK(error_of(text) == bad.message);
+  }
+}
+
+// Every line of an error message.
+std::vector<std::string> lines_of(const std::string& message) {
+  std::vector<std::string> lines;
+  std::istringstream in(message);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST_CASE("a Hugging Face DeepSpeed config reports every problem in one throw, in order",
+          "[config][errors][all]") {
+  // Hugging Face's ds_config_zero2.json as the docs give it ("auto" everywhere the Trainer
+  // fills in), with the blocks zrt needs added and a few mistakes a new user makes: NVMe
+  // offload, a typo, a zero sequence length, evaluation without validation data.
+  const std::string text = R"({
+    "fp16": {"enabled": "auto", "loss_scale": 0, "loss_scale_window": 1000,
+             "initial_scale_power": 16, "hysteresis": 2, "min_loss_scale": 1},
+    "optimizer": {"type": "AdamW",
+                  "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                 "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 2,
+                          "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme",
+                                                "pin_memory": true},
+                          "allgather_partitions": true, "allgather_bucket_size": 2e8,
+                          "overlap_comm": true, "reduce_scatter": true,
+                          "reduce_bucket_size": 2e8, "contiguous_gradients": true,
+                          "round_robin_gradient": true},
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "steps_per_print": 2000,
+    "train_batch_size": "auto",
+    "train_micro_batch_size_per_gpu": 4,
+    "wall_clock_breakdown": false,
+    "model": {"preset": "gpt2", "seq_len": 0},
+    "data": {"train": "data/train_*.bin"},
+    "train": {"steps": 100, "eval_interval": 10}
+  })";
+  const std::string auto_error =
+      ": \"auto\" is filled in by Hugging Face's Trainer and has no meaning in zrt here; "
+      "expected ";
+  const std::vector<std::string> expected = {
+      // Unsupported features first (found late, while reading the offload block).
+      "ds.json: zero_optimization.offload_optimizer.device: nvme offload is not implemented; "
+      "use \"cpu\"",
+      // Unknown keys.
+      "ds.json: zero_optimization.round_robin_gradient: unknown key; did you mean "
+      "'round_robin_gradients'?",
+      // Wrong values, every "auto" that needs a value among them.
+      "ds.json: fp16.enabled" + auto_error + "true or false",
+      "ds.json: gradient_clipping" + auto_error + "a number >= 0",
+      "ds.json: model.seq_len: 0 is out of range; expected an integer >= 1",
+      "ds.json: optimizer.params.betas" + auto_error + "a list of two numbers in [0, 1]",
+      "ds.json: optimizer.params.eps" + auto_error + "a number >= 0",
+      "ds.json: optimizer.params.lr" + auto_error + "a number >= 0",
+      "ds.json: optimizer.params.weight_decay" + auto_error + "a number >= 0",
+      "ds.json: scheduler.params.warmup_max_lr" + auto_error + "a number >= 0",
+      "ds.json: scheduler.params.warmup_min_lr" + auto_error + "a number >= 0",
+      "ds.json: scheduler.params.warmup_num_steps" + auto_error + "an integer >= 0",
+      // Combinations last.
+      "ds.json: train.eval_interval: evaluation every 10 steps needs data.val",
+  };
+  std::string message = "(no error)";
+  try {
+    parse_config_text(text, 2, "ds.json");
+  } catch (const InvalidArgument& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(lines_of(message) == expected);
+}
+
+TEST_CASE("an unsupported optimizer or schedule is reported, not its parameters",
+          "[config][errors][all]") {
+  // Lamb's own parameters are unknown keys to zrt; naming them first would send the user
+  // fixing keys of an optimizer zrt does not have.
+  CHECK(error_of(patched(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3,
+          "max_coeff": 10.0, "min_coeff": 0.01, "weight_decay": 0.01, "bias_correction": 1}}})")
+                     .dump()) ==
+        "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW");
+  CHECK(error_of(patched(R"({"scheduler": {"type": "OneCycle", "params": {
+          "cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3, "cycle_first_step_size": 1000}}})")
+                     .dump()) ==
+        "bad.json: scheduler type 'OneCycle' is not supported by zrt; supported types: "
+        "WarmupLR, WarmupDecayLR, WarmupCosineLR");
+  // Other problems of the file are still reported, after it.
+  CHECK(lines_of(error_of(patched(R"({"optimizer": {"type": "Lamb", "params": {"max_coeff": 10}},
+                                      "zero_optimization": {"stge": 1}})")
+                              .dump())) ==
+        std::vector<std::string>{
+            "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, "
+            "AdamW",
+            "bad.json: zero_optimization.stge: unknown key; did you mean 'stage'?"});
+}
+
+TEST_CASE("every \"auto\" without a meaning is listed", "[config][errors][all][auto]") {
+  const std::vector<std::string> lines = lines_of(error_of(patched(R"({
+    "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+    "optimizer": {"params": {"lr": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"reduce_bucket_size": "auto"}
+  })")
+                                                               .dump()));
+  // The batch keys and reduce_bucket_size have a rule; the other four each need a value.
+  const std::vector<std::string> keys = {"bf16.enabled", "gradient_clipping", "optimizer.params.lr",
+                                         "optimizer.params.weight_decay"};
+  REQUIRE(lines.size() == keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CHECK_THAT(lines[i], Catch::StartsWith("bad.json: " + keys[i] + ": \"auto\" is filled in"));
+  }
+}
+
+TEST_CASE("a rejected value is not reported again through what depends on it",
+          "[config][errors][all]") {
+  struct Case {
+    const char* what;
+    const char* patch;
+    std::vector<std::string> lines;
+  };
+  const Case cases[] = {
+      {"stage out of range: no offload-needs-stage error",
+       R"({"zero_optimization": {"stage": 4, "offload_optimizer": {"device": "cpu"},
+                                 "offload_param": {"device": "cpu"}}})",
+       {"bad.json: zero_optimization.stage: 4 is out of range; expected an integer in [0, 3]"}},
+      {"a typo of a batch key: no batch-rule error",
+       R"({"train_batch_size": null, "train_micro_batch_size_per_gpu": null,
+           "train_micro_batch_size_per_gp": 2})",
+       {"bad.json: train_micro_batch_size_per_gp: unknown key; did you mean "
+        "'train_micro_batch_size_per_gpu'?"}},
+      {"a block of the wrong form: not also missing",
+       R"({"model": "gpt2", "train": {"stpes": 10, "steps": null}})",
+       {"bad.json: train.stpes: unknown key; did you mean 'steps'?",
+        "bad.json: model: expected an object, got \"gpt2\""}},
+      {"a bad fp16 switch: no accumulation-dtype conflict",
+       R"({"bf16": null, "fp16": {"enabled": "yes"}, "data_types": {"grad_accum_dtype": "fp16"}})",
+       {"bad.json: fp16.enabled: expected true or false, got \"yes\""}},
+      {"two real combination problems are both reported",
+       R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
+       {"bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)",
+        "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer "
+        "too (zrt keeps offloaded parameter slices beside the optimizer state in host memory)"}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    CHECK(lines_of(error_of(patched(c.patch).dump())) == c.lines);
+  }
+}
+
+TEST_CASE("command-line overrides set keys and are validated like the file",
+          "[config][overrides]") {
+  json doc = base_config();
+  const std::vector<std::string> paths =
+      apply_overrides(doc, {{"train.steps", "5"},
+                            {"train.eval_interval", "0"},
+                            {"zero_optimization.offload_optimizer", R"({"device": "cpu"})"},
+                            {"optimizer.params.betas", "[0.8, 0.9]"},
+                            {"checkpoint.load", "100"},  // a string key keeps its text: tag "100"
+                            {"data.val", "null"},        // null: the default
+                            {"trace.path", "runs/trace.json"},
+                            {"fp16.enabled", "false"},
+                            {"device.memory_limit_gb", "1.5"}});
+  CHECK(paths.size() == 9);
+  CHECK(paths.front() == "train.steps");
+  CHECK(doc["checkpoint"]["load"] == "100");  // created the block
+  const Config c = parse_config(doc, 2, "run.json", paths);
+  CHECK(c.train.steps == 5);
+  CHECK(c.offload_optimizer.enabled());
+  CHECK(c.optimizer.adam.beta1 == 0.8);
+  CHECK(c.optimizer.adam.beta2 == 0.9);
+  CHECK(c.checkpoint.load == "100");
+  CHECK(c.data.val.empty());
+  CHECK(c.trace.path == "runs/trace.json");
+  CHECK(c.device.memory_limit_gb == 1.5);
+  CHECK(c.document["train"]["steps"] == 5);  // the document as run
+
+  // Later overrides win; a non-block on the way is replaced.
+  json again = base_config();
+  apply_overrides(again, {{"train.steps", "5"},
+                          {"train.steps", "6"},
+                          {"model", "null"},
+                          {"model.preset", "gpt2-tiny"}});
+  CHECK(again["train"]["steps"] == 6);
+  CHECK(again["model"] == json::parse(R"({"preset": "gpt2-tiny"})"));
+
+  // Problems with command-line values name the option; those of the file, the file.
+  const auto error_with = [](const ConfigOverrides& overrides, const char* patch = "{}") {
+    json d = patched(patch);
+    try {
+      const std::vector<std::string> set = apply_overrides(d, overrides);
+      parse_config(d, 2, "run.json", set);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  CHECK(error_with({{"train.stpes", "5"}}) == "--train.stpes: unknown key; did you mean 'steps'?");
+  CHECK(error_with({{"zero_optimization.stage", "three"}}) ==
+        "--zero_optimization.stage: expected an integer in [0, 3], got \"three\"");
+  CHECK(error_with({{"zero_optimization", R"({"stage": 9})"}}) ==
+        "--zero_optimization.stage: 9 is out of range; expected an integer in [0, 3]");
+  CHECK(error_with({{"optimizer.type", "Lamb"}}) ==
+        "--optimizer.type: optimizer type 'Lamb' is not supported by zrt; supported types: "
+        "Adam, AdamW");
+  // Within a kind, problems come in key order, wherever each value came from.
+  CHECK(lines_of(error_with({{"train.stpes", "5"}}, R"({"zero_optimization": {"stge": 1}})")) ==
+        std::vector<std::string>{
+            "--train.stpes: unknown key; did you mean 'steps'?",
+            "run.json: zero_optimization.stge: unknown key; did you mean 'stage'?"});
+  CHECK_THAT(error_with({{"train..steps", "5"}}),
+             Catch::StartsWith("--train..steps: not a config key path"));
+  CHECK_THAT(error_with({{"", "5"}}), Catch::StartsWith("--: not a config key path"));
+}
+
+TEST_CASE("the resolved document is a config that gives the same run", "[config][resolved]") {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(std::string(ZRT_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  }
+  REQUIRE_FALSE(files.empty());
+  for (const fs::path& file : files) {
+    INFO(file.string());
+    const Config c = load_config(file.string(), 0);
+    const json resolved = resolved_document(c);
+    // Defaults filled in and the batch rule solved.
+    CHECK(resolved["train_batch_size"] == c.batch.train_batch_size);
+    CHECK(resolved["gradient_accumulation_steps"] == c.batch.gradient_accumulation_steps);
+    CHECK(resolved["comm"]["timeout_s"] == c.comm.timeout_s);
+    CHECK(resolved["optimizer"]["params"]["eps"] == c.optimizer.adam.eps);
+    const Config again = parse_config(resolved, c.batch.world_size, "resolved.json");
+    CHECK(again.warnings.empty());
+    CHECK(resolved_document(again) == resolved);
   }
 }
 

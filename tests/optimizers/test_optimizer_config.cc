@@ -89,6 +89,50 @@ TEST_CASE("optimizer config errors name the key", "[optimizer_config]") {
                     Catch::Contains("list of name patterns"));
 }
 
+TEST_CASE("the collecting parsers report every problem; an unsupported type alone",
+          "[optimizer_config]") {
+  std::vector<ConfigProblem> problems;
+  const OptimizerConfig c = parse_optimizer_config(
+      json::parse(R"({"type": "AdamW", "params": {"lr": -1, "eps": 0, "weight_decy": 0.1}})"),
+      problems);
+  REQUIRE(problems.size() == 3);
+  CHECK(problems[0].kind == ProblemKind::kUnknownKey);
+  CHECK_THAT(problems[0].message, Catch::Contains("did you mean 'weight_decay'"));
+  CHECK(problems[1].kind == ProblemKind::kBadValue);
+  CHECK_THAT(problems[1].message, Catch::Contains("lr must be >= 0"));
+  CHECK_THAT(problems[2].message, Catch::Contains("eps must be > 0"));
+  CHECK(c.adam.lr == 1e-3);  // the default in place of the bad value
+  // The throwing form lists them all, one per line.
+  CHECK_THROWS_WITH(
+      parse_optimizer_config(json::parse(R"({"params": {"lr": -1, "eps": 0}})")),
+      "optimizer.params.lr must be >= 0, got -1\noptimizer.params.eps must be > 0, got 0");
+
+  problems.clear();
+  parse_optimizer_config(json::parse(R"({"type": "Lamb", "params": {"max_coeff": 10}})"), problems);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].kind == ProblemKind::kUnsupported);
+  CHECK(problems[0].message ==
+        "optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW");
+  CHECK(unsupported_optimizer_type("adamw").empty());
+
+  problems.clear();
+  parse_scheduler_config(json::parse(R"({"type": "OneCycle", "params": {"cycle_min_lr": 0}})"),
+                         problems);
+  REQUIRE(problems.size() == 1);
+  CHECK(problems[0].kind == ProblemKind::kUnsupported);
+  CHECK(unsupported_scheduler_type("WarmupLR").empty());
+
+  problems.clear();
+  parse_scheduler_config(json::parse(R"({"type": "WarmupCosineLR", "params": {
+      "warmup_max_lr": 1, "warmup_type": "cubic"}})"),
+                         problems);
+  REQUIRE(problems.size() == 3);
+  CHECK(problems[0].kind == ProblemKind::kUnknownKey);
+  CHECK(problems[1].kind == ProblemKind::kBadValue);
+  CHECK(problems[2].kind == ProblemKind::kMissing);
+  CHECK(problems[2].message == "scheduler.params.total_num_steps is required for WarmupCosineLR");
+}
+
 TEST_CASE("default no-decay patterns exempt biases and norm weights", "[optimizer_config]") {
   const OptimizerConfig c = parse(R"({"type": "AdamW", "params": {"weight_decay": 0.1}})");
   for (const char* name : {"transformer.h.0.attn.c_attn.bias", "transformer.h.11.ln_1.weight",
@@ -128,6 +172,8 @@ TEST_CASE("glob and closest-match helpers", "[optimizer_config]") {
   CHECK_FALSE(detail::glob_match("ln*", "kiln"));
   CHECK(detail::closest_match("lR", {"lr", "eps"}) == "lr");
   CHECK(detail::closest_match("completely_different", {"lr", "eps"}).empty());
+  // Swapping two adjacent letters is one edit.
+  CHECK(detail::closest_match("stpes", {"steps", "eval_interval"}) == "steps");
 }
 
 }  // namespace

@@ -59,9 +59,10 @@ TEST_CASE("zrt-run rejects bad usage") {
 TEST_CASE("zrt-run finds zrt-train for a config file, from the source tree or a build") {
   // The build this test belongs to, named the way tools/test names it.
   const std::string build = ZRT_BUILD_DIR_FOR_TEST;
-  CHECK_THAT(
-      run_env("ZRT_BUILD_DIR=" + build, "--dry-run -n 4 configs/demo.json --train.steps 5"),
-      Catch::EndsWith(build + "/bin/zrt-train --config configs/demo.json --train.steps 5\n"));
+  CHECK_THAT(run_env("ZRT_BUILD_DIR=" + build,
+                     "--dry-run -n 4 configs/demo.json --train.steps 5 --seed=3"),
+             Catch::EndsWith(
+                 build + "/bin/zrt-train --config configs/demo.json --train.steps 5 --seed=3\n"));
 
   // A source tree laid out as a user has it: tools/zrt-run and build/bin/zrt-train.
   const std::filesystem::path tree =

@@ -1,0 +1,241 @@
+// zrt-train's command line, end to end: --help, --version, --check (valid, invalid with every
+// problem listed, a world size that breaks the batch rule, a setting that does not fit),
+// config overrides (--a.b VALUE, --a.b=VALUE, a typo named as the option), bad usage (exit 2),
+// and a short training run under mpirun where an override sets the steps and ZRT_LOG_LEVEL
+// wins over the config's log_level.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/data/token_shard.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kDir = fs::temp_directory_path() / "zrt_test_train_cli";
+
+struct Outcome {
+  int status = 0;
+  std::string output;  // stdout and stderr
+};
+
+Outcome run_command(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((command + " 2>&1").c_str(), "r"), pclose);
+  Outcome o;
+  std::array<char, 512> buf{};
+  while (fgets(buf.data(), buf.size(), pipe.get()) != nullptr) o.output += buf.data();
+  const int rc = pclose(pipe.release());
+  o.status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+  return o;
+}
+
+// zrt-train as a plain process (no mpirun), as --check, --help and --version run.
+Outcome zrt_train(const std::string& args) {
+  return run_command(std::string(ZRT_TRAIN_EXE) + " " + args);
+}
+
+std::string write_config(const std::string& name, const std::string& text) {
+  fs::create_directories(kDir);
+  const fs::path path = kDir / name;
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+const std::string kDemo = std::string(ZRT_SOURCE_DIR) + "/configs/demo.json";
+
+}  // namespace
+
+TEST_CASE("zrt-train --help lists every option; --version prints the project version", "[cli]") {
+  const Outcome help = zrt_train("--help");
+  CHECK(help.status == 0);
+  for (const char* text :
+       {"--config FILE", "--KEY VALUE, --KEY=VALUE", "--check", "--world N", "--version", "--help",
+        "docs/config.md", "docs/config-keys.md", "ZRT_LOG_LEVEL", "exit status"}) {
+    INFO(text);
+    CHECK_THAT(help.output, Catch::Contains(text));
+  }
+  const Outcome version = zrt_train("--version");
+  CHECK(version.status == 0);
+  CHECK_THAT(version.output, Catch::StartsWith(std::string("zrt-train ") + ZRT_PROJECT_VERSION));
+}
+
+TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][check]") {
+  // The demo's world size comes from its batch numbers: 16 = 4 x 1 x 4 ranks.
+  const Outcome demo = zrt_train("--check --config " + kDemo);
+  INFO(demo.output);
+  CHECK(demo.status == 0);
+  CHECK_THAT(demo.output, Catch::Contains("is valid for 4 ranks"));
+  CHECK_THAT(demo.output,
+             Catch::Contains("batch: train_batch_size 16 = micro-batch 4 x accumulation 1 x 4"));
+  // The resolved config: the batch rule solved and defaults the file leaves out filled in.
+  CHECK_THAT(demo.output, Catch::Contains("\"gradient_accumulation_steps\": 1"));
+  CHECK_THAT(demo.output, Catch::Contains("\"timeout_s\": 600.0"));
+  CHECK_THAT(demo.output, Catch::Contains("memory (zrt-mem): stage 3"));
+  CHECK_THAT(demo.output, Catch::Contains("verdict: stage 0 fits"));
+  CHECK_THAT(demo.output, Catch::Contains("result: OK"));
+
+  // Another world size breaks the file's batch rule.
+  const Outcome three = zrt_train("--check --config " + kDemo + " --world 3");
+  CHECK(three.status == 1);
+  CHECK_THAT(three.output,
+             Catch::Contains("train_batch_size 16 is not micro 4 × accumulation 1 × world 3"));
+
+  // Valid, but the setting does not fit the device it names.
+  const Outcome small = zrt_train("--check --config " + kDemo + " --device.memory_limit_gb 0.001");
+  INFO(small.output);
+  CHECK(small.status == 1);
+  CHECK_THAT(small.output, Catch::Contains("DOES NOT FIT"));
+  CHECK_THAT(small.output, Catch::Contains("result: the config is valid but does not fit"));
+
+  // Every problem in one run, the most fundamental first.
+  const std::string bad = write_config("bad.json", R"({
+    "train_micro_batch_size_per_gpu": 2,
+    "optimizer": {"type": "Lamb", "params": {"max_coeff": 10}},
+    "zero_optimization": {"stge": 2},
+    "gradient_clipping": "auto",
+    "model": {"preset": "gpt2-tiny"},
+    "data": {"train": "t.bin"},
+    "train": {"steps": 10, "eval_interval": 5}
+  })");
+  const Outcome invalid = zrt_train("--check --config " + bad);
+  INFO(invalid.output);
+  CHECK(invalid.status == 1);
+  CHECK_THAT(
+      invalid.output,
+      Catch::Contains("config: INVALID: 4 problems (the most fundamental first)\n"
+                      "  " +
+                      bad +
+                      ": optimizer type 'Lamb' is not supported by zrt; supported types: "
+                      "Adam, AdamW\n"
+                      "  " +
+                      bad +
+                      ": zero_optimization.stge: unknown key; did you mean 'stage'?\n"
+                      "  " +
+                      bad +
+                      ": gradient_clipping: \"auto\" is filled in by Hugging Face's "
+                      "Trainer and has no meaning in zrt here; expected a number >= 0\n"
+                      "  " +
+                      bad + ": train.eval_interval: evaluation every 5 steps needs data.val\n"));
+  CHECK_THAT(invalid.output, !Catch::Contains("max_coeff"));
+
+  // A JSON syntax error stops the reading: it comes alone, with line and column.
+  const std::string broken = write_config("broken.json", "{\n  \"seed\": 1,\n}\n");
+  const Outcome syntax = zrt_train("--check --config " + broken);
+  CHECK(syntax.status == 1);
+  CHECK_THAT(syntax.output, Catch::Contains(broken + ":3:1: JSON syntax error"));
+}
+
+TEST_CASE("zrt-train overrides config keys from the command line", "[cli][overrides]") {
+  const Outcome set = zrt_train("--check --config " + kDemo +
+                                " --train.steps 7 --seed=99 --zero_optimization.offload_optimizer "
+                                "'{\"device\": \"cpu\"}' --checkpoint.load 100");
+  INFO(set.output);
+  CHECK(set.status == 0);
+  CHECK_THAT(set.output, Catch::Contains("(with 4 command-line overrides)"));
+  CHECK_THAT(set.output, Catch::Contains("\"steps\": 7"));
+  CHECK_THAT(set.output, Catch::Contains("\"seed\": 99"));
+  CHECK_THAT(set.output, Catch::Contains("\"load\": \"100\""));
+  CHECK_THAT(set.output, Catch::Contains("stage 3 + optimizer offload needs"));
+
+  const Outcome typo = zrt_train("--check --config " + kDemo + " --train.stpes 5");
+  CHECK(typo.status == 1);
+  CHECK_THAT(typo.output, Catch::Contains("--train.stpes: unknown key; did you mean 'steps'?"));
+  const Outcome wrong = zrt_train("--check --config " + kDemo + " --zero_optimization.stage=x");
+  CHECK(wrong.status == 1);
+  CHECK_THAT(wrong.output, Catch::Contains("--zero_optimization.stage: expected an integer in "
+                                           "[0, 3], got \"x\""));
+}
+
+TEST_CASE("zrt-train rejects bad usage with exit status 2", "[cli]") {
+  struct Case {
+    std::string args;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"", "--config FILE is required"},
+      {"--check", "--config FILE is required"},
+      {"--config " + kDemo + " --train.steps", "--train.steps needs a value"},
+      {"--config " + kDemo + " --train.steps --check", "--train.steps needs a value"},
+      {kDemo, "(the config is given as --config " + kDemo + ")"},
+      {"--config " + kDemo + " --world 2", "--world is for --check"},
+      {"--check --config " + kDemo + " --world two", "--world needs a positive integer"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.args);
+    const Outcome o = zrt_train(c.args);
+    CHECK(o.status == 2);
+    CHECK_THAT(o.output, Catch::Contains(c.message));
+  }
+}
+
+TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_level",
+          "[cli][log_level]") {
+  fs::create_directories(kDir);
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "And God said, Let there be light: and there was light. ";
+  const std::vector<std::uint16_t> tokens(text.begin(), text.end());
+  const std::string shard = (kDir / "tokens_000000.bin").string();
+  zrt::write_shard(shard, tokens.data(), tokens.size());
+  const auto config_with_level = [&](const std::string& name, const std::string& level) {
+    return write_config(name + ".json", R"({
+      "train_micro_batch_size_per_gpu": 1,
+      "model": {"preset": "gpt2-tiny", "seq_len": 16},
+      "data": {"train": ")" + shard + R"(", "shuffle": false},
+      "train": {"steps": 50, "log_interval": 1},
+      "device": {"type": "cpu"},
+      "comm": {"timeout_s": 60},
+      "log_level": ")" + level + R"(",
+      "output_dir": ")" + (kDir / ("out_" + name)).string() +
+                                            R"("
+    })");
+  };
+  const auto train = [&](const std::string& environment, const std::string& config) {
+    return run_command(environment + " " + ZRT_MPIEXEC + " -n 1 --oversubscribe --bind-to none " +
+                       ZRT_TRAIN_EXE + " --config " + config + " --train.steps 2");
+  };
+  const auto metrics_rows = [&](const std::string& name) {
+    std::ifstream in(kDir / ("out_" + name) / "metrics.jsonl");
+    int rows = 0;
+    for (std::string line; std::getline(in, line);) rows += line.find("\"step\"") != line.npos;
+    return rows;
+  };
+
+  // The config says info; the environment says error: no info lines.
+  const Outcome quiet = train("ZRT_LOG_LEVEL=error", config_with_level("quiet", "info"));
+  INFO(quiet.output);
+  CHECK(quiet.status == 0);
+  CHECK_THAT(quiet.output, !Catch::Contains("[info]"));
+  CHECK(metrics_rows("quiet") == 2);  // --train.steps 2 over the file's 50
+
+  // The config says error; the environment says info: info lines.
+  const Outcome loud = train("ZRT_LOG_LEVEL=info", config_with_level("loud", "error"));
+  INFO(loud.output);
+  CHECK(loud.status == 0);
+  CHECK_THAT(loud.output, Catch::Contains("[info]"));
+
+  // Without the variable the config's level applies.
+  const Outcome config_level = train("env -u ZRT_LOG_LEVEL", config_with_level("plain", "error"));
+  INFO(config_level.output);
+  CHECK(config_level.status == 0);
+  CHECK_THAT(config_level.output, !Catch::Contains("[info]"));
+
+  // A config problem in a run is logged one problem per line, then the job ends.
+  const Outcome bad = run_command(std::string(ZRT_MPIEXEC) + " -n 1 --oversubscribe " +
+                                  ZRT_TRAIN_EXE + " --config " + config_with_level("bad", "info") +
+                                  " --train.stpes 2 --zero_optimization.stge 1");
+  CHECK(bad.status != 0);
+  CHECK_THAT(bad.output,
+             Catch::Contains("[error] --train.stpes: unknown key; did you mean 'steps'?\n"));
+  CHECK_THAT(bad.output,
+             Catch::Contains("[error] --zero_optimization.stge: unknown key; did you mean "
+                             "'stage'?\n"));
+}
