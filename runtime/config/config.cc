@@ -1061,7 +1061,16 @@ json resolved_document(const Config& c) {
   checkpoint["save_interval"] = c.checkpoint.save_interval;
   checkpoint["keep_last"] = c.checkpoint.keep_last;
   checkpoint["async"] = c.checkpoint.async;
-  if (!c.checkpoint.load.empty()) checkpoint["load"] = c.checkpoint.load;
+  checkpoint["load"] = c.checkpoint.load;
+  checkpoint["overwrite"] = c.checkpoint.overwrite;
+  const std::pair<const char*, const MonitorConfig*> monitors[] = {
+      {"tensorboard", &c.tensorboard}, {"csv_monitor", &c.csv_monitor}};
+  for (const auto& [name, monitor] : monitors) {
+    if (!monitor->enabled) continue;
+    out[name] = {{"enabled", true},
+                 {"output_path", monitor->output_path},
+                 {"job_name", monitor->job_name}};
+  }
 
   const char* device_type = c.device.type == DeviceChoice::kCpu    ? "cpu"
                             : c.device.type == DeviceChoice::kCuda ? "cuda"
