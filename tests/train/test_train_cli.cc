@@ -217,10 +217,19 @@ TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_le
   CHECK(metrics_rows("quiet") == 2);  // --train.steps 2 over the file's 50
 
   // The config says error; the environment says info: info lines.
-  const Outcome loud = train("ZRT_LOG_LEVEL=info", config_with_level("loud", "error"));
+  // (With ZRT_CPU_ISA, which the log names.)
+  const Outcome loud =
+      train("ZRT_LOG_LEVEL=info ZRT_CPU_ISA=scalar", config_with_level("loud", "error"));
   INFO(loud.output);
   CHECK(loud.status == 0);
   CHECK_THAT(loud.output, Catch::Contains("[info]"));
+  CHECK_THAT(loud.output, Catch::Contains("CPU kernels: scalar (this CPU runs up to"));
+
+  // A ZRT_CPU_ISA that names no path ends the run before any work, naming the variable.
+  const Outcome bad_isa = train("ZRT_CPU_ISA=sse", config_with_level("bad_isa", "info"));
+  CHECK(bad_isa.status != 0);
+  CHECK_THAT(bad_isa.output,
+             Catch::Contains("ZRT_CPU_ISA='sse': expected auto, avx512, avx2 or scalar"));
 
   // Without the variable the config's level applies.
   const Outcome config_level = train("env -u ZRT_LOG_LEVEL", config_with_level("plain", "error"));

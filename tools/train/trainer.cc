@@ -23,6 +23,7 @@
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/common/cpu_isa.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 #include "runtime/common/watchdog.h"
@@ -156,6 +157,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     spdlog::info("{}", load_plan.note);
     if (load_plan.clear_save_dir) checkpoint::remove_checkpoints(config.checkpoint.save_dir);
   }
+
+  // ZRT_CPU_ISA is read here, before any work: a bad value ends the run on every rank at once.
+  const CpuIsa cpu_isa = active_cpu_isa();
 
   // ---- device, streams, groups ---------------------------------------------------------------
   const DeviceOptions device_options =
@@ -301,6 +305,8 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
                  model_config.describe(), world, config.engine.stage, B, G, world, T);
     spdlog::info("device {}; MFU peak: {}", device->description(), peak.source);
+    spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
+                 cpu_isa_name(cpu_isa), cpu_isa_name(hardware_cpu_isa()));
     spdlog::info("train data: {} windows of {} tokens in {} shard(s)", train_data.num_samples(),
                  T + 1, train_data.shards().size());
   }
