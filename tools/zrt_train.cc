@@ -1,7 +1,9 @@
-// zrt-train: trains a GPT with the ZeRO engine, as one JSON config describes.
-//   mpirun -n N zrt-train --config run.json [--train.steps 5 ...]   (or: tools/zrt-run -n N
-//   run.json) zrt-train --check --config run.json [--world N]     validate and estimate memory, no
-//   mpirun
+// zrt-train: trains a model with the ZeRO engine, as one JSON config describes.
+//
+//   mpirun -n N zrt-train --config run.json [--train.steps 5 ...]
+//   tools/zrt-run -n N run.json [--train.steps 5 ...]               (the same, wrapped)
+//   zrt-train --check --config run.json [--world N]                   (validate, no mpirun)
+//
 // Exit status: 0 done; 1 an error (the job is aborted; with --check: the config is invalid or
 // does not fit); 2 bad arguments; 3 the watchdog ended a hung job (a collective past
 // comm_timeout_s: a rank died, froze or diverged).
@@ -71,6 +73,8 @@ features and types, unknown keys, wrong types and ranges, missing keys, then com
 environment:
   ZRT_LOG_LEVEL       trace, debug, info, warn, error or off: the log threshold; wins over
                       the config's log_level
+  ZRT_CPU_ISA         avx512, avx2 or scalar: run every CPU kernel on that path (default:
+                      the widest this CPU has)
 
 exit status: 0 done (--check: valid and fits); 1 an error: an invalid config, a failed run
 (--check: invalid or does not fit); 2 bad arguments; 3 the watchdog ended a hung job.
