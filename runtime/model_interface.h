@@ -101,6 +101,9 @@ class Model {
   // One fp32 in device memory: the mean loss of the last pass, valid once the compute stream
   // has run it (copy it out with Device::copy_to_host, or into an accumulator on the stream).
   virtual DevicePtr<const float> loss() const = 0;
+  // The logits (B, T, vocab) of the last forward(), in the compute dtype (zrt-train samples
+  // text from them). After forward_backward the buffer may hold their gradient instead.
+  virtual DevicePtr<const std::byte> logits() const = 0;
 };
 
 }  // namespace zrt

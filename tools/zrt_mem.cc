@@ -129,7 +129,8 @@ int run(int argc, char** argv) {
   mem::Inputs in;
   in.engine.compute_dtype = DType::kBFloat16;
   std::optional<int> chosen_stage;
-  std::string model_spec;
+  // The model: the config's model block, or --model in the default model.type's spec syntax.
+  std::shared_ptr<const ModelDef> model;
   if (args.count("--config")) {
     // Planning for another world size than the file's batch numbers imply: keep the
     // micro-batch (what sets activation memory) and let the batch rule solve the global batch.
@@ -141,10 +142,10 @@ int run(int argc, char** argv) {
     }
     const Config config = parse_config(document, world, args["--config"]);
     in = mem::inputs_from_config(config);
-    model_spec = config.model.spec();
+    model = in.model->def;
     chosen_stage = config.engine.stage;
   }
-  if (args.count("--model")) model_spec = args["--model"];
+
   if (args.count("--world")) in.world = parse_int("--world", args["--world"]);
   if (args.count("--nodes")) in.nodes = parse_int("--nodes", args["--nodes"]);
   if (args.count("--stage")) chosen_stage = parse_int("--stage", args["--stage"]);
@@ -186,14 +187,13 @@ int run(int argc, char** argv) {
     in.params = parse_number("--params", args["--params"]);
     if (!(in.params >= 1.0)) usage_error("--params must be >= 1");
   } else {
-    gpt::GptConfig model = gpt::GptConfig::parse(model_spec);
+    if (args.count("--model")) model = builtin_models().parse_spec(args["--model"]);
     if (args.count("--seq")) {
-      // zrt-train trains at the model's seq_len (wpe has seq_len rows), so --seq sets it.
-      model.seq_len = parse_int("--seq", args["--seq"]);
-      model.validate();
+      // zrt-train trains at the model's seq_len (a GPT's wpe has seq_len rows), so --seq sets it.
+      model = model->with_seq_len(parse_int("--seq", args["--seq"]));
     }
-    in.model = mem::gpt_model_spec(model);
-    in.seq_len = model.seq_len;
+    in.seq_len = model->seq_len();
+    in.model = mem::model_spec(model);
   }
   if (args.count("--seq") && args.count("--params")) {
     usage_error("--seq needs a model (--model or --config): activations need its dimensions");

@@ -18,7 +18,6 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
-#include "models/gpt/gpt_config.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"

@@ -66,36 +66,38 @@ class Planner {
 Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
     : config_(std::move(config)), options_(options), ctx_(ctx) {
   config_.validate();
-  build_parameter_table();
+  params_ = parameter_table(config_);
   loss_buffer_ = ctx_.device().allocate(kAlign, MemCategory::kActivations, "gpt loss",
                                         MemorySpace::kDevice, &ctx_.stream());
   loss_ = loss_buffer_.device<float>();
 }
 
-void Gpt::build_parameter_table() {
-  const I64 C = config_.n_embd;
-  const int L = config_.n_layer;
+std::vector<ParamSpec> Gpt::parameter_table(const GptConfig& config) {
+  std::vector<ParamSpec> params;
+  const I64 C = config.n_embd;
+  const int L = config.n_layer;
   const int final_module = L + 1;
-  params_.push_back({"transformer.wte.weight", {config_.vocab_size, C}, {0, final_module}, false});
-  params_.push_back({"transformer.wpe.weight", {config_.seq_len, C}, {0}, false});
+  params.push_back({"transformer.wte.weight", {config.vocab_size, C}, {0, final_module}, false});
+  params.push_back({"transformer.wpe.weight", {config.seq_len, C}, {0}, false});
   for (int l = 0; l < L; ++l) {
     const std::string p = "transformer.h." + std::to_string(l) + ".";
     const std::vector<int> m = {l + 1};
-    params_.push_back({p + "ln_1.weight", {C}, m, true});
-    params_.push_back({p + "ln_1.bias", {C}, m, true});
-    params_.push_back({p + "attn.c_attn.weight", {C, 3 * C}, m, false});
-    params_.push_back({p + "attn.c_attn.bias", {3 * C}, m, true});
-    params_.push_back({p + "attn.c_proj.weight", {C, C}, m, false});
-    params_.push_back({p + "attn.c_proj.bias", {C}, m, true});
-    params_.push_back({p + "ln_2.weight", {C}, m, true});
-    params_.push_back({p + "ln_2.bias", {C}, m, true});
-    params_.push_back({p + "mlp.c_fc.weight", {C, 4 * C}, m, false});
-    params_.push_back({p + "mlp.c_fc.bias", {4 * C}, m, true});
-    params_.push_back({p + "mlp.c_proj.weight", {4 * C, C}, m, false});
-    params_.push_back({p + "mlp.c_proj.bias", {C}, m, true});
+    params.push_back({p + "ln_1.weight", {C}, m, true});
+    params.push_back({p + "ln_1.bias", {C}, m, true});
+    params.push_back({p + "attn.c_attn.weight", {C, 3 * C}, m, false});
+    params.push_back({p + "attn.c_attn.bias", {3 * C}, m, true});
+    params.push_back({p + "attn.c_proj.weight", {C, C}, m, false});
+    params.push_back({p + "attn.c_proj.bias", {C}, m, true});
+    params.push_back({p + "ln_2.weight", {C}, m, true});
+    params.push_back({p + "ln_2.bias", {C}, m, true});
+    params.push_back({p + "mlp.c_fc.weight", {C, 4 * C}, m, false});
+    params.push_back({p + "mlp.c_fc.bias", {4 * C}, m, true});
+    params.push_back({p + "mlp.c_proj.weight", {4 * C, C}, m, false});
+    params.push_back({p + "mlp.c_proj.bias", {C}, m, true});
   }
-  params_.push_back({"transformer.ln_f.weight", {C}, {final_module}, true});
-  params_.push_back({"transformer.ln_f.bias", {C}, {final_module}, true});
+  params.push_back({"transformer.ln_f.weight", {C}, {final_module}, true});
+  params.push_back({"transformer.ln_f.bias", {C}, {final_module}, true});
+  return params;
 }
 
 void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,

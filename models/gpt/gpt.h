@@ -53,9 +53,13 @@ class Gpt final : public Model {
   float read_loss();
   // The logits (B,T,V) of the last forward(), in the compute dtype. After forward_backward the
   // buffer holds the logits' gradient instead.
-  DevicePtr<const std::byte> logits() const { return acts_.logits; }
+  DevicePtr<const std::byte> logits() const override { return acts_.logits; }
   // Activation bytes a pass at (B, T) in `dtype` allocates.
   std::int64_t activation_bytes(int B, int T, DType dtype) const;
+
+  // The parameter table a Gpt of `config` reports (Hugging Face names and order), without
+  // building one.
+  static std::vector<ParamSpec> parameter_table(const GptConfig& config);
 
   // Indices into parameters().
   int wte() const { return 0; }
@@ -88,7 +92,6 @@ class Gpt final : public Model {
     std::int64_t block_grad_bytes = 0;
   };
 
-  void build_parameter_table();
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
   // Lays the activations of a (B, T, dtype) pass out in one allocation: returns its bytes and,
   // if base is set, points acts' fields into it.

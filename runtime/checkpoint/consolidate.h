@@ -1,6 +1,8 @@
 // Whole-model views of a checkpoint, for zrt-ckpt and tests: every parameter's full fp32 value
-// rebuilt from the rank files (a re-slice, as a world size of one would load it), written as one
-// HDF5 dataset per parameter or as a Hugging Face GPT-2 safetensors file.
+// rebuilt from the rank files (a re-slice, as a world size of one would load it), or written as
+// one HDF5 dataset per parameter. Export to an architecture's own format (Hugging Face
+// safetensors) is the model registry's (models/model_registry.h): zrt-ckpt hands it these
+// values, so this library knows no model.
 #pragma once
 
 #include <string>
@@ -24,9 +26,5 @@ std::int64_t verify_checkpoint(const std::string& dir);
 // Writes <out>: one float32 dataset per parameter at /params/<name> with the parameter's shape
 // (and checksums), plus the step as an attribute.
 void write_consolidated(const std::string& dir, const std::string& out);
-
-// Writes a Hugging Face GPT-2 safetensors file (names and (in, out) Conv1D layout as zrt keeps
-// them, fp32, {"format": "pt"} metadata) and config.json beside it (GPT2LMHeadModel).
-void export_safetensors(const std::string& dir, const std::string& out);
 
 }  // namespace zrt::checkpoint

@@ -40,8 +40,9 @@ struct BatchConfig {
   int world_size = 1;
 };
 
-// The model, as given: a preset plus overrides. The model library resolves it (for GPT-2:
-// gpt::GptConfig::parse(spec())), so this library does not depend on it.
+// The model, as given: a preset plus overrides, a plain description. The model registry
+// (models/model_registry.h) resolves it: model.type picks the architecture's entry, which turns
+// the block into the model's own config; this library does not depend on models/.
 struct ModelConfig {
   std::string type = "gpt2";
   std::string preset;  // "" or gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl
@@ -50,7 +51,7 @@ struct ModelConfig {
   std::string init_from;  // safetensors path, "" for a random init
 
   // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then the
-  // overrides as key=value, in GptConfig::parse's syntax.
+  // overrides as key=value (the spec syntax of the gpt2 entry, which resolves it from this).
   std::string spec() const;
 };
 

@@ -1,7 +1,8 @@
 // zrt-mem's estimate without running the engine: the ZeRO paper's figures, the padded
-// per-stage formulas on a real GPT partition, GPT activation bytes against the model's own
-// layout, the verdict's order, the config path, and the command line's output and errors.
-// (test_zrt_mem_crosscheck compares the estimate with the MemoryTracker in real runs.)
+// per-stage formulas on a real GPT partition, the verdict's order, the config path, and the
+// command line's output and errors. (test_zrt_mem_crosscheck compares the estimate with the
+// MemoryTracker in real runs; test_model_registry checks the activation hook against the
+// model's own layout.)
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -9,7 +10,7 @@
 #include <memory>
 
 #include "kernels/kernel_context.h"
-#include "models/gpt/gpt.h"
+#include "models/model_registry.h"
 #include "runtime/config/config.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
@@ -94,7 +95,7 @@ TEST_CASE("offload moves master, moments and gradient slices to the host of each
 }
 
 TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") {
-  const ModelSpec model = gpt_model_spec(gpt::GptConfig::parse("gpt2"));
+  const ModelSpec model = model_spec(builtin_models().parse_spec("gpt2"));
   Inputs in;
   in.model = model;
   in.world = 4;
@@ -102,7 +103,7 @@ TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") 
   in.engine.compute_dtype = DType::kBFloat16;
   in.engine.grad_accum_dtype = DType::kBFloat16;
   in.engine.stage3_param_persistence_threshold = 0;
-  const std::int64_t psi = gpt::GptConfig::parse("gpt2").num_parameters();
+  const std::int64_t psi = builtin_models().parse_spec("gpt2")->num_parameters();
   for (int stage = 0; stage <= 3; ++stage) {
     const Estimate e = estimate(in, Setting{stage, false, false});
     // P from the engine's partition, built here independently of the estimate.
@@ -124,39 +125,6 @@ TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") 
     CHECK(e.transient_peak >= std::max(e.buckets_peak, e.gathered_peak));
     CHECK(e.transient_peak <= e.buckets_peak + e.gathered_peak);
   }
-}
-
-TEST_CASE("GPT activations: the closed form equals the model's own layout") {
-  auto device = make_device(DeviceOptions{});
-  auto stream = device->create_stream("test");
-  kernels::KernelContext ctx(*device, *stream);
-  for (const char* spec : {"gpt2-tiny", "gpt2", "gpt2-xl",
-                           "n_layer=3,n_head=3,n_embd=48,"
-                           "vocab_size=101,seq_len=37"}) {
-    const auto config = gpt::GptConfig::parse(spec);
-    for (bool ckpt : {false, true}) {
-      gpt::GptOptions options;
-      options.activation_checkpointing = ckpt;
-      const gpt::Gpt model(config, ctx, options);
-      for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
-        for (auto [B, T] : {std::pair{1, config.seq_len}, std::pair{3, config.seq_len / 2 + 1}}) {
-          INFO(spec << " ckpt " << ckpt << " " << dtype_name(dt) << " B " << B << " T " << T);
-          CHECK(gpt_activation_bytes(config, B, T, dt, ckpt) ==
-                model.activation_bytes(B, T, dt) + 256);  // + the loss scalar
-        }
-      }
-    }
-  }
-  // Checkpointing keeps one block's tensors instead of L: for gpt2-xl at B = 4, T = 1024 in bf16
-  // a block keeps 6 (B,T,C) tensors, qkv, two (B,T,4C), four (B,T) fp32 statistics and the fp32
-  // attention probabilities (B,NH,T,T) = 642,318,336 bytes (by hand).
-  const auto xl = gpt::GptConfig::parse("gpt2-xl");
-  const std::int64_t block =
-      6 * 13'107'200LL + 39'321'600 + 2 * 52'428'800LL + 4 * 16'384 + 419'430'400;
-  REQUIRE(block == 642'318'336);
-  CHECK(gpt_activation_bytes(xl, 4, 1024, DType::kBFloat16, false) -
-            gpt_activation_bytes(xl, 4, 1024, DType::kBFloat16, true) ==
-        47 * block);
 }
 
 TEST_CASE("the verdict takes the first setting that fits, in the issue's order") {
@@ -198,7 +166,7 @@ TEST_CASE("the verdict takes the first setting that fits, in the issue's order")
 
 TEST_CASE("on a real model more sharding or offload needs less device memory") {
   Inputs in;
-  in.model = gpt_model_spec(gpt::GptConfig::parse("gpt2-xl"));
+  in.model = model_spec(builtin_models().parse_spec("gpt2-xl"));
   in.world = 8;
   in.seq_len = 1024;
   in.activation_checkpointing = true;
@@ -220,7 +188,7 @@ TEST_CASE("on a real model more sharding or offload needs less device memory") {
 
 TEST_CASE("the verdict names the checkpointing alternative when nothing fits without it") {
   Inputs in;
-  in.model = gpt_model_spec(gpt::GptConfig::parse("gpt2-xl"));
+  in.model = model_spec(builtin_models().parse_spec("gpt2-xl"));
   in.world = 8;
   in.seq_len = 1024;
   in.micro_batch = 16;  // ~130 GB of activations without checkpointing, ~8 GB with it
@@ -260,7 +228,7 @@ TEST_CASE("a config gives the same inputs as zrt-train runs with") {
   CHECK_FALSE(in.engine.offload_optimizer.pin_memory);
   CHECK_FALSE(in.engine.offload_param.enabled);
   REQUIRE(in.model);
-  CHECK(in.model->gpt->seq_len == 64);
+  CHECK(in.model->def->seq_len() == 64);
   CHECK(in.setting() == Setting{3, true, false});
 }
 

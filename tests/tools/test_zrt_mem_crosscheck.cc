@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/kernel_context.h"
-#include "models/gpt/gpt.h"
+#include "models/model_registry.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config/config.h"
@@ -49,7 +49,7 @@ Inputs tiny_inputs(bool checkpointing) {
   Inputs in;
   // 118,528 parameters; blocks of 49,984: small enough to run, large enough that units, padding,
   // persistent LayerNorm parameters and the tied embedding all show up.
-  in.model = gpt_model_spec(gpt::GptConfig::parse("gpt2-tiny:seq_len=32"));
+  in.model = model_spec(builtin_models().parse_spec("gpt2-tiny:seq_len=32"));
   in.world = world_size();
   in.seq_len = 32;
   in.micro_batch = kB;
@@ -85,9 +85,10 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
       make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", CommOptions{});
   Buffer loss_mean = device->allocate(4, MemCategory::kWorkspace, "loss mean");
   kernels::KernelContext ctx(*device, *compute);
-  gpt::GptOptions model_options;
+  ModelOptions model_options;
   model_options.activation_checkpointing = in.activation_checkpointing;
-  gpt::Gpt model(*in.model->gpt, ctx, model_options);
+  const std::unique_ptr<Model> model_owner = in.model->def->build(ctx, model_options);
+  Model& model = *model_owner;
   AdamOptions adam;
   adam.lr = 1e-3;
   auto optimizer = make_device_adam(*device, adam);

@@ -14,8 +14,8 @@
 
 #include "kernels/kernel_context.h"
 #include "models/flat_param_access.h"
-#include "models/gpt/gpt.h"
 #include "models/init_rng.h"
+#include "models/model_registry.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 #include "tools/bench/bench.h"
@@ -78,19 +78,20 @@ struct ZrtResult {
   float loss = 0;
 };
 
-ZrtResult run_zrt(const gpt::GptConfig& config, int B, int T, int threads, int iters,
+ZrtResult run_zrt(const ModelDef& model_def, int B, int T, int threads, int iters,
                   bool checkpointing) {
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("compute");
   kernels::KernelContext ctx(*device, *stream, kernels::KernelOptions{threads});
-  gpt::Gpt model(config, ctx, gpt::GptOptions{checkpointing});
+  const std::unique_ptr<Model> model_owner = model_def.build(ctx, ModelOptions{checkpointing});
+  Model& model = *model_owner;
   FlatParamAccess access(*device, *stream, model.parameters(), model.num_modules(), DType::kFloat32,
                          DType::kFloat32);
   access.init_from(model, 1);
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(B) * T), targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>(counter_hash(7, 0, i) % config.vocab_size);
-    targets[i] = static_cast<std::int32_t>(counter_hash(7, 1, i) % config.vocab_size);
+    tokens[i] = static_cast<std::int32_t>(counter_hash(7, 0, i) % model_def.vocab_size());
+    targets[i] = static_cast<std::int32_t>(counter_hash(7, 1, i) % model_def.vocab_size());
   }
   Buffer tok = device->allocate(static_cast<std::int64_t>(tokens.size() * 4), MemCategory::kOther,
                                 "bench tokens");
@@ -105,7 +106,9 @@ ZrtResult run_zrt(const gpt::GptConfig& config, int B, int T, int threads, int i
   for (int i = 0; i < iters + 1; ++i) {
     const auto start = std::chrono::steady_clock::now();
     model.forward_backward(access, batch, 1.0f);
-    result.loss = model.read_loss();  // waits for the stream
+    device->copy_to_host(&result.loss, model.loss().as<const std::byte>(), sizeof result.loss,
+                         *stream);
+    stream->synchronize();
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i > 0) samples.push_back(s);  // the first iteration allocates and warms up
@@ -115,14 +118,17 @@ ZrtResult run_zrt(const gpt::GptConfig& config, int B, int T, int threads, int i
 }
 
 // PyTorch tokens/s for the same shapes, or 0 when unavailable.
-double run_torch(const std::string& python, const std::string& script, const gpt::GptConfig& c,
+// The script builds the model from its dimensions, passed as --<name> <value>.
+double run_torch(const std::string& python, const std::string& script, const ModelDef& model_def,
                  int B, int T, int threads, int iters) {
   if (python.empty()) return 0.0;
-  const std::string line = capture(fmt::format(
-      "'{}' '{}' --n_layer {} --n_head {} --n_embd {} --vocab_size {} --seq_len {} --batch {} "
-      "--seq {} --threads {} --iters {} 2>/dev/null",
-      python, script, c.n_layer, c.n_head, c.n_embd, c.vocab_size, c.seq_len, B, T, threads,
-      iters));
+  std::string dimensions;
+  for (const auto& [name, value] : model_def.dimensions()) {
+    dimensions += fmt::format("--{} {} ", name, value);
+  }
+  const std::string line =
+      capture(fmt::format("'{}' '{}' {}--batch {} --seq {} --threads {} --iters {} 2>/dev/null",
+                          python, script, dimensions, B, T, threads, iters));
   const auto pos = line.find("tokens_per_s=");
   return pos == std::string::npos ? 0.0 : std::stod(line.substr(pos + 13));
 }
@@ -162,17 +168,17 @@ int model(int argc, char** argv) {
   Table table(
       {"model", "params", "threads", "zrt_ms", "zrt_tok/s", "torch_tok/s", "zrt/torch", "loss"});
   for (const auto& spec : models) {
-    gpt::GptConfig config = gpt::GptConfig::parse(spec);
-    if (T > config.seq_len) {
-      ZRT_THROW(InvalidArgument, "--seq {} exceeds {}'s seq_len {}", T, spec, config.seq_len);
+    const std::unique_ptr<ModelDef> model_def = builtin_models().parse_spec(spec);
+    if (T > model_def->seq_len()) {
+      ZRT_THROW(InvalidArgument, "--seq {} exceeds {}'s seq_len {}", T, spec, model_def->seq_len());
     }
-    const int iters =
-        static_cast<int>(args.get_double("iters", config.num_parameters() < 10'000'000 ? 20 : 3));
+    const int iters = static_cast<int>(
+        args.get_double("iters", model_def->num_parameters() < 10'000'000 ? 20 : 3));
     for (int threads : thread_counts) {
-      const ZrtResult z = run_zrt(config, B, T, threads, iters, checkpointing);
+      const ZrtResult z = run_zrt(*model_def, B, T, threads, iters, checkpointing);
       const double zrt_tps = B * T / z.seconds;
-      const double torch_tps = run_torch(python, script, config, B, T, threads, iters);
-      table.add({config.name, fmt::format("{:.1f}M", config.num_parameters() / 1e6),
+      const double torch_tps = run_torch(python, script, *model_def, B, T, threads, iters);
+      table.add({model_def->name(), fmt::format("{:.1f}M", model_def->num_parameters() / 1e6),
                  std::to_string(threads), fmt::format("{:.1f}", z.seconds * 1e3),
                  fmt::format("{:.0f}", zrt_tps),
                  torch_tps > 0 ? fmt::format("{:.0f}", torch_tps) : "-",

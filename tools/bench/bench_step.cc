@@ -14,7 +14,7 @@
 #include <mpi.h>
 
 #include "kernels/kernel_context.h"
-#include "models/gpt/gpt.h"
+#include "models/model_registry.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/process_group.h"
@@ -39,22 +39,21 @@ StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps
   auto comm = device->create_stream("comm");
   auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "bench-step", comm_options);
   kernels::KernelContext ctx(*device, *compute);
-  const gpt::GptConfig config = gpt::GptConfig::parse(model_spec);
-  gpt::Gpt model(config, ctx);
+  const std::unique_ptr<ModelDef> model_def = builtin_models().parse_spec(model_spec);
+  const std::unique_ptr<Model> model_owner = model_def->build(ctx, ModelOptions{});
+  Model& model = *model_owner;
   AdamOptions adam_options;
   auto adam = make_device_adam(*device, adam_options);
   EngineOptions options;
   options.stage = stage;
   options.compute_dtype = DType::kBFloat16;
-  options.reduce_bucket_size = config.num_parameters() / 4;
-  options.stage3_prefetch_bucket_size = config.num_parameters() / 4;
+  options.reduce_bucket_size = model_def->num_parameters() / 4;
+  options.stage3_prefetch_bucket_size = model_def->num_parameters() / 4;
   options.stage3_param_persistence_threshold = 1000;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
                     *adam);
-  engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
-    model.init_parameter(p, 1, first, count, out);
-  });
-  const int T = config.seq_len;
+  engine.initialize(model_def->initializer(model, 1, ""));
+  const int T = model_def->seq_len();
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));
   for (std::size_t i = 0; i < tokens.size(); ++i)
     tokens[i] = static_cast<std::int32_t>((i * 7919) % 256);

@@ -2,7 +2,8 @@
 //   zrt-ckpt inspect DIR                      step, world, stage, dtypes, the parameter table
 //   zrt-ckpt verify DIR                       every checksum of the index and the rank files
 //   zrt-ckpt consolidate DIR --out model.h5   one fp32 dataset per parameter under /params
-//   zrt-ckpt export DIR --safetensors F       Hugging Face GPT-2 safetensors + config.json
+//   zrt-ckpt export DIR --safetensors F       Hugging Face safetensors + config.json (the saved
+//                                             model.type's layout, through the model registry)
 // DIR is a checkpoint directory (<save_dir>/<tag>) or a save_dir holding a `latest` file. The
 // output's folder is created when missing. Exit status: 0 done (and for --help), 1 an error
 // (the message names the file and the system's reason), 2 bad arguments.
@@ -12,6 +13,7 @@
 #include <string>
 #include <system_error>
 
+#include "models/model_registry.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/common/error.h"
@@ -60,6 +62,19 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "(";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + ")";
+}
+
+// The checkpoint's whole model, handed to the exporter of the architecture that saved it.
+void export_safetensors(const std::string& dir, const std::string& out) {
+  const CheckpointIndex index = open_index(dir);
+  std::vector<std::vector<float>> values = read_full_params(dir, index);
+  zrt::ExportInput input;
+  input.checkpoint = dir;
+  input.config_json = index.config_json;
+  for (std::size_t p = 0; p < index.params.size(); ++p) {
+    input.tensors.push_back({index.params[p].name, index.params[p].shape, std::move(values[p])});
+  }
+  zrt::builtin_models().export_safetensors(std::move(input), out);
 }
 
 int inspect(const std::string& dir) {

@@ -75,7 +75,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       "communication\n",
       in.world, in.nodes, in.ranks_per_node(), dtype_name(o.compute_dtype),
       dtype_name(o.grad_accum_dtype), dtype_name(o.communication_dtype.value_or(o.compute_dtype)));
-  if (in.model && in.model->gpt) {
+  if (in.model && in.model->def) {
     out += fmt::format("  micro-batch {} x {} tokens; activation checkpointing {}\n",
                        in.micro_batch, in.seq_len, in.activation_checkpointing ? "on" : "off");
   }

@@ -4,8 +4,6 @@
 #include <climits>
 #include <cmath>
 
-#include "kernels/kernel_context.h"
-#include "models/gpt/gpt.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
@@ -124,10 +122,10 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
       f.sharded_slices += u.shard;
     }
   }
-  // GPT recomputes its blocks (modules 1..L) under activation checkpointing.
+  // The modules the model reruns under activation checkpointing (a GPT: its blocks).
   std::vector<bool> recomputed(static_cast<std::size_t>(model.num_modules), false);
-  if (checkpointing && model.gpt) {
-    for (int m = 1; m <= model.gpt->n_layer; ++m) recomputed[static_cast<std::size_t>(m)] = true;
+  if (checkpointing && model.def) {
+    for (int m : model.def->recomputed_modules()) recomputed[static_cast<std::size_t>(m)] = true;
   }
   const ReplayPeaks peaks = replay_schedule(plan, o, model.num_modules, recomputed);
   f.gathered_peak = peaks.gathered_elements;
@@ -198,9 +196,9 @@ void Inputs::validate() const {
   }
   if (micro_batch < 1)
     ZRT_THROW(InvalidArgument, "--micro-batch must be >= 1, not {}", micro_batch);
-  if (model && model->gpt && (seq_len < 1 || seq_len > model->gpt->seq_len)) {
+  if (model && model->def && (seq_len < 1 || seq_len > model->def->seq_len())) {
     ZRT_THROW(InvalidArgument, "--seq {} outside 1..{} (the model's seq_len)", seq_len,
-              model->gpt->seq_len);
+              model->def->seq_len());
   }
   if (!(device_gib > 0.0))
     ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
@@ -297,15 +295,13 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     at(h, MemCategory::kWorkspace) += f.max_shard * 4;  // one reduced slice on its way down
   }
 
-  const bool gpt = in.model && in.model->gpt;
-  if (gpt) {
+  if (in.model && in.model->def) {
+    const ModelDef& def = *in.model->def;
     const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len) : 0;
     e.activations_full =
-        gpt_activation_bytes(*in.model->gpt, in.micro_batch, in.seq_len, o.compute_dtype, false) +
-        tokens;
+        def.activation_bytes(in.micro_batch, in.seq_len, o.compute_dtype, false) + tokens;
     e.activations_checkpointed =
-        gpt_activation_bytes(*in.model->gpt, in.micro_batch, in.seq_len, o.compute_dtype, true) +
-        tokens;
+        def.activation_bytes(in.micro_batch, in.seq_len, o.compute_dtype, true) + tokens;
     if (in.trainer_buffers) at(h, MemCategory::kWorkspace) += tokens;  // pinned token staging
   }
   e.checkpointing = in.activation_checkpointing;
@@ -322,35 +318,6 @@ std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
   return std::nullopt;
 }
 
-// models/gpt/gpt.cc lays a pass's activations out in one allocation, each tensor rounded up to
-// 256 bytes (S = bytes per element of the compute dtype, BT = B x T, statistics in fp32):
-//   residual stream        L + 1 tensors (B,T,C)
-//   per block, kept for backward (all L blocks; one reused set under checkpointing, where only
-//   the residual stream, i.e. each block's input, is kept and the block's forward reruns):
-//     ln1, atty, attproj, res2, ln2, fcproj (B,T,C); qkv (B,T,3C); fch, fch_gelu (B,T,4C);
-//     ln1/ln2 mean and rstd (B,T) fp32; the attention probabilities (B,NH,T,T) fp32
-//   head: lnf (B,T,C), its mean/rstd, logits (B,T,V) (their gradient in place), losses (B,T)
-//   backward scratch: dres, dlnf (B,T,C); one block's dln1, datty, dln2 (B,T,C), dqkv (B,T,3C),
-//     dfch, dfch_gelu (B,T,4C)
-// plus the 256-byte loss scalar.
-std::int64_t gpt_activation_bytes(const gpt::GptConfig& c, int B, int T, DType dtype,
-                                  bool checkpointing) {
-  auto r = [](I64 bytes) { return (bytes + 255) / 256 * 256; };
-  const I64 S = size_of(dtype);
-  const I64 BT = I64{B} * T;
-  const I64 C = c.n_embd;
-  const I64 row = r(BT * C * S);  // one (B,T,C) tensor
-  const I64 stat = r(BT * 4);     // one (B,T) fp32 statistic
-  const I64 block = 6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat +
-                    r(I64{B} * c.n_head * T * T * 4);
-  const I64 kept_blocks = checkpointing ? 1 : c.n_layer;
-  const I64 residual = (c.n_layer + 1) * row;
-  const I64 head = row + 2 * stat + r(BT * c.vocab_size * S) + stat;
-  const I64 backward = 2 * row + 3 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S);
-  const I64 loss = 256;
-  return residual + kept_blocks * block + head + backward + loss;
-}
-
 Inputs inputs_from_config(const Config& config) {
   Inputs in;
   in.world = config.batch.world_size;
@@ -365,24 +332,18 @@ Inputs inputs_from_config(const Config& config) {
   // "auto" plans for the GPU it would pick where one exists.
   in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;
   in.comm = config.comm;
-  const gpt::GptConfig model = gpt::GptConfig::parse(config.model.spec());
-  in.model = gpt_model_spec(model);
-  in.seq_len = model.seq_len;
+  std::shared_ptr<const ModelDef> model = builtin_models().resolve(config.model);
+  in.seq_len = model->seq_len();
+  in.model = model_spec(std::move(model));
   return in;
 }
 
-ModelSpec gpt_model_spec(const gpt::GptConfig& config) {
-  // The model's own parameter table (names, shapes, module uses), from a Gpt on a CPU device:
-  // constructing one allocates only its loss scalar.
-  auto device = make_device(DeviceOptions{});
-  auto stream = device->create_stream("zrt-mem");
-  kernels::KernelContext ctx(*device, *stream);
-  const gpt::Gpt model(config, ctx);
+ModelSpec model_spec(std::shared_ptr<const ModelDef> def) {
   ModelSpec spec;
-  spec.params = model.parameters();
-  spec.num_modules = model.num_modules();
-  spec.gpt = config;
-  spec.description = config.describe();
+  spec.params = def->parameters();
+  spec.num_modules = def->num_modules();
+  spec.description = def->describe();
+  spec.def = std::move(def);
   return spec;
 }
 

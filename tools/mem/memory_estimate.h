@@ -2,7 +2,8 @@
 // holds in host memory, by tracker category, for a ZeRO setting, computed without running.
 //
 // Two ways in:
-//  - a model (a GPT config): exact figures. The parameters go through the engine's own
+//  - a model (any model.type of the registry, models/model_registry.h): exact figures. The
+//  parameters go through the engine's own
 //    PartitionPlan (units, alignment, padding to a multiple of N x alignment), and the stage-3
 //    gathers and the gradient buckets are found by replaying the engine's static schedule
 //    (schedule_replay.h), so the numbers are the ones the MemoryTracker reports in a real run.
@@ -17,11 +18,12 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "models/gpt/gpt_config.h"
+#include "models/model_registry.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config/config.h"
 #include "runtime/device/device.h"
@@ -51,12 +53,12 @@ const std::vector<Setting>& verdict_order();
 // offload, in stage order.
 const std::vector<Setting>& table_order();
 
-// A model for exact figures: its parameters as the engine sees them, and, for activations, the
-// GPT dimensions.
+// A model for exact figures: its parameters as the engine sees them, and, for activations and
+// the modules recomputed under checkpointing, the model's own hooks.
 struct ModelSpec {
   std::vector<ParamSpec> params;
   int num_modules = 0;
-  std::optional<gpt::GptConfig> gpt;  // activations are estimated for GPT models only
+  std::shared_ptr<const ModelDef> def;  // null: a parameter table alone (no activations)
   std::string description;
 };
 
@@ -109,7 +111,7 @@ struct Estimate {
   // also the MPI groups' collective scratch) and the engine's workspace (the gradient norm).
   std::int64_t comm = 0, workspace = 0;
   // Activations at (B, T) with and without activation checkpointing (model + loss + token
-  // batches); absent without a GPT model.
+  // batches); absent without a model's hooks.
   std::optional<std::int64_t> activations_full, activations_checkpointed;
   bool checkpointing = false;  // which of the two counts in the total
   std::int64_t activations() const;
@@ -134,17 +136,12 @@ Estimate estimate(const Inputs& in, const Setting& setting);
 std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
                                  std::int64_t capacity_bytes);
 
-// GPT activation bytes of one micro-batch (B, T) in `dtype` as models/gpt lays them out (each
-// tensor rounded up to 256 bytes), plus its 256-byte loss buffer; see the .cc for the terms.
-std::int64_t gpt_activation_bytes(const gpt::GptConfig& c, int B, int T, DType dtype,
-                                  bool checkpointing);
-
-// Everything zrt-train would run with, from a validated config: its GPT model (at its seq_len),
+// Everything zrt-train would run with, from a validated config: its model (at its seq_len),
 // world size, micro-batch, engine options with the offload blocks, activation checkpointing and
 // device.memory_limit_gb (when set).
 Inputs inputs_from_config(const Config& config);
 
-// The parameters the engine sees for a GPT model (names, shapes, modules), from models/gpt.
-ModelSpec gpt_model_spec(const gpt::GptConfig& config);
+// The parameters the engine sees for a model (names, shapes, modules), from its registry hooks.
+ModelSpec model_spec(std::shared_ptr<const ModelDef> def);
 
 }  // namespace zrt::mem

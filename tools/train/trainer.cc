@@ -15,8 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/kernel_context.h"
-#include "models/gpt/gpt.h"
-#include "models/gpt/gpt_safetensors.h"
+#include "models/model_registry.h"
 #include "optimizers/device_adam.h"
 #include "optimizers/lr_schedule.h"
 #include "runtime/checkpoint/checkpointer.h"
@@ -180,35 +179,31 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
 
   // ---- model and engine ----------------------------------------------------------------------
   kernels::KernelContext ctx(*device, *compute);
-  const gpt::GptConfig model_config = gpt::GptConfig::parse(config.model.spec());
-  gpt::GptOptions model_options;
+  // The architecture is the registry's: model.type picks it, it resolves the model block.
+  const std::unique_ptr<ModelDef> model_def = builtin_models().resolve(config.model);
+  ModelOptions model_options;
   model_options.activation_checkpointing = config.model.activation_checkpointing;
-  gpt::Gpt model(model_config, ctx, model_options);
+  const std::unique_ptr<Model> model_owner = model_def->build(ctx, model_options);
+  Model& model = *model_owner;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config.optimizer.applies_weight_decay(p.name);
   auto adam = make_device_adam(*device, config.optimizer.adam);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
                     *adam);
-  if (!config.model.init_from.empty()) {
-    // Hugging Face GPT-2 weights; every rank reads the file and keeps only its slices.
-    const gpt::GptWeights weights(config.model.init_from, model.parameters());
-    engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
-      weights.read(p, first, count, out);
-    });
-    if (rank == 0) spdlog::info("initialised from {}", config.model.init_from);
-  } else {
-    engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
-      model.init_parameter(p, config.seed, first, count, out);
-    });
+  // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
+  // slices) or the model's own random initialisation.
+  engine.initialize(model_def->initializer(model, config.seed, config.model.init_from));
+  if (!config.model.init_from.empty() && rank == 0) {
+    spdlog::info("initialised from {}", config.model.init_from);
   }
   const LrSchedule schedule(config.scheduler, config.optimizer.adam.lr);
 
   // ---- data ----------------------------------------------------------------------------------
   const int B = static_cast<int>(config.batch.micro_batch_size);
-  const int T = model_config.seq_len;
+  const int T = model_def->seq_len();
   const int G = config.engine.gradient_accumulation_steps;
   TokenDataset train_data(config.data.train, T);
-  train_data.set_vocab_size(model_config.vocab_size);
+  train_data.set_vocab_size(model_def->vocab_size());
   DataStreamOptions stream_options;
   stream_options.shuffle = config.data.shuffle;
   stream_options.seed = config.data.seed;
@@ -216,7 +211,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   std::unique_ptr<TokenDataset> val_data;
   if (!config.data.val.empty()) {
     val_data = std::make_unique<TokenDataset>(config.data.val, T);
-    val_data->set_vocab_size(model_config.vocab_size);
+    val_data->set_vocab_size(model_def->vocab_size());
   }
   BatchFeeder feeder(*device, *compute, B, T);
 
@@ -297,13 +292,11 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   } drain{engine, *device};
 
   const std::int64_t tokens_per_step = std::int64_t{B} * T * G * world;
-  const double flops_per_token =
-      6.0 * static_cast<double>(model_config.num_parameters()) +
-      12.0 * model_config.n_layer * model_config.n_embd * static_cast<double>(T);
+  const double flops_per_token = model_def->flops_per_token(T);
   const DevicePeak peak = device_peak(*device, config.engine.compute_dtype, mpi.local_size);
   if (rank == 0) {
     spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
-                 model_config.describe(), world, config.engine.stage, B, G, world, T);
+                 model_def->describe(), world, config.engine.stage, B, G, world, T);
     spdlog::info("device {}; MFU peak: {}", device->description(), peak.source);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa), cpu_isa_name(hardware_cpu_isa()));
@@ -506,11 +499,11 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   checkpointer.wait();  // an async save finishes (or reports its error) before the run ends
 
   // ---- a short byte-level sample -------------------------------------------------------------
-  if (config.train.sample_tokens > 0 && model_config.vocab_size == 256) {
+  if (config.train.sample_tokens > 0 && model_def->vocab_size() == 256) {
     // Every rank runs the same forwards (stage 3 gathers are collective) with the same seed.
     std::string text = "And God said";
     std::mt19937_64 rng(config.seed);
-    std::vector<std::byte> logits(static_cast<std::size_t>(model_config.vocab_size) *
+    std::vector<std::byte> logits(static_cast<std::size_t>(model_def->vocab_size()) *
                                   dtype_size(config.engine.compute_dtype));
     BatchFeeder one(*device, *compute, 1, T);
     for (int i = 0; i < config.train.sample_tokens; ++i) {
@@ -525,15 +518,15 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
       });
       batch.targets = DevicePtr<const std::int32_t>();
       model.forward(engine, batch);
-      const std::int64_t row = std::int64_t{length - 1} * model_config.vocab_size;
+      const std::int64_t row = std::int64_t{length - 1} * model_def->vocab_size();
       device->copy_to_host(
           logits.data(),
           model.logits() + row * static_cast<std::int64_t>(dtype_size(config.engine.compute_dtype)),
           logits.size(), *compute);
       compute->synchronize();
-      std::vector<double> probs(static_cast<std::size_t>(model_config.vocab_size));
+      std::vector<double> probs(static_cast<std::size_t>(model_def->vocab_size()));
       double max_logit = -1e30;
-      for (int v = 0; v < model_config.vocab_size; ++v) {
+      for (int v = 0; v < model_def->vocab_size(); ++v) {
         const std::byte* p = logits.data() + v * dtype_size(config.engine.compute_dtype);
         float value = 0.f;
         switch (config.engine.compute_dtype) {

@@ -1,0 +1,21 @@
+// The architectures zrt ships: the one place that lists them (docs/extending.md, "Add a
+// model"). Built on first use and never changed afterwards.
+#include "models/gpt/gpt_model_def.h"
+#include "models/model_registry.h"
+
+namespace zrt {
+
+namespace {
+ModelRegistry register_builtin_models() {
+  ModelRegistry registry;
+  registry.add(gpt::registry_entry());
+  return registry;
+}
+}  // namespace
+
+const ModelRegistry& builtin_models() {
+  static const ModelRegistry registry = register_builtin_models();
+  return registry;
+}
+
+}  // namespace zrt

@@ -1,0 +1,81 @@
+#include "models/model_registry.h"
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
+
+void ModelRegistry::add(ModelEntry entry) {
+  if (entry.type.empty()) ZRT_THROW(InvalidArgument, "model registry: an entry without a type");
+  if (contains(entry.type)) {
+    ZRT_THROW(InvalidArgument, "model registry: model.type '{}' is registered twice", entry.type);
+  }
+  if (!entry.resolve || !entry.parse_spec || !entry.export_safetensors) {
+    ZRT_THROW(InvalidArgument,
+              "model registry: '{}' lacks a hook (resolve, parse_spec and export_safetensors "
+              "are required)",
+              entry.type);
+  }
+  entries_.push_back(std::move(entry));
+}
+
+std::vector<std::string> ModelRegistry::types() const {
+  std::vector<std::string> names;
+  for (const ModelEntry& e : entries_) names.push_back(e.type);
+  return names;
+}
+
+bool ModelRegistry::contains(const std::string& type) const {
+  for (const ModelEntry& e : entries_) {
+    if (e.type == type) return true;
+  }
+  return false;
+}
+
+const ModelEntry& ModelRegistry::entry(const std::string& type) const {
+  for (const ModelEntry& e : entries_) {
+    if (e.type == type) return e;
+  }
+  ZRT_THROW(InvalidArgument, "unknown model.type '{}' (known: {})", type, joined(types()));
+}
+
+std::unique_ptr<ModelDef> ModelRegistry::resolve(const ModelConfig& config) const {
+  return entry(config.type).resolve(config);
+}
+
+std::unique_ptr<ModelDef> ModelRegistry::parse_spec(const std::string& type,
+                                                    const std::string& spec) const {
+  return entry(type).parse_spec(spec);
+}
+
+std::unique_ptr<ModelDef> ModelRegistry::parse_spec(const std::string& spec) const {
+  return parse_spec(ModelConfig{}.type, spec);
+}
+
+void ModelRegistry::export_safetensors(ExportInput input, const std::string& out) const {
+  // The saved config's model.type; the config's own default when absent (or unreadable, so the
+  // architecture's exporter reports what it misses).
+  std::string type = ModelConfig{}.type;
+  const auto config = nlohmann::json::parse(input.config_json, nullptr, false);
+  if (!config.is_discarded() && config.contains("model") && config["model"].contains("type") &&
+      config["model"]["type"].is_string()) {
+    type = config["model"]["type"].get<std::string>();
+  }
+  entry(type).export_safetensors(std::move(input), out);
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, kernels::KernelContext& ctx,
+                                  const ModelOptions& options) {
+  return builtin_models().resolve(config)->build(ctx, options);
+}
+
+}  // namespace zrt

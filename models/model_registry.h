@@ -1,0 +1,141 @@
+// The model registry: the one seam between the tools (zrt-train, zrt-mem, zrt-bench, zrt-ckpt)
+// and the architectures in models/. A tool names no model; it hands the config's model block
+// (runtime/config's ModelConfig, a plain description) to the registry, which picks the entry
+// for model.type and lets it resolve the block into a ModelDef: the architecture's own
+// validated configuration with the hooks the tools need (parameters, FLOPs per token,
+// activation memory, the initialiser, construction). Export of a checkpoint to Hugging Face
+// safetensors is a hook of the entry itself, since it starts from a saved config.
+//
+// The entries are listed explicitly in builtin_models() (models/builtin_models.cc), the only
+// file that names the architectures; adding one is described in docs/extending.md.
+//
+// Thread-safety: a ModelRegistry and a ModelDef are immutable once built; their functions may
+// be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "runtime/common/dtype.h"
+#include "runtime/config/config.h"
+#include "runtime/model_interface.h"
+
+namespace zrt {
+
+// How to build a model, beyond its architecture (what the run asks of it).
+struct ModelOptions {
+  bool activation_checkpointing = false;
+};
+
+// Fills elements [first, first + count) of parameter `index` with fp32 initial values, as
+// ZeroEngine::initialize asks for them.
+using ParamInitializer =
+    std::function<void(int index, std::int64_t first, std::int64_t count, float* out)>;
+
+// One architecture resolved from a model block: everything about the model that can be known
+// without a device, and how to build it.
+class ModelDef {
+ public:
+  virtual ~ModelDef() = default;
+
+  virtual const std::string& type() const = 0;  // model.type, e.g. "gpt2"
+  // The preset it came from, or "custom" when dimensions were given (a table label).
+  virtual std::string name() const = 0;
+  // One line for logs and reports, e.g. "gpt2 (L12 H12 C768 V50257 T1024, 124.4M params)".
+  virtual std::string describe() const = 0;
+  // The architecture's dimensions in its spec's key order (for a GPT: n_layer, n_head,
+  // n_embd, vocab_size, seq_len), e.g. to build the same model in another framework.
+  virtual std::vector<std::pair<std::string, std::int64_t>> dimensions() const = 0;
+
+  virtual int seq_len() const = 0;     // the longest sequence; zrt-train trains at this length
+  virtual int vocab_size() const = 0;  // token ids must be below it
+  // The same model with another seq_len (validated), for estimates at other lengths.
+  virtual std::unique_ptr<ModelDef> with_seq_len(int seq_len) const = 0;
+
+  // The parameter table the model will report (names, shapes, module uses), and its module
+  // count, computed from the dimensions (no device needed).
+  virtual std::vector<ParamSpec> parameters() const = 0;
+  virtual int num_modules() const = 0;
+  virtual std::int64_t num_parameters() const = 0;
+  // The modules whose forward is recomputed in backward under activation checkpointing.
+  virtual std::vector<int> recomputed_modules() const = 0;
+
+  // Training FLOPs per token at sequence length `seq_len` (forward and backward), for MFU.
+  virtual double flops_per_token(int seq_len) const = 0;
+  // Device bytes of activations a training pass of one micro-batch (B, T) in `dtype`
+  // allocates, as the model lays them out (zrt-mem).
+  virtual std::int64_t activation_bytes(int B, int T, DType dtype,
+                                        bool activation_checkpointing) const = 0;
+
+  virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
+                                       const ModelOptions& options) const = 0;
+  // The initial values: read from `init_from` (a Hugging Face safetensors file, checked against
+  // model.parameters()) when it is not empty, else the model's own random initialisation from
+  // `seed`. `model` must outlive the returned function.
+  virtual ParamInitializer initializer(const Model& model, std::uint64_t seed,
+                                       const std::string& init_from) const = 0;
+};
+
+// A checkpoint's whole model, for export: every parameter's full fp32 value in index order,
+// and the run's config as saved (JSON text).
+struct ExportTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;
+};
+struct ExportInput {
+  std::string checkpoint;  // the directory, for messages
+  std::string config_json;
+  std::vector<ExportTensor> tensors;
+};
+
+// One architecture as the registry knows it.
+struct ModelEntry {
+  std::string type;     // model.type
+  std::string summary;  // one line, e.g. "GPT-2 (presets gpt2-tiny ... gpt2-xl)"
+  // The config's model block, resolved and validated (InvalidArgument naming the problem).
+  std::function<std::unique_ptr<ModelDef>(const ModelConfig&)> resolve;
+  // A command-line spec in the architecture's own syntax (e.g. "gpt2-tiny:seq_len=128").
+  std::function<std::unique_ptr<ModelDef>(const std::string& spec)> parse_spec;
+  // Writes `out` (Hugging Face safetensors, the architecture's names and layout) and
+  // config.json beside it.
+  std::function<void(ExportInput input, const std::string& out)> export_safetensors;
+};
+
+class ModelRegistry {
+ public:
+  // Throws InvalidArgument if the type is empty, already registered, or a hook is missing.
+  void add(ModelEntry entry);
+
+  std::vector<std::string> types() const;  // in registration order
+  bool contains(const std::string& type) const;
+  // Throws InvalidArgument "unknown model.type 'x' (known: gpt2)" for a type not registered.
+  const ModelEntry& entry(const std::string& type) const;
+
+  std::unique_ptr<ModelDef> resolve(const ModelConfig& config) const;
+  std::unique_ptr<ModelDef> parse_spec(const std::string& type, const std::string& spec) const;
+  // A spec of the default model.type (ModelConfig's), for tools whose flags predate the registry
+  // (zrt-mem --model, zrt-bench --model).
+  std::unique_ptr<ModelDef> parse_spec(const std::string& spec) const;
+  // Exports a checkpoint with the entry of the saved config's model.type ("gpt2" when the
+  // saved config has none, as the config's default).
+  void export_safetensors(ExportInput input, const std::string& out) const;
+
+ private:
+  std::vector<ModelEntry> entries_;
+};
+
+// The architectures zrt ships, registered in models/builtin_models.cc.
+const ModelRegistry& builtin_models();
+
+// The model of a config's model block, built on `ctx` (the registry's resolve, then build).
+// Throws InvalidArgument for an unknown model.type or an invalid block.
+std::unique_ptr<Model> make_model(const ModelConfig& config, kernels::KernelContext& ctx,
+                                  const ModelOptions& options);
+
+}  // namespace zrt
