@@ -40,7 +40,7 @@ const char* kUsage = R"(usage: zrt-train --config FILE.json [--KEY VALUE ...]
        zrt-train --check --config FILE.json [--world N] [--KEY VALUE ...]
        zrt-train --version | --help
 
-Trains a GPT with the ZeRO engine as the config describes (DeepSpeed's keys plus zrt's blocks).
+Trains a model with the ZeRO engine as the config describes (DeepSpeed's keys plus zrt's blocks).
 It runs under mpirun, one process per rank; the world size is the number of ranks:
   tools/zrt-run -n 4 run.json --train.steps 5     (mpirun -n 4 zrt-train --config run.json ...)
 
