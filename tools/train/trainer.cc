@@ -17,8 +17,8 @@
 #include "kernels/kernel_context.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
-#include "optimizers/device_adam.h"
 #include "optimizers/lr_schedule.h"
+#include "optimizers/optimizer.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
@@ -186,9 +186,11 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   gpt::Gpt model(model_config, ctx, model_options);
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config.optimizer.applies_weight_decay(p.name);
-  auto adam = make_device_adam(*device, config.optimizer.adam);
+  // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
+  const std::unique_ptr<DeviceOptimizer> optimizer =
+      make_device_optimizer(*device, config.optimizer);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
-                    *adam);
+                    *optimizer);
   if (!config.model.init_from.empty()) {
     // Hugging Face GPT-2 weights; every rank reads the file and keeps only its slices.
     const gpt::GptWeights weights(config.model.init_from, model.parameters());
@@ -201,7 +203,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
       model.init_parameter(p, config.seed, first, count, out);
     });
   }
-  const LrSchedule schedule(config.scheduler, config.optimizer.adam.lr);
+  const LrSchedule schedule(config.scheduler, config.optimizer.lr());
 
   // ---- data ----------------------------------------------------------------------------------
   const int B = static_cast<int>(config.batch.micro_batch_size);
@@ -253,11 +255,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     // waits for it on its stream) and the writer thread waits for it.
     checkpointer.save(
         std::move(request),
-        [&](float* master, float* exp_avg, float* exp_avg_sq) {
-          checkpoint::snapshot_engine(engine, master, exp_avg, exp_avg_sq);
-        },
-        [&](float* master, float* exp_avg, float* exp_avg_sq) {
-          return checkpoint::snapshot_engine_async(engine, master, exp_avg, exp_avg_sq,
+        [&](const std::vector<float*>& arrays) { checkpoint::snapshot_engine(engine, arrays); },
+        [&](const std::vector<float*>& arrays) {
+          return checkpoint::snapshot_engine_async(engine, arrays,
                                                    checkpointer.hooks().copy_delay_ms);
         });
   };
