@@ -56,6 +56,9 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
             "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage {} keeps full optimizer state "
             "on every rank)",
             options.stage);
+  ZRT_CHECK(optimizer.spec().num_states() <= kMaxOptimizerStates,
+            "optimizer {} keeps {} state tensors; slices carry at most {} (kMaxOptimizerStates)",
+            optimizer.spec().family, optimizer.spec().num_states(), kMaxOptimizerStates);
   ZRT_CHECK(!offload_param() || options.stage == 3,
             "offload_param needs ZeRO stage 3 (stage {} keeps full parameters on the device)",
             options.stage);
