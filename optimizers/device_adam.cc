@@ -15,6 +15,7 @@ namespace {
 
 class CpuDeviceAdam final : public DeviceAdam {
  public:
+  using DeviceAdam::step;
   CpuDeviceAdam(const AdamOptions& options, const CpuAdamOptions& cpu)
       : adam_(std::make_shared<const CpuAdam>(options, cpu)) {}
 
@@ -51,6 +52,7 @@ class CpuDeviceAdam final : public DeviceAdam {
 #if ZRT_HAVE_CUDA
 class CudaDeviceAdam final : public DeviceAdam {
  public:
+  using DeviceAdam::step;
   explicit CudaDeviceAdam(const AdamOptions& options) : adam_(options) {}
 
   void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
@@ -66,6 +68,34 @@ class CudaDeviceAdam final : public DeviceAdam {
 #endif
 
 }  // namespace
+
+const OptimizerSpec& DeviceAdam::spec() const {
+  static const OptimizerSpec adam = optimizer_spec(OptimizerKind::kAdam);
+  return adam;
+}
+
+void DeviceAdam::step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
+                      Stream& stream, double grad_scale) {
+  std::vector<AdamDeviceSlice> adam(slices.size());
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    const OptimizerDeviceSlice& s = slices[k];
+    AdamDeviceSlice& a = adam[k];
+    a.param = s.param;
+    a.grad = s.grad;
+    a.exp_avg = s.state[0];
+    a.exp_avg_sq = s.state[1];
+    a.param_out = s.param_out;
+    a.numel = s.numel;
+    a.grad_dtype = s.grad_dtype;
+    a.out_dtype = s.out_dtype;
+    a.weight_decay = s.weight_decay;
+  }
+  this->step(adam, step, lr, stream, grad_scale);
+}
+
+std::unique_ptr<HostOptimizer> DeviceAdam::make_host_optimizer() const {
+  return make_host_adam(options());
+}
 
 std::unique_ptr<DeviceAdam> make_device_adam(Device& device, const AdamOptions& options,
                                              const CpuAdamOptions& cpu) {

@@ -12,14 +12,15 @@
 
 #include "optimizers/adam.h"
 #include "optimizers/cpu_adam.h"
+#include "optimizers/optimizer.h"
 #include "optimizers/optimizer_config.h"
 #include "runtime/device/device.h"
 
 namespace zrt {
 
-class DeviceAdam {
+class DeviceAdam : public DeviceOptimizer {
  public:
-  virtual ~DeviceAdam() = default;
+  using DeviceOptimizer::step;
 
   // Enqueues Adam step `step` (1-based) with learning rate `lr` over `slices` on `stream`,
   // gradients multiplied by `grad_scale` (see CpuAdam::step); the slices' memory must stay valid
@@ -29,6 +30,12 @@ class DeviceAdam {
                     Stream& stream, double grad_scale = 1.0) = 0;
 
   virtual const AdamOptions& options() const = 0;
+
+  // DeviceOptimizer: the engine's view (states "exp_avg", "exp_avg_sq" in that order).
+  const OptimizerSpec& spec() const override;
+  void step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
+            Stream& stream, double grad_scale = 1.0) override;
+  std::unique_ptr<HostOptimizer> make_host_optimizer() const override;
 };
 
 // The implementation for `device`'s backend. `cpu` configures the CPU backend's kernel (ISA,

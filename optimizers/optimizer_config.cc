@@ -125,11 +125,45 @@ void throw_problems(const std::vector<ConfigProblem>& problems) {
   throw InvalidArgument(message);
 }
 
-// Optimizer types DeepSpeed knows; only the Adam family is implemented here.
-const std::vector<std::string> kSupportedOptimizers = {"Adam", "AdamW"};
+// Optimizer types DeepSpeed knows; the Adam family and Lion are implemented here.
+const std::vector<std::string> kSupportedOptimizers = {"Adam", "AdamW", "Lion"};
 const std::vector<std::string> kKnownOptimizers = {
     "Adam", "AdamW",  "Adagrad", "Lamb",  "OneBitAdam", "ZeroOneAdam", "OneBitLamb",
     "Lion", "MuAdam", "MuAdamW", "MuSGD", "SGD",        "Muon"};
+
+// Lion's "params" block (DeepSpeed's FusedLion / DeepSpeedCPULion keys), checked as Adam's.
+void parse_lion_params(BlockReader& r, const json& params, const std::string& where,
+                       LionOptions& lion) {
+  r.check_keys(params, {"lr", "betas", "weight_decay"}, where);
+  const LionOptions defaults;
+  lion.lr = r.get_number(params, "lr", lion.lr, where);
+  if (const json* betas = find(params, "betas")) {
+    if (!betas->is_array() || betas->size() != 2 || !(*betas)[0].is_number() ||
+        !(*betas)[1].is_number()) {
+      r.problem(ProblemKind::kBadValue, "{}.betas must be a list of two numbers, not {}", where,
+                betas->dump());
+    } else {
+      lion.beta1 = (*betas)[0].get<double>();
+      lion.beta2 = (*betas)[1].get<double>();
+    }
+  }
+  lion.weight_decay = r.get_number(params, "weight_decay", lion.weight_decay, where);
+  if (lion.lr < 0) {
+    r.problem(ProblemKind::kBadValue, "{}.lr must be >= 0, got {}", where, lion.lr);
+    lion.lr = defaults.lr;
+  }
+  if (!(lion.beta1 >= 0 && lion.beta1 < 1) || !(lion.beta2 >= 0 && lion.beta2 < 1)) {
+    r.problem(ProblemKind::kBadValue, "{}.betas must lie in [0, 1), got [{}, {}]", where,
+              lion.beta1, lion.beta2);
+    lion.beta1 = defaults.beta1;
+    lion.beta2 = defaults.beta2;
+  }
+  if (lion.weight_decay < 0) {
+    r.problem(ProblemKind::kBadValue, "{}.weight_decay must be >= 0, got {}", where,
+              lion.weight_decay);
+    lion.weight_decay = defaults.weight_decay;
+  }
+}
 
 }  // namespace
 
@@ -245,7 +279,9 @@ OptimizerConfig parse_optimizer_config(const json& block, std::vector<ConfigProb
   const json empty = json::object();
   const json& params = block.contains("params") ? block["params"] : empty;
   const std::string where = "optimizer.params";
-  if (r.require_object(params, where)) {
+  if (config.is_lion()) {
+    if (r.require_object(params, where)) parse_lion_params(r, params, where, config.lion);
+  } else if (r.require_object(params, where)) {
     // torch_adam selects DeepSpeed's implementation, not the math: accepted and ignored.
     r.check_keys(params,
                  {"lr", "betas", "eps", "weight_decay", "bias_correction", "adam_w_mode", "amsgrad",

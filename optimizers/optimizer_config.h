@@ -4,7 +4,7 @@
 // for an unsupported "type").
 //
 //   "optimizer": {
-//     "type": "AdamW",                       // or "Adam" (case-insensitive, as DeepSpeed)
+//     "type": "AdamW",                       // or "Adam", "Lion" (case-insensitive, as DeepSpeed)
 //     "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
 //     "no_weight_decay": ["bias", "ln*", "*norm*"]   // zrt extension, see below
 //   },
@@ -35,10 +35,23 @@ struct AdamOptions {
   bool adam_w_mode = true;
 };
 
+// Lion hyper-parameters (DeepSpeed's FusedLion / DeepSpeedCPULion "params" keys; betas default
+// to the paper's (0.9, 0.99)). Weight decay is always decoupled: p *= 1 - lr*wd.
+struct LionOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;   // interpolation between momentum and gradient for the update direction
+  double beta2 = 0.99;  // decay of the momentum itself
+  double weight_decay = 0.0;
+};
+
 struct OptimizerConfig {
-  // Canonical name: "Adam" or "AdamW" (both run Adam; they differ only in adam_w_mode).
+  // Canonical name: "Adam", "AdamW" (both run Adam; they differ only in adam_w_mode) or "Lion".
   std::string type = "AdamW";
-  AdamOptions adam;
+  AdamOptions adam;  // used by Adam and AdamW
+  LionOptions lion;  // used by Lion
+  bool is_lion() const { return type == "Lion"; }
+  // The learning rate of the configured optimizer (the schedules scale it).
+  double lr() const { return is_lion() ? lion.lr : adam.lr; }
   // Parameters whose name matches one of these patterns get no weight decay. A pattern with a
   // '.' is a glob ('*', '?') over the whole name ("h.*.attn.c_attn.bias"); a pattern without
   // one is matched against each '.'-separated component of the name, so the defaults exempt
@@ -69,7 +82,7 @@ struct ConfigProblem {
 };
 
 // Parses the "optimizer" block. A null or missing block gives the defaults (AdamW, lr 1e-3).
-// Throws InvalidArgument for an unsupported type (listing Adam and AdamW), an unknown key
+// Throws InvalidArgument for an unsupported type (listing Adam, AdamW and Lion), an unknown key
 // (suggesting the closest valid one), a wrongly typed or out-of-range value; the message holds
 // every problem, one per line.
 OptimizerConfig parse_optimizer_config(const nlohmann::json& block);

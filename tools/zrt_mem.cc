@@ -4,12 +4,15 @@
 //   zrt-mem (--model gpt2-xl | --params 7.5e9 | --config run.json) --world 8 [--nodes 2]
 //           [--stage 3] [--offload-optimizer cpu] [--offload-param cpu] [--micro-batch 4]
 //           [--seq 1024] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb 80] ...
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <map>
 #include <string>
 
+#include "optimizers/optimizer.h"
+#include "optimizers/optimizer_config.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
 #include "runtime/config/config.h"
@@ -44,6 +47,8 @@ options:
   --micro-batch B           sequences per micro-batch (default 1)
   --seq T                   tokens per sequence (default: the model's seq_len; zrt-train trains
                             at the model's seq_len, so this also sets it)
+  --optimizer adam|adamw|lion  the optimizer (default: the config's, else AdamW): its fp32
+                            state is 12 bytes per parameter for Adam, 8 for Lion
   --dtype fp32|bf16|fp16    compute dtype (default bf16)
   --grad-accum-dtype D      gradient accumulation dtype (default fp32, as zrt-train)
   --comm-dtype D            communication_data_type (default: the compute dtype)
@@ -107,7 +112,8 @@ int run(int argc, char** argv) {
                                              {"--max-live-parameters", true},
                                              {"--persistence-threshold", true},
                                              {"--device-gb", true},
-                                             {"--device", true}};
+                                             {"--device", true},
+                                             {"--optimizer", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -149,6 +155,15 @@ int run(int argc, char** argv) {
   if (args.count("--world")) in.world = parse_int("--world", args["--world"]);
   if (args.count("--nodes")) in.nodes = parse_int("--nodes", args["--nodes"]);
   if (args.count("--stage")) chosen_stage = parse_int("--stage", args["--stage"]);
+  if (args.count("--optimizer")) {
+    const std::string& name = args["--optimizer"];
+    if (!unsupported_optimizer_type(name).empty()) {
+      usage_error("--optimizer must be adam, adamw or lion, not '" + name + "'");
+    }
+    std::string lower = name;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    in.optimizer = optimizer_spec(lower == "lion" ? OptimizerKind::kLion : OptimizerKind::kAdam);
+  }
   if (args.count("--offload-optimizer"))
     in.engine.offload_optimizer.enabled =
         parse_offload("--offload-optimizer", args["--offload-optimizer"]);

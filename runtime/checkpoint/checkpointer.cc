@@ -124,7 +124,9 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
   state.rank = rank_;
   if (rank_ < request.index.world) {
     state.elements = request.index.slice_elements();
-    const std::int64_t bytes = state.bytes();
+    state.datasets = request.index.state_datasets();
+    const std::int64_t bytes =
+        state.elements * static_cast<std::int64_t>(state.datasets.size()) * 4;
     if (snapshot_bytes_ != bytes) {
       snapshot_.reset();
       snapshot_bytes_ = 0;
@@ -137,16 +139,17 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
       snapshot_bytes_ = bytes;
     }
     auto* base = static_cast<float*>(snapshot_.get());
-    float* arrays[3] = {base, base + state.elements, base + 2 * state.elements};
-    state.master = arrays[0];
-    state.exp_avg = arrays[1];
-    state.exp_avg_sq = arrays[2];
+    std::vector<float*> arrays;
+    for (std::size_t a = 0; a < state.datasets.size(); ++a) {
+      arrays.push_back(base + static_cast<std::int64_t>(a) * state.elements);
+      state.arrays.push_back(arrays.back());
+    }
     if (config_.async && issue) {
-      std::function<void()> copied = issue(arrays[0], arrays[1], arrays[2]);
+      std::function<void()> copied = issue(arrays);
       start(std::move(request), state, std::move(copied));
       return;
     }
-    fill(arrays[0], arrays[1], arrays[2]);
+    fill(arrays);
   }
   start(std::move(request), state);
 }
@@ -159,7 +162,7 @@ void Checkpointer::save(SaveRequest request) {
 void Checkpointer::start(SaveRequest request, const RankState& state,
                          std::function<void()> copied) {
   // An empty state means the request's own snapshot, viewed where the request then lives.
-  const bool own = state.master == nullptr;
+  const bool own = state.empty();
   if (!config_.async) {
     commit(request, own ? request.snapshot.view() : state);
     return;
@@ -259,6 +262,10 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
         ZRT_CHECK(state.rank == rank_ && state.elements == request.index.slice_elements(),
                   "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
                   state.rank, state.elements, request.index.slice_elements());
+        ZRT_CHECK(state.datasets == request.index.state_datasets(),
+                  "rank {}: snapshot of {} state datasets, the index's optimizer {} has {}", rank_,
+                  state.datasets.size(), request.index.optimizer,
+                  request.index.state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
                         request.index.seed, rank_ == hooks_.kill_rank);
         timings.bytes = state.bytes();

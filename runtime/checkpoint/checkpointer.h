@@ -71,13 +71,13 @@ struct SaveRequest {
   RankSnapshot snapshot;
 };
 
-// Copies this rank's state into three host arrays of index.slice_elements() floats each.
-using SnapshotFiller = std::function<void(float* master, float* exp_avg, float* exp_avg_sq)>;
-// Issues the copy of this rank's state into three host arrays (the same as a SnapshotFiller's)
+// Copies this rank's state into host arrays of index.slice_elements() floats each, one per
+// dataset of index.state_datasets() (master, then the optimizer's states).
+using SnapshotFiller = std::function<void(const std::vector<float*>& arrays)>;
+// Issues the copy of this rank's state into the host arrays (the same as a SnapshotFiller's)
 // and returns at once; the function it returns blocks until the copy is done and is called on
 // the writer thread.
-using SnapshotIssuer =
-    std::function<std::function<void()>(float* master, float* exp_avg, float* exp_avg_sq)>;
+using SnapshotIssuer = std::function<std::function<void()>(const std::vector<float*>& arrays)>;
 // Allocates `bytes` of host memory for the snapshot buffer (kept until the checkpointer goes).
 using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
 
@@ -137,7 +137,7 @@ class Checkpointer {
   int rank_ = 0;
   int world_ = 1;
   HostAllocator allocate_;
-  std::shared_ptr<void> snapshot_;  // the reused snapshot buffer: master, exp_avg, exp_avg_sq
+  std::shared_ptr<void> snapshot_;  // the reused snapshot buffer: master, then each state
   std::int64_t snapshot_bytes_ = 0;
   std::thread writer_;
   std::exception_ptr error_;

@@ -27,7 +27,7 @@ std::vector<std::vector<float>> read_full_params(const std::string& dir,
       ZRT_THROW(InvalidArgument, "{}: not a zrt checkpoint rank file", path);
     }
     master.push_back(
-        std::make_unique<H5Dataset>(*files.back(), kStateDatasets[0], H5Elem::kFloat32,
+        std::make_unique<H5Dataset>(*files.back(), kMasterDataset, H5Elem::kFloat32,
                                     std::vector<std::int64_t>{index.slice_elements()}));
   }
   for (const ParamEntry& e : index.params) {

@@ -6,24 +6,28 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/common/error.h"
+
 namespace zrt::checkpoint {
 
-void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* exp_avg_sq) {
+void snapshot_engine(ZeroEngine& engine, const std::vector<float*>& arrays) {
   const PartitionPlan& plan = engine.plan();
   std::int64_t at = 0;
+  ZeroEngine::StateArrays unit_arrays(arrays.size());
   for (std::size_t u = 0; u < plan.units().size(); ++u) {
-    engine.copy_state_out(static_cast<int>(u), master + at, exp_avg + at, exp_avg_sq + at);
+    for (std::size_t a = 0; a < arrays.size(); ++a) unit_arrays[a] = arrays[a] + at;
+    engine.copy_state_out(static_cast<int>(u), unit_arrays);
     at += plan.unit(static_cast<int>(u)).shard;
   }
 }
 
-std::function<void()> snapshot_engine_async(ZeroEngine& engine, float* master, float* exp_avg,
-                                            float* exp_avg_sq, int delay_ms) {
+std::function<void()> snapshot_engine_async(ZeroEngine& engine, const std::vector<float*>& arrays,
+                                            int delay_ms) {
   std::function<void()> before;
   if (delay_ms >= 0) {
     before = [delay_ms] { std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms)); };
   }
-  engine.copy_state_out_async(master, exp_avg, exp_avg_sq, std::move(before));
+  engine.copy_state_out_async(arrays, std::move(before));
   return [&engine] { engine.wait_state_copy(); };
 }
 
@@ -44,6 +48,8 @@ void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
   index.stage = engine.options().stage;
   index.compute_dtype = dtype_name(engine.options().compute_dtype);
   index.master_dtype = "float32";
+  index.optimizer = engine.optimizer_spec().family;
+  index.optimizer_states = engine.optimizer_spec().state_names;
   const EngineCounters c = engine.counters();
   index.optimizer_steps = c.optimizer_steps;
   index.skipped_steps = c.skipped_steps;
@@ -60,13 +66,26 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine) {
         "exact; the first step's parameters are rounded to {})",
         index_path, index.compute_dtype, running, running);
   }
+  const OptimizerSpec& running_optimizer = engine.optimizer_spec();
+  if (index.optimizer != running_optimizer.family ||
+      index.optimizer_states != running_optimizer.state_names) {
+    const auto describe = [](const std::string& family, const std::vector<std::string>& states) {
+      std::string s = family + " (state";
+      for (const std::string& name : states) s += " " + name;
+      return s + ")";
+    };
+    ZRT_THROW(InvalidArgument,
+              "{}: the checkpoint holds the state of optimizer {}, but this run uses optimizer {}; "
+              "resume with the optimizer it was saved with (optimizer.type), or start afresh",
+              index_path, describe(index.optimizer, index.optimizer_states),
+              describe(running_optimizer.family, running_optimizer.state_names));
+  }
   ShardedReader reader(dir, index);
   const PartitionPlan& plan = engine.plan();
   const int rank = engine.state_rank();
-  engine.load_state(EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
-                    [&](int u, float* master, float* exp_avg, float* exp_avg_sq) {
-                      reader.fill(plan, rank, u, master, exp_avg, exp_avg_sq);
-                    });
+  engine.load_state(
+      EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
+      [&](int u, const ZeroEngine::StateArrays& arrays) { reader.fill(plan, rank, u, arrays); });
   spdlog::debug("loaded {} (world {}, stage {}) as rank {} of world {}, stage {}: {} bytes read",
                 dir, index.world, index.stage, rank, plan.world(), engine.options().stage,
                 reader.bytes_read());

@@ -13,17 +13,18 @@
 
 namespace zrt::checkpoint {
 
-// Copies this rank's slices of every unit, in unit order, into three host arrays of
-// plan().total_shard() floats each (synchronises the engine's streams): a Checkpointer's
-// SnapshotFiller. At stage 0 every rank holds the same full state and only rank 0's is written.
-void snapshot_engine(ZeroEngine& engine, float* master, float* exp_avg, float* exp_avg_sq);
+// Copies this rank's slices of every unit, in unit order, into host arrays of
+// plan().total_shard() floats each, one per ZeroEngine state array (master, then the
+// optimizer's states; synchronises the engine's streams): a Checkpointer's SnapshotFiller. At
+// stage 0 every rank holds the same full state and only rank 0's is written.
+void snapshot_engine(ZeroEngine& engine, const std::vector<float*>& arrays);
 
 // The async form (a Checkpointer's SnapshotIssuer): issues the same copy with
 // ZeroEngine::copy_state_out_async and returns at once; the returned function waits for it
 // (from any thread). The engine keeps its state unchanged until the copy is done. delay_ms >= 0
 // (a test hook) holds the copy back that long on its stream.
-std::function<void()> snapshot_engine_async(ZeroEngine& engine, float* master, float* exp_avg,
-                                            float* exp_avg_sq, int delay_ms = -1);
+std::function<void()> snapshot_engine_async(ZeroEngine& engine, const std::vector<float*>& arrays,
+                                            int delay_ms = -1);
 
 // The snapshot buffer's allocator for `engine` on `device`: pinned host memory when the state
 // lives in a CUDA device's memory (the device-to-host copy is then a DMA at full bus speed),
@@ -31,12 +32,14 @@ std::function<void()> snapshot_engine_async(ZeroEngine& engine, float* master, f
 // in host memory and is copied with memcpy). Tracked by the device as MemCategory::kOther.
 HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine);
 
-// The index fields the engine knows: tables, world, stage, dtypes, counters.
+// The index fields the engine knows: tables, world, stage, dtypes, the optimizer's state names,
+// counters.
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index);
 
 // Reads <dir>/index.h5, checks it against the engine's parameters (names and shapes) and loads
 // this rank's slices, resharding from the saved world size and stage. Collective (the engine
-// gathers the new parameters). Returns the index (step, data position, ...).
+// gathers the new parameters). Returns the index (step, data position, ...). A checkpoint of
+// another optimizer's state (Lion's into Adam, ...) is InvalidArgument naming both.
 CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine);
 
 }  // namespace zrt::checkpoint

@@ -1,5 +1,7 @@
 #include "runtime/checkpoint/layout.h"
 
+#include <algorithm>
+
 #include <cstring>
 
 #include "runtime/checkpoint/h5.h"
@@ -46,6 +48,12 @@ std::int64_t CheckpointIndex::slice_elements() const {
   return n;
 }
 
+std::vector<std::string> CheckpointIndex::state_datasets() const {
+  std::vector<std::string> names = {kMasterDataset};
+  for (const std::string& state : optimizer_states) names.push_back("/" + state);
+  return names;
+}
+
 void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
                  const PartitionPlan& plan) {
   index.world = plan.world();
@@ -77,6 +85,10 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   write_attr(root, "stage", std::int64_t{index.stage});
   write_attr(root, "compute_dtype", index.compute_dtype);
   write_attr(root, "master_dtype", index.master_dtype);
+  write_attr(root, "optimizer", index.optimizer);
+  std::string states;
+  for (const std::string& s : index.optimizer_states) states += (states.empty() ? "" : ",") + s;
+  write_attr(root, "optimizer_states", states);
   write_attr(root, "seed", static_cast<std::int64_t>(index.seed));
   write_attr(root, "loss_scale", index.loss_scale.scale);
   write_attr(root, "loss_scale_iteration", index.loss_scale.iteration);
@@ -146,6 +158,21 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   index.stage = static_cast<int>(read_attr_int(root, "stage", path));
   index.compute_dtype = read_attr_string(root, "compute_dtype", path);
   index.master_dtype = read_attr_string(root, "master_dtype", path);
+  if (has_attr(root, "optimizer")) {
+    index.optimizer = read_attr_string(root, "optimizer", path);
+    index.optimizer_states.clear();
+    const std::string states = read_attr_string(root, "optimizer_states", path);
+    std::size_t begin = 0;
+    while (begin <= states.size()) {
+      const std::size_t end = std::min(states.find(',', begin), states.size());
+      if (end > begin) index.optimizer_states.push_back(states.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    if (index.optimizer_states.empty()) {
+      ZRT_THROW(InvalidArgument, "{}: optimizer '{}' with no state datasets", path,
+                index.optimizer);
+    }
+  }  // else: written before the optimizer seam, by Adam (the defaults)
   index.seed = static_cast<std::uint64_t>(read_attr_int(root, "seed", path));
   index.loss_scale.scale = read_attr_double(root, "loss_scale", path);
   index.loss_scale.iteration = read_attr_int(root, "loss_scale_iteration", path);

@@ -4,15 +4,16 @@
 //   <save_dir>/<tag>/index.h5         written by rank 0: run metadata and the tables below
 //   <save_dir>/<tag>/rank_00000.h5    one per rank of the partition: that rank's slices
 //
-// A rank file holds three float32 datasets of the rank's whole slice, every unit's slice one
-// after the other (unit u at element unit_slice_offset[u]): /master (fp32 master weights),
-// /exp_avg and /exp_avg_sq (Adam moments); plus attributes format, rank, world, seed.
+// A rank file holds float32 datasets of the rank's whole slice, every unit's slice one after the
+// other (unit u at element unit_slice_offset[u]): /master (fp32 master weights), then one per
+// state tensor of the optimizer, named as the optimizer names it (optimizers/optimizer.h; Adam:
+// /exp_avg and /exp_avg_sq, Lion: /exp_avg); plus attributes format, rank, world, seed.
 //
-// The index holds attributes (format, format_version, step, world, stage, dtypes, optimizer
-// and loss-scaler counters, the data stream's state, the config as JSON) and datasets: the
-// parameter table (param_name, param_ndim, param_dims, param_numel, param_unit, param_offset)
-// and the unit table (unit_numel, unit_shard, unit_slice_offset). Every dataset has CRC-32C
-// block checksums (h5.h).
+// The index holds attributes (format, format_version, step, world, stage, dtypes, the optimizer's
+// state family and state names, optimizer and loss-scaler counters, the data stream's state, the
+// config as JSON) and datasets: the parameter table (param_name, param_ndim, param_dims,
+// param_numel, param_unit, param_offset) and the unit table (unit_numel, unit_shard,
+// unit_slice_offset). Every dataset has CRC-32C block checksums (h5.h).
 //
 // Thread-safety: plain values; the functions do HDF5 I/O on the calling thread.
 #pragma once
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "optimizers/optimizer.h"
 #include "runtime/data/token_dataset.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/partition.h"
@@ -32,8 +34,8 @@ inline constexpr const char* kIndexFormat = "zrt-checkpoint-index";
 inline constexpr const char* kRankFormat = "zrt-checkpoint-rank";
 inline constexpr std::int64_t kFormatVersion = 1;
 inline constexpr std::int64_t kNameBytes = 256;  // fixed-length parameter names
-// The three fp32 arrays of a rank file, in file order.
-inline constexpr const char* kStateDatasets[3] = {"/master", "/exp_avg", "/exp_avg_sq"};
+// The first fp32 array of every rank file; the optimizer's state datasets follow it.
+inline constexpr const char* kMasterDataset = "/master";
 
 // One parameter's row of the table.
 struct ParamEntry {
@@ -59,6 +61,10 @@ struct CheckpointIndex {
   int stage = 0;
   std::string compute_dtype = "float32";
   std::string master_dtype = "float32";
+  // The optimizer state the rank files hold (OptimizerSpec::family and state_names). Indexes
+  // written before the optimizer seam have neither attribute: they hold Adam's.
+  std::string optimizer = optimizer_spec(OptimizerKind::kAdam).family;
+  std::vector<std::string> optimizer_states = optimizer_spec(OptimizerKind::kAdam).state_names;
   std::uint64_t seed = 0;  // the run's seed (init and sampling RNGs are keyed on it)
   LossScaleState loss_scale;
   DataStreamState data;
@@ -68,6 +74,8 @@ struct CheckpointIndex {
   std::vector<UnitEntry> units;
 
   std::int64_t slice_elements() const;  // one rank's dataset length
+  // The rank files' fp32 datasets in file order: "/master", then "/<state>" per state.
+  std::vector<std::string> state_datasets() const;
 };
 
 // The tables of a partition plan, for the index.

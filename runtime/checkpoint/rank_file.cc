@@ -32,10 +32,12 @@ void write_rank_file(const std::string& path, const RankState& snapshot, int wor
   // Training draws no random numbers after initialisation (no dropout; the data order is a pure
   // function of the global sample index and data.seed): the seed is the whole RNG state.
   write_attr(file.id(), "rng_seed", static_cast<std::int64_t>(seed));
-  const float* arrays[3] = {snapshot.master, snapshot.exp_avg, snapshot.exp_avg_sq};
-  for (int i = 0; i < 3; ++i) {
-    write_dataset(file, kStateDatasets[i], H5Elem::kFloat32, {snapshot.elements}, arrays[i],
-                  kTensorBlockBytes, 0, /*writeback=*/true);
+  ZRT_CHECK(snapshot.arrays.size() == snapshot.datasets.size() && !snapshot.arrays.empty(),
+            "{}: {} state arrays for {} datasets", path, snapshot.arrays.size(),
+            snapshot.datasets.size());
+  for (std::size_t i = 0; i < snapshot.arrays.size(); ++i) {
+    write_dataset(file, snapshot.datasets[i], H5Elem::kFloat32, {snapshot.elements},
+                  snapshot.arrays[i], kTensorBlockBytes, 0, /*writeback=*/true);
     if (kill_midway && i == 0) {
       H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
       std::raise(SIGKILL);
@@ -49,7 +51,7 @@ void write_rank_file(const std::string& path, const RankState& snapshot, int wor
 
 struct ShardedReader::OpenFile {
   H5File file;
-  std::unique_ptr<H5Dataset> data[3];
+  std::vector<std::unique_ptr<H5Dataset>> data;  // index.state_datasets() order
 };
 
 namespace {
@@ -81,15 +83,19 @@ ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
   f->file = H5File::open_read((std::filesystem::path(dir_) / rank_file_name(old_rank)).string());
   check_rank_attrs(f->file, index_, old_rank);
   const std::int64_t n = index_.slice_elements();
-  for (int i = 0; i < 3; ++i) {
-    f->data[i] = std::make_unique<H5Dataset>(f->file, kStateDatasets[i], H5Elem::kFloat32,
-                                             std::vector<std::int64_t>{n});
+  for (const std::string& name : index_.state_datasets()) {
+    f->data.push_back(
+        std::make_unique<H5Dataset>(f->file, name, H5Elem::kFloat32, std::vector<std::int64_t>{n}));
   }
   return *files_.emplace(old_rank, std::move(f)).first->second;
 }
 
-void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* master, float* exp_avg,
-                         float* exp_avg_sq) {
+void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
+                         const std::vector<float*>& out) {
+  const std::size_t arrays = index_.optimizer_states.size() + 1;
+  ZRT_CHECK(out.size() == arrays,
+            "{}: {} destination arrays for the checkpoint's {} datasets (master + {} state)", dir_,
+            out.size(), arrays, index_.optimizer);
   // Pieces of the new slice and where they are in the old rank files.
   struct Piece {
     int old_rank;
@@ -116,7 +122,6 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* mast
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
     return a.old_rank != b.old_rank ? a.old_rank < b.old_rank : a.file_pos < b.file_pos;
   });
-  float* out[3] = {master, exp_avg, exp_avg_sq};
   // Neighbouring pieces of one file (padding between parameters) are read as one span.
   constexpr std::int64_t kGap = kTensorBlockBytes / 4;
   for (std::size_t i = 0; i < pieces.size();) {
@@ -137,7 +142,7 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* mast
       direct = direct && pieces[k].dest - pieces[k].file_pos == pieces[i].dest - first;
     }
     if (direct) {
-      for (int d = 0; d < 3; ++d) {
+      for (std::size_t d = 0; d < arrays; ++d) {
         float* to = out[d] + pieces[i].dest;
         bytes_read_ += f.data[d]->read(first, end - first, to, true, scratch_);
       }
@@ -145,7 +150,7 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u, float* mast
       continue;
     }
     span_.resize(static_cast<std::size_t>(end - first));
-    for (int d = 0; d < 3; ++d) {
+    for (std::size_t d = 0; d < arrays; ++d) {
       bytes_read_ += f.data[d]->read(first, end - first, span_.data(), true, scratch_);
       for (std::size_t k = i; k < j; ++k) {
         std::memcpy(out[d] + pieces[k].dest, span_.data() + (pieces[k].file_pos - first),
@@ -173,7 +178,7 @@ std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& in
   H5File file = H5File::open_read(path);
   check_rank_attrs(file, index, rank);
   std::int64_t bytes = 0;
-  for (const char* name : kStateDatasets) {
+  for (const std::string& name : index.state_datasets()) {
     bytes += H5Dataset(file, name, H5Elem::kFloat32, {index.slice_elements()}).verify_all();
   }
   return bytes;

@@ -15,27 +15,45 @@
 
 namespace zrt::checkpoint {
 
-// One rank's whole slice (every unit, in unit order), as a rank file holds it: three host arrays
-// of `elements` floats that the caller keeps alive and unchanged while it is written.
+// One rank's whole slice (every unit, in unit order), as a rank file holds it: one host array of
+// `elements` floats per dataset of CheckpointIndex::state_datasets() (master, then the
+// optimizer's states), which the caller keeps alive and unchanged while it is written.
 struct RankState {
   int rank = 0;
   std::int64_t elements = 0;
-  const float* master = nullptr;
-  const float* exp_avg = nullptr;
-  const float* exp_avg_sq = nullptr;
-  std::int64_t bytes() const { return elements * 3 * 4; }
+  std::vector<std::string> datasets;  // "/master", "/exp_avg", ...
+  std::vector<const float*> arrays;   // one per dataset
+  std::int64_t bytes() const { return elements * static_cast<std::int64_t>(arrays.size()) * 4; }
+  bool empty() const { return arrays.empty(); }
 };
 
-// Host copies of one rank's whole slice that own their memory (tests, tools).
+// Host copies of one rank's whole slice that own their memory (tests, tools). Adam's datasets
+// unless set otherwise.
 struct RankSnapshot {
   int rank = 0;
-  std::vector<float> master, exp_avg, exp_avg_sq;
+  std::vector<std::string> datasets = CheckpointIndex{}.state_datasets();
+  std::vector<std::vector<float>> arrays = std::vector<std::vector<float>>(datasets.size());
+  std::vector<float>& master() { return arrays[0]; }
+  // The arrays' memory, for a SnapshotFiller or ShardedReader::fill.
+  std::vector<float*> pointers() {
+    std::vector<float*> out;
+    for (auto& a : arrays) out.push_back(a.data());
+    return out;
+  }
+  // Every array `elements` floats of zero, one per dataset.
+  void assign(std::int64_t elements) {
+    arrays.assign(datasets.size(), std::vector<float>(static_cast<std::size_t>(elements), 0.0f));
+  }
   std::int64_t bytes() const {
-    return static_cast<std::int64_t>(master.size() + exp_avg.size() + exp_avg_sq.size()) * 4;
+    std::int64_t n = 0;
+    for (const auto& a : arrays) n += static_cast<std::int64_t>(a.size());
+    return n * 4;
   }
   RankState view() const {
-    return RankState{rank, static_cast<std::int64_t>(master.size()), master.data(), exp_avg.data(),
-                     exp_avg_sq.data()};
+    RankState state{
+        rank, arrays.empty() ? 0 : static_cast<std::int64_t>(arrays[0].size()), datasets, {}};
+    for (const auto& a : arrays) state.arrays.push_back(a.data());
+    return state;
   }
 };
 
@@ -65,10 +83,10 @@ class ShardedReader {
   ShardedReader(std::string dir, const CheckpointIndex& index);
   ~ShardedReader();
   // Writes rank `rank`'s slice of unit `u` of `plan` (plan.unit(u).shard floats each, padding
-  // zero) into master / exp_avg / exp_avg_sq. The plan's parameters must be the index's. Where
-  // the old and new slices line up, the file's bytes are read straight into the destination.
-  void fill(const PartitionPlan& plan, int rank, int u, float* master, float* exp_avg,
-            float* exp_avg_sq);
+  // zero) into `out`: one array per dataset of index.state_datasets(), in that order. The plan's
+  // parameters must be the index's. Where the old and new slices line up, the file's bytes are
+  // read straight into the destination.
+  void fill(const PartitionPlan& plan, int rank, int u, const std::vector<float*>& out);
   std::int64_t bytes_read() const { return bytes_read_; }
 
  private:

@@ -1007,13 +1007,19 @@ json resolved_document(const Config& c) {
 
   json& optimizer = out["optimizer"];
   const AdamOptions& adam = c.optimizer.adam;
+  const LionOptions& lion = c.optimizer.lion;
   optimizer["type"] = c.optimizer.type;
-  optimizer["params"] = {{"lr", adam.lr},
-                         {"betas", {adam.beta1, adam.beta2}},
-                         {"eps", adam.eps},
-                         {"weight_decay", adam.weight_decay},
-                         {"bias_correction", adam.bias_correction},
-                         {"adam_w_mode", adam.adam_w_mode}};
+  if (c.optimizer.is_lion()) {
+    optimizer["params"] = {
+        {"lr", lion.lr}, {"betas", {lion.beta1, lion.beta2}}, {"weight_decay", lion.weight_decay}};
+  } else {
+    optimizer["params"] = {{"lr", adam.lr},
+                           {"betas", {adam.beta1, adam.beta2}},
+                           {"eps", adam.eps},
+                           {"weight_decay", adam.weight_decay},
+                           {"bias_correction", adam.bias_correction},
+                           {"adam_w_mode", adam.adam_w_mode}};
+  }
   optimizer["no_weight_decay"] = c.optimizer.no_weight_decay;
   const SchedulerConfig& s = c.scheduler;
   if (s.type != LrScheduleType::kConstant) {
@@ -1063,13 +1069,12 @@ json resolved_document(const Config& c) {
   checkpoint["async"] = c.checkpoint.async;
   checkpoint["load"] = c.checkpoint.load;
   checkpoint["overwrite"] = c.checkpoint.overwrite;
-  const std::pair<const char*, const MonitorConfig*> monitors[] = {
-      {"tensorboard", &c.tensorboard}, {"csv_monitor", &c.csv_monitor}};
+  const std::pair<const char*, const MonitorConfig*> monitors[] = {{"tensorboard", &c.tensorboard},
+                                                                   {"csv_monitor", &c.csv_monitor}};
   for (const auto& [name, monitor] : monitors) {
     if (!monitor->enabled) continue;
-    out[name] = {{"enabled", true},
-                 {"output_path", monitor->output_path},
-                 {"job_name", monitor->job_name}};
+    out[name] = {
+        {"enabled", true}, {"output_path", monitor->output_path}, {"job_name", monitor->job_name}};
   }
 
   const char* device_type = c.device.type == DeviceChoice::kCpu    ? "cpu"

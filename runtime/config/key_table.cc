@@ -81,13 +81,16 @@ std::vector<KeyInfo> build_table() {
       // ---- Optimizer and schedule (DeepSpeed; parsed by optimizers/optimizer_config) ----
       K("optimizer", I, kObject, "AdamW, lr 1e-3", "Optimizer type and hyper-parameters"),
       K("optimizer.type", I, kString, "AdamW",
-        "Adam or AdamW (case-insensitive); DeepSpeed's other optimizers are errors"),
+        "Adam, AdamW or Lion (case-insensitive); DeepSpeed's other optimizers are errors"),
       K("optimizer.params", I, kObject, "{}", "Optimizer hyper-parameters"),
       K("optimizer.params.lr", I, kNumber, "1e-3", "Learning rate (the schedule's base)").range(0),
-      K("optimizer.params.betas", I, kNumberPair, "[0.9, 0.999]", "Adam's beta1, beta2")
+      K("optimizer.params.betas", I, kNumberPair, "[0.9, 0.999]",
+        "Adam's beta1, beta2; Lion's (default [0.9, 0.99])")
           .range(0, 1),
-      K("optimizer.params.eps", I, kNumber, "1e-8", "Adam's epsilon").range(0),
-      K("optimizer.params.weight_decay", I, kNumber, "0", "Weight decay coefficient").range(0),
+      K("optimizer.params.eps", I, kNumber, "1e-8", "Adam's epsilon (not a Lion key)").range(0),
+      K("optimizer.params.weight_decay", I, kNumber, "0",
+        "Weight decay coefficient (Lion: always decoupled)")
+          .range(0),
       K("optimizer.params.bias_correction", I, kBool, "true", "Adam bias correction"),
       K("optimizer.params.adam_w_mode", I, kBool, "true",
         "Type Adam only: decoupled decay (AdamW) if true, L2 regularisation if false"),

@@ -4,18 +4,18 @@
 
 #include <future>
 #include <memory>
+#include <vector>
 
 #include "runtime/engine/zero_engine.h"
 
 namespace zrt {
 
 struct ZeroEngine::UnitState {
-  Buffer master;       // fp32 [shard]
-  Buffer exp_avg;      // fp32 [shard]
-  Buffer exp_avg_sq;   // fp32 [shard]
-  Buffer param_slice;  // stage 3: compute dtype [shard]
-  Buffer resident;     // stage 3 persistent unit: compute dtype [numel]
-  Buffer gathered;     // stage 3: full parameters while in use
+  Buffer master;              // fp32 [shard]
+  std::vector<Buffer> state;  // fp32 [shard] each: the optimizer's named state tensors
+  Buffer param_slice;         // stage 3: compute dtype [shard]
+  Buffer resident;            // stage 3 persistent unit: compute dtype [numel]
+  Buffer gathered;            // stage 3: full parameters while in use
   bool gather_issued = false;
   Buffer grad_slice;   // stages 2-3: accum dtype [shard]
   Buffer grad_bucket;  // stages 2-3: compute dtype [numel], during a micro-batch's backward

@@ -1,6 +1,7 @@
 #include "runtime/engine/zero_engine.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 
@@ -29,7 +30,7 @@ const char* phase_name(Phase p) {
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
-                       DeviceAdam& optimizer)
+                       DeviceOptimizer& optimizer)
     : device_(device),
       compute_(compute),
       group_(group),
@@ -55,6 +56,9 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
             "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage {} keeps full optimizer state "
             "on every rank)",
             options.stage);
+  ZRT_CHECK(optimizer.spec().num_states() <= kMaxOptimizerStates,
+            "optimizer {} keeps {} state tensors; slices carry at most {} (kMaxOptimizerStates)",
+            optimizer.spec().family, optimizer.spec().num_states(), kMaxOptimizerStates);
   ZRT_CHECK(!offload_param() || options.stage == 3,
             "offload_param needs ZeRO stage 3 (stage {} keeps full parameters on the device)",
             options.stage);
@@ -113,10 +117,11 @@ void ZeroEngine::allocate_state() {
         offload_optimizer() ? host_space(options_.offload_optimizer) : MemorySpace::kDevice;
     s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                  name + " fp32 master", state_space);
-    s->exp_avg = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
-                                  name + " exp_avg", state_space);
-    s->exp_avg_sq = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kOptimizer,
-                                     name + " exp_avg_sq", state_space);
+    for (const std::string& state : optimizer_.spec().state_names) {
+      s->state.push_back(device_.allocate(bytes_of(unit.shard, DType::kFloat32),
+                                          MemCategory::kOptimizer, name + " " + state,
+                                          state_space));
+    }
     const bool params_on_host = offload_param() && !unit.persistent;
     if (sharded_params()) {
       if (unit.persistent) {
@@ -191,12 +196,11 @@ void ZeroEngine::wait_for_comm() {
 
 void ZeroEngine::initialize(const Initializer& init) {
   std::vector<float> piece;
-  assign_state([&](int u, float* master, float* exp_avg, float* exp_avg_sq) {
+  assign_state([&](int u, const StateArrays& arrays) {
+    // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
+    // padding of the master weights.
+    float* master = arrays[0];
     const Unit& unit = plan_.unit(u);
-    const auto n = static_cast<std::size_t>(unit.shard);
-    std::fill(master, master + n, 0.0f);  // padding stays zero
-    std::fill(exp_avg, exp_avg + n, 0.0f);
-    std::fill(exp_avg_sq, exp_avg_sq + n, 0.0f);
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
       if (range.count == 0) continue;
@@ -220,28 +224,47 @@ EngineCounters ZeroEngine::counters() const {
   return EngineCounters{optimizer_steps_, skipped_steps_, scaler_.state()};
 }
 
-void ZeroEngine::copy_state_out(int u, float* master, float* exp_avg, float* exp_avg_sq) {
+std::string ZeroEngine::optimizer_trace_name() const {
+  std::string name = optimizer_.spec().family;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void ZeroEngine::check_state_arrays(const StateArrays& arrays, const char* call) const {
+  const OptimizerSpec& spec = optimizer_.spec();
+  ZRT_CHECK(static_cast<int>(arrays.size()) == state_array_count(),
+            "{}: {} host arrays for {} state (master + {} state tensors expected)", call,
+            arrays.size(), spec.family, spec.num_states());
+}
+
+const Buffer& ZeroEngine::state_buffer(const UnitState& s, std::size_t array) {
+  return array == 0 ? s.master : s.state[array - 1];
+}
+
+void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
   ZRT_CHECK(micro_batch_ == 0, "copy_state_out() after {} micro-batches: only at a step boundary",
             micro_batch_);
+  check_state_arrays(out, "copy_state_out()");
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
   if (offload_optimizer()) {
     cpu_optimizer_->synchronize();  // the CPU optimizer may still be writing the state
-    std::memcpy(master, s.master.host<float>(), bytes);
-    std::memcpy(exp_avg, s.exp_avg.host<float>(), bytes);
-    std::memcpy(exp_avg_sq, s.exp_avg_sq.host<float>(), bytes);
+    for (std::size_t a = 0; a < out.size(); ++a) {
+      std::memcpy(out[a], state_buffer(s, a).host<float>(), bytes);
+    }
     return;
   }
-  device_.copy_to_host(master, s.master.device<std::byte>(), bytes, compute_);
-  device_.copy_to_host(exp_avg, s.exp_avg.device<std::byte>(), bytes, compute_);
-  device_.copy_to_host(exp_avg_sq, s.exp_avg_sq.device<std::byte>(), bytes, compute_);
+  for (std::size_t a = 0; a < out.size(); ++a) {
+    device_.copy_to_host(out[a], state_buffer(s, a).device<std::byte>(), bytes, compute_);
+  }
   compute_.synchronize();
 }
 
-void ZeroEngine::copy_state_out_async(float* master, float* exp_avg, float* exp_avg_sq,
-                                      std::function<void()> before) {
+void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void()> before) {
   ZRT_CHECK(micro_batch_ == 0,
             "copy_state_out_async() after {} micro-batches: only at a step boundary", micro_batch_);
+  check_state_arrays(out, "copy_state_out_async()");
+  const std::size_t arrays = out.size();
   std::vector<std::int64_t> offsets;  // where each unit's slice starts in the host arrays
   std::int64_t at = 0;
   for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -256,18 +279,15 @@ void ZeroEngine::copy_state_out_async(float* master, float* exp_avg, float* exp_
     std::vector<const float*> sources;
     std::vector<std::size_t> bytes;
     for (auto& s : units_) {
-      sources.push_back(s->master.host<float>());
-      sources.push_back(s->exp_avg.host<float>());
-      sources.push_back(s->exp_avg_sq.host<float>());
+      for (std::size_t a = 0; a < arrays; ++a) sources.push_back(state_buffer(*s, a).host<float>());
     }
     for (std::size_t u = 0; u < units_.size(); ++u) {
       bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
     }
     cpu_optimizer_->enqueue([=] {
-      float* out[3] = {master, exp_avg, exp_avg_sq};
       for (std::size_t u = 0; u < bytes.size(); ++u) {
-        for (int a = 0; a < 3; ++a) {
-          std::memcpy(out[a] + offsets[u], sources[3 * u + static_cast<std::size_t>(a)], bytes[u]);
+        for (std::size_t a = 0; a < arrays; ++a) {
+          std::memcpy(out[a] + offsets[u], sources[arrays * u + a], bytes[u]);
         }
       }
     });
@@ -287,9 +307,9 @@ void ZeroEngine::copy_state_out_async(float* master, float* exp_avg, float* exp_
     const UnitState& s = *units_[u];
     const auto bytes = static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4;
     const std::int64_t o = offsets[u];
-    device_.copy_to_host(master + o, s.master.device<std::byte>(), bytes, stream);
-    device_.copy_to_host(exp_avg + o, s.exp_avg.device<std::byte>(), bytes, stream);
-    device_.copy_to_host(exp_avg_sq + o, s.exp_avg_sq.device<std::byte>(), bytes, stream);
+    for (std::size_t a = 0; a < arrays; ++a) {
+      device_.copy_to_host(out[a] + o, state_buffer(s, a).device<std::byte>(), bytes, stream);
+    }
   }
   state_copied_->record(stream);
 }
@@ -315,20 +335,24 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
   if (copy_) copy_->synchronize();
   compute_.synchronize();
   comm_.synchronize();
-  std::vector<float> host, host_m, host_v;
+  // host_state[0]: the master weights; then one per optimizer state tensor.
+  std::vector<std::vector<float>> host_state(static_cast<std::size_t>(state_array_count()));
+  StateArrays arrays(host_state.size());
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = plan_.unit(u);
     UnitState& s = *units_[ui];
-    host.assign(static_cast<std::size_t>(unit.shard), 0.0f);
-    host_m.assign(host.size(), 0.0f);
-    host_v.assign(host.size(), 0.0f);
-    fill(u, host.data(), host_m.data(), host_v.data());
+    for (std::size_t a = 0; a < host_state.size(); ++a) {
+      host_state[a].assign(static_cast<std::size_t>(unit.shard), 0.0f);
+      arrays[a] = host_state[a].data();
+    }
+    fill(u, arrays);
+    const std::vector<float>& host = host_state[0];
     if (offload_optimizer()) {
       // Host state: written directly; the compute-dtype copy goes up through a host buffer.
-      std::memcpy(s.master.host<float>(), host.data(), host.size() * 4);
-      std::memcpy(s.exp_avg.host<float>(), host_m.data(), host.size() * 4);
-      std::memcpy(s.exp_avg_sq.host<float>(), host_v.data(), host.size() * 4);
+      for (std::size_t a = 0; a < host_state.size(); ++a) {
+        std::memcpy(state_buffer(s, a).host<float>(), host_state[a].data(), host.size() * 4);
+      }
       if (!s.host_params.empty()) {
         engine_kernels::cpu::convert(host.data(), DType::kFloat32, s.host_params.host<void>(), cdt,
                                      unit.shard);
@@ -343,11 +367,10 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
         compute_.synchronize();  // `converted` goes out of scope
       }
     } else {
-      device_.copy_to_device(s.master.device<std::byte>(), host.data(), host.size() * 4, compute_);
-      device_.copy_to_device(s.exp_avg.device<std::byte>(), host_m.data(), host.size() * 4,
-                             compute_);
-      device_.copy_to_device(s.exp_avg_sq.device<std::byte>(), host_v.data(), host.size() * 4,
-                             compute_);
+      for (std::size_t a = 0; a < host_state.size(); ++a) {
+        device_.copy_to_device(state_buffer(s, a).device<std::byte>(), host_state[a].data(),
+                               host.size() * 4, compute_);
+      }
       compute_.synchronize();  // the host vectors are reused for the next unit
       // The compute-dtype copy of the owned slice.
       DevicePtr<std::byte> owned_params =
@@ -721,7 +744,7 @@ StepResult ZeroEngine::step(double lr) {
     if (offload_optimizer()) {
       update_offloaded(lr, factor);
     } else {
-      std::vector<AdamDeviceSlice> slices;
+      std::vector<OptimizerDeviceSlice> slices;
       for (std::size_t ui = 0; ui < units_.size(); ++ui) {
         const int u = static_cast<int>(ui);
         const Unit& unit = plan_.unit(u);
@@ -733,10 +756,11 @@ StepResult ZeroEngine::step(double lr) {
         for (int p : unit.params) {
           const auto range = plan_.owned_range(p, rank_);
           if (range.count == 0) continue;
-          AdamDeviceSlice slice;
+          OptimizerDeviceSlice slice;
           slice.param = s.master.device<float>() + range.slice_offset;
-          slice.exp_avg = s.exp_avg.device<float>() + range.slice_offset;
-          slice.exp_avg_sq = s.exp_avg_sq.device<float>() + range.slice_offset;
+          for (std::size_t k = 0; k < s.state.size(); ++k) {
+            slice.state[k] = s.state[k].device<float>() + range.slice_offset;
+          }
           slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
           slice.grad_dtype = options_.grad_accum_dtype;
           slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
@@ -748,7 +772,8 @@ StepResult ZeroEngine::step(double lr) {
       }
       ++optimizer_steps_;
       {
-        TraceSpan span(trace_, compute_, TraceTrack::kCompute, "adam (all units)");
+        const std::string what = optimizer_trace_name() + " (all units)";
+        TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
         optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
       }
       // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.

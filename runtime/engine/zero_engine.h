@@ -1,6 +1,7 @@
 // ZeroEngine: ZeRO stages 0-3 over units (partition.h), model-agnostic. It owns every piece of
 // model state a rank holds — compute-dtype parameters (full or sliced), gradients, fp32 master
-// weights and optimizer moments of its slices — and implements ParamAccess for the model.
+// weights and the optimizer's named state tensors of its slices (optimizers/optimizer.h: Adam's
+// two moments, Lion's momentum) — and implements ParamAccess for the model.
 //
 // Per micro-batch the model runs forward/backward bracketed by acquire()/release(); after
 // gradient_accumulation_steps micro-batches the trainer calls step(). Communication runs on
@@ -19,8 +20,7 @@
 
 #include <future>
 
-#include "optimizers/cpu_adam.h"
-#include "optimizers/device_adam.h"
+#include "optimizers/optimizer.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/device/cpu_stream.h"
 #include "runtime/engine/loss_scaler.h"
@@ -50,7 +50,7 @@ struct EngineOptions {
   bool overlap_comm = true;  // false: the compute stream waits for each collective at once
   std::int64_t alignment = 64;
   LossScaleOptions loss_scale;  // used with fp16 compute
-  // Optimizer offload (stages 1-3): fp32 master weights and Adam moments live in host memory
+  // Optimizer offload (stages 1-3): fp32 master weights and optimizer state live in host memory
   // and the CPU steps them; parameter offload (stage 3, with optimizer offload): parameter
   // slices and gradient accumulation live in host memory too.
   OffloadOptions offload_optimizer;
@@ -60,7 +60,7 @@ struct EngineOptions {
 
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
-  std::int64_t optimizer_steps = 0;  // applied steps: Adam's bias-correction step count
+  std::int64_t optimizer_steps = 0;  // applied steps (Adam's bias-correction step count)
   std::int64_t skipped_steps = 0;
   LossScaleState loss_scale;
 };
@@ -78,7 +78,7 @@ class ZeroEngine final : public ParamAccess {
   // `group` issues on the communication stream; `compute` is the model's stream. All must
   // outlive the engine.
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
-             int num_modules, const EngineOptions& options, DeviceAdam& optimizer);
+             int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -91,12 +91,18 @@ class ZeroEngine final : public ParamAccess {
   void initialize(const Initializer& init);
 
   // ---- checkpoints (at a step boundary, device- or host-resident state alike) ----
-  // Copies this rank's slice of unit u's fp32 master weights and Adam moments into host memory
-  // (plan().unit(u).shard floats each, padding included). Synchronises.
-  void copy_state_out(int u, float* master, float* exp_avg, float* exp_avg_sq);
+  // The optimizer state as host arrays: [0] the fp32 master weights, then one array per state
+  // tensor of optimizer_spec(), in its state_names order (Adam: master, exp_avg, exp_avg_sq;
+  // Lion: master, exp_avg). state_array_count() entries.
+  using StateArrays = std::vector<float*>;
+  const OptimizerSpec& optimizer_spec() const { return optimizer_.spec(); }
+  int state_array_count() const { return 1 + optimizer_.spec().num_states(); }
+  // Copies this rank's slice of unit u's state into host memory (plan().unit(u).shard floats
+  // per array, padding included). Synchronises.
+  void copy_state_out(int u, const StateArrays& out);
   // The same copy without stopping training: issues the copies of every unit's slices (unit
-  // order, plan().unit(u).shard floats each) into three host arrays of plan().total_shard()
-  // floats and returns at once. Device-resident state is copied on a stream of the engine's own,
+  // order, plan().unit(u).shard floats each) into host arrays of plan().total_shard() floats
+  // and returns at once. Device-resident state is copied on a stream of the engine's own,
   // ordered after the last optimizer step by an event (on a GPU a DMA, into pinned memory for
   // full speed); offloaded state is copied by the CPU optimizer's thread after its last update.
   // The engine itself keeps the state unchanged until the copy is done, so no caller can forget
@@ -104,18 +110,18 @@ class ZeroEngine final : public ParamAccess {
   // load_state(), initialize() and the destructor wait for it. The host arrays must stay valid
   // until wait_state_copy() returns. `before`, if set, runs on the copy's stream first (tests
   // delay the copy with it; it must not call the stream API).
-  void copy_state_out_async(float* master, float* exp_avg, float* exp_avg_sq,
-                            std::function<void()> before = {});
+  void copy_state_out_async(const StateArrays& out, std::function<void()> before = {});
   // Blocks until the last copy_state_out_async() is done (at once if none); rethrows a stream
   // error. May be called from another thread (a checkpoint writer) while the engine's thread
   // goes on training, up to its next copy_state_out_async().
   void wait_state_copy();
   EngineCounters counters() const;
-  // Replaces the optimizer state: fill(u, master, exp_avg, exp_avg_sq) writes this rank's slice
-  // of every unit (shard floats each, zero in the padding) into host arrays; the compute-dtype
+  // Replaces the optimizer state: fill(u, arrays) writes this rank's slice of every unit into
+  // the state_array_count() host arrays (shard floats each, all zero, to be left zero in the
+  // padding); the compute-dtype
   // parameters are re-derived from the master weights and gathered where the stage keeps full
   // copies. Collective at stages 1-3; the counters (step count, loss scaler) are restored.
-  using StateFiller = std::function<void(int u, float* master, float* exp_avg, float* exp_avg_sq)>;
+  using StateFiller = std::function<void(int u, const StateArrays& arrays)>;
   void load_state(const EngineCounters& counters, const StateFiller& fill);
   int state_rank() const { return rank_; }  // the slice this rank owns (0 at stage 0)
 
@@ -166,6 +172,12 @@ class ZeroEngine final : public ParamAccess {
  private:
   struct UnitState;
   void allocate_state();
+  // Throws unless `arrays` has one host array per state array (master + each state tensor).
+  void check_state_arrays(const StateArrays& arrays, const char* call) const;
+  // State array `array` of a unit (StateArrays order: 0 master, then the optimizer's states).
+  static const Buffer& state_buffer(const UnitState& s, std::size_t array);
+  // The optimizer's name in trace spans: "adam", "lion".
+  std::string optimizer_trace_name() const;
   // initialize() and load_state(): host values for every unit's state, then the params.
   void assign_state(const StateFiller& fill);
   int partition_world() const;
@@ -209,7 +221,7 @@ class ZeroEngine final : public ParamAccess {
   std::vector<ParamSpec> params_;
   int num_modules_;
   EngineOptions options_;
-  DeviceAdam& optimizer_;
+  DeviceOptimizer& optimizer_;
   PartitionPlan plan_;
   LossScaler scaler_;
   int rank_;
@@ -236,9 +248,9 @@ class ZeroEngine final : public ParamAccess {
   std::unique_ptr<Event> state_updated_;
 
   // Offload.
-  std::unique_ptr<Stream> copy_;              // device <-> host copies
-  std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
-  std::unique_ptr<CpuAdam> cpu_adam_;
+  std::unique_ptr<Stream> copy_;                   // device <-> host copies
+  std::unique_ptr<CpuStream> cpu_optimizer_;       // the host thread that runs the CPU optimizer
+  std::unique_ptr<HostOptimizer> host_optimizer_;  // the offloaded state's optimizer
   std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way
   Buffer host_reduced_;             // parameter offload: one reduced slice on its way
   std::vector<int> forward_order_;  // units in the order the next forward needs them

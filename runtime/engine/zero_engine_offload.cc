@@ -35,7 +35,7 @@ void ZeroEngine::setup_offload() {
   copy_ = device_.create_stream("copy");
   // A host thread, whatever the device: the CPU optimizer is host work on host memory.
   cpu_optimizer_ = std::make_unique<CpuStream>("cpu-optimizer", 0, 0);
-  cpu_adam_ = std::make_unique<CpuAdam>(optimizer_.options());
+  host_optimizer_ = optimizer_.make_host_optimizer();
   const DType cdt = options_.compute_dtype;
   std::int64_t max_shard = 0;
   for (const Unit& unit : plan_.units()) max_shard = std::max(max_shard, unit.shard);
@@ -177,14 +177,15 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
       span.end();
       s.params_ready->record(*copy_);
     }
-    std::vector<AdamSlice> slices;
+    std::vector<OptimizerSlice> slices;
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
       if (range.count == 0) continue;
-      AdamSlice slice;
+      OptimizerSlice slice;
       slice.param = s.master.host<float>() + range.slice_offset;
-      slice.exp_avg = s.exp_avg.host<float>() + range.slice_offset;
-      slice.exp_avg_sq = s.exp_avg_sq.host<float>() + range.slice_offset;
+      for (std::size_t k = 0; k < s.state.size(); ++k) {
+        slice.state[k] = s.state[k].host<float>() + range.slice_offset;
+      }
       slice.grad = s.host_grad.host<std::byte>() + bytes_of(range.slice_offset, adt);
       slice.grad_dtype = adt;
       slice.param_out = static_cast<std::byte*>(out) + bytes_of(range.slice_offset, cdt);
@@ -200,17 +201,17 @@ void ZeroEngine::update_offloaded(double lr, double factor) {
     // otherwise the next step's copy overwrites it whole.
     void* grad = offload_param() ? s.host_grad.host<void>() : nullptr;
     const std::size_t grad_bytes = static_cast<std::size_t>(s.host_grad.bytes());
-    CpuAdam* adam = cpu_adam_.get();
+    const HostOptimizer* optimizer = host_optimizer_.get();
+    const std::string span_name = optimizer_trace_name() + " unit " + std::to_string(u);
     TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
     cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
       try {
         if (slot_free != nullptr) slot_free->synchronize();
         const double start_us = trace != nullptr ? trace->now_us() : 0.0;
-        adam->step(slices, step, lr, factor);
+        optimizer->step(slices, step, lr, factor);
         if (grad != nullptr) std::memset(grad, 0, grad_bytes);  // consumed: restart from zero
         if (trace != nullptr) {
-          trace->add(TraceTrack::kCpuOptimizer, "adam unit " + std::to_string(u), start_us,
-                     trace->now_us() - start_us);
+          trace->add(TraceTrack::kCpuOptimizer, span_name, start_us, trace->now_us() - start_us);
         }
         done->set_value();
       } catch (...) {

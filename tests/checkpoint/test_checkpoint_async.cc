@@ -89,11 +89,10 @@ float value(std::int64_t step, int array, std::int64_t e) {
   return static_cast<float>(step * 100000 + mpi_rank() * 20000 + e) + 0.25f * array;
 }
 
-void fill_state(std::int64_t step, std::int64_t n, float* m, float* a, float* v) {
+void fill_state(std::int64_t step, std::int64_t n, const std::vector<float*>& arrays) {
+  REQUIRE(arrays.size() == 3);  // master, exp_avg, exp_avg_sq (Adam's, the index default)
   for (std::int64_t e = 0; e < n; ++e) {
-    m[e] = value(step, 0, e);
-    a[e] = value(step, 1, e);
-    v[e] = value(step, 2, e);
+    for (int a = 0; a < 3; ++a) arrays[static_cast<std::size_t>(a)][e] = value(step, a, e);
   }
 }
 
@@ -159,12 +158,12 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
       SaveRequest request;
       request.tag = Checkpointer::tag_for_step(step);
       request.index = index_for(p, step);
-      saver.save(std::move(request), [&](float* m, float* a, float* v) {
+      saver.save(std::move(request), [&](const std::vector<float*>& arrays) {
         // The buffer is refilled only once the previous save has committed.
         if (step > 1) {
           CHECK(read_latest(config.save_dir) == Checkpointer::tag_for_step(step - 1));
         }
-        fill_state(step, n, m, a, v);
+        fill_state(step, n, arrays);
       });
     }
     saver.wait();
@@ -182,11 +181,8 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
     request.tag = Checkpointer::tag_for_step(2);
     request.index = index_for(p, 2);
     request.snapshot.rank = mpi_rank();
-    request.snapshot.master.resize(static_cast<std::size_t>(n));
-    request.snapshot.exp_avg.resize(static_cast<std::size_t>(n));
-    request.snapshot.exp_avg_sq.resize(static_cast<std::size_t>(n));
-    fill_state(2, n, request.snapshot.master.data(), request.snapshot.exp_avg.data(),
-               request.snapshot.exp_avg_sq.data());
+    request.snapshot.assign(n);
+    fill_state(2, n, request.snapshot.pointers());
     saver.save(std::move(request));
   }
 
@@ -194,9 +190,11 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
   for (std::int64_t step = 1; step <= 3; ++step) {
     const fs::path path = fs::path(config.save_dir) / Checkpointer::tag_for_step(step) / file;
     H5File f = H5File::open_read(path.string());
+    const std::vector<std::string> datasets = CheckpointIndex{}.state_datasets();
     for (int d = 0; d < 3; ++d) {
-      INFO(path.string() << " " << kStateDatasets[d]);
-      H5Dataset ds(f, kStateDatasets[d], H5Elem::kFloat32, {n});
+      const std::string& name = datasets[static_cast<std::size_t>(d)];
+      INFO(path.string() << " " << name);
+      H5Dataset ds(f, name, H5Elem::kFloat32, {n});
       std::vector<float> got(static_cast<std::size_t>(n));
       ds.read_all(got.data());  // verifies the checksums
       for (std::int64_t e = 0; e < n; ++e)
@@ -206,7 +204,7 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
   // Step 2, async from the reused buffer and sync from an owned copy: same data, same checksums.
   H5File a = H5File::open_read((fs::path(config.save_dir) / "global_step2" / file).string());
   H5File s = H5File::open_read((fs::path(sync_config.save_dir) / "global_step2" / file).string());
-  for (const char* name : kStateDatasets) {
+  for (const std::string& name : CheckpointIndex{}.state_datasets()) {
     INFO(name);
     H5Dataset da(a, name, H5Elem::kFloat32, {n});
     H5Dataset ds(s, name, H5Elem::kFloat32, {n});
@@ -214,8 +212,8 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
     da.read_all(va.data());
     ds.read_all(vs.data());
     CHECK(va == vs);
-    H5Id ia(H5Dopen2(a.id(), name, H5P_DEFAULT));
-    H5Id is(H5Dopen2(s.id(), name, H5P_DEFAULT));
+    H5Id ia(H5Dopen2(a.id(), name.c_str(), H5P_DEFAULT));
+    H5Id is(H5Dopen2(s.id(), name.c_str(), H5P_DEFAULT));
     const std::int64_t blocks = (n * 4 + kTensorBlockBytes - 1) / kTensorBlockBytes;
     CHECK(read_attr_u32(ia.get(), "crc32c", name, blocks) ==
           read_attr_u32(is.get(), "crc32c", name, blocks));
@@ -252,7 +250,7 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
     {  // The reference: the state after step 2, saved synchronously.
       Checkpointer saver(config, 60.0);
       saver.save(request_for(2),
-                 [&](float* m, float* a, float* v) { snapshot_engine(engine, m, a, v); });
+                 [&](const std::vector<float*>& arrays) { snapshot_engine(engine, arrays); });
     }
     config.save_dir = (dir / "async").string();
     config.async = true;
@@ -260,9 +258,9 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
       Checkpointer saver(config, 60.0);
       bool filled = false;
       saver.save(
-          request_for(2), [&](float*, float*, float*) { filled = true; },
-          [&](float* m, float* a, float* v) {
-            return snapshot_engine_async(engine, m, a, v, /*delay_ms=*/300);
+          request_for(2), [&](const std::vector<float*>&) { filled = true; },
+          [&](const std::vector<float*>& arrays) {
+            return snapshot_engine_async(engine, arrays, /*delay_ms=*/300);
           });
       CHECK_FALSE(filled);  // the training thread only issued the copy
       // The next step's update is issued while the copy is held back: it must wait for it.
@@ -275,12 +273,14 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
     const fs::path sync_file = dir / "sync" / "global_step2" / file;
     const fs::path async_file = dir / "async" / "global_step2" / file;
     std::vector<float> now(static_cast<std::size_t>(3 * n));  // the state after step 3
-    snapshot_engine(engine, now.data(), now.data() + n, now.data() + 2 * n);
+    snapshot_engine(engine, {now.data(), now.data() + n, now.data() + 2 * n});
+    const std::vector<std::string> datasets = CheckpointIndex{}.state_datasets();
     bool differs_from_now = false;  // so the file holds step 2's state, not step 3's
     for (int d = 0; d < 3; ++d) {
-      INFO(kStateDatasets[d]);
-      const std::vector<float> want = read_dataset(sync_file, kStateDatasets[d], n);
-      REQUIRE(read_dataset(async_file, kStateDatasets[d], n) == want);
+      const std::string& dataset = datasets[static_cast<std::size_t>(d)];
+      INFO(dataset);
+      const std::vector<float> want = read_dataset(sync_file, dataset.c_str(), n);
+      REQUIRE(read_dataset(async_file, dataset.c_str(), n) == want);
       differs_from_now |= !std::equal(want.begin(), want.end(), now.begin() + d * n);
     }
     CHECK(differs_from_now);
@@ -309,7 +309,7 @@ TEST_CASE("a failed async save is logged by the writer at once and rethrown by w
   request.tag = "global_step5";
   request.index = index_for(p, 5);
   saver.save(std::move(request),
-             [&](float* m, float* a, float* v) { fill_state(5, p.total_shard(), m, a, v); });
+             [&](const std::vector<float*>& arrays) { fill_state(5, p.total_shard(), arrays); });
   // The training loop has not asked yet: the writer thread must report on its own.
   const auto start = std::chrono::steady_clock::now();
   while (sink->text().find("async save failed") == std::string::npos &&
@@ -342,8 +342,8 @@ TEST_CASE("a failed state copy fails the async save on every rank and commits no
   request.tag = "global_step7";
   request.index = index_for(p, 7);
   saver.save(
-      std::move(request), [](float*, float*, float*) { FAIL("the filler must not run"); },
-      [](float*, float*, float*) -> std::function<void()> {
+      std::move(request), [](const std::vector<float*>&) { FAIL("the filler must not run"); },
+      [](const std::vector<float*>&) -> std::function<void()> {
         // Rank 0's copy fails (a stream error, say); the writer hears of it when it waits.
         return [] {
           if (mpi_rank() == 0) throw std::runtime_error("planted copy failure");

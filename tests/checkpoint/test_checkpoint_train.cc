@@ -67,6 +67,7 @@ struct Job {
   bool offload = false;
   bool bf16 = false;
   bool fp16 = false;
+  bool lion = false;         // optimizer Lion instead of AdamW
   bool keep_output = false;  // run again in the output directory of an earlier run
   std::string env;           // extra environment, "NAME=value ..."
 };
@@ -104,6 +105,10 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
       {"device", {{"type", "cpu"}}},
       {"output_dir", out.string()},
   };
+  if (job.lion) {
+    c["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 2e-4}, {"weight_decay", 1.0}}}};
+    c["scheduler"]["params"]["warmup_max_lr"] = 2e-4;
+  }
   if (job.stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 100;
   if (job.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   if (job.bf16) c["bf16"] = {{"enabled", true}};
@@ -160,7 +165,8 @@ void require_identical_state(const std::string& a, const std::string& b) {
   for (int r = 0; r < ia.world; ++r) {
     const H5File fa = H5File::open_read((fs::path(a) / rank_file_name(r)).string());
     const H5File fb = H5File::open_read((fs::path(b) / rank_file_name(r)).string());
-    for (const char* name : kStateDatasets) {
+    REQUIRE(ia.state_datasets() == ib.state_datasets());
+    for (const std::string& name : ia.state_datasets()) {
       std::vector<float> va(static_cast<std::size_t>(ia.slice_elements()));
       std::vector<float> vb(va.size());
       H5Dataset(fa, name, H5Elem::kFloat32, {ia.slice_elements()}).read_all(va.data());
@@ -295,6 +301,33 @@ TEST_CASE("resume at the same world size and stage is bit-exact", "[resume]") {
   stage3.async = true;  // the copy runs on the CPU optimizer's thread
   stage3.env = "ZRT_TEST_CKPT_COPY_DELAY_MS=200";
   bit_exact_case("exact_s3_offload_bf16", stage3);
+}
+
+TEST_CASE("Lion: resume is bit-exact; its checkpoint is not Adam's", "[resume][lion]") {
+  Job lion;
+  lion.lion = true;
+  lion.stage = 3;
+  lion.offload = true;  // the CPU Lion steps the offloaded state
+  lion.async = true;
+  lion.env = "ZRT_TEST_CKPT_COPY_DELAY_MS=200";
+  bit_exact_case("exact_lion_s3_offload", lion);
+  const CheckpointIndex index =
+      open_index(latest_dir((root() / "exact_lion_s3_offload_ckpt").string()));
+  CHECK(index.optimizer == "Lion");
+  CHECK(index.state_datasets() == std::vector<std::string>{"/master", "/exp_avg"});
+  // The same checkpoint loaded by an AdamW run: an error naming both optimizers, before training.
+  Job adam;
+  adam.stage = 3;
+  adam.steps = 6;
+  adam.save_dir = (root() / "exact_lion_s3_offload_ckpt").string();
+  adam.load = "latest";
+  std::string text;
+  const int status = launch("lion_into_adam", adam, &text);
+  INFO(text);
+  CHECK(status != 0);
+  CHECK_THAT(text, Catch::Contains("the checkpoint holds the state of optimizer Lion (state "
+                                   "exp_avg), but this run uses optimizer Adam (state exp_avg "
+                                   "exp_avg_sq)"));
 }
 
 TEST_CASE("resume at another world size or stage", "[reshard]") {

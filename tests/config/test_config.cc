@@ -549,7 +549,7 @@ const BadConfig kBadConfigs[] = {
      "bad.json: gradient_allreduce_op: not implemented by zrt (Average (mean) or sum gradients "
      "over ranks; zrt averages); remove the key or set it to \"mean\""},
     {"unsupported optimizer", true, R"({"optimizer": {"type": "Lamb"}})",
-     "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW"},
+     "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW, Lion"},
     {"comm timeout under both names", true, R"({"comm_timeout_s": 30, "comm": {"timeout_s": 60}})",
      "bad.json: comm_timeout_s: give comm_timeout_s or comm.timeout_s, not both"},
     {"comm timeout of zero", true, R"({"comm_timeout_s": 0})",
@@ -649,7 +649,8 @@ TEST_CASE("an unsupported optimizer or schedule is reported, not its parameters"
   CHECK(error_of(patched(R"({"optimizer": {"type": "Lamb", "params": {"lr": 1e-3,
           "max_coeff": 10.0, "min_coeff": 0.01, "weight_decay": 0.01, "bias_correction": 1}}})")
                      .dump()) ==
-        "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW");
+        "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, AdamW, "
+        "Lion");
   CHECK(error_of(patched(R"({"scheduler": {"type": "OneCycle", "params": {
           "cycle_min_lr": 1e-5, "cycle_max_lr": 1e-3, "cycle_first_step_size": 1000}}})")
                      .dump()) ==
@@ -661,7 +662,7 @@ TEST_CASE("an unsupported optimizer or schedule is reported, not its parameters"
                               .dump())) ==
         std::vector<std::string>{
             "bad.json: optimizer type 'Lamb' is not supported by zrt; supported types: Adam, "
-            "AdamW",
+            "AdamW, Lion",
             "bad.json: zero_optimization.stge: unknown key; did you mean 'stage'?"});
 }
 
@@ -772,7 +773,7 @@ TEST_CASE("command-line overrides set keys and are validated like the file",
         "--zero_optimization.stage: 9 is out of range; expected an integer in [0, 3]");
   CHECK(error_with({{"optimizer.type", "Lamb"}}) ==
         "--optimizer.type: optimizer type 'Lamb' is not supported by zrt; supported types: "
-        "Adam, AdamW");
+        "Adam, AdamW, Lion");
   // Within a kind, problems come in key order, wherever each value came from.
   CHECK(lines_of(error_with({{"train.stpes", "5"}}, R"({"zero_optimization": {"stge": 1}})")) ==
         std::vector<std::string>{

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "optimizers/device_adam.h"
+#include "optimizers/device_lion.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/engine/zero_engine.h"
 #include "tests/engine/tied_mlp.h"
@@ -42,6 +43,7 @@ struct TrainSpec {
   double lr = 1e-2;
   double weight_decay = 0.1;
   double clip = 0.0;
+  bool lion = false;  // Lion (betas 0.9, 0.99) instead of AdamW, with the same lr and decay
 };
 
 struct EngineRun {
@@ -49,7 +51,7 @@ struct EngineRun {
   std::unique_ptr<Stream> compute;
   std::unique_ptr<Stream> comm;
   std::unique_ptr<ProcessGroup> group;
-  std::unique_ptr<DeviceAdam> adam;
+  std::unique_ptr<DeviceOptimizer> optimizer;
   std::unique_ptr<ZeroEngine> engine;
   TiedMlp model{kD, kH};
   std::vector<StepResult> results;
@@ -65,13 +67,20 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
   run->compute = run->device->create_stream("compute");
   run->comm = run->device->create_stream("comm");
   run->group = make_process_group(*run->device, MPI_COMM_WORLD, *run->comm, "engine", comm_options);
-  AdamOptions adam;
-  adam.lr = spec.lr;
-  adam.weight_decay = spec.weight_decay;
-  run->adam = make_device_adam(*run->device, adam);
+  if (spec.lion) {
+    LionOptions lion;
+    lion.lr = spec.lr;
+    lion.weight_decay = spec.weight_decay;
+    run->optimizer = make_device_lion(*run->device, lion);
+  } else {
+    AdamOptions adam;
+    adam.lr = spec.lr;
+    adam.weight_decay = spec.weight_decay;
+    run->optimizer = make_device_adam(*run->device, adam);
+  }
   run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *run->group,
                                              run->model.parameters(), run->model.modules(), options,
-                                             *run->adam);
+                                             *run->optimizer);
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });
@@ -127,23 +136,24 @@ void reference_adamw(std::vector<std::vector<float>>& p, std::vector<std::vector
   }
 }
 
-// The reference: one process, full parameters, world ranks simulated one after the other.
+// The reference's gradient loop: one process, full fp32 parameters `p` (initialised here),
+// world ranks simulated one after the other. Each step, `update(total, coef, step)` (step from
+// 1) applies the optimizer to p given the averaged gradient and the clipping coefficient.
 // `norms`, if given, receives each step's gradient norm before clipping.
-inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world,
-                                                       std::vector<double>* norms = nullptr) {
+template <typename Update>
+void reference_loop(const TrainSpec& spec, int world, std::vector<std::vector<float>>& p,
+                    std::vector<double>* norms, Update update) {
   TiedMlp model(kD, kH);
   const auto specs = model.parameters();
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("reference");
   FlatParams flat(*device, specs, DType::kFloat32, DType::kFloat32);
-  std::vector<std::vector<float>> p, m, v;
+  p.clear();
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> init(static_cast<std::size_t>(specs[i].numel()));
     for (std::size_t k = 0; k < init.size(); ++k)
       init[k] = TiedMlp::init_value(i, static_cast<std::int64_t>(k));
     p.push_back(init);
-    m.emplace_back(init.size(), 0.f);
-    v.emplace_back(init.size(), 0.f);
   }
   for (int step = 0; step < spec.steps; ++step) {
     std::vector<std::vector<double>> total;
@@ -179,8 +189,23 @@ inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, in
       const double c = spec.clip / (std::sqrt(norm_sq) + 1e-6);
       if (c < 1.0) coef = c;
     }
-    reference_adamw(p, m, v, total, coef, step + 1, spec.lr, spec.weight_decay, specs);
+    update(total, coef, step + 1);
   }
+}
+
+// The AdamW reference (reference_loop with reference_adamw).
+inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world,
+                                                       std::vector<double>* norms = nullptr) {
+  const auto specs = TiedMlp(kD, kH).parameters();
+  std::vector<std::vector<float>> p, m, v;
+  for (const auto& s : specs) {
+    m.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
+    v.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
+  }
+  reference_loop(spec, world, p, norms,
+                 [&](const std::vector<std::vector<double>>& total, double coef, int step) {
+                   reference_adamw(p, m, v, total, coef, step, spec.lr, spec.weight_decay, specs);
+                 });
   return p;
 }
 

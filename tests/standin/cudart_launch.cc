@@ -52,6 +52,7 @@ void ensure_twins() {
   register_engine_twins();
   register_comm_twins();
   register_adam_twins();
+  register_lion_twins();
   register_gpt_twins();
 }
 

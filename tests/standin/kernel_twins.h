@@ -85,6 +85,7 @@ void register_test_twin(const std::string& name, TwinAdapter adapter);
 void register_engine_twins();
 void register_comm_twins();
 void register_adam_twins();
+void register_lion_twins();
 void register_gpt_twins();
 
 }  // namespace zrt::standin

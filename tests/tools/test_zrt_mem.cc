@@ -292,3 +292,44 @@ TEST_CASE("zrt-mem rejects bad usage with a message naming the problem") {
   CHECK_THAT(run_tool("--config /nonexistent.json", &status), Catch::Contains("/nonexistent.json"));
   CHECK(status == 1);
 }
+
+TEST_CASE("Lion keeps 8 bytes of fp32 state per parameter: the paper's setting with Lion") {
+  // Ψ = 7.5B, N = 64, fp16 parameters and gradients (2Ψ + 2Ψ), and K = 8 instead of Adam's 12:
+  // fp32 master weights (4Ψ) and one fp32 momentum (4Ψ).
+  Inputs in = paper_inputs();
+  in.optimizer = optimizer_spec(OptimizerKind::kLion);
+  const std::int64_t expected[] = {90'000'000'000, 30'937'500'000, 16'171'875'000, 1'406'250'000};
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    CHECK(estimate(in, Setting{stage, false, false}).model_state() == expected[stage]);
+  }
+  const Estimate s1 = estimate(in, Setting{1, false, false});
+  CHECK(s1.master == 468'750'000);
+  CHECK(s1.optimizer == 468'750'000);  // 4Ψ/N: half of Adam's two moments
+  const Estimate off = estimate(in, Setting{2, true, false});
+  CHECK(off.optimizer == 0);
+  CHECK(at(off.host_per_rank, MemCategory::kOptimizer) == 468'750'000);
+
+  const Config config = parse_config_text(R"({
+    "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "Lion", "params": {"lr": 1e-4, "weight_decay": 1.0}},
+    "model": {"preset": "gpt2-tiny"}, "data": {"train": "x_*.bin"}, "train": {"steps": 1}
+  })",
+                                          2, "lion.json");
+  CHECK(inputs_from_config(config).optimizer.state_bytes_per_parameter() == 8);
+
+  int status = -1;
+  const std::string out = run_tool(
+      "--params 7.5e9 --world 64 --dtype fp16 --grad-accum-dtype fp16 --optimizer lion", &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("optimizer Lion: 8 bytes of fp32 state per parameter"));
+  CHECK_THAT(out, Catch::Contains("optimizer (Lion momentum, fp32)"));
+  CHECK_THAT(out,
+             Catch::Matches("(.|\n)*  stage 0 +15\\.0 +15\\.0 +30\\.0 +30\\.0 +90\\.0 (.|\n)*"));
+  CHECK_THAT(out, Catch::Matches("(.|\n)*  stage 3 +0\\.2 +0\\.2 +0\\.5 +0\\.5 +1\\.4 (.|\n)*"));
+  const std::string adam = run_tool("--params 7.5e9 --world 64 --optimizer adamw", &status);
+  CHECK_THAT(adam, Catch::Contains("optimizer Adam: 12 bytes of fp32 state per parameter"));
+  run_tool("--params 7.5e9 --optimizer sgd", &status);
+  CHECK(status != 0);
+}

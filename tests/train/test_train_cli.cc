@@ -115,7 +115,7 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
                       "  " +
                       bad +
                       ": optimizer type 'Lamb' is not supported by zrt; supported types: "
-                      "Adam, AdamW\n"
+                      "Adam, AdamW, Lion\n"
                       "  " +
                       bad +
                       ": zero_optimization.stge: unknown key; did you mean 'stage'?\n"

@@ -161,13 +161,10 @@ int checkpoint(int argc, char** argv) {
   const bool writes = rank < plan.world();
   checkpoint::RankSnapshot state;  // the engine's state, copied once for the sync saves
   state.rank = rank;
+  state.datasets = index.state_datasets();
   if (writes) {
-    const auto n = static_cast<std::size_t>(plan.total_shard());
-    state.master.resize(n);
-    state.exp_avg.resize(n);
-    state.exp_avg_sq.resize(n);
-    checkpoint::snapshot_engine(engine, state.master.data(), state.exp_avg.data(),
-                                state.exp_avg_sq.data());
+    state.assign(plan.total_shard());
+    checkpoint::snapshot_engine(engine, state.pointers());
   }
   const std::int64_t bytes = writes ? state.bytes() : 0;
   std::vector<char> plain(static_cast<std::size_t>(bytes), 1);
@@ -204,10 +201,12 @@ int checkpoint(int argc, char** argv) {
     Clock::time_point copy_done{};  // written by the writer thread, read after wait()
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = Clock::now();
-    auto fill = [&](float* m, float* a, float* v) { checkpoint::snapshot_engine(engine, m, a, v); };
+    auto fill = [&](const std::vector<float*>& arrays) {
+      checkpoint::snapshot_engine(engine, arrays);
+    };
     if (on_stream) {
-      async_saver.save(std::move(request), fill, [&](float* m, float* a, float* v) {
-        std::function<void()> copied = checkpoint::snapshot_engine_async(engine, m, a, v);
+      async_saver.save(std::move(request), fill, [&](const std::vector<float*>& arrays) {
+        std::function<void()> copied = checkpoint::snapshot_engine_async(engine, arrays);
         return [copied, &copy_done] {
           copied();
           copy_done = Clock::now();
@@ -267,13 +266,11 @@ int checkpoint(int argc, char** argv) {
       const auto loaded = checkpoint::read_index(ckpt + "/index.h5", &params);
       checkpoint::ShardedReader reader(ckpt, loaded);
       if (writes) {
-        std::vector<float> a, b, c;
+        checkpoint::RankSnapshot unit_state;
+        unit_state.datasets = loaded.state_datasets();
         for (std::size_t u = 0; u < plan.units().size(); ++u) {
-          const auto n = static_cast<std::size_t>(plan.unit(static_cast<int>(u)).shard);
-          a.assign(n, 0.f);
-          b.assign(n, 0.f);
-          c.assign(n, 0.f);
-          reader.fill(plan, rank, static_cast<int>(u), a.data(), b.data(), c.data());
+          unit_state.assign(plan.unit(static_cast<int>(u)).shard);
+          reader.fill(plan, rank, static_cast<int>(u), unit_state.pointers());
         }
       }
     }

@@ -75,6 +75,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       "communication\n",
       in.world, in.nodes, in.ranks_per_node(), dtype_name(o.compute_dtype),
       dtype_name(o.grad_accum_dtype), dtype_name(o.communication_dtype.value_or(o.compute_dtype)));
+  out += fmt::format("  optimizer {}: {} bytes of fp32 state per parameter (master weight + {})\n",
+                     in.optimizer.family, in.optimizer.state_bytes_per_parameter(),
+                     in.optimizer.state_description);
   if (in.model && in.model->def) {
     out += fmt::format("  micro-batch {} x {} tokens; activation checkpointing {}\n",
                        in.micro_batch, in.seq_len, in.activation_checkpointing ? "on" : "off");
@@ -94,7 +97,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
                                : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   row("master weights (fp32)", gb(chosen.master),
       chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
-  row("optimizer (Adam moments, fp32)", gb(chosen.optimizer),
+  const std::string optimizer_row =
+      fmt::format("optimizer ({}, fp32)", in.optimizer.state_description);
+  row(optimizer_row, gb(chosen.optimizer),
       chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
   row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
   row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
@@ -114,7 +119,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("params (offloaded slices)", gb(at(h, MemCategory::kParams) * per_node), "");
   row("grads (offloaded slices)", gb(at(h, MemCategory::kGrads) * per_node), "");
   row("master weights (fp32)", gb(at(h, MemCategory::kMaster) * per_node), "");
-  row("optimizer (Adam moments, fp32)", gb(at(h, MemCategory::kOptimizer) * per_node), "");
+  row(optimizer_row, gb(at(h, MemCategory::kOptimizer) * per_node), "");
   row("staging buffers", gb(at(h, MemCategory::kWorkspace) * per_node),
       "offload staging, token staging");
   row("host total", gb(chosen.host_node_total()), "");

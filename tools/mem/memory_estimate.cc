@@ -266,9 +266,11 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   } else {
     e.grads = setting.offload_param ? 0 : f.shard_total * as;  // the owned slices
   }
+  // The optimizer's fp32 state tensors per owned element (Adam 2, Lion 1).
+  const I64 optimizer_bytes = f.shard_total * 4 * in.optimizer.num_states();
   if (!setting.offload_optimizer) {
     e.master = f.shard_total * 4;
-    e.optimizer = f.shard_total * 8;  // Adam's two fp32 moments
+    e.optimizer = optimizer_bytes;
   }
   e.gathered_peak = f.gathered_peak * cs;
   e.buckets_peak = f.bucket_peak * cs;
@@ -285,7 +287,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   CategoryBytes& h = e.host_per_rank;
   if (setting.offload_optimizer) {
     at(h, MemCategory::kMaster) = f.shard_total * 4;
-    at(h, MemCategory::kOptimizer) = f.shard_total * 8;
+    at(h, MemCategory::kOptimizer) = optimizer_bytes;
     at(h, MemCategory::kGrads) = f.shard_total * as;
     // Staging buffers carrying updated parameters up, one slice each.
     at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.max_shard * cs;
@@ -332,6 +334,7 @@ Inputs inputs_from_config(const Config& config) {
   // "auto" plans for the GPU it would pick where one exists.
   in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;
   in.comm = config.comm;
+  in.optimizer = optimizer_spec(config.optimizer);
   std::shared_ptr<const ModelDef> model = builtin_models().resolve(config.model);
   in.seq_len = model->seq_len();
   in.model = model_spec(std::move(model));

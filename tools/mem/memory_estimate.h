@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "models/model_registry.h"
+#include "optimizers/optimizer.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/config/config.h"
 #include "runtime/device/device.h"
@@ -81,6 +82,9 @@ struct Inputs {
   // MPI process groups allocate collective scratch (comm category), sized by `comm`.
   DeviceType device_type = DeviceType::kCuda;
   CommOptions comm;
+  // What the optimizer keeps per owned parameter besides the fp32 master weight: Adam two fp32
+  // moments (8 bytes, 12 with the master), Lion one (4 bytes, 8 with the master).
+  OptimizerSpec optimizer = optimizer_spec(OptimizerKind::kAdam);
 
   Setting setting() const;  // the chosen one, from engine
   int ranks_per_node() const;

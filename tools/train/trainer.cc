@@ -16,8 +16,8 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
-#include "optimizers/device_adam.h"
 #include "optimizers/lr_schedule.h"
+#include "optimizers/optimizer.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
@@ -187,16 +187,18 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   Model& model = *model_owner;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config.optimizer.applies_weight_decay(p.name);
-  auto adam = make_device_adam(*device, config.optimizer.adam);
+  // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
+  const std::unique_ptr<DeviceOptimizer> optimizer =
+      make_device_optimizer(*device, config.optimizer);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
-                    *adam);
+                    *optimizer);
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   engine.initialize(model_def->initializer(model, config.seed, config.model.init_from));
   if (!config.model.init_from.empty() && rank == 0) {
     spdlog::info("initialised from {}", config.model.init_from);
   }
-  const LrSchedule schedule(config.scheduler, config.optimizer.adam.lr);
+  const LrSchedule schedule(config.scheduler, config.optimizer.lr());
 
   // ---- data ----------------------------------------------------------------------------------
   const int B = static_cast<int>(config.batch.micro_batch_size);
@@ -248,11 +250,9 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
     // waits for it on its stream) and the writer thread waits for it.
     checkpointer.save(
         std::move(request),
-        [&](float* master, float* exp_avg, float* exp_avg_sq) {
-          checkpoint::snapshot_engine(engine, master, exp_avg, exp_avg_sq);
-        },
-        [&](float* master, float* exp_avg, float* exp_avg_sq) {
-          return checkpoint::snapshot_engine_async(engine, master, exp_avg, exp_avg_sq,
+        [&](const std::vector<float*>& arrays) { checkpoint::snapshot_engine(engine, arrays); },
+        [&](const std::vector<float*>& arrays) {
+          return checkpoint::snapshot_engine_async(engine, arrays,
                                                    checkpointer.hooks().copy_delay_ms);
         });
   };

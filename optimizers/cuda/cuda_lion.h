@@ -1,0 +1,44 @@
+// CudaLion: Lion over device-memory slices as one fused multi-tensor kernel launch per step,
+// with the same element update as CpuLion (lion.h): explicit round-to-nearest intrinsics, no
+// FMA, so its results equal CpuLion's bit for bit. The slice table lives in device memory and is
+// re-uploaded (stream-ordered) only when the slices change, as CudaAdam's. Built only when
+// ZRT_HAVE_CUDA.
+//
+// Thread-safety: one thread at a time; calls on different streams must be ordered by the caller.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "optimizers/cuda/cuda_lion_kernel.h"
+#include "optimizers/lion.h"
+#include "optimizers/optimizer_config.h"
+
+namespace zrt {
+
+class CudaLion {
+ public:
+  explicit CudaLion(const LionOptions& options);
+  ~CudaLion();
+  CudaLion(const CudaLion&) = delete;
+  CudaLion& operator=(const CudaLion&) = delete;
+
+  // Enqueues one Lion step with learning rate `lr` on every slice, on `stream`. Throws
+  // InvalidArgument for a malformed slice or bad scalars before enqueuing anything.
+  void step(const std::vector<LionDeviceSlice>& slices, double lr, cudaStream_t stream,
+            double grad_scale = 1.0);
+
+  const LionOptions& options() const { return options_; }
+
+ private:
+  LionOptions options_;
+  std::vector<detail::CudaLionDesc> table_;  // last uploaded table (host copy)
+  detail::CudaLionDesc* device_table_ = nullptr;
+  std::size_t device_capacity_ = 0;  // entries
+  std::int64_t blocks_ = 0;          // grid size of the uploaded table
+};
+
+}  // namespace zrt

@@ -1,0 +1,95 @@
+#include "optimizers/optimizer.h"
+
+#include "optimizers/cpu_adam.h"
+#include "optimizers/cpu_lion.h"
+#include "optimizers/device_adam.h"
+#include "optimizers/device_lion.h"
+
+namespace zrt {
+
+int OptimizerSpec::state_index(const std::string& name) const {
+  for (int i = 0; i < num_states(); ++i) {
+    if (state_names[static_cast<std::size_t>(i)] == name) return i;
+  }
+  return -1;
+}
+
+OptimizerSpec optimizer_spec(OptimizerKind kind) {
+  OptimizerSpec spec;
+  spec.kind = kind;
+  if (kind == OptimizerKind::kLion) {
+    spec.family = "Lion";
+    spec.state_names = {"exp_avg"};
+    spec.state_description = "Lion momentum";
+  }
+  return spec;
+}
+
+OptimizerSpec optimizer_spec(const OptimizerConfig& config) {
+  return optimizer_spec(config.is_lion() ? OptimizerKind::kLion : OptimizerKind::kAdam);
+}
+
+namespace {
+
+class HostAdam final : public HostOptimizer {
+ public:
+  HostAdam(const AdamOptions& options, const CpuAdamOptions& cpu)
+      : adam_(options, cpu), spec_(optimizer_spec(OptimizerKind::kAdam)) {}
+  void step(const std::vector<OptimizerSlice>& slices, std::int64_t step, double lr,
+            double grad_scale) const override {
+    std::vector<AdamSlice> adam(slices.size());
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      const OptimizerSlice& s = slices[k];
+      adam[k] = AdamSlice{s.param, s.grad,       s.state[0],  s.state[1],    s.param_out,
+                          s.numel, s.grad_dtype, s.out_dtype, s.weight_decay};
+    }
+    adam_.step(adam, step, lr, grad_scale);
+  }
+  const OptimizerSpec& spec() const override { return spec_; }
+
+ private:
+  CpuAdam adam_;
+  OptimizerSpec spec_;
+};
+
+class HostLion final : public HostOptimizer {
+ public:
+  HostLion(const LionOptions& options, const CpuAdamOptions& cpu)
+      : lion_(options, cpu), spec_(optimizer_spec(OptimizerKind::kLion)) {}
+  void step(const std::vector<OptimizerSlice>& slices, std::int64_t /*step*/, double lr,
+            double grad_scale) const override {
+    std::vector<LionSlice> lion(slices.size());
+    for (std::size_t k = 0; k < slices.size(); ++k) {
+      const OptimizerSlice& s = slices[k];
+      lion[k] = LionSlice{s.param, s.grad,       s.state[0],  s.param_out,
+                          s.numel, s.grad_dtype, s.out_dtype, s.weight_decay};
+    }
+    lion_.step(lion, lr, grad_scale);
+  }
+  const OptimizerSpec& spec() const override { return spec_; }
+
+ private:
+  CpuLion lion_;
+  OptimizerSpec spec_;
+};
+
+}  // namespace
+
+std::unique_ptr<HostOptimizer> make_host_adam(const AdamOptions& options,
+                                              const CpuAdamOptions& cpu) {
+  return std::make_unique<HostAdam>(options, cpu);
+}
+
+std::unique_ptr<HostOptimizer> make_host_lion(const LionOptions& options,
+                                              const CpuAdamOptions& cpu) {
+  return std::make_unique<HostLion>(options, cpu);
+}
+
+std::unique_ptr<DeviceOptimizer> make_device_optimizer(Device& device,
+                                                       const OptimizerConfig& config,
+                                                       const CpuAdamOptions& cpu) {
+  if (config.is_lion()) return make_device_lion(device, config.lion, cpu);
+  return make_device_adam(device, config.adam, cpu);
+}
+
+}  // namespace zrt
