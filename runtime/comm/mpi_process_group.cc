@@ -35,10 +35,6 @@ MPI_Datatype mpi_int_type(DType dtype) {
   return dtype == DType::kInt32 ? MPI_INT32_T : MPI_INT64_T;
 }
 
-bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
-  return a < b + b_bytes && b < a + a_bytes;
-}
-
 }  // namespace
 
 MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream, std::string name,
@@ -99,11 +95,6 @@ MpiProcessGroup::~MpiProcessGroup() {
     return;
   }
   MPI_Comm_free(&comm_);
-}
-
-std::string MpiProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
-  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
-                     name_, rank_, size_);
 }
 
 void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
@@ -237,14 +228,9 @@ std::int64_t MpiProcessGroup::chunk_elements(std::int64_t elem_bytes, int parts)
 
 void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                  std::int64_t count, DType dtype) {
-  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = src == dst + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
-            "{}: input overlaps the output but is not this rank's slice of it",
-            describe("all_gather", count, dtype));
+  check_all_gather(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
           [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
 }
@@ -292,10 +278,7 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
 
 void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                      std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
-  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
-            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
-            dtype_name(dtype));
+  check_reduce_scatter_op(count, dtype, op);
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
               "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
@@ -304,11 +287,7 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = dst == src + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
-            "{}: output overlaps the input but is not this rank's slice of it",
-            describe("reduce_scatter", count, dtype));
+  check_reduce_scatter_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
@@ -405,23 +384,13 @@ void MpiProcessGroup::run_reduce_scatter_native(const std::byte* in, std::byte* 
 
 void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                  std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
-  if (is_floating(dtype)) {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
-              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  } else {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-    ZRT_CHECK(count <= INT_MAX, "integer all_reduce of {} elements is too large", count);
-  }
+  check_all_reduce_op(count, dtype, op);
+  // Integers go through MPI's own all-reduce in one call (int count).
+  ZRT_CHECK(is_floating(dtype) || count <= INT_MAX,
+            "integer all_reduce of {} elements is too large", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
-            "{}: input and output overlap without being the same buffer",
-            describe("all_reduce", count, dtype));
+  check_all_reduce_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
           [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
 }
@@ -465,9 +434,7 @@ void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::i
 
 void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
                                 int root) {
-  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
-  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
-            name_, size_);
+  check_broadcast(count, root);
   std::byte* data = device_access::raw(buf);
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),

@@ -56,7 +56,6 @@ class MpiProcessGroup final : public ProcessGroup {
   // After a timeout: which peers are waiting in the same operation, which are elsewhere and
   // which are missing (see the .cc). Returns the phrase the error message carries.
   std::string take_attendance();
-  std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Worker-thread scratch of at least `bytes` (comm category, grown on demand).
   std::byte* scratch(int which, std::int64_t bytes);
   // Elements per rank in one chunk (collective_plan::chunk_elements within int counts).

@@ -41,10 +41,6 @@ std::string last_error_text(ncclComm_t comm) {
   return fmt::format(" ({})", text);
 }
 
-bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
-  return a < b + b_bytes && b < a + a_bytes;
-}
-
 ncclConfig_t nonblocking_config(const std::string& name) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // calls return ncclInProgress; we poll, so everything can time out
@@ -197,11 +193,6 @@ NcclProcessGroup::~NcclProcessGroup() {
 }
 
 // ---- helpers ---------------------------------------------------------------------------------
-
-std::string NcclProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
-  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
-                     name_, rank_, size_);
-}
 
 void NcclProcessGroup::prepare(const std::string& what) {
   if (comm_ == nullptr) {
@@ -371,14 +362,9 @@ void NcclProcessGroup::all_to_all(const std::byte* send, std::int64_t send_strid
 
 void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                   std::int64_t count, DType dtype) {
-  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = src == dst + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
-            "{}: input overlaps the output but is not this rank's slice of it",
-            describe("all_gather", count, dtype));
+  check_all_gather(src, dst, count, dtype);
   const std::string what = describe("all_gather", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kAllGather,
@@ -396,12 +382,8 @@ void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::
 
 void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                       std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
-  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
-            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
-            dtype_name(dtype));
-  // Argument-independent rules first: the pointer checks below depend on the rank (at rank > 0
-  // null pointers "overlap"), so they would mask this error on some ranks only.
+  check_reduce_scatter_op(count, dtype, op);
+  // Before the buffer checks, which depend on the rank (see check_reduce_scatter_op).
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
               "the native NCCL reduce-scatter would sum {} in {} in an order of NCCL's choosing; "
@@ -410,11 +392,7 @@ void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<s
   }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = dst == src + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
-            "{}: output overlaps the input but is not this rank's slice of it",
-            describe("reduce_scatter", count, dtype));
+  check_reduce_scatter_buffers(src, dst, count, dtype);
   const std::string what = describe("reduce_scatter", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kReduceScatter,
@@ -450,22 +428,10 @@ void NcclProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, s
 
 void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                   std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
-  if (is_floating(dtype)) {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
-              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  } else {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  }
+  check_all_reduce_op(count, dtype, op);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
-            "{}: input and output overlap without being the same buffer",
-            describe("all_reduce", count, dtype));
+  check_all_reduce_buffers(src, dst, count, dtype);
   const std::string what = describe("all_reduce", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kAllReduce,
@@ -522,9 +488,7 @@ void NcclProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::
 
 void NcclProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
                                  int root) {
-  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
-  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
-            name_, size_);
+  check_broadcast(count, root);
   std::byte* data = device_access::raw(buf);
   const std::string what = describe("broadcast", count, dtype);
   prepare(what);

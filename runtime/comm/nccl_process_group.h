@@ -79,7 +79,6 @@ class NcclProcessGroup final : public ProcessGroup {
   NcclProcessGroup(Adopt, Device& device, ncclComm_t comm, Stream& stream, std::string name,
                    CommOptions options);
 
-  std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Throws if the group was aborted; makes the device current.
   void prepare(const std::string& what);
   // Handles the result of an NCCL call on `comm`: polls ncclCommGetAsyncError until the
