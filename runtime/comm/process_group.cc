@@ -2,6 +2,7 @@
 
 #include "runtime/comm/mpi_process_group.h"
 #include "runtime/common/error.h"
+#include "runtime/device/backend_dispatch.h"
 #if ZRT_HAVE_CUDA
 #include "runtime/comm/nccl_process_group.h"
 #endif
@@ -108,14 +109,13 @@ double bus_factor(CollectiveOp op, int world) {
 std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
                                                  const std::string& name,
                                                  const CommOptions& options) {
-  if (device.type() == DeviceType::kCpu) {
+  if (runs_on_cpu(device)) {
     return std::make_unique<MpiProcessGroup>(device, parent, stream, name, options);
   }
 #if ZRT_HAVE_CUDA
   return make_nccl_process_group(device, parent, stream, name, options);
 #else
-  ZRT_THROW(InvalidArgument, "no collective backend for device '{}' in this build",
-            device.description());
+  cuda_backend_missing("collectives on a cuda device");
 #endif
 }
 
