@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "runtime/common/error.h"
+#include "runtime/device/backend_dispatch.h"
 
 #if ZRT_HAVE_CUDA
 #include "kernels/cuda/cuda_common.cuh"
@@ -17,13 +18,12 @@ namespace zrt::kernels {
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)
     : device_(device), stream_(stream), options_(options) {
   ZRT_CHECK(options_.cpu_threads >= 0, "cpu_threads must be >= 0, not {}", options_.cpu_threads);
-  if (device.type() == DeviceType::kCuda) {
+  if (runs_on_cpu(device)) return;  // the CPU kernels need no handles
 #if ZRT_HAVE_CUDA
-    cuda_ = cuda::make_cuda_kernel_state(device, stream, options_);
+  cuda_ = cuda::make_cuda_kernel_state(device, stream, options_);
 #else
-    ZRT_THROW(InvalidArgument, "KernelContext: the CUDA backend is not built");
+  cuda_backend_missing("KernelContext");
 #endif
-  }
 }
 
 KernelContext::~KernelContext() = default;

@@ -13,6 +13,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
 #include "runtime/common/error.h"
+#include "runtime/device/backend_dispatch.h"
 #include "runtime/device/cpu_stream.h"
 #include "runtime/device/device_access.h"
 
@@ -74,8 +75,9 @@ void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {
   });
 }
 
+// The dispatch of every kernel below is runtime/device/device.h's (runs_on_cpu first).
 bool on_cpu(const KernelContext& ctx) {
-  return ctx.device().type() == DeviceType::kCpu;
+  return runs_on_cpu(ctx.device());
 }
 
 // Enqueues fn on the context's CPU stream, with the context's OpenMP thread count.
@@ -100,10 +102,6 @@ cuda::Launch launch(KernelContext& ctx, std::int64_t workspace_bytes = 0) {
             device_type_name(ctx.device().type()));
   void* ws = workspace_bytes > 0 ? raw(ctx.workspace(workspace_bytes)) : nullptr;
   return cuda::make_launch(*ctx.cuda(), ws);
-}
-#else
-[[noreturn]] void no_cuda(const char* op) {
-  ZRT_THROW(InvalidArgument, "kernels::{}: the CUDA backend is not built", op);
 }
 #endif
 
@@ -135,7 +133,7 @@ void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tok
 #if ZRT_HAVE_CUDA
   cuda::encoder_forward(launch(ctx), dtype, raw(out), raw(tokens), raw(wte), raw(wpe), B, T, C, V);
 #else
-  no_cuda("encoder_forward");
+  cuda_backend_missing("kernels::encoder_forward");
 #endif
 }
 
@@ -156,7 +154,7 @@ void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes d
   cuda::encoder_backward(launch(ctx, cuda::encoder_backward_workspace(B, T)), dtype, grad_dtype,
                          raw(dwte), raw(dwpe), raw(dout), raw(tokens), B, T, C, V);
 #else
-  no_cuda("encoder_backward");
+  cuda_backend_missing("kernels::encoder_backward");
 #endif
 }
 
@@ -175,7 +173,7 @@ void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, 
   cuda::layernorm_forward(launch(ctx), dtype, raw(out), raw(mean), raw(rstd), raw(inp), raw(weight),
                           raw(bias), N, C);
 #else
-  no_cuda("layernorm_forward");
+  cuda_backend_missing("kernels::layernorm_forward");
 #endif
 }
 
@@ -199,7 +197,7 @@ void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes
                            raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight),
                            raw(mean), raw(rstd), N, C);
 #else
-  no_cuda("layernorm_backward");
+  cuda_backend_missing("kernels::layernorm_backward");
 #endif
 }
 
@@ -218,7 +216,7 @@ void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, 
 #if ZRT_HAVE_CUDA
   cuda::matmul_forward(launch(ctx), dtype, raw(out), raw(inp), raw(weight), raw(bias), N, C, OC);
 #else
-  no_cuda("matmul_forward");
+  cuda_backend_missing("kernels::matmul_forward");
 #endif
 }
 
@@ -243,7 +241,7 @@ void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
                         raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight), N, C,
                         OC);
 #else
-  no_cuda("matmul_backward");
+  cuda_backend_missing("kernels::matmul_backward");
 #endif
 }
 
@@ -259,7 +257,7 @@ void gelu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, st
 #if ZRT_HAVE_CUDA
   cuda::gelu_forward(launch(ctx), dtype, raw(out), raw(inp), n);
 #else
-  no_cuda("gelu_forward");
+  cuda_backend_missing("kernels::gelu_forward");
 #endif
 }
 
@@ -277,7 +275,7 @@ void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, 
 #if ZRT_HAVE_CUDA
   cuda::gelu_backward(launch(ctx), dtype, raw(dinp), raw(inp), raw(dout), n);
 #else
-  no_cuda("gelu_backward");
+  cuda_backend_missing("kernels::gelu_backward");
 #endif
 }
 
@@ -295,7 +293,7 @@ void residual_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes a, 
 #if ZRT_HAVE_CUDA
   cuda::residual_forward(launch(ctx), dtype, raw(out), raw(a), raw(b), n);
 #else
-  no_cuda("residual_forward");
+  cuda_backend_missing("kernels::residual_forward");
 #endif
 }
 
@@ -313,7 +311,7 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 #if ZRT_HAVE_CUDA
   cuda::residual_backward(launch(ctx), dtype, raw(da), raw(db), raw(dout), n);
 #else
-  no_cuda("residual_backward");
+  cuda_backend_missing("kernels::residual_backward");
 #endif
 }
 
@@ -336,7 +334,7 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, C
   cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(B, T, C, NH)), dtype,
                           raw(out), raw(att), raw(qkv), B, T, C, NH);
 #else
-  no_cuda("attention_forward");
+  cuda_backend_missing("kernels::attention_forward");
 #endif
 }
 
@@ -358,7 +356,7 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(B, T, C, NH)), dtype,
                            raw(dqkv), raw(dout), raw(qkv), raw(att), B, T, C, NH);
 #else
-  no_cuda("attention_backward");
+  cuda_backend_missing("kernels::attention_backward");
 #endif
 }
 
@@ -378,7 +376,7 @@ void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes in
 #if ZRT_HAVE_CUDA
   cuda::logits_forward(launch(ctx), dtype, raw(logits), raw(inp), raw(wte), N, C, V);
 #else
-  no_cuda("logits_forward");
+  cuda_backend_missing("kernels::logits_forward");
 #endif
 }
 
@@ -401,7 +399,7 @@ void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   cuda::logits_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
                         raw(inp), raw(wte), N, C, V);
 #else
-  no_cuda("logits_backward");
+  cuda_backend_missing("kernels::logits_backward");
 #endif
 }
 
@@ -420,7 +418,7 @@ void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstB
 #if ZRT_HAVE_CUDA
   cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V);
 #else
-  no_cuda("crossentropy_forward");
+  cuda_backend_missing("kernels::crossentropy_forward");
 #endif
 }
 
@@ -440,7 +438,7 @@ void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, Const
   cuda::crossentropy_backward(launch(ctx), dtype, raw(dlogits), raw(logits), raw(targets), dloss, N,
                               V);
 #else
-  no_cuda("crossentropy_backward");
+  cuda_backend_missing("kernels::crossentropy_backward");
 #endif
 }
 
@@ -452,7 +450,7 @@ void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N) {
 #if ZRT_HAVE_CUDA
   cuda::loss_mean(launch(ctx), raw(out), raw(losses), N);
 #else
-  no_cuda("loss_mean");
+  cuda_backend_missing("kernels::loss_mean");
 #endif
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "runtime/common/error.h"
+#include "runtime/device/backend_dispatch.h"
 #include "runtime/device/device_access.h"
 #if ZRT_HAVE_CUDA
 #include "optimizers/cuda/cuda_adam.h"
@@ -99,14 +100,11 @@ std::unique_ptr<HostOptimizer> DeviceAdam::make_host_optimizer() const {
 
 std::unique_ptr<DeviceAdam> make_device_adam(Device& device, const AdamOptions& options,
                                              const CpuAdamOptions& cpu) {
-  if (device.type() == DeviceType::kCpu) return std::make_unique<CpuDeviceAdam>(options, cpu);
+  if (runs_on_cpu(device)) return std::make_unique<CpuDeviceAdam>(options, cpu);
 #if ZRT_HAVE_CUDA
   return std::make_unique<CudaDeviceAdam>(options);
 #else
-  ZRT_THROW(InvalidArgument,
-            "Adam on a {} device needs the CUDA backend, which this zrt was built "
-            "without",
-            device_type_name(device.type()));
+  cuda_backend_missing("Adam on a cuda device");
 #endif
 }
 

@@ -10,6 +10,7 @@
 
 #include "runtime/common/dtype.h"
 #include "runtime/common/error.h"
+#include "runtime/device/cuda_float16.cuh"
 
 namespace zrt::kernels::cuda {
 
@@ -17,10 +18,10 @@ __device__ __forceinline__ float ld(float v) {
   return v;
 }
 __device__ __forceinline__ float ld(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+  return cuda_float16::to_float(v);
 }
 __device__ __forceinline__ float ld(__half v) {
-  return __half2float(v);
+  return cuda_float16::to_float(v);
 }
 
 // Round-to-nearest-even stores, as zrt::to_bf16 / zrt::to_fp16 on the host.
@@ -32,11 +33,11 @@ __device__ __forceinline__ float st<float>(float v) {
 }
 template <>
 __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
+  return cuda_float16::to_bf16_rn(v);
 }
 template <>
 __device__ __forceinline__ __half st<__half>(float v) {
-  return __float2half_rn(v);
+  return cuda_float16::to_fp16_rn(v);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

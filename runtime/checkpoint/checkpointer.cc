@@ -14,6 +14,7 @@
 
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
 
 namespace zrt::checkpoint {
@@ -92,17 +93,18 @@ std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) 
   MPI_Request request;
   ZRT_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
                                MPI_INT64_T, MPI_MAX, comm_, &request));
-  const auto start = Clock::now();
-  int done = 0;
-  while (true) {
-    ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    if (seconds_since(start) > timeout_s_) {
-      ZRT_THROW(Timeout, "checkpoint: ranks did not agree within {} s (a rank died or hangs)",
-                timeout_s_);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  // Agreements are rare and small: testing with backoff leaves the CPU to the async writer.
+  polled_wait(
+      {timeout_s_, PollPace::kBackoff, nullptr},
+      [&] {
+        int done = 0;
+        ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      [&] {
+        return fmt::format("checkpoint: ranks did not agree within {} s (a rank died or hangs)",
+                           timeout_s_);
+      });
   return out;
 }
 

@@ -5,6 +5,7 @@
 
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
+#include "runtime/device/cuda_float16.cuh"
 
 namespace zrt {
 
@@ -13,60 +14,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxGrid = 8192;  // grid-stride beyond this (enough to fill any GPU)
 
-// ---- fp32 <-> bf16 / fp16, bit for bit as runtime/common/dtype.h ------------------------------
-// Written out rather than taken from cuda_bf16.h / cuda_fp16.h: the intrinsics round the same
-// way (nearest even) but produce a canonical NaN, where dtype.h keeps the payload.
-
-__device__ __forceinline__ float bf16_to_float(std::uint16_t h) {
-  return __uint_as_float(static_cast<std::uint32_t>(h) << 16);
-}
-
-__device__ __forceinline__ std::uint16_t float_to_bf16(float f) {
-  const std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it quiet and NaN after truncation
-    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  }
-  const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);  // nearest, ties to even
-  return static_cast<std::uint16_t>((u + rounding) >> 16);
-}
-
-__device__ __forceinline__ float fp16_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exponent = (h >> 10) & 0x1fu;
-  const std::uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-  if (exponent != 0) return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  if (mantissa == 0) return __uint_as_float(sign);  // signed zero
-  // Subnormal: value = mantissa * 2^-24, exact in fp32.
-  const float magnitude = __fmul_rn(static_cast<float>(mantissa), 5.9604644775390625e-08f);
-  return sign ? -magnitude : magnitude;
-}
-
-__device__ __forceinline__ std::uint16_t float_to_fp16(float f) {
-  const std::uint32_t u = __float_as_uint(f);
-  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
-  const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
-  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: inf
-  if (abs < 0x38800000u) {
-    // Result is subnormal (or zero): scale to units of 2^-24 and round to nearest even.
-    if (abs < 0x33000000u) return sign;  // below half the smallest subnormal
-    const std::uint32_t exponent = abs >> 23;
-    const std::uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 126u - exponent;  // 14..24
-    std::uint32_t value = mantissa >> shift;
-    const std::uint32_t remainder = mantissa & ((1u << shift) - 1u);
-    const std::uint32_t half = 1u << (shift - 1u);
-    if (remainder > half || (remainder == half && (value & 1u))) ++value;
-    return static_cast<std::uint16_t>(sign | value);
-  }
-  // Normal: rebias exponent (127 -> 15) and round the 13 dropped mantissa bits to nearest even.
-  const std::uint32_t rebased = abs - (112u << 23);
-  const std::uint32_t rounded = rebased + 0xfffu + ((rebased >> 13) & 1u);
-  return static_cast<std::uint16_t>(sign | (rounded >> 13));
-}
-
-// Storage formats of the float kernels: how to widen to and narrow from fp32.
+// Storage formats of the float kernels: how to widen to and narrow from fp32, bit for bit as
+// runtime/common/dtype.h (NaN payloads too), so the sums match the CPU backend's.
 struct F32 {
   using T = float;
   static __device__ __forceinline__ float widen(float v) { return v; }
@@ -74,13 +23,21 @@ struct F32 {
 };
 struct Bf16 {
   using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) { return bf16_to_float(v); }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) { return float_to_bf16(f); }
+  static __device__ __forceinline__ float widen(std::uint16_t v) {
+    return cuda_float16::bf16_bits_to_float(v);
+  }
+  static __device__ __forceinline__ std::uint16_t narrow(float f) {
+    return cuda_float16::float_to_bf16_bits(f);
+  }
 };
 struct Fp16 {
   using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) { return fp16_to_float(v); }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) { return float_to_fp16(f); }
+  static __device__ __forceinline__ float widen(std::uint16_t v) {
+    return cuda_float16::fp16_bits_to_float(v);
+  }
+  static __device__ __forceinline__ std::uint16_t narrow(float f) {
+    return cuda_float16::float_to_fp16_bits(f);
+  }
 };
 
 __device__ __forceinline__ std::int64_t first_index() {

@@ -8,7 +8,9 @@
 #include <spdlog/fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "runtime/comm/collective_plan.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 #include "runtime/comm/reduce_kernels.h"
 #include "runtime/common/error.h"
 #include "runtime/device/cpu_stream.h"
@@ -31,10 +33,6 @@ void require_thread_multiple() {
 
 MPI_Datatype mpi_int_type(DType dtype) {
   return dtype == DType::kInt32 ? MPI_INT32_T : MPI_INT64_T;
-}
-
-bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
-  return a < b + b_bytes && b < a + a_bytes;
 }
 
 }  // namespace
@@ -82,27 +80,21 @@ MpiProcessGroup::~MpiProcessGroup() {
   }
   // A timed-out operation is still pending in MPI. Give late peers a moment to complete it;
   // if they do not, leak the communicator rather than free it under a live request.
-  const auto deadline = Clock::now() + std::chrono::seconds(2);
-  for (MPI_Request& req : abandoned_) {
-    int done = 0;
-    while (!done && Clock::now() < deadline) {
-      MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-      if (!done) std::this_thread::yield();
-    }
-    if (!done) {
-      spdlog::warn(
-          "group '{}': an abandoned collective is still pending; leaking its "
-          "communicator",
-          name_);
-      return;
-    }
+  const bool completed =
+      abandoned_.empty() || poll_until_done(2.0, PollPace::kSpin, [this] {
+        int done = 0;
+        return MPI_Testall(static_cast<int>(abandoned_.size()), abandoned_.data(), &done,
+                           MPI_STATUSES_IGNORE) == MPI_SUCCESS &&
+               done != 0;
+      });
+  if (!completed) {
+    spdlog::warn(
+        "group '{}': an abandoned collective is still pending; leaking its "
+        "communicator",
+        name_);
+    return;
   }
   MPI_Comm_free(&comm_);
-}
-
-std::string MpiProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
-  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
-                     name_, rank_, size_);
 }
 
 void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
@@ -138,26 +130,21 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
   Watchdog* watchdog = options_.watchdog.get();
   // The watchdog's monitor is the backstop should MPI_Testall itself ever block.
   const Watchdog::Watch watch = watchdog ? watchdog->watch(what) : Watchdog::Watch();
-  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                           std::chrono::duration<double>(options_.timeout_s));
-  for (unsigned polls = 0;; ++polls) {
-    int done = 0;
-    ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
-    if (done) return;
-    if ((polls & 63u) == 63u) {
-      if (Clock::now() > deadline) {
+  polled_wait(
+      {options_.timeout_s, PollPace::kSpin, watchdog},
+      [&] {
+        int done = 0;
+        ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+        return done != 0;
+      },
+      [&] {
         for (int i = 0; i < n; ++i) {
           if (reqs[i] != MPI_REQUEST_NULL) abandoned_.push_back(reqs[i]);
         }
-        const std::string message = fmt::format(
-            "{} did not complete within {:.1f} s (comm_timeout_s){}; {}", what, options_.timeout_s,
-            watchdog ? watchdog->step_phrase() : "", take_attendance());
-        if (watchdog) watchdog->expired(message);
-        throw Timeout(__FILE__, __LINE__, message);
-      }
-      std::this_thread::yield();
-    }
-  }
+        return fmt::format("{} did not complete within {:.1f} s (comm_timeout_s){}; {}", what,
+                           options_.timeout_s, watchdog ? watchdog->step_phrase() : "",
+                           take_attendance());
+      });
 }
 
 std::string MpiProcessGroup::take_attendance() {
@@ -182,14 +169,10 @@ std::string MpiProcessGroup::take_attendance() {
     MPI_Irecv(&heard[static_cast<std::size_t>(peer)], 1, MPI_INT64_T, peer, kAttendanceTag, comm_,
               &recvs[static_cast<std::size_t>(peer)]);
   }
-  const auto end = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(grace));
-  for (;;) {
+  poll_until_done(grace, PollPace::kBackoff, [&] {
     int done = 0;
-    if (MPI_Testall(size_, recvs.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
-    if (done || Clock::now() > end) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+    return MPI_Testall(size_, recvs.data(), &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS || done;
+  });
   for (MPI_Request& r : recvs) {
     if (r == MPI_REQUEST_NULL) continue;
     MPI_Cancel(&r);
@@ -237,23 +220,17 @@ std::byte* MpiProcessGroup::scratch(int which, std::int64_t bytes) {
 }
 
 std::int64_t MpiProcessGroup::chunk_elements(std::int64_t elem_bytes, int parts) const {
-  const std::int64_t per_part = options_.max_chunk_bytes / (elem_bytes * parts);
-  const std::int64_t int_limit = INT_MAX / elem_bytes;
-  return std::max<std::int64_t>(1, std::min({per_part, int_limit}));
+  return collective_plan::chunk_elements(options_.max_chunk_bytes, elem_bytes, parts,
+                                         collective_plan::int_count_limit(elem_bytes));
 }
 
 // ---- all_gather ------------------------------------------------------------------------------
 
 void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                  std::int64_t count, DType dtype) {
-  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = src == dst + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
-            "{}: input overlaps the output but is not this rank's slice of it",
-            describe("all_gather", count, dtype));
+  check_all_gather(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
           [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
 }
@@ -278,23 +255,22 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
   if (size_ == 1) return;
   // Every rank sends its slice to every peer and receives theirs, all messages posted at once;
   // large slices go as several messages to keep counts in int.
-  const std::int64_t piece = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();
-  for (std::int64_t first = 0; first < bytes; first += piece) {
-    const int n = static_cast<int>(std::min(piece, bytes - first));
+  collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
+    const int n = static_cast<int>(piece.count);
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       reqs.emplace_back();
       ZRT_MPI_CHECK(
-          MPI_Irecv(out + from * bytes + first, n, MPI_BYTE, from, 0, comm_, &reqs.back()));
+          MPI_Irecv(out + from * bytes + piece.first, n, MPI_BYTE, from, 0, comm_, &reqs.back()));
     }
     for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(MPI_Isend(mine + first, n, MPI_BYTE, to, 0, comm_, &reqs.back()));
+      ZRT_MPI_CHECK(MPI_Isend(mine + piece.first, n, MPI_BYTE, to, 0, comm_, &reqs.back()));
     }
-  }
+  });
   wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_gather", count, dtype));
 }
 
@@ -302,10 +278,7 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
 
 void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                      std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
-  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
-            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
-            dtype_name(dtype));
+  check_reduce_scatter_op(count, dtype, op);
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
               "the native MPI reduce-scatter cannot sum {} (MPI has no 16-bit float type); use "
@@ -314,11 +287,7 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = dst == src + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
-            "{}: output overlaps the input but is not this rank's slice of it",
-            describe("reduce_scatter", count, dtype));
+  check_reduce_scatter_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
@@ -357,23 +326,23 @@ void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, st
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   const std::string what = describe("reduce_scatter", count, dtype);
   const std::int64_t chunk = chunk_elements(elem, size_);
-  const std::int64_t chunks = (count + chunk - 1) / chunk;
+  const std::int64_t chunks = collective_plan::chunk_count(count, chunk);
   std::vector<MPI_Request> pending[2];
   std::byte* received[2] = {scratch(0, size_ * std::min(chunk, count) * elem),
                             chunks > 1 ? scratch(1, size_ * chunk * elem) : nullptr};
   auto post = [&](std::int64_t k) {
-    const std::int64_t first = k * chunk;
-    const std::int64_t n = std::min(chunk, count - first);
-    post_exchange(in + first * elem, count * elem, received[k % 2], n * elem, pending[k % 2]);
+    const collective_plan::Range part = collective_plan::chunk_range(count, chunk, k);
+    post_exchange(in + part.first * elem, count * elem, received[k % 2], part.count * elem,
+                  pending[k % 2]);
   };
   post(0);
   for (std::int64_t k = 0; k < chunks; ++k) {
     if (k + 1 < chunks) post(k + 1);
     std::vector<MPI_Request>& reqs = pending[k % 2];
     wait_all(reqs.data(), static_cast<int>(reqs.size()), what);
-    const std::int64_t first = k * chunk;
-    const std::int64_t n = std::min(chunk, count - first);
-    reduce_blocks(received[k % 2], n, size_, n, dtype, op, out + first * elem);
+    const collective_plan::Range part = collective_plan::chunk_range(count, chunk, k);
+    reduce_blocks(received[k % 2], part.count, size_, part.count, dtype, op,
+                  out + part.first * elem);
   }
 }
 
@@ -381,56 +350,47 @@ void MpiProcessGroup::run_reduce_scatter_native(const std::byte* in, std::byte* 
                                                 std::int64_t count, DType dtype, ReduceOp op) {
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   const std::string what = describe("reduce_scatter", count, dtype);
-  const std::int64_t chunk = chunk_elements(elem, size_);
   MPI_Request req = MPI_REQUEST_NULL;
-  for (std::int64_t first = 0; first < count; first += chunk) {
-    const std::int64_t n = std::min(chunk, count - first);
-    // OpenMPI applies predefined reductions to basic types only, so a chunk's strided blocks
-    // are packed first (a single chunk is already contiguous). The result goes through
-    // scratch so in-place calls stay legal.
-    const std::byte* send = in;
-    if (n != count) {
-      std::byte* packed = scratch(1, size_ * n * elem);
-      for (int r = 0; r < size_; ++r) {
-        std::memcpy(packed + r * n * elem, in + (r * count + first) * elem,
-                    static_cast<std::size_t>(n * elem));
-      }
-      send = packed;
-    }
-    std::byte* result = scratch(0, n * elem);
-    const MPI_Datatype type = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
-    ZRT_MPI_CHECK(
-        MPI_Ireduce_scatter_block(send, result, static_cast<int>(n), type, MPI_SUM, comm_, &req));
-    wait(req, what);
-    if (op == ReduceOp::kAvg) {
-      auto* f = reinterpret_cast<float*>(result);
-      for (std::int64_t i = 0; i < n; ++i) f[i] /= static_cast<float>(size_);
-    }
-    std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
-  }
+  collective_plan::for_each_chunk(
+      count, chunk_elements(elem, size_), [&](collective_plan::Range part) {
+        const std::int64_t first = part.first;
+        const std::int64_t n = part.count;
+        // OpenMPI applies predefined reductions to basic types only, so a chunk's strided blocks
+        // are packed first (a single chunk is already contiguous). The result goes through
+        // scratch so in-place calls stay legal.
+        const std::byte* send = in;
+        if (n != count) {
+          std::byte* packed = scratch(1, size_ * n * elem);
+          for (int r = 0; r < size_; ++r) {
+            std::memcpy(packed + r * n * elem, in + (r * count + first) * elem,
+                        static_cast<std::size_t>(n * elem));
+          }
+          send = packed;
+        }
+        std::byte* result = scratch(0, n * elem);
+        const MPI_Datatype type = dtype == DType::kFloat32 ? MPI_FLOAT : mpi_int_type(dtype);
+        ZRT_MPI_CHECK(MPI_Ireduce_scatter_block(send, result, static_cast<int>(n), type, MPI_SUM,
+                                                comm_, &req));
+        wait(req, what);
+        if (op == ReduceOp::kAvg) {
+          auto* f = reinterpret_cast<float*>(result);
+          for (std::int64_t i = 0; i < n; ++i) f[i] /= static_cast<float>(size_);
+        }
+        std::memcpy(out + first * elem, result, static_cast<std::size_t>(n * elem));
+      });
 }
 
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                  std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
-  if (is_floating(dtype)) {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
-              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  } else {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-    ZRT_CHECK(count <= INT_MAX, "integer all_reduce of {} elements is too large", count);
-  }
+  check_all_reduce_op(count, dtype, op);
+  // Integers go through MPI's own all-reduce in one call (int count).
+  ZRT_CHECK(is_floating(dtype) || count <= INT_MAX,
+            "integer all_reduce of {} elements is too large", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
-            "{}: input and output overlap without being the same buffer",
-            describe("all_reduce", count, dtype));
+  check_all_reduce_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
           [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
 }
@@ -451,43 +411,41 @@ void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::i
   // Floats: reduce-scatter then all-gather over a zero-padded copy, so every rank computes
   // the same sums in the same order and the replicas stay bit-identical.
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const std::int64_t piece = chunk_elements(elem, size_) * size_;
-  for (std::int64_t first = 0; first < count; first += piece) {
-    const std::int64_t total = std::min(piece, count - first);
-    const std::int64_t slice = (total + size_ - 1) / size_;
-    const std::int64_t padded_bytes = slice * size_ * elem;
-    std::byte* work = scratch(1, padded_bytes);
-    std::byte* received = scratch(0, padded_bytes);
-    std::memcpy(work, in + first * elem, static_cast<std::size_t>(total * elem));
-    std::memset(work + total * elem, 0, static_cast<std::size_t>(padded_bytes - total * elem));
-    post_exchange(work, slice * elem, received, slice * elem, requests_);
-    wait_all(requests_.data(), static_cast<int>(requests_.size()), what);
-    reduce_blocks(received, slice, size_, slice, dtype, op, work + rank_ * slice * elem);
-    run_all_gather(work + rank_ * slice * elem, work, slice, dtype);
-    std::memcpy(out + first * elem, work, static_cast<std::size_t>(total * elem));
-  }
+  collective_plan::for_each_all_reduce_piece(
+      count, size_, chunk_elements(elem, size_), [&](const collective_plan::AllReducePiece& piece) {
+        const std::int64_t slice = piece.slice;
+        const std::int64_t padded_bytes = piece.padded(size_) * elem;
+        std::byte* work = scratch(1, padded_bytes);
+        std::byte* received = scratch(0, padded_bytes);
+        std::memcpy(work, in + piece.input.first * elem,
+                    static_cast<std::size_t>(piece.input.count * elem));
+        std::memset(work + piece.input.count * elem, 0,
+                    static_cast<std::size_t>(piece.padding(size_) * elem));
+        post_exchange(work, slice * elem, received, slice * elem, requests_);
+        wait_all(requests_.data(), static_cast<int>(requests_.size()), what);
+        reduce_blocks(received, slice, size_, slice, dtype, op, work + rank_ * slice * elem);
+        run_all_gather(work + rank_ * slice * elem, work, slice, dtype);
+        std::memcpy(out + piece.input.first * elem, work,
+                    static_cast<std::size_t>(piece.input.count * elem));
+      });
 }
 
 // ---- broadcast, barrier, split ---------------------------------------------------------------
 
 void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
                                 int root) {
-  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
-  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
-            name_, size_);
+  check_broadcast(count, root);
   std::byte* data = device_access::raw(buf);
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
-  enqueue(
-      CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
-      [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
-        const std::int64_t chunk = std::min<std::int64_t>(options_.max_chunk_bytes, INT_MAX);
-        for (std::int64_t first = 0; first < bytes; first += chunk) {
-          MPI_Request req = MPI_REQUEST_NULL;
-          ZRT_MPI_CHECK(MPI_Ibcast(data + first, static_cast<int>(std::min(chunk, bytes - first)),
-                                   MPI_BYTE, root, comm_, &req));
-          wait(req, what);
-        }
-      });
+  enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+          [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
+            collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
+              MPI_Request req = MPI_REQUEST_NULL;
+              ZRT_MPI_CHECK(MPI_Ibcast(data + piece.first, static_cast<int>(piece.count), MPI_BYTE,
+                                       root, comm_, &req));
+              wait(req, what);
+            });
+          });
 }
 
 void MpiProcessGroup::barrier() {

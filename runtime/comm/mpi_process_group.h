@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/collective_plan.h"
 #include "runtime/comm/process_group.h"
 
 namespace zrt {
@@ -55,10 +56,15 @@ class MpiProcessGroup final : public ProcessGroup {
   // After a timeout: which peers are waiting in the same operation, which are elsewhere and
   // which are missing (see the .cc). Returns the phrase the error message carries.
   std::string take_attendance();
-  std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Worker-thread scratch of at least `bytes` (comm category, grown on demand).
   std::byte* scratch(int which, std::int64_t bytes);
+  // Elements per rank in one chunk (collective_plan::chunk_elements within int counts).
   std::int64_t chunk_elements(std::int64_t elem_bytes, int parts) const;
+  // Bytes in one piece of a byte transfer: max_chunk_bytes within an int count.
+  std::int64_t byte_chunk() const {
+    return collective_plan::chunk_elements(options_.max_chunk_bytes, 1, 1,
+                                           collective_plan::int_count_limit(1));
+  }
 
   // Worker-thread bodies.
   void run_all_gather(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);

@@ -6,8 +6,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/comm/collective_plan.h"
 #include "runtime/comm/cuda_reduce_kernels.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device_impl.h"
 #include "runtime/device/device_access.h"
@@ -15,8 +17,6 @@
 namespace zrt {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
@@ -39,19 +39,6 @@ std::string last_error_text(ncclComm_t comm) {
   const char* text = ncclGetLastError(comm);
   if (text == nullptr || *text == '\0') return {};
   return fmt::format(" ({})", text);
-}
-
-// Poll politely: spin briefly (enqueueing usually finishes at once), then sleep a little.
-void backoff(unsigned polls) {
-  if (polls < 64) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(polls < 4096 ? 20 : 200));
-  }
-}
-
-bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
-  return a < b + b_bytes && b < a + a_bytes;
 }
 
 ncclConfig_t nonblocking_config(const std::string& name) {
@@ -111,20 +98,21 @@ NcclProcessGroup::NcclProcessGroup(Device& device, MPI_Comm parent, Stream& stre
   MPI_Request req = MPI_REQUEST_NULL;
   ZRT_MPI_CHECK(
       MPI_Ibcast(&bootstrap, static_cast<int>(sizeof bootstrap), MPI_BYTE, 0, boot, &req));
-  const auto end = deadline();
-  for (unsigned polls = 0;; ++polls) {
-    int done = 0;
-    ZRT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-    if (done) break;
-    if (Clock::now() > end) {
-      // The request is still pending, so `boot` cannot be freed: leak it (as the MPI backend).
-      ZRT_THROW(Timeout,
-                "{}: the ncclUniqueId broadcast did not complete within {:.1f} s "
-                "(comm_timeout_s): a peer rank died, stalled, or created groups in another order",
-                what, options_.timeout_s);
-    }
-    backoff(polls);
-  }
+  // On a timeout the request is still pending, so `boot` cannot be freed: it is leaked (as the
+  // MPI backend does). The watchdog is not told: group creation fails on every rank alike.
+  polled_wait(
+      {options_.timeout_s, PollPace::kBackoff, nullptr},
+      [&] {
+        int done = 0;
+        ZRT_MPI_CHECK(MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      [&] {
+        return fmt::format(
+            "{}: the ncclUniqueId broadcast did not complete within {:.1f} s "
+            "(comm_timeout_s): a peer rank died, stalled, or created groups in another order",
+            what, options_.timeout_s);
+      });
   ZRT_MPI_CHECK(MPI_Comm_free(&boot));
   const auto id_result = static_cast<ncclResult_t>(bootstrap.result);
   if (id_result != ncclSuccess) {
@@ -206,16 +194,6 @@ NcclProcessGroup::~NcclProcessGroup() {
 
 // ---- helpers ---------------------------------------------------------------------------------
 
-std::string NcclProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
-  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
-                     name_, rank_, size_);
-}
-
-Clock::time_point NcclProcessGroup::deadline() const {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(options_.timeout_s));
-}
-
 void NcclProcessGroup::prepare(const std::string& what) {
   if (comm_ == nullptr) {
     ZRT_THROW(Error, "{}: the group's communicator was aborted after an earlier failure: {}", what,
@@ -224,7 +202,7 @@ void NcclProcessGroup::prepare(const std::string& what) {
   ZRT_CUDA_CHECK(cudaSetDevice(device_index_));
 }
 
-void NcclProcessGroup::fail(ncclComm_t& comm, const std::string& message, bool timeout) {
+void NcclProcessGroup::abort(ncclComm_t& comm, const std::string& message) {
   if (&comm == &comm_) failure_ = message;
   if (comm != nullptr) {
     // Abort also stops NCCL kernels still waiting on the GPU, so the stream drains.
@@ -234,57 +212,59 @@ void NcclProcessGroup::fail(ncclComm_t& comm, const std::string& message, bool t
     }
     comm = nullptr;
   }
-  if (timeout) {
-    // NCCL does not say which peer is missing; the watchdog adds the step and ends the run.
-    Watchdog* watchdog = options_.watchdog.get();
-    const std::string full = watchdog && watchdog->step() > 0
-                                 ? fmt::format("{} (training step {})", message, watchdog->step())
-                                 : message;
-    if (watchdog) watchdog->expired(full);
-    throw Timeout(__FILE__, __LINE__, full);
-  }
+}
+
+void NcclProcessGroup::fail(ncclComm_t& comm, const std::string& message) {
+  abort(comm, message);
   throw Error(__FILE__, __LINE__, message);
+}
+
+template <typename IsDone, typename TimeoutText>
+void NcclProcessGroup::poll(ncclComm_t& comm, IsDone&& is_done, TimeoutText&& timeout_text) {
+  Watchdog* watchdog = options_.watchdog.get();
+  polled_wait({options_.timeout_s, PollPace::kBackoff, watchdog}, is_done, [&] {
+    const std::string message = timeout_text();
+    abort(comm, message);
+    // NCCL does not say which peer is missing; the watchdog adds the step and ends the run.
+    return watchdog && watchdog->step() > 0
+               ? fmt::format("{} (training step {})", message, watchdog->step())
+               : message;
+  });
 }
 
 void NcclProcessGroup::await(ncclComm_t& comm, ncclResult_t result, const char* call,
                              const std::string& what) {
   if (result != ncclSuccess && result != ncclInProgress) {
-    fail(comm,
-         fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(result),
-                     last_error_text(comm)),
-         false);
+    fail(comm, fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(result),
+                           last_error_text(comm)));
   }
   if (comm == nullptr) {
-    fail(comm, fmt::format("{} returned no communicator for {}", call, what), false);
+    fail(comm, fmt::format("{} returned no communicator for {}", call, what));
   }
   // A non-blocking communicator reports ncclInProgress until the operation is enqueued (or the
   // communicator initialised); no other call may be made on it before that.
-  const auto end = deadline();
-  for (unsigned polls = 0;; ++polls) {
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
-    if (queried != ncclSuccess) {
-      fail(
-          comm,
-          fmt::format("ncclCommGetAsyncError failed for {}: {}", what, ncclGetErrorString(queried)),
-          false);
-    }
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      fail(comm,
-           fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(state),
-                       last_error_text(comm)),
-           false);
-    }
-    if (Clock::now() > end) {
-      fail(comm,
-           fmt::format("{} did not complete within {:.1f} s (comm_timeout_s): a peer rank died, "
-                       "stalled, or issued collectives in another order",
-                       what, options_.timeout_s),
-           true);
-    }
-    backoff(polls);
-  }
+  poll(
+      comm,
+      [&] {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t queried = ncclCommGetAsyncError(comm, &state);
+        if (queried != ncclSuccess) {
+          fail(comm, fmt::format("ncclCommGetAsyncError failed for {}: {}", what,
+                                 ncclGetErrorString(queried)));
+        }
+        if (state == ncclSuccess) return true;
+        if (state != ncclInProgress) {
+          fail(comm, fmt::format("{} failed for {}: {}{}", call, what, ncclGetErrorString(state),
+                                 last_error_text(comm)));
+        }
+        return false;
+      },
+      [&] {
+        return fmt::format(
+            "{} did not complete within {:.1f} s (comm_timeout_s): a peer rank died, "
+            "stalled, or issued collectives in another order",
+            what, options_.timeout_s);
+      });
 }
 
 void NcclProcessGroup::check_async_error() {
@@ -294,17 +274,14 @@ void NcclProcessGroup::check_async_error() {
   ncclResult_t state = ncclSuccess;
   const ncclResult_t queried = ncclCommGetAsyncError(comm_, &state);
   if (queried != ncclSuccess) {
-    fail(comm_,
-         fmt::format("ncclCommGetAsyncError failed on group '{}': {}", name_,
-                     ncclGetErrorString(queried)),
-         false);
+    fail(comm_, fmt::format("ncclCommGetAsyncError failed on group '{}': {}", name_,
+                            ncclGetErrorString(queried)));
   }
   if (state != ncclSuccess && state != ncclInProgress) {
     fail(comm_,
          fmt::format("NCCL reported an asynchronous error on group '{}' (rank {} of {}){}: {}{}",
                      name_, rank_, size_, last_op_.empty() ? "" : " after " + last_op_,
-                     ncclGetErrorString(state), last_error_text(comm_)),
-         false);
+                     ncclGetErrorString(state), last_error_text(comm_)));
   }
 }
 
@@ -317,20 +294,20 @@ void NcclProcessGroup::synchronize() {
 
 void NcclProcessGroup::wait_idle(const std::string& what) {
   ZRT_CUDA_CHECK(cudaEventRecord(sync_event_, cuda_stream_));
-  const auto end = deadline();
-  for (unsigned polls = 0;; ++polls) {
-    if (cuda_event_complete(sync_event_)) break;
-    check_async_error();
-    if (Clock::now() > end) {
-      fail(comm_,
-           fmt::format("{} (or earlier work on stream '{}') did not complete within {:.1f} s "
-                       "(comm_timeout_s): a peer rank died, stalled, or issued collectives in "
-                       "another order",
-                       what, stream_->name(), options_.timeout_s),
-           true);
-    }
-    backoff(polls);
-  }
+  poll(
+      comm_,
+      [&] {
+        if (cuda_event_complete(sync_event_)) return true;
+        check_async_error();
+        return false;
+      },
+      [&] {
+        return fmt::format(
+            "{} (or earlier work on stream '{}') did not complete within {:.1f} s "
+            "(comm_timeout_s): a peer rank died, stalled, or issued collectives in "
+            "another order",
+            what, stream_->name(), options_.timeout_s);
+      });
   check_async_error();
 }
 
@@ -346,7 +323,8 @@ std::byte* NcclProcessGroup::scratch(int which, std::int64_t bytes) {
 }
 
 std::int64_t NcclProcessGroup::chunk_elements(std::int64_t elem_bytes, int parts) const {
-  return std::max<std::int64_t>(1, options_.max_chunk_bytes / (elem_bytes * parts));
+  // NCCL counts are size_t: only the scratch memory bounds a chunk.
+  return collective_plan::chunk_elements(options_.max_chunk_bytes, elem_bytes, parts);
 }
 
 void NcclProcessGroup::all_to_all(const std::byte* send, std::int64_t send_stride_bytes,
@@ -384,14 +362,9 @@ void NcclProcessGroup::all_to_all(const std::byte* send, std::int64_t send_strid
 
 void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                   std::int64_t count, DType dtype) {
-  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = src == dst + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, count * elem, dst, size_ * count * elem),
-            "{}: input overlaps the output but is not this rank's slice of it",
-            describe("all_gather", count, dtype));
+  check_all_gather(src, dst, count, dtype);
   const std::string what = describe("all_gather", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kAllGather,
@@ -409,12 +382,8 @@ void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::
 
 void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                       std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
-  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
-            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
-            dtype_name(dtype));
-  // Argument-independent rules first: the pointer checks below depend on the rank (at rank > 0
-  // null pointers "overlap"), so they would mask this error on some ranks only.
+  check_reduce_scatter_op(count, dtype, op);
+  // Before the buffer checks, which depend on the rank (see check_reduce_scatter_op).
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     ZRT_CHECK(dtype == DType::kFloat32 || !is_floating(dtype),
               "the native NCCL reduce-scatter would sum {} in {} in an order of NCCL's choosing; "
@@ -423,11 +392,7 @@ void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<s
   }
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const bool in_place = dst == src + rank_ * count * elem;
-  ZRT_CHECK(in_place || !overlaps(src, size_ * count * elem, dst, count * elem),
-            "{}: output overlaps the input but is not this rank's slice of it",
-            describe("reduce_scatter", count, dtype));
+  check_reduce_scatter_buffers(src, dst, count, dtype);
   const std::string what = describe("reduce_scatter", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kReduceScatter,
@@ -450,35 +415,23 @@ void NcclProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, s
   // All-to-all + local fp32 sum in rank order, chunked to bound the scratch. In place works:
   // chunk c writes only out[c], and later chunks never send that part of this rank's block.
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const std::int64_t chunk = chunk_elements(elem, size_);
-  for (std::int64_t first = 0; first < count; first += chunk) {
-    const std::int64_t n = std::min(chunk, count - first);
-    std::byte* received = scratch(0, size_ * n * elem);
-    all_to_all(in + first * elem, count * elem, received, n, dtype, what);
-    cuda_reduce_blocks(received, n, size_, n, dtype, op, out + first * elem, cuda_stream_);
-  }
+  collective_plan::for_each_chunk(
+      count, chunk_elements(elem, size_), [&](collective_plan::Range part) {
+        std::byte* received = scratch(0, size_ * part.count * elem);
+        all_to_all(in + part.first * elem, count * elem, received, part.count, dtype, what);
+        cuda_reduce_blocks(received, part.count, size_, part.count, dtype, op,
+                           out + part.first * elem, cuda_stream_);
+      });
 }
 
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                                   std::int64_t count, DType dtype, ReduceOp op) {
-  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
-  if (is_floating(dtype)) {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
-              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  } else {
-    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
-              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
-              reduce_op_name(op));
-  }
+  check_all_reduce_op(count, dtype, op);
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
-  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  ZRT_CHECK(src == dst || !overlaps(src, count * elem, dst, count * elem),
-            "{}: input and output overlap without being the same buffer",
-            describe("all_reduce", count, dtype));
+  check_all_reduce_buffers(src, dst, count, dtype);
   const std::string what = describe("all_reduce", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kAllReduce,
@@ -501,41 +454,41 @@ void NcclProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::
   // Floats: reduce-scatter then all-gather over a zero-padded copy, so every rank computes
   // the same sums in the same order and the replicas stay bit-identical.
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
-  const std::int64_t piece = chunk_elements(elem, size_) * size_;
-  for (std::int64_t first = 0; first < count; first += piece) {
-    const std::int64_t total = std::min(piece, count - first);
-    const std::int64_t slice = (total + size_ - 1) / size_;
-    const std::int64_t padded_bytes = slice * size_ * elem;
-    std::byte* work = scratch(1, padded_bytes);
-    std::byte* received = scratch(0, padded_bytes);
-    ZRT_CUDA_CHECK(cudaMemcpyAsync(work, in + first * elem, static_cast<std::size_t>(total * elem),
-                                   cudaMemcpyDeviceToDevice, cuda_stream_));
-    if (padded_bytes > total * elem) {
-      ZRT_CUDA_CHECK(cudaMemsetAsync(work + total * elem, 0,
-                                     static_cast<std::size_t>(padded_bytes - total * elem),
-                                     cuda_stream_));
-    }
-    all_to_all(work, slice * elem, received, slice, dtype, what);
-    std::byte* mine = work + rank_ * slice * elem;
-    cuda_reduce_blocks(received, slice, size_, slice, dtype, op, mine, cuda_stream_);
-    if (size_ > 1) {
-      await(comm_,
-            ncclAllGather(mine, work, static_cast<std::size_t>(slice), nccl_type(dtype), comm_,
-                          cuda_stream_),
-            "ncclAllGather", what);
-    }
-    ZRT_CUDA_CHECK(cudaMemcpyAsync(out + first * elem, work, static_cast<std::size_t>(total * elem),
-                                   cudaMemcpyDeviceToDevice, cuda_stream_));
-  }
+  collective_plan::for_each_all_reduce_piece(
+      count, size_, chunk_elements(elem, size_), [&](const collective_plan::AllReducePiece& piece) {
+        const std::int64_t slice = piece.slice;
+        const std::int64_t input_bytes = piece.input.count * elem;
+        const std::int64_t padded_bytes = piece.padded(size_) * elem;
+        std::byte* work = scratch(1, padded_bytes);
+        std::byte* received = scratch(0, padded_bytes);
+        ZRT_CUDA_CHECK(cudaMemcpyAsync(work, in + piece.input.first * elem,
+                                       static_cast<std::size_t>(input_bytes),
+                                       cudaMemcpyDeviceToDevice, cuda_stream_));
+        if (piece.padding(size_) > 0) {
+          ZRT_CUDA_CHECK(cudaMemsetAsync(work + input_bytes, 0,
+                                         static_cast<std::size_t>(padded_bytes - input_bytes),
+                                         cuda_stream_));
+        }
+        all_to_all(work, slice * elem, received, slice, dtype, what);
+        std::byte* mine = work + rank_ * slice * elem;
+        cuda_reduce_blocks(received, slice, size_, slice, dtype, op, mine, cuda_stream_);
+        if (size_ > 1) {
+          await(comm_,
+                ncclAllGather(mine, work, static_cast<std::size_t>(slice), nccl_type(dtype), comm_,
+                              cuda_stream_),
+                "ncclAllGather", what);
+        }
+        ZRT_CUDA_CHECK(cudaMemcpyAsync(out + piece.input.first * elem, work,
+                                       static_cast<std::size_t>(input_bytes),
+                                       cudaMemcpyDeviceToDevice, cuda_stream_));
+      });
 }
 
 // ---- broadcast, barrier, split ---------------------------------------------------------------
 
 void NcclProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
                                  int root) {
-  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
-  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
-            name_, size_);
+  check_broadcast(count, root);
   std::byte* data = device_access::raw(buf);
   const std::string what = describe("broadcast", count, dtype);
   prepare(what);

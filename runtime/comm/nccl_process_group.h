@@ -79,7 +79,6 @@ class NcclProcessGroup final : public ProcessGroup {
   NcclProcessGroup(Adopt, Device& device, ncclComm_t comm, Stream& stream, std::string name,
                    CommOptions options);
 
-  std::string describe(const char* op, std::int64_t count, DType dtype) const;
   // Throws if the group was aborted; makes the device current.
   void prepare(const std::string& what);
   // Handles the result of an NCCL call on `comm`: polls ncclCommGetAsyncError until the
@@ -89,8 +88,14 @@ class NcclProcessGroup final : public ProcessGroup {
   // Polls the stream (an event recorded now) and the communicator's async error until the
   // stream's work is done; aborts and throws like await.
   void wait_idle(const std::string& what);
-  [[noreturn]] void fail(ncclComm_t& comm, const std::string& message, bool timeout);
-  std::chrono::steady_clock::time_point deadline() const;
+  // Aborts `comm` (nulling it), remembering `message` as the group's failure if it is comm_.
+  void abort(ncclComm_t& comm, const std::string& message);
+  // Aborts `comm` and throws Error with `message`.
+  [[noreturn]] void fail(ncclComm_t& comm, const std::string& message);
+  // polled_wait with backoff until is_done() (bool); after timeout_s aborts `comm`, tells the
+  // watchdog and throws Timeout with timeout_text() (std::string) and the training step.
+  template <typename IsDone, typename TimeoutText>
+  void poll(ncclComm_t& comm, IsDone&& is_done, TimeoutText&& timeout_text);
   // Stream-ordered scratch of at least `bytes` (comm category, grown on demand).
   std::byte* scratch(int which, std::int64_t bytes);
   std::int64_t chunk_elements(std::int64_t elem_bytes, int parts) const;

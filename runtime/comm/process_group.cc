@@ -2,11 +2,78 @@
 
 #include "runtime/comm/mpi_process_group.h"
 #include "runtime/common/error.h"
+#include "runtime/device/backend_dispatch.h"
 #if ZRT_HAVE_CUDA
 #include "runtime/comm/nccl_process_group.h"
 #endif
 
 namespace zrt {
+
+namespace {
+
+bool overlaps(const std::byte* a, std::int64_t a_bytes, const std::byte* b, std::int64_t b_bytes) {
+  return a < b + b_bytes && b < a + a_bytes;
+}
+
+}  // namespace
+
+std::string ProcessGroup::describe(const char* op, std::int64_t count, DType dtype) const {
+  return fmt::format("{} of {} x {} on group '{}' (rank {} of {})", op, count, dtype_name(dtype),
+                     name_, rank_, size_);
+}
+
+void ProcessGroup::check_all_gather(const std::byte* in, const std::byte* out, std::int64_t count,
+                                    DType dtype) const {
+  ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = in == out + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(in, count * elem, out, size_ * count * elem),
+            "{}: input overlaps the output but is not this rank's slice of it",
+            describe("all_gather", count, dtype));
+}
+
+void ProcessGroup::check_reduce_scatter_op(std::int64_t count, DType dtype, ReduceOp op) const {
+  ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
+  ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
+            "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
+            dtype_name(dtype));
+}
+
+void ProcessGroup::check_reduce_scatter_buffers(const std::byte* in, const std::byte* out,
+                                                std::int64_t count, DType dtype) const {
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const bool in_place = out == in + rank_ * count * elem;
+  ZRT_CHECK(in_place || !overlaps(in, size_ * count * elem, out, count * elem),
+            "{}: output overlaps the input but is not this rank's slice of it",
+            describe("reduce_scatter", count, dtype));
+}
+
+void ProcessGroup::check_all_reduce_op(std::int64_t count, DType dtype, ReduceOp op) const {
+  ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
+  if (is_floating(dtype)) {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
+              "all_reduce on {} supports sum and avg, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+  } else {
+    ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax,
+              "all_reduce on {} supports sum and max, not {}", dtype_name(dtype),
+              reduce_op_name(op));
+  }
+}
+
+void ProcessGroup::check_all_reduce_buffers(const std::byte* in, const std::byte* out,
+                                            std::int64_t count, DType dtype) const {
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CHECK(in == out || !overlaps(in, count * elem, out, count * elem),
+            "{}: input and output overlap without being the same buffer",
+            describe("all_reduce", count, dtype));
+}
+
+void ProcessGroup::check_broadcast(std::int64_t count, int root) const {
+  ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
+  ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
+            name_, size_);
+}
 
 std::int64_t collective_bytes(CollectiveOp op, std::int64_t count, DType dtype, int world) {
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
@@ -42,14 +109,13 @@ double bus_factor(CollectiveOp op, int world) {
 std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
                                                  const std::string& name,
                                                  const CommOptions& options) {
-  if (device.type() == DeviceType::kCpu) {
+  if (runs_on_cpu(device)) {
     return std::make_unique<MpiProcessGroup>(device, parent, stream, name, options);
   }
 #if ZRT_HAVE_CUDA
   return make_nccl_process_group(device, parent, stream, name, options);
 #else
-  ZRT_THROW(InvalidArgument, "no collective backend for device '{}' in this build",
-            device.description());
+  cuda_backend_missing("collectives on a cuda device");
 #endif
 }
 

@@ -99,6 +99,21 @@ class ProcessGroup {
  protected:
   ProcessGroup(int rank, int size, std::string name, Stream* stream)
       : rank_(rank), size_(size), name_(std::move(name)), stream_(stream) {}
+
+  // "all_gather of 1000 x fp32 on group 'g' (rank 0 of 2)": how errors name an operation.
+  std::string describe(const char* op, std::int64_t count, DType dtype) const;
+  // The argument checks every backend makes before it enqueues anything (they throw).
+  // Rules that do not depend on the buffers come first: the overlap checks depend on the rank
+  // (at rank > 0 null pointers "overlap"), so they would mask the other errors on some ranks.
+  void check_all_gather(const std::byte* in, const std::byte* out, std::int64_t count,
+                        DType dtype) const;
+  void check_reduce_scatter_op(std::int64_t count, DType dtype, ReduceOp op) const;
+  void check_reduce_scatter_buffers(const std::byte* in, const std::byte* out, std::int64_t count,
+                                    DType dtype) const;
+  void check_all_reduce_op(std::int64_t count, DType dtype, ReduceOp op) const;
+  void check_all_reduce_buffers(const std::byte* in, const std::byte* out, std::int64_t count,
+                                DType dtype) const;
+  void check_broadcast(std::int64_t count, int root) const;
   int rank_;
   int size_;
   std::string name_;

@@ -4,6 +4,7 @@
 
 #include "runtime/common/error.h"
 #include "runtime/common/simd.h"
+#include "runtime/device/backend_dispatch.h"
 #include "runtime/device/cpu_stream.h"
 #include "runtime/device/device_access.h"
 
@@ -109,49 +110,63 @@ void convert(Device& device, Stream& stream, DevicePtr<const std::byte> src, DTy
              DevicePtr<std::byte> dst, DType dst_type, std::int64_t n) {
   const void* s = device_access::raw(src);
   void* d = device_access::raw(dst);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "convert").enqueue([=] { cpu::convert(s, src_type, d, dst_type, n); });
+    return;
+  }
 #if ZRT_HAVE_CUDA
-  if (device.type() == DeviceType::kCuda) return cuda::convert(stream, s, src_type, d, dst_type, n);
+  cuda::convert(stream, s, src_type, d, dst_type, n);
+#else
+  cuda_backend_missing("engine_kernels::convert");
 #endif
-  (void)device;
-  as_cpu_stream(stream, "convert").enqueue([=] { cpu::convert(s, src_type, d, dst_type, n); });
 }
 
 void accumulate(Device& device, Stream& stream, DevicePtr<const std::byte> src, DType src_type,
                 DevicePtr<std::byte> dst, DType dst_type, std::int64_t n) {
   const void* s = device_access::raw(src);
   void* d = device_access::raw(dst);
-#if ZRT_HAVE_CUDA
-  if (device.type() == DeviceType::kCuda) {
-    return cuda::accumulate(stream, s, src_type, d, dst_type, n);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "accumulate").enqueue([=] {
+      cpu::accumulate(s, src_type, d, dst_type, n);
+    });
+    return;
   }
+#if ZRT_HAVE_CUDA
+  cuda::accumulate(stream, s, src_type, d, dst_type, n);
+#else
+  cuda_backend_missing("engine_kernels::accumulate");
 #endif
-  (void)device;
-  as_cpu_stream(stream, "accumulate").enqueue([=] {
-    cpu::accumulate(s, src_type, d, dst_type, n);
-  });
 }
 
 void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, std::int64_t n,
            float factor) {
   void* p = device_access::raw(x);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "scale").enqueue([=] { cpu::scale(p, type, n, factor); });
+    return;
+  }
 #if ZRT_HAVE_CUDA
-  if (device.type() == DeviceType::kCuda) return cuda::scale(stream, p, type, n, factor);
+  cuda::scale(stream, p, type, n, factor);
+#else
+  cuda_backend_missing("engine_kernels::scale");
 #endif
-  (void)device;
-  as_cpu_stream(stream, "scale").enqueue([=] { cpu::scale(p, type, n, factor); });
 }
 
 void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> x, DType type,
                      std::int64_t n, DevicePtr<float> acc) {
   const void* p = device_access::raw(x);
   float* a = device_access::raw(acc);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "add_sum_squares").enqueue([=] {
+      *a += static_cast<float>(cpu::sum_squares(p, type, n));
+    });
+    return;
+  }
 #if ZRT_HAVE_CUDA
-  if (device.type() == DeviceType::kCuda) return cuda::add_sum_squares(stream, p, type, n, a);
+  cuda::add_sum_squares(stream, p, type, n, a);
+#else
+  cuda_backend_missing("engine_kernels::add_sum_squares");
 #endif
-  (void)device;
-  as_cpu_stream(stream, "add_sum_squares").enqueue([=] {
-    *a += static_cast<float>(cpu::sum_squares(p, type, n));
-  });
 }
 
 }  // namespace zrt::engine_kernels

@@ -1,6 +1,4 @@
 // CUDA twins of the engine kernels in engine_kernels.cc (same math, see engine_kernels.h).
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -8,6 +6,7 @@
 #include "runtime/common/dtype.h"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
+#include "runtime/device/cuda_float16.cuh"
 
 namespace zrt::engine_kernels::cuda {
 
@@ -20,9 +19,9 @@ __device__ inline float load(const void* p, int type, std::int64_t i) {
     case 0:
       return static_cast<const float*>(p)[i];
     case 1:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+      return cuda_float16::to_float(static_cast<const __nv_bfloat16*>(p)[i]);
     default:
-      return __half2float(static_cast<const __half*>(p)[i]);
+      return cuda_float16::to_float(static_cast<const __half*>(p)[i]);
   }
 }
 
@@ -32,10 +31,10 @@ __device__ inline void store(void* p, int type, std::int64_t i, float v) {
       static_cast<float*>(p)[i] = v;
       break;
     case 1:
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+      static_cast<__nv_bfloat16*>(p)[i] = cuda_float16::to_bf16_rn(v);
       break;
     default:
-      static_cast<__half*>(p)[i] = __float2half_rn(v);
+      static_cast<__half*>(p)[i] = cuda_float16::to_fp16_rn(v);
       break;
   }
 }

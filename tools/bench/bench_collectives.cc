@@ -1,5 +1,6 @@
 // zrt-bench collectives: our fp32 all-gather and reduce-scatter next to MPI_Allgather and
-// MPI_Reduce_scatter_block, same sizes, same run. Sizes are the whole array (nccl-tests'
+// MPI_Reduce_scatter_block, same sizes, same run, and our deterministic all-reduce (its busbw
+// factor is 2(n-1)/n, as nccl-tests counts it). Sizes are the whole array (nccl-tests'
 // "size"); algbw = size / time, busbw = algbw x (n-1)/n. Time is the slowest rank's, median
 // over repeats.
 #include <chrono>
@@ -73,8 +74,9 @@ int collectives(int argc, char** argv) {
     std::printf("# size = whole array; busbw = algbw * (n-1)/n (nccl-tests)\n");
   }
   Table table({"size", "count", "ag_us", "ag_busbw", "mpi_ag_us", "mpi_ag_busbw", "ag/mpi", "rs_us",
-               "rs_busbw", "mpi_rs_us", "mpi_rs_busbw", "rs_speedup"});
+               "rs_busbw", "mpi_rs_us", "mpi_rs_busbw", "rs_speedup", "ar_us", "ar_busbw"});
   const double factor = bus_factor(CollectiveOp::kAllGather, world);
+  const double all_reduce_factor = bus_factor(CollectiveOp::kAllReduce, world);
   for (std::int64_t size = min_bytes; size <= max_bytes; size *= 4) {
     const std::int64_t count = size / 4 / world;  // elements per rank
     if (count == 0) continue;
@@ -105,11 +107,17 @@ int collectives(int argc, char** argv) {
       MPI_Reduce_scatter_block(ref_in.data(), ref_out.data(), static_cast<int>(count), MPI_FLOAT,
                                MPI_SUM, ref_comm);
     });
+    const double ar = time_op(ref_comm, iters, repeats, [&] {
+      group->all_reduce(in.device<std::byte>(), out.device<std::byte>(), count * world,
+                        DType::kFloat32, ReduceOp::kSum);
+      stream->synchronize();
+    });
     const auto busbw = [&](double seconds) { return whole / seconds * factor; };
     table.add({human_bytes(whole), std::to_string(count * world), fmt_us(ag), fmt_gbs(busbw(ag)),
                fmt_us(mpi_ag), fmt_gbs(busbw(mpi_ag)), fmt::format("{:.2f}", mpi_ag / ag),
                fmt_us(rs), fmt_gbs(busbw(rs)), fmt_us(mpi_rs), fmt_gbs(busbw(mpi_rs)),
-               fmt::format("{:.2f}", mpi_rs / rs)});
+               fmt::format("{:.2f}", mpi_rs / rs), fmt_us(ar),
+               fmt_gbs(whole / ar * all_reduce_factor)});
   }
   if (mpi.rank() == 0) {
     std::printf("%s", table.str().c_str());
