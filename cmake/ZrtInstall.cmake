@@ -3,8 +3,8 @@
 # find_package(zrt) reads:
 #   <prefix>/bin                       zrt-train, zrt-ckpt, zrt-mem, zrt-data, zrt-bench, zrt-run
 #   <prefix>/lib                       the static libraries
-#   <prefix>/include/zrt/version.h     the version
-#   <prefix>/include/zrt/detail/...    the headers, at their source paths
+#   <prefix>/include/zrt/*.h           the public headers (include/zrt in the sources)
+#   <prefix>/include/zrt/detail/...    the headers those include, at their source paths
 #   <prefix>/lib/cmake/zrt             zrtConfig.cmake, zrtConfigVersion.cmake, zrtTargets*.cmake
 
 # Every zrt library, the training loop (tools/train) included.
@@ -37,10 +37,13 @@ install(TARGETS zrt-train zrt-ckpt zrt-mem zrt-data zrt-bench
 # zrt-run looks for zrt-train next to itself.
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/zrt-run DESTINATION ${CMAKE_INSTALL_BINDIR})
 
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zrt DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        FILES_MATCHING PATTERN "*.h")
 install(FILES ${PROJECT_BINARY_DIR}/include/zrt/version.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zrt)
-# The sources' headers include each other by their path from the source root: all of them are
-# installed, at those paths.
+# The public headers forward to the sources' headers, which include each other by their path
+# from the source root: all of them are installed, at those paths, so whatever a public header
+# reaches is there.
 foreach(dir runtime kernels models optimizers tools/train tools/mem)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zrt/detail/${dir}
