@@ -1,6 +1,7 @@
 // zrt-train's loop end to end on a small corpus written here: every logged step lands in
 // metrics.jsonl with the documented fields, evaluation and sampling run, the loss falls, and
-// stages 0 and 3 (with offload and activation checkpointing) give the same losses.
+// stages 0 and 3 (with offload and activation checkpointing) give the same losses. The library
+// entry (Trainer with a caller's ModelFactory) trains exactly as the registry path does.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -44,9 +45,8 @@ std::string corpus_dir() {
   return dir.string();
 }
 
-train::RunSummary run(const std::string& dir, const std::string& name, const std::string& zero,
-                      bool checkpointing, int world, const std::string& extra = "",
-                      const train::TrainHooks& hooks = {}) {
+Config make_config(const std::string& dir, const std::string& name, const std::string& zero,
+                   bool checkpointing, int world, const std::string& extra = "") {
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": 2,
@@ -66,10 +66,20 @@ train::RunSummary run(const std::string& dir, const std::string& name, const std
     "output_dir": ")" + dir +
                            "/" + name + R"("
   })";
-  const Config config = parse_config_text(text, world, name + ".json");
+  return parse_config_text(text, world, name + ".json");
+}
+
+train::RankInfo this_rank(int world) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return train::run_training(config, train::RankInfo{rank, world, rank, world}, hooks);
+  return train::RankInfo{rank, world, rank, world};
+}
+
+train::RunSummary run(const std::string& dir, const std::string& name, const std::string& zero,
+                      bool checkpointing, int world, const std::string& extra = "",
+                      const train::TrainHooks& hooks = {}) {
+  return train::run_training(make_config(dir, name, zero, checkpointing, world, extra),
+                             this_rank(world), hooks);
 }
 
 }  // namespace
@@ -208,4 +218,48 @@ TEST_CASE("a NaN in one rank's gradients skips that step on every rank; training
     CHECK(row_skipped == std::vector<bool>{false, false, true, false, false, false});
     CHECK(row_total == std::vector<std::int64_t>{0, 0, 1, 1, 1, 1});
   }
+}
+
+TEST_CASE("a caller's ModelFactory is trained as zrt-train trains the registry's model") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string dir = corpus_dir();
+  const std::string zero = R"({"stage": 3, "stage3_param_persistence_threshold": 100})";
+  const Config config = make_config(dir, "factory_registry", zero, false, world);
+  const train::RunSummary registry = train::run_training(config, this_rank(world));
+
+  // The same GPT through the library API, as a program of its own would bring a model: only
+  // build, the dimensions and a description; the default initializer is the model's own
+  // init_parameter, which the registry's GPT initializer also uses without init_from.
+  const train::ModelFactory gpt = train::registry_model(config.model);
+  train::ModelFactory factory;
+  factory.build = gpt.build;
+  factory.seq_len = gpt.seq_len;
+  factory.vocab_size = gpt.vocab_size;
+  factory.description = "the registry's GPT, built by the caller";
+  std::int64_t steps_seen = 0;
+  train::TrainHooks hooks;
+  hooks.after_step = [&](std::int64_t, ZeroEngine&, const StepResult&) { ++steps_seen; };
+  const Config custom_config = make_config(dir, "factory_custom", zero, false, world);
+  const train::RunSummary custom =
+      train::Trainer(custom_config, this_rank(world)).run(factory, hooks);
+  CHECK(steps_seen == 6);
+  REQUIRE(custom.losses.size() == registry.losses.size());
+  for (std::size_t i = 0; i < custom.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(custom.losses[i] == registry.losses[i]);
+  }
+  CHECK(custom.eval_losses == registry.eval_losses);
+  CHECK(custom.sample == registry.sample);
+
+  // A factory that cannot build, or cannot read model.init_from, is refused with the reason.
+  train::ModelFactory no_build = factory;
+  no_build.build = nullptr;
+  CHECK_THROWS_WITH(train::run_training(custom_config, this_rank(world), no_build),
+                    Catch::Contains("build is not set"));
+  Config with_init_from = custom_config;
+  with_init_from.model.init_from = "weights.safetensors";
+  CHECK_THROWS_WITH(train::run_training(with_init_from, this_rank(world), factory),
+                    Catch::Contains("model.init_from 'weights.safetensors'") &&
+                        Catch::Contains("no initializer"));
 }

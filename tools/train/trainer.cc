@@ -142,9 +142,19 @@ std::string progress_bar(std::int64_t done, std::int64_t total, int width = 30) 
          std::string(static_cast<std::size_t>(width - filled), ' ') + "]";
 }
 
-}  // namespace
+// Called where the loop builds the model; throws InvalidArgument naming what is missing.
+void check_factory(const ModelFactory& factory) {
+  if (!factory.build) ZRT_THROW(InvalidArgument, "ModelFactory: build is not set");
+  if (factory.seq_len <= 0 || factory.vocab_size <= 0) {
+    ZRT_THROW(InvalidArgument, "ModelFactory for {}: seq_len {} and vocab_size {} must be positive",
+              factory.description, factory.seq_len, factory.vocab_size);
+  }
+}
 
-RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHooks& hooks) {
+// The loop of both run_training()s. `make_factory` is called where the model is built (after
+// the device and the process groups), so a bad model block fails there as it always has.
+RunSummary train(const Config& config, const RankInfo& mpi,
+                 const std::function<ModelFactory()>& make_factory, const TrainHooks& hooks) {
   const int rank = mpi.rank;
   const int world = mpi.world;
   RunSummary summary;
@@ -179,11 +189,16 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
 
   // ---- model and engine ----------------------------------------------------------------------
   kernels::KernelContext ctx(*device, *compute);
-  // The architecture is the registry's: model.type picks it, it resolves the model block.
-  const std::unique_ptr<ModelDef> model_def = builtin_models().resolve(config.model);
+  // The registry's architecture (model.type picks it, it resolves the model block) or the
+  // caller's model.
+  const ModelFactory model_source = make_factory();
+  check_factory(model_source);
   ModelOptions model_options;
   model_options.activation_checkpointing = config.model.activation_checkpointing;
-  const std::unique_ptr<Model> model_owner = model_def->build(ctx, model_options);
+  const std::unique_ptr<Model> model_owner = model_source.build(ctx, model_options);
+  if (!model_owner) {
+    ZRT_THROW(InvalidArgument, "ModelFactory for {} built no model", model_source.description);
+  }
   Model& model = *model_owner;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config.optimizer.applies_weight_decay(p.name);
@@ -194,7 +209,18 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
                     *optimizer);
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
-  engine.initialize(model_def->initializer(model, config.seed, config.model.init_from));
+  if (model_source.initializer) {
+    engine.initialize(model_source.initializer(model, config.seed, config.model.init_from));
+  } else if (!config.model.init_from.empty()) {
+    ZRT_THROW(InvalidArgument,
+              "model.init_from '{}': {} has no initializer that reads weights (ModelFactory)",
+              config.model.init_from, model_source.description);
+  } else {
+    engine.initialize([&model, seed = config.seed](int index, std::int64_t first,
+                                                   std::int64_t count, float* out) {
+      model.init_parameter(index, seed, first, count, out);
+    });
+  }
   if (!config.model.init_from.empty() && rank == 0) {
     spdlog::info("initialised from {}", config.model.init_from);
   }
@@ -202,10 +228,10 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
 
   // ---- data ----------------------------------------------------------------------------------
   const int B = static_cast<int>(config.batch.micro_batch_size);
-  const int T = model_def->seq_len();
+  const int T = model_source.seq_len;
   const int G = config.engine.gradient_accumulation_steps;
   TokenDataset train_data(config.data.train, T);
-  train_data.set_vocab_size(model_def->vocab_size());
+  train_data.set_vocab_size(model_source.vocab_size);
   DataStreamOptions stream_options;
   stream_options.shuffle = config.data.shuffle;
   stream_options.seed = config.data.seed;
@@ -213,7 +239,7 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   std::unique_ptr<TokenDataset> val_data;
   if (!config.data.val.empty()) {
     val_data = std::make_unique<TokenDataset>(config.data.val, T);
-    val_data->set_vocab_size(model_def->vocab_size());
+    val_data->set_vocab_size(model_source.vocab_size);
   }
   BatchFeeder feeder(*device, *compute, B, T);
 
@@ -292,11 +318,12 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   } drain{engine, *device};
 
   const std::int64_t tokens_per_step = std::int64_t{B} * T * G * world;
-  const double flops_per_token = model_def->flops_per_token(T);
+  const double flops_per_token =
+      model_source.flops_per_token ? model_source.flops_per_token(T) : 0.0;
   const DevicePeak peak = device_peak(*device, config.engine.compute_dtype, mpi.local_size);
   if (rank == 0) {
     spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
-                 model_def->describe(), world, config.engine.stage, B, G, world, T);
+                 model_source.description, world, config.engine.stage, B, G, world, T);
     spdlog::info("device {}; MFU peak: {}", device->description(), peak.source);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa), cpu_isa_name(hardware_cpu_isa()));
@@ -499,11 +526,11 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   checkpointer.wait();  // an async save finishes (or reports its error) before the run ends
 
   // ---- a short byte-level sample -------------------------------------------------------------
-  if (config.train.sample_tokens > 0 && model_def->vocab_size() == 256) {
+  if (config.train.sample_tokens > 0 && model_source.vocab_size == 256) {
     // Every rank runs the same forwards (stage 3 gathers are collective) with the same seed.
     std::string text = "And God said";
     std::mt19937_64 rng(config.seed);
-    std::vector<std::byte> logits(static_cast<std::size_t>(model_def->vocab_size()) *
+    std::vector<std::byte> logits(static_cast<std::size_t>(model_source.vocab_size) *
                                   dtype_size(config.engine.compute_dtype));
     BatchFeeder one(*device, *compute, 1, T);
     for (int i = 0; i < config.train.sample_tokens; ++i) {
@@ -518,15 +545,15 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
       });
       batch.targets = DevicePtr<const std::int32_t>();
       model.forward(engine, batch);
-      const std::int64_t row = std::int64_t{length - 1} * model_def->vocab_size();
+      const std::int64_t row = std::int64_t{length - 1} * model_source.vocab_size;
       device->copy_to_host(
           logits.data(),
           model.logits() + row * static_cast<std::int64_t>(dtype_size(config.engine.compute_dtype)),
           logits.size(), *compute);
       compute->synchronize();
-      std::vector<double> probs(static_cast<std::size_t>(model_def->vocab_size()));
+      std::vector<double> probs(static_cast<std::size_t>(model_source.vocab_size));
       double max_logit = -1e30;
-      for (int v = 0; v < model_def->vocab_size(); ++v) {
+      for (int v = 0; v < model_source.vocab_size; ++v) {
         const std::byte* p = logits.data() + v * dtype_size(config.engine.compute_dtype);
         float value = 0.f;
         switch (config.engine.compute_dtype) {
@@ -558,6 +585,36 @@ RunSummary run_training(const Config& config, const RankInfo& mpi, const TrainHo
   }
   compute->synchronize();
   return summary;
+}
+
+}  // namespace
+
+ModelFactory registry_model(const ModelConfig& model) {
+  std::shared_ptr<const ModelDef> def = builtin_models().resolve(model);
+  ModelFactory factory;
+  factory.seq_len = def->seq_len();
+  factory.vocab_size = def->vocab_size();
+  factory.description = def->describe();
+  factory.build = [def](kernels::KernelContext& ctx, const ModelOptions& options) {
+    return def->build(ctx, options);
+  };
+  factory.flops_per_token = [def](int seq_len) { return def->flops_per_token(seq_len); };
+  factory.initializer = [def](const Model& built, std::uint64_t seed,
+                              const std::string& init_from) {
+    return def->initializer(built, seed, init_from);
+  };
+  return factory;
+}
+
+RunSummary run_training(const Config& config, const RankInfo& ranks, const TrainHooks& hooks) {
+  return train(
+      config, ranks, [&config] { return registry_model(config.model); }, hooks);
+}
+
+RunSummary run_training(const Config& config, const RankInfo& ranks, const ModelFactory& model,
+                        const TrainHooks& hooks) {
+  return train(
+      config, ranks, [&model] { return model; }, hooks);
 }
 
 }  // namespace zrt::train
