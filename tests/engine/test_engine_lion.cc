@@ -307,7 +307,11 @@ TEST_CASE("Lion checkpoints: bit-exact resume, exact resharding, and no Adam mix
   spec.steps = 3;
   spec.accumulation = 2;
   spec.clip = 0.05;
-  const fs::path root = fs::temp_directory_path() / "zrt_test_engine_lion";
+  // One directory per world size: ctest runs the np1/np2/np4 variants side by side.
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const fs::path root =
+      fs::temp_directory_path() / ("zrt_test_engine_lion_np" + std::to_string(world));
   for (int stage : {0, 1, 2, 3}) {
     for (bool offload : {false, true}) {
       if (offload && stage == 0) continue;
