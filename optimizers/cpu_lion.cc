@@ -5,16 +5,12 @@
 #include <algorithm>
 #include <cmath>
 
+#include "optimizers/slice_threads.h"
 #include "runtime/common/error.h"
 
 namespace zrt {
 
 namespace {
-
-// As CpuAdam: thread ranges start at multiples of kAlign elements; below kMinPerThread elements
-// per thread another thread costs more than it saves.
-constexpr std::int64_t kAlign = 64;
-constexpr std::int64_t kMinPerThread = 1 << 15;
 
 using RangeKernel = void (*)(const LionSlice&, std::int64_t, std::int64_t, const LionStepScalars&);
 
@@ -74,41 +70,15 @@ CpuLion::CpuLion(const LionOptions& options, const CpuAdamOptions& cpu)
 }
 
 void CpuLion::step(const LionSlice* slices, std::size_t count, double lr, double grad_scale) const {
-  const LionStepScalars scalars = lion_step_scalars(options_, lr, grad_scale);
-  std::vector<std::int64_t> ends(count);  // one past slice k's last element, concatenated
-  std::int64_t total = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    validate_lion_slice(slices[k], k);
-    total += slices[k].numel;
-    ends[k] = total;
-  }
-  if (total == 0) return;
+  const auto scalars = lion_step_scalars(options_, lr, grad_scale);
+  // Every slice is checked before any memory is touched.
+  for (std::size_t k = 0; k < count; ++k) validate_lion_slice(slices[k], k);
   const RangeKernel kernel = kernel_for(isa_);
-  const int threads = static_cast<int>(
-      std::clamp<std::int64_t>((total + kMinPerThread - 1) / kMinPerThread, 1, num_threads_));
-  auto run_range = [&](std::int64_t begin, std::int64_t end) {
-    std::size_t k =
-        static_cast<std::size_t>(std::upper_bound(ends.begin(), ends.end(), begin) - ends.begin());
-    for (; k < count && begin < end; ++k) {
-      const std::int64_t slice_begin = ends[k] - slices[k].numel;
-      const std::int64_t stop = std::min(end, ends[k]);
-      if (stop > begin) kernel(slices[k], begin - slice_begin, stop - slice_begin, scalars);
-      begin = stop;
-    }
-  };
-  if (threads == 1) {
-    run_range(0, total);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const std::int64_t t = omp_get_thread_num();
-    const std::int64_t n = omp_get_num_threads();
-    auto boundary = [&](std::int64_t i) {
-      return i == n ? total : std::min(total, total * i / n / kAlign * kAlign);
-    };
-    run_range(boundary(t), boundary(t + 1));
-  }
+  detail::for_each_slice_range(
+      count, [&](std::size_t k) { return slices[k].numel; }, num_threads_,
+      [&](std::size_t k, std::int64_t begin, std::int64_t end) {
+        kernel(slices[k], begin, end, scalars);
+      });
 }
 
 }  // namespace zrt
