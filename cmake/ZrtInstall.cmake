@@ -44,7 +44,7 @@ install(FILES ${PROJECT_BINARY_DIR}/include/zrt/version.h
 # The public headers forward to the sources' headers, which include each other by their path
 # from the source root: all of them are installed, at those paths, so whatever a public header
 # reaches is there.
-foreach(dir runtime kernels models optimizers tools/train tools/mem)
+foreach(dir runtime config kernels models optimizers tools/train tools/mem)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zrt/detail/${dir}
           FILES_MATCHING PATTERN "*.h")

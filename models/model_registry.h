@@ -1,6 +1,6 @@
 // The model registry: the one seam between the tools (zrt-train, zrt-mem, zrt-bench, zrt-ckpt)
 // and the architectures in models/. A tool names no model; it hands the config's model block
-// (runtime/config's ModelConfig, a plain description) to the registry, which picks the entry
+// (config's ModelConfig, a plain description) to the registry, which picks the entry
 // for model.type and lets it resolve the block into a ModelDef: the architecture's own
 // validated configuration with the hooks the tools need (parameters, FLOPs per token,
 // activation memory, the initialiser, construction). Export of a checkpoint to Hugging Face
@@ -22,7 +22,7 @@
 
 #include "kernels/kernel_context.h"
 #include "runtime/common/dtype.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {

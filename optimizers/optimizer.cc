@@ -7,16 +7,8 @@
 
 namespace zrt {
 
-int OptimizerSpec::state_index(const std::string& name) const {
-  for (int i = 0; i < num_states(); ++i) {
-    if (state_names[static_cast<std::size_t>(i)] == name) return i;
-  }
-  return -1;
-}
-
 OptimizerSpec optimizer_spec(OptimizerKind kind) {
   OptimizerSpec spec;
-  spec.kind = kind;
   if (kind == OptimizerKind::kLion) {
     spec.family = "Lion";
     spec.state_names = {"exp_avg"};

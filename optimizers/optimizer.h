@@ -1,107 +1,21 @@
-// What the rest of zrt asks an optimizer instead of assuming Adam: the fp32 state tensors it
-// keeps per parameter, by name, and so the bytes of optimizer state per parameter. Every
-// optimizer keeps fp32 master weights of the owned slices plus its named state tensors, each
-// one fp32 per parameter and zero before the first step:
-//   Adam, AdamW: "exp_avg", "exp_avg_sq"   12 bytes per parameter (master + 2 moments)
-//   Lion:        "exp_avg"                  8 bytes per parameter (master + momentum)
-// The names are the checkpoint dataset names (runtime/checkpoint), which keeps the files
-// written before this seam loadable.
-//
-// The engine holds an optimizer as a DeviceOptimizer: it allocates one fp32 buffer per named
-// state for each owned slice, and hands the optimizer slices whose state[i] is the state called
-// spec().state_names[i]. With optimizer offload it steps the same slices in host memory through
-// make_host_optimizer().
+// Building the optimizer a config names (Adam, AdamW, Lion) for a backend: the factories behind
+// the engine's optimizer interface (runtime/engine/optimizer_interface.h), which says what an
+// optimizer is to the rest of zrt.
 #pragma once
 
-#include <array>
-#include <cstddef>
-#include <cstdint>
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "optimizers/cpu_adam.h"  // CpuAdamOptions: the CPU kernels' ISA and thread choice
 #include "optimizers/optimizer_config.h"
-#include "runtime/common/dtype.h"
-#include "runtime/device/device.h"
-#include "runtime/device/device_ptr.h"
+#include "runtime/engine/optimizer_interface.h"
 
 namespace zrt {
 
 enum class OptimizerKind { kAdam, kLion };
 
-struct OptimizerSpec {
-  OptimizerKind kind = OptimizerKind::kAdam;
-  // The state family: optimizers with the same family have interchangeable state (Adam and
-  // AdamW: same moments, only the decay differs), so a checkpoint of one resumes the other.
-  std::string family = "Adam";
-  std::vector<std::string> state_names = {"exp_avg", "exp_avg_sq"};
-  std::string state_description = "Adam moments";  // for reports: "Lion momentum"
-
-  int num_states() const { return static_cast<int>(state_names.size()); }
-  // fp32 master weights plus every state tensor.
-  std::int64_t state_bytes_per_parameter() const { return 4 * (1 + num_states()); }
-  // Index of the state called `name`, or -1.
-  int state_index(const std::string& name) const;
-};
-
 // The spec of the optimizer `config` selects.
 OptimizerSpec optimizer_spec(const OptimizerConfig& config);
 OptimizerSpec optimizer_spec(OptimizerKind kind);
-
-// The most state tensors any optimizer keeps (Adam's two).
-constexpr int kMaxOptimizerStates = 2;
-
-// One contiguous run of owned elements in host memory (the CPU backend's device memory, or
-// offloaded state): as AdamSlice, with the state tensors by index into spec().state_names.
-struct OptimizerSlice {
-  float* param = nullptr;
-  const void* grad = nullptr;
-  std::array<float*, kMaxOptimizerStates> state{};  // state[i]: spec().state_names[i]
-  void* param_out = nullptr;
-  std::int64_t numel = 0;
-  DType grad_dtype = DType::kFloat32;
-  DType out_dtype = DType::kBFloat16;
-  bool weight_decay = true;
-};
-
-// The same in device memory.
-struct OptimizerDeviceSlice {
-  DevicePtr<float> param;
-  DevicePtr<const std::byte> grad;
-  std::array<DevicePtr<float>, kMaxOptimizerStates> state{};
-  DevicePtr<std::byte> param_out;
-  std::int64_t numel = 0;
-  DType grad_dtype = DType::kFloat32;
-  DType out_dtype = DType::kBFloat16;
-  bool weight_decay = true;
-};
-
-// An optimizer stepping host-memory slices on the calling thread (optimizer offload).
-class HostOptimizer {
- public:
-  virtual ~HostOptimizer() = default;
-  // Step `step` (1-based; Adam's bias correction, ignored by Lion) with learning rate `lr`, in
-  // place; gradients multiplied by `grad_scale`. Blocks until done; throws InvalidArgument for a
-  // malformed slice or bad scalars before touching memory.
-  virtual void step(const std::vector<OptimizerSlice>& slices, std::int64_t step, double lr,
-                    double grad_scale) const = 0;
-  virtual const OptimizerSpec& spec() const = 0;
-};
-
-// The engine's optimizer when the state lives in device memory: step() is stream-ordered (a
-// host callback on the CPU backend, a kernel launch on CUDA; see DeviceAdam).
-class DeviceOptimizer {
- public:
-  virtual ~DeviceOptimizer() = default;
-  virtual const OptimizerSpec& spec() const = 0;
-  // Enqueues step `step` (1-based) with learning rate `lr` over `slices` on `stream` (see
-  // HostOptimizer::step); the slices' memory must stay valid until the stream reaches it.
-  virtual void step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
-                    Stream& stream, double grad_scale = 1.0) = 0;
-  // The CPU implementation of the same optimizer and hyper-parameters, for optimizer offload.
-  virtual std::unique_ptr<HostOptimizer> make_host_optimizer() const = 0;
-};
 
 // The optimizer `config` selects, for `device`'s backend. `cpu` configures the CPU kernels
 // (ISA, threads) on the CPU backend.

@@ -15,8 +15,8 @@
 #include "optimizers/optimizer_config.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "runtime/config/config.h"
-#include "runtime/config/json_reader.h"
+#include "config/config.h"
+#include "config/json_reader.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 

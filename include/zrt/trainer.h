@@ -1,5 +1,5 @@
 // The training loop of zrt-train as a library: zrt::Trainer runs a validated config (DeepSpeed
-// schema; runtime/config/config.h) on a caller's model (zrt::ModelFactory) or on the model
+// schema; config/config.h) on a caller's model (zrt::ModelFactory) or on the model
 // registry's. tools/train/trainer.h documents it; docs/extending.md, "Use zrt as a library",
 // walks through examples/custom_model.
 #pragma once
@@ -7,7 +7,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "tools/train/trainer.h"
 #include "zrt/model.h"
 

@@ -47,7 +47,7 @@
 
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
-#include "runtime/config/config.h"
+#include "runtime/checkpoint/checkpoint_options.h"
 
 namespace zrt::checkpoint {
 

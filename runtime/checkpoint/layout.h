@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "optimizers/optimizer.h"
 #include "runtime/data/token_dataset.h"
 #include "runtime/engine/loss_scaler.h"
+#include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/partition.h"
 #include "runtime/model_interface.h"
 
@@ -63,8 +63,8 @@ struct CheckpointIndex {
   std::string master_dtype = "float32";
   // The optimizer state the rank files hold (OptimizerSpec::family and state_names). Indexes
   // written before the optimizer seam have neither attribute: they hold Adam's.
-  std::string optimizer = optimizer_spec(OptimizerKind::kAdam).family;
-  std::vector<std::string> optimizer_states = optimizer_spec(OptimizerKind::kAdam).state_names;
+  std::string optimizer = "Adam";
+  std::vector<std::string> optimizer_states = {"exp_avg", "exp_avg_sq"};
   std::uint64_t seed = 0;  // the run's seed (init and sampling RNGs are keyed on it)
   LossScaleState loss_scale;
   DataStreamState data;

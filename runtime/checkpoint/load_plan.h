@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config/config.h"
+#include "runtime/checkpoint/checkpoint_options.h"
 
 namespace zrt::checkpoint {
 

@@ -1,6 +1,6 @@
 // ZeroEngine: ZeRO stages 0-3 over units (partition.h), model-agnostic. It owns every piece of
 // model state a rank holds — compute-dtype parameters (full or sliced), gradients, fp32 master
-// weights and the optimizer's named state tensors of its slices (optimizers/optimizer.h: Adam's
+// weights and the optimizer's named state tensors of its slices (optimizer_interface.h: Adam's
 // two moments, Lion's momentum) — and implements ParamAccess for the model.
 //
 // Per micro-batch the model runs forward/backward bracketed by acquire()/release(); after
@@ -20,10 +20,10 @@
 
 #include <future>
 
-#include "optimizers/optimizer.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/device/cpu_stream.h"
 #include "runtime/engine/loss_scaler.h"
+#include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/partition.h"
 #include "runtime/model_interface.h"
 #include "runtime/trace/trace_recorder.h"

@@ -1,4 +1,4 @@
-// runtime/config: the run's JSON file. A full config and the defaults; DeepSpeed's batch rule in
+// config: the run's JSON file. A full config and the defaults; DeepSpeed's batch rule in
 // every combination; "auto"; a table of bad configs, each with its exact message; warnings;
 // the key table against docs/config-keys.md; every example in configs/ validates.
 #include <catch2/catch.hpp>
@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/common/error.h"
-#include "runtime/config/config.h"
-#include "runtime/config/json_reader.h"
-#include "runtime/config/key_table.h"
+#include "config/config.h"
+#include "config/json_reader.h"
+#include "config/key_table.h"
 
 namespace zrt {
 namespace {

@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const bool quiet = [] {

@@ -16,8 +16,8 @@
 #include "models/gpt/gpt_model_def.h"
 #include "models/model_registry.h"
 #include "runtime/common/error.h"
-#include "runtime/config/config.h"
-#include "runtime/config/key_table.h"
+#include "config/config.h"
+#include "config/key_table.h"
 #include "runtime/device/device.h"
 
 using namespace zrt;
@@ -47,7 +47,7 @@ TEST_CASE("the registry lists gpt2, and the config's key table offers what it li
   CHECK(registry.types() == std::vector<std::string>{"gpt2"});
   CHECK(registry.contains("gpt2"));
   CHECK(registry.entry("gpt2").type == "gpt2");
-  // runtime/config cannot ask the registry, so model.type's choices are written in the key
+  // config cannot ask the registry, so model.type's choices are written in the key
   // table: they must name exactly the registered types.
   const config::KeyInfo* key = config::find_key("model.type");
   REQUIRE(key != nullptr);

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/data/token_shard.h"
 #include "tools/train/trainer.h"
 

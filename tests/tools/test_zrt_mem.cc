@@ -11,7 +11,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
 #include "tools/mem/mem_report.h"

@@ -17,7 +17,7 @@
 #include "models/model_registry.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/zero_engine.h"

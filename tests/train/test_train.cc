@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"

@@ -26,7 +26,7 @@
 #include "models/model_registry.h"
 #include "optimizers/optimizer.h"
 #include "runtime/comm/process_group.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/device/device.h"
 #include "runtime/device/memory.h"
 #include "runtime/engine/zero_engine.h"

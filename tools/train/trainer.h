@@ -15,7 +15,7 @@
 
 #include "models/model_registry.h"
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/config/config.h"
+#include "config/config.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/config/config.h"
+#include "config/config.h"
 
 namespace zrt::train {
 

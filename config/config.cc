@@ -1,4 +1,4 @@
-#include "runtime/config/config.h"
+#include "config/config.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,8 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
-#include "runtime/config/json_reader.h"
-#include "runtime/config/key_table.h"
+#include "config/json_reader.h"
+#include "config/key_table.h"
 
 namespace zrt {
 

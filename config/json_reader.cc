@@ -1,4 +1,4 @@
-#include "runtime/config/json_reader.h"
+#include "config/json_reader.h"
 
 #include <fstream>
 #include <map>

@@ -1,4 +1,4 @@
-#include "runtime/config/key_table.h"
+#include "config/key_table.h"
 
 #include <cmath>
 #include <limits>
@@ -719,7 +719,7 @@ std::string generate_key_table_markdown() {
   std::string out =
       "# zrt config keys\n"
       "\n"
-      "<!-- Generated from runtime/config/key_table.cc by the test \"docs/config-keys.md\n"
+      "<!-- Generated from config/key_table.cc by the test \"docs/config-keys.md\n"
       "     matches the key table\" (tests/config/test_config.cc); do not edit by hand. Run\n"
       "     ZRT_UPDATE_DOCS=1 build/tests/test_config to rewrite it. -->\n"
       "\n"

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "optimizers/optimizer_config.h"
+#include "runtime/checkpoint/checkpoint_options.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/zero_engine.h"
@@ -68,25 +69,6 @@ struct TrainConfig {
   int eval_batches = 10;
   std::int64_t log_interval = 10;
   int sample_tokens = 0;
-};
-
-enum class TagValidation { kIgnore, kWarn, kFail };
-
-struct CheckpointConfig {
-  std::string save_dir;            // default: <output_dir>/checkpoints
-  std::int64_t save_interval = 0;  // 0: never save; N: every N steps and after the last
-  int keep_last = 0;               // 0: keep all
-  bool async = false;
-  // "auto": resume from <save_dir>/latest when it exists, else start fresh; "none": start
-  // fresh; "latest": as auto (kept for configs written before auto); otherwise a tag.
-  std::string load = "auto";
-  // A fresh start may save into a save_dir that already holds checkpoints (they are removed
-  // first); without it such a start is refused before anything is built.
-  bool overwrite = false;
-  TagValidation tag_validation = TagValidation::kWarn;  // DeepSpeed key, informational
-  bool saves() const { return save_interval > 0; }
-  bool loads_latest() const { return load == "latest" || load == "auto"; }
-  bool loads_nothing() const { return load == "none"; }
 };
 
 // DeepSpeed's tensorboard and csv_monitor blocks: rank 0 writes the run's scalars under
