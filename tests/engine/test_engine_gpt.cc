@@ -27,6 +27,7 @@
 #include "kernels/kernel_context.h"
 #include "models/flat_param_access.h"
 #include "models/gpt/gpt.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/cpu_isa.h"
@@ -158,7 +159,7 @@ std::vector<std::vector<float>> with_engine(EngineOptions options, bool checkpoi
   auto optimizer = make_device_adam(*device, adam);
   options.gradient_clipping = kClip;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
-                    *optimizer);
+                    *optimizer, make_cpu_optimizer_offload);
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model.init_parameter(p, 7, first, count, out);
   });
@@ -289,7 +290,7 @@ TEST_CASE("larger than one device: out of memory at stage 0, trains at stage 3 o
     o.stage3_prefetch_bucket_size = psi / 8;
     o.stage3_max_live_parameters = psi / 4;
     ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), o,
-                      *optimizer);
+                      *optimizer, make_cpu_optimizer_offload);
     engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
       model.init_parameter(p, 7, first, count, out);
     });

@@ -15,6 +15,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/process_group.h"
@@ -51,7 +52,7 @@ StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps
   options.stage3_prefetch_bucket_size = model_def->num_parameters() / 4;
   options.stage3_param_persistence_threshold = 1000;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
-                    *adam);
+                    *adam, make_cpu_optimizer_offload);
   engine.initialize(model_def->initializer(model, 1, ""));
   const int T = model_def->seq_len();
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));

@@ -16,6 +16,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/lr_schedule.h"
 #include "optimizers/optimizer.h"
 #include "runtime/checkpoint/checkpointer.h"
@@ -206,7 +207,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   const std::unique_ptr<DeviceOptimizer> optimizer =
       make_device_optimizer(*device, config.optimizer);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
-                    *optimizer);
+                    *optimizer, make_cpu_optimizer_offload);
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source.initializer) {
