@@ -33,9 +33,10 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   s.gradient_accumulation_steps = options.gradient_accumulation_steps;
   s.stage3_prefetch_bucket_size = options.stage3_prefetch_bucket_size;
   s.stage3_max_live_parameters = options.stage3_max_live_parameters;
-  // With offload the next forward waits for each unit's update as it arrives (acquire), so it
-  // runs on the units already updated while the CPU steps the rest.
-  s.await_published_per_unit = options.offload_optimizer.enabled;
+  // After a step the next forward waits for each unit's publication as it arrives (acquire),
+  // so it runs on the units already gathered (with offload: already updated by the CPU) while
+  // the later ones are still on their way.
+  s.await_published_per_unit = options.stage >= 1;
   return s;
 }
 
@@ -242,12 +243,11 @@ StepResult ZeroEngine::step(double lr) {
       if (options_.stage >= 1) {
         compute_done_->record(compute_);
         comm_.wait(*compute_done_);
-        for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-          const int u = static_cast<int>(ui);
+        // In the next forward's order; the compute stream waits for each unit in acquire().
+        for (int u : UnitSchedule::forward_order(plan_)) {
           if (sharded_params() && !plan_.unit(u).persistent) continue;
           publish_updated(u, nullptr);
         }
-        wait_for_comm();
       }
     }
   } else {
