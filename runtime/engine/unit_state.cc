@@ -192,10 +192,8 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
     comm_.wait(*compute_done_);
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
       const int u = static_cast<int>(ui);
-      const Unit& unit = plan_.unit(u);
-      if (sharded_params() && !unit.persistent) continue;
-      DevicePtr<std::byte> full = full_params_of(u);
-      group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+      if (sharded_params() && !plan_.unit(u).persistent) continue;
+      publish_updated(u, nullptr);
     }
     wait_for_comm();
   }
