@@ -6,7 +6,8 @@
 #
 #   netns-hosts.sh up                  make the hosts (idempotent; needs root: CAP_SYS_ADMIN, CAP_NET_ADMIN)
 #   netns-hosts.sh down                remove them
-#   netns-hosts.sh shape RATE DELAY    shape the link both ways with tc (tbf + netem), e.g. 1gbit 0.5ms
+#   netns-hosts.sh shape RATE [DELAY]  shape the link both ways with tc: tbf at RATE, netem DELAY
+#                                      where the kernel has netem (e.g. 1gbit 0.5ms)
 #   netns-hosts.sh unshape             remove the shaping
 #   netns-hosts.sh cut | heal          take the link down / up (a cut cable)
 #   netns-hosts.sh mpirun ARGS...      run mpirun on zrt-h1 with ranks on both hosts: ARGS are
@@ -85,10 +86,17 @@ down() {
 }
 
 shape() {
-  local rate="$1" delay="$2"
+  local rate="$1" delay="${2:-}"
   for n in 1 2; do
-    tc -n "$(ns "$n")" qdisc replace dev "$(veth "$n")" root handle 1: netem delay "$delay"
-    tc -n "$(ns "$n")" qdisc replace dev "$(veth "$n")" parent 1:1 handle 10: tbf rate "$rate" burst 256kb latency 50ms
+    local dev=(-n "$(ns "$n")" qdisc replace dev "$(veth "$n")")
+    if [ -n "$delay" ] && tc "${dev[@]}" root handle 1: netem delay "$delay" 2>/dev/null; then
+      tc "${dev[@]}" parent 1:1 handle 10: tbf rate "$rate" burst 256kb latency 50ms
+    else
+      # Some kernels lack sch_netem: the rate is still shaped, the delay is not.
+      [ -n "$delay" ] && [ "$n" -eq 1 ] &&
+        echo "netns-hosts: netem unavailable in this kernel; shaping the rate only (no $delay delay)" >&2
+      tc "${dev[@]}" root handle 1: tbf rate "$rate" burst 256kb latency 50ms
+    fi
   done
 }
 
@@ -97,7 +105,7 @@ case "$cmd" in
   check) why=$(can_make) || skip "$why"; echo "netns-hosts: namespaces can be made here" ;;
   up) up ;;
   down) down ;;
-  shape) [ $# -eq 2 ] || { echo "usage: netns-hosts.sh shape RATE DELAY" >&2; exit 2; }; shape "$@" ;;
+  shape) [ $# -ge 1 ] || { echo "usage: netns-hosts.sh shape RATE [DELAY]" >&2; exit 2; }; shape "$@" ;;
   unshape) for n in 1 2; do tc -n "$(ns "$n")" qdisc del dev "$(veth "$n")" root 2>/dev/null || true; done ;;
   cut) ip -n "$(ns 1)" link set "$(veth 1)" down ;;
   heal) for n in 1 2; do ip -n "$(ns "$n")" link set "$(veth "$n")" up; done ;;
