@@ -58,6 +58,7 @@ MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  reset_node_map();
 }
 
 MpiProcessGroup::MpiProcessGroup(Adopt, Device& device, MPI_Comm comm, Stream& stream,
@@ -70,6 +71,7 @@ MpiProcessGroup::MpiProcessGroup(Adopt, Device& device, MPI_Comm comm, Stream& s
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  reset_node_map();
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
@@ -97,8 +99,9 @@ MpiProcessGroup::~MpiProcessGroup() {
   MPI_Comm_free(&comm_);
 }
 
-void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
-  stats_.add(op, bytes);
+void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, LinkBytes sent,
+                              std::function<void()> body) {
+  stats_.add(op, bytes, sent);
   // Every rank issues the same operations in the same order, so the count names an operation
   // across ranks (the attendance taken after a timeout compares it).
   body = [this, body = std::move(body)] {
@@ -232,6 +235,7 @@ void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::b
   std::byte* dst = device_access::raw(out);
   check_all_gather(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllGather, count, dtype, 0),
           [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
 }
 
@@ -290,6 +294,7 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   check_reduce_scatter_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
+          link_bytes(CollectiveOp::kReduceScatter, count, dtype, 0),
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
 }
 
@@ -380,6 +385,45 @@ void MpiProcessGroup::run_reduce_scatter_native(const std::byte* in, std::byte* 
       });
 }
 
+// ---- all_to_all ------------------------------------------------------------------------------
+
+void MpiProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                 std::int64_t count, DType dtype) {
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  check_all_to_all(src, dst, count, dtype);
+  enqueue(CollectiveOp::kAllToAll, collective_bytes(CollectiveOp::kAllToAll, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllToAll, count, dtype, 0),
+          [this, src, dst, count, dtype] { run_all_to_all(src, dst, count, dtype); });
+}
+
+void MpiProcessGroup::run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count,
+                                     DType dtype) {
+  if (count == 0) return;
+  const std::int64_t block = count * static_cast<std::int64_t>(dtype_size(dtype));
+  std::memcpy(out + rank_ * block, in + rank_ * block, static_cast<std::size_t>(block));
+  if (size_ == 1) return;
+  // Every block point to point, all posted at once, in pieces that keep counts in int.
+  std::vector<MPI_Request>& reqs = requests_;
+  reqs.clear();
+  collective_plan::for_each_chunk(block, byte_chunk(), [&](collective_plan::Range piece) {
+    const int n = static_cast<int>(piece.count);
+    for (int step = 1; step < size_; ++step) {
+      const int from = (rank_ - step + size_) % size_;
+      reqs.emplace_back();
+      ZRT_MPI_CHECK(
+          MPI_Irecv(out + from * block + piece.first, n, MPI_BYTE, from, 2, comm_, &reqs.back()));
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int to = (rank_ + step) % size_;
+      reqs.emplace_back();
+      ZRT_MPI_CHECK(
+          MPI_Isend(in + to * block + piece.first, n, MPI_BYTE, to, 2, comm_, &reqs.back()));
+    }
+  });
+  wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_to_all", count, dtype));
+}
+
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
@@ -391,7 +435,11 @@ void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::b
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
   check_all_reduce_buffers(src, dst, count, dtype);
+  const std::int64_t chunk =
+      is_floating(dtype) ? chunk_elements(static_cast<std::int64_t>(dtype_size(dtype)), size_)
+                         : std::max<std::int64_t>(count, 1);  // integers: one MPI call
   enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllReduce, count, dtype, chunk),
           [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
 }
 
@@ -438,6 +486,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
   std::byte* data = device_access::raw(buf);
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+          link_bytes(CollectiveOp::kBroadcast, count, dtype, 0, root),
           [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
             collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
               MPI_Request req = MPI_REQUEST_NULL;
@@ -449,7 +498,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
 }
 
 void MpiProcessGroup::barrier() {
-  enqueue(CollectiveOp::kBarrier, 0, [this] {
+  enqueue(CollectiveOp::kBarrier, 0, {}, [this] {
     MPI_Request req = MPI_REQUEST_NULL;
     ZRT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait(req, fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_));
