@@ -257,8 +257,14 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
   }
   if (in != mine) std::memcpy(mine, in, static_cast<std::size_t>(bytes));
   if (size_ == 1) return;
-  // Every rank sends its slice to every peer and receives theirs, all messages posted at once;
-  // large slices go as several messages to keep counts in int.
+  // Every rank sends its slice to every peer and receives theirs.
+  exchange_blocks(mine, 0, out, bytes, 0, describe("all_gather", count, dtype));
+}
+
+void MpiProcessGroup::exchange_blocks(const std::byte* send, std::int64_t send_stride,
+                                      std::byte* recv, std::int64_t bytes, int tag,
+                                      const std::string& what) {
+  // All messages posted at once; large blocks go as several messages to keep counts in int.
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();
   collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
@@ -266,16 +272,17 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(
-          MPI_Irecv(out + from * bytes + piece.first, n, MPI_BYTE, from, 0, comm_, &reqs.back()));
+      ZRT_MPI_CHECK(MPI_Irecv(recv + from * bytes + piece.first, n, MPI_BYTE, from, tag, comm_,
+                              &reqs.back()));
     }
     for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(MPI_Isend(mine + piece.first, n, MPI_BYTE, to, 0, comm_, &reqs.back()));
+      ZRT_MPI_CHECK(MPI_Isend(send + to * send_stride + piece.first, n, MPI_BYTE, to, tag, comm_,
+                              &reqs.back()));
     }
   });
-  wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_gather", count, dtype));
+  wait_all(reqs.data(), static_cast<int>(reqs.size()), what);
 }
 
 // ---- reduce_scatter --------------------------------------------------------------------------
@@ -403,25 +410,7 @@ void MpiProcessGroup::run_all_to_all(const std::byte* in, std::byte* out, std::i
   const std::int64_t block = count * static_cast<std::int64_t>(dtype_size(dtype));
   std::memcpy(out + rank_ * block, in + rank_ * block, static_cast<std::size_t>(block));
   if (size_ == 1) return;
-  // Every block point to point, all posted at once, in pieces that keep counts in int.
-  std::vector<MPI_Request>& reqs = requests_;
-  reqs.clear();
-  collective_plan::for_each_chunk(block, byte_chunk(), [&](collective_plan::Range piece) {
-    const int n = static_cast<int>(piece.count);
-    for (int step = 1; step < size_; ++step) {
-      const int from = (rank_ - step + size_) % size_;
-      reqs.emplace_back();
-      ZRT_MPI_CHECK(
-          MPI_Irecv(out + from * block + piece.first, n, MPI_BYTE, from, 2, comm_, &reqs.back()));
-    }
-    for (int step = 1; step < size_; ++step) {
-      const int to = (rank_ + step) % size_;
-      reqs.emplace_back();
-      ZRT_MPI_CHECK(
-          MPI_Isend(in + to * block + piece.first, n, MPI_BYTE, to, 2, comm_, &reqs.back()));
-    }
-  });
-  wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_to_all", count, dtype));
+  exchange_blocks(in, block, out, block, 2, describe("all_to_all", count, dtype));
 }
 
 // ---- all_reduce ------------------------------------------------------------------------------
