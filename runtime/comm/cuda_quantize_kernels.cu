@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/comm/cuda_storage_formats.cuh"
 #include "runtime/comm/quantize.h"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
-#include "runtime/device/cuda_float16.cuh"
 
 namespace zrt {
 
@@ -15,37 +15,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxGrid = 8192;  // grid-stride beyond this
 
-// Storage formats, widened and narrowed bit for bit as runtime/common/dtype.h.
-struct F32 {
-  using T = float;
-  static __device__ __forceinline__ float widen(float v) { return v; }
-  static __device__ __forceinline__ float narrow(float f) { return f; }
-};
-struct Bf16 {
-  using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) {
-    return cuda_float16::bf16_bits_to_float(v);
-  }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) {
-    return cuda_float16::float_to_bf16_bits(f);
-  }
-};
-struct Fp16 {
-  using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) {
-    return cuda_float16::fp16_bits_to_float(v);
-  }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) {
-    return cuda_float16::float_to_fp16_bits(f);
-  }
-};
-
-__device__ __forceinline__ std::int64_t first_index() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_stride() {
-  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
+using cuda_formats::Bf16;
+using cuda_formats::F32;
+using cuda_formats::first_index;
+using cuda_formats::Fp16;
+using cuda_formats::grid_stride;
 
 // One thread block per quantization block (grid-stride over blocks): the block's max |x| as
 // the integer max of the absolute values' bits (as the CPU kernel), then the codes.

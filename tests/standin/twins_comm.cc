@@ -11,7 +11,8 @@ namespace zrt::standin {
 
 namespace {
 
-const std::string kNs = "zrt::(anonymous namespace)::";
+const std::string kNs = "zrt::(anonymous namespace)::";  // the kernels'
+const std::string kFormats = "zrt::cuda_formats::";      // their storage formats
 
 // `type`: the element type as the demangler spells it in the parameter list.
 template <typename T>
@@ -33,10 +34,10 @@ void reduce_twin(const std::string& name, const std::string& type, DType dtype, 
 // `f`: the Format's name ("F32"...), `type`: its T as the demangler spells it.
 template <typename T>
 void quantize_twins(const std::string& f, DType dtype) {
-  const std::string t = kNs + f + "::T";
+  const std::string t = kFormats + f + "::T";
   twin<const T*, long, long, std::int8_t*, float*>(
       fmt::format("void {}quantize_kernel<{}{}>({} const*, long, long, signed char*, float*)", kNs,
-                  kNs, f, t),
+                  kFormats, f, t),
       [dtype](KernelCall& k, const T* in, long n, long block, std::int8_t* q, float* scales) {
         k.require(n >= 0 && block >= 1, fmt::format("n {} block {}", n, block));
         k.require_block(256);
@@ -48,7 +49,7 @@ void quantize_twins(const std::string& f, DType dtype) {
   twin<const std::int8_t*, const float*, long, long, T*>(
       fmt::format(
           "void {}dequantize_kernel<{}{}>(signed char const*, float const*, long, long, {}*)", kNs,
-          kNs, f, t),
+          kFormats, f, t),
       [dtype](KernelCall& k, const std::int8_t* q, const float* scales, long n, long block,
               T* out) {
         k.require(n >= 0 && block >= 1, fmt::format("n {} block {}", n, block));
@@ -58,7 +59,8 @@ void quantize_twins(const std::string& f, DType dtype) {
         k.run([=] { dequantize_int8_blocks(q, scales, n, block, dtype, out); });
       });
   twin<const float*, long, float, T*>(
-      fmt::format("void {}narrow_kernel<{}{}>(float const*, long, float, {}*)", kNs, kNs, f, t),
+      fmt::format("void {}narrow_kernel<{}{}>(float const*, long, float, {}*)", kNs, kFormats, f,
+                  t),
       [dtype](KernelCall& k, const float* acc, long n, float divisor, T* out) {
         k.reads(acc, n * 4, "acc");
         k.writes(out, n * static_cast<long>(sizeof(T)), "out");
@@ -85,7 +87,7 @@ void register_comm_twins() {
         k.run([=] { dequantize_int8_blocks_add(q, scales, n, block, acc, add); });
       });
   for (const char* format : {"F32", "Bf16", "Fp16"}) {
-    const std::string f = kNs + format;
+    const std::string f = kFormats + format;
     const std::string name = "reduce_float_kernel<" + f + ">";
     if (std::string(format) == "F32") {
       reduce_twin<float>(name, f + "::T", DType::kFloat32, true);
