@@ -12,8 +12,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 hosts="$here/netns-hosts.sh"
 zrt_run="$here/../../tools/zrt-run"
 state=/run/zrt-multinode
-exec 9> /run/zrt-multinode.lock && flock 9  # one user of the test hosts at a time
 "$hosts" check > /dev/null || exit 77
+exec 9> /run/zrt-multinode.lock && flock 9  # one user of the test hosts at a time
 "$hosts" up > /dev/null || exit 1
 trap '"$hosts" down' EXIT
 

@@ -32,8 +32,8 @@ can_make() {
   for tool in ip unshare nsenter; do
     command -v "$tool" >/dev/null || { echo "$tool not found"; return 1; }
   done
-  ip netns add zrtmn-probe 2>/dev/null || { echo "cannot create network namespaces (ip netns add)"; return 1; }
-  ip netns del zrtmn-probe
+  ip netns add "zrtmn-probe-$$" 2>/dev/null || { echo "cannot create network namespaces (ip netns add)"; return 1; }
+  ip netns del "zrtmn-probe-$$"
   unshare --uts true 2>/dev/null || { echo "cannot create UTS namespaces (unshare --uts)"; return 1; }
   return 0
 }

@@ -9,8 +9,8 @@ set -u
 per_host=$1; shift
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 hosts="$here/netns-hosts.sh"
-exec 9> /run/zrt-multinode.lock && flock 9  # one user of the test hosts at a time
 "$hosts" check > /dev/null || exit 77
+exec 9> /run/zrt-multinode.lock && flock 9  # one user of the test hosts at a time
 "$hosts" up || exit 1
 trap '"$hosts" down' EXIT
 status=0
