@@ -11,8 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/comm/mpi_runtime.h"
 #include "config/config.h"
+#include "runtime/comm/mpi_runtime.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
@@ -125,10 +125,36 @@ TEST_CASE("zrt-train: metrics, eval, sample; stage 3 with offload equals stage 0
       CHECK(row["mem_peak_bytes"].contains("params"));
       CHECK(row["mem_peak_bytes"]["master"] == 0);  // offloaded: never on the device
       CHECK(row["comm_bytes"].get<std::int64_t>() > 0);
+      CHECK(row["comm_inter_node_bytes"].get<std::int64_t>() == 0);  // one machine, one node
     }
     CHECK(train_rows == 6);
     CHECK(eval_rows == 2);
   }
+}
+
+TEST_CASE("comm.ranks_per_node splits the ranks into nodes; metrics count the bytes between them") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  // One rank per node: with 2 ranks every byte rank 0 sends crosses to the other node.
+  run(dir, "nodes", R"({"stage": 2})", false, world, R"("comm": {"ranks_per_node": 1},)");
+  if (rank != 0) return;
+  std::ifstream in(dir + "/nodes/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("comm_bytes")) continue;
+    ++rows;
+    const auto inter = row["comm_inter_node_bytes"].get<std::int64_t>();
+    if (world == 1) {
+      CHECK(inter == 0);
+    } else {
+      CHECK(inter > 0);
+    }
+  }
+  CHECK(rows == 6);
 }
 
 TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.steps") {
