@@ -678,6 +678,24 @@ class Parser {
         get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
     e.overlap_comm = get_bool(z + "overlap_comm", true);
     const bool stage_known = !is_rejected(z + "stage");
+    if (has(z + "mics_shard_size") && !is_rejected(z + "mics_shard_size")) {
+      const std::int64_t shards = get_int(z + "mics_shard_size", -1);
+      const std::int64_t world = config_.batch.world_size;
+      if (shards == 0) {
+        fail(z + "mics_shard_size",
+             "0 is not a group size; give the ranks per shard group, or -1 "
+             "to shard over every rank");
+      } else if (shards > 0 && stage_known && e.stage == 0) {
+        fail(z + "mics_shard_size", "hierarchical sharding needs stage 1, 2 or 3 (stage is 0)");
+      } else if (shards > 0 && world > 0 && (shards > world || world % shards != 0)) {
+        fail(z + "mics_shard_size",
+             fmt::format("{} does not divide the world size {}: shard groups are equal blocks of "
+                         "consecutive ranks (e.g. the ranks of one node)",
+                         shards, world));
+      } else if (shards > 0 && shards < world) {
+        e.mics_shard_size = static_cast<int>(shards);
+      }
+    }
     if (e.stage < 3 && stage_known) {
       for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                               "stage3_max_live_parameters"}) {
@@ -994,6 +1012,7 @@ json resolved_document(const Config& c) {
   zero["stage"] = e.stage;
   zero["reduce_bucket_size"] = e.reduce_bucket_size;
   zero["overlap_comm"] = e.overlap_comm;
+  if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
   if (e.stage == 3) {  // below stage 3 these keys draw a warning
     zero["stage3_prefetch_bucket_size"] = e.stage3_prefetch_bucket_size;
     zero["stage3_param_persistence_threshold"] = e.stage3_param_persistence_threshold;

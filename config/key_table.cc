@@ -342,9 +342,12 @@ std::vector<KeyInfo> build_table() {
           .off("false"),
       K("zero_optimization.zeropp_loco_param", E, kOpaque, "none", "LoCo-ZeRO++ error feedback")
           .off("{}"),
-      K("zero_optimization.mics_shard_size", E, kInt, "-1", "MiCS sub-group sharding").off("-1"),
-      K("zero_optimization.mics_hierarchical_params_gather", E, kBool, "false",
-        "MiCS hierarchical gather")
+      K("zero_optimization.mics_shard_size", I, kInt, "-1",
+        "MiCS / HSDP (stages 1-3): slice the state over groups of this many consecutive ranks "
+        "(a node) and replicate it across the groups; -1: over every rank")
+          .range(-1),
+      K("zero_optimization.mics_hierarchical_params_gather", W, kBool, "false",
+        "MiCS hierarchical gather: zrt gathers within the shard group in one step")
           .off("false"),
       K("zero_optimization.memory_efficient_linear", W, kBool, "true",
         "Stage 3 torch Linear replacement")

@@ -73,6 +73,7 @@ void ZeroEngine::issue_reduce(int u, bool final) {
     }
     DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
     group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    average_over_replicas(mine, unit.shard, wire);
     if (offload_param()) {
       // The reduced slice accumulates in host memory. Copy it out of the bucket (not the shared
       // conversion scratch, which the next unit's reduction reuses).
@@ -94,7 +95,7 @@ void ZeroEngine::issue_reduce(int u, bool final) {
         offload_->gradient_reduced(u, s.grad_slice.device<std::byte>(), adt, true, nullptr);
       }
     }
-  } else if (group_.size() > 1) {
+  } else if (group_.size() > 1 || replicas_ != nullptr) {
     // Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once.
     DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
     DevicePtr<std::byte> work = grads;
@@ -112,6 +113,7 @@ void ZeroEngine::issue_reduce(int u, bool final) {
       group_.all_reduce(work, work, unit.numel, type, ReduceOp::kAvg);
     } else {
       group_.reduce_scatter(work, work + bytes_of(first, type), unit.shard, type, ReduceOp::kAvg);
+      average_over_replicas(work + bytes_of(first, type), unit.shard, type);
     }
     if (work != grads) {
       engine_kernels::convert(device_, comm_, work + bytes_of(first, wire), wire,
@@ -126,6 +128,14 @@ void ZeroEngine::issue_reduce(int u, bool final) {
   if (!options_.overlap_comm) wait_for_comm();
 }
 
+void ZeroEngine::average_over_replicas(DevicePtr<std::byte> slice, std::int64_t count, DType type) {
+  // Hierarchical sharding: the shard group's average, averaged again over the replicas of the
+  // slice (the same stream: in order after the reduce-scatter).
+  if (replicas_ != nullptr) replicas_->all_reduce(slice, slice, count, type, ReduceOp::kAvg);
+}
+
+// The replicas hold equal gradient slices after the reduction, so the norm is summed over the
+// shard group only.
 float ZeroEngine::global_grad_norm_squared() {
   wait_for_comm();
   float norm_squared = 0.0f;

@@ -58,7 +58,7 @@ void ZeroEngine::allocate_state() {
         device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads, "full gradients");
   }
   const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
-  if (comm_dtype() != reduced_type && group_.size() > 1) {
+  if (comm_dtype() != reduced_type && (group_.size() > 1 || replicas_ != nullptr)) {
     comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
                                      "gradient conversion for communication_data_type");
   }

@@ -42,10 +42,12 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
-                       DeviceOptimizer& optimizer, const OffloadFactory& offload)
+                       DeviceOptimizer& optimizer, const OffloadFactory& offload,
+                       ProcessGroup* replicas)
     : device_(device),
       compute_(compute),
       group_(group),
+      replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
       comm_(group.stream()),
       params_(std::move(params)),
       num_modules_(num_modules),
@@ -78,13 +80,28 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!offload_optimizer() || offload,
             "offload_optimizer is enabled but the engine was given no offload implementation "
             "(pass offload/'s make_cpu_optimizer_offload)");
+  ZRT_CHECK(replicas == nullptr || &replicas->stream() == &group.stream(),
+            "the replica group issues on stream '{}' but the shard group on '{}': hierarchical "
+            "sharding needs both on one communication stream",
+            replicas != nullptr ? replicas->stream().name() : "", group.stream().name());
+  ZRT_CHECK(options.mics_shard_size <= 0 || options.mics_shard_size == group.size(),
+            "mics_shard_size is {} but the engine's (shard) group has {} ranks: give the engine "
+            "the shard group and the replica group (runtime/comm/topology.h's shard_plan and "
+            "replica_plan)",
+            options.mics_shard_size, group.size());
+  ZRT_CHECK(replicas_ == nullptr || options.stage >= 1,
+            "hierarchical sharding (a replica group) needs ZeRO stage 1, 2 or 3; stage 0 keeps "
+            "no shards");
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   if (offload_optimizer()) {
     offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_});
   }
   allocate_state();
-  spdlog::debug("engine: stage {}, {}", options_.stage, plan_.describe());
+  spdlog::debug("engine: stage {}, {}{}", options_.stage, plan_.describe(),
+                replicas_ != nullptr
+                    ? fmt::format(", shards replicated over {} groups", replicas_->size())
+                    : "");
 }
 
 ZeroEngine::~ZeroEngine() {

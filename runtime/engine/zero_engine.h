@@ -66,6 +66,10 @@ struct EngineOptions {
   OffloadOptions offload_optimizer;
   OffloadOptions offload_param;
   int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
+  // Hierarchical sharding (MiCS's mics_shard_size, HSDP): the state is sliced over groups of
+  // this many ranks and replicated across them (the engine's group is then the shard group and
+  // it is given the replica group); 0: sliced over every rank.
+  int mics_shard_size = 0;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).
@@ -91,9 +95,16 @@ class ZeroEngine final : public ParamAccess {
   // `group` issues on the communication stream; `compute` is the model's stream. All must
   // outlive the engine. `offload` builds the optimizer offload when options.offload_optimizer
   // is enabled (offload/'s make_cpu_optimizer_offload); without one such options are refused.
+  //
+  // Hierarchical sharding (MiCS, HSDP): `group` is then the shard group the state is sliced
+  // over (S ranks, typically one node), and `replicas` the ranks that hold the same slices in
+  // the other shard groups (N / S of them, one per group). Every reduced gradient slice is
+  // averaged over `replicas` after its reduce-scatter, so only 1/S of the gradient crosses
+  // between shard groups, and the gathers stay inside the shard group. `replicas` must issue on
+  // `group`'s stream (one communication stream keeps their order).
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
              int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer,
-             const OffloadFactory& offload = {});
+             const OffloadFactory& offload = {}, ProcessGroup* replicas = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -233,6 +244,8 @@ class ZeroEngine final : public ParamAccess {
   void issue_reduce(int u, bool final);
   // The compute stream waits for unit u's reduction.
   void await_reduce(int u);
+  // Hierarchical sharding: averages a reduced slice over the replica group (comm stream).
+  void average_over_replicas(DevicePtr<std::byte> slice, std::int64_t count, DType type);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
   // The squared norm of the whole gradient, summed over ranks (the step's host decision).
   float global_grad_norm_squared();
@@ -241,6 +254,7 @@ class ZeroEngine final : public ParamAccess {
   Device& device_;
   Stream& compute_;
   ProcessGroup& group_;
+  ProcessGroup* replicas_;  // hierarchical sharding: the replica group, else null
   Stream& comm_;
   std::vector<ParamSpec> params_;
   int num_modules_;

@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/common/error.h"
 #include "config/config.h"
 #include "config/json_reader.h"
 #include "config/key_table.h"
+#include "runtime/common/error.h"
 
 namespace zrt {
 namespace {
@@ -485,6 +485,17 @@ const BadConfig kBadConfigs[] = {
      R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"},
                                "offload_param": {"device": "cpu"}}})",
      "bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)"},
+    {"mics_shard_size not dividing the world", true,
+     R"({"zero_optimization": {"stage": 3, "mics_shard_size": 3}})",
+     "bad.json: zero_optimization.mics_shard_size: 3 does not divide the world size 2: shard "
+     "groups are equal blocks of consecutive ranks (e.g. the ranks of one node)"},
+    {"mics_shard_size at stage 0", true,
+     R"({"zero_optimization": {"stage": 0, "mics_shard_size": 1}})",
+     "bad.json: zero_optimization.mics_shard_size: hierarchical sharding needs stage 1, 2 or 3 "
+     "(stage is 0)"},
+    {"mics_shard_size 0", true, R"({"zero_optimization": {"stage": 3, "mics_shard_size": 0}})",
+     "bad.json: zero_optimization.mics_shard_size: 0 is not a group size; give the ranks per "
+     "shard group, or -1 to shard over every rank"},
     {"offload_optimizer at stage 0", true,
      R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
      "bad.json: zero_optimization.offload_optimizer: optimizer offload needs stage 1, 2 or 3 "
@@ -914,6 +925,27 @@ TEST_CASE("the key table is consistent", "[config][keys]") {
   CHECK(config::find_key("zero_optimization.stage") != nullptr);
   CHECK(config::find_key("zero_optimization.nope") == nullptr);
   CHECK(config::child_keys("fp16").size() == 10);
+}
+
+TEST_CASE("mics_shard_size: hierarchical sharding where it divides the world", "[config]") {
+  const Config c = parse_doc(
+      patched(
+          R"({"train_batch_size": 16, "zero_optimization": {"stage": 3, "mics_shard_size": 2}})"),
+      4);
+  CHECK(c.engine.mics_shard_size == 2);
+  // A shard group of the whole world is plain sharding.
+  CHECK(
+      parse_doc(
+          patched(
+              R"({"train_batch_size": 16, "zero_optimization": {"stage": 3, "mics_shard_size": 4}})"),
+          4)
+          .engine.mics_shard_size == 0);
+  CHECK(
+      parse_doc(
+          patched(
+              R"({"train_batch_size": 16, "zero_optimization": {"stage": 2, "mics_shard_size": -1}})"),
+          4)
+          .engine.mics_shard_size == 0);
 }
 
 TEST_CASE("docs/config-keys.md matches the key table", "[config][docs]") {

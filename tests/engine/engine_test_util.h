@@ -11,6 +11,7 @@
 #include "optimizers/device_adam.h"
 #include "optimizers/device_lion.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/topology.h"
 #include "runtime/engine/zero_engine.h"
 #include "tests/engine/tied_mlp.h"
 
@@ -45,13 +46,18 @@ struct TrainSpec {
   double weight_decay = 0.1;
   double clip = 0.0;
   bool lion = false;  // Lion (betas 0.9, 0.99) instead of AdamW, with the same lr and decay
+  // Hierarchical sharding (MiCS / HSDP): state sliced over shard groups of this many
+  // consecutive ranks and replicated across them; 0: over every rank.
+  int shard_size = 0;
 };
 
 struct EngineRun {
   std::unique_ptr<Device> device;
   std::unique_ptr<Stream> compute;
   std::unique_ptr<Stream> comm;
-  std::unique_ptr<ProcessGroup> group;
+  std::unique_ptr<ProcessGroup> group;     // every rank: the data-parallel world
+  std::unique_ptr<ProcessGroup> shards;    // shard_size > 0: this rank's shard group
+  std::unique_ptr<ProcessGroup> replicas;  // shard_size > 0: the same slice's other holders
   std::unique_ptr<DeviceOptimizer> optimizer;
   std::unique_ptr<ZeroEngine> engine;
   TiedMlp model{kD, kH};
@@ -68,6 +74,18 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
   run->compute = run->device->create_stream("compute");
   run->comm = run->device->create_stream("comm");
   run->group = make_process_group(*run->device, MPI_COMM_WORLD, *run->comm, "engine", comm_options);
+  ProcessGroup* sharding = run->group.get();
+  if (spec.shard_size > 0) {
+    const int world = run->group->size(), rank = run->group->rank();
+    // A shard group per node, as MiCS lays them out: its gathers and reductions stay inside
+    // the node, and the byte counters say so.
+    run->group->set_node_map(NodeTopology(world, spec.shard_size).node_map());
+    run->shards = make_subgroup(*run->group, shard_plan(world, spec.shard_size, rank), *run->comm,
+                                "engine-shards");
+    run->replicas = make_subgroup(*run->group, replica_plan(world, spec.shard_size, rank),
+                                  *run->comm, "engine-replicas");
+    sharding = run->shards.get();
+  }
   if (spec.lion) {
     LionOptions lion;
     lion.lr = spec.lr;
@@ -79,9 +97,9 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
     adam.weight_decay = spec.weight_decay;
     run->optimizer = make_device_adam(*run->device, adam);
   }
-  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *run->group,
-                                             run->model.parameters(), run->model.modules(), options,
-                                             *run->optimizer, make_cpu_optimizer_offload);
+  run->engine = std::make_unique<ZeroEngine>(
+      *run->device, *run->compute, *sharding, run->model.parameters(), run->model.modules(),
+      options, *run->optimizer, make_cpu_optimizer_offload, run->replicas.get());
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });

@@ -221,8 +221,34 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   const std::unique_ptr<DeviceOptimizer> optimizer =
       make_device_optimizer(*device, config.optimizer);
-  ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
-                    *optimizer, make_cpu_optimizer_offload);
+  // Hierarchical sharding (zero_optimization.mics_shard_size): the engine slices the state over
+  // this rank's shard group and averages each gradient slice over its replicas; both groups
+  // issue on the engine's communication stream.
+  const EngineOptions options = engine_options(config);
+  std::unique_ptr<ProcessGroup> shard_group, replica_group;
+  if (options.mics_shard_size > 0) {
+    shard_group = make_subgroup(*group, shard_plan(world, options.mics_shard_size, rank), *comm,
+                                "zero-shards");
+    replica_group = make_subgroup(*group, replica_plan(world, options.mics_shard_size, rank), *comm,
+                                  "zero-replicas");
+    if (rank == 0) {
+      spdlog::info(
+          "hierarchical sharding: state sliced over {} groups of {} ranks, replicated "
+          "across them",
+          world / options.mics_shard_size, options.mics_shard_size);
+    }
+  }
+  ZeroEngine engine(*device, *compute, shard_group ? *shard_group : *group, params,
+                    model.num_modules(), options, *optimizer, make_cpu_optimizer_offload,
+                    replica_group.get());
+  // The engine's traffic, over every group it uses.
+  const auto engine_comm = [&] {
+    CommCounts c = group->stats().snapshot();
+    for (const ProcessGroup* g : {shard_group.get(), replica_group.get()}) {
+      if (g != nullptr) c += g->stats().snapshot();
+    }
+    return c;
+  };
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source.initializer) {
@@ -389,7 +415,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   };
 
   // ---- the loop ------------------------------------------------------------------------------
-  CommCounts comm_before = group->stats().snapshot();
+  CommCounts comm_before = engine_comm();
   const auto run_start = Clock::now();  // elapsed_s and the ETA count from here
   auto interval_start = run_start;
   std::int64_t interval_steps = 0;
@@ -452,7 +478,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
       peaks.push_back(usage.total_peak);
       peaks = control.max(peaks);
-      const CommCounts comm_now = group->stats().snapshot();
+      const CommCounts comm_now = engine_comm();
       const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
       const std::int64_t comm_inter_node_bytes = (comm_now - comm_before).total_inter_bytes();
       comm_before = comm_now;
