@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf/hf_export.h"
 #include "runtime/common/error.h"
 
 namespace zrt {
@@ -71,6 +72,52 @@ void ModelRegistry::export_safetensors(ExportInput input, const std::string& out
     type = config["model"]["type"].get<std::string>();
   }
   entry(type).export_safetensors(std::move(input), out);
+}
+
+std::vector<std::string> ModelRegistry::export_hf(ExportInput input, const std::string& out_dir,
+                                                  const HfExportOptions& options) const {
+  const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+  const ModelEntry& e = entry(saved.type);
+  if (!e.hf_config) {
+    ZRT_THROW(InvalidArgument, "{}: model.type '{}' cannot be exported as a Hugging Face directory",
+              input.checkpoint, saved.type);
+  }
+  const std::string config_json = e.hf_config(input);
+  return hf::write_hf_directory(std::move(input), config_json, saved.init_from, out_dir, options);
+}
+
+ModelConfig saved_model_config(const std::string& config_json, const std::string& where) {
+  const auto doc = nlohmann::json::parse(config_json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    ZRT_THROW(InvalidArgument, "{}: the saved run config is not a JSON object", where);
+  }
+  ModelConfig m;
+  if (!doc.contains("model")) return m;
+  const auto& block = doc["model"];
+  if (!block.is_object()) ZRT_THROW(InvalidArgument, "{}: the saved model block is not an object", where);
+  auto text = [&](const char* key, std::string& field) {
+    if (!block.contains(key)) return;
+    if (!block[key].is_string()) {
+      ZRT_THROW(InvalidArgument, "{}: the saved model.{} is not a string", where, key);
+    }
+    field = block[key].get<std::string>();
+  };
+  text("type", m.type);
+  text("preset", m.preset);
+  text("init_from", m.init_from);
+  const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
+                                                              {"n_head", &m.n_head},
+                                                              {"n_embd", &m.n_embd},
+                                                              {"vocab_size", &m.vocab_size},
+                                                              {"seq_len", &m.seq_len}};
+  for (const auto& [key, field] : dims) {
+    if (!block.contains(key)) continue;
+    if (!block[key].is_number_integer()) {
+      ZRT_THROW(InvalidArgument, "{}: the saved model.{} is not an integer", where, key);
+    }
+    *field = block[key].get<int>();
+  }
+  return m;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, kernels::KernelContext& ctx,
