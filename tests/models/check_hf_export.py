@@ -59,6 +59,7 @@ def train(args, work, model, steps, ranks, stage):
         "train": {"steps": steps, "log_interval": 1},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
         "device": {"type": "cpu"},
+        "checkpoint": {"save_interval": steps},
         "output_dir": os.path.join(work, "out"),
     }
     path = os.path.join(work, "run.json")
@@ -76,11 +77,19 @@ def export(args, ckpt, out, *extra):
 def part_safetensors(args):
     try:
         import numpy as np
-        from safetensors.numpy import load_file
+        from safetensors import deserialize
     except ImportError as e:
         print("skipped: %s lacks safetensors/numpy (%s); tools/install-python-deps installs it"
               % (sys.executable, e))
         return SKIP
+    # safetensors' own parser (numpy has no bfloat16: bf16 comes back as its 16-bit words).
+    words = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+    def load_file(path):
+        with open(path, "rb") as f:
+            return {name: np.frombuffer(bytes(t["data"]), dtype=words[t["dtype"].upper()])
+                    .reshape(t["shape"]) for name, t in deserialize(f.read())}
+
     ckpt = train(args, args.work, {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256,
                                    "seq_len": 32}, 2, 1, 1)
     exported = {}
@@ -121,8 +130,8 @@ def part_safetensors(args):
               "fp16 %s is not numpy's rounding of the fp32 values" % name)
         bits = value.view(np.uint32).astype(np.uint64)
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
-        got = exported["bf16"][name]  # numpy has no bfloat16: safetensors gives raw 16-bit words
-        check(got.dtype.itemsize == 2 and np.array_equal(got.view(np.uint16), rounded),
+        got = exported["bf16"][name]
+        check(got.dtype == np.uint16 and np.array_equal(got, rounded),
               "bf16 %s is not the round-to-nearest-even of the fp32 values" % name)
     print("ok: %d tensors in fp32/bf16/fp16, sharded and single, read by safetensors" % len(f32))
     return 0
