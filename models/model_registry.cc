@@ -94,7 +94,8 @@ ModelConfig saved_model_config(const std::string& config_json, const std::string
   ModelConfig m;
   if (!doc.contains("model")) return m;
   const auto& block = doc["model"];
-  if (!block.is_object()) ZRT_THROW(InvalidArgument, "{}: the saved model block is not an object", where);
+  if (!block.is_object())
+    ZRT_THROW(InvalidArgument, "{}: the saved model block is not an object", where);
   auto text = [&](const char* key, std::string& field) {
     if (!block.contains(key)) return;
     if (!block[key].is_string()) {

@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "runtime/common/dtype.h"
-#include "config/config.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {
@@ -113,7 +113,7 @@ struct ModelEntry {
 
 // What zrt-ckpt export --hf writes (models/hf/hf_export.h).
 struct HfExportOptions {
-  DType dtype = DType::kFloat32;                   // the checkpoint's compute dtype, or --dtype
+  DType dtype = DType::kFloat32;                  // the checkpoint's compute dtype, or --dtype
   std::uint64_t max_shard_bytes = 5000000000ull;  // --max-shard-size (transformers' 5GB)
 };
 

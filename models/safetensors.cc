@@ -48,7 +48,8 @@ void pread_all(int fd, char* out, std::uint64_t bytes, std::uint64_t offset,
   while (bytes > 0) {
     const ssize_t r = ::pread(fd, out, bytes, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) ZRT_THROW(Error, "{}: read failed at byte {}: {}", path, offset, std::strerror(errno));
+    if (r < 0)
+      ZRT_THROW(Error, "{}: read failed at byte {}: {}", path, offset, std::strerror(errno));
     if (r == 0) {
       ZRT_THROW(InvalidArgument, "{}: truncated: no data at byte {} (the file changed?)", path,
                 offset);
@@ -103,9 +104,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   }
   const auto file_size = static_cast<std::uint64_t>(st.st_size);
   source_ = source;
-  const std::uint64_t header_length = check_header_length(path, file_size, [&](char* out) {
-    pread_all(source->fd, out, 8, 0, path);
-  });
+  const std::uint64_t header_length = check_header_length(
+      path, file_size, [&](char* out) { pread_all(source->fd, out, 8, 0, path); });
   std::string header(header_length, '\0');
   pread_all(source->fd, header.data(), header_length, 8, path);
   data_start_ = 8 + header_length;
@@ -118,8 +118,8 @@ SafetensorsFile SafetensorsFile::from_bytes(const std::string& bytes, const std:
   auto source = std::make_shared<Source>();
   source->bytes = bytes;
   f.source_ = source;
-  const std::uint64_t header_length =
-      check_header_length(name, bytes.size(), [&](char* out) { std::memcpy(out, bytes.data(), 8); });
+  const std::uint64_t header_length = check_header_length(
+      name, bytes.size(), [&](char* out) { std::memcpy(out, bytes.data(), 8); });
   f.data_start_ = 8 + header_length;
   f.parse(bytes.substr(8, header_length), bytes.size() - f.data_start_);
   return f;

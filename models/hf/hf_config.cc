@@ -32,8 +32,7 @@ class Reader {
   int opt_int(const char* key, int fallback) const {
     if (!has(key)) return fallback;
     const json& v = doc_[key];
-    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
-        v.get<std::int64_t>() > 2147483647) {
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 2147483647) {
       ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not a non-negative integer", path_, prefix_, key,
                 v.dump());
     }
@@ -191,8 +190,7 @@ HfConfig HfConfig::parse(const std::string& text, const std::string& path) {
   c.path = path;
   const Reader r(doc, path);
   if (!r.has("model_type")) {
-    ZRT_THROW(InvalidArgument, "{}: model_type is missing (not a transformers config.json?)",
-              path);
+    ZRT_THROW(InvalidArgument, "{}: model_type is missing (not a transformers config.json?)", path);
   }
   c.model_type = r.opt_string("model_type", "");
   if (r.has("architectures")) {
@@ -214,7 +212,8 @@ HfConfig HfConfig::parse(const std::string& text, const std::string& path) {
              kLlamaFamily.end()) {
     read_llama_family(doc, path, c);
   } else {
-    ZRT_THROW(InvalidArgument, "{}: model_type '{}' is not supported (zrt reads gpt2, llama, "
+    ZRT_THROW(InvalidArgument,
+              "{}: model_type '{}' is not supported (zrt reads gpt2, llama, "
               "qwen2, mistral)",
               path, c.model_type);
   }

@@ -51,9 +51,14 @@ void write_json(const fs::path& path, const json& doc) {
 }  // namespace
 
 const std::vector<std::string>& tokenizer_file_names() {
-  static const std::vector<std::string> names = {
-      "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-      "vocab.json",     "merges.txt",            "added_tokens.json",       "chat_template.jinja"};
+  static const std::vector<std::string> names = {"tokenizer.json",
+                                                 "tokenizer_config.json",
+                                                 "special_tokens_map.json",
+                                                 "tokenizer.model",
+                                                 "vocab.json",
+                                                 "merges.txt",
+                                                 "added_tokens.json",
+                                                 "chat_template.jinja"};
   return names;
 }
 
@@ -65,7 +70,8 @@ std::vector<std::string> write_hf_directory(ExportInput input, const std::string
   // The directory the run started from (a model directory, or the folder of its file).
   fs::path source;
   if (!init_from.empty()) {
-    source = fs::is_directory(init_from, ec) ? fs::path(init_from) : fs::path(init_from).parent_path();
+    source =
+        fs::is_directory(init_from, ec) ? fs::path(init_from) : fs::path(init_from).parent_path();
     if (!fs::is_directory(source, ec)) source.clear();
   }
   json config = json::parse(config_json, nullptr, false);

@@ -59,8 +59,7 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
     if (tie != rules.tied.end() && index_of.count(tie->second) != 0) {
       // A copy of a tied parameter: kept only if it is one.
       const std::string& source = tensors_[static_cast<std::size_t>(index_of[tie->second])];
-      if (w.entry(name).shape == w.entry(source).shape &&
-          w.read_f32(name) == w.read_f32(source)) {
+      if (w.entry(name).shape == w.entry(source).shape && w.read_f32(name) == w.read_f32(source)) {
         continue;
       }
       ZRT_THROW(InvalidArgument,
@@ -77,8 +76,8 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
 }
 
 void HfParamSource::read(int index, std::int64_t first, std::int64_t count, float* out) const {
-  ZRT_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()),
-            "read of parameter {} of {}", index, tensors_.size());
+  ZRT_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "read of parameter {} of {}",
+            index, tensors_.size());
   weights_->read_f32(tensors_[static_cast<std::size_t>(index)], first, count, out);
 }
 

@@ -153,7 +153,8 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& what) 
     const bool binary = unit.size() == 3;
     const double base = binary ? 1024.0 : 1000.0;
     int power = 0;
-    if (!unit.empty() && unit != "B") power = 1 + static_cast<int>(std::string("KMGT").find(unit[0]));
+    if (!unit.empty() && unit != "B")
+      power = 1 + static_cast<int>(std::string("KMGT").find(unit[0]));
     const double bytes = std::stod(m[1].str()) * std::pow(base, power);
     if (bytes >= 1 && bytes < 1.8e19) return static_cast<std::uint64_t>(std::llround(bytes));
   }
@@ -162,9 +163,8 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& what) 
             text);
 }
 
-std::vector<std::string> write_hf_weights(const std::string& dir,
-                                          const SafetensorsTensors& tensors, DType dtype,
-                                          std::uint64_t max_shard_bytes) {
+std::vector<std::string> write_hf_weights(const std::string& dir, const SafetensorsTensors& tensors,
+                                          DType dtype, std::uint64_t max_shard_bytes) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) ZRT_THROW(Error, "cannot create the folder {}: {}", dir, ec.message());

@@ -41,8 +41,7 @@ class HfWeights {
   // The file holding tensor `name`.
   const std::string& file_of(const std::string& name) const;
   // Elements [first, first + count) of tensor `name`, as fp32.
-  void read_f32(const std::string& name, std::int64_t first, std::int64_t count,
-                float* out) const;
+  void read_f32(const std::string& name, std::int64_t first, std::int64_t count, float* out) const;
   std::vector<float> read_f32(const std::string& name) const;
 
  private:
@@ -63,8 +62,7 @@ std::uint64_t parse_byte_size(const std::string& text, const std::string& what);
 // a tensor larger than the limit gets a shard to itself) and model.safetensors.index.json.
 // Earlier model*.safetensors / index files in `dir` are removed first, so the directory holds
 // one consistent set. Returns the files written (names in `dir`).
-std::vector<std::string> write_hf_weights(const std::string& dir,
-                                          const SafetensorsTensors& tensors, DType dtype,
-                                          std::uint64_t max_shard_bytes);
+std::vector<std::string> write_hf_weights(const std::string& dir, const SafetensorsTensors& tensors,
+                                          DType dtype, std::uint64_t max_shard_bytes);
 
 }  // namespace zrt::hf

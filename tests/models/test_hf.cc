@@ -55,7 +55,8 @@ void write_text(const fs::path& path, const std::string& text) {
 // Values exact in bf16 and fp16 (small integers over 8).
 std::vector<float> exact_values(std::int64_t n, int salt) {
   std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = ((i * 7 + salt) % 61 - 30) / 8.f;
+  for (std::int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] = ((i * 7 + salt) % 61 - 30) / 8.f;
   return v;
 }
 
@@ -114,8 +115,8 @@ TEST_CASE("config.json of published models", "[hf][config]") {
   CHECK(q.vocab_size == 151936);
   CHECK(q.rope_theta == 1e6);
   CHECK(q.rms_norm_eps == 1e-6);
-  CHECK(q.attention_bias);        // qwen2 implies q/k/v biases
-  CHECK(q.sliding_window == 0);   // use_sliding_window false
+  CHECK(q.attention_bias);       // qwen2 implies q/k/v biases
+  CHECK(q.sliding_window == 0);  // use_sliding_window false
   CHECK(q.tie_word_embeddings);
   CHECK(q.rope_scaling.rope_type == "default");
 
@@ -132,7 +133,7 @@ TEST_CASE("config.json of published models", "[hf][config]") {
   CHECK(s.num_key_value_heads == 3);
   CHECK(s.head_dim == 64);
   CHECK(s.num_hidden_layers == 30);
-  CHECK(s.rope_theta == 100000.0);  // an integer in the file
+  CHECK(s.rope_theta == 100000.0);               // an integer in the file
   CHECK(s.rope_scaling.rope_type == "default");  // rope_scaling: null
 
   const HfConfig g = HfConfig::read(fixture("gpt2.json"));
@@ -204,8 +205,9 @@ TEST_CASE("safetensors in bf16, fp16 and fp32: written, read whole and in slices
     const std::string path = (dir / (std::string(dtype_name(dtype)) + ".safetensors")).string();
     write_safetensors(path, {{"w", {{10, 100}, v}}, {"b", {{3}, {1.5f, -2.f, 0.25f}}}}, {}, dtype);
     const SafetensorsFile f(path);
-    CHECK(f.tensors().at("w").dtype ==
-          (dtype == DType::kFloat32 ? "F32" : dtype == DType::kBFloat16 ? "BF16" : "F16"));
+    CHECK(f.tensors().at("w").dtype == (dtype == DType::kFloat32    ? "F32"
+                                        : dtype == DType::kBFloat16 ? "BF16"
+                                                                    : "F16"));
     CHECK(fs::file_size(path) % 2 == 0);
     CHECK(f.read_f32("w") == v);  // exactly representable in all three
     std::vector<float> part(7);
@@ -228,10 +230,9 @@ TEST_CASE("sharded weights: index written as transformers does, read back", "[hf
   }
   // 100 elements x 2 bytes = 200 bytes each: a 450-byte limit holds two per shard.
   const auto files = hf::write_hf_weights(dir.string(), tensors, DType::kBFloat16, 450);
-  CHECK(files == std::vector<std::string>{"model-00001-of-00003.safetensors",
-                                          "model-00002-of-00003.safetensors",
-                                          "model-00003-of-00003.safetensors",
-                                          "model.safetensors.index.json"});
+  CHECK(files == std::vector<std::string>{
+                     "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                     "model-00003-of-00003.safetensors", "model.safetensors.index.json"});
   const json index = json::parse(text_of((dir / "model.safetensors.index.json").string()));
   CHECK(index["metadata"]["total_size"] == 1000);
   CHECK(index["weight_map"]["t0"] == "model-00001-of-00003.safetensors");
@@ -265,7 +266,8 @@ TEST_CASE("sharded weights: index written as transformers does, read back", "[hf
 
 TEST_CASE("damaged or foreign sharded checkpoints are refused by name", "[hf][st]") {
   SafetensorsTensors tensors;
-  for (int i = 0; i < 4; ++i) tensors.push_back({"t" + std::to_string(i), {{4}, exact_values(4, i)}});
+  for (int i = 0; i < 4; ++i)
+    tensors.push_back({"t" + std::to_string(i), {{4}, exact_values(4, i)}});
   auto make = [&](const std::string& name) {
     const fs::path dir = fresh_dir(name);
     hf::write_hf_weights(dir.string(), tensors, DType::kFloat32, 40);  // two per shard
@@ -282,9 +284,9 @@ TEST_CASE("damaged or foreign sharded checkpoints are refused by name", "[hf][st
   {
     const fs::path dir = make("wrong_shard");
     edit_index(dir, [&](json& d) { d["weight_map"]["t0"] = s2; });
-    CHECK_THROWS_WITH(hf::HfWeights(dir.string()),
-                      Catch::Contains("maps tensor 't0' to") && Catch::Contains(s2) &&
-                          Catch::Contains("which does not hold it"));
+    CHECK_THROWS_WITH(hf::HfWeights(dir.string()), Catch::Contains("maps tensor 't0' to") &&
+                                                       Catch::Contains(s2) &&
+                                                       Catch::Contains("which does not hold it"));
   }
   {
     const fs::path dir = make("unlisted");
@@ -295,8 +297,9 @@ TEST_CASE("damaged or foreign sharded checkpoints are refused by name", "[hf][st
   {
     const fs::path dir = make("total");
     edit_index(dir, [&](json& d) { d["metadata"]["total_size"] = 12345; });
-    CHECK_THROWS_WITH(hf::HfWeights(dir.string()),
-                      Catch::Contains("metadata.total_size is 12345 but the shards' tensors hold 64"));
+    CHECK_THROWS_WITH(
+        hf::HfWeights(dir.string()),
+        Catch::Contains("metadata.total_size is 12345 but the shards' tensors hold 64"));
   }
   {
     const fs::path dir = make("escape");
@@ -313,14 +316,15 @@ TEST_CASE("damaged or foreign sharded checkpoints are refused by name", "[hf][st
   {
     const fs::path dir = make("truncated");
     fs::resize_file(dir / s2, fs::file_size(dir / s2) - 5);
-    CHECK_THROWS_WITH(hf::HfWeights(dir.string()),
-                      Catch::Contains(s2) && Catch::Contains("run past the") &&
-                          Catch::Contains("truncated"));
+    CHECK_THROWS_WITH(hf::HfWeights(dir.string()), Catch::Contains(s2) &&
+                                                       Catch::Contains("run past the") &&
+                                                       Catch::Contains("truncated"));
   }
   {
     const fs::path dir = make("foreign");
     write_text(dir / "model.safetensors.index.json", "{\"hello\": 1}");
-    CHECK_THROWS_WITH(hf::HfWeights(dir.string()), Catch::Contains("needs a \"weight_map\" object"));
+    CHECK_THROWS_WITH(hf::HfWeights(dir.string()),
+                      Catch::Contains("needs a \"weight_map\" object"));
   }
   CHECK_THROWS_WITH(hf::HfWeights(fresh_dir("empty").string()),
                     Catch::Contains("holds neither model.safetensors nor"));
@@ -381,8 +385,8 @@ TEST_CASE("a GPT-2 model directory: architecture from config.json, every tensor 
           "[hf][import]") {
   TinyGpt t;
   for (const std::uint64_t shard : {std::uint64_t{1} << 30, std::uint64_t{3000}}) {
-    const fs::path dir = t.write_dir(shard > 4000 ? "gpt_dir" : "gpt_dir_sharded", t.config(),
-                                     false, shard);
+    const fs::path dir =
+        t.write_dir(shard > 4000 ? "gpt_dir" : "gpt_dir_sharded", t.config(), false, shard);
     CHECK(fs::exists(dir / (shard > 4000 ? "model.safetensors" : "model.safetensors.index.json")));
     const auto def = builtin_models().resolve(run_model(dir.string()));
     CHECK(def->dimensions() ==
@@ -401,8 +405,7 @@ TEST_CASE("a GPT-2 model directory: architecture from config.json, every tensor 
   }
 }
 
-TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused",
-          "[hf][import]") {
+TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused", "[hf][import]") {
   TinyGpt t;
   const fs::path dir = t.write_dir("gpt_contra", t.config());
   const std::string cfg = (dir / "config.json").string();
@@ -416,9 +419,9 @@ TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused
                     Catch::Contains("model.seq_len 32 contradicts " + cfg + " n_positions 16"));
   m = run_model(dir.string());
   m.preset = "gpt2-tiny";
-  CHECK_THROWS_WITH(builtin_models().resolve(m),
-                    Catch::Contains("model.preset 'gpt2-tiny' (n_embd 64) contradicts " + cfg +
-                                    " n_embd 32"));
+  CHECK_THROWS_WITH(
+      builtin_models().resolve(m),
+      Catch::Contains("model.preset 'gpt2-tiny' (n_embd 64) contradicts " + cfg + " n_embd 32"));
   // Agreeing keys are fine.
   m = run_model(dir.string());
   m.n_head = 4;
@@ -429,9 +432,9 @@ TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused
   llama["model_type"] = "llama";
   const fs::path other = t.write_dir("gpt_llama_type", t.config());
   write_text(other / "config.json", text_of(fixture("smollm2-135m.json")));
-  CHECK_THROWS_WITH(builtin_models().resolve(run_model(other.string())),
-                    Catch::Contains("model.type 'gpt2' contradicts") &&
-                        Catch::Contains("model_type 'llama'"));
+  CHECK_THROWS_WITH(
+      builtin_models().resolve(run_model(other.string())),
+      Catch::Contains("model.type 'gpt2' contradicts") && Catch::Contains("model_type 'llama'"));
 
   json untied = t.config();
   untied["tie_word_embeddings"] = false;
@@ -451,7 +454,8 @@ TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused
   {
     SafetensorsTensors ts;
     const auto& params = t.model.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) ts.push_back({params[i].name, {params[i].shape, t.values[i]}});
+    for (std::size_t i = 0; i < params.size(); ++i)
+      ts.push_back({params[i].name, {params[i].shape, t.values[i]}});
     ts.push_back({"transformer.h.2.ln_1.weight", {{32}, std::vector<float>(32)}});
     hf::write_hf_weights(extra.string(), ts, DType::kFloat32, 1u << 30);
     write_text(extra / "config.json", t.config().dump());

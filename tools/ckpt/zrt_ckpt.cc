@@ -23,10 +23,10 @@
 #include "models/flat_param_access.h"
 #include "models/hf/hf_weights.h"
 #include "models/model_registry.h"
-#include "runtime/device/device.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/common/error.h"
+#include "runtime/device/device.h"
 
 namespace {
 
@@ -151,8 +151,7 @@ int logits(const std::string& dir, const std::string& token_text) {
   }
   if (tokens.empty()) ZRT_THROW(zrt::InvalidArgument, "--tokens: no token ids");
   const CheckpointIndex index = open_index(dir);
-  const auto def =
-      zrt::builtin_models().resolve(zrt::saved_model_config(index.config_json, dir));
+  const auto def = zrt::builtin_models().resolve(zrt::saved_model_config(index.config_json, dir));
   const int T = static_cast<int>(tokens.size());
   if (T > def->seq_len()) {
     ZRT_THROW(zrt::InvalidArgument, "--tokens: {} tokens, the model's seq_len is {}", T,
@@ -173,11 +172,12 @@ int logits(const std::string& dir, const std::string& token_text) {
     ZRT_THROW(zrt::InvalidArgument, "{}: {} parameters saved, the model has {}", dir,
               index.params.size(), params.size());
   }
-  zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(),
-                              zrt::DType::kFloat32, zrt::DType::kFloat32);
+  zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(), zrt::DType::kFloat32,
+                              zrt::DType::kFloat32);
   for (std::size_t p = 0; p < params.size(); ++p) {
     if (params[p].name != index.params[p].name || params[p].shape != index.params[p].shape) {
-      ZRT_THROW(zrt::InvalidArgument, "{}: parameter {} is '{}' {} in the checkpoint, '{}' {} in "
+      ZRT_THROW(zrt::InvalidArgument,
+                "{}: parameter {} is '{}' {} in the checkpoint, '{}' {} in "
                 "the model",
                 dir, p, index.params[p].name, shape_text(index.params[p].shape), params[p].name,
                 shape_text(params[p].shape));
