@@ -91,34 +91,16 @@ ModelConfig saved_model_config(const std::string& config_json, const std::string
   if (doc.is_discarded() || !doc.is_object()) {
     ZRT_THROW(InvalidArgument, "{}: the saved run config is not a JSON object", where);
   }
-  ModelConfig m;
-  if (!doc.contains("model")) return m;
-  const auto& block = doc["model"];
-  if (!block.is_object())
-    ZRT_THROW(InvalidArgument, "{}: the saved model block is not an object", where);
-  auto text = [&](const char* key, std::string& field) {
-    if (!block.contains(key)) return;
-    if (!block[key].is_string()) {
-      ZRT_THROW(InvalidArgument, "{}: the saved model.{} is not a string", where, key);
-    }
-    field = block[key].get<std::string>();
-  };
-  text("type", m.type);
-  text("preset", m.preset);
-  text("init_from", m.init_from);
-  const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
-                                                              {"n_head", &m.n_head},
-                                                              {"n_embd", &m.n_embd},
-                                                              {"vocab_size", &m.vocab_size},
-                                                              {"seq_len", &m.seq_len}};
-  for (const auto& [key, field] : dims) {
-    if (!block.contains(key)) continue;
-    if (!block[key].is_number_integer()) {
-      ZRT_THROW(InvalidArgument, "{}: the saved model.{} is not an integer", where, key);
-    }
-    *field = block[key].get<int>();
-  }
-  return m;
+  if (!doc.contains("model")) return ModelConfig{};
+  // The config's own parser reads the block (every key of every architecture, and the
+  // architecture of an init_from directory), in a minimal run around it: the saved run's batch
+  // and data settings do not matter here and need not fit this process.
+  nlohmann::json run = {{"train_batch_size", 1},
+                        {"train_micro_batch_size_per_gpu", 1},
+                        {"model", doc["model"]},
+                        {"data", {{"train", "unused"}}},
+                        {"train", {{"steps", 1}}}};
+  return parse_config(run, 1, where + " (its saved model block)").model;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, kernels::KernelContext& ctx,

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
@@ -75,6 +76,12 @@ class GptDef final : public ModelDef {
                                const std::string& init_from) const override {
     if (!init_from.empty()) {
       // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
+      if (!hf::hf_config_for(init_from)) {
+        spdlog::warn(
+            "model.init_from {}: no config.json beside it, so the file's head count cannot be "
+            "checked against model.n_head (the shapes do not show it)",
+            init_from);
+      }
       return hf::hf_initializer(init_from, model.parameters(), import_rules());
     }
     return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {

@@ -8,7 +8,7 @@ metadata.total_size is the tensors' bytes, and the bf16/fp16 values are numpy's 
 the fp32 export (round to nearest even).
 
 --part transformers (/usr/bin/python3; needs torch, transformers, safetensors): a GPT-2 made and
-saved by transformers (save_pretrained) is zrt-train's model.init_from (a directory: the
+saved by transformers (save_pretrained, sharded with an index) is zrt-train's model.init_from (a directory: the
 architecture comes from its config.json), trained 3 steps on 2 ranks at ZeRO stage 3, exported
 with --hf; from_pretrained loads it with no missing or unexpected keys, the weights moved away
 from the start, the tokenizer files were copied, and transformers' logits equal zrt's
@@ -151,7 +151,10 @@ def part_transformers(args):
     cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=32,
                      bos_token_id=255, eos_token_id=255)
     start = GPT2LMHeadModel(cfg).eval()
-    start.save_pretrained(src, safe_serialization=True)
+    # transformers' own sharded layout (index + shards) is what zrt imports.
+    start.save_pretrained(src, safe_serialization=True, max_shard_size="60KB")
+    check(os.path.exists(os.path.join(src, "model.safetensors.index.json")),
+          "transformers wrote no sharded source")
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         with open(os.path.join(src, name), "w") as f:
             f.write('{"made_for": "%s"}' % name)
