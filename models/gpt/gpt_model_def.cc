@@ -9,8 +9,8 @@
 #include <memory>
 #include <utility>
 
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"

@@ -14,6 +14,18 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return s + ")";
 }
 
+HfImportRules llama_family_rules() {
+  HfImportRules rules;
+  rules.ignorable = [](const std::string& tensor) {
+    const std::string suffix = "rotary_emb.inv_freq";
+    return tensor.size() >= suffix.size() &&
+           tensor.compare(tensor.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  // Applies only when the model has no lm_head.weight parameter (a tied head).
+  rules.tied = {{"lm_head.weight", "model.embed_tokens.weight"}};
+  return rules;
+}
+
 HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpec>& params,
                              const HfImportRules& rules)
     : weights_(std::make_shared<const HfWeights>(path)) {

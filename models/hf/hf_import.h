@@ -36,6 +36,13 @@ struct HfImportRules {
   std::map<std::string, std::string> tied;
 };
 
+// The rules for transformers' LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM files,
+// whose names zrt's Llama family uses as they are: rotary "inv_freq" buffers (older files) are
+// ignorable; with a tied head an lm_head.weight in the file must equal
+// model.embed_tokens.weight (untied, lm_head.weight is a parameter like any other, and a file
+// without it is refused).
+HfImportRules llama_family_rules();
+
 // Which file tensor feeds each parameter, after every check above; `path` is init_from (a
 // model directory, a .safetensors file or an index .json).
 class HfParamSource {

@@ -527,3 +527,103 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
     REQUIRE(got == t.values[i]);
   }
 }
+
+namespace {
+
+// transformers' LlamaForCausalLM / Qwen2ForCausalLM parameter names and [out, in] shapes (the
+// contract with models/llama): one layer, C 8, 2 heads of 4, 1 KV head, MLP 16, vocabulary 32.
+std::vector<ParamSpec> llama_params(bool tied, bool bias) {
+  std::vector<ParamSpec> p;
+  auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    ParamSpec s;
+    s.name = name;
+    s.shape = std::move(shape);
+    p.push_back(s);
+  };
+  add("model.embed_tokens.weight", {32, 8});
+  const std::string l = "model.layers.0.";
+  add(l + "input_layernorm.weight", {8});
+  add(l + "self_attn.q_proj.weight", {8, 8});
+  add(l + "self_attn.k_proj.weight", {4, 8});
+  add(l + "self_attn.v_proj.weight", {4, 8});
+  if (bias) {
+    add(l + "self_attn.q_proj.bias", {8});
+    add(l + "self_attn.k_proj.bias", {4});
+    add(l + "self_attn.v_proj.bias", {4});
+  }
+  add(l + "self_attn.o_proj.weight", {8, 8});
+  add(l + "post_attention_layernorm.weight", {8});
+  add(l + "mlp.gate_proj.weight", {16, 8});
+  add(l + "mlp.up_proj.weight", {16, 8});
+  add(l + "mlp.down_proj.weight", {8, 16});
+  add("model.norm.weight", {8});
+  if (!tied) add("lm_head.weight", {32, 8});
+  return p;
+}
+
+fs::path write_llama_dir(const std::string& name, const std::vector<ParamSpec>& params,
+                         const SafetensorsTensors& extra, DType dtype = DType::kBFloat16) {
+  const fs::path dir = fresh_dir(name);
+  SafetensorsTensors t;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    t.push_back({params[i].name, {params[i].shape, exact_values(params[i].numel(), int(i))}});
+  }
+  for (const auto& e : extra) t.push_back(e);
+  hf::write_hf_weights(dir.string(), t, dtype, 1500);  // sharded
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("Llama-family files match transformers' names: tied and untied heads, Qwen2 biases",
+          "[hf][import]") {
+  const auto rules = hf::llama_family_rules();
+  // Untied (Llama-3.1-8B style): lm_head is a parameter and is read.
+  const auto untied = llama_params(false, false);
+  {
+    const fs::path dir = write_llama_dir("llama_untied", untied, {});
+    const hf::HfParamSource src(dir.string(), untied, rules);
+    const std::size_t head = untied.size() - 1;
+    std::vector<float> got(32 * 8);
+    src.read(static_cast<int>(head), 0, 256, got.data());
+    CHECK(got == exact_values(256, static_cast<int>(head)));
+    CHECK(src.tensor_of(static_cast<int>(head)) == "lm_head.weight");
+  }
+  // An untied model and a file without lm_head: refused (the head would be random).
+  {
+    const fs::path dir = write_llama_dir("llama_no_head", llama_params(true, false), {});
+    CHECK_THROWS_WITH(hf::HfParamSource(dir.string(), untied, rules),
+                      Catch::Contains("no tensor for parameter 'lm_head.weight'"));
+  }
+  // Tied (Llama-3.2-1B, Qwen2.5 style) with biases and an old rotary buffer; an lm_head copy
+  // equal to the embedding is accepted, one that differs is an untied head: refused.
+  const auto tied = llama_params(true, true);
+  const SafetensorsTensors buffer = {
+      {"model.layers.0.self_attn.rotary_emb.inv_freq", {{2}, {1.f, 0.5f}}}};
+  CHECK_NOTHROW(
+      hf::HfParamSource(write_llama_dir("qwen_tied", tied, buffer).string(), tied, rules));
+  SafetensorsTensors copy = buffer;
+  copy.push_back({"lm_head.weight", {{32, 8}, exact_values(256, 0)}});
+  CHECK_NOTHROW(hf::HfParamSource(write_llama_dir("qwen_copy", tied, copy).string(), tied, rules));
+  SafetensorsTensors other = buffer;
+  other.push_back({"lm_head.weight", {{32, 8}, exact_values(256, 5)}});
+  CHECK_THROWS_WITH(
+      hf::HfParamSource(write_llama_dir("qwen_untied_copy", tied, other).string(), tied, rules),
+      Catch::Contains("tensor 'lm_head.weight' differs from 'model.embed_tokens.weight': an "
+                      "untied output head"));
+  // Qwen2 biases in the file but a model without them (attention_bias false): not dropped.
+  CHECK_THROWS_WITH(hf::HfParamSource(write_llama_dir("qwen_bias", tied, {}).string(),
+                                      llama_params(true, false), rules),
+                    Catch::Contains("tensor 'model.layers.0.self_attn.") &&
+                        Catch::Contains("_proj.bias' matches no parameter"));
+  // A transposed projection (e.g. a GPT-2 style Conv1D layout) is a shape mismatch.
+  SafetensorsTensors transposed;
+  auto wrong = untied;
+  for (auto& p : wrong) {
+    if (p.name == "model.layers.0.mlp.down_proj.weight") p.shape = {16, 8};
+  }
+  CHECK_THROWS_WITH(
+      hf::HfParamSource(write_llama_dir("llama_transposed", wrong, {}).string(), untied, rules),
+      Catch::Contains("tensor 'model.layers.0.mlp.down_proj.weight' has shape (16, 8) but the "
+                      "model's 'model.layers.0.mlp.down_proj.weight' is (8, 16)"));
+}
