@@ -76,7 +76,8 @@ class GptDef final : public ModelDef {
                                const std::string& init_from) const override {
     if (!init_from.empty()) {
       // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
-      if (!hf::hf_config_for(init_from)) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
         spdlog::warn(
             "model.init_from {}: no config.json beside it, so the file's head count cannot be "
             "checked against model.n_head (the shapes do not show it)",
@@ -117,19 +118,10 @@ void export_gpt2(ExportInput input, const std::string& out) {
     ZRT_THROW(InvalidArgument,
               "{}: not a GPT-2 checkpoint (no transformer.wte / wpe / h.* parameters)", dir);
   }
-  // n_head is not visible in the shapes: it comes from the run's config.
-  int n_head = 0;
-  const auto config = nlohmann::json::parse(input.config_json, nullptr, false);
-  if (!config.is_discarded() && config.contains("model")) {
-    const auto& m = config["model"];
-    if (m.contains("n_head")) n_head = m["n_head"].get<int>();
-    if (n_head == 0 && m.contains("preset")) {
-      n_head = GptConfig::preset(m["preset"].get<std::string>()).n_head;
-    }
-  }
-  if (n_head == 0) {
-    ZRT_THROW(InvalidArgument, "{}: the saved config does not give model.n_head", dir);
-  }
+  // n_head is not visible in the shapes: it comes from the run's config (its model block
+  // resolved again, so a run from a Hugging Face directory takes it from that config.json).
+  const int n_head = static_cast<int>(
+      builtin_models().resolve(saved_model_config(input.config_json, dir))->dimensions()[1].second);
   write_safetensors(out, tensors, {{"format", "pt"}});
   nlohmann::json hf;
   hf["architectures"] = {"GPT2LMHeadModel"};

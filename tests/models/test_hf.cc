@@ -518,6 +518,10 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
   CHECK(config["architectures"] == json{"GPT2LMHeadModel"});
   const json generation = json::parse(text_of((out / "generation_config.json").string()));
   CHECK(generation["eos_token_id"] == 63);
+  // The single-file export (--safetensors) of a run from a directory takes n_head from it too.
+  const fs::path legacy = fresh_dir("export_legacy");
+  builtin_models().export_safetensors(input, (legacy / "model.safetensors").string());
+  CHECK(json::parse(text_of((legacy / "config.json").string()))["n_head"] == 4);
   // What was exported imports again, bit for bit (values exact in bf16).
   const auto def = builtin_models().resolve(run_model(out.string()));
   const ParamInitializer init = def->initializer(t.model, 1, out.string());
