@@ -69,25 +69,29 @@ GptConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   auto file_key = [](const std::string& key) {
     return key == "seq_len" ? std::string("n_positions") : key;
   };
+  // Each dimension the run sets (an explicit key, else its preset's) must be the file's.
+  std::optional<GptConfig> preset;
   if (!run.preset.empty()) {
-    const GptConfig preset = GptConfig::preset(run.preset);
-    const int preset_dims[] = {preset.n_layer, preset.n_head, preset.n_embd, preset.vocab_size,
-                               preset.seq_len};
-    for (int i = 0; i < 5; ++i) {
-      if (preset_dims[i] != file_dims[i].second) {
-        ZRT_THROW(InvalidArgument, "model.preset '{}' ({} {}) contradicts {} {} {}", run.preset,
-                  file_dims[i].first, preset_dims[i], path, file_key(file_dims[i].first),
-                  file_dims[i].second);
-      }
-    }
+    preset = GptConfig::preset(run.preset);
     c.name = run.preset;
   }
   const std::optional<int> run_dims[] = {run.n_layer, run.n_head, run.n_embd, run.vocab_size,
                                          run.seq_len};
   for (int i = 0; i < 5; ++i) {
-    if (run_dims[i] && *run_dims[i] != file_dims[i].second) {
-      ZRT_THROW(InvalidArgument, "model.{} {} contradicts {} {} {}", file_dims[i].first,
-                *run_dims[i], path, file_key(file_dims[i].first), file_dims[i].second);
+    const char* key = file_dims[i].first;
+    const int file_value = file_dims[i].second;
+    if (run_dims[i]) {
+      if (*run_dims[i] != file_value) {
+        ZRT_THROW(InvalidArgument, "model.{} {} contradicts {} {} {}", key, *run_dims[i], path,
+                  file_key(key), file_value);
+      }
+    } else if (preset) {
+      const int preset_dims[] = {preset->n_layer, preset->n_head, preset->n_embd,
+                                 preset->vocab_size, preset->seq_len};
+      if (preset_dims[i] != file_value) {
+        ZRT_THROW(InvalidArgument, "model.preset '{}' ({} {}) contradicts {} {} {}", run.preset,
+                  key, preset_dims[i], path, file_key(key), file_value);
+      }
     }
   }
   c.validate();

@@ -422,6 +422,25 @@ TEST_CASE("a GPT-2 directory that contradicts the run, or holds more, is refused
   CHECK_THROWS_WITH(
       builtin_models().resolve(m),
       Catch::Contains("model.preset 'gpt2-tiny' (n_embd 64) contradicts " + cfg + " n_embd 32"));
+  // A preset with an override agrees with a file that has the overridden value.
+  {
+    const fs::path tiny = fresh_dir("gpt_tiny_16");
+    write_text(tiny / "config.json", json{{"model_type", "gpt2"},
+                                          {"n_layer", 2},
+                                          {"n_head", 4},
+                                          {"n_embd", 64},
+                                          {"vocab_size", 256},
+                                          {"n_positions", 16}}
+                                         .dump());
+    ModelConfig p = run_model(tiny.string());
+    p.preset = "gpt2-tiny";
+    p.seq_len = 16;
+    CHECK(builtin_models().resolve(p)->seq_len() == 16);
+    p.seq_len.reset();  // the preset's own 256 then contradicts
+    CHECK_THROWS_WITH(builtin_models().resolve(p),
+                      Catch::Contains("model.preset 'gpt2-tiny' (seq_len 256) contradicts") &&
+                          Catch::Contains("n_positions 16"));
+  }
   // Agreeing keys are fine.
   m = run_model(dir.string());
   m.n_head = 4;
