@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <set>
 
@@ -13,6 +15,26 @@
 #include "runtime/common/error.h"
 
 namespace zrt {
+
+namespace {
+// model_type of `init_from`'s config.json when it is a Hugging Face model directory, else "".
+// (The file is parsed fully, and checked, by the model's registry entry; here only the
+// architecture is picked.)
+std::string hf_model_type(const std::string& init_from) {
+  std::error_code ec;
+  const std::filesystem::path file = std::filesystem::path(init_from) / "config.json";
+  if (init_from.empty() || !std::filesystem::is_directory(init_from, ec) ||
+      !std::filesystem::is_regular_file(file, ec)) {
+    return "";
+  }
+  std::ifstream in(file);
+  const nlohmann::json doc = nlohmann::json::parse(in, nullptr, false);
+  if (doc.is_object() && doc.contains("model_type") && doc["model_type"].is_string()) {
+    return doc["model_type"].get<std::string>();
+  }
+  return "";
+}
+}  // namespace
 
 namespace {
 
@@ -737,7 +759,11 @@ class Parser {
                   "model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})");
     }
     ModelConfig& m = c.model;
-    m.type = get_string("model.type", "gpt2");
+    m.init_from = get_string("model.init_from", "");
+    // A Hugging Face model directory gives the architecture and its dimensions (config.json);
+    // the architecture's registry entry checks the keys given here against it.
+    const std::string hf_type = hf_model_type(m.init_from);
+    m.type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
     m.preset = get_string("model.preset", "");
     const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
                                                                 {"n_head", &m.n_head},
@@ -753,7 +779,8 @@ class Parser {
         missing.push_back(name);
       }
     }
-    if (has("model") && m.preset.empty() && !missing.empty() && !is_rejected("model.preset")) {
+    if (has("model") && m.preset.empty() && !missing.empty() && !is_rejected("model.preset") &&
+        hf_type.empty()) {
       error(ProblemKind::kMissing, "model",
             fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
                         "seq_len are required (missing: {})",
@@ -763,7 +790,6 @@ class Parser {
       fail("model.n_embd", fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
     }
     m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
-    m.init_from = get_string("model.init_from", "");
 
     if (!has("data") && !is_rejected("data")) {
       error_plain(ProblemKind::kMissing,

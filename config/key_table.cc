@@ -512,7 +512,8 @@ std::vector<KeyInfo> build_table() {
       K("model", I, kObject, "required", "The model to train").zrt(),
       K("model.type", I, kEnum, "gpt2", "Architecture").choices("gpt2").zrt(),
       K("model.preset", I, kEnum, "none",
-        "Dimensions to start from; without one all five dimensions are required")
+        "Dimensions to start from; without one all five dimensions are required (unless "
+        "init_from is a Hugging Face model directory)")
           .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl")
           .zrt(),
       K("model.n_layer", I, kInt, "preset", "Transformer blocks").range(1).zrt(),
@@ -524,7 +525,9 @@ std::vector<KeyInfo> build_table() {
         "Keep block inputs only; recompute each block in backward")
           .zrt(),
       K("model.init_from", I, kString, "none",
-        "Hugging Face GPT-2 safetensors file to start from (else random init from seed)")
+        "Hugging Face weights to start from: a model directory (config.json, whose architecture "
+        "and dimensions the model keys must agree with, and model.safetensors or a sharded "
+        "index) or a .safetensors file; else a random init from seed")
           .zrt(),
       K("data", I, kObject, "required", "Token data").zrt(),
       K("data.train", I, kString, "required", "Training token file: a path or a glob").zrt(),

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf/hf_export.h"
 #include "runtime/common/error.h"
 
 namespace zrt {
@@ -71,6 +72,35 @@ void ModelRegistry::export_safetensors(ExportInput input, const std::string& out
     type = config["model"]["type"].get<std::string>();
   }
   entry(type).export_safetensors(std::move(input), out);
+}
+
+std::vector<std::string> ModelRegistry::export_hf(ExportInput input, const std::string& out_dir,
+                                                  const HfExportOptions& options) const {
+  const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+  const ModelEntry& e = entry(saved.type);
+  if (!e.hf_config) {
+    ZRT_THROW(InvalidArgument, "{}: model.type '{}' cannot be exported as a Hugging Face directory",
+              input.checkpoint, saved.type);
+  }
+  const std::string config_json = e.hf_config(input);
+  return hf::write_hf_directory(std::move(input), config_json, saved.init_from, out_dir, options);
+}
+
+ModelConfig saved_model_config(const std::string& config_json, const std::string& where) {
+  const auto doc = nlohmann::json::parse(config_json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    ZRT_THROW(InvalidArgument, "{}: the saved run config is not a JSON object", where);
+  }
+  if (!doc.contains("model")) return ModelConfig{};
+  // The config's own parser reads the block (every key of every architecture, and the
+  // architecture of an init_from directory), in a minimal run around it: the saved run's batch
+  // and data settings do not matter here and need not fit this process.
+  nlohmann::json run = {{"train_batch_size", 1},
+                        {"train_micro_batch_size_per_gpu", 1},
+                        {"model", doc["model"]},
+                        {"data", {{"train", "unused"}}},
+                        {"train", {{"steps", 1}}}};
+  return parse_config(run, 1, where + " (its saved model block)").model;
 }
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, kernels::KernelContext& ctx,

@@ -20,9 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "runtime/common/dtype.h"
-#include "config/config.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {
@@ -105,6 +105,16 @@ struct ModelEntry {
   // Writes `out` (Hugging Face safetensors, the architecture's names and layout) and
   // config.json beside it.
   std::function<void(ExportInput input, const std::string& out)> export_safetensors;
+  // Optional: the text of transformers' config.json for the checkpoint (zrt-ckpt export --hf;
+  // the tensors are written under their own names, which are transformers'). An entry without
+  // it cannot export a Hugging Face directory.
+  std::function<std::string(const ExportInput& input)> hf_config;
+};
+
+// What zrt-ckpt export --hf writes (models/hf/hf_export.h).
+struct HfExportOptions {
+  DType dtype = DType::kFloat32;                  // the checkpoint's compute dtype, or --dtype
+  std::uint64_t max_shard_bytes = 5000000000ull;  // --max-shard-size (transformers' 5GB)
 };
 
 class ModelRegistry {
@@ -125,10 +135,20 @@ class ModelRegistry {
   // Exports a checkpoint with the entry of the saved config's model.type ("gpt2" when the
   // saved config has none, as the config's default).
   void export_safetensors(ExportInput input, const std::string& out) const;
+  // Writes a Hugging Face model directory `out_dir` (config.json, generation_config.json, the
+  // weights, the tokenizer files of the run's init_from directory) with the entry of the saved
+  // config's model.type. Returns the files written, in `out_dir`.
+  std::vector<std::string> export_hf(ExportInput input, const std::string& out_dir,
+                                     const HfExportOptions& options) const;
 
  private:
   std::vector<ModelEntry> entries_;
 };
+
+// The model block of a saved run config (the JSON text a checkpoint keeps): model.type (the
+// config's default when absent), preset, dimensions, init_from. `where` names the checkpoint in
+// messages.
+ModelConfig saved_model_config(const std::string& config_json, const std::string& where);
 
 // The architectures zrt ships, registered in models/builtin_models.cc.
 const ModelRegistry& builtin_models();

@@ -1,17 +1,19 @@
 #include "models/safetensors.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/common/dtype.h"
 #include "runtime/common/error.h"
 
 namespace zrt {
@@ -26,42 +28,105 @@ std::uint64_t element_size(const std::string& dtype) {
   return 0;
 }
 
-}  // namespace
-
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) ZRT_THROW(InvalidArgument, "{}: cannot open safetensors file", path);
-  std::error_code ec;
-  const std::uint64_t file_size = std::filesystem::file_size(path, ec);
-  if (ec) ZRT_THROW(InvalidArgument, "{}: cannot read its size: {}", path, ec.message());
-  read(in, file_size);
+const char* safetensors_dtype_name(DType dtype, const std::string& path) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return "F32";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kFloat16:
+      return "F16";
+    default:
+      ZRT_THROW(InvalidArgument, "{}: safetensors are written in fp32, bf16 or fp16, not {}", path,
+                dtype_name(dtype));
+  }
 }
 
-SafetensorsFile SafetensorsFile::from_bytes(const std::string& bytes, const std::string& name) {
-  SafetensorsFile f;
-  f.path_ = name;
-  std::istringstream in(bytes);
-  f.read(in, bytes.size());
-  return f;
+// Reads exactly `bytes` at `offset`; a short read means the file shrank since it was opened.
+void pread_all(int fd, char* out, std::uint64_t bytes, std::uint64_t offset,
+               const std::string& path) {
+  while (bytes > 0) {
+    const ssize_t r = ::pread(fd, out, bytes, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0)
+      ZRT_THROW(Error, "{}: read failed at byte {}: {}", path, offset, std::strerror(errno));
+    if (r == 0) {
+      ZRT_THROW(InvalidArgument, "{}: truncated: no data at byte {} (the file changed?)", path,
+                offset);
+    }
+    out += r;
+    bytes -= static_cast<std::uint64_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
 }
 
-void SafetensorsFile::read(std::istream& in, std::uint64_t file_size) {
-  const std::string& path = path_;
+// The header length from the file's first 8 bytes (read by `read8`), checked against its size.
+template <typename Read8>
+std::uint64_t check_header_length(const std::string& path, std::uint64_t file_size, Read8 read8) {
   if (file_size < 8) {
     ZRT_THROW(InvalidArgument, "{}: truncated: {} bytes, smaller than the 8-byte header length",
               path, file_size);
   }
-  unsigned char length_bytes[8];
-  in.read(reinterpret_cast<char*>(length_bytes), 8);
+  char length_bytes[8];
+  read8(length_bytes);
   std::uint64_t header_length = 0;
-  for (int i = 7; i >= 0; --i) header_length = (header_length << 8) | length_bytes[i];
+  for (int i = 7; i >= 0; --i) {
+    header_length = (header_length << 8) | static_cast<unsigned char>(length_bytes[i]);
+  }
   if (header_length > kMaxHeader || header_length > file_size - 8) {
     ZRT_THROW(InvalidArgument,
               "{}: header length {} runs past the end of the file ({} bytes) or above 100 MB", path,
               header_length, file_size);
   }
+  return header_length;
+}
+
+}  // namespace
+
+// Where the data section lives: a file read with pread (thread-safe), or bytes in memory.
+struct SafetensorsFile::Source {
+  int fd = -1;
+  std::string bytes;  // from_bytes: the whole file
+  ~Source() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  auto source = std::make_shared<Source>();
+  source->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (source->fd < 0) {
+    ZRT_THROW(InvalidArgument, "{}: cannot open safetensors file: {}", path, std::strerror(errno));
+  }
+  struct stat st {};
+  if (::fstat(source->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ZRT_THROW(InvalidArgument, "{}: not a regular file", path);
+  }
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  source_ = source;
+  const std::uint64_t header_length = check_header_length(
+      path, file_size, [&](char* out) { pread_all(source->fd, out, 8, 0, path); });
   std::string header(header_length, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_length));
+  pread_all(source->fd, header.data(), header_length, 8, path);
+  data_start_ = 8 + header_length;
+  parse(header, file_size - data_start_);
+}
+
+SafetensorsFile SafetensorsFile::from_bytes(const std::string& bytes, const std::string& name) {
+  SafetensorsFile f;
+  f.path_ = name;
+  auto source = std::make_shared<Source>();
+  source->bytes = bytes;
+  f.source_ = source;
+  const std::uint64_t header_length = check_header_length(
+      name, bytes.size(), [&](char* out) { std::memcpy(out, bytes.data(), 8); });
+  f.data_start_ = 8 + header_length;
+  f.parse(bytes.substr(8, header_length), bytes.size() - f.data_start_);
+  return f;
+}
+
+void SafetensorsFile::parse(const std::string& header, std::uint64_t data_size) {
+  const std::string& path = path_;
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(header);
@@ -69,8 +134,7 @@ void SafetensorsFile::read(std::istream& in, std::uint64_t file_size) {
     ZRT_THROW(InvalidArgument, "{}: the header is not valid JSON: {}", path, e.what());
   }
   if (!doc.is_object()) ZRT_THROW(InvalidArgument, "{}: the header is not a JSON object", path);
-  const std::uint64_t data_size = file_size - 8 - header_length;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  std::vector<std::pair<std::pair<std::uint64_t, std::uint64_t>, std::string>> ranges;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it.value().is_object())
@@ -119,64 +183,92 @@ void SafetensorsFile::read(std::istream& in, std::uint64_t file_size) {
     e.end = off[1].get<std::uint64_t>();
     if (e.begin > e.end || e.end > data_size) {
       ZRT_THROW(InvalidArgument,
-                "{}: tensor '{}': data_offsets [{}, {}] run past the {} bytes of data", path, name,
-                e.begin, e.end, data_size);
+                "{}: tensor '{}': data_offsets [{}, {}] run past the {} bytes of data (a "
+                "truncated file?)",
+                path, name, e.begin, e.end, data_size);
     }
     if (e.end - e.begin != count * elem) {
       ZRT_THROW(InvalidArgument, "{}: tensor '{}': {} x {} needs {} bytes but data_offsets span {}",
                 path, name, e.dtype, t["shape"].dump(), count * elem, e.end - e.begin);
     }
-    ranges.emplace_back(e.begin, e.end);
+    ranges.push_back({{e.begin, e.end}, name});
     tensors_[name] = e;
   }
   std::sort(ranges.begin(), ranges.end());
   for (std::size_t i = 1; i < ranges.size(); ++i) {
-    if (ranges[i].first < ranges[i - 1].second) {
-      ZRT_THROW(InvalidArgument, "{}: two tensors' data overlap at byte {}", path, ranges[i].first);
+    if (ranges[i].first.first < ranges[i - 1].first.second) {
+      ZRT_THROW(InvalidArgument, "{}: two tensors' data overlap at byte {} ('{}' and '{}')", path,
+                ranges[i].first.first, ranges[i - 1].second, ranges[i].second);
     }
-  }
-  data_.resize(data_size);
-  in.read(data_.data(), static_cast<std::streamsize>(data_size));
-  if (static_cast<std::uint64_t>(in.gcount()) != data_size) {
-    ZRT_THROW(InvalidArgument, "{}: truncated while reading the data", path);
   }
 }
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) ZRT_THROW(InvalidArgument, "{}: no tensor '{}'", path_, name);
-  const SafetensorsEntry& e = it->second;
-  const char* p = data_.data() + e.begin;
-  const std::uint64_t n = (e.end - e.begin) / element_size(e.dtype);
-  std::vector<float> out(n);
-  for (std::uint64_t i = 0; i < n; ++i) {
-    if (e.dtype == "F32") {
-      std::memcpy(&out[i], p + 4 * i, 4);
-    } else if (e.dtype == "BF16") {
-      bf16 h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[i] = to_float(h);
-    } else {
-      fp16 h;
-      std::memcpy(&h, p + 2 * i, 2);
-      out[i] = to_float(h);
-    }
-  }
+  std::vector<float> out(static_cast<std::size_t>(it->second.numel()));
+  read_f32(name, 0, it->second.numel(), out.data());
   return out;
 }
 
-void write_safetensors(
-    const std::string& path,
-    const std::vector<
-        std::pair<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>>>& tensors,
-    const std::map<std::string, std::string>& metadata) {
+void SafetensorsFile::read_f32(const std::string& name, std::int64_t first, std::int64_t count,
+                               float* out) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) ZRT_THROW(InvalidArgument, "{}: no tensor '{}'", path_, name);
+  const SafetensorsEntry& e = it->second;
+  if (first < 0 || count < 0 || first + count > e.numel()) {
+    ZRT_THROW(InvalidArgument, "{}: tensor '{}': elements [{}, {}) are outside its {}", path_, name,
+              first, first + count, e.numel());
+  }
+  const std::uint64_t elem = element_size(e.dtype);
+  const std::uint64_t offset = data_start_ + e.begin + static_cast<std::uint64_t>(first) * elem;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(count) * elem;
+  if (e.dtype == "F32") {  // straight into the destination
+    read_bytes(offset, bytes, reinterpret_cast<char*>(out));
+    return;
+  }
+  // Half precision: through a bounded bounce buffer.
+  constexpr std::int64_t kChunk = 1 << 16;
+  std::vector<std::uint16_t> half(static_cast<std::size_t>(std::min(count, kChunk)));
+  for (std::int64_t done = 0; done < count; done += kChunk) {
+    const std::int64_t n = std::min(kChunk, count - done);
+    read_bytes(offset + static_cast<std::uint64_t>(done) * 2, static_cast<std::uint64_t>(n) * 2,
+               reinterpret_cast<char*>(half.data()));
+    for (std::int64_t i = 0; i < n; ++i) {
+      out[done + i] = e.dtype == "BF16" ? to_float(bf16{half[static_cast<std::size_t>(i)]})
+                                        : to_float(fp16{half[static_cast<std::size_t>(i)]});
+    }
+  }
+}
+
+void SafetensorsFile::read_bytes(std::uint64_t offset, std::uint64_t bytes, char* out) const {
+  if (source_->fd >= 0) {
+    pread_all(source_->fd, out, bytes, offset, path_);
+  } else {
+    std::memcpy(out, source_->bytes.data() + offset, bytes);
+  }
+}
+
+std::uint64_t safetensors_bytes(std::int64_t numel, DType dtype) {
+  return static_cast<std::uint64_t>(numel) * (dtype == DType::kFloat32 ? 4 : 2);
+}
+
+void write_safetensors(const std::string& path, const SafetensorsTensors& tensors,
+                       const std::map<std::string, std::string>& metadata, DType dtype) {
+  const char* dtype_name = safetensors_dtype_name(dtype, path);
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    const std::uint64_t bytes = t.second.size() * 4;
+    std::int64_t numel = 1;
+    for (std::int64_t d : t.first) numel *= d;
+    if (numel != static_cast<std::int64_t>(t.second.size())) {
+      ZRT_THROW(InvalidArgument, "{}: tensor '{}' has {} values for a shape of {} elements", path,
+                name, t.second.size(), numel);
+    }
+    const std::uint64_t bytes = safetensors_bytes(numel, dtype);
     header[name] = {
-        {"dtype", "F32"}, {"shape", t.first}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", dtype_name}, {"shape", t.first}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -188,9 +280,20 @@ void write_safetensors(
     std::uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
     out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    std::vector<std::uint16_t> half;
     for (const auto& [name, t] : tensors) {
-      out.write(reinterpret_cast<const char*>(t.second.data()),
-                static_cast<std::streamsize>(t.second.size() * 4));
+      const std::vector<float>& v = t.second;
+      if (dtype == DType::kFloat32) {
+        out.write(reinterpret_cast<const char*>(v.data()),
+                  static_cast<std::streamsize>(v.size() * 4));
+        continue;
+      }
+      half.resize(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        half[i] = dtype == DType::kBFloat16 ? to_bf16(v[i]).bits : to_fp16(v[i]).bits;
+      }
+      out.write(reinterpret_cast<const char*>(half.data()),
+                static_cast<std::streamsize>(half.size() * 2));
     }
     out.flush();
     if (!out) ZRT_THROW(Error, "{}: write failed: {}", tmp, std::strerror(errno));

@@ -5,9 +5,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <utility>
 
+#include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
 #include "models/gpt/gpt.h"
@@ -73,11 +75,15 @@ class GptDef final : public ModelDef {
   ParamInitializer initializer(const Model& model, std::uint64_t seed,
                                const std::string& init_from) const override {
     if (!init_from.empty()) {
-      // Hugging Face GPT-2 weights: the whole file is read; the caller keeps only its slices.
-      auto weights = std::make_shared<const GptWeights>(init_from, model.parameters());
-      return [weights](int p, std::int64_t first, std::int64_t count, float* out) {
-        weights->read(p, first, count, out);
-      };
+      // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
+        spdlog::warn(
+            "model.init_from {}: no config.json beside it, so the file's head count cannot be "
+            "checked against model.n_head (the shapes do not show it)",
+            init_from);
+      }
+      return hf::hf_initializer(init_from, model.parameters(), import_rules());
     }
     return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
       model.init_parameter(p, seed, first, count, out);
@@ -112,19 +118,10 @@ void export_gpt2(ExportInput input, const std::string& out) {
     ZRT_THROW(InvalidArgument,
               "{}: not a GPT-2 checkpoint (no transformer.wte / wpe / h.* parameters)", dir);
   }
-  // n_head is not visible in the shapes: it comes from the run's config.
-  int n_head = 0;
-  const auto config = nlohmann::json::parse(input.config_json, nullptr, false);
-  if (!config.is_discarded() && config.contains("model")) {
-    const auto& m = config["model"];
-    if (m.contains("n_head")) n_head = m["n_head"].get<int>();
-    if (n_head == 0 && m.contains("preset")) {
-      n_head = GptConfig::preset(m["preset"].get<std::string>()).n_head;
-    }
-  }
-  if (n_head == 0) {
-    ZRT_THROW(InvalidArgument, "{}: the saved config does not give model.n_head", dir);
-  }
+  // n_head is not visible in the shapes: it comes from the run's config (its model block
+  // resolved again, so a run from a Hugging Face directory takes it from that config.json).
+  const int n_head = static_cast<int>(
+      builtin_models().resolve(saved_model_config(input.config_json, dir))->dimensions()[1].second);
   write_safetensors(out, tensors, {{"format", "pt"}});
   nlohmann::json hf;
   hf["architectures"] = {"GPT2LMHeadModel"};
@@ -149,6 +146,32 @@ void export_gpt2(ExportInput input, const std::string& out) {
   }
 }
 
+// config.json of a GPT2LMHeadModel with the checkpoint's dimensions (the saved run's model
+// block resolved again: n_head is not visible in the shapes).
+std::string hf_config_json(const ExportInput& input) {
+  const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+  const auto def = builtin_models().resolve(saved);
+  std::map<std::string, std::int64_t> dims;
+  for (const auto& [key, value] : def->dimensions()) dims[key] = value;
+  nlohmann::json hf;
+  hf["architectures"] = {"GPT2LMHeadModel"};
+  hf["model_type"] = "gpt2";
+  hf["vocab_size"] = dims.at("vocab_size");
+  hf["n_positions"] = dims.at("seq_len");
+  hf["n_ctx"] = dims.at("seq_len");
+  hf["n_embd"] = dims.at("n_embd");
+  hf["n_layer"] = dims.at("n_layer");
+  hf["n_head"] = dims.at("n_head");
+  hf["n_inner"] = nullptr;  // 4 x n_embd
+  hf["activation_function"] = "gelu_new";
+  hf["layer_norm_epsilon"] = 1e-5;
+  hf["resid_pdrop"] = 0.0;  // zrt trains without dropout
+  hf["embd_pdrop"] = 0.0;
+  hf["attn_pdrop"] = 0.0;
+  hf["tie_word_embeddings"] = true;
+  return hf.dump();
+}
+
 std::unique_ptr<ModelDef> parse_gpt_spec(const std::string& spec) {
   return std::make_unique<GptDef>(GptConfig::parse(spec));
 }
@@ -159,9 +182,17 @@ ModelEntry registry_entry() {
   ModelEntry entry;
   entry.type = "gpt2";
   entry.summary = "GPT-2 (presets gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)";
-  entry.resolve = [](const ModelConfig& config) { return parse_gpt_spec(config.spec()); };
+  entry.resolve = [](const ModelConfig& config) -> std::unique_ptr<ModelDef> {
+    // A Hugging Face directory (or a file with its config.json beside it) gives the dimensions;
+    // the run's keys must agree with them.
+    if (const auto hf = hf::hf_config_for(config.init_from)) {
+      return std::make_unique<GptDef>(config_from_hf(*hf, config));
+    }
+    return parse_gpt_spec(config.spec());
+  };
   entry.parse_spec = parse_gpt_spec;
   entry.export_safetensors = export_gpt2;
+  entry.hf_config = hf_config_json;
   return entry;
 }
 

@@ -92,7 +92,7 @@ SampleLocation TokenDataset::locate(std::int64_t index) const {
   return loc;
 }
 
-void TokenDataset::read_sample(std::int64_t index, std::uint16_t* tokens) const {
+void TokenDataset::read_sample(std::int64_t index, std::uint32_t* tokens) const {
   const SampleLocation loc = locate(index);
   const ShardInfo& info = shards_[static_cast<std::size_t>(loc.shard)];
   {
@@ -108,12 +108,13 @@ void TokenDataset::read_sample(std::int64_t index, std::uint16_t* tokens) const 
     }
     open_file_.read(loc.token, T_ + 1, tokens);
   }
-  if (vocab_size_ > 0) {
-    for (int t = 0; t <= T_; ++t) {
-      if (tokens[t] >= vocab_size_) {
-        ZRT_THROW(DataError, "{}: token {} at index {} is not below the vocabulary size {}",
-                  info.path, tokens[t], loc.token + t, vocab_size_);
-      }
+  const std::uint32_t limit =
+      vocab_size_ > 0 ? static_cast<std::uint32_t>(vocab_size_) : std::uint32_t{1} << 31;
+  for (int t = 0; t <= T_; ++t) {
+    if (tokens[t] >= limit) {
+      ZRT_THROW(DataError, "{}: token {} at index {} is not below the vocabulary size {}",
+                info.path, tokens[t], loc.token + t,
+                vocab_size_ > 0 ? std::to_string(vocab_size_) : "2^31 (int32 token ids)");
     }
   }
 }
@@ -165,14 +166,14 @@ void DataStream::fill(std::int64_t first, int B, std::int32_t* inputs,
                       std::int32_t* targets) const {
   ZRT_CHECK(B >= 1 && first >= 0, "B = {}, first sample {}", B, first);
   const int T = dataset_->seq_len();
-  std::vector<std::uint16_t> tokens(static_cast<std::size_t>(T) + 1);
+  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(T) + 1);
   for (int b = 0; b < B; ++b) {
     dataset_->read_sample(window(first + b), tokens.data());
     std::int32_t* in = inputs + static_cast<std::size_t>(b) * T;
     std::int32_t* tg = targets + static_cast<std::size_t>(b) * T;
     for (int t = 0; t < T; ++t) {
-      in[t] = tokens[static_cast<std::size_t>(t)];
-      tg[t] = tokens[static_cast<std::size_t>(t) + 1];
+      in[t] = static_cast<std::int32_t>(tokens[static_cast<std::size_t>(t)]);  // < 2^31: checked
+      tg[t] = static_cast<std::int32_t>(tokens[static_cast<std::size_t>(t) + 1]);
     }
   }
 }

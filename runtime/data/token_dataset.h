@@ -1,4 +1,5 @@
-// Training and validation data: the windows of a glob of llm.c token shards, and the stream of
+// Training and validation data: the windows of a glob of llm.c token shards (GPT-2 style uint16
+// or Llama-3 style uint32), and the stream of
 // samples every rank reads from them, addressed by a global sample index.
 //
 // Windows. A sample is a window of T+1 consecutive tokens of one shard: its first T tokens are
@@ -79,8 +80,10 @@ class TokenDataset {
 
   // The shard and first token of window `index` in [0, num_samples()).
   SampleLocation locate(std::int64_t index) const;
-  // Copies the T+1 tokens of window `index` in [0, num_samples()) into tokens[0..T].
-  void read_sample(std::int64_t index, std::uint16_t* tokens) const;
+  // Copies the T+1 tokens of window `index` in [0, num_samples()) into tokens[0..T] (uint16
+  // and uint32 shards alike; a dataset may mix them). Throws DataError for a token at or above
+  // the vocabulary size, or above the int32 range the model takes.
+  void read_sample(std::int64_t index, std::uint32_t* tokens) const;
 
  private:
   std::string pattern_;

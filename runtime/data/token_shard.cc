@@ -41,6 +41,15 @@ void le16_to_host(std::uint16_t* tokens, std::size_t count) {
 #endif
 }
 
+void le32_to_host(std::uint32_t* tokens, std::size_t count) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  for (std::size_t i = 0; i < count; ++i) tokens[i] = __builtin_bswap32(tokens[i]);
+#else
+  (void)tokens;
+  (void)count;
+#endif
+}
+
 // True if the bytes look like text (so the message can say how to convert it).
 bool looks_like_text(const std::uint8_t* bytes, std::size_t size) {
   const std::size_t n = std::min<std::size_t>(size, 64);
@@ -132,36 +141,33 @@ ShardHeader parse_shard_header(const std::uint8_t* bytes, std::size_t size,
   h.magic = load_le_i32(bytes);
   h.version = load_le_i32(bytes + 4);
   const std::int32_t count = load_le_i32(bytes + 8);
-  if (h.magic == kLlama3ShardMagic) {
+  if (h.magic != kShardMagic && h.magic != kLlama3ShardMagic) {
     h.status = ShardHeaderStatus::kBadMagic;
     h.error = fmt::format(
-        "llm.c LLaMA-3 shard (magic {}, uint32 tokens): zrt reads GPT-2 style shards (magic "
-        "{}, version {}, uint16 tokens)",
-        kLlama3ShardMagic, kShardMagic, kShardVersion);
-    return h;
-  }
-  if (h.magic != kShardMagic) {
-    h.status = ShardHeaderStatus::kBadMagic;
-    h.error = fmt::format("not an llm.c token shard: magic {} (0x{:08x}), expected {}", h.magic,
-                          static_cast<std::uint32_t>(h.magic), kShardMagic);
+        "not an llm.c token shard: magic {} (0x{:08x}), expected {} (uint16 tokens) or {} "
+        "(uint32 tokens)",
+        h.magic, static_cast<std::uint32_t>(h.magic), kShardMagic, kLlama3ShardMagic);
     if (looks_like_text(bytes, kShardHeaderBytes)) {
       h.error += " (it looks like text: convert it with zrt-data)";
     }
     return h;
   }
-  if (h.version != kShardVersion) {
+  const bool wide = h.magic == kLlama3ShardMagic;
+  const std::int32_t version = wide ? kLlama3ShardVersion : kShardVersion;
+  if (h.version != version) {
     h.status = ShardHeaderStatus::kBadVersion;
     h.error =
-        fmt::format("unsupported llm.c shard version {}: zrt reads version {} (uint16 tokens)",
-                    h.version, kShardVersion);
+        fmt::format("unsupported llm.c shard version {} for magic {}: expected {} ({} tokens)",
+                    h.version, h.magic, version, wide ? "uint32" : "uint16");
     return h;
   }
+  h.token_bytes = wide ? 4 : 2;
   if (count < 0) {
     h.status = ShardHeaderStatus::kBadTokenCount;
     h.error = fmt::format("bad header: negative token count {}", count);
     return h;
   }
-  const std::uint64_t expected = shard_file_bytes(count);
+  const std::uint64_t expected = shard_file_bytes(count, h.token_bytes);
   if (file_size < expected) {
     h.status = ShardHeaderStatus::kTruncated;
     h.error = fmt::format("truncated: header says {} tokens ({} bytes) but the file has {} bytes",
@@ -189,7 +195,9 @@ ShardHeader read_shard_header(const std::string& path) {
 }
 
 ShardFile::ShardFile(const std::string& path) : path_(path) {
-  num_tokens_ = open_validated(path, &fd_).num_tokens;
+  const ShardHeader h = open_validated(path, &fd_);
+  num_tokens_ = h.num_tokens;
+  token_bytes_ = h.token_bytes;
 }
 
 ShardFile::~ShardFile() {
@@ -199,7 +207,8 @@ ShardFile::~ShardFile() {
 ShardFile::ShardFile(ShardFile&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::exchange(other.fd_, -1)),
-      num_tokens_(std::exchange(other.num_tokens_, 0)) {}
+      num_tokens_(std::exchange(other.num_tokens_, 0)),
+      token_bytes_(other.token_bytes_) {}
 
 ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
   if (this != &other) {
@@ -207,6 +216,7 @@ ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
     path_ = std::move(other.path_);
     fd_ = std::exchange(other.fd_, -1);
     num_tokens_ = std::exchange(other.num_tokens_, 0);
+    token_bytes_ = other.token_bytes_;
   }
   return *this;
 }
@@ -216,15 +226,15 @@ void ShardFile::close() {
   fd_ = -1;
 }
 
-void ShardFile::read(std::int64_t first, std::int64_t count, std::uint16_t* out) const {
+void ShardFile::read_bytes(std::int64_t first, std::int64_t count, void* out) const {
   ZRT_CHECK(fd_ >= 0, "read from a closed shard");
   if (first < 0 || count < 0 || first > num_tokens_ || count > num_tokens_ - first) {
     ZRT_THROW(DataError, "{}: tokens [{}, {}) are outside the shard's {} tokens", path_, first,
               first + count, num_tokens_);
   }
-  auto* p = reinterpret_cast<std::uint8_t*>(out);
-  std::uint64_t offset = shard_file_bytes(first);
-  std::size_t left = static_cast<std::size_t>(count) * 2;
+  auto* p = static_cast<std::uint8_t*>(out);
+  std::uint64_t offset = shard_file_bytes(first, token_bytes_);
+  std::size_t left = static_cast<std::size_t>(count) * static_cast<std::size_t>(token_bytes_);
   while (left > 0) {
     const ssize_t r = ::pread(fd_, p, left, static_cast<off_t>(offset));
     if (r < 0 && errno == EINTR) continue;
@@ -237,11 +247,38 @@ void ShardFile::read(std::int64_t first, std::int64_t count, std::uint16_t* out)
     left -= static_cast<std::size_t>(r);
     offset += static_cast<std::uint64_t>(r);
   }
+}
+
+void ShardFile::read(std::int64_t first, std::int64_t count, std::uint16_t* out) const {
+  if (token_bytes_ != 2) {
+    ZRT_THROW(DataError, "{}: a Llama-3 style shard (uint32 tokens) read as uint16", path_);
+  }
+  read_bytes(first, count, out);
   le16_to_host(out, static_cast<std::size_t>(count));
 }
 
-ShardWriter::ShardWriter(std::string path)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp." + std::to_string(::getpid())) {
+void ShardFile::read(std::int64_t first, std::int64_t count, std::uint32_t* out) const {
+  if (token_bytes_ == 4) {
+    read_bytes(first, count, out);
+    le32_to_host(out, static_cast<std::size_t>(count));
+    return;
+  }
+  // Widen in place from the back: the uint16 tokens fill the first half of the buffer.
+  auto* narrow = reinterpret_cast<std::uint16_t*>(out);
+  read_bytes(first, count, narrow);
+  le16_to_host(narrow, static_cast<std::size_t>(count));
+  for (std::int64_t i = count - 1; i >= 0; --i) {
+    std::uint16_t v;
+    std::memcpy(&v, narrow + i, sizeof v);
+    out[i] = v;
+  }
+}
+
+ShardWriter::ShardWriter(std::string path, int token_bytes)
+    : path_(std::move(path)),
+      tmp_path_(path_ + ".tmp." + std::to_string(::getpid())),
+      token_bytes_(token_bytes) {
+  ZRT_CHECK(token_bytes == 2 || token_bytes == 4, "shard token width {} (2 or 4)", token_bytes);
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0) ZRT_THROW(DataError, "{}: cannot create: {}", tmp_path_, errno_text(errno));
   const std::uint8_t zeros[kShardHeaderBytes] = {};
@@ -262,6 +299,11 @@ ShardWriter::~ShardWriter() {
 }
 
 void ShardWriter::append(const std::uint16_t* tokens, std::size_t count) {
+  if (token_bytes_ == 4) {
+    const std::vector<std::uint32_t> wide(tokens, tokens + count);
+    append(wide.data(), count);
+    return;
+  }
   ZRT_CHECK(fd_ >= 0, "append to a finished shard writer ({})", path_);
   if (static_cast<std::uint64_t>(count) >
       static_cast<std::uint64_t>(kMaxShardTokens - num_tokens_)) {
@@ -272,15 +314,44 @@ void ShardWriter::append(const std::uint16_t* tokens, std::size_t count) {
   le16_to_host(le.data(), count);  // the swap is its own inverse
   tokens = le.data();
 #endif
-  write_all(fd_, tokens, count * 2, shard_file_bytes(num_tokens_), tmp_path_);
+  write_all(fd_, tokens, count * 2, shard_file_bytes(num_tokens_, 2), tmp_path_);
+  num_tokens_ += static_cast<std::int64_t>(count);
+}
+
+void ShardWriter::append(const std::uint32_t* tokens, std::size_t count) {
+  if (token_bytes_ == 2) {
+    std::vector<std::uint16_t> narrow(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (tokens[i] > 0xffffu) {
+        ZRT_THROW(DataError,
+                  "{}: token {} does not fit a uint16 shard (write a Llama-3 style shard: "
+                  "4-byte tokens)",
+                  path_, tokens[i]);
+      }
+      narrow[i] = static_cast<std::uint16_t>(tokens[i]);
+    }
+    append(narrow.data(), count);
+    return;
+  }
+  ZRT_CHECK(fd_ >= 0, "append to a finished shard writer ({})", path_);
+  if (static_cast<std::uint64_t>(count) >
+      static_cast<std::uint64_t>(kMaxShardTokens - num_tokens_)) {
+    ZRT_THROW(DataError, "{}: a shard holds at most {} tokens", path_, kMaxShardTokens);
+  }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  std::vector<std::uint32_t> le(tokens, tokens + count);
+  le32_to_host(le.data(), count);
+  tokens = le.data();
+#endif
+  write_all(fd_, tokens, count * 4, shard_file_bytes(num_tokens_, 4), tmp_path_);
   num_tokens_ += static_cast<std::int64_t>(count);
 }
 
 void ShardWriter::finish() {
   ZRT_CHECK(fd_ >= 0, "finish() called twice ({})", path_);
   std::uint8_t header[kShardHeaderBytes] = {};
-  store_le_i32(header, kShardMagic);
-  store_le_i32(header + 4, kShardVersion);
+  store_le_i32(header, token_bytes_ == 4 ? kLlama3ShardMagic : kShardMagic);
+  store_le_i32(header + 4, token_bytes_ == 4 ? kLlama3ShardVersion : kShardVersion);
   store_le_i32(header + 8, static_cast<std::int32_t>(num_tokens_));
   write_all(fd_, header, sizeof(header), 0, tmp_path_);
   if (::fsync(fd_) != 0) ZRT_THROW(DataError, "{}: fsync failed: {}", tmp_path_, errno_text(errno));
@@ -298,7 +369,13 @@ void ShardWriter::finish() {
 }
 
 void write_shard(const std::string& path, const std::uint16_t* tokens, std::size_t count) {
-  ShardWriter writer(path);
+  ShardWriter writer(path, 2);
+  writer.append(tokens, count);
+  writer.finish();
+}
+
+void write_shard(const std::string& path, const std::uint32_t* tokens, std::size_t count) {
+  ShardWriter writer(path, 4);
   writer.append(tokens, count);
   writer.finish();
 }

@@ -1,6 +1,8 @@
 // llm.c token shards (.bin), read and written as llm.c's dev/data scripts do: a header of 256
-// little-endian int32 (magic 20240520, version 1, token count, the rest zero) followed by the
-// tokens as little-endian uint16. The file size must be exactly 1024 + 2 x count bytes.
+// little-endian int32 (magic, version, token count, the rest zero) followed by the tokens:
+//   GPT-2 style   magic 20240520, version 1, little-endian uint16 tokens (vocabularies < 65536)
+//   Llama-3 style magic 20240801, version 7, little-endian uint32 tokens (larger vocabularies)
+// The file size must be exactly 1024 + width x count bytes. Readers widen either to uint32.
 //
 // The header check is a pure function over bytes (parse_shard_header) so it can be fuzzed;
 // everything that touches files wraps it and throws DataError naming the file and what is
@@ -23,7 +25,8 @@ class DataError : public Error {
 
 constexpr std::int32_t kShardMagic = 20240520;  // llm.c GPT-2 style: uint16 tokens
 constexpr std::int32_t kShardVersion = 1;
-constexpr std::int32_t kLlama3ShardMagic = 20240801;  // llm.c LLaMA-3 style: uint32 tokens
+constexpr std::int32_t kLlama3ShardMagic = 20240801;  // llm.c Llama-3 style: uint32 tokens
+constexpr std::int32_t kLlama3ShardVersion = 7;
 constexpr std::size_t kShardHeaderInts = 256;
 constexpr std::size_t kShardHeaderBytes = kShardHeaderInts * sizeof(std::int32_t);
 constexpr std::int64_t kMaxShardTokens = 2147483647;  // the count is an int32
@@ -31,7 +34,7 @@ constexpr std::int64_t kMaxShardTokens = 2147483647;  // the count is an int32
 enum class ShardHeaderStatus {
   kOk,
   kTooSmall,       // fewer bytes than a header
-  kBadMagic,       // not an llm.c shard, or llm.c's uint32 (LLaMA-3) format
+  kBadMagic,       // not an llm.c shard
   kBadVersion,     // right magic, unknown version
   kBadTokenCount,  // negative count
   kTruncated,      // the file is shorter than the header says
@@ -44,14 +47,16 @@ struct ShardHeader {
   std::int32_t magic = 0;
   std::int32_t version = 0;
   std::int64_t num_tokens = 0;  // valid when ok()
+  int token_bytes = 2;          // 2 (GPT-2 style) or 4 (Llama-3 style); valid when ok()
   std::string error;            // empty iff ok(): what is wrong, without the file name
 
   bool ok() const { return status == ShardHeaderStatus::kOk; }
 };
 
-// Bytes of a valid shard holding `num_tokens` tokens.
-constexpr std::uint64_t shard_file_bytes(std::int64_t num_tokens) {
-  return kShardHeaderBytes + 2 * static_cast<std::uint64_t>(num_tokens);
+// Bytes of a valid shard holding `num_tokens` tokens of `token_bytes` (2 or 4) bytes each.
+constexpr std::uint64_t shard_file_bytes(std::int64_t num_tokens, int token_bytes = 2) {
+  return kShardHeaderBytes +
+         static_cast<std::uint64_t>(token_bytes) * static_cast<std::uint64_t>(num_tokens);
 }
 
 // Parses and checks the header of a shard whose first `size` bytes are `bytes` (size may be
@@ -80,16 +85,22 @@ class ShardFile {
   bool is_open() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
   std::int64_t num_tokens() const { return num_tokens_; }
-  // Copies tokens [first, first + count) into out; throws DataError if the range is outside
-  // the shard or the read comes up short (the file changed since it was opened).
+  int token_bytes() const { return token_bytes_; }  // 2 or 4
+  // Copies tokens [first, first + count) into out (uint16 tokens widened); throws DataError if
+  // the range is outside the shard or the read comes up short (the file changed since it was
+  // opened).
+  void read(std::int64_t first, std::int64_t count, std::uint32_t* out) const;
+  // The same for a GPT-2 style shard only (DataError naming the width for a uint32 shard).
   void read(std::int64_t first, std::int64_t count, std::uint16_t* out) const;
 
  private:
   void close();
+  void read_bytes(std::int64_t first, std::int64_t count, void* out) const;
 
   std::string path_;
   int fd_ = -1;
   std::int64_t num_tokens_ = 0;
+  int token_bytes_ = 2;
 };
 
 // Writes one shard atomically: tokens stream into "<path>.tmp.<pid>", finish() writes the
@@ -97,13 +108,16 @@ class ShardFile {
 // temporary file, so `path` is either absent, the old file or the complete new one.
 class ShardWriter {
  public:
-  explicit ShardWriter(std::string path);
+  // token_bytes 2: a GPT-2 style shard (uint16); 4: Llama-3 style (uint32).
+  explicit ShardWriter(std::string path, int token_bytes = 2);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Appends tokens; throws DataError on an I/O error or past kMaxShardTokens.
   void append(const std::uint16_t* tokens, std::size_t count);
+  // The same from uint32 tokens; into a uint16 shard each must be below 65536 (else DataError).
+  void append(const std::uint32_t* tokens, std::size_t count);
   std::int64_t num_tokens() const { return num_tokens_; }
   // Writes the header, fsyncs and renames the file into place. Call once.
   void finish();
@@ -113,9 +127,12 @@ class ShardWriter {
   std::string tmp_path_;
   int fd_ = -1;
   std::int64_t num_tokens_ = 0;
+  int token_bytes_ = 2;
 };
 
-// Writes a whole shard atomically (ShardWriter in one call).
+// Writes a whole shard atomically (ShardWriter in one call): GPT-2 style from uint16 tokens,
+// Llama-3 style (uint32) from uint32 tokens.
 void write_shard(const std::string& path, const std::uint16_t* tokens, std::size_t count);
+void write_shard(const std::string& path, const std::uint32_t* tokens, std::size_t count);
 
 }  // namespace zrt

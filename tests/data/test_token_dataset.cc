@@ -204,10 +204,21 @@ TEST_CASE("bad shards give an error naming the file and what is wrong") {
     CHECK_THAT(e, Contains(dir / "magic.bin: not an llm.c token shard: magic 12345"));
     CHECK_THAT(e, Contains("expected 20240520"));
   }
-  SECTION("llm.c's uint32 format") {
+  SECTION("llm.c's uint32 format: its own version, its own size") {
+    // raw_shard writes 2-byte tokens: 20 of them are the bytes of 10 uint32 tokens.
     write_bytes(dir / "llama3.bin", raw_shard(kLlama3ShardMagic, 7, 10, 20));
-    CHECK_THAT(header_error(dir / "llama3.bin"),
-               Contains(dir / "llama3.bin: llm.c LLaMA-3 shard (magic 20240801, uint32 tokens)"));
+    CHECK(read_shard_header(dir / "llama3.bin").token_bytes == 4);
+    write_bytes(dir / "llama3_v1.bin", raw_shard(kLlama3ShardMagic, 1, 10, 20));
+    CHECK_THAT(header_error(dir / "llama3_v1.bin"),
+               Contains(dir / "llama3_v1.bin: unsupported llm.c shard version 1 for magic "
+                              "20240801: expected 7 (uint32 tokens)"));
+    write_bytes(dir / "llama3_short.bin", raw_shard(kLlama3ShardMagic, 7, 10, 19));
+    CHECK_THAT(header_error(dir / "llama3_short.bin"),
+               Contains(dir / "llama3_short.bin: truncated: header says 10 tokens (1064 bytes) "
+                              "but the file has 1062 bytes"));
+    // A GPT-2 style header over the same bytes: 20 uint16 tokens where 10 are declared.
+    write_bytes(dir / "narrow.bin", raw_shard(kShardMagic, 1, 10, 20));
+    CHECK_THAT(header_error(dir / "narrow.bin"), Contains("size mismatch"));
   }
   SECTION("bad version") {
     write_bytes(dir / "version.bin", raw_shard(kShardMagic, 2, 10, 10));
@@ -289,7 +300,7 @@ TEST_CASE("the header parser is total over arbitrary bytes") {
     CHECK(h.ok() == h.error.empty());
     if (h.ok()) {
       CHECK(size >= kShardHeaderBytes);
-      CHECK(file_size == shard_file_bytes(h.num_tokens));
+      CHECK(file_size == shard_file_bytes(h.num_tokens, h.token_bytes));
     }
   }
 }
@@ -304,7 +315,7 @@ TEST_CASE("windows and shard boundaries") {
   CHECK(d.num_tokens() == 89);
   REQUIRE(d.shards().size() == 4);
   CHECK(d.shards()[3].first_sample == 13);
-  std::vector<std::uint16_t> w(5);
+  std::vector<std::uint32_t> w(5);
   for (std::int64_t i = 0; i < d.num_samples(); ++i) {
     const SampleLocation loc = d.locate(i);
     const int expect_shard = i < 12 ? 0 : (i < 13 ? 1 : 3);
@@ -494,11 +505,65 @@ TEST_CASE("shuffling is a deterministic, seed-dependent permutation per epoch") 
   for (std::int64_t i = 0; i < 2 * d.num_samples(); ++i) CHECK(u.window(i) == i % 39);
 }
 
+TEST_CASE("Llama-3 style shards: uint32 tokens written, read, checked against the vocabulary") {
+  TempDir dir;
+  std::vector<std::uint32_t> wide(300);
+  for (std::size_t i = 0; i < wide.size(); ++i) {
+    wide[i] = static_cast<std::uint32_t>(100000 + i * 401);  // above uint16, below 2^31
+  }
+  write_shard(dir / "a_000.bin", wide.data(), wide.size());
+  const ShardHeader h = read_shard_header(dir / "a_000.bin");
+  CHECK(h.magic == kLlama3ShardMagic);
+  CHECK(h.version == kLlama3ShardVersion);
+  CHECK(h.token_bytes == 4);
+  CHECK(fs::file_size(dir / "a_000.bin") == 1024 + 4 * 300);
+  {
+    std::ifstream f(dir / "a_000.bin", std::ios::binary);
+    unsigned char b[1028];
+    f.read(reinterpret_cast<char*>(b), sizeof b);
+    CHECK((b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24) == 20240801);  // little-endian, llm.c's
+    CHECK((b[4] | b[5] << 8) == 7);
+    CHECK((b[1024] | b[1025] << 8 | b[1026] << 16 | static_cast<std::uint32_t>(b[1027]) << 24) ==
+          100000u);
+  }
+  ShardFile f(dir / "a_000.bin");
+  std::vector<std::uint32_t> got(7);
+  f.read(10, 7, got.data());
+  CHECK(std::equal(got.begin(), got.end(), wide.begin() + 10));
+  std::vector<std::uint16_t> narrow(7);
+  CHECK_THROWS_WITH(f.read(0, 7, narrow.data()),
+                    Contains("a Llama-3 style shard (uint32 tokens) read as uint16"));
+
+  // A GPT-2 style shard beside it: one dataset over both widths.
+  const std::vector<std::uint16_t> small = synthetic_tokens(1, 100);
+  write_shard(dir / "a_001.bin", small.data(), small.size());
+  TokenDataset d(dir / "a_*.bin", 9);
+  CHECK(d.num_tokens() == 400);
+  std::vector<std::uint32_t> w(10);
+  d.read_sample(3, w.data());
+  CHECK(std::equal(w.begin(), w.end(), wide.begin() + 27));
+  const std::int64_t first_small = d.shards()[1].first_sample;
+  d.read_sample(first_small + 1, w.data());
+  CHECK(std::equal(w.begin(), w.end(), small.begin() + 9));
+  // Vocabulary: Llama-3's 128256 takes these tokens; a 100000-token vocabulary does not.
+  d.set_vocab_size(128256);
+  CHECK_NOTHROW(d.read_sample(3, w.data()));
+  d.set_vocab_size(100000);
+  CHECK_THROWS_WITH(d.read_sample(3, w.data()),
+                    Contains(dir / "a_000.bin: token 110827 at index 27") &&
+                        Contains("not below the vocabulary size 100000"));
+
+  // A uint16 writer refuses a token it cannot hold rather than wrapping it.
+  ShardWriter narrow_writer(dir / "n.bin");
+  const std::uint32_t big = 70000;
+  CHECK_THROWS_WITH(narrow_writer.append(&big, 1), Contains("token 70000 does not fit a uint16"));
+}
+
 TEST_CASE("a shard that changes under a running dataset gives an error, not a crash") {
   TempDir dir;
   write_shard_set(dir, {100, 100});
   TokenDataset d(dir / "train_*.bin", 8);
-  std::vector<std::uint16_t> w(9);
+  std::vector<std::uint32_t> w(9);
   d.read_sample(20, w.data());  // shard 1 is now the open one
   // The open shard cut under it: pread comes up short.
   fs::resize_file(dir / "train_001.bin", 1024 + 2 * 10);

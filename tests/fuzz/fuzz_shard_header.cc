@@ -14,7 +14,7 @@ void check(const std::uint8_t* data, std::size_t size, std::uint64_t file_size) 
   const zrt::ShardHeader h = zrt::parse_shard_header(data, size, file_size);
   if (h.ok() != h.error.empty()) __builtin_trap();
   if (h.ok() && (size < zrt::kShardHeaderBytes || h.num_tokens < 0 ||
-                 file_size != zrt::shard_file_bytes(h.num_tokens))) {
+                 file_size != zrt::shard_file_bytes(h.num_tokens, h.token_bytes))) {
     __builtin_trap();
   }
 }
@@ -27,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::int32_t count;
     std::memcpy(&count, data + 8, sizeof(count));
     if (count >= 0) check(data, size, zrt::shard_file_bytes(count));
+    if (count >= 0) check(data, size, zrt::shard_file_bytes(count, 4));
   }
   return 0;
 }

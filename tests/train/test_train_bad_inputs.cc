@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "models/gpt/gpt.h"
 #include "models/safetensors.h"
 #include "runtime/data/token_shard.h"
 
@@ -124,6 +125,30 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
   zrt::write_safetensors((kDir / "weights.safetensors").string(),
                          {{"wte.weight", {{4, 100}, std::vector<float>(400)}}});
 
+  // Hugging Face model directories: a head count that contradicts the run's preset, and a head
+  // that is not tied to the embedding (the model would drop it).
+  fs::create_directories(kDir / "hf_heads");
+  write_bytes(kDir / "hf_heads" / "config.json",
+              R"({"model_type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 64, )"
+              R"("vocab_size": 256, "n_positions": 16})");
+  fs::create_directories(kDir / "hf_untied");
+  write_bytes(kDir / "hf_untied" / "config.json",
+              R"({"model_type": "gpt2", "n_layer": 2, "n_head": 4, "n_embd": 64, )"
+              R"("vocab_size": 256, "n_positions": 16})");
+  {
+    zrt::SafetensorsTensors weights;
+    zrt::gpt::GptConfig tiny = zrt::gpt::GptConfig::preset("gpt2-tiny");
+    tiny.seq_len = 16;
+    for (const zrt::ParamSpec& p : zrt::gpt::Gpt::parameter_table(tiny)) {
+      weights.push_back(
+          {p.name, {p.shape, std::vector<float>(static_cast<std::size_t>(p.numel()), 0.01f)}});
+    }
+    std::vector<float> head(256 * 64, 0.01f);
+    head[7] = 1.f;  // differs from wte
+    weights.push_back({"lm_head.weight", {{256, 64}, head}});
+    zrt::write_safetensors((kDir / "hf_untied" / "model.safetensors").string(), weights);
+  }
+
   struct Case {
     const char* what;
     std::string train;
@@ -137,8 +162,8 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
       {"truncated shard", d + "trunc_*.bin", "", d + "trunc_000000.bin: truncated: header says"},
       {"text instead of a shard", d + "text_*.bin", "",
        "(it looks like text: convert it with zrt-data)"},
-      {"LLaMA-3 shard", d + "llama_*.bin", "",
-       d + "llama_000000.bin: llm.c LLaMA-3 shard (magic 20240801, uint32 tokens)"},
+      {"Llama-3 magic on a GPT-2 shard", d + "llama_*.bin", "",
+       d + "llama_000000.bin: unsupported llm.c shard version 1 for magic 20240801: expected 7"},
       {"safetensors file as a shard", d + "weights.safetensors", "",
        d + "weights.safetensors: not an llm.c token shard"},
       {"token outside the vocabulary", d + "wide_*.bin", "", "not below the vocabulary size 256"},
@@ -156,6 +181,10 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
            "bytes)"},
       {"a token shard as weights", good, d + "shard_as_weights.safetensors",
        d + "shard_as_weights.safetensors: header length"},
+      {"a model directory with another head count", good, d + "hf_heads",
+       "model.preset 'gpt2-tiny' (n_head 4) contradicts " + d + "hf_heads/config.json n_head 2"},
+      {"a model directory with an untied head", good, d + "hf_untied",
+       "tensor 'lm_head.weight' differs from 'transformer.wte.weight': an untied output head"},
   };
   for (const Case& c : cases) {
     const Outcome o = train_with("case", c.train, c.init_from);

@@ -4,6 +4,10 @@
 //   zrt-ckpt consolidate DIR --out model.h5   one fp32 dataset per parameter under /params
 //   zrt-ckpt export DIR --safetensors F       Hugging Face safetensors + config.json (the saved
 //                                             model.type's layout, through the model registry)
+//   zrt-ckpt export DIR --hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]
+//                                             a Hugging Face model directory (from_pretrained)
+//   zrt-ckpt logits DIR --tokens 1,2,3        the model's fp32 logits for one sequence, as JSON
+//                                             (CPU, fp32 weights: to compare with transformers)
 // DIR is a checkpoint directory (<save_dir>/<tag>) or a save_dir holding a `latest` file. The
 // output's folder is created when missing. Exit status: 0 done (and for --help), 1 an error
 // (the message names the file and the system's reason), 2 bad arguments.
@@ -13,10 +17,16 @@
 #include <string>
 #include <system_error>
 
+#include <nlohmann/json.hpp>
+
+#include "kernels/kernel_context.h"
+#include "models/flat_param_access.h"
+#include "models/hf/hf_weights.h"
 #include "models/model_registry.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/common/error.h"
+#include "runtime/device/device.h"
 
 namespace {
 
@@ -34,6 +44,12 @@ void usage(std::FILE* to) {
                "  consolidate DIR --out model.h5              one fp32 dataset per parameter\n"
                "  export DIR --safetensors model.safetensors  Hugging Face GPT-2 safetensors + "
                "config.json\n"
+               "  export DIR --hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
+               "                                              a Hugging Face model directory "
+               "(config.json,\n"
+               "                                              generation_config.json, weights, "
+               "tokenizer files)\n"
+               "  logits DIR --tokens 1,2,3                   fp32 logits of one sequence (JSON)\n"
                "DIR: a checkpoint (<save_dir>/<tag>) or a save_dir with a 'latest' file.\n"
                "The output's folder is created if needed. See docs/checkpoints.md.\n");
 }
@@ -75,6 +91,122 @@ void export_safetensors(const std::string& dir, const std::string& out) {
     input.tensors.push_back({index.params[p].name, index.params[p].shape, std::move(values[p])});
   }
   zrt::builtin_models().export_safetensors(std::move(input), out);
+}
+
+zrt::ExportInput export_input(const std::string& dir, const CheckpointIndex& index) {
+  std::vector<std::vector<float>> values = read_full_params(dir, index);
+  zrt::ExportInput input;
+  input.checkpoint = dir;
+  input.config_json = index.config_json;
+  for (std::size_t p = 0; p < index.params.size(); ++p) {
+    input.tensors.push_back({index.params[p].name, index.params[p].shape, std::move(values[p])});
+  }
+  return input;
+}
+
+zrt::DType parse_dtype_name(const std::string& name, const std::string& what) {
+  if (name == "fp32") return zrt::DType::kFloat32;
+  if (name == "bf16") return zrt::DType::kBFloat16;
+  if (name == "fp16") return zrt::DType::kFloat16;
+  ZRT_THROW(zrt::InvalidArgument, "{} '{}': expected fp32, bf16 or fp16", what, name);
+}
+
+// A Hugging Face directory in the checkpoint's compute dtype, or `dtype` when given.
+void export_hf(const std::string& dir, const std::string& out, const std::string& dtype,
+               const std::string& max_shard_size) {
+  const CheckpointIndex index = open_index(dir);
+  zrt::HfExportOptions options;
+  options.dtype = parse_dtype_name(dtype.empty() ? index.compute_dtype : dtype,
+                                   dtype.empty() ? "the checkpoint's compute_dtype" : "--dtype");
+  if (!max_shard_size.empty()) {
+    options.max_shard_bytes = zrt::hf::parse_byte_size(max_shard_size, "--max-shard-size");
+  }
+  const std::vector<std::string> files =
+      zrt::builtin_models().export_hf(export_input(dir, index), out, options);
+  std::printf("wrote %s:", out.c_str());
+  for (const std::string& f : files) std::printf(" %s", f.c_str());
+  std::printf(" (%s)\n", zrt::dtype_name(options.dtype));
+}
+
+// The checkpoint's model (its saved model block, through the registry) with its fp32 master
+// weights on the CPU backend, one forward pass of `tokens`: the logits, as JSON on stdout.
+int logits(const std::string& dir, const std::string& token_text) {
+  std::vector<std::int32_t> tokens;
+  for (std::size_t pos = 0; pos < token_text.size();) {
+    std::size_t end = token_text.find(',', pos);
+    if (end == std::string::npos) end = token_text.size();
+    const std::string item = token_text.substr(pos, end - pos);
+    std::size_t used = 0;
+    long value = -1;
+    try {
+      value = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || item.empty() || value < 0) {
+      ZRT_THROW(zrt::InvalidArgument, "--tokens: '{}' is not a token id", item);
+    }
+    tokens.push_back(static_cast<std::int32_t>(value));
+    pos = end + 1;
+  }
+  if (tokens.empty()) ZRT_THROW(zrt::InvalidArgument, "--tokens: no token ids");
+  const CheckpointIndex index = open_index(dir);
+  const auto def = zrt::builtin_models().resolve(zrt::saved_model_config(index.config_json, dir));
+  const int T = static_cast<int>(tokens.size());
+  if (T > def->seq_len()) {
+    ZRT_THROW(zrt::InvalidArgument, "--tokens: {} tokens, the model's seq_len is {}", T,
+              def->seq_len());
+  }
+  for (const std::int32_t t : tokens) {
+    if (t >= def->vocab_size()) {
+      ZRT_THROW(zrt::InvalidArgument, "--tokens: token {} >= vocab_size {}", t, def->vocab_size());
+    }
+  }
+  std::vector<std::vector<float>> values = read_full_params(dir, index);
+  auto device = zrt::make_device(zrt::DeviceOptions{});
+  auto stream = device->create_stream("compute");
+  zrt::kernels::KernelContext ctx(*device, *stream);
+  auto model = def->build(ctx, zrt::ModelOptions{});
+  const auto& params = model->parameters();
+  if (params.size() != index.params.size()) {
+    ZRT_THROW(zrt::InvalidArgument, "{}: {} parameters saved, the model has {}", dir,
+              index.params.size(), params.size());
+  }
+  zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(), zrt::DType::kFloat32,
+                              zrt::DType::kFloat32);
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    if (params[p].name != index.params[p].name || params[p].shape != index.params[p].shape) {
+      ZRT_THROW(zrt::InvalidArgument,
+                "{}: parameter {} is '{}' {} in the checkpoint, '{}' {} in "
+                "the model",
+                dir, p, index.params[p].name, shape_text(index.params[p].shape), params[p].name,
+                shape_text(params[p].shape));
+    }
+    access.set_param(static_cast<int>(p), values[p]);
+  }
+  const auto bytes = static_cast<std::int64_t>(tokens.size() * sizeof(std::int32_t));
+  zrt::Buffer inputs = device->allocate(bytes, zrt::MemCategory::kOther, "tokens");
+  device->copy_to_device(inputs.device<std::byte>(), tokens.data(), static_cast<std::size_t>(bytes),
+                         *stream);
+  zrt::TokenBatch batch;
+  batch.inputs = inputs.device<const std::int32_t>();
+  batch.batch = 1;
+  batch.seq_len = T;
+  model->forward(access, batch);
+  const int V = def->vocab_size();
+  std::vector<float> out(static_cast<std::size_t>(T) * static_cast<std::size_t>(V));
+  device->copy_to_host(out.data(), model->logits(), out.size() * sizeof(float), *stream);
+  stream->synchronize();
+  nlohmann::json doc;
+  doc["tokens"] = tokens;
+  doc["vocab_size"] = V;
+  doc["logits"] = nlohmann::json::array();
+  for (int t = 0; t < T; ++t) {
+    doc["logits"].push_back(std::vector<float>(out.begin() + std::int64_t{t} * V,
+                                               out.begin() + std::int64_t{t + 1} * V));
+  }
+  std::printf("%s\n", doc.dump().c_str());
+  return 0;
 }
 
 int inspect(const std::string& dir) {
@@ -122,16 +254,43 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   try {
     const std::string dir = resolve(argv[2]);
-    std::string out;
+    std::string out, hf_dir, dtype, max_shard_size, tokens;
     for (int i = 3; i < argc; ++i) {
       const std::string arg = argv[i];
       if ((arg == "--out" || arg == "--safetensors") && i + 1 < argc) {
         out = argv[++i];
+      } else if (arg == "--hf" && i + 1 < argc) {
+        hf_dir = argv[++i];
+      } else if (arg == "--dtype" && i + 1 < argc) {
+        dtype = argv[++i];
+      } else if (arg == "--max-shard-size" && i + 1 < argc) {
+        max_shard_size = argv[++i];
+      } else if (arg == "--tokens" && i + 1 < argc) {
+        tokens = argv[++i];
       } else {
         std::fprintf(stderr, "zrt-ckpt: unexpected argument '%s'\n", arg.c_str());
         usage(stderr);
         return 2;
       }
+    }
+    if (command == "logits") {
+      if (tokens.empty()) {
+        std::fprintf(stderr, "zrt-ckpt logits: needs --tokens 1,2,3\n");
+        return 2;
+      }
+      return logits(dir, tokens);
+    }
+    if (command == "export" && !hf_dir.empty()) {
+      if (!out.empty()) {
+        std::fprintf(stderr, "zrt-ckpt export: --hf and --safetensors are alternatives\n");
+        return 2;
+      }
+      export_hf(dir, hf_dir, dtype, max_shard_size);
+      return 0;
+    }
+    if (!dtype.empty() || !max_shard_size.empty()) {
+      std::fprintf(stderr, "zrt-ckpt: --dtype and --max-shard-size go with export --hf\n");
+      return 2;
     }
     if (command == "inspect") return inspect(dir);
     if (command == "verify") {
@@ -141,8 +300,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     if ((command == "consolidate" || command == "export") && out.empty()) {
-      std::fprintf(stderr, "zrt-ckpt %s: needs %s FILE\n", command.c_str(),
-                   command == "export" ? "--safetensors" : "--out");
+      std::fprintf(stderr, "zrt-ckpt %s: needs %s\n", command.c_str(),
+                   command == "export" ? "--safetensors FILE or --hf DIR" : "--out FILE");
       return 2;
     }
     if (command == "consolidate" || command == "export") create_parent_folder(out);

@@ -8,7 +8,10 @@
 //     same prefix and a higher number, left by an earlier run, are removed so a glob over the
 //     prefix sees only this run's data.
 //   zrt-data --inspect 'dir/prefix_train_*.bin' [--seq-len T]
-//     validates the shards and prints their token counts (and windows of T+1 tokens).
+//     validates the shards (uint16 GPT-2 style or uint32 Llama-3 style) and prints their token
+//     counts (and windows of T+1 tokens).
+// Text in a model's own tokenizer (tokenizer.json) is tools/data/tokenize_hf.py's job: it
+// writes shards of the width the vocabulary needs, in the same naming.
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -35,7 +38,9 @@ constexpr const char* kUsage =
     "       zrt-data --inspect GLOB [--seq-len T]\n"
     "Converts text into byte-level (vocab 256) llm.c token shards PREFIX_val_NNNNNN.bin (the\n"
     "first F of the text, default 0.05, to the end of a line) and PREFIX_train_NNNNNN.bin (the\n"
-    "rest), at most N tokens per shard (default 100000000); or validates shards.\n";
+    "rest), at most N tokens per shard (default 100000000); or validates shards.\n"
+    "With a model's tokenizer.json instead of bytes: tools/data/tokenize_hf.py (the same\n"
+    "shards, uint32 tokens when the vocabulary needs them).\n";
 
 struct Args {
   std::string input, out, inspect;
@@ -239,7 +244,8 @@ int inspect(const Args& a) {
   for (const std::string& path : paths) {
     const zrt::ShardHeader h = zrt::read_shard_header(path);
     total += h.num_tokens;
-    std::printf("%s: %lld tokens\n", path.c_str(), static_cast<long long>(h.num_tokens));
+    std::printf("%s: %lld tokens (%s)\n", path.c_str(), static_cast<long long>(h.num_tokens),
+                h.token_bytes == 4 ? "uint32, Llama-3 style" : "uint16, GPT-2 style");
   }
   std::printf("zrt-data: %zu shard(s), %lld tokens\n", paths.size(), static_cast<long long>(total));
   if (a.seq_len > 0) {

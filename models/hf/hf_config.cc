@@ -1,0 +1,251 @@
+#include "models/hf/hf_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/error.h"
+
+namespace zrt::hf {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// Typed reads of one config.json object, every problem naming the file and the key.
+class Reader {
+ public:
+  Reader(const json& doc, std::string path, std::string prefix = "")
+      : doc_(doc), path_(std::move(path)), prefix_(std::move(prefix)) {}
+
+  bool has(const char* key) const { return doc_.contains(key) && !doc_[key].is_null(); }
+
+  int get_int(const char* key) const {
+    if (!has(key)) ZRT_THROW(InvalidArgument, "{}: {}{} is missing", path_, prefix_, key);
+    return opt_int(key, 0);
+  }
+  int opt_int(const char* key, int fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = doc_[key];
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > 2147483647) {
+      ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not a non-negative integer", path_, prefix_, key,
+                v.dump());
+    }
+    return v.get<int>();
+  }
+  double opt_double(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const json& v = doc_[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) {
+      ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not a number", path_, prefix_, key, v.dump());
+    }
+    return v.get<double>();
+  }
+  bool opt_bool(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!doc_[key].is_boolean()) {
+      ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not true or false", path_, prefix_, key,
+                doc_[key].dump());
+    }
+    return doc_[key].get<bool>();
+  }
+  std::string opt_string(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!doc_[key].is_string()) {
+      ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not a string", path_, prefix_, key,
+                doc_[key].dump());
+    }
+    return doc_[key].get<std::string>();
+  }
+  // A token id: an integer, or a list of them (the first is taken: eos lists of Llama 3.1).
+  std::optional<std::int64_t> opt_token(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    const json& v = doc_[key];
+    if (v.is_number_integer()) return v.get<std::int64_t>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<std::int64_t>();
+    ZRT_THROW(InvalidArgument, "{}: {}{} is {}, not a token id", path_, prefix_, key, v.dump());
+  }
+
+ private:
+  const json& doc_;
+  std::string path_;
+  std::string prefix_;
+};
+
+const std::vector<std::string> kLlamaFamily = {"llama", "qwen2", "mistral"};
+
+// rope_scaling (v4) or rope_parameters (v5): the scaling, and the theta v5 keeps inside.
+void read_rope(const json& doc, const std::string& path, HfConfig& c) {
+  const Reader top(doc, path);
+  c.rope_theta = top.opt_double("rope_theta", c.rope_theta);
+  for (const char* block : {"rope_scaling", "rope_parameters"}) {
+    if (!doc.contains(block) || doc[block].is_null()) continue;
+    const json& r = doc[block];
+    if (!r.is_object()) {
+      ZRT_THROW(InvalidArgument, "{}: {} is {}, not an object", path, block, r.dump());
+    }
+    const Reader rr(r, path, std::string(block) + ".");
+    // v4 wrote "type" before "rope_type"; v5 always "rope_type".
+    std::string type = rr.opt_string("rope_type", rr.opt_string("type", "default"));
+    if (type != "default" && type != "llama3") {
+      ZRT_THROW(InvalidArgument,
+                "{}: {}.rope_type '{}' is not supported (zrt implements 'default' and 'llama3')",
+                path, block, type);
+    }
+    if (rr.has("rope_theta")) {
+      const double theta = rr.opt_double("rope_theta", 0);
+      if (top.has("rope_theta") && theta != c.rope_theta) {
+        ZRT_THROW(InvalidArgument, "{}: rope_theta {} and {}.rope_theta {} disagree", path,
+                  c.rope_theta, block, theta);
+      }
+      c.rope_theta = theta;
+    }
+    HfRopeScaling s;
+    s.rope_type = type;
+    if (type == "llama3") {
+      const char* needed[] = {"factor", "low_freq_factor", "high_freq_factor",
+                              "original_max_position_embeddings"};
+      for (const char* key : needed) {
+        if (!rr.has(key)) {
+          ZRT_THROW(InvalidArgument, "{}: {}.{} is missing (rope_type llama3 needs it)", path,
+                    block, key);
+        }
+      }
+      s.factor = rr.opt_double("factor", s.factor);
+      s.low_freq_factor = rr.opt_double("low_freq_factor", s.low_freq_factor);
+      s.high_freq_factor = rr.opt_double("high_freq_factor", s.high_freq_factor);
+      s.original_max_position_embeddings = rr.opt_int("original_max_position_embeddings", 0);
+      if (s.factor < 1 || s.low_freq_factor <= 0 || s.high_freq_factor <= s.low_freq_factor ||
+          s.original_max_position_embeddings <= 0) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: {}: llama3 scaling needs factor >= 1, 0 < low_freq_factor < "
+                  "high_freq_factor and original_max_position_embeddings > 0 (got {})",
+                  path, block, r.dump());
+      }
+    }
+    c.rope_scaling = s;
+  }
+  if (!(c.rope_theta > 0)) ZRT_THROW(InvalidArgument, "{}: rope_theta must be > 0", path);
+}
+
+void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
+  const Reader r(doc, path);
+  c.hidden_size = r.get_int("hidden_size");
+  c.intermediate_size = r.get_int("intermediate_size");
+  c.num_hidden_layers = r.get_int("num_hidden_layers");
+  c.num_attention_heads = r.get_int("num_attention_heads");
+  c.vocab_size = r.get_int("vocab_size");
+  c.max_position_embeddings = r.get_int("max_position_embeddings");
+  c.num_key_value_heads = r.opt_int("num_key_value_heads", c.num_attention_heads);
+  if (c.num_attention_heads == 0) {
+    ZRT_THROW(InvalidArgument, "{}: num_attention_heads must be positive", path);
+  }
+  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
+  c.rms_norm_eps = r.opt_double("rms_norm_eps", c.rms_norm_eps);
+  c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
+  c.hidden_act = r.opt_string("hidden_act", "silu");
+  read_rope(doc, path, c);
+  if (c.model_type == "qwen2") {
+    c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
+    if (r.opt_bool("use_sliding_window", false)) c.sliding_window = r.opt_int("sliding_window", 0);
+  } else {
+    c.attention_bias = r.opt_bool("attention_bias", false);
+    if (c.model_type == "mistral") c.sliding_window = r.opt_int("sliding_window", 0);
+  }
+}
+
+void read_gpt2(const json& doc, const std::string& path, HfConfig& c) {
+  const Reader r(doc, path);
+  c.n_layer = r.get_int("n_layer");
+  c.n_head = r.get_int("n_head");
+  c.n_embd = r.get_int("n_embd");
+  c.vocab_size = r.get_int("vocab_size");
+  c.n_positions = r.has("n_positions") ? r.get_int("n_positions") : r.get_int("n_ctx");
+  c.layer_norm_epsilon = r.opt_double("layer_norm_epsilon", c.layer_norm_epsilon);
+  c.activation_function = r.opt_string("activation_function", "gelu_new");
+  c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", true);
+}
+
+}  // namespace
+
+const std::vector<std::string>& HfConfig::known_model_types() {
+  static const std::vector<std::string> types = {"gpt2", "llama", "qwen2", "mistral"};
+  return types;
+}
+
+HfConfig HfConfig::parse(const std::string& text, const std::string& path) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    ZRT_THROW(InvalidArgument, "{}: not valid JSON: {}", path, e.what());
+  }
+  if (!doc.is_object()) ZRT_THROW(InvalidArgument, "{}: not a JSON object", path);
+  HfConfig c;
+  c.path = path;
+  const Reader r(doc, path);
+  if (!r.has("model_type")) {
+    ZRT_THROW(InvalidArgument, "{}: model_type is missing (not a transformers config.json?)", path);
+  }
+  c.model_type = r.opt_string("model_type", "");
+  if (r.has("architectures")) {
+    const json& a = doc["architectures"];
+    if (!a.is_array()) ZRT_THROW(InvalidArgument, "{}: architectures is not a list", path);
+    for (const json& name : a) {
+      if (!name.is_string())
+        ZRT_THROW(InvalidArgument, "{}: architectures holds {}", path, name.dump());
+      c.architectures.push_back(name.get<std::string>());
+    }
+  }
+  // transformers v5 writes "dtype"; v4 "torch_dtype".
+  c.torch_dtype = r.opt_string("torch_dtype", r.opt_string("dtype", ""));
+  c.bos_token_id = r.opt_token("bos_token_id");
+  c.eos_token_id = r.opt_token("eos_token_id");
+  if (c.model_type == "gpt2") {
+    read_gpt2(doc, path, c);
+  } else if (std::find(kLlamaFamily.begin(), kLlamaFamily.end(), c.model_type) !=
+             kLlamaFamily.end()) {
+    read_llama_family(doc, path, c);
+  } else {
+    ZRT_THROW(InvalidArgument,
+              "{}: model_type '{}' is not supported (zrt reads gpt2, llama, "
+              "qwen2, mistral)",
+              path, c.model_type);
+  }
+  return c;
+}
+
+HfConfig HfConfig::read(const std::string& path) {
+  fs::path file = path;
+  if (fs::is_directory(file)) file /= "config.json";
+  std::ifstream in(file);
+  if (!in) {
+    ZRT_THROW(InvalidArgument, "{}: cannot open (a Hugging Face model directory holds config.json)",
+              file.string());
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse(text.str(), file.string());
+}
+
+bool is_hf_model_dir(const std::string& path) {
+  std::error_code ec;
+  return !path.empty() && fs::is_directory(path, ec) &&
+         fs::is_regular_file(fs::path(path) / "config.json", ec);
+}
+
+std::optional<HfConfig> hf_config_for(const std::string& init_from) {
+  if (init_from.empty()) return std::nullopt;
+  std::error_code ec;
+  if (fs::is_directory(init_from, ec)) return HfConfig::read(init_from);
+  const fs::path beside = fs::path(init_from).parent_path() / "config.json";
+  if (fs::is_regular_file(beside, ec)) return HfConfig::read(beside.string());
+  return std::nullopt;
+}
+
+}  // namespace zrt::hf

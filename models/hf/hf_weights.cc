@@ -1,0 +1,223 @@
+#include "models/hf/hf_weights.h"
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "runtime/common/error.h"
+
+namespace zrt::hf {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json read_index(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) ZRT_THROW(InvalidArgument, "{}: cannot open the safetensors index", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  json doc;
+  try {
+    doc = json::parse(text.str());
+  } catch (const json::exception& e) {
+    ZRT_THROW(InvalidArgument, "{}: not valid JSON: {}", path, e.what());
+  }
+  if (!doc.is_object() || !doc.contains("weight_map") || !doc["weight_map"].is_object()) {
+    ZRT_THROW(InvalidArgument, "{}: a safetensors index needs a \"weight_map\" object", path);
+  }
+  return doc;
+}
+
+bool is_plain_file_name(const std::string& name) {
+  return !name.empty() && name.find('/') == std::string::npos && name != "." && name != "..";
+}
+
+std::string shard_name(std::size_t i, std::size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i, n);
+  return buf;
+}
+
+}  // namespace
+
+HfWeights::HfWeights(const std::string& path) {
+  std::error_code ec;
+  fs::path target = path;
+  if (fs::is_directory(target, ec)) {
+    if (fs::exists(target / kIndexFile, ec)) {
+      target /= kIndexFile;
+    } else if (fs::exists(target / kSingleFile, ec)) {
+      target /= kSingleFile;
+    } else {
+      ZRT_THROW(InvalidArgument, "{}: holds neither {} nor {}", path, kSingleFile, kIndexFile);
+    }
+  }
+  path_ = target.string();
+  if (target.extension() != ".json") {
+    files_.push_back(std::make_unique<SafetensorsFile>(path_));
+    for (const auto& [name, entry] : files_[0]->tensors()) where_[name] = files_[0].get();
+    return;
+  }
+  const json index = read_index(path_);
+  const fs::path dir = target.parent_path();
+  std::map<std::string, const SafetensorsFile*> by_file;
+  for (const auto& [tensor, file_json] : index["weight_map"].items()) {
+    if (!file_json.is_string() || !is_plain_file_name(file_json.get<std::string>())) {
+      ZRT_THROW(InvalidArgument,
+                "{}: weight_map['{}'] is {}: it must name a file in the index's directory", path_,
+                tensor, file_json.dump());
+    }
+    const std::string file = file_json.get<std::string>();
+    auto it = by_file.find(file);
+    if (it == by_file.end()) {
+      files_.push_back(std::make_unique<SafetensorsFile>((dir / file).string()));
+      it = by_file.emplace(file, files_.back().get()).first;
+    }
+    if (it->second->tensors().count(tensor) == 0) {
+      ZRT_THROW(InvalidArgument, "{}: maps tensor '{}' to {}, which does not hold it", path_,
+                tensor, it->second->path());
+    }
+    where_[tensor] = it->second;
+  }
+  std::uint64_t total = 0;
+  for (const auto& f : files_) {
+    for (const auto& [tensor, entry] : f->tensors()) {
+      const auto w = where_.find(tensor);
+      if (w == where_.end()) {
+        ZRT_THROW(InvalidArgument, "{}: holds tensor '{}', which the index {} does not list",
+                  f->path(), tensor, path_);
+      }
+      if (w->second != f.get()) {
+        ZRT_THROW(InvalidArgument, "{}: holds tensor '{}', which the index {} maps to {}",
+                  f->path(), tensor, path_, w->second->path());
+      }
+      total += entry.end - entry.begin;
+    }
+  }
+  if (index.contains("metadata") && index["metadata"].is_object() &&
+      index["metadata"].contains("total_size")) {
+    const json& t = index["metadata"]["total_size"];
+    if (!t.is_number_unsigned() || t.get<std::uint64_t>() != total) {
+      ZRT_THROW(InvalidArgument,
+                "{}: metadata.total_size is {} but the shards' tensors hold {} bytes (a shard "
+                "from another checkpoint?)",
+                path_, t.dump(), total);
+    }
+  }
+}
+
+std::vector<std::string> HfWeights::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, file] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& HfWeights::file(const std::string& name) const {
+  const auto it = where_.find(name);
+  if (it == where_.end()) ZRT_THROW(InvalidArgument, "{}: no tensor '{}'", path_, name);
+  return *it->second;
+}
+
+const SafetensorsEntry& HfWeights::entry(const std::string& name) const {
+  return file(name).tensors().at(name);
+}
+
+const std::string& HfWeights::file_of(const std::string& name) const {
+  return file(name).path();
+}
+
+void HfWeights::read_f32(const std::string& name, std::int64_t first, std::int64_t count,
+                         float* out) const {
+  file(name).read_f32(name, first, count, out);
+}
+
+std::vector<float> HfWeights::read_f32(const std::string& name) const {
+  return file(name).read_f32(name);
+}
+
+std::uint64_t parse_byte_size(const std::string& text, const std::string& what) {
+  static const std::regex form(R"(^\s*([0-9]+(\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$)",
+                               std::regex::icase);
+  std::smatch m;
+  if (std::regex_match(text, m, form)) {
+    std::string unit = m[3].str();
+    for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    const bool binary = unit.size() == 3;
+    const double base = binary ? 1024.0 : 1000.0;
+    int power = 0;
+    if (!unit.empty() && unit != "B")
+      power = 1 + static_cast<int>(std::string("KMGT").find(unit[0]));
+    const double bytes = std::stod(m[1].str()) * std::pow(base, power);
+    if (bytes >= 1 && bytes < 1.8e19) return static_cast<std::uint64_t>(std::llround(bytes));
+  }
+  ZRT_THROW(InvalidArgument,
+            "{} '{}': expected a size such as 5GB, 500MB, 2GiB or a byte count, above 0", what,
+            text);
+}
+
+std::vector<std::string> write_hf_weights(const std::string& dir, const SafetensorsTensors& tensors,
+                                          DType dtype, std::uint64_t max_shard_bytes) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) ZRT_THROW(Error, "cannot create the folder {}: {}", dir, ec.message());
+  // One consistent set: no earlier single file, index or shard stays beside the new ones.
+  static const std::regex shard(R"(model-[0-9]+-of-[0-9]+\.safetensors)");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kSingleFile || name == kIndexFile || std::regex_match(name, shard)) {
+      fs::remove(e.path(), ec);
+      if (ec) ZRT_THROW(Error, "{}: cannot remove the earlier {}", dir, name);
+    }
+  }
+  // Group the tensors into shards in order.
+  std::vector<std::vector<std::size_t>> groups(1);
+  std::uint64_t in_group = 0, total = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::uint64_t bytes =
+        safetensors_bytes(static_cast<std::int64_t>(tensors[i].second.second.size()), dtype);
+    if (!groups.back().empty() && in_group + bytes > max_shard_bytes) {
+      groups.emplace_back();
+      in_group = 0;
+    }
+    groups.back().push_back(i);
+    in_group += bytes;
+    total += bytes;
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (groups.size() == 1) {
+    write_safetensors((fs::path(dir) / kSingleFile).string(), tensors, metadata, dtype);
+    return {kSingleFile};
+  }
+  std::vector<std::string> written;
+  json weight_map = json::object();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string name = shard_name(g + 1, groups.size());
+    SafetensorsTensors part;
+    for (std::size_t i : groups[g]) {
+      part.push_back(tensors[i]);
+      weight_map[tensors[i].first] = name;
+    }
+    write_safetensors((fs::path(dir) / name).string(), part, metadata, dtype);
+    written.push_back(name);
+  }
+  json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weight_map;
+  const std::string index_path = (fs::path(dir) / kIndexFile).string();
+  std::ofstream out(index_path, std::ios::trunc);
+  out << index.dump(2) << "\n";
+  out.flush();
+  if (!out) ZRT_THROW(Error, "{}: write failed", index_path);
+  written.push_back(kIndexFile);
+  return written;
+}
+
+}  // namespace zrt::hf

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""zrt-ckpt export --hf, read by Hugging Face's own Python packages.
+
+--part safetensors (the python3 on PATH; needs safetensors and numpy): a tiny GPT-2 trained 2
+steps, exported in fp32, bf16 and fp16, sharded with an index (--max-shard-size 40KB) and as one
+file; safetensors.numpy reads every file, the index maps every tensor to the shard holding it,
+metadata.total_size is the tensors' bytes, and the bf16/fp16 values are numpy's own rounding of
+the fp32 export (round to nearest even).
+
+--part transformers (/usr/bin/python3; needs torch, transformers, safetensors): a GPT-2 made and
+saved by transformers (save_pretrained, sharded with an index) is zrt-train's model.init_from (a directory: the
+architecture comes from its config.json), trained 3 steps on 2 ranks at ZeRO stage 3, exported
+with --hf; from_pretrained loads it with no missing or unexpected keys, the weights moved away
+from the start, the tokenizer files were copied, and transformers' logits equal zrt's
+(zrt-ckpt logits) within fp32 rounding.
+
+Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
+"""
+import argparse
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+
+SKIP = 77
+
+
+def check(condition, message):
+    if not condition:
+        sys.exit("FAILED: " + message)
+
+
+def write_corpus(path, vocab):
+    tokens = [(i * 7 + i // 13) % vocab for i in range(20000)]
+    header = [0] * 256
+    header[0], header[1], header[2] = 20240520, 1, len(tokens)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%dH" % len(tokens), *tokens))
+
+
+def run(cmd, timeout=300):
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        sys.exit("%s failed (%d):\n%s" % (" ".join(cmd), done.returncode, done.stdout))
+    return done.stdout
+
+
+def train(args, work, model, steps, ranks, stage):
+    write_corpus(os.path.join(work, "c_train_000000.bin"), 256)
+    config = {
+        "train_batch_size": 4, "train_micro_batch_size_per_gpu": 4 // ranks,
+        "zero_optimization": {"stage": stage},
+        "model": model,
+        "data": {"train": os.path.join(work, "c_train_*.bin")},
+        "train": {"steps": steps, "log_interval": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "device": {"type": "cpu"},
+        "checkpoint": {"save_interval": steps},
+        "output_dir": os.path.join(work, "out"),
+    }
+    path = os.path.join(work, "run.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    run([args.mpiexec, "-n", str(ranks), "--oversubscribe", "--bind-to", "none",
+         args.zrt_train, "--config", path])
+    return os.path.join(work, "out", "checkpoints")
+
+
+def export(args, ckpt, out, *extra):
+    return run([args.zrt_ckpt, "export", ckpt, "--hf", out] + list(extra))
+
+
+def part_safetensors(args):
+    try:
+        import numpy as np
+        from safetensors import deserialize
+    except ImportError as e:
+        print("skipped: %s lacks safetensors/numpy (%s); tools/install-python-deps installs it"
+              % (sys.executable, e))
+        return SKIP
+    # safetensors' own parser (numpy has no bfloat16: bf16 comes back as its 16-bit words).
+    words = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+    def load_file(path):
+        with open(path, "rb") as f:
+            return {name: np.frombuffer(bytes(t["data"]), dtype=words[t["dtype"].upper()])
+                    .reshape(t["shape"]) for name, t in deserialize(f.read())}
+
+    ckpt = train(args, args.work, {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256,
+                                   "seq_len": 32}, 2, 1, 1)
+    exported = {}
+    for dtype in ("fp32", "bf16", "fp16"):
+        out = os.path.join(args.work, "hf_" + dtype)
+        export(args, ckpt, out, "--dtype", dtype, "--max-shard-size", "40KB")
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        shards = sorted(set(index["weight_map"].values()))
+        check(len(shards) > 1, "%s: one shard at 40KB" % dtype)
+        tensors, total = {}, 0
+        for shard in shards:
+            data = load_file(os.path.join(out, shard))
+            for name, value in data.items():
+                check(index["weight_map"].get(name) == shard,
+                      "%s: %s in %s, index says %s" % (dtype, name, shard,
+                                                       index["weight_map"].get(name)))
+                check(os.path.getsize(os.path.join(out, shard)) <= 40000 or len(data) == 1,
+                      "%s: %s above 40KB with %d tensors" % (dtype, shard, len(data)))
+                tensors[name] = value
+                total += value.nbytes
+        check(sorted(tensors) == sorted(index["weight_map"]), "%s: index and shards differ" % dtype)
+        check(index["metadata"]["total_size"] == total,
+              "%s: total_size %s, tensors hold %d" % (dtype, index["metadata"]["total_size"], total))
+        exported[dtype] = tensors
+        single = os.path.join(args.work, "hf1_" + dtype)
+        export(args, ckpt, single, "--dtype", dtype)
+        one = load_file(os.path.join(single, "model.safetensors"))
+        check(sorted(one) == sorted(tensors), "%s: single file holds other tensors" % dtype)
+        for name in one:
+            check(np.array_equal(one[name].view(np.uint8), tensors[name].view(np.uint8)),
+                  "%s: %s differs between the single file and the shards" % (dtype, name))
+    f32 = exported["fp32"]
+    check(all(v.dtype == np.float32 for v in f32.values()), "fp32 export holds other dtypes")
+    for name, value in f32.items():
+        half = exported["fp16"][name]
+        check(half.dtype == np.float16 and np.array_equal(half, value.astype(np.float16)),
+              "fp16 %s is not numpy's rounding of the fp32 values" % name)
+        bits = value.view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
+        got = exported["bf16"][name]
+        check(got.dtype == np.uint16 and np.array_equal(got, rounded),
+              "bf16 %s is not the round-to-nearest-even of the fp32 values" % name)
+    print("ok: %d tensors in fp32/bf16/fp16, sharded and single, read by safetensors" % len(f32))
+    return 0
+
+
+def part_transformers(args):
+    try:
+        import torch
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as e:
+        print("skipped: %s lacks torch/transformers (%s): /usr/bin/python3 -m pip install "
+              "--break-system-packages transformers safetensors" % (sys.executable, e))
+        return SKIP
+    torch.manual_seed(0)
+    src = os.path.join(args.work, "hf_src")
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=32,
+                     bos_token_id=255, eos_token_id=255)
+    start = GPT2LMHeadModel(cfg).eval()
+    # transformers' own sharded layout (index + shards) is what zrt imports.
+    start.save_pretrained(src, safe_serialization=True, max_shard_size="60KB")
+    check(os.path.exists(os.path.join(src, "model.safetensors.index.json")),
+          "transformers wrote no sharded source")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        with open(os.path.join(src, name), "w") as f:
+            f.write('{"made_for": "%s"}' % name)
+    ckpt = train(args, args.work, {"init_from": src}, 3, 2, 3)
+    out = os.path.join(args.work, "hf_out")
+    print(export(args, ckpt, out, "--max-shard-size", "100KB"))
+    check(os.path.exists(os.path.join(out, "model.safetensors.index.json")), "not sharded")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        with open(os.path.join(out, name)) as f:
+            check(name in f.read(), "%s not copied" % name)
+    model, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
+    model.eval()
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        check(not info.get(key), "from_pretrained %s: %s" % (key, info.get(key)))
+    moved = max((a - b).abs().max().item() for a, b in
+                zip(model.state_dict().values(), start.state_dict().values()))
+    check(moved > 1e-3, "the weights did not change in training (max change %g)" % moved)
+    tokens = [(i * 37 + 11) % 256 for i in range(32)]
+    zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
+                          ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
+    ours = torch.tensor(zrt["logits"], dtype=torch.float64)
+    with torch.no_grad():
+        theirs = model(torch.tensor([tokens])).logits[0].double()
+    err = (ours - theirs).abs().max().item()
+    scale = theirs.abs().max().item()
+    # fp32 forward of a 2-layer, 64-wide model, summed in other orders: each logit is a few
+    # hundred fp32 products deep; 1e-5 of the largest logit is ~100x fp32's epsilon.
+    print("transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
+          (transformers.__version__, scale, err))
+    check(err <= 1e-5 * max(1.0, scale), "logits differ by %g" % err)
+    print("ok")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--part", choices=["safetensors", "transformers"], required=True)
+    p.add_argument("--zrt-train", required=True)
+    p.add_argument("--zrt-ckpt", required=True)
+    p.add_argument("--mpiexec", required=True)
+    p.add_argument("--work", required=True)
+    args = p.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    return part_safetensors(args) if args.part == "safetensors" else part_transformers(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Tokenizes text with a model's own tokenizer.json into llm.c token shards for zrt-train.
+
+    tools/data/tokenize_hf.py --tokenizer models/llama-3.2-1b --input a.txt [b.txt ...] \\
+        --out data/corpus [--val-fraction 0.05] [--shard-tokens 100000000]
+
+Each input file is one document, preceded by a separator token (config.json's bos_token_id
+beside tokenizer.json, or --separator-id; none with --separator-id -1), as llm.c's scripts do.
+The first --val-fraction of the tokens (whole documents, at least one when there are two) go
+to PREFIX_val_000000.bin ..., the rest to PREFIX_train_000000.bin ..., at most --shard-tokens
+per shard, as zrt-data names them. The width follows the vocabulary (the larger of the
+tokenizer's and config.json's vocab_size, or --vocab-size): up to 65536 ids, GPT-2 style shards
+(magic 20240520, version 1, uint16 tokens); above, Llama-3 style (magic 20240801, version 7,
+uint32 tokens). Every shard is written to a temporary file and renamed; shards with the same
+prefix and a higher number, left by an earlier run, are removed. An id at or above the
+vocabulary size is an error. Needs the `tokenizers` package from PyPI (pip install tokenizers).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import struct
+import sys
+
+GPT2_MAGIC, GPT2_VERSION = 20240520, 1
+LLAMA3_MAGIC, LLAMA3_VERSION = 20240801, 7
+
+
+def fail(message):
+    sys.exit("tokenize_hf: error: " + message)
+
+
+def write_shard(path, tokens, width):
+    header = [0] * 256
+    header[0], header[1] = (GPT2_MAGIC, GPT2_VERSION) if width == 2 else (LLAMA3_MAGIC,
+                                                                          LLAMA3_VERSION)
+    header[2] = len(tokens)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<256i", *header))
+        f.write(struct.pack("<%d%s" % (len(tokens), "H" if width == 2 else "I"), *tokens))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_split(prefix, split, tokens, width, shard_tokens):
+    paths = []
+    for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
+        path = "%s_%s_%06d.bin" % (prefix, split, i)
+        write_shard(path, tokens[start:start + shard_tokens], width)
+        paths.append(path)
+    pattern = re.compile(re.escape(os.path.basename(prefix)) + "_" + split + r"_(\d{6})\.bin$")
+    for old in glob.glob("%s_%s_*.bin" % (prefix, split)):
+        m = pattern.search(os.path.basename(old))
+        if m and int(m.group(1)) >= len(paths):
+            os.remove(old)
+    return paths
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json or the directory holding it")
+    p.add_argument("--input", required=True, nargs="+", help="text files, one document each")
+    p.add_argument("--out", required=True, help="DIR/PREFIX of the shards")
+    p.add_argument("--val-fraction", type=float, default=0.05)
+    p.add_argument("--shard-tokens", type=int, default=100000000)
+    p.add_argument("--vocab-size", type=int, default=0, help="default: tokenizer/config.json")
+    p.add_argument("--separator-id", type=int, default=None,
+                   help="token before each document (default: config.json's bos_token_id; -1: none)")
+    args = p.parse_args()
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        fail("needs the tokenizers package (pip install tokenizers)")
+    if not 0 <= args.val_fraction < 1:
+        fail("--val-fraction %r: must be in [0, 1)" % args.val_fraction)
+    if not 0 < args.shard_tokens <= 2147483647:
+        fail("--shard-tokens %r: must be in [1, 2^31)" % args.shard_tokens)
+    path = args.tokenizer
+    if os.path.isdir(path):
+        path = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(path):
+        fail("%s: no such file (a model directory holds tokenizer.json)" % path)
+    tokenizer = Tokenizer.from_file(path)
+    config = {}
+    config_path = os.path.join(os.path.dirname(path), "config.json")
+    if os.path.isfile(config_path):
+        with open(config_path) as f:
+            config = json.load(f)
+    vocab = args.vocab_size or max(tokenizer.get_vocab_size(with_added_tokens=True),
+                                   int(config.get("vocab_size") or 0))
+    separator = args.separator_id
+    if separator is None:
+        bos = config.get("bos_token_id")
+        separator = bos[0] if isinstance(bos, list) else (bos if bos is not None else -1)
+    if separator >= vocab:
+        fail("separator id %d is not below the vocabulary size %d" % (separator, vocab))
+    width = 2 if vocab <= 65536 else 4
+    documents = []
+    for name in args.input:
+        with open(name, encoding="utf-8") as f:
+            ids = tokenizer.encode(f.read(), add_special_tokens=False).ids
+        bad = [i for i in ids if i >= vocab]
+        if bad:
+            fail("%s: token id %d is not below the vocabulary size %d" % (name, bad[0], vocab))
+        documents.append(([separator] if separator >= 0 else []) + ids)
+    total = sum(len(d) for d in documents)
+    val, train, seen = [], [], 0
+    for i, doc in enumerate(documents):
+        # Whole documents to val until the fraction is reached; the last always trains.
+        to_val = seen < args.val_fraction * total and i < len(documents) - 1
+        (val if to_val else train).extend(doc)
+        seen += len(doc)
+    out_dir = os.path.dirname(args.out)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    written = []
+    if args.val_fraction > 0:
+        written += write_split(args.out, "val", val, width, args.shard_tokens)
+    written += write_split(args.out, "train", train, width, args.shard_tokens)
+    print("tokenize_hf: %d document(s), %d tokens (%d val, %d train), vocabulary %d: %s shards %s"
+          % (len(documents), total, len(val), len(train), vocab,
+             "uint16 (GPT-2 style)" if width == 2 else "uint32 (Llama-3 style)",
+             " ".join(written)))
+
+
+if __name__ == "__main__":
+    main()
