@@ -27,10 +27,12 @@
 // within 1e-6 relative (tests/optimizers/test_cpu_adam.cc).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "optimizers/adam_math.h"
+#include "optimizers/optimizer_slices.h"
 #include "runtime/common/dtype.h"
 #include "runtime/device/device_ptr.h"
 
@@ -65,6 +67,20 @@ struct AdamDeviceSlice {
   DType grad_dtype = DType::kFloat32;
   DType out_dtype = DType::kBFloat16;
   bool weight_decay = true;
+};
+
+// The shared code's view of the two (optimizer_slices.h): the states in spec order.
+struct AdamSliceFamily {
+  static constexpr const char* kFamily = "Adam";
+  static constexpr std::array<const char*, 2> kStateNames{"exp_avg", "exp_avg_sq"};
+};
+template <>
+struct SliceTraits<AdamSlice> : AdamSliceFamily {
+  static constexpr std::array kStates{&AdamSlice::exp_avg, &AdamSlice::exp_avg_sq};
+};
+template <>
+struct SliceTraits<AdamDeviceSlice> : AdamSliceFamily {
+  static constexpr std::array kStates{&AdamDeviceSlice::exp_avg, &AdamDeviceSlice::exp_avg_sq};
 };
 
 // step: 1-based Adam step (drives the bias correction); lr: this step's learning rate;

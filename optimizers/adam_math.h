@@ -7,8 +7,12 @@
 
 #if defined(__CUDACC__)
 #define ZRT_HOST_DEVICE __host__ __device__
+// Before a host-device template that calls what it is given (a device lambda in a kernel, a host
+// one on the CPU): nvcc checks such calls only where the instantiation runs.
+#define ZRT_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
 #else
 #define ZRT_HOST_DEVICE
+#define ZRT_EXEC_CHECK_DISABLE
 #endif
 
 namespace zrt {
@@ -61,5 +65,36 @@ ZRT_HOST_DEVICE inline void adam_update_element(float& p, float g, float& m, flo
   p = p - update;
 #endif
 }
+
+// Adam for the code written once over optimizers (the CPU loops, cpu_update_loops.h; the CUDA
+// kernel, cuda_multi_tensor.cuh; its stand-in twin): the element update on the state array
+// {m, v} (the spec's "exp_avg", "exp_avg_sq"), and with_update(), which calls run(Update<M>{})
+// for the weight-decay form M a slice gets.
+struct AdamMath {
+  using Scalars = AdamStepScalars;
+  static constexpr int kStates = 2;
+  template <AdamDecayMode kMode>
+  struct Update {
+    using Scalars = AdamStepScalars;
+    static constexpr int kStates = 2;
+    ZRT_HOST_DEVICE static void element(float& p, float g, float (&state)[2],
+                                        const AdamStepScalars& s) {
+      adam_update_element<kMode>(p, g, state[0], state[1], s);
+    }
+  };
+  ZRT_EXEC_CHECK_DISABLE
+  template <typename Run>
+  ZRT_HOST_DEVICE static void with_update(const AdamStepScalars& s, bool slice_weight_decay,
+                                          const Run& run) {
+    switch (adam_decay_mode(s, slice_weight_decay)) {
+      case AdamDecayMode::kNone:
+        return run(Update<AdamDecayMode::kNone>{});
+      case AdamDecayMode::kDecoupled:
+        return run(Update<AdamDecayMode::kDecoupled>{});
+      case AdamDecayMode::kL2:
+        return run(Update<AdamDecayMode::kL2>{});
+    }
+  }
+};
 
 }  // namespace zrt

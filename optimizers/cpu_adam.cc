@@ -2,30 +2,12 @@
 
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
 
-#include "optimizers/slice_threads.h"
+#include "optimizers/cpu_slice_step.h"
 #include "runtime/common/error.h"
 
 namespace zrt {
-
-namespace {
-
-using RangeKernel = void (*)(const AdamSlice&, std::int64_t, std::int64_t, const AdamStepScalars&);
-
-RangeKernel kernel_for(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAvx512:
-      return detail::adam_range_avx512;
-    case CpuIsa::kAvx2:
-      return detail::adam_range_avx2;
-    default:
-      return detail::adam_range_scalar;
-  }
-}
-
-}  // namespace
 
 AdamStepScalars adam_step_scalars(const AdamOptions& o, std::int64_t step, double lr,
                                   double grad_scale) {
@@ -57,46 +39,33 @@ AdamStepScalars adam_step_scalars(const AdamOptions& o, std::int64_t step, doubl
   return s;
 }
 
-void validate_adam_slice(const AdamSlice& s, std::size_t index) {
-  if (s.numel < 0) ZRT_THROW(InvalidArgument, "Adam slice {}: numel {} < 0", index, s.numel);
-  if (s.numel == 0) return;
-  if (s.param == nullptr || s.grad == nullptr || s.exp_avg == nullptr || s.exp_avg_sq == nullptr) {
-    ZRT_THROW(InvalidArgument,
-              "Adam slice {} ({} elements): null param, grad, exp_avg or "
-              "exp_avg_sq",
-              index, s.numel);
-  }
-  if (!is_floating(s.grad_dtype)) {
-    ZRT_THROW(InvalidArgument, "Adam slice {}: gradient dtype {} is not fp32, bf16 or fp16", index,
-              dtype_name(s.grad_dtype));
-  }
-  if (s.param_out != nullptr && !is_floating(s.out_dtype)) {
-    ZRT_THROW(InvalidArgument, "Adam slice {}: output dtype {} is not fp32, bf16 or fp16", index,
-              dtype_name(s.out_dtype));
-  }
-}
+namespace detail {
 
-CpuAdam::CpuAdam(const AdamOptions& options, const CpuAdamOptions& cpu)
+template <typename Options>
+CpuOptimizerBase<Options>::CpuOptimizerBase(const Options& options, const CpuAdamOptions& cpu,
+                                            const char* who)
     : options_(options),
       isa_(cpu.isa == CpuIsa::kAuto ? best_cpu_isa() : cpu.isa),
       num_threads_(cpu.num_threads > 0 ? cpu.num_threads : omp_get_max_threads()) {
   if (!cpu_isa_supported(isa_)) {
-    ZRT_THROW(InvalidArgument, "CPU Adam: ISA {} is not supported on this machine (best: {})",
+    ZRT_THROW(InvalidArgument, "{}: ISA {} is not supported on this machine (best: {})", who,
               cpu_isa_name(isa_), cpu_isa_name(hardware_cpu_isa()));
   }
 }
 
+template class CpuOptimizerBase<AdamOptions>;
+template class CpuOptimizerBase<LionOptions>;
+
+}  // namespace detail
+
+void validate_adam_slice(const AdamSlice& s, std::size_t index) {
+  validate_slice(s, index);
+}
+
 void CpuAdam::step(const AdamSlice* slices, std::size_t count, std::int64_t step, double lr,
                    double grad_scale) const {
-  const auto scalars = adam_step_scalars(options_, step, lr, grad_scale);
-  // Every slice is checked before any memory is touched.
-  for (std::size_t k = 0; k < count; ++k) validate_adam_slice(slices[k], k);
-  const RangeKernel kernel = kernel_for(isa_);
-  detail::for_each_slice_range(
-      count, [&](std::size_t k) { return slices[k].numel; }, num_threads_,
-      [&](std::size_t k, std::int64_t begin, std::int64_t end) {
-        kernel(slices[k], begin, end, scalars);
-      });
+  detail::step_slices(slices, count, adam_step_scalars(options_, step, lr, grad_scale),
+                      detail::adam_range_kernel(isa_), num_threads_);
 }
 
 }  // namespace zrt

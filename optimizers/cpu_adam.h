@@ -24,9 +24,31 @@ struct CpuAdamOptions {
   int num_threads = 0;         // 0: omp_get_max_threads()
 };
 
-class CpuAdam {
+namespace detail {
+
+// What CpuAdam and CpuLion share: their hyper-parameters and the kernel choice (ISA, threads).
+template <typename Options>
+class CpuOptimizerBase {
  public:
-  explicit CpuAdam(const AdamOptions& options, const CpuAdamOptions& cpu = {});
+  const Options& options() const { return options_; }
+  CpuIsa isa() const { return isa_; }  // resolved, never kAuto
+  int num_threads() const { return num_threads_; }
+
+ protected:
+  // Throws InvalidArgument naming `who` ("CPU Adam") if this machine cannot run cpu.isa.
+  CpuOptimizerBase(const Options& options, const CpuAdamOptions& cpu, const char* who);
+
+  Options options_;
+  CpuIsa isa_;
+  int num_threads_;
+};
+
+}  // namespace detail
+
+class CpuAdam : public detail::CpuOptimizerBase<AdamOptions> {
+ public:
+  explicit CpuAdam(const AdamOptions& options, const CpuAdamOptions& cpu = {})
+      : CpuOptimizerBase(options, cpu, "CPU Adam") {}
 
   // Performs Adam step `step` (1-based; drives the bias correction) with learning rate `lr` on
   // every slice, in place, reading the gradients multiplied by `grad_scale` (the engine's
@@ -39,15 +61,6 @@ class CpuAdam {
             double grad_scale = 1.0) const {
     this->step(slices.data(), slices.size(), step, lr, grad_scale);
   }
-
-  const AdamOptions& options() const { return options_; }
-  CpuIsa isa() const { return isa_; }  // resolved, never kAuto
-  int num_threads() const { return num_threads_; }
-
- private:
-  AdamOptions options_;
-  CpuIsa isa_;
-  int num_threads_;
 };
 
 // Checks one slice (non-null pointers for numel > 0, supported dtypes); throws InvalidArgument
@@ -55,13 +68,11 @@ class CpuAdam {
 void validate_adam_slice(const AdamSlice& slice, std::size_t index);
 
 namespace detail {
-// Updates elements [begin, end) of `slice` with the given ISA's kernel (no threading).
-void adam_range_scalar(const AdamSlice& slice, std::int64_t begin, std::int64_t end,
-                       const AdamStepScalars& s);
-void adam_range_avx2(const AdamSlice& slice, std::int64_t begin, std::int64_t end,
-                     const AdamStepScalars& s);
-void adam_range_avx512(const AdamSlice& slice, std::int64_t begin, std::int64_t end,
-                       const AdamStepScalars& s);
+// Updates elements [begin, end) of a slice with one ISA's kernel (no threading): the kernel for
+// `isa` (cpu_adam_kernels.cc).
+using AdamRangeKernel = void (*)(const AdamSlice& slice, std::int64_t begin, std::int64_t end,
+                                 const AdamStepScalars& s);
+AdamRangeKernel adam_range_kernel(CpuIsa isa);
 }  // namespace detail
 
 }  // namespace zrt

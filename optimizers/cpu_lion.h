@@ -18,9 +18,10 @@
 
 namespace zrt {
 
-class CpuLion {
+class CpuLion : public detail::CpuOptimizerBase<LionOptions> {
  public:
-  explicit CpuLion(const LionOptions& options, const CpuAdamOptions& cpu = {});
+  explicit CpuLion(const LionOptions& options, const CpuAdamOptions& cpu = {})
+      : CpuOptimizerBase(options, cpu, "CPU Lion") {}
 
   // Performs one Lion step with learning rate `lr` on every slice, in place, reading the
   // gradients multiplied by `grad_scale`. Blocks until done. Throws InvalidArgument for a
@@ -29,15 +30,6 @@ class CpuLion {
   void step(const std::vector<LionSlice>& slices, double lr, double grad_scale = 1.0) const {
     this->step(slices.data(), slices.size(), lr, grad_scale);
   }
-
-  const LionOptions& options() const { return options_; }
-  CpuIsa isa() const { return isa_; }  // resolved, never kAuto
-  int num_threads() const { return num_threads_; }
-
- private:
-  LionOptions options_;
-  CpuIsa isa_;
-  int num_threads_;
 };
 
 // Checks one slice (non-null pointers for numel > 0, supported dtypes); throws InvalidArgument
@@ -45,12 +37,10 @@ class CpuLion {
 void validate_lion_slice(const LionSlice& slice, std::size_t index);
 
 namespace detail {
-void lion_range_scalar(const LionSlice& slice, std::int64_t begin, std::int64_t end,
-                       const LionStepScalars& s);
-void lion_range_avx2(const LionSlice& slice, std::int64_t begin, std::int64_t end,
-                     const LionStepScalars& s);
-void lion_range_avx512(const LionSlice& slice, std::int64_t begin, std::int64_t end,
-                       const LionStepScalars& s);
+// Updates elements [begin, end) of a slice with one ISA's kernel (cpu_lion_kernels.cc).
+using LionRangeKernel = void (*)(const LionSlice& slice, std::int64_t begin, std::int64_t end,
+                                 const LionStepScalars& s);
+LionRangeKernel lion_range_kernel(CpuIsa isa);
 }  // namespace detail
 
 }  // namespace zrt

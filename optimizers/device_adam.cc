@@ -1,10 +1,8 @@
 #include "optimizers/device_adam.h"
 
-#include <utility>
-
+#include "optimizers/cpu_device_step.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
-#include "runtime/device/device_access.h"
 #if ZRT_HAVE_CUDA
 #include "optimizers/cuda/cuda_adam.h"
 #include "runtime/device/cuda_device.h"
@@ -23,25 +21,7 @@ class CpuDeviceAdam final : public DeviceAdam {
   void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
             Stream& stream, double grad_scale) override {
     adam_step_scalars(adam_->options(), step, lr, grad_scale);  // validates before enqueuing
-    std::vector<AdamSlice> host(slices.size());
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      const AdamDeviceSlice& d = slices[k];
-      AdamSlice& h = host[k];
-      // CPU backend: device memory is host memory.
-      h.param = device_access::raw(d.param);
-      h.grad = device_access::raw(d.grad);
-      h.exp_avg = device_access::raw(d.exp_avg);
-      h.exp_avg_sq = device_access::raw(d.exp_avg_sq);
-      h.param_out = device_access::raw(d.param_out);
-      h.numel = d.numel;
-      h.grad_dtype = d.grad_dtype;
-      h.out_dtype = d.out_dtype;
-      h.weight_decay = d.weight_decay;
-      validate_adam_slice(h, k);
-    }
-    stream.host_callback([adam = adam_, host = std::move(host), step, lr, grad_scale] {
-      adam->step(host, step, lr, grad_scale);
-    });
+    detail::enqueue_cpu_step<AdamSlice>(adam_, slices, stream, step, lr, grad_scale);
   }
 
   const AdamOptions& options() const override { return adam_->options(); }
@@ -77,21 +57,7 @@ const OptimizerSpec& DeviceAdam::spec() const {
 
 void DeviceAdam::step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
                       Stream& stream, double grad_scale) {
-  std::vector<AdamDeviceSlice> adam(slices.size());
-  for (std::size_t k = 0; k < slices.size(); ++k) {
-    const OptimizerDeviceSlice& s = slices[k];
-    AdamDeviceSlice& a = adam[k];
-    a.param = s.param;
-    a.grad = s.grad;
-    a.exp_avg = s.state[0];
-    a.exp_avg_sq = s.state[1];
-    a.param_out = s.param_out;
-    a.numel = s.numel;
-    a.grad_dtype = s.grad_dtype;
-    a.out_dtype = s.out_dtype;
-    a.weight_decay = s.weight_decay;
-  }
-  this->step(adam, step, lr, stream, grad_scale);
+  this->step(slices_from_generic<AdamDeviceSlice>(slices), step, lr, stream, grad_scale);
 }
 
 std::unique_ptr<HostOptimizer> DeviceAdam::make_host_optimizer() const {

@@ -20,10 +20,12 @@
 // bytes per parameter (master + m) against Adam's 12.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
 #include "optimizers/lion_math.h"
+#include "optimizers/optimizer_slices.h"
 #include "runtime/common/dtype.h"
 #include "runtime/device/device_ptr.h"
 
@@ -53,6 +55,20 @@ struct LionDeviceSlice {
   DType grad_dtype = DType::kFloat32;
   DType out_dtype = DType::kBFloat16;
   bool weight_decay = true;
+};
+
+// The shared code's view of the two (optimizer_slices.h): the states in spec order.
+struct LionSliceFamily {
+  static constexpr const char* kFamily = "Lion";
+  static constexpr std::array<const char*, 1> kStateNames{"exp_avg"};
+};
+template <>
+struct SliceTraits<LionSlice> : LionSliceFamily {
+  static constexpr std::array kStates{&LionSlice::exp_avg};
+};
+template <>
+struct SliceTraits<LionDeviceSlice> : LionSliceFamily {
+  static constexpr std::array kStates{&LionDeviceSlice::exp_avg};
 };
 
 // lr: this step's learning rate; grad_scale: finite, >= 0. Throws InvalidArgument otherwise.

@@ -43,4 +43,28 @@ ZRT_HOST_DEVICE inline void lion_update_element(float& p, float g, float& m,
 #endif
 }
 
+// Lion for the code written once over optimizers (as AdamMath): the element update on the state
+// array {m} (the spec's "exp_avg"), and with_update(), which calls run(Update<kDecay>{}) with
+// whether a slice gets weight decay.
+struct LionMath {
+  using Scalars = LionStepScalars;
+  static constexpr int kStates = 1;
+  template <bool kDecay>
+  struct Update {
+    using Scalars = LionStepScalars;
+    static constexpr int kStates = 1;
+    ZRT_HOST_DEVICE static void element(float& p, float g, float (&state)[1],
+                                        const LionStepScalars& s) {
+      lion_update_element<kDecay>(p, g, state[0], s);
+    }
+  };
+  ZRT_EXEC_CHECK_DISABLE
+  template <typename Run>
+  ZRT_HOST_DEVICE static void with_update(const LionStepScalars& s, bool slice_weight_decay,
+                                          const Run& run) {
+    if (s.has_weight_decay && slice_weight_decay) return run(Update<true>{});
+    run(Update<false>{});
+  }
+};
+
 }  // namespace zrt

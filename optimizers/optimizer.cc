@@ -29,13 +29,7 @@ class HostAdam final : public HostOptimizer {
       : adam_(options, cpu), spec_(optimizer_spec(OptimizerKind::kAdam)) {}
   void step(const std::vector<OptimizerSlice>& slices, std::int64_t step, double lr,
             double grad_scale) const override {
-    std::vector<AdamSlice> adam(slices.size());
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      const OptimizerSlice& s = slices[k];
-      adam[k] = AdamSlice{s.param, s.grad,       s.state[0],  s.state[1],    s.param_out,
-                          s.numel, s.grad_dtype, s.out_dtype, s.weight_decay};
-    }
-    adam_.step(adam, step, lr, grad_scale);
+    adam_.step(slices_from_generic<AdamSlice>(slices), step, lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
 
@@ -50,13 +44,7 @@ class HostLion final : public HostOptimizer {
       : lion_(options, cpu), spec_(optimizer_spec(OptimizerKind::kLion)) {}
   void step(const std::vector<OptimizerSlice>& slices, std::int64_t /*step*/, double lr,
             double grad_scale) const override {
-    std::vector<LionSlice> lion(slices.size());
-    for (std::size_t k = 0; k < slices.size(); ++k) {
-      const OptimizerSlice& s = slices[k];
-      lion[k] = LionSlice{s.param, s.grad,       s.state[0],  s.param_out,
-                          s.numel, s.grad_dtype, s.out_dtype, s.weight_decay};
-    }
-    lion_.step(lion, lr, grad_scale);
+    lion_.step(slices_from_generic<LionSlice>(slices), lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
 

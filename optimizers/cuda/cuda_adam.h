@@ -3,10 +3,9 @@
 // intrinsics, no FMA, IEEE division and square root, so its results equal CpuAdam's bit for bit.
 // Built only when ZRT_HAVE_CUDA.
 //
-// The slice table (pointers, sizes, dtypes; a few dozen bytes per slice) lives in device memory
-// and is uploaded, stream-ordered, only when the slices differ from the previous call's; the
-// per-step scalars travel as kernel arguments. So a training loop that passes the same slices
-// every step costs exactly one kernel launch per step.
+// The slice table lives in device memory and is re-uploaded only when the slices change
+// (cuda_slice_table.h), so a training loop that passes the same slices every step costs exactly
+// one kernel launch per step.
 //
 // Thread-safety: one thread at a time; calls on different streams must be ordered by the caller
 // (they share the device-side slice table).
@@ -19,17 +18,14 @@
 #include <vector>
 
 #include "optimizers/adam.h"
-#include "optimizers/cuda/cuda_adam_kernel.h"
+#include "optimizers/cuda/cuda_slice_table.h"
 #include "optimizers/optimizer_config.h"
 
 namespace zrt {
 
 class CudaAdam {
  public:
-  explicit CudaAdam(const AdamOptions& options);
-  ~CudaAdam();
-  CudaAdam(const CudaAdam&) = delete;
-  CudaAdam& operator=(const CudaAdam&) = delete;
+  explicit CudaAdam(const AdamOptions& options) : options_(options) {}
 
   // Enqueues Adam step `step` (1-based) with learning rate `lr` on every slice, on `stream`,
   // gradients multiplied by `grad_scale` (see CpuAdam::step). Returns at once; the slices'
@@ -46,10 +42,7 @@ class CudaAdam {
 
  private:
   AdamOptions options_;
-  std::vector<detail::CudaAdamDesc> table_;  // last uploaded table (host copy)
-  detail::CudaAdamDesc* device_table_ = nullptr;
-  std::size_t device_capacity_ = 0;  // entries
-  std::int64_t blocks_ = 0;          // grid size of the uploaded table
+  detail::CudaSliceTable table_;
 };
 
 }  // namespace zrt

@@ -1,7 +1,7 @@
 // CudaLion: Lion over device-memory slices as one fused multi-tensor kernel launch per step,
 // with the same element update as CpuLion (lion.h): explicit round-to-nearest intrinsics, no
 // FMA, so its results equal CpuLion's bit for bit. The slice table lives in device memory and is
-// re-uploaded (stream-ordered) only when the slices change, as CudaAdam's. Built only when
+// re-uploaded (stream-ordered) only when the slices change (cuda_slice_table.h). Built only when
 // ZRT_HAVE_CUDA.
 //
 // Thread-safety: one thread at a time; calls on different streams must be ordered by the caller.
@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "optimizers/cuda/cuda_lion_kernel.h"
+#include "optimizers/cuda/cuda_slice_table.h"
 #include "optimizers/lion.h"
 #include "optimizers/optimizer_config.h"
 
@@ -21,10 +21,7 @@ namespace zrt {
 
 class CudaLion {
  public:
-  explicit CudaLion(const LionOptions& options);
-  ~CudaLion();
-  CudaLion(const CudaLion&) = delete;
-  CudaLion& operator=(const CudaLion&) = delete;
+  explicit CudaLion(const LionOptions& options) : options_(options) {}
 
   // Enqueues one Lion step with learning rate `lr` on every slice, on `stream`. Throws
   // InvalidArgument for a malformed slice or bad scalars before enqueuing anything.
@@ -35,10 +32,7 @@ class CudaLion {
 
  private:
   LionOptions options_;
-  std::vector<detail::CudaLionDesc> table_;  // last uploaded table (host copy)
-  detail::CudaLionDesc* device_table_ = nullptr;
-  std::size_t device_capacity_ = 0;  // entries
-  std::int64_t blocks_ = 0;          // grid size of the uploaded table
+  detail::CudaSliceTable table_;
 };
 
 }  // namespace zrt

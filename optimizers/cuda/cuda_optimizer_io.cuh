@@ -1,8 +1,8 @@
-// Gradient loads and compute-dtype stores shared by the fused optimizer kernels (cuda_adam.cu,
-// cuda_lion.cu): bf16/fp16 gradients widened exactly, and the copy-out rounded as dtype.h's
-// to_bf16 / to_fp16 round (runtime/device/cuda_float16.cuh's raw-bit family: nearest even, NaN
-// as there), so the kernels' copies equal the CPU optimizers' bit for bit. Include only from .cu
-// files; each gets its own copies.
+// Gradient loads and compute-dtype stores of the fused optimizer kernel
+// (cuda_optimizer_kernels.cu): bf16/fp16 gradients widened exactly, and the copy-out rounded as
+// dtype.h's to_bf16 / to_fp16 round (runtime/device/cuda_float16.cuh's raw-bit family: nearest
+// even, NaN as there), so the kernels' copies equal the CPU optimizers' bit for bit. Include only
+// from .cu files; each gets its own copies.
 #pragma once
 
 #include <cuda_runtime.h>

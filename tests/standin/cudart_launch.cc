@@ -51,8 +51,7 @@ void ensure_twins() {
   r.twins_registered = true;
   register_engine_twins();
   register_comm_twins();
-  register_adam_twins();
-  register_lion_twins();
+  register_optimizer_twins();
   register_gpt_twins();
 }
 

@@ -84,8 +84,7 @@ void register_test_twin(const std::string& name, TwinAdapter adapter);
 // Called once by the launch dispatcher: registers every twin (twins_*.cc).
 void register_engine_twins();
 void register_comm_twins();
-void register_adam_twins();
-void register_lion_twins();
+void register_optimizer_twins();
 void register_gpt_twins();
 
 }  // namespace zrt::standin

@@ -1,9 +1,9 @@
-// The CPU optimizers' thread split, shared by CpuAdam and CpuLion: the concatenation of all
-// slices is cut into equal ranges, one per OpenMP thread, whose boundaries are multiples of
-// kSliceThreadAlign elements (a 64-byte line of fp32 for aligned slices); below
-// kMinElementsPerThread elements per thread another thread costs more than it saves. Every
-// element's update depends only on its own inputs, so any partition gives the same bits; a
-// static one keeps each thread's cache lines its own.
+// The CPU optimizers' step, shared by CpuAdam and CpuLion: the validation of every slice before any
+// memory is touched, and the thread split: the concatenation of all slices is cut into equal
+// ranges, one per OpenMP thread, whose boundaries are multiples of kSliceThreadAlign elements (a
+// 64-byte line of fp32 for aligned slices); below kMinElementsPerThread elements per thread another
+// thread costs more than it saves. Every element's update depends only on its own inputs, so any
+// partition gives the same bits; a static one keeps each thread's cache lines its own.
 #pragma once
 
 #include <omp.h>
@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "optimizers/optimizer_slices.h"
 
 namespace zrt::detail {
 
@@ -55,6 +57,21 @@ void for_each_slice_range(std::size_t count, const Numel& numel, int max_threads
     };
     run_range(boundary(t), boundary(t + 1));
   }
+}
+
+// One step of a CPU optimizer over `count` slices with per-step scalars `s`: every slice is
+// validated first, then kernel(slice, begin, end, s) runs over all elements on up to max_threads
+// threads.
+template <typename Slice, typename Scalars>
+void step_slices(const Slice* slices, std::size_t count, const Scalars& s,
+                 void (*kernel)(const Slice&, std::int64_t, std::int64_t, const Scalars&),
+                 int max_threads) {
+  for (std::size_t k = 0; k < count; ++k) validate_slice(slices[k], k);
+  for_each_slice_range(
+      count, [&](std::size_t k) { return slices[k].numel; }, max_threads,
+      [&](std::size_t k, std::int64_t begin, std::int64_t end) {
+        kernel(slices[k], begin, end, s);
+      });
 }
 
 }  // namespace zrt::detail
