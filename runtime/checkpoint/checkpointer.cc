@@ -1,10 +1,13 @@
 #include "runtime/checkpoint/checkpointer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +19,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
+#include "runtime/common/fault.h"
 
 namespace zrt::checkpoint {
 
@@ -35,13 +39,18 @@ double seconds_since(Clock::time_point t) {
 
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) ZRT_THROW(Error, "{}: cannot write", tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) ZRT_THROW(Error, "{}: cannot create: {}", tmp.string(), std::strerror(errno));
+  const ssize_t written = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  const int sync_rc = written == static_cast<ssize_t>(text.size()) ? ::fsync(fd) : 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (written != static_cast<ssize_t>(text.size())) {
+    ZRT_THROW(Error, "{}: cannot write: {}", tmp.string(),
+              written < 0 ? std::strerror(err) : "short write");
   }
-  fsync_path(tmp.string());
+  if (sync_rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", tmp.string(), std::strerror(sync_err));
   fs::rename(tmp, path);
   fsync_path(path.parent_path().string(), true);
 }
@@ -53,6 +62,7 @@ TestHooks TestHooks::from_env() {
   h.kill_rank = env_int("ZRT_TEST_CKPT_KILL_RANK");
   h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
   h.copy_delay_ms = env_int("ZRT_TEST_CKPT_COPY_DELAY_MS");
+  h.write_delay_ms = env_int("ZRT_TEST_CKPT_WRITE_DELAY_MS");
   return h;
 }
 
@@ -258,6 +268,10 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
   if (error.empty()) {
     try {
       const auto t = Clock::now();
+      fault_point("checkpoint.write", request.index.step, rank_);  // test hook (fault.h)
+      if (hooks_.write_delay_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(hooks_.write_delay_ms));
+      }
       if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
       if (rank_ == 0) fsync_path((tmp / "index.h5").string());
       if (rank_ < request.index.world) {
@@ -277,7 +291,17 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       error = e.what();
     }
   }
-  check_all("writing the files", request.tag, error);
+  try {
+    check_all("writing the files", request.tag, error);
+  } catch (const Error&) {
+    // Every rank has stopped writing (the agreement): the partial files go now, so a full disk
+    // gets its space back for the next save; `latest` never named them.
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+    }
+    throw;
+  }
 
   // 3. Rank 0 commits: rename, latest, then pruning.
   if (rank_ == 0) {

@@ -45,9 +45,9 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/checkpoint/checkpoint_options.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
-#include "runtime/checkpoint/checkpoint_options.h"
 
 namespace zrt::checkpoint {
 
@@ -55,11 +55,14 @@ namespace zrt::checkpoint {
 //   ZRT_TEST_CKPT_KILL_RANK=r  rank r raises SIGKILL midway through writing its rank file;
 //   ZRT_TEST_CKPT_PROBE_RANK=r rank r looks for the shared-filesystem probe in a wrong directory;
 //   ZRT_TEST_CKPT_COPY_DELAY_MS=t an async save's state copy starts t ms late (on its stream), so
-//                              the next optimizer step must wait for it.
+//                              the next optimizer step must wait for it;
+//   ZRT_TEST_CKPT_WRITE_DELAY_MS=t every rank sleeps t ms before writing its file (a slow
+//                              storage system: a save that outlasts a preemption's grace).
 struct TestHooks {
   int kill_rank = -1;
   int probe_elsewhere_rank = -1;
   int copy_delay_ms = -1;
+  int write_delay_ms = -1;
   static TestHooks from_env();
 };
 

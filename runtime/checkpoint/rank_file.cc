@@ -25,6 +25,11 @@ void fsync_path(const std::string& path, bool directory) {
 void write_rank_file(const std::string& path, const RankState& snapshot, int world,
                      std::uint64_t seed, bool kill_midway) {
   H5File file = H5File::create(path);
+  // The data and a generous bound on HDF5's metadata (attributes, the checksum arrays, object
+  // headers), allocated before anything is written: a full disk is reported here.
+  const std::int64_t blocks = (snapshot.elements * 4 + kTensorBlockBytes - 1) / kTensorBlockBytes;
+  file.reserve(snapshot.bytes() + (64 << 10) +
+               static_cast<std::int64_t>(snapshot.datasets.size()) * (4 * blocks + (4 << 10)));
   write_attr(file.id(), "format", std::string(kRankFormat));
   write_attr(file.id(), "format_version", kFormatVersion);
   write_attr(file.id(), "rank", std::int64_t{snapshot.rank});
