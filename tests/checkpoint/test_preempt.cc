@@ -426,3 +426,35 @@ TEST_CASE("a save_dir the run may not write: EACCES named, latest stays loadable
   REQUIRE(latest_step(save_dir) == 2);
   require_identical_state(latest_dir(save_dir), reference_checkpoint(2));
 }
+
+TEST_CASE("checkpoint.save_interval_minutes saves by rank 0's clock on every rank", "[preempt]") {
+  for (const double minutes : {0.001, 60.0}) {
+    Job job;
+    job.name = minutes < 1 ? "minutes_short" : "minutes_long";
+    // No step interval; steps of about 0.1 s (a sleep per collective) against 60 ms.
+    job.checkpoint = {{"save_interval_minutes", minutes}};
+    job.latency_us = 5000;
+    std::string log;
+    const int status = run(job, &log);
+    INFO(log);
+    REQUIRE(status == 0);
+    std::vector<std::int64_t> saved;
+    for (std::int64_t s = 1; s <= kSteps; ++s) {
+      if (fs::exists(save_dir_of(job) + "/global_step" + std::to_string(s) + "/index.h5")) {
+        saved.push_back(s);
+      }
+    }
+    INFO("checkpoints at steps " << saved.size());
+    REQUIRE_FALSE(saved.empty());
+    CHECK(saved.back() == kSteps);  // and after the last step, as with save_interval
+    if (minutes < 1) {
+      CHECK(saved.size() >= 3);  // a wall-clock save on (nearly) every step
+    } else {
+      CHECK(saved.size() == 1);
+    }
+    for (const std::int64_t s : saved) {
+      require_identical_state(save_dir_of(job) + "/global_step" + std::to_string(s),
+                              reference_checkpoint(s));
+    }
+  }
+}
