@@ -91,6 +91,7 @@ Checkpointer::~Checkpointer() {
   } catch (const std::exception& e) {
     spdlog::error("checkpoint save failed: {}", e.what());
   }
+  if (pruner_.joinable()) pruner_.join();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -207,6 +208,7 @@ void Checkpointer::start(SaveRequest request, const RankState& state,
 
 SaveTimings Checkpointer::wait() {
   if (writer_.joinable()) writer_.join();
+  if (pruner_.joinable()) pruner_.join();
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -262,6 +264,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
     }
   }
   check_all("the shared file system check", request.tag, error);
+  timings.prepare_s = seconds_since(start);
 
   // 2. Every rank's file (and the index), closed and fsynced, then agreement.
   error = copy_error;  // a failed snapshot copy fails this stage on every rank
@@ -283,7 +286,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
                   state.datasets.size(), request.index.optimizer,
                   request.index.state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                        request.index.seed, rank_ == hooks_.kill_rank);
+                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);
@@ -291,6 +294,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       error = e.what();
     }
   }
+  const auto agree_start = Clock::now();
   try {
     check_all("writing the files", request.tag, error);
   } catch (const Error&) {
@@ -303,9 +307,12 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
     throw;
   }
 
+  timings.agree_s = seconds_since(agree_start);
+
   // 3. Rank 0 commits: rename, latest, then pruning.
   if (rank_ == 0) {
     try {
+      const auto rename_start = Clock::now();
       fs::remove(probe);
       fsync_path(tmp.string(), true);
       if (fs::exists(final_dir)) {
@@ -320,7 +327,20 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       }
       fsync_path(save_dir.string(), true);
       write_text_durably(save_dir / "latest", request.tag + "\n");
-      prune(step_of_tag(request.tag));
+      timings.rename_s = seconds_since(rename_start);
+      // Deleting old checkpoints is not part of the commit (`latest` already names the new
+      // one): it runs beside training, and the next save (or the end) waits for it.
+      const auto prune_start = Clock::now();
+      if (pruner_.joinable()) pruner_.join();
+      timings.prune_s = seconds_since(prune_start);  // only a previous prune still running
+      pruner_ = std::thread([this, keep = step_of_tag(request.tag)] {
+        try {
+          prune(keep);
+        } catch (const std::exception& e) {
+          spdlog::warn("checkpoint: removing old checkpoints in {} failed: {}", config_.save_dir,
+                       e.what());
+        }
+      });
     } catch (const std::exception& e) {
       error = fmt::format("committing {}: {}", final_dir.string(), e.what());
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -328,7 +329,8 @@ std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
 
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
-                   std::int64_t block_bytes, std::int64_t string_size, bool writeback) {
+                   std::int64_t block_bytes, std::int64_t string_size, bool writeback,
+                   double* crc_seconds) {
   std::vector<hsize_t> hdims(dims.begin(), dims.end());
   std::int64_t elements = 1;
   for (std::int64_t d : dims) elements *= d;
@@ -363,7 +365,13 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
   }
   if (writeback) file.start_writeback();
   write_attr(ds.get(), "crc32c_block_bytes", block_bytes);
-  write_attr(ds.get(), "crc32c", block_checksums(data, bytes, block_bytes));
+  const auto crc_start = std::chrono::steady_clock::now();
+  const std::vector<std::uint32_t> crcs = block_checksums(data, bytes, block_bytes);
+  if (crc_seconds != nullptr) {
+    *crc_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - crc_start).count();
+  }
+  write_attr(ds.get(), "crc32c", crcs);
 }
 
 H5Dataset::H5Dataset(const H5File& file, const std::string& name, H5Elem elem,

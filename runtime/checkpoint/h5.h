@@ -102,10 +102,11 @@ constexpr std::int64_t kTensorBlockBytes = std::int64_t{1} << 20;
 // (block_bytes 0: one block for the whole dataset). For kString, `data` is an array of fixed
 // `string_size`-byte, NUL-padded names. With `writeback`, the file's writeback is started
 // after the data and before the checksums are computed, so the device works meanwhile.
+// `crc_seconds`, if given, gets the time spent on the checksums added to it.
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
                    std::int64_t block_bytes = 0, std::int64_t string_size = 0,
-                   bool writeback = false);
+                   bool writeback = false, double* crc_seconds = nullptr);
 
 // An open dataset whose shape and element type were checked; reads ranges and verifies them.
 class H5Dataset {
