@@ -7,6 +7,8 @@
 //    of one uninterrupted run;
 //  - a second signal during the save, and checkpoint.preempt_grace_s running out during a slow
 //    save: exit status 76, `latest` still the previous checkpoint, which resumes bit-exactly;
+//  - checkpoint.save_interval_minutes: wall-clock saves on (nearly) every step with a short
+//    interval, none but the last with a long one, each bit-identical to the uninterrupted run's;
 //  - [storage] (hidden: its own ctest entry) a full disk (a 600 KiB tmpfs as save_dir; skipped with
 //  status 77 where mount is
 //    not permitted) and a directory the run may not write (EACCES): an error naming the file
