@@ -177,8 +177,8 @@ bool H5File::has(const std::string& dataset) const {
   return exists > 0;
 }
 
-void H5File::start_writeback() const {
-  if (!file_.valid()) return;
+int H5File::descriptor() const {
+  if (!file_.valid()) return -1;
   H5Id fapl(H5Fget_access_plist(file_.get()));
   void* handle = nullptr;
   // The default (sec2) driver's handle is a pointer to its file descriptor; other drivers are
@@ -186,22 +186,21 @@ void H5File::start_writeback() const {
   if (H5Pget_driver(fapl.get()) != H5FD_SEC2 ||
       H5Fget_vfd_handle(file_.get(), fapl.get(), &handle) < 0 || handle == nullptr) {
     h5_error_detail();
-    return;
+    return -1;
   }
-  ::sync_file_range(*static_cast<int*>(handle), 0, 0, SYNC_FILE_RANGE_WRITE);
+  return *static_cast<int*>(handle);
+}
+
+void H5File::start_writeback() const {
+  const int fd = descriptor();
+  if (fd >= 0) ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
 }
 
 void H5File::reserve(std::int64_t bytes) const {
-  if (!file_.valid() || bytes <= 0) return;
-  H5Id fapl(H5Fget_access_plist(file_.get()));
-  void* handle = nullptr;
-  if (H5Pget_driver(fapl.get()) != H5FD_SEC2 ||
-      H5Fget_vfd_handle(file_.get(), fapl.get(), &handle) < 0 || handle == nullptr) {
-    h5_error_detail();
-    return;
-  }
+  const int fd = bytes > 0 ? descriptor() : -1;
+  if (fd < 0) return;
   // KEEP_SIZE: the blocks are allocated, the file's size (HDF5's end of file) is unchanged.
-  if (::fallocate(*static_cast<int*>(handle), FALLOC_FL_KEEP_SIZE, 0, bytes) == 0) return;
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, bytes) == 0) return;
   const int err = errno;
   // A file system without fallocate (some network file systems) just gets no reservation.
   if (err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;

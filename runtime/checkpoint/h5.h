@@ -72,6 +72,8 @@ class H5File {
   void close();  // flushes and closes; throws on failure
 
  private:
+  // The file's descriptor under HDF5's default (sec2) driver; -1 under another driver.
+  int descriptor() const;
   std::string path_;
   H5Id file_;
 };
