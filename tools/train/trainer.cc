@@ -594,7 +594,10 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       // step's checkpoint is committed before the run returns.
       const auto t = Clock::now();
       const bool saved = guarded_save(step, /*wait=*/true);
-      summary.status = saved ? RunStatus::kPreempted : RunStatus::kPreemptedUnsaved;
+      // A stop at the last step is a finished run (nothing to requeue).
+      summary.status = !saved                       ? RunStatus::kPreemptedUnsaved
+                       : step == config.train.steps ? RunStatus::kCompleted
+                                                    : RunStatus::kPreempted;
       if (rank == 0 && saved) {
         spdlog::warn(
             "preempted at step {}: checkpoint {} saved in {:.2f} s; resume with "
