@@ -879,6 +879,9 @@ class Parser {
     k.save_dir = get_string("checkpoint.save_dir", config_.output_dir + "/checkpoints");
     if (k.save_dir.empty()) fail("checkpoint.save_dir", "must not be empty");
     k.save_interval = get_int("checkpoint.save_interval", 0);
+    k.save_interval_minutes = get_number("checkpoint.save_interval_minutes", 0.0);
+    k.preempt_grace_s = get_number("checkpoint.preempt_grace_s", 0.0);
+    k.stop_on_save_error = get_string("checkpoint.on_save_error", "stop") != "continue";
     k.keep_last = get_small_int("checkpoint.keep_last", 0);
     k.async = get_bool("checkpoint.async", false);
     k.load = get_string("checkpoint.load", "auto");
@@ -895,7 +898,8 @@ class Parser {
                        : tag == "fail" ? TagValidation::kFail
                                        : TagValidation::kWarn;
     if (k.keep_last > 0 && !k.saves()) {
-      warn("checkpoint.keep_last", "no effect: save_interval is 0, so nothing is saved");
+      warn("checkpoint.keep_last",
+           "no effect: save_interval and save_interval_minutes are 0, so nothing is saved");
     }
   }
 
@@ -1111,6 +1115,9 @@ json resolved_document(const Config& c) {
   json& checkpoint = out["checkpoint"];
   checkpoint["save_dir"] = c.checkpoint.save_dir;
   checkpoint["save_interval"] = c.checkpoint.save_interval;
+  checkpoint["save_interval_minutes"] = c.checkpoint.save_interval_minutes;
+  checkpoint["preempt_grace_s"] = c.checkpoint.preempt_grace_s;
+  checkpoint["on_save_error"] = c.checkpoint.stop_on_save_error ? "stop" : "continue";
   checkpoint["keep_last"] = c.checkpoint.keep_last;
   checkpoint["async"] = c.checkpoint.async;
   checkpoint["load"] = c.checkpoint.load;

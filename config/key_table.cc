@@ -493,6 +493,22 @@ std::vector<KeyInfo> build_table() {
         "Save every N optimizer steps and after the last; 0: never save")
           .range(0)
           .zrt(),
+      K("checkpoint.save_interval_minutes", I, kNumber, "0",
+        "Also save when this many minutes of wall-clock time have passed since the last save "
+        "(rank 0's clock decides); 0: off")
+          .range(0)
+          .zrt(),
+      K("checkpoint.preempt_grace_s", I, kNumber, "0",
+        "After SIGTERM, SIGINT or SIGUSR1, zrt-train saves and exits 75; if that takes longer "
+        "than this, it exits 76 at once with the previous checkpoint intact; 0: no limit of its "
+        "own (the cluster's SIGKILL)")
+          .range(0)
+          .zrt(),
+      K("checkpoint.on_save_error", I, kEnum, "stop",
+        "A failed save (full disk, I/O error, no permission): \"stop\" ends the run with the "
+        "error; \"continue\" logs it and trains on (the previous checkpoint stays latest)")
+          .choices("stop|continue")
+          .zrt(),
       K("checkpoint.keep_last", I, kInt, "0", "Keep the newest N checkpoints; 0: keep all")
           .range(0)
           .zrt(),

@@ -6,8 +6,16 @@
 //
 // Exit status: 0 done; 1 an error (the job is aborted; with --check: the config is invalid or
 // does not fit); 2 bad arguments; 3 the watchdog ended a hung job (a collective past
-// comm_timeout_s: a rank died, froze or diverged).
+// comm_timeout_s: a rank died, froze or diverged); 75 preempted: SIGTERM, SIGINT or SIGUSR1
+// reached a rank, every rank stopped at the next step boundary and a checkpoint of that step
+// was saved (requeue the job: checkpoint.load "auto" resumes from it); 76 preempted without a
+// new checkpoint: a second signal, checkpoint.preempt_grace_s ran out, or the save failed under
+// checkpoint.on_save_error "continue" (the previous checkpoint is intact; requeue too).
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,11 +26,11 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
+#include "config/json_reader.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "config/config.h"
-#include "config/json_reader.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 #include "tools/train/trainer.h"
@@ -75,9 +83,71 @@ environment:
   ZRT_CPU_ISA         avx512, avx2 or scalar: run every CPU kernel on that path (default:
                       the widest this CPU has)
 
+signals (docs/launching.md):
+  SIGTERM, SIGINT, SIGUSR1 to any rank (mpirun forwards SIGUSR1; srun signals every task):
+                      every rank stops at the next step boundary, saves a checkpoint of that
+                      step and exits 75. A second signal, or checkpoint.preempt_grace_s
+                      running out, exits 76 at once; the previous checkpoint stays latest
+
 exit status: 0 done (--check: valid and fits); 1 an error: an invalid config, a failed run
-(--check: invalid or does not fit); 2 bad arguments; 3 the watchdog ended a hung job.
+(--check: invalid or does not fit); 2 bad arguments; 3 the watchdog ended a hung job; 75
+preempted, checkpoint saved (requeue); 76 preempted, no new checkpoint (requeue).
 )";
+
+// Exit statuses of a preempted run (sysexits' EX_TEMPFAIL: "try again later"), for requeue
+// scripts (docs/launching.md).
+constexpr int kExitPreempted = 75;
+constexpr int kExitPreemptedUnsaved = 76;
+
+// The preemption signals' state. Process-wide by nature (a signal handler has no other way to
+// reach the program); lock-free atomics, so the handlers stay async-signal-safe.
+std::atomic<int> g_stop_signals{0};  // preemption signals received
+std::atomic<int> g_first_signal{0};  // the first one's number, for the log
+std::atomic<bool> g_grace_armed{false};
+std::atomic<unsigned> g_grace_s{0};  // checkpoint.preempt_grace_s rounded up; 0: no timer
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free &&
+              std::atomic<unsigned>::is_always_lock_free);
+
+// write(2) of a constant message: the one output a signal handler may make.
+void say(const char* message) {
+  const ssize_t ignored = ::write(STDERR_FILENO, message, std::strlen(message));
+  (void)ignored;
+}
+
+// Starts checkpoint.preempt_grace_s once (the first signal, or the run's agreement to stop on
+// a rank that received none); SIGALRM then ends the process.
+void arm_grace_timer() {
+  const unsigned seconds = g_grace_s.load();
+  if (seconds > 0 && !g_grace_armed.exchange(true)) ::alarm(seconds);
+}
+
+void on_stop_signal(int signal) {
+  if (g_stop_signals.fetch_add(1) == 0) {
+    g_first_signal.store(signal);
+    arm_grace_timer();
+    return;  // the training loop sees the flag at its next step boundary
+  }
+  say("zrt-train: a second preemption signal: exiting now (status 76) without a new "
+      "checkpoint; the previous one stays latest\n");
+  ::_exit(kExitPreemptedUnsaved);
+}
+
+void on_grace_timeout(int) {
+  say("zrt-train: checkpoint.preempt_grace_s ran out before the save-and-exit finished: exiting "
+      "now (status 76); the previous checkpoint stays latest\n");
+  ::_exit(kExitPreemptedUnsaved);
+}
+
+void install_stop_signals(double grace_s) {
+  g_grace_s.store(grace_s > 0.0 ? static_cast<unsigned>(std::ceil(grace_s)) : 0u);
+  struct sigaction action {};
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // the other threads' system calls go on
+  action.sa_handler = on_stop_signal;
+  for (int signal : {SIGTERM, SIGINT, SIGUSR1}) sigaction(signal, &action, nullptr);
+  action.sa_handler = on_grace_timeout;
+  sigaction(SIGALRM, &action, nullptr);
+}
 
 struct Arguments {
   std::string config_path;
@@ -298,7 +368,27 @@ int train(const Arguments& args, int* argc, char*** argv) {
       spdlog::default_logger()->flush();
       MPI_Abort(MPI_COMM_WORLD, 3);
     };
-    zrt::train::run_training(config, mpi, hooks);
+    // Preemption (docs/launching.md): the handlers only count signals; the loop polls the
+    // count at each step boundary and every rank agrees on it through the loss all-reduce.
+    install_stop_signals(config.checkpoint.preempt_grace_s);
+    hooks.stop_requested = [] { return g_stop_signals.load(std::memory_order_relaxed) > 0; };
+    hooks.on_stop = [](std::int64_t step) {
+      arm_grace_timer();
+      if (const int signal = g_first_signal.load(); signal != 0) {
+        spdlog::warn("received {} before step {}'s boundary", strsignal(signal), step);
+      }
+    };
+    const zrt::train::RunSummary summary = zrt::train::run_training(config, mpi, hooks);
+    switch (summary.status) {
+      case zrt::train::RunStatus::kCompleted:
+        break;
+      case zrt::train::RunStatus::kPreempted:
+        spdlog::default_logger()->flush();
+        return kExitPreempted;
+      case zrt::train::RunStatus::kPreemptedUnsaved:
+        spdlog::default_logger()->flush();
+        return kExitPreemptedUnsaved;
+    }
   } catch (const std::exception& e) {
     // One log line per problem (a config may have several), each with the rank prefix.
     const std::string message = e.what();

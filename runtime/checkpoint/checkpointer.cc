@@ -1,10 +1,13 @@
 #include "runtime/checkpoint/checkpointer.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -16,6 +19,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
+#include "runtime/common/fault.h"
 
 namespace zrt::checkpoint {
 
@@ -35,13 +39,18 @@ double seconds_since(Clock::time_point t) {
 
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) ZRT_THROW(Error, "{}: cannot write", tmp.string());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) ZRT_THROW(Error, "{}: cannot create: {}", tmp.string(), std::strerror(errno));
+  const ssize_t written = ::write(fd, text.data(), text.size());
+  const int err = errno;
+  const int sync_rc = written == static_cast<ssize_t>(text.size()) ? ::fsync(fd) : 0;
+  const int sync_err = errno;
+  ::close(fd);
+  if (written != static_cast<ssize_t>(text.size())) {
+    ZRT_THROW(Error, "{}: cannot write: {}", tmp.string(),
+              written < 0 ? std::strerror(err) : "short write");
   }
-  fsync_path(tmp.string());
+  if (sync_rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", tmp.string(), std::strerror(sync_err));
   fs::rename(tmp, path);
   fsync_path(path.parent_path().string(), true);
 }
@@ -53,6 +62,7 @@ TestHooks TestHooks::from_env() {
   h.kill_rank = env_int("ZRT_TEST_CKPT_KILL_RANK");
   h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
   h.copy_delay_ms = env_int("ZRT_TEST_CKPT_COPY_DELAY_MS");
+  h.write_delay_ms = env_int("ZRT_TEST_CKPT_WRITE_DELAY_MS");
   return h;
 }
 
@@ -81,6 +91,7 @@ Checkpointer::~Checkpointer() {
   } catch (const std::exception& e) {
     spdlog::error("checkpoint save failed: {}", e.what());
   }
+  if (pruner_.joinable()) pruner_.join();
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
@@ -197,6 +208,7 @@ void Checkpointer::start(SaveRequest request, const RankState& state,
 
 SaveTimings Checkpointer::wait() {
   if (writer_.joinable()) writer_.join();
+  if (pruner_.joinable()) pruner_.join();
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
@@ -252,12 +264,17 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
     }
   }
   check_all("the shared file system check", request.tag, error);
+  timings.prepare_s = seconds_since(start);
 
   // 2. Every rank's file (and the index), closed and fsynced, then agreement.
   error = copy_error;  // a failed snapshot copy fails this stage on every rank
   if (error.empty()) {
     try {
       const auto t = Clock::now();
+      fault_point("checkpoint.write", request.index.step, rank_);  // test hook (fault.h)
+      if (hooks_.write_delay_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(hooks_.write_delay_ms));
+      }
       if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
       if (rank_ == 0) fsync_path((tmp / "index.h5").string());
       if (rank_ < request.index.world) {
@@ -269,7 +286,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
                   state.datasets.size(), request.index.optimizer,
                   request.index.state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                        request.index.seed, rank_ == hooks_.kill_rank);
+                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);
@@ -277,11 +294,25 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       error = e.what();
     }
   }
-  check_all("writing the files", request.tag, error);
+  const auto agree_start = Clock::now();
+  try {
+    check_all("writing the files", request.tag, error);
+  } catch (const Error&) {
+    // Every rank has stopped writing (the agreement): the partial files go now, so a full disk
+    // gets its space back for the next save; `latest` never named them.
+    if (rank_ == 0) {
+      std::error_code ignored;
+      fs::remove_all(tmp, ignored);
+    }
+    throw;
+  }
+
+  timings.agree_s = seconds_since(agree_start);
 
   // 3. Rank 0 commits: rename, latest, then pruning.
   if (rank_ == 0) {
     try {
+      const auto rename_start = Clock::now();
       fs::remove(probe);
       fsync_path(tmp.string(), true);
       if (fs::exists(final_dir)) {
@@ -296,7 +327,20 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       }
       fsync_path(save_dir.string(), true);
       write_text_durably(save_dir / "latest", request.tag + "\n");
-      prune(step_of_tag(request.tag));
+      timings.rename_s = seconds_since(rename_start);
+      // Deleting old checkpoints is not part of the commit (`latest` already names the new
+      // one): it runs beside training, and the next save (or the end) waits for it.
+      const auto prune_start = Clock::now();
+      if (pruner_.joinable()) pruner_.join();
+      timings.prune_s = seconds_since(prune_start);  // only a previous prune still running
+      pruner_ = std::thread([this, keep = step_of_tag(request.tag)] {
+        try {
+          prune(keep);
+        } catch (const std::exception& e) {
+          spdlog::warn("checkpoint: removing old checkpoints in {} failed: {}", config_.save_dir,
+                       e.what());
+        }
+      });
     } catch (const std::exception& e) {
       error = fmt::format("committing {}: {}", final_dir.string(), e.what());
     }

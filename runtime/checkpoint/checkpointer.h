@@ -9,9 +9,10 @@
 //      writes and fsyncs index.h5; an all-reduce of an ok flag (a barrier carries no status)
 //      tells every rank whether all succeeded;
 //   3. rank 0 fsyncs the directory, renames it to <tag>, fsyncs <save_dir>, writes
-//      <save_dir>/latest (temp file, fsync, rename, fsync <save_dir>), and only then deletes the
-//      checkpoints beyond keep_last (and abandoned *.tmp directories of earlier saves); a last
-//      all-reduce makes every rank's save() succeed or throw together.
+//      <save_dir>/latest (temp file, fsync, rename, fsync <save_dir>); a last all-reduce makes
+//      every rank's save() succeed or throw together. Only then, on a thread of rank 0's that
+//      the next save or wait() joins, the checkpoints beyond keep_last (and abandoned *.tmp
+//      directories of earlier saves) are deleted.
 // A reader trusts only what `latest` names, so a save killed at any moment leaves the previous
 // checkpoint loadable.
 //
@@ -45,9 +46,9 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/checkpoint/checkpoint_options.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
-#include "runtime/checkpoint/checkpoint_options.h"
 
 namespace zrt::checkpoint {
 
@@ -55,11 +56,14 @@ namespace zrt::checkpoint {
 //   ZRT_TEST_CKPT_KILL_RANK=r  rank r raises SIGKILL midway through writing its rank file;
 //   ZRT_TEST_CKPT_PROBE_RANK=r rank r looks for the shared-filesystem probe in a wrong directory;
 //   ZRT_TEST_CKPT_COPY_DELAY_MS=t an async save's state copy starts t ms late (on its stream), so
-//                              the next optimizer step must wait for it.
+//                              the next optimizer step must wait for it;
+//   ZRT_TEST_CKPT_WRITE_DELAY_MS=t every rank sleeps t ms before writing its file (a slow
+//                              storage system: a save that outlasts a preemption's grace).
 struct TestHooks {
   int kill_rank = -1;
   int probe_elsewhere_rank = -1;
   int copy_delay_ms = -1;
+  int write_delay_ms = -1;
   static TestHooks from_env();
 };
 
@@ -82,8 +86,13 @@ using SnapshotIssuer = std::function<std::function<void()>(const std::vector<flo
 using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
 
 struct SaveTimings {
-  double write_s = 0.0;   // this rank's file: create, write, close, fsync
-  double commit_s = 0.0;  // the whole protocol
+  double prepare_s = 0.0;  // the directory and the shared-file-system probe (two agreements)
+  double write_s = 0.0;    // this rank's file: create, write, close, fsync (and rank 0's index)
+  RankFileTimings file;    // write_s's rank file, by phase
+  double agree_s = 0.0;    // waiting for every rank's files (the ok-flag all-reduce)
+  double rename_s = 0.0;   // rank 0: fsync, rename, latest (0 elsewhere)
+  double prune_s = 0.0;    // rank 0: waiting for the previous save's keep_last deletions
+  double commit_s = 0.0;   // the whole protocol
   std::int64_t bytes = 0;
 };
 
@@ -140,6 +149,7 @@ class Checkpointer {
   std::shared_ptr<void> snapshot_;  // the reused snapshot buffer: master, then each state
   std::int64_t snapshot_bytes_ = 0;
   std::thread writer_;
+  std::thread pruner_;  // rank 0: keep_last deletions after a commit (joined by wait())
   std::exception_ptr error_;
   SaveTimings timings_;
 };

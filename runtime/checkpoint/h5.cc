@@ -3,6 +3,8 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 
@@ -22,8 +24,26 @@ void silence_hdf5() {
   (void)silenced;
 }
 
-herr_t keep_innermost(unsigned n, const H5E_error2_t* e, void* out) {
-  if (n == 0 && e->desc != nullptr) *static_cast<std::string*>(out) = e->desc;
+// What an HDF5 error stack says: the API call's own message (the first frame, walking down)
+// and, if a frame below carries the operating system's reason (the sec2 driver's "errno = 28,
+// error message = 'No space left on device'"), that reason.
+struct ErrorStackText {
+  std::string top;
+  std::string os_reason;
+};
+
+herr_t read_frame(unsigned n, const H5E_error2_t* e, void* out) {
+  auto& text = *static_cast<ErrorStackText*>(out);
+  if (e->desc == nullptr) return 0;
+  const std::string desc = e->desc;
+  if (n == 0) text.top = desc;
+  const std::string key = "error message = '";
+  const std::size_t at = desc.find(key);
+  if (text.os_reason.empty() && at != std::string::npos) {
+    const std::size_t end = desc.find('\'', at + key.size());
+    text.os_reason = desc.substr(
+        at + key.size(), end == std::string::npos ? std::string::npos : end - at - key.size());
+  }
   return 0;
 }
 
@@ -107,10 +127,13 @@ void H5Id::reset() {
 }
 
 std::string h5_error_detail() {
-  std::string detail;
-  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, keep_innermost, &detail);
+  ErrorStackText text;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, read_frame, &text);
   H5Eclear2(H5E_DEFAULT);
-  return detail;
+  if (text.os_reason.empty() || text.top.find(text.os_reason) != std::string::npos) {
+    return text.top;
+  }
+  return fmt::format("{}: {}", text.top, text.os_reason);
 }
 
 std::string where(const H5File& file, const std::string& dataset) {
@@ -154,8 +177,8 @@ bool H5File::has(const std::string& dataset) const {
   return exists > 0;
 }
 
-void H5File::start_writeback() const {
-  if (!file_.valid()) return;
+int H5File::descriptor() const {
+  if (!file_.valid()) return -1;
   H5Id fapl(H5Fget_access_plist(file_.get()));
   void* handle = nullptr;
   // The default (sec2) driver's handle is a pointer to its file descriptor; other drivers are
@@ -163,17 +186,37 @@ void H5File::start_writeback() const {
   if (H5Pget_driver(fapl.get()) != H5FD_SEC2 ||
       H5Fget_vfd_handle(file_.get(), fapl.get(), &handle) < 0 || handle == nullptr) {
     h5_error_detail();
-    return;
+    return -1;
   }
-  ::sync_file_range(*static_cast<int*>(handle), 0, 0, SYNC_FILE_RANGE_WRITE);
+  return *static_cast<int*>(handle);
+}
+
+void H5File::start_writeback() const {
+  const int fd = descriptor();
+  if (fd >= 0) ::sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
+
+void H5File::reserve(std::int64_t bytes) const {
+  const int fd = bytes > 0 ? descriptor() : -1;
+  if (fd < 0) return;
+  // KEEP_SIZE: the blocks are allocated, the file's size (HDF5's end of file) is unchanged.
+  if (::fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, bytes) == 0) return;
+  const int err = errno;
+  // A file system without fallocate (some network file systems) just gets no reservation.
+  if (err == EOPNOTSUPP || err == ENOSYS || err == EINVAL) return;
+  ZRT_THROW(Error, "{}: cannot reserve {} bytes for the file: {}", path_, bytes,
+            std::strerror(err));
 }
 
 void H5File::close() {
   if (!file_.valid()) return;
-  const herr_t rc = H5Fclose(file_.get());
-  // H5Fclose released the identifier even on failure.
-  file_ = H5Id();
-  if (rc < 0) ZRT_THROW(Error, "{}: closing the HDF5 file failed: {}", path_, h5_error_detail());
+  // One H5Fclose, whatever it returns: after a failed close (its final flush hit a write
+  // error) the identifier may survive with its file half torn down, and closing it again
+  // crashes inside HDF5 (a full disk used to end the run with a segmentation fault here).
+  const hid_t id = file_.release();
+  if (H5Fclose(id) < 0) {
+    ZRT_THROW(Error, "{}: closing the HDF5 file failed: {}", path_, h5_error_detail());
+  }
 }
 
 // ---- attributes -------------------------------------------------------------------------------
@@ -285,7 +328,8 @@ std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
 
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
-                   std::int64_t block_bytes, std::int64_t string_size, bool writeback) {
+                   std::int64_t block_bytes, std::int64_t string_size, bool writeback,
+                   double* crc_seconds) {
   std::vector<hsize_t> hdims(dims.begin(), dims.end());
   std::int64_t elements = 1;
   for (std::int64_t d : dims) elements *= d;
@@ -320,7 +364,13 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
   }
   if (writeback) file.start_writeback();
   write_attr(ds.get(), "crc32c_block_bytes", block_bytes);
-  write_attr(ds.get(), "crc32c", block_checksums(data, bytes, block_bytes));
+  const auto crc_start = std::chrono::steady_clock::now();
+  const std::vector<std::uint32_t> crcs = block_checksums(data, bytes, block_bytes);
+  if (crc_seconds != nullptr) {
+    *crc_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - crc_start).count();
+  }
+  write_attr(ds.get(), "crc32c", crcs);
 }
 
 H5Dataset::H5Dataset(const H5File& file, const std::string& name, H5Elem elem,

@@ -39,12 +39,19 @@ class H5Id {
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
   void reset();
+  // Gives up ownership without closing; returns the identifier.
+  hid_t release() {
+    const hid_t id = id_;
+    id_ = H5I_INVALID_HID;
+    return id;
+  }
 
  private:
   hid_t id_ = H5I_INVALID_HID;
 };
 
-// HDF5's innermost error message for the last failed call ("" if none), and a fresh stack.
+// The last failed HDF5 call's message ("" if none) with the operating system's reason when a
+// frame of the error stack has one ("... : No space left on device"); clears the stack.
 std::string h5_error_detail();
 
 // An open HDF5 file and its path (for messages).
@@ -58,9 +65,15 @@ class H5File {
   // Asks the kernel to start writing the file's dirty pages to the device now, without waiting
   // (sync_file_range). A performance hint only: durability still needs close() and fsync.
   void start_writeback() const;
+  // Allocates `bytes` of disk blocks for the file up front (fallocate, the size unchanged), so
+  // a full disk fails here, with the operating system's reason and before HDF5 has written
+  // anything it would then fail to flush. No-op where the file system cannot preallocate.
+  void reserve(std::int64_t bytes) const;
   void close();  // flushes and closes; throws on failure
 
  private:
+  // The file's descriptor under HDF5's default (sec2) driver; -1 under another driver.
+  int descriptor() const;
   std::string path_;
   H5Id file_;
 };
@@ -91,10 +104,11 @@ constexpr std::int64_t kTensorBlockBytes = std::int64_t{1} << 20;
 // (block_bytes 0: one block for the whole dataset). For kString, `data` is an array of fixed
 // `string_size`-byte, NUL-padded names. With `writeback`, the file's writeback is started
 // after the data and before the checksums are computed, so the device works meanwhile.
+// `crc_seconds`, if given, gets the time spent on the checksums added to it.
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
                    std::int64_t block_bytes = 0, std::int64_t string_size = 0,
-                   bool writeback = false);
+                   bool writeback = false, double* crc_seconds = nullptr);
 
 // An open dataset whose shape and element type were checked; reads ranges and verifies them.
 class H5Dataset {

@@ -62,8 +62,16 @@ struct RankSnapshot {
 // the disk works while the next dataset is written and the checksums are computed; the final
 // fsync waits only for the rest.
 // kill_midway (a test hook): after the first dataset is flushed, the process raises SIGKILL.
+// Where a rank file's time went (seconds), for benchmarks.
+struct RankFileTimings {
+  double create_s = 0.0;  // create the file, reserve its blocks, root attributes
+  double data_s = 0.0;    // the datasets' bytes handed to the kernel (and writeback started)
+  double crc_s = 0.0;     // the CRC-32C blocks
+  double close_s = 0.0;   // HDF5's metadata and close
+  double fsync_s = 0.0;   // until the device has it all
+};
 void write_rank_file(const std::string& path, const RankState& state, int world, std::uint64_t seed,
-                     bool kill_midway = false);
+                     bool kill_midway = false, RankFileTimings* timings = nullptr);
 inline void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
                             std::uint64_t seed, bool kill_midway = false) {
   write_rank_file(path, snapshot.view(), world, seed, kill_midway);

@@ -48,14 +48,19 @@ FaultSpec parse_one(std::string_view spec) {
         f.action = FaultAction::kSigkill;
       } else if (field == "sigstop") {
         f.action = FaultAction::kSigstop;
+      } else if (field == "sigterm") {
+        f.action = FaultAction::kSigterm;
+      } else if (field == "sigusr1") {
+        f.action = FaultAction::kSigusr1;
       } else if (field == "throw") {
         f.action = FaultAction::kThrow;
       } else if (field == "nan") {
         f.action = FaultAction::kNan;
       } else {
         ZRT_THROW(InvalidArgument,
-                  "{}='{}': unknown fault '{}'; expected sigkill, sigstop, throw or nan", kVariable,
-                  spec, field);
+                  "{}='{}': unknown fault '{}'; expected sigkill, sigstop, sigterm, sigusr1, "
+                  "throw or nan",
+                  kVariable, spec, field);
       }
       continue;
     }
@@ -86,6 +91,10 @@ const char* action_name(FaultAction a) {
       return "sigkill";
     case FaultAction::kSigstop:
       return "sigstop";
+    case FaultAction::kSigterm:
+      return "sigterm";
+    case FaultAction::kSigusr1:
+      return "sigusr1";
     case FaultAction::kThrow:
       return "throw";
     case FaultAction::kNan:
@@ -138,6 +147,12 @@ FaultAction fault_point(std::string_view point, std::int64_t step, int rank) {
       case FaultAction::kSigstop:
         // Stops every thread of the process; it resumes (returning here) only on SIGCONT.
         std::raise(SIGSTOP);
+        break;
+      case FaultAction::kSigterm:
+        std::raise(SIGTERM);  // the program's handler decides (zrt-train: a preemption)
+        break;
+      case FaultAction::kSigusr1:
+        std::raise(SIGUSR1);
         break;
       case FaultAction::kThrow:
         ZRT_THROW(Error, "fault injected at {} (rank {}, step {})", point, rank, step);

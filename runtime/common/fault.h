@@ -6,6 +6,8 @@
 // ACTION is one of
 //   sigkill  the process sends itself SIGKILL (a rank that dies)
 //   sigstop  the process sends itself SIGSTOP (a rank that freezes; mpirun cannot notice)
+//   sigterm  the process sends itself SIGTERM and goes on (zrt-train: a preemption)
+//   sigusr1  the process sends itself SIGUSR1 and goes on (zrt-train: a preemption)
 //   throw    fault_point throws zrt::Error (a rank that fails cleanly)
 //   nan      fault_point returns FaultAction::kNan; the caller corrupts its data with a NaN
 // point defaults to "train.step"; without rank or step the fault fires on every rank or step.
@@ -15,6 +17,8 @@
 //   train.step        zrt-train, every step, before the last micro-batch's forward/backward
 //                     (the step's first micro-batches are done; their reductions may be in flight)
 //   train.start       zrt-train, once, before the process groups are created (step -1)
+//   checkpoint.write  every save, on every rank, before the rank writes its file (step: the
+//                     checkpoint's step; on the async writer thread for async saves)
 // New points are one call: fault_point("checkpoint.write", step) where the fault should hit.
 //
 // The variable is read at each call (no cached state); a malformed value throws
@@ -28,7 +32,7 @@
 
 namespace zrt {
 
-enum class FaultAction { kNone, kSigkill, kSigstop, kThrow, kNan };
+enum class FaultAction { kNone, kSigkill, kSigstop, kSigterm, kSigusr1, kThrow, kNan };
 
 struct FaultSpec {
   FaultAction action = FaultAction::kNone;

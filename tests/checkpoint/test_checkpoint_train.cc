@@ -34,9 +34,12 @@
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/rank_file.h"
 #include "runtime/data/token_shard.h"
+#include "tests/checkpoint/compare_runs.h"
 
 using namespace zrt;
 using namespace zrt::checkpoint;
+using zrt::test::latest_dir;
+using zrt::test::require_identical_state;
 namespace fs = std::filesystem;
 
 namespace {
@@ -138,43 +141,7 @@ void run_ok(const std::string& name, const Job& job) {
 
 // Training losses by step from a run's metrics.jsonl.
 std::map<std::int64_t, double> losses(const std::string& name) {
-  std::map<std::int64_t, double> out;
-  std::ifstream in(root() / name / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto row = nlohmann::json::parse(line);
-    if (row.contains("loss")) out[row["step"].get<std::int64_t>()] = row["loss"].get<double>();
-  }
-  return out;
-}
-
-std::string latest_dir(const std::string& save_dir) {
-  const auto tag = read_latest(save_dir);
-  REQUIRE(tag.has_value());
-  return (fs::path(save_dir) / *tag).string();
-}
-
-// Every state dataset of every rank file of two checkpoints, bit for bit.
-void require_identical_state(const std::string& a, const std::string& b) {
-  const CheckpointIndex ia = open_index(a);
-  const CheckpointIndex ib = open_index(b);
-  REQUIRE(ia.world == ib.world);
-  CHECK(ia.step == ib.step);
-  CHECK(ia.optimizer_steps == ib.optimizer_steps);
-  CHECK(ia.data.position == ib.data.position);
-  for (int r = 0; r < ia.world; ++r) {
-    const H5File fa = H5File::open_read((fs::path(a) / rank_file_name(r)).string());
-    const H5File fb = H5File::open_read((fs::path(b) / rank_file_name(r)).string());
-    REQUIRE(ia.state_datasets() == ib.state_datasets());
-    for (const std::string& name : ia.state_datasets()) {
-      std::vector<float> va(static_cast<std::size_t>(ia.slice_elements()));
-      std::vector<float> vb(va.size());
-      H5Dataset(fa, name, H5Elem::kFloat32, {ia.slice_elements()}).read_all(va.data());
-      H5Dataset(fb, name, H5Elem::kFloat32, {ib.slice_elements()}).read_all(vb.data());
-      INFO("rank " << r << " " << name);
-      CHECK(std::memcmp(va.data(), vb.data(), va.size() * 4) == 0);
-    }
-  }
+  return test::metrics_losses(root() / name / "metrics.jsonl");
 }
 
 // Per-tensor relative error of two checkpoints' full parameters. The key third of

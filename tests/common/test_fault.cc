@@ -3,6 +3,7 @@
 // by the fault_sig*_np4 tests; here only throw and nan fire.)
 #include <catch2/catch.hpp>
 
+#include <csignal>
 #include <cstdlib>
 
 #include "runtime/common/error.h"
@@ -26,9 +27,9 @@ TEST_CASE("ZRT_FAULT_INJECT parses into fault specs") {
 }
 
 TEST_CASE("malformed ZRT_FAULT_INJECT values are errors naming the problem") {
-  CHECK_THROWS_WITH(parse_fault_specs("sigterm"),
-                    Catch::Contains("ZRT_FAULT_INJECT='sigterm': unknown fault 'sigterm'; "
-                                    "expected sigkill, sigstop, throw or nan"));
+  CHECK_THROWS_WITH(parse_fault_specs("sighup"),
+                    Catch::Contains("ZRT_FAULT_INJECT='sighup': unknown fault 'sighup'; "
+                                    "expected sigkill, sigstop, sigterm, sigusr1, throw or nan"));
   CHECK_THROWS_WITH(parse_fault_specs("nan:rank=two"),
                     Catch::Contains("rank must be a non-negative integer, not 'two'"));
   CHECK_THROWS_WITH(parse_fault_specs("nan:rank"),
@@ -50,4 +51,36 @@ TEST_CASE("fault points fire only at their point, rank and step") {
   CHECK_THROWS_WITH(fault_point("checkpoint.write", 5, 0),
                     Catch::Contains("fault injected at checkpoint.write (rank 0, step 5)"));
   unsetenv("ZRT_FAULT_INJECT");
+}
+
+namespace {
+volatile std::sig_atomic_t g_seen = 0;
+void remember(int signal) {
+  g_seen = signal;
+}
+}  // namespace
+
+TEST_CASE("sigterm and sigusr1 faults raise the signal and return to the caller") {
+  const auto specs = parse_fault_specs("sigterm:step=3,sigusr1:point=checkpoint.write:rank=1");
+  REQUIRE(specs.size() == 2);
+  CHECK(specs[0].action == FaultAction::kSigterm);
+  CHECK(specs[1].action == FaultAction::kSigusr1);
+  CHECK(specs[1].point == "checkpoint.write");
+  // With a handler installed (as zrt-train's), the process survives and the handler ran.
+  struct sigaction action {
+  }, old_term{}, old_usr1{};
+  action.sa_handler = remember;
+  sigaction(SIGTERM, &action, &old_term);
+  sigaction(SIGUSR1, &action, &old_usr1);
+  setenv("ZRT_FAULT_INJECT", "sigterm:step=3,sigusr1:point=checkpoint.write:rank=1", 1);
+  CHECK(fault_point("train.step", 2, 0) == FaultAction::kNone);
+  CHECK(g_seen == 0);
+  CHECK(fault_point("train.step", 3, 0) == FaultAction::kSigterm);
+  CHECK(g_seen == SIGTERM);
+  CHECK(fault_point("checkpoint.write", 7, 0) == FaultAction::kNone);
+  CHECK(fault_point("checkpoint.write", 7, 1) == FaultAction::kSigusr1);
+  CHECK(g_seen == SIGUSR1);
+  unsetenv("ZRT_FAULT_INJECT");
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGUSR1, &old_usr1, nullptr);
 }

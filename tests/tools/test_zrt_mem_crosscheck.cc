@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
-#include "config/config.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/zero_engine.h"
@@ -80,11 +80,12 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
   auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "mem", CommOptions{});
-  // zrt-train's control group: the mean loss is an fp32 all-reduce after every step.
+  // zrt-train's control group: after every step one fp32 all-reduce of 3 values (the mean loss
+  // and the step boundary's stop and wall-clock-save votes).
   auto control_stream = device->create_stream("control");
   auto control =
       make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", CommOptions{});
-  Buffer loss_mean = device->allocate(4, MemCategory::kWorkspace, "loss mean");
+  Buffer loss_mean = device->allocate(12, MemCategory::kWorkspace, "loss mean and votes");
   kernels::KernelContext ctx(*device, *compute);
   ModelOptions model_options;
   model_options.activation_checkpointing = in.activation_checkpointing;
@@ -135,7 +136,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
     }
     const StepResult r = engine.step(1e-3);
     REQUIRE_FALSE(r.skipped);
-    control->all_reduce(loss_mean.device<std::byte>(), loss_mean.device<std::byte>(), 1,
+    control->all_reduce(loss_mean.device<std::byte>(), loss_mean.device<std::byte>(), 3,
                         DType::kFloat32, ReduceOp::kAvg);
     control_stream->synchronize();
   }

@@ -47,4 +47,13 @@ class Table {
 
 std::string human_bytes(std::int64_t bytes);  // "4K", "1M", "256M" (powers of two)
 
+// A shell command's standard output, or "" if it exits non-zero.
+std::string run_capture(const std::string& command);
+// The first python that imports torch: `requested`, $ZRT_PYTHON, python3, /usr/bin/python3
+// (Debian's python3-torch installs for the system interpreter); "" if none.
+std::string find_python(const std::string& requested);
+// A script installed next to zrt-bench (tools/CMakeLists.txt copies them), else `fallback`
+// (its path in the source tree).
+std::string find_script(const std::string& name, const std::string& fallback);
+
 }  // namespace zrt::bench

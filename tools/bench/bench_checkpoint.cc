@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <thread>
 #include <vector>
 
 #include <mpi.h>
@@ -93,13 +94,16 @@ double plain_read(const std::string& path, std::vector<char>& data) {
 }  // namespace
 
 int checkpoint(int argc, char** argv) {
-  Args args(argc, argv, {"params", "dir", "repeats", "stage", "help"});
+  Args args(argc, argv, {"params", "dir", "repeats", "stage", "dcp", "python", "help"});
   MpiRuntime mpi(&argc, &argv);
   if (args.has("help")) {
     if (mpi.rank() == 0) {
       std::printf(
           "zrt-bench checkpoint [--params 124M] [--dir /tmp/zrt_bench_ckpt] [--repeats 3] "
-          "[--stage 2]\nrun under mpirun (tools/zrt-run -n 2 build/bin/zrt-bench checkpoint)\n");
+          "[--stage 2] [--dcp 1 [--python PATH]]\nrun under mpirun (tools/zrt-run -n 2 "
+          "build/bin/zrt-bench checkpoint)\n--dcp 1: also torch.distributed.checkpoint's save "
+          "and `dd conv=fsync` of the same bytes per rank, at the same world size, after zrt's "
+          "own figures (tools/bench/torch_dcp_checkpoint_bench.py; needs python with torch)\n");
     }
     return 0;
   }
@@ -184,6 +188,18 @@ int checkpoint(int argc, char** argv) {
   checkpoint::Checkpointer async_saver(async_config, 600.0);
 
   std::vector<double> t_plain_w, t_save, t_plain_r, t_load, t_step, t_async_total, t_first_stall;
+  // The sync save by phase (SaveTimings), each the slowest rank's.
+  const char* phase_names[] = {"  directory + shared-fs probe",
+                               "  rank file: create + reserve blocks",
+                               "  rank file: data written (writeback started)",
+                               "  rank file: CRC-32C",
+                               "  rank file: HDF5 metadata + close",
+                               "  rank file: fsync",
+                               "  index (rank 0)",
+                               "  agreement: every rank's files",
+                               "  rename + latest (rank 0)",
+                               "  previous keep_last pruning (rank 0)"};
+  std::vector<double> t_phase[std::size(phase_names)];
   std::int64_t step = 0;
   // An async save, then the next training step. The stall the training loop sees is the save
   // call plus the step's wait for the state copy. That wait is a stream wait inside step(),
@@ -257,6 +273,19 @@ int checkpoint(int argc, char** argv) {
     auto start = Clock::now();
     sync_saver.save(std::move(request));
     t_save.push_back(slowest(since(start)));
+    const checkpoint::SaveTimings& st = sync_saver.last_timings();
+    const double phases[] = {st.prepare_s,
+                             st.file.create_s,
+                             st.file.data_s,
+                             st.file.crc_s,
+                             st.file.close_s,
+                             st.file.fsync_s,
+                             st.write_s - (st.file.create_s + st.file.data_s + st.file.crc_s +
+                                           st.file.close_s + st.file.fsync_s),
+                             st.agree_s,
+                             st.rename_s,
+                             st.prune_s};
+    for (std::size_t i = 0; i < std::size(phases); ++i) t_phase[i].push_back(slowest(phases[i]));
 
     // Load: every rank reads its slices back (verified), from the device.
     const std::string ckpt =
@@ -291,6 +320,38 @@ int checkpoint(int argc, char** argv) {
     async_save_and_step(false, baseline, &on_thread_figures);
   }
   if (writes) fs::remove(plain_path);
+  // DCP and dd beside zrt's figures: rank 0 runs the script (its own processes, the same world
+  // size and bytes per rank) while the other ranks wait without spinning.
+  double dcp_s = 0.0, dd_s = 0.0;
+  std::string dcp_note;
+  if (args.get("dcp", "0") != "0") {
+    if (rank == 0) {
+      const std::string python = find_python(args.get("python", ""));
+      const std::string script = find_script("torch_dcp_checkpoint_bench.py", ZRT_TORCH_DCP_SCRIPT);
+      if (python.empty()) {
+        dcp_note = "no python with torch: DCP not measured";
+      } else {
+        const std::string out = run_capture(
+            fmt::format("'{}' '{}' --world {} --elements {} --repeats {} --dir '{}/dcp' 2>&1",
+                        python, script, world, bytes / 12, repeats, dir));
+        const auto value = [&](const std::string& line_key) {
+          const auto at = out.find(line_key + " median_s=");
+          return at == std::string::npos ? 0.0 : std::stod(out.substr(at + line_key.size() + 10));
+        };
+        dcp_s = value("dcp_save");
+        dd_s = value("dd_fsync");
+        const auto v = out.find("torch=");
+        dcp_note = dcp_s > 0 ? "torch " + out.substr(v + 6, out.find('\n', v) - v - 6)
+                             : "DCP failed: " + out;
+      }
+    }
+    MPI_Request done;
+    MPI_Ibarrier(MPI_COMM_WORLD, &done);
+    for (int finished = 0; !finished;) {
+      MPI_Test(&done, &finished, MPI_STATUS_IGNORE);
+      if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
   if (rank == 0) {
     const double gb = static_cast<double>(bytes) / 1e9;
     const double pw = median(t_plain_w), sv = median(t_save), pr = median(t_plain_r),
@@ -304,6 +365,21 @@ int checkpoint(int argc, char** argv) {
         {"plain write + fsync", fmt::format("{:.3f}", pw), fmt::format("{:.2f}", gb / pw), "1.00"});
     t.add({"save (sync, whole protocol)", fmt::format("{:.3f}", sv), fmt::format("{:.2f}", gb / sv),
            fmt::format("{:.2f}", pw / sv)});
+    for (std::size_t i = 0; i < std::size(phase_names); ++i) {
+      const double v = median(t_phase[i]);
+      t.add({phase_names[i], fmt::format("{:.3f}", v), "",
+             fmt::format("{:.0f}% of save", 100.0 * v / sv)});
+    }
+    if (dcp_s > 0.0) {
+      t.add({"dd conv=fsync, every rank at once", fmt::format("{:.3f}", dd_s),
+             fmt::format("{:.2f}", gb / dd_s),
+             fmt::format("{:.2f} (zrt save: {:.2f})", pw / dd_s, dd_s / sv)});
+      t.add({"DCP save (" + dcp_note + ")", fmt::format("{:.3f}", dcp_s),
+             fmt::format("{:.2f}", gb / dcp_s),
+             fmt::format("{:.2f} (zrt save: {:.2f}x DCP)", pw / dcp_s, dcp_s / sv)});
+    } else if (!dcp_note.empty()) {
+      t.add({"DCP: " + dcp_note.substr(0, 120), "", "", ""});
+    }
     t.add({"plain read (cold)", fmt::format("{:.3f}", pr), fmt::format("{:.2f}", gb / pr), "1.00"});
     t.add({"load (verified, cold)", fmt::format("{:.3f}", ld), fmt::format("{:.2f}", gb / ld),
            fmt::format("{:.2f}", pr / ld)});

@@ -1,9 +1,13 @@
 // zrt-bench: performance figures, printed as tables next to their references (see
 // BENCHMARKS.md for recorded runs). Usage: zrt-bench <subcommand> [options].
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "tools/bench/bench.h"
 
@@ -138,6 +142,42 @@ std::string Table::str() const {
   std::string out = line(header_);
   for (const auto& r : rows_) out += line(r);
   return out;
+}
+
+std::string run_capture(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return out;
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) out += buffer;
+  const int status = pclose(pipe);
+  return status == 0 ? out : std::string();
+}
+
+std::string find_python(const std::string& requested) {
+  std::vector<std::string> candidates;
+  if (!requested.empty()) candidates.push_back(requested);
+  if (const char* env = std::getenv("ZRT_PYTHON")) candidates.emplace_back(env);
+  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
+  for (const auto& python : candidates) {
+    if (!run_capture("'" + python + "' -c 'import torch; print(1)' 2>/dev/null").empty()) {
+      return python;
+    }
+  }
+  return "";
+}
+
+std::string find_script(const std::string& name, const std::string& fallback) {
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len > 0) {
+    exe[len] = '\0';
+    std::string dir(exe);
+    dir = dir.substr(0, dir.rfind('/'));
+    const std::string path = dir + "/" + name;
+    if (access(path.c_str(), R_OK) == 0) return path;
+  }
+  return fallback;
 }
 
 std::string human_bytes(std::int64_t bytes) {

@@ -24,43 +24,9 @@ namespace zrt::bench {
 
 namespace {
 
-std::string capture(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[512];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) out += buffer;
-  return pclose(pipe) == 0 ? out : std::string();
-}
-
-// A python3 that can import torch ("" if none): --python, $ZRT_PYTHON, python3, /usr/bin/python3
-// (Debian's python3-torch installs for the system interpreter).
-std::string python_with_torch(const std::string& requested) {
-  std::vector<std::string> candidates;
-  if (!requested.empty()) candidates.push_back(requested);
-  if (const char* env = std::getenv("ZRT_PYTHON")) candidates.emplace_back(env);
-  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
-  for (const auto& python : candidates) {
-    if (!capture("'" + python + "' -c 'import torch' 2>/dev/null && echo ok").empty()) {
-      return python;
-    }
-  }
-  return "";
-}
-
 // torch_gpt_bench.py next to zrt-bench (tools/CMakeLists.txt copies it), else the source tree.
 std::string torch_script(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  char exe[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (len > 0) {
-    exe[len] = '\0';
-    std::string dir(exe);
-    dir = dir.substr(0, dir.rfind('/'));
-    const std::string path = dir + "/torch_gpt_bench.py";
-    if (access(path.c_str(), R_OK) == 0) return path;
-  }
-  return ZRT_TORCH_GPT_SCRIPT;
+  return requested.empty() ? find_script("torch_gpt_bench.py", ZRT_TORCH_GPT_SCRIPT) : requested;
 }
 
 std::vector<std::string> split(const std::string& text) {
@@ -127,8 +93,8 @@ double run_torch(const std::string& python, const std::string& script, const Mod
     dimensions += fmt::format("--{} {} ", name, value);
   }
   const std::string line =
-      capture(fmt::format("'{}' '{}' {}--batch {} --seq {} --threads {} --iters {} 2>/dev/null",
-                          python, script, dimensions, B, T, threads, iters));
+      run_capture(fmt::format("'{}' '{}' {}--batch {} --seq {} --threads {} --iters {} 2>/dev/null",
+                              python, script, dimensions, B, T, threads, iters));
   const auto pos = line.find("tokens_per_s=");
   return pos == std::string::npos ? 0.0 : std::stod(line.substr(pos + 13));
 }
@@ -155,7 +121,7 @@ int model(int argc, char** argv) {
   std::vector<int> thread_counts;
   for (const auto& t : split(args.get("threads", "1,2"))) thread_counts.push_back(std::stoi(t));
   const bool checkpointing = args.has("checkpointing");
-  const std::string python = args.has("no-torch") ? "" : python_with_torch(args.get("python", ""));
+  const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
   const std::string script = torch_script(args.get("torch-script", ""));
 
   std::printf("# zrt-bench model: forward+backward, fp32, micro-batch %d x seq %d%s\n", B, T,

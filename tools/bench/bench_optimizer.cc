@@ -150,43 +150,9 @@ void sweep(float* p, const float* g, float* m, float* v, std::int64_t n, int thr
   }
 }
 
-std::string run_capture(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return out;
-  char buffer[512];
-  while (std::fgets(buffer, sizeof buffer, pipe) != nullptr) out += buffer;
-  const int status = pclose(pipe);
-  return status == 0 ? out : std::string();
-}
-
-std::string find_python(const std::string& requested) {
-  std::vector<std::string> candidates;
-  if (!requested.empty()) candidates.push_back(requested);
-  if (const char* env = std::getenv("ZRT_PYTHON")) candidates.emplace_back(env);
-  // Debian's python3-torch installs for the system interpreter, which may not be first on PATH.
-  candidates.insert(candidates.end(), {"python3", "/usr/bin/python3"});
-  for (const auto& python : candidates) {
-    if (!run_capture("'" + python + "' -c 'import torch; print(1)' 2>/dev/null").empty()) {
-      return python;
-    }
-  }
-  return "";
-}
-
 std::string find_torch_script(const std::string& requested) {
-  if (!requested.empty()) return requested;
-  // Installed next to zrt-bench (tools/CMakeLists.txt copies it), else the source tree.
-  char exe[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (len > 0) {
-    exe[len] = '\0';
-    std::string dir(exe);
-    dir = dir.substr(0, dir.rfind('/'));
-    const std::string path = dir + "/torch_adamw_bench.py";
-    if (access(path.c_str(), R_OK) == 0) return path;
-  }
-  return ZRT_TORCH_BENCH_SCRIPT;
+  return requested.empty() ? find_script("torch_adamw_bench.py", ZRT_TORCH_BENCH_SCRIPT)
+                           : requested;
 }
 
 // torch.optim.AdamW params/s at this size and thread count, or 0 if unavailable.

@@ -86,7 +86,7 @@ class MpiScratch {
 };
 
 // What the engine's collectives (zero_engine.cc: reduce_unit, step) and zrt-train's control
-// group (one fp32 all-reduce per step) leave allocated on the CPU backend.
+// group (one fp32 all-reduce of 3 values per step) leave allocated on the CPU backend.
 I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
                       const CommOptions& comm, bool trainer) {
   const I64 wire = size_of(o.communication_dtype.value_or(o.compute_dtype));
@@ -97,7 +97,8 @@ I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
   }
   if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
   MpiScratch control(world, comm);
-  if (trainer) control.all_reduce_float(1, 4);  // the mean loss
+  // The mean loss and the step boundary's votes (stop, wall-clock save): tools/train/trainer.cc.
+  if (trainer) control.all_reduce_float(3, 4);
   return zero.bytes() + control.bytes();
 }
 

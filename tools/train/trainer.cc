@@ -96,14 +96,17 @@ class Control {
   Control(Device& device, ProcessGroup& group) : device_(device), group_(group) {
     scratch_ = device.allocate(64 * 8, MemCategory::kWorkspace, "control scratch");
   }
-  double mean(double value) {
-    float v = static_cast<float>(value);
-    device_.copy_to_device(scratch_.device<std::byte>(), &v, 4, group_.stream());
-    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1,
-                      DType::kFloat32, ReduceOp::kAvg);
-    device_.copy_to_host(&v, scratch_.device<std::byte>(), 4, group_.stream());
+  double mean(double value) { return mean(std::vector<float>{static_cast<float>(value)})[0]; }
+  // Element-wise float32 averages of `values` over the ranks, in one all-reduce.
+  std::vector<float> mean(std::vector<float> values) {
+    ZRT_CHECK(values.size() <= 64, "too many values");
+    const std::size_t bytes = values.size() * 4;
+    device_.copy_to_device(scratch_.device<std::byte>(), values.data(), bytes, group_.stream());
+    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(),
+                      static_cast<std::int64_t>(values.size()), DType::kFloat32, ReduceOp::kAvg);
+    device_.copy_to_host(values.data(), scratch_.device<std::byte>(), bytes, group_.stream());
     group_.stream().synchronize();
-    return v;
+    return values;
   }
   std::vector<std::int64_t> max(std::vector<std::int64_t> values) {
     ZRT_CHECK(values.size() <= 64, "too many values");
@@ -304,6 +307,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
                    index.step, index.world, index.stage);
     }
   }
+  auto last_save = Clock::now();  // checkpoint.save_interval_minutes counts from here
   auto save_checkpoint = [&](std::int64_t step) {
     checkpoint::SaveRequest request;
     request.tag = checkpoint::Checkpointer::tag_for_step(step);
@@ -323,6 +327,47 @@ RunSummary train(const Config& config, const RankInfo& mpi,
           return checkpoint::snapshot_engine_async(engine, arrays,
                                                    checkpointer.hooks().copy_delay_ms);
         });
+  };
+  // checkpoint.on_save_error: a failed save (the same error on every rank: the checkpointer's
+  // agreements fail together) ends the run ("stop"), or is logged and training goes on
+  // ("continue"); either way `latest` still names the previous checkpoint.
+  auto tolerate_save_error = [&](const Error& e) {
+    // A rank lost or hung (Timeout) is not a storage fault: the run cannot go on.
+    if (config.checkpoint.stop_on_save_error || dynamic_cast<const Timeout*>(&e) != nullptr) {
+      return false;
+    }
+    ++summary.saves_failed;
+    if (rank == 0) {
+      const auto latest = checkpoint::read_latest(config.checkpoint.save_dir);
+      spdlog::error("{}; training goes on (checkpoint.on_save_error \"continue\"), latest is {}",
+                    e.what(), latest ? *latest : std::string("(none)"));
+    }
+    return true;
+  };
+  auto guarded_wait = [&]() {
+    try {
+      checkpointer.wait();
+      return true;
+    } catch (const Error& e) {
+      if (!tolerate_save_error(e)) throw;
+      return false;
+    }
+  };
+  // Saves step `step` (and with `wait`, waits for it); false if a save failed and was tolerated.
+  // The wall-clock interval counts from here.
+  auto guarded_save = [&](std::int64_t step, bool wait) {
+    guarded_wait();  // an earlier async save's error is reported (or thrown) on its own
+    bool ok = true;
+    try {
+      save_checkpoint(step);
+    } catch (const Error& e) {
+      // save() first waits for the previous async save: its error may be the one caught here.
+      if (!tolerate_save_error(e)) throw;
+      ok = false;
+    }
+    last_save = Clock::now();
+    if (wait) ok = guarded_wait() && ok;
+    return ok;
   };
   Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
   // ---- timeline trace (trace.path, trace.steps) -----------------------------------------------
@@ -455,7 +500,29 @@ RunSummary train(const Config& config, const RankInfo& mpi,
                          (step % config.train.log_interval == 0 || step == config.train.steps ||
                           step == 1 || result.skipped);
     // The loss is read every step for the summary (one 4-byte copy; the step already synced).
-    const double loss = control.mean(read_float(*device, *compute, loss_sum.device<float>()) / G);
+    // Its all-reduce also carries the step boundary's decisions (an average of 0/1 votes is
+    // non-zero when any rank voted): stop (a preemption signal reached some rank since the
+    // last boundary) and a wall-clock save (rank 0's clock alone votes, so every rank agrees
+    // however their clocks drift).
+    const bool stop_vote = hooks.stop_requested && hooks.stop_requested();
+    const bool time_vote = rank == 0 && config.checkpoint.save_interval_minutes > 0.0 &&
+                           std::chrono::duration<double>(Clock::now() - last_save).count() >=
+                               60.0 * config.checkpoint.save_interval_minutes;
+    const std::vector<float> agreed = control.mean(
+        {static_cast<float>(read_float(*device, *compute, loss_sum.device<float>()) / G),
+         stop_vote ? 1.f : 0.f, time_vote ? 1.f : 0.f});
+    const double loss = agreed[0];
+    const bool stop = agreed[1] > 0.f;
+    const bool timed_save = agreed[2] > 0.f;
+    if (stop) {
+      if (hooks.on_stop) hooks.on_stop(step);
+      if (rank == 0) {
+        spdlog::warn(
+            "step {}: stop requested (a preemption signal reached {} rank(s)); saving a "
+            "checkpoint of step {} and stopping",
+            step, static_cast<int>(std::lround(agreed[1] * world)), step);
+      }
+    }
     summary.losses.push_back(loss);
     const double wall_time = unix_seconds();
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -523,7 +590,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
           format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step))
               .c_str());
     }
-    if (val_data && config.train.eval_interval > 0 &&
+    if (val_data && config.train.eval_interval > 0 && !stop &&
         (step % config.train.eval_interval == 0 || step == config.train.steps)) {
       const double val = evaluate();
       summary.eval_losses.push_back(val);
@@ -562,15 +629,36 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         }
       }
     }
-    if (config.checkpoint.saves() &&
-        (step % config.checkpoint.save_interval == 0 || step == config.train.steps)) {
-      save_checkpoint(step);
+    const bool interval_save =
+        config.checkpoint.save_interval > 0 &&
+        (step % config.checkpoint.save_interval == 0 || step == config.train.steps);
+    const bool last_save_due = config.checkpoint.saves() && step == config.train.steps;
+    if (stop) {
+      // Synchronous: the previous save (an async one still writing) finishes first, then this
+      // step's checkpoint is committed before the run returns.
+      const auto t = Clock::now();
+      const bool saved = guarded_save(step, /*wait=*/true);
+      // A stop at the last step is a finished run (nothing to requeue).
+      summary.status = !saved                       ? RunStatus::kPreemptedUnsaved
+                       : step == config.train.steps ? RunStatus::kCompleted
+                                                    : RunStatus::kPreempted;
+      if (rank == 0 && saved) {
+        spdlog::warn(
+            "preempted at step {}: checkpoint {} saved in {:.2f} s; resume with "
+            "checkpoint.load \"auto\"",
+            step, checkpoint::Checkpointer::tag_for_step(step),
+            std::chrono::duration<double>(Clock::now() - t).count());
+      }
+      break;
     }
+    if (interval_save || last_save_due || timed_save) guarded_save(step, /*wait=*/false);
   }
-  checkpointer.wait();  // an async save finishes (or reports its error) before the run ends
+  // An async save finishes (or reports its error) before the run ends.
+  guarded_wait();
 
   // ---- a short byte-level sample -------------------------------------------------------------
-  if (config.train.sample_tokens > 0 && model_source.vocab_size == 256) {
+  if (config.train.sample_tokens > 0 && model_source.vocab_size == 256 &&
+      summary.status == RunStatus::kCompleted) {
     // Every rank runs the same forwards (stage 3 gathers are collective) with the same seed.
     std::string text = "And God said";
     std::mt19937_64 rng(config.seed);

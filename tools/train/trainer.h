@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "config/config.h"
 #include "models/model_registry.h"
 #include "runtime/comm/mpi_runtime.h"
-#include "config/config.h"
 #include "runtime/model_interface.h"
 
 namespace zrt {
@@ -25,14 +25,27 @@ struct StepResult;
 
 namespace zrt::train {
 
+// How a run ended (rank-identical).
+enum class RunStatus {
+  kCompleted,  // train.steps reached (or nothing left to train)
+  // Stopped early because TrainHooks::stop_requested said so on some rank (a preemption
+  // signal): a checkpoint of the step reached was saved and committed.
+  kPreempted,
+  // Stopped early on request, but the checkpoint of the step reached could not be saved
+  // (checkpoint.on_save_error "continue"): `latest` names an earlier checkpoint, if any.
+  kPreemptedUnsaved,
+};
+
 // What a run produced (rank-identical values), for tests and the caller.
 struct RunSummary {
+  RunStatus status = RunStatus::kCompleted;
   std::vector<double> losses;       // mean training loss of every step
   std::vector<double> eval_losses;  // every evaluation
   std::int64_t steps = 0;
   std::int64_t resumed_from = 0;  // the checkpoint's step (0: a fresh start)
   std::int64_t skipped = 0;
-  std::string sample;  // the generated text (empty if sample_tokens is 0)
+  std::int64_t saves_failed = 0;  // saves that failed under checkpoint.on_save_error "continue"
+  std::string sample;             // the generated text (empty if sample_tokens is 0)
 };
 
 // Where this process sits among the ranks of MPI_COMM_WORLD.
@@ -51,6 +64,14 @@ struct TrainHooks {
   std::function<void(const std::string& message)> on_hang;
   // After each step's update, on every rank (collective calls on the engine are allowed).
   std::function<void(std::int64_t step, ZeroEngine& engine, const StepResult& result)> after_step;
+  // Polled once per step on every rank, just before the step's loss all-reduce: true on any
+  // rank stops the run on every rank at that step boundary (the answer rides on the all-reduce,
+  // no extra collective), after a synchronous checkpoint of the step reached. zrt-train answers
+  // from its signal handlers' flag (SIGTERM, SIGINT, SIGUSR1). Must be cheap and thread-safe.
+  std::function<bool()> stop_requested;
+  // Called on every rank when the run has agreed to stop (before the save), for the caller to
+  // start its own clock (zrt-train: checkpoint.preempt_grace_s).
+  std::function<void(std::int64_t step)> on_stop;
 };
 
 // A model the caller brings, for a run that does not go through the model registry: how to
