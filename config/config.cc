@@ -700,6 +700,16 @@ class Parser {
         get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
     e.overlap_comm = get_bool(z + "overlap_comm", true);
     const bool stage_known = !is_rejected(z + "stage");
+    e.quantized_weights = get_bool(z + "zero_quantized_weights", false);
+    e.quantized_gradients = get_bool(z + "zero_quantized_gradients", false);
+    if (e.quantized_weights && stage_known && e.stage != 3) {
+      fail(z + "zero_quantized_weights",
+           fmt::format("qwZ quantizes stage 3's parameter gathers (stage is {})", e.stage));
+    }
+    if (e.quantized_gradients && stage_known && e.stage < 2) {
+      fail(z + "zero_quantized_gradients",
+           fmt::format("qgZ quantizes the reduce-scatters of stages 2-3 (stage is {})", e.stage));
+    }
     if (has(z + "mics_shard_size") && !is_rejected(z + "mics_shard_size")) {
       const std::int64_t shards = get_int(z + "mics_shard_size", -1);
       const std::int64_t world = config_.batch.world_size;
@@ -728,6 +738,11 @@ class Parser {
     }
     config_.offload_optimizer = read_offload(z + "offload_optimizer", 4);
     config_.offload_param = read_offload(z + "offload_param", 5);
+    if (config_.offload_param.enabled() && (e.quantized_weights || e.quantized_gradients)) {
+      fail(z + "offload_param",
+           "zero_quantized_weights / zero_quantized_gradients with parameter offload are not "
+           "supported; turn one off");
+    }
     if (config_.offload_param.enabled() && e.stage < 3 && stage_known) {
       fail(z + "offload_param",
            fmt::format("parameter offload needs stage 3 (stage is {})", e.stage));
@@ -1043,6 +1058,8 @@ json resolved_document(const Config& c) {
   zero["reduce_bucket_size"] = e.reduce_bucket_size;
   zero["overlap_comm"] = e.overlap_comm;
   if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
+  if (e.quantized_weights) zero["zero_quantized_weights"] = true;
+  if (e.quantized_gradients) zero["zero_quantized_gradients"] = true;
   if (e.stage == 3) {  // below stage 3 these keys draw a warning
     zero["stage3_prefetch_bucket_size"] = e.stage3_prefetch_bucket_size;
     zero["stage3_param_persistence_threshold"] = e.stage3_param_persistence_threshold;

@@ -331,15 +331,15 @@ std::vector<KeyInfo> build_table() {
       K("zero_optimization.zero_hpz_partition_size", E, kInt, "1",
         "ZeRO++ hierarchical partitioning")
           .off("1"),
-      K("zero_optimization.zero_quantized_weights", E, kBool, "false",
-        "ZeRO++ quantized weight all-gather")
-          .off("false"),
+      K("zero_optimization.zero_quantized_weights", I, kBool, "false",
+        "ZeRO++ qwZ (stage 3): parameter gathers carry int8 codes with a scale per block of "
+        "2048; master weights stay fp32"),
       K("zero_optimization.zero_quantized_nontrainable_weights", E, kBool, "false",
         "ZeRO++ quantized frozen weights")
           .off("false"),
-      K("zero_optimization.zero_quantized_gradients", E, kBool, "false",
-        "ZeRO++ quantized gradient reduction")
-          .off("false"),
+      K("zero_optimization.zero_quantized_gradients", I, kBool, "false",
+        "ZeRO++ qgZ (stages 2-3): gradient reduce-scatters quantized to int8 blocks, summed in "
+        "fp32 within the node, then across nodes"),
       K("zero_optimization.zeropp_loco_param", E, kOpaque, "none", "LoCo-ZeRO++ error feedback")
           .off("{}"),
       K("zero_optimization.mics_shard_size", I, kInt, "-1",

@@ -72,7 +72,14 @@ void ZeroEngine::issue_reduce(int u, bool final) {
       source = comm_scratch_.device<std::byte>();
     }
     DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
-    group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    if (options_.quantized_gradients) {
+      // qgZ: quantized, summed in fp32 inside the node, then between nodes; into a slice of
+      // its own (its input is the whole bucket).
+      mine = quantized_out_.device<std::byte>();
+      quantized_->reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    } else {
+      group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    }
     average_over_replicas(mine, unit.shard, wire);
     if (offload_param()) {
       // The reduced slice accumulates in host memory. Copy it out of the bucket (not the shared

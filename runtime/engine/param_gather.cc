@@ -33,6 +33,12 @@ void ZeroEngine::issue_gather(int u) {
     }
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
     group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
+  } else if (options_.quantized_weights) {
+    // qwZ: int8 codes and block scales on the wire; every rank (this one too) computes with
+    // the same dequantized values.
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (int8)", "unit", u);
+    quantized_->all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(),
+                           unit.shard, cdt);
   } else {
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
     group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,

@@ -62,6 +62,12 @@ void ZeroEngine::allocate_state() {
     comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
                                      "gradient conversion for communication_data_type");
   }
+  if (options_.quantized_gradients) {
+    std::int64_t max_shard = 0;
+    for (const Unit& unit : plan_.units()) max_shard = std::max(max_shard, unit.shard);
+    quantized_out_ = device_.allocate(bytes_of(max_shard, comm_dtype()), MemCategory::kComm,
+                                      "quantized reduce-scatter output");
+  }
   norm_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm");
 }
 

@@ -43,11 +43,12 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
                        DeviceOptimizer& optimizer, const OffloadFactory& offload,
-                       ProcessGroup* replicas)
+                       ProcessGroup* replicas, QuantizedCollectives* quantized)
     : device_(device),
       compute_(compute),
       group_(group),
       replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
+      quantized_(quantized),
       comm_(group.stream()),
       params_(std::move(params)),
       num_modules_(num_modules),
@@ -92,6 +93,20 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(replicas_ == nullptr || options.stage >= 1,
             "hierarchical sharding (a replica group) needs ZeRO stage 1, 2 or 3; stage 0 keeps "
             "no shards");
+  const bool quantizes = options.quantized_weights || options.quantized_gradients;
+  ZRT_CHECK(!quantizes || quantized != nullptr,
+            "zero_quantized_weights / zero_quantized_gradients need the engine's "
+            "QuantizedCollectives (runtime/comm/quantized_collectives.h)");
+  ZRT_CHECK(!options.quantized_weights || options.stage == 3,
+            "zero_quantized_weights quantizes stage 3's parameter gathers (stage is {})",
+            options.stage);
+  ZRT_CHECK(!options.quantized_gradients || options.stage >= 2,
+            "zero_quantized_gradients quantizes the per-micro-batch reduce-scatter of stages 2-3 "
+            "(stage is {})",
+            options.stage);
+  ZRT_CHECK(!quantizes || !offload_param(),
+            "zero_quantized_weights / zero_quantized_gradients with offload_param are not "
+            "supported");
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   if (offload_optimizer()) {

@@ -30,6 +30,7 @@
 #include <future>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/quantized_collectives.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/optimizer_offload.h"
@@ -70,6 +71,13 @@ struct EngineOptions {
   // this many ranks and replicated across them (the engine's group is then the shard group and
   // it is given the replica group); 0: sliced over every rank.
   int mics_shard_size = 0;
+  // ZeRO++ (stage 3 / stages 2-3, without parameter offload): the parameter gathers carry int8
+  // codes with a scale per block (qwZ, zero_quantized_weights) and the gradient
+  // reduce-scatters are quantized and summed in fp32, within the node first (qgZ,
+  // zero_quantized_gradients), through the QuantizedCollectives the engine is given. The
+  // master weights and the optimizer never see quantized values.
+  bool quantized_weights = false;
+  bool quantized_gradients = false;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).
@@ -101,10 +109,12 @@ class ZeroEngine final : public ParamAccess {
   // the other shard groups (N / S of them, one per group). Every reduced gradient slice is
   // averaged over `replicas` after its reduce-scatter, so only 1/S of the gradient crosses
   // between shard groups, and the gathers stay inside the shard group. `replicas` must issue on
-  // `group`'s stream (one communication stream keeps their order).
+  // `group`'s stream (one communication stream keeps their order). `quantized` carries the
+  // quantized gathers / reductions when options ask for them; it works over `group`.
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
              int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer,
-             const OffloadFactory& offload = {}, ProcessGroup* replicas = nullptr);
+             const OffloadFactory& offload = {}, ProcessGroup* replicas = nullptr,
+             QuantizedCollectives* quantized = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -254,7 +264,8 @@ class ZeroEngine final : public ParamAccess {
   Device& device_;
   Stream& compute_;
   ProcessGroup& group_;
-  ProcessGroup* replicas_;  // hierarchical sharding: the replica group, else null
+  ProcessGroup* replicas_;           // hierarchical sharding: the replica group, else null
+  QuantizedCollectives* quantized_;  // ZeRO++ quantized gathers / reductions, else null
   Stream& comm_;
   std::vector<ParamSpec> params_;
   int num_modules_;
@@ -268,10 +279,11 @@ class ZeroEngine final : public ParamAccess {
   std::int64_t skipped_steps_ = 0;
 
   std::vector<std::unique_ptr<UnitState>> units_;
-  Buffer full_params_;   // stages 0-2: every unit's full compute-dtype parameters
-  Buffer full_grads_;    // stages 0-1: every unit's full gradients (accum dtype)
-  Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)
-  Buffer norm_;          // one float: the squared gradient norm
+  Buffer full_params_;    // stages 0-2: every unit's full compute-dtype parameters
+  Buffer full_grads_;     // stages 0-1: every unit's full gradients (accum dtype)
+  Buffer comm_scratch_;   // conversions to/from the communication dtype (comm stream)
+  Buffer quantized_out_;  // qgZ: one reduced slice (communication dtype)
+  Buffer norm_;           // one float: the squared gradient norm
   std::unique_ptr<Event> comm_done_;
   std::unique_ptr<Event> compute_done_;
   TraceRecorder* trace_ = nullptr;  // timeline trace; null: off

@@ -549,10 +549,12 @@ const BadConfig kBadConfigs[] = {
     {"amsgrad", true, R"({"optimizer": {"params": {"amsgrad": true}}})",
      "bad.json: optimizer.params.amsgrad: not implemented by zrt (The AMSGrad variant of Adam); "
      "remove the key or set it to false"},
-    {"ZeRO++ quantized gradients", true,
-     R"({"zero_optimization": {"zero_quantized_gradients": true}})",
-     "bad.json: zero_optimization.zero_quantized_gradients: not implemented by zrt (ZeRO++ "
-     "quantized gradient reduction); remove the key or set it to false"},
+    {"ZeRO++ hpZ", true, R"({"zero_optimization": {"zero_hpz_partition_size": 2}})",
+     "bad.json: zero_optimization.zero_hpz_partition_size: not implemented by zrt (ZeRO++ "
+     "hierarchical partitioning); remove the key or set it to 1"},
+    {"ZeRO++ qwZ below stage 3", true, R"({"zero_optimization": {"zero_quantized_weights": true}})",
+     "bad.json: zero_optimization.zero_quantized_weights: qwZ quantizes stage 3's parameter "
+     "gathers (stage is 2)"},
     {"fp16 auto_cast", true, R"({"fp16": {"auto_cast": true}})",
      "bad.json: fp16.auto_cast: not implemented by zrt (Cast module inputs to fp16 "
      "automatically); remove the key or set it to false"},

@@ -49,15 +49,21 @@ struct TrainSpec {
   // Hierarchical sharding (MiCS / HSDP): state sliced over shard groups of this many
   // consecutive ranks and replicated across them; 0: over every rank.
   int shard_size = 0;
+  // ZeRO++ (options.quantized_weights / quantized_gradients): nodes of this many ranks for the
+  // quantized collectives' hierarchy (0: one node), and their block size.
+  int ranks_per_node = 0;
+  std::int64_t quantization_block = 64;
 };
 
 struct EngineRun {
   std::unique_ptr<Device> device;
   std::unique_ptr<Stream> compute;
   std::unique_ptr<Stream> comm;
-  std::unique_ptr<ProcessGroup> group;     // every rank: the data-parallel world
-  std::unique_ptr<ProcessGroup> shards;    // shard_size > 0: this rank's shard group
-  std::unique_ptr<ProcessGroup> replicas;  // shard_size > 0: the same slice's other holders
+  std::unique_ptr<ProcessGroup> group;         // every rank: the data-parallel world
+  std::unique_ptr<ProcessGroup> shards;        // shard_size > 0: this rank's shard group
+  std::unique_ptr<ProcessGroup> replicas;      // shard_size > 0: the same slice's other holders
+  std::unique_ptr<ProcessGroup> intra, inter;  // ZeRO++ with ranks_per_node > 0
+  std::unique_ptr<QuantizedCollectives> quantized;  // ZeRO++
   std::unique_ptr<DeviceOptimizer> optimizer;
   std::unique_ptr<ZeroEngine> engine;
   TiedMlp model{kD, kH};
@@ -97,9 +103,22 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
     adam.weight_decay = spec.weight_decay;
     run->optimizer = make_device_adam(*run->device, adam);
   }
-  run->engine = std::make_unique<ZeroEngine>(
-      *run->device, *run->compute, *sharding, run->model.parameters(), run->model.modules(),
-      options, *run->optimizer, make_cpu_optimizer_offload, run->replicas.get());
+  if (options.quantized_weights || options.quantized_gradients) {
+    if (spec.ranks_per_node > 0) {
+      const int n = sharding->size(), r = sharding->rank();
+      sharding->set_node_map(NodeTopology(n, spec.ranks_per_node).node_map());
+      run->intra = make_subgroup(*sharding, intra_node_plan(sharding->node_map(), r), *run->comm,
+                                 "engine-intra");
+      run->inter = make_subgroup(*sharding, inter_node_plan(sharding->node_map(), r), *run->comm,
+                                 "engine-inter");
+    }
+    run->quantized = std::make_unique<QuantizedCollectives>(
+        *run->device, *sharding, run->intra.get(), run->inter.get(), spec.quantization_block);
+  }
+  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *sharding,
+                                             run->model.parameters(), run->model.modules(), options,
+                                             *run->optimizer, make_cpu_optimizer_offload,
+                                             run->replicas.get(), run->quantized.get());
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });

@@ -241,13 +241,32 @@ RunSummary train(const Config& config, const RankInfo& mpi,
           world / options.mics_shard_size, options.mics_shard_size);
     }
   }
-  ZeroEngine engine(*device, *compute, shard_group ? *shard_group : *group, params,
-                    model.num_modules(), options, *optimizer, make_cpu_optimizer_offload,
-                    replica_group.get());
+  ProcessGroup& sharding = shard_group ? *shard_group : *group;
+  // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
+  // the sharding group, hierarchical where it spans several nodes.
+  std::unique_ptr<ProcessGroup> intra_group, inter_group;
+  std::unique_ptr<QuantizedCollectives> quantized;
+  if (options.quantized_weights || options.quantized_gradients) {
+    const std::vector<int>& nodes = sharding.node_map();
+    const bool several_nodes =
+        !nodes.empty() &&
+        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
+    if (several_nodes) {
+      intra_group = make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), *comm,
+                                  "zero-intra-node");
+      inter_group = make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), *comm,
+                                  "zero-inter-node");
+    }
+    quantized = std::make_unique<QuantizedCollectives>(*device, sharding, intra_group.get(),
+                                                       inter_group.get());
+  }
+  ZeroEngine engine(*device, *compute, sharding, params, model.num_modules(), options, *optimizer,
+                    make_cpu_optimizer_offload, replica_group.get(), quantized.get());
   // The engine's traffic, over every group it uses.
   const auto engine_comm = [&] {
     CommCounts c = group->stats().snapshot();
-    for (const ProcessGroup* g : {shard_group.get(), replica_group.get()}) {
+    for (const ProcessGroup* g :
+         {shard_group.get(), replica_group.get(), intra_group.get(), inter_group.get()}) {
       if (g != nullptr) c += g->stats().snapshot();
     }
     return c;
