@@ -39,6 +39,20 @@ inline std::vector<float> batch(int step, std::int64_t first, int rows, int whic
   return out;
 }
 
+// The engine settings the engine tests share: clipping active (the test gradients' norm is
+// larger than 0.05), several buckets, the biases resident at stage 3, prefetch of a unit or two.
+inline EngineOptions test_engine_options(int stage, int accumulation) {
+  EngineOptions o;
+  o.stage = stage;
+  o.gradient_accumulation_steps = accumulation;
+  o.gradient_clipping = 0.05;
+  o.reduce_bucket_size = 600;
+  o.stage3_param_persistence_threshold = 30;
+  o.stage3_prefetch_bucket_size = 700;
+  o.stage3_max_live_parameters = 2000;
+  return o;
+}
+
 struct TrainSpec {
   int steps = 10;
   int accumulation = 1;

@@ -19,14 +19,7 @@ using namespace zrt::test;
 namespace {
 
 EngineOptions engine_options(int stage, int accumulation, bool offload) {
-  EngineOptions o;
-  o.stage = stage;
-  o.gradient_accumulation_steps = accumulation;
-  o.gradient_clipping = 0.05;
-  o.reduce_bucket_size = 600;
-  o.stage3_param_persistence_threshold = 30;
-  o.stage3_prefetch_bucket_size = 700;
-  o.stage3_max_live_parameters = 2000;
+  EngineOptions o = test_engine_options(stage, accumulation);
   o.offload_optimizer.enabled = offload;
   return o;
 }

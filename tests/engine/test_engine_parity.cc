@@ -14,15 +14,7 @@ using namespace zrt::test;
 
 namespace {
 EngineOptions engine_options(int stage, int accumulation) {
-  EngineOptions o;
-  o.stage = stage;
-  o.gradient_accumulation_steps = accumulation;
-  o.gradient_clipping = 0.05;  // the test gradients' norm is larger: clipping is active
-  o.reduce_bucket_size = 600;  // several buckets
-  o.stage3_param_persistence_threshold = 30;  // biases stay resident at stage 3
-  o.stage3_prefetch_bucket_size = 700;
-  o.stage3_max_live_parameters = 2000;
-  return o;
+  return test_engine_options(stage, accumulation);
 }
 }  // namespace
 

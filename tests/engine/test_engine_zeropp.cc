@@ -21,13 +21,8 @@ using namespace zrt::test;
 namespace {
 
 EngineOptions zeropp_options(bool weights, bool gradients) {
-  EngineOptions o;
-  o.stage = 3;
-  o.gradient_accumulation_steps = 2;
-  o.reduce_bucket_size = 600;
-  o.stage3_param_persistence_threshold = 30;
-  o.stage3_prefetch_bucket_size = 700;
-  o.stage3_max_live_parameters = 2000;
+  EngineOptions o = test_engine_options(3, 2);
+  o.gradient_clipping = 0.0;
   o.quantized_weights = weights;
   o.quantized_gradients = gradients;
   return o;
