@@ -54,6 +54,29 @@ struct LlamaConfig {
 
   // The sequence length the model trains at (zrt's, not config.json's); <= max_position_embeddings.
   int seq_len = 0;
+
+  // The presets (shapes from the models' config.json; weights come from the user's directory):
+  // llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
+  // smollm2-135m, and llama-tiny (2 layers, 64 wide, GQA 4/2, 256 byte-level tokens, seq 256:
+  // for tests). A preset's seq_len is min(max_position_embeddings, 8192). Throws
+  // InvalidArgument naming the presets for anything else.
+  static LlamaConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+  // "llama-3.2-1b", "llama-tiny:seq_len=128,num_hidden_layers=4", or all dimensions as
+  // key=value (config.json's names; rope_scaling's as rope_scaling.factor=8 etc.,
+  // rope_scaling.rope_type=llama3). `architecture` is model.type ("llama", "qwen2",
+  // "mistral"); a preset of another architecture is an error. Validated.
+  static LlamaConfig parse(const std::string& architecture, const std::string& spec);
+
+  // Throws InvalidArgument naming the key unless: every dimension is positive,
+  // num_key_value_heads divides num_attention_heads, head_dim is even (<= 512), seq_len <=
+  // max_position_embeddings, rms_norm_eps > 0, the rotary settings are valid, qwen2 has
+  // attention_bias, and no sliding_window is shorter than seq_len (zrt attends causally over
+  // the whole sequence; a shorter window would silently train another model).
+  void validate() const;
+  std::int64_t num_parameters() const;
+  // "llama-3.2-1b (llama L16 C2048 I8192 H32/8x64 V128256 T8192, 1235.8M params)"
+  std::string describe() const;
 };
 
 }  // namespace zrt::llama
