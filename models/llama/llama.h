@@ -57,6 +57,9 @@ class Llama final : public Model {
 
   // Copies loss() to the host, waiting for the stream (tests and tools).
   float read_loss();
+  // The residual stream (B,T,hidden_size) of the last pass after block i-1 (i = 0: the token
+  // embeddings), in the compute dtype: transformers' per-layer hidden states (tests).
+  DevicePtr<const std::byte> residual(int i) const { return acts_.residual.at(i); }
 
   // The parameter table of `config` (transformers' names and order), without building a model.
   static std::vector<ParamSpec> parameter_table(const LlamaConfig& config);
