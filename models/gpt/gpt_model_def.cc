@@ -159,6 +159,7 @@ ModelEntry registry_entry() {
   ModelEntry entry;
   entry.type = "gpt2";
   entry.summary = "GPT-2 (presets gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)";
+  entry.presets = GptConfig::preset_names();
   entry.resolve = [](const ModelConfig& config) { return parse_gpt_spec(config.spec()); };
   entry.parse_spec = parse_gpt_spec;
   entry.export_safetensors = export_gpt2;
