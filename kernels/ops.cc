@@ -28,9 +28,14 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/gqa_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #endif
 
 namespace zrt::kernels {

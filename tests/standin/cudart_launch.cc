@@ -54,6 +54,7 @@ void ensure_twins() {
   register_adam_twins();
   register_lion_twins();
   register_gpt_twins();
+  register_llama_twins();
 }
 
 struct CallConfig {

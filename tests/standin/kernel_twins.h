@@ -87,5 +87,6 @@ void register_comm_twins();
 void register_adam_twins();
 void register_lion_twins();
 void register_gpt_twins();
+void register_llama_twins();
 
 }  // namespace zrt::standin
