@@ -4,8 +4,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/causal_softmax.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/vec_math.h"
 #include "runtime/common/error.h"
 
 namespace zrt::kernels::cpu {
@@ -24,39 +24,6 @@ void check_heads(int NH, int NKV, int hs) {
             "gqa attention: NH={} must be a positive multiple of NKV={} (hs={})", NH, NKV, hs);
 }
 
-// Softmax of the causal row prefix [0, t], zeros after it.
-template <typename A>
-void causal_softmax_row(A* row, int t, int T) {
-  if constexpr (std::is_same_v<A, float>) {
-    const float mx = span_max(row, t + 1);
-    span_exp_scale(row, t + 1, mx, 1.0f);
-    span_scale(row, t + 1, 1.0f / span_sum(row, t + 1));
-  } else {
-    A mx = row[0];
-    for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
-    A sum = 0;
-    for (int u = 0; u <= t; ++u) {
-      row[u] = std::exp(row[u] - mx);
-      sum += row[u];
-    }
-    const A inv = A(1) / sum;
-    for (int u = 0; u <= t; ++u) row[u] *= inv;
-  }
-  for (int u = t + 1; u < T; ++u) row[u] = A(0);
-}
-
-// drow[u] = arow[u] * (drow[u] - sum(arow*drow)) on [0, t], zeros after it.
-template <typename A>
-void causal_softmax_grad_row(A* drow, const A* arow, int t, int T) {
-  if constexpr (std::is_same_v<A, float>) {
-    span_softmax_grad(drow, arow, t + 1, span_dot(arow, drow, t + 1));
-  } else {
-    A dot = 0;
-    for (int u = 0; u <= t; ++u) dot += arow[u] * drow[u];
-    for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
-  }
-  for (int u = t + 1; u < T; ++u) drow[u] = A(0);
-}
 }  // namespace
 
 template <typename S>
