@@ -2,7 +2,8 @@
 // (RMSNorm, nn.Linear with bias, RoPE with llama3 scaling, SwiGLU, grouped-query attention) on a
 // CUDA KernelContext against the same op on a CPU one (its CPU twin), on the same inputs, in fp32
 // (per-tensor relative error <= 1e-5) and with bf16 storage (<= 1e-2); then the whole tiny
-// Llama on the GPU against transformers' golden values. Skipped (exit 77) without a GPU; under
+// Llama and Qwen2 on the GPU (with and without checkpointing) against transformers' golden
+// loss and gradients (tests/golden/llama_golden.json). Skipped (exit 77) without a GPU; under
 // the CUDA stand-ins (ctest -L standin) the CUDA host paths run on the CPU.
 #include <catch2/catch.hpp>
 
@@ -16,8 +17,11 @@
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "kernels/rope_table.h"
+#include "models/flat_param_access.h"
+#include "models/llama/llama.h"
 #include "runtime/device/device.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/models/llama_golden.h"
 #include "tests/support/gpu_test_support.h"
 
 namespace zrt::kernels {
@@ -202,6 +206,46 @@ TEST_CASE("grouped-query attention: CUDA twin matches the CPU twin", "[cuda][lla
     return std::map<std::string, std::size_t>{
         {"out", nq}, {"att", natt}, {"dq", nq}, {"dk", nk}, {"dv", nk}};
   });
+}
+
+TEST_CASE("tiny Llama and Qwen2 on the GPU match transformers (fp32)", "[cuda][llama]") {
+  for (const auto& g : test::llama_golden()["cases"]) {
+    const llama::LlamaConfig config = test::case_config(g);
+    for (bool checkpointing : {false, true}) {
+      Backend gpu(DeviceType::kCuda);
+      llama::Llama model(config, *gpu.ctx, llama::LlamaOptions{checkpointing});
+      FlatParamAccess access(*gpu.device, *gpu.stream, model.parameters(), model.num_modules(),
+                             DType::kFloat32, DType::kFloat32);
+      const auto& params = model.parameters();
+      for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+        access.set_param(i, test::golden_weights(params[i].name, i, params[i].numel(), g["seed"]));
+      }
+      const auto tok = g["tokens"].get<std::vector<std::int32_t>>();
+      const auto tgt = g["targets"].get<std::vector<std::int32_t>>();
+      Buffer tok_buf = gpu.device->allocate(static_cast<std::int64_t>(tok.size() * 4),
+                                            MemCategory::kOther, "tokens");
+      Buffer tgt_buf = gpu.device->allocate(static_cast<std::int64_t>(tgt.size() * 4),
+                                            MemCategory::kOther, "targets");
+      gpu.device->copy_to_device(tok_buf.device<std::byte>(), tok.data(), tok.size() * 4,
+                                 *gpu.stream);
+      gpu.device->copy_to_device(tgt_buf.device<std::byte>(), tgt.data(), tgt.size() * 4,
+                                 *gpu.stream);
+      const TokenBatch batch{tok_buf.device<const std::int32_t>(),
+                             tgt_buf.device<const std::int32_t>(), g["B"], g["T"]};
+      model.forward_backward(access, batch, 1.0f);
+      const double loss = model.read_loss();
+      const double want = g["loss"];
+      INFO(g["label"].get<std::string>() << " checkpointing " << checkpointing);
+      CHECK(std::abs(loss - want) / want <= 1e-5);
+      for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+        const double err =
+            test::rel_error(access.read_grad(i), test::golden_tensor(g["grads"][params[i].name]));
+        INFO(params[i].name << ": relative error " << err);
+        CHECK(err <= 1e-5);
+      }
+      gpu.stream->synchronize();
+    }
+  }
 }
 
 }  // namespace

@@ -47,7 +47,7 @@ void register_storage() {
         k.writes(out, rows * C * ss, "out");
         k.reads(tokens, rows * 4, "tokens");
         k.reads(wte, C * ss, "wte");
-        k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");
+        if (wpe != nullptr) k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");  // null: Llama
         const std::string name = k.name();
         k.run([=] {
           const I64 V = elements_left(wte, sizeof(S), name) / C;
