@@ -27,6 +27,8 @@
 namespace zrt::kernels {
 namespace {
 
+using test::decode;
+using test::encode;
 using test::normal_values;
 using Vec = std::vector<double>;
 
@@ -34,36 +36,6 @@ constexpr std::uint64_t kSeed = 4242;
 // Several thread blocks, row chunks (64 rows) and GEMM tiles per dimension; GQA group 3.
 constexpr int kB = 2, kT = 80, kC = 96, kNH = 6, kNKV = 2, kHS = 16, kI = 160;
 constexpr int kN = kB * kT;
-
-std::vector<std::byte> encode(const Vec& v, DType dt) {
-  std::vector<std::byte> out(v.size() * dtype_size(dt));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const float f = static_cast<float>(v[i]);
-    if (dt == DType::kFloat32) {
-      std::memcpy(&out[i * 4], &f, 4);
-    } else {
-      const bf16 h = to_bf16(f);
-      std::memcpy(&out[i * 2], &h, 2);
-    }
-  }
-  return out;
-}
-
-Vec decode(const std::vector<std::byte>& bytes, DType dt) {
-  Vec v(bytes.size() / dtype_size(dt));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kFloat32) {
-      float f;
-      std::memcpy(&f, &bytes[i * 4], 4);
-      v[i] = f;
-    } else {
-      bf16 h;
-      std::memcpy(&h, &bytes[i * 2], 2);
-      v[i] = to_float(h);
-    }
-  }
-  return v;
-}
 
 // One backend: device, stream, kernel context and named buffers (storage `dt`, or fp32).
 struct Backend {
