@@ -9,7 +9,7 @@
 
 # Every zrt library, the training loop (tools/train) included.
 add_library(zrt INTERFACE)
-target_link_libraries(zrt INTERFACE zrt_runtime zrt_data zrt_optimizers zrt_engine zrt_config
+target_link_libraries(zrt INTERFACE zrt_runtime zrt_data zrt_optimizers zrt_engine zrt_offload zrt_config
                       zrt_checkpoint zrt_kernels zrt_models zrt_train)
 add_library(zrt::zrt ALIAS zrt)
 
@@ -25,7 +25,7 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 set(ZRT_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/zrt)
 
-set(zrt_exported_targets zrt zrt_usage zrt_runtime zrt_data zrt_optimizers zrt_engine zrt_config
+set(zrt_exported_targets zrt zrt_usage zrt_runtime zrt_data zrt_optimizers zrt_engine zrt_offload zrt_config
     zrt_checkpoint zrt_kernels zrt_models zrt_train)
 if(ZRT_HAVE_CUDA)
   list(APPEND zrt_exported_targets zrt_cudart zrt_cublas zrt_nccl)
@@ -44,7 +44,7 @@ install(FILES ${PROJECT_BINARY_DIR}/include/zrt/version.h
 # The public headers forward to the sources' headers, which include each other by their path
 # from the source root: all of them are installed, at those paths, so whatever a public header
 # reaches is there.
-foreach(dir runtime config kernels models optimizers tools/train tools/mem)
+foreach(dir runtime config offload kernels models optimizers tools/train tools/mem)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zrt/detail/${dir}
           FILES_MATCHING PATTERN "*.h")

@@ -961,6 +961,7 @@ class Parser {
                                    ? ReduceScatterAlgo::kNative
                                    : ReduceScatterAlgo::kAlltoall;
     comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
+    comm.ranks_per_node = get_small_int("comm.ranks_per_node", 0);
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
     if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {
@@ -1205,6 +1206,7 @@ json resolved_document(const Config& c) {
                  {"reduce_scatter",
                   c.comm.reduce_scatter_algo == ReduceScatterAlgo::kNative ? "native" : "alltoall"},
                  {"max_chunk_mb", c.comm.max_chunk_bytes >> 20},
+                 {"ranks_per_node", c.comm.ranks_per_node},
                  {"simulated_bandwidth_gb_per_s", c.comm.simulated_bandwidth_bytes_per_s / 1e9},
                  {"simulated_latency_us", c.comm.simulated_latency_s * 1e6}};
   if (c.trace.enabled()) {

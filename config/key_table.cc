@@ -636,6 +636,10 @@ std::vector<KeyInfo> build_table() {
       K("comm.max_chunk_mb", I, kInt, "32", "Largest piece one MPI call moves (MiB)")
           .range(1, 1024)
           .zrt(),
+      K("comm.ranks_per_node", I, kInt, "0",
+        "Ranks per node for the node topology; 0: as MPI reports (smaller: simulate nodes)")
+          .range(0)
+          .zrt(),
       K("comm.simulated_bandwidth_gb_per_s", I, kNumber, "0",
         "CPU backend: model a link of this many GB/s (10^9 bytes/s); 0: off")
           .range(0)

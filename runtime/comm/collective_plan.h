@@ -80,4 +80,13 @@ void for_each_all_reduce_piece(std::int64_t count, int ranks, std::int64_t chunk
   });
 }
 
+// Sum of the padded slices of every piece of such an all-reduce: the elements each rank sends
+// to every peer in its reduce-scatter, and again in its all-gather.
+inline std::int64_t all_reduce_slice_total(std::int64_t count, int ranks, std::int64_t chunk) {
+  std::int64_t total = 0;
+  for_each_all_reduce_piece(count, ranks, chunk,
+                            [&](const AllReducePiece& piece) { total += piece.slice; });
+  return total;
+}
+
 }  // namespace zrt::collective_plan

@@ -14,14 +14,30 @@ const char* collective_name(CollectiveOp op) {
       return "broadcast";
     case CollectiveOp::kBarrier:
       return "barrier";
+    case CollectiveOp::kAllToAll:
+      return "all_to_all";
   }
   return "?";
 }
 
-std::int64_t CommCounts::total_bytes() const {
+namespace {
+
+std::int64_t sum(const std::array<std::int64_t, kNumCollectiveOps>& a) {
   std::int64_t total = 0;
-  for (auto b : bytes) total += b;
+  for (auto b : a) total += b;
   return total;
+}
+
+}  // namespace
+
+std::int64_t CommCounts::total_bytes() const {
+  return sum(bytes);
+}
+std::int64_t CommCounts::total_intra_bytes() const {
+  return sum(intra_bytes);
+}
+std::int64_t CommCounts::total_inter_bytes() const {
+  return sum(inter_bytes);
 }
 
 CommCounts CommCounts::operator-(const CommCounts& o) const {
@@ -29,8 +45,20 @@ CommCounts CommCounts::operator-(const CommCounts& o) const {
   for (std::size_t i = 0; i < kNumCollectiveOps; ++i) {
     d.calls[i] = calls[i] - o.calls[i];
     d.bytes[i] = bytes[i] - o.bytes[i];
+    d.intra_bytes[i] = intra_bytes[i] - o.intra_bytes[i];
+    d.inter_bytes[i] = inter_bytes[i] - o.inter_bytes[i];
   }
   return d;
+}
+
+CommCounts& CommCounts::operator+=(const CommCounts& o) {
+  for (std::size_t i = 0; i < kNumCollectiveOps; ++i) {
+    calls[i] += o.calls[i];
+    bytes[i] += o.bytes[i];
+    intra_bytes[i] += o.intra_bytes[i];
+    inter_bytes[i] += o.inter_bytes[i];
+  }
+  return *this;
 }
 
 CommCounts CommStats::snapshot() const {
@@ -38,6 +66,8 @@ CommCounts CommStats::snapshot() const {
   for (std::size_t i = 0; i < kNumCollectiveOps; ++i) {
     c.calls[i] = calls_[i].load(std::memory_order_relaxed);
     c.bytes[i] = bytes_[i].load(std::memory_order_relaxed);
+    c.intra_bytes[i] = intra_[i].load(std::memory_order_relaxed);
+    c.inter_bytes[i] = inter_[i].load(std::memory_order_relaxed);
   }
   return c;
 }
@@ -46,6 +76,8 @@ void CommStats::reset() {
   for (std::size_t i = 0; i < kNumCollectiveOps; ++i) {
     calls_[i].store(0);
     bytes_[i].store(0);
+    intra_[i].store(0);
+    inter_[i].store(0);
   }
 }
 

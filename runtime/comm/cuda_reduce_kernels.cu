@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "runtime/comm/cuda_storage_formats.cuh"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
-#include "runtime/device/cuda_float16.cuh"
 
 namespace zrt {
 
@@ -14,38 +14,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr std::int64_t kMaxGrid = 8192;  // grid-stride beyond this (enough to fill any GPU)
 
-// Storage formats of the float kernels: how to widen to and narrow from fp32, bit for bit as
-// runtime/common/dtype.h (NaN payloads too), so the sums match the CPU backend's.
-struct F32 {
-  using T = float;
-  static __device__ __forceinline__ float widen(float v) { return v; }
-  static __device__ __forceinline__ float narrow(float f) { return f; }
-};
-struct Bf16 {
-  using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) {
-    return cuda_float16::bf16_bits_to_float(v);
-  }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) {
-    return cuda_float16::float_to_bf16_bits(f);
-  }
-};
-struct Fp16 {
-  using T = std::uint16_t;
-  static __device__ __forceinline__ float widen(std::uint16_t v) {
-    return cuda_float16::fp16_bits_to_float(v);
-  }
-  static __device__ __forceinline__ std::uint16_t narrow(float f) {
-    return cuda_float16::float_to_fp16_bits(f);
-  }
-};
-
-__device__ __forceinline__ std::int64_t first_index() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ std::int64_t grid_stride() {
-  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-}
+using cuda_formats::Bf16;
+using cuda_formats::F32;
+using cuda_formats::first_index;
+using cuda_formats::Fp16;
+using cuda_formats::grid_stride;
 
 // One element per thread and grid-stride step; the rank loop is innermost so each element is
 // summed in rank order, in fp32, with explicitly rounded operations (never contracted to FMA).

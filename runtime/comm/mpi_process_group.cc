@@ -58,6 +58,7 @@ MpiProcessGroup::MpiProcessGroup(Device& device, MPI_Comm parent, Stream& stream
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  reset_node_map();
 }
 
 MpiProcessGroup::MpiProcessGroup(Adopt, Device& device, MPI_Comm comm, Stream& stream,
@@ -70,6 +71,7 @@ MpiProcessGroup::MpiProcessGroup(Adopt, Device& device, MPI_Comm comm, Stream& s
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  reset_node_map();
 }
 
 MpiProcessGroup::~MpiProcessGroup() {
@@ -97,8 +99,9 @@ MpiProcessGroup::~MpiProcessGroup() {
   MPI_Comm_free(&comm_);
 }
 
-void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body) {
-  stats_.add(op, bytes);
+void MpiProcessGroup::enqueue(CollectiveOp op, std::int64_t bytes, LinkBytes sent,
+                              std::function<void()> body) {
+  stats_.add(op, bytes, sent);
   // Every rank issues the same operations in the same order, so the count names an operation
   // across ranks (the attendance taken after a timeout compares it).
   body = [this, body = std::move(body)] {
@@ -232,6 +235,7 @@ void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::b
   std::byte* dst = device_access::raw(out);
   check_all_gather(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllGather, count, dtype, 0),
           [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
 }
 
@@ -253,8 +257,14 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
   }
   if (in != mine) std::memcpy(mine, in, static_cast<std::size_t>(bytes));
   if (size_ == 1) return;
-  // Every rank sends its slice to every peer and receives theirs, all messages posted at once;
-  // large slices go as several messages to keep counts in int.
+  // Every rank sends its slice to every peer and receives theirs.
+  exchange_blocks(mine, 0, out, bytes, 0, describe("all_gather", count, dtype));
+}
+
+void MpiProcessGroup::exchange_blocks(const std::byte* send, std::int64_t send_stride,
+                                      std::byte* recv, std::int64_t bytes, int tag,
+                                      const std::string& what) {
+  // All messages posted at once; large blocks go as several messages to keep counts in int.
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();
   collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
@@ -262,16 +272,17 @@ void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::i
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(
-          MPI_Irecv(out + from * bytes + piece.first, n, MPI_BYTE, from, 0, comm_, &reqs.back()));
+      ZRT_MPI_CHECK(MPI_Irecv(recv + from * bytes + piece.first, n, MPI_BYTE, from, tag, comm_,
+                              &reqs.back()));
     }
     for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
       reqs.emplace_back();
-      ZRT_MPI_CHECK(MPI_Isend(mine + piece.first, n, MPI_BYTE, to, 0, comm_, &reqs.back()));
+      ZRT_MPI_CHECK(MPI_Isend(send + to * send_stride + piece.first, n, MPI_BYTE, to, tag, comm_,
+                              &reqs.back()));
     }
   });
-  wait_all(reqs.data(), static_cast<int>(reqs.size()), describe("all_gather", count, dtype));
+  wait_all(reqs.data(), static_cast<int>(reqs.size()), what);
 }
 
 // ---- reduce_scatter --------------------------------------------------------------------------
@@ -290,6 +301,7 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   check_reduce_scatter_buffers(src, dst, count, dtype);
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
+          link_bytes(CollectiveOp::kReduceScatter, count, dtype, 0),
           [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
 }
 
@@ -380,6 +392,27 @@ void MpiProcessGroup::run_reduce_scatter_native(const std::byte* in, std::byte* 
       });
 }
 
+// ---- all_to_all ------------------------------------------------------------------------------
+
+void MpiProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                 std::int64_t count, DType dtype) {
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  check_all_to_all(src, dst, count, dtype);
+  enqueue(CollectiveOp::kAllToAll, collective_bytes(CollectiveOp::kAllToAll, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllToAll, count, dtype, 0),
+          [this, src, dst, count, dtype] { run_all_to_all(src, dst, count, dtype); });
+}
+
+void MpiProcessGroup::run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count,
+                                     DType dtype) {
+  if (count == 0) return;
+  const std::int64_t block = count * static_cast<std::int64_t>(dtype_size(dtype));
+  std::memcpy(out + rank_ * block, in + rank_ * block, static_cast<std::size_t>(block));
+  if (size_ == 1) return;
+  exchange_blocks(in, block, out, block, 2, describe("all_to_all", count, dtype));
+}
+
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
@@ -391,7 +424,11 @@ void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::b
   const std::byte* src = device_access::raw(in);
   std::byte* dst = device_access::raw(out);
   check_all_reduce_buffers(src, dst, count, dtype);
+  const std::int64_t chunk =
+      is_floating(dtype) ? chunk_elements(static_cast<std::int64_t>(dtype_size(dtype)), size_)
+                         : std::max<std::int64_t>(count, 1);  // integers: one MPI call
   enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
+          link_bytes(CollectiveOp::kAllReduce, count, dtype, chunk),
           [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
 }
 
@@ -438,6 +475,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
   std::byte* data = device_access::raw(buf);
   const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
   enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+          link_bytes(CollectiveOp::kBroadcast, count, dtype, 0, root),
           [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
             collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
               MPI_Request req = MPI_REQUEST_NULL;
@@ -449,7 +487,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
 }
 
 void MpiProcessGroup::barrier() {
-  enqueue(CollectiveOp::kBarrier, 0, [this] {
+  enqueue(CollectiveOp::kBarrier, 0, {}, [this] {
     MPI_Request req = MPI_REQUEST_NULL;
     ZRT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait(req, fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_));

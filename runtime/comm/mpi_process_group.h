@@ -35,6 +35,8 @@ class MpiProcessGroup final : public ProcessGroup {
                       DType dtype, ReduceOp op) override;
   void all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype, ReduceOp op) override;
+  void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
+                  DType dtype) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
   std::unique_ptr<ProcessGroup> split(int color, int key, Stream& stream,
@@ -48,7 +50,7 @@ class MpiProcessGroup final : public ProcessGroup {
                   CommOptions options);
 
   // Enqueues body on the stream; counts the bytes; applies the simulated link.
-  void enqueue(CollectiveOp op, std::int64_t bytes, std::function<void()> body);
+  void enqueue(CollectiveOp op, std::int64_t bytes, LinkBytes sent, std::function<void()> body);
   // Polls req until done; after options_.timeout_s tells the watchdog and throws Timeout naming
   // `what`, the step and the ranks missing.
   void wait(MPI_Request& req, const std::string& what);
@@ -72,9 +74,14 @@ class MpiProcessGroup final : public ProcessGroup {
                           ReduceOp op);
   void run_reduce_scatter_native(const std::byte* in, std::byte* out, std::int64_t count,
                                  DType dtype, ReduceOp op);
+  // Sends `bytes` from send + p*send_stride to every peer p and receives peer p's into
+  // recv + p*bytes, point to point (tag `tag`), and waits for all of it.
+  void exchange_blocks(const std::byte* send, std::int64_t send_stride, std::byte* recv,
+                       std::int64_t bytes, int tag, const std::string& what);
   // Posts the exchange of one block per rank (see the .cc); completes when reqs do.
   void post_exchange(const std::byte* send, std::int64_t send_stride, std::byte* recv,
                      std::int64_t block_bytes, std::vector<MPI_Request>& reqs);
+  void run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
   void run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                       ReduceOp op);
 

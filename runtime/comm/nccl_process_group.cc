@@ -84,6 +84,7 @@ NcclProcessGroup::NcclProcessGroup(Device& device, MPI_Comm parent, Stream& stre
   ZRT_MPI_CHECK(MPI_Comm_set_errhandler(boot, MPI_ERRORS_RETURN));
   ZRT_MPI_CHECK(MPI_Comm_rank(boot, &rank_));
   ZRT_MPI_CHECK(MPI_Comm_size(boot, &size_));
+  reset_node_map();
   const std::string what =
       fmt::format("NCCL communicator init of group '{}' (rank {} of {})", name_, rank_, size_);
 
@@ -151,6 +152,7 @@ NcclProcessGroup::NcclProcessGroup(Adopt, Device& device, ncclComm_t comm, Strea
     ZRT_CUDA_CHECK(cudaSetDevice(device_index_));
     ZRT_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
     ZRT_NCCL_CHECK(ncclCommCount(comm_, &size_));
+    reset_node_map();
     ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&sync_event_, cudaEventDisableTiming));
     barrier_word_ = device_.allocate(sizeof(std::int32_t), MemCategory::kComm,
                                      fmt::format("group '{}' barrier word", name_),
@@ -368,7 +370,8 @@ void NcclProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::
   const std::string what = describe("all_gather", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kAllGather,
-             collective_bytes(CollectiveOp::kAllGather, count, dtype, size_));
+             collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
+             link_bytes(CollectiveOp::kAllGather, count, dtype, 0));
   last_op_ = what;
   if (count == 0) return;
   // NCCL's all-gather is in place when sendbuff == recvbuff + rank*sendcount, as ours.
@@ -396,7 +399,8 @@ void NcclProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<s
   const std::string what = describe("reduce_scatter", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kReduceScatter,
-             collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_));
+             collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
+             link_bytes(CollectiveOp::kReduceScatter, count, dtype, 0));
   last_op_ = what;
   run_reduce_scatter(src, dst, count, dtype, op, what);
 }
@@ -424,6 +428,23 @@ void NcclProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, s
       });
 }
 
+// ---- all_to_all ------------------------------------------------------------------------------
+
+void NcclProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                  std::int64_t count, DType dtype) {
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  check_all_to_all(src, dst, count, dtype);
+  const std::string what = describe("all_to_all", count, dtype);
+  prepare(what);
+  stats_.add(CollectiveOp::kAllToAll,
+             collective_bytes(CollectiveOp::kAllToAll, count, dtype, size_),
+             link_bytes(CollectiveOp::kAllToAll, count, dtype, 0));
+  last_op_ = what;
+  if (count == 0) return;
+  all_to_all(src, count * static_cast<std::int64_t>(dtype_size(dtype)), dst, count, dtype, what);
+}
+
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
@@ -434,8 +455,12 @@ void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::
   check_all_reduce_buffers(src, dst, count, dtype);
   const std::string what = describe("all_reduce", count, dtype);
   prepare(what);
+  const std::int64_t chunk =
+      is_floating(dtype) ? chunk_elements(static_cast<std::int64_t>(dtype_size(dtype)), size_)
+                         : std::max<std::int64_t>(count, 1);  // integers: one NCCL call
   stats_.add(CollectiveOp::kAllReduce,
-             collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_));
+             collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
+             link_bytes(CollectiveOp::kAllReduce, count, dtype, chunk));
   last_op_ = what;
   run_all_reduce(src, dst, count, dtype, op, what);
 }
@@ -493,7 +518,8 @@ void NcclProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, D
   const std::string what = describe("broadcast", count, dtype);
   prepare(what);
   stats_.add(CollectiveOp::kBroadcast,
-             collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_));
+             collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
+             link_bytes(CollectiveOp::kBroadcast, count, dtype, 0, root));
   last_op_ = what;
   if (count == 0) return;
   await(comm_,

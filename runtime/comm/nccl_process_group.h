@@ -58,6 +58,8 @@ class NcclProcessGroup final : public ProcessGroup {
                       DType dtype, ReduceOp op) override;
   void all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype, ReduceOp op) override;
+  void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
+                  DType dtype) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
   // ncclCommSplit (non-blocking, bounded by timeout_s). color must be >= 0.

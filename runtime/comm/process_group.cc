@@ -1,5 +1,6 @@
 #include "runtime/comm/process_group.h"
 
+#include "runtime/comm/collective_plan.h"
 #include "runtime/comm/mpi_process_group.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
@@ -75,11 +76,57 @@ void ProcessGroup::check_broadcast(std::int64_t count, int root) const {
             name_, size_);
 }
 
+void ProcessGroup::check_all_to_all(const std::byte* in, const std::byte* out, std::int64_t count,
+                                    DType dtype) const {
+  ZRT_CHECK(count >= 0, "all_to_all with negative count {}", count);
+  const auto bytes = size_ * count * static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CHECK(!overlaps(in, bytes, out, bytes), "{}: input and output overlap",
+            describe("all_to_all", count, dtype));
+}
+
+void ProcessGroup::set_node_map(std::vector<int> nodes) {
+  ZRT_CHECK(static_cast<int>(nodes.size()) == size_,
+            "group '{}' has {} ranks but its node map names {}", name_, size_, nodes.size());
+  node_map_ = std::move(nodes);
+  peers_on_node_ = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_ &&
+        node_map_[static_cast<std::size_t>(r)] == node_map_[static_cast<std::size_t>(rank_)]) {
+      ++peers_on_node_;
+    }
+  }
+}
+
+void ProcessGroup::reset_node_map() {
+  set_node_map(std::vector<int>(static_cast<std::size_t>(size_), 0));
+}
+
+LinkBytes ProcessGroup::link_bytes(CollectiveOp op, std::int64_t count, DType dtype,
+                                   std::int64_t chunk, int root) const {
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  switch (op) {
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kAllToAll:
+      return direct_link_bytes(count * elem);  // one block to every peer
+    case CollectiveOp::kAllReduce:
+      // Reduce-scatter then all-gather of the padded slices: each slice to every peer, twice.
+      return direct_link_bytes(2 * elem *
+                               collective_plan::all_reduce_slice_total(count, size_, chunk));
+    case CollectiveOp::kBroadcast:
+      return rank_ == root ? direct_link_bytes(count * elem) : LinkBytes{};
+    case CollectiveOp::kBarrier:
+      return {};
+  }
+  return {};
+}
+
 std::int64_t collective_bytes(CollectiveOp op, std::int64_t count, DType dtype, int world) {
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   switch (op) {
     case CollectiveOp::kAllGather:
     case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kAllToAll:
       return count * elem * world;  // count is per rank
     case CollectiveOp::kAllReduce:
     case CollectiveOp::kBroadcast:
@@ -95,6 +142,7 @@ double bus_factor(CollectiveOp op, int world) {
   switch (op) {
     case CollectiveOp::kAllGather:
     case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kAllToAll:
       return (n - 1) / n;
     case CollectiveOp::kAllReduce:
       return 2 * (n - 1) / n;

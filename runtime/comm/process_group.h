@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <mpi.h>
 
@@ -59,6 +60,9 @@ struct CommOptions {
   // latency + bus bytes / bandwidth after it starts (a sleep, costing no CPU). 0 disables.
   double simulated_bandwidth_bytes_per_s = 0.0;
   double simulated_latency_s = 0.0;
+  // Ranks per node for NodeTopology::detect (topology.h); 0: as MPI reports them. A smaller
+  // value makes one machine act as several nodes (tests). Config key comm.ranks_per_node.
+  int ranks_per_node = 0;
 };
 
 class ProcessGroup {
@@ -85,6 +89,10 @@ class ProcessGroup {
   // integers: kSum, kMax.
   virtual void all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                           std::int64_t count, DType dtype, ReduceOp op) = 0;
+  // out block p (count elements, at out + p*count) = block `rank` of rank p's in (block q at
+  // in + q*count). in and out must not overlap.
+  virtual void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                          std::int64_t count, DType dtype) = 0;
   // buf on every rank = buf of `root`.
   virtual void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) = 0;
   // Stream-ordered barrier: later work on the stream starts after every rank reached it.
@@ -95,6 +103,16 @@ class ProcessGroup {
   // The new group issues on `stream`.
   virtual std::unique_ptr<ProcessGroup> split(int color, int key, Stream& stream,
                                               const std::string& name) = 0;
+
+  // The node of each member, in group rank order: what the byte counters split intra- and
+  // inter-node traffic by (comm_stats.h). One node for all unless set; a group over the world
+  // takes NodeTopology::node_map(), sub-groups get theirs from make_subgroup (topology.h).
+  const std::vector<int>& node_map() const { return node_map_; }
+  // Throws unless nodes has one entry per member.
+  void set_node_map(std::vector<int> nodes);
+  // Members on this rank's node other than itself, and members on other nodes.
+  int peers_on_node() const { return peers_on_node_; }
+  int peers_off_node() const { return size_ - 1 - peers_on_node_; }
 
  protected:
   ProcessGroup(int rank, int size, std::string name, Stream* stream)
@@ -114,11 +132,26 @@ class ProcessGroup {
   void check_all_reduce_buffers(const std::byte* in, const std::byte* out, std::int64_t count,
                                 DType dtype) const;
   void check_broadcast(std::int64_t count, int root) const;
+  void check_all_to_all(const std::byte* in, const std::byte* out, std::int64_t count,
+                        DType dtype) const;
+  // Bytes this rank sends when it sends `bytes_per_peer` to every other member.
+  LinkBytes direct_link_bytes(std::int64_t bytes_per_peer) const {
+    return {bytes_per_peer * peers_on_node(), bytes_per_peer * peers_off_node()};
+  }
+  // Bytes this rank sends in one operation (comm_stats.h's traffic model). `chunk`: elements
+  // per rank in one piece of the all-reduce (the backend's chunk_elements), which sets its
+  // padding; `root`: the broadcast's.
+  LinkBytes link_bytes(CollectiveOp op, std::int64_t count, DType dtype, std::int64_t chunk,
+                       int root = 0) const;
+  // Called by constructors once rank_ and size_ are known: one node for all.
+  void reset_node_map();
   int rank_;
   int size_;
   std::string name_;
   Stream* stream_;
   CommStats stats_;
+  std::vector<int> node_map_{0};
+  int peers_on_node_ = 0;
 };
 
 // Creates a group over `parent` (duplicated, so the group has its own communicator) issuing on

@@ -5,11 +5,16 @@
 
 #include "runtime/common/error.h"
 #include "runtime/device/cpu_device.h"
+#include "runtime/device/cpu_stream.h"
 #if ZRT_HAVE_CUDA
 #include "runtime/device/cuda_device.h"
 #endif
 
 namespace zrt {
+
+std::unique_ptr<CpuStream> Device::create_host_stream(const std::string& name) {
+  return std::make_unique<CpuStream>(name, 0, 0);
+}
 
 const char* device_type_name(DeviceType t) {
   return t == DeviceType::kCpu ? "cpu" : "cuda";

@@ -15,6 +15,10 @@
 #include "runtime/device/stream.h"
 
 namespace zrt {
+class CpuStream;
+}
+
+namespace zrt {
 
 enum class DeviceType { kCpu, kCuda };
 const char* device_type_name(DeviceType t);  // "cpu", "cuda"
@@ -49,6 +53,10 @@ class Device : public BufferOwner {
 
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
+  // A host thread as a stream, whatever the device: host work on host memory in stream order
+  // (CpuStream::enqueue; its work may block on events), e.g. the CPU optimizer of optimizer
+  // offload. Events of this device may be recorded on it and waited for.
+  std::unique_ptr<CpuStream> create_host_stream(const std::string& name);
 
   // Stream-ordered copies (cudaMemcpyAsync): device-to-device, host-to-device, device-to-host.
   // Host memory must stay valid until the copy completes.

@@ -8,6 +8,15 @@
 // the process group's stream, ordered against the compute stream by events only: the one host
 // synchronisation in a step is the global decision (gradient norm, overflow) in step().
 //
+// The engine's files, by what they do:
+//   unit_schedule.*       the pure schedule: which units to gather, release, reduce, per call
+//   zero_engine.cc        the orchestration: acquire / release run the schedule; step()
+//   param_gather.cc       issue_gather / await_gather / release_gather, and publishing the
+//                         updated parameters after a step (stages 1-2)
+//   gradient_reduction.cc gradient buckets, issue_reduce / await_reduce, the gradient norm
+//   unit_state.*          each unit's buffers: allocate, initialise, load, copy out (export)
+// Optimizer offload is a seam (optimizer_offload.h), implemented above the runtime (offload/).
+//
 // Thread-safety: one thread drives the engine (the thread that owns the compute stream).
 #pragma once
 
@@ -21,10 +30,11 @@
 #include <future>
 
 #include "runtime/comm/process_group.h"
-#include "runtime/device/cpu_stream.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/optimizer_interface.h"
+#include "runtime/engine/optimizer_offload.h"
 #include "runtime/engine/partition.h"
+#include "runtime/engine/unit_schedule.h"
 #include "runtime/model_interface.h"
 #include "runtime/trace/trace_recorder.h"
 
@@ -58,6 +68,9 @@ struct EngineOptions {
   int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
 };
 
+// The schedule the engine runs for these options (zrt-mem replays the same one).
+ScheduleOptions schedule_options(const EngineOptions& options);
+
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
   std::int64_t optimizer_steps = 0;  // applied steps (Adam's bias-correction step count)
@@ -76,9 +89,11 @@ struct StepResult {
 class ZeroEngine final : public ParamAccess {
  public:
   // `group` issues on the communication stream; `compute` is the model's stream. All must
-  // outlive the engine.
+  // outlive the engine. `offload` builds the optimizer offload when options.offload_optimizer
+  // is enabled (offload/'s make_cpu_optimizer_offload); without one such options are refused.
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
-             int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer);
+             int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer,
+             const OffloadFactory& offload = {});
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -148,15 +163,12 @@ class ZeroEngine final : public ParamAccess {
   const PartitionPlan& plan() const { return plan_; }
   const std::vector<ParamSpec>& params() const { return params_; }
   const EngineOptions& options() const { return options_; }
-  int micro_batches_done() const { return micro_batch_; }
+  int micro_batches_done() const { return schedule_.micro_batch(); }
   const LossScaler& loss_scaler() const { return scaler_; }
 
   // Offload introspection (tests, tracing): the copy stream, and where a unit's last update is.
-  Stream* copy_stream() const { return copy_.get(); }
-  struct OffloadStatus {
-    bool cpu_updated = false;  // the CPU optimizer finished this unit's last update
-    bool on_device = false;    // ...and the updated slice reached the device
-  };
+  Stream* copy_stream() const { return offload_ ? &offload_->copy_stream() : nullptr; }
+  using OffloadStatus = OptimizerOffload::Status;
   OffloadStatus offload_status(int unit) const;
 
   // Timeline trace: from now on, the engine's work on every stream is recorded into `recorder`
@@ -164,55 +176,67 @@ class ZeroEngine final : public ParamAccess {
   // "h2d unit 3", "all_gather unit 3"); null stops recording (the default: then tracing costs a
   // null check). Call between micro-batches or steps. The recorder must outlive the work
   // enqueued while it was set: synchronize() before destroying or writing it.
-  void set_trace(TraceRecorder* recorder) { trace_ = recorder; }
+  void set_trace(TraceRecorder* recorder) {
+    trace_ = recorder;
+    if (offload_) offload_->set_trace(recorder);
+  }
   // Blocks until all work the engine enqueued (compute, communication, copies, CPU optimizer)
   // has finished; rethrows a stream error.
   void synchronize();
 
  private:
   struct UnitState;
-  void allocate_state();
-  // Throws unless `arrays` has one host array per state array (master + each state tensor).
-  void check_state_arrays(const StateArrays& arrays, const char* call) const;
-  // State array `array` of a unit (StateArrays order: 0 master, then the optimizer's states).
-  static const Buffer& state_buffer(const UnitState& s, std::size_t array);
-  // The optimizer's name in trace spans: "adam", "lion".
-  std::string optimizer_trace_name() const;
-  // initialize() and load_state(): host values for every unit's state, then the params.
-  void assign_state(const StateFiller& fill);
   int partition_world() const;
   DType comm_dtype() const;
   bool sharded_params() const { return options_.stage == 3; }
   bool per_micro_batch_grads() const { return options_.stage >= 2; }
-  // Stage 3: makes unit u's full parameters available on the compute stream.
-  void gather(int u);
-  void prefetch_after(int module, Phase phase);
-  void release_gathered(int u);
-  // Stage 2-3: the per-micro-batch gradient buffer of unit u (allocated and zeroed on demand).
-  void open_grad_bucket(int u);
-  // Frees every bucket once its reduction is done (end of a micro-batch's backward).
-  void close_grad_buckets();
-  // Issues the reduction of unit u's gradient once its last backward use is done.
-  void reduce_unit(int u);
-  void wait_for_comm();  // compute waits for everything enqueued on the comm stream
-  // The one gate before the optimizer writes the state: the stream that runs the update (the
-  // compute stream, or the CPU optimizer with offload) waits for a pending state copy.
-  void order_update_after_state_copy();
-  // Offload (zero_engine_offload.cc).
   bool offload_optimizer() const { return options_.offload_optimizer.enabled; }
   bool offload_param() const { return options_.offload_param.enabled; }
-  MemorySpace host_space(const OffloadOptions& o) const {
-    return o.pin_memory ? MemorySpace::kPinnedHost : MemorySpace::kPageableHost;
-  }
-  void setup_offload();
-  // After unit u's reduction on the last micro-batch (every micro-batch with parameter
-  // offload): brings its gradient slice to host memory on the copy stream.
-  void offload_gradient(int u, DevicePtr<std::byte> reduced, DType type, bool final);
-  double offloaded_norm_squared();  // waits for the gradients to reach the host
-  void update_offloaded(double lr, double factor);
-  void zero_offloaded_grads();
+  void wait_for_comm();  // compute waits for everything enqueued on the comm stream
+  // Executes one operation of the schedule.
+  void run(const UnitOp& op);
+
+  // ---- unit state (unit_state.cc) ----
+  void allocate_state();
+  // Throws unless `arrays` has one host array per state array (master + each state tensor).
+  void check_state_arrays(const StateArrays& arrays, const char* call) const;
+  // Host memory (offload) or device memory of state array `a` of unit u (StateArrays order).
+  DevicePtr<std::byte> device_state(int u, std::size_t a) const;
+  // The optimizer's name in trace spans: "adam", "lion".
+  std::string optimizer_trace_name() const;
+  // initialize() and load_state(): host values for every unit's state, then the params.
+  void assign_state(const StateFiller& fill);
+  // The one gate before the optimizer writes the state: the compute stream waits for a
+  // pending device-state copy (the offloaded copy runs in the CPU optimizer's queue).
+  void order_update_after_state_copy();
+  // Where the rank's compute-dtype slice of unit u lives on the device (the stage-3 slice, or
+  // its place in the full parameters).
+  DevicePtr<std::byte> owned_params_of(int u);
   DevicePtr<std::byte> full_params_of(int u);
+
+  // ---- parameters (param_gather.cc) ----
+  // Stage 3: makes unit u's full parameters available (comm stream) / the compute stream waits
+  // for them / frees them after the kernels that read them.
+  void issue_gather(int u);
+  void await_gather(int u);
+  void release_gather(int u);
+  // Stages 1-2 (and stage 3's persistent unit): all-gathers unit u's updated slice into the
+  // full parameters after a step (once `ready`, if given, says the slice is on the device).
+  void publish_updated(int u, const Event* ready);
+
+  // ---- gradients (gradient_reduction.cc) ----
+  // Stages 2-3: the per-micro-batch gradient bucket of unit u (allocated and zeroed).
+  void open_grad_bucket(int u);
+  // Waits for the bucket's reduction on the compute stream and frees it.
+  void free_grad_bucket(int u);
+  // Issues the reduction of unit u's gradient (comm stream); `final`: the step's last one.
+  void issue_reduce(int u, bool final);
+  // The compute stream waits for unit u's reduction.
+  void await_reduce(int u);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
+  // The squared norm of the whole gradient, summed over ranks (the step's host decision).
+  float global_grad_norm_squared();
+  void zero_grads();
 
   Device& device_;
   Stream& compute_;
@@ -223,9 +247,9 @@ class ZeroEngine final : public ParamAccess {
   EngineOptions options_;
   DeviceOptimizer& optimizer_;
   PartitionPlan plan_;
+  UnitSchedule schedule_;
   LossScaler scaler_;
   int rank_;
-  int micro_batch_ = 0;  // micro-batches finished since the last step
   std::int64_t optimizer_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
 
@@ -236,24 +260,17 @@ class ZeroEngine final : public ParamAccess {
   Buffer norm_;          // one float: the squared gradient norm
   std::unique_ptr<Event> comm_done_;
   std::unique_ptr<Event> compute_done_;
-  std::deque<int> rotating_buckets_;  // stages 2-3: live buckets of contiguous modules
-  std::deque<int> pinned_buckets_;    // stages 2-3: live shared / persistent buckets
-  std::int64_t live_gathered_ = 0;    // stage 3: elements of gathered, releasable units
-  TraceRecorder* trace_ = nullptr;    // timeline trace; null: off
+  TraceRecorder* trace_ = nullptr;  // timeline trace; null: off
 
   // copy_state_out_async(): its stream (device-resident state; created on first use), the event
-  // it records after the copies, and the event that orders it after the last update.
+  // it records after the copies, and the event that orders it after the last update; with
+  // offload, the copy's completion in the CPU optimizer's queue.
   std::unique_ptr<Stream> state_copy_stream_;
   std::unique_ptr<Event> state_copied_;
   std::unique_ptr<Event> state_updated_;
+  std::shared_future<void> host_state_copied_;
 
-  // Offload.
-  std::unique_ptr<Stream> copy_;                   // device <-> host copies
-  std::unique_ptr<CpuStream> cpu_optimizer_;       // the host thread that runs the CPU optimizer
-  std::unique_ptr<HostOptimizer> host_optimizer_;  // the offloaded state's optimizer
-  std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way
-  Buffer host_reduced_;             // parameter offload: one reduced slice on its way
-  std::vector<int> forward_order_;  // units in the order the next forward needs them
+  std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
 };
 
 }  // namespace zrt

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "optimizers/device_lion.h"
 #include "runtime/comm/process_group.h"
@@ -80,7 +81,7 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
   }
   run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *run->group,
                                              run->model.parameters(), run->model.modules(), options,
-                                             *run->optimizer);
+                                             *run->optimizer, make_cpu_optimizer_offload);
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });

@@ -17,6 +17,7 @@
 #include "kernels/kernel_context.h"
 #include "models/flat_param_access.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/cpu_isa.h"
@@ -143,7 +144,7 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   auto optimizer = make_device_adam(*device, adam);
   options.gradient_clipping = pc.clip;
   ZeroEngine engine(*device, *compute, *group, model->parameters(), model->num_modules(), options,
-                    *optimizer);
+                    *optimizer, make_cpu_optimizer_offload);
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model->init_parameter(p, 7, first, count, out);
   });

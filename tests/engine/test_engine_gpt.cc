@@ -26,6 +26,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/gpt/gpt.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/engine/zero_engine.h"
@@ -110,7 +111,7 @@ TEST_CASE("larger than one device: out of memory at stage 0, trains at stage 3 o
     o.stage3_prefetch_bucket_size = psi / 8;
     o.stage3_max_live_parameters = psi / 4;
     ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), o,
-                      *optimizer);
+                      *optimizer, make_cpu_optimizer_offload);
     engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
       model.init_parameter(p, 7, first, count, out);
     });

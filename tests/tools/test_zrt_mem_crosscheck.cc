@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/data/token_shard.h"
@@ -103,7 +104,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   o.offload_optimizer.enabled = setting.offload_optimizer;
   o.offload_param.enabled = setting.offload_param;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), o,
-                    *optimizer);
+                    *optimizer, make_cpu_optimizer_offload);
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model.init_parameter(p, 7, first, count, out);
   });

@@ -45,6 +45,17 @@ TEST_CASE("zrt-run adds binding, threads, root and oversubscription flags") {
   CHECK_THAT(tcp, Catch::Contains("--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include lo"));
 }
 
+TEST_CASE("zrt-run sets OpenMPI's out-of-band keep-alive so a lost host ends mpirun") {
+  CHECK_THAT(run("--dry-run -n 2 ./prog"),
+             Catch::Contains("--mca oob_tcp_keepalive_time 3 --mca oob_tcp_keepalive_intvl 1 "
+                             "--mca oob_tcp_keepalive_probes 3"));
+  CHECK_THAT(run_env("ZRT_RUN_KEEPALIVE=30,5,3", "--dry-run -n 2 ./prog"),
+             Catch::Contains("--mca oob_tcp_keepalive_time 30 --mca oob_tcp_keepalive_intvl 5 "
+                             "--mca oob_tcp_keepalive_probes 3"));
+  CHECK_THAT(run_env("ZRT_RUN_KEEPALIVE=soon", "--dry-run -n 2 ./prog"),
+             Catch::Contains("ZRT_RUN_KEEPALIVE must be TIME,INTERVAL,PROBES"));
+}
+
 TEST_CASE("zrt-run rejects bad usage") {
   int status = 0;
   CHECK_THAT(run("./prog", &status), Catch::Contains("-n N is required"));

@@ -131,6 +131,7 @@ TEST_CASE("zrt-train: metrics, eval, sample; stage 3 with offload equals stage 0
       CHECK(row["mem_peak_bytes"].contains("params"));
       CHECK(row["mem_peak_bytes"]["master"] == 0);  // offloaded: never on the device
       CHECK(row["comm_bytes"].get<std::int64_t>() > 0);
+      CHECK(row["comm_inter_node_bytes"].get<std::int64_t>() == 0);  // one machine, one node
     }
     CHECK(train_rows == 6);
     CHECK(eval_rows == 2);
@@ -166,6 +167,31 @@ TEST_CASE("zrt-train trains the Llama family; stage 3 with offload equals stage 
     CHECK(s0.eval_losses.size() == 2);
     CHECK(s0.sample.size() == std::string("And God said").size() + 8);
   }
+}
+
+TEST_CASE("comm.ranks_per_node splits the ranks into nodes; metrics count the bytes between them") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  // One rank per node: with 2 ranks every byte rank 0 sends crosses to the other node.
+  run(dir, "nodes", R"({"stage": 2})", false, world, R"("comm": {"ranks_per_node": 1},)");
+  if (rank != 0) return;
+  std::ifstream in(dir + "/nodes/metrics.jsonl");
+  std::string line;
+  int rows = 0;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("comm_bytes")) continue;
+    ++rows;
+    const auto inter = row["comm_inter_node_bytes"].get<std::int64_t>();
+    if (world == 1) {
+      CHECK(inter == 0);
+    } else {
+      CHECK(inter > 0);
+    }
+  }
+  CHECK(rows == 6);
 }
 
 TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.steps") {

@@ -25,6 +25,7 @@
 
 #include <mpi.h>
 
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
@@ -128,7 +129,8 @@ int checkpoint(int argc, char** argv) {
   eo.stage = stage;
   eo.reduce_bucket_size = 25000000;
   eo.alignment = 64;
-  ZeroEngine engine(*device, *compute, *group, params, 12, eo, *adam);
+  ZeroEngine engine(*device, *compute, *group, params, 12, eo, *adam,
+                    make_cpu_optimizer_offload);
   engine.initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i)
       out[i] = 0.01f * static_cast<float>((p + first + i) % 97);

@@ -34,6 +34,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/process_group.h"
@@ -89,7 +90,7 @@ OffloadFigures run_config(int stage, bool offload_params, const std::string& mod
   options.offload_optimizer.enabled = true;
   options.offload_param.enabled = offload_params;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
-                    *adam);
+                    *adam, make_cpu_optimizer_offload);
   engine.initialize(model_def->initializer(model, 1, ""));
   const int T = model_def->seq_len();
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));

@@ -15,6 +15,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/process_group.h"
@@ -32,7 +33,7 @@ struct StepFigures {
   std::int64_t model_state_peak = 0;
 };
 
-StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps,
+StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps, int block,
                       const CommOptions& comm_options) {
   auto device = make_device(DeviceOptions{});
   auto compute = device->create_stream("compute");
@@ -51,7 +52,7 @@ StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps
   options.stage3_prefetch_bucket_size = model_def->num_parameters() / 4;
   options.stage3_param_persistence_threshold = 1000;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
-                    *adam);
+                    *adam, make_cpu_optimizer_offload);
   engine.initialize(model_def->initializer(model, 1, ""));
   const int T = model_def->seq_len();
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));
@@ -65,29 +66,33 @@ StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps
   tb.targets = batch.device<std::int32_t>() + B * T;
   tb.batch = B;
   tb.seq_len = T;
-  auto one_step = [&] {
-    model.forward_backward(engine, tb, static_cast<float>(engine.loss_scale()));
-    engine.step(1e-4);
-    compute->synchronize();
+  // Steps run back to back, as in training: a step's trailing communication (the post-step
+  // all-gather at stages 1-2) may overlap the next step's forward, so a step is timed as a run
+  // of `block` steps ended by a full synchronisation, divided by `block`.
+  auto run_steps = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      model.forward_backward(engine, tb, static_cast<float>(engine.loss_scale()));
+      engine.step(1e-4);
+    }
+    engine.synchronize();
   };
-  one_step();  // warm-up: allocations, scratch
-  one_step();
+  run_steps(2);  // warm-up: allocations, scratch
   std::vector<double> times;
   const CommCounts before = group->stats().snapshot();
   for (int i = 0; i < steps; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = std::chrono::steady_clock::now();
-    one_step();
+    run_steps(block);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    times.push_back(s);
+    times.push_back(s / block);
   }
   StepFigures f;
   f.seconds = median(times);
   const CommCounts total = group->stats().snapshot() - before;
   for (std::size_t op = 0; op < kNumCollectiveOps; ++op) {
-    f.comm.calls[op] = total.calls[op] / steps;
-    f.comm.bytes[op] = total.bytes[op] / steps;
+    f.comm.calls[op] = total.calls[op] / (steps * block);
+    f.comm.bytes[op] = total.bytes[op] / (steps * block);
   }
   f.model_state_peak = device->tracker().usage(MemorySpace::kDevice).model_state_peak;
   return f;
@@ -105,14 +110,16 @@ double link_seconds(const CommCounts& c, int world, double bandwidth, double lat
 }  // namespace
 
 int step(int argc, char** argv) {
-  Args args(argc, argv, {"model", "batch", "steps", "help"});
+  Args args(argc, argv, {"model", "batch", "steps", "block", "stages", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
     if (mpi.rank() == 0) {
       std::printf(
           "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,"
-          "seq_len=128] [--batch 4] [--steps 5]\n"
+          "seq_len=128] [--batch 4] [--steps 5] [--block 3] [--stages 0123]\n"
+          "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
+          "  by --block; the median over --steps such runs is printed\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
     return 0;
@@ -121,25 +128,31 @@ int step(int argc, char** argv) {
       args.get("model", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128");
   const int B = static_cast<int>(args.get_double("batch", 4));
   const int steps = static_cast<int>(args.get_double("steps", 5));
+  const int block = static_cast<int>(args.get_double("block", 3));
+  const std::string stages = args.get("stages", "0123");
+  if (steps < 1 || block < 1)
+    throw InvalidArgument("zrt-bench step: --steps and --block must be >= 1");
   const int world = mpi.size();
   const double latency = 20e-6;
   // 0: no simulated link. Slow links make communication comparable to this small model's compute.
   const std::vector<double> bandwidths = {0.0, 1e9, 100e6, 25e6};
   if (mpi.rank() == 0) {
-    std::printf("# zrt-bench step: %s, micro-batch %d, %d ranks, bf16; median of %d steps\n",
-                model.c_str(), B, world, steps);
+    std::printf(
+        "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16; median of %d runs of %d steps\n",
+        model.c_str(), B, world, steps, block);
     std::printf(
         "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only\n",
         latency * 1e6);
   }
   Table table({"stage", "link", "step_ms", "comm_MB", "link_ms", "hidden", "model_state_MiB"});
   for (int stage = 0; stage <= 3; ++stage) {
+    if (stages.find(static_cast<char>('0' + stage)) == std::string::npos) continue;
     double baseline = 0.0;
     for (double bw : bandwidths) {
       CommOptions options;
       options.simulated_bandwidth_bytes_per_s = bw;
       options.simulated_latency_s = bw > 0.0 ? latency : 0.0;
-      const StepFigures f = run_stage(stage, model, B, steps, options);
+      const StepFigures f = run_stage(stage, model, B, steps, block, options);
       if (bw == 0.0) baseline = f.seconds;
       const double link = bw > 0.0 ? link_seconds(f.comm, world, bw, latency) : 0.0;
       std::string hidden = "-";

@@ -7,7 +7,7 @@
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
-#include "tools/mem/schedule_replay.h"
+#include "runtime/engine/unit_schedule.h"
 
 namespace zrt::mem {
 
@@ -127,10 +127,12 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   if (checkpointing && model.def) {
     for (int m : model.def->recomputed_modules()) recomputed[static_cast<std::size_t>(m)] = true;
   }
-  const ReplayPeaks peaks = replay_schedule(plan, o, model.num_modules, recomputed);
+  // The engine's own schedule, replayed: the gathers and buckets it will allocate.
+  const SchedulePeaks peaks =
+      schedule_peaks(plan, model.num_modules, schedule_options(o), recomputed);
   f.gathered_peak = peaks.gathered_elements;
   f.bucket_peak = peaks.bucket_elements;
-  f.transient_bytes = peaks.sum_bytes;
+  f.transient_bytes = peaks.sum_elements * size_of(o.compute_dtype);
   return f;
 }
 

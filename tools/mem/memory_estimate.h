@@ -3,10 +3,10 @@
 //
 // Two ways in:
 //  - a model (any model.type of the registry, models/model_registry.h): exact figures. The
-//  parameters go through the engine's own
-//    PartitionPlan (units, alignment, padding to a multiple of N x alignment), and the stage-3
-//    gathers and the gradient buckets are found by replaying the engine's static schedule
-//    (schedule_replay.h), so the numbers are the ones the MemoryTracker reports in a real run.
+//    parameters go through the engine's own PartitionPlan (units, alignment, padding to a
+//    multiple of N x alignment), and the stage-3 gathers and the gradient buckets are found by
+//    replaying the schedule the engine itself runs (runtime/engine/unit_schedule.h), so the
+//    numbers are the ones the MemoryTracker reports in a real run.
 //  - a parameter count Ψ: the ZeRO paper's formulas (no padding), with buffers bounded by the
 //    bucket knobs; no activations.
 //

@@ -16,12 +16,14 @@
 
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
 #include "optimizers/lr_schedule.h"
 #include "optimizers/optimizer.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/topology.h"
 #include "runtime/common/cpu_isa.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
@@ -186,6 +188,20 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   auto control_group =
       make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", comm_options);
   Control control(*device, *control_group);
+  // Which node each rank is on (comm.ranks_per_node simulates nodes): the byte counters split
+  // the traffic by it. A layout NodeTopology refuses ends the run only where nodes were asked
+  // for; otherwise every rank counts as one node.
+  try {
+    const NodeTopology topology = NodeTopology::detect(MPI_COMM_WORLD, config.comm.ranks_per_node);
+    group->set_node_map(topology.node_map());
+    control_group->set_node_map(topology.node_map());
+    if (rank == 0) spdlog::info("node topology: {}", topology.describe());
+  } catch (const Error& e) {
+    if (config.comm.ranks_per_node > 0) throw;
+    if (rank == 0) {
+      spdlog::warn("node topology: {}; counting every rank as one node", e.what());
+    }
+  }
 
   // ---- model and engine ----------------------------------------------------------------------
   kernels::KernelContext ctx(*device, *compute);
@@ -206,7 +222,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   const std::unique_ptr<DeviceOptimizer> optimizer =
       make_device_optimizer(*device, config.optimizer);
   ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), engine_options(config),
-                    *optimizer);
+                    *optimizer, make_cpu_optimizer_offload);
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source.initializer) {
@@ -438,6 +454,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       peaks = control.max(peaks);
       const CommCounts comm_now = group->stats().snapshot();
       const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
+      const std::int64_t comm_inter_node_bytes = (comm_now - comm_before).total_inter_bytes();
       comm_before = comm_now;
       if (rank == 0) {
         if (tty) std::fprintf(stderr, "\r%80s\r", "");
@@ -464,6 +481,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         mem["total"] = peaks.back();
         row["mem_peak_bytes"] = mem;
         row["comm_bytes"] = comm_bytes;
+        row["comm_inter_node_bytes"] = comm_inter_node_bytes;
         row["loss_scale"] = result.loss_scale;
         row["skipped"] = result.skipped;
         row["skipped_total"] = result.skipped_steps;

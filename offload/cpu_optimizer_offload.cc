@@ -1,0 +1,290 @@
+#include "offload/cpu_optimizer_offload.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_schedule.h"
+#include "runtime/trace/trace_span.h"
+
+namespace zrt {
+
+namespace {
+
+std::int64_t bytes_of(std::int64_t elements, DType type) {
+  return elements * static_cast<std::int64_t>(dtype_size(type));
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+}  // namespace
+
+std::unique_ptr<OptimizerOffload> make_cpu_optimizer_offload(const OffloadContext& context) {
+  return std::make_unique<CpuOptimizerOffload>(context);
+}
+
+MemorySpace CpuOptimizerOffload::host_space(bool for_params) const {
+  const OffloadOptions& o = for_params ? options_.offload_param : options_.offload_optimizer;
+  return o.pin_memory ? MemorySpace::kPinnedHost : MemorySpace::kPageableHost;
+}
+
+CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
+    : device_(context.device),
+      comm_(context.comm),
+      plan_(context.plan),
+      params_(context.params),
+      options_(context.options),
+      rank_(context.rank),
+      offload_param_(context.options.offload_param.enabled),
+      trace_name_(lower(context.optimizer.spec().family)),
+      host_optimizer_(context.optimizer.make_host_optimizer()) {
+  ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
+            "offload_staging_buffers must be 1..64, not {}", options_.offload_staging_buffers);
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  const bool sharded_params = options_.stage == 3;
+  std::int64_t max_shard = 0;
+  units_.resize(plan_.units().size());
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    const Unit& unit = plan_.unit(static_cast<int>(u));
+    max_shard = std::max(max_shard, unit.shard);
+    HostUnit& h = units_[u];
+    const std::string name = fmt::format("unit {}", u);
+    // The fp32 state never touches the device.
+    h.master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
+                                name + " fp32 master", host_space(false));
+    for (const std::string& state : context.optimizer.spec().state_names) {
+      h.state.push_back(device_.allocate(bytes_of(unit.shard, DType::kFloat32),
+                                         MemCategory::kOptimizer, name + " " + state,
+                                         host_space(false)));
+    }
+    if (sharded_params && offload_param_ && !unit.persistent) {
+      h.params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                                  name + " param slice (offloaded)", host_space(true));
+    }
+    h.grad = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
+                              name + " grad slice (offloaded)", host_space(false));
+    std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
+    h.comm_point = device_.create_event();
+    h.d2h_done = device_.create_event();
+    h.params_ready = device_.create_event();
+  }
+  copy_ = device_.create_stream("copy");
+  cpu_optimizer_ = device_.create_host_stream("cpu-optimizer");
+  for (int i = 0; i < options_.offload_staging_buffers; ++i) {
+    staging_.push_back(device_.allocate(bytes_of(max_shard, cdt), MemCategory::kWorkspace,
+                                        fmt::format("offload staging buffer {}", i),
+                                        host_space(false)));
+  }
+  if (offload_param_) {
+    host_reduced_ = device_.allocate(bytes_of(max_shard, DType::kFloat32), MemCategory::kWorkspace,
+                                     "offloaded gradient transfer", host_space(false));
+  }
+  forward_order_ = UnitSchedule::forward_order(plan_);
+}
+
+CpuOptimizerOffload::~CpuOptimizerOffload() {
+  try {
+    synchronize();
+  } catch (const std::exception& e) {
+    spdlog::warn("optimizer offload shut down after a stream error: {}", e.what());
+  }
+}
+
+void CpuOptimizerOffload::synchronize() {
+  cpu_optimizer_->synchronize();
+  copy_->synchronize();
+}
+
+float* CpuOptimizerOffload::state_array(int u, int a) {
+  HostUnit& h = units_[static_cast<std::size_t>(u)];
+  return a == 0 ? h.master.host<float>() : h.state[static_cast<std::size_t>(a - 1)].host<float>();
+}
+
+void* CpuOptimizerOffload::host_params(int u) {
+  HostUnit& h = units_[static_cast<std::size_t>(u)];
+  return h.params.empty() ? nullptr : h.params.host<void>();
+}
+
+const Event& CpuOptimizerOffload::params_ready(int u) const {
+  return *units_[static_cast<std::size_t>(u)].params_ready;
+}
+
+void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type,
+                                           bool final, Event* bucket_read) {
+  HostUnit& h = units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType adt = options_.grad_accum_dtype;
+  h.comm_point->record(comm_);
+  copy_->wait(*h.comm_point);
+  // `grad` is the previous step's input to the CPU optimizer until it is done with it.
+  std::shared_future<void> consumed = h.cpu_done;
+  copy_->host_callback([consumed] {
+    if (consumed.valid()) consumed.get();
+  });
+  TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
+  if (offload_param_) {
+    // Every micro-batch: bring the reduced slice down and accumulate it on the host.
+    void* staging = host_reduced_.host<void>();
+    void* accum = h.grad.host<void>();
+    const std::int64_t n = unit.shard;
+    device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
+    if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
+    copy_->host_callback([staging, type, accum, adt, n] {
+      engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
+    });
+  } else {
+    ZRT_CHECK(type == adt, "offloaded gradient of unit {} in {} but grad_accum_dtype is {}", u,
+              dtype_name(type), dtype_name(adt));
+    device_.copy_to_host(h.grad.host<void>(), reduced,
+                         static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
+  }
+  span.end();
+  if (final) {
+    // The unit's share of the gradient norm, taken here while the backward of earlier units
+    // still runs rather than by the host after the whole backward.
+    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
+    const void* grad = h.grad.host<void>();
+    double* out = &h.grad_sum_squares;
+    const std::int64_t n = unit.shard;
+    copy_->host_callback(
+        [grad, adt, n, out] { *out = engine_kernels::cpu::sum_squares(grad, adt, n); });
+    norm_span.end();
+    h.d2h_done->record(*copy_);
+  }
+}
+
+float CpuOptimizerOffload::local_norm_squared() {
+  // Unit by unit in fp64, added in fp32 in unit order: exactly what the device path computes, so
+  // offload does not change the clipping decision by a single bit.
+  float local = 0.0f;
+  for (HostUnit& h : units_) {
+    h.d2h_done->synchronize();  // the copy stream took the unit's sum of squares before it
+    local += static_cast<float>(h.grad_sum_squares);
+  }
+  return local;
+}
+
+void CpuOptimizerOffload::wait_for_update(int u, Stream& stream) {
+  std::shared_future<void> updated = units_[static_cast<std::size_t>(u)].cpu_done;
+  stream.host_callback([updated] {
+    if (updated.valid()) updated.get();
+  });
+}
+
+CpuOptimizerOffload::Status CpuOptimizerOffload::status(int u) const {
+  const HostUnit& h = units_[static_cast<std::size_t>(u)];
+  Status status;
+  status.cpu_updated = h.cpu_done.valid() &&
+                       h.cpu_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  status.on_device = status.cpu_updated && (!h.params.empty() || h.params_ready->query());
+  return status;
+}
+
+std::shared_future<void> CpuOptimizerOffload::run_between_updates(std::function<void()> work) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::shared_future<void> ready = done->get_future().share();
+  cpu_optimizer_->enqueue([done, work = std::move(work)] {
+    try {
+      work();
+      done->set_value();
+    } catch (...) {
+      done->set_exception(std::current_exception());
+      throw;
+    }
+  });
+  return ready;
+}
+
+void CpuOptimizerOffload::skip_update() {
+  for (HostUnit& h : units_) {
+    std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
+  }
+}
+
+void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
+                                 const std::function<DevicePtr<std::byte>(int u)>& destination) {
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  const int ring = static_cast<int>(staging_.size());
+  std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
+  int slot_cursor = 0;
+  for (int u : forward_order_) {
+    HostUnit& h = units_[static_cast<std::size_t>(u)];
+    const Unit& unit = plan_.unit(u);
+    auto done = std::make_shared<std::promise<void>>();
+    h.cpu_done = done->get_future().share();
+    // Where the CPU writes the updated compute-dtype slice.
+    const bool direct = !h.params.empty();
+    int wait_for = -1;
+    void* out = nullptr;
+    if (direct) {
+      out = h.params.host<void>();
+    } else {
+      const int slot = slot_cursor++ % ring;
+      wait_for = previous_staged[static_cast<std::size_t>(slot)];
+      previous_staged[static_cast<std::size_t>(slot)] = u;
+      out = staging_[static_cast<std::size_t>(slot)].host<void>();
+      // The copy stream carries it up once the CPU is done.
+      std::shared_future<void> ready = h.cpu_done;
+      copy_->host_callback([ready] { ready.get(); });
+      TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
+      device_.copy_to_device(destination(u), out,
+                             static_cast<std::size_t>(bytes_of(unit.shard, cdt)), *copy_);
+      span.end();
+      h.params_ready->record(*copy_);
+    }
+    std::vector<OptimizerSlice> slices;
+    for (int p : unit.params) {
+      const auto range = plan_.owned_range(p, rank_);
+      if (range.count == 0) continue;
+      OptimizerSlice slice;
+      slice.param = h.master.host<float>() + range.slice_offset;
+      for (std::size_t k = 0; k < h.state.size(); ++k) {
+        slice.state[k] = h.state[k].host<float>() + range.slice_offset;
+      }
+      slice.grad = h.grad.host<std::byte>() + bytes_of(range.slice_offset, adt);
+      slice.grad_dtype = adt;
+      slice.param_out = static_cast<std::byte*>(out) + bytes_of(range.slice_offset, cdt);
+      slice.out_dtype = cdt;
+      slice.numel = range.count;
+      slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+      slices.push_back(slice);
+    }
+    // Staging slots are reused: the slot's previous unit must have reached the device.
+    Event* slot_free =
+        wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)].params_ready.get() : nullptr;
+    // With parameter offload `grad` accumulates micro-batches and must start from zero;
+    // otherwise the next step's copy overwrites it whole.
+    void* grad = offload_param_ ? h.grad.host<void>() : nullptr;
+    const std::size_t grad_bytes = static_cast<std::size_t>(h.grad.bytes());
+    const HostOptimizer* optimizer = host_optimizer_.get();
+    const std::string span_name = trace_name_ + " unit " + std::to_string(u);
+    TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
+    cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
+      try {
+        if (slot_free != nullptr) slot_free->synchronize();
+        const double start_us = trace != nullptr ? trace->now_us() : 0.0;
+        optimizer->step(slices, step, lr, factor);
+        if (grad != nullptr) std::memset(grad, 0, grad_bytes);  // consumed: restart from zero
+        if (trace != nullptr) {
+          trace->add(TraceTrack::kCpuOptimizer, span_name, start_us, trace->now_us() - start_us);
+        }
+        done->set_value();
+      } catch (...) {
+        done->set_exception(std::current_exception());
+        throw;
+      }
+    });
+  }
+}
+
+}  // namespace zrt

@@ -1,0 +1,92 @@
+// Optimizer (and parameter) offload to host memory with a CPU optimizer: the implementation of
+// the engine's OptimizerOffload seam (runtime/engine/optimizer_offload.h) for any optimizer with
+// a CPU implementation (DeviceOptimizer::make_host_optimizer: Adam, AdamW, Lion).
+//
+// The pipeline of one step (docs/architecture.md; clipping and the overflow check need every
+// gradient first):
+//   backward:  each unit's final gradient slice goes device->host on the copy stream as soon
+//              as its reduction is done, while the backward of earlier units still runs;
+//   decision:  the copy stream takes each unit's sum of squares as its gradient arrives; the
+//              engine waits for the last one and adds them in unit order (the device path's
+//              order, so the clipping decision is the same bit for bit);
+//   update:    the CPU-optimizer thread steps the units in the order the next forward needs
+//              them, writing compute-dtype parameters into a ring of staging buffers; the copy
+//              stream carries unit u up while the CPU steps unit u+1. The next forward waits
+//              only for its own units, so it runs on the units already updated while the CPU
+//              steps the rest. With parameter offload the CPU writes the host parameter slices
+//              directly and the engine's gather copies them up.
+//
+// Streams (one per role): the copy stream (device <-> host, made by the Device) and the CPU
+// optimizer's host thread (Device::create_host_stream: host work on host memory, whatever the
+// device).
+#pragma once
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/device/cpu_stream.h"
+#include "runtime/engine/optimizer_offload.h"
+#include "runtime/engine/zero_engine.h"
+
+namespace zrt {
+
+class CpuOptimizerOffload final : public OptimizerOffload {
+ public:
+  explicit CpuOptimizerOffload(const OffloadContext& context);
+  ~CpuOptimizerOffload() override;
+
+  float* state_array(int u, int a) override;
+  void* host_params(int u) override;
+  void gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type, bool final,
+                        Event* bucket_read) override;
+  float local_norm_squared() override;
+  void update(std::int64_t step, double lr, double factor,
+              const std::function<DevicePtr<std::byte>(int u)>& destination) override;
+  const Event& params_ready(int u) const override;
+  void wait_for_update(int u, Stream& stream) override;
+  void skip_update() override;
+  std::shared_future<void> run_between_updates(std::function<void()> work) override;
+  Stream& copy_stream() override { return *copy_; }
+  Status status(int u) const override;
+  void set_trace(TraceRecorder* recorder) override { trace_ = recorder; }
+  void synchronize() override;
+
+ private:
+  // One unit's host side.
+  struct HostUnit {
+    Buffer master;                      // fp32 [shard]
+    std::vector<Buffer> state;          // fp32 [shard] each: the optimizer's named states
+    Buffer grad;                        // accum dtype [shard]: the gradient the CPU optimizer reads
+    Buffer params;                      // parameter offload: compute dtype [shard]
+    std::unique_ptr<Event> comm_point;  // comm stream, after the unit's reduction
+    std::unique_ptr<Event> d2h_done;    // copy stream: `grad` holds the final gradient
+    std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
+    std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
+    double grad_sum_squares = 0.0;        // of `grad`, taken on the copy stream
+  };
+  MemorySpace host_space(bool for_params) const;
+
+  Device& device_;
+  Stream& comm_;
+  const PartitionPlan& plan_;
+  const std::vector<ParamSpec>& params_;
+  const EngineOptions& options_;
+  int rank_;
+  bool offload_param_;
+  std::string trace_name_;  // the optimizer in trace spans: "adam", "lion"
+  std::unique_ptr<HostOptimizer> host_optimizer_;
+  std::unique_ptr<Stream> copy_;              // device <-> host copies
+  std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
+  std::vector<HostUnit> units_;
+  std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way up
+  Buffer host_reduced_;             // parameter offload: one reduced slice on its way down
+  std::vector<int> forward_order_;  // units in the order the next forward needs them
+  TraceRecorder* trace_ = nullptr;
+};
+
+// The factory the composition hands ZeroEngine (OffloadFactory).
+std::unique_ptr<OptimizerOffload> make_cpu_optimizer_offload(const OffloadContext& context);
+
+}  // namespace zrt

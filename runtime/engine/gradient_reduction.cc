@@ -1,0 +1,182 @@
+// The engine's gradients: where the model writes them (stages 0-1: full gradients accumulated
+// over the micro-batches; stages 2-3: a bucket per unit for one micro-batch's backward), their
+// reduction across ranks (issue_reduce / await_reduce, as Megatron's start_grad_sync /
+// finish_grad_sync), accumulation into the owned slice, and the step's global norm.
+#include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
+#include "runtime/trace/trace_span.h"
+
+namespace zrt {
+
+DType ZeroEngine::grad_dtype() const {
+  return per_micro_batch_grads() ? options_.compute_dtype : options_.grad_accum_dtype;
+}
+
+DevicePtr<std::byte> ZeroEngine::grad(int index) {
+  ZRT_CHECK(index >= 0 && index < static_cast<int>(params_.size()), "parameter index {}", index);
+  const ParamPlacement& pl = plan_.placement(index);
+  if (!per_micro_batch_grads()) {
+    return at(full_grads_, plan_.unit(pl.unit).offset + pl.offset, options_.grad_accum_dtype);
+  }
+  const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
+  ZRT_CHECK(!s.grad_bucket.empty(),
+            "gradient of '{}' requested outside the backward of a module "
+            "using it",
+            params_[static_cast<std::size_t>(index)].name);
+  return at(s.grad_bucket, pl.offset, options_.compute_dtype);
+}
+
+DevicePtr<std::byte> ZeroEngine::owned_grad_of(int u) {
+  const Unit& unit = plan_.unit(u);
+  if (per_micro_batch_grads())
+    return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
+  return at(full_grads_, unit.offset + rank_ * unit.shard, options_.grad_accum_dtype);
+}
+
+void ZeroEngine::open_grad_bucket(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  s.grad_bucket =
+      device_.allocate(bytes_of(unit.numel, options_.compute_dtype), MemCategory::kGrads,
+                       fmt::format("unit {} gradient bucket", u), MemorySpace::kDevice, &compute_);
+  device_.fill_zero(s.grad_bucket.device<std::byte>(),
+                    static_cast<std::size_t>(s.grad_bucket.bytes()), compute_);
+}
+
+void ZeroEngine::free_grad_bucket(int u) {
+  await_reduce(u);  // the reduction reads the bucket
+  units_[static_cast<std::size_t>(u)]->grad_bucket.reset();
+}
+
+void ZeroEngine::await_reduce(int u) {
+  compute_.wait(*units_[static_cast<std::size_t>(u)]->reduced);
+}
+
+void ZeroEngine::issue_reduce(int u, bool final) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  const DType wire = comm_dtype();
+  // The unit's gradients are complete once the compute stream gets here.
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  TraceSpan span(trace_, comm_, TraceTrack::kComm,
+                 options_.stage == 0 ? "all_reduce" : "reduce_scatter", "unit", u);
+  if (per_micro_batch_grads()) {
+    DevicePtr<std::byte> source = s.grad_bucket.device<std::byte>();
+    if (wire != cdt) {
+      engine_kernels::convert(device_, comm_, source, cdt, comm_scratch_.device<std::byte>(), wire,
+                              unit.numel);
+      source = comm_scratch_.device<std::byte>();
+    }
+    DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
+    group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+    if (offload_param()) {
+      // The reduced slice accumulates in host memory. Copy it out of the bucket (not the shared
+      // conversion scratch, which the next unit's reduction reuses).
+      DevicePtr<std::byte> out = mine;
+      DType out_type = wire;
+      if (source != s.grad_bucket.device<std::byte>()) {
+        out = s.grad_bucket.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
+        engine_kernels::convert(device_, comm_, mine, wire, out, cdt, unit.shard);
+        out_type = cdt;
+      }
+      span.end();
+      offload_->gradient_reduced(u, out, out_type, final, s.reduced.get());
+    } else {
+      engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
+                                 unit.shard);
+      span.end();
+      s.reduced->record(comm_);
+      if (offload_ && final) {
+        offload_->gradient_reduced(u, s.grad_slice.device<std::byte>(), adt, true, nullptr);
+      }
+    }
+  } else if (group_.size() > 1) {
+    // Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once.
+    DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
+    DevicePtr<std::byte> work = grads;
+    DType type = adt;
+    if (wire != adt) {
+      engine_kernels::convert(device_, comm_, grads, adt, comm_scratch_.device<std::byte>(), wire,
+                              unit.numel);
+      work = comm_scratch_.device<std::byte>();
+      type = wire;
+    }
+    // Stage 0 keeps the whole unit everywhere; stage 1 keeps the rank's slice.
+    const std::int64_t first = options_.stage == 0 ? 0 : rank_ * unit.shard;
+    const std::int64_t count = options_.stage == 0 ? unit.numel : unit.shard;
+    if (options_.stage == 0) {
+      group_.all_reduce(work, work, unit.numel, type, ReduceOp::kAvg);
+    } else {
+      group_.reduce_scatter(work, work + bytes_of(first, type), unit.shard, type, ReduceOp::kAvg);
+    }
+    if (work != grads) {
+      engine_kernels::convert(device_, comm_, work + bytes_of(first, wire), wire,
+                              grads + bytes_of(first, adt), adt, count);
+    }
+  }
+  span.end();
+  if (!per_micro_batch_grads() && offload_) {
+    offload_->gradient_reduced(u, at(full_grads_, unit.offset + rank_ * unit.shard, adt), adt, true,
+                               nullptr);
+  }
+  if (!options_.overlap_comm) wait_for_comm();
+}
+
+float ZeroEngine::global_grad_norm_squared() {
+  wait_for_comm();
+  float norm_squared = 0.0f;
+  if (offload_) {
+    norm_squared = offload_->local_norm_squared();
+    if (partition_world() == 1) return norm_squared;
+    // Sum over ranks through the group (every rank takes the same decision).
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+    device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
+    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                      ReduceOp::kSum);
+    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
+    span.end();
+    comm_.synchronize();
+    return norm_squared;
+  }
+  TraceSpan norm_span(trace_, compute_, TraceTrack::kCompute, "grad norm");
+  device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const Unit& unit = plan_.unit(static_cast<int>(ui));
+    engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
+                                    options_.grad_accum_dtype, unit.shard, norm_.device<float>());
+  }
+  norm_span.end();
+  Stream* reader = &compute_;
+  if (partition_world() > 1) {
+    compute_done_->record(compute_);
+    comm_.wait(*compute_done_);
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                      ReduceOp::kSum);
+    reader = &comm_;
+  }
+  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
+  reader->synchronize();
+  if (reader == &comm_) wait_for_comm();
+  return norm_squared;
+}
+
+void ZeroEngine::zero_grads() {
+  // Gradients start from zero for the next accumulation cycle.
+  if (per_micro_batch_grads()) {
+    for (auto& s : units_) {
+      if (s->grad_slice.empty()) continue;  // parameter offload: the offload's host gradient
+      device_.fill_zero(s->grad_slice.device<std::byte>(),
+                        static_cast<std::size_t>(s->grad_slice.bytes()), compute_);
+    }
+  } else {
+    device_.fill_zero(full_grads_.device<std::byte>(),
+                      static_cast<std::size_t>(full_grads_.bytes()), compute_);
+  }
+}
+
+}  // namespace zrt

@@ -1,0 +1,65 @@
+// The engine's parameters on their way to the compute stream: stage 3 gathers each unit before
+// its use and frees it after (issue_gather / await_gather / release_gather, in the order the
+// schedule gives); stages 1-2 publish each unit's updated slice to every rank after a step.
+// The collectives run on the comm stream; the compute stream meets them through each unit's
+// gathered_ready event.
+#include "runtime/common/error.h"
+#include "runtime/engine/unit_state.h"
+#include "runtime/trace/trace_span.h"
+
+namespace zrt {
+
+void ZeroEngine::issue_gather(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
+                                fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
+                                &compute_);
+  // The gather follows the allocation and any update of the slice, both on the compute stream
+  // (or, with optimizer offload, the copy stream that brought the updated slice).
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  if (offload_) comm_.wait(offload_->params_ready(u));
+  DevicePtr<std::byte> mine = s.gathered.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
+  if (void* host_params = offload_ ? offload_->host_params(u) : nullptr) {
+    // Parameter offload: the slice comes up from host memory into its place in the gathered
+    // buffer just before the (in-place) gather, once the CPU optimizer has written it.
+    offload_->wait_for_update(u, comm_);
+    {
+      TraceSpan span(trace_, comm_, TraceTrack::kComm, "h2d", "unit", u);
+      device_.copy_to_device(mine, host_params, static_cast<std::size_t>(bytes_of(unit.shard, cdt)),
+                             comm_);
+    }
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
+    group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
+  } else {
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
+    group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
+                      cdt);
+  }
+  s.gathered_ready->record(comm_);
+}
+
+void ZeroEngine::await_gather(int u) {
+  compute_.wait(*units_[static_cast<std::size_t>(u)]->gathered_ready);
+}
+
+void ZeroEngine::release_gather(int u) {
+  // Ordered on the compute stream after the kernels that read it (and the compute stream
+  // already waited for the gather that wrote it).
+  units_[static_cast<std::size_t>(u)]->gathered.reset();
+}
+
+void ZeroEngine::publish_updated(int u, const Event* ready) {
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  if (ready != nullptr) comm_.wait(*ready);
+  DevicePtr<std::byte> full = full_params_of(u);
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
+  group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+  span.end();
+  units_[static_cast<std::size_t>(u)]->gathered_ready->record(comm_);
+}
+
+}  // namespace zrt

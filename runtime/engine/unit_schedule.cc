@@ -1,0 +1,238 @@
+#include "runtime/engine/unit_schedule.h"
+
+#include <algorithm>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+const char* unit_op_name(UnitOpKind kind) {
+  switch (kind) {
+    case UnitOpKind::kIssueGather:
+      return "issue_gather";
+    case UnitOpKind::kAwaitGather:
+      return "await_gather";
+    case UnitOpKind::kAwaitPublish:
+      return "await_publish";
+    case UnitOpKind::kReleaseGather:
+      return "release_gather";
+    case UnitOpKind::kFreeBucket:
+      return "free_bucket";
+    case UnitOpKind::kOpenBucket:
+      return "open_bucket";
+    case UnitOpKind::kIssueReduce:
+      return "issue_reduce";
+  }
+  return "?";
+}
+
+UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
+                           const ScheduleOptions& options)
+    : plan_(plan),
+      num_modules_(num_modules),
+      options_(options),
+      gathered_(plan.units().size(), false),
+      bucket_open_(plan.units().size(), false) {
+  ZRT_CHECK(options.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1");
+  ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
+            "stage 3 prefetch/live limits must be >= 0");
+}
+
+std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
+  ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
+            num_modules_ - 1);
+  ZRT_CHECK(phase != Phase::kBackward || micro_batch_ < options_.gradient_accumulation_steps,
+            "backward of micro-batch {} but gradient_accumulation_steps is {}: call step() at the "
+            "accumulation boundary",
+            micro_batch_ + 1, options_.gradient_accumulation_steps);
+  std::vector<UnitOp> ops;
+  const auto& units = plan_.module_units(module);
+  if (sharded()) {
+    for (int u : units) {
+      if (plan_.unit(u).persistent) continue;
+      gather(u, ops);
+      ops.push_back({UnitOpKind::kAwaitGather, u});
+    }
+    prefetch_after(module, phase, ops);
+  }
+  if (options_.await_published_per_unit) {
+    // The next forward starts on the units already published while later ones are still being
+    // updated (offload) or gathered. Before the first step there is nothing to wait for.
+    for (int u : units) {
+      if (sharded() && !plan_.unit(u).persistent) continue;
+      ops.push_back({UnitOpKind::kAwaitPublish, u});
+    }
+  }
+  if (phase == Phase::kBackward && per_micro_batch_grads()) {
+    for (int u : units) open_bucket(u, ops);
+  }
+  return ops;
+}
+
+std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
+  ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
+            num_modules_ - 1);
+  std::vector<UnitOp> ops;
+  const auto& units = plan_.module_units(module);
+  if (phase == Phase::kBackward) {
+    // Stages 2-3 reduce every micro-batch's gradient; stages 0-1 accumulate the full gradient
+    // and reduce it once, in the last micro-batch.
+    for (int u : units) {
+      if (plan_.unit(u).last_backward_module != module) continue;
+      if (per_micro_batch_grads() || last_micro_batch()) {
+        ops.push_back({UnitOpKind::kIssueReduce, u, last_micro_batch()});
+      }
+    }
+  }
+  if (sharded()) {
+    // Keep what the very next module use needs (the last forward module is used again at once
+    // by its backward; a recompute is followed by the same module's backward).
+    int next = -1;
+    if (phase == Phase::kForward) next = module + 1 < num_modules_ ? module + 1 : module;
+    if (phase == Phase::kEval) next = module + 1 < num_modules_ ? module + 1 : -1;
+    if (phase == Phase::kRecompute) next = module;
+    if (phase == Phase::kBackward) next = module - 1;
+    for (int u : units) {
+      const Unit& unit = plan_.unit(u);
+      if (unit.persistent || !gathered(u)) continue;
+      const bool needed_next = next >= 0 && std::find(unit.modules.begin(), unit.modules.end(),
+                                                      next) != unit.modules.end();
+      if (needed_next) continue;
+      gathered_[static_cast<std::size_t>(u)] = false;
+      live_gathered_ -= unit.numel;
+      ops.push_back({UnitOpKind::kReleaseGather, u});
+    }
+  }
+  if (phase == Phase::kBackward && module == 0) {
+    ++micro_batch_;
+    // Every bucket of this micro-batch has been reduced: free them all.
+    for (auto* list : {&rotating_buckets_, &pinned_buckets_}) {
+      for (int u : *list) free_bucket(u, ops);
+      list->clear();
+    }
+  }
+  return ops;
+}
+
+void UnitSchedule::gather(int u, std::vector<UnitOp>& ops) {
+  if (gathered(u)) return;
+  gathered_[static_cast<std::size_t>(u)] = true;
+  live_gathered_ += plan_.unit(u).numel;
+  ops.push_back({UnitOpKind::kIssueGather, u});
+}
+
+void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops) {
+  std::int64_t budget = options_.stage3_prefetch_bucket_size;
+  // The module uses that follow this one in the static schedule.
+  std::vector<int> next;
+  if (phase == Phase::kForward || phase == Phase::kEval) {
+    for (int m = module + 1; m < num_modules_; ++m) next.push_back(m);
+    if (phase == Phase::kForward) {
+      for (int m = num_modules_ - 1; m >= 0; --m) next.push_back(m);
+    }
+  } else {
+    for (int m = module - 1; m >= 0; --m) next.push_back(m);
+  }
+  // Within the prefetch budget and the live-parameter bound, stopping at the first unit that
+  // does not fit (so the order of gathers never depends on what happens to be free).
+  for (int m : next) {
+    for (int u : plan_.module_units(m)) {
+      const Unit& unit = plan_.unit(u);
+      if (unit.persistent || gathered(u)) continue;
+      if (unit.numel > budget) return;
+      if (live_gathered_ + unit.numel > options_.stage3_max_live_parameters) return;
+      gather(u, ops);
+      budget -= unit.numel;
+    }
+  }
+}
+
+void UnitSchedule::open_bucket(int u, std::vector<UnitOp>& ops) {
+  if (bucket_open(u)) return;
+  const Unit& unit = plan_.unit(u);
+  // Units whose modules are contiguous in backward order finish before the next one opens, so
+  // their buffers rotate: at most two live, this one and the one being reduced. A shared or
+  // persistent unit stays open until its last use (module 0's backward at the latest).
+  if (!unit.shared && !unit.persistent) {
+    while (!rotating_buckets_.empty()) {
+      free_bucket(rotating_buckets_.front(), ops);
+      rotating_buckets_.pop_front();
+    }
+    rotating_buckets_.push_back(u);
+  } else {
+    pinned_buckets_.push_back(u);
+  }
+  bucket_open_[static_cast<std::size_t>(u)] = true;
+  live_buckets_ += unit.numel;
+  ops.push_back({UnitOpKind::kOpenBucket, u});
+}
+
+void UnitSchedule::free_bucket(int u, std::vector<UnitOp>& ops) {
+  bucket_open_[static_cast<std::size_t>(u)] = false;
+  live_buckets_ -= plan_.unit(u).numel;
+  ops.push_back({UnitOpKind::kFreeBucket, u});
+}
+
+std::vector<int> UnitSchedule::forward_order(const PartitionPlan& plan) {
+  std::vector<int> order;
+  for (std::size_t u = 0; u < plan.units().size(); ++u) order.push_back(static_cast<int>(u));
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return plan.unit(a).modules.front() < plan.unit(b).modules.front();
+  });
+  return order;
+}
+
+SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
+                             const ScheduleOptions& options, const std::vector<bool>& recomputed) {
+  ZRT_CHECK(static_cast<int>(recomputed.size()) == num_modules,
+            "schedule_peaks: {} recompute flags for {} modules", recomputed.size(), num_modules);
+  UnitSchedule schedule(plan, num_modules, options);
+  SchedulePeaks peaks;
+  auto note = [&](const std::vector<UnitOp>& ops) {
+    std::int64_t gathered = schedule.live_gathered_elements();
+    std::int64_t buckets = schedule.live_bucket_elements();
+    // The counters are at the end of the ops; walk back to see each intermediate state.
+    std::vector<std::pair<std::int64_t, std::int64_t>> states{{gathered, buckets}};
+    for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+      const std::int64_t n = plan.unit(it->unit).numel;
+      switch (it->kind) {
+        case UnitOpKind::kIssueGather:
+          gathered -= n;
+          break;
+        case UnitOpKind::kReleaseGather:
+          gathered += n;
+          break;
+        case UnitOpKind::kOpenBucket:
+          buckets -= n;
+          break;
+        case UnitOpKind::kFreeBucket:
+          buckets += n;
+          break;
+        default:
+          break;
+      }
+      states.emplace_back(gathered, buckets);
+    }
+    for (const auto& [g, b] : states) {
+      peaks.gathered_elements = std::max(peaks.gathered_elements, g);
+      peaks.bucket_elements = std::max(peaks.bucket_elements, b);
+      peaks.sum_elements = std::max(peaks.sum_elements, g + b);
+    }
+  };
+  auto use = [&](int m, Phase phase) {
+    note(schedule.acquire(m, phase));
+    note(schedule.release(m, phase));
+  };
+  for (int micro = 0; micro < options.gradient_accumulation_steps; ++micro) {
+    for (int m = 0; m < num_modules; ++m) use(m, Phase::kForward);
+    for (int m = num_modules - 1; m >= 0; --m) {
+      if (recomputed[static_cast<std::size_t>(m)]) use(m, Phase::kRecompute);
+      use(m, Phase::kBackward);
+    }
+  }
+  schedule.step();
+  for (int m = 0; m < num_modules; ++m) use(m, Phase::kEval);
+  return peaks;
+}
+
+}  // namespace zrt

@@ -1,0 +1,112 @@
+// The engine's schedule as a pure function: which units to gather, prefetch, release, which
+// gradient buckets to open and free and which reductions to issue, for each module use of a
+// micro-batch (model_interface.h's acquire / release call order). No device, no memory, no
+// timing: the same calls give the same operations, on every rank (DESIGN.md: the sequence of
+// collectives is a pure function of the config and the model).
+//
+// ZeroEngine executes the operations on its streams; zrt-mem replays them to find the peaks of
+// gathered parameters and gradient buckets (schedule_peaks below), so the two cannot drift
+// apart; test_unit_schedule checks the sequences themselves.
+//
+// Thread-safety: a UnitSchedule is a plain value driven by one thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/partition.h"
+#include "runtime/model_interface.h"
+
+namespace zrt {
+
+struct ScheduleOptions {
+  int stage = 0;
+  int gradient_accumulation_steps = 1;
+  std::int64_t stage3_prefetch_bucket_size = 50000000;   // elements
+  std::int64_t stage3_max_live_parameters = 1000000000;  // elements
+  // The compute stream waits, unit by unit, for the full parameters published after the last
+  // step (stages 1-2, and stage 3's persistent unit) before a module uses them; without it the
+  // step waits for the publication as a whole.
+  bool await_published_per_unit = false;
+};
+
+enum class UnitOpKind {
+  kIssueGather,    // stage 3: allocate the unit's full parameters and all-gather them (comm)
+  kAwaitGather,    // the compute stream waits for the unit's gather
+  kAwaitPublish,   // the compute stream waits for the unit's post-step all-gather
+  kReleaseGather,  // stage 3: free the unit's full parameters (after the kernels that read them)
+  kFreeBucket,     // stages 2-3: wait for the bucket's reduction, then free it
+  kOpenBucket,     // stages 2-3: allocate and zero the unit's gradient bucket
+  kIssueReduce,    // the unit's gradient is complete: reduce it (comm)
+};
+const char* unit_op_name(UnitOpKind kind);
+
+struct UnitOp {
+  UnitOpKind kind;
+  int unit;
+  // kIssueReduce: the unit's last reduction of the step (the last micro-batch's), after which
+  // its gradient is final.
+  bool final = false;
+  bool operator==(const UnitOp& o) const {
+    return kind == o.kind && unit == o.unit && final == o.final;
+  }
+};
+
+class UnitSchedule {
+ public:
+  UnitSchedule(const PartitionPlan& plan, int num_modules, const ScheduleOptions& options);
+
+  // The operations before module `module` runs `phase`, in the order to execute them.
+  std::vector<UnitOp> acquire(int module, Phase phase);
+  // The operations after it ran. The backward of module 0 ends the micro-batch.
+  std::vector<UnitOp> release(int module, Phase phase);
+  // The accumulation boundary: the next backward is the first of a new step.
+  void step() { micro_batch_ = 0; }
+
+  int micro_batch() const { return micro_batch_; }  // micro-batches done since the last step
+  bool last_micro_batch() const { return micro_batch_ == options_.gradient_accumulation_steps - 1; }
+  bool gathered(int unit) const { return gathered_[static_cast<std::size_t>(unit)]; }
+  bool bucket_open(int unit) const { return bucket_open_[static_cast<std::size_t>(unit)]; }
+  std::int64_t live_gathered_elements() const { return live_gathered_; }
+  std::int64_t live_bucket_elements() const { return live_buckets_; }
+  const ScheduleOptions& options() const { return options_; }
+
+  // The units in the order the next forward needs them (of their first module), which is the
+  // order an offloaded step updates them in.
+  static std::vector<int> forward_order(const PartitionPlan& plan);
+
+ private:
+  bool sharded() const { return options_.stage == 3; }
+  bool per_micro_batch_grads() const { return options_.stage >= 2; }
+  void gather(int u, std::vector<UnitOp>& ops);
+  void prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops);
+  void open_bucket(int u, std::vector<UnitOp>& ops);
+  void free_bucket(int u, std::vector<UnitOp>& ops);
+
+  const PartitionPlan& plan_;
+  int num_modules_;
+  ScheduleOptions options_;
+  int micro_batch_ = 0;
+  std::vector<bool> gathered_;
+  std::vector<bool> bucket_open_;
+  std::deque<int> rotating_buckets_;  // live buckets of contiguous modules
+  std::deque<int> pinned_buckets_;    // live shared / persistent buckets
+  std::int64_t live_gathered_ = 0;
+  std::int64_t live_buckets_ = 0;
+};
+
+// The peaks of the transient model-state buffers over one step of `gradient_accumulation_steps`
+// training micro-batches followed by one eval pass, replaying the schedule: what the engine's
+// MemoryTracker records for them (zrt-mem; test_zrt_mem_crosscheck compares the two).
+struct SchedulePeaks {
+  std::int64_t gathered_elements = 0;  // gathered (non-persistent) units
+  std::int64_t bucket_elements = 0;    // live gradient buckets
+  std::int64_t sum_elements = 0;       // both at once
+};
+// `recomputed[m]`: module m runs again under activation checkpointing before its backward.
+SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
+                             const ScheduleOptions& options, const std::vector<bool>& recomputed);
+
+}  // namespace zrt

@@ -1,0 +1,316 @@
+// The engine's unit state: allocation, initialisation, loading and copying out (checkpoints,
+// export). With optimizer offload the fp32 state lives in the offload's host memory and is
+// read and written there; the compute-dtype parameters are on the device either way (or in
+// host memory with parameter offload).
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
+
+namespace zrt {
+
+void ZeroEngine::allocate_state() {
+  const DType cdt = options_.compute_dtype;
+  const DType adt = options_.grad_accum_dtype;
+  std::int64_t max_unit = 0;
+  for (std::size_t u = 0; u < plan_.units().size(); ++u) {
+    const Unit& unit = plan_.unit(static_cast<int>(u));
+    max_unit = std::max(max_unit, unit.numel);
+    auto s = std::make_unique<UnitState>();
+    const std::string name = fmt::format("unit {}", u);
+    if (!offload_optimizer()) {  // offloaded, the fp32 state never touches the device
+      s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
+                                   name + " fp32 master");
+      for (const std::string& state : optimizer_.spec().state_names) {
+        s->state.push_back(device_.allocate(bytes_of(unit.shard, DType::kFloat32),
+                                            MemCategory::kOptimizer, name + " " + state));
+      }
+    }
+    if (sharded_params()) {
+      if (unit.persistent) {
+        s->resident = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
+                                       name + " persistent params");
+      } else if (!offload_param()) {  // offloaded, the slice is the offload's host_params
+        s->param_slice = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                                          name + " param slice");
+      }
+    }
+    // With parameter offload the gradient accumulates in host memory (in the offload).
+    if (per_micro_batch_grads() && !offload_param()) {
+      s->grad_slice =
+          device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads, name + " grad slice");
+    }
+    s->gathered_ready = device_.create_event();
+    s->reduced = device_.create_event();
+    units_.push_back(std::move(s));
+  }
+  if (!sharded_params()) {
+    full_params_ = device_.allocate(bytes_of(plan_.total_numel(), cdt), MemCategory::kParams,
+                                    "full parameters");
+  }
+  if (!per_micro_batch_grads()) {
+    full_grads_ =
+        device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads, "full gradients");
+  }
+  const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
+  if (comm_dtype() != reduced_type && group_.size() > 1) {
+    comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
+                                     "gradient conversion for communication_data_type");
+  }
+  norm_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm");
+}
+
+DevicePtr<std::byte> ZeroEngine::full_params_of(int u) {
+  const Unit& unit = plan_.unit(u);
+  if (sharded_params()) {
+    ZRT_CHECK(unit.persistent, "unit {} has no resident full parameters at stage 3", u);
+    return units_[static_cast<std::size_t>(u)]->resident.device<std::byte>();
+  }
+  return at(full_params_, unit.offset, options_.compute_dtype);
+}
+
+DevicePtr<std::byte> ZeroEngine::owned_params_of(int u) {
+  const Unit& unit = plan_.unit(u);
+  if (sharded_params() && !unit.persistent) {
+    return units_[static_cast<std::size_t>(u)]->param_slice.device<std::byte>();
+  }
+  return full_params_of(u) + bytes_of(rank_ * unit.shard, options_.compute_dtype);
+}
+
+DevicePtr<std::byte> ZeroEngine::device_state(int u, std::size_t a) const {
+  const UnitState& s = *units_[static_cast<std::size_t>(u)];
+  return (a == 0 ? s.master : s.state[a - 1]).device<std::byte>();
+}
+
+// ---- initialisation and loading ---------------------------------------------------------------
+
+void ZeroEngine::initialize(const Initializer& init) {
+  std::vector<float> piece;
+  assign_state([&](int u, const StateArrays& arrays) {
+    // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
+    // padding of the master weights.
+    float* master = arrays[0];
+    const Unit& unit = plan_.unit(u);
+    for (int p : unit.params) {
+      const auto range = plan_.owned_range(p, rank_);
+      if (range.count == 0) continue;
+      piece.assign(static_cast<std::size_t>(range.count), 0.0f);
+      init(p, range.first, range.count, piece.data());
+      std::copy(piece.begin(), piece.end(), master + range.slice_offset);
+    }
+  });
+}
+
+void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& fill) {
+  ZRT_CHECK(schedule_.micro_batch() == 0,
+            "load_state() after {} micro-batches: only at a step boundary",
+            schedule_.micro_batch());
+  assign_state(fill);
+  optimizer_steps_ = counters.optimizer_steps;
+  skipped_steps_ = counters.skipped_steps;
+  scaler_.restore(counters.loss_scale);
+}
+
+EngineCounters ZeroEngine::counters() const {
+  return EngineCounters{optimizer_steps_, skipped_steps_, scaler_.state()};
+}
+
+std::string ZeroEngine::optimizer_trace_name() const {
+  std::string name = optimizer_.spec().family;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+void ZeroEngine::check_state_arrays(const StateArrays& arrays, const char* call) const {
+  const OptimizerSpec& spec = optimizer_.spec();
+  ZRT_CHECK(static_cast<int>(arrays.size()) == state_array_count(),
+            "{}: {} host arrays for {} state (master + {} state tensors expected)", call,
+            arrays.size(), spec.family, spec.num_states());
+}
+
+void ZeroEngine::assign_state(const StateFiller& fill) {
+  const DType cdt = options_.compute_dtype;
+  // Nothing may still read or write the state being replaced.
+  wait_state_copy();
+  if (offload_) offload_->synchronize();
+  compute_.synchronize();
+  comm_.synchronize();
+  // host_state[0]: the master weights; then one per optimizer state tensor.
+  std::vector<std::vector<float>> host_state(static_cast<std::size_t>(state_array_count()));
+  StateArrays arrays(host_state.size());
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    const Unit& unit = plan_.unit(u);
+    UnitState& s = *units_[ui];
+    for (std::size_t a = 0; a < host_state.size(); ++a) {
+      host_state[a].assign(static_cast<std::size_t>(unit.shard), 0.0f);
+      arrays[a] = host_state[a].data();
+    }
+    fill(u, arrays);
+    const std::vector<float>& host = host_state[0];
+    if (offload_) {
+      // Host state: written directly; the compute-dtype copy goes up through a host buffer.
+      for (std::size_t a = 0; a < host_state.size(); ++a) {
+        std::memcpy(offload_->state_array(u, static_cast<int>(a)), host_state[a].data(),
+                    host.size() * 4);
+      }
+      if (void* host_params = offload_->host_params(u)) {
+        engine_kernels::cpu::convert(host.data(), DType::kFloat32, host_params, cdt, unit.shard);
+      } else {
+        std::vector<std::byte> converted(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
+        engine_kernels::cpu::convert(host.data(), DType::kFloat32, converted.data(), cdt,
+                                     unit.shard);
+        device_.copy_to_device(owned_params_of(u), converted.data(), converted.size(), compute_);
+        compute_.synchronize();  // `converted` goes out of scope
+      }
+    } else {
+      for (std::size_t a = 0; a < host_state.size(); ++a) {
+        device_.copy_to_device(device_state(u, a), host_state[a].data(), host.size() * 4, compute_);
+      }
+      compute_.synchronize();  // the host vectors are reused for the next unit
+      // The compute-dtype copy of the owned slice.
+      engine_kernels::convert(device_, compute_, s.master.device<std::byte>(), DType::kFloat32,
+                              owned_params_of(u), cdt, unit.shard);
+    }
+    if (!s.grad_slice.empty()) {
+      device_.fill_zero(s.grad_slice.device<std::byte>(),
+                        static_cast<std::size_t>(s.grad_slice.bytes()), compute_);
+    }
+  }
+  if (!per_micro_batch_grads()) {
+    device_.fill_zero(full_grads_.device<std::byte>(),
+                      static_cast<std::size_t>(full_grads_.bytes()), compute_);
+  }
+  // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies.
+  if (options_.stage >= 1) {
+    compute_done_->record(compute_);
+    comm_.wait(*compute_done_);
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      if (sharded_params() && !plan_.unit(u).persistent) continue;
+      publish_updated(u, nullptr);
+    }
+    wait_for_comm();
+  }
+  compute_.synchronize();
+  comm_.synchronize();
+}
+
+// ---- copying the state out (checkpoints, export) ----------------------------------------------
+
+void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
+  ZRT_CHECK(schedule_.micro_batch() == 0,
+            "copy_state_out() after {} micro-batches: only at a step boundary",
+            schedule_.micro_batch());
+  check_state_arrays(out, "copy_state_out()");
+  const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
+  if (offload_) {
+    offload_->synchronize();  // the CPU optimizer may still be writing the state
+    for (std::size_t a = 0; a < out.size(); ++a) {
+      std::memcpy(out[a], offload_->state_array(u, static_cast<int>(a)), bytes);
+    }
+    return;
+  }
+  for (std::size_t a = 0; a < out.size(); ++a) {
+    device_.copy_to_host(out[a], device_state(u, a), bytes, compute_);
+  }
+  compute_.synchronize();
+}
+
+void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void()> before) {
+  ZRT_CHECK(schedule_.micro_batch() == 0,
+            "copy_state_out_async() after {} micro-batches: only at a step boundary",
+            schedule_.micro_batch());
+  check_state_arrays(out, "copy_state_out_async()");
+  const std::size_t arrays = out.size();
+  std::vector<std::int64_t> offsets;  // where each unit's slice starts in the host arrays
+  std::vector<std::size_t> bytes;     // each unit's slice
+  std::int64_t at = 0;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    offsets.push_back(at);
+    at += plan_.unit(static_cast<int>(u)).shard;
+    bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
+  }
+  if (offload_) {
+    // Host state, written only by the CPU optimizer's thread: the copy goes after its last
+    // update in that thread's queue, and the next step's updates after the copy.
+    std::vector<const float*> sources;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      for (std::size_t a = 0; a < arrays; ++a) {
+        sources.push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
+      }
+    }
+    host_state_copied_ = offload_->run_between_updates([=, before = std::move(before)] {
+      if (before) before();
+      for (std::size_t u = 0; u < bytes.size(); ++u) {
+        for (std::size_t a = 0; a < arrays; ++a) {
+          std::memcpy(out[a] + offsets[u], sources[arrays * u + a], bytes[u]);
+        }
+      }
+    });
+    return;
+  }
+  if (!state_copy_stream_) {
+    state_copy_stream_ = device_.create_stream("state copy");
+    state_copied_ = device_.create_event();
+    state_updated_ = device_.create_event();
+  }
+  Stream& stream = *state_copy_stream_;
+  state_updated_->record(compute_);  // the last update is enqueued on the compute stream
+  stream.wait(*state_updated_);
+  if (before) stream.host_callback(std::move(before));
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    for (std::size_t a = 0; a < arrays; ++a) {
+      device_.copy_to_host(out[a] + offsets[u], device_state(static_cast<int>(u), a), bytes[u],
+                           stream);
+    }
+  }
+  state_copied_->record(stream);
+}
+
+void ZeroEngine::wait_state_copy() {
+  if (state_copied_) state_copied_->synchronize();
+  if (host_state_copied_.valid()) host_state_copied_.get();
+}
+
+void ZeroEngine::order_update_after_state_copy() {
+  // The offloaded copy is ordered by the CPU optimizer's queue (run_between_updates).
+  if (state_copied_ && !offload_) compute_.wait(*state_copied_);
+}
+
+std::vector<float> ZeroEngine::full_parameter(int param) {
+  const ParamPlacement& pl = plan_.placement(param);
+  const Unit& unit = plan_.unit(pl.unit);
+  std::vector<float> out(static_cast<std::size_t>(pl.numel));
+  compute_.synchronize();
+  if (offload_) offload_->synchronize();  // the master is being written
+  const float* host_master = offload_ ? offload_->state_array(pl.unit, 0) : nullptr;
+  if (partition_world() == 1) {
+    if (host_master != nullptr) {
+      std::memcpy(out.data(), host_master + pl.offset, out.size() * 4);
+      return out;
+    }
+    device_.copy_to_host(out.data(), device_state(pl.unit, 0) + pl.offset * 4, out.size() * 4,
+                         compute_);
+    compute_.synchronize();
+    return out;
+  }
+  Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
+  DevicePtr<std::byte> mine = full.device<std::byte>() + rank_ * unit.shard * 4;
+  if (host_master != nullptr) {
+    device_.copy_to_device(mine, host_master, static_cast<std::size_t>(unit.shard * 4), comm_);
+  } else {
+    device_.copy(mine, device_state(pl.unit, 0), static_cast<std::size_t>(unit.shard * 4), comm_);
+  }
+  group_.all_gather(mine, full.device<std::byte>(), unit.shard, DType::kFloat32);
+  device_.copy_to_host(out.data(), full.device<std::byte>() + pl.offset * 4, out.size() * 4, comm_);
+  comm_.synchronize();
+  return out;
+}
+
+}  // namespace zrt

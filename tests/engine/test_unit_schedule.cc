@@ -1,0 +1,183 @@
+// The engine's schedule without a device: the exact operations of a micro-batch at stage 3
+// (gather, prefetch within the budget and the live bound, release, rotating and pinned buckets,
+// reductions), the stage 0-2 reduction rules over accumulation, the refused calls, and the
+// peaks zrt-mem takes from it against values worked out by hand.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "runtime/common/error.h"
+#include "runtime/engine/unit_schedule.h"
+
+using namespace zrt;
+
+namespace {
+
+using K = UnitOpKind;
+
+// Three modules of 64 elements each (one unit each at stage 3), no tied parameter.
+std::vector<ParamSpec> chain() {
+  return {{"m0.w", {8, 8}, {0}, false}, {"m1.w", {8, 8}, {1}, false}, {"m2.w", {8, 8}, {2}, false}};
+}
+
+PartitionPlan plan_of(const std::vector<ParamSpec>& params, int stage, int modules) {
+  PartitionOptions o;
+  o.stage = stage;
+  o.world = 1;
+  o.bucket_elements = 64;  // one module per bucket at stages 0-2
+  o.persistence_threshold = 0;
+  o.alignment = 4;
+  o.num_modules = modules;
+  return PartitionPlan(params, o);
+}
+
+std::string show(const std::vector<UnitOp>& ops) {
+  std::string s;
+  for (const UnitOp& op : ops) {
+    s += std::string(unit_op_name(op.kind)) + "(" + std::to_string(op.unit) +
+         (op.final ? ",final" : "") + ") ";
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("stage 3 without prefetch: gather before use, release after, buckets rotate") {
+  const auto params = chain();
+  const PartitionPlan plan = plan_of(params, 3, 3);
+  const int u0 = plan.module_units(0)[0], u1 = plan.module_units(1)[0],
+            u2 = plan.module_units(2)[0];
+  ScheduleOptions o;
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 0;
+  UnitSchedule s(plan, 3, o);
+  using V = std::vector<UnitOp>;
+  // Forward: each module gathers its unit and, since the next module does not use it, frees it.
+  CHECK(show(s.acquire(0, Phase::kForward)) ==
+        show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
+  CHECK(show(s.release(0, Phase::kForward)) == show(V{{K::kReleaseGather, u0}}));
+  s.acquire(1, Phase::kForward);
+  s.release(1, Phase::kForward);
+  CHECK(show(s.acquire(2, Phase::kForward)) ==
+        show(V{{K::kIssueGather, u2}, {K::kAwaitGather, u2}}));
+  // The last forward module is kept for its backward, which gathers nothing.
+  CHECK(s.release(2, Phase::kForward).empty());
+  CHECK(show(s.acquire(2, Phase::kBackward)) ==
+        show(V{{K::kAwaitGather, u2}, {K::kOpenBucket, u2}}));
+  CHECK(show(s.release(2, Phase::kBackward)) ==
+        show(V{{K::kIssueReduce, u2, true}, {K::kReleaseGather, u2}}));
+  // The next bucket frees the previous one (after its reduction) before it is allocated.
+  CHECK(show(s.acquire(1, Phase::kBackward)) == show(V{{K::kIssueGather, u1},
+                                                       {K::kAwaitGather, u1},
+                                                       {K::kFreeBucket, u2},
+                                                       {K::kOpenBucket, u1}}));
+  s.release(1, Phase::kBackward);
+  s.acquire(0, Phase::kBackward);
+  // Module 0's backward ends the micro-batch: the last bucket goes too.
+  CHECK(show(s.release(0, Phase::kBackward)) ==
+        show(V{{K::kIssueReduce, u0, true}, {K::kReleaseGather, u0}, {K::kFreeBucket, u0}}));
+  CHECK(s.micro_batch() == 1);
+  CHECK(s.live_gathered_elements() == 0);
+  CHECK(s.live_bucket_elements() == 0);
+  // gradient_accumulation_steps is 1: another backward needs step() first.
+  CHECK_THROWS_WITH(
+      s.acquire(2, Phase::kBackward),
+      Catch::Contains("backward of micro-batch 2 but gradient_accumulation_steps is 1"));
+  s.step();
+  CHECK_NOTHROW(s.acquire(0, Phase::kForward));
+  CHECK_THROWS_WITH(s.acquire(3, Phase::kForward), Catch::Contains("module 3 outside 0..2"));
+}
+
+TEST_CASE("stage 3 prefetch stops at the budget and at the live-parameter bound") {
+  const auto params = chain();
+  const PartitionPlan plan = plan_of(params, 3, 3);
+  const std::int64_t n = plan.unit(0).numel;
+  const int u0 = plan.module_units(0)[0], u1 = plan.module_units(1)[0],
+            u2 = plan.module_units(2)[0];
+  using V = std::vector<UnitOp>;
+  {
+    ScheduleOptions o;
+    o.stage = 3;
+    o.stage3_prefetch_bucket_size = n;  // one unit ahead
+    UnitSchedule s(plan, 3, o);
+    CHECK(show(s.acquire(0, Phase::kForward)) ==
+          show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}, {K::kIssueGather, u1}}));
+    s.release(0, Phase::kForward);
+    CHECK(show(s.acquire(1, Phase::kForward)) ==
+          show(V{{K::kAwaitGather, u1}, {K::kIssueGather, u2}}));
+  }
+  {
+    ScheduleOptions o;
+    o.stage = 3;
+    o.stage3_prefetch_bucket_size = 10 * n;
+    o.stage3_max_live_parameters = 2 * n;  // the module's own unit and one more
+    UnitSchedule s(plan, 3, o);
+    CHECK(show(s.acquire(0, Phase::kForward)) ==
+          show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}, {K::kIssueGather, u1}}));
+    CHECK(s.live_gathered_elements() == 2 * n);
+  }
+}
+
+TEST_CASE("stages 0-2: when each unit's gradient is reduced over accumulation") {
+  const auto params = chain();
+  for (int stage : {0, 1, 2}) {
+    const PartitionPlan plan = plan_of(params, stage, 3);
+    ScheduleOptions o;
+    o.stage = stage;
+    o.gradient_accumulation_steps = 2;
+    UnitSchedule s(plan, 3, o);
+    std::vector<std::vector<UnitOp>> reductions;  // per micro-batch
+    for (int micro = 0; micro < 2; ++micro) {
+      std::vector<UnitOp> reduced;
+      for (int m = 2; m >= 0; --m) {
+        for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+          CHECK((op.kind == K::kOpenBucket || op.kind == K::kFreeBucket));
+          CHECK(stage == 2);  // only stage 2 (and 3) has buckets
+        }
+        for (const UnitOp& op : s.release(m, Phase::kBackward)) {
+          if (op.kind == K::kIssueReduce) reduced.push_back(op);
+        }
+      }
+      reductions.push_back(reduced);
+    }
+    INFO("stage " << stage);
+    // Stage 2 reduces every micro-batch (final only in the last); stages 0-1 once, at the end.
+    CHECK(reductions[0].size() == (stage == 2 ? 3u : 0u));
+    REQUIRE(reductions[1].size() == 3u);
+    for (const UnitOp& op : reductions[1]) CHECK(op.final);
+    for (const UnitOp& op : reductions[0]) CHECK_FALSE(op.final);
+  }
+}
+
+TEST_CASE("schedule peaks: gathered units and buckets as worked out by hand") {
+  const auto params = chain();
+  const PartitionPlan plan = plan_of(params, 3, 3);
+  const std::int64_t n = plan.unit(0).numel;
+  ScheduleOptions o;
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 0;
+  // Without prefetch one unit is gathered at a time and one bucket lives at a time, together
+  // during a backward: n, n, 2n.
+  SchedulePeaks p = schedule_peaks(plan, 3, o, {false, false, false});
+  CHECK(p.gathered_elements == n);
+  CHECK(p.bucket_elements == n);
+  CHECK(p.sum_elements == 2 * n);
+  // One unit of prefetch: the forward of module 2 holds unit 2 and prefetches unit 1 (the next
+  // use in the static order is module 1's backward); the backward of module 2 then prefetches
+  // unit 0 too: all three units, 3n, and its bucket on top: 4n.
+  o.stage3_prefetch_bucket_size = n;
+  p = schedule_peaks(plan, 3, o, {false, false, false});
+  CHECK(p.gathered_elements == 3 * n);
+  CHECK(p.bucket_elements == n);
+  CHECK(p.sum_elements == 4 * n);
+  // The live-parameter bound caps it: two units at most, so the peak with a bucket is 3n.
+  o.stage3_max_live_parameters = 2 * n;
+  p = schedule_peaks(plan, 3, o, {false, false, false});
+  CHECK(p.gathered_elements == 2 * n);
+  CHECK(p.sum_elements == 3 * n);
+  // The recompute of module 1 (activation checkpointing) uses a unit already held.
+  CHECK(schedule_peaks(plan, 3, o, {false, true, false}).gathered_elements == 2 * n);
+  CHECK_THROWS_WITH(schedule_peaks(plan, 3, o, {false}),
+                    Catch::Contains("1 recompute flags for 3 modules"));
+}
