@@ -762,6 +762,98 @@ class Parser {
     e.offload_param.pin_memory = config_.offload_param.pin_memory;
   }
 
+  // The model block's dimensions. Each type has its own keys (GPT-2's n_layer/n_head/n_embd,
+  // the Llama family's config.json names); vocab_size and seq_len are shared. A key of another
+  // type is an error naming it; the registry's entry validates the values.
+  void read_model_keys(ModelConfig& m, bool dimensions_from_hf) {
+    const bool gpt = m.type == "gpt2";
+    const char* gpt_only[] = {"n_layer", "n_head", "n_embd"};
+    const char* llama_only[] = {"hidden_size",
+                                "intermediate_size",
+                                "num_hidden_layers",
+                                "num_attention_heads",
+                                "num_key_value_heads",
+                                "head_dim",
+                                "max_position_embeddings",
+                                "sliding_window",
+                                "rms_norm_eps",
+                                "rope_theta",
+                                "rope_scaling",
+                                "tie_word_embeddings",
+                                "attention_bias"};
+    const std::vector<const char*> foreign =
+        gpt ? std::vector<const char*>(std::begin(llama_only), std::end(llama_only))
+            : std::vector<const char*>(std::begin(gpt_only), std::end(gpt_only));
+    for (const char* name : foreign) {
+      const std::string path = std::string("model.") + name;
+      if (has(path)) {
+        fail(path, fmt::format("is not a key of model.type {} ({})", m.type,
+                               gpt ? "it is a Llama-family key: llama, qwen2, mistral"
+                                   : "it is a GPT-2 key; the Llama family uses hidden_size, "
+                                     "num_hidden_layers, num_attention_heads"));
+      }
+    }
+    auto read_int = [&](const char* name, std::optional<int>* field) {
+      const std::string path = std::string("model.") + name;
+      if (has(path)) *field = get_small_int(path, 0);
+    };
+    auto read_number = [&](const char* name, std::optional<double>* field) {
+      const std::string path = std::string("model.") + name;
+      if (has(path)) *field = get_number(path, 0.0);
+    };
+    auto read_bool = [&](const char* name, std::optional<bool>* field) {
+      const std::string path = std::string("model.") + name;
+      if (has(path)) *field = get_bool(path, false);
+    };
+    read_int("vocab_size", &m.vocab_size);
+    read_int("seq_len", &m.seq_len);
+    if (gpt) {
+      const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
+                                                                  {"n_head", &m.n_head},
+                                                                  {"n_embd", &m.n_embd},
+                                                                  {"vocab_size", &m.vocab_size},
+                                                                  {"seq_len", &m.seq_len}};
+      std::vector<std::string> missing;
+      for (const auto& [name, field] : dims) {
+        read_int(name, field);
+        const std::string path = std::string("model.") + name;
+        if (!field->has_value() && !is_rejected(path)) missing.push_back(name);
+      }
+      if (has("model") && m.preset.empty() && !missing.empty() && !is_rejected("model.preset") &&
+          !dimensions_from_hf) {
+        error(ProblemKind::kMissing, "model",
+              fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
+                          "seq_len are required (missing: {})",
+                          join(missing)));
+      }
+      if (m.n_head && m.n_embd && *m.n_embd % *m.n_head != 0) {
+        fail("model.n_embd",
+             fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
+      }
+      return;
+    }
+    read_int("hidden_size", &m.hidden_size);
+    read_int("intermediate_size", &m.intermediate_size);
+    read_int("num_hidden_layers", &m.num_hidden_layers);
+    read_int("num_attention_heads", &m.num_attention_heads);
+    read_int("num_key_value_heads", &m.num_key_value_heads);
+    read_int("head_dim", &m.head_dim);
+    read_int("max_position_embeddings", &m.max_position_embeddings);
+    read_int("sliding_window", &m.sliding_window);
+    read_number("rms_norm_eps", &m.rms_norm_eps);
+    read_number("rope_theta", &m.rope_theta);
+    read_bool("tie_word_embeddings", &m.tie_word_embeddings);
+    read_bool("attention_bias", &m.attention_bias);
+    if (has("model.rope_scaling.rope_type")) {
+      m.rope_scaling.rope_type = get_string("model.rope_scaling.rope_type", "default");
+    }
+    read_number("rope_scaling.factor", &m.rope_scaling.factor);
+    read_number("rope_scaling.low_freq_factor", &m.rope_scaling.low_freq_factor);
+    read_number("rope_scaling.high_freq_factor", &m.rope_scaling.high_freq_factor);
+    read_int("rope_scaling.original_max_position_embeddings",
+             &m.rope_scaling.original_max_position_embeddings);
+  }
+
   void read_run_blocks() {
     Config& c = config_;
     c.seed = static_cast<std::uint64_t>(get_int("seed", 1234));
@@ -780,30 +872,7 @@ class Parser {
     const std::string hf_type = hf_model_type(m.init_from);
     m.type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
     m.preset = get_string("model.preset", "");
-    const std::pair<const char*, std::optional<int>*> dims[] = {{"n_layer", &m.n_layer},
-                                                                {"n_head", &m.n_head},
-                                                                {"n_embd", &m.n_embd},
-                                                                {"vocab_size", &m.vocab_size},
-                                                                {"seq_len", &m.seq_len}};
-    std::vector<std::string> missing;
-    for (const auto& [name, field] : dims) {
-      const std::string path = std::string("model.") + name;
-      if (has(path)) {
-        *field = get_small_int(path, 0);
-      } else if (!is_rejected(path)) {
-        missing.push_back(name);
-      }
-    }
-    if (has("model") && m.preset.empty() && !missing.empty() && !is_rejected("model.preset") &&
-        hf_type.empty()) {
-      error(ProblemKind::kMissing, "model",
-            fmt::format("without a preset, n_layer, n_head, n_embd, vocab_size and "
-                        "seq_len are required (missing: {})",
-                        join(missing)));
-    }
-    if (m.n_head && m.n_embd && *m.n_embd % *m.n_head != 0) {
-      fail("model.n_embd", fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
-    }
+    read_model_keys(m, /*dimensions_from_hf=*/!hf_type.empty());
     m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
 
     if (!has("data") && !is_rejected("data")) {
@@ -1005,13 +1074,41 @@ const char* offload_device_name(OffloadDevice d) {
 
 std::string ModelConfig::spec() const {
   std::vector<std::string> overrides;
-  const std::pair<const char*, const std::optional<int>*> dims[] = {{"n_layer", &n_layer},
-                                                                    {"n_head", &n_head},
-                                                                    {"n_embd", &n_embd},
-                                                                    {"vocab_size", &vocab_size},
-                                                                    {"seq_len", &seq_len}};
-  for (const auto& [name, field] : dims) {
+  const std::pair<const char*, const std::optional<int>*> ints[] = {
+      {"n_layer", &n_layer},
+      {"n_head", &n_head},
+      {"n_embd", &n_embd},
+      {"vocab_size", &vocab_size},
+      {"seq_len", &seq_len},
+      {"hidden_size", &hidden_size},
+      {"intermediate_size", &intermediate_size},
+      {"num_hidden_layers", &num_hidden_layers},
+      {"num_attention_heads", &num_attention_heads},
+      {"num_key_value_heads", &num_key_value_heads},
+      {"head_dim", &head_dim},
+      {"max_position_embeddings", &max_position_embeddings},
+      {"sliding_window", &sliding_window},
+      {"rope_scaling.original_max_position_embeddings",
+       &rope_scaling.original_max_position_embeddings}};
+  for (const auto& [name, field] : ints) {
     if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
+  }
+  const std::pair<const char*, const std::optional<double>*> numbers[] = {
+      {"rms_norm_eps", &rms_norm_eps},
+      {"rope_theta", &rope_theta},
+      {"rope_scaling.factor", &rope_scaling.factor},
+      {"rope_scaling.low_freq_factor", &rope_scaling.low_freq_factor},
+      {"rope_scaling.high_freq_factor", &rope_scaling.high_freq_factor}};
+  for (const auto& [name, field] : numbers) {
+    if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
+  }
+  const std::pair<const char*, const std::optional<bool>*> bools[] = {
+      {"tie_word_embeddings", &tie_word_embeddings}, {"attention_bias", &attention_bias}};
+  for (const auto& [name, field] : bools) {
+    if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
+  }
+  if (rope_scaling.rope_type) {
+    overrides.push_back(fmt::format("rope_scaling.rope_type={}", *rope_scaling.rope_type));
   }
   if (preset.empty()) return join(overrides, ",");
   return overrides.empty() ? preset : preset + ":" + join(overrides, ",");
@@ -1107,14 +1204,35 @@ json resolved_document(const Config& c) {
   json& model = out["model"];
   model["type"] = c.model.type;
   if (!c.model.preset.empty()) model["preset"] = c.model.preset;
+  const ModelConfig& m = c.model;
   const std::pair<const char*, const std::optional<int>*> dims[] = {
-      {"n_layer", &c.model.n_layer},
-      {"n_head", &c.model.n_head},
-      {"n_embd", &c.model.n_embd},
-      {"vocab_size", &c.model.vocab_size},
-      {"seq_len", &c.model.seq_len}};
+      {"n_layer", &m.n_layer},
+      {"n_head", &m.n_head},
+      {"n_embd", &m.n_embd},
+      {"vocab_size", &m.vocab_size},
+      {"seq_len", &m.seq_len},
+      {"hidden_size", &m.hidden_size},
+      {"intermediate_size", &m.intermediate_size},
+      {"num_hidden_layers", &m.num_hidden_layers},
+      {"num_attention_heads", &m.num_attention_heads},
+      {"num_key_value_heads", &m.num_key_value_heads},
+      {"head_dim", &m.head_dim},
+      {"max_position_embeddings", &m.max_position_embeddings},
+      {"sliding_window", &m.sliding_window}};
   for (const auto& [name, field] : dims) {
     if (field->has_value()) model[name] = **field;
+  }
+  if (m.rms_norm_eps) model["rms_norm_eps"] = *m.rms_norm_eps;
+  if (m.rope_theta) model["rope_theta"] = *m.rope_theta;
+  if (m.tie_word_embeddings) model["tie_word_embeddings"] = *m.tie_word_embeddings;
+  if (m.attention_bias) model["attention_bias"] = *m.attention_bias;
+  const ModelConfig::RopeScaling& r = m.rope_scaling;
+  if (r.rope_type) model["rope_scaling"]["rope_type"] = *r.rope_type;
+  if (r.factor) model["rope_scaling"]["factor"] = *r.factor;
+  if (r.low_freq_factor) model["rope_scaling"]["low_freq_factor"] = *r.low_freq_factor;
+  if (r.high_freq_factor) model["rope_scaling"]["high_freq_factor"] = *r.high_freq_factor;
+  if (r.original_max_position_embeddings) {
+    model["rope_scaling"]["original_max_position_embeddings"] = *r.original_max_position_embeddings;
   }
   model["activation_checkpointing"] = c.model.activation_checkpointing;
   if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;

@@ -45,14 +45,28 @@ struct BatchConfig {
 // (models/model_registry.h) resolves it: model.type picks the architecture's entry, which turns
 // the block into the model's own config; this library does not depend on models/.
 struct ModelConfig {
-  std::string type = "gpt2";
-  std::string preset;  // "" or gpt2-tiny | gpt2 | gpt2-medium | gpt2-large | gpt2-xl
-  std::optional<int> n_layer, n_head, n_embd, vocab_size, seq_len;
+  std::string type = "gpt2";  // gpt2 | llama | qwen2 | mistral
+  std::string preset;         // "" or one of the type's presets (docs/config-keys.md)
+  // GPT-2's dimensions (model.type gpt2).
+  std::optional<int> n_layer, n_head, n_embd;
+  // Shared by every type.
+  std::optional<int> vocab_size, seq_len;
+  // The Llama family's (llama, qwen2, mistral), named after Hugging Face config.json's keys.
+  std::optional<int> hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+      num_key_value_heads, head_dim, max_position_embeddings, sliding_window;
+  std::optional<double> rms_norm_eps, rope_theta;
+  std::optional<bool> tie_word_embeddings, attention_bias;
+  struct RopeScaling {
+    std::optional<std::string> rope_type;  // default | llama3
+    std::optional<double> factor, low_freq_factor, high_freq_factor;
+    std::optional<int> original_max_position_embeddings;
+  } rope_scaling;
   bool activation_checkpointing = false;
   std::string init_from;  // safetensors path, "" for a random init
 
-  // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then the
-  // overrides as key=value (the spec syntax of the gpt2 entry, which resolves it from this).
+  // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then every key
+  // given as key=value (rope_scaling's as rope_scaling.factor=8), the spec syntax of the
+  // registry's entries, which resolve the block from it.
   std::string spec() const;
 };
 

@@ -526,17 +526,82 @@ std::vector<KeyInfo> build_table() {
 
       // ---- zrt's own blocks ----
       K("model", I, kObject, "required", "The model to train").zrt(),
-      K("model.type", I, kEnum, "gpt2", "Architecture").choices("gpt2").zrt(),
-      K("model.preset", I, kEnum, "none",
-        "Dimensions to start from; without one all five dimensions are required (unless "
-        "init_from is a Hugging Face model directory)")
-          .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl")
+      K("model.type", I, kEnum, "gpt2",
+        "Architecture: GPT-2, or the Llama family (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral)")
+          .choices("gpt2|llama|qwen2|mistral")
           .zrt(),
-      K("model.n_layer", I, kInt, "preset", "Transformer blocks").range(1).zrt(),
-      K("model.n_head", I, kInt, "preset", "Attention heads (divides n_embd)").range(1).zrt(),
-      K("model.n_embd", I, kInt, "preset", "Embedding width").range(1).zrt(),
+      K("model.preset", I, kEnum, "none",
+        "Dimensions to start from (of model.type's architecture); without one a gpt2 needs all "
+        "five dimensions, a Llama-family model hidden_size, intermediate_size, "
+        "num_hidden_layers, num_attention_heads, vocab_size, max_position_embeddings (unless "
+        "init_from is a Hugging Face model directory, whose config.json gives them)")
+          .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|llama-tiny|llama-3.2-1b|"
+                   "llama-3.2-3b|llama-3.1-8b|llama-3.1-70b|qwen2.5-0.5b|qwen2.5-7b|smollm2-135m")
+          .zrt(),
+      K("model.n_layer", I, kInt, "preset", "gpt2: transformer blocks").range(1).zrt(),
+      K("model.n_head", I, kInt, "preset", "gpt2: attention heads (divides n_embd)").range(1).zrt(),
+      K("model.n_embd", I, kInt, "preset", "gpt2: embedding width").range(1).zrt(),
       K("model.vocab_size", I, kInt, "preset", "Vocabulary size").range(1).zrt(),
-      K("model.seq_len", I, kInt, "preset", "Sequence length (context)").range(1).zrt(),
+      K("model.seq_len", I, kInt, "preset",
+        "Sequence length trained at (context); Llama presets: min(max_position_embeddings, "
+        "8192)")
+          .range(1)
+          .zrt(),
+      K("model.hidden_size", I, kInt, "preset", "Llama family: residual width").range(1).zrt(),
+      K("model.intermediate_size", I, kInt, "preset", "Llama family: SwiGLU MLP width")
+          .range(1)
+          .zrt(),
+      K("model.num_hidden_layers", I, kInt, "preset", "Llama family: decoder blocks")
+          .range(1)
+          .zrt(),
+      K("model.num_attention_heads", I, kInt, "preset", "Llama family: query heads").range(1).zrt(),
+      K("model.num_key_value_heads", I, kInt, "num_attention_heads",
+        "Llama family: key/value heads (divides num_attention_heads; fewer: grouped-query)")
+          .range(1)
+          .zrt(),
+      K("model.head_dim", I, kInt, "hidden_size / num_attention_heads",
+        "Llama family: width of one head (even)")
+          .range(2)
+          .zrt(),
+      K("model.max_position_embeddings", I, kInt, "preset",
+        "Llama family: the positions the model was built for (seq_len may not exceed it)")
+          .range(1)
+          .zrt(),
+      K("model.rms_norm_eps", I, kNumber, "1e-5", "Llama family: RMSNorm epsilon").range(0).zrt(),
+      K("model.rope_theta", I, kNumber, "10000", "Llama family: rotary base frequency")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling", I, kObject, "none",
+        "Llama family: rotary frequency scaling, as config.json's rope_scaling")
+          .zrt(),
+      K("model.rope_scaling.rope_type", I, kEnum, "default",
+        "\"llama3\": Llama 3.1/3.2's scaling of the low frequencies; \"default\": none")
+          .choices("default|llama3")
+          .zrt(),
+      K("model.rope_scaling.factor", I, kNumber, "1", "llama3: the low frequencies' divisor")
+          .range(1)
+          .zrt(),
+      K("model.rope_scaling.low_freq_factor", I, kNumber, "1", "llama3: low-frequency band edge")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.high_freq_factor", I, kNumber, "4", "llama3: high-frequency band edge")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.original_max_position_embeddings", I, kInt, "8192",
+        "llama3: the context the model was pretrained at")
+          .range(1)
+          .zrt(),
+      K("model.tie_word_embeddings", I, kBool, "false (qwen2.5-0.5b, llama-3.2: true)",
+        "Llama family: the head is the token embedding (no lm_head.weight)")
+          .zrt(),
+      K("model.attention_bias", I, kBool, "false (qwen2: true)",
+        "Llama family: q/k/v projections have biases (Qwen2 always)")
+          .zrt(),
+      K("model.sliding_window", I, kInt, "none",
+        "Mistral's attention window; one shorter than seq_len is an error (zrt attends over the "
+        "whole context)")
+          .range(1)
+          .zrt(),
       K("model.activation_checkpointing", I, kBool, "false",
         "Keep block inputs only; recompute each block in backward")
           .zrt(),

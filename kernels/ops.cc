@@ -9,9 +9,14 @@
 #include "kernels/cpu/crossentropy.h"
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/gqa_attention.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
 #include "runtime/device/cpu_stream.h"
@@ -23,9 +28,14 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
+#include "kernels/cuda/gqa_attention.cuh"
 #include "kernels/cuda/layernorm.cuh"
+#include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/swiglu.cuh"
 #endif
 
 namespace zrt::kernels {
@@ -451,6 +461,219 @@ void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N) {
   cuda::loss_mean(launch(ctx), raw(out), raw(losses), N);
 #else
   cuda_backend_missing("kernels::loss_mean");
+#endif
+}
+
+void rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats rstd, ConstBytes inp,
+                     ConstBytes weight, int N, int C, double eps) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "rmsnorm_forward",
+              [o = ptr<S>(out), r = raw(rstd), x = ptr<S>(inp), w = ptr<S>(weight), N, C, eps] {
+                cpu::rmsnorm_forward<S>(o, r, x, w, N, C, eps);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::rmsnorm_forward(launch(ctx), dtype, raw(out), raw(rstd), raw(inp), raw(weight), N, C, eps);
+#else
+  cuda_backend_missing("kernels::rmsnorm_forward");
+#endif
+}
+
+void rmsnorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                      ConstBytes dout, ConstBytes inp, ConstBytes weight, ConstFloats rstd, int N,
+                      int C) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      run_cpu(ctx, "rmsnorm_backward",
+              [dx = ptr<S>(dinp), dw = ptr<G>(dweight), dy = ptr<S>(dout), x = ptr<S>(inp),
+               w = ptr<S>(weight), r = raw(rstd), N,
+               C] { cpu::rmsnorm_backward<S, G>(dx, dw, dy, x, w, r, N, C); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::rmsnorm_backward(launch(ctx, cuda::rmsnorm_backward_workspace(N, C)), dtype, grad_dtype,
+                         raw(dinp), raw(dweight), raw(dout), raw(inp), raw(weight), raw(rstd), N,
+                         C);
+#else
+  cuda_backend_missing("kernels::rmsnorm_backward");
+#endif
+}
+
+void linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,
+                    ConstBytes bias, int N, int C, int OC) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::linear_forward_workspace<S>(N, C, OC));
+      run_cpu(ctx, "linear_forward",
+              [o = ptr<S>(out), x = ptr<S>(inp), w = ptr<S>(weight), b = ptr<S>(bias), N, C, OC,
+               ws] { cpu::linear_forward<S>(o, x, w, b, N, C, OC, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::linear_forward(launch(ctx), dtype, raw(out), raw(inp), raw(weight), raw(bias), N, C, OC);
+#else
+  cuda_backend_missing("kernels::linear_forward");
+#endif
+}
+
+void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                     Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
+                     int OC) {
+  if (on_cpu(ctx)) {
+    with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
+      using S = decltype(s);
+      using G = decltype(g);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::linear_backward_workspace<S>(N, C, OC));
+      run_cpu(ctx, "linear_backward",
+              [dx = ptr<S>(dinp), dw = ptr<G>(dweight), db = ptr<G>(dbias), dy = ptr<S>(dout),
+               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC,
+               ws] { cpu::linear_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::linear_backward(launch(ctx, cuda::linear_backward_workspace(N, OC)), dtype, grad_dtype,
+                        raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight), N, C,
+                        OC);
+#else
+  cuda_backend_missing("kernels::linear_backward");
+#endif
+}
+
+void rope_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
+                  const RopeTable& table, int B, int T, int NH, int hs) {
+  ZRT_CHECK(hs == 2 * table.pairs, "rope: head size {} but a table of {} pairs", hs, table.pairs);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "rope_forward", [o = ptr<S>(out), x = ptr<S>(inp), table, B, T, NH, hs] {
+        cpu::rope_forward<S>(o, x, table, B, T, NH, hs);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::rope_forward(launch(ctx), dtype, raw(out), raw(inp), table, B, T, NH, hs);
+#else
+  cuda_backend_missing("kernels::rope_forward");
+#endif
+}
+
+void rope_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes dout,
+                   const RopeTable& table, int B, int T, int NH, int hs) {
+  ZRT_CHECK(hs == 2 * table.pairs, "rope: head size {} but a table of {} pairs", hs, table.pairs);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "rope_backward", [dx = ptr<S>(dinp), dy = ptr<S>(dout), table, B, T, NH, hs] {
+        cpu::rope_backward<S>(dx, dy, table, B, T, NH, hs);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::rope_backward(launch(ctx), dtype, raw(dinp), raw(dout), table, B, T, NH, hs);
+#else
+  cuda_backend_missing("kernels::rope_backward");
+#endif
+}
+
+void swiglu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes gate, ConstBytes up,
+                    std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "swiglu_forward", [o = ptr<S>(out), g = ptr<S>(gate), u = ptr<S>(up), n] {
+        cpu::swiglu_forward<S>(o, g, u, n);
+      });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::swiglu_forward(launch(ctx), dtype, raw(out), raw(gate), raw(up), n);
+#else
+  cuda_backend_missing("kernels::swiglu_forward");
+#endif
+}
+
+void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, ConstBytes dout,
+                     ConstBytes gate, ConstBytes up, std::int64_t n) {
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(ctx, "swiglu_backward",
+              [dg = ptr<S>(dgate), du = ptr<S>(dup), dy = ptr<S>(dout), g = ptr<S>(gate),
+               u = ptr<S>(up), n] { cpu::swiglu_backward<S>(dg, du, dy, g, u, n); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::swiglu_backward(launch(ctx), dtype, raw(dgate), raw(dup), raw(dout), raw(gate), raw(up), n);
+#else
+  cuda_backend_missing("kernels::swiglu_backward");
+#endif
+}
+
+void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes q,
+                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs) {
+  ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
+            NH, NKV);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(
+          ctx, cpu::gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs));
+      run_cpu(ctx, "gqa_attention_forward",
+              [o = ptr<S>(out), a = raw(att), qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), B, T,
+               NH, NKV, hs,
+               ws] { cpu::gqa_attention_forward<S>(o, a, qp, kp, vp, B, T, NH, NKV, hs, ws); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::gqa_attention_forward(launch(ctx, cuda::gqa_attention_forward_workspace(B, T, NH, NKV, hs)),
+                              dtype, raw(out), raw(att), raw(q), raw(k), raw(v), B, T, NH, NKV, hs);
+#else
+  cuda_backend_missing("kernels::gqa_attention_forward");
+#endif
+}
+
+void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
+                            ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
+                            ConstFloats att, int B, int T, int NH, int NKV, int hs) {
+  ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
+            NH, NKV);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(
+          ctx, cpu::gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs));
+      run_cpu(
+          ctx, "gqa_attention_backward",
+          [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout), qp = ptr<S>(q),
+           kp = ptr<S>(k), vp = ptr<S>(v), a = raw(att), B, T, NH, NKV, hs, ws] {
+            cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, a, B, T, NH, NKV, hs, ws);
+          });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::gqa_attention_backward(
+      launch(ctx, cuda::gqa_attention_backward_workspace(B, T, NH, NKV, hs)), dtype, raw(dq),
+      raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(att), B, T, NH, NKV, hs);
+#else
+  cuda_backend_missing("kernels::gqa_attention_backward");
 #endif
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "kernels/kernel_context.h"
+#include "kernels/rope_table.h"
 #include "runtime/common/dtype.h"
 #include "runtime/device/device_ptr.h"
 
@@ -31,7 +32,8 @@ using ConstTokens = DevicePtr<const std::int32_t>;
 // (bf16, bf16|fp32), (fp16, fp16|fp32).
 void check_dtypes(DType dtype, DType grad_dtype);
 
-// out (B,T,C) = wte[tokens] + wpe[t].   tokens (B,T) in [0,V).
+// out (B,T,C) = wte[tokens] + wpe[t].   tokens (B,T) in [0,V). wpe/dwpe may be null (no
+// position embedding: the Llama family).
 void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
                      ConstBytes wpe, int B, int T, int C, int V);
 // dwte (V,C) += per-token sums of dout; dwpe (T,C) += sums over b.
@@ -80,5 +82,41 @@ void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, Const
                            ConstTokens targets, float dloss, int N, int V);
 // out[0] = mean of losses[0..N).
 void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N);
+
+// ---- The Llama family (Llama, Qwen2, Mistral) ----
+
+// out (N,C) = inp * rstd * weight, rstd (N) fp32 (kernels/cpu/rmsnorm.h).
+void rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats rstd, ConstBytes inp,
+                     ConstBytes weight, int N, int C, double eps);
+void rmsnorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                      ConstBytes dout, ConstBytes inp, ConstBytes weight, ConstFloats rstd, int N,
+                      int C);
+
+// out (N,OC) = inp (N,C) @ weight^T + bias, weight (OC,C) as nn.Linear (bias may be null).
+void linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,
+                    ConstBytes bias, int N, int C, int OC);
+void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
+                     Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
+                     int OC);
+
+// Rotary embeddings of x (B,T,NH,hs) (kernels/cpu/rope.h). Both OVERWRITE `out`/`dinp`, which
+// may equal the input (in place).
+void rope_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
+                  const RopeTable& table, int B, int T, int NH, int hs);
+void rope_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes dout,
+                   const RopeTable& table, int B, int T, int NH, int hs);
+
+// out = silu(gate) * up over n elements; dgate, dup accumulate.
+void swiglu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes gate, ConstBytes up,
+                    std::int64_t n);
+void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, ConstBytes dout,
+                     ConstBytes gate, ConstBytes up, std::int64_t n);
+
+// Causal grouped-query attention: q, out (B,T,NH,hs); k, v (B,T,NKV,hs); att (B,NH,T,T) fp32.
+void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes q,
+                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs);
+void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
+                            ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
+                            ConstFloats att, int B, int T, int NH, int NKV, int hs);
 
 }  // namespace zrt::kernels

@@ -1,6 +1,7 @@
 // The architectures zrt ships: the one place that lists them (docs/extending.md, "Add a
 // model"). Built on first use and never changed afterwards.
 #include "models/gpt/gpt_model_def.h"
+#include "models/llama/llama_model_def.h"
 #include "models/model_registry.h"
 
 namespace zrt {
@@ -9,6 +10,9 @@ namespace {
 ModelRegistry register_builtin_models() {
   ModelRegistry registry;
   registry.add(gpt::registry_entry());
+  for (const char* architecture : {"llama", "qwen2", "mistral"}) {
+    registry.add(llama::registry_entry(architecture));
+  }
   return registry;
 }
 }  // namespace

@@ -59,6 +59,18 @@ std::unique_ptr<ModelDef> ModelRegistry::parse_spec(const std::string& type,
 }
 
 std::unique_ptr<ModelDef> ModelRegistry::parse_spec(const std::string& spec) const {
+  const auto colon = spec.find(':');
+  const std::string head = spec.substr(0, colon);
+  if (head.find('=') == std::string::npos) {
+    for (const ModelEntry& e : entries_) {
+      for (const std::string& preset : e.presets) {
+        if (preset == head) return e.parse_spec(spec);
+      }
+    }
+    if (colon != std::string::npos && contains(head)) {
+      return entry(head).parse_spec(spec.substr(colon + 1));
+    }
+  }
   return parse_spec(ModelConfig{}.type, spec);
 }
 

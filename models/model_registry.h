@@ -98,6 +98,9 @@ struct ExportInput {
 struct ModelEntry {
   std::string type;     // model.type
   std::string summary;  // one line, e.g. "GPT-2 (presets gpt2-tiny ... gpt2-xl)"
+  // The preset names its specs accept: a bare spec naming one (parse_spec(spec)) is this
+  // entry's.
+  std::vector<std::string> presets;
   // The config's model block, resolved and validated (InvalidArgument naming the problem).
   std::function<std::unique_ptr<ModelDef>(const ModelConfig&)> resolve;
   // A command-line spec in the architecture's own syntax (e.g. "gpt2-tiny:seq_len=128").
@@ -129,8 +132,10 @@ class ModelRegistry {
 
   std::unique_ptr<ModelDef> resolve(const ModelConfig& config) const;
   std::unique_ptr<ModelDef> parse_spec(const std::string& type, const std::string& spec) const;
-  // A spec of the default model.type (ModelConfig's), for tools whose flags predate the registry
-  // (zrt-mem --model, zrt-bench --model).
+  // A spec for tools' --model flags (zrt-mem, zrt-bench): one whose preset (the text before
+  // ':') belongs to an entry goes to that entry ("llama-3.1-8b", "llama-tiny:seq_len=128");
+  // "TYPE:spec" names the entry ("llama:hidden_size=64,..."); anything else is a spec of the
+  // default model.type (ModelConfig's), e.g. "n_layer=2,n_head=4,...".
   std::unique_ptr<ModelDef> parse_spec(const std::string& spec) const;
   // Exports a checkpoint with the entry of the saved config's model.type ("gpt2" when the
   // saved config has none, as the config's default).

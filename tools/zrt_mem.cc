@@ -11,12 +11,12 @@
 #include <map>
 #include <string>
 
+#include "config/config.h"
+#include "config/json_reader.h"
 #include "optimizers/optimizer.h"
 #include "optimizers/optimizer_config.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "config/config.h"
-#include "config/json_reader.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 
@@ -34,7 +34,11 @@ optimizer and parameter offload).
 model (one of):
   --model SPEC              a GPT: gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or
                             "gpt2:n_layer=24", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,
-                            seq_len=128" (exact: the engine's partition, padding and schedule)
+                            seq_len=128"; a Llama-family preset: llama-3.2-1b, llama-3.2-3b,
+                            llama-3.1-8b, llama-3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
+                            smollm2-135m, llama-tiny, or "llama-3.1-8b:seq_len=4096",
+                            "llama:hidden_size=512,..." (exact: the engine's partition,
+                            padding and schedule)
   --params N                a parameter count, e.g. 7.5e9 (the ZeRO paper's formulas)
   --config FILE             a zrt-train config: model, batch, dtypes, zero_optimization,
                             activation checkpointing and device.memory_limit_gb from it;

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/cpu/causal_softmax.h"
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/vec_math.h"
 
 namespace zrt::kernels::cpu {
 
@@ -57,25 +57,7 @@ void attention_forward(S* out, acc_t<S>* att, const S* qkv, int B, int T, int C,
     const A* v = q + 2 * C;
     A* a = att + I64{p} * T * T;
     gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
-    for (int t = 0; t < T; ++t) {
-      A* row = a + I64{t} * T;
-      if constexpr (std::is_same_v<A, float>) {
-        const float mx = span_max(row, t + 1);
-        span_exp_scale(row, t + 1, mx, 1.0f);
-        span_scale(row, t + 1, 1.0f / span_sum(row, t + 1));
-      } else {
-        A mx = row[0];
-        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
-        A sum = 0;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - mx);
-          sum += row[u];
-        }
-        const A inv = A(1) / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-      }
-      for (int u = t + 1; u < T; ++u) row[u] = A(0);
-    }
+    for (int t = 0; t < T; ++t) causal_softmax_row(a + I64{t} * T, t, T);
     gemm_serial<A>(false, false, T, hs, T, A(1), a, T, v, 3 * C, A(0),
                    aout + I64{b} * T * C + I64{h} * hs, C);
   }
@@ -127,18 +109,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* at
       A* da = datt_ws + I64{p - p0} * T * T;
       gemm_serial<A>(false, true, T, T, hs, A(1), dy, C, v, 3 * C, A(0), da, T);
       gemm_serial<A>(true, false, T, hs, T, A(1), a, T, dy, C, A(1), dv, 3 * C);
-      for (int t = 0; t < T; ++t) {
-        const A* arow = a + I64{t} * T;
-        A* drow = da + I64{t} * T;
-        if constexpr (std::is_same_v<A, float>) {
-          span_softmax_grad(drow, arow, t + 1, span_dot(arow, drow, t + 1));
-        } else {
-          A dot = 0;
-          for (int u = 0; u <= t; ++u) dot += arow[u] * drow[u];
-          for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
-        }
-        for (int u = t + 1; u < T; ++u) drow[u] = A(0);
-      }
+      for (int t = 0; t < T; ++t) causal_softmax_grad_row(da + I64{t} * T, a + I64{t} * T, t, T);
       gemm_serial<A>(false, false, T, hs, T, scale, da, T, k, 3 * C, A(1), dq, 3 * C);
       gemm_serial<A>(true, false, T, hs, T, scale, da, T, q, 3 * C, A(1), dk, 3 * C);
     }

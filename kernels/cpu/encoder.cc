@@ -28,8 +28,12 @@ void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* 
   for (std::int64_t r = 0; r < rows; ++r) {
     const int t = static_cast<int>(r % T);
     const S* w = wte + static_cast<std::int64_t>(tokens[r]) * C;
-    const S* p = wpe + static_cast<std::int64_t>(t) * C;
     S* o = out + r * C;
+    if (wpe == nullptr) {  // no position embedding (Llama: positions come from RoPE)
+      for (int c = 0; c < C; ++c) o[c] = w[c];
+      continue;
+    }
+    const S* p = wpe + static_cast<std::int64_t>(t) * C;
     for (int c = 0; c < C; ++c) o[c] = store<S>(load<A>(w[c]) + load<A>(p[c]));
   }
 }
@@ -70,6 +74,7 @@ void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* token
       for (int c = 0; c < C; ++c) dw[c] = store<G>(load<A>(dw[c]) + sum[c]);
     }
   }
+  if (dwpe == nullptr) return;
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; ++t) {
     G* dp = dwpe + static_cast<std::int64_t>(t) * C;

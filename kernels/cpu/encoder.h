@@ -4,7 +4,8 @@
 //   backward: dwte[v,:] += sum of dout[b,t,:] over the (b,t) with tokens[b,t] == v
 //             dwpe[t,:] += sum over b of dout[b,t,:]
 //
-// Shapes: tokens (B,T) int32 in [0,V); wte (V,C); wpe (>=T,C); out, dout (B,T,C).
+// Shapes: tokens (B,T) int32 in [0,V); wte (V,C); wpe (>=T,C); out, dout (B,T,C). wpe and
+// dwpe may be null: no position term (the Llama family, whose positions come from RoPE).
 // The backward sums each token's rows in (b,t) order into an acc_t accumulator and adds it to
 // dwte once, so the result does not depend on the thread count (the CUDA twin uses the same
 // order). Token ids out of range throw InvalidArgument.

@@ -42,12 +42,14 @@ void bias_backward(G* dbias, const S* dout, int N, int C) {
 }
 
 template <typename S>
-void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N, int C, int OC,
-                    acc_t<S>* ws) {
+void dense_forward(S* out, const S* inp, const S* weight, const S* bias, int N, int C, int OC,
+                   acc_t<S>* ws, WeightLayout layout) {
   using A = acc_t<S>;
+  const bool out_in = layout == WeightLayout::kOutIn;
+  const int ldw = out_in ? C : OC;
   if constexpr (!kIs16Bit<S>) {
     (void)ws;
-    gemm<A>(false, false, N, OC, C, A(1), inp, C, weight, OC, A(0), out, OC);
+    gemm<A>(false, out_in, N, OC, C, A(1), inp, C, weight, ldw, A(0), out, OC);
     if (bias != nullptr) {
 #pragma omp parallel for schedule(static)
       for (int n = 0; n < N; ++n) {
@@ -61,7 +63,7 @@ void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
     A* fout = fw + I64{C} * OC;
     convert_to_acc(finp, inp, I64{N} * C);
     convert_to_acc(fw, weight, I64{C} * OC);
-    gemm<A>(false, false, N, OC, C, A(1), finp, C, fw, OC, A(0), fout, OC);
+    gemm<A>(false, out_in, N, OC, C, A(1), finp, C, fw, ldw, A(0), fout, OC);
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; ++n) {
       const A* f = fout + I64{n} * OC;
@@ -72,9 +74,11 @@ void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
 }
 
 template <typename S, typename G>
-void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int N, int C, int OC, acc_t<S>* ws) {
+void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout) {
   using A = acc_t<S>;
+  const bool out_in = layout == WeightLayout::kOutIn;
+  const int ldw = out_in ? C : OC;
   const A* a_dout;
   const A* a_inp;
   const A* a_w;
@@ -97,29 +101,50 @@ void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
     a_w = fw;
   }
   if (dinp != nullptr) {
+    // dinp (N,C) += dout (N,OC) @ W as (OC,C): W itself when stored (out, in), else W^T.
     if constexpr (std::is_same_v<S, A>) {
-      gemm<A>(false, true, N, C, OC, A(1), a_dout, OC, a_w, OC, A(1), dinp, C);
+      gemm<A>(false, !out_in, N, C, OC, A(1), a_dout, OC, a_w, ldw, A(1), dinp, C);
     } else {
-      gemm<A>(false, true, N, C, OC, A(1), a_dout, OC, a_w, OC, A(0), tmp, C);
+      gemm<A>(false, !out_in, N, C, OC, A(1), a_dout, OC, a_w, ldw, A(0), tmp, C);
       accumulate_from_acc(dinp, tmp, I64{N} * C);
     }
   }
+  // dweight in its own layout: dout^T @ inp (OC,C), or inp^T @ dout (C,OC).
+  const A* first = out_in ? a_dout : a_inp;
+  const A* second = out_in ? a_inp : a_dout;
+  const int rows = out_in ? OC : C, cols = out_in ? C : OC;
   if constexpr (std::is_same_v<G, A>) {
-    gemm<A>(true, false, C, OC, N, A(1), a_inp, C, a_dout, OC, A(1), dweight, OC);
+    gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(1), dweight, cols);
   } else {
-    gemm<A>(true, false, C, OC, N, A(1), a_inp, C, a_dout, OC, A(0), tmp, OC);
+    gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(0), tmp, cols);
     accumulate_from_acc(dweight, tmp, I64{C} * OC);
   }
   if (dbias != nullptr) bias_backward<S, G>(dbias, dout, N, OC);
 }
 
-#define ZRT_FWD(S)                                                   \
-  template std::int64_t matmul_forward_workspace<S>(int, int, int);  \
-  template std::int64_t matmul_backward_workspace<S>(int, int, int); \
-  template void matmul_forward<S>(S*, const S*, const S*, const S*, int, int, int, acc_t<S>*);
+template <typename S>
+void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N, int C, int OC,
+                    acc_t<S>* ws) {
+  dense_forward<S>(out, inp, weight, bias, N, C, OC, ws, WeightLayout::kInOut);
+}
+
+template <typename S, typename G>
+void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+                     int N, int C, int OC, acc_t<S>* ws) {
+  dense_backward<S, G>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, WeightLayout::kInOut);
+}
+
+#define ZRT_FWD(S)                                                                             \
+  template std::int64_t matmul_forward_workspace<S>(int, int, int);                            \
+  template std::int64_t matmul_backward_workspace<S>(int, int, int);                           \
+  template void matmul_forward<S>(S*, const S*, const S*, const S*, int, int, int, acc_t<S>*); \
+  template void dense_forward<S>(S*, const S*, const S*, const S*, int, int, int, acc_t<S>*,   \
+                                 WeightLayout);
 #define ZRT_BWD(S, G)                                                                          \
   template void matmul_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int, \
                                       acc_t<S>*);                                              \
+  template void dense_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int,  \
+                                     acc_t<S>*, WeightLayout);                                 \
   template void bias_backward<S, G>(G*, const S*, int, int);
 ZRT_FWD(float)
 ZRT_FWD(double)

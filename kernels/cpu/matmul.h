@@ -30,6 +30,16 @@ template <typename S, typename G>
 void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
                      int N, int C, int OC, acc_t<S>* ws);
 
+// The shared body of matmul_* (Conv1D weights (in, out): kInOut) and linear_* (nn.Linear
+// weights (out, in): kOutIn, kernels/cpu/linear.h); ws as matmul_*_workspace.
+enum class WeightLayout { kInOut, kOutIn };
+template <typename S>
+void dense_forward(S* out, const S* inp, const S* weight, const S* bias, int N, int C, int OC,
+                   acc_t<S>* ws, WeightLayout layout);
+template <typename S, typename G>
+void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout);
+
 // dbias[c] += sum over rows n of dout[n,c] (N rows of C), summed in row order; shared with the
 // attention and classifier layers.
 template <typename S, typename G>

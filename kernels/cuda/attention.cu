@@ -107,6 +107,17 @@ unsigned row_blocks(I64 rows) {
 
 }  // namespace
 
+void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T) {
+  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, rows, T);
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
+void causal_softmax_backward(const Launch& l, float* datt, const float* att, std::int64_t rows,
+                             int T) {
+  softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(datt, att, rows, T);
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
 std::int64_t attention_forward_workspace(int B, int T, int C, int /*NH*/) {
   return 4 * static_cast<I64>(B) * T * C * static_cast<I64>(sizeof(float));
 }
@@ -128,9 +139,7 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* att, cons
     permute<S>(l, q, qkv, B, T, C, NH, 3);
     gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
                          mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
-    const I64 rows = static_cast<I64>(batch) * T;
-    causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, rows, T);
-    ZRT_CUDA_LAUNCH_CHECK();
+    causal_softmax(l, att, static_cast<I64>(batch) * T, T);
     gemm_strided_batched(l, false, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, v, CUDA_R_32F, hs,
                          mat, 0.0f, y, CUDA_R_32F, hs, mat, batch);
     unpermute<S, false>(l, out, y, B, T, C, NH, 1);
@@ -167,9 +176,7 @@ void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* do
                          mat, 0.0f, datt, CUDA_R_32F, T, sq, batch);
     gemm_strided_batched(l, true, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, dy, CUDA_R_32F, hs,
                          mat, 0.0f, dv, CUDA_R_32F, hs, mat, batch);
-    const I64 rows = static_cast<I64>(batch) * T;
-    softmax_backward_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(datt, att, rows, T);
-    ZRT_CUDA_LAUNCH_CHECK();
+    causal_softmax_backward(l, datt, att, static_cast<I64>(batch) * T, T);
     // dq = scale ds k; dk = scale ds^T q
     gemm_strided_batched(l, false, false, T, hs, T, scale, datt, CUDA_R_32F, T, sq, k, CUDA_R_32F,
                          hs, mat, 0.0f, dq, CUDA_R_32F, hs, mat, batch);

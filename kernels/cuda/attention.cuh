@@ -17,4 +17,11 @@ std::int64_t attention_backward_workspace(int B, int T, int C, int NH);
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const float* att, int B, int T, int C, int NH);
 
+// The two softmax passes over `rows` rows of T (one warp per row), shared with
+// gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal), and
+// datt <- att * (datt - rowsum(att * datt)) (zeros above the diagonal).
+void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T);
+void causal_softmax_backward(const Launch& l, float* datt, const float* att, std::int64_t rows,
+                             int T);
+
 }  // namespace zrt::kernels::cuda

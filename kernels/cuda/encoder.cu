@@ -19,8 +19,8 @@ __global__ void encoder_forward_kernel(S* out, const std::int32_t* tokens, const
     const std::int64_t r = i / C;
     const int c = static_cast<int>(i % C);
     const int t = static_cast<int>(r % T);
-    out[i] = st<S>(ld(wte[static_cast<std::int64_t>(tokens[r]) * C + c]) +
-                   ld(wpe[static_cast<std::int64_t>(t) * C + c]));
+    const float pos = wpe != nullptr ? ld(wpe[static_cast<std::int64_t>(t) * C + c]) : 0.0f;
+    out[i] = st<S>(ld(wte[static_cast<std::int64_t>(tokens[r]) * C + c]) + pos);
   }
 }
 
@@ -110,6 +110,7 @@ void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte
     wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
         static_cast<G*>(dwte), static_cast<const S*>(dout), tokens, next, first, C);
     ZRT_CUDA_LAUNCH_CHECK();
+    if (dwpe == nullptr) return;  // no position embedding (Llama)
     wpe_backward_kernel<S, G>
         <<<blocks_for(static_cast<std::int64_t>(T) * C, kThreads), kThreads, 0, l.stream>>>(
             static_cast<G*>(dwpe), static_cast<const S*>(dout), B, T, C);

@@ -55,7 +55,10 @@ void matmul_forward(const Launch& l, DType dtype, void* out, const void* inp, co
     return;
   }
   gemm(l, false, false, N, OC, C, 1.0f, inp, type, C, weight, type, OC, 0.0f, out, type, OC);
-  if (bias == nullptr) return;
+  if (bias != nullptr) add_bias(l, dtype, out, bias, N, OC);
+}
+
+void add_bias(const Launch& l, DType dtype, void* out, const void* bias, int N, int OC) {
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     const std::int64_t n = static_cast<std::int64_t>(N) * OC;

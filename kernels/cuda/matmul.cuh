@@ -18,6 +18,9 @@ void matmul_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
                      void* dbias, const void* dout, const void* inp, const void* weight, int N,
                      int C, int OC);
 
+// out (N,OC) += bias (OC) per row (the fallback of matmul_forward, and linear.cu's bias).
+void add_bias(const Launch& l, DType dtype, void* out, const void* bias, int N, int OC);
+
 // dbias (C) += column sums of dout (N,C), deterministic; ws holds bias_backward_workspace bytes.
 std::int64_t bias_backward_workspace(int N, int C);
 void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, const void* dout,

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "kernels/ops.h"
+#include "models/activation_planner.h"
 #include "models/init_rng.h"
 #include "runtime/common/error.h"
 
@@ -15,12 +16,8 @@ namespace {
 
 using I64 = std::int64_t;
 
-constexpr I64 kAlign = 256;
+constexpr I64 kAlign = kActivationAlign;
 constexpr double kInitStd = 0.02;
-
-I64 round_up(I64 n) {
-  return (n + kAlign - 1) / kAlign * kAlign;
-}
 
 // Block parameter slots, Hugging Face order.
 enum Slot {
@@ -36,29 +33,6 @@ enum Slot {
   kFcB,
   kFcProjW,
   kFcProjB,
-};
-
-// Lays activation tensors out in one allocation: records byte offsets, binds them to a base.
-class Planner {
- public:
-  void bytes(DevicePtr<std::byte>* field, I64 n) {
-    byte_fields_.emplace_back(field, total_);
-    total_ += round_up(n);
-  }
-  void floats(DevicePtr<float>* field, I64 count) {
-    float_fields_.emplace_back(field, total_);
-    total_ += round_up(count * 4);
-  }
-  I64 total() const { return total_; }
-  void bind(DevicePtr<std::byte> base) const {
-    for (const auto& [field, offset] : byte_fields_) *field = base + offset;
-    for (const auto& [field, offset] : float_fields_) *field = (base + offset).as<float>();
-  }
-
- private:
-  I64 total_ = 0;
-  std::vector<std::pair<DevicePtr<std::byte>*, I64>> byte_fields_;
-  std::vector<std::pair<DevicePtr<float>*, I64>> float_fields_;
 };
 
 }  // namespace
@@ -133,7 +107,7 @@ I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) c
   const I64 NH = config_.n_head;
   acts->residual.assign(L + 1, Bytes());
   acts->block.assign(options_.activation_checkpointing ? 1 : L, BlockActs());
-  Planner p;
+  ActivationPlanner p;
   for (Bytes& r : acts->residual) p.bytes(&r, BT * C * S);
   for (BlockActs& a : acts->block) {
     p.bytes(&a.ln1, BT * C * S);

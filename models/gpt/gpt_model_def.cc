@@ -182,6 +182,7 @@ ModelEntry registry_entry() {
   ModelEntry entry;
   entry.type = "gpt2";
   entry.summary = "GPT-2 (presets gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl)";
+  entry.presets = GptConfig::preset_names();
   entry.resolve = [](const ModelConfig& config) -> std::unique_ptr<ModelDef> {
     // A Hugging Face directory (or a file with its config.json beside it) gives the dimensions;
     // the run's keys must agree with them.

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -130,6 +131,45 @@ inline const nlohmann::json& golden() {
     return nlohmann::json::parse(in);
   }();
   return doc;
+}
+
+// v as the bytes of dtype dt (fp32, bf16 or fp16, rounded to nearest even).
+inline std::vector<std::byte> encode(const std::vector<double>& v, DType dt) {
+  std::vector<std::byte> out(v.size() * dtype_size(dt));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    if (dt == DType::kFloat32) {
+      std::memcpy(&out[i * 4], &f, 4);
+    } else if (dt == DType::kBFloat16) {
+      const bf16 h = to_bf16(f);
+      std::memcpy(&out[i * 2], &h, 2);
+    } else {
+      const fp16 h = to_fp16(f);
+      std::memcpy(&out[i * 2], &h, 2);
+    }
+  }
+  return out;
+}
+
+// The values of bytes of dtype dt, widened to double.
+inline std::vector<double> decode(const std::vector<std::byte>& bytes, DType dt) {
+  std::vector<double> v(bytes.size() / dtype_size(dt));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::kFloat32) {
+      float f;
+      std::memcpy(&f, &bytes[i * 4], 4);
+      v[i] = f;
+    } else if (dt == DType::kBFloat16) {
+      bf16 h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      v[i] = to_float(h);
+    } else {
+      fp16 h;
+      std::memcpy(&h, &bytes[i * 2], 2);
+      v[i] = to_float(h);
+    }
+  }
+  return v;
 }
 
 }  // namespace zrt::test

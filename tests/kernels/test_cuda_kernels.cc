@@ -29,6 +29,8 @@
 namespace zrt::kernels {
 namespace {
 
+using test::decode;
+using test::encode;
 using test::normal_values;
 using test::to_double;
 using test::to_storage;
@@ -39,43 +41,6 @@ constexpr std::uint64_t kSeed = 99;
 // Shapes with several thread blocks, row chunks and GEMM tiles per dimension.
 constexpr int kB = 2, kT = 64, kC = 128, kNH = 4, kV = 1000;
 constexpr int kN = kB * kT;
-
-std::vector<std::byte> encode(const Vec& v, DType dt) {
-  std::vector<std::byte> out(v.size() * dtype_size(dt));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const float f = static_cast<float>(v[i]);
-    if (dt == DType::kFloat32) {
-      std::memcpy(&out[i * 4], &f, 4);
-    } else if (dt == DType::kBFloat16) {
-      const bf16 h = to_bf16(f);
-      std::memcpy(&out[i * 2], &h, 2);
-    } else {
-      const fp16 h = to_fp16(f);
-      std::memcpy(&out[i * 2], &h, 2);
-    }
-  }
-  return out;
-}
-
-Vec decode(const std::vector<std::byte>& bytes, DType dt) {
-  Vec v(bytes.size() / dtype_size(dt));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::kFloat32) {
-      float f;
-      std::memcpy(&f, &bytes[i * 4], 4);
-      v[i] = f;
-    } else if (dt == DType::kBFloat16) {
-      bf16 h;
-      std::memcpy(&h, &bytes[i * 2], 2);
-      v[i] = to_float(h);
-    } else {
-      fp16 h;
-      std::memcpy(&h, &bytes[i * 2], 2);
-      v[i] = to_float(h);
-    }
-  }
-  return v;
-}
 
 // A CUDA device, stream and kernel context, with host<->device helpers (synchronous).
 struct Gpu {

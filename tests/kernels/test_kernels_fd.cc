@@ -17,52 +17,20 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "tests/kernels/fd_check.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace zrt::kernels::cpu {
 namespace {
 
+using test::check_gradient;
+using test::dot;
 using test::normal_values;
 using Vec = std::vector<double>;
 
 constexpr std::uint64_t kSeed = 77;
 constexpr int kB = 2, kT = 8, kC = 64, kNH = 4, kV = 256;
 constexpr int kN = kB * kT;
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Central differences of f with respect to x, compared with `analytic`.
-void check_gradient(const std::string& what, Vec& x, const Vec& analytic,
-                    const std::function<double()>& f) {
-  REQUIRE(x.size() == analytic.size());
-  const std::size_t stride = std::max<std::size_t>(1, x.size() / 1500);
-  double diff2 = 0, ref2 = 0, max_abs = 0, max_ref = 0;
-  for (std::size_t i = stride / 2; i < x.size(); i += stride) {
-    const double saved = x[i];
-    const double h = 1e-5 * std::max(1.0, std::abs(saved));
-    x[i] = saved + h;
-    const double fp = f();
-    x[i] = saved - h;
-    const double fm = f();
-    x[i] = saved;
-    const double numeric = (fp - fm) / (2 * h);
-    const double d = numeric - analytic[i];
-    diff2 += d * d;
-    ref2 += numeric * numeric;
-    max_abs = std::max(max_abs, std::abs(d));
-    max_ref = std::max(max_ref, std::abs(numeric));
-  }
-  const double rel = ref2 > 0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
-  INFO(what << ": relative error " << rel << ", max abs error " << max_abs << " (max |grad| "
-            << max_ref << ")");
-  CHECK(ref2 > 0);
-  CHECK(rel < 1e-7);
-  CHECK(max_abs <= 1e-7 * std::max(1.0, max_ref));
-}
 
 TEST_CASE("encoder backward matches finite differences (float64)", "[fd]") {
   Vec wte = normal_values(kSeed, 1, kV * kC);

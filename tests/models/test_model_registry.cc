@@ -1,4 +1,5 @@
-// The model registry (models/model_registry.h): it lists gpt2; an unknown model.type is an
+// The model registry (models/model_registry.h): it lists gpt2 and the Llama family (their hooks:
+// test_llama_registry.cc); an unknown model.type is an
 // error naming the known ones (at config validation through the key table, and again where
 // the registry resolves a model block, for callers that did not validate); and GPT-2's hooks
 // (parameter table and count, FLOPs per token, activation bytes, initialiser, construction)
@@ -11,13 +12,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "config/config.h"
+#include "config/key_table.h"
 #include "kernels/kernel_context.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_model_def.h"
 #include "models/model_registry.h"
 #include "runtime/common/error.h"
-#include "config/config.h"
-#include "config/key_table.h"
 #include "runtime/device/device.h"
 
 using namespace zrt;
@@ -42,9 +43,11 @@ const char* const kSpecs[] = {"gpt2-tiny", "gpt2", "gpt2-xl", "gpt2-tiny:seq_len
 
 }  // namespace
 
-TEST_CASE("the registry lists gpt2, and the config's key table offers what it lists") {
+TEST_CASE(
+    "the registry lists gpt2 and the Llama family, and the config's key table offers what "
+    "it lists") {
   const ModelRegistry& registry = builtin_models();
-  CHECK(registry.types() == std::vector<std::string>{"gpt2"});
+  CHECK(registry.types() == std::vector<std::string>{"gpt2", "llama", "qwen2", "mistral"});
   CHECK(registry.contains("gpt2"));
   CHECK(registry.entry("gpt2").type == "gpt2");
   // config cannot ask the registry, so model.type's choices are written in the key
@@ -61,24 +64,24 @@ TEST_CASE("the registry lists gpt2, and the config's key table offers what it li
 TEST_CASE("an unknown model.type: a config error, and a registry error naming the known types") {
   // Config validation rejects it first, naming the key and the choices.
   CHECK_THROWS_WITH(
-      parse_config(config_with_model({{"type", "llama"}, {"preset", "gpt2-tiny"}}), 1, "run.json"),
+      parse_config(config_with_model({{"type", "bloom"}, {"preset", "gpt2-tiny"}}), 1, "run.json"),
       Catch::Contains("model.type") && Catch::Contains("gpt2"));
   // A ModelConfig that did not come through validation: the registry says the same at
   // resolution (make_model, zrt-mem, zrt-train --check) and export.
   ModelConfig config;
-  config.type = "llama";
+  config.type = "bloom";
   config.preset = "gpt2-tiny";
-  const std::string message = "unknown model.type 'llama' (known: gpt2)";
+  const std::string message = "unknown model.type 'bloom' (known: gpt2, llama, qwen2, mistral)";
   CHECK_THROWS_AS(builtin_models().resolve(config), InvalidArgument);
   CHECK_THROWS_WITH(builtin_models().resolve(config), Catch::Contains(message));
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("test");
   kernels::KernelContext ctx(*device, *stream);
   CHECK_THROWS_WITH(make_model(config, ctx, ModelOptions{}), Catch::Contains(message));
-  CHECK_THROWS_WITH(builtin_models().parse_spec("llama", "gpt2-tiny"), Catch::Contains(message));
+  CHECK_THROWS_WITH(builtin_models().parse_spec("bloom", "gpt2-tiny"), Catch::Contains(message));
   ExportInput saved;
   saved.checkpoint = "ckpt";
-  saved.config_json = R"({"model": {"type": "llama"}})";
+  saved.config_json = R"({"model": {"type": "bloom"}})";
   CHECK_THROWS_WITH(builtin_models().export_safetensors(saved, "out.safetensors"),
                     Catch::Contains(message));
   // A saved config without model.type is the default's (gpt2), whose exporter names the

@@ -86,5 +86,6 @@ void register_engine_twins();
 void register_comm_twins();
 void register_optimizer_twins();
 void register_gpt_twins();
+void register_llama_twins();
 
 }  // namespace zrt::standin

@@ -11,51 +11,15 @@
 #include "kernels/cpu/residual.h"
 #include "runtime/common/dtype.h"
 #include "tests/standin/kernel_twins.h"
+#include "tests/standin/twin_names.h"
 
 namespace zrt::standin {
 
 namespace {
 
 using I64 = std::int64_t;
-const std::string kNs = "zrt::kernels::cuda::(anonymous namespace)::";
-constexpr int kRowsPerBlock = 8;    // 256 threads, one warp per row
-constexpr int kColumnSumRows = 64;  // kernels/cuda/layernorm.cuh
+using namespace twin_names;
 constexpr float kEps = 1e-5f;
-
-template <typename S>
-float ld(S v) {
-  return load_as_float(v);
-}
-template <typename S>
-S st(float v) {
-  return store_from_float<S>(v);
-}
-
-// Demangled spelling of the storage types.
-template <typename S>
-const char* cuda_name();
-template <>
-const char* cuda_name<float>() {
-  return "float";
-}
-template <>
-const char* cuda_name<bf16>() {
-  return "__nv_bfloat16";
-}
-template <>
-const char* cuda_name<fp16>() {
-  return "__half";
-}
-
-// Replaces $S and $G in a signature.
-std::string sig(std::string text, const char* s, const char* g = "") {
-  for (auto [key, value] : {std::pair<const char*, const char*>{"$S", s}, {"$G", g}}) {
-    for (std::size_t at = text.find(key); at != std::string::npos; at = text.find(key)) {
-      text.replace(at, 2, value);
-    }
-  }
-  return text;
-}
 
 // Elements a kernel may touch through `p` when only the allocation bounds them (embedding rows
 // addressed by token ids): the rest of p's allocation. Checked when the kernel runs.
@@ -83,7 +47,7 @@ void register_storage() {
         k.writes(out, rows * C * ss, "out");
         k.reads(tokens, rows * 4, "tokens");
         k.reads(wte, C * ss, "wte");
-        k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");
+        if (wpe != nullptr) k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");  // null: Llama
         const std::string name = k.name();
         k.run([=] {
           const I64 V = elements_left(wte, sizeof(S), name) / C;

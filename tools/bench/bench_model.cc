@@ -29,11 +29,13 @@ std::string torch_script(const std::string& requested) {
   return requested.empty() ? find_script("torch_gpt_bench.py", ZRT_TORCH_GPT_SCRIPT) : requested;
 }
 
-std::vector<std::string> split(const std::string& text) {
+// Splits on `sep`; for --models, on ';' when the list has one (specs with commas, such as
+// "llama:hidden_size=128,...").
+std::vector<std::string> split(const std::string& text, char sep = ',') {
   std::vector<std::string> out;
   std::stringstream ss(text);
   std::string item;
-  while (std::getline(ss, item, ',')) {
+  while (std::getline(ss, item, sep)) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
@@ -109,13 +111,15 @@ int model(int argc, char** argv) {
     std::printf(
         "zrt-bench model [--models gpt2-tiny,gpt2] [--batch 4] [--seq 256] [--threads 1,2]\n"
         "                [--iters N] [--checkpointing] [--no-torch] [--python PATH]\n"
-        "Forward+backward tokens/s of the GPT-2 model on the CPU kernels (fp32), next to\n"
-        "PyTorch on the same shapes and thread count when python3 can import torch.\n"
-        "--models takes presets or specs such as 'gpt2-tiny:n_layer=4'. --iters defaults to 20\n"
+        "Forward+backward tokens/s of a registry model on the CPU kernels (fp32), next to\n"
+        "PyTorch on the same shapes and thread count for GPT-2 when python3 can import torch.\n"
+        "--models takes presets or specs such as 'gpt2-tiny:n_layer=4' or 'llama-tiny' (separated\n"
+        "by ';' instead of ',' when a spec has commas). --iters defaults to 20\n"
         "for models under 10M parameters, else 3 (median after one warm-up iteration).\n");
     return 0;
   }
-  const auto models = split(args.get("models", "gpt2-tiny,gpt2"));
+  const std::string model_list = args.get("models", "gpt2-tiny,gpt2");
+  const auto models = split(model_list, model_list.find(';') != std::string::npos ? ';' : ',');
   const int B = static_cast<int>(args.get_double("batch", 4));
   const int T = static_cast<int>(args.get_double("seq", 256));
   std::vector<int> thread_counts;
@@ -144,7 +148,10 @@ int model(int argc, char** argv) {
       const ZrtResult z = run_zrt(*model_def, B, T, threads, iters, checkpointing);
       const double zrt_tps = B * T / z.seconds;
       const double torch_tps = run_torch(python, script, *model_def, B, T, threads, iters);
-      table.add({model_def->name(), fmt::format("{:.1f}M", model_def->num_parameters() / 1e6),
+      // A custom model is labelled by its architecture (gpt2, llama, ...).
+      const std::string label =
+          model_def->name() == "custom" ? model_def->type() + " (custom)" : model_def->name();
+      table.add({label, fmt::format("{:.1f}M", model_def->num_parameters() / 1e6),
                  std::to_string(threads), fmt::format("{:.1f}", z.seconds * 1e3),
                  fmt::format("{:.0f}", zrt_tps),
                  torch_tps > 0 ? fmt::format("{:.0f}", torch_tps) : "-",

@@ -1,0 +1,49 @@
+// The row passes of causal attention's softmax, shared by the CPU twins of multi-head
+// (attention.cc) and grouped-query (gqa_attention.cc) attention. A row t of T scores keeps its
+// prefix [0, t] (the positions a query at t may see) and is zero after it. fp32 rows use the
+// vectorized span functions of vec_math.h; double rows (finite-difference checks) plain loops.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/cpu/vec_math.h"
+
+namespace zrt::kernels::cpu {
+
+// row[0..t] <- softmax(row[0..t]); row[t+1..T) <- 0.
+template <typename A>
+void causal_softmax_row(A* row, int t, int T) {
+  if constexpr (std::is_same_v<A, float>) {
+    const float mx = span_max(row, t + 1);
+    span_exp_scale(row, t + 1, mx, 1.0f);
+    span_scale(row, t + 1, 1.0f / span_sum(row, t + 1));
+  } else {
+    A mx = row[0];
+    for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+    A sum = 0;
+    for (int u = 0; u <= t; ++u) {
+      row[u] = std::exp(row[u] - mx);
+      sum += row[u];
+    }
+    const A inv = A(1) / sum;
+    for (int u = 0; u <= t; ++u) row[u] *= inv;
+  }
+  for (int u = t + 1; u < T; ++u) row[u] = A(0);
+}
+
+// drow[0..t] <- arow * (drow - sum(arow * drow)) (softmax's backward); drow[t+1..T) <- 0.
+template <typename A>
+void causal_softmax_grad_row(A* drow, const A* arow, int t, int T) {
+  if constexpr (std::is_same_v<A, float>) {
+    span_softmax_grad(drow, arow, t + 1, span_dot(arow, drow, t + 1));
+  } else {
+    A dot = 0;
+    for (int u = 0; u <= t; ++u) dot += arow[u] * drow[u];
+    for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+  }
+  for (int u = t + 1; u < T; ++u) drow[u] = A(0);
+}
+
+}  // namespace zrt::kernels::cpu

@@ -1,0 +1,31 @@
+#include "kernels/cuda/linear.cuh"
+
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/matmul.cuh"
+
+namespace zrt::kernels::cuda {
+
+void linear_forward(const Launch& l, DType dtype, void* out, const void* inp, const void* weight,
+                    const void* bias, int N, int C, int OC) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  gemm(l, false, true, N, OC, C, 1.0f, inp, type, C, weight, type, C, 0.0f, out, type, OC);
+  if (bias != nullptr) add_bias(l, dtype, out, bias, N, OC);
+}
+
+std::int64_t linear_backward_workspace(int N, int OC) {
+  return bias_backward_workspace(N, OC);
+}
+
+void linear_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
+                     void* dbias, const void* dout, const void* inp, const void* weight, int N,
+                     int C, int OC) {
+  const cudaDataType type = to_cuda_dtype(dtype);
+  if (dinp != nullptr) {
+    gemm(l, false, false, N, C, OC, 1.0f, dout, type, OC, weight, type, C, 1.0f, dinp, type, C);
+  }
+  gemm(l, true, false, OC, C, N, 1.0f, dout, type, OC, inp, type, C, 1.0f, dweight,
+       to_cuda_dtype(grad_dtype), C);
+  if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+}
+
+}  // namespace zrt::kernels::cuda

@@ -1,0 +1,15 @@
+// CUDA twin of kernels/cpu/rope.h: one thread per rotated pair; the angle and its sine and
+// cosine in double, as the CPU twin. The frequency table travels by value as a kernel argument.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/rope_table.h"
+
+namespace zrt::kernels::cuda {
+
+void rope_forward(const Launch& l, DType dtype, void* out, const void* inp, const RopeTable& table,
+                  int B, int T, int NH, int hs);
+void rope_backward(const Launch& l, DType dtype, void* dinp, const void* dout,
+                   const RopeTable& table, int B, int T, int NH, int hs);
+
+}  // namespace zrt::kernels::cuda

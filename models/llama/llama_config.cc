@@ -1,0 +1,308 @@
+#include "models/llama/llama_config.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/rope_table.h"
+#include "runtime/common/error.h"
+
+namespace zrt::llama {
+
+namespace {
+
+constexpr int kPresetMaxSeqLen = 8192;
+
+struct Preset {
+  const char* name;
+  const char* architecture;
+  int hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+      head_dim, vocab_size, max_position_embeddings;
+  double rms_norm_eps, rope_theta;
+  double llama3_factor;  // 0: no rope scaling; else llama3 with (1, 4, 8192)
+  bool tie_word_embeddings, attention_bias;
+};
+
+// From each model's config.json on the Hugging Face Hub (meta-llama/Llama-3.2-1B, ...).
+constexpr Preset kPresets[] = {
+    {"llama-tiny", "llama", 64, 128, 2, 4, 2, 16, 256, 256, 1e-5, 10000.0, 0, false, false},
+    {"llama-3.2-1b", "llama", 2048, 8192, 16, 32, 8, 64, 128256, 131072, 1e-5, 500000.0, 32, true,
+     false},
+    {"llama-3.2-3b", "llama", 3072, 8192, 28, 24, 8, 128, 128256, 131072, 1e-5, 500000.0, 32, true,
+     false},
+    {"llama-3.1-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 131072, 1e-5, 500000.0, 8, false,
+     false},
+    {"llama-3.1-70b", "llama", 8192, 28672, 80, 64, 8, 128, 128256, 131072, 1e-5, 500000.0, 8,
+     false, false},
+    {"qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 64, 151936, 32768, 1e-6, 1000000.0, 0, true,
+     true},
+    {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 131072, 1e-6, 1000000.0, 0, false,
+     true},
+    {"smollm2-135m", "llama", 576, 1536, 30, 9, 3, 64, 49152, 8192, 1e-5, 100000.0, 0, true, false},
+};
+
+std::string preset_list() {
+  std::string names;
+  for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
+  return names;
+}
+
+int parse_int(const std::string& key, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const long long v = std::stoll(value, &used);
+    if (used == value.size() && v >= -2147483647LL && v <= 2147483647LL) {
+      return static_cast<int>(v);
+    }
+  } catch (const std::exception&) {
+  }
+  ZRT_THROW(InvalidArgument, "llama config: {}={} is not an integer", key, value);
+}
+
+double parse_double(const std::string& key, const std::string& value) {
+  try {
+    std::size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::exception&) {
+  }
+  ZRT_THROW(InvalidArgument, "llama config: {}={} is not a number", key, value);
+}
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  if (value == "true" || value == "1") return true;
+  if (value == "false" || value == "0") return false;
+  ZRT_THROW(InvalidArgument, "llama config: {}={} is not true or false", key, value);
+}
+
+bool known_architecture(const std::string& a) {
+  return a == "llama" || a == "qwen2" || a == "mistral";
+}
+
+}  // namespace
+
+std::vector<std::string> LlamaConfig::preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+LlamaConfig LlamaConfig::preset(const std::string& name) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    LlamaConfig c;
+    c.name = p.name;
+    c.architecture = p.architecture;
+    c.hidden_size = p.hidden_size;
+    c.intermediate_size = p.intermediate_size;
+    c.num_hidden_layers = p.num_hidden_layers;
+    c.num_attention_heads = p.num_attention_heads;
+    c.num_key_value_heads = p.num_key_value_heads;
+    c.head_dim = p.head_dim;
+    c.vocab_size = p.vocab_size;
+    c.max_position_embeddings = p.max_position_embeddings;
+    c.rms_norm_eps = p.rms_norm_eps;
+    c.rope_theta = p.rope_theta;
+    if (p.llama3_factor > 0) {
+      c.rope_scaling.rope_type = "llama3";
+      c.rope_scaling.factor = p.llama3_factor;
+      c.rope_scaling.low_freq_factor = 1.0;
+      c.rope_scaling.high_freq_factor = 4.0;
+      c.rope_scaling.original_max_position_embeddings = 8192;
+    }
+    c.tie_word_embeddings = p.tie_word_embeddings;
+    c.attention_bias = p.attention_bias;
+    c.seq_len = std::min(p.max_position_embeddings, kPresetMaxSeqLen);
+    return c;
+  }
+  ZRT_THROW(InvalidArgument, "unknown Llama-family preset '{}'; presets: {}", name, preset_list());
+}
+
+LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::string& spec) {
+  if (!known_architecture(architecture)) {
+    ZRT_THROW(InvalidArgument, "llama config: architecture '{}' (llama, qwen2, mistral)",
+              architecture);
+  }
+  LlamaConfig c;
+  c.architecture = architecture;
+  c.attention_bias = architecture == "qwen2";
+  std::string rest = spec;
+  const auto colon = spec.find(':');
+  const bool has_preset = spec.find('=') == std::string::npos || colon != std::string::npos;
+  if (has_preset) {
+    const std::string name = spec.substr(0, colon);
+    c = preset(name);
+    if (c.architecture != architecture) {
+      ZRT_THROW(InvalidArgument, "model.preset {} is a {} model, but model.type is {}", name,
+                c.architecture, architecture);
+    }
+    rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
+  }
+  bool head_dim_given = false, kv_heads_given = false;
+  std::size_t pos = 0;
+  while (pos < rest.size()) {
+    std::size_t end = rest.find(',', pos);
+    if (end == std::string::npos) end = rest.size();
+    const std::string item = rest.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      ZRT_THROW(InvalidArgument, "llama config: expected key=value, got '{}'", item);
+    }
+    const std::string key = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    if (key == "hidden_size") {
+      c.hidden_size = parse_int(key, value);
+    } else if (key == "intermediate_size") {
+      c.intermediate_size = parse_int(key, value);
+    } else if (key == "num_hidden_layers") {
+      c.num_hidden_layers = parse_int(key, value);
+    } else if (key == "num_attention_heads") {
+      c.num_attention_heads = parse_int(key, value);
+    } else if (key == "num_key_value_heads") {
+      c.num_key_value_heads = parse_int(key, value);
+      kv_heads_given = true;
+    } else if (key == "head_dim") {
+      c.head_dim = parse_int(key, value);
+      head_dim_given = true;
+    } else if (key == "vocab_size") {
+      c.vocab_size = parse_int(key, value);
+    } else if (key == "max_position_embeddings") {
+      c.max_position_embeddings = parse_int(key, value);
+    } else if (key == "seq_len") {
+      c.seq_len = parse_int(key, value);
+    } else if (key == "rms_norm_eps") {
+      c.rms_norm_eps = parse_double(key, value);
+    } else if (key == "rope_theta") {
+      c.rope_theta = parse_double(key, value);
+    } else if (key == "rope_scaling.rope_type") {
+      c.rope_scaling.rope_type = value;
+    } else if (key == "rope_scaling.factor") {
+      c.rope_scaling.factor = parse_double(key, value);
+    } else if (key == "rope_scaling.low_freq_factor") {
+      c.rope_scaling.low_freq_factor = parse_double(key, value);
+    } else if (key == "rope_scaling.high_freq_factor") {
+      c.rope_scaling.high_freq_factor = parse_double(key, value);
+    } else if (key == "rope_scaling.original_max_position_embeddings") {
+      c.rope_scaling.original_max_position_embeddings = parse_int(key, value);
+    } else if (key == "tie_word_embeddings") {
+      c.tie_word_embeddings = parse_bool(key, value);
+    } else if (key == "attention_bias") {
+      c.attention_bias = parse_bool(key, value);
+    } else if (key == "sliding_window") {
+      c.sliding_window = parse_int(key, value);
+    } else {
+      ZRT_THROW(InvalidArgument,
+                "llama config: unknown key '{}' (hidden_size, intermediate_size, "
+                "num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
+                "vocab_size, max_position_embeddings, seq_len, rms_norm_eps, rope_theta, "
+                "rope_scaling.{{rope_type, factor, low_freq_factor, high_freq_factor, "
+                "original_max_position_embeddings}}, tie_word_embeddings, attention_bias, "
+                "sliding_window)",
+                key);
+    }
+    c.name = "custom";
+  }
+  // config.json's defaults: no num_key_value_heads is multi-head attention, no head_dim is
+  // hidden_size / num_attention_heads; seq_len defaults to the positions the model has.
+  if (!has_preset) {
+    if (!kv_heads_given) c.num_key_value_heads = c.num_attention_heads;
+    if (!head_dim_given && c.num_attention_heads > 0) {
+      c.head_dim = c.hidden_size / c.num_attention_heads;
+    }
+    if (c.seq_len == 0) c.seq_len = std::min(c.max_position_embeddings, kPresetMaxSeqLen);
+  }
+  c.validate();
+  return c;
+}
+
+void LlamaConfig::validate() const {
+  if (!known_architecture(architecture)) {
+    ZRT_THROW(InvalidArgument,
+              "{}: model.type '{}' is not a Llama-family architecture (llama, "
+              "qwen2, mistral)",
+              name, architecture);
+  }
+  const std::pair<const char*, int> dims[] = {{"hidden_size", hidden_size},
+                                              {"intermediate_size", intermediate_size},
+                                              {"num_hidden_layers", num_hidden_layers},
+                                              {"num_attention_heads", num_attention_heads},
+                                              {"num_key_value_heads", num_key_value_heads},
+                                              {"head_dim", head_dim},
+                                              {"vocab_size", vocab_size},
+                                              {"max_position_embeddings", max_position_embeddings},
+                                              {"seq_len", seq_len}};
+  for (const auto& [key, value] : dims) {
+    if (value <= 0) {
+      ZRT_THROW(InvalidArgument, "{} config {}: model.{}={} must be positive", architecture, name,
+                key, value);
+    }
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.num_key_value_heads={} does not divide num_attention_heads={}",
+              architecture, name, num_key_value_heads, num_attention_heads);
+  }
+  if (head_dim % 2 != 0 || head_dim > 2 * kernels::kRopeMaxPairs) {
+    ZRT_THROW(InvalidArgument, "{} config {}: model.head_dim={} must be even and at most {}",
+              architecture, name, head_dim, 2 * kernels::kRopeMaxPairs);
+  }
+  if (seq_len > max_position_embeddings) {
+    ZRT_THROW(InvalidArgument, "{} config {}: model.seq_len={} exceeds max_position_embeddings={}",
+              architecture, name, seq_len, max_position_embeddings);
+  }
+  if (!(rms_norm_eps > 0)) {
+    ZRT_THROW(InvalidArgument, "{} config {}: model.rms_norm_eps={} must be positive", architecture,
+              name, rms_norm_eps);
+  }
+  if (architecture == "qwen2" && !attention_bias) {
+    ZRT_THROW(InvalidArgument,
+              "qwen2 config {}: model.attention_bias=false, but Qwen2 always has q/k/v biases",
+              name);
+  }
+  if (sliding_window < 0) {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.sliding_window={} must be positive (or 0: "
+              "none)",
+              architecture, name, sliding_window);
+  }
+  if (sliding_window > 0 && sliding_window < seq_len) {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.sliding_window={} is shorter than seq_len={}; zrt attends over "
+              "the whole causal context and does not implement sliding-window attention (train "
+              "at seq_len <= {})",
+              architecture, name, sliding_window, seq_len, sliding_window);
+  }
+  try {
+    kernels::RopeScalingParams scaling;
+    scaling.rope_type = rope_scaling.rope_type;
+    scaling.factor = rope_scaling.factor;
+    scaling.low_freq_factor = rope_scaling.low_freq_factor;
+    scaling.high_freq_factor = rope_scaling.high_freq_factor;
+    scaling.original_max_position_embeddings = rope_scaling.original_max_position_embeddings;
+    kernels::make_rope_table(head_dim, rope_theta, scaling);
+  } catch (const InvalidArgument& e) {
+    ZRT_THROW(InvalidArgument, "{} config {}: model.rope_theta / model.rope_scaling: {}",
+              architecture, name, e.what());
+  }
+}
+
+std::int64_t LlamaConfig::num_parameters() const {
+  using I64 = std::int64_t;
+  const I64 C = hidden_size, I = intermediate_size;
+  const I64 Q = I64{num_attention_heads} * head_dim, KV = I64{num_key_value_heads} * head_dim;
+  const I64 attention = C * Q + 2 * C * KV + Q * C + (attention_bias ? Q + 2 * KV : 0);
+  const I64 block = 2 * C + attention + 3 * C * I;
+  const I64 embed = I64{vocab_size} * C;
+  return embed + I64{num_hidden_layers} * block + C + (tie_word_embeddings ? 0 : embed);
+}
+
+std::string LlamaConfig::describe() const {
+  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}, {:.1f}M params)", name, architecture,
+                     num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
+                     num_key_value_heads, head_dim, vocab_size, seq_len,
+                     tie_word_embeddings ? " tied" : "",
+                     static_cast<double>(num_parameters()) / 1e6);
+}
+
+}  // namespace zrt::llama

@@ -1,0 +1,220 @@
+#include "models/llama/llama_model_def.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "models/llama/llama.h"
+#include "models/safetensors.h"
+#include "runtime/common/error.h"
+
+namespace zrt::llama {
+
+namespace {
+
+class LlamaDef final : public ModelDef {
+ public:
+  explicit LlamaDef(LlamaConfig config) : config_(std::move(config)) {}
+
+  const std::string& type() const override { return config_.architecture; }
+  std::string name() const override { return config_.name; }
+  std::string describe() const override { return config_.describe(); }
+  std::vector<std::pair<std::string, std::int64_t>> dimensions() const override {
+    return {{"hidden_size", config_.hidden_size},
+            {"intermediate_size", config_.intermediate_size},
+            {"num_hidden_layers", config_.num_hidden_layers},
+            {"num_attention_heads", config_.num_attention_heads},
+            {"num_key_value_heads", config_.num_key_value_heads},
+            {"head_dim", config_.head_dim},
+            {"vocab_size", config_.vocab_size},
+            {"max_position_embeddings", config_.max_position_embeddings},
+            {"seq_len", config_.seq_len}};
+  }
+
+  int seq_len() const override { return config_.seq_len; }
+  int vocab_size() const override { return config_.vocab_size; }
+  std::unique_ptr<ModelDef> with_seq_len(int seq_len) const override {
+    LlamaConfig config = config_;
+    config.seq_len = seq_len;  // no parameter depends on it; validate() bounds it
+    config.validate();
+    return std::make_unique<LlamaDef>(std::move(config));
+  }
+
+  std::vector<ParamSpec> parameters() const override { return Llama::parameter_table(config_); }
+  int num_modules() const override { return config_.num_hidden_layers + 2; }
+  std::int64_t num_parameters() const override { return config_.num_parameters(); }
+  std::vector<int> recomputed_modules() const override {
+    std::vector<int> blocks;
+    for (int m = 1; m <= config_.num_hidden_layers; ++m) blocks.push_back(m);
+    return blocks;
+  }
+
+  double flops_per_token(int seq_len) const override {
+    return llama::flops_per_token(config_, seq_len);
+  }
+  std::int64_t activation_bytes(int B, int T, DType dtype,
+                                bool activation_checkpointing) const override {
+    return Llama::activation_bytes(config_, B, T, dtype, activation_checkpointing);
+  }
+
+  std::unique_ptr<Model> build(kernels::KernelContext& ctx,
+                               const ModelOptions& options) const override {
+    LlamaOptions llama_options;
+    llama_options.activation_checkpointing = options.activation_checkpointing;
+    return std::make_unique<Llama>(config_, ctx, llama_options);
+  }
+
+  ParamInitializer initializer(const Model& model, std::uint64_t seed,
+                               const std::string& init_from) const override {
+    if (!init_from.empty()) {
+      ZRT_THROW(InvalidArgument,
+                "model.init_from {}: loading Hugging Face weights into a {} model is not "
+                "implemented in this build (remove model.init_from for a random initialisation)",
+                init_from, config_.architecture);
+    }
+    return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
+      model.init_parameter(p, seed, first, count, out);
+    };
+  }
+
+ private:
+  LlamaConfig config_;
+};
+
+const char* hf_architecture(const std::string& architecture) {
+  if (architecture == "qwen2") return "Qwen2ForCausalLM";
+  if (architecture == "mistral") return "MistralForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+// The spec of a saved config's model block (JSON), as ModelConfig::spec() writes it.
+std::string spec_of_saved_block(const nlohmann::json& m) {
+  std::string preset = m.value("preset", std::string());
+  std::vector<std::string> items;
+  for (const auto& [key, value] : m.items()) {
+    if (key == "type" || key == "preset" || key == "activation_checkpointing" ||
+        key == "init_from") {
+      continue;
+    }
+    if (key == "rope_scaling" && value.is_object()) {
+      for (const auto& [sub, v] : value.items()) {
+        items.push_back("rope_scaling." + sub + "=" +
+                        (v.is_string() ? v.get<std::string>() : v.dump()));
+      }
+      continue;
+    }
+    items.push_back(key + "=" + (value.is_string() ? value.get<std::string>() : value.dump()));
+  }
+  std::string rest;
+  for (const std::string& item : items) rest += (rest.empty() ? "" : ",") + item;
+  if (preset.empty()) return rest;
+  return rest.empty() ? preset : preset + ":" + rest;
+}
+
+// Hugging Face safetensors: the tensors under zrt's names (which are transformers') in fp32,
+// and a config.json for LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM beside them.
+void export_llama(const std::string& architecture, ExportInput input, const std::string& out) {
+  const std::string& dir = input.checkpoint;
+  const auto saved = nlohmann::json::parse(input.config_json, nullptr, false);
+  if (saved.is_discarded() || !saved.contains("model") || !saved["model"].is_object()) {
+    ZRT_THROW(InvalidArgument, "{}: the saved config has no model block", dir);
+  }
+  const LlamaConfig c = LlamaConfig::parse(architecture, spec_of_saved_block(saved["model"]));
+  const std::vector<ParamSpec> table = Llama::parameter_table(c);
+  if (table.size() != input.tensors.size()) {
+    ZRT_THROW(InvalidArgument, "{}: {} tensors, but a {} has {}", dir, input.tensors.size(),
+              c.describe(), table.size());
+  }
+  std::vector<std::pair<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>>>
+      tensors;
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    ExportTensor& t = input.tensors[i];
+    if (t.name != table[i].name || t.shape != table[i].shape) {
+      ZRT_THROW(InvalidArgument, "{}: tensor {} is {}, expected {} of {}", dir, i, t.name,
+                table[i].name, c.describe());
+    }
+    tensors.emplace_back(t.name, std::make_pair(t.shape, std::move(t.values)));
+  }
+  write_safetensors(out, tensors, {{"format", "pt"}});
+  nlohmann::json hf;
+  hf["architectures"] = {hf_architecture(architecture)};
+  hf["model_type"] = architecture;
+  hf["hidden_size"] = c.hidden_size;
+  hf["intermediate_size"] = c.intermediate_size;
+  hf["num_hidden_layers"] = c.num_hidden_layers;
+  hf["num_attention_heads"] = c.num_attention_heads;
+  hf["num_key_value_heads"] = c.num_key_value_heads;
+  hf["head_dim"] = c.head_dim;
+  hf["vocab_size"] = c.vocab_size;
+  hf["max_position_embeddings"] = c.max_position_embeddings;
+  hf["rms_norm_eps"] = c.rms_norm_eps;
+  hf["rope_theta"] = c.rope_theta;
+  if (c.rope_scaling.rope_type == "llama3") {
+    hf["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", c.rope_scaling.factor},
+        {"low_freq_factor", c.rope_scaling.low_freq_factor},
+        {"high_freq_factor", c.rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings}};
+  } else {
+    hf["rope_scaling"] = nullptr;
+  }
+  hf["tie_word_embeddings"] = c.tie_word_embeddings;
+  if (architecture != "qwen2") hf["attention_bias"] = c.attention_bias;
+  hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  hf["hidden_act"] = "silu";
+  hf["torch_dtype"] = "float32";
+  const std::filesystem::path config_path =
+      std::filesystem::path(out).parent_path() / "config.json";
+  std::ofstream config_file(config_path);
+  config_file << hf.dump(2) << "\n";
+  config_file.flush();
+  if (!config_file) {
+    ZRT_THROW(Error, "{}: cannot write: {}", config_path.string(), std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+LlamaConfig resolve_config(const ModelConfig& config) {
+  return LlamaConfig::parse(config.type, config.spec());
+}
+
+ModelEntry registry_entry(const std::string& architecture) {
+  ModelEntry entry;
+  entry.type = architecture;
+  std::string presets;
+  for (const std::string& name : LlamaConfig::preset_names()) {
+    if (LlamaConfig::preset(name).architecture != architecture) continue;
+    entry.presets.push_back(name);
+    presets += (presets.empty() ? "" : ", ") + name;
+  }
+  const char* family = architecture == "qwen2"     ? "Qwen2/Qwen2.5"
+                       : architecture == "mistral" ? "Mistral (no sliding window)"
+                                                   : "Llama 2/3/3.1/3.2";
+  entry.summary = presets.empty() ? fmt::format("{} (no presets: give the dimensions)", family)
+                                  : fmt::format("{} (presets {})", family, presets);
+  entry.resolve = [](const ModelConfig& config) -> std::unique_ptr<ModelDef> {
+    return std::make_unique<LlamaDef>(resolve_config(config));
+  };
+  entry.parse_spec = [architecture](const std::string& spec) -> std::unique_ptr<ModelDef> {
+    return std::make_unique<LlamaDef>(LlamaConfig::parse(architecture, spec));
+  };
+  entry.export_safetensors = [architecture](ExportInput input, const std::string& out) {
+    export_llama(architecture, std::move(input), out);
+  };
+  return entry;
+}
+
+double flops_per_token(const LlamaConfig& c, int T) {
+  const double looked_up = c.tie_word_embeddings ? 0.0 : double(c.vocab_size) * c.hidden_size;
+  return 6.0 * (static_cast<double>(c.num_parameters()) - looked_up) +
+         12.0 * c.num_hidden_layers * double(c.num_attention_heads) * c.head_dim * T;
+}
+
+}  // namespace zrt::llama

@@ -1,0 +1,238 @@
+// The Llama-family model against transformers itself (tests/golden/llama_golden.json, made by
+// make_llama_golden.py from LlamaForCausalLM and Qwen2ForCausalLM in float64): parameter names
+// and shapes (the contract with Hugging Face checkpoints), every layer's output, the logits, the
+// loss and every parameter's gradient within 1e-5 relative in fp32, the rotary tables (llama3
+// scaling) including Llama 3.1 8B's; activation checkpointing and thread count bit-identical;
+// bf16 near fp32; the presets' parameter counts (the published ones); config errors.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/kernel_context.h"
+#include "models/flat_param_access.h"
+#include "models/llama/llama.h"
+#include "runtime/device/device.h"
+#include "tests/kernels/kernel_test_util.h"
+#include "tests/models/llama_golden.h"
+
+namespace zrt::llama {
+namespace {
+
+using Grads = std::vector<std::vector<float>>;
+using test::case_config;
+using test::golden_weights;
+const nlohmann::json& golden() {
+  return test::llama_golden();
+}
+
+struct Rig {
+  std::unique_ptr<Device> device = make_device(DeviceOptions{});
+  std::unique_ptr<Stream> stream = device->create_stream("compute");
+  std::unique_ptr<kernels::KernelContext> ctx;
+  std::unique_ptr<Llama> model;
+  std::unique_ptr<FlatParamAccess> access;
+  Buffer tokens, targets;
+  TokenBatch batch;
+
+  Rig(const LlamaConfig& config, DType dtype, DType grad_dtype, bool checkpointing = false,
+      int threads = 1) {
+    ctx =
+        std::make_unique<kernels::KernelContext>(*device, *stream, kernels::KernelOptions{threads});
+    model = std::make_unique<Llama>(config, *ctx, LlamaOptions{checkpointing});
+    access = std::make_unique<FlatParamAccess>(*device, *stream, model->parameters(),
+                                               model->num_modules(), dtype, grad_dtype);
+    access->init_from(*model, 1234);
+  }
+  ~Rig() { stream->synchronize(); }
+
+  void set_golden(const nlohmann::json& g) {
+    const auto& params = model->parameters();
+    for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+      access->set_param(i, golden_weights(params[i].name, i, params[i].numel(), g["seed"]));
+    }
+    const auto in = g["tokens"].get<std::vector<std::int32_t>>();
+    const auto tgt = g["targets"].get<std::vector<std::int32_t>>();
+    const auto bytes = static_cast<std::int64_t>(in.size() * sizeof(std::int32_t));
+    tokens = device->allocate(bytes, MemCategory::kOther, "tokens");
+    targets = device->allocate(bytes, MemCategory::kOther, "targets");
+    device->copy_to_device(tokens.device<std::byte>(), in.data(), in.size() * 4, *stream);
+    device->copy_to_device(targets.device<std::byte>(), tgt.data(), tgt.size() * 4, *stream);
+    stream->synchronize();
+    batch = TokenBatch{tokens.device<const std::int32_t>(), targets.device<const std::int32_t>(),
+                       g["B"], g["T"]};
+  }
+
+  // fp32 values of an activation tensor of n elements.
+  std::vector<float> read_f32(DevicePtr<const std::byte> p, std::size_t n) {
+    std::vector<float> out(n);
+    device->copy_to_host(out.data(), p, n * sizeof(float), *stream);
+    stream->synchronize();
+    return out;
+  }
+
+  Grads grads() {
+    Grads g;
+    for (int i = 0; i < static_cast<int>(model->parameters().size()); ++i) {
+      g.push_back(access->read_grad(i));
+    }
+    return g;
+  }
+};
+
+TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][golden]") {
+  for (const auto& g : golden()["cases"]) {
+    const std::string label = g["label"];
+    INFO(label);
+    const LlamaConfig config = case_config(g);
+    Rig rig(config, DType::kFloat32, DType::kFloat32);
+    // The parameter table is transformers' state dict: names, order and shapes.
+    const auto& params = rig.model->parameters();
+    REQUIRE(params.size() == g["names"].size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      CHECK(params[i].name == g["names"][i].get<std::string>());
+      CHECK(params[i].shape == g["shapes"][i].get<std::vector<std::int64_t>>());
+    }
+    rig.set_golden(g);
+    const int B = g["B"], T = g["T"];
+    const std::size_t BTC = static_cast<std::size_t>(B) * T * config.hidden_size;
+    const std::size_t BTV = static_cast<std::size_t>(B) * T * config.vocab_size;
+
+    rig.model->forward(*rig.access, rig.batch);
+    double worst = 0;
+    for (int l = 0; l < config.num_hidden_layers; ++l) {
+      const auto want = test::golden_tensor(g["layer_outputs"][l]);
+      const double err = test::rel_error(rig.read_f32(rig.model->residual(l + 1), BTC), want);
+      INFO("layer " << l << " output: relative error " << err);
+      CHECK(err <= 1e-5);
+      worst = std::max(worst, err);
+    }
+    const double logits_err =
+        test::rel_error(rig.read_f32(rig.model->logits(), BTV), test::golden_tensor(g["logits"]));
+    INFO("logits: relative error " << logits_err);
+    CHECK(logits_err <= 1e-5);
+
+    rig.model->forward_backward(*rig.access, rig.batch, 1.0f);
+    const double loss = rig.model->read_loss();
+    const double want_loss = g["loss"];
+    CHECK(std::abs(loss - want_loss) / want_loss <= 1e-5);
+    for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+      const auto want = test::golden_tensor(g["grads"][params[i].name]);
+      const double err = test::rel_error(rig.access->read_grad(i), want);
+      INFO(params[i].name << ": relative error " << err);
+      CHECK(err <= 1e-5);
+      worst = std::max(worst, err);
+    }
+    // The rotary table, as transformers computed it (float32 there, double then rounded here).
+    const kernels::RopeTable table = rope_table(config);
+    const auto inv_freq = test::golden_tensor(g["inv_freq"]);
+    REQUIRE(static_cast<int>(inv_freq.size()) == table.pairs);
+    for (int i = 0; i < table.pairs; ++i) {
+      CHECK(table.inv_freq[i] == Approx(inv_freq[i]).epsilon(1e-6));
+    }
+    WARN(label << " vs transformers: loss " << loss << " (" << want_loss
+               << "), worst relative error of a layer output or gradient " << worst << ", logits "
+               << logits_err);
+  }
+}
+
+TEST_CASE("Llama 3.1 8B's llama3 rotary table matches transformers", "[llama][golden]") {
+  const kernels::RopeTable table = rope_table(LlamaConfig::preset("llama-3.1-8b"));
+  const auto want = test::golden_tensor(golden()["llama31_8b_inv_freq"]);
+  REQUIRE(static_cast<int>(want.size()) == table.pairs);
+  for (int i = 0; i < table.pairs; ++i) {
+    INFO(i);
+    CHECK(table.inv_freq[i] == Approx(want[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("Llama checkpointing and thread count do not change a bit; bf16 is near fp32",
+          "[llama]") {
+  for (const auto& g : golden()["cases"]) {
+    INFO(g["label"].get<std::string>());
+    const LlamaConfig config = case_config(g);
+    Rig plain(config, DType::kFloat32, DType::kFloat32, false, 1);
+    Rig ckpt(config, DType::kFloat32, DType::kFloat32, true, 1);
+    Rig threads(config, DType::kFloat32, DType::kFloat32, false, 3);
+    Rig bf16(config, DType::kBFloat16, DType::kFloat32, true, 2);
+    for (Rig* r : {&plain, &ckpt, &threads, &bf16}) {
+      r->set_golden(g);
+      r->model->forward_backward(*r->access, r->batch, 1.0f);
+    }
+    const float loss = plain.model->read_loss();
+    CHECK(ckpt.model->read_loss() == loss);
+    CHECK(threads.model->read_loss() == loss);
+    const Grads want = plain.grads();
+    CHECK(ckpt.grads() == want);
+    CHECK(threads.grads() == want);
+    // bf16 storage (8 bits of mantissa) of weights and activations: percent-level agreement.
+    CHECK(std::abs(bf16.model->read_loss() - loss) <= 0.02 * loss);
+    const Grads low = bf16.grads();
+    for (std::size_t i = 0; i < want.size(); ++i) CHECK(test::rel_error(low[i], want[i]) <= 0.1);
+    CHECK(Llama::activation_bytes(config, 2, 6, DType::kFloat32, true) <
+          Llama::activation_bytes(config, 2, 6, DType::kFloat32, false));
+  }
+}
+
+TEST_CASE("Llama-family presets have the published parameter counts", "[llama]") {
+  const std::pair<const char*, std::int64_t> counts[] = {
+      {"llama-3.2-1b", 1235814400},   {"llama-3.2-3b", 3212749824}, {"llama-3.1-8b", 8030261248},
+      {"llama-3.1-70b", 70553706496}, {"qwen2.5-0.5b", 494032768},  {"qwen2.5-7b", 7615616512},
+      {"smollm2-135m", 134515008},
+  };
+  for (const auto& [name, count] : counts) {
+    INFO(name);
+    const LlamaConfig c = LlamaConfig::preset(name);
+    CHECK_NOTHROW(c.validate());
+    CHECK(c.num_parameters() == count);
+    std::int64_t table = 0;
+    for (const ParamSpec& p : Llama::parameter_table(c)) table += p.numel();
+    CHECK(table == count);
+  }
+  CHECK(LlamaConfig::preset("llama-3.1-8b").seq_len == 8192);
+  CHECK(LlamaConfig::preset("qwen2.5-0.5b").attention_bias);
+  CHECK(LlamaConfig::parse("qwen2", "qwen2.5-0.5b").architecture == "qwen2");
+}
+
+TEST_CASE("Llama-family config errors name the key", "[llama]") {
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "llama-9"), Catch::Contains("llama-3.2-1b"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "qwen2.5-0.5b"),
+                    Catch::Contains("qwen2.5-0.5b is a qwen2 model"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "llama-tiny:num_key_value_heads=3"),
+                    Catch::Contains("num_key_value_heads=3"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "llama-tiny:seq_len=512"),
+                    Catch::Contains("seq_len=512"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "llama-tiny:hidden=3"),
+                    Catch::Contains("unknown key 'hidden'"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", "llama-tiny:rope_scaling.rope_type=yarn"),
+                    Catch::Contains("yarn"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("qwen2",
+                                       "hidden_size=32,intermediate_size=64,"
+                                       "num_hidden_layers=1,num_attention_heads=4,"
+                                       "vocab_size=16,max_position_embeddings=32,"
+                                       "attention_bias=false"),
+                    Catch::Contains("attention_bias"));
+  // Mistral's sliding window shorter than the sequence is refused, not ignored.
+  const std::string mistral =
+      "hidden_size=32,intermediate_size=64,num_hidden_layers=1,num_attention_heads=4,"
+      "num_key_value_heads=2,vocab_size=16,max_position_embeddings=64,seq_len=64";
+  CHECK_THROWS_WITH(LlamaConfig::parse("mistral", mistral + ",sliding_window=16"),
+                    Catch::Contains("sliding_window=16"));
+  const LlamaConfig ok = LlamaConfig::parse("mistral", mistral + ",sliding_window=64");
+  CHECK(ok.head_dim == 8);
+  CHECK(ok.num_key_value_heads == 2);
+  // config.json's defaults: no num_key_value_heads is multi-head attention.
+  CHECK(LlamaConfig::parse("llama",
+                           "hidden_size=32,intermediate_size=64,num_hidden_layers=1,"
+                           "num_attention_heads=4,vocab_size=16,"
+                           "max_position_embeddings=32")
+            .num_key_value_heads == 4);
+}
+
+}  // namespace
+}  // namespace zrt::llama

@@ -1,0 +1,228 @@
+// Twins of the Llama family's kernels (kernels/cuda/{rmsnorm,rope,swiglu,gqa_attention}.cu;
+// linear.cu is cuBLAS plus matmul.cu's bias kernels, twinned in twins_gpt.cc). Where a CUDA
+// kernel is a whole op of the CPU backend (rmsnorm forward, rope, swiglu) the CPU twin in
+// kernels/cpu runs it; the others are pieces of an op (a row pass, a column-sum pass, a head
+// gather or scatter) and their twins compute exactly what the kernel writes, with its geometry.
+#include <cstdint>
+
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/swiglu.h"
+#include "kernels/rope_table.h"
+#include "runtime/common/dtype.h"
+#include "tests/standin/kernel_twins.h"
+#include "tests/standin/twin_names.h"
+
+namespace zrt::standin {
+
+namespace {
+
+using I64 = std::int64_t;
+using namespace twin_names;
+
+template <typename S>
+void register_storage() {
+  const char* s = cuda_name<S>();
+  const I64 ss = sizeof(S);
+
+  // ---- rmsnorm ----
+  twin<S*, float*, const S*, const S*, int, int, float>(
+      sig("void " + kNs +
+              "rmsnorm_forward_kernel<$S>($S*, float*, $S const*, $S const*, int, int, float)",
+          s),
+      [ss](KernelCall& k, S* out, float* rstd, const S* inp, const S* weight, int N, int C,
+           float eps) {
+        k.require_block(256);
+        k.require_rows(N, kRowsPerBlock, "rows N");
+        k.writes(out, I64{N} * C * ss, "out");
+        k.writes(rstd, I64{N} * 4, "rstd");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(weight, C * ss, "weight");
+        k.run([=] { kernels::cpu::rmsnorm_forward<S>(out, rstd, inp, weight, N, C, eps); });
+      });
+  twin<S*, const S*, const S*, const S*, const float*, int, int>(
+      sig("void " + kNs +
+              "rmsnorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, int, "
+              "int)",
+          s),
+      [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* rstd,
+           int N, int C) {
+        k.require_block(256);
+        k.require_rows(N, kRowsPerBlock, "rows N");
+        k.writes(dinp, I64{N} * C * ss, "dinp");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(weight, C * ss, "weight");
+        k.reads(rstd, I64{N} * 4, "rstd");
+        k.run([=] {
+          for (int r = 0; r < N; ++r) {
+            const I64 off = I64{r} * C;
+            const float sc = rstd[r];
+            float gn_sum = 0.0f;
+            for (int c = 0; c < C; ++c) {
+              gn_sum += ld(dout[off + c]) * ld(weight[c]) * (ld(inp[off + c]) * sc);
+            }
+            const float gn_mean = gn_sum / C;
+            for (int c = 0; c < C; ++c) {
+              const float norm = ld(inp[off + c]) * sc;
+              const float g = ld(dout[off + c]) * ld(weight[c]);
+              dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - norm * gn_mean) * sc);
+            }
+          }
+        });
+      });
+  twin<float*, const S*, const S*, const float*, int, int>(
+      sig("void " + kNs +
+              "rmsnorm_partials_kernel<$S>(float*, $S const*, $S const*, float const*, int, int)",
+          s),
+      [ss](KernelCall& k, float* part, const S* dout, const S* inp, const float* rstd, int N,
+           int C) {
+        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+        k.require_threads(C, "columns C");
+        k.require_blocks_y(chunks, "row chunks");
+        k.writes(part, I64{chunks} * C * 4, "part");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.reads(inp, I64{N} * C * ss, "inp");
+        k.reads(rstd, I64{N} * 4, "rstd");
+        k.run([=] {
+          for (int chunk = 0; chunk < chunks; ++chunk) {
+            for (int c = 0; c < C; ++c) {
+              float dw = 0.0f;
+              for (int r = chunk * kColumnSumRows; r < std::min(N, (chunk + 1) * kColumnSumRows);
+                   ++r) {
+                const I64 i = I64{r} * C + c;
+                dw += ld(dout[i]) * (ld(inp[i]) * rstd[r]);
+              }
+              part[I64{chunk} * C + c] = dw;
+            }
+          }
+        });
+      });
+
+  // ---- rope: one thread per pair; sign +1 forward, -1 backward (the CPU twins) ----
+  twin<S*, const S*, kernels::RopeTable, long, int, int, float>(
+      sig("void " + kNs +
+              "rope_kernel<$S>($S*, $S const*, zrt::kernels::RopeTable, long, int, int, float)",
+          s),
+      [ss](KernelCall& k, S* out, const S* inp, kernels::RopeTable table, long pairs, int T, int NH,
+           float sign) {
+        k.require(table.pairs > 0 && pairs % (I64{T} * NH * table.pairs) == 0,
+                  fmt::format("{} pairs are not rows of {} heads of {} pairs at T {}", pairs, NH,
+                              table.pairs, T));
+        k.require_threads(std::min<I64>(pairs, 65535LL * 32 * 256), "pairs");
+        k.writes(out, pairs * 2 * ss, "out");
+        k.reads(inp, pairs * 2 * ss, "inp");
+        k.run([=] {
+          const int B = static_cast<int>(pairs / (I64{T} * NH * table.pairs));
+          const int hs = 2 * table.pairs;
+          if (sign > 0) {
+            kernels::cpu::rope_forward<S>(out, inp, table, B, T, NH, hs);
+          } else {
+            kernels::cpu::rope_backward<S>(out, inp, table, B, T, NH, hs);
+          }
+        });
+      });
+
+  // ---- swiglu: grid-stride element-wise, the CPU twins ----
+  twin<S*, const S*, const S*, long>(
+      sig("void " + kNs + "swiglu_forward_kernel<$S>($S*, $S const*, $S const*, long)", s),
+      [ss](KernelCall& k, S* out, const S* gate, const S* up, long n) {
+        k.writes(out, n * ss, "out");
+        k.reads(gate, n * ss, "gate");
+        k.reads(up, n * ss, "up");
+        k.run([=] { kernels::cpu::swiglu_forward<S>(out, gate, up, n); });
+      });
+  twin<S*, S*, const S*, const S*, const S*, long>(
+      sig("void " + kNs +
+              "swiglu_backward_kernel<$S>($S*, $S*, $S const*, $S const*, $S const*, long)",
+          s),
+      [ss](KernelCall& k, S* dgate, S* dup, const S* dout, const S* gate, const S* up, long n) {
+        k.writes(dgate, n * ss, "dgate");
+        k.writes(dup, n * ss, "dup");
+        k.reads(dout, n * ss, "dout");
+        k.reads(gate, n * ss, "gate");
+        k.reads(up, n * ss, "up");
+        k.run([=] { kernels::cpu::swiglu_backward<S>(dgate, dup, dout, gate, up, n); });
+      });
+
+  // ---- grouped-query attention: head gathers and group-summing scatters ----
+  twin<float*, const S*, int, int, int, int, int>(
+      sig("void " + kNs + "gather_heads_kernel<$S>(float*, $S const*, int, int, int, int, int)", s),
+      [ss](KernelCall& k, float* dst, const S* src, int B, int T, int NH, int group, int hs) {
+        k.require(group > 0 && NH % group == 0,
+                  fmt::format("NH {} not a multiple of the group {}", NH, group));
+        const I64 n = I64{B} * NH * T * hs;
+        k.writes(dst, n * 4, "dst");
+        k.reads(src, n / group * ss, "src");
+        k.run([=] {
+          const int H = NH / group;
+          for (I64 i = 0; i < n; ++i) {
+            const int d = static_cast<int>(i % hs);
+            const int t = static_cast<int>((i / hs) % T);
+            const int h = static_cast<int>((i / (I64{hs} * T)) % NH);
+            const I64 b = i / (I64{hs} * T * NH);
+            dst[i] = ld(src[((b * T + t) * H + h / group) * hs + d]);
+          }
+        });
+      });
+  for (bool accumulate : {false, true}) {
+    twin<S*, const float*, int, int, int, int, int>(
+        sig(std::string("void ") + kNs + "scatter_heads_kernel<$S, " +
+                (accumulate ? "true" : "false") + ">($S*, float const*, int, int, int, int, int)",
+            s),
+        [ss, accumulate](KernelCall& k, S* out, const float* src, int B, int T, int NH, int group,
+                         int hs) {
+          k.require(group > 0 && NH % group == 0,
+                    fmt::format("NH {} not a multiple of the group {}", NH, group));
+          const int H = NH / group;
+          const I64 n = I64{B} * T * H * hs;
+          k.writes(out, n * ss, "out");
+          k.reads(src, n * group * 4, "src");
+          k.run([=] {
+            for (I64 i = 0; i < n; ++i) {
+              const int d = static_cast<int>(i % hs);
+              const int kh = static_cast<int>((i / hs) % H);
+              const int t = static_cast<int>((i / (I64{hs} * H)) % T);
+              const I64 b = i / (I64{hs} * H * T);
+              float v = 0.0f;
+              for (int g = 0; g < group; ++g)
+                v += src[((b * NH + kh * group + g) * T + t) * hs + d];
+              out[i] = st<S>(accumulate ? ld(out[i]) + v : v);
+            }
+          });
+        });
+  }
+}
+
+template <typename G>
+void register_grad() {
+  const I64 gs = sizeof(G);
+  twin<G*, const float*, int, int>(
+      sig("void " + kNs + "rmsnorm_finish_kernel<$G>($G*, float const*, int, int)", "",
+          cuda_name<G>()),
+      [gs](KernelCall& k, G* dweight, const float* part, int chunks, int C) {
+        k.require_threads(C, "columns C");
+        k.writes(dweight, C * gs, "dweight");
+        k.reads(part, I64{chunks} * C * 4, "part");
+        k.run([=] {
+          for (int c = 0; c < C; ++c) {
+            float dw = 0.0f;
+            for (int q = 0; q < chunks; ++q) dw += part[I64{q} * C + c];
+            dweight[c] = st<G>(ld(dweight[c]) + dw);
+          }
+        });
+      });
+}
+
+}  // namespace
+
+void register_llama_twins() {
+  register_storage<float>();
+  register_storage<bf16>();
+  register_storage<fp16>();
+  register_grad<float>();
+  register_grad<bf16>();
+  register_grad<fp16>();
+}
+
+}  // namespace zrt::standin
