@@ -9,7 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf/hf_config.h"
+#include "models/hf/hf_import.h"
 #include "models/llama/llama.h"
+#include "models/model_registry.h"
 #include "models/safetensors.h"
 #include "runtime/common/error.h"
 
@@ -72,10 +75,9 @@ class LlamaDef final : public ModelDef {
   ParamInitializer initializer(const Model& model, std::uint64_t seed,
                                const std::string& init_from) const override {
     if (!init_from.empty()) {
-      ZRT_THROW(InvalidArgument,
-                "model.init_from {}: loading Hugging Face weights into a {} model is not "
-                "implemented in this build (remove model.init_from for a random initialisation)",
-                init_from, config_.architecture);
+      // transformers' names are the model's: every tensor of the files is used (or is a known
+      // buffer, or a tied copy equal to its parameter), an untied head is never dropped.
+      return hf::hf_initializer(init_from, model.parameters(), hf::llama_family_rules());
     }
     return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
       model.init_parameter(p, seed, first, count, out);
@@ -116,6 +118,8 @@ std::string spec_of_saved_block(const nlohmann::json& m) {
   return rest.empty() ? preset : preset + ":" + rest;
 }
 
+nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& c);
+
 // Hugging Face safetensors: the tensors under zrt's names (which are transformers') in fp32,
 // and a config.json for LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM beside them.
 void export_llama(const std::string& architecture, ExportInput input, const std::string& out) {
@@ -141,6 +145,18 @@ void export_llama(const std::string& architecture, ExportInput input, const std:
     tensors.emplace_back(t.name, std::make_pair(t.shape, std::move(t.values)));
   }
   write_safetensors(out, tensors, {{"format", "pt"}});
+  const std::filesystem::path config_path =
+      std::filesystem::path(out).parent_path() / "config.json";
+  std::ofstream config_file(config_path);
+  config_file << hf_config_of(architecture, c).dump(2) << "\n";
+  config_file.flush();
+  if (!config_file) {
+    ZRT_THROW(Error, "{}: cannot write: {}", config_path.string(), std::strerror(errno));
+  }
+}
+
+// transformers' config.json of a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM.
+nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& c) {
   nlohmann::json hf;
   hf["architectures"] = {hf_architecture(architecture)};
   hf["model_type"] = architecture;
@@ -169,19 +185,83 @@ void export_llama(const std::string& architecture, ExportInput input, const std:
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
   hf["hidden_act"] = "silu";
   hf["torch_dtype"] = "float32";
-  const std::filesystem::path config_path =
-      std::filesystem::path(out).parent_path() / "config.json";
-  std::ofstream config_file(config_path);
-  config_file << hf.dump(2) << "\n";
-  config_file.flush();
-  if (!config_file) {
-    ZRT_THROW(Error, "{}: cannot write: {}", config_path.string(), std::strerror(errno));
+  return hf;
+}
+
+// The architecture of a Hugging Face config.json, with the run's model keys (explicit, or its
+// preset's) checked against it: a contradiction names both values.
+LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
+  const std::string& path = hf.path;
+  if (hf.model_type != run.type) {
+    ZRT_THROW(InvalidArgument, "model.type '{}' contradicts {} model_type '{}'", run.type, path,
+              hf.model_type);
   }
+  LlamaConfig c;
+  c.architecture = hf.model_type;
+  c.hidden_size = hf.hidden_size;
+  c.intermediate_size = hf.intermediate_size;
+  c.num_hidden_layers = hf.num_hidden_layers;
+  c.num_attention_heads = hf.num_attention_heads;
+  c.num_key_value_heads = hf.num_key_value_heads;
+  c.head_dim = hf.head_dim;
+  c.vocab_size = hf.vocab_size;
+  c.max_position_embeddings = hf.max_position_embeddings;
+  c.rms_norm_eps = hf.rms_norm_eps;
+  c.rope_theta = hf.rope_theta;
+  c.rope_scaling.rope_type = hf.rope_scaling.rope_type;
+  c.rope_scaling.factor = hf.rope_scaling.factor;
+  c.rope_scaling.low_freq_factor = hf.rope_scaling.low_freq_factor;
+  c.rope_scaling.high_freq_factor = hf.rope_scaling.high_freq_factor;
+  c.rope_scaling.original_max_position_embeddings =
+      hf.rope_scaling.original_max_position_embeddings;
+  c.tie_word_embeddings = hf.tie_word_embeddings;
+  c.attention_bias = hf.attention_bias;
+  c.sliding_window = hf.sliding_window;
+  c.seq_len = run.seq_len ? *run.seq_len : std::min(c.max_position_embeddings, 8192);
+  std::optional<LlamaConfig> preset;
+  if (!run.preset.empty()) {
+    preset = LlamaConfig::preset(run.preset);
+    c.name = run.preset;
+  }
+  auto check = [&](const char* key, auto file_value, auto run_value, auto preset_value) {
+    if (run_value) {
+      if (*run_value != file_value) {
+        ZRT_THROW(InvalidArgument, "model.{} {} contradicts {} {} {}", key, *run_value, path, key,
+                  file_value);
+      }
+    } else if (preset && preset_value != file_value) {
+      ZRT_THROW(InvalidArgument, "model.preset '{}' ({} {}) contradicts {} {} {}", run.preset, key,
+                preset_value, path, key, file_value);
+    }
+  };
+  const LlamaConfig p = preset.value_or(c);
+  check("hidden_size", c.hidden_size, run.hidden_size, p.hidden_size);
+  check("intermediate_size", c.intermediate_size, run.intermediate_size, p.intermediate_size);
+  check("num_hidden_layers", c.num_hidden_layers, run.num_hidden_layers, p.num_hidden_layers);
+  check("num_attention_heads", c.num_attention_heads, run.num_attention_heads,
+        p.num_attention_heads);
+  check("num_key_value_heads", c.num_key_value_heads, run.num_key_value_heads,
+        p.num_key_value_heads);
+  check("head_dim", c.head_dim, run.head_dim, p.head_dim);
+  check("vocab_size", c.vocab_size, run.vocab_size, p.vocab_size);
+  check("max_position_embeddings", c.max_position_embeddings, run.max_position_embeddings,
+        p.max_position_embeddings);
+  check("rms_norm_eps", c.rms_norm_eps, run.rms_norm_eps, p.rms_norm_eps);
+  check("rope_theta", c.rope_theta, run.rope_theta, p.rope_theta);
+  check("tie_word_embeddings", c.tie_word_embeddings, run.tie_word_embeddings,
+        p.tie_word_embeddings);
+  check("attention_bias", c.attention_bias, run.attention_bias, p.attention_bias);
+  check("sliding_window", c.sliding_window, run.sliding_window, p.sliding_window);
+  c.validate();
+  return c;
 }
 
 }  // namespace
 
 LlamaConfig resolve_config(const ModelConfig& config) {
+  // A Hugging Face directory (or a file with its config.json beside it) gives the dimensions;
+  // the run's keys must agree with them.
+  if (const auto hf = hf::hf_config_for(config.init_from)) return config_from_hf(*hf, config);
   return LlamaConfig::parse(config.type, config.spec());
 }
 
@@ -207,6 +287,11 @@ ModelEntry registry_entry(const std::string& architecture) {
   };
   entry.export_safetensors = [architecture](ExportInput input, const std::string& out) {
     export_llama(architecture, std::move(input), out);
+  };
+  // zrt-ckpt export --hf: transformers' config.json of the saved model.
+  entry.hf_config = [architecture](const ExportInput& input) {
+    const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+    return hf_config_of(architecture, resolve_config(saved)).dump(2);
   };
   return entry;
 }

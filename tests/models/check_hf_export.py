@@ -137,20 +137,33 @@ def part_safetensors(args):
     return 0
 
 
-def part_transformers(args):
+def part_transformers(args, arch):
     try:
         import torch
         import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     except ImportError as e:
         print("skipped: %s lacks torch/transformers (%s): /usr/bin/python3 -m pip install "
               "--break-system-packages transformers safetensors" % (sys.executable, e))
         return SKIP
     torch.manual_seed(0)
     src = os.path.join(args.work, "hf_src")
-    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=32,
-                     bos_token_id=255, eos_token_id=255)
-    start = GPT2LMHeadModel(cfg).eval()
+    if arch == "llama":
+        # Grouped-query attention, an untied head, Llama 3.1's rotary scaling.
+        cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                          max_position_embeddings=32, tie_word_embeddings=False,
+                          rope_theta=500000.0,
+                          rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 16},
+                          bos_token_id=255, eos_token_id=255)
+        model_class = LlamaForCausalLM
+    else:
+        cfg = GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=256, n_positions=32,
+                         bos_token_id=255, eos_token_id=255)
+        model_class = GPT2LMHeadModel
+    start = model_class(cfg).eval()
     # transformers' own sharded layout (index + shards) is what zrt imports.
     start.save_pretrained(src, safe_serialization=True, max_shard_size="60KB")
     check(os.path.exists(os.path.join(src, "model.safetensors.index.json")),
@@ -165,7 +178,7 @@ def part_transformers(args):
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         with open(os.path.join(out, name)) as f:
             check(name in f.read(), "%s not copied" % name)
-    model, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
+    model, info = model_class.from_pretrained(out, output_loading_info=True)
     model.eval()
     for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
         check(not info.get(key), "from_pretrained %s: %s" % (key, info.get(key)))
@@ -191,7 +204,8 @@ def part_transformers(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--part", choices=["safetensors", "transformers"], required=True)
+    p.add_argument("--part", choices=["safetensors", "transformers", "transformers-llama"],
+                   required=True)
     p.add_argument("--zrt-train", required=True)
     p.add_argument("--zrt-ckpt", required=True)
     p.add_argument("--mpiexec", required=True)
@@ -199,7 +213,9 @@ def main():
     args = p.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    return part_safetensors(args) if args.part == "safetensors" else part_transformers(args)
+    if args.part == "safetensors":
+        return part_safetensors(args)
+    return part_transformers(args, "llama" if args.part == "transformers-llama" else "gpt2")
 
 
 if __name__ == "__main__":
