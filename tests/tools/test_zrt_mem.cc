@@ -9,9 +9,9 @@
 #include <cstdio>
 #include <memory>
 
+#include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
-#include "config/config.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
 #include "tools/mem/mem_report.h"
@@ -124,6 +124,26 @@ TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") 
     CHECK((e.gathered_peak > 0) == (stage == 3));
     CHECK(e.transient_peak >= std::max(e.buckets_peak, e.gathered_peak));
     CHECK(e.transient_peak <= e.buckets_peak + e.gathered_peak);
+  }
+}
+
+TEST_CASE("mics_shard_size: the model state of N ranks sharded over groups of S is that of S") {
+  const ModelSpec model = model_spec(builtin_models().parse_spec("gpt2"));
+  Inputs in;
+  in.model = model;
+  in.world = 8;
+  in.seq_len = 1024;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.stage3_param_persistence_threshold = 0;
+  for (int stage = 1; stage <= 3; ++stage) {
+    Inputs grouped = in;
+    grouped.engine.mics_shard_size = 2;
+    Inputs two = in;
+    two.world = 2;
+    INFO("stage " << stage);
+    const Estimate mics = estimate(grouped, Setting{stage, false, false});
+    CHECK(mics.model_state() == estimate(two, Setting{stage, false, false}).model_state());
+    CHECK(mics.model_state() > estimate(in, Setting{stage, false, false}).model_state());
   }
 }
 

@@ -89,7 +89,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
     out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
   };
-  const int n = chosen.setting.stage == 0 ? 1 : in.world;
+  const int n = chosen.setting.stage == 0       ? 1
+                : in.engine.mics_shard_size > 0 ? in.engine.mics_shard_size
+                                                : in.world;
   row("params (compute dtype)", gb(chosen.params),
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   row("grads", gb(chosen.grads),

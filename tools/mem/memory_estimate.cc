@@ -104,7 +104,8 @@ I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
 
 UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int world,
                         bool checkpointing) {
-  const int partition_world = o.stage == 0 ? 1 : world;
+  // Hierarchical sharding (mics_shard_size) slices the state over the shard group only.
+  const int partition_world = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : world;
   const PartitionPlan plan(model.params,
                            PartitionOptions{o.stage, partition_world, o.reduce_bucket_size,
                                             o.stage == 3 ? o.stage3_param_persistence_threshold : 0,
@@ -140,7 +141,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
 // The ZeRO paper's accounting: no padding, no persistent parameters; a unit stands in as one
 // reduce bucket (stages 0-2) and the gathered working set as stage3_max_live_parameters.
 UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
-  const int n = o.stage == 0 ? 1 : world;
+  const int n = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : world;
   UnitFigures f;
   f.padded = f.content = static_cast<I64>(std::llround(psi));
   f.shard_total = static_cast<I64>(std::llround(psi / n));
