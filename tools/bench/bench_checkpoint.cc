@@ -133,8 +133,7 @@ int checkpoint(int argc, char** argv) {
   eo.stage = stage;
   eo.reduce_bucket_size = 25000000;
   eo.alignment = 64;
-  ZeroEngine engine(*device, *compute, *group, params, 12, eo, *adam,
-                    make_cpu_optimizer_offload);
+  ZeroEngine engine(*device, *compute, *group, params, 12, eo, *adam, make_cpu_optimizer_offload);
   engine.initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i)
       out[i] = 0.01f * static_cast<float>((p + first + i) % 97);
@@ -191,8 +190,8 @@ int checkpoint(int argc, char** argv) {
   // The sync save by phase (SaveTimings), each the slowest rank's.
   const char* phase_names[] = {"  directory + shared-fs probe",
                                "  rank file: create + reserve blocks",
-                               "  rank file: data written (writeback started)",
-                               "  rank file: CRC-32C",
+                               "  rank file: data written (CRC-32C included)",
+                               "    of which CRC-32C (overlaps the writes)",
                                "  rank file: HDF5 metadata + close",
                                "  rank file: fsync",
                                "  index (rank 0)",
@@ -274,17 +273,17 @@ int checkpoint(int argc, char** argv) {
     sync_saver.save(std::move(request));
     t_save.push_back(slowest(since(start)));
     const checkpoint::SaveTimings& st = sync_saver.last_timings();
-    const double phases[] = {st.prepare_s,
-                             st.file.create_s,
-                             st.file.data_s,
-                             st.file.crc_s,
-                             st.file.close_s,
-                             st.file.fsync_s,
-                             st.write_s - (st.file.create_s + st.file.data_s + st.file.crc_s +
-                                           st.file.close_s + st.file.fsync_s),
-                             st.agree_s,
-                             st.rename_s,
-                             st.prune_s};
+    const double phases[] = {
+        st.prepare_s,
+        st.file.create_s,
+        st.file.data_s,
+        st.file.crc_s,
+        st.file.close_s,
+        st.file.fsync_s,
+        st.write_s - (st.file.create_s + st.file.data_s + st.file.close_s + st.file.fsync_s),
+        st.agree_s,
+        st.rename_s,
+        st.prune_s};
     for (std::size_t i = 0; i < std::size(phases); ++i) t_phase[i].push_back(slowest(phases[i]));
 
     // Load: every rank reads its slices back (verified), from the device.
