@@ -968,6 +968,7 @@ class Parser {
     k.stop_on_save_error = get_string("checkpoint.on_save_error", "stop") != "continue";
     k.keep_last = get_small_int("checkpoint.keep_last", 0);
     k.async = get_bool("checkpoint.async", false);
+    k.direct_io = get_bool("checkpoint.direct_io", true);
     k.load = get_string("checkpoint.load", "auto");
     if (k.load.empty()) k.load = "none";  // configs written when "" meant a fresh start
     k.overwrite = get_bool("checkpoint.overwrite", false);
@@ -1255,6 +1256,7 @@ json resolved_document(const Config& c) {
   checkpoint["on_save_error"] = c.checkpoint.stop_on_save_error ? "stop" : "continue";
   checkpoint["keep_last"] = c.checkpoint.keep_last;
   checkpoint["async"] = c.checkpoint.async;
+  checkpoint["direct_io"] = c.checkpoint.direct_io;
   checkpoint["load"] = c.checkpoint.load;
   checkpoint["overwrite"] = c.checkpoint.overwrite;
   const std::pair<const char*, const MonitorConfig*> monitors[] = {{"tensorboard", &c.tensorboard},

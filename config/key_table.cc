@@ -512,6 +512,10 @@ std::vector<KeyInfo> build_table() {
       K("checkpoint.keep_last", I, kInt, "0", "Keep the newest N checkpoints; 0: keep all")
           .range(0)
           .zrt(),
+      K("checkpoint.direct_io", I, kBool, "true",
+        "Write the tensor data past the page cache (O_DIRECT; file systems that refuse it get "
+        "ordinary writes); false: through the page cache")
+          .zrt(),
       K("checkpoint.async", I, kBool, "false",
         "Write checkpoints on a background thread while training goes on")
           .zrt(),

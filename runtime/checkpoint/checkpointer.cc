@@ -314,7 +314,8 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
                   state.datasets.size(), request.index.optimizer,
                   request.index.state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file);
+                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file,
+                        config_.direct_io);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);

@@ -25,7 +25,8 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 void write_rank_file(const std::string& path, const RankState& snapshot, int world,
-                     std::uint64_t seed, bool kill_midway, RankFileTimings* timings) {
+                     std::uint64_t seed, bool kill_midway, RankFileTimings* timings,
+                     bool direct_io) {
   RankFileTimings t;
   using Clock = std::chrono::steady_clock;
   auto lap = [at = Clock::now()]() mutable {
@@ -51,7 +52,7 @@ void write_rank_file(const std::string& path, const RankState& snapshot, int wor
             "{}: {} state arrays for {} datasets", path, snapshot.arrays.size(),
             snapshot.datasets.size());
   // Opened after HDF5 created the file; closed before HDF5 closes it (its last metadata).
-  TensorWriter tensor_writer(path);
+  TensorWriter tensor_writer(path, direct_io);
   t.create_s = lap();
   for (std::size_t i = 0; i < snapshot.arrays.size(); ++i) {
     write_dataset(file, snapshot.datasets[i], H5Elem::kFloat32, {snapshot.elements},

@@ -70,8 +70,10 @@ struct RankFileTimings {
   double close_s = 0.0;   // HDF5's metadata and close
   double fsync_s = 0.0;   // until the device has it all
 };
+// direct_io false: the tensor data through the page cache (checkpoint.direct_io).
 void write_rank_file(const std::string& path, const RankState& state, int world, std::uint64_t seed,
-                     bool kill_midway = false, RankFileTimings* timings = nullptr);
+                     bool kill_midway = false, RankFileTimings* timings = nullptr,
+                     bool direct_io = true);
 inline void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
                             std::uint64_t seed, bool kill_midway = false) {
   write_rank_file(path, snapshot.view(), world, seed, kill_midway);
