@@ -57,6 +57,49 @@ void ZeroEngine::release_gather(int u) {
   units_[static_cast<std::size_t>(u)]->gathered.reset();
 }
 
+void ZeroEngine::keep_secondary(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const DType cdt = options_.compute_dtype;
+  const std::int64_t count = schedule_.secondary_numel(u);
+  s.secondary = device_.allocate(bytes_of(count, cdt), MemCategory::kParams,
+                                 fmt::format("unit {} hpZ secondary shard", u),
+                                 MemorySpace::kDevice, &compute_);
+  compute_done_->record(compute_);  // the allocation is ordered on the compute stream
+  comm_.wait(*compute_done_);
+  {
+    // After the gather on the comm stream: this rank's piece of what every rank computes with
+    // (with qwZ the dequantized values), so the backward's gather from the secondary shards
+    // returns the forward's parameters bit for bit.
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "keep secondary", "unit", u);
+    device_.copy(s.secondary.device<std::byte>(),
+                 at(s.gathered, secondary_group_->rank() * count, cdt),
+                 static_cast<std::size_t>(bytes_of(count, cdt)), comm_);
+  }
+  // The copy reads the gathered parameters: the compute stream, which frees them, waits for it.
+  s.gathered_ready->record(comm_);
+}
+
+void ZeroEngine::issue_secondary_gather(int u) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
+  const Unit& unit = plan_.unit(u);
+  const DType cdt = options_.compute_dtype;
+  s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
+                                fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
+                                &compute_);
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (hpZ)", "unit", u);
+  secondary_group_->all_gather(s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
+                               schedule_.secondary_numel(u), cdt);
+  span.end();
+  s.gathered_ready->record(comm_);
+}
+
+void ZeroEngine::free_secondary(int u) {
+  // The compute stream waited for the unit's last gather, the last read of the shard.
+  units_[static_cast<std::size_t>(u)]->secondary.reset();
+}
+
 void ZeroEngine::publish_updated(int u, const Event* ready) {
   const Unit& unit = plan_.unit(u);
   const DType cdt = options_.compute_dtype;
