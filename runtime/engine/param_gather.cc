@@ -1,6 +1,8 @@
 // The engine's parameters on their way to the compute stream: stage 3 gathers each unit before
 // its use and frees it after (issue_gather / await_gather / release_gather, in the order the
-// schedule gives); stages 1-2 publish each unit's updated slice to every rank after a step.
+// schedule gives), with hpZ keeping a secondary shard after a unit's first gather and serving
+// its later gathers from those (keep_secondary / issue_secondary_gather / free_secondary);
+// stages 1-2 publish each unit's updated slice to every rank after a step.
 // The collectives run on the comm stream; the compute stream meets them through each unit's
 // gathered_ready event.
 #include "runtime/common/error.h"

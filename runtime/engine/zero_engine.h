@@ -11,8 +11,8 @@
 // The engine's files, by what they do:
 //   unit_schedule.*       the pure schedule: which units to gather, release, reduce, per call
 //   zero_engine.cc        the orchestration: acquire / release run the schedule; step()
-//   param_gather.cc       issue_gather / await_gather / release_gather, and publishing the
-//                         updated parameters after a step (stages 1-2)
+//   param_gather.cc       issue_gather / await_gather / release_gather, hpZ's secondary shards,
+//                         and publishing the updated parameters after a step (stages 1-2)
 //   gradient_reduction.cc gradient buckets, issue_reduce / await_reduce, the gradient norm
 //   unit_state.*          each unit's buffers: allocate, initialise, load, copy out (export)
 // Optimizer offload is a seam (optimizer_offload.h), implemented above the runtime (offload/).

@@ -133,8 +133,7 @@ TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it la
   CHECK(s.live_secondary_elements() == 0);
   s.step();
   // An eval pass gathers over every rank and keeps nothing.
-  CHECK(show(s.acquire(0, Phase::kEval)) ==
-        show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
+  CHECK(show(s.acquire(0, Phase::kEval)) == show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
 }
 
 TEST_CASE("stage 3 prefetch stops at the budget and at the live-parameter bound") {
