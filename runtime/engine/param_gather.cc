@@ -11,17 +11,21 @@
 
 namespace zrt {
 
+void ZeroEngine::allocate_gathered(int u) {
+  units_[static_cast<std::size_t>(u)]->gathered = device_.allocate(
+      bytes_of(plan_.unit(u).numel, options_.compute_dtype), MemCategory::kParams,
+      fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice, &compute_);
+  // The gather follows the allocation and any update of the slice, both on the compute stream.
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+}
+
 void ZeroEngine::issue_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
   const DType cdt = options_.compute_dtype;
-  s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
-                                fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
-                                &compute_);
-  // The gather follows the allocation and any update of the slice, both on the compute stream
-  // (or, with optimizer offload, the copy stream that brought the updated slice).
-  compute_done_->record(compute_);
-  comm_.wait(*compute_done_);
+  allocate_gathered(u);
+  // With optimizer offload the updated slice comes on the copy stream.
   if (offload_) comm_.wait(offload_->params_ready(u));
   DevicePtr<std::byte> mine = s.gathered.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
   if (void* host_params = offload_ ? offload_->host_params(u) : nullptr) {
@@ -83,16 +87,10 @@ void ZeroEngine::keep_secondary(int u) {
 
 void ZeroEngine::issue_secondary_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
-  const Unit& unit = plan_.unit(u);
-  const DType cdt = options_.compute_dtype;
-  s.gathered = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
-                                fmt::format("unit {} gathered parameters", u), MemorySpace::kDevice,
-                                &compute_);
-  compute_done_->record(compute_);
-  comm_.wait(*compute_done_);
+  allocate_gathered(u);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (hpZ)", "unit", u);
   secondary_group_->all_gather(s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
-                               schedule_.secondary_numel(u), cdt);
+                               schedule_.secondary_numel(u), options_.compute_dtype);
   span.end();
   s.gathered_ready->record(comm_);
 }

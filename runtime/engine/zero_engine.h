@@ -251,6 +251,8 @@ class ZeroEngine final : public ParamAccess {
   // Stage 3: makes unit u's full parameters available (comm stream) / the compute stream waits
   // for them / frees them after the kernels that read them.
   void issue_gather(int u);
+  // Allocates unit u's full parameters; the comm stream waits for the compute stream.
+  void allocate_gathered(int u);
   void await_gather(int u);
   void release_gather(int u);
   // hpZ: keeps this rank's 1/S of unit u's just-gathered parameters / gathers the unit from
