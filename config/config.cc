@@ -1055,6 +1055,14 @@ class Parser {
                                    : ReduceScatterAlgo::kAlltoall;
     comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
     comm.ranks_per_node = get_small_int("comm.ranks_per_node", 0);
+    const int hpz = config_.engine.hpz_partition_size;
+    if (hpz > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % hpz != 0) {
+      fail("zero_optimization.zero_hpz_partition_size",
+           fmt::format("{} does not divide comm.ranks_per_node {}: hpZ groups of {} consecutive "
+                       "ranks would span nodes and the backward gathers would cross them; make "
+                       "it the ranks per node or a divisor of it",
+                       hpz, comm.ranks_per_node, hpz));
+    }
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
     if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {

@@ -974,6 +974,17 @@ TEST_CASE("zero_hpz_partition_size: hpZ groups at stage 3, not with MiCS", "[con
       Catch::Contains("zero_optimization.zero_hpz_partition_size: hpZ with mics_shard_size is "
                       "not supported: MiCS already keeps every parameter gather inside its shard "
                       "group; use one of them"));
+  // Groups of consecutive ranks that would leave a node.
+  CHECK_THROWS_WITH(
+      parse_doc(patched(R"({"train_batch_size": 16, "comm": {"ranks_per_node": 1}, )"
+                        R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
+                4),
+      Catch::Contains("zero_optimization.zero_hpz_partition_size: 2 does not divide "
+                      "comm.ranks_per_node 1: hpZ groups of 2 consecutive ranks would span nodes"));
+  CHECK(parse_doc(patched(R"({"train_batch_size": 16, "comm": {"ranks_per_node": 2}, )"
+                          R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
+                  4)
+            .engine.hpz_partition_size == 2);
 }
 
 TEST_CASE("docs/config-keys.md matches the key table", "[config][docs]") {
