@@ -94,7 +94,8 @@ double plain_read(const std::string& path, std::vector<char>& data) {
 }  // namespace
 
 int checkpoint(int argc, char** argv) {
-  Args args(argc, argv, {"params", "dir", "repeats", "stage", "dcp", "python", "help"});
+  Args args(argc, argv,
+            {"params", "dir", "repeats", "stage", "dcp", "python", "direct-io", "help"});
   MpiRuntime mpi(&argc, &argv);
   if (args.has("help")) {
     if (mpi.rank() == 0) {
