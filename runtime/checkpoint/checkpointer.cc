@@ -99,12 +99,9 @@ std::string Checkpointer::tag_for_step(std::int64_t step) {
   return fmt::format("global_step{}", step);
 }
 
-std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) {
-  std::vector<std::int64_t> out(values.size());
-  MPI_Request request;
-  ZRT_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
-                               MPI_INT64_T, MPI_MAX, comm_, &request));
-  // Agreements are rare and small: testing with backoff leaves the CPU to the async writer.
+void Checkpointer::wait_for(MPI_Request& request, const std::string& what) {
+  // The checkpointer's collectives are rare and small: testing with backoff leaves the CPU to
+  // the async writer.
   polled_wait(
       {timeout_s_, PollPace::kBackoff, nullptr},
       [&] {
@@ -113,9 +110,16 @@ std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) 
         return done != 0;
       },
       [&] {
-        return fmt::format("checkpoint: ranks did not agree within {} s (a rank died or hangs)",
-                           timeout_s_);
+        return fmt::format("checkpoint: {} within {} s (a rank died or hangs)", what, timeout_s_);
       });
+}
+
+std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) {
+  std::vector<std::int64_t> out(values.size());
+  MPI_Request request;
+  ZRT_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
+                               MPI_INT64_T, MPI_MAX, comm_, &request));
+  wait_for(request, "ranks did not agree");
   return out;
 }
 
@@ -133,27 +137,15 @@ void Checkpointer::check_all(const std::string& stage, const std::string& tag,
 std::string Checkpointer::broadcast_text(const std::string& text, int root) {
   std::int64_t length = static_cast<std::int64_t>(text.size());
   std::string out = text;
+  const std::string what = fmt::format("rank {}'s error did not arrive", root);
   MPI_Request request;
-  const auto wait = [&] {
-    polled_wait(
-        {timeout_s_, PollPace::kBackoff, nullptr},
-        [&] {
-          int done = 0;
-          ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-          return done != 0;
-        },
-        [&] {
-          return fmt::format("checkpoint: rank {}'s error did not arrive within {} s", root,
-                             timeout_s_);
-        });
-  };
   ZRT_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &request));
-  wait();
+  wait_for(request, what);
   out.resize(static_cast<std::size_t>(length));
   if (length > 0) {
     ZRT_MPI_CHECK(
         MPI_Ibcast(out.data(), static_cast<int>(length), MPI_CHAR, root, comm_, &request));
-    wait();
+    wait_for(request, what);
   }
   return out;
 }

@@ -133,6 +133,8 @@ class Checkpointer {
   // copy_error: the snapshot copy failed on this rank (the save fails on every rank).
   void commit(const SaveRequest& request, const RankState& state,
               const std::string& copy_error = "");
+  // Polls `request` until done; past the timeout throws Timeout naming `what`.
+  void wait_for(MPI_Request& request, const std::string& what);
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
   std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
   // Every rank learns whether any failed; throws on all if one did, each with the reason of the
