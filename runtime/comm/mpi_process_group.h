@@ -75,9 +75,11 @@ class MpiProcessGroup final : public ProcessGroup {
   void run_reduce_scatter_native(const std::byte* in, std::byte* out, std::int64_t count,
                                  DType dtype, ReduceOp op);
   // Sends `bytes` from send + p*send_stride to every peer p and receives peer p's into
-  // recv + p*bytes, point to point (tag `tag`), and waits for all of it.
+  // recv + p*bytes, point to point (tag `tag`), and waits for all of it; `meanwhile` (if set)
+  // runs once everything is posted (the local block's copy, which overlaps the transfers).
   void exchange_blocks(const std::byte* send, std::int64_t send_stride, std::byte* recv,
-                       std::int64_t bytes, int tag, const std::string& what);
+                       std::int64_t bytes, int tag, const std::string& what,
+                       const std::function<void()>& meanwhile = {});
   // Posts the exchange of one block per rank (see the .cc); completes when reqs do.
   void post_exchange(const std::byte* send, std::int64_t send_stride, std::byte* recv,
                      std::int64_t block_bytes, std::vector<MPI_Request>& reqs);
