@@ -43,7 +43,8 @@ struct StepConfig {
   std::string model_spec;
   int batch = 4;
   int block = 3;
-  int units = 4;  // reduce_bucket_size = stage3_prefetch_bucket_size = parameters / units
+  int units = 4;           // reduce_bucket_size = parameters / units
+  double prefetch = 0.25;  // stage3_prefetch_bucket_size = prefetch x parameters
 };
 
 // One engine over its own device, streams and group (with or without the simulated link),
@@ -65,7 +66,8 @@ class StepRig {
     options.stage = stage;
     options.compute_dtype = DType::kBFloat16;
     options.reduce_bucket_size = model_def_->num_parameters() / config.units;
-    options.stage3_prefetch_bucket_size = model_def_->num_parameters() / config.units;
+    options.stage3_prefetch_bucket_size = static_cast<std::int64_t>(
+        config.prefetch * static_cast<double>(model_def_->num_parameters()));
     options.stage3_param_persistence_threshold = 1000;
     engine_ = std::make_unique<ZeroEngine>(*device_, *compute_, *group_, model_->parameters(),
                                            model_->num_modules(), options, *adam_,
@@ -169,7 +171,8 @@ std::vector<double> parse_list(const std::string& text, const char* what) {
 
 int step(int argc, char** argv) {
   Args args(argc, argv,
-            {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units", "help"});
+            {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units",
+             "prefetch", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
@@ -177,11 +180,12 @@ int step(int argc, char** argv) {
       std::printf(
           "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128]\n"
           "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
-          "    [--latency-us 20] [--units 4]\n"
+          "    [--latency-us 20] [--units 4] [--prefetch 0.25]\n"
           "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
           "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
-          "  run side by side, --steps timed blocks each, interleaved; --units: reduce bucket and\n"
-          "  stage-3 prefetch budget = parameters / units\n"
+          "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
+          "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
+          "  one unit's size nothing is prefetched)\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
     return 0;
@@ -191,6 +195,7 @@ int step(int argc, char** argv) {
   config.batch = static_cast<int>(args.get_double("batch", 4));
   config.block = static_cast<int>(args.get_double("block", 3));
   config.units = static_cast<int>(args.get_double("units", 4));
+  config.prefetch = args.get_double("prefetch", 0.25);
   const int steps = static_cast<int>(args.get_double("steps", 5));
   const std::string stages = args.get("stages", "0123");
   if (steps < 1 || config.block < 1 || config.units < 1)
@@ -201,9 +206,10 @@ int step(int argc, char** argv) {
   const std::vector<double> links_gbs = parse_list(args.get("links", "1,0.1,0.025"), "--links");
   if (mpi.rank() == 0) {
     std::printf(
-        "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16, %d units; median of %d runs of "
-        "%d steps\n",
-        config.model_spec.c_str(), config.batch, world, config.units, steps, config.block);
+        "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16, reduce buckets of 1/%d of the "
+        "parameters, prefetch %g of them; median of %d runs of %d steps\n",
+        config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, steps,
+        config.block);
     std::printf(
         "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only\n",
         latency * 1e6);
