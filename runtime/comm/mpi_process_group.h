@@ -5,7 +5,9 @@
 // Reduce-scatter exchanges each rank's blocks point to point (an all-to-all) and sums them
 // locally in fp32 in rank order, double-buffered over chunks of CommOptions::max_chunk_bytes:
 // 2.4-5x faster than MPI_Reduce_scatter_block here, and the only way to sum 16-bit floats in
-// fp32. All-gather is MPI_Iallgather (point to point beyond int counts).
+// fp32. All-gather (CommOptions::all_gather_algo, kAuto by default) sends each slice point to
+// point straight from the input up to direct_all_gather_bytes per rank, and is MPI_Iallgather
+// above (and point to point again beyond int counts).
 #pragma once
 
 #include <chrono>
