@@ -687,6 +687,35 @@ class Parser {
     return o;
   }
 
+  // zero_optimization.zero_hpz_partition_size (after mics_shard_size, which it excludes).
+  void read_hpz(bool stage_known) {
+    EngineOptions& e = config_.engine;
+    const std::string key = "zero_optimization.zero_hpz_partition_size";
+    if (!has(key) || is_rejected(key)) return;
+    const std::int64_t size = get_int(key, 1);
+    const std::int64_t world = config_.batch.world_size;
+    if (size <= 1) return;
+    if (stage_known && e.stage != 3) {
+      fail(key, fmt::format("hpZ keeps secondary shards of stage 3's gathered parameters (stage "
+                            "is {}); set stage 3 or zero_hpz_partition_size 1",
+                            e.stage));
+    } else if (e.mics_shard_size > 0) {
+      fail(key,
+           "hpZ with mics_shard_size is not supported: MiCS already keeps every parameter "
+           "gather inside its shard group; use one of them");
+    } else if (world > 0 && (size > world || world % size != 0)) {
+      fail(key, fmt::format("{} does not divide the world size {}: hpZ groups are equal blocks "
+                            "of consecutive ranks (the ranks of one node)",
+                            size, world));
+    } else if (size == world) {
+      warn(key, fmt::format("{} is the whole world: the secondary shard would be the primary "
+                            "one and every gather would still span all ranks; hpZ is off",
+                            size));
+    } else {
+      e.hpz_partition_size = static_cast<int>(size);
+    }
+  }
+
   void read_zero() {
     EngineOptions& e = config_.engine;
     const std::string z = "zero_optimization.";
@@ -728,6 +757,7 @@ class Parser {
         e.mics_shard_size = static_cast<int>(shards);
       }
     }
+    read_hpz(stage_known);
     if (e.stage < 3 && stage_known) {
       for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                               "stage3_max_live_parameters"}) {
@@ -968,6 +998,7 @@ class Parser {
     k.stop_on_save_error = get_string("checkpoint.on_save_error", "stop") != "continue";
     k.keep_last = get_small_int("checkpoint.keep_last", 0);
     k.async = get_bool("checkpoint.async", false);
+    k.direct_io = get_bool("checkpoint.direct_io", true);
     k.load = get_string("checkpoint.load", "auto");
     if (k.load.empty()) k.load = "none";  // configs written when "" meant a fresh start
     k.overwrite = get_bool("checkpoint.overwrite", false);
@@ -1025,6 +1056,14 @@ class Parser {
                                    : ReduceScatterAlgo::kAlltoall;
     comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
     comm.ranks_per_node = get_small_int("comm.ranks_per_node", 0);
+    const int hpz = config_.engine.hpz_partition_size;
+    if (hpz > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % hpz != 0) {
+      fail("zero_optimization.zero_hpz_partition_size",
+           fmt::format("{} does not divide comm.ranks_per_node {}: hpZ groups of {} consecutive "
+                       "ranks would span nodes and the backward gathers would cross them; make "
+                       "it the ranks per node or a divisor of it",
+                       hpz, comm.ranks_per_node, hpz));
+    }
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
     if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {
@@ -1155,6 +1194,7 @@ json resolved_document(const Config& c) {
   zero["reduce_bucket_size"] = e.reduce_bucket_size;
   zero["overlap_comm"] = e.overlap_comm;
   if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
+  if (e.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = e.hpz_partition_size;
   if (e.quantized_weights) zero["zero_quantized_weights"] = true;
   if (e.quantized_gradients) zero["zero_quantized_gradients"] = true;
   if (e.stage == 3) {  // below stage 3 these keys draw a warning
@@ -1255,6 +1295,7 @@ json resolved_document(const Config& c) {
   checkpoint["on_save_error"] = c.checkpoint.stop_on_save_error ? "stop" : "continue";
   checkpoint["keep_last"] = c.checkpoint.keep_last;
   checkpoint["async"] = c.checkpoint.async;
+  checkpoint["direct_io"] = c.checkpoint.direct_io;
   checkpoint["load"] = c.checkpoint.load;
   checkpoint["overwrite"] = c.checkpoint.overwrite;
   const std::pair<const char*, const MonitorConfig*> monitors[] = {{"tensorboard", &c.tensorboard},

@@ -328,9 +328,11 @@ std::vector<KeyInfo> build_table() {
       K("zero_optimization.parameter_alignment", W, kBool, "false",
         "zrt always aligns every parameter in its unit")
           .off("false"),
-      K("zero_optimization.zero_hpz_partition_size", E, kInt, "1",
-        "ZeRO++ hierarchical partitioning")
-          .off("1"),
+      K("zero_optimization.zero_hpz_partition_size", I, kInt, "1",
+        "ZeRO++ hpZ (stage 3): after each unit's forward gather every rank keeps 1/S of it, and "
+        "the backward gathers it from those over groups of S consecutive ranks (the ranks per "
+        "node, or a divisor); 1: off")
+          .range(1),
       K("zero_optimization.zero_quantized_weights", I, kBool, "false",
         "ZeRO++ qwZ (stage 3): parameter gathers carry int8 codes with a scale per block of "
         "2048; master weights stay fp32"),
@@ -511,6 +513,10 @@ std::vector<KeyInfo> build_table() {
           .zrt(),
       K("checkpoint.keep_last", I, kInt, "0", "Keep the newest N checkpoints; 0: keep all")
           .range(0)
+          .zrt(),
+      K("checkpoint.direct_io", I, kBool, "true",
+        "Write the tensor data past the page cache (O_DIRECT; file systems that refuse it get "
+        "ordinary writes); false: through the page cache")
           .zrt(),
       K("checkpoint.async", I, kBool, "false",
         "Write checkpoints on a background thread while training goes on")

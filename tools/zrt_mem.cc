@@ -59,6 +59,8 @@ options:
   --activation-checkpointing   count the checkpointed activations in the total
   --reduce-bucket-size N, --prefetch-bucket-size N, --max-live-parameters N,
   --persistence-threshold N  zero_optimization knobs (elements; DeepSpeed's defaults)
+  --hpz S                   ZeRO++ hpZ (zero_hpz_partition_size) at stage 3: secondary shards of
+                            1/S of each gathered unit, S dividing the ranks per node
   --device-gb G             device memory per rank in GiB, as device.memory_limit_gb (default 80)
   --device cuda|cpu         the backend (default cuda; a config's device.type): the CPU backend's
                             MPI collectives add scratch to the comm category, NCCL's is untracked
@@ -117,7 +119,8 @@ int run(int argc, char** argv) {
                                              {"--persistence-threshold", true},
                                              {"--device-gb", true},
                                              {"--device", true},
-                                             {"--optimizer", true}};
+                                             {"--optimizer", true},
+                                             {"--hpz", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -191,6 +194,10 @@ int run(int argc, char** argv) {
   if (args.count("--persistence-threshold"))
     in.engine.stage3_param_persistence_threshold = static_cast<std::int64_t>(
         parse_number("--persistence-threshold", args["--persistence-threshold"]));
+  if (args.count("--hpz")) {
+    in.engine.hpz_partition_size = parse_int("--hpz", args["--hpz"]);
+    if (in.engine.hpz_partition_size < 1) usage_error("--hpz must be >= 1 (1: off)");
+  }
   if (args.count("--device")) {
     const std::string d = args["--device"];
     if (d != "cuda" && d != "cpu") usage_error("--device must be cuda or cpu, not '" + d + "'");

@@ -22,6 +22,8 @@ struct CheckpointConfig {
   bool stop_on_save_error = true;
   int keep_last = 0;  // 0: keep all
   bool async = false;
+  // Tensor data written past the page cache (O_DIRECT) where the file system takes it.
+  bool direct_io = true;
   // "auto": resume from <save_dir>/latest when it exists, else start fresh; "none": start
   // fresh; "latest": as auto (kept for configs written before auto); otherwise a tag.
   std::string load = "auto";

@@ -123,11 +123,39 @@ void Checkpointer::check_all(const std::string& stage, const std::string& tag,
                              const std::string& local_error) {
   const auto failed = agree({local_error.empty() ? 0 : rank_ + 1})[0];
   if (failed == 0) return;
-  if (!local_error.empty()) {
-    ZRT_THROW(Error, "checkpoint {}: {} failed on rank {}: {}", tag, stage, rank_, local_error);
+  // Every rank's error carries the failing rank's reason (the path, the errno text), so the
+  // log a user reads first, rank 0's, says what went wrong and where.
+  const int root = static_cast<int>(failed - 1);
+  const std::string reason = broadcast_text(rank_ == root ? local_error : std::string(), root);
+  ZRT_THROW(Error, "checkpoint {}: {} failed on rank {}: {}", tag, stage, root, reason);
+}
+
+std::string Checkpointer::broadcast_text(const std::string& text, int root) {
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  std::string out = text;
+  MPI_Request request;
+  const auto wait = [&] {
+    polled_wait(
+        {timeout_s_, PollPace::kBackoff, nullptr},
+        [&] {
+          int done = 0;
+          ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+          return done != 0;
+        },
+        [&] {
+          return fmt::format("checkpoint: rank {}'s error did not arrive within {} s", root,
+                             timeout_s_);
+        });
+  };
+  ZRT_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, comm_, &request));
+  wait();
+  out.resize(static_cast<std::size_t>(length));
+  if (length > 0) {
+    ZRT_MPI_CHECK(
+        MPI_Ibcast(out.data(), static_cast<int>(length), MPI_CHAR, root, comm_, &request));
+    wait();
   }
-  ZRT_THROW(Error, "checkpoint {}: {} failed on rank {} (its log has the reason)", tag, stage,
-            failed - 1);
+  return out;
 }
 
 void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
@@ -286,7 +314,8 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
                   state.datasets.size(), request.index.optimizer,
                   request.index.state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file);
+                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file,
+                        config_.direct_io);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);

@@ -135,8 +135,11 @@ class Checkpointer {
               const std::string& copy_error = "");
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
   std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
-  // Every rank learns whether any failed; throws on all if one did.
+  // Every rank learns whether any failed; throws on all if one did, each with the reason of the
+  // highest failing rank.
   void check_all(const std::string& stage, const std::string& tag, const std::string& local_error);
+  // `root`'s `text` on every rank (a failure's reason), polled with the timeout.
+  std::string broadcast_text(const std::string& text, int root);
   void prune(std::int64_t keep_step);
 
   CheckpointConfig config_;

@@ -19,6 +19,8 @@
 
 namespace zrt::checkpoint {
 
+class TensorWriter;
+
 // Owns one HDF5 identifier (file, dataset, dataspace, type, property list, attribute).
 class H5Id {
  public:
@@ -62,9 +64,6 @@ class H5File {
   const std::string& path() const { return path_; }
   hid_t id() const { return file_.get(); }
   bool has(const std::string& dataset) const;
-  // Asks the kernel to start writing the file's dirty pages to the device now, without waiting
-  // (sync_file_range). A performance hint only: durability still needs close() and fsync.
-  void start_writeback() const;
   // Allocates `bytes` of disk blocks for the file up front (fallocate, the size unchanged), so
   // a full disk fails here, with the operating system's reason and before HDF5 has written
   // anything it would then fail to flush. No-op where the file system cannot preallocate.
@@ -99,16 +98,20 @@ std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
 enum class H5Elem { kFloat32, kInt64, kString };  // element kinds checkpoints use
 
 constexpr std::int64_t kTensorBlockBytes = std::int64_t{1} << 20;
+// Objects of at least this many bytes start on a 4 KiB boundary of the file (H5Pset_alignment),
+// so a TensorWriter can write their bodies with O_DIRECT; smaller ones pack as before.
+constexpr std::int64_t kAlignedObjectBytes = std::int64_t{1} << 20;
 
 // Writes a contiguous dataset of `dims` elements from `data` with its block checksums
 // (block_bytes 0: one block for the whole dataset). For kString, `data` is an array of fixed
-// `string_size`-byte, NUL-padded names. With `writeback`, the file's writeback is started
-// after the data and before the checksums are computed, so the device works meanwhile.
+// `string_size`-byte, NUL-padded names. With a `tensor_writer` (for the same file), the bytes
+// go through it into the space HDF5 allocated, past the page cache where possible, with the
+// checksums computed while they are written (see tensor_writer.h); without, through H5Dwrite.
 // `crc_seconds`, if given, gets the time spent on the checksums added to it.
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
                    std::int64_t block_bytes = 0, std::int64_t string_size = 0,
-                   bool writeback = false, double* crc_seconds = nullptr);
+                   TensorWriter* tensor_writer = nullptr, double* crc_seconds = nullptr);
 
 // An open dataset whose shape and element type were checked; reads ranges and verifies them.
 class H5Dataset {

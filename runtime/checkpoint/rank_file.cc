@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "runtime/checkpoint/tensor_writer.h"
 #include "runtime/common/error.h"
 
 namespace zrt::checkpoint {
@@ -24,7 +25,8 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 void write_rank_file(const std::string& path, const RankState& snapshot, int world,
-                     std::uint64_t seed, bool kill_midway, RankFileTimings* timings) {
+                     std::uint64_t seed, bool kill_midway, RankFileTimings* timings,
+                     bool direct_io) {
   RankFileTimings t;
   using Clock = std::chrono::steady_clock;
   auto lap = [at = Clock::now()]() mutable {
@@ -49,16 +51,18 @@ void write_rank_file(const std::string& path, const RankState& snapshot, int wor
   ZRT_CHECK(snapshot.arrays.size() == snapshot.datasets.size() && !snapshot.arrays.empty(),
             "{}: {} state arrays for {} datasets", path, snapshot.arrays.size(),
             snapshot.datasets.size());
+  // Opened after HDF5 created the file; closed before HDF5 closes it (its last metadata).
+  TensorWriter tensor_writer(path, direct_io);
   t.create_s = lap();
   for (std::size_t i = 0; i < snapshot.arrays.size(); ++i) {
     write_dataset(file, snapshot.datasets[i], H5Elem::kFloat32, {snapshot.elements},
-                  snapshot.arrays[i], kTensorBlockBytes, 0, /*writeback=*/true, &t.crc_s);
+                  snapshot.arrays[i], kTensorBlockBytes, 0, &tensor_writer, &t.crc_s);
     if (kill_midway && i == 0) {
       H5Fflush(file.id(), H5F_SCOPE_GLOBAL);
       std::raise(SIGKILL);
     }
   }
-  t.data_s = lap() - t.crc_s;
+  t.data_s = lap();
   file.close();
   t.close_s = lap();
   fsync_path(path);

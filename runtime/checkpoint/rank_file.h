@@ -57,21 +57,23 @@ struct RankSnapshot {
   }
 };
 
-// Writes `state` to `path` (rank `state.rank` of `world`), closes it and fsyncs it. Each
-// dataset's writeback to the device is started as soon as it is written (sync_file_range), so
-// the disk works while the next dataset is written and the checksums are computed; the final
-// fsync waits only for the rest.
+// Writes `state` to `path` (rank `state.rank` of `world`), closes it and fsyncs it. The
+// datasets' bytes go through a TensorWriter (past the page cache where the file system allows,
+// checksums computed while the device writes), so the final fsync waits only for HDF5's
+// metadata and the device's cache.
 // kill_midway (a test hook): after the first dataset is flushed, the process raises SIGKILL.
 // Where a rank file's time went (seconds), for benchmarks.
 struct RankFileTimings {
   double create_s = 0.0;  // create the file, reserve its blocks, root attributes
-  double data_s = 0.0;    // the datasets' bytes handed to the kernel (and writeback started)
-  double crc_s = 0.0;     // the CRC-32C blocks
+  double data_s = 0.0;    // the datasets written (the checksums included)
+  double crc_s = 0.0;     // of which computing CRC-32C blocks (overlapped with the writes)
   double close_s = 0.0;   // HDF5's metadata and close
   double fsync_s = 0.0;   // until the device has it all
 };
+// direct_io false: the tensor data through the page cache (checkpoint.direct_io).
 void write_rank_file(const std::string& path, const RankState& state, int world, std::uint64_t seed,
-                     bool kill_midway = false, RankFileTimings* timings = nullptr);
+                     bool kill_midway = false, RankFileTimings* timings = nullptr,
+                     bool direct_io = true);
 inline void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
                             std::uint64_t seed, bool kill_midway = false) {
   write_rank_file(path, snapshot.view(), world, seed, kill_midway);

@@ -22,6 +22,12 @@ const char* unit_op_name(UnitOpKind kind) {
       return "open_bucket";
     case UnitOpKind::kIssueReduce:
       return "issue_reduce";
+    case UnitOpKind::kKeepSecondary:
+      return "keep_secondary";
+    case UnitOpKind::kIssueSecondaryGather:
+      return "issue_secondary_gather";
+    case UnitOpKind::kFreeSecondary:
+      return "free_secondary";
   }
   return "?";
 }
@@ -32,12 +38,27 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
       num_modules_(num_modules),
       options_(options),
       gathered_(plan.units().size(), false),
-      bucket_open_(plan.units().size(), false) {
+      bucket_open_(plan.units().size(), false),
+      secondary_(plan.units().size(), false) {
   ZRT_CHECK(options.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1");
+  ZRT_CHECK(options.hpz_partition_size <= 1 || plan.world() % options.hpz_partition_size == 0,
+            "zero_hpz_partition_size {} does not divide the {} ranks the units are sliced over",
+            options.hpz_partition_size, plan.world());
   ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
             "stage 3 prefetch/live limits must be >= 0");
   ZRT_CHECK(options.rotating_buckets >= 1, "rotating_buckets must be >= 1 (is {})",
             options.rotating_buckets);
+}
+
+std::int64_t UnitSchedule::secondary_numel(int unit) const {
+  return hpz() ? plan_.unit(unit).numel / options_.hpz_partition_size : 0;
+}
+
+void UnitSchedule::step() {
+  ZRT_CHECK(live_secondary_ == 0,
+            "step() while hpZ secondary shards are alive: a training forward ran without its "
+            "backward (run the backward, or use Phase::kEval for a forward alone)");
+  micro_batch_ = 0;
 }
 
 std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
@@ -52,8 +73,20 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
   if (sharded()) {
     for (int u : units) {
       if (plan_.unit(u).persistent) continue;
-      gather(u, ops);
+      gather(u, phase, ops);
       ops.push_back({UnitOpKind::kAwaitGather, u});
+    }
+    if (phase == Phase::kBackward) {
+      // hpZ: this is the last module of the micro-batch to use these units (backward runs from
+      // the last module down), and the compute stream has waited for their gathers, the last
+      // reads of their secondary shards.
+      for (int u : units) {
+        if (secondary(u) && plan_.unit(u).last_backward_module == module) {
+          secondary_[static_cast<std::size_t>(u)] = false;
+          live_secondary_ -= secondary_numel(u);
+          ops.push_back({UnitOpKind::kFreeSecondary, u});
+        }
+      }
     }
     prefetch_after(module, phase, ops);
   }
@@ -116,11 +149,22 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
   return ops;
 }
 
-void UnitSchedule::gather(int u, std::vector<UnitOp>& ops) {
+void UnitSchedule::gather(int u, Phase phase, std::vector<UnitOp>& ops) {
   if (gathered(u)) return;
   gathered_[static_cast<std::size_t>(u)] = true;
   live_gathered_ += plan_.unit(u).numel;
+  // hpZ applies to training micro-batches; an eval pass gathers over every rank as without it.
+  const bool training = phase != Phase::kEval;
+  if (hpz() && training && secondary(u)) {
+    ops.push_back({UnitOpKind::kIssueSecondaryGather, u});
+    return;
+  }
   ops.push_back({UnitOpKind::kIssueGather, u});
+  if (hpz() && training) {
+    secondary_[static_cast<std::size_t>(u)] = true;
+    live_secondary_ += secondary_numel(u);
+    ops.push_back({UnitOpKind::kKeepSecondary, u});
+  }
 }
 
 void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops) {
@@ -143,7 +187,7 @@ void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& 
       if (unit.persistent || gathered(u)) continue;
       if (unit.numel > budget) return;
       if (live_gathered_ + unit.numel > options_.stage3_max_live_parameters) return;
-      gather(u, ops);
+      gather(u, phase, ops);
       budget -= unit.numel;
     }
   }
@@ -193,14 +237,25 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
   SchedulePeaks peaks;
   auto note = [&](const std::vector<UnitOp>& ops) {
     std::int64_t gathered = schedule.live_gathered_elements();
+    std::int64_t secondary = schedule.live_secondary_elements();
     std::int64_t buckets = schedule.live_bucket_elements();
     // The counters are at the end of the ops; walk back to see each intermediate state.
-    std::vector<std::pair<std::int64_t, std::int64_t>> states{{gathered, buckets}};
+    struct State {
+      std::int64_t gathered, secondary, buckets;
+    };
+    std::vector<State> states{{gathered, secondary, buckets}};
     for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
       const std::int64_t n = plan.unit(it->unit).numel;
       switch (it->kind) {
         case UnitOpKind::kIssueGather:
+        case UnitOpKind::kIssueSecondaryGather:
           gathered -= n;
+          break;
+        case UnitOpKind::kKeepSecondary:
+          secondary -= schedule.secondary_numel(it->unit);
+          break;
+        case UnitOpKind::kFreeSecondary:
+          secondary += schedule.secondary_numel(it->unit);
           break;
         case UnitOpKind::kReleaseGather:
           gathered += n;
@@ -214,12 +269,14 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
         default:
           break;
       }
-      states.emplace_back(gathered, buckets);
+      states.push_back({gathered, secondary, buckets});
     }
-    for (const auto& [g, b] : states) {
-      peaks.gathered_elements = std::max(peaks.gathered_elements, g);
-      peaks.bucket_elements = std::max(peaks.bucket_elements, b);
-      peaks.sum_elements = std::max(peaks.sum_elements, g + b);
+    for (const State& s : states) {
+      peaks.gathered_elements = std::max(peaks.gathered_elements, s.gathered);
+      peaks.secondary_elements = std::max(peaks.secondary_elements, s.secondary);
+      peaks.params_elements = std::max(peaks.params_elements, s.gathered + s.secondary);
+      peaks.bucket_elements = std::max(peaks.bucket_elements, s.buckets);
+      peaks.sum_elements = std::max(peaks.sum_elements, s.gathered + s.secondary + s.buckets);
     }
   };
   auto use = [&](int m, Phase phase) {

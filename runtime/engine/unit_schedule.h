@@ -35,6 +35,12 @@ struct ScheduleOptions {
   // overlap the backward; with 2 (the engine's overlap_comm, as DeepSpeed's double buffers),
   // the reduction of one unit runs while the next unit's backward fills its own bucket.
   int rotating_buckets = 1;
+  // ZeRO++ hpZ (stage 3; zero_hpz_partition_size): after a unit's first training gather of a
+  // micro-batch (over every rank) each rank keeps a secondary shard, 1/S of the gathered
+  // parameters; the unit's later gathers in the micro-batch (its backward, a recompute, a tied
+  // unit's second forward use) read the secondary shards over its S-rank group, and the
+  // secondary shard is freed once the unit's last backward has its parameters. 0 or 1: off.
+  int hpz_partition_size = 0;
 };
 
 enum class UnitOpKind {
@@ -45,6 +51,12 @@ enum class UnitOpKind {
   kFreeBucket,     // stages 2-3: wait for the bucket's reduction, then free it
   kOpenBucket,     // stages 2-3: allocate and zero the unit's gradient bucket
   kIssueReduce,    // the unit's gradient is complete: reduce it (comm)
+  // hpZ (ScheduleOptions::hpz_partition_size):
+  kKeepSecondary,         // keep this rank's 1/S of the unit's just-gathered parameters (comm)
+  kIssueSecondaryGather,  // allocate the full parameters, all-gather them from the secondary
+                          // shards over the S-rank group (comm)
+  kFreeSecondary,         // free the secondary shard (after the compute stream waited for its last
+                          // gather)
 };
 const char* unit_op_name(UnitOpKind kind);
 
@@ -67,8 +79,10 @@ class UnitSchedule {
   std::vector<UnitOp> acquire(int module, Phase phase);
   // The operations after it ran. The backward of module 0 ends the micro-batch.
   std::vector<UnitOp> release(int module, Phase phase);
-  // The accumulation boundary: the next backward is the first of a new step.
-  void step() { micro_batch_ = 0; }
+  // The accumulation boundary: the next backward is the first of a new step. Throws while an
+  // hpZ secondary shard is alive (a training forward without its backward): it would hold the
+  // parameters of before the step.
+  void step();
 
   int micro_batch() const { return micro_batch_; }  // micro-batches done since the last step
   bool last_micro_batch() const { return micro_batch_ == options_.gradient_accumulation_steps - 1; }
@@ -76,6 +90,11 @@ class UnitSchedule {
   bool bucket_open(int unit) const { return bucket_open_[static_cast<std::size_t>(unit)]; }
   std::int64_t live_gathered_elements() const { return live_gathered_; }
   std::int64_t live_bucket_elements() const { return live_buckets_; }
+  // hpZ: whether unit u holds a secondary shard now, and the elements of all of them.
+  bool secondary(int unit) const { return secondary_[static_cast<std::size_t>(unit)]; }
+  std::int64_t live_secondary_elements() const { return live_secondary_; }
+  // hpZ on: the elements of unit u's secondary shard (numel / S); 0 when off.
+  std::int64_t secondary_numel(int unit) const;
   const ScheduleOptions& options() const { return options_; }
 
   // The units in the order the next forward needs them (of their first module), which is the
@@ -85,7 +104,8 @@ class UnitSchedule {
  private:
   bool sharded() const { return options_.stage == 3; }
   bool per_micro_batch_grads() const { return options_.stage >= 2; }
-  void gather(int u, std::vector<UnitOp>& ops);
+  bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
+  void gather(int u, Phase phase, std::vector<UnitOp>& ops);
   void prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops);
   void open_bucket(int u, std::vector<UnitOp>& ops);
   void free_bucket(int u, std::vector<UnitOp>& ops);
@@ -96,19 +116,23 @@ class UnitSchedule {
   int micro_batch_ = 0;
   std::vector<bool> gathered_;
   std::vector<bool> bucket_open_;
+  std::vector<bool> secondary_;
   std::deque<int> rotating_buckets_;  // live buckets of contiguous modules, oldest first
   std::deque<int> pinned_buckets_;    // live shared / persistent buckets
   std::int64_t live_gathered_ = 0;
   std::int64_t live_buckets_ = 0;
+  std::int64_t live_secondary_ = 0;
 };
 
 // The peaks of the transient model-state buffers over one step of `gradient_accumulation_steps`
 // training micro-batches followed by one eval pass, replaying the schedule: what the engine's
 // MemoryTracker records for them (zrt-mem; test_zrt_mem_crosscheck compares the two).
 struct SchedulePeaks {
-  std::int64_t gathered_elements = 0;  // gathered (non-persistent) units
-  std::int64_t bucket_elements = 0;    // live gradient buckets
-  std::int64_t sum_elements = 0;       // both at once
+  std::int64_t gathered_elements = 0;   // gathered (non-persistent) units
+  std::int64_t secondary_elements = 0;  // hpZ secondary shards
+  std::int64_t params_elements = 0;     // gathered units and secondary shards at once
+  std::int64_t bucket_elements = 0;     // live gradient buckets
+  std::int64_t sum_elements = 0;        // all three at once
 };
 // `recomputed[m]`: module m runs again under activation checkpointing before its backward.
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,

@@ -15,6 +15,7 @@ struct ZeroEngine::UnitState {
   Buffer param_slice;         // stage 3: compute dtype [shard] (empty with parameter offload)
   Buffer resident;            // stage 3 persistent unit: compute dtype [numel]
   Buffer gathered;            // stage 3: full parameters while in use
+  Buffer secondary;           // hpZ: compute dtype [numel / S], forward gather to last backward
   Buffer grad_slice;          // stages 2-3: accum dtype [shard] (empty with parameter offload)
   Buffer grad_bucket;         // stages 2-3: compute dtype [numel], during a micro-batch's backward
   std::unique_ptr<Event> gathered_ready;  // comm stream, after the gather (or the publication)

@@ -40,18 +40,66 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   // overlap_comm: a unit's reduction overlaps the next unit's backward (double buffers); without
   // it every collective is waited for at once, so one bucket is enough.
   s.rotating_buckets = options.overlap_comm ? 2 : 1;
+  s.hpz_partition_size = options.stage == 3 ? options.hpz_partition_size : 0;
   return s;
 }
+
+namespace {
+
+// hpZ's preconditions (EngineOptions::hpz_partition_size), with the fix in each message.
+void check_hpz(const EngineOptions& options, const ProcessGroup& group,
+               const ProcessGroup* replicas, const ProcessGroup* secondary) {
+  const int S = options.hpz_partition_size;
+  ZRT_CHECK(S >= 0, "zero_hpz_partition_size must be >= 1 (1: off), not {}", S);
+  if (S <= 1) {
+    ZRT_CHECK(secondary == nullptr || secondary->size() <= 1,
+              "the engine was given a secondary (hpZ) group of {} ranks but "
+              "zero_hpz_partition_size is {} (off)",
+              secondary != nullptr ? secondary->size() : 0, S);
+    return;
+  }
+  ZRT_CHECK(options.stage == 3,
+            "zero_hpz_partition_size {} needs ZeRO stage 3 (stage is {}): hpZ keeps secondary "
+            "shards of stage 3's gathered parameters; set stage 3 or zero_hpz_partition_size 1",
+            S, options.stage);
+  ZRT_CHECK(replicas == nullptr || replicas->size() <= 1,
+            "zero_hpz_partition_size with mics_shard_size is not supported: MiCS already keeps "
+            "every parameter gather inside the shard group; use one of them");
+  ZRT_CHECK(group.size() % S == 0,
+            "zero_hpz_partition_size {} does not divide the {} ranks the parameters are "
+            "gathered over",
+            S, group.size());
+  ZRT_CHECK(secondary != nullptr && secondary->size() == S,
+            "zero_hpz_partition_size is {} but the engine's secondary group has {} ranks: give "
+            "it this rank's group of {} consecutive ranks (topology.h's shard_plan)",
+            S, secondary != nullptr ? secondary->size() : 0, S);
+  ZRT_CHECK(&secondary->stream() == &group.stream(),
+            "the hpZ group issues on stream '{}' but the engine's group on '{}': both must use "
+            "one communication stream",
+            secondary->stream().name(), group.stream().name());
+  const std::vector<int>& nodes = secondary->node_map();
+  for (int node : nodes) {
+    ZRT_CHECK(node == nodes.front(),
+              "zero_hpz_partition_size {}: this rank's group of {} ranks spans nodes {} and {}, "
+              "so the backward gathers would cross nodes; make it the ranks per node (or a "
+              "divisor of it)",
+              S, S, nodes.front(), node);
+  }
+}
+
+}  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
                        DeviceOptimizer& optimizer, const OffloadFactory& offload,
-                       ProcessGroup* replicas, QuantizedCollectives* quantized)
+                       ProcessGroup* replicas, QuantizedCollectives* quantized,
+                       ProcessGroup* secondary)
     : device_(device),
       compute_(compute),
       group_(group),
       replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
       quantized_(quantized),
+      secondary_group_(options.hpz_partition_size > 1 ? secondary : nullptr),
       comm_(group.stream()),
       params_(std::move(params)),
       num_modules_(num_modules),
@@ -110,15 +158,19 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!quantizes || !offload_param(),
             "zero_quantized_weights / zero_quantized_gradients with offload_param are not "
             "supported");
+  check_hpz(options, group, replicas, secondary);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   if (offload_optimizer()) {
     offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_});
   }
   allocate_state();
-  spdlog::debug("engine: stage {}, {}{}", options_.stage, plan_.describe(),
+  spdlog::debug("engine: stage {}, {}{}{}", options_.stage, plan_.describe(),
                 replicas_ != nullptr
                     ? fmt::format(", shards replicated over {} groups", replicas_->size())
+                    : "",
+                secondary_group_ != nullptr
+                    ? fmt::format(", hpZ secondary shards over {} ranks", secondary_group_->size())
                     : "");
 }
 
@@ -194,6 +246,15 @@ void ZeroEngine::run(const UnitOp& op) {
     case UnitOpKind::kIssueReduce:
       issue_reduce(op.unit, op.final);
       break;
+    case UnitOpKind::kKeepSecondary:
+      keep_secondary(op.unit);
+      break;
+    case UnitOpKind::kIssueSecondaryGather:
+      issue_secondary_gather(op.unit);
+      break;
+    case UnitOpKind::kFreeSecondary:
+      free_secondary(op.unit);
+      break;
   }
 }
 
@@ -218,6 +279,9 @@ StepResult ZeroEngine::step(double lr) {
   ZRT_CHECK(schedule_.micro_batch() == accumulation,
             "step() after {} micro-batches; gradient_accumulation_steps is {}",
             schedule_.micro_batch(), accumulation);
+  ZRT_CHECK(schedule_.live_secondary_elements() == 0,
+            "step() while hpZ secondary shards are alive: a training forward ran without its "
+            "backward");
   const double scale = options_.compute_dtype == DType::kFloat16 ? scaler_.scale() : 1.0;
   StepResult result;
   result.loss_scale = scale;

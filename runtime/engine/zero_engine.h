@@ -11,8 +11,8 @@
 // The engine's files, by what they do:
 //   unit_schedule.*       the pure schedule: which units to gather, release, reduce, per call
 //   zero_engine.cc        the orchestration: acquire / release run the schedule; step()
-//   param_gather.cc       issue_gather / await_gather / release_gather, and publishing the
-//                         updated parameters after a step (stages 1-2)
+//   param_gather.cc       issue_gather / await_gather / release_gather, hpZ's secondary shards,
+//                         and publishing the updated parameters after a step (stages 1-2)
 //   gradient_reduction.cc gradient buckets, issue_reduce / await_reduce, the gradient norm
 //   unit_state.*          each unit's buffers: allocate, initialise, load, copy out (export)
 // Optimizer offload is a seam (optimizer_offload.h), implemented above the runtime (offload/).
@@ -78,6 +78,14 @@ struct EngineOptions {
   // master weights and the optimizer never see quantized values.
   bool quantized_weights = false;
   bool quantized_gradients = false;
+  // ZeRO++ hpZ (stage 3, zero_hpz_partition_size): each unit's first gather of a training
+  // micro-batch runs over every rank as usual; right after it each rank keeps a secondary
+  // shard, its 1/S of the gathered compute-dtype parameters (its place in the engine's group
+  // of S ranks, normally one node), and the unit's later gathers in the micro-batch (the
+  // backward's) all-gather those over the S ranks only. The secondary shards are rebuilt every
+  // micro-batch and freed after the unit's last backward gather; the master weights, the
+  // optimizer and the gradient reduce-scatters are untouched. 0 or 1: off.
+  int hpz_partition_size = 0;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).
@@ -111,10 +119,14 @@ class ZeroEngine final : public ParamAccess {
   // between shard groups, and the gathers stay inside the shard group. `replicas` must issue on
   // `group`'s stream (one communication stream keeps their order). `quantized` carries the
   // quantized gathers / reductions when options ask for them; it works over `group`.
+  //
+  // hpZ (options.hpz_partition_size S > 1): `secondary` is this rank's group of S ranks that
+  // share secondary shards (topology.h's shard_plan(N, S, rank): S consecutive ranks, which
+  // must lie on one node by its node map), issuing on `group`'s stream.
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
              int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer,
              const OffloadFactory& offload = {}, ProcessGroup* replicas = nullptr,
-             QuantizedCollectives* quantized = nullptr);
+             QuantizedCollectives* quantized = nullptr, ProcessGroup* secondary = nullptr);
   ~ZeroEngine() override;
   ZeroEngine(const ZeroEngine&) = delete;
   ZeroEngine& operator=(const ZeroEngine&) = delete;
@@ -239,8 +251,15 @@ class ZeroEngine final : public ParamAccess {
   // Stage 3: makes unit u's full parameters available (comm stream) / the compute stream waits
   // for them / frees them after the kernels that read them.
   void issue_gather(int u);
+  // Allocates unit u's full parameters; the comm stream waits for the compute stream.
+  void allocate_gathered(int u);
   void await_gather(int u);
   void release_gather(int u);
+  // hpZ: keeps this rank's 1/S of unit u's just-gathered parameters / gathers the unit from
+  // the secondary shards over the S-rank group / frees the secondary shard.
+  void keep_secondary(int u);
+  void issue_secondary_gather(int u);
+  void free_secondary(int u);
   // Stages 1-2 (and stage 3's persistent unit): all-gathers unit u's updated slice into the
   // full parameters after a step (once `ready`, if given, says the slice is on the device).
   void publish_updated(int u, const Event* ready);
@@ -266,6 +285,7 @@ class ZeroEngine final : public ParamAccess {
   ProcessGroup& group_;
   ProcessGroup* replicas_;           // hierarchical sharding: the replica group, else null
   QuantizedCollectives* quantized_;  // ZeRO++ quantized gathers / reductions, else null
+  ProcessGroup* secondary_group_;    // hpZ: the S ranks sharing secondary shards, else null
   Stream& comm_;
   std::vector<ParamSpec> params_;
   int num_modules_;

@@ -548,9 +548,13 @@ const BadConfig kBadConfigs[] = {
     {"amsgrad", true, R"({"optimizer": {"params": {"amsgrad": true}}})",
      "bad.json: optimizer.params.amsgrad: not implemented by zrt (The AMSGrad variant of Adam); "
      "remove the key or set it to false"},
-    {"ZeRO++ hpZ", true, R"({"zero_optimization": {"zero_hpz_partition_size": 2}})",
-     "bad.json: zero_optimization.zero_hpz_partition_size: not implemented by zrt (ZeRO++ "
-     "hierarchical partitioning); remove the key or set it to 1"},
+    {"ZeRO++ hpZ below stage 3", true, R"({"zero_optimization": {"zero_hpz_partition_size": 2}})",
+     "bad.json: zero_optimization.zero_hpz_partition_size: hpZ keeps secondary shards of stage "
+     "3's gathered parameters (stage is 2); set stage 3 or zero_hpz_partition_size 1"},
+    {"ZeRO++ hpZ not dividing the world", true,
+     R"({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}})",
+     "bad.json: zero_optimization.zero_hpz_partition_size: 3 does not divide the world size 2: "
+     "hpZ groups are equal blocks of consecutive ranks (the ranks of one node)"},
     {"ZeRO++ qwZ below stage 3", true, R"({"zero_optimization": {"zero_quantized_weights": true}})",
      "bad.json: zero_optimization.zero_quantized_weights: qwZ quantizes stage 3's parameter "
      "gathers (stage is 2)"},
@@ -947,6 +951,40 @@ TEST_CASE("mics_shard_size: hierarchical sharding where it divides the world", "
               R"({"train_batch_size": 16, "zero_optimization": {"stage": 2, "mics_shard_size": -1}})"),
           4)
           .engine.mics_shard_size == 0);
+}
+
+TEST_CASE("zero_hpz_partition_size: hpZ groups at stage 3, not with MiCS", "[config]") {
+  const Config c = parse_doc(
+      patched(
+          R"({"train_batch_size": 16, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
+      4);
+  CHECK(c.engine.hpz_partition_size == 2);
+  CHECK(resolved_document(c)["zero_optimization"]["zero_hpz_partition_size"] == 2);
+  // 1 is DeepSpeed's "off"; a group of the whole world would gather over every rank anyway.
+  for (int size : {1, 4}) {
+    const std::string patch =
+        R"({"train_batch_size": 16, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": )" +
+        std::to_string(size) + "}}";
+    CHECK(parse_doc(patched(patch.c_str()), 4).engine.hpz_partition_size == 0);
+  }
+  CHECK_THROWS_WITH(
+      parse_doc(patched(R"({"train_batch_size": 16, "zero_optimization": {"stage": 3, )"
+                        R"("mics_shard_size": 2, "zero_hpz_partition_size": 2}})"),
+                4),
+      Catch::Contains("zero_optimization.zero_hpz_partition_size: hpZ with mics_shard_size is "
+                      "not supported: MiCS already keeps every parameter gather inside its shard "
+                      "group; use one of them"));
+  // Groups of consecutive ranks that would leave a node.
+  CHECK_THROWS_WITH(
+      parse_doc(patched(R"({"train_batch_size": 16, "comm": {"ranks_per_node": 1}, )"
+                        R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
+                4),
+      Catch::Contains("zero_optimization.zero_hpz_partition_size: 2 does not divide "
+                      "comm.ranks_per_node 1: hpZ groups of 2 consecutive ranks would span nodes"));
+  CHECK(parse_doc(patched(R"({"train_batch_size": 16, "comm": {"ranks_per_node": 2}, )"
+                          R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
+                  4)
+            .engine.hpz_partition_size == 2);
 }
 
 TEST_CASE("docs/config-keys.md matches the key table", "[config][docs]") {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -67,6 +68,10 @@ struct TrainSpec {
   // quantized collectives' hierarchy (0: one node), and their block size.
   int ranks_per_node = 0;
   std::int64_t quantization_block = 64;
+  // ZeRO++ hpZ (options.hpz_partition_size > 1): the engine gets this rank's group of that many
+  // consecutive ranks; with ranks_per_node > 0 the world's node map is set first, so the byte
+  // counters split the traffic by node.
+  bool recompute = false;  // TiedMlp's activation checkpointing (Phase::kRecompute)
 };
 
 struct EngineRun {
@@ -77,6 +82,7 @@ struct EngineRun {
   std::unique_ptr<ProcessGroup> shards;        // shard_size > 0: this rank's shard group
   std::unique_ptr<ProcessGroup> replicas;      // shard_size > 0: the same slice's other holders
   std::unique_ptr<ProcessGroup> intra, inter;  // ZeRO++ with ranks_per_node > 0
+  std::unique_ptr<ProcessGroup> secondary;     // hpZ: this rank's secondary-shard group
   std::unique_ptr<QuantizedCollectives> quantized;  // ZeRO++
   std::unique_ptr<DeviceOptimizer> optimizer;
   std::unique_ptr<ZeroEngine> engine;
@@ -106,6 +112,15 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
                                   *run->comm, "engine-replicas");
     sharding = run->shards.get();
   }
+  if (spec.ranks_per_node > 0 && spec.shard_size == 0) {
+    run->group->set_node_map(NodeTopology(run->group->size(), spec.ranks_per_node).node_map());
+  }
+  if (options.hpz_partition_size > 1) {
+    run->secondary = make_subgroup(
+        *run->group, shard_plan(run->group->size(), options.hpz_partition_size, run->group->rank()),
+        *run->comm, "engine-hpz");
+  }
+  run->model.set_recompute(spec.recompute);
   if (spec.lion) {
     LionOptions lion;
     lion.lr = spec.lr;
@@ -129,18 +144,20 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
     run->quantized = std::make_unique<QuantizedCollectives>(
         *run->device, *sharding, run->intra.get(), run->inter.get(), spec.quantization_block);
   }
-  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *sharding,
-                                             run->model.parameters(), run->model.modules(), options,
-                                             *run->optimizer, make_cpu_optimizer_offload,
-                                             run->replicas.get(), run->quantized.get());
+  run->engine = std::make_unique<ZeroEngine>(
+      *run->device, *run->compute, *sharding, run->model.parameters(), run->model.modules(),
+      options, *run->optimizer, make_cpu_optimizer_offload, run->replicas.get(),
+      run->quantized.get(), run->secondary.get());
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });
   return run;
 }
 
-// Trains `spec.steps` steps; returns every parameter's final fp32 value.
-inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainSpec& spec) {
+// Trains `spec.steps` steps; returns every parameter's final fp32 value. `after_step`, if set,
+// runs after each step (the byte counters' per-step readings).
+inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainSpec& spec,
+                                                    const std::function<void()>& after_step = {}) {
   const int rank = run.group->rank();
   const int world = run.group->size();
   for (int step = 0; step < spec.steps; ++step) {
@@ -155,6 +172,7 @@ inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainS
     }
     run.results.push_back(run.engine->step(spec.lr));
     run.compute->synchronize();
+    if (after_step) after_step();
   }
   std::vector<std::vector<float>> out;
   for (int p = 0; p < static_cast<int>(run.model.parameters().size()); ++p) {

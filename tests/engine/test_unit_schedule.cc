@@ -134,6 +134,53 @@ TEST_CASE("two rotating buckets: a unit's reduction overlaps the next unit's bac
   CHECK_THROWS_WITH(UnitSchedule(plan, 3, bad), Catch::Contains("rotating_buckets must be >= 1"));
 }
 
+TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it later, free it") {
+  const auto params = chain();
+  PartitionOptions po;
+  po.stage = 3;
+  po.world = 4;
+  po.persistence_threshold = 0;
+  po.alignment = 4;
+  po.num_modules = 3;
+  const PartitionPlan plan(params, po);
+  const int u0 = plan.module_units(0)[0], u1 = plan.module_units(1)[0],
+            u2 = plan.module_units(2)[0];
+  ScheduleOptions o;
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 0;
+  o.hpz_partition_size = 2;
+  UnitSchedule s(plan, 3, o);
+  using V = std::vector<UnitOp>;
+  CHECK(s.secondary_numel(u0) == 32);
+  // Forward: the gathers over every rank, each followed by keeping this rank's half.
+  CHECK(show(s.acquire(0, Phase::kForward)) ==
+        show(V{{K::kIssueGather, u0}, {K::kKeepSecondary, u0}, {K::kAwaitGather, u0}}));
+  s.release(0, Phase::kForward);
+  s.acquire(1, Phase::kForward);
+  s.release(1, Phase::kForward);
+  s.acquire(2, Phase::kForward);
+  s.release(2, Phase::kForward);
+  CHECK(s.live_secondary_elements() == 96);
+  // A training forward without its backward leaves shards of the old parameters: no step().
+  CHECK_THROWS_WITH(s.step(), Catch::Contains("step() while hpZ secondary shards are alive"));
+  // Backward: the kept unit frees its shard at once; the others gather from theirs first.
+  CHECK(show(s.acquire(2, Phase::kBackward)) ==
+        show(V{{K::kAwaitGather, u2}, {K::kFreeSecondary, u2}, {K::kOpenBucket, u2}}));
+  s.release(2, Phase::kBackward);
+  CHECK(show(s.acquire(1, Phase::kBackward)) == show(V{{K::kIssueSecondaryGather, u1},
+                                                       {K::kAwaitGather, u1},
+                                                       {K::kFreeSecondary, u1},
+                                                       {K::kFreeBucket, u2},
+                                                       {K::kOpenBucket, u1}}));
+  s.release(1, Phase::kBackward);
+  s.acquire(0, Phase::kBackward);
+  s.release(0, Phase::kBackward);
+  CHECK(s.live_secondary_elements() == 0);
+  s.step();
+  // An eval pass gathers over every rank and keeps nothing.
+  CHECK(show(s.acquire(0, Phase::kEval)) == show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
+}
+
 TEST_CASE("stage 3 prefetch stops at the budget and at the live-parameter bound") {
   const auto params = chain();
   const PartitionPlan plan = plan_of(params, 3, 3);

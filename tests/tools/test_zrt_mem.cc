@@ -147,6 +147,68 @@ TEST_CASE("mics_shard_size: the model state of N ranks sharded over groups of S 
   }
 }
 
+TEST_CASE("hpZ: the secondary shards' memory, replayed from the schedule, as worked by hand") {
+  // Three modules of one weight each (1024, 2048, 512 elements: padded already, to 4 x 64), at
+  // stage 3 over 4 ranks on 2 nodes, bf16, no prefetch, no persistent unit; hpZ groups of 2.
+  ModelSpec table;
+  table.params = {{"a", {1024}, {0}, false}, {"b", {2048}, {1}, false}, {"c", {512}, {2}, false}};
+  table.num_modules = 3;
+  table.description = "three units";
+  Inputs in;
+  in.model = table;
+  in.world = 4;
+  in.nodes = 2;
+  in.device_type = DeviceType::kCuda;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.stage3_param_persistence_threshold = 0;
+  in.engine.stage3_prefetch_bucket_size = 0;
+  const Estimate plain = estimate(in, Setting{3, false, false});
+  in.engine.hpz_partition_size = 2;
+  const Estimate hpz = estimate(in, Setting{3, false, false});
+  // Forward: each unit gathered (1024, 2048, 512) and released after its module, the last one
+  // kept for its backward; each keeps a secondary shard of half its size, so after the forward
+  // 512 + 1024 + 256 = 1792 elements of secondary shards are alive (their peak).
+  CHECK(hpz.secondary_peak == 1792 * 2);
+  // Backward of module 1: its unit is gathered from the secondary shards (2048) while b's
+  // shard (1024), a's (512) and c's gradient bucket (512) are alive: 4096 elements, of which
+  // gathered + secondary 3584 (their peak); then b's shard is freed (-1024), c's bucket freed
+  // (-512) and b's bucket opened (+2048): 2048 + 512 + 2048 = 4608, the transient peak.
+  CHECK(hpz.params_buffers_peak == 3584 * 2);
+  CHECK(hpz.transient_peak == 4608 * 2);
+  // The gathered units alone peak at 2048 either way; without hpZ the transient peak is b's
+  // gathered unit and bucket, 2048 + 2048.
+  CHECK(hpz.gathered_peak == 2048 * 2);
+  CHECK(plain.gathered_peak == 2048 * 2);
+  CHECK(plain.secondary_peak == 0);
+  CHECK(plain.params_buffers_peak == 2048 * 2);
+  CHECK(plain.transient_peak == 4096 * 2);
+  // The params category: the steady slices (3584 / 4 elements) and the buffers' peak.
+  CHECK(at(hpz.device_peaks(), MemCategory::kParams) == (896 + 3584) * 2);
+  CHECK(hpz.device_total() - plain.device_total() == (4608 - 4096) * 2);
+  // Below stage 3 hpZ does nothing.
+  CHECK(estimate(in, Setting{2, false, false}).secondary_peak == 0);
+  // The report shows the row; a group that would leave the node is refused.
+  const std::string report = format_report(in, hpz, {hpz});
+  CHECK(report.find("buffers: hpZ secondary shards") != std::string::npos);
+  CHECK(report.find("1/2 of each gathered unit") != std::string::npos);
+  Inputs wide = in;
+  wide.nodes = 4;
+  CHECK_THROWS_WITH(estimate(wide, Setting{3, false, false}),
+                    Catch::Contains("--hpz 2 (zero_hpz_partition_size) must divide the ranks per "
+                                    "node (1 of 4 ranks on 4 node(s))"));
+}
+
+TEST_CASE("zrt-mem --hpz prints the secondary shards' row") {
+  int status = -1;
+  const std::string out = run_tool("--model gpt2 --world 16 --nodes 2 --stage 3 --hpz 8", &status);
+  CHECK(status == 0);
+  CHECK(out.find("buffers: hpZ secondary shards") != std::string::npos);
+  const std::string bad = run_tool("--model gpt2 --world 16 --nodes 4 --stage 3 --hpz 8", &status);
+  CHECK(status != 0);
+  CHECK(bad.find("must divide the ranks per node (4 of 16 ranks on 4 node(s))") !=
+        std::string::npos);
+}
+
 TEST_CASE("the verdict takes the first setting that fits, in the issue's order") {
   const auto& order = verdict_order();
   REQUIRE(order.size() == 7);

@@ -106,6 +106,10 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
   row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
   row("buffers: gathered parameters", gb(chosen.gathered_peak), "peak (stage 3)");
+  if (const int hpz = in.hpz(chosen.setting); hpz > 0) {
+    row("buffers: hpZ secondary shards", gb(chosen.secondary_peak),
+        fmt::format("peak, 1/{} of each gathered unit (forward to backward)", hpz));
+  }
   row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
   const bool has_acts = chosen.activations_full.has_value();
   row("activations, no checkpointing", opt_gb(chosen.activations_full),

@@ -44,6 +44,8 @@ struct UnitFigures {
   I64 max_unit = 0;         // largest unit, elements
   I64 max_shard = 0;        // largest slice, elements
   I64 gathered_peak = 0;    // elements
+  I64 secondary_peak = 0;   // elements (hpZ)
+  I64 params_peak = 0;      // elements: gathered + secondary at once
   I64 bucket_peak = 0;      // elements
   I64 transient_bytes = 0;  // peak of gathered + buckets, bytes
   std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
@@ -133,6 +135,8 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   const SchedulePeaks peaks =
       schedule_peaks(plan, model.num_modules, schedule_options(o), recomputed);
   f.gathered_peak = peaks.gathered_elements;
+  f.secondary_peak = peaks.secondary_elements;
+  f.params_peak = peaks.params_elements;
   f.bucket_peak = peaks.bucket_elements;
   f.transient_bytes = peaks.sum_elements * size_of(o.compute_dtype);
   return f;
@@ -151,7 +155,10 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.units.emplace_back(f.max_unit, f.max_shard);
   if (o.stage >= 2) f.bucket_peak = f.max_unit;
   if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
-  f.transient_bytes = (f.bucket_peak + f.gathered_peak) * size_of(o.compute_dtype);
+  // hpZ: every unit's secondary shard is alive between the forward and the backward.
+  if (o.stage == 3 && o.hpz_partition_size > 1) f.secondary_peak = f.padded / o.hpz_partition_size;
+  f.params_peak = f.gathered_peak + f.secondary_peak;
+  f.transient_bytes = (f.bucket_peak + f.params_peak) * size_of(o.compute_dtype);
   return f;
 }
 
@@ -177,6 +184,10 @@ const std::vector<Setting>& table_order() {
                                           {2, false, false}, {2, true, false},  {3, false, false},
                                           {3, true, false},  {3, true, true}};
   return order;
+}
+
+int Inputs::hpz(const Setting& setting) const {
+  return setting.stage == 3 && engine.hpz_partition_size > 1 ? engine.hpz_partition_size : 0;
 }
 
 Setting Inputs::setting() const {
@@ -209,6 +220,18 @@ void Inputs::validate() const {
   if (engine.stage < 0 || engine.stage > 3) {
     ZRT_THROW(InvalidArgument, "--stage must be 0, 1, 2 or 3, not {}", engine.stage);
   }
+  if (engine.hpz_partition_size > 1) {
+    const int S = engine.hpz_partition_size;
+    if (world % S != 0 || ranks_per_node() % S != 0) {
+      ZRT_THROW(InvalidArgument,
+                "--hpz {} (zero_hpz_partition_size) must divide the ranks per node ({} of {} "
+                "ranks on {} node(s)): hpZ groups are blocks of consecutive ranks inside a node",
+                S, ranks_per_node(), world, nodes);
+    }
+    if (engine.mics_shard_size > 0) {
+      ZRT_THROW(InvalidArgument, "--hpz with mics_shard_size is not supported: use one of them");
+    }
+  }
   const Setting s = setting();
   if (s.offload_optimizer && s.stage == 0) {
     ZRT_THROW(InvalidArgument, "optimizer offload needs ZeRO stage 1, 2 or 3");
@@ -229,7 +252,7 @@ std::int64_t Estimate::device_total() const {
 
 CategoryBytes Estimate::device_peaks() const {
   CategoryBytes b{};
-  at(b, MemCategory::kParams) = params + gathered_peak;
+  at(b, MemCategory::kParams) = params + params_buffers_peak;
   at(b, MemCategory::kGrads) = grads + buckets_peak;
   at(b, MemCategory::kMaster) = master;
   at(b, MemCategory::kOptimizer) = optimizer;
@@ -277,6 +300,8 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.optimizer = optimizer_bytes;
   }
   e.gathered_peak = f.gathered_peak * cs;
+  e.secondary_peak = f.secondary_peak * cs;
+  e.params_buffers_peak = f.params_peak * cs;
   e.buckets_peak = f.bucket_peak * cs;
   e.transient_peak = f.transient_bytes;
   const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
@@ -338,6 +363,10 @@ Inputs inputs_from_config(const Config& config) {
   // "auto" plans for the GPU it would pick where one exists.
   in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;
   in.comm = config.comm;
+  // comm.ranks_per_node (simulated or real nodes): the host figures per node, and hpZ's groups.
+  if (config.comm.ranks_per_node > 0 && in.world % config.comm.ranks_per_node == 0) {
+    in.nodes = in.world / config.comm.ranks_per_node;
+  }
   in.optimizer = optimizer_spec(config.optimizer);
   std::shared_ptr<const ModelDef> model = builtin_models().resolve(config.model);
   in.seq_len = model->seq_len();

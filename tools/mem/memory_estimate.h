@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "models/model_registry.h"
 #include "optimizers/optimizer.h"
 #include "runtime/comm/process_group.h"
-#include "config/config.h"
 #include "runtime/device/device.h"
 #include "runtime/device/memory.h"
 #include "runtime/engine/zero_engine.h"
@@ -89,6 +89,8 @@ struct Inputs {
   Setting setting() const;  // the chosen one, from engine
   int ranks_per_node() const;
   void validate() const;  // InvalidArgument naming the flag or key
+  // The hpZ group size in effect for a setting (engine.hpz_partition_size at stage 3), or 0.
+  int hpz(const Setting& setting) const;
 };
 
 using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
@@ -110,6 +112,10 @@ struct Estimate {
   // Transient model-state buffers: stage-3 gathered parameters and gradient buckets, each at
   // its own peak, and the peak of their sum (they overlap in backward).
   std::int64_t gathered_peak = 0, buckets_peak = 0, transient_peak = 0;
+  // ZeRO++ hpZ (stage 3, zero_hpz_partition_size S): the secondary shards (1/S of each unit,
+  // kept from its forward gather to its last backward gather) at their peak, and the peak of
+  // the gathered parameters and secondary shards together (both in the params category).
+  std::int64_t secondary_peak = 0, params_buffers_peak = 0;
   std::int64_t model_state_peak() const { return model_state() + transient_peak; }
   // Communication scratch (gradient conversion for communication_data_type; on the CPU backend
   // also the MPI groups' collective scratch) and the engine's workspace (the gradient norm).

@@ -260,13 +260,27 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     quantized = std::make_unique<QuantizedCollectives>(*device, sharding, intra_group.get(),
                                                        inter_group.get());
   }
+  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
+  // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
+  // topology (the backward gathers would cross them).
+  std::unique_ptr<ProcessGroup> hpz_group;
+  if (options.hpz_partition_size > 1) {
+    hpz_group = make_subgroup(*group, shard_plan(world, options.hpz_partition_size, rank), *comm,
+                              "zero-hpz");
+    if (rank == 0) {
+      spdlog::info(
+          "hpZ: secondary shards over {} groups of {} ranks; backward gathers stay inside them",
+          world / options.hpz_partition_size, options.hpz_partition_size);
+    }
+  }
   ZeroEngine engine(*device, *compute, sharding, params, model.num_modules(), options, *optimizer,
-                    make_cpu_optimizer_offload, replica_group.get(), quantized.get());
+                    make_cpu_optimizer_offload, replica_group.get(), quantized.get(),
+                    hpz_group.get());
   // The engine's traffic, over every group it uses.
   const auto engine_comm = [&] {
     CommCounts c = group->stats().snapshot();
-    for (const ProcessGroup* g :
-         {shard_group.get(), replica_group.get(), intra_group.get(), inter_group.get()}) {
+    for (const ProcessGroup* g : {shard_group.get(), replica_group.get(), intra_group.get(),
+                                  inter_group.get(), hpz_group.get()}) {
       if (g != nullptr) c += g->stats().snapshot();
     }
     return c;
