@@ -5,7 +5,9 @@
 // Reduce-scatter exchanges each rank's blocks point to point (an all-to-all) and sums them
 // locally in fp32 in rank order, double-buffered over chunks of CommOptions::max_chunk_bytes:
 // 2.4-5x faster than MPI_Reduce_scatter_block here, and the only way to sum 16-bit floats in
-// fp32. All-gather is MPI_Iallgather (point to point beyond int counts).
+// fp32. All-gather (CommOptions::all_gather_algo, kAuto by default) sends each slice point to
+// point straight from the input up to direct_all_gather_bytes per rank, and is MPI_Iallgather
+// above (and point to point again beyond int counts).
 #pragma once
 
 #include <chrono>
@@ -75,9 +77,11 @@ class MpiProcessGroup final : public ProcessGroup {
   void run_reduce_scatter_native(const std::byte* in, std::byte* out, std::int64_t count,
                                  DType dtype, ReduceOp op);
   // Sends `bytes` from send + p*send_stride to every peer p and receives peer p's into
-  // recv + p*bytes, point to point (tag `tag`), and waits for all of it.
+  // recv + p*bytes, point to point (tag `tag`), and waits for all of it; `meanwhile` (if set)
+  // runs once everything is posted (the local block's copy, which overlaps the transfers).
   void exchange_blocks(const std::byte* send, std::int64_t send_stride, std::byte* recv,
-                       std::int64_t bytes, int tag, const std::string& what);
+                       std::int64_t bytes, int tag, const std::string& what,
+                       const std::function<void()>& meanwhile = {});
   // Posts the exchange of one block per rank (see the .cc); completes when reqs do.
   void post_exchange(const std::byte* send, std::int64_t send_stride, std::byte* recv,
                      std::int64_t block_bytes, std::vector<MPI_Request>& reqs);

@@ -43,7 +43,9 @@ enum class ReduceScatterAlgo {
 
 // How the MPI backend implements all-gather.
 enum class AllGatherAlgo {
-  kMpi,           // MPI_Iallgather (default; point to point beyond int counts)
+  kAuto,          // kPointToPoint up to CommOptions::direct_all_gather_bytes per rank, else kMpi
+                  // (default; see BENCHMARKS.md for the measurements behind the switch)
+  kMpi,           // MPI_Iallgather (point to point beyond int counts)
   kPointToPoint,  // every slice sent to every peer, in pieces of max_chunk_bytes
 };
 
@@ -53,7 +55,12 @@ struct CommOptions {
   // every operation in flight as a backstop. Shared by all groups of a run.
   std::shared_ptr<Watchdog> watchdog;
   ReduceScatterAlgo reduce_scatter_algo = ReduceScatterAlgo::kAlltoall;
-  AllGatherAlgo all_gather_algo = AllGatherAlgo::kMpi;
+  AllGatherAlgo all_gather_algo = AllGatherAlgo::kAuto;
+  // kAuto's switch: slices of at most this many bytes go point to point. OpenMPI 4.1's
+  // MPI_Iallgather (libnbc) costs 1.4-2.5x MPI_Allgather below a few MiB here, while posting
+  // every send and receive at once matches it (it is what MPI_Allgather's two-process
+  // algorithm does).
+  std::int64_t direct_all_gather_bytes = std::int64_t{8} << 20;
   // Largest piece one MPI call moves per rank; bounds scratch memory and keeps counts in int.
   std::int64_t max_chunk_bytes = std::int64_t{32} << 20;
   // CPU backend only: model a link. An operation completes no earlier than

@@ -46,6 +46,8 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
             options.hpz_partition_size, plan.world());
   ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
             "stage 3 prefetch/live limits must be >= 0");
+  ZRT_CHECK(options.rotating_buckets >= 1, "rotating_buckets must be >= 1 (is {})",
+            options.rotating_buckets);
 }
 
 std::int64_t UnitSchedule::secondary_numel(int unit) const {
@@ -195,10 +197,11 @@ void UnitSchedule::open_bucket(int u, std::vector<UnitOp>& ops) {
   if (bucket_open(u)) return;
   const Unit& unit = plan_.unit(u);
   // Units whose modules are contiguous in backward order finish before the next one opens, so
-  // their buffers rotate: at most two live, this one and the one being reduced. A shared or
-  // persistent unit stays open until its last use (module 0's backward at the latest).
+  // their buffers rotate: at most `rotating_buckets` live, this one and the ones still being
+  // reduced (the oldest is freed, after its reduction, to make room). A shared or persistent
+  // unit stays open until its last use (module 0's backward at the latest).
   if (!unit.shared && !unit.persistent) {
-    while (!rotating_buckets_.empty()) {
+    while (static_cast<int>(rotating_buckets_.size()) >= options_.rotating_buckets) {
       free_bucket(rotating_buckets_.front(), ops);
       rotating_buckets_.pop_front();
     }

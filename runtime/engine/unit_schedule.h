@@ -30,6 +30,11 @@ struct ScheduleOptions {
   // step (stages 1-2, and stage 3's persistent unit) before a module uses them; without it the
   // step waits for the publication as a whole.
   bool await_published_per_unit = false;
+  // Stages 2-3: how many buckets of contiguous modules may be live at once. With 1, opening the
+  // next unit's bucket first waits for the previous one's reduction, so the reductions do not
+  // overlap the backward; with 2 (the engine's overlap_comm, as DeepSpeed's double buffers),
+  // the reduction of one unit runs while the next unit's backward fills its own bucket.
+  int rotating_buckets = 1;
   // ZeRO++ hpZ (stage 3; zero_hpz_partition_size): after a unit's first training gather of a
   // micro-batch (over every rank) each rank keeps a secondary shard, 1/S of the gathered
   // parameters; the unit's later gathers in the micro-batch (its backward, a recompute, a tied
@@ -112,7 +117,7 @@ class UnitSchedule {
   std::vector<bool> gathered_;
   std::vector<bool> bucket_open_;
   std::vector<bool> secondary_;
-  std::deque<int> rotating_buckets_;  // live buckets of contiguous modules
+  std::deque<int> rotating_buckets_;  // live buckets of contiguous modules, oldest first
   std::deque<int> pinned_buckets_;    // live shared / persistent buckets
   std::int64_t live_gathered_ = 0;
   std::int64_t live_buckets_ = 0;

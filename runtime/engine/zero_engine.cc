@@ -37,6 +37,9 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   // so it runs on the units already gathered (with offload: already updated by the CPU) while
   // the later ones are still on their way.
   s.await_published_per_unit = options.stage >= 1;
+  // overlap_comm: a unit's reduction overlaps the next unit's backward (double buffers); without
+  // it every collective is waited for at once, so one bucket is enough.
+  s.rotating_buckets = options.overlap_comm ? 2 : 1;
   s.hpz_partition_size = options.stage == 3 ? options.hpz_partition_size : 0;
   return s;
 }

@@ -122,6 +122,20 @@ TEST_CASE("chunked operations (tiny max_chunk_bytes) match the serial reference"
   run_all_float_cases(f);
 }
 
+TEST_CASE("all-gather through MPI_Iallgather, and auto switching between the two algorithms") {
+  // The default (kAuto) sends these small slices point to point; force MPI's own all-gather,
+  // and an auto threshold (4000 bytes) that kCounts straddles: 1000 x 2-byte elements go point
+  // to point and 4099 x 4-byte elements through MPI, in one group.
+  CommOptions mpi;
+  mpi.all_gather_algo = AllGatherAlgo::kMpi;
+  auto f = make_comm(mpi, "iallgather");
+  run_all_float_cases(f);
+  CommOptions mixed;
+  mixed.direct_all_gather_bytes = 4000;
+  auto g = make_comm(mixed, "auto-mixed");
+  run_all_float_cases(g);
+}
+
 TEST_CASE("integer all_reduce sum and max, and broadcast from every root", "[tcp]") {
   auto f = make_comm();
   for (std::int64_t count : kCounts) {

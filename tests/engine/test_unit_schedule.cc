@@ -89,6 +89,51 @@ TEST_CASE("stage 3 without prefetch: gather before use, release after, buckets r
   CHECK_THROWS_WITH(s.acquire(3, Phase::kForward), Catch::Contains("module 3 outside 0..2"));
 }
 
+TEST_CASE("two rotating buckets: a unit's reduction overlaps the next unit's backward") {
+  const auto params = chain();
+  for (int stage : {2, 3}) {
+    INFO("stage " << stage);
+    const PartitionPlan plan = plan_of(params, stage, 3);
+    const std::int64_t n = plan.unit(0).numel;
+    const int u0 = plan.module_units(0)[0], u1 = plan.module_units(1)[0],
+              u2 = plan.module_units(2)[0];
+    ScheduleOptions o;
+    o.stage = stage;
+    o.stage3_prefetch_bucket_size = 0;
+    o.rotating_buckets = 2;  // the engine's overlap_comm
+    UnitSchedule s(plan, 3, o);
+    for (int m = 0; m < 3; ++m) {
+      s.acquire(m, Phase::kForward);
+      s.release(m, Phase::kForward);
+    }
+    const auto buckets = [](const std::vector<UnitOp>& ops) {
+      std::vector<UnitOp> kept;
+      for (const UnitOp& op : ops) {
+        if (op.kind == K::kOpenBucket || op.kind == K::kFreeBucket) kept.push_back(op);
+      }
+      return kept;
+    };
+    using V = std::vector<UnitOp>;
+    CHECK(show(buckets(s.acquire(2, Phase::kBackward))) == show(V{{K::kOpenBucket, u2}}));
+    s.release(2, Phase::kBackward);
+    // Unit 2's bucket stays while it is reduced: module 1's backward opens its own beside it.
+    CHECK(show(buckets(s.acquire(1, Phase::kBackward))) == show(V{{K::kOpenBucket, u1}}));
+    CHECK(s.live_bucket_elements() == 2 * n);
+    s.release(1, Phase::kBackward);
+    // The third frees the oldest (after its reduction) first.
+    CHECK(show(buckets(s.acquire(0, Phase::kBackward))) ==
+          show(V{{K::kFreeBucket, u2}, {K::kOpenBucket, u0}}));
+    CHECK(show(buckets(s.release(0, Phase::kBackward))) ==
+          show(V{{K::kFreeBucket, u1}, {K::kFreeBucket, u0}}));
+    CHECK(s.live_bucket_elements() == 0);
+    CHECK(schedule_peaks(plan, 3, o, {false, false, false}).bucket_elements == 2 * n);
+  }
+  ScheduleOptions bad;
+  bad.rotating_buckets = 0;
+  const PartitionPlan plan = plan_of(params, 2, 3);
+  CHECK_THROWS_WITH(UnitSchedule(plan, 3, bad), Catch::Contains("rotating_buckets must be >= 1"));
+}
+
 TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it later, free it") {
   const auto params = chain();
   PartitionOptions po;

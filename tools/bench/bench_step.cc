@@ -2,13 +2,18 @@
 // mpirun gives (2 by default), with the simulated link at a few bandwidths: step time, bytes
 // moved, peak model-state bytes, and the share of communication hidden behind compute.
 //
-// hidden = (t_nolink + t_link - t_step) / t_link, where t_nolink is the step without the
-// simulated link (compute + real MPI traffic), and t_link the link time of the step's
+// hidden = 1 - exposed / t_link, where exposed is what the link adds to a step: the median,
+// over interleaved pairs of timed runs, of (step with the simulated link - step without it;
+// the latter is compute + real MPI traffic), and t_link the link time of the step's
 // collectives as the model charges it (calls x latency + bus bytes / bandwidth). 100% means the
-// link cost nothing; 0% that it added fully to the step.
+// link cost nothing; 0% that it added fully to the step. The two engines run side by side in
+// one process and their runs alternate, so load on the machine shifts both alike.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <mpi.h>
@@ -28,75 +33,111 @@ namespace zrt::bench {
 namespace {
 
 struct StepFigures {
-  double seconds = 0.0;
-  CommCounts comm;  // one step
+  double seconds = 0.0;  // median step time
+  double exposed = 0.0;  // median over paired runs of (this step - the step without the link)
+  CommCounts comm;       // one step
   std::int64_t model_state_peak = 0;
 };
 
-StepFigures run_stage(int stage, const std::string& model_spec, int B, int steps, int block,
-                      const CommOptions& comm_options) {
-  auto device = make_device(DeviceOptions{});
-  auto compute = device->create_stream("compute");
-  auto comm = device->create_stream("comm");
-  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "bench-step", comm_options);
-  kernels::KernelContext ctx(*device, *compute);
-  const std::unique_ptr<ModelDef> model_def = builtin_models().parse_spec(model_spec);
-  const std::unique_ptr<Model> model_owner = model_def->build(ctx, ModelOptions{});
-  Model& model = *model_owner;
-  AdamOptions adam_options;
-  auto adam = make_device_adam(*device, adam_options);
-  EngineOptions options;
-  options.stage = stage;
-  options.compute_dtype = DType::kBFloat16;
-  options.reduce_bucket_size = model_def->num_parameters() / 4;
-  options.stage3_prefetch_bucket_size = model_def->num_parameters() / 4;
-  options.stage3_param_persistence_threshold = 1000;
-  ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
-                    *adam, make_cpu_optimizer_offload);
-  engine.initialize(model_def->initializer(model, 1, ""));
-  const int T = model_def->seq_len();
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));
-  for (std::size_t i = 0; i < tokens.size(); ++i)
-    tokens[i] = static_cast<std::int32_t>((i * 7919) % 256);
-  Buffer batch = device->allocate(static_cast<std::int64_t>(tokens.size()) * 4,
-                                  MemCategory::kActivations, "bench tokens");
-  device->copy_to_device(batch.device<std::byte>(), tokens.data(), tokens.size() * 4, *compute);
-  TokenBatch tb;
-  tb.inputs = batch.device<std::int32_t>();
-  tb.targets = batch.device<std::int32_t>() + B * T;
-  tb.batch = B;
-  tb.seq_len = T;
+struct StepConfig {
+  std::string model_spec;
+  int batch = 4;
+  int block = 3;
+  int units = 4;           // reduce_bucket_size = parameters / units
+  double prefetch = 0.25;  // stage3_prefetch_bucket_size = prefetch x parameters
+};
+
+// One engine over its own device, streams and group (with or without the simulated link),
+// ready to run steps: two of them (no link, a link) run side by side, their timed blocks
+// interleaved, so that both see the same machine load.
+class StepRig {
+ public:
+  StepRig(int stage, const StepConfig& config, const CommOptions& comm_options)
+      : config_(config),
+        device_(make_device(DeviceOptions{})),
+        compute_(device_->create_stream("compute")),
+        comm_(device_->create_stream("comm")),
+        group_(make_process_group(*device_, MPI_COMM_WORLD, *comm_, "bench-step", comm_options)),
+        ctx_(*device_, *compute_),
+        model_def_(builtin_models().parse_spec(config.model_spec)),
+        model_(model_def_->build(ctx_, ModelOptions{})),
+        adam_(make_device_adam(*device_, AdamOptions{})) {
+    EngineOptions options;
+    options.stage = stage;
+    options.compute_dtype = DType::kBFloat16;
+    options.reduce_bucket_size = model_def_->num_parameters() / config.units;
+    options.stage3_prefetch_bucket_size = static_cast<std::int64_t>(
+        config.prefetch * static_cast<double>(model_def_->num_parameters()));
+    options.stage3_param_persistence_threshold = 1000;
+    engine_ = std::make_unique<ZeroEngine>(*device_, *compute_, *group_, model_->parameters(),
+                                           model_->num_modules(), options, *adam_,
+                                           make_cpu_optimizer_offload);
+    engine_->initialize(model_def_->initializer(*model_, 1, ""));
+    const int T = model_def_->seq_len();
+    const int B = config.batch;
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(2 * B * T));
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<std::int32_t>((i * 7919) % 256);
+    batch_ = device_->allocate(static_cast<std::int64_t>(tokens.size()) * 4,
+                               MemCategory::kActivations, "bench tokens");
+    device_->copy_to_device(batch_.device<std::byte>(), tokens.data(), tokens.size() * 4,
+                            *compute_);
+    tokens_.inputs = batch_.device<std::int32_t>();
+    tokens_.targets = batch_.device<std::int32_t>() + B * T;
+    tokens_.batch = B;
+    tokens_.seq_len = T;
+    run_steps(2);  // warm-up: allocations, scratch
+    before_ = group_->stats().snapshot();
+  }
+
   // Steps run back to back, as in training: a step's trailing communication (the post-step
   // all-gather at stages 1-2) may overlap the next step's forward, so a step is timed as a run
-  // of `block` steps ended by a full synchronisation, divided by `block`.
-  auto run_steps = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      model.forward_backward(engine, tb, static_cast<float>(engine.loss_scale()));
-      engine.step(1e-4);
-    }
-    engine.synchronize();
-  };
-  run_steps(2);  // warm-up: allocations, scratch
-  std::vector<double> times;
-  const CommCounts before = group->stats().snapshot();
-  for (int i = 0; i < steps; ++i) {
+  // of `block` steps ended by a full synchronisation, divided by `block`. Slowest rank.
+  double timed_block() {
     MPI_Barrier(MPI_COMM_WORLD);
     const auto start = std::chrono::steady_clock::now();
-    run_steps(block);
+    run_steps(config_.block);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    times.push_back(s / block);
+    steps_ += config_.block;
+    return s / config_.block;
   }
-  StepFigures f;
-  f.seconds = median(times);
-  const CommCounts total = group->stats().snapshot() - before;
-  for (std::size_t op = 0; op < kNumCollectiveOps; ++op) {
-    f.comm.calls[op] = total.calls[op] / (steps * block);
-    f.comm.bytes[op] = total.bytes[op] / (steps * block);
+
+  StepFigures figures() const {
+    StepFigures f;
+    const CommCounts total = group_->stats().snapshot() - before_;
+    for (std::size_t op = 0; op < kNumCollectiveOps; ++op) {
+      f.comm.calls[op] = total.calls[op] / steps_;
+      f.comm.bytes[op] = total.bytes[op] / steps_;
+    }
+    f.model_state_peak = device_->tracker().usage(MemorySpace::kDevice).model_state_peak;
+    return f;
   }
-  f.model_state_peak = device->tracker().usage(MemorySpace::kDevice).model_state_peak;
-  return f;
-}
+
+ private:
+  void run_steps(int n) {
+    for (int i = 0; i < n; ++i) {
+      model_->forward_backward(*engine_, tokens_, static_cast<float>(engine_->loss_scale()));
+      engine_->step(1e-4);
+    }
+    engine_->synchronize();
+  }
+
+  StepConfig config_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<Stream> compute_;
+  std::unique_ptr<Stream> comm_;
+  std::unique_ptr<ProcessGroup> group_;
+  kernels::KernelContext ctx_;
+  std::unique_ptr<ModelDef> model_def_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DeviceOptimizer> adam_;
+  std::unique_ptr<ZeroEngine> engine_;
+  Buffer batch_;
+  TokenBatch tokens_;
+  CommCounts before_;
+  std::int64_t steps_ = 0;
+};
 
 double link_seconds(const CommCounts& c, int world, double bandwidth, double latency) {
   double s = 0.0;
@@ -107,63 +148,120 @@ double link_seconds(const CommCounts& c, int world, double bandwidth, double lat
   return s;
 }
 
+std::vector<double> parse_list(const std::string& text, const char* what) {
+  std::vector<double> values;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    try {
+      std::size_t used = 0;
+      values.push_back(std::stod(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      throw InvalidArgument(fmt::format(
+          "zrt-bench step: {} '{}' is not a comma-separated list of numbers", what, text));
+    }
+    pos = comma + 1;
+  }
+  return values;
+}
+
 }  // namespace
 
 int step(int argc, char** argv) {
-  Args args(argc, argv, {"model", "batch", "steps", "block", "stages", "help"});
+  Args args(argc, argv,
+            {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units",
+             "prefetch", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
     if (mpi.rank() == 0) {
       std::printf(
-          "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,"
-          "seq_len=128] [--batch 4] [--steps 5] [--block 3] [--stages 0123]\n"
+          "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128]\n"
+          "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
+          "    [--latency-us 20] [--units 4] [--prefetch 0.25]\n"
           "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
-          "  by --block; the median over --steps such runs is printed\n"
+          "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
+          "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
+          "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
+          "  one unit's size nothing is prefetched)\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
     return 0;
   }
-  const std::string model =
-      args.get("model", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128");
-  const int B = static_cast<int>(args.get_double("batch", 4));
+  StepConfig config;
+  config.model_spec = args.get("model", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128");
+  config.batch = static_cast<int>(args.get_double("batch", 4));
+  config.block = static_cast<int>(args.get_double("block", 3));
+  config.units = static_cast<int>(args.get_double("units", 4));
+  config.prefetch = args.get_double("prefetch", 0.25);
   const int steps = static_cast<int>(args.get_double("steps", 5));
-  const int block = static_cast<int>(args.get_double("block", 3));
   const std::string stages = args.get("stages", "0123");
-  if (steps < 1 || block < 1)
-    throw InvalidArgument("zrt-bench step: --steps and --block must be >= 1");
+  if (steps < 1 || config.block < 1 || config.units < 1)
+    throw InvalidArgument("zrt-bench step: --steps, --block and --units must be >= 1");
   const int world = mpi.size();
-  const double latency = 20e-6;
-  // 0: no simulated link. Slow links make communication comparable to this small model's compute.
-  const std::vector<double> bandwidths = {0.0, 1e9, 100e6, 25e6};
+  const double latency = args.get_double("latency-us", 20) * 1e-6;
+  // Slow links make communication comparable to the model's compute.
+  const std::vector<double> links_gbs = parse_list(args.get("links", "1,0.1,0.025"), "--links");
   if (mpi.rank() == 0) {
     std::printf(
-        "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16; median of %d runs of %d steps\n",
-        model.c_str(), B, world, steps, block);
+        "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16, reduce buckets of 1/%d of the "
+        "parameters, prefetch %g of them; median of %d runs of %d steps\n",
+        config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, steps,
+        config.block);
     std::printf(
         "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only\n",
         latency * 1e6);
+    std::printf(
+        "# exposed = median over interleaved pairs of (step with the link - step without);\n"
+        "# hidden = 1 - exposed / link_ms; link/none = link_ms / the step without the link\n");
   }
-  Table table({"stage", "link", "step_ms", "comm_MB", "link_ms", "hidden", "model_state_MiB"});
+  Table table({"stage", "link", "step_ms", "comm_MB", "link_ms", "link/none", "exposed_ms",
+               "hidden", "model_state_MiB"});
   for (int stage = 0; stage <= 3; ++stage) {
     if (stages.find(static_cast<char>('0' + stage)) == std::string::npos) continue;
-    double baseline = 0.0;
-    for (double bw : bandwidths) {
+    StepRig none(stage, config, CommOptions{});
+    std::vector<double> none_times;
+    bool first_row = true;
+    for (double gbs : links_gbs) {
+      const double bw = gbs * 1e9;
       CommOptions options;
       options.simulated_bandwidth_bytes_per_s = bw;
-      options.simulated_latency_s = bw > 0.0 ? latency : 0.0;
-      const StepFigures f = run_stage(stage, model, B, steps, block, options);
-      if (bw == 0.0) baseline = f.seconds;
-      const double link = bw > 0.0 ? link_seconds(f.comm, world, bw, latency) : 0.0;
-      std::string hidden = "-";
-      if (bw > 0.0 && link > 0.0) {
-        const double h = std::clamp((baseline + link - f.seconds) / link, 0.0, 1.0);
-        hidden = fmt::format("{:.0f}%", 100.0 * h);
+      options.simulated_latency_s = latency;
+      StepRig linked(stage, config, options);
+      std::vector<double> link_times, differences;
+      for (int i = 0; i < steps; ++i) {
+        // Alternate which goes first, so that a trend in the load cancels out.
+        double t_none = 0.0, t_link = 0.0;
+        if (i % 2 == 0) {
+          t_none = none.timed_block();
+          t_link = linked.timed_block();
+        } else {
+          t_link = linked.timed_block();
+          t_none = none.timed_block();
+        }
+        none_times.push_back(t_none);
+        link_times.push_back(t_link);
+        differences.push_back(t_link - t_none);
       }
-      table.add({std::to_string(stage), bw > 0.0 ? fmt::format("{:g} GB/s", bw / 1e9) : "none",
-                 fmt::format("{:.1f}", f.seconds * 1e3),
+      if (first_row) {
+        const StepFigures f = none.figures();
+        table.add({std::to_string(stage), "none", fmt::format("{:.1f}", median(none_times) * 1e3),
+                   fmt::format("{:.2f}", f.comm.total_bytes() / 1e6), "0.0", "-", "-", "-",
+                   fmt::format("{:.2f}", f.model_state_peak / 1048576.0)});
+        first_row = false;
+      }
+      const StepFigures f = linked.figures();
+      const double link = link_seconds(f.comm, world, bw, latency);
+      const double exposed = median(differences);
+      const double hidden = std::clamp(1.0 - exposed / link, 0.0, 1.0);
+      table.add({std::to_string(stage), fmt::format("{:g} GB/s", gbs),
+                 fmt::format("{:.1f}", median(link_times) * 1e3),
                  fmt::format("{:.2f}", f.comm.total_bytes() / 1e6),
-                 fmt::format("{:.1f}", link * 1e3), hidden,
+                 fmt::format("{:.1f}", link * 1e3),
+                 fmt::format("{:.2f}", link / median(none_times)),
+                 fmt::format("{:.1f}", exposed * 1e3), fmt::format("{:.0f}%", 100.0 * hidden),
                  fmt::format("{:.2f}", f.model_state_peak / 1048576.0)});
     }
   }
