@@ -65,8 +65,10 @@ inline std::vector<std::int32_t> parity_tokens(int step, int first_row, int rows
 
 inline TokenBatch upload_tokens(Device& device, Stream& stream, Buffer& buffer,
                                 const std::vector<std::int32_t>& t, int rows, int T) {
-  buffer =
-      device.allocate(static_cast<std::int64_t>(t.size()) * 4, MemCategory::kActivations, "tokens");
+  // Ordered on the stream: a buffer replaced or destroyed (an exception unwinding the caller)
+  // is released only after the work queued on it has read it.
+  buffer = device.allocate(static_cast<std::int64_t>(t.size()) * 4, MemCategory::kActivations,
+                           "tokens", MemorySpace::kDevice, &stream);
   device.copy_to_device(buffer.device<std::byte>(), t.data(), t.size() * 4, stream);
   TokenBatch b;
   b.inputs = buffer.device<std::int32_t>();

@@ -102,6 +102,10 @@ TEST_CASE("larger than one device: out of memory at stage 0, trains at stage 3 o
     auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "oom");
     kernels::KernelContext ctx(*device, *compute);
     gpt::Gpt model(gpt::GptConfig::parse(spec), ctx);
+    // Declared before the engine, so that an exception (the out-of-memory this test expects)
+    // destroys them only after the engine's destructor has drained the streams that read them.
+    Buffer buf;
+    const auto t = tokens(0, group->rank(), 1, 32);
     AdamOptions adam;
     auto optimizer = make_device_adam(*device, adam);
     EngineOptions o;
@@ -118,8 +122,6 @@ TEST_CASE("larger than one device: out of memory at stage 0, trains at stage 3 o
     engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
       model.init_parameter(p, 7, first, count, out);
     });
-    Buffer buf;
-    const auto t = tokens(0, group->rank(), 1, 32);
     for (int step = 0; step < 2; ++step) {
       model.forward_backward(engine, upload(*device, *compute, buf, t, 1, 32), 1.0f);
       engine.step(1e-3);

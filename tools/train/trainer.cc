@@ -59,6 +59,17 @@ class BatchFeeder {
     B_ = B;
     T_ = T;
   }
+  // The stream may still read the buffers (an exception unwinding mid-step destroys the feeder
+  // before the engine drains its streams): wait for it before they are freed.
+  ~BatchFeeder() {
+    try {
+      stream_.synchronize();
+    } catch (const std::exception&) {
+      // A stream error was reported where it happened; the buffers are free to go now.
+    }
+  }
+  BatchFeeder(const BatchFeeder&) = delete;
+  BatchFeeder& operator=(const BatchFeeder&) = delete;
 
   // Fills the next slot with `fill(inputs, targets)` (host) and returns the device batch.
   template <typename Fill>
