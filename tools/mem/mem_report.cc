@@ -107,6 +107,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
   row("buffers: gathered parameters", gb(chosen.gathered_peak), "peak (stage 3)");
   row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
+  if (in.engine.quantized_weights || in.engine.quantized_gradients) {
+    row("  of which ZeRO++ (qwZ / qgZ)", gb(chosen.quantized_comm),
+        fmt::format("{} bytes: quantized collectives' scratch, qgZ's output slice",
+                    chosen.quantized_comm));
+  }
   const bool has_acts = chosen.activations_full.has_value();
   row("activations, no checkpointing", opt_gb(chosen.activations_full),
       !has_acts ? "needs a model" : (in.activation_checkpointing ? "" : "<- in the total"));
