@@ -36,11 +36,13 @@ constexpr std::int64_t quantized_slice_words(std::int64_t n, std::int64_t block)
 
 class QuantizedCollectives {
  public:
+  static constexpr std::int64_t kDefaultBlock = 2048;  // elements per fp32 scale
+
   // world: the group reduced and gathered over. intra / inter: its intra-node and inter-node
   // sub-groups (make_subgroup with intra_node_plan / inter_node_plan), or both null to treat the
   // world as one node. All on `world`'s stream; they must outlive this object.
   QuantizedCollectives(Device& device, ProcessGroup& world, ProcessGroup* intra,
-                       ProcessGroup* inter, std::int64_t block = 2048);
+                       ProcessGroup* inter, std::int64_t block = kDefaultBlock);
   ~QuantizedCollectives();
   QuantizedCollectives(const QuantizedCollectives&) = delete;
   QuantizedCollectives& operator=(const QuantizedCollectives&) = delete;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -74,6 +75,27 @@ struct TrainSpec {
   bool recompute = false;  // TiedMlp's activation checkpointing (Phase::kRecompute)
 };
 
+// Across real hosts (tests/multinode/run_across_hosts.sh sets ZRT_EXPECT_NODES) the engine
+// tests take the node layout from MPI (NodeTopology::detect, no override): the layout they
+// simulate on one machine is then what the hosts really are, and the byte counters split by it.
+inline bool nodes_from_mpi() {
+  return std::getenv("ZRT_EXPECT_NODES") != nullptr;
+}
+
+// The world's node layout: detected across hosts (and checked against ZRT_EXPECT_NODES),
+// otherwise nodes of `simulated_ranks_per_node` consecutive ranks. Collective.
+inline NodeTopology test_topology(int simulated_ranks_per_node) {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (!nodes_from_mpi()) return NodeTopology(world, simulated_ranks_per_node);
+  NodeTopology topo = NodeTopology::detect(MPI_COMM_WORLD);
+  const int expected = std::atoi(std::getenv("ZRT_EXPECT_NODES"));
+  ZRT_CHECK(topo.node_count() == expected,
+            "ZRT_EXPECT_NODES={} but MPI reports {} (every rank on one host?)", expected,
+            topo.describe());
+  return topo;
+}
+
 struct EngineRun {
   std::unique_ptr<Device> device;
   std::unique_ptr<Stream> compute;
@@ -101,11 +123,14 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
   run->comm = run->device->create_stream("comm");
   run->group = make_process_group(*run->device, MPI_COMM_WORLD, *run->comm, "engine", comm_options);
   ProcessGroup* sharding = run->group.get();
+  if (nodes_from_mpi()) run->group->set_node_map(test_topology(0).node_map());
   if (spec.shard_size > 0) {
     const int world = run->group->size(), rank = run->group->rank();
     // A shard group per node, as MiCS lays them out: its gathers and reductions stay inside
-    // the node, and the byte counters say so.
-    run->group->set_node_map(NodeTopology(world, spec.shard_size).node_map());
+    // the node, and the byte counters say so (across hosts: the real nodes).
+    if (!nodes_from_mpi()) {
+      run->group->set_node_map(NodeTopology(world, spec.shard_size).node_map());
+    }
     run->shards = make_subgroup(*run->group, shard_plan(world, spec.shard_size, rank), *run->comm,
                                 "engine-shards");
     run->replicas = make_subgroup(*run->group, replica_plan(world, spec.shard_size, rank),
@@ -133,9 +158,11 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
     run->optimizer = make_device_adam(*run->device, adam);
   }
   if (options.quantized_weights || options.quantized_gradients) {
-    if (spec.ranks_per_node > 0) {
+    if (spec.ranks_per_node > 0 || nodes_from_mpi()) {
       const int n = sharding->size(), r = sharding->rank();
-      sharding->set_node_map(NodeTopology(n, spec.ranks_per_node).node_map());
+      if (!nodes_from_mpi()) {
+        sharding->set_node_map(NodeTopology(n, spec.ranks_per_node).node_map());
+      }
       run->intra = make_subgroup(*sharding, intra_node_plan(sharding->node_map(), r), *run->comm,
                                  "engine-intra");
       run->inter = make_subgroup(*sharding, inter_node_plan(sharding->node_map(), r), *run->comm,

@@ -273,11 +273,16 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
     write_shard((dir / "m_val_000000.bin").string(), t.data(), 3000);
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  // ZeRO++ at stage 3: the quantized collectives' scratch and qgZ's output slice (at 4 ranks
+  // over 2 simulated nodes, so the hierarchical reduce-scatter's node sums are counted too).
+  const std::string zeropp_comm = world == 4 ? R"(, "comm": {"ranks_per_node": 2})" : std::string();
   for (const auto& [name, zero] :
        {std::pair{"stage1", R"({"stage": 1, "reduce_bucket_size": 30000})"},
         std::pair{"stage3", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
             "stage3_prefetch_bucket_size": 60000, "stage3_max_live_parameters": 120000,
-            "offload_optimizer": {"device": "cpu"}})"}}) {
+            "offload_optimizer": {"device": "cpu"}})"},
+        std::pair{"stage3_zeropp", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+            "zero_quantized_weights": true, "zero_quantized_gradients": true})"}}) {
     const std::string out = (dir / name).string();
     const std::string text = std::string(R"({
       "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -293,7 +298,8 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
       "train": {"steps": 2, "log_interval": 1, "eval_interval": 2, "eval_batches": 1},
       "device": {"type": "cpu"},
       "output_dir": ")" + out +
-                             R"("
+                             R"(")" + (std::string(name) == "stage3_zeropp" ? zeropp_comm : "") +
+                             R"(
     })";
     const Config config = parse_config_text(text, world, "crosscheck.json");
     train::run_training(config, train::RankInfo{rank, world, rank, world});

@@ -111,6 +111,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
         fmt::format("peak, 1/{} of each gathered unit (forward to backward)", hpz));
   }
   row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
+  if (in.engine.quantized_weights || in.engine.quantized_gradients) {
+    row("  of which ZeRO++ (qwZ / qgZ)", gb(chosen.quantized_comm),
+        fmt::format("{} bytes: quantized collectives' scratch, qgZ's output slice",
+                    chosen.quantized_comm));
+  }
   const bool has_acts = chosen.activations_full.has_value();
   row("activations, no checkpointing", opt_gb(chosen.activations_full),
       !has_acts ? "needs a model" : (in.activation_checkpointing ? "" : "<- in the total"));

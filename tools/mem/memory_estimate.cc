@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 
+#include "runtime/comm/quantized_collectives.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
@@ -36,18 +37,19 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
 // What the estimate needs to know about the units: exact from a PartitionPlan, or a stand-in
 // from the bucket size when only Ψ is known.
 struct UnitFigures {
-  I64 padded = 0;           // P
-  I64 content = 0;          // Ψ
-  I64 shard_total = 0;      // elements a rank owns (P / N)
-  I64 sharded_slices = 0;   // stage 3: elements of non-persistent slices a rank owns
-  I64 persistent = 0;       // stage 3: elements of the persistent unit (full on every rank)
-  I64 max_unit = 0;         // largest unit, elements
-  I64 max_shard = 0;        // largest slice, elements
-  I64 gathered_peak = 0;    // elements
-  I64 secondary_peak = 0;   // elements (hpZ)
-  I64 params_peak = 0;      // elements: gathered + secondary at once
-  I64 bucket_peak = 0;      // elements
-  I64 transient_bytes = 0;  // peak of gathered + buckets, bytes
+  I64 padded = 0;              // P
+  I64 content = 0;             // Ψ
+  I64 shard_total = 0;         // elements a rank owns (P / N)
+  I64 sharded_slices = 0;      // stage 3: elements of non-persistent slices a rank owns
+  I64 persistent = 0;          // stage 3: elements of the persistent unit (full on every rank)
+  I64 max_unit = 0;            // largest unit, elements
+  I64 max_shard = 0;           // largest slice, elements
+  I64 max_gathered_shard = 0;  // stage 3: largest slice of a non-persistent unit (gathered)
+  I64 gathered_peak = 0;       // elements
+  I64 secondary_peak = 0;      // elements (hpZ)
+  I64 params_peak = 0;         // elements: gathered + secondary at once
+  I64 bucket_peak = 0;         // elements
+  I64 transient_bytes = 0;     // peak of gathered + buckets, bytes
   std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
 };
 
@@ -95,13 +97,53 @@ I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
   MpiScratch zero(world, comm);
   for (const auto& [numel, shard] : f.units) {
     if (o.stage == 0 && world > 1) zero.all_reduce_float(numel, wire);
-    if ((o.stage == 1 && world > 1) || o.stage >= 2) zero.reduce_scatter(shard, wire);
+    // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
+    const bool quantized = o.quantized_gradients && o.stage >= 2;
+    if (((o.stage == 1 && world > 1) || o.stage >= 2) && !quantized) {
+      zero.reduce_scatter(shard, wire);
+    }
   }
   if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
   MpiScratch control(world, comm);
   // The mean loss and the step boundary's votes (stop, wall-clock save): tools/train/trainer.cc.
   if (trainer) control.all_reduce_float(3, 4);
   return zero.bytes() + control.bytes();
+}
+
+// ZeRO++'s device buffers (kComm): QuantizedCollectives' four scratch slots, each grown to its
+// largest request (at least 256 bytes; a slot is freed before it grows, so the peak is the sum
+// of the final sizes), and the engine's qgZ output slice (unit_state.cc). n ranks in the
+// sharding group, L of them per node, M = n / L nodes; W(s) 32-bit words per quantized slice.
+//   qwZ all_gather(s):      slot 0: 4 W(s), slot 1: 4 n W(s)   (stage 3's non-persistent units)
+//   qgZ reduce_scatter(s):  slots 0, 1: 4 n W(s), slot 2: 4 M s, slot 3: 4 s   (every unit)
+//   qgZ output slice:       the largest slice in the communication dtype
+I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o, int n, int L) {
+  const bool weights = o.quantized_weights && o.stage == 3;
+  const bool gradients = o.quantized_gradients && o.stage >= 2;
+  if (!weights && !gradients) return 0;
+  const I64 M = n / L;
+  const I64 block = QuantizedCollectives::kDefaultBlock;
+  I64 slot[4] = {0, 0, 0, 0};
+  const auto grow = [&](int which, I64 bytes) { slot[which] = std::max(slot[which], bytes); };
+  if (weights && f.max_gathered_shard > 0) {
+    const I64 w = 4 * quantized_slice_words(f.max_gathered_shard, block);
+    grow(0, w);
+    grow(1, n * w);
+  }
+  I64 out = 0;
+  if (gradients) {
+    if (n > 1 && f.max_shard > 0) {
+      const I64 w = 4 * quantized_slice_words(f.max_shard, block);
+      grow(0, n * w);
+      grow(1, n * w);
+      grow(2, M * f.max_shard * 4);
+      grow(3, f.max_shard * 4);
+    }
+    out = f.max_shard * size_of(o.communication_dtype.value_or(o.compute_dtype));
+  }
+  I64 total = out;
+  for (I64 b : slot) total += b > 0 ? std::max<I64>(b, 256) : 0;
+  return total;
 }
 
 UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int world,
@@ -124,6 +166,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
       f.persistent += u.numel;
     } else {
       f.sharded_slices += u.shard;
+      f.max_gathered_shard = std::max(f.max_gathered_shard, u.shard);
     }
   }
   // The modules the model reruns under activation checkpointing (a GPT: its blocks).
@@ -153,6 +196,7 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.max_unit = std::min(f.padded, o.reduce_bucket_size);
   f.max_shard = static_cast<I64>(std::llround(static_cast<double>(f.max_unit) / n));
   f.units.emplace_back(f.max_unit, f.max_shard);
+  f.max_gathered_shard = f.max_shard;
   if (o.stage >= 2) f.bucket_peak = f.max_unit;
   if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
   // hpZ: every unit's secondary shard is alive between the forward and the backward.
@@ -308,6 +352,14 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   if (wire != reduced && in.world > 1) e.comm = f.max_unit * size_of(wire);
   if (in.device_type == DeviceType::kCpu) {
     e.comm += mpi_scratch_bytes(f, o, in.world, in.comm, in.trainer_buffers);
+  }
+  // ZeRO++ over the sharding group (all ranks, or a MiCS shard group of consecutive ranks):
+  // L of its ranks share a node (comm.ranks_per_node simulates nodes as zrt-train does).
+  if (!setting.offload_param) {
+    const int n = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : in.world;
+    const int per_node = in.comm.ranks_per_node > 0 ? in.comm.ranks_per_node : in.ranks_per_node();
+    e.quantized_comm = quantized_comm_bytes(f, o, n, std::max(1, std::min(per_node, n)));
+    e.comm += e.quantized_comm;
   }
   e.workspace = 4;                                    // the gradient norm
   if (in.trainer_buffers) e.workspace += 4 + 64 * 8;  // zrt-train's loss accumulator, control

@@ -120,6 +120,9 @@ struct Estimate {
   // Communication scratch (gradient conversion for communication_data_type; on the CPU backend
   // also the MPI groups' collective scratch) and the engine's workspace (the gradient norm).
   std::int64_t comm = 0, workspace = 0;
+  // Of comm: ZeRO++'s (zero_quantized_weights / zero_quantized_gradients) scratch of the
+  // quantized collectives and qgZ's output slice.
+  std::int64_t quantized_comm = 0;
   // Activations at (B, T) with and without activation checkpointing (model + loss + token
   // batches); absent without a model's hooks.
   std::optional<std::int64_t> activations_full, activations_checkpointed;

@@ -597,9 +597,14 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         if (tty) std::fprintf(stderr, "\r%80s\r", "");
         spdlog::info(
             "step {:>6}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-            "mem {} | comm {} | elapsed {} | ETA {}{}",
+            "mem {} | comm {}{} | elapsed {} | ETA {}{}",
             step, config.train.steps, loss, lr, result.grad_norm, tokens_per_s, 100.0 * mfu,
-            format_bytes(peaks.back()), format_bytes(comm_bytes), format_duration(elapsed_s),
+            format_bytes(peaks.back()), format_bytes(comm_bytes),
+            // Several nodes: what this rank sent to the others (comm_inter_node_bytes).
+            comm_inter_node_bytes > 0
+                ? fmt::format(" ({} across nodes)", format_bytes(comm_inter_node_bytes))
+                : std::string(),
+            format_duration(elapsed_s),
             format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step)),
             result.skipped ? fmt::format(" | SKIPPED (loss scale {})", result.loss_scale) : "");
         nlohmann::json row;
