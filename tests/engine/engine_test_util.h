@@ -181,24 +181,30 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
   return run;
 }
 
+// One optimizer step of `spec.accumulation` micro-batches of this rank's rows; the result is
+// appended to run.results.
+inline void train_one_step(EngineRun& run, const TrainSpec& spec, int step) {
+  const int rank = run.group->rank();
+  const int world = run.group->size();
+  std::vector<std::vector<float>> keep;  // inputs live until the stream has used them
+  float loss = 0.f;
+  for (int g = 0; g < spec.accumulation; ++g) {
+    const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
+    keep.push_back(batch(step, first, kRows, 0, run.model.d()));
+    keep.push_back(batch(step, first, kRows, 1, run.model.d()));
+    run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
+                               keep.back().data(), kRows, run.engine->loss_scale(), &loss);
+  }
+  run.results.push_back(run.engine->step(spec.lr));
+  run.compute->synchronize();
+}
+
 // Trains `spec.steps` steps; returns every parameter's final fp32 value. `after_step`, if set,
 // runs after each step (the byte counters' per-step readings).
 inline std::vector<std::vector<float>> train_engine(EngineRun& run, const TrainSpec& spec,
                                                     const std::function<void()>& after_step = {}) {
-  const int rank = run.group->rank();
-  const int world = run.group->size();
   for (int step = 0; step < spec.steps; ++step) {
-    std::vector<std::vector<float>> keep;  // inputs live until the stream has used them
-    float loss = 0.f;
-    for (int g = 0; g < spec.accumulation; ++g) {
-      const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
-      keep.push_back(batch(step, first, kRows, 0, run.model.d()));
-      keep.push_back(batch(step, first, kRows, 1, run.model.d()));
-      run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
-                                 keep.back().data(), kRows, run.engine->loss_scale(), &loss);
-    }
-    run.results.push_back(run.engine->step(spec.lr));
-    run.compute->synchronize();
+    train_one_step(run, spec, step);
     if (after_step) after_step();
   }
   std::vector<std::vector<float>> out;

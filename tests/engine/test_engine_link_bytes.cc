@@ -71,22 +71,6 @@ LinkBytes sent_by(const EngineRun& run) {
   return sum;
 }
 
-// One step of spec.accumulation micro-batches (train_engine without its final export).
-void one_step(EngineRun& run, const TrainSpec& spec, int step) {
-  const int rank = run.group->rank(), world = run.group->size();
-  std::vector<std::vector<float>> keep;
-  float loss = 0.f;
-  for (int g = 0; g < spec.accumulation; ++g) {
-    const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
-    keep.push_back(batch(step, first, kRows, 0, run.model.d()));
-    keep.push_back(batch(step, first, kRows, 1, run.model.d()));
-    run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
-                               keep.back().data(), kRows, run.engine->loss_scale(), &loss);
-  }
-  run.results.push_back(run.engine->step(spec.lr));
-  run.compute->synchronize();
-}
-
 // The table's formula. N ranks in nodes of R (M = N / R); the plan is the sharding group's
 // (all N ranks, or the S = R ranks of a MiCS shard group); s_u its unit shards.
 LinkBytes expected_per_step(Row row, int stage, const PartitionPlan& plan, int modules, int N,
@@ -173,7 +157,7 @@ TEST_CASE("bytes per step within and across nodes equal docs/multi-node.md's tab
         expected_per_step(c.row, c.stage, run->engine->plan(), run->model.modules(), N, R);
     for (int step = 0; step < spec.steps; ++step) {
       const LinkBytes before = sent_by(*run);
-      one_step(*run, spec, step);
+      train_one_step(*run, spec, step);
       const LinkBytes after = sent_by(*run);
       INFO(row_name(c.row) << " stage " << c.stage << " step " << step + 1 << ": " << N
                            << " ranks, " << R << " per node");

@@ -150,20 +150,8 @@ struct Comparison {
 // Steps the engine one step at a time and compares with the reference after each.
 Comparison compare_with_reference(EngineRun& run, const TrainSpec& spec, const ReferenceRun& ref) {
   Comparison result;
-  const int rank = run.group->rank();
-  const int world = run.group->size();
   for (int step = 0; step < spec.steps; ++step) {
-    std::vector<std::vector<float>> keep;
-    float loss = 0.f;
-    for (int g = 0; g < spec.accumulation; ++g) {
-      const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
-      keep.push_back(batch(step, first, kRows, 0, run.model.d()));
-      keep.push_back(batch(step, first, kRows, 1, run.model.d()));
-      run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
-                                 keep.back().data(), kRows, run.engine->loss_scale(), &loss);
-    }
-    run.results.push_back(run.engine->step(spec.lr));
-    run.compute->synchronize();
+    train_one_step(run, spec, step);
     const auto& p64 = ref.p_after[static_cast<std::size_t>(step)];
     const auto& e_p = ref.e_p_after[static_cast<std::size_t>(step)];
     const auto& ties = ref.ties_after[static_cast<std::size_t>(step)];
