@@ -151,13 +151,31 @@ std::string Checkpointer::broadcast_text(const std::string& text, int root) {
 }
 
 void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
-                        const SnapshotIssuer& issue) {
+                        const SnapshotIssuer& issue, const StateView& view) {
   wait();  // the writer may still be reading the snapshot buffer
   RankState state;
   state.rank = rank_;
   if (rank_ < request.index.world) {
     state.elements = request.index.slice_elements();
     state.datasets = request.index.state_datasets();
+    const bool synchronous = !config_.async || request.synchronous;
+    if (synchronous && view) {
+      state.arrays = view();
+      if (!state.arrays.empty()) {
+        ZRT_CHECK(state.arrays.size() == state.datasets.size(),
+                  "checkpoint {}: the state view has {} arrays for {} datasets", request.tag,
+                  state.arrays.size(), state.datasets.size());
+        for (const auto& runs : state.arrays) {
+          std::int64_t bytes = 0;
+          for (const HostBytes& run : runs) bytes += run.bytes;
+          ZRT_CHECK(bytes == state.elements * 4,
+                    "checkpoint {}: the state view holds {} bytes per array, the index {}",
+                    request.tag, bytes, state.elements * 4);
+        }
+        start(std::move(request), state);
+        return;
+      }
+    }
     const std::int64_t bytes =
         state.elements * static_cast<std::int64_t>(state.datasets.size()) * 4;
     if (snapshot_bytes_ != bytes) {
@@ -175,7 +193,7 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
     std::vector<float*> arrays;
     for (std::size_t a = 0; a < state.datasets.size(); ++a) {
       arrays.push_back(base + static_cast<std::int64_t>(a) * state.elements);
-      state.arrays.push_back(arrays.back());
+      state.arrays.push_back({{arrays.back(), state.elements * 4}});
     }
     if (config_.async && issue) {
       std::function<void()> copied = issue(arrays);
@@ -196,7 +214,7 @@ void Checkpointer::start(SaveRequest request, const RankState& state,
                          std::function<void()> copied) {
   // An empty state means the request's own snapshot, viewed where the request then lives.
   const bool own = state.empty();
-  if (!config_.async) {
+  if (!config_.async || request.synchronous) {
     commit(request, own ? request.snapshot.view() : state);
     return;
   }

@@ -73,6 +73,8 @@ struct SaveRequest {
   std::string tag;
   CheckpointIndex index;
   RankSnapshot snapshot;
+  // Written before save() returns even when checkpoint.async (a preemption's last save).
+  bool synchronous = false;
 };
 
 // Copies this rank's state into host arrays of index.slice_elements() floats each, one per
@@ -82,6 +84,11 @@ using SnapshotFiller = std::function<void(const std::vector<float*>& arrays)>;
 // and returns at once; the function it returns blocks until the copy is done and is called on
 // the writer thread.
 using SnapshotIssuer = std::function<std::function<void()>(const std::vector<float*>& arrays)>;
+// This rank's state where it already is in host memory, for a synchronous save to write with no
+// snapshot copy: per dataset of index.state_datasets(), the runs of host memory that hold its
+// slice_elements() floats, in order (one per unit). Empty where the state is elsewhere (a GPU's
+// memory): the save then copies it into the snapshot buffer with the filler.
+using StateView = std::function<std::vector<std::vector<HostBytes>>()>;
 // Allocates `bytes` of host memory for the snapshot buffer (kept until the checkpointer goes).
 using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
 
@@ -112,9 +119,11 @@ class Checkpointer {
 
   // Saves this rank's state (collective): waits for the previous save, fills the reused
   // snapshot buffer (on ranks < index.world), then writes it, on the writer thread when async.
-  // With `issue`, an async save issues the copy instead of filling (see above); a sync save
-  // still uses `fill`.
-  void save(SaveRequest request, const SnapshotFiller& fill, const SnapshotIssuer& issue = {});
+  // With `issue`, an async save issues the copy instead of filling (see above). A synchronous
+  // save (not checkpoint.async, or request.synchronous) writes straight from the memory `view`
+  // names when it names any (the state cannot change while save() runs), and otherwise fills.
+  void save(SaveRequest request, const SnapshotFiller& fill, const SnapshotIssuer& issue = {},
+            const StateView& view = {});
   // Saves request.snapshot, which the request owns (tools, tests). Waits for the previous save.
   void save(SaveRequest request);
   // Waits for a pending async save; rethrows its error. Returns its timings.

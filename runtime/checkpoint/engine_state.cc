@@ -31,6 +31,18 @@ std::function<void()> snapshot_engine_async(ZeroEngine& engine, const std::vecto
   return [&engine] { engine.wait_state_copy(); };
 }
 
+std::vector<std::vector<HostBytes>> engine_state_view(ZeroEngine& engine) {
+  const std::vector<std::vector<const float*>> units = engine.host_state();
+  if (units.empty()) return {};
+  const PartitionPlan& plan = engine.plan();
+  std::vector<std::vector<HostBytes>> arrays(static_cast<std::size_t>(engine.state_array_count()));
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    const std::int64_t bytes = plan.unit(static_cast<int>(u)).shard * 4;
+    for (std::size_t a = 0; a < arrays.size(); ++a) arrays[a].push_back({units[u][a], bytes});
+  }
+  return arrays;
+}
+
 HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {
   const bool pinned =
       device.type() == DeviceType::kCuda && !engine.options().offload_optimizer.enabled;

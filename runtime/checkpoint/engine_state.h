@@ -26,6 +26,11 @@ void snapshot_engine(ZeroEngine& engine, const std::vector<float*>& arrays);
 std::function<void()> snapshot_engine_async(ZeroEngine& engine, const std::vector<float*>& arrays,
                                             int delay_ms = -1);
 
+// The engine's state in place (a Checkpointer's StateView) where the host can read it (the CPU
+// backend, optimizer offload): per state array, one run per unit, in unit order, as
+// snapshot_engine would copy them. Empty for a GPU's memory.
+std::vector<std::vector<HostBytes>> engine_state_view(ZeroEngine& engine);
+
 // The snapshot buffer's allocator for `engine` on `device`: pinned host memory when the state
 // lives in a CUDA device's memory (the device-to-host copy is then a DMA at full bus speed),
 // pageable host memory otherwise (the CPU backend, or optimizer offload, whose state already is

@@ -328,6 +328,19 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
                    std::int64_t block_bytes, std::int64_t string_size, TensorWriter* tensor_writer,
                    double* crc_seconds) {
+  std::int64_t elements = 1;
+  for (std::int64_t d : dims) elements *= d;
+  const std::int64_t elem_bytes = elem == H5Elem::kInt64    ? 8
+                                  : elem == H5Elem::kString ? string_size
+                                                            : 4;
+  write_dataset(file, name, elem, dims, std::vector<HostBytes>{{data, elements * elem_bytes}},
+                block_bytes, string_size, tensor_writer, crc_seconds);
+}
+
+void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
+                   const std::vector<std::int64_t>& dims, const std::vector<HostBytes>& source,
+                   std::int64_t block_bytes, std::int64_t string_size, TensorWriter* tensor_writer,
+                   double* crc_seconds) {
   std::vector<hsize_t> hdims(dims.begin(), dims.end());
   std::int64_t elements = 1;
   for (std::int64_t d : dims) elements *= d;
@@ -345,6 +358,10 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
     elem_bytes = string_size;
   }
   const std::int64_t bytes = elements * elem_bytes;
+  std::int64_t source_bytes = 0;
+  for (const HostBytes& run : source) source_bytes += run.bytes;
+  ZRT_CHECK(source_bytes == bytes, "{}: {} bytes of data for {} elements of {} bytes",
+            where(file, name), source_bytes, elements, elem_bytes);
   if (block_bytes <= 0) block_bytes = std::max<std::int64_t>(bytes, elem_bytes);
   H5Id space(H5Screate_simple(static_cast<int>(hdims.size()), hdims.data(), nullptr));
   H5Id dcpl(H5Pcreate(H5P_DATASET_CREATE));
@@ -365,10 +382,22 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
   const haddr_t address = raw ? H5Dget_offset(ds.get()) : HADDR_UNDEF;
   std::vector<std::uint32_t> crcs;
   if (address != HADDR_UNDEF && elements > 0) {
-    crcs = tensor_writer->write(static_cast<std::int64_t>(address), data, bytes, block_bytes,
-                                crc_seconds);
+    crcs =
+        tensor_writer->write(static_cast<std::int64_t>(address), source, block_bytes, crc_seconds);
   } else {
     h5_error_detail();  // H5Dget_offset's error stack, if it failed
+    // H5Dwrite takes one buffer: runs of memory are joined first (a rare path: no writer, or
+    // no file address for the data).
+    std::vector<unsigned char> joined;
+    const void* data = source.empty() ? nullptr : source[0].data;
+    if (source.size() > 1) {
+      joined.reserve(static_cast<std::size_t>(bytes));
+      for (const HostBytes& run : source) {
+        const auto* p = static_cast<const unsigned char*>(run.data);
+        joined.insert(joined.end(), p, p + run.bytes);
+      }
+      data = joined.data();
+    }
     if (elements > 0 && H5Dwrite(ds.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
       ZRT_THROW(Error, "{}: write failed: {}", where(file, name), h5_error_detail());
     }

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-namespace zrt::checkpoint {
+#include "runtime/checkpoint/tensor_writer.h"
 
-class TensorWriter;
+namespace zrt::checkpoint {
 
 // Owns one HDF5 identifier (file, dataset, dataspace, type, property list, attribute).
 class H5Id {
@@ -110,6 +110,12 @@ constexpr std::int64_t kAlignedObjectBytes = std::int64_t{1} << 20;
 // `crc_seconds`, if given, gets the time spent on the checksums added to it.
 void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    const std::vector<std::int64_t>& dims, const void* data,
+                   std::int64_t block_bytes = 0, std::int64_t string_size = 0,
+                   TensorWriter* tensor_writer = nullptr, double* crc_seconds = nullptr);
+// The same from runs of host memory, concatenated in order (their bytes must add up to the
+// dataset's): a rank's state written straight from the engine's per-unit slices.
+void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
+                   const std::vector<std::int64_t>& dims, const std::vector<HostBytes>& source,
                    std::int64_t block_bytes = 0, std::int64_t string_size = 0,
                    TensorWriter* tensor_writer = nullptr, double* crc_seconds = nullptr);
 

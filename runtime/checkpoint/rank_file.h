@@ -15,14 +15,16 @@
 
 namespace zrt::checkpoint {
 
-// One rank's whole slice (every unit, in unit order), as a rank file holds it: one host array of
-// `elements` floats per dataset of CheckpointIndex::state_datasets() (master, then the
-// optimizer's states), which the caller keeps alive and unchanged while it is written.
+// One rank's whole slice (every unit, in unit order), as a rank file holds it: `elements` floats
+// per dataset of CheckpointIndex::state_datasets() (master, then the optimizer's states), in
+// host memory the caller keeps alive and unchanged while it is written.
 struct RankState {
   int rank = 0;
   std::int64_t elements = 0;
   std::vector<std::string> datasets;  // "/master", "/exp_avg", ...
-  std::vector<const float*> arrays;   // one per dataset
+  // One per dataset: its floats as runs of host memory in order, one run for a snapshot buffer,
+  // one per unit for the state written where the engine keeps it.
+  std::vector<std::vector<HostBytes>> arrays;
   std::int64_t bytes() const { return elements * static_cast<std::int64_t>(arrays.size()) * 4; }
   bool empty() const { return arrays.empty(); }
 };
@@ -52,7 +54,9 @@ struct RankSnapshot {
   RankState view() const {
     RankState state{
         rank, arrays.empty() ? 0 : static_cast<std::int64_t>(arrays[0].size()), datasets, {}};
-    for (const auto& a : arrays) state.arrays.push_back(a.data());
+    for (const auto& a : arrays) {
+      state.arrays.push_back({{a.data(), static_cast<std::int64_t>(a.size()) * 4}});
+    }
     return state;
   }
 };

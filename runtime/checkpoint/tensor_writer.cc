@@ -69,23 +69,107 @@ void TensorWriter::write_piece(int fd, const void* data, std::int64_t bytes,
   }
 }
 
-std::vector<std::uint32_t> TensorWriter::write(std::int64_t offset, const void* data,
-                                               std::int64_t bytes, std::int64_t block_bytes,
-                                               double* crc_seconds) {
-  ZRT_CHECK(offset >= 0 && bytes >= 0 && block_bytes > 0, "{}: bad write request", path_);
-  const auto* src = static_cast<const unsigned char*>(data);
-  std::vector<std::uint32_t> crcs;
-  double crc_s = 0;
-  std::int64_t crc_done = 0;  // bytes whose blocks have a checksum
-  // Checksums of every whole block below `upto` (all of them, the short last one included, at
-  // the end): computed on the caller's thread while a piece is in flight.
-  auto checksum_until = [&](std::int64_t upto) {
-    const auto start = std::chrono::steady_clock::now();
-    while (crc_done < bytes && (crc_done + block_bytes <= upto || upto == bytes)) {
-      const std::int64_t n = std::min(block_bytes, bytes - crc_done);
-      crcs.push_back(crc32c(src + crc_done, static_cast<std::size_t>(n)));
-      crc_done += n;
+namespace {
+
+// Reads the concatenation of runs of host memory front to back.
+class Gather {
+ public:
+  explicit Gather(const std::vector<HostBytes>& runs) : runs_(runs) {}
+
+  // The next n bytes: a pointer into a run where they lie in one (and are 4 KiB-aligned, when
+  // `need_aligned`), otherwise copied into scratch() (n bytes).
+  template <typename Scratch>
+  const unsigned char* next(std::int64_t n, bool need_aligned, Scratch scratch) {
+    skip_spent();
+    if (run_ < runs_.size() && runs_[run_].bytes - at_ >= n) {
+      const auto* p = static_cast<const unsigned char*>(runs_[run_].data) + at_;
+      if (!need_aligned || aligned(p)) {
+        at_ += n;
+        return p;
+      }
     }
+    unsigned char* out = scratch();
+    for_each(n, [&out](const unsigned char* p, std::int64_t k) {
+      std::memcpy(out, p, static_cast<std::size_t>(k));
+      out += k;
+    });
+    return out - n;
+  }
+
+  // Calls f(pointer, bytes) for the next n bytes, one call per run they touch.
+  template <typename F>
+  void for_each(std::int64_t n, F f) {
+    while (n > 0) {
+      skip_spent();
+      ZRT_CHECK(run_ < runs_.size(), "tensor source shorter than its length");
+      const std::int64_t k = std::min(n, runs_[run_].bytes - at_);
+      f(static_cast<const unsigned char*>(runs_[run_].data) + at_, k);
+      at_ += k;
+      n -= k;
+    }
+  }
+
+ private:
+  void skip_spent() {
+    while (run_ < runs_.size() && at_ == runs_[run_].bytes) {
+      ++run_;
+      at_ = 0;
+    }
+  }
+  const std::vector<HostBytes>& runs_;
+  std::size_t run_ = 0;
+  std::int64_t at_ = 0;  // bytes of runs_[run_] already read
+};
+
+// The CRC-32C of every `block` bytes of a stream fed in pieces of any size (blocks may span
+// pieces); the last block may be short; an empty stream has one checksum, of nothing.
+class BlockChecksums {
+ public:
+  explicit BlockChecksums(std::int64_t block) : block_(block) {}
+  void feed(const unsigned char* p, std::int64_t n) {
+    while (n > 0) {
+      const std::int64_t k = std::min(n, block_ - filled_);
+      crc_ = crc32c(p, static_cast<std::size_t>(k), crc_);
+      filled_ += k;
+      p += k;
+      n -= k;
+      if (filled_ == block_) {
+        crcs_.push_back(crc_);
+        crc_ = 0;
+        filled_ = 0;
+      }
+    }
+  }
+  std::vector<std::uint32_t> finish() {
+    if (filled_ > 0 || crcs_.empty()) crcs_.push_back(crc32c(nullptr, 0, crc_));
+    return std::move(crcs_);
+  }
+
+ private:
+  std::int64_t block_;
+  std::int64_t filled_ = 0;
+  std::uint32_t crc_ = 0;
+  std::vector<std::uint32_t> crcs_;
+};
+
+}  // namespace
+
+std::vector<std::uint32_t> TensorWriter::write(std::int64_t offset,
+                                               const std::vector<HostBytes>& source,
+                                               std::int64_t block_bytes, double* crc_seconds) {
+  std::int64_t bytes = 0;
+  for (const HostBytes& run : source) {
+    ZRT_CHECK(run.bytes >= 0 && (run.data != nullptr || run.bytes == 0), "{}: bad source run",
+              path_);
+    bytes += run.bytes;
+  }
+  ZRT_CHECK(offset >= 0 && block_bytes > 0, "{}: bad write request", path_);
+  Gather gather(source);
+  BlockChecksums checksums(block_bytes);
+  double crc_s = 0;
+  auto checksum = [&](const unsigned char* p, std::int64_t n) {
+    const auto start = std::chrono::steady_clock::now();
+    checksums.feed(p, n);
     crc_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
 
@@ -95,19 +179,18 @@ std::vector<std::uint32_t> TensorWriter::write(std::int64_t offset, const void* 
   const std::int64_t body = direct ? bytes / kAlignment * kAlignment : 0;
   std::atomic<bool> refused{false};  // the file system took O_DIRECT at open, not at write
   if (body > 0) {
-    if (!aligned(src) && !staging_) staging_ = std::make_unique<Staging>();
     std::future<void> in_flight[2];
+    const unsigned char* previous = nullptr;  // the piece in flight before this one
+    std::int64_t previous_n = 0;
     std::int64_t k = 0;
     for (std::int64_t at = 0; at < body; at += kPieceBytes, ++k) {
       const std::int64_t n = std::min(kPieceBytes, body - at);
       std::future<void>& slot = in_flight[k % 2];
       if (slot.valid()) slot.get();  // its buffer is free again; rethrows its write error
-      const unsigned char* piece = src + at;
-      if (!aligned(piece)) {
-        unsigned char* stage = staging_->buffers[k % 2].get();
-        std::memcpy(stage, piece, static_cast<std::size_t>(n));
-        piece = stage;
-      }
+      const unsigned char* piece = gather.next(n, /*need_aligned=*/true, [&] {
+        if (!staging_) staging_ = std::make_unique<Staging>();
+        return staging_->buffers[k % 2].get();
+      });
       slot = std::async(std::launch::async, [this, piece, n, at, offset, &refused] {
         if (!refused.load()) {
           const ssize_t w = ::pwrite(direct_fd_, piece, static_cast<std::size_t>(n), offset + at);
@@ -124,22 +207,30 @@ std::vector<std::uint32_t> TensorWriter::write(std::int64_t offset, const void* 
         }
         write_piece(buffered_fd_, piece, n, offset + at);
       });
-      checksum_until(at);  // the blocks before this piece, while it is written
+      // The previous piece's checksums while this one is written (its memory, a staging buffer
+      // or the source, is not reused before the next piece's wait).
+      if (previous != nullptr) checksum(previous, previous_n);
+      previous = piece;
+      previous_n = n;
     }
+    if (previous != nullptr) checksum(previous, previous_n);
     for (auto& slot : in_flight) {
       if (slot.valid()) slot.get();
     }
   }
   wrote_direct_ = body > 0 && !refused.load();
   if (body < bytes) {
-    write_piece(buffered_fd_, src + body, bytes - body, offset + body);
+    std::int64_t at = offset + body;
+    gather.for_each(bytes - body, [&](const unsigned char* p, std::int64_t n) {
+      write_piece(buffered_fd_, p, n, at);
+      checksum(p, n);
+      at += n;
+    });
     // Start the device on the buffered bytes now; the caller's fsync waits for them.
     ::sync_file_range(buffered_fd_, offset + body, bytes - body, SYNC_FILE_RANGE_WRITE);
   }
-  checksum_until(bytes);
-  if (crcs.empty()) crcs.push_back(crc32c(src, 0));
   if (crc_seconds != nullptr) *crc_seconds += crc_s;
-  return crcs;
+  return checksums.finish();
 }
 
 }  // namespace zrt::checkpoint

@@ -9,12 +9,15 @@
 // computed while the previous piece is in flight, so the checksums cost no extra wall time.
 //
 // How: the file is opened a second time with O_DIRECT. A piece is written from the caller's
-// memory when it is 4 KiB-aligned, otherwise through one of two aligned staging buffers (a copy
-// at memory speed, an order of magnitude faster than the device); at most two pieces are in
-// flight. The dataset's unaligned tail, and everything on a file system that refuses O_DIRECT
-// (open or write failing with EINVAL, e.g. some FUSE and network file systems), goes through an
-// ordinary buffered descriptor whose writeback is started at once. Durability is the caller's
-// fsync, as before: O_DIRECT bypasses the page cache, not the device's write cache.
+// memory when it lies in one run of it and is 4 KiB-aligned, otherwise gathered into one of two
+// aligned staging buffers (a copy at memory speed, an order of magnitude faster than the
+// device, made while the other piece is written); at most two pieces are in flight. The source
+// may be several runs of memory (a rank's state straight from the engine, a unit's slice each),
+// so a synchronous save needs no snapshot copy of the whole state first. The dataset's unaligned
+// tail, and everything on a file system that refuses O_DIRECT (open or write failing with EINVAL,
+// e.g. some FUSE and network file systems), goes through an ordinary buffered descriptor whose
+// writeback is started at once. Durability is the caller's fsync, as before: O_DIRECT bypasses the
+// page cache, not the device's write cache.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +26,12 @@
 #include <vector>
 
 namespace zrt::checkpoint {
+
+// Bytes in host memory. A tensor may be written from several runs, concatenated in file order.
+struct HostBytes {
+  const void* data = nullptr;
+  std::int64_t bytes = 0;
+};
 
 class TensorWriter {
  public:
@@ -46,6 +55,11 @@ class TensorWriter {
   // `crc_seconds`, if given, gets the time spent on checksums added to it (overlapped with the
   // writes when they go past the page cache).
   std::vector<std::uint32_t> write(std::int64_t offset, const void* data, std::int64_t bytes,
+                                   std::int64_t block_bytes, double* crc_seconds = nullptr) {
+    return write(offset, std::vector<HostBytes>{{data, bytes}}, block_bytes, crc_seconds);
+  }
+  // The same for the concatenation of `source`'s runs (a block may span runs).
+  std::vector<std::uint32_t> write(std::int64_t offset, const std::vector<HostBytes>& source,
                                    std::int64_t block_bytes, double* crc_seconds = nullptr);
 
   // Whether the last write() sent its aligned body past the page cache.

@@ -115,6 +115,10 @@ void CpuDevice::fill_zero(DevicePtr<std::byte> dst, std::size_t bytes, Stream& s
   as_cpu_stream(stream, "Device::fill_zero").enqueue([d, bytes] { std::memset(d, 0, bytes); });
 }
 
+const void* CpuDevice::host_address(DevicePtr<const std::byte> p) const {
+  return device_access::raw(p);
+}
+
 void CpuDevice::synchronize() {
   check_not_in_host_callback("Device::synchronize");
   std::vector<CpuStream*> streams;

@@ -32,6 +32,7 @@ class CpuDevice final : public Device {
                     Stream& stream) override;
   void fill_zero(DevicePtr<std::byte> dst, std::size_t bytes, Stream& stream) override;
   void synchronize() override;
+  const void* host_address(DevicePtr<const std::byte> p) const override;
 
  private:
   void forget_stream(CpuStream* stream);

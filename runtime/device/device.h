@@ -70,6 +70,10 @@ class Device : public BufferOwner {
   virtual void fill_zero(DevicePtr<std::byte> dst, std::size_t bytes, Stream& stream) = 0;
   // Blocks until all streams of this device are idle.
   virtual void synchronize() = 0;
+  // The host address of device memory the host may read in place, or null where it cannot (a
+  // GPU's memory). The CPU device's memory is host memory: a checkpoint writes the engine's
+  // state from it with no copy.
+  virtual const void* host_address(DevicePtr<const std::byte> /*p*/) const { return nullptr; }
 
  protected:
   explicit Device(std::int64_t capacity_bytes) : tracker_(capacity_bytes) {}

@@ -228,6 +228,32 @@ void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
   compute_.synchronize();
 }
 
+std::vector<std::vector<const float*>> ZeroEngine::host_state() {
+  ZRT_CHECK(schedule_.micro_batch() == 0,
+            "host_state() after {} micro-batches: only at a step boundary",
+            schedule_.micro_batch());
+  const std::size_t arrays = static_cast<std::size_t>(state_array_count());
+  std::vector<std::vector<const float*>> out(units_.size());
+  if (offload_) {
+    offload_->synchronize();  // the CPU optimizer may still be writing the state
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      for (std::size_t a = 0; a < arrays; ++a) {
+        out[u].push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
+      }
+    }
+    return out;
+  }
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    for (std::size_t a = 0; a < arrays; ++a) {
+      const void* p = device_.host_address(device_state(static_cast<int>(u), a));
+      if (p == nullptr) return {};
+      out[u].push_back(static_cast<const float*>(p));
+    }
+  }
+  compute_.synchronize();  // the last optimizer step's updates are enqueued there
+  return out;
+}
+
 void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void()> before) {
   ZRT_CHECK(schedule_.micro_batch() == 0,
             "copy_state_out_async() after {} micro-batches: only at a step boundary",

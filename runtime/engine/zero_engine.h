@@ -163,6 +163,12 @@ class ZeroEngine final : public ParamAccess {
   // error. May be called from another thread (a checkpoint writer) while the engine's thread
   // goes on training, up to its next copy_state_out_async().
   void wait_state_copy();
+  // This rank's state where it lives, when the host can read it in place (the CPU device, or
+  // optimizer offload's host state): [u][a] points at plan().unit(u).shard floats of state array
+  // a of unit u (StateArrays order). Empty when the state is in a GPU's memory. Waits for the
+  // last update first; the memory holds this state until the next step(), load_state() or
+  // initialize(). Only at a step boundary. A synchronous checkpoint writes from it, no copy.
+  std::vector<std::vector<const float*>> host_state();
   EngineCounters counters() const;
   // Replaces the optimizer state: fill(u, arrays) writes this rank's slice of every unit into
   // the state_array_count() host arrays (shard floats each, all zero, to be left zero in the

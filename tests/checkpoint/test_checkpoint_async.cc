@@ -8,6 +8,8 @@
 //    300 ms and the next step's update issued at once, the file still holds the pre-step state
 //    (equal to a sync save of it), so step() really waited; and training is bit-exact with a run
 //    that never saved;
+//  - a synchronous save (also one an async checkpointer is asked for) writes the engine's state
+//    from where it lives (CPU backend, offload): no snapshot filled or allocated, the same files;
 //  - a failed state copy fails the save on every rank (naming the copy) and commits nothing;
 //  - a failed async save is logged by the writer thread at once, before the training loop asks
 //    (the tag and the reason, naming the path), and the next wait() rethrows it on every rank.
@@ -287,6 +289,74 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
     // Saving did not disturb training: bit-exact with the run that never saved.
     for (int p = 0; p < static_cast<int>(run->model.parameters().size()); ++p) {
       CHECK(engine.full_parameter(p) == reference->engine->full_parameter(p));
+    }
+  }
+}
+
+TEST_CASE("a synchronous save writes the engine's state in place: no copy, the same files") {
+  for (const bool offload : {false, true}) {
+    INFO("optimizer offload " << offload);
+    const fs::path dir = fresh_dir(offload ? "in_place_offload" : "in_place");
+    EngineOptions options;
+    options.stage = 2;
+    options.offload_optimizer.enabled = offload;
+    options.offload_optimizer.pin_memory = false;
+    const test::TrainSpec spec;
+    auto run = test::make_engine(options, spec);
+    for (int step = 0; step < 2; ++step) train_step(*run, step, spec);
+    ZeroEngine& engine = *run->engine;
+    // The CPU backend's state (and offload's) is host memory: one run per unit and array.
+    const auto view = engine_state_view(engine);
+    REQUIRE(view.size() == 3);
+    for (const auto& runs : view) CHECK(runs.size() == engine.plan().units().size());
+    auto request_for = [&](bool synchronous) {
+      SaveRequest request;
+      request.tag = Checkpointer::tag_for_step(2);
+      request.index.step = 2;
+      request.index.config_json = "{}";
+      request.synchronous = synchronous;
+      describe_engine(engine, request.index);
+      return request;
+    };
+    auto copy = [&](const std::vector<float*>& arrays) { snapshot_engine(engine, arrays); };
+    CheckpointConfig config;
+    config.save_interval = 1;
+    config.save_dir = (dir / "copied").string();
+    {  // The reference: copied into the snapshot buffer, then written.
+      Checkpointer saver(config, 60.0);
+      saver.save(request_for(false), copy);
+    }
+    // Sync, and an async checkpointer asked for a synchronous save (a preemption's): written
+    // from the engine's memory, never filling or allocating the snapshot buffer.
+    for (const bool async : {false, true}) {
+      INFO("checkpoint.async " << async);
+      config.async = async;
+      config.save_dir = (dir / (async ? "in_place_async" : "in_place_sync")).string();
+      Checkpointer saver(config, 60.0);
+      int allocations = 0;
+      saver.set_host_allocator([&](std::int64_t bytes) {
+        ++allocations;
+        return std::shared_ptr<void>(new float[static_cast<std::size_t>(bytes / 4)],
+                                     std::default_delete<float[]>());
+      });
+      bool filled = false;
+      saver.save(
+          request_for(async), [&](const std::vector<float*>&) { filled = true; }, {},
+          [&] { return engine_state_view(engine); });
+      CHECK(fs::exists(fs::path(config.save_dir) / "global_step2" / "index.h5"));  // committed
+      CHECK_FALSE(filled);
+      CHECK(allocations == 0);
+    }
+    const std::int64_t n = engine.plan().total_shard();
+    const std::string file = rank_file_name(mpi_rank());
+    for (const std::string& dataset : CheckpointIndex{}.state_datasets()) {
+      INFO(dataset);
+      const std::vector<float> want =
+          read_dataset(dir / "copied" / "global_step2" / file, dataset.c_str(), n);
+      for (const char* sub : {"in_place_sync", "in_place_async"}) {
+        INFO(sub);
+        CHECK(read_dataset(dir / sub / "global_step2" / file, dataset.c_str(), n) == want);
+      }
     }
   }
 }

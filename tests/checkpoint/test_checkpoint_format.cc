@@ -328,6 +328,66 @@ TEST_CASE("tensor data past the page cache: every size, alignment and path reads
   }
 }
 
+TEST_CASE("tensor data from runs of memory: the bytes and checksums of the joined array") {
+  // A synchronous save writes a rank's state from the engine's per-unit slices: whatever the
+  // split, the file must hold the concatenation and the checksums must be its blocks'.
+  const fs::path dir = scratch_dir("tensor_runs");
+  fs::create_directories(dir);
+  const bool direct_here = takes_o_direct(dir);
+  if (!direct_here) WARN("this file system refuses O_DIRECT: only the buffered path is tested");
+  const std::int64_t total = (std::int64_t{19} << 20) + 4096 + 13;  // three pieces and a tail
+  // 4 KiB-aligned backing memory, so runs that start aligned can be written in place.
+  std::vector<unsigned char> backing(static_cast<std::size_t>(total) + 8192);
+  unsigned char* base = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<std::uintptr_t>(backing.data()) + 4095) / 4096 * 4096);
+  std::mt19937 rng(7);
+  for (std::int64_t i = 0; i < total; ++i) base[i] = static_cast<unsigned char>(rng());
+  const std::int64_t mib = std::int64_t{1} << 20;
+  // Run lengths in order (the last run takes the rest): aligned runs, empty ones, runs ending
+  // inside a checksum block or across the 8 MiB pieces, tiny ones.
+  const std::vector<std::vector<std::int64_t>> splits = {
+      {},                                     // one run
+      {8 * mib, 8 * mib},                     // aligned runs at the pieces
+      {0, 3, 0, 4093, 5 * mib + 7, 0, 1},     // tiny, empty, misaligned
+      {mib - 1, 2, 9 * mib + 4096, 123457}};  // a run across a piece boundary
+  for (const std::int64_t block : {mib, std::int64_t{1000}}) {
+    std::vector<std::uint32_t> expected;
+    for (std::int64_t at = 0; at < total; at += block) {
+      expected.push_back(crc32c(base + at, static_cast<std::size_t>(std::min(block, total - at))));
+    }
+    for (const bool allow_direct : {true, false}) {
+      for (const std::int64_t offset :
+           {std::int64_t{0}, std::int64_t{4096 * 3}, std::int64_t{100}}) {
+        for (std::size_t s = 0; s < splits.size(); ++s) {
+          INFO("block " << block << ", direct allowed " << allow_direct << ", offset " << offset
+                        << ", split " << s);
+          std::vector<HostBytes> runs;
+          std::int64_t at = 0;
+          for (const std::int64_t n : splits[s]) {
+            runs.push_back({base + at, n});
+            at += n;
+          }
+          runs.push_back({base + at, total - at});
+          const std::string path = (dir / "runs.bin").string();
+          { std::ofstream(path, std::ios::trunc); }
+          std::vector<std::uint32_t> crcs;
+          {
+            TensorWriter writer(path, allow_direct);
+            crcs = writer.write(offset, runs, block);
+            CHECK(writer.wrote_direct() == (allow_direct && direct_here && offset % 4096 == 0));
+          }
+          CHECK(crcs == expected);
+          std::ifstream in(path, std::ios::binary);
+          std::vector<unsigned char> back(static_cast<std::size_t>(offset + total) + 1);
+          in.read(reinterpret_cast<char*>(back.data()), static_cast<std::streamsize>(back.size()));
+          REQUIRE(in.gcount() == offset + total);
+          CHECK(std::equal(base, base + total, back.begin() + offset));
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("index round trip keeps every field and table") {
   const fs::path dir = scratch_dir("index");
   const PartitionPlan plan = plan_for(2, 3);

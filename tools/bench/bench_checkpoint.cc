@@ -94,19 +94,24 @@ double plain_read(const std::string& path, std::vector<char>& data) {
 }  // namespace
 
 int checkpoint(int argc, char** argv) {
-  Args args(argc, argv,
-            {"params", "dir", "repeats", "stage", "dcp", "python", "direct-io", "help"});
+  Args args(
+      argc, argv,
+      {"params", "dir", "repeats", "stage", "dcp", "python", "direct-io", "in-place", "help"});
   MpiRuntime mpi(&argc, &argv);
   if (args.has("help")) {
     if (mpi.rank() == 0) {
       std::printf(
           "zrt-bench checkpoint [--params 124M] [--dir /tmp/zrt_bench_ckpt] [--repeats 3] "
-          "[--stage 2] [--direct-io 1] [--dcp 1 [--python PATH]]\nrun under mpirun (tools/zrt-run "
+          "[--stage 2] [--direct-io 1] [--in-place 1] [--dcp 1 [--python PATH]]\nrun under mpirun "
+          "(tools/zrt-run "
           "-n 2 "
           "build/bin/zrt-bench checkpoint)\n--dcp 1: also torch.distributed.checkpoint's save "
-          "and `dd conv=fsync` of the same bytes per rank, at the same world size, after zrt's "
-          "own figures (tools/bench/torch_dcp_checkpoint_bench.py; needs python with torch)\n"
-          "--direct-io 0: zrt's tensor data through the page cache (checkpoint.direct_io false)\n");
+          "and `dd conv=fsync` of the same bytes per rank, at the same world size, each right "
+          "after one of zrt's sync saves, paired (tools/bench/torch_dcp_checkpoint_bench.py; needs "
+          "python with torch)\n"
+          "--direct-io 0: zrt's tensor data through the page cache (checkpoint.direct_io false)\n"
+          "--in-place 0: the sync save copies the engine's state into a snapshot buffer first (as "
+          "for a GPU's state) instead of writing it where it lives\n");
     }
     return 0;
   }
@@ -192,7 +197,11 @@ int checkpoint(int argc, char** argv) {
 
   std::vector<double> t_plain_w, t_save, t_plain_r, t_load, t_step, t_async_total, t_first_stall;
   // The sync save by phase (SaveTimings), each the slowest rank's.
-  const char* phase_names[] = {"  engine state -> snapshot buffer (copy)",
+  // --in-place 1 (zrt-train's way on the CPU backend and with offload): the sync save writes the
+  // engine's memory itself; 0: it is first copied into the snapshot buffer (a GPU's way).
+  const bool in_place = args.get("in-place", "1") != "0";
+  const char* phase_names[] = {in_place ? "  engine state located (written in place)"
+                                        : "  engine state -> snapshot buffer (copy)",
                                "  directory + shared-fs probe",
                                "  rank file: create + reserve blocks",
                                "  rank file: data written (CRC-32C included)",
@@ -259,6 +268,45 @@ int checkpoint(int argc, char** argv) {
     figures->slowdown.push_back(slowest(stepped - baseline));
     if (on_stream) t_async_total.push_back(slowest(total));
   };
+  // DCP and dd beside zrt's figures, one save of each right after each of zrt's sync saves (this
+  // VM's disk drifts by 2x within a minute, so only neighbours compare): rank 0 runs the script
+  // (its own processes, the same world size and bytes per rank; its first save is a warm-up)
+  // while the other ranks wait without spinning.
+  const bool with_dcp = args.get("dcp", "0") != "0";
+  std::vector<double> t_dcp, t_dd, dcp_over_save;
+  std::string dcp_note;
+  const std::string python = with_dcp && rank == 0 ? find_python(args.get("python", "")) : "";
+  auto measure_dcp = [&]() {
+    if (rank == 0 && dcp_note.rfind("DCP failed", 0) != 0) {
+      const std::string script = find_script("torch_dcp_checkpoint_bench.py", ZRT_TORCH_DCP_SCRIPT);
+      if (python.empty()) {
+        dcp_note = "no python with torch: DCP not measured";
+      } else {
+        const std::string out = run_capture(
+            fmt::format("'{}' '{}' --world {} --elements {} --repeats 1 --dir '{}/dcp' 2>&1",
+                        python, script, world, bytes / 12, dir));
+        const auto value = [&](const std::string& line_key) {
+          const auto at = out.find(line_key + " median_s=");
+          return at == std::string::npos ? 0.0 : std::stod(out.substr(at + line_key.size() + 10));
+        };
+        const double dcp = value("dcp_save");
+        if (dcp > 0) {
+          t_dcp.push_back(dcp);
+          t_dd.push_back(value("dd_fsync"));
+          const auto v = out.find("torch=");
+          dcp_note = "torch " + out.substr(v + 6, out.find('\n', v) - v - 6);
+        } else {
+          dcp_note = "DCP failed: " + out;
+        }
+      }
+    }
+    MPI_Request done;
+    MPI_Ibarrier(MPI_COMM_WORLD, &done);
+    for (int finished = 0; !finished;) {
+      MPI_Test(&done, &finished, MPI_STATUS_IGNORE);
+      if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  };
   for (int r = 0; r < repeats; ++r) {
     // Plain write + fsync of the same bytes.
     MPI_Barrier(MPI_COMM_WORLD);
@@ -274,11 +322,15 @@ int checkpoint(int argc, char** argv) {
     request.index = index;
     MPI_Barrier(MPI_COMM_WORLD);
     auto start = Clock::now();
-    // As zrt-train saves synchronously: the engine's state copied into the checkpointer's
-    // snapshot buffer (reused from save to save), then the protocol.
-    sync_saver.save(std::move(request), [&](const std::vector<float*>& arrays) {
-      checkpoint::snapshot_engine(engine, arrays);
-    });
+    // As zrt-train saves synchronously: the engine's state written where it lives (in place),
+    // or copied into the checkpointer's snapshot buffer (reused from save to save) first.
+    sync_saver.save(
+        std::move(request),
+        [&](const std::vector<float*>& arrays) { checkpoint::snapshot_engine(engine, arrays); }, {},
+        [&] {
+          return in_place ? checkpoint::engine_state_view(engine)
+                          : std::vector<std::vector<checkpoint::HostBytes>>{};
+        });
     const double save_s = since(start);
     t_save.push_back(slowest(save_s));
     const checkpoint::SaveTimings& st = sync_saver.last_timings();
@@ -296,6 +348,11 @@ int checkpoint(int argc, char** argv) {
         st.prune_s};
     static_assert(std::size(phases) == std::size(phase_names), "a name for every phase");
     for (std::size_t i = 0; i < std::size(phases); ++i) t_phase[i].push_back(slowest(phases[i]));
+    if (with_dcp) {
+      const std::size_t before = t_dcp.size();
+      measure_dcp();
+      if (t_dcp.size() > before) dcp_over_save.push_back(t_dcp.back() / t_save.back());
+    }
 
     // Load: every rank reads its slices back (verified), from the device.
     const std::string ckpt =
@@ -330,38 +387,8 @@ int checkpoint(int argc, char** argv) {
     async_save_and_step(false, baseline, &on_thread_figures);
   }
   if (writes) fs::remove(plain_path);
-  // DCP and dd beside zrt's figures: rank 0 runs the script (its own processes, the same world
-  // size and bytes per rank) while the other ranks wait without spinning.
-  double dcp_s = 0.0, dd_s = 0.0;
-  std::string dcp_note;
-  if (args.get("dcp", "0") != "0") {
-    if (rank == 0) {
-      const std::string python = find_python(args.get("python", ""));
-      const std::string script = find_script("torch_dcp_checkpoint_bench.py", ZRT_TORCH_DCP_SCRIPT);
-      if (python.empty()) {
-        dcp_note = "no python with torch: DCP not measured";
-      } else {
-        const std::string out = run_capture(
-            fmt::format("'{}' '{}' --world {} --elements {} --repeats {} --dir '{}/dcp' 2>&1",
-                        python, script, world, bytes / 12, repeats, dir));
-        const auto value = [&](const std::string& line_key) {
-          const auto at = out.find(line_key + " median_s=");
-          return at == std::string::npos ? 0.0 : std::stod(out.substr(at + line_key.size() + 10));
-        };
-        dcp_s = value("dcp_save");
-        dd_s = value("dd_fsync");
-        const auto v = out.find("torch=");
-        dcp_note = dcp_s > 0 ? "torch " + out.substr(v + 6, out.find('\n', v) - v - 6)
-                             : "DCP failed: " + out;
-      }
-    }
-    MPI_Request done;
-    MPI_Ibarrier(MPI_COMM_WORLD, &done);
-    for (int finished = 0; !finished;) {
-      MPI_Test(&done, &finished, MPI_STATUS_IGNORE);
-      if (!finished) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  }
+  const double dcp_s = t_dcp.empty() ? 0.0 : median(t_dcp);
+  const double dd_s = t_dd.empty() ? 0.0 : median(t_dd);
   if (rank == 0) {
     const double gb = static_cast<double>(bytes) / 1e9;
     const double pw = median(t_plain_w), sv = median(t_save), pr = median(t_plain_r),
@@ -387,6 +414,11 @@ int checkpoint(int argc, char** argv) {
       t.add({"DCP save (" + dcp_note + ")", fmt::format("{:.3f}", dcp_s),
              fmt::format("{:.2f}", gb / dcp_s),
              fmt::format("{:.2f} (zrt save: {:.2f}x DCP)", pw / dcp_s, dcp_s / sv)});
+      // The ratio of each DCP save to zrt's save just before it, then the median: robust to
+      // the disk's drift across the run.
+      t.add(
+          {"  zrt save speed / DCP's, paired per repeat", "", "",
+           fmt::format("{:.2f}x DCP (median of {})", median(dcp_over_save), dcp_over_save.size())});
     } else if (!dcp_note.empty()) {
       t.add({"DCP: " + dcp_note.substr(0, 120), "", "", ""});
     }
@@ -409,6 +441,13 @@ int checkpoint(int argc, char** argv) {
     rows("on the training thread", on_thread_figures);
     t.add({"async stall, first save (allocates)", fmt::format("{:.3f}", st0), "", pct(st0)});
     std::printf("%s", t.str().c_str());
+    if (!t_dcp.empty()) {
+      std::string pairs;
+      for (std::size_t i = 0; i < t_dcp.size(); ++i) {
+        pairs += fmt::format(" {:.3f}/{:.3f}", t_save[i], t_dcp[i]);
+      }
+      std::printf("per repeat, zrt save / DCP save (s):%s\n", pairs.c_str());
+    }
   }
   return 0;
 }

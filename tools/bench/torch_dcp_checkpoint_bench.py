@@ -3,10 +3,13 @@
 `dd conv=fsync` of the same bytes, for zrt-bench checkpoint's comparison.
 
 Each of --world processes (torch.multiprocessing, gloo on localhost) holds what a zrt rank holds:
-three fp32 tensors (master weights, Adam's two moments) of --elements each, under keys of its own
-(so every rank writes its own tensors, as in a sharded checkpoint). A save is DCP's
+its shard, --elements fp32 values, of each of three tensors (master weights, Adam's two moments)
+sharded over the ranks, as a ShardedTensor (FSDP's and DCP's way of saying "each rank writes its
+own piece"). A plain tensor would not do: DCP's default planner writes plain tensors from the
+coordinator only (the other ranks' tensors would silently be left out, and the save would write
+1/world of zrt's bytes; measured so in an earlier version of this script). A save is DCP's
 save_state_dict with a FileSystemWriter (one file per rank, fsync on), between two barriers: the
-slowest rank's time. The dd row is every rank running `dd if=/dev/zero bs=8M conv=fsync` of its
+slowest rank's time. After the first save the files are checked: each rank's holds its bytes. The dd row is every rank running `dd if=/dev/zero bs=8M conv=fsync` of its
 bytes at once. Repeats alternate DCP and dd; medians are printed, one line each:
 
     dcp_save median_s=S world=N bytes_per_rank=B torch=VERSION
@@ -31,12 +34,25 @@ import sys
 import time
 
 
+def sharded_tensor_factory():
+    """A function (local tensor, rank, world) -> a ShardedTensor of world equal row shards."""
+    from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
+
+    def make(local, rank, world):
+        n = local.numel()
+        shard = Shard.from_tensor_and_offsets(local, shard_offsets=[rank * n], rank=rank)
+        return init_from_local_shards([shard], world * n)
+
+    return make
+
+
 def import_dcp():
-    """(save_state_dict, FileSystemWriter) of this torch, or exits 3 saying why not."""
+    """(save_state_dict, FileSystemWriter, sharded-tensor factory) of this torch, or exits 3
+    saying why not."""
     try:
         import torch.distributed.checkpoint as dcp  # torch >= 2.0
         save = getattr(dcp, "save", None) or dcp.save_state_dict
-        return save, dcp.FileSystemWriter
+        return save, dcp.FileSystemWriter, sharded_tensor_factory()
     except ImportError:
         pass
     original = dataclasses._get_field
@@ -52,7 +68,7 @@ def import_dcp():
     dataclasses._get_field = lenient
     try:
         import torch.distributed._shard.checkpoint as dcp  # torch 1.13
-        return dcp.save_state_dict, dcp.FileSystemWriter
+        return dcp.save_state_dict, dcp.FileSystemWriter, sharded_tensor_factory()
     except ImportError as e:
         print(f"no torch.distributed.checkpoint in this torch: {e}", file=sys.stderr)
         sys.exit(3)
@@ -68,9 +84,9 @@ def rank_main(rank, args, results):
     os.environ["MASTER_PORT"] = str(args.port)
     dist.init_process_group("gloo", rank=rank, world_size=args.world)
     torch.set_num_threads(1)
-    save, writer = import_dcp()
+    save, writer, sharded = import_dcp()
     gen = torch.Generator().manual_seed(rank)
-    state = {f"rank{rank}.{name}": torch.randn(args.elements, generator=gen)
+    state = {name: sharded(torch.randn(args.elements, generator=gen), rank, args.world)
              for name in ("master", "exp_avg", "exp_avg_sq")}
     nbytes = 3 * 4 * args.elements
     dcp_times, dd_times = [], []
@@ -90,6 +106,13 @@ def rank_main(rank, args, results):
         elapsed = time.perf_counter() - start
         if r > 0:
             dcp_times.append(elapsed)
+        if r == 0:
+            # Every rank wrote its own bytes (one file each, nbytes of tensor data in it).
+            sizes = sorted(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                           if f != ".metadata")
+            if len(sizes) != args.world or sizes[0] < nbytes:
+                raise RuntimeError(f"DCP wrote files of {sizes} bytes, not {args.world} of "
+                                   f">= {nbytes}: the ranks' tensors were not all saved")
         dist.barrier()
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)

@@ -352,9 +352,10 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     }
   }
   auto last_save = Clock::now();  // checkpoint.save_interval_minutes counts from here
-  auto save_checkpoint = [&](std::int64_t step) {
+  auto save_checkpoint = [&](std::int64_t step, bool synchronous) {
     checkpoint::SaveRequest request;
     request.tag = checkpoint::Checkpointer::tag_for_step(step);
+    request.synchronous = synchronous;
     request.index.step = step;
     request.index.seed = config.seed;
     request.index.data = train_stream.state();
@@ -362,15 +363,17 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     request.index.config_json = config.document.dump();
     checkpoint::describe_engine(engine, request.index);
     // Every rank of the partition writes its slices (at stage 0 the one full copy, rank 0's).
-    // A sync save copies here; an async one only issues the copy (the engine's next step
-    // waits for it on its stream) and the writer thread waits for it.
+    // A sync save writes them from where the engine keeps them when that is host memory, and
+    // copies them here otherwise (a GPU); an async one only issues the copy (the engine's next
+    // step waits for it on its stream) and the writer thread waits for it.
     checkpointer.save(
         std::move(request),
         [&](const std::vector<float*>& arrays) { checkpoint::snapshot_engine(engine, arrays); },
         [&](const std::vector<float*>& arrays) {
           return checkpoint::snapshot_engine_async(engine, arrays,
                                                    checkpointer.hooks().copy_delay_ms);
-        });
+        },
+        [&] { return checkpoint::engine_state_view(engine); });
   };
   // checkpoint.on_save_error: a failed save (the same error on every rank: the checkpointer's
   // agreements fail together) ends the run ("stop"), or is logged and training goes on
@@ -403,7 +406,8 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     guarded_wait();  // an earlier async save's error is reported (or thrown) on its own
     bool ok = true;
     try {
-      save_checkpoint(step);
+      // A save waited for (a preemption's) is written synchronously: no snapshot copy first.
+      save_checkpoint(step, /*synchronous=*/wait);
     } catch (const Error& e) {
       // save() first waits for the previous async save: its error may be the one caught here.
       if (!tolerate_save_error(e)) throw;
