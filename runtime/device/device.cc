@@ -44,4 +44,6 @@ int cuda_device_count() {
 }
 #endif
 
+const void* Device::host_address(DevicePtr<const std::byte> /*p*/) const { return nullptr; }
+
 }  // namespace zrt

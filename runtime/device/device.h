@@ -73,7 +73,9 @@ class Device : public BufferOwner {
   // The host address of device memory the host may read in place, or null where it cannot (a
   // GPU's memory). The CPU device's memory is host memory: a checkpoint writes the engine's
   // state from it with no copy.
-  virtual const void* host_address(DevicePtr<const std::byte> /*p*/) const { return nullptr; }
+  // (Defined out of line: an inline body instantiates DevicePtr<const std::byte> in every
+  // translation unit, which nvcc rejects.)
+  virtual const void* host_address(DevicePtr<const std::byte> p) const;
 
  protected:
   explicit Device(std::int64_t capacity_bytes) : tracker_(capacity_bytes) {}
