@@ -44,6 +44,8 @@ int cuda_device_count() {
 }
 #endif
 
-const void* Device::host_address(DevicePtr<const std::byte> /*p*/) const { return nullptr; }
+const void* Device::host_address(DevicePtr<const std::byte> /*p*/) const {
+  return nullptr;
+}
 
 }  // namespace zrt
