@@ -110,6 +110,25 @@ void train_step(test::EngineRun& run, int step, const test::TrainSpec& spec) {
   run.compute->synchronize();  // x and t are read by the stream
 }
 
+// Stage 2 on the CPU backend, the optimizer state in device memory or offloaded (pageable).
+EngineOptions stage2_options(bool offload) {
+  EngineOptions options;
+  options.stage = 2;
+  options.offload_optimizer.enabled = offload;
+  options.offload_optimizer.pin_memory = false;
+  return options;
+}
+
+// The request to save `engine`'s state as step `step`.
+SaveRequest engine_request(const ZeroEngine& engine, std::int64_t step) {
+  SaveRequest request;
+  request.tag = Checkpointer::tag_for_step(step);
+  request.index.step = step;
+  request.index.config_json = "{}";
+  describe_engine(engine, request.index);
+  return request;
+}
+
 std::vector<float> read_dataset(const fs::path& path, const char* name, std::int64_t n) {
   H5File f = H5File::open_read(path.string());
   H5Dataset ds(f, name, H5Elem::kFloat32, {n});
@@ -226,10 +245,7 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
   for (const bool offload : {false, true}) {
     INFO("optimizer offload " << offload);
     const fs::path dir = fresh_dir(offload ? "engine_offload" : "engine");
-    EngineOptions options;
-    options.stage = 2;
-    options.offload_optimizer.enabled = offload;
-    options.offload_optimizer.pin_memory = false;
+    const EngineOptions options = stage2_options(offload);
     const test::TrainSpec spec;
     auto run = test::make_engine(options, spec);
     auto reference = test::make_engine(options, spec);  // never saves
@@ -238,14 +254,7 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
       train_step(*reference, step, spec);
     }
     ZeroEngine& engine = *run->engine;
-    auto request_for = [&](std::int64_t step) {
-      SaveRequest request;
-      request.tag = Checkpointer::tag_for_step(step);
-      request.index.step = step;
-      request.index.config_json = "{}";
-      describe_engine(engine, request.index);
-      return request;
-    };
+    auto request_for = [&](std::int64_t step) { return engine_request(engine, step); };
     CheckpointConfig config;
     config.save_dir = (dir / "sync").string();
     config.save_interval = 1;
@@ -297,10 +306,7 @@ TEST_CASE("a synchronous save writes the engine's state in place: no copy, the s
   for (const bool offload : {false, true}) {
     INFO("optimizer offload " << offload);
     const fs::path dir = fresh_dir(offload ? "in_place_offload" : "in_place");
-    EngineOptions options;
-    options.stage = 2;
-    options.offload_optimizer.enabled = offload;
-    options.offload_optimizer.pin_memory = false;
+    const EngineOptions options = stage2_options(offload);
     const test::TrainSpec spec;
     auto run = test::make_engine(options, spec);
     for (int step = 0; step < 2; ++step) train_step(*run, step, spec);
@@ -310,12 +316,8 @@ TEST_CASE("a synchronous save writes the engine's state in place: no copy, the s
     REQUIRE(view.size() == 3);
     for (const auto& runs : view) CHECK(runs.size() == engine.plan().units().size());
     auto request_for = [&](bool synchronous) {
-      SaveRequest request;
-      request.tag = Checkpointer::tag_for_step(2);
-      request.index.step = 2;
-      request.index.config_json = "{}";
+      SaveRequest request = engine_request(engine, 2);
       request.synchronous = synchronous;
-      describe_engine(engine, request.index);
       return request;
     };
     auto copy = [&](const std::vector<float*>& arrays) { snapshot_engine(engine, arrays); };
