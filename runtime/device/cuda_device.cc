@@ -197,7 +197,7 @@ void CudaStream::trace_end() {
     float duration_ms = 0.f;
     ZRT_CUDA_CHECK(cudaEventElapsedTime(&from_reference_ms, reference->event, begin->event));
     ZRT_CUDA_CHECK(cudaEventElapsedTime(&duration_ms, begin->event, end->event));
-    return TraceEvent{track, label, reference_us + 1e3 * from_reference_ms, 1e3 * duration_ms};
+    return TraceEvent{track, label, reference_us + 1e3 * from_reference_ms, 1e3 * duration_ms, {}};
   });
 }
 
@@ -232,7 +232,7 @@ void CudaEvent::record(Stream& stream) {
 
 void CudaEvent::synchronize() {
   check_not_in_cuda_host_callback("Event::synchronize");
-  ZRT_CUDA_CHECK(cudaSetDevice(device_));  // a no-op on the device's own thread
+  ZRT_CUDA_CHECK(cudaSetDevice(device_));        // a no-op on the device's own thread
   ZRT_CUDA_CHECK(cudaEventSynchronize(event_));  // returns at once if never recorded
   if (recorded_errors_) {
     if (auto error = recorded_errors_->error_before(recorded_callbacks_)) {

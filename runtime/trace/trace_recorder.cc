@@ -66,9 +66,14 @@ TraceRecorder::ThreadBuffer& TraceRecorder::buffer_of_this_thread() {
 }
 
 void TraceRecorder::add(TraceTrack track, std::string name, double start_us, double duration_us) {
+  append(TraceEvent{track, std::move(name), start_us, duration_us, {}});
+}
+
+void TraceRecorder::append(TraceEvent event) {
+  event.duration_us = std::max(event.duration_us, 0.0);
   ThreadBuffer& buffer = buffer_of_this_thread();
   std::lock_guard<std::mutex> lock(buffer.mutex);
-  buffer.events.push_back(TraceEvent{track, std::move(name), start_us, std::max(duration_us, 0.0)});
+  buffer.events.push_back(std::move(event));
 }
 
 void TraceRecorder::add_deferred(std::function<TraceEvent()> resolve) {
@@ -77,8 +82,10 @@ void TraceRecorder::add_deferred(std::function<TraceEvent()> resolve) {
   buffer.deferred.push_back(std::move(resolve));
 }
 
-void TraceRecorder::add_step(std::int64_t step, double start_us, double end_us) {
-  add(TraceTrack::kSteps, "step " + std::to_string(step), start_us, end_us - start_us);
+void TraceRecorder::add_step(std::int64_t step, double start_us, double end_us,
+                             std::map<std::string, std::int64_t> args) {
+  append(TraceEvent{TraceTrack::kSteps, "step " + std::to_string(step), start_us, end_us - start_us,
+                    std::move(args)});
 }
 
 std::vector<TraceEvent> TraceRecorder::events() {
@@ -121,13 +128,15 @@ void TraceRecorder::write(const std::string& path) {
                             {"args", {{"sort_index", t}}}});
   }
   for (const TraceEvent& e : events()) {
-    trace_events.push_back({{"name", e.name},
-                            {"cat", trace_track_name(e.track)},
-                            {"ph", "X"},
-                            {"ts", e.start_us},
-                            {"dur", e.duration_us},
-                            {"pid", rank_},
-                            {"tid", static_cast<int>(e.track)}});
+    json event = {{"name", e.name},
+                  {"cat", trace_track_name(e.track)},
+                  {"ph", "X"},
+                  {"ts", e.start_us},
+                  {"dur", e.duration_us},
+                  {"pid", rank_},
+                  {"tid", static_cast<int>(e.track)}};
+    if (!e.args.empty()) event["args"] = e.args;  // shown when the event is selected
+    trace_events.push_back(std::move(event));
   }
   const json document = {{"traceEvents", std::move(trace_events)}, {"displayTimeUnit", "ms"}};
   const std::filesystem::path file(path);

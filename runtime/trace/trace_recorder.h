@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,8 @@ struct TraceEvent {
   std::string name;
   double start_us = 0.0;     // since the recorder's origin
   double duration_us = 0.0;  // >= 0
+  // Counters of the event (the file's "args"): a step's bytes sent, within and across nodes.
+  std::map<std::string, std::int64_t> args;
 };
 
 class TraceRecorder {
@@ -65,8 +68,9 @@ class TraceRecorder {
   // Appends an event whose times are known only later (GPU events); write() and events() call
   // `resolve` once. Thread-safe.
   void add_deferred(std::function<TraceEvent()> resolve);
-  // A step marker on the steps track: "step N" from start_us to end_us.
-  void add_step(std::int64_t step, double start_us, double end_us);
+  // A step marker on the steps track: "step N" from start_us to end_us, with its counters.
+  void add_step(std::int64_t step, double start_us, double end_us,
+                std::map<std::string, std::int64_t> args = {});
 
   // Every event recorded so far (deferred ones resolved), sorted by start time.
   std::vector<TraceEvent> events();
@@ -75,6 +79,7 @@ class TraceRecorder {
   void write(const std::string& path);
 
  private:
+  void append(TraceEvent event);  // thread-safe; a negative duration is clamped to 0
   struct ThreadBuffer {
     std::mutex mutex;  // uncontended: taken by its own thread and by events()
     std::vector<TraceEvent> events;

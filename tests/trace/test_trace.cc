@@ -54,7 +54,7 @@ TEST_CASE("the recorder collects events from many threads and writes a Chrome tr
     });
   }
   for (auto& th : threads) th.join();
-  recorder.add_deferred([] { return TraceEvent{TraceTrack::kCopy, "deferred", 7.0, -1.0}; });
+  recorder.add_deferred([] { return TraceEvent{TraceTrack::kCopy, "deferred", 7.0, -1.0, {}}; });
   recorder.add_step(2, 0.0, 100.0);
   const std::string path = temp_file("recorder.json");
   recorder.write(path);

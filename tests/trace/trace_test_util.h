@@ -18,6 +18,7 @@ struct ParsedEvent {
   std::string name;
   double ts = 0.0;
   double dur = 0.0;
+  std::map<std::string, std::int64_t> args;  // the event's integer counters, if any
   double end() const { return ts + dur; }
 };
 
@@ -60,8 +61,13 @@ inline ParsedTrace parse_trace(const std::string& path) {
       continue;
     }
     REQUIRE(ph == "X");
-    ParsedEvent p{e.at("name").get<std::string>(), e.at("ts").get<double>(),
-                  e.at("dur").get<double>()};
+    ParsedEvent p{
+        e.at("name").get<std::string>(), e.at("ts").get<double>(), e.at("dur").get<double>(), {}};
+    if (e.contains("args")) {
+      for (const auto& [key, value] : e["args"].items()) {
+        if (value.is_number_integer()) p.args[key] = value.get<std::int64_t>();
+      }
+    }
     events.emplace_back(e.at("tid").get<int>(), p);
   }
   for (const auto& [tid, e] : events) {

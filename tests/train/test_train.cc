@@ -200,9 +200,10 @@ TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.step
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string dir = corpus_dir();
   const std::string path = dir + "/traced/timeline.json";
-  const auto summary =
-      run(dir, "traced", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", false, world,
-          R"( "trace": {"path": ")" + path + R"(", "steps": [4, 5]},)");
+  // One rank per node, so the steps' bytes across nodes are not zero.
+  const auto summary = run(
+      dir, "traced", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", false, world,
+      R"( "trace": {"path": ")" + path + R"(", "steps": [4, 5]}, "comm": {"ranks_per_node": 1},)");
   REQUIRE(summary.steps == 6);
   MPI_Barrier(MPI_COMM_WORLD);
   const std::string mine = trace_path_for_rank(path, rank, world);
@@ -214,6 +215,30 @@ TEST_CASE("zrt-train: trace.path writes one Chrome trace per rank for trace.step
   REQUIRE(steps.size() == 2);
   CHECK(steps[0].name == "step 4");
   CHECK(steps[1].name == "step 5");
+  // Each step marker carries the bytes this rank sent in that step, within and across nodes:
+  // rank 0's equal its metrics rows for those steps (logged every step), counted apart.
+  if (rank == 0) {
+    std::map<std::int64_t, nlohmann::json> rows;
+    std::ifstream in(dir + "/traced/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.contains("comm_bytes")) rows[row["step"].get<std::int64_t>()] = row;
+    }
+    for (int i = 0; i < 2; ++i) {
+      INFO(steps[static_cast<std::size_t>(i)].name);
+      const auto& args = steps[static_cast<std::size_t>(i)].args;
+      REQUIRE(rows.count(4 + i) == 1);
+      REQUIRE(args.count("comm_bytes") == 1);
+      for (const char* key : {"comm_bytes", "comm_intra_node_bytes", "comm_inter_node_bytes"}) {
+        INFO(key);
+        REQUIRE(args.count(key) == 1);
+        CHECK(args.at(key) == rows[4 + i][key].get<std::int64_t>());
+      }
+      // One rank per node: nothing stays on a node; with two ranks something crosses.
+      CHECK(args.at("comm_intra_node_bytes") == 0);
+      CHECK((args.at("comm_inter_node_bytes") > 0) == (world > 1));
+    }
+  }
   // Two micro-batches per step, the GPT's modules each: forward module 1 four times.
   CHECK(trace.named("compute", "forward module 1").size() == 4);
   for (const char* track : {"compute", "comm", "copy", "CPU optimizer"}) {

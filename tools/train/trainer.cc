@@ -521,6 +521,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
     const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
     const double step_start_us = traced ? trace->now_us() : 0.0;
+    const CommCounts comm_at_step_start = traced ? engine_comm() : CommCounts{};
     if (traced) engine.set_trace(trace.get());
     watchdog.set_step(step);
     device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
@@ -596,6 +597,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       const CommCounts comm_now = engine_comm();
       const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
       const std::int64_t comm_inter_node_bytes = (comm_now - comm_before).total_inter_bytes();
+      const std::int64_t comm_intra_node_bytes = (comm_now - comm_before).total_intra_bytes();
       comm_before = comm_now;
       if (rank == 0) {
         if (tty) std::fprintf(stderr, "\r%80s\r", "");
@@ -627,6 +629,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         mem["total"] = peaks.back();
         row["mem_peak_bytes"] = mem;
         row["comm_bytes"] = comm_bytes;
+        row["comm_intra_node_bytes"] = comm_intra_node_bytes;
         row["comm_inter_node_bytes"] = comm_inter_node_bytes;
         row["loss_scale"] = result.loss_scale;
         row["skipped"] = result.skipped;
@@ -668,7 +671,12 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         engine.synchronize();
         device->synchronize();
       }
-      trace->add_step(step, step_start_us, trace->now_us());
+      // The step's traffic, as the metrics count it (what this rank sent).
+      const CommCounts sent = engine_comm() - comm_at_step_start;
+      trace->add_step(step, step_start_us, trace->now_us(),
+                      {{"comm_bytes", sent.total_bytes()},
+                       {"comm_intra_node_bytes", sent.total_intra_bytes()},
+                       {"comm_inter_node_bytes", sent.total_inter_bytes()}});
       if (step == last_traced) {
         engine.set_trace(nullptr);
         const std::string path = trace_path_for_rank(config.trace.path, rank, world);
