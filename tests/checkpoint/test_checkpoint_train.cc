@@ -15,6 +15,9 @@
 //    dropped, the resumed run's rows appended, time and elapsed_s in each) and a no-op restart;
 //  - checkpoint.load "auto" (the default) resumes; "none" refuses to save over existing
 //    checkpoints before training, unless checkpoint.overwrite.
+//  - hpZ (zero_hpz_partition_size 2) at 4 ranks as 2 nodes x 2, with and without offload,
+//    trains exactly as plain stage 3 (losses and saved state bit for bit) while every step
+//    sends fewer bytes across nodes.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -73,6 +76,8 @@ struct Job {
   bool lion = false;         // optimizer Lion instead of AdamW
   bool keep_output = false;  // run again in the output directory of an earlier run
   std::string env;           // extra environment, "NAME=value ..."
+  int ranks_per_node = 0;    // comm.ranks_per_node (0: the machine's topology)
+  nlohmann::json zero_extra = nlohmann::json::object();  // more zero_optimization keys
 };
 
 std::string shell(const std::string& cmd, int* status) {
@@ -114,6 +119,8 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
   }
   if (job.stage == 3) c["zero_optimization"]["stage3_param_persistence_threshold"] = 100;
   if (job.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
+  c["zero_optimization"].update(job.zero_extra);
+  if (job.ranks_per_node > 0) c["comm"] = {{"ranks_per_node", job.ranks_per_node}};
   if (job.bf16) c["bf16"] = {{"enabled", true}};
   if (job.fp16) c["fp16"] = {{"enabled", true}};
   nlohmann::json k = {{"save_interval", job.save_interval}, {"async", job.async}};
@@ -295,6 +302,54 @@ TEST_CASE("Lion: resume is bit-exact; its checkpoint is not Adam's", "[resume][l
   CHECK_THAT(text, Catch::Contains("the checkpoint holds the state of optimizer Lion (state "
                                    "exp_avg), but this run uses optimizer Adam (state exp_avg "
                                    "exp_avg_sq)"));
+}
+
+TEST_CASE("zrt-train with hpZ at 4 ranks as 2 nodes x 2 trains as plain stage 3, bit for bit",
+          "[hpz]") {
+  // hpZ changes where the backward's gathers read the parameters from (each node's secondary
+  // shards instead of every rank), not what they gather: the losses and the final state must be
+  // plain stage 3's exactly, while fewer bytes cross nodes.
+  for (const bool offload : {false, true}) {
+    INFO("optimizer offload " << offload);
+    Job plain;
+    plain.ranks = 4;
+    plain.stage = 3;
+    plain.bf16 = true;
+    plain.offload = offload;
+    plain.ranks_per_node = 2;
+    plain.save_interval = plain.steps;
+    Job hpz = plain;
+    hpz.zero_extra = {{"zero_hpz_partition_size", 2}};
+    const std::string suffix = offload ? "_offload" : "";
+    run_ok("hpz_plain" + suffix, plain);
+    run_ok("hpz_on" + suffix, hpz);
+    const auto a = losses("hpz_plain" + suffix);
+    const auto b = losses("hpz_on" + suffix);
+    REQUIRE(a.size() == 6);
+    CHECK(a == b);  // bit for bit
+    require_identical_state(latest_dir((root() / ("hpz_plain" + suffix) / "ckpt").string()),
+                            latest_dir((root() / ("hpz_on" + suffix) / "ckpt").string()));
+    // hpZ was at work: every step sent fewer bytes to the other node.
+    auto inter_bytes = [](const std::string& name) {
+      std::vector<std::int64_t> out;
+      std::ifstream in(root() / name / "metrics.jsonl");
+      for (std::string line; std::getline(in, line);) {
+        const auto row = nlohmann::json::parse(line);
+        if (row.contains("comm_inter_node_bytes")) {
+          out.push_back(row["comm_inter_node_bytes"].get<std::int64_t>());
+        }
+      }
+      return out;
+    };
+    const auto plain_bytes = inter_bytes("hpz_plain" + suffix);
+    const auto hpz_bytes = inter_bytes("hpz_on" + suffix);
+    REQUIRE(plain_bytes.size() == 6);
+    REQUIRE(hpz_bytes.size() == 6);
+    for (std::size_t s = 0; s < 6; ++s) {
+      INFO("step " << s + 1);
+      CHECK(hpz_bytes[s] < plain_bytes[s]);
+    }
+  }
 }
 
 TEST_CASE("resume at another world size or stage", "[reshard]") {
