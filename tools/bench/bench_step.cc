@@ -8,6 +8,10 @@
 // collectives as the model charges it (calls x latency + bus bytes / bandwidth). 100% means the
 // link cost nothing; 0% that it added fully to the step. The two engines run side by side in
 // one process and their runs alternate, so load on the machine shifts both alike.
+//
+// inter_MB: what a rank sends to ranks on other nodes per step (the node topology MPI gives, or
+// --ranks-per-node to make one machine act as several nodes), as zrt-train's step line and
+// metrics.jsonl count it (docs/multi-node.md tabulates the expected values).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +28,7 @@
 #include "optimizers/device_adam.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/topology.h"
 #include "runtime/common/log.h"
 #include "runtime/engine/zero_engine.h"
 #include "tools/bench/bench.h"
@@ -43,8 +48,9 @@ struct StepConfig {
   std::string model_spec;
   int batch = 4;
   int block = 3;
-  int units = 4;           // reduce_bucket_size = parameters / units
-  double prefetch = 0.25;  // stage3_prefetch_bucket_size = prefetch x parameters
+  int units = 4;              // reduce_bucket_size = parameters / units
+  double prefetch = 0.25;     // stage3_prefetch_bucket_size = prefetch x parameters
+  std::vector<int> node_map;  // the node of every rank
 };
 
 // One engine over its own device, streams and group (with or without the simulated link),
@@ -86,6 +92,7 @@ class StepRig {
     tokens_.targets = batch_.device<std::int32_t>() + B * T;
     tokens_.batch = B;
     tokens_.seq_len = T;
+    group_->set_node_map(config.node_map);
     run_steps(2);  // warm-up: allocations, scratch
     before_ = group_->stats().snapshot();
   }
@@ -109,6 +116,8 @@ class StepRig {
     for (std::size_t op = 0; op < kNumCollectiveOps; ++op) {
       f.comm.calls[op] = total.calls[op] / steps_;
       f.comm.bytes[op] = total.bytes[op] / steps_;
+      f.comm.intra_bytes[op] = total.intra_bytes[op] / steps_;
+      f.comm.inter_bytes[op] = total.inter_bytes[op] / steps_;
     }
     f.model_state_peak = device_->tracker().usage(MemorySpace::kDevice).model_state_peak;
     return f;
@@ -172,7 +181,7 @@ std::vector<double> parse_list(const std::string& text, const char* what) {
 int step(int argc, char** argv) {
   Args args(argc, argv,
             {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units",
-             "prefetch", "help"});
+             "prefetch", "ranks-per-node", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
@@ -180,12 +189,13 @@ int step(int argc, char** argv) {
       std::printf(
           "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128]\n"
           "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
-          "    [--latency-us 20] [--units 4] [--prefetch 0.25]\n"
+          "    [--latency-us 20] [--units 4] [--prefetch 0.25] [--ranks-per-node N]\n"
           "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
           "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
           "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
           "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
-          "  one unit's size nothing is prefetched)\n"
+          "  one unit's size nothing is prefetched); inter_MB = bytes a rank sends to other nodes\n"
+          "  per step (--ranks-per-node N: one machine as nodes of N ranks)\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
     return 0;
@@ -201,6 +211,9 @@ int step(int argc, char** argv) {
   if (steps < 1 || config.block < 1 || config.units < 1)
     throw InvalidArgument("zrt-bench step: --steps, --block and --units must be >= 1");
   const int world = mpi.size();
+  const NodeTopology topology =
+      NodeTopology::detect(MPI_COMM_WORLD, static_cast<int>(args.get_double("ranks-per-node", 0)));
+  config.node_map = topology.node_map();
   const double latency = args.get_double("latency-us", 20) * 1e-6;
   // Slow links make communication comparable to the model's compute.
   const std::vector<double> links_gbs = parse_list(args.get("links", "1,0.1,0.025"), "--links");
@@ -211,14 +224,15 @@ int step(int argc, char** argv) {
         config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, steps,
         config.block);
     std::printf(
-        "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only\n",
-        latency * 1e6);
+        "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only; "
+        "nodes: %s\n",
+        latency * 1e6, topology.describe().c_str());
     std::printf(
         "# exposed = median over interleaved pairs of (step with the link - step without);\n"
         "# hidden = 1 - exposed / link_ms; link/none = link_ms / the step without the link\n");
   }
-  Table table({"stage", "link", "step_ms", "comm_MB", "link_ms", "link/none", "exposed_ms",
-               "hidden", "model_state_MiB"});
+  Table table({"stage", "link", "step_ms", "comm_MB", "inter_MB", "link_ms", "link/none",
+               "exposed_ms", "hidden", "model_state_MiB"});
   for (int stage = 0; stage <= 3; ++stage) {
     if (stages.find(static_cast<char>('0' + stage)) == std::string::npos) continue;
     StepRig none(stage, config, CommOptions{});
@@ -248,7 +262,8 @@ int step(int argc, char** argv) {
       if (first_row) {
         const StepFigures f = none.figures();
         table.add({std::to_string(stage), "none", fmt::format("{:.1f}", median(none_times) * 1e3),
-                   fmt::format("{:.2f}", f.comm.total_bytes() / 1e6), "0.0", "-", "-", "-",
+                   fmt::format("{:.2f}", f.comm.total_bytes() / 1e6),
+                   fmt::format("{:.2f}", f.comm.total_inter_bytes() / 1e6), "0.0", "-", "-", "-",
                    fmt::format("{:.2f}", f.model_state_peak / 1048576.0)});
         first_row = false;
       }
@@ -259,6 +274,7 @@ int step(int argc, char** argv) {
       table.add({std::to_string(stage), fmt::format("{:g} GB/s", gbs),
                  fmt::format("{:.1f}", median(link_times) * 1e3),
                  fmt::format("{:.2f}", f.comm.total_bytes() / 1e6),
+                 fmt::format("{:.2f}", f.comm.total_inter_bytes() / 1e6),
                  fmt::format("{:.1f}", link * 1e3),
                  fmt::format("{:.2f}", link / median(none_times)),
                  fmt::format("{:.1f}", exposed * 1e3), fmt::format("{:.0f}%", 100.0 * hidden),
