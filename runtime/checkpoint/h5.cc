@@ -83,6 +83,19 @@ H5Id string_type(std::int64_t size) {
   return t;
 }
 
+// Bytes per element of a dataset of `elem` (fixed-size strings: string_size).
+std::int64_t element_bytes(H5Elem elem, std::int64_t string_size) {
+  switch (elem) {
+    case H5Elem::kInt64:
+      return 8;
+    case H5Elem::kString:
+      return string_size;
+    case H5Elem::kFloat32:
+      break;
+  }
+  return 4;
+}
+
 std::vector<std::uint32_t> block_checksums(const void* data, std::int64_t bytes,
                                            std::int64_t block) {
   std::vector<std::uint32_t> crcs;
@@ -330,10 +343,8 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
                    double* crc_seconds) {
   std::int64_t elements = 1;
   for (std::int64_t d : dims) elements *= d;
-  const std::int64_t elem_bytes = elem == H5Elem::kInt64    ? 8
-                                  : elem == H5Elem::kString ? string_size
-                                                            : 4;
-  write_dataset(file, name, elem, dims, std::vector<HostBytes>{{data, elements * elem_bytes}},
+  write_dataset(file, name, elem, dims,
+                std::vector<HostBytes>{{data, elements * element_bytes(elem, string_size)}},
                 block_bytes, string_size, tensor_writer, crc_seconds);
 }
 
@@ -347,15 +358,13 @@ void write_dataset(const H5File& file, const std::string& name, H5Elem elem,
   H5Id type;
   hid_t file_type = H5T_IEEE_F32LE;
   hid_t mem_type = H5T_NATIVE_FLOAT;
-  std::int64_t elem_bytes = 4;
+  const std::int64_t elem_bytes = element_bytes(elem, string_size);
   if (elem == H5Elem::kInt64) {
     file_type = H5T_STD_I64LE;
     mem_type = H5T_NATIVE_INT64;
-    elem_bytes = 8;
   } else if (elem == H5Elem::kString) {
     type = string_type(string_size);
     file_type = mem_type = type.get();
-    elem_bytes = string_size;
   }
   const std::int64_t bytes = elements * elem_bytes;
   std::int64_t source_bytes = 0;
