@@ -325,7 +325,7 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 #endif
 }
 
-void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes qkv,
+void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   if (on_cpu(ctx)) {
@@ -334,22 +334,23 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, C
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_forward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_forward",
-              [o = ptr<S>(out), a = raw(att), x = ptr<S>(qkv), B, T, C, NH, ws] {
-                cpu::attention_forward<S>(o, a, x, B, T, C, NH, ws);
+              [o = ptr<S>(out), l = raw(lse), x = ptr<S>(qkv), B, T, C, NH, ws] {
+                cpu::attention_forward<S>(o, l, x, B, T, C, NH, ws);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(B, T, C, NH)), dtype,
-                          raw(out), raw(att), raw(qkv), B, T, C, NH);
+  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH)),
+                          dtype, raw(out), raw(lse), raw(qkv), B, T, C, NH);
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
 }
 
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
-                        ConstBytes qkv, ConstFloats att, int B, int T, int C, int NH) {
+                        ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
+                        int NH) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -357,96 +358,120 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_backward",
-              [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), a = raw(att), B, T, C, NH,
-               ws] { cpu::attention_backward<S>(dx, dy, x, a, B, T, C, NH, ws); });
+              [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out),
+               l = raw(lse), B, T, C, NH,
+               ws] { cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(B, T, C, NH)), dtype,
-                           raw(dqkv), raw(dout), raw(qkv), raw(att), B, T, C, NH);
+  cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH)),
+                           dtype, raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C,
+                           NH);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
 }
 
+namespace {
+// The logits' row stride for an op: `row_stride`, or V when it is 0 (dense rows).
+int logits_ld(int V, int row_stride) {
+  ZRT_CHECK(row_stride == 0 || row_stride >= V,
+            "logits row stride {} is below the vocabulary size {}", row_stride, V);
+  return row_stride == 0 ? V : row_stride;
+}
+}  // namespace
+
+int logits_row_stride(int V) {
+  constexpr int kAlign = 128;
+  return (V + kAlign - 1) / kAlign * kAlign;
+}
+
 void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes inp, ConstBytes wte,
-                    int N, int C, int V) {
+                    int N, int C, int V, int row_stride) {
+  const int ldl = logits_ld(V, row_stride);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
-      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_forward_workspace<S>(N, C, V));
+      auto* ws =
+          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_forward_workspace<S>(N, C, V, ldl));
       run_cpu(ctx, "logits_forward",
-              [o = ptr<S>(logits), x = ptr<S>(inp), w = ptr<S>(wte), N, C, V, ws] {
-                cpu::logits_forward<S>(o, x, w, N, C, V, ws);
+              [o = ptr<S>(logits), x = ptr<S>(inp), w = ptr<S>(wte), N, C, V, ws, ldl] {
+                cpu::logits_forward<S>(o, x, w, N, C, V, ws, ldl);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::logits_forward(launch(ctx), dtype, raw(logits), raw(inp), raw(wte), N, C, V);
+  cuda::logits_forward(launch(ctx), dtype, raw(logits), raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_forward");
 #endif
 }
 
 void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,
-                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V) {
+                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V,
+                     int row_stride) {
+  const int ldl = logits_ld(V, row_stride);
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
       using G = decltype(g);
-      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_backward_workspace<S>(N, C, V));
+      auto* ws =
+          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_backward_workspace<S>(N, C, V, ldl));
       run_cpu(ctx, "logits_backward",
               [dx = ptr<S>(dinp), dw = ptr<G>(dwte), dl = ptr<S>(dlogits), x = ptr<S>(inp),
-               w = ptr<S>(wte), N, C, V,
-               ws] { cpu::logits_backward<S, G>(dx, dw, dl, x, w, N, C, V, ws); });
+               w = ptr<S>(wte), N, C, V, ws,
+               ldl] { cpu::logits_backward<S, G>(dx, dw, dl, x, w, N, C, V, ws, ldl); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
   cuda::logits_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
-                        raw(inp), raw(wte), N, C, V);
+                        raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_backward");
 #endif
 }
 
 void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstBytes logits,
-                          ConstTokens targets, int N, int V) {
+                          ConstTokens targets, int N, int V, int row_stride) {
+  const int ldl = logits_ld(V, row_stride);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       run_cpu(ctx, "crossentropy_forward",
-              [l = raw(losses), x = ptr<S>(logits), t = raw(targets), N, V] {
-                cpu::crossentropy_forward<S>(l, x, t, N, V);
+              [l = raw(losses), x = ptr<S>(logits), t = raw(targets), N, V, ldl] {
+                cpu::crossentropy_forward<S>(l, x, t, N, V, ldl);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V);
+  cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V,
+                             ldl);
 #else
   cuda_backend_missing("kernels::crossentropy_forward");
 #endif
 }
 
 void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
-                           ConstTokens targets, float dloss, int N, int V) {
+                           ConstTokens targets, float dloss, int N, int V, int row_stride) {
+  const int ldl = logits_ld(V, row_stride);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       run_cpu(ctx, "crossentropy_backward",
-              [dl = ptr<S>(dlogits), x = ptr<S>(logits), t = raw(targets), dloss, N, V] {
-                cpu::crossentropy_backward<S>(dl, x, t, dloss, N, V);
+              [dl = ptr<S>(dlogits), x = ptr<S>(logits), t = raw(targets), dloss, N, V, ldl] {
+                cpu::crossentropy_backward<S>(dl, x, t, dloss, N, V, ldl);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   cuda::crossentropy_backward(launch(ctx), dtype, raw(dlogits), raw(logits), raw(targets), dloss, N,
-                              V);
+                              V, ldl);
 #else
   cuda_backend_missing("kernels::crossentropy_backward");
 #endif

@@ -7,7 +7,7 @@
 //
 // Types: `dtype` is the storage type of activations and parameters (fp32, bf16 or fp16; 16-bit
 // storage computes in fp32). `grad_dtype` is the type of parameter gradients: dtype or fp32.
-// Statistics (LayerNorm mean/rstd, attention probabilities, losses) are always fp32.
+// Statistics (LayerNorm mean/rstd, attention log-sum-exp, losses) are always fp32.
 // Parameter and input gradients ACCUMULATE (+=) unless an op says otherwise; the caller zeroes
 // them. Shapes follow the CPU twins' headers (kernels/cpu/<layer>.h), which define the math.
 #pragma once
@@ -63,23 +63,35 @@ void residual_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes a, 
 void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, ConstBytes dout,
                        std::int64_t n);
 
-// out (B,T,C), att (B,NH,T,T) fp32, qkv (B,T,3C).
-void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes qkv,
+// Causal self-attention: out (B,T,C), qkv (B,T,3C), lse (B,NH,T) fp32: each query row's
+// log-sum-exp of its scores, the only statistic kept for the backward, which recomputes the
+// probabilities (FlashAttention's scheme; kernels/cpu/attention.h). The backward also reads the
+// forward's `out`. On CUDA, bf16/fp16 with head size 64 and T a multiple of 64 run the fused
+// tensor-core kernels (kernels/cuda/flash_attention.cuh); other shapes the batched-GEMM path.
+void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH);
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
-                        ConstBytes qkv, ConstFloats att, int B, int T, int C, int NH);
+                        ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
+                        int NH);
+
+// The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
+// models pass logits_row_stride(V): V rounded up to a multiple of 128, so every row starts
+// aligned and cuBLAS picks its aligned tensor-core kernels (rows of GPT-2's odd 50257 force
+// its align1 fallbacks). Columns V..row_stride are never read; the weights and the loss see V.
+int logits_row_stride(int V);
 
 // logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head.
 void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes inp, ConstBytes wte,
-                    int N, int C, int V);
+                    int N, int C, int V, int row_stride = 0);
 void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,
-                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V);
+                     ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V,
+                     int row_stride = 0);
 // losses (N) fp32.
 void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstBytes logits,
-                          ConstTokens targets, int N, int V);
+                          ConstTokens targets, int N, int V, int row_stride = 0);
 // dlogits = (softmax(logits) - onehot) * dloss; OVERWRITES dlogits, which may equal logits.
 void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
-                           ConstTokens targets, float dloss, int N, int V);
+                           ConstTokens targets, float dloss, int N, int V, int row_stride = 0);
 // out[0] = mean of losses[0..N).
 void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N);
 

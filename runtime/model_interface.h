@@ -104,6 +104,9 @@ class Model {
   // The logits (B, T, vocab) of the last forward(), in the compute dtype (zrt-train samples
   // text from them). After forward_backward the buffer may hold their gradient instead.
   virtual DevicePtr<const std::byte> logits() const = 0;
+  // Elements from one row of logits() to the next: the vocabulary size, or more where a model
+  // pads its rows for aligned GEMMs (kernels::logits_row_stride). 0 means dense rows.
+  virtual std::int64_t logits_row_stride() const { return 0; }
 };
 
 }  // namespace zrt

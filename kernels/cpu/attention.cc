@@ -18,77 +18,89 @@ int pair_group(int B, int NH) {
 }  // namespace
 
 template <typename S>
-std::int64_t attention_forward_workspace(int B, int T, int C, int /*NH*/) {
-  if constexpr (!kIs16Bit<S>) return 0;
-  return I64{B} * T * 3 * C + I64{B} * T * C;
+std::int64_t attention_forward_workspace(int B, int T, int C, int NH) {
+  const I64 scores = I64{pair_group(B, NH)} * T * T;
+  if constexpr (!kIs16Bit<S>) return scores;
+  return scores + I64{B} * T * 3 * C + I64{B} * T * C;
 }
 
 template <typename S>
 std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
-  const I64 datt = I64{pair_group(B, NH)} * T * T;
-  if constexpr (!kIs16Bit<S>) return datt;
-  return datt + 2 * (I64{B} * T * 3 * C) + I64{B} * T * C;
+  const I64 scores = 2 * I64{pair_group(B, NH)} * T * T;  // p and dp
+  if constexpr (!kIs16Bit<S>) return scores;
+  return scores + 2 * (I64{B} * T * 3 * C) + 2 * (I64{B} * T * C);
 }
 
 template <typename S>
-void attention_forward(S* out, acc_t<S>* att, const S* qkv, int B, int T, int C, int NH,
+void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
                        acc_t<S>* ws) {
   using A = acc_t<S>;
   const int hs = C / NH;
+  const int group = pair_group(B, NH);
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
+  A* scores = ws;
   const A* aqkv;
   A* aout;
   if constexpr (!kIs16Bit<S>) {
-    (void)ws;
     aqkv = qkv;
     aout = out;
   } else {
-    A* f = ws;
+    A* f = ws + I64{group} * T * T;
     convert_to_acc(f, qkv, I64{B} * T * 3 * C);
     aqkv = f;
     aout = f + I64{B} * T * 3 * C;
   }
+  for (int p0 = 0; p0 < B * NH; p0 += group) {
+    const int p1 = std::min(B * NH, p0 + group);
 #pragma omp parallel for schedule(dynamic, 1)
-  for (int p = 0; p < B * NH; ++p) {
-    const int b = p / NH;
-    const int h = p % NH;
-    const A* q = aqkv + I64{b} * T * 3 * C + I64{h} * hs;
-    const A* k = q + C;
-    const A* v = q + 2 * C;
-    A* a = att + I64{p} * T * T;
-    gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
-    for (int t = 0; t < T; ++t) causal_softmax_row(a + I64{t} * T, t, T);
-    gemm_serial<A>(false, false, T, hs, T, A(1), a, T, v, 3 * C, A(0),
-                   aout + I64{b} * T * C + I64{h} * hs, C);
+    for (int p = p0; p < p1; ++p) {
+      const int b = p / NH;
+      const int h = p % NH;
+      const A* q = aqkv + I64{b} * T * 3 * C + I64{h} * hs;
+      const A* k = q + C;
+      const A* v = q + 2 * C;
+      A* a = scores + I64{p - p0} * T * T;
+      A* l = lse + I64{p} * T;
+      gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
+      for (int t = 0; t < T; ++t) l[t] = causal_softmax_row(a + I64{t} * T, t, T);
+      gemm_serial<A>(false, false, T, hs, T, A(1), a, T, v, 3 * C, A(0),
+                     aout + I64{b} * T * C + I64{h} * hs, C);
+    }
   }
   if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
 }
 
 template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* att, int B, int T,
-                        int C, int NH, acc_t<S>* ws) {
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
+                        int B, int T, int C, int NH, acc_t<S>* ws) {
   using A = acc_t<S>;
   const int hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
   const int group = pair_group(B, NH);
-  A* datt_ws = ws;
+  A* probs_ws = ws;
+  A* dprobs_ws = ws + I64{group} * T * T;
   const A* aqkv;
   const A* adout;
+  const A* aout;
   A* adqkv;
   if constexpr (!kIs16Bit<S>) {
     aqkv = qkv;
     adout = dout;
+    aout = out;
     adqkv = dqkv;
   } else {
-    A* f = ws + I64{group} * T * T;
+    A* f = ws + 2 * I64{group} * T * T;
     A* fqkv = f;
     A* fdqkv = fqkv + I64{B} * T * 3 * C;
     A* fdout = fdqkv + I64{B} * T * 3 * C;
+    A* fout = fdout + I64{B} * T * C;
     convert_to_acc(fqkv, qkv, I64{B} * T * 3 * C);
     convert_to_acc(fdout, dout, I64{B} * T * C);
+    convert_to_acc(fout, out, I64{B} * T * C);
     std::fill(fdqkv, fdqkv + I64{B} * T * 3 * C, A(0));
     aqkv = fqkv;
     adout = fdout;
+    aout = fout;
     adqkv = fdqkv;
   }
   for (int p0 = 0; p0 < B * NH; p0 += group) {
@@ -98,18 +110,35 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* at
       const int b = p / NH;
       const int h = p % NH;
       const I64 qoff = I64{b} * T * 3 * C + I64{h} * hs;
+      const I64 yoff = I64{b} * T * C + I64{h} * hs;
       const A* q = aqkv + qoff;
       const A* k = q + C;
       const A* v = q + 2 * C;
       A* dq = adqkv + qoff;
       A* dk = dq + C;
       A* dv = dq + 2 * C;
-      const A* dy = adout + I64{b} * T * C + I64{h} * hs;
-      const A* a = att + I64{p} * T * T;
-      A* da = datt_ws + I64{p - p0} * T * T;
+      const A* dy = adout + yoff;
+      const A* y = aout + yoff;
+      const A* l = lse + I64{p} * T;
+      A* a = probs_ws + I64{p - p0} * T * T;
+      A* da = dprobs_ws + I64{p - p0} * T * T;
+      gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
+      for (int t = 0; t < T; ++t) causal_probs_row(a + I64{t} * T, l[t], t, T);
       gemm_serial<A>(false, true, T, T, hs, A(1), dy, C, v, 3 * C, A(0), da, T);
       gemm_serial<A>(true, false, T, hs, T, A(1), a, T, dy, C, A(1), dv, 3 * C);
-      for (int t = 0; t < T; ++t) causal_softmax_grad_row(da + I64{t} * T, a + I64{t} * T, t, T);
+      for (int t = 0; t < T; ++t) {
+        // D = dout . out: equal to sum_u p dp, but what the fused kernels can afford.
+        A dot = 0;
+        for (int d = 0; d < hs; ++d) dot += dy[I64{t} * C + d] * y[I64{t} * C + d];
+        A* drow = da + I64{t} * T;
+        const A* arow = a + I64{t} * T;
+        if constexpr (std::is_same_v<A, float>) {
+          span_softmax_grad(drow, arow, t + 1, dot);
+        } else {
+          for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+        }
+        for (int u = t + 1; u < T; ++u) drow[u] = A(0);
+      }
       gemm_serial<A>(false, false, T, hs, T, scale, da, T, k, 3 * C, A(1), dq, 3 * C);
       gemm_serial<A>(true, false, T, hs, T, scale, da, T, q, 3 * C, A(1), dk, 3 * C);
     }
@@ -117,12 +146,12 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* at
   if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
 }
 
-#define ZRT_INSTANTIATE(S)                                                                         \
-  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                        \
-  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                       \
-  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);      \
-  template void attention_backward<S>(S*, const S*, const S*, const acc_t<S>*, int, int, int, int, \
-                                      acc_t<S>*);
+#define ZRT_INSTANTIATE(S)                                                                       \
+  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                      \
+  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                     \
+  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);    \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, const acc_t<S>*, int, int, \
+                                      int, int, acc_t<S>*);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)

@@ -1,16 +1,22 @@
-// Causal multi-head self-attention with softmax, CPU twin of kernels/cuda/attention.cu.
+// Causal multi-head self-attention with softmax, CPU twin of kernels/cuda/attention.cu (and of
+// the fused kernels in kernels/cuda/flash_attention.cu).
 //
 // qkv (B,T,3C) holds [q | k | v] along the last dimension, each C = NH heads of hs = C/NH
-// (GPT-2's c_attn output split and viewed as (B,T,NH,hs)). For each (b,h):
-//   forward:  att = softmax(q k^T / sqrt(hs)) with t2 > t masked (stored (B,NH,T,T), zeros
-//             above the diagonal);  out[b,:,h] = att @ v                      out (B,T,C)
-//   backward: datt = dout v^T;  dv += att^T dout;  ds = att * (datt - rowsum(att*datt));
-//             dq += ds k / sqrt(hs);  dk += ds^T q / sqrt(hs)                  dqkv (B,T,3C)
+// (GPT-2's c_attn output split and viewed as (B,T,NH,hs)). For each (b,h), with s = q k^T / sqrt(hs)
+// and t2 > t masked:
+//   forward:  p = softmax(s);  out[b,:,h] = p @ v                               out (B,T,C)
+//             lse[b,h,t] = log(sum_{u<=t} exp(s[t,u]))                          lse (B,NH,T)
+//   backward: p = exp(s - lse) recomputed;  dp = dout v^T;  dv += p^T dout;
+//             D[t] = sum_d dout[t,d] * out[t,d];  ds = p * (dp - D);
+//             dq += ds k / sqrt(hs);  dk += ds^T q / sqrt(hs)                   dqkv (B,T,3C)
+// Only the row statistic lse is kept between the passes (O(T) per head, not the O(T^2)
+// probabilities): the backward recomputes p, as FlashAttention does, and takes D from the
+// forward's output (the same algorithm as the fused CUDA kernels, so the twins agree).
 //
-// att is kept in acc_t<S> (fp32 for 16-bit storage). Work is parallel over (b,h) pairs, each
-// with single-threaded BLAS calls on strided views, so results do not depend on the thread
-// count. 16-bit storage converts to fp32 in `ws` first (attention_*_workspace(...) elements);
-// the backward also uses ws for datt of up to kAttentionPairGroup pairs at a time.
+// lse is fp32 (acc_t<S>). Work is parallel over (b,h) pairs, each with single-threaded BLAS calls
+// on strided views, so results do not depend on the thread count. 16-bit storage converts to
+// fp32 in `ws` first; both passes keep the scores of up to kAttentionPairGroup pairs at a time
+// in ws (attention_*_workspace(...) elements).
 #pragma once
 
 #include <cstdint>
@@ -27,11 +33,12 @@ template <typename S>
 std::int64_t attention_backward_workspace(int B, int T, int C, int NH);
 
 template <typename S>
-void attention_forward(S* out, acc_t<S>* att, const S* qkv, int B, int T, int C, int NH,
+void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
                        acc_t<S>* ws);
 
+// `out` and `lse` are the forward's results for the same qkv.
 template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const acc_t<S>* att, int B, int T,
-                        int C, int NH, acc_t<S>* ws);
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
+                        int B, int T, int C, int NH, acc_t<S>* ws);
 
 }  // namespace zrt::kernels::cpu

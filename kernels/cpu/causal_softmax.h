@@ -12,13 +12,17 @@
 
 namespace zrt::kernels::cpu {
 
-// row[0..t] <- softmax(row[0..t]); row[t+1..T) <- 0.
+// row[0..t] <- softmax(row[0..t]); row[t+1..T) <- 0. Returns the row's log-sum-exp,
+// log(sum_{u<=t} exp(row[u])) of the scores it was given (attention's kept statistic).
 template <typename A>
-void causal_softmax_row(A* row, int t, int T) {
+A causal_softmax_row(A* row, int t, int T) {
+  A lse;
   if constexpr (std::is_same_v<A, float>) {
     const float mx = span_max(row, t + 1);
     span_exp_scale(row, t + 1, mx, 1.0f);
-    span_scale(row, t + 1, 1.0f / span_sum(row, t + 1));
+    const float sum = span_sum(row, t + 1);
+    span_scale(row, t + 1, 1.0f / sum);
+    lse = mx + std::log(sum);
   } else {
     A mx = row[0];
     for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
@@ -29,6 +33,20 @@ void causal_softmax_row(A* row, int t, int T) {
     }
     const A inv = A(1) / sum;
     for (int u = 0; u <= t; ++u) row[u] *= inv;
+    lse = mx + std::log(sum);
+  }
+  for (int u = t + 1; u < T; ++u) row[u] = A(0);
+  return lse;
+}
+
+// row[0..t] <- exp(row[0..t] - lse): the probabilities again from the scores and the forward's
+// log-sum-exp (the backward's recomputation); row[t+1..T) <- 0.
+template <typename A>
+void causal_probs_row(A* row, A lse, int t, int T) {
+  if constexpr (std::is_same_v<A, float>) {
+    span_exp_scale(row, t + 1, lse, 1.0f);
+  } else {
+    for (int u = 0; u <= t; ++u) row[u] = std::exp(row[u] - lse);
   }
   for (int u = t + 1; u < T; ++u) row[u] = A(0);
 }

@@ -23,6 +23,11 @@ void check_targets(const std::int32_t* targets, int N, int V) {
   }
 }
 
+int row_stride(int V, int ldl) {
+  ZRT_CHECK(ldl == 0 || ldl >= V, "logits row stride {} is below the vocabulary size {}", ldl, V);
+  return ldl == 0 ? V : ldl;
+}
+
 // The row as fp32: itself for float storage, else converted into `buffer`.
 template <typename S>
 const float* fp32_row(const S* row, int V, std::vector<float>& buffer) {
@@ -48,38 +53,41 @@ std::pair<A, A> softmax_stats(const S* row, int V) {
 }  // namespace
 
 template <typename S>
-std::int64_t logits_forward_workspace(int N, int C, int V) {
+std::int64_t logits_forward_workspace(int N, int C, int V, int ldl) {
   if constexpr (!kIs16Bit<S>) return 0;
-  return I64{N} * C + I64{V} * C + I64{N} * V;
+  return I64{N} * C + I64{V} * C + I64{N} * row_stride(V, ldl);
 }
 
 template <typename S>
-std::int64_t logits_backward_workspace(int N, int C, int V) {
+std::int64_t logits_backward_workspace(int N, int C, int V, int ldl) {
   if constexpr (!kIs16Bit<S>) return 0;
-  return I64{N} * V + I64{N} * C + I64{V} * C + std::max(I64{N} * C, I64{V} * C);
+  return I64{N} * row_stride(V, ldl) + I64{N} * C + I64{V} * C + std::max(I64{N} * C, I64{V} * C);
 }
 
 template <typename S>
-void logits_forward(S* logits, const S* inp, const S* wte, int N, int C, int V, acc_t<S>* ws) {
+void logits_forward(S* logits, const S* inp, const S* wte, int N, int C, int V, acc_t<S>* ws,
+                    int ldl) {
   using A = acc_t<S>;
+  ldl = row_stride(V, ldl);
   if constexpr (!kIs16Bit<S>) {
     (void)ws;
-    gemm<A>(false, true, N, V, C, A(1), inp, C, wte, C, A(0), logits, V);
+    gemm<A>(false, true, N, V, C, A(1), inp, C, wte, C, A(0), logits, ldl);
   } else {
     A* finp = ws;
     A* fw = finp + I64{N} * C;
     A* fout = fw + I64{V} * C;
     convert_to_acc(finp, inp, I64{N} * C);
     convert_to_acc(fw, wte, I64{V} * C);
-    gemm<A>(false, true, N, V, C, A(1), finp, C, fw, C, A(0), fout, V);
-    convert_from_acc(logits, fout, I64{N} * V);
+    gemm<A>(false, true, N, V, C, A(1), finp, C, fw, C, A(0), fout, ldl);
+    convert_from_acc(logits, fout, I64{N} * ldl);  // the padding carries scratch, never read
   }
 }
 
 template <typename S, typename G>
 void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* wte, int N, int C,
-                     int V, acc_t<S>* ws) {
+                     int V, acc_t<S>* ws, int ldl) {
   using A = acc_t<S>;
+  ldl = row_stride(V, ldl);
   const A* a_dl;
   const A* a_inp;
   const A* a_w;
@@ -91,10 +99,10 @@ void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* 
     a_w = wte;
   } else {
     A* fdl = ws;
-    A* finp = fdl + I64{N} * V;
+    A* finp = fdl + I64{N} * ldl;
     A* fw = finp + I64{N} * C;
     tmp = fw + I64{V} * C;
-    convert_to_acc(fdl, dlogits, I64{N} * V);
+    convert_to_acc(fdl, dlogits, I64{N} * ldl);
     convert_to_acc(finp, inp, I64{N} * C);
     convert_to_acc(fw, wte, I64{V} * C);
     a_dl = fdl;
@@ -102,30 +110,31 @@ void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* 
     a_w = fw;
   }
   if constexpr (std::is_same_v<S, A>) {
-    gemm<A>(false, false, N, C, V, A(1), a_dl, V, a_w, C, A(1), dinp, C);
+    gemm<A>(false, false, N, C, V, A(1), a_dl, ldl, a_w, C, A(1), dinp, C);
   } else {
-    gemm<A>(false, false, N, C, V, A(1), a_dl, V, a_w, C, A(0), tmp, C);
+    gemm<A>(false, false, N, C, V, A(1), a_dl, ldl, a_w, C, A(0), tmp, C);
     accumulate_from_acc(dinp, tmp, I64{N} * C);
   }
   if constexpr (std::is_same_v<G, A>) {
-    gemm<A>(true, false, V, C, N, A(1), a_dl, V, a_inp, C, A(1), dwte, C);
+    gemm<A>(true, false, V, C, N, A(1), a_dl, ldl, a_inp, C, A(1), dwte, C);
   } else {
-    gemm<A>(true, false, V, C, N, A(1), a_dl, V, a_inp, C, A(0), tmp, C);
+    gemm<A>(true, false, V, C, N, A(1), a_dl, ldl, a_inp, C, A(0), tmp, C);
     accumulate_from_acc(dwte, tmp, I64{V} * C);
   }
 }
 
 template <typename S>
 void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t* targets, int N,
-                          int V) {
+                          int V, int ldl) {
   using A = acc_t<S>;
+  ldl = row_stride(V, ldl);
   check_targets(targets, N, V);
 #pragma omp parallel
   {
     std::vector<float> buffer(kIs16Bit<S> ? V : 0);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      const S* row = logits + I64{n} * V;
+      const S* row = logits + I64{n} * ldl;
       if constexpr (std::is_same_v<A, float>) {
         const float* x = fp32_row(row, V, buffer);
         const float mx = span_max(x, V);
@@ -140,16 +149,17 @@ void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t*
 
 template <typename S>
 void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
-                           int N, int V) {
+                           int N, int V, int ldl) {
   using A = acc_t<S>;
+  ldl = row_stride(V, ldl);
   check_targets(targets, N, V);
 #pragma omp parallel
   {
     std::vector<float> buffer(kIs16Bit<S> ? V : 0);
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
-      const S* row = logits + I64{n} * V;
-      S* drow = dlogits + I64{n} * V;
+      const S* row = logits + I64{n} * ldl;
+      S* drow = dlogits + I64{n} * ldl;
       const int target = targets[n];
       if constexpr (std::is_same_v<A, float>) {
         const float* x = fp32_row(row, V, buffer);
@@ -185,14 +195,14 @@ void loss_mean(A* out, const A* losses, int N) {
 }
 
 #define ZRT_FWD(S)                                                                           \
-  template std::int64_t logits_forward_workspace<S>(int, int, int);                          \
-  template std::int64_t logits_backward_workspace<S>(int, int, int);                         \
-  template void logits_forward<S>(S*, const S*, const S*, int, int, int, acc_t<S>*);         \
-  template void crossentropy_forward<S>(acc_t<S>*, const S*, const std::int32_t*, int, int); \
-  template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, acc_t<S>, int, int);
+  template std::int64_t logits_forward_workspace<S>(int, int, int, int);                          \
+  template std::int64_t logits_backward_workspace<S>(int, int, int, int);                         \
+  template void logits_forward<S>(S*, const S*, const S*, int, int, int, acc_t<S>*, int);         \
+  template void crossentropy_forward<S>(acc_t<S>*, const S*, const std::int32_t*, int, int, int); \
+  template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, acc_t<S>, int, int, int);
 #define ZRT_BWD(S, G)                                                                      \
   template void logits_backward<S, G>(S*, G*, const S*, const S*, const S*, int, int, int, \
-                                      acc_t<S>*);
+                                      acc_t<S>*, int);
 ZRT_FWD(float)
 ZRT_FWD(double)
 ZRT_FWD(bf16)

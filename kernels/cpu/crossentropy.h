@@ -11,6 +11,10 @@
 //
 // Softmax and losses are computed in acc_t<S>; targets must lie in [0,V) (InvalidArgument
 // otherwise). 16-bit storage converts the logits GEMM operands to fp32 in `ws`.
+//
+// `ldl` is the logits' row stride in elements (0: dense, V). The models pad it
+// (kernels::logits_row_stride) so every row is aligned for the GPU's GEMMs; the columns from V
+// to ldl are never read, and written only with scratch by the 16-bit paths.
 #pragma once
 
 #include <cstdint>
@@ -20,24 +24,25 @@
 namespace zrt::kernels::cpu {
 
 template <typename S>
-std::int64_t logits_forward_workspace(int N, int C, int V);
+std::int64_t logits_forward_workspace(int N, int C, int V, int ldl = 0);
 template <typename S>
-std::int64_t logits_backward_workspace(int N, int C, int V);
+std::int64_t logits_backward_workspace(int N, int C, int V, int ldl = 0);
 
 template <typename S>
-void logits_forward(S* logits, const S* inp, const S* wte, int N, int C, int V, acc_t<S>* ws);
+void logits_forward(S* logits, const S* inp, const S* wte, int N, int C, int V, acc_t<S>* ws,
+                    int ldl = 0);
 
 template <typename S, typename G>
 void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* wte, int N, int C,
-                     int V, acc_t<S>* ws);
+                     int V, acc_t<S>* ws, int ldl = 0);
 
 template <typename S>
 void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t* targets, int N,
-                          int V);
+                          int V, int ldl = 0);
 
 template <typename S>
 void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
-                           int N, int V);
+                           int N, int V, int ldl = 0);
 
 template <typename A>
 void loss_mean(A* out, const A* losses, int N);

@@ -1,6 +1,7 @@
 #include "kernels/cuda/attention.cuh"
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "runtime/device/cuda_device.h"
 
@@ -54,8 +55,8 @@ __global__ void unpermute_kernel(S* out, const float* src, int B, int T, int C, 
 }
 
 // Causal softmax of each row (one warp per row of `rows` = B*NH*T), in place; zeros above the
-// diagonal.
-__global__ void causal_softmax_kernel(float* att, I64 rows, int T) {
+// diagonal. lse (may be null): each row's log-sum-exp of the scores it was given.
+__global__ void causal_softmax_kernel(float* att, float* lse, I64 rows, int T) {
   const I64 row = static_cast<I64>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -66,8 +67,22 @@ __global__ void causal_softmax_kernel(float* att, I64 rows, int T) {
   mx = warp_max(mx);
   float sum = 0.0f;
   for (int u = lane; u <= t; u += 32) sum += expf(a[u] - mx);
-  const float inv = 1.0f / warp_sum(sum);
+  sum = warp_sum(sum);
+  const float inv = 1.0f / sum;
   for (int u = lane; u < T; u += 32) a[u] = u <= t ? expf(a[u] - mx) * inv : 0.0f;
+  if (lse != nullptr && lane == 0) lse[row] = mx + logf(sum);
+}
+
+// att <- exp(att - lse[row]) below the diagonal, 0 above: the probabilities again from the
+// scores and the forward's log-sum-exp (one warp per row).
+__global__ void causal_probs_kernel(float* att, const float* lse, I64 rows, int T) {
+  const I64 row = static_cast<I64>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int t = static_cast<int>(row % T);
+  float* a = att + row * T;
+  const float l = lse[row];
+  for (int u = lane; u < T; u += 32) a[u] = u <= t ? expf(a[u] - l) : 0.0f;
 }
 
 // datt <- att * (datt - rowsum(att * datt)) below the diagonal, 0 above (one warp per row).
@@ -107,8 +122,8 @@ unsigned row_blocks(I64 rows) {
 
 }  // namespace
 
-void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T) {
-  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, rows, T);
+void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T, float* lse) {
+  causal_softmax_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, lse, rows, T);
   ZRT_CUDA_LAUNCH_CHECK();
 }
 
@@ -118,18 +133,25 @@ void causal_softmax_backward(const Launch& l, float* datt, const float* att, std
   ZRT_CUDA_LAUNCH_CHECK();
 }
 
-std::int64_t attention_forward_workspace(int B, int T, int C, int /*NH*/) {
-  return 4 * static_cast<I64>(B) * T * C * static_cast<I64>(sizeof(float));
+std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH) {
+  if (flash_attention_supported(dtype, T, C, NH)) return 0;
+  return (4 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
+         static_cast<I64>(sizeof(float));
 }
 
-void attention_forward(const Launch& l, DType dtype, void* out, float* att, const void* qkv, int B,
+void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH) {
+  if (flash_attention_supported(dtype, T, C, NH)) {
+    flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH);
+    return;
+  }
   const int hs = C / NH;
   const I64 part = static_cast<I64>(B) * T * C;
   float* q = static_cast<float*>(l.ws);
   float* k = q + part;
   float* v = k + part;
   float* y = v + part;
+  float* att = y + part;
   const int batch = B * NH;
   const I64 mat = static_cast<I64>(T) * hs;
   const I64 sq = static_cast<I64>(T) * T;
@@ -139,20 +161,27 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* att, cons
     permute<S>(l, q, qkv, B, T, C, NH, 3);
     gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
                          mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
-    causal_softmax(l, att, static_cast<I64>(batch) * T, T);
+    causal_softmax(l, att, static_cast<I64>(batch) * T, T, lse);
     gemm_strided_batched(l, false, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, v, CUDA_R_32F, hs,
                          mat, 0.0f, y, CUDA_R_32F, hs, mat, batch);
     unpermute<S, false>(l, out, y, B, T, C, NH, 1);
   });
 }
 
-std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
-  return (7 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
+std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH) {
+  if (flash_attention_supported(dtype, T, C, NH)) {
+    return flash_attention_backward_workspace(B, T, NH);
+  }
+  return (7 * static_cast<I64>(B) * T * C + 2 * static_cast<I64>(B) * NH * T * T) *
          static_cast<I64>(sizeof(float));
 }
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const float* att, int B, int T, int C, int NH) {
+                        const void* out, const float* lse, int B, int T, int C, int NH) {
+  if (flash_attention_supported(dtype, T, C, NH)) {
+    flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    return;
+  }
   const int hs = C / NH;
   const I64 part = static_cast<I64>(B) * T * C;
   float* q = static_cast<float*>(l.ws);
@@ -162,21 +191,29 @@ void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* do
   float* dq = dy + part;
   float* dk = dq + part;
   float* dv = dk + part;
-  float* datt = dv + part;
+  float* att = dv + part;
+  float* datt = att + static_cast<I64>(B) * NH * T * T;
   const int batch = B * NH;
   const I64 mat = static_cast<I64>(T) * hs;
   const I64 sq = static_cast<I64>(T) * T;
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const I64 rows = static_cast<I64>(batch) * T;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     permute<S>(l, q, qkv, B, T, C, NH, 3);
     permute<S>(l, dy, dout, B, T, C, NH, 1);
+    // att = exp(scale q k^T - lse): the forward's probabilities, recomputed.
+    gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
+                         mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
+    causal_probs_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, lse, rows, T);
+    ZRT_CUDA_LAUNCH_CHECK();
     // datt = dy v^T; dv = att^T dy
     gemm_strided_batched(l, false, true, T, T, hs, 1.0f, dy, CUDA_R_32F, hs, mat, v, CUDA_R_32F, hs,
                          mat, 0.0f, datt, CUDA_R_32F, T, sq, batch);
     gemm_strided_batched(l, true, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, dy, CUDA_R_32F, hs,
                          mat, 0.0f, dv, CUDA_R_32F, hs, mat, batch);
-    causal_softmax_backward(l, datt, att, static_cast<I64>(batch) * T, T);
+    // ds = att (datt - rowsum(att datt)); rowsum(att datt) is D = dout . out up to rounding.
+    causal_softmax_backward(l, datt, att, rows, T);
     // dq = scale ds k; dk = scale ds^T q
     gemm_strided_batched(l, false, false, T, hs, T, scale, datt, CUDA_R_32F, T, sq, k, CUDA_R_32F,
                          hs, mat, 0.0f, dq, CUDA_R_32F, hs, mat, batch);

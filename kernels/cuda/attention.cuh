@@ -1,6 +1,8 @@
-// CUDA twin of kernels/cpu/attention.h (causal multi-head attention). q, k, v are permuted to
-// (B,NH,T,hs) fp32 scratch, scores and outputs are strided-batched fp32 cuBLAS GEMMs, softmax
-// and its backward are one warp per row. Same math (and fp32 internals) as the CPU twin.
+// CUDA twin of kernels/cpu/attention.h (causal multi-head attention, keeping each row's
+// log-sum-exp). bf16/fp16 with head size 64 and T a multiple of 64 run the fused tensor-core
+// kernels of flash_attention.cuh. Other shapes take the batched-GEMM path: q, k, v permuted to
+// (B,NH,T,hs) fp32 scratch, scores and outputs as strided-batched fp32 cuBLAS GEMMs, softmax and
+// its backward one warp per row, the probabilities recomputed in the backward from lse.
 #pragma once
 
 #include <cstdint>
@@ -9,18 +11,20 @@
 
 namespace zrt::kernels::cuda {
 
-std::int64_t attention_forward_workspace(int B, int T, int C, int NH);
-void attention_forward(const Launch& l, DType dtype, void* out, float* att, const void* qkv, int B,
+// Workspace bytes (l.ws) of each pass: none for the fused forward.
+std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH);
+void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH);
 
-std::int64_t attention_backward_workspace(int B, int T, int C, int NH);
+std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH);
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const float* att, int B, int T, int C, int NH);
+                        const void* out, const float* lse, int B, int T, int C, int NH);
 
 // The two softmax passes over `rows` rows of T (one warp per row), shared with
-// gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal), and
-// datt <- att * (datt - rowsum(att * datt)) (zeros above the diagonal).
-void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T);
+// gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal; lse, if not null,
+// gets each row's log-sum-exp), and datt <- att * (datt - rowsum(att * datt)) (zeros above the
+// diagonal).
+void causal_softmax(const Launch& l, float* att, std::int64_t rows, int T, float* lse = nullptr);
 void causal_softmax_backward(const Launch& l, float* datt, const float* att, std::int64_t rows,
                              int T);
 

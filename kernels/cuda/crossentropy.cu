@@ -23,10 +23,10 @@ __device__ void row_stats(const S* row, int V, float* scratch, float& mx, float&
 
 template <typename S>
 __global__ void crossentropy_forward_kernel(float* losses, const S* logits,
-                                            const std::int32_t* targets, int V) {
+                                            const std::int32_t* targets, int V, int ldl) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
-  const S* row = logits + static_cast<I64>(n) * V;
+  const S* row = logits + static_cast<I64>(n) * ldl;
   float mx, sum;
   row_stats(row, V, scratch, mx, sum);
   if (threadIdx.x == 0) losses[n] = logf(sum) + mx - ld(row[targets[n]]);
@@ -36,11 +36,12 @@ __global__ void crossentropy_forward_kernel(float* losses, const S* logits,
 // statistics are complete (block_sum synchronizes) before any write.
 template <typename S>
 __global__ void crossentropy_backward_kernel(S* dlogits, const S* logits,
-                                             const std::int32_t* targets, float dloss, int V) {
+                                             const std::int32_t* targets, float dloss, int V,
+                                             int ldl) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
-  const S* row = logits + static_cast<I64>(n) * V;
-  S* drow = dlogits + static_cast<I64>(n) * V;
+  const S* row = logits + static_cast<I64>(n) * ldl;
+  S* drow = dlogits + static_cast<I64>(n) * ldl;
   float mx, sum;
   row_stats(row, V, scratch, mx, sum);
   const float inv = 1.0f / sum;
@@ -67,37 +68,38 @@ __global__ void loss_mean_kernel(float* out, const float* losses, int N) {
 }  // namespace
 
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
-                    int N, int C, int V) {
+                    int N, int C, int V, int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  gemm(l, false, true, N, V, C, 1.0f, inp, type, C, wte, type, C, 0.0f, logits, type, V);
+  gemm(l, false, true, N, V, C, 1.0f, inp, type, C, wte, type, C, 0.0f, logits, type, ldl);
 }
 
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,
-                     const void* dlogits, const void* inp, const void* wte, int N, int C, int V) {
+                     const void* dlogits, const void* inp, const void* wte, int N, int C, int V,
+                     int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  gemm(l, false, false, N, C, V, 1.0f, dlogits, type, V, wte, type, C, 1.0f, dinp, type, C);
-  gemm(l, true, false, V, C, N, 1.0f, dlogits, type, V, inp, type, C, 1.0f, dwte,
+  gemm(l, false, false, N, C, V, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp, type, C);
+  gemm(l, true, false, V, C, N, 1.0f, dlogits, type, ldl, inp, type, C, 1.0f, dwte,
        to_cuda_dtype(grad_dtype), C);
 }
 
 void crossentropy_forward(const Launch& l, DType dtype, float* losses, const void* logits,
-                          const std::int32_t* targets, int N, int V) {
+                          const std::int32_t* targets, int N, int V, int ldl) {
   if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     crossentropy_forward_kernel<S>
-        <<<N, kThreads, 0, l.stream>>>(losses, static_cast<const S*>(logits), targets, V);
+        <<<N, kThreads, 0, l.stream>>>(losses, static_cast<const S*>(logits), targets, V, ldl);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }
 
 void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
-                           const std::int32_t* targets, float dloss, int N, int V) {
+                           const std::int32_t* targets, float dloss, int N, int V, int ldl) {
   if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     crossentropy_backward_kernel<S><<<N, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dlogits), static_cast<const S*>(logits), targets, dloss, V);
+        static_cast<S*>(dlogits), static_cast<const S*>(logits), targets, dloss, V, ldl);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

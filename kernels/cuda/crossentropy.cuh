@@ -1,6 +1,6 @@
 // CUDA twin of kernels/cpu/crossentropy.h: the tied-embedding logits (cublasGemmEx), softmax
 // cross-entropy forward/backward (one block per row) and the mean loss (one block, double
-// accumulation in a fixed order).
+// accumulation in a fixed order). `ldl` is the logits' row stride (>= V; ops.cc resolves 0).
 #pragma once
 
 #include <cstdint>
@@ -10,13 +10,14 @@
 namespace zrt::kernels::cuda {
 
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
-                    int N, int C, int V);
+                    int N, int C, int V, int ldl);
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,
-                     const void* dlogits, const void* inp, const void* wte, int N, int C, int V);
+                     const void* dlogits, const void* inp, const void* wte, int N, int C, int V,
+                     int ldl);
 void crossentropy_forward(const Launch& l, DType dtype, float* losses, const void* logits,
-                          const std::int32_t* targets, int N, int V);
+                          const std::int32_t* targets, int N, int V, int ldl);
 void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
-                           const std::int32_t* targets, float dloss, int N, int V);
+                           const std::int32_t* targets, float dloss, int N, int V, int ldl);
 void loss_mean(const Launch& l, float* out, const float* losses, int N);
 
 }  // namespace zrt::kernels::cuda

@@ -114,7 +114,7 @@ I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) c
     p.floats(&a.ln1_mean, BT);
     p.floats(&a.ln1_rstd, BT);
     p.bytes(&a.qkv, BT * 3 * C * S);
-    p.floats(&a.att, I64{B} * NH * T * T);
+    p.floats(&a.att_lse, I64{B} * NH * T);
     p.bytes(&a.atty, BT * C * S);
     p.bytes(&a.attproj, BT * C * S);
     p.bytes(&a.res2, BT * C * S);
@@ -128,7 +128,7 @@ I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) c
   p.bytes(&acts->lnf, BT * C * S);
   p.floats(&acts->lnf_mean, BT);
   p.floats(&acts->lnf_rstd, BT);
-  p.bytes(&acts->logits, BT * V * S);
+  p.bytes(&acts->logits, BT * k::logits_row_stride(static_cast<int>(V)) * S);
   p.floats(&acts->losses, BT);
   p.bytes(&acts->dres, BT * C * S);
   p.bytes(&acts->dlnf, BT * C * S);
@@ -188,7 +188,7 @@ void Gpt::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes res
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
   k::layernorm_forward(ctx_, dt, x.ln1, x.ln1_mean, x.ln1_rstd, res_in, P(kLn1W), P(kLn1B), N, C);
   k::matmul_forward(ctx_, dt, x.qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
-  k::attention_forward(ctx_, dt, x.atty, x.att, x.qkv, B_, T_, C, config_.n_head);
+  k::attention_forward(ctx_, dt, x.atty, x.att_lse, x.qkv, B_, T_, C, config_.n_head);
   k::matmul_forward(ctx_, dt, x.attproj, x.atty, P(kAttProjW), P(kAttProjB), N, C, C);
   k::residual_forward(ctx_, dt, x.res2, res_in, x.attproj, I64{N} * C);
   k::layernorm_forward(ctx_, dt, x.ln2, x.ln2_mean, x.ln2_rstd, x.res2, P(kLn2W), P(kLn2B), N, C);
@@ -219,7 +219,8 @@ void Gpt::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes re
                         x.ln2_mean, x.ln2_rstd, N, C);
   k::matmul_backward(ctx_, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), d.dres, x.atty,
                      P(kAttProjW), N, C, C);
-  k::attention_backward(ctx_, dt, d.dqkv, d.datty, x.qkv, x.att, B_, T_, C, config_.n_head);
+  k::attention_backward(ctx_, dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, B_, T_, C,
+                         config_.n_head);
   k::matmul_backward(ctx_, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C,
                      3 * C);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W),
@@ -244,9 +245,11 @@ void Gpt::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   a.acquire(L + 1, phase);
   k::layernorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual[L],
                        a.param(lnf_weight()), a.param(lnf_bias()), N, C);
-  k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(wte()), N, C, V);
+  k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(wte()), N, C, V,
+                    k::logits_row_stride(V));
   if (batch.targets) {
-    k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V);
+    k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
+                            k::logits_row_stride(V));
     k::loss_mean(ctx_, loss_, acts_.losses, N);
   }
   a.release(L + 1, phase);
@@ -272,11 +275,11 @@ void Gpt::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss_s
   a.acquire(L + 1, Phase::kBackward);
   // dlogits replace the logits in place; the loss is a mean, so each row gets 1/N.
   k::crossentropy_backward(ctx_, dt, acts_.logits, acts_.logits, batch.targets,
-                           loss_scale / static_cast<float>(N), N, V);
+                           loss_scale / static_cast<float>(N), N, V, k::logits_row_stride(V));
   ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
   ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
   k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(wte()), acts_.logits, acts_.lnf,
-                     a.param(wte()), N, C, V);
+                     a.param(wte()), N, C, V, k::logits_row_stride(V));
   k::layernorm_backward(ctx_, dt, gt, acts_.dres, a.grad(lnf_weight()), a.grad(lnf_bias()),
                         acts_.dlnf, acts_.residual[L], a.param(lnf_weight()), acts_.lnf_mean,
                         acts_.lnf_rstd, N, C);
@@ -298,6 +301,10 @@ void Gpt::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss_s
   k::encoder_backward(ctx_, dt, gt, a.grad(wte()), a.grad(wpe()), acts_.dres, batch.inputs, B_, T_,
                       C, V);
   a.release(0, Phase::kBackward);
+}
+
+std::int64_t Gpt::logits_row_stride() const {
+  return k::logits_row_stride(config_.vocab_size);
 }
 
 float Gpt::read_loss() {

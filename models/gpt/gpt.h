@@ -54,6 +54,7 @@ class Gpt final : public Model {
   // The logits (B,T,V) of the last forward(), in the compute dtype. After forward_backward the
   // buffer holds the logits' gradient instead.
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
+  std::int64_t logits_row_stride() const override;
   // Activation bytes a pass at (B, T) in `dtype` allocates.
   std::int64_t activation_bytes(int B, int T, DType dtype) const;
 
@@ -78,7 +79,7 @@ class Gpt final : public Model {
 
   struct BlockActs {
     Bytes ln1, qkv, atty, attproj, res2, ln2, fch, fch_gelu, fcproj;
-    Floats ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att;
+    Floats ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att_lse;
   };
   struct Acts {
     std::vector<Bytes> residual;   // L+1 of (B,T,C): [0] embeddings, [l+1] output of block l

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
 #include "models/safetensors.h"
@@ -203,8 +204,9 @@ ModelEntry registry_entry() {
 //   per block, kept for backward (all L blocks; one reused set under checkpointing, where only
 //   the residual stream, i.e. each block's input, is kept and the block's forward reruns):
 //     ln1, atty, attproj, res2, ln2, fcproj (B,T,C); qkv (B,T,3C); fch, fch_gelu (B,T,4C);
-//     ln1/ln2 mean and rstd (B,T) fp32; the attention probabilities (B,NH,T,T) fp32
-//   head: lnf (B,T,C), its mean/rstd, logits (B,T,V) (their gradient in place), losses (B,T)
+//     ln1/ln2 mean and rstd (B,T) fp32; the attention log-sum-exp (B,NH,T) fp32
+//   head: lnf (B,T,C), its mean/rstd, logits (B,T,V) in rows of kernels::logits_row_stride(V)
+//     (their gradient in place), losses (B,T)
 //   backward scratch: dres, dlnf (B,T,C); one block's dln1, datty, dln2 (B,T,C), dqkv (B,T,3C),
 //     dfch, dfch_gelu (B,T,4C)
 // plus the 256-byte loss scalar.
@@ -217,10 +219,10 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   const I64 row = r(BT * C * S);  // one (B,T,C) tensor
   const I64 stat = r(BT * 4);     // one (B,T) fp32 statistic
   const I64 block = 6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat +
-                    r(I64{B} * c.n_head * T * T * 4);
+                    r(I64{B} * c.n_head * T * 4);
   const I64 kept_blocks = activation_checkpointing ? 1 : c.n_layer;
   const I64 residual = (c.n_layer + 1) * row;
-  const I64 head = row + 2 * stat + r(BT * c.vocab_size * S) + stat;
+  const I64 head = row + 2 * stat + r(BT * kernels::logits_row_stride(c.vocab_size) * S) + stat;
   const I64 backward = 2 * row + 3 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S);
   const I64 loss = 256;
   return residual + kept_blocks * block + head + backward + loss;

@@ -144,7 +144,7 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //   per block kept for backward (L sets; one reused set under checkpointing):
 //     ln1, res2, ln2 (N,C); q, atty (N,NH*hd); k, v (N,NKV*hd); gate, up, h (N,I);
 //     ln1/ln2 rstd (N); attention probabilities (B,NH,T,T) fp32
-//   proj (N,C) scratch; head: lnf (N,C), its rstd, logits (N,V) (their gradient in place),
+//   proj (N,C) scratch; head: lnf (N,C), its rstd, logits (N,V) in rows of logits_row_stride(V) (their gradient in place),
 //   losses (N)
 //   backward: dres, dlnf (N,C); one block's dln1, dln2 (N,C), dq, datty (N,NH*hd), dk, dv
 //   (N,NKV*hd), dgate, dup, dh (N,I)
@@ -179,7 +179,7 @@ std::int64_t Llama::layout_activations(const LlamaConfig& c, bool checkpointing,
   p.bytes(&acts->proj, N * C * S);
   p.bytes(&acts->lnf, N * C * S);
   p.floats(&acts->lnf_rstd, N);
-  p.bytes(&acts->logits, N * V * S);
+  p.bytes(&acts->logits, N * k::logits_row_stride(static_cast<int>(V)) * S);
   p.floats(&acts->losses, N);
   p.bytes(&acts->dres, N * C * S);
   p.bytes(&acts->dlnf, N * C * S);
@@ -319,9 +319,11 @@ void Llama::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   a.acquire(L + 1, phase);
   k::rmsnorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_rstd, acts_.residual[L], a.param(norm()), N, C,
                      config_.rms_norm_eps);
-  k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(head()), N, C, V);
+  k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(head()), N, C, V,
+                    k::logits_row_stride(V));
   if (batch.targets) {
-    k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V);
+    k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
+                            k::logits_row_stride(V));
     k::loss_mean(ctx_, loss_, acts_.losses, N);
   }
   a.release(L + 1, phase);
@@ -347,11 +349,11 @@ void Llama::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss
   a.acquire(L + 1, Phase::kBackward);
   // dlogits replace the logits in place; the loss is a mean, so each row gets 1/N.
   k::crossentropy_backward(ctx_, dt, acts_.logits, acts_.logits, batch.targets,
-                           loss_scale / static_cast<float>(N), N, V);
+                           loss_scale / static_cast<float>(N), N, V, k::logits_row_stride(V));
   ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
   ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
   k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(head()), acts_.logits, acts_.lnf,
-                     a.param(head()), N, C, V);
+                     a.param(head()), N, C, V, k::logits_row_stride(V));
   k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, a.grad(norm()), acts_.dlnf, acts_.residual[L],
                       a.param(norm()), acts_.lnf_rstd, N, C);
   a.release(L + 1, Phase::kBackward);
@@ -372,6 +374,10 @@ void Llama::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss
   k::encoder_backward(ctx_, dt, gt, a.grad(embed()), Bytes(), acts_.dres, batch.inputs, B_, T_, C,
                       V);
   a.release(0, Phase::kBackward);
+}
+
+std::int64_t Llama::logits_row_stride() const {
+  return k::logits_row_stride(config_.vocab_size);
 }
 
 float Llama::read_loss() {

@@ -54,6 +54,7 @@ class Llama final : public Model {
   DevicePtr<const float> loss() const override { return loss_; }
   // The logits (B,T,V) of the last forward(); after forward_backward, their gradient.
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
+  std::int64_t logits_row_stride() const override;
 
   // Copies loss() to the host, waiting for the stream (tests and tools).
   float read_loss();

@@ -5,6 +5,7 @@
 // Listed everywhere, skipped (exit 77) without a usable GPU (tests/support/gpu_test_main.cc).
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "models/flat_param_access.h"
@@ -256,32 +258,39 @@ Results gpu_elementwise(Gpu& g, DType dt, DType /*gt*/, const ElementwiseIn& in)
 }
 
 struct AttentionIn {
+  int B = kB, T = kT, C = kC, NH = kNH;
   Vec qkv = normal_values(kSeed, 51, kN * 3 * kC), dout = normal_values(kSeed, 52, kN*kC);
+  AttentionIn() = default;
+  AttentionIn(int b, int t, int c, int nh)
+      : B(b), T(t), C(c), NH(nh), qkv(normal_values(kSeed, 53, b * t * 3 * c)),
+        dout(normal_values(kSeed, 54, b * t * c)) {}
+  std::size_t rows() const { return static_cast<std::size_t>(B) * NH * T; }
 };
 
 template <typename S, typename G>
 Results cpu_attention(const AttentionIn& in) {
   const auto qkv = to_storage<S>(in.qkv), dout = to_storage<S>(in.dout);
-  std::vector<S> out(kN * kC), dqkv(qkv.size(), S{});
-  std::vector<float> att(static_cast<std::size_t>(kB) * kNH * kT * kT);
-  std::vector<float> ws(std::max(cpu::attention_forward_workspace<S>(kB, kT, kC, kNH),
-                                 cpu::attention_backward_workspace<S>(kB, kT, kC, kNH)) +
+  std::vector<S> out(in.dout.size()), dqkv(qkv.size(), S{});
+  std::vector<float> lse(in.rows());
+  std::vector<float> ws(std::max(cpu::attention_forward_workspace<S>(in.B, in.T, in.C, in.NH),
+                                 cpu::attention_backward_workspace<S>(in.B, in.T, in.C, in.NH)) +
                         1);
-  cpu::attention_forward<S>(out.data(), att.data(), qkv.data(), kB, kT, kC, kNH, ws.data());
-  cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), att.data(), kB, kT, kC, kNH,
-                             ws.data());
-  return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+  cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH,
+                            ws.data());
+  cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), in.B,
+                             in.T, in.C, in.NH, ws.data());
+  return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
 }
 
 Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
-  const std::size_t att_n = static_cast<std::size_t>(kB) * kNH * kT * kT;
   Buffer qkv = g.upload(in.qkv, dt), dout = g.upload(in.dout, dt);
-  Buffer out = g.zeros(kN * kC, dt), dqkv = g.zeros(in.qkv.size(), dt),
-         att = g.zeros(att_n, DType::kFloat32);
-  attention_forward(*g.ctx, dt, dev(out), fdev(att), dev(qkv), kB, kT, kC, kNH);
-  attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), fdev(att), kB, kT, kC, kNH);
-  return {{"out", g.download(out, kN * kC, dt)},
-          {"att", g.download(att, att_n, DType::kFloat32)},
+  Buffer out = g.zeros(in.dout.size(), dt), dqkv = g.zeros(in.qkv.size(), dt),
+         lse = g.zeros(in.rows(), DType::kFloat32);
+  attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH);
+  attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), dev(out), fdev(lse), in.B, in.T,
+                     in.C, in.NH);
+  return {{"out", g.download(out, in.dout.size(), dt)},
+          {"lse", g.download(lse, in.rows(), DType::kFloat32)},
           {"dqkv", g.download(dqkv, in.qkv.size(), dt)}};
 }
 
@@ -311,21 +320,39 @@ Results cpu_head(const HeadIn& in) {
           {"dlogits", to_double(logits)}, {"dinp", to_double(dx)},       {"dwte", to_double(dwte)}};
 }
 
-Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in) {
+// The head as the models run it, logits in rows of logits_row_stride(kV) (or `ld`), the padding
+// never touched: it is filled with NaN first and must stay NaN.
+Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_row_stride(kV)) {
+  const std::size_t padded = static_cast<std::size_t>(kN) * ld;
   Buffer x = g.upload(in.x, dt), wte = g.upload(in.wte, dt), tgt = g.tokens(in.targets);
-  Buffer logits = g.zeros(kN * kV, dt), dx = g.zeros(kN * kC, dt),
+  Buffer logits = g.upload(Vec(padded, std::nan("")), dt), dx = g.zeros(kN * kC, dt),
          dwte = g.zeros(in.wte.size(), gt);
   Buffer losses = g.zeros(kN, DType::kFloat32), mean = g.zeros(1, DType::kFloat32);
-  logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, kV);
-  const Vec logits_fwd = g.download(logits, kN * kV, dt);
-  crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV);
+  auto dense = [&](const Vec& rows) {
+    Vec out;
+    for (int n = 0; n < kN; ++n) {
+      for (int v = 0; v < ld; ++v) {
+        const double x = rows[static_cast<std::size_t>(n) * ld + v];
+        if (v < kV) {
+          out.push_back(x);
+        } else if (!std::isnan(x)) {
+          FAIL("logits padding column " << v << " of row " << n << " was written: " << x);
+        }
+      }
+    }
+    return out;
+  };
+  logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, kV, ld);
+  const Vec logits_fwd = dense(g.download(logits, padded, dt));
+  crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV, ld);
   loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
-  crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV);
-  logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV);
+  crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV, ld);
+  logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV,
+                  ld);
   return {{"logits", logits_fwd},
           {"losses", g.download(losses, kN, DType::kFloat32)},
           {"mean", g.download(mean, 1, DType::kFloat32)},
-          {"dlogits", g.download(logits, kN * kV, dt)},
+          {"dlogits", dense(g.download(logits, padded, dt))},
           {"dinp", g.download(dx, kN * kC, dt)},
           {"dwte", g.download(dwte, in.wte.size(), gt)}};
 }
@@ -384,9 +411,45 @@ TEST_CASE("CUDA attention matches its CPU twin", "[cuda]") {
               cpu_attention<bf16, bf16>, gpu_attention);
 }
 
+// The fused tensor-core kernels (head size 64, T a multiple of 64): two query tiles, so the
+// diagonal tile, a full tile below it and the skipped tile above it all occur. Tolerances, from
+// the arithmetic: the kernels round the probabilities and dS to the storage type (relative
+// 2^-9 for bf16, 2^-11 for fp16) before their products, where the twin keeps fp32; out and dqkv
+// are stored in that type by both. Per tensor that stays below a few units of 2^-9 (bf16) or
+// 2^-11 (fp16): 1e-2 and 3e-3. lse is fp32 on both sides; its only difference is the order of
+// the fp32 sums in the 64-term scores (|error| <= 64 * 2^-24 * sum|q k| / 8, about 2e-5 against
+// lse ~ log T): 1e-4.
+TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
+  const AttentionIn in(2, 128, 128, 2);
+  REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
+  REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
+  Gpu g;
+  auto check = [&](DType dt, const Results& want, double tol) {
+    const Results got = gpu_attention(g, dt, dt, in);
+    for (const char* name : {"out", "dqkv"}) {
+      const double err = test::rel_error(got.at(name), want.at(name));
+      INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
+                          << ")");
+      CHECK(err <= tol);
+    }
+    const double err = test::rel_error(got.at("lse"), want.at("lse"));
+    INFO(dtype_name(dt) << " lse: relative error " << err);
+    CHECK(err <= 1e-4);
+    CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
+  };
+  SECTION("bf16") { check(DType::kBFloat16, cpu_attention<bf16, bf16>(in), 1e-2); }
+  SECTION("fp16") { check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3); }
+}
+
 TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cuda]") {
+  REQUIRE(logits_row_stride(kV) == 1024);  // padded rows, as the models run the head
   check_layer(HeadIn{}, cpu_head<float, float>, cpu_head<bf16, float>, cpu_head<bf16, bf16>,
-              gpu_head);
+              [](Gpu& g, DType dt, DType gt, const HeadIn& in) { return gpu_head(g, dt, gt, in); });
+  SECTION("dense rows (row stride = V)") {
+    Gpu g;
+    compare(gpu_head(g, DType::kFloat32, DType::kFloat32, HeadIn{}, kV),
+            cpu_head<float, float>(HeadIn{}), 1e-5);
+  }
 }
 
 TEST_CASE("CUDA backward passes are deterministic", "[cuda]") {

@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -120,43 +121,94 @@ Results run_attention() {
   const auto qkv = to_storage<S>(normal_values(kLayerSeed, 51, B * T * 3 * C));
   const auto dout = to_storage<S>(normal_values(kLayerSeed, 52, B * T * C));
   std::vector<S> out(B * T * C), dqkv(qkv.size(), S{});
-  std::vector<acc_t<S>> att(static_cast<std::size_t>(B) * NH * T * T);
+  std::vector<acc_t<S>> lse(static_cast<std::size_t>(B) * NH * T);
   std::vector<acc_t<S>> ws(std::max(attention_forward_workspace<S>(B, T, C, NH),
                                     attention_backward_workspace<S>(B, T, C, NH)) +
                            1);
-  attention_forward<S>(out.data(), att.data(), qkv.data(), B, T, C, NH, ws.data());
-  attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), att.data(), B, T, C, NH, ws.data());
-  return {{"out", to_double(out)}, {"att", to_double(att)}, {"dqkv", to_double(dqkv)}};
+  attention_forward<S>(out.data(), lse.data(), qkv.data(), B, T, C, NH, ws.data());
+  attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH,
+                        ws.data());
+  // The golden file holds PyTorch's probabilities; the twin keeps only each row's log-sum-exp,
+  // so compare the probabilities it implies: exp(q.k / sqrt(hs) - lse) on the causal prefix.
+  const int hs = C / NH;
+  const Vec x = to_double(qkv);
+  Vec att(static_cast<std::size_t>(B) * NH * T * T, 0.0);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        for (int u = 0; u <= t; ++u) {
+          double s = 0;
+          for (int e = 0; e < hs; ++e) {
+            s += x[(static_cast<std::size_t>(b) * T + t) * 3 * C + h * hs + e] *
+                 x[(static_cast<std::size_t>(b) * T + u) * 3 * C + C + h * hs + e];
+          }
+          const std::size_t row = (static_cast<std::size_t>(b) * NH + h) * T + t;
+          att[row * T + u] = std::exp(s / std::sqrt(static_cast<double>(hs)) - lse[row]);
+        }
+      }
+    }
+  }
+  return {{"out", to_double(out)}, {"att", att}, {"dqkv", to_double(dqkv)}};
+}
+
+// The head runs as the models run it: logits in rows padded to logits_row_stride(V). The padding
+// columns of every input hold NaN, so a kernel that read one would fail the comparison.
+template <typename T>
+std::vector<T> padded_rows(const std::vector<T>& dense, int rows, int V, int ld) {
+  std::vector<T> out(static_cast<std::size_t>(rows) * ld, to_storage<T>(Vec{std::nan("")})[0]);
+  for (int n = 0; n < rows; ++n) {
+    std::copy(dense.begin() + static_cast<std::ptrdiff_t>(n) * V,
+              dense.begin() + static_cast<std::ptrdiff_t>(n + 1) * V,
+              out.begin() + static_cast<std::ptrdiff_t>(n) * ld);
+  }
+  return out;
+}
+
+Vec dense_rows(const Vec& padded, int rows, int V, int ld) {
+  Vec out;
+  for (int n = 0; n < rows; ++n) {
+    out.insert(out.end(), padded.begin() + static_cast<std::ptrdiff_t>(n) * ld,
+               padded.begin() + static_cast<std::ptrdiff_t>(n) * ld + V);
+  }
+  return out;
 }
 
 template <typename S, typename G>
 Results run_logits() {
   const auto& d = dims("logits");
   const int N = d["N"], C = d["C"], V = d["V"];
+  const int ld = logits_row_stride(V);
+  REQUIRE(ld > V);
   const auto x = to_storage<S>(normal_values(kLayerSeed, 61, N * C));
   const auto wte = to_storage<S>(normal_values(kLayerSeed, 62, V * C, 0.1));
-  const auto dout = to_storage<S>(normal_values(kLayerSeed, 63, N * V));
-  std::vector<S> logits(N * V), dx(N * C, S{});
+  const auto dout = padded_rows(to_storage<S>(normal_values(kLayerSeed, 63, N * V)), N, V, ld);
+  std::vector<S> logits(static_cast<std::size_t>(N) * ld), dx(N * C, S{});
   std::vector<G> dwte(V * C, G{});
-  std::vector<acc_t<S>> ws(
-      std::max(logits_forward_workspace<S>(N, C, V), logits_backward_workspace<S>(N, C, V)) + 1);
-  logits_forward<S>(logits.data(), x.data(), wte.data(), N, C, V, ws.data());
+  std::vector<acc_t<S>> ws(std::max(logits_forward_workspace<S>(N, C, V, ld),
+                                    logits_backward_workspace<S>(N, C, V, ld)) +
+                           1);
+  logits_forward<S>(logits.data(), x.data(), wte.data(), N, C, V, ws.data(), ld);
   logits_backward<S, G>(dx.data(), dwte.data(), dout.data(), x.data(), wte.data(), N, C, V,
-                        ws.data());
-  return {{"logits", to_double(logits)}, {"dinp", to_double(dx)}, {"dwte", to_double(dwte)}};
+                        ws.data(), ld);
+  return {{"logits", dense_rows(to_double(logits), N, V, ld)},
+          {"dinp", to_double(dx)},
+          {"dwte", to_double(dwte)}};
 }
 
 template <typename S, typename G>
 Results run_crossentropy() {
   const auto& d = dims("crossentropy");
   const int N = d["N"], V = d["V"];
-  const auto logits = to_storage<S>(normal_values(kLayerSeed, 71, N * V, 2.0));
+  const int ld = logits_row_stride(V);
+  const auto logits = padded_rows(to_storage<S>(normal_values(kLayerSeed, 71, N * V, 2.0)), N, V,
+                                  ld);
   const auto targets = test::token_values(kLayerSeed, 72, N, V);
   std::vector<acc_t<S>> losses(N);
   std::vector<S> dlogits = logits;  // in place, as the model does
-  crossentropy_forward<S>(losses.data(), logits.data(), targets.data(), N, V);
-  crossentropy_backward<S>(dlogits.data(), dlogits.data(), targets.data(), acc_t<S>(1) / N, N, V);
-  return {{"losses", to_double(losses)}, {"dlogits", to_double(dlogits)}};
+  crossentropy_forward<S>(losses.data(), logits.data(), targets.data(), N, V, ld);
+  crossentropy_backward<S>(dlogits.data(), dlogits.data(), targets.data(), acc_t<S>(1) / N, N, V,
+                           ld);
+  return {{"losses", to_double(losses)}, {"dlogits", dense_rows(to_double(dlogits), N, V, ld)}};
 }
 
 template <typename S, typename G>

@@ -53,6 +53,7 @@ void ensure_twins() {
   register_comm_twins();
   register_optimizer_twins();
   register_gpt_twins();
+  register_flash_attention_twins();
   register_llama_twins();
 }
 

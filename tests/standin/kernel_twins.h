@@ -86,6 +86,7 @@ void register_engine_twins();
 void register_comm_twins();
 void register_optimizer_twins();
 void register_gpt_twins();
+void register_flash_attention_twins();
 void register_llama_twins();
 
 }  // namespace zrt::standin

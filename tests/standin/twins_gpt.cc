@@ -456,24 +456,41 @@ void register_gpt_twins() {
           }
         });
       });
-  twin<float*, long, int>(kNs + "causal_softmax_kernel(float*, long, int)",
-                          [](KernelCall& k, float* att, long rows, int T) {
-                            k.require_block(256);
-                            k.require_rows(rows, kRowsPerBlock, "rows");
-                            k.writes(att, rows * T * 4, "att");
-                            k.run([=] {
-                              for (I64 r = 0; r < rows; ++r) {
-                                const int t = static_cast<int>(r % T);
-                                float* a = att + r * T;
-                                float mx = -INFINITY, sum = 0.0f;
-                                for (int u = 0; u <= t; ++u) mx = std::fmax(mx, a[u]);
-                                for (int u = 0; u <= t; ++u) sum += std::exp(a[u] - mx);
-                                const float inv = 1.0f / sum;
-                                for (int u = 0; u < T; ++u)
-                                  a[u] = u <= t ? std::exp(a[u] - mx) * inv : 0.0f;
-                              }
-                            });
-                          });
+  twin<float*, float*, long, int>(
+      kNs + "causal_softmax_kernel(float*, float*, long, int)",
+      [](KernelCall& k, float* att, float* lse, long rows, int T) {
+        k.require_block(256);
+        k.require_rows(rows, kRowsPerBlock, "rows");
+        k.writes(att, rows * T * 4, "att");
+        if (lse != nullptr) k.writes(lse, rows * 4, "lse");
+        k.run([=] {
+          for (I64 r = 0; r < rows; ++r) {
+            const int t = static_cast<int>(r % T);
+            float* a = att + r * T;
+            float mx = -INFINITY, sum = 0.0f;
+            for (int u = 0; u <= t; ++u) mx = std::fmax(mx, a[u]);
+            for (int u = 0; u <= t; ++u) sum += std::exp(a[u] - mx);
+            const float inv = 1.0f / sum;
+            for (int u = 0; u < T; ++u) a[u] = u <= t ? std::exp(a[u] - mx) * inv : 0.0f;
+            if (lse != nullptr) lse[r] = mx + std::log(sum);
+          }
+        });
+      });
+  twin<float*, const float*, long, int>(
+      kNs + "causal_probs_kernel(float*, float const*, long, int)",
+      [](KernelCall& k, float* att, const float* lse, long rows, int T) {
+        k.require_block(256);
+        k.require_rows(rows, kRowsPerBlock, "rows");
+        k.writes(att, rows * T * 4, "att");
+        k.reads(lse, rows * 4, "lse");
+        k.run([=] {
+          for (I64 r = 0; r < rows; ++r) {
+            const int t = static_cast<int>(r % T);
+            float* a = att + r * T;
+            for (int u = 0; u < T; ++u) a[u] = u <= t ? std::exp(a[u] - lse[r]) : 0.0f;
+          }
+        });
+      });
   twin<float*, const float*, long, int>(
       kNs + "softmax_backward_kernel(float*, float const*, long, int)",
       [](KernelCall& k, float* datt, const float* att, long rows, int T) {

@@ -274,7 +274,7 @@ TEST_CASE("the verdict names the checkpointing alternative when nothing fits wit
   in.model = model_spec(builtin_models().parse_spec("gpt2-xl"));
   in.world = 8;
   in.seq_len = 1024;
-  in.micro_batch = 16;  // ~130 GB of activations without checkpointing, ~8 GB with it
+  in.micro_batch = 32;  // no stage fits without checkpointing; with it stage 0 needs ~41 GB
   in.device_gib = 80;
   in.engine.compute_dtype = DType::kBFloat16;
   std::vector<Estimate> all;

@@ -1,0 +1,36 @@
+// Fused causal attention on tensor cores (FlashAttention-2's scheme, written for zrt): the
+// forward streams key/value tiles past a tile of 64 queries, keeping a running max and sum per
+// row (online softmax) so the (T,T) scores never reach memory, and writes out and each row's
+// log-sum-exp; the backward recomputes the probabilities from that statistic, once per key tile
+// (dK, dV) and once per query tile (dQ), so neither pass needs atomics: results are
+// deterministic. Products run as 16x16x16 bf16/fp16 WMMA with fp32 accumulation; softmax
+// statistics, the scores and the row term D = dout.out stay fp32. Probabilities and dS are
+// rounded to the storage type before their products (as FlashAttention does); the CPU twin
+// (kernels/cpu/attention.h) keeps them in fp32, the difference the parity tests bound.
+//
+// Shapes it takes (attention.cu falls back to batched GEMMs for the rest): bf16 or fp16 storage,
+// head size 64, T a multiple of 64, qkv and dout 32-byte aligned. Needs sm_80 or newer (the
+// build's default architectures are 80 and 90).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace zrt::kernels::cuda {
+
+// Whether the fused kernels take this shape and storage type.
+bool flash_attention_supported(DType dtype, int T, int C, int NH);
+
+// out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
+void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
+                             int B, int T, int C, int NH);
+
+// l.ws: flash_attention_backward_workspace bytes (the row term D, (B,NH,T) fp32).
+std::int64_t flash_attention_backward_workspace(int B, int T, int NH);
+// dqkv (B,T,3C) += the gradients; dout, out (B,T,C); lse from the forward.
+void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
+                              const void* qkv, const void* out, const float* lse, int B, int T,
+                              int C, int NH);
+
+}  // namespace zrt::kernels::cuda
