@@ -403,7 +403,7 @@ void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes in
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::logits_forward(launch(ctx), dtype, raw(logits), raw(inp), raw(wte), N, C, V, ldl);
+  cuda::logits_forward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, raw(logits), raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_forward");
 #endif
@@ -428,7 +428,7 @@ void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   }
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
-  cuda::logits_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
+  cuda::logits_backward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
                         raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_backward");

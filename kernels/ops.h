@@ -77,7 +77,9 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
 // The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
 // models pass logits_row_stride(V): V rounded up to a multiple of 128, so every row starts
 // aligned and cuBLAS picks its aligned tensor-core kernels (rows of GPT-2's odd 50257 force
-// its align1 fallbacks). Columns V..row_stride are never read; the weights and the loss see V.
+// its align1 fallbacks; the CUDA head also runs its GEMMs over the padded vocabulary, with the
+// weights copied into zero-padded rows). Columns V..row_stride never reach a loss or a weight:
+// logits_forward may write anything there, crossentropy_backward writes zeros.
 int logits_row_stride(int V);
 
 // logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head.

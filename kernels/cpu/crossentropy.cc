@@ -183,6 +183,7 @@ void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targ
           drow[v] = store<S>((p - (v == target ? A(1) : A(0))) * dloss);
         }
       }
+      for (int v = V; v < ldl; ++v) drow[v] = store<S>(A(0));
     }
   }
 }

@@ -13,8 +13,9 @@
 // otherwise). 16-bit storage converts the logits GEMM operands to fp32 in `ws`.
 //
 // `ldl` is the logits' row stride in elements (0: dense, V). The models pad it
-// (kernels::logits_row_stride) so every row is aligned for the GPU's GEMMs; the columns from V
-// to ldl are never read, and written only with scratch by the 16-bit paths.
+// (kernels::logits_row_stride) so every row is aligned for the GPU's GEMMs. The columns from V
+// to ldl never reach a loss or a weight: logits_forward may leave scratch there,
+// crossentropy_backward writes zeros (the CUDA head's padded GEMMs sum over them).
 #pragma once
 
 #include <cstdint>

@@ -11,14 +11,23 @@ namespace {
 constexpr int kThreads = 256;
 using I64 = std::int64_t;
 
+// The row's max and sum of exp(x - max) in one read of the row (a running max per thread, its
+// sum rescaled when the max grows; then the block's max and the rescaled sums): the logits are
+// the largest tensor of a step (N x 50304 for GPT-2), so each pass over them counts.
 template <typename S>
 __device__ void row_stats(const S* row, int V, float* scratch, float& mx, float& sum) {
-  float m = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) m = fmaxf(m, ld(row[v]));
+  float m = -INFINITY, s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = ld(row[v]);
+    if (x > m) {
+      s = s * expf(m - x) + 1.0f;
+      m = x;
+    } else {
+      s += expf(x - m);
+    }
+  }
   mx = block_max(m, scratch);
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(ld(row[v]) - mx);
-  sum = block_sum(s, scratch);
+  sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), scratch);
 }
 
 template <typename S>
@@ -50,6 +59,7 @@ __global__ void crossentropy_backward_kernel(S* dlogits, const S* logits,
     const float p = expf(ld(row[v]) - mx) * inv;
     drow[v] = st<S>((p - (v == target ? 1.0f : 0.0f)) * dloss);
   }
+  for (int v = V + threadIdx.x; v < ldl; v += blockDim.x) drow[v] = st<S>(0.0f);
 }
 
 __global__ void loss_mean_kernel(float* out, const float* losses, int N) {
@@ -67,17 +77,40 @@ __global__ void loss_mean_kernel(float* out, const float* losses, int N) {
 
 }  // namespace
 
+std::int64_t logits_workspace(DType dtype, int C, int V, int ldl) {
+  return ldl == V ? 0 : static_cast<I64>(ldl) * C * static_cast<I64>(dtype_size(dtype));
+}
+
+namespace {
+// wte (V,C) copied into l.ws as ldl rows, the rows from V on zero: the GEMMs then run over the
+// padded vocabulary (an M or K of ldl, a multiple of 8) and cuBLAS picks aligned kernels; with
+// V = 50257 it falls back to align1 kernels at about a sixth of the speed.
+const void* padded_wte(const Launch& l, DType dtype, const void* wte, int C, int V, int ldl) {
+  if (ldl == V) return wte;
+  const std::size_t row = static_cast<std::size_t>(C) * dtype_size(dtype);
+  ZRT_CUDA_CHECK(cudaMemcpyAsync(l.ws, wte, row * static_cast<std::size_t>(V),
+                                 cudaMemcpyDeviceToDevice, l.stream));
+  ZRT_CUDA_CHECK(cudaMemsetAsync(static_cast<std::byte*>(l.ws) + row * static_cast<std::size_t>(V),
+                                 0, row * static_cast<std::size_t>(ldl - V), l.stream));
+  return l.ws;
+}
+}  // namespace
+
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
                     int N, int C, int V, int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  gemm(l, false, true, N, V, C, 1.0f, inp, type, C, wte, type, C, 0.0f, logits, type, ldl);
+  // All ldl columns: the padding ones come out as zero logits (zero weight rows).
+  gemm(l, false, true, N, ldl, C, 1.0f, inp, type, C, padded_wte(l, dtype, wte, C, V, ldl), type,
+       C, 0.0f, logits, type, ldl);
 }
 
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,
                      const void* dlogits, const void* inp, const void* wte, int N, int C, int V,
                      int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  gemm(l, false, false, N, C, V, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp, type, C);
+  // dinp sums over the padded vocabulary: crossentropy_backward left zeros in the padding.
+  gemm(l, false, false, N, C, ldl, 1.0f, dlogits, type, ldl, padded_wte(l, dtype, wte, C, V, ldl),
+       type, C, 1.0f, dinp, type, C);
   gemm(l, true, false, V, C, N, 1.0f, dlogits, type, ldl, inp, type, C, 1.0f, dwte,
        to_cuda_dtype(grad_dtype), C);
 }

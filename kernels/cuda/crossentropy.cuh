@@ -9,6 +9,8 @@
 
 namespace zrt::kernels::cuda {
 
+// l.ws bytes logits_forward and logits_backward need: the weights padded to ldl rows.
+std::int64_t logits_workspace(DType dtype, int C, int V, int ldl);
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
                     int N, int C, int V, int ldl);
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,

@@ -4,6 +4,7 @@
 // exactly what the kernel writes, with the kernel's geometry rules.
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/encoder.h"
@@ -199,12 +200,9 @@ void register_storage() {
           }
         });
       });
-  twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
-      sig("void " + kNs +
-              "layernorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, float "
-              "const*, int, int)",
-          s),
-      [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
+  // The scalar dinp kernel and its register-resident variants (16-bit storage, C = 256 * NV)
+  // compute the same values; the variants also need C to fit their loads exactly.
+  const auto dinp_twin = [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
            const float* rstd, int N, int C) {
         k.require_block(256);
         k.require_rows(N, kRowsPerBlock, "rows N");
@@ -233,7 +231,26 @@ void register_storage() {
             }
           }
         });
-      });
+      };
+  twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
+      sig("void " + kNs +
+              "layernorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, float "
+              "const*, int, int)",
+          s),
+      dinp_twin);
+  if (ss == 2) {
+    for (int nv = 1; nv <= 8; ++nv) {
+      twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
+          sig("void " + kNs + "layernorm_dinp_vec_kernel<$S, " + std::to_string(nv) +
+                  ">($S*, $S const*, $S const*, $S const*, float const*, float const*, int, int)",
+              s),
+          [dinp_twin, nv](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight,
+                          const float* mean, const float* rstd, int N, int C) {
+            k.require(C == 256 * nv, fmt::format("C {} is not 256 x {}", C, nv));
+            dinp_twin(k, dinp, dout, inp, weight, mean, rstd, N, C);
+          });
+    }
+  }
   twin<float*, float*, const S*, const S*, const float*, const float*, int, int>(
       sig("void " + kNs +
               "layernorm_partials_kernel<$S>(float*, float*, $S const*, $S const*, float const*, "
