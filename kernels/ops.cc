@@ -342,7 +342,8 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   }
 #if ZRT_HAVE_CUDA
   cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH)),
-                          dtype, raw(out), raw(lse), raw(qkv), B, T, C, NH);
+                          dtype, raw(out), raw(lse), raw(qkv), B, T, C, NH,
+                          ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
@@ -367,7 +368,7 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
 #if ZRT_HAVE_CUDA
   cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH)),
                            dtype, raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C,
-                           NH);
+                           NH, ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif

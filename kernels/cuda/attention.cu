@@ -140,9 +140,10 @@ std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int N
 }
 
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH) {
+                       int T, int C, int NH, bool wmma) {
   if (flash_attention_supported(dtype, T, C, NH)) {
-    flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH);
+    flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH,
+                            wmma ? FlashKernels::kWmma : FlashKernels::kMma);
     return;
   }
   const int hs = C / NH;
@@ -177,9 +178,11 @@ std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int 
 }
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const void* out, const float* lse, int B, int T, int C, int NH) {
+                        const void* out, const float* lse, int B, int T, int C, int NH,
+                        bool wmma) {
   if (flash_attention_supported(dtype, T, C, NH)) {
-    flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
+                             wmma ? FlashKernels::kWmma : FlashKernels::kMma);
     return;
   }
   const int hs = C / NH;

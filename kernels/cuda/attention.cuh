@@ -13,12 +13,14 @@ namespace zrt::kernels::cuda {
 
 // Workspace bytes (l.ws) of each pass: none for the fused forward.
 std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH);
+// wmma: the fused shapes run on the WMMA kernels (KernelOptions::cuda_attention_wmma).
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH);
+                       int T, int C, int NH, bool wmma = false);
 
 std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH);
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const void* out, const float* lse, int B, int T, int C, int NH);
+                        const void* out, const float* lse, int B, int T, int C, int NH,
+                        bool wmma = false);
 
 // The two softmax passes over `rows` rows of T (one warp per row), shared with
 // gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal; lse, if not null,

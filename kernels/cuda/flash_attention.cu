@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/flash_attention_mma.cuh"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -411,11 +412,15 @@ bool flash_attention_supported(DType dtype, int T, int C, int NH) {
 }
 
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
-                             int B, int T, int C, int NH) {
+                             int B, int T, int C, int NH, FlashKernels kernels) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH,
             dtype_name(dtype));
   check_aligned(qkv, "qkv");
+  if (kernels == FlashKernels::kMma) {
+    flash_mma_forward(l, dtype, out, lse, qkv, B, T, C, NH);
+    return;
+  }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
   with_16bit_storage(dtype, [&](auto s) {
@@ -432,7 +437,7 @@ std::int64_t flash_attention_backward_workspace(int B, int T, int NH) {
 
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
-                              int C, int NH) {
+                              int C, int NH, FlashKernels kernels) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH,
             dtype_name(dtype));
@@ -451,6 +456,10 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
            0, l.stream>>>(rowdot, static_cast<const S*>(dout), static_cast<const S*>(out), B, T,
                           C, NH);
     ZRT_CUDA_LAUNCH_CHECK();
+    if (kernels == FlashKernels::kMma) {
+      flash_mma_backward(l, dtype, dqkv, dout, qkv, lse, rowdot, B, T, C, NH);
+      return;
+    }
     flash_backward_dkdv_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
         static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
         rowdot, T, C, NH, scale, scale_log2);

@@ -22,15 +22,21 @@ namespace zrt::kernels::cuda {
 // Whether the fused kernels take this shape and storage type.
 bool flash_attention_supported(DType dtype, int T, int C, int NH);
 
+// Two implementations of the same kernels: kMma (flash_attention_mma.cuh: mma.sync with the
+// scores kept in registers, the default) and kWmma (this file: the WMMA API, the scores through
+// shared memory; slower, kept as the second opinion the GPU tests compare against).
+enum class FlashKernels { kMma, kWmma };
+
 // out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
-                             int B, int T, int C, int NH);
+                             int B, int T, int C, int NH,
+                             FlashKernels kernels = FlashKernels::kMma);
 
 // l.ws: flash_attention_backward_workspace bytes (the row term D, (B,NH,T) fp32).
 std::int64_t flash_attention_backward_workspace(int B, int T, int NH);
 // dqkv (B,T,3C) += the gradients; dout, out (B,T,C); lse from the forward.
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
-                              int C, int NH);
+                              int C, int NH, FlashKernels kernels = FlashKernels::kMma);
 
 }  // namespace zrt::kernels::cuda

@@ -50,13 +50,13 @@ struct Gpu {
   std::unique_ptr<Stream> stream;
   std::unique_ptr<KernelContext> ctx;
 
-  Gpu() {
+  explicit Gpu(KernelOptions kernel_options = {}) {
     DeviceOptions options;
     options.type = DeviceType::kCuda;
     options.index = test::gpu_index();
     device = make_device(options);
     stream = device->create_stream("compute");
-    ctx = std::make_unique<KernelContext>(*device, *stream);
+    ctx = std::make_unique<KernelContext>(*device, *stream, kernel_options);
   }
   Buffer upload_bytes(const void* data, std::size_t bytes) {
     Buffer b = device->allocate(static_cast<std::int64_t>(bytes + 64), MemCategory::kOther, "test");
@@ -438,7 +438,7 @@ TEST_CASE("CUDA attention matches its CPU twin", "[cuda]") {
               cpu_attention<bf16, bf16>, gpu_attention);
 }
 
-// The fused tensor-core kernels (head size 64, T a multiple of 64): two query tiles, so the
+// The fused tensor-core kernels (head size 64, T a multiple of 64): four query tiles, so the
 // diagonal tile, a full tile below it and the skipped tile above it all occur. Tolerances, from
 // the arithmetic: the kernels round the probabilities and dS to the storage type (relative
 // 2^-9 for bf16, 2^-11 for fp16) before their products, where the twin keeps fp32; out and dqkv
@@ -447,10 +447,14 @@ TEST_CASE("CUDA attention matches its CPU twin", "[cuda]") {
 // the fp32 sums in the 64-term scores (|error| <= 64 * 2^-24 * sum|q k| / 8, about 2e-5 against
 // lse ~ log T): 1e-4.
 TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
-  const AttentionIn in(2, 128, 128, 2);
+  const AttentionIn in(2, 256, 128, 2);
   REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
   REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
-  Gpu g;
+  const bool wmma = GENERATE(false, true);  // the mma.sync kernels, then the WMMA ones
+  INFO((wmma ? "WMMA kernels" : "mma.sync kernels"));
+  KernelOptions options;
+  options.cuda_attention_wmma = wmma;
+  Gpu g(options);
   auto check = [&](DType dt, const Results& want, double tol) {
     const Results got = gpu_attention(g, dt, dt, in);
     for (const char* name : {"out", "dqkv"}) {

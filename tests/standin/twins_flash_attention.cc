@@ -1,4 +1,5 @@
-// Twins of the fused attention kernels (kernels/cuda/flash_attention.cu), written from the math
+// Twins of the fused attention kernels (kernels/cuda/flash_attention.cu and its mma.sync
+// variants in flash_attention_mma.cu: same arguments, same results), written from the math
 // of kernels/cpu/attention.h in plain fp32 loops: the forward (out and each row's log-sum-exp),
 // the row term D = dout . out, and the two backward kernels, dQ and dK/dV, each adding only its
 // own part of dqkv in the storage type, as the kernel does. The kernels round probabilities and
@@ -6,6 +7,7 @@
 // CPU backend's to fp32 rounding (the GPU parity test bounds the kernels' own rounding).
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/common/dtype.h"
@@ -80,10 +82,9 @@ void register_storage() {
   const char* n = cuda_name<S>();
   const I64 ss = sizeof(S);
 
+  for (const char* kernel : {"flash_forward_kernel<$S, 64>", "flash_mma_forward_kernel<$S>"}) {
   twin<S*, float*, const S*, int, int, int, float>(
-      sig("void " + kNs +
-              "flash_forward_kernel<$S, 64>($S*, float*, $S const*, int, int, int, float)",
-          n),
+      sig("void " + kNs + kernel + "($S*, float*, $S const*, int, int, int, float)", n),
       [ss](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
            float scale_log2) {
         const Shape s = check_geometry(k, T, C, NH);
@@ -122,6 +123,7 @@ void register_storage() {
           }
         });
       });
+  }
 
   twin<float*, const S*, const S*, int, int, int, int>(
       sig("void " + kNs +
@@ -152,12 +154,14 @@ void register_storage() {
         });
       });
 
-  for (const bool dq_kernel : {true, false}) {
-    const std::string name = dq_kernel ? "flash_backward_dq_kernel" : "flash_backward_dkdv_kernel";
+  for (const char* kernel :
+       {"flash_backward_dq_kernel<$S, 64>", "flash_backward_dkdv_kernel<$S, 64>",
+        "flash_mma_dq_kernel<$S>", "flash_mma_dkdv_kernel<$S>"}) {
+    const bool dq_kernel = std::string(kernel).find("_dq_") != std::string::npos;
     twin<S*, const S*, const S*, const float*, const float*, int, int, int, float, float>(
-        sig("void " + kNs + name +
-                "<$S, 64>($S*, $S const*, $S const*, float const*, float const*, int, int, int, "
-                "float, float)",
+        sig("void " + kNs + kernel +
+                "($S*, $S const*, $S const*, float const*, float const*, int, int, int, float, "
+                "float)",
             n),
         [ss, dq_kernel](KernelCall& k, S* dqkv, const S* dout, const S* qkv, const float* lse,
                         const float* rowdot, int T, int C, int NH, float scale, float) {

@@ -286,18 +286,23 @@ void register_storage() {
       });
 
   // ---- cross-entropy: one block per row (rows = gridDim.x) ----
-  twin<float*, const S*, const std::int32_t*, int>(
-      sig("void " + kNs + "crossentropy_forward_kernel<$S>(float*, $S const*, int const*, int)", s),
-      [ss](KernelCall& k, float* losses, const S* logits, const std::int32_t* targets, int V) {
+  // ldl: the logits' row stride (>= V); the backward zeroes the padding columns V..ldl.
+  twin<float*, const S*, const std::int32_t*, int, int>(
+      sig("void " + kNs +
+              "crossentropy_forward_kernel<$S>(float*, $S const*, int const*, int, int)",
+          s),
+      [ss](KernelCall& k, float* losses, const S* logits, const std::int32_t* targets, int V,
+           int ldl) {
         const I64 N = k.grid().x;
         k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
+        k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
         k.writes(losses, N * 4, "losses");
-        k.reads(logits, N * V * ss, "logits");
+        k.reads(logits, ((N - 1) * ldl + V) * ss, "logits");
         k.reads(targets, N * 4, "targets");
         const std::string name = k.name();
         k.run([=] {
           for (I64 n = 0; n < N; ++n) {
-            const S* row = logits + n * V;
+            const S* row = logits + n * ldl;
             if (targets[n] < 0 || targets[n] >= V) {
               fail(cudaErrorIllegalAddress, name,
                    fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
@@ -309,29 +314,31 @@ void register_storage() {
           }
         });
       });
-  twin<S*, const S*, const std::int32_t*, float, int>(
+  twin<S*, const S*, const std::int32_t*, float, int, int>(
       sig("void " + kNs +
-              "crossentropy_backward_kernel<$S>($S*, $S const*, int const*, float, int)",
+              "crossentropy_backward_kernel<$S>($S*, $S const*, int const*, float, int, int)",
           s),
       [ss](KernelCall& k, S* dlogits, const S* logits, const std::int32_t* targets, float dloss,
-           int V) {
+           int V, int ldl) {
         const I64 N = k.grid().x;
         k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
-        k.writes(dlogits, N * V * ss, "dlogits");
-        k.reads(logits, N * V * ss, "logits");
+        k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
+        k.writes(dlogits, N * ldl * ss, "dlogits");
+        k.reads(logits, ((N - 1) * ldl + V) * ss, "logits");
         k.reads(targets, N * 4, "targets");
         k.run([=] {
           std::vector<float> row(static_cast<std::size_t>(V));
           for (I64 n = 0; n < N; ++n) {
-            for (int v = 0; v < V; ++v) row[v] = ld(logits[n * V + v]);  // in place allowed
+            for (int v = 0; v < V; ++v) row[v] = ld(logits[n * ldl + v]);  // in place allowed
             float mx = -INFINITY, sum = 0.0f;
             for (int v = 0; v < V; ++v) mx = std::fmax(mx, row[v]);
             for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
             const float inv = 1.0f / sum;
             for (int v = 0; v < V; ++v) {
               const float p = std::exp(row[v] - mx) * inv;
-              dlogits[n * V + v] = st<S>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+              dlogits[n * ldl + v] = st<S>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
             }
+            for (int v = V; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
           }
         });
       });

@@ -1,0 +1,464 @@
+#include "kernels/cuda/flash_attention_mma.cuh"
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kernels/cuda/device_math.cuh"
+#include "runtime/device/cuda_device.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+using I64 = std::int64_t;
+
+// One block: 4 warps over 64 rows (queries; keys for dK/dV), 16 rows per warp, head size 64.
+constexpr int kTile = 64;
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kHs = 64;
+constexpr int kLd = kHs + 8;  // staged row stride (elements): 36 words, no bank conflicts below
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr unsigned kFull = 0xffffffffu;
+
+// Fragment layouts of mma.m16n8k16 (PTX ISA), lane = 4 g + t:
+//   A (16x16, row): reg 0 (row g, cols 2t, 2t+1), 1 (row g+8, same), 2 (row g, cols 2t+8, +9),
+//                   3 (row g+8, cols 2t+8, +9); a register holds two 16-bit values, the lower
+//                   column in its low half.
+//   B (16x8, col):  reg 0 (rows k = 2t, 2t+1 of column n = g), reg 1 (rows 2t+8, 2t+9).
+//   C (16x8, f32):  c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, cols 2t, 2t+1).
+template <typename S>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  if constexpr (std::is_same_v<S, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <typename S>
+__device__ __forceinline__ std::uint16_t bits(S v) {
+  return *reinterpret_cast<const std::uint16_t*>(&v);
+}
+// Two values rounded to S, `lo` in the low half.
+template <typename S>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  return static_cast<std::uint32_t>(bits(st<S>(lo))) |
+         (static_cast<std::uint32_t>(bits(st<S>(hi))) << 16);
+}
+// Two 16-bit values from two addresses (a B operand whose k runs down a staged tile's rows).
+template <typename S>
+__device__ __forceinline__ std::uint32_t pair(const S* lo, const S* hi) {
+  return static_cast<std::uint32_t>(bits(*lo)) | (static_cast<std::uint32_t>(bits(*hi)) << 16);
+}
+__device__ __forceinline__ std::uint32_t word(const void* p) {
+  return *reinterpret_cast<const std::uint32_t*>(p);
+}
+
+// The A fragments of 16 rows x 64 (head dims) of a row-major matrix at `rows` (row stride ld).
+template <typename S>
+__device__ __forceinline__ void load_rows(std::uint32_t (&a)[4][4], const S* rows, int ld, int g,
+                                          int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const S* p = rows + kk * 16 + 2 * t;
+    a[kk][0] = word(p + static_cast<I64>(g) * ld);
+    a[kk][1] = word(p + static_cast<I64>(g + 8) * ld);
+    a[kk][2] = word(p + static_cast<I64>(g) * ld + 8);
+    a[kk][3] = word(p + static_cast<I64>(g + 8) * ld + 8);
+  }
+}
+
+// A 64 x 64 tile (row stride ld in global memory) into shared memory (row stride kLd), 16 bytes
+// per thread per step.
+template <typename S>
+__device__ __forceinline__ void stage(S* dst, const S* src, int ld) {
+  for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
+    const int row = i / (kHs / 8), part = i % (kHs / 8);
+    *reinterpret_cast<uint4*>(dst + row * kLd + part * 8) =
+        *reinterpret_cast<const uint4*>(src + static_cast<I64>(row) * ld + part * 8);
+  }
+}
+
+// acc[j] (16 rows x 8 columns, j < 8) = rows . tile^T for the 64 staged rows of `tile`, tiles of
+// 8 columns whose first column index is past `last` skipped (left zero).
+template <typename S>
+__device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
+                                                const S* tile, int first, int last, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[j][c] = 0.0f;
+    if (first + 8 * j > last) continue;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const S* p = tile + (8 * j + g) * kLd + kk * 16 + 2 * t;
+      mma<S>(acc[j], a[kk], word(p), word(p + 8));
+    }
+  }
+}
+
+// acc[dn] (16 rows x 8 head dims, dn < 8) += A (16 rows x 64 staged rows, as 4 fragments) . tile
+// where tile is the 64 staged rows x 64 head dims; k-chunks of 16 staged rows that `skip` marks
+// are left out.
+template <typename S>
+__device__ __forceinline__ void rows_times_staged(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
+                                                  const S* tile, const bool (&skip)[4], int g,
+                                                  int t) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    if (skip[kk]) continue;
+    const S* p = tile + (kk * 16 + 2 * t) * kLd + g;
+#pragma unroll
+    for (int dn = 0; dn < 8; ++dn) {
+      const S* q = p + dn * 8;
+      mma<S>(acc[dn], a[kk], pair(q, q + kLd), pair(q + 8 * kLd, q + 9 * kLd));
+    }
+  }
+}
+
+// The A fragments of a 16 x 64 accumulator set (8 tiles of 8 columns), rounded to S.
+template <typename S>
+__device__ __forceinline__ void to_a(std::uint32_t (&a)[4][4], const float (&acc)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = pack2<S>(acc[2 * kk][0], acc[2 * kk][1]);
+    a[kk][1] = pack2<S>(acc[2 * kk][2], acc[2 * kk][3]);
+    a[kk][2] = pack2<S>(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[kk][3] = pack2<S>(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFull, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFull, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 1);
+  return v + __shfl_xor_sync(kFull, v, 2);
+}
+
+// rows g and g+8 of a 16 x 64 accumulator set (acc[dn][c], columns 8 dn + 2t + c%2): added,
+// scaled, into `dst` rows (row stride ld), in storage type S.
+template <typename S>
+__device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[8][4], float scale,
+                                         int t) {
+#pragma unroll
+  for (int dn = 0; dn < 8; ++dn) {
+    const int d = dn * 8 + 2 * t;
+    dst0[d] = st<S>(ld(dst0[d]) + scale * acc[dn][0]);
+    dst0[d + 1] = st<S>(ld(dst0[d + 1]) + scale * acc[dn][1]);
+    dst1[d] = st<S>(ld(dst1[d]) + scale * acc[dn][2]);
+    dst1[d + 1] = st<S>(ld(dst1[d + 1]) + scale * acc[dn][3]);
+  }
+}
+
+// Forward: grid (T/64 query tiles, longest first; B*NH). Each block stages the key and value
+// tiles up to its diagonal; each warp keeps 16 rows' running max, partial sums and outputs.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    flash_mma_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH,
+                             float scale_log2) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) S k_s[kTile * kLd];
+  __shared__ __align__(16) S v_s[kTile * kLd];
+  const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y;
+  const int b = bh / NH, h = bh % NH;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q0 = tile * kTile + warp * 16;
+  const int row0 = q0 + g, row1 = q0 + g + 8;
+  const int last_key = q0 + 15;
+  const int ld3 = 3 * C;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* k_base = q_base + C;
+  const S* v_base = q_base + 2 * C;
+
+  std::uint32_t qa[4][4];
+  load_rows(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  float o[8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+  // Every warp of the block visits the same key tiles (k0 <= tile * 64 <= q0), so each row sees
+  // key k0 in each and its max is finite from the first tile on.
+  for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
+    __syncthreads();  // the previous tile's reads are done
+    stage(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
+    stage(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    __syncthreads();
+    float s[8][4];
+    rows_dot_staged<S>(s, qa, k_s, k0, last_key, g, t);
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = k0 + 8 * j + 2 * t + (c & 1);
+        const int row = c < 2 ? row0 : row1;
+        s[j][c] = key <= row ? s[j][c] * scale_log2 : -INFINITY;
+        if (c < 2) {
+          mx0 = fmaxf(mx0, s[j][c]);
+        } else {
+          mx1 = fmaxf(mx1, s[j][c]);
+        }
+      }
+    }
+    const float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
+    const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+    m0 = n0;
+    m1 = n1;
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        s[j][c] = exp2f(s[j][c] - (c < 2 ? m0 : m1));
+        if (c < 2) {
+          ps0 += s[j][c];
+        } else {
+          ps1 += s[j][c];
+        }
+      }
+    }
+    l0 = l0 * a0 + ps0;  // this thread's part of the row sums; the quad adds them at the end
+    l1 = l1 * a1 + ps1;
+#pragma unroll
+    for (int dn = 0; dn < 8; ++dn) {
+      o[dn][0] *= a0;
+      o[dn][1] *= a0;
+      o[dn][2] *= a1;
+      o[dn][3] *= a1;
+    }
+    std::uint32_t pa[4][4];
+    to_a<S>(pa, s);
+    const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
+                          k0 + 48 > last_key};
+    rows_times_staged<S>(o, pa, v_s, skip, g, t);
+  }
+  l0 = quad_sum(l0);
+  l1 = quad_sum(l1);
+  S* out0 = out + (static_cast<I64>(b) * T + row0) * C + h * kHs;
+  S* out1 = out + (static_cast<I64>(b) * T + row1) * C + h * kHs;
+#pragma unroll
+  for (int dn = 0; dn < 8; ++dn) {
+    const int d = dn * 8 + 2 * t;
+    *reinterpret_cast<std::uint32_t*>(out0 + d) = pack2<S>(o[dn][0] / l0, o[dn][1] / l0);
+    *reinterpret_cast<std::uint32_t*>(out1 + d) = pack2<S>(o[dn][2] / l1, o[dn][3] / l1);
+  }
+  if (t == 0) {
+    lse[static_cast<I64>(bh) * T + row0] = (m0 + log2f(l0)) * kLn2;
+    lse[static_cast<I64>(bh) * T + row1] = (m1 + log2f(l1)) * kLn2;
+  }
+#else
+  __trap();
+#endif
+}
+
+// dQ: the forward's geometry. Per key tile: S = Q K^T and dP = dout V^T in registers,
+// dS = P (dP - D), dQ += dS K.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
+                        const float* rowdot, int T, int C, int NH, float scale, float scale_log2) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) S k_s[kTile * kLd];
+  __shared__ __align__(16) S v_s[kTile * kLd];
+  const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
+  const int bh = blockIdx.y;
+  const int b = bh / NH, h = bh % NH;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int q0 = tile * kTile + warp * 16;
+  const int row0 = q0 + g, row1 = q0 + g + 8;
+  const int last_key = q0 + 15;
+  const int ld3 = 3 * C;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* k_base = q_base + C;
+  const S* v_base = q_base + 2 * C;
+  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * kHs;
+  const float lse0 = lse[static_cast<I64>(bh) * T + row0] * kLog2e;
+  const float lse1 = lse[static_cast<I64>(bh) * T + row1] * kLog2e;
+  const float d0 = rowdot[static_cast<I64>(bh) * T + row0];
+  const float d1 = rowdot[static_cast<I64>(bh) * T + row1];
+
+  std::uint32_t qa[4][4], da[4][4];
+  load_rows(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  load_rows(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
+  float dq[8][4] = {};
+
+  for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
+    __syncthreads();
+    stage(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
+    stage(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    __syncthreads();
+    float s[8][4], dp[8][4];
+    rows_dot_staged<S>(s, qa, k_s, k0, last_key, g, t);
+    rows_dot_staged<S>(dp, da, v_s, k0, last_key, g, t);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = k0 + 8 * j + 2 * t + (c & 1);
+        const bool top = c < 2;
+        const float p =
+            key <= (top ? row0 : row1) ? exp2f(s[j][c] * scale_log2 - (top ? lse0 : lse1)) : 0.0f;
+        s[j][c] = p * (dp[j][c] - (top ? d0 : d1));
+      }
+    }
+    std::uint32_t dsa[4][4];
+    to_a<S>(dsa, s);
+    const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
+                          k0 + 48 > last_key};
+    rows_times_staged<S>(dq, dsa, k_s, skip, g, t);
+  }
+  S* dq0 = dqkv + (static_cast<I64>(b) * T + row0) * ld3 + h * kHs;
+  S* dq1 = dqkv + (static_cast<I64>(b) * T + row1) * ld3 + h * kHs;
+  add_rows(dq0, dq1, dq, scale, t);
+#else
+  __trap();
+#endif
+}
+
+// dK, dV: grid (T/64 key tiles, first tiles first; B*NH). Warp w owns keys tile*64 + 16w .. +16
+// (the A operand); per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in registers,
+// P^T and dS^T from them, dV += P^T dout, dK += dS^T Q.
+template <typename S>
+__global__ void __launch_bounds__(kThreads)
+    flash_mma_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
+                          const float* rowdot, int T, int C, int NH, float scale,
+                          float scale_log2) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) S q_s[kTile * kLd];
+  __shared__ __align__(16) S dy_s[kTile * kLd];
+  __shared__ float lse_s[kTile];
+  __shared__ float d_s[kTile];
+  const int tile = blockIdx.x;
+  const int bh = blockIdx.y;
+  const int b = bh / NH, h = bh % NH;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int k0w = tile * kTile + warp * 16;
+  const int key0 = k0w + g, key1 = k0w + g + 8;
+  const int ld3 = 3 * C;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* k_base = q_base + C;
+  const S* v_base = q_base + 2 * C;
+  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * kHs;
+
+  std::uint32_t ka[4][4], va[4][4];
+  load_rows(ka, k_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
+  load_rows(va, v_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
+  float dk[8][4] = {}, dv[8][4] = {};
+
+  for (int qb = tile * kTile; qb < T; qb += kTile) {
+    __syncthreads();
+    stage(q_s, q_base + static_cast<I64>(qb) * ld3, ld3);
+    stage(dy_s, dy_base + static_cast<I64>(qb) * C, C);
+    if (threadIdx.x < kTile) {
+      lse_s[threadIdx.x] = lse[static_cast<I64>(bh) * T + qb + threadIdx.x] * kLog2e;
+      d_s[threadIdx.x] = rowdot[static_cast<I64>(bh) * T + qb + threadIdx.x];
+    }
+    __syncthreads();
+    // Query columns before the warp's first key are masked for all its keys: tiles of 8 that
+    // end before k0w are skipped (first + 8j > last fails for none, so test the end instead).
+    float st_[8][4], dpt[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        st_[j][c] = 0.0f;
+        dpt[j][c] = 0.0f;
+      }
+      if (qb + 8 * j + 7 < k0w) continue;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const S* pq = q_s + (8 * j + g) * kLd + kk * 16 + 2 * t;
+        const S* pd = dy_s + (8 * j + g) * kLd + kk * 16 + 2 * t;
+        mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
+        mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int qi = 8 * j + 2 * t + (c & 1);
+        const int key = c < 2 ? key0 : key1;
+        const float p = key <= qb + qi ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
+        st_[j][c] = p;
+        dpt[j][c] = p * (dpt[j][c] - d_s[qi]);
+      }
+    }
+    std::uint32_t pa[4][4], dsa[4][4];
+    to_a<S>(pa, st_);
+    to_a<S>(dsa, dpt);
+    const bool skip[4] = {qb + 15 < k0w, qb + 31 < k0w, qb + 47 < k0w, qb + 63 < k0w};
+    rows_times_staged<S>(dv, pa, dy_s, skip, g, t);
+    rows_times_staged<S>(dk, dsa, q_s, skip, g, t);
+  }
+  S* dk0 = dqkv + (static_cast<I64>(b) * T + key0) * ld3 + C + h * kHs;
+  S* dk1 = dqkv + (static_cast<I64>(b) * T + key1) * ld3 + C + h * kHs;
+  add_rows(dk0, dk1, dk, scale, t);
+  add_rows(dk0 + C, dk1 + C, dv, 1.0f, t);
+#else
+  __trap();
+#endif
+}
+
+template <typename Fn>
+void with_16bit(DType dtype, Fn&& fn) {
+  if (dtype == DType::kBFloat16) {
+    fn(Tag<__nv_bfloat16>{});
+  } else if (dtype == DType::kFloat16) {
+    fn(Tag<__half>{});
+  } else {
+    ZRT_THROW(InvalidArgument, "fused attention (mma): {} storage is not supported",
+              dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
+                       int T, int C, int NH) {
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
+  const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
+  with_16bit(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    flash_mma_forward_kernel<S><<<grid, kThreads, 0, l.stream>>>(
+        static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
+                        const void* qkv, const float* lse, const float* rowdot, int B, int T,
+                        int C, int NH) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
+  const float scale_log2 = scale * kLog2e;
+  const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
+  with_16bit(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    flash_mma_dkdv_kernel<S><<<grid, kThreads, 0, l.stream>>>(
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+        rowdot, T, C, NH, scale, scale_log2);
+    ZRT_CUDA_LAUNCH_CHECK();
+    flash_mma_dq_kernel<S><<<grid, kThreads, 0, l.stream>>>(
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+        rowdot, T, C, NH, scale, scale_log2);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace zrt::kernels::cuda

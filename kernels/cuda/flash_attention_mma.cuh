@@ -1,0 +1,22 @@
+// The fused attention kernels on mma.sync (m16n8k16, bf16/fp16 in, fp32 accumulate), written to
+// the PTX ISA's documented fragment layouts so that the scores stay in registers from one
+// product to the next: the softmax and dS = P (dP - D) work on the accumulators directly, and
+// an accumulator pair becomes the next product's A operand (FlashAttention-2's register reuse).
+// Key/query tiles are staged once per block in shared memory with 16-byte loads. Same contract,
+// shapes and results (up to summation order) as the WMMA kernels of flash_attention.cu.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace zrt::kernels::cuda {
+
+void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
+                       int T, int C, int NH);
+// rowdot: D = dout . out per row, (B,NH,T) fp32, already computed.
+void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
+                        const void* qkv, const float* lse, const float* rowdot, int B, int T,
+                        int C, int NH);
+
+}  // namespace zrt::kernels::cuda
