@@ -341,8 +341,8 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH)),
-                          dtype, raw(out), raw(lse), raw(qkv), B, T, C, NH,
+  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH)), dtype,
+                          raw(out), raw(lse), raw(qkv), B, T, C, NH,
                           ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::attention_forward");
@@ -359,16 +359,15 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_backward",
-              [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out),
-               l = raw(lse), B, T, C, NH,
-               ws] { cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws); });
+              [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out), l = raw(lse),
+               B, T, C, NH, ws] { cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH)),
-                           dtype, raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C,
-                           NH, ctx.options().cuda_attention_wmma);
+                           dtype, raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH,
+                           ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
@@ -394,8 +393,7 @@ void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes in
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
-      auto* ws =
-          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_forward_workspace<S>(N, C, V, ldl));
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_forward_workspace<S>(N, C, V, ldl));
       run_cpu(ctx, "logits_forward",
               [o = ptr<S>(logits), x = ptr<S>(inp), w = ptr<S>(wte), N, C, V, ws, ldl] {
                 cpu::logits_forward<S>(o, x, w, N, C, V, ws, ldl);
@@ -404,7 +402,8 @@ void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes in
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::logits_forward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, raw(logits), raw(inp), raw(wte), N, C, V, ldl);
+  cuda::logits_forward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, raw(logits),
+                       raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_forward");
 #endif
@@ -418,8 +417,7 @@ void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
       using G = decltype(g);
-      auto* ws =
-          cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_backward_workspace<S>(N, C, V, ldl));
+      auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::logits_backward_workspace<S>(N, C, V, ldl));
       run_cpu(ctx, "logits_backward",
               [dx = ptr<S>(dinp), dw = ptr<G>(dwte), dl = ptr<S>(dlogits), x = ptr<S>(inp),
                w = ptr<S>(wte), N, C, V, ws,
@@ -429,8 +427,8 @@ void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   }
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
-  cuda::logits_backward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
-                        raw(inp), raw(wte), N, C, V, ldl);
+  cuda::logits_backward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, grad_dtype,
+                        raw(dinp), raw(dwte), raw(dlogits), raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_backward");
 #endif
@@ -450,8 +448,7 @@ void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstB
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V,
-                             ldl);
+  cuda::crossentropy_forward(launch(ctx), dtype, raw(losses), raw(logits), raw(targets), N, V, ldl);
 #else
   cuda_backend_missing("kernels::crossentropy_forward");
 #endif

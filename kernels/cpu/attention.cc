@@ -146,10 +146,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
   if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
 }
 
-#define ZRT_INSTANTIATE(S)                                                                       \
-  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                      \
-  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                     \
-  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);    \
+#define ZRT_INSTANTIATE(S)                                                                         \
+  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                        \
+  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                       \
+  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);      \
   template void attention_backward<S>(S*, const S*, const S*, const S*, const acc_t<S>*, int, int, \
                                       int, int, acc_t<S>*);
 ZRT_INSTANTIATE(float)

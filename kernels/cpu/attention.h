@@ -2,8 +2,8 @@
 // the fused kernels in kernels/cuda/flash_attention.cu).
 //
 // qkv (B,T,3C) holds [q | k | v] along the last dimension, each C = NH heads of hs = C/NH
-// (GPT-2's c_attn output split and viewed as (B,T,NH,hs)). For each (b,h), with s = q k^T / sqrt(hs)
-// and t2 > t masked:
+// (GPT-2's c_attn output split and viewed as (B,T,NH,hs)). For each (b,h), with s = q k^T /
+// sqrt(hs) and t2 > t masked:
 //   forward:  p = softmax(s);  out[b,:,h] = p @ v                               out (B,T,C)
 //             lse[b,h,t] = log(sum_{u<=t} exp(s[t,u]))                          lse (B,NH,T)
 //   backward: p = exp(s - lse) recomputed;  dp = dout v^T;  dv += p^T dout;

@@ -195,12 +195,13 @@ void loss_mean(A* out, const A* losses, int N) {
   out[0] = static_cast<A>(sum / N);
 }
 
-#define ZRT_FWD(S)                                                                           \
+#define ZRT_FWD(S)                                                                                \
   template std::int64_t logits_forward_workspace<S>(int, int, int, int);                          \
   template std::int64_t logits_backward_workspace<S>(int, int, int, int);                         \
   template void logits_forward<S>(S*, const S*, const S*, int, int, int, acc_t<S>*, int);         \
   template void crossentropy_forward<S>(acc_t<S>*, const S*, const std::int32_t*, int, int, int); \
-  template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, acc_t<S>, int, int, int);
+  template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, acc_t<S>, int, int,   \
+                                         int);
 #define ZRT_BWD(S, G)                                                                      \
   template void logits_backward<S, G>(S*, G*, const S*, const S*, const S*, int, int, int, \
                                       acc_t<S>*, int);

@@ -178,8 +178,7 @@ std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int 
 }
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const void* out, const float* lse, int B, int T, int C, int NH,
-                        bool wmma) {
+                        const void* out, const float* lse, int B, int T, int C, int NH, bool wmma) {
   if (flash_attention_supported(dtype, T, C, NH)) {
     flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
                              wmma ? FlashKernels::kWmma : FlashKernels::kMma);

@@ -100,8 +100,8 @@ void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp,
                     int N, int C, int V, int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
   // All ldl columns: the padding ones come out as zero logits (zero weight rows).
-  gemm(l, false, true, N, ldl, C, 1.0f, inp, type, C, padded_wte(l, dtype, wte, C, V, ldl), type,
-       C, 0.0f, logits, type, ldl);
+  gemm(l, false, true, N, ldl, C, 1.0f, inp, type, C, padded_wte(l, dtype, wte, C, V, ldl), type, C,
+       0.0f, logits, type, ldl);
 }
 
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,

@@ -56,8 +56,7 @@ __device__ __forceinline__ void rows_dot_tile(Acc& acc, const RowA<S> (&rows)[HS
 // of that row's HS outputs in registers; the rescaling by exp2(m_old - m_new) happens there.
 template <typename S, int HS>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH,
-                         float scale_log2) {
+    flash_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH, float scale_log2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   static_assert(HS % 16 == 0 && HS <= kTile, "head size: a multiple of 16, at most 64");
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
@@ -336,9 +335,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kTile / 2; ++i) {
       const int c = half * (kTile / 2) + i;
       const int query = qb + c;
-      p[i] = krow <= query
-                 ? exp2f(scores[r * kScoreLd + c] * scale_log2 - lse_row[query] * kLog2e)
-                 : 0.0f;
+      p[i] = krow <= query ? exp2f(scores[r * kScoreLd + c] * scale_log2 - lse_row[query] * kLog2e)
+                           : 0.0f;
       g[i] = p[i] * (dprobs[r * kScoreLd + c] - d_row[query]);
     }
     __syncwarp();
@@ -358,8 +356,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int dn = 0; dn < HS / 16; ++dn) {
         RowB<S> dy_frag, q_frag;
-        wmma::load_matrix_sync(dy_frag, dy_base + static_cast<I64>(qb + kk * 16) * C + dn * 16,
-                               C);
+        wmma::load_matrix_sync(dy_frag, dy_base + static_cast<I64>(qb + kk * 16) * C + dn * 16, C);
         wmma::mma_sync(dv[dn], p_frag, dy_frag, dv[dn]);
         wmma::load_matrix_sync(q_frag, q_base + static_cast<I64>(qb + kk * 16) * ld3 + dn * 16,
                                ld3);
@@ -407,15 +404,14 @@ void check_aligned(const void* p, const char* what) {
 }  // namespace
 
 bool flash_attention_supported(DType dtype, int T, int C, int NH) {
-  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && NH > 0 &&
-         C == NH * kHeadSize && T > 0 && T % kTile == 0;
+  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && NH > 0 && C == NH * kHeadSize &&
+         T > 0 && T % kTile == 0;
 }
 
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
                              int B, int T, int C, int NH, FlashKernels kernels) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
-            "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH,
-            dtype_name(dtype));
+            "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   if (kernels == FlashKernels::kMma) {
     flash_mma_forward(l, dtype, out, lse, qkv, B, T, C, NH);
@@ -439,8 +435,7 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
                               const void* qkv, const void* out, const float* lse, int B, int T,
                               int C, int NH, FlashKernels kernels) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
-            "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH,
-            dtype_name(dtype));
+            "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   check_aligned(dout, "dout");
   const float scale = 1.0f / sqrtf(static_cast<float>(kHeadSize));
@@ -453,20 +448,20 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
     const I64 rows = static_cast<I64>(B) * T * NH;
     attention_row_dot_kernel<S>
         <<<static_cast<unsigned>((rows + kRowThreads / 32 - 1) / (kRowThreads / 32)), kRowThreads,
-           0, l.stream>>>(rowdot, static_cast<const S*>(dout), static_cast<const S*>(out), B, T,
-                          C, NH);
+           0, l.stream>>>(rowdot, static_cast<const S*>(dout), static_cast<const S*>(out), B, T, C,
+                          NH);
     ZRT_CUDA_LAUNCH_CHECK();
     if (kernels == FlashKernels::kMma) {
       flash_mma_backward(l, dtype, dqkv, dout, qkv, lse, rowdot, B, T, C, NH);
       return;
     }
     flash_backward_dkdv_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-        rowdot, T, C, NH, scale, scale_log2);
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
+        T, C, NH, scale, scale_log2);
     ZRT_CUDA_LAUNCH_CHECK();
     flash_backward_dq_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-        rowdot, T, C, NH, scale, scale_log2);
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
+        T, C, NH, scale, scale_log2);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

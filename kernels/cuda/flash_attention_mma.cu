@@ -112,9 +112,9 @@ __device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4], const std::u
 // where tile is the 64 staged rows x 64 head dims; k-chunks of 16 staged rows that `skip` marks
 // are left out.
 template <typename S>
-__device__ __forceinline__ void rows_times_staged(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
-                                                  const S* tile, const bool (&skip)[4], int g,
-                                                  int t) {
+__device__ __forceinline__ void rows_times_staged(float (&acc)[8][4],
+                                                  const std::uint32_t (&a)[4][4], const S* tile,
+                                                  const bool (&skip)[4], int g, int t) {
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (skip[kk]) continue;
@@ -269,8 +269,8 @@ __global__ void __launch_bounds__(kThreads)
 // dS = P (dP - D), dQ += dS K.
 template <typename S>
 __global__ void __launch_bounds__(kThreads)
-    flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
-                        const float* rowdot, int T, int C, int NH, float scale, float scale_log2) {
+    flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* rowdot,
+                        int T, int C, int NH, float scale, float scale_log2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) S k_s[kTile * kLd];
   __shared__ __align__(16) S v_s[kTile * kLd];
@@ -442,21 +442,20 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
   });
 }
 
-void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
-                        const void* qkv, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH) {
+void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
+                        const float* lse, const float* rowdot, int B, int T, int C, int NH) {
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
   with_16bit(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     flash_mma_dkdv_kernel<S><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-        rowdot, T, C, NH, scale, scale_log2);
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
+        T, C, NH, scale, scale_log2);
     ZRT_CUDA_LAUNCH_CHECK();
     flash_mma_dq_kernel<S><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-        rowdot, T, C, NH, scale, scale_log2);
+        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
+        T, C, NH, scale, scale_log2);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

@@ -15,8 +15,7 @@ namespace zrt::kernels::cuda {
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH);
 // rowdot: D = dout . out per row, (B,NH,T) fp32, already computed.
-void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
-                        const void* qkv, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH);
+void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
+                        const float* lse, const float* rowdot, int B, int T, int C, int NH);
 
 }  // namespace zrt::kernels::cuda

@@ -137,14 +137,30 @@ bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, cons
           <<<blocks, kThreads, 0, l.stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
     };
     switch (C / kPerVector) {
-      case 1: go(std::integral_constant<int, 1>{}); break;
-      case 2: go(std::integral_constant<int, 2>{}); break;
-      case 3: go(std::integral_constant<int, 3>{}); break;
-      case 4: go(std::integral_constant<int, 4>{}); break;
-      case 5: go(std::integral_constant<int, 5>{}); break;
-      case 6: go(std::integral_constant<int, 6>{}); break;
-      case 7: go(std::integral_constant<int, 7>{}); break;
-      default: go(std::integral_constant<int, 8>{}); break;
+      case 1:
+        go(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        go(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        go(std::integral_constant<int, 3>{});
+        break;
+      case 4:
+        go(std::integral_constant<int, 4>{});
+        break;
+      case 5:
+        go(std::integral_constant<int, 5>{});
+        break;
+      case 6:
+        go(std::integral_constant<int, 6>{});
+        break;
+      case 7:
+        go(std::integral_constant<int, 7>{});
+        break;
+      default:
+        go(std::integral_constant<int, 8>{});
+        break;
     }
     ZRT_CUDA_LAUNCH_CHECK();
     return true;
@@ -219,10 +235,9 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
     if (!launch_dinp_vec<S>(l, static_cast<S*>(dinp), static_cast<const S*>(dout),
                             static_cast<const S*>(inp), static_cast<const S*>(weight), mean, rstd,
                             N, C)) {
-      layernorm_dinp_kernel<S>
-          <<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, l.stream>>>(
-              static_cast<S*>(dinp), static_cast<const S*>(dout), static_cast<const S*>(inp),
-              static_cast<const S*>(weight), mean, rstd, N, C);
+      layernorm_dinp_kernel<S><<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, l.stream>>>(
+          static_cast<S*>(dinp), static_cast<const S*>(dout), static_cast<const S*>(inp),
+          static_cast<const S*>(weight), mean, rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
     const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);

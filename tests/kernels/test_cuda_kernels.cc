@@ -141,8 +141,11 @@ struct LayerNormIn {
       b = normal_values(kSeed, 13, kC, 0.1), dout = normal_values(kSeed, 14, kN*kC);
   LayerNormIn() = default;
   LayerNormIn(int n, int c)
-      : N(n), C(c), x(normal_values(kSeed, 15, n * c, 2.0, 0.5)),
-        w(normal_values(kSeed, 16, c, 0.1, 1.0)), b(normal_values(kSeed, 17, c, 0.1)),
+      : N(n),
+        C(c),
+        x(normal_values(kSeed, 15, n * c, 2.0, 0.5)),
+        w(normal_values(kSeed, 16, c, 0.1, 1.0)),
+        b(normal_values(kSeed, 17, c, 0.1)),
         dout(normal_values(kSeed, 18, n * c)) {}
 };
 
@@ -270,7 +273,11 @@ struct AttentionIn {
   Vec qkv = normal_values(kSeed, 51, kN * 3 * kC), dout = normal_values(kSeed, 52, kN*kC);
   AttentionIn() = default;
   AttentionIn(int b, int t, int c, int nh)
-      : B(b), T(t), C(c), NH(nh), qkv(normal_values(kSeed, 53, b * t * 3 * c)),
+      : B(b),
+        T(t),
+        C(c),
+        NH(nh),
+        qkv(normal_values(kSeed, 53, b * t * 3 * c)),
         dout(normal_values(kSeed, 54, b * t * c)) {}
   std::size_t rows() const { return static_cast<std::size_t>(B) * NH * T; }
 };
@@ -283,8 +290,7 @@ Results cpu_attention(const AttentionIn& in) {
   std::vector<float> ws(std::max(cpu::attention_forward_workspace<S>(in.B, in.T, in.C, in.NH),
                                  cpu::attention_backward_workspace<S>(in.B, in.T, in.C, in.NH)) +
                         1);
-  cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH,
-                            ws.data());
+  cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH, ws.data());
   cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), in.B,
                              in.T, in.C, in.NH, ws.data());
   return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
@@ -468,8 +474,12 @@ TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
     CHECK(err <= 1e-4);
     CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
   };
-  SECTION("bf16") { check(DType::kBFloat16, cpu_attention<bf16, bf16>(in), 1e-2); }
-  SECTION("fp16") { check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3); }
+  SECTION("bf16") {
+    check(DType::kBFloat16, cpu_attention<bf16, bf16>(in), 1e-2);
+  }
+  SECTION("fp16") {
+    check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3);
+  }
 }
 
 TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cuda]") {

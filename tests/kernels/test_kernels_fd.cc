@@ -125,17 +125,16 @@ TEST_CASE("attention backward matches finite differences (float64)", "[fd]") {
   Vec qkv = normal_values(kSeed, 51, kN * 3 * kC);
   const Vec R = normal_values(kSeed, 52, kN * kC);
   Vec out(kN * kC), lse(static_cast<std::size_t>(kB) * kNH * kT);
-  Vec ws(static_cast<std::size_t>(
-      std::max(attention_forward_workspace<double>(kB, kT, kC, kNH),
-               attention_backward_workspace<double>(kB, kT, kC, kNH))));
+  Vec ws(static_cast<std::size_t>(std::max(attention_forward_workspace<double>(kB, kT, kC, kNH),
+                                           attention_backward_workspace<double>(kB, kT, kC, kNH))));
   auto f = [&] {
     attention_forward<double>(out.data(), lse.data(), qkv.data(), kB, kT, kC, kNH, ws.data());
     return dot(out, R);
   };
   f();
   Vec dqkv(qkv.size(), 0.0);
-  attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), kB, kT,
-                             kC, kNH, ws.data());
+  attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), kB, kT, kC,
+                             kNH, ws.data());
   check_gradient("dqkv", qkv, dqkv, f);
   // The kept statistic is each row's log-sum-exp over the causal prefix, summed here directly.
   f();

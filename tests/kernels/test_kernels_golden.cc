@@ -200,8 +200,8 @@ Results run_crossentropy() {
   const auto& d = dims("crossentropy");
   const int N = d["N"], V = d["V"];
   const int ld = logits_row_stride(V);
-  const auto logits = padded_rows(to_storage<S>(normal_values(kLayerSeed, 71, N * V, 2.0)), N, V,
-                                  ld);
+  const auto logits =
+      padded_rows(to_storage<S>(normal_values(kLayerSeed, 71, N * V, 2.0)), N, V, ld);
   const auto targets = test::token_values(kLayerSeed, 72, N, V);
   std::vector<acc_t<S>> losses(N);
   std::vector<S> dlogits = logits;  // in place, as the model does

@@ -20,8 +20,8 @@ namespace {
 
 using I64 = std::int64_t;
 using namespace twin_names;
-constexpr int kTile = 64;       // rows per block (kernels/cuda/flash_attention.cu)
-constexpr int kThreads = 128;   // 4 warps of 16 rows
+constexpr int kTile = 64;      // rows per block (kernels/cuda/flash_attention.cu)
+constexpr int kThreads = 128;  // 4 warps of 16 rows
 constexpr int kHeadSize = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -83,54 +83,53 @@ void register_storage() {
   const I64 ss = sizeof(S);
 
   for (const char* kernel : {"flash_forward_kernel<$S, 64>", "flash_mma_forward_kernel<$S>"}) {
-  twin<S*, float*, const S*, int, int, int, float>(
-      sig("void " + kNs + kernel + "($S*, float*, $S const*, int, int, int, float)", n),
-      [ss](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
-           float scale_log2) {
-        const Shape s = check_geometry(k, T, C, NH);
-        k.require(std::fabs(scale_log2 * std::sqrt(64.0f) - kLog2e) < 1e-6f, "scale_log2");
-        k.writes(out, I64{s.B} * T * C * ss, "out");
-        k.writes(lse, I64{s.B} * NH * T * 4, "lse");
-        k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
-        k.run([=] {
-          const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
-          std::vector<float> row(static_cast<std::size_t>(T));
-          for (int b = 0; b < s.B; ++b) {
-            for (int h = 0; h < NH; ++h) {
-              for (int t = 0; t < T; ++t) {
-                const S* q = qkv + (I64{b} * T + t) * 3 * C + h * kHeadSize;
-                float mx = -INFINITY;
-                for (int u = 0; u <= t; ++u) {
-                  const S* kr = qkv + (I64{b} * T + u) * 3 * C + C + h * kHeadSize;
-                  float dot = 0.0f;
-                  for (int d = 0; d < kHeadSize; ++d) dot += ld(q[d]) * ld(kr[d]);
-                  row[u] = dot * scale;
-                  mx = std::fmax(mx, row[u]);
-                }
-                float sum = 0.0f;
-                for (int u = 0; u <= t; ++u) sum += std::exp(row[u] - mx);
-                for (int d = 0; d < kHeadSize; ++d) {
-                  float acc = 0.0f;
+    twin<S*, float*, const S*, int, int, int, float>(
+        sig("void " + kNs + kernel + "($S*, float*, $S const*, int, int, int, float)", n),
+        [ss](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
+             float scale_log2) {
+          const Shape s = check_geometry(k, T, C, NH);
+          k.require(std::fabs(scale_log2 * std::sqrt(64.0f) - kLog2e) < 1e-6f, "scale_log2");
+          k.writes(out, I64{s.B} * T * C * ss, "out");
+          k.writes(lse, I64{s.B} * NH * T * 4, "lse");
+          k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
+          k.run([=] {
+            const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
+            std::vector<float> row(static_cast<std::size_t>(T));
+            for (int b = 0; b < s.B; ++b) {
+              for (int h = 0; h < NH; ++h) {
+                for (int t = 0; t < T; ++t) {
+                  const S* q = qkv + (I64{b} * T + t) * 3 * C + h * kHeadSize;
+                  float mx = -INFINITY;
                   for (int u = 0; u <= t; ++u) {
-                    acc += std::exp(row[u] - mx) *
-                           ld(qkv[(I64{b} * T + u) * 3 * C + 2 * C + h * kHeadSize + d]);
+                    const S* kr = qkv + (I64{b} * T + u) * 3 * C + C + h * kHeadSize;
+                    float dot = 0.0f;
+                    for (int d = 0; d < kHeadSize; ++d) dot += ld(q[d]) * ld(kr[d]);
+                    row[u] = dot * scale;
+                    mx = std::fmax(mx, row[u]);
                   }
-                  out[(I64{b} * T + t) * C + h * kHeadSize + d] = st<S>(acc / sum);
+                  float sum = 0.0f;
+                  for (int u = 0; u <= t; ++u) sum += std::exp(row[u] - mx);
+                  for (int d = 0; d < kHeadSize; ++d) {
+                    float acc = 0.0f;
+                    for (int u = 0; u <= t; ++u) {
+                      acc += std::exp(row[u] - mx) *
+                             ld(qkv[(I64{b} * T + u) * 3 * C + 2 * C + h * kHeadSize + d]);
+                    }
+                    out[(I64{b} * T + t) * C + h * kHeadSize + d] = st<S>(acc / sum);
+                  }
+                  lse[(I64{b} * NH + h) * T + t] = mx + std::log(sum);
                 }
-                lse[(I64{b} * NH + h) * T + t] = mx + std::log(sum);
               }
             }
-          }
+          });
         });
-      });
   }
 
   twin<float*, const S*, const S*, int, int, int, int>(
       sig("void " + kNs +
               "attention_row_dot_kernel<$S>(float*, $S const*, $S const*, int, int, int, int)",
           n),
-      [ss](KernelCall& k, float* rowdot, const S* dout, const S* out, int B, int T, int C,
-           int NH) {
+      [ss](KernelCall& k, float* rowdot, const S* dout, const S* out, int B, int T, int C, int NH) {
         k.require(NH > 0 && C % NH == 0, fmt::format("C {} not divisible by NH {}", C, NH));
         k.require_block(256);
         k.require_rows(I64{B} * T * NH, kRowsPerBlock, "rows B*T*NH");

@@ -202,36 +202,36 @@ void register_storage() {
       });
   // The scalar dinp kernel and its register-resident variants (16-bit storage, C = 256 * NV)
   // compute the same values; the variants also need C to fit their loads exactly.
-  const auto dinp_twin = [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
-           const float* rstd, int N, int C) {
-        k.require_block(256);
-        k.require_rows(N, kRowsPerBlock, "rows N");
-        k.writes(dinp, I64{N} * C * ss, "dinp");
-        k.reads(dout, I64{N} * C * ss, "dout");
-        k.reads(inp, I64{N} * C * ss, "inp");
-        k.reads(weight, C * ss, "weight");
-        k.reads(mean, I64{N} * 4, "mean");
-        k.reads(rstd, I64{N} * 4, "rstd");
-        k.run([=] {
-          for (int r = 0; r < N; ++r) {
-            const I64 off = I64{r} * C;
-            const float m = mean[r], sc = rstd[r];
-            float g_sum = 0.0f, gn_sum = 0.0f;
-            for (int c = 0; c < C; ++c) {
-              const float norm = (ld(inp[off + c]) - m) * sc;
-              const float g = ld(dout[off + c]) * ld(weight[c]);
-              g_sum += g;
-              gn_sum += g * norm;
-            }
-            const float g_mean = g_sum / C, gn_mean = gn_sum / C;
-            for (int c = 0; c < C; ++c) {
-              const float norm = (ld(inp[off + c]) - m) * sc;
-              const float g = ld(dout[off + c]) * ld(weight[c]);
-              dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
-            }
-          }
-        });
-      };
+  const auto dinp_twin = [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight,
+                              const float* mean, const float* rstd, int N, int C) {
+    k.require_block(256);
+    k.require_rows(N, kRowsPerBlock, "rows N");
+    k.writes(dinp, I64{N} * C * ss, "dinp");
+    k.reads(dout, I64{N} * C * ss, "dout");
+    k.reads(inp, I64{N} * C * ss, "inp");
+    k.reads(weight, C * ss, "weight");
+    k.reads(mean, I64{N} * 4, "mean");
+    k.reads(rstd, I64{N} * 4, "rstd");
+    k.run([=] {
+      for (int r = 0; r < N; ++r) {
+        const I64 off = I64{r} * C;
+        const float m = mean[r], sc = rstd[r];
+        float g_sum = 0.0f, gn_sum = 0.0f;
+        for (int c = 0; c < C; ++c) {
+          const float norm = (ld(inp[off + c]) - m) * sc;
+          const float g = ld(dout[off + c]) * ld(weight[c]);
+          g_sum += g;
+          gn_sum += g * norm;
+        }
+        const float g_mean = g_sum / C, gn_mean = gn_sum / C;
+        for (int c = 0; c < C; ++c) {
+          const float norm = (ld(inp[off + c]) - m) * sc;
+          const float g = ld(dout[off + c]) * ld(weight[c]);
+          dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
+        }
+      }
+    });
+  };
   twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
       sig("void " + kNs +
               "layernorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, float "
@@ -480,26 +480,26 @@ void register_gpt_twins() {
           }
         });
       });
-  twin<float*, float*, long, int>(
-      kNs + "causal_softmax_kernel(float*, float*, long, int)",
-      [](KernelCall& k, float* att, float* lse, long rows, int T) {
-        k.require_block(256);
-        k.require_rows(rows, kRowsPerBlock, "rows");
-        k.writes(att, rows * T * 4, "att");
-        if (lse != nullptr) k.writes(lse, rows * 4, "lse");
-        k.run([=] {
-          for (I64 r = 0; r < rows; ++r) {
-            const int t = static_cast<int>(r % T);
-            float* a = att + r * T;
-            float mx = -INFINITY, sum = 0.0f;
-            for (int u = 0; u <= t; ++u) mx = std::fmax(mx, a[u]);
-            for (int u = 0; u <= t; ++u) sum += std::exp(a[u] - mx);
-            const float inv = 1.0f / sum;
-            for (int u = 0; u < T; ++u) a[u] = u <= t ? std::exp(a[u] - mx) * inv : 0.0f;
-            if (lse != nullptr) lse[r] = mx + std::log(sum);
-          }
-        });
-      });
+  twin<float*, float*, long, int>(kNs + "causal_softmax_kernel(float*, float*, long, int)",
+                                  [](KernelCall& k, float* att, float* lse, long rows, int T) {
+                                    k.require_block(256);
+                                    k.require_rows(rows, kRowsPerBlock, "rows");
+                                    k.writes(att, rows * T * 4, "att");
+                                    if (lse != nullptr) k.writes(lse, rows * 4, "lse");
+                                    k.run([=] {
+                                      for (I64 r = 0; r < rows; ++r) {
+                                        const int t = static_cast<int>(r % T);
+                                        float* a = att + r * T;
+                                        float mx = -INFINITY, sum = 0.0f;
+                                        for (int u = 0; u <= t; ++u) mx = std::fmax(mx, a[u]);
+                                        for (int u = 0; u <= t; ++u) sum += std::exp(a[u] - mx);
+                                        const float inv = 1.0f / sum;
+                                        for (int u = 0; u < T; ++u)
+                                          a[u] = u <= t ? std::exp(a[u] - mx) * inv : 0.0f;
+                                        if (lse != nullptr) lse[r] = mx + std::log(sum);
+                                      }
+                                    });
+                                  });
   twin<float*, const float*, long, int>(
       kNs + "causal_probs_kernel(float*, float const*, long, int)",
       [](KernelCall& k, float* att, const float* lse, long rows, int T) {

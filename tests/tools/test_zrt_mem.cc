@@ -454,7 +454,7 @@ TEST_CASE("ZeRO++: the quantized collectives' scratch and qgZ's output slice, by
   // Stage 2: one gradient bucket of both weights, 8192 elements, s = 2048, W = 513 words:
   // 2 x 4 x 2052 + 2 x 2048 x 4 + 2048 x 4 + 2048 x 2 = 45088.
   CHECK(comm(false, true, 2, 2) == 45088);
-  CHECK(comm(true, false, 2, 2) == 0);      // qwZ quantizes stage 3's gathers only
+  CHECK(comm(true, false, 2, 2) == 0);  // qwZ quantizes stage 3's gathers only
   // zrt-mem shows the figure when the keys are set.
   Inputs shown = in;
   shown.engine.quantized_gradients = true;

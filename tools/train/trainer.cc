@@ -738,8 +738,8 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       });
       batch.targets = DevicePtr<const std::int32_t>();
       model.forward(engine, batch);
-      const std::int64_t stride = model.logits_row_stride() > 0 ? model.logits_row_stride()
-                                                                 : model_source.vocab_size;
+      const std::int64_t stride =
+          model.logits_row_stride() > 0 ? model.logits_row_stride() : model_source.vocab_size;
       const std::int64_t row = std::int64_t{length - 1} * stride;
       device->copy_to_host(
           logits.data(),
