@@ -220,7 +220,7 @@ void Gpt::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes re
   k::matmul_backward(ctx_, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), d.dres, x.atty,
                      P(kAttProjW), N, C, C);
   k::attention_backward(ctx_, dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, B_, T_, C,
-                         config_.n_head);
+                        config_.n_head);
   k::matmul_backward(ctx_, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C,
                      3 * C);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W),

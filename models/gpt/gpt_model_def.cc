@@ -218,8 +218,8 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   const I64 C = c.n_embd;
   const I64 row = r(BT * C * S);  // one (B,T,C) tensor
   const I64 stat = r(BT * 4);     // one (B,T) fp32 statistic
-  const I64 block = 6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat +
-                    r(I64{B} * c.n_head * T * 4);
+  const I64 block =
+      6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat + r(I64{B} * c.n_head * T * 4);
   const I64 kept_blocks = activation_checkpointing ? 1 : c.n_layer;
   const I64 residual = (c.n_layer + 1) * row;
   const I64 head = row + 2 * stat + r(BT * kernels::logits_row_stride(c.vocab_size) * S) + stat;

@@ -144,8 +144,8 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //   per block kept for backward (L sets; one reused set under checkpointing):
 //     ln1, res2, ln2 (N,C); q, atty (N,NH*hd); k, v (N,NKV*hd); gate, up, h (N,I);
 //     ln1/ln2 rstd (N); attention probabilities (B,NH,T,T) fp32
-//   proj (N,C) scratch; head: lnf (N,C), its rstd, logits (N,V) in rows of logits_row_stride(V) (their gradient in place),
-//   losses (N)
+//   proj (N,C) scratch; head: lnf (N,C), its rstd, logits (N,V) in rows of
+//   logits_row_stride(V) (their gradient in place), losses (N)
 //   backward: dres, dlnf (N,C); one block's dln1, dln2 (N,C), dq, datty (N,NH*hd), dk, dv
 //   (N,NKV*hd), dgate, dup, dh (N,I)
 //   plus the 256-byte loss scalar (allocated apart, counted here).
