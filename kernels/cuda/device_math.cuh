@@ -99,6 +99,24 @@ void with_storage(DType dtype, Fn&& fn) {
   ZRT_THROW(InvalidArgument, "CUDA kernels: unsupported dtype {}", dtype_name(dtype));
 }
 
+// Calls fn(Tag<S>{}) for the 16-bit storage types only (tensor-core kernels); `what` names the
+// caller in the error for any other dtype.
+template <typename Fn>
+void with_16bit_storage(DType dtype, const char* what, Fn&& fn) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      fn(Tag<__nv_bfloat16>{});
+      return;
+    case DType::kFloat16:
+      fn(Tag<__half>{});
+      return;
+    default:
+      break;
+  }
+  ZRT_THROW(InvalidArgument, "{}: {} storage is not supported (bf16 or fp16 only)", what,
+            dtype_name(dtype));
+}
+
 // Calls fn(Tag<S>{}, Tag<G>{}) for the storage and gradient types (G is S or float).
 template <typename Fn>
 void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {

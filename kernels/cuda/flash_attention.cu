@@ -384,18 +384,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename Fn>
-void with_16bit_storage(DType dtype, Fn&& fn) {
-  with_storage(dtype, [&](auto s) {
-    using S = typename decltype(s)::type;
-    if constexpr (std::is_same_v<S, float>) {
-      ZRT_THROW(InvalidArgument, "fused attention: fp32 storage is not supported");
-    } else {
-      fn(s);
-    }
-  });
-}
-
 void check_aligned(const void* p, const char* what) {
   ZRT_CHECK(reinterpret_cast<std::uintptr_t>(p) % 32 == 0,
             "fused attention: {} at {} is not 32-byte aligned (WMMA loads need it)", what, p);
@@ -419,7 +407,7 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
   }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit_storage(dtype, [&](auto s) {
+  with_16bit_storage(dtype, "fused attention", [&](auto s) {
     using S = typename decltype(s)::type;
     flash_forward_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
         static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
@@ -442,7 +430,7 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
   const float scale_log2 = scale * kLog2e;
   float* rowdot = static_cast<float*>(l.ws);
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit_storage(dtype, [&](auto s) {
+  with_16bit_storage(dtype, "fused attention", [&](auto s) {
     using S = typename decltype(s)::type;
     constexpr int kRowThreads = 256;
     const I64 rows = static_cast<I64>(B) * T * NH;

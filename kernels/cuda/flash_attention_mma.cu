@@ -416,25 +416,13 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename Fn>
-void with_16bit(DType dtype, Fn&& fn) {
-  if (dtype == DType::kBFloat16) {
-    fn(Tag<__nv_bfloat16>{});
-  } else if (dtype == DType::kFloat16) {
-    fn(Tag<__half>{});
-  } else {
-    ZRT_THROW(InvalidArgument, "fused attention (mma): {} storage is not supported",
-              dtype_name(dtype));
-  }
-}
-
 }  // namespace
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH) {
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit(dtype, [&](auto s) {
+  with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
     using S = typename decltype(s)::type;
     flash_mma_forward_kernel<S><<<grid, kThreads, 0, l.stream>>>(
         static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
@@ -447,7 +435,7 @@ void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* do
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const float scale_log2 = scale * kLog2e;
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit(dtype, [&](auto s) {
+  with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
     using S = typename decltype(s)::type;
     flash_mma_dkdv_kernel<S><<<grid, kThreads, 0, l.stream>>>(
         static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
