@@ -235,8 +235,20 @@ void MpiProcessGroup::all_gather(DevicePtr<const std::byte> in, DevicePtr<std::b
   std::byte* dst = device_access::raw(out);
   check_all_gather(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllGather, collective_bytes(CollectiveOp::kAllGather, count, dtype, size_),
-          link_bytes(CollectiveOp::kAllGather, count, dtype, 0),
-          [this, src, dst, count, dtype] { run_all_gather(src, dst, count, dtype); });
+          link_bytes(CollectiveOp::kAllGather, count, dtype, 0), [this, src, dst, count, dtype] {
+            if (options_.simulated_link_only)
+              run_local_all_gather(src, dst, count * static_cast<std::int64_t>(dtype_size(dtype)));
+            else
+              run_all_gather(src, dst, count, dtype);
+          });
+}
+
+void MpiProcessGroup::run_local_all_gather(const std::byte* in, std::byte* out,
+                                           std::int64_t bytes) const {
+  for (int r = 0; r < size_; ++r) {
+    std::byte* block = out + r * bytes;
+    if (block != in) std::memmove(block, in, static_cast<std::size_t>(bytes));
+  }
 }
 
 void MpiProcessGroup::run_all_gather(const std::byte* in, std::byte* out, std::int64_t count,
@@ -316,7 +328,15 @@ void MpiProcessGroup::reduce_scatter(DevicePtr<const std::byte> in, DevicePtr<st
   enqueue(CollectiveOp::kReduceScatter,
           collective_bytes(CollectiveOp::kReduceScatter, count, dtype, size_),
           link_bytes(CollectiveOp::kReduceScatter, count, dtype, 0),
-          [this, src, dst, count, dtype, op] { run_reduce_scatter(src, dst, count, dtype, op); });
+          [this, src, dst, count, dtype, op] {
+            const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+            if (options_.simulated_link_only) {
+              if (dst != src + rank_ * bytes)
+                std::memmove(dst, src + rank_ * bytes, static_cast<std::size_t>(bytes));
+            } else {
+              run_reduce_scatter(src, dst, count, dtype, op);
+            }
+          });
 }
 
 void MpiProcessGroup::post_exchange(const std::byte* send, std::int64_t send_stride,
@@ -414,8 +434,13 @@ void MpiProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::b
   std::byte* dst = device_access::raw(out);
   check_all_to_all(src, dst, count, dtype);
   enqueue(CollectiveOp::kAllToAll, collective_bytes(CollectiveOp::kAllToAll, count, dtype, size_),
-          link_bytes(CollectiveOp::kAllToAll, count, dtype, 0),
-          [this, src, dst, count, dtype] { run_all_to_all(src, dst, count, dtype); });
+          link_bytes(CollectiveOp::kAllToAll, count, dtype, 0), [this, src, dst, count, dtype] {
+            const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+            if (options_.simulated_link_only)
+              run_local_all_gather(src + rank_ * bytes, dst, bytes);  // block `rank` of every peer
+            else
+              run_all_to_all(src, dst, count, dtype);
+          });
 }
 
 void MpiProcessGroup::run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count,
@@ -448,7 +473,13 @@ void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::b
                          : std::max<std::int64_t>(count, 1);  // integers: one MPI call
   enqueue(CollectiveOp::kAllReduce, collective_bytes(CollectiveOp::kAllReduce, count, dtype, size_),
           link_bytes(CollectiveOp::kAllReduce, count, dtype, chunk),
-          [this, src, dst, count, dtype, op] { run_all_reduce(src, dst, count, dtype, op); });
+          [this, src, dst, count, dtype, op] {
+            const std::int64_t bytes = count * static_cast<std::int64_t>(dtype_size(dtype));
+            if (!options_.simulated_link_only)
+              run_all_reduce(src, dst, count, dtype, op);
+            else if (dst != src)
+              std::memmove(dst, src, static_cast<std::size_t>(bytes));
+          });
 }
 
 void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count,
@@ -496,6 +527,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
   enqueue(CollectiveOp::kBroadcast, collective_bytes(CollectiveOp::kBroadcast, count, dtype, size_),
           link_bytes(CollectiveOp::kBroadcast, count, dtype, 0, root),
           [this, data, bytes, root, what = describe("broadcast", count, dtype)] {
+            if (options_.simulated_link_only) return;  // every rank holds the same data
             collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
               MPI_Request req = MPI_REQUEST_NULL;
               ZRT_MPI_CHECK(MPI_Ibcast(data + piece.first, static_cast<int>(piece.count), MPI_BYTE,
@@ -507,6 +539,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
 
 void MpiProcessGroup::barrier() {
   enqueue(CollectiveOp::kBarrier, 0, {}, [this] {
+    if (options_.simulated_link_only) return;
     MPI_Request req = MPI_REQUEST_NULL;
     ZRT_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait(req, fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_));

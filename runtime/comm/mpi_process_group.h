@@ -88,6 +88,8 @@ class MpiProcessGroup final : public ProcessGroup {
   void run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
   void run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                       ReduceOp op);
+  // CommOptions::simulated_link_only: the output from this rank's input alone (see there).
+  void run_local_all_gather(const std::byte* in, std::byte* out, std::int64_t bytes) const;
 
   Device& device_;
   CpuStream& cpu_stream_;

@@ -67,6 +67,13 @@ struct CommOptions {
   // latency + bus bytes / bandwidth after it starts (a sleep, costing no CPU). 0 disables.
   double simulated_bandwidth_bytes_per_s = 0.0;
   double simulated_latency_s = 0.0;
+  // CPU backend, benchmarks only: the modelled link alone. No bytes move between ranks; each
+  // operation fills its output from this rank's own input, as if every rank held the same data
+  // (averages are exact, sums count this rank only), then waits out the link. The results are
+  // not a real run's: this times the engine's schedule against the link without the MPI
+  // progress of shared-memory transfers competing with compute for the host's cores (on a GPU
+  // the collectives do not run on the compute's cores either).
+  bool simulated_link_only = false;
   // Ranks per node for NodeTopology::detect (topology.h); 0: as MPI reports them. A smaller
   // value makes one machine act as several nodes (tests). Config key comm.ranks_per_node.
   int ranks_per_node = 0;

@@ -273,3 +273,60 @@ TEST_CASE("the simulated link delays completion by latency + bus bytes / bandwid
   CHECK(total_s >= modelled);
   CHECK(enqueue_s < modelled);  // asynchronous: the host returned before the link finished
 }
+
+TEST_CASE("the link-only model moves no bytes between ranks and still charges the link") {
+  // zrt-bench step --link-only: every output comes from this rank's own input, as if all ranks
+  // held the same data. The inputs differ between ranks, so a real exchange would show.
+  CommOptions o;
+  o.simulated_link_only = true;
+  o.simulated_bandwidth_bytes_per_s = 100e6;
+  o.simulated_latency_s = 0.005;
+  auto f = make_comm(o, "link-only");
+  const int world = f.size();
+  const DType dtype = DType::kBFloat16;
+  const std::int64_t count = 1000;
+  const std::int64_t block = count * esize(dtype);
+  const auto full = make_input(dtype, f.rank(), 0, world * count, 41);
+  const std::vector<std::byte> mine(full.begin() + f.rank() * block,
+                                    full.begin() + (f.rank() + 1) * block);
+  auto expect_blocks = [&](const std::vector<std::byte>& got, const std::vector<std::byte>& each) {
+    REQUIRE(got.size() == static_cast<std::size_t>(world * block));
+    for (int r = 0; r < world; ++r) {
+      INFO("block " << r);
+      CHECK(std::equal(each.begin(), each.end(), got.begin() + r * block));
+    }
+  };
+  Buffer in = upload(*f.device, *f.stream, full);
+  Buffer out = upload(*f.device, *f.stream, {}, world * block);
+  const auto start = std::chrono::steady_clock::now();
+
+  f.group->all_gather(in.device<std::byte>() + f.rank() * block, out.device<std::byte>(), count,
+                      dtype);
+  expect_blocks(download(*f.device, *f.stream, out.device<std::byte>(), world * block), mine);
+
+  f.group->all_to_all(in.device<std::byte>(), out.device<std::byte>(), count, dtype);
+  expect_blocks(download(*f.device, *f.stream, out.device<std::byte>(), world * block), mine);
+
+  f.group->reduce_scatter(in.device<std::byte>(), out.device<std::byte>(), count, dtype,
+                          ReduceOp::kAvg);
+  CHECK(download(*f.device, *f.stream, out.device<std::byte>(), block) == mine);
+
+  f.group->all_reduce(in.device<std::byte>(), out.device<std::byte>(), world * count, dtype,
+                      ReduceOp::kAvg);
+  CHECK(download(*f.device, *f.stream, out.device<std::byte>(), world * block) == full);
+
+  f.group->broadcast(in.device<std::byte>(), world * count, dtype, 0);
+  f.group->barrier();
+  CHECK(download(*f.device, *f.stream, in.device<std::byte>(), world * block) == full);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  // Counted as the real operations are, and each waited out its modelled time.
+  const CommCounts c = f.group->stats().snapshot();
+  double modelled = 0.0;
+  for (std::size_t op = 0; op < kNumCollectiveOps; ++op) {
+    CHECK(c.calls[op] == 1);
+    modelled += 0.005 + c.bytes[op] * bus_factor(static_cast<CollectiveOp>(op), world) / 100e6;
+  }
+  CHECK(elapsed >= modelled);
+}

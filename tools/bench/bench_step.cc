@@ -31,6 +31,7 @@
 #include "runtime/comm/topology.h"
 #include "runtime/common/log.h"
 #include "runtime/engine/zero_engine.h"
+#include "runtime/trace/trace_recorder.h"
 #include "tools/bench/bench.h"
 
 namespace zrt::bench {
@@ -94,20 +95,43 @@ class StepRig {
     tokens_.seq_len = T;
     group_->set_node_map(config.node_map);
     run_steps(2);  // warm-up: allocations, scratch
+    engine_->synchronize();
     before_ = group_->stats().snapshot();
   }
 
   // Steps run back to back, as in training: a step's trailing communication (the post-step
-  // all-gather at stages 1-2) may overlap the next step's forward, so a step is timed as a run
-  // of `block` steps ended by a full synchronisation, divided by `block`. Slowest rank.
+  // all-gather at stages 1-2) overlaps the next step's forward. So a block is timed in steady
+  // state: one untimed step first, then `block` steps timed from the return of one step() to
+  // the return of the last (step() returns once the step's gradient norm has reached the host,
+  // the one synchronisation of a step), and the work still in flight is drained untimed.
+  // Slowest rank, divided by `block`.
   double timed_block() {
     MPI_Barrier(MPI_COMM_WORLD);
+    run_steps(1);
     const auto start = std::chrono::steady_clock::now();
     run_steps(config_.block);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    engine_->synchronize();
     MPI_Allreduce(MPI_IN_PLACE, &s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    steps_ += config_.block;
+    steps_ += config_.block + 1;
     return s / config_.block;
+  }
+
+  // One more block (not timed) with the timeline trace on, written to `path` (one file per
+  // rank): where a linked step's compute waits, which the medians cannot show.
+  void trace_block(const std::string& path) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    TraceRecorder trace(group_->rank());
+    engine_->set_trace(&trace);
+    for (int i = 0; i < config_.block; ++i) {
+      const double start = trace.now_us();
+      model_->forward_backward(*engine_, tokens_, static_cast<float>(engine_->loss_scale()));
+      engine_->step(1e-4);
+      trace.add_step(i, start, trace.now_us());
+    }
+    engine_->synchronize();
+    engine_->set_trace(nullptr);
+    trace.write(path);
   }
 
   StepFigures figures() const {
@@ -124,12 +148,12 @@ class StepRig {
   }
 
  private:
+  // n steps, not synchronised at the end.
   void run_steps(int n) {
     for (int i = 0; i < n; ++i) {
       model_->forward_backward(*engine_, tokens_, static_cast<float>(engine_->loss_scale()));
       engine_->step(1e-4);
     }
-    engine_->synchronize();
   }
 
   StepConfig config_;
@@ -181,7 +205,7 @@ std::vector<double> parse_list(const std::string& text, const char* what) {
 int step(int argc, char** argv) {
   Args args(argc, argv,
             {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units",
-             "prefetch", "ranks-per-node", "help"});
+             "prefetch", "ranks-per-node", "trace", "link-only", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
@@ -190,12 +214,18 @@ int step(int argc, char** argv) {
           "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128]\n"
           "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
           "    [--latency-us 20] [--units 4] [--prefetch 0.25] [--ranks-per-node N]\n"
+          "    [--trace PREFIX] [--link-only]\n"
           "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
           "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
           "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
           "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
           "  one unit's size nothing is prefetched); inter_MB = bytes a rank sends to other nodes\n"
-          "  per step (--ranks-per-node N: one machine as nodes of N ranks)\n"
+          "  per step (--ranks-per-node N: one machine as nodes of N ranks); --trace PREFIX:\n"
+          "  after the timed runs, one more block of each engine with the timeline trace on,\n"
+          "  to PREFIX-stage{S}-{none|<GB/s>}.rank{R}.json (docs/trace.md); --link-only: no\n"
+          "  bytes move between ranks, every rank computes as if the others held its data, and\n"
+          "  the modelled link is the only communication cost (the schedule's overlap, without\n"
+          "  shared-memory MPI competing with compute for the cores; not a real run's numerics)\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
     return 0;
@@ -215,6 +245,7 @@ int step(int argc, char** argv) {
       NodeTopology::detect(MPI_COMM_WORLD, static_cast<int>(args.get_double("ranks-per-node", 0)));
   config.node_map = topology.node_map();
   const double latency = args.get_double("latency-us", 20) * 1e-6;
+  const bool link_only = args.has("link-only");
   // Slow links make communication comparable to the model's compute.
   const std::vector<double> links_gbs = parse_list(args.get("links", "1,0.1,0.025"), "--links");
   if (mpi.rank() == 0) {
@@ -224,9 +255,10 @@ int step(int argc, char** argv) {
         config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, steps,
         config.block);
     std::printf(
-        "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = real MPI only; "
-        "nodes: %s\n",
-        latency * 1e6, topology.describe().c_str());
+        "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = %s; nodes: %s\n",
+        latency * 1e6,
+        link_only ? "no link (--link-only: no bytes move between ranks)" : "real MPI only",
+        topology.describe().c_str());
     std::printf(
         "# exposed = median over interleaved pairs of (step with the link - step without);\n"
         "# hidden = 1 - exposed / link_ms; link/none = link_ms / the step without the link\n");
@@ -235,7 +267,9 @@ int step(int argc, char** argv) {
                "exposed_ms", "hidden", "model_state_MiB"});
   for (int stage = 0; stage <= 3; ++stage) {
     if (stages.find(static_cast<char>('0' + stage)) == std::string::npos) continue;
-    StepRig none(stage, config, CommOptions{});
+    CommOptions none_options;
+    none_options.simulated_link_only = link_only;
+    StepRig none(stage, config, none_options);
     std::vector<double> none_times;
     bool first_row = true;
     for (double gbs : links_gbs) {
@@ -243,6 +277,7 @@ int step(int argc, char** argv) {
       CommOptions options;
       options.simulated_bandwidth_bytes_per_s = bw;
       options.simulated_latency_s = latency;
+      options.simulated_link_only = link_only;
       StepRig linked(stage, config, options);
       std::vector<double> link_times, differences;
       for (int i = 0; i < steps; ++i) {
@@ -279,6 +314,14 @@ int step(int argc, char** argv) {
                  fmt::format("{:.2f}", link / median(none_times)),
                  fmt::format("{:.1f}", exposed * 1e3), fmt::format("{:.0f}%", 100.0 * hidden),
                  fmt::format("{:.2f}", f.model_state_peak / 1048576.0)});
+      const std::string trace_prefix = args.get("trace", "");
+      if (!trace_prefix.empty()) {
+        const std::string rank = std::to_string(mpi.rank());
+        if (gbs == links_gbs.front())
+          none.trace_block(fmt::format("{}-stage{}-none.rank{}.json", trace_prefix, stage, rank));
+        linked.trace_block(
+            fmt::format("{}-stage{}-{:g}.rank{}.json", trace_prefix, stage, gbs, rank));
+      }
     }
   }
   if (mpi.rank() == 0) std::printf("%s", table.str().c_str());
