@@ -727,6 +727,8 @@ class Parser {
         get_int(z + "stage3_param_persistence_threshold", e.stage3_param_persistence_threshold);
     e.stage3_max_live_parameters =
         get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
+    e.stage3_max_reuse_distance =
+        get_int(z + "stage3_max_reuse_distance", e.stage3_max_reuse_distance);
     e.overlap_comm = get_bool(z + "overlap_comm", true);
     const bool stage_known = !is_rejected(z + "stage");
     e.quantized_weights = get_bool(z + "zero_quantized_weights", false);
@@ -760,7 +762,7 @@ class Parser {
     read_hpz(stage_known);
     if (e.stage < 3 && stage_known) {
       for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
-                              "stage3_max_live_parameters"}) {
+                              "stage3_max_live_parameters", "stage3_max_reuse_distance"}) {
         if (has(z + key)) {
           warn(z + key, fmt::format("only used at stage 3 (stage is {})", e.stage));
         }
@@ -1201,6 +1203,7 @@ json resolved_document(const Config& c) {
     zero["stage3_prefetch_bucket_size"] = e.stage3_prefetch_bucket_size;
     zero["stage3_param_persistence_threshold"] = e.stage3_param_persistence_threshold;
     zero["stage3_max_live_parameters"] = e.stage3_max_live_parameters;
+    zero["stage3_max_reuse_distance"] = e.stage3_max_reuse_distance;
   }
   const std::pair<const char*, const OffloadConfig*> offloads[] = {
       {"offload_optimizer", &c.offload_optimizer}, {"offload_param", &c.offload_param}};

@@ -293,10 +293,11 @@ std::vector<KeyInfo> build_table() {
         "Stage 3: most gathered elements resident before release")
           .range(0)
           .on_auto(kDefault),
-      K("zero_optimization.stage3_max_reuse_distance", W, kInt, "1e9",
-        "Stage 3: keep a parameter gathered if reused soon; zrt's schedule is static")
+      K("zero_optimization.stage3_max_reuse_distance", I, kInt, "0",
+        "Stage 3: keep a unit gathered from its forward into its backward when at most this many "
+        "elements are used in between (DeepSpeed's default, 1e9, keeps them all below 1e9 "
+        "elements; zrt's 0 releases after each use)")
           .range(0)
-          .off("1e9")
           .on_auto(kDefault),
       K("zero_optimization.stage3_gather_16bit_weights_on_model_save", W, kBool, "false",
         "save_16bit_model() consolidation; zrt exports from its checkpoints")

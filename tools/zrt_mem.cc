@@ -58,7 +58,9 @@ options:
   --comm-dtype D            communication_data_type (default: the compute dtype)
   --activation-checkpointing   count the checkpointed activations in the total
   --reduce-bucket-size N, --prefetch-bucket-size N, --max-live-parameters N,
-  --persistence-threshold N  zero_optimization knobs (elements; DeepSpeed's defaults)
+  --max-reuse-distance N, --persistence-threshold N
+                            zero_optimization knobs (elements; DeepSpeed's defaults, but
+                            --max-reuse-distance 0 as zrt-train's)
   --hpz S                   ZeRO++ hpZ (zero_hpz_partition_size) at stage 3: secondary shards of
                             1/S of each gathered unit, S dividing the ranks per node
   --device-gb G             device memory per rank in GiB, as device.memory_limit_gb (default 80)
@@ -116,6 +118,7 @@ int run(int argc, char** argv) {
                                              {"--reduce-bucket-size", true},
                                              {"--prefetch-bucket-size", true},
                                              {"--max-live-parameters", true},
+                                             {"--max-reuse-distance", true},
                                              {"--persistence-threshold", true},
                                              {"--device-gb", true},
                                              {"--device", true},
@@ -191,6 +194,9 @@ int run(int argc, char** argv) {
   if (args.count("--max-live-parameters"))
     in.engine.stage3_max_live_parameters = static_cast<std::int64_t>(
         parse_number("--max-live-parameters", args["--max-live-parameters"]));
+  if (args.count("--max-reuse-distance"))
+    in.engine.stage3_max_reuse_distance = static_cast<std::int64_t>(
+        parse_number("--max-reuse-distance", args["--max-reuse-distance"]));
   if (args.count("--persistence-threshold"))
     in.engine.stage3_param_persistence_threshold = static_cast<std::int64_t>(
         parse_number("--persistence-threshold", args["--persistence-threshold"]));

@@ -48,6 +48,15 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
             "stage 3 prefetch/live limits must be >= 0");
   ZRT_CHECK(options.rotating_buckets >= 1, "rotating_buckets must be >= 1 (is {})",
             options.rotating_buckets);
+  ZRT_CHECK(options.stage3_max_reuse_distance >= 0, "stage3_max_reuse_distance must be >= 0");
+  reuse_distance_.assign(static_cast<std::size_t>(std::max(num_modules, 0)), 0);
+  std::int64_t later = 0;  // elements of the non-persistent units of modules after m
+  for (int m = num_modules - 1; m >= 0; --m) {
+    reuse_distance_[static_cast<std::size_t>(m)] = 2 * later;
+    for (int u : plan.module_units(m)) {
+      if (!plan.unit(u).persistent) later += plan.unit(u).numel;
+    }
+  }
 }
 
 std::int64_t UnitSchedule::secondary_numel(int unit) const {
@@ -133,6 +142,13 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
       const bool needed_next = next >= 0 && std::find(unit.modules.begin(), unit.modules.end(),
                                                       next) != unit.modules.end();
       if (needed_next) continue;
+      // Reused soon enough (its backward, or the recompute before it, comes within the reuse
+      // distance) and within the live bound, which already counts it: keep it for the backward.
+      const bool reused_soon =
+          phase == Phase::kForward &&
+          reuse_distance_[static_cast<std::size_t>(module)] <= options_.stage3_max_reuse_distance &&
+          live_gathered_ <= options_.stage3_max_live_parameters;
+      if (reused_soon) continue;
       gathered_[static_cast<std::size_t>(u)] = false;
       live_gathered_ -= unit.numel;
       ops.push_back({UnitOpKind::kReleaseGather, u});

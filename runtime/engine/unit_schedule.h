@@ -26,6 +26,12 @@ struct ScheduleOptions {
   int gradient_accumulation_steps = 1;
   std::int64_t stage3_prefetch_bucket_size = 50000000;   // elements
   std::int64_t stage3_max_live_parameters = 1000000000;  // elements
+  // A training forward keeps a unit gathered into its backward, instead of releasing it and
+  // gathering it again, when the elements of the module uses in between (the later modules'
+  // forward and backward) are at most this many and the live-parameter bound holds: the last
+  // modules of the forward skip their backward gathers (DeepSpeed's stage3_max_reuse_distance).
+  // 0: release after every use (the last module, used again at once, is kept regardless).
+  std::int64_t stage3_max_reuse_distance = 0;  // elements
   // The compute stream waits, unit by unit, for the full parameters published after the last
   // step (stages 1-2, and stage 3's persistent unit) before a module uses them; without it the
   // step waits for the publication as a whole.
@@ -117,6 +123,9 @@ class UnitSchedule {
   std::vector<bool> gathered_;
   std::vector<bool> bucket_open_;
   std::vector<bool> secondary_;
+  // reuse_distance_[m]: elements of the module uses between module m's forward and its
+  // backward (the forward and backward of every later module; a unit counts once per use).
+  std::vector<std::int64_t> reuse_distance_;
   std::deque<int> rotating_buckets_;  // live buckets of contiguous modules, oldest first
   std::deque<int> pinned_buckets_;    // live shared / persistent buckets
   std::int64_t live_gathered_ = 0;

@@ -33,6 +33,7 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   s.gradient_accumulation_steps = options.gradient_accumulation_steps;
   s.stage3_prefetch_bucket_size = options.stage3_prefetch_bucket_size;
   s.stage3_max_live_parameters = options.stage3_max_live_parameters;
+  s.stage3_max_reuse_distance = options.stage3_max_reuse_distance;
   // After a step the next forward waits for each unit's publication as it arrives (acquire),
   // so it runs on the units already gathered (with offload: already updated by the CPU) while
   // the later ones are still on their way.

@@ -57,6 +57,7 @@ struct EngineOptions {
   std::int64_t reduce_bucket_size = 500000000;
   std::int64_t stage3_prefetch_bucket_size = 50000000;
   std::int64_t stage3_max_live_parameters = 1000000000;
+  std::int64_t stage3_max_reuse_distance = 0;  // ScheduleOptions (unit_schedule.h)
   std::int64_t stage3_param_persistence_threshold = 100000;
   bool overlap_comm = true;  // false: the compute stream waits for each collective at once
   std::int64_t alignment = 64;

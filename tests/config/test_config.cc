@@ -88,7 +88,7 @@ TEST_CASE("a full config sets every field", "[config]") {
     "zero_optimization": {
       "stage": 3, "reduce_bucket_size": 2e7, "overlap_comm": false,
       "stage3_prefetch_bucket_size": 1e6, "stage3_param_persistence_threshold": 1e4,
-      "stage3_max_live_parameters": 3e8,
+      "stage3_max_live_parameters": 3e8, "stage3_max_reuse_distance": 2e8,
       "offload_optimizer": {"device": "cpu", "pin_memory": false},
       "offload_param": {"device": "cpu", "buffer_count": 6}
     },
@@ -132,6 +132,7 @@ TEST_CASE("a full config sets every field", "[config]") {
   CHECK(e.stage3_prefetch_bucket_size == 1000000);
   CHECK(e.stage3_param_persistence_threshold == 10000);
   CHECK(e.stage3_max_live_parameters == 300000000);
+  CHECK(e.stage3_max_reuse_distance == 200000000);
   CHECK_FALSE(e.overlap_comm);
   CHECK(e.loss_scale.loss_scale == 0.0);
   CHECK(e.loss_scale.initial_scale_power == 12);
@@ -225,6 +226,7 @@ TEST_CASE("defaults follow DeepSpeed and the docs", "[config]") {
   CHECK(e.stage3_prefetch_bucket_size == 50000000);
   CHECK(e.stage3_param_persistence_threshold == 100000);
   CHECK(e.stage3_max_live_parameters == 1000000000);
+  CHECK(e.stage3_max_reuse_distance == 0);  // zrt's default (DeepSpeed's is 1e9)
   CHECK(e.overlap_comm);
   CHECK(e.loss_scale.loss_scale == 0.0);
   CHECK(e.loss_scale.initial_scale_power == 16);
@@ -375,6 +377,7 @@ TEST_CASE("\"auto\" elsewhere: defaults where clear, an error otherwise", "[conf
   CHECK(c.engine.stage3_prefetch_bucket_size == 50000000);
   CHECK(c.engine.stage3_param_persistence_threshold == 100000);
   CHECK(c.engine.stage3_max_live_parameters == 1000000000);
+  CHECK(c.engine.stage3_max_reuse_distance == 0);  // "auto": zrt's default
   CHECK(c.engine.overlap_comm);
   CHECK(c.scheduler.total_num_steps == 100);  // train.steps
   CHECK(c.warnings.empty());

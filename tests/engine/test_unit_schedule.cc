@@ -273,3 +273,84 @@ TEST_CASE("schedule peaks: gathered units and buckets as worked out by hand") {
   CHECK_THROWS_WITH(schedule_peaks(plan, 3, o, {false}),
                     Catch::Contains("1 recompute flags for 3 modules"));
 }
+
+TEST_CASE("stage 3 reuse distance: a forward keeps the units its backward needs soon") {
+  // Three 64-element modules: between module 1's forward and its backward come module 2's
+  // forward and backward (128 elements); between module 0's, modules 1 and 2 twice (256).
+  const auto params = chain();
+  const PartitionPlan plan = plan_of(params, 3, 3);
+  const int u0 = plan.module_units(0)[0], u1 = plan.module_units(1)[0],
+            u2 = plan.module_units(2)[0];
+  using V = std::vector<UnitOp>;
+  auto schedule_with = [&](std::int64_t distance, std::int64_t max_live) {
+    ScheduleOptions o;
+    o.stage = 3;
+    o.stage3_prefetch_bucket_size = 0;
+    o.stage3_max_reuse_distance = distance;
+    o.stage3_max_live_parameters = max_live;
+    return UnitSchedule(plan, 3, o);
+  };
+  SECTION("within the distance: module 1 stays gathered and its backward gathers nothing") {
+    UnitSchedule s = schedule_with(128, 1000);
+    s.acquire(0, Phase::kForward);
+    CHECK(show(s.release(0, Phase::kForward)) == show(V{{K::kReleaseGather, u0}}));
+    s.acquire(1, Phase::kForward);
+    CHECK(s.release(1, Phase::kForward).empty());
+    s.acquire(2, Phase::kForward);
+    CHECK(s.live_gathered_elements() == 128);  // u1 and u2
+    CHECK(s.release(2, Phase::kForward).empty());
+    s.acquire(2, Phase::kBackward);
+    CHECK(show(s.release(2, Phase::kBackward)) ==
+          show(V{{K::kIssueReduce, u2, true}, {K::kReleaseGather, u2}}));
+    CHECK(show(s.acquire(1, Phase::kBackward)) ==
+          show(V{{K::kAwaitGather, u1}, {K::kFreeBucket, u2}, {K::kOpenBucket, u1}}));
+    CHECK(show(s.release(1, Phase::kBackward)) ==
+          show(V{{K::kIssueReduce, u1, true}, {K::kReleaseGather, u1}}));
+    CHECK(show(s.acquire(0, Phase::kBackward)) == show(V{{K::kIssueGather, u0},
+                                                         {K::kAwaitGather, u0},
+                                                         {K::kFreeBucket, u1},
+                                                         {K::kOpenBucket, u0}}));
+    s.release(0, Phase::kBackward);
+    CHECK(s.live_gathered_elements() == 0);
+    // An eval forward has no backward: it keeps nothing whatever the distance.
+    s.step();
+    s.acquire(0, Phase::kEval);
+    s.release(0, Phase::kEval);
+    s.acquire(1, Phase::kEval);
+    CHECK(show(s.release(1, Phase::kEval)) == show(V{{K::kReleaseGather, u1}}));
+  }
+  SECTION("one element short of the distance, or over the live bound: released as before") {
+    for (auto [distance, max_live] :
+         {std::pair<std::int64_t, std::int64_t>{127, 1000}, {128, 63}}) {
+      UnitSchedule s = schedule_with(distance, max_live);
+      s.acquire(0, Phase::kForward);
+      s.release(0, Phase::kForward);
+      s.acquire(1, Phase::kForward);
+      CHECK(show(s.release(1, Phase::kForward)) == show(V{{K::kReleaseGather, u1}}));
+    }
+  }
+  SECTION("everything within the distance: no backward gathers, all parameters live at the turn") {
+    UnitSchedule s = schedule_with(256, 1000);
+    for (int m = 0; m < 3; ++m) {
+      s.acquire(m, Phase::kForward);
+      CHECK(s.release(m, Phase::kForward).empty());
+    }
+    CHECK(s.live_gathered_elements() == 192);
+    for (int m = 2; m >= 0; --m) {
+      for (const UnitOp& op : s.acquire(m, Phase::kBackward)) CHECK(op.kind != K::kIssueGather);
+      s.release(m, Phase::kBackward);
+    }
+    CHECK(s.live_gathered_elements() == 0);
+  }
+  SECTION("zrt-mem's peaks follow the kept units") {
+    ScheduleOptions o;
+    o.stage = 3;
+    o.stage3_prefetch_bucket_size = 0;
+    const std::vector<bool> no_recompute(3, false);
+    CHECK(schedule_peaks(plan, 3, o, no_recompute).gathered_elements == 64);
+    o.stage3_max_reuse_distance = 128;
+    CHECK(schedule_peaks(plan, 3, o, no_recompute).gathered_elements == 128);
+    o.stage3_max_reuse_distance = 256;
+    CHECK(schedule_peaks(plan, 3, o, no_recompute).gathered_elements == 192);
+  }
+}

@@ -51,6 +51,7 @@ struct StepConfig {
   int block = 3;
   int units = 4;              // reduce_bucket_size = parameters / units
   double prefetch = 0.25;     // stage3_prefetch_bucket_size = prefetch x parameters
+  double reuse = 0.0;         // stage3_max_reuse_distance = reuse x parameters
   std::vector<int> node_map;  // the node of every rank
 };
 
@@ -75,6 +76,8 @@ class StepRig {
     options.reduce_bucket_size = model_def_->num_parameters() / config.units;
     options.stage3_prefetch_bucket_size = static_cast<std::int64_t>(
         config.prefetch * static_cast<double>(model_def_->num_parameters()));
+    options.stage3_max_reuse_distance =
+        static_cast<std::int64_t>(config.reuse * static_cast<double>(model_def_->num_parameters()));
     options.stage3_param_persistence_threshold = 1000;
     engine_ = std::make_unique<ZeroEngine>(*device_, *compute_, *group_, model_->parameters(),
                                            model_->num_modules(), options, *adam_,
@@ -205,7 +208,7 @@ std::vector<double> parse_list(const std::string& text, const char* what) {
 int step(int argc, char** argv) {
   Args args(argc, argv,
             {"model", "batch", "steps", "block", "stages", "links", "latency-us", "units",
-             "prefetch", "ranks-per-node", "trace", "link-only", "help"});
+             "prefetch", "reuse", "ranks-per-node", "trace", "link-only", "help"});
   MpiRuntime mpi(&argc, &argv);
   init_logging(mpi.rank(), "warn");
   if (args.has("help")) {
@@ -213,13 +216,15 @@ int step(int argc, char** argv) {
       std::printf(
           "zrt-bench step [--model n_layer=4,n_head=4,n_embd=128,vocab_size=256,seq_len=128]\n"
           "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
-          "    [--latency-us 20] [--units 4] [--prefetch 0.25] [--ranks-per-node N]\n"
+          "    [--latency-us 20] [--units 4] [--prefetch 0.25] [--reuse 0] [--ranks-per-node N]\n"
           "    [--trace PREFIX] [--link-only]\n"
           "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
           "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
           "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
           "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
-          "  one unit's size nothing is prefetched); inter_MB = bytes a rank sends to other nodes\n"
+          "  one unit's size nothing is prefetched); stage3_max_reuse_distance = --reuse x\n"
+          "  parameters (2: every unit kept from the forward into the backward); inter_MB =\n"
+          "  bytes a rank sends to other nodes\n"
           "  per step (--ranks-per-node N: one machine as nodes of N ranks); --trace PREFIX:\n"
           "  after the timed runs, one more block of each engine with the timeline trace on,\n"
           "  to PREFIX-stage{S}-{none|<GB/s>}.rank{R}.json (docs/trace.md); --link-only: no\n"
@@ -236,6 +241,7 @@ int step(int argc, char** argv) {
   config.block = static_cast<int>(args.get_double("block", 3));
   config.units = static_cast<int>(args.get_double("units", 4));
   config.prefetch = args.get_double("prefetch", 0.25);
+  config.reuse = args.get_double("reuse", 0.0);
   const int steps = static_cast<int>(args.get_double("steps", 5));
   const std::string stages = args.get("stages", "0123");
   if (steps < 1 || config.block < 1 || config.units < 1)
@@ -251,9 +257,10 @@ int step(int argc, char** argv) {
   if (mpi.rank() == 0) {
     std::printf(
         "# zrt-bench step: %s, micro-batch %d, %d ranks, bf16, reduce buckets of 1/%d of the "
-        "parameters, prefetch %g of them; median of %d runs of %d steps\n",
-        config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, steps,
-        config.block);
+        "parameters, prefetch %g of them, reuse distance %g of them; median of %d runs of %d "
+        "steps\n",
+        config.model_spec.c_str(), config.batch, world, config.units, config.prefetch, config.reuse,
+        steps, config.block);
     std::printf(
         "# link: simulated (latency %.0f us + bus bytes / bandwidth); none = %s; nodes: %s\n",
         latency * 1e6,
