@@ -63,6 +63,7 @@ TestHooks TestHooks::from_env() {
   h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
   h.copy_delay_ms = env_int("ZRT_TEST_CKPT_COPY_DELAY_MS");
   h.write_delay_ms = env_int("ZRT_TEST_CKPT_WRITE_DELAY_MS");
+  h.write_delay_step = env_int("ZRT_TEST_CKPT_WRITE_DELAY_STEP");
   return h;
 }
 
@@ -310,7 +311,8 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
     try {
       const auto t = Clock::now();
       fault_point("checkpoint.write", request.index.step, rank_);  // test hook (fault.h)
-      if (hooks_.write_delay_ms > 0) {
+      if (hooks_.write_delay_ms > 0 &&
+          (hooks_.write_delay_step < 0 || hooks_.write_delay_step == request.index.step)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(hooks_.write_delay_ms));
       }
       if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);

@@ -58,12 +58,14 @@ namespace zrt::checkpoint {
 //   ZRT_TEST_CKPT_COPY_DELAY_MS=t an async save's state copy starts t ms late (on its stream), so
 //                              the next optimizer step must wait for it;
 //   ZRT_TEST_CKPT_WRITE_DELAY_MS=t every rank sleeps t ms before writing its file (a slow
-//                              storage system: a save that outlasts a preemption's grace).
+//                              storage system: a save that outlasts a preemption's grace);
+//   ZRT_TEST_CKPT_WRITE_DELAY_STEP=s only the save of step s is delayed (default: every save).
 struct TestHooks {
   int kill_rank = -1;
   int probe_elsewhere_rank = -1;
   int copy_delay_ms = -1;
   int write_delay_ms = -1;
+  int write_delay_step = -1;  // -1: every save
   static TestHooks from_env();
 };
 
