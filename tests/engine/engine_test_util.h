@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -310,6 +311,29 @@ inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, in
                    reference_adamw(p, m, v, total, coef, step, spec.lr, spec.weight_decay, specs);
                  });
   return p;
+}
+
+// Gathers over the sharding group of each unit in one training micro-batch of TiedMlp (the
+// recompute of its middle modules when `recompute`), replaying the schedule `options` gives
+// (one micro-batch: accumulation does not change a micro-batch's gathers).
+inline std::map<int, int> gathers_per_micro_batch(const PartitionPlan& plan, int modules,
+                                                  bool recompute, ScheduleOptions options) {
+  options.gradient_accumulation_steps = 1;
+  UnitSchedule schedule(plan, modules, options);
+  std::map<int, int> count;
+  auto use = [&](int m, Phase phase) {
+    for (const auto& ops : {schedule.acquire(m, phase), schedule.release(m, phase)}) {
+      for (const UnitOp& op : ops) {
+        if (op.kind == UnitOpKind::kIssueGather) ++count[op.unit];
+      }
+    }
+  };
+  for (int m = 0; m < modules; ++m) use(m, Phase::kForward);
+  for (int m = modules - 1; m >= 0; --m) {
+    if (recompute && m >= 1 && m + 1 < modules) use(m, Phase::kRecompute);
+    use(m, Phase::kBackward);
+  }
+  return count;
 }
 
 inline double relative_l2(const std::vector<float>& a, const std::vector<float>& b) {

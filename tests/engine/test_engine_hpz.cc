@@ -51,31 +51,6 @@ std::int64_t inter_bytes(const EngineRun& run) {
   return bytes;
 }
 
-// Gathers of each unit over all ranks in one training micro-batch of plain stage 3, from the
-// engine's own schedule (what hpZ replaces by gathers from the secondary shards, all but the
-// first of each unit).
-std::map<int, int> plain_gathers_per_micro_batch(const ZeroEngine& engine, int modules,
-                                                 bool recompute) {
-  ScheduleOptions options = schedule_options(engine.options());
-  options.hpz_partition_size = 0;
-  options.gradient_accumulation_steps = 1;
-  UnitSchedule schedule(engine.plan(), modules, options);
-  std::map<int, int> count;
-  auto use = [&](int m, Phase phase) {
-    for (const auto& ops : {schedule.acquire(m, phase), schedule.release(m, phase)}) {
-      for (const UnitOp& op : ops) {
-        if (op.kind == UnitOpKind::kIssueGather) ++count[op.unit];
-      }
-    }
-  };
-  for (int m = 0; m < modules; ++m) use(m, Phase::kForward);
-  for (int m = modules - 1; m >= 0; --m) {
-    if (recompute && m >= 1 && m + 1 < modules) use(m, Phase::kRecompute);
-    use(m, Phase::kBackward);
-  }
-  return count;
-}
-
 }  // namespace
 
 TEST_CASE("hpZ: the single-process reference's parameters, bit-identical to plain stage 3") {
@@ -197,8 +172,10 @@ TEST_CASE("hpZ: inter-node bytes per step are the formula; the secondary gathers
       const std::int64_t expected =
           remote * (accumulation * per_micro_batch + persistent) + remote * 2 * 4;
       // Plain stage 3 gathers each unit this many times per micro-batch over every rank.
-      const auto gathers =
-          plain_gathers_per_micro_batch(*run->engine, run->model.modules(), recompute);
+      ScheduleOptions plain_schedule = schedule_options(run->engine->options());
+      plain_schedule.hpz_partition_size = 0;
+      const auto gathers = gathers_per_micro_batch(run->engine->plan(), run->model.modules(),
+                                                   recompute, plain_schedule);
       std::int64_t served_inter = 0, served_intra = 0;
       for (const auto& [u, count] : gathers) {
         const Unit& unit = run->engine->plan().unit(u);

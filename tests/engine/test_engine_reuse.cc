@@ -18,29 +18,6 @@ using namespace zrt::test;
 
 namespace {
 
-// Gathers of each unit in one training micro-batch under `options`' schedule.
-std::map<int, int> gathers_per_micro_batch(const ZeroEngine& engine, int modules, bool recompute,
-                                           std::int64_t reuse_distance) {
-  ScheduleOptions options = schedule_options(engine.options());
-  options.stage3_max_reuse_distance = reuse_distance;
-  options.gradient_accumulation_steps = 1;
-  UnitSchedule schedule(engine.plan(), modules, options);
-  std::map<int, int> count;
-  auto use = [&](int m, Phase phase) {
-    for (const auto& ops : {schedule.acquire(m, phase), schedule.release(m, phase)}) {
-      for (const UnitOp& op : ops) {
-        if (op.kind == UnitOpKind::kIssueGather) ++count[op.unit];
-      }
-    }
-  };
-  for (int m = 0; m < modules; ++m) use(m, Phase::kForward);
-  for (int m = modules - 1; m >= 0; --m) {
-    if (recompute && m >= 1 && m + 1 < modules) use(m, Phase::kRecompute);
-    use(m, Phase::kBackward);
-  }
-  return count;
-}
-
 std::int64_t all_gather_bytes(const EngineRun& run) {
   return run.group->stats().snapshot().bytes[static_cast<std::size_t>(CollectiveOp::kAllGather)];
 }
@@ -79,8 +56,12 @@ TEST_CASE("stage 3 reuse distance: bit-identical to plain stage 3, fewer gathers
           CHECK(reuse->results[i].grad_norm == plain->results[i].grad_norm);
 
         const int modules = reuse->model.modules();
-        const auto before = gathers_per_micro_batch(*reuse->engine, modules, recompute, 0);
-        const auto after = gathers_per_micro_batch(*reuse->engine, modules, recompute, keep_all);
+        ScheduleOptions schedule = schedule_options(reuse->engine->options());
+        const auto after =
+            gathers_per_micro_batch(reuse->engine->plan(), modules, recompute, schedule);
+        schedule.stage3_max_reuse_distance = 0;
+        const auto before =
+            gathers_per_micro_batch(reuse->engine->plan(), modules, recompute, schedule);
         std::int64_t skipped = 0;  // elements per micro-batch
         for (const auto& [unit, n] : before) {
           const int kept = n - (after.count(unit) ? after.at(unit) : 0);
