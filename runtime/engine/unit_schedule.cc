@@ -195,16 +195,23 @@ void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& 
   } else {
     for (int m = module - 1; m >= 0; --m) next.push_back(m);
   }
-  // Within the prefetch budget and the live-parameter bound, stopping at the first unit that
-  // does not fit (so the order of gathers never depends on what happens to be free).
+  // A window of `budget` elements over the next uses: the units already gathered for them
+  // take their place in it, and the first unit that does not fit, or would break the
+  // live-parameter bound, ends it (so the order of gathers never depends on what happens to be
+  // free). Without charging the gathered ones the window grew by a budget at every module, and
+  // a forward gathered backward units long before the ones the backward needs first, in front
+  // of them on the communication stream.
+  std::vector<bool> counted(plan_.units().size(), false);
   for (int m : next) {
     for (int u : plan_.module_units(m)) {
       const Unit& unit = plan_.unit(u);
-      if (unit.persistent || gathered(u)) continue;
+      if (unit.persistent || counted[static_cast<std::size_t>(u)]) continue;
+      counted[static_cast<std::size_t>(u)] = true;
       if (unit.numel > budget) return;
+      budget -= unit.numel;
+      if (gathered(u)) continue;
       if (live_gathered_ + unit.numel > options_.stage3_max_live_parameters) return;
       gather(u, phase, ops);
-      budget -= unit.numel;
     }
   }
 }

@@ -181,6 +181,43 @@ TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it la
   CHECK(show(s.acquire(0, Phase::kEval)) == show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
 }
 
+TEST_CASE("stage 3 prefetch is a window of the budget over the next uses") {
+  // Four 64-element modules, two units of budget: the window ahead holds two units, and units
+  // already gathered for those uses take their place in it, so it never runs further ahead.
+  const std::vector<ParamSpec> params = {{"m0.w", {8, 8}, {0}, false},
+                                         {"m1.w", {8, 8}, {1}, false},
+                                         {"m2.w", {8, 8}, {2}, false},
+                                         {"m3.w", {8, 8}, {3}, false}};
+  const PartitionPlan plan = plan_of(params, 3, 4);
+  const std::int64_t n = plan.unit(0).numel;
+  auto u = [&](int m) { return plan.module_units(m)[0]; };
+  using V = std::vector<UnitOp>;
+  ScheduleOptions o;
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 2 * n;
+  UnitSchedule s(plan, 4, o);
+  CHECK(show(s.acquire(0, Phase::kForward)) == show(V{{K::kIssueGather, u(0)},
+                                                      {K::kAwaitGather, u(0)},
+                                                      {K::kIssueGather, u(1)},
+                                                      {K::kIssueGather, u(2)}}));
+  s.release(0, Phase::kForward);
+  // Units 1 and 2 are the window of module 1: module 2's unit is gathered, module 3's is next.
+  CHECK(show(s.acquire(1, Phase::kForward)) ==
+        show(V{{K::kAwaitGather, u(1)}, {K::kIssueGather, u(3)}}));
+  s.release(1, Phase::kForward);
+  // Module 2: the next uses are module 3's forward and backward (unit 3, gathered) and module
+  // 2's own backward (unit 2, in use): the window is full, and unit 1 (module 1's backward,
+  // released after its forward) waits. The old per-call budget gathered it here, and unit 0
+  // at module 3: the whole backward's units during the forward.
+  CHECK(show(s.acquire(2, Phase::kForward)) == show(V{{K::kAwaitGather, u(2)}}));
+  CHECK(s.live_gathered_elements() == 2 * n);
+  s.release(2, Phase::kForward);
+  // Module 3 (the last, kept for its backward): its backward and module 2's (unit 2, released
+  // after its forward) are next: unit 2 comes back.
+  CHECK(show(s.acquire(3, Phase::kForward)) ==
+        show(V{{K::kAwaitGather, u(3)}, {K::kIssueGather, u(2)}}));
+}
+
 TEST_CASE("stage 3 prefetch stops at the budget and at the live-parameter bound") {
   const auto params = chain();
   const PartitionPlan plan = plan_of(params, 3, 3);
@@ -256,12 +293,18 @@ TEST_CASE("schedule peaks: gathered units and buckets as worked out by hand") {
   CHECK(p.bucket_elements == n);
   CHECK(p.sum_elements == 2 * n);
   // One unit of prefetch: the forward of module 2 holds unit 2 and prefetches unit 1 (the next
-  // use in the static order is module 1's backward); the backward of module 2 then prefetches
-  // unit 0 too: all three units, 3n, and its bucket on top: 4n.
+  // use in the static order is module 1's backward); in the backward of module 2 unit 1 still
+  // fills the one-unit window, so unit 0 waits: 2n, and the bucket on top: 3n.
   o.stage3_prefetch_bucket_size = n;
   p = schedule_peaks(plan, 3, o, {false, false, false});
-  CHECK(p.gathered_elements == 3 * n);
+  CHECK(p.gathered_elements == 2 * n);
   CHECK(p.bucket_elements == n);
+  CHECK(p.sum_elements == 3 * n);
+  // Two units of prefetch: the backward of module 2 also gathers unit 0: all three units, 3n,
+  // and the bucket: 4n.
+  o.stage3_prefetch_bucket_size = 2 * n;
+  p = schedule_peaks(plan, 3, o, {false, false, false});
+  CHECK(p.gathered_elements == 3 * n);
   CHECK(p.sum_elements == 4 * n);
   // The live-parameter bound caps it: two units at most, so the peak with a bucket is 3n.
   o.stage3_max_live_parameters = 2 * n;
