@@ -4,10 +4,10 @@
 //
 // hidden = 1 - exposed / t_link, where exposed is what the link adds to a step: the median,
 // over interleaved pairs of timed runs, of (step with the simulated link - step without it;
-// the latter is compute + real MPI traffic), and t_link the link time of the step's
-// collectives as the model charges it (calls x latency + bus bytes / bandwidth). 100% means the
-// link cost nothing; 0% that it added fully to the step. The two engines run side by side in
-// one process and their runs alternate, so load on the machine shifts both alike.
+// the latter is compute + real MPI traffic, or with --link-only compute alone), and t_link the link
+// time of the step's collectives as the model charges it (calls x latency + bus bytes / bandwidth).
+// 100% means the link cost nothing; 0% that it added fully to the step. The two engines run side by
+// side in one process and their runs alternate, so load on the machine shifts both alike.
 //
 // inter_MB: what a rank sends to ranks on other nodes per step (the node topology MPI gives, or
 // --ranks-per-node to make one machine act as several nodes), as zrt-train's step line and
@@ -218,18 +218,18 @@ int step(int argc, char** argv) {
           "    [--batch 4] [--steps 5] [--block 3] [--stages 0123] [--links 1,0.1,0.025]\n"
           "    [--latency-us 20] [--units 4] [--prefetch 0.25] [--reuse 0] [--ranks-per-node N]\n"
           "    [--trace PREFIX] [--link-only]\n"
-          "  a step is timed as --block steps back to back ended by a synchronisation, divided\n"
-          "  by --block; for each link (GB/s) an engine with that simulated link and one without\n"
-          "  run side by side, --steps timed blocks each, interleaved; reduce_bucket_size =\n"
-          "  parameters / --units; stage3_prefetch_bucket_size = --prefetch x parameters (below\n"
-          "  one unit's size nothing is prefetched); stage3_max_reuse_distance = --reuse x\n"
-          "  parameters (2: every unit kept from the forward into the backward); inter_MB =\n"
-          "  bytes a rank sends to other nodes\n"
+          "  a step is timed in steady state: after one untimed step, --block steps from one\n"
+          "  step()'s return to the last's, divided by --block; for each link (GB/s) an engine\n"
+          "  with that simulated link and one without run side by side, --steps timed blocks\n"
+          "  each, interleaved; reduce_bucket_size = parameters / --units;\n"
+          "  stage3_prefetch_bucket_size = --prefetch x parameters (below one unit's size nothing\n"
+          "  is prefetched); stage3_max_reuse_distance = --reuse x parameters (2: every unit kept\n"
+          "  from the forward into the backward); inter_MB = bytes a rank sends to other nodes\n"
           "  per step (--ranks-per-node N: one machine as nodes of N ranks); --trace PREFIX:\n"
-          "  after the timed runs, one more block of each engine with the timeline trace on,\n"
-          "  to PREFIX-stage{S}-{none|<GB/s>}.rank{R}.json (docs/trace.md); --link-only: no\n"
-          "  bytes move between ranks, every rank computes as if the others held its data, and\n"
-          "  the modelled link is the only communication cost (the schedule's overlap, without\n"
+          "  after the timed runs, one more block of each engine with the timeline trace on, to\n"
+          "  PREFIX-stage{S}-{none|<GB/s>}.rank{R}.json (docs/trace.md); --link-only: no bytes\n"
+          "  move between ranks, every rank computes as if the others held its data, and the\n"
+          "  modelled link is the only communication cost (the schedule's overlap, without\n"
           "  shared-memory MPI competing with compute for the cores; not a real run's numerics)\n"
           "run under mpirun: tools/zrt-run -n 2 build/bin/zrt-bench step\n");
     }
