@@ -87,6 +87,14 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
   if (offload_param_) {
     host_reduced_ = device_.allocate(bytes_of(max_shard, DType::kFloat32), MemCategory::kWorkspace,
                                      "offloaded gradient transfer", host_space(false));
+  } else {
+    const std::int64_t norms_bytes =
+        bytes_of(static_cast<std::int64_t>(units_.size()), DType::kFloat32);
+    unit_norms_device_ =
+        device_.allocate(norms_bytes, MemCategory::kWorkspace, "offloaded gradient norms");
+    unit_norms_host_ =
+        device_.allocate(norms_bytes, MemCategory::kWorkspace, "offloaded gradient norms (host)",
+                         MemorySpace::kPinnedHost);
   }
   forward_order_ = UnitSchedule::forward_order(plan_);
 }
@@ -130,23 +138,38 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
   copy_->host_callback([consumed] {
     if (consumed.valid()) consumed.get();
   });
-  TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
-  if (offload_param_) {
-    // Every micro-batch: bring the reduced slice down and accumulate it on the host.
-    void* staging = host_reduced_.host<void>();
-    void* accum = h.grad.host<void>();
-    const std::int64_t n = unit.shard;
-    device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
-    if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
-    copy_->host_callback([staging, type, accum, adt, n] {
-      engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
-    });
-  } else {
-    ZRT_CHECK(type == adt, "offloaded gradient of unit {} in {} but grad_accum_dtype is {}", u,
-              dtype_name(type), dtype_name(adt));
+  if (!offload_param_) {
+    ZRT_CHECK(type == adt && final,
+              "offloaded gradient of unit {}: a final slice in grad_accum_dtype {} expected, got "
+              "{} (final: {})",
+              u, dtype_name(adt), dtype_name(type), final);
+    // The unit's sum of squares, taken on the device before the slice goes down with the kernel
+    // the device path's norm runs: on a GPU no host thread reads the gradient for it.
+    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
+    const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
+    device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
+    engine_kernels::add_sum_squares(device_, *copy_, reduced, adt, unit.shard, norm);
+    norm_span.end();
+    TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
     device_.copy_to_host(h.grad.host<void>(), reduced,
                          static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
+    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
+                         sizeof(float), *copy_);
+    span.end();
+    h.d2h_done->record(*copy_);
+    return;
   }
+  // Parameter offload: every micro-batch's reduced slice comes down and is accumulated on the
+  // host, so the final gradient exists only there.
+  TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
+  void* staging = host_reduced_.host<void>();
+  void* accum = h.grad.host<void>();
+  const std::int64_t n = unit.shard;
+  device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
+  if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
+  copy_->host_callback([staging, type, accum, adt, n] {
+    engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
+  });
   span.end();
   if (final) {
     // The unit's share of the gradient norm, taken here while the backward of earlier units
@@ -154,7 +177,6 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
     const void* grad = h.grad.host<void>();
     double* out = &h.grad_sum_squares;
-    const std::int64_t n = unit.shard;
     copy_->host_callback(
         [grad, adt, n, out] { *out = engine_kernels::cpu::sum_squares(grad, adt, n); });
     norm_span.end();
@@ -163,12 +185,14 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
 }
 
 float CpuOptimizerOffload::local_norm_squared() {
-  // Unit by unit in fp64, added in fp32 in unit order: exactly what the device path computes, so
-  // offload does not change the clipping decision by a single bit.
+  // Unit by unit in fp64, rounded to fp32 and added in fp32 in unit order: exactly what the device
+  // path computes, so offload does not change the clipping decision by a single bit.
   float local = 0.0f;
-  for (HostUnit& h : units_) {
-    h.d2h_done->synchronize();  // the copy stream took the unit's sum of squares before it
-    local += static_cast<float>(h.grad_sum_squares);
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    HostUnit& h = units_[u];
+    h.d2h_done->synchronize();  // the unit's sum of squares is on the host before it
+    local +=
+        offload_param_ ? static_cast<float>(h.grad_sum_squares) : unit_norms_host_.host<float>()[u];
   }
   return local;
 }

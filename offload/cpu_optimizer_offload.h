@@ -6,8 +6,11 @@
 // gradient first):
 //   backward:  each unit's final gradient slice goes device->host on the copy stream as soon
 //              as its reduction is done, while the backward of earlier units still runs;
-//   decision:  the copy stream takes each unit's sum of squares as its gradient arrives; the
-//              engine waits for the last one and adds them in unit order (the device path's
+//   decision:  each unit's sum of squares is taken as its final gradient arrives: on the device,
+//              by the copy stream before the slice goes down (the device path's own kernel, so
+//              on a GPU no host thread reads the whole gradient), or, with parameter offload
+//              where the final gradient exists only on the host, by the copy stream on the host;
+//              the engine waits for the last one and adds them in unit order (the device path's
 //              order, so the clipping decision is the same bit for bit);
 //   update:    the CPU-optimizer thread steps the units in the order the next forward needs
 //              them, writing compute-dtype parameters into a ring of staging buffers; the copy
@@ -64,7 +67,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
     std::unique_ptr<Event> d2h_done;    // copy stream: `grad` holds the final gradient
     std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
     std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
-    double grad_sum_squares = 0.0;        // of `grad`, taken on the copy stream
+    double grad_sum_squares = 0.0;        // parameter offload: of `grad`, on the host
   };
   MemorySpace host_space(bool for_params) const;
 
@@ -80,8 +83,12 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   std::unique_ptr<Stream> copy_;              // device <-> host copies
   std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
   std::vector<HostUnit> units_;
-  std::vector<Buffer> staging_;     // host, compute dtype: updated parameters on their way up
-  Buffer host_reduced_;             // parameter offload: one reduced slice on its way down
+  std::vector<Buffer> staging_;  // host, compute dtype: updated parameters on their way up
+  Buffer host_reduced_;          // parameter offload: one reduced slice on its way down
+  // Without parameter offload: each unit's sum of squares of its final gradient, taken on the
+  // device (fp32 [units]) and copied down beside the gradient.
+  Buffer unit_norms_device_;
+  Buffer unit_norms_host_;
   std::vector<int> forward_order_;  // units in the order the next forward needs them
   TraceRecorder* trace_ = nullptr;
 };

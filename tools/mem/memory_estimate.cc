@@ -363,6 +363,12 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   }
   e.workspace = 4;                                    // the gradient norm
   if (in.trainer_buffers) e.workspace += 4 + 64 * 8;  // zrt-train's loss accumulator, control
+  // Optimizer offload without parameter offload takes each unit's gradient sum of squares on
+  // the device and copies it down: one float per unit on each side.
+  const I64 unit_norms_bytes = setting.offload_optimizer && !setting.offload_param
+                                   ? 4 * static_cast<I64>(f.units.size())
+                                   : 0;
+  e.workspace += unit_norms_bytes;
 
   // Host memory (pinned or pageable, as the offload blocks say).
   CategoryBytes& h = e.host_per_rank;
@@ -372,6 +378,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     at(h, MemCategory::kGrads) = f.shard_total * as;
     // Staging buffers carrying updated parameters up, one slice each.
     at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.max_shard * cs;
+    at(h, MemCategory::kWorkspace) += unit_norms_bytes;
   }
   if (setting.offload_param) {
     at(h, MemCategory::kParams) = f.sharded_slices * cs;
