@@ -12,6 +12,7 @@
 
 #include "runtime/device/device.h"
 #include "runtime/trace/trace_recorder.h"
+#include "runtime/trace/trace_summary.h"
 #include "tests/trace/trace_test_util.h"
 
 using namespace zrt;
@@ -117,4 +118,53 @@ TEST_CASE("a CPU stream times the work of a span on its worker") {
   CHECK(events[1].name == "second");
   CHECK(events[1].duration_us >= 1000.0);
   CHECK(events[1].start_us >= events[0].start_us + events[0].duration_us);
+}
+
+TEST_CASE("trace step summaries: busy time is each track's union within the step") {
+  auto event = [](TraceTrack track, const char* name, double start, double duration) {
+    TraceEvent e;
+    e.track = track;
+    e.name = name;
+    e.start_us = start;
+    e.duration_us = duration;
+    return e;
+  };
+  // Two steps, [0, 100) and [100, 250), worked by hand:
+  //   compute: [10, 40) + [30, 60) overlap -> [10, 60) = 50; [90, 120) straddles the boundary:
+  //            10 in step 1, 20 in step 2; [200, 230) = 30 more in step 2.
+  //   CPU optimizer: [50, 95) in step 1 (under compute: [50, 60) and [90, 95) = 15);
+  //                  [110, 180) in step 2 (under compute: [110, 120) = 10).
+  //   copy: [20, 25) in step 1 only; comm: nothing.
+  //   A span after the last step [260, 270) counts nowhere.
+  const std::vector<TraceEvent> events = {
+      event(TraceTrack::kSteps, "step 1", 0, 100),
+      event(TraceTrack::kSteps, "step 2", 100, 150),
+      event(TraceTrack::kCompute, "a", 10, 30),
+      event(TraceTrack::kCompute, "b", 30, 30),
+      event(TraceTrack::kCompute, "c", 90, 30),
+      event(TraceTrack::kCompute, "d", 200, 30),
+      event(TraceTrack::kCompute, "e", 260, 10),
+      event(TraceTrack::kCpuOptimizer, "adam unit 0", 50, 45),
+      event(TraceTrack::kCpuOptimizer, "adam unit 1", 110, 70),
+      event(TraceTrack::kCopy, "d2h unit 0", 20, 5),
+  };
+  const std::vector<TraceStepSummary> steps = summarize_trace_steps(events);
+  REQUIRE(steps.size() == 2);
+  CHECK(steps[0].name == "step 1");
+  CHECK(steps[0].duration_us == 100.0);
+  CHECK(steps[0].busy(TraceTrack::kCompute) == 60.0);
+  CHECK(steps[0].compute_idle_us() == 40.0);
+  CHECK(steps[0].busy(TraceTrack::kCpuOptimizer) == 45.0);
+  CHECK(steps[0].cpu_optimizer_under_compute_us == 15.0);
+  CHECK(steps[0].busy(TraceTrack::kCopy) == 5.0);
+  CHECK(steps[0].busy(TraceTrack::kComm) == 0.0);
+  CHECK(steps[1].busy(TraceTrack::kCompute) == 50.0);
+  CHECK(steps[1].compute_idle_us() == 100.0);
+  CHECK(steps[1].busy(TraceTrack::kCpuOptimizer) == 70.0);
+  CHECK(steps[1].cpu_optimizer_under_compute_us == 10.0);
+  CHECK(steps[1].busy(TraceTrack::kCopy) == 0.0);
+  CHECK(format_trace_step(steps[0]) ==
+        "step 1: 0.1 ms; compute busy 0.1 ms, idle 0.0 ms (40%); copy 0.0 ms; CPU optimizer "
+        "0.0 ms (0.0 ms under compute)");
+  CHECK(summarize_trace_steps({events.begin() + 2, events.end()}).empty());  // no markers
 }

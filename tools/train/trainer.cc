@@ -32,6 +32,7 @@
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
+#include "runtime/trace/trace_summary.h"
 #include "tools/train/device_peaks.h"
 #include "tools/train/metrics_log.h"
 #include "tools/train/monitors/event_file_writer.h"
@@ -681,13 +682,18 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         engine.set_trace(nullptr);
         const std::string path = trace_path_for_rank(config.trace.path, rank, world);
         trace->write(path);
-        trace.reset();
         if (rank == 0) {
           spdlog::info(
               "trace of steps {}-{} written to {}", config.trace.first_step, last_traced,
               world > 1 ? trace_path_for_rank(config.trace.path, 0, world) + " (one file per rank)"
                         : path);
+          // What the device did per step (rank 0's streams); the last traced step also holds the
+          // drain of everything it enqueued, so the earlier steps are the steady state.
+          for (const TraceStepSummary& s : summarize_trace_steps(trace->events())) {
+            spdlog::info("trace {}", format_trace_step(s));
+          }
         }
+        trace.reset();
       }
     }
     const bool interval_save =
