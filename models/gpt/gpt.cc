@@ -92,10 +92,7 @@ void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std:
   }
   const bool residual_projection = spec.name.find("c_proj.weight") != std::string::npos;
   const double std = residual_projection ? kInitStd / std::sqrt(2.0 * config_.n_layer) : kInitStd;
-  for (I64 i = 0; i < count; ++i) {
-    out[i] = static_cast<float>(std * counter_normal(seed, static_cast<std::uint64_t>(index),
-                                                     static_cast<std::uint64_t>(begin + i)));
-  }
+  fill_counter_normal(seed, static_cast<std::uint64_t>(index), begin, count, std, out);
 }
 
 I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) const {

@@ -132,10 +132,7 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
     for (I64 i = 0; i < count; ++i) out[i] = norm_weight ? 1.0f : 0.0f;
     return;
   }
-  for (I64 i = 0; i < count; ++i) {
-    out[i] = static_cast<float>(kInitStd * counter_normal(seed, static_cast<std::uint64_t>(index),
-                                                          static_cast<std::uint64_t>(begin + i)));
-  }
+  fill_counter_normal(seed, static_cast<std::uint64_t>(index), begin, count, kInitStd, out);
 }
 
 // The layout (S = bytes per element of the compute dtype, N = B*T, statistics fp32, each

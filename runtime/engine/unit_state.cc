@@ -96,7 +96,6 @@ DevicePtr<std::byte> ZeroEngine::device_state(int u, std::size_t a) const {
 // ---- initialisation and loading ---------------------------------------------------------------
 
 void ZeroEngine::initialize(const Initializer& init) {
-  std::vector<float> piece;
   assign_state([&](int u, const StateArrays& arrays) {
     // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
     // padding of the master weights.
@@ -105,9 +104,7 @@ void ZeroEngine::initialize(const Initializer& init) {
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
       if (range.count == 0) continue;
-      piece.assign(static_cast<std::size_t>(range.count), 0.0f);
-      init(p, range.first, range.count, piece.data());
-      std::copy(piece.begin(), piece.end(), master + range.slice_offset);
+      init(p, range.first, range.count, master + range.slice_offset);
     }
   });
 }
@@ -146,37 +143,40 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
   if (offload_) offload_->synchronize();
   compute_.synchronize();
   comm_.synchronize();
-  // host_state[0]: the master weights; then one per optimizer state tensor.
+  // Without offload, host_state[0] is the master weights, then one per optimizer state tensor,
+  // on their way to the device.
   std::vector<std::vector<float>> host_state(static_cast<std::size_t>(state_array_count()));
   StateArrays arrays(host_state.size());
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = plan_.unit(u);
     UnitState& s = *units_[ui];
-    for (std::size_t a = 0; a < host_state.size(); ++a) {
-      host_state[a].assign(static_cast<std::size_t>(unit.shard), 0.0f);
-      arrays[a] = host_state[a].data();
-    }
-    fill(u, arrays);
-    const std::vector<float>& host = host_state[0];
     if (offload_) {
-      // Host state: written directly; the compute-dtype copy goes up through a host buffer.
-      for (std::size_t a = 0; a < host_state.size(); ++a) {
-        std::memcpy(offload_->state_array(u, static_cast<int>(a)), host_state[a].data(),
-                    host.size() * 4);
+      // Host state: filled in place (a 7B model's is ~100 GB; a copy through temporaries doubled
+      // the passes over it); the compute-dtype copy goes up through a host buffer.
+      for (std::size_t a = 0; a < arrays.size(); ++a) {
+        arrays[a] = offload_->state_array(u, static_cast<int>(a));
+        std::memset(arrays[a], 0, static_cast<std::size_t>(unit.shard) * 4);
       }
+      fill(u, arrays);
+      const float* master = arrays[0];
       if (void* host_params = offload_->host_params(u)) {
-        engine_kernels::cpu::convert(host.data(), DType::kFloat32, host_params, cdt, unit.shard);
+        engine_kernels::cpu::convert(master, DType::kFloat32, host_params, cdt, unit.shard);
       } else {
         std::vector<std::byte> converted(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
-        engine_kernels::cpu::convert(host.data(), DType::kFloat32, converted.data(), cdt,
-                                     unit.shard);
+        engine_kernels::cpu::convert(master, DType::kFloat32, converted.data(), cdt, unit.shard);
         device_.copy_to_device(owned_params_of(u), converted.data(), converted.size(), compute_);
         compute_.synchronize();  // `converted` goes out of scope
       }
     } else {
       for (std::size_t a = 0; a < host_state.size(); ++a) {
-        device_.copy_to_device(device_state(u, a), host_state[a].data(), host.size() * 4, compute_);
+        host_state[a].assign(static_cast<std::size_t>(unit.shard), 0.0f);
+        arrays[a] = host_state[a].data();
+      }
+      fill(u, arrays);
+      for (std::size_t a = 0; a < host_state.size(); ++a) {
+        device_.copy_to_device(device_state(u, a), host_state[a].data(),
+                               static_cast<std::size_t>(unit.shard) * 4, compute_);
       }
       compute_.synchronize();  // the host vectors are reused for the next unit
       // The compute-dtype copy of the owned slice.
