@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Optimizer offload on one GPU, measured the way issue 19 asks: GPT-2 124M at ZeRO stage 3 with
+# and without optimizer offload, in the same lease, at one micro-batch per step and with gradient
+# accumulation (GAS), and a model that does not fit the GPU without offload (a 6.7B GPT, GPT-3's
+# shape with GPT-2's vocabulary: configs/gpu-gpt-6.7b-offload.json). Prints one table row per
+# run:
+#
+#   run  tok/s (median of the logged steps after the first 3)  vs no offload  device peak
+#   (zrt's tracker; nvidia-smi's highest reading)  host peak RSS  GPU idle in a traced step
+#
+# GPU idle is the compute stream's idle time in the first of the traced steps, from zrt-train's
+# "trace step" log line (docs/trace.md: the compute spans are the modules' kernels timed by CUDA
+# events; the last traced step also holds the drain, so it is not used).
+#
+#   tools/bench/gpu_offload_bench.sh [--bundle DIR | --bin DIR] [--out DIR] [--gas "1 8"]
+#                                    [--steps N] [--no-big] [--big-only] [-- OVERRIDES...]
+#
+# --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin); --bin
+# DIR: a build's bin folder (default build/bin). Logs and metrics go to --out (default
+# out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU optimizer's thread count.
+# OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
+# script without a GPU).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bin="$root/build/bin"
+out="$root/out/gpu-offload-bench"
+gas_list="1 8"
+steps=16
+big=1
+small=1
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) # shellcheck disable=SC1091
+      source "$2/env.sh"; bin="$(cd "$2" && pwd)/bin"; shift 2 ;;
+    --bin) bin="$(cd "$2" && pwd)"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --gas) gas_list="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
+    --no-big) big=0; shift ;;
+    --big-only) small=0; shift ;;
+    --) shift; extra=("$@"); break ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[ -x "$bin/zrt-train" ] || { echo "gpu_offload_bench: no zrt-train in $bin" >&2; exit 2; }
+[[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 6 ] || { echo "gpu_offload_bench: --steps >= 6" >&2; exit 2; }
+mkdir -p "$out"
+cd "$root" || exit 2
+
+rows=()
+# run NAME CONFIG [overrides...]: trains, samples nvidia-smi and the process's RSS, adds a row.
+run() {
+  local name="$1" config="$2"; shift 2
+  local dir="$out/$name"
+  rm -rf "$dir"; mkdir -p "$dir"
+  "$bin/zrt-train" --config "$config" --output_dir "$dir" --train.log_interval 1 "$@" "${extra[@]}" \
+    >"$dir/log" 2>&1 &
+  local pid=$! smi_peak=0 rss_peak=0 v
+  while kill -0 "$pid" 2>/dev/null; do
+    v=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+    [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt "$smi_peak" ] && smi_peak=$v
+    v=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+    [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt "$rss_peak" ] && rss_peak=$v
+    sleep 0.5
+  done
+  wait "$pid"; local rc=$?
+  local summary
+  summary=$(python3 - "$dir/metrics.jsonl" <<'EOF'
+import json, statistics, sys
+rows = []
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+except OSError:
+    pass
+steady = [r["tokens_per_s"] for r in rows if "tokens_per_s" in r and r.get("step", 0) > 3]
+peak = max((r["mem_peak_bytes"]["total"] for r in rows if "mem_peak_bytes" in r), default=0)
+print(f"{statistics.median(steady):.0f}" if steady else "-", f"{peak / 2**30:.2f}")
+EOF
+)
+  local tps="${summary% *}" tracked="${summary#* }"
+  local idle
+  idle=$(grep -m1 'trace step' "$dir/log" | sed -E 's/.*trace (step [0-9]+: [0-9.]+ ms); compute busy [0-9.]+ ms, idle ([0-9.]+ ms \([0-9]+%\)).*/\1, idle \2/')
+  [ $rc -eq 0 ] || tps="FAILED (exit $rc, $dir/log)"
+  rows+=("$name|$tps|$tracked GiB|$(awk -v m="$smi_peak" 'BEGIN { printf "%.1f", m / 1024 }') GiB|$(awk -v k="$rss_peak" 'BEGIN { printf "%.1f", k / 1048576 }') GiB|${idle:--}")
+  echo "gpu_offload_bench: $name: $tps tok/s" >&2
+}
+
+bench=configs/gpu-gpt2-124m-bench.json
+if [ $small -eq 1 ]; then
+  for g in $gas_list; do
+    n=$steps
+    [ "$g" -gt 1 ] && n=$(( steps / 2 > 6 ? steps / 2 : 6 ))
+    common=(--zero_optimization.stage 3 --gradient_accumulation_steps "$g"
+            --train_batch_size $(( 8 * g )) --train.steps "$n"
+            --scheduler.params.total_num_steps "$n" --trace.steps "[$((n - 2)), $((n - 1))]")
+    run "124m-s3-gas$g" "$bench" "${common[@]}" --trace.path "$out/124m-s3-gas$g/trace.json"
+    run "124m-s3-offload-gas$g" "$bench" "${common[@]}" \
+      --zero_optimization.offload_optimizer.device cpu \
+      --trace.path "$out/124m-s3-offload-gas$g/trace.json"
+  done
+fi
+if [ $big -eq 1 ]; then
+  run "6.7b-s3-offload" configs/gpu-gpt-6.7b-offload.json \
+    --trace.path "$out/6.7b-s3-offload/trace.json" --trace.steps "[2, 3]"
+fi
+
+echo
+echo "gpu_offload_bench ($(date -u +%Y-%m-%dT%H:%MZ); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $(nproc) host cores; OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset})"
+printf '%-24s %12s %9s %12s %12s %9s  %s\n' run "tok/s" "vs s3" "tracked" "nvidia-smi" "host RSS" "GPU idle (first traced step)"
+for r in "${rows[@]}"; do
+  IFS='|' read -r name tps tracked smi rss idle <<<"$r"
+  ratio="-"
+  base=""
+  case "$name" in
+    *-offload-gas*) base="${name/-offload/}" ;;
+  esac
+  if [ -n "$base" ]; then
+    for b in "${rows[@]}"; do
+      IFS='|' read -r bname btps _ <<<"$b"
+      if [ "$bname" = "$base" ] && [[ "$tps" =~ ^[0-9]+$ ]] && [[ "$btps" =~ ^[0-9]+$ ]]; then
+        ratio=$(awk -v a="$tps" -v b="$btps" 'BEGIN { printf "%.0f%%", 100 * a / b }')
+      fi
+    done
+  fi
+  printf '%-24s %12s %9s %12s %12s %9s  %s\n' "$name" "$tps" "$ratio" "$tracked" "$smi" "$rss" "$idle"
+done
