@@ -648,7 +648,7 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 #endif
 }
 
-void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes q,
+void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
@@ -658,15 +658,16 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats at
       auto* ws = cpu_workspace<cpu::acc_t<S>>(
           ctx, cpu::gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs));
       run_cpu(ctx, "gqa_attention_forward",
-              [o = ptr<S>(out), a = raw(att), qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), B, T,
+              [o = ptr<S>(out), l = raw(lse), qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), B, T,
                NH, NKV, hs,
-               ws] { cpu::gqa_attention_forward<S>(o, a, qp, kp, vp, B, T, NH, NKV, hs, ws); });
+               ws] { cpu::gqa_attention_forward<S>(o, l, qp, kp, vp, B, T, NH, NKV, hs, ws); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::gqa_attention_forward(launch(ctx, cuda::gqa_attention_forward_workspace(B, T, NH, NKV, hs)),
-                              dtype, raw(out), raw(att), raw(q), raw(k), raw(v), B, T, NH, NKV, hs);
+  cuda::gqa_attention_forward(
+      launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs)), dtype, raw(out),
+      raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::gqa_attention_forward");
 #endif
@@ -674,7 +675,8 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats at
 
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
-                            ConstFloats att, int B, int T, int NH, int NKV, int hs) {
+                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV,
+                            int hs) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
   if (on_cpu(ctx)) {
@@ -685,16 +687,18 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
       run_cpu(
           ctx, "gqa_attention_backward",
           [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout), qp = ptr<S>(q),
-           kp = ptr<S>(k), vp = ptr<S>(v), a = raw(att), B, T, NH, NKV, hs, ws] {
-            cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, a, B, T, NH, NKV, hs, ws);
+           kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T, NH, NKV, hs, ws] {
+            cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV, hs,
+                                           ws);
           });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   cuda::gqa_attention_backward(
-      launch(ctx, cuda::gqa_attention_backward_workspace(B, T, NH, NKV, hs)), dtype, raw(dq),
-      raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(att), B, T, NH, NKV, hs);
+      launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs)), dtype, raw(dq),
+      raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH, NKV, hs,
+      ctx.options().cuda_attention_wmma);
 #else
   cuda_backend_missing("kernels::gqa_attention_backward");
 #endif

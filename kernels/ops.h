@@ -126,11 +126,15 @@ void swiglu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes gate,
 void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, ConstBytes dout,
                      ConstBytes gate, ConstBytes up, std::int64_t n);
 
-// Causal grouped-query attention: q, out (B,T,NH,hs); k, v (B,T,NKV,hs); att (B,NH,T,T) fp32.
-void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats att, ConstBytes q,
+// Causal grouped-query attention: q, out (B,T,NH,hs); k, v (B,T,NKV,hs); lse (B,NH,T) fp32, each
+// query row's log-sum-exp, the only statistic kept for the backward (attention's contract above;
+// kernels/cpu/gqa_attention.h). Both backends pack q and the repeated k, v heads into
+// attention's (B,T,3C) layout and run it, so on CUDA head size 64 with T a multiple of 64 takes
+// the fused kernels. The backward also reads the forward's `out`.
+void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs);
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
-                            ConstFloats att, int B, int T, int NH, int NKV, int hs);
+                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs);
 
 }  // namespace zrt::kernels

@@ -1,17 +1,18 @@
 // Causal grouped-query self-attention (Llama, Qwen2, Mistral), CPU twin of
-// kernels/cuda/gqa_attention.cu.
+// kernels/cuda/gqa_attention.cu, on the same contract as GPT's attention (kernels/cpu/attention.h):
+// only each query row's log-sum-exp is kept for the backward, not the (B,NH,T,T) probabilities
+// (for Llama-3.1-8B at T = 8192 those were 8.6 GB per layer).
 //
-// q (B,T,NH,hs), k and v (B,T,NKV,hs), out (B,T,NH,hs); NKV divides NH and query head h reads
-// key/value head h / (NH/NKV) (NKV == NH is ordinary multi-head attention). For each (b,h):
-//   forward:  att = softmax(q k^T / sqrt(hs)) with t2 > t masked (stored (B,NH,T,T), zeros
-//             above the diagonal);  out[b,:,h] = att @ v
-//   backward: datt = dout v^T;  dv += att^T dout;  ds = att * (datt - rowsum(att*datt));
-//             dq += ds k / sqrt(hs);  dk += ds^T q / sqrt(hs)   (dk, dv summed over the group)
-//
-// att is kept in acc_t<S>. Work is parallel over (b, kv head) pairs, the group's query heads in
-// order inside one task, so dk/dv sums have a fixed order and results do not depend on the
-// thread count. 16-bit storage converts to fp32 in `ws` first (gqa_attention_*_workspace(...)
-// elements); the backward also uses ws for datt.
+// q (B,T,NH,hs), k and v (B,T,NKV,hs), out (B,T,NH,hs), lse (B,NH,T) in acc_t<S>; NKV divides NH
+// and query head h reads key/value head h / (NH/NKV) (NKV == NH is ordinary multi-head
+// attention). Both passes pack q and the repeated k, v heads into GPT's (B,T,3C) qkv layout
+// (C = NH*hs) in acc_t<S> and run attention.h's algorithm on it:
+//   forward:  out[b,:,h] = softmax(q k^T / sqrt(hs)) v with t2 > t masked;  lse per row
+//   backward: the probabilities recomputed from lse, D from dout and out; then dq += the packed
+//             gradient's q part, dk (dv) += the sum over each group's heads of its k (v) part,
+//             heads in order, rounded once to S.
+// Results do not depend on the thread count. Workspace: gqa_attention_*_workspace(...) elements
+// of acc_t<S>.
 #pragma once
 
 #include <cstdint>
@@ -26,12 +27,22 @@ template <typename S>
 std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int hs);
 
 template <typename S>
-void gqa_attention_forward(S* out, acc_t<S>* att, const S* q, const S* k, const S* v, int B, int T,
+void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
                            int NH, int NKV, int hs, acc_t<S>* ws);
 
+// `out` and `lse` are the forward's results for the same q, k, v.
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
-                            const acc_t<S>* att, int B, int T, int NH, int NKV, int hs,
-                            acc_t<S>* ws);
+                            const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
+                            int hs, acc_t<S>* ws);
+
+// The packing both passes use (exposed for the CUDA twin's tests): qkv (B,T,3C) <- q, and k, v
+// with each kv head repeated for its group's query heads; and dq += dqkv's q part, dk (dv) +=
+// the group sums of its k (v) part.
+template <typename S, typename A>
+void gqa_pack_qkv(A* qkv, const S* q, const S* k, const S* v, int B, int T, int NH, int NKV,
+                  int hs);
+template <typename S, typename A>
+void gqa_unpack_dqkv(S* dq, S* dk, S* dv, const A* dqkv, int B, int T, int NH, int NKV, int hs);
 
 }  // namespace zrt::kernels::cpu

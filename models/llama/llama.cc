@@ -140,7 +140,7 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //   residual stream       L + 1 of (N,C)
 //   per block kept for backward (L sets; one reused set under checkpointing):
 //     ln1, res2, ln2 (N,C); q, atty (N,NH*hd); k, v (N,NKV*hd); gate, up, h (N,I);
-//     ln1/ln2 rstd (N); attention probabilities (B,NH,T,T) fp32
+//     ln1/ln2 rstd (N); attention's row log-sum-exp (B,NH,T) fp32
 //   proj (N,C) scratch; head: lnf (N,C), its rstd, logits (N,V) in rows of
 //   logits_row_stride(V) (their gradient in place), losses (N)
 //   backward: dres, dlnf (N,C); one block's dln1, dln2 (N,C), dq, datty (N,NH*hd), dk, dv
@@ -164,7 +164,7 @@ std::int64_t Llama::layout_activations(const LlamaConfig& c, bool checkpointing,
     p.bytes(&a.q, N * Q * S);
     p.bytes(&a.k, N * KV * S);
     p.bytes(&a.v, N * KV * S);
-    p.floats(&a.att, I64{B} * c.num_attention_heads * T * T);
+    p.floats(&a.lse, I64{B} * c.num_attention_heads * T);
     p.bytes(&a.atty, N * Q * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
@@ -251,7 +251,7 @@ void Llama::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes r
   k::linear_forward(ctx_, dt, x.v, x.ln1, P(kVW), P(kVB), N, C, KV);
   k::rope_forward(ctx_, dt, x.q, x.q, rope_, B_, T_, NH, hd);
   k::rope_forward(ctx_, dt, x.k, x.k, rope_, B_, T_, NKV, hd);
-  k::gqa_attention_forward(ctx_, dt, x.atty, x.att, x.q, x.k, x.v, B_, T_, NH, NKV, hd);
+  k::gqa_attention_forward(ctx_, dt, x.atty, x.lse, x.q, x.k, x.v, B_, T_, NH, NKV, hd);
   k::linear_forward(ctx_, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_forward(ctx_, dt, x.res2, res_in, acts_.proj, I64{N} * C);
   k::rmsnorm_forward(ctx_, dt, x.ln2, x.ln2_rstd, x.res2, P(kLn2W), N, C, config_.rms_norm_eps);
@@ -288,8 +288,8 @@ void Llama::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes 
   k::linear_backward(ctx_, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
   k::rmsnorm_backward(ctx_, dt, gt, d.dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
   k::linear_backward(ctx_, dt, gt, d.datty, G(kOW), Bytes(), d.dres, x.atty, P(kOW), N, Q, C);
-  k::gqa_attention_backward(ctx_, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.att, B_, T_, NH,
-                            NKV, hd);
+  k::gqa_attention_backward(ctx_, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse, B_,
+                            T_, NH, NKV, hd);
   k::rope_backward(ctx_, dt, d.dq, d.dq, rope_, B_, T_, NH, hd);
   k::rope_backward(ctx_, dt, d.dk, d.dk, rope_, B_, T_, NKV, hd);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q);

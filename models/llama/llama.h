@@ -82,7 +82,7 @@ class Llama final : public Model {
 
   struct BlockActs {
     Bytes ln1, q, k, v, atty, res2, ln2, gate, up, h;
-    Floats ln1_rstd, ln2_rstd, att;
+    Floats ln1_rstd, ln2_rstd, lse;  // lse: attention's row log-sum-exp (B,NH,T)
   };
   struct Acts {
     std::vector<Bytes> residual;   // L+1 of (B,T,C): [0] embeddings, [l+1] block l's output

@@ -187,12 +187,14 @@ TEST_CASE("grouped-query attention backward matches finite differences (float64)
     Vec k = normal_values(kSeed, 42, kN * nkv * kHS);
     Vec v = normal_values(kSeed, 43, kN * nkv * kHS);
     const Vec R = normal_values(kSeed, 44, kN * kNH * kHS);
-    Vec out(q.size()), att(static_cast<std::size_t>(kB) * kNH * kT * kT);
+    Vec out(q.size()), lse(static_cast<std::size_t>(kB) * kNH * kT);
     Vec ws(
         static_cast<std::size_t>(gqa_attention_backward_workspace<double>(kB, kT, kNH, nkv, kHS)));
+    Vec fws(
+        static_cast<std::size_t>(gqa_attention_forward_workspace<double>(kB, kT, kNH, nkv, kHS)));
     auto f = [&] {
-      gqa_attention_forward<double>(out.data(), att.data(), q.data(), k.data(), v.data(), kB, kT,
-                                    kNH, nkv, kHS, nullptr);
+      gqa_attention_forward<double>(out.data(), lse.data(), q.data(), k.data(), v.data(), kB, kT,
+                                    kNH, nkv, kHS, fws.data());
       return dot(out, R);
     };
     f();
@@ -213,10 +215,14 @@ TEST_CASE("grouped-query attention backward matches finite differences (float64)
       double o = 0;
       for (int u = 0; u <= t; ++u) o += s[u] / sum * v[((b * kT + u) * nkv + kh) * kHS + 2];
       CHECK(out[((b * kT + t) * kNH + h) * kHS + 2] == Approx(o).epsilon(1e-12));
+      // The row's log-sum-exp, the statistic the backward recomputes the probabilities from.
+      CHECK(lse[(static_cast<std::size_t>(b) * kNH + h) * kT + t] ==
+            Approx(mx + std::log(sum)).epsilon(1e-12));
     }
     Vec dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
     gqa_attention_backward<double>(dq.data(), dk.data(), dv.data(), R.data(), q.data(), k.data(),
-                                   v.data(), att.data(), kB, kT, kNH, nkv, kHS, ws.data());
+                                   v.data(), out.data(), lse.data(), kB, kT, kNH, nkv, kHS,
+                                   ws.data());
     check_gradient("dq", q, dq, f);
     check_gradient("dk", k, dk, f);
     check_gradient("dv", v, dv, f);

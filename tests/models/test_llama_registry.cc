@@ -179,9 +179,10 @@ TEST_CASE("Llama hooks agree with the model and with arithmetic by hand", "[llam
   CHECK(l1b->flops_per_token(1) == 6.0 * 1235814400.0 + 12.0 * 16 * 2048);
   // Checkpointing keeps one block's tensors instead of L. Llama 3.1 8B, B = 1, T = 8192, bf16:
   // ln1, res2, ln2 (4096 wide) 3 x 67,108,864; q, atty 2 x 67,108,864; k, v 2 x 16,777,216;
-  // gate, up, h 3 x 234,881,024; two rstd 2 x 32,768; fp32 probabilities 32 x 8192^2 x 4.
-  const std::int64_t block = 5 * 67'108'864LL + 2 * 16'777'216LL + 3 * 234'881'024LL +
-                             2 * 32'768LL + 32LL * 8192 * 8192 * 4;
+  // gate, up, h 3 x 234,881,024; two rstd 2 x 32,768; attention's fp32 row log-sum-exp
+  // 32 x 8192 x 4 (the (B,NH,T,T) probabilities it replaced were 8.6 GB a block).
+  const std::int64_t block =
+      5 * 67'108'864LL + 2 * 16'777'216LL + 3 * 234'881'024LL + 2 * 32'768LL + 32LL * 8192 * 4;
   CHECK(l8b->activation_bytes(1, 8192, DType::kBFloat16, false) -
             l8b->activation_bytes(1, 8192, DType::kBFloat16, true) ==
         31 * block);

@@ -1,8 +1,8 @@
 // Twins of the Llama family's kernels (kernels/cuda/{rmsnorm,rope,swiglu,gqa_attention}.cu;
 // linear.cu is cuBLAS plus matmul.cu's bias kernels, twinned in twins_gpt.cc). Where a CUDA
 // kernel is a whole op of the CPU backend (rmsnorm forward, rope, swiglu) the CPU twin in
-// kernels/cpu runs it; the others are pieces of an op (a row pass, a column-sum pass, a head
-// gather or scatter) and their twins compute exactly what the kernel writes, with its geometry.
+// kernels/cpu runs it; the others are pieces of an op (a row pass, a column-sum pass, a qkv
+// pack or unpack) and their twins compute exactly what the kernel writes, with its geometry.
 #include <cstdint>
 
 #include "kernels/cpu/rmsnorm.h"
@@ -145,53 +145,63 @@ void register_storage() {
         k.run([=] { kernels::cpu::swiglu_backward<S>(dgate, dup, dout, gate, up, n); });
       });
 
-  // ---- grouped-query attention: head gathers and group-summing scatters ----
-  twin<float*, const S*, int, int, int, int, int>(
-      sig("void " + kNs + "gather_heads_kernel<$S>(float*, $S const*, int, int, int, int, int)", s),
-      [ss](KernelCall& k, float* dst, const S* src, int B, int T, int NH, int group, int hs) {
+  // ---- grouped-query attention: packing into attention's qkv layout and back ----
+  twin<S*, const S*, const S*, const S*, int, int, int, int, int>(
+      sig("void " + kNs +
+              "pack_gqa_qkv_kernel<$S>($S*, $S const*, $S const*, $S const*, int, int, int, int, "
+              "int)",
+          s),
+      [ss](KernelCall& k, S* qkv, const S* q, const S* kk, const S* v, int B, int T, int NH,
+           int group, int hs) {
         k.require(group > 0 && NH % group == 0,
                   fmt::format("NH {} not a multiple of the group {}", NH, group));
-        const I64 n = I64{B} * NH * T * hs;
-        k.writes(dst, n * 4, "dst");
-        k.reads(src, n / group * ss, "src");
+        const I64 C = I64{NH} * hs, KC = C / group, BT = I64{B} * T;
+        k.writes(qkv, BT * 3 * C * ss, "qkv");
+        k.reads(q, BT * C * ss, "q");
+        k.reads(kk, BT * KC * ss, "k");
+        k.reads(v, BT * KC * ss, "v");
         k.run([=] {
-          const int H = NH / group;
-          for (I64 i = 0; i < n; ++i) {
-            const int d = static_cast<int>(i % hs);
-            const int t = static_cast<int>((i / hs) % T);
-            const int h = static_cast<int>((i / (I64{hs} * T)) % NH);
-            const I64 b = i / (I64{hs} * T * NH);
-            dst[i] = ld(src[((b * T + t) * H + h / group) * hs + d]);
+          for (I64 bt = 0; bt < BT; ++bt) {
+            S* row = qkv + bt * 3 * C;
+            for (I64 c = 0; c < C; ++c) {
+              const I64 src = bt * KC + (c / hs / group) * hs + c % hs;
+              row[c] = q[bt * C + c];
+              row[C + c] = kk[src];
+              row[2 * C + c] = v[src];
+            }
           }
         });
       });
-  for (bool accumulate : {false, true}) {
-    twin<S*, const float*, int, int, int, int, int>(
-        sig(std::string("void ") + kNs + "scatter_heads_kernel<$S, " +
-                (accumulate ? "true" : "false") + ">($S*, float const*, int, int, int, int, int)",
-            s),
-        [ss, accumulate](KernelCall& k, S* out, const float* src, int B, int T, int NH, int group,
-                         int hs) {
-          k.require(group > 0 && NH % group == 0,
-                    fmt::format("NH {} not a multiple of the group {}", NH, group));
-          const int H = NH / group;
-          const I64 n = I64{B} * T * H * hs;
-          k.writes(out, n * ss, "out");
-          k.reads(src, n * group * 4, "src");
-          k.run([=] {
-            for (I64 i = 0; i < n; ++i) {
-              const int d = static_cast<int>(i % hs);
-              const int kh = static_cast<int>((i / hs) % H);
-              const int t = static_cast<int>((i / (I64{hs} * H)) % T);
-              const I64 b = i / (I64{hs} * H * T);
-              float v = 0.0f;
-              for (int g = 0; g < group; ++g)
-                v += src[((b * NH + kh * group + g) * T + t) * hs + d];
-              out[i] = st<S>(accumulate ? ld(out[i]) + v : v);
+  twin<S*, S*, S*, const S*, int, int, int, int, int>(
+      sig("void " + kNs +
+              "unpack_gqa_dqkv_kernel<$S>($S*, $S*, $S*, $S const*, int, int, int, int, int)",
+          s),
+      [ss](KernelCall& k, S* dq, S* dk, S* dv, const S* dqkv, int B, int T, int NH, int group,
+           int hs) {
+        k.require(group > 0 && NH % group == 0,
+                  fmt::format("NH {} not a multiple of the group {}", NH, group));
+        const I64 C = I64{NH} * hs, KC = C / group, BT = I64{B} * T;
+        k.writes(dq, BT * C * ss, "dq");
+        k.writes(dk, BT * KC * ss, "dk");
+        k.writes(dv, BT * KC * ss, "dv");
+        k.reads(dqkv, BT * 3 * C * ss, "dqkv");
+        k.run([=] {
+          for (I64 bt = 0; bt < BT; ++bt) {
+            const S* row = dqkv + bt * 3 * C;
+            for (I64 c = 0; c < C; ++c) dq[bt * C + c] = st<S>(ld(dq[bt * C + c]) + ld(row[c]));
+            for (I64 c = 0; c < KC; ++c) {
+              const I64 kh = c / hs, d = c % hs;
+              float gk = 0.0f, gv = 0.0f;
+              for (int g = 0; g < group; ++g) {
+                gk += ld(row[C + (kh * group + g) * hs + d]);
+                gv += ld(row[2 * C + (kh * group + g) * hs + d]);
+              }
+              dk[bt * KC + c] = st<S>(ld(dk[bt * KC + c]) + gk);
+              dv[bt * KC + c] = st<S>(ld(dv[bt * KC + c]) + gv);
             }
-          });
+          }
         });
-  }
+      });
 }
 
 template <typename G>
