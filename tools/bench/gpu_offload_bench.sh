@@ -13,11 +13,14 @@
 # events; the last traced step also holds the drain, so it is not used).
 #
 #   tools/bench/gpu_offload_bench.sh [--bundle DIR | --bin DIR] [--out DIR] [--gas "1 8"]
-#                                    [--steps N] [--no-big] [--big-only] [-- OVERRIDES...]
+#                                    [--steps N] [--threads "16 14"] [--no-big] [--big-only]
+#                                    [-- OVERRIDES...]
 #
 # --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin); --bin
 # DIR: a build's bin folder (default build/bin). Logs and metrics go to --out (default
-# out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU optimizer's thread count.
+# out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU optimizer's thread count;
+# --threads runs each offload row again per listed count (rows named ...-omp N), to see whether
+# leaving the launching thread a core of its own helps.
 # OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
 # script without a GPU).
 set -uo pipefail
@@ -29,6 +32,7 @@ steps=16
 big=1
 small=1
 extra=()
+threads=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) # shellcheck disable=SC1091
@@ -37,10 +41,11 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --gas) gas_list="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
     --no-big) big=0; shift ;;
     --big-only) small=0; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -99,6 +104,11 @@ if [ $small -eq 1 ]; then
     run "124m-s3-offload-gas$g" "$bench" "${common[@]}" \
       --zero_optimization.offload_optimizer.device cpu \
       --trace.path "$out/124m-s3-offload-gas$g/trace.json"
+    for t in $threads; do
+      OMP_NUM_THREADS=$t run "124m-s3-offload-gas$g-omp$t" "$bench" "${common[@]}" \
+        --zero_optimization.offload_optimizer.device cpu \
+        --trace.path "$out/124m-s3-offload-gas$g-omp$t/trace.json"
+    done
   done
 fi
 if [ $big -eq 1 ]; then
@@ -114,7 +124,7 @@ for r in "${rows[@]}"; do
   ratio="-"
   base=""
   case "$name" in
-    *-offload-gas*) base="${name/-offload/}" ;;
+    *-offload-gas*) base="${name/-offload/}"; base="${base%-omp*}" ;;
   esac
   if [ -n "$base" ]; then
     for b in "${rows[@]}"; do
