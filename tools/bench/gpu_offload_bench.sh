@@ -16,11 +16,11 @@
 #                                    [--steps N] [--threads "16 14"] [--no-big] [--big-only]
 #                                    [-- OVERRIDES...]
 #
-# --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin); --bin
-# DIR: a build's bin folder (default build/bin). Logs and metrics go to --out (default
-# out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU optimizer's thread count;
-# --threads runs each offload row again per listed count (rows named ...-omp N), to see whether
-# leaving the launching thread a core of its own helps.
+# --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin, the corpus
+# in DIR/data); --bin DIR: a build's bin folder (default build/bin; the corpus in data/). Logs
+# and metrics go to --out (default out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU
+# optimizer's thread count; --threads runs each offload row again per listed count (rows named
+# ...-ompN), to see whether leaving the launching thread a core of its own helps.
 # OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
 # script without a GPU).
 set -uo pipefail
@@ -33,10 +33,11 @@ big=1
 small=1
 extra=()
 threads=""
+data_dir="$root/data"  # the KJV shards (tools/prepare-corpus; a bundle carries its own)
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) # shellcheck disable=SC1091
-      source "$2/env.sh"; bin="$(cd "$2" && pwd)/bin"; shift 2 ;;
+      source "$2/env.sh"; bin="$(cd "$2" && pwd)/bin"; data_dir="$(cd "$2" && pwd)/data"; shift 2 ;;
     --bin) bin="$(cd "$2" && pwd)"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --gas) gas_list="$2"; shift 2 ;;
@@ -50,6 +51,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$bin/zrt-train" ] || { echo "gpu_offload_bench: no zrt-train in $bin" >&2; exit 2; }
+compgen -G "$data_dir/kjv_train_*.bin" >/dev/null ||
+  { echo "gpu_offload_bench: no corpus in $data_dir (tools/prepare-corpus)" >&2; exit 2; }
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 6 ] || { echo "gpu_offload_bench: --steps >= 6" >&2; exit 2; }
 mkdir -p "$out"
 cd "$root" || exit 2
@@ -60,7 +63,8 @@ run() {
   local name="$1" config="$2"; shift 2
   local dir="$out/$name"
   rm -rf "$dir"; mkdir -p "$dir"
-  "$bin/zrt-train" --config "$config" --output_dir "$dir" --train.log_interval 1 "$@" "${extra[@]}" \
+  "$bin/zrt-train" --config "$config" --output_dir "$dir" --train.log_interval 1 \
+    --data.train "$data_dir/kjv_train_*.bin" --data.val "$data_dir/kjv_val_*.bin" "$@" "${extra[@]}" \
     >"$dir/log" 2>&1 &
   local pid=$! smi_peak=0 rss_peak=0 v
   while kill -0 "$pid" 2>/dev/null; do
