@@ -105,6 +105,7 @@ void memcpy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
     }
     // Copies to pageable memory (and host-to-host ones) return only once complete.
     if (dst_kind == MemKind::kPageable) sync = true;
+    if (sync) rt().note_host_wait(s->knows);
   }
   if (sync && done) {
     if (auto error = done->wait()) rt().rethrow_stream_failure(error, call);
@@ -503,6 +504,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
       std::lock_guard<std::mutex> lock(rt().mutex());
       e = rt().event(event, "cudaEventSynchronize");
       clock = e->clock;
+      if (e->recorded) rt().note_host_wait(clock);
     }
     try {
       e->impl.synchronize();

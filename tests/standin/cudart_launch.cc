@@ -266,6 +266,15 @@ int zrt_standin_visit_kernels(void (*visit)(const char* name, int has_twin, void
   return n;
 }
 
+// The calling thread's host waits that drained a stream (see Runtime::note_host_wait): calls
+// `visit` once per stream drained at least once; returns the number of such streams.
+int zrt_standin_visit_host_drains(void (*visit)(cudaStream_t stream, long long drains, void* ctx),
+                                  void* ctx) {
+  const auto drains = zrt::standin::Runtime::get().host_drains();
+  for (const auto& [stream, count] : drains) visit(stream, count, ctx);
+  return static_cast<int>(drains.size());
+}
+
 }  // extern "C"
 
 // C++ entry for test-only twins (planted-bug tests register a twin for their own kernel).

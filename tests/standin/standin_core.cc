@@ -405,6 +405,40 @@ void Runtime::host_learns(const VectorClock& clock) {
   join(host_knows_, clock);
 }
 
+namespace {
+// Per thread: for each stream id, the sequence number of the last drain counted and the count.
+struct DrainCount {
+  std::uint64_t last_seq = 0;
+  long long count = 0;
+};
+thread_local std::vector<DrainCount> t_drains;
+}  // namespace
+
+void Runtime::note_host_wait(const VectorClock& covered) {
+  for (std::size_t id = 0; id < covered.size() && id < streams_.size(); ++id) {
+    const StreamState* s = streams_[id].get();
+    if (s == nullptr || s->seq == 0 || covered[id] < s->seq) continue;
+    if (t_drains.size() <= id) t_drains.resize(id + 1);
+    DrainCount& d = t_drains[id];
+    if (s->seq <= d.last_seq) continue;  // nothing enqueued since this thread's last drain
+    d.last_seq = s->seq;
+    ++d.count;
+  }
+}
+
+std::vector<std::pair<cudaStream_t, long long>> Runtime::host_drains() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<cudaStream_t, long long>> out;
+  for (std::size_t id = 0; id < t_drains.size(); ++id) {
+    if (t_drains[id].count == 0) continue;
+    const bool is_default = std::find(default_streams_.begin(), default_streams_.end(),
+                                      streams_[id].get()) != default_streams_.end();
+    out.emplace_back(is_default ? nullptr : reinterpret_cast<cudaStream_t>(kStreamTag + id),
+                     t_drains[id].count);
+  }
+  return out;
+}
+
 void Runtime::synchronize_stream(StreamState& s) {
   VectorClock snapshot;
   CpuStream* impl = nullptr;
@@ -412,6 +446,7 @@ void Runtime::synchronize_stream(StreamState& s) {
     std::lock_guard<std::mutex> lock(mutex_);
     snapshot = s.knows;
     impl = s.impl.get();
+    note_host_wait(snapshot);
   }
   try {
     impl->synchronize();
@@ -425,9 +460,14 @@ void Runtime::synchronize_device(int device) {
   std::vector<std::pair<CpuStream*, VectorClock>> targets;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    VectorClock covered;
     for (auto& s : streams_) {
-      if (s && s->device == device) targets.emplace_back(s->impl.get(), s->knows);
+      if (s && s->device == device) {
+        targets.emplace_back(s->impl.get(), s->knows);
+        join(covered, s->knows);
+      }
     }
+    note_host_wait(covered);
   }
   for (auto& [impl, clock] : targets) {
     try {

@@ -153,6 +153,16 @@ class Runtime {
   void wait(StreamState& s, EventState& e);
   // Host learned that everything `clock` covers is complete.
   void host_learns(const VectorClock& clock);
+  // A host wait (stream, event or device synchronization, a blocking copy) is about to wait for
+  // everything `covered` names. Counts, for the calling thread, each stream it drains: one whose
+  // every enqueued operation it covers, past the last drain this thread counted there. Such a
+  // wait leaves that stream idle on a GPU until the host enqueues more, which is what "no host
+  // synchronization inside a step" forbids; waiting for an older point (a double buffer's
+  // previous copy) is not a drain. Deterministic: it depends on the order of this thread's calls,
+  // not on timing. Caller holds mutex().
+  void note_host_wait(const VectorClock& covered);
+  // The calling thread's drain counts, by stream handle.
+  std::vector<std::pair<cudaStream_t, long long>> host_drains();
   // Blocks until all streams of `device` are idle; rethrows a stream failure.
   void synchronize_device(int device);
   void synchronize_stream(StreamState& s);

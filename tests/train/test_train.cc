@@ -308,6 +308,66 @@ TEST_CASE("a NaN in one rank's gradients skips that step on every rank; training
   }
 }
 
+// The loop reads the losses from the device only on logged steps (and at a stop), so a quiet
+// step waits for the device once, in the step's decision (tests/standin/test_standin_host_waits
+// counts the waits). What it reads must be what reading every step gave.
+TEST_CASE("losses read on logged steps only: every step's loss, in the summary and the monitors") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  const std::string zero = R"({"stage": 2})";
+  const auto every = run(dir, "losses_every", zero, false, world);
+  REQUIRE(every.losses.size() == 6);
+
+  // Logged: steps 1, 4 and 6 (the first, every fourth, the last).
+  const std::string csv = R"("csv_monitor": {"enabled": true},)";
+  Config sparse = make_config(dir, "losses_sparse", zero, false, world, csv);
+  sparse.train.log_interval = 4;
+  if (rank == 0) std::filesystem::remove_all(sparse.output_dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto s = train::run_training(sparse, this_rank(world));
+  CHECK(s.losses == every.losses);  // bit for bit: the same sums, divisions and averages
+  if (rank == 0) {
+    std::vector<std::int64_t> logged;
+    std::ifstream metrics(sparse.output_dir + "/metrics.jsonl");
+    std::string line;
+    while (std::getline(metrics, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (!row.contains("loss")) continue;
+      logged.push_back(row["step"].get<std::int64_t>());
+      CHECK(row["loss"].get<double>() == every.losses[static_cast<std::size_t>(logged.back() - 1)]);
+    }
+    CHECK(logged == std::vector<std::int64_t>{1, 4, 6});
+    // The monitor gets every step's loss, each at its own x (samples trained).
+    std::ifstream in(sparse.csv_monitor.log_dir() + "/Train_Samples_train_loss.csv");
+    std::getline(in, line);
+    CHECK(line == "step,train_loss");
+    std::vector<std::int64_t> xs;
+    while (std::getline(in, line)) {
+      const std::size_t comma = line.find(',');
+      xs.push_back(std::stoll(line.substr(0, comma)));
+      CHECK(std::stod(line.substr(comma + 1)) == Approx(every.losses[xs.size() - 1]).epsilon(1e-5));
+    }
+    const std::int64_t per_step = sparse.batch.train_batch_size;
+    CHECK(xs == std::vector<std::int64_t>{per_step, 2 * per_step, 3 * per_step, 4 * per_step,
+                                          5 * per_step, 6 * per_step});
+  }
+
+  // A stop between logged steps (step 3) still reports the losses of steps 2 and 3.
+  Config stopped = make_config(dir, "losses_stopped", zero, false, world);
+  stopped.train.log_interval = 4;
+  if (rank == 0) std::filesystem::remove_all(stopped.output_dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  int polls = 0;
+  train::TrainHooks hooks;
+  hooks.stop_requested = [&] { return ++polls == 3 && rank == world - 1; };
+  const auto st = train::run_training(stopped, this_rank(world), hooks);
+  CHECK(st.status == train::RunStatus::kPreempted);
+  REQUIRE(st.losses.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) CHECK(st.losses[i] == every.losses[i]);
+}
+
 TEST_CASE("a caller's ModelFactory is trained as zrt-train trains the registry's model") {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

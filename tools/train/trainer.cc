@@ -144,6 +144,28 @@ float read_float(Device& device, Stream& stream, DevicePtr<const float> p) {
   return v;
 }
 
+std::vector<float> read_floats(Device& device, Stream& stream, DevicePtr<const float> p,
+                               std::size_t n) {
+  std::vector<float> v(n);
+  device.copy_to_host(v.data(), p.as<const std::byte>(), 4 * n, stream);
+  stream.synchronize();
+  return v;
+}
+
+// Losses the host has not read yet: one float per step on the device (the step's micro-batch
+// losses summed there), read in one copy when the loop needs them. The two slots past the
+// losses carry the step boundary's votes on the same all-reduce (Control::mean takes 64).
+constexpr int kMaxUnreadLosses = 62;
+
+// What the loop knew of a step when it ended, for the monitors' rows once its loss is read.
+struct UnreadStep {
+  std::int64_t step = 0;
+  double wall_time = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double loss_scale = 0.0;
+};
+
 EngineOptions engine_options(const Config& config) {
   EngineOptions o = config.engine;
   o.offload_optimizer.enabled = config.offload_optimizer.enabled();
@@ -418,7 +440,9 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     if (wait) ok = guarded_wait() && ok;
     return ok;
   };
-  Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "loss accumulator");
+  Buffer loss_sum = device->allocate(4, MemCategory::kWorkspace, "eval loss accumulator");
+  Buffer step_losses =
+      device->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace, "step loss accumulators");
   // ---- timeline trace (trace.path, trace.steps) -----------------------------------------------
   // Declared before `drain`, so it outlives the stream work that records into it.
   std::unique_ptr<TraceRecorder> trace;
@@ -509,6 +533,37 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   };
 
   // ---- the loop ------------------------------------------------------------------------------
+  std::vector<UnreadStep> unread;  // steps whose loss is still on the device, in order
+  double last_loss = std::numeric_limits<double>::quiet_NaN();  // the latest step's read
+  // This rank's losses of the unread steps (each the mean of its micro-batches), in one copy.
+  auto local_unread_losses = [&]() {
+    std::vector<float> local =
+        read_floats(*device, *compute, step_losses.device<float>(), unread.size());
+    for (float& v : local) v = v / G;
+    return local;
+  };
+  // The unread steps' losses averaged over the ranks: the summary, the monitors' rows.
+  auto deliver_losses = [&](const std::vector<float>& agreed) {
+    ZRT_CHECK(agreed.size() == unread.size(), "{} losses read for {} unread steps", agreed.size(),
+              unread.size());
+    for (std::size_t i = 0; i < unread.size(); ++i) {
+      const UnreadStep& u = unread[i];
+      const double loss = agreed[i];
+      summary.losses.push_back(loss);
+      if (monitors.enabled()) {
+        std::vector<ScalarEvent> events = {
+            {"Train/Samples/train_loss", loss, u.step * samples_per_step},
+            {"Train/Samples/lr", u.lr, u.step * samples_per_step},
+            {"Train/Samples/grad_norm", u.grad_norm, u.step * samples_per_step}};
+        if (config.fp16()) {
+          events.push_back({"Train/Samples/loss_scale", u.loss_scale, u.step * samples_per_step});
+        }
+        monitors.write(events, u.wall_time);
+      }
+      last_loss = loss;
+    }
+    unread.clear();
+  };
   CommCounts comm_before = engine_comm();
   const auto run_start = Clock::now();  // elapsed_s and the ETA count from here
   auto interval_start = run_start;
@@ -525,7 +580,9 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     const CommCounts comm_at_step_start = traced ? engine_comm() : CommCounts{};
     if (traced) engine.set_trace(trace.get());
     watchdog.set_step(step);
-    device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
+    // This step's loss slot: the micro-batch losses are summed into it on the compute stream.
+    const DevicePtr<std::byte> loss_slot = step_losses.device<std::byte>() + 4 * unread.size();
+    device->fill_zero(loss_slot, 4, *compute);
     for (int g = 0; g < G; ++g) {
       TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
         train_stream.next_micro_batch(rank, world, B, in, tg);
@@ -538,54 +595,56 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       }
       model.forward_backward(engine, batch, scale);
       engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
-                                 DType::kFloat32, loss_sum.device<std::byte>(), DType::kFloat32, 1);
+                                 DType::kFloat32, loss_slot, DType::kFloat32, 1);
     }
     const double lr = schedule.lr_for_step(applied + 1);
     const StepResult result = engine.step(lr);
     if (!result.skipped) ++applied;
     if (hooks.after_step) hooks.after_step(step, engine, result);
     ++interval_steps;
+    const double wall_time = unix_seconds();
+    unread.push_back({step, wall_time, lr, result.grad_norm, result.loss_scale});
     // A skipped step (the same decision on every rank) always gets its metrics row.
     const bool log_now = config.train.log_interval > 0 &&
                          (step % config.train.log_interval == 0 || step == config.train.steps ||
                           step == 1 || result.skipped);
-    // The loss is read every step for the summary (one 4-byte copy; the step already synced).
-    // Its all-reduce also carries the step boundary's decisions (an average of 0/1 votes is
-    // non-zero when any rank voted): stop (a preemption signal reached some rank since the
-    // last boundary) and a wall-clock save (rank 0's clock alone votes, so every rank agrees
-    // however their clocks drift).
+    // The losses are read only when the loop needs them: a logged step, a full buffer, the last
+    // step. A quiet step then waits for the device once, in engine.step's decision, and the
+    // host goes on enqueueing the next step while the optimizer runs. The read losses ride on
+    // the step boundary's all-reduce with its decisions (an average of 0/1 votes is non-zero
+    // when any rank voted): stop (a preemption signal reached some rank since the last
+    // boundary) and a wall-clock save (rank 0's clock alone votes, so every rank agrees
+    // however their clocks drift). Every input of the read decision is rank-identical.
+    const bool read_losses = log_now || step == config.train.steps ||
+                             unread.size() == static_cast<std::size_t>(kMaxUnreadLosses);
     const bool stop_vote = hooks.stop_requested && hooks.stop_requested();
     const bool time_vote = rank == 0 && config.checkpoint.save_interval_minutes > 0.0 &&
                            std::chrono::duration<double>(Clock::now() - last_save).count() >=
                                60.0 * config.checkpoint.save_interval_minutes;
-    const std::vector<float> agreed = control.mean(
-        {static_cast<float>(read_float(*device, *compute, loss_sum.device<float>()) / G),
-         stop_vote ? 1.f : 0.f, time_vote ? 1.f : 0.f});
-    const double loss = agreed[0];
-    const bool stop = agreed[1] > 0.f;
-    const bool timed_save = agreed[2] > 0.f;
+    std::vector<float> votes = read_losses ? local_unread_losses() : std::vector<float>{};
+    const std::size_t n_losses = votes.size();
+    votes.push_back(stop_vote ? 1.f : 0.f);
+    votes.push_back(time_vote ? 1.f : 0.f);
+    const std::vector<float> agreed = control.mean(votes);
+    const bool stop = agreed[n_losses] > 0.f;
+    const bool timed_save = agreed[n_losses + 1] > 0.f;
+    if (read_losses) {
+      deliver_losses({agreed.begin(), agreed.begin() + static_cast<std::ptrdiff_t>(n_losses)});
+    } else if (stop) {
+      deliver_losses(
+          control.mean(local_unread_losses()));  // the last steps' losses, for the summary
+    }
     if (stop) {
       if (hooks.on_stop) hooks.on_stop(step);
       if (rank == 0) {
         spdlog::warn(
             "step {}: stop requested (a preemption signal reached {} rank(s)); saving a "
             "checkpoint of step {} and stopping",
-            step, static_cast<int>(std::lround(agreed[1] * world)), step);
+            step, static_cast<int>(std::lround(agreed[n_losses] * world)), step);
       }
     }
-    summary.losses.push_back(loss);
-    const double wall_time = unix_seconds();
+    const double loss = last_loss;  // this step's when read_losses, else an earlier step's
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
-    if (monitors.enabled()) {
-      std::vector<ScalarEvent> events = {
-          {"Train/Samples/train_loss", loss, step * samples_per_step},
-          {"Train/Samples/lr", lr, step * samples_per_step},
-          {"Train/Samples/grad_norm", result.grad_norm, step * samples_per_step}};
-      if (config.fp16()) {
-        events.push_back({"Train/Samples/loss_scale", result.loss_scale, step * samples_per_step});
-      }
-      monitors.write(events, wall_time);
-    }
     if (log_now) {
       const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
       const double tokens_per_s = tokens_per_step * interval_steps / std::max(seconds, 1e-9);
@@ -640,10 +699,12 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       interval_start = Clock::now();
       interval_steps = 0;
     } else if (tty) {
+      // The loss shown is the latest read (a logged step's): reading it here would wait.
+      const std::string shown =
+          std::isnan(loss) ? std::string() : fmt::format(" loss {:.4f}", loss);
       std::fprintf(
-          stderr, "\r%s step %lld/%lld loss %.4f ETA %s",
-          progress_bar(step, config.train.steps).c_str(), static_cast<long long>(step),
-          static_cast<long long>(config.train.steps), loss,
+          stderr, "\r%s step %lld/%lld%s ETA %s", progress_bar(step, config.train.steps).c_str(),
+          static_cast<long long>(step), static_cast<long long>(config.train.steps), shown.c_str(),
           format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step))
               .c_str());
     }
