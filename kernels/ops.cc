@@ -232,7 +232,7 @@ void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, 
 
 void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                      Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
-                     int OC) {
+                     int OC, GradWrite dinp_write) {
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
@@ -240,8 +240,9 @@ void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
       auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::matmul_backward_workspace<S>(N, C, OC));
       run_cpu(ctx, "matmul_backward",
               [dx = ptr<S>(dinp), dw = ptr<G>(dweight), db = ptr<G>(dbias), dy = ptr<S>(dout),
-               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC,
-               ws] { cpu::matmul_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws); });
+               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC, ws, dinp_write] {
+                cpu::matmul_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws, dinp_write);
+              });
     });
     return;
   }
@@ -249,7 +250,7 @@ void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   check_dtypes(dtype, grad_dtype);
   cuda::matmul_backward(launch(ctx, cuda::matmul_backward_workspace(N, OC)), dtype, grad_dtype,
                         raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight), N, C,
-                        OC);
+                        OC, dinp_write);
 #else
   cuda_backend_missing("kernels::matmul_backward");
 #endif
@@ -551,7 +552,7 @@ void linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, 
 
 void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                      Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
-                     int OC) {
+                     int OC, GradWrite dinp_write) {
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
@@ -559,8 +560,9 @@ void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
       auto* ws = cpu_workspace<cpu::acc_t<S>>(ctx, cpu::linear_backward_workspace<S>(N, C, OC));
       run_cpu(ctx, "linear_backward",
               [dx = ptr<S>(dinp), dw = ptr<G>(dweight), db = ptr<G>(dbias), dy = ptr<S>(dout),
-               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC,
-               ws] { cpu::linear_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws); });
+               x = ptr<S>(inp), w = ptr<S>(weight), N, C, OC, ws, dinp_write] {
+                cpu::linear_backward<S, G>(dx, dw, db, dy, x, w, N, C, OC, ws, dinp_write);
+              });
     });
     return;
   }
@@ -568,7 +570,7 @@ void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   check_dtypes(dtype, grad_dtype);
   cuda::linear_backward(launch(ctx, cuda::linear_backward_workspace(N, OC)), dtype, grad_dtype,
                         raw(dinp), raw(dweight), raw(dbias), raw(dout), raw(inp), raw(weight), N, C,
-                        OC);
+                        OC, dinp_write);
 #else
   cuda_backend_missing("kernels::linear_backward");
 #endif

@@ -9,12 +9,15 @@
 // storage computes in fp32). `grad_dtype` is the type of parameter gradients: dtype or fp32.
 // Statistics (LayerNorm mean/rstd, attention log-sum-exp, losses) are always fp32.
 // Parameter and input gradients ACCUMULATE (+=) unless an op says otherwise; the caller zeroes
-// them. Shapes follow the CPU twins' headers (kernels/cpu/<layer>.h), which define the math.
+// them. matmul_backward and linear_backward OVERWRITE dinp with GradWrite::kOverwrite (its one
+// producer: no zeroing, and on CUDA no read of the zeros; kernels/grad_write.h). Shapes follow the
+// CPU twins' headers (kernels/cpu/<layer>.h), which define the math.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/grad_write.h"
 #include "kernels/kernel_context.h"
 #include "kernels/rope_table.h"
 #include "runtime/common/dtype.h"
@@ -52,7 +55,7 @@ void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, 
                     ConstBytes bias, int N, int C, int OC);
 void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                      Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
-                     int OC);
+                     int OC, GradWrite dinp_write = GradWrite::kAccumulate);
 
 void gelu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, std::int64_t n);
 void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, ConstBytes dout,
@@ -111,7 +114,7 @@ void linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, 
                     ConstBytes bias, int N, int C, int OC);
 void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                      Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
-                     int OC);
+                     int OC, GradWrite dinp_write = GradWrite::kAccumulate);
 
 // Rotary embeddings of x (B,T,NH,hs) (kernels/cpu/rope.h). Both OVERWRITE `out`/`dinp`, which
 // may equal the input (in place).

@@ -22,8 +22,9 @@ void linear_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
 
 template <typename S, typename G>
 void linear_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int N, int C, int OC, acc_t<S>* ws) {
-  dense_backward<S, G>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, WeightLayout::kOutIn);
+                     int N, int C, int OC, acc_t<S>* ws, GradWrite dinp_write) {
+  dense_backward<S, G>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, WeightLayout::kOutIn,
+                       dinp_write);
 }
 
 #define ZRT_FWD(S)                                                   \
@@ -32,7 +33,7 @@ void linear_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
   template void linear_forward<S>(S*, const S*, const S*, const S*, int, int, int, acc_t<S>*);
 #define ZRT_BWD(S, G)                                                                          \
   template void linear_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int, \
-                                      acc_t<S>*);
+                                      acc_t<S>*, GradWrite);
 ZRT_FWD(float)
 ZRT_FWD(double)
 ZRT_FWD(bf16)

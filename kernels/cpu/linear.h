@@ -3,7 +3,7 @@
 // keep this layout; GPT-2's Conv1D layout is kernels/cpu/matmul.h).
 //
 //   forward:  out (N,OC) = inp (N,C) @ weight^T + bias (OC)   weight (OC,C) [bias may be null]
-//   backward: dinp (N,C)     += dout @ weight
+//   backward: dinp (N,C)     += dout @ weight                   [= with kOverwrite]
 //             dweight (OC,C) += dout^T @ inp
 //             dbias (OC)     += column sums of dout (row order)  [dbias may be null]
 //
@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/grad_write.h"
 
 namespace zrt::kernels::cpu {
 
@@ -29,6 +30,7 @@ void linear_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
 
 template <typename S, typename G>
 void linear_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int N, int C, int OC, acc_t<S>* ws);
+                     int N, int C, int OC, acc_t<S>* ws,
+                     GradWrite dinp_write = GradWrite::kAccumulate);
 
 }  // namespace zrt::kernels::cpu

@@ -75,9 +75,10 @@ void dense_forward(S* out, const S* inp, const S* weight, const S* bias, int N, 
 
 template <typename S, typename G>
 void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout) {
+                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout, GradWrite dinp_write) {
   using A = acc_t<S>;
   const bool out_in = layout == WeightLayout::kOutIn;
+  const bool overwrite = dinp_write == GradWrite::kOverwrite;
   const int ldw = out_in ? C : OC;
   const A* a_dout;
   const A* a_inp;
@@ -103,10 +104,14 @@ void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, 
   if (dinp != nullptr) {
     // dinp (N,C) += dout (N,OC) @ W as (OC,C): W itself when stored (out, in), else W^T.
     if constexpr (std::is_same_v<S, A>) {
-      gemm<A>(false, !out_in, N, C, OC, A(1), a_dout, OC, a_w, ldw, A(1), dinp, C);
+      gemm<A>(false, !out_in, N, C, OC, A(1), a_dout, OC, a_w, ldw, A(overwrite ? 0 : 1), dinp, C);
     } else {
       gemm<A>(false, !out_in, N, C, OC, A(1), a_dout, OC, a_w, ldw, A(0), tmp, C);
-      accumulate_from_acc(dinp, tmp, I64{N} * C);
+      if (overwrite) {
+        convert_from_acc(dinp, tmp, I64{N} * C);
+      } else {
+        accumulate_from_acc(dinp, tmp, I64{N} * C);
+      }
     }
   }
   // dweight in its own layout: dout^T @ inp (OC,C), or inp^T @ dout (C,OC).
@@ -130,8 +135,9 @@ void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
 
 template <typename S, typename G>
 void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int N, int C, int OC, acc_t<S>* ws) {
-  dense_backward<S, G>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, WeightLayout::kInOut);
+                     int N, int C, int OC, acc_t<S>* ws, GradWrite dinp_write) {
+  dense_backward<S, G>(dinp, dweight, dbias, dout, inp, weight, N, C, OC, ws, WeightLayout::kInOut,
+                       dinp_write);
 }
 
 #define ZRT_FWD(S)                                                                             \
@@ -142,9 +148,9 @@ void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
                                  WeightLayout);
 #define ZRT_BWD(S, G)                                                                          \
   template void matmul_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int, \
-                                      acc_t<S>*);                                              \
+                                      acc_t<S>*, GradWrite);                                   \
   template void dense_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int,  \
-                                     acc_t<S>*, WeightLayout);                                 \
+                                     acc_t<S>*, WeightLayout, GradWrite);                      \
   template void bias_backward<S, G>(G*, const S*, int, int);
 ZRT_FWD(float)
 ZRT_FWD(double)

@@ -2,7 +2,8 @@
 // kernels/cuda/matmul.cu.
 //
 //   forward:  out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC)      [bias may be null]
-//   backward: dinp (N,C)     += dout @ weight^T                     [dinp may be null]
+//   backward: dinp (N,C)     += dout @ weight^T                     [dinp may be null;
+//                                                                    = with kOverwrite]
 //             dweight (C,OC) += inp^T @ dout
 //             dbias (OC)     += column sums of dout (row order)     [dbias may be null]
 //
@@ -14,6 +15,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/cpu_common.h"
+#include "kernels/grad_write.h"
 
 namespace zrt::kernels::cpu {
 
@@ -28,7 +30,8 @@ void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int N,
 
 template <typename S, typename G>
 void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int N, int C, int OC, acc_t<S>* ws);
+                     int N, int C, int OC, acc_t<S>* ws,
+                     GradWrite dinp_write = GradWrite::kAccumulate);
 
 // The shared body of matmul_* (Conv1D weights (in, out): kInOut) and linear_* (nn.Linear
 // weights (out, in): kOutIn, kernels/cpu/linear.h); ws as matmul_*_workspace.
@@ -38,7 +41,8 @@ void dense_forward(S* out, const S* inp, const S* weight, const S* bias, int N, 
                    acc_t<S>* ws, WeightLayout layout);
 template <typename S, typename G>
 void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout);
+                    int N, int C, int OC, acc_t<S>* ws, WeightLayout layout,
+                    GradWrite dinp_write = GradWrite::kAccumulate);
 
 // dbias[c] += sum over rows n of dout[n,c] (N rows of C), summed in row order; shared with the
 // attention and classifier layers.

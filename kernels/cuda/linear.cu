@@ -18,10 +18,11 @@ std::int64_t linear_backward_workspace(int N, int OC) {
 
 void linear_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
                      void* dbias, const void* dout, const void* inp, const void* weight, int N,
-                     int C, int OC) {
+                     int C, int OC, GradWrite dinp_write) {
   const cudaDataType type = to_cuda_dtype(dtype);
   if (dinp != nullptr) {
-    gemm(l, false, false, N, C, OC, 1.0f, dout, type, OC, weight, type, C, 1.0f, dinp, type, C);
+    const float beta = dinp_write == GradWrite::kOverwrite ? 0.0f : 1.0f;
+    gemm(l, false, false, N, C, OC, 1.0f, dout, type, OC, weight, type, C, beta, dinp, type, C);
   }
   gemm(l, true, false, OC, C, N, 1.0f, dout, type, OC, inp, type, C, 1.0f, dweight,
        to_cuda_dtype(grad_dtype), C);

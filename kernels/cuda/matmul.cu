@@ -96,11 +96,12 @@ std::int64_t matmul_backward_workspace(int N, int OC) {
 
 void matmul_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
                      void* dbias, const void* dout, const void* inp, const void* weight, int N,
-                     int C, int OC) {
+                     int C, int OC, GradWrite dinp_write) {
   const cudaDataType type = to_cuda_dtype(dtype);
   const cudaDataType grad_type = to_cuda_dtype(grad_dtype);
   if (dinp != nullptr) {
-    gemm(l, false, true, N, C, OC, 1.0f, dout, type, OC, weight, type, OC, 1.0f, dinp, type, C);
+    const float beta = dinp_write == GradWrite::kOverwrite ? 0.0f : 1.0f;
+    gemm(l, false, true, N, C, OC, 1.0f, dout, type, OC, weight, type, OC, beta, dinp, type, C);
   }
   gemm(l, true, false, C, OC, N, 1.0f, inp, type, C, dout, type, OC, 1.0f, dweight, grad_type, OC);
   if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);

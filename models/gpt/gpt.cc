@@ -129,18 +129,18 @@ I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) c
   p.floats(&acts->losses, BT);
   p.bytes(&acts->dres, BT * C * S);
   p.bytes(&acts->dlnf, BT * C * S);
-  // The block gradient scratch, contiguous so that one fill_zero clears it.
-  const I64 grads_begin = p.total();
+  // The block gradient scratch; the accumulated part contiguous, so one fill_zero clears it.
   p.bytes(&acts->dln1, BT * C * S);
-  p.bytes(&acts->dqkv, BT * 3 * C * S);
   p.bytes(&acts->datty, BT * C * S);
   p.bytes(&acts->dln2, BT * C * S);
-  p.bytes(&acts->dfch, BT * 4 * C * S);
   p.bytes(&acts->dfch_gelu, BT * 4 * C * S);
-  acts->block_grad_bytes = p.total() - grads_begin;
+  const I64 accumulated_begin = p.total();
+  p.bytes(&acts->dqkv, BT * 3 * C * S);
+  p.bytes(&acts->dfch, BT * 4 * C * S);
+  acts->accumulated_grad_bytes = p.total() - accumulated_begin;
   if (base) {
     p.bind(base);
-    acts->block_grads = acts->dln1;
+    acts->accumulated_grads = acts->dqkv;
   }
   return p.total();
 }
@@ -206,20 +206,22 @@ void Gpt::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes re
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
   auto G = [&](int slot) { return a.grad(block_param(layer, slot)); };
   Acts& d = acts_;
-  ctx_.device().fill_zero(d.block_grads, static_cast<std::size_t>(d.block_grad_bytes),
+  const k::GradWrite once = k::GradWrite::kOverwrite;
+  ctx_.device().fill_zero(d.accumulated_grads, static_cast<std::size_t>(d.accumulated_grad_bytes),
                           ctx_.stream());
   k::matmul_backward(ctx_, dt, gt, d.dfch_gelu, G(kFcProjW), G(kFcProjB), d.dres, x.fch_gelu,
-                     P(kFcProjW), N, 4 * C, C);
+                     P(kFcProjW), N, 4 * C, C, once);
   k::gelu_backward(ctx_, dt, d.dfch, x.fch, d.dfch_gelu, I64{N} * 4 * C);
-  k::matmul_backward(ctx_, dt, gt, d.dln2, G(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C);
+  k::matmul_backward(ctx_, dt, gt, d.dln2, G(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C,
+                     once);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn2W), G(kLn2B), d.dln2, x.res2, P(kLn2W),
                         x.ln2_mean, x.ln2_rstd, N, C);
   k::matmul_backward(ctx_, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), d.dres, x.atty,
-                     P(kAttProjW), N, C, C);
+                     P(kAttProjW), N, C, C, once);
   k::attention_backward(ctx_, dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, B_, T_, C,
                         config_.n_head);
-  k::matmul_backward(ctx_, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C,
-                     3 * C);
+  k::matmul_backward(ctx_, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C, 3 * C,
+                     once);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W),
                         x.ln1_mean, x.ln1_rstd, N, C);
 }

@@ -86,11 +86,13 @@ class Gpt final : public Model {
     std::vector<BlockActs> block;  // L, or 1 shared by all blocks with checkpointing
     Bytes lnf, logits;             // (B,T,C), (B,T,V)
     Floats lnf_mean, lnf_rstd, losses;
-    // Gradients: dres is the residual stream's gradient, updated in place block by block;
-    // the block scratch (dln1 .. dfch_gelu) is one region, zeroed before each block.
+    // Gradients: dres is the residual stream's gradient, updated in place block by block.
+    // The block scratch: the matmuls overwrite dln1, datty, dln2 and dfch_gelu (their one
+    // producer); attention and GELU accumulate into dqkv and dfch, which are one region
+    // (accumulated_grads), zeroed before each block.
     Bytes dres, dlnf, dln1, dqkv, datty, dln2, dfch, dfch_gelu;
-    Bytes block_grads;
-    std::int64_t block_grad_bytes = 0;
+    Bytes accumulated_grads;
+    std::int64_t accumulated_grad_bytes = 0;
   };
 
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);

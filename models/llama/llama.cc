@@ -180,20 +180,20 @@ std::int64_t Llama::layout_activations(const LlamaConfig& c, bool checkpointing,
   p.floats(&acts->losses, N);
   p.bytes(&acts->dres, N * C * S);
   p.bytes(&acts->dlnf, N * C * S);
-  const I64 grads_begin = p.total();
   p.bytes(&acts->dln1, N * C * S);
+  p.bytes(&acts->datty, N * Q * S);
+  p.bytes(&acts->dln2, N * C * S);
+  p.bytes(&acts->dh, N * I * S);
+  const I64 accumulated_begin = p.total();
   p.bytes(&acts->dq, N * Q * S);
   p.bytes(&acts->dk, N * KV * S);
   p.bytes(&acts->dv, N * KV * S);
-  p.bytes(&acts->datty, N * Q * S);
-  p.bytes(&acts->dln2, N * C * S);
   p.bytes(&acts->dgate, N * I * S);
   p.bytes(&acts->dup, N * I * S);
-  p.bytes(&acts->dh, N * I * S);
-  acts->block_grad_bytes = p.total() - grads_begin;
+  acts->accumulated_grad_bytes = p.total() - accumulated_begin;
   if (base) {
     p.bind(base);
-    acts->block_grads = acts->dln1;
+    acts->accumulated_grads = acts->dq;
   }
   return p.total();
 }
@@ -280,19 +280,24 @@ void Llama::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes 
     return index < 0 ? Bytes() : a.grad(index);
   };
   Acts& d = acts_;
-  ctx_.device().fill_zero(d.block_grads, static_cast<std::size_t>(d.block_grad_bytes),
+  // The first projection into dh, dln2, datty and dln1 overwrites it; the next ones add.
+  const k::GradWrite first = k::GradWrite::kOverwrite;
+  ctx_.device().fill_zero(d.accumulated_grads, static_cast<std::size_t>(d.accumulated_grad_bytes),
                           ctx_.stream());
-  k::linear_backward(ctx_, dt, gt, d.dh, G(kDownW), Bytes(), d.dres, x.h, P(kDownW), N, I, C);
+  k::linear_backward(ctx_, dt, gt, d.dh, G(kDownW), Bytes(), d.dres, x.h, P(kDownW), N, I, C,
+                     first);
   k::swiglu_backward(ctx_, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
-  k::linear_backward(ctx_, dt, gt, d.dln2, G(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I);
+  k::linear_backward(ctx_, dt, gt, d.dln2, G(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I,
+                     first);
   k::linear_backward(ctx_, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
   k::rmsnorm_backward(ctx_, dt, gt, d.dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
-  k::linear_backward(ctx_, dt, gt, d.datty, G(kOW), Bytes(), d.dres, x.atty, P(kOW), N, Q, C);
+  k::linear_backward(ctx_, dt, gt, d.datty, G(kOW), Bytes(), d.dres, x.atty, P(kOW), N, Q, C,
+                     first);
   k::gqa_attention_backward(ctx_, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse, B_,
                             T_, NH, NKV, hd);
   k::rope_backward(ctx_, dt, d.dq, d.dq, rope_, B_, T_, NH, hd);
   k::rope_backward(ctx_, dt, d.dk, d.dk, rope_, B_, T_, NKV, hd);
-  k::linear_backward(ctx_, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q);
+  k::linear_backward(ctx_, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kKW), G(kKB), d.dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx_, dt, gt, d.dres, G(kLn1W), d.dln1, res_in, P(kLn1W), x.ln1_rstd, N, C);

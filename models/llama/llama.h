@@ -91,10 +91,12 @@ class Llama final : public Model {
     Bytes lnf, logits;
     Floats lnf_rstd, losses;
     // Gradients: dres (the residual stream's, in place block by block), dlnf, and one block's
-    // scratch dln1 .. dh, contiguous so one fill_zero clears it.
+    // scratch. The first projection into dln1, datty, dln2 and dh overwrites it; attention and
+    // SwiGLU accumulate into dq, dk, dv, dgate and dup, which are one region
+    // (accumulated_grads), zeroed before each block.
     Bytes dres, dlnf, dln1, dq, dk, dv, datty, dln2, dgate, dup, dh;
-    Bytes block_grads;
-    std::int64_t block_grad_bytes = 0;
+    Bytes accumulated_grads;
+    std::int64_t accumulated_grad_bytes = 0;
   };
 
   static std::int64_t layout_activations(const LlamaConfig& c, bool checkpointing, int B, int T,

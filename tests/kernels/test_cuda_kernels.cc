@@ -434,6 +434,38 @@ TEST_CASE("CUDA matmul at GPT-2 124M shapes, cuBLASLt epilogue and fallback", "[
           1e-2);
 }
 
+// GradWrite::kOverwrite (beta 0) into a dinp full of NaN gives the bits of the default
+// accumulation into zeros (beta 1: the same fp32 sum plus zero, rounded once), for both weight
+// layouts; dweight and dbias accumulate either way.
+TEST_CASE("CUDA matmul and linear backward overwrite dinp as accumulating into zeros does",
+          "[cuda]") {
+  const MatmulIn in(64, 96, 160);
+  Gpu g;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool linear : {false, true}) {
+      INFO(dtype_name(dt) << (linear ? " linear_backward" : " matmul_backward"));
+      Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), dout = g.upload(in.dout, dt);
+      auto run = [&](GradWrite mode, const Vec& dx_start) {
+        Buffer dx = g.upload(dx_start, dt), dw = g.upload(in.w, dt), db = g.upload(in.b, dt);
+        if (linear) {
+          linear_backward(*g.ctx, dt, dt, dev(dx), dev(dw), dev(db), dev(dout), dev(x), dev(w),
+                          in.N, in.C, in.OC, mode);
+        } else {
+          matmul_backward(*g.ctx, dt, dt, dev(dx), dev(dw), dev(db), dev(dout), dev(x), dev(w),
+                          in.N, in.C, in.OC, mode);
+        }
+        return Results{{"dinp", g.download(dx, in.N * in.C, dt)},
+                       {"dweight", g.download(dw, in.C * in.OC, dt)},
+                       {"dbias", g.download(db, in.OC, dt)}};
+      };
+      const Results accumulated = run(GradWrite::kAccumulate, Vec(in.N * in.C, 0.0));
+      const Results overwritten = run(GradWrite::kOverwrite, Vec(in.N * in.C, std::nan("")));
+      CHECK(overwritten == accumulated);
+      CHECK(accumulated.at("dweight") != g.download(w, in.C * in.OC, dt));  // it accumulated
+    }
+  }
+}
+
 TEST_CASE("CUDA gelu and residual match their CPU twins", "[cuda]") {
   check_layer(ElementwiseIn{}, cpu_elementwise<float, float>, cpu_elementwise<bf16, float>,
               cpu_elementwise<bf16, bf16>, gpu_elementwise);

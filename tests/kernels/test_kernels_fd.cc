@@ -15,6 +15,7 @@
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
 #include "tests/kernels/fd_check.h"
@@ -192,6 +193,54 @@ TEST_CASE("cross-entropy backward matches finite differences (float64)", "[fd]")
   double mean = 0;
   loss_mean<double>(&mean, losses.data(), kN);
   CHECK(mean == Approx(total / kN).epsilon(1e-14));
+}
+
+namespace {
+// matmul_backward / linear_backward with GradWrite::kOverwrite into a dinp full of NaN against
+// the default accumulation into zeros: the same bits (one rounding of the same fp32 sum either
+// way), while dweight and dbias still accumulate.
+template <typename S, typename G>
+void check_overwrite(bool linear) {
+  const int N = kN, C = kC, OC = 2 * kC;
+  const auto x = test::to_storage<S>(normal_values(kSeed, 91, N * C));
+  const auto w = test::to_storage<S>(normal_values(kSeed, 92, C * OC, 0.1));
+  const auto dy = test::to_storage<S>(normal_values(kSeed, 93, N * OC));
+  const auto g0 = test::to_storage<G>(normal_values(kSeed, 94, C * OC + OC));
+  std::vector<float> ws(static_cast<std::size_t>(matmul_backward_workspace<S>(N, C, OC)) + 1);
+  auto run = [&](std::vector<S>& dx, std::vector<G>& dw, std::vector<G>& db, GradWrite mode) {
+    auto* wsp = reinterpret_cast<acc_t<S>*>(ws.data());
+    if (linear) {
+      linear_backward<S, G>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C,
+                            OC, wsp, mode);
+    } else {
+      matmul_backward<S, G>(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C,
+                            OC, wsp, mode);
+    }
+  };
+  std::vector<S> dx_acc = test::to_storage<S>(Vec(N * C, 0.0));
+  std::vector<S> dx_over = test::to_storage<S>(Vec(N * C, std::nan("")));
+  std::vector<G> dw_acc(g0.begin(), g0.begin() + C * OC), dw_over = dw_acc;
+  std::vector<G> db_acc(g0.begin() + C * OC, g0.end()), db_over = db_acc;
+  run(dx_acc, dw_acc, db_acc, GradWrite::kAccumulate);
+  run(dx_over, dw_over, db_over, GradWrite::kOverwrite);
+  CHECK(test::to_double(dx_over) == test::to_double(dx_acc));
+  CHECK(test::to_double(dw_over) == test::to_double(dw_acc));
+  CHECK(test::to_double(db_over) == test::to_double(db_acc));
+  // And dweight accumulated onto its start: a second pass adds again.
+  std::vector<G> dw_start(g0.begin(), g0.begin() + C * OC);
+  CHECK(test::to_double(dw_over) != test::to_double(dw_start));
+}
+}  // namespace
+
+TEST_CASE("GradWrite::kOverwrite writes dinp as accumulating into zeros does", "[fd]") {
+  for (bool linear : {false, true}) {
+    INFO((linear ? "linear_backward" : "matmul_backward"));
+    check_overwrite<double, double>(linear);
+    check_overwrite<float, float>(linear);
+    check_overwrite<bf16, bf16>(linear);
+    check_overwrite<bf16, float>(linear);
+    check_overwrite<fp16, float>(linear);
+  }
 }
 
 TEST_CASE("parameter and input gradients accumulate", "[fd]") {

@@ -1,0 +1,14 @@
+// How a backward op writes an input gradient. The ops accumulate by default (kernels/ops.h), so
+// that gradients from several consumers of one tensor sum in place; a model whose buffer has a
+// single producer overwrites it instead, and skips both zeroing it first and reading the zeros
+// back (on a GPU that is two passes over the buffer per use).
+#pragma once
+
+namespace zrt::kernels {
+
+enum class GradWrite {
+  kAccumulate,  // dinp += gradient
+  kOverwrite,   // dinp = gradient
+};
+
+}  // namespace zrt::kernels
