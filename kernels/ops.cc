@@ -32,6 +32,7 @@
 #include "kernels/cuda/layernorm.cuh"
 #include "kernels/cuda/linear.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/matmul_gelu.cuh"
 #include "kernels/cuda/residual.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -287,6 +288,43 @@ void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, 
   cuda::gelu_backward(launch(ctx), dtype, raw(dinp), raw(inp), raw(dout), n);
 #else
   cuda_backend_missing("kernels::gelu_backward");
+#endif
+}
+
+void matmul_gelu_forward(KernelContext& ctx, DType dtype, Bytes out, Bytes pre, ConstBytes inp,
+                         ConstBytes weight, ConstBytes bias, int N, int C, int OC) {
+  if (on_cpu(ctx)) {
+    matmul_forward(ctx, dtype, pre, inp, weight, bias, N, C, OC);
+    gelu_forward(ctx, dtype, out, pre, std::int64_t{N} * OC);
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::matmul_gelu_forward(launch(ctx), dtype, raw(out), raw(pre), raw(inp), raw(weight),
+                            raw(bias), N, C, OC);
+#else
+  cuda_backend_missing("kernels::matmul_gelu_forward");
+#endif
+}
+
+void matmul_dgelu_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dpre,
+                           Bytes scratch, Bytes dweight, Bytes dbias, ConstBytes dout,
+                           ConstBytes act, ConstBytes weight, ConstBytes pre, int N, int C,
+                           int OC) {
+  if (on_cpu(ctx)) {
+    matmul_backward(ctx, dtype, grad_dtype, scratch, dweight, dbias, dout, act, weight, N, C, OC,
+                    GradWrite::kOverwrite);
+    const std::int64_t n = std::int64_t{N} * C;
+    ctx.device().fill_zero(dpre, static_cast<std::size_t>(n) * dtype_size(dtype), ctx.stream());
+    gelu_backward(ctx, dtype, dpre, pre, scratch, n);
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  check_dtypes(dtype, grad_dtype);
+  cuda::matmul_dgelu_backward(launch(ctx, cuda::matmul_backward_workspace(N, OC)), dtype,
+                              grad_dtype, raw(dpre), raw(scratch), raw(dweight), raw(dbias),
+                              raw(dout), raw(act), raw(weight), raw(pre), N, C, OC);
+#else
+  cuda_backend_missing("kernels::matmul_dgelu_backward");
 #endif
 }
 

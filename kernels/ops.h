@@ -61,6 +61,19 @@ void gelu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, st
 void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, ConstBytes dout,
                    std::int64_t n);
 
+// The MLP's GELU with its GEMMs (kernels/cuda/matmul_gelu.cuh): on CUDA, cuBLASLt epilogues where
+// cuBLASLt has them, else, as on the CPU, exactly the composition of the ops above.
+// pre (N,OC) = inp @ weight + bias; out = gelu(pre): matmul_forward then gelu_forward.
+void matmul_gelu_forward(KernelContext& ctx, DType dtype, Bytes out, Bytes pre, ConstBytes inp,
+                         ConstBytes weight, ConstBytes bias, int N, int C, int OC);
+// For act = gelu(pre) (N,C) feeding matmul(act, weight (C,OC), bias): dpre = gelu'(pre) *
+// (dout @ weight^T), OVERWRITTEN; dweight and dbias accumulate as matmul_backward's. `scratch`
+// (N,C) takes dout @ weight^T where the two are not fused: matmul_backward into scratch
+// (kOverwrite), then gelu_backward into dpre from zero.
+void matmul_dgelu_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dpre,
+                           Bytes scratch, Bytes dweight, Bytes dbias, ConstBytes dout,
+                           ConstBytes act, ConstBytes weight, ConstBytes pre, int N, int C, int OC);
+
 void residual_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes a, ConstBytes b,
                       std::int64_t n);
 void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, ConstBytes dout,

@@ -58,50 +58,82 @@ void gemm_strided_batched(const Launch& l, bool trans_a, bool trans_b, int m, in
       stride_a, &beta, c, c_type, ldc, stride_c, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
-bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,
-                  int ldb, const void* bias, void* c, int ldc, cudaDataType type) {
-  if (l.lt == nullptr || m <= 0 || n <= 0) return false;
-  // Column-major: D (n x m, ld ldc) = B_cm (n x k, ld ldb) @ A_cm (k x m, ld lda) + bias (n),
-  // the bias running along D's rows as the epilogue requires.
+namespace {
+template <typename T>
+void set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const T& value) {
+  ZRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attr, &value, sizeof value));
+}
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+              const T& value) {
+  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
+}
+}  // namespace
+
+bool gemm_lt(const Launch& l, const LtGemm& g) {
+  if (l.lt == nullptr || g.m <= 0 || g.n <= 0) return false;
+  const bool with_aux = g.epilogue != LtEpilogue::kBias;
+  if (with_aux && (g.aux == nullptr || g.aux_ld % 8 != 0 || g.aux_ld < g.n)) return false;
+  // Column-major, as gemm(): D (n x m, ld ldc) = op(B_cm) op(A_cm) with B_cm = b, A_cm = a, so
+  // cuBLASLt's A is our b and its B our a; D's rows are our columns, which is where the bias
+  // and the aux matrix's leading dimension run.
   LtDescs d;
   ZRT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t no_trans = CUBLAS_OP_N;
-  ZRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &no_trans,
-                                                  sizeof no_trans));
-  ZRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans,
-                                                  sizeof no_trans));
-  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
-  ZRT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                                  sizeof epilogue));
-  ZRT_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
-  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, type, n, k, ldb));
-  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, type, k, m, lda));
-  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, type, n, m, ldc));
+  const cublasOperation_t lt_a_op = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t lt_b_op = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_a_op);
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_b_op);
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  if (g.epilogue == LtEpilogue::kGeluAuxBias) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  if (g.epilogue == LtEpilogue::kDGelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
+  set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
+  if (g.epilogue != LtEpilogue::kDGelu) set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  if (with_aux) {
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(g.aux_ld));
+  }
+  // Stored shapes (column-major rows x cols): A_cm is b as stored, B_cm is a as stored.
+  const int a_rows = g.trans_b ? g.k : g.n, a_cols = g.trans_b ? g.n : g.k;
+  const int b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
+  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, g.type, a_rows, a_cols, g.ldb));
+  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, g.type, b_rows, b_cols, g.lda));
+  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, g.type, g.n, g.m, g.ldc));
   ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
-  const std::uint64_t ws_bytes = l.lt_workspace_bytes;
-  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-  const std::uint32_t align_a = alignment_of(b), align_b = alignment_of(a),
-                      align_c = alignment_of(c);
-  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a, sizeof align_a));
-  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b, sizeof align_b));
-  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof align_c));
-  ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-      d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof align_c));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+           static_cast<std::uint64_t>(l.lt_workspace_bytes));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(g.c));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status =
       cublasLtMatmulAlgoGetHeuristic(l.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
+  // No algorithm for these shapes, alignments and epilogue: not an error, the caller's unfused
+  // kernels compute the same.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) return false;
   ZRT_CUBLAS_CHECK(status);
   const float alpha = 1.0f, beta = 0.0f;
-  ZRT_CUBLAS_CHECK(cublasLtMatmul(l.lt, d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c,
+  ZRT_CUBLAS_CHECK(cublasLtMatmul(l.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
                                   &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream));
   return true;
+}
+
+bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,
+                  int ldb, const void* bias, void* c, int ldc, cudaDataType type) {
+  LtGemm g;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.a = a;
+  g.lda = lda;
+  g.b = b;
+  g.ldb = ldb;
+  g.c = c;
+  g.ldc = ldc;
+  g.type = type;
+  g.bias = bias;
+  return gemm_lt(l, g);
 }
 
 }  // namespace zrt::kernels::cuda

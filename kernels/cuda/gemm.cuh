@@ -21,10 +21,36 @@ void gemm_strided_batched(const Launch& l, bool trans_a, bool trans_b, int m, in
                           long long stride_b, float beta, void* c, cudaDataType c_type, int ldc,
                           long long stride_c, int batch);
 
-// c (m x n) = a (m x k) @ b (k x n) + bias (n), all row-major and of one type, through a
-// cuBLASLt matmul with the bias epilogue (fp32 accumulation, bias added before the single
-// rounding). Returns false (and does nothing) when cuBLASLt offers no algorithm for these
-// shapes and alignments; the caller then falls back to gemm() and its own bias kernel.
+// A cuBLASLt matmul with a fused epilogue, row-major like gemm() and of one storage type:
+//   c (m x n, ldc) = epilogue(op(a) (m x k) @ op(b) (k x n) [+ bias (n)]),
+// fp32 accumulation and the epilogue applied before the single rounding to `type`.
+//   kBias:         + bias.
+//   kGeluAuxBias:  pre = ... + bias is stored to aux (m x n, row stride aux_ld) and c = gelu(pre)
+//                  (cuBLASLt's GELU is GPT-2's tanh approximation).
+//   kDGelu:        c = gelu'(aux) * (op(a) @ op(b)): the GELU's input gradient, aux holding the
+//                  GELU's input (m x n, row stride aux_ld).
+// c is overwritten (beta 0). aux_ld must be a multiple of 8 and at least n (cuBLASLt's rule).
+// Returns false (and does nothing) when cuBLASLt offers no algorithm for these shapes,
+// alignments and epilogue; the caller then runs the unfused kernels.
+enum class LtEpilogue { kBias, kGeluAuxBias, kDGelu };
+struct LtGemm {
+  LtEpilogue epilogue = LtEpilogue::kBias;
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int lda = 0;
+  const void* b = nullptr;
+  int ldb = 0;
+  void* c = nullptr;
+  int ldc = 0;
+  cudaDataType type = CUDA_R_32F;
+  const void* bias = nullptr;  // kBias, kGeluAuxBias
+  void* aux = nullptr;         // kGeluAuxBias (written), kDGelu (read)
+  int aux_ld = 0;
+};
+bool gemm_lt(const Launch& l, const LtGemm& g);
+
+// c (m x n) = a (m x k) @ b (k x n) + bias (n): gemm_lt with the bias epilogue.
 bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,
                   int ldb, const void* bias, void* c, int ldc, cudaDataType type);
 

@@ -134,9 +134,9 @@ I64 Gpt::layout_activations(int B, int T, DType dtype, Acts* acts, Bytes base) c
   p.bytes(&acts->datty, BT * C * S);
   p.bytes(&acts->dln2, BT * C * S);
   p.bytes(&acts->dfch_gelu, BT * 4 * C * S);
+  p.bytes(&acts->dfch, BT * 4 * C * S);
   const I64 accumulated_begin = p.total();
   p.bytes(&acts->dqkv, BT * 3 * C * S);
-  p.bytes(&acts->dfch, BT * 4 * C * S);
   acts->accumulated_grad_bytes = p.total() - accumulated_begin;
   if (base) {
     p.bind(base);
@@ -189,8 +189,7 @@ void Gpt::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes res
   k::matmul_forward(ctx_, dt, x.attproj, x.atty, P(kAttProjW), P(kAttProjB), N, C, C);
   k::residual_forward(ctx_, dt, x.res2, res_in, x.attproj, I64{N} * C);
   k::layernorm_forward(ctx_, dt, x.ln2, x.ln2_mean, x.ln2_rstd, x.res2, P(kLn2W), P(kLn2B), N, C);
-  k::matmul_forward(ctx_, dt, x.fch, x.ln2, P(kFcW), P(kFcB), N, C, 4 * C);
-  k::gelu_forward(ctx_, dt, x.fch_gelu, x.fch, I64{N} * 4 * C);
+  k::matmul_gelu_forward(ctx_, dt, x.fch_gelu, x.fch, x.ln2, P(kFcW), P(kFcB), N, C, 4 * C);
   k::matmul_forward(ctx_, dt, x.fcproj, x.fch_gelu, P(kFcProjW), P(kFcProjB), N, 4 * C, C);
   if (res_out) k::residual_forward(ctx_, dt, res_out, x.res2, x.fcproj, I64{N} * C);
 }
@@ -209,9 +208,9 @@ void Gpt::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes re
   const k::GradWrite once = k::GradWrite::kOverwrite;
   ctx_.device().fill_zero(d.accumulated_grads, static_cast<std::size_t>(d.accumulated_grad_bytes),
                           ctx_.stream());
-  k::matmul_backward(ctx_, dt, gt, d.dfch_gelu, G(kFcProjW), G(kFcProjB), d.dres, x.fch_gelu,
-                     P(kFcProjW), N, 4 * C, C, once);
-  k::gelu_backward(ctx_, dt, d.dfch, x.fch, d.dfch_gelu, I64{N} * 4 * C);
+  // dfch = gelu'(fch) * (dres @ W_fcproj^T), overwritten; dfch_gelu is the unfused path's scratch.
+  k::matmul_dgelu_backward(ctx_, dt, gt, d.dfch, d.dfch_gelu, G(kFcProjW), G(kFcProjB), d.dres,
+                           x.fch_gelu, P(kFcProjW), x.fch, N, 4 * C, C);
   k::matmul_backward(ctx_, dt, gt, d.dln2, G(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C,
                      once);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn2W), G(kLn2B), d.dln2, x.res2, P(kLn2W),

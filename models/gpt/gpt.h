@@ -87,9 +87,10 @@ class Gpt final : public Model {
     Bytes lnf, logits;             // (B,T,C), (B,T,V)
     Floats lnf_mean, lnf_rstd, losses;
     // Gradients: dres is the residual stream's gradient, updated in place block by block.
-    // The block scratch: the matmuls overwrite dln1, datty, dln2 and dfch_gelu (their one
-    // producer); attention and GELU accumulate into dqkv and dfch, which are one region
-    // (accumulated_grads), zeroed before each block.
+    // The block scratch: the matmuls overwrite dln1, datty, dln2, dfch (with the GELU's
+    // gradient, kernels::matmul_dgelu_backward) and dfch_gelu (that op's unfused scratch), their
+    // one producer; attention accumulates into dqkv (accumulated_grads), zeroed before each
+    // block.
     Bytes dres, dlnf, dln1, dqkv, datty, dln2, dfch, dfch_gelu;
     Bytes accumulated_grads;
     std::int64_t accumulated_grad_bytes = 0;

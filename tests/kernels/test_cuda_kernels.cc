@@ -466,6 +466,78 @@ TEST_CASE("CUDA matmul and linear backward overwrite dinp as accumulating into z
   }
 }
 
+// The MLP's GELU fused into its GEMMs (kernels/cuda/matmul_gelu.cuh) against the composition
+// of the CPU twins: forward pre = x @ w1 + b1, out = gelu(pre); backward through
+// matmul(act = gelu(pre), w2, b2): dpre = gelu'(pre) * (dout @ w2^T), dw2, db2. H = 128
+// takes cuBLASLt's GELU epilogues where it has them (the stand-ins model them); H = 100 is
+// no multiple of 8, which the epilogue's aux matrix needs, so it is the unfused path.
+struct MlpIn {
+  int N, C, H, OC;
+  Vec x, w1, b1, w2, b2, dout;
+  MlpIn(int n, int c, int h, int oc)
+      : N(n),
+        C(c),
+        H(h),
+        OC(oc),
+        x(normal_values(kSeed, 41, n * c)),
+        w1(normal_values(kSeed, 42, c * h, 0.1)),
+        b1(normal_values(kSeed, 43, h, 0.5)),
+        w2(normal_values(kSeed, 44, h * oc, 0.1)),
+        b2(normal_values(kSeed, 45, oc, 0.1)),
+        dout(normal_values(kSeed, 46, n * oc)) {}
+};
+
+template <typename S, typename G>
+Results cpu_mlp(const MlpIn& in) {
+  const auto x = to_storage<S>(in.x), w1 = to_storage<S>(in.w1), b1 = to_storage<S>(in.b1),
+             w2 = to_storage<S>(in.w2), dout = to_storage<S>(in.dout);
+  std::vector<S> pre(in.N * in.H), act(in.N * in.H), dact(in.N * in.H, S{}), dpre(in.N * in.H, S{});
+  std::vector<G> dw2(in.H * in.OC, G{}), db2(in.OC, G{});
+  std::vector<float> ws(std::max(cpu::matmul_forward_workspace<S>(in.N, in.C, in.H),
+                                 cpu::matmul_backward_workspace<S>(in.N, in.H, in.OC)) +
+                        1);
+  cpu::matmul_forward<S>(pre.data(), x.data(), w1.data(), b1.data(), in.N, in.C, in.H, ws.data());
+  cpu::gelu_forward<S>(act.data(), pre.data(), in.N * in.H);
+  cpu::matmul_backward<S, G>(dact.data(), dw2.data(), db2.data(), dout.data(), act.data(),
+                             w2.data(), in.N, in.H, in.OC, ws.data());
+  cpu::gelu_backward<S>(dpre.data(), pre.data(), dact.data(), in.N * in.H);
+  return {{"pre", to_double(pre)},
+          {"act", to_double(act)},
+          {"dpre", to_double(dpre)},
+          {"dw2", to_double(dw2)},
+          {"db2", to_double(db2)}};
+}
+
+Results gpu_mlp(Gpu& g, DType dt, DType gt, const MlpIn& in) {
+  Buffer x = g.upload(in.x, dt), w1 = g.upload(in.w1, dt), b1 = g.upload(in.b1, dt),
+         w2 = g.upload(in.w2, dt), dout = g.upload(in.dout, dt);
+  // Outputs start as NaN: every element must be written (dpre is overwritten, not added to).
+  const Vec nan(static_cast<std::size_t>(in.N) * in.H, std::nan(""));
+  Buffer pre = g.upload(nan, dt), act = g.upload(nan, dt), dpre = g.upload(nan, dt),
+         scratch = g.upload(nan, dt);
+  Buffer dw2 = g.zeros(in.H * in.OC, gt), db2 = g.zeros(in.OC, gt);
+  matmul_gelu_forward(*g.ctx, dt, dev(act), dev(pre), dev(x), dev(w1), dev(b1), in.N, in.C, in.H);
+  matmul_dgelu_backward(*g.ctx, dt, gt, dev(dpre), dev(scratch), dev(dw2), dev(db2), dev(dout),
+                        dev(act), dev(w2), dev(pre), in.N, in.H, in.OC);
+  return {{"pre", g.download(pre, in.N * in.H, dt)},
+          {"act", g.download(act, in.N * in.H, dt)},
+          {"dpre", g.download(dpre, in.N * in.H, dt)},
+          {"dw2", g.download(dw2, in.H * in.OC, gt)},
+          {"db2", g.download(db2, in.OC, gt)}};
+}
+
+TEST_CASE("CUDA matmul with GELU in cuBLASLt's epilogues matches its CPU twins", "[cuda]") {
+  check_layer(MlpIn(64, 96, 128, 80), cpu_mlp<float, float>, cpu_mlp<bf16, float>,
+              cpu_mlp<bf16, bf16>, gpu_mlp);
+}
+
+TEST_CASE(
+    "CUDA matmul with GELU, unfused (hidden width not a multiple of 8), matches its CPU twins",
+    "[cuda]") {
+  check_layer(MlpIn(64, 96, 100, 80), cpu_mlp<float, float>, cpu_mlp<bf16, float>,
+              cpu_mlp<bf16, bf16>, gpu_mlp);
+}
+
 TEST_CASE("CUDA gelu and residual match their CPU twins", "[cuda]") {
   check_layer(ElementwiseIn{}, cpu_elementwise<float, float>, cpu_elementwise<bf16, float>,
               cpu_elementwise<bf16, bf16>, gpu_elementwise);

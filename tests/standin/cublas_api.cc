@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kernels/cpu/gelu.h"
 #include "runtime/common/dtype.h"
 #include "tests/standin/standin_core.h"
 
@@ -38,6 +39,8 @@ struct LtDesc {
   cublasOperation_t transa = CUBLAS_OP_N, transb = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
+  void* aux = nullptr;  // GELU_AUX_BIAS: the GELU input written; DGELU: read
+  std::int64_t aux_ld = 0;
 };
 struct LtLayout {
   cudaDataType_t type;
@@ -165,6 +168,12 @@ struct GemmArgs {
   cudaDataType_t c_type;
   std::int64_t ldc;
   const void* bias = nullptr;  // length m, of c_type
+  // cuBLASLt's GELU epilogues (the tanh approximation, on the fp32 result): GELU_AUX_BIAS
+  // stores the biased result (the GELU's input) to aux and the GELU of it to D; DGELU stores
+  // gelu'(aux) * result to D. aux is m x n of c_type with leading dimension aux_ld.
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  void* aux = nullptr;
+  std::int64_t aux_ld = 0;
 };
 
 void run_gemm(const GemmArgs& g) {
@@ -184,10 +193,32 @@ void run_gemm(const GemmArgs& g) {
   std::vector<float> bias;
   if (g.bias != nullptr)
     bias = to_float(Operand{g.bias, g.c_type, g.m, 1, g.m, "bias"}, static_cast<std::size_t>(g.m));
+  const bool gelu = g.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool dgelu = g.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  std::vector<float> column(static_cast<std::size_t>(g.m)), local(column.size());
   for (int j = 0; j < g.n; ++j) {
     for (int i = 0; i < g.m; ++i) {
-      const std::size_t at = static_cast<std::size_t>(j * g.ldc + i);
-      store(g.d, g.c_type, at, bias.empty() ? c[at] : c[at] + bias[static_cast<std::size_t>(i)]);
+      const std::size_t at = static_cast<std::size_t>(j) * g.ldc + i;
+      column[static_cast<std::size_t>(i)] =
+          bias.empty() ? c[at] : c[at] + bias[static_cast<std::size_t>(i)];
+    }
+    const std::size_t aux_at = static_cast<std::size_t>(j) * g.aux_ld;
+    if (gelu) {
+      for (int i = 0; i < g.m; ++i) store(g.aux, g.c_type, aux_at + i, column[i]);
+      zrt::kernels::cpu::gelu_forward<float>(local.data(), column.data(), g.m);
+      column.swap(local);
+    } else if (dgelu) {
+      // gelu_backward accumulates: from zero it gives gelu'(x) * result.
+      const std::vector<float> x = to_float(
+          Operand{static_cast<const std::byte*>(g.aux) + aux_at * type_size(g.c_type, "", ""),
+                  g.c_type, g.m, 1, g.m, "aux"},
+          column.size());
+      std::fill(local.begin(), local.end(), 0.0f);
+      zrt::kernels::cpu::gelu_backward<float>(local.data(), x.data(), column.data(), g.m);
+      column.swap(local);
+    }
+    for (int i = 0; i < g.m; ++i) {
+      store(g.d, g.c_type, static_cast<std::size_t>(j) * g.ldc + i, column[i]);
     }
   }
 }
@@ -247,6 +278,11 @@ void enqueue_gemms(const std::string& call, cudaStream_t stream, std::vector<Gem
     accesses.push_back({g.b.ptr, g.b.bytes(eb), false, "B"});
     if (g.bias != nullptr)
       accesses.push_back({g.bias, static_cast<std::size_t>(g.m) * ec, false, "bias"});
+    if (g.aux != nullptr) {
+      const std::size_t aux_bytes = Operand{g.aux, g.c_type, g.m, g.n, g.aux_ld, "aux"}.bytes(ec);
+      rt.check_range(call, "aux", g.aux, aux_bytes, dev);
+      accesses.push_back({g.aux, aux_bytes, g.epilogue != CUBLASLT_EPILOGUE_DGELU, "aux"});
+    }
     accesses.push_back({g.d, c_bytes, true, "C"});
   }
   const std::string what =
@@ -481,6 +517,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
         need(sizeof(void*));
         std::memcpy(&d->bias, buf, size);
         break;
+      case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER:
+        need(sizeof(void*));
+        std::memcpy(&d->aux, buf, size);
+        break;
+      case CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD:
+        need(sizeof(int64_t));
+        std::memcpy(&d->aux_ld, buf, size);
+        break;
       default:
         blas_fail(
             CUBLAS_STATUS_NOT_SUPPORTED, call,
@@ -568,12 +612,25 @@ GemmArgs lt_gemm(const std::string& call, const LtDesc& d, const LtLayout& a, co
     invalid(fmt::format("D is {} x {}, C {} x {}, but op(A) op(B) is {} x {}", dl.rows, dl.cols,
                         c.rows, c.cols, m, n));
   }
-  if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && d.epilogue != CUBLASLT_EPILOGUE_BIAS) {
+  const bool gelu_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  const bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && d.epilogue != CUBLASLT_EPILOGUE_BIAS &&
+      !gelu_aux && !dgelu) {
     blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, call,
               fmt::format("epilogue {}", static_cast<int>(d.epilogue)));
   }
-  if (d.epilogue == CUBLASLT_EPILOGUE_BIAS && d.bias == nullptr)
+  if ((d.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_aux) && d.bias == nullptr)
     invalid("BIAS epilogue without a bias pointer");
+  if (gelu_aux || dgelu) {
+    // cublasLtMatmulDescAttributes_t: the GELU input matrix's leading dimension "must be
+    // divisible by 8 and be no less than the number of rows in the output matrix".
+    if (d.aux == nullptr)
+      invalid("GELU epilogue without CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER");
+    if (d.aux_ld % 8 != 0 || d.aux_ld < static_cast<std::int64_t>(dl.rows)) {
+      invalid(fmt::format("EPILOGUE_AUX_LD {} is not a multiple of 8 >= D's {} rows", d.aux_ld,
+                          dl.rows));
+    }
+  }
   if (a.type != b.type || c.type != dl.type || (dl.type != a.type && dl.type != CUDA_R_32F)) {
     blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, call, "unsupported layout type combination");
   }
@@ -592,7 +649,10 @@ GemmArgs lt_gemm(const std::string& call, const LtDesc& d, const LtLayout& a, co
              nullptr,
              dl.type,
              dl.ld};
-  g.bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS ? d.bias : nullptr;
+  g.bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_aux ? d.bias : nullptr;
+  g.epilogue = d.epilogue;
+  g.aux = gelu_aux || dgelu ? d.aux : nullptr;
+  g.aux_ld = d.aux_ld;
   return g;
 }
 }  // namespace
