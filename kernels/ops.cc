@@ -188,6 +188,22 @@ void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, 
 #endif
 }
 
+void residual_layernorm_forward(KernelContext& ctx, DType dtype, Bytes res, Bytes out, Floats mean,
+                                Floats rstd, ConstBytes a, ConstBytes b, ConstBytes weight,
+                                ConstBytes bias, int N, int C) {
+  if (on_cpu(ctx)) {
+    residual_forward(ctx, dtype, res, a, b, std::int64_t{N} * C);
+    layernorm_forward(ctx, dtype, out, mean, rstd, res, weight, bias, N, C);
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::residual_layernorm_forward(launch(ctx), dtype, raw(res), raw(out), raw(mean), raw(rstd),
+                                   raw(a), raw(b), raw(weight), raw(bias), N, C);
+#else
+  cuda_backend_missing("kernels::residual_layernorm_forward");
+#endif
+}
+
 void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
                         Bytes dweight, Bytes dbias, ConstBytes dout, ConstBytes inp,
                         ConstBytes weight, ConstFloats mean, ConstFloats rstd, int N, int C) {

@@ -49,6 +49,11 @@ void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, 
 void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
                         Bytes dweight, Bytes dbias, ConstBytes dout, ConstBytes inp,
                         ConstBytes weight, ConstFloats mean, ConstFloats rstd, int N, int C);
+// res (N,C) = a + b, then out, mean, rstd = layernorm(res): residual_forward then
+// layernorm_forward, in one pass over each row on CUDA where the row fits its registers.
+void residual_layernorm_forward(KernelContext& ctx, DType dtype, Bytes res, Bytes out, Floats mean,
+                                Floats rstd, ConstBytes a, ConstBytes b, ConstBytes weight,
+                                ConstBytes bias, int N, int C);
 
 // out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) (Conv1D layout; bias may be null).
 void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/residual.cuh"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -35,6 +36,70 @@ __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, const
   for (int c = lane; c < C; c += 32) {
     const float norm = (ld(x[c]) - m) * s;
     o[c] = st<S>(norm * ld(weight[c]) + ld(bias[c]));
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// layernorm_forward_kernel for 16-bit rows of C = 256 * NV, and with `b` the residual add before
+// it (res = a + b, stored rounded as residual_forward stores it, then normalized): each lane
+// loads its 8-element pieces once with 16-byte loads and keeps them in registers for the mean,
+// the variance and the output (the scalar kernel reads every element three times, 2 bytes at a
+// time). Without `b`, `a` is the input and `res` is not written.
+template <typename S, int NV>
+__global__ void layernorm_forward_vec_kernel(S* out, float* mean, float* rstd, S* res, const S* a,
+                                             const S* b, const S* weight, const S* bias, int N,
+                                             int C) {
+  constexpr int kVec = 16 / sizeof(S);
+  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const std::int64_t off = static_cast<std::int64_t>(row) * C;
+  float x[NV][kVec];
+  float sum = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c0 = (lane + 32 * j) * kVec;
+    uint4 xa = *reinterpret_cast<const uint4*>(a + off + c0);
+    S* pa = reinterpret_cast<S*>(&xa);
+    if (b != nullptr) {
+      const uint4 xb = *reinterpret_cast<const uint4*>(b + off + c0);
+      const S* pb = reinterpret_cast<const S*>(&xb);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) pa[e] = st<S>(ld(pa[e]) + ld(pb[e]));
+      *reinterpret_cast<uint4*>(res + off + c0) = xa;
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      x[j][e] = ld(pa[e]);
+      sum += x[j][e];
+    }
+  }
+  const float m = warp_sum(sum) / C;
+  float var = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) {
+      const float d = x[j][e] - m;
+      var += d * d;
+    }
+  }
+  const float s = 1.0f / sqrtf(warp_sum(var) / C + kEps);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c0 = (lane + 32 * j) * kVec;
+    const uint4 xw = *reinterpret_cast<const uint4*>(weight + c0);
+    const uint4 xbias = *reinterpret_cast<const uint4*>(bias + c0);
+    const S* pw = reinterpret_cast<const S*>(&xw);
+    const S* pbias = reinterpret_cast<const S*>(&xbias);
+    uint4 xo;
+    S* po = reinterpret_cast<S*>(&xo);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) po[e] = st<S>((x[j][e] - m) * s * ld(pw[e]) + ld(pbias[e]));
+    *reinterpret_cast<uint4*>(out + off + c0) = xo;
   }
   if (lane == 0) {
     mean[row] = m;
@@ -167,6 +232,53 @@ bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, cons
   }
 }
 
+// Calls f(std::integral_constant<int, nv>) for nv in 1..8.
+template <typename F>
+void with_nv(int nv, F&& f) {
+  switch (nv) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 3:
+      return f(std::integral_constant<int, 3>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 5:
+      return f(std::integral_constant<int, 5>{});
+    case 6:
+      return f(std::integral_constant<int, 6>{});
+    case 7:
+      return f(std::integral_constant<int, 7>{});
+    default:
+      return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// Launches layernorm_forward_vec_kernel when the shape and pointers allow (b, res: the fused
+// residual add, or null); else false.
+template <typename S>
+bool launch_forward_vec(const Launch& l, S* out, float* mean, float* rstd, S* res, const S* a,
+                        const S* b, const S* weight, const S* bias, int N, int C) {
+  if constexpr (sizeof(S) != 2) {
+    return false;
+  } else {
+    constexpr int kPerVector = 32 * 8;
+    if (C % kPerVector != 0 || C / kPerVector > 8 || !aligned16(out) || !aligned16(a) ||
+        !aligned16(weight) || !aligned16(bias) ||
+        (b != nullptr && (!aligned16(b) || !aligned16(res)))) {
+      return false;
+    }
+    const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+    with_nv(C / kPerVector, [&](auto nv) {
+      layernorm_forward_vec_kernel<S, decltype(nv)::value>
+          <<<blocks, kThreads, 0, l.stream>>>(out, mean, rstd, res, a, b, weight, bias, N, C);
+    });
+    ZRT_CUDA_LAUNCH_CHECK();
+    return true;
+  }
+}
+
 // Pass 1: partial column sums of dout*norm and dout over a chunk of kColumnSumRows rows.
 template <typename S>
 __global__ void layernorm_partials_kernel(float* part_w, float* part_b, const S* dout, const S* inp,
@@ -210,13 +322,35 @@ int chunks_of(int N) {
 
 void layernorm_forward(const Launch& l, DType dtype, void* out, float* mean, float* rstd,
                        const void* inp, const void* weight, const void* bias, int N, int C) {
+  if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
+    if (launch_forward_vec<S>(l, static_cast<S*>(out), mean, rstd, nullptr,
+                              static_cast<const S*>(inp), nullptr, static_cast<const S*>(weight),
+                              static_cast<const S*>(bias), N, C)) {
+      return;
+    }
     layernorm_forward_kernel<S><<<(N + kRowsPerBlock - 1) / kRowsPerBlock, kThreads, 0, l.stream>>>(
         static_cast<S*>(out), mean, rstd, static_cast<const S*>(inp), static_cast<const S*>(weight),
         static_cast<const S*>(bias), N, C);
     ZRT_CUDA_LAUNCH_CHECK();
   });
+}
+
+void residual_layernorm_forward(const Launch& l, DType dtype, void* res, void* out, float* mean,
+                                float* rstd, const void* a, const void* b, const void* weight,
+                                const void* bias, int N, int C) {
+  if (N <= 0) return;
+  bool fused = false;
+  with_storage(dtype, [&](auto s) {
+    using S = typename decltype(s)::type;
+    fused = launch_forward_vec<S>(l, static_cast<S*>(out), mean, rstd, static_cast<S*>(res),
+                                  static_cast<const S*>(a), static_cast<const S*>(b),
+                                  static_cast<const S*>(weight), static_cast<const S*>(bias), N, C);
+  });
+  if (fused) return;
+  residual_forward(l, dtype, res, a, b, static_cast<std::int64_t>(N) * C);
+  layernorm_forward(l, dtype, out, mean, rstd, res, weight, bias, N, C);
 }
 
 std::int64_t layernorm_backward_workspace(int N, int C) {

@@ -8,8 +8,15 @@
 
 namespace zrt::kernels::cuda {
 
+// 16-bit rows of C = 256 * NV (NV <= 8, 16-byte aligned) take a register-resident kernel.
 void layernorm_forward(const Launch& l, DType dtype, void* out, float* mean, float* rstd,
                        const void* inp, const void* weight, const void* bias, int N, int C);
+
+// res (N,C) = a + b (as residual_forward), then out, mean, rstd = layernorm(res): in one pass
+// over the rows where layernorm_forward takes its register-resident kernel, else the two ops.
+void residual_layernorm_forward(const Launch& l, DType dtype, void* res, void* out, float* mean,
+                                float* rstd, const void* a, const void* b, const void* weight,
+                                const void* bias, int N, int C);
 
 std::int64_t layernorm_backward_workspace(int N, int C);
 void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,

@@ -187,8 +187,8 @@ void Gpt::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes res
   k::matmul_forward(ctx_, dt, x.qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
   k::attention_forward(ctx_, dt, x.atty, x.att_lse, x.qkv, B_, T_, C, config_.n_head);
   k::matmul_forward(ctx_, dt, x.attproj, x.atty, P(kAttProjW), P(kAttProjB), N, C, C);
-  k::residual_forward(ctx_, dt, x.res2, res_in, x.attproj, I64{N} * C);
-  k::layernorm_forward(ctx_, dt, x.ln2, x.ln2_mean, x.ln2_rstd, x.res2, P(kLn2W), P(kLn2B), N, C);
+  k::residual_layernorm_forward(ctx_, dt, x.res2, x.ln2, x.ln2_mean, x.ln2_rstd, res_in, x.attproj,
+                                P(kLn2W), P(kLn2B), N, C);
   k::matmul_gelu_forward(ctx_, dt, x.fch_gelu, x.fch, x.ln2, P(kFcW), P(kFcB), N, C, 4 * C);
   k::matmul_forward(ctx_, dt, x.fcproj, x.fch_gelu, P(kFcProjW), P(kFcProjB), N, 4 * C, C);
   if (res_out) k::residual_forward(ctx_, dt, res_out, x.res2, x.fcproj, I64{N} * C);

@@ -168,13 +168,32 @@ void register_storage() {
   }
 
   // ---- layernorm ----
+  // The rows of layernorm_forward (the scalar kernel's order of sums; the register-resident
+  // kernel sums per lane, which moves results within fp32 rounding).
+  const auto layernorm_rows = [](S* out, float* mean, float* rstd, const S* inp, const S* weight,
+                                 const S* bias, int N, int C) {
+    for (int r = 0; r < N; ++r) {
+      const S* x = inp + I64{r} * C;
+      float sum = 0.0f;
+      for (int c = 0; c < C; ++c) sum += ld(x[c]);
+      const float m = sum / C;
+      float var = 0.0f;
+      for (int c = 0; c < C; ++c) var += (ld(x[c]) - m) * (ld(x[c]) - m);
+      const float sc = 1.0f / std::sqrt(var / C + kEps);
+      for (int c = 0; c < C; ++c) {
+        out[I64{r} * C + c] = st<S>((ld(x[c]) - m) * sc * ld(weight[c]) + ld(bias[c]));
+      }
+      mean[r] = m;
+      rstd[r] = sc;
+    }
+  };
   twin<S*, float*, float*, const S*, const S*, const S*, int, int>(
       sig("void " + kNs +
               "layernorm_forward_kernel<$S>($S*, float*, float*, $S const*, $S const*, $S const*, "
               "int, int)",
           s),
-      [ss](KernelCall& k, S* out, float* mean, float* rstd, const S* inp, const S* weight,
-           const S* bias, int N, int C) {
+      [ss, layernorm_rows](KernelCall& k, S* out, float* mean, float* rstd, const S* inp,
+                           const S* weight, const S* bias, int N, int C) {
         k.require_block(256);
         k.require_rows(N, kRowsPerBlock, "rows N");
         k.writes(out, I64{N} * C * ss, "out");
@@ -183,23 +202,44 @@ void register_storage() {
         k.reads(inp, I64{N} * C * ss, "inp");
         k.reads(weight, C * ss, "weight");
         k.reads(bias, C * ss, "bias");
-        k.run([=] {
-          for (int r = 0; r < N; ++r) {
-            const S* x = inp + I64{r} * C;
-            float sum = 0.0f;
-            for (int c = 0; c < C; ++c) sum += ld(x[c]);
-            const float m = sum / C;
-            float var = 0.0f;
-            for (int c = 0; c < C; ++c) var += (ld(x[c]) - m) * (ld(x[c]) - m);
-            const float sc = 1.0f / std::sqrt(var / C + kEps);
-            for (int c = 0; c < C; ++c) {
-              out[I64{r} * C + c] = st<S>((ld(x[c]) - m) * sc * ld(weight[c]) + ld(bias[c]));
-            }
-            mean[r] = m;
-            rstd[r] = sc;
-          }
-        });
+        k.run([=] { layernorm_rows(out, mean, rstd, inp, weight, bias, N, C); });
       });
+  if (ss == 2) {
+    // The register-resident forward, C = 256 * NV; with b, the residual add a + b (rounded as
+    // residual_forward rounds it) is stored to res and normalized.
+    for (int nv = 1; nv <= 8; ++nv) {
+      twin<S*, float*, float*, S*, const S*, const S*, const S*, const S*, int, int>(
+          sig("void " + kNs + "layernorm_forward_vec_kernel<$S, " + std::to_string(nv) +
+                  ">($S*, float*, float*, $S*, $S const*, $S const*, $S const*, $S const*, int, "
+                  "int)",
+              s),
+          [ss, nv, layernorm_rows](KernelCall& k, S* out, float* mean, float* rstd, S* res,
+                                   const S* a, const S* b, const S* weight, const S* bias, int N,
+                                   int C) {
+            k.require(C == 256 * nv, fmt::format("C {} is not 256 x {}", C, nv));
+            k.require_block(256);
+            k.require_rows(N, kRowsPerBlock, "rows N");
+            k.writes(out, I64{N} * C * ss, "out");
+            k.writes(mean, I64{N} * 4, "mean");
+            k.writes(rstd, I64{N} * 4, "rstd");
+            k.reads(a, I64{N} * C * ss, "a");
+            if (b != nullptr) {
+              k.reads(b, I64{N} * C * ss, "b");
+              k.writes(res, I64{N} * C * ss, "res");
+            }
+            k.reads(weight, C * ss, "weight");
+            k.reads(bias, C * ss, "bias");
+            k.run([=] {
+              const S* inp = a;
+              if (b != nullptr) {
+                kernels::cpu::residual_forward<S>(res, a, b, I64{N} * C);
+                inp = res;
+              }
+              layernorm_rows(out, mean, rstd, inp, weight, bias, N, C);
+            });
+          });
+    }
+  }
   // The scalar dinp kernel and its register-resident variants (16-bit storage, C = 256 * NV)
   // compute the same values; the variants also need C to fit their loads exactly.
   const auto dinp_twin = [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight,
