@@ -31,6 +31,9 @@ struct CudaKernelState {
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   Buffer lt_workspace;  // cuBLASLt matmul workspace (stream-ordered on `stream`)
+  // cuBLASLt epilogues (bits of 1 << LtEpilogue) this cuBLASLt failed with an error rather than
+  // declining the shapes: logged once, then left to the unfused kernels (kernels/cuda/gemm.cu).
+  unsigned lt_refused_epilogues = 0;
 };
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,
@@ -45,6 +48,7 @@ struct Launch {
   void* lt_workspace = nullptr;
   std::size_t lt_workspace_bytes = 0;
   void* ws = nullptr;
+  CudaKernelState* state = nullptr;  // the context's, for what gemm_lt learns once
 };
 
 Launch make_launch(CudaKernelState& state, void* ws);

@@ -53,6 +53,7 @@ Launch make_launch(CudaKernelState& state, void* ws) {
     l.lt_workspace_bytes = static_cast<std::size_t>(state.lt_workspace.bytes());
   }
   l.ws = ws;
+  l.state = &state;
   return l;
 }
 

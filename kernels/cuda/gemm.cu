@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include <spdlog/spdlog.h>
+
 #include "runtime/common/error.h"
 
 namespace zrt::kernels::cuda {
@@ -74,6 +76,8 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   if (l.lt == nullptr || g.m <= 0 || g.n <= 0) return false;
   const bool with_aux = g.epilogue != LtEpilogue::kBias;
   if (with_aux && (g.aux == nullptr || g.aux_ld % 8 != 0 || g.aux_ld < g.n)) return false;
+  const unsigned epilogue_bit = 1u << static_cast<unsigned>(g.epilogue);
+  if (l.state != nullptr && (l.state->lt_refused_epilogues & epilogue_bit) != 0) return false;
   // Column-major, as gemm(): D (n x m, ld ldc) = op(B_cm) op(A_cm) with B_cm = b, A_cm = a, so
   // cuBLASLt's A is our b and its B our a; D's rows are our columns, which is where the bias
   // and the aux matrix's leading dimension run.
@@ -111,12 +115,32 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
       cublasLtMatmulAlgoGetHeuristic(l.lt, d.op, d.a, d.b, d.c, d.c, d.pref, 1, &result, &found);
   // No algorithm for these shapes, alignments and epilogue: not an error, the caller's unfused
   // kernels compute the same.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED || found == 0) return false;
-  ZRT_CUBLAS_CHECK(status);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
+    return false;
+  }
   const float alpha = 1.0f, beta = 0.0f;
-  ZRT_CUBLAS_CHECK(cublasLtMatmul(l.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
-                                  &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream));
-  return true;
+  const auto matmul = [&] {
+    return cublasLtMatmul(l.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
+                          &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream);
+  };
+  if (!with_aux) {
+    ZRT_CUBLAS_CHECK(status);
+    ZRT_CUBLAS_CHECK(matmul());
+    return true;
+  }
+  // The GELU epilogues have run only where the stand-ins model them until a GPU proves them:
+  // if this cuBLASLt fails one with an error (not a declined shape), say so once and leave it
+  // to the unfused kernels rather than end the run. A failed call has written nothing.
+  cublasStatus_t failed = status;
+  if (status == CUBLAS_STATUS_SUCCESS) failed = matmul();
+  if (failed == CUBLAS_STATUS_SUCCESS) return true;
+  if (l.state != nullptr) l.state->lt_refused_epilogues |= epilogue_bit;
+  spdlog::warn(
+      "cuBLASLt epilogue {} failed for a {} x {} x {} GEMM ({}, cuBLAS status {}); the unfused "
+      "kernels run instead for the rest of the run",
+      g.epilogue == LtEpilogue::kGeluAuxBias ? "GELU_AUX_BIAS" : "DGELU", g.m, g.n, g.k,
+      cublasGetStatusString(failed), static_cast<int>(failed));
+  return false;
 }
 
 bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,

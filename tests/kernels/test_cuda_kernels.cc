@@ -19,6 +19,7 @@
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
@@ -570,6 +571,9 @@ Results gpu_mlp(Gpu& g, DType dt, DType gt, const MlpIn& in) {
   matmul_gelu_forward(*g.ctx, dt, dev(act), dev(pre), dev(x), dev(w1), dev(b1), in.N, in.C, in.H);
   matmul_dgelu_backward(*g.ctx, dt, gt, dev(dpre), dev(scratch), dev(dw2), dev(db2), dev(dout),
                         dev(act), dev(w2), dev(pre), in.N, in.H, in.OC);
+  // cuBLASLt declining a shape is the unfused path; failing an epilogue with an error would be
+  // a wrong descriptor (gemm_lt falls back and says so): the fused case must not.
+  CHECK(g.ctx->cuda()->lt_refused_epilogues == 0u);
   return {{"pre", g.download(pre, in.N * in.H, dt)},
           {"act", g.download(act, in.N * in.H, dt)},
           {"dpre", g.download(dpre, in.N * in.H, dt)},

@@ -41,10 +41,11 @@ JSON
 printf 'zrt-h1 slots=2\nzrt-h2 slots=2\n' > "$work/hostfile"
 
 # The job, as its own session so that everything it starts can be cleaned up.
+# The job does not inherit the lock (fd 9): a rank that outlived a killed test would hold it.
 setsid "$hosts" exec 1 env ZRT_LOG_LEVEL=warn "$zrt_run" -n 4 --hostfile "$work/hostfile" \
   --mca plm_rsh_agent "$state/rsh-agent" --mca oob_tcp_if_include 10.231.0.0/24 \
   --mca btl_tcp_if_include 10.231.0.0/24 -- "$train" --config "$work/run.json" \
-  > "$work/log.txt" 2>&1 &
+  > "$work/log.txt" 2>&1 9>&- &
 launcher=$!
 # Wait for training on both hosts (metrics.jsonl gets a row per step).
 for _ in $(seq 600); do
