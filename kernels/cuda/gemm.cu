@@ -143,9 +143,11 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   return false;
 }
 
-bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,
-                  int ldb, const void* bias, void* c, int ldc, cudaDataType type) {
+LtGemm lt_gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+               const void* b, int ldb, void* c, int ldc, cudaDataType type) {
   LtGemm g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
   g.m = m;
   g.n = n;
   g.k = k;
@@ -156,6 +158,12 @@ bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, 
   g.c = c;
   g.ldc = ldc;
   g.type = type;
+  return g;
+}
+
+bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,
+                  int ldb, const void* bias, void* c, int ldc, cudaDataType type) {
+  LtGemm g = lt_gemm(false, false, m, n, k, a, lda, b, ldb, c, ldc, type);
   g.bias = bias;
   return gemm_lt(l, g);
 }

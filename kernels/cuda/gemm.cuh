@@ -49,6 +49,10 @@ struct LtGemm {
   int aux_ld = 0;
 };
 bool gemm_lt(const Launch& l, const LtGemm& g);
+// The operands of a row-major c (m x n) = op(a) (m x k) @ op(b) (k x n) of one type, no
+// epilogue fields set.
+LtGemm lt_gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, int lda,
+               const void* b, int ldb, void* c, int ldc, cudaDataType type);
 
 // c (m x n) = a (m x k) @ b (k x n) + bias (n): gemm_lt with the bias epilogue.
 bool gemm_bias_lt(const Launch& l, int m, int n, int k, const void* a, int lda, const void* b,

@@ -184,54 +184,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
 }
 
-// Launches the register-resident dinp kernel when the shape and pointers allow; else false.
-template <typename S>
-bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, const S* weight,
-                     const float* mean, const float* rstd, int N, int C) {
-  if constexpr (sizeof(S) != 2) {
-    return false;
-  } else {
-    constexpr int kPerVector = 32 * 8;  // elements one 16-byte load per lane covers
-    if (C % kPerVector != 0 || C / kPerVector > 8 || !aligned16(dinp) || !aligned16(dout) ||
-        !aligned16(inp) || !aligned16(weight)) {
-      return false;
-    }
-    const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-    auto go = [&](auto nv) {
-      layernorm_dinp_vec_kernel<S, decltype(nv)::value>
-          <<<blocks, kThreads, 0, l.stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
-    };
-    switch (C / kPerVector) {
-      case 1:
-        go(std::integral_constant<int, 1>{});
-        break;
-      case 2:
-        go(std::integral_constant<int, 2>{});
-        break;
-      case 3:
-        go(std::integral_constant<int, 3>{});
-        break;
-      case 4:
-        go(std::integral_constant<int, 4>{});
-        break;
-      case 5:
-        go(std::integral_constant<int, 5>{});
-        break;
-      case 6:
-        go(std::integral_constant<int, 6>{});
-        break;
-      case 7:
-        go(std::integral_constant<int, 7>{});
-        break;
-      default:
-        go(std::integral_constant<int, 8>{});
-        break;
-    }
-    ZRT_CUDA_LAUNCH_CHECK();
-    return true;
-  }
-}
-
 // Calls f(std::integral_constant<int, nv>) for nv in 1..8.
 template <typename F>
 void with_nv(int nv, F&& f) {
@@ -252,6 +204,28 @@ void with_nv(int nv, F&& f) {
       return f(std::integral_constant<int, 7>{});
     default:
       return f(std::integral_constant<int, 8>{});
+  }
+}
+
+// Launches the register-resident dinp kernel when the shape and pointers allow; else false.
+template <typename S>
+bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, const S* weight,
+                     const float* mean, const float* rstd, int N, int C) {
+  if constexpr (sizeof(S) != 2) {
+    return false;
+  } else {
+    constexpr int kPerVector = 32 * 8;  // elements one 16-byte load per lane covers
+    if (C % kPerVector != 0 || C / kPerVector > 8 || !aligned16(dinp) || !aligned16(dout) ||
+        !aligned16(inp) || !aligned16(weight)) {
+      return false;
+    }
+    const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
+    with_nv(C / kPerVector, [&](auto nv) {
+      layernorm_dinp_vec_kernel<S, decltype(nv)::value>
+          <<<blocks, kThreads, 0, l.stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    });
+    ZRT_CUDA_LAUNCH_CHECK();
+    return true;
   }
 }
 

@@ -11,18 +11,8 @@ void matmul_gelu_forward(const Launch& l, DType dtype, void* out, void* pre, con
                          const void* weight, const void* bias, int N, int C, int OC) {
   if (bias != nullptr) {
     // Row-major pre = inp @ weight + bias, out = gelu(pre): D is out, the aux matrix pre.
-    LtGemm g;
+    LtGemm g = lt_gemm(false, false, N, OC, C, inp, C, weight, OC, out, OC, to_cuda_dtype(dtype));
     g.epilogue = LtEpilogue::kGeluAuxBias;
-    g.m = N;
-    g.n = OC;
-    g.k = C;
-    g.a = inp;
-    g.lda = C;
-    g.b = weight;
-    g.ldb = OC;
-    g.c = out;
-    g.ldc = OC;
-    g.type = to_cuda_dtype(dtype);
     g.bias = bias;
     g.aux = pre;
     g.aux_ld = OC;
@@ -37,19 +27,8 @@ void matmul_dgelu_backward(const Launch& l, DType dtype, DType grad_dtype, void*
                            const void* act, const void* weight, const void* pre, int N, int C,
                            int OC) {
   // Row-major dpre = gelu'(pre) * (dout @ weight^T): weight (C,OC) transposed, aux = pre.
-  LtGemm g;
+  LtGemm g = lt_gemm(false, true, N, C, OC, dout, OC, weight, OC, dpre, C, to_cuda_dtype(dtype));
   g.epilogue = LtEpilogue::kDGelu;
-  g.trans_b = true;
-  g.m = N;
-  g.n = C;
-  g.k = OC;
-  g.a = dout;
-  g.lda = OC;
-  g.b = weight;
-  g.ldb = OC;
-  g.c = dpre;
-  g.ldc = C;
-  g.type = to_cuda_dtype(dtype);
   g.aux = const_cast<void*>(pre);  // read only: DGELU's aux is an input
   g.aux_ld = C;
   if (!gemm_lt(l, g)) {
