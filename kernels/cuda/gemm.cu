@@ -124,6 +124,7 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
                           &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream);
   };
   if (!with_aux) {
+    if (found == 0) return false;  // as before the GELU epilogues: proven so on an H100
     ZRT_CUBLAS_CHECK(status);
     ZRT_CUBLAS_CHECK(matmul());
     return true;
