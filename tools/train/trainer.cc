@@ -137,19 +137,17 @@ class Control {
   Buffer scratch_;
 };
 
-float read_float(Device& device, Stream& stream, DevicePtr<const float> p) {
-  float v = 0.f;
-  device.copy_to_host(&v, p.as<const std::byte>(), 4, stream);
-  stream.synchronize();
-  return v;
-}
-
+// n floats from the device, once the stream has reached the copy (a host wait).
 std::vector<float> read_floats(Device& device, Stream& stream, DevicePtr<const float> p,
                                std::size_t n) {
   std::vector<float> v(n);
   device.copy_to_host(v.data(), p.as<const std::byte>(), 4 * n, stream);
   stream.synchronize();
   return v;
+}
+
+float read_float(Device& device, Stream& stream, DevicePtr<const float> p) {
+  return read_floats(device, stream, p, 1)[0];
 }
 
 // Losses the host has not read yet: one float per step on the device (the step's micro-batch
