@@ -530,6 +530,28 @@ void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, Const
 #endif
 }
 
+void crossentropy_forward_backward(KernelContext& ctx, DType dtype, Floats losses, Bytes dlogits,
+                                   ConstBytes logits, ConstTokens targets, float dloss, int N,
+                                   int V, int row_stride) {
+  const int ldl = logits_ld(V, row_stride);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      run_cpu(
+          ctx, "crossentropy_forward_backward",
+          [l = raw(losses), dl = ptr<S>(dlogits), x = ptr<S>(logits), t = raw(targets), dloss, N, V,
+           ldl] { cpu::crossentropy_forward_backward<S>(l, dl, x, t, dloss, N, V, ldl); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::crossentropy_forward_backward(launch(ctx), dtype, raw(losses), raw(dlogits), raw(logits),
+                                      raw(targets), dloss, N, V, ldl);
+#else
+  cuda_backend_missing("kernels::crossentropy_forward_backward");
+#endif
+}
+
 void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N) {
   if (on_cpu(ctx)) {
     run_cpu(ctx, "loss_mean", [o = raw(out), l = raw(losses), N] { cpu::loss_mean(o, l, N); });

@@ -115,6 +115,14 @@ void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstB
 // dlogits = (softmax(logits) - onehot) * dloss; OVERWRITES dlogits, which may equal logits.
 void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
                            ConstTokens targets, float dloss, int N, int V, int row_stride = 0);
+// The fused classifier of a training step: crossentropy_forward's losses and
+// crossentropy_backward's dlogits from one computation of each row's statistics, bit for bit
+// what the two ops give. The logits are the largest tensor of a step (N x 50304 for GPT-2), and
+// the two ops read them three times; this reads them twice (the second read right after the
+// first, per row) and writes them once. dlogits may equal logits.
+void crossentropy_forward_backward(KernelContext& ctx, DType dtype, Floats losses, Bytes dlogits,
+                                   ConstBytes logits, ConstTokens targets, float dloss, int N,
+                                   int V, int row_stride = 0);
 // out[0] = mean of losses[0..N).
 void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N);
 

@@ -148,8 +148,9 @@ void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t*
 }
 
 template <typename S>
-void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
-                           int N, int V, int ldl) {
+void crossentropy_forward_backward(acc_t<S>* losses, S* dlogits, const S* logits,
+                                   const std::int32_t* targets, acc_t<S> dloss, int N, int V,
+                                   int ldl) {
   using A = acc_t<S>;
   ldl = row_stride(V, ldl);
   check_targets(targets, N, V);
@@ -161,10 +162,14 @@ void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targ
       const S* row = logits + I64{n} * ldl;
       S* drow = dlogits + I64{n} * ldl;
       const int target = targets[n];
+      // Each loss is crossentropy_forward's expression on the same statistics, taken before
+      // the row is overwritten (dlogits may alias logits).
       if constexpr (std::is_same_v<A, float>) {
         const float* x = fp32_row(row, V, buffer);
         const float mx = span_max(x, V);
-        const float inv = 1.0f / span_sum_exp(x, V, mx);
+        const float sum = span_sum_exp(x, V, mx);
+        if (losses != nullptr) losses[n] = std::log(sum) + mx - x[target];
+        const float inv = 1.0f / sum;
         const float p_target = exp_approx(x[target] - mx) * inv;
         if constexpr (std::is_same_v<S, float>) {
           span_exp_scale_to(drow, x, V, mx, inv * dloss);
@@ -177,6 +182,7 @@ void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targ
         }
       } else {
         const auto [mx, sum] = softmax_stats<A>(row, V);
+        if (losses != nullptr) losses[n] = std::log(sum) + mx - load<A>(row[target]);
         const A inv = A(1) / sum;
         for (int v = 0; v < V; ++v) {
           const A p = std::exp(load<A>(row[v]) - mx) * inv;
@@ -186,6 +192,12 @@ void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targ
       for (int v = V; v < ldl; ++v) drow[v] = store<S>(A(0));
     }
   }
+}
+
+template <typename S>
+void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
+                           int N, int V, int ldl) {
+  crossentropy_forward_backward<S>(nullptr, dlogits, logits, targets, dloss, N, V, ldl);
 }
 
 template <typename A>
@@ -201,7 +213,9 @@ void loss_mean(A* out, const A* losses, int N) {
   template void logits_forward<S>(S*, const S*, const S*, int, int, int, acc_t<S>*, int);         \
   template void crossentropy_forward<S>(acc_t<S>*, const S*, const std::int32_t*, int, int, int); \
   template void crossentropy_backward<S>(S*, const S*, const std::int32_t*, acc_t<S>, int, int,   \
-                                         int);
+                                         int);                                                    \
+  template void crossentropy_forward_backward<S>(acc_t<S>*, S*, const S*, const std::int32_t*,    \
+                                                 acc_t<S>, int, int, int);
 #define ZRT_BWD(S, G)                                                                      \
   template void logits_backward<S, G>(S*, G*, const S*, const S*, const S*, int, int, int, \
                                       acc_t<S>*, int);

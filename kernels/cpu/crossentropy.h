@@ -7,6 +7,8 @@
 //   crossentropy_backward: dlogits[n,:] = (softmax(logits[n,:]) - onehot(targets[n])) * dloss
 //                          OVERWRITES dlogits (no accumulation) and may alias logits, so the
 //                          gradient can replace the logits in place.
+//   crossentropy_forward_backward: both of the above from one pass over each row's statistics
+//                          (a training step's fused classifier; the logits are read once less).
 //   loss_mean:             out[0] = sum(losses) / N, summed in double in index order.
 //
 // Softmax and losses are computed in acc_t<S>; targets must lie in [0,V) (InvalidArgument
@@ -44,6 +46,13 @@ void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t*
 template <typename S>
 void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targets, acc_t<S> dloss,
                            int N, int V, int ldl = 0);
+
+// Both at once: losses (may be null) and dlogits from one computation of each row's
+// statistics, bit for bit the two calls above.
+template <typename S>
+void crossentropy_forward_backward(acc_t<S>* losses, S* dlogits, const S* logits,
+                                   const std::int32_t* targets, acc_t<S> dloss, int N, int V,
+                                   int ldl = 0);
 
 template <typename A>
 void loss_mean(A* out, const A* losses, int N);

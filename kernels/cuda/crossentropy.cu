@@ -42,19 +42,24 @@ __global__ void crossentropy_forward_kernel(float* losses, const S* logits,
 }
 
 // In place when dlogits == logits: every thread reads element v before writing it, and the
-// statistics are complete (block_sum synchronizes) before any write.
+// statistics are complete (block_sum synchronizes) before any write. With `losses` (the fused
+// classifier of a training step) the row's loss comes from the same statistics, its target
+// logit read before that synchronisation; the row's second read here follows the first
+// closely enough to come from L2 (a 100 KB row per block).
 template <typename S>
-__global__ void crossentropy_backward_kernel(S* dlogits, const S* logits,
+__global__ void crossentropy_backward_kernel(S* dlogits, float* losses, const S* logits,
                                              const std::int32_t* targets, float dloss, int V,
                                              int ldl) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const S* row = logits + static_cast<I64>(n) * ldl;
   S* drow = dlogits + static_cast<I64>(n) * ldl;
+  const int target = targets[n];
+  const float x_target = ld(row[target]);
   float mx, sum;
   row_stats(row, V, scratch, mx, sum);
+  if (losses != nullptr && threadIdx.x == 0) losses[n] = logf(sum) + mx - x_target;
   const float inv = 1.0f / sum;
-  const int target = targets[n];
   for (int v = threadIdx.x; v < V; v += blockDim.x) {
     const float p = expf(ld(row[v]) - mx) * inv;
     drow[v] = st<S>((p - (v == target ? 1.0f : 0.0f)) * dloss);
@@ -128,11 +133,17 @@ void crossentropy_forward(const Launch& l, DType dtype, float* losses, const voi
 
 void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
                            const std::int32_t* targets, float dloss, int N, int V, int ldl) {
+  crossentropy_forward_backward(l, dtype, nullptr, dlogits, logits, targets, dloss, N, V, ldl);
+}
+
+void crossentropy_forward_backward(const Launch& l, DType dtype, float* losses, void* dlogits,
+                                   const void* logits, const std::int32_t* targets, float dloss,
+                                   int N, int V, int ldl) {
   if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     crossentropy_backward_kernel<S><<<N, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dlogits), static_cast<const S*>(logits), targets, dloss, V, ldl);
+        static_cast<S*>(dlogits), losses, static_cast<const S*>(logits), targets, dloss, V, ldl);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

@@ -20,6 +20,10 @@ void crossentropy_forward(const Launch& l, DType dtype, float* losses, const voi
                           const std::int32_t* targets, int N, int V, int ldl);
 void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
                            const std::int32_t* targets, float dloss, int N, int V, int ldl);
+// Both of the above in one kernel: each row's statistics once, its loss, then its gradient.
+void crossentropy_forward_backward(const Launch& l, DType dtype, float* losses, void* dlogits,
+                                   const void* logits, const std::int32_t* targets, float dloss,
+                                   int N, int V, int ldl);
 void loss_mean(const Launch& l, float* out, const float* losses, int N);
 
 }  // namespace zrt::kernels::cuda

@@ -245,7 +245,9 @@ void Gpt::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
                        a.param(lnf_weight()), a.param(lnf_bias()), N, C);
   k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(wte()), N, C, V,
                     k::logits_row_stride(V));
-  if (batch.targets) {
+  // A training forward leaves its loss to the backward's fused classifier, which takes it
+  // from the same pass over the logits as their gradient.
+  if (batch.targets && phase != Phase::kForward) {
     k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
                             k::logits_row_stride(V));
     k::loss_mean(ctx_, loss_, acts_.losses, N);
@@ -271,9 +273,12 @@ void Gpt::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss_s
   const std::size_t row_bytes = static_cast<std::size_t>(N) * C * dtype_size(dt);
 
   a.acquire(L + 1, Phase::kBackward);
-  // dlogits replace the logits in place; the loss is a mean, so each row gets 1/N.
-  k::crossentropy_backward(ctx_, dt, acts_.logits, acts_.logits, batch.targets,
-                           loss_scale / static_cast<float>(N), N, V, k::logits_row_stride(V));
+  // The losses, and the dlogits in place of the logits; the loss is a mean, so each row's
+  // gradient gets 1/N.
+  k::crossentropy_forward_backward(ctx_, dt, acts_.losses, acts_.logits, acts_.logits,
+                                   batch.targets, loss_scale / static_cast<float>(N), N, V,
+                                   k::logits_row_stride(V));
+  k::loss_mean(ctx_, loss_, acts_.losses, N);
   ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
   ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
   k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(wte()), acts_.logits, acts_.lnf,

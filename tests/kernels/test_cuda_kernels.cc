@@ -335,10 +335,13 @@ Results cpu_head(const HeadIn& in) {
           {"dlogits", to_double(logits)}, {"dinp", to_double(dx)},       {"dwte", to_double(dwte)}};
 }
 
-// The head as the models run it, logits in rows of logits_row_stride(kV) (or `ld`). The buffer
-// starts as NaN, so a padding column read before it is written would spoil a result; after
-// crossentropy_backward the padding must hold zeros (logits_backward sums over it on CUDA).
-Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_row_stride(kV)) {
+// The head, logits in rows of logits_row_stride(kV) (or `ld`). The buffer starts as NaN, so a
+// padding column read before it is written would spoil a result; after the cross-entropy
+// gradient the padding must hold zeros (logits_backward sums over it on CUDA). `fused`: the
+// losses and the gradient from crossentropy_forward_backward, as the models' training step
+// takes them; else from crossentropy_forward and crossentropy_backward.
+Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_row_stride(kV),
+                 bool fused = true) {
   const std::size_t padded = static_cast<std::size_t>(kN) * ld;
   Buffer x = g.upload(in.x, dt), wte = g.upload(in.wte, dt), tgt = g.tokens(in.targets);
   Buffer logits = g.upload(Vec(padded, std::nan("")), dt), dx = g.zeros(kN * kC, dt),
@@ -360,9 +363,15 @@ Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_r
   };
   logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, kV, ld);
   const Vec logits_fwd = dense(g.download(logits, padded, dt), false);
-  crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV, ld);
-  loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
-  crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV, ld);
+  if (fused) {
+    crossentropy_forward_backward(*g.ctx, dt, fdev(losses), dev(logits), dev(logits), tdev(tgt),
+                                  1.0f / kN, kN, kV, ld);
+    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
+  } else {
+    crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV, ld);
+    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
+    crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV, ld);
+  }
   logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV,
                   ld);
   return {{"logits", logits_fwd},
@@ -649,6 +658,16 @@ TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cu
     Gpu g;
     compare(gpu_head(g, DType::kFloat32, DType::kFloat32, HeadIn{}, kV),
             cpu_head<float, float>(HeadIn{}), 1e-5);
+  }
+  SECTION("the fused classifier gives the separate ops' bits") {
+    Gpu g;
+    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+      for (int ld : {kV, logits_row_stride(kV)}) {
+        INFO("dtype " << dtype_name(dt) << ", row stride " << ld);
+        CHECK(gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, true) ==
+              gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, false));
+      }
+    }
   }
 }
 

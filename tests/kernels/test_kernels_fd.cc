@@ -196,6 +196,60 @@ TEST_CASE("cross-entropy backward matches finite differences (float64)", "[fd]")
 }
 
 namespace {
+// The fused classifier against crossentropy_forward + crossentropy_backward: the same losses and
+// dlogits, bit for bit (one computation of the same statistics), out of place and in place, on
+// dense and padded rows (the padding of the input NaN, of dlogits zero afterwards).
+template <typename S>
+void check_fused_classifier(int ldl) {
+  using A = acc_t<S>;
+  const int V = kV - 6;  // an odd vocabulary inside the padded rows
+  Vec values = normal_values(kSeed, 73, kN * ldl, 3.0);
+  for (int n = 0; n < kN; ++n) {
+    for (int v = V; v < ldl; ++v) values[static_cast<std::size_t>(n) * ldl + v] = std::nan("");
+  }
+  const auto logits = test::to_storage<S>(values);
+  const auto targets = test::token_values(kSeed, 74, kN, V);
+  const A dloss = A(1) / kN;
+  std::vector<A> losses_ref(kN), losses(kN, A(-1)), losses_inplace(kN, A(-1));
+  std::vector<S> dlogits_ref(logits.size()), dlogits(logits.size()), inplace = logits;
+  crossentropy_forward<S>(losses_ref.data(), logits.data(), targets.data(), kN, V, ldl);
+  crossentropy_backward<S>(dlogits_ref.data(), logits.data(), targets.data(), dloss, kN, V, ldl);
+  crossentropy_forward_backward<S>(losses.data(), dlogits.data(), logits.data(), targets.data(),
+                                   dloss, kN, V, ldl);
+  crossentropy_forward_backward<S>(losses_inplace.data(), inplace.data(), inplace.data(),
+                                   targets.data(), dloss, kN, V, ldl);
+  CHECK(test::to_double(losses) == test::to_double(losses_ref));
+  CHECK(test::to_double(losses_inplace) == test::to_double(losses_ref));
+  CHECK(test::to_double(dlogits) == test::to_double(dlogits_ref));
+  CHECK(test::to_double(inplace) == test::to_double(dlogits_ref));
+  for (int n = 0; n < kN; ++n) {
+    for (int v = V; v < ldl; ++v)
+      CHECK(load<double>(inplace[static_cast<std::size_t>(n) * ldl + v]) == 0.0);
+  }
+  // Without a losses buffer it is crossentropy_backward.
+  std::vector<S> no_losses(logits.size());
+  crossentropy_forward_backward<S>(nullptr, no_losses.data(), logits.data(), targets.data(), dloss,
+                                   kN, V, ldl);
+  CHECK(test::to_double(no_losses) == test::to_double(dlogits_ref));
+}
+}  // namespace
+
+TEST_CASE("the fused classifier gives crossentropy_forward + _backward bit for bit", "[fd]") {
+  for (int ldl : {kV - 6, kV}) {
+    INFO("row stride " << ldl);
+    check_fused_classifier<double>(ldl);
+    check_fused_classifier<float>(ldl);
+    check_fused_classifier<bf16>(ldl);
+    check_fused_classifier<fp16>(ldl);
+  }
+  std::vector<float> logits(2 * 4, 0.0f), losses(2);
+  std::vector<std::int32_t> targets = {0, 4};
+  CHECK_THROWS_AS(crossentropy_forward_backward<float>(losses.data(), logits.data(), logits.data(),
+                                                       targets.data(), 0.5f, 2, 4),
+                  InvalidArgument);
+}
+
+namespace {
 // matmul_backward / linear_backward with GradWrite::kOverwrite into a dinp full of NaN against
 // the default accumulation into zeros: the same bits (one rounding of the same fp32 sum either
 // way), while dweight and dbias still accumulate.

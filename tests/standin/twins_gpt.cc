@@ -354,25 +354,34 @@ void register_storage() {
           }
         });
       });
-  twin<S*, const S*, const std::int32_t*, float, int, int>(
+  // losses may be null (the plain backward); with it, the fused classifier's loss per row.
+  twin<S*, float*, const S*, const std::int32_t*, float, int, int>(
       sig("void " + kNs +
-              "crossentropy_backward_kernel<$S>($S*, $S const*, int const*, float, int, int)",
+              "crossentropy_backward_kernel<$S>($S*, float*, $S const*, int const*, float, int, "
+              "int)",
           s),
-      [ss](KernelCall& k, S* dlogits, const S* logits, const std::int32_t* targets, float dloss,
-           int V, int ldl) {
+      [ss](KernelCall& k, S* dlogits, float* losses, const S* logits, const std::int32_t* targets,
+           float dloss, int V, int ldl) {
         const I64 N = k.grid().x;
         k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
         k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
         k.writes(dlogits, N * ldl * ss, "dlogits");
+        if (losses != nullptr) k.writes(losses, N * 4, "losses");
         k.reads(logits, ((N - 1) * ldl + V) * ss, "logits");
         k.reads(targets, N * 4, "targets");
+        const std::string name = k.name();
         k.run([=] {
           std::vector<float> row(static_cast<std::size_t>(V));
           for (I64 n = 0; n < N; ++n) {
+            if (targets[n] < 0 || targets[n] >= V) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+            }
             for (int v = 0; v < V; ++v) row[v] = ld(logits[n * ldl + v]);  // in place allowed
             float mx = -INFINITY, sum = 0.0f;
             for (int v = 0; v < V; ++v) mx = std::fmax(mx, row[v]);
             for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+            if (losses != nullptr) losses[n] = std::log(sum) + mx - row[targets[n]];
             const float inv = 1.0f / sum;
             for (int v = 0; v < V; ++v) {
               const float p = std::exp(row[v] - mx) * inv;
