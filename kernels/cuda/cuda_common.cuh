@@ -34,6 +34,9 @@ struct CudaKernelState {
   // cuBLASLt epilogues (bits of 1 << LtEpilogue) this cuBLASLt failed with an error rather than
   // declining the shapes: logged once, then left to the unfused kernels (kernels/cuda/gemm.cu).
   unsigned lt_refused_epilogues = 0;
+  // The epilogues that have run fused at least once (same bits): the GPU tests check that the
+  // fused path, not only its fallback, is what ran.
+  unsigned lt_fused_epilogues = 0;
 };
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,

@@ -72,10 +72,35 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
 }
 }  // namespace
 
+namespace {
+const char* epilogue_name(LtEpilogue e) {
+  switch (e) {
+    case LtEpilogue::kBias:
+      return "BIAS";
+    case LtEpilogue::kGeluAuxBias:
+      return "GELU_AUX_BIAS";
+    case LtEpilogue::kDGelu:
+      return "DGELU";
+    case LtEpilogue::kBiasGradFromA:
+      return "BGRADB";
+    case LtEpilogue::kBiasGradFromB:
+      return "BGRADA";
+  }
+  return "?";
+}
+}  // namespace
+
 bool gemm_lt(const Launch& l, const LtGemm& g) {
   if (l.lt == nullptr || g.m <= 0 || g.n <= 0) return false;
-  const bool with_aux = g.epilogue != LtEpilogue::kBias;
+  const bool with_aux = g.epilogue == LtEpilogue::kGeluAuxBias || g.epilogue == LtEpilogue::kDGelu;
+  const bool bias_grad =
+      g.epilogue == LtEpilogue::kBiasGradFromA || g.epilogue == LtEpilogue::kBiasGradFromB;
   if (with_aux && (g.aux == nullptr || g.aux_ld % 8 != 0 || g.aux_ld < g.n)) return false;
+  // cuBLASLt's bias-gradient epilogues want its A untransposed (BGRADA) or its B transposed
+  // (BGRADB); its A is our b and its B our a (below).
+  if (bias_grad && (g.bias_grad == nullptr || g.k <= 0)) return false;
+  if (g.epilogue == LtEpilogue::kBiasGradFromB && g.trans_b) return false;
+  if (g.epilogue == LtEpilogue::kBiasGradFromA && !g.trans_a) return false;
   const unsigned epilogue_bit = 1u << static_cast<unsigned>(g.epilogue);
   if (l.state != nullptr && (l.state->lt_refused_epilogues & epilogue_bit) != 0) return false;
   // Column-major, as gemm(): D (n x m, ld ldc) = op(B_cm) op(A_cm) with B_cm = b, A_cm = a, so
@@ -90,8 +115,15 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
   if (g.epilogue == LtEpilogue::kGeluAuxBias) epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   if (g.epilogue == LtEpilogue::kDGelu) epilogue = CUBLASLT_EPILOGUE_DGELU;
+  if (g.epilogue == LtEpilogue::kBiasGradFromA) epilogue = CUBLASLT_EPILOGUE_BGRADB;
+  if (g.epilogue == LtEpilogue::kBiasGradFromB) epilogue = CUBLASLT_EPILOGUE_BGRADA;
   set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
-  if (g.epilogue != LtEpilogue::kDGelu) set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  // The pointer is set before the heuristic query, which reads its alignment from it.
+  if (bias_grad) {
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias_grad);
+  } else if (g.epilogue != LtEpilogue::kDGelu) {
+    set_desc(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias);
+  }
   if (with_aux) {
     set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux);
     set_desc(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, static_cast<std::int64_t>(g.aux_ld));
@@ -101,7 +133,7 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   const int b_rows = g.trans_a ? g.m : g.k, b_cols = g.trans_a ? g.k : g.m;
   ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, g.type, a_rows, a_cols, g.ldb));
   ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, g.type, b_rows, b_cols, g.lda));
-  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, g.type, g.n, g.m, g.ldc));
+  ZRT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, g.c_type, g.n, g.m, g.ldc));
   ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.pref));
   set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
            static_cast<std::uint64_t>(l.lt_workspace_bytes));
@@ -118,29 +150,34 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
     return false;
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f;
   const auto matmul = [&] {
-    return cublasLtMatmul(l.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &beta, g.c, d.c, g.c, d.c,
+    return cublasLtMatmul(l.lt, d.op, &alpha, g.b, d.a, g.a, d.b, &g.beta, g.c, d.c, g.c, d.c,
                           &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream);
   };
-  if (!with_aux) {
+  if (g.epilogue == LtEpilogue::kBias) {
     if (found == 0) return false;  // as before the GELU epilogues: proven so on an H100
     ZRT_CUBLAS_CHECK(status);
     ZRT_CUBLAS_CHECK(matmul());
+    if (l.state != nullptr) l.state->lt_fused_epilogues |= epilogue_bit;
     return true;
   }
-  // The GELU epilogues have run only where the stand-ins model them until a GPU proves them:
-  // if this cuBLASLt fails one with an error (not a declined shape), say so once and leave it
-  // to the unfused kernels rather than end the run. A failed call has written nothing.
+  // The GELU and bias-gradient epilogues have run only where the stand-ins model them until a
+  // GPU proves them: if this cuBLASLt fails one with an error (not a declined shape), say so
+  // once and leave it to the unfused kernels rather than end the run. A failed call has
+  // written nothing.
   cublasStatus_t failed = status;
   if (status == CUBLAS_STATUS_SUCCESS) failed = matmul();
-  if (failed == CUBLAS_STATUS_SUCCESS) return true;
+  if (failed == CUBLAS_STATUS_SUCCESS) {
+    if (l.state != nullptr) l.state->lt_fused_epilogues |= epilogue_bit;
+    return true;
+  }
   if (l.state != nullptr) l.state->lt_refused_epilogues |= epilogue_bit;
   spdlog::warn(
       "cuBLASLt epilogue {} failed for a {} x {} x {} GEMM ({}, cuBLAS status {}); the unfused "
       "kernels run instead for the rest of the run",
-      g.epilogue == LtEpilogue::kGeluAuxBias ? "GELU_AUX_BIAS" : "DGELU", g.m, g.n, g.k,
-      cublasGetStatusString(failed), static_cast<int>(failed));
+      epilogue_name(g.epilogue), g.m, g.n, g.k, cublasGetStatusString(failed),
+      static_cast<int>(failed));
   return false;
 }
 
@@ -159,6 +196,7 @@ LtGemm lt_gemm(bool trans_a, bool trans_b, int m, int n, int k, const void* a, i
   g.c = c;
   g.ldc = ldc;
   g.type = type;
+  g.c_type = type;
   return g;
 }
 

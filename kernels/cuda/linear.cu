@@ -24,9 +24,10 @@ void linear_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
     const float beta = dinp_write == GradWrite::kOverwrite ? 0.0f : 1.0f;
     gemm(l, false, false, N, C, OC, 1.0f, dout, type, OC, weight, type, C, beta, dinp, type, C);
   }
-  gemm(l, true, false, OC, C, N, 1.0f, dout, type, OC, inp, type, C, 1.0f, dweight,
-       to_cuda_dtype(grad_dtype), C);
-  if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+  // dweight (OC, C) += dout^T @ inp: dout is the GEMM's a.
+  LtGemm dw = lt_gemm(true, false, OC, C, N, dout, OC, inp, C, dweight, C, type);
+  dw.epilogue = LtEpilogue::kBiasGradFromA;
+  weight_and_bias_backward(l, dtype, grad_dtype, dw, dbias, dout, N, OC);
 }
 
 }  // namespace zrt::kernels::cuda

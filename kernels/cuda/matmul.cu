@@ -90,6 +90,26 @@ void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, 
   });
 }
 
+void weight_and_bias_backward(const Launch& l, DType dtype, DType grad_dtype, LtGemm dw,
+                              void* dbias, const void* dout, int N, int OC) {
+  dw.c_type = to_cuda_dtype(grad_dtype);
+  dw.beta = 1.0f;
+  if (dbias != nullptr && grad_dtype == DType::kFloat32) {
+    float* sums = static_cast<float*>(l.ws);
+    dw.bias_grad = sums;
+    if (gemm_lt(l, dw)) {
+      column_finish_kernel<float>
+          <<<(OC + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(
+              static_cast<float*>(dbias), sums, 1, OC);
+      ZRT_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  gemm(l, dw.trans_a, dw.trans_b, dw.m, dw.n, dw.k, 1.0f, dw.a, dw.type, dw.lda, dw.b, dw.type,
+       dw.ldb, 1.0f, dw.c, dw.c_type, dw.ldc);
+  if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+}
+
 std::int64_t matmul_backward_workspace(int N, int OC) {
   return bias_backward_workspace(N, OC);
 }
@@ -103,8 +123,10 @@ void matmul_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
     const float beta = dinp_write == GradWrite::kOverwrite ? 0.0f : 1.0f;
     gemm(l, false, true, N, C, OC, 1.0f, dout, type, OC, weight, type, OC, beta, dinp, type, C);
   }
-  gemm(l, true, false, C, OC, N, 1.0f, inp, type, C, dout, type, OC, 1.0f, dweight, grad_type, OC);
-  if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+  // dweight (C, OC) += inp^T @ dout: dout is the GEMM's b.
+  LtGemm dw = lt_gemm(true, false, C, OC, N, inp, C, dout, OC, dweight, OC, type);
+  dw.epilogue = LtEpilogue::kBiasGradFromB;
+  weight_and_bias_backward(l, dtype, grad_dtype, dw, dbias, dout, N, OC);
 }
 
 }  // namespace zrt::kernels::cuda

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/gemm.cuh"
 #include "kernels/grad_write.h"
 
 namespace zrt::kernels::cuda {
@@ -27,5 +28,15 @@ void add_bias(const Launch& l, DType dtype, void* out, const void* bias, int N, 
 std::int64_t bias_backward_workspace(int N, int C);
 void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, const void* dout,
                    int N, int C, void* ws);
+
+// The weight gradient `dw` (a gemm_lt call with c = dweight; its epilogue kBiasGradFromA or
+// kBiasGradFromB names the operand that is dout) accumulated into dweight (beta 1, c of
+// grad_dtype), and dbias (OC) += dout's (N, OC) column sums. With fp32 gradients cuBLASLt's
+// bias-gradient epilogue takes the sums from the GEMM's own read of dout into the fp32 scratch
+// l.ws and one small kernel adds them, as bias_backward's last kernel does: dout is not read a
+// second time. With 16-bit gradients (the epilogue would round the sum to 16 bits before the
+// add), no dbias, or cuBLASLt declining: the plain GEMM and bias_backward. ws: as bias_backward.
+void weight_and_bias_backward(const Launch& l, DType dtype, DType grad_dtype, LtGemm dw,
+                              void* dbias, const void* dout, int N, int OC);
 
 }  // namespace zrt::kernels::cuda

@@ -17,10 +17,12 @@
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/gemm.cuh"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "models/flat_param_access.h"
@@ -523,6 +525,72 @@ TEST_CASE("CUDA matmul and linear backward overwrite dinp as accumulating into z
       const Results overwritten = run(GradWrite::kOverwrite, Vec(in.N * in.C, std::nan("")));
       CHECK(overwritten == accumulated);
       CHECK(accumulated.at("dweight") != g.download(w, in.C * in.OC, dt));  // it accumulated
+    }
+  }
+}
+
+// The weight-gradient GEMMs with cuBLASLt's bias-gradient epilogue (BGRADA for matmul's
+// (C, OC) weights, BGRADB for linear's (OC, C)): dweight and dbias accumulate onto non-zero
+// gradients, twice (a second micro-batch), against the CPU twins. With fp32 gradients the
+// epilogue must be what ran (not declined, not failed); with bf16 gradients bias_backward runs
+// (the epilogue's bf16 sum would be rounded once more than the CPU twin's).
+namespace {
+template <typename S, typename G>
+Results cpu_weight_grads(const MatmulIn& in, bool linear) {
+  const auto x = to_storage<S>(in.x), w = to_storage<S>(in.w), dout = to_storage<S>(in.dout);
+  std::vector<G> dw = to_storage<G>(in.w), db = to_storage<G>(in.b);
+  std::vector<float> ws(std::max(cpu::matmul_backward_workspace<S>(in.N, in.C, in.OC),
+                                 cpu::linear_backward_workspace<S>(in.N, in.C, in.OC)) +
+                        1);
+  for (int pass = 0; pass < 2; ++pass) {
+    if (linear) {
+      cpu::linear_backward<S, G>(nullptr, dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                                 in.N, in.C, in.OC, ws.data());
+    } else {
+      cpu::matmul_backward<S, G>(nullptr, dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                                 in.N, in.C, in.OC, ws.data());
+    }
+  }
+  return {{"dweight", to_double(dw)}, {"dbias", to_double(db)}};
+}
+
+Results gpu_weight_grads(Gpu& g, DType dt, DType gt, const MatmulIn& in, bool linear) {
+  Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), dout = g.upload(in.dout, dt);
+  Buffer dw = g.upload(in.w, gt), db = g.upload(in.b, gt);
+  for (int pass = 0; pass < 2; ++pass) {
+    if (linear) {
+      linear_backward(*g.ctx, dt, gt, Bytes(), dev(dw), dev(db), dev(dout), dev(x), dev(w), in.N,
+                      in.C, in.OC);
+    } else {
+      matmul_backward(*g.ctx, dt, gt, Bytes(), dev(dw), dev(db), dev(dout), dev(x), dev(w), in.N,
+                      in.C, in.OC);
+    }
+  }
+  return {{"dweight", g.download(dw, in.C * in.OC, gt)}, {"dbias", g.download(db, in.OC, gt)}};
+}
+}  // namespace
+
+TEST_CASE("CUDA weight gradients take the bias gradient from cuBLASLt's epilogue", "[cuda]") {
+  for (const MatmulIn& in : {MatmulIn(64, 96, 160), MatmulIn(256, 768, 2304)}) {
+    for (bool linear : {false, true}) {
+      INFO((linear ? "linear_backward" : "matmul_backward")
+           << ", N " << in.N << " C " << in.C << " OC " << in.OC);
+      const unsigned bit = 1u << static_cast<unsigned>(linear ? cuda::LtEpilogue::kBiasGradFromA
+                                                              : cuda::LtEpilogue::kBiasGradFromB);
+      {
+        Gpu g;
+        compare(gpu_weight_grads(g, DType::kFloat32, DType::kFloat32, in, linear),
+                cpu_weight_grads<float, float>(in, linear), 1e-5);
+        compare(gpu_weight_grads(g, DType::kBFloat16, DType::kFloat32, in, linear),
+                cpu_weight_grads<bf16, float>(in, linear), 1e-2);
+        CHECK(g.ctx->cuda()->lt_refused_epilogues == 0u);
+        INFO("cuBLASLt declined the bias-gradient epilogue: bias_backward ran instead");
+        CHECK((g.ctx->cuda()->lt_fused_epilogues & bit) != 0u);
+      }
+      Gpu g;
+      compare(gpu_weight_grads(g, DType::kBFloat16, DType::kBFloat16, in, linear),
+              cpu_weight_grads<bf16, bf16>(in, linear), 1e-2);
+      CHECK((g.ctx->cuda()->lt_fused_epilogues & bit) == 0u);
     }
   }
 }

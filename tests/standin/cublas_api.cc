@@ -174,6 +174,10 @@ struct GemmArgs {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   void* aux = nullptr;
   std::int64_t aux_ld = 0;
+  // BGRADA: bias_grad (m) = op(A) summed over k; BGRADB: bias_grad (n) = op(B) summed over k;
+  // unscaled by alpha, overwritten, of c_type (cuBLASLt's bias-gradient epilogues).
+  void* bias_grad = nullptr;
+  std::int64_t bias_grad_length() const { return epilogue == CUBLASLT_EPILOGUE_BGRADA ? m : n; }
 };
 
 void run_gemm(const GemmArgs& g) {
@@ -189,6 +193,21 @@ void run_gemm(const GemmArgs& g) {
                 static_cast<int>(g.ldc));
   } else {
     for (float& v : c) v *= g.beta;
+  }
+  if (g.bias_grad != nullptr) {
+    const bool from_a = g.epilogue == CUBLASLT_EPILOGUE_BGRADA;
+    const std::vector<float>& src = from_a ? a : b;
+    const std::int64_t ld = from_a ? g.a.ld : g.b.ld;
+    const bool transposed = (from_a ? g.ta : g.tb) == CUBLAS_OP_T;
+    // op(X)[row, col] of a column-major X: X[row + col * ld], or X[col + row * ld] transposed.
+    auto op_at = [&](std::int64_t row, std::int64_t col) {
+      return src[static_cast<std::size_t>(transposed ? col + row * ld : row + col * ld)];
+    };
+    for (std::int64_t i = 0; i < g.bias_grad_length(); ++i) {
+      float sum = 0.0f;  // op(A)'s row i (m x k) or op(B)'s column i (k x n), over k
+      for (int kk = 0; kk < g.k; ++kk) sum += from_a ? op_at(i, kk) : op_at(kk, i);
+      store(g.bias_grad, g.c_type, static_cast<std::size_t>(i), sum);
+    }
   }
   std::vector<float> bias;
   if (g.bias != nullptr)
@@ -278,6 +297,11 @@ void enqueue_gemms(const std::string& call, cudaStream_t stream, std::vector<Gem
     accesses.push_back({g.b.ptr, g.b.bytes(eb), false, "B"});
     if (g.bias != nullptr)
       accesses.push_back({g.bias, static_cast<std::size_t>(g.m) * ec, false, "bias"});
+    if (g.bias_grad != nullptr) {
+      const std::size_t bytes = static_cast<std::size_t>(g.bias_grad_length()) * ec;
+      rt.check_range(call, "bias gradient", g.bias_grad, bytes, dev);
+      accesses.push_back({g.bias_grad, bytes, true, "bias gradient"});
+    }
     if (g.aux != nullptr) {
       const std::size_t aux_bytes = Operand{g.aux, g.c_type, g.m, g.n, g.aux_ld, "aux"}.bytes(ec);
       rt.check_range(call, "aux", g.aux, aux_bytes, dev);
@@ -614,13 +638,23 @@ GemmArgs lt_gemm(const std::string& call, const LtDesc& d, const LtLayout& a, co
   }
   const bool gelu_aux = d.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   const bool dgelu = d.epilogue == CUBLASLT_EPILOGUE_DGELU;
+  const bool bgrad =
+      d.epilogue == CUBLASLT_EPILOGUE_BGRADA || d.epilogue == CUBLASLT_EPILOGUE_BGRADB;
   if (d.epilogue != CUBLASLT_EPILOGUE_DEFAULT && d.epilogue != CUBLASLT_EPILOGUE_BIAS &&
-      !gelu_aux && !dgelu) {
+      !gelu_aux && !dgelu && !bgrad) {
     blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, call,
               fmt::format("epilogue {}", static_cast<int>(d.epilogue)));
   }
-  if ((d.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_aux) && d.bias == nullptr)
-    invalid("BIAS epilogue without a bias pointer");
+  if ((d.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_aux || bgrad) && d.bias == nullptr)
+    invalid("BIAS or BGRAD epilogue without a bias pointer");
+  // The bias-gradient epilogues sum an operand as stored untransposed (A) or transposed (B);
+  // other layouts are declined (NVIDIA's nvmath-python states and works around the same rule).
+  if (d.epilogue == CUBLASLT_EPILOGUE_BGRADA && d.transa != CUBLAS_OP_N) {
+    blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, call, "BGRADA needs A untransposed");
+  }
+  if (d.epilogue == CUBLASLT_EPILOGUE_BGRADB && d.transb != CUBLAS_OP_T) {
+    blas_fail(CUBLAS_STATUS_NOT_SUPPORTED, call, "BGRADB needs B transposed");
+  }
   if (gelu_aux || dgelu) {
     // cublasLtMatmulDescAttributes_t: the GELU input matrix's leading dimension "must be
     // divisible by 8 and be no less than the number of rows in the output matrix".
@@ -650,6 +684,7 @@ GemmArgs lt_gemm(const std::string& call, const LtDesc& d, const LtLayout& a, co
              dl.type,
              dl.ld};
   g.bias = d.epilogue == CUBLASLT_EPILOGUE_BIAS || gelu_aux ? d.bias : nullptr;
+  g.bias_grad = bgrad ? const_cast<void*>(d.bias) : nullptr;
   g.epilogue = d.epilogue;
   g.aux = gelu_aux || dgelu ? d.aux : nullptr;
   g.aux_ld = d.aux_ld;
