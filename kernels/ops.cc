@@ -583,6 +583,22 @@ void rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats rstd, Co
 #endif
 }
 
+void residual_rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes res, Bytes out, Floats rstd,
+                              ConstBytes a, ConstBytes b, ConstBytes weight, int N, int C,
+                              double eps) {
+  if (on_cpu(ctx)) {
+    residual_forward(ctx, dtype, res, a, b, std::int64_t{N} * C);
+    rmsnorm_forward(ctx, dtype, out, rstd, res, weight, N, C, eps);
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::residual_rmsnorm_forward(launch(ctx), dtype, raw(res), raw(out), raw(rstd), raw(a), raw(b),
+                                 raw(weight), N, C, eps);
+#else
+  cuda_backend_missing("kernels::residual_rmsnorm_forward");
+#endif
+}
+
 void rmsnorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                       ConstBytes dout, ConstBytes inp, ConstBytes weight, ConstFloats rstd, int N,
                       int C) {

@@ -134,6 +134,11 @@ void rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats rstd, Co
 void rmsnorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
                       ConstBytes dout, ConstBytes inp, ConstBytes weight, ConstFloats rstd, int N,
                       int C);
+// res (N,C) = a + b, then out, rstd = rmsnorm(res): residual_forward then rmsnorm_forward, in
+// one pass over each row on CUDA where the row fits its registers (16-bit, C % 8 == 0, C <= 4096).
+void residual_rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes res, Bytes out, Floats rstd,
+                              ConstBytes a, ConstBytes b, ConstBytes weight, int N, int C,
+                              double eps);
 
 // out (N,OC) = inp (N,C) @ weight^T + bias, weight (OC,C) as nn.Linear (bias may be null).
 void linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,

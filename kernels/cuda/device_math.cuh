@@ -129,6 +129,11 @@ void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {
   });
 }
 
+// Whether a pointer allows the 16-byte (uint4) loads of the row-in-registers kernels.
+inline bool aligned16(const void* p) {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
 inline unsigned blocks_for(std::int64_t n, int threads) {
   std::int64_t blocks = (n + threads - 1) / threads;
   if (blocks > 65535LL * 32) blocks = 65535LL * 32;  // grid-stride loops cover the rest

@@ -180,10 +180,6 @@ __global__ void layernorm_dinp_vec_kernel(S* dinp, const S* dout, const S* inp, 
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-}
-
 // Calls f(std::integral_constant<int, nv>) for nv in 1..8.
 template <typename F>
 void with_nv(int nv, F&& f) {

@@ -253,8 +253,8 @@ void Llama::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes r
   k::rope_forward(ctx_, dt, x.k, x.k, rope_, B_, T_, NKV, hd);
   k::gqa_attention_forward(ctx_, dt, x.atty, x.lse, x.q, x.k, x.v, B_, T_, NH, NKV, hd);
   k::linear_forward(ctx_, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
-  k::residual_forward(ctx_, dt, x.res2, res_in, acts_.proj, I64{N} * C);
-  k::rmsnorm_forward(ctx_, dt, x.ln2, x.ln2_rstd, x.res2, P(kLn2W), N, C, config_.rms_norm_eps);
+  k::residual_rmsnorm_forward(ctx_, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
+                              C, config_.rms_norm_eps);
   k::linear_forward(ctx_, dt, x.gate, x.ln2, P(kGateW), Bytes(), N, C, I);
   k::linear_forward(ctx_, dt, x.up, x.ln2, P(kUpW), Bytes(), N, C, I);
   k::swiglu_forward(ctx_, dt, x.h, x.gate, x.up, I64{N} * I);

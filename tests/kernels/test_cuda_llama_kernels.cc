@@ -7,6 +7,7 @@
 // the CUDA stand-ins (ctest -L standin) the CUDA host paths run on the CPU.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -108,6 +109,41 @@ TEST_CASE("rmsnorm: CUDA twin matches the CPU twin", "[cuda][llama]") {
     return std::map<std::string, std::size_t>{
         {"out", kN * kC}, {"rstd", kN}, {"dx", kN * kC}, {"dw", kC}};
   });
+}
+
+// The register-resident RMSNorm kernels (16-bit rows, C % 8 == 0, C <= 4096: pieces of 8 per
+// lane, the last lanes idle where 256 does not divide C) at the family's widths: SmolLM2-135M
+// 576, Qwen2-0.5B 896, Llama-3.2-1B 2048, Llama-3.1-8B 4096, and 1000 (not a multiple of 8: the
+// scalar kernels); then residual + RMSNorm in one pass against residual_forward and
+// rmsnorm_forward on the CPU.
+TEST_CASE("rmsnorm at Llama widths, and residual + rmsnorm in one pass", "[cuda][llama]") {
+  for (int C : {576, 896, 1000, 2048, 4096}) {
+    const int N = 24;  // three blocks of 8 rows
+    INFO("C " << C);
+    parity("rmsnorm", [N, C](Backend& be, DType dt, DType gt) {
+      const Bytes x = be.put("x", normal_values(kSeed, 11, N * C, 2.0, 0.3), dt);
+      const Bytes w = be.put("w", normal_values(kSeed, 12, C, 0.1, 1.0), dt);
+      const Bytes dy = be.put("dy", normal_values(kSeed, 13, N * C), dt);
+      const Bytes out = be.put("out", Vec(N * C, 0.0), dt);
+      const Floats rstd = be.put_f32("rstd", N);
+      const Bytes dx = be.put("dx", normal_values(kSeed, 14, N * C, 0.1), dt);  // accumulates
+      const Bytes dw = be.put("dw", Vec(C, 0.0), gt);
+      rmsnorm_forward(*be.ctx, dt, out, rstd, x, w, N, C, 1e-5);
+      rmsnorm_backward(*be.ctx, dt, gt, dx, dw, dy, x, w, rstd, N, C);
+      return std::map<std::string, std::size_t>{
+          {"out", N * C}, {"rstd", N}, {"dx", N * C}, {"dw", C}};
+    });
+    parity("residual_rmsnorm_forward", [N, C](Backend& be, DType dt, DType) {
+      const Bytes a = be.put("a", normal_values(kSeed, 15, N * C, 2.0, 0.3), dt);
+      const Bytes b = be.put("b", normal_values(kSeed, 16, N * C), dt);
+      const Bytes w = be.put("w", normal_values(kSeed, 17, C, 0.1, 1.0), dt);
+      const Bytes res = be.put("res", Vec(N * C, std::nan("")), dt);
+      const Bytes out = be.put("out", Vec(N * C, std::nan("")), dt);
+      const Floats rstd = be.put_f32("rstd", N);
+      residual_rmsnorm_forward(*be.ctx, dt, res, out, rstd, a, b, w, N, C, 1e-5);
+      return std::map<std::string, std::size_t>{{"res", N * C}, {"out", N * C}, {"rstd", N}};
+    });
+  }
 }
 
 TEST_CASE("linear (nn.Linear layout): CUDA twin matches the CPU twin", "[cuda][llama]") {

@@ -4,7 +4,10 @@
 // kernels/cpu runs it; the others are pieces of an op (a row pass, a column-sum pass, a qkv
 // pack or unpack) and their twins compute exactly what the kernel writes, with its geometry.
 #include <cstdint>
+#include <initializer_list>
+#include <iterator>
 
+#include "kernels/cpu/residual.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
@@ -40,37 +43,92 @@ void register_storage() {
         k.reads(weight, C * ss, "weight");
         k.run([=] { kernels::cpu::rmsnorm_forward<S>(out, rstd, inp, weight, N, C, eps); });
       });
+  // The scalar dinp kernel and its register-resident variants compute the same values.
+  const auto dinp_twin = [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight,
+                              const float* rstd, int N, int C) {
+    k.require_block(256);
+    k.require_rows(N, kRowsPerBlock, "rows N");
+    k.writes(dinp, I64{N} * C * ss, "dinp");
+    k.reads(dout, I64{N} * C * ss, "dout");
+    k.reads(inp, I64{N} * C * ss, "inp");
+    k.reads(weight, C * ss, "weight");
+    k.reads(rstd, I64{N} * 4, "rstd");
+    k.run([=] {
+      for (int r = 0; r < N; ++r) {
+        const I64 off = I64{r} * C;
+        const float sc = rstd[r];
+        float gn_sum = 0.0f;
+        for (int c = 0; c < C; ++c) {
+          gn_sum += ld(dout[off + c]) * ld(weight[c]) * (ld(inp[off + c]) * sc);
+        }
+        const float gn_mean = gn_sum / C;
+        for (int c = 0; c < C; ++c) {
+          const float norm = ld(inp[off + c]) * sc;
+          const float g = ld(dout[off + c]) * ld(weight[c]);
+          dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - norm * gn_mean) * sc);
+        }
+      }
+    });
+  };
   twin<S*, const S*, const S*, const S*, const float*, int, int>(
       sig("void " + kNs +
               "rmsnorm_dinp_kernel<$S>($S*, $S const*, $S const*, $S const*, float const*, int, "
               "int)",
           s),
-      [ss](KernelCall& k, S* dinp, const S* dout, const S* inp, const S* weight, const float* rstd,
-           int N, int C) {
-        k.require_block(256);
-        k.require_rows(N, kRowsPerBlock, "rows N");
-        k.writes(dinp, I64{N} * C * ss, "dinp");
-        k.reads(dout, I64{N} * C * ss, "dout");
-        k.reads(inp, I64{N} * C * ss, "inp");
-        k.reads(weight, C * ss, "weight");
-        k.reads(rstd, I64{N} * 4, "rstd");
-        k.run([=] {
-          for (int r = 0; r < N; ++r) {
-            const I64 off = I64{r} * C;
-            const float sc = rstd[r];
-            float gn_sum = 0.0f;
-            for (int c = 0; c < C; ++c) {
-              gn_sum += ld(dout[off + c]) * ld(weight[c]) * (ld(inp[off + c]) * sc);
+      dinp_twin);
+  if (ss == 2) {
+    // The register-resident variants (16-bit rows, C % 8 == 0): NV pieces of 8 elements per
+    // lane, NV the smallest of {1, 2, 3, 4, 6, 8, 12, 16} with 256 NV >= C; 16-byte loads, so
+    // every row and the weight must start 16-byte aligned.
+    const int widths[] = {1, 2, 3, 4, 6, 8, 12, 16};
+    for (std::size_t i = 0; i < std::size(widths); ++i) {
+      const int nv = widths[i], below = i == 0 ? 0 : widths[i - 1];
+      const auto require_width = [nv, below](KernelCall& k, int C,
+                                             std::initializer_list<const void*> rows) {
+        k.require(C % 8 == 0 && C <= 256 * nv && C > 256 * below,
+                  fmt::format("C {} is not a multiple of 8 in (256 x {}, 256 x {}]", C, below, nv));
+        for (const void* p : rows) {
+          k.require(p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
+                    "a row pointer is not 16-byte aligned");
+        }
+      };
+      twin<S*, float*, S*, const S*, const S*, const S*, int, int, float>(
+          sig("void " + kNs + "rmsnorm_forward_vec_kernel<$S, " + std::to_string(nv) +
+                  ">($S*, float*, $S*, $S const*, $S const*, $S const*, int, int, float)",
+              s),
+          [ss, require_width](KernelCall& k, S* out, float* rstd, S* res, const S* a, const S* b,
+                              const S* weight, int N, int C, float eps) {
+            require_width(k, C, {out, res, a, b, weight});
+            k.require_block(256);
+            k.require_rows(N, kRowsPerBlock, "rows N");
+            k.writes(out, I64{N} * C * ss, "out");
+            k.writes(rstd, I64{N} * 4, "rstd");
+            k.reads(a, I64{N} * C * ss, "a");
+            if (b != nullptr) {
+              k.reads(b, I64{N} * C * ss, "b");
+              k.writes(res, I64{N} * C * ss, "res");
             }
-            const float gn_mean = gn_sum / C;
-            for (int c = 0; c < C; ++c) {
-              const float norm = ld(inp[off + c]) * sc;
-              const float g = ld(dout[off + c]) * ld(weight[c]);
-              dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - norm * gn_mean) * sc);
-            }
-          }
-        });
-      });
+            k.reads(weight, C * ss, "weight");
+            k.run([=] {
+              const S* inp = a;
+              if (b != nullptr) {
+                kernels::cpu::residual_forward<S>(res, a, b, I64{N} * C);
+                inp = res;
+              }
+              kernels::cpu::rmsnorm_forward<S>(out, rstd, inp, weight, N, C, eps);
+            });
+          });
+      twin<S*, const S*, const S*, const S*, const float*, int, int>(
+          sig("void " + kNs + "rmsnorm_dinp_vec_kernel<$S, " + std::to_string(nv) +
+                  ">($S*, $S const*, $S const*, $S const*, float const*, int, int)",
+              s),
+          [dinp_twin, require_width](KernelCall& k, S* dinp, const S* dout, const S* inp,
+                                     const S* weight, const float* rstd, int N, int C) {
+            require_width(k, C, {dinp, dout, inp, weight});
+            dinp_twin(k, dinp, dout, inp, weight, rstd, N, C);
+          });
+    }
+  }
   twin<float*, const S*, const S*, const float*, int, int>(
       sig("void " + kNs +
               "rmsnorm_partials_kernel<$S>(float*, $S const*, $S const*, float const*, int, int)",
