@@ -82,4 +82,11 @@ for stage in $stages; do
   ratio=$(awk -v a="$mn" -v b="$mb" 'BEGIN { if (a + 0 > 0 && b + 0 > 0) printf "%.3f", a / b; else print "-" }')
   printf '%-8s %14s %14s %9s %12s %12s\n' "$stage" "$mb" "$mn" "$ratio" "$base_loss" "$new_loss"
 done
+# The epilogues only the stand-ins had run fall back with one warning per run if this cuBLASLt
+# fails them (kernels/cuda/gemm.cu): the new build's figure is then the unfused path's.
+fallbacks=$(cat "$out"/s*-new-*/log 2>/dev/null | grep -o "cuBLASLt epilogue [A-Z_]* failed.*" | sort -u)
+if [ -n "$fallbacks" ]; then
+  echo "gpu_ab: the new build fell back to unfused kernels:" >&2
+  sed 's/^/  /' <<<"$fallbacks" >&2
+fi
 echo "gpu_ab ($(date -u +%Y-%m-%dT%H:%MZ); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); repeats $repeats, $steps steps; base $base)"
