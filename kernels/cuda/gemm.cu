@@ -70,9 +70,7 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
               const T& value) {
   ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
 }
-}  // namespace
 
-namespace {
 const char* epilogue_name(LtEpilogue e) {
   switch (e) {
     case LtEpilogue::kBias:
