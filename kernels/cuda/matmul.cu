@@ -118,7 +118,6 @@ void matmul_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
                      void* dbias, const void* dout, const void* inp, const void* weight, int N,
                      int C, int OC, GradWrite dinp_write) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  const cudaDataType grad_type = to_cuda_dtype(grad_dtype);
   if (dinp != nullptr) {
     const float beta = dinp_write == GradWrite::kOverwrite ? 0.0f : 1.0f;
     gemm(l, false, true, N, C, OC, 1.0f, dout, type, OC, weight, type, OC, beta, dinp, type, C);

@@ -55,11 +55,11 @@ __global__ void rmsnorm_dinp_kernel(S* dinp, const S* dout, const S* inp, const 
   }
 }
 
-// The register-resident variants for 16-bit rows with C % 8 == 0 and C <= 256 * NV (Llama
-// widths 576 to 4096): each lane owns the 8-element pieces lane + 32 j, loads each once with a
-// 16-byte load and keeps it as loaded (4 registers a piece, so 4096-wide rows fit), converting
-// to fp32 per pass; the scalar kernels read every element two or three times, 2 bytes at a time
-// (the pattern that ran LayerNorm's dinp at a sixteenth of an H100's bandwidth).
+// The vector variants for 16-bit rows with C % 8 == 0 and C <= 256 * NV (Llama widths 576 to
+// 4096): each lane owns the 8-element pieces lane + 32 j and moves them with 16-byte loads; the
+// forward loads each once and keeps it as loaded (4 registers a piece, so 4096-wide rows fit),
+// converting to fp32 per pass. The scalar kernels read every element two or three times, 2 bytes
+// at a time (the pattern that ran LayerNorm's dinp at a sixteenth of an H100's bandwidth).
 constexpr int kPiece = 8;  // 16-bit elements per 16-byte load
 
 template <typename S>
@@ -111,10 +111,10 @@ __global__ void rmsnorm_forward_vec_kernel(S* out, float* rstd, S* res, const S*
   if (lane == 0) rstd[row] = s;
 }
 
-// rmsnorm_dinp_kernel's arithmetic with 16-byte loads: the first pass issues all of a lane's
-// loads before any arithmetic depends on them; the second reads the row again (from L1: the
-// warp's own row, just read) rather than holding it, since holding both rows as fp32, which is
-// what the compiler makes of bf16 pieces, needs up to 255 registers at C = 4096.
+// rmsnorm_dinp_kernel's arithmetic with 16-byte loads in both passes; the second reads the row
+// again (from L1: the warp's own row, just read) rather than holding it, since holding both
+// rows as fp32, which is what the compiler makes of bf16 pieces, took up to 255 registers and
+// spilled at C = 4096 (ptxas, sm_90); this form takes 32-46 and does not spill.
 template <typename S, int NV>
 __global__ void rmsnorm_dinp_vec_kernel(S* dinp, const S* dout, const S* inp, const S* weight,
                                         const float* rstd, int N, int C) {
