@@ -5,6 +5,7 @@
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/row_pieces.cuh"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -43,62 +44,61 @@ __global__ void layernorm_forward_kernel(S* out, float* mean, float* rstd, const
   }
 }
 
-// layernorm_forward_kernel for 16-bit rows of C = 256 * NV, and with `b` the residual add before
+// layernorm_forward_kernel for 16-bit rows with C % 8 == 0 and C <= 256 * NV (GPT-2's 768 to
+// 1600, a 6.7B GPT's 4096; kernels/cuda/row_pieces.cuh), and with `b` the residual add before
 // it (res = a + b, stored rounded as residual_forward stores it, then normalized): each lane
-// loads its 8-element pieces once with 16-byte loads and keeps them in registers for the mean,
-// the variance and the output (the scalar kernel reads every element three times, 2 bytes at a
-// time). Without `b`, `a` is the input and `res` is not written.
+// loads its pieces once with 16-byte loads and keeps them as loaded (4 registers a piece) for
+// the mean, the variance and the output (the scalar kernel reads every element three times, 2
+// bytes at a time). Without `b`, `a` is the input and `res` is not written.
 template <typename S, int NV>
 __global__ void layernorm_forward_vec_kernel(S* out, float* mean, float* rstd, S* res, const S* a,
                                              const S* b, const S* weight, const S* bias, int N,
                                              int C) {
-  constexpr int kVec = 16 / sizeof(S);
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
   const std::int64_t off = static_cast<std::int64_t>(row) * C;
-  float x[NV][kVec];
+  uint4 x[NV];
   float sum = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c0 = (lane + 32 * j) * kVec;
-    uint4 xa = *reinterpret_cast<const uint4*>(a + off + c0);
-    S* pa = reinterpret_cast<S*>(&xa);
+    const int c0 = (lane + 32 * j) * kPiece;
+    if (c0 >= C) continue;
+    x[j] = *reinterpret_cast<const uint4*>(a + off + c0);
     if (b != nullptr) {
       const uint4 xb = *reinterpret_cast<const uint4*>(b + off + c0);
-      const S* pb = reinterpret_cast<const S*>(&xb);
+      S* pa = reinterpret_cast<S*>(&x[j]);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) pa[e] = st<S>(ld(pa[e]) + ld(pb[e]));
-      *reinterpret_cast<uint4*>(res + off + c0) = xa;
+      for (int e = 0; e < kPiece; ++e) pa[e] = st<S>(ld(pa[e]) + piece_at<S>(xb, e));
+      *reinterpret_cast<uint4*>(res + off + c0) = x[j];
     }
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      x[j][e] = ld(pa[e]);
-      sum += x[j][e];
-    }
+    for (int e = 0; e < kPiece; ++e) sum += piece_at<S>(x[j], e);
   }
   const float m = warp_sum(sum) / C;
   float var = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
+    if ((lane + 32 * j) * kPiece >= C) continue;
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) {
-      const float d = x[j][e] - m;
+    for (int e = 0; e < kPiece; ++e) {
+      const float d = piece_at<S>(x[j], e) - m;
       var += d * d;
     }
   }
   const float s = 1.0f / sqrtf(warp_sum(var) / C + kEps);
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c0 = (lane + 32 * j) * kVec;
+    const int c0 = (lane + 32 * j) * kPiece;
+    if (c0 >= C) continue;
     const uint4 xw = *reinterpret_cast<const uint4*>(weight + c0);
     const uint4 xbias = *reinterpret_cast<const uint4*>(bias + c0);
-    const S* pw = reinterpret_cast<const S*>(&xw);
-    const S* pbias = reinterpret_cast<const S*>(&xbias);
     uint4 xo;
     S* po = reinterpret_cast<S*>(&xo);
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) po[e] = st<S>((x[j][e] - m) * s * ld(pw[e]) + ld(pbias[e]));
+    for (int e = 0; e < kPiece; ++e) {
+      po[e] = st<S>((piece_at<S>(x[j], e) - m) * s * piece_at<S>(xw, e) + piece_at<S>(xbias, e));
+    }
     *reinterpret_cast<uint4*>(out + off + c0) = xo;
   }
   if (lane == 0) {
@@ -225,27 +225,25 @@ bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, cons
   }
 }
 
-// Launches layernorm_forward_vec_kernel when the shape and pointers allow (b, res: the fused
-// residual add, or null); else false.
+// Launches layernorm_forward_vec_kernel when the storage, shape and pointers allow (b, res: the
+// fused residual add, or null); else false.
 template <typename S>
 bool launch_forward_vec(const Launch& l, S* out, float* mean, float* rstd, S* res, const S* a,
                         const S* b, const S* weight, const S* bias, int N, int C) {
   if constexpr (sizeof(S) != 2) {
     return false;
   } else {
-    constexpr int kPerVector = 32 * 8;
-    if (C % kPerVector != 0 || C / kPerVector > 8 || !aligned16(out) || !aligned16(a) ||
-        !aligned16(weight) || !aligned16(bias) ||
+    if (!aligned16(out) || !aligned16(a) || !aligned16(weight) || !aligned16(bias) ||
         (b != nullptr && (!aligned16(b) || !aligned16(res)))) {
       return false;
     }
     const unsigned blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-    with_nv(C / kPerVector, [&](auto nv) {
+    const bool launched = with_row_pieces(C, [&](auto nv) {
       layernorm_forward_vec_kernel<S, decltype(nv)::value>
           <<<blocks, kThreads, 0, l.stream>>>(out, mean, rstd, res, a, b, weight, bias, N, C);
     });
-    ZRT_CUDA_LAUNCH_CHECK();
-    return true;
+    if (launched) ZRT_CUDA_LAUNCH_CHECK();
+    return launched;
   }
 }
 

@@ -8,7 +8,8 @@
 
 namespace zrt::kernels::cuda {
 
-// 16-bit rows of C = 256 * NV (NV <= 8, 16-byte aligned) take a register-resident kernel.
+// 16-bit rows with C % 8 == 0 and C <= 4096 (16-byte aligned) take a register-resident kernel
+// forward; the backward's input gradient one where C = 256 k <= 2048.
 void layernorm_forward(const Launch& l, DType dtype, void* out, float* mean, float* rstd,
                        const void* inp, const void* weight, const void* bias, int N, int C);
 

@@ -2,11 +2,10 @@
 #include "kernels/cuda/rmsnorm.cuh"
 
 #include <cstdint>
-#include <type_traits>
-#include <utility>
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/residual.cuh"
+#include "kernels/cuda/row_pieces.cuh"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -56,17 +55,11 @@ __global__ void rmsnorm_dinp_kernel(S* dinp, const S* dout, const S* inp, const 
 }
 
 // The vector variants for 16-bit rows with C % 8 == 0 and C <= 256 * NV (Llama widths 576 to
-// 4096): each lane owns the 8-element pieces lane + 32 j and moves them with 16-byte loads; the
+// 4096, kernels/cuda/row_pieces.cuh): each lane moves its pieces with 16-byte loads; the
 // forward loads each once and keeps it as loaded (4 registers a piece, so 4096-wide rows fit),
 // converting to fp32 per pass. The scalar kernels read every element two or three times, 2 bytes
 // at a time (the pattern that ran LayerNorm's dinp at a sixteenth of an H100's bandwidth).
-constexpr int kPiece = 8;  // 16-bit elements per 16-byte load
-
-template <typename S>
-__device__ __forceinline__ float piece_at(const uint4& piece, int e) {
-  return ld(reinterpret_cast<const S*>(&piece)[e]);
-}
-
+//
 // With `b`: res = a + b first, rounded and stored as residual_forward stores it, then normalized
 // (residual_rmsnorm_forward); without, `a` is the input and `res` is not written.
 template <typename S, int NV>
@@ -154,23 +147,6 @@ __global__ void rmsnorm_dinp_vec_kernel(S* dinp, const S* dout, const S* inp, co
     }
     *reinterpret_cast<uint4*>(dinp + off + c0) = xd;
   }
-}
-
-// The vector kernels' widths: f(std::integral_constant<int, NV>) for the smallest NV of
-// {1, 2, 3, 4, 6, 8, 12, 16} with 256 * NV >= C; false (f not called) above 4096 or when C is
-// not a multiple of 8.
-template <typename F, int... Widths>
-bool with_width_at_least(int needed, F&& f, std::integer_sequence<int, Widths...>) {
-  bool called = false;
-  ((called = called || (needed <= Widths && (f(std::integral_constant<int, Widths>{}), true))),
-   ...);
-  return called;
-}
-template <typename F>
-bool with_row_pieces(int C, F&& f) {
-  if (C <= 0 || C % kPiece != 0) return false;
-  return with_width_at_least((C / kPiece + 31) / 32, f,
-                             std::integer_sequence<int, 1, 2, 3, 4, 6, 8, 12, 16>{});
 }
 
 // Launches rmsnorm_forward_vec_kernel when the storage, shape and pointers allow; else false.

@@ -410,11 +410,12 @@ TEST_CASE("CUDA layernorm matches its CPU twin", "[cuda]") {
               cpu_layernorm<bf16, bf16>, gpu_layernorm);
 }
 
-// C = 768 (GPT-2 124M) and 1024 take the register-resident 16-bit backward kernel (C a multiple
-// of 256); the 16-bit tolerance as for every layer.
+// C = 768 (GPT-2 124M) and 1024 take the register-resident 16-bit kernels both ways (C a
+// multiple of 256); 1600 (GPT-2 XL) and 4096 (a 6.7B GPT) the register-resident forward and the
+// scalar backward; the 16-bit tolerance as for every layer.
 TEST_CASE("CUDA layernorm at GPT-2 widths matches its CPU twin", "[cuda]") {
   Gpu g;
-  for (int C : {768, 1024}) {
+  for (int C : {768, 1024, 1600, 4096}) {
     const LayerNormIn in(96, C);
     INFO("C = " << C);
     compare(gpu_layernorm(g, DType::kBFloat16, DType::kFloat32, in), cpu_layernorm<bf16, float>(in),
@@ -428,9 +429,10 @@ TEST_CASE("CUDA layernorm at GPT-2 widths matches its CPU twin", "[cuda]") {
   }
 }
 
-// residual + LayerNorm in one pass over each row (16-bit rows of C = 256 * NV) against the CPU
-// twins' composition: x = a + b (the residual stream, `res`) then layernorm(x). C = 96 and fp32
-// take the two unfused kernels. Outputs start as NaN.
+// residual + LayerNorm in one pass over each row (16-bit rows, C % 8 == 0, C <= 4096) against
+// the CPU twins' composition: x = a + b (the residual stream, `res`) then layernorm(x). C = 100
+// (not a multiple of 8) and fp32 take the two unfused kernels; 96 and 1600 leave lanes idle.
+// Outputs start as NaN.
 Results cpu_residual_layernorm(const LayerNormIn& in, DType dt) {
   auto run = [&](auto s) {
     using S = decltype(s);
@@ -466,7 +468,7 @@ Results gpu_residual_layernorm(Gpu& g, DType dt, const LayerNormIn& in) {
 
 TEST_CASE("CUDA residual + layernorm in one pass matches its CPU twins", "[cuda]") {
   Gpu g;
-  for (int C : {768, 1024, 96}) {
+  for (int C : {768, 1024, 96, 1600, 4096, 100}) {
     const LayerNormIn in(96, C);
     INFO("C = " << C);
     compare(gpu_residual_layernorm(g, DType::kFloat32, in),

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -57,6 +58,19 @@ class KernelCall {
   std::vector<Access> accesses_;
   std::function<void()> body_;
 };
+
+// The launch rule of a row-pieces kernel of width nv (kernels/cuda/row_pieces.cuh): C a multiple
+// of 8 in (256 * below, 256 * nv], where `below` is the next smaller width (0 for the first),
+// and every row pointer 16-byte aligned (null ones skipped).
+inline void require_row_pieces(KernelCall& k, int C, int nv, int below,
+                               std::initializer_list<const void*> rows) {
+  k.require(C % 8 == 0 && C <= 256 * nv && C > 256 * below,
+            fmt::format("C {} is not a multiple of 8 in (256 x {}, 256 x {}]", C, below, nv));
+  for (const void* p : rows) {
+    k.require(p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
+              "a row pointer is not 16-byte aligned");
+  }
+}
 
 using TwinAdapter = std::function<void(KernelCall&, void** args)>;
 

@@ -40,6 +40,11 @@ inline const char* cuda_name<fp16>() {
   return "__half";
 }
 
+// kernels/cuda/row_pieces.cuh: the widths NV of the row-in-registers kernels (8-element pieces,
+// 32 lanes); a kernel of width NV serves 16-bit rows with C % 8 == 0 and C in
+// (256 * the previous width, 256 * NV].
+constexpr int kRowPieceWidths[] = {1, 2, 3, 4, 6, 8, 12, 16};
+
 // Replaces $S and $G in a signature.
 inline std::string sig(std::string text, const char* s, const char* g = "") {
   for (auto [key, value] : {std::pair<const char*, const char*>{"$S", s}, {"$G", g}}) {

@@ -4,6 +4,7 @@
 // exactly what the kernel writes, with the kernel's geometry rules.
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -205,18 +206,20 @@ void register_storage() {
         k.run([=] { layernorm_rows(out, mean, rstd, inp, weight, bias, N, C); });
       });
   if (ss == 2) {
-    // The register-resident forward, C = 256 * NV; with b, the residual add a + b (rounded as
+    // The register-resident forward (16-bit rows, C % 8 == 0, NV the smallest width with
+    // 256 NV >= C, 16-byte aligned rows); with b, the residual add a + b (rounded as
     // residual_forward rounds it) is stored to res and normalized.
-    for (int nv = 1; nv <= 8; ++nv) {
+    for (std::size_t i = 0; i < std::size(kRowPieceWidths); ++i) {
+      const int nv = kRowPieceWidths[i], below = i == 0 ? 0 : kRowPieceWidths[i - 1];
       twin<S*, float*, float*, S*, const S*, const S*, const S*, const S*, int, int>(
           sig("void " + kNs + "layernorm_forward_vec_kernel<$S, " + std::to_string(nv) +
                   ">($S*, float*, float*, $S*, $S const*, $S const*, $S const*, $S const*, int, "
                   "int)",
               s),
-          [ss, nv, layernorm_rows](KernelCall& k, S* out, float* mean, float* rstd, S* res,
-                                   const S* a, const S* b, const S* weight, const S* bias, int N,
-                                   int C) {
-            k.require(C == 256 * nv, fmt::format("C {} is not 256 x {}", C, nv));
+          [ss, nv, below, layernorm_rows](KernelCall& k, S* out, float* mean, float* rstd, S* res,
+                                          const S* a, const S* b, const S* weight, const S* bias,
+                                          int N, int C) {
+            require_row_pieces(k, C, nv, below, {out, res, a, b, weight, bias});
             k.require_block(256);
             k.require_rows(N, kRowsPerBlock, "rows N");
             k.writes(out, I64{N} * C * ss, "out");

@@ -77,20 +77,14 @@ void register_storage() {
           s),
       dinp_twin);
   if (ss == 2) {
-    // The register-resident variants (16-bit rows, C % 8 == 0): NV pieces of 8 elements per
-    // lane, NV the smallest of {1, 2, 3, 4, 6, 8, 12, 16} with 256 NV >= C; 16-byte loads, so
-    // every row and the weight must start 16-byte aligned.
-    const int widths[] = {1, 2, 3, 4, 6, 8, 12, 16};
-    for (std::size_t i = 0; i < std::size(widths); ++i) {
-      const int nv = widths[i], below = i == 0 ? 0 : widths[i - 1];
+    // The vector variants (16-bit rows, C % 8 == 0): NV pieces of 8 elements per lane, NV the
+    // smallest width with 256 NV >= C; 16-byte loads, so every row and the weight must start
+    // 16-byte aligned.
+    for (std::size_t i = 0; i < std::size(kRowPieceWidths); ++i) {
+      const int nv = kRowPieceWidths[i], below = i == 0 ? 0 : kRowPieceWidths[i - 1];
       const auto require_width = [nv, below](KernelCall& k, int C,
                                              std::initializer_list<const void*> rows) {
-        k.require(C % 8 == 0 && C <= 256 * nv && C > 256 * below,
-                  fmt::format("C {} is not a multiple of 8 in (256 x {}, 256 x {}]", C, below, nv));
-        for (const void* p : rows) {
-          k.require(p == nullptr || reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
-                    "a row pointer is not 16-byte aligned");
-        }
+        require_row_pieces(k, C, nv, below, rows);
       };
       twin<S*, float*, S*, const S*, const S*, const S*, int, int, float>(
           sig("void " + kNs + "rmsnorm_forward_vec_kernel<$S, " + std::to_string(nv) +
