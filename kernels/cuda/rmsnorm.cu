@@ -70,19 +70,11 @@ __global__ void rmsnorm_forward_vec_kernel(S* out, float* rstd, S* res, const S*
   if (row >= N) return;
   const std::int64_t off = static_cast<std::int64_t>(row) * C;
   uint4 x[NV];
+  load_row_pieces<S, NV>(x, res, a, b, off, C, lane);
   float sumsq = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
-    const int c0 = (lane + 32 * j) * kPiece;
-    if (c0 >= C) continue;
-    x[j] = *reinterpret_cast<const uint4*>(a + off + c0);
-    if (b != nullptr) {
-      const uint4 xb = *reinterpret_cast<const uint4*>(b + off + c0);
-      S* pa = reinterpret_cast<S*>(&x[j]);
-#pragma unroll
-      for (int e = 0; e < kPiece; ++e) pa[e] = st<S>(ld(pa[e]) + piece_at<S>(xb, e));
-      *reinterpret_cast<uint4*>(res + off + c0) = x[j];
-    }
+    if ((lane + 32 * j) * kPiece >= C) continue;
 #pragma unroll
     for (int e = 0; e < kPiece; ++e) {
       const float v = piece_at<S>(x[j], e);

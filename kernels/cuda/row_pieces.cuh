@@ -20,6 +20,27 @@ __device__ __forceinline__ float piece_at(const uint4& piece, int e) {
   return ld(reinterpret_cast<const S*>(&piece)[e]);
 }
 
+// A lane's pieces of the row at element offset `off`: of a, or with b of res = a + b, each
+// element rounded to S as residual_forward rounds it and the pieces stored to res (the fused
+// residual add of residual_layernorm_forward / residual_rmsnorm_forward).
+template <typename S, int NV>
+__device__ __forceinline__ void load_row_pieces(uint4 (&x)[NV], S* res, const S* a, const S* b,
+                                                std::int64_t off, int C, int lane) {
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int c0 = (lane + 32 * j) * kPiece;
+    if (c0 >= C) continue;
+    x[j] = *reinterpret_cast<const uint4*>(a + off + c0);
+    if (b != nullptr) {
+      const uint4 xb = *reinterpret_cast<const uint4*>(b + off + c0);
+      S* pa = reinterpret_cast<S*>(&x[j]);
+#pragma unroll
+      for (int e = 0; e < kPiece; ++e) pa[e] = st<S>(ld(pa[e]) + piece_at<S>(xb, e));
+      *reinterpret_cast<uint4*>(res + off + c0) = x[j];
+    }
+  }
+}
+
 template <typename F, int... Widths>
 bool with_width_at_least(int needed, F&& f, std::integer_sequence<int, Widths...>) {
   bool called = false;
