@@ -673,6 +673,7 @@ class Parser {
     o.buffer_count = get_small_int(path + ".buffer_count", default_buffer_count);
     o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
     o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
+    o.ratio = get_number(path + ".ratio", 1.0);
     if (o.device == OffloadDevice::kNvme) {
       error(ProblemKind::kUnsupported, path + ".device",
             o.nvme_path.empty() ? "nvme offload needs nvme_path"
@@ -782,6 +783,21 @@ class Parser {
     if (config_.offload_optimizer.enabled() && e.stage == 0 && stage_known) {
       fail(z + "offload_optimizer", "optimizer offload needs stage 1, 2 or 3 (stage is 0)");
     }
+    // Partial offload (DeepSpeed's ZeRO-Offload++): DeepSpeed allows it at stage 3 only.
+    const std::string ratio_key = z + "offload_optimizer.ratio";
+    if (config_.offload_optimizer.ratio < 1.0 && !is_rejected(ratio_key)) {
+      if (!config_.offload_optimizer.enabled() && !is_rejected(z + "offload_optimizer.device")) {
+        warn(ratio_key, "ignored: offload_optimizer.device is none");
+      } else if (config_.offload_optimizer.enabled() && e.stage != 3 && stage_known) {
+        fail(ratio_key, fmt::format("partial optimizer offload (ratio < 1) needs stage 3 (stage "
+                                    "is {}); set stage 3 or ratio 1",
+                                    e.stage));
+      } else if (config_.offload_optimizer.enabled() && config_.offload_param.enabled()) {
+        fail(ratio_key,
+             "partial optimizer offload (ratio < 1) with offload_param is not supported: "
+             "parameter offload keeps every unit's state in host memory; set ratio 1");
+      }
+    }
     if (config_.offload_param.enabled() && !config_.offload_optimizer.enabled() &&
         !is_rejected(z + "offload_optimizer.device")) {
       fail(z + "offload_param",
@@ -790,6 +806,7 @@ class Parser {
     }
     e.offload_optimizer.enabled = config_.offload_optimizer.enabled();
     e.offload_optimizer.pin_memory = config_.offload_optimizer.pin_memory;
+    e.offload_optimizer.ratio = config_.offload_optimizer.ratio;
     e.offload_param.enabled = config_.offload_param.enabled();
     e.offload_param.pin_memory = config_.offload_param.pin_memory;
   }
@@ -1211,6 +1228,8 @@ json resolved_document(const Config& c) {
     zero[name]["device"] = offload_device_name(offload->device);
     zero[name]["pin_memory"] = offload->pin_memory;
   }
+  if (c.offload_optimizer.ratio < 1.0)
+    zero["offload_optimizer"]["ratio"] = c.offload_optimizer.ratio;
 
   json& optimizer = out["optimizer"];
   const AdamOptions& adam = c.optimizer.adam;

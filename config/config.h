@@ -110,6 +110,7 @@ struct OffloadConfig {
   int buffer_count = 0;                  // DeepSpeed: 4 (optimizer), 5 (param)
   std::int64_t buffer_size = 100000000;  // param only
   std::int64_t max_in_cpu = 1000000000;  // param only
+  double ratio = 1.0;                    // optimizer only: the share offloaded (stage 3)
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

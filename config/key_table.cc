@@ -232,10 +232,9 @@ std::vector<KeyInfo> build_table() {
         "Page-locked host buffers (needed for overlapped copies)"),
       K("zero_optimization.offload_optimizer.buffer_count", I, kInt, "4", "nvme buffer count")
           .range(0),
-      K("zero_optimization.offload_optimizer.ratio", E, kNumber, "1",
-        "Fraction of the optimizer offloaded (partial offload)")
-          .range(0, 1)
-          .off("1"),
+      K("zero_optimization.offload_optimizer.ratio", I, kNumber, "1",
+        "Share of the optimizer state offloaded (stage 3; the rest steps on the device)")
+          .range(0, 1),
       K("zero_optimization.offload_optimizer.fast_init", W, kBool, "false",
         "nvme initialisation shortcut")
           .off("false"),

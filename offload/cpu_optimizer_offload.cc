@@ -44,6 +44,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       options_(context.options),
       rank_(context.rank),
       offload_param_(context.options.offload_param.enabled),
+      offloaded_(context.offloaded),
       trace_name_(lower(context.optimizer.spec().family)),
       host_optimizer_(context.optimizer.make_host_optimizer()) {
   ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
@@ -51,12 +52,21 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
   const DType cdt = options_.compute_dtype;
   const DType adt = options_.grad_accum_dtype;
   const bool sharded_params = options_.stage == 3;
+  ZRT_CHECK(offloaded_.size() == plan_.units().size(),
+            "optimizer offload: {} placement flags for {} units", offloaded_.size(),
+            plan_.units().size());
   std::int64_t max_shard = 0;
   units_.resize(plan_.units().size());
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const Unit& unit = plan_.unit(static_cast<int>(u));
-    max_shard = std::max(max_shard, unit.shard);
     HostUnit& h = units_[u];
+    // Every unit's final gradient reaches gradient_reduced() (for the norm); a unit whose state
+    // stays on the device (partial offload) has nothing else here.
+    h.comm_point = device_.create_event();
+    h.d2h_done = device_.create_event();
+    h.params_ready = device_.create_event();
+    if (!offloaded_[u]) continue;
+    max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
     // The fp32 state never touches the device.
     h.master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
@@ -73,13 +83,11 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     h.grad = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
                               name + " grad slice (offloaded)", host_space(false));
     std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
-    h.comm_point = device_.create_event();
-    h.d2h_done = device_.create_event();
-    h.params_ready = device_.create_event();
   }
   copy_ = device_.create_stream("copy");
   cpu_optimizer_ = device_.create_host_stream("cpu-optimizer");
-  for (int i = 0; i < options_.offload_staging_buffers; ++i) {
+  // (No offloaded unit, offload_optimizer.ratio 0: nothing goes up from here.)
+  for (int i = 0; max_shard > 0 && i < options_.offload_staging_buffers; ++i) {
     staging_.push_back(device_.allocate(bytes_of(max_shard, cdt), MemCategory::kWorkspace,
                                         fmt::format("offload staging buffer {}", i),
                                         host_space(false)));
@@ -113,6 +121,8 @@ void CpuOptimizerOffload::synchronize() {
 }
 
 float* CpuOptimizerOffload::state_array(int u, int a) {
+  ZRT_CHECK(offloaded_[static_cast<std::size_t>(u)],
+            "state_array({}): the unit's state is on the device (partial offload)", u);
   HostUnit& h = units_[static_cast<std::size_t>(u)];
   return a == 0 ? h.master.host<float>() : h.state[static_cast<std::size_t>(a - 1)].host<float>();
 }
@@ -133,6 +143,21 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
   const DType adt = options_.grad_accum_dtype;
   h.comm_point->record(comm_);
   copy_->wait(*h.comm_point);
+  if (!offloaded_[static_cast<std::size_t>(u)]) {
+    // Partial offload, a unit the device steps: only its sum of squares comes down, so the norm
+    // adds every unit's in one order whichever side steps it.
+    ZRT_CHECK(!offload_param_ && final && type == adt,
+              "unit {} is stepped on the device: a final slice in grad_accum_dtype expected", u);
+    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
+    const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
+    device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
+    engine_kernels::add_sum_squares(device_, *copy_, reduced, adt, unit.shard, norm);
+    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
+                         sizeof(float), *copy_);
+    norm_span.end();
+    h.d2h_done->record(*copy_);
+    return;
+  }
   // `grad` is the previous step's input to the CPU optimizer until it is done with it.
   std::shared_future<void> consumed = h.cpu_done;
   copy_->host_callback([consumed] {
@@ -230,6 +255,7 @@ std::shared_future<void> CpuOptimizerOffload::run_between_updates(std::function<
 
 void CpuOptimizerOffload::skip_update() {
   for (HostUnit& h : units_) {
+    if (h.grad.empty()) continue;  // stepped on the device
     std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
   }
 }
@@ -242,6 +268,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
   int slot_cursor = 0;
   for (int u : forward_order_) {
+    if (!offloaded_[static_cast<std::size_t>(u)]) continue;  // the engine steps it on the device
     HostUnit& h = units_[static_cast<std::size_t>(u)];
     const Unit& unit = plan_.unit(u);
     auto done = std::make_shared<std::promise<void>>();

@@ -78,7 +78,8 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   const EngineOptions& options_;
   int rank_;
   bool offload_param_;
-  std::string trace_name_;  // the optimizer in trace spans: "adam", "lion"
+  std::vector<bool> offloaded_;  // per unit: its state is here (else the device steps it)
+  std::string trace_name_;       // the optimizer in trace spans: "adam", "lion"
   std::unique_ptr<HostOptimizer> host_optimizer_;
   std::unique_ptr<Stream> copy_;              // device <-> host copies
   std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer

@@ -44,8 +44,10 @@ std::vector<std::vector<HostBytes>> engine_state_view(ZeroEngine& engine) {
 }
 
 HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {
+  // Pinned for the device-resident state's DMA (none of it with full optimizer offload).
+  const OffloadOptions& offload = engine.options().offload_optimizer;
   const bool pinned =
-      device.type() == DeviceType::kCuda && !engine.options().offload_optimizer.enabled;
+      device.type() == DeviceType::kCuda && (!offload.enabled || offload.ratio < 1.0);
   return [&device, pinned](std::int64_t bytes) {
     auto buffer = std::make_shared<Buffer>(
         device.allocate(bytes, MemCategory::kOther, "checkpoint snapshot",

@@ -36,6 +36,9 @@ struct OffloadContext {
   const EngineOptions& options;
   const DeviceOptimizer& optimizer;  // its make_host_optimizer() steps the host state
   int rank;                          // the slice this rank owns
+  // Per unit: its state is in host memory (offloaded[u]) or stays on the device, stepped there
+  // by the engine (partial offload, UnitSchedule::offloaded_units).
+  const std::vector<bool>& offloaded;
 };
 
 class OptimizerOffload {
@@ -43,7 +46,8 @@ class OptimizerOffload {
   virtual ~OptimizerOffload() = default;
 
   // ---- placement: the state in host memory, plan().unit(u).shard floats per array ----
-  // State array `a` of unit u: 0 the fp32 master weights, then the optimizer's named states.
+  // State array `a` of offloaded unit u: 0 the fp32 master weights, then the optimizer's named
+  // states.
   virtual float* state_array(int u, int a) = 0;
   // Parameter offload: unit u's compute-dtype parameter slice in host memory; null where the
   // slice lives on the device (no parameter offload, or stage 3's persistent unit).
@@ -54,6 +58,8 @@ class OptimizerOffload {
   // Without parameter offload it is the step's final gradient (`final`) in grad_accum_dtype and
   // goes down once; with it every micro-batch's slice goes down and is accumulated on the host,
   // and `bucket_read` is recorded once the slice has been read (the device buffer may go).
+  // Called for every unit: of a unit whose state stays on the device (partial offload) only
+  // the sum of squares is taken, so the norm is summed over all units in one order.
   virtual void gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type, bool final,
                                 Event* bucket_read) = 0;
 
@@ -61,14 +67,15 @@ class OptimizerOffload {
   // This rank's squared gradient norm: each unit's sum of squares (taken as its final gradient
   // arrived) added in fp32 in unit order, as the device path adds them. Waits for the copies.
   virtual float local_norm_squared() = 0;
-  // Enqueues the update of every unit (1-based `step`, learning rate `lr`, gradients scaled by
-  // `factor`) on the CPU optimizer's thread, in the order the next forward needs them, and the
-  // copy of each updated compute-dtype slice to `destination(u)` (units with host parameters
-  // are written in place instead). Returns at once.
+  // Enqueues the update of every offloaded unit (1-based `step`, learning rate `lr`, gradients
+  // scaled by `factor`) on the CPU optimizer's thread, in the order the next forward needs them,
+  // and the copy of each updated compute-dtype slice to `destination(u)` (units with host
+  // parameters are written in place instead). Returns at once.
   virtual void update(std::int64_t step, double lr, double factor,
                       const std::function<DevicePtr<std::byte>(int u)>& destination) = 0;
-  // Recorded on the copy stream once unit u's updated slice reached the device (never recorded
-  // before the first update: waiting on it is then no wait).
+  // Recorded on the copy stream once offloaded unit u's updated slice reached the device (never
+  // recorded before the first update, nor for a unit stepped on the device: waiting on it is
+  // then no wait).
   virtual const Event& params_ready(int u) const = 0;
   // Parameter offload: `stream` waits until the CPU optimizer has written unit u's host slice.
   virtual void wait_for_update(int u, Stream& stream) = 0;

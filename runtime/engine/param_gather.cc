@@ -25,8 +25,9 @@ void ZeroEngine::issue_gather(int u) {
   const Unit& unit = plan_.unit(u);
   const DType cdt = options_.compute_dtype;
   allocate_gathered(u);
-  // With optimizer offload the updated slice comes on the copy stream.
-  if (offload_) comm_.wait(offload_->params_ready(u));
+  // With optimizer offload the updated slice comes on the copy stream (a unit the device steps
+  // is ordered by allocate_gathered's wait on the compute stream).
+  if (state_on_host(u)) comm_.wait(offload_->params_ready(u));
   DevicePtr<std::byte> mine = s.gathered.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
   if (void* host_params = offload_ ? offload_->host_params(u) : nullptr) {
     // Parameter offload: the slice comes up from host memory into its place in the gathered

@@ -252,6 +252,19 @@ std::vector<int> UnitSchedule::forward_order(const PartitionPlan& plan) {
   return order;
 }
 
+std::vector<bool> UnitSchedule::offloaded_units(const PartitionPlan& plan, double ratio) {
+  ZRT_CHECK(ratio >= 0.0 && ratio <= 1.0, "offload ratio {} outside [0, 1]", ratio);
+  std::vector<bool> offloaded(plan.units().size(), false);
+  const std::vector<int> order = forward_order(plan);
+  const double wanted = ratio * static_cast<double>(plan.total_shard());
+  std::int64_t taken = 0;
+  for (auto it = order.rbegin(); it != order.rend() && static_cast<double>(taken) < wanted; ++it) {
+    offloaded[static_cast<std::size_t>(*it)] = true;
+    taken += plan.unit(*it).shard;
+  }
+  return offloaded;
+}
+
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
                              const ScheduleOptions& options, const std::vector<bool>& recomputed) {
   ZRT_CHECK(static_cast<int>(recomputed.size()) == num_modules,

@@ -106,6 +106,14 @@ class UnitSchedule {
   // The units in the order the next forward needs them (of their first module), which is the
   // order an offloaded step updates them in.
   static std::vector<int> forward_order(const PartitionPlan& plan);
+  // Partial optimizer offload (offload_optimizer.ratio, DeepSpeed's ZeRO-Offload++): which
+  // units' fp32 state goes to host memory. They are the last units of forward_order(), the
+  // fewest whose slices hold at least `ratio` of the rank's elements, so the device never keeps
+  // more than 1 - ratio of the state. The next forward starts on the units the device updated
+  // at once while the CPU steps the rest, and in the backward their gradients are the first to
+  // go down. Counted in slice elements, which every rank has alike: the split is the same on
+  // every rank. ratio 1: every unit; 0: none.
+  static std::vector<bool> offloaded_units(const PartitionPlan& plan, double ratio);
 
  private:
   bool sharded() const { return options_.stage == 3; }

@@ -23,7 +23,8 @@ void ZeroEngine::allocate_state() {
     max_unit = std::max(max_unit, unit.numel);
     auto s = std::make_unique<UnitState>();
     const std::string name = fmt::format("unit {}", u);
-    if (!offload_optimizer()) {  // offloaded, the fp32 state never touches the device
+    if (!state_on_host(
+            static_cast<int>(u))) {  // offloaded, the fp32 state never touches the device
       s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                    name + " fp32 master");
       for (const std::string& state : optimizer_.spec().state_names) {
@@ -151,7 +152,7 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
     const int u = static_cast<int>(ui);
     const Unit& unit = plan_.unit(u);
     UnitState& s = *units_[ui];
-    if (offload_) {
+    if (state_on_host(u)) {
       // Host state: filled in place (a 7B model's is ~100 GB; a copy through temporaries doubled
       // the passes over it); the compute-dtype copy goes up through a host buffer.
       for (std::size_t a = 0; a < arrays.size(); ++a) {
@@ -215,7 +216,7 @@ void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
             schedule_.micro_batch());
   check_state_arrays(out, "copy_state_out()");
   const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
-  if (offload_) {
+  if (state_on_host(u)) {
     offload_->synchronize();  // the CPU optimizer may still be writing the state
     for (std::size_t a = 0; a < out.size(); ++a) {
       std::memcpy(out[a], offload_->state_array(u, static_cast<int>(a)), bytes);
@@ -234,23 +235,20 @@ std::vector<std::vector<const float*>> ZeroEngine::host_state() {
             schedule_.micro_batch());
   const std::size_t arrays = static_cast<std::size_t>(state_array_count());
   std::vector<std::vector<const float*>> out(units_.size());
-  if (offload_) {
-    offload_->synchronize();  // the CPU optimizer may still be writing the state
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      for (std::size_t a = 0; a < arrays; ++a) {
-        out[u].push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
-      }
-    }
-    return out;
-  }
+  if (offload_) offload_->synchronize();  // the CPU optimizer may still be writing the state
   for (std::size_t u = 0; u < units_.size(); ++u) {
+    const int unit = static_cast<int>(u);
     for (std::size_t a = 0; a < arrays; ++a) {
-      const void* p = device_.host_address(device_state(static_cast<int>(u), a));
-      if (p == nullptr) return {};
+      if (state_on_host(unit)) {
+        out[u].push_back(offload_->state_array(unit, static_cast<int>(a)));
+        continue;
+      }
+      const void* p = device_.host_address(device_state(unit, a));
+      if (p == nullptr) return {};  // in a GPU's memory
       out[u].push_back(static_cast<const float*>(p));
     }
   }
-  compute_.synchronize();  // the last optimizer step's updates are enqueued there
+  compute_.synchronize();  // the last optimizer step's device updates are enqueued there
   return out;
 }
 
@@ -268,25 +266,37 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
     at += plan_.unit(static_cast<int>(u)).shard;
     bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
   }
+  bool on_device = false;
   if (offload_) {
     // Host state, written only by the CPU optimizer's thread: the copy goes after its last
     // update in that thread's queue, and the next step's updates after the copy.
+    std::vector<std::size_t> host_units;
     std::vector<const float*> sources;
     for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (!state_on_host(static_cast<int>(u))) {
+        on_device = true;
+        continue;
+      }
+      host_units.push_back(u);
       for (std::size_t a = 0; a < arrays; ++a) {
         sources.push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
       }
     }
-    host_state_copied_ = offload_->run_between_updates([=, before = std::move(before)] {
+    // `before` runs once, ahead of the first copy: here, or on the device copy's stream below.
+    std::function<void()> host_before = on_device ? std::function<void()>{} : std::move(before);
+    host_state_copied_ = offload_->run_between_updates([=, before = std::move(host_before)] {
       if (before) before();
-      for (std::size_t u = 0; u < bytes.size(); ++u) {
+      for (std::size_t i = 0; i < host_units.size(); ++i) {
+        const std::size_t u = host_units[i];
         for (std::size_t a = 0; a < arrays; ++a) {
-          std::memcpy(out[a] + offsets[u], sources[arrays * u + a], bytes[u]);
+          std::memcpy(out[a] + offsets[u], sources[arrays * i + a], bytes[u]);
         }
       }
     });
-    return;
+    if (!on_device) return;
   }
+  // Device-resident state (all of it without offload; with partial offload the units the
+  // device steps), copied on a stream of its own after the last update on the compute stream.
   if (!state_copy_stream_) {
     state_copy_stream_ = device_.create_stream("state copy");
     state_copied_ = device_.create_event();
@@ -297,6 +307,7 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
   stream.wait(*state_updated_);
   if (before) stream.host_callback(std::move(before));
   for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (state_on_host(static_cast<int>(u))) continue;
     for (std::size_t a = 0; a < arrays; ++a) {
       device_.copy_to_host(out[a] + offsets[u], device_state(static_cast<int>(u), a), bytes[u],
                            stream);
@@ -311,8 +322,9 @@ void ZeroEngine::wait_state_copy() {
 }
 
 void ZeroEngine::order_update_after_state_copy() {
-  // The offloaded copy is ordered by the CPU optimizer's queue (run_between_updates).
-  if (state_copied_ && !offload_) compute_.wait(*state_copied_);
+  // The offloaded copy is ordered by the CPU optimizer's queue (run_between_updates); the
+  // device-resident state's copy (none with full offload) by its event.
+  if (state_copied_) compute_.wait(*state_copied_);
 }
 
 std::vector<float> ZeroEngine::full_parameter(int param) {
@@ -321,7 +333,7 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
   std::vector<float> out(static_cast<std::size_t>(pl.numel));
   compute_.synchronize();
   if (offload_) offload_->synchronize();  // the master is being written
-  const float* host_master = offload_ ? offload_->state_array(pl.unit, 0) : nullptr;
+  const float* host_master = state_on_host(pl.unit) ? offload_->state_array(pl.unit, 0) : nullptr;
   if (partition_world() == 1) {
     if (host_master != nullptr) {
       std::memcpy(out.data(), host_master + pl.offset, out.size() * 4);

@@ -159,13 +159,42 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!quantizes || !offload_param(),
             "zero_quantized_weights / zero_quantized_gradients with offload_param are not "
             "supported");
+  const double ratio = options.offload_optimizer.ratio;
+  ZRT_CHECK(ratio >= 0.0 && ratio <= 1.0,
+            "offload_optimizer.ratio is {}: the share of the optimizer state offloaded, 0..1",
+            ratio);
+  ZRT_CHECK(!offload_optimizer() || ratio == 1.0 || options.stage == 3,
+            "offload_optimizer.ratio {} (partial offload) needs ZeRO stage 3 (stage is {})", ratio,
+            options.stage);
+  ZRT_CHECK(!offload_param() || ratio == 1.0,
+            "offload_optimizer.ratio {} with offload_param: parameter offload keeps every unit's "
+            "state in host memory; set ratio 1",
+            ratio);
   check_hpz(options, group, replicas, secondary);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   if (offload_optimizer()) {
-    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_});
+    state_on_host_ = UnitSchedule::offloaded_units(plan_, ratio);
+    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_,
+                                      state_on_host_});
+  } else {
+    state_on_host_.assign(plan_.units().size(), false);
   }
   allocate_state();
+  if (offload_ && ratio < 1.0) {
+    std::int64_t host = 0;
+    int units = 0;
+    for (std::size_t u = 0; u < state_on_host_.size(); ++u) {
+      if (!state_on_host_[u]) continue;
+      host += plan_.unit(static_cast<int>(u)).shard;
+      ++units;
+    }
+    spdlog::info(
+        "partial optimizer offload (ratio {}): {} of {} units, {:.1f}% of the state, in "
+        "host memory; the rest steps on the device",
+        ratio, units, state_on_host_.size(),
+        100.0 * static_cast<double>(host) / static_cast<double>(plan_.total_shard()));
+  }
   spdlog::debug("engine: stage {}, {}{}{}", options_.stage, plan_.describe(),
                 replicas_ != nullptr
                     ? fmt::format(", shards replicated over {} groups", replicas_->size())
@@ -302,52 +331,53 @@ StepResult ZeroEngine::step(double lr) {
     }
     ++optimizer_steps_;
     if (offload_) {
-      // The CPU steps the units in forward order; each goes up, then stages 1-2 (and stage 3's
-      // persistent unit) all-gather it. The compute stream waits for each unit in acquire(),
-      // not for all of them here.
+      // The CPU steps the offloaded units in forward order; each goes up (the compute stream
+      // waits for each unit in acquire(), not for all of them here).
       offload_->update(optimizer_steps_, lr, factor, [this](int u) { return owned_params_of(u); });
-      for (int u : UnitSchedule::forward_order(plan_)) {
-        if (sharded_params() && !plan_.unit(u).persistent) continue;
-        publish_updated(u, &offload_->params_ready(u));
-      }
-    } else {
-      std::vector<OptimizerDeviceSlice> slices;
-      for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-        const int u = static_cast<int>(ui);
-        const Unit& unit = plan_.unit(u);
-        UnitState& s = *units_[ui];
-        DevicePtr<std::byte> out = owned_params_of(u);
-        for (int p : unit.params) {
-          const auto range = plan_.owned_range(p, rank_);
-          if (range.count == 0) continue;
-          OptimizerDeviceSlice slice;
-          slice.param = s.master.device<float>() + range.slice_offset;
-          for (std::size_t k = 0; k < s.state.size(); ++k) {
-            slice.state[k] = s.state[k].device<float>() + range.slice_offset;
-          }
-          slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
-          slice.grad_dtype = options_.grad_accum_dtype;
-          slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
-          slice.out_dtype = options_.compute_dtype;
-          slice.numel = range.count;
-          slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
-          slices.push_back(slice);
+    }
+    // The units whose state is on the device (all without offload; with partial offload the
+    // first units of the forward, so the next forward starts on them at once).
+    std::vector<OptimizerDeviceSlice> slices;
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const int u = static_cast<int>(ui);
+      if (state_on_host_[ui]) continue;
+      const Unit& unit = plan_.unit(u);
+      UnitState& s = *units_[ui];
+      DevicePtr<std::byte> out = owned_params_of(u);
+      for (int p : unit.params) {
+        const auto range = plan_.owned_range(p, rank_);
+        if (range.count == 0) continue;
+        OptimizerDeviceSlice slice;
+        slice.param = s.master.device<float>() + range.slice_offset;
+        for (std::size_t k = 0; k < s.state.size(); ++k) {
+          slice.state[k] = s.state[k].device<float>() + range.slice_offset;
         }
+        slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
+        slice.grad_dtype = options_.grad_accum_dtype;
+        slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
+        slice.out_dtype = options_.compute_dtype;
+        slice.numel = range.count;
+        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+        slices.push_back(slice);
       }
-      {
-        const std::string what = optimizer_trace_name() + " (all units)";
-        TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
-        optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
-      }
-      // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them.
-      if (options_.stage >= 1) {
+    }
+    if (!slices.empty()) {
+      const std::string what =
+          optimizer_trace_name() + (offload_ ? " (units on the device)" : " (all units)");
+      TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
+      optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
+    }
+    // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them,
+    // in the next forward's order; the compute stream waits for each unit in acquire().
+    if (options_.stage >= 1) {
+      if (!slices.empty() || !offload_) {  // after the device's update
         compute_done_->record(compute_);
         comm_.wait(*compute_done_);
-        // In the next forward's order; the compute stream waits for each unit in acquire().
-        for (int u : UnitSchedule::forward_order(plan_)) {
-          if (sharded_params() && !plan_.unit(u).persistent) continue;
-          publish_updated(u, nullptr);
-        }
+      }
+      for (int u : UnitSchedule::forward_order(plan_)) {
+        if (sharded_params() && !plan_.unit(u).persistent) continue;
+        publish_updated(
+            u, state_on_host_[static_cast<std::size_t>(u)] ? &offload_->params_ready(u) : nullptr);
       }
     }
   } else {

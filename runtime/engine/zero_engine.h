@@ -45,6 +45,9 @@ namespace zrt {
 struct OffloadOptions {
   bool enabled = false;
   bool pin_memory = true;  // false: pageable host memory (hosts with a low `ulimit -l`)
+  // offload_optimizer only (stage 3): the share of the optimizer state in host memory, the
+  // rest stays on the device and the device steps it (UnitSchedule::offloaded_units).
+  double ratio = 1.0;
 };
 
 struct EngineOptions {
@@ -210,6 +213,9 @@ class ZeroEngine final : public ParamAccess {
   Stream* copy_stream() const { return offload_ ? &offload_->copy_stream() : nullptr; }
   using OffloadStatus = OptimizerOffload::Status;
   OffloadStatus offload_status(int unit) const;
+  // Whether unit u's fp32 state is in the offload's host memory (every unit with full optimizer
+  // offload, the last ones of the forward with offload_optimizer.ratio < 1, none without).
+  bool state_on_host(int u) const { return state_on_host_[static_cast<std::size_t>(u)]; }
 
   // Timeline trace: from now on, the engine's work on every stream is recorded into `recorder`
   // as named spans ("forward module 2", "reduce_scatter unit 3", "d2h unit 3", "adam unit 3",
@@ -324,6 +330,9 @@ class ZeroEngine final : public ParamAccess {
   std::shared_future<void> host_state_copied_;
 
   std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
+  // Per unit: its fp32 state lives in the offload's host memory (every unit with full optimizer
+  // offload, some with offload_optimizer.ratio < 1, none without offload).
+  std::vector<bool> state_on_host_;
 };
 
 }  // namespace zrt

@@ -3,6 +3,7 @@
 // overlapping the copies (shown without timing); and a model that only fits with offload.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -211,4 +212,85 @@ TEST_CASE("a model that overflows a small device at stage 3 trains with offload"
   auto run = make_engine(with_offload(o, true), spec, small, {}, model);
   train_engine(*run, spec);
   for (const auto& r : run->results) CHECK_FALSE(r.skipped);
+}
+
+// Partial offload (offload_optimizer.ratio, stage 3): the units the device steps and those the
+// CPU steps give the same parameters and norms as plain stage 3, bit for bit; the split is the
+// forward's last units, the fewest that hold the ratio; the state's bytes are exactly where the
+// split says.
+TEST_CASE("partial offload (offload_optimizer.ratio) is bit-identical and splits the state") {
+  for (int accumulation : {1, 3}) {
+    TrainSpec spec;
+    spec.steps = 4;
+    spec.accumulation = accumulation;
+    spec.clip = 0.05;
+    auto plain = make_engine(base_options(3, accumulation), spec);
+    const auto expected = train_engine(*plain, spec);
+    for (double ratio : {0.0, 0.3, 0.5, 0.8, 1.0}) {
+      EngineOptions o = with_offload(base_options(3, accumulation), false);
+      o.offload_optimizer.ratio = ratio;
+      DeviceOptions delayed;  // the two sides' streams race: the result may not change
+      delayed.stream_delay_max_us = accumulation == 3 ? 150 : 0;
+      delayed.stream_delay_seed = 7;
+      auto run = make_engine(o, spec, delayed);
+      const auto got = train_engine(*run, spec);
+      INFO("G " << accumulation << " ratio " << ratio);
+      for (std::size_t p = 0; p < got.size(); ++p) {
+        INFO("parameter " << p);
+        REQUIRE(got[p] == expected[p]);
+      }
+      for (std::size_t i = 0; i < plain->results.size(); ++i) {
+        CHECK(run->results[i].grad_norm == plain->results[i].grad_norm);
+      }
+
+      // The split, from the plan by hand: walk the forward's order from its end.
+      const PartitionPlan& plan = run->engine->plan();
+      std::vector<int> order(plan.units().size());
+      for (std::size_t u = 0; u < order.size(); ++u) order[u] = static_cast<int>(u);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+        return plan.unit(a).modules.front() < plan.unit(b).modules.front();
+      });
+      std::int64_t host = 0, first_host_shard = 0;
+      bool suffix_started = false;
+      for (int u : order) {
+        const bool on_host = run->engine->state_on_host(u);
+        if (on_host && !suffix_started) first_host_shard = plan.unit(u).shard;
+        CHECK((!suffix_started || on_host));  // the offloaded units are a suffix
+        suffix_started = suffix_started || on_host;
+        if (on_host) host += plan.unit(u).shard;
+      }
+      const std::int64_t total = plan.total_shard();
+      CHECK(static_cast<double>(host) >= ratio * static_cast<double>(total));
+      if (host > 0) {  // the fewest: without its first unit the suffix falls short
+        CHECK(static_cast<double>(host - first_host_shard) < ratio * static_cast<double>(total));
+      }
+      if (ratio == 1.0) CHECK(host == total);
+      if (ratio == 0.0) CHECK(host == 0);
+
+      // fp32 master + two moments: 12 bytes per owned element, on the side that steps it.
+      const auto current = [&](MemorySpace space, MemCategory c) {
+        return run->device->tracker().usage(space).current[static_cast<int>(c)];
+      };
+      const auto state_bytes = [&](MemorySpace space) {
+        return current(space, MemCategory::kMaster) + current(space, MemCategory::kOptimizer);
+      };
+      CHECK(state_bytes(MemorySpace::kDevice) == 12 * (total - host));
+      CHECK(state_bytes(MemorySpace::kPinnedHost) == 12 * host);
+    }
+  }
+}
+
+TEST_CASE("partial offload is refused where DeepSpeed refuses it, and out of range") {
+  TrainSpec spec;
+  for (int stage : {1, 2}) {
+    EngineOptions o = with_offload(base_options(stage, 1), false);
+    o.offload_optimizer.ratio = 0.5;
+    CHECK_THROWS_WITH(make_engine(o, spec), Catch::Contains("needs ZeRO stage 3"));
+  }
+  EngineOptions o = with_offload(base_options(3, 1), true);
+  o.offload_optimizer.ratio = 0.5;
+  CHECK_THROWS_WITH(make_engine(o, spec), Catch::Contains("with offload_param"));
+  o = with_offload(base_options(3, 1), false);
+  o.offload_optimizer.ratio = 1.5;
+  CHECK_THROWS_WITH(make_engine(o, spec), Catch::Contains("0..1"));
 }

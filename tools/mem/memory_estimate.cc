@@ -31,6 +31,9 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
   o.stage = s.stage;
   o.offload_optimizer.enabled = s.offload_optimizer;
   o.offload_param.enabled = s.offload_param;
+  // Partial offload (offload_optimizer.ratio) exists only at stage 3 without parameter offload;
+  // the table's other offload rows are full offload.
+  if (!(s.stage == 3 && s.offload_optimizer && !s.offload_param)) o.offload_optimizer.ratio = 1.0;
   return o;
 }
 
@@ -45,6 +48,8 @@ struct UnitFigures {
   I64 max_unit = 0;            // largest unit, elements
   I64 max_shard = 0;           // largest slice, elements
   I64 max_gathered_shard = 0;  // stage 3: largest slice of a non-persistent unit (gathered)
+  I64 host_shard_total = 0;    // optimizer offload: elements of the offloaded units' slices
+  I64 host_max_shard = 0;      // optimizer offload: the largest offloaded slice
   I64 gathered_peak = 0;       // elements
   I64 secondary_peak = 0;      // elements (hpZ)
   I64 params_peak = 0;         // elements: gathered + secondary at once
@@ -169,6 +174,15 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
       f.max_gathered_shard = std::max(f.max_gathered_shard, u.shard);
     }
   }
+  if (o.offload_optimizer.enabled) {
+    const std::vector<bool> offloaded =
+        UnitSchedule::offloaded_units(plan, o.offload_optimizer.ratio);
+    for (std::size_t u = 0; u < offloaded.size(); ++u) {
+      if (!offloaded[u]) continue;
+      f.host_shard_total += plan.unit(static_cast<int>(u)).shard;
+      f.host_max_shard = std::max(f.host_max_shard, plan.unit(static_cast<int>(u)).shard);
+    }
+  }
   // The modules the model reruns under activation checkpointing (a GPT: its blocks).
   std::vector<bool> recomputed(static_cast<std::size_t>(model.num_modules), false);
   if (checkpointing && model.def) {
@@ -197,6 +211,11 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.max_shard = static_cast<I64>(std::llround(static_cast<double>(f.max_unit) / n));
   f.units.emplace_back(f.max_unit, f.max_shard);
   f.max_gathered_shard = f.max_shard;
+  if (o.offload_optimizer.enabled) {  // whole units cannot be told apart here: the share itself
+    f.host_shard_total = static_cast<I64>(
+        std::llround(o.offload_optimizer.ratio * static_cast<double>(f.shard_total)));
+    f.host_max_shard = f.host_shard_total > 0 ? f.max_shard : 0;
+  }
   if (o.stage >= 2) f.bucket_peak = f.max_unit;
   if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
   // hpZ: every unit's secondary shard is alive between the forward and the backward.
@@ -338,11 +357,12 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.grads = setting.offload_param ? 0 : f.shard_total * as;  // the owned slices
   }
   // The optimizer's fp32 state tensors per owned element (Adam 2, Lion 1).
-  const I64 optimizer_bytes = f.shard_total * 4 * in.optimizer.num_states();
-  if (!setting.offload_optimizer) {
-    e.master = f.shard_total * 4;
-    e.optimizer = optimizer_bytes;
-  }
+  // With optimizer offload the offloaded units' state is in host memory and the rest (partial
+  // offload, offload_optimizer.ratio < 1) on the device.
+  const I64 host_shard = setting.offload_optimizer ? f.host_shard_total : 0;
+  const I64 device_shard = f.shard_total - host_shard;
+  e.master = device_shard * 4;
+  e.optimizer = device_shard * 4 * in.optimizer.num_states();
   e.gathered_peak = f.gathered_peak * cs;
   e.secondary_peak = f.secondary_peak * cs;
   e.params_buffers_peak = f.params_peak * cs;
@@ -373,11 +393,11 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // Host memory (pinned or pageable, as the offload blocks say).
   CategoryBytes& h = e.host_per_rank;
   if (setting.offload_optimizer) {
-    at(h, MemCategory::kMaster) = f.shard_total * 4;
-    at(h, MemCategory::kOptimizer) = optimizer_bytes;
-    at(h, MemCategory::kGrads) = f.shard_total * as;
-    // Staging buffers carrying updated parameters up, one slice each.
-    at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.max_shard * cs;
+    at(h, MemCategory::kMaster) = host_shard * 4;
+    at(h, MemCategory::kOptimizer) = host_shard * 4 * in.optimizer.num_states();
+    at(h, MemCategory::kGrads) = host_shard * as;
+    // Staging buffers carrying updated parameters up, one offloaded slice each.
+    at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.host_max_shard * cs;
     at(h, MemCategory::kWorkspace) += unit_norms_bytes;
   }
   if (setting.offload_param) {
@@ -414,6 +434,7 @@ Inputs inputs_from_config(const Config& config) {
   in.engine = config.engine;
   in.engine.offload_optimizer.enabled = config.offload_optimizer.enabled();
   in.engine.offload_optimizer.pin_memory = config.offload_optimizer.pin_memory;
+  in.engine.offload_optimizer.ratio = config.offload_optimizer.ratio;
   in.engine.offload_param.enabled = config.offload_param.enabled();
   in.engine.offload_param.pin_memory = config.offload_param.pin_memory;
   in.micro_batch = static_cast<int>(config.batch.micro_batch_size);

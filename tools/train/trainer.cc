@@ -168,6 +168,7 @@ EngineOptions engine_options(const Config& config) {
   EngineOptions o = config.engine;
   o.offload_optimizer.enabled = config.offload_optimizer.enabled();
   o.offload_optimizer.pin_memory = config.offload_optimizer.pin_memory;
+  o.offload_optimizer.ratio = config.offload_optimizer.ratio;
   o.offload_param.enabled = config.offload_param.enabled();
   o.offload_param.pin_memory = config.offload_param.pin_memory;
   return o;
