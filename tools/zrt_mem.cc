@@ -48,6 +48,8 @@ options:
   --nodes N                 nodes the ranks are spread over (default 1; host figures per node)
   --stage S                 the setting printed in detail (default: the verdict's)
   --offload-optimizer cpu|none, --offload-param cpu|none
+  --offload-ratio R         offload_optimizer.ratio: the share of the optimizer state offloaded
+                            at stage 3 (default 1; the rest stays on the device)
   --micro-batch B           sequences per micro-batch (default 1)
   --seq T                   tokens per sequence (default: the model's seq_len; zrt-train trains
                             at the model's seq_len, so this also sets it)
@@ -110,6 +112,7 @@ int run(int argc, char** argv) {
                                              {"--stage", true},
                                              {"--offload-optimizer", true},
                                              {"--offload-param", true},
+                                             {"--offload-ratio", true},
                                              {"--micro-batch", true},
                                              {"--seq", true},
                                              {"--dtype", true},
@@ -177,6 +180,8 @@ int run(int argc, char** argv) {
   if (args.count("--offload-optimizer"))
     in.engine.offload_optimizer.enabled =
         parse_offload("--offload-optimizer", args["--offload-optimizer"]);
+  if (args.count("--offload-ratio"))
+    in.engine.offload_optimizer.ratio = parse_number("--offload-ratio", args["--offload-ratio"]);
   if (args.count("--offload-param"))
     in.engine.offload_param.enabled = parse_offload("--offload-param", args["--offload-param"]);
   if (args.count("--micro-batch"))

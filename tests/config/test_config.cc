@@ -506,6 +506,20 @@ const BadConfig kBadConfigs[] = {
      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
      "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer too "
      "(zrt keeps offloaded parameter slices beside the optimizer state in host memory)"},
+    {"partial offload below stage 3", true,
+     R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
+     "bad.json: zero_optimization.offload_optimizer.ratio: partial optimizer offload (ratio < 1) "
+     "needs stage 3 (stage is 2); set stage 3 or ratio 1"},
+    {"partial offload with parameter offload", true,
+     R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+                               "offload_param": {"device": "cpu"}}})",
+     "bad.json: zero_optimization.offload_optimizer.ratio: partial optimizer offload (ratio < 1) "
+     "with offload_param is not supported: parameter offload keeps every unit's state in host "
+     "memory; set ratio 1"},
+    {"offload ratio above 1", true,
+     R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 1.5}}})",
+     "bad.json: zero_optimization.offload_optimizer.ratio: 1.5 is out of range; expected a "
+     "number in [0, 1]"},
     {"nvme without nvme_path", true,
      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
      "bad.json: zero_optimization.offload_param.device: nvme offload needs nvme_path"},
@@ -954,6 +968,23 @@ TEST_CASE("mics_shard_size: hierarchical sharding where it divides the world", "
               R"({"train_batch_size": 16, "zero_optimization": {"stage": 2, "mics_shard_size": -1}})"),
           4)
           .engine.mics_shard_size == 0);
+}
+
+TEST_CASE("offload_optimizer.ratio: partial offload at stage 3, in the resolved document",
+          "[config]") {
+  const Config c = parse_doc(patched(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu", "ratio": 0.25}}})"));
+  CHECK(c.offload_optimizer.ratio == 0.25);
+  CHECK(c.engine.offload_optimizer.ratio == 0.25);
+  const json resolved = resolved_document(c);
+  CHECK(resolved["zero_optimization"]["offload_optimizer"]["ratio"] == 0.25);
+  CHECK(parse_config(resolved, c.batch.world_size, "resolved.json").offload_optimizer.ratio ==
+        0.25);
+  // Without offload the ratio has nothing to split: a warning, no error.
+  const Config off = parse_doc(patched(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "none", "ratio": 0.5}}})"));
+  REQUIRE(off.warnings.size() == 1);
+  CHECK(off.warnings[0].find("offload_optimizer.ratio: ignored") != std::string::npos);
 }
 
 TEST_CASE("zero_hpz_partition_size: hpZ groups at stage 3, not with MiCS", "[config]") {

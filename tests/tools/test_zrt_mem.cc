@@ -94,6 +94,25 @@ TEST_CASE("offload moves master, moments and gradient slices to the host of each
   CHECK(s2.model_state() == 15'000'000'000 + 234'375'000);
 }
 
+TEST_CASE("partial offload (ratio) splits the fp32 state; only stage 3's row has it") {
+  Inputs in = paper_inputs();  // Ψ = 7.5B over N = 64: 117'187'500 elements a rank
+  in.engine.offload_optimizer.ratio = 0.25;
+  const Estimate e = estimate(in, Setting{3, true, false});
+  // The formula path has no units to round to: the share itself.
+  const std::int64_t host = 29'296'875;  // 0.25 x 117'187'500
+  CHECK(at(e.host_per_rank, MemCategory::kMaster) == 4 * host);
+  CHECK(at(e.host_per_rank, MemCategory::kOptimizer) == 8 * host);
+  CHECK(at(e.host_per_rank, MemCategory::kGrads) == 2 * host);
+  CHECK(e.master == 4 * (117'187'500 - host));
+  CHECK(e.optimizer == 8 * (117'187'500 - host));
+  CHECK(in.name(Setting{3, true, false}) == "stage 3 + optimizer offload (ratio 0.25)");
+  // DeepSpeed has partial offload at stage 3 only: the other offload rows are full offload.
+  const Estimate s2 = estimate(in, Setting{2, true, false});
+  CHECK(s2.master == 0);
+  CHECK(in.name(Setting{2, true, false}) == "stage 2 + optimizer offload");
+  CHECK(estimate(in, Setting{3, true, true}).master == 0);
+}
+
 TEST_CASE("with a model: the per-stage formulas in the padded size P, exactly") {
   const ModelSpec model = model_spec(builtin_models().parse_spec("gpt2"));
   Inputs in;
@@ -343,6 +362,14 @@ TEST_CASE("zrt-mem with a model and with a config") {
   CHECK_THAT(xl, Catch::Contains("stage 3 + optimizer offload — per-rank device memory"));
   CHECK_THAT(xl, Catch::Contains("per-node host memory (4 ranks)"));
   CHECK_THAT(xl, Catch::Contains("verdict: "));
+  const std::string partial = run_tool(
+      "--model gpt2-xl --stage 3 --offload-optimizer cpu --offload-ratio 0.5 --device-gb 80",
+      &status);
+  INFO(partial);
+  CHECK(status == 0);
+  CHECK_THAT(partial,
+             Catch::Contains("stage 3 + optimizer offload (ratio 0.5) — per-rank device memory"));
+  CHECK_THAT(partial, Catch::Contains("1/1, the part not offloaded"));
   const std::string cfg = run_tool(
       std::string("--config ") + ZRT_SOURCE_DIR + "/configs/stage3.json --world 2", &status);
   INFO(cfg);
@@ -372,6 +399,9 @@ TEST_CASE("zrt-mem rejects bad usage with a message naming the problem") {
       run_tool("--params 1e9 --stage 2 --offload-optimizer cpu --offload-param cpu", &status),
       Catch::Contains("parameter offload needs ZeRO stage 3"));
   CHECK_THAT(run_tool("--params 1e9 --seq 128", &status), Catch::Contains("--seq needs a model"));
+  CHECK_THAT(
+      run_tool("--params 1e9 --stage 3 --offload-optimizer cpu --offload-ratio 1.5", &status),
+      Catch::Contains("--offload-ratio must be in [0, 1], not 1.5"));
   CHECK_THAT(run_tool("--config /nonexistent.json", &status), Catch::Contains("/nonexistent.json"));
   CHECK(status == 1);
 }

@@ -105,6 +105,9 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   o.stage = setting.stage;
   o.offload_optimizer.enabled = setting.offload_optimizer;
   o.offload_param.enabled = setting.offload_param;
+  if (!(o.stage == 3 && setting.offload_optimizer && !setting.offload_param)) {
+    o.offload_optimizer.ratio = 1.0;  // partial offload is a stage-3 setting (as zrt-mem has it)
+  }
   // hpZ: the secondary shards' group, blocks of S consecutive ranks (as zrt-train makes it).
   std::unique_ptr<ProcessGroup> hpz;
   if (o.stage == 3 && o.hpz_partition_size > 1) {
@@ -224,6 +227,36 @@ TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, check
                       static_cast<long long>(host_measured));
         }
       }
+    }
+  }
+}
+
+TEST_CASE("zrt-mem matches the tracker with partial optimizer offload (ratio, stage 3)") {
+  const Setting setting{3, true, false};
+  for (const char* spec : kModels) {
+    for (double ratio : {0.3, 0.6}) {
+      Inputs in = tiny_inputs(spec, false);
+      in.engine.offload_optimizer.ratio = ratio;
+      const Estimate e = estimate(in, setting);
+      const Measured m = run_engine(in, setting);
+      INFO(spec << ": ratio " << ratio << ", N " << in.world);
+      // The split is real: fp32 state on both sides.
+      REQUIRE(at(m.device, MemCategory::kMaster) > 0);
+      REQUIRE(at(m.host, MemCategory::kMaster) > 0);
+      CHECK(e.model_state_peak() == m.model_state_peak);
+      const CategoryBytes predicted = e.device_peaks();
+      for (MemCategory c : kCompared) {
+        INFO("device " << mem_category_name(c));
+        CHECK(at(predicted, c) == at(m.device, c));
+      }
+      for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster,
+                            MemCategory::kOptimizer, MemCategory::kWorkspace}) {
+        INFO("host " << mem_category_name(c));
+        CHECK(at(e.host_per_rank, c) == at(m.host, c));
+      }
+      // At least the ratio of the fp32 state is on the host.
+      const double host = static_cast<double>(at(m.host, MemCategory::kMaster));
+      CHECK(host >= ratio * (host + static_cast<double>(at(m.device, MemCategory::kMaster))));
     }
   }
 }

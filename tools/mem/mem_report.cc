@@ -44,7 +44,7 @@ std::string format_verdict(const Inputs& in, const std::vector<Estimate>& estima
   if (const auto fit = first_fit(estimates, capacity)) {
     const Estimate* e = find(estimates, *fit);
     return fmt::format(
-        "verdict: {} fits a {} device: {} GB per rank{}", fit->name(), device,
+        "verdict: {} fits a {} device: {} GB per rank{}", in.name(*fit), device,
         gb(e->device_total()),
         has_acts ? (ckpt ? ", with activation checkpointing" : ", without activation checkpointing")
                  : " (model state and buffers; no activations without a model)");
@@ -53,7 +53,7 @@ std::string format_verdict(const Inputs& in, const std::vector<Estimate>& estima
   if (has_acts && !ckpt) {
     const auto alt = with_checkpointing(estimates, true);
     if (const auto fit = first_fit(alt, capacity)) {
-      line += fmt::format("; with activation checkpointing {} fits ({} GB per rank)", fit->name(),
+      line += fmt::format("; with activation checkpointing {} fits ({} GB per rank)", in.name(*fit),
                           gb(find(alt, *fit)->device_total()));
       return line;
     }
@@ -85,7 +85,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n\n",
                      chosen.content_params, chosen.padded_params);
 
-  out += fmt::format("{} — per-rank device memory\n", chosen.setting.name());
+  out += fmt::format("{} — per-rank device memory\n", in.name(chosen.setting));
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
     out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
   };
@@ -97,12 +97,16 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("grads", gb(chosen.grads),
       chosen.setting.stage < 2 ? "full, accumulation dtype"
                                : (chosen.setting.offload_param ? "offloaded" : "1/N"));
-  row("master weights (fp32)", gb(chosen.master),
-      chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
+  // Optimizer offload: all of the fp32 state in host memory, or the device's share of it
+  // (partial offload, offload_optimizer.ratio).
+  const std::string state_note = !chosen.setting.offload_optimizer ? fmt::format("1/{}", n)
+                                 : chosen.master == 0
+                                     ? std::string("offloaded")
+                                     : fmt::format("1/{}, the part not offloaded", n);
+  row("master weights (fp32)", gb(chosen.master), state_note);
   const std::string optimizer_row =
       fmt::format("optimizer ({}, fp32)", in.optimizer.state_description);
-  row(optimizer_row, gb(chosen.optimizer),
-      chosen.setting.offload_optimizer ? "offloaded" : fmt::format("1/{}", n));
+  row(optimizer_row, gb(chosen.optimizer), state_note);
   row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
   row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
   row("buffers: gathered parameters", gb(chosen.gathered_peak), "peak (stage 3)");
@@ -142,7 +146,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   for (const Estimate& e : estimates) {
     out +=
         fmt::format("  {:<42} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8}  {}\n",
-                    e.setting.name(), gb(e.params), gb(e.grads), gb(e.master), gb(e.optimizer),
+                    in.name(e.setting), gb(e.params), gb(e.grads), gb(e.master), gb(e.optimizer),
                     gb(e.model_state()), gb(e.buffers()), opt_gb(e.activations_full),
                     opt_gb(e.activations_checkpointed), gb(e.device_total()),
                     gb(e.host_node_total()), e.device_total() <= capacity_bytes(in) ? "yes" : "no");

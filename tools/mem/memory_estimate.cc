@@ -253,6 +253,12 @@ int Inputs::hpz(const Setting& setting) const {
   return setting.stage == 3 && engine.hpz_partition_size > 1 ? engine.hpz_partition_size : 0;
 }
 
+std::string Inputs::name(const Setting& setting) const {
+  const double ratio = options_for(*this, setting).offload_optimizer.ratio;
+  if (!setting.offload_optimizer || ratio >= 1.0) return setting.name();
+  return fmt::format("{} (ratio {:g})", setting.name(), ratio);
+}
+
 Setting Inputs::setting() const {
   return Setting{engine.stage, engine.offload_optimizer.enabled, engine.offload_param.enabled};
 }
@@ -280,6 +286,10 @@ void Inputs::validate() const {
   }
   if (!(device_gib > 0.0))
     ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
+  const double ratio = engine.offload_optimizer.ratio;
+  if (!(ratio >= 0.0 && ratio <= 1.0)) {
+    ZRT_THROW(InvalidArgument, "--offload-ratio must be in [0, 1], not {}", ratio);
+  }
   if (engine.stage < 0 || engine.stage > 3) {
     ZRT_THROW(InvalidArgument, "--stage must be 0, 1, 2 or 3, not {}", engine.stage);
   }

@@ -91,6 +91,9 @@ struct Inputs {
   void validate() const;  // InvalidArgument naming the flag or key
   // The hpZ group size in effect for a setting (engine.hpz_partition_size at stage 3), or 0.
   int hpz(const Setting& setting) const;
+  // The setting's name, with the optimizer offload's ratio where it splits the state
+  // ("stage 3 + optimizer offload (ratio 0.3)").
+  std::string name(const Setting& setting) const;
 };
 
 using CategoryBytes = std::array<std::int64_t, kNumMemCategories>;
