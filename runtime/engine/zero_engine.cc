@@ -181,7 +181,7 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
     state_on_host_.assign(plan_.units().size(), false);
   }
   allocate_state();
-  if (offload_ && ratio < 1.0) {
+  if (offload_ && ratio < 1.0 && group.rank() == 0) {  // the same split on every rank
     std::int64_t host = 0;
     int units = 0;
     for (std::size_t u = 0; u < state_on_host_.size(); ++u) {

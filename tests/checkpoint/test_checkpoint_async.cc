@@ -110,12 +110,23 @@ void train_step(test::EngineRun& run, int step, const test::TrainSpec& spec) {
   run.compute->synchronize();  // x and t are read by the stream
 }
 
-// Stage 2 on the CPU backend, the optimizer state in device memory or offloaded (pageable).
-EngineOptions stage2_options(bool offload) {
+// Where the engine's optimizer state lives: device memory (stage 2), offloaded (stage 2,
+// pageable), or split (stage 3, offload_optimizer.ratio 0.5: the copy takes both paths).
+enum class StatePlace { kDevice, kOffloaded, kSplit };
+constexpr StatePlace kStatePlaces[] = {StatePlace::kDevice, StatePlace::kOffloaded,
+                                       StatePlace::kSplit};
+const char* place_name(StatePlace place) {
+  return place == StatePlace::kDevice      ? "device"
+         : place == StatePlace::kOffloaded ? "offload"
+                                           : "split";
+}
+
+EngineOptions state_options(StatePlace place) {
   EngineOptions options;
-  options.stage = 2;
-  options.offload_optimizer.enabled = offload;
+  options.stage = place == StatePlace::kSplit ? 3 : 2;
+  options.offload_optimizer.enabled = place != StatePlace::kDevice;
   options.offload_optimizer.pin_memory = false;
+  if (place == StatePlace::kSplit) options.offload_optimizer.ratio = 0.5;
   return options;
 }
 
@@ -242,10 +253,10 @@ TEST_CASE("async saves reuse one snapshot buffer and write the state of their ow
 }
 
 TEST_CASE("an async save of an engine copies off the training thread; the next step waits") {
-  for (const bool offload : {false, true}) {
-    INFO("optimizer offload " << offload);
-    const fs::path dir = fresh_dir(offload ? "engine_offload" : "engine");
-    const EngineOptions options = stage2_options(offload);
+  for (const StatePlace place : kStatePlaces) {
+    INFO("optimizer state: " << place_name(place));
+    const fs::path dir = fresh_dir(std::string("engine_") + place_name(place));
+    const EngineOptions options = state_options(place);
     const test::TrainSpec spec;
     auto run = test::make_engine(options, spec);
     auto reference = test::make_engine(options, spec);  // never saves
@@ -303,10 +314,10 @@ TEST_CASE("an async save of an engine copies off the training thread; the next s
 }
 
 TEST_CASE("a synchronous save writes the engine's state in place: no copy, the same files") {
-  for (const bool offload : {false, true}) {
-    INFO("optimizer offload " << offload);
-    const fs::path dir = fresh_dir(offload ? "in_place_offload" : "in_place");
-    const EngineOptions options = stage2_options(offload);
+  for (const StatePlace place : kStatePlaces) {
+    INFO("optimizer state: " << place_name(place));
+    const fs::path dir = fresh_dir(std::string("in_place_") + place_name(place));
+    const EngineOptions options = state_options(place);
     const test::TrainSpec spec;
     auto run = test::make_engine(options, spec);
     for (int step = 0; step < 2; ++step) train_step(*run, step, spec);

@@ -275,6 +275,47 @@ TEST_CASE("resume at the same world size and stage is bit-exact", "[resume]") {
   stage3.async = true;  // the copy runs on the CPU optimizer's thread
   stage3.env = "ZRT_TEST_CKPT_COPY_DELAY_MS=200";
   bit_exact_case("exact_s3_offload_bf16", stage3);
+  // Partial offload: half the state on the device (copied on its stream), half on the host
+  // (copied by the CPU optimizer's thread), one checkpoint.
+  Job split = stage3;
+  split.zero_extra = {{"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.5}}}};
+  bit_exact_case("exact_s3_split_bf16", split);
+}
+
+TEST_CASE("a checkpoint of a partial offload resumes under full offload, bit for bit",
+          "[resume][ratio]") {
+  // The file does not say where the state lived: steps 4-6 under full offload from a split
+  // run's step-3 checkpoint are those of a full-offload run from the start (the CPU backend's
+  // device and host optimizers are one kernel).
+  Job split;
+  split.stage = 3;
+  split.offload = true;
+  split.zero_extra = {{"offload_optimizer", {{"device", "cpu"}, {"ratio", 0.4}}}};
+  split.steps = 3;
+  split.save_interval = 3;
+  split.save_dir = (root() / "split_to_full_ckpt").string();
+  fs::remove_all(split.save_dir);
+  run_ok("split_to_full_first", split);
+  Job full;
+  full.stage = 3;
+  full.offload = true;
+  full.steps = 6;
+  full.save_interval = 6;
+  run_ok("split_to_full_whole", full);
+  full.save_dir = split.save_dir;
+  full.load = "latest";
+  run_ok("split_to_full_second", full);
+  const auto a = losses("split_to_full_whole");
+  const auto b = losses("split_to_full_first");
+  const auto c = losses("split_to_full_second");
+  REQUIRE(b.size() == 3);
+  REQUIRE(c.size() == 3);
+  for (std::int64_t s = 1; s <= 6; ++s) {
+    INFO("step " << s);
+    CHECK(a.at(s) == (s <= 3 ? b.at(s) : c.at(s)));
+  }
+  require_identical_state(latest_dir((root() / "split_to_full_whole" / "ckpt").string()),
+                          latest_dir(full.save_dir));
 }
 
 TEST_CASE("Lion: resume is bit-exact; its checkpoint is not Adam's", "[resume][lion]") {
