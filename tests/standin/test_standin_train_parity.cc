@@ -99,6 +99,9 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
       {"stage3_offload", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
                              "offload_optimizer": {"device": "cpu"},
                              "offload_param": {"device": "cpu"}})"},
+      // Partial offload: the CUDA optimizer steps the forward's first units, the CPU the rest.
+      {"stage3_offload_ratio", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                                   "offload_optimizer": {"device": "cpu", "ratio": 0.5}})"},
   };
   for (const auto& [name, zero] : cases) {
     SECTION(name) {

@@ -68,8 +68,9 @@ struct OffloadFigures {
   double adam_overlapped = 0.0;  // share of the CPU Adam's time with the compute stream busy
 };
 
-OffloadFigures run_config(int stage, bool offload_params, const std::string& model_spec, int B,
-                          int repeats, const std::string& trace_path) {
+OffloadFigures run_config(int stage, bool offload_params, double ratio,
+                          const std::string& model_spec, int B, int repeats,
+                          const std::string& trace_path) {
   auto device = make_device(DeviceOptions{});
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
@@ -88,6 +89,7 @@ OffloadFigures run_config(int stage, bool offload_params, const std::string& mod
   options.stage3_prefetch_bucket_size = model_def->num_parameters() / 4;
   options.stage3_param_persistence_threshold = 1000;
   options.offload_optimizer.enabled = true;
+  options.offload_optimizer.ratio = ratio;
   options.offload_param.enabled = offload_params;
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
                     *adam, make_cpu_optimizer_offload);
@@ -264,7 +266,8 @@ int offload(int argc, char** argv) {
           "zrt-bench offload [--model n_layer=8,n_head=8,n_embd=512,vocab_size=256,seq_len=32]\n"
           "                  [--batch 1] [--repeats 7] [--configs 2,3,3p] [--copy-bytes 64M]\n"
           "                  [--trace DIR/trace.json]\n"
-          "configs: ZeRO stage with optimizer offload; 3p adds parameter offload.\n"
+          "configs: ZeRO stage with optimizer offload; 3p adds parameter offload; 3rR is stage 3\n"
+          "with partial offload, offload_optimizer.ratio R (e.g. 3r0.5).\n"
           "--trace: also write a timeline of three pipelined steps per config (the config's name\n"
           "before the extension, then the rank with several ranks).\n"
           "run under mpirun for several ranks: tools/zrt-run -n 2 build/bin/zrt-bench offload\n");
@@ -291,23 +294,34 @@ int offload(int argc, char** argv) {
                "update_ms", "hidden", "hidden_adam", "adam||compute"});
   for (const std::string& c : configs) {
     const bool params = c == "3p";
-    const int stage = params ? 3 : std::stoi(c);
-    if (stage < 1 || stage > 3)
-      ZRT_THROW(InvalidArgument, "--configs: '{}' is not 1, 2, 3 or 3p", c);
+    const bool partial = c.rfind("3r", 0) == 0;
+    double ratio = 1.0;
+    int stage = 0;
+    try {
+      ratio = partial ? std::stod(c.substr(2)) : 1.0;
+      stage = params || partial ? 3 : std::stoi(c);
+    } catch (const std::exception&) {
+      stage = 0;
+    }
+    if (stage < 1 || stage > 3 || !(ratio >= 0.0 && ratio <= 1.0))
+      ZRT_THROW(InvalidArgument, "--configs: '{}' is not 1, 2, 3, 3p or 3rR (R in [0, 1])", c);
     std::string trace_path = args.get("trace", "");
     if (!trace_path.empty()) {
       const std::filesystem::path p(trace_path);
       trace_path = ((p.parent_path() / p.stem()).string() + ".stage" + c) + p.extension().string();
     }
-    const OffloadFigures f = run_config(stage, params, model, B, repeats, trace_path);
+    const OffloadFigures f = run_config(stage, params, ratio, model, B, repeats, trace_path);
     auto hidden = [&](double other) {
       return (f.forward_backward + other - f.step) /
              std::max(std::min(f.forward_backward, other), 1e-12);
     };
-    table.add({params ? "stage 3 + params" : "stage " + c, std::to_string(world),
-               fmt::format("{:.1f}M", f.params / 1e6), std::to_string(f.units),
-               fmt::format("{:.1f}", f.step * 1e3), fmt::format("{:.1f}", f.forward_backward * 1e3),
-               fmt::format("{:.1f}", f.adam * 1e3), fmt::format("{:.1f}", f.update * 1e3),
+    const std::string name = params    ? "stage 3 + params"
+                             : partial ? fmt::format("stage 3, ratio {:g}", ratio)
+                                       : "stage " + c;
+    table.add({name, std::to_string(world), fmt::format("{:.1f}M", f.params / 1e6),
+               std::to_string(f.units), fmt::format("{:.1f}", f.step * 1e3),
+               fmt::format("{:.1f}", f.forward_backward * 1e3), fmt::format("{:.1f}", f.adam * 1e3),
+               fmt::format("{:.1f}", f.update * 1e3),
                fmt::format("{:.0f}%", 100.0 * hidden(f.update)),
                fmt::format("{:.0f}%", 100.0 * hidden(f.adam)),
                fmt::format("{:.0f}%", 100.0 * f.adam_overlapped)});

@@ -13,14 +13,17 @@
 # events; the last traced step also holds the drain, so it is not used).
 #
 #   tools/bench/gpu_offload_bench.sh [--bundle DIR | --bin DIR] [--out DIR] [--gas "1 8"]
-#                                    [--steps N] [--threads "16 14"] [--no-big] [--big-only]
-#                                    [-- OVERRIDES...]
+#                                    [--steps N] [--threads "16 14"] [--ratios "0.5 0.3"]
+#                                    [--big-ratio R] [--no-big] [--big-only] [-- OVERRIDES...]
 #
 # --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin, the corpus
 # in DIR/data); --bin DIR: a build's bin folder (default build/bin; the corpus in data/). Logs
 # and metrics go to --out (default out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU
 # optimizer's thread count; --threads runs each offload row again per listed count (rows named
-# ...-ompN), to see whether leaving the launching thread a core of its own helps.
+# ...-ompN), to see whether leaving the launching thread a core of its own helps. --ratios runs
+# each offload row again with partial offload (zero_optimization.offload_optimizer.ratio R: the
+# forward's last units offloaded, the rest stepped on the GPU; rows ...-rR); --big-ratio adds a
+# 6.7B row with that ratio (what of the state fits beside the model on the GPU).
 # OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
 # script without a GPU).
 set -uo pipefail
@@ -33,6 +36,8 @@ big=1
 small=1
 extra=()
 threads=""
+ratios=""
+big_ratio=""
 data_dir="$root/data"  # the KJV shards (tools/prepare-corpus; a bundle carries its own)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,10 +48,12 @@ while [ $# -gt 0 ]; do
     --gas) gas_list="$2"; shift 2 ;;
     --steps) steps="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --ratios) ratios="$2"; shift 2 ;;
+    --big-ratio) big_ratio="$2"; shift 2 ;;
     --no-big) big=0; shift ;;
     --big-only) small=0; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -113,11 +120,22 @@ if [ $small -eq 1 ]; then
         --zero_optimization.offload_optimizer.device cpu \
         --trace.path "$out/124m-s3-offload-gas$g-omp$t/trace.json"
     done
+    for r in $ratios; do
+      run "124m-s3-offload-gas$g-r$r" "$bench" "${common[@]}" \
+        --zero_optimization.offload_optimizer.device cpu \
+        --zero_optimization.offload_optimizer.ratio "$r" \
+        --trace.path "$out/124m-s3-offload-gas$g-r$r/trace.json"
+    done
   done
 fi
 if [ $big -eq 1 ]; then
   run "6.7b-s3-offload" configs/gpu-gpt-6.7b-offload.json \
     --trace.path "$out/6.7b-s3-offload/trace.json" --trace.steps "[2, 3]"
+  if [ -n "$big_ratio" ]; then
+    run "6.7b-s3-offload-r$big_ratio" configs/gpu-gpt-6.7b-offload.json \
+      --zero_optimization.offload_optimizer.ratio "$big_ratio" \
+      --trace.path "$out/6.7b-s3-offload-r$big_ratio/trace.json" --trace.steps "[2, 3]"
+  fi
 fi
 
 echo
@@ -128,7 +146,7 @@ for r in "${rows[@]}"; do
   ratio="-"
   base=""
   case "$name" in
-    *-offload-gas*) base="${name/-offload/}"; base="${base%-omp*}" ;;
+    *-offload-gas*) base="${name/-offload/}"; base="${base%-omp*}"; base="${base%-r*}" ;;
   esac
   if [ -n "$base" ]; then
     for b in "${rows[@]}"; do
