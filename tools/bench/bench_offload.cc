@@ -323,7 +323,8 @@ int offload(int argc, char** argv) {
                fmt::format("{:.1f}", f.forward_backward * 1e3), fmt::format("{:.1f}", f.adam * 1e3),
                fmt::format("{:.1f}", f.update * 1e3),
                fmt::format("{:.0f}%", 100.0 * hidden(f.update)),
-               fmt::format("{:.0f}%", 100.0 * hidden(f.adam)),
+               // No CPU Adam at all (ratio 0): nothing to hide.
+               f.adam > 0.0 ? fmt::format("{:.0f}%", 100.0 * hidden(f.adam)) : std::string("-"),
                fmt::format("{:.0f}%", 100.0 * f.adam_overlapped)});
   }
   if (mpi.rank() == 0) std::printf("%s", table.str().c_str());
