@@ -180,6 +180,21 @@ const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
                                  MemCategory::kMaster,      MemCategory::kOptimizer,
                                  MemCategory::kActivations, MemCategory::kComm};
 
+// The estimate against the tracker: equal, category by category, on the device and the host.
+void check_exact(const Estimate& e, const Measured& m) {
+  CHECK(e.model_state_peak() == m.model_state_peak);
+  const CategoryBytes predicted = e.device_peaks();
+  for (MemCategory c : kCompared) {
+    INFO("device " << mem_category_name(c));
+    CHECK(at(predicted, c) == at(m.device, c));
+  }
+  for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster,
+                        MemCategory::kOptimizer, MemCategory::kWorkspace}) {
+    INFO("host " << mem_category_name(c));
+    CHECK(at(e.host_per_rank, c) == at(m.host, c));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, checkpointing") {
@@ -203,16 +218,7 @@ TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, check
                   << in.world);
         // The issue's criterion: model state within 5%; the estimate is exact, so equal.
         CHECK(relative(e.model_state_peak(), m.model_state_peak) <= 0.05);
-        CHECK(e.model_state_peak() == m.model_state_peak);
-        for (MemCategory c : kCompared) {
-          INFO("device " << mem_category_name(c));
-          CHECK(at(predicted, c) == at(m.device, c));
-        }
-        for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster,
-                              MemCategory::kOptimizer, MemCategory::kWorkspace}) {
-          INFO("host " << mem_category_name(c));
-          CHECK(at(e.host_per_rank, c) == at(m.host, c));
-        }
+        check_exact(e, m);
         std::int64_t host_measured = 0;
         for (std::int64_t b : m.host) host_measured += b;
         if (rank == 0) {
@@ -243,17 +249,7 @@ TEST_CASE("zrt-mem matches the tracker with partial optimizer offload (ratio, st
       // The split is real: fp32 state on both sides.
       REQUIRE(at(m.device, MemCategory::kMaster) > 0);
       REQUIRE(at(m.host, MemCategory::kMaster) > 0);
-      CHECK(e.model_state_peak() == m.model_state_peak);
-      const CategoryBytes predicted = e.device_peaks();
-      for (MemCategory c : kCompared) {
-        INFO("device " << mem_category_name(c));
-        CHECK(at(predicted, c) == at(m.device, c));
-      }
-      for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster,
-                            MemCategory::kOptimizer, MemCategory::kWorkspace}) {
-        INFO("host " << mem_category_name(c));
-        CHECK(at(e.host_per_rank, c) == at(m.host, c));
-      }
+      check_exact(e, m);
       // At least the ratio of the fp32 state is on the host.
       const double host = static_cast<double>(at(m.host, MemCategory::kMaster));
       CHECK(host >= ratio * (host + static_cast<double>(at(m.device, MemCategory::kMaster))));
