@@ -23,8 +23,9 @@ void ZeroEngine::allocate_state() {
     max_unit = std::max(max_unit, unit.numel);
     auto s = std::make_unique<UnitState>();
     const std::string name = fmt::format("unit {}", u);
-    if (!state_on_host(
-            static_cast<int>(u))) {  // offloaded, the fp32 state never touches the device
+    // Offloaded (optimizer offload; with a ratio below 1 only some units), the fp32 state never
+    // touches the device.
+    if (!state_on_host(static_cast<int>(u))) {
       s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                    name + " fp32 master");
       for (const std::string& state : optimizer_.spec().state_names) {
