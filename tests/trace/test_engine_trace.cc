@@ -45,6 +45,7 @@ struct TracedRun {
   int modules = 0;
   int world = 1;
   std::vector<bool> persistent;  // per unit
+  std::vector<bool> on_host;     // per unit: its optimizer state is offloaded
 };
 
 // Trains kSteps steps (1-based), tracing kFirstTraced..kLastTraced as zrt-train does, or none.
@@ -79,6 +80,7 @@ TracedRun run(const EngineOptions& o, const std::string& name, bool traced) {
   out.modules = r->model.modules();
   out.world = world;
   for (const Unit& u : r->engine->plan().units()) out.persistent.push_back(u.persistent);
+  for (int u = 0; u < out.units; ++u) out.on_host.push_back(r->engine->state_on_host(u));
   if (traced) {
     const std::string path = trace_path_for_rank(
         (std::filesystem::temp_directory_path() /
@@ -198,6 +200,30 @@ TEST_CASE("engine trace with optimizer offload: every unit on the copy and CPU-o
       }
     }
   }
+}
+
+TEST_CASE("engine trace with partial offload: the CPU steps the last units, the device the rest") {
+  EngineOptions o = options(3, true);
+  o.offload_optimizer.ratio = 0.5;
+  const TracedRun traced = run(o, "partial", true);
+  check_same_parameters(traced, run(options(3, false), "", false));  // plain stage 3
+  check_common(traced);
+  const ParsedTrace& t = traced.trace;
+  int on_host = 0;
+  for (int u = 0; u < traced.units; ++u) {
+    INFO("unit " << u << (traced.on_host[static_cast<std::size_t>(u)] ? " (host)" : " (device)"));
+    const bool host = traced.on_host[static_cast<std::size_t>(u)];
+    on_host += host;
+    const std::size_t expected = host ? kTracedSteps : 0;
+    CHECK(t.named("copy", unit_event("d2h", u)).size() == expected);
+    CHECK(t.named("CPU optimizer", unit_event("adam", u)).size() == expected);
+    CHECK(t.named("copy", unit_event("h2d", u)).size() == expected);
+    // Every unit's sum of squares is taken on the copy stream, whichever side steps it.
+    CHECK(t.named("copy", unit_event("grad norm", u)).size() == kTracedSteps);
+  }
+  CHECK(on_host > 0);
+  CHECK(on_host < traced.units);
+  CHECK(t.named("compute", "adam (units on the device)").size() == kTracedSteps);
 }
 
 TEST_CASE("engine trace with parameter offload: slices come up on the comm stream") {
