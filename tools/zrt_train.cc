@@ -336,7 +336,7 @@ int check(const Arguments& args) {
   std::printf(
       "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
       "buffers %s); the device has %g GiB (%s%s): %s\n",
-      mine.setting.name().c_str(), bytes_text(mine.device_total()).c_str(),
+      in.name(mine.setting).c_str(), bytes_text(mine.device_total()).c_str(),
       bytes_text(mine.model_state()).c_str(), bytes_text(mine.activations()).c_str(),
       bytes_text(mine.buffers()).c_str(), in.device_gib, bytes_text(capacity).c_str(),
       config.device.memory_limit_gb > 0 ? ", device.memory_limit_gb" : ", zrt-mem's default",

@@ -6,8 +6,11 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+
+#include <fmt/format.h>
 
 #include "config/config.h"
 #include "kernels/kernel_context.h"
@@ -301,6 +304,40 @@ TEST_CASE("the verdict names the checkpointing alternative when nothing fits wit
   const std::string line = format_verdict(in, all);
   CHECK_THAT(line, Catch::StartsWith("verdict: no setting fits a 80 GiB (85.9 GB) device; with "
                                      "activation checkpointing stage "));
+}
+
+TEST_CASE(
+    "the verdict names the smallest offload ratio that fits between stage 3 and full offload") {
+  Inputs in;
+  in.model = model_spec(builtin_models().parse_spec("gpt2-xl"));
+  in.seq_len = 1024;
+  in.micro_batch = 1;
+  in.activation_checkpointing = true;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.device_gib = 20;  // stage 3 at one rank (~25 GB of model state) does not fit; offload does
+  const std::int64_t capacity = std::llround(20 * 1073741824.0);
+  REQUIRE(estimate(in, Setting{3, false, false}).device_total() > capacity);
+  REQUIRE(estimate(in, Setting{3, true, false}).device_total() <= capacity);
+  const auto ratio = smallest_fitting_ratio(in, capacity);
+  REQUIRE(ratio.has_value());
+  CHECK(*ratio > 0.0);
+  CHECK(*ratio < 1.0);
+  const auto total_at = [&](double r) {
+    Inputs at = in;
+    at.engine.offload_optimizer.ratio = r;
+    return estimate(at, Setting{3, true, false}).device_total();
+  };
+  CHECK(total_at(*ratio) <= capacity);        // fits at the ratio named
+  CHECK(total_at(*ratio - 0.01) > capacity);  // and not a hundredth below
+  std::vector<Estimate> all;
+  for (const Setting& s : table_order()) all.push_back(estimate(in, s));
+  CHECK_THAT(format_verdict(in, all),
+             Catch::Contains(fmt::format("partial optimizer offload fits from "
+                                         "offload_optimizer.ratio {:g}",
+                                         *ratio)));
+  // Where stage 3 fits as it is, there is nothing to split.
+  in.device_gib = 80;
+  CHECK_FALSE(smallest_fitting_ratio(in, std::llround(80 * 1073741824.0)).has_value());
 }
 
 TEST_CASE("a config gives the same inputs as zrt-train runs with") {

@@ -43,11 +43,21 @@ std::string format_verdict(const Inputs& in, const std::vector<Estimate>& estima
   const bool has_acts = !estimates.empty() && estimates.front().activations_full.has_value();
   if (const auto fit = first_fit(estimates, capacity)) {
     const Estimate* e = find(estimates, *fit);
-    return fmt::format(
+    std::string line = fmt::format(
         "verdict: {} fits a {} device: {} GB per rank{}", in.name(*fit), device,
         gb(e->device_total()),
         has_acts ? (ckpt ? ", with activation checkpointing" : ", without activation checkpointing")
                  : " (model state and buffers; no activations without a model)");
+    // Between stage 3 and its full optimizer offload: the most state the device can keep.
+    if (const auto ratio = smallest_fitting_ratio(in, capacity); ratio && *ratio < 1.0) {
+      Inputs partial = in;
+      partial.engine.offload_optimizer.ratio = *ratio;
+      line += fmt::format(
+          "; at stage 3, partial optimizer offload fits from offload_optimizer.ratio {:g} ({} GB "
+          "per rank): the device steps the rest of the state",
+          *ratio, gb(estimate(partial, Setting{3, true, false}).device_total()));
+    }
+    return line;
   }
   std::string line = fmt::format("verdict: no setting fits a {} device", device);
   if (has_acts && !ckpt) {

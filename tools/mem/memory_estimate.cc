@@ -438,6 +438,26 @@ std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
   return std::nullopt;
 }
 
+std::optional<double> smallest_fitting_ratio(const Inputs& in, std::int64_t capacity_bytes) {
+  const Setting partial{3, true, false};
+  const auto fits = [&](int hundredths) {
+    Inputs at = in;
+    at.engine.offload_optimizer.ratio = hundredths / 100.0;
+    return estimate(at, partial).device_total() <= capacity_bytes;
+  };
+  if (estimate(in, Setting{3, false, false}).device_total() <= capacity_bytes || !fits(100)) {
+    return std::nullopt;
+  }
+  // The device's share of the state falls as the ratio grows: bisect on hundredths.
+  int lo = 0;    // does not fit (or is stage 3 itself)
+  int hi = 100;  // fits
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi / 100.0;
+}
+
 Inputs inputs_from_config(const Config& config) {
   Inputs in;
   in.world = config.batch.world_size;

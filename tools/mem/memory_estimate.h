@@ -152,6 +152,12 @@ Estimate estimate(const Inputs& in, const Setting& setting);
 std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
                                  std::int64_t capacity_bytes);
 
+// Partial offload between stage 3 and stage 3 + optimizer offload: the smallest
+// offload_optimizer.ratio, in hundredths, at which stage 3 + optimizer offload fits
+// `capacity_bytes` (the most optimizer state the device can keep, the least the CPU steps),
+// when full optimizer offload fits and stage 3 without offload does not; nullopt otherwise.
+std::optional<double> smallest_fitting_ratio(const Inputs& in, std::int64_t capacity_bytes);
+
 // Everything zrt-train would run with, from a validated config: its model (at its seq_len),
 // world size, micro-batch, engine options with the offload blocks, activation checkpointing and
 // device.memory_limit_gb (when set).
