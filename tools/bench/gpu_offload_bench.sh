@@ -158,3 +158,11 @@ for r in "${rows[@]}"; do
   fi
   printf '%-24s %12s %9s %12s %12s %9s  %s\n' "$name" "$tps" "$ratio" "$tracked" "$smi" "$rss" "$idle"
 done
+# Where each run's traced step went, per stream (docs/trace.md): what to look at when a row is slow.
+echo
+echo "traced steps (the first of each run): busy time per track"
+for r in "${rows[@]}"; do
+  name="${r%%|*}"
+  line=$(grep -m1 'trace step' "$out/$name/log" 2>/dev/null | sed -E 's/.*trace (step .*)/\1/')
+  printf '%-24s %s\n' "$name" "${line:--}"
+done
