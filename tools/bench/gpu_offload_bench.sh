@@ -17,7 +17,8 @@
 #                                    [--big-ratio R] [--no-big] [--big-only] [-- OVERRIDES...]
 #
 # --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin, the corpus
-# in DIR/data); --bin DIR: a build's bin folder (default build/bin; the corpus in data/). Logs
+# in DIR/data; with zrt-bench there too, the host's AdamW speed is measured first); --bin DIR: a
+# build's bin folder (default build/bin; the corpus in data/). Logs
 # and metrics go to --out (default out/gpu-offload-bench). OMP_NUM_THREADS, when set, is the CPU
 # optimizer's thread count; --threads runs each offload row again per listed count (rows named
 # ...-ompN), to see whether leaving the launching thread a core of its own helps. --ratios runs
@@ -53,7 +54,7 @@ while [ $# -gt 0 ]; do
     --no-big) big=0; shift ;;
     --big-only) small=0; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +64,21 @@ compgen -G "$data_dir/kjv_train_*.bin" >/dev/null ||
 [[ "$steps" =~ ^[0-9]+$ ]] && [ "$steps" -ge 6 ] || { echo "gpu_offload_bench: --steps >= 6" >&2; exit 2; }
 mkdir -p "$out"
 cd "$root" || exit 2
+
+# The host's own AdamW speed first, when zrt-bench came along (tools/gpu-bundle ... build/bin/
+# zrt-bench): with offload at one micro-batch per step the CPU step over GPT-2 124M is what the
+# offload rows wait for, so its GB/s against the plain memory sweep, at a few thread counts, is
+# the figure that explains them.
+if [ -x "$bin/zrt-bench" ] && [ $small -eq 1 ]; then
+  cores=$(nproc)
+  counts=""
+  for t in $(( cores / 2 )) $(( cores - 2 )) "$cores"; do
+    [ "$t" -ge 1 ] && [[ ",$counts," != *",$t,"* ]] && counts="${counts:+$counts,}$t"
+  done
+  echo "gpu_offload_bench: host AdamW over 124M fp32 parameters (zrt-bench optimizer)" >&2
+  "$bin/zrt-bench" optimizer --sizes 124M --threads "$counts" \
+    --repeats 5 >"$out/host-adamw.txt" 2>&1 || echo "gpu_offload_bench: zrt-bench optimizer failed" >&2
+fi
 
 rows=()
 # run NAME CONFIG [overrides...]: trains, samples nvidia-smi and the process's RSS, adds a row.
@@ -158,6 +174,11 @@ for r in "${rows[@]}"; do
   fi
   printf '%-24s %12s %9s %12s %12s %9s  %s\n' "$name" "$tps" "$ratio" "$tracked" "$smi" "$rss" "$idle"
 done
+if [ -s "$out/host-adamw.txt" ]; then
+  echo
+  echo "host AdamW (zrt-bench optimizer; GB/s at 28 bytes/parameter, 30 with the bf16 copy):"
+  grep -E '^(params|  *[0-9])' "$out/host-adamw.txt"
+fi
 # Where each run's traced step went, per stream (docs/trace.md): what to look at when a row is slow.
 echo
 echo "traced steps (the first of each run): busy time per track"
