@@ -46,11 +46,12 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       offload_param_(context.options.offload_param.enabled),
       offloaded_(context.offloaded),
       trace_name_(lower(context.optimizer.spec().family)),
-      host_optimizer_(context.optimizer.make_host_optimizer()) {
+      host_optimizer_(context.optimizer.make_host_optimizer()),
+      grad_type_(offload_takes_reduced_slices(context.options) ? context.options.compute_dtype
+                                                               : context.options.grad_accum_dtype) {
   ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
             "offload_staging_buffers must be 1..64, not {}", options_.offload_staging_buffers);
   const DType cdt = options_.compute_dtype;
-  const DType adt = options_.grad_accum_dtype;
   const bool sharded_params = options_.stage == 3;
   ZRT_CHECK(offloaded_.size() == plan_.units().size(),
             "optimizer offload: {} placement flags for {} units", offloaded_.size(),
@@ -80,7 +81,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       h.params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
                                   name + " param slice (offloaded)", host_space(true));
     }
-    h.grad = device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads,
+    h.grad = device_.allocate(bytes_of(unit.shard, grad_type_), MemCategory::kGrads,
                               name + " grad slice (offloaded)", host_space(false));
     std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
   }
@@ -164,20 +165,21 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     if (consumed.valid()) consumed.get();
   });
   if (!offload_param_) {
-    ZRT_CHECK(type == adt && final,
-              "offloaded gradient of unit {}: a final slice in grad_accum_dtype {} expected, got "
-              "{} (final: {})",
-              u, dtype_name(adt), dtype_name(type), final);
+    ZRT_CHECK(type == grad_type_ && final,
+              "offloaded gradient of unit {}: a final slice in {} expected, got {} (final: {})", u,
+              dtype_name(grad_type_), dtype_name(type), final);
     // The unit's sum of squares, taken on the device before the slice goes down with the kernel
     // the device path's norm runs: on a GPU no host thread reads the gradient for it.
     TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
     const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
     device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
-    engine_kernels::add_sum_squares(device_, *copy_, reduced, adt, unit.shard, norm);
+    engine_kernels::add_sum_squares(device_, *copy_, reduced, type, unit.shard, norm);
     norm_span.end();
     TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
     device_.copy_to_host(h.grad.host<void>(), reduced,
-                         static_cast<std::size_t>(bytes_of(unit.shard, adt)), *copy_);
+                         static_cast<std::size_t>(bytes_of(unit.shard, type)), *copy_);
+    // The reduction's bucket (offload_takes_reduced_slices) may go once read.
+    if (bucket_read != nullptr) bucket_read->record(*copy_);
     device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
                          sizeof(float), *copy_);
     span.end();
@@ -263,7 +265,6 @@ void CpuOptimizerOffload::skip_update() {
 void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
                                  const std::function<DevicePtr<std::byte>(int u)>& destination) {
   const DType cdt = options_.compute_dtype;
-  const DType adt = options_.grad_accum_dtype;
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
   int slot_cursor = 0;
@@ -302,8 +303,8 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       for (std::size_t k = 0; k < h.state.size(); ++k) {
         slice.state[k] = h.state[k].host<float>() + range.slice_offset;
       }
-      slice.grad = h.grad.host<std::byte>() + bytes_of(range.slice_offset, adt);
-      slice.grad_dtype = adt;
+      slice.grad = h.grad.host<std::byte>() + bytes_of(range.slice_offset, grad_type_);
+      slice.grad_dtype = grad_type_;
       slice.param_out = static_cast<std::byte*>(out) + bytes_of(range.slice_offset, cdt);
       slice.out_dtype = cdt;
       slice.numel = range.count;

@@ -61,7 +61,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   struct HostUnit {
     Buffer master;                      // fp32 [shard]
     std::vector<Buffer> state;          // fp32 [shard] each: the optimizer's named states
-    Buffer grad;                        // accum dtype [shard]: the gradient the CPU optimizer reads
+    Buffer grad;                        // grad_type_ [shard]: the gradient the CPU optimizer reads
     Buffer params;                      // parameter offload: compute dtype [shard]
     std::unique_ptr<Event> comm_point;  // comm stream, after the unit's reduction
     std::unique_ptr<Event> d2h_done;    // copy stream: `grad` holds the final gradient
@@ -81,6 +81,9 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   std::vector<bool> offloaded_;  // per unit: its state is here (else the device steps it)
   std::string trace_name_;       // the optimizer in trace spans: "adam", "lion"
   std::unique_ptr<HostOptimizer> host_optimizer_;
+  // The host gradients' type: grad_accum_dtype, or the compute dtype where the reduced slices
+  // come down as they are (offload_takes_reduced_slices: one micro-batch per step).
+  DType grad_type_;
   std::unique_ptr<Stream> copy_;              // device <-> host copies
   std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
   std::vector<HostUnit> units_;

@@ -93,6 +93,16 @@ void ZeroEngine::issue_reduce(int u, bool final) {
       }
       span.end();
       offload_->gradient_reduced(u, out, out_type, final, s.reduced.get());
+    } else if (s.grad_slice.empty()) {
+      // One micro-batch per step, an offloaded unit (offload_takes_reduced_slices): the reduced
+      // slice in the bucket is the final gradient and goes down from there; the bucket is
+      // freed once the copy has read it (`reduced` is recorded on the copy stream then).
+      ZRT_CHECK(offload_ && final && source == s.grad_bucket.device<std::byte>() && wire == cdt,
+                "unit {} has no device gradient slice but its reduced slice is not the final "
+                "one in the bucket",
+                u);
+      span.end();
+      offload_->gradient_reduced(u, mine, wire, true, s.reduced.get());
     } else {
       engine_kernels::accumulate(device_, comm_, mine, wire, s.grad_slice.device<std::byte>(), adt,
                                  unit.shard);

@@ -55,9 +55,11 @@ class OptimizerOffload {
 
   // ---- backward ----
   // Unit u's reduced gradient slice is at `reduced` (in `type`) once the comm stream gets here.
-  // Without parameter offload it is the step's final gradient (`final`) in grad_accum_dtype and
-  // goes down once; with it every micro-batch's slice goes down and is accumulated on the host,
-  // and `bucket_read` is recorded once the slice has been read (the device buffer may go).
+  // Without parameter offload it is the step's final gradient (`final`) and goes down once: in
+  // grad_accum_dtype from the device's accumulated slice, or, at one micro-batch per step
+  // (offload_takes_reduced_slices), in the compute dtype from the reduction's bucket; with
+  // parameter offload every micro-batch's slice goes down and is accumulated on the host. Where
+  // the slice is in a bucket, `bucket_read` is recorded once it has been read (the bucket may go).
   // Called for every unit: of a unit whose state stays on the device (partial offload) only
   // the sum of squares is taken, so the norm is summed over all units in one order.
   virtual void gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type, bool final,

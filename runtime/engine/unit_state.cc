@@ -42,8 +42,12 @@ void ZeroEngine::allocate_state() {
                                           name + " param slice");
       }
     }
-    // With parameter offload the gradient accumulates in host memory (in the offload).
-    if (per_micro_batch_grads() && !offload_param()) {
+    // With parameter offload the gradient accumulates in host memory (in the offload); at one
+    // micro-batch per step an offloaded unit's reduced slice goes there as it is
+    // (offload_takes_reduced_slices).
+    const bool straight_to_host =
+        offload_takes_reduced_slices(options_) && state_on_host(static_cast<int>(u));
+    if (per_micro_batch_grads() && !offload_param() && !straight_to_host) {
       s->grad_slice =
           device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads, name + " grad slice");
     }
@@ -59,8 +63,11 @@ void ZeroEngine::allocate_state() {
     full_grads_ =
         device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads, "full gradients");
   }
+  // Stages 2-3 convert every micro-batch's bucket to the communication dtype, even on one rank;
+  // stages 0-1 convert only where there is a reduction.
   const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
-  if (comm_dtype() != reduced_type && (group_.size() > 1 || replicas_ != nullptr)) {
+  const bool converts = per_micro_batch_grads() || group_.size() > 1 || replicas_ != nullptr;
+  if (comm_dtype() != reduced_type && converts) {
     comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
                                      "gradient conversion for communication_data_type");
   }

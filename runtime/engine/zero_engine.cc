@@ -45,6 +45,13 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   return s;
 }
 
+bool offload_takes_reduced_slices(const EngineOptions& options) {
+  return options.stage >= 2 && options.offload_optimizer.enabled &&
+         !options.offload_param.enabled && options.gradient_accumulation_steps == 1 &&
+         options.communication_dtype.value_or(options.compute_dtype) == options.compute_dtype &&
+         !options.quantized_gradients;
+}
+
 namespace {
 
 // hpZ's preconditions (EngineOptions::hpz_partition_size), with the fix in each message.

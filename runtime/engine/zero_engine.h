@@ -95,6 +95,16 @@ struct EngineOptions {
 // The schedule the engine runs for these options (zrt-mem replays the same one).
 ScheduleOptions schedule_options(const EngineOptions& options);
 
+// Optimizer offload at one micro-batch per step (stages 2-3, without parameter offload, the
+// reduce-scatter in the compute dtype and not quantized): an offloaded unit's reduced gradient
+// slice is already its final gradient (grad_accum_dtype would only hold 0 + that slice, the same
+// values), so it goes to host memory straight from the reduction's bucket, in the compute dtype.
+// The device keeps no gradient slice for such a unit, and with fp32 accumulation the copy down
+// and the CPU optimizer's read move 2 bytes per parameter instead of 4. Results are unchanged
+// bit for bit. Otherwise (gradient accumulation, an fp32 or quantized reduction) the final
+// slice is accumulated on the device in grad_accum_dtype and goes down from there.
+bool offload_takes_reduced_slices(const EngineOptions& options);
+
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
   std::int64_t optimizer_steps = 0;  // applied steps (Adam's bias-correction step count)

@@ -294,3 +294,70 @@ TEST_CASE("partial offload is refused where DeepSpeed refuses it, and out of ran
   o.offload_optimizer.ratio = 1.5;
   CHECK_THROWS_WITH(make_engine(o, spec), Catch::Contains("0..1"));
 }
+
+TEST_CASE("at one micro-batch per step the reduced slices go to the host as they are") {
+  // offload_takes_reduced_slices: stages 2-3 without parameter offload, G = 1, the reduction in
+  // the compute dtype. The offloaded units keep no device gradient slice, the host gradient is
+  // in the compute dtype, and nothing else changes: the same parameters and norms as without
+  // offload, bit for bit. Where the rule does not hold (G = 2, an fp32 reduction) the final
+  // slice is accumulated on the device in grad_accum_dtype and goes down from there.
+  struct Case {
+    int stage;
+    double ratio;
+    DType accum;
+    int accumulation;
+    bool fp32_wire;
+  };
+  const Case cases[] = {
+      {2, 1.0, DType::kFloat32, 1, false},  {3, 1.0, DType::kFloat32, 1, false},
+      {3, 0.5, DType::kFloat32, 1, false},  {3, 1.0, DType::kBFloat16, 1, false},
+      {3, 0.5, DType::kBFloat16, 1, false}, {3, 1.0, DType::kFloat32, 2, false},
+      {3, 1.0, DType::kFloat32, 1, true},   {2, 1.0, DType::kFloat32, 1, true},
+  };
+  for (const Case& c : cases) {
+    EngineOptions o = base_options(c.stage, c.accumulation);
+    o.compute_dtype = DType::kBFloat16;
+    o.grad_accum_dtype = c.accum;
+    if (c.fp32_wire) o.communication_dtype = DType::kFloat32;
+    TrainSpec spec;
+    spec.steps = 3;
+    spec.accumulation = c.accumulation;
+    spec.clip = 0.05;
+    auto plain = make_engine(o, spec);
+    const auto expected = train_engine(*plain, spec);
+    EngineOptions oo = with_offload(o, false);
+    oo.offload_optimizer.ratio = c.ratio;
+    const bool direct = c.accumulation == 1 && !c.fp32_wire;
+    CHECK(offload_takes_reduced_slices(oo) == direct);
+    DeviceOptions delayed;  // the copy reads the bucket while the compute stream moves on
+    delayed.stream_delay_max_us = 150;
+    delayed.stream_delay_seed = 11;
+    auto run = make_engine(oo, spec, delayed);
+    const auto got = train_engine(*run, spec);
+    INFO("stage " << c.stage << " ratio " << c.ratio << " accum " << dtype_name(c.accum) << " G "
+                  << c.accumulation << " fp32 reduction " << c.fp32_wire);
+    for (std::size_t p = 0; p < got.size(); ++p) {
+      INFO("parameter " << p);
+      REQUIRE(got[p] == expected[p]);
+    }
+    for (std::size_t i = 0; i < plain->results.size(); ++i) {
+      CHECK(run->results[i].grad_norm == plain->results[i].grad_norm);
+    }
+    // Gradient bytes after the step (the buckets are gone): on the device a slice per unit the
+    // device steps (every unit where the rule does not hold), in grad_accum_dtype; in host
+    // memory a slice per offloaded unit, in the compute dtype where the rule holds.
+    const PartitionPlan& plan = run->engine->plan();
+    std::int64_t host_shard = 0;
+    for (std::size_t u = 0; u < plan.units().size(); ++u) {
+      if (run->engine->state_on_host(static_cast<int>(u))) host_shard += plan.unit(u).shard;
+    }
+    REQUIRE(host_shard > 0);
+    const std::int64_t total = plan.total_shard();
+    const auto grads = [&](MemorySpace space) {
+      return run->device->tracker().usage(space).current[static_cast<int>(MemCategory::kGrads)];
+    };
+    const std::int64_t accum_bytes = static_cast<std::int64_t>(dtype_size(c.accum));
+    CHECK(grads(MemorySpace::kDevice) == (direct ? total - host_shard : total) * accum_bytes);
+    CHECK(grads(MemorySpace::kPinnedHost) == host_shard * (direct ? 2 : accum_bytes));
+  }
+}

@@ -92,9 +92,23 @@ TEST_CASE("offload moves master, moments and gradient slices to the host of each
   CHECK(at(e.host_per_rank, MemCategory::kParams) == 234'375'000);
   CHECK(e.ranks_per_node == 8);
   CHECK(e.host_node_total() == 8 * e.host_rank_total());
-  // Stage 2 + optimizer offload keeps full parameters and gradient slices on the device.
+  // Stage 2 + optimizer offload keeps full parameters on the device, and with gradient
+  // accumulation the gradient slices; at one micro-batch per step the reduced slices go to the
+  // host as they are (offload_takes_reduced_slices), in the compute dtype.
+  in.engine.gradient_accumulation_steps = 4;
   const Estimate s2 = estimate(in, Setting{2, true, false});
   CHECK(s2.model_state() == 15'000'000'000 + 234'375'000);
+  CHECK(at(s2.host_per_rank, MemCategory::kGrads) == 234'375'000);
+  in.engine.gradient_accumulation_steps = 1;
+  in.engine.grad_accum_dtype = DType::kFloat32;
+  const Estimate s2_direct = estimate(in, Setting{2, true, false});
+  CHECK(s2_direct.model_state() == 15'000'000'000);
+  CHECK(at(s2_direct.host_per_rank, MemCategory::kGrads) == 234'375'000);  // fp16, not fp32
+  // A reduction in another dtype than the compute dtype is accumulated on the device first.
+  in.engine.communication_dtype = DType::kFloat32;
+  const Estimate s2_fp32_wire = estimate(in, Setting{2, true, false});
+  CHECK(s2_fp32_wire.model_state() == 15'000'000'000 + 2 * 234'375'000);
+  CHECK(at(s2_fp32_wire.host_per_rank, MemCategory::kGrads) == 2 * 234'375'000);
 }
 
 TEST_CASE("partial offload (ratio) splits the fp32 state; only stage 3's row has it") {
@@ -108,6 +122,8 @@ TEST_CASE("partial offload (ratio) splits the fp32 state; only stage 3's row has
   CHECK(at(e.host_per_rank, MemCategory::kGrads) == 2 * host);
   CHECK(e.master == 4 * (117'187'500 - host));
   CHECK(e.optimizer == 8 * (117'187'500 - host));
+  // One micro-batch per step: only the units the device steps keep a gradient slice there.
+  CHECK(e.grads == 2 * (117'187'500 - host));
   CHECK(in.name(Setting{3, true, false}) == "stage 3 + optimizer offload (ratio 0.25)");
   // DeepSpeed has partial offload at stage 3 only: the other offload rows are full offload.
   const Estimate s2 = estimate(in, Setting{2, true, false});

@@ -148,7 +148,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
     return b;
   };
   for (int step = 0; step < kSteps; ++step) {
-    for (int g = 0; g < kAccumulation; ++g) {
+    for (int g = 0; g < in.engine.gradient_accumulation_steps; ++g) {
       model.forward_backward(engine, next_batch(step * 10 + g),
                              static_cast<float>(engine.loss_scale()));
     }
@@ -253,6 +253,34 @@ TEST_CASE("zrt-mem matches the tracker with partial optimizer offload (ratio, st
       // At least the ratio of the fp32 state is on the host.
       const double host = static_cast<double>(at(m.host, MemCategory::kMaster));
       CHECK(host >= ratio * (host + static_cast<double>(at(m.device, MemCategory::kMaster))));
+    }
+  }
+}
+
+TEST_CASE("zrt-mem matches the tracker at one micro-batch per step and with an fp32 reduction") {
+  // G = 1: the offloaded units' reduced slices go to the host as they are (bf16), with no device
+  // gradient slice for them (offload_takes_reduced_slices); an fp32 reduction converts every
+  // bucket first, also on one rank, and keeps the device's accumulated slices.
+  for (const char* spec : kModels) {
+    for (bool fp32_wire : {false, true}) {
+      for (const auto& [setting, ratio] :
+           {std::pair{Setting{2, false, false}, 1.0}, std::pair{Setting{2, true, false}, 1.0},
+            std::pair{Setting{3, true, false}, 1.0}, std::pair{Setting{3, true, false}, 0.5},
+            std::pair{Setting{3, true, true}, 1.0}}) {
+        Inputs in = tiny_inputs(spec, false);
+        in.engine.gradient_accumulation_steps = 1;
+        in.engine.offload_optimizer.ratio = ratio;
+        if (fp32_wire) in.engine.communication_dtype = DType::kFloat32;
+        const Estimate e = estimate(in, setting);
+        const Measured m = run_engine(in, setting);
+        INFO(spec << ": " << in.name(setting) << (fp32_wire ? ", fp32 reduction" : "") << ", N "
+                  << in.world);
+        check_exact(e, m);
+        if (setting.offload_optimizer && !setting.offload_param && !fp32_wire) {
+          // The host gradient is bf16: 2 bytes per offloaded element, beside 4 of master weight.
+          CHECK(2 * at(m.host, MemCategory::kGrads) == at(m.host, MemCategory::kMaster));
+        }
+      }
     }
   }
 }

@@ -104,9 +104,14 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
                                                 : in.world;
   row("params (compute dtype)", gb(chosen.params),
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
-  row("grads", gb(chosen.grads),
-      chosen.setting.stage < 2 ? "full, accumulation dtype"
-                               : (chosen.setting.offload_param ? "offloaded" : "1/N"));
+  // One micro-batch per step with optimizer offload: the offloaded units' reduced slices go
+  // to the host as they are (offload_takes_reduced_slices).
+  const char* grads_note = chosen.setting.stage < 2             ? "full, accumulation dtype"
+                           : chosen.setting.offload_param       ? "offloaded"
+                           : !chosen.grads_offloaded_as_reduced ? "1/N"
+                           : chosen.grads == 0 ? "offloaded as reduced (one micro-batch per step)"
+                                               : "1/N, the units not offloaded";
+  row("grads", gb(chosen.grads), grads_note);
   // Optimizer offload: all of the fp32 state in host memory, or the device's share of it
   // (partial offload, offload_optimizer.ratio).
   const std::string state_note = !chosen.setting.offload_optimizer ? fmt::format("1/{}", n)

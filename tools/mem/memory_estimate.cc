@@ -361,16 +361,22 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   } else {
     e.params = f.persistent * cs + (setting.offload_param ? 0 : f.sharded_slices * cs);
   }
-  if (o.stage < 2) {
-    e.grads = f.padded * as;  // full gradients, accumulated across micro-batches
-  } else {
-    e.grads = setting.offload_param ? 0 : f.shard_total * as;  // the owned slices
-  }
   // The optimizer's fp32 state tensors per owned element (Adam 2, Lion 1).
   // With optimizer offload the offloaded units' state is in host memory and the rest (partial
   // offload, offload_optimizer.ratio < 1) on the device.
   const I64 host_shard = setting.offload_optimizer ? f.host_shard_total : 0;
   const I64 device_shard = f.shard_total - host_shard;
+  // At one micro-batch per step the offloaded units' reduced slices go to host memory as they
+  // are, in the compute dtype, and the device keeps no gradient slice for them.
+  const bool reduced_to_host = offload_takes_reduced_slices(o);
+  e.grads_offloaded_as_reduced = reduced_to_host;
+  if (o.stage < 2) {
+    e.grads = f.padded * as;  // full gradients, accumulated across micro-batches
+  } else if (setting.offload_param) {
+    e.grads = 0;  // accumulated in host memory
+  } else {
+    e.grads = (reduced_to_host ? device_shard : f.shard_total) * as;  // the owned slices
+  }
   e.master = device_shard * 4;
   e.optimizer = device_shard * 4 * in.optimizer.num_states();
   e.gathered_peak = f.gathered_peak * cs;
@@ -379,7 +385,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.buckets_peak = f.bucket_peak * cs;
   e.transient_peak = f.transient_bytes;
   const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
-  if (wire != reduced && in.world > 1) e.comm = f.max_unit * size_of(wire);
+  if (wire != reduced && (o.stage >= 2 || in.world > 1)) e.comm = f.max_unit * size_of(wire);
   if (in.device_type == DeviceType::kCpu) {
     e.comm += mpi_scratch_bytes(f, o, in.world, in.comm, in.trainer_buffers);
   }
@@ -405,7 +411,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   if (setting.offload_optimizer) {
     at(h, MemCategory::kMaster) = host_shard * 4;
     at(h, MemCategory::kOptimizer) = host_shard * 4 * in.optimizer.num_states();
-    at(h, MemCategory::kGrads) = host_shard * as;
+    at(h, MemCategory::kGrads) = host_shard * (reduced_to_host ? cs : as);
     // Staging buffers carrying updated parameters up, one offloaded slice each.
     at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.host_max_shard * cs;
     at(h, MemCategory::kWorkspace) += unit_norms_bytes;

@@ -112,6 +112,10 @@ struct Estimate {
   // master, optimizer. Their sum is the ZeRO paper's model state.
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
   std::int64_t model_state() const { return params + grads + master + optimizer; }
+  // Optimizer offload at one micro-batch per step (offload_takes_reduced_slices): the offloaded
+  // units' reduced slices go to the host as they are, so `grads` holds only the device-stepped
+  // units' slices.
+  bool grads_offloaded_as_reduced = false;
   // Transient model-state buffers: stage-3 gathered parameters and gradient buckets, each at
   // its own peak, and the peak of their sum (they overlap in backward).
   std::int64_t gathered_peak = 0, buckets_peak = 0, transient_peak = 0;
