@@ -51,6 +51,9 @@ options:
   --offload-ratio R         offload_optimizer.ratio: the share of the optimizer state offloaded
                             at stage 3 (default 1; the rest stays on the device)
   --micro-batch B           sequences per micro-batch (default 1)
+  --gas G                   gradient_accumulation_steps (default: the config's, else 1); with
+                            optimizer offload at stages 2-3, 1 sends the reduced gradient
+                            slices to host memory as they are (no device gradient slice)
   --seq T                   tokens per sequence (default: the model's seq_len; zrt-train trains
                             at the model's seq_len, so this also sets it)
   --optimizer adam|adamw|lion  the optimizer (default: the config's, else AdamW): its fp32
@@ -114,6 +117,7 @@ int run(int argc, char** argv) {
                                              {"--offload-param", true},
                                              {"--offload-ratio", true},
                                              {"--micro-batch", true},
+                                             {"--gas", true},
                                              {"--seq", true},
                                              {"--dtype", true},
                                              {"--grad-accum-dtype", true},
@@ -186,6 +190,8 @@ int run(int argc, char** argv) {
     in.engine.offload_param.enabled = parse_offload("--offload-param", args["--offload-param"]);
   if (args.count("--micro-batch"))
     in.micro_batch = parse_int("--micro-batch", args["--micro-batch"]);
+  if (args.count("--gas"))
+    in.engine.gradient_accumulation_steps = parse_int("--gas", args["--gas"]);
   if (args.count("--dtype")) in.engine.compute_dtype = parse_dtype(args["--dtype"]);
   if (args.count("--grad-accum-dtype"))
     in.engine.grad_accum_dtype = parse_dtype(args["--grad-accum-dtype"]);

@@ -47,6 +47,14 @@ Inputs paper_inputs() {
   return in;
 }
 
+// One row of zrt-mem's per-rank report, as mem_report.cc prints it.
+std::string report_row(const std::string& name, const std::string& gb, const std::string& note) {
+  std::string row = "  " + name;
+  row.resize(2 + 34, ' ');
+  row += " " + std::string(9 - gb.size(), ' ') + gb + " GB  " + note;
+  return row + "\n";
+}
+
 }  // namespace
 
 TEST_CASE("the ZeRO paper's Ψ = 7.5B, N = 64 figures: 120 / 31.4 / 16.6 / 1.9 GB") {
@@ -423,6 +431,23 @@ TEST_CASE("zrt-mem with a model and with a config") {
   CHECK_THAT(partial,
              Catch::Contains("stage 3 + optimizer offload (ratio 0.5) — per-rank device memory"));
   CHECK_THAT(partial, Catch::Contains("1/1, the part not offloaded"));
+  CHECK_THAT(partial, Catch::Contains("1/N, the units not offloaded"));
+  // One micro-batch per step (the default without a config): no device gradient slices for the
+  // offloaded units; with accumulation (--gas 8) the fp32 slices are back on the device.
+  const std::string direct =
+      run_tool("--model gpt2 --stage 3 --offload-optimizer cpu --seq 1024", &status);
+  INFO(direct);
+  CHECK(status == 0);
+  CHECK_THAT(direct, Catch::Contains("offloaded as reduced (one micro-batch per step)"));
+  CHECK_THAT(direct, Catch::Contains(report_row(
+                         "grads", "0.0", "offloaded as reduced (one micro-batch per step)")));
+  CHECK_THAT(direct, Catch::Contains(report_row("grads (offloaded slices)", "0.2", "")));
+  const std::string accumulated =
+      run_tool("--model gpt2 --stage 3 --offload-optimizer cpu --seq 1024 --gas 8", &status);
+  INFO(accumulated);
+  CHECK(status == 0);
+  CHECK_THAT(accumulated, Catch::Contains(report_row("grads", "0.5", "1/N")));
+  CHECK_THAT(accumulated, Catch::Contains(report_row("grads (offloaded slices)", "0.5", "")));
   const std::string cfg = run_tool(
       std::string("--config ") + ZRT_SOURCE_DIR + "/configs/stage3.json --world 2", &status);
   INFO(cfg);
@@ -455,6 +480,8 @@ TEST_CASE("zrt-mem rejects bad usage with a message naming the problem") {
   CHECK_THAT(
       run_tool("--params 1e9 --stage 3 --offload-optimizer cpu --offload-ratio 1.5", &status),
       Catch::Contains("--offload-ratio must be in [0, 1], not 1.5"));
+  CHECK_THAT(run_tool("--params 1e9 --gas 0", &status),
+             Catch::Contains("--gas (gradient_accumulation_steps) must be >= 1, not 0"));
   CHECK_THAT(run_tool("--config /nonexistent.json", &status), Catch::Contains("/nonexistent.json"));
   CHECK(status == 1);
 }

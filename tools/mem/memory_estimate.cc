@@ -280,6 +280,10 @@ void Inputs::validate() const {
   }
   if (micro_batch < 1)
     ZRT_THROW(InvalidArgument, "--micro-batch must be >= 1, not {}", micro_batch);
+  if (engine.gradient_accumulation_steps < 1) {
+    ZRT_THROW(InvalidArgument, "--gas (gradient_accumulation_steps) must be >= 1, not {}",
+              engine.gradient_accumulation_steps);
+  }
   if (model && model->def && (seq_len < 1 || seq_len > model->def->seq_len())) {
     ZRT_THROW(InvalidArgument, "--seq {} outside 1..{} (the model's seq_len)", seq_len,
               model->def->seq_len());
