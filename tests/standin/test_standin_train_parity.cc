@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "runtime/comm/mpi_runtime.h"
 #include "config/config.h"
+#include "runtime/comm/mpi_runtime.h"
 #include "runtime/data/token_shard.h"
 #include "tools/train/trainer.h"
 
@@ -53,11 +53,13 @@ std::vector<double> metric_losses(const std::string& output_dir) {
 }
 
 std::vector<double> run(const std::string& dir, const std::string& name, const std::string& zero,
-                        const std::string& device, int world) {
+                        int accumulation, const std::string& device, int world) {
   const std::string out = dir + "/" + name + "_" + device;
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
-    "gradient_accumulation_steps": 2,
+    "gradient_accumulation_steps": )" +
+                           std::to_string(accumulation) +
+                           R"(,
     "gradient_clipping": 1.0,
     "zero_optimization": )" +
                            zero + R"(,
@@ -89,24 +91,36 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const std::string dir = corpus_dir(world);
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {"stage0", R"({"stage": 0})"},
-      {"stage1", R"({"stage": 1})"},
-      {"stage2", R"({"stage": 2})"},
-      {"stage3", R"({"stage": 3, "stage3_param_persistence_threshold": 100})"},
-      {"stage1_offload", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})"},
-      {"stage2_offload", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})"},
+  struct Case {
+    std::string name, zero;
+    int accumulation;
+  };
+  const std::vector<Case> cases = {
+      {"stage0", R"({"stage": 0})", 2},
+      {"stage1", R"({"stage": 1})", 2},
+      {"stage2", R"({"stage": 2})", 2},
+      {"stage3", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2},
+      {"stage1_offload", R"({"stage": 1, "offload_optimizer": {"device": "cpu"}})", 2},
+      {"stage2_offload", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 2},
       {"stage3_offload", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
                              "offload_optimizer": {"device": "cpu"},
-                             "offload_param": {"device": "cpu"}})"},
+                             "offload_param": {"device": "cpu"}})",
+       2},
       // Partial offload: the CUDA optimizer steps the forward's first units, the CPU the rest.
       {"stage3_offload_ratio", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
-                                   "offload_optimizer": {"device": "cpu", "ratio": 0.5}})"},
+                                   "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
+       2},
+      // One micro-batch per step: the offloaded units' reduced slices go down from the
+      // reduction's bucket (offload_takes_reduced_slices), the bucket freed after the copy.
+      {"stage2_offload_g1", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", 1},
+      {"stage3_offload_ratio_g1", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                                      "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
+       1},
   };
-  for (const auto& [name, zero] : cases) {
+  for (const auto& [name, zero, accumulation] : cases) {
     SECTION(name) {
-      const auto cpu = run(dir, name, zero, "cpu", world);
-      const auto cuda = run(dir, name, zero, "cuda", world);
+      const auto cpu = run(dir, name, zero, accumulation, "cpu", world);
+      const auto cuda = run(dir, name, zero, accumulation, "cuda", world);
       REQUIRE(cpu.size() == 4);
       REQUIRE(cuda.size() == cpu.size());
       for (std::size_t i = 0; i < cpu.size(); ++i) {
