@@ -1,5 +1,6 @@
 #include "tools/train/trainer.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/topology.h"
+#include "runtime/common/cpu_affinity.h"
 #include "runtime/common/cpu_isa.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
@@ -486,6 +488,27 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     spdlog::info("device {}; MFU peak: {}", device->description(), peak.source);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa), cpu_isa_name(hardware_cpu_isa()));
+  }
+  // Where the host's cores do the work (the CPU backend, a CPU optimizer), say how many this
+  // rank has, and warn once per node when a launcher confined it (mpirun binds by default).
+  const bool cpu_heavy =
+      device->type() == DeviceType::kCpu || config.engine.offload_optimizer.enabled;
+  if (cpu_heavy && mpi.local_rank == 0) {
+    const CpuAffinity affinity = cpu_affinity();
+    const int threads = omp_get_max_threads();
+    const bool offload = config.engine.offload_optimizer.enabled;
+    const char* for_what = device->type() != DeviceType::kCpu ? "the CPU optimizer"
+                           : offload ? "the CPU kernels and the CPU optimizer"
+                                     : "the CPU kernels";
+    spdlog::info(
+        "CPU threads: {} OpenMP thread(s) per rank for {}; this rank may use {} of the "
+        "node's {} cores ({})",
+        threads, for_what, affinity.usable, affinity.online, affinity.list);
+    if (const auto warning = cpu_binding_warning(affinity, mpi.local_size, threads)) {
+      spdlog::warn("{}", *warning);
+    }
+  }
+  if (rank == 0) {
     spdlog::info("train data: {} windows of {} tokens in {} shard(s)", train_data.num_samples(),
                  T + 1, train_data.shards().size());
   }
