@@ -37,6 +37,21 @@ EngineOptions with_offload(EngineOptions o, bool params, bool pinned = true) {
   return o;
 }
 
+// The run's parameters and every step's gradient norm equal the plain run's, bit for bit.
+void require_identical(const EngineRun& run, const std::vector<std::vector<float>>& got,
+                       const EngineRun& plain, const std::vector<std::vector<float>>& expected) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t p = 0; p < got.size(); ++p) {
+    INFO("parameter " << p);
+    REQUIRE(got[p] == expected[p]);
+  }
+  REQUIRE(run.results.size() == plain.results.size());
+  for (std::size_t i = 0; i < plain.results.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(run.results[i].grad_norm == plain.results[i].grad_norm);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
@@ -235,13 +250,7 @@ TEST_CASE("partial offload (offload_optimizer.ratio) is bit-identical and splits
       auto run = make_engine(o, spec, delayed);
       const auto got = train_engine(*run, spec);
       INFO("G " << accumulation << " ratio " << ratio);
-      for (std::size_t p = 0; p < got.size(); ++p) {
-        INFO("parameter " << p);
-        REQUIRE(got[p] == expected[p]);
-      }
-      for (std::size_t i = 0; i < plain->results.size(); ++i) {
-        CHECK(run->results[i].grad_norm == plain->results[i].grad_norm);
-      }
+      require_identical(*run, got, *plain, expected);
 
       // The split, from the plan by hand: walk the forward's order from its end.
       const PartitionPlan& plan = run->engine->plan();
@@ -336,13 +345,7 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
     const auto got = train_engine(*run, spec);
     INFO("stage " << c.stage << " ratio " << c.ratio << " accum " << dtype_name(c.accum) << " G "
                   << c.accumulation << " fp32 reduction " << c.fp32_wire);
-    for (std::size_t p = 0; p < got.size(); ++p) {
-      INFO("parameter " << p);
-      REQUIRE(got[p] == expected[p]);
-    }
-    for (std::size_t i = 0; i < plain->results.size(); ++i) {
-      CHECK(run->results[i].grad_norm == plain->results[i].grad_norm);
-    }
+    require_identical(*run, got, *plain, expected);
     // Gradient bytes after the step (the buckets are gone): on the device a slice per unit the
     // device steps (every unit where the rule does not hold), in grad_accum_dtype; in host
     // memory a slice per offloaded unit, in the compute dtype where the rule holds.
