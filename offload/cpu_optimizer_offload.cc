@@ -47,8 +47,9 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       offloaded_(context.offloaded),
       trace_name_(lower(context.optimizer.spec().family)),
       host_optimizer_(context.optimizer.make_host_optimizer()),
-      grad_type_(offload_takes_reduced_slices(context.options) ? context.options.compute_dtype
-                                                               : context.options.grad_accum_dtype) {
+      reduced_as_is_(offload_takes_reduced_slices(context.options)),
+      grad_type_(reduced_as_is_ ? context.options.compute_dtype
+                                : context.options.grad_accum_dtype) {
   ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
             "offload_staging_buffers must be 1..64, not {}", options_.offload_staging_buffers);
   const DType cdt = options_.compute_dtype;
@@ -94,8 +95,13 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
                                         host_space(false)));
   }
   if (offload_param_) {
-    host_reduced_ = device_.allocate(bytes_of(max_shard, DType::kFloat32), MemCategory::kWorkspace,
-                                     "offloaded gradient transfer", host_space(false));
+    // Where the host accumulates, each reduced slice lands here first (at one micro-batch per
+    // step it goes straight into its unit's `grad`).
+    if (!reduced_as_is_) {
+      host_reduced_ =
+          device_.allocate(bytes_of(max_shard, DType::kFloat32), MemCategory::kWorkspace,
+                           "offloaded gradient transfer", host_space(false));
+    }
   } else {
     const std::int64_t norms_bytes =
         bytes_of(static_cast<std::int64_t>(units_.size()), DType::kFloat32);
@@ -187,16 +193,26 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     return;
   }
   // Parameter offload: every micro-batch's reduced slice comes down and is accumulated on the
-  // host, so the final gradient exists only there.
+  // host, so the final gradient exists only there; at one micro-batch per step
+  // (offload_takes_reduced_slices) the one slice is the gradient and goes straight into `grad`.
   TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
-  void* staging = host_reduced_.host<void>();
   void* accum = h.grad.host<void>();
   const std::int64_t n = unit.shard;
-  device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
-  if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
-  copy_->host_callback([staging, type, accum, adt, n] {
-    engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
-  });
+  if (reduced_as_is_) {
+    ZRT_CHECK(type == grad_type_ && final,
+              "parameter offload, unit {}: the one reduced slice of a step in {} expected, got "
+              "{} (final: {})",
+              u, dtype_name(grad_type_), dtype_name(type), final);
+    device_.copy_to_host(accum, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
+    if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
+  } else {
+    void* staging = host_reduced_.host<void>();
+    device_.copy_to_host(staging, reduced, static_cast<std::size_t>(bytes_of(n, type)), *copy_);
+    if (bucket_read != nullptr) bucket_read->record(*copy_);  // the bucket may go once read
+    copy_->host_callback([staging, type, accum, adt, n] {
+      engine_kernels::cpu::accumulate(staging, type, accum, adt, n);
+    });
+  }
   span.end();
   if (final) {
     // The unit's share of the gradient norm, taken here while the backward of earlier units
@@ -204,8 +220,9 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
     const void* grad = h.grad.host<void>();
     double* out = &h.grad_sum_squares;
+    const DType grad_type = grad_type_;
     copy_->host_callback(
-        [grad, adt, n, out] { *out = engine_kernels::cpu::sum_squares(grad, adt, n); });
+        [grad, grad_type, n, out] { *out = engine_kernels::cpu::sum_squares(grad, grad_type, n); });
     norm_span.end();
     h.d2h_done->record(*copy_);
   }
@@ -315,8 +332,8 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     Event* slot_free =
         wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)].params_ready.get() : nullptr;
     // With parameter offload `grad` accumulates micro-batches and must start from zero;
-    // otherwise the next step's copy overwrites it whole.
-    void* grad = offload_param_ ? h.grad.host<void>() : nullptr;
+    // otherwise (or at one micro-batch per step) the next step's copy overwrites it whole.
+    void* grad = offload_param_ && !reduced_as_is_ ? h.grad.host<void>() : nullptr;
     const std::size_t grad_bytes = static_cast<std::size_t>(h.grad.bytes());
     const HostOptimizer* optimizer = host_optimizer_.get();
     const std::string span_name = trace_name_ + " unit " + std::to_string(u);

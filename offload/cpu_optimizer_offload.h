@@ -81,14 +81,15 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   std::vector<bool> offloaded_;  // per unit: its state is here (else the device steps it)
   std::string trace_name_;       // the optimizer in trace spans: "adam", "lion"
   std::unique_ptr<HostOptimizer> host_optimizer_;
-  // The host gradients' type: grad_accum_dtype, or the compute dtype where the reduced slices
-  // come down as they are (offload_takes_reduced_slices: one micro-batch per step).
+  // One micro-batch per step (offload_takes_reduced_slices): each reduced slice comes down as it
+  // is, into `grad`, in the compute dtype; else `grad` is in grad_accum_dtype.
+  bool reduced_as_is_;
   DType grad_type_;
   std::unique_ptr<Stream> copy_;              // device <-> host copies
   std::unique_ptr<CpuStream> cpu_optimizer_;  // the host thread that runs the CPU optimizer
   std::vector<HostUnit> units_;
   std::vector<Buffer> staging_;  // host, compute dtype: updated parameters on their way up
-  Buffer host_reduced_;          // parameter offload: one reduced slice on its way down
+  Buffer host_reduced_;  // parameter offload with accumulation: one reduced slice on its way down
   // Without parameter offload: each unit's sum of squares of its final gradient, taken on the
   // device (fp32 [units]) and copied down beside the gradient.
   Buffer unit_norms_device_;

@@ -67,6 +67,10 @@ void ZeroEngine::issue_reduce(int u, bool final) {
   if (per_micro_batch_grads()) {
     DevicePtr<std::byte> source = s.grad_bucket.device<std::byte>();
     if (wire != cdt) {
+      if (scratch_reader_ != nullptr) {  // the previous slice in the scratch has gone down
+        comm_.wait(*scratch_reader_);
+        scratch_reader_ = nullptr;
+      }
       engine_kernels::convert(device_, comm_, source, cdt, comm_scratch_.device<std::byte>(), wire,
                               unit.numel);
       source = comm_scratch_.device<std::byte>();
@@ -82,17 +86,13 @@ void ZeroEngine::issue_reduce(int u, bool final) {
     }
     average_over_replicas(mine, unit.shard, wire);
     if (offload_param()) {
-      // The reduced slice accumulates in host memory. Copy it out of the bucket (not the shared
-      // conversion scratch, which the next unit's reduction reuses).
-      DevicePtr<std::byte> out = mine;
-      DType out_type = wire;
-      if (source != s.grad_bucket.device<std::byte>()) {
-        out = s.grad_bucket.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
-        engine_kernels::convert(device_, comm_, mine, wire, out, cdt, unit.shard);
-        out_type = cdt;
-      }
+      // The reduced slice accumulates in host memory. It goes down from where the reduction
+      // left it, in the communication dtype (an fp32 reduction keeps its precision): the bucket,
+      // or the conversion scratch, which the next unit's conversion reuses only once the copy
+      // stream has read it (`reduced`, recorded there).
       span.end();
-      offload_->gradient_reduced(u, out, out_type, final, s.reduced.get());
+      offload_->gradient_reduced(u, mine, wire, final, s.reduced.get());
+      if (source != s.grad_bucket.device<std::byte>()) scratch_reader_ = s.reduced.get();
     } else if (s.grad_slice.empty()) {
       // One micro-batch per step, an offloaded unit (offload_takes_reduced_slices): the reduced
       // slice in the bucket is the final gradient and goes down from there; the bucket is

@@ -46,9 +46,11 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
 }
 
 bool offload_takes_reduced_slices(const EngineOptions& options) {
-  return options.stage >= 2 && options.offload_optimizer.enabled &&
-         !options.offload_param.enabled && options.gradient_accumulation_steps == 1 &&
-         options.communication_dtype.value_or(options.compute_dtype) == options.compute_dtype &&
+  if (options.stage < 2 || !options.offload_optimizer.enabled ||
+      options.gradient_accumulation_steps != 1) {
+    return false;
+  }
+  return options.communication_dtype.value_or(options.compute_dtype) == options.compute_dtype &&
          !options.quantized_gradients;
 }
 

@@ -95,14 +95,16 @@ struct EngineOptions {
 // The schedule the engine runs for these options (zrt-mem replays the same one).
 ScheduleOptions schedule_options(const EngineOptions& options);
 
-// Optimizer offload at one micro-batch per step (stages 2-3, without parameter offload, the
-// reduce-scatter in the compute dtype and not quantized): an offloaded unit's reduced gradient
-// slice is already its final gradient (grad_accum_dtype would only hold 0 + that slice, the same
-// values), so it goes to host memory straight from the reduction's bucket, in the compute dtype.
-// The device keeps no gradient slice for such a unit, and with fp32 accumulation the copy down
-// and the CPU optimizer's read move 2 bytes per parameter instead of 4. Results are unchanged
-// bit for bit. Otherwise (gradient accumulation, an fp32 or quantized reduction) the final
-// slice is accumulated on the device in grad_accum_dtype and goes down from there.
+// Optimizer offload at one micro-batch per step (stages 2-3, the reduce-scatter in the compute
+// dtype and not quantized): an offloaded unit's reduced gradient slice is already its final
+// gradient (grad_accum_dtype would only hold 0 + that slice, the same values), so it goes to host
+// memory straight from the reduction's bucket, in the compute dtype, and is the CPU optimizer's
+// input as it is. Without parameter offload the device keeps no gradient slice for such a unit;
+// with it the host neither stages nor accumulates the slice. With fp32 accumulation the copy
+// down and the CPU optimizer's read move 2 bytes per parameter instead of 4. Results are
+// unchanged bit for bit. Otherwise (gradient accumulation, an fp32 or quantized reduction) the
+// final slice is accumulated in grad_accum_dtype, on the device (on the host with parameter
+// offload), and goes to the CPU optimizer from there.
 bool offload_takes_reduced_slices(const EngineOptions& options);
 
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
@@ -322,9 +324,12 @@ class ZeroEngine final : public ParamAccess {
   std::int64_t skipped_steps_ = 0;
 
   std::vector<std::unique_ptr<UnitState>> units_;
-  Buffer full_params_;    // stages 0-2: every unit's full compute-dtype parameters
-  Buffer full_grads_;     // stages 0-1: every unit's full gradients (accum dtype)
-  Buffer comm_scratch_;   // conversions to/from the communication dtype (comm stream)
+  Buffer full_params_;   // stages 0-2: every unit's full compute-dtype parameters
+  Buffer full_grads_;    // stages 0-1: every unit's full gradients (accum dtype)
+  Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)
+  // Parameter offload: the unit whose reduced slice the copy stream reads from comm_scratch_
+  // records this event once it has (its `reduced`); the next conversion into the scratch waits.
+  Event* scratch_reader_ = nullptr;
   Buffer quantized_out_;  // qgZ: one reduced slice (communication dtype)
   Buffer norm_;           // one float: the squared gradient norm
   std::unique_ptr<Event> comm_done_;

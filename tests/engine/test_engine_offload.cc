@@ -305,23 +305,28 @@ TEST_CASE("partial offload is refused where DeepSpeed refuses it, and out of ran
 }
 
 TEST_CASE("at one micro-batch per step the reduced slices go to the host as they are") {
-  // offload_takes_reduced_slices: stages 2-3 without parameter offload, G = 1, the reduction in
-  // the compute dtype. The offloaded units keep no device gradient slice, the host gradient is
-  // in the compute dtype, and nothing else changes: the same parameters and norms as without
-  // offload, bit for bit. Where the rule does not hold (G = 2, an fp32 reduction) the final
-  // slice is accumulated on the device in grad_accum_dtype and goes down from there.
+  // offload_takes_reduced_slices: stages 2-3 at G = 1, the reduction in the compute dtype. The
+  // offloaded units keep no device gradient slice, the host gradient is in the compute dtype
+  // (with parameter offload: copied straight into it, not staged and accumulated), and nothing
+  // else changes: the same parameters and norms as without offload, bit for bit. Where the rule
+  // does not hold (G = 2, an fp32 reduction) the final slice is accumulated in grad_accum_dtype
+  // (on the device, or on the host with parameter offload: an fp32 reduction's slice comes down
+  // in fp32, so it too equals the run without offload).
   struct Case {
     int stage;
     double ratio;
     DType accum;
     int accumulation;
     bool fp32_wire;
+    bool params = false;  // parameter offload too
   };
   const Case cases[] = {
-      {2, 1.0, DType::kFloat32, 1, false},  {3, 1.0, DType::kFloat32, 1, false},
-      {3, 0.5, DType::kFloat32, 1, false},  {3, 1.0, DType::kBFloat16, 1, false},
-      {3, 0.5, DType::kBFloat16, 1, false}, {3, 1.0, DType::kFloat32, 2, false},
-      {3, 1.0, DType::kFloat32, 1, true},   {2, 1.0, DType::kFloat32, 1, true},
+      {2, 1.0, DType::kFloat32, 1, false},       {3, 1.0, DType::kFloat32, 1, false},
+      {3, 0.5, DType::kFloat32, 1, false},       {3, 1.0, DType::kBFloat16, 1, false},
+      {3, 0.5, DType::kBFloat16, 1, false},      {3, 1.0, DType::kFloat32, 2, false},
+      {3, 1.0, DType::kFloat32, 1, true},        {2, 1.0, DType::kFloat32, 1, true},
+      {3, 1.0, DType::kFloat32, 1, false, true}, {3, 1.0, DType::kBFloat16, 1, false, true},
+      {3, 1.0, DType::kFloat32, 1, true, true},  {3, 1.0, DType::kFloat32, 2, false, true},
   };
   for (const Case& c : cases) {
     EngineOptions o = base_options(c.stage, c.accumulation);
@@ -334,7 +339,7 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
     spec.clip = 0.05;
     auto plain = make_engine(o, spec);
     const auto expected = train_engine(*plain, spec);
-    EngineOptions oo = with_offload(o, false);
+    EngineOptions oo = with_offload(o, c.params);
     oo.offload_optimizer.ratio = c.ratio;
     const bool direct = c.accumulation == 1 && !c.fp32_wire;
     CHECK(offload_takes_reduced_slices(oo) == direct);
@@ -344,7 +349,8 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
     auto run = make_engine(oo, spec, delayed);
     const auto got = train_engine(*run, spec);
     INFO("stage " << c.stage << " ratio " << c.ratio << " accum " << dtype_name(c.accum) << " G "
-                  << c.accumulation << " fp32 reduction " << c.fp32_wire);
+                  << c.accumulation << " fp32 reduction " << c.fp32_wire << " param offload "
+                  << c.params);
     require_identical(*run, got, *plain, expected);
     // Gradient bytes after the step (the buckets are gone): on the device a slice per unit the
     // device steps (every unit where the rule does not hold), in grad_accum_dtype; in host
@@ -360,7 +366,17 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
       return run->device->tracker().usage(space).current[static_cast<int>(MemCategory::kGrads)];
     };
     const std::int64_t accum_bytes = static_cast<std::int64_t>(dtype_size(c.accum));
-    CHECK(grads(MemorySpace::kDevice) == (direct ? total - host_shard : total) * accum_bytes);
+    const std::int64_t device_slices = c.params ? 0 : direct ? total - host_shard : total;
+    CHECK(grads(MemorySpace::kDevice) == device_slices * accum_bytes);
     CHECK(grads(MemorySpace::kPinnedHost) == host_shard * (direct ? 2 : accum_bytes));
+    if (c.params) {
+      // Host workspace: the ring carrying updated slices up (2 bf16 slices here), and only where
+      // the host accumulates, the fp32-sized buffer each reduced slice lands in first.
+      std::int64_t max_shard = 0;
+      for (const Unit& unit : plan.units()) max_shard = std::max(max_shard, unit.shard);
+      const auto& host = run->device->tracker().usage(MemorySpace::kPinnedHost).current;
+      CHECK(host[static_cast<int>(MemCategory::kWorkspace)] ==
+            2 * 2 * max_shard + (direct ? 0 : 4 * max_shard));
+    }
   }
 }

@@ -422,7 +422,9 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   }
   if (setting.offload_param) {
     at(h, MemCategory::kParams) = f.sharded_slices * cs;
-    at(h, MemCategory::kWorkspace) += f.max_shard * 4;  // one reduced slice on its way down
+    // One reduced slice on its way down, to be accumulated (at one micro-batch per step each
+    // goes straight into its unit's gradient).
+    if (!reduced_to_host) at(h, MemCategory::kWorkspace) += f.max_shard * 4;
   }
 
   if (in.model && in.model->def) {
