@@ -36,7 +36,7 @@ CpuAffinity cpu_affinity() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) != 0) {  // unknown: assume the whole node
     a.usable = a.online;
-    a.list = fmt::format("0-{}", a.online - 1);
+    a.list = cpu_list(std::vector<bool>(static_cast<std::size_t>(a.online), true));
     return a;
   }
   a.usable = CPU_COUNT(&set);

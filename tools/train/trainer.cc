@@ -491,12 +491,10 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   }
   // Where the host's cores do the work (the CPU backend, a CPU optimizer), say how many this
   // rank has, and warn once per node when a launcher confined it (mpirun binds by default).
-  const bool cpu_heavy =
-      device->type() == DeviceType::kCpu || config.engine.offload_optimizer.enabled;
-  if (cpu_heavy && mpi.local_rank == 0) {
+  const bool offload = config.engine.offload_optimizer.enabled;
+  if ((device->type() == DeviceType::kCpu || offload) && mpi.local_rank == 0) {
     const CpuAffinity affinity = cpu_affinity();
     const int threads = omp_get_max_threads();
-    const bool offload = config.engine.offload_optimizer.enabled;
     const char* for_what = device->type() != DeviceType::kCpu ? "the CPU optimizer"
                            : offload ? "the CPU kernels and the CPU optimizer"
                                      : "the CPU kernels";
