@@ -5,15 +5,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define ZRT_HOST_DEVICE __host__ __device__
-// Before a host-device template that calls what it is given (a device lambda in a kernel, a host
-// one on the CPU): nvcc checks such calls only where the instantiation runs.
-#define ZRT_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
-#else
-#define ZRT_HOST_DEVICE
-#define ZRT_EXEC_CHECK_DISABLE
-#endif
+#include "runtime/common/host_device.h"
 
 namespace zrt {
 

@@ -19,9 +19,9 @@ class CpuDeviceAdam final : public DeviceAdam {
       : adam_(std::make_shared<const CpuAdam>(options, cpu)) {}
 
   void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
-            Stream& stream, double grad_scale) override {
+            Stream& stream, double grad_scale, DevicePtr<const StepDecision> decision) override {
     adam_step_scalars(adam_->options(), step, lr, grad_scale);  // validates before enqueuing
-    detail::enqueue_cpu_step<AdamSlice>(adam_, slices, stream, step, lr, grad_scale);
+    detail::enqueue_cpu_step<AdamSlice>(adam_, slices, stream, decision, grad_scale, step, lr);
   }
 
   const AdamOptions& options() const override { return adam_->options(); }
@@ -37,8 +37,9 @@ class CudaDeviceAdam final : public DeviceAdam {
   explicit CudaDeviceAdam(const AdamOptions& options) : adam_(options) {}
 
   void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
-            Stream& stream, double grad_scale) override {
-    adam_.step(slices, step, lr, cuda_stream_handle(stream), grad_scale);
+            Stream& stream, double grad_scale, DevicePtr<const StepDecision> decision) override {
+    adam_.step(slices, step, lr, cuda_stream_handle(stream), grad_scale,
+               device_access::raw(decision));
   }
 
   const AdamOptions& options() const override { return adam_.options(); }
@@ -56,8 +57,8 @@ const OptimizerSpec& DeviceAdam::spec() const {
 }
 
 void DeviceAdam::step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
-                      Stream& stream, double grad_scale) {
-  this->step(slices_from_generic<AdamDeviceSlice>(slices), step, lr, stream, grad_scale);
+                      Stream& stream, double grad_scale, DevicePtr<const StepDecision> decision) {
+  this->step(slices_from_generic<AdamDeviceSlice>(slices), step, lr, stream, grad_scale, decision);
 }
 
 std::unique_ptr<HostOptimizer> DeviceAdam::make_host_optimizer() const {

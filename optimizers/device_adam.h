@@ -23,18 +23,21 @@ class DeviceAdam : public DeviceOptimizer {
   using DeviceOptimizer::step;
 
   // Enqueues Adam step `step` (1-based) with learning rate `lr` over `slices` on `stream`,
-  // gradients multiplied by `grad_scale` (see CpuAdam::step); the slices' memory must stay valid
-  // until the stream reaches this point. Throws InvalidArgument for a malformed slice, step < 1
-  // or a bad grad_scale before enqueuing anything.
+  // gradients multiplied by `grad_scale` (see CpuAdam::step), or as `decision` says when given
+  // (DeviceOptimizer::step); the slices' memory must stay valid until the stream reaches this
+  // point. Throws InvalidArgument for a malformed slice, step < 1 or a bad grad_scale before
+  // enqueuing anything.
   virtual void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
-                    Stream& stream, double grad_scale = 1.0) = 0;
+                    Stream& stream, double grad_scale = 1.0,
+                    DevicePtr<const StepDecision> decision = {}) = 0;
 
   virtual const AdamOptions& options() const = 0;
 
   // DeviceOptimizer: the engine's view (states "exp_avg", "exp_avg_sq" in that order).
   const OptimizerSpec& spec() const override;
   void step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
-            Stream& stream, double grad_scale = 1.0) override;
+            Stream& stream, double grad_scale = 1.0,
+            DevicePtr<const StepDecision> decision = {}) override;
   std::unique_ptr<HostOptimizer> make_host_optimizer() const override;
 };
 

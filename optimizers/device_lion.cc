@@ -19,9 +19,9 @@ class CpuDeviceLion final : public DeviceLion {
       : lion_(std::make_shared<const CpuLion>(options, cpu)) {}
 
   void step(const std::vector<LionDeviceSlice>& slices, double lr, Stream& stream,
-            double grad_scale) override {
+            double grad_scale, DevicePtr<const StepDecision> decision) override {
     lion_step_scalars(lion_->options(), lr, grad_scale);  // validates before enqueuing
-    detail::enqueue_cpu_step<LionSlice>(lion_, slices, stream, lr, grad_scale);
+    detail::enqueue_cpu_step<LionSlice>(lion_, slices, stream, decision, grad_scale, lr);
   }
 
   const LionOptions& options() const override { return lion_->options(); }
@@ -37,8 +37,8 @@ class CudaDeviceLion final : public DeviceLion {
   explicit CudaDeviceLion(const LionOptions& options) : lion_(options) {}
 
   void step(const std::vector<LionDeviceSlice>& slices, double lr, Stream& stream,
-            double grad_scale) override {
-    lion_.step(slices, lr, cuda_stream_handle(stream), grad_scale);
+            double grad_scale, DevicePtr<const StepDecision> decision) override {
+    lion_.step(slices, lr, cuda_stream_handle(stream), grad_scale, device_access::raw(decision));
   }
 
   const LionOptions& options() const override { return lion_.options(); }
@@ -56,8 +56,9 @@ const OptimizerSpec& DeviceLion::spec() const {
 }
 
 void DeviceLion::step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t /*step*/,
-                      double lr, Stream& stream, double grad_scale) {
-  this->step(slices_from_generic<LionDeviceSlice>(slices), lr, stream, grad_scale);
+                      double lr, Stream& stream, double grad_scale,
+                      DevicePtr<const StepDecision> decision) {
+  this->step(slices_from_generic<LionDeviceSlice>(slices), lr, stream, grad_scale, decision);
 }
 
 std::unique_ptr<HostOptimizer> DeviceLion::make_host_optimizer() const {

@@ -19,14 +19,16 @@ class DeviceLion : public DeviceOptimizer {
  public:
   using DeviceOptimizer::step;
   // Enqueues one Lion step with learning rate `lr` over `slices` on `stream` (see CpuLion::step).
+  // With a `decision`, as DeviceOptimizer::step says.
   virtual void step(const std::vector<LionDeviceSlice>& slices, double lr, Stream& stream,
-                    double grad_scale = 1.0) = 0;
+                    double grad_scale = 1.0, DevicePtr<const StepDecision> decision = {}) = 0;
   virtual const LionOptions& options() const = 0;
 
   // DeviceOptimizer: state[0] is "exp_avg"; `step` is not used (Lion has no bias correction).
   const OptimizerSpec& spec() const override;
   void step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
-            Stream& stream, double grad_scale = 1.0) override;
+            Stream& stream, double grad_scale = 1.0,
+            DevicePtr<const StepDecision> decision = {}) override;
   std::unique_ptr<HostOptimizer> make_host_optimizer() const override;
 };
 

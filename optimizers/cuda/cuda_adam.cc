@@ -3,8 +3,9 @@
 namespace zrt {
 
 void CudaAdam::step(const AdamDeviceSlice* slices, std::size_t count, std::int64_t step, double lr,
-                    cudaStream_t stream, double grad_scale) {
-  table_.launch<AdamMath>(slices, count, adam_step_scalars(options_, step, lr, grad_scale), stream);
+                    cudaStream_t stream, double grad_scale, const StepDecision* decision) {
+  table_.launch<AdamMath>(slices, count, adam_step_scalars(options_, step, lr, grad_scale),
+                          decision, stream);
 }
 
 }  // namespace zrt

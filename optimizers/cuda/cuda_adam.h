@@ -28,14 +28,15 @@ class CudaAdam {
   explicit CudaAdam(const AdamOptions& options) : options_(options) {}
 
   // Enqueues Adam step `step` (1-based) with learning rate `lr` on every slice, on `stream`,
-  // gradients multiplied by `grad_scale` (see CpuAdam::step). Returns at once; the slices'
+  // gradients multiplied by `grad_scale` (see CpuAdam::step), or as the device-resident
+  // `decision` says when it is given (DeviceOptimizer::step). Returns at once; the slices'
   // memory must stay valid until the stream reaches this point. Throws InvalidArgument for a
   // malformed slice, step < 1 or a bad grad_scale before enqueuing anything.
   void step(const AdamDeviceSlice* slices, std::size_t count, std::int64_t step, double lr,
-            cudaStream_t stream, double grad_scale = 1.0);
+            cudaStream_t stream, double grad_scale = 1.0, const StepDecision* decision = nullptr);
   void step(const std::vector<AdamDeviceSlice>& slices, std::int64_t step, double lr,
-            cudaStream_t stream, double grad_scale = 1.0) {
-    this->step(slices.data(), slices.size(), step, lr, stream, grad_scale);
+            cudaStream_t stream, double grad_scale = 1.0, const StepDecision* decision = nullptr) {
+    this->step(slices.data(), slices.size(), step, lr, stream, grad_scale, decision);
   }
 
   const AdamOptions& options() const { return options_; }

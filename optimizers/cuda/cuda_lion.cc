@@ -3,9 +3,9 @@
 namespace zrt {
 
 void CudaLion::step(const std::vector<LionDeviceSlice>& slices, double lr, cudaStream_t stream,
-                    double grad_scale) {
+                    double grad_scale, const StepDecision* decision) {
   table_.launch<LionMath>(slices.data(), slices.size(), lion_step_scalars(options_, lr, grad_scale),
-                          stream);
+                          decision, stream);
 }
 
 }  // namespace zrt

@@ -23,10 +23,11 @@ class CudaLion {
  public:
   explicit CudaLion(const LionOptions& options) : options_(options) {}
 
-  // Enqueues one Lion step with learning rate `lr` on every slice, on `stream`. Throws
-  // InvalidArgument for a malformed slice or bad scalars before enqueuing anything.
+  // Enqueues one Lion step with learning rate `lr` on every slice, on `stream` (with a
+  // device-resident `decision`, as DeviceOptimizer::step says). Throws InvalidArgument for a
+  // malformed slice or bad scalars before enqueuing anything.
   void step(const std::vector<LionDeviceSlice>& slices, double lr, cudaStream_t stream,
-            double grad_scale = 1.0);
+            double grad_scale = 1.0, const StepDecision* decision = nullptr);
 
   const LionOptions& options() const { return options_; }
 

@@ -100,7 +100,12 @@ __device__ __forceinline__ void multi_tensor_update(const CudaOptimizerDesc* __r
 template <typename Math>
 __global__ void __launch_bounds__(kThreads)
     optimizer_kernel(const CudaOptimizerDesc* __restrict__ table, int count,
-                     typename Math::Scalars s) {
+                     typename Math::Scalars s, const StepDecision* __restrict__ decision) {
+  if (decision != nullptr) {
+    // The same value in every thread of every block: the whole grid returns, or none of it.
+    if (decision->apply == 0) return;
+    s.grad_scale = decision->grad_scale;
+  }
   multi_tensor_update<Math>(table, count, s);
 }
 
@@ -108,13 +113,17 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename Math>
 void launch_cuda_optimizer(const CudaOptimizerDesc* table, int count, int blocks,
-                           const typename Math::Scalars& s, cudaStream_t stream) {
-  optimizer_kernel<Math><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(table, count, s);
+                           const typename Math::Scalars& s, const StepDecision* decision,
+                           cudaStream_t stream) {
+  optimizer_kernel<Math>
+      <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(table, count, s, decision);
 }
 
 template void launch_cuda_optimizer<AdamMath>(const CudaOptimizerDesc*, int, int,
-                                              const AdamStepScalars&, cudaStream_t);
+                                              const AdamStepScalars&, const StepDecision*,
+                                              cudaStream_t);
 template void launch_cuda_optimizer<LionMath>(const CudaOptimizerDesc*, int, int,
-                                              const LionStepScalars&, cudaStream_t);
+                                              const LionStepScalars&, const StepDecision*,
+                                              cudaStream_t);
 
 }  // namespace zrt::detail

@@ -9,6 +9,7 @@
 
 #include "optimizers/adam_math.h"
 #include "optimizers/lion_math.h"
+#include "runtime/engine/step_decision.h"
 
 namespace zrt::detail {
 
@@ -34,10 +35,12 @@ struct CudaOptimizerDesc {
 };
 
 // Enqueues optimizer Math's kernel on `stream`: `blocks` thread blocks over the `count` slices
-// of the device-resident `table`. The caller checks cudaGetLastError(). Defined for AdamMath and
-// LionMath.
+// of the device-resident `table`. `decision` (device memory, or null): every block reads it
+// first; it returns at once when the step does not apply, else uses its grad_scale instead of
+// s.grad_scale. The caller checks cudaGetLastError(). Defined for AdamMath and LionMath.
 template <typename Math>
 void launch_cuda_optimizer(const CudaOptimizerDesc* table, int count, int blocks,
-                           const typename Math::Scalars& s, cudaStream_t stream);
+                           const typename Math::Scalars& s, const StepDecision* decision,
+                           cudaStream_t stream);
 
 }  // namespace zrt::detail

@@ -28,13 +28,14 @@ class CudaSliceTable {
   CudaSliceTable& operator=(const CudaSliceTable&) = delete;
 
   // One step of optimizer Math (AdamMath, LionMath) over `slices` with `scalars`: update(),
-  // then one kernel launch on `stream` (none if no slice has elements). Throws InvalidArgument
-  // for a malformed slice before enqueuing anything.
+  // then one kernel launch on `stream` (none if no slice has elements). With a device-resident
+  // `decision` the kernel takes grad_scale from it and writes nothing when it does not apply.
+  // Throws InvalidArgument for a malformed slice before enqueuing anything.
   template <typename Math, typename DeviceSlice>
   void launch(const DeviceSlice* slices, std::size_t count, const typename Math::Scalars& scalars,
-              cudaStream_t stream) {
+              const StepDecision* decision, cudaStream_t stream) {
     if (!update(slices, count, stream)) return;
-    launch_cuda_optimizer<Math>(device_table(), this->count(), blocks(), scalars, stream);
+    launch_cuda_optimizer<Math>(device_table(), this->count(), blocks(), scalars, decision, stream);
     check_launch();
   }
 

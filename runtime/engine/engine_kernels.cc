@@ -16,6 +16,8 @@ void convert(Stream& s, const void* src, DType st, void* dst, DType dt, std::int
 void accumulate(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n);
 void scale(Stream& s, void* x, DType t, std::int64_t n, float factor);
 void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* acc);
+void decide_step(Stream& s, const float* norm_squared, const StepDecisionInputs& inputs,
+                 StepDecision* out);
 }  // namespace cuda
 #endif
 
@@ -166,6 +168,21 @@ void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> 
   cuda::add_sum_squares(stream, p, type, n, a);
 #else
   cuda_backend_missing("engine_kernels::add_sum_squares");
+#endif
+}
+
+void decide_step(Device& device, Stream& stream, DevicePtr<const float> norm_squared,
+                 const StepDecisionInputs& inputs, DevicePtr<StepDecision> out) {
+  const float* n = device_access::raw(norm_squared);
+  StepDecision* d = device_access::raw(out);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "decide_step").enqueue([=] { *d = zrt::decide_step(*n, inputs); });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::decide_step(stream, n, inputs, d);
+#else
+  cuda_backend_missing("engine_kernels::decide_step");
 #endif
 }
 

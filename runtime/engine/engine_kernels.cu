@@ -7,6 +7,7 @@
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/cuda_float16.cuh"
+#include "runtime/engine/step_decision.h"
 
 namespace zrt::engine_kernels::cuda {
 
@@ -109,6 +110,12 @@ __global__ void sum_partials_kernel(const double* partials, int count, float* ac
   if (threadIdx.x == 0) *acc = __fadd_rn(*acc, static_cast<float>(total));
 }
 
+// One thread: the decision is a handful of double operations on one value.
+__global__ void decide_step_kernel(const float* norm_squared, StepDecisionInputs inputs,
+                                   StepDecision* out) {
+  *out = zrt::decide_step(*norm_squared, inputs);
+}
+
 unsigned blocks_for(std::int64_t n) {
   const std::int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 ? 65535 : blocks));
@@ -150,6 +157,12 @@ void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* a
                                                      kNormBlocks, acc);
   ZRT_CUDA_CHECK(cudaGetLastError());
   ZRT_CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void decide_step(Stream& s, const float* norm_squared, const StepDecisionInputs& inputs,
+                 StepDecision* out) {
+  decide_step_kernel<<<1, 1, 0, cuda_stream_handle(s)>>>(norm_squared, inputs, out);
+  ZRT_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace zrt::engine_kernels::cuda

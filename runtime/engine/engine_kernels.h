@@ -1,13 +1,15 @@
 // The few element-wise kernels the engine itself needs, stream-ordered on either backend:
-// dtype conversion, accumulation, scaling, and the squared L2 norm used by clipping and the
-// overflow check. CPU twins in engine_kernels.cc, CUDA in engine_kernels.cu (same math: fp32
-// arithmetic, round to nearest even on 16-bit stores; the norm accumulates in fp64).
+// dtype conversion, accumulation, scaling, the squared L2 norm used by clipping and the
+// overflow check, and the step's decision taken from that norm. CPU twins in engine_kernels.cc,
+// CUDA in engine_kernels.cu (same math: fp32 arithmetic, round to nearest even on 16-bit stores;
+// the norm accumulates in fp64).
 #pragma once
 
 #include <cstdint>
 
 #include "runtime/common/dtype.h"
 #include "runtime/device/device.h"
+#include "runtime/engine/step_decision.h"
 
 namespace zrt::engine_kernels {
 
@@ -24,6 +26,11 @@ void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, s
 // *acc += sum of x[i]^2 (computed in fp64, added in fp32). Non-finite inputs make it non-finite.
 void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> x, DType type,
                      std::int64_t n, DevicePtr<float> acc);
+
+// *out = decide_step(*norm_squared, inputs) (step_decision.h): the step's global decision from
+// the summed squared norm, taken where the norm is, so the host need not read it first.
+void decide_step(Device& device, Stream& stream, DevicePtr<const float> norm_squared,
+                 const StepDecisionInputs& inputs, DevicePtr<StepDecision> out);
 
 // CPU twins on host pointers (exposed for tests and for the CUDA parity test).
 namespace cpu {

@@ -156,19 +156,31 @@ void ZeroEngine::average_over_replicas(DevicePtr<std::byte> slice, std::int64_t 
 float ZeroEngine::global_grad_norm_squared() {
   wait_for_comm();
   float norm_squared = 0.0f;
-  if (offload_) {
-    norm_squared = offload_->local_norm_squared();
-    if (partition_world() == 1) return norm_squared;
-    // Sum over ranks through the group (every rank takes the same decision).
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
-    device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
-    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                      ReduceOp::kSum);
-    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
-    span.end();
-    comm_.synchronize();
+  if (!offload_) {
+    Stream& reader = enqueue_grad_norm_squared();
+    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), reader);
+    reader.synchronize();
+    if (&reader == &comm_) wait_for_comm();
     return norm_squared;
   }
+  // With offload the host summed its units' squares as their gradients landed.
+  norm_squared = offload_->local_norm_squared();
+  if (partition_world() == 1) return norm_squared;
+  // Sum over ranks through the group (every rank takes the same decision).
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+  device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
+  group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                    ReduceOp::kSum);
+  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
+  span.end();
+  comm_.synchronize();
+  return norm_squared;
+}
+
+// Without offload: the squares of the owned gradient slices, summed into norm_ on the compute
+// stream and over the shard group on the comm stream. Returns the stream norm_ is ready on (the
+// caller waits for it or records an event there); nothing is read on the host.
+Stream& ZeroEngine::enqueue_grad_norm_squared() {
   TraceSpan norm_span(trace_, compute_, TraceTrack::kCompute, "grad norm");
   device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
@@ -177,19 +189,13 @@ float ZeroEngine::global_grad_norm_squared() {
                                     options_.grad_accum_dtype, unit.shard, norm_.device<float>());
   }
   norm_span.end();
-  Stream* reader = &compute_;
-  if (partition_world() > 1) {
-    compute_done_->record(compute_);
-    comm_.wait(*compute_done_);
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
-    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                      ReduceOp::kSum);
-    reader = &comm_;
-  }
-  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof(float), *reader);
-  reader->synchronize();
-  if (reader == &comm_) wait_for_comm();
-  return norm_squared;
+  if (partition_world() == 1) return compute_;
+  compute_done_->record(compute_);
+  comm_.wait(*compute_done_);
+  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+  group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                    ReduceOp::kSum);
+  return comm_;
 }
 
 void ZeroEngine::zero_grads() {

@@ -27,6 +27,7 @@
 #include "runtime/common/dtype.h"
 #include "runtime/device/device.h"
 #include "runtime/device/device_ptr.h"
+#include "runtime/engine/step_decision.h"
 
 namespace zrt {
 
@@ -97,8 +98,13 @@ class DeviceOptimizer {
   virtual const OptimizerSpec& spec() const = 0;
   // Enqueues step `step` (1-based) with learning rate `lr` over `slices` on `stream` (see
   // HostOptimizer::step); the slices' memory must stay valid until the stream reaches it.
+  // With a `decision` (device memory, written earlier on the stream or before a wait on it),
+  // the step reads it when it runs: its grad_scale replaces `grad_scale`, and when it does not
+  // apply the step writes nothing (no parameter, state or output changes). So the host enqueues
+  // the update without waiting for the gradient norm (ZeroEngine::enqueue_step).
   virtual void step(const std::vector<OptimizerDeviceSlice>& slices, std::int64_t step, double lr,
-                    Stream& stream, double grad_scale = 1.0) = 0;
+                    Stream& stream, double grad_scale = 1.0,
+                    DevicePtr<const StepDecision> decision = {}) = 0;
   // The CPU implementation of the same optimizer and hyper-parameters, for optimizer offload.
   virtual std::unique_ptr<HostOptimizer> make_host_optimizer() const = 0;
 };

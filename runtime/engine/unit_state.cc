@@ -78,6 +78,11 @@ void ZeroEngine::allocate_state() {
                                       "quantized reduce-scatter output");
   }
   norm_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm");
+  if (decides_step_on_device(options_)) {
+    decision_ = device_.allocate(sizeof(StepDecision), MemCategory::kWorkspace, "step decision");
+    norm_host_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm read back",
+                                  MemorySpace::kPinnedHost);
+  }
 }
 
 DevicePtr<std::byte> ZeroEngine::full_params_of(int u) {
@@ -122,6 +127,7 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
   ZRT_CHECK(schedule_.micro_batch() == 0,
             "load_state() after {} micro-batches: only at a step boundary",
             schedule_.micro_batch());
+  settle_step();  // a decision still on the device would count its step after the load
   assign_state(fill);
   optimizer_steps_ = counters.optimizer_steps;
   skipped_steps_ = counters.skipped_steps;
@@ -129,6 +135,9 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
 }
 
 EngineCounters ZeroEngine::counters() const {
+  ZRT_CHECK(!decision_pending_,
+            "counters() while the last step's decision is still on the device: call "
+            "settle_step() first");
   return EngineCounters{optimizer_steps_, skipped_steps_, scaler_.state()};
 }
 

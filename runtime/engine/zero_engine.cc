@@ -4,10 +4,12 @@
 #include "runtime/engine/zero_engine.h"
 
 #include <cmath>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
+#include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_state.h"
 #include "runtime/trace/trace_span.h"
 
@@ -52,6 +54,10 @@ bool offload_takes_reduced_slices(const EngineOptions& options) {
   }
   return options.communication_dtype.value_or(options.compute_dtype) == options.compute_dtype &&
          !options.quantized_gradients;
+}
+
+bool decides_step_on_device(const EngineOptions& options) {
+  return !options.offload_optimizer.enabled && options.compute_dtype != DType::kFloat16;
 }
 
 namespace {
@@ -182,6 +188,7 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   check_hpz(options, group, replicas, secondary);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
+  decision_ready_ = device_.create_event();
   if (offload_optimizer()) {
     state_on_host_ = UnitSchedule::offloaded_units(plan_, ratio);
     offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_,
@@ -314,6 +321,16 @@ void ZeroEngine::release(int module, Phase phase) {
 // ---- the step --------------------------------------------------------------------------------
 
 StepResult ZeroEngine::step(double lr) {
+  enqueue_step(lr);
+  return settle_step();
+}
+
+bool ZeroEngine::decides_on_device() const {
+  return decides_step_on_device(options_);
+}
+
+StepResult ZeroEngine::enqueue_step(double lr) {
+  settle_step();  // the previous step: this one's bias correction counts the applied steps
   const int accumulation = options_.gradient_accumulation_steps;
   ZRT_CHECK(schedule_.micro_batch() == accumulation,
             "step() after {} micro-batches; gradient_accumulation_steps is {}",
@@ -322,86 +339,134 @@ StepResult ZeroEngine::step(double lr) {
             "step() while hpZ secondary shards are alive: a training forward ran without its "
             "backward");
   const double scale = options_.compute_dtype == DType::kFloat16 ? scaler_.scale() : 1.0;
+  const StepDecisionInputs inputs{accumulation * scale, options_.gradient_clipping};
   StepResult result;
   result.loss_scale = scale;
 
-  // The global decision: the squared norm of the whole gradient, summed over ranks. The one
-  // host synchronisation of a step.
+  if (decides_on_device()) {
+    // The global decision where the norm is: the norm, the decision and its copy down on the
+    // stream the norm is ready on; the optimizer (compute stream) reads the decision there.
+    wait_for_comm();
+    Stream& reader = enqueue_grad_norm_squared();
+    engine_kernels::decide_step(device_, reader, norm_.device<float>(), inputs,
+                                decision_.device<StepDecision>());
+    device_.copy_to_host(norm_host_.host<void>(), norm_.device<std::byte>(), sizeof(float), reader);
+    decision_ready_->record(reader);
+    if (&reader == &comm_) compute_.wait(*decision_ready_);
+    update_parameters(lr, optimizer_steps_ + 1, 1.0, decision_.device<StepDecision>());
+    zero_grads();
+    schedule_.step();
+    result.decided = false;
+    result.optimizer_steps = optimizer_steps_;
+    result.skipped_steps = skipped_steps_;
+    decision_pending_ = true;
+    pending_inputs_ = inputs;
+    last_step_ = result;
+    return result;
+  }
+
+  // The global decision on the host: the squared norm of the whole gradient, summed over
+  // ranks. The one host synchronisation of such a step.
   const float norm_squared = global_grad_norm_squared();
-  const double norm = std::sqrt(static_cast<double>(norm_squared)) / (accumulation * scale);
-  result.grad_norm = norm;
-  const bool finite = std::isfinite(norm_squared);
-  if (finite) {
-    order_update_after_state_copy();  // a checkpoint may still be copying the state out
-    double factor = 1.0 / (accumulation * scale);
-    if (options_.gradient_clipping > 0.0) {
-      const double clip = options_.gradient_clipping / (norm + 1e-6);  // DeepSpeed's rule
-      if (clip < 1.0) factor *= clip;
-    }
-    ++optimizer_steps_;
-    if (offload_) {
-      // The CPU steps the offloaded units in forward order; each goes up (the compute stream
-      // waits for each unit in acquire(), not for all of them here).
-      offload_->update(optimizer_steps_, lr, factor, [this](int u) { return owned_params_of(u); });
-    }
-    // The units whose state is on the device (all without offload; with partial offload the
-    // first units of the forward, so the next forward starts on them at once).
-    std::vector<OptimizerDeviceSlice> slices;
-    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-      const int u = static_cast<int>(ui);
-      if (state_on_host_[ui]) continue;
-      const Unit& unit = plan_.unit(u);
-      UnitState& s = *units_[ui];
-      DevicePtr<std::byte> out = owned_params_of(u);
-      for (int p : unit.params) {
-        const auto range = plan_.owned_range(p, rank_);
-        if (range.count == 0) continue;
-        OptimizerDeviceSlice slice;
-        slice.param = s.master.device<float>() + range.slice_offset;
-        for (std::size_t k = 0; k < s.state.size(); ++k) {
-          slice.state[k] = s.state[k].device<float>() + range.slice_offset;
-        }
-        slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
-        slice.grad_dtype = options_.grad_accum_dtype;
-        slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
-        slice.out_dtype = options_.compute_dtype;
-        slice.numel = range.count;
-        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
-        slices.push_back(slice);
-      }
-    }
-    if (!slices.empty()) {
-      const std::string what =
-          optimizer_trace_name() + (offload_ ? " (units on the device)" : " (all units)");
-      TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
-      optimizer_.step(slices, optimizer_steps_, lr, compute_, factor);
-    }
-    // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them,
-    // in the next forward's order; the compute stream waits for each unit in acquire().
-    if (options_.stage >= 1) {
-      if (!slices.empty() || !offload_) {  // after the device's update
-        compute_done_->record(compute_);
-        comm_.wait(*compute_done_);
-      }
-      for (int u : UnitSchedule::forward_order(plan_)) {
-        if (sharded_params() && !plan_.unit(u).persistent) continue;
-        publish_updated(
-            u, state_on_host_[static_cast<std::size_t>(u)] ? &offload_->params_ready(u) : nullptr);
-      }
-    }
-  } else {
-    result.skipped = true;
-    if (offload_) offload_->skip_update();
+  const StepDecision decision = decide_step(norm_squared, inputs);
+  if (decision.apply != 0) {
+    update_parameters(lr, optimizer_steps_ + 1, static_cast<double>(decision.grad_scale), {});
+  } else if (offload_) {
+    offload_->skip_update();
+  }
+  count_decided_step(result, norm_squared, inputs);
+  zero_grads();
+  if (options_.compute_dtype == DType::kFloat16) scaler_.update(decision.apply == 0);
+  schedule_.step();
+  last_step_ = result;
+  return result;
+}
+
+StepResult ZeroEngine::settle_step() {
+  if (!decision_pending_) return last_step_;
+  decision_ready_->synchronize();  // the norm's copy down: an earlier point than the streams'
+  decision_pending_ = false;
+  float norm_squared = 0.0f;
+  std::memcpy(&norm_squared, norm_host_.host<void>(), sizeof norm_squared);
+  count_decided_step(last_step_, norm_squared, pending_inputs_);
+  return last_step_;
+}
+
+void ZeroEngine::count_decided_step(StepResult& result, float norm_squared,
+                                    const StepDecisionInputs& in) {
+  result.decided = true;
+  result.grad_norm = step_grad_norm(norm_squared, in);
+  result.skipped = !std::isfinite(norm_squared);
+  if (result.skipped) {
     ++skipped_steps_;
     spdlog::warn("step skipped: non-finite gradient norm{} (loss scale {})",
-                 options_.compute_dtype == DType::kFloat16 ? " (fp16 overflow)" : "", scale);
+                 options_.compute_dtype == DType::kFloat16 ? " (fp16 overflow)" : "",
+                 result.loss_scale);
+  } else {
+    ++optimizer_steps_;
   }
-  zero_grads();
-  if (options_.compute_dtype == DType::kFloat16) scaler_.update(!finite);
-  schedule_.step();
   result.optimizer_steps = optimizer_steps_;
   result.skipped_steps = skipped_steps_;
-  return result;
+}
+
+std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
+  // The units whose state is on the device (all without offload; with partial offload the
+  // first units of the forward, so the next forward starts on them at once).
+  std::vector<OptimizerDeviceSlice> slices;
+  for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+    const int u = static_cast<int>(ui);
+    if (state_on_host_[ui]) continue;
+    const Unit& unit = plan_.unit(u);
+    UnitState& s = *units_[ui];
+    DevicePtr<std::byte> out = owned_params_of(u);
+    for (int p : unit.params) {
+      const auto range = plan_.owned_range(p, rank_);
+      if (range.count == 0) continue;
+      OptimizerDeviceSlice slice;
+      slice.param = s.master.device<float>() + range.slice_offset;
+      for (std::size_t k = 0; k < s.state.size(); ++k) {
+        slice.state[k] = s.state[k].device<float>() + range.slice_offset;
+      }
+      slice.grad = owned_grad_of(u) + bytes_of(range.slice_offset, options_.grad_accum_dtype);
+      slice.grad_dtype = options_.grad_accum_dtype;
+      slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
+      slice.out_dtype = options_.compute_dtype;
+      slice.numel = range.count;
+      slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+      slices.push_back(slice);
+    }
+  }
+  return slices;
+}
+
+void ZeroEngine::update_parameters(double lr, std::int64_t step, double grad_scale,
+                                   DevicePtr<const StepDecision> decision) {
+  order_update_after_state_copy();  // a checkpoint may still be copying the state out
+  if (offload_) {
+    // The CPU steps the offloaded units in forward order; each goes up (the compute stream
+    // waits for each unit in acquire(), not for all of them here).
+    offload_->update(step, lr, grad_scale, [this](int u) { return owned_params_of(u); });
+  }
+  const std::vector<OptimizerDeviceSlice> slices = device_optimizer_slices();
+  if (!slices.empty()) {
+    const std::string what =
+        optimizer_trace_name() + (offload_ ? " (units on the device)" : " (all units)");
+    TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
+    optimizer_.step(slices, step, lr, compute_, grad_scale, decision);
+  }
+  // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them,
+  // in the next forward's order; the compute stream waits for each unit in acquire().
+  if (options_.stage >= 1) {
+    if (!slices.empty() || !offload_) {  // after the device's update
+      compute_done_->record(compute_);
+      comm_.wait(*compute_done_);
+    }
+    for (int u : UnitSchedule::forward_order(plan_)) {
+      if (sharded_params() && !plan_.unit(u).persistent) continue;
+      publish_updated(
+          u, state_on_host_[static_cast<std::size_t>(u)] ? &offload_->params_ready(u) : nullptr);
+    }
+  }
 }
 
 }  // namespace zrt

@@ -35,6 +35,7 @@
 #include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/optimizer_offload.h"
 #include "runtime/engine/partition.h"
+#include "runtime/engine/step_decision.h"
 #include "runtime/engine/unit_schedule.h"
 #include "runtime/model_interface.h"
 #include "runtime/trace/trace_recorder.h"
@@ -107,6 +108,12 @@ ScheduleOptions schedule_options(const EngineOptions& options);
 // offload), and goes to the CPU optimizer from there.
 bool offload_takes_reduced_slices(const EngineOptions& options);
 
+// Whether ZeroEngine::enqueue_step takes the step's decision on the device (then the engine
+// keeps the decision there, 8 bytes, and a pinned float for the norm read back): without
+// optimizer offload (the CPU optimizer needs the norm on the host anyway) and without fp16 (the
+// loss scaler's next scale is taken on the host before the next forward).
+bool decides_step_on_device(const EngineOptions& options);
+
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
   std::int64_t optimizer_steps = 0;  // applied steps (Adam's bias-correction step count)
@@ -115,6 +122,9 @@ struct EngineCounters {
 };
 
 struct StepResult {
+  // false: enqueue_step() left the decision on the device; grad_norm and skipped are not known
+  // yet and the counters are those before the step (settle_step() gives them).
+  bool decided = true;
   bool skipped = false;              // non-finite gradients (or fp16 overflow): no update anywhere
   double grad_norm = 0.0;            // global L2 norm of the (unscaled, averaged) gradient
   double loss_scale = 1.0;           // the scale the step's gradients were computed with
@@ -185,6 +195,8 @@ class ZeroEngine final : public ParamAccess {
   // last update first; the memory holds this state until the next step(), load_state() or
   // initialize(). Only at a step boundary. A synchronous checkpoint writes from it, no copy.
   std::vector<std::vector<const float*>> host_state();
+  // The counters at a settled step boundary: throws while enqueue_step()'s decision is still on
+  // the device (settle_step() first).
   EngineCounters counters() const;
   // Replaces the optimizer state: fill(u, arrays) writes this rank's slice of every unit into
   // the state_array_count() host arrays (shard floats each, all zero, to be left zero in the
@@ -209,8 +221,24 @@ class ZeroEngine final : public ParamAccess {
   }
   // At the accumulation boundary (after gradient_accumulation_steps micro-batches): reduces
   // what is left, takes the global decision, clips, steps the optimizer on the owned slices and
-  // makes the updated parameters available for the next forward.
+  // makes the updated parameters available for the next forward. step() is enqueue_step() and
+  // settle_step(): its result is decided, at the cost of one host wait for the gradient norm.
   StepResult step(double lr);
+  // The same step with no host wait where the decision can be taken on the device
+  // (decides_on_device()): the norm is summed, the decision taken (step_decision.h) and the
+  // update enqueued there, and the optimizer kernels read the decision when they run. The
+  // result comes back undecided; settle_step() reads the norm later, and the next
+  // enqueue_step() does so first (Adam's bias correction counts applied steps). On a GPU that
+  // read waits for nothing: the norm preceded everything enqueued since. Elsewhere this is
+  // step(). A skipped step changes no parameter or state either way; on the device path its
+  // updated parameters are still published (gathered unchanged), so only the traffic differs.
+  StepResult enqueue_step(double lr);
+  // The latest step's result, decided: waits for its norm if enqueue_step() left it on the
+  // device (an event wait for that point, not for the streams), then counts the step applied or
+  // skipped. Idempotent; before any step, a default result.
+  StepResult settle_step();
+  // Whether enqueue_step() decides on the device (decides_step_on_device(options())).
+  bool decides_on_device() const;
 
   // The full fp32 master value of a parameter, gathered to every rank (collective; tests and
   // export). Synchronises.
@@ -301,8 +329,18 @@ class ZeroEngine final : public ParamAccess {
   // Hierarchical sharding: averages a reduced slice over the replica group (comm stream).
   void average_over_replicas(DevicePtr<std::byte> slice, std::int64_t count, DType type);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
-  // The squared norm of the whole gradient, summed over ranks (the step's host decision).
+  // The squared norm of the whole gradient, summed over ranks, read on the host.
   float global_grad_norm_squared();
+  // Without offload, the same into norm_ with no host read; returns the stream it is ready on.
+  Stream& enqueue_grad_norm_squared();
+  // The owned slices whose optimizer state is on the device (optimizer_.step's input).
+  std::vector<OptimizerDeviceSlice> device_optimizer_slices();
+  // Steps the optimizer (the CPU's units first with offload, then the device's) and publishes
+  // the updated parameters; `decision` (device path) says on the device whether it applies.
+  void update_parameters(double lr, std::int64_t step, double grad_scale,
+                         DevicePtr<const StepDecision> decision);
+  // Counts a decided step and completes its result.
+  void count_decided_step(StepResult& result, float norm_squared, const StepDecisionInputs& in);
   void zero_grads();
 
   Device& device_;
@@ -330,8 +368,14 @@ class ZeroEngine final : public ParamAccess {
   // Parameter offload: the unit whose reduced slice the copy stream reads from comm_scratch_
   // records this event once it has (its `reduced`); the next conversion into the scratch waits.
   Event* scratch_reader_ = nullptr;
-  Buffer quantized_out_;  // qgZ: one reduced slice (communication dtype)
-  Buffer norm_;           // one float: the squared gradient norm
+  Buffer quantized_out_;                   // qgZ: one reduced slice (communication dtype)
+  Buffer norm_;                            // one float: the squared gradient norm
+  Buffer decision_;                        // the StepDecision enqueue_step() takes on the device
+  Buffer norm_host_;                       // pinned: the norm copied down for settle_step()
+  std::unique_ptr<Event> decision_ready_;  // recorded after that copy
+  bool decision_pending_ = false;          // the last step's decision not yet read
+  StepDecisionInputs pending_inputs_;
+  StepResult last_step_;
   std::unique_ptr<Event> comm_done_;
   std::unique_ptr<Event> compute_done_;
   TraceRecorder* trace_ = nullptr;  // timeline trace; null: off

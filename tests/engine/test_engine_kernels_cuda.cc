@@ -115,3 +115,27 @@ TEST_CASE("the squared norm matches the CPU twin, accumulates into its target, i
     }
   }
 }
+
+TEST_CASE("the step decision kernel matches decide_step on the host bit for bit") {
+  Gpu gpu;
+  Buffer norm = gpu.device->allocate(4, MemCategory::kWorkspace, "norm");
+  Buffer out = gpu.device->allocate(sizeof(StepDecision), MemCategory::kWorkspace, "decision");
+  std::mt19937_64 rng(7);
+  std::lognormal_distribution<float> spread(0.f, 8.f);
+  std::vector<float> norms = {0.f, 1e-38f, 1.f, 4.f, 3.4e38f, INFINITY, NAN};
+  for (int i = 0; i < 200; ++i) norms.push_back(spread(rng));
+  for (const StepDecisionInputs in : {StepDecisionInputs{1.0, 0.0}, StepDecisionInputs{8.0, 1.0},
+                                      StepDecisionInputs{3.0 * 65536.0, 0.05}}) {
+    for (float n : norms) {
+      gpu.device->copy_to_device(norm.device<std::byte>(), &n, 4, *gpu.stream);
+      engine_kernels::decide_step(*gpu.device, *gpu.stream, norm.device<float>(), in,
+                                  out.device<StepDecision>());
+      StepDecision got;
+      std::memcpy(&got, gpu.download(out).data(), sizeof got);
+      const StepDecision expected = decide_step(n, in);
+      INFO("norm^2 " << n << " divisor " << in.divisor << " clipping " << in.clipping);
+      REQUIRE(got.apply == expected.apply);
+      REQUIRE(got.grad_scale == expected.grad_scale);
+    }
+  }
+}

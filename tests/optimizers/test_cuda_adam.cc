@@ -167,5 +167,44 @@ TEST_CASE("DeviceAdam on the CUDA backend equals CpuAdam", "[cuda_adam][gpu]") {
   CHECK(gpu.out == cpu.out);
 }
 
+TEST_CASE("CudaAdam reads a device-resident step decision when it runs", "[cuda_adam][gpu]") {
+  AdamOptions options;
+  options.weight_decay = 0.1;
+  const CpuAdam reference(options);
+  CudaAdam adam(options);
+  AdamProblem cpu(test::default_slice_sizes(), DType::kFloat32, true, DType::kBFloat16, 5);
+  AdamProblem gpu(test::default_slice_sizes(), DType::kFloat32, true, DType::kBFloat16, 5);
+  DeviceArrays arrays(gpu);
+  StepDecision* decision = nullptr;
+  ZRT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&decision), sizeof(StepDecision)));
+  auto decide = [&](float grad_scale, int apply) {
+    const StepDecision d{grad_scale, apply};
+    ZRT_CUDA_CHECK(cudaMemcpy(decision, &d, sizeof d, cudaMemcpyHostToDevice));
+  };
+  cpu.make_grads(1, 8);
+  ZRT_CUDA_CHECK(cudaMemcpy(arrays.grad, cpu.grad.data(), cpu.grad.size(), cudaMemcpyHostToDevice));
+  // Applied: the decision's grad_scale, not the argument's.
+  decide(0.375f, 1);
+  adam.step(arrays.slices(gpu), 1, 2e-3, nullptr, /*grad_scale=*/1.0, decision);
+  reference.step(cpu.slices(), 1, 2e-3, 0.375);
+  ZRT_CUDA_CHECK(cudaDeviceSynchronize());
+  AdamProblem after_first = gpu;
+  arrays.download(after_first);
+  CHECK(same_bits(after_first.param, cpu.param));
+  CHECK(same_bits(after_first.exp_avg, cpu.exp_avg));
+  CHECK(after_first.out == cpu.out);
+  // Not applied: nothing is written.
+  decide(0.375f, 0);
+  adam.step(arrays.slices(gpu), 2, 2e-3, nullptr, 1.0, decision);
+  ZRT_CUDA_CHECK(cudaDeviceSynchronize());
+  AdamProblem after_skip = gpu;
+  arrays.download(after_skip);
+  CHECK(same_bits(after_skip.param, after_first.param));
+  CHECK(same_bits(after_skip.exp_avg, after_first.exp_avg));
+  CHECK(same_bits(after_skip.exp_avg_sq, after_first.exp_avg_sq));
+  CHECK(after_skip.out == after_first.out);
+  (void)cudaFree(decision);
+}
+
 }  // namespace
 }  // namespace zrt

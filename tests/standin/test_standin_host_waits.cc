@@ -4,10 +4,16 @@
 // stream idles until the host enqueues more; tests/standin/standin_core.h). The stand-in decides
 // by the order of API calls, not by timing, so the counts are exact:
 // - a micro-batch's forward and backward drain nothing, on any stream;
-// - a step drains the compute stream once, for the step's one host decision (the global
-//   gradient norm: clipping and, in fp16, the skip; with optimizer offload not even that), plus
-//   once more after a logged step, where the trainer reads the losses of the steps since the
-//   last log. Before the losses were read only on logged steps, every step drained it twice.
+// - a quiet step drains nothing: the step's global decision (the gradient norm: clipping and the
+//   skip) is taken on the device and the optimizer kernel reads it there; the host reads the
+//   norm at the next step, after that step's micro-batches are enqueued, and that wait for an
+//   earlier point of the stream is not a drain (ZeroEngine::enqueue_step);
+// - in fp16 the loss scaler's next scale is taken on the host before the next forward, so each
+//   step drains the compute stream once for the decision (with optimizer offload, which waits
+//   for the gradients' copies to the host instead, not at all);
+// - a logged step drains the compute stream once more, where the trainer reads the losses of
+//   the steps since the last log. Before the losses were read only on logged steps, every step
+//   drained it twice; before the decision went to the device, every step once.
 #include <catch2/catch.hpp>
 
 #include <cuda_runtime_api.h>
@@ -114,8 +120,8 @@ std::string corpus_dir() {
 }  // namespace
 
 TEST_CASE(
-    "a training step on the CUDA backend drains the compute stream once, outside the "
-    "micro-batches") {
+    "a quiet training step on the CUDA backend drains no stream; fp16's decision drains the "
+    "compute stream once, outside the micro-batches") {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -125,12 +131,14 @@ TEST_CASE(
   const auto logged = [&](int step) {
     return step == 1 || step % log_interval == 0 || step == steps;
   };
-  // decision: the compute-stream drains of engine.step's decision. With optimizer offload it
-  // waits for the gradients' copies to the host, which the loss's accumulation (enqueued
-  // after the last backward) does not precede: it drains the copy stream, not compute.
+  // decision: the compute-stream drains of engine.step's decision: none where it is taken on
+  // the device, one in fp16. With optimizer offload it waits for the gradients' copies to the
+  // host, which the loss's accumulation (enqueued after the last backward) does not precede: it
+  // drains the copy stream, not compute.
   struct Case {
     std::string name, zero, model;
-    long long decision = 1;
+    long long decision = 0;
+    std::string precision = R"("bf16": {"enabled": true})";
   };
   const std::string gpt = R"({"preset": "gpt2-tiny", "seq_len": 32})";
   const std::vector<Case> cases = {
@@ -141,14 +149,17 @@ TEST_CASE(
       {"stage3_llama", R"({"stage": 3, "stage3_param_persistence_threshold": 100})",
        R"({"type": "llama", "preset": "llama-tiny", "seq_len": 32})"},
       {"stage2_offload", R"({"stage": 2, "offload_optimizer": {"device": "cpu"}})", gpt, 0},
+      // A scale low enough that no step overflows (a skipped step gets a logged row).
+      {"stage1_fp16", R"({"stage": 1})", gpt, 1,
+       R"("fp16": {"enabled": true, "initial_scale_power": 8})"},
   };
-  for (const auto& [name, zero, model, decision] : cases) {
+  for (const auto& [name, zero, model, decision, precision] : cases) {
     SECTION(name) {
       const std::string text = R"({
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 1.0,
-        "bf16": {"enabled": true},
+        )" + precision + R"(,
         "zero_optimization": )" +
                                zero + R"(,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
@@ -188,6 +199,7 @@ TEST_CASE(
       const auto summary =
           train::run_training(config, train::RankInfo{rank, world, rank, world}, factory, hooks);
       REQUIRE(summary.losses.size() == static_cast<std::size_t>(steps));
+      REQUIRE(summary.skipped == 0);
       REQUIRE(compute != nullptr);
 
       REQUIRE(inside.size() == static_cast<std::size_t>(2 * steps));

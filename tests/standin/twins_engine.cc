@@ -91,6 +91,17 @@ void register_engine_twins() {
           *acc += static_cast<float>(total);
         });
       });
+  // The step's decision: one thread reads the summed squared norm and writes the decision.
+  twin<const float*, StepDecisionInputs, StepDecision*>(
+      kNs + "decide_step_kernel(float const*, zrt::StepDecisionInputs, zrt::StepDecision*)",
+      [](KernelCall& k, const float* norm_squared, StepDecisionInputs inputs, StepDecision* out) {
+        k.require(k.grid().x == 1 && k.grid().y == 1 && k.grid().z == 1 && k.block().x == 1 &&
+                      k.block().y == 1 && k.block().z == 1,
+                  "must run as exactly one thread");
+        k.reads(norm_squared, sizeof(float), "norm_squared");
+        k.writes(out, sizeof(StepDecision), "out");
+        k.run([=] { *out = zrt::decide_step(*norm_squared, inputs); });
+      });
 }
 
 }  // namespace zrt::standin

@@ -75,14 +75,22 @@ void check_slice(const CudaOptimizerDesc& d, int k, const std::vector<const char
 template <typename Math>
 void register_optimizer_twin(const char* kernel, std::vector<const char*> state_names) {
   using Scalars = typename Math::Scalars;
-  twin<const CudaOptimizerDesc*, int, Scalars>(
-      kernel, [state_names](KernelCall& k, const CudaOptimizerDesc* table, int count, Scalars s) {
+  twin<const CudaOptimizerDesc*, int, Scalars, const StepDecision*>(
+      kernel, [state_names](KernelCall& k, const CudaOptimizerDesc* table, int count, Scalars s,
+                            const StepDecision* decision) {
         k.require_block(256);
         k.require(count >= 1, fmt::format("count {} < 1", count));
         k.reads(table, static_cast<std::int64_t>(count) * sizeof(CudaOptimizerDesc), "table");
+        if (decision != nullptr) k.reads(decision, sizeof(StepDecision), "decision");
         const unsigned blocks = k.grid().x;
         const std::string name = k.name();
-        k.run([=] {
+        k.run([=]() mutable {
+          // As the kernel: every block reads the decision first (read when it runs, like the
+          // table), so nothing is written when the step does not apply.
+          if (decision != nullptr) {
+            if (decision->apply == 0) return;
+            s.grad_scale = decision->grad_scale;
+          }
           std::vector<CudaOptimizerDesc> t(table, table + count);
           std::int64_t expected = 0;
           for (int i = 0; i < count; ++i) {
@@ -113,11 +121,11 @@ void register_optimizer_twin(const char* kernel, std::vector<const char*> state_
 void register_optimizer_twins() {
   register_optimizer_twin<AdamMath>(
       "void zrt::detail::(anonymous namespace)::optimizer_kernel<zrt::AdamMath>(zrt::detail::"
-      "CudaOptimizerDesc const*, int, zrt::AdamMath::Scalars)",
+      "CudaOptimizerDesc const*, int, zrt::AdamMath::Scalars, zrt::StepDecision const*)",
       {"exp_avg", "exp_avg_sq"});
   register_optimizer_twin<LionMath>(
       "void zrt::detail::(anonymous namespace)::optimizer_kernel<zrt::LionMath>(zrt::detail::"
-      "CudaOptimizerDesc const*, int, zrt::LionMath::Scalars)",
+      "CudaOptimizerDesc const*, int, zrt::LionMath::Scalars, zrt::StepDecision const*)",
       {"exp_avg"});
 }
 

@@ -264,7 +264,8 @@ TEST_CASE("a NaN in one rank's gradients skips that step on every rank; training
   std::vector<std::vector<float>> params;  // every parameter's fp32 master value after each step
   std::vector<int> skipped;
   train::TrainHooks hooks;
-  hooks.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult& result) {
+  hooks.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult&) {
+    const StepResult result = engine.settle_step();  // a quiet step's may be undecided
     std::vector<float> all;
     for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
       const std::vector<float> v = engine.full_parameter(p);
@@ -305,6 +306,37 @@ TEST_CASE("a NaN in one rank's gradients skips that step on every rank; training
     }
     CHECK(row_skipped == std::vector<bool>{false, false, true, false, false, false});
     CHECK(row_total == std::vector<std::int64_t>{0, 0, 1, 1, 1, 1});
+  }
+
+  // The same poisoned step between logged steps (1, 4 and 6), with no hook: its decision stays
+  // on the device and the loop learns of it at step 4, after step 4's micro-batches; step 3
+  // still gets its row, before step 4's, and every loss is where it was (step 4's moved to the
+  // first loss slot when steps 2-3 were read for the late row).
+  setenv("ZRT_FAULT_INJECT", fault.c_str(), 1);
+  Config quiet =
+      make_config(dir, "nan_quiet", R"({"stage": 2, "reduce_bucket_size": 20000})", false, world);
+  quiet.train.log_interval = 4;
+  if (rank == 0) std::filesystem::remove_all(quiet.output_dir);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto q = train::run_training(quiet, this_rank(world));
+  unsetenv("ZRT_FAULT_INJECT");
+  CHECK(q.skipped == 1);
+  CHECK(q.losses == s.losses);  // bit for bit
+  if (rank == 0) {
+    std::ifstream in(quiet.output_dir + "/metrics.jsonl");
+    std::string line;
+    std::vector<std::int64_t> steps;
+    std::vector<bool> row_skipped;
+    while (std::getline(in, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.contains("val_loss")) continue;
+      steps.push_back(row["step"].get<std::int64_t>());
+      row_skipped.push_back(row["skipped"].get<bool>());
+      CHECK(row["loss"].get<double>() == s.losses[static_cast<std::size_t>(steps.back() - 1)]);
+      if (steps.back() == 3) CHECK(row["grad_norm"].is_null());  // JSON writes NaN as null
+    }
+    CHECK(steps == std::vector<std::int64_t>{1, 3, 4, 6});
+    CHECK(row_skipped == std::vector<bool>{false, true, false, false});
   }
 }
 

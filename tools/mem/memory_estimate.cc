@@ -401,7 +401,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.quantized_comm = quantized_comm_bytes(f, o, n, std::max(1, std::min(per_node, n)));
     e.comm += e.quantized_comm;
   }
-  e.workspace = 4;                                    // the gradient norm
+  e.workspace = 4;  // the gradient norm
+  // The step decision taken on the device, and the norm read back later (pinned, below).
+  const bool decided_on_device = decides_step_on_device(o);
+  if (decided_on_device) e.workspace += static_cast<I64>(sizeof(StepDecision));
   if (in.trainer_buffers) e.workspace += 4 + 64 * 8;  // zrt-train's loss accumulator, control
   // Optimizer offload without parameter offload takes each unit's gradient sum of squares on
   // the device and copies it down: one float per unit on each side.
@@ -412,6 +415,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
 
   // Host memory (pinned or pageable, as the offload blocks say).
   CategoryBytes& h = e.host_per_rank;
+  if (decided_on_device) at(h, MemCategory::kWorkspace) = 4;  // the norm read back (pinned)
   if (setting.offload_optimizer) {
     at(h, MemCategory::kMaster) = host_shard * 4;
     at(h, MemCategory::kOptimizer) = host_shard * 4 * in.optimizer.num_states();

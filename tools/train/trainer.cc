@@ -162,8 +162,7 @@ struct UnreadStep {
   std::int64_t step = 0;
   double wall_time = 0.0;
   double lr = 0.0;
-  double grad_norm = 0.0;
-  double loss_scale = 0.0;
+  StepResult result;  // undecided until the engine's settle_step() (ZeroEngine::enqueue_step)
 };
 
 EngineOptions engine_options(const Config& config) {
@@ -377,6 +376,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   }
   auto last_save = Clock::now();  // checkpoint.save_interval_minutes counts from here
   auto save_checkpoint = [&](std::int64_t step, bool synchronous) {
+    engine.settle_step();  // the counters it saves count the step's decision
     checkpoint::SaveRequest request;
     request.tag = checkpoint::Checkpointer::tag_for_step(step);
     request.synchronous = synchronous;
@@ -574,9 +574,10 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         std::vector<ScalarEvent> events = {
             {"Train/Samples/train_loss", loss, u.step * samples_per_step},
             {"Train/Samples/lr", u.lr, u.step * samples_per_step},
-            {"Train/Samples/grad_norm", u.grad_norm, u.step * samples_per_step}};
+            {"Train/Samples/grad_norm", u.result.grad_norm, u.step * samples_per_step}};
         if (config.fp16()) {
-          events.push_back({"Train/Samples/loss_scale", u.loss_scale, u.step * samples_per_step});
+          events.push_back(
+              {"Train/Samples/loss_scale", u.result.loss_scale, u.step * samples_per_step});
         }
         monitors.write(events, u.wall_time);
       }
@@ -588,12 +589,76 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   const auto run_start = Clock::now();  // elapsed_s and the ETA count from here
   auto interval_start = run_start;
   std::int64_t interval_steps = 0;
-  std::int64_t applied = engine.counters().optimizer_steps;
   summary.steps = start_step;
   if (rank == 0 && start_step >= config.train.steps) {
     spdlog::info("the checkpoint is at step {} and train.steps is {}: nothing left to train",
                  start_step, config.train.steps);
   }
+  // The step line and the metrics row of a decided step whose loss has been delivered (the
+  // latest read, last_loss). Collective (the peaks are the ranks' maximum): every rank calls it
+  // for the same steps, since every input of that choice is rank-identical.
+  auto log_step = [&](std::int64_t step, double lr, double wall_time, const StepResult& result) {
+    const double loss = last_loss;
+    const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+    const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
+    const double tokens_per_s = tokens_per_step * interval_steps / std::max(seconds, 1e-9);
+    const double mfu =
+        peak.flops_per_s > 0.0 ? tokens_per_s / world * flops_per_token / peak.flops_per_s : 0.0;
+    const MemoryUsage usage = device->tracker().usage(MemorySpace::kDevice);
+    std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
+    peaks.push_back(usage.total_peak);
+    peaks = control.max(peaks);
+    const CommCounts comm_now = engine_comm();
+    const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
+    const std::int64_t comm_inter_node_bytes = (comm_now - comm_before).total_inter_bytes();
+    const std::int64_t comm_intra_node_bytes = (comm_now - comm_before).total_intra_bytes();
+    comm_before = comm_now;
+    if (rank == 0) {
+      if (tty) std::fprintf(stderr, "\r%80s\r", "");
+      spdlog::info(
+          "step {:>6}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+          "mem {} | comm {}{} | elapsed {} | ETA {}{}",
+          step, config.train.steps, loss, lr, result.grad_norm, tokens_per_s, 100.0 * mfu,
+          format_bytes(peaks.back()), format_bytes(comm_bytes),
+          // Several nodes: what this rank sent to the others (comm_inter_node_bytes).
+          comm_inter_node_bytes > 0
+              ? fmt::format(" ({} across nodes)", format_bytes(comm_inter_node_bytes))
+              : std::string(),
+          format_duration(elapsed_s),
+          format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step)),
+          result.skipped ? fmt::format(" | SKIPPED (loss scale {})", result.loss_scale) : "");
+      nlohmann::json row;
+      row["step"] = step;
+      row["time"] = wall_time;
+      row["elapsed_s"] = elapsed_s;
+      row["loss"] = loss;
+      row["lr"] = lr;
+      row["grad_norm"] = result.grad_norm;
+      row["tokens_per_s"] = tokens_per_s;
+      row["mfu"] = mfu;
+      nlohmann::json mem;
+      for (std::size_t c = 0; c < kNumMemCategories; ++c) {
+        mem[mem_category_name(static_cast<MemCategory>(c))] = peaks[c];
+      }
+      mem["total"] = peaks.back();
+      row["mem_peak_bytes"] = mem;
+      row["comm_bytes"] = comm_bytes;
+      row["comm_intra_node_bytes"] = comm_intra_node_bytes;
+      row["comm_inter_node_bytes"] = comm_inter_node_bytes;
+      row["loss_scale"] = result.loss_scale;
+      row["skipped"] = result.skipped;
+      row["skipped_total"] = result.skipped_steps;
+      metrics->append(row);
+    }
+    interval_start = Clock::now();
+    interval_steps = 0;
+  };
+  // The engine takes a step's decision on the device where it can (ZeroEngine::enqueue_step),
+  // and the loop reads it only when it needs it: on a step it logs or reads the losses of (it
+  // waits for the stream then anyway), else at the next step, after that step's micro-batches
+  // are enqueued, when on a GPU the decision is long done. A skipped step learnt of then gets
+  // its row then, one step late (its loss read with it).
+  bool previous_undecided = false;
   for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
     const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
     const double step_start_us = traced ? trace->now_us() : 0.0;
@@ -601,7 +666,8 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     if (traced) engine.set_trace(trace.get());
     watchdog.set_step(step);
     // This step's loss slot: the micro-batch losses are summed into it on the compute stream.
-    const DevicePtr<std::byte> loss_slot = step_losses.device<std::byte>() + 4 * unread.size();
+    const std::size_t slot = unread.size();
+    const DevicePtr<std::byte> loss_slot = step_losses.device<std::byte>() + 4 * slot;
     device->fill_zero(loss_slot, 4, *compute);
     for (int g = 0; g < G; ++g) {
       TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
@@ -617,26 +683,49 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
                                  DType::kFloat32, loss_slot, DType::kFloat32, 1);
     }
-    const double lr = schedule.lr_for_step(applied + 1);
-    const StepResult result = engine.step(lr);
-    if (!result.skipped) ++applied;
-    if (hooks.after_step) hooks.after_step(step, engine, result);
+    if (previous_undecided) {
+      previous_undecided = false;
+      const StepResult previous = engine.settle_step();
+      // Still unread: a step whose losses were read was decided then.
+      ZRT_CHECK(!unread.empty() && unread.back().step == step - 1,
+                "step {}'s decision settled without its unread entry", step - 1);
+      unread.back().result = previous;
+      if (previous.skipped && config.train.log_interval > 0) {
+        // A skipped step always gets its row: the losses so far are read now, and this step's
+        // moves to the first slot, where the next read looks for it.
+        const UnreadStep skipped = unread.back();
+        deliver_losses(control.mean(local_unread_losses()));
+        device->copy(step_losses.device<std::byte>(), loss_slot, 4, *compute);
+        log_step(skipped.step, skipped.lr, skipped.wall_time, previous);
+      }
+    }
+    const double lr = schedule.lr_for_step(engine.counters().optimizer_steps + 1);
+    StepResult result = engine.enqueue_step(lr);
     ++interval_steps;
     const double wall_time = unix_seconds();
-    unread.push_back({step, wall_time, lr, result.grad_norm, result.loss_scale});
+    unread.push_back({step, wall_time, lr, result});
+    const bool periodic =
+        config.train.log_interval > 0 &&
+        (step % config.train.log_interval == 0 || step == config.train.steps || step == 1);
+    const bool buffer_full = unread.size() == static_cast<std::size_t>(kMaxUnreadLosses);
+    auto settle = [&] {
+      if (result.decided) return;
+      result = engine.settle_step();
+      unread.back().result = result;
+    };
+    if (periodic || step == config.train.steps || buffer_full) settle();
+    if (hooks.after_step) hooks.after_step(step, engine, result);
     // A skipped step (the same decision on every rank) always gets its metrics row.
-    const bool log_now = config.train.log_interval > 0 &&
-                         (step % config.train.log_interval == 0 || step == config.train.steps ||
-                          step == 1 || result.skipped);
+    const bool log_now = periodic || (config.train.log_interval > 0 && result.skipped);
     // The losses are read only when the loop needs them: a logged step, a full buffer, the last
-    // step. A quiet step then waits for the device once, in engine.step's decision, and the
-    // host goes on enqueueing the next step while the optimizer runs. The read losses ride on
-    // the step boundary's all-reduce with its decisions (an average of 0/1 votes is non-zero
-    // when any rank voted): stop (a preemption signal reached some rank since the last
-    // boundary) and a wall-clock save (rank 0's clock alone votes, so every rank agrees
-    // however their clocks drift). Every input of the read decision is rank-identical.
-    const bool read_losses = log_now || step == config.train.steps ||
-                             unread.size() == static_cast<std::size_t>(kMaxUnreadLosses);
+    // step. A quiet step waits for the device nowhere: the step's decision stays on the device
+    // (read at the next step) and the host goes on enqueueing the next step while the optimizer
+    // runs. The read losses ride on the step boundary's all-reduce with its decisions (an
+    // average of 0/1 votes is non-zero when any rank voted): stop (a preemption signal reached
+    // some rank since the last boundary) and a wall-clock save (rank 0's clock alone votes, so
+    // every rank agrees however their clocks drift). Every input of the read decision is
+    // rank-identical.
+    const bool read_losses = log_now || step == config.train.steps || buffer_full;
     const bool stop_vote = hooks.stop_requested && hooks.stop_requested();
     const bool time_vote = rank == 0 && config.checkpoint.save_interval_minutes > 0.0 &&
                            std::chrono::duration<double>(Clock::now() - last_save).count() >=
@@ -648,6 +737,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     const std::vector<float> agreed = control.mean(votes);
     const bool stop = agreed[n_losses] > 0.f;
     const bool timed_save = agreed[n_losses + 1] > 0.f;
+    if (stop) settle();  // the summary's last rows
     if (read_losses) {
       deliver_losses({agreed.begin(), agreed.begin() + static_cast<std::ptrdiff_t>(n_losses)});
     } else if (stop) {
@@ -663,65 +753,14 @@ RunSummary train(const Config& config, const RankInfo& mpi,
             step, static_cast<int>(std::lround(agreed[n_losses] * world)), step);
       }
     }
-    const double loss = last_loss;  // this step's when read_losses, else an earlier step's
-    const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
+    previous_undecided = !result.decided;
     if (log_now) {
-      const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
-      const double tokens_per_s = tokens_per_step * interval_steps / std::max(seconds, 1e-9);
-      const double mfu =
-          peak.flops_per_s > 0.0 ? tokens_per_s / world * flops_per_token / peak.flops_per_s : 0.0;
-      const MemoryUsage usage = device->tracker().usage(MemorySpace::kDevice);
-      std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
-      peaks.push_back(usage.total_peak);
-      peaks = control.max(peaks);
-      const CommCounts comm_now = engine_comm();
-      const std::int64_t comm_bytes = (comm_now - comm_before).total_bytes();
-      const std::int64_t comm_inter_node_bytes = (comm_now - comm_before).total_inter_bytes();
-      const std::int64_t comm_intra_node_bytes = (comm_now - comm_before).total_intra_bytes();
-      comm_before = comm_now;
-      if (rank == 0) {
-        if (tty) std::fprintf(stderr, "\r%80s\r", "");
-        spdlog::info(
-            "step {:>6}/{} | loss {:.4f} | lr {:.3e} | norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-            "mem {} | comm {}{} | elapsed {} | ETA {}{}",
-            step, config.train.steps, loss, lr, result.grad_norm, tokens_per_s, 100.0 * mfu,
-            format_bytes(peaks.back()), format_bytes(comm_bytes),
-            // Several nodes: what this rank sent to the others (comm_inter_node_bytes).
-            comm_inter_node_bytes > 0
-                ? fmt::format(" ({} across nodes)", format_bytes(comm_inter_node_bytes))
-                : std::string(),
-            format_duration(elapsed_s),
-            format_duration(eta_seconds(elapsed_s, step - start_step, config.train.steps - step)),
-            result.skipped ? fmt::format(" | SKIPPED (loss scale {})", result.loss_scale) : "");
-        nlohmann::json row;
-        row["step"] = step;
-        row["time"] = wall_time;
-        row["elapsed_s"] = elapsed_s;
-        row["loss"] = loss;
-        row["lr"] = lr;
-        row["grad_norm"] = result.grad_norm;
-        row["tokens_per_s"] = tokens_per_s;
-        row["mfu"] = mfu;
-        nlohmann::json mem;
-        for (std::size_t c = 0; c < kNumMemCategories; ++c) {
-          mem[mem_category_name(static_cast<MemCategory>(c))] = peaks[c];
-        }
-        mem["total"] = peaks.back();
-        row["mem_peak_bytes"] = mem;
-        row["comm_bytes"] = comm_bytes;
-        row["comm_intra_node_bytes"] = comm_intra_node_bytes;
-        row["comm_inter_node_bytes"] = comm_inter_node_bytes;
-        row["loss_scale"] = result.loss_scale;
-        row["skipped"] = result.skipped;
-        row["skipped_total"] = result.skipped_steps;
-        metrics->append(row);
-      }
-      interval_start = Clock::now();
-      interval_steps = 0;
+      log_step(step, lr, wall_time, result);
     } else if (tty) {
       // The loss shown is the latest read (a logged step's): reading it here would wait.
+      const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
       const std::string shown =
-          std::isnan(loss) ? std::string() : fmt::format(" loss {:.4f}", loss);
+          std::isnan(last_loss) ? std::string() : fmt::format(" loss {:.4f}", last_loss);
       std::fprintf(
           stderr, "\r%s step %lld/%lld%s ETA %s", progress_bar(step, config.train.steps).c_str(),
           static_cast<long long>(step), static_cast<long long>(config.train.steps), shown.c_str(),
@@ -746,7 +785,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       }
     }
     summary.steps = step;
-    summary.skipped = result.skipped_steps;
+    summary.skipped = result.skipped_steps;  // the last step is decided (logged or stopped)
     if (traced) {
       if (step == last_traced) {
         // Everything the traced steps enqueued is done before the last marker ends.

@@ -62,7 +62,10 @@ struct TrainHooks {
   // the step and the ranks missing), on the thread that saw it. zrt-train ends the job here;
   // unset, the run fails with zrt::Timeout as usual.
   std::function<void(const std::string& message)> on_hang;
-  // After each step's update, on every rank (collective calls on the engine are allowed).
+  // After each step's update is enqueued, on every rank (collective calls on the engine are
+  // allowed). `result` may be undecided (result.decided false: the loop reads a quiet step's
+  // decision at the next step); engine.settle_step() gives the decided one, at the cost of a
+  // host wait.
   std::function<void(std::int64_t step, ZeroEngine& engine, const StepResult& result)> after_step;
   // Polled once per step on every rank, just before the step's loss all-reduce: true on any
   // rank stops the run on every rank at that step boundary (the answer rides on the all-reduce,
