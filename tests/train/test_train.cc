@@ -384,6 +384,27 @@ TEST_CASE("losses read on logged steps only: every step's loss, in the summary a
     const std::int64_t per_step = sparse.batch.train_batch_size;
     CHECK(xs == std::vector<std::int64_t>{per_step, 2 * per_step, 3 * per_step, 4 * per_step,
                                           5 * per_step, 6 * per_step});
+    // And every step's gradient norm, the quiet steps' read from the device a step late: what
+    // the run logging every step wrote.
+    std::vector<double> every_norms;
+    std::ifstream every_metrics(dir + "/losses_every/metrics.jsonl");
+    while (std::getline(every_metrics, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.contains("grad_norm")) every_norms.push_back(row["grad_norm"].get<double>());
+    }
+    REQUIRE(every_norms.size() == 6);
+    std::ifstream norms(sparse.csv_monitor.log_dir() + "/Train_Samples_grad_norm.csv");
+    std::getline(norms, line);
+    CHECK(line == "step,grad_norm");
+    std::size_t n = 0;
+    while (std::getline(norms, line)) {
+      REQUIRE(n < every_norms.size());
+      const double value = std::stod(line.substr(line.find(',') + 1));
+      INFO("step " << n + 1);
+      CHECK(value == every_norms[n]);  // both written to round trip
+      ++n;
+    }
+    CHECK(n == 6);
   }
 
   // A stop between logged steps (step 3) still reports the losses of steps 2 and 3.
