@@ -50,6 +50,16 @@ EngineOptions options_for(int stage, int accumulation, bool offload) {
   return o;
 }
 
+// Every parameter, bit for bit.
+void require_same_parameters(const std::vector<std::vector<float>>& got,
+                             const std::vector<std::vector<float>>& expected, const char* what) {
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t p = 0; p < got.size(); ++p) {
+    INFO(what << ", parameter " << p);
+    REQUIRE(got[p] == expected[p]);
+  }
+}
+
 bool same_norm(double a, double b) {
   return (std::isnan(a) && std::isnan(b)) || a == b;
 }
@@ -140,12 +150,7 @@ TEST_CASE(
         CHECK(r.optimizer_steps == step - (step > poisoned ? 1 : 0));  // the steps before it
       }
       deferred_results.push_back(deferred->engine->settle_step());
-      const auto got = all_parameters(*deferred);
-      REQUIRE(got.size() == expected.size());
-      for (std::size_t p = 0; p < got.size(); ++p) {
-        INFO("parameter " << p);
-        REQUIRE(got[p] == expected[p]);
-      }
+      require_same_parameters(all_parameters(*deferred), expected, "back to back");
       REQUIRE(deferred_results.size() == settled_results.size());
       for (std::size_t i = 0; i < settled_results.size(); ++i) {
         INFO("step " << i + 1);
@@ -169,11 +174,7 @@ TEST_CASE(
         CHECK(r.skipped == (step == poisoned));
         CHECK(same_norm(r.grad_norm, settled_results[static_cast<std::size_t>(step)].grad_norm));
       }
-      const auto host_decided = all_parameters(*offloaded);
-      for (std::size_t p = 0; p < host_decided.size(); ++p) {
-        INFO("offload, parameter " << p);
-        REQUIRE(host_decided[p] == expected[p]);
-      }
+      require_same_parameters(all_parameters(*offloaded), expected, "offload");
     }
   }
 }
@@ -203,11 +204,7 @@ TEST_CASE("the decision's order across streams holds with random stream delays")
       racy->engine->enqueue_step(spec.lr);
     }
     CHECK(racy->engine->settle_step().skipped_steps == 1);
-    const auto got = all_parameters(*racy);
-    for (std::size_t p = 0; p < got.size(); ++p) {
-      INFO("parameter " << p);
-      REQUIRE(got[p] == expected[p]);
-    }
+    require_same_parameters(all_parameters(*racy), expected, "delayed streams");
   }
 }
 
