@@ -20,9 +20,9 @@ struct KernelOptions {
   int cpu_threads = 0;
   // cuBLASLt workspace (CUDA backend).
   std::int64_t cublaslt_workspace_bytes = std::int64_t{32} << 20;
-  // CUDA backend: run fused attention on its WMMA kernels instead of the mma.sync ones
-  // (kernels/cuda/flash_attention.cuh). Same results up to summation order; the GPU tests
-  // compare both with the CPU twin.
+  // CUDA backend: run fused attention on its WMMA kernels instead of the mma.sync ones where
+  // they take the shape (head size 64; kernels/cuda/flash_attention.cuh). Same results up to
+  // summation order; the GPU tests compare both with the CPU twin.
   bool cuda_attention_wmma = false;
 };
 

@@ -133,6 +133,15 @@ void causal_softmax_backward(const Launch& l, float* datt, const float* att, std
   ZRT_CUDA_LAUNCH_CHECK();
 }
 
+namespace {
+// The fused kernels asked for; the WMMA ones take head size 64 only, so 128 runs on mma.sync.
+FlashKernels fused_kernels(DType dtype, int T, int C, int NH, bool wmma) {
+  return wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)
+             ? FlashKernels::kWmma
+             : FlashKernels::kMma;
+}
+}  // namespace
+
 std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH) {
   if (flash_attention_supported(dtype, T, C, NH)) return 0;
   return (4 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
@@ -143,7 +152,7 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* lse, cons
                        int T, int C, int NH, bool wmma) {
   if (flash_attention_supported(dtype, T, C, NH)) {
     flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH,
-                            wmma ? FlashKernels::kWmma : FlashKernels::kMma);
+                            fused_kernels(dtype, T, C, NH, wmma));
     return;
   }
   const int hs = C / NH;
@@ -181,7 +190,7 @@ void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* do
                         const void* out, const float* lse, int B, int T, int C, int NH, bool wmma) {
   if (flash_attention_supported(dtype, T, C, NH)) {
     flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
-                             wmma ? FlashKernels::kWmma : FlashKernels::kMma);
+                             fused_kernels(dtype, T, C, NH, wmma));
     return;
   }
   const int hs = C / NH;

@@ -1,8 +1,8 @@
 // CUDA twin of kernels/cpu/attention.h (causal multi-head attention, keeping each row's
-// log-sum-exp). bf16/fp16 with head size 64 and T a multiple of 64 run the fused tensor-core
-// kernels of flash_attention.cuh. Other shapes take the batched-GEMM path: q, k, v permuted to
-// (B,NH,T,hs) fp32 scratch, scores and outputs as strided-batched fp32 cuBLAS GEMMs, softmax and
-// its backward one warp per row, the probabilities recomputed in the backward from lse.
+// log-sum-exp). bf16/fp16 with head size 64 or 128 and T a multiple of 64 run the fused
+// tensor-core kernels of flash_attention.cuh. Other shapes take the batched-GEMM path: q, k, v
+// permuted to (B,NH,T,hs) fp32 scratch, scores and outputs as strided-batched fp32 cuBLAS GEMMs,
+// softmax and its backward one warp per row, the probabilities recomputed in the backward from lse.
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,8 @@ namespace zrt::kernels::cuda {
 
 // Workspace bytes (l.ws) of each pass: none for the fused forward.
 std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH);
-// wmma: the fused shapes run on the WMMA kernels (KernelOptions::cuda_attention_wmma).
+// wmma: the fused shapes the WMMA kernels take (head size 64) run on them
+// (KernelOptions::cuda_attention_wmma).
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH, bool wmma = false);
 

@@ -391,14 +391,16 @@ void check_aligned(const void* p, const char* what) {
 
 }  // namespace
 
-bool flash_attention_supported(DType dtype, int T, int C, int NH) {
-  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && NH > 0 && C == NH * kHeadSize &&
-         T > 0 && T % kTile == 0;
+bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels kernels) {
+  const bool head_size = kernels == FlashKernels::kMma ? flash_mma_head_size_supported(C, NH)
+                                                       : NH > 0 && C == NH * kHeadSize;
+  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && head_size && T > 0 &&
+         T % kTile == 0;
 }
 
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
                              int B, int T, int C, int NH, FlashKernels kernels) {
-  ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
+  ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   if (kernels == FlashKernels::kMma) {
@@ -422,7 +424,7 @@ std::int64_t flash_attention_backward_workspace(int B, int T, int NH) {
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
                               int C, int NH, FlashKernels kernels) {
-  ZRT_CHECK(flash_attention_supported(dtype, T, C, NH),
+  ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   check_aligned(dout, "dout");

@@ -9,8 +9,8 @@
 // (kernels/cpu/attention.h) keeps them in fp32, the difference the parity tests bound.
 //
 // Shapes it takes (attention.cu falls back to batched GEMMs for the rest): bf16 or fp16 storage,
-// head size 64, T a multiple of 64, qkv and dout 32-byte aligned. Needs sm_80 or newer (the
-// build's default architectures are 80 and 90).
+// head size 64 (both implementations) or 128 (the mma.sync kernels), T a multiple of 64, qkv and
+// dout 32-byte aligned. Needs sm_80 or newer (the build's default architectures are 80 and 90).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +19,15 @@
 
 namespace zrt::kernels::cuda {
 
-// Whether the fused kernels take this shape and storage type.
-bool flash_attention_supported(DType dtype, int T, int C, int NH);
-
 // Two implementations of the same kernels: kMma (flash_attention_mma.cuh: mma.sync with the
 // scores kept in registers, the default) and kWmma (this file: the WMMA API, the scores through
-// shared memory; slower, kept as the second opinion the GPU tests compare against).
+// shared memory; slower, kept as the second opinion the GPU tests compare against; head size 64
+// only).
 enum class FlashKernels { kMma, kWmma };
+
+// Whether `kernels` take this shape and storage type.
+bool flash_attention_supported(DType dtype, int T, int C, int NH,
+                               FlashKernels kernels = FlashKernels::kMma);
 
 // out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,

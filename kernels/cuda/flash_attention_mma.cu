@@ -12,12 +12,16 @@ namespace {
 
 using I64 = std::int64_t;
 
-// One block: 4 warps over 64 rows (queries; keys for dK/dV), 16 rows per warp, head size 64.
+// One block: 4 warps over 64 rows (queries; keys for dK/dV), 16 rows per warp. Head size HS is
+// 64 or 128 (a template parameter); a block writes COLS of its rows' HS output columns (grid.z =
+// HS / COLS blocks per tile), which bounds the accumulators a thread keeps at COLS / 2 floats.
 constexpr int kTile = 64;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kHs = 64;
-constexpr int kLd = kHs + 8;  // staged row stride (elements): 36 words, no bank conflicts below
+// Staged row stride (elements) of a tile of HS columns: HS/2 + 4 words, 4 modulo the 32 banks
+// for HS = 64 and 128, so the fragment reads below hit no bank twice.
+template <int HS>
+constexpr int kLd = HS + 8;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -65,12 +69,12 @@ __device__ __forceinline__ std::uint32_t word(const void* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }
 
-// The A fragments of 16 rows x 64 (head dims) of a row-major matrix at `rows` (row stride ld).
-template <typename S>
-__device__ __forceinline__ void load_rows(std::uint32_t (&a)[4][4], const S* rows, int ld, int g,
-                                          int t) {
+// The A fragments of 16 rows x HS (head dims) of a row-major matrix at `rows` (row stride ld).
+template <int HS, typename S>
+__device__ __forceinline__ void load_rows(std::uint32_t (&a)[HS / 16][4], const S* rows, int ld,
+                                          int g, int t) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < HS / 16; ++kk) {
     const S* p = rows + kk * 16 + 2 * t;
     a[kk][0] = word(p + static_cast<I64>(g) * ld);
     a[kk][1] = word(p + static_cast<I64>(g + 8) * ld);
@@ -79,50 +83,52 @@ __device__ __forceinline__ void load_rows(std::uint32_t (&a)[4][4], const S* row
   }
 }
 
-// A 64 x 64 tile (row stride ld in global memory) into shared memory (row stride kLd), 16 bytes
-// per thread per step.
-template <typename S>
+// A 64 x HS tile (row stride ld in global memory) into shared memory (row stride kLd<HS>), 16
+// bytes per thread per step.
+template <int HS, typename S>
 __device__ __forceinline__ void stage(S* dst, const S* src, int ld) {
-  for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
-    const int row = i / (kHs / 8), part = i % (kHs / 8);
-    *reinterpret_cast<uint4*>(dst + row * kLd + part * 8) =
+  for (int i = threadIdx.x; i < kTile * (HS / 8); i += kThreads) {
+    const int row = i / (HS / 8), part = i % (HS / 8);
+    *reinterpret_cast<uint4*>(dst + row * kLd<HS> + part * 8) =
         *reinterpret_cast<const uint4*>(src + static_cast<I64>(row) * ld + part * 8);
   }
 }
 
-// acc[j] (16 rows x 8 columns, j < 8) = rows . tile^T for the 64 staged rows of `tile`, tiles of
-// 8 columns whose first column index is past `last` skipped (left zero).
-template <typename S>
-__device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4], const std::uint32_t (&a)[4][4],
-                                                const S* tile, int first, int last, int g, int t) {
+// acc[j] (16 rows x 8 columns, j < 8) = rows . tile^T for the 64 staged rows of `tile` (HS
+// columns each), tiles of 8 columns whose first column index is past `last` skipped (left zero).
+template <int HS, typename S>
+__device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4],
+                                                const std::uint32_t (&a)[HS / 16][4], const S* tile,
+                                                int first, int last, int g, int t) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[j][c] = 0.0f;
     if (first + 8 * j > last) continue;
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const S* p = tile + (8 * j + g) * kLd + kk * 16 + 2 * t;
+    for (int kk = 0; kk < HS / 16; ++kk) {
+      const S* p = tile + (8 * j + g) * kLd<HS> + kk * 16 + 2 * t;
       mma<S>(acc[j], a[kk], word(p), word(p + 8));
     }
   }
 }
 
-// acc[dn] (16 rows x 8 head dims, dn < 8) += A (16 rows x 64 staged rows, as 4 fragments) . tile
-// where tile is the 64 staged rows x 64 head dims; k-chunks of 16 staged rows that `skip` marks
-// are left out.
-template <typename S>
-__device__ __forceinline__ void rows_times_staged(float (&acc)[8][4],
+// acc[dn] (16 rows x 8 head dims, dn < COLS/8) += A (16 rows x 64 staged rows, as 4 fragments)
+// . tile, where tile points at the first of COLS head dims of the 64 staged rows (row stride
+// kLd<HS>); k-chunks of 16 staged rows that `skip` marks are left out.
+template <int HS, int COLS, typename S>
+__device__ __forceinline__ void rows_times_staged(float (&acc)[COLS / 8][4],
                                                   const std::uint32_t (&a)[4][4], const S* tile,
                                                   const bool (&skip)[4], int g, int t) {
+  constexpr int ld = kLd<HS>;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (skip[kk]) continue;
-    const S* p = tile + (kk * 16 + 2 * t) * kLd + g;
+    const S* p = tile + (kk * 16 + 2 * t) * ld + g;
 #pragma unroll
-    for (int dn = 0; dn < 8; ++dn) {
+    for (int dn = 0; dn < COLS / 8; ++dn) {
       const S* q = p + dn * 8;
-      mma<S>(acc[dn], a[kk], pair(q, q + kLd), pair(q + 8 * kLd, q + 9 * kLd));
+      mma<S>(acc[dn], a[kk], pair(q, q + ld), pair(q + 8 * ld, q + 9 * ld));
     }
   }
 }
@@ -148,13 +154,13 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 2);
 }
 
-// rows g and g+8 of a 16 x 64 accumulator set (acc[dn][c], columns 8 dn + 2t + c%2): added,
-// scaled, into `dst` rows (row stride ld), in storage type S.
-template <typename S>
-__device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[8][4], float scale,
-                                         int t) {
+// rows g and g+8 of a 16 x COLS accumulator set (acc[dn][c], columns 8 dn + 2t + c%2): added,
+// scaled, into the rows at dst0 and dst1, in storage type S.
+template <int COLS, typename S>
+__device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[COLS / 8][4],
+                                         float scale, int t) {
 #pragma unroll
-  for (int dn = 0; dn < 8; ++dn) {
+  for (int dn = 0; dn < COLS / 8; ++dn) {
     const int d = dn * 8 + 2 * t;
     dst0[d] = st<S>(ld(dst0[d]) + scale * acc[dn][0]);
     dst0[d + 1] = st<S>(ld(dst0[d + 1]) + scale * acc[dn][1]);
@@ -163,42 +169,56 @@ __device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[8]
   }
 }
 
-// Forward: grid (T/64 query tiles, longest first; B*NH). Each block stages the key and value
-// tiles up to its diagonal; each warp keeps 16 rows' running max, partial sums and outputs.
-template <typename S>
+// The first of the COLS output columns (head dims) a block writes: blockIdx.z's share.
+template <int HS, int COLS>
+__device__ __forceinline__ int first_column() {
+  static_assert(HS % COLS == 0 && COLS % 16 == 0, "COLS: a multiple of 16 dividing HS");
+  if constexpr (COLS == HS) {
+    return 0;
+  } else {
+    return static_cast<int>(blockIdx.z) * COLS;
+  }
+}
+
+// Forward: grid (T/64 query tiles, longest first; B*NH; HS/COLS). Each block stages the key
+// tiles (all HS columns) and the value tiles (its COLS columns) up to its diagonal; each warp
+// keeps 16 rows' running max, partial sums and COLS outputs. Blocks of one tile that split the
+// columns compute the same statistics; the first writes lse.
+template <typename S, int HS, int COLS>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH,
                              float scale_log2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) S k_s[kTile * kLd];
-  __shared__ __align__(16) S v_s[kTile * kLd];
+  __shared__ __align__(16) S k_s[kTile * kLd<HS>];
+  __shared__ __align__(16) S v_s[kTile * kLd<COLS>];
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
+  const int col0 = first_column<HS, COLS>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
   const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
-  const S* v_base = q_base + 2 * C;
+  const S* v_base = q_base + 2 * C + col0;
 
-  std::uint32_t qa[4][4];
-  load_rows(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
-  float o[8][4] = {};
+  std::uint32_t qa[HS / 16][4];
+  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  float o[COLS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
   // Every warp of the block visits the same key tiles (k0 <= tile * 64 <= q0), so each row sees
   // key k0 in each and its max is finite from the first tile on.
   for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
     __syncthreads();  // the previous tile's reads are done
-    stage(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
-    stage(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<COLS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
     __syncthreads();
     float s[8][4];
-    rows_dot_staged<S>(s, qa, k_s, k0, last_key, g, t);
+    rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -234,7 +254,7 @@ __global__ void __launch_bounds__(kThreads)
     l0 = l0 * a0 + ps0;  // this thread's part of the row sums; the quad adds them at the end
     l1 = l1 * a1 + ps1;
 #pragma unroll
-    for (int dn = 0; dn < 8; ++dn) {
+    for (int dn = 0; dn < COLS / 8; ++dn) {
       o[dn][0] *= a0;
       o[dn][1] *= a0;
       o[dn][2] *= a1;
@@ -244,19 +264,19 @@ __global__ void __launch_bounds__(kThreads)
     to_a<S>(pa, s);
     const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
                           k0 + 48 > last_key};
-    rows_times_staged<S>(o, pa, v_s, skip, g, t);
+    rows_times_staged<COLS, COLS, S>(o, pa, v_s, skip, g, t);
   }
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
-  S* out0 = out + (static_cast<I64>(b) * T + row0) * C + h * kHs;
-  S* out1 = out + (static_cast<I64>(b) * T + row1) * C + h * kHs;
+  S* out0 = out + (static_cast<I64>(b) * T + row0) * C + h * HS + col0;
+  S* out1 = out + (static_cast<I64>(b) * T + row1) * C + h * HS + col0;
 #pragma unroll
-  for (int dn = 0; dn < 8; ++dn) {
+  for (int dn = 0; dn < COLS / 8; ++dn) {
     const int d = dn * 8 + 2 * t;
     *reinterpret_cast<std::uint32_t*>(out0 + d) = pack2<S>(o[dn][0] / l0, o[dn][1] / l0);
     *reinterpret_cast<std::uint32_t*>(out1 + d) = pack2<S>(o[dn][2] / l1, o[dn][3] / l1);
   }
-  if (t == 0) {
+  if (t == 0 && col0 == 0) {
     lse[static_cast<I64>(bh) * T + row0] = (m0 + log2f(l0)) * kLn2;
     lse[static_cast<I64>(bh) * T + row1] = (m1 + log2f(l1)) * kLn2;
   }
@@ -266,45 +286,46 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dQ: the forward's geometry. Per key tile: S = Q K^T and dP = dout V^T in registers,
-// dS = P (dP - D), dQ += dS K.
-template <typename S>
+// dS = P (dP - D), dQ += dS K (the block's COLS columns of K).
+template <typename S, int HS, int COLS>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* rowdot,
                         int T, int C, int NH, float scale, float scale_log2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) S k_s[kTile * kLd];
-  __shared__ __align__(16) S v_s[kTile * kLd];
+  __shared__ __align__(16) S k_s[kTile * kLd<HS>];
+  __shared__ __align__(16) S v_s[kTile * kLd<HS>];
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
+  const int col0 = first_column<HS, COLS>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
   const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
   const S* v_base = q_base + 2 * C;
-  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * kHs;
+  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
   const float lse0 = lse[static_cast<I64>(bh) * T + row0] * kLog2e;
   const float lse1 = lse[static_cast<I64>(bh) * T + row1] * kLog2e;
   const float d0 = rowdot[static_cast<I64>(bh) * T + row0];
   const float d1 = rowdot[static_cast<I64>(bh) * T + row1];
 
-  std::uint32_t qa[4][4], da[4][4];
-  load_rows(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
-  load_rows(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
-  float dq[8][4] = {};
+  std::uint32_t qa[HS / 16][4], da[HS / 16][4];
+  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  load_rows<HS>(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
+  float dq[COLS / 8][4] = {};
 
   for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
     __syncthreads();
-    stage(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
-    stage(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<HS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
     __syncthreads();
     float s[8][4], dp[8][4];
-    rows_dot_staged<S>(s, qa, k_s, k0, last_key, g, t);
-    rows_dot_staged<S>(dp, da, v_s, k0, last_key, g, t);
+    rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
+    rows_dot_staged<HS, S>(dp, da, v_s, k0, last_key, g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -320,51 +341,54 @@ __global__ void __launch_bounds__(kThreads)
     to_a<S>(dsa, s);
     const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
                           k0 + 48 > last_key};
-    rows_times_staged<S>(dq, dsa, k_s, skip, g, t);
+    rows_times_staged<HS, COLS, S>(dq, dsa, k_s + col0, skip, g, t);
   }
-  S* dq0 = dqkv + (static_cast<I64>(b) * T + row0) * ld3 + h * kHs;
-  S* dq1 = dqkv + (static_cast<I64>(b) * T + row1) * ld3 + h * kHs;
-  add_rows(dq0, dq1, dq, scale, t);
+  S* dq0 = dqkv + (static_cast<I64>(b) * T + row0) * ld3 + h * HS + col0;
+  S* dq1 = dqkv + (static_cast<I64>(b) * T + row1) * ld3 + h * HS + col0;
+  add_rows<COLS>(dq0, dq1, dq, scale, t);
 #else
   __trap();
 #endif
 }
 
-// dK, dV: grid (T/64 key tiles, first tiles first; B*NH). Warp w owns keys tile*64 + 16w .. +16
-// (the A operand); per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in registers,
-// P^T and dS^T from them, dV += P^T dout, dK += dS^T Q.
-template <typename S>
+// dK, dV: grid (T/64 key tiles, first tiles first; B*NH; HS/COLS). Warp w owns keys tile*64 +
+// 16w .. +16 (the A operand); per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in
+// registers, P^T and dS^T from them, dV += P^T dout, dK += dS^T Q (the block's COLS columns of
+// dout and Q).
+template <typename S, int HS, int COLS>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
                           const float* rowdot, int T, int C, int NH, float scale,
                           float scale_log2) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) S q_s[kTile * kLd];
-  __shared__ __align__(16) S dy_s[kTile * kLd];
+  constexpr int ld = kLd<HS>;
+  __shared__ __align__(16) S q_s[kTile * ld];
+  __shared__ __align__(16) S dy_s[kTile * ld];
   __shared__ float lse_s[kTile];
   __shared__ float d_s[kTile];
   const int tile = blockIdx.x;
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
+  const int col0 = first_column<HS, COLS>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int k0w = tile * kTile + warp * 16;
   const int key0 = k0w + g, key1 = k0w + g + 8;
   const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * kHs;
+  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
   const S* v_base = q_base + 2 * C;
-  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * kHs;
+  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
 
-  std::uint32_t ka[4][4], va[4][4];
-  load_rows(ka, k_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
-  load_rows(va, v_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
-  float dk[8][4] = {}, dv[8][4] = {};
+  std::uint32_t ka[HS / 16][4], va[HS / 16][4];
+  load_rows<HS>(ka, k_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
+  load_rows<HS>(va, v_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
+  float dk[COLS / 8][4] = {}, dv[COLS / 8][4] = {};
 
   for (int qb = tile * kTile; qb < T; qb += kTile) {
     __syncthreads();
-    stage(q_s, q_base + static_cast<I64>(qb) * ld3, ld3);
-    stage(dy_s, dy_base + static_cast<I64>(qb) * C, C);
+    stage<HS>(q_s, q_base + static_cast<I64>(qb) * ld3, ld3);
+    stage<HS>(dy_s, dy_base + static_cast<I64>(qb) * C, C);
     if (threadIdx.x < kTile) {
       lse_s[threadIdx.x] = lse[static_cast<I64>(bh) * T + qb + threadIdx.x] * kLog2e;
       d_s[threadIdx.x] = rowdot[static_cast<I64>(bh) * T + qb + threadIdx.x];
@@ -382,9 +406,9 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (qb + 8 * j + 7 < k0w) continue;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const S* pq = q_s + (8 * j + g) * kLd + kk * 16 + 2 * t;
-        const S* pd = dy_s + (8 * j + g) * kLd + kk * 16 + 2 * t;
+      for (int kk = 0; kk < HS / 16; ++kk) {
+        const S* pq = q_s + (8 * j + g) * ld + kk * 16 + 2 * t;
+        const S* pd = dy_s + (8 * j + g) * ld + kk * 16 + 2 * t;
         mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
         mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
       }
@@ -404,47 +428,93 @@ __global__ void __launch_bounds__(kThreads)
     to_a<S>(pa, st_);
     to_a<S>(dsa, dpt);
     const bool skip[4] = {qb + 15 < k0w, qb + 31 < k0w, qb + 47 < k0w, qb + 63 < k0w};
-    rows_times_staged<S>(dv, pa, dy_s, skip, g, t);
-    rows_times_staged<S>(dk, dsa, q_s, skip, g, t);
+    rows_times_staged<HS, COLS, S>(dv, pa, dy_s + col0, skip, g, t);
+    rows_times_staged<HS, COLS, S>(dk, dsa, q_s + col0, skip, g, t);
   }
-  S* dk0 = dqkv + (static_cast<I64>(b) * T + key0) * ld3 + C + h * kHs;
-  S* dk1 = dqkv + (static_cast<I64>(b) * T + key1) * ld3 + C + h * kHs;
-  add_rows(dk0, dk1, dk, scale, t);
-  add_rows(dk0 + C, dk1 + C, dv, 1.0f, t);
+  S* dk0 = dqkv + (static_cast<I64>(b) * T + key0) * ld3 + C + h * HS + col0;
+  S* dk1 = dqkv + (static_cast<I64>(b) * T + key1) * ld3 + C + h * HS + col0;
+  add_rows<COLS>(dk0, dk1, dk, scale, t);
+  add_rows<COLS>(dk0 + C, dk1 + C, dv, 1.0f, t);
 #else
   __trap();
 #endif
 }
 
+// How many output columns one block of each kernel writes, per head size: all of them at 64;
+// at 128 as many as keep each kernel's accumulators in registers (ptxas for sm_90, --fmad=false:
+// the forward 168 registers, dQ 255, no local memory). dK/dV holds two accumulator sets: with all
+// 128 columns it spills 184 bytes a thread, so two blocks take 64 each (255 registers, no
+// spill), each recomputing S^T and dP^T: 6 products of the pass's size instead of 4.
+template <int HS>
+struct ColumnSplit;
+template <>
+struct ColumnSplit<64> {
+  static constexpr int kForward = 64, kDq = 64, kDkdv = 64;
+};
+template <>
+struct ColumnSplit<128> {
+  static constexpr int kForward = 128, kDq = 128, kDkdv = 64;
+};
+
+template <int HS>
+dim3 grid_of(int B, int T, int NH, int cols) {
+  return dim3(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH),
+              static_cast<unsigned>(HS / cols));
+}
+
+// Calls f(std::integral_constant<int, HS>) for the head size C / NH.
+template <typename F>
+void with_head_size(int C, int NH, F&& f) {
+  const int hs = NH > 0 ? C / NH : 0;
+  if (NH > 0 && hs * NH == C && hs == 64) {
+    f(std::integral_constant<int, 64>{});
+  } else if (NH > 0 && hs * NH == C && hs == 128) {
+    f(std::integral_constant<int, 128>{});
+  } else {
+    ZRT_THROW(InvalidArgument, "fused attention (mma): head size C/NH = {}/{} is not 64 or 128", C,
+              NH);
+  }
+}
+
 }  // namespace
+
+bool flash_mma_head_size_supported(int C, int NH) {
+  return NH > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
+}
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH) {
-  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
-  const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
-    using S = typename decltype(s)::type;
-    flash_mma_forward_kernel<S><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
-    ZRT_CUDA_LAUNCH_CHECK();
+  with_head_size(C, NH, [&](auto hs) {
+    constexpr int HS = decltype(hs)::value;
+    constexpr int COLS = ColumnSplit<HS>::kForward;
+    const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
+    with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
+      using S = typename decltype(s)::type;
+      flash_mma_forward_kernel<S, HS, COLS><<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(
+          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
+      ZRT_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
 void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const float* lse, const float* rowdot, int B, int T, int C, int NH) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
-  const float scale_log2 = scale * kLog2e;
-  const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
-  with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
-    using S = typename decltype(s)::type;
-    flash_mma_dkdv_kernel<S><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
-        T, C, NH, scale, scale_log2);
-    ZRT_CUDA_LAUNCH_CHECK();
-    flash_mma_dq_kernel<S><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
-        T, C, NH, scale, scale_log2);
-    ZRT_CUDA_LAUNCH_CHECK();
+  with_head_size(C, NH, [&](auto hs) {
+    constexpr int HS = decltype(hs)::value;
+    constexpr int kDkdv = ColumnSplit<HS>::kDkdv, kDq = ColumnSplit<HS>::kDq;
+    const float scale = 1.0f / sqrtf(static_cast<float>(HS));
+    const float scale_log2 = scale * kLog2e;
+    with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
+      using S = typename decltype(s)::type;
+      flash_mma_dkdv_kernel<S, HS, kDkdv><<<grid_of<HS>(B, T, NH, kDkdv), kThreads, 0, l.stream>>>(
+          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+          rowdot, T, C, NH, scale, scale_log2);
+      ZRT_CUDA_LAUNCH_CHECK();
+      flash_mma_dq_kernel<S, HS, kDq><<<grid_of<HS>(B, T, NH, kDq), kThreads, 0, l.stream>>>(
+          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+          rowdot, T, C, NH, scale, scale_log2);
+      ZRT_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 

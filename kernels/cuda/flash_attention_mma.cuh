@@ -2,8 +2,9 @@
 // the PTX ISA's documented fragment layouts so that the scores stay in registers from one
 // product to the next: the softmax and dS = P (dP - D) work on the accumulators directly, and
 // an accumulator pair becomes the next product's A operand (FlashAttention-2's register reuse).
-// Key/query tiles are staged once per block in shared memory with 16-byte loads. Same contract,
-// shapes and results (up to summation order) as the WMMA kernels of flash_attention.cu.
+// Key/query tiles are staged once per block in shared memory with 16-byte loads. Same contract
+// and results (up to summation order) as the WMMA kernels of flash_attention.cu, for head size
+// 64 and also 128 (Llama-3 3B/8B, Mistral 7B, Qwen2.5 7B), where the WMMA kernels stop at 64.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,9 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace zrt::kernels::cuda {
+
+// Whether the head size C / NH is one these kernels are built for (64 or 128).
+bool flash_mma_head_size_supported(int C, int NH);
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH);

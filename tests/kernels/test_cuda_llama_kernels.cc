@@ -230,6 +230,15 @@ TEST_CASE("grouped-query attention at a fused shape: CUDA twin matches the CPU t
          [](Backend& be, DType dt, DType) { return run_gqa(be, dt, 1, 128, 4, 2, 64, kSeed + 1); });
 }
 
+// Head size 128, the Llama-3 8B / Mistral 7B / Qwen2.5 7B shape, group 4 (Llama-3 8B's 32 / 8):
+// bf16 takes the fused mma.sync kernels at head size 128.
+TEST_CASE("grouped-query attention at head size 128: CUDA twin matches the CPU twin",
+          "[cuda][llama]") {
+  parity("gqa attention (hs 128, T 128)", [](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, 1, 128, 4, 1, 128, kSeed + 2);
+  });
+}
+
 TEST_CASE("tiny Llama and Qwen2 on the GPU match transformers (fp32)", "[cuda][llama]") {
   for (const auto& g : test::llama_golden()["cases"]) {
     const llama::LlamaConfig config = test::case_config(g);

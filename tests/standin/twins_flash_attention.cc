@@ -1,5 +1,6 @@
 // Twins of the fused attention kernels (kernels/cuda/flash_attention.cu and its mma.sync
-// variants in flash_attention_mma.cu: same arguments, same results), written from the math
+// variants in flash_attention_mma.cu, head size 64 and, for mma.sync, 128: same arguments, same
+// results), written from the math
 // of kernels/cpu/attention.h in plain fp32 loops: the forward (out and each row's log-sum-exp),
 // the row term D = dout . out, and the two backward kernels, dQ and dK/dV, each adding only its
 // own part of dqkv in the storage type, as the kernel does. The kernels round probabilities and
@@ -22,22 +23,31 @@ using I64 = std::int64_t;
 using namespace twin_names;
 constexpr int kTile = 64;      // rows per block (kernels/cuda/flash_attention.cu)
 constexpr int kThreads = 128;  // 4 warps of 16 rows
-constexpr int kHeadSize = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Shape {
-  int B, T, C, NH;
+  int B, T, C, NH, hs;
 };
 
-// The launch geometry every fused kernel uses: grid (T/64, B*NH), 128 threads.
-Shape check_geometry(KernelCall& k, int T, int C, int NH) {
+// A kernel instantiation: its name (the head size HS and, for the mma.sync kernels, the COLS
+// output columns a block writes are template arguments) and those two numbers.
+struct Instance {
+  const char* name;
+  int hs, cols;
+};
+
+// The launch geometry every fused kernel uses: grid (T/64, B*NH, HS/COLS), 128 threads, for
+// C = NH x HS.
+Shape check_geometry(KernelCall& k, int T, int C, int NH, const Instance& in) {
   k.require_block(kThreads);
-  k.require(NH > 0 && C == NH * kHeadSize, fmt::format("C {} is not NH {} x 64", C, NH));
+  k.require(NH > 0 && C == NH * in.hs, fmt::format("C {} is not NH {} x {}", C, NH, in.hs));
   k.require(T > 0 && T % kTile == 0, fmt::format("T {} is not a multiple of 64", T));
   k.require(k.grid().x == static_cast<unsigned>(T / kTile),
             fmt::format("grid.x {} is not T/64 = {}", k.grid().x, T / kTile));
   k.require(NH > 0 && k.grid().y % NH == 0, fmt::format("grid.y {} not B x NH", k.grid().y));
-  return {static_cast<int>(k.grid().y) / NH, T, C, NH};
+  k.require(k.grid().z == static_cast<unsigned>(in.hs / in.cols),
+            fmt::format("grid.z {} is not HS/COLS = {}/{}", k.grid().z, in.hs, in.cols));
+  return {static_cast<int>(k.grid().y) / NH, T, C, NH, in.hs};
 }
 
 // Probabilities p[t][u] of one (b,h) from q, k and lse: exp(s/sqrt(hs) - lse), 0 for u > t.
@@ -45,13 +55,13 @@ template <typename S>
 std::vector<float> probs(const S* qkv, const float* lse, const Shape& s, int b, int h) {
   const I64 ld3 = 3 * I64{s.C};
   std::vector<float> p(static_cast<std::size_t>(s.T) * s.T, 0.0f);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
   for (int t = 0; t < s.T; ++t) {
-    const S* q = qkv + (I64{b} * s.T + t) * ld3 + h * kHeadSize;
+    const S* q = qkv + (I64{b} * s.T + t) * ld3 + h * s.hs;
     for (int u = 0; u <= t; ++u) {
-      const S* k = qkv + (I64{b} * s.T + u) * ld3 + s.C + h * kHeadSize;
+      const S* k = qkv + (I64{b} * s.T + u) * ld3 + s.C + h * s.hs;
       float dot = 0.0f;
-      for (int d = 0; d < kHeadSize; ++d) dot += ld(q[d]) * ld(k[d]);
+      for (int d = 0; d < s.hs; ++d) dot += ld(q[d]) * ld(k[d]);
       p[static_cast<std::size_t>(t) * s.T + u] =
           std::exp(dot * scale - lse[(I64{b} * s.NH + h) * s.T + t]);
     }
@@ -65,11 +75,11 @@ std::vector<float> dscores(const std::vector<float>& p, const S* dout, const S* 
                            const float* rowdot, const Shape& s, int b, int h) {
   std::vector<float> ds(p.size(), 0.0f);
   for (int t = 0; t < s.T; ++t) {
-    const S* dy = dout + (I64{b} * s.T + t) * s.C + h * kHeadSize;
+    const S* dy = dout + (I64{b} * s.T + t) * s.C + h * s.hs;
     for (int u = 0; u <= t; ++u) {
-      const S* v = qkv + (I64{b} * s.T + u) * 3 * s.C + 2 * s.C + h * kHeadSize;
+      const S* v = qkv + (I64{b} * s.T + u) * 3 * s.C + 2 * s.C + h * s.hs;
       float dp = 0.0f;
-      for (int d = 0; d < kHeadSize; ++d) dp += ld(dy[d]) * ld(v[d]);
+      for (int d = 0; d < s.hs; ++d) dp += ld(dy[d]) * ld(v[d]);
       const std::size_t i = static_cast<std::size_t>(t) * s.T + u;
       ds[i] = p[i] * (dp - rowdot[(I64{b} * s.NH + h) * s.T + t]);
     }
@@ -82,40 +92,45 @@ void register_storage() {
   const char* n = cuda_name<S>();
   const I64 ss = sizeof(S);
 
-  for (const char* kernel : {"flash_forward_kernel<$S, 64>", "flash_mma_forward_kernel<$S>"}) {
+  // The instantiations kernels/cuda/flash_attention{,_mma}.cu launch; COLS as its ColumnSplit.
+  for (const Instance& in : {Instance{"flash_forward_kernel<$S, 64>", 64, 64},
+                             Instance{"flash_mma_forward_kernel<$S, 64, 64>", 64, 64},
+                             Instance{"flash_mma_forward_kernel<$S, 128, 128>", 128, 128}}) {
     twin<S*, float*, const S*, int, int, int, float>(
-        sig("void " + kNs + kernel + "($S*, float*, $S const*, int, int, int, float)", n),
-        [ss](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
-             float scale_log2) {
-          const Shape s = check_geometry(k, T, C, NH);
-          k.require(std::fabs(scale_log2 * std::sqrt(64.0f) - kLog2e) < 1e-6f, "scale_log2");
+        sig("void " + kNs + in.name + "($S*, float*, $S const*, int, int, int, float)", n),
+        [ss, in](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
+                 float scale_log2) {
+          const Shape s = check_geometry(k, T, C, NH, in);
+          const int hs = s.hs;
+          k.require(std::fabs(scale_log2 * std::sqrt(static_cast<float>(hs)) - kLog2e) < 1e-6f,
+                    "scale_log2");
           k.writes(out, I64{s.B} * T * C * ss, "out");
           k.writes(lse, I64{s.B} * NH * T * 4, "lse");
           k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
           k.run([=] {
-            const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadSize));
+            const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
             std::vector<float> row(static_cast<std::size_t>(T));
             for (int b = 0; b < s.B; ++b) {
               for (int h = 0; h < NH; ++h) {
                 for (int t = 0; t < T; ++t) {
-                  const S* q = qkv + (I64{b} * T + t) * 3 * C + h * kHeadSize;
+                  const S* q = qkv + (I64{b} * T + t) * 3 * C + h * hs;
                   float mx = -INFINITY;
                   for (int u = 0; u <= t; ++u) {
-                    const S* kr = qkv + (I64{b} * T + u) * 3 * C + C + h * kHeadSize;
+                    const S* kr = qkv + (I64{b} * T + u) * 3 * C + C + h * hs;
                     float dot = 0.0f;
-                    for (int d = 0; d < kHeadSize; ++d) dot += ld(q[d]) * ld(kr[d]);
+                    for (int d = 0; d < hs; ++d) dot += ld(q[d]) * ld(kr[d]);
                     row[u] = dot * scale;
                     mx = std::fmax(mx, row[u]);
                   }
                   float sum = 0.0f;
                   for (int u = 0; u <= t; ++u) sum += std::exp(row[u] - mx);
-                  for (int d = 0; d < kHeadSize; ++d) {
+                  for (int d = 0; d < hs; ++d) {
                     float acc = 0.0f;
                     for (int u = 0; u <= t; ++u) {
                       acc += std::exp(row[u] - mx) *
-                             ld(qkv[(I64{b} * T + u) * 3 * C + 2 * C + h * kHeadSize + d]);
+                             ld(qkv[(I64{b} * T + u) * 3 * C + 2 * C + h * hs + d]);
                     }
-                    out[(I64{b} * T + t) * C + h * kHeadSize + d] = st<S>(acc / sum);
+                    out[(I64{b} * T + t) * C + h * hs + d] = st<S>(acc / sum);
                   }
                   lse[(I64{b} * NH + h) * T + t] = mx + std::log(sum);
                 }
@@ -153,18 +168,26 @@ void register_storage() {
         });
       });
 
-  for (const char* kernel :
-       {"flash_backward_dq_kernel<$S, 64>", "flash_backward_dkdv_kernel<$S, 64>",
-        "flash_mma_dq_kernel<$S>", "flash_mma_dkdv_kernel<$S>"}) {
-    const bool dq_kernel = std::string(kernel).find("_dq_") != std::string::npos;
+  for (const Instance& in : {Instance{"flash_backward_dq_kernel<$S, 64>", 64, 64},
+                             Instance{"flash_backward_dkdv_kernel<$S, 64>", 64, 64},
+                             Instance{"flash_mma_dq_kernel<$S, 64, 64>", 64, 64},
+                             Instance{"flash_mma_dkdv_kernel<$S, 64, 64>", 64, 64},
+                             Instance{"flash_mma_dq_kernel<$S, 128, 128>", 128, 128},
+                             Instance{"flash_mma_dkdv_kernel<$S, 128, 64>", 128, 64}}) {
+    const bool dq_kernel = std::string(in.name).find("_dq_") != std::string::npos;
     twin<S*, const S*, const S*, const float*, const float*, int, int, int, float, float>(
-        sig("void " + kNs + kernel +
+        sig("void " + kNs + in.name +
                 "($S*, $S const*, $S const*, float const*, float const*, int, int, int, float, "
                 "float)",
             n),
-        [ss, dq_kernel](KernelCall& k, S* dqkv, const S* dout, const S* qkv, const float* lse,
-                        const float* rowdot, int T, int C, int NH, float scale, float) {
-          const Shape s = check_geometry(k, T, C, NH);
+        [ss, dq_kernel, in](KernelCall& k, S* dqkv, const S* dout, const S* qkv, const float* lse,
+                            const float* rowdot, int T, int C, int NH, float scale,
+                            float scale_log2) {
+          const Shape s = check_geometry(k, T, C, NH, in);
+          const int hs = s.hs;
+          k.require(std::fabs(scale * std::sqrt(static_cast<float>(hs)) - 1.0f) < 1e-6f &&
+                        std::fabs(scale_log2 - scale * kLog2e) < 1e-6f,
+                    "scale, scale_log2");
           k.writes(dqkv, I64{s.B} * T * 3 * C * ss, "dqkv");
           k.reads(dout, I64{s.B} * T * C * ss, "dout");
           k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
@@ -178,10 +201,10 @@ void register_storage() {
                 const std::vector<float> ds = dscores(p, dout, qkv, rowdot, s, b, h);
                 auto at = [&](int t, int u) { return static_cast<std::size_t>(t) * T + u; };
                 auto row = [&](int t, int part) {
-                  return (I64{b} * T + t) * ld3 + part * I64{C} + h * kHeadSize;
+                  return (I64{b} * T + t) * ld3 + part * I64{C} + h * hs;
                 };
                 for (int x = 0; x < T; ++x) {
-                  for (int d = 0; d < kHeadSize; ++d) {
+                  for (int d = 0; d < hs; ++d) {
                     if (dq_kernel) {  // dq[x] = scale sum_u ds[x][u] k[u]
                       float acc = 0.0f;
                       for (int u = 0; u <= x; ++u) acc += ds[at(x, u)] * ld(qkv[row(u, 1) + d]);
@@ -190,7 +213,7 @@ void register_storage() {
                       float dk = 0.0f, dv = 0.0f;
                       for (int t = x; t < T; ++t) {
                         dk += ds[at(t, x)] * ld(qkv[row(t, 0) + d]);
-                        dv += p[at(t, x)] * ld(dout[(I64{b} * T + t) * C + h * kHeadSize + d]);
+                        dv += p[at(t, x)] * ld(dout[(I64{b} * T + t) * C + h * hs + d]);
                       }
                       dqkv[row(x, 1) + d] = st<S>(ld(dqkv[row(x, 1) + d]) + scale * dk);
                       dqkv[row(x, 2) + d] = st<S>(ld(dqkv[row(x, 2) + d]) + dv);

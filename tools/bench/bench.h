@@ -17,6 +17,7 @@ int optimizer(int argc, char** argv);
 int model(int argc, char** argv);
 int checkpoint(int argc, char** argv);
 int offload(int argc, char** argv);
+int attention(int argc, char** argv);
 
 // Minimal "--key value" / "--flag" parser; unknown options throw InvalidArgument naming them.
 class Args {

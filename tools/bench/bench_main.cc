@@ -39,6 +39,9 @@ constexpr Entry kCommands[] = {
     {"offload", offload,
      "optimizer offload: step time vs forward+backward and CPU optimizer alone, the share "
      "hidden by overlap, host<->device copy GB/s (run under mpirun)"},
+    {"attention", attention,
+     "causal attention forward/backward time and TFLOP/s (fused kernels on a GPU) vs PyTorch's "
+     "scaled_dot_product_attention"},
 };
 
 void usage() {

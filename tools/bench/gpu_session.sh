@@ -5,6 +5,9 @@
 #
 #   selftest   tools/gpu-selftest --bundle: every GPU test program, the tiny GPT against the CPU
 #              backend, and GPT-2 124M's throughput against PyTorch with flash SDPA (~3 min)
+#   attention  zrt-bench attention: the fused attention kernels' forward and forward+backward time
+#              and TFLOP/s against PyTorch's flash SDPA at GPT-2 124M's shape (head size 64), the
+#              6.7B GPT's (4 x 1024, 32 heads of 128) and Llama-3 8B's at 4k tokens (~30 s)
 #   offload    tools/bench/gpu_offload_bench.sh --no-big: GPT-2 124M at stage 3 with and without
 #              optimizer offload, one micro-batch per step and 8, partial offload (--ratios),
 #              fewer CPU-optimizer threads (--threads), the host's AdamW speed (~3 min)
@@ -17,7 +20,7 @@
 #              memory; last, as it may not fit the host)
 #
 #   tools/bench/gpu_session.sh --bundle DIR|FILE.tar.xz --out DIR [--budget SECONDS] [--phases "selftest
-#       offload big ab bigfull"] [--ratios "0.5"] [--threads 14] [--big-ratio 0.7]
+#       attention offload big ab bigfull"] [--ratios "0.5"] [--threads 14] [--big-ratio 0.7]
 #       [-- OVERRIDES...]
 #
 # --bundle: a tools/gpu-bundle folder, or that folder packed with `tar -cJf FILE.tar.xz -C PARENT
@@ -33,7 +36,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bundle=""
 out=""
 budget=540
-phases="selftest offload big ab bigfull"
+phases="selftest attention offload big ab bigfull"
 ratios="0.5"
 threads="14"
 big_ratio="0.7"
@@ -64,7 +67,7 @@ fi
   { echo "gpu_session: --bundle must be a tools/gpu-bundle folder (or its .tar.xz) with zrt-train" >&2; exit 2; }
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in selftest|offload|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in selftest|attention|offload|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 bundle="$(cd "$bundle" && pwd)"
 mkdir -p "$out"
@@ -111,6 +114,14 @@ for p in $phases; do
     selftest)
       phase selftest 150 "$root/tools/gpu-selftest" --bundle "$bundle"
       [ -d "$bundle/selftest" ] && cp -r "$bundle/selftest" "$work/selftest-logs" ;;
+    attention)
+      if [ -x "$bundle/bin/zrt-bench" ]; then
+        phase attention 40 "$bundle/bin/zrt-bench" attention --iters 20 --python python3 \
+          --torch-script "$root/tools/bench/torch_attention_bench.py" \
+          --shapes "8,1024,12,64;4,1024,32,128;1,4096,32,128"
+      else
+        say ""; say "== attention: skipped (no bin/zrt-bench in the bundle)"
+      fi ;;
     offload)
       phase offload 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --no-big \
         --out "$work/offload" --ratios "$ratios" --threads "$threads" -- "${extra[@]}" ;;

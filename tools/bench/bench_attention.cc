@@ -1,0 +1,214 @@
+// zrt-bench attention: causal attention forward and forward+backward time of kernels/ops.h (on a
+// GPU the fused tensor-core kernels where they take the shape, head size 64 or 128) next to
+// PyTorch's scaled_dot_product_attention on the same device, shapes and dtype
+// (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a GPU), and the tensor
+// throughput both reach. Times are medians over --iters of the wall time of one call enqueued
+// and its stream drained, after two warm-up calls.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "kernels/ops.h"
+#include "models/init_rng.h"
+#include "runtime/common/dtype.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+#include "tools/bench/bench.h"
+
+namespace zrt::bench {
+
+namespace {
+
+struct Shape {
+  int B, T, NH, hs;
+};
+
+// "B,T,NH,hs;B,T,NH,hs;..."
+std::vector<Shape> parse_shapes(const std::string& text) {
+  std::vector<Shape> shapes;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ';')) {
+    if (item.empty()) continue;
+    Shape s{};
+    char c1 = 0, c2 = 0, c3 = 0;
+    std::stringstream one(item);
+    if (!(one >> s.B >> c1 >> s.T >> c2 >> s.NH >> c3 >> s.hs) || c1 != ',' || c2 != ',' ||
+        c3 != ',' || s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.hs <= 0) {
+      ZRT_THROW(InvalidArgument, "--shapes: '{}' is not B,T,NH,hs (positive integers)", item);
+    }
+    shapes.push_back(s);
+  }
+  if (shapes.empty()) ZRT_THROW(InvalidArgument, "--shapes: no shape in '{}'", text);
+  return shapes;
+}
+
+// Causal attention's tensor work, as FlashAttention's papers count it: the forward's two
+// products over the lower triangle, 4 B NH T^2 hs / 2; the backward 2.5 times that (five
+// products, one of them the recomputed scores).
+double forward_flops(const Shape& s) {
+  return 2.0 * s.B * s.NH * static_cast<double>(s.T) * s.T * s.hs;
+}
+
+struct Timing {
+  double forward_s = 0, forward_backward_s = 0;
+};
+
+// A buffer of `n` elements of `dtype` on `device`, N(0, 1) values from `stream_id`.
+Buffer random_buffer(Device& device, Stream& stream, DType dtype, std::int64_t n, int stream_id) {
+  std::vector<std::byte> host(static_cast<std::size_t>(n) * dtype_size(dtype));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(
+        counter_normal(11, static_cast<std::uint64_t>(stream_id), static_cast<std::uint64_t>(i)));
+    std::byte* p = host.data() + i * static_cast<std::int64_t>(dtype_size(dtype));
+    switch (dtype) {
+      case DType::kBFloat16: {
+        const bf16 h = to_bf16(v);
+        std::memcpy(p, &h, sizeof h);
+        break;
+      }
+      case DType::kFloat16: {
+        const fp16 h = to_fp16(v);
+        std::memcpy(p, &h, sizeof h);
+        break;
+      }
+      case DType::kFloat32:
+        std::memcpy(p, &v, sizeof v);
+        break;
+      default:
+        ZRT_THROW(InvalidArgument, "--dtype {}: bf16, fp16 or fp32", dtype_name(dtype));
+    }
+  }
+  Buffer b = device.allocate(static_cast<std::int64_t>(host.size()), MemCategory::kOther,
+                             "bench attention");
+  device.copy_to_device(b.device<std::byte>(), host.data(), host.size(), stream);
+  stream.synchronize();  // the copy reads `host`, which ends here
+  return b;
+}
+
+Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters) {
+  DeviceOptions options;
+  options.type = type;
+  auto device = make_device(options);
+  auto stream = device->create_stream("compute");
+  kernels::KernelContext ctx(*device, *stream);
+  const int C = s.NH * s.hs;
+  const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;
+  Buffer qkv = random_buffer(*device, *stream, dtype, 3 * n, 1);
+  Buffer dout = random_buffer(*device, *stream, dtype, n, 2);
+  Buffer out = device->allocate(n * static_cast<std::int64_t>(dtype_size(dtype)),
+                                MemCategory::kOther, "bench attention out");
+  Buffer dqkv = device->allocate(3 * n * static_cast<std::int64_t>(dtype_size(dtype)),
+                                 MemCategory::kOther, "bench attention dqkv");
+  Buffer lse = device->allocate(static_cast<std::int64_t>(s.B) * s.NH * s.T * 4,
+                                MemCategory::kOther, "bench attention lse");
+  auto forward = [&] {
+    kernels::attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(),
+                               qkv.device<std::byte>(), s.B, s.T, C, s.NH);
+  };
+  auto backward = [&] {
+    kernels::attention_backward(ctx, dtype, dqkv.device<std::byte>(), dout.device<std::byte>(),
+                                qkv.device<std::byte>(), out.device<std::byte>(),
+                                lse.device<float>(), s.B, s.T, C, s.NH);
+  };
+  auto time = [&](bool with_backward) {
+    std::vector<double> samples;
+    for (int i = 0; i < iters + 2; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      forward();
+      if (with_backward) backward();
+      stream->synchronize();
+      const double sec =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (i >= 2) samples.push_back(sec);  // the first calls allocate workspace and warm up
+    }
+    return median(samples);
+  };
+  Timing t;
+  t.forward_s = time(false);
+  t.forward_backward_s = time(true);
+  return t;
+}
+
+// PyTorch's times for the same shape, or zeros when unavailable.
+Timing run_torch(const std::string& python, const std::string& script, DeviceType type, DType dtype,
+                 const Shape& s, int iters) {
+  Timing t;
+  if (python.empty()) return t;
+  const std::string line = run_capture(
+      fmt::format("'{}' '{}' --device {} --dtype {} --batch {} --seq {} --heads {} --head-size {} "
+                  "--iters {} 2>/dev/null",
+                  python, script, type == DeviceType::kCuda ? "cuda" : "cpu", dtype_name(dtype),
+                  s.B, s.T, s.NH, s.hs, iters));
+  const auto f = line.find("forward_ms="), fb = line.find("forward_backward_ms=");
+  if (f == std::string::npos || fb == std::string::npos) return t;
+  t.forward_s = std::stod(line.substr(f + 11)) / 1e3;
+  t.forward_backward_s = std::stod(line.substr(fb + 20)) / 1e3;
+  return t;
+}
+
+std::string tflops(double flops, double seconds) {
+  return seconds > 0 ? fmt::format("{:.3g}", flops / seconds / 1e12) : "-";
+}
+
+}  // namespace
+
+int attention(int argc, char** argv) {
+  Args args(argc, argv,
+            {"device", "dtype", "shapes", "iters", "no-torch", "python", "torch-script", "help"});
+  if (args.has("help")) {
+    std::printf(
+        "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes \"B,T,NH,hs;...\"]\n"
+        "                    [--iters 20] [--no-torch] [--python PATH]\n"
+        "Causal attention forward and forward+backward: zrt's kernels next to PyTorch's\n"
+        "scaled_dot_product_attention on the same device (flash kernel on a GPU), with the\n"
+        "TFLOP/s each reaches. Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape\n"
+        "(8,1024,12,64) and Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
+    return 0;
+  }
+  const DeviceType type = args.get("device", cuda_device_count() > 0 ? "cuda" : "cpu") == "cuda"
+                              ? DeviceType::kCuda
+                              : DeviceType::kCpu;
+  const DType dtype = parse_dtype(args.get("dtype", "bf16"));
+  const std::vector<Shape> shapes =
+      parse_shapes(args.get("shapes", type == DeviceType::kCuda ? "8,1024,12,64;1,4096,32,128"
+                                                                : "1,256,4,64;1,256,2,128"));
+  const int iters = static_cast<int>(args.get_double("iters", 20));
+  const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
+  const std::string script =
+      args.get("torch-script", "").empty()
+          ? find_script("torch_attention_bench.py", ZRT_TORCH_ATTENTION_SCRIPT)
+          : args.get("torch-script", "");
+  std::printf("# zrt-bench attention: causal, %s, %s; median of %d calls after 2 warm-ups\n",
+              type == DeviceType::kCuda ? "cuda" : "cpu", dtype_name(dtype), iters);
+  std::printf("# TFLOP/s: forward 4*B*NH*T^2*hs/2, backward 2.5x that; torch: %s\n",
+              args.has("no-torch") ? "skipped (--no-torch)"
+              : python.empty()     ? "not available (no python3 with torch)"
+                                   : (python + " " + script).c_str());
+  Table table({"B,T,NH,hs", "zrt_fwd_ms", "zrt_fwd+bwd_ms", "zrt_TFLOP/s", "torch_fwd_ms",
+               "torch_fwd+bwd_ms", "torch_TFLOP/s", "torch/zrt_time"});
+  for (const Shape& s : shapes) {
+    const Timing z = run_zrt(type, dtype, s, iters);
+    const Timing t = run_torch(python, script, type, dtype, s, iters);
+    const double flops = forward_flops(s) * 3.5;
+    table.add(
+        {fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs), fmt::format("{:.3f}", z.forward_s * 1e3),
+         fmt::format("{:.3f}", z.forward_backward_s * 1e3), tflops(flops, z.forward_backward_s),
+         t.forward_s > 0 ? fmt::format("{:.3f}", t.forward_s * 1e3) : "-",
+         t.forward_backward_s > 0 ? fmt::format("{:.3f}", t.forward_backward_s * 1e3) : "-",
+         tflops(flops, t.forward_backward_s),
+         t.forward_backward_s > 0
+             ? fmt::format("{:.2f}", t.forward_backward_s / z.forward_backward_s)
+             : "-"});
+    std::fflush(stdout);
+  }
+  std::printf("%s", table.str().c_str());
+  return 0;
+}
+
+}  // namespace zrt::bench
