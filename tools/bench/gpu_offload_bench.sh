@@ -15,7 +15,7 @@
 #   tools/bench/gpu_offload_bench.sh [--bundle DIR | --bin DIR] [--out DIR] [--gas "1 8"]
 #                                    [--steps N] [--threads "16 14"] [--ratios "0.5 0.3"]
 #                                    [--big-ratio R] [--big-ratio-only] [--no-big] [--big-only]
-#                                    [-- OVERRIDES...]
+#                                    [--big-config FILE] [-- OVERRIDES...]
 #
 # --bundle DIR: a tools/gpu-bundle folder (sources its env.sh; the programs in DIR/bin, the corpus
 # in DIR/data; with zrt-bench there too, the host's AdamW speed is measured first); --bin DIR: a
@@ -27,6 +27,8 @@
 # forward's last units offloaded, the rest stepped on the GPU; rows ...-rR); --big-ratio adds a
 # 6.7B row with that ratio (what of the state fits beside the model on the GPU); --big-ratio-only
 # runs that row without the full-offload one (~95 GB of host memory instead of ~69).
+# --big-config FILE: another model that does not fit without offload for the big rows, named
+# after the file (configs/gpu-llama-3.1-8b-offload.json: rows llama-3.1-8b-s3-offload...).
 # OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
 # script without a GPU).
 set -uo pipefail
@@ -42,6 +44,7 @@ threads=""
 ratios=""
 big_ratio=""
 big_full=1
+big_config=configs/gpu-gpt-6.7b-offload.json
 data_dir="$root/data"  # the KJV shards (tools/prepare-corpus; a bundle carries its own)
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -57,6 +60,7 @@ while [ $# -gt 0 ]; do
     --big-ratio-only) big_full=0; shift ;;
     --no-big) big=0; shift ;;
     --big-only) small=0; shift ;;
+    --big-config) big_config="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
@@ -151,20 +155,24 @@ fi
 [ $big_full -eq 0 ] && [ -z "$big_ratio" ] &&
   { echo "gpu_offload_bench: --big-ratio-only needs --big-ratio R" >&2; exit 2; }
 if [ $big -eq 1 ]; then
+  [ -f "$big_config" ] || { echo "gpu_offload_bench: no config $big_config" >&2; exit 2; }
+  # configs/gpu-gpt-6.7b-offload.json -> 6.7b; configs/gpu-llama-3.1-8b-offload.json -> llama-3.1-8b
+  big_name=$(basename "$big_config" .json); big_name=${big_name#gpu-}; big_name=${big_name#gpt-}
+  big_name=${big_name%-offload}
   if [ $big_full -eq 1 ]; then
-    run "6.7b-s3-offload" configs/gpu-gpt-6.7b-offload.json \
-      --trace.path "$out/6.7b-s3-offload/trace.json" --trace.steps "[2, 3]"
+    run "$big_name-s3-offload" "$big_config" --zero_optimization.offload_optimizer.ratio 1 \
+      --trace.path "$out/$big_name-s3-offload/trace.json" --trace.steps "[2, 3]"
   fi
   if [ -n "$big_ratio" ]; then
-    run "6.7b-s3-offload-r$big_ratio" configs/gpu-gpt-6.7b-offload.json \
+    run "$big_name-s3-offload-r$big_ratio" "$big_config" \
       --zero_optimization.offload_optimizer.ratio "$big_ratio" \
-      --trace.path "$out/6.7b-s3-offload-r$big_ratio/trace.json" --trace.steps "[2, 3]"
+      --trace.path "$out/$big_name-s3-offload-r$big_ratio/trace.json" --trace.steps "[2, 3]"
   fi
 fi
 
 echo
 echo "gpu_offload_bench ($(date -u +%Y-%m-%dT%H:%MZ); $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); $(nproc) host cores; OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset})"
-printf '%-24s %12s %9s %12s %12s %9s  %s\n' run "tok/s" "vs s3" "tracked" "nvidia-smi" "host RSS" "GPU idle (first traced step)"
+printf '%-30s %12s %9s %12s %12s %9s  %s\n' run "tok/s" "vs s3" "tracked" "nvidia-smi" "host RSS" "GPU idle (first traced step)"
 for r in "${rows[@]}"; do
   IFS='|' read -r name tps tracked smi rss idle <<<"$r"
   ratio="-"
@@ -180,7 +188,7 @@ for r in "${rows[@]}"; do
       fi
     done
   fi
-  printf '%-24s %12s %9s %12s %12s %9s  %s\n' "$name" "$tps" "$ratio" "$tracked" "$smi" "$rss" "$idle"
+  printf '%-30s %12s %9s %12s %12s %9s  %s\n' "$name" "$tps" "$ratio" "$tracked" "$smi" "$rss" "$idle"
 done
 if [ -s "$out/host-adamw.txt" ]; then
   echo
@@ -193,5 +201,5 @@ echo "traced steps (the first of each run): busy time per track"
 for r in "${rows[@]}"; do
   name="${r%%|*}"
   line=$(grep -m1 'trace step' "$out/$name/log" 2>/dev/null | sed -E 's/.*trace (step .*)/\1/')
-  printf '%-24s %s\n' "$name" "${line:--}"
+  printf '%-30s %s\n' "$name" "${line:--}"
 done

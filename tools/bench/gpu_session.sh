@@ -14,13 +14,16 @@
 #   big        the 6.7B GPT (configs/gpu-gpt-6.7b-offload.json: 122 GB of device memory without
 #              offload) at stage 3 with partial offload at --big-ratio, which leaves the host's
 #              memory room (~3 min)
+#   llama8b    Llama-3.1-8B (configs/gpu-llama-3.1-8b-offload.json: 2048 tokens a sequence, 8
+#              micro-batches a step, 141 GB of device memory without offload) at stage 3 with
+#              30% of its optimizer state on the GPU, the rest offloaded (~3 min)
 #   ab         tools/bench/gpu_ab.sh against bin/zrt-train-base when the bundle has it (~2 min
 #              at one repeat)
 #   bigfull    the 6.7B GPT with all of its optimizer state offloaded (~95 GB of pinned host
 #              memory; last, as it may not fit the host)
 #
 #   tools/bench/gpu_session.sh --bundle DIR|FILE.tar.xz --out DIR [--budget SECONDS] [--phases "selftest
-#       attention offload big ab bigfull"] [--ratios "0.5"] [--threads 14] [--big-ratio 0.7]
+#       attention offload llama8b big ab bigfull"] [--ratios "0.5"] [--threads 14] [--big-ratio 0.7]
 #       [-- OVERRIDES...]
 #
 # --bundle: a tools/gpu-bundle folder, or that folder packed with `tar -cJf FILE.tar.xz -C PARENT
@@ -36,7 +39,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bundle=""
 out=""
 budget=540
-phases="selftest attention offload big ab bigfull"
+phases="selftest attention offload llama8b big ab bigfull"
 ratios="0.5"
 threads="14"
 big_ratio="0.7"
@@ -67,7 +70,7 @@ fi
   { echo "gpu_session: --bundle must be a tools/gpu-bundle folder (or its .tar.xz) with zrt-train" >&2; exit 2; }
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in selftest|attention|offload|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in selftest|attention|offload|llama8b|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 bundle="$(cd "$bundle" && pwd)"
 mkdir -p "$out"
@@ -130,6 +133,10 @@ for p in $phases; do
     big)
       phase big 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --big-only \
         --big-ratio "$big_ratio" --big-ratio-only --out "$work/big" -- "${extra[@]}" ;;
+    llama8b)
+      phase llama8b 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --big-only \
+        --big-config configs/gpu-llama-3.1-8b-offload.json --big-ratio 0.7 --big-ratio-only \
+        --out "$work/llama8b" -- "${extra[@]}" ;;
     bigfull)
       phase bigfull 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --big-only \
         --out "$work/bigfull" -- "${extra[@]}" ;;
