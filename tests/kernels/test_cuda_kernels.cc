@@ -725,6 +725,20 @@ TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
 // blocks of 64 head dims. The tolerances of the case above hold as they are: the error comes
 // from rounding each probability and dS to the storage type, whatever the head size; lse's
 // 128-term scores change the fp32 sums' order by twice as many terms, still ~1e-5.
+// The columns of (B,T,3C) dqkv in [part*C + half*hs/2, +hs/2) of every head: which kernel and
+// which of dK/dV's two column blocks an error comes from (dQ: part 0; dK, dV: parts 1, 2).
+Vec dqkv_piece(const Vec& dqkv, const AttentionIn& in, int part, int half) {
+  const int hs = in.C / in.NH;
+  Vec piece;
+  for (std::size_t row = 0; row < static_cast<std::size_t>(in.B) * in.T; ++row) {
+    for (int h = 0; h < in.NH; ++h) {
+      const std::size_t first = row * 3 * in.C + part * in.C + h * hs + half * (hs / 2);
+      piece.insert(piece.end(), dqkv.begin() + first, dqkv.begin() + first + hs / 2);
+    }
+  }
+  return piece;
+}
+
 TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]") {
   const AttentionIn in(2, 256, 256, 2);
   REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
@@ -741,11 +755,18 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
     }
     Gpu g;
     const Results got = gpu_attention(g, dt, dt, in);
-    for (const char* name : {"out", "dqkv"}) {
-      const double err = test::rel_error(got.at(name), want.at(name));
-      INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
-                          << ")");
-      CHECK(err <= tol);
+    const double out_err = test::rel_error(got.at("out"), want.at("out"));
+    INFO(dtype_name(dt) << " out: relative error " << out_err << " (tolerance " << tol << ")");
+    CHECK(out_err <= tol);
+    for (int part = 0; part < 3; ++part) {
+      for (int half = 0; half < 2; ++half) {
+        const double err = test::rel_error(dqkv_piece(got.at("dqkv"), in, part, half),
+                                           dqkv_piece(want.at("dqkv"), in, part, half));
+        INFO(dtype_name(dt) << " d"
+                            << "qkv"[part] << ", head dims " << half * 64 << "-" << half * 64 + 63
+                            << ": relative error " << err << " (tolerance " << tol << ")");
+        CHECK(err <= tol);
+      }
     }
     const double err = test::rel_error(got.at("lse"), want.at("lse"));
     INFO(dtype_name(dt) << " lse: relative error " << err);
