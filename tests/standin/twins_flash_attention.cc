@@ -1,11 +1,11 @@
 // Twins of the fused attention kernels (kernels/cuda/flash_attention.cu and its mma.sync
 // variants in flash_attention_mma.cu, head size 64 and, for mma.sync, 128: same arguments, same
-// results), written from the math
-// of kernels/cpu/attention.h in plain fp32 loops: the forward (out and each row's log-sum-exp),
-// the row term D = dout . out, and the two backward kernels, dQ and dK/dV, each adding only its
-// own part of dqkv in the storage type, as the kernel does. The kernels round probabilities and
-// dS to 16 bits before their products; the twins do not, so on the stand-in these ops equal the
-// CPU backend's to fp32 rounding (the GPU parity test bounds the kernels' own rounding).
+// results), written from the math of kernels/cpu/attention.h in plain fp32 loops: the forward
+// (out and each row's log-sum-exp), the row term D = dout . out, and the two backward kernels, dQ
+// and dK/dV, each adding only its own part of dqkv in the storage type, as the kernel does. The
+// kernels round probabilities and dS to 16 bits before their products; the twins do not, so on
+// the stand-in these ops equal the CPU backend's to fp32 rounding (the GPU parity test bounds the
+// kernels' own rounding).
 #include <cmath>
 #include <cstdint>
 #include <string>
