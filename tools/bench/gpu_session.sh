@@ -8,6 +8,9 @@
 #   attention  zrt-bench attention: the fused attention kernels' forward and forward+backward time
 #              and TFLOP/s against PyTorch's flash SDPA at GPT-2 124M's shape (head size 64), the
 #              6.7B GPT's (4 x 1024, 32 heads of 128) and Llama-3 8B's at 4k tokens (~30 s)
+#   profile    (not run unless named) Nsight Compute, when `ncu` is on the image, over the fused
+#              attention kernels of zrt-bench attention at head sizes 64 and 128: speed of light,
+#              warp stalls, instruction mix, the facts the next attention change needs (~60 s)
 #   offload    tools/bench/gpu_offload_bench.sh --no-big: GPT-2 124M at stage 3 with and without
 #              optimizer offload, one micro-batch per step and 8, partial offload (--ratios),
 #              fewer CPU-optimizer threads (--threads), the host's AdamW speed (~3 min)
@@ -70,7 +73,7 @@ fi
   { echo "gpu_session: --bundle must be a tools/gpu-bundle folder (or its .tar.xz) with zrt-train" >&2; exit 2; }
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in selftest|attention|offload|llama8b|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
+  case "$p" in selftest|attention|profile|offload|llama8b|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 bundle="$(cd "$bundle" && pwd)"
 mkdir -p "$out"
@@ -126,6 +129,16 @@ for p in $phases; do
           --torch-script "$root/tools/bench/torch_attention_bench.py" "${shapes[@]}"
       else
         say ""; say "== attention: skipped (no bin/zrt-bench in the bundle)"
+      fi ;;
+    profile)
+      if command -v ncu >/dev/null && [ -x "$bundle/bin/zrt-bench" ]; then
+        # 2 warm-ups + 1 timed call of each pass per shape: forward 3x, then forward, dK/dV, dQ 3x.
+        phase profile 60 ncu -k regex:flash_mma -c 24 --section SpeedOfLight \
+          --section WarpStateStats --section InstructionStats --section Occupancy \
+          "$bundle/bin/zrt-bench" attention --no-torch --iters 1 \
+          --shapes "8,1024,12,64;1,4096,32,128"
+      else
+        say ""; say "== profile: skipped (no ncu on this image, or no bin/zrt-bench in the bundle)"
       fi ;;
     offload)
       phase offload 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --no-big \
