@@ -1,6 +1,8 @@
 #include "kernels/kernel_context.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
@@ -14,6 +16,19 @@ struct CudaKernelState {};
 #endif
 
 namespace zrt::kernels {
+
+FusedAttention fused_attention_from_env() {
+  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty() || value == "fused") return FusedAttention::kAll;
+  if (value == "hs64") return FusedAttention::kHeadSize64;
+  if (value == "batched") return FusedAttention::kNone;
+  ZRT_THROW(InvalidArgument,
+            "ZRT_CUDA_ATTENTION={}: expected fused (the fused kernels wherever they take the "
+            "shape, the default), hs64 (fused at head size 64 only) or batched (batched GEMMs "
+            "always)",
+            value);
+}
 
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)
     : device_(device), stream_(stream), options_(options) {

@@ -14,6 +14,17 @@
 
 namespace zrt::kernels {
 
+// CUDA backend: where attention runs on the fused tensor-core kernels
+// (kernels/cuda/flash_attention.cuh) rather than batched cuBLAS GEMMs: kAll, every shape they
+// take (head size 64 or 128); kHeadSize64, head size 64 only; kNone, batched GEMMs always (the
+// reference the benchmarks time them against, and a way back that needs no rebuild should a
+// fused kernel misbehave on some GPU).
+enum class FusedAttention { kAll, kHeadSize64, kNone };
+
+// The ZRT_CUDA_ATTENTION environment variable: "fused" (or unset or empty) kAll, "hs64"
+// kHeadSize64, "batched" kNone; any other value throws InvalidArgument naming them.
+FusedAttention fused_attention_from_env();
+
 struct KernelOptions {
   // OpenMP threads of the CPU kernels; 0 takes OpenMP's default (OMP_NUM_THREADS). Results do
   // not depend on it.
@@ -24,6 +35,8 @@ struct KernelOptions {
   // they take the shape (head size 64; kernels/cuda/flash_attention.cuh). Same results up to
   // summation order; the GPU tests compare both with the CPU twin.
   bool cuda_attention_wmma = false;
+  // CUDA backend: which shapes take the fused attention kernels (see FusedAttention).
+  FusedAttention cuda_fused_attention = fused_attention_from_env();
 };
 
 namespace cuda {

@@ -396,9 +396,10 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::attention_forward(launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH)), dtype,
-                          raw(out), raw(lse), raw(qkv), B, T, C, NH,
-                          ctx.options().cuda_attention_wmma);
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  cuda::attention_forward(
+      launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)), dtype, raw(out),
+      raw(lse), raw(qkv), B, T, C, NH, kernels);
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
@@ -420,9 +421,10 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::attention_backward(launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH)),
-                           dtype, raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH,
-                           ctx.options().cuda_attention_wmma);
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  cuda::attention_backward(
+      launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)), dtype,
+      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
@@ -759,9 +761,10 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
     return;
   }
 #if ZRT_HAVE_CUDA
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   cuda::gqa_attention_forward(
-      launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs)), dtype, raw(out),
-      raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, ctx.options().cuda_attention_wmma);
+      launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
+      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels);
 #else
   cuda_backend_missing("kernels::gqa_attention_forward");
 #endif
@@ -789,10 +792,11 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
     return;
   }
 #if ZRT_HAVE_CUDA
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   cuda::gqa_attention_backward(
-      launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs)), dtype, raw(dq),
-      raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH, NKV, hs,
-      ctx.options().cuda_attention_wmma);
+      launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
+      raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH,
+      NKV, hs, kernels);
 #else
   cuda_backend_missing("kernels::gqa_attention_backward");
 #endif

@@ -135,24 +135,42 @@ void causal_softmax_backward(const Launch& l, float* datt, const float* att, std
 
 namespace {
 // The fused kernels asked for; the WMMA ones take head size 64 only, so 128 runs on mma.sync.
-FlashKernels fused_kernels(DType dtype, int T, int C, int NH, bool wmma) {
-  return wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)
+FlashKernels fused_kernels(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {
+  return kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)
              ? FlashKernels::kWmma
              : FlashKernels::kMma;
 }
 }  // namespace
 
-std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH) {
-  if (flash_attention_supported(dtype, T, C, NH)) return 0;
+AttentionKernels attention_kernels(const KernelOptions& options) {
+  return {options.cuda_fused_attention, options.cuda_attention_wmma};
+}
+
+bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {
+  switch (kernels.fused) {
+    case FusedAttention::kNone:
+      return false;
+    case FusedAttention::kHeadSize64:
+      if (NH <= 0 || C != 64 * NH) return false;
+      break;
+    case FusedAttention::kAll:
+      break;
+  }
+  return flash_attention_supported(dtype, T, C, NH);
+}
+
+std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
+                                         const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) return 0;
   return (4 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
          static_cast<I64>(sizeof(float));
 }
 
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH, bool wmma) {
-  if (flash_attention_supported(dtype, T, C, NH)) {
+                       int T, int C, int NH, const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) {
     flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH,
-                            fused_kernels(dtype, T, C, NH, wmma));
+                            fused_kernels(kernels, dtype, T, C, NH));
     return;
   }
   const int hs = C / NH;
@@ -178,8 +196,9 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* lse, cons
   });
 }
 
-std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH) {
-  if (flash_attention_supported(dtype, T, C, NH)) {
+std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
+                                          const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) {
     return flash_attention_backward_workspace(B, T, NH);
   }
   return (7 * static_cast<I64>(B) * T * C + 2 * static_cast<I64>(B) * NH * T * T) *
@@ -187,10 +206,11 @@ std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int 
 }
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const void* out, const float* lse, int B, int T, int C, int NH, bool wmma) {
-  if (flash_attention_supported(dtype, T, C, NH)) {
+                        const void* out, const float* lse, int B, int T, int C, int NH,
+                        const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) {
     flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
-                             fused_kernels(dtype, T, C, NH, wmma));
+                             fused_kernels(kernels, dtype, T, C, NH));
     return;
   }
   const int hs = C / NH;

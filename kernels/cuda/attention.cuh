@@ -11,17 +11,28 @@
 
 namespace zrt::kernels::cuda {
 
-// Workspace bytes (l.ws) of each pass: none for the fused forward.
-std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH);
-// wmma: the fused shapes the WMMA kernels take (head size 64) run on them
-// (KernelOptions::cuda_attention_wmma).
-void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH, bool wmma = false);
+// The attention kernels a context asks for: which shapes run on the fused kernels
+// (KernelOptions::cuda_fused_attention) and, where the WMMA kernels take the shape (head size
+// 64), whether on them (KernelOptions::cuda_attention_wmma).
+struct AttentionKernels {
+  FusedAttention fused = FusedAttention::kAll;
+  bool wmma = false;
+};
+AttentionKernels attention_kernels(const KernelOptions& options);
+// Whether `kernels` runs this shape and storage type on the fused kernels.
+bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH);
 
-std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH);
+// Workspace bytes (l.ws) of each pass: none for the fused forward.
+std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
+                                         const AttentionKernels& kernels = {});
+void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
+                       int T, int C, int NH, const AttentionKernels& kernels = {});
+
+std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
+                                          const AttentionKernels& kernels = {});
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, int B, int T, int C, int NH,
-                        bool wmma = false);
+                        const AttentionKernels& kernels = {});
 
 // The two softmax passes over `rows` rows of T (one warp per row), shared with
 // gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal; lse, if not null,

@@ -20,6 +20,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/gemm.cuh"
@@ -697,6 +698,7 @@ TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
   const bool wmma = GENERATE(false, true);  // the mma.sync kernels, then the WMMA ones
   INFO((wmma ? "WMMA kernels" : "mma.sync kernels"));
   KernelOptions options;
+  options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
   options.cuda_attention_wmma = wmma;
   Gpu g(options);
   auto check = [&](DType dt, const Results& want, double tol) {
@@ -745,7 +747,9 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
   REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
   REQUIRE_FALSE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH,
                                                 cuda::FlashKernels::kWmma));
-  KernelOptions wmma_options;
+  KernelOptions options;
+  options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+  KernelOptions wmma_options = options;
   wmma_options.cuda_attention_wmma = true;
   auto check = [&](DType dt, const Results& want, double tol) {
     Results asking_wmma;
@@ -753,7 +757,7 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
       Gpu g_wmma(wmma_options);
       asking_wmma = gpu_attention(g_wmma, dt, dt, in);
     }
-    Gpu g;
+    Gpu g(options);
     const Results got = gpu_attention(g, dt, dt, in);
     const double out_err = test::rel_error(got.at("out"), want.at("out"));
     INFO(dtype_name(dt) << " out: relative error " << out_err << " (tolerance " << tol << ")");
@@ -779,6 +783,48 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
   }
   SECTION("fp16") {
     check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3);
+  }
+}
+
+// KernelOptions::cuda_fused_attention (ZRT_CUDA_ATTENTION): which shapes take the fused kernels
+// (the workspace tells which path a call takes: none for the fused forward), and the batched path
+// it falls back to agreeing with the CPU twin at head size 128 as the fused kernels do (the same
+// tolerance: the batched path keeps fp32 scores and probabilities, so its error is below the
+// fused kernels').
+TEST_CASE("ZRT_CUDA_ATTENTION's settings pick the fused or the batched attention", "[cuda]") {
+  const cuda::AttentionKernels all{FusedAttention::kAll, false},
+      hs64{FusedAttention::kHeadSize64, false}, none{FusedAttention::kNone, false};
+  for (DType dt : {DType::kBFloat16, DType::kFloat16}) {
+    CHECK(cuda::runs_fused(all, dt, 256, 128, 2));  // head size 64
+    CHECK(cuda::runs_fused(all, dt, 256, 256, 2));  // head size 128
+    CHECK(cuda::runs_fused(hs64, dt, 256, 128, 2));
+    CHECK_FALSE(cuda::runs_fused(hs64, dt, 256, 256, 2));
+    CHECK_FALSE(cuda::runs_fused(none, dt, 256, 128, 2));
+    CHECK_FALSE(cuda::runs_fused(none, dt, 256, 256, 2));
+    CHECK_FALSE(cuda::runs_fused(all, dt, 200, 128, 2));  // T not a multiple of 64
+    CHECK_FALSE(cuda::runs_fused(all, dt, 256, 192, 2));  // head size 96
+  }
+  CHECK_FALSE(cuda::runs_fused(all, DType::kFloat32, 256, 128, 2));
+
+  const AttentionIn in(2, 256, 256, 2);
+  auto workspace = [&](const cuda::AttentionKernels& k) {
+    return cuda::attention_forward_workspace(DType::kBFloat16, in.B, in.T, in.C, in.NH, k);
+  };
+  CHECK(workspace(all) == 0);
+  CHECK(workspace(none) > 0);
+  CHECK(workspace(hs64) == workspace(none));
+  const Results want = cpu_attention<bf16, bf16>(in);
+  for (FusedAttention fused : {FusedAttention::kNone, FusedAttention::kHeadSize64}) {
+    KernelOptions options;
+    options.cuda_fused_attention = fused;
+    Gpu g(options);
+    const Results got = gpu_attention(g, DType::kBFloat16, DType::kBFloat16, in);
+    for (const char* name : {"out", "lse", "dqkv"}) {
+      const double err = test::rel_error(got.at(name), want.at(name));
+      INFO((fused == FusedAttention::kNone ? "batched" : "hs64")
+           << ", head size 128, " << name << ": relative error " << err);
+      CHECK(err <= 1e-2);
+    }
   }
 }
 

@@ -1,9 +1,9 @@
 // zrt-bench attention: causal attention forward and forward+backward time of kernels/ops.h (on a
-// GPU the fused tensor-core kernels where they take the shape, head size 64 or 128) next to
-// PyTorch's scaled_dot_product_attention on the same device, shapes and dtype
-// (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a GPU), and the tensor
-// throughput both reach. Times are medians over --iters of the wall time of one call enqueued
-// and its stream drained, after two warm-up calls.
+// GPU the fused tensor-core kernels where they take the shape, head size 64 or 128, and the
+// batched cuBLAS path they replace) next to PyTorch's scaled_dot_product_attention on the same
+// device, shapes and dtype (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a
+// GPU), and the tensor throughput each reaches. Times are medians over --iters of the wall time
+// of one call enqueued and its stream drained, after two warm-up calls (torch's likewise).
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -91,12 +91,15 @@ Buffer random_buffer(Device& device, Stream& stream, DType dtype, std::int64_t n
   return b;
 }
 
-Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters) {
+Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
+               kernels::FusedAttention fused) {
   DeviceOptions options;
   options.type = type;
   auto device = make_device(options);
   auto stream = device->create_stream("compute");
-  kernels::KernelContext ctx(*device, *stream);
+  kernels::KernelOptions kernel_options;
+  kernel_options.cuda_fused_attention = fused;
+  kernels::KernelContext ctx(*device, *stream, kernel_options);
   const int C = s.NH * s.hs;
   const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;
   Buffer qkv = random_buffer(*device, *stream, dtype, 3 * n, 1);
@@ -165,7 +168,8 @@ int attention(int argc, char** argv) {
     std::printf(
         "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes \"B,T,NH,hs;...\"]\n"
         "                    [--iters 20] [--no-torch] [--python PATH]\n"
-        "Causal attention forward and forward+backward: zrt's kernels next to PyTorch's\n"
+        "Causal attention forward and forward+backward: zrt's kernels (on a GPU also the\n"
+        "batched-GEMM path the fused kernels replace) next to PyTorch's\n"
         "scaled_dot_product_attention on the same device (flash kernel on a GPU), with the\n"
         "TFLOP/s each reaches. Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape\n"
         "(8,1024,12,64) and Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
@@ -190,15 +194,24 @@ int attention(int argc, char** argv) {
               args.has("no-torch") ? "skipped (--no-torch)"
               : python.empty()     ? "not available (no python3 with torch)"
                                    : (python + " " + script).c_str());
-  Table table({"B,T,NH,hs", "zrt_fwd_ms", "zrt_fwd+bwd_ms", "zrt_TFLOP/s", "torch_fwd_ms",
-               "torch_fwd+bwd_ms", "torch_TFLOP/s", "torch/zrt_time"});
+  const bool cuda = type == DeviceType::kCuda;
+  Table table({"B,T,NH,hs", "zrt_fwd_ms", "zrt_fwd+bwd_ms", "zrt_TFLOP/s", "batched_fwd+bwd_ms",
+               "batched/zrt_time", "torch_fwd_ms", "torch_fwd+bwd_ms", "torch_TFLOP/s",
+               "torch/zrt_time"});
   for (const Shape& s : shapes) {
-    const Timing z = run_zrt(type, dtype, s, iters);
+    const Timing z = run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll);
+    // The batched cuBLAS path the fused kernels replace (CUDA only: the CPU has one path).
+    const Timing b =
+        cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kNone) : Timing{};
     const Timing t = run_torch(python, script, type, dtype, s, iters);
     const double flops = forward_flops(s) * 3.5;
     table.add(
         {fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs), fmt::format("{:.3f}", z.forward_s * 1e3),
          fmt::format("{:.3f}", z.forward_backward_s * 1e3), tflops(flops, z.forward_backward_s),
+         b.forward_backward_s > 0 ? fmt::format("{:.3f}", b.forward_backward_s * 1e3) : "-",
+         b.forward_backward_s > 0
+             ? fmt::format("{:.2f}", b.forward_backward_s / z.forward_backward_s)
+             : "-",
          t.forward_s > 0 ? fmt::format("{:.3f}", t.forward_s * 1e3) : "-",
          t.forward_backward_s > 0 ? fmt::format("{:.3f}", t.forward_backward_s * 1e3) : "-",
          tflops(flops, t.forward_backward_s),

@@ -115,7 +115,28 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # may not load); PMIx's zlib warning silenced. The caller's settings win.
 export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" OMPI_MCA_btl="${OMPI_MCA_btl:-self,vader}"
 export PMIX_MCA_pcompress_base_silence_warning=1
+# The fused attention kernels at head size 128 (Llama-3 8B, the 6.7B GPT) are checked against
+# their CPU twin once, before the first run that trains with them; should they fail, the runs
+# after take the batched path at that size (ZRT_CUDA_ATTENTION=hs64) and the summary says so.
+hs128_checked=0
+check_hs128() {
+  [ $hs128_checked -eq 0 ] && [ -n "$gpu_name" ] || return 0
+  hs128_checked=1
+  if timeout 120 "$bundle/bin/test_cuda_kernels" \
+       "CUDA fused attention at head size 128 matches its CPU twin" >"$work/hs128-check.log" 2>&1 &&
+     timeout 120 "$bundle/bin/test_cuda_llama_kernels" \
+       "grouped-query attention at head size 128: CUDA twin matches the CPU twin" \
+       >>"$work/hs128-check.log" 2>&1; then
+    say ""; say "fused attention at head size 128: matches its CPU twin"
+  else
+    export ZRT_CUDA_ATTENTION=hs64
+    say ""; say "fused attention at head size 128 FAILED its check (hs128-check.log in logs.tar.gz):"
+    say "the runs after this take the batched path there (ZRT_CUDA_ATTENTION=hs64)"
+  fi
+}
+
 for p in $phases; do
+  case "$p" in llama8b|big|bigfull) check_hs128 ;; esac
   case "$p" in
     selftest)
       phase selftest 150 "$root/tools/gpu-selftest" --bundle "$bundle"

@@ -1,0 +1,81 @@
+// KernelOptions read from the environment: ZRT_CUDA_ATTENTION picks which shapes take the fused
+// attention kernels on the CUDA backend (kernels/kernel_context.h); a value it does not know is
+// an error that names the ones it does.
+#include <cstdlib>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "kernels/kernel_context.h"
+#include "runtime/common/error.h"
+
+namespace zrt::kernels {
+namespace {
+
+// Sets ZRT_CUDA_ATTENTION for one scope (unset when `value` is null), restoring what was there.
+class ScopedAttentionEnv {
+ public:
+  explicit ScopedAttentionEnv(const char* value) {
+    if (const char* old = std::getenv(kName)) {
+      old_ = old;
+      had_ = true;
+    }
+    if (value == nullptr) {
+      unsetenv(kName);
+    } else {
+      setenv(kName, value, 1);
+    }
+  }
+  ~ScopedAttentionEnv() {
+    if (had_) {
+      setenv(kName, old_.c_str(), 1);
+    } else {
+      unsetenv(kName);
+    }
+  }
+  ScopedAttentionEnv(const ScopedAttentionEnv&) = delete;
+  ScopedAttentionEnv& operator=(const ScopedAttentionEnv&) = delete;
+
+ private:
+  static constexpr const char* kName = "ZRT_CUDA_ATTENTION";
+  std::string old_;
+  bool had_ = false;
+};
+
+TEST_CASE("ZRT_CUDA_ATTENTION picks the fused attention kernels' shapes", "[kernels][options]") {
+  {
+    ScopedAttentionEnv env(nullptr);
+    CHECK(fused_attention_from_env() == FusedAttention::kAll);
+    CHECK(KernelOptions{}.cuda_fused_attention == FusedAttention::kAll);
+  }
+  {
+    ScopedAttentionEnv env("");
+    CHECK(fused_attention_from_env() == FusedAttention::kAll);
+  }
+  {
+    ScopedAttentionEnv env("fused");
+    CHECK(fused_attention_from_env() == FusedAttention::kAll);
+  }
+  {
+    ScopedAttentionEnv env("hs64");
+    CHECK(fused_attention_from_env() == FusedAttention::kHeadSize64);
+    CHECK(KernelOptions{}.cuda_fused_attention == FusedAttention::kHeadSize64);
+  }
+  {
+    ScopedAttentionEnv env("batched");
+    CHECK(fused_attention_from_env() == FusedAttention::kNone);
+    CHECK(KernelOptions{}.cuda_fused_attention == FusedAttention::kNone);
+  }
+}
+
+TEST_CASE("an unknown ZRT_CUDA_ATTENTION is an error naming the values", "[kernels][options]") {
+  ScopedAttentionEnv env("flash");
+  CHECK_THROWS_AS(fused_attention_from_env(), InvalidArgument);
+  CHECK_THROWS_WITH(fused_attention_from_env(),
+                    Catch::Contains("ZRT_CUDA_ATTENTION=flash") && Catch::Contains("fused") &&
+                        Catch::Contains("hs64") && Catch::Contains("batched"));
+  CHECK_THROWS_AS(KernelOptions{}, InvalidArgument);
+}
+
+}  // namespace
+}  // namespace zrt::kernels
