@@ -18,12 +18,15 @@ using namespace zrt::test;
 namespace {
 
 // The micro-batches of step `step` (as train_one_step), the last rank's loss scale NaN at
-// `poisoned_step`: its gradients, and so the reduced ones of every rank, are NaN.
+// `poisoned_step`: its gradients, and so the reduced ones of every rank, are NaN. Nothing waits
+// for the compute stream here, so what its work reads or writes lives in `keep`: the inputs and
+// the slot the loss is written to.
 void run_micro_batches(EngineRun& run, const TrainSpec& spec, int step, int poisoned_step,
                        std::vector<std::vector<float>>& keep) {
   const int rank = run.group->rank();
   const int world = run.group->size();
-  float loss = 0.f;
+  keep.emplace_back(1, 0.f);
+  float* loss = keep.back().data();  // a heap slot: keep's reallocations move, not free, it
   for (int g = 0; g < spec.accumulation; ++g) {
     const std::int64_t first = (static_cast<std::int64_t>(g) * world + rank) * kRows;
     keep.push_back(batch(step, first, kRows, 0, run.model.d()));
@@ -32,7 +35,7 @@ void run_micro_batches(EngineRun& run, const TrainSpec& spec, int step, int pois
     const float scale = poison ? std::numeric_limits<float>::quiet_NaN()
                                : static_cast<float>(run.engine->loss_scale());
     run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
-                               keep.back().data(), kRows, scale, &loss);
+                               keep.back().data(), kRows, scale, loss);
   }
 }
 
