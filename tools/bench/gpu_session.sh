@@ -6,7 +6,8 @@
 #   selftest   tools/gpu-selftest --bundle: every GPU test program, the tiny GPT against the CPU
 #              backend, and GPT-2 124M's throughput against PyTorch with flash SDPA (~3 min)
 #   attention  zrt-bench attention: the fused attention kernels' forward and forward+backward time
-#              and TFLOP/s against PyTorch's flash SDPA at GPT-2 124M's shape (head size 64), the
+#              and TFLOP/s against the batched path they replace and PyTorch's flash SDPA at GPT-2
+#              124M's shape (head size 64), the
 #              6.7B GPT's (4 x 1024, 32 heads of 128) and Llama-3 8B's at 4k tokens (~30 s)
 #   profile    (not run unless named) Nsight Compute, when `ncu` is on the image, over the fused
 #              attention kernels of zrt-bench attention at head sizes 64 and 128: speed of light,
