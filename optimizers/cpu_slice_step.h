@@ -1,9 +1,17 @@
 // The CPU optimizers' step, shared by CpuAdam and CpuLion: the validation of every slice before any
-// memory is touched, and the thread split: the concatenation of all slices is cut into equal
-// ranges, one per OpenMP thread, whose boundaries are multiples of kSliceThreadAlign elements (a
-// 64-byte line of fp32 for aligned slices); below kMinElementsPerThread elements per thread another
-// thread costs more than it saves. Every element's update depends only on its own inputs, so any
-// partition gives the same bits; a static one keeps each thread's cache lines its own.
+// memory is touched, and the thread split. The concatenation of all slices is cut into chunks whose
+// boundaries are multiples of kSliceThreadAlign elements (a 64-byte line of fp32 for aligned
+// slices), at most kChunkElements long, and the OpenMP threads take chunks in turn (a dynamic
+// schedule); below kMinElementsPerThread elements per thread another thread costs more than it
+// saves. Every element's update depends only on its own inputs, so any partition gives the same
+// bits.
+//
+// Why chunks and not one equal range per thread: with optimizer offload on a GPU host the CPU
+// optimizer has every core, and the threads that launch kernels and run the copy stream's
+// callbacks take one from it now and then. With a static split the thread that lost its core
+// finishes last and the whole unit waits for it (an H100 host's 16 threads stepped GPT-2's
+// 7M-parameter blocks at 4.2 G parameters/s against 5.2 on the 39M-parameter embedding, where the
+// same delay weighs less; BENCHMARKS.md, "GPU session"). With chunks the others take its share.
 #pragma once
 
 #include <omp.h>
@@ -19,6 +27,9 @@ namespace zrt::detail {
 
 constexpr std::int64_t kSliceThreadAlign = 64;
 constexpr std::int64_t kMinElementsPerThread = 1 << 15;
+// 256 KiB of each fp32 array: long enough for the hardware prefetcher's streams, short enough
+// that a unit of a few million elements makes many more chunks than threads.
+constexpr std::int64_t kChunkElements = 1 << 16;
 
 // Calls run(k, begin, end) for element range [begin, end) of slice k (slice-local indices), over
 // every element of every slice, on up to max_threads threads. numel(k) gives slice k's length.
@@ -47,15 +58,15 @@ void for_each_slice_range(std::size_t count, const Numel& numel, int max_threads
     run_range(0, total);
     return;
   }
-#pragma omp parallel num_threads(threads)
-  {
-    const std::int64_t t = omp_get_thread_num();
-    const std::int64_t n = omp_get_num_threads();
-    auto boundary = [&](std::int64_t i) {
-      return i == n ? total
-                    : std::min(total, total * i / n / kSliceThreadAlign * kSliceThreadAlign);
-    };
-    run_range(boundary(t), boundary(t + 1));
+  // One chunk per thread for small steps, kChunkElements for large ones; a multiple of
+  // kSliceThreadAlign.
+  const std::int64_t per_thread = (total + threads - 1) / threads;
+  const std::int64_t chunk = std::min(
+      kChunkElements, (per_thread + kSliceThreadAlign - 1) / kSliceThreadAlign * kSliceThreadAlign);
+  const std::int64_t chunks = (total + chunk - 1) / chunk;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    run_range(c * chunk, std::min(total, (c + 1) * chunk));
   }
 }
 

@@ -19,8 +19,10 @@
 namespace zrt::detail {
 namespace {  // each kernel file gets its own copies
 
-constexpr std::int64_t kPrefetch = 512;       // elements ahead (2 KiB of fp32)
-constexpr std::int64_t kStreamMin = 1 << 20;  // range length from which the copy streams
+constexpr std::int64_t kPrefetch = 512;  // elements ahead (2 KiB of fp32)
+// Range length from which the copy streams: below one chunk of the thread split
+// (cpu_slice_step.h), so that the chunks of a large step stream too.
+constexpr std::int64_t kStreamMin = 1 << 14;
 
 // The first element >= begin at which out + i is aligned to `bytes` (a vector store), or -1 if
 // the range is too short to stream or the pointer can never be aligned.

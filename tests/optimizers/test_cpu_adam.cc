@@ -168,8 +168,8 @@ TEST_CASE("CpuAdam results do not depend on the thread count", "[cpu_adam]") {
 }
 
 TEST_CASE("long ranges (streamed compute-dtype copy) equal the scalar path", "[cpu_adam]") {
-  // Slices of >= 2^20 elements take the vector kernels' non-temporal copy-out, after a scalar
-  // peel up to the store alignment; the odd leading slice sizes misalign the later slices.
+  // Ranges of >= 2^14 elements (kStreamMin) take the vector kernels' non-temporal copy-out, after a
+  // scalar peel up to the store alignment; the odd leading slice sizes misalign the later slices.
   const std::vector<std::int64_t> sizes = {3, (1 << 20) + 37, 5, (1 << 20) + 1};
   AdamOptions options;
   options.weight_decay = 0.02;
