@@ -65,18 +65,20 @@ TEST_CASE("stage 3 without prefetch: gather before use, release after, buckets r
   CHECK(s.release(2, Phase::kForward).empty());
   CHECK(show(s.acquire(2, Phase::kBackward)) ==
         show(V{{K::kAwaitGather, u2}, {K::kOpenBucket, u2}}));
+  // In the backward the next module's gather goes on the comm stream ahead of this module's
+  // reduction (after this module's parameters are released, so no more is live than at the next
+  // acquire).
   CHECK(show(s.release(2, Phase::kBackward)) ==
-        show(V{{K::kIssueReduce, u2, true}, {K::kReleaseGather, u2}}));
+        show(V{{K::kReleaseGather, u2}, {K::kIssueGather, u1}, {K::kIssueReduce, u2, true}}));
   // The next bucket frees the previous one (after its reduction) before it is allocated.
-  CHECK(show(s.acquire(1, Phase::kBackward)) == show(V{{K::kIssueGather, u1},
-                                                       {K::kAwaitGather, u1},
-                                                       {K::kFreeBucket, u2},
-                                                       {K::kOpenBucket, u1}}));
-  s.release(1, Phase::kBackward);
+  CHECK(show(s.acquire(1, Phase::kBackward)) ==
+        show(V{{K::kAwaitGather, u1}, {K::kFreeBucket, u2}, {K::kOpenBucket, u1}}));
+  CHECK(show(s.release(1, Phase::kBackward)) ==
+        show(V{{K::kReleaseGather, u1}, {K::kIssueGather, u0}, {K::kIssueReduce, u1, true}}));
   s.acquire(0, Phase::kBackward);
   // Module 0's backward ends the micro-batch: the last bucket goes too.
   CHECK(show(s.release(0, Phase::kBackward)) ==
-        show(V{{K::kIssueReduce, u0, true}, {K::kReleaseGather, u0}, {K::kFreeBucket, u0}}));
+        show(V{{K::kReleaseGather, u0}, {K::kIssueReduce, u0, true}, {K::kFreeBucket, u0}}));
   CHECK(s.micro_batch() == 1);
   CHECK(s.live_gathered_elements() == 0);
   CHECK(s.live_bucket_elements() == 0);
@@ -166,9 +168,10 @@ TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it la
   // Backward: the kept unit frees its shard at once; the others gather from theirs first.
   CHECK(show(s.acquire(2, Phase::kBackward)) ==
         show(V{{K::kAwaitGather, u2}, {K::kFreeSecondary, u2}, {K::kOpenBucket, u2}}));
-  s.release(2, Phase::kBackward);
-  CHECK(show(s.acquire(1, Phase::kBackward)) == show(V{{K::kIssueSecondaryGather, u1},
-                                                       {K::kAwaitGather, u1},
+  CHECK(show(s.release(2, Phase::kBackward)) ==
+        show(V{
+            {K::kReleaseGather, u2}, {K::kIssueSecondaryGather, u1}, {K::kIssueReduce, u2, true}}));
+  CHECK(show(s.acquire(1, Phase::kBackward)) == show(V{{K::kAwaitGather, u1},
                                                        {K::kFreeSecondary, u1},
                                                        {K::kFreeBucket, u2},
                                                        {K::kOpenBucket, u1}}));
@@ -343,16 +346,15 @@ TEST_CASE("stage 3 reuse distance: a forward keeps the units its backward needs 
     CHECK(s.live_gathered_elements() == 128);  // u1 and u2
     CHECK(s.release(2, Phase::kForward).empty());
     s.acquire(2, Phase::kBackward);
+    // u1, kept from the forward, needs no gather; u0's goes ahead of u1's reduction.
     CHECK(show(s.release(2, Phase::kBackward)) ==
-          show(V{{K::kIssueReduce, u2, true}, {K::kReleaseGather, u2}}));
+          show(V{{K::kReleaseGather, u2}, {K::kIssueReduce, u2, true}}));
     CHECK(show(s.acquire(1, Phase::kBackward)) ==
           show(V{{K::kAwaitGather, u1}, {K::kFreeBucket, u2}, {K::kOpenBucket, u1}}));
     CHECK(show(s.release(1, Phase::kBackward)) ==
-          show(V{{K::kIssueReduce, u1, true}, {K::kReleaseGather, u1}}));
-    CHECK(show(s.acquire(0, Phase::kBackward)) == show(V{{K::kIssueGather, u0},
-                                                         {K::kAwaitGather, u0},
-                                                         {K::kFreeBucket, u1},
-                                                         {K::kOpenBucket, u0}}));
+          show(V{{K::kReleaseGather, u1}, {K::kIssueGather, u0}, {K::kIssueReduce, u1, true}}));
+    CHECK(show(s.acquire(0, Phase::kBackward)) ==
+          show(V{{K::kAwaitGather, u0}, {K::kFreeBucket, u1}, {K::kOpenBucket, u0}}));
     s.release(0, Phase::kBackward);
     CHECK(s.live_gathered_elements() == 0);
     // An eval forward has no backward: it keeps nothing whatever the distance.
