@@ -48,8 +48,9 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       trace_name_(lower(context.optimizer.spec().family)),
       host_optimizer_(context.optimizer.make_host_optimizer()),
       reduced_as_is_(offload_takes_reduced_slices(context.options)),
-      grad_type_(reduced_as_is_ ? context.options.compute_dtype
-                                : context.options.grad_accum_dtype) {
+      grad_type_(reduced_as_is_ ? context.options.compute_dtype : context.options.grad_accum_dtype),
+      piece_(context.options.offload_transfer_piece) {
+  ZRT_CHECK(piece_ >= 1, "offload_transfer_piece must be >= 1, not {}", piece_);
   ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
             "offload_staging_buffers must be 1..64, not {}", options_.offload_staging_buffers);
   const DType cdt = options_.compute_dtype;
@@ -65,6 +66,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     // Every unit's final gradient reaches gradient_reduced() (for the norm); a unit whose state
     // stays on the device (partial offload) has nothing else here.
     h.comm_point = device_.create_event();
+    h.norm_ready = device_.create_event();
     h.d2h_done = device_.create_event();
     h.params_ready = device_.create_event();
     if (!offloaded_[u]) continue;
@@ -85,8 +87,15 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     h.grad = device_.allocate(bytes_of(unit.shard, grad_type_), MemCategory::kGrads,
                               name + " grad slice (offloaded)", host_space(false));
     std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
+    if (!offload_param_) {
+      const std::int64_t pieces = (unit.shard + piece_ - 1) / piece_;
+      for (auto& set : h.pieces) {
+        for (std::int64_t c = 0; c < pieces; ++c) set.push_back(device_.create_event());
+      }
+    }
   }
   copy_ = device_.create_stream("copy");
+  gradients_read_ = device_.create_event();
   cpu_optimizer_ = device_.create_host_stream("cpu-optimizer");
   // (No offloaded unit, offload_optimizer.ratio 0: nothing goes up from here.)
   for (int i = 0; max_shard > 0 && i < options_.offload_staging_buffers; ++i) {
@@ -162,6 +171,7 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
                          sizeof(float), *copy_);
     norm_span.end();
+    h.norm_ready->record(*copy_);
     h.d2h_done->record(*copy_);
     return;
   }
@@ -176,18 +186,28 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
               dtype_name(grad_type_), dtype_name(type), final);
     // The unit's sum of squares, taken on the device before the slice goes down with the kernel
     // the device path's norm runs: on a GPU no host thread reads the gradient for it.
+    // Its sum goes down first: the step's decision needs only the sums, and the CPU steps the
+    // slice piece by piece as it lands.
     TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
     const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
     device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
     engine_kernels::add_sum_squares(device_, *copy_, reduced, type, unit.shard, norm);
-    norm_span.end();
-    TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
-    device_.copy_to_host(h.grad.host<void>(), reduced,
-                         static_cast<std::size_t>(bytes_of(unit.shard, type)), *copy_);
-    // The reduction's bucket (offload_takes_reduced_slices) may go once read.
-    if (bucket_read != nullptr) bucket_read->record(*copy_);
     device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
                          sizeof(float), *copy_);
+    norm_span.end();
+    h.norm_ready->record(*copy_);
+    TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
+    auto& pieces = h.pieces[piece_set_];
+    for (std::size_t c = 0; c < pieces.size(); ++c) {
+      const std::int64_t begin = static_cast<std::int64_t>(c) * piece_;
+      const std::int64_t count = std::min(piece_, unit.shard - begin);
+      device_.copy_to_host(h.grad.host<std::byte>() + bytes_of(begin, type),
+                           reduced + bytes_of(begin, type),
+                           static_cast<std::size_t>(bytes_of(count, type)), *copy_);
+      pieces[c]->record(*copy_);
+    }
+    // The reduction's bucket (offload_takes_reduced_slices) may go once read.
+    if (bucket_read != nullptr) bucket_read->record(*copy_);
     span.end();
     h.d2h_done->record(*copy_);
     return;
@@ -224,6 +244,7 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     copy_->host_callback(
         [grad, grad_type, n, out] { *out = engine_kernels::cpu::sum_squares(grad, grad_type, n); });
     norm_span.end();
+    h.norm_ready->record(*copy_);
     h.d2h_done->record(*copy_);
   }
 }
@@ -234,10 +255,11 @@ float CpuOptimizerOffload::local_norm_squared() {
   float local = 0.0f;
   for (std::size_t u = 0; u < units_.size(); ++u) {
     HostUnit& h = units_[u];
-    h.d2h_done->synchronize();  // the unit's sum of squares is on the host before it
+    h.norm_ready->synchronize();  // the unit's sum of squares is on the host
     local +=
         offload_param_ ? static_cast<float>(h.grad_sum_squares) : unit_norms_host_.host<float>()[u];
   }
+  gradients_read_->record(*copy_);  // after every unit's copies down
   return local;
 }
 
@@ -275,8 +297,10 @@ std::shared_future<void> CpuOptimizerOffload::run_between_updates(std::function<
 void CpuOptimizerOffload::skip_update() {
   for (HostUnit& h : units_) {
     if (h.grad.empty()) continue;  // stepped on the device
+    h.d2h_done->synchronize();     // the decision came from the sums, before the slices
     std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
   }
+  piece_set_ = 1 - piece_set_;
 }
 
 void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
@@ -311,22 +335,35 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       span.end();
       h.params_ready->record(*copy_);
     }
-    std::vector<OptimizerSlice> slices;
+    // The unit's slices cut at the pieces its gradient comes down in (without parameter
+    // offload; with it the whole gradient is on the host before the decision): the CPU steps
+    // piece c once it has landed. Every element's update is its own, so the cut changes no bit.
+    const auto& piece_events = h.pieces[piece_set_];
+    const std::int64_t piece =
+        piece_events.empty() ? std::max<std::int64_t>(unit.shard, 1) : piece_;
+    std::vector<std::vector<OptimizerSlice>> pieces(piece_events.empty() ? 1 : piece_events.size());
+    std::vector<Event*> landed(pieces.size(), nullptr);
+    for (std::size_t c = 0; c < piece_events.size(); ++c) landed[c] = piece_events[c].get();
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
-      if (range.count == 0) continue;
-      OptimizerSlice slice;
-      slice.param = h.master.host<float>() + range.slice_offset;
-      for (std::size_t k = 0; k < h.state.size(); ++k) {
-        slice.state[k] = h.state[k].host<float>() + range.slice_offset;
+      for (std::int64_t begin = range.slice_offset, end = range.slice_offset + range.count;
+           begin < end;) {
+        const std::int64_t c = begin / piece;
+        const std::int64_t stop = std::min(end, (c + 1) * piece);
+        OptimizerSlice slice;
+        slice.param = h.master.host<float>() + begin;
+        for (std::size_t k = 0; k < h.state.size(); ++k) {
+          slice.state[k] = h.state[k].host<float>() + begin;
+        }
+        slice.grad = h.grad.host<std::byte>() + bytes_of(begin, grad_type_);
+        slice.grad_dtype = grad_type_;
+        slice.param_out = static_cast<std::byte*>(out) + bytes_of(begin, cdt);
+        slice.out_dtype = cdt;
+        slice.numel = stop - begin;
+        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+        pieces[static_cast<std::size_t>(c)].push_back(slice);
+        begin = stop;
       }
-      slice.grad = h.grad.host<std::byte>() + bytes_of(range.slice_offset, grad_type_);
-      slice.grad_dtype = grad_type_;
-      slice.param_out = static_cast<std::byte*>(out) + bytes_of(range.slice_offset, cdt);
-      slice.out_dtype = cdt;
-      slice.numel = range.count;
-      slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
-      slices.push_back(slice);
     }
     // Staging slots are reused: the slot's previous unit must have reached the device.
     Event* slot_free =
@@ -338,11 +375,14 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     const HostOptimizer* optimizer = host_optimizer_.get();
     const std::string span_name = trace_name_ + " unit " + std::to_string(u);
     TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
-    cpu_optimizer_->enqueue([=, slices = std::move(slices)] {
+    cpu_optimizer_->enqueue([=, pieces = std::move(pieces), landed = std::move(landed)] {
       try {
         if (slot_free != nullptr) slot_free->synchronize();
         const double start_us = trace != nullptr ? trace->now_us() : 0.0;
-        optimizer->step(slices, step, lr, factor);
+        for (std::size_t c = 0; c < pieces.size(); ++c) {
+          if (landed[c] != nullptr) landed[c]->synchronize();
+          if (!pieces[c].empty()) optimizer->step(pieces[c], step, lr, factor);
+        }
         if (grad != nullptr) std::memset(grad, 0, grad_bytes);  // consumed: restart from zero
         if (trace != nullptr) {
           trace->add(TraceTrack::kCpuOptimizer, span_name, start_us, trace->now_us() - start_us);
@@ -354,6 +394,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       }
     });
   }
+  piece_set_ = 1 - piece_set_;  // the next step's copies record the other set
 }
 
 }  // namespace zrt

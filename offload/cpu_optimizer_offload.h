@@ -5,19 +5,21 @@
 // The pipeline of one step (docs/architecture.md; clipping and the overflow check need every
 // gradient first):
 //   backward:  each unit's final gradient slice goes device->host on the copy stream as soon
-//              as its reduction is done, while the backward of earlier units still runs;
+//              as its reduction is done, while the backward of earlier units still runs, in
+//              pieces of EngineOptions::offload_transfer_piece elements;
 //   decision:  each unit's sum of squares is taken as its final gradient arrives: on the device,
 //              by the copy stream before the slice goes down (the device path's own kernel, so
-//              on a GPU no host thread reads the whole gradient), or, with parameter offload
-//              where the final gradient exists only on the host, by the copy stream on the host;
-//              the engine waits for the last one and adds them in unit order (the device path's
-//              order, so the clipping decision is the same bit for bit);
+//              on a GPU no host thread reads the whole gradient; the sum goes down first, so the
+//              decision does not wait for the slice), or, with parameter offload where the final
+//              gradient exists only on the host, by the copy stream on the host; the engine
+//              waits for the last one and adds them in unit order (the device path's order, so
+//              the clipping decision is the same bit for bit);
 //   update:    the CPU-optimizer thread steps the units in the order the next forward needs
-//              them, writing compute-dtype parameters into a ring of staging buffers; the copy
-//              stream carries unit u up while the CPU steps unit u+1. The next forward waits
-//              only for its own units, so it runs on the units already updated while the CPU
-//              steps the rest. With parameter offload the CPU writes the host parameter slices
-//              directly and the engine's gather copies them up.
+//              them, each piece once it is on the host, writing compute-dtype parameters into a
+//              ring of staging buffers; the copy stream carries unit u up while the CPU steps
+//              unit u+1. The next forward waits only for its own units, so it runs on the units
+//              already updated while the CPU steps the rest. With parameter offload the CPU
+//              writes the host parameter slices directly and the engine's gather copies them up.
 //
 // Streams (one per role): the copy stream (device <-> host, made by the Device) and the CPU
 // optimizer's host thread (Device::create_host_stream: host work on host memory, whatever the
@@ -45,6 +47,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   void gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type, bool final,
                         Event* bucket_read) override;
   float local_norm_squared() override;
+  const Event& gradients_read() const override { return *gradients_read_; }
   void update(std::int64_t step, double lr, double factor,
               const std::function<DevicePtr<std::byte>(int u)>& destination) override;
   const Event& params_ready(int u) const override;
@@ -64,7 +67,13 @@ class CpuOptimizerOffload final : public OptimizerOffload {
     Buffer grad;                        // grad_type_ [shard]: the gradient the CPU optimizer reads
     Buffer params;                      // parameter offload: compute dtype [shard]
     std::unique_ptr<Event> comm_point;  // comm stream, after the unit's reduction
+    std::unique_ptr<Event> norm_ready;  // copy stream: the unit's sum of squares is on the host
     std::unique_ptr<Event> d2h_done;    // copy stream: `grad` holds the final gradient
+    // Without parameter offload: piece c of `grad` is on the host, two sets used by alternate
+    // steps. The CPU-optimizer thread waits on a step's set while the engine may already be
+    // enqueueing the next step's copies; those record the other set, and the set after waits
+    // for this step's CPU work (gradient_reduced's `consumed`), so no wait sees a later record.
+    std::vector<std::unique_ptr<Event>> pieces[2];
     std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
     std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
     double grad_sum_squares = 0.0;        // parameter offload: of `grad`, on the host
@@ -94,7 +103,10 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   // device (fp32 [units]) and copied down beside the gradient.
   Buffer unit_norms_device_;
   Buffer unit_norms_host_;
-  std::vector<int> forward_order_;  // units in the order the next forward needs them
+  std::vector<int> forward_order_;         // units in the order the next forward needs them
+  std::int64_t piece_;                     // elements of a gradient piece (offload_transfer_piece)
+  int piece_set_ = 0;                      // the set of `pieces` this step's copies record
+  std::unique_ptr<Event> gradients_read_;  // copy stream: after the step's copies down
   TraceRecorder* trace_ = nullptr;
 };
 

@@ -163,17 +163,22 @@ float ZeroEngine::global_grad_norm_squared() {
     if (&reader == &comm_) wait_for_comm();
     return norm_squared;
   }
-  // With offload the host summed its units' squares as their gradients landed.
+  // With offload the host summed its units' squares as their gradients landed; the slices may
+  // still be going down (the decision needs only the sums), so once the sum is known the streams
+  // that could write them again wait for their copies.
   norm_squared = offload_->local_norm_squared();
-  if (partition_world() == 1) return norm_squared;
-  // Sum over ranks through the group (every rank takes the same decision).
-  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
-  device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
-  group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                    ReduceOp::kSum);
-  device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
-  span.end();
-  comm_.synchronize();
+  if (partition_world() > 1) {
+    // Sum over ranks through the group (every rank takes the same decision).
+    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+    device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
+    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
+                      ReduceOp::kSum);
+    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
+    span.end();
+    comm_.synchronize();
+  }
+  compute_.wait(offload_->gradients_read());
+  comm_.wait(offload_->gradients_read());
   return norm_squared;
 }
 

@@ -67,8 +67,12 @@ class OptimizerOffload {
 
   // ---- the step ----
   // This rank's squared gradient norm: each unit's sum of squares (taken as its final gradient
-  // arrived) added in fp32 in unit order, as the device path adds them. Waits for the copies.
+  // arrived) added in fp32 in unit order, as the device path adds them. Waits for the sums
+  // only: the gradient slices may still be on their way down (gradients_read()).
   virtual float local_norm_squared() = 0;
+  // Recorded by local_norm_squared() after every copy that reads a reduced gradient slice on
+  // the device: the engine's streams wait for it before anything may write those slices again.
+  virtual const Event& gradients_read() const = 0;
   // Enqueues the update of every offloaded unit (1-based `step`, learning rate `lr`, gradients
   // scaled by `factor`) on the CPU optimizer's thread, in the order the next forward needs them,
   // and the copy of each updated compute-dtype slice to `destination(u)` (units with host

@@ -145,6 +145,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!offload_param() || offload_optimizer(),
             "offload_param without offload_optimizer is not supported: enable both");
   ZRT_CHECK(options.offload_staging_buffers >= 1, "offload_staging_buffers must be >= 1");
+  ZRT_CHECK(options.offload_transfer_piece >= 1, "offload_transfer_piece must be >= 1, not {}",
+            options.offload_transfer_piece);
   ZRT_CHECK(!offload_optimizer() || offload,
             "offload_optimizer is enabled but the engine was given no offload implementation "
             "(pass offload/'s make_cpu_optimizer_offload)");

@@ -72,6 +72,11 @@ struct EngineOptions {
   OffloadOptions offload_optimizer;
   OffloadOptions offload_param;
   int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
+  // Optimizer offload without parameter offload: a final gradient slice comes down in pieces of
+  // at most this many elements, and the CPU optimizer steps each piece once it has landed, so
+  // the last unit of the backward (the embedding, which the next forward needs first) is not
+  // stepped only after the whole of it is on the host.
+  std::int64_t offload_transfer_piece = std::int64_t{1} << 22;
   // Hierarchical sharding (MiCS's mics_shard_size, HSDP): the state is sliced over groups of
   // this many ranks and replicated across them (the engine's group is then the shard group and
   // it is given the replica group); 0: sliced over every rank.

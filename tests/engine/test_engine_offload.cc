@@ -26,6 +26,9 @@ EngineOptions base_options(int stage, int accumulation) {
   o.stage3_prefetch_bucket_size = 700;
   o.stage3_max_live_parameters = 2000;
   o.offload_staging_buffers = 2;
+  // Gradient slices come down in pieces of 100 elements: every unit's CPU step waits for
+  // several (and the pieces cut parameters at odd offsets).
+  o.offload_transfer_piece = 100;
   return o;
 }
 
