@@ -204,11 +204,11 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
       device_.copy_to_host(h.grad.host<std::byte>() + bytes_of(begin, type),
                            reduced + bytes_of(begin, type),
                            static_cast<std::size_t>(bytes_of(count, type)), *copy_);
+      if (c + 1 == pieces.size()) span.end();  // before the CPU may finish with the last piece
       pieces[c]->record(*copy_);
     }
     // The reduction's bucket (offload_takes_reduced_slices) may go once read.
     if (bucket_read != nullptr) bucket_read->record(*copy_);
-    span.end();
     h.d2h_done->record(*copy_);
     return;
   }
@@ -378,6 +378,8 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     cpu_optimizer_->enqueue([=, pieces = std::move(pieces), landed = std::move(landed)] {
       try {
         if (slot_free != nullptr) slot_free->synchronize();
+        // The span starts with the first piece on the host.
+        if (landed[0] != nullptr) landed[0]->synchronize();
         const double start_us = trace != nullptr ? trace->now_us() : 0.0;
         for (std::size_t c = 0; c < pieces.size(); ++c) {
           if (landed[c] != nullptr) landed[c]->synchronize();

@@ -33,6 +33,7 @@ EngineOptions options(int stage, bool offload, bool offload_params = false) {
   o.stage3_prefetch_bucket_size = 700;
   o.stage3_max_live_parameters = 2000;
   o.offload_staging_buffers = 2;
+  o.offload_transfer_piece = 100;  // several pieces a unit
   o.offload_optimizer.enabled = offload;
   o.offload_param.enabled = offload_params;
   return o;
@@ -187,9 +188,12 @@ TEST_CASE("engine trace with optimizer offload: every unit on the copy and CPU-o
       REQUIRE(adam.size() == kTracedSteps);
       REQUIRE(up.size() == kTracedSteps);
       for (int k = 0; k < kTracedSteps; ++k) {
-        // reduce -> copy down -> (global decision) -> CPU step -> copy up.
+        // reduce -> copy down -> (global decision) -> CPU step -> copy up. The CPU steps a
+        // slice piece by piece as it lands (offload_transfer_piece): it starts after the copy
+        // down starts and ends after it ends.
         if (reduces) CHECK(reduced[k].end() <= down[k].ts);
-        CHECK(down[k].end() <= adam[k].ts);
+        CHECK(down[k].ts <= adam[k].ts);
+        CHECK(down[k].end() <= adam[k].end());
         CHECK(adam[k].end() <= up[k].ts);
       }
       if (stage < 3 || traced.persistent[static_cast<std::size_t>(u)]) {
