@@ -184,10 +184,10 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     ZRT_CHECK(type == grad_type_ && final,
               "offloaded gradient of unit {}: a final slice in {} expected, got {} (final: {})", u,
               dtype_name(grad_type_), dtype_name(type), final);
-    // The unit's sum of squares, taken on the device before the slice goes down with the kernel
-    // the device path's norm runs: on a GPU no host thread reads the gradient for it.
-    // Its sum goes down first: the step's decision needs only the sums, and the CPU steps the
-    // slice piece by piece as it lands.
+    // The unit's sum of squares, taken on the device with the kernel the device path's norm
+    // runs (on a GPU no host thread reads the gradient for it), goes down ahead of the slice:
+    // the step's decision needs only the sums, and the CPU steps the slice piece by piece as
+    // it lands.
     TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
     const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
     device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
