@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "offload/cpu_step_pipeline.h"
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_schedule.h"
@@ -157,21 +158,31 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
   HostUnit& h = units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
   const DType adt = options_.grad_accum_dtype;
+  if (!offload_param_) {
+    // The unit's sum of squares, taken on the device with the kernel the device path's norm runs
+    // (on a GPU no host thread reads the whole gradient), on the comm stream where the reduction
+    // left the slice: the step's decision needs only the sums, and on the copy stream one unit's
+    // sum would queue behind the previous unit's slice going down (GPT-2's 79 MB embedding and
+    // the 1.6 MB position embedding reduced right after it: 1.4 ms on the decision's path).
+    ZRT_CHECK(final, "unit {}: the offload takes final gradient slices only here", u);
+    TraceSpan norm_span(trace_, comm_, TraceTrack::kComm, "grad norm", "unit", u);
+    const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
+    device_.fill_zero(norm.as<std::byte>(), sizeof(float), comm_);
+    engine_kernels::add_sum_squares(device_, comm_, reduced, type, unit.shard, norm);
+    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
+                         sizeof(float), comm_);
+    norm_span.end();
+    h.norm_ready->record(comm_);
+  }
+  // After the sum: whatever frees or rewrites the slice waits for the copy stream, which waits
+  // for this point.
   h.comm_point->record(comm_);
   copy_->wait(*h.comm_point);
   if (!offloaded_[static_cast<std::size_t>(u)]) {
-    // Partial offload, a unit the device steps: only its sum of squares comes down, so the norm
+    // Partial offload, a unit the device steps: only its sum of squares came down, so the norm
     // adds every unit's in one order whichever side steps it.
-    ZRT_CHECK(!offload_param_ && final && type == adt,
+    ZRT_CHECK(!offload_param_ && type == adt,
               "unit {} is stepped on the device: a final slice in grad_accum_dtype expected", u);
-    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
-    const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
-    device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
-    engine_kernels::add_sum_squares(device_, *copy_, reduced, adt, unit.shard, norm);
-    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
-                         sizeof(float), *copy_);
-    norm_span.end();
-    h.norm_ready->record(*copy_);
     h.d2h_done->record(*copy_);
     return;
   }
@@ -181,21 +192,10 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     if (consumed.valid()) consumed.get();
   });
   if (!offload_param_) {
-    ZRT_CHECK(type == grad_type_ && final,
-              "offloaded gradient of unit {}: a final slice in {} expected, got {} (final: {})", u,
-              dtype_name(grad_type_), dtype_name(type), final);
-    // The unit's sum of squares, taken on the device with the kernel the device path's norm
-    // runs (on a GPU no host thread reads the gradient for it), goes down ahead of the slice:
-    // the step's decision needs only the sums, and the CPU steps the slice piece by piece as
-    // it lands.
-    TraceSpan norm_span(trace_, *copy_, TraceTrack::kCopy, "grad norm", "unit", u);
-    const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
-    device_.fill_zero(norm.as<std::byte>(), sizeof(float), *copy_);
-    engine_kernels::add_sum_squares(device_, *copy_, reduced, type, unit.shard, norm);
-    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
-                         sizeof(float), *copy_);
-    norm_span.end();
-    h.norm_ready->record(*copy_);
+    ZRT_CHECK(type == grad_type_,
+              "offloaded gradient of unit {}: a final slice in {} expected, got {}", u,
+              dtype_name(grad_type_), dtype_name(type));
+    // The slice goes down in pieces the CPU steps as they land.
     TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "d2h", "unit", u);
     auto& pieces = h.pieces[piece_set_];
     for (std::size_t c = 0; c < pieces.size(); ++c) {
@@ -306,44 +306,41 @@ void CpuOptimizerOffload::skip_update() {
 void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
                                  const std::function<DevicePtr<std::byte>(int u)>& destination) {
   const DType cdt = options_.compute_dtype;
+  // Everything that can throw comes first (the scalars, every slice), before any unit gets a new
+  // completion that the copy stream would wait for.
+  HostOptimizer::RangeStep range_step = host_optimizer_->prepare_step(step, lr, factor);
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
   int slot_cursor = 0;
+  std::vector<CpuStepUnit> work;
+  std::vector<int> staged_slot;  // per entry of `work`: its staging slot, or -1 (written directly)
   for (int u : forward_order_) {
     if (!offloaded_[static_cast<std::size_t>(u)]) continue;  // the engine steps it on the device
     HostUnit& h = units_[static_cast<std::size_t>(u)];
     const Unit& unit = plan_.unit(u);
-    auto done = std::make_shared<std::promise<void>>();
-    h.cpu_done = done->get_future().share();
-    // Where the CPU writes the updated compute-dtype slice.
-    const bool direct = !h.params.empty();
-    int wait_for = -1;
+    CpuStepUnit w;
+    w.trace_name = trace_name_ + " unit " + std::to_string(u);
+    // Where the CPU writes the updated compute-dtype slice: the host parameter slice (parameter
+    // offload), else the next staging buffer, once its previous unit has gone up.
     void* out = nullptr;
-    if (direct) {
+    if (!h.params.empty()) {
       out = h.params.host<void>();
+      staged_slot.push_back(-1);
     } else {
       const int slot = slot_cursor++ % ring;
-      wait_for = previous_staged[static_cast<std::size_t>(slot)];
+      const int wait_for = previous_staged[static_cast<std::size_t>(slot)];
       previous_staged[static_cast<std::size_t>(slot)] = u;
       out = staging_[static_cast<std::size_t>(slot)].host<void>();
-      // The copy stream carries it up once the CPU is done.
-      std::shared_future<void> ready = h.cpu_done;
-      copy_->host_callback([ready] { ready.get(); });
-      TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
-      device_.copy_to_device(destination(u), out,
-                             static_cast<std::size_t>(bytes_of(unit.shard, cdt)), *copy_);
-      span.end();
-      h.params_ready->record(*copy_);
+      if (wait_for >= 0)
+        w.slot_free = units_[static_cast<std::size_t>(wait_for)].params_ready.get();
+      staged_slot.push_back(slot);
     }
     // The unit's slices cut at the pieces its gradient comes down in (without parameter
     // offload; with it the whole gradient is on the host before the decision): the CPU steps
-    // piece c once it has landed. Every element's update is its own, so the cut changes no bit.
+    // piece c once it has landed.
     const auto& piece_events = h.pieces[piece_set_];
     const std::int64_t piece =
         piece_events.empty() ? std::max<std::int64_t>(unit.shard, 1) : piece_;
-    std::vector<std::vector<OptimizerSlice>> pieces(piece_events.empty() ? 1 : piece_events.size());
-    std::vector<Event*> landed(pieces.size(), nullptr);
-    for (std::size_t c = 0; c < piece_events.size(); ++c) landed[c] = piece_events[c].get();
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, rank_);
       for (std::int64_t begin = range.slice_offset, end = range.slice_offset + range.count;
@@ -361,41 +358,46 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
         slice.out_dtype = cdt;
         slice.numel = stop - begin;
         slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
-        pieces[static_cast<std::size_t>(c)].push_back(slice);
+        host_optimizer_->validate(slice, w.slices.size());
+        w.slices.push_back(slice);
+        w.landed.push_back(piece_events.empty() ? nullptr
+                                                : piece_events[static_cast<std::size_t>(c)].get());
         begin = stop;
       }
     }
-    // Staging slots are reused: the slot's previous unit must have reached the device.
-    Event* slot_free =
-        wait_for >= 0 ? units_[static_cast<std::size_t>(wait_for)].params_ready.get() : nullptr;
-    // With parameter offload `grad` accumulates micro-batches and must start from zero;
-    // otherwise (or at one micro-batch per step) the next step's copy overwrites it whole.
-    void* grad = offload_param_ && !reduced_as_is_ ? h.grad.host<void>() : nullptr;
-    const std::size_t grad_bytes = static_cast<std::size_t>(h.grad.bytes());
-    const HostOptimizer* optimizer = host_optimizer_.get();
-    const std::string span_name = trace_name_ + " unit " + std::to_string(u);
-    TraceRecorder* trace = trace_;  // the CPU-optimizer thread records its own events
-    cpu_optimizer_->enqueue([=, pieces = std::move(pieces), landed = std::move(landed)] {
-      try {
-        if (slot_free != nullptr) slot_free->synchronize();
-        // The span starts with the first piece on the host.
-        if (landed[0] != nullptr) landed[0]->synchronize();
-        const double start_us = trace != nullptr ? trace->now_us() : 0.0;
-        for (std::size_t c = 0; c < pieces.size(); ++c) {
-          if (landed[c] != nullptr) landed[c]->synchronize();
-          if (!pieces[c].empty()) optimizer->step(pieces[c], step, lr, factor);
-        }
-        if (grad != nullptr) std::memset(grad, 0, grad_bytes);  // consumed: restart from zero
-        if (trace != nullptr) {
-          trace->add(TraceTrack::kCpuOptimizer, span_name, start_us, trace->now_us() - start_us);
-        }
-        done->set_value();
-      } catch (...) {
-        done->set_exception(std::current_exception());
-        throw;
-      }
-    });
+    // With parameter offload `grad` accumulates micro-batches and must start from zero once
+    // consumed; otherwise (or at one micro-batch per step) the next step's copy overwrites it.
+    if (offload_param_ && !reduced_as_is_) {
+      void* grad = h.grad.host<void>();
+      const std::size_t grad_bytes = static_cast<std::size_t>(h.grad.bytes());
+      w.after = [grad, grad_bytes] { std::memset(grad, 0, grad_bytes); };
+    }
+    w.done = std::make_shared<std::promise<void>>();
+    work.push_back(std::move(w));
   }
+  // The copy stream carries each staged unit up once the CPU is done with it.
+  std::size_t i = 0;
+  for (int u : forward_order_) {
+    if (!offloaded_[static_cast<std::size_t>(u)]) continue;
+    HostUnit& h = units_[static_cast<std::size_t>(u)];
+    CpuStepUnit& w = work[i];
+    h.cpu_done = w.done->get_future().share();
+    const int slot = staged_slot[i++];
+    if (slot < 0) continue;
+    std::shared_future<void> ready = h.cpu_done;
+    copy_->host_callback([ready] { ready.get(); });
+    TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
+    device_.copy_to_device(destination(u), staging_[static_cast<std::size_t>(slot)].host<void>(),
+                           static_cast<std::size_t>(bytes_of(plan_.unit(u).shard, cdt)), *copy_);
+    span.end();
+    h.params_ready->record(*copy_);
+  }
+  const int threads = host_optimizer_->threads();
+  TraceRecorder* trace = trace_;  // the CPU optimizer's threads record their own spans
+  cpu_optimizer_->enqueue(
+      [work = std::move(work), range_step = std::move(range_step), threads, trace]() mutable {
+        run_cpu_step_pipeline(work, range_step, threads, trace);
+      });
   piece_set_ = 1 - piece_set_;  // the next step's copies record the other set
 }
 

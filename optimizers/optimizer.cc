@@ -32,6 +32,17 @@ class HostAdam final : public HostOptimizer {
     adam_.step(slices_from_generic<AdamSlice>(slices), step, lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
+  RangeStep prepare_step(std::int64_t step, double lr, double grad_scale) const override {
+    const AdamStepScalars s = adam_step_scalars(adam_.options(), step, lr, grad_scale);
+    const detail::AdamRangeKernel kernel = detail::adam_range_kernel(adam_.isa());
+    return [s, kernel](const OptimizerSlice& slice, std::int64_t begin, std::int64_t end) {
+      kernel(slice_from_generic<AdamSlice>(slice), begin, end, s);
+    };
+  }
+  void validate(const OptimizerSlice& slice, std::size_t index) const override {
+    validate_adam_slice(slice_from_generic<AdamSlice>(slice), index);
+  }
+  int threads() const override { return adam_.num_threads(); }
 
  private:
   CpuAdam adam_;
@@ -47,6 +58,17 @@ class HostLion final : public HostOptimizer {
     lion_.step(slices_from_generic<LionSlice>(slices), lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
+  RangeStep prepare_step(std::int64_t /*step*/, double lr, double grad_scale) const override {
+    const LionStepScalars s = lion_step_scalars(lion_.options(), lr, grad_scale);
+    const detail::LionRangeKernel kernel = detail::lion_range_kernel(lion_.isa());
+    return [s, kernel](const OptimizerSlice& slice, std::int64_t begin, std::int64_t end) {
+      kernel(slice_from_generic<LionSlice>(slice), begin, end, s);
+    };
+  }
+  void validate(const OptimizerSlice& slice, std::size_t index) const override {
+    validate_lion_slice(slice_from_generic<LionSlice>(slice), index);
+  }
+  int threads() const override { return lion_.num_threads(); }
 
  private:
   CpuLion lion_;

@@ -20,6 +20,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,18 @@ class HostOptimizer {
   virtual void step(const std::vector<OptimizerSlice>& slices, std::int64_t step, double lr,
                     double grad_scale) const = 0;
   virtual const OptimizerSpec& spec() const = 0;
+
+  // The same arithmetic for a caller that runs the threads itself (optimizer offload steps many
+  // units' slices as one stream of chunks, offload/cpu_step_pipeline.h): throws InvalidArgument
+  // for bad scalars, else returns a function that steps elements [begin, end) of one slice on
+  // the calling thread. Any split of the elements gives the bits step() gives.
+  using RangeStep =
+      std::function<void(const OptimizerSlice& slice, std::int64_t begin, std::int64_t end)>;
+  virtual RangeStep prepare_step(std::int64_t step, double lr, double grad_scale) const = 0;
+  // Throws InvalidArgument naming slice `index` if it is malformed (what step() checks first).
+  virtual void validate(const OptimizerSlice& slice, std::size_t index) const = 0;
+  // The threads step() splits its work over.
+  virtual int threads() const = 0;
 };
 
 // The engine's optimizer when the state lives in device memory: step() is stream-ordered (a

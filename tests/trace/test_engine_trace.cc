@@ -179,11 +179,13 @@ TEST_CASE("engine trace with optimizer offload: every unit on the copy and CPU-o
     for (int u = 0; u < traced.units; ++u) {
       INFO("unit " << u);
       const auto reduced = t.named("comm", unit_event("reduce_scatter", u));
+      const auto norm = t.named("comm", unit_event("grad norm", u));
       const auto down = t.named("copy", unit_event("d2h", u));
       const auto adam = t.named("CPU optimizer", unit_event("adam", u));
       const auto up = t.named("copy", unit_event("h2d", u));
       const bool reduces = stage >= 2 || traced.world > 1;
       REQUIRE(reduced.size() == (reduces ? kTracedSteps : 0));
+      REQUIRE(norm.size() == kTracedSteps);
       REQUIRE(down.size() == kTracedSteps);
       REQUIRE(adam.size() == kTracedSteps);
       REQUIRE(up.size() == kTracedSteps);
@@ -191,6 +193,10 @@ TEST_CASE("engine trace with optimizer offload: every unit on the copy and CPU-o
         // reduce -> copy down -> (global decision) -> CPU step -> copy up. The CPU steps a
         // slice piece by piece as it lands (offload_transfer_piece): it starts after the copy
         // down starts and ends after it ends.
+        // The unit's sum of squares is taken where the reduction left the slice, before the
+        // slice goes down (on the copy stream it would queue behind the previous unit's slice).
+        if (reduces) CHECK(reduced[k].end() <= norm[k].ts);
+        CHECK(norm[k].end() <= down[k].ts);
         if (reduces) CHECK(reduced[k].end() <= down[k].ts);
         CHECK(down[k].ts <= adam[k].ts);
         CHECK(down[k].end() <= adam[k].end());
@@ -222,8 +228,9 @@ TEST_CASE("engine trace with partial offload: the CPU steps the last units, the 
     CHECK(t.named("copy", unit_event("d2h", u)).size() == expected);
     CHECK(t.named("CPU optimizer", unit_event("adam", u)).size() == expected);
     CHECK(t.named("copy", unit_event("h2d", u)).size() == expected);
-    // Every unit's sum of squares is taken on the copy stream, whichever side steps it.
-    CHECK(t.named("copy", unit_event("grad norm", u)).size() == kTracedSteps);
+    // Every unit's sum of squares is taken on the comm stream, whichever side steps it.
+    CHECK(t.named("comm", unit_event("grad norm", u)).size() == kTracedSteps);
+    CHECK(t.named("copy", unit_event("grad norm", u)).empty());
   }
   CHECK(on_host > 0);
   CHECK(on_host < traced.units);

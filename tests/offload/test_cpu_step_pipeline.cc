@@ -1,0 +1,289 @@
+// The offload's CPU step as one stream of chunks (offload/cpu_step_pipeline.h): the same bits as
+// the optimizer's own step unit by unit, the waits it owes the copy stream (a gradient piece
+// landing, a staging buffer going free while the previous unit's completion is what frees it),
+// and errors reaching every unit not yet done.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "offload/cpu_step_pipeline.h"
+#include "optimizers/optimizer.h"
+#include "runtime/common/dtype.h"
+#include "runtime/device/device.h"
+
+namespace zrt {
+namespace {
+
+// One unit's host arrays: fp32 master and two states, bf16 gradient and bf16 output.
+struct UnitArrays {
+  std::vector<float> master, m, v;
+  std::vector<bf16> grad, out;
+};
+
+std::vector<UnitArrays> make_units(const std::vector<std::int64_t>& sizes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<UnitArrays> units(sizes.size());
+  for (std::size_t u = 0; u < sizes.size(); ++u) {
+    const auto n = static_cast<std::size_t>(sizes[u]);
+    UnitArrays& a = units[u];
+    a.master.resize(n);
+    a.m.resize(n);
+    a.v.resize(n);
+    a.grad.resize(n);
+    a.out.assign(n, to_bf16(-7.0f));
+    for (std::size_t i = 0; i < n; ++i) {
+      a.master[i] = normal(rng);
+      a.m[i] = 0.1f * normal(rng);
+      a.v[i] = 0.01f * std::abs(normal(rng));
+      a.grad[i] = to_bf16(normal(rng));
+    }
+  }
+  return units;
+}
+
+// The unit's elements as slices of at most `piece` elements (as the offload cuts them where the
+// gradient's pieces land), alternating weight decay.
+std::vector<OptimizerSlice> slices_of(UnitArrays& a, std::int64_t piece) {
+  std::vector<OptimizerSlice> slices;
+  const auto n = static_cast<std::int64_t>(a.master.size());
+  for (std::int64_t begin = 0; begin < n; begin += piece) {
+    OptimizerSlice s;
+    s.param = a.master.data() + begin;
+    s.state[0] = a.m.data() + begin;
+    s.state[1] = a.v.data() + begin;
+    s.grad = a.grad.data() + begin;
+    s.grad_dtype = DType::kBFloat16;
+    s.param_out = a.out.data() + begin;
+    s.out_dtype = DType::kBFloat16;
+    s.numel = std::min(piece, n - begin);
+    s.weight_decay = (begin / piece) % 2 == 0;
+    slices.push_back(s);
+  }
+  return slices;
+}
+
+void check_same(const std::vector<UnitArrays>& a, const std::vector<UnitArrays>& b) {
+  REQUIRE(a.size() == b.size());
+  for (std::size_t u = 0; u < a.size(); ++u) {
+    INFO("unit " << u);
+    const std::size_t n = a[u].master.size();
+    CHECK(std::memcmp(a[u].master.data(), b[u].master.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(a[u].m.data(), b[u].m.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(a[u].v.data(), b[u].v.data(), n * sizeof(float)) == 0);
+    CHECK(std::memcmp(a[u].out.data(), b[u].out.data(), n * sizeof(bf16)) == 0);
+  }
+}
+
+std::unique_ptr<HostOptimizer> adamw(int threads) {
+  AdamOptions o;
+  o.lr = 3e-3;
+  o.weight_decay = 0.1;
+  CpuAdamOptions cpu;
+  cpu.num_threads = threads;
+  return make_host_adam(o, cpu);
+}
+
+// Units past one chunk (1 << 16), a one-element unit, an empty one, pieces that cut mid-chunk.
+const std::vector<std::int64_t> kSizes = {200003, 65536, 1, 0, 131073, 5000};
+constexpr std::int64_t kPiece = 70001;
+constexpr std::int64_t kStep = 3;
+constexpr double kLr = 2e-3;
+constexpr double kScale = 0.75;
+
+}  // namespace
+
+TEST_CASE("cpu_step_chunks: whole chunks from the first aligned element, covering every element") {
+  alignas(256) static float data[1024];
+  for (int offset : {0, 1, 3, 63, 64}) {
+    INFO("offset " << offset);
+    const float* param = data + offset;
+    const auto ranges = cpu_step_chunks(param, 900, 128, 256);
+    REQUIRE(!ranges.empty());
+    CHECK(ranges.front().begin == 0);
+    CHECK(ranges.back().end == 900);
+    // The head runs to the first 256-byte boundary (64 floats), the rest are 128 long (512
+    // bytes), so every chunk after the head starts on a boundary.
+    const std::int64_t head = (64 - offset % 64) % 64;
+    for (std::size_t k = 0; k < ranges.size(); ++k) {
+      if (k > 0) CHECK(ranges[k].begin == ranges[k - 1].end);
+      if (k > 0) CHECK(reinterpret_cast<std::uintptr_t>(param + ranges[k].begin) % 256 == 0);
+      if (k > 0 && k + 1 < ranges.size()) CHECK(ranges[k].end - ranges[k].begin == 128);
+    }
+    CHECK(ranges.front().end == (head > 0 ? head : 128));
+  }
+  CHECK(cpu_step_chunks(data, 0, 128, 256).empty());
+  CHECK(cpu_step_chunks(data, 5, 128, 256).size() == 1);
+}
+
+TEST_CASE("CPU step pipeline: the bits of the optimizer's own step, unit by unit, any team size") {
+  for (const char* kind : {"adamw", "lion"}) {
+    for (int threads : {1, 3, 8}) {
+      INFO(kind << ", " << threads << " threads");
+      std::unique_ptr<HostOptimizer> optimizer;
+      if (std::string(kind) == "lion") {
+        LionOptions o;
+        o.lr = 1e-3;
+        o.weight_decay = 0.2;
+        CpuAdamOptions cpu;
+        cpu.num_threads = threads;
+        optimizer = make_host_lion(o, cpu);
+      } else {
+        optimizer = adamw(threads);
+      }
+      auto reference = make_units(kSizes, 7);
+      auto piped = make_units(kSizes, 7);
+      for (auto& unit : reference) optimizer->step(slices_of(unit, kPiece), kStep, kLr, kScale);
+
+      std::vector<CpuStepUnit> work(piped.size());
+      std::vector<int> after_calls(piped.size(), 0);
+      for (std::size_t u = 0; u < piped.size(); ++u) {
+        work[u].slices = slices_of(piped[u], kPiece);
+        work[u].done = std::make_shared<std::promise<void>>();
+        work[u].after = [&after_calls, u] { ++after_calls[u]; };
+        work[u].trace_name = "unit " + std::to_string(u);
+      }
+      run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale), optimizer->threads(),
+                            nullptr);
+      for (std::size_t u = 0; u < work.size(); ++u) {
+        CHECK(after_calls[u] == 1);
+        auto done = work[u].done->get_future();
+        CHECK(done.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+      }
+      check_same(reference, piped);
+    }
+  }
+}
+
+TEST_CASE(
+    "CPU step pipeline: a piece is read only after it lands, a unit written only once its "
+    "staging buffer is free") {
+  auto device = make_device(DeviceOptions{});
+  auto optimizer = adamw(4);
+  auto reference = make_units(kSizes, 11);
+  auto piped = make_units(kSizes, 11);
+  // The gradients the CPU must read are the ones the "copy stream" writes late.
+  const auto late = make_units(kSizes, 12);
+  for (std::size_t u = 0; u < reference.size(); ++u) reference[u].grad = late[u].grad;
+  for (auto& unit : reference) optimizer->step(slices_of(unit, kPiece), kStep, kLr, kScale);
+
+  std::unique_ptr<Stream> copy = device->create_stream("copy");
+  std::vector<std::unique_ptr<Event>> events;
+  std::vector<CpuStepUnit> work(piped.size());
+  for (std::size_t u = 0; u < piped.size(); ++u) {
+    work[u].slices = slices_of(piped[u], kPiece);
+    work[u].done = std::make_shared<std::promise<void>>();
+  }
+  // Each piece lands after a delay, in order, as the copy stream brings it.
+  for (std::size_t u = 0; u < piped.size(); ++u) {
+    for (std::size_t k = 0; k < work[u].slices.size(); ++k) {
+      const std::int64_t begin = static_cast<std::int64_t>(k) * kPiece;
+      const std::int64_t count = work[u].slices[k].numel;
+      bf16* to = piped[u].grad.data() + begin;
+      const bf16* from = late[u].grad.data() + begin;
+      copy->host_callback([to, from, count] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::memcpy(to, from, static_cast<std::size_t>(count) * sizeof(bf16));
+      });
+      events.push_back(device->create_event());
+      events.back()->record(*copy);
+      work[u].landed.push_back(events.back().get());
+    }
+  }
+  // Unit 4 writes its output where unit 0's went ("staging slot"): the slot is free once unit
+  // 0's output has been read, after unit 0 is done. The reader overwrites the slot's contents
+  // with a sentinel after reading, so an early write by unit 4 would be lost.
+  std::unique_ptr<Stream> up = device->create_stream("up");
+  std::vector<bf16> slot0_copy;
+  std::shared_future<void> unit0_done = work[0].done->get_future().share();
+  bf16* unit4_out = piped[4].out.data();
+  const std::size_t unit4_n = piped[4].out.size();
+  const bf16* unit0_out = piped[0].out.data();
+  const std::size_t unit0_n = piped[0].out.size();
+  up->host_callback([&slot0_copy, unit0_done, unit0_out, unit0_n, unit4_out, unit4_n] {
+    unit0_done.get();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    slot0_copy.assign(unit0_out, unit0_out + unit0_n);
+    for (std::size_t i = 0; i < unit4_n; ++i) unit4_out[i] = to_bf16(-99.0f);
+  });
+  std::unique_ptr<Event> slot_free = device->create_event();
+  slot_free->record(*up);
+  work[4].slot_free = slot_free.get();
+
+  run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale), optimizer->threads(),
+                        nullptr);
+  up->synchronize();
+  check_same(reference, piped);
+  CHECK(std::memcmp(slot0_copy.data(), reference[0].out.data(), unit0_n * sizeof(bf16)) == 0);
+}
+
+TEST_CASE("CPU step pipeline: an error reaches every unit not yet done, and the caller") {
+  auto optimizer = adamw(3);
+  SECTION("a unit's completion work throws") {
+    auto piped = make_units(kSizes, 5);
+    std::vector<CpuStepUnit> work(piped.size());
+    for (std::size_t u = 0; u < piped.size(); ++u) {
+      work[u].slices = slices_of(piped[u], kPiece);
+      work[u].done = std::make_shared<std::promise<void>>();
+    }
+    work[1].after = [] { throw std::runtime_error("unit 1 cannot be finished"); };
+    std::vector<std::future<void>> done;
+    for (auto& w : work) done.push_back(w.done->get_future());
+    CHECK_THROWS_WITH(run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale),
+                                            optimizer->threads(), nullptr),
+                      "unit 1 cannot be finished");
+    done[0].wait();
+    CHECK_NOTHROW(done[0].get());
+    CHECK_THROWS_WITH(done[1].get(), "unit 1 cannot be finished");
+    // Every later unit is done or failed with that error (one another thread finished before
+    // the error is not told of it): none is left for the copy stream to wait on forever.
+    for (std::size_t u = 2; u < done.size(); ++u) {
+      INFO("unit " << u);
+      REQUIRE(done[u].wait_for(std::chrono::seconds(0)) == std::future_status::ready);
+      try {
+        done[u].get();
+      } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()) == "unit 1 cannot be finished");
+      }
+    }
+  }
+  SECTION("a piece's copy fails") {
+    auto device = make_device(DeviceOptions{});
+    std::unique_ptr<Stream> copy = device->create_stream("copy");
+    copy->host_callback([] { throw std::runtime_error("copy down failed"); });
+    std::unique_ptr<Event> landed = device->create_event();
+    landed->record(*copy);
+    auto piped = make_units({1000, 1000}, 6);
+    const auto before = piped;
+    std::vector<CpuStepUnit> work(2);
+    for (std::size_t u = 0; u < 2; ++u) {
+      work[u].slices = slices_of(piped[u], kPiece);
+      work[u].done = std::make_shared<std::promise<void>>();
+    }
+    work[0].landed = {landed.get()};
+    work[1].landed = {landed.get()};
+    auto done1 = work[1].done->get_future();
+    CHECK_THROWS_WITH(run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale),
+                                            optimizer->threads(), nullptr),
+                      Catch::Contains("copy down failed"));
+    CHECK_THROWS_WITH(done1.get(), Catch::Contains("copy down failed"));
+    // Nothing was written (no slice landed).
+    for (std::size_t u = 0; u < 2; ++u) {
+      CHECK(std::memcmp(piped[u].master.data(), before[u].master.data(), 1000 * sizeof(float)) ==
+            0);
+    }
+  }
+  SECTION("bad scalars are refused before anything runs") {
+    CHECK_THROWS_WITH(optimizer->prepare_step(0, kLr, kScale), Catch::Contains("count from 1"));
+    CHECK_THROWS_WITH(optimizer->prepare_step(1, kLr, std::nan("")),
+                      Catch::Contains("grad_scale must be finite"));
+  }
+}
+
+}  // namespace zrt
