@@ -66,10 +66,13 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     HostUnit& h = units_[u];
     // Every unit's final gradient reaches gradient_reduced() (for the norm); a unit whose state
     // stays on the device (partial offload) has nothing else here.
+    // The events host threads wait on sleep while they wait (EventWait): the engine's thread
+    // waits for the sums while the CPU optimizer runs, the CPU optimizer's threads for pieces
+    // and staging buffers while the copy stream's callbacks need a core to let them go.
     h.comm_point = device_.create_event();
-    h.norm_ready = device_.create_event();
-    h.d2h_done = device_.create_event();
-    h.params_ready = device_.create_event();
+    h.norm_ready = device_.create_event(EventWait::kBlock);
+    h.d2h_done = device_.create_event(EventWait::kBlock);
+    h.params_ready = device_.create_event(EventWait::kBlock);
     if (!offloaded_[u]) continue;
     max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
@@ -91,7 +94,9 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     if (!offload_param_) {
       const std::int64_t pieces = (unit.shard + piece_ - 1) / piece_;
       for (auto& set : h.pieces) {
-        for (std::int64_t c = 0; c < pieces; ++c) set.push_back(device_.create_event());
+        for (std::int64_t c = 0; c < pieces; ++c) {
+          set.push_back(device_.create_event(EventWait::kBlock));
+        }
       }
     }
   }
@@ -186,11 +191,20 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     h.d2h_done->record(*copy_);
     return;
   }
-  // `grad` is the previous step's input to the CPU optimizer until it is done with it.
+  // `grad` is the previous step's input to the CPU optimizer until it is done with it. Usually
+  // it is long done (the forward needed the unit): then no host callback, whose thread may wait
+  // for a core while the CPU optimizer's team has them all, holds the copy stream.
   std::shared_future<void> consumed = h.cpu_done;
-  copy_->host_callback([consumed] {
-    if (consumed.valid()) consumed.get();
-  });
+  bool wait =
+      consumed.valid() && consumed.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  if (consumed.valid() && !wait) {
+    try {
+      consumed.get();
+    } catch (...) {
+      wait = true;  // the callback rethrows the CPU step's error on the copy stream
+    }
+  }
+  if (wait) copy_->host_callback([consumed] { consumed.get(); });
   if (!offload_param_) {
     ZRT_CHECK(type == grad_type_,
               "offloaded gradient of unit {}: a final slice in {} expected, got {}", u,

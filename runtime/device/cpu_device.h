@@ -23,7 +23,8 @@ class CpuDevice final : public Device {
   void release(void* ptr, std::int64_t bytes, MemorySpace space, MemCategory category,
                Stream* order) noexcept override;
   std::unique_ptr<Stream> create_stream(const std::string& name) override;
-  std::unique_ptr<Event> create_event() override;
+  using Device::create_event;
+  std::unique_ptr<Event> create_event(EventWait wait) override;
   void copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,
             Stream& stream) override;
   void copy_to_device(DevicePtr<std::byte> dst, const void* src, std::size_t bytes,

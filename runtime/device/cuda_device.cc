@@ -211,9 +211,11 @@ void CudaStream::host_callback(std::function<void()> fn) {
 
 // ---- CudaEvent -------------------------------------------------------------------------------
 
-CudaEvent::CudaEvent(int device) : device_(device) {
+CudaEvent::CudaEvent(int device, EventWait wait) : device_(device) {
   ZRT_CUDA_CHECK(cudaSetDevice(device));
-  ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  const unsigned flags =
+      cudaEventDisableTiming | (wait == EventWait::kBlock ? cudaEventBlockingSync : 0u);
+  ZRT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, flags));
 }
 
 CudaEvent::~CudaEvent() {
@@ -501,9 +503,9 @@ void CudaDevice::forget_stream(CudaStream* stream) {
   streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
 }
 
-std::unique_ptr<Event> CudaDevice::create_event() {
+std::unique_ptr<Event> CudaDevice::create_event(EventWait wait) {
   check_not_in_cuda_host_callback("Device::create_event");
-  return std::make_unique<CudaEvent>(index_);
+  return std::make_unique<CudaEvent>(index_, wait);
 }
 
 void CudaDevice::copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,

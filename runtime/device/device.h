@@ -33,6 +33,16 @@ struct DeviceOptions {
   std::uint64_t stream_delay_seed = 1;
 };
 
+// How a host thread waits in Event::synchronize. kSpin: it polls, the lowest latency (CUDA's
+// default with fewer contexts than cores), for the engine's own short waits. kBlock: it sleeps
+// until the event completes and gives its core up, for waits on which other host work depends
+// while it waits: optimizer offload's CPU threads waiting for a gradient piece or a staging
+// buffer, and the engine's wait for the units' sums while that CPU work runs. A spinning waiter
+// there took a core from the threads it was waiting for (the CUDA driver's thread that runs the
+// copy stream's host callbacks, the CPU optimizer's team), and the copy stream stalled for
+// milliseconds (BENCHMARKS.md, "GPU session"). The CPU backend's waits always sleep.
+enum class EventWait { kSpin, kBlock };
+
 class Device : public BufferOwner {
  public:
   virtual ~Device() = default;
@@ -52,7 +62,8 @@ class Device : public BufferOwner {
                           MemorySpace space = MemorySpace::kDevice, Stream* order = nullptr) = 0;
 
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
-  virtual std::unique_ptr<Event> create_event() = 0;
+  virtual std::unique_ptr<Event> create_event(EventWait wait) = 0;
+  std::unique_ptr<Event> create_event() { return create_event(EventWait::kSpin); }
   // A host thread as a stream, whatever the device: host work on host memory in stream order
   // (CpuStream::enqueue; its work may block on events), e.g. the CPU optimizer of optimizer
   // offload. Events of this device may be recorded on it and waited for.

@@ -206,6 +206,38 @@ TEST_CASE("an event orders work across CUDA streams") {
   CHECK(e->query());
 }
 
+TEST_CASE("a CUDA event whose host waits sleep orders streams and the host like any other") {
+  auto dev = gpu();
+  auto a = dev->create_stream("a");
+  auto b = dev->create_stream("b");
+  auto e = dev->create_event(EventWait::kBlock);
+  const std::size_t n = 1 << 16;
+  const auto src = iota_floats(n, 3.0f);
+  Buffer x = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "x");
+  // Pinned, so that the copy down is asynchronous (to pageable memory the call itself waits).
+  Buffer pinned = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "pinned",
+                                MemorySpace::kPinnedHost);
+  float* host = pinned.host<float>();
+  std::fill(host, host + n, -1.0f);
+  // The host's wait must not return before the slow stream's copy down has landed.
+  a->host_callback([] { std::this_thread::sleep_for(100ms); });
+  dev->copy_to_device(x.device<std::byte>(), src.data(), n * 4, *a);
+  dev->copy_to_host(host, x.device<std::byte>(), n * 4, *a);
+  e->record(*a);
+  CHECK_FALSE(e->query());
+  e->synchronize();
+  CHECK(std::equal(src.begin(), src.end(), host));
+  // And a stream's wait on it orders that stream after the record.
+  std::vector<float> again(n, -1.0f);
+  a->host_callback([] { std::this_thread::sleep_for(50ms); });
+  e->record(*a);
+  b->wait(*e);
+  dev->copy_to_host(again.data(), x.device<std::byte>(), n * 4, *b);
+  b->synchronize();
+  CHECK(e->query());
+  CHECK(again == src);
+}
+
 TEST_CASE("a CUDA wait binds to the record that was latest when the wait was issued") {
   auto dev = gpu();
   auto a = dev->create_stream("a");
