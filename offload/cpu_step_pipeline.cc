@@ -19,6 +19,9 @@ namespace {
 // chunks than threads.
 constexpr std::int64_t kChunkElements = 1 << 16;
 constexpr std::int64_t kChunkAlignBytes = 256;
+// Below this many elements per thread another thread costs more than it saves (as
+// optimizers/cpu_slice_step.h): a small model's step runs on fewer threads.
+constexpr std::int64_t kMinElementsPerThread = 1 << 15;
 
 struct Chunk {
   std::size_t unit = 0;
@@ -65,6 +68,7 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
                            int threads, TraceRecorder* trace) {
   const std::size_t count = units.size();
   std::vector<Chunk> chunks;
+  std::int64_t elements = 0;
   std::vector<std::int64_t> first_chunk(count, -1);
   std::vector<std::size_t> slice_base(count, 0);  // the unit's first slice in `landed_seen`
   std::size_t slices = 0;
@@ -82,6 +86,7 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
            cpu_step_chunks(slice.param, slice.numel, kChunkElements, kChunkAlignBytes)) {
         if (first_chunk[u] < 0) first_chunk[u] = static_cast<std::int64_t>(chunks.size());
         chunks.push_back({u, k, r.begin, r.end});
+        elements += r.end - r.begin;
       }
     }
   }
@@ -129,7 +134,9 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
       fail(std::current_exception());
     }
   }
-  const int team = static_cast<int>(std::clamp<std::int64_t>(total, 1, std::max(threads, 1)));
+  const std::int64_t useful =
+      std::min(total, (elements + kMinElementsPerThread - 1) / kMinElementsPerThread);
+  const int team = static_cast<int>(std::clamp<std::int64_t>(useful, 1, std::max(threads, 1)));
   if (total > 0 && !failed.load(std::memory_order_acquire)) {
 #pragma omp parallel num_threads(team)
     {
