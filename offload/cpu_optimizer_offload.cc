@@ -73,6 +73,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     h.norm_ready = device_.create_event(EventWait::kBlock);
     h.d2h_done = device_.create_event(EventWait::kBlock);
     h.params_ready = device_.create_event(EventWait::kBlock);
+    h.released = device_.create_host_signal();
     if (!offloaded_[u]) continue;
     max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
@@ -140,6 +141,15 @@ CpuOptimizerOffload::~CpuOptimizerOffload() {
 void CpuOptimizerOffload::synchronize() {
   cpu_optimizer_->synchronize();
   copy_->synchronize();
+  rethrow_cpu_step_error();
+}
+
+void CpuOptimizerOffload::rethrow_cpu_step_error() const {
+  for (const HostUnit& h : units_) {
+    if (h.cpu_done.valid() &&
+        h.cpu_done.wait_for(std::chrono::seconds(0)) == std::future_status::ready)
+      h.cpu_done.get();
+  }
 }
 
 float* CpuOptimizerOffload::state_array(int u, int a) {
@@ -192,19 +202,17 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     return;
   }
   // `grad` is the previous step's input to the CPU optimizer until it is done with it. Usually
-  // it is long done (the forward needed the unit): then no host callback, whose thread may wait
-  // for a core while the CPU optimizer's team has them all, holds the copy stream.
-  std::shared_future<void> consumed = h.cpu_done;
-  bool wait =
-      consumed.valid() && consumed.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
-  if (consumed.valid() && !wait) {
-    try {
+  // it is long done (the forward needed the unit); otherwise the copy stream waits for the
+  // unit's signal, which needs no host thread (a host callback's thread may wait milliseconds for
+  // a core while the CPU optimizer's team has them all). A failed CPU step is reported here.
+  const std::shared_future<void>& consumed = h.cpu_done;
+  if (consumed.valid()) {
+    if (consumed.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
       consumed.get();
-    } catch (...) {
-      wait = true;  // the callback rethrows the CPU step's error on the copy stream
+    } else {
+      copy_->wait(*h.released, h.released_value);
     }
   }
-  if (wait) copy_->host_callback([consumed] { consumed.get(); });
   if (!offload_param_) {
     ZRT_CHECK(type == grad_type_,
               "offloaded gradient of unit {}: a final slice in {} expected, got {}", u,
@@ -264,6 +272,7 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
 }
 
 float CpuOptimizerOffload::local_norm_squared() {
+  rethrow_cpu_step_error();  // before a decision on gradients of parameters it left half-written
   // Unit by unit in fp64, rounded to fp32 and added in fp32 in unit order: exactly what the device
   // path computes, so offload does not change the clipping decision by a single bit.
   float local = 0.0f;
@@ -278,10 +287,8 @@ float CpuOptimizerOffload::local_norm_squared() {
 }
 
 void CpuOptimizerOffload::wait_for_update(int u, Stream& stream) {
-  std::shared_future<void> updated = units_[static_cast<std::size_t>(u)].cpu_done;
-  stream.host_callback([updated] {
-    if (updated.valid()) updated.get();
-  });
+  const HostUnit& h = units_[static_cast<std::size_t>(u)];
+  if (h.released_value != 0) stream.wait(*h.released, h.released_value);
 }
 
 CpuOptimizerOffload::Status CpuOptimizerOffload::status(int u) const {
@@ -296,13 +303,14 @@ CpuOptimizerOffload::Status CpuOptimizerOffload::status(int u) const {
 std::shared_future<void> CpuOptimizerOffload::run_between_updates(std::function<void()> work) {
   auto done = std::make_shared<std::promise<void>>();
   std::shared_future<void> ready = done->get_future().share();
+  // The error goes to the caller's future only: the CPU optimizer's queue never turns sticky,
+  // so every step's CPU work runs and raises the signals the copy stream waits for.
   cpu_optimizer_->enqueue([done, work = std::move(work)] {
     try {
       work();
       done->set_value();
     } catch (...) {
       done->set_exception(std::current_exception());
-      throw;
     }
   });
   return ready;
@@ -322,7 +330,9 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   const DType cdt = options_.compute_dtype;
   // Everything that can throw comes first (the scalars, every slice), before any unit gets a new
   // completion that the copy stream would wait for.
+  rethrow_cpu_step_error();
   HostOptimizer::RangeStep range_step = host_optimizer_->prepare_step(step, lr, factor);
+  const std::uint32_t release = ++updates_ == 0 ? ++updates_ : updates_;  // 0 means "never"
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
   int slot_cursor = 0;
@@ -387,31 +397,50 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       w.after = [grad, grad_bytes] { std::memset(grad, 0, grad_bytes); };
     }
     w.done = std::make_shared<std::promise<void>>();
+    w.released = [signal = h.released.get(), release] { signal->raise(release); };
     work.push_back(std::move(w));
   }
-  // The copy stream carries each staged unit up once the CPU is done with it.
+  // The copy stream carries each staged unit up once the CPU is done with it: it waits for the
+  // unit's signal, which the CPU optimizer's thread that finishes the unit raises (or the
+  // pipeline on an error: the copy stream never waits forever).
   std::size_t i = 0;
-  for (int u : forward_order_) {
-    if (!offloaded_[static_cast<std::size_t>(u)]) continue;
-    HostUnit& h = units_[static_cast<std::size_t>(u)];
-    CpuStepUnit& w = work[i];
-    h.cpu_done = w.done->get_future().share();
-    const int slot = staged_slot[i++];
-    if (slot < 0) continue;
-    std::shared_future<void> ready = h.cpu_done;
-    copy_->host_callback([ready] { ready.get(); });
-    TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
-    device_.copy_to_device(destination(u), staging_[static_cast<std::size_t>(slot)].host<void>(),
-                           static_cast<std::size_t>(bytes_of(plan_.unit(u).shard, cdt)), *copy_);
-    span.end();
-    h.params_ready->record(*copy_);
+  try {
+    for (int u : forward_order_) {
+      if (!offloaded_[static_cast<std::size_t>(u)]) continue;
+      HostUnit& h = units_[static_cast<std::size_t>(u)];
+      CpuStepUnit& w = work[i];
+      h.cpu_done = w.done->get_future().share();
+      h.released_value = release;
+      const int slot = staged_slot[i++];
+      if (slot < 0) continue;
+      copy_->wait(*h.released, release);
+      TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
+      device_.copy_to_device(destination(u), staging_[static_cast<std::size_t>(slot)].host<void>(),
+                             static_cast<std::size_t>(bytes_of(plan_.unit(u).shard, cdt)), *copy_);
+      span.end();
+      h.params_ready->record(*copy_);
+    }
+  } catch (...) {
+    // No CPU work runs this step: fail every unit's completion and let what waits go on.
+    for (CpuStepUnit& w : work) {
+      w.done->set_exception(std::current_exception());
+      w.released();
+    }
+    throw;
   }
   const int threads = host_optimizer_->threads();
   TraceRecorder* trace = trace_;  // the CPU optimizer's threads record their own spans
-  cpu_optimizer_->enqueue(
-      [work = std::move(work), range_step = std::move(range_step), threads, trace]() mutable {
-        run_cpu_step_pipeline(work, range_step, threads, trace);
-      });
+  cpu_optimizer_->enqueue([work = std::move(work), range_step = std::move(range_step), threads,
+                           trace, name = trace_name_]() mutable {
+    try {
+      run_cpu_step_pipeline(work, range_step, threads, trace);
+    } catch (const std::exception& e) {
+      // Every unit's completion holds the error and every signal is raised; the engine gets the
+      // error at its next decision (rethrow_cpu_step_error). The queue stays usable, so later
+      // work cannot leave a copy waiting for a signal nobody raises.
+      spdlog::error("the CPU optimizer's {} step failed: {}", name, e.what());
+    }
+  });
   piece_set_ = 1 - piece_set_;  // the next step's copies record the other set
 }
 

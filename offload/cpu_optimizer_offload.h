@@ -76,9 +76,16 @@ class CpuOptimizerOffload final : public OptimizerOffload {
     std::vector<std::unique_ptr<Event>> pieces[2];
     std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
     std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
-    double grad_sum_squares = 0.0;        // parameter offload: of `grad`, on the host
+    // Raised to `released_value` once the CPU optimizer is done with the unit (or failed): the
+    // copy stream's wait before the unit's update goes up and before its next gradient comes
+    // down over the slice the CPU still reads (0: never updated).
+    std::unique_ptr<HostSignal> released;
+    std::uint32_t released_value = 0;
+    double grad_sum_squares = 0.0;  // parameter offload: of `grad`, on the host
   };
   MemorySpace host_space(bool for_params) const;
+  // Rethrows the error of a CPU step that failed (its units' `cpu_done`), if one did.
+  void rethrow_cpu_step_error() const;
 
   Device& device_;
   Stream& comm_;
@@ -107,6 +114,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   std::int64_t piece_;                     // elements of a gradient piece (offload_transfer_piece)
   int piece_set_ = 0;                      // the set of `pieces` this step's copies record
   std::unique_ptr<Event> gradients_read_;  // copy stream: after the step's copies down
+  std::uint32_t updates_ = 0;              // update() calls: the value units' signals rise to
   TraceRecorder* trace_ = nullptr;
 };
 

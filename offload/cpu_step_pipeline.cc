@@ -120,6 +120,7 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
     }
     finished[u].store(true, std::memory_order_release);
     unit.done->set_value();
+    if (unit.released) unit.released();
   };
 
   // A unit without elements (an empty shard) has nothing to write or wait for: done at once.
@@ -167,10 +168,8 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
   if (!error) return;
   for (std::size_t u = 0; u < count; ++u) {
     if (finished[u].load(std::memory_order_acquire)) continue;
-    try {
-      units[u].done->set_exception(error);
-    } catch (const std::future_error&) {  // `after` threw after the promise was set
-    }
+    units[u].done->set_exception(error);
+    if (units[u].released) units[u].released();
   }
   std::rethrow_exception(error);
 }

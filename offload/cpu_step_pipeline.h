@@ -37,14 +37,17 @@ struct CpuStepUnit {
   // Run by the thread that finishes the unit's last chunk, before `done` is set.
   std::function<void()> after;
   std::shared_ptr<std::promise<void>> done;  // set once the unit is stepped, or to the error
-  std::string trace_name;                    // its span on the CPU-optimizer track
+  // Run once `done` is set, whether to a value or to the error, exactly once: what lets the
+  // unit's copy up go (a HostSignal raise). Must not throw.
+  std::function<void()> released;
+  std::string trace_name;  // its span on the CPU-optimizer track
 };
 
 // Steps every unit with `step` on up to `threads` threads (the calling thread among them), each
 // unit's `done` set as soon as its last chunk is done. On an error (a failed wait, a throwing
 // `after`) the threads stop taking chunks, every unit not yet done gets the error in `done`,
-// and the first error is rethrown. With `trace`, each unit's span runs from its first chunk's
-// start (after its waits) to its last chunk's end.
+// and the first error is rethrown; every unit's `released` runs either way. With `trace`, each
+// unit's span runs from its first chunk's start (after its waits) to its last chunk's end.
 void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer::RangeStep& step,
                            int threads, TraceRecorder* trace);
 

@@ -87,6 +87,10 @@ std::unique_ptr<Event> CpuDevice::create_event(EventWait /*wait*/) {
   return std::make_unique<CpuEvent>();  // its waits sleep on a condition variable either way
 }
 
+std::unique_ptr<HostSignal> CpuDevice::create_host_signal() {
+  return std::make_unique<CpuHostSignal>();
+}
+
 void CpuDevice::copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,
                      Stream& stream) {
   std::byte* d = device_access::raw(dst);

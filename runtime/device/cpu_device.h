@@ -25,6 +25,7 @@ class CpuDevice final : public Device {
   std::unique_ptr<Stream> create_stream(const std::string& name) override;
   using Device::create_event;
   std::unique_ptr<Event> create_event(EventWait wait) override;
+  std::unique_ptr<HostSignal> create_host_signal() override;
   void copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,
             Stream& stream) override;
   void copy_to_device(DevicePtr<std::byte> dst, const void* src, std::size_t bytes,

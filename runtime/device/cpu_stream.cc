@@ -89,6 +89,17 @@ void CpuStream::wait(const Event& event) {
   push(Task{nullptr, nullptr, std::move(latest), false, nullptr});
 }
 
+void CpuStream::wait(const HostSignal& signal, std::uint32_t value) {
+  check_not_in_host_callback("Stream::wait");
+  const auto* cpu_signal = dynamic_cast<const CpuHostSignal*>(&signal);
+  ZRT_CHECK(cpu_signal != nullptr, "stream '{}' cannot wait on a host signal of another backend",
+            name_);
+  const_cast<CpuHostSignal*>(cpu_signal)->note_wait(value);
+  std::shared_ptr<CpuHostSignal::State> state = cpu_signal->state_;
+  push(Task{[state, value] { CpuHostSignal::wait_state(*state, value); }, nullptr, nullptr, false,
+            nullptr});
+}
+
 void CpuStream::synchronize() {
   check_not_in_host_callback("Stream::synchronize");
   auto done = std::make_shared<CpuCompletion>();
@@ -190,6 +201,56 @@ bool CpuEvent::query() const {
 std::shared_ptr<CpuCompletion> CpuEvent::latest() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return latest_;
+}
+
+// ---- CpuHostSignal ---------------------------------------------------------------------------
+
+struct CpuHostSignal::State {
+  mutable std::mutex mutex;
+  mutable std::condition_variable cv;
+  std::uint32_t counter = 0;
+  std::uint32_t waited_max = 0;
+  bool waited = false;
+};
+
+CpuHostSignal::CpuHostSignal() : state_(std::make_shared<State>()) {}
+
+CpuHostSignal::~CpuHostSignal() {
+  std::uint32_t to = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->waited || host_signal_reached(state_->counter, state_->waited_max)) return;
+    to = state_->waited_max;
+  }
+  raise(to);
+}
+
+void CpuHostSignal::raise(std::uint32_t value) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->counter = value;
+  }
+  state_->cv.notify_all();
+}
+
+std::uint32_t CpuHostSignal::value() const noexcept {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->counter;
+}
+
+void CpuHostSignal::wait_for(std::uint32_t value) const {
+  wait_state(*state_, value);
+}
+
+void CpuHostSignal::wait_state(const State& state, std::uint32_t value) {
+  std::unique_lock<std::mutex> lock(state.mutex);
+  state.cv.wait(lock, [&] { return host_signal_reached(state.counter, value); });
+}
+
+void CpuHostSignal::note_wait(std::uint32_t value) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->waited || host_signal_reached(value, state_->waited_max)) state_->waited_max = value;
+  state_->waited = true;
 }
 
 }  // namespace zrt

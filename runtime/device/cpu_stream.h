@@ -43,6 +43,7 @@ class CpuStream final : public Stream {
 
   const std::string& name() const override { return name_; }
   void wait(const Event& event) override;
+  void wait(const HostSignal& signal, std::uint32_t value) override;
   void synchronize() override;
   void host_callback(std::function<void()> fn) override;
   void trace_begin(TraceRecorder& recorder, TraceTrack track, std::string label) override;
@@ -104,6 +105,29 @@ class CpuEvent final : public Event {
  private:
   mutable std::mutex mutex_;
   std::shared_ptr<CpuCompletion> latest_;
+};
+
+// The CPU backend's HostSignal: a counter under a mutex; a stream's wait is work on its worker
+// that sleeps until the counter is reached.
+class CpuHostSignal final : public HostSignal {
+ public:
+  CpuHostSignal();
+  ~CpuHostSignal() override;
+  void raise(std::uint32_t value) noexcept override;
+  std::uint32_t value() const noexcept override;
+
+  // Blocks the calling thread until the counter reaches `value`.
+  void wait_for(std::uint32_t value) const;
+  // What the destructor raises to: the highest value waited for so far.
+  void note_wait(std::uint32_t value);
+
+  // The counter and its condition variable, shared with pending stream waits.
+  struct State;
+  static void wait_state(const State& state, std::uint32_t value);
+
+ private:
+  std::shared_ptr<State> state_;
+  friend class CpuStream;
 };
 
 // Throws if called from inside a host callback (stream API calls are not allowed there).

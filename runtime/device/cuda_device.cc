@@ -106,6 +106,103 @@ std::exception_ptr CudaStreamErrors::error_before(std::uint64_t bound) const {
   return failed_seq_ < bound ? error_ : nullptr;
 }
 
+// ---- CudaHostSignal ----------------------------------------------------------------------------
+
+CudaHostSignal::CudaHostSignal(int device, CuStreamWaitValue32 wait_value)
+    : state_(std::make_shared<State>()), device_(device), wait_value_(wait_value) {
+  ZRT_CUDA_CHECK(cudaSetDevice(device_));
+  void* word = nullptr;
+  // A cache line of its own: the GPU's polling reads touch nothing else.
+  ZRT_CUDA_CHECK(cudaHostAlloc(&word, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  state_->word = static_cast<std::uint32_t*>(word);
+  *state_->word = 0;
+  void* device_word = nullptr;
+  const cudaError_t code = cudaHostGetDevicePointer(&device_word, word, 0);
+  if (code != cudaSuccess) {
+    cudaFreeHost(word);
+    ZRT_CUDA_CHECK(code);
+  }
+  state_->device_word = reinterpret_cast<CUdeviceptr>(device_word);
+}
+
+CudaHostSignal::~CudaHostSignal() {
+  bool pending = false;
+  bool waited = false;
+  std::uint32_t to = 0;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    const std::uint32_t now = __atomic_load_n(state_->word, __ATOMIC_ACQUIRE);
+    waited = state_->waited;
+    pending = waited && !host_signal_reached(now, state_->waited_max);
+    to = state_->waited_max;
+  }
+  if (pending) {
+    spdlog::error("host signal destroyed while a stream waits for {}; raising it", to);
+    raise(to);
+  }
+  // A stream may not have reached its wait yet, and the wait reads the word: let every stream
+  // pass it before the word goes (the owner has synchronized its streams by now, so this is
+  // quick).
+  if (waited) {
+    const cudaError_t code =
+        cudaSetDevice(device_) == cudaSuccess ? cudaDeviceSynchronize() : cudaGetLastError();
+    if (code != cudaSuccess) {
+      spdlog::error("host signal: waiting for the streams before freeing it failed: {}",
+                    cudaGetErrorString(code));
+    }
+  }
+  if (const cudaError_t code = cudaFreeHost(state_->word); code != cudaSuccess) {
+    spdlog::error("cudaFreeHost of a host signal failed: {}", cudaGetErrorString(code));
+  }
+}
+
+void CudaHostSignal::raise(std::uint32_t value) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    // Every host write before the raise, streamed (non-temporal) stores included, is globally
+    // visible before the GPU can see the new counter.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    __atomic_store_n(state_->word, value, __ATOMIC_SEQ_CST);
+  }
+  state_->cv.notify_all();
+}
+
+std::uint32_t CudaHostSignal::value() const noexcept {
+  return __atomic_load_n(state_->word, __ATOMIC_ACQUIRE);
+}
+
+void CudaHostSignal::enqueue_wait(CudaStream& stream, std::uint32_t value) {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (!state_->waited || host_signal_reached(value, state_->waited_max))
+      state_->waited_max = value;
+    state_->waited = true;
+  }
+  if (wait_value_ != nullptr) {
+    ZRT_CUDA_CHECK(cudaSetDevice(device_));
+    const CUresult code =
+        wait_value_(stream.handle(), state_->device_word, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (code == CUDA_SUCCESS) return;
+    if (code != CUDA_ERROR_NOT_SUPPORTED) {
+      throw Error(__FILE__, __LINE__,
+                  fmt::format("cuStreamWaitValue32 on stream '{}' failed: CUresult {}",
+                              stream.name(), static_cast<int>(code)));
+    }
+    spdlog::info(
+        "cuda:{}: cuStreamWaitValue32 is not supported here; streams wait for host "
+        "signals in host callbacks",
+        device_);
+    wait_value_ = nullptr;
+  }
+  std::shared_ptr<State> state = state_;
+  stream.host_callback([state, value] {
+    std::unique_lock<std::mutex> lock(state->mutex);
+    state->cv.wait(lock, [&] {
+      return host_signal_reached(__atomic_load_n(state->word, __ATOMIC_ACQUIRE), value);
+    });
+  });
+}
+
 // ---- CudaStream ------------------------------------------------------------------------------
 
 struct CudaStream::TimingEvent {
@@ -154,6 +251,14 @@ void CudaStream::wait(const Event& event) {
   // CUDA binds the wait to the event's most recent record at the time of this call, and a wait
   // on a never-recorded event is a no-op: exactly stream.h's semantics.
   ZRT_CUDA_CHECK(cudaStreamWaitEvent(stream_, cuda_event->handle(), 0));
+}
+
+void CudaStream::wait(const HostSignal& signal, std::uint32_t value) {
+  check_not_in_cuda_host_callback("Stream::wait");
+  const auto* cuda_signal = dynamic_cast<const CudaHostSignal*>(&signal);
+  ZRT_CHECK(cuda_signal != nullptr, "stream '{}' cannot wait on a host signal of another backend",
+            name_);
+  const_cast<CudaHostSignal*>(cuda_signal)->enqueue_wait(*this, value);
 }
 
 void CudaStream::synchronize() {
@@ -300,6 +405,21 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
   std::uint64_t threshold = static_cast<std::uint64_t>(tracker_.capacity());
   ZRT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
   ZRT_CUDA_CHECK(cudaStreamCreateWithFlags(&alloc_stream_, cudaStreamNonBlocking));
+  // Stream memory operations through the runtime: version 12000 asks for the CUDA 12 ABI of
+  // cuStreamWaitValue32 (its _v2).
+  void* wait_value = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t code = cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &wait_value,
+                                                            12000, cudaEnableDefault, &found);
+  if (code == cudaSuccess && found == cudaDriverEntryPointSuccess && wait_value != nullptr) {
+    wait_value_ = reinterpret_cast<CuStreamWaitValue32>(wait_value);
+  } else {
+    cudaGetLastError();
+    spdlog::info(
+        "cuda:{}: the driver offers no cuStreamWaitValue32 ({}); streams wait for host "
+        "signals in host callbacks",
+        index_, code == cudaSuccess ? "symbol not found" : cudaGetErrorString(code));
+  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -506,6 +626,11 @@ void CudaDevice::forget_stream(CudaStream* stream) {
 std::unique_ptr<Event> CudaDevice::create_event(EventWait wait) {
   check_not_in_cuda_host_callback("Device::create_event");
   return std::make_unique<CudaEvent>(index_, wait);
+}
+
+std::unique_ptr<HostSignal> CudaDevice::create_host_signal() {
+  check_not_in_cuda_host_callback("Device::create_host_signal");
+  return std::make_unique<CudaHostSignal>(index_, wait_value_);
 }
 
 void CudaDevice::copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,

@@ -22,9 +22,11 @@
 //   release would call CUDA from the callback; it is refused and the memory leaks, logged).
 #pragma once
 
+#include <cuda.h>  // the driver API's types only: its functions come through the runtime
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -76,6 +78,7 @@ class CudaStream final : public Stream {
 
   const std::string& name() const override { return name_; }
   void wait(const Event& event) override;
+  void wait(const HostSignal& signal, std::uint32_t value) override;
   void synchronize() override;
   void host_callback(std::function<void()> fn) override;
   // Spans are pairs of timing events; their times are read when the recorder writes (after the
@@ -132,6 +135,39 @@ class CudaEvent final : public Event {
   std::uint64_t recorded_callbacks_ = 0;
 };
 
+// cuStreamWaitValue32 as the runtime hands it out (cudaGetDriverEntryPointByVersion): the
+// binary needs no link against the driver library, and runs where the driver lacks it.
+using CuStreamWaitValue32 = CUresult (*)(CUstream stream, CUdeviceptr address, cuuint32_t value,
+                                         unsigned int flags);
+
+// The CUDA backend's HostSignal: a word of mapped pinned memory. A stream waits for it with
+// cuStreamWaitValue32 (the GPU polls the word; no host thread involved), or, where the driver
+// does not offer stream memory operations, with a host callback that sleeps until the raise.
+class CudaHostSignal final : public HostSignal {
+ public:
+  // wait_value: null selects the host-callback wait.
+  CudaHostSignal(int device, CuStreamWaitValue32 wait_value);
+  ~CudaHostSignal() override;
+  void raise(std::uint32_t value) noexcept override;
+  std::uint32_t value() const noexcept override;
+
+  // Makes later work on `stream` wait until the counter reaches `value`.
+  void enqueue_wait(CudaStream& stream, std::uint32_t value);
+
+ private:
+  struct State {
+    std::uint32_t* word = nullptr;  // pinned, mapped: the counter the GPU polls
+    CUdeviceptr device_word = 0;
+    std::mutex mutex;  // the host-callback wait sleeps on `cv`; raise notifies under it
+    std::condition_variable cv;
+    std::uint32_t waited_max = 0;  // what the destructor raises to
+    bool waited = false;
+  };
+  std::shared_ptr<State> state_;
+  int device_;
+  CuStreamWaitValue32 wait_value_;
+};
+
 class CudaDevice final : public Device {
  public:
   // options.index must be a valid device; use make_cuda_device, which checks.
@@ -147,6 +183,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<Stream> create_stream(const std::string& name) override;
   using Device::create_event;
   std::unique_ptr<Event> create_event(EventWait wait) override;
+  std::unique_ptr<HostSignal> create_host_signal() override;
   void copy(DevicePtr<std::byte> dst, DevicePtr<const std::byte> src, std::size_t bytes,
             Stream& stream) override;
   void copy_to_device(DevicePtr<std::byte> dst, const void* src, std::size_t bytes,
@@ -179,7 +216,8 @@ class CudaDevice final : public Device {
   const int index_;
   const std::string name_;
   const std::int64_t total_memory_;
-  cudaStream_t alloc_stream_ = nullptr;  // orders allocations made without an ordering stream
+  cudaStream_t alloc_stream_ = nullptr;       // orders allocations made without an ordering stream
+  CuStreamWaitValue32 wait_value_ = nullptr;  // null: the driver offers no stream memory ops
   std::mutex pending_mutex_;
   std::vector<PendingHostFree> pending_;
   std::mutex streams_mutex_;

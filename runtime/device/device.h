@@ -64,6 +64,8 @@ class Device : public BufferOwner {
   virtual std::unique_ptr<Stream> create_stream(const std::string& name) = 0;
   virtual std::unique_ptr<Event> create_event(EventWait wait) = 0;
   std::unique_ptr<Event> create_event() { return create_event(EventWait::kSpin); }
+  // A HostSignal whose counter starts at 0, that this device's streams can wait for.
+  virtual std::unique_ptr<HostSignal> create_host_signal() = 0;
   // A host thread as a stream, whatever the device: host work on host memory in stream order
   // (CpuStream::enqueue; its work may block on events), e.g. the CPU optimizer of optimizer
   // offload. Events of this device may be recorded on it and waited for.

@@ -8,6 +8,8 @@
 //   Waiting on a never-recorded event is a no-op.
 // - A host callback runs on the host in stream order and must not call the stream API
 //   (it throws if it does, on the CPU backend).
+// - Stream::wait(signal, value) makes later work on the stream wait until the HostSignal's
+//   counter reaches `value`, with no host thread on the stream's side (see HostSignal).
 // - An error in stream work (a timed-out collective, say) is sticky: later work on that stream
 //   is skipped, and synchronize() or a wait on an event recorded after it rethrows it.
 //
@@ -20,6 +22,7 @@
 // Streams and events are not thread-safe objects: one thread enqueues on a given stream.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -27,6 +30,7 @@
 namespace zrt {
 
 class Event;
+class HostSignal;
 class TraceRecorder;
 enum class TraceTrack;
 
@@ -39,6 +43,10 @@ class Stream {
   virtual const std::string& name() const = 0;
   // Later work on this stream waits for `event`'s most recent record (see above).
   virtual void wait(const Event& event) = 0;
+  // Later work on this stream waits until `signal`'s counter reaches `value` (a cyclic
+  // greater-or-equal: (int32)(counter - value) >= 0). A host thread must raise it that far, or the
+  // stream never goes on.
+  virtual void wait(const HostSignal& signal, std::uint32_t value) = 0;
   // Blocks the calling thread until all work enqueued so far has finished; rethrows a stream
   // error.
   virtual void synchronize() = 0;
@@ -69,5 +77,36 @@ class Event {
  protected:
   Event() = default;
 };
+
+// A counter in host memory that host threads raise and streams wait for (Stream::wait), for
+// stream work that must follow host work the host cannot enqueue behind: optimizer offload's
+// copy of a unit's updated parameters up, once the CPU optimizer's threads have written them. On
+// CUDA the wait is a stream memory operation (the GPU polls the word), so the copy starts
+// microseconds after the raise; a host callback needs the driver's callback thread to get a
+// core, and with the CPU optimizer's team on every core that took milliseconds per unit
+// (BENCHMARKS.md, "GPU session"). The wait is invisible to the device's own dependency
+// tracking: stream work ordered by it must not be something the raising thread waits for.
+// Thread-safe: any thread may raise; one thread enqueues waits on a given stream.
+class HostSignal {
+ public:
+  virtual ~HostSignal() = default;
+  HostSignal(const HostSignal&) = delete;
+  HostSignal& operator=(const HostSignal&) = delete;
+
+  // Sets the counter to `value`: stream work waiting for it (or an earlier value) may run, and
+  // sees every write the calling thread made to host memory before the raise. The destructor
+  // raises the counter to the highest value waited for, so no stream waits on freed memory.
+  virtual void raise(std::uint32_t value) noexcept = 0;
+  // The counter now.
+  virtual std::uint32_t value() const noexcept = 0;
+
+ protected:
+  HostSignal() = default;
+};
+
+// True iff `counter` has reached `value` in the cyclic order Stream::wait uses.
+inline bool host_signal_reached(std::uint32_t counter, std::uint32_t value) {
+  return static_cast<std::int32_t>(counter - value) >= 0;
+}
 
 }  // namespace zrt

@@ -355,3 +355,47 @@ TEST_CASE("Device::synchronize waits for every stream") {
   dev->synchronize();
   CHECK(finished == 4);
 }
+
+TEST_CASE("a host signal holds a CUDA stream's copies until a host thread raises it") {
+  auto dev = gpu();
+  auto s = dev->create_stream("s");
+  auto signal = dev->create_host_signal();
+  CHECK(signal->value() == 0);
+  const std::size_t n = 1 << 16;
+  const auto src = iota_floats(n, 2.0f);
+  Buffer x = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "x");
+  Buffer staging = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace,
+                                 "staging", MemorySpace::kPinnedHost);
+  Buffer back = dev->allocate(static_cast<std::int64_t>(n * 4), MemCategory::kWorkspace, "back",
+                              MemorySpace::kPinnedHost);
+  float* up = staging.host<float>();
+  float* down = back.host<float>();
+  std::fill(up, up + n, -1.0f);
+  std::fill(down, down + n, -2.0f);
+  // The copy up reads `staging` only once the host has written it and raised the signal to 2.
+  s->wait(*signal, 2);
+  dev->copy_to_device(x.device<std::byte>(), up, n * 4, *s);
+  dev->copy_to_host(down, x.device<std::byte>(), n * 4, *s);
+  auto e = dev->create_event();
+  e->record(*s);
+  signal->raise(1);  // not far enough
+  std::this_thread::sleep_for(100ms);
+  CHECK_FALSE(e->query());
+  CHECK(down[0] == -2.0f);
+  std::thread raiser([&] {
+    std::copy(src.begin(), src.end(), up);
+    signal->raise(2);
+  });
+  e->synchronize();
+  raiser.join();
+  CHECK(std::equal(src.begin(), src.end(), down));
+  CHECK(signal->value() == 2);
+  // A value already reached does not hold the stream; a signal destroyed while a stream waits
+  // for it lets the stream go on.
+  s->wait(*signal, 1);
+  {
+    auto gone = dev->create_host_signal();
+    s->wait(*gone, 9);
+  }
+  s->synchronize();
+}

@@ -197,3 +197,51 @@ TEST_CASE("random stream delays expose a missing event wait") {
   CHECK(wrong_results(*dev, /*with_wait=*/false, 40) > 0);
 #endif
 }
+
+TEST_CASE("a host signal holds a stream until a host thread raises it far enough") {
+  CHECK(host_signal_reached(5, 5));
+  CHECK(host_signal_reached(6, 5));
+  CHECK_FALSE(host_signal_reached(4, 5));
+  CHECK(host_signal_reached(1, 0xffffffffu));  // cyclic: 1 comes after 2^32 - 1
+  CHECK_FALSE(host_signal_reached(0xffffffffu, 1));
+
+  auto dev = cpu(20);
+  auto signal = dev->create_host_signal();
+  CHECK(signal->value() == 0);
+  auto s = dev->create_stream("s");
+  std::vector<int> written(64, 0);
+  std::atomic<int> observed{-1};
+  s->wait(*signal, 2);
+  worker(*s).enqueue([&] { observed = written[63]; });
+  auto e = dev->create_event();
+  e->record(*s);
+  signal->raise(1);  // not far enough
+  std::this_thread::sleep_for(50ms);
+  CHECK_FALSE(e->query());
+  CHECK(observed == -1);
+  // The raising thread's writes before the raise are what the released work sees.
+  std::thread raiser([&] {
+    std::fill(written.begin(), written.end(), 7);
+    signal->raise(2);
+  });
+  e->synchronize();
+  raiser.join();
+  CHECK(observed == 7);
+  CHECK(signal->value() == 2);
+  // A value already reached does not hold the stream.
+  s->wait(*signal, 1);
+  s->synchronize();
+}
+
+TEST_CASE("a host signal destroyed while a stream waits for it lets the stream go on") {
+  auto dev = cpu();
+  auto s = dev->create_stream("s");
+  bool ran = false;
+  {
+    auto signal = dev->create_host_signal();
+    s->wait(*signal, 3);
+    worker(*s).enqueue([&] { ran = true; });
+  }
+  s->synchronize();
+  CHECK(ran);
+}

@@ -143,16 +143,20 @@ TEST_CASE("CPU step pipeline: the bits of the optimizer's own step, unit by unit
 
       std::vector<CpuStepUnit> work(piped.size());
       std::vector<int> after_calls(piped.size(), 0);
+      std::vector<std::atomic<int>> released(piped.size());
       for (std::size_t u = 0; u < piped.size(); ++u) {
         work[u].slices = slices_of(piped[u], kPiece);
         work[u].done = std::make_shared<std::promise<void>>();
         work[u].after = [&after_calls, u] { ++after_calls[u]; };
+        released[u] = 0;
+        work[u].released = [&released, u] { ++released[u]; };
         work[u].trace_name = "unit " + std::to_string(u);
       }
       run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale), optimizer->threads(),
                             nullptr);
       for (std::size_t u = 0; u < work.size(); ++u) {
         CHECK(after_calls[u] == 1);
+        CHECK(released[u] == 1);
         auto done = work[u].done->get_future();
         CHECK(done.wait_for(std::chrono::seconds(0)) == std::future_status::ready);
       }
@@ -233,11 +237,29 @@ TEST_CASE("CPU step pipeline: an error reaches every unit not yet done, and the 
       work[u].done = std::make_shared<std::promise<void>>();
     }
     work[1].after = [] { throw std::runtime_error("unit 1 cannot be finished"); };
-    std::vector<std::future<void>> done;
-    for (auto& w : work) done.push_back(w.done->get_future());
+    std::vector<std::shared_future<void>> done;
+    for (auto& w : work) done.push_back(w.done->get_future().share());
+    // Every unit is released exactly once, after its completion is set, failed or not: what the
+    // copy stream waits for (a HostSignal raise) always comes.
+    std::vector<std::atomic<int>> released(work.size());
+    std::vector<std::atomic<int>> released_before_done(work.size());
+    for (std::size_t u = 0; u < work.size(); ++u) {
+      released[u] = 0;
+      released_before_done[u] = 0;
+      work[u].released = [&, u] {
+        ++released[u];
+        if (done[u].wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+          ++released_before_done[u];
+      };
+    }
     CHECK_THROWS_WITH(run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale),
                                             optimizer->threads(), nullptr),
                       "unit 1 cannot be finished");
+    for (std::size_t u = 0; u < work.size(); ++u) {
+      INFO("unit " << u);
+      CHECK(released[u] == 1);
+      CHECK(released_before_done[u] == 0);
+    }
     done[0].wait();
     CHECK_NOTHROW(done[0].get());
     CHECK_THROWS_WITH(done[1].get(), "unit 1 cannot be finished");

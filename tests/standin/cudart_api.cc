@@ -1,12 +1,14 @@
 // The CUDA runtime API subset zrt calls (memory, copies, streams, events, devices, errors),
 // implemented on the CPU over standin_core. Semantics follow the CUDA runtime reference; the
 // stand-in is stricter where CUDA leaves behaviour undefined (see standin_core.h).
+#include <cuda.h>  // CUresult and the stream memory operations' flags
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -110,6 +112,31 @@ void memcpy_async(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
   if (sync && done) {
     if (auto error = done->wait()) rt().rethrow_stream_failure(error, call);
   }
+}
+
+// cuStreamWaitValue32 (CU_STREAM_WAIT_VALUE_GEQ only, what zrt uses), handed out by
+// cudaGetDriverEntryPointByVersion: stream work that polls the pinned word, as the GPU's front end
+// does. The poll is not a tracked access: the word is written by the host while streams wait on
+// it by design.
+CUresult standin_stream_wait_value32(CUstream stream, CUdeviceptr address, cuuint32_t value,
+                                     unsigned int flags) {
+  const cudaError_t code = api("cuStreamWaitValue32", [&] {
+    if (flags != CU_STREAM_WAIT_VALUE_GEQ)
+      fail(cudaErrorInvalidValue, "cuStreamWaitValue32",
+           fmt::format("flags {:#x} (the stand-in implements CU_STREAM_WAIT_VALUE_GEQ)", flags));
+    auto* word = reinterpret_cast<const std::uint32_t*>(static_cast<std::uintptr_t>(address));
+    if (reinterpret_cast<std::uintptr_t>(word) % sizeof(std::uint32_t) != 0)
+      fail(cudaErrorInvalidValue, "cuStreamWaitValue32", "addr is not 4-byte aligned");
+    std::lock_guard<std::mutex> lock(rt().mutex());
+    rt().check_range("cuStreamWaitValue32", "addr", word, sizeof(std::uint32_t),
+                     {MemKind::kPinned});
+    auto* s = rt().stream(reinterpret_cast<cudaStream_t>(stream), "cuStreamWaitValue32");
+    rt().enqueue(*s, "cuStreamWaitValue32", "wait for a host value", {}, [word, value] {
+      while (static_cast<std::int32_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - value) < 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    });
+  });
+  return code == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 }  // namespace
@@ -288,6 +315,36 @@ cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
     if (flags & ~0xfu)
       fail(cudaErrorInvalidValue, "cudaHostAlloc", fmt::format("flags {:#x}", flags));
     *ptr = rt().allocate(size, MemKind::kPinned, "cudaHostAlloc");
+  });
+}
+
+// Pinned memory is host memory the stand-in's streams address directly: the device pointer is
+// the host pointer.
+cudaError_t cudaHostGetDevicePointer(void** device, void* host, unsigned int flags) {
+  return api("cudaHostGetDevicePointer", [&] {
+    check_out(device, "cudaHostGetDevicePointer", "pDevice");
+    if (flags != 0)
+      fail(cudaErrorInvalidValue, "cudaHostGetDevicePointer", fmt::format("flags {:#x}", flags));
+    std::lock_guard<std::mutex> lock(rt().mutex());
+    rt().check_range("cudaHostGetDevicePointer", "pHost", host, 1, {MemKind::kPinned});
+    *device = host;
+  });
+}
+
+// The driver entry points zrt looks up: cuStreamWaitValue32 only.
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** function,
+                                             unsigned int cuda_version, unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status) {
+  return api("cudaGetDriverEntryPointByVersion", [&] {
+    check_out(symbol, "cudaGetDriverEntryPointByVersion", "symbol");
+    check_out(function, "cudaGetDriverEntryPointByVersion", "funcPtr");
+    (void)flags;
+    *function = nullptr;
+    if (status != nullptr) *status = cudaDriverEntryPointSymbolNotFound;
+    if (std::string(symbol) == "cuStreamWaitValue32" && cuda_version >= 12000) {
+      *function = reinterpret_cast<void*>(&standin_stream_wait_value32);
+      if (status != nullptr) *status = cudaDriverEntryPointSuccess;
+    }
   });
 }
 
