@@ -178,14 +178,18 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
     // (on a GPU no host thread reads the whole gradient), on the comm stream where the reduction
     // left the slice: the step's decision needs only the sums, and on the copy stream one unit's
     // sum would queue behind the previous unit's slice going down (GPT-2's 79 MB embedding and
-    // the 1.6 MB position embedding reduced right after it: 1.4 ms on the decision's path).
+    // the 1.6 MB position embedding reduced right after it: 1.4 ms on the decision's path). A
+    // copy down on the comm stream still shares the copy engine with that slice (the same 1.4
+    // ms, H100 trace of 30cdfe7), so a kernel stores the sum into pinned host memory.
     ZRT_CHECK(final, "unit {}: the offload takes final gradient slices only here", u);
     TraceSpan norm_span(trace_, comm_, TraceTrack::kComm, "grad norm", "unit", u);
     const DevicePtr<float> norm = unit_norms_device_.device<float>() + u;
     device_.fill_zero(norm.as<std::byte>(), sizeof(float), comm_);
     engine_kernels::add_sum_squares(device_, comm_, reduced, type, unit.shard, norm);
-    device_.copy_to_host(unit_norms_host_.host<float>() + u, norm.as<const std::byte>(),
-                         sizeof(float), comm_);
+    // By a kernel, not a copy: a copy down would queue behind the previous unit's slice on the
+    // copy engine (engine_kernels.h).
+    engine_kernels::store_to_pinned_host(device_, comm_, norm, unit_norms_host_.host<float>() + u,
+                                         1);
     norm_span.end();
     h.norm_ready->record(comm_);
   }

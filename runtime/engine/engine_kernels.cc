@@ -16,6 +16,7 @@ void convert(Stream& s, const void* src, DType st, void* dst, DType dt, std::int
 void accumulate(Stream& s, const void* src, DType st, void* dst, DType dt, std::int64_t n);
 void scale(Stream& s, void* x, DType t, std::int64_t n, float factor);
 void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* acc);
+void store_to_pinned_host(Stream& s, const float* src, float* dst, std::int64_t n);
 void decide_step(Stream& s, const float* norm_squared, const StepDecisionInputs& inputs,
                  StepDecision* out);
 }  // namespace cuda
@@ -168,6 +169,24 @@ void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> 
   cuda::add_sum_squares(stream, p, type, n, a);
 #else
   cuda_backend_missing("engine_kernels::add_sum_squares");
+#endif
+}
+
+void store_to_pinned_host(Device& device, Stream& stream, DevicePtr<const float> src, float* dst,
+                          std::int64_t n) {
+  ZRT_CHECK(n >= 0 && (n == 0 || dst != nullptr), "store_to_pinned_host: {} floats to {}", n,
+            static_cast<const void*>(dst));
+  const float* p = device_access::raw(src);
+  if (runs_on_cpu(device)) {
+    as_cpu_stream(stream, "store_to_pinned_host").enqueue([=] {
+      std::memcpy(dst, p, static_cast<std::size_t>(n) * sizeof(float));
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::store_to_pinned_host(stream, p, dst, n);
+#else
+  cuda_backend_missing("engine_kernels::store_to_pinned_host");
 #endif
 }
 

@@ -53,6 +53,14 @@ int type_code(DType t) {
   }
 }
 
+// Grid-stride copy whose stores go over the bus to mapped host memory.
+__global__ void store_to_host_kernel(const float* src, float* dst, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
 __global__ void convert_kernel(const void* src, int st, void* dst, int dt, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -157,6 +165,14 @@ void add_sum_squares(Stream& s, const void* x, DType t, std::int64_t n, float* a
                                                      kNormBlocks, acc);
   ZRT_CUDA_CHECK(cudaGetLastError());
   ZRT_CUDA_CHECK(cudaFreeAsync(partials, stream));
+}
+
+void store_to_pinned_host(Stream& s, const float* src, float* dst, std::int64_t n) {
+  if (n == 0) return;
+  // Pinned memory from cudaHostAlloc is mapped at the same address on every device (unified
+  // addressing, all 64-bit platforms CUDA supports), so the kernel writes it through `dst`.
+  store_to_host_kernel<<<blocks_for(n), kThreads, 0, cuda_stream_handle(s)>>>(src, dst, n);
+  ZRT_CUDA_CHECK(cudaGetLastError());
 }
 
 void decide_step(Stream& s, const float* norm_squared, const StepDecisionInputs& inputs,

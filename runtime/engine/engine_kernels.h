@@ -27,6 +27,14 @@ void scale(Device& device, Stream& stream, DevicePtr<std::byte> x, DType type, s
 void add_sum_squares(Device& device, Stream& stream, DevicePtr<const std::byte> x, DType type,
                      std::int64_t n, DevicePtr<float> acc);
 
+// dst[i] = src[i] for n floats, where dst is pinned host memory (Device::allocate, kPinnedHost)
+// that the device writes with a kernel rather than a copy: a few words the host waits for that
+// must not queue behind a large copy in the same direction (on CUDA, copies of one direction
+// share a copy engine: the offload's sums of squares waited 1.4 ms behind GPT-2's 79 MB
+// embedding going down; BENCHMARKS.md). The host reads dst after an event recorded later.
+void store_to_pinned_host(Device& device, Stream& stream, DevicePtr<const float> src, float* dst,
+                          std::int64_t n);
+
 // *out = decide_step(*norm_squared, inputs) (step_decision.h): the step's global decision from
 // the summed squared norm, taken where the norm is, so the host need not read it first.
 void decide_step(Device& device, Stream& stream, DevicePtr<const float> norm_squared,

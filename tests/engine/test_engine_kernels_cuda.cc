@@ -116,6 +116,30 @@ TEST_CASE("the squared norm matches the CPU twin, accumulates into its target, i
   }
 }
 
+TEST_CASE("store_to_pinned_host writes device floats into pinned host memory in stream order") {
+  Gpu gpu;
+  for (std::int64_t n : {1, 15, 300000}) {
+    std::vector<float> values(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = 0.5f * i - 3.f;
+    const std::vector<std::byte> bytes(reinterpret_cast<const std::byte*>(values.data()),
+                                       reinterpret_cast<const std::byte*>(values.data()) + n * 4);
+    Buffer src = gpu.upload(bytes);
+    Buffer host =
+        gpu.device->allocate(n * 4 + 8, MemCategory::kWorkspace, "host", MemorySpace::kPinnedHost);
+    float* dst = host.host<float>();
+    std::fill(dst, dst + n + 2, -1.f);
+    engine_kernels::store_to_pinned_host(*gpu.device, *gpu.stream, src.device<float>(), dst + 1,
+                                         n - 1);
+    auto done = gpu.device->create_event();
+    done->record(*gpu.stream);
+    done->synchronize();
+    INFO("n " << n);
+    CHECK(dst[0] == -1.f);  // nothing outside [dst + 1, dst + n)
+    CHECK(std::equal(values.begin(), values.end() - 1, dst + 1));
+    CHECK(dst[n] == -1.f);
+  }
+}
+
 TEST_CASE("the step decision kernel matches decide_step on the host bit for bit") {
   Gpu gpu;
   Buffer norm = gpu.device->allocate(4, MemCategory::kWorkspace, "norm");

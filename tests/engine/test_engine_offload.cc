@@ -206,6 +206,28 @@ TEST_CASE("the CPU optimizer steps later units while earlier copies are still pe
   }
 }
 
+TEST_CASE("a failed CPU step is reported at a later step, and nothing waits for it forever") {
+  TrainSpec spec;
+  spec.steps = 4;
+  for (bool params : {false, true}) {
+    INFO((params ? "parameter offload" : "optimizer offload"));
+    auto run = make_engine(with_offload(base_options(3, 1), params), spec);
+    train_one_step(*run, spec, 0);
+    // A fault on the copy stream: the next gradients never reach the host, so the CPU step
+    // fails waiting for them (or for the copies up). Its units must still be released (the
+    // copy stream waits for their signals) and the error must reach the training loop.
+    run->engine->copy_stream()->host_callback(
+        [] { throw std::runtime_error("copy engine fault"); });
+    std::string error;
+    try {
+      for (int step = 1; step < spec.steps; ++step) train_one_step(*run, spec, step);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    CHECK_THAT(error, Catch::Contains("copy engine fault"));
+  }  // and the engine shuts down with the failed streams (the test's timeout catches a hang)
+}
+
 TEST_CASE("a model that overflows a small device at stage 3 trains with offload") {
   const TiedMlp model(64, 128, 8);
   EngineOptions o = base_options(3, 1);

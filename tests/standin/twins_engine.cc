@@ -42,6 +42,13 @@ void register_engine_twins() {
         k.writes(dst, bytes_of(d, n), "dst");
         k.run([=] { engine_kernels::cpu::accumulate(src, s, dst, d, n); });
       });
+  twin<const float*, float*, long>(
+      kNs + "store_to_host_kernel(float const*, float*, long)",
+      [](KernelCall& k, const float* src, float* dst, long n) {
+        k.reads(src, n * static_cast<std::int64_t>(sizeof(float)), "src");
+        k.writes(dst, n * static_cast<std::int64_t>(sizeof(float)), "dst");
+        k.run([=] { std::copy(src, src + n, dst); });
+      });
   twin<void*, int, long, float>(kNs + "scale_kernel(void*, int, long, float)",
                                 [](KernelCall& k, void* x, int t, long n, float factor) {
                                   const DType d = type_of(k, t, "type");
