@@ -674,6 +674,8 @@ class Parser {
     o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
     o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
     o.ratio = get_number(path + ".ratio", 1.0);
+    if (path.size() >= 17 && path.compare(path.size() - 17, 17, "offload_optimizer") == 0)
+      o.split_step = get_string(path + ".split_step", "auto");
     if (o.device == OffloadDevice::kNvme) {
       error(ProblemKind::kUnsupported, path + ".device",
             o.nvme_path.empty() ? "nvme offload needs nvme_path"
@@ -807,6 +809,10 @@ class Parser {
     e.offload_optimizer.enabled = config_.offload_optimizer.enabled();
     e.offload_optimizer.pin_memory = config_.offload_optimizer.pin_memory;
     e.offload_optimizer.ratio = config_.offload_optimizer.ratio;
+    e.offload_split_step = config_.offload_optimizer.split_step == "on" ? OffloadSplitStep::kOn
+                           : config_.offload_optimizer.split_step == "off"
+                               ? OffloadSplitStep::kOff
+                               : OffloadSplitStep::kAuto;
     e.offload_param.enabled = config_.offload_param.enabled();
     e.offload_param.pin_memory = config_.offload_param.pin_memory;
   }
@@ -1230,6 +1236,8 @@ json resolved_document(const Config& c) {
   }
   if (c.offload_optimizer.ratio < 1.0)
     zero["offload_optimizer"]["ratio"] = c.offload_optimizer.ratio;
+  if (c.offload_optimizer.split_step != "auto")
+    zero["offload_optimizer"]["split_step"] = c.offload_optimizer.split_step;
 
   json& optimizer = out["optimizer"];
   const AdamOptions& adam = c.optimizer.adam;

@@ -111,6 +111,7 @@ struct OffloadConfig {
   std::int64_t buffer_size = 100000000;  // param only
   std::int64_t max_in_cpu = 1000000000;  // param only
   double ratio = 1.0;                    // optimizer only: the share offloaded (stage 3)
+  std::string split_step = "auto";       // optimizer only: auto, on, off (zrt)
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

@@ -235,6 +235,11 @@ std::vector<KeyInfo> build_table() {
       K("zero_optimization.offload_optimizer.ratio", I, kNumber, "1",
         "Share of the optimizer state offloaded (stage 3; the rest steps on the device)")
           .range(0, 1),
+      K("zero_optimization.offload_optimizer.split_step", I, kEnum, "auto",
+        "The CPU step in two passes: the updated compute-dtype parameters first, the optimizer "
+        "state behind the next forward (auto: on with a GPU, off on the CPU backend)")
+          .choices("auto|on|off")
+          .zrt(),
       K("zero_optimization.offload_optimizer.fast_init", W, kBool, "false",
         "nvme initialisation shortcut")
           .off("false"),

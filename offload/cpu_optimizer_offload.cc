@@ -74,6 +74,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     h.d2h_done = device_.create_event(EventWait::kBlock);
     h.params_ready = device_.create_event(EventWait::kBlock);
     h.released = device_.create_host_signal();
+    h.params_written = device_.create_host_signal();
     if (!offloaded_[u]) continue;
     max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
@@ -128,6 +129,9 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
                          MemorySpace::kPinnedHost);
   }
   forward_order_ = UnitSchedule::forward_order(plan_);
+  split_step_ = options_.offload_split_step == OffloadSplitStep::kOn ||
+                (options_.offload_split_step == OffloadSplitStep::kAuto &&
+                 device_.type() == DeviceType::kCuda);
 }
 
 CpuOptimizerOffload::~CpuOptimizerOffload() {
@@ -292,7 +296,7 @@ float CpuOptimizerOffload::local_norm_squared() {
 
 void CpuOptimizerOffload::wait_for_update(int u, Stream& stream) {
   const HostUnit& h = units_[static_cast<std::size_t>(u)];
-  if (h.released_value != 0) stream.wait(*h.released, h.released_value);
+  if (h.released_value != 0) stream.wait(*h.params_written, h.released_value);
 }
 
 CpuOptimizerOffload::Status CpuOptimizerOffload::status(int u) const {
@@ -336,6 +340,10 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   // completion that the copy stream would wait for.
   rethrow_cpu_step_error();
   HostOptimizer::RangeStep range_step = host_optimizer_->prepare_step(step, lr, factor);
+  // The split step's first pass: the same step writing only the compute-dtype copy.
+  HostOptimizer::RangeStep copy_step =
+      split_step_ ? host_optimizer_->prepare_step(step, lr, factor, StepWrites::kComputeCopyOnly)
+                  : HostOptimizer::RangeStep{};
   const std::uint32_t release = ++updates_ == 0 ? ++updates_ : updates_;  // 0 means "never"
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
@@ -401,8 +409,32 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       w.after = [grad, grad_bytes] { std::memset(grad, 0, grad_bytes); };
     }
     w.done = std::make_shared<std::promise<void>>();
-    w.released = [signal = h.released.get(), release] { signal->raise(release); };
+    if (split_step_) {
+      // The second pass (below) owns the gradient's release and `after`.
+      w.released = [signal = h.params_written.get(), release] { signal->raise(release); };
+    } else {
+      w.released = [params = h.params_written.get(), state = h.released.get(), release] {
+        params->raise(release);
+        state->raise(release);
+      };
+    }
     work.push_back(std::move(w));
+  }
+  // The split step's second pass: every unit again, in the order the next backward's gradients
+  // come down (the reverse), writing the fp32 parameters and states but no copy; no waits (its
+  // pieces landed in the first pass, which it follows on the same threads).
+  std::vector<CpuStepUnit> state_work;
+  if (split_step_) {
+    for (auto it = work.rbegin(); it != work.rend(); ++it) {
+      CpuStepUnit w;
+      w.trace_name = it->trace_name + " state";
+      w.slices = it->slices;
+      for (OptimizerSlice& slice : w.slices) slice.param_out = nullptr;
+      w.after = std::move(it->after);
+      it->after = nullptr;
+      w.done = std::make_shared<std::promise<void>>();
+      state_work.push_back(std::move(w));
+    }
   }
   // The copy stream carries each staged unit up once the CPU is done with it: it waits for the
   // unit's signal, which the CPU optimizer's thread that finishes the unit raises (or the
@@ -412,12 +444,17 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     for (int u : forward_order_) {
       if (!offloaded_[static_cast<std::size_t>(u)]) continue;
       HostUnit& h = units_[static_cast<std::size_t>(u)];
-      CpuStepUnit& w = work[i];
-      h.cpu_done = w.done->get_future().share();
+      if (split_step_) {
+        CpuStepUnit& second = state_work[state_work.size() - 1 - i];
+        second.released = [signal = h.released.get(), release] { signal->raise(release); };
+        h.cpu_done = second.done->get_future().share();
+      } else {
+        h.cpu_done = work[i].done->get_future().share();
+      }
       h.released_value = release;
       const int slot = staged_slot[i++];
       if (slot < 0) continue;
-      copy_->wait(*h.released, release);
+      copy_->wait(*h.params_written, release);
       TraceSpan span(trace_, *copy_, TraceTrack::kCopy, "h2d", "unit", u);
       device_.copy_to_device(destination(u), staging_[static_cast<std::size_t>(slot)].host<void>(),
                              static_cast<std::size_t>(bytes_of(plan_.unit(u).shard, cdt)), *copy_);
@@ -426,23 +463,39 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     }
   } catch (...) {
     // No CPU work runs this step: fail every unit's completion and let what waits go on.
-    for (CpuStepUnit& w : work) {
-      w.done->set_exception(std::current_exception());
-      w.released();
+    for (auto* pass : {&work, &state_work}) {
+      for (CpuStepUnit& w : *pass) {
+        w.done->set_exception(std::current_exception());
+        if (w.released) w.released();
+      }
     }
     throw;
   }
   const int threads = host_optimizer_->threads();
   TraceRecorder* trace = trace_;  // the CPU optimizer's threads record their own spans
-  cpu_optimizer_->enqueue([work = std::move(work), range_step = std::move(range_step), threads,
-                           trace, name = trace_name_]() mutable {
+  cpu_optimizer_->enqueue([work = std::move(work), state_work = std::move(state_work),
+                           range_step = std::move(range_step), copy_step = std::move(copy_step),
+                           threads, trace, name = trace_name_]() mutable {
+    const bool split = !state_work.empty();
     try {
-      run_cpu_step_pipeline(work, range_step, threads, trace);
+      run_cpu_step_pipeline(work, split ? copy_step : range_step, threads, trace);
     } catch (const std::exception& e) {
       // Every unit's completion holds the error and every signal is raised; the engine gets the
       // error at its next decision (rethrow_cpu_step_error). The queue stays usable, so later
       // work cannot leave a copy waiting for a signal nobody raises.
       spdlog::error("the CPU optimizer's {} step failed: {}", name, e.what());
+      // The first pass of a split step wrote no state: the second does not run.
+      for (CpuStepUnit& w : state_work) {
+        w.done->set_exception(std::current_exception());
+        w.released();
+      }
+      return;
+    }
+    if (!split) return;
+    try {
+      run_cpu_step_pipeline(state_work, range_step, threads, trace);
+    } catch (const std::exception& e) {
+      spdlog::error("the CPU optimizer's {} step (its state) failed: {}", name, e.what());
     }
   });
   piece_set_ = 1 - piece_set_;  // the next step's copies record the other set

@@ -77,9 +77,13 @@ class CpuOptimizerOffload final : public OptimizerOffload {
     std::unique_ptr<Event> params_ready;  // copy stream: the updated slice reached the device
     std::shared_future<void> cpu_done;    // the CPU optimizer is done with this unit
     // Raised to `released_value` once the CPU optimizer is done with the unit (or failed): the
-    // copy stream's wait before the unit's update goes up and before its next gradient comes
-    // down over the slice the CPU still reads (0: never updated).
+    // copy stream's wait before its next gradient comes down over the slice the CPU still reads
+    // (0: never updated).
     std::unique_ptr<HostSignal> released;
+    // Raised to `released_value` once the unit's updated compute-dtype parameters are written
+    // (with the split step before its state is; else with `released`): the copy stream's wait
+    // before they go up, and with parameter offload the forward's.
+    std::unique_ptr<HostSignal> params_written;
     std::uint32_t released_value = 0;
     double grad_sum_squares = 0.0;  // parameter offload: of `grad`, on the host
   };
@@ -115,6 +119,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   int piece_set_ = 0;                      // the set of `pieces` this step's copies record
   std::unique_ptr<Event> gradients_read_;  // copy stream: after the step's copies down
   std::uint32_t updates_ = 0;              // update() calls: the value units' signals rise to
+  bool split_step_ = false;                // EngineOptions::offload_split_step, resolved
   TraceRecorder* trace_ = nullptr;
 };
 

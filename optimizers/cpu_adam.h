@@ -15,6 +15,7 @@
 #include "optimizers/adam.h"
 #include "optimizers/optimizer_config.h"
 #include "runtime/common/cpu_isa.h"
+#include "runtime/engine/optimizer_interface.h"  // StepWrites
 
 namespace zrt {
 
@@ -72,7 +73,7 @@ namespace detail {
 // `isa` (cpu_adam_kernels.cc).
 using AdamRangeKernel = void (*)(const AdamSlice& slice, std::int64_t begin, std::int64_t end,
                                  const AdamStepScalars& s);
-AdamRangeKernel adam_range_kernel(CpuIsa isa);
+AdamRangeKernel adam_range_kernel(CpuIsa isa, StepWrites writes = StepWrites::kAll);
 }  // namespace detail
 
 }  // namespace zrt

@@ -75,8 +75,8 @@ struct CpuLanes<AdamMath::Update<M>> {
 
 }  // namespace
 
-AdamRangeKernel adam_range_kernel(CpuIsa isa) {
-  return range_kernel_for<AdamMath, AdamSlice>(isa);
+AdamRangeKernel adam_range_kernel(CpuIsa isa, StepWrites writes) {
+  return range_kernel_for<AdamMath, AdamSlice>(isa, writes);
 }
 
 }  // namespace zrt::detail

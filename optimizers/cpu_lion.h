@@ -15,6 +15,7 @@
 #include "optimizers/lion.h"
 #include "optimizers/optimizer_config.h"
 #include "runtime/common/cpu_isa.h"
+#include "runtime/engine/optimizer_interface.h"  // StepWrites
 
 namespace zrt {
 
@@ -40,7 +41,7 @@ namespace detail {
 // Updates elements [begin, end) of a slice with one ISA's kernel (cpu_lion_kernels.cc).
 using LionRangeKernel = void (*)(const LionSlice& slice, std::int64_t begin, std::int64_t end,
                                  const LionStepScalars& s);
-LionRangeKernel lion_range_kernel(CpuIsa isa);
+LionRangeKernel lion_range_kernel(CpuIsa isa, StepWrites writes = StepWrites::kAll);
 }  // namespace detail
 
 }  // namespace zrt

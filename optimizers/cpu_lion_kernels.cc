@@ -69,8 +69,8 @@ struct CpuLanes<LionMath::Update<kDecay>> {
 
 }  // namespace
 
-LionRangeKernel lion_range_kernel(CpuIsa isa) {
-  return range_kernel_for<LionMath, LionSlice>(isa);
+LionRangeKernel lion_range_kernel(CpuIsa isa, StepWrites writes) {
+  return range_kernel_for<LionMath, LionSlice>(isa, writes);
 }
 
 }  // namespace zrt::detail

@@ -6,6 +6,10 @@
 // Include only from the kernel files (built with -ffp-contract=off and -fno-math-errno, like
 // cpu_vector_io.h).
 //
+// Writes: everything (kAll), or only the compute-dtype copy (kComputeCopyOnly: the parameter
+// and states are read and updated in registers but not stored, so the same step run again with
+// kAll gives the same copy and then the new state; optimizer offload's split step).
+//
 // Memory: the loops software-prefetch param, grad and every state array kPrefetch elements ahead
 // (the hardware prefetchers alone leave about 10% of the bandwidth unused with four read streams
 // and compute in between), and on long ranges write the compute-dtype copy with non-temporal
@@ -28,6 +32,7 @@
 #include "optimizers/cpu_vector_io.h"
 #include "optimizers/optimizer_slices.h"
 #include "runtime/common/cpu_isa.h"
+#include "runtime/engine/optimizer_interface.h"  // StepWrites
 
 namespace zrt::detail {
 namespace {  // each kernel file gets its own copies, like cpu_vector_io.h
@@ -41,7 +46,7 @@ using RangeFn = void (*)(const Slice&, std::int64_t, std::int64_t, const typenam
 // ---- scalar (portable code; GCC vectorizes it for baseline x86-64 where it can) ------------
 
 struct ScalarLoop {
-  template <typename Slice, typename U, DType G, OutKind O>
+  template <typename Slice, typename U, DType G, OutKind O, StepWrites W>
   static void run(const Slice& sl, std::int64_t begin, std::int64_t end,
                   const typename U::Scalars& s) {
     float* const param = sl.param;
@@ -52,8 +57,10 @@ struct ScalarLoop {
       float state[U::kStates];
       for (int k = 0; k < U::kStates; ++k) state[k] = states[k][i];
       U::element(p, load_grad<G>(sl.grad, i), state, s);
-      param[i] = p;
-      for (int k = 0; k < U::kStates; ++k) states[k][i] = state[k];
+      if constexpr (W == StepWrites::kAll) {
+        param[i] = p;
+        for (int k = 0; k < U::kStates; ++k) states[k][i] = state[k];
+      }
       store_out<O>(sl.param_out, i, p);
     }
   }
@@ -64,7 +71,7 @@ struct ScalarLoop {
 // Vector loop over [begin, end - (end - begin) % 8) from begin; returns where it stopped.
 struct Avx2Loop {
   static constexpr std::int64_t kLanes = 8;
-  template <typename Slice, typename U, DType G, OutKind O, bool kStream>
+  template <typename Slice, typename U, DType G, OutKind O, bool kStream, StepWrites W>
   ZRT_TARGET_AVX2 static std::int64_t loop(const Slice& sl, std::int64_t begin, std::int64_t end,
                                            const typename U::Scalars& s) {
     float* const param = sl.param;
@@ -81,8 +88,10 @@ struct Avx2Loop {
       __m256 state[U::kStates];
       for (int k = 0; k < U::kStates; ++k) state[k] = _mm256_loadu_ps(states[k] + i);
       update(p, load_grad8<G>(sl.grad, i), state);
-      _mm256_storeu_ps(param + i, p);
-      for (int k = 0; k < U::kStates; ++k) _mm256_storeu_ps(states[k] + i, state[k]);
+      if constexpr (W == StepWrites::kAll) {
+        _mm256_storeu_ps(param + i, p);
+        for (int k = 0; k < U::kStates; ++k) _mm256_storeu_ps(states[k] + i, state[k]);
+      }
       store_out8<O, kStream>(sl.param_out, i, p);
     }
     return i;
@@ -92,7 +101,7 @@ struct Avx2Loop {
 // The same on 16 lanes.
 struct Avx512Loop {
   static constexpr std::int64_t kLanes = 16;
-  template <typename Slice, typename U, DType G, OutKind O, bool kStream>
+  template <typename Slice, typename U, DType G, OutKind O, bool kStream, StepWrites W>
   ZRT_TARGET_AVX512 static std::int64_t loop(const Slice& sl, std::int64_t begin, std::int64_t end,
                                              const typename U::Scalars& s) {
     float* const param = sl.param;
@@ -109,8 +118,10 @@ struct Avx512Loop {
       __m512 state[U::kStates];
       for (int k = 0; k < U::kStates; ++k) state[k] = _mm512_loadu_ps(states[k] + i);
       update(p, load_grad16<G>(sl.grad, i), state);
-      _mm512_storeu_ps(param + i, p);
-      for (int k = 0; k < U::kStates; ++k) _mm512_storeu_ps(states[k] + i, state[k]);
+      if constexpr (W == StepWrites::kAll) {
+        _mm512_storeu_ps(param + i, p);
+        for (int k = 0; k < U::kStates; ++k) _mm512_storeu_ps(states[k] + i, state[k]);
+      }
       store_out16<O, kStream>(sl.param_out, i, p);
     }
     return i;
@@ -121,7 +132,7 @@ struct Avx512Loop {
 // streamed (long ranges only), the vector loop, the scalar loop for the tail.
 template <typename Isa>
 struct VectorLoop {
-  template <typename Slice, typename U, DType G, OutKind O>
+  template <typename Slice, typename U, DType G, OutKind O, StepWrites W>
   static void run(const Slice& sl, std::int64_t begin, std::int64_t end,
                   const typename U::Scalars& s) {
     constexpr std::size_t kOutBytes = O == OutKind::kF32 ? 4 : 2;
@@ -131,28 +142,31 @@ struct VectorLoop {
             : stream_start(sl.param_out, kOutBytes, Isa::kLanes * kOutBytes, begin, end);
     std::int64_t i;
     if (aligned >= 0) {
-      ScalarLoop::run<Slice, U, G, O>(sl, begin, aligned, s);
-      i = Isa::template loop<Slice, U, G, O, true>(sl, aligned, end, s);
+      ScalarLoop::run<Slice, U, G, O, W>(sl, begin, aligned, s);
+      i = Isa::template loop<Slice, U, G, O, true, W>(sl, aligned, end, s);
       _mm_sfence();  // order the streamed lines before whoever reads the copy next
     } else {
-      i = Isa::template loop<Slice, U, G, O, false>(sl, begin, end, s);
+      i = Isa::template loop<Slice, U, G, O, false, W>(sl, begin, end, s);
     }
-    ScalarLoop::run<Slice, U, G, O>(sl, i, end, s);
+    ScalarLoop::run<Slice, U, G, O, W>(sl, i, end, s);
   }
 };
 
 // ---- dispatch on (grad dtype, output, weight-decay form) -------------------------------------
 
-template <typename Loop, typename Math, typename Slice, DType G>
+template <typename Loop, typename Math, typename Slice, StepWrites W, DType G>
 void dispatch_out(const Slice& sl, std::int64_t b, std::int64_t e,
                   const typename Math::Scalars& s) {
   auto run = [&](auto out) {
     Math::with_update(s, sl.weight_decay, [&](auto update) {
-      Loop::template run<Slice, decltype(update), G, decltype(out)::value>(sl, b, e, s);
+      Loop::template run<Slice, decltype(update), G, decltype(out)::value, W>(sl, b, e, s);
     });
   };
   switch (out_kind(sl)) {
     case OutKind::kNone:
+      // A compute-copy-only step of a slice without a copy writes nothing (prepare_step's
+      // callers do not ask for it).
+      if constexpr (W == StepWrites::kComputeCopyOnly) return;
       return run(std::integral_constant<OutKind, OutKind::kNone>{});
     case OutKind::kF32:
       return run(std::integral_constant<OutKind, OutKind::kF32>{});
@@ -163,29 +177,36 @@ void dispatch_out(const Slice& sl, std::int64_t b, std::int64_t e,
   }
 }
 
-template <typename Loop, typename Math, typename Slice>
+template <typename Loop, typename Math, typename Slice, StepWrites W>
 void dispatch(const Slice& sl, std::int64_t b, std::int64_t e, const typename Math::Scalars& s) {
   switch (sl.grad_dtype) {
     case DType::kBFloat16:
-      return dispatch_out<Loop, Math, Slice, DType::kBFloat16>(sl, b, e, s);
+      return dispatch_out<Loop, Math, Slice, W, DType::kBFloat16>(sl, b, e, s);
     case DType::kFloat16:
-      return dispatch_out<Loop, Math, Slice, DType::kFloat16>(sl, b, e, s);
+      return dispatch_out<Loop, Math, Slice, W, DType::kFloat16>(sl, b, e, s);
     default:
-      return dispatch_out<Loop, Math, Slice, DType::kFloat32>(sl, b, e, s);
+      return dispatch_out<Loop, Math, Slice, W, DType::kFloat32>(sl, b, e, s);
   }
 }
 
+template <typename Loop, typename Math, typename Slice>
+RangeFn<Slice, Math> dispatch_for(StepWrites writes) {
+  return writes == StepWrites::kComputeCopyOnly
+             ? dispatch<Loop, Math, Slice, StepWrites::kComputeCopyOnly>
+             : dispatch<Loop, Math, Slice, StepWrites::kAll>;
+}
+
 // The range kernel of optimizer Math over Slice for `isa` (the scalar one for anything but AVX2
-// and AVX-512).
+// and AVX-512) that writes `writes`.
 template <typename Math, typename Slice>
-RangeFn<Slice, Math> range_kernel_for(CpuIsa isa) {
+RangeFn<Slice, Math> range_kernel_for(CpuIsa isa, StepWrites writes) {
   switch (isa) {
     case CpuIsa::kAvx512:
-      return dispatch<VectorLoop<Avx512Loop>, Math, Slice>;
+      return dispatch_for<VectorLoop<Avx512Loop>, Math, Slice>(writes);
     case CpuIsa::kAvx2:
-      return dispatch<VectorLoop<Avx2Loop>, Math, Slice>;
+      return dispatch_for<VectorLoop<Avx2Loop>, Math, Slice>(writes);
     default:
-      return dispatch<ScalarLoop, Math, Slice>;
+      return dispatch_for<ScalarLoop, Math, Slice>(writes);
   }
 }
 

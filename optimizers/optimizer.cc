@@ -32,9 +32,10 @@ class HostAdam final : public HostOptimizer {
     adam_.step(slices_from_generic<AdamSlice>(slices), step, lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
-  RangeStep prepare_step(std::int64_t step, double lr, double grad_scale) const override {
+  RangeStep prepare_step(std::int64_t step, double lr, double grad_scale,
+                         StepWrites writes) const override {
     const AdamStepScalars s = adam_step_scalars(adam_.options(), step, lr, grad_scale);
-    const detail::AdamRangeKernel kernel = detail::adam_range_kernel(adam_.isa());
+    const detail::AdamRangeKernel kernel = detail::adam_range_kernel(adam_.isa(), writes);
     return [s, kernel](const OptimizerSlice& slice, std::int64_t begin, std::int64_t end) {
       kernel(slice_from_generic<AdamSlice>(slice), begin, end, s);
     };
@@ -58,9 +59,10 @@ class HostLion final : public HostOptimizer {
     lion_.step(slices_from_generic<LionSlice>(slices), lr, grad_scale);
   }
   const OptimizerSpec& spec() const override { return spec_; }
-  RangeStep prepare_step(std::int64_t /*step*/, double lr, double grad_scale) const override {
+  RangeStep prepare_step(std::int64_t /*step*/, double lr, double grad_scale,
+                         StepWrites writes) const override {
     const LionStepScalars s = lion_step_scalars(lion_.options(), lr, grad_scale);
-    const detail::LionRangeKernel kernel = detail::lion_range_kernel(lion_.isa());
+    const detail::LionRangeKernel kernel = detail::lion_range_kernel(lion_.isa(), writes);
     return [s, kernel](const OptimizerSlice& slice, std::int64_t begin, std::int64_t end) {
       kernel(slice_from_generic<LionSlice>(slice), begin, end, s);
     };

@@ -79,6 +79,13 @@ struct OptimizerDeviceSlice {
   bool weight_decay = true;
 };
 
+// What a prepared host step writes: everything (the fp32 parameters, the states and the
+// compute-dtype copy in param_out), or only the compute-dtype copy, leaving the parameters and
+// states as they were, so that running the same step again with kAll (on slices without
+// param_out) writes the state the single kAll step would have: optimizer offload's split step,
+// which sends the next forward's parameters up first and writes the state behind it.
+enum class StepWrites { kAll, kComputeCopyOnly };
+
 // An optimizer stepping host-memory slices on the calling thread (optimizer offload).
 class HostOptimizer {
  public:
@@ -93,10 +100,15 @@ class HostOptimizer {
   // The same arithmetic for a caller that runs the threads itself (optimizer offload steps many
   // units' slices as one stream of chunks, offload/cpu_step_pipeline.h): throws InvalidArgument
   // for bad scalars, else returns a function that steps elements [begin, end) of one slice on
-  // the calling thread. Any split of the elements gives the bits step() gives.
+  // the calling thread. Any split of the elements gives the bits step() gives. With
+  // StepWrites::kComputeCopyOnly the function writes only param_out (see StepWrites).
   using RangeStep =
       std::function<void(const OptimizerSlice& slice, std::int64_t begin, std::int64_t end)>;
-  virtual RangeStep prepare_step(std::int64_t step, double lr, double grad_scale) const = 0;
+  virtual RangeStep prepare_step(std::int64_t step, double lr, double grad_scale,
+                                 StepWrites writes) const = 0;
+  RangeStep prepare_step(std::int64_t step, double lr, double grad_scale) const {
+    return prepare_step(step, lr, grad_scale, StepWrites::kAll);
+  }
   // Throws InvalidArgument naming slice `index` if it is malformed (what step() checks first).
   virtual void validate(const OptimizerSlice& slice, std::size_t index) const = 0;
   // The threads step() splits its work over.

@@ -51,6 +51,8 @@ struct OffloadOptions {
   double ratio = 1.0;
 };
 
+enum class OffloadSplitStep { kAuto, kOn, kOff };
+
 struct EngineOptions {
   int stage = 0;
   DType compute_dtype = DType::kFloat32;
@@ -77,6 +79,13 @@ struct EngineOptions {
   // the last unit of the backward (the embedding, which the next forward needs first) is not
   // stepped only after the whole of it is on the host.
   std::int64_t offload_transfer_piece = std::int64_t{1} << 22;
+  // Optimizer offload: the CPU step in two passes. The first writes only the updated
+  // compute-dtype parameters, what the next forward waits for (for AdamW 16 of the 28 bytes a
+  // parameter moves); the second writes the fp32 parameters and states while that forward and
+  // the backward run (the same arithmetic again, so the same bits). More host memory traffic in
+  // all, less of it on the step's critical path: on when the model computes on a GPU (kAuto),
+  // off on the CPU backend, whose compute needs the cores the second pass would take.
+  OffloadSplitStep offload_split_step = OffloadSplitStep::kAuto;
   // Hierarchical sharding (MiCS's mics_shard_size, HSDP): the state is sliced over groups of
   // this many ranks and replicated across them (the engine's group is then the shard group and
   // it is given the replica group); 0: sliced over every rank.

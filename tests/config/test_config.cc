@@ -987,6 +987,33 @@ TEST_CASE("offload_optimizer.ratio: partial offload at stage 3, in the resolved 
   CHECK(off.warnings[0].find("offload_optimizer.ratio: ignored") != std::string::npos);
 }
 
+TEST_CASE("offload_optimizer.split_step: auto, on or off, in the resolved document", "[config]") {
+  const Config automatic = parse_doc(patched(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "cpu"}}})"));
+  CHECK(automatic.engine.offload_split_step == OffloadSplitStep::kAuto);
+  CHECK_FALSE(resolved_document(automatic)["zero_optimization"]["offload_optimizer"].contains(
+      "split_step"));
+  for (const auto& [value, expected] :
+       {std::pair{"on", OffloadSplitStep::kOn}, std::pair{"off", OffloadSplitStep::kOff}}) {
+    const std::string doc = std::string(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "split_step": ")") +
+                            value + R"("}}})";
+    const Config c = parse_doc(patched(doc.c_str()));
+    CHECK(c.engine.offload_split_step == expected);
+    const json resolved = resolved_document(c);
+    CHECK(resolved["zero_optimization"]["offload_optimizer"]["split_step"] == value);
+    CHECK(parse_config(resolved, c.batch.world_size, "resolved.json").engine.offload_split_step ==
+          expected);
+  }
+  try {
+    parse_doc(patched(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu", "split_step": true}}})"));
+    FAIL("split_step true was accepted");
+  } catch (const std::exception& e) {
+    CHECK_THAT(e.what(), Catch::Contains("zero_optimization.offload_optimizer.split_step"));
+  }
+}
+
 TEST_CASE("zero_hpz_partition_size: hpZ groups at stage 3, not with MiCS", "[config]") {
   const Config c = parse_doc(
       patched(

@@ -69,12 +69,16 @@ TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
       for (bool params : {false, true}) {
         if (params && stage != 3) continue;
         for (bool pinned : {true, false}) {
-          auto offloaded =
-              make_engine(with_offload(base_options(stage, accumulation), params, pinned), spec);
+          // The split CPU step (the compute-dtype copy first, the state after) too: the same
+          // arithmetic twice, the same bits.
+          const bool split = pinned;
+          EngineOptions o = with_offload(base_options(stage, accumulation), params, pinned);
+          o.offload_split_step = split ? OffloadSplitStep::kOn : OffloadSplitStep::kAuto;
+          auto offloaded = make_engine(o, spec);
           const auto got = train_engine(*offloaded, spec);
           for (std::size_t p = 0; p < got.size(); ++p) {
             INFO("stage " << stage << " G " << accumulation << " param offload " << params
-                          << " pinned " << pinned << " parameter " << p);
+                          << " pinned " << pinned << " split step " << split << " parameter " << p);
             REQUIRE(got[p] == expected[p]);
           }
           for (std::size_t i = 0; i < plain->results.size(); ++i) {
@@ -97,11 +101,16 @@ TEST_CASE("offload stays bit-identical with random stream delays") {
     DeviceOptions delayed;
     delayed.stream_delay_max_us = 200;
     delayed.stream_delay_seed = 99;
-    auto racy = make_engine(with_offload(base_options(stage, 2), stage == 3), spec, delayed);
-    const auto got = train_engine(*racy, spec);
-    for (std::size_t p = 0; p < got.size(); ++p) {
-      INFO("stage " << stage << " parameter " << p);
-      REQUIRE(got[p] == expected[p]);
+    for (OffloadSplitStep split : {OffloadSplitStep::kOff, OffloadSplitStep::kOn}) {
+      EngineOptions o = with_offload(base_options(stage, 2), stage == 3);
+      o.offload_split_step = split;
+      auto racy = make_engine(o, spec, delayed);
+      const auto got = train_engine(*racy, spec);
+      for (std::size_t p = 0; p < got.size(); ++p) {
+        INFO("stage " << stage << " split step " << (split == OffloadSplitStep::kOn)
+                      << " parameter " << p);
+        REQUIRE(got[p] == expected[p]);
+      }
     }
   }
 }
@@ -209,9 +218,12 @@ TEST_CASE("the CPU optimizer steps later units while earlier copies are still pe
 TEST_CASE("a failed CPU step is reported at a later step, and nothing waits for it forever") {
   TrainSpec spec;
   spec.steps = 4;
-  for (bool params : {false, true}) {
-    INFO((params ? "parameter offload" : "optimizer offload"));
-    auto run = make_engine(with_offload(base_options(3, 1), params), spec);
+  for (int kind = 0; kind < 3; ++kind) {
+    const bool params = kind == 1;
+    INFO((params ? "parameter offload" : "optimizer offload") << (kind == 2 ? ", split step" : ""));
+    EngineOptions o = with_offload(base_options(3, 1), params);
+    if (kind == 2) o.offload_split_step = OffloadSplitStep::kOn;
+    auto run = make_engine(o, spec);
     train_one_step(*run, spec, 0);
     // A fault on the copy stream: the next gradients never reach the host, so the CPU step
     // fails waiting for them (or for the copies up). Its units must still be released (the

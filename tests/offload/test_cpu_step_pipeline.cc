@@ -165,6 +165,53 @@ TEST_CASE("CPU step pipeline: the bits of the optimizer's own step, unit by unit
   }
 }
 
+TEST_CASE("the split step: the compute-dtype copy first, then the state, the bits of one step") {
+  for (const char* kind : {"adamw", "lion"}) {
+    for (int threads : {1, 3}) {
+      INFO(kind << ", " << threads << " threads");
+      std::unique_ptr<HostOptimizer> optimizer;
+      if (std::string(kind) == "lion") {
+        LionOptions o;
+        o.lr = 1e-3;
+        o.weight_decay = 0.2;
+        CpuAdamOptions cpu;
+        cpu.num_threads = threads;
+        optimizer = make_host_lion(o, cpu);
+      } else {
+        optimizer = adamw(threads);
+      }
+      auto reference = make_units(kSizes, 11);
+      auto split = make_units(kSizes, 11);
+      const auto before = split;
+      for (auto& unit : reference) optimizer->step(slices_of(unit, kPiece), kStep, kLr, kScale);
+
+      std::vector<CpuStepUnit> copies(split.size()), states(split.size());
+      for (std::size_t u = 0; u < split.size(); ++u) {
+        copies[u].slices = slices_of(split[u], kPiece);
+        copies[u].done = std::make_shared<std::promise<void>>();
+        states[u].slices = slices_of(split[u], kPiece);
+        for (OptimizerSlice& slice : states[u].slices) slice.param_out = nullptr;
+        states[u].done = std::make_shared<std::promise<void>>();
+      }
+      run_cpu_step_pipeline(
+          copies, optimizer->prepare_step(kStep, kLr, kScale, StepWrites::kComputeCopyOnly),
+          optimizer->threads(), nullptr);
+      // The copy is the step's; the parameters and states are untouched.
+      for (std::size_t u = 0; u < split.size(); ++u) {
+        INFO("unit " << u);
+        const std::size_t n = split[u].master.size();
+        CHECK(std::memcmp(split[u].out.data(), reference[u].out.data(), n * sizeof(bf16)) == 0);
+        CHECK(std::memcmp(split[u].master.data(), before[u].master.data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(split[u].m.data(), before[u].m.data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(split[u].v.data(), before[u].v.data(), n * sizeof(float)) == 0);
+      }
+      run_cpu_step_pipeline(states, optimizer->prepare_step(kStep, kLr, kScale),
+                            optimizer->threads(), nullptr);
+      check_same(reference, split);
+    }
+  }
+}
+
 TEST_CASE(
     "CPU step pipeline: a piece is read only after it lands, a unit written only once its "
     "staging buffer is free") {

@@ -2,8 +2,11 @@
 // copy-out, next to a plain memory sweep over the same arrays in the same run (one pass reading
 // 4 and writing 3 fp32 arrays: the floor an Adam step can reach) and, when python3 can import
 // torch, torch.optim.AdamW on the same size. Times are medians over repeats of one step, the
-// four passes (sweep, prefetching sweep, adamw, adamw + bf16) interleaved round by round.
-// Bytes per parameter: 28 (read p, g, m, v; write p, m, v), 30 with the bf16 copy.
+// five passes (sweep, prefetching sweep, adamw, adamw + bf16, the bf16 copy alone)
+// interleaved round by round. Bytes per parameter: 28 (read p, g, m, v; write p, m, v), 30 with
+// the bf16 copy, 18 for the copy alone (read p, g, m, v; write the copy): optimizer offload's
+// split step puts only that pass on the step's critical path (copy/+bf16: its share of the
+// fused step's time).
 #include <omp.h>
 #include <unistd.h>
 
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "optimizers/cpu_adam.h"
+#include "optimizers/cpu_slice_step.h"
 #include "runtime/common/error.h"
 #include "tools/bench/bench.h"
 
@@ -230,15 +234,18 @@ int optimizer(int argc, char** argv) {
               cpu_isa_name(resolved));
   std::printf(
       "# sweep: read p,g,m,v + write p,m,v (28 B/param), plain loop; +pf: the same with software "
-      "prefetch; adamw: same bytes; +bf16: also writes a bf16 copy (30 B/param)\n");
+      "prefetch; adamw: same bytes; +bf16: also writes a bf16 copy (30 B/param); copy: the split "
+      "step's first pass, the update computed and only the bf16 copy written (18 B/param)\n");
   std::printf("# torch: %s\n", torch_note.c_str());
   std::fflush(stdout);
 
   Table table({"params", "thr", "sweep_GB/s", "+pf_GB/s", "adamw_Gp/s", "adamw_GB/s", "%sweep",
-               "+bf16_Gp/s", "+bf16_GB/s", "%sweep", "torch_Gp/s", "x_torch"});
+               "+bf16_Gp/s", "+bf16_GB/s", "%sweep", "copy_Gp/s", "copy/+bf16", "torch_Gp/s",
+               "x_torch"});
   for (const std::int64_t n : sizes) {
-    // Per thread count, seconds of: sweep, prefetching sweep, adamw, adamw + bf16 copy.
-    std::vector<std::array<double, 4>> rates;
+    // Per thread count, seconds of: sweep, prefetching sweep, adamw, adamw + bf16 copy, the
+    // bf16 copy alone (StepWrites::kComputeCopyOnly, as optimizer offload's split step).
+    std::vector<std::array<double, 5>> rates;
     {
       auto p = allocate<float>(n), g = allocate<float>(n), m = allocate<float>(n),
            v = allocate<float>(n);
@@ -261,6 +268,8 @@ int optimizer(int argc, char** argv) {
       AdamSlice with_out = slice;
       with_out.param_out = out.get();
       with_out.out_dtype = DType::kBFloat16;
+      const detail::AdamRangeKernel copy_only =
+          detail::adam_range_kernel(resolved, StepWrites::kComputeCopyOnly);
       for (const int threads : thread_counts) {
         const CpuAdam adam(options, CpuAdamOptions{isa, threads});
         std::int64_t step = 0;
@@ -268,27 +277,33 @@ int optimizer(int argc, char** argv) {
             repeats, {[&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, false); },
                       [&] { sweep(p.get(), g.get(), m.get(), v.get(), n, threads, true); },
                       [&] { adam.step(&slice, 1, ++step, 1e-3); },
-                      [&] { adam.step(&with_out, 1, ++step, 1e-3); }});
-        rates.push_back({t[0], t[1], t[2], t[3]});
+                      [&] { adam.step(&with_out, 1, ++step, 1e-3); },
+                      [&] {
+                        detail::step_slices(&with_out, 1,
+                                            adam_step_scalars(options, ++step, 1e-3, 1.0),
+                                            copy_only, threads);
+                      }});
+        rates.push_back({t[0], t[1], t[2], t[3], t[4]});
       }
     }  // free before torch allocates its own copy
     for (std::size_t k = 0; k < thread_counts.size(); ++k) {
       const double nd = static_cast<double>(n);
-      const auto [t_sweep, t_sweep_pf, t_adam, t_out] = rates[k];
+      const auto [t_sweep, t_sweep_pf, t_adam, t_out, t_copy] = rates[k];
       const double sweep_gbs = 28.0 * nd / t_sweep / 1e9;
       const double sweep_pf_gbs = 28.0 * nd / t_sweep_pf / 1e9;
       const double adam_gbs = 28.0 * nd / t_adam / 1e9;
       const double out_gbs = 30.0 * nd / t_out / 1e9;
       const double torch_rate =
           python.empty() ? 0.0 : torch_params_per_s(python, script, n, thread_counts[k], repeats);
-      table.add({count_name(n), std::to_string(thread_counts[k]), fmt::format("{:.1f}", sweep_gbs),
-                 fmt::format("{:.1f}", sweep_pf_gbs), fmt::format("{:.3f}", nd / t_adam / 1e9),
-                 fmt::format("{:.1f}", adam_gbs),
-                 fmt::format("{:.0f}%", 100 * adam_gbs / sweep_gbs),
-                 fmt::format("{:.3f}", nd / t_out / 1e9), fmt::format("{:.1f}", out_gbs),
-                 fmt::format("{:.0f}%", 100 * out_gbs / sweep_gbs),
-                 torch_rate > 0 ? fmt::format("{:.3f}", torch_rate / 1e9) : "-",
-                 torch_rate > 0 ? fmt::format("{:.1f}", nd / t_adam / torch_rate) : "-"});
+      table.add(
+          {count_name(n), std::to_string(thread_counts[k]), fmt::format("{:.1f}", sweep_gbs),
+           fmt::format("{:.1f}", sweep_pf_gbs), fmt::format("{:.3f}", nd / t_adam / 1e9),
+           fmt::format("{:.1f}", adam_gbs), fmt::format("{:.0f}%", 100 * adam_gbs / sweep_gbs),
+           fmt::format("{:.3f}", nd / t_out / 1e9), fmt::format("{:.1f}", out_gbs),
+           fmt::format("{:.0f}%", 100 * out_gbs / sweep_gbs),
+           fmt::format("{:.3f}", nd / t_copy / 1e9), fmt::format("{:.0f}%", 100 * t_copy / t_out),
+           torch_rate > 0 ? fmt::format("{:.3f}", torch_rate / 1e9) : "-",
+           torch_rate > 0 ? fmt::format("{:.1f}", nd / t_adam / torch_rate) : "-"});
       std::fprintf(stderr, "  done %s x %d threads\n", count_name(n).c_str(), thread_counts[k]);
     }
   }
