@@ -14,6 +14,7 @@
 #
 #   tools/bench/gpu_offload_bench.sh [--bundle DIR | --bin DIR] [--out DIR] [--gas "1 8"]
 #                                    [--steps N] [--threads "16 14"] [--ratios "0.5 0.3"]
+#                                    [--split-off]
 #                                    [--big-ratio R] [--big-ratio-only] [--no-big] [--big-only]
 #                                    [--big-config FILE] [-- OVERRIDES...]
 #
@@ -27,6 +28,8 @@
 # forward's last units offloaded, the rest stepped on the GPU; rows ...-rR); --big-ratio adds a
 # 6.7B row with that ratio (what of the state fits beside the model on the GPU); --big-ratio-only
 # runs that row without the full-offload one (~95 GB of host memory instead of ~69).
+# --split-off runs each offload row again with the CPU step in one pass (rows ...-nosplit:
+# zero_optimization.offload_optimizer.split_step off; the default on a GPU is the split step).
 # --big-config FILE: another model that does not fit without offload for the big rows, named
 # after the file (configs/gpu-llama-3.1-8b-offload.json: rows llama-3.1-8b-s3-offload...).
 # OVERRIDES go to every zrt-train (e.g. `-- --device.type cpu --model.n_layer 2` to try the
@@ -44,6 +47,7 @@ threads=""
 ratios=""
 big_ratio=""
 big_full=1
+split_off=0
 big_config=configs/gpu-gpt-6.7b-offload.json
 data_dir="$root/data"  # the KJV shards (tools/prepare-corpus; a bundle carries its own)
 while [ $# -gt 0 ]; do
@@ -61,8 +65,9 @@ while [ $# -gt 0 ]; do
     --no-big) big=0; shift ;;
     --big-only) small=0; shift ;;
     --big-config) big_config="$2"; shift 2 ;;
+    --split-off) split_off=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu_offload_bench: unknown argument '$1'" >&2; exit 2 ;;
   esac
 done
@@ -139,6 +144,12 @@ if [ $small -eq 1 ]; then
     run "124m-s3-offload-gas$g" "$bench" "${common[@]}" \
       --zero_optimization.offload_optimizer.device cpu \
       --trace.path "$out/124m-s3-offload-gas$g/trace.json"
+    if [ $split_off -eq 1 ]; then
+      run "124m-s3-offload-gas$g-nosplit" "$bench" "${common[@]}" \
+        --zero_optimization.offload_optimizer.device cpu \
+        --zero_optimization.offload_optimizer.split_step off \
+        --trace.path "$out/124m-s3-offload-gas$g-nosplit/trace.json"
+    fi
     for t in $threads; do
       OMP_NUM_THREADS=$t run "124m-s3-offload-gas$g-omp$t" "$bench" "${common[@]}" \
         --zero_optimization.offload_optimizer.device cpu \
@@ -178,7 +189,7 @@ for r in "${rows[@]}"; do
   ratio="-"
   base=""
   case "$name" in
-    *-offload-gas*) base="${name/-offload/}"; base="${base%-omp*}"; base="${base%-r*}" ;;
+    *-offload-gas*) base="${name/-offload/}"; base="${base%-omp*}"; base="${base%-r*}"; base="${base%-nosplit}" ;;
   esac
   if [ -n "$base" ]; then
     for b in "${rows[@]}"; do

@@ -14,7 +14,8 @@
 #              warp stalls, instruction mix, the facts the next attention change needs (~60 s)
 #   offload    tools/bench/gpu_offload_bench.sh --no-big: GPT-2 124M at stage 3 with and without
 #              optimizer offload, one micro-batch per step and 8, partial offload (--ratios),
-#              fewer CPU-optimizer threads (--threads), the host's AdamW speed (~3 min)
+#              fewer CPU-optimizer threads (--threads), the CPU step in one pass instead of
+#              split (--split-off), the host's AdamW speed (~3 min)
 #   big        the 6.7B GPT (configs/gpu-gpt-6.7b-offload.json: 122 GB of device memory without
 #              offload) at stage 3 with partial offload at --big-ratio, which leaves the host's
 #              memory room (~3 min)
@@ -27,7 +28,8 @@
 #              memory; last, as it may not fit the host)
 #
 #   tools/bench/gpu_session.sh --bundle DIR|FILE.tar.xz --out DIR [--budget SECONDS] [--phases "selftest
-#       attention offload llama8b big ab bigfull"] [--ratios "0.5"] [--threads 14] [--big-ratio 0.7]
+#       attention offload llama8b big ab bigfull"] [--ratios "0.5"] [--threads 14] [--split-off]
+#       [--big-ratio 0.7]
 #       [-- OVERRIDES...]
 #
 # --bundle: a tools/gpu-bundle folder, or that folder packed with `tar -cJf FILE.tar.xz -C PARENT
@@ -46,6 +48,7 @@ budget=540
 phases="selftest attention offload llama8b big ab bigfull"
 ratios="0.5"
 threads="14"
+split_off=()
 big_ratio="0.7"
 extra=()
 while [ $# -gt 0 ]; do
@@ -56,6 +59,7 @@ while [ $# -gt 0 ]; do
     --phases) phases="$2"; shift 2 ;;
     --ratios) ratios="$2"; shift 2 ;;
     --threads) threads="$2"; shift 2 ;;
+    --split-off) split_off=(--split-off); shift ;;
     --big-ratio) big_ratio="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
@@ -164,7 +168,8 @@ for p in $phases; do
       fi ;;
     offload)
       phase offload 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --no-big \
-        --out "$work/offload" --ratios "$ratios" --threads "$threads" -- "${extra[@]}" ;;
+        --out "$work/offload" --ratios "$ratios" --threads "$threads" "${split_off[@]}" \
+        -- "${extra[@]}" ;;
     big)
       phase big 150 "$root/tools/bench/gpu_offload_bench.sh" --bundle "$bundle" --big-only \
         --big-ratio "$big_ratio" --big-ratio-only --out "$work/big" -- "${extra[@]}" ;;
