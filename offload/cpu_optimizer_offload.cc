@@ -132,6 +132,11 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
   split_step_ = options_.offload_split_step == OffloadSplitStep::kOn ||
                 (options_.offload_split_step == OffloadSplitStep::kAuto &&
                  device_.type() == DeviceType::kCuda);
+  if (rank_ == 0) {
+    spdlog::info("optimizer offload: the CPU step on {} threads, {}", host_optimizer_->threads(),
+                 split_step_ ? "split (the compute-dtype copy first, the state behind the forward)"
+                             : "in one pass");
+  }
 }
 
 CpuOptimizerOffload::~CpuOptimizerOffload() {
