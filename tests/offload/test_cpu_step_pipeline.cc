@@ -90,6 +90,17 @@ std::unique_ptr<HostOptimizer> adamw(int threads) {
   return make_host_adam(o, cpu);
 }
 
+// "adamw" or "lion" on `threads` threads.
+std::unique_ptr<HostOptimizer> host_optimizer(const std::string& kind, int threads) {
+  if (kind != "lion") return adamw(threads);
+  LionOptions o;
+  o.lr = 1e-3;
+  o.weight_decay = 0.2;
+  CpuAdamOptions cpu;
+  cpu.num_threads = threads;
+  return make_host_lion(o, cpu);
+}
+
 // Units past one chunk (1 << 16), a one-element unit, an empty one, pieces that cut mid-chunk.
 const std::vector<std::int64_t> kSizes = {200003, 65536, 1, 0, 131073, 5000};
 constexpr std::int64_t kPiece = 70001;
@@ -126,17 +137,7 @@ TEST_CASE("CPU step pipeline: the bits of the optimizer's own step, unit by unit
   for (const char* kind : {"adamw", "lion"}) {
     for (int threads : {1, 3, 8}) {
       INFO(kind << ", " << threads << " threads");
-      std::unique_ptr<HostOptimizer> optimizer;
-      if (std::string(kind) == "lion") {
-        LionOptions o;
-        o.lr = 1e-3;
-        o.weight_decay = 0.2;
-        CpuAdamOptions cpu;
-        cpu.num_threads = threads;
-        optimizer = make_host_lion(o, cpu);
-      } else {
-        optimizer = adamw(threads);
-      }
+      std::unique_ptr<HostOptimizer> optimizer = host_optimizer(kind, threads);
       auto reference = make_units(kSizes, 7);
       auto piped = make_units(kSizes, 7);
       for (auto& unit : reference) optimizer->step(slices_of(unit, kPiece), kStep, kLr, kScale);
@@ -169,17 +170,7 @@ TEST_CASE("the split step: the compute-dtype copy first, then the state, the bit
   for (const char* kind : {"adamw", "lion"}) {
     for (int threads : {1, 3}) {
       INFO(kind << ", " << threads << " threads");
-      std::unique_ptr<HostOptimizer> optimizer;
-      if (std::string(kind) == "lion") {
-        LionOptions o;
-        o.lr = 1e-3;
-        o.weight_decay = 0.2;
-        CpuAdamOptions cpu;
-        cpu.num_threads = threads;
-        optimizer = make_host_lion(o, cpu);
-      } else {
-        optimizer = adamw(threads);
-      }
+      std::unique_ptr<HostOptimizer> optimizer = host_optimizer(kind, threads);
       auto reference = make_units(kSizes, 11);
       auto split = make_units(kSizes, 11);
       const auto before = split;
