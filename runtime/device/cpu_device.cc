@@ -55,7 +55,7 @@ void CpuDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCat
   if (order != nullptr) {
     // Stream-ordered release, as cudaFreeAsync: work already enqueued on `order` may still use it.
     try {
-      as_cpu_stream(*order, "Buffer release").enqueue([ptr] { std::free(ptr); });
+      as_cpu_stream(*order, "Buffer release").enqueue_release([ptr] { std::free(ptr); });
       return;
     } catch (const std::exception& e) {
       spdlog::error("stream-ordered free failed ({}); synchronizing instead", e.what());

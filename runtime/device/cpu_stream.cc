@@ -80,6 +80,13 @@ void CpuStream::enqueue_signal(std::shared_ptr<CpuCompletion> signal) {
   push(Task{nullptr, std::move(signal), nullptr, false, nullptr});
 }
 
+void CpuStream::enqueue_release(std::function<void()> release) {
+  check_not_in_host_callback("Buffer release");
+  Task task{std::move(release), nullptr, nullptr, false, nullptr};
+  task.after_error = true;
+  push(std::move(task));
+}
+
 void CpuStream::wait(const Event& event) {
   check_not_in_host_callback("Stream::wait");
   const auto* cpu_event = dynamic_cast<const CpuEvent*>(&event);
@@ -158,7 +165,9 @@ void CpuStream::run() {
       // An error on the stream we wait for poisons this one too, as a CUDA sticky error would.
       if (auto upstream = task.await->wait(); upstream && !error_) error_ = upstream;
     }
-    if (task.work && !error_) {
+    if (task.work && task.after_error && error_) {
+      task.work();  // a release after a failure: untimed, and it does not throw
+    } else if (task.work && !error_) {
       // Tracing: the only cost when off is this null check.
       const bool timed = span_.recorder != nullptr;
       const double start_us = timed ? span_.recorder->now_us() : 0.0;

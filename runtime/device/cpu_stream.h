@@ -54,6 +54,10 @@ class CpuStream final : public Stream {
   void enqueue(std::function<void()> work);
   // Completes `signal` when the stream reaches this point.
   void enqueue_signal(std::shared_ptr<CpuCompletion> signal);
+  // Runs `release` in stream order even after the stream has failed (the failed and skipped
+  // work no longer uses the memory it frees), as cudaFreeAsync frees after a failed host
+  // callback: a stream-ordered Buffer release. Must not throw.
+  void enqueue_release(std::function<void()> release);
 
  private:
   // A trace span boundary, handled by the worker in stream order.
@@ -68,6 +72,7 @@ class CpuStream final : public Stream {
     std::shared_ptr<CpuCompletion> await;   // wait for before work
     bool is_callback = false;
     std::unique_ptr<TraceMark> trace;  // a span boundary (no work, signal or await)
+    bool after_error = false;          // runs even once the stream has failed
   };
   // The span the worker is in: work items inside it are timed.
   struct OpenSpan {

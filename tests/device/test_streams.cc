@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -244,4 +245,21 @@ TEST_CASE("a host signal destroyed while a stream waits for it lets the stream g
   }
   s->synchronize();
   CHECK(ran);
+}
+
+TEST_CASE("a stream-ordered release runs after the stream failed; other work is skipped") {
+  auto dev = cpu(20);
+  auto s = dev->create_stream("s");
+  bool skipped_ran = false, released = false;
+  worker(*s).enqueue([] { throw std::runtime_error("stream fault"); });
+  worker(*s).enqueue([&] { skipped_ran = true; });
+  worker(*s).enqueue_release([&] { released = true; });
+  CHECK_THROWS_WITH(s->synchronize(), Catch::Contains("stream fault"));
+  CHECK_FALSE(skipped_ran);
+  CHECK(released);  // (a Buffer released with this stream as its order would leak otherwise)
+  // And a Buffer released in stream order on the failed stream is freed, not leaked (the
+  // sanitizer builds check the leak).
+  Buffer b = dev->allocate(4096, MemCategory::kWorkspace, "b", MemorySpace::kDevice, s.get());
+  b = Buffer();
+  CHECK_THROWS(s->synchronize());
 }
