@@ -674,8 +674,6 @@ class Parser {
     o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
     o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
     o.ratio = get_number(path + ".ratio", 1.0);
-    if (path.size() >= 17 && path.compare(path.size() - 17, 17, "offload_optimizer") == 0)
-      o.split_step = get_string(path + ".split_step", "auto");
     if (o.device == OffloadDevice::kNvme) {
       error(ProblemKind::kUnsupported, path + ".device",
             o.nvme_path.empty() ? "nvme offload needs nvme_path"
@@ -772,6 +770,7 @@ class Parser {
       }
     }
     config_.offload_optimizer = read_offload(z + "offload_optimizer", 4);
+    config_.offload_optimizer.split_step = get_string(z + "offload_optimizer.split_step", "auto");
     config_.offload_param = read_offload(z + "offload_param", 5);
     if (config_.offload_param.enabled() && (e.quantized_weights || e.quantized_gradients)) {
       fail(z + "offload_param",

@@ -68,14 +68,14 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     // stays on the device (partial offload) has nothing else here.
     // The events host threads wait on sleep while they wait (EventWait): the engine's thread
     // waits for the sums while the CPU optimizer runs, the CPU optimizer's threads for pieces
-    // and staging buffers while the copy stream's callbacks need a core to let them go.
+    // and staging buffers while the engine's thread needs a core to enqueue the next work.
     h.comm_point = device_.create_event();
     h.norm_ready = device_.create_event(EventWait::kBlock);
     h.d2h_done = device_.create_event(EventWait::kBlock);
     h.params_ready = device_.create_event(EventWait::kBlock);
+    if (!offloaded_[u]) continue;
     h.released = device_.create_host_signal();
     h.params_written = device_.create_host_signal();
-    if (!offloaded_[u]) continue;
     max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
     // The fp32 state never touches the device.

@@ -247,10 +247,6 @@ std::uint32_t CpuHostSignal::value() const noexcept {
   return state_->counter;
 }
 
-void CpuHostSignal::wait_for(std::uint32_t value) const {
-  wait_state(*state_, value);
-}
-
 void CpuHostSignal::wait_state(const State& state, std::uint32_t value) {
   std::unique_lock<std::mutex> lock(state.mutex);
   state.cv.wait(lock, [&] { return host_signal_reached(state.counter, value); });

@@ -121,18 +121,16 @@ class CpuHostSignal final : public HostSignal {
   void raise(std::uint32_t value) noexcept override;
   std::uint32_t value() const noexcept override;
 
+ private:
+  friend class CpuStream;  // its wait: note_wait, then wait_state on its worker
+  // The counter and its condition variable, shared with pending stream waits.
+  struct State;
   // Blocks the calling thread until the counter reaches `value`.
-  void wait_for(std::uint32_t value) const;
+  static void wait_state(const State& state, std::uint32_t value);
   // What the destructor raises to: the highest value waited for so far.
   void note_wait(std::uint32_t value);
 
-  // The counter and its condition variable, shared with pending stream waits.
-  struct State;
-  static void wait_state(const State& state, std::uint32_t value);
-
- private:
   std::shared_ptr<State> state_;
-  friend class CpuStream;
 };
 
 // Throws if called from inside a host callback (stream API calls are not allowed there).
