@@ -3,9 +3,12 @@
 GPU figures in BENCHMARKS.md. Same shapes as zrt's GPT (tied head, no dropout, tanh GELU),
 bf16 autocast over fp32 weights, clipping at 1.0, fused AdamW; once with attention written
 out as matrix products (as zrt computes it) and once with scaled_dot_product_attention
-(flash attention). Prints step time, tokens/s and peak memory for each.
+(flash attention), and with --variants compile also that model under torch.compile (nanoGPT's
+`compile=True` path, the strongest plain-PyTorch GPT-2 users run). Prints step time, tokens/s
+and peak memory for each; compile's warm-up steps include the compilation.
 
     python3 tools/bench/torch_gpt_train_cuda.py --batch 8 --seq 1024 --iters 10
+    python3 tools/bench/torch_gpt_train_cuda.py --variants sdpa,compile --iters 20
 """
 import argparse, math, statistics, time
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -38,19 +41,24 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.float().view(-1,logits.shape[-1]),tgt.view(-1))
 
 p=argparse.ArgumentParser(); p.add_argument('--batch',type=int,default=8); p.add_argument('--seq',type=int,default=1024)
-p.add_argument('--iters',type=int,default=10); a=p.parse_args()
+p.add_argument('--iters',type=int,default=10)
+p.add_argument('--variants',default='naive,sdpa',help='comma list of naive, sdpa, compile')
+a=p.parse_args()
 torch.backends.cuda.matmul.allow_tf32=True
-for sdpa in (False,True):
+names={'naive':'naive attention','sdpa':'sdpa(flash)','compile':'sdpa(flash)+torch.compile'}
+for variant in a.variants.split(','):
+    sdpa=variant!='naive'
     torch.manual_seed(0)
     m=GPT(12,12,768,50257,1024,sdpa).cuda()
+    step_model=torch.compile(m) if variant=='compile' else m
     opt=torch.optim.AdamW(m.parameters(),lr=6e-4,betas=(0.9,0.95),weight_decay=0.1,fused=True)
     idx=torch.randint(256,(a.batch,a.seq),device='cuda'); tgt=torch.randint(256,(a.batch,a.seq),device='cuda')
     ts=[]
     for i in range(3+a.iters):
         torch.cuda.synchronize(); t=time.perf_counter()
-        with torch.autocast('cuda',dtype=torch.bfloat16): loss=m(idx,tgt)
+        with torch.autocast('cuda',dtype=torch.bfloat16): loss=step_model(idx,tgt)
         loss.backward(); torch.nn.utils.clip_grad_norm_(m.parameters(),1.0); opt.step(); opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize(); ts.append(time.perf_counter()-t)
     med=statistics.median(ts[3:])
-    print(f"torch {torch.__version__} {'sdpa(flash)' if sdpa else 'naive attention'}: step {med*1e3:.1f} ms, {a.batch*a.seq/med:.0f} tok/s, peak mem {torch.cuda.max_memory_allocated()/2**30:.2f} GiB")
-    del m,opt; torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+    print(f"torch {torch.__version__} {names[variant]}: step {med*1e3:.1f} ms, {a.batch*a.seq/med:.0f} tok/s, peak mem {torch.cuda.max_memory_allocated()/2**30:.2f} GiB")
+    del m,step_model,opt; torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()

@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# zrt against the peers users judge it by, on one lent GPU, in the same lease (issue 41):
+#
+#   llmc      llm.c's train_gpt2cu (GPT-2 124M from scratch, `-e d12`, bf16, cuDNN flash attention
+#             when it was built with USE_CUDNN=1), built elsewhere for sm_90 and carried
+#   nanogpt   nanoGPT's GPT-2 in PyTorch with flash SDPA, plain and under torch.compile
+#             (tools/bench/torch_gpt_train_cuda.py --variants sdpa,compile)
+#   zrt-gpt2  zrt-train on the same model, batch and sequence at ZeRO stage 0 and stage 3
+#             (configs/gpu-gpt2-124m-bench.json)
+#   attention zrt-bench attention: the fused attention against PyTorch's flash SDPA at head sizes
+#             64 and 128, forward and forward + backward
+#   zrt-llama Llama-3.1-8B at stage 3, 70% of the optimizer state offloaded
+#             (configs/gpu-llama-3.1-8b-offload.json: 2048 tokens, 1 x 8 micro-batches a step)
+#   ds-llama  DeepSpeed ZeRO-3 + offload_optimizer (ratio 0.7) on transformers' Llama of the same
+#             shape, micro-batch, accumulation and sequence (tools/bench/torch_llama_offload_bench.py)
+#   fsdp2     FSDP2 with CPUOffloadPolicy, which offloads everything, so at 16 of the 32 layers
+#             (4.5B parameters: at 32 its host state, 16 bytes a parameter, is 128 GB, the
+#             machine's whole memory) ...
+#   zrt-llama16 ... and zrt and DeepSpeed on that model with all of the optimizer state offloaded
+#   ds-llama16
+#
+#   tools/bench/gpu_peers.sh --bundle DIR|FILE.tar.xz --out DIR [--budget S] [--phases "..."]
+#                            [--llmc PATH] [--wheels DIR] [--prebuild-ds]
+#
+# --bundle: tools/gpu-bundle's folder (zrt-train, zrt-bench, the corpus), or it packed as .tar.xz.
+# --llmc: the train_gpt2cu binary. --wheels: a folder of wheels installed first into a private
+# site folder (DeepSpeed and what the image lacks of its needs). --prebuild-ds compiles DeepSpeed's
+# CPU Adam (its JIT build, ~1 min) in the background at low priority, so that a later call on
+# the same machine finds it in torch's extension cache. Each phase starts only when the
+# budget left covers its usual length and is cut off at what is left. What comes back in --out:
+# summary.txt (the machine, a RESULT line per run, each phase's last lines, the time each took)
+# and logs.tar.gz (every log). Rows of one table are comparable only within one lease.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bundle=""
+out=""
+budget=540
+phases="llmc nanogpt zrt-gpt2 attention zrt-llama ds-llama fsdp2 zrt-llama16 ds-llama16"
+llmc=""
+wheels=""
+prebuild_ds=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) bundle="$2"; shift 2 ;;
+    --out) out="$2"; shift 2 ;;
+    --budget) budget="$2"; shift 2 ;;
+    --phases) phases="$2"; shift 2 ;;
+    --llmc) llmc="$2"; shift 2 ;;
+    --wheels) wheels="$2"; shift 2 ;;
+    --prebuild-ds) prebuild_ds=1; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "gpu_peers: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
+for p in $phases; do
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16) ;;
+    *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
+done
+work="$(mktemp -d)"
+if [[ "$bundle" == *.tar.xz ]] && [ -f "$bundle" ]; then
+  mkdir -p "$work/.bundle"
+  tar -xJf "$bundle" -C "$work/.bundle" || { echo "gpu_peers: cannot unpack $bundle" >&2; exit 2; }
+  bundle="$(dirname "$(find "$work/.bundle" -maxdepth 2 -name env.sh | head -1)")"
+fi
+[ -n "$bundle" ] && [ -x "$bundle/bin/zrt-train" ] ||
+  { echo "gpu_peers: --bundle must be a tools/gpu-bundle folder (or .tar.xz) with zrt-train" >&2; exit 2; }
+bundle="$(cd "$bundle" && pwd)"
+mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+summary="$out/summary.txt"
+: >"$summary"
+start=$SECONDS
+left() { echo $(( budget - (SECONDS - start) )); }
+say() { echo "$*" | tee -a "$summary"; }
+
+say "gpu_peers $(date -u +%Y-%m-%dT%H:%MZ), commit $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo '?'), budget ${budget}s"
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+say "host: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+say "python: $(python3 -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
+
+if [ -n "$wheels" ] && compgen -G "$wheels/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/peer-site "$wheels"/*.whl >"$work/wheels.log" 2>&1 &&
+    export PYTHONPATH="/tmp/peer-site${PYTHONPATH:+:$PYTHONPATH}" ||
+    say "wheels: install failed (wheels.log)"
+fi
+
+if [ $prebuild_ds -eq 1 ]; then
+  MAX_JOBS=4 nice -n 19 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+    >"$work/ds-prebuild.log" 2>&1 &
+  ds_prebuild_pid=$!
+fi
+
+phase() {  # phase NAME USUAL_SECONDS COMMAND...
+  local name="$1" usual="$2"; shift 2
+  local remaining; remaining=$(left)
+  if [ "$remaining" -lt "$usual" ]; then
+    say ""; say "== $name: skipped (${remaining}s left, it usually takes ${usual}s)"; return
+  fi
+  say ""; say "== $name (up to ${remaining}s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$remaining" "$@" >"$work/$name.log" 2>&1
+  local rc=$?
+  local status="exit $rc"
+  { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && status="cut off at the budget"
+  tail -n 25 "$work/$name.log" >>"$summary"
+  say "-- $name: $status after $(( SECONDS - t0 ))s"
+}
+
+source "$bundle/env.sh"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+data="$bundle/data"
+# median_zrt METRICS SKIP: the median tokens/s and MFU of the logged steps after the first SKIP.
+median_zrt() {
+  python3 - "$1" "$2" <<'EOF'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+rows = [r for r in rows if "tokens_per_s" in r and r.get("step", 0) > int(sys.argv[2])]
+if rows:
+    print("tok_s=%.0f mfu=%.1f%% steps=%d" % (statistics.median(r["tokens_per_s"] for r in rows),
+          100 * statistics.median(r.get("mfu", 0) for r in rows), len(rows)))
+EOF
+}
+zrt_run() {  # zrt_run NAME SKIP CONFIG OVERRIDES...
+  local name="$1" skip="$2" config="$3"; shift 3
+  (cd "$root" && "$bundle/bin/zrt-train" --config "$config" --output_dir "$work/$name" \
+     --train.log_interval 1 --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" "$@")
+  local rc=$?
+  echo "RESULT zrt $name $(median_zrt "$work/$name/metrics.jsonl" "$skip") exit=$rc"
+}
+llmc_run() {
+  "$llmc" -i "$data/kjv_train_*.bin" -j "$data/kjv_val_*.bin" -e d12 -b 8 -t 1024 -d 8192 \
+    -x 40 -v 0 -s 0 -h 0 -l 6e-4 -u 5 -c 0.1
+  local rc=$?
+  return $rc
+}
+llmc_phase() {
+  llmc_run
+  local rc=$?
+  # Steps after the 10th: "step   12/40 | loss ... | 17.23 ms | 40.1% bf16 MFU | ..."
+  python3 - "$work/llmc.log" <<'EOF'
+import re, statistics, sys
+ms, mfu = [], []
+for line in open(sys.argv[1]):
+    m = re.match(r"step\s+(\d+)/\d+ .*\|\s*([\d.]+) ms \|\s*([\d.]+)% bf16 MFU", line)
+    if m and int(m.group(1)) > 10:
+        ms.append(float(m.group(2))); mfu.append(float(m.group(3)))
+if ms:
+    med = statistics.median(ms)
+    print("RESULT llmc tok_s=%.0f step_ms=%.2f mfu(llm.c's own)=%.1f%% steps=%d"
+          % (8192 / (med / 1e3), med, statistics.median(mfu), len(ms)))
+EOF
+  return $rc
+}
+
+for p in $phases; do
+  case "$p" in
+    llmc)
+      if [ -n "$llmc" ] && [ -x "$llmc" ]; then phase llmc 40 llmc_phase
+      else say ""; say "== llmc: skipped (no --llmc binary)"; fi ;;
+    nanogpt)
+      phase nanogpt 150 python3 "$root/tools/bench/torch_gpt_train_cuda.py" --batch 8 --seq 1024 \
+        --iters 30 --variants sdpa,compile ;;
+    zrt-gpt2)
+      phase zrt-gpt2 50 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; zrt_run gpt2-s0 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
+        zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3" ;;
+    attention)
+      phase attention 40 "$bundle/bin/zrt-bench" attention --python python3 \
+        --torch-script "$root/tools/bench/torch_attention_bench.py" --iters 20 \
+        --shapes "8,1024,12,64;4,1024,32,128;1,4096,32,128;1,8192,32,128" ;;
+    zrt-llama)
+      phase zrt-llama 120 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; zrt_run llama8b-r0.7 1 configs/gpu-llama-3.1-8b-offload.json --train.steps 5" ;;
+    ds-llama)
+      phase ds-llama 200 python3 "$root/tools/bench/torch_llama_offload_bench.py" --engine deepspeed \
+        --layers 32 --ratio 0.7 --steps 4 ;;
+    fsdp2)
+      phase fsdp2 150 python3 "$root/tools/bench/torch_llama_offload_bench.py" --engine fsdp2 \
+        --layers 16 --steps 3 ;;
+    zrt-llama16)
+      phase zrt-llama16 90 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; zrt_run llama16-full 1 configs/gpu-llama-3.1-8b-offload.json \
+        --train.steps 4 --model.num_hidden_layers 16 --zero_optimization.offload_optimizer.ratio 1.0" ;;
+    ds-llama16)
+      phase ds-llama16 150 python3 "$root/tools/bench/torch_llama_offload_bench.py" --engine deepspeed \
+        --layers 16 --ratio 1.0 --steps 3 ;;
+  esac
+done
+
+if [ -n "${ds_prebuild_pid:-}" ]; then
+  wait "$ds_prebuild_pid"; say ""; say "DeepSpeed CPU Adam prebuild: exit $? ($(tail -n 1 "$work/ds-prebuild.log"))"
+fi
+say ""
+say "== results"
+grep -h "^RESULT" "$work"/*.log | tee -a "$summary"
+grep -h "sdpa(flash)" "$work/nanogpt.log" 2>/dev/null | tee -a "$summary"
+tar -C "$work" -czf "$out/logs.tar.gz" --exclude='./.bundle' --exclude='*.bin' . 2>/dev/null
+say "gpu_peers: done in $(( SECONDS - start ))s"
+rm -rf "$work"
