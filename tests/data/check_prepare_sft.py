@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""tools/data/prepare-sft against transformers' goldens, the shard format and its error cases.
+
+    check_prepare_sft.py --script tools/data/prepare-sft --work DIR
+
+With the fixture tokenizers of tests/data/sft (Llama-3 and Qwen2.5 templates, a template with
+{% generation %} blocks, SmolLM3's) and conversations in all three input forms:
+  * every conversation's ids and loss mask equal goldens.json (transformers' apply_chat_template
+    ids and masks, tests/data/make_sft_goldens.py), unpacked and packed, for --train-on
+    assistant and last-assistant; with transformers installed, goldens.json is recomputed and
+    must agree; --train-on all marks every token;
+  * every shard parses with the reader below (written from docs/fine-tuning.md, not from the
+    script): header, exact file size, document pointers and ends, padding = pad id with mask 0;
+    packed documents are whole conversations, each exactly once, none split;
+  * overlong conversations are dropped or truncated and counted; the val split (fraction or
+    file) is whole conversations; --shard-sequences splits shards; runs are deterministic;
+  * each error (malformed JSON, unknown role, missing content, a template that raises, a
+    tokenizer without a template, an id >= --vocab-size, an existing output) exits 1 with
+    prepare-sft: error: FILE:LINE: ... and leaves nothing behind;
+  * a realistic length mix (lognormal, median ~300 tokens) packs into 4096 at >= 95%.
+Needs tokenizers and jinja2 (tools/install-python-deps installs them, and transformers).
+"""
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import struct
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SFT = os.path.join(HERE, "sft")
+MAGIC, VERSION = 20251201, 1
+
+
+def check(condition, message):
+    if not condition:
+        sys.exit("FAILED: " + message)
+
+
+def run(args, cmd, expect_ok=True):
+    done = subprocess.run([sys.executable, args.script] + cmd, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    if expect_ok and done.returncode != 0:
+        sys.exit("FAILED: prepare-sft %s exited %d:\n%s%s"
+                 % (" ".join(cmd), done.returncode, done.stdout, done.stderr))
+    return done
+
+
+# --- An independent reader of the packed SFT shard format (docs/fine-tuning.md) -------------
+
+def read_shard(path):
+    """The shard's header and sequences: [(tokens, mask, [(start, end) of each document])]."""
+    with open(path, "rb") as f:
+        data = f.read()
+    check(len(data) >= 1024, "%s: %d bytes, shorter than the header" % (path, len(data)))
+    header = struct.unpack("<256i", data[:1024])
+    magic, version, S, T, D, token_bytes, vocab, pad = header[:8]
+    check((magic, version, token_bytes) == (MAGIC, VERSION, 4),
+          "%s: magic %d version %d token_bytes %d" % (path, magic, version, token_bytes))
+    check(all(h == 0 for h in header[8:]), "%s: header words 8.. are not 0" % path)
+    check(S >= 1 and T >= 1 and D >= S, "%s: S %d T %d D %d" % (path, S, T, D))
+    check(len(data) == 1024 + S * T * 5 + (S + 1) * 8 + D * 4,
+          "%s: %d bytes, the format says %d" % (path, len(data), 1024 + S * T * 5 + (S + 1) * 8 + D * 4))
+    at = 1024
+    tokens = struct.unpack("<%dI" % (S * T), data[at:at + 4 * S * T])
+    at += 4 * S * T
+    mask = data[at:at + S * T]
+    at += S * T
+    doc_ptr = struct.unpack("<%dq" % (S + 1), data[at:at + 8 * (S + 1)])
+    at += 8 * (S + 1)
+    doc_end = struct.unpack("<%di" % D, data[at:at + 4 * D])
+    check(doc_ptr[0] == 0 and doc_ptr[S] == D, "%s: doc_ptr %d .. %d, D %d" % (path, doc_ptr[0], doc_ptr[S], D))
+    check(set(mask) <= {0, 1}, "%s: a mask byte other than 0 or 1" % path)
+    check(max(tokens) < vocab and 0 <= pad < vocab, "%s: an id or the pad id not below %d" % (path, vocab))
+    sequences = []
+    for s in range(S):
+        check(doc_ptr[s + 1] - doc_ptr[s] >= 1, "%s: sequence %d has no document" % (path, s))
+        toks, m = tokens[s * T:(s + 1) * T], mask[s * T:(s + 1) * T]
+        docs, start = [], 0
+        for end in doc_end[doc_ptr[s]:doc_ptr[s + 1]]:
+            check(start < end <= T, "%s: sequence %d: document ends %d after %d (T %d)" % (path, s, end, start, T))
+            docs.append((start, end))
+            start = end
+        check(all(t == pad for t in toks[start:]), "%s: sequence %d: padding is not the pad id" % (path, s))
+        check(not any(m[start:]), "%s: sequence %d: a loss target in the padding" % (path, s))
+        sequences.append((toks, m, docs))
+    return {"S": S, "T": T, "D": D, "vocab": vocab, "pad": pad}, sequences
+
+
+def read_output(out, split="train"):
+    """summary.json and every document of a split, as (ids, mask string), in file order."""
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    docs, sequences = [], 0
+    check(summary[split]["shards"], "%s: no %s shards" % (out, split))
+    for shard in summary[split]["shards"]:
+        header, seqs = read_shard(os.path.join(out, shard))
+        check(header["T"] == summary["seq_len"] and header["pad"] == summary["pad_id"]
+              and header["vocab"] == summary["vocab_size"], "%s: header disagrees with summary" % shard)
+        sequences += len(seqs)
+        for toks, m, spans in seqs:
+            for a, b in spans:
+                docs.append((list(toks[a:b]), "".join(str(x) for x in m[a:b])))
+    real = sum(len(d[0]) for d in docs)
+    s = summary[split]
+    check((s["sequences"], s["documents"], s["tokens"]) == (sequences, len(docs), real),
+          "%s: summary says %d sequences, %d documents, %d tokens; the shards hold %d, %d, %d"
+          % (out, s["sequences"], s["documents"], s["tokens"], sequences, len(docs), real))
+    check(abs(s["packing_efficiency"] - real / float(sequences * summary["seq_len"])) < 1e-9,
+          "%s: packing efficiency" % out)
+    check(s["loss_tokens"] == sum(m[1:].count("1") for _, m in docs), "%s: loss_tokens" % out)
+    return summary, docs
+
+
+def match_goldens(docs, expected, what):
+    """Every document is exactly one expected conversation (ids and mask), each exactly once."""
+    remaining = {}
+    for ids, mask in expected:
+        remaining.setdefault(tuple(ids), []).append(mask)
+    for ids, mask in docs:
+        masks = remaining.get(tuple(ids))
+        check(masks, "%s: a document (%d tokens) is no whole conversation of the goldens: a split "
+              "or wrong ids? %s" % (what, len(ids), ids[:20]))
+        check(mask in masks, "%s: loss mask of a %d-token conversation differs from the golden:\n"
+              "  got    %s\n  golden %s" % (what, len(ids), mask, masks[0]))
+        masks.remove(mask)
+    left = sum(len(m) for m in remaining.values())
+    check(left == 0, "%s: %d golden conversation(s) missing from the output" % (what, left))
+
+
+def golden_case(goldens, tokenizer, data, train_on):
+    for case in goldens["cases"]:
+        if (case["tokenizer"], case["input"], case["train_on"]) == (tokenizer, data, train_on):
+            return case["conversations"]
+    sys.exit("FAILED: goldens.json has no case %s %s %s" % (tokenizer, data, train_on))
+
+
+def kept(entries):
+    return [(e["ids"], e["mask"]) for e in entries if "ids" in e]
+
+
+# --- The checks --------------------------------------------------------------------------------
+
+def check_goldens(args, goldens):
+    for case in goldens["cases"]:
+        name, data, train_on = case["tokenizer"], case["input"], case["train_on"]
+        expected = kept(case["conversations"])
+        check(any("0" in m for _, m in expected) and any("1" in m for _, m in expected),
+              "goldens %s/%s: masks are all zeros or all ones" % (name, data))
+        for packed in (False, True):
+            out = os.path.join(args.work, "golden-%s-%s-%s-%d" % (name, data, train_on, packed))
+            run(args, ["--tokenizer", os.path.join(SFT, name), "--input", os.path.join(SFT, data),
+                       "--output", out, "--seq-len", "256", "--train-on", train_on]
+                + ([] if packed else ["--no-pack"]))
+            summary, docs = read_output(out)
+            what = "%s %s --train-on %s%s" % (name, data, train_on, "" if packed else " --no-pack")
+            match_goldens(docs, expected, what)
+            dropped = [e["dropped"] for e in case["conversations"] if "dropped" in e]
+            check((summary["dropped_empty"], summary["dropped_no_loss_token"], summary["kept"],
+                   summary["conversations_read"])
+                  == (dropped.count("empty"), dropped.count("no_loss_token"), len(expected),
+                      len(case["conversations"])), "%s: drop counts %s" % (what, summary))
+            if name == "qwen2.5" and data == "chat.jsonl":
+                # Line 3's answer starts with a newline, which Qwen's tokenizer merges with the
+                # generation prompt's: the prefix rule falls back to character offsets.
+                check(summary["prefix_rule_offset_fallbacks"] == 1, "%s: fallbacks %d, expected 1"
+                      % (what, summary["prefix_rule_offset_fallbacks"]))
+            shards = sorted(os.path.join("train", n) for n in os.listdir(os.path.join(out, "train")))
+            check(shards == sorted(summary["train"]["shards"]), "%s: summary lists %s, the directory "
+                  "holds %s" % (what, summary["train"]["shards"], shards))
+            if not packed:
+                check(summary["train"]["sequences"] == len(expected), "%s: not one per sequence" % what)
+            else:
+                check(summary["train"]["sequences"] < len(expected), "%s: nothing was packed" % what)
+        print("ok: %s %s --train-on %s: %d conversations equal transformers' ids and masks, "
+              "packed and not" % (name, data, train_on, len(expected)))
+
+
+def check_train_on_all(args, goldens):
+    entries = golden_case(goldens, "qwen2.5", "chat.jsonl", "assistant")
+    expected = kept(entries)
+    out = os.path.join(args.work, "all")
+    run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", os.path.join(SFT, "chat.jsonl"),
+               "--output", out, "--seq-len", "256", "--train-on", "all"])
+    summary, docs = read_output(out)
+    check(all(set(m) == {"1"} for _, m in docs), "--train-on all: a token is not a target")
+    # With every token a target, a conversation without an assistant answer is kept too.
+    known = set(tuple(ids) for ids, _ in expected)
+    extra = [d for d in docs if tuple(d[0]) not in known]
+    check(len(extra) == sum(1 for e in entries if e.get("dropped") == "no_loss_token"),
+          "--train-on all: %d documents beyond the goldens" % len(extra))
+    match_goldens([d for d in docs if tuple(d[0]) in known],
+                  [(ids, "1" * len(ids)) for ids, _ in expected], "--train-on all")
+    print("ok: --train-on all marks every token of every conversation")
+
+
+def check_overlong(args, goldens):
+    entries = golden_case(goldens, "llama3", "chat.jsonl", "assistant")
+    expected = kept(entries)
+    lengths = sorted(len(ids) for ids, _ in expected)
+    seq_len = lengths[len(lengths) // 2]  # about half are longer
+    longer = [(ids, m) for ids, m in expected if len(ids) > seq_len]
+    check(longer, "overlong: no conversation is longer than %d" % seq_len)
+    base = ["--tokenizer", os.path.join(SFT, "llama3"), "--input", os.path.join(SFT, "chat.jsonl"),
+            "--seq-len", str(seq_len)]
+    out = os.path.join(args.work, "overlong-drop")
+    run(args, base + ["--output", out])
+    summary, docs = read_output(out)
+    check(summary["dropped_overlong"] == len(longer) and summary["truncated"] == 0,
+          "--overlong drop: %d dropped, expected %d" % (summary["dropped_overlong"], len(longer)))
+    match_goldens(docs, [(ids, m) for ids, m in expected if len(ids) <= seq_len], "--overlong drop")
+    out = os.path.join(args.work, "overlong-truncate")
+    run(args, base + ["--output", out, "--overlong", "truncate"])
+    summary, docs = read_output(out)
+    cut = [(ids[:seq_len], m[:seq_len]) for ids, m in expected]
+    keep = [(ids, m) for ids, m in cut if "1" in m[1:]]
+    check(summary["truncated"] == len(longer) and summary["dropped_overlong"] == 0
+          and summary["dropped_no_loss_token"] == len(cut) - len(keep)
+          + sum(1 for e in entries if e.get("dropped") == "no_loss_token"),
+          "--overlong truncate: counts %s" % summary)
+    match_goldens(docs, keep, "--overlong truncate")
+    check(any(len(ids) == seq_len for ids, _ in docs), "--overlong truncate: nothing truncated to T")
+    print("ok: --seq-len %d: %d overlong conversation(s) dropped, or truncated to %d tokens"
+          % (seq_len, len(longer), seq_len))
+
+
+def check_val_and_shards(args, goldens):
+    chat = kept(golden_case(goldens, "qwen2.5", "chat.jsonl", "assistant"))
+    share = kept(golden_case(goldens, "qwen2.5", "sharegpt.jsonl", "assistant"))
+    base = ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--seq-len", "256"]
+    out = os.path.join(args.work, "val-fraction")
+    run(args, base + ["--input", os.path.join(SFT, "chat.jsonl"), "--output", out,
+                      "--val-fraction", "0.4", "--shard-sequences", "1", "--no-pack"])
+    _, train = read_output(out, "train")
+    summary, val = read_output(out, "val")
+    check(len(val) == round(0.4 * (len(train) + len(val))), "--val-fraction 0.4: %d val of %d"
+          % (len(val), len(train) + len(val)))
+    check(len(summary["train"]["shards"]) == len(train) and summary["train"]["shards"][0]
+          == "train/sft_000000.bin", "--shard-sequences 1: shards %s" % summary["train"]["shards"])
+    match_goldens(train + val, chat, "--val-fraction")
+    out = os.path.join(args.work, "val-file")
+    run(args, base + ["--input", os.path.join(SFT, "chat.jsonl"), "--output", out,
+                      "--val", os.path.join(SFT, "sharegpt.jsonl")])
+    _, val = read_output(out, "val")
+    match_goldens(val, share, "--val FILE")
+    print("ok: val splits are whole conversations; --shard-sequences 1 gives one shard per sequence")
+
+
+def check_templates(args, goldens):
+    """chat_template.jinja wins over tokenizer_config.json's; a list of named templates gives
+    "default"; the same tokenizer.json gives the same ids either way."""
+    with open(os.path.join(SFT, "qwen2.5", "tokenizer_config.json")) as f:
+        config = json.load(f)
+    qwen_template = config["chat_template"]
+    with open(os.path.join(SFT, "chatml-generation", "chat_template.jinja")) as f:
+        generation_template = f.read()
+    named = os.path.join(args.work, "tok-named")
+    shutil.copytree(os.path.join(SFT, "qwen2.5"), named)
+    with open(os.path.join(named, "tokenizer_config.json"), "w") as f:
+        json.dump(dict(config, chat_template=[{"name": "rag", "template": "{{ raise_exception('not me') }}"},
+                                              {"name": "default", "template": qwen_template}]), f)
+    jinja = os.path.join(args.work, "tok-jinja")
+    shutil.copytree(os.path.join(SFT, "qwen2.5"), jinja)
+    with open(os.path.join(jinja, "chat_template.jinja"), "w") as f:
+        f.write(generation_template)
+    for directory, golden in ((named, "qwen2.5"), (jinja, "chatml-generation")):
+        out = os.path.join(args.work, "out-" + os.path.basename(directory))
+        run(args, ["--tokenizer", directory, "--input", os.path.join(SFT, "chat.jsonl"),
+                   "--output", out, "--seq-len", "256"])
+        match_goldens(read_output(out)[1], kept(golden_case(goldens, golden, "chat.jsonl", "assistant")),
+                      os.path.basename(directory))
+    print("ok: chat_template.jinja wins over tokenizer_config.json; named templates give default")
+
+
+def check_determinism(args):
+    base = ["--tokenizer", os.path.join(SFT, "llama3"), "--input", os.path.join(SFT, "chat.jsonl"),
+            os.path.join(SFT, "sharegpt.jsonl"), os.path.join(SFT, "prompt_completion.jsonl"),
+            "--seq-len", "512"]
+    shards = []
+    for name, seed in (("seed-a", "1"), ("seed-b", "1")):
+        out = os.path.join(args.work, name)
+        run(args, base + ["--output", out, "--seed", seed])
+        with open(os.path.join(out, "train", "sft_000000.bin"), "rb") as f:
+            shards.append(f.read())
+    check(shards[0] == shards[1], "two runs with --seed 1 differ")
+    # --overwrite replaces an output; without it an existing one is an error.
+    out = os.path.join(args.work, "seed-a")
+    done = run(args, base + ["--output", out], expect_ok=False)
+    check(done.returncode == 1 and "exists" in done.stderr, "an existing --output was not refused")
+    run(args, base + ["--output", out, "--overwrite", "--seed", "2"])
+    read_output(out)
+    print("ok: the same seed gives the same bytes; an existing output needs --overwrite")
+
+
+def check_errors(args):
+    qwen, gen = os.path.join(SFT, "qwen2.5"), os.path.join(SFT, "chatml-generation")
+    bare = os.path.join(args.work, "tok-bare")
+    shutil.copytree(qwen, bare)
+    with open(os.path.join(bare, "tokenizer_config.json")) as f:
+        config = json.load(f)
+    del config["chat_template"]
+    with open(os.path.join(bare, "tokenizer_config.json"), "w") as f:
+        json.dump(config, f)
+    # A template that renders the last message differently, so a conversation's beginning does
+    # not render as the beginning of its render: the prefix rule cannot place the answers.
+    unstable = os.path.join(args.work, "tok-unstable")
+    shutil.copytree(qwen, unstable)
+    with open(os.path.join(unstable, "chat_template.jinja"), "w") as f:
+        f.write("{% for m in messages %}{% if loop.last %}LAST {% endif %}{{ m.content }}\n{% endfor %}")
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
+    cases = [
+        ("malformed JSON", qwen, [good, '{"messages": [', good], [], 2, r"malformed JSON"),
+        ("unknown role", qwen, [good, good, '{"messages": [{"role": "robot", "content": "beep"}]}'],
+         [], 3, r"messages\[0\]: unknown role \"robot\""),
+        ("unknown ShareGPT role", qwen, ['{"conversations": [{"from": "bot", "value": "x"}]}'], [], 1,
+         r"conversations\[0\]: unknown role \"bot\""),
+        ("missing content", qwen, [good, '{"messages": [{"role": "user"}]}'], [], 2,
+         r"messages\[0\]: missing content"),
+        ("missing ShareGPT value", qwen, ['{"conversations": [{"from": "human"}]}'], [], 1,
+         r"missing content"),
+        ("a template that raises", gen, [good, '{"messages": [{"role": "assistant", "content": "first"}]}'],
+         [], 2, r"the chat template refused the conversation: Conversations must start with a "
+                r"system or user message, not assistant"),
+        ("a tokenizer without a chat template", bare, [good], [], 1, r"has no chat template"),
+        ("a template whose prefixes are not prefixes", unstable, [good], [], 1,
+         r"does not render the conversation's first 1 message\(s\) as a prefix"),
+        ("an id >= the vocabulary", qwen, [good], ["--vocab-size", "501"], 1,
+         r"token id \d+ is not below the vocabulary size 501"),
+        ("neither messages nor prompt/completion", qwen, ['{"text": "hi"}'], [], 1,
+         r"a record needs messages"),
+        ("a prompt string with a completion list", qwen,
+         ['{"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}'], [], 1,
+         r"two strings or two message lists"),
+    ]
+    for what, tokenizer, lines, extra, line, pattern in cases:
+        path = os.path.join(args.work, "bad.jsonl")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        out = os.path.join(args.work, "errors", "out")
+        done = run(args, ["--tokenizer", tokenizer, "--input", path, "--output", out,
+                          "--seq-len", "64"] + extra, expect_ok=False)
+        check(done.returncode == 1, "%s: exit status %d, expected 1\n%s" % (what, done.returncode, done.stderr))
+        want = r"^prepare-sft: error: %s:%d: .*%s" % (re.escape(path), line, pattern)
+        check(re.search(want, done.stderr, re.M), "%s: stderr does not match %r:\n%s"
+              % (what, want, done.stderr))
+        leftovers = os.listdir(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else []
+        check(not leftovers, "%s: left %s behind" % (what, leftovers))
+        print("ok: %s: %s" % (what, done.stderr.strip()))
+
+
+def check_efficiency(args):
+    """A realistic length mix: lognormal conversation lengths, median ~300 tokens, in 4096."""
+    rng = random.Random(7)
+    # Words that are one token each (with their leading space) in the fixture tokenizer, so a
+    # message of n words is about n tokens.
+    words = ("the model is an optimizer step per rank and every stage of zrt offload as it runs "
+             "on one rank with a step that is true for its stage").split()
+    path = os.path.join(args.work, "mix.jsonl")
+    with open(path, "w") as f:
+        for _ in range(3000):
+            n = max(8, int(rng.lognormvariate(math.log(220), 0.9)))
+            q = max(2, n // 5)
+            text = lambda k: " ".join(rng.choice(words) for _ in range(k))
+            f.write(json.dumps({"messages": [{"role": "user", "content": text(q)},
+                                             {"role": "assistant", "content": text(n - q)}]}) + "\n")
+    out = os.path.join(args.work, "mix")
+    done = run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", path, "--output", out,
+                      "--seq-len", "4096"])
+    summary, docs = read_output(out)
+    lengths = sorted(len(ids) for ids, _ in docs)
+    median = lengths[len(lengths) // 2]
+    efficiency = summary["train"]["packing_efficiency"]
+    check(150 <= median <= 600, "the mix's median is %d tokens, not ~300" % median)
+    check(efficiency >= 0.95, "packing efficiency %.4f < 0.95 on the realistic mix" % efficiency)
+    print("ok: %d conversations (median %d tokens, %d dropped as overlong) pack into %d sequences "
+          "of 4096 at %.2f%% efficiency" % (len(docs), median, summary["dropped_overlong"],
+                                           summary["train"]["sequences"], 100 * efficiency))
+    sys.stdout.write(done.stdout)
+
+
+def check_live_transformers(goldens):
+    try:
+        import transformers  # noqa: F401
+    except ImportError as e:
+        print("note: transformers is not installed (%s), so goldens.json is not recomputed "
+              "(tools/install-python-deps installs it)" % e)
+        return
+    sys.path.insert(0, HERE)
+    sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+    import make_sft_goldens
+    live = make_sft_goldens.compute()
+    check(live["cases"] == goldens["cases"],
+          "transformers %s's apply_chat_template disagrees with goldens.json (made with %s): "
+          "rerun tests/data/make_sft_goldens.py --check for details"
+          % (live["transformers"], goldens["transformers"]))
+    print("ok: transformers %s's apply_chat_template gives goldens.json's ids and masks"
+          % live["transformers"])
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--script", required=True, help="tools/data/prepare-sft")
+    p.add_argument("--work", required=True, help="a scratch directory (emptied)")
+    args = p.parse_args()
+    for package in ("tokenizers", "jinja2"):
+        try:
+            __import__(package)
+        except ImportError as e:
+            sys.exit("FAILED: %s lacks the %s package (%s): run tools/install-python-deps"
+                     % (sys.executable, package, e))
+    shutil.rmtree(args.work, ignore_errors=True)
+    os.makedirs(args.work)
+    with open(os.path.join(SFT, "goldens.json")) as f:
+        goldens = json.load(f)
+    check_live_transformers(goldens)
+    check_goldens(args, goldens)
+    check_train_on_all(args, goldens)
+    check_overlong(args, goldens)
+    check_val_and_shards(args, goldens)
+    check_templates(args, goldens)
+    check_determinism(args)
+    check_errors(args)
+    check_efficiency(args)
+    print("check_prepare_sft: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
