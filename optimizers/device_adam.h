@@ -12,7 +12,7 @@
 
 #include "optimizers/adam.h"
 #include "optimizers/cpu_adam.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/host_optimizers.h"
 #include "optimizers/optimizer_config.h"
 #include "runtime/device/device.h"
 

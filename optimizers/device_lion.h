@@ -10,7 +10,7 @@
 
 #include "optimizers/cpu_lion.h"
 #include "optimizers/lion.h"
-#include "optimizers/optimizer.h"
+#include "optimizers/host_optimizers.h"
 #include "runtime/device/device.h"
 
 namespace zrt {

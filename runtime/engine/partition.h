@@ -1,11 +1,11 @@
 // The flat layout of parameters in units: which unit each parameter lives in, at which offset,
 // and which slice of each unit every rank owns.
 //
-// Units (DESIGN.md): at stages 0-2 a unit is a gradient bucket of whole modules, in backward
-// order, of about `bucket_elements` (a module larger than that is a bucket by itself: a
-// hand-written backward finishes a module's gradients together, so cutting inside a module
-// would not release anything earlier); at stage 3 a unit is one module's parameters. At every
-// stage a parameter used by several modules (a tied embedding) is a unit of its own, because
+// Units (docs/architecture.md, "Units"): at stages 0-2 a unit is a gradient bucket of whole
+// modules, in backward order, of about `bucket_elements` (a module larger than that is a bucket by
+// itself: a hand-written backward finishes a module's gradients together, so cutting inside a
+// module would not release anything earlier); at stage 3 a unit is one module's parameters. At
+// every stage a parameter used by several modules (a tied embedding) is a unit of its own, because
 // its gradient completes only at its last use. At stage 3 parameters with fewer than
 // `persistence_threshold` elements form one persistent unit that stays gathered.
 //

@@ -1,8 +1,8 @@
 // The engine's schedule as a pure function: which units to gather, prefetch, release, which
 // gradient buckets to open and free and which reductions to issue, for each module use of a
 // micro-batch (model_interface.h's acquire / release call order). No device, no memory, no
-// timing: the same calls give the same operations, on every rank (DESIGN.md: the sequence of
-// collectives is a pure function of the config and the model).
+// timing: the same calls give the same operations, on every rank (docs/architecture.md,
+// "Units": the sequence of collectives is a pure function of the config and the model).
 //
 // ZeroEngine executes the operations on its streams; zrt-mem replays them to find the peaks of
 // gathered parameters and gradient buckets (schedule_peaks below), so the two cannot drift

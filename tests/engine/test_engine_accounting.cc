@@ -1,6 +1,6 @@
 // What a rank holds and what it sends, measured by the memory tracker and the byte counters,
-// against the ZeRO paper's formulas (DESIGN.md "What must stay true"); and fp16 loss scaling
-// driven by scripted overflows on one rank.
+// against the ZeRO paper's formulas (docs/architecture.md, "Units, and what must stay true");
+// and fp16 loss scaling driven by scripted overflows on one rank.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // Units, padding and slices: every element owned by exactly one rank, parameters aligned and
-// rebuilt exactly from the slices, units formed as DESIGN.md says for each stage.
+// rebuilt exactly from the slices, units formed as docs/architecture.md ("Units") says for each
+// stage.
 #include <catch2/catch.hpp>
 
 #include <map>
