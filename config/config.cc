@@ -942,6 +942,8 @@ class Parser {
     d.val = get_string("data.val", "");
     d.shuffle = get_bool("data.shuffle", true);
     d.seed = static_cast<std::uint64_t>(get_int("data.seed", static_cast<std::int64_t>(c.seed)));
+    d.document_mask = get_bool("data.document_mask", false);
+    d.document_separator = get_int("data.document_separator", -1);
 
     if (!has("train") && !is_rejected("train")) {
       error_plain(ProblemKind::kMissing,
@@ -1080,6 +1082,7 @@ class Parser {
                                    : ReduceScatterAlgo::kAlltoall;
     comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
     comm.ranks_per_node = get_small_int("comm.ranks_per_node", 0);
+    comm.host_staged = get_bool("comm.host_staged_collectives", false);
     const int hpz = config_.engine.hpz_partition_size;
     if (hpz > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % hpz != 0) {
       fail("zero_optimization.zero_hpz_partition_size",
@@ -1177,14 +1180,17 @@ std::string ModelConfig::spec() const {
   return overrides.empty() ? preset : preset + ":" + join(overrides, ",");
 }
 
-DeviceOptions DeviceConfig::options(bool gpu_available, int local_rank, std::uint64_t seed) const {
+DeviceOptions DeviceConfig::options(int gpu_count, int local_rank, std::uint64_t seed) const {
   DeviceOptions o;
+  const bool gpu_available = gpu_count > 0;
   if (type == DeviceChoice::kCuda && !gpu_available) {
     ZRT_THROW(InvalidArgument, "device.type is cuda, but no usable GPU was found");
   }
   const bool cuda = type == DeviceChoice::kCuda || (type == DeviceChoice::kAuto && gpu_available);
   o.type = cuda ? DeviceType::kCuda : DeviceType::kCpu;
-  o.index = cuda ? local_rank : 0;
+  // More local ranks than GPUs: ranks share them round-robin (and their collectives go through
+  // the host: comm.host_staged_collectives).
+  o.index = cuda ? local_rank % gpu_count : 0;
   o.memory_limit_bytes = static_cast<std::int64_t>(std::llround(memory_limit_gb * 1073741824.0));
   o.stream_delay_max_us = cuda ? 0 : stream_delay_us;
   o.stream_delay_seed = seed;
@@ -1310,6 +1316,8 @@ json resolved_document(const Config& c) {
   if (!c.data.val.empty()) out["data"]["val"] = c.data.val;
   out["data"]["shuffle"] = c.data.shuffle;
   out["data"]["seed"] = c.data.seed;
+  if (c.data.document_mask) out["data"]["document_mask"] = true;
+  if (c.data.document_separator >= 0) out["data"]["document_separator"] = c.data.document_separator;
   out["train"] = {{"steps", c.train.steps},
                   {"eval_interval", c.train.eval_interval},
                   {"eval_batches", c.train.eval_batches},
@@ -1346,6 +1354,7 @@ json resolved_document(const Config& c) {
                   c.comm.reduce_scatter_algo == ReduceScatterAlgo::kNative ? "native" : "alltoall"},
                  {"max_chunk_mb", c.comm.max_chunk_bytes >> 20},
                  {"ranks_per_node", c.comm.ranks_per_node},
+                 {"host_staged_collectives", c.comm.host_staged},
                  {"simulated_bandwidth_gb_per_s", c.comm.simulated_bandwidth_bytes_per_s / 1e9},
                  {"simulated_latency_us", c.comm.simulated_latency_s * 1e6}};
   if (c.trace.enabled()) {

@@ -71,10 +71,14 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string train;  // a path or a glob
+  std::string train;  // a path or a glob of llm.c shards, or of packed SFT shards or their folder
   std::string val;    // "" when there is no validation set
   bool shuffle = true;
   std::uint64_t seed = 1234;  // default: Config::seed
+  // llm.c shards: attention stops at each document separator and positions restart (Llama 3's
+  // intra-document masking); packed SFT shards carry their own boundaries.
+  bool document_mask = false;
+  std::int64_t document_separator = -1;  // -1: 50256 for 16-bit shards, 128000 for 32-bit ones
 };
 
 struct TrainConfig {
@@ -122,9 +126,10 @@ struct DeviceConfig {
   double memory_limit_gb = 0.0;  // 0: no limit (CPU) / the GPU's memory (CUDA)
   int stream_delay_us = 0;       // CPU debug
 
-  // The DeviceOptions for a rank: `gpu_available` resolves "auto"; `local_rank` picks the GPU.
+  // The DeviceOptions for a rank: `gpu_count` resolves "auto"; `local_rank` picks the GPU.
   // Throws InvalidArgument if type is cuda and no GPU is available.
-  DeviceOptions options(bool gpu_available, int local_rank, std::uint64_t seed) const;
+  // `gpu_count`: the GPUs this process can use (0: none); a node's ranks share them round-robin.
+  DeviceOptions options(int gpu_count, int local_rank, std::uint64_t seed) const;
 };
 
 struct TraceConfig {

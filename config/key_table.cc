@@ -622,10 +622,20 @@ std::vector<KeyInfo> build_table() {
         "index) or a .safetensors file; else a random init from seed")
           .zrt(),
       K("data", I, kObject, "required", "Token data").zrt(),
-      K("data.train", I, kString, "required", "Training token file: a path or a glob").zrt(),
-      K("data.val", I, kString, "none", "Validation token file: a path or a glob").zrt(),
+      K("data.train", I, kString, "required",
+        "Training data: a path or glob of llm.c token shards or packed SFT shards, or the folder "
+        "prepare-sft wrote")
+          .zrt(),
+      K("data.val", I, kString, "none", "Validation data, as data.train").zrt(),
       K("data.shuffle", I, kBool, "true", "Sample training windows in a seeded random order").zrt(),
       K("data.seed", I, kInt, "seed", "Seed of the data order").range(0).zrt(),
+      K("data.document_mask", I, kBool, "false",
+        "llm.c shards: attention stops at each document separator, positions restart")
+          .zrt(),
+      K("data.document_separator", I, kInt, "50256 (16-bit shards), 128000 (32-bit)",
+        "The token that starts each document, for data.document_mask")
+          .range(0)
+          .zrt(),
       K("train", I, kObject, "required", "The training loop").zrt(),
       K("train.steps", I, kInt, "required", "Optimizer steps to run").range(1).zrt(),
       K("train.eval_interval", I, kInt, "0", "Evaluate every N steps and at the end; 0: never")
@@ -668,6 +678,9 @@ std::vector<KeyInfo> build_table() {
           .zrt(),
       K("comm.max_chunk_mb", I, kInt, "32", "Largest piece one MPI call moves (MiB)")
           .range(1, 1024)
+          .zrt(),
+      K("comm.host_staged_collectives", I, kBool, "false (true when ranks share a GPU)",
+        "Collectives over MPI through pinned host memory instead of NCCL")
           .zrt(),
       K("comm.ranks_per_node", I, kInt, "0",
         "Ranks per node for the node topology; 0: as MPI reports (smaller: simulate nodes)")

@@ -2,6 +2,7 @@
 
 #include "runtime/comm/collective_plan.h"
 #include "runtime/comm/mpi_process_group.h"
+#include "runtime/comm/staged_process_group.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
 #if ZRT_HAVE_CUDA
@@ -157,6 +158,9 @@ double bus_factor(CollectiveOp op, int world) {
 std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
                                                  const std::string& name,
                                                  const CommOptions& options) {
+  if (options.host_staged) {
+    return std::make_unique<StagedProcessGroup>(device, parent, stream, name, options);
+  }
   if (runs_on_cpu(device)) {
     return std::make_unique<MpiProcessGroup>(device, parent, stream, name, options);
   }

@@ -77,6 +77,10 @@ struct CommOptions {
   // Ranks per node for NodeTopology::detect (topology.h); 0: as MPI reports them. A smaller
   // value makes one machine act as several nodes (tests). Config key comm.ranks_per_node.
   int ranks_per_node = 0;
+  // Collectives over MPI through pinned host memory (staged_process_group.h) instead of the
+  // device backend's (NCCL): for ranks that share a GPU, which NCCL refuses. zrt-train sets it
+  // when a node has more ranks than GPUs, or when comm.host_staged_collectives asks.
+  bool host_staged = false;
 };
 
 class ProcessGroup {

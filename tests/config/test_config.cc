@@ -910,20 +910,23 @@ TEST_CASE("device options resolve auto and the memory limit", "[config]") {
   DeviceConfig d;
   d.memory_limit_gb = 0.5;
   d.stream_delay_us = 7;
-  DeviceOptions cpu = d.options(false, 3, 11);
+  DeviceOptions cpu = d.options(0, 3, 11);
   CHECK(cpu.type == DeviceType::kCpu);
   CHECK(cpu.index == 0);
   CHECK(cpu.memory_limit_bytes == (std::int64_t{1} << 29));
   CHECK(cpu.stream_delay_max_us == 7);
   CHECK(cpu.stream_delay_seed == 11);
-  DeviceOptions gpu = d.options(true, 3, 11);
+  DeviceOptions gpu = d.options(8, 3, 11);
   CHECK(gpu.type == DeviceType::kCuda);
   CHECK(gpu.index == 3);
   CHECK(gpu.stream_delay_max_us == 0);
+  // More local ranks than GPUs: they share them round-robin.
+  CHECK(d.options(1, 3, 11).index == 0);
+  CHECK(d.options(2, 3, 11).index == 1);
   d.type = DeviceChoice::kCuda;
-  CHECK_THROWS_AS(d.options(false, 0, 1), InvalidArgument);
+  CHECK_THROWS_AS(d.options(0, 0, 1), InvalidArgument);
   d.type = DeviceChoice::kCpu;
-  CHECK(d.options(true, 1, 1).type == DeviceType::kCpu);
+  CHECK(d.options(1, 1, 1).type == DeviceType::kCpu);
 }
 
 TEST_CASE("the key table is consistent", "[config][keys]") {

@@ -53,7 +53,8 @@ std::vector<double> metric_losses(const std::string& output_dir) {
 }
 
 std::vector<double> run(const std::string& dir, const std::string& name, const std::string& zero,
-                        int accumulation, const std::string& device, int world) {
+                        int accumulation, const std::string& device, int world,
+                        bool host_staged = false) {
   const std::string out = dir + "/" + name + "_" + device;
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
@@ -72,6 +73,8 @@ std::vector<double> run(const std::string& dir, const std::string& name, const s
               "sample_tokens": 4},
     "device": {"type": ")" +
                            device + R"("},
+    "comm": {"host_staged_collectives": )" +
+                           (host_staged ? "true" : "false") + R"(},
     "output_dir": ")" + out +
                            R"("
   })";
@@ -94,6 +97,7 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
   struct Case {
     std::string name, zero;
     int accumulation;
+    bool host_staged = false;  // the CUDA run's collectives over MPI through pinned host memory
   };
   const std::vector<Case> cases = {
       {"stage0", R"({"stage": 0})", 2},
@@ -116,11 +120,22 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
       {"stage3_offload_ratio_g1", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
                                       "offload_optimizer": {"device": "cpu", "ratio": 0.5}})",
        1},
+      // Ranks sharing a GPU: the collectives over MPI through pinned host memory
+      // (staged_process_group.h), with offload, MiCS and ZeRO++'s quantized collectives.
+      {"staged_stage3_offload", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                                    "offload_optimizer": {"device": "cpu"}})",
+       2, true},
+      {"staged_mics", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                          "mics_shard_size": 1})",
+       2, true},
+      {"staged_qwz_qgz", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                             "zero_quantized_weights": true, "zero_quantized_gradients": true})",
+       2, true},
   };
-  for (const auto& [name, zero, accumulation] : cases) {
+  for (const auto& [name, zero, accumulation, host_staged] : cases) {
     SECTION(name) {
       const auto cpu = run(dir, name, zero, accumulation, "cpu", world);
-      const auto cuda = run(dir, name, zero, accumulation, "cuda", world);
+      const auto cuda = run(dir, name, zero, accumulation, "cuda", world, host_staged);
       REQUIRE(cpu.size() == 4);
       REQUIRE(cuda.size() == cpu.size());
       for (std::size_t i = 0; i < cpu.size(); ++i) {
