@@ -3,23 +3,13 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
 namespace zrt {
 
 namespace {
-
-constexpr std::uint64_t kGamma = 0x9E3779B97F4A7C15ull;
-
-// splitmix64's finaliser: a bijective 64-bit mixer.
-std::uint64_t mix64(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-constexpr int kFeistelRounds = 6;
 
 std::string group_phrase(std::int64_t group) {
   return group == 1 ? "a window" : fmt::format("a group of {} windows", group);
@@ -48,15 +38,21 @@ std::vector<std::string> expand_glob(const std::string& pattern) {
 }
 
 TokenDataset::TokenDataset(const std::string& pattern, int T, std::int64_t group)
-    : pattern_(pattern), T_(T), group_(group) {
+    : TokenDataset(pattern, expand_glob(pattern), T, group) {}
+
+TokenDataset::TokenDataset(std::string pattern, std::vector<std::string> paths, int T,
+                           std::int64_t group)
+    : pattern_(std::move(pattern)), T_(T), group_(group) {
   if (T < 1) ZRT_THROW(InvalidArgument, "sequence length must be at least 1, not {}", T);
   if (group < 1) ZRT_THROW(InvalidArgument, "window group must be at least 1, not {}", group);
+  if (paths.empty()) ZRT_THROW(DataError, "{}: no shard", pattern_);
   std::int64_t largest = 0;
-  for (std::string& path : expand_glob(pattern)) {
+  for (std::string& path : paths) {
     const ShardHeader h = read_shard_header(path);
     ShardInfo info;
     info.path = std::move(path);
     info.num_tokens = h.num_tokens;
+    info.token_bytes = h.token_bytes;
     const std::int64_t windows = h.num_tokens >= 1 ? (h.num_tokens - 1) / T : 0;
     info.num_samples = windows / group * group;
     info.first_sample = num_samples_;
@@ -73,8 +69,29 @@ TokenDataset::TokenDataset(const std::string& pattern, int T, std::int64_t group
     ZRT_THROW(DataError,
               "{}: no shard holds {} of T+1 = {} tokens ({} shards, {} tokens, the largest {} "
               "tokens)",
-              pattern, group_phrase(group), T + 1, shards_.size(), num_tokens_, largest);
+              pattern_, group_phrase(group), T + 1, shards_.size(), num_tokens_, largest);
   }
+}
+
+void TokenDataset::set_document_separator(std::int64_t separator) {
+  if (separator == kAutoDocumentSeparator) {
+    // A mix of widths has no one separator: the shards came from two tokenizers.
+    const ShardInfo& first = shards_.front();
+    for (const ShardInfo& s : shards_) {
+      if (s.token_bytes != first.token_bytes) {
+        ZRT_THROW(DataError,
+                  "{}: document separator \"auto\" needs shards of one token width, but {} has "
+                  "{}-byte tokens and {} {}-byte tokens: set data.document_separator",
+                  pattern_, first.path, first.token_bytes, s.path, s.token_bytes);
+      }
+    }
+    separator_ = first.token_bytes == 2 ? kGpt2DocumentSeparator : kLlama3DocumentSeparator;
+    return;
+  }
+  if (separator < 0 || separator > std::int64_t{0x7fffffff}) {
+    ZRT_THROW(InvalidArgument, "document separator {} is not a token id (0 .. 2^31-1)", separator);
+  }
+  separator_ = static_cast<std::uint32_t>(separator);
 }
 
 SampleLocation TokenDataset::locate(std::int64_t index) const {
@@ -119,103 +136,36 @@ void TokenDataset::read_sample(std::int64_t index, std::uint32_t* tokens) const 
   }
 }
 
-std::int64_t shuffle_index(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
-                           std::int64_t index) {
-  ZRT_CHECK(n >= 1 && n <= (std::int64_t{1} << 62) && index >= 0 && index < n, "index {} of {}",
-            index, n);
-  // A balanced Feistel network on 2h bits (the smallest 4^h >= n) is a bijection of
-  // [0, 4^h); walking its cycle until the value falls below n restricts it to a bijection of
-  // [0, n), in under 4 steps on average.
-  int h = 0;
-  while ((std::uint64_t{1} << (2 * h)) < static_cast<std::uint64_t>(n)) ++h;
-  const std::uint64_t mask = (std::uint64_t{1} << h) - 1;
-  std::uint64_t keys[kFeistelRounds];
-  const std::uint64_t base =
-      mix64(mix64(seed + kGamma) + static_cast<std::uint64_t>(epoch) * kGamma);
-  for (int k = 0; k < kFeistelRounds; ++k) keys[k] = mix64(base + (k + 1) * kGamma);
-  std::uint64_t x = static_cast<std::uint64_t>(index);
-  do {
-    std::uint64_t left = x >> h, right = x & mask;
-    for (int k = 0; k < kFeistelRounds; ++k) {
-      const std::uint64_t next = left ^ (mix64(right ^ keys[k]) & mask);
-      left = right;
-      right = next;
-    }
-    x = (left << h) | right;
-  } while (x >= static_cast<std::uint64_t>(n));
-  return static_cast<std::int64_t>(x);
+std::string TokenDataset::describe() const {
+  std::string line = fmt::format("{} windows of {} tokens in {} llm.c shard(s)", num_samples_,
+                                 T_ + 1, shards_.size());
+  if (separator_) line += fmt::format(", documents split at token {}", *separator_);
+  return line;
 }
 
-DataStream::DataStream(const TokenDataset& dataset, DataStreamOptions options)
-    : dataset_(&dataset), options_(options) {}
-
-std::int64_t DataStream::epoch_of(std::int64_t global_index) const {
-  ZRT_CHECK(global_index >= 0, "negative sample index {}", global_index);
-  return global_index / dataset_->num_samples();
+void TokenDataset::read_row(std::int64_t index, const SampleRow& row) const {
+  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(T_) + 1);
+  read_sample(index, tokens.data());
+  window_row(tokens.data(), T_, separator_, row);
 }
 
-std::int64_t DataStream::window(std::int64_t global_index) const {
-  ZRT_CHECK(global_index >= 0, "negative sample index {}", global_index);
-  const std::int64_t n = dataset_->num_samples();
-  const std::int64_t w = global_index % n;
-  if (!options_.shuffle) return w;
-  return shuffle_index(n, options_.seed, global_index / n, w);
-}
-
-void DataStream::fill(std::int64_t first, int B, std::int32_t* inputs,
-                      std::int32_t* targets) const {
-  ZRT_CHECK(B >= 1 && first >= 0, "B = {}, first sample {}", B, first);
-  const int T = dataset_->seq_len();
-  std::vector<std::uint32_t> tokens(static_cast<std::size_t>(T) + 1);
-  for (int b = 0; b < B; ++b) {
-    dataset_->read_sample(window(first + b), tokens.data());
-    std::int32_t* in = inputs + static_cast<std::size_t>(b) * T;
-    std::int32_t* tg = targets + static_cast<std::size_t>(b) * T;
-    for (int t = 0; t < T; ++t) {
-      in[t] = static_cast<std::int32_t>(tokens[static_cast<std::size_t>(t)]);  // < 2^31: checked
-      tg[t] = static_cast<std::int32_t>(tokens[static_cast<std::size_t>(t) + 1]);
-    }
+void window_row(const std::uint32_t* tokens, int T, std::optional<std::uint32_t> separator,
+                const SampleRow& row) {
+  // Tokens are below 2^31 (read_sample checks), so the casts keep their values.
+  for (int t = 0; t < T; ++t) {
+    row.inputs[t] = static_cast<std::int32_t>(tokens[t]);
+    row.targets[t] = static_cast<std::int32_t>(tokens[t + 1]);
   }
-}
-
-void DataStream::next_micro_batch(int rank, int world, int B, std::int32_t* inputs,
-                                  std::int32_t* targets) {
-  ZRT_CHECK(world >= 1 && rank >= 0 && rank < world && B >= 1, "rank {} of {}, B = {}", rank, world,
-            B);
-  fill(position_ + static_cast<std::int64_t>(rank) * B, B, inputs, targets);
-  position_ += static_cast<std::int64_t>(world) * B;
-}
-
-void DataStream::set_position(std::int64_t position) {
-  if (position < 0) ZRT_THROW(InvalidArgument, "negative data position {}", position);
-  position_ = position;
-}
-
-DataStreamState DataStream::state() const {
-  DataStreamState s;
-  s.position = position_;
-  s.shuffle = options_.shuffle;
-  s.seed = options_.seed;
-  s.seq_len = dataset_->seq_len();
-  s.group = dataset_->group();
-  s.num_samples = dataset_->num_samples();
-  return s;
-}
-
-void DataStream::restore(const DataStreamState& state) {
-  const TokenDataset& d = *dataset_;
-  if (state.seq_len != d.seq_len() || state.group != d.group() ||
-      state.num_samples != d.num_samples()) {
-    ZRT_THROW(DataError,
-              "{}: the saved data position is for a stream of {} windows (T = {}, group {}); "
-              "this dataset has {} windows (T = {}, group {}): the sample indices would mean "
-              "other data",
-              d.pattern(), state.num_samples, state.seq_len, state.group, d.num_samples(),
-              d.seq_len(), d.group());
+  if (!separator) return;
+  const std::uint32_t sep = *separator;
+  std::int32_t start = 0;  // the document began at or before the window's first token
+  for (int t = 0; t < T; ++t) {
+    if (tokens[t] == sep) start = t;
+    // A separator opens the next document: the token before it does not learn to predict it.
+    if (tokens[t + 1] == sep) row.targets[t] = -1;
+    if (row.doc_start != nullptr) row.doc_start[t] = start;
+    if (row.positions != nullptr) row.positions[t] = t - start;
   }
-  set_position(state.position);
-  options_.shuffle = state.shuffle;
-  options_.seed = state.seed;
 }
 
 }  // namespace zrt
