@@ -73,11 +73,28 @@ class ParamAccess {
 };
 
 // A batch of token sequences in device memory: inputs and next-token targets, (B,T) int32.
+//
+// Targets below 0 are not in the loss (a fine-tuning mask, padding, a document's first token).
+// The loss the model reports and differentiates is the sum of its tokens' cross-entropies
+// divided by `loss_divisor`, or by B*T when it is 0 (pre-training: every target counts). The
+// trainer sets it so that a step's gradient is the sum over the GLOBAL batch's loss tokens
+// divided by their count, whatever the micro-batch size, accumulation or world size (the engine
+// averages over micro-batches and ranks, so the divisor is that count / (micro-batches x ranks);
+// docs/fine-tuning.md).
+//
+// Packed documents (docs/fine-tuning.md): when `doc_start` is set, token t of row b attends to
+// tokens doc_start[b*T + t] .. t only (its own document; 0 <= doc_start[t] <= t, non-decreasing
+// in t, and either doc_start[t-1] or t), and `positions` (then also set) holds its position in
+// that document (t - doc_start[t]): the position embedding's row or the rotary angle. Both null:
+// one document per row, positions 0..T-1.
 struct TokenBatch {
   DevicePtr<const std::int32_t> inputs;
-  DevicePtr<const std::int32_t> targets;  // may be null for forward-only passes without loss
-  int batch = 0;                          // B
-  int seq_len = 0;                        // T
+  DevicePtr<const std::int32_t> targets;    // may be null for forward-only passes without loss
+  int batch = 0;                            // B
+  int seq_len = 0;                          // T
+  DevicePtr<const std::int32_t> positions;  // (B,T) or null
+  DevicePtr<const std::int32_t> doc_start;  // (B,T) or null
+  float loss_divisor = 0.f;                 // 0: B*T
 };
 
 // A trainable model, as the engine and the tools drive it.
@@ -94,11 +111,12 @@ class Model {
 
   // Enqueues forward and backward of one micro-batch on the compute stream, calling `access` in
   // the order documented above. Gradients of the loss times loss_scale are ACCUMULATED into
-  // access.grad(i); the unscaled mean loss is written to loss() (device memory).
+  // access.grad(i); the unscaled loss (TokenBatch's rule: the summed cross-entropy over
+  // loss_divisor) is written to loss() (device memory).
   virtual void forward_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale) = 0;
-  // Enqueues a forward pass (kEval); writes the mean loss to loss() if batch.targets is set.
+  // Enqueues a forward pass (kEval); writes the loss to loss() if batch.targets is set.
   virtual void forward(ParamAccess& access, const TokenBatch& batch) = 0;
-  // One fp32 in device memory: the mean loss of the last pass, valid once the compute stream
+  // One fp32 in device memory: the loss of the last pass, valid once the compute stream
   // has run it (copy it out with Device::copy_to_host, or into an accumulator on the stream).
   virtual DevicePtr<const float> loss() const = 0;
   // The logits (B, T, vocab) of the last forward(), in the compute dtype (zrt-train samples
@@ -107,6 +125,10 @@ class Model {
   // Elements from one row of logits() to the next: the vocabulary size, or more where a model
   // pads its rows for aligned GEMMs (kernels::logits_row_stride). 0 means dense rows.
   virtual std::int64_t logits_row_stride() const { return 0; }
+  // True iff the model honours all of TokenBatch: targets below 0 left out of the loss,
+  // loss_divisor, and packed documents (positions, doc_start). zrt-train refuses masked or
+  // packed data for a model that does not, rather than train it silently wrong.
+  virtual bool supports_packed_documents() const { return false; }
 };
 
 }  // namespace zrt

@@ -160,6 +160,10 @@ void Gpt::prepare(ParamAccess& access, const TokenBatch& batch, bool need_target
   }
   ZRT_CHECK(static_cast<bool>(batch.inputs), "gpt: batch has no input tokens");
   if (need_targets) ZRT_CHECK(static_cast<bool>(batch.targets), "gpt: batch has no targets");
+  ZRT_CHECK(static_cast<bool>(batch.positions) == static_cast<bool>(batch.doc_start),
+            "gpt: a packed batch needs both positions and doc_start");
+  positions_ = batch.positions;
+  doc_start_ = batch.doc_start;
   grad_dtype_ = access.grad_dtype();
   if (B == B_ && T == T_ && access.compute_dtype() == dtype_ && !act_buffer_.empty()) return;
   act_buffer_.reset();  // stream-ordered: passes already enqueued keep their memory
@@ -185,7 +189,7 @@ void Gpt::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes res
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
   k::layernorm_forward(ctx_, dt, x.ln1, x.ln1_mean, x.ln1_rstd, res_in, P(kLn1W), P(kLn1B), N, C);
   k::matmul_forward(ctx_, dt, x.qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
-  k::attention_forward(ctx_, dt, x.atty, x.att_lse, x.qkv, B_, T_, C, config_.n_head);
+  k::attention_forward(ctx_, dt, x.atty, x.att_lse, x.qkv, B_, T_, C, config_.n_head, doc_start_);
   k::matmul_forward(ctx_, dt, x.attproj, x.atty, P(kAttProjW), P(kAttProjB), N, C, C);
   k::residual_layernorm_forward(ctx_, dt, x.res2, x.ln2, x.ln2_mean, x.ln2_rstd, res_in, x.attproj,
                                 P(kLn2W), P(kLn2B), N, C);
@@ -218,7 +222,7 @@ void Gpt::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes re
   k::matmul_backward(ctx_, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), d.dres, x.atty,
                      P(kAttProjW), N, C, C, once);
   k::attention_backward(ctx_, dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, B_, T_, C,
-                        config_.n_head);
+                        config_.n_head, doc_start_);
   k::matmul_backward(ctx_, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C, 3 * C,
                      once);
   k::layernorm_backward(ctx_, dt, gt, d.dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W),
@@ -233,7 +237,7 @@ void Gpt::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   const DType dt = dtype_;
   a.acquire(0, phase);
   k::encoder_forward(ctx_, dt, acts_.residual[0], batch.inputs, a.param(wte()), a.param(wpe()), B_,
-                     T_, C, V);
+                     T_, C, V, positions_);
   a.release(0, phase);
   for (int l = 0; l < L; ++l) {
     a.acquire(l + 1, phase);
@@ -250,7 +254,7 @@ void Gpt::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   if (batch.targets && phase != Phase::kForward) {
     k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
                             k::logits_row_stride(V));
-    k::loss_mean(ctx_, loss_, acts_.losses, N);
+    k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   }
   a.release(L + 1, phase);
 }
@@ -273,12 +277,13 @@ void Gpt::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss_s
   const std::size_t row_bytes = static_cast<std::size_t>(N) * C * dtype_size(dt);
 
   a.acquire(L + 1, Phase::kBackward);
-  // The losses, and the dlogits in place of the logits; the loss is a mean, so each row's
-  // gradient gets 1/N.
+  // The losses, and the dlogits in place of the logits; the loss is the tokens' sum over the
+  // batch's divisor (TokenBatch), so each row's gradient gets 1/divisor (0 for a masked row).
+  const float divisor = batch.loss_divisor > 0.f ? batch.loss_divisor : static_cast<float>(N);
   k::crossentropy_forward_backward(ctx_, dt, acts_.losses, acts_.logits, acts_.logits,
-                                   batch.targets, loss_scale / static_cast<float>(N), N, V,
+                                   batch.targets, loss_scale / divisor, N, V,
                                    k::logits_row_stride(V));
-  k::loss_mean(ctx_, loss_, acts_.losses, N);
+  k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
   ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
   k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(wte()), acts_.logits, acts_.lnf,
@@ -302,7 +307,7 @@ void Gpt::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss_s
 
   a.acquire(0, Phase::kBackward);
   k::encoder_backward(ctx_, dt, gt, a.grad(wte()), a.grad(wpe()), acts_.dres, batch.inputs, B_, T_,
-                      C, V);
+                      C, V, positions_);
   a.release(0, Phase::kBackward);
 }
 

@@ -55,6 +55,7 @@ class Gpt final : public Model {
   // buffer holds the logits' gradient instead.
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
   std::int64_t logits_row_stride() const override;
+  bool supports_packed_documents() const override { return true; }
   // Activation bytes a pass at (B, T) in `dtype` allocates.
   std::int64_t activation_bytes(int B, int T, DType dtype) const;
 
@@ -113,6 +114,8 @@ class Gpt final : public Model {
 
   // Activations for the current (B, T, dtype).
   int B_ = 0, T_ = 0;
+  // The current batch's packed documents (TokenBatch): null for one document a row.
+  DevicePtr<const std::int32_t> positions_, doc_start_;
   DType dtype_ = DType::kFloat32;
   DType grad_dtype_ = DType::kFloat32;
   Buffer act_buffer_;

@@ -215,6 +215,10 @@ void Llama::prepare(ParamAccess& access, const TokenBatch& batch, bool need_targ
   }
   ZRT_CHECK(static_cast<bool>(batch.inputs), "llama: batch has no input tokens");
   if (need_targets) ZRT_CHECK(static_cast<bool>(batch.targets), "llama: batch has no targets");
+  ZRT_CHECK(static_cast<bool>(batch.positions) == static_cast<bool>(batch.doc_start),
+            "llama: a packed batch needs both positions and doc_start");
+  positions_ = batch.positions;
+  doc_start_ = batch.doc_start;
   grad_dtype_ = access.grad_dtype();
   if (B == B_ && T == T_ && access.compute_dtype() == dtype_ && !act_buffer_.empty()) return;
   act_buffer_.reset();  // stream-ordered: passes already enqueued keep their memory
@@ -249,9 +253,9 @@ void Llama::block_forward(ParamAccess& a, int layer, const BlockActs& x, Bytes r
   k::linear_forward(ctx_, dt, x.q, x.ln1, P(kQW), P(kQB), N, C, Q);
   k::linear_forward(ctx_, dt, x.k, x.ln1, P(kKW), P(kKB), N, C, KV);
   k::linear_forward(ctx_, dt, x.v, x.ln1, P(kVW), P(kVB), N, C, KV);
-  k::rope_forward(ctx_, dt, x.q, x.q, rope_, B_, T_, NH, hd);
-  k::rope_forward(ctx_, dt, x.k, x.k, rope_, B_, T_, NKV, hd);
-  k::gqa_attention_forward(ctx_, dt, x.atty, x.lse, x.q, x.k, x.v, B_, T_, NH, NKV, hd);
+  k::rope_forward(ctx_, dt, x.q, x.q, rope_, B_, T_, NH, hd, positions_);
+  k::rope_forward(ctx_, dt, x.k, x.k, rope_, B_, T_, NKV, hd, positions_);
+  k::gqa_attention_forward(ctx_, dt, x.atty, x.lse, x.q, x.k, x.v, B_, T_, NH, NKV, hd, doc_start_);
   k::linear_forward(ctx_, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx_, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
                               C, config_.rms_norm_eps);
@@ -294,9 +298,9 @@ void Llama::block_backward(ParamAccess& a, int layer, const BlockActs& x, Bytes 
   k::linear_backward(ctx_, dt, gt, d.datty, G(kOW), Bytes(), d.dres, x.atty, P(kOW), N, Q, C,
                      first);
   k::gqa_attention_backward(ctx_, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse, B_,
-                            T_, NH, NKV, hd);
-  k::rope_backward(ctx_, dt, d.dq, d.dq, rope_, B_, T_, NH, hd);
-  k::rope_backward(ctx_, dt, d.dk, d.dk, rope_, B_, T_, NKV, hd);
+                            T_, NH, NKV, hd, doc_start_);
+  k::rope_backward(ctx_, dt, d.dq, d.dq, rope_, B_, T_, NH, hd, positions_);
+  k::rope_backward(ctx_, dt, d.dk, d.dk, rope_, B_, T_, NKV, hd, positions_);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kKW), G(kKB), d.dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx_, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
@@ -328,7 +332,7 @@ void Llama::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   if (batch.targets && phase != Phase::kForward) {
     k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
                             k::logits_row_stride(V));
-    k::loss_mean(ctx_, loss_, acts_.losses, N);
+    k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   }
   a.release(L + 1, phase);
 }
@@ -351,12 +355,13 @@ void Llama::forward_backward(ParamAccess& a, const TokenBatch& batch, float loss
   const std::size_t row_bytes = static_cast<std::size_t>(N) * C * dtype_size(dt);
 
   a.acquire(L + 1, Phase::kBackward);
-  // The losses, and the dlogits in place of the logits; the loss is a mean, so each row's
-  // gradient gets 1/N.
+  // The losses, and the dlogits in place of the logits; the loss is the tokens' sum over the
+  // batch's divisor (TokenBatch), so each row's gradient gets 1/divisor (0 for a masked row).
+  const float divisor = batch.loss_divisor > 0.f ? batch.loss_divisor : static_cast<float>(N);
   k::crossentropy_forward_backward(ctx_, dt, acts_.losses, acts_.logits, acts_.logits,
-                                   batch.targets, loss_scale / static_cast<float>(N), N, V,
+                                   batch.targets, loss_scale / divisor, N, V,
                                    k::logits_row_stride(V));
-  k::loss_mean(ctx_, loss_, acts_.losses, N);
+  k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
   ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
   k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(head()), acts_.logits, acts_.lnf,

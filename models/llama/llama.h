@@ -55,6 +55,7 @@ class Llama final : public Model {
   // The logits (B,T,V) of the last forward(); after forward_backward, their gradient.
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
   std::int64_t logits_row_stride() const override;
+  bool supports_packed_documents() const override { return true; }
 
   // Copies loss() to the host, waiting for the stream (tests and tools).
   float read_loss();
@@ -117,6 +118,8 @@ class Llama final : public Model {
   kernels::RopeTable rope_;
 
   int B_ = 0, T_ = 0;
+  // The current batch's packed documents (TokenBatch): null for one document a row.
+  DevicePtr<const std::int32_t> positions_, doc_start_;
   DType dtype_ = DType::kFloat32;
   DType grad_dtype_ = DType::kFloat32;
   Buffer act_buffer_;

@@ -30,7 +30,9 @@
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 #include "runtime/common/watchdog.h"
-#include "runtime/data/token_dataset.h"
+#include "runtime/data/data_stream.h"
+#include "runtime/data/open_dataset.h"
+#include "runtime/data/sample_source.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
@@ -47,16 +49,18 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Two host/device buffer pairs for (inputs, targets), so the next micro-batch's tokens are
-// prepared while the previous copy may still be in flight.
+// Two host/device buffer pairs for a micro-batch's rows (inputs, targets, and with packed
+// documents their positions and document starts), so the next micro-batch's tokens are prepared
+// while the previous copy may still be in flight.
 class BatchFeeder {
  public:
-  BatchFeeder(Device& device, Stream& stream, int B, int T) : device_(device), stream_(stream) {
-    const std::int64_t bytes = std::int64_t{B} * T * 4;
+  BatchFeeder(Device& device, Stream& stream, int B, int T, bool documents)
+      : device_(device), stream_(stream), arrays_(documents ? 4 : 2) {
+    const std::int64_t bytes = std::int64_t{B} * T * 4 * arrays_;
     for (int i = 0; i < 2; ++i) {
-      host_[i] = device.allocate(2 * bytes, MemCategory::kWorkspace, "token staging",
+      host_[i] = device.allocate(bytes, MemCategory::kWorkspace, "token staging",
                                  MemorySpace::kPinnedHost);
-      device_buf_[i] = device.allocate(2 * bytes, MemCategory::kActivations, "token batch");
+      device_buf_[i] = device.allocate(bytes, MemCategory::kActivations, "token batch");
       copied_[i] = device.create_event();
     }
     B_ = B;
@@ -74,28 +78,44 @@ class BatchFeeder {
   BatchFeeder(const BatchFeeder&) = delete;
   BatchFeeder& operator=(const BatchFeeder&) = delete;
 
-  // Fills the next slot with `fill(inputs, targets)` (host) and returns the device batch.
-  template <typename Fill>
-  TokenBatch next(Fill&& fill) {
+  // Copies `rows` into the next slot and returns the device batch, with `loss_divisor`
+  // (TokenBatch: 0 for the mean over every token).
+  TokenBatch next(const HostBatch& rows, float loss_divisor) {
+    const std::int64_t n = std::int64_t{B_} * T_;
+    ZRT_CHECK(rows.batch == B_ && rows.seq_len == T_, "a {}x{} batch for a {}x{} feeder",
+              rows.batch, rows.seq_len, B_, T_);
+    ZRT_CHECK(!rows.documents || arrays_ == 4, "a batch with documents for a feeder without");
     const int slot = slot_++ % 2;
     copied_[slot]->synchronize();  // the host buffer's previous copy is done
-    std::int32_t* inputs = host_[slot].host<std::int32_t>();
-    std::int32_t* targets = inputs + std::int64_t{B_} * T_;
-    fill(inputs, targets);
-    device_.copy_to_device(device_buf_[slot].device<std::byte>(), inputs,
-                           static_cast<std::size_t>(host_[slot].bytes()), stream_);
+    std::int32_t* staged = host_[slot].host<std::int32_t>();
+    std::copy(rows.inputs.begin(), rows.inputs.end(), staged);
+    std::copy(rows.targets.begin(), rows.targets.end(), staged + n);
+    if (rows.documents) {
+      std::copy(rows.positions.begin(), rows.positions.end(), staged + 2 * n);
+      std::copy(rows.doc_start.begin(), rows.doc_start.end(), staged + 3 * n);
+    }
+    const int arrays = rows.documents ? 4 : 2;
+    device_.copy_to_device(device_buf_[slot].device<std::byte>(), staged,
+                           static_cast<std::size_t>(n * 4 * arrays), stream_);
     copied_[slot]->record(stream_);
+    const DevicePtr<std::int32_t> base = device_buf_[slot].device<std::int32_t>();
     TokenBatch batch;
-    batch.inputs = device_buf_[slot].device<std::int32_t>();
-    batch.targets = device_buf_[slot].device<std::int32_t>() + std::int64_t{B_} * T_;
+    batch.inputs = base;
+    batch.targets = base + n;
+    if (rows.documents) {
+      batch.positions = base + 2 * n;
+      batch.doc_start = base + 3 * n;
+    }
     batch.batch = B_;
     batch.seq_len = T_;
+    batch.loss_divisor = loss_divisor;
     return batch;
   }
 
  private:
   Device& device_;
   Stream& stream_;
+  int arrays_ = 2;  // int32 arrays of B*T per slot
   Buffer host_[2];
   Buffer device_buf_[2];
   std::unique_ptr<Event> copied_[2];
@@ -132,6 +152,14 @@ class Control {
     group_.stream().synchronize();
     return values;
   }
+  std::int64_t sum(std::int64_t value) {
+    device_.copy_to_device(scratch_.device<std::byte>(), &value, 8, group_.stream());
+    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1,
+                      DType::kInt64, ReduceOp::kSum);
+    device_.copy_to_host(&value, scratch_.device<std::byte>(), 8, group_.stream());
+    group_.stream().synchronize();
+    return value;
+  }
 
  private:
   Device& device_;
@@ -163,7 +191,19 @@ struct UnreadStep {
   double wall_time = 0.0;
   double lr = 0.0;
   StepResult result;  // undecided until the engine's settle_step() (ZeroEngine::enqueue_step)
+  std::int64_t loss_tokens = 0;  // the global batch's
 };
+
+// The loss divisor of each micro-batch of a step or an evaluation (TokenBatch::loss_divisor):
+// the global batch's loss tokens shared out over the micro-batches and ranks the engine averages
+// over, so that the step's loss and gradient are the sum over every loss token divided by their
+// count, however the global batch is split. 0 (the mean over every token, bit for bit as
+// before) for data where every target counts.
+float loss_divisor(bool masked, std::int64_t global_loss_tokens, int micro_batches, int world) {
+  if (!masked) return 0.f;
+  return static_cast<float>(static_cast<double>(global_loss_tokens) /
+                            (static_cast<double>(micro_batches) * world));
+}
 
 EngineOptions engine_options(const Config& config) {
   EngineOptions o = config.engine;
@@ -210,14 +250,24 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   const CpuIsa cpu_isa = active_cpu_isa();
 
   // ---- device, streams, groups ---------------------------------------------------------------
-  const DeviceOptions device_options =
-      config.device.options(cuda_device_count() > 0, mpi.local_rank, config.seed);
+  const int gpu_count = cuda_device_count();
+  const DeviceOptions device_options = config.device.options(gpu_count, mpi.local_rank, config.seed);
   auto device = make_device(device_options);
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
   auto control_stream = device->create_stream("control");
   // Every collective reports a timeout to the watchdog, which knows the step and ends the run.
   CommOptions comm_options = config.comm;
+  // NCCL refuses two ranks of a communicator on one GPU: ranks that share one talk over MPI
+  // through pinned host memory (staged_process_group.h).
+  const bool sharing_gpu = device->type() == DeviceType::kCuda && mpi.local_size > gpu_count;
+  if (sharing_gpu) comm_options.host_staged = true;
+  if (comm_options.host_staged && device->type() == DeviceType::kCuda && rank == 0) {
+    spdlog::info("collectives over MPI through pinned host memory, not NCCL ({})",
+                 sharing_gpu ? fmt::format("{} ranks share {} GPU(s) on a node", mpi.local_size,
+                                           gpu_count)
+                             : std::string("comm.host_staged_collectives"));
+  }
   comm_options.watchdog = std::make_shared<Watchdog>(config.comm.timeout_s, hooks.on_hang);
   Watchdog& watchdog = *comm_options.watchdog;
   fault_point("train.start");  // test hook: a rank lost before the groups exist
@@ -342,18 +392,30 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   const int B = static_cast<int>(config.batch.micro_batch_size);
   const int T = model_source.seq_len;
   const int G = config.engine.gradient_accumulation_steps;
-  TokenDataset train_data(config.data.train, T);
-  train_data.set_vocab_size(model_source.vocab_size);
+  DatasetOptions data_options;
+  data_options.vocab_size = model_source.vocab_size;
+  data_options.document_mask = config.data.document_mask;
+  data_options.document_separator = config.data.document_separator;
+  const std::unique_ptr<SampleSource> train_data =
+      open_dataset(config.data.train, T, data_options);
   DataStreamOptions stream_options;
   stream_options.shuffle = config.data.shuffle;
   stream_options.seed = config.data.seed;
-  DataStream train_stream(train_data, stream_options);
-  std::unique_ptr<TokenDataset> val_data;
+  DataStream train_stream(*train_data, stream_options);
+  std::unique_ptr<SampleSource> val_data;
   if (!config.data.val.empty()) {
-    val_data = std::make_unique<TokenDataset>(config.data.val, T);
-    val_data->set_vocab_size(model_source.vocab_size);
+    val_data = open_dataset(config.data.val, T, data_options);
   }
-  BatchFeeder feeder(*device, *compute, B, T);
+  // Masked or packed data: the loss is weighted by the global batch's loss tokens
+  // (loss_divisor), and the model must honour the masks and the document boundaries.
+  const bool masked = train_data->documents() || (val_data && val_data->documents());
+  if (masked && !model.supports_packed_documents()) {
+    ZRT_THROW(InvalidArgument,
+              "data.train {}: packed documents or loss masks, which model {} does not support "
+              "(it would attend across documents and train on every token)",
+              config.data.train, model_source.description);
+  }
+  BatchFeeder feeder(*device, *compute, B, T, masked);
 
   // ---- checkpoints: resume (at any world size or stage), then save as configured -------------
   checkpoint::Checkpointer checkpointer(config.checkpoint, config.comm.timeout_s,
@@ -507,8 +569,10 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     }
   }
   if (rank == 0) {
-    spdlog::info("train data: {} windows of {} tokens in {} shard(s)", train_data.num_samples(),
-                 T + 1, train_data.shards().size());
+    spdlog::info("train data: {}{}", train_data->describe(),
+                 train_data->documents() ? " (documents and loss masks: the loss is weighted by "
+                                           "the global batch's loss tokens)"
+                                         : "");
   }
   std::filesystem::create_directories(config.output_dir);
   // The history of the whole training (metrics_log.h): rows after the resumed step go.
@@ -539,10 +603,23 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     // Every rank evaluates its share of the first eval_batches x world micro-batches.
     DataStream val_stream(*val_data);
     device->fill_zero(loss_sum.device<std::byte>(), 4, *compute);
-    for (int k = 0; k < config.train.eval_batches; ++k) {
-      TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
-        val_stream.next_micro_batch(rank, world, B, in, tg);
-      });
+    // The same rule as training: the sum over every evaluated loss token over their count.
+    std::vector<HostBatch> rows(static_cast<std::size_t>(config.train.eval_batches));
+    std::int64_t local_tokens = 0;
+    for (HostBatch& r : rows) {
+      val_stream.next_micro_batch(rank, world, B, r);
+      local_tokens += r.loss_tokens;
+    }
+    const bool weighted = val_data->documents();
+    const std::int64_t global_tokens = weighted ? control.sum(local_tokens) : 0;
+    if (weighted && global_tokens == 0) {
+      if (rank == 0) spdlog::warn("evaluation: no loss token in {} batch(es); skipped",
+                                  config.train.eval_batches);
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    const float divisor = loss_divisor(weighted, global_tokens, config.train.eval_batches, world);
+    for (const HostBatch& r : rows) {
+      TokenBatch batch = feeder.next(r, divisor);
       model.forward(engine, batch);
       engine_kernels::accumulate(*device, *compute, model.loss().as<const std::byte>(),
                                  DType::kFloat32, loss_sum.device<std::byte>(), DType::kFloat32, 1);
@@ -597,7 +674,8 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   // The step line and the metrics row of a decided step whose loss has been delivered (the
   // latest read, last_loss). Collective (the peaks are the ranks' maximum): every rank calls it
   // for the same steps, since every input of that choice is rank-identical.
-  auto log_step = [&](std::int64_t step, double lr, double wall_time, const StepResult& result) {
+  auto log_step = [&](std::int64_t step, double lr, double wall_time, const StepResult& result,
+                      std::int64_t loss_tokens) {
     const double loss = last_loss;
     const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
     const double seconds = std::chrono::duration<double>(Clock::now() - interval_start).count();
@@ -632,6 +710,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
       row["time"] = wall_time;
       row["elapsed_s"] = elapsed_s;
       row["loss"] = loss;
+      row["loss_tokens"] = loss_tokens;  // the global batch's (every token without masks)
       row["lr"] = lr;
       row["grad_norm"] = result.grad_norm;
       row["tokens_per_s"] = tokens_per_s;
@@ -659,6 +738,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   // are enqueued, when on a GPU the decision is long done. A skipped step learnt of then gets
   // its row then, one step late (its loss read with it).
   bool previous_undecided = false;
+  std::vector<HostBatch> step_rows(static_cast<std::size_t>(G));  // reused step after step
   for (std::int64_t step = start_step + 1; step <= config.train.steps; ++step) {
     const bool traced = trace && step >= config.trace.first_step && step <= last_traced;
     const double step_start_us = traced ? trace->now_us() : 0.0;
@@ -669,10 +749,34 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     const std::size_t slot = unread.size();
     const DevicePtr<std::byte> loss_slot = step_losses.device<std::byte>() + 4 * slot;
     device->fill_zero(loss_slot, 4, *compute);
+    // The step's micro-batches are read first: their loss tokens, summed over the ranks, weigh
+    // every micro-batch's loss (loss_divisor).
+    std::int64_t local_tokens = 0;
+    for (HostBatch& r : step_rows) {
+      train_stream.next_micro_batch(rank, world, B, r);
+      local_tokens += r.loss_tokens;
+    }
+    const std::int64_t global_tokens =
+        masked ? control.sum(local_tokens) : std::int64_t{G} * world * B * T;
+    if (global_tokens == 0) {
+      // Every rank sees the same count: the step is skipped on all of them alike, before any
+      // collective of the engine, and the schedule does not advance.
+      if (rank == 0) spdlog::warn("step {}: no loss token in the global batch; skipped", step);
+      if (rank == 0 && metrics) {
+        nlohmann::json row;
+        row["step"] = step;
+        row["time"] = unix_seconds();
+        row["loss_tokens"] = 0;
+        row["skipped"] = true;
+        row["skipped_reason"] = "no loss token";
+        metrics->append(row);
+      }
+      summary.steps = step;
+      continue;
+    }
+    const float divisor = loss_divisor(masked, global_tokens, G, world);
     for (int g = 0; g < G; ++g) {
-      TokenBatch batch = feeder.next([&](std::int32_t* in, std::int32_t* tg) {
-        train_stream.next_micro_batch(rank, world, B, in, tg);
-      });
+      TokenBatch batch = feeder.next(step_rows[static_cast<std::size_t>(g)], divisor);
       float scale = static_cast<float>(engine.loss_scale());
       // Test hook (runtime/common/fault.h): "nan" poisons this rank's gradients through the
       // loss gradient's scale; signals freeze or kill the rank here, mid-step.
@@ -696,14 +800,14 @@ RunSummary train(const Config& config, const RankInfo& mpi,
         const UnreadStep skipped = unread.back();
         deliver_losses(control.mean(local_unread_losses()));
         device->copy(step_losses.device<std::byte>(), loss_slot, 4, *compute);
-        log_step(skipped.step, skipped.lr, skipped.wall_time, previous);
+        log_step(skipped.step, skipped.lr, skipped.wall_time, previous, skipped.loss_tokens);
       }
     }
     const double lr = schedule.lr_for_step(engine.counters().optimizer_steps + 1);
     StepResult result = engine.enqueue_step(lr);
     ++interval_steps;
     const double wall_time = unix_seconds();
-    unread.push_back({step, wall_time, lr, result});
+    unread.push_back({step, wall_time, lr, result, global_tokens});
     const bool periodic =
         config.train.log_interval > 0 &&
         (step % config.train.log_interval == 0 || step == config.train.steps || step == 1);
@@ -755,7 +859,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     }
     previous_undecided = !result.decided;
     if (log_now) {
-      log_step(step, lr, wall_time, result);
+      log_step(step, lr, wall_time, result, global_tokens);
     } else if (tty) {
       // The loss shown is the latest read (a logged step's): reading it here would wait.
       const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start).count();
