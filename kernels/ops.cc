@@ -130,40 +130,44 @@ void check_dtypes(DType dtype, DType grad_dtype) {
 }
 
 void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
-                     ConstBytes wpe, int B, int T, int C, int V) {
+                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions) {
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       run_cpu(ctx, "encoder_forward",
-              [o = ptr<S>(out), tok = raw(tokens), w = ptr<S>(wte), p = ptr<S>(wpe), B, T, C, V] {
-                cpu::encoder_forward<S>(o, tok, w, p, B, T, C, V);
-              });
+              [o = ptr<S>(out), tok = raw(tokens), w = ptr<S>(wte), p = ptr<S>(wpe), B, T, C, V,
+               pos = raw(positions)] { cpu::encoder_forward<S>(o, tok, w, p, B, T, C, V, pos); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::encoder_forward(launch(ctx), dtype, raw(out), raw(tokens), raw(wte), raw(wpe), B, T, C, V);
+  cuda::encoder_forward(launch(ctx), dtype, raw(out), raw(tokens), raw(wte), raw(wpe), B, T, C, V,
+                        raw(positions));
 #else
   cuda_backend_missing("kernels::encoder_forward");
 #endif
 }
 
 void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
-                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V) {
+                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
+                      ConstTokens positions) {
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
       using G = decltype(g);
-      run_cpu(ctx, "encoder_backward",
-              [dw = ptr<G>(dwte), dp = ptr<G>(dwpe), d = ptr<S>(dout), tok = raw(tokens), B, T, C,
-               V] { cpu::encoder_backward<S, G>(dw, dp, d, tok, B, T, C, V); });
+      run_cpu(
+          ctx, "encoder_backward",
+          [dw = ptr<G>(dwte), dp = ptr<G>(dwpe), d = ptr<S>(dout), tok = raw(tokens), B, T, C, V,
+           pos = raw(positions)] { cpu::encoder_backward<S, G>(dw, dp, d, tok, B, T, C, V, pos); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
-  cuda::encoder_backward(launch(ctx, cuda::encoder_backward_workspace(B, T)), dtype, grad_dtype,
-                         raw(dwte), raw(dwpe), raw(dout), raw(tokens), B, T, C, V);
+  const bool by_position = positions && dwpe;
+  cuda::encoder_backward(launch(ctx, cuda::encoder_backward_workspace(B, T, by_position)), dtype,
+                         grad_dtype, raw(dwte), raw(dwpe), raw(dout), raw(tokens), B, T, C, V,
+                         raw(positions));
 #else
   cuda_backend_missing("kernels::encoder_backward");
 #endif
@@ -381,7 +385,7 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 }
 
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
-                       int B, int T, int C, int NH) {
+                       int B, int T, int C, int NH, ConstTokens doc_start) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -389,9 +393,8 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_forward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_forward",
-              [o = ptr<S>(out), l = raw(lse), x = ptr<S>(qkv), B, T, C, NH, ws] {
-                cpu::attention_forward<S>(o, l, x, B, T, C, NH, ws);
-              });
+              [o = ptr<S>(out), l = raw(lse), x = ptr<S>(qkv), B, T, C, NH, ws,
+               ds = raw(doc_start)] { cpu::attention_forward<S>(o, l, x, B, T, C, NH, ws, ds); });
     });
     return;
   }
@@ -399,7 +402,7 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   cuda::attention_forward(
       launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)), dtype, raw(out),
-      raw(lse), raw(qkv), B, T, C, NH, kernels);
+      raw(lse), raw(qkv), B, T, C, NH, kernels, raw(doc_start));
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
@@ -407,7 +410,7 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
 
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH) {
+                        int NH, ConstTokens doc_start) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -416,7 +419,9 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_backward",
               [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out), l = raw(lse),
-               B, T, C, NH, ws] { cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws); });
+               B, T, C, NH, ws, ds = raw(doc_start)] {
+                cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws, ds);
+              });
     });
     return;
   }
@@ -424,7 +429,7 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   cuda::attention_backward(
       launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)), dtype,
-      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels);
+      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start));
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
@@ -554,13 +559,14 @@ void crossentropy_forward_backward(KernelContext& ctx, DType dtype, Floats losse
 #endif
 }
 
-void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N) {
+void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N, float divisor) {
   if (on_cpu(ctx)) {
-    run_cpu(ctx, "loss_mean", [o = raw(out), l = raw(losses), N] { cpu::loss_mean(o, l, N); });
+    run_cpu(ctx, "loss_mean",
+            [o = raw(out), l = raw(losses), N, divisor] { cpu::loss_mean(o, l, N, divisor); });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::loss_mean(launch(ctx), raw(out), raw(losses), N);
+  cuda::loss_mean(launch(ctx), raw(out), raw(losses), N, divisor);
 #else
   cuda_backend_missing("kernels::loss_mean");
 #endif
@@ -671,38 +677,41 @@ void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
 }
 
 void rope_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
-                  const RopeTable& table, int B, int T, int NH, int hs) {
+                  const RopeTable& table, int B, int T, int NH, int hs, ConstTokens positions) {
   ZRT_CHECK(hs == 2 * table.pairs, "rope: head size {} but a table of {} pairs", hs, table.pairs);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
-      run_cpu(ctx, "rope_forward", [o = ptr<S>(out), x = ptr<S>(inp), table, B, T, NH, hs] {
-        cpu::rope_forward<S>(o, x, table, B, T, NH, hs);
-      });
+      run_cpu(ctx, "rope_forward",
+              [o = ptr<S>(out), x = ptr<S>(inp), table, B, T, NH, hs, pos = raw(positions)] {
+                cpu::rope_forward<S>(o, x, table, B, T, NH, hs, pos);
+              });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::rope_forward(launch(ctx), dtype, raw(out), raw(inp), table, B, T, NH, hs);
+  cuda::rope_forward(launch(ctx), dtype, raw(out), raw(inp), table, B, T, NH, hs, raw(positions));
 #else
   cuda_backend_missing("kernels::rope_forward");
 #endif
 }
 
 void rope_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes dout,
-                   const RopeTable& table, int B, int T, int NH, int hs) {
+                   const RopeTable& table, int B, int T, int NH, int hs, ConstTokens positions) {
   ZRT_CHECK(hs == 2 * table.pairs, "rope: head size {} but a table of {} pairs", hs, table.pairs);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
-      run_cpu(ctx, "rope_backward", [dx = ptr<S>(dinp), dy = ptr<S>(dout), table, B, T, NH, hs] {
-        cpu::rope_backward<S>(dx, dy, table, B, T, NH, hs);
-      });
+      run_cpu(ctx, "rope_backward",
+              [dx = ptr<S>(dinp), dy = ptr<S>(dout), table, B, T, NH, hs, pos = raw(positions)] {
+                cpu::rope_backward<S>(dx, dy, table, B, T, NH, hs, pos);
+              });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
-  cuda::rope_backward(launch(ctx), dtype, raw(dinp), raw(dout), table, B, T, NH, hs);
+  cuda::rope_backward(launch(ctx), dtype, raw(dinp), raw(dout), table, B, T, NH, hs,
+                      raw(positions));
 #else
   cuda_backend_missing("kernels::rope_backward");
 #endif
@@ -745,7 +754,8 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 }
 
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
-                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs) {
+                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
+                           ConstTokens doc_start) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
   if (on_cpu(ctx)) {
@@ -755,8 +765,9 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
           ctx, cpu::gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs));
       run_cpu(ctx, "gqa_attention_forward",
               [o = ptr<S>(out), l = raw(lse), qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), B, T,
-               NH, NKV, hs,
-               ws] { cpu::gqa_attention_forward<S>(o, l, qp, kp, vp, B, T, NH, NKV, hs, ws); });
+               NH, NKV, hs, ws, ds = raw(doc_start)] {
+                cpu::gqa_attention_forward<S>(o, l, qp, kp, vp, B, T, NH, NKV, hs, ws, ds);
+              });
     });
     return;
   }
@@ -764,7 +775,7 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   cuda::gqa_attention_forward(
       launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
-      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels);
+      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start));
 #else
   cuda_backend_missing("kernels::gqa_attention_forward");
 #endif
@@ -772,8 +783,8 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
 
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
-                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV,
-                            int hs) {
+                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
+                            ConstTokens doc_start) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
   if (on_cpu(ctx)) {
@@ -781,13 +792,13 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
       using S = decltype(s);
       auto* ws = cpu_workspace<cpu::acc_t<S>>(
           ctx, cpu::gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs));
-      run_cpu(
-          ctx, "gqa_attention_backward",
-          [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout), qp = ptr<S>(q),
-           kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T, NH, NKV, hs, ws] {
-            cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV, hs,
-                                           ws);
-          });
+      run_cpu(ctx, "gqa_attention_backward",
+              [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout),
+               qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T,
+               NH, NKV, hs, ws, ds = raw(doc_start)] {
+                cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV,
+                                               hs, ws, ds);
+              });
     });
     return;
   }
@@ -796,7 +807,7 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   cuda::gqa_attention_backward(
       launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
       raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH,
-      NKV, hs, kernels);
+      NKV, hs, kernels, raw(doc_start));
 #else
   cuda_backend_missing("kernels::gqa_attention_backward");
 #endif

@@ -35,13 +35,26 @@ using ConstTokens = DevicePtr<const std::int32_t>;
 // (bf16, bf16|fp32), (fp16, fp16|fp32).
 void check_dtypes(DType dtype, DType grad_dtype);
 
-// out (B,T,C) = wte[tokens] + wpe[t].   tokens (B,T) in [0,V). wpe/dwpe may be null (no
-// position embedding: the Llama family).
+// Packed documents. A micro-batch (B,T) may pack several documents into each sequence; the ops
+// that see positions take them as:
+//   doc_start (B,T) int32: for token t of sequence b, the index within sequence b of the first
+//       token of t's document: 0 <= doc_start[t] <= t, and doc_start[t] is doc_start[t-1] or t.
+//       Attention lets query t see keys [doc_start[t], t] only.
+//   positions (B,T) int32: t - doc_start[t], each token's position within its document.
+// Null (the default) is one document per sequence, positions 0..T-1: the unpacked ops, bit for
+// bit. Targets < 0 (crossentropy_*) are tokens left out of the loss. The CPU twins throw
+// InvalidArgument on a doc_start that is no packing and on positions outside [0,T) where they
+// index wpe; the CUDA twins rely on the contract unchecked, as they do for token ids.
+
+// out (B,T,C) = wte[tokens] + wpe[pos].   tokens (B,T) in [0,V); pos = positions[b*T+t] in
+// [0,T), or t with positions null. wpe/dwpe may be null (no position embedding: the Llama family).
 void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
-                     ConstBytes wpe, int B, int T, int C, int V);
-// dwte (V,C) += per-token sums of dout; dwpe (T,C) += sums over b.
+                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions = {});
+// dwte (V,C) += per-token sums of dout; dwpe (T,C) += per-position sums (over b without
+// positions).
 void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
-                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V);
+                      ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
+                      ConstTokens positions = {});
 
 // out (N,C), mean/rstd (N) fp32.
 void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, Floats rstd,
@@ -87,13 +100,16 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 // Causal self-attention: out (B,T,C), qkv (B,T,3C), lse (B,NH,T) fp32: each query row's
 // log-sum-exp of its scores, the only statistic kept for the backward, which recomputes the
 // probabilities (FlashAttention's scheme; kernels/cpu/attention.h). The backward also reads the
-// forward's `out`. On CUDA, bf16/fp16 with head size 64 and T a multiple of 64 run the fused
-// tensor-core kernels (kernels/cuda/flash_attention.cuh); other shapes the batched-GEMM path.
+// forward's `out`. On CUDA, bf16/fp16 with head size 64 or 128 and T a multiple of 64 run the
+// fused tensor-core kernels (kernels/cuda/flash_attention.cuh); other shapes the batched-GEMM
+// path. With doc_start (packed documents, above) query t attends keys [doc_start[t], t]; the
+// CPU twin and the fused kernels skip the work outside the documents (a packed step costs about
+// its documents' attention), the batched path masks it. Both passes take the same doc_start.
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
-                       int B, int T, int C, int NH);
+                       int B, int T, int C, int NH, ConstTokens doc_start = {});
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH);
+                        int NH, ConstTokens doc_start = {});
 
 // The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
 // models pass logits_row_stride(V): V rounded up to a multiple of 128, so every row starts
@@ -109,7 +125,8 @@ void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes in
 void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,
                      ConstBytes dlogits, ConstBytes inp, ConstBytes wte, int N, int C, int V,
                      int row_stride = 0);
-// losses (N) fp32.
+// losses (N) fp32. A row whose target is < 0 is not in the loss: loss 0, and in the two ops below
+// an all-zero dlogits row.
 void crossentropy_forward(KernelContext& ctx, DType dtype, Floats losses, ConstBytes logits,
                           ConstTokens targets, int N, int V, int row_stride = 0);
 // dlogits = (softmax(logits) - onehot) * dloss; OVERWRITES dlogits, which may equal logits.
@@ -123,8 +140,10 @@ void crossentropy_backward(KernelContext& ctx, DType dtype, Bytes dlogits, Const
 void crossentropy_forward_backward(KernelContext& ctx, DType dtype, Floats losses, Bytes dlogits,
                                    ConstBytes logits, ConstTokens targets, float dloss, int N,
                                    int V, int row_stride = 0);
-// out[0] = mean of losses[0..N).
-void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N);
+// out[0] = sum of losses[0..N) (in double, in a fixed order) / (divisor > 0 ? divisor : N). With
+// masked targets the divisor is the count of loss tokens (of the global batch, so gradients do not
+// change with micro-batching); 0 is the mean, bit for bit as before the divisor existed.
+void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N, float divisor = 0.0f);
 
 // ---- The Llama family (Llama, Qwen2, Mistral) ----
 
@@ -147,12 +166,14 @@ void linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
                      Bytes dbias, ConstBytes dout, ConstBytes inp, ConstBytes weight, int N, int C,
                      int OC, GradWrite dinp_write = GradWrite::kAccumulate);
 
-// Rotary embeddings of x (B,T,NH,hs) (kernels/cpu/rope.h). Both OVERWRITE `out`/`dinp`, which
-// may equal the input (in place).
+// Rotary embeddings of x (B,T,NH,hs) (kernels/cpu/rope.h): token (b,t) rotated by its position,
+// positions[b*T+t] (packed documents), or t with positions null. Both OVERWRITE `out`/`dinp`,
+// which may equal the input (in place).
 void rope_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
-                  const RopeTable& table, int B, int T, int NH, int hs);
+                  const RopeTable& table, int B, int T, int NH, int hs, ConstTokens positions = {});
 void rope_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes dout,
-                   const RopeTable& table, int B, int T, int NH, int hs);
+                   const RopeTable& table, int B, int T, int NH, int hs,
+                   ConstTokens positions = {});
 
 // out = silu(gate) * up over n elements; dgate, dup accumulate.
 void swiglu_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes gate, ConstBytes up,
@@ -163,12 +184,14 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 // Causal grouped-query attention: q, out (B,T,NH,hs); k, v (B,T,NKV,hs); lse (B,NH,T) fp32, each
 // query row's log-sum-exp, the only statistic kept for the backward (attention's contract above;
 // kernels/cpu/gqa_attention.h). Both backends pack q and the repeated k, v heads into
-// attention's (B,T,3C) layout and run it, so on CUDA head size 64 with T a multiple of 64 takes
-// the fused kernels. The backward also reads the forward's `out`.
+// attention's (B,T,3C) layout and run it, so on CUDA head size 64 or 128 with T a multiple of 64
+// takes the fused kernels. doc_start as attention's. The backward also reads the forward's `out`.
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
-                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs);
+                           ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
+                           ConstTokens doc_start = {});
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
-                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs);
+                            ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
+                            ConstTokens doc_start = {});
 
 }  // namespace zrt::kernels

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/causal_softmax.h"
+#include "kernels/cpu/documents.h"
 #include "kernels/cpu/gemm.h"
 
 namespace zrt::kernels::cpu {
@@ -14,6 +16,13 @@ using I64 = std::int64_t;
 
 int pair_group(int B, int NH) {
   return std::min(kAttentionPairGroup, B * NH);
+}
+
+// The documents of every sequence (one span [0, T) each without doc_start).
+std::vector<std::vector<DocSpan>> all_spans(const std::int32_t* doc_start, int B, int T) {
+  std::vector<std::vector<DocSpan>> docs(B);
+  for (int b = 0; b < B; ++b) docs[b] = document_spans(doc_start, b, T);
+  return docs;
 }
 }  // namespace
 
@@ -33,8 +42,10 @@ std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
 
 template <typename S>
 void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws) {
+                       acc_t<S>* ws, const std::int32_t* doc_start) {
   using A = acc_t<S>;
+  check_doc_start(doc_start, B, T);
+  const std::vector<std::vector<DocSpan>> docs = all_spans(doc_start, B, T);
   const int hs = C / NH;
   const int group = pair_group(B, NH);
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
@@ -56,15 +67,19 @@ void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C,
     for (int p = p0; p < p1; ++p) {
       const int b = p / NH;
       const int h = p % NH;
-      const A* q = aqkv + I64{b} * T * 3 * C + I64{h} * hs;
-      const A* k = q + C;
-      const A* v = q + 2 * C;
       A* a = scores + I64{p - p0} * T * T;
-      A* l = lse + I64{p} * T;
-      gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
-      for (int t = 0; t < T; ++t) l[t] = causal_softmax_row(a + I64{t} * T, t, T);
-      gemm_serial<A>(false, false, T, hs, T, A(1), a, T, v, 3 * C, A(0),
-                     aout + I64{b} * T * C + I64{h} * hs, C);
+      // Each document as a sequence of its own: rows [s, s + L) of q, k, v, scores L x L.
+      for (const DocSpan& doc : docs[b]) {
+        const int s = doc.begin, L = doc.end - doc.begin;
+        const A* q = aqkv + (I64{b} * T + s) * 3 * C + I64{h} * hs;
+        const A* k = q + C;
+        const A* v = q + 2 * C;
+        A* l = lse + I64{p} * T + s;
+        gemm_serial<A>(false, true, L, L, hs, scale, q, 3 * C, k, 3 * C, A(0), a, L);
+        for (int t = 0; t < L; ++t) l[t] = causal_softmax_row(a + I64{t} * L, t, L);
+        gemm_serial<A>(false, false, L, hs, L, A(1), a, L, v, 3 * C, A(0),
+                       aout + (I64{b} * T + s) * C + I64{h} * hs, C);
+      }
     }
   }
   if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
@@ -72,8 +87,10 @@ void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C,
 
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
-                        int B, int T, int C, int NH, acc_t<S>* ws) {
+                        int B, int T, int C, int NH, acc_t<S>* ws, const std::int32_t* doc_start) {
   using A = acc_t<S>;
+  check_doc_start(doc_start, B, T);
+  const std::vector<std::vector<DocSpan>> docs = all_spans(doc_start, B, T);
   const int hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
   const int group = pair_group(B, NH);
@@ -109,38 +126,41 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
     for (int p = p0; p < p1; ++p) {
       const int b = p / NH;
       const int h = p % NH;
-      const I64 qoff = I64{b} * T * 3 * C + I64{h} * hs;
-      const I64 yoff = I64{b} * T * C + I64{h} * hs;
-      const A* q = aqkv + qoff;
-      const A* k = q + C;
-      const A* v = q + 2 * C;
-      A* dq = adqkv + qoff;
-      A* dk = dq + C;
-      A* dv = dq + 2 * C;
-      const A* dy = adout + yoff;
-      const A* y = aout + yoff;
-      const A* l = lse + I64{p} * T;
       A* a = probs_ws + I64{p - p0} * T * T;
       A* da = dprobs_ws + I64{p - p0} * T * T;
-      gemm_serial<A>(false, true, T, T, hs, scale, q, 3 * C, k, 3 * C, A(0), a, T);
-      for (int t = 0; t < T; ++t) causal_probs_row(a + I64{t} * T, l[t], t, T);
-      gemm_serial<A>(false, true, T, T, hs, A(1), dy, C, v, 3 * C, A(0), da, T);
-      gemm_serial<A>(true, false, T, hs, T, A(1), a, T, dy, C, A(1), dv, 3 * C);
-      for (int t = 0; t < T; ++t) {
-        // D = dout . out: equal to sum_u p dp, but what the fused kernels can afford.
-        A dot = 0;
-        for (int d = 0; d < hs; ++d) dot += dy[I64{t} * C + d] * y[I64{t} * C + d];
-        A* drow = da + I64{t} * T;
-        const A* arow = a + I64{t} * T;
-        if constexpr (std::is_same_v<A, float>) {
-          span_softmax_grad(drow, arow, t + 1, dot);
-        } else {
-          for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+      for (const DocSpan& doc : docs[b]) {  // each document as a sequence of its own
+        const int s = doc.begin, L = doc.end - doc.begin;
+        const I64 qoff = (I64{b} * T + s) * 3 * C + I64{h} * hs;
+        const I64 yoff = (I64{b} * T + s) * C + I64{h} * hs;
+        const A* q = aqkv + qoff;
+        const A* k = q + C;
+        const A* v = q + 2 * C;
+        A* dq = adqkv + qoff;
+        A* dk = dq + C;
+        A* dv = dq + 2 * C;
+        const A* dy = adout + yoff;
+        const A* y = aout + yoff;
+        const A* l = lse + I64{p} * T + s;
+        gemm_serial<A>(false, true, L, L, hs, scale, q, 3 * C, k, 3 * C, A(0), a, L);
+        for (int t = 0; t < L; ++t) causal_probs_row(a + I64{t} * L, l[t], t, L);
+        gemm_serial<A>(false, true, L, L, hs, A(1), dy, C, v, 3 * C, A(0), da, L);
+        gemm_serial<A>(true, false, L, hs, L, A(1), a, L, dy, C, A(1), dv, 3 * C);
+        for (int t = 0; t < L; ++t) {
+          // D = dout . out: equal to sum_u p dp, but what the fused kernels can afford.
+          A dot = 0;
+          for (int d = 0; d < hs; ++d) dot += dy[I64{t} * C + d] * y[I64{t} * C + d];
+          A* drow = da + I64{t} * L;
+          const A* arow = a + I64{t} * L;
+          if constexpr (std::is_same_v<A, float>) {
+            span_softmax_grad(drow, arow, t + 1, dot);
+          } else {
+            for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+          }
+          for (int u = t + 1; u < L; ++u) drow[u] = A(0);
         }
-        for (int u = t + 1; u < T; ++u) drow[u] = A(0);
+        gemm_serial<A>(false, false, L, hs, L, scale, da, L, k, 3 * C, A(1), dq, 3 * C);
+        gemm_serial<A>(true, false, L, hs, L, scale, da, L, q, 3 * C, A(1), dk, 3 * C);
       }
-      gemm_serial<A>(false, false, T, hs, T, scale, da, T, k, 3 * C, A(1), dq, 3 * C);
-      gemm_serial<A>(true, false, T, hs, T, scale, da, T, q, 3 * C, A(1), dk, 3 * C);
     }
   }
   if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
@@ -149,9 +169,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
 #define ZRT_INSTANTIATE(S)                                                                         \
   template std::int64_t attention_forward_workspace<S>(int, int, int, int);                        \
   template std::int64_t attention_backward_workspace<S>(int, int, int, int);                       \
-  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*);      \
+  template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*,       \
+                                     const std::int32_t*);                                         \
   template void attention_backward<S>(S*, const S*, const S*, const S*, const acc_t<S>*, int, int, \
-                                      int, int, acc_t<S>*);
+                                      int, int, acc_t<S>*, const std::int32_t*);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)

@@ -13,10 +13,17 @@
 // probabilities): the backward recomputes p, as FlashAttention does, and takes D from the
 // forward's output (the same algorithm as the fused CUDA kernels, so the twins agree).
 //
+// Packed documents (doc_start (B,T), kernels/cpu/documents.h; null: one document per sequence):
+// query t attends keys [doc_start[t], t] only. Each pass runs the steps above on each document
+// of a sequence as on a sequence of its own (its rows of q, k, v and its own L x L scores), so a
+// packed call costs the sum of its documents' squares, not T^2, and each document's results are
+// those of running it alone. With doc_start null, or one document per sequence, the calls are
+// exactly those of the unpacked op. An invalid doc_start throws InvalidArgument.
+//
 // lse is fp32 (acc_t<S>). Work is parallel over (b,h) pairs, each with single-threaded BLAS calls
 // on strided views, so results do not depend on the thread count. 16-bit storage converts to
 // fp32 in `ws` first; both passes keep the scores of up to kAttentionPairGroup pairs at a time
-// in ws (attention_*_workspace(...) elements).
+// in ws (attention_*_workspace(...) elements, enough for documents up to T long).
 #pragma once
 
 #include <cstdint>
@@ -34,11 +41,12 @@ std::int64_t attention_backward_workspace(int B, int T, int C, int NH);
 
 template <typename S>
 void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws);
+                       acc_t<S>* ws, const std::int32_t* doc_start = nullptr);
 
-// `out` and `lse` are the forward's results for the same qkv.
+// `out` and `lse` are the forward's results for the same qkv and doc_start.
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
-                        int B, int T, int C, int NH, acc_t<S>* ws);
+                        int B, int T, int C, int NH, acc_t<S>* ws,
+                        const std::int32_t* doc_start = nullptr);
 
 }  // namespace zrt::kernels::cpu

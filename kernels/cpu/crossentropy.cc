@@ -14,9 +14,10 @@ namespace zrt::kernels::cpu {
 namespace {
 using I64 = std::int64_t;
 
+// Targets below 0 are rows left out of the loss; the rest must be token ids.
 void check_targets(const std::int32_t* targets, int N, int V) {
   for (int n = 0; n < N; ++n) {
-    if (targets[n] < 0 || targets[n] >= V) {
+    if (targets[n] >= V) {
       ZRT_THROW(InvalidArgument, "target id {} at position {} is outside the vocabulary [0, {})",
                 targets[n], n, V);
     }
@@ -135,6 +136,10 @@ void crossentropy_forward(acc_t<S>* losses, const S* logits, const std::int32_t*
 #pragma omp for schedule(static)
     for (int n = 0; n < N; ++n) {
       const S* row = logits + I64{n} * ldl;
+      if (targets[n] < 0) {  // not in the loss
+        losses[n] = A(0);
+        continue;
+      }
       if constexpr (std::is_same_v<A, float>) {
         const float* x = fp32_row(row, V, buffer);
         const float mx = span_max(x, V);
@@ -162,6 +167,11 @@ void crossentropy_forward_backward(acc_t<S>* losses, S* dlogits, const S* logits
       const S* row = logits + I64{n} * ldl;
       S* drow = dlogits + I64{n} * ldl;
       const int target = targets[n];
+      if (target < 0) {  // not in the loss: no loss, no gradient
+        if (losses != nullptr) losses[n] = A(0);
+        for (int v = 0; v < ldl; ++v) drow[v] = store<S>(A(0));
+        continue;
+      }
       // Each loss is crossentropy_forward's expression on the same statistics, taken before
       // the row is overwritten (dlogits may alias logits).
       if constexpr (std::is_same_v<A, float>) {
@@ -201,10 +211,11 @@ void crossentropy_backward(S* dlogits, const S* logits, const std::int32_t* targ
 }
 
 template <typename A>
-void loss_mean(A* out, const A* losses, int N) {
+void loss_mean(A* out, const A* losses, int N, float divisor) {
   double sum = 0;
   for (int n = 0; n < N; ++n) sum += static_cast<double>(losses[n]);
-  out[0] = static_cast<A>(sum / N);
+  const double denominator = divisor > 0.0f ? static_cast<double>(divisor) : N;
+  out[0] = static_cast<A>(sum / denominator);
 }
 
 #define ZRT_FWD(S)                                                                                \
@@ -229,8 +240,8 @@ ZRT_BWD(bf16, bf16)
 ZRT_BWD(bf16, float)
 ZRT_BWD(fp16, fp16)
 ZRT_BWD(fp16, float)
-template void loss_mean<float>(float*, const float*, int);
-template void loss_mean<double>(double*, const double*, int);
+template void loss_mean<float>(float*, const float*, int, float);
+template void loss_mean<double>(double*, const double*, int, float);
 #undef ZRT_FWD
 #undef ZRT_BWD
 

@@ -9,10 +9,14 @@
 //                          gradient can replace the logits in place.
 //   crossentropy_forward_backward: both of the above from one pass over each row's statistics
 //                          (a training step's fused classifier; the logits are read once less).
-//   loss_mean:             out[0] = sum(losses) / N, summed in double in index order.
+//   loss_mean:             out[0] = sum(losses) / (divisor > 0 ? divisor : N), summed in double in
+//                          index order (the divisor: the global batch's count of loss tokens,
+//                          when masks leave some out).
 //
-// Softmax and losses are computed in acc_t<S>; targets must lie in [0,V) (InvalidArgument
-// otherwise). 16-bit storage converts the logits GEMM operands to fp32 in `ws`.
+// Softmax and losses are computed in acc_t<S>. A target < 0 marks a row that is not in the loss
+// (fine-tuning masks, a document's last token): its loss is 0 and its dlogits row all zeros; the
+// other targets must lie in [0,V) (InvalidArgument otherwise). 16-bit storage converts the
+// logits GEMM operands to fp32 in `ws`.
 //
 // `ldl` is the logits' row stride in elements (0: dense, V). The models pad it
 // (kernels::logits_row_stride) so every row is aligned for the GPU's GEMMs. The columns from V
@@ -55,6 +59,6 @@ void crossentropy_forward_backward(acc_t<S>* losses, S* dlogits, const S* logits
                                    int ldl = 0);
 
 template <typename A>
-void loss_mean(A* out, const A* losses, int N);
+void loss_mean(A* out, const A* losses, int N, float divisor = 0.0f);
 
 }  // namespace zrt::kernels::cpu

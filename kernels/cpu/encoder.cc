@@ -16,17 +16,70 @@ void check_tokens(const std::int32_t* tokens, std::int64_t n, int V) {
     }
   }
 }
+
+void check_positions(const std::int32_t* positions, std::int64_t n, int T) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (positions[i] < 0 || positions[i] >= T) {
+      ZRT_THROW(InvalidArgument, "position {} of token {} is outside the position table [0, {})",
+                positions[i], i, T);
+    }
+  }
+}
+
+// For rows with ids in [0, n_ids): next[r] the next row with r's id (-1: none); first[r] whether
+// r is its id's first row. The chains give each id's rows in (b,t) order.
+void id_chains(const std::int32_t* ids, std::int64_t rows, int n_ids,
+               std::vector<std::int64_t>& next, std::vector<char>& first) {
+  next.assign(rows, -1);
+  first.assign(rows, 0);
+  std::vector<std::int64_t> last(n_ids, -1);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int32_t v = ids[r];
+    if (last[v] < 0) {
+      first[r] = 1;
+    } else {
+      next[last[v]] = r;
+    }
+    last[v] = r;
+  }
+}
+
+// table[ids[r],:] += the sum of dout[r,:] over each id's rows, in (b,t) order in an A
+// accumulator, added once per id.
+template <typename A, typename S, typename G>
+void add_row_sums(G* table, const S* dout, const std::int32_t* ids, std::int64_t rows, int n_ids,
+                  int C) {
+  std::vector<std::int64_t> next;
+  std::vector<char> first;
+  id_chains(ids, rows, n_ids, next, first);
+#pragma omp parallel
+  {
+    std::vector<A> sum(C);
+#pragma omp for schedule(dynamic, 16)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (!first[r]) continue;
+      std::fill(sum.begin(), sum.end(), A(0));
+      for (std::int64_t q = r; q >= 0; q = next[q]) {
+        const S* d = dout + q * C;
+        for (int c = 0; c < C; ++c) sum[c] += load<A>(d[c]);
+      }
+      G* dw = table + static_cast<std::int64_t>(ids[r]) * C;
+      for (int c = 0; c < C; ++c) dw[c] = store<G>(load<A>(dw[c]) + sum[c]);
+    }
+  }
+}
 }  // namespace
 
 template <typename S>
 void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe, int B, int T,
-                     int C, int V) {
+                     int C, int V, const std::int32_t* positions) {
   using A = acc_t<S>;
   const std::int64_t rows = static_cast<std::int64_t>(B) * T;
   check_tokens(tokens, rows, V);
+  if (positions != nullptr && wpe != nullptr) check_positions(positions, rows, T);
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
-    const int t = static_cast<int>(r % T);
+    const int t = positions != nullptr ? positions[r] : static_cast<int>(r % T);
     const S* w = wte + static_cast<std::int64_t>(tokens[r]) * C;
     S* o = out + r * C;
     if (wpe == nullptr) {  // no position embedding (Llama: positions come from RoPE)
@@ -40,41 +93,17 @@ void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* 
 
 template <typename S, typename G>
 void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* tokens, int B, int T,
-                      int C, int V) {
+                      int C, int V, const std::int32_t* positions) {
   using A = acc_t<S>;
   const std::int64_t rows = static_cast<std::int64_t>(B) * T;
   check_tokens(tokens, rows, V);
-  // next[r]: the next row with the same token (-1: none); first[r]: r is its token's first row.
-  std::vector<std::int64_t> next(rows, -1);
-  std::vector<char> first(rows, 0);
-  {
-    std::vector<std::int64_t> last(V, -1);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int32_t v = tokens[r];
-      if (last[v] < 0) {
-        first[r] = 1;
-      } else {
-        next[last[v]] = r;
-      }
-      last[v] = r;
-    }
-  }
-#pragma omp parallel
-  {
-    std::vector<A> sum(C);
-#pragma omp for schedule(dynamic, 16)
-    for (std::int64_t r = 0; r < rows; ++r) {
-      if (!first[r]) continue;
-      std::fill(sum.begin(), sum.end(), A(0));
-      for (std::int64_t q = r; q >= 0; q = next[q]) {
-        const S* d = dout + q * C;
-        for (int c = 0; c < C; ++c) sum[c] += load<A>(d[c]);
-      }
-      G* dw = dwte + static_cast<std::int64_t>(tokens[r]) * C;
-      for (int c = 0; c < C; ++c) dw[c] = store<G>(load<A>(dw[c]) + sum[c]);
-    }
-  }
+  add_row_sums<A>(dwte, dout, tokens, rows, V, C);
   if (dwpe == nullptr) return;
+  if (positions != nullptr) {  // packed documents: a position's rows, wherever they are
+    check_positions(positions, rows, T);
+    add_row_sums<A>(dwpe, dout, positions, rows, T, C);
+    return;
+  }
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; ++t) {
     G* dp = dwpe + static_cast<std::int64_t>(t) * C;
@@ -87,10 +116,12 @@ void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* token
   }
 }
 
-#define ZRT_FWD(S) \
-  template void encoder_forward<S>(S*, const std::int32_t*, const S*, const S*, int, int, int, int);
-#define ZRT_BWD(S, G) \
-  template void encoder_backward<S, G>(G*, G*, const S*, const std::int32_t*, int, int, int, int);
+#define ZRT_FWD(S)                                                                             \
+  template void encoder_forward<S>(S*, const std::int32_t*, const S*, const S*, int, int, int, \
+                                   int, const std::int32_t*);
+#define ZRT_BWD(S, G)                                                                             \
+  template void encoder_backward<S, G>(G*, G*, const S*, const std::int32_t*, int, int, int, int, \
+                                       const std::int32_t*);
 ZRT_FWD(float)
 ZRT_FWD(double)
 ZRT_FWD(bf16)

@@ -84,7 +84,7 @@ std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int
 
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
-                           int NH, int NKV, int hs, acc_t<S>* ws) {
+                           int NH, int NKV, int hs, acc_t<S>* ws, const std::int32_t* doc_start) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
   const int C = NH * hs;
@@ -93,17 +93,17 @@ void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const 
   gqa_pack_qkv<S, A>(qkv, q, k, v, B, T, NH, NKV, hs);
   if constexpr (kIs16Bit<S>) {
     A* aout = rest;
-    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C);
+    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C, doc_start);
     convert_from_acc(out, aout, I64{B} * T * C);
   } else {
-    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest);
+    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest, doc_start);
   }
 }
 
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
-                            int hs, acc_t<S>* ws) {
+                            int hs, acc_t<S>* ws, const std::int32_t* doc_start) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
   const int C = NH * hs;
@@ -118,9 +118,10 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
     A* aout = adout + I64{B} * T * C;
     convert_to_acc(adout, dout, I64{B} * T * C);
     convert_to_acc(aout, out, I64{B} * T * C);
-    attention_backward<A>(dqkv, adout, qkv, aout, lse, B, T, C, NH, aout + I64{B} * T * C);
+    attention_backward<A>(dqkv, adout, qkv, aout, lse, B, T, C, NH, aout + I64{B} * T * C,
+                          doc_start);
   } else {
-    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest);
+    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest, doc_start);
   }
   gqa_unpack_dqkv<S, A>(dq, dk, dv, dqkv, B, T, NH, NKV, hs);
 }
@@ -129,10 +130,10 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
   template std::int64_t gqa_attention_forward_workspace<S>(int, int, int, int, int);              \
   template std::int64_t gqa_attention_backward_workspace<S>(int, int, int, int, int);             \
   template void gqa_attention_forward<S>(S*, acc_t<S>*, const S*, const S*, const S*, int, int,   \
-                                         int, int, int, acc_t<S>*);                               \
+                                         int, int, int, acc_t<S>*, const std::int32_t*);          \
   template void gqa_attention_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*,     \
                                           const S*, const acc_t<S>*, int, int, int, int, int,     \
-                                          acc_t<S>*);                                             \
+                                          acc_t<S>*, const std::int32_t*);                        \
   template void gqa_pack_qkv<S, acc_t<S>>(acc_t<S>*, const S*, const S*, const S*, int, int, int, \
                                           int, int);                                              \
   template void gqa_unpack_dqkv<S, acc_t<S>>(S*, S*, S*, const acc_t<S>*, int, int, int, int, int);

@@ -11,6 +11,8 @@
 //   backward: the probabilities recomputed from lse, D from dout and out; then dq += the packed
 //             gradient's q part, dk (dv) += the sum over each group's heads of its k (v) part,
 //             heads in order, rounded once to S.
+// Packed documents: doc_start (B,T) as attention.h's (null: one document per sequence), passed
+// on to the packed attention, so query t attends keys [doc_start[t], t] only.
 // Results do not depend on the thread count. Workspace: gqa_attention_*_workspace(...) elements
 // of acc_t<S>.
 #pragma once
@@ -28,13 +30,14 @@ std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int
 
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
-                           int NH, int NKV, int hs, acc_t<S>* ws);
+                           int NH, int NKV, int hs, acc_t<S>* ws,
+                           const std::int32_t* doc_start = nullptr);
 
-// `out` and `lse` are the forward's results for the same q, k, v.
+// `out` and `lse` are the forward's results for the same q, k, v and doc_start.
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
-                            int hs, acc_t<S>* ws);
+                            int hs, acc_t<S>* ws, const std::int32_t* doc_start = nullptr);
 
 // The packing both passes use (exposed for the CUDA twin's tests): qkv (B,T,3C) <- q, and k, v
 // with each kv head repeated for its group's query heads; and dq += dqkv's q part, dk (dv) +=

@@ -11,13 +11,14 @@ namespace {
 
 // Rotates every head of row (b,t) by +angle (sign 1) or -angle (sign -1).
 template <typename S>
-void rotate(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs, int sign) {
+void rotate(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs, int sign,
+            const std::int32_t* positions) {
   using A = acc_t<S>;
   ZRT_CHECK(hs == 2 * table.pairs, "rope: head size {} but a table of {} pairs", hs, table.pairs);
   const int P = table.pairs;
 #pragma omp parallel for schedule(static)
   for (int row = 0; row < B * T; ++row) {
-    const int t = row % T;
+    const int t = positions != nullptr ? positions[row] : row % T;
     A cs[kRopeMaxPairs], sn[kRopeMaxPairs];
     for (int i = 0; i < P; ++i) {
       const double angle = static_cast<double>(t) * static_cast<double>(table.inv_freq[i]);
@@ -41,18 +42,22 @@ void rotate(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, 
 }  // namespace
 
 template <typename S>
-void rope_forward(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs) {
-  rotate(out, inp, table, B, T, NH, hs, 1);
+void rope_forward(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs,
+                  const std::int32_t* positions) {
+  rotate(out, inp, table, B, T, NH, hs, 1, positions);
 }
 
 template <typename S>
-void rope_backward(S* dinp, const S* dout, const RopeTable& table, int B, int T, int NH, int hs) {
-  rotate(dinp, dout, table, B, T, NH, hs, -1);
+void rope_backward(S* dinp, const S* dout, const RopeTable& table, int B, int T, int NH, int hs,
+                   const std::int32_t* positions) {
+  rotate(dinp, dout, table, B, T, NH, hs, -1, positions);
 }
 
 #define ZRT_INSTANTIATE(S)                                                           \
-  template void rope_forward<S>(S*, const S*, const RopeTable&, int, int, int, int); \
-  template void rope_backward<S>(S*, const S*, const RopeTable&, int, int, int, int);
+  template void rope_forward<S>(S*, const S*, const RopeTable&, int, int, int, int,  \
+                                const std::int32_t*);                                \
+  template void rope_backward<S>(S*, const S*, const RopeTable&, int, int, int, int, \
+                                 const std::int32_t*);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)

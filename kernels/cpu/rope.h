@@ -1,8 +1,9 @@
 // Rotary position embeddings (RoPE) in Hugging Face's "rotate half" layout, CPU twin of
 // kernels/cuda/rope.cu.
 //
-// x (B,T,NH,hs) holds NH heads of hs = 2*P at position t for row (b,t). With
-// angle = t * inv_freq[i] (kernels/rope_table.h) and i < P:
+// x (B,T,NH,hs) holds NH heads of hs = 2*P at position pos(b,t) for row (b,t): positions[b*T+t]
+// (packed documents: positions restart at 0 in each document), or t when positions is null.
+// With angle = pos(b,t) * inv_freq[i] (kernels/rope_table.h) and i < P:
 //   forward:  out[i]   = x[i] cos - x[i+P] sin,   out[i+P] = x[i+P] cos + x[i] sin
 //   backward: the transposed rotation (by -angle) of dout:
 //             dinp[i]  = dout[i] cos + dout[i+P] sin,  dinp[i+P] = dout[i+P] cos - dout[i] sin
@@ -12,15 +13,19 @@
 // The angle and its sine and cosine are computed in double, then used in acc_t<S>.
 #pragma once
 
+#include <cstdint>
+
 #include "kernels/cpu/cpu_common.h"
 #include "kernels/rope_table.h"
 
 namespace zrt::kernels::cpu {
 
 template <typename S>
-void rope_forward(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs);
+void rope_forward(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, int hs,
+                  const std::int32_t* positions = nullptr);
 
 template <typename S>
-void rope_backward(S* dinp, const S* dout, const RopeTable& table, int B, int T, int NH, int hs);
+void rope_backward(S* dinp, const S* dout, const RopeTable& table, int B, int T, int NH, int hs,
+                   const std::int32_t* positions = nullptr);
 
 }  // namespace zrt::kernels::cpu

@@ -3,6 +3,10 @@
 // tensor-core kernels of flash_attention.cuh. Other shapes take the batched-GEMM path: q, k, v
 // permuted to (B,NH,T,hs) fp32 scratch, scores and outputs as strided-batched fp32 cuBLAS GEMMs,
 // softmax and its backward one warp per row, the probabilities recomputed in the backward from lse.
+// doc_start (B,T) (packed documents, kernels/ops.h; null: one per sequence): query t attends keys
+// [doc_start[t], t]. The fused kernels skip the key and query tiles outside the documents; the
+// batched path still computes every score and sets those outside a query's document to -inf
+// before its softmax (their probabilities then are exact zeros).
 #pragma once
 
 #include <cstdint>
@@ -26,13 +30,15 @@ bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int 
 std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
                                          const AttentionKernels& kernels = {});
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH, const AttentionKernels& kernels = {});
+                       int T, int C, int NH, const AttentionKernels& kernels = {},
+                       const std::int32_t* doc_start = nullptr);
 
 std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
                                           const AttentionKernels& kernels = {});
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, int B, int T, int C, int NH,
-                        const AttentionKernels& kernels = {});
+                        const AttentionKernels& kernels = {},
+                        const std::int32_t* doc_start = nullptr);
 
 // The two softmax passes over `rows` rows of T (one warp per row), shared with
 // gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal; lse, if not null,

@@ -36,16 +36,22 @@ __global__ void crossentropy_forward_kernel(float* losses, const S* logits,
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const S* row = logits + static_cast<I64>(n) * ldl;
+  const int target = targets[n];
+  if (target < 0) {  // not in the loss (the whole block returns: no reduction to join)
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    return;
+  }
   float mx, sum;
   row_stats(row, V, scratch, mx, sum);
-  if (threadIdx.x == 0) losses[n] = logf(sum) + mx - ld(row[targets[n]]);
+  if (threadIdx.x == 0) losses[n] = logf(sum) + mx - ld(row[target]);
 }
 
 // In place when dlogits == logits: every thread reads element v before writing it, and the
 // statistics are complete (block_sum synchronizes) before any write. With `losses` (the fused
 // classifier of a training step) the row's loss comes from the same statistics, its target
 // logit read before that synchronisation; the row's second read here follows the first
-// closely enough to come from L2 (a 100 KB row per block).
+// closely enough to come from L2 (a 100 KB row per block). A row whose target is < 0 is out of
+// the loss: its loss is 0 and its gradient row (padding included) all zeros.
 template <typename S>
 __global__ void crossentropy_backward_kernel(S* dlogits, float* losses, const S* logits,
                                              const std::int32_t* targets, float dloss, int V,
@@ -55,6 +61,11 @@ __global__ void crossentropy_backward_kernel(S* dlogits, float* losses, const S*
   const S* row = logits + static_cast<I64>(n) * ldl;
   S* drow = dlogits + static_cast<I64>(n) * ldl;
   const int target = targets[n];
+  if (target < 0) {  // the whole block returns before any reduction
+    if (losses != nullptr && threadIdx.x == 0) losses[n] = 0.0f;
+    for (int v = threadIdx.x; v < ldl; v += blockDim.x) drow[v] = st<S>(0.0f);
+    return;
+  }
   const float x_target = ld(row[target]);
   float mx, sum;
   row_stats(row, V, scratch, mx, sum);
@@ -67,7 +78,8 @@ __global__ void crossentropy_backward_kernel(S* dlogits, float* losses, const S*
   for (int v = V + threadIdx.x; v < ldl; v += blockDim.x) drow[v] = st<S>(0.0f);
 }
 
-__global__ void loss_mean_kernel(float* out, const float* losses, int N) {
+// out[0] = (sum of losses, in double, in a fixed tree order) / (divisor > 0 ? divisor : N).
+__global__ void loss_mean_kernel(float* out, const float* losses, int N, float divisor) {
   __shared__ double partial[kThreads];
   double sum = 0.0;
   for (int i = threadIdx.x; i < N; i += kThreads) sum += losses[i];
@@ -77,7 +89,10 @@ __global__ void loss_mean_kernel(float* out, const float* losses, int N) {
     if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[0] = static_cast<float>(partial[0] / N);
+  if (threadIdx.x == 0) {
+    const double denominator = divisor > 0.0f ? static_cast<double>(divisor) : N;
+    out[0] = static_cast<float>(partial[0] / denominator);
+  }
 }
 
 }  // namespace
@@ -148,8 +163,8 @@ void crossentropy_forward_backward(const Launch& l, DType dtype, float* losses, 
   });
 }
 
-void loss_mean(const Launch& l, float* out, const float* losses, int N) {
-  loss_mean_kernel<<<1, kThreads, 0, l.stream>>>(out, losses, N);
+void loss_mean(const Launch& l, float* out, const float* losses, int N, float divisor) {
+  loss_mean_kernel<<<1, kThreads, 0, l.stream>>>(out, losses, N, divisor);
   ZRT_CUDA_LAUNCH_CHECK();
 }
 

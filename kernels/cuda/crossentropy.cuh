@@ -1,6 +1,8 @@
 // CUDA twin of kernels/cpu/crossentropy.h: the tied-embedding logits (cublasGemmEx), softmax
-// cross-entropy forward/backward (one block per row) and the mean loss (one block, double
-// accumulation in a fixed order). `ldl` is the logits' row stride (>= V; ops.cc resolves 0).
+// cross-entropy forward/backward (one block per row; a target < 0 is a row out of the loss: loss
+// 0, a zero dlogits row) and the mean loss (one block, double accumulation in a fixed order,
+// divided by `divisor` when it is > 0, else by N). `ldl` is the logits' row stride (>= V; ops.cc
+// resolves 0).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,6 @@ void crossentropy_backward(const Launch& l, DType dtype, void* dlogits, const vo
 void crossentropy_forward_backward(const Launch& l, DType dtype, float* losses, void* dlogits,
                                    const void* logits, const std::int32_t* targets, float dloss,
                                    int N, int V, int ldl);
-void loss_mean(const Launch& l, float* out, const float* losses, int N);
+void loss_mean(const Launch& l, float* out, const float* losses, int N, float divisor = 0.0f);
 
 }  // namespace zrt::kernels::cuda

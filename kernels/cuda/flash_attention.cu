@@ -3,6 +3,7 @@
 #include <mma.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/flash_attention_mma.cuh"
@@ -38,6 +39,22 @@ template <typename S>
 using TransposedB = wmma::fragment<wmma::matrix_b, 16, 16, 16, S, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
+// Packed documents. Each kernel is built twice: kDocs false for doc_start null (one document per
+// sequence), where every document term below is a compile-time constant and the kernel is the
+// unpacked one instruction for instruction, and kDocs true. first_key: the first key query q of
+// sequence `ds` (doc_start + b*T) may see; doc_start is non-decreasing in q, so the first query
+// of a group of rows has the group's earliest first key.
+template <bool kDocs>
+__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
+  if constexpr (kDocs) {
+    return ds[q];
+  } else {
+    (void)ds;
+    (void)q;
+    return 0;
+  }
+}
+
 // acc (16x16) = rows (16 x HS, A fragments) . tile^T where tile is 16 rows of HS at `tile`
 // (row stride ld): scores of 16 rows against 16 keys (or queries).
 template <typename S, int HS>
@@ -53,10 +70,13 @@ __device__ __forceinline__ void rows_dot_tile(Acc& acc, const RowA<S> (&rows)[HS
 }
 
 // Forward: grid (T/64 query tiles, B*NH). Lane (r, half) keeps row r of its warp's 16 and half
-// of that row's HS outputs in registers; the rescaling by exp2(m_old - m_new) happens there.
-template <typename S, int HS>
+// of that row's HS outputs in registers; the rescaling by exp2(m_old - m_new) happens there. With
+// doc_start each warp starts at the key tile holding its first row's document start (the key
+// tiles before it are outside all its rows' documents) and masks the keys before each row's.
+template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    flash_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH, float scale_log2) {
+    flash_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH, float scale_log2,
+                         const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   static_assert(HS % 16 == 0 && HS <= kTile, "head size: a multiple of 16, at most 64");
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
@@ -69,6 +89,9 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int qrow = q0 + r;
   const int last_key = q0 + 15;  // keys after it are masked for all 16 rows of the warp
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const int row_first = first_key<kDocs>(docs, qrow);  // keys before it: not in the row's document
+  const int warp_first = first_key<kDocs>(docs, q0);   // ... before this one: in none of the 16
   const int ld3 = 3 * C;
   const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
@@ -86,13 +109,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int i = 0; i < HS / 2; ++i) o[i] = 0.0f;
 
-  // k0 <= q0 always (a multiple of 64 not past q0 + 15), so each row sees key k0 in every
-  // tile it visits and its running max is finite from the first tile on.
-  for (int k0 = 0; k0 <= last_key; k0 += kTile) {
+  // Without documents k0 <= q0 always (a multiple of 64 not past q0 + 15), so each row sees key
+  // k0 in every tile it visits and its running max is finite from the first tile on; with them a
+  // row may see no key of a tile (its document starts later), which m_ref below handles.
+  for (int k0 = warp_first / kTile * kTile; k0 <= last_key; k0 += kTile) {
 #pragma unroll
     for (int n = 0; n < kTile / 16; ++n) {
       Acc acc;
-      if (k0 + n * 16 <= last_key) {
+      if (k0 + n * 16 <= last_key && (!kDocs || k0 + n * 16 + 15 >= warp_first)) {
         rows_dot_tile<S, HS>(acc, q_frag, k_base + static_cast<I64>(k0 + n * 16) * ld3, ld3);
       } else {
         wmma::fill_fragment(acc, 0.0f);
@@ -105,16 +129,21 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kTile / 2; ++i) {
       const int c = half * (kTile / 2) + i;
-      x[i] = k0 + c <= qrow ? scores[r * kScoreLd + c] * scale_log2 : -INFINITY;
+      const int key = k0 + c;
+      const bool seen = key <= qrow && (!kDocs || key >= row_first);
+      x[i] = seen ? scores[r * kScoreLd + c] * scale_log2 : -INFINITY;
       mx = fmaxf(mx, x[i]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 1));
     const float m_new = fmaxf(m, mx);
-    const float alpha = exp2f(m - m_new);
+    // A row that has seen no key of its document yet keeps m_new = -inf: exp2 then takes 0 as its
+    // reference, so alpha and every p are exp2(-inf) = 0 (not -inf - -inf = NaN), and l, o stay 0.
+    const float m_ref = kDocs && m_new == -INFINITY ? 0.0f : m_new;
+    const float alpha = exp2f(m - m_ref);
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < kTile / 2; ++i) {
-      const float p = exp2f(x[i] - m_new);
+      const float p = exp2f(x[i] - m_ref);
       sum += p;
       probs[r * kProbLd + half * (kTile / 2) + i] = st<S>(p);
     }
@@ -131,7 +160,7 @@ __global__ void __launch_bounds__(kThreads)
       wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        if (k0 + kk * 16 > last_key) continue;
+        if (k0 + kk * 16 > last_key || (kDocs && k0 + kk * 16 + 15 < warp_first)) continue;
         RowA<S> p_frag;
         RowB<S> v_frag;
         wmma::load_matrix_sync(p_frag, probs + kk * 16, kProbLd);
@@ -178,12 +207,13 @@ __global__ void attention_row_dot_kernel(float* rowdot, const S* dout, const S* 
 }
 
 // dQ: grid (T/64 query tiles, B*NH), the forward's geometry. Per key tile: the scores and
-// dP = dout V^T (16 x 64 per warp), dS = P (dP - D) in 16-bit, dQ += dS K in fragments.
-template <typename S, int HS>
+// dP = dout V^T (16 x 64 per warp), dS = P (dP - D) in 16-bit, dQ += dS K in fragments. With
+// doc_start, the forward's key tiles and masks.
+template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
                              const float* rowdot, int T, int C, int NH, float scale,
-                             float scale_log2) {
+                             float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
   __shared__ __align__(32) float s_dprobs[kWarps][16 * kScoreLd];
@@ -196,6 +226,9 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int qrow = q0 + r;
   const int last_key = q0 + 15;
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const int row_first = first_key<kDocs>(docs, qrow);
+  const int warp_first = first_key<kDocs>(docs, q0);
   const int ld3 = 3 * C;
   const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
@@ -217,11 +250,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int dn = 0; dn < HS / 16; ++dn) wmma::fill_fragment(dq[dn], 0.0f);
 
-  for (int k0 = 0; k0 <= last_key; k0 += kTile) {
+  for (int k0 = warp_first / kTile * kTile; k0 <= last_key; k0 += kTile) {
 #pragma unroll
     for (int n = 0; n < kTile / 16; ++n) {
       Acc s_acc, dp_acc;
-      if (k0 + n * 16 <= last_key) {
+      if (k0 + n * 16 <= last_key && (!kDocs || k0 + n * 16 + 15 >= warp_first)) {
         rows_dot_tile<S, HS>(s_acc, q_frag, k_base + static_cast<I64>(k0 + n * 16) * ld3, ld3);
         rows_dot_tile<S, HS>(dp_acc, dy_frag, v_base + static_cast<I64>(k0 + n * 16) * ld3, ld3);
       } else {
@@ -235,8 +268,10 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int i = 0; i < kTile / 2; ++i) {
       const int c = half * (kTile / 2) + i;
-      const float p =
-          k0 + c <= qrow ? exp2f(scores[r * kScoreLd + c] * scale_log2 - row_lse2) : 0.0f;
+      const int key = k0 + c;
+      const float p = key <= qrow && (!kDocs || key >= row_first)
+                          ? exp2f(scores[r * kScoreLd + c] * scale_log2 - row_lse2)
+                          : 0.0f;
       ds[r * kProbLd + c] = st<S>(p * (dprobs[r * kScoreLd + c] - row_d));
     }
     __syncwarp();
@@ -244,7 +279,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int dn = 0; dn < HS / 16; ++dn) {
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        if (k0 + kk * 16 > last_key) continue;
+        if (k0 + kk * 16 > last_key || (kDocs && k0 + kk * 16 + 15 < warp_first)) continue;
         RowA<S> ds_frag;
         RowB<S> k_frag;
         wmma::load_matrix_sync(ds_frag, ds + kk * 16, kProbLd);
@@ -272,14 +307,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dK, dV: grid (T/64 key tiles, B*NH); warp w owns keys tile*64 + 16w .. +16 and visits every
-// query tile from its own on. Per query tile: P^T and dP^T = V dout^T (16 keys x 64 queries),
-// then dV += P^T dout and dK += dS^T Q in fragments. The 16-bit P^T and dS^T overwrite the
-// fp32 scratch they came from (each lane reads its values first, then the warp syncs).
-template <typename S, int HS>
+// query tile from its own on (with doc_start, until the first query tile whose first query's
+// document starts after the warp's last key: no later query sees its keys). Per query tile: P^T
+// and dP^T = V dout^T (16 keys x 64 queries), then dV += P^T dout and dK += dS^T Q in fragments.
+// The 16-bit P^T and dS^T overwrite the fp32 scratch they came from (each lane reads its values
+// first, then the warp syncs).
+template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
                                const float* rowdot, int T, int C, int NH, float scale,
-                               float scale_log2) {
+                               float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
   __shared__ __align__(32) float s_dprobs[kWarps][16 * kScoreLd];
@@ -297,6 +334,8 @@ __global__ void __launch_bounds__(kThreads)
   const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
   const float* lse_row = lse + static_cast<I64>(bh) * T;
   const float* d_row = rowdot + static_cast<I64>(bh) * T;
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const int last_key = k0w + 15;
   float* scores = s_scores[warp];
   float* dprobs = s_dprobs[warp];
   S* probs16 = reinterpret_cast<S*>(scores);
@@ -315,11 +354,14 @@ __global__ void __launch_bounds__(kThreads)
     wmma::fill_fragment(dv[dn], 0.0f);
   }
 
-  for (int qb = tile * kTile; qb < T; qb += kTile) {
+  for (int qb = tile * kTile; qb < T && (!kDocs || first_key<kDocs>(docs, qb) <= last_key);
+       qb += kTile) {
 #pragma unroll
     for (int n = 0; n < kTile / 16; ++n) {
       Acc s_acc, dp_acc;
-      if (qb + n * 16 + 15 >= k0w) {  // else every query is before every key: all masked
+      // Else every query is before every key, or every query's document starts after the last
+      // key: all masked.
+      if (qb + n * 16 + 15 >= k0w && (!kDocs || first_key<kDocs>(docs, qb + n * 16) <= last_key)) {
         rows_dot_tile<S, HS>(s_acc, k_frag, q_base + static_cast<I64>(qb + n * 16) * ld3, ld3);
         rows_dot_tile<S, HS>(dp_acc, v_frag, dy_base + static_cast<I64>(qb + n * 16) * C, C);
       } else {
@@ -335,8 +377,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kTile / 2; ++i) {
       const int c = half * (kTile / 2) + i;
       const int query = qb + c;
-      p[i] = krow <= query ? exp2f(scores[r * kScoreLd + c] * scale_log2 - lse_row[query] * kLog2e)
-                           : 0.0f;
+      p[i] = krow <= query && (!kDocs || krow >= first_key<kDocs>(docs, query))
+                 ? exp2f(scores[r * kScoreLd + c] * scale_log2 - lse_row[query] * kLog2e)
+                 : 0.0f;
       g[i] = p[i] * (dprobs[r * kScoreLd + c] - d_row[query]);
     }
     __syncwarp();
@@ -349,7 +392,9 @@ __global__ void __launch_bounds__(kThreads)
     __syncwarp();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      if (qb + kk * 16 + 15 < k0w) continue;
+      if (qb + kk * 16 + 15 < k0w || (kDocs && first_key<kDocs>(docs, qb + kk * 16) > last_key)) {
+        continue;
+      }
       RowA<S> p_frag, ds_frag;
       wmma::load_matrix_sync(p_frag, probs16 + kk * 16, kProbLd);
       wmma::load_matrix_sync(ds_frag, ds16 + kk * 16, kProbLd);
@@ -399,20 +444,26 @@ bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels k
 }
 
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
-                             int B, int T, int C, int NH, FlashKernels kernels) {
+                             int B, int T, int C, int NH, FlashKernels kernels,
+                             const std::int32_t* doc_start) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   if (kernels == FlashKernels::kMma) {
-    flash_mma_forward(l, dtype, out, lse, qkv, B, T, C, NH);
+    flash_mma_forward(l, dtype, out, lse, qkv, B, T, C, NH, doc_start);
     return;
   }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
   with_16bit_storage(dtype, "fused attention", [&](auto s) {
     using S = typename decltype(s)::type;
-    flash_forward_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
+    if (doc_start != nullptr) {
+      flash_forward_kernel<S, kHeadSize, true><<<grid, kThreads, 0, l.stream>>>(
+          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2, doc_start);
+    } else {
+      flash_forward_kernel<S, kHeadSize, false><<<grid, kThreads, 0, l.stream>>>(
+          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2, nullptr);
+    }
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }
@@ -423,7 +474,7 @@ std::int64_t flash_attention_backward_workspace(int B, int T, int NH) {
 
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
-                              int C, int NH, FlashKernels kernels) {
+                              int C, int NH, FlashKernels kernels, const std::int32_t* doc_start) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
@@ -442,17 +493,25 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
                           NH);
     ZRT_CUDA_LAUNCH_CHECK();
     if (kernels == FlashKernels::kMma) {
-      flash_mma_backward(l, dtype, dqkv, dout, qkv, lse, rowdot, B, T, C, NH);
+      flash_mma_backward(l, dtype, dqkv, dout, qkv, lse, rowdot, B, T, C, NH, doc_start);
       return;
     }
-    flash_backward_dkdv_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
-        T, C, NH, scale, scale_log2);
-    ZRT_CUDA_LAUNCH_CHECK();
-    flash_backward_dq_kernel<S, kHeadSize><<<grid, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse, rowdot,
-        T, C, NH, scale, scale_log2);
-    ZRT_CUDA_LAUNCH_CHECK();
+    auto run = [&](auto docs) {
+      constexpr bool kDocs = decltype(docs)::value;
+      flash_backward_dkdv_kernel<S, kHeadSize, kDocs><<<grid, kThreads, 0, l.stream>>>(
+          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+          rowdot, T, C, NH, scale, scale_log2, doc_start);
+      ZRT_CUDA_LAUNCH_CHECK();
+      flash_backward_dq_kernel<S, kHeadSize, kDocs><<<grid, kThreads, 0, l.stream>>>(
+          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+          rowdot, T, C, NH, scale, scale_log2, doc_start);
+      ZRT_CUDA_LAUNCH_CHECK();
+    };
+    if (doc_start != nullptr) {
+      run(std::true_type{});
+    } else {
+      run(std::false_type{});
+    }
   });
 }
 

@@ -8,6 +8,12 @@
 // rounded to the storage type before their products (as FlashAttention does); the CPU twin
 // (kernels/cpu/attention.h) keeps them in fp32, the difference the parity tests bound.
 //
+// Packed documents (doc_start (B,T), kernels/ops.h; null: one document per sequence): query t sees
+// keys [doc_start[t], t]. As FlashAttention's varlen kernels, the work follows the documents: the
+// forward and dQ start each query tile's key loop at the tile holding its first query's document
+// start (doc_start is non-decreasing), dK/dV stop a key tile's query loop at the first query tile
+// whose documents all start after the key tile, and tiles partly covered are masked per element.
+//
 // Shapes it takes (attention.cu falls back to batched GEMMs for the rest): bf16 or fp16 storage,
 // head size 64 (both implementations) or 128 (the mma.sync kernels), T a multiple of 64, qkv and
 // dout 32-byte aligned. Needs sm_80 or newer (the build's default architectures are 80 and 90).
@@ -31,14 +37,15 @@ bool flash_attention_supported(DType dtype, int T, int C, int NH,
 
 // out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
-                             int B, int T, int C, int NH,
-                             FlashKernels kernels = FlashKernels::kMma);
+                             int B, int T, int C, int NH, FlashKernels kernels = FlashKernels::kMma,
+                             const std::int32_t* doc_start = nullptr);
 
 // l.ws: flash_attention_backward_workspace bytes (the row term D, (B,NH,T) fp32).
 std::int64_t flash_attention_backward_workspace(int B, int T, int NH);
 // dqkv (B,T,3C) += the gradients; dout, out (B,T,C); lse from the forward.
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
-                              int C, int NH, FlashKernels kernels = FlashKernels::kMma);
+                              int C, int NH, FlashKernels kernels = FlashKernels::kMma,
+                              const std::int32_t* doc_start = nullptr);
 
 }  // namespace zrt::kernels::cuda

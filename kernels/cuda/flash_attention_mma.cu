@@ -96,6 +96,9 @@ __device__ __forceinline__ void stage(S* dst, const S* src, int ld) {
 
 // acc[j] (16 rows x 8 columns, j < 8) = rows . tile^T for the 64 staged rows of `tile` (HS
 // columns each), tiles of 8 columns whose first column index is past `last` skipped (left zero).
+// (Skipping the columns before a document's start as well costs the forward at head size 128
+// about 65 more registers a thread, for a saving in the one key tile a document starts in: the
+// masks below zero those columns instead.)
 template <int HS, typename S>
 __device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4],
                                                 const std::uint32_t (&a)[HS / 16][4], const S* tile,
@@ -169,6 +172,23 @@ __device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[CO
   }
 }
 
+// Packed documents. Each kernel is built twice: kDocs false for doc_start null (one document per
+// sequence), where every document term below is a compile-time constant and the kernel is the
+// unpacked one instruction for instruction (the same registers, the same results bit for bit),
+// and kDocs true. first_key: the first key query q of sequence `ds` (doc_start + b*T) may see;
+// doc_start is non-decreasing in q, so the first query of a group of rows has the group's
+// earliest first key.
+template <bool kDocs>
+__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
+  if constexpr (kDocs) {
+    return ds[q];
+  } else {
+    (void)ds;
+    (void)q;
+    return 0;
+  }
+}
+
 // The first of the COLS output columns (head dims) a block writes: blockIdx.z's share.
 template <int HS, int COLS>
 __device__ __forceinline__ int first_column() {
@@ -183,11 +203,13 @@ __device__ __forceinline__ int first_column() {
 // Forward: grid (T/64 query tiles, longest first; B*NH; HS/COLS). Each block stages the key
 // tiles (all HS columns) and the value tiles (its COLS columns) up to its diagonal; each warp
 // keeps 16 rows' running max, partial sums and COLS outputs. Blocks of one tile that split the
-// columns compute the same statistics; the first writes lse.
-template <typename S, int HS, int COLS>
+// columns compute the same statistics; the first writes lse. With doc_start the key tiles start
+// at the one holding the document start of the block's first query, a warp skips the tiles
+// before its first row's, and keys before a row's document start are masked.
+template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH,
-                             float scale_log2) {
+                             float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) S k_s[kTile * kLd<HS>];
   __shared__ __align__(16) S v_s[kTile * kLd<COLS>];
@@ -200,6 +222,9 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
+  const int warp_first = first_key<kDocs>(docs, q0);
   const int ld3 = 3 * C;
   const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
@@ -210,13 +235,17 @@ __global__ void __launch_bounds__(kThreads)
   float o[COLS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-  // Every warp of the block visits the same key tiles (k0 <= tile * 64 <= q0), so each row sees
-  // key k0 in each and its max is finite from the first tile on.
-  for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
+  // Every warp of the block visits the same key tiles (k0 <= tile * 64 <= q0). Without documents
+  // each row sees key k0 in each and its max is finite from the first tile on; with them a row
+  // may see no key of a tile (its document starts later), which ref0, ref1 below handle.
+  for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
+       k0 += kTile) {
     __syncthreads();  // the previous tile's reads are done
     stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
     stage<COLS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
     __syncthreads();
+    // All 64 keys before every row's document: masked, the tile would leave m, l and o as they are.
+    if (kDocs && k0 + kTile <= warp_first) continue;
     float s[8][4];
     rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -225,8 +254,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int key = k0 + 8 * j + 2 * t + (c & 1);
-        const int row = c < 2 ? row0 : row1;
-        s[j][c] = key <= row ? s[j][c] * scale_log2 : -INFINITY;
+        const bool top = c < 2;
+        const bool seen = key <= (top ? row0 : row1) && (!kDocs || key >= (top ? first0 : first1));
+        s[j][c] = seen ? s[j][c] * scale_log2 : -INFINITY;
         if (c < 2) {
           mx0 = fmaxf(mx0, s[j][c]);
         } else {
@@ -235,7 +265,12 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     const float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
-    const float a0 = exp2f(m0 - n0), a1 = exp2f(m1 - n1);
+    // A row that has seen no key of its document yet keeps its max at -inf: exp2 then takes 0 as
+    // the reference, so the rescale and every p are exp2(-inf) = 0 (not -inf - -inf = NaN) and
+    // the row's l and o stay 0. Otherwise the reference is the max itself.
+    const float ref0 = kDocs && n0 == -INFINITY ? 0.0f : n0;
+    const float ref1 = kDocs && n1 == -INFINITY ? 0.0f : n1;
+    const float a0 = exp2f(m0 - ref0), a1 = exp2f(m1 - ref1);
     m0 = n0;
     m1 = n1;
     float ps0 = 0.0f, ps1 = 0.0f;
@@ -243,7 +278,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        s[j][c] = exp2f(s[j][c] - (c < 2 ? m0 : m1));
+        s[j][c] = exp2f(s[j][c] - (c < 2 ? ref0 : ref1));
         if (c < 2) {
           ps0 += s[j][c];
         } else {
@@ -262,8 +297,10 @@ __global__ void __launch_bounds__(kThreads)
     }
     std::uint32_t pa[4][4];
     to_a<S>(pa, s);
-    const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
-                          k0 + 48 > last_key};
+    const bool skip[4] = {k0 > last_key || (kDocs && k0 + 15 < warp_first),
+                          k0 + 16 > last_key || (kDocs && k0 + 31 < warp_first),
+                          k0 + 32 > last_key || (kDocs && k0 + 47 < warp_first),
+                          k0 + 48 > last_key || (kDocs && k0 + 63 < warp_first)};
     rows_times_staged<COLS, COLS, S>(o, pa, v_s, skip, g, t);
   }
   l0 = quad_sum(l0);
@@ -285,12 +322,13 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// dQ: the forward's geometry. Per key tile: S = Q K^T and dP = dout V^T in registers,
-// dS = P (dP - D), dQ += dS K (the block's COLS columns of K).
-template <typename S, int HS, int COLS>
+// dQ: the forward's geometry (with doc_start, its key tiles and masks). Per key tile: S = Q K^T
+// and dP = dout V^T in registers, dS = P (dP - D), dQ += dS K (the block's COLS columns of K).
+template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* rowdot,
-                        int T, int C, int NH, float scale, float scale_log2) {
+                        int T, int C, int NH, float scale, float scale_log2,
+                        const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) S k_s[kTile * kLd<HS>];
   __shared__ __align__(16) S v_s[kTile * kLd<HS>];
@@ -303,6 +341,9 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
+  const int warp_first = first_key<kDocs>(docs, q0);
   const int ld3 = 3 * C;
   const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
@@ -318,11 +359,13 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
   float dq[COLS / 8][4] = {};
 
-  for (int k0 = 0; k0 <= tile * kTile; k0 += kTile) {
+  for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
+       k0 += kTile) {
     __syncthreads();
     stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
     stage<HS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
     __syncthreads();
+    if (kDocs && k0 + kTile <= warp_first) continue;  // outside every row's document: dS all 0
     float s[8][4], dp[8][4];
     rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
     rows_dot_staged<HS, S>(dp, da, v_s, k0, last_key, g, t);
@@ -332,15 +375,17 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < 4; ++c) {
         const int key = k0 + 8 * j + 2 * t + (c & 1);
         const bool top = c < 2;
-        const float p =
-            key <= (top ? row0 : row1) ? exp2f(s[j][c] * scale_log2 - (top ? lse0 : lse1)) : 0.0f;
+        const bool seen = key <= (top ? row0 : row1) && (!kDocs || key >= (top ? first0 : first1));
+        const float p = seen ? exp2f(s[j][c] * scale_log2 - (top ? lse0 : lse1)) : 0.0f;
         s[j][c] = p * (dp[j][c] - (top ? d0 : d1));
       }
     }
     std::uint32_t dsa[4][4];
     to_a<S>(dsa, s);
-    const bool skip[4] = {k0 > last_key, k0 + 16 > last_key, k0 + 32 > last_key,
-                          k0 + 48 > last_key};
+    const bool skip[4] = {k0 > last_key || (kDocs && k0 + 15 < warp_first),
+                          k0 + 16 > last_key || (kDocs && k0 + 31 < warp_first),
+                          k0 + 32 > last_key || (kDocs && k0 + 47 < warp_first),
+                          k0 + 48 > last_key || (kDocs && k0 + 63 < warp_first)};
     rows_times_staged<HS, COLS, S>(dq, dsa, k_s + col0, skip, g, t);
   }
   S* dq0 = dqkv + (static_cast<I64>(b) * T + row0) * ld3 + h * HS + col0;
@@ -354,18 +399,21 @@ __global__ void __launch_bounds__(kThreads)
 // dK, dV: grid (T/64 key tiles, first tiles first; B*NH; HS/COLS). Warp w owns keys tile*64 +
 // 16w .. +16 (the A operand); per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in
 // registers, P^T and dS^T from them, dV += P^T dout, dK += dS^T Q (the block's COLS columns of
-// dout and Q).
-template <typename S, int HS, int COLS>
+// dout and Q). With doc_start the query tiles stop at the first whose first query's document
+// starts after the key tile (no later query sees its keys), a warp skips the query tiles and
+// chunks whose documents all start after its last key, and the rest is masked per element.
+template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
-                          const float* rowdot, int T, int C, int NH, float scale,
-                          float scale_log2) {
+                          const float* rowdot, int T, int C, int NH, float scale, float scale_log2,
+                          const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int ld = kLd<HS>;
   __shared__ __align__(16) S q_s[kTile * ld];
   __shared__ __align__(16) S dy_s[kTile * ld];
   __shared__ float lse_s[kTile];
   __shared__ float d_s[kTile];
+  __shared__ int first_s[kDocs ? kTile : 1];  // each staged query's first key (kDocs)
   const int tile = blockIdx.x;
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
@@ -374,6 +422,8 @@ __global__ void __launch_bounds__(kThreads)
   const int g = lane / 4, t = lane % 4;
   const int k0w = tile * kTile + warp * 16;
   const int key0 = k0w + g, key1 = k0w + g + 8;
+  const int warp_last = k0w + 15;
+  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
   const int ld3 = 3 * C;
   const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
   const S* k_base = q_base + C;
@@ -385,15 +435,20 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(va, v_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
   float dk[COLS / 8][4] = {}, dv[COLS / 8][4] = {};
 
-  for (int qb = tile * kTile; qb < T; qb += kTile) {
+  // The condition is the same for the whole block (qb and the tile are), so every thread reaches
+  // each __syncthreads.
+  for (int qb = tile * kTile; qb < T && (!kDocs || first_key<kDocs>(docs, qb) < (tile + 1) * kTile);
+       qb += kTile) {
     __syncthreads();
     stage<HS>(q_s, q_base + static_cast<I64>(qb) * ld3, ld3);
     stage<HS>(dy_s, dy_base + static_cast<I64>(qb) * C, C);
     if (threadIdx.x < kTile) {
       lse_s[threadIdx.x] = lse[static_cast<I64>(bh) * T + qb + threadIdx.x] * kLog2e;
       d_s[threadIdx.x] = rowdot[static_cast<I64>(bh) * T + qb + threadIdx.x];
+      if constexpr (kDocs) first_s[threadIdx.x] = first_key<kDocs>(docs, qb + threadIdx.x);
     }
     __syncthreads();
+    if (kDocs && first_s[0] > warp_last) continue;  // every query's document starts after the keys
     // Query columns before the warp's first key are masked for all its keys: tiles of 8 that
     // end before k0w are skipped (first + 8j > last fails for none, so test the end instead).
     float st_[8][4], dpt[8][4];
@@ -404,7 +459,7 @@ __global__ void __launch_bounds__(kThreads)
         st_[j][c] = 0.0f;
         dpt[j][c] = 0.0f;
       }
-      if (qb + 8 * j + 7 < k0w) continue;
+      if (qb + 8 * j + 7 < k0w || (kDocs && first_s[8 * j] > warp_last)) continue;
 #pragma unroll
       for (int kk = 0; kk < HS / 16; ++kk) {
         const S* pq = q_s + (8 * j + g) * ld + kk * 16 + 2 * t;
@@ -419,7 +474,8 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < 4; ++c) {
         const int qi = 8 * j + 2 * t + (c & 1);
         const int key = c < 2 ? key0 : key1;
-        const float p = key <= qb + qi ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
+        const bool seen = key <= qb + qi && (!kDocs || key >= first_s[qi]);
+        const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
         st_[j][c] = p;
         dpt[j][c] = p * (dpt[j][c] - d_s[qi]);
       }
@@ -427,7 +483,10 @@ __global__ void __launch_bounds__(kThreads)
     std::uint32_t pa[4][4], dsa[4][4];
     to_a<S>(pa, st_);
     to_a<S>(dsa, dpt);
-    const bool skip[4] = {qb + 15 < k0w, qb + 31 < k0w, qb + 47 < k0w, qb + 63 < k0w};
+    const bool skip[4] = {qb + 15 < k0w || (kDocs && first_s[0] > warp_last),
+                          qb + 31 < k0w || (kDocs && first_s[16] > warp_last),
+                          qb + 47 < k0w || (kDocs && first_s[32] > warp_last),
+                          qb + 63 < k0w || (kDocs && first_s[48] > warp_last)};
     rows_times_staged<HS, COLS, S>(dv, pa, dy_s + col0, skip, g, t);
     rows_times_staged<HS, COLS, S>(dk, dsa, q_s + col0, skip, g, t);
   }
@@ -476,6 +535,16 @@ void with_head_size(int C, int NH, F&& f) {
   }
 }
 
+// Calls f(std::bool_constant<kDocs>): the kernels with documents when doc_start is given.
+template <typename F>
+void with_documents(const std::int32_t* doc_start, F&& f) {
+  if (doc_start != nullptr) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 }  // namespace
 
 bool flash_mma_head_size_supported(int C, int NH) {
@@ -483,22 +552,28 @@ bool flash_mma_head_size_supported(int C, int NH) {
 }
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH) {
+                       int T, int C, int NH, const std::int32_t* doc_start) {
   with_head_size(C, NH, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     constexpr int COLS = ColumnSplit<HS>::kForward;
     const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
     with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
       using S = typename decltype(s)::type;
-      flash_mma_forward_kernel<S, HS, COLS><<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(
-          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2);
-      ZRT_CUDA_LAUNCH_CHECK();
+      with_documents(doc_start, [&](auto docs) {
+        constexpr bool kDocs = decltype(docs)::value;
+        flash_mma_forward_kernel<S, HS, COLS, kDocs>
+            <<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(static_cast<S*>(out), lse,
+                                                                     static_cast<const S*>(qkv), T,
+                                                                     C, NH, scale_log2, doc_start);
+        ZRT_CUDA_LAUNCH_CHECK();
+      });
     });
   });
 }
 
 void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const float* lse, const float* rowdot, int B, int T, int C, int NH) {
+                        const float* lse, const float* rowdot, int B, int T, int C, int NH,
+                        const std::int32_t* doc_start) {
   with_head_size(C, NH, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     constexpr int kDkdv = ColumnSplit<HS>::kDkdv, kDq = ColumnSplit<HS>::kDq;
@@ -506,14 +581,19 @@ void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* do
     const float scale_log2 = scale * kLog2e;
     with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
       using S = typename decltype(s)::type;
-      flash_mma_dkdv_kernel<S, HS, kDkdv><<<grid_of<HS>(B, T, NH, kDkdv), kThreads, 0, l.stream>>>(
-          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-          rowdot, T, C, NH, scale, scale_log2);
-      ZRT_CUDA_LAUNCH_CHECK();
-      flash_mma_dq_kernel<S, HS, kDq><<<grid_of<HS>(B, T, NH, kDq), kThreads, 0, l.stream>>>(
-          static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-          rowdot, T, C, NH, scale, scale_log2);
-      ZRT_CUDA_LAUNCH_CHECK();
+      with_documents(doc_start, [&](auto docs) {
+        constexpr bool kDocs = decltype(docs)::value;
+        flash_mma_dkdv_kernel<S, HS, kDkdv, kDocs>
+            <<<grid_of<HS>(B, T, NH, kDkdv), kThreads, 0, l.stream>>>(
+                static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+                rowdot, T, C, NH, scale, scale_log2, doc_start);
+        ZRT_CUDA_LAUNCH_CHECK();
+        flash_mma_dq_kernel<S, HS, kDq, kDocs>
+            <<<grid_of<HS>(B, T, NH, kDq), kThreads, 0, l.stream>>>(
+                static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
+                rowdot, T, C, NH, scale, scale_log2, doc_start);
+        ZRT_CUDA_LAUNCH_CHECK();
+      });
     });
   });
 }

@@ -16,10 +16,12 @@ namespace zrt::kernels::cuda {
 // Whether the head size C / NH is one these kernels are built for (64 or 128).
 bool flash_mma_head_size_supported(int C, int NH);
 
+// doc_start: packed documents as flash_attention.cuh's (null: one document per sequence).
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH);
+                       int T, int C, int NH, const std::int32_t* doc_start = nullptr);
 // rowdot: D = dout . out per row, (B,NH,T) fp32, already computed.
 void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const float* lse, const float* rowdot, int B, int T, int C, int NH);
+                        const float* lse, const float* rowdot, int B, int T, int C, int NH,
+                        const std::int32_t* doc_start = nullptr);
 
 }  // namespace zrt::kernels::cuda

@@ -102,7 +102,7 @@ std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, 
 
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                           const AttentionKernels& kernels) {
+                           const AttentionKernels& kernels, const std::int32_t* doc_start) {
   const int group = NH / NKV;
   void* qkv = l.ws;
   with_storage(dtype, [&](auto s) {
@@ -110,7 +110,7 @@ void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, 
     pack<S>(l, qkv, q, k, v, B, T, NH, group, hs);
   });
   attention_forward(after(l, packed_bytes(dtype, B, T, NH, hs)), dtype, out, lse, qkv, B, T,
-                    NH * hs, NH, kernels);
+                    NH * hs, NH, kernels, doc_start);
 }
 
 std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int /*NKV*/,
@@ -122,7 +122,8 @@ std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH,
 void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* k, const void* v,
                             const void* out, const float* lse, int B, int T, int NH, int NKV,
-                            int hs, const AttentionKernels& kernels) {
+                            int hs, const AttentionKernels& kernels,
+                            const std::int32_t* doc_start) {
   const int group = NH / NKV;
   const I64 packed = packed_bytes(dtype, B, T, NH, hs);
   void* qkv = l.ws;
@@ -133,7 +134,7 @@ void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, vo
   });
   ZRT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, static_cast<std::size_t>(packed), l.stream));
   attention_backward(after(l, 2 * packed), dtype, dqkv, dout, qkv, out, lse, B, T, NH * hs, NH,
-                     kernels);
+                     kernels, doc_start);
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     const I64 n = static_cast<I64>(B) * T * (NH + 2 * NKV) * hs;

@@ -1,5 +1,6 @@
 // Helpers shared by the kernel and model tests: deterministic inputs from the counter RNG (the
-// same keys tests/golden/gen_gpt_golden.py uses), the golden file, error measures.
+// same keys tests/golden/gen_gpt_golden.py uses), the golden file, error measures, packed
+// documents.
 #pragma once
 
 #include <cmath>
@@ -39,6 +40,35 @@ inline std::vector<std::int32_t> token_values(std::uint64_t seed, std::uint64_t 
                                      static_cast<std::uint64_t>(vocab));
   }
   return v;
+}
+
+// Packed documents (kernels/ops.h): sequence b of T tokens holds documents of lengths[b] (summing
+// to T), in order. doc_start[b*T+t] is the first token of t's document, positions[b*T+t] its
+// position in it; spans lists each document as (b, first token, length).
+struct Packing {
+  struct Span {
+    int b, begin, length;
+  };
+  std::vector<std::int32_t> doc_start, positions;
+  std::vector<Span> spans;
+};
+
+inline Packing pack_documents(const std::vector<std::vector<int>>& lengths, int T) {
+  Packing p;
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    int begin = 0;
+    for (int length : lengths[b]) {
+      ZRT_CHECK(length > 0, "empty document");
+      p.spans.push_back({static_cast<int>(b), begin, length});
+      for (int i = 0; i < length; ++i) {
+        p.doc_start.push_back(begin);
+        p.positions.push_back(i);
+      }
+      begin += length;
+    }
+    ZRT_CHECK(begin == T, "documents of sequence {} take {} tokens, not T = {}", b, begin, T);
+  }
+  return p;
 }
 
 template <typename T>

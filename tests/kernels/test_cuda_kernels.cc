@@ -1,7 +1,8 @@
 // GPU parity: every CUDA kernel (through ops.h on a CUDA KernelContext) against its CPU twin on
 // the same inputs, in fp32 (per-tensor relative error <= 1e-5) and with bf16 storage (<= 1e-2,
 // fp32 and bf16 gradients); the cuBLASLt bias-epilogue path against its fallback; determinism
-// of the backward passes; and the whole tiny GPT on the GPU against the PyTorch golden values.
+// of the backward passes; packed documents (doc_start, positions, targets < 0); and the whole
+// tiny GPT on the GPU against the PyTorch golden values.
 // Listed everywhere, skipped (exit 77) without a usable GPU (tests/support/gpu_test_main.cc).
 #include <catch2/catch.hpp>
 
@@ -113,6 +114,8 @@ struct EncoderIn {
     t[5] = kV - 1;
     return t;
   }();
+  std::vector<std::int32_t> positions;  // empty: none (position t)
+  const std::int32_t* pos() const { return positions.empty() ? nullptr : positions.data(); }
 };
 
 template <typename S, typename G>
@@ -121,9 +124,10 @@ Results cpu_encoder(const EncoderIn& in) {
              dout = to_storage<S>(in.dout);
   std::vector<S> out(kN * kC);
   std::vector<G> dwte(wte.size(), G{}), dwpe(wpe.size(), G{});
-  cpu::encoder_forward<S>(out.data(), in.tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV);
+  cpu::encoder_forward<S>(out.data(), in.tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV,
+                          in.pos());
   cpu::encoder_backward<S, G>(dwte.data(), dwpe.data(), dout.data(), in.tokens.data(), kB, kT, kC,
-                              kV);
+                              kV, in.pos());
   return {{"out", to_double(out)}, {"dwte", to_double(dwte)}, {"dwpe", to_double(dwpe)}};
 }
 
@@ -132,8 +136,11 @@ Results gpu_encoder(Gpu& g, DType dt, DType gt, const EncoderIn& in) {
   Buffer tok = g.tokens(in.tokens);
   Buffer out = g.zeros(kN * kC, dt), dwte = g.zeros(in.wte.size(), gt),
          dwpe = g.zeros(in.wpe.size(), gt);
-  encoder_forward(*g.ctx, dt, dev(out), tdev(tok), dev(wte), dev(wpe), kB, kT, kC, kV);
-  encoder_backward(*g.ctx, dt, gt, dev(dwte), dev(dwpe), dev(dout), tdev(tok), kB, kT, kC, kV);
+  Buffer pos = g.tokens(in.positions.empty() ? std::vector<std::int32_t>{0} : in.positions);
+  const ConstTokens positions = in.positions.empty() ? ConstTokens{} : tdev(pos);
+  encoder_forward(*g.ctx, dt, dev(out), tdev(tok), dev(wte), dev(wpe), kB, kT, kC, kV, positions);
+  encoder_backward(*g.ctx, dt, gt, dev(dwte), dev(dwpe), dev(dout), tdev(tok), kB, kT, kC, kV,
+                   positions);
   return {{"out", g.download(out, kN * kC, dt)},
           {"dwte", g.download(dwte, in.wte.size(), gt)},
           {"dwpe", g.download(dwpe, in.wpe.size(), gt)}};
@@ -275,6 +282,7 @@ Results gpu_elementwise(Gpu& g, DType dt, DType /*gt*/, const ElementwiseIn& in)
 struct AttentionIn {
   int B = kB, T = kT, C = kC, NH = kNH;
   Vec qkv = normal_values(kSeed, 51, kN * 3 * kC), dout = normal_values(kSeed, 52, kN*kC);
+  std::vector<std::int32_t> doc_start;  // packed documents (B,T); empty: none
   AttentionIn() = default;
   AttentionIn(int b, int t, int c, int nh)
       : B(b),
@@ -284,6 +292,7 @@ struct AttentionIn {
         qkv(normal_values(kSeed, 53, b * t * 3 * c)),
         dout(normal_values(kSeed, 54, b * t * c)) {}
   std::size_t rows() const { return static_cast<std::size_t>(B) * NH * T; }
+  const std::int32_t* docs() const { return doc_start.empty() ? nullptr : doc_start.data(); }
 };
 
 template <typename S, typename G>
@@ -294,9 +303,10 @@ Results cpu_attention(const AttentionIn& in) {
   std::vector<float> ws(std::max(cpu::attention_forward_workspace<S>(in.B, in.T, in.C, in.NH),
                                  cpu::attention_backward_workspace<S>(in.B, in.T, in.C, in.NH)) +
                         1);
-  cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH, ws.data());
+  cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH, ws.data(),
+                            in.docs());
   cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), in.B,
-                             in.T, in.C, in.NH, ws.data());
+                             in.T, in.C, in.NH, ws.data(), in.docs());
   return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
 }
 
@@ -304,9 +314,11 @@ Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
   Buffer qkv = g.upload(in.qkv, dt), dout = g.upload(in.dout, dt);
   Buffer out = g.zeros(in.dout.size(), dt), dqkv = g.zeros(in.qkv.size(), dt),
          lse = g.zeros(in.rows(), DType::kFloat32);
-  attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH);
+  Buffer ds = g.tokens(in.doc_start.empty() ? std::vector<std::int32_t>{0} : in.doc_start);
+  const ConstTokens doc_start = in.doc_start.empty() ? ConstTokens{} : tdev(ds);
+  attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH, doc_start);
   attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), dev(out), fdev(lse), in.B, in.T,
-                     in.C, in.NH);
+                     in.C, in.NH, doc_start);
   return {{"out", g.download(out, in.dout.size(), dt)},
           {"lse", g.download(lse, in.rows(), DType::kFloat32)},
           {"dqkv", g.download(dqkv, in.qkv.size(), dt)}};
@@ -314,7 +326,8 @@ Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
 
 struct HeadIn {
   Vec x = normal_values(kSeed, 61, kN*kC), wte = normal_values(kSeed, 62, kV*kC, 0.1);
-  std::vector<std::int32_t> targets = test::token_values(kSeed, 63, kN, kV);
+  std::vector<std::int32_t> targets = test::token_values(kSeed, 63, kN, kV);  // < 0: no loss
+  float divisor = 0.0f;                                                       // loss_mean's
 };
 
 // logits, losses and mean loss, then the in-place cross-entropy gradient and the head backward.
@@ -330,7 +343,7 @@ Results cpu_head(const HeadIn& in) {
   cpu::logits_forward<S>(logits.data(), x.data(), wte.data(), kN, kC, kV, ws.data());
   const Vec logits_fwd = to_double(logits);
   cpu::crossentropy_forward<S>(losses.data(), logits.data(), in.targets.data(), kN, kV);
-  cpu::loss_mean<float>(mean.data(), losses.data(), kN);
+  cpu::loss_mean<float>(mean.data(), losses.data(), kN, in.divisor);
   cpu::crossentropy_backward<S>(logits.data(), logits.data(), in.targets.data(), 1.0f / kN, kN, kV);
   cpu::logits_backward<S, G>(dx.data(), dwte.data(), logits.data(), x.data(), wte.data(), kN, kC,
                              kV, ws.data());
@@ -369,10 +382,10 @@ Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_r
   if (fused) {
     crossentropy_forward_backward(*g.ctx, dt, fdev(losses), dev(logits), dev(logits), tdev(tgt),
                                   1.0f / kN, kN, kV, ld);
-    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
+    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN, in.divisor);
   } else {
     crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV, ld);
-    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN);
+    loss_mean(*g.ctx, fdev(mean), fdev(losses), kN, in.divisor);
     crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV, ld);
   }
   logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV,
@@ -845,6 +858,185 @@ TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cu
         CHECK(gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, true) ==
               gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, false));
       }
+    }
+  }
+}
+
+// ---- Packed documents (kernels/ops.h: doc_start, positions, targets < 0) -----------------------
+
+namespace {
+AttentionIn with_documents(AttentionIn in, const std::vector<std::vector<int>>& lengths) {
+  in.doc_start = test::pack_documents(lengths, in.T).doc_start;
+  return in;
+}
+
+// Sequence 0: a 1-token document, 80 tokens across the 64-token tile boundary, 1, 37 and 31;
+// sequence 1: 70 and 80. T = 150 is no multiple of 64: the batched path for every dtype.
+const std::vector<std::vector<int>> kDocs150 = {{1, 80, 1, 37, 31}, {70, 80}};
+// T = 256, four tiles: a 1-token document; 100 from token 1, across the first tile boundary (query
+// tiles 0 and 1 start their key loops in tile 0, partly masked); 1 and 26 inside tile 1; two of
+// exactly one tile, 128..191 and 192..255 (their query tiles start at their own key tile, and
+// the dK/dV blocks of tiles 0 and 1 stop before them); sequence 1: 200 and 56 (a document
+// ending inside tile 3).
+const std::vector<std::vector<int>> kDocs256 = {{1, 100, 1, 26, 64, 64}, {200, 56}};
+
+// The rows [begin, begin + length) of sequence b of a (B,T,width) tensor, and of a (B,NH,T)
+// statistic.
+Vec doc_rows(const Vec& x, int T, int width, int b, int begin, int length) {
+  const auto first = x.begin() + (static_cast<std::ptrdiff_t>(b) * T + begin) * width;
+  return Vec(first, first + static_cast<std::ptrdiff_t>(length) * width);
+}
+Vec doc_stats(const Vec& x, int NH, int T, int b, int begin, int length) {
+  Vec out;
+  for (int h = 0; h < NH; ++h) {
+    const auto first = x.begin() + (static_cast<std::ptrdiff_t>(b) * NH + h) * T + begin;
+    out.insert(out.end(), first, first + length);
+  }
+  return out;
+}
+}  // namespace
+
+// The batched path with documents: scores outside a query's document set to -inf before the
+// softmax. The CPU twin computes each document on its own; per row both compute the same softmax
+// over the same keys, so the unpacked op's tolerances hold (fp32 1e-5, bf16 1e-2).
+TEST_CASE("CUDA attention with packed documents matches its CPU twin", "[cuda][docs]") {
+  check_layer(with_documents(AttentionIn(2, 150, 128, 4), kDocs150), cpu_attention<float, float>,
+              cpu_attention<bf16, float>, cpu_attention<bf16, bf16>, gpu_attention);
+}
+
+// The fused kernels with documents, head sizes 64 (mma.sync and WMMA) and 128 (mma.sync). The
+// tolerances are the unpacked fused case's, for the same reason: the kernels round P and dS to
+// the storage type before their products (a row's window being its document changes neither
+// that rounding nor lse's fp32 sums, which get shorter).
+TEST_CASE("CUDA fused attention with packed documents matches its CPU twin", "[cuda][docs]") {
+  struct Case {
+    int C;
+    bool wmma;
+  };
+  for (const Case c : {Case{128, false}, Case{128, true}, Case{256, false}}) {
+    const AttentionIn in = with_documents(AttentionIn(2, 256, c.C, 2), kDocs256);
+    INFO("head size " << c.C / 2 << (c.wmma ? ", WMMA kernels" : ", mma.sync kernels"));
+    REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
+    KernelOptions options;
+    options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+    options.cuda_attention_wmma = c.wmma;
+    Gpu g(options);
+    for (const auto& [dt, tol] :
+         {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+      const Results want =
+          dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
+      const Results got = gpu_attention(g, dt, dt, in);
+      for (const char* name : {"out", "dqkv"}) {
+        const double err = test::rel_error(got.at(name), want.at(name));
+        INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
+                            << ")");
+        CHECK(err <= tol);
+      }
+      const double err = test::rel_error(got.at("lse"), want.at("lse"));
+      INFO(dtype_name(dt) << " lse: relative error " << err);
+      CHECK(err <= 1e-4);
+      CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
+    }
+  }
+}
+
+// On every path (batched in fp32 and bf16, fused bf16 and fp16 on both kernel sets): a change to
+// one token (its q, k, v and dout) leaves every other document's out, lse and dqkv as they were,
+// bit for bit: no score of theirs includes it (skipped tiles are not read, masked scores are -inf,
+// their probabilities exact zeros). And doc_start all zero (one document per sequence) gives the
+// bits of no doc_start: the same arithmetic.
+TEST_CASE("CUDA attention never reads across a document boundary", "[cuda][docs]") {
+  struct Case {
+    int T, C;
+    DType dt;
+    bool wmma;
+  };
+  for (const Case c :
+       {Case{150, 128, DType::kFloat32, false}, Case{150, 128, DType::kBFloat16, false},
+        Case{256, 128, DType::kBFloat16, false}, Case{256, 128, DType::kBFloat16, true},
+        Case{256, 256, DType::kFloat16, false}}) {
+    const auto& docs = c.T == 150 ? kDocs150 : kDocs256;
+    const AttentionIn in = with_documents(AttentionIn(2, c.T, c.C, 2), docs);
+    INFO("T " << c.T << ", head size " << c.C / 2 << ", " << dtype_name(c.dt)
+              << (c.wmma ? ", WMMA kernels" : ""));
+    KernelOptions options;
+    options.cuda_fused_attention = FusedAttention::kAll;
+    options.cuda_attention_wmma = c.wmma;
+    Gpu g(options);
+    const Results base = gpu_attention(g, c.dt, c.dt, in);
+    const int t = 40;  // inside document [1, 81) or [1, 101) of sequence 0
+    AttentionIn changed = in;
+    for (int j = 0; j < 3 * c.C; ++j) changed.qkv[static_cast<std::size_t>(t) * 3 * c.C + j] += 3.0;
+    for (int j = 0; j < c.C; ++j) changed.dout[static_cast<std::size_t>(t) * c.C + j] -= 2.0;
+    const Results after = gpu_attention(g, c.dt, c.dt, changed);
+    for (const auto& doc : test::pack_documents(docs, c.T).spans) {
+      INFO("document of sequence " << doc.b << " at " << doc.begin);
+      const bool own = doc.b == 0 && doc.begin <= t && t < doc.begin + doc.length;
+      auto rows = [&](const Results& r, const char* name, int width) {
+        return doc_rows(r.at(name), c.T, width, doc.b, doc.begin, doc.length);
+      };
+      if (own) {
+        CHECK(rows(after, "dqkv", 3 * c.C) != rows(base, "dqkv", 3 * c.C));
+        continue;
+      }
+      CHECK(rows(after, "out", c.C) == rows(base, "out", c.C));
+      CHECK(rows(after, "dqkv", 3 * c.C) == rows(base, "dqkv", 3 * c.C));
+      CHECK(doc_stats(after.at("lse"), 2, c.T, doc.b, doc.begin, doc.length) ==
+            doc_stats(base.at("lse"), 2, c.T, doc.b, doc.begin, doc.length));
+    }
+    AttentionIn one = in, none = in;
+    one.doc_start.assign(in.doc_start.size(), 0);
+    none.doc_start.clear();
+    CHECK(gpu_attention(g, c.dt, c.dt, one) == gpu_attention(g, c.dt, c.dt, none));
+  }
+}
+
+// GPT-2's learned positions restart in each document: wpe row positions[b*T+t], and dwpe sums
+// each position's rows (the CUDA twin links them as it links the token rows). The unpacked
+// tolerances hold (the same sums per row); positions 0..T-1 give the bits of none.
+TEST_CASE("CUDA encoder with positions matches its CPU twin", "[cuda][docs]") {
+  EncoderIn in;
+  in.positions = test::pack_documents({{1, 30, 33}, {20, 44}}, kT).positions;
+  check_layer(in, cpu_encoder<float, float>, cpu_encoder<bf16, float>, cpu_encoder<bf16, bf16>,
+              gpu_encoder);
+  SECTION("positions 0..T-1 are the unpacked encoder") {
+    EncoderIn identity;
+    for (int i = 0; i < kN; ++i) identity.positions.push_back(i % kT);
+    Gpu g;
+    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+      CHECK(gpu_encoder(g, dt, DType::kFloat32, identity) ==
+            gpu_encoder(g, dt, DType::kFloat32, EncoderIn{}));
+    }
+  }
+}
+
+// Targets < 0 are out of the loss: the head's parity with some rows masked and the mean over a
+// divisor (the unpacked tolerances), then on the GPU itself: a masked row's loss 0 and gradient
+// row 0, every other row the bits of the unmasked call (each row is its own block), fused and not.
+TEST_CASE("CUDA cross-entropy leaves out targets < 0; loss_mean takes a divisor", "[cuda][docs]") {
+  HeadIn in;
+  const std::vector<int> masked = {0, 7, 8, 63, kN - 1};
+  for (int n : masked) in.targets[n] = -1;
+  in.divisor = static_cast<float>(kN - static_cast<int>(masked.size()));
+  check_layer(in, cpu_head<float, float>, cpu_head<bf16, float>, cpu_head<bf16, bf16>,
+              [](Gpu& g, DType dt, DType gt, const HeadIn& h) { return gpu_head(g, dt, gt, h); });
+  SECTION("masked rows: loss 0 and a zero gradient; the others the unmasked bits") {
+    Gpu g;
+    const int ld = logits_row_stride(kV);
+    for (bool fused : {true, false}) {
+      INFO((fused ? "crossentropy_forward_backward" : "crossentropy_forward + _backward"));
+      const Results m = gpu_head(g, DType::kBFloat16, DType::kFloat32, in, ld, fused);
+      const Results f = gpu_head(g, DType::kBFloat16, DType::kFloat32, HeadIn{}, ld, fused);
+      for (int n = 0; n < kN; ++n) {
+        const bool out = in.targets[n] < 0;
+        INFO("row " << n);
+        CHECK(m.at("losses")[n] == (out ? 0.0 : f.at("losses")[n]));
+        const Vec row = doc_rows(m.at("dlogits"), 1, kV, 0, n, 1);
+        CHECK(row == (out ? Vec(kV, 0.0) : doc_rows(f.at("dlogits"), 1, kV, 0, n, 1)));
+      }
+      double sum = 0;
+      for (double l : m.at("losses")) sum += l;
+      CHECK(m.at("mean")[0] == Approx(sum / in.divisor).epsilon(1e-6));
     }
   }
 }

@@ -1,10 +1,11 @@
 // GPU parity of the Llama family's kernels: every op of kernels/ops.h the Llama model adds
-// (RMSNorm, nn.Linear with bias, RoPE with llama3 scaling, SwiGLU, grouped-query attention) on a
-// CUDA KernelContext against the same op on a CPU one (its CPU twin), on the same inputs, in fp32
-// (per-tensor relative error <= 1e-5) and with bf16 storage (<= 1e-2); then the whole tiny
-// Llama and Qwen2 on the GPU (with and without checkpointing) against transformers' golden
-// loss and gradients (tests/golden/llama_golden.json). Skipped (exit 77) without a GPU; under
-// the CUDA stand-ins (ctest -L standin) the CUDA host paths run on the CPU.
+// (RMSNorm, nn.Linear with bias, RoPE with llama3 scaling, SwiGLU, grouped-query attention; RoPE
+// and grouped-query attention also with packed documents) on a CUDA KernelContext against the
+// same op on a CPU one (its CPU twin), on the same inputs, in fp32 (per-tensor relative error <=
+// 1e-5) and with bf16 storage (<= 1e-2); then the whole tiny Llama and Qwen2 on the GPU (with and
+// without checkpointing) against transformers' golden loss and gradients
+// (tests/golden/llama_golden.json). Skipped (exit 77) without a GPU; under the CUDA stand-ins
+// (ctest -L standin) the CUDA host paths run on the CPU.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -67,6 +68,18 @@ struct Backend {
   Floats put_f32(const std::string& name, std::size_t n) {
     return put(name, Vec(n, 0.0), DType::kFloat32).as<float>();
   }
+  // int32 ids (positions, doc_start); empty: a null pointer.
+  ConstTokens put_ids(const std::string& name, const std::vector<std::int32_t>& v) {
+    if (v.empty()) return {};
+    const std::size_t bytes = v.size() * sizeof(std::int32_t);
+    Buffer b = device->allocate(static_cast<std::int64_t>(bytes), MemCategory::kOther, name);
+    device->copy_to_device(b.device<std::byte>(), v.data(), bytes, *stream);
+    stream->synchronize();
+    const ConstTokens p = b.device<const std::int32_t>();
+    ids[name] = std::move(b);
+    return p;
+  }
+  std::map<std::string, Buffer> ids;
   Vec get(const std::string& name, std::size_t n) {
     const auto& [b, dt] = buffers.at(name);
     std::vector<std::byte> bytes(n * dtype_size(dt));
@@ -197,9 +210,10 @@ TEST_CASE("swiglu: CUDA twin matches the CPU twin", "[cuda][llama]") {
 }
 
 // Grouped-query attention forward and backward on one backend at (B, T, NH, NKV, HS), inputs
-// drawn from `seed`; returns the outputs to compare.
+// drawn from `seed`, packed documents `doc_start` (empty: none); returns the outputs to compare.
 std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, int NH, int NKV,
-                                           int HS, std::uint64_t seed) {
+                                           int HS, std::uint64_t seed,
+                                           const std::vector<std::int32_t>& doc_start = {}) {
   const std::size_t nq = std::size_t{1} * B * T * NH * HS, nk = std::size_t{1} * B * T * NKV * HS;
   const std::size_t nlse = std::size_t{1} * B * NH * T;
   const Bytes q = be.put("q", normal_values(seed, 41, nq), dt);
@@ -211,8 +225,9 @@ std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, 
   const Bytes dq = be.put("dq", Vec(nq, 0.0), dt);
   const Bytes dk = be.put("dk", Vec(nk, 0.0), dt);
   const Bytes dv = be.put("dv", Vec(nk, 0.0), dt);
-  gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS);
-  gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS);
+  const ConstTokens ds = be.put_ids("doc_start", doc_start);
+  gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS, ds);
+  gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS, ds);
   return {{"out", nq}, {"lse", nlse}, {"dq", nq}, {"dk", nk}, {"dv", nk}};
 }
 
@@ -277,6 +292,44 @@ TEST_CASE("tiny Llama and Qwen2 on the GPU match transformers (fp32)", "[cuda][l
       gpu.stream->synchronize();
     }
   }
+}
+
+// ---- Packed documents ----
+
+// RoPE by each token's position in its document (positions[b*T+t]): sequence 0 holds documents of
+// 1, 40 and 39 tokens, sequence 1 one of 80 (positions 0..79, the unpacked rotation).
+TEST_CASE("rope with positions: CUDA twin matches the CPU twin", "[cuda][llama][docs]") {
+  const auto positions = test::pack_documents({{1, 40, 39}, {80}}, kT).positions;
+  parity("rope (positions)", [&](Backend& be, DType dt, DType) {
+    const RopeTable table = make_rope_table(kHS, 10000.0, {});
+    const std::size_t n = std::size_t{kN} * kNH * kHS;
+    const Bytes x = be.put("x", normal_values(kSeed, 23, n), dt);
+    const Bytes out = be.put("out", Vec(n, 0.0), dt);
+    const Bytes d = be.put("d", normal_values(kSeed, 24, n), dt);
+    const ConstTokens pos = be.put_ids("positions", positions);
+    rope_forward(*be.ctx, dt, out, x, table, kB, kT, kNH, kHS, pos);
+    rope_backward(*be.ctx, dt, d, d, table, kB, kT, kNH, kHS, pos);  // in place
+    return std::map<std::string, std::size_t>{{"out", n}, {"d", n}};
+  });
+}
+
+// Grouped-query attention with packed documents through the packed attention: at kT = 80 the
+// batched path (scores outside the documents masked), at T = 128 the fused kernels for bf16 with
+// head sizes 64 and 128 (their key and query tiles skipped outside the documents). Documents of 1
+// token, across the 64-token tile boundary, and of exactly one tile.
+TEST_CASE("grouped-query attention with packed documents: CUDA twin matches the CPU twin",
+          "[cuda][llama][docs]") {
+  parity("gqa attention (documents, T 80)", [](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, kB, kT, kNH, kNKV, kHS, kSeed + 3,
+                   test::pack_documents({{1, 40, 39}, {10, 70}}, kT).doc_start);
+  });
+  const auto docs128 = test::pack_documents({{1, 70, 1, 56}, {64, 64}}, 128).doc_start;
+  parity("gqa attention (documents, hs 64, T 128)", [&](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, 2, 128, 4, 2, 64, kSeed + 4, docs128);
+  });
+  parity("gqa attention (documents, hs 128, T 128)", [&](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, 2, 128, 4, 1, 128, kSeed + 5, docs128);
+  });
 }
 
 }  // namespace

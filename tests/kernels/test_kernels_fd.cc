@@ -1,7 +1,9 @@
 // Finite-difference gradient checks in float64 of every layer's backward (the CPU twins
 // instantiated with double), at the tiny GPT's widths (C = 64, 4 heads, V = 256). Each check
 // takes L = sum(out * R) for a fixed random R, compares the analytic gradient of every input
-// and parameter against central differences on (up to ~1500 sampled) elements.
+// and parameter against central differences on (up to ~1500 sampled) elements. Then packed
+// documents (kernels/ops.h: doc_start, positions, targets < 0): the gradients with them, a packed
+// call against each document run alone, no leak across a boundary, null against one document.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -12,12 +14,14 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/documents.h"
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/residual.h"
+#include "tests/kernels/attention_order_bounds.h"
 #include "tests/kernels/fd_check.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -25,8 +29,12 @@ namespace zrt::kernels::cpu {
 namespace {
 
 using test::check_gradient;
+using test::check_within;
 using test::dot;
 using test::normal_values;
+using test::order_bounds;
+using test::OrderBounds;
+using test::spacing_of;
 using Vec = std::vector<double>;
 
 constexpr std::uint64_t kSeed = 77;
@@ -339,9 +347,417 @@ TEST_CASE("out-of-range token ids are rejected", "[fd]") {
       encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), 1, 2, 2, 4),
       InvalidArgument);
   std::vector<double> logits(2 * 4, 0.0), losses(2);
-  std::vector<std::int32_t> targets = {-1, 0};
+  std::vector<std::int32_t> targets = {4, 0};  // a target < 0 is a masked row, not an error
   CHECK_THROWS_AS(crossentropy_forward<double>(losses.data(), logits.data(), targets.data(), 2, 4),
                   InvalidArgument);
+}
+
+// ---- Packed documents ------------------------------------------------------------------------
+
+// Gradients with doc_start, and each row's log-sum-exp over its own document only: sequence 0
+// holds documents of 1, 4, 1 and 2 tokens, sequence 1 one of 8.
+TEST_CASE("attention with packed documents matches finite differences (float64)", "[fd][docs]") {
+  const test::Packing pack = test::pack_documents({{1, 4, 1, 2}, {8}}, kT);
+  const std::int32_t* ds = pack.doc_start.data();
+  Vec qkv = normal_values(kSeed, 151, kN * 3 * kC);
+  const Vec R = normal_values(kSeed, 152, kN * kC);
+  Vec out(kN * kC), lse(static_cast<std::size_t>(kB) * kNH * kT);
+  Vec ws(static_cast<std::size_t>(std::max(attention_forward_workspace<double>(kB, kT, kC, kNH),
+                                           attention_backward_workspace<double>(kB, kT, kC, kNH))));
+  auto f = [&] {
+    attention_forward<double>(out.data(), lse.data(), qkv.data(), kB, kT, kC, kNH, ws.data(), ds);
+    return dot(out, R);
+  };
+  f();
+  Vec dqkv(qkv.size(), 0.0);
+  attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), kB, kT, kC,
+                             kNH, ws.data(), ds);
+  check_gradient("dqkv", qkv, dqkv, f);
+  f();
+  const int hs = kC / kNH;
+  for (int b = 0; b < kB; ++b) {
+    for (int h = 0; h < kNH; ++h) {
+      for (int t = 0; t < kT; ++t) {
+        double sum = 0;
+        for (int u = ds[b * kT + t]; u <= t; ++u) {
+          double sc = 0;
+          for (int d = 0; d < hs; ++d) {
+            sc += qkv[(static_cast<std::size_t>(b) * kT + t) * 3 * kC + h * hs + d] *
+                  qkv[(static_cast<std::size_t>(b) * kT + u) * 3 * kC + kC + h * hs + d];
+          }
+          sum += std::exp(sc / std::sqrt(static_cast<double>(hs)));
+        }
+        CHECK(lse[(static_cast<std::size_t>(b) * kNH + h) * kT + t] ==
+              Approx(std::log(sum)).epsilon(1e-12));
+      }
+    }
+  }
+  // A doc_start that is no packing of whole documents is refused.
+  std::vector<std::int32_t> bad = pack.doc_start;
+  bad[3] = 2;  // token 3 of the document starting at 1, claiming a start at 2
+  CHECK_THROWS_AS(attention_forward<double>(out.data(), lse.data(), qkv.data(), kB, kT, kC, kNH,
+                                            ws.data(), bad.data()),
+                  InvalidArgument);
+}
+
+TEST_CASE("encoder with positions matches finite differences (float64)", "[fd][docs]") {
+  const test::Packing pack = test::pack_documents({{3, 5}, {1, 6, 1}}, kT);
+  Vec wte = normal_values(kSeed, 161, kV * kC);
+  Vec wpe = normal_values(kSeed, 162, kT * kC);
+  const Vec R = normal_values(kSeed, 163, kN * kC);
+  const auto tokens = test::token_values(kSeed, 164, kN, kV);
+  const std::int32_t* pos = pack.positions.data();
+  Vec out(kN * kC);
+  auto f = [&] {
+    encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV, pos);
+    return dot(out, R);
+  };
+  f();
+  // Row (b=1, t=2) is position 1 of its document: wpe row 1, not 2.
+  const std::size_t r = 1 * kT + 2;
+  CHECK(out[r * kC + 5] == wte[tokens[r] * kC + 5] + wpe[1 * kC + 5]);
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  encoder_backward<double, double>(dwte.data(), dwpe.data(), R.data(), tokens.data(), kB, kT, kC,
+                                   kV, pos);
+  check_gradient("dwte", wte, dwte, f);
+  check_gradient("dwpe", wpe, dwpe, f);
+  // The longest document has 6 tokens: rows 6 and 7 of wpe are read by no token.
+  for (int c = 0; c < kC; ++c) {
+    CHECK(dwpe[6 * kC + c] == 0.0);
+    CHECK(dwpe[7 * kC + c] == 0.0);
+  }
+  std::vector<std::int32_t> bad = pack.positions;
+  bad[4] = kT;  // past the position table
+  CHECK_THROWS_AS(encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT,
+                                          kC, kV, bad.data()),
+                  InvalidArgument);
+}
+
+// Rows with targets < 0 are out of the loss: loss 0, gradient row 0 (padding included), and the
+// others exactly what the unmasked call gives them (each row is computed on its own); the mean
+// over a divisor, and the finite differences of the masked loss.
+TEST_CASE("cross-entropy leaves out targets < 0; loss_mean divides by its divisor", "[fd][docs]") {
+  auto check = [](auto s) {
+    using S = decltype(s);
+    using A = acc_t<S>;
+    const int V = kV - 6, ldl = kV;
+    const auto logits = test::to_storage<S>(normal_values(kSeed, 171, kN * ldl, 3.0));
+    const auto full = test::token_values(kSeed, 172, kN, V);
+    std::vector<std::int32_t> masked = full;
+    for (int n : {0, 3, 4, 11, kN - 1}) masked[n] = -1 - n % 2;  // -1 and -2 alike
+    const A dloss = A(1) / kN;
+    std::vector<A> l_full(kN), l_masked(kN, A(7)), l_fused(kN, A(7));
+    std::vector<S> d_full(logits.size()), d_masked(logits.size()), d_fused = logits;
+    crossentropy_forward<S>(l_full.data(), logits.data(), full.data(), kN, V, ldl);
+    crossentropy_backward<S>(d_full.data(), logits.data(), full.data(), dloss, kN, V, ldl);
+    crossentropy_forward<S>(l_masked.data(), logits.data(), masked.data(), kN, V, ldl);
+    crossentropy_backward<S>(d_masked.data(), logits.data(), masked.data(), dloss, kN, V, ldl);
+    crossentropy_forward_backward<S>(l_fused.data(), d_fused.data(), d_fused.data(), masked.data(),
+                                     dloss, kN, V, ldl);  // in place
+    for (int n = 0; n < kN; ++n) {
+      INFO("row " << n << ", target " << masked[n]);
+      const bool out = masked[n] < 0;
+      CHECK(l_masked[n] == (out ? A(0) : l_full[n]));
+      CHECK(l_fused[n] == l_masked[n]);
+      for (int v = 0; v < ldl; ++v) {
+        const std::size_t i = static_cast<std::size_t>(n) * ldl + v;
+        const double want = out ? 0.0 : load<double>(d_full[i]);
+        CHECK(load<double>(d_masked[i]) == want);
+        CHECK(load<double>(d_fused[i]) == want);
+      }
+    }
+    // The mean over the loss tokens: the same double sum in index order, over the divisor.
+    double sum = 0;
+    for (int n = 0; n < kN; ++n) sum += static_cast<double>(l_masked[n]);
+    A mean = 0, over = 0;
+    loss_mean<A>(&mean, l_masked.data(), kN);
+    loss_mean<A>(&over, l_masked.data(), kN, 11.0f);
+    CHECK(mean == static_cast<A>(sum / kN));
+    CHECK(over == static_cast<A>(sum / 11.0));
+  };
+  check(double{});
+  check(float{});
+  check(bf16{});
+  check(fp16{});
+
+  // d/dlogits of sum over the loss rows of loss * dloss, by finite differences.
+  Vec logits = normal_values(kSeed, 173, kN * kV, 2.0);
+  auto targets = test::token_values(kSeed, 174, kN, kV);
+  targets[2] = -1;
+  targets[9] = -1;
+  const double dloss = 1.0 / (kN - 2);
+  Vec losses(kN);
+  auto f = [&] {
+    crossentropy_forward<double>(losses.data(), logits.data(), targets.data(), kN, kV);
+    double sum = 0;
+    for (double l : losses) sum += l * dloss;
+    return sum;
+  };
+  Vec dlogits(logits.size(), 123.0);
+  crossentropy_backward<double>(dlogits.data(), logits.data(), targets.data(), dloss, kN, kV);
+  check_gradient("dlogits", logits, dlogits, f);
+}
+
+namespace {
+
+// Packed-vs-separate shapes: two sequences of T = 150 (no multiple of 64). Sequence 0: a 1-token
+// document, one of 80 across the 64-token tile boundary (tokens 1..80), another 1-token one, 37
+// and 31; sequence 1: 70 and 80. Head size 16.
+constexpr int kPB = 2, kPT = 150, kPC = 32, kPNH = 2;
+test::Packing packed_layout() {
+  return test::pack_documents({{1, 80, 1, 37, 31}, {70, 80}}, kPT);
+}
+
+// Rows [begin, begin + length) of sequence b of a (B, T, width) tensor.
+template <typename X>
+std::vector<X> rows_of(const std::vector<X>& x, int T, int width, int b, int begin, int length) {
+  const auto first = x.begin() + (static_cast<std::ptrdiff_t>(b) * T + begin) * width;
+  return std::vector<X>(first, first + static_cast<std::ptrdiff_t>(length) * width);
+}
+
+// The (NH, length) rows of sequence b's statistics in a (B, NH, T) tensor.
+template <typename X>
+std::vector<X> stat_rows(const std::vector<X>& x, int NH, int T, int b, int begin, int length) {
+  std::vector<X> out;
+  for (int h = 0; h < NH; ++h) {
+    const auto first = x.begin() + (static_cast<std::ptrdiff_t>(b) * NH + h) * T + begin;
+    out.insert(out.end(), first, first + length);
+  }
+  return out;
+}
+
+template <typename S>
+struct AttentionRun {
+  std::vector<S> out, dqkv;
+  std::vector<acc_t<S>> lse;
+};
+
+// The CPU twin's forward and backward (dqkv from zero).
+template <typename S>
+AttentionRun<S> run_attention(const std::vector<S>& qkv, const std::vector<S>& dout, int B, int T,
+                              int C, int NH, const std::int32_t* doc_start) {
+  using A = acc_t<S>;
+  std::vector<A> ws(
+      static_cast<std::size_t>(std::max(attention_forward_workspace<S>(B, T, C, NH),
+                                        attention_backward_workspace<S>(B, T, C, NH))) +
+      1);
+  AttentionRun<S> r{std::vector<S>(dout.size()), test::to_storage<S>(Vec(qkv.size(), 0.0)),
+                    std::vector<A>(static_cast<std::size_t>(B) * NH * T)};
+  attention_forward<S>(r.out.data(), r.lse.data(), qkv.data(), B, T, C, NH, ws.data(), doc_start);
+  attention_backward<S>(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B, T, C,
+                        NH, ws.data(), doc_start);
+  return r;
+}
+
+// Packed (both sequences in one call, with doc_start) against each document run alone as its own
+// sequence (B = 1, T = its length, no doc_start): out, lse and dqkv per document.
+template <typename S>
+void check_packed_equals_separate() {
+  using A = acc_t<S>;
+  const test::Packing pack = packed_layout();
+  const Vec qkv_values = normal_values(kSeed, 181, kPB * kPT * 3 * kPC);
+  const Vec dout_values = normal_values(kSeed, 182, kPB * kPT * kPC);
+  const auto qkv = test::to_storage<S>(qkv_values);
+  const auto dout = test::to_storage<S>(dout_values);
+  const AttentionRun<S> packed =
+      run_attention<S>(qkv, dout, kPB, kPT, kPC, kPNH, pack.doc_start.data());
+  const double u = std::is_same_v<A, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  for (const auto& doc : pack.spans) {
+    INFO("document of sequence " << doc.b << " at " << doc.begin << ", " << doc.length
+                                 << " tokens");
+    const auto dq = rows_of(qkv, kPT, 3 * kPC, doc.b, doc.begin, doc.length);
+    const auto dy = rows_of(dout, kPT, kPC, doc.b, doc.begin, doc.length);
+    const AttentionRun<S> alone = run_attention<S>(dq, dy, 1, doc.length, kPC, kPNH, nullptr);
+    const OrderBounds bound = order_bounds(test::to_double(dq), test::to_double(dy), doc.length,
+                                           kPC, kPNH, u, spacing_of<S>());
+    check_within("out",
+                 test::to_double(rows_of(packed.out, kPT, kPC, doc.b, doc.begin, doc.length)),
+                 test::to_double(alone.out), bound.out);
+    check_within("lse",
+                 test::to_double(stat_rows(packed.lse, kPNH, kPT, doc.b, doc.begin, doc.length)),
+                 test::to_double(alone.lse), bound.lse);
+    check_within("dqkv",
+                 test::to_double(rows_of(packed.dqkv, kPT, 3 * kPC, doc.b, doc.begin, doc.length)),
+                 test::to_double(alone.dqkv), bound.dqkv);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("packed attention equals each document run alone", "[docs]") {
+  SECTION("float64") {
+    check_packed_equals_separate<double>();
+  }
+  SECTION("fp32") {
+    check_packed_equals_separate<float>();
+  }
+  SECTION("bf16") {
+    check_packed_equals_separate<bf16>();
+  }
+  SECTION("fp16") {
+    check_packed_equals_separate<fp16>();
+  }
+}
+
+namespace {
+// Changes token `t` of sequence `b` (its q, k, v in every head, and its dout) and runs again: the
+// documents other than t's must give the same out, lse and dqkv, bit for bit, while t's change.
+template <typename S>
+void check_no_leak() {
+  const test::Packing pack = packed_layout();
+  const Vec qkv_values = normal_values(kSeed, 191, kPB * kPT * 3 * kPC);
+  const Vec dout_values = normal_values(kSeed, 192, kPB * kPT * kPC);
+  const auto base =
+      run_attention<S>(test::to_storage<S>(qkv_values), test::to_storage<S>(dout_values), kPB, kPT,
+                       kPC, kPNH, pack.doc_start.data());
+  for (const int t : {1, 40, 80}) {  // the first, a middle and the last token of document [1, 81)
+    INFO("token " << t << " of sequence 0 changed");
+    Vec qkv2 = qkv_values, dout2 = dout_values;
+    for (int c = 0; c < 3 * kPC; ++c) qkv2[static_cast<std::size_t>(t) * 3 * kPC + c] += 3.0;
+    for (int c = 0; c < kPC; ++c) dout2[static_cast<std::size_t>(t) * kPC + c] -= 2.0;
+    const auto changed = run_attention<S>(test::to_storage<S>(qkv2), test::to_storage<S>(dout2),
+                                          kPB, kPT, kPC, kPNH, pack.doc_start.data());
+    for (const auto& doc : pack.spans) {
+      const bool own = doc.b == 0 && doc.begin <= t && t < doc.begin + doc.length;
+      INFO("document of sequence " << doc.b << " at " << doc.begin);
+      auto same = [&](const auto& x, const auto& y, int width) {
+        return test::to_double(rows_of(x, kPT, width, doc.b, doc.begin, doc.length)) ==
+               test::to_double(rows_of(y, kPT, width, doc.b, doc.begin, doc.length));
+      };
+      const bool lse_same =
+          test::to_double(stat_rows(base.lse, kPNH, kPT, doc.b, doc.begin, doc.length)) ==
+          test::to_double(stat_rows(changed.lse, kPNH, kPT, doc.b, doc.begin, doc.length));
+      if (own) {
+        CHECK_FALSE(same(base.dqkv, changed.dqkv, 3 * kPC));  // the change is seen where it is
+      } else {
+        CHECK(same(base.out, changed.out, kPC));
+        CHECK(lse_same);
+        CHECK(same(base.dqkv, changed.dqkv, 3 * kPC));
+      }
+    }
+  }
+}
+
+// doc_start null against one explicit document per sequence (all zeros): the same calls, the
+// same bits.
+template <typename S>
+void check_one_document_is_null() {
+  const int B = 2, T = 70, C = 32, NH = 2;
+  const auto qkv = test::to_storage<S>(normal_values(kSeed, 195, B * T * 3 * C));
+  const auto dout = test::to_storage<S>(normal_values(kSeed, 196, B * T * C));
+  const std::vector<std::int32_t> zeros(static_cast<std::size_t>(B) * T, 0);
+  const auto null = run_attention<S>(qkv, dout, B, T, C, NH, nullptr);
+  const auto one = run_attention<S>(qkv, dout, B, T, C, NH, zeros.data());
+  CHECK(test::to_double(one.out) == test::to_double(null.out));
+  CHECK(test::to_double(one.lse) == test::to_double(null.lse));
+  CHECK(test::to_double(one.dqkv) == test::to_double(null.dqkv));
+}
+}  // namespace
+
+TEST_CASE("attention never reads across a document boundary", "[docs]") {
+  check_no_leak<float>();
+  check_no_leak<bf16>();
+}
+
+TEST_CASE("attention with one document per sequence is attention without doc_start", "[docs]") {
+  check_one_document_is_null<float>();
+  check_one_document_is_null<bf16>();
+  check_one_document_is_null<double>();
+}
+
+namespace {
+// The encoder with positions against each document run alone (positions 0..L-1 of its own, no
+// positions argument): out bit for bit (one addition per element either way); dwte and dwpe sum
+// the same rows in another order (packed: each id's rows in (b,t) order, then one addition;
+// separate: a sum per document added in turn), so per element within twice g(n + k) times the
+// sum of |terms|, n rows and k documents sharing the id, doubled for second-order terms; G = S,
+// so 16-bit gradients add one spacing per addition (k + 1 of them).
+template <typename S>
+void check_encoder_packed_equals_separate() {
+  using A = acc_t<S>;
+  const test::Packing pack = packed_layout();
+  const int C = kPC, V = 40, N = kPB * kPT;
+  const Vec wte_values = normal_values(kSeed, 201, V * C);
+  const Vec wpe_values = normal_values(kSeed, 202, kPT * C);
+  const Vec dout_values = normal_values(kSeed, 203, N * C);
+  const auto wte = test::to_storage<S>(wte_values), wpe = test::to_storage<S>(wpe_values),
+             dout = test::to_storage<S>(dout_values);
+  const auto tokens = test::token_values(kSeed, 204, N, V);
+  auto zeros = [](std::size_t n) { return test::to_storage<S>(Vec(n, 0.0)); };
+  std::vector<S> out(static_cast<std::size_t>(N) * C);
+  std::vector<S> dwte = zeros(wte.size()), dwpe = zeros(wpe.size());
+  encoder_forward<S>(out.data(), tokens.data(), wte.data(), wpe.data(), kPB, kPT, C, V,
+                     pack.positions.data());
+  encoder_backward<S, S>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), kPB, kPT, C, V,
+                         pack.positions.data());
+  std::vector<S> sep_dwte = zeros(wte.size()), sep_dwpe = zeros(wpe.size());
+  // Per id: rows n, documents k, and sum |dout| (the terms) for the bounds.
+  std::vector<int> wte_rows(V), wte_docs(V), wpe_rows(kPT), wpe_docs(kPT);
+  Vec wte_mag(static_cast<std::size_t>(V) * C), wpe_mag(static_cast<std::size_t>(kPT) * C);
+  for (const auto& doc : pack.spans) {
+    const auto tok = rows_of(tokens, kPT, 1, doc.b, doc.begin, doc.length);
+    const auto dy = rows_of(dout, kPT, C, doc.b, doc.begin, doc.length);
+    std::vector<S> alone(static_cast<std::size_t>(doc.length) * C);
+    encoder_forward<S>(alone.data(), tok.data(), wte.data(), wpe.data(), 1, doc.length, C, V);
+    INFO("document of sequence " << doc.b << " at " << doc.begin);
+    CHECK(test::to_double(rows_of(out, kPT, C, doc.b, doc.begin, doc.length)) ==
+          test::to_double(alone));
+    encoder_backward<S, S>(sep_dwte.data(), sep_dwpe.data(), dy.data(), tok.data(), 1, doc.length,
+                           C, V);
+    std::vector<char> seen_tok(V, 0);
+    for (int i = 0; i < doc.length; ++i) {
+      wte_rows[tok[i]] += 1;
+      wte_docs[tok[i]] += seen_tok[tok[i]] ? 0 : 1;
+      seen_tok[tok[i]] = 1;
+      wpe_rows[i] += 1;
+      wpe_docs[i] += 1;
+      for (int c = 0; c < C; ++c) {
+        const double m = std::abs(load<double>(dy[static_cast<std::size_t>(i) * C + c]));
+        wte_mag[static_cast<std::size_t>(tok[i]) * C + c] += m;
+        wpe_mag[static_cast<std::size_t>(i) * C + c] += m;
+      }
+    }
+  }
+  const double u = std::is_same_v<A, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  auto g = [u](double n) { return n * u / (1 - n * u); };
+  auto bounds = [&](const std::vector<int>& rows, const std::vector<int>& docs, const Vec& mag,
+                    const std::vector<S>& got) {
+    Vec b(mag.size());
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      const std::size_t id = i / C;
+      const double x = std::abs(load<double>(got[i]));
+      b[i] = 4 * g(rows[id] + docs[id]) * mag[i] + (docs[id] + 1) * spacing_of<S>() * (mag[i] + x) +
+             1e-300;
+    }
+    return b;
+  };
+  check_within("dwte", test::to_double(dwte), test::to_double(sep_dwte),
+               bounds(wte_rows, wte_docs, wte_mag, dwte));
+  check_within("dwpe", test::to_double(dwpe), test::to_double(sep_dwpe),
+               bounds(wpe_rows, wpe_docs, wpe_mag, dwpe));
+  // Positions 0..T-1 are the unpacked encoder, bit for bit.
+  std::vector<std::int32_t> identity(static_cast<std::size_t>(N));
+  for (int i = 0; i < N; ++i) identity[i] = i % kPT;
+  std::vector<S> out_null(out.size()), out_id(out.size());
+  std::vector<S> dwte_null = zeros(wte.size()), dwpe_null = zeros(wpe.size());
+  std::vector<S> dwte_id = dwte_null, dwpe_id = dwpe_null;
+  encoder_forward<S>(out_null.data(), tokens.data(), wte.data(), wpe.data(), kPB, kPT, C, V);
+  encoder_forward<S>(out_id.data(), tokens.data(), wte.data(), wpe.data(), kPB, kPT, C, V,
+                     identity.data());
+  encoder_backward<S, S>(dwte_null.data(), dwpe_null.data(), dout.data(), tokens.data(), kPB, kPT,
+                         C, V);
+  encoder_backward<S, S>(dwte_id.data(), dwpe_id.data(), dout.data(), tokens.data(), kPB, kPT, C, V,
+                         identity.data());
+  CHECK(test::to_double(out_id) == test::to_double(out_null));
+  CHECK(test::to_double(dwte_id) == test::to_double(dwte_null));
+  CHECK(test::to_double(dwpe_id) == test::to_double(dwpe_null));
+}
+}  // namespace
+
+TEST_CASE("encoder with positions equals each document run alone", "[docs]") {
+  check_encoder_packed_equals_separate<double>();
+  check_encoder_packed_equals_separate<float>();
+  check_encoder_packed_equals_separate<bf16>();
 }
 
 }  // namespace

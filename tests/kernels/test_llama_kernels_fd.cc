@@ -2,12 +2,16 @@
 // projections with bias, rotary embeddings with llama3 frequency scaling, SwiGLU, grouped-query
 // attention), the CPU twins instantiated with double. Each check takes L = sum(out * R) for a
 // fixed random R and compares the analytic gradient of every input and parameter with central
-// differences. The forward math itself is checked against transformers in test_llama.cc.
+// differences. The forward math itself is checked against transformers in test_llama.cc. Then
+// packed documents: rope with positions and grouped-query attention with doc_start, against each
+// document run alone and across a boundary.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/gqa_attention.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/rmsnorm.h"
@@ -15,6 +19,7 @@
 #include "kernels/cpu/swiglu.h"
 #include "kernels/rope_table.h"
 #include "runtime/common/error.h"
+#include "tests/kernels/attention_order_bounds.h"
 #include "tests/kernels/fd_check.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -227,6 +232,260 @@ TEST_CASE("grouped-query attention backward matches finite differences (float64)
     check_gradient("dk", k, dk, f);
     check_gradient("dv", v, dv, f);
   }
+}
+
+// ---- Packed documents: rope with positions, grouped-query attention with doc_start ------------
+
+TEST_CASE("rope with positions rotates each token by its document position (float64)",
+          "[fd][llama][docs]") {
+  const test::Packing pack = test::pack_documents({{3, 1, 4}, {8}}, kT);
+  const std::int32_t* pos = pack.positions.data();
+  const RopeTable table = make_rope_table(kHS, 10000.0, {});
+  Vec x = normal_values(kSeed, 121, kN * kNH * kHS);
+  const Vec R = normal_values(kSeed, 122, kN * kNH * kHS);
+  Vec out(x.size());
+  auto f = [&] {
+    rope_forward<double>(out.data(), x.data(), table, kB, kT, kNH, kHS, pos);
+    return dot(out, R);
+  };
+  f();
+  // Row (b=0, t=6) is position 2 of the document starting at 4: rotated by 2, not 6.
+  const int P = kHS / 2;
+  const std::size_t off = (std::size_t{6} * kNH + 1) * kHS;
+  const double angle = 2 * static_cast<double>(table.inv_freq[1]);
+  CHECK(out[off + 1] ==
+        Approx(x[off + 1] * std::cos(angle) - x[off + 1 + P] * std::sin(angle)).epsilon(1e-14));
+  Vec dx(x.size(), 7.0);
+  rope_backward<double>(dx.data(), R.data(), table, kB, kT, kNH, kHS, pos);
+  check_gradient("dinp", x, dx, f);
+}
+
+namespace {
+// Each row is rotated on its own, by an angle computed in double from its position: a packed
+// sequence and its documents alone give the same bits, and positions 0..T-1 the unpacked op's.
+template <typename S>
+void check_rope_packed_equals_separate() {
+  const int T = 150, NH = 2, HS = 16;
+  const test::Packing pack = test::pack_documents({{1, 80, 1, 37, 31}, {70, 80}}, T);
+  const RopeTable table = make_rope_table(HS, 10000.0, {});
+  const std::size_t row = std::size_t{NH} * HS;
+  const auto x = test::to_storage<S>(normal_values(kSeed, 125, 2 * T * row));
+  std::vector<S> packed(x.size()), dpacked(x.size());
+  rope_forward<S>(packed.data(), x.data(), table, 2, T, NH, HS, pack.positions.data());
+  rope_backward<S>(dpacked.data(), x.data(), table, 2, T, NH, HS, pack.positions.data());
+  for (const auto& doc : pack.spans) {
+    INFO("document of sequence " << doc.b << " at " << doc.begin);
+    const auto first = x.begin() + (static_cast<std::ptrdiff_t>(doc.b) * T + doc.begin) * row;
+    const std::vector<S> xs(first, first + static_cast<std::ptrdiff_t>(doc.length) * row);
+    std::vector<S> alone(xs.size()), dalone(xs.size());
+    rope_forward<S>(alone.data(), xs.data(), table, 1, doc.length, NH, HS);
+    rope_backward<S>(dalone.data(), xs.data(), table, 1, doc.length, NH, HS);
+    const std::size_t at = (static_cast<std::size_t>(doc.b) * T + doc.begin) * row;
+    CHECK(test::to_double(std::vector<S>(packed.begin() + at, packed.begin() + at + xs.size())) ==
+          test::to_double(alone));
+    CHECK(test::to_double(std::vector<S>(dpacked.begin() + at, dpacked.begin() + at + xs.size())) ==
+          test::to_double(dalone));
+  }
+  std::vector<std::int32_t> identity(2 * T);
+  for (int i = 0; i < 2 * T; ++i) identity[i] = i % T;
+  std::vector<S> null(x.size()), with(x.size());
+  rope_forward<S>(null.data(), x.data(), table, 2, T, NH, HS);
+  rope_forward<S>(with.data(), x.data(), table, 2, T, NH, HS, identity.data());
+  CHECK(test::to_double(with) == test::to_double(null));
+  rope_backward<S>(null.data(), x.data(), table, 2, T, NH, HS);
+  rope_backward<S>(with.data(), x.data(), table, 2, T, NH, HS, identity.data());
+  CHECK(test::to_double(with) == test::to_double(null));
+}
+}  // namespace
+
+TEST_CASE("rope with positions equals each document run alone", "[llama][docs]") {
+  check_rope_packed_equals_separate<float>();
+  check_rope_packed_equals_separate<bf16>();
+  check_rope_packed_equals_separate<double>();
+}
+
+TEST_CASE("grouped-query attention with packed documents matches finite differences (float64)",
+          "[fd][llama][docs]") {
+  const test::Packing pack = test::pack_documents({{1, 4, 1, 2}, {5, 3}}, kT);
+  for (const int nkv : {kNKV, 1}) {
+    INFO("NKV = " << nkv);
+    Vec q = normal_values(kSeed, 141, kN * kNH * kHS);
+    Vec k = normal_values(kSeed, 142, kN * nkv * kHS);
+    Vec v = normal_values(kSeed, 143, kN * nkv * kHS);
+    const Vec R = normal_values(kSeed, 144, kN * kNH * kHS);
+    Vec out(q.size()), lse(static_cast<std::size_t>(kB) * kNH * kT);
+    Vec ws(
+        static_cast<std::size_t>(gqa_attention_backward_workspace<double>(kB, kT, kNH, nkv, kHS)));
+    Vec fws(
+        static_cast<std::size_t>(gqa_attention_forward_workspace<double>(kB, kT, kNH, nkv, kHS)));
+    auto f = [&] {
+      gqa_attention_forward<double>(out.data(), lse.data(), q.data(), k.data(), v.data(), kB, kT,
+                                    kNH, nkv, kHS, fws.data(), pack.doc_start.data());
+      return dot(out, R);
+    };
+    f();
+    Vec dq(q.size(), 0.0), dk(k.size(), 0.0), dv(v.size(), 0.0);
+    gqa_attention_backward<double>(dq.data(), dk.data(), dv.data(), R.data(), q.data(), k.data(),
+                                   v.data(), out.data(), lse.data(), kB, kT, kNH, nkv, kHS,
+                                   ws.data(), pack.doc_start.data());
+    check_gradient("dq", q, dq, f);
+    check_gradient("dk", k, dk, f);
+    check_gradient("dv", v, dv, f);
+    // A 1-token document (b=0, t=5) sees itself alone: its output is its own v row.
+    const int kh = 3 / (kNH / nkv);
+    CHECK(out[(5 * kNH + 3) * kHS + 2] == Approx(v[(5 * nkv + kh) * kHS + 2]).epsilon(1e-14));
+  }
+}
+
+namespace {
+struct GqaRun {
+  Vec out, lse, dq, dk, dv;
+};
+
+// Grouped-query attention forward and backward (gradients from zero) on the CPU twin in S.
+template <typename S>
+GqaRun run_gqa(const Vec& q, const Vec& k, const Vec& v, const Vec& dy, int B, int T, int NH,
+               int NKV, int HS, const std::int32_t* doc_start) {
+  using A = acc_t<S>;
+  const auto qs = test::to_storage<S>(q), ks = test::to_storage<S>(k), vs = test::to_storage<S>(v),
+             dys = test::to_storage<S>(dy);
+  std::vector<A> ws(
+      static_cast<std::size_t>(std::max(gqa_attention_forward_workspace<S>(B, T, NH, NKV, HS),
+                                        gqa_attention_backward_workspace<S>(B, T, NH, NKV, HS))) +
+      1);
+  std::vector<S> out(qs.size());
+  std::vector<A> lse(static_cast<std::size_t>(B) * NH * T);
+  auto dq = test::to_storage<S>(Vec(q.size(), 0.0)), dk = test::to_storage<S>(Vec(k.size(), 0.0)),
+       dv = test::to_storage<S>(Vec(v.size(), 0.0));
+  gqa_attention_forward<S>(out.data(), lse.data(), qs.data(), ks.data(), vs.data(), B, T, NH, NKV,
+                           HS, ws.data(), doc_start);
+  gqa_attention_backward<S>(dq.data(), dk.data(), dv.data(), dys.data(), qs.data(), ks.data(),
+                            vs.data(), out.data(), lse.data(), B, T, NH, NKV, HS, ws.data(),
+                            doc_start);
+  return {test::to_double(out), test::to_double(lse), test::to_double(dq), test::to_double(dk),
+          test::to_double(dv)};
+}
+
+Vec slice(const Vec& x, std::size_t first, std::size_t n) {
+  return Vec(x.begin() + static_cast<std::ptrdiff_t>(first),
+             x.begin() + static_cast<std::ptrdiff_t>(first + n));
+}
+
+// Packed GQA against each document alone. Both pack q and the repeated k, v heads into
+// attention's layout and run it, so the attention part of each output is bounded as
+// attention_order_bounds.h derives (on the packed layout, built here in double), and dk, dv add
+// the group's heads' parts in a fixed order: a sum of `group` terms, each side within
+// g(group) sum|parts| of exact on top of the parts' own bounds (doubled, as there).
+template <typename S>
+void check_gqa_packed_equals_separate() {
+  using A = acc_t<S>;
+  const int T = 150, NH = 4, NKV = 2, HS = 16, C = NH * HS, KC = NKV * HS, group = NH / NKV;
+  const test::Packing pack = test::pack_documents({{1, 80, 1, 37, 31}, {70, 80}}, T);
+  const Vec q = normal_values(kSeed, 131, 2 * T * C), k = normal_values(kSeed, 132, 2 * T * KC),
+            v = normal_values(kSeed, 133, 2 * T * KC), dy = normal_values(kSeed, 134, 2 * T * C);
+  // The inputs as S holds them, so that the bounds see the values the kernels see.
+  const Vec qd = test::to_double(test::to_storage<S>(q)),
+            kd = test::to_double(test::to_storage<S>(k)),
+            vd = test::to_double(test::to_storage<S>(v)),
+            dyd = test::to_double(test::to_storage<S>(dy));
+  const GqaRun packed = run_gqa<S>(q, k, v, dy, 2, T, NH, NKV, HS, pack.doc_start.data());
+  const double u = std::is_same_v<A, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  auto g = [u](double n) { return n * u / (1 - n * u); };
+  for (const auto& doc : pack.spans) {
+    INFO("document of sequence " << doc.b << " at " << doc.begin << ", " << doc.length
+                                 << " tokens");
+    const std::size_t r0 = static_cast<std::size_t>(doc.b) * T + doc.begin, L = doc.length;
+    const Vec dq_in = slice(qd, r0 * C, L * C), dk_in = slice(kd, r0 * KC, L * KC),
+              dv_in = slice(vd, r0 * KC, L * KC), dy_in = slice(dyd, r0 * C, L * C);
+    const GqaRun alone =
+        run_gqa<S>(dq_in, dk_in, dv_in, dy_in, 1, doc.length, NH, NKV, HS, nullptr);
+    Vec qkv(L * 3 * C);
+    for (std::size_t t = 0; t < L; ++t) {
+      for (int c = 0; c < C; ++c) {
+        const std::size_t src = t * KC + (c / HS / group) * HS + c % HS;
+        qkv[t * 3 * C + c] = dq_in[t * C + c];
+        qkv[t * 3 * C + C + c] = dk_in[src];
+        qkv[t * 3 * C + 2 * C + c] = dv_in[src];
+      }
+    }
+    const test::OrderBounds b =
+        test::order_bounds(qkv, dy_in, doc.length, C, NH, u, test::spacing_of<S>());
+    // The parts the group sums add, in double: attention on the packed layout.
+    Vec parts(qkv.size(), 0.0), y(L * C), l(NH * L);
+    {
+      Vec ws(static_cast<std::size_t>(
+          std::max(attention_forward_workspace<double>(1, doc.length, C, NH),
+                   attention_backward_workspace<double>(1, doc.length, C, NH))));
+      attention_forward<double>(y.data(), l.data(), qkv.data(), 1, doc.length, C, NH, ws.data());
+      attention_backward<double>(parts.data(), dy_in.data(), qkv.data(), y.data(), l.data(), 1,
+                                 doc.length, C, NH, ws.data());
+    }
+    const Vec lse_packed = [&] {
+      Vec x;
+      for (int h = 0; h < NH; ++h) {
+        const Vec part =
+            slice(packed.lse, (static_cast<std::size_t>(doc.b) * NH + h) * T + doc.begin, L);
+        x.insert(x.end(), part.begin(), part.end());
+      }
+      return x;
+    }();
+    test::check_within("out", slice(packed.out, r0 * C, L * C), alone.out, b.out);
+    test::check_within("lse", lse_packed, alone.lse, b.lse);
+    Vec bdq(L * C), bdk(L * KC), bdv(L * KC);
+    for (std::size_t t = 0; t < L; ++t) {
+      for (int c = 0; c < C; ++c) bdq[t * C + c] = b.dqkv[t * 3 * C + c];
+      for (int c = 0; c < KC; ++c) {
+        const int kh = c / HS, d = c % HS;
+        double bk = 0, bv = 0, mk = 0, mv = 0;
+        for (int gi = 0; gi < group; ++gi) {
+          const std::size_t col = t * 3 * C + static_cast<std::size_t>(kh * group + gi) * HS + d;
+          bk += b.dqkv[col + C];
+          bv += b.dqkv[col + 2 * C];
+          mk += std::abs(parts[col + C]);
+          mv += std::abs(parts[col + 2 * C]);
+        }
+        bdk[t * KC + c] = bk + 4 * g(group) * mk;
+        bdv[t * KC + c] = bv + 4 * g(group) * mv;
+      }
+    }
+    test::check_within("dq", slice(packed.dq, r0 * C, L * C), alone.dq, bdq);
+    test::check_within("dk", slice(packed.dk, r0 * KC, L * KC), alone.dk, bdk);
+    test::check_within("dv", slice(packed.dv, r0 * KC, L * KC), alone.dv, bdv);
+  }
+  // A change to one token of document [1, 81) leaves every other document's results, bit for bit.
+  Vec q2 = q, k2 = k, v2 = v, dy2 = dy;
+  const std::size_t t = 40;
+  for (int c = 0; c < C; ++c) {
+    q2[t * C + c] += 3.0;
+    dy2[t * C + c] -= 2.0;
+  }
+  for (int c = 0; c < KC; ++c) {
+    k2[t * KC + c] += 3.0;
+    v2[t * KC + c] -= 1.0;
+  }
+  const GqaRun changed = run_gqa<S>(q2, k2, v2, dy2, 2, T, NH, NKV, HS, pack.doc_start.data());
+  for (const auto& doc : pack.spans) {
+    if (doc.b == 0 && doc.begin == 1) continue;
+    INFO("document of sequence " << doc.b << " at " << doc.begin);
+    const std::size_t r0 = static_cast<std::size_t>(doc.b) * T + doc.begin, L = doc.length;
+    CHECK(slice(changed.out, r0 * C, L * C) == slice(packed.out, r0 * C, L * C));
+    CHECK(slice(changed.dq, r0 * C, L * C) == slice(packed.dq, r0 * C, L * C));
+    CHECK(slice(changed.dk, r0 * KC, L * KC) == slice(packed.dk, r0 * KC, L * KC));
+    CHECK(slice(changed.dv, r0 * KC, L * KC) == slice(packed.dv, r0 * KC, L * KC));
+    for (int h = 0; h < NH; ++h) {
+      const std::size_t at = (static_cast<std::size_t>(doc.b) * NH + h) * T + doc.begin;
+      CHECK(slice(changed.lse, at, L) == slice(packed.lse, at, L));
+    }
+  }
+  CHECK(slice(changed.dk, 1 * KC, 80 * KC) != slice(packed.dk, 1 * KC, 80 * KC));
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention with packed documents equals each document run alone",
+          "[llama][docs]") {
+  check_gqa_packed_equals_separate<double>();
+  check_gqa_packed_equals_separate<float>();
+  check_gqa_packed_equals_separate<bf16>();
 }
 
 }  // namespace

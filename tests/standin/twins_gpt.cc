@@ -38,23 +38,25 @@ void register_storage() {
   const char* s = cuda_name<S>();
   const I64 ss = sizeof(S);
 
-  // ---- encoder ----
-  twin<S*, const std::int32_t*, const S*, const S*, long, int, int>(
+  // ---- encoder (positions may be null: wpe row t) ----
+  twin<S*, const std::int32_t*, const S*, const S*, long, int, int, const std::int32_t*>(
       sig("void " + kNs +
-              "encoder_forward_kernel<$S>($S*, int const*, $S const*, $S const*, long, int, int)",
+              "encoder_forward_kernel<$S>($S*, int const*, $S const*, $S const*, long, int, int, "
+              "int const*)",
           s),
       [ss](KernelCall& k, S* out, const std::int32_t* tokens, const S* wte, const S* wpe, long rows,
-           int T, int C) {
+           int T, int C, const std::int32_t* positions) {
         k.require(T > 0 && rows % T == 0, fmt::format("rows {} not a multiple of T {}", rows, T));
         k.writes(out, rows * C * ss, "out");
         k.reads(tokens, rows * 4, "tokens");
         k.reads(wte, C * ss, "wte");
         if (wpe != nullptr) k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");  // null: Llama
+        if (positions != nullptr) k.reads(positions, rows * 4, "positions");
         const std::string name = k.name();
         k.run([=] {
           const I64 V = elements_left(wte, sizeof(S), name) / C;
           kernels::cpu::encoder_forward<S>(out, tokens, wte, wpe, static_cast<int>(rows / T), T, C,
-                                           static_cast<int>(V));
+                                           static_cast<int>(V), positions);
         });
       });
 
@@ -329,7 +331,8 @@ void register_storage() {
       });
 
   // ---- cross-entropy: one block per row (rows = gridDim.x) ----
-  // ldl: the logits' row stride (>= V); the backward zeroes the padding columns V..ldl.
+  // ldl: the logits' row stride (>= V); the backward zeroes the padding columns V..ldl. A target
+  // < 0 is a row out of the loss: loss 0, a zero gradient row.
   twin<float*, const S*, const std::int32_t*, int, int>(
       sig("void " + kNs +
               "crossentropy_forward_kernel<$S>(float*, $S const*, int const*, int, int)",
@@ -346,9 +349,13 @@ void register_storage() {
         k.run([=] {
           for (I64 n = 0; n < N; ++n) {
             const S* row = logits + n * ldl;
-            if (targets[n] < 0 || targets[n] >= V) {
+            if (targets[n] >= V) {
               fail(cudaErrorIllegalAddress, name,
                    fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+            }
+            if (targets[n] < 0) {
+              losses[n] = 0.0f;
+              continue;
             }
             float mx = -INFINITY, sum = 0.0f;
             for (int v = 0; v < V; ++v) mx = std::fmax(mx, ld(row[v]));
@@ -376,9 +383,14 @@ void register_storage() {
         k.run([=] {
           std::vector<float> row(static_cast<std::size_t>(V));
           for (I64 n = 0; n < N; ++n) {
-            if (targets[n] < 0 || targets[n] >= V) {
+            if (targets[n] >= V) {
               fail(cudaErrorIllegalAddress, name,
                    fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+            }
+            if (targets[n] < 0) {
+              if (losses != nullptr) losses[n] = 0.0f;
+              for (int v = 0; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
+              continue;
             }
             for (int v = 0; v < V; ++v) row[v] = ld(logits[n * ldl + v]);  // in place allowed
             float mx = -INFINITY, sum = 0.0f;
@@ -585,18 +597,43 @@ void register_gpt_twins() {
           }
         });
       });
-  twin<float*, const float*, int>(kNs + "loss_mean_kernel(float*, float const*, int)",
-                                  [](KernelCall& k, float* out, const float* losses, int N) {
-                                    k.require_block(256);
-                                    k.require(k.grid().x == 1, "must run as one block");
-                                    k.writes(out, 4, "out");
-                                    k.reads(losses, I64{N} * 4, "losses");
-                                    k.run([=] {
-                                      double sum = 0.0;
-                                      for (int i = 0; i < N; ++i) sum += losses[i];
-                                      out[0] = static_cast<float>(sum / N);
-                                    });
-                                  });
+  // The packed-documents mask of the batched attention: -inf before each row's document start.
+  twin<float*, const std::int32_t*, long, int, int>(
+      kNs + "document_mask_kernel(float*, int const*, long, int, int)",
+      [](KernelCall& k, float* att, const std::int32_t* doc_start, long rows, int T, int NH) {
+        k.require_block(256);
+        k.require_rows(rows, kRowsPerBlock, "rows");
+        k.require(NH > 0 && T > 0 && rows % (I64{NH} * T) == 0,
+                  fmt::format("rows {} are not B x NH {} x T {}", rows, NH, T));
+        k.writes(att, rows * T * 4, "att");
+        k.reads(doc_start, rows / NH * 4, "doc_start");
+        const std::string name = k.name();
+        k.run([=] {
+          for (I64 r = 0; r < rows; ++r) {
+            const int t = static_cast<int>(r % T);
+            const I64 b = r / (I64{NH} * T);
+            const int first = doc_start[b * T + t];
+            if (first < 0 || first > t) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("doc_start[{}] = {} outside [0, {}]", b * T + t, first, t));
+            }
+            for (int u = 0; u < first; ++u) att[r * T + u] = -INFINITY;
+          }
+        });
+      });
+  twin<float*, const float*, int, float>(
+      kNs + "loss_mean_kernel(float*, float const*, int, float)",
+      [](KernelCall& k, float* out, const float* losses, int N, float divisor) {
+        k.require_block(256);
+        k.require(k.grid().x == 1, "must run as one block");
+        k.writes(out, 4, "out");
+        k.reads(losses, I64{N} * 4, "losses");
+        k.run([=] {
+          double sum = 0.0;
+          for (int i = 0; i < N; ++i) sum += losses[i];
+          out[0] = static_cast<float>(sum / (divisor > 0.0f ? static_cast<double>(divisor) : N));
+        });
+      });
 }
 
 }  // namespace zrt::standin

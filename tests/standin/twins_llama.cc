@@ -151,26 +151,31 @@ void register_storage() {
         });
       });
 
-  // ---- rope: one thread per pair; sign +1 forward, -1 backward (the CPU twins) ----
-  twin<S*, const S*, kernels::RopeTable, long, int, int, float>(
+  // ---- rope: one thread per pair; sign +1 forward, -1 backward (the CPU twins); positions may
+  // be null (position t) ----
+  twin<S*, const S*, kernels::RopeTable, long, int, int, float, const std::int32_t*>(
       sig("void " + kNs +
-              "rope_kernel<$S>($S*, $S const*, zrt::kernels::RopeTable, long, int, int, float)",
+              "rope_kernel<$S>($S*, $S const*, zrt::kernels::RopeTable, long, int, int, float, int "
+              "const*)",
           s),
       [ss](KernelCall& k, S* out, const S* inp, kernels::RopeTable table, long pairs, int T, int NH,
-           float sign) {
+           float sign, const std::int32_t* positions) {
         k.require(table.pairs > 0 && pairs % (I64{T} * NH * table.pairs) == 0,
                   fmt::format("{} pairs are not rows of {} heads of {} pairs at T {}", pairs, NH,
                               table.pairs, T));
         k.require_threads(std::min<I64>(pairs, 65535LL * 32 * 256), "pairs");
         k.writes(out, pairs * 2 * ss, "out");
         k.reads(inp, pairs * 2 * ss, "inp");
+        if (positions != nullptr) {
+          k.reads(positions, pairs / (I64{NH} * table.pairs) * 4, "positions");
+        }
         k.run([=] {
           const int B = static_cast<int>(pairs / (I64{T} * NH * table.pairs));
           const int hs = 2 * table.pairs;
           if (sign > 0) {
-            kernels::cpu::rope_forward<S>(out, inp, table, B, T, NH, hs);
+            kernels::cpu::rope_forward<S>(out, inp, table, B, T, NH, hs, positions);
           } else {
-            kernels::cpu::rope_backward<S>(out, inp, table, B, T, NH, hs);
+            kernels::cpu::rope_backward<S>(out, inp, table, B, T, NH, hs, positions);
           }
         });
       });

@@ -2,9 +2,13 @@
 // GPU the fused tensor-core kernels where they take the shape, head size 64 or 128, and the
 // batched cuBLAS path they replace) next to PyTorch's scaled_dot_product_attention on the same
 // device, shapes and dtype (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a
-// GPU), and the tensor throughput each reaches. Times are medians over --iters of the wall time
-// of one call enqueued and its stream drained, after two warm-up calls (torch's likewise).
+// GPU), and the tensor throughput each reaches. With --documents K it also times the same shapes
+// with K equal documents packed into each sequence (doc_start, kernels/ops.h), beside the causal
+// call: the attention a packed fine-tuning step costs. Times are medians over --iters of the wall
+// time of one call enqueued and its stream drained, after two warm-up calls (torch's likewise).
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -91,8 +95,20 @@ Buffer random_buffer(Device& device, Stream& stream, DType dtype, std::int64_t n
   return b;
 }
 
+// doc_start (B,T) of `documents` equal documents per sequence (the last takes what T / documents
+// leaves over); empty for one.
+std::vector<std::int32_t> document_starts(const Shape& s, int documents) {
+  std::vector<std::int32_t> starts;
+  if (documents <= 1) return starts;
+  const int length = s.T / documents;
+  for (int b = 0; b < s.B; ++b) {
+    for (int t = 0; t < s.T; ++t) starts.push_back(std::min(t / length, documents - 1) * length);
+  }
+  return starts;
+}
+
 Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
-               kernels::FusedAttention fused) {
+               kernels::FusedAttention fused, int documents = 1) {
   DeviceOptions options;
   options.type = type;
   auto device = make_device(options);
@@ -110,14 +126,25 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
                                  MemCategory::kOther, "bench attention dqkv");
   Buffer lse = device->allocate(static_cast<std::int64_t>(s.B) * s.NH * s.T * 4,
                                 MemCategory::kOther, "bench attention lse");
+  const std::vector<std::int32_t> starts = document_starts(s, documents);
+  Buffer doc_buffer;
+  kernels::ConstTokens doc_start;  // null: one document per sequence
+  if (!starts.empty()) {
+    const std::size_t bytes = starts.size() * sizeof(std::int32_t);
+    doc_buffer = device->allocate(static_cast<std::int64_t>(bytes), MemCategory::kOther,
+                                  "bench attention doc_start");
+    device->copy_to_device(doc_buffer.device<std::byte>(), starts.data(), bytes, *stream);
+    stream->synchronize();  // the copy reads `starts`
+    doc_start = doc_buffer.device<const std::int32_t>();
+  }
   auto forward = [&] {
     kernels::attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(),
-                               qkv.device<std::byte>(), s.B, s.T, C, s.NH);
+                               qkv.device<std::byte>(), s.B, s.T, C, s.NH, doc_start);
   };
   auto backward = [&] {
     kernels::attention_backward(ctx, dtype, dqkv.device<std::byte>(), dout.device<std::byte>(),
                                 qkv.device<std::byte>(), out.device<std::byte>(),
-                                lse.device<float>(), s.B, s.T, C, s.NH);
+                                lse.device<float>(), s.B, s.T, C, s.NH, doc_start);
   };
   auto time = [&](bool with_backward) {
     std::vector<double> samples;
@@ -163,16 +190,19 @@ std::string tflops(double flops, double seconds) {
 
 int attention(int argc, char** argv) {
   Args args(argc, argv,
-            {"device", "dtype", "shapes", "iters", "no-torch", "python", "torch-script", "help"});
+            {"device", "dtype", "shapes", "iters", "documents", "no-torch", "python",
+             "torch-script", "help"});
   if (args.has("help")) {
     std::printf(
         "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes \"B,T,NH,hs;...\"]\n"
-        "                    [--iters 20] [--no-torch] [--python PATH]\n"
+        "                    [--iters 20] [--documents K] [--no-torch] [--python PATH]\n"
         "Causal attention forward and forward+backward: zrt's kernels (on a GPU also the\n"
         "batched-GEMM path the fused kernels replace) next to PyTorch's\n"
         "scaled_dot_product_attention on the same device (flash kernel on a GPU), with the\n"
-        "TFLOP/s each reaches. Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape\n"
-        "(8,1024,12,64) and Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
+        "TFLOP/s each reaches. --documents K also times each shape with K equal documents\n"
+        "packed into every sequence (doc_start), beside the causal call (K documents are about\n"
+        "1/K of the causal attention work). Defaults: cuda when a GPU is found, bf16, GPT-2\n"
+        "124M's shape (8,1024,12,64) and Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
     return 0;
   }
   const DeviceType type = args.get("device", cuda_device_count() > 0 ? "cuda" : "cpu") == "cuda"
@@ -183,6 +213,14 @@ int attention(int argc, char** argv) {
       parse_shapes(args.get("shapes", type == DeviceType::kCuda ? "8,1024,12,64;1,4096,32,128"
                                                                 : "1,256,4,64;1,256,2,128"));
   const int iters = static_cast<int>(args.get_double("iters", 20));
+  const int documents = static_cast<int>(args.get_double("documents", 1));
+  if (documents < 1) ZRT_THROW(InvalidArgument, "--documents {}: at least 1", documents);
+  for (const Shape& s : shapes) {
+    if (documents > s.T) {
+      ZRT_THROW(InvalidArgument, "--documents {}: more than the {} tokens of a sequence", documents,
+                s.T);
+    }
+  }
   const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
   const std::string script =
       args.get("torch-script", "").empty()
@@ -195,29 +233,55 @@ int attention(int argc, char** argv) {
               : python.empty()     ? "not available (no python3 with torch)"
                                    : (python + " " + script).c_str());
   const bool cuda = type == DeviceType::kCuda;
-  Table table({"B,T,NH,hs", "zrt_fwd_ms", "zrt_fwd+bwd_ms", "zrt_TFLOP/s", "batched_fwd+bwd_ms",
-               "batched/zrt_time", "torch_fwd_ms", "torch_fwd+bwd_ms", "torch_TFLOP/s",
-               "torch/zrt_time"});
+  const bool packed = documents > 1;
+  if (packed) {
+    std::printf("# --documents %d: each sequence packs %d equal documents (doc_start)\n", documents,
+                documents);
+  }
+  std::vector<std::string> header = {"B,T,NH,hs",   "zrt_fwd_ms",         "zrt_fwd+bwd_ms",
+                                     "zrt_TFLOP/s", "batched_fwd+bwd_ms", "batched/zrt_time"};
+  if (packed) {
+    for (const char* h : {"docs_fwd_ms", "docs_fwd+bwd_ms", "docs/causal_time"}) {
+      header.push_back(h);
+    }
+  }
+  for (const char* h : {"torch_fwd_ms", "torch_fwd+bwd_ms", "torch_TFLOP/s", "torch/zrt_time"}) {
+    header.push_back(h);
+  }
+  Table table(header);
   for (const Shape& s : shapes) {
     const Timing z = run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll);
+    // The same shape, K documents a sequence, on the same path; timed right after the causal call.
+    const Timing d = packed
+                         ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, documents)
+                         : Timing{};
     // The batched cuBLAS path the fused kernels replace (CUDA only: the CPU has one path).
     const Timing b =
         cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kNone) : Timing{};
     const Timing t = run_torch(python, script, type, dtype, s, iters);
     const double flops = forward_flops(s) * 3.5;
-    table.add(
-        {fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs), fmt::format("{:.3f}", z.forward_s * 1e3),
-         fmt::format("{:.3f}", z.forward_backward_s * 1e3), tflops(flops, z.forward_backward_s),
-         b.forward_backward_s > 0 ? fmt::format("{:.3f}", b.forward_backward_s * 1e3) : "-",
-         b.forward_backward_s > 0
-             ? fmt::format("{:.2f}", b.forward_backward_s / z.forward_backward_s)
-             : "-",
-         t.forward_s > 0 ? fmt::format("{:.3f}", t.forward_s * 1e3) : "-",
-         t.forward_backward_s > 0 ? fmt::format("{:.3f}", t.forward_backward_s * 1e3) : "-",
-         tflops(flops, t.forward_backward_s),
-         t.forward_backward_s > 0
-             ? fmt::format("{:.2f}", t.forward_backward_s / z.forward_backward_s)
-             : "-"});
+    std::vector<std::string> row = {
+        fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs),
+        fmt::format("{:.3f}", z.forward_s * 1e3),
+        fmt::format("{:.3f}", z.forward_backward_s * 1e3),
+        tflops(flops, z.forward_backward_s),
+        b.forward_backward_s > 0 ? fmt::format("{:.3f}", b.forward_backward_s * 1e3) : "-",
+        b.forward_backward_s > 0
+            ? fmt::format("{:.2f}", b.forward_backward_s / z.forward_backward_s)
+            : "-"};
+    if (packed) {
+      row.push_back(fmt::format("{:.3f}", d.forward_s * 1e3));
+      row.push_back(fmt::format("{:.3f}", d.forward_backward_s * 1e3));
+      row.push_back(fmt::format("{:.3f}", d.forward_backward_s / z.forward_backward_s));
+    }
+    row.push_back(t.forward_s > 0 ? fmt::format("{:.3f}", t.forward_s * 1e3) : "-");
+    row.push_back(t.forward_backward_s > 0 ? fmt::format("{:.3f}", t.forward_backward_s * 1e3)
+                                           : "-");
+    row.push_back(tflops(flops, t.forward_backward_s));
+    row.push_back(t.forward_backward_s > 0
+                      ? fmt::format("{:.2f}", t.forward_backward_s / z.forward_backward_s)
+                      : "-");
+    table.add(row);
     std::fflush(stdout);
   }
   std::printf("%s", table.str().c_str());
