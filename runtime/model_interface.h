@@ -88,6 +88,12 @@ class ParamAccess {
 // that document (t - doc_start[t]): the position embedding's row or the rotary angle. Both null:
 // one document per row, positions 0..T-1.
 struct TokenBatch {
+  TokenBatch() = default;
+  // One document per row, every target in the loss unless below 0, the mean over B*T.
+  TokenBatch(DevicePtr<const std::int32_t> inputs_, DevicePtr<const std::int32_t> targets_, int B,
+             int T)
+      : inputs(inputs_), targets(targets_), batch(B), seq_len(T) {}
+
   DevicePtr<const std::int32_t> inputs;
   DevicePtr<const std::int32_t> targets;    // may be null for forward-only passes without loss
   int batch = 0;                            // B

@@ -154,8 +154,8 @@ class Control {
   }
   std::int64_t sum(std::int64_t value) {
     device_.copy_to_device(scratch_.device<std::byte>(), &value, 8, group_.stream());
-    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1,
-                      DType::kInt64, ReduceOp::kSum);
+    group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1, DType::kInt64,
+                      ReduceOp::kSum);
     device_.copy_to_host(&value, scratch_.device<std::byte>(), 8, group_.stream());
     group_.stream().synchronize();
     return value;
@@ -251,7 +251,8 @@ RunSummary train(const Config& config, const RankInfo& mpi,
 
   // ---- device, streams, groups ---------------------------------------------------------------
   const int gpu_count = cuda_device_count();
-  const DeviceOptions device_options = config.device.options(gpu_count, mpi.local_rank, config.seed);
+  const DeviceOptions device_options =
+      config.device.options(gpu_count, mpi.local_rank, config.seed);
   auto device = make_device(device_options);
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
@@ -264,9 +265,9 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   if (sharing_gpu) comm_options.host_staged = true;
   if (comm_options.host_staged && device->type() == DeviceType::kCuda && rank == 0) {
     spdlog::info("collectives over MPI through pinned host memory, not NCCL ({})",
-                 sharing_gpu ? fmt::format("{} ranks share {} GPU(s) on a node", mpi.local_size,
-                                           gpu_count)
-                             : std::string("comm.host_staged_collectives"));
+                 sharing_gpu
+                     ? fmt::format("{} ranks share {} GPU(s) on a node", mpi.local_size, gpu_count)
+                     : std::string("comm.host_staged_collectives"));
   }
   comm_options.watchdog = std::make_shared<Watchdog>(config.comm.timeout_s, hooks.on_hang);
   Watchdog& watchdog = *comm_options.watchdog;
@@ -396,8 +397,7 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   data_options.vocab_size = model_source.vocab_size;
   data_options.document_mask = config.data.document_mask;
   data_options.document_separator = config.data.document_separator;
-  const std::unique_ptr<SampleSource> train_data =
-      open_dataset(config.data.train, T, data_options);
+  const std::unique_ptr<SampleSource> train_data = open_dataset(config.data.train, T, data_options);
   DataStreamOptions stream_options;
   stream_options.shuffle = config.data.shuffle;
   stream_options.seed = config.data.seed;
@@ -613,8 +613,9 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     const bool weighted = val_data->documents();
     const std::int64_t global_tokens = weighted ? control.sum(local_tokens) : 0;
     if (weighted && global_tokens == 0) {
-      if (rank == 0) spdlog::warn("evaluation: no loss token in {} batch(es); skipped",
-                                  config.train.eval_batches);
+      if (rank == 0)
+        spdlog::warn("evaluation: no loss token in {} batch(es); skipped",
+                     config.train.eval_batches);
       return std::numeric_limits<double>::quiet_NaN();
     }
     const float divisor = loss_divisor(weighted, global_tokens, config.train.eval_batches, world);
@@ -955,17 +956,21 @@ RunSummary train(const Config& config, const RankInfo& mpi,
     std::mt19937_64 rng(config.seed);
     std::vector<std::byte> logits(static_cast<std::size_t>(model_source.vocab_size) *
                                   dtype_size(config.engine.compute_dtype));
-    BatchFeeder one(*device, *compute, 1, T);
+    BatchFeeder one(*device, *compute, 1, T, /*documents=*/false);
+    HostBatch prompt;
+    prompt.batch = 1;
+    prompt.seq_len = T;
+    prompt.inputs.assign(static_cast<std::size_t>(T), 0);
+    prompt.targets.assign(static_cast<std::size_t>(T), 0);
     for (int i = 0; i < config.train.sample_tokens; ++i) {
       const int length =
           static_cast<int>(std::min<std::size_t>(text.size(), static_cast<std::size_t>(T)));
       const std::string context = text.substr(text.size() - static_cast<std::size_t>(length));
-      TokenBatch batch = one.next([&](std::int32_t* in, std::int32_t* tg) {
-        for (int t = 0; t < T; ++t) {
-          in[t] = t < length ? static_cast<unsigned char>(context[static_cast<std::size_t>(t)]) : 0;
-          tg[t] = 0;
-        }
-      });
+      for (int t = 0; t < T; ++t) {
+        prompt.inputs[static_cast<std::size_t>(t)] =
+            t < length ? static_cast<unsigned char>(context[static_cast<std::size_t>(t)]) : 0;
+      }
+      TokenBatch batch = one.next(prompt, 0.f);
       batch.targets = DevicePtr<const std::int32_t>();
       model.forward(engine, batch);
       const std::int64_t stride =

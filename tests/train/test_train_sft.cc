@@ -1,0 +1,196 @@
+// zrt-train on packed SFT shards: the loss is the sum over the global batch's loss tokens divided
+// by their count, so one global batch of 4 sequences split as 1x4, 2x2 or 4x1 (ranks x
+// micro-batches, and every micro-batch size between) trains the same model: the per-step losses
+// equal those of one rank taking the whole batch as one micro-batch, at ZeRO stages 0-3 and with
+// optimizer offload. The sequences hold different numbers of loss tokens, so the old rule (the
+// mean of each micro-batch's mean) gives other losses, and this test fails with it. Metrics rows
+// carry the global batch's loss-token count.
+//
+// The np1 job writes the reference (one rank, the batch as one micro-batch); the np2 and np4 jobs
+// compare with it (ctest fixture zrt_sft_reference orders them).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "runtime/comm/mpi_runtime.h"
+#include "tests/data/sft_test_support.h"
+#include "tools/train/trainer.h"
+
+using namespace zrt;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+int world_rank() {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+const fs::path kShared = fs::temp_directory_path() / "zrt_test_train_sft";
+constexpr int kT = 32;
+constexpr int kSteps = 3;
+
+// 12 packed sequences (3 steps of 4) with 1-4 documents each and uneven masks: the loss tokens
+// per sequence range from a handful to most of it. Written once, by the np1 job.
+void write_data(const fs::path& dir) {
+  test::SftContent c;
+  c.T = kT;
+  c.vocab = 256;
+  c.pad = 255;
+  std::uint32_t state = 7;
+  auto next = [&](std::uint32_t n) {
+    state = state * 1103515245u + 12345u;
+    return (state >> 8) % n;
+  };
+  for (int s = 0; s < 4 * kSteps; ++s) {
+    test::Sequence q;
+    int used = 0;
+    const int docs = 1 + static_cast<int>(next(4));
+    for (int d = 0; d < docs && used < kT - 2; ++d) {
+      const int len = std::min(kT - used, 3 + static_cast<int>(next(12)));
+      const int prompt = static_cast<int>(next(static_cast<std::uint32_t>(len)));
+      for (int t = 0; t < len; ++t) {
+        q.tokens.push_back(next(250));
+        q.mask.push_back(t >= prompt ? 1 : 0);  // the prompt is not trained
+      }
+      used += len;
+      q.ends.push_back(used);
+    }
+    for (int t = used; t < kT; ++t) {
+      q.tokens.push_back(c.pad);
+      q.mask.push_back(0);
+    }
+    c.sequences.push_back(q);
+  }
+  fs::create_directories(dir / "train");
+  test::write_bytes((dir / "train" / "sft_000000.bin").string(), test::sft_bytes(c));
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::vector<std::int64_t> loss_tokens;
+};
+
+Run train_run(const std::string& name, const std::string& zero, int micro, int accumulation) {
+  const int world = world_size();
+  const std::string out = (kShared / ("np" + std::to_string(world)) / name).string();
+  const std::string text = R"({
+    "train_micro_batch_size_per_gpu": )" +
+                           std::to_string(micro) +
+                           R"(,
+    "gradient_accumulation_steps": )" +
+                           std::to_string(accumulation) +
+                           R"(,
+    "gradient_clipping": 1.0,
+    "zero_optimization": )" +
+                           zero +
+                           R"(,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}},
+    "model": {"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256},
+    "data": {"train": ")" + (kShared / "data" / "train").string() +
+                           R"(", "shuffle": false},
+    "train": {"steps": 3, "log_interval": 1},
+    "device": {"type": "cpu"},
+    "output_dir": ")" + out +
+                           R"("
+  })";
+  const Config config = parse_config_text(text, world, name + ".json");
+  const int rank = world_rank();
+  train::run_training(config, train::RankInfo{rank, world, rank, world});
+  MPI_Barrier(MPI_COMM_WORLD);
+  Run r;
+  std::ifstream in(out + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss")) continue;
+    r.losses.push_back(row["loss"].get<double>());
+    r.loss_tokens.push_back(row["loss_tokens"].get<std::int64_t>());
+  }
+  REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+  return r;
+}
+
+struct Stage {
+  std::string name, zero;
+};
+const std::vector<Stage>& stages() {
+  static const std::vector<Stage> s = {
+      {"stage0", R"({"stage": 0})"},
+      {"stage1", R"({"stage": 1})"},
+      {"stage2", R"({"stage": 2})"},
+      {"stage3", R"({"stage": 3, "stage3_param_persistence_threshold": 100})"},
+      {"stage3_offload", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                             "offload_optimizer": {"device": "cpu"}})"},
+  };
+  return s;
+}
+
+// Tolerance. Every split computes the same per-token losses and gradients; what changes is how
+// fp32 groups their sums (other GEMM row counts, micro-batches added in the accumulator, the
+// ranks' reduction), about 2^-24 relative per addition over at most a few hundred terms: ~1e-5
+// at the first step. Adam then moves every weight by about lr x sign(gradient) where the
+// gradient is far from zero, and the losses after it agree to the same order; 1e-4 leaves room
+// for a gradient element near zero that flips. The old rule's losses differ by percents here.
+void check_same(const Run& got, const Run& want, const std::string& what) {
+  for (int i = 0; i < kSteps; ++i) {
+    INFO(what << " step " << i + 1 << ": " << got.losses[i] << " vs " << want.losses[i]);
+    CHECK(std::fabs(got.losses[i] - want.losses[i]) <=
+          (i == 0 ? 1e-5 : 1e-4) * std::fabs(want.losses[i]));
+    CHECK(got.loss_tokens[i] == want.loss_tokens[i]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("one global batch, any split: the same token-weighted loss", "[train][sft]") {
+  const int world = world_size();
+  const fs::path reference = kShared / "reference.json";
+  if (world == 1) {
+    if (world_rank() == 0) {
+      fs::remove_all(kShared);
+      write_data(kShared / "data");
+    }
+    nlohmann::json ref;
+    for (const Stage& s : stages()) {
+      const Run whole = train_run(s.name + "_1x4", s.zero, 4, 1);  // the batch as one micro-batch
+      ref[s.name]["losses"] = whole.losses;
+      ref[s.name]["loss_tokens"] = whole.loss_tokens;
+      check_same(train_run(s.name + "_4x1", s.zero, 1, 4), whole, s.name + " micro 1 x 4");
+      check_same(train_run(s.name + "_2x2", s.zero, 2, 2), whole, s.name + " micro 2 x 2");
+    }
+    // The first step's loss is a mean over the loss tokens alone: a fresh model's predictions are
+    // nearly uniform, so it is close to ln 256 (a divisor counting every position, masked ones
+    // too, would give about 0.45 of it here, where 51 of the 128 positions are loss tokens).
+    const double first = ref["stage0"]["losses"][0].get<double>();
+    CHECK(std::fabs(first - std::log(256.0)) < 0.05 * std::log(256.0));
+    CHECK(ref["stage0"]["loss_tokens"][0].get<std::int64_t>() > 0);
+    CHECK(ref["stage0"]["loss_tokens"][0].get<std::int64_t>() < 4 * kT);
+    std::ofstream(reference) << ref.dump();
+  } else {
+    REQUIRE(fs::exists(reference));
+    nlohmann::json ref;
+    std::ifstream(reference) >> ref;
+    const int G = 4 / world;  // 2 ranks x 2 micro-batches, 4 ranks x 1
+    for (const Stage& s : stages()) {
+      Run want;
+      want.losses = ref[s.name]["losses"].get<std::vector<double>>();
+      want.loss_tokens = ref[s.name]["loss_tokens"].get<std::vector<std::int64_t>>();
+      check_same(train_run(s.name, s.zero, 1, G), want,
+                 s.name + " " + std::to_string(world) + " ranks x " + std::to_string(G));
+    }
+  }
+}
