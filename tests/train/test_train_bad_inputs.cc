@@ -165,7 +165,7 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
       {"Llama-3 magic on a GPT-2 shard", d + "llama_*.bin", "",
        d + "llama_000000.bin: unsupported llm.c shard version 1 for magic 20240801: expected 7"},
       {"safetensors file as a shard", d + "weights.safetensors", "",
-       d + "weights.safetensors: not an llm.c token shard"},
+       d + "weights.safetensors: neither an llm.c token shard"},
       {"token outside the vocabulary", d + "wide_*.bin", "", "not below the vocabulary size 256"},
       {"weights of another model", good, d + "other.safetensors",
        "tensor 'wte.weight' has shape (3, 4) but the model's 'transformer.wte.weight' is "
