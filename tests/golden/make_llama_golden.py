@@ -89,11 +89,12 @@ def run_case(label, model, config, dims):
     }
 
 
-def llama_case():
+def llama_dims():
     """Llama 3.1-style: GQA 4/2, head_dim 8 with hidden 16 (q is wider than the residual),
     llama3 rope scaling with all three frequency bands (theta 100 gives wavelengths 6.3, 20,
-    63 and 200 against the bands' edges 8 and 32), untied head."""
-    dims = {
+    63 and 200 against the bands' edges 8 and 32), untied head. (make_llama_packed_golden.py
+    uses the same dims.)"""
+    return {
         "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 32,
         "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 100.0,
@@ -101,6 +102,10 @@ def llama_case():
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
     }
+
+
+def llama_case():
+    dims = llama_dims()
     config = LlamaConfig(**dims, attn_implementation="eager")
     return run_case("llama3-tiny", LlamaForCausalLM(config), config, dims)
 

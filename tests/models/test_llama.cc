@@ -150,6 +150,64 @@ TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][g
   }
 }
 
+// tests/golden/llama_packed_golden.json (make_llama_packed_golden.py): transformers'
+// LlamaForCausalLM in float64 on one row of packed documents (lengths 7, 1, 9, 5, then 2 padding
+// tokens), run as transformers users train on packed data: position_ids restarting at each
+// document, a 4D block-diagonal causal attention mask, labels -100 outside the loss mask, at each
+// document's first token and on the padding; the loss is the summed cross-entropy over the
+// loss-token count. The generator checked it equals each document run alone to 1e-12. zrt's
+// TokenBatch says the same with positions, doc_start, targets -1 and loss_divisor.
+TEST_CASE("Llama with packed documents matches transformers (position_ids, block mask, labels "
+          "-100)",
+          "[llama][golden][packed]") {
+  const nlohmann::json g = [] {
+    std::ifstream in(ZRT_LLAMA_PACKED_GOLDEN);
+    REQUIRE(in.good());
+    return nlohmann::json::parse(in);
+  }();
+  const LlamaConfig config = case_config(g);
+  Rig rig(config, DType::kFloat32, DType::kFloat32);
+  const auto& params = rig.model->parameters();
+  REQUIRE(params.size() == g["names"].size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    CHECK(params[i].name == g["names"][i].get<std::string>());
+  }
+  rig.set_golden(g);
+  const int B = g["B"], T = g["T"];
+  const auto positions = g["positions"].get<std::vector<std::int32_t>>();
+  const auto doc_start = g["doc_start"].get<std::vector<std::int32_t>>();
+  REQUIRE(positions.size() == static_cast<std::size_t>(B) * T);
+  REQUIRE(doc_start.size() == positions.size());
+  const auto bytes = static_cast<std::int64_t>(positions.size() * sizeof(std::int32_t));
+  Buffer pos = rig.device->allocate(bytes, MemCategory::kOther, "positions");
+  Buffer start = rig.device->allocate(bytes, MemCategory::kOther, "doc_start");
+  rig.device->copy_to_device(pos.device<std::byte>(), positions.data(), bytes, *rig.stream);
+  rig.device->copy_to_device(start.device<std::byte>(), doc_start.data(), bytes, *rig.stream);
+  rig.stream->synchronize();
+  rig.batch.positions = pos.device<const std::int32_t>();
+  rig.batch.doc_start = start.device<const std::int32_t>();
+  const int loss_tokens = g["loss_tokens"];
+  rig.batch.loss_divisor = static_cast<float>(loss_tokens);
+
+  rig.model->forward_backward(*rig.access, rig.batch, 1.0f);
+  const double loss = rig.model->read_loss();
+  const double want_loss = g["loss"];
+  const double loss_err = std::abs(loss - want_loss) / want_loss;
+  INFO("loss " << loss << " (transformers " << want_loss << "): relative error " << loss_err);
+  CHECK(loss_err <= 1e-5);
+  double worst = 0;
+  for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+    const auto want = test::golden_tensor(g["grads"][params[i].name]);
+    const double err = test::rel_error(rig.access->read_grad(i), want);
+    INFO(params[i].name << ": relative error " << err);
+    CHECK(err <= 1e-5);
+    worst = std::max(worst, err);
+  }
+  WARN("packed documents vs transformers: loss " << loss << " (" << want_loss
+                                                 << "), relative error " << loss_err
+                                                 << ", worst gradient relative error " << worst);
+}
+
 TEST_CASE("Llama 3.1 8B's llama3 rotary table matches transformers", "[llama][golden]") {
   const kernels::RopeTable table = rope_table(LlamaConfig::preset("llama-3.1-8b"));
   const auto want = test::golden_tensor(golden()["llama31_8b_inv_freq"]);
