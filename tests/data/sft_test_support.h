@@ -1,4 +1,5 @@
-// What the SFT data tests share: a scratch directory, a small writer of zrt SFT shards written
+// What the SFT data tests share (beside data_test_support.h's scratch directory): a small writer
+// of zrt SFT shards written
 // from docs/fine-tuning.md (not from the reader), byte patching, and the rules every row must
 // keep, checked independently of how sft_row builds it.
 #pragma once
@@ -14,41 +15,11 @@
 #include <vector>
 
 #include "runtime/data/sample_source.h"
+#include "tests/data/data_test_support.h"
 
 namespace zrt::test {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under TMPDIR, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "zrt_sft_test_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-inline void write_bytes(const std::string& path, const std::vector<std::uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(f.good());
-}
-
-inline std::vector<std::uint8_t> read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  REQUIRE(f.good());
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
 
 // Little-endian stores and loads of `bytes` at byte offset `at`.
 inline void put_le(std::vector<std::uint8_t>& bytes, std::size_t at, std::uint64_t v, int width) {

@@ -20,6 +20,7 @@
 #include "runtime/common/error.h"
 #include "runtime/data/token_dataset.h"
 #include "runtime/data/token_shard.h"
+#include "tests/data/data_test_support.h"
 
 using namespace zrt;
 using Catch::Matchers::Contains;
@@ -27,30 +28,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under TMPDIR, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "zrt_data_test_XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void write_bytes(const std::string& path, const std::vector<std::uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  REQUIRE(f.good());
-}
+using test::TempDir;
+using test::write_bytes;
 
 std::vector<std::uint8_t> read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
