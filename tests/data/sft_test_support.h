@@ -1,7 +1,6 @@
 // What the SFT data tests share (beside data_test_support.h's scratch directory): a small writer
-// of zrt SFT shards written
-// from docs/fine-tuning.md (not from the reader), byte patching, and the rules every row must
-// keep, checked independently of how sft_row builds it.
+// of zrt SFT shards written from docs/fine-tuning.md (not from the reader), byte patching, and the
+// rules every row must keep, checked independently of how sft_row builds it.
 #pragma once
 
 #include <catch2/catch.hpp>
