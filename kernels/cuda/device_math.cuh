@@ -140,4 +140,20 @@ inline unsigned blocks_for(std::int64_t n, int threads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
+// Packed documents in the fused attention kernels (flash_attention.cu, flash_attention_mma.cu):
+// each is built twice, kDocs false for doc_start null (one document per sequence, every document
+// term a compile-time constant, the unpacked kernel instruction for instruction) and kDocs true.
+// The first key query q of sequence `ds` (doc_start + b*T) may see; doc_start is non-decreasing
+// in q, so the first query of a group of rows has the group's earliest first key.
+template <bool kDocs>
+__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
+  if constexpr (kDocs) {
+    return ds[q];
+  } else {
+    (void)ds;
+    (void)q;
+    return 0;
+  }
+}
+
 }  // namespace zrt::kernels::cuda

@@ -39,21 +39,7 @@ template <typename S>
 using TransposedB = wmma::fragment<wmma::matrix_b, 16, 16, 16, S, wmma::col_major>;
 using Acc = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// Packed documents. Each kernel is built twice: kDocs false for doc_start null (one document per
-// sequence), where every document term below is a compile-time constant and the kernel is the
-// unpacked one instruction for instruction, and kDocs true. first_key: the first key query q of
-// sequence `ds` (doc_start + b*T) may see; doc_start is non-decreasing in q, so the first query
-// of a group of rows has the group's earliest first key.
-template <bool kDocs>
-__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
-  if constexpr (kDocs) {
-    return ds[q];
-  } else {
-    (void)ds;
-    (void)q;
-    return 0;
-  }
-}
+// Packed documents: each kernel is built for kDocs false and true (first_key, device_math.cuh).
 
 // acc (16x16) = rows (16 x HS, A fragments) . tile^T where tile is 16 rows of HS at `tile`
 // (row stride ld): scores of 16 rows against 16 keys (or queries).

@@ -172,22 +172,8 @@ __device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[CO
   }
 }
 
-// Packed documents. Each kernel is built twice: kDocs false for doc_start null (one document per
-// sequence), where every document term below is a compile-time constant and the kernel is the
-// unpacked one instruction for instruction (the same registers, the same results bit for bit),
-// and kDocs true. first_key: the first key query q of sequence `ds` (doc_start + b*T) may see;
-// doc_start is non-decreasing in q, so the first query of a group of rows has the group's
-// earliest first key.
-template <bool kDocs>
-__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
-  if constexpr (kDocs) {
-    return ds[q];
-  } else {
-    (void)ds;
-    (void)q;
-    return 0;
-  }
-}
+// Packed documents: each kernel is built for kDocs false and true (first_key, device_math.cuh);
+// with kDocs false it has the same registers and gives the same results bit for bit.
 
 // The first of the COLS output columns (head dims) a block writes: blockIdx.z's share.
 template <int HS, int COLS>
