@@ -1,7 +1,5 @@
 #include "kernels/ops.h"
 
-#include <omp.h>
-
 #include <functional>
 #include <utility>
 
@@ -17,6 +15,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/op_dispatch.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
 #include "runtime/device/cpu_stream.h"
@@ -41,82 +40,16 @@
 
 namespace zrt::kernels {
 
-namespace {
-
-using device_access::raw;
-
-template <typename T>
-T* ptr(Bytes p) {
-  return reinterpret_cast<T*>(raw(p));
-}
-template <typename T>
-const T* ptr(ConstBytes p) {
-  return reinterpret_cast<const T*>(raw(p));
-}
-
-// Calls fn(S{}) with S the storage type of `dtype`.
-template <typename Fn>
-void with_storage(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kFloat32:
-      fn(float{});
-      return;
-    case DType::kBFloat16:
-      fn(bf16{});
-      return;
-    case DType::kFloat16:
-      fn(fp16{});
-      return;
-    default:
-      ZRT_THROW(InvalidArgument, "kernels: unsupported activation/parameter dtype {}",
-                dtype_name(dtype));
-  }
-}
-
-// Calls fn(S{}, G{}) with the storage and gradient types.
-template <typename Fn>
-void with_storage_grad(DType dtype, DType grad_dtype, Fn&& fn) {
-  check_dtypes(dtype, grad_dtype);
-  with_storage(dtype, [&](auto s) {
-    if (grad_dtype == DType::kFloat32) {
-      fn(s, float{});
-    } else {
-      fn(s, s);
-    }
-  });
-}
-
-// The dispatch of every kernel below is runtime/device/device.h's (runs_on_cpu first).
-bool on_cpu(const KernelContext& ctx) {
-  return runs_on_cpu(ctx.device());
-}
-
-// Enqueues fn on the context's CPU stream, with the context's OpenMP thread count.
-void run_cpu(KernelContext& ctx, const char* what, std::function<void()> fn) {
-  const int threads = ctx.options().cpu_threads;
-  as_cpu_stream(ctx.stream(), what).enqueue([threads, fn = std::move(fn)] {
-    if (threads > 0) omp_set_num_threads(threads);
-    fn();
-  });
-}
-
-// Scratch for a CPU twin that needs `count` elements of A (null when none).
-template <typename A>
-A* cpu_workspace(KernelContext& ctx, std::int64_t count) {
-  if (count <= 0) return nullptr;
-  return reinterpret_cast<A*>(raw(ctx.workspace(count * static_cast<std::int64_t>(sizeof(A)))));
-}
-
+using dispatch::cpu_workspace;
 #if ZRT_HAVE_CUDA
-cuda::Launch launch(KernelContext& ctx, std::int64_t workspace_bytes = 0) {
-  ZRT_CHECK(ctx.cuda() != nullptr, "kernel context of a {} device has no CUDA state",
-            device_type_name(ctx.device().type()));
-  void* ws = workspace_bytes > 0 ? raw(ctx.workspace(workspace_bytes)) : nullptr;
-  return cuda::make_launch(*ctx.cuda(), ws);
-}
+using dispatch::launch;
 #endif
-
-}  // namespace
+using dispatch::on_cpu;
+using dispatch::ptr;
+using dispatch::raw;
+using dispatch::run_cpu;
+using dispatch::with_storage;
+using dispatch::with_storage_grad;
 
 void check_dtypes(DType dtype, DType grad_dtype) {
   const bool ok = (dtype == DType::kFloat32 && grad_dtype == DType::kFloat32) ||

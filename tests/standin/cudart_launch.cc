@@ -55,6 +55,7 @@ void ensure_twins() {
   register_gpt_twins();
   register_flash_attention_twins();
   register_llama_twins();
+  register_ulysses_twins();
 }
 
 struct CallConfig {

@@ -102,5 +102,6 @@ void register_optimizer_twins();
 void register_gpt_twins();
 void register_flash_attention_twins();
 void register_llama_twins();
+void register_ulysses_twins();
 
 }  // namespace zrt::standin
