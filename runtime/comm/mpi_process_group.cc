@@ -538,6 +538,7 @@ void MpiProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DT
 }
 
 void MpiProcessGroup::barrier() {
+  check_barrier();
   enqueue(CollectiveOp::kBarrier, 0, {}, [this] {
     if (options_.simulated_link_only) return;
     MPI_Request req = MPI_REQUEST_NULL;

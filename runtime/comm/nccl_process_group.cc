@@ -529,6 +529,7 @@ void NcclProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, D
 }
 
 void NcclProcessGroup::barrier() {
+  check_barrier();
   const std::string what =
       fmt::format("barrier on group '{}' (rank {} of {})", name_, rank_, size_);
   prepare(what);

@@ -26,6 +26,7 @@ std::string ProcessGroup::describe(const char* op, std::int64_t count, DType dty
 
 void ProcessGroup::check_all_gather(const std::byte* in, const std::byte* out, std::int64_t count,
                                     DType dtype) const {
+  verify_sequence(fmt::format("all_gather of {} x {}", count, dtype_name(dtype)));
   ZRT_CHECK(count >= 0, "all_gather with negative count {}", count);
   const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
   const bool in_place = in == out + rank_ * count * elem;
@@ -35,6 +36,8 @@ void ProcessGroup::check_all_gather(const std::byte* in, const std::byte* out, s
 }
 
 void ProcessGroup::check_reduce_scatter_op(std::int64_t count, DType dtype, ReduceOp op) const {
+  verify_sequence(
+      fmt::format("reduce_scatter ({}) of {} x {}", reduce_op_name(op), count, dtype_name(dtype)));
   ZRT_CHECK(count >= 0, "reduce_scatter with negative count {}", count);
   ZRT_CHECK(op == ReduceOp::kSum || (op == ReduceOp::kAvg && is_floating(dtype)),
             "reduce_scatter supports sum (and avg on floats), not {} on {}", reduce_op_name(op),
@@ -51,6 +54,8 @@ void ProcessGroup::check_reduce_scatter_buffers(const std::byte* in, const std::
 }
 
 void ProcessGroup::check_all_reduce_op(std::int64_t count, DType dtype, ReduceOp op) const {
+  verify_sequence(
+      fmt::format("all_reduce ({}) of {} x {}", reduce_op_name(op), count, dtype_name(dtype)));
   ZRT_CHECK(count >= 0, "all_reduce with negative count {}", count);
   if (is_floating(dtype)) {
     ZRT_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg,
@@ -72,6 +77,7 @@ void ProcessGroup::check_all_reduce_buffers(const std::byte* in, const std::byte
 }
 
 void ProcessGroup::check_broadcast(std::int64_t count, int root) const {
+  verify_sequence(fmt::format("broadcast of {} elements from rank {}", count, root));
   ZRT_CHECK(count >= 0, "broadcast with negative count {}", count);
   ZRT_CHECK(root >= 0 && root < size_, "broadcast root {} outside group '{}' of {} ranks", root,
             name_, size_);
@@ -79,10 +85,19 @@ void ProcessGroup::check_broadcast(std::int64_t count, int root) const {
 
 void ProcessGroup::check_all_to_all(const std::byte* in, const std::byte* out, std::int64_t count,
                                     DType dtype) const {
+  verify_sequence(fmt::format("all_to_all of {} x {}", count, dtype_name(dtype)));
   ZRT_CHECK(count >= 0, "all_to_all with negative count {}", count);
   const auto bytes = size_ * count * static_cast<std::int64_t>(dtype_size(dtype));
   ZRT_CHECK(!overlaps(in, bytes, out, bytes), "{}: input and output overlap",
             describe("all_to_all", count, dtype));
+}
+
+void ProcessGroup::check_barrier() const {
+  verify_sequence("barrier");
+}
+
+void ProcessGroup::verify_sequence(const std::string& operation) const {
+  if (sequence_check_) sequence_check_->verify(operation);
 }
 
 void ProcessGroup::set_node_map(std::vector<int> nodes) {
@@ -155,7 +170,9 @@ double bus_factor(CollectiveOp op, int world) {
   return 0.0;
 }
 
-std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
+namespace {
+
+std::unique_ptr<ProcessGroup> make_backend_group(Device& device, MPI_Comm parent, Stream& stream,
                                                  const std::string& name,
                                                  const CommOptions& options) {
   if (options.host_staged) {
@@ -169,6 +186,19 @@ std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent
 #else
   cuda_backend_missing("collectives on a cuda device");
 #endif
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> make_process_group(Device& device, MPI_Comm parent, Stream& stream,
+                                                 const std::string& name,
+                                                 const CommOptions& options) {
+  std::unique_ptr<ProcessGroup> group = make_backend_group(device, parent, stream, name, options);
+  if (options.check_collective_sequence) {
+    group->set_sequence_check(std::make_unique<CollectiveSequenceCheck>(
+        parent, name, options.timeout_s, options.watchdog.get()));
+  }
+  return group;
 }
 
 }  // namespace zrt

@@ -24,6 +24,7 @@
 
 #include <mpi.h>
 
+#include "runtime/comm/collective_sequence_check.h"
 #include "runtime/comm/comm_stats.h"
 #include "runtime/common/dtype.h"
 #include "runtime/common/watchdog.h"
@@ -81,6 +82,10 @@ struct CommOptions {
   // device backend's (NCCL): for ranks that share a GPU, which NCCL refuses. zrt-train sets it
   // when a node has more ranks than GPUs, or when comm.host_staged_collectives asks.
   bool host_staged = false;
+  // Debug: every operation is first agreed on by the group's ranks, and the first one that
+  // differs across ranks stops them all with an Error naming it, instead of a hang
+  // (collective_sequence_check.h). Config key comm.check_collective_sequence.
+  bool check_collective_sequence = false;
 };
 
 class ProcessGroup {
@@ -128,6 +133,12 @@ class ProcessGroup {
   const std::vector<int>& node_map() const { return node_map_; }
   // Throws unless nodes has one entry per member.
   void set_node_map(std::vector<int> nodes);
+  // The debug check of the operations' order across ranks (CommOptions::
+  // check_collective_sequence); null when off. make_process_group and make_subgroup set it.
+  CollectiveSequenceCheck* sequence_check() const { return sequence_check_.get(); }
+  void set_sequence_check(std::unique_ptr<CollectiveSequenceCheck> check) {
+    sequence_check_ = std::move(check);
+  }
   // Members on this rank's node other than itself, and members on other nodes.
   int peers_on_node() const { return peers_on_node_; }
   int peers_off_node() const { return size_ - 1 - peers_on_node_; }
@@ -150,6 +161,8 @@ class ProcessGroup {
   void check_all_reduce_buffers(const std::byte* in, const std::byte* out, std::int64_t count,
                                 DType dtype) const;
   void check_broadcast(std::int64_t count, int root) const;
+  // What barrier() checks (the sequence check only).
+  void check_barrier() const;
   void check_all_to_all(const std::byte* in, const std::byte* out, std::int64_t count,
                         DType dtype) const;
   // Bytes this rank sends when it sends `bytes_per_peer` to every other member.
@@ -170,6 +183,10 @@ class ProcessGroup {
   CommStats stats_;
   std::vector<int> node_map_{0};
   int peers_on_node_ = 0;
+  std::unique_ptr<CollectiveSequenceCheck> sequence_check_;
+  // Tells the sequence check (if any) about the next operation, in words that are the same on
+  // every rank that issues the same operation.
+  void verify_sequence(const std::string& operation) const;
 };
 
 // Creates a group over `parent` (duplicated, so the group has its own communicator) issuing on

@@ -151,6 +151,7 @@ void StagedProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count,
 }
 
 void StagedProcessGroup::barrier() {
+  check_barrier();
   staged(DevicePtr<const std::byte>(), 0, DevicePtr<std::byte>(), 0,
          [&](DevicePtr<const std::byte>, DevicePtr<std::byte>) { host_->mpi->barrier(); });
 }

@@ -198,7 +198,15 @@ std::unique_ptr<ProcessGroup> make_subgroup(ProcessGroup& parent, const Subgroup
   const auto me = std::find(plan.members.begin(), plan.members.end(), parent.rank());
   ZRT_CHECK(me != plan.members.end(), "sub-group '{}': rank {} of '{}' is not among its members",
             name, parent.rank(), parent.name());
+  // The split is a collective of the parent's ranks: the sequence check agrees on it first, then
+  // gives the child a check of its own over the same members.
+  std::unique_ptr<CollectiveSequenceCheck> child_check;
+  if (CollectiveSequenceCheck* check = parent.sequence_check()) {
+    check->verify(fmt::format("split into '{}'", name));
+    child_check = check->split(plan.color, plan.key, name);
+  }
   std::unique_ptr<ProcessGroup> child = parent.split(plan.color, plan.key, stream, name);
+  child->set_sequence_check(std::move(child_check));
   const auto expected_rank = static_cast<int>(me - plan.members.begin());
   ZRT_CHECK(
       child->size() == static_cast<int>(plan.members.size()) && child->rank() == expected_rank,
