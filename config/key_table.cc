@@ -20,17 +20,8 @@ constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
 struct K {
   KeyInfo info;
   K(const char* path, KeyStatus status, KeyKind kind, std::string default_text, const char* meaning)
-      : info{path,
-             status,
-             kind,
-             "",
-             kNone,
-             kNone,
-             std::move(default_text),
-             "",
-             AutoRule::kNone,
-             meaning,
-             true} {}
+      : info{path, status,          kind,    "",  kNone, kNone, std::move(default_text),
+             "",   AutoRule::kNone, meaning, true} {}
   K& range(double lo, double hi = kNone) {
     info.min = lo;
     info.max = hi;
@@ -190,17 +181,22 @@ std::vector<KeyInfo> build_table() {
       K("fp16.enabled", I, kBool, "false", "Compute in fp16 (fp32 master weights)"),
       K("fp16.auto_cast", E, kBool, "false", "Cast module inputs to fp16 automatically")
           .off("false"),
-      K("fp16.loss_scale", I, kNumber, documented(scaling.loss_scale), "0: dynamic loss scaling; > 0: this static scale")
+      K("fp16.loss_scale", I, kNumber, documented(scaling.loss_scale),
+        "0: dynamic loss scaling; > 0: this static scale")
           .range(0),
-      K("fp16.initial_scale_power", I, kInt, documented(scaling.initial_scale_power), "The dynamic scale starts at 2^this")
+      K("fp16.initial_scale_power", I, kInt, documented(scaling.initial_scale_power),
+        "The dynamic scale starts at 2^this")
           .range(0, 63),
       K("fp16.loss_scale_window", I, kInt, documented(scaling.loss_scale_window),
         "Overflow-free steps before the dynamic scale doubles")
           .range(1),
-      K("fp16.hysteresis", I, kInt, documented(scaling.hysteresis), "Overflows absorbed before the scale halves").range(1),
+      K("fp16.hysteresis", I, kInt, documented(scaling.hysteresis),
+        "Overflows absorbed before the scale halves")
+          .range(1),
       K("fp16.consecutive_hysteresis", I, kBool, documented(scaling.consecutive_hysteresis),
         "Refill the hysteresis after every overflow-free step"),
-      K("fp16.min_loss_scale", I, kNumber, documented(scaling.min_loss_scale), "Lowest dynamic scale; an overflow there fails")
+      K("fp16.min_loss_scale", I, kNumber, documented(scaling.min_loss_scale),
+        "Lowest dynamic scale; an overflow there fails")
           .range(0),
       K("fp16.fp16_master_weights_and_grads", E, kBool, "false",
         "Keep master weights and gradients in fp16")
@@ -224,7 +220,8 @@ std::vector<KeyInfo> build_table() {
       K("data_types.grad_accum_dtype", I, kEnum, documented(engine.grad_accum_dtype),
         "Gradient accumulation dtype across micro-batches: fp32 or the compute dtype")
           .choices("fp32|bf16|fp16"),
-      K("gradient_clipping", I, kNumber, documented(engine.gradient_clipping), "Clip the global gradient L2 norm to this; 0: off")
+      K("gradient_clipping", I, kNumber, documented(engine.gradient_clipping),
+        "Clip the global gradient L2 norm to this; 0: off")
           .range(0),
 
       // ---- ZeRO (DeepSpeed) ----
@@ -269,11 +266,13 @@ std::vector<KeyInfo> build_table() {
           .choices("none|cpu|nvme"),
       K("zero_optimization.offload_optimizer.nvme_path", I, kString, "none",
         "Directory for nvme offload"),
-      K("zero_optimization.offload_optimizer.pin_memory", I, kBool, documented(engine.offload_optimizer.pin_memory),
+      K("zero_optimization.offload_optimizer.pin_memory", I, kBool,
+        documented(engine.offload_optimizer.pin_memory),
         "Page-locked host buffers (needed for overlapped copies)"),
       K("zero_optimization.offload_optimizer.buffer_count", I, kInt, "4", "nvme buffer count")
           .range(0),
-      K("zero_optimization.offload_optimizer.ratio", I, kNumber, documented(engine.offload_optimizer.ratio),
+      K("zero_optimization.offload_optimizer.ratio", I, kNumber,
+        documented(engine.offload_optimizer.ratio),
         "Share of the optimizer state offloaded (stage 3; the rest steps on the device)")
           .range(0, 1),
       K("zero_optimization.offload_optimizer.split_step", I, kEnum, "auto",
@@ -307,7 +306,8 @@ std::vector<KeyInfo> build_table() {
           .choices("none|cpu|nvme"),
       K("zero_optimization.offload_param.nvme_path", I, kString, "none",
         "Directory for nvme offload"),
-      K("zero_optimization.offload_param.pin_memory", I, kBool, documented(engine.offload_param.pin_memory),
+      K("zero_optimization.offload_param.pin_memory", I, kBool,
+        documented(engine.offload_param.pin_memory),
         "Page-locked host buffers (needed for overlapped copies)"),
       K("zero_optimization.offload_param.buffer_count", I, kInt, "5", "nvme buffer count").range(0),
       K("zero_optimization.offload_param.buffer_size", I, kInt, "1e8",
@@ -321,11 +321,12 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .off("1e9")
           .on_auto(kDefault),
-      K("zero_optimization.stage3_prefetch_bucket_size", I, kInt, documented(engine.stage3_prefetch_bucket_size),
-        "Stage 3: elements gathered ahead of use")
+      K("zero_optimization.stage3_prefetch_bucket_size", I, kInt,
+        documented(engine.stage3_prefetch_bucket_size), "Stage 3: elements gathered ahead of use")
           .range(0)
           .on_auto(kDefault),
-      K("zero_optimization.stage3_param_persistence_threshold", I, kInt, documented(engine.stage3_param_persistence_threshold),
+      K("zero_optimization.stage3_param_persistence_threshold", I, kInt,
+        documented(engine.stage3_param_persistence_threshold),
         "Stage 3: parameters smaller than this (elements) stay whole on every rank")
           .range(0)
           .on_auto(kDefault),
@@ -334,11 +335,13 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .off("9223372036854775807")
           .on_auto(kDefault),
-      K("zero_optimization.stage3_max_live_parameters", I, kInt, documented(engine.stage3_max_live_parameters),
+      K("zero_optimization.stage3_max_live_parameters", I, kInt,
+        documented(engine.stage3_max_live_parameters),
         "Stage 3: most gathered elements resident before release")
           .range(0)
           .on_auto(kDefault),
-      K("zero_optimization.stage3_max_reuse_distance", I, kInt, documented(engine.stage3_max_reuse_distance),
+      K("zero_optimization.stage3_max_reuse_distance", I, kInt,
+        documented(engine.stage3_max_reuse_distance),
         "Stage 3: keep a unit gathered from its forward into its backward when at most this many "
         "elements are used in between (DeepSpeed's default, 1e9, keeps them all below 1e9 "
         "elements; zrt's 0 releases after each use)")
@@ -385,7 +388,8 @@ std::vector<KeyInfo> build_table() {
       K("zero_optimization.zero_quantized_nontrainable_weights", E, kBool, "false",
         "ZeRO++ quantized frozen weights")
           .off("false"),
-      K("zero_optimization.zero_quantized_gradients", I, kBool, documented(engine.quantized_gradients),
+      K("zero_optimization.zero_quantized_gradients", I, kBool,
+        documented(engine.quantized_gradients),
         "ZeRO++ qgZ (stages 2-3): gradient reduce-scatters quantized to int8 blocks, summed in "
         "fp32 within the node, then across nodes"),
       K("zero_optimization.zeropp_loco_param", E, kOpaque, "none", "LoCo-ZeRO++ error feedback")

@@ -355,7 +355,8 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::vector<CpuStepUnit> work;
   std::vector<int> staged_slot;  // per entry of `work`: its staging slot, or -1 (written directly)
   for (int u : forward_order_) {
-    if (!placement_[static_cast<std::size_t>(u)].stepped_on_host()) continue;  // the engine steps it on the device
+    if (!placement_[static_cast<std::size_t>(u)].stepped_on_host())
+      continue;  // the engine steps it on the device
     HostUnit& h = units_[static_cast<std::size_t>(u)];
     const Unit& unit = plan_.unit(u);
     CpuStepUnit w;

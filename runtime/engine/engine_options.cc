@@ -155,10 +155,11 @@ void check_offload(const EngineOptions& o, Problems& p) {
   const bool optimizer = o.offload_optimizer.enabled;
   const bool param = o.offload_param.enabled;
   if (param && (o.quantized_weights || o.quantized_gradients)) {
-    p.add(kOffloadParam,
-          "zero_quantized_weights / zero_quantized_gradients with parameter offload are not "
-          "supported; turn one off",
-          {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients"});
+    p.add(
+        kOffloadParam,
+        "zero_quantized_weights / zero_quantized_gradients with parameter offload are not "
+        "supported; turn one off",
+        {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients"});
   }
   if (param && o.stage < 3) {
     p.add(kOffloadParam,

@@ -122,9 +122,10 @@ struct OptionProblem {
 
 // Every problem with `options` at once, in a fixed order (precision, then the ZeRO keys as the
 // config documents them, then offload). Where a key's rules form a chain (hpZ: the stage, then
-// MiCS, then the world) only the first it breaks is reported. `world`: the ranks the run has (the checks that need it, such
-// as mics_shard_size or zero_hpz_partition_size dividing it, are skipped at 0). Empty: valid.
-// The engine's own arguments (its groups, the offload factory) are checked by the engine.
+// MiCS, then the world) only the first it breaks is reported. `world`: the ranks the run has (the
+// checks that need it, such as mics_shard_size or zero_hpz_partition_size dividing it, are skipped
+// at 0). Empty: valid. The engine's own arguments (its groups, the offload factory) are checked by
+// the engine.
 std::vector<OptionProblem> validate(const EngineOptions& options, int world = 0);
 
 // Throws InvalidArgument listing every problem validate() finds, one per line; returns when

@@ -48,7 +48,8 @@ struct UnitPlacement {
   bool operator==(const UnitPlacement& o) const {
     return master == o.master && optimizer_state == o.optimizer_state &&
            param_slice == o.param_slice && grad_slice == o.grad_slice &&
-           reduction_bucket == o.reduction_bucket && reduced_slice_to_host == o.reduced_slice_to_host;
+           reduction_bucket == o.reduction_bucket &&
+           reduced_slice_to_host == o.reduced_slice_to_host;
   }
 };
 

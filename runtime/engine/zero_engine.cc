@@ -125,8 +125,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   decision_ready_ = device_.create_event();
   placement_ = unit_placements(options_, plan_);
   if (offload_optimizer()) {
-    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_,
-                                      placement_});
+    offload_ = offload(
+        OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_, placement_});
   }
   allocate_state();
   const double ratio = options.offload_optimizer.ratio;
@@ -396,8 +396,7 @@ void ZeroEngine::update_parameters(double lr, std::int64_t step, double grad_sca
     }
     for (int u : UnitSchedule::forward_order(plan_)) {
       if (sharded_params() && !plan_.unit(u).persistent) continue;
-      publish_updated(
-          u, state_on_host(u) ? &offload_->params_ready(u) : nullptr);
+      publish_updated(u, state_on_host(u) ? &offload_->params_ready(u) : nullptr);
     }
   }
 }

@@ -321,7 +321,7 @@ class ZeroEngine final : public ParamAccess {
   std::shared_future<void> host_state_copied_;
 
   std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
-  std::vector<UnitPlacement> placement_;  // per unit: unit_placements(options, plan)
+  std::vector<UnitPlacement> placement_;       // per unit: unit_placements(options, plan)
 };
 
 }  // namespace zrt

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -745,7 +745,8 @@ TEST_CASE("a rejected value is not reported again through what depends on it",
        {"bad.json: fp16.enabled: expected true or false, got \"yes\""}},
       {"two real combination problems are both reported",
        R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
-       {"bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)",
+       {"bad.json: zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage "
+        "is 2); set stage 3 or offload_param.device none",
         "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer "
         "too (zrt keeps offloaded parameter slices beside the optimizer state in host memory)"}},
   };
@@ -1085,7 +1086,9 @@ TEST_CASE("the key table's defaults are EngineOptions{}'s", "[config][docs]") {
       {"zero_optimization.offload_optimizer.ratio",
        [](const EngineOptions& e) { return fmt::format("{}", e.offload_optimizer.ratio); }},
       {"zero_optimization.offload_optimizer.split_step",
-       [](const EngineOptions& e) { return fmt::format("{}", static_cast<int>(e.offload_split_step)); }},
+       [](const EngineOptions& e) {
+         return fmt::format("{}", static_cast<int>(e.offload_split_step));
+       }},
       {"zero_optimization.offload_param.device",
        [](const EngineOptions& e) { return fmt::format("{}", e.offload_param.enabled); }},
       {"zero_optimization.offload_param.pin_memory",
@@ -1102,7 +1105,9 @@ TEST_CASE("the key table's defaults are EngineOptions{}'s", "[config][docs]") {
       {"fp16.hysteresis",
        [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.hysteresis); }},
       {"fp16.consecutive_hysteresis",
-       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.consecutive_hysteresis); }},
+       [](const EngineOptions& e) {
+         return fmt::format("{}", e.loss_scale.consecutive_hysteresis);
+       }},
       {"fp16.min_loss_scale",
        [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.min_loss_scale); }},
   };

@@ -97,7 +97,8 @@ TEST_CASE("each rule names its DeepSpeed key and the fix") {
                    "in fp32 or the compute dtype"});
   o = EngineOptions{};
   o.gradient_accumulation_steps = 0;
-  cases.push_back({"no micro-batch per step", o, 0, "gradient_accumulation_steps: must be >= 1, not 0"});
+  cases.push_back(
+      {"no micro-batch per step", o, 0, "gradient_accumulation_steps: must be >= 1, not 0"});
   for (const Case& c : cases) {
     INFO(c.what);
     CHECK(texts(c.options, c.world) == std::vector<std::string>{c.text});

@@ -17,16 +17,17 @@ constexpr Residence H = Residence::kHost;
 
 // Four modules of equal size, one unit each at stage 3 (no persistent unit).
 std::vector<ParamSpec> specs() {
-  return {{"a", {64}, {0}, false}, {"b", {64}, {1}, false}, {"c", {64}, {2}, false},
+  return {{"a", {64}, {0}, false},
+          {"b", {64}, {1}, false},
+          {"c", {64}, {2}, false},
           {"d", {64}, {3}, false}};
 }
 
 PartitionPlan plan_for(const EngineOptions& o, int world = 2) {
-  return PartitionPlan(specs(), PartitionOptions{o.stage, o.stage == 0 ? 1 : world,
-                                                 o.reduce_bucket_size,
-                                                 o.stage == 3 ? o.stage3_param_persistence_threshold
-                                                              : 0,
-                                                 o.alignment, 4});
+  return PartitionPlan(
+      specs(),
+      PartitionOptions{o.stage, o.stage == 0 ? 1 : world, o.reduce_bucket_size,
+                       o.stage == 3 ? o.stage3_param_persistence_threshold : 0, o.alignment, 4});
 }
 
 EngineOptions options(int stage, bool offload_optimizer, bool offload_param, int accumulation) {
@@ -114,7 +115,11 @@ TEST_CASE("partial offload: the last units of the forward, the fewest that hold 
     const std::vector<UnitPlacement> placements = unit_placements(o, plan_for(o));
     REQUIRE(placements.size() == 4);
     // Equal units: ceil(4 ratio) of them, from the end of the forward.
-    const int expected = ratio == 0.0 ? 0 : ratio == 0.25 ? 1 : ratio == 0.5 ? 2 : ratio == 0.6 ? 3 : 4;
+    const int expected = ratio == 0.0    ? 0
+                         : ratio == 0.25 ? 1
+                         : ratio == 0.5  ? 2
+                         : ratio == 0.6  ? 3
+                                         : 4;
     for (int u = 0; u < 4; ++u) {
       INFO("ratio " << ratio << " unit " << u);
       CHECK(placements[static_cast<std::size_t>(u)].stepped_on_host() == (u >= 4 - expected));

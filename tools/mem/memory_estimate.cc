@@ -47,23 +47,23 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
 // What the estimate needs to know about the units: exact from a PartitionPlan, or a stand-in
 // from the bucket size when only Ψ is known.
 struct UnitFigures {
-  I64 padded = 0;              // P
-  I64 content = 0;             // Ψ
-  I64 shard_total = 0;         // elements a rank owns (P / N)
-  I64 sharded_slices = 0;      // stage 3: elements of non-persistent slices a rank owns
-  I64 persistent = 0;          // stage 3: elements of the persistent unit (full on every rank)
-  I64 max_unit = 0;            // largest unit, elements
-  I64 max_shard = 0;           // largest slice, elements
-  I64 max_gathered_shard = 0;  // stage 3: largest slice of a non-persistent unit (gathered)
-  I64 host_shard_total = 0;    // optimizer offload: elements of the offloaded units' slices
-  I64 host_max_shard = 0;      // optimizer offload: the largest offloaded slice
+  I64 padded = 0;               // P
+  I64 content = 0;              // Ψ
+  I64 shard_total = 0;          // elements a rank owns (P / N)
+  I64 sharded_slices = 0;       // stage 3: elements of non-persistent slices a rank owns
+  I64 persistent = 0;           // stage 3: elements of the persistent unit (full on every rank)
+  I64 max_unit = 0;             // largest unit, elements
+  I64 max_shard = 0;            // largest slice, elements
+  I64 max_gathered_shard = 0;   // stage 3: largest slice of a non-persistent unit (gathered)
+  I64 host_shard_total = 0;     // optimizer offload: elements of the offloaded units' slices
+  I64 host_max_shard = 0;       // optimizer offload: the largest offloaded slice
   I64 device_param_slices = 0;  // stage 3: elements of non-persistent slices on the device
   I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
-  I64 gathered_peak = 0;       // elements
-  I64 secondary_peak = 0;      // elements (hpZ)
-  I64 params_peak = 0;         // elements: gathered + secondary at once
-  I64 bucket_peak = 0;         // elements
-  I64 transient_bytes = 0;     // peak of gathered + buckets, bytes
+  I64 gathered_peak = 0;        // elements
+  I64 secondary_peak = 0;       // elements (hpZ)
+  I64 params_peak = 0;          // elements: gathered + secondary at once
+  I64 bucket_peak = 0;          // elements
+  I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
   std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
 };
 
