@@ -624,22 +624,19 @@ class Parser {
   void read_precision() {
     const bool fp16 = get_bool("fp16.enabled", false);
     const bool bf16 = get_bool("bf16.enabled", false);
-    if (fp16 && bf16) fail_plain("fp16.enabled and bf16.enabled are both true; choose one");
+    if (fp16 && bf16) {
+      fail_plain("fp16.enabled and bf16.enabled are both true; choose one");
+      reject("bf16.enabled");  // the compute dtype is unknown: no rule that reads it applies
+    }
     EngineOptions& e = config_.engine;
     e.compute_dtype = fp16 ? DType::kFloat16 : bf16 ? DType::kBFloat16 : DType::kFloat32;
     if (has("communication_data_type")) {
       e.communication_dtype = parse_dtype(get_string("communication_data_type", ""));
     }
-    e.grad_accum_dtype = parse_dtype(get_string("data_types.grad_accum_dtype", "fp32"));
-    // The compute dtype is unknown when either switch was rejected or both are on.
-    const bool compute_known = !any_rejected({"fp16.enabled", "bf16.enabled"}) && !(fp16 && bf16);
-    if (compute_known && e.grad_accum_dtype != DType::kFloat32 &&
-        e.grad_accum_dtype != e.compute_dtype) {
-      fail("data_types.grad_accum_dtype",
-           fmt::format("{} accumulation with {} compute; accumulate in fp32 or the compute dtype",
-                       dtype_name(e.grad_accum_dtype), dtype_name(e.compute_dtype)));
+    if (has("data_types.grad_accum_dtype")) {
+      e.grad_accum_dtype = parse_dtype(get_string("data_types.grad_accum_dtype", ""));
     }
-    e.gradient_clipping = get_number("gradient_clipping", 0.0);
+    e.gradient_clipping = get_number("gradient_clipping", e.gradient_clipping);
 
     LossScaleOptions& s = e.loss_scale;
     s.loss_scale = get_number("fp16.loss_scale", s.loss_scale);
@@ -669,11 +666,11 @@ class Parser {
                : device == "nvme" ? OffloadDevice::kNvme
                                   : OffloadDevice::kNone;
     o.nvme_path = get_string(path + ".nvme_path", "");
-    o.pin_memory = get_bool(path + ".pin_memory", true);
+    o.pin_memory = get_bool(path + ".pin_memory", o.pin_memory);
     o.buffer_count = get_small_int(path + ".buffer_count", default_buffer_count);
     o.buffer_size = get_int(path + ".buffer_size", o.buffer_size);
     o.max_in_cpu = get_int(path + ".max_in_cpu", o.max_in_cpu);
-    o.ratio = get_number(path + ".ratio", 1.0);
+    o.ratio = get_number(path + ".ratio", o.ratio);
     if (o.device == OffloadDevice::kNvme) {
       error(ProblemKind::kUnsupported, path + ".device",
             o.nvme_path.empty() ? "nvme offload needs nvme_path"
@@ -688,39 +685,37 @@ class Parser {
     return o;
   }
 
-  // zero_optimization.zero_hpz_partition_size (after mics_shard_size, which it excludes).
-  void read_hpz(bool stage_known) {
-    EngineOptions& e = config_.engine;
+  // zero_optimization.zero_hpz_partition_size as given (validate() checks it against the stage,
+  // MiCS and the world; see normalize_groups for 1 and the whole world).
+  void read_hpz() {
     const std::string key = "zero_optimization.zero_hpz_partition_size";
     if (!has(key) || is_rejected(key)) return;
     const std::int64_t size = get_int(key, 1);
+    if (size > 1) {
+      config_.engine.hpz_partition_size =
+          static_cast<int>(std::min<std::int64_t>(size, std::numeric_limits<int>::max()));
+    }
+  }
+
+  // After validation: a MiCS shard group or an hpZ group of the whole world is the plain layout
+  // (the secondary shard would be the primary one, every gather would still span all ranks).
+  void normalize_groups(bool hpz_problem) {
+    EngineOptions& e = config_.engine;
     const std::int64_t world = config_.batch.world_size;
-    if (size <= 1) return;
-    if (stage_known && e.stage != 3) {
-      fail(key, fmt::format("hpZ keeps secondary shards of stage 3's gathered parameters (stage "
-                            "is {}); set stage 3 or zero_hpz_partition_size 1",
-                            e.stage));
-    } else if (e.mics_shard_size > 0) {
-      fail(key,
-           "hpZ with mics_shard_size is not supported: MiCS already keeps every parameter "
-           "gather inside its shard group; use one of them");
-    } else if (world > 0 && (size > world || world % size != 0)) {
-      fail(key, fmt::format("{} does not divide the world size {}: hpZ groups are equal blocks "
-                            "of consecutive ranks (the ranks of one node)",
-                            size, world));
-    } else if (size == world) {
-      warn(key, fmt::format("{} is the whole world: the secondary shard would be the primary "
-                            "one and every gather would still span all ranks; hpZ is off",
-                            size));
-    } else {
-      e.hpz_partition_size = static_cast<int>(size);
+    if (e.mics_shard_size >= world) e.mics_shard_size = 0;
+    if (e.hpz_partition_size > 1 && e.hpz_partition_size == world && !hpz_problem) {
+      warn("zero_optimization.zero_hpz_partition_size",
+           fmt::format("{} is the whole world: the secondary shard would be the primary "
+                       "one and every gather would still span all ranks; hpZ is off",
+                       e.hpz_partition_size));
+      e.hpz_partition_size = 0;
     }
   }
 
   void read_zero() {
     EngineOptions& e = config_.engine;
     const std::string z = "zero_optimization.";
-    e.stage = get_small_int(z + "stage", 0);
+    e.stage = get_small_int(z + "stage", e.stage);
     e.reduce_bucket_size = get_int(z + "reduce_bucket_size", e.reduce_bucket_size);
     e.stage3_prefetch_bucket_size =
         get_int(z + "stage3_prefetch_bucket_size", e.stage3_prefetch_bucket_size);
@@ -730,37 +725,24 @@ class Parser {
         get_int(z + "stage3_max_live_parameters", e.stage3_max_live_parameters);
     e.stage3_max_reuse_distance =
         get_int(z + "stage3_max_reuse_distance", e.stage3_max_reuse_distance);
-    e.overlap_comm = get_bool(z + "overlap_comm", true);
+    e.overlap_comm = get_bool(z + "overlap_comm", e.overlap_comm);
     const bool stage_known = !is_rejected(z + "stage");
-    e.quantized_weights = get_bool(z + "zero_quantized_weights", false);
-    e.quantized_gradients = get_bool(z + "zero_quantized_gradients", false);
-    if (e.quantized_weights && stage_known && e.stage != 3) {
-      fail(z + "zero_quantized_weights",
-           fmt::format("qwZ quantizes stage 3's parameter gathers (stage is {})", e.stage));
-    }
-    if (e.quantized_gradients && stage_known && e.stage < 2) {
-      fail(z + "zero_quantized_gradients",
-           fmt::format("qgZ quantizes the reduce-scatters of stages 2-3 (stage is {})", e.stage));
-    }
+    e.quantized_weights = get_bool(z + "zero_quantized_weights", e.quantized_weights);
+    e.quantized_gradients = get_bool(z + "zero_quantized_gradients", e.quantized_gradients);
     if (has(z + "mics_shard_size") && !is_rejected(z + "mics_shard_size")) {
       const std::int64_t shards = get_int(z + "mics_shard_size", -1);
-      const std::int64_t world = config_.batch.world_size;
       if (shards == 0) {
         fail(z + "mics_shard_size",
              "0 is not a group size; give the ranks per shard group, or -1 "
              "to shard over every rank");
-      } else if (shards > 0 && stage_known && e.stage == 0) {
-        fail(z + "mics_shard_size", "hierarchical sharding needs stage 1, 2 or 3 (stage is 0)");
-      } else if (shards > 0 && world > 0 && (shards > world || world % shards != 0)) {
-        fail(z + "mics_shard_size",
-             fmt::format("{} does not divide the world size {}: shard groups are equal blocks of "
-                         "consecutive ranks (e.g. the ranks of one node)",
-                         shards, world));
-      } else if (shards > 0 && shards < world) {
-        e.mics_shard_size = static_cast<int>(shards);
+      } else if (shards > 0 && (shards != config_.batch.world_size || e.stage == 0)) {
+        // A group of the whole world is the plain layout, except at stage 0, which has no
+        // shards to group (validate() says so).
+        e.mics_shard_size =
+            static_cast<int>(std::min<std::int64_t>(shards, std::numeric_limits<int>::max()));
       }
     }
-    read_hpz(stage_known);
+    read_hpz();
     if (e.stage < 3 && stage_known) {
       for (const char* key : {"stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
                               "stage3_max_live_parameters", "stage3_max_reuse_distance"}) {
@@ -772,38 +754,10 @@ class Parser {
     config_.offload_optimizer = read_offload(z + "offload_optimizer", 4);
     config_.offload_optimizer.split_step = get_string(z + "offload_optimizer.split_step", "auto");
     config_.offload_param = read_offload(z + "offload_param", 5);
-    if (config_.offload_param.enabled() && (e.quantized_weights || e.quantized_gradients)) {
-      fail(z + "offload_param",
-           "zero_quantized_weights / zero_quantized_gradients with parameter offload are not "
-           "supported; turn one off");
-    }
-    if (config_.offload_param.enabled() && e.stage < 3 && stage_known) {
-      fail(z + "offload_param",
-           fmt::format("parameter offload needs stage 3 (stage is {})", e.stage));
-    }
-    if (config_.offload_optimizer.enabled() && e.stage == 0 && stage_known) {
-      fail(z + "offload_optimizer", "optimizer offload needs stage 1, 2 or 3 (stage is 0)");
-    }
-    // Partial offload (DeepSpeed's ZeRO-Offload++): DeepSpeed allows it at stage 3 only.
     const std::string ratio_key = z + "offload_optimizer.ratio";
-    if (config_.offload_optimizer.ratio < 1.0 && !is_rejected(ratio_key)) {
-      if (!config_.offload_optimizer.enabled() && !is_rejected(z + "offload_optimizer.device")) {
-        warn(ratio_key, "ignored: offload_optimizer.device is none");
-      } else if (config_.offload_optimizer.enabled() && e.stage != 3 && stage_known) {
-        fail(ratio_key, fmt::format("partial optimizer offload (ratio < 1) needs stage 3 (stage "
-                                    "is {}); set stage 3 or ratio 1",
-                                    e.stage));
-      } else if (config_.offload_optimizer.enabled() && config_.offload_param.enabled()) {
-        fail(ratio_key,
-             "partial optimizer offload (ratio < 1) with offload_param is not supported: "
-             "parameter offload keeps every unit's state in host memory; set ratio 1");
-      }
-    }
-    if (config_.offload_param.enabled() && !config_.offload_optimizer.enabled() &&
-        !is_rejected(z + "offload_optimizer.device")) {
-      fail(z + "offload_param",
-           "parameter offload needs offload_optimizer too (zrt keeps offloaded parameter "
-           "slices beside the optimizer state in host memory)");
+    if (config_.offload_optimizer.ratio < 1.0 && !is_rejected(ratio_key) &&
+        !config_.offload_optimizer.enabled() && !is_rejected(z + "offload_optimizer.device")) {
+      warn(ratio_key, "ignored: offload_optimizer.device is none");
     }
     e.offload_optimizer.enabled = config_.offload_optimizer.enabled();
     e.offload_optimizer.pin_memory = config_.offload_optimizer.pin_memory;
@@ -814,6 +768,23 @@ class Parser {
                                : OffloadSplitStep::kAuto;
     e.offload_param.enabled = config_.offload_param.enabled();
     e.offload_param.pin_memory = config_.offload_param.pin_memory;
+    report_engine_problems();
+  }
+
+  // The engine's own rules (engine_options.h's validate(), which the engine and zrt-mem run
+  // too), reported at their keys; a rule that reads a key already reported is left out.
+  void report_engine_problems() {
+    bool hpz_problem = false;
+    for (const OptionProblem& problem : validate(config_.engine, config_.batch.world_size)) {
+      const bool read_rejected =
+          is_rejected(problem.key) ||
+          std::any_of(problem.also.begin(), problem.also.end(),
+                      [&](const std::string& key) { return is_rejected(key); });
+      if (read_rejected) continue;
+      hpz_problem = hpz_problem || problem.key == "zero_optimization.zero_hpz_partition_size";
+      fail(problem.key, problem.message);
+    }
+    normalize_groups(hpz_problem);
   }
 
   // The model block's dimensions. Each type has its own keys (GPT-2's n_layer/n_head/n_embd,

@@ -109,13 +109,13 @@ const char* offload_device_name(OffloadDevice d);  // "none", "cpu", "nvme"
 // (enabled, pin_memory) is also copied into Config::engine.offload_*.
 struct OffloadConfig {
   OffloadDevice device = OffloadDevice::kNone;
-  bool pin_memory = true;
+  bool pin_memory = OffloadOptions{}.pin_memory;
   std::string nvme_path;
-  int buffer_count = 0;                  // DeepSpeed: 4 (optimizer), 5 (param)
-  std::int64_t buffer_size = 100000000;  // param only
-  std::int64_t max_in_cpu = 1000000000;  // param only
-  double ratio = 1.0;                    // optimizer only: the share offloaded (stage 3)
-  std::string split_step = "auto";       // optimizer only: auto, on, off (zrt)
+  int buffer_count = 0;                   // DeepSpeed: 4 (optimizer), 5 (param)
+  std::int64_t buffer_size = 100000000;   // param only
+  std::int64_t max_in_cpu = 1000000000;   // param only
+  double ratio = OffloadOptions{}.ratio;  // optimizer only: the share offloaded (stage 3)
+  std::string split_step = "auto";        // optimizer only: auto, on, off (zrt)
   bool enabled() const { return device != OffloadDevice::kNone; }
 };
 

@@ -4,8 +4,11 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <utility>
 
 #include <spdlog/fmt/fmt.h>
+
+#include "runtime/engine/engine_options.h"
 
 namespace zrt::config {
 
@@ -16,8 +19,8 @@ constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
 // Builder for one table row: K(path, status, kind, default, meaning) plus optional modifiers.
 struct K {
   KeyInfo info;
-  K(const char* path, KeyStatus status, KeyKind kind, const char* default_text, const char* meaning)
-      : info{path, status,          kind,    "",  kNone, kNone, default_text,
+  K(const char* path, KeyStatus status, KeyKind kind, std::string default_text, const char* meaning)
+      : info{path, status,          kind,    "",  kNone, kNone, std::move(default_text),
              "",   AutoRule::kNone, meaning, true} {}
   K& range(double lo, double hi = kNone) {
     info.min = lo;
@@ -42,6 +45,33 @@ struct K {
   }
 };
 
+// An engine option's default as the table documents it, from EngineOptions{} itself: large
+// round counts as DeepSpeed writes them ("5e8"), others as they are ("1000", "0", "true").
+std::string documented(std::int64_t value) {
+  if (value >= 100000) {
+    int exponent = 0;
+    std::int64_t mantissa = value;
+    while (mantissa % 10 == 0) {
+      mantissa /= 10;
+      ++exponent;
+    }
+    if (mantissa < 10) return fmt::format("{}e{}", mantissa, exponent);
+  }
+  return std::to_string(value);
+}
+std::string documented(int value) {
+  return documented(static_cast<std::int64_t>(value));
+}
+std::string documented(double value) {
+  return fmt::format("{}", value);
+}
+std::string documented(bool value) {
+  return value ? "true" : "false";
+}
+std::string documented(DType value) {
+  return dtype_name(value);
+}
+
 constexpr KeyStatus I = KeyStatus::kImplemented;
 constexpr KeyStatus W = KeyStatus::kAcceptedWithWarning;
 constexpr KeyStatus E = KeyStatus::kUnsupportedError;
@@ -60,6 +90,8 @@ constexpr AutoRule kBatch = AutoRule::kBatch;
 constexpr AutoRule kDefault = AutoRule::kDefault;
 
 std::vector<KeyInfo> build_table() {
+  const EngineOptions engine;  // the engine's defaults, documented below
+  const LossScaleOptions& scaling = engine.loss_scale;
   const K rows[] = {
       // ---- Batch size (DeepSpeed) ----
       K("train_batch_size", I, kInt, "derived",
@@ -149,17 +181,22 @@ std::vector<KeyInfo> build_table() {
       K("fp16.enabled", I, kBool, "false", "Compute in fp16 (fp32 master weights)"),
       K("fp16.auto_cast", E, kBool, "false", "Cast module inputs to fp16 automatically")
           .off("false"),
-      K("fp16.loss_scale", I, kNumber, "0", "0: dynamic loss scaling; > 0: this static scale")
+      K("fp16.loss_scale", I, kNumber, documented(scaling.loss_scale),
+        "0: dynamic loss scaling; > 0: this static scale")
           .range(0),
-      K("fp16.initial_scale_power", I, kInt, "16", "The dynamic scale starts at 2^this")
+      K("fp16.initial_scale_power", I, kInt, documented(scaling.initial_scale_power),
+        "The dynamic scale starts at 2^this")
           .range(0, 63),
-      K("fp16.loss_scale_window", I, kInt, "1000",
+      K("fp16.loss_scale_window", I, kInt, documented(scaling.loss_scale_window),
         "Overflow-free steps before the dynamic scale doubles")
           .range(1),
-      K("fp16.hysteresis", I, kInt, "2", "Overflows absorbed before the scale halves").range(1),
-      K("fp16.consecutive_hysteresis", I, kBool, "false",
+      K("fp16.hysteresis", I, kInt, documented(scaling.hysteresis),
+        "Overflows absorbed before the scale halves")
+          .range(1),
+      K("fp16.consecutive_hysteresis", I, kBool, documented(scaling.consecutive_hysteresis),
         "Refill the hysteresis after every overflow-free step"),
-      K("fp16.min_loss_scale", I, kNumber, "1", "Lowest dynamic scale; an overflow there fails")
+      K("fp16.min_loss_scale", I, kNumber, documented(scaling.min_loss_scale),
+        "Lowest dynamic scale; an overflow there fails")
           .range(0),
       K("fp16.fp16_master_weights_and_grads", E, kBool, "false",
         "Keep master weights and gradients in fp16")
@@ -180,18 +217,19 @@ std::vector<KeyInfo> build_table() {
       K("torch_autocast", E, kOpaque, "disabled", "torch.autocast mixed precision")
           .off("{\"enabled\": false}"),
       K("data_types", I, kObject, "{}", "Data types of internal buffers"),
-      K("data_types.grad_accum_dtype", I, kEnum, "fp32",
+      K("data_types.grad_accum_dtype", I, kEnum, documented(engine.grad_accum_dtype),
         "Gradient accumulation dtype across micro-batches: fp32 or the compute dtype")
           .choices("fp32|bf16|fp16"),
-      K("gradient_clipping", I, kNumber, "0", "Clip the global gradient L2 norm to this; 0: off")
+      K("gradient_clipping", I, kNumber, documented(engine.gradient_clipping),
+        "Clip the global gradient L2 norm to this; 0: off")
           .range(0),
 
       // ---- ZeRO (DeepSpeed) ----
       K("zero_optimization", I, kObject, "stage 0", "ZeRO partitioning"),
-      K("zero_optimization.stage", I, kInt, "0",
+      K("zero_optimization.stage", I, kInt, documented(engine.stage),
         "0: replicated; 1: optimizer state; 2: + gradients; 3: + parameters partitioned")
           .range(0, 3),
-      K("zero_optimization.reduce_bucket_size", I, kInt, "5e8",
+      K("zero_optimization.reduce_bucket_size", I, kInt, documented(engine.reduce_bucket_size),
         "Elements per gradient bucket (stages 0-2: one unit of reduction)")
           .range(1)
           .on_auto(kDefault),
@@ -200,7 +238,7 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .off("5e8")
           .on_auto(kDefault),
-      K("zero_optimization.overlap_comm", I, kBool, "true",
+      K("zero_optimization.overlap_comm", I, kBool, documented(engine.overlap_comm),
         "Overlap reductions (and stage-3 gathers) with compute; results are identical")
           .on_auto(kDefault),
       K("zero_optimization.contiguous_gradients", W, kBool, "true",
@@ -228,11 +266,13 @@ std::vector<KeyInfo> build_table() {
           .choices("none|cpu|nvme"),
       K("zero_optimization.offload_optimizer.nvme_path", I, kString, "none",
         "Directory for nvme offload"),
-      K("zero_optimization.offload_optimizer.pin_memory", I, kBool, "true",
+      K("zero_optimization.offload_optimizer.pin_memory", I, kBool,
+        documented(engine.offload_optimizer.pin_memory),
         "Page-locked host buffers (needed for overlapped copies)"),
       K("zero_optimization.offload_optimizer.buffer_count", I, kInt, "4", "nvme buffer count")
           .range(0),
-      K("zero_optimization.offload_optimizer.ratio", I, kNumber, "1",
+      K("zero_optimization.offload_optimizer.ratio", I, kNumber,
+        documented(engine.offload_optimizer.ratio),
         "Share of the optimizer state offloaded (stage 3; the rest steps on the device)")
           .range(0, 1),
       K("zero_optimization.offload_optimizer.split_step", I, kEnum, "auto",
@@ -266,7 +306,8 @@ std::vector<KeyInfo> build_table() {
           .choices("none|cpu|nvme"),
       K("zero_optimization.offload_param.nvme_path", I, kString, "none",
         "Directory for nvme offload"),
-      K("zero_optimization.offload_param.pin_memory", I, kBool, "true",
+      K("zero_optimization.offload_param.pin_memory", I, kBool,
+        documented(engine.offload_param.pin_memory),
         "Page-locked host buffers (needed for overlapped copies)"),
       K("zero_optimization.offload_param.buffer_count", I, kInt, "5", "nvme buffer count").range(0),
       K("zero_optimization.offload_param.buffer_size", I, kInt, "1e8",
@@ -280,11 +321,12 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .off("1e9")
           .on_auto(kDefault),
-      K("zero_optimization.stage3_prefetch_bucket_size", I, kInt, "5e7",
-        "Stage 3: elements gathered ahead of use")
+      K("zero_optimization.stage3_prefetch_bucket_size", I, kInt,
+        documented(engine.stage3_prefetch_bucket_size), "Stage 3: elements gathered ahead of use")
           .range(0)
           .on_auto(kDefault),
-      K("zero_optimization.stage3_param_persistence_threshold", I, kInt, "1e5",
+      K("zero_optimization.stage3_param_persistence_threshold", I, kInt,
+        documented(engine.stage3_param_persistence_threshold),
         "Stage 3: parameters smaller than this (elements) stay whole on every rank")
           .range(0)
           .on_auto(kDefault),
@@ -293,11 +335,13 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .off("9223372036854775807")
           .on_auto(kDefault),
-      K("zero_optimization.stage3_max_live_parameters", I, kInt, "1e9",
+      K("zero_optimization.stage3_max_live_parameters", I, kInt,
+        documented(engine.stage3_max_live_parameters),
         "Stage 3: most gathered elements resident before release")
           .range(0)
           .on_auto(kDefault),
-      K("zero_optimization.stage3_max_reuse_distance", I, kInt, "0",
+      K("zero_optimization.stage3_max_reuse_distance", I, kInt,
+        documented(engine.stage3_max_reuse_distance),
         "Stage 3: keep a unit gathered from its forward into its backward when at most this many "
         "elements are used in between (DeepSpeed's default, 1e9, keeps them all below 1e9 "
         "elements; zrt's 0 releases after each use)")
@@ -338,13 +382,14 @@ std::vector<KeyInfo> build_table() {
         "the backward gathers it from those over groups of S consecutive ranks (the ranks per "
         "node, or a divisor); 1: off")
           .range(1),
-      K("zero_optimization.zero_quantized_weights", I, kBool, "false",
+      K("zero_optimization.zero_quantized_weights", I, kBool, documented(engine.quantized_weights),
         "ZeRO++ qwZ (stage 3): parameter gathers carry int8 codes with a scale per block of "
         "2048; master weights stay fp32"),
       K("zero_optimization.zero_quantized_nontrainable_weights", E, kBool, "false",
         "ZeRO++ quantized frozen weights")
           .off("false"),
-      K("zero_optimization.zero_quantized_gradients", I, kBool, "false",
+      K("zero_optimization.zero_quantized_gradients", I, kBool,
+        documented(engine.quantized_gradients),
         "ZeRO++ qgZ (stages 2-3): gradient reduce-scatters quantized to int8 blocks, summed in "
         "fp32 within the node, then across nodes"),
       K("zero_optimization.zeropp_loco_param", E, kOpaque, "none", "LoCo-ZeRO++ error feedback")

@@ -48,7 +48,9 @@ struct KeyInfo {
   const char* choices;  // kEnum/kEnumNoCase: "cpu|cuda|auto"; otherwise ""
   double min;           // inclusive numeric range (kInt, kNumber, pairs); NaN: unbounded
   double max;
-  const char* default_text;  // as documented ("5e8", "none", "required")
+  // As documented ("5e8", "none", "required"). The engine's keys read theirs from
+  // EngineOptions{} (key_table.cc), so the documentation cannot drift from the engine.
+  std::string default_text;
   // For keys that are not implemented: the JSON text of the value that leaves the feature off
   // (DeepSpeed's default), accepted without a word. An opaque block is off when it is empty or
   // its "enabled" is false. "" where every value counts.

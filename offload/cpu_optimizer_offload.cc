@@ -45,7 +45,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       options_(context.options),
       rank_(context.rank),
       offload_param_(context.options.offload_param.enabled),
-      offloaded_(context.offloaded),
+      placement_(context.placement),
       trace_name_(lower(context.optimizer.spec().family)),
       host_optimizer_(context.optimizer.make_host_optimizer()),
       reduced_as_is_(offload_takes_reduced_slices(context.options)),
@@ -55,9 +55,8 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
   ZRT_CHECK(options_.offload_staging_buffers >= 1 && options_.offload_staging_buffers <= 64,
             "offload_staging_buffers must be 1..64, not {}", options_.offload_staging_buffers);
   const DType cdt = options_.compute_dtype;
-  const bool sharded_params = options_.stage == 3;
-  ZRT_CHECK(offloaded_.size() == plan_.units().size(),
-            "optimizer offload: {} placement flags for {} units", offloaded_.size(),
+  ZRT_CHECK(placement_.size() == plan_.units().size(),
+            "optimizer offload: {} unit placements for {} units", placement_.size(),
             plan_.units().size());
   std::int64_t max_shard = 0;
   units_.resize(plan_.units().size());
@@ -73,7 +72,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     h.norm_ready = device_.create_event(EventWait::kBlock);
     h.d2h_done = device_.create_event(EventWait::kBlock);
     h.params_ready = device_.create_event(EventWait::kBlock);
-    if (!offloaded_[u]) continue;
+    if (!placement_[u].stepped_on_host()) continue;
     h.released = device_.create_host_signal();
     h.params_written = device_.create_host_signal();
     max_shard = std::max(max_shard, unit.shard);
@@ -86,7 +85,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
                                          MemCategory::kOptimizer, name + " " + state,
                                          host_space(false)));
     }
-    if (sharded_params && offload_param_ && !unit.persistent) {
+    if (placement_[u].param_slice == Residence::kHost) {
       h.params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
                                   name + " param slice (offloaded)", host_space(true));
     }
@@ -162,7 +161,7 @@ void CpuOptimizerOffload::rethrow_cpu_step_error() const {
 }
 
 float* CpuOptimizerOffload::state_array(int u, int a) {
-  ZRT_CHECK(offloaded_[static_cast<std::size_t>(u)],
+  ZRT_CHECK(placement_[static_cast<std::size_t>(u)].stepped_on_host(),
             "state_array({}): the unit's state is on the device (partial offload)", u);
   HostUnit& h = units_[static_cast<std::size_t>(u)];
   return a == 0 ? h.master.host<float>() : h.state[static_cast<std::size_t>(a - 1)].host<float>();
@@ -206,7 +205,7 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
   // for this point.
   h.comm_point->record(comm_);
   copy_->wait(*h.comm_point);
-  if (!offloaded_[static_cast<std::size_t>(u)]) {
+  if (!placement_[static_cast<std::size_t>(u)].stepped_on_host()) {
     // Partial offload, a unit the device steps: only its sum of squares came down, so the norm
     // adds every unit's in one order whichever side steps it.
     ZRT_CHECK(!offload_param_ && type == adt,
@@ -356,7 +355,8 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::vector<CpuStepUnit> work;
   std::vector<int> staged_slot;  // per entry of `work`: its staging slot, or -1 (written directly)
   for (int u : forward_order_) {
-    if (!offloaded_[static_cast<std::size_t>(u)]) continue;  // the engine steps it on the device
+    if (!placement_[static_cast<std::size_t>(u)].stepped_on_host())
+      continue;  // the engine steps it on the device
     HostUnit& h = units_[static_cast<std::size_t>(u)];
     const Unit& unit = plan_.unit(u);
     CpuStepUnit w;
@@ -447,7 +447,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::size_t i = 0;
   try {
     for (int u : forward_order_) {
-      if (!offloaded_[static_cast<std::size_t>(u)]) continue;
+      if (!placement_[static_cast<std::size_t>(u)].stepped_on_host()) continue;
       HostUnit& h = units_[static_cast<std::size_t>(u)];
       if (split_step_) {
         CpuStepUnit& second = state_work[state_work.size() - 1 - i];

@@ -98,8 +98,10 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   const EngineOptions& options_;
   int rank_;
   bool offload_param_;
-  std::vector<bool> offloaded_;  // per unit: its state is here (else the device steps it)
-  std::string trace_name_;       // the optimizer in trace spans: "adam", "lion"
+  // Per unit, where its buffers live (unit_placement.h): its state here when stepped_on_host()
+  // (else the device steps it), its parameter slice here with parameter offload.
+  std::vector<UnitPlacement> placement_;
+  std::string trace_name_;  // the optimizer in trace spans: "adam", "lion"
   std::unique_ptr<HostOptimizer> host_optimizer_;
   // One micro-batch per step (offload_takes_reduced_slices): each reduced slice comes down as it
   // is, into `grad`, in the compute dtype; else `grad` is in grad_accum_dtype.

@@ -19,12 +19,11 @@
 #include "runtime/device/device.h"
 #include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/partition.h"
+#include "runtime/engine/unit_placement.h"
 #include "runtime/model_interface.h"
 #include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
-
-struct EngineOptions;
 
 // What an offload implementation is built from: the engine's device, streams, layout and
 // optimizer. All outlive the offload.
@@ -36,9 +35,10 @@ struct OffloadContext {
   const EngineOptions& options;
   const DeviceOptimizer& optimizer;  // its make_host_optimizer() steps the host state
   int rank;                          // the slice this rank owns
-  // Per unit: its state is in host memory (offloaded[u]) or stays on the device, stepped there
-  // by the engine (partial offload, UnitSchedule::offloaded_units).
-  const std::vector<bool>& offloaded;
+  // Per unit, where its buffers live (unit_placement.h): its state in host memory
+  // (stepped_on_host()) or on the device, stepped there by the engine (partial offload); its
+  // parameter slice in host memory with parameter offload.
+  const std::vector<UnitPlacement>& placement;
 };
 
 class OptimizerOffload {

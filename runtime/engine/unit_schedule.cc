@@ -40,15 +40,14 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
       gathered_(plan.units().size(), false),
       bucket_open_(plan.units().size(), false),
       secondary_(plan.units().size(), false) {
-  ZRT_CHECK(options.gradient_accumulation_steps >= 1, "gradient_accumulation_steps must be >= 1");
-  ZRT_CHECK(options.hpz_partition_size <= 1 || plan.world() % options.hpz_partition_size == 0,
-            "zero_hpz_partition_size {} does not divide the {} ranks the units are sliced over",
-            options.hpz_partition_size, plan.world());
-  ZRT_CHECK(options.stage3_prefetch_bucket_size >= 0 && options.stage3_max_live_parameters >= 0,
-            "stage 3 prefetch/live limits must be >= 0");
+  // The options users set were validated with the rest of the engine's (engine_options.h's
+  // validate(), which the config, the engine and zrt-mem call); what is left to check here is
+  // the schedule's own setting and what holds the loops below together.
   ZRT_CHECK(options.rotating_buckets >= 1, "rotating_buckets must be >= 1 (is {})",
             options.rotating_buckets);
-  ZRT_CHECK(options.stage3_max_reuse_distance >= 0, "stage3_max_reuse_distance must be >= 0");
+  ZRT_CHECK(options.gradient_accumulation_steps >= 1 &&
+                (options.hpz_partition_size <= 1 || plan.world() % options.hpz_partition_size == 0),
+            "schedule options outside what engine_options.h's validate() accepts (run it first)");
   reuse_distance_.assign(static_cast<std::size_t>(std::max(num_modules, 0)), 0);
   std::int64_t later = 0;  // elements of the non-persistent units of modules after m
   for (int m = num_modules - 1; m >= 0; --m) {

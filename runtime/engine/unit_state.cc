@@ -23,11 +23,14 @@ void ZeroEngine::allocate_state() {
     max_unit = std::max(max_unit, unit.numel);
     auto s = std::make_unique<UnitState>();
     const std::string name = fmt::format("unit {}", u);
-    // Offloaded (optimizer offload; with a ratio below 1 only some units), the fp32 state never
-    // touches the device.
-    if (!state_on_host(static_cast<int>(u))) {
+    // Where each buffer lives is the placement's (unit_placement.h): offloaded (optimizer
+    // offload; with a ratio below 1 only some units), the fp32 state never touches the device.
+    const UnitPlacement& where = placement(static_cast<int>(u));
+    if (where.master == Residence::kDevice) {
       s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                    name + " fp32 master");
+    }
+    if (where.optimizer_state == Residence::kDevice) {
       for (const std::string& state : optimizer_.spec().state_names) {
         s->state.push_back(device_.allocate(bytes_of(unit.shard, DType::kFloat32),
                                             MemCategory::kOptimizer, name + " " + state));
@@ -37,7 +40,8 @@ void ZeroEngine::allocate_state() {
       if (unit.persistent) {
         s->resident = device_.allocate(bytes_of(unit.numel, cdt), MemCategory::kParams,
                                        name + " persistent params");
-      } else if (!offload_param()) {  // offloaded, the slice is the offload's host_params
+      } else if (where.param_slice == Residence::kDevice) {
+        // (offloaded, the slice is the offload's host_params)
         s->param_slice = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
                                           name + " param slice");
       }
@@ -45,9 +49,7 @@ void ZeroEngine::allocate_state() {
     // With parameter offload the gradient accumulates in host memory (in the offload); at one
     // micro-batch per step an offloaded unit's reduced slice goes there as it is
     // (offload_takes_reduced_slices).
-    const bool straight_to_host =
-        offload_takes_reduced_slices(options_) && state_on_host(static_cast<int>(u));
-    if (per_micro_batch_grads() && !offload_param() && !straight_to_host) {
+    if (per_micro_batch_grads() && where.grad_slice == Residence::kDevice) {
       s->grad_slice =
           device_.allocate(bytes_of(unit.shard, adt), MemCategory::kGrads, name + " grad slice");
     }

@@ -29,44 +29,13 @@ const char* phase_name(Phase p) {
   return "?";
 }
 
-ScheduleOptions schedule_options(const EngineOptions& options) {
-  ScheduleOptions s;
-  s.stage = options.stage;
-  s.gradient_accumulation_steps = options.gradient_accumulation_steps;
-  s.stage3_prefetch_bucket_size = options.stage3_prefetch_bucket_size;
-  s.stage3_max_live_parameters = options.stage3_max_live_parameters;
-  s.stage3_max_reuse_distance = options.stage3_max_reuse_distance;
-  // After a step the next forward waits for each unit's publication as it arrives (acquire),
-  // so it runs on the units already gathered (with offload: already updated by the CPU) while
-  // the later ones are still on their way.
-  s.await_published_per_unit = options.stage >= 1;
-  // overlap_comm: a unit's reduction overlaps the next unit's backward (double buffers); without
-  // it every collective is waited for at once, so one bucket is enough.
-  s.rotating_buckets = options.overlap_comm ? 2 : 1;
-  s.hpz_partition_size = options.stage == 3 ? options.hpz_partition_size : 0;
-  return s;
-}
-
-bool offload_takes_reduced_slices(const EngineOptions& options) {
-  if (options.stage < 2 || !options.offload_optimizer.enabled ||
-      options.gradient_accumulation_steps != 1) {
-    return false;
-  }
-  return options.communication_dtype.value_or(options.compute_dtype) == options.compute_dtype &&
-         !options.quantized_gradients;
-}
-
-bool decides_step_on_device(const EngineOptions& options) {
-  return !options.offload_optimizer.enabled && options.compute_dtype != DType::kFloat16;
-}
-
 namespace {
 
-// hpZ's preconditions (EngineOptions::hpz_partition_size), with the fix in each message.
+// hpZ's preconditions on the groups the engine was given (EngineOptions::hpz_partition_size),
+// with the fix in each message.
 void check_hpz(const EngineOptions& options, const ProcessGroup& group,
                const ProcessGroup* replicas, const ProcessGroup* secondary) {
-  const int S = options.hpz_partition_size;
-  ZRT_CHECK(S >= 0, "zero_hpz_partition_size must be >= 1 (1: off), not {}", S);
+  const int S = options.hpz_partition_size;  // >= 0 and at stage 3 when > 1 (check_options)
   if (S <= 1) {
     ZRT_CHECK(secondary == nullptr || secondary->size() <= 1,
               "the engine was given a secondary (hpZ) group of {} ranks but "
@@ -74,10 +43,6 @@ void check_hpz(const EngineOptions& options, const ProcessGroup& group,
               secondary != nullptr ? secondary->size() : 0, S);
     return;
   }
-  ZRT_CHECK(options.stage == 3,
-            "zero_hpz_partition_size {} needs ZeRO stage 3 (stage is {}): hpZ keeps secondary "
-            "shards of stage 3's gathered parameters; set stage 3 or zero_hpz_partition_size 1",
-            S, options.stage);
   ZRT_CHECK(replicas == nullptr || replicas->size() <= 1,
             "zero_hpz_partition_size with mics_shard_size is not supported: MiCS already keeps "
             "every parameter gather inside the shard group; use one of them");
@@ -129,24 +94,12 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
       schedule_(plan_, num_modules, schedule_options(options)),
       scaler_(options.loss_scale),
       rank_(options.stage == 0 ? 0 : group.rank()) {
-  ZRT_CHECK(is_floating(options.compute_dtype) && is_floating(options.grad_accum_dtype) &&
-                is_floating(comm_dtype()),
-            "engine dtypes must be floating point");
-  ZRT_CHECK(!offload_optimizer() || options.stage >= 1,
-            "offload_optimizer needs ZeRO stage 1, 2 or 3 (stage {} keeps full optimizer state "
-            "on every rank)",
-            options.stage);
+  // The options alone (engine_options.h, the rules the config layer reports too), then what
+  // the engine was given for them.
+  check_options(options);
   ZRT_CHECK(optimizer.spec().num_states() <= kMaxOptimizerStates,
             "optimizer {} keeps {} state tensors; slices carry at most {} (kMaxOptimizerStates)",
             optimizer.spec().family, optimizer.spec().num_states(), kMaxOptimizerStates);
-  ZRT_CHECK(!offload_param() || options.stage == 3,
-            "offload_param needs ZeRO stage 3 (stage {} keeps full parameters on the device)",
-            options.stage);
-  ZRT_CHECK(!offload_param() || offload_optimizer(),
-            "offload_param without offload_optimizer is not supported: enable both");
-  ZRT_CHECK(options.offload_staging_buffers >= 1, "offload_staging_buffers must be >= 1");
-  ZRT_CHECK(options.offload_transfer_piece >= 1, "offload_transfer_piece must be >= 1, not {}",
-            options.offload_transfer_piece);
   ZRT_CHECK(!offload_optimizer() || offload,
             "offload_optimizer is enabled but the engine was given no offload implementation "
             "(pass offload/'s make_cpu_optimizer_offload)");
@@ -166,51 +119,29 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!quantizes || quantized != nullptr,
             "zero_quantized_weights / zero_quantized_gradients need the engine's "
             "QuantizedCollectives (runtime/comm/quantized_collectives.h)");
-  ZRT_CHECK(!options.quantized_weights || options.stage == 3,
-            "zero_quantized_weights quantizes stage 3's parameter gathers (stage is {})",
-            options.stage);
-  ZRT_CHECK(!options.quantized_gradients || options.stage >= 2,
-            "zero_quantized_gradients quantizes the per-micro-batch reduce-scatter of stages 2-3 "
-            "(stage is {})",
-            options.stage);
-  ZRT_CHECK(!quantizes || !offload_param(),
-            "zero_quantized_weights / zero_quantized_gradients with offload_param are not "
-            "supported");
-  const double ratio = options.offload_optimizer.ratio;
-  ZRT_CHECK(ratio >= 0.0 && ratio <= 1.0,
-            "offload_optimizer.ratio is {}: the share of the optimizer state offloaded, 0..1",
-            ratio);
-  ZRT_CHECK(!offload_optimizer() || ratio == 1.0 || options.stage == 3,
-            "offload_optimizer.ratio {} (partial offload) needs ZeRO stage 3 (stage is {})", ratio,
-            options.stage);
-  ZRT_CHECK(!offload_param() || ratio == 1.0,
-            "offload_optimizer.ratio {} with offload_param: parameter offload keeps every unit's "
-            "state in host memory; set ratio 1",
-            ratio);
   check_hpz(options, group, replicas, secondary);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   decision_ready_ = device_.create_event();
+  placement_ = unit_placements(options_, plan_);
   if (offload_optimizer()) {
-    state_on_host_ = UnitSchedule::offloaded_units(plan_, ratio);
-    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_,
-                                      state_on_host_});
-  } else {
-    state_on_host_.assign(plan_.units().size(), false);
+    offload_ = offload(
+        OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_, placement_});
   }
   allocate_state();
+  const double ratio = options.offload_optimizer.ratio;
   if (offload_ && ratio < 1.0 && group.rank() == 0) {  // the same split on every rank
     std::int64_t host = 0;
     int units = 0;
-    for (std::size_t u = 0; u < state_on_host_.size(); ++u) {
-      if (!state_on_host_[u]) continue;
+    for (std::size_t u = 0; u < placement_.size(); ++u) {
+      if (!placement_[u].stepped_on_host()) continue;
       host += plan_.unit(static_cast<int>(u)).shard;
       ++units;
     }
     spdlog::info(
         "partial optimizer offload (ratio {}): {} of {} units, {:.1f}% of the state, in "
         "host memory; the rest steps on the device",
-        ratio, units, state_on_host_.size(),
+        ratio, units, placement_.size(),
         100.0 * static_cast<double>(host) / static_cast<double>(plan_.total_shard()));
   }
   spdlog::debug("engine: stage {}, {}{}{}", options_.stage, plan_.describe(),
@@ -417,7 +348,7 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
   std::vector<OptimizerDeviceSlice> slices;
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
-    if (state_on_host_[ui]) continue;
+    if (placement_[ui].stepped_on_host()) continue;
     const Unit& unit = plan_.unit(u);
     UnitState& s = *units_[ui];
     DevicePtr<std::byte> out = owned_params_of(u);
@@ -465,8 +396,7 @@ void ZeroEngine::update_parameters(double lr, std::int64_t step, double grad_sca
     }
     for (int u : UnitSchedule::forward_order(plan_)) {
       if (sharded_params() && !plan_.unit(u).persistent) continue;
-      publish_updated(
-          u, state_on_host_[static_cast<std::size_t>(u)] ? &offload_->params_ready(u) : nullptr);
+      publish_updated(u, state_on_host(u) ? &offload_->params_ready(u) : nullptr);
     }
   }
 }

@@ -31,102 +31,18 @@
 
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/quantized_collectives.h"
+#include "runtime/engine/engine_options.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/optimizer_offload.h"
 #include "runtime/engine/partition.h"
 #include "runtime/engine/step_decision.h"
+#include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
 #include "runtime/model_interface.h"
 #include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
-
-// DeepSpeed's offload_optimizer / offload_param with device "cpu".
-struct OffloadOptions {
-  bool enabled = false;
-  bool pin_memory = true;  // false: pageable host memory (hosts with a low `ulimit -l`)
-  // offload_optimizer only (stage 3): the share of the optimizer state in host memory, the
-  // rest stays on the device and the device steps it (UnitSchedule::offloaded_units).
-  double ratio = 1.0;
-};
-
-enum class OffloadSplitStep { kAuto, kOn, kOff };
-
-struct EngineOptions {
-  int stage = 0;
-  DType compute_dtype = DType::kFloat32;
-  std::optional<DType> communication_dtype;  // default: compute_dtype
-  DType grad_accum_dtype = DType::kFloat32;  // data_types.grad_accum_dtype
-  int gradient_accumulation_steps = 1;
-  double gradient_clipping = 0.0;  // 0: off
-  std::int64_t reduce_bucket_size = 500000000;
-  std::int64_t stage3_prefetch_bucket_size = 50000000;
-  std::int64_t stage3_max_live_parameters = 1000000000;
-  std::int64_t stage3_max_reuse_distance = 0;  // ScheduleOptions (unit_schedule.h)
-  std::int64_t stage3_param_persistence_threshold = 100000;
-  bool overlap_comm = true;  // false: the compute stream waits for each collective at once
-  std::int64_t alignment = 64;
-  LossScaleOptions loss_scale;  // used with fp16 compute
-  // Optimizer offload (stages 1-3): fp32 master weights and optimizer state live in host memory
-  // and the CPU steps them; parameter offload (stage 3, with optimizer offload): parameter
-  // slices and gradient accumulation live in host memory too.
-  OffloadOptions offload_optimizer;
-  OffloadOptions offload_param;
-  int offload_staging_buffers = 4;  // pinned buffers carrying updated parameters to the device
-  // Optimizer offload without parameter offload: a final gradient slice comes down in pieces of
-  // at most this many elements, and the CPU optimizer steps each piece once it has landed, so
-  // the last unit of the backward (the embedding, which the next forward needs first) is not
-  // stepped only after the whole of it is on the host.
-  std::int64_t offload_transfer_piece = std::int64_t{1} << 22;
-  // Optimizer offload: the CPU step in two passes. The first writes only the updated
-  // compute-dtype parameters, what the next forward waits for (for AdamW 16 of the 28 bytes a
-  // parameter moves); the second writes the fp32 parameters and states while that forward and
-  // the backward run (the same arithmetic again, so the same bits). More host memory traffic in
-  // all, less of it on the step's critical path: on when the model computes on a GPU (kAuto),
-  // off on the CPU backend, whose compute needs the cores the second pass would take.
-  OffloadSplitStep offload_split_step = OffloadSplitStep::kAuto;
-  // Hierarchical sharding (MiCS's mics_shard_size, HSDP): the state is sliced over groups of
-  // this many ranks and replicated across them (the engine's group is then the shard group and
-  // it is given the replica group); 0: sliced over every rank.
-  int mics_shard_size = 0;
-  // ZeRO++ (stage 3 / stages 2-3, without parameter offload): the parameter gathers carry int8
-  // codes with a scale per block (qwZ, zero_quantized_weights) and the gradient
-  // reduce-scatters are quantized and summed in fp32, within the node first (qgZ,
-  // zero_quantized_gradients), through the QuantizedCollectives the engine is given. The
-  // master weights and the optimizer never see quantized values.
-  bool quantized_weights = false;
-  bool quantized_gradients = false;
-  // ZeRO++ hpZ (stage 3, zero_hpz_partition_size): each unit's first gather of a training
-  // micro-batch runs over every rank as usual; right after it each rank keeps a secondary
-  // shard, its 1/S of the gathered compute-dtype parameters (its place in the engine's group
-  // of S ranks, normally one node), and the unit's later gathers in the micro-batch (the
-  // backward's) all-gather those over the S ranks only. The secondary shards are rebuilt every
-  // micro-batch and freed after the unit's last backward gather; the master weights, the
-  // optimizer and the gradient reduce-scatters are untouched. 0 or 1: off.
-  int hpz_partition_size = 0;
-};
-
-// The schedule the engine runs for these options (zrt-mem replays the same one).
-ScheduleOptions schedule_options(const EngineOptions& options);
-
-// Optimizer offload at one micro-batch per step (stages 2-3, the reduce-scatter in the compute
-// dtype and not quantized): an offloaded unit's reduced gradient slice is already its final
-// gradient (grad_accum_dtype would only hold 0 + that slice, the same values), so it goes to host
-// memory straight from the reduction's bucket, in the compute dtype, and is the CPU optimizer's
-// input as it is. Without parameter offload the device keeps no gradient slice for such a unit;
-// with it the host neither stages nor accumulates the slice. With fp32 accumulation the copy
-// down and the CPU optimizer's read move 2 bytes per parameter instead of 4. Results are
-// unchanged bit for bit. Otherwise (gradient accumulation, an fp32 or quantized reduction) the
-// final slice is accumulated in grad_accum_dtype, on the device (on the host with parameter
-// offload), and goes to the CPU optimizer from there.
-bool offload_takes_reduced_slices(const EngineOptions& options);
-
-// Whether ZeroEngine::enqueue_step takes the step's decision on the device (then the engine
-// keeps the decision there, 8 bytes, and a pinned float for the norm read back): without
-// optimizer offload (the CPU optimizer needs the norm on the host anyway) and without fp16 (the
-// loss scaler's next scale is taken on the host before the next forward).
-bool decides_step_on_device(const EngineOptions& options);
 
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
@@ -267,9 +183,11 @@ class ZeroEngine final : public ParamAccess {
   Stream* copy_stream() const { return offload_ ? &offload_->copy_stream() : nullptr; }
   using OffloadStatus = OptimizerOffload::Status;
   OffloadStatus offload_status(int unit) const;
-  // Whether unit u's fp32 state is in the offload's host memory (every unit with full optimizer
-  // offload, the last ones of the forward with offload_optimizer.ratio < 1, none without).
-  bool state_on_host(int u) const { return state_on_host_[static_cast<std::size_t>(u)]; }
+  // Where unit u's buffers live (unit_placement.h), and whether its fp32 state is in the
+  // offload's host memory (every unit with full optimizer offload, the last ones of the forward
+  // with offload_optimizer.ratio < 1, none without).
+  const UnitPlacement& placement(int u) const { return placement_[static_cast<std::size_t>(u)]; }
+  bool state_on_host(int u) const { return placement(u).stepped_on_host(); }
 
   // Timeline trace: from now on, the engine's work on every stream is recorded into `recorder`
   // as named spans ("forward module 2", "reduce_scatter unit 3", "d2h unit 3", "adam unit 3",
@@ -403,9 +321,7 @@ class ZeroEngine final : public ParamAccess {
   std::shared_future<void> host_state_copied_;
 
   std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
-  // Per unit: its fp32 state lives in the offload's host memory (every unit with full optimizer
-  // offload, some with offload_optimizer.ratio < 1, none without offload).
-  std::vector<bool> state_on_host_;
+  std::vector<UnitPlacement> placement_;       // per unit: unit_placements(options, plan)
 };
 
 }  // namespace zrt

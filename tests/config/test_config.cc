@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -486,22 +488,23 @@ const BadConfig kBadConfigs[] = {
     {"offload_param below stage 3", true,
      R"({"zero_optimization": {"offload_optimizer": {"device": "cpu"},
                                "offload_param": {"device": "cpu"}}})",
-     "bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)"},
+     "bad.json: zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage is "
+     "2); set stage 3 or offload_param.device none"},
     {"mics_shard_size not dividing the world", true,
      R"({"zero_optimization": {"stage": 3, "mics_shard_size": 3}})",
      "bad.json: zero_optimization.mics_shard_size: 3 does not divide the world size 2: shard "
      "groups are equal blocks of consecutive ranks (e.g. the ranks of one node)"},
     {"mics_shard_size at stage 0", true,
      R"({"zero_optimization": {"stage": 0, "mics_shard_size": 1}})",
-     "bad.json: zero_optimization.mics_shard_size: hierarchical sharding needs stage 1, 2 or 3 "
-     "(stage is 0)"},
+     "bad.json: zero_optimization.mics_shard_size: hierarchical sharding needs ZeRO stage 1, 2 "
+     "or 3 (stage is 0); set a stage or mics_shard_size -1"},
     {"mics_shard_size 0", true, R"({"zero_optimization": {"stage": 3, "mics_shard_size": 0}})",
      "bad.json: zero_optimization.mics_shard_size: 0 is not a group size; give the ranks per "
      "shard group, or -1 to shard over every rank"},
     {"offload_optimizer at stage 0", true,
      R"({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}})",
-     "bad.json: zero_optimization.offload_optimizer: optimizer offload needs stage 1, 2 or 3 "
-     "(stage is 0)"},
+     "bad.json: zero_optimization.offload_optimizer: optimizer offload needs ZeRO stage 1, 2 or "
+     "3 (stage is 0); set a stage or offload_optimizer.device none"},
     {"offload_param without offload_optimizer", true,
      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}})",
      "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer too "
@@ -509,7 +512,7 @@ const BadConfig kBadConfigs[] = {
     {"partial offload below stage 3", true,
      R"({"zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.5}}})",
      "bad.json: zero_optimization.offload_optimizer.ratio: partial optimizer offload (ratio < 1) "
-     "needs stage 3 (stage is 2); set stage 3 or ratio 1"},
+     "needs ZeRO stage 3 (stage is 2); set stage 3 or ratio 1"},
     {"partial offload with parameter offload", true,
      R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5},
                                "offload_param": {"device": "cpu"}}})",
@@ -574,7 +577,7 @@ const BadConfig kBadConfigs[] = {
      "hpZ groups are equal blocks of consecutive ranks (the ranks of one node)"},
     {"ZeRO++ qwZ below stage 3", true, R"({"zero_optimization": {"zero_quantized_weights": true}})",
      "bad.json: zero_optimization.zero_quantized_weights: qwZ quantizes stage 3's parameter "
-     "gathers (stage is 2)"},
+     "gathers (stage is 2); set stage 3 or zero_quantized_weights false"},
     {"fp16 auto_cast", true, R"({"fp16": {"auto_cast": true}})",
      "bad.json: fp16.auto_cast: not implemented by zrt (Cast module inputs to fp16 "
      "automatically); remove the key or set it to false"},
@@ -742,7 +745,8 @@ TEST_CASE("a rejected value is not reported again through what depends on it",
        {"bad.json: fp16.enabled: expected true or false, got \"yes\""}},
       {"two real combination problems are both reported",
        R"({"zero_optimization": {"offload_param": {"device": "cpu"}}})",
-       {"bad.json: zero_optimization.offload_param: parameter offload needs stage 3 (stage is 2)",
+       {"bad.json: zero_optimization.offload_param: parameter offload needs ZeRO stage 3 (stage "
+        "is 2); set stage 3 or offload_param.device none",
         "bad.json: zero_optimization.offload_param: parameter offload needs offload_optimizer "
         "too (zrt keeps offloaded parameter slices beside the optimizer state in host memory)"}},
   };
@@ -1049,6 +1053,106 @@ TEST_CASE("zero_hpz_partition_size: hpZ groups at stage 3, not with MiCS", "[con
                           R"("zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2}})"),
                   4)
             .engine.hpz_partition_size == 2);
+}
+
+// Every engine key's documented default is EngineOptions{}'s value: a config that gives the key
+// its documented default (or "auto" there) runs with the engine's own default. A new
+// zero_optimization key fails here until it is listed as an engine option or as none.
+TEST_CASE("the key table's defaults are EngineOptions{}'s", "[config][docs]") {
+  using Field = std::function<std::string(const EngineOptions&)>;
+  const auto number = [](auto member) {
+    return Field([member](const EngineOptions& e) { return fmt::format("{}", e.*member); });
+  };
+  const std::map<std::string, Field> engine_keys = {
+      {"zero_optimization.stage", number(&EngineOptions::stage)},
+      {"zero_optimization.reduce_bucket_size", number(&EngineOptions::reduce_bucket_size)},
+      {"zero_optimization.overlap_comm", number(&EngineOptions::overlap_comm)},
+      {"zero_optimization.stage3_prefetch_bucket_size",
+       number(&EngineOptions::stage3_prefetch_bucket_size)},
+      {"zero_optimization.stage3_param_persistence_threshold",
+       number(&EngineOptions::stage3_param_persistence_threshold)},
+      {"zero_optimization.stage3_max_live_parameters",
+       number(&EngineOptions::stage3_max_live_parameters)},
+      {"zero_optimization.stage3_max_reuse_distance",
+       number(&EngineOptions::stage3_max_reuse_distance)},
+      {"zero_optimization.zero_hpz_partition_size", number(&EngineOptions::hpz_partition_size)},
+      {"zero_optimization.zero_quantized_weights", number(&EngineOptions::quantized_weights)},
+      {"zero_optimization.zero_quantized_gradients", number(&EngineOptions::quantized_gradients)},
+      {"zero_optimization.mics_shard_size", number(&EngineOptions::mics_shard_size)},
+      {"zero_optimization.offload_optimizer.device",
+       [](const EngineOptions& e) { return fmt::format("{}", e.offload_optimizer.enabled); }},
+      {"zero_optimization.offload_optimizer.pin_memory",
+       [](const EngineOptions& e) { return fmt::format("{}", e.offload_optimizer.pin_memory); }},
+      {"zero_optimization.offload_optimizer.ratio",
+       [](const EngineOptions& e) { return fmt::format("{}", e.offload_optimizer.ratio); }},
+      {"zero_optimization.offload_optimizer.split_step",
+       [](const EngineOptions& e) {
+         return fmt::format("{}", static_cast<int>(e.offload_split_step));
+       }},
+      {"zero_optimization.offload_param.device",
+       [](const EngineOptions& e) { return fmt::format("{}", e.offload_param.enabled); }},
+      {"zero_optimization.offload_param.pin_memory",
+       [](const EngineOptions& e) { return fmt::format("{}", e.offload_param.pin_memory); }},
+      {"gradient_clipping", number(&EngineOptions::gradient_clipping)},
+      {"data_types.grad_accum_dtype",
+       [](const EngineOptions& e) { return std::string(dtype_name(e.grad_accum_dtype)); }},
+      {"fp16.loss_scale",
+       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.loss_scale); }},
+      {"fp16.initial_scale_power",
+       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.initial_scale_power); }},
+      {"fp16.loss_scale_window",
+       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.loss_scale_window); }},
+      {"fp16.hysteresis",
+       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.hysteresis); }},
+      {"fp16.consecutive_hysteresis",
+       [](const EngineOptions& e) {
+         return fmt::format("{}", e.loss_scale.consecutive_hysteresis);
+       }},
+      {"fp16.min_loss_scale",
+       [](const EngineOptions& e) { return fmt::format("{}", e.loss_scale.min_loss_scale); }},
+  };
+  // zero_optimization keys zrt implements that are not engine options (the offload blocks'
+  // NVMe and buffer settings, which zrt reads but the engine does not take).
+  const std::set<std::string> not_engine = {
+      "zero_optimization",
+      "zero_optimization.offload_optimizer",
+      "zero_optimization.offload_optimizer.nvme_path",
+      "zero_optimization.offload_optimizer.buffer_count",
+      "zero_optimization.offload_param",
+      "zero_optimization.offload_param.nvme_path",
+      "zero_optimization.offload_param.buffer_count",
+      "zero_optimization.offload_param.buffer_size",
+      "zero_optimization.offload_param.max_in_cpu",
+  };
+  const EngineOptions defaults;
+  for (const config::KeyInfo& key : config::key_table()) {
+    const std::string path = key.path;
+    if (path.rfind("zero_optimization", 0) == 0 && key.status == config::KeyStatus::kImplemented) {
+      INFO(path);
+      CHECK((engine_keys.count(path) == 1 || not_engine.count(path) == 1));
+    }
+  }
+  for (const auto& [path, field] : engine_keys) {
+    const config::KeyInfo* key = config::find_key(path);
+    REQUIRE(key != nullptr);
+    INFO(path << " documented as " << key->default_text);
+    // The documented text as a JSON value ("5e8", "true"), or as a string ("none", "fp32").
+    json value;
+    try {
+      value = json::parse(key->default_text);
+    } catch (const json::parse_error&) {
+      value = key->default_text;
+    }
+    // The key set alone on a stage-3 base (where every stage-3 key applies), everything else
+    // removed, so the key's value is what the engine gets.
+    json doc = patched(R"({"bf16": null, "zero_optimization": null})");
+    doc["zero_optimization"]["stage"] = 3;
+    json* at = &doc;
+    std::istringstream parts(path);
+    for (std::string part; std::getline(parts, part, '.');) at = &(*at)[part];
+    *at = value;
+    CHECK(field(parse_doc(doc).engine) == field(defaults));
+  }
 }
 
 TEST_CASE("docs/config-keys.md matches the key table", "[config][docs]") {

@@ -211,7 +211,9 @@ TEST_CASE("hpZ: the engine refuses what it does not support, with the fix") {
   EngineOptions stage2 = hpz_options(2, 1);
   stage2.stage = 2;
   CHECK_THROWS_WITH(make_engine(stage2, spec),
-                    Catch::Contains("zero_hpz_partition_size 2 needs ZeRO stage 3 (stage is 2)"));
+                    Catch::Contains("zero_optimization.zero_hpz_partition_size: hpZ keeps "
+                                    "secondary shards of stage 3's gathered parameters (stage is "
+                                    "2); set stage 3 or zero_hpz_partition_size 1"));
   // A group that crosses nodes would send the backward gathers between them.
   TrainSpec wide = spec;
   wide.ranks_per_node = 2;

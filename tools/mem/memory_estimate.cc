@@ -8,6 +8,7 @@
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
+#include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
 
 namespace zrt::mem {
@@ -34,27 +35,35 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
   // Partial offload (offload_optimizer.ratio) exists only at stage 3 without parameter offload;
   // the table's other offload rows are full offload.
   if (!(s.stage == 3 && s.offload_optimizer && !s.offload_param)) o.offload_optimizer.ratio = 1.0;
+  // The stage-specific knobs apply only to the rows that have them (the table spans every
+  // stage), as the engine would be configured for that row.
+  if (s.stage != 3) o.hpz_partition_size = 0;
+  if (s.stage != 3 || s.offload_param) o.quantized_weights = false;
+  if (s.stage < 2 || s.offload_param) o.quantized_gradients = false;
+  if (s.stage == 0) o.mics_shard_size = 0;
   return o;
 }
 
 // What the estimate needs to know about the units: exact from a PartitionPlan, or a stand-in
 // from the bucket size when only Ψ is known.
 struct UnitFigures {
-  I64 padded = 0;              // P
-  I64 content = 0;             // Ψ
-  I64 shard_total = 0;         // elements a rank owns (P / N)
-  I64 sharded_slices = 0;      // stage 3: elements of non-persistent slices a rank owns
-  I64 persistent = 0;          // stage 3: elements of the persistent unit (full on every rank)
-  I64 max_unit = 0;            // largest unit, elements
-  I64 max_shard = 0;           // largest slice, elements
-  I64 max_gathered_shard = 0;  // stage 3: largest slice of a non-persistent unit (gathered)
-  I64 host_shard_total = 0;    // optimizer offload: elements of the offloaded units' slices
-  I64 host_max_shard = 0;      // optimizer offload: the largest offloaded slice
-  I64 gathered_peak = 0;       // elements
-  I64 secondary_peak = 0;      // elements (hpZ)
-  I64 params_peak = 0;         // elements: gathered + secondary at once
-  I64 bucket_peak = 0;         // elements
-  I64 transient_bytes = 0;     // peak of gathered + buckets, bytes
+  I64 padded = 0;               // P
+  I64 content = 0;              // Ψ
+  I64 shard_total = 0;          // elements a rank owns (P / N)
+  I64 sharded_slices = 0;       // stage 3: elements of non-persistent slices a rank owns
+  I64 persistent = 0;           // stage 3: elements of the persistent unit (full on every rank)
+  I64 max_unit = 0;             // largest unit, elements
+  I64 max_shard = 0;            // largest slice, elements
+  I64 max_gathered_shard = 0;   // stage 3: largest slice of a non-persistent unit (gathered)
+  I64 host_shard_total = 0;     // optimizer offload: elements of the offloaded units' slices
+  I64 host_max_shard = 0;       // optimizer offload: the largest offloaded slice
+  I64 device_param_slices = 0;  // stage 3: elements of non-persistent slices on the device
+  I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
+  I64 gathered_peak = 0;        // elements
+  I64 secondary_peak = 0;       // elements (hpZ)
+  I64 params_peak = 0;          // elements: gathered + secondary at once
+  I64 bucket_peak = 0;          // elements
+  I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
   std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
 };
 
@@ -174,14 +183,17 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
       f.max_gathered_shard = std::max(f.max_gathered_shard, u.shard);
     }
   }
-  if (o.offload_optimizer.enabled) {
-    const std::vector<bool> offloaded =
-        UnitSchedule::offloaded_units(plan, o.offload_optimizer.ratio);
-    for (std::size_t u = 0; u < offloaded.size(); ++u) {
-      if (!offloaded[u]) continue;
-      f.host_shard_total += plan.unit(static_cast<int>(u)).shard;
-      f.host_max_shard = std::max(f.host_max_shard, plan.unit(static_cast<int>(u)).shard);
+  // Where each unit's state lives: the engine's own placement (unit_placement.h).
+  const std::vector<UnitPlacement> placement = unit_placements(o, plan);
+  for (std::size_t u = 0; u < placement.size(); ++u) {
+    const Unit& unit = plan.unit(static_cast<int>(u));
+    if (!unit.persistent && placement[u].param_slice == Residence::kDevice) {
+      f.device_param_slices += unit.shard;
     }
+    if (placement[u].grad_slice == Residence::kDevice) f.device_grad_slices += unit.shard;
+    if (!placement[u].stepped_on_host()) continue;
+    f.host_shard_total += unit.shard;
+    f.host_max_shard = std::max(f.host_max_shard, unit.shard);
   }
   // The modules the model reruns under activation checkpointing (a GPT: its blocks).
   std::vector<bool> recomputed(static_cast<std::size_t>(model.num_modules), false);
@@ -216,6 +228,15 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
         std::llround(o.offload_optimizer.ratio * static_cast<double>(f.shard_total)));
     f.host_max_shard = f.host_shard_total > 0 ? f.max_shard : 0;
   }
+  // The placement rule for the share whose state is on the host and the rest (no units here).
+  const UnitPlacement host_side = placement_of(o, true);
+  const UnitPlacement device_side = placement_of(o, false);
+  const I64 device_shard = f.shard_total - f.host_shard_total;
+  if (o.stage == 3 && device_side.param_slice == Residence::kDevice) {
+    f.device_param_slices = f.sharded_slices;
+  }
+  f.device_grad_slices = (device_side.grad_slice == Residence::kDevice ? device_shard : 0) +
+                         (host_side.grad_slice == Residence::kDevice ? f.host_shard_total : 0);
   if (o.stage >= 2) f.bucket_peak = f.max_unit;
   if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
   // hpZ: every unit's secondary shard is alive between the forward and the backward.
@@ -309,13 +330,8 @@ void Inputs::validate() const {
       ZRT_THROW(InvalidArgument, "--hpz with mics_shard_size is not supported: use one of them");
     }
   }
-  const Setting s = setting();
-  if (s.offload_optimizer && s.stage == 0) {
-    ZRT_THROW(InvalidArgument, "optimizer offload needs ZeRO stage 1, 2 or 3");
-  }
-  if (s.offload_param && (s.stage != 3 || !s.offload_optimizer)) {
-    ZRT_THROW(InvalidArgument, "parameter offload needs ZeRO stage 3 with optimizer offload");
-  }
+  // The engine's own rules, as the config and the engine apply them, for the chosen setting.
+  check_options(options_for(*this, setting()), world);
 }
 
 std::int64_t Estimate::activations() const {
@@ -363,7 +379,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   if (o.stage < 3) {
     e.params = f.padded * cs;  // full parameters
   } else {
-    e.params = f.persistent * cs + (setting.offload_param ? 0 : f.sharded_slices * cs);
+    e.params = f.persistent * cs + f.device_param_slices * cs;
   }
   // The optimizer's fp32 state tensors per owned element (Adam 2, Lion 1).
   // With optimizer offload the offloaded units' state is in host memory and the rest (partial
@@ -376,10 +392,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.grads_offloaded_as_reduced = reduced_to_host;
   if (o.stage < 2) {
     e.grads = f.padded * as;  // full gradients, accumulated across micro-batches
-  } else if (setting.offload_param) {
-    e.grads = 0;  // accumulated in host memory
   } else {
-    e.grads = (reduced_to_host ? device_shard : f.shard_total) * as;  // the owned slices
+    // The owned slices the placement keeps on the device (with parameter offload none: they
+    // accumulate in host memory; at one micro-batch per step an offloaded unit's goes down).
+    e.grads = f.device_grad_slices * as;
   }
   e.master = device_shard * 4;
   e.optimizer = device_shard * 4 * in.optimizer.num_states();
