@@ -8,7 +8,7 @@
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
 #include "config/config.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 #include "zrt/model.h"
 
 namespace zrt {
