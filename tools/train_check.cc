@@ -15,7 +15,6 @@ namespace zrt::cli {
 
 namespace {
 
-
 // --check's default world size: the file's batch numbers when it gives all three, else 1.
 int default_check_world(const nlohmann::json& document) {
   if (!document.is_object()) return 1;
@@ -113,8 +112,7 @@ int check_training_config(const CheckArguments& args) {
   const auto capacity = static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));
   const bool fits = mine.device_total() <= capacity;
   // A CPU rank without device.memory_limit_gb has no cap to exceed: the estimate is advice.
-  const bool capped =
-      config.device.type != DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
+  const bool capped = config.device.type != DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
   std::printf("model: %s\n", in.model->description.c_str());
   std::printf(
       "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "

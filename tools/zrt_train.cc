@@ -229,7 +229,8 @@ int train(const Arguments& args, int* argc, char*** argv) {
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
   try {
-    const zrt::cli::ConfigDocument d = zrt::cli::read_config_document(args.config_path, args.overrides);
+    const zrt::cli::ConfigDocument d =
+        zrt::cli::read_config_document(args.config_path, args.overrides);
     const zrt::Config config =
         zrt::parse_config(d.json, mpi.size(), args.config_path, d.command_line_paths);
     zrt::init_logging(mpi.rank(), config.log_level);
