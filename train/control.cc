@@ -8,7 +8,9 @@ Control::Control(Device& device, ProcessGroup& group) : device_(device), group_(
   scratch_ = device.allocate(kMaxValues * 8, MemCategory::kWorkspace, "control scratch");
 }
 
-double Control::mean(double value) { return mean(std::vector<float>{static_cast<float>(value)})[0]; }
+double Control::mean(double value) {
+  return mean(std::vector<float>{static_cast<float>(value)})[0];
+}
 
 std::vector<float> Control::mean(std::vector<float> values) {
   ZRT_CHECK(values.size() <= kMaxValues, "too many values");

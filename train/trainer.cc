@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "models/model_registry.h"
 #include "train/training_run.h"

@@ -257,8 +257,8 @@ RunSummary TrainingRun::run() {
 // The step line and the metrics row of a decided step whose loss has been delivered (the
 // latest read, last_loss_). Collective (the peaks are the ranks' maximum): every rank calls it
 // for the same steps, since every input of that choice is rank-identical.
-void TrainingRun::log_step(std::int64_t step, double lr, double wall_time,
-                           const StepResult& result, std::int64_t loss_tokens) {
+void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const StepResult& result,
+                           std::int64_t loss_tokens) {
   const double loss = last_loss_;
   const double elapsed_s = std::chrono::duration<double>(Clock::now() - run_start_).count();
   const double seconds = std::chrono::duration<double>(Clock::now() - interval_start_).count();
@@ -365,10 +365,10 @@ void TrainingRun::end_traced_step(std::int64_t step, double step_start_us,
   const std::string path = trace_path_for_rank(config_.trace.path, rank_, world_);
   trace_->write(path);
   if (rank_ == 0) {
-    spdlog::info(
-        "trace of steps {}-{} written to {}", config_.trace.first_step, last_traced_,
-        world_ > 1 ? trace_path_for_rank(config_.trace.path, 0, world_) + " (one file per rank)"
-                   : path);
+    spdlog::info("trace of steps {}-{} written to {}", config_.trace.first_step, last_traced_,
+                 world_ > 1
+                     ? trace_path_for_rank(config_.trace.path, 0, world_) + " (one file per rank)"
+                     : path);
     // What the device did per step (rank 0's streams); the last traced step also holds the
     // drain of everything it enqueued, so the earlier steps are the steady state.
     for (const TraceStepSummary& s : summarize_trace_steps(trace_->events())) {
@@ -384,8 +384,8 @@ void TrainingRun::sample() {
       summary_.status != RunStatus::kCompleted) {
     return;
   }
-  summary_.sample = sample_text(config_, *device_, *compute_, *model_, *engine_, T_,
-                                model_source_.vocab_size);
+  summary_.sample =
+      sample_text(config_, *device_, *compute_, *model_, *engine_, T_, model_source_.vocab_size);
   if (rank_ == 0) spdlog::info("sample: {}", summary_.sample);
 }
 

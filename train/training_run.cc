@@ -108,14 +108,13 @@ void TrainingRun::build_groups() {
   comm_options_ = config_.comm;
   // NCCL refuses two ranks of a communicator on one GPU: ranks that share one talk over MPI
   // through pinned host memory (staged_process_group.h).
-  const bool sharing_gpu =
-      device_->type() == DeviceType::kCuda && ranks_.local_size > gpu_count_;
+  const bool sharing_gpu = device_->type() == DeviceType::kCuda && ranks_.local_size > gpu_count_;
   if (sharing_gpu) comm_options_.host_staged = true;
   if (comm_options_.host_staged && device_->type() == DeviceType::kCuda && rank_ == 0) {
-    spdlog::info(
-        "collectives over MPI through pinned host memory, not NCCL ({})",
-        sharing_gpu ? fmt::format("{} ranks share {} GPU(s) on a node", ranks_.local_size, gpu_count_)
-                    : std::string("comm.host_staged_collectives"));
+    spdlog::info("collectives over MPI through pinned host memory, not NCCL ({})",
+                 sharing_gpu ? fmt::format("{} ranks share {} GPU(s) on a node", ranks_.local_size,
+                                           gpu_count_)
+                             : std::string("comm.host_staged_collectives"));
   }
   comm_options_.watchdog = std::make_shared<Watchdog>(config_.comm.timeout_s, hooks_.on_hang);
   watchdog_ = comm_options_.watchdog.get();
@@ -279,8 +278,8 @@ void TrainingRun::build_checkpoints() {
 void TrainingRun::build_step_buffers() {
   evaluator_.emplace(config_, ranks_, *device_, *compute_, *control_, *feeder_, *model_, *engine_,
                      val_data_.get());
-  step_losses_ = device_->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace,
-                                   "step loss accumulators");
+  step_losses_ =
+      device_->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace, "step loss accumulators");
 }
 
 // The timeline trace (trace.path, trace.steps).

@@ -64,8 +64,8 @@ struct StepOutcome {
   // any collective of the engine (the schedule did not advance); the other fields are unset.
   bool trained = false;
   double lr = 0.0;
-  double wall_time = 0.0;  // when the update was enqueued (unix seconds)
-  StepResult result;       // decided when the step is logged, the last or a stop
+  double wall_time = 0.0;        // when the update was enqueued (unix seconds)
+  StepResult result;             // decided when the step is logged, the last or a stop
   std::int64_t loss_tokens = 0;  // the global batch's
   bool log_now = false;          // the step gets its log line and metrics row
   bool stop = false;             // a stop was requested on some rank: save and stop here
