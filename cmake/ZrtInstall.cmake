@@ -7,7 +7,7 @@
 #   <prefix>/include/zrt/detail/...    the headers those include, at their source paths
 #   <prefix>/lib/cmake/zrt             zrtConfig.cmake, zrtConfigVersion.cmake, zrtTargets*.cmake
 
-# Every zrt library, the training loop (tools/train) included.
+# Every zrt library, the training loop (train/) included.
 add_library(zrt INTERFACE)
 target_link_libraries(zrt INTERFACE zrt_runtime zrt_data zrt_optimizers zrt_engine zrt_offload zrt_config
                       zrt_checkpoint zrt_kernels zrt_models zrt_train)
@@ -44,7 +44,7 @@ install(FILES ${PROJECT_BINARY_DIR}/include/zrt/version.h
 # The public headers forward to the sources' headers, which include each other by their path
 # from the source root: all of them are installed, at those paths, so whatever a public header
 # reaches is there.
-foreach(dir runtime config offload kernels models optimizers tools/train tools/mem)
+foreach(dir runtime config offload kernels models optimizers train tools/mem)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/zrt/detail/${dir}
           FILES_MATCHING PATTERN "*.h")

@@ -14,7 +14,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -24,16 +23,13 @@
 #include <vector>
 
 #include <spdlog/spdlog.h>
-#include <nlohmann/json.hpp>
 
 #include "config/config.h"
-#include "config/json_reader.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "tools/mem/mem_report.h"
-#include "tools/mem/memory_estimate.h"
-#include "tools/train/trainer.h"
+#include "tools/train_check.h"
+#include "train/trainer.h"
 
 #ifndef ZRT_VERSION
 #define ZRT_VERSION "unknown"
@@ -229,134 +225,12 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   return args;
 }
 
-// The document with the overrides applied, and the paths they set.
-struct Document {
-  nlohmann::json json;
-  std::vector<std::string> command_line_paths;
-};
-
-Document read_document(const Arguments& args) {
-  Document d;
-  d.json = zrt::config::read_json_file(args.config_path);
-  d.command_line_paths = zrt::apply_overrides(d.json, args.overrides);
-  return d;
-}
-
-// --check's default world size: the file's batch numbers when it gives all three, else 1.
-int default_check_world(const nlohmann::json& document) {
-  if (!document.is_object()) return 1;
-  for (const char* key :
-       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
-    const auto it = document.find(key);
-    if (it == document.end() || !it->is_number()) return 1;
-  }
-  return 0;  // parse_config takes it from the three numbers
-}
-
-void print_lines(std::FILE* out, const std::string& prefix, const std::string& text) {
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    std::size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    std::fprintf(out, "%s%s\n", prefix.c_str(), text.substr(begin, end - begin).c_str());
-    begin = end + 1;
-  }
-}
-
-std::size_t count_lines(const std::string& text) {
-  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
-}
-
-// "1.2 GB", or "3.4 MB" below a gigabyte (decimal units, as zrt-mem), so small models do not
-// read "0.0".
-std::string bytes_text(std::int64_t bytes) {
-  if (bytes >= 1000000000) return zrt::mem::gb(bytes) + " GB";
-  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
-}
-
-// zrt-train --check: exit status 0 if the config is valid and its setting fits the device.
-int check(const Arguments& args) {
-  zrt::Config config;
-  try {
-    const Document d = read_document(args);
-    const int world = args.world.value_or(default_check_world(d.json));
-    config = zrt::parse_config(d.json, world, args.config_path, d.command_line_paths);
-  } catch (const zrt::InvalidArgument& e) {
-    const std::string message = e.what();
-    const std::size_t n = count_lines(message);
-    std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,
-                n == 1 ? "" : "s");
-    print_lines(stdout, "  ", message);
-    return 1;
-  }
-
-  const zrt::BatchConfig& b = config.batch;
-  std::printf("config: %s is valid for %d rank%s%s\n", args.config_path.c_str(), b.world_size,
-              b.world_size == 1 ? "" : "s",
-              args.overrides.empty()
-                  ? ""
-                  : fmt::format(" (with {} command-line override{})", args.overrides.size(),
-                                args.overrides.size() == 1 ? "" : "s")
-                        .c_str());
-  std::printf("batch: train_batch_size %lld = micro-batch %lld x accumulation %d x %d rank%s\n",
-              static_cast<long long>(b.train_batch_size),
-              static_cast<long long>(b.micro_batch_size), b.gradient_accumulation_steps,
-              b.world_size, b.world_size == 1 ? "" : "s");
-  if (config.warnings.empty()) {
-    std::printf("warnings: none\n");
-  } else {
-    std::printf("warnings: %zu\n", config.warnings.size());
-    for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
-  }
-  std::printf("resolved config (defaults filled in):\n");
-  print_lines(stdout, "  ", zrt::resolved_document(config).dump(2));
-
-  // The model's own checks (dimensions against the preset) happen when it is built: do them
-  // here too, so --check finds what the start of the run would.
-  zrt::mem::Inputs in;
-  try {
-    in = zrt::mem::inputs_from_config(config);
-    in.validate();
-  } catch (const zrt::InvalidArgument& e) {
-    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
-                e.what());
-    return 1;
-  }
-  std::vector<zrt::mem::Estimate> estimates;
-  for (const zrt::mem::Setting& s : zrt::mem::table_order()) {
-    estimates.push_back(zrt::mem::estimate(in, s));
-  }
-  const zrt::mem::Estimate mine = zrt::mem::estimate(in, in.setting());
-  const auto capacity = static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));
-  const bool fits = mine.device_total() <= capacity;
-  // A CPU rank without device.memory_limit_gb has no cap to exceed: the estimate is advice.
-  const bool capped =
-      config.device.type != zrt::DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
-  std::printf("model: %s\n", in.model->description.c_str());
-  std::printf(
-      "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
-      "buffers %s); the device has %g GiB (%s%s): %s\n",
-      in.name(mine.setting).c_str(), bytes_text(mine.device_total()).c_str(),
-      bytes_text(mine.model_state()).c_str(), bytes_text(mine.activations()).c_str(),
-      bytes_text(mine.buffers()).c_str(), in.device_gib, bytes_text(capacity).c_str(),
-      config.device.memory_limit_gb > 0 ? ", device.memory_limit_gb" : ", zrt-mem's default",
-      fits ? "fits" : (capped ? "DOES NOT FIT" : "over, but CPU ranks have no cap"));
-  std::printf("  %s\n", zrt::mem::format_verdict(in, estimates).c_str());
-  std::printf("  (the whole table: zrt-mem --config %s --world %d)\n", args.config_path.c_str(),
-              b.world_size);
-  if (!fits && capped) {
-    std::printf("result: the config is valid but does not fit the device\n");
-    return 1;
-  }
-  std::printf("result: OK\n");
-  return 0;
-}
-
 int train(const Arguments& args, int* argc, char*** argv) {
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
   try {
-    const Document d = read_document(args);
+    const zrt::cli::ConfigDocument d =
+        zrt::cli::read_config_document(args.config_path, args.overrides);
     const zrt::Config config =
         zrt::parse_config(d.json, mpi.size(), args.config_path, d.command_line_paths);
     zrt::init_logging(mpi.rank(), config.log_level);
@@ -424,7 +298,7 @@ int main(int argc, char** argv) {
       // The report lists the config's warnings itself; the log adds only errors (unless
       // ZRT_LOG_LEVEL asks for more).
       zrt::init_logging(0, "error");
-      return check(*args);
+      return zrt::cli::check_training_config({args->config_path, args->overrides, args->world});
     }
     return train(*args, &argc, &argv);
   } catch (const std::exception& e) {

@@ -1,6 +1,6 @@
 // The training loop of zrt-train as a library: zrt::Trainer runs a validated config (DeepSpeed
 // schema; config/config.h) on a caller's model (zrt::ModelFactory) or on the model
-// registry's. tools/train/trainer.h documents it; docs/extending.md, "Use zrt as a library",
+// registry's. train/trainer.h documents it; docs/extending.md, "Use zrt as a library",
 // walks through examples/custom_model.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
 #include "config/config.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 #include "zrt/model.h"
 
 namespace zrt {

@@ -1,5 +1,5 @@
 // Preemption and storage faults end to end, in real processes (mpirun -n 2 zrt-train, a new job
-// per run; tools/zrt_train.cc, tools/train/trainer.cc, docs/launching.md):
+// per run; tools/zrt_train.cc, train/checkpoint_policy.cc, docs/launching.md):
 //  - SIGTERM to every rank in the middle of a step's gradient accumulation, SIGUSR1 to one rank
 //    only, SIGUSR1 to mpirun (which forwards it), SIGTERM during an async save: exit status 75
 //    within the grace period, `latest` names a checkpoint of the step reached, and that

@@ -24,4 +24,24 @@ for want in 'runtime/engine/bad.h:1: includes "optimizers/optimizer.h"' \
             'kernels/bad.cu:1: includes "models/gpt/gpt.h"' '3 forbidden include(s)'; do
   grep -qF "$want" <<<"$out" || { echo "FAIL: missing '$want' in:"; echo "$out"; exit 1; }
 done
-echo "test_check_layers: the rule holds and refuses 3 planted violations"
+
+# The training loop's layer: train/ sits on every library and under the tools.
+train_scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch" "$train_scratch"' EXIT
+mkdir -p "$train_scratch"/train "$train_scratch"/models "$train_scratch"/tools
+printf '#include "models/model_registry.h"\n#include "offload/cpu_optimizer_offload.h"\n' \
+  >"$train_scratch/train/ok.h"
+printf '#include "train/trainer.h"\n' >"$train_scratch/tools/ok.cc"
+if ! "$python" "$check" "$train_scratch" >/dev/null; then
+  echo "FAIL: a train/ layer that follows the rule was refused"; exit 1
+fi
+printf '#include "train/trainer.h"\n' >"$train_scratch/models/bad.h"
+printf '#include "tools/mem/memory_estimate.h"\n' >"$train_scratch/train/bad.cc"
+if out="$("$python" "$check" "$train_scratch")"; then
+  echo "FAIL: forbidden includes of or from train/ were accepted:"; echo "$out"; exit 1
+fi
+for want in 'models/bad.h:1: includes "train/trainer.h"' \
+            'train/bad.cc:1: includes "tools/mem/memory_estimate.h"' '2 forbidden include(s)'; do
+  grep -qF "$want" <<<"$out" || { echo "FAIL: missing '$want' in:"; echo "$out"; exit 1; }
+done
+echo "test_check_layers: the rule holds and refuses 3 planted violations, and 2 around train/"

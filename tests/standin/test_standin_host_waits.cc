@@ -28,7 +28,7 @@
 #include "runtime/data/token_shard.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/engine/zero_engine.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 extern "C" int zrt_standin_visit_host_drains(void (*visit)(cudaStream_t stream, long long drains,
                                                            void* ctx),

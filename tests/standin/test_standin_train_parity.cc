@@ -13,7 +13,7 @@
 #include "config/config.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/data/token_shard.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 using namespace zrt;
 

@@ -25,7 +25,7 @@
 #include "runtime/engine/zero_engine.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 using namespace zrt;
 using namespace zrt::mem;

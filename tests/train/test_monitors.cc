@@ -13,12 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/train/history_file.h"
-#include "tools/train/metrics_log.h"
-#include "tools/train/monitors/csv_monitor.h"
-#include "tools/train/monitors/event_file_writer.h"
-#include "tools/train/monitors/tfrecord.h"
-#include "tools/train/run_clock.h"
+#include "train/history_file.h"
+#include "train/metrics_log.h"
+#include "train/monitors/csv_monitor.h"
+#include "train/monitors/event_file_writer.h"
+#include "train/monitors/tfrecord.h"
+#include "train/run_clock.h"
 
 using namespace zrt::train;
 namespace fs = std::filesystem;

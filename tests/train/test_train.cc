@@ -18,7 +18,7 @@
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
 #include "tests/trace/trace_test_util.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 using namespace zrt;
 

@@ -20,7 +20,7 @@
 #include "config/config.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "tests/data/sft_test_support.h"
-#include "tools/train/trainer.h"
+#include "train/trainer.h"
 
 using namespace zrt;
 

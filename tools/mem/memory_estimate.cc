@@ -119,7 +119,7 @@ I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
   }
   if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
   MpiScratch control(world, comm);
-  // The mean loss and the step boundary's votes (stop, wall-clock save): tools/train/trainer.cc.
+  // The mean loss and the step boundary's votes (stop, wall-clock save): train/training_loop.cc.
   if (trainer) control.all_reduce_float(3, 4);
   return zero.bytes() + control.bytes();
 }

@@ -1,4 +1,4 @@
-#include "tools/train/monitors/tfrecord.h"
+#include "train/monitors/tfrecord.h"
 
 #include <cstring>
 

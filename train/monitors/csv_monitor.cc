@@ -1,4 +1,4 @@
-#include "tools/train/monitors/csv_monitor.h"
+#include "train/monitors/csv_monitor.h"
 
 #include <cerrno>
 #include <cstring>
@@ -9,7 +9,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "runtime/common/error.h"
-#include "tools/train/history_file.h"
+#include "train/history_file.h"
 
 namespace zrt::train {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tools/train/history_file.h"
+#include "train/history_file.h"
 
 namespace zrt::train {
 

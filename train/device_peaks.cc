@@ -1,4 +1,4 @@
-#include "tools/train/device_peaks.h"
+#include "train/device_peaks.h"
 
 #include <fstream>
 #include <string>

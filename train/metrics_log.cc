@@ -1,4 +1,4 @@
-#include "tools/train/metrics_log.h"
+#include "train/metrics_log.h"
 
 #include <cerrno>
 #include <cstring>

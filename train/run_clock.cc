@@ -1,4 +1,4 @@
-#include "tools/train/run_clock.h"
+#include "train/run_clock.h"
 
 #include <cmath>
 

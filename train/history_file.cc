@@ -1,4 +1,4 @@
-#include "tools/train/history_file.h"
+#include "train/history_file.h"
 
 #include <cerrno>
 #include <cstring>

@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tools/train/monitors/tfrecord.h"
+#include "train/monitors/tfrecord.h"
 
 namespace zrt::train {
 

@@ -1,9 +1,11 @@
-// Trainer: the training loop of zrt-train. One object per rank: builds the device, streams,
-// process groups, the model (the registry's for the config's model block, or the caller's own:
-// ModelFactory), the ZeRO engine and the data streams from a validated Config, then trains, logs
-// (one line per logged step, metrics.jsonl and DeepSpeed's monitors on rank 0), evaluates and
-// samples. checkpoint.load is decided first (runtime/checkpoint/load_plan.h), so a run that would
-// overwrite another run's checkpoints stops before anything is built.
+// The training loop's public face: run_training() and zrt::Trainer run a validated Config on
+// every rank, with the model registry's model for the config's model block or the caller's own
+// (ModelFactory); RunSummary says how the run ended. One run builds the device, streams,
+// process groups, the model, the ZeRO engine and the data streams, then trains, logs (one line
+// per logged step, metrics.jsonl and DeepSpeed's monitors on rank 0), evaluates and samples
+// (TrainingRun, train/training_run.h). checkpoint.load is decided first
+// (runtime/checkpoint/load_plan.h), so a run that would overwrite another run's checkpoints
+// stops before anything is built.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "tools/train/monitors/event_file_writer.h"
+#include "train/monitors/event_file_writer.h"
 
 #include <unistd.h>
 
@@ -12,7 +12,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "runtime/common/error.h"
-#include "tools/train/monitors/tfrecord.h"
+#include "train/monitors/tfrecord.h"
 
 namespace zrt::train {
 

@@ -1,8 +1,8 @@
-#include "tools/train/monitors/monitors.h"
+#include "train/monitors/monitors.h"
 
 #include "runtime/common/error.h"
-#include "tools/train/monitors/csv_monitor.h"
-#include "tools/train/monitors/event_file_writer.h"
+#include "train/monitors/csv_monitor.h"
+#include "train/monitors/event_file_writer.h"
 
 namespace zrt::train {
 

@@ -1,0 +1,136 @@
+#include "tools/train_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "config/json_reader.h"
+#include "runtime/common/error.h"
+#include "tools/mem/mem_report.h"
+#include "tools/mem/memory_estimate.h"
+
+namespace zrt::cli {
+
+namespace {
+
+// --check's default world size: the file's batch numbers when it gives all three, else 1.
+int default_check_world(const nlohmann::json& document) {
+  if (!document.is_object()) return 1;
+  for (const char* key :
+       {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
+    const auto it = document.find(key);
+    if (it == document.end() || !it->is_number()) return 1;
+  }
+  return 0;  // parse_config takes it from the three numbers
+}
+
+void print_lines(std::FILE* out, const std::string& prefix, const std::string& text) {
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    std::fprintf(out, "%s%s\n", prefix.c_str(), text.substr(begin, end - begin).c_str());
+    begin = end + 1;
+  }
+}
+
+std::size_t count_lines(const std::string& text) {
+  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+// "1.2 GB", or "3.4 MB" below a gigabyte (decimal units, as zrt-mem), so small models do not
+// read "0.0".
+std::string bytes_text(std::int64_t bytes) {
+  if (bytes >= 1000000000) return mem::gb(bytes) + " GB";
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
+
+}  // namespace
+
+ConfigDocument read_config_document(const std::string& config_path,
+                                    const ConfigOverrides& overrides) {
+  ConfigDocument d;
+  d.json = config::read_json_file(config_path);
+  d.command_line_paths = apply_overrides(d.json, overrides);
+  return d;
+}
+
+int check_training_config(const CheckArguments& args) {
+  Config config;
+  try {
+    const ConfigDocument d = read_config_document(args.config_path, args.overrides);
+    const int world = args.world.value_or(default_check_world(d.json));
+    config = parse_config(d.json, world, args.config_path, d.command_line_paths);
+  } catch (const InvalidArgument& e) {
+    const std::string message = e.what();
+    const std::size_t n = count_lines(message);
+    std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,
+                n == 1 ? "" : "s");
+    print_lines(stdout, "  ", message);
+    return 1;
+  }
+
+  const BatchConfig& b = config.batch;
+  std::printf("config: %s is valid for %d rank%s%s\n", args.config_path.c_str(), b.world_size,
+              b.world_size == 1 ? "" : "s",
+              args.overrides.empty()
+                  ? ""
+                  : fmt::format(" (with {} command-line override{})", args.overrides.size(),
+                                args.overrides.size() == 1 ? "" : "s")
+                        .c_str());
+  std::printf("batch: train_batch_size %lld = micro-batch %lld x accumulation %d x %d rank%s\n",
+              static_cast<long long>(b.train_batch_size),
+              static_cast<long long>(b.micro_batch_size), b.gradient_accumulation_steps,
+              b.world_size, b.world_size == 1 ? "" : "s");
+  if (config.warnings.empty()) {
+    std::printf("warnings: none\n");
+  } else {
+    std::printf("warnings: %zu\n", config.warnings.size());
+    for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
+  }
+  std::printf("resolved config (defaults filled in):\n");
+  print_lines(stdout, "  ", resolved_document(config).dump(2));
+
+  // The model's own checks (dimensions against the preset) happen when it is built: do them
+  // here too, so --check finds what the start of the run would.
+  mem::Inputs in;
+  try {
+    in = mem::inputs_from_config(config);
+    in.validate();
+  } catch (const InvalidArgument& e) {
+    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
+                e.what());
+    return 1;
+  }
+  std::vector<mem::Estimate> estimates;
+  for (const mem::Setting& s : mem::table_order()) {
+    estimates.push_back(mem::estimate(in, s));
+  }
+  const mem::Estimate mine = mem::estimate(in, in.setting());
+  const auto capacity = static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));
+  const bool fits = mine.device_total() <= capacity;
+  // A CPU rank without device.memory_limit_gb has no cap to exceed: the estimate is advice.
+  const bool capped = config.device.type != DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
+  std::printf("model: %s\n", in.model->description.c_str());
+  std::printf(
+      "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
+      "buffers %s); the device has %g GiB (%s%s): %s\n",
+      in.name(mine.setting).c_str(), bytes_text(mine.device_total()).c_str(),
+      bytes_text(mine.model_state()).c_str(), bytes_text(mine.activations()).c_str(),
+      bytes_text(mine.buffers()).c_str(), in.device_gib, bytes_text(capacity).c_str(),
+      config.device.memory_limit_gb > 0 ? ", device.memory_limit_gb" : ", zrt-mem's default",
+      fits ? "fits" : (capped ? "DOES NOT FIT" : "over, but CPU ranks have no cap"));
+  std::printf("  %s\n", mem::format_verdict(in, estimates).c_str());
+  std::printf("  (the whole table: zrt-mem --config %s --world %d)\n", args.config_path.c_str(),
+              b.world_size);
+  if (!fits && capped) {
+    std::printf("result: the config is valid but does not fit the device\n");
+    return 1;
+  }
+  std::printf("result: OK\n");
+  return 0;
+}
+
+}  // namespace zrt::cli

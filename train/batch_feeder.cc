@@ -1,0 +1,64 @@
+#include "train/batch_feeder.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+
+#include "runtime/common/error.h"
+
+namespace zrt::train {
+
+BatchFeeder::BatchFeeder(Device& device, Stream& stream, int B, int T, bool documents)
+    : device_(device), stream_(stream), arrays_(documents ? 4 : 2) {
+  const std::int64_t bytes = std::int64_t{B} * T * 4 * arrays_;
+  for (int i = 0; i < 2; ++i) {
+    host_[i] =
+        device.allocate(bytes, MemCategory::kWorkspace, "token staging", MemorySpace::kPinnedHost);
+    device_buf_[i] = device.allocate(bytes, MemCategory::kActivations, "token batch");
+    copied_[i] = device.create_event();
+  }
+  B_ = B;
+  T_ = T;
+}
+
+BatchFeeder::~BatchFeeder() {
+  try {
+    stream_.synchronize();
+  } catch (const std::exception&) {
+    // A stream error was reported where it happened; the buffers are free to go now.
+  }
+}
+
+TokenBatch BatchFeeder::next(const HostBatch& rows, float loss_divisor) {
+  const std::int64_t n = std::int64_t{B_} * T_;
+  ZRT_CHECK(rows.batch == B_ && rows.seq_len == T_, "a {}x{} batch for a {}x{} feeder", rows.batch,
+            rows.seq_len, B_, T_);
+  ZRT_CHECK(!rows.documents || arrays_ == 4, "a batch with documents for a feeder without");
+  const int slot = slot_++ % 2;
+  copied_[slot]->synchronize();  // the host buffer's previous copy is done
+  std::int32_t* staged = host_[slot].host<std::int32_t>();
+  std::copy(rows.inputs.begin(), rows.inputs.end(), staged);
+  std::copy(rows.targets.begin(), rows.targets.end(), staged + n);
+  if (rows.documents) {
+    std::copy(rows.positions.begin(), rows.positions.end(), staged + 2 * n);
+    std::copy(rows.doc_start.begin(), rows.doc_start.end(), staged + 3 * n);
+  }
+  const int arrays = rows.documents ? 4 : 2;
+  device_.copy_to_device(device_buf_[slot].device<std::byte>(), staged,
+                         static_cast<std::size_t>(n * 4 * arrays), stream_);
+  copied_[slot]->record(stream_);
+  const DevicePtr<std::int32_t> base = device_buf_[slot].device<std::int32_t>();
+  TokenBatch batch;
+  batch.inputs = base;
+  batch.targets = base + n;
+  if (rows.documents) {
+    batch.positions = base + 2 * n;
+    batch.doc_start = base + 3 * n;
+  }
+  batch.batch = B_;
+  batch.seq_len = T_;
+  batch.loss_divisor = loss_divisor;
+  return batch;
+}
+
+}  // namespace zrt::train

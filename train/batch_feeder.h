@@ -1,0 +1,40 @@
+// BatchFeeder: a micro-batch's rows (HostBatch) onto the device as the model takes them
+// (TokenBatch), through two host/device buffer pairs, so the next micro-batch's tokens are
+// prepared while the previous copy may still be in flight. One per stream; not thread-safe.
+#pragma once
+
+#include <memory>
+
+#include "runtime/data/sample_source.h"
+#include "runtime/device/device.h"
+#include "runtime/model_interface.h"
+
+namespace zrt::train {
+
+class BatchFeeder {
+ public:
+  // Rows of B x T tokens; with `documents` also their positions and document starts.
+  BatchFeeder(Device& device, Stream& stream, int B, int T, bool documents);
+  // The stream may still read the buffers (an exception unwinding mid-step destroys the feeder
+  // before the engine drains its streams): waits for it before they are freed.
+  ~BatchFeeder();
+  BatchFeeder(const BatchFeeder&) = delete;
+  BatchFeeder& operator=(const BatchFeeder&) = delete;
+
+  // Copies `rows` into the next slot and returns the device batch, with `loss_divisor`
+  // (TokenBatch: 0 for the mean over every token).
+  TokenBatch next(const HostBatch& rows, float loss_divisor);
+
+ private:
+  Device& device_;
+  Stream& stream_;
+  int arrays_ = 2;  // int32 arrays of B*T per slot
+  Buffer host_[2];
+  Buffer device_buf_[2];
+  std::unique_ptr<Event> copied_[2];
+  int slot_ = 0;
+  int B_ = 0;
+  int T_ = 0;
+};
+
+}  // namespace zrt::train

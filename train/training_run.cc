@@ -1,0 +1,363 @@
+// TrainingRun's construction: build() and its parts, in the order they run.
+#include "train/training_run.h"
+
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <filesystem>
+#include <string>
+#include <utility>
+
+#include <spdlog/spdlog.h>
+
+#include "models/model_registry.h"
+#include "offload/cpu_optimizer_offload.h"
+#include "optimizers/optimizer.h"
+#include "runtime/comm/topology.h"
+#include "runtime/common/cpu_affinity.h"
+#include "runtime/common/error.h"
+#include "runtime/common/fault.h"
+#include "runtime/data/open_dataset.h"
+
+namespace zrt::train {
+
+namespace {
+
+EngineOptions engine_options(const Config& config) {
+  EngineOptions o = config.engine;
+  o.offload_optimizer.enabled = config.offload_optimizer.enabled();
+  o.offload_optimizer.pin_memory = config.offload_optimizer.pin_memory;
+  o.offload_optimizer.ratio = config.offload_optimizer.ratio;
+  o.offload_param.enabled = config.offload_param.enabled();
+  o.offload_param.pin_memory = config.offload_param.pin_memory;
+  return o;
+}
+
+// Called where the loop builds the model; throws InvalidArgument naming what is missing.
+void check_factory(const ModelFactory& factory) {
+  if (!factory.build) ZRT_THROW(InvalidArgument, "ModelFactory: build is not set");
+  if (factory.seq_len <= 0 || factory.vocab_size <= 0) {
+    ZRT_THROW(InvalidArgument, "ModelFactory for {}: seq_len {} and vocab_size {} must be positive",
+              factory.description, factory.seq_len, factory.vocab_size);
+  }
+}
+
+}  // namespace
+
+TrainingRun::TrainingRun(const Config& config, const RankInfo& ranks,
+                         std::function<ModelFactory()> make_factory, const TrainHooks& hooks)
+    : config_(config),
+      ranks_(ranks),
+      rank_(ranks.rank),
+      world_(ranks.world),
+      make_factory_(std::move(make_factory)),
+      hooks_(hooks) {}
+
+TrainingRun::~TrainingRun() = default;
+
+TrainingRun::DrainStreams::~DrainStreams() {
+  try {
+    engine.synchronize();
+  } catch (const std::exception& e) {
+    spdlog::debug("engine streams drained after an error: {}", e.what());
+  }
+  try {
+    device.synchronize();
+  } catch (const std::exception& e) {
+    spdlog::debug("streams drained after an error: {}", e.what());
+  }
+}
+
+void TrainingRun::build() {
+  // What checkpoint.load means here: decided before anything is built, so a run that would
+  // overwrite another run's checkpoints stops at once (on every rank: same files).
+  load_plan_ = CheckpointPolicy::plan(config_, rank_);
+  // ZRT_CPU_ISA is read here, before any work: a bad value ends the run on every rank at once.
+  cpu_isa_ = active_cpu_isa();
+  build_device();
+  build_groups();
+  build_model();
+  build_engine();
+  build_data();
+  build_checkpoints();
+  build_step_buffers();
+  build_trace();
+  // Destroyed first: if anything below throws, the streams finish (or fail) what they were
+  // given before the buffers above are released under them.
+  drain_.emplace(*engine_, *device_);
+  log_setup();
+  open_logs();
+}
+
+void TrainingRun::build_device() {
+  gpu_count_ = cuda_device_count();
+  const DeviceOptions device_options =
+      config_.device.options(gpu_count_, ranks_.local_rank, config_.seed);
+  device_ = make_device(device_options);
+}
+
+// The streams and every process group of the run: the engine's, the control group, and the
+// subgroups the engine's options ask for.
+void TrainingRun::build_groups() {
+  compute_ = device_->create_stream("compute");
+  comm_ = device_->create_stream("comm");
+  control_stream_ = device_->create_stream("control");
+  // Every collective reports a timeout to the watchdog, which knows the step and ends the run.
+  comm_options_ = config_.comm;
+  // NCCL refuses two ranks of a communicator on one GPU: ranks that share one talk over MPI
+  // through pinned host memory (staged_process_group.h).
+  const bool sharing_gpu = device_->type() == DeviceType::kCuda && ranks_.local_size > gpu_count_;
+  if (sharing_gpu) comm_options_.host_staged = true;
+  if (comm_options_.host_staged && device_->type() == DeviceType::kCuda && rank_ == 0) {
+    spdlog::info("collectives over MPI through pinned host memory, not NCCL ({})",
+                 sharing_gpu ? fmt::format("{} ranks share {} GPU(s) on a node", ranks_.local_size,
+                                           gpu_count_)
+                             : std::string("comm.host_staged_collectives"));
+  }
+  comm_options_.watchdog = std::make_shared<Watchdog>(config_.comm.timeout_s, hooks_.on_hang);
+  watchdog_ = comm_options_.watchdog.get();
+  fault_point("train.start");  // test hook: a rank lost before the groups exist
+  group_ = make_process_group(*device_, MPI_COMM_WORLD, *comm_, "zero", comm_options_);
+  control_group_ =
+      make_process_group(*device_, MPI_COMM_WORLD, *control_stream_, "control", comm_options_);
+  control_.emplace(*device_, *control_group_);
+  // Which node each rank is on (comm.ranks_per_node simulates nodes): the byte counters split
+  // the traffic by it. A layout NodeTopology refuses ends the run only where nodes were asked
+  // for; otherwise every rank counts as one node.
+  try {
+    const NodeTopology topology = NodeTopology::detect(MPI_COMM_WORLD, config_.comm.ranks_per_node);
+    group_->set_node_map(topology.node_map());
+    control_group_->set_node_map(topology.node_map());
+    if (rank_ == 0) spdlog::info("node topology: {}", topology.describe());
+  } catch (const Error& e) {
+    if (config_.comm.ranks_per_node > 0) throw;
+    if (rank_ == 0) {
+      spdlog::warn("node topology: {}; counting every rank as one node", e.what());
+    }
+  }
+  // Hierarchical sharding (zero_optimization.mics_shard_size): the engine slices the state over
+  // this rank's shard group and averages each gradient slice over its replicas; both groups
+  // issue on the engine's communication stream.
+  engine_options_ = engine_options(config_);
+  const EngineOptions& options = engine_options_;
+  if (options.mics_shard_size > 0) {
+    shard_group_ = make_subgroup(*group_, shard_plan(world_, options.mics_shard_size, rank_),
+                                 *comm_, "zero-shards");
+    replica_group_ = make_subgroup(*group_, replica_plan(world_, options.mics_shard_size, rank_),
+                                   *comm_, "zero-replicas");
+    if (rank_ == 0) {
+      spdlog::info(
+          "hierarchical sharding: state sliced over {} groups of {} ranks, replicated "
+          "across them",
+          world_ / options.mics_shard_size, options.mics_shard_size);
+    }
+  }
+  sharding_ = shard_group_ ? shard_group_.get() : group_.get();
+  ProcessGroup& sharding = *sharding_;
+  // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
+  // the sharding group, hierarchical where it spans several nodes.
+  if (options.quantized_weights || options.quantized_gradients) {
+    const std::vector<int>& nodes = sharding.node_map();
+    const bool several_nodes =
+        !nodes.empty() &&
+        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
+    if (several_nodes) {
+      intra_group_ = make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), *comm_,
+                                   "zero-intra-node");
+      inter_group_ = make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), *comm_,
+                                   "zero-inter-node");
+    }
+    quantized_ = std::make_unique<QuantizedCollectives>(*device_, sharding, intra_group_.get(),
+                                                        inter_group_.get());
+  }
+  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
+  // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
+  // topology (the backward gathers would cross them).
+  if (options.hpz_partition_size > 1) {
+    hpz_group_ = make_subgroup(*group_, shard_plan(world_, options.hpz_partition_size, rank_),
+                               *comm_, "zero-hpz");
+    if (rank_ == 0) {
+      spdlog::info(
+          "hpZ: secondary shards over {} groups of {} ranks; backward gathers stay inside them",
+          world_ / options.hpz_partition_size, options.hpz_partition_size);
+    }
+  }
+}
+
+CommCounts TrainingRun::engine_comm() const {
+  CommCounts c = group_->stats().snapshot();
+  for (const ProcessGroup* g : {shard_group_.get(), replica_group_.get(), intra_group_.get(),
+                                inter_group_.get(), hpz_group_.get()}) {
+    if (g != nullptr) c += g->stats().snapshot();
+  }
+  return c;
+}
+
+void TrainingRun::build_model() {
+  ctx_.emplace(*device_, *compute_);
+  // The registry's architecture (model.type picks it, it resolves the model block) or the
+  // caller's model.
+  model_source_ = make_factory_();
+  check_factory(model_source_);
+  ModelOptions model_options;
+  model_options.activation_checkpointing = config_.model.activation_checkpointing;
+  model_owner_ = model_source_.build(*ctx_, model_options);
+  if (!model_owner_) {
+    ZRT_THROW(InvalidArgument, "ModelFactory for {} built no model", model_source_.description);
+  }
+  model_ = model_owner_.get();
+}
+
+void TrainingRun::build_engine() {
+  Model& model = *model_;
+  std::vector<ParamSpec> params = model.parameters();
+  for (ParamSpec& p : params) p.no_weight_decay = !config_.optimizer.applies_weight_decay(p.name);
+  // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
+  optimizer_ = make_device_optimizer(*device_, config_.optimizer);
+  engine_.emplace(*device_, *compute_, *sharding_, params, model.num_modules(), engine_options_,
+                  *optimizer_, make_cpu_optimizer_offload, replica_group_.get(), quantized_.get(),
+                  hpz_group_.get());
+  // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
+  // slices) or the model's own random initialisation.
+  if (model_source_.initializer) {
+    engine_->initialize(model_source_.initializer(model, config_.seed, config_.model.init_from));
+  } else if (!config_.model.init_from.empty()) {
+    ZRT_THROW(InvalidArgument,
+              "model.init_from '{}': {} has no initializer that reads weights (ModelFactory)",
+              config_.model.init_from, model_source_.description);
+  } else {
+    engine_->initialize([&model, seed = config_.seed](int index, std::int64_t first,
+                                                      std::int64_t count, float* out) {
+      model.init_parameter(index, seed, first, count, out);
+    });
+  }
+  if (!config_.model.init_from.empty() && rank_ == 0) {
+    spdlog::info("initialised from {}", config_.model.init_from);
+  }
+  schedule_.emplace(config_.scheduler, config_.optimizer.lr());
+}
+
+void TrainingRun::build_data() {
+  B_ = static_cast<int>(config_.batch.micro_batch_size);
+  T_ = model_source_.seq_len;
+  G_ = config_.engine.gradient_accumulation_steps;
+  DatasetOptions data_options;
+  data_options.vocab_size = model_source_.vocab_size;
+  data_options.document_mask = config_.data.document_mask;
+  data_options.document_separator = config_.data.document_separator;
+  train_data_ = open_dataset(config_.data.train, T_, data_options);
+  DataStreamOptions stream_options;
+  stream_options.shuffle = config_.data.shuffle;
+  stream_options.seed = config_.data.seed;
+  train_stream_.emplace(*train_data_, stream_options);
+  if (!config_.data.val.empty()) {
+    val_data_ = open_dataset(config_.data.val, T_, data_options);
+  }
+  // Masked or packed data: the loss is weighted by the global batch's loss tokens
+  // (loss_divisor), and the model must honour the masks and the document boundaries.
+  masked_ = train_data_->documents() || (val_data_ && val_data_->documents());
+  if (masked_ && !model_->supports_packed_documents()) {
+    ZRT_THROW(InvalidArgument,
+              "data.train {}: packed documents or loss masks, which model {} does not support "
+              "(it would attend across documents and train on every token)",
+              config_.data.train, model_source_.description);
+  }
+  feeder_.emplace(*device_, *compute_, B_, T_, masked_);
+}
+
+// Resume (at any world size or stage), then save as configured.
+void TrainingRun::build_checkpoints() {
+  checkpoints_.emplace(config_, rank_, *device_, *engine_, *train_stream_);
+  start_step_ = checkpoints_->resume(load_plan_);
+  summary_.resumed_from = start_step_;
+}
+
+// The evaluation's and the steps' loss accumulators.
+void TrainingRun::build_step_buffers() {
+  evaluator_.emplace(config_, ranks_, *device_, *compute_, *control_, *feeder_, *model_, *engine_,
+                     val_data_.get());
+  step_losses_ =
+      device_->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace, "step loss accumulators");
+}
+
+// The timeline trace (trace.path, trace.steps).
+void TrainingRun::build_trace() {
+  if (config_.trace.enabled()) {
+    // One time origin for every rank (the largest clock reading): steady_clock is one clock per
+    // node, so the ranks of a node line up when their files are viewed together.
+    const auto now =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch());
+    const std::int64_t origin_ns = control_->max({now.count()})[0];
+    trace_ = std::make_unique<TraceRecorder>(
+        rank_, Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+                   std::chrono::nanoseconds(origin_ns))));
+  }
+  last_traced_ = std::min(config_.trace.last_step, config_.train.steps);
+}
+
+void TrainingRun::log_setup() {
+  tokens_per_step_ = std::int64_t{B_} * T_ * G_ * world_;
+  flops_per_token_ = model_source_.flops_per_token ? model_source_.flops_per_token(T_) : 0.0;
+  peak_ = device_peak(*device_, config_.engine.compute_dtype, ranks_.local_size);
+  if (rank_ == 0) {
+    spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
+                 model_source_.description, world_, config_.engine.stage, B_, G_, world_, T_);
+    spdlog::info("device {}; MFU peak: {}", device_->description(), peak_.source);
+    spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
+                 cpu_isa_name(cpu_isa_), cpu_isa_name(hardware_cpu_isa()));
+  }
+  // Where the host's cores do the work (the CPU backend, a CPU optimizer), say how many this
+  // rank has, and warn once per node when a launcher confined it (mpirun binds by default).
+  const bool offload = config_.engine.offload_optimizer.enabled;
+  if ((device_->type() == DeviceType::kCpu || offload) && ranks_.local_rank == 0) {
+    const CpuAffinity affinity = cpu_affinity();
+    const int threads = omp_get_max_threads();
+    const char* for_what = device_->type() != DeviceType::kCpu ? "the CPU optimizer"
+                           : offload ? "the CPU kernels and the CPU optimizer"
+                                     : "the CPU kernels";
+    spdlog::info(
+        "CPU threads: {} OpenMP thread(s) per rank for {}; this rank may use {} of the "
+        "node's {} cores ({})",
+        threads, for_what, affinity.usable, affinity.online, affinity.list);
+    if (const auto warning = cpu_binding_warning(affinity, ranks_.local_size, threads)) {
+      spdlog::warn("{}", *warning);
+    }
+  }
+  if (rank_ == 0) {
+    spdlog::info("train data: {}{}", train_data_->describe(),
+                 train_data_->documents() ? " (documents and loss masks: the loss is weighted by "
+                                            "the global batch's loss tokens)"
+                                          : "");
+  }
+}
+
+// metrics.jsonl (rank 0), DeepSpeed's monitors, the progress line.
+void TrainingRun::open_logs() {
+  std::filesystem::create_directories(config_.output_dir);
+  // The history of the whole training (metrics_log.h): rows after the resumed step go.
+  if (rank_ == 0) {
+    metrics_.emplace((std::filesystem::path(config_.output_dir) / "metrics.jsonl").string(),
+                     start_step_);
+    const HistoryTrim& trim = metrics_->trimmed();
+    if (trim.dropped > 0 && start_step_ == 0) {
+      spdlog::info(
+          "{}: a fresh start begins a new history; the {} row(s) of an earlier run "
+          "are dropped",
+          metrics_->path(), trim.dropped);
+    } else if (trim.dropped > 0) {
+      spdlog::info(
+          "{}: kept {} row(s) up to step {}, dropped {} written after it by a run that "
+          "did not reach a later checkpoint",
+          metrics_->path(), trim.kept, start_step_, trim.dropped);
+    }
+  }
+  // DeepSpeed's monitors; their x axis is samples trained.
+  samples_per_step_ = config_.batch.train_batch_size;
+  monitors_.emplace(config_, rank_, start_step_ * samples_per_step_);
+  for (const std::string& where : monitors_->destinations()) spdlog::info("monitor {}", where);
+  tty_ = rank_ == 0 && isatty(STDERR_FILENO);
+}
+
+}  // namespace zrt::train
