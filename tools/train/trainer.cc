@@ -23,8 +23,8 @@
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/comm/parallel_layout.h"
 #include "runtime/comm/process_group.h"
-#include "runtime/comm/topology.h"
 #include "runtime/common/cpu_affinity.h"
 #include "runtime/common/cpu_isa.h"
 #include "runtime/common/error.h"
@@ -34,6 +34,7 @@
 #include "runtime/data/open_dataset.h"
 #include "runtime/data/sample_source.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/engine_parallel_dims.h"
 #include "runtime/engine/zero_engine.h"
 #include "runtime/trace/trace_recorder.h"
 #include "runtime/trace/trace_summary.h"
@@ -272,24 +273,12 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   comm_options.watchdog = std::make_shared<Watchdog>(config.comm.timeout_s, hooks.on_hang);
   Watchdog& watchdog = *comm_options.watchdog;
   fault_point("train.start");  // test hook: a rank lost before the groups exist
-  auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "zero", comm_options);
-  auto control_group =
-      make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", comm_options);
-  Control control(*device, *control_group);
-  // Which node each rank is on (comm.ranks_per_node simulates nodes): the byte counters split
-  // the traffic by it. A layout NodeTopology refuses ends the run only where nodes were asked
-  // for; otherwise every rank counts as one node.
-  try {
-    const NodeTopology topology = NodeTopology::detect(MPI_COMM_WORLD, config.comm.ranks_per_node);
-    group->set_node_map(topology.node_map());
-    control_group->set_node_map(topology.node_map());
-    if (rank == 0) spdlog::info("node topology: {}", topology.describe());
-  } catch (const Error& e) {
-    if (config.comm.ranks_per_node > 0) throw;
-    if (rank == 0) {
-      spdlog::warn("node topology: {}; counting every rank as one node", e.what());
-    }
-  }
+  // Every process group of the run, built once: the world ("zero") and control groups, the
+  // node topology (comm.ranks_per_node simulates nodes), MiCS, ZeRO++ and hpZ groups.
+  ParallelLayout layout(*device, MPI_COMM_WORLD, *comm, *control_stream,
+                        parallel_dims(engine_options(config), world, config.comm.ranks_per_node),
+                        comm_options);
+  Control control(*device, layout.control_group());
 
   // ---- model and engine ----------------------------------------------------------------------
   kernels::KernelContext ctx(*device, *compute);
@@ -309,67 +298,11 @@ RunSummary train(const Config& config, const RankInfo& mpi,
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   const std::unique_ptr<DeviceOptimizer> optimizer =
       make_device_optimizer(*device, config.optimizer);
-  // Hierarchical sharding (zero_optimization.mics_shard_size): the engine slices the state over
-  // this rank's shard group and averages each gradient slice over its replicas; both groups
-  // issue on the engine's communication stream.
   const EngineOptions options = engine_options(config);
-  std::unique_ptr<ProcessGroup> shard_group, replica_group;
-  if (options.mics_shard_size > 0) {
-    shard_group = make_subgroup(*group, shard_plan(world, options.mics_shard_size, rank), *comm,
-                                "zero-shards");
-    replica_group = make_subgroup(*group, replica_plan(world, options.mics_shard_size, rank), *comm,
-                                  "zero-replicas");
-    if (rank == 0) {
-      spdlog::info(
-          "hierarchical sharding: state sliced over {} groups of {} ranks, replicated "
-          "across them",
-          world / options.mics_shard_size, options.mics_shard_size);
-    }
-  }
-  ProcessGroup& sharding = shard_group ? *shard_group : *group;
-  // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
-  // the sharding group, hierarchical where it spans several nodes.
-  std::unique_ptr<ProcessGroup> intra_group, inter_group;
-  std::unique_ptr<QuantizedCollectives> quantized;
-  if (options.quantized_weights || options.quantized_gradients) {
-    const std::vector<int>& nodes = sharding.node_map();
-    const bool several_nodes =
-        !nodes.empty() &&
-        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
-    if (several_nodes) {
-      intra_group = make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), *comm,
-                                  "zero-intra-node");
-      inter_group = make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), *comm,
-                                  "zero-inter-node");
-    }
-    quantized = std::make_unique<QuantizedCollectives>(*device, sharding, intra_group.get(),
-                                                       inter_group.get());
-  }
-  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
-  // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
-  // topology (the backward gathers would cross them).
-  std::unique_ptr<ProcessGroup> hpz_group;
-  if (options.hpz_partition_size > 1) {
-    hpz_group = make_subgroup(*group, shard_plan(world, options.hpz_partition_size, rank), *comm,
-                              "zero-hpz");
-    if (rank == 0) {
-      spdlog::info(
-          "hpZ: secondary shards over {} groups of {} ranks; backward gathers stay inside them",
-          world / options.hpz_partition_size, options.hpz_partition_size);
-    }
-  }
-  ZeroEngine engine(*device, *compute, sharding, params, model.num_modules(), options, *optimizer,
-                    make_cpu_optimizer_offload, replica_group.get(), quantized.get(),
-                    hpz_group.get());
+  ZeroEngine engine(*device, *compute, layout.engine_groups(), params, model.num_modules(), options,
+                    *optimizer, make_cpu_optimizer_offload);
   // The engine's traffic, over every group it uses.
-  const auto engine_comm = [&] {
-    CommCounts c = group->stats().snapshot();
-    for (const ProcessGroup* g : {shard_group.get(), replica_group.get(), intra_group.get(),
-                                  inter_group.get(), hpz_group.get()}) {
-      if (g != nullptr) c += g->stats().snapshot();
-    }
-    return c;
-  };
+  const auto engine_comm = [&layout] { return layout.engine_traffic(); };
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source.initializer) {
