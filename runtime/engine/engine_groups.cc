@@ -65,6 +65,10 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
   const ShardGroup& dense = groups.front();
   const ProcessGroup& group = *dense.shard;
   const ProcessGroup* replicas = dense.replicas;
+  ZRT_CHECK(groups.size() == 1 || options.stage >= 1,
+            "{} shard groups at ZeRO stage 0: stage 0 keeps every unit whole on every rank and "
+            "all-reduces it over one group; use stage 1, 2 or 3",
+            groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const ShardGroup& each = groups[g];
     ZRT_CHECK(&each.shard->stream() == &group.stream(),
@@ -98,10 +102,6 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
             options.stage);
   check_hpz(options, group, replicas, dense.secondary);
   if (groups.size() > 1) {
-    ZRT_CHECK(options.stage >= 1,
-              "{} shard groups at ZeRO stage 0: stage 0 keeps every unit whole on every rank and "
-              "all-reduces it over one group; use stage 1, 2 or 3",
-              groups.size());
     ZRT_CHECK(!quantizes && options.hpz_partition_size <= 1,
               "{} shard groups with zero_quantized_weights / zero_quantized_gradients / "
               "zero_hpz_partition_size: ZeRO++ runs over one group only so far; turn it off",
@@ -117,17 +117,18 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
 
 PartitionOptions partition_options(const EngineOptions& options,
                                    const std::vector<ShardGroup>& groups, int num_modules) {
-  PartitionOptions p{options.stage,
-                     options.stage == 0 ? 1 : groups.front().shard->size(),
-                     options.reduce_bucket_size,
-                     options.stage == 3 ? options.stage3_param_persistence_threshold : 0,
-                     options.alignment,
-                     num_modules,
-                     {}};
-  for (const ShardGroup& g : groups) {
-    p.group_worlds.push_back(options.stage == 0 ? 1 : g.shard->size());
-  }
-  return p;
+  return PartitionOptions{options.stage,
+                          options.stage == 0 ? 1 : groups.front().shard->size(),
+                          options.reduce_bucket_size,
+                          options.stage == 3 ? options.stage3_param_persistence_threshold : 0,
+                          options.alignment,
+                          num_modules};
+}
+
+std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups) {
+  std::vector<int> worlds;
+  for (const ShardGroup& g : groups) worlds.push_back(options.stage == 0 ? 1 : g.shard->size());
+  return worlds;
 }
 
 std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,

@@ -18,9 +18,11 @@ std::vector<ShardGroup> require_shard_groups(std::vector<ShardGroup> groups);
 // and hpZ on the first group as the options ask; what several groups do not support yet), with
 // the fix in each message. Throws InvalidArgument.
 void check(const EngineOptions& options, const std::vector<ShardGroup>& groups);
-// The partition over the groups: each group's world is its shard group's size (1 at stage 0).
+// The partition over the groups: group 0's options, and each group's world, its shard group's
+// size (1 at stage 0).
 PartitionOptions partition_options(const EngineOptions& options,
                                    const std::vector<ShardGroup>& groups, int num_modules);
+std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups);
 // Per unit of `plan`: this rank's slice of it (its rank in the unit's shard group; 0 at stage 0).
 std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,
                             const std::vector<ShardGroup>& groups);

@@ -12,10 +12,11 @@ std::int64_t round_up(std::int64_t n, std::int64_t to) {
 }
 }  // namespace
 
-PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options)
+PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options,
+                             std::vector<int> group_worlds)
     : placement_(params.size()),
-      group_worlds_(options.group_worlds.empty() ? std::vector<int>{options.world}
-                                                 : options.group_worlds) {
+      group_worlds_(group_worlds.empty() ? std::vector<int>{options.world}
+                                         : std::move(group_worlds)) {
   ZRT_CHECK(options.stage >= 0 && options.stage <= 3, "ZeRO stage {} outside 0-3", options.stage);
   for (int w : group_worlds_) ZRT_CHECK(w >= 1, "world size {}", w);
   ZRT_CHECK(options.alignment >= 1, "alignment {}", options.alignment);

@@ -15,7 +15,7 @@
 //
 // Unit groups: each parameter names the shard group it lives over (ParamSpec::group, an index
 // into the engine's table of groups), a unit holds parameters of one group only, and `world` is
-// that group's size (PartitionOptions::group_worlds). Units are formed per group as above (at
+// that group's size (the plan's group_worlds). Units are formed per group as above (at
 // stages 0-2 each group fills its own buckets, in backward order); with every parameter in group
 // 0 the plan is the one-group plan, unit for unit.
 #pragma once
@@ -35,9 +35,6 @@ struct PartitionOptions {
   std::int64_t persistence_threshold = 0;    // stage3_param_persistence_threshold
   std::int64_t alignment = 64;               // elements
   int num_modules = 0;
-  // Ranks each unit group is sliced over (group g: group_worlds[g]; all 1 at stage 0). Empty:
-  // one group of `world` ranks.
-  std::vector<int> group_worlds;
 };
 
 struct ParamPlacement {
@@ -63,7 +60,10 @@ struct Unit {
 
 class PartitionPlan {
  public:
-  PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options);
+  // `group_worlds`: the ranks each unit group is sliced over (group g: group_worlds[g]; all 1
+  // at stage 0); empty: one group of options.world ranks.
+  PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options,
+                std::vector<int> group_worlds = {});
 
   const std::vector<Unit>& units() const { return units_; }
   const Unit& unit(int u) const { return units_[static_cast<std::size_t>(u)]; }

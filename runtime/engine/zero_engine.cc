@@ -80,7 +80,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
       num_modules_(num_modules),
       options_(options),
       optimizer_(optimizer),
-      plan_(params_, engine_groups::partition_options(options, groups_, num_modules)),
+      plan_(params_, engine_groups::partition_options(options, groups_, num_modules),
+            engine_groups::group_worlds(options, groups_)),
       schedule_(plan_, num_modules, schedule_options(options)),
       scaler_(options.loss_scale),
       unit_rank_(engine_groups::unit_ranks(plan_, options, groups_)) {

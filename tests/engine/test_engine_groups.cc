@@ -92,8 +92,8 @@ double train_step_with_loss(EngineRun& run, const TrainSpec& spec, int step) {
 TEST_CASE("the partition slices each unit by its own group's world") {
   const auto params = grouped_params(group1_choices()[0]);
   for (int stage = 1; stage <= 3; ++stage) {
-    PartitionOptions o{stage, 4, 600, stage == 3 ? 30 : 0, 8, TiedMlp(kD, kH).modules(), {4, 2}};
-    const PartitionPlan plan(params, o);
+    const PartitionOptions o{stage, 4, 600, stage == 3 ? 30 : 0, 8, TiedMlp(kD, kH).modules()};
+    const PartitionPlan plan(params, o, {4, 2});
     INFO("stage " << stage << ": " << plan.describe());
     CHECK(plan.group_count() == 2);
     CHECK(plan.world() == 4);
@@ -117,11 +117,8 @@ TEST_CASE("the partition slices each unit by its own group's world") {
     }
     // With every parameter in group 0 the plan is the one-group plan, unit for unit.
     const auto dense = TiedMlp(kD, kH).parameters();
-    PartitionOptions one = o;
-    one.group_worlds.clear();
-    const PartitionPlan a(dense, one);
-    one.group_worlds = {4, 2};
-    const PartitionPlan b(dense, one);
+    const PartitionPlan a(dense, o);
+    const PartitionPlan b(dense, o, {4, 2});
     REQUIRE(a.units().size() == b.units().size());
     for (std::size_t u = 0; u < a.units().size(); ++u) {
       CHECK(a.units()[u].params == b.units()[u].params);
@@ -132,7 +129,7 @@ TEST_CASE("the partition slices each unit by its own group's world") {
   auto bad = params;
   bad[0].group = 2;
   CHECK_THROWS_WITH(
-      PartitionPlan(bad, PartitionOptions{1, 4, 600, 0, 8, TiedMlp(kD, kH).modules(), {4, 2}}),
+      PartitionPlan(bad, PartitionOptions{1, 4, 600, 0, 8, TiedMlp(kD, kH).modules()}, {4, 2}),
       Catch::Contains("parameter 'embed.weight' names shard group 2 but the engine has 2"));
 }
 
