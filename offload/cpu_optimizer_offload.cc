@@ -44,6 +44,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
       params_(context.params),
       options_(context.options),
       rank_(context.rank),
+      unit_ranks_(context.unit_ranks),
       offload_param_(context.options.offload_param.enabled),
       placement_(context.placement),
       trace_name_(lower(context.optimizer.spec().family)),
@@ -283,12 +284,13 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
   }
 }
 
-float CpuOptimizerOffload::local_norm_squared() {
+float CpuOptimizerOffload::local_norm_squared(int group) {
   rethrow_cpu_step_error();  // before a decision on gradients of parameters it left half-written
   // Unit by unit in fp64, rounded to fp32 and added in fp32 in unit order: exactly what the device
   // path computes, so offload does not change the clipping decision by a single bit.
   float local = 0.0f;
   for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (plan_.unit(static_cast<int>(u)).group != group) continue;
     HostUnit& h = units_[u];
     h.norm_ready->synchronize();  // the unit's sum of squares is on the host
     local +=
@@ -383,7 +385,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     const std::int64_t piece =
         piece_events.empty() ? std::max<std::int64_t>(unit.shard, 1) : piece_;
     for (int p : unit.params) {
-      const auto range = plan_.owned_range(p, rank_);
+      const auto range = plan_.owned_range(p, unit_ranks_[static_cast<std::size_t>(u)]);
       for (std::int64_t begin = range.slice_offset, end = range.slice_offset + range.count;
            begin < end;) {
         const std::int64_t c = begin / piece;

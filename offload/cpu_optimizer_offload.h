@@ -46,7 +46,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   void* host_params(int u) override;
   void gradient_reduced(int u, DevicePtr<std::byte> reduced, DType type, bool final,
                         Event* bucket_read) override;
-  float local_norm_squared() override;
+  float local_norm_squared(int group) override;
   const Event& gradients_read() const override { return *gradients_read_; }
   void update(std::int64_t step, double lr, double factor,
               const std::function<DevicePtr<std::byte>(int u)>& destination) override;
@@ -97,6 +97,7 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   const std::vector<ParamSpec>& params_;
   const EngineOptions& options_;
   int rank_;
+  std::vector<int> unit_ranks_;  // OffloadContext::unit_ranks
   bool offload_param_;
   // Per unit, where its buffers live (unit_placement.h): its state here when stepped_on_host()
   // (else the device steps it), its parameter slice here with parameter offload.

@@ -39,6 +39,10 @@ struct ParamSpec {
   std::vector<std::int64_t> shape;  // row-major, e.g. {768, 2304}
   std::vector<int> modules;         // modules that read it, ascending; >1 entry: shared (tied)
   bool no_weight_decay = false;     // biases and LayerNorm parameters
+  // The engine's shard group it is sliced, reduced and norm-summed over (an index into the
+  // engine's table, runtime/comm/shard_group.h): 0, the dense data-parallel group, for every
+  // parameter today; an expert's parameters will name the expert-data-parallel group.
+  int group = 0;
 
   std::int64_t numel() const {
     std::int64_t n = 1;

@@ -15,7 +15,7 @@
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/optimizer.h"
-#include "runtime/comm/topology.h"
+#include "runtime/engine/engine_parallel_dims.h"
 #include "runtime/common/cpu_affinity.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
@@ -119,80 +119,17 @@ void TrainingRun::build_groups() {
   comm_options_.watchdog = std::make_shared<Watchdog>(config_.comm.timeout_s, hooks_.on_hang);
   watchdog_ = comm_options_.watchdog.get();
   fault_point("train.start");  // test hook: a rank lost before the groups exist
-  group_ = make_process_group(*device_, MPI_COMM_WORLD, *comm_, "zero", comm_options_);
-  control_group_ =
-      make_process_group(*device_, MPI_COMM_WORLD, *control_stream_, "control", comm_options_);
-  control_.emplace(*device_, *control_group_);
-  // Which node each rank is on (comm.ranks_per_node simulates nodes): the byte counters split
-  // the traffic by it. A layout NodeTopology refuses ends the run only where nodes were asked
-  // for; otherwise every rank counts as one node.
-  try {
-    const NodeTopology topology = NodeTopology::detect(MPI_COMM_WORLD, config_.comm.ranks_per_node);
-    group_->set_node_map(topology.node_map());
-    control_group_->set_node_map(topology.node_map());
-    if (rank_ == 0) spdlog::info("node topology: {}", topology.describe());
-  } catch (const Error& e) {
-    if (config_.comm.ranks_per_node > 0) throw;
-    if (rank_ == 0) {
-      spdlog::warn("node topology: {}; counting every rank as one node", e.what());
-    }
-  }
-  // Hierarchical sharding (zero_optimization.mics_shard_size): the engine slices the state over
-  // this rank's shard group and averages each gradient slice over its replicas; both groups
-  // issue on the engine's communication stream.
   engine_options_ = engine_options(config_);
-  const EngineOptions& options = engine_options_;
-  if (options.mics_shard_size > 0) {
-    shard_group_ = make_subgroup(*group_, shard_plan(world_, options.mics_shard_size, rank_),
-                                 *comm_, "zero-shards");
-    replica_group_ = make_subgroup(*group_, replica_plan(world_, options.mics_shard_size, rank_),
-                                   *comm_, "zero-replicas");
-    if (rank_ == 0) {
-      spdlog::info(
-          "hierarchical sharding: state sliced over {} groups of {} ranks, replicated "
-          "across them",
-          world_ / options.mics_shard_size, options.mics_shard_size);
-    }
-  }
-  sharding_ = shard_group_ ? shard_group_.get() : group_.get();
-  ProcessGroup& sharding = *sharding_;
-  // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
-  // the sharding group, hierarchical where it spans several nodes.
-  if (options.quantized_weights || options.quantized_gradients) {
-    const std::vector<int>& nodes = sharding.node_map();
-    const bool several_nodes =
-        !nodes.empty() &&
-        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
-    if (several_nodes) {
-      intra_group_ = make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), *comm_,
-                                   "zero-intra-node");
-      inter_group_ = make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), *comm_,
-                                   "zero-inter-node");
-    }
-    quantized_ = std::make_unique<QuantizedCollectives>(*device_, sharding, intra_group_.get(),
-                                                        inter_group_.get());
-  }
-  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
-  // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
-  // topology (the backward gathers would cross them).
-  if (options.hpz_partition_size > 1) {
-    hpz_group_ = make_subgroup(*group_, shard_plan(world_, options.hpz_partition_size, rank_),
-                               *comm_, "zero-hpz");
-    if (rank_ == 0) {
-      spdlog::info(
-          "hpZ: secondary shards over {} groups of {} ranks; backward gathers stay inside them",
-          world_ / options.hpz_partition_size, options.hpz_partition_size);
-    }
-  }
+  // Every process group of the run, built once: the world ("zero") and control groups, the
+  // node topology (comm.ranks_per_node simulates nodes), MiCS, ZeRO++ and hpZ groups.
+  layout_.emplace(*device_, MPI_COMM_WORLD, *comm_, *control_stream_,
+                  parallel_dims(engine_options_, world_, config_.comm.ranks_per_node),
+                  comm_options_);
+  control_.emplace(*device_, layout_->control_group());
 }
 
 CommCounts TrainingRun::engine_comm() const {
-  CommCounts c = group_->stats().snapshot();
-  for (const ProcessGroup* g : {shard_group_.get(), replica_group_.get(), intra_group_.get(),
-                                inter_group_.get(), hpz_group_.get()}) {
-    if (g != nullptr) c += g->stats().snapshot();
-  }
-  return c;
+  return layout_->engine_traffic();
 }
 
 void TrainingRun::build_model() {
@@ -216,9 +153,8 @@ void TrainingRun::build_engine() {
   for (ParamSpec& p : params) p.no_weight_decay = !config_.optimizer.applies_weight_decay(p.name);
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
-  engine_.emplace(*device_, *compute_, *sharding_, params, model.num_modules(), engine_options_,
-                  *optimizer_, make_cpu_optimizer_offload, replica_group_.get(), quantized_.get(),
-                  hpz_group_.get());
+  engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
+                  engine_options_, *optimizer_, make_cpu_optimizer_offload);
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source_.initializer) {

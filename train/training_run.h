@@ -25,7 +25,7 @@
 #include "optimizers/lr_schedule.h"
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/process_group.h"
-#include "runtime/comm/quantized_collectives.h"
+#include "runtime/comm/parallel_layout.h"
 #include "runtime/common/cpu_isa.h"
 #include "runtime/common/watchdog.h"
 #include "runtime/data/data_stream.h"
@@ -158,15 +158,9 @@ class TrainingRun {
   std::unique_ptr<Stream> control_stream_;
   CommOptions comm_options_;
   Watchdog* watchdog_ = nullptr;
-  std::unique_ptr<ProcessGroup> group_;
-  std::unique_ptr<ProcessGroup> control_group_;
-  std::optional<Control> control_;
   EngineOptions engine_options_;
-  std::unique_ptr<ProcessGroup> shard_group_, replica_group_;
-  ProcessGroup* sharding_ = nullptr;
-  std::unique_ptr<ProcessGroup> intra_group_, inter_group_;
-  std::unique_ptr<QuantizedCollectives> quantized_;
-  std::unique_ptr<ProcessGroup> hpz_group_;
+  std::optional<ParallelLayout> layout_;
+  std::optional<Control> control_;
 
   // The model and the engine.
   std::optional<kernels::KernelContext> ctx_;

@@ -71,6 +71,7 @@ void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
 }
 
 CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine) {
+  refuse_several_groups(engine.plan(), "load");
   const std::string index_path = (std::filesystem::path(dir) / "index.h5").string();
   CheckpointIndex index = read_index(index_path, &engine.params());
   const std::string running = dtype_name(engine.options().compute_dtype);

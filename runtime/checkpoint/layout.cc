@@ -42,6 +42,16 @@ std::string show(const std::vector<std::int64_t>& v) {
 
 }  // namespace
 
+void refuse_several_groups(const PartitionPlan& plan, const char* what) {
+  if (plan.group_count() == 1) return;
+  ZRT_THROW(InvalidArgument,
+            "checkpoint {}: the engine's units live over {} shard groups (ParamSpec::group), and "
+            "checkpoints record one slicing (world {}) for every unit; checkpoints of a "
+            "multi-group engine are not supported yet: train without checkpoint.save_dir / "
+            "checkpoint.load, or keep every parameter in group 0",
+            what, plan.group_count(), plan.world());
+}
+
 std::int64_t CheckpointIndex::slice_elements() const {
   std::int64_t n = 0;
   for (const UnitEntry& u : units) n += u.shard;
@@ -56,6 +66,7 @@ std::vector<std::string> CheckpointIndex::state_datasets() const {
 
 void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
                  const PartitionPlan& plan) {
+  refuse_several_groups(plan, "save");
   index.world = plan.world();
   index.params.clear();
   index.units.clear();

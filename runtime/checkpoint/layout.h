@@ -52,6 +52,10 @@ struct UnitEntry {
   std::int64_t slice_offset = 0;  // where the unit's slice starts in a rank's datasets
 };
 
+// Throws InvalidArgument unless every unit of `plan` is in one shard group: the index records
+// one world for every unit (`what`: "save" or "load", for the message).
+void refuse_several_groups(const PartitionPlan& plan, const char* what);
+
 // Everything but the tensor data: what rank 0 writes to index.h5.
 struct CheckpointIndex {
   std::int64_t step = 0;             // trainer steps done (skipped ones included)

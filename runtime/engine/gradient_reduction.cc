@@ -31,7 +31,7 @@ DevicePtr<std::byte> ZeroEngine::owned_grad_of(int u) {
   const Unit& unit = plan_.unit(u);
   if (per_micro_batch_grads())
     return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
-  return at(full_grads_, unit.offset + rank_ * unit.shard, options_.grad_accum_dtype);
+  return at(full_grads_, unit.offset + slice_rank(u) * unit.shard, options_.grad_accum_dtype);
 }
 
 void ZeroEngine::open_grad_bucket(int u) {
@@ -59,6 +59,8 @@ void ZeroEngine::issue_reduce(int u, bool final) {
   const DType cdt = options_.compute_dtype;
   const DType adt = options_.grad_accum_dtype;
   const DType wire = comm_dtype();
+  ProcessGroup& group = shard_group_of(u);
+  const int rank = slice_rank(u);
   // The unit's gradients are complete once the compute stream gets here.
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
@@ -75,16 +77,16 @@ void ZeroEngine::issue_reduce(int u, bool final) {
                               unit.numel);
       source = comm_scratch_.device<std::byte>();
     }
-    DevicePtr<std::byte> mine = source + bytes_of(rank_ * unit.shard, wire);
+    DevicePtr<std::byte> mine = source + bytes_of(rank * unit.shard, wire);
     if (options_.quantized_gradients) {
       // qgZ: quantized, summed in fp32 inside the node, then between nodes; into a slice of
       // its own (its input is the whole bucket).
       mine = quantized_out_.device<std::byte>();
-      quantized_->reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+      group_of(u).quantized->reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
     } else {
-      group_.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
+      group.reduce_scatter(source, mine, unit.shard, wire, ReduceOp::kAvg);
     }
-    average_over_replicas(mine, unit.shard, wire);
+    average_over_replicas(u, mine, unit.shard, wire);
     if (offload_param()) {
       // The reduced slice accumulates in host memory. It goes down from where the reduction
       // left it, in the communication dtype (an fp32 reduction keeps its precision): the bucket,
@@ -112,7 +114,7 @@ void ZeroEngine::issue_reduce(int u, bool final) {
         offload_->gradient_reduced(u, s.grad_slice.device<std::byte>(), adt, true, nullptr);
       }
     }
-  } else if (group_.size() > 1 || replicas_ != nullptr) {
+  } else if (group.size() > 1 || replicas_of(u) != nullptr) {
     // Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once.
     DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
     DevicePtr<std::byte> work = grads;
@@ -124,13 +126,13 @@ void ZeroEngine::issue_reduce(int u, bool final) {
       type = wire;
     }
     // Stage 0 keeps the whole unit everywhere; stage 1 keeps the rank's slice.
-    const std::int64_t first = options_.stage == 0 ? 0 : rank_ * unit.shard;
+    const std::int64_t first = options_.stage == 0 ? 0 : rank * unit.shard;
     const std::int64_t count = options_.stage == 0 ? unit.numel : unit.shard;
     if (options_.stage == 0) {
-      group_.all_reduce(work, work, unit.numel, type, ReduceOp::kAvg);
+      group.all_reduce(work, work, unit.numel, type, ReduceOp::kAvg);
     } else {
-      group_.reduce_scatter(work, work + bytes_of(first, type), unit.shard, type, ReduceOp::kAvg);
-      average_over_replicas(work + bytes_of(first, type), unit.shard, type);
+      group.reduce_scatter(work, work + bytes_of(first, type), unit.shard, type, ReduceOp::kAvg);
+      average_over_replicas(u, work + bytes_of(first, type), unit.shard, type);
     }
     if (work != grads) {
       engine_kernels::convert(device_, comm_, work + bytes_of(first, wire), wire,
@@ -139,20 +141,24 @@ void ZeroEngine::issue_reduce(int u, bool final) {
   }
   span.end();
   if (!per_micro_batch_grads() && offload_) {
-    offload_->gradient_reduced(u, at(full_grads_, unit.offset + rank_ * unit.shard, adt), adt, true,
+    offload_->gradient_reduced(u, at(full_grads_, unit.offset + rank * unit.shard, adt), adt, true,
                                nullptr);
   }
   if (!options_.overlap_comm) wait_for_comm();
 }
 
-void ZeroEngine::average_over_replicas(DevicePtr<std::byte> slice, std::int64_t count, DType type) {
+void ZeroEngine::average_over_replicas(int u, DevicePtr<std::byte> slice, std::int64_t count,
+                                       DType type) {
   // Hierarchical sharding: the shard group's average, averaged again over the replicas of the
   // slice (the same stream: in order after the reduce-scatter).
-  if (replicas_ != nullptr) replicas_->all_reduce(slice, slice, count, type, ReduceOp::kAvg);
+  if (ProcessGroup* replicas = replicas_of(u)) {
+    replicas->all_reduce(slice, slice, count, type, ReduceOp::kAvg);
+  }
 }
 
-// The replicas hold equal gradient slices after the reduction, so the norm is summed over the
-// shard group only.
+// The replicas hold equal gradient slices after the reduction, so each group's norm is summed
+// over its shard group only; the groups' sums are then added in group order (one group: its
+// sum, as it always was).
 float ZeroEngine::global_grad_norm_squared() {
   wait_for_comm();
   float norm_squared = 0.0f;
@@ -166,40 +172,60 @@ float ZeroEngine::global_grad_norm_squared() {
   // With offload the host summed its units' squares as their gradients landed; the slices may
   // still be going down (the decision needs only the sums), so once the sum is known the streams
   // that could write them again wait for their copies.
-  norm_squared = offload_->local_norm_squared();
-  if (partition_world() > 1) {
-    // Sum over ranks through the group (every rank takes the same decision).
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
-    device_.copy_to_device(norm_.device<std::byte>(), &norm_squared, sizeof norm_squared, comm_);
-    group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                      ReduceOp::kSum);
-    device_.copy_to_host(&norm_squared, norm_.device<std::byte>(), sizeof norm_squared, comm_);
-    span.end();
-    comm_.synchronize();
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    float group_norm = offload_->local_norm_squared(static_cast<int>(g));
+    if (options_.stage >= 1 && groups_[g].shard->size() > 1) {
+      // Sum over the group's ranks (every rank takes the same decision).
+      TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
+      device_.copy_to_device(norm_.device<std::byte>(), &group_norm, sizeof group_norm, comm_);
+      groups_[g].shard->all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1,
+                                   DType::kFloat32, ReduceOp::kSum);
+      device_.copy_to_host(&group_norm, norm_.device<std::byte>(), sizeof group_norm, comm_);
+      span.end();
+      comm_.synchronize();
+    }
+    norm_squared = g == 0 ? group_norm : norm_squared + group_norm;
   }
   compute_.wait(offload_->gradients_read());
   comm_.wait(offload_->gradients_read());
   return norm_squared;
 }
 
-// Without offload: the squares of the owned gradient slices, summed into norm_ on the compute
-// stream and over the shard group on the comm stream. Returns the stream norm_ is ready on (the
-// caller waits for it or records an event there); nothing is read on the host.
+// Without offload: the squares of the owned gradient slices, summed into each group's float of
+// norm_ on the compute stream, over each shard group on the comm stream, then the groups' sums
+// into norm_[0]. Returns the stream norm_[0] is ready on (the caller waits for it or records an
+// event there); nothing is read on the host.
 Stream& ZeroEngine::enqueue_grad_norm_squared() {
   TraceSpan norm_span(trace_, compute_, TraceTrack::kCompute, "grad norm");
-  device_.fill_zero(norm_.device<std::byte>(), sizeof(float), compute_);
+  const DevicePtr<float> norms = norm_.device<float>();
+  device_.fill_zero(norm_.device<std::byte>(), static_cast<std::size_t>(norm_.bytes()), compute_);
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const Unit& unit = plan_.unit(static_cast<int>(ui));
     engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
-                                    options_.grad_accum_dtype, unit.shard, norm_.device<float>());
+                                    options_.grad_accum_dtype, unit.shard, norms + unit.group);
   }
+  // The groups' sums into norm_[0], in group order, on `stream`.
+  const auto add_groups = [&](Stream& stream) {
+    for (std::size_t g = 1; g < groups_.size(); ++g) {
+      engine_kernels::accumulate(device_, stream,
+                                 (norms + static_cast<std::int64_t>(g)).as<const std::byte>(),
+                                 DType::kFloat32, norms.as<std::byte>(), DType::kFloat32, 1);
+    }
+  };
   norm_span.end();
-  if (partition_world() == 1) return compute_;
+  if (!sliced()) {
+    add_groups(compute_);
+    return compute_;
+  }
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
-  group_.all_reduce(norm_.device<std::byte>(), norm_.device<std::byte>(), 1, DType::kFloat32,
-                    ReduceOp::kSum);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g].shard->size() <= 1) continue;
+    const DevicePtr<std::byte> norm = (norms + static_cast<std::int64_t>(g)).as<std::byte>();
+    groups_[g].shard->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+  }
+  add_groups(comm_);
   return comm_;
 }
 

@@ -34,7 +34,9 @@ struct OffloadContext {
   const std::vector<ParamSpec>& params;
   const EngineOptions& options;
   const DeviceOptimizer& optimizer;  // its make_host_optimizer() steps the host state
-  int rank;                          // the slice this rank owns
+  int rank;                          // the slice this rank owns of group 0's units (logs)
+  // Per unit: the slice this rank owns of it (its rank in the unit's shard group).
+  const std::vector<int>& unit_ranks;
   // Per unit, where its buffers live (unit_placement.h): its state in host memory
   // (stepped_on_host()) or on the device, stepped there by the engine (partial offload); its
   // parameter slice in host memory with parameter offload.
@@ -66,10 +68,11 @@ class OptimizerOffload {
                                 Event* bucket_read) = 0;
 
   // ---- the step ----
-  // This rank's squared gradient norm: each unit's sum of squares (taken as its final gradient
-  // arrived) added in fp32 in unit order, as the device path adds them. Waits for the sums
-  // only: the gradient slices may still be on their way down (gradients_read()).
-  virtual float local_norm_squared() = 0;
+  // This rank's squared gradient norm over the units of shard group `group` (Unit::group): each
+  // unit's sum of squares (taken as its final gradient arrived) added in fp32 in unit order, as
+  // the device path adds them. Waits for the sums only: the gradient slices may still be on
+  // their way down (gradients_read()).
+  virtual float local_norm_squared(int group) = 0;
   // Recorded by local_norm_squared() after every copy that reads a reduced gradient slice on
   // the device: the engine's streams wait for it before anything may write those slices again.
   virtual const Event& gradients_read() const = 0;

@@ -28,7 +28,9 @@ void ZeroEngine::issue_gather(int u) {
   // With optimizer offload the updated slice comes on the copy stream (a unit the device steps
   // is ordered by allocate_gathered's wait on the compute stream).
   if (state_on_host(u)) comm_.wait(offload_->params_ready(u));
-  DevicePtr<std::byte> mine = s.gathered.device<std::byte>() + bytes_of(rank_ * unit.shard, cdt);
+  ProcessGroup& group = shard_group_of(u);
+  DevicePtr<std::byte> mine =
+      s.gathered.device<std::byte>() + bytes_of(slice_rank(u) * unit.shard, cdt);
   if (void* host_params = offload_ ? offload_->host_params(u) : nullptr) {
     // Parameter offload: the slice comes up from host memory into its place in the gathered
     // buffer just before the (in-place) gather, once the CPU optimizer has written it.
@@ -39,17 +41,17 @@ void ZeroEngine::issue_gather(int u) {
                              comm_);
     }
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-    group_.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
+    group.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
   } else if (options_.quantized_weights) {
     // qwZ: int8 codes and block scales on the wire; every rank (this one too) computes with
     // the same dequantized values.
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (int8)", "unit", u);
-    quantized_->all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(),
-                           unit.shard, cdt);
+    group_of(u).quantized->all_gather(s.param_slice.device<std::byte>(),
+                                      s.gathered.device<std::byte>(), unit.shard, cdt);
   } else {
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-    group_.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
-                      cdt);
+    group.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
+                     cdt);
   }
   s.gathered_ready->record(comm_);
 }
@@ -79,7 +81,7 @@ void ZeroEngine::keep_secondary(int u) {
     // returns the forward's parameters bit for bit.
     TraceSpan span(trace_, comm_, TraceTrack::kComm, "keep secondary", "unit", u);
     device_.copy(s.secondary.device<std::byte>(),
-                 at(s.gathered, secondary_group_->rank() * count, cdt),
+                 at(s.gathered, group_of(u).secondary->rank() * count, cdt),
                  static_cast<std::size_t>(bytes_of(count, cdt)), comm_);
   }
   // The copy reads the gathered parameters: the compute stream, which frees them, waits for it.
@@ -90,8 +92,8 @@ void ZeroEngine::issue_secondary_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   allocate_gathered(u);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (hpZ)", "unit", u);
-  secondary_group_->all_gather(s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
-                               schedule_.secondary_numel(u), options_.compute_dtype);
+  group_of(u).secondary->all_gather(s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
+                                    schedule_.secondary_numel(u), options_.compute_dtype);
   span.end();
   s.gathered_ready->record(comm_);
 }
@@ -107,7 +109,8 @@ void ZeroEngine::publish_updated(int u, const Event* ready) {
   if (ready != nullptr) comm_.wait(*ready);
   DevicePtr<std::byte> full = full_params_of(u);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-  group_.all_gather(full + bytes_of(rank_ * unit.shard, cdt), full, unit.shard, cdt);
+  shard_group_of(u).all_gather(full + bytes_of(slice_rank(u) * unit.shard, cdt), full, unit.shard,
+                               cdt);
   span.end();
   units_[static_cast<std::size_t>(u)]->gathered_ready->record(comm_);
 }

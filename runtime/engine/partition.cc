@@ -12,12 +12,16 @@ std::int64_t round_up(std::int64_t n, std::int64_t to) {
 }
 }  // namespace
 
-PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options)
-    : placement_(params.size()), world_(options.world) {
+PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options,
+                             std::vector<int> group_worlds)
+    : placement_(params.size()),
+      group_worlds_(group_worlds.empty() ? std::vector<int>{options.world}
+                                         : std::move(group_worlds)) {
   ZRT_CHECK(options.stage >= 0 && options.stage <= 3, "ZeRO stage {} outside 0-3", options.stage);
-  ZRT_CHECK(options.world >= 1, "world size {}", options.world);
+  for (int w : group_worlds_) ZRT_CHECK(w >= 1, "world size {}", w);
   ZRT_CHECK(options.alignment >= 1, "alignment {}", options.alignment);
   ZRT_CHECK(options.num_modules >= 1, "a model needs at least one module");
+  const int groups = group_count();
   module_units_.resize(static_cast<std::size_t>(options.num_modules));
   for (std::size_t i = 0; i < params.size(); ++i) {
     const ParamSpec& p = params[i];
@@ -29,44 +33,63 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
                 m, options.num_modules);
     }
     ZRT_CHECK(p.numel() > 0, "parameter '{}' has no elements", p.name);
+    ZRT_CHECK(
+        p.group >= 0 && p.group < groups,
+        "parameter '{}' names shard group {} but the engine has {} group(s) (ParamSpec::group "
+        "indexes the engine's table of groups)",
+        p.name, p.group, groups);
     content_numel_ += p.numel();
   }
   auto is_shared = [&](int i) { return params[static_cast<std::size_t>(i)].modules.size() > 1; };
+  auto unit_of_group = [](int group, bool persistent) {
+    Unit unit;
+    unit.group = group;
+    unit.persistent = persistent;
+    return unit;
+  };
 
   if (options.stage == 3) {
-    Unit persistent;
-    persistent.persistent = true;
+    std::vector<Unit> persistent;
+    for (int g = 0; g < groups; ++g) persistent.push_back(unit_of_group(g, true));
     for (int m = 0; m < options.num_modules; ++m) {
-      Unit unit;
+      std::vector<Unit> unit;  // the module's unit of each group
+      for (int g = 0; g < groups; ++g) unit.push_back(unit_of_group(g, false));
       for (std::size_t i = 0; i < params.size(); ++i) {
         const ParamSpec& p = params[i];
         if (p.modules.front() != m) continue;  // placed at its first use
+        const auto g = static_cast<std::size_t>(p.group);
         if (p.numel() < options.persistence_threshold) {
-          persistent.params.push_back(static_cast<int>(i));
+          persistent[g].params.push_back(static_cast<int>(i));
         } else if (is_shared(static_cast<int>(i))) {
-          Unit own;
+          Unit own = unit_of_group(p.group, false);
           own.shared = true;
           own.params.push_back(static_cast<int>(i));
           add_unit(std::move(own), params, options.alignment);
         } else {
-          unit.params.push_back(static_cast<int>(i));
+          unit[g].params.push_back(static_cast<int>(i));
         }
       }
-      if (!unit.params.empty()) add_unit(std::move(unit), params, options.alignment);
+      for (Unit& u : unit) {
+        if (!u.params.empty()) add_unit(std::move(u), params, options.alignment);
+      }
     }
-    if (!persistent.params.empty()) add_unit(std::move(persistent), params, options.alignment);
+    for (Unit& u : persistent) {
+      if (!u.params.empty()) add_unit(std::move(u), params, options.alignment);
+    }
   } else {
-    // Buckets in backward order: modules from last to first, whole modules per bucket.
-    Unit bucket;
-    std::int64_t bucket_size = 0;
+    // Buckets in backward order: modules from last to first, whole modules per bucket, a
+    // bucket per group.
+    std::vector<Unit> bucket;
+    for (int g = 0; g < groups; ++g) bucket.push_back(unit_of_group(g, false));
+    std::vector<std::int64_t> bucket_size(static_cast<std::size_t>(groups), 0);
     for (int m = options.num_modules - 1; m >= 0; --m) {
-      std::vector<int> own;
-      std::int64_t module_size = 0;
+      std::vector<std::vector<int>> own(static_cast<std::size_t>(groups));
+      std::vector<std::int64_t> module_size(static_cast<std::size_t>(groups), 0);
       for (std::size_t i = 0; i < params.size(); ++i) {
         const ParamSpec& p = params[i];
         if (is_shared(static_cast<int>(i))) {
           if (p.modules.front() == m) {  // completes here
-            Unit unit;
+            Unit unit = unit_of_group(p.group, false);
             unit.shared = true;
             unit.params.push_back(static_cast<int>(i));
             add_unit(std::move(unit), params, options.alignment);
@@ -74,19 +97,24 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
           continue;
         }
         if (p.modules.front() != m) continue;
-        own.push_back(static_cast<int>(i));
-        module_size += p.numel();
+        own[static_cast<std::size_t>(p.group)].push_back(static_cast<int>(i));
+        module_size[static_cast<std::size_t>(p.group)] += p.numel();
       }
-      if (own.empty()) continue;
-      if (!bucket.params.empty() && bucket_size + module_size > options.bucket_elements) {
-        add_unit(std::move(bucket), params, options.alignment);
-        bucket = Unit{};
-        bucket_size = 0;
+      for (std::size_t g = 0; g < own.size(); ++g) {
+        if (own[g].empty()) continue;
+        if (!bucket[g].params.empty() &&
+            bucket_size[g] + module_size[g] > options.bucket_elements) {
+          add_unit(std::move(bucket[g]), params, options.alignment);
+          bucket[g] = unit_of_group(static_cast<int>(g), false);
+          bucket_size[g] = 0;
+        }
+        bucket[g].params.insert(bucket[g].params.end(), own[g].begin(), own[g].end());
+        bucket_size[g] += module_size[g];
       }
-      bucket.params.insert(bucket.params.end(), own.begin(), own.end());
-      bucket_size += module_size;
     }
-    if (!bucket.params.empty()) add_unit(std::move(bucket), params, options.alignment);
+    for (Unit& u : bucket) {
+      if (!u.params.empty()) add_unit(std::move(u), params, options.alignment);
+    }
   }
   for (std::size_t u = 0; u < units_.size(); ++u) {
     for (int m : units_[u].modules)
@@ -97,6 +125,7 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
 void PartitionPlan::add_unit(Unit unit, const std::vector<ParamSpec>& params,
                              std::int64_t alignment) {
   const int index = static_cast<int>(units_.size());
+  const int world = group_world(unit.group);
   std::int64_t cursor = 0;
   unit.last_backward_module = 1 << 30;
   for (int p : unit.params) {
@@ -113,10 +142,11 @@ void PartitionPlan::add_unit(Unit unit, const std::vector<ParamSpec>& params,
     unit.last_backward_module = std::min(unit.last_backward_module, spec.modules.front());
   }
   std::sort(unit.modules.begin(), unit.modules.end());
-  unit.numel = round_up(std::max<std::int64_t>(cursor, 1), alignment * world_);
-  unit.shard = unit.numel / world_;
+  unit.numel = round_up(std::max<std::int64_t>(cursor, 1), alignment * world);
+  unit.shard = unit.numel / world;
   unit.offset = total_numel_;
   total_numel_ += unit.numel;
+  total_shard_ += unit.shard;
   units_.push_back(std::move(unit));
 }
 
@@ -133,11 +163,12 @@ PartitionPlan::OwnedRange PartitionPlan::owned_range(int param, int rank) const 
 
 std::string PartitionPlan::describe() const {
   std::string out = fmt::format("{} units, {} elements ({} padded), world {}:", units_.size(),
-                                content_numel_, total_numel_, world_);
+                                content_numel_, total_numel_, fmt::join(group_worlds_, "/"));
   for (std::size_t u = 0; u < units_.size(); ++u) {
     out +=
-        fmt::format(" [{}: {} params, {} el{}{}]", u, units_[u].params.size(), units_[u].numel,
-                    units_[u].shared ? ", shared" : "", units_[u].persistent ? ", persistent" : "");
+        fmt::format(" [{}: {} params, {} el{}{}{}]", u, units_[u].params.size(), units_[u].numel,
+                    units_[u].shared ? ", shared" : "", units_[u].persistent ? ", persistent" : "",
+                    group_count() > 1 ? fmt::format(", group {}", units_[u].group) : "");
   }
   return out;
 }

@@ -12,6 +12,12 @@
 // Every parameter starts at a multiple of `alignment` elements inside its unit; a unit is
 // padded to a multiple of world x alignment and split evenly: rank r owns slice r. Padding is
 // zero in parameters, gradients and optimizer state.
+//
+// Unit groups: each parameter names the shard group it lives over (ParamSpec::group, an index
+// into the engine's table of groups), a unit holds parameters of one group only, and `world` is
+// that group's size (the plan's group_worlds). Units are formed per group as above (at
+// stages 0-2 each group fills its own buckets, in backward order); with every parameter in group
+// 0 the plan is the one-group plan, unit for unit.
 #pragma once
 
 #include <cstdint>
@@ -38,10 +44,11 @@ struct ParamPlacement {
 };
 
 struct Unit {
+  int group = 0;             // the shard group it is sliced over (ParamSpec::group)
   std::vector<int> params;   // in layout order
   std::vector<int> modules;  // modules that use any of its parameters, ascending
-  std::int64_t numel = 0;    // padded size (multiple of world x alignment)
-  std::int64_t shard = 0;    // numel / world
+  std::int64_t numel = 0;    // padded size (multiple of its group's world x alignment)
+  std::int64_t shard = 0;    // numel / its group's world
   std::int64_t offset = 0;   // element offset of the unit in a flat buffer of all units
   std::int64_t content = 0;  // sum of its parameters' sizes (no padding)
   bool persistent = false;   // stage 3: never released
@@ -53,22 +60,29 @@ struct Unit {
 
 class PartitionPlan {
  public:
-  PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options);
+  // `group_worlds`: the ranks each unit group is sliced over (group g: group_worlds[g]; all 1
+  // at stage 0); empty: one group of options.world ranks.
+  PartitionPlan(const std::vector<ParamSpec>& params, const PartitionOptions& options,
+                std::vector<int> group_worlds = {});
 
   const std::vector<Unit>& units() const { return units_; }
   const Unit& unit(int u) const { return units_[static_cast<std::size_t>(u)]; }
   const ParamPlacement& placement(int param) const {
     return placement_[static_cast<std::size_t>(param)];
   }
-  int world() const { return world_; }
-  std::int64_t total_numel() const { return total_numel_; }  // all units, padded
-  std::int64_t total_shard() const { return total_numel_ / world_; }
+  // Group 0's world (the only one in a one-group plan).
+  int world() const { return group_worlds_.front(); }
+  int group_count() const { return static_cast<int>(group_worlds_.size()); }
+  int group_world(int group) const { return group_worlds_[static_cast<std::size_t>(group)]; }
+  std::int64_t total_numel() const { return total_numel_; }      // all units, padded
+  std::int64_t total_shard() const { return total_shard_; }      // every unit's slice
   std::int64_t content_numel() const { return content_numel_; }  // Ψ
   // Units a module uses, in layout order.
   const std::vector<int>& module_units(int module) const {
     return module_units_[static_cast<std::size_t>(module)];
   }
-  // The part of parameter `param` inside rank `rank`'s slice of its unit:
+  // The part of parameter `param` inside rank `rank`'s slice of its unit (`rank` in the unit's
+  // group):
   // [first, first + count) in parameter elements, at element `slice_offset` of the slice.
   struct OwnedRange {
     std::int64_t first = 0;
@@ -83,8 +97,9 @@ class PartitionPlan {
   std::vector<Unit> units_;
   std::vector<ParamPlacement> placement_;
   std::vector<std::vector<int>> module_units_;
-  int world_ = 1;
+  std::vector<int> group_worlds_;
   std::int64_t total_numel_ = 0;
+  std::int64_t total_shard_ = 0;
   std::int64_t content_numel_ = 0;
 };
 

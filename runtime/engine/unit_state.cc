@@ -68,7 +68,11 @@ void ZeroEngine::allocate_state() {
   // Stages 2-3 convert every micro-batch's bucket to the communication dtype, even on one rank;
   // stages 0-1 convert only where there is a reduction.
   const DType reduced_type = per_micro_batch_grads() ? cdt : adt;
-  const bool converts = per_micro_batch_grads() || group_.size() > 1 || replicas_ != nullptr;
+  bool converts = per_micro_batch_grads();
+  for (std::size_t u = 0; u < plan_.units().size(); ++u) {
+    const int unit = static_cast<int>(u);
+    converts = converts || shard_group_of(unit).size() > 1 || replicas_of(unit) != nullptr;
+  }
   if (comm_dtype() != reduced_type && converts) {
     comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
                                      "gradient conversion for communication_data_type");
@@ -79,7 +83,8 @@ void ZeroEngine::allocate_state() {
     quantized_out_ = device_.allocate(bytes_of(max_shard, comm_dtype()), MemCategory::kComm,
                                       "quantized reduce-scatter output");
   }
-  norm_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm");
+  norm_ = device_.allocate(static_cast<std::int64_t>(sizeof(float) * groups_.size()),
+                           MemCategory::kWorkspace, "gradient norm");
   if (decides_step_on_device(options_)) {
     decision_ = device_.allocate(sizeof(StepDecision), MemCategory::kWorkspace, "step decision");
     norm_host_ = device_.allocate(sizeof(float), MemCategory::kWorkspace, "gradient norm read back",
@@ -101,7 +106,7 @@ DevicePtr<std::byte> ZeroEngine::owned_params_of(int u) {
   if (sharded_params() && !unit.persistent) {
     return units_[static_cast<std::size_t>(u)]->param_slice.device<std::byte>();
   }
-  return full_params_of(u) + bytes_of(rank_ * unit.shard, options_.compute_dtype);
+  return full_params_of(u) + bytes_of(slice_rank(u) * unit.shard, options_.compute_dtype);
 }
 
 DevicePtr<std::byte> ZeroEngine::device_state(int u, std::size_t a) const {
@@ -118,7 +123,7 @@ void ZeroEngine::initialize(const Initializer& init) {
     float* master = arrays[0];
     const Unit& unit = plan_.unit(u);
     for (int p : unit.params) {
-      const auto range = plan_.owned_range(p, rank_);
+      const auto range = plan_.owned_range(p, slice_rank(u));
       if (range.count == 0) continue;
       init(p, range.first, range.count, master + range.slice_offset);
     }
@@ -353,7 +358,8 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
   compute_.synchronize();
   if (offload_) offload_->synchronize();  // the master is being written
   const float* host_master = state_on_host(pl.unit) ? offload_->state_array(pl.unit, 0) : nullptr;
-  if (partition_world() == 1) {
+  ProcessGroup& group = shard_group_of(pl.unit);
+  if (options_.stage == 0 || group.size() == 1) {
     if (host_master != nullptr) {
       std::memcpy(out.data(), host_master + pl.offset, out.size() * 4);
       return out;
@@ -364,13 +370,13 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
     return out;
   }
   Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
-  DevicePtr<std::byte> mine = full.device<std::byte>() + rank_ * unit.shard * 4;
+  DevicePtr<std::byte> mine = full.device<std::byte>() + slice_rank(pl.unit) * unit.shard * 4;
   if (host_master != nullptr) {
     device_.copy_to_device(mine, host_master, static_cast<std::size_t>(unit.shard * 4), comm_);
   } else {
     device_.copy(mine, device_state(pl.unit, 0), static_cast<std::size_t>(unit.shard * 4), comm_);
   }
-  group_.all_gather(mine, full.device<std::byte>(), unit.shard, DType::kFloat32);
+  group.all_gather(mine, full.device<std::byte>(), unit.shard, DType::kFloat32);
   device_.copy_to_host(out.data(), full.device<std::byte>() + pl.offset * 4, out.size() * 4, comm_);
   comm_.synchronize();
   return out;

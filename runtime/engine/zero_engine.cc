@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
+#include "runtime/engine/engine_groups.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_state.h"
 #include "runtime/trace/trace_span.h"
@@ -29,71 +30,31 @@ const char* phase_name(Phase p) {
   return "?";
 }
 
-namespace {
-
-// hpZ's preconditions on the groups the engine was given (EngineOptions::hpz_partition_size),
-// with the fix in each message.
-void check_hpz(const EngineOptions& options, const ProcessGroup& group,
-               const ProcessGroup* replicas, const ProcessGroup* secondary) {
-  const int S = options.hpz_partition_size;  // >= 0 and at stage 3 when > 1 (check_options)
-  if (S <= 1) {
-    ZRT_CHECK(secondary == nullptr || secondary->size() <= 1,
-              "the engine was given a secondary (hpZ) group of {} ranks but "
-              "zero_hpz_partition_size is {} (off)",
-              secondary != nullptr ? secondary->size() : 0, S);
-    return;
-  }
-  ZRT_CHECK(replicas == nullptr || replicas->size() <= 1,
-            "zero_hpz_partition_size with mics_shard_size is not supported: MiCS already keeps "
-            "every parameter gather inside the shard group; use one of them");
-  ZRT_CHECK(group.size() % S == 0,
-            "zero_hpz_partition_size {} does not divide the {} ranks the parameters are "
-            "gathered over",
-            S, group.size());
-  ZRT_CHECK(secondary != nullptr && secondary->size() == S,
-            "zero_hpz_partition_size is {} but the engine's secondary group has {} ranks: give "
-            "it this rank's group of {} consecutive ranks (topology.h's shard_plan)",
-            S, secondary != nullptr ? secondary->size() : 0, S);
-  ZRT_CHECK(&secondary->stream() == &group.stream(),
-            "the hpZ group issues on stream '{}' but the engine's group on '{}': both must use "
-            "one communication stream",
-            secondary->stream().name(), group.stream().name());
-  const std::vector<int>& nodes = secondary->node_map();
-  for (int node : nodes) {
-    ZRT_CHECK(node == nodes.front(),
-              "zero_hpz_partition_size {}: this rank's group of {} ranks spans nodes {} and {}, "
-              "so the backward gathers would cross nodes; make it the ranks per node (or a "
-              "divisor of it)",
-              S, S, nodes.front(), node);
-  }
-}
-
-}  // namespace
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
                        DeviceOptimizer& optimizer, const OffloadFactory& offload,
                        ProcessGroup* replicas, QuantizedCollectives* quantized,
                        ProcessGroup* secondary)
+    : ZeroEngine(device, compute, {ShardGroup{&group, replicas, quantized, secondary}},
+                 std::move(params), num_modules, options, optimizer, offload) {}
+
+ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> groups,
+                       std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
+                       DeviceOptimizer& optimizer, const OffloadFactory& offload)
     : device_(device),
       compute_(compute),
-      group_(group),
-      replicas_(replicas != nullptr && replicas->size() > 1 ? replicas : nullptr),
-      quantized_(quantized),
-      secondary_group_(options.hpz_partition_size > 1 ? secondary : nullptr),
-      comm_(group.stream()),
+      groups_(engine_groups::require_shard_groups(std::move(groups))),
+      comm_(groups_.front().shard->stream()),
       params_(std::move(params)),
       num_modules_(num_modules),
       options_(options),
       optimizer_(optimizer),
-      plan_(params_,
-            PartitionOptions{options.stage, options.stage == 0 ? 1 : group.size(),
-                             options.reduce_bucket_size,
-                             options.stage == 3 ? options.stage3_param_persistence_threshold : 0,
-                             options.alignment, num_modules}),
+      plan_(params_, engine_groups::partition_options(options, groups_, num_modules),
+            engine_groups::group_worlds(options, groups_)),
       schedule_(plan_, num_modules, schedule_options(options)),
       scaler_(options.loss_scale),
-      rank_(options.stage == 0 ? 0 : group.rank()) {
+      unit_rank_(engine_groups::unit_ranks(plan_, options, groups_)) {
   // The options alone (engine_options.h, the rules the config layer reports too), then what
   // the engine was given for them.
   check_options(options);
@@ -103,34 +64,19 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
   ZRT_CHECK(!offload_optimizer() || offload,
             "offload_optimizer is enabled but the engine was given no offload implementation "
             "(pass offload/'s make_cpu_optimizer_offload)");
-  ZRT_CHECK(replicas == nullptr || &replicas->stream() == &group.stream(),
-            "the replica group issues on stream '{}' but the shard group on '{}': hierarchical "
-            "sharding needs both on one communication stream",
-            replicas != nullptr ? replicas->stream().name() : "", group.stream().name());
-  ZRT_CHECK(options.mics_shard_size <= 0 || options.mics_shard_size == group.size(),
-            "mics_shard_size is {} but the engine's (shard) group has {} ranks: give the engine "
-            "the shard group and the replica group (runtime/comm/topology.h's shard_plan and "
-            "replica_plan)",
-            options.mics_shard_size, group.size());
-  ZRT_CHECK(replicas_ == nullptr || options.stage >= 1,
-            "hierarchical sharding (a replica group) needs ZeRO stage 1, 2 or 3; stage 0 keeps "
-            "no shards");
-  const bool quantizes = options.quantized_weights || options.quantized_gradients;
-  ZRT_CHECK(!quantizes || quantized != nullptr,
-            "zero_quantized_weights / zero_quantized_gradients need the engine's "
-            "QuantizedCollectives (runtime/comm/quantized_collectives.h)");
-  check_hpz(options, group, replicas, secondary);
+  engine_groups::check(options, groups_);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   decision_ready_ = device_.create_event();
   placement_ = unit_placements(options_, plan_);
   if (offload_optimizer()) {
-    offload_ = offload(
-        OffloadContext{device_, comm_, plan_, params_, options_, optimizer_, rank_, placement_});
+    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_,
+                                      state_rank(), unit_rank_, placement_});
   }
   allocate_state();
   const double ratio = options.offload_optimizer.ratio;
-  if (offload_ && ratio < 1.0 && group.rank() == 0) {  // the same split on every rank
+  if (offload_ && ratio < 1.0 &&
+      groups_.front().shard->rank() == 0) {  // the same split on every rank
     std::int64_t host = 0;
     int units = 0;
     for (std::size_t u = 0; u < placement_.size(); ++u) {
@@ -144,12 +90,13 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
         ratio, units, placement_.size(),
         100.0 * static_cast<double>(host) / static_cast<double>(plan_.total_shard()));
   }
+  const ShardGroup& dense = groups_.front();
   spdlog::debug("engine: stage {}, {}{}{}", options_.stage, plan_.describe(),
-                replicas_ != nullptr
-                    ? fmt::format(", shards replicated over {} groups", replicas_->size())
+                dense.replicas != nullptr && dense.replicas->size() > 1
+                    ? fmt::format(", shards replicated over {} groups", dense.replicas->size())
                     : "",
-                secondary_group_ != nullptr
-                    ? fmt::format(", hpZ secondary shards over {} ranks", secondary_group_->size())
+                dense.secondary != nullptr && options_.hpz_partition_size > 1
+                    ? fmt::format(", hpZ secondary shards over {} ranks", dense.secondary->size())
                     : "");
 }
 
@@ -168,10 +115,6 @@ void ZeroEngine::synchronize() {
   if (offload_) offload_->synchronize();
   comm_.synchronize();
   compute_.synchronize();
-}
-
-int ZeroEngine::partition_world() const {
-  return options_.stage == 0 ? 1 : group_.size();
 }
 
 DType ZeroEngine::comm_dtype() const {
@@ -353,7 +296,7 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
     UnitState& s = *units_[ui];
     DevicePtr<std::byte> out = owned_params_of(u);
     for (int p : unit.params) {
-      const auto range = plan_.owned_range(p, rank_);
+      const auto range = plan_.owned_range(p, slice_rank(u));
       if (range.count == 0) continue;
       OptimizerDeviceSlice slice;
       slice.param = s.master.device<float>() + range.slice_offset;

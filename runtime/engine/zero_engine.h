@@ -31,6 +31,7 @@
 
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/quantized_collectives.h"
+#include "runtime/comm/shard_group.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/optimizer_interface.h"
@@ -64,21 +65,33 @@ struct StepResult {
 
 class ZeroEngine final : public ParamAccess {
  public:
-  // `group` issues on the communication stream; `compute` is the model's stream. All must
-  // outlive the engine. `offload` builds the optimizer offload when options.offload_optimizer
-  // is enabled (offload/'s make_cpu_optimizer_offload); without one such options are refused.
+  // `groups` is the table of shard groups the units live over (shard_group.h): each parameter's
+  // unit is sliced, reduced and norm-summed over groups[ParamSpec::group]; the trainer's comes
+  // from ParallelLayout::engine_groups(). Every group issues on one communication stream (the
+  // first shard group's); `compute` is the model's stream. All must outlive the engine.
+  // `offload` builds the optimizer offload when options.offload_optimizer is enabled
+  // (offload/'s make_cpu_optimizer_offload); without one such options are refused.
   //
-  // Hierarchical sharding (MiCS, HSDP): `group` is then the shard group the state is sliced
-  // over (S ranks, typically one node), and `replicas` the ranks that hold the same slices in
-  // the other shard groups (N / S of them, one per group). Every reduced gradient slice is
-  // averaged over `replicas` after its reduce-scatter, so only 1/S of the gradient crosses
-  // between shard groups, and the gathers stay inside the shard group. `replicas` must issue on
-  // `group`'s stream (one communication stream keeps their order). `quantized` carries the
-  // quantized gathers / reductions when options ask for them; it works over `group`.
+  // Hierarchical sharding (MiCS, HSDP): a group's `shard` is then the shard group the state is
+  // sliced over (S ranks, typically one node), and its `replicas` the ranks that hold the same
+  // slices in the other shard groups (N / S of them, one per group). Every reduced gradient
+  // slice is averaged over the replicas after its reduce-scatter, so only 1/S of the gradient
+  // crosses between shard groups, and the gathers stay inside the shard group. `quantized`
+  // carries the quantized gathers / reductions when options ask for them; it works over
+  // `shard`.
   //
   // hpZ (options.hpz_partition_size S > 1): `secondary` is this rank's group of S ranks that
   // share secondary shards (topology.h's shard_plan(N, S, rank): S consecutive ranks, which
-  // must lie on one node by its node map), issuing on `group`'s stream.
+  // must lie on one node by its node map).
+  //
+  // Several groups (units of some parameters over another group, like an expert's over the
+  // expert-data-parallel group): stages 1-3, without hpZ or quantized collectives, and without
+  // checkpoints yet (the checkpoint layer refuses such an engine).
+  ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> groups,
+             std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
+             DeviceOptimizer& optimizer, const OffloadFactory& offload = {});
+  // One group: `group` (the shard group), and the optional `replicas`, `quantized` and
+  // `secondary` of its ShardGroup.
   ZeroEngine(Device& device, Stream& compute, ProcessGroup& group, std::vector<ParamSpec> params,
              int num_modules, const EngineOptions& options, DeviceOptimizer& optimizer,
              const OffloadFactory& offload = {}, ProcessGroup* replicas = nullptr,
@@ -135,7 +148,10 @@ class ZeroEngine final : public ParamAccess {
   // copies. Collective at stages 1-3; the counters (step count, loss scaler) are restored.
   using StateFiller = std::function<void(int u, const StateArrays& arrays)>;
   void load_state(const EngineCounters& counters, const StateFiller& fill);
-  int state_rank() const { return rank_; }  // the slice this rank owns (0 at stage 0)
+  // The slice this rank owns of group 0's units (0 at stage 0); slice_rank(u) for any unit.
+  int state_rank() const;
+  int slice_rank(int u) const { return unit_rank_[static_cast<std::size_t>(u)]; }
+  const std::vector<ShardGroup>& groups() const { return groups_; }
 
   // ParamAccess.
   void acquire(int module, Phase phase) override;
@@ -204,7 +220,14 @@ class ZeroEngine final : public ParamAccess {
 
  private:
   struct UnitState;
-  int partition_world() const;
+  // Whether any unit is sliced over more than one rank (false at stage 0).
+  bool sliced() const;
+  // Unit u's groups: its shard group, and its replica group where it has one of several ranks.
+  const ShardGroup& group_of(int u) const {
+    return groups_[static_cast<std::size_t>(plan_.unit(u).group)];
+  }
+  ProcessGroup& shard_group_of(int u) const { return *group_of(u).shard; }
+  ProcessGroup* replicas_of(int u) const;
   DType comm_dtype() const;
   bool sharded_params() const { return options_.stage == 3; }
   bool per_micro_batch_grads() const { return options_.stage >= 2; }
@@ -258,8 +281,8 @@ class ZeroEngine final : public ParamAccess {
   void issue_reduce(int u, bool final);
   // The compute stream waits for unit u's reduction.
   void await_reduce(int u);
-  // Hierarchical sharding: averages a reduced slice over the replica group (comm stream).
-  void average_over_replicas(DevicePtr<std::byte> slice, std::int64_t count, DType type);
+  // Hierarchical sharding: averages unit u's reduced slice over its replica group (comm stream).
+  void average_over_replicas(int u, DevicePtr<std::byte> slice, std::int64_t count, DType type);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
   // The squared norm of the whole gradient, summed over ranks, read on the host.
   float global_grad_norm_squared();
@@ -277,11 +300,8 @@ class ZeroEngine final : public ParamAccess {
 
   Device& device_;
   Stream& compute_;
-  ProcessGroup& group_;
-  ProcessGroup* replicas_;           // hierarchical sharding: the replica group, else null
-  QuantizedCollectives* quantized_;  // ZeRO++ quantized gathers / reductions, else null
-  ProcessGroup* secondary_group_;    // hpZ: the S ranks sharing secondary shards, else null
-  Stream& comm_;
+  std::vector<ShardGroup> groups_;  // checked (engine_groups.cc); [0] the dense units'
+  Stream& comm_;                    // every group's stream
   std::vector<ParamSpec> params_;
   int num_modules_;
   EngineOptions options_;
@@ -289,7 +309,7 @@ class ZeroEngine final : public ParamAccess {
   PartitionPlan plan_;
   UnitSchedule schedule_;
   LossScaler scaler_;
-  int rank_;
+  std::vector<int> unit_rank_;  // per unit: the slice this rank owns (0 at stage 0)
   std::int64_t optimizer_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
 
@@ -300,10 +320,10 @@ class ZeroEngine final : public ParamAccess {
   // Parameter offload: the unit whose reduced slice the copy stream reads from comm_scratch_
   // records this event once it has (its `reduced`); the next conversion into the scratch waits.
   Event* scratch_reader_ = nullptr;
-  Buffer quantized_out_;                   // qgZ: one reduced slice (communication dtype)
-  Buffer norm_;                            // one float: the squared gradient norm
-  Buffer decision_;                        // the StepDecision enqueue_step() takes on the device
-  Buffer norm_host_;                       // pinned: the norm copied down for settle_step()
+  Buffer quantized_out_;  // qgZ: one reduced slice (communication dtype)
+  Buffer norm_;       // a float per group: the squared gradient norm ([0] the total once summed)
+  Buffer decision_;   // the StepDecision enqueue_step() takes on the device
+  Buffer norm_host_;  // pinned: the norm copied down for settle_step()
   std::unique_ptr<Event> decision_ready_;  // recorded after that copy
   bool decision_pending_ = false;          // the last step's decision not yet read
   StepDecisionInputs pending_inputs_;

@@ -243,10 +243,12 @@ void reference_adamw(std::vector<std::vector<float>>& p, std::vector<std::vector
 // The reference's gradient loop: one process, full fp32 parameters `p` (initialised here),
 // world ranks simulated one after the other. Each step, `update(total, coef, step)` (step from
 // 1) applies the optimizer to p given the averaged gradient and the clipping coefficient.
-// `norms`, if given, receives each step's gradient norm before clipping.
+// `norms`, if given, receives each step's gradient norm before clipping; `losses` each step's
+// loss, the mean over its micro-batches and ranks.
 template <typename Update>
 void reference_loop(const TrainSpec& spec, int world, std::vector<std::vector<float>>& p,
-                    std::vector<double>* norms, Update update) {
+                    std::vector<double>* norms, Update update,
+                    std::vector<double>* losses = nullptr) {
   TiedMlp model(kD, kH);
   const auto specs = model.parameters();
   auto device = make_device(DeviceOptions{});
@@ -262,6 +264,7 @@ void reference_loop(const TrainSpec& spec, int world, std::vector<std::vector<fl
   for (int step = 0; step < spec.steps; ++step) {
     std::vector<std::vector<double>> total;
     for (const auto& s : specs) total.emplace_back(static_cast<std::size_t>(s.numel()), 0.0);
+    double step_loss = 0.0;
     for (int g = 0; g < spec.accumulation; ++g) {
       for (int r = 0; r < world; ++r) {
         for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
@@ -279,8 +282,11 @@ void reference_loop(const TrainSpec& spec, int world, std::vector<std::vector<fl
           stream->synchronize();
           for (std::size_t k = 0; k < grad.size(); ++k) total[i][k] += grad[k];
         }
+        step_loss += loss;  // the stream was synchronised above
       }
     }
+    if (losses != nullptr)
+      losses->push_back(step_loss / (static_cast<double>(world) * spec.accumulation));
     double norm_sq = 0.0;
     for (auto& t : total)
       for (double& x : t) {
@@ -299,17 +305,20 @@ void reference_loop(const TrainSpec& spec, int world, std::vector<std::vector<fl
 
 // The AdamW reference (reference_loop with reference_adamw).
 inline std::vector<std::vector<float>> train_reference(const TrainSpec& spec, int world,
-                                                       std::vector<double>* norms = nullptr) {
+                                                       std::vector<double>* norms = nullptr,
+                                                       std::vector<double>* losses = nullptr) {
   const auto specs = TiedMlp(kD, kH).parameters();
   std::vector<std::vector<float>> p, m, v;
   for (const auto& s : specs) {
     m.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
     v.emplace_back(static_cast<std::size_t>(s.numel()), 0.f);
   }
-  reference_loop(spec, world, p, norms,
-                 [&](const std::vector<std::vector<double>>& total, double coef, int step) {
-                   reference_adamw(p, m, v, total, coef, step, spec.lr, spec.weight_decay, specs);
-                 });
+  reference_loop(
+      spec, world, p, norms,
+      [&](const std::vector<std::vector<double>>& total, double coef, int step) {
+        reference_adamw(p, m, v, total, coef, step, spec.lr, spec.weight_decay, specs);
+      },
+      losses);
   return p;
 }
 

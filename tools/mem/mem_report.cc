@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "runtime/common/dtype.h"
+#include "runtime/engine/engine_parallel_dims.h"
 
 namespace zrt::mem {
 
@@ -99,9 +100,8 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
     out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
   };
-  const int n = chosen.setting.stage == 0       ? 1
-                : in.engine.mics_shard_size > 0 ? in.engine.mics_shard_size
-                                                : in.world;
+  const int n =
+      parallel_dims(in.engine, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage);
   row("params (compute dtype)", gb(chosen.params),
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   // One micro-batch per step with optimizer offload: the offloaded units' reduced slices go

@@ -7,6 +7,7 @@
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
+#include "runtime/engine/engine_parallel_dims.h"
 #include "runtime/engine/partition.h"
 #include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
@@ -163,7 +164,7 @@ I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o, int n, in
 UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int world,
                         bool checkpointing) {
   // Hierarchical sharding (mics_shard_size) slices the state over the shard group only.
-  const int partition_world = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : world;
+  const int partition_world = parallel_dims(o, world, 0).shard_world();
   const PartitionPlan plan(model.params,
                            PartitionOptions{o.stage, partition_world, o.reduce_bucket_size,
                                             o.stage == 3 ? o.stage3_param_persistence_threshold : 0,
@@ -214,7 +215,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
 // The ZeRO paper's accounting: no padding, no persistent parameters; a unit stands in as one
 // reduce bucket (stages 0-2) and the gathered working set as stage3_max_live_parameters.
 UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
-  const int n = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : world;
+  const int n = parallel_dims(o, world, 0).shard_world();
   UnitFigures f;
   f.padded = f.content = static_cast<I64>(std::llround(psi));
   f.shard_total = static_cast<I64>(std::llround(psi / n));
@@ -318,15 +319,17 @@ void Inputs::validate() const {
   if (engine.stage < 0 || engine.stage > 3) {
     ZRT_THROW(InvalidArgument, "--stage must be 0, 1, 2 or 3, not {}", engine.stage);
   }
-  if (engine.hpz_partition_size > 1) {
-    const int S = engine.hpz_partition_size;
-    if (world % S != 0 || ranks_per_node() % S != 0) {
+  // The layout's rank math (ParallelDims), with zrt-mem's own flags in the messages.
+  const ParallelDims dims = parallel_dims(engine, world, ranks_per_node());
+  if (dims.hpz_partition_size > 1) {
+    const int S = dims.hpz_partition_size;
+    if (!dims.blocks_within_nodes(S)) {
       ZRT_THROW(InvalidArgument,
                 "--hpz {} (zero_hpz_partition_size) must divide the ranks per node ({} of {} "
                 "ranks on {} node(s)): hpZ groups are blocks of consecutive ranks inside a node",
                 S, ranks_per_node(), world, nodes);
     }
-    if (engine.mics_shard_size > 0) {
+    if (dims.mics_shard_size > 0) {
       ZRT_THROW(InvalidArgument, "--hpz with mics_shard_size is not supported: use one of them");
     }
   }
@@ -412,7 +415,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // ZeRO++ over the sharding group (all ranks, or a MiCS shard group of consecutive ranks):
   // L of its ranks share a node (comm.ranks_per_node simulates nodes as zrt-train does).
   if (!setting.offload_param) {
-    const int n = o.stage == 0 ? 1 : o.mics_shard_size > 0 ? o.mics_shard_size : in.world;
+    const int n = parallel_dims(o, in.world, in.ranks_per_node()).shard_world();
     const int per_node = in.comm.ranks_per_node > 0 ? in.comm.ranks_per_node : in.ranks_per_node();
     e.quantized_comm = quantized_comm_bytes(f, o, n, std::max(1, std::min(per_node, n)));
     e.comm += e.quantized_comm;

@@ -1,0 +1,94 @@
+// ParallelDims: the degrees of the parallel layout and the rank math that follows from them,
+// pure (no MPI call), so that the trainer's layout (parallel_layout.h) and zrt-mem compute the
+// same groups from the same numbers.
+//
+// The axes, outermost first, over `world` ranks laid out in nodes of `ranks_per_node`
+// consecutive ranks (topology.h):
+//   - sequence parallel (sp): blocks of sp consecutive ranks, which must lie within a node (a
+//     sequence-parallel step exchanges activations every layer); the data-parallel degree is
+//     world / sp, and the data-parallel group of a rank is the ranks at its position in every sp
+//     block. 1 today: nothing shards a sequence yet.
+//   - ZeRO's data-parallel world: the dense units' state is sliced over the shard world
+//     (shard_world()): 1 at stage 0, the MiCS shard group (mics_shard_size consecutive ranks,
+//     replicated across the data_parallel_size() / mics_shard_size groups) or every
+//     data-parallel rank.
+//   - ZeRO++ hpZ: secondary shards over blocks of hpz_partition_size consecutive ranks (stage 3,
+//     within a node); qgZ/qwZ: the quantized collectives over the shard group, hierarchical
+//     (intra-node, then inter-node) where it spans nodes.
+//   - expert parallel (ep): the data-parallel ranks in blocks of ep consecutive ones, each
+//     holding a 1/ep share of the experts; an expert's parameters are then data-parallel over the
+//     expert-data-parallel group (the ranks at the same position in every ep block). 1 today: no
+//     model has experts yet.
+//
+// validate() lists every inconsistency, each naming the config key and the fix; the subgroup
+// plans are what make_subgroup() turns into groups.
+//
+// A value type: copy freely; thread-safe for concurrent reads.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/comm/topology.h"
+
+namespace zrt {
+
+struct ParallelDims {
+  int world = 1;
+  // Ranks per node; 0: unknown (then nothing is checked against the nodes).
+  int ranks_per_node = 0;
+  int stage = 0;                     // zero_optimization.stage
+  int mics_shard_size = 0;           // zero_optimization.mics_shard_size; 0: off
+  int hpz_partition_size = 0;        // zero_optimization.zero_hpz_partition_size; 0 or 1: off
+  bool quantized_weights = false;    // zero_quantized_weights (qwZ)
+  bool quantized_gradients = false;  // zero_quantized_gradients (qgZ)
+  int sequence_parallel_size = 1;
+  int expert_parallel_size = 1;
+
+  // Every problem with these degrees, as a sentence naming the config key and the fix; empty
+  // when they are consistent.
+  [[nodiscard]] std::vector<std::string> validate() const;
+  // Throws InvalidArgument with every problem of validate(), one per line.
+  void check() const;
+
+  // Ranks that hold one copy of the model's dense data parallelism: world / sp.
+  int data_parallel_size() const { return world / sequence_parallel_size; }
+  // Ranks a dense unit's state is sliced over at `stage`: 1 at stage 0, the MiCS shard group,
+  // or every data-parallel rank.
+  int shard_world(int stage) const;
+  int shard_world() const { return shard_world(stage); }
+  // How many shard groups hold the same slices (MiCS's replica count); 1 without MiCS.
+  int replica_count() const { return data_parallel_size() / shard_world(); }
+  bool uses_mics() const { return stage >= 1 && mics_shard_size > 0; }
+  // The hpZ group size in effect (stage 3 and a size above 1), else 0.
+  int hpz() const { return stage == 3 && hpz_partition_size > 1 ? hpz_partition_size : 0; }
+  bool quantized() const { return quantized_weights || quantized_gradients; }
+  // An expert's parameters are sliced over this many ranks: data_parallel_size() / ep.
+  int expert_data_parallel_size() const { return data_parallel_size() / expert_parallel_size; }
+
+  // Whether blocks of `size` consecutive ranks tile the world with none spanning two nodes
+  // (always true of the nodes where ranks_per_node is 0, unknown).
+  bool blocks_within_nodes(int size) const;
+
+  // ---- subgroup plans of world rank `rank` (parent: the world) ----
+  // MiCS shard group: mics_shard_size consecutive ranks (needs uses_mics()).
+  SubgroupPlan shard_group_plan(int rank) const;
+  // MiCS replica group: the ranks at the same position in every shard group.
+  SubgroupPlan replica_group_plan(int rank) const;
+  // hpZ: this rank's block of hpz() consecutive ranks (needs hpz() > 0).
+  SubgroupPlan hpz_group_plan(int rank) const;
+  // Sequence parallel: this rank's block of sp consecutive ranks.
+  SubgroupPlan sequence_parallel_plan(int rank) const;
+  // Data parallel: the ranks at this rank's position in every sp block (the world at sp 1).
+  SubgroupPlan data_parallel_plan(int rank) const;
+  // Expert parallel: this rank's block of ep consecutive members of its data-parallel group.
+  SubgroupPlan expert_parallel_plan(int rank) const;
+  // Expert data parallel: the members of its data-parallel group at the same position in every
+  // ep block (the data-parallel group at ep 1).
+  SubgroupPlan expert_data_parallel_plan(int rank) const;
+
+  // "world 8 (2 nodes x 4), stage 3, shards of 8" and the like, for logs.
+  std::string describe() const;
+};
+
+}  // namespace zrt

@@ -1,0 +1,102 @@
+#include "runtime/comm/parallel_layout.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
+                               const ParallelDims& dims, const CommOptions& comm_options)
+    : dims_(dims) {
+  int size = 0;
+  MPI_Comm_size(world, &size);
+  ZRT_CHECK(dims.world == size, "the parallel layout is for {} ranks but the communicator has {}",
+            dims.world, size);
+  if (dims.sequence_parallel_size != 1 || dims.expert_parallel_size != 1) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {} and expert_parallel_size {}: only 1 is supported yet "
+              "(no model shards a sequence or holds experts)",
+              dims.sequence_parallel_size, dims.expert_parallel_size);
+  }
+  world_group_ = make_process_group(device, world, comm, "zero", comm_options);
+  control_group_ = make_process_group(device, world, control, "control", comm_options);
+  const int rank = world_group_->rank();
+  // Which node each rank is on (comm.ranks_per_node simulates nodes): the byte counters split
+  // the traffic by it. A layout NodeTopology refuses ends the run only where nodes were asked
+  // for; otherwise every rank counts as one node.
+  try {
+    topology_ = NodeTopology::detect(world, dims.ranks_per_node);
+    world_group_->set_node_map(topology_->node_map());
+    control_group_->set_node_map(topology_->node_map());
+    dims_.ranks_per_node = topology_->ranks_per_node();
+    if (rank == 0) spdlog::info("node topology: {}", topology_->describe());
+  } catch (const Error& e) {
+    if (dims.ranks_per_node > 0) throw;
+    dims_.ranks_per_node = 0;
+    if (rank == 0) {
+      spdlog::warn("node topology: {}; counting every rank as one node", e.what());
+    }
+  }
+  dims_.check();
+
+  // Hierarchical sharding (zero_optimization.mics_shard_size): the engine slices the state over
+  // this rank's shard group and averages each gradient slice over its replicas; both groups
+  // issue on the engine's communication stream.
+  if (dims_.uses_mics()) {
+    shard_group_ = make_subgroup(*world_group_, dims_.shard_group_plan(rank), comm, "zero-shards");
+    replica_group_ =
+        make_subgroup(*world_group_, dims_.replica_group_plan(rank), comm, "zero-replicas");
+    if (rank == 0) {
+      spdlog::info(
+          "hierarchical sharding: state sliced over {} groups of {} ranks, replicated "
+          "across them",
+          dims_.world / dims_.mics_shard_size, dims_.mics_shard_size);
+    }
+  }
+  // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
+  // the sharding group, hierarchical where it spans several nodes.
+  if (dims_.quantized()) {
+    ProcessGroup& sharding = shard_group();
+    const std::vector<int>& nodes = sharding.node_map();
+    const bool several_nodes =
+        !nodes.empty() &&
+        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
+    if (several_nodes) {
+      intra_group_ =
+          make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), comm, "zero-intra-node");
+      inter_group_ =
+          make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), comm, "zero-inter-node");
+    }
+    quantized_ = std::make_unique<QuantizedCollectives>(device, sharding, intra_group_.get(),
+                                                        inter_group_.get());
+  }
+  // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
+  // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
+  // topology (the backward gathers would cross them).
+  if (dims_.hpz_partition_size > 1) {
+    hpz_group_ = make_subgroup(*world_group_, dims_.hpz_group_plan(rank), comm, "zero-hpz");
+    if (rank == 0) {
+      spdlog::info(
+          "hpZ: secondary shards over {} groups of {} ranks; backward gathers stay inside them",
+          dims_.world / dims_.hpz_partition_size, dims_.hpz_partition_size);
+    }
+  }
+}
+
+std::vector<ShardGroup> ParallelLayout::engine_groups() {
+  return {ShardGroup{&shard_group(), replica_group_.get(), quantized_.get(), hpz_group_.get()}};
+}
+
+CommCounts ParallelLayout::engine_traffic() const {
+  CommCounts c = world_group_->stats().snapshot();
+  for (const ProcessGroup* g : {shard_group_.get(), replica_group_.get(), intra_group_.get(),
+                                inter_group_.get(), hpz_group_.get()}) {
+    if (g != nullptr) c += g->stats().snapshot();
+  }
+  return c;
+}
+
+}  // namespace zrt

@@ -1,0 +1,78 @@
+// ParallelLayout: every process group of a run, built once from ParallelDims (parallel_dims.h)
+// — the world ("zero") group the engine's collectives start from, the control group (its own
+// communicator and stream, for the trainer's small collectives and the checkpointer), the node
+// topology, MiCS's shard and replica groups, ZeRO++'s intra/inter-node groups and quantized
+// collectives, and hpZ's secondary-shard group. Other modules ask it for a group by role instead
+// of splitting their own; a new axis (sequence or expert parallelism) is a new plan in
+// ParallelDims and a new group here.
+//
+// Construction is collective over `world` (every rank builds the same groups in the same
+// order). Thread-safety: one thread builds and uses it, like the groups it owns.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <mpi.h>
+
+#include "runtime/comm/comm_stats.h"
+#include "runtime/comm/parallel_dims.h"
+#include "runtime/comm/process_group.h"
+#include "runtime/comm/quantized_collectives.h"
+#include "runtime/comm/shard_group.h"
+#include "runtime/comm/topology.h"
+
+namespace zrt {
+
+class Device;
+class Stream;
+
+class ParallelLayout {
+ public:
+  // Builds the groups `dims` asks for over `world` (dims.world must be its size;
+  // dims.ranks_per_node > 0 simulates nodes as comm.ranks_per_node does, 0 detects them). The
+  // engine's groups issue on `comm`, the control group on `control`; both must outlive the
+  // layout. A node layout NodeTopology refuses ends the run only where nodes were asked for;
+  // otherwise every rank counts as one node. Throws InvalidArgument listing dims' problems
+  // (ParallelDims::validate(), with the detected ranks per node), and for the axes not built yet
+  // (sequence_parallel_size, expert_parallel_size above 1).
+  ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
+                 const ParallelDims& dims, const CommOptions& comm_options);
+  ParallelLayout(const ParallelLayout&) = delete;
+  ParallelLayout& operator=(const ParallelLayout&) = delete;
+
+  // The degrees, with ranks_per_node as detected (0 where the nodes could not be told apart).
+  const ParallelDims& dims() const { return dims_; }
+  int rank() const { return world_group_->rank(); }
+  // The node layout, when detected or simulated.
+  const std::optional<NodeTopology>& topology() const { return topology_; }
+
+  // ---- the groups by role ----
+  ProcessGroup& world_group() { return *world_group_; }  // every rank ("zero")
+  ProcessGroup& control_group() { return *control_group_; }
+  // The dense units' shard group: MiCS's shard group, or the world.
+  ProcessGroup& shard_group() { return shard_group_ ? *shard_group_ : *world_group_; }
+  ProcessGroup* replica_group() { return replica_group_.get(); }   // MiCS, else null
+  ProcessGroup* intra_node_group() { return intra_group_.get(); }  // qgZ over nodes
+  ProcessGroup* inter_node_group() { return inter_group_.get(); }  // qgZ over nodes
+  QuantizedCollectives* quantized() { return quantized_.get(); }   // qwZ / qgZ, else null
+  ProcessGroup* hpz_group() { return hpz_group_.get(); }           // hpZ, else null
+
+  // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units'.
+  std::vector<ShardGroup> engine_groups();
+  // The engine's traffic so far, summed over every group it uses (and the world group).
+  CommCounts engine_traffic() const;
+
+ private:
+  ParallelDims dims_;
+  std::optional<NodeTopology> topology_;
+  std::unique_ptr<ProcessGroup> world_group_;
+  std::unique_ptr<ProcessGroup> control_group_;
+  std::unique_ptr<ProcessGroup> shard_group_, replica_group_;
+  std::unique_ptr<ProcessGroup> intra_group_, inter_group_;
+  std::unique_ptr<QuantizedCollectives> quantized_;
+  std::unique_ptr<ProcessGroup> hpz_group_;
+};
+
+}  // namespace zrt

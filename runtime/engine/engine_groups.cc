@@ -1,0 +1,163 @@
+// The engine's shard groups: their checks, the partition over them, and the slice this rank owns
+// of each unit; and the engine's small questions about them (zero_engine.h).
+#include "runtime/engine/engine_groups.h"
+
+#include "runtime/common/error.h"
+
+namespace zrt {
+
+namespace engine_groups {
+
+namespace {
+
+// hpZ's preconditions (EngineOptions::hpz_partition_size), with the fix in each message.
+void check_hpz(const EngineOptions& options, const ProcessGroup& group,
+               const ProcessGroup* replicas, const ProcessGroup* secondary) {
+  const int S = options.hpz_partition_size;
+  ZRT_CHECK(S >= 0, "zero_hpz_partition_size must be >= 1 (1: off), not {}", S);
+  if (S <= 1) {
+    ZRT_CHECK(secondary == nullptr || secondary->size() <= 1,
+              "the engine was given a secondary (hpZ) group of {} ranks but "
+              "zero_hpz_partition_size is {} (off)",
+              secondary != nullptr ? secondary->size() : 0, S);
+    return;
+  }
+  ZRT_CHECK(options.stage == 3,
+            "zero_hpz_partition_size {} needs ZeRO stage 3 (stage is {}): hpZ keeps secondary "
+            "shards of stage 3's gathered parameters; set stage 3 or zero_hpz_partition_size 1",
+            S, options.stage);
+  ZRT_CHECK(replicas == nullptr || replicas->size() <= 1,
+            "zero_hpz_partition_size with mics_shard_size is not supported: MiCS already keeps "
+            "every parameter gather inside the shard group; use one of them");
+  ZRT_CHECK(group.size() % S == 0,
+            "zero_hpz_partition_size {} does not divide the {} ranks the parameters are "
+            "gathered over",
+            S, group.size());
+  ZRT_CHECK(secondary != nullptr && secondary->size() == S,
+            "zero_hpz_partition_size is {} but the engine's secondary group has {} ranks: give "
+            "it this rank's group of {} consecutive ranks (topology.h's shard_plan)",
+            S, secondary != nullptr ? secondary->size() : 0, S);
+  ZRT_CHECK(&secondary->stream() == &group.stream(),
+            "the hpZ group issues on stream '{}' but the engine's group on '{}': both must use "
+            "one communication stream",
+            secondary->stream().name(), group.stream().name());
+  const std::vector<int>& nodes = secondary->node_map();
+  for (int node : nodes) {
+    ZRT_CHECK(node == nodes.front(),
+              "zero_hpz_partition_size {}: this rank's group of {} ranks spans nodes {} and {}, "
+              "so the backward gathers would cross nodes; make it the ranks per node (or a "
+              "divisor of it)",
+              S, S, nodes.front(), node);
+  }
+}
+
+}  // namespace
+
+std::vector<ShardGroup> require_shard_groups(std::vector<ShardGroup> groups) {
+  ZRT_CHECK(!groups.empty(), "the engine needs at least one shard group");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    ZRT_CHECK(groups[g].shard != nullptr, "the engine's shard group {} has no process group", g);
+  }
+  return groups;
+}
+
+void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) {
+  const ShardGroup& dense = groups.front();
+  const ProcessGroup& group = *dense.shard;
+  const ProcessGroup* replicas = dense.replicas;
+  ZRT_CHECK(groups.size() == 1 || options.stage >= 1,
+            "{} shard groups at ZeRO stage 0: stage 0 keeps every unit whole on every rank and "
+            "all-reduces it over one group; use stage 1, 2 or 3",
+            groups.size());
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const ShardGroup& each = groups[g];
+    ZRT_CHECK(&each.shard->stream() == &group.stream(),
+              "the engine's shard group {} issues on stream '{}' but group 0 on '{}': every group "
+              "must use one communication stream",
+              g, each.shard->stream().name(), group.stream().name());
+    ZRT_CHECK(each.replicas == nullptr || &each.replicas->stream() == &each.shard->stream(),
+              "the replica group issues on stream '{}' but the shard group on '{}': hierarchical "
+              "sharding needs both on one communication stream",
+              each.replicas != nullptr ? each.replicas->stream().name() : "",
+              each.shard->stream().name());
+    ZRT_CHECK(each.replicas == nullptr || each.replicas->size() <= 1 || options.stage >= 1,
+              "hierarchical sharding (a replica group) needs ZeRO stage 1, 2 or 3; stage 0 keeps "
+              "no shards");
+  }
+  ZRT_CHECK(options.mics_shard_size <= 0 || options.mics_shard_size == group.size(),
+            "mics_shard_size is {} but the engine's (shard) group has {} ranks: give the engine "
+            "the shard group and the replica group (runtime/comm/topology.h's shard_plan and "
+            "replica_plan)",
+            options.mics_shard_size, group.size());
+  const bool quantizes = options.quantized_weights || options.quantized_gradients;
+  ZRT_CHECK(!quantizes || dense.quantized != nullptr,
+            "zero_quantized_weights / zero_quantized_gradients need the engine's "
+            "QuantizedCollectives (runtime/comm/quantized_collectives.h)");
+  ZRT_CHECK(!options.quantized_weights || options.stage == 3,
+            "zero_quantized_weights quantizes stage 3's parameter gathers (stage is {})",
+            options.stage);
+  ZRT_CHECK(!options.quantized_gradients || options.stage >= 2,
+            "zero_quantized_gradients quantizes the per-micro-batch reduce-scatter of stages 2-3 "
+            "(stage is {})",
+            options.stage);
+  check_hpz(options, group, replicas, dense.secondary);
+  if (groups.size() > 1) {
+    ZRT_CHECK(!quantizes && options.hpz_partition_size <= 1,
+              "{} shard groups with zero_quantized_weights / zero_quantized_gradients / "
+              "zero_hpz_partition_size: ZeRO++ runs over one group only so far; turn it off",
+              groups.size());
+    for (std::size_t g = 1; g < groups.size(); ++g) {
+      ZRT_CHECK(groups[g].quantized == nullptr && groups[g].secondary == nullptr,
+                "the engine's shard group {} has quantized collectives or an hpZ group: only "
+                "group 0 may",
+                g);
+    }
+  }
+}
+
+PartitionOptions partition_options(const EngineOptions& options,
+                                   const std::vector<ShardGroup>& groups, int num_modules) {
+  return PartitionOptions{options.stage,
+                          options.stage == 0 ? 1 : groups.front().shard->size(),
+                          options.reduce_bucket_size,
+                          options.stage == 3 ? options.stage3_param_persistence_threshold : 0,
+                          options.alignment,
+                          num_modules};
+}
+
+std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups) {
+  std::vector<int> worlds;
+  for (const ShardGroup& g : groups) worlds.push_back(options.stage == 0 ? 1 : g.shard->size());
+  return worlds;
+}
+
+std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,
+                            const std::vector<ShardGroup>& groups) {
+  std::vector<int> ranks;
+  for (const Unit& unit : plan.units()) {
+    ranks.push_back(
+        options.stage == 0 ? 0 : groups[static_cast<std::size_t>(unit.group)].shard->rank());
+  }
+  return ranks;
+}
+
+}  // namespace engine_groups
+
+bool ZeroEngine::sliced() const {
+  if (options_.stage == 0) return false;
+  for (const ShardGroup& g : groups_) {
+    if (g.shard->size() > 1) return true;
+  }
+  return false;
+}
+
+ProcessGroup* ZeroEngine::replicas_of(int u) const {
+  ProcessGroup* replicas = group_of(u).replicas;
+  return replicas != nullptr && replicas->size() > 1 ? replicas : nullptr;
+}
+
+int ZeroEngine::state_rank() const {
+  return options_.stage == 0 ? 0 : groups_.front().shard->rank();
+}
+
+}  // namespace zrt

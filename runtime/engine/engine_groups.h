@@ -1,0 +1,30 @@
+// The engine's table of shard groups (shard_group.h), checked: what each group must be for the
+// options, how the units are sliced over them, and the slice this rank owns of each unit.
+// Private to the engine (zero_engine.cc builds its members with them).
+#pragma once
+
+#include <vector>
+
+#include "runtime/comm/shard_group.h"
+#include "runtime/engine/partition.h"
+#include "runtime/engine/zero_engine.h"
+
+namespace zrt::engine_groups {
+
+// `groups`, once it has at least one entry and every entry a shard group. Throws
+// InvalidArgument otherwise.
+std::vector<ShardGroup> require_shard_groups(std::vector<ShardGroup> groups);
+// Every other precondition on the groups for `options` (one communication stream; MiCS, qgZ/qwZ
+// and hpZ on the first group as the options ask; what several groups do not support yet), with
+// the fix in each message. Throws InvalidArgument.
+void check(const EngineOptions& options, const std::vector<ShardGroup>& groups);
+// The partition over the groups: group 0's options, and each group's world, its shard group's
+// size (1 at stage 0).
+PartitionOptions partition_options(const EngineOptions& options,
+                                   const std::vector<ShardGroup>& groups, int num_modules);
+std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups);
+// Per unit of `plan`: this rank's slice of it (its rank in the unit's shard group; 0 at stage 0).
+std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,
+                            const std::vector<ShardGroup>& groups);
+
+}  // namespace zrt::engine_groups

@@ -1,0 +1,219 @@
+// ParallelDims (pure): the shard world of every stage, the subgroup plans of each axis (every
+// rank in exactly one group of each kind, the groups' colours distinct), and validate()'s
+// problems, each naming its key.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+
+#include "runtime/comm/parallel_dims.h"
+#include "runtime/common/error.h"
+
+using namespace zrt;
+
+namespace {
+
+ParallelDims dims_of(int world, int ranks_per_node, int stage) {
+  ParallelDims d;
+  d.world = world;
+  d.ranks_per_node = ranks_per_node;
+  d.stage = stage;
+  return d;
+}
+
+bool mentions(const std::vector<std::string>& problems, const std::string& text) {
+  for (const std::string& p : problems) {
+    if (p.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The plans of every rank partition the world: each rank is in its own plan's members, every
+// rank of a colour lists the same members, and distinct groups have distinct colours.
+template <typename PlanOf>
+std::map<int, std::vector<int>> check_partition(int world, PlanOf plan_of) {
+  std::map<int, std::vector<int>> groups;
+  for (int r = 0; r < world; ++r) {
+    const SubgroupPlan plan = plan_of(r);
+    INFO("rank " << r);
+    CHECK(std::count(plan.members.begin(), plan.members.end(), r) == 1);
+    auto [it, fresh] = groups.emplace(plan.color, plan.members);
+    if (!fresh) CHECK(it->second == plan.members);
+  }
+  std::size_t covered = 0;
+  for (const auto& [color, members] : groups) covered += members.size();
+  CHECK(covered == static_cast<std::size_t>(world));
+  return groups;
+}
+
+}  // namespace
+
+TEST_CASE("the shard world of each stage, with and without MiCS") {
+  for (int world : {1, 2, 4, 8, 16}) {
+    ParallelDims d = dims_of(world, 0, 0);
+    CHECK(d.shard_world() == 1);
+    for (int stage = 1; stage <= 3; ++stage) {
+      d.stage = stage;
+      CHECK(d.shard_world() == world);
+      CHECK(d.replica_count() == 1);
+      CHECK_FALSE(d.uses_mics());
+    }
+    CHECK(d.shard_world(0) == 1);
+    if (world >= 4) {
+      d.mics_shard_size = world / 2;
+      CHECK(d.uses_mics());
+      CHECK(d.shard_world() == world / 2);
+      CHECK(d.replica_count() == 2);
+      CHECK(d.shard_world(0) == 1);
+      CHECK(d.validate().empty());
+    }
+  }
+  // hpZ is in effect at stage 3 only.
+  ParallelDims d = dims_of(8, 4, 2);
+  d.hpz_partition_size = 4;
+  CHECK(d.hpz() == 0);
+  d.stage = 3;
+  CHECK(d.hpz() == 4);
+  CHECK(d.validate().empty());
+  d.hpz_partition_size = 1;
+  CHECK(d.hpz() == 0);
+}
+
+TEST_CASE("subgroup plans: MiCS, hpZ, sequence, data and expert parallel groups") {
+  ParallelDims d = dims_of(8, 4, 3);
+  d.mics_shard_size = 4;
+  CHECK(d.shard_group_plan(5).members == std::vector<int>{4, 5, 6, 7});
+  CHECK(d.replica_group_plan(5).members == std::vector<int>{1, 5});
+  check_partition(8, [&](int r) { return d.shard_group_plan(r); });
+  check_partition(8, [&](int r) { return d.replica_group_plan(r); });
+
+  ParallelDims h = dims_of(8, 4, 3);
+  h.hpz_partition_size = 2;
+  CHECK(h.hpz_group_plan(5).members == std::vector<int>{4, 5});
+  check_partition(8, [&](int r) { return h.hpz_group_plan(r); });
+  h.stage = 2;
+  CHECK_THROWS_WITH(h.hpz_group_plan(0), Catch::Contains("without hpZ"));
+
+  // At sp 1 and ep 1 the data-parallel and expert-data-parallel groups are the world, and each
+  // rank is its own sp and ep group.
+  const ParallelDims flat = dims_of(4, 0, 1);
+  CHECK(flat.data_parallel_plan(2).members == std::vector<int>{0, 1, 2, 3});
+  CHECK(flat.expert_data_parallel_plan(2).members == std::vector<int>{0, 1, 2, 3});
+  CHECK(flat.sequence_parallel_plan(2).members == std::vector<int>{2});
+  CHECK(flat.expert_parallel_plan(2).members == std::vector<int>{2});
+  CHECK(flat.data_parallel_size() == 4);
+  CHECK(flat.expert_data_parallel_size() == 4);
+
+  // 16 ranks, sp 2: sp blocks {0,1},{2,3},...; data-parallel groups the even and the odd ranks;
+  // ep 2 over each data-parallel group.
+  ParallelDims e = dims_of(16, 8, 3);
+  e.sequence_parallel_size = 2;
+  e.expert_parallel_size = 2;
+  CHECK(e.validate().empty());
+  CHECK(e.data_parallel_size() == 8);
+  CHECK(e.expert_data_parallel_size() == 4);
+  CHECK(e.shard_world() == 8);
+  CHECK(e.sequence_parallel_plan(5).members == std::vector<int>{4, 5});
+  CHECK(e.data_parallel_plan(5).members == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
+  CHECK(e.expert_parallel_plan(5).members == std::vector<int>{5, 7});
+  CHECK(e.expert_data_parallel_plan(5).members == std::vector<int>{1, 5, 9, 13});
+  CHECK(e.expert_parallel_plan(12).members == std::vector<int>{12, 14});
+  CHECK(e.expert_data_parallel_plan(12).members == std::vector<int>{0, 4, 8, 12});
+  for (int sp : {1, 2, 4}) {
+    for (int ep : {1, 2, 4}) {
+      ParallelDims x = dims_of(16, 8, 1);
+      x.sequence_parallel_size = sp;
+      x.expert_parallel_size = ep;
+      INFO("sp " << sp << " ep " << ep);
+      REQUIRE(x.validate().empty());
+      check_partition(16, [&](int r) { return x.sequence_parallel_plan(r); });
+      check_partition(16, [&](int r) { return x.data_parallel_plan(r); });
+      const auto ep_groups = check_partition(16, [&](int r) { return x.expert_parallel_plan(r); });
+      const auto edp_groups =
+          check_partition(16, [&](int r) { return x.expert_data_parallel_plan(r); });
+      CHECK(ep_groups.size() == static_cast<std::size_t>(16 / ep));
+      CHECK(edp_groups.size() == static_cast<std::size_t>(sp * ep));
+      // An expert-parallel group and an expert-data-parallel group meet in exactly one rank
+      // where they share a data-parallel group.
+      for (int r = 0; r < 16; ++r) {
+        const auto a = x.expert_parallel_plan(r).members;
+        const auto b = x.expert_data_parallel_plan(r).members;
+        std::set<int> common;
+        for (int m : a) {
+          if (std::count(b.begin(), b.end(), m) != 0) common.insert(m);
+        }
+        CHECK(common == std::set<int>{r});
+      }
+    }
+  }
+}
+
+TEST_CASE("validate() accepts the layouts the trainer runs") {
+  for (int world : {1, 2, 4, 8}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      ParallelDims d = dims_of(world, world >= 4 ? world / 2 : 0, stage);
+      d.quantized_weights = stage == 3;
+      d.quantized_gradients = stage >= 2;
+      INFO("world " << world << " stage " << stage);
+      CHECK(d.validate().empty());
+      CHECK_NOTHROW(d.check());
+    }
+  }
+}
+
+TEST_CASE("validate() names the key and the fix of every problem") {
+  CHECK(mentions(dims_of(0, 0, 1).validate(), "the world has 0 ranks"));
+  CHECK(mentions(dims_of(6, 4, 1).validate(), "comm.ranks_per_node 4 does not divide the 6"));
+  CHECK(mentions(dims_of(4, 0, 5).validate(), "zero_optimization.stage 5 does not exist"));
+
+  ParallelDims mics = dims_of(8, 4, 0);
+  mics.mics_shard_size = 3;
+  const auto m = mics.validate();
+  CHECK(m.size() == 2);  // both problems, not the first alone
+  CHECK(mentions(m, "mics_shard_size: hierarchical sharding needs stage 1, 2 or 3"));
+  CHECK(mentions(m, "mics_shard_size 3 does not divide the data-parallel degree 8"));
+
+  ParallelDims hpz = dims_of(8, 2, 2);
+  hpz.hpz_partition_size = 4;
+  hpz.mics_shard_size = 4;
+  const auto h = hpz.validate();
+  CHECK(mentions(h, "zero_hpz_partition_size 4: hpZ keeps secondary shards of stage 3's"));
+  CHECK(mentions(h, "zero_hpz_partition_size with mics_shard_size is not supported"));
+  CHECK(mentions(h, "does not divide the 2 ranks per node"));
+  CHECK(mentions(h, "make it the ranks per node or a divisor of it"));
+  ParallelDims hpz3 = dims_of(12, 0, 3);
+  hpz3.hpz_partition_size = 8;
+  CHECK(mentions(hpz3.validate(), "zero_hpz_partition_size 8 does not divide the 12 ranks"));
+  hpz3.hpz_partition_size = -1;
+  CHECK(mentions(hpz3.validate(), "must be >= 1 (1: off), not -1"));
+
+  ParallelDims q = dims_of(4, 0, 1);
+  q.quantized_weights = true;
+  q.quantized_gradients = true;
+  CHECK(mentions(q.validate(), "zero_quantized_weights: qwZ quantizes stage 3's"));
+  CHECK(mentions(q.validate(), "zero_quantized_gradients: qgZ quantizes the reduce-scatters"));
+
+  ParallelDims sp = dims_of(8, 2, 1);
+  sp.sequence_parallel_size = 4;
+  CHECK(mentions(sp.validate(), "sequence_parallel_size 4 does not divide the 2 ranks per node"));
+  sp.sequence_parallel_size = 3;
+  CHECK(mentions(sp.validate(), "sequence_parallel_size 3 does not divide the 8 ranks"));
+  sp.sequence_parallel_size = 0;
+  CHECK(mentions(sp.validate(), "sequence_parallel_size 0 must be >= 1"));
+  // The data-parallel degree is world / sp: MiCS and ep divide it, not the world.
+  ParallelDims spm = dims_of(8, 4, 1);
+  spm.sequence_parallel_size = 2;
+  spm.mics_shard_size = 8;
+  CHECK(mentions(spm.validate(), "mics_shard_size 8 does not divide the data-parallel degree 4"));
+  spm.mics_shard_size = 0;
+  spm.expert_parallel_size = 8;
+  CHECK(mentions(spm.validate(),
+                 "expert_parallel_size 8 does not divide the data-parallel "
+                 "degree 4 (world 8 / sequence_parallel_size 2)"));
+  spm.expert_parallel_size = 0;
+  CHECK(mentions(spm.validate(), "expert_parallel_size 0 must be >= 1"));
+
+  CHECK_THROWS_WITH(mics.check(), Catch::Contains("the parallel layout (world 8 (2 nodes x 4), "
+                                                  "stage 0, MiCS shards of 3) is inconsistent") &&
+                                      Catch::Contains("mics_shard_size 3 does not divide"));
+}

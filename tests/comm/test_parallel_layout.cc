@@ -1,0 +1,146 @@
+// ParallelLayout at 1, 2 and 4 ranks (nodes simulated with comm.ranks_per_node): the groups each
+// configuration asks for, their sizes, members and node maps, the engine's table, and the
+// traffic summed over the engine's groups.
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+
+#include "runtime/comm/parallel_layout.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+
+using namespace zrt;
+
+namespace {
+
+struct Fixture {
+  std::unique_ptr<Device> device = make_device(DeviceOptions{});
+  std::unique_ptr<Stream> comm = device->create_stream("comm");
+  std::unique_ptr<Stream> control = device->create_stream("control");
+  int world = 1;
+  Fixture() { MPI_Comm_size(MPI_COMM_WORLD, &world); }
+  ParallelDims dims(int stage) const {
+    ParallelDims d;
+    d.world = world;
+    d.stage = stage;
+    return d;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("plain data parallelism: the world, the control group, nothing else") {
+  Fixture f;
+  for (int stage = 0; stage <= 3; ++stage) {
+    ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(stage), {});
+    CHECK(layout.world_group().size() == f.world);
+    CHECK(layout.control_group().size() == f.world);
+    CHECK(&layout.world_group().stream() == f.comm.get());
+    CHECK(&layout.control_group().stream() == f.control.get());
+    CHECK(&layout.shard_group() == &layout.world_group());
+    CHECK(layout.replica_group() == nullptr);
+    CHECK(layout.quantized() == nullptr);
+    CHECK(layout.hpz_group() == nullptr);
+    const auto groups = layout.engine_groups();
+    REQUIRE(groups.size() == 1);
+    CHECK(groups[0].shard == &layout.world_group());
+    CHECK(groups[0].replicas == nullptr);
+    CHECK(layout.dims().shard_world() == (stage == 0 ? 1 : f.world));
+    // One machine, detected as one node.
+    CHECK(layout.dims().ranks_per_node == f.world);
+  }
+}
+
+TEST_CASE("MiCS, qgZ and hpZ groups over simulated nodes") {
+  Fixture f;
+  if (f.world < 2) {
+    WARN("sub-groups need 2 or more ranks");
+    return;
+  }
+  const int per_node = f.world / 2;
+  {
+    ParallelDims d = f.dims(3);
+    d.ranks_per_node = per_node;
+    d.mics_shard_size = per_node;
+    d.quantized_gradients = true;
+    ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+    const int rank = layout.rank();
+    REQUIRE(layout.topology().has_value());
+    CHECK(layout.topology()->node_count() == 2);
+    CHECK(layout.shard_group().size() == per_node);
+    CHECK(layout.shard_group().rank() == rank % per_node);
+    REQUIRE(layout.replica_group() != nullptr);
+    CHECK(layout.replica_group()->size() == 2);
+    CHECK(layout.replica_group()->rank() == rank / per_node);
+    // The shard group is one node: the quantized collectives need no hierarchy.
+    CHECK(layout.intra_node_group() == nullptr);
+    CHECK(layout.quantized() != nullptr);
+    const auto groups = layout.engine_groups();
+    REQUIRE(groups.size() == 1);
+    CHECK(groups[0].shard == &layout.shard_group());
+    CHECK(groups[0].replicas == layout.replica_group());
+    CHECK(groups[0].quantized == layout.quantized());
+    CHECK(layout.dims().shard_world() == per_node);
+
+    // The traffic of every engine group is counted, the control group's is not.
+    const CommCounts before = layout.engine_traffic();
+    std::vector<float> host(static_cast<std::size_t>(2 * f.world), 1.0f);
+    Buffer buf = f.device->allocate(static_cast<std::int64_t>(host.size()) * 4,
+                                    MemCategory::kWorkspace, "test");
+    f.device->copy_to_device(buf.device<std::byte>(), host.data(), host.size() * 4, *f.comm);
+    layout.replica_group()->all_reduce(buf.device<std::byte>(), buf.device<std::byte>(),
+                                       static_cast<std::int64_t>(host.size()), DType::kFloat32,
+                                       ReduceOp::kSum);
+    layout.control_group().all_reduce(buf.device<std::byte>(), buf.device<std::byte>(), 1,
+                                      DType::kFloat32, ReduceOp::kSum);
+    f.comm->synchronize();
+    f.control->synchronize();
+    const CommCounts sent = layout.engine_traffic() - before;
+    CHECK(sent.total_bytes() > 0);
+    CHECK(sent.total_bytes() == layout.replica_group()->stats().snapshot().total_bytes());
+  }
+  {
+    // qgZ over the world of two nodes: intra- and inter-node groups.
+    ParallelDims d = f.dims(2);
+    d.ranks_per_node = per_node;
+    d.quantized_gradients = true;
+    ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+    REQUIRE(layout.intra_node_group() != nullptr);
+    CHECK(layout.intra_node_group()->size() == per_node);
+    REQUIRE(layout.inter_node_group() != nullptr);
+    CHECK(layout.inter_node_group()->size() == 2);
+  }
+  {
+    ParallelDims d = f.dims(3);
+    d.ranks_per_node = per_node;
+    d.hpz_partition_size = per_node;
+    if (per_node > 1) {
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+      REQUIRE(layout.hpz_group() != nullptr);
+      CHECK(layout.hpz_group()->size() == per_node);
+      CHECK(layout.engine_groups()[0].secondary == layout.hpz_group());
+      CHECK(layout.hpz_group()->node_map() == std::vector<int>(per_node, layout.rank() / per_node));
+    }
+  }
+}
+
+TEST_CASE("the layout refuses inconsistent degrees with every problem, before any sub-group") {
+  Fixture f;
+  ParallelDims d = f.dims(0);
+  d.mics_shard_size = f.world;
+  d.quantized_weights = true;
+  CHECK_THROWS_WITH(
+      ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
+      Catch::Contains("mics_shard_size: hierarchical sharding needs stage 1, 2 or 3") &&
+          Catch::Contains("zero_quantized_weights: qwZ quantizes stage 3's"));
+  ParallelDims sp = f.dims(1);
+  sp.sequence_parallel_size = f.world;
+  if (f.world > 1) {
+    CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, sp, {}),
+                      Catch::Contains("only 1 is supported yet"));
+  }
+  ParallelDims wrong = f.dims(1);
+  wrong.world = f.world + 1;
+  CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, wrong, {}),
+                    Catch::Contains("the parallel layout is for"));
+}
