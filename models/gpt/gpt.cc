@@ -40,11 +40,11 @@ transformer::TransformerSpec transformer_spec(const GptConfig& config) {
   transformer::TransformerSpec spec;
   spec.family = "gpt";
   spec.architecture = "gpt";
+  spec.final_norm = transformer::NormKind::kLayerNorm;
   spec.n_layer = config.n_layer;
   spec.hidden_size = config.n_embd;
   spec.vocab_size = config.vocab_size;
   spec.seq_len = config.seq_len;
-  spec.final_norm = transformer::NormKind::kLayerNorm;
   spec.token_embedding = 0;
   spec.position_embedding = 1;
   spec.final_norm_weight = 2 + config.n_layer * Gpt::kBlockParams;
@@ -56,9 +56,9 @@ transformer::TransformerSpec transformer_spec(const GptConfig& config) {
 }  // namespace
 
 Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
-    : TransformerModel(ctx, transformer_spec(config), options), config_(std::move(config)) {
-  params_ = parameter_table(config_);
-}
+    : TransformerModel(ctx, transformer_spec(config), options),
+      config_(std::move(config)),
+      params_(parameter_table(config_)) {}
 
 std::vector<ParamSpec> Gpt::parameter_table(const GptConfig& config) {
   std::vector<ParamSpec> params;
@@ -152,7 +152,7 @@ std::int64_t Gpt::activation_bytes(int B, int T, DType dtype) const {
 
 void Gpt::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) {
   const Pass& pass = this->pass();
-  const Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
+  const Activations::Kept& x = acts_.kept[kept_set(layer)];
   const int N = pass.N();
   const int C = config_.n_embd;
   const DType dt = pass.dtype;
@@ -175,7 +175,7 @@ void Gpt::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) 
 // projections read dres as their output gradient and the LayerNorms accumulate into it.
 void Gpt::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const Pass& pass = this->pass();
-  const Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
+  const Activations::Kept& x = acts_.kept[kept_set(layer)];
   const int N = pass.N();
   const int C = config_.n_embd;
   const DType dt = pass.dtype;

@@ -16,6 +16,7 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
 #include "models/safetensors.h"
+#include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
 namespace zrt::gpt {
@@ -24,7 +25,7 @@ namespace {
 
 using I64 = std::int64_t;
 
-class GptDef final : public ModelDef {
+class GptDef final : public transformer::TransformerDef {
  public:
   explicit GptDef(GptConfig config) : config_(std::move(config)) {}
 
@@ -49,14 +50,7 @@ class GptDef final : public ModelDef {
   }
 
   std::vector<ParamSpec> parameters() const override { return Gpt::parameter_table(config_); }
-  int num_modules() const override { return config_.n_layer + 2; }
   std::int64_t num_parameters() const override { return config_.num_parameters(); }
-  std::vector<int> recomputed_modules() const override {
-    // Activation checkpointing reruns the blocks (modules 1..L), not the embedding or head.
-    std::vector<int> blocks;
-    for (int m = 1; m <= config_.n_layer; ++m) blocks.push_back(m);
-    return blocks;
-  }
 
   double flops_per_token(int seq_len) const override {
     return gpt::flops_per_token(config_, seq_len);
@@ -66,29 +60,22 @@ class GptDef final : public ModelDef {
     return gpt::activation_bytes(config_, B, T, dtype, activation_checkpointing);
   }
 
-  std::unique_ptr<Model> build(kernels::KernelContext& ctx,
-                               const ModelOptions& options) const override {
-    GptOptions gpt_options;
-    gpt_options.activation_checkpointing = options.activation_checkpointing;
-    return std::make_unique<Gpt>(config_, ctx, gpt_options);
+  int n_layer() const override { return config_.n_layer; }
+  std::unique_ptr<Model> build_model(
+      kernels::KernelContext& ctx, const transformer::TransformerOptions& options) const override {
+    return std::make_unique<Gpt>(config_, ctx, options);
   }
-
-  ParamInitializer initializer(const Model& model, std::uint64_t seed,
-                               const std::string& init_from) const override {
-    if (!init_from.empty()) {
-      // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
-        spdlog::warn(
-            "model.init_from {}: no config.json beside it, so the file's head count cannot be "
-            "checked against model.n_head (the shapes do not show it)",
-            init_from);
-      }
-      return hf::hf_initializer(init_from, model.parameters(), import_rules());
+  ParamInitializer hf_weights_initializer(const Model& model,
+                                          const std::string& init_from) const override {
+    // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
+      spdlog::warn(
+          "model.init_from {}: no config.json beside it, so the file's head count cannot be "
+          "checked against model.n_head (the shapes do not show it)",
+          init_from);
     }
-    return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
-      model.init_parameter(p, seed, first, count, out);
-    };
+    return hf::hf_initializer(init_from, model.parameters(), import_rules());
   }
 
  private:

@@ -77,12 +77,12 @@ transformer::TransformerSpec transformer_spec(const LlamaConfig& c) {
   transformer::TransformerSpec spec;
   spec.family = "llama";
   spec.architecture = c.architecture;
+  spec.final_norm = transformer::NormKind::kRmsNorm;
+  spec.norm_eps = c.rms_norm_eps;
   spec.n_layer = c.num_hidden_layers;
   spec.hidden_size = c.hidden_size;
   spec.vocab_size = c.vocab_size;
   spec.seq_len = c.seq_len;
-  spec.final_norm = transformer::NormKind::kRmsNorm;
-  spec.norm_eps = c.rms_norm_eps;
   spec.token_embedding = 0;
   spec.position_embedding = -1;  // RoPE, in the blocks
   spec.final_norm_weight = 1 + c.num_hidden_layers * params_per_block(c);
@@ -103,14 +103,15 @@ kernels::RopeTable rope_table(const LlamaConfig& c) {
 }
 
 Llama::Llama(LlamaConfig config, kernels::KernelContext& ctx, LlamaOptions options)
-    : TransformerModel(ctx, transformer_spec(config), options), config_(std::move(config)) {
-  params_ = parameter_table(config_);
+    : TransformerModel(ctx, transformer_spec(config), options),
+      config_(std::move(config)),
+      params_(parameter_table(config_)),
+      rope_(rope_table(config_)) {
   int offset = 0;
   for (const SlotName& s : kSlotNames) {
     slot_offset_[s.slot] = (s.bias && !config_.attention_bias) ? -1 : offset++;
   }
   per_layer_ = offset;
-  rope_ = rope_table(config_);
 }
 
 std::vector<ParamSpec> Llama::parameter_table(const LlamaConfig& c) {
@@ -159,13 +160,19 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //     log-sum-exp (B,NH,T) fp32; then proj (N,C), the projections' scratch
 //   backward: dln1 (N,C), datty (N,NH*hd), dln2 (N,C), dh (N,I); accumulated: dq (N,NH*hd),
 //     dk, dv (N,NKV*hd), dgate, dup (N,I)
+Llama::Activations::Activations(const LlamaConfig& c)
+    : widths{c.hidden_size,
+             c.intermediate_size,
+             c.head_dim,
+             c.num_attention_heads,
+             c.num_key_value_heads,
+             c.num_attention_heads * c.head_dim,
+             c.num_key_value_heads * c.head_dim} {}
+
 void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                       int sets) {
-  const LlamaConfig& c = config_;
+  const auto& [C, I, hd, NH, NKV, Q, KV] = widths;
   const I64 N = s.N(), S = s.S;
-  const I64 C = c.hidden_size, I = c.intermediate_size;
-  const I64 Q = I64{c.num_attention_heads} * c.head_dim;
-  const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   kept.assign(static_cast<std::size_t>(sets), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
@@ -173,7 +180,7 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.q, N * Q * S);
     p.bytes(&a.k, N * KV * S);
     p.bytes(&a.v, N * KV * S);
-    p.floats(&a.lse, I64{s.B} * c.num_attention_heads * s.T);
+    p.floats(&a.lse, I64{s.B} * NH * s.T);
     p.bytes(&a.atty, N * Q * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
@@ -186,25 +193,20 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
 }
 
 void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::PassShape& s) {
-  const I64 N = s.N(), S = s.S;
-  const I64 C = config_.hidden_size, I = config_.intermediate_size;
-  const I64 Q = I64{config_.num_attention_heads} * config_.head_dim;
-  p.bytes(&dln1, N * C * S);
-  p.bytes(&datty, N * Q * S);
-  p.bytes(&dln2, N * C * S);
-  p.bytes(&dh, N * I * S);
+  const I64 NS = s.N() * s.S;
+  p.bytes(&dln1, NS * widths.C);
+  p.bytes(&datty, NS * widths.Q);
+  p.bytes(&dln2, NS * widths.C);
+  p.bytes(&dh, NS * widths.I);
 }
 
 void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
-  const I64 N = s.N(), S = s.S;
-  const I64 I = config_.intermediate_size;
-  const I64 Q = I64{config_.num_attention_heads} * config_.head_dim;
-  const I64 KV = I64{config_.num_key_value_heads} * config_.head_dim;
-  p.bytes(&dq, N * Q * S);
-  p.bytes(&dk, N * KV * S);
-  p.bytes(&dv, N * KV * S);
-  p.bytes(&dgate, N * I * S);
-  p.bytes(&dup, N * I * S);
+  const I64 NS = s.N() * s.S;
+  p.bytes(&dq, NS * widths.Q);
+  p.bytes(&dk, NS * widths.KV);
+  p.bytes(&dv, NS * widths.KV);
+  p.bytes(&dgate, NS * widths.I);
+  p.bytes(&dup, NS * widths.I);
 }
 
 std::int64_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
@@ -219,13 +221,11 @@ std::int64_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, DT
 
 void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) {
   const Pass& pass = this->pass();
-  const Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
-  kernels::KernelContext& ctx = this->ctx();
+  const Activations::Kept& x = acts_.kept[kept_set(layer)];
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
   const int N = pass.N();
-  const int C = config_.hidden_size, I = config_.intermediate_size, hd = config_.head_dim;
-  const int NH = config_.num_attention_heads, NKV = config_.num_key_value_heads;
-  const int Q = NH * hd, KV = NKV * hd;
   const DType dt = pass.dtype;
+  kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) {
     const int index = block_param(layer, slot);
     return index < 0 ? Bytes() : a.param(index);
@@ -255,14 +255,11 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
 // output gradient and the RMSNorms accumulate into it).
 void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const Pass& pass = this->pass();
-  const Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
-  kernels::KernelContext& ctx = this->ctx();
+  const Activations::Kept& x = acts_.kept[kept_set(layer)];
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
   const int N = pass.N();
-  const int C = config_.hidden_size, I = config_.intermediate_size, hd = config_.head_dim;
-  const int NH = config_.num_attention_heads, NKV = config_.num_key_value_heads;
-  const int Q = NH * hd, KV = NKV * hd;
-  const DType dt = pass.dtype;
-  const DType gt = pass.grad_dtype;
+  const DType dt = pass.dtype, gt = pass.grad_dtype;
+  kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
   auto G = [&](int slot) {
     const int index = block_param(layer, slot);

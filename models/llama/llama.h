@@ -66,7 +66,7 @@ class Llama final : public transformer::TransformerModel {
   // scratch.
   class Activations final : public transformer::BlockActivations {
    public:
-    explicit Activations(const LlamaConfig& config) : config_(config) {}
+    explicit Activations(const LlamaConfig& config);
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
@@ -81,8 +81,12 @@ class Llama final : public transformer::TransformerModel {
     // accumulate into dq, dk, dv, dgate and dup (the accumulated region).
     Bytes dln1, datty, dln2, dh, dq, dk, dv, dgate, dup;
 
-   private:
-    const LlamaConfig& config_;
+    // The block's widths: hidden, intermediate, head_dim, query and key/value heads, and the
+    // widths of q and of k and v.
+    struct Widths {
+      int C, I, hd, NH, NKV, Q, KV;
+    };
+    const Widths widths;
   };
 
   transformer::BlockActivations& block_activations() override { return acts_; }

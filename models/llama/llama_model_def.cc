@@ -14,13 +14,14 @@
 #include "models/llama/llama.h"
 #include "models/model_registry.h"
 #include "models/safetensors.h"
+#include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
 namespace zrt::llama {
 
 namespace {
 
-class LlamaDef final : public ModelDef {
+class LlamaDef final : public transformer::TransformerDef {
  public:
   explicit LlamaDef(LlamaConfig config) : config_(std::move(config)) {}
 
@@ -49,13 +50,7 @@ class LlamaDef final : public ModelDef {
   }
 
   std::vector<ParamSpec> parameters() const override { return Llama::parameter_table(config_); }
-  int num_modules() const override { return config_.num_hidden_layers + 2; }
   std::int64_t num_parameters() const override { return config_.num_parameters(); }
-  std::vector<int> recomputed_modules() const override {
-    std::vector<int> blocks;
-    for (int m = 1; m <= config_.num_hidden_layers; ++m) blocks.push_back(m);
-    return blocks;
-  }
 
   double flops_per_token(int seq_len) const override {
     return llama::flops_per_token(config_, seq_len);
@@ -65,23 +60,16 @@ class LlamaDef final : public ModelDef {
     return Llama::activation_bytes(config_, B, T, dtype, activation_checkpointing);
   }
 
-  std::unique_ptr<Model> build(kernels::KernelContext& ctx,
-                               const ModelOptions& options) const override {
-    LlamaOptions llama_options;
-    llama_options.activation_checkpointing = options.activation_checkpointing;
-    return std::make_unique<Llama>(config_, ctx, llama_options);
+  int n_layer() const override { return config_.num_hidden_layers; }
+  std::unique_ptr<Model> build_model(
+      kernels::KernelContext& ctx, const transformer::TransformerOptions& options) const override {
+    return std::make_unique<Llama>(config_, ctx, options);
   }
-
-  ParamInitializer initializer(const Model& model, std::uint64_t seed,
-                               const std::string& init_from) const override {
-    if (!init_from.empty()) {
-      // transformers' names are the model's: every tensor of the files is used (or is a known
-      // buffer, or a tied copy equal to its parameter), an untied head is never dropped.
-      return hf::hf_initializer(init_from, model.parameters(), hf::llama_family_rules());
-    }
-    return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
-      model.init_parameter(p, seed, first, count, out);
-    };
+  ParamInitializer hf_weights_initializer(const Model& model,
+                                          const std::string& init_from) const override {
+    // transformers' names are the model's: every tensor of the files is used (or is a known
+    // buffer, or a tied copy equal to its parameter), an untied head is never dropped.
+    return hf::hf_initializer(init_from, model.parameters(), hf::llama_family_rules());
   }
 
  private:

@@ -90,10 +90,6 @@ void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batc
 
 void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   const int L = spec_.n_layer;
-  const int N = pass_.N();
-  const int C = spec_.hidden_size;
-  const int V = spec_.vocab_size;
-  const DType dt = pass_.dtype;
   a.acquire(kEmbeddingModule, phase);
   embedding_forward(a, batch);
   a.release(kEmbeddingModule, phase);
@@ -103,12 +99,22 @@ void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phas
     a.release(block_module(l), phase);
   }
   a.acquire(head_module(L), phase);
+  head_forward(a, batch, phase);
+  a.release(head_module(L), phase);
+}
+
+void TransformerModel::head_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
+  const int N = pass_.N();
+  const int C = spec_.hidden_size;
+  const int V = spec_.vocab_size;
+  const DType dt = pass_.dtype;
+  const Bytes last = acts_.residual[spec_.n_layer];  // the last block's output
   if (spec_.final_norm == NormKind::kLayerNorm) {
-    k::layernorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, acts_.residual[L],
+    k::layernorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, last,
                          a.param(spec_.final_norm_weight), a.param(spec_.final_norm_bias), N, C);
   } else {
-    k::rmsnorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_rstd, acts_.residual[L],
-                       a.param(spec_.final_norm_weight), N, C, spec_.norm_eps);
+    k::rmsnorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_rstd, last, a.param(spec_.final_norm_weight),
+                       N, C, spec_.norm_eps);
   }
   k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(spec_.head), N, C, V,
                     k::logits_row_stride(V));
@@ -119,16 +125,14 @@ void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phas
                             k::logits_row_stride(V));
     k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   }
-  a.release(head_module(L), phase);
 }
 
 void TransformerModel::head_backward(ParamAccess& a, const TokenBatch& batch, float loss_scale) {
-  const int L = spec_.n_layer;
   const int N = pass_.N();
   const int C = spec_.hidden_size;
   const int V = spec_.vocab_size;
-  const DType dt = pass_.dtype;
-  const DType gt = pass_.grad_dtype;
+  const DType dt = pass_.dtype, gt = pass_.grad_dtype;
+  const Bytes last = acts_.residual[spec_.n_layer];
   const std::size_t row_bytes = static_cast<std::size_t>(N) * C * dtype_size(dt);
   // The losses, and the dlogits in place of the logits; the loss is the tokens' sum over the
   // batch's divisor (TokenBatch), so each row's gradient gets 1/divisor (0 for a masked row).
@@ -143,11 +147,11 @@ void TransformerModel::head_backward(ParamAccess& a, const TokenBatch& batch, fl
                      a.param(spec_.head), N, C, V, k::logits_row_stride(V));
   if (spec_.final_norm == NormKind::kLayerNorm) {
     k::layernorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight),
-                          a.grad(spec_.final_norm_bias), acts_.dlnf, acts_.residual[L],
+                          a.grad(spec_.final_norm_bias), acts_.dlnf, last,
                           a.param(spec_.final_norm_weight), acts_.lnf_mean, acts_.lnf_rstd, N, C);
   } else {
-    k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight), acts_.dlnf,
-                        acts_.residual[L], a.param(spec_.final_norm_weight), acts_.lnf_rstd, N, C);
+    k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight), acts_.dlnf, last,
+                        a.param(spec_.final_norm_weight), acts_.lnf_rstd, N, C);
   }
 }
 

@@ -95,6 +95,9 @@ class TransformerModel : public Model {
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
   void run_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
+  // The final norm, the head and the loss (module L+1): the logits and, for an eval pass with
+  // targets, the loss; in backward, the loss and the gradients from the logits down to dres.
+  void head_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
   void head_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale);
   // The token embedding's forward / backward (module 0); positions go to the position
   // embedding only, where the model has one.
