@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernel_context.h"
@@ -34,6 +35,39 @@ class TransformerDef : public ModelDef {
   // The initial values read from a Hugging Face file or directory (never empty).
   virtual ParamInitializer hf_weights_initializer(const Model& model,
                                                   const std::string& init_from) const = 0;
+};
+
+// A TransformerDef over a model's config (`Config`: name, seq_len, vocab_size, describe(),
+// num_parameters(), validate()) and its model (`ModelType`: parameter_table(config) and a
+// (config, ctx, options) constructor): the hooks that read straight off the two. `Derived`, the
+// def itself, is what with_seq_len returns.
+template <class Derived, class Config, class ModelType>
+class TransformerDefOf : public TransformerDef {
+ public:
+  explicit TransformerDefOf(Config config) : config_(std::move(config)) {}
+
+  std::string name() const override { return config_.name; }
+  std::string describe() const override { return config_.describe(); }
+  int seq_len() const override { return config_.seq_len; }
+  int vocab_size() const override { return config_.vocab_size; }
+  std::unique_ptr<ModelDef> with_seq_len(int seq_len) const override {
+    Config config = config_;
+    config.seq_len = seq_len;  // validate() bounds it (GPT-2's wpe has seq_len rows)
+    config.validate();
+    return std::make_unique<Derived>(std::move(config));
+  }
+  std::vector<ParamSpec> parameters() const override { return ModelType::parameter_table(config_); }
+  std::int64_t num_parameters() const override { return config_.num_parameters(); }
+
+ protected:
+  const Config& config() const { return config_; }
+  std::unique_ptr<Model> build_model(kernels::KernelContext& ctx,
+                                     const TransformerOptions& options) const override {
+    return std::make_unique<ModelType>(config_, ctx, options);
+  }
+
+ private:
+  Config config_;
 };
 
 }  // namespace zrt::transformer
