@@ -75,7 +75,8 @@ class TransformerModel : public Model {
   // under checkpointing, whose output the backward does not need).
   virtual void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) = 0;
   // Block `layer`'s backward: on entry dres() holds the gradient of the block's output, on exit
-  // that of its input; the accumulated region is zeroed. Gradients accumulate into access.grad.
+  // that of its input. The driver zeroes the accumulated region (BlockActivations::
+  // plan_accumulated) just before; parameter gradients accumulate into access.grad.
   virtual void block_backward(ParamAccess& access, int layer, Bytes res_in) = 0;
 
   // The bytes of a pass's activations for a model of `spec`, without its loss scalar.
