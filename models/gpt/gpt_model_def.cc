@@ -16,6 +16,7 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
 #include "models/safetensors.h"
+#include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
 namespace zrt::gpt {
@@ -24,76 +25,43 @@ namespace {
 
 using I64 = std::int64_t;
 
-class GptDef final : public ModelDef {
+class GptDef final : public transformer::TransformerDefOf<GptDef, GptConfig, Gpt> {
  public:
-  explicit GptDef(GptConfig config) : config_(std::move(config)) {}
+  using TransformerDefOf::TransformerDefOf;
 
   const std::string& type() const override { return type_; }
-  std::string name() const override { return config_.name; }
-  std::string describe() const override { return config_.describe(); }
   std::vector<std::pair<std::string, std::int64_t>> dimensions() const override {
-    return {{"n_layer", config_.n_layer},
-            {"n_head", config_.n_head},
-            {"n_embd", config_.n_embd},
-            {"vocab_size", config_.vocab_size},
-            {"seq_len", config_.seq_len}};
+    return {{"n_layer", config().n_layer},
+            {"n_head", config().n_head},
+            {"n_embd", config().n_embd},
+            {"vocab_size", config().vocab_size},
+            {"seq_len", config().seq_len}};
   }
-
-  int seq_len() const override { return config_.seq_len; }
-  int vocab_size() const override { return config_.vocab_size; }
-  std::unique_ptr<ModelDef> with_seq_len(int seq_len) const override {
-    GptConfig config = config_;
-    config.seq_len = seq_len;  // wpe has seq_len rows: the model itself changes
-    config.validate();
-    return std::make_unique<GptDef>(std::move(config));
-  }
-
-  std::vector<ParamSpec> parameters() const override { return Gpt::parameter_table(config_); }
-  int num_modules() const override { return config_.n_layer + 2; }
-  std::int64_t num_parameters() const override { return config_.num_parameters(); }
-  std::vector<int> recomputed_modules() const override {
-    // Activation checkpointing reruns the blocks (modules 1..L), not the embedding or head.
-    std::vector<int> blocks;
-    for (int m = 1; m <= config_.n_layer; ++m) blocks.push_back(m);
-    return blocks;
-  }
-
   double flops_per_token(int seq_len) const override {
-    return gpt::flops_per_token(config_, seq_len);
+    return gpt::flops_per_token(config(), seq_len);
   }
   std::int64_t activation_bytes(int B, int T, DType dtype,
                                 bool activation_checkpointing) const override {
-    return gpt::activation_bytes(config_, B, T, dtype, activation_checkpointing);
+    return gpt::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
 
-  std::unique_ptr<Model> build(kernels::KernelContext& ctx,
-                               const ModelOptions& options) const override {
-    GptOptions gpt_options;
-    gpt_options.activation_checkpointing = options.activation_checkpointing;
-    return std::make_unique<Gpt>(config_, ctx, gpt_options);
-  }
-
-  ParamInitializer initializer(const Model& model, std::uint64_t seed,
-                               const std::string& init_from) const override {
-    if (!init_from.empty()) {
-      // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
-      std::error_code ec;
-      if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
-        spdlog::warn(
-            "model.init_from {}: no config.json beside it, so the file's head count cannot be "
-            "checked against model.n_head (the shapes do not show it)",
-            init_from);
-      }
-      return hf::hf_initializer(init_from, model.parameters(), import_rules());
+ protected:
+  int n_layer() const override { return config().n_layer; }
+  ParamInitializer hf_weights_initializer(const Model& model,
+                                          const std::string& init_from) const override {
+    // Hugging Face GPT-2 weights, read lazily: each rank reads only the slices it keeps.
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(init_from, ec) && !hf::hf_config_for(init_from)) {
+      spdlog::warn(
+          "model.init_from {}: no config.json beside it, so the file's head count cannot be "
+          "checked against model.n_head (the shapes do not show it)",
+          init_from);
     }
-    return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
-      model.init_parameter(p, seed, first, count, out);
-    };
+    return hf::hf_initializer(init_from, model.parameters(), import_rules());
   }
 
  private:
   const std::string type_ = "gpt2";
-  GptConfig config_;
 };
 
 // Hugging Face GPT-2: the tensors under zrt's names (which are Hugging Face's) with Conv1D

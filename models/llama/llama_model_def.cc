@@ -14,78 +14,46 @@
 #include "models/llama/llama.h"
 #include "models/model_registry.h"
 #include "models/safetensors.h"
+#include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
 namespace zrt::llama {
 
 namespace {
 
-class LlamaDef final : public ModelDef {
+class LlamaDef final : public transformer::TransformerDefOf<LlamaDef, LlamaConfig, Llama> {
  public:
-  explicit LlamaDef(LlamaConfig config) : config_(std::move(config)) {}
+  using TransformerDefOf::TransformerDefOf;
 
-  const std::string& type() const override { return config_.architecture; }
-  std::string name() const override { return config_.name; }
-  std::string describe() const override { return config_.describe(); }
+  const std::string& type() const override { return config().architecture; }
   std::vector<std::pair<std::string, std::int64_t>> dimensions() const override {
-    return {{"hidden_size", config_.hidden_size},
-            {"intermediate_size", config_.intermediate_size},
-            {"num_hidden_layers", config_.num_hidden_layers},
-            {"num_attention_heads", config_.num_attention_heads},
-            {"num_key_value_heads", config_.num_key_value_heads},
-            {"head_dim", config_.head_dim},
-            {"vocab_size", config_.vocab_size},
-            {"max_position_embeddings", config_.max_position_embeddings},
-            {"seq_len", config_.seq_len}};
+    const LlamaConfig& c = config();
+    return {{"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"vocab_size", c.vocab_size},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"seq_len", c.seq_len}};
   }
-
-  int seq_len() const override { return config_.seq_len; }
-  int vocab_size() const override { return config_.vocab_size; }
-  std::unique_ptr<ModelDef> with_seq_len(int seq_len) const override {
-    LlamaConfig config = config_;
-    config.seq_len = seq_len;  // no parameter depends on it; validate() bounds it
-    config.validate();
-    return std::make_unique<LlamaDef>(std::move(config));
-  }
-
-  std::vector<ParamSpec> parameters() const override { return Llama::parameter_table(config_); }
-  int num_modules() const override { return config_.num_hidden_layers + 2; }
-  std::int64_t num_parameters() const override { return config_.num_parameters(); }
-  std::vector<int> recomputed_modules() const override {
-    std::vector<int> blocks;
-    for (int m = 1; m <= config_.num_hidden_layers; ++m) blocks.push_back(m);
-    return blocks;
-  }
-
   double flops_per_token(int seq_len) const override {
-    return llama::flops_per_token(config_, seq_len);
+    return llama::flops_per_token(config(), seq_len);
   }
   std::int64_t activation_bytes(int B, int T, DType dtype,
                                 bool activation_checkpointing) const override {
-    return Llama::activation_bytes(config_, B, T, dtype, activation_checkpointing);
+    return Llama::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
 
-  std::unique_ptr<Model> build(kernels::KernelContext& ctx,
-                               const ModelOptions& options) const override {
-    LlamaOptions llama_options;
-    llama_options.activation_checkpointing = options.activation_checkpointing;
-    return std::make_unique<Llama>(config_, ctx, llama_options);
+ protected:
+  int n_layer() const override { return config().num_hidden_layers; }
+  ParamInitializer hf_weights_initializer(const Model& model,
+                                          const std::string& init_from) const override {
+    // transformers' names are the model's: every tensor of the files is used (or is a known
+    // buffer, or a tied copy equal to its parameter), an untied head is never dropped.
+    return hf::hf_initializer(init_from, model.parameters(), hf::llama_family_rules());
   }
-
-  ParamInitializer initializer(const Model& model, std::uint64_t seed,
-                               const std::string& init_from) const override {
-    if (!init_from.empty()) {
-      // transformers' names are the model's: every tensor of the files is used (or is a known
-      // buffer, or a tied copy equal to its parameter), an untied head is never dropped.
-      return hf::hf_initializer(init_from, model.parameters(), hf::llama_family_rules());
-    }
-    return [&model, seed](int p, std::int64_t first, std::int64_t count, float* out) {
-      model.init_parameter(p, seed, first, count, out);
-    };
-  }
-
- private:
-  LlamaConfig config_;
 };
 
 const char* hf_architecture(const std::string& architecture) {

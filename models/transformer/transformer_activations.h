@@ -1,0 +1,70 @@
+// The activations of one (B, T, dtype) pass of a transformer, laid out in one allocation: the
+// part every model here has (TransformerActs: the residual stream, the head, the loss, the
+// residual stream's gradient) around the part its blocks own (BlockActivations).
+//
+// The layout, in order (S = bytes per element of the compute dtype, N = B*T, statistics fp32,
+// each tensor rounded up to kActivationAlign bytes by ActivationPlanner):
+//   residual stream       L + 1 of (N,C): [0] the embeddings, [l+1] block l's output
+//   the blocks' forward   BlockActivations::plan_forward (L sets, or 1 under checkpointing)
+//   head                  lnf (N,C), its mean (LayerNorm only) and rstd (N); logits (N,V) in
+//                         rows of kernels::logits_row_stride(V) (their gradient in place);
+//                         losses (N)
+//   backward              dres, dlnf (N,C); BlockActivations::plan_backward; then the
+//                         accumulated region (BlockActivations::plan_accumulated)
+// Planning with no base counts the bytes alone: that is how activation_bytes hooks count
+// exactly what a model allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "models/activation_planner.h"
+#include "models/transformer/transformer_spec.h"
+#include "runtime/common/dtype.h"
+#include "runtime/device/device_ptr.h"
+
+namespace zrt::transformer {
+
+// The sizes a pass's tensors are planned from.
+struct PassShape {
+  int B = 0, T = 0;
+  std::int64_t S = 0;  // bytes per element of the compute dtype
+  std::int64_t N() const { return std::int64_t{B} * T; }
+};
+
+// A model's own activations: what its blocks keep for their backward and one block's gradient
+// scratch. Each hook appends its tensors to the planner, always in the same order.
+class BlockActivations {
+ public:
+  virtual ~BlockActivations() = default;
+  // The tensors the blocks' forward keeps for their backward, `sets` times (one set a block, or
+  // one shared by all blocks under checkpointing), then any forward scratch the blocks share.
+  virtual void plan_forward(ActivationPlanner& p, const PassShape& s, int sets) = 0;
+  // One block's gradient scratch that its backward overwrites before reading it.
+  virtual void plan_backward(ActivationPlanner& p, const PassShape& s) = 0;
+  // One block's gradient scratch that its backward accumulates into: one region, which the
+  // driver zeroes before each block's backward.
+  virtual void plan_accumulated(ActivationPlanner& p, const PassShape& s) = 0;
+};
+
+struct TransformerActs {
+  using Bytes = DevicePtr<std::byte>;
+  using Floats = DevicePtr<float>;
+  std::vector<Bytes> residual;  // L+1 of (B,T,C)
+  Bytes lnf, logits;            // (B,T,C), (B,T,V)
+  Floats lnf_mean, lnf_rstd, losses;
+  // The residual stream's gradient, updated in place block by block, and the final norm's
+  // output gradient.
+  Bytes dres, dlnf;
+  Bytes accumulated_grads;  // BlockActivations::plan_accumulated's region
+  std::int64_t accumulated_grad_bytes = 0;
+};
+
+// Lays a (B, T, dtype) pass out: returns its bytes and, if base is set, points the fields of
+// `acts` and `blocks` into it.
+std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOptions& options,
+                                int B, int T, DType dtype, BlockActivations& blocks,
+                                TransformerActs* acts, DevicePtr<std::byte> base);
+
+}  // namespace zrt::transformer

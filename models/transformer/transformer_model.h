@@ -1,0 +1,118 @@
+// TransformerModel: the driver every decoder-only transformer here (GPT-2, the Llama family)
+// shares, implementing zrt::Model. A model derives from it, describes itself once
+// (TransformerSpec) and writes only its blocks: their activations (BlockActivations), their
+// forward and their backward. The driver owns the rest, the same for every model:
+//   - the module numbering (transformer_spec.h) and acquire / release through ParamAccess in
+//     the order runtime/model_interface.h documents;
+//   - the forward and backward loops over the blocks, and activation checkpointing (only each
+//     block's input is kept; acquire/release(m, kRecompute) and the block's forward rerun just
+//     before acquire(m, kBackward));
+//   - the token (and position) embedding, the final norm, the head and the loss: the
+//     TokenBatch's targets (below 0: not in the loss), loss_divisor and packed documents
+//     (positions to the position embedding, doc_start and positions to the blocks);
+//   - the activations (MemCategory::kActivations): one allocation per (B, T, dtype), reused
+//     while they stay the same (transformer_activations.h), and the loss scalar, allocated at
+//     construction.
+// Everything is enqueued on the KernelContext's stream.
+//
+// Not thread-safe; one pass at a time per model (passes on one stream are ordered anyway).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel_context.h"
+#include "models/transformer/transformer_activations.h"
+#include "models/transformer/transformer_spec.h"
+#include "runtime/device/buffer.h"
+#include "runtime/model_interface.h"
+
+namespace zrt::transformer {
+
+class TransformerModel : public Model {
+ public:
+  TransformerModel(const TransformerModel&) = delete;
+  TransformerModel& operator=(const TransformerModel&) = delete;
+
+  int num_modules() const override { return transformer::num_modules(spec_.n_layer); }
+  void forward_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale) override;
+  void forward(ParamAccess& access, const TokenBatch& batch) override;
+  DevicePtr<const float> loss() const override { return loss_; }
+  // The logits (B,T,V) of the last forward(), in the compute dtype. After forward_backward the
+  // buffer holds the logits' gradient instead.
+  DevicePtr<const std::byte> logits() const override { return acts_.logits; }
+  std::int64_t logits_row_stride() const override;
+  bool supports_packed_documents() const override { return true; }
+
+  const TransformerSpec& spec() const { return spec_; }
+  const TransformerOptions& options() const { return options_; }
+  // Copies loss() to the host, waiting for the compute stream: for tests and tools, not for
+  // the training loop (it stalls the host).
+  float read_loss();
+  // The residual stream (B,T,hidden_size) of the last pass after block i-1 (i = 0: the token
+  // embeddings), in the compute dtype: transformers' per-layer hidden states (tests).
+  DevicePtr<const std::byte> residual(int i) const { return acts_.residual.at(i); }
+
+ protected:
+  using Bytes = DevicePtr<std::byte>;
+  using Floats = DevicePtr<float>;
+
+  // The current pass, as the blocks see it.
+  struct Pass {
+    int B = 0, T = 0;
+    DType dtype = DType::kFloat32;       // the compute dtype: activations and parameters
+    DType grad_dtype = DType::kFloat32;  // the parameters' gradients
+    // The batch's packed documents (TokenBatch): null for one document a row.
+    DevicePtr<const std::int32_t> positions, doc_start;
+    int N() const { return B * T; }
+  };
+
+  // Allocates the loss scalar. `spec` is the model's, already validated.
+  TransformerModel(kernels::KernelContext& ctx, TransformerSpec spec, TransformerOptions options);
+
+  // The model's activations, which the driver lays out with its own.
+  virtual BlockActivations& block_activations() = 0;
+  // Block `layer`'s forward from res_in (B,T,C); writes res_out unless it is null (the rerun
+  // under checkpointing, whose output the backward does not need).
+  virtual void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) = 0;
+  // Block `layer`'s backward: on entry dres() holds the gradient of the block's output, on exit
+  // that of its input. The driver zeroes the accumulated region (BlockActivations::
+  // plan_accumulated) just before; parameter gradients accumulate into access.grad.
+  virtual void block_backward(ParamAccess& access, int layer, Bytes res_in) = 0;
+
+  // The bytes of a pass's activations for a model of `spec`, without its loss scalar.
+  static std::int64_t activation_bytes(const TransformerSpec& spec,
+                                       const TransformerOptions& options, int B, int T, DType dtype,
+                                       BlockActivations& scratch);
+  // Throws unless elements [begin, begin + count) of parameter `index` exist; returns it.
+  const ParamSpec& init_range(int index, std::int64_t begin, std::int64_t count) const;
+
+  kernels::KernelContext& ctx() const { return ctx_; }
+  const Pass& pass() const { return pass_; }
+  // Which of the blocks' kept activation sets block `layer` uses (0 for all under checkpointing).
+  int kept_set(int layer) const { return options_.activation_checkpointing ? 0 : layer; }
+  // The residual stream's gradient (B,T,C), updated in place block by block.
+  Bytes dres() const { return acts_.dres; }
+
+ private:
+  void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
+  void run_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
+  // The final norm, the head and the loss (module L+1): the logits and, for an eval pass with
+  // targets, the loss; in backward, the loss and the gradients from the logits down to dres.
+  void head_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
+  void head_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale);
+  // The token embedding's forward / backward (module 0); positions go to the position
+  // embedding only, where the model has one.
+  void embedding_forward(ParamAccess& access, const TokenBatch& batch);
+  void embedding_backward(ParamAccess& access, const TokenBatch& batch);
+
+  TransformerSpec spec_;
+  TransformerOptions options_;
+  kernels::KernelContext& ctx_;
+  Pass pass_;
+  Buffer act_buffer_;
+  TransformerActs acts_;
+  Buffer loss_buffer_;
+  Floats loss_;
+};
+
+}  // namespace zrt::transformer

@@ -1,0 +1,65 @@
+// What a decoder-only transformer tells the shared driver (models/transformer/transformer_model.h)
+// about itself: its dimensions, its final norm, which of its parameters are the embeddings, the
+// final norm and the head, and the module numbering every such model shares.
+//
+// Modules, for L blocks:
+//   0          the token embedding (and a position embedding, if the model has one)
+//   1..L       block l-1
+//   L+1        the final norm and the head (with a tied head, the token embedding again: that
+//              parameter is then shared by modules 0 and L+1)
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace zrt::transformer {
+
+constexpr int kEmbeddingModule = 0;
+constexpr int block_module(int layer) {
+  return layer + 1;
+}
+constexpr int head_module(int n_layer) {
+  return n_layer + 1;
+}
+constexpr int num_modules(int n_layer) {
+  return n_layer + 2;
+}
+
+// The modules activation checkpointing reruns: the blocks, not the embedding or the head.
+inline std::vector<int> block_modules(int n_layer) {
+  std::vector<int> blocks;
+  for (int l = 0; l < n_layer; ++l) blocks.push_back(block_module(l));
+  return blocks;
+}
+
+enum class NormKind {
+  kLayerNorm,  // weight and bias; keeps mean and rstd for the backward
+  kRmsNorm,    // weight only; keeps rstd
+};
+
+struct TransformerSpec {
+  // "gpt", "llama": names the loss buffer and the batch checks' messages.
+  std::string family;
+  // "gpt", "qwen2", ...: names the activations' allocation and the batch shape's message.
+  std::string architecture;
+  int n_layer = 0;
+  int hidden_size = 0;  // C, the residual stream's width
+  int vocab_size = 0;
+  int seq_len = 0;  // the longest sequence a batch may have
+  NormKind final_norm = NormKind::kLayerNorm;
+  double norm_eps = 0.0;  // RMSNorm's epsilon (LayerNorm's is the kernel's)
+  // Indices into the model's parameters(); -1 where the model has none.
+  int token_embedding = 0;
+  int position_embedding = -1;  // GPT-2's wpe; without one, positions are the blocks' (RoPE)
+  int final_norm_weight = -1;
+  int final_norm_bias = -1;  // LayerNorm only
+  int head = -1;             // the LM head (V, C); token_embedding when tied
+};
+
+// How a model is built, beyond its architecture.
+struct TransformerOptions {
+  // Keep only each block's input; its forward reruns inside its backward.
+  bool activation_checkpointing = false;
+};
+
+}  // namespace zrt::transformer
