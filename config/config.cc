@@ -1054,6 +1054,7 @@ class Parser {
     comm.max_chunk_bytes = get_int("comm.max_chunk_mb", 32) << 20;
     comm.ranks_per_node = get_small_int("comm.ranks_per_node", 0);
     comm.host_staged = get_bool("comm.host_staged_collectives", false);
+    comm.check_collective_sequence = get_bool("comm.check_collective_sequence", false);
     const int hpz = config_.engine.hpz_partition_size;
     if (hpz > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % hpz != 0) {
       fail("zero_optimization.zero_hpz_partition_size",
@@ -1326,6 +1327,7 @@ json resolved_document(const Config& c) {
                  {"max_chunk_mb", c.comm.max_chunk_bytes >> 20},
                  {"ranks_per_node", c.comm.ranks_per_node},
                  {"host_staged_collectives", c.comm.host_staged},
+                 {"check_collective_sequence", c.comm.check_collective_sequence},
                  {"simulated_bandwidth_gb_per_s", c.comm.simulated_bandwidth_bytes_per_s / 1e9},
                  {"simulated_latency_us", c.comm.simulated_latency_s * 1e6}};
   if (c.trace.enabled()) {

@@ -727,6 +727,10 @@ std::vector<KeyInfo> build_table() {
       K("comm.host_staged_collectives", I, kBool, "false (true when ranks share a GPU)",
         "Collectives over MPI through pinned host memory instead of NCCL")
           .zrt(),
+      K("comm.check_collective_sequence", I, kBool, "false",
+        "Debug: agree on every collective across ranks first; the first that differs stops "
+        "the run naming it (instead of a hang)")
+          .zrt(),
       K("comm.ranks_per_node", I, kInt, "0",
         "Ranks per node for the node topology; 0: as MPI reports (smaller: simulate nodes)")
           .range(0)

@@ -464,3 +464,22 @@ TEST_CASE("a caller's ModelFactory is trained as zrt-train trains the registry's
                     Catch::Contains("model.init_from 'weights.safetensors'") &&
                         Catch::Contains("no initializer"));
 }
+
+TEST_CASE("comm.check_collective_sequence: a run whose ranks agree trains with the same bits") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string dir = corpus_dir();
+  const std::string zero = R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                               "offload_optimizer": {"device": "cpu"}})";
+  const auto plain = run(dir, "sequence-off", zero, true, world);
+  // Every collective of every group (the engine's, the control group's) is agreed on first; the
+  // training itself is untouched.
+  const auto checked =
+      run(dir, "sequence-on", zero, true, world, R"("comm": {"check_collective_sequence": true},)");
+  REQUIRE(checked.losses.size() == plain.losses.size());
+  for (std::size_t i = 0; i < plain.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(checked.losses[i] == plain.losses[i]);
+  }
+  CHECK(checked.eval_losses == plain.eval_losses);
+}
