@@ -12,34 +12,28 @@ double Control::mean(double value) {
   return mean(std::vector<float>{static_cast<float>(value)})[0];
 }
 
-std::vector<float> Control::mean(std::vector<float> values) {
-  ZRT_CHECK(values.size() <= kMaxValues, "too many values");
-  const std::size_t bytes = values.size() * 4;
-  device_.copy_to_device(scratch_.device<std::byte>(), values.data(), bytes, group_.stream());
+void Control::all_reduce(void* values, std::size_t count, DType dtype, ReduceOp op) {
+  ZRT_CHECK(count <= kMaxValues, "too many values");
+  const std::size_t bytes = count * dtype_size(dtype);
+  device_.copy_to_device(scratch_.device<std::byte>(), values, bytes, group_.stream());
   group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(),
-                    static_cast<std::int64_t>(values.size()), DType::kFloat32, ReduceOp::kAvg);
-  device_.copy_to_host(values.data(), scratch_.device<std::byte>(), bytes, group_.stream());
+                    static_cast<std::int64_t>(count), dtype, op);
+  device_.copy_to_host(values, scratch_.device<std::byte>(), bytes, group_.stream());
   group_.stream().synchronize();
+}
+
+std::vector<float> Control::mean(std::vector<float> values) {
+  all_reduce(values.data(), values.size(), DType::kFloat32, ReduceOp::kAvg);
   return values;
 }
 
 std::vector<std::int64_t> Control::max(std::vector<std::int64_t> values) {
-  ZRT_CHECK(values.size() <= kMaxValues, "too many values");
-  const std::size_t bytes = values.size() * 8;
-  device_.copy_to_device(scratch_.device<std::byte>(), values.data(), bytes, group_.stream());
-  group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(),
-                    static_cast<std::int64_t>(values.size()), DType::kInt64, ReduceOp::kMax);
-  device_.copy_to_host(values.data(), scratch_.device<std::byte>(), bytes, group_.stream());
-  group_.stream().synchronize();
+  all_reduce(values.data(), values.size(), DType::kInt64, ReduceOp::kMax);
   return values;
 }
 
 std::int64_t Control::sum(std::int64_t value) {
-  device_.copy_to_device(scratch_.device<std::byte>(), &value, 8, group_.stream());
-  group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(), 1, DType::kInt64,
-                    ReduceOp::kSum);
-  device_.copy_to_host(&value, scratch_.device<std::byte>(), 8, group_.stream());
-  group_.stream().synchronize();
+  all_reduce(&value, 1, DType::kInt64, ReduceOp::kSum);
   return value;
 }
 

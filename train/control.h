@@ -30,6 +30,10 @@ class Control {
   std::int64_t sum(std::int64_t value);
 
  private:
+  // values (count elements of dtype, host memory) = op over the ranks, through the scratch
+  // buffer; a host wait.
+  void all_reduce(void* values, std::size_t count, DType dtype, ReduceOp op);
+
   Device& device_;
   ProcessGroup& group_;
   Buffer scratch_;
