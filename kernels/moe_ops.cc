@@ -28,18 +28,29 @@ using dispatch::launch;
 #endif
 
 void check_router(const char* op, int N, int E, int k) {
-  ZRT_CHECK(N >= 0 && E >= 1 && k >= 1 && k <= E && k <= kMoeMaxTopK,
-            "{}: N {} rows, top-{} of E {} experts (1 <= k <= min(E, {}))", op, N, k, E,
-            kMoeMaxTopK);
+  if (N < 0 || E < 1 || k < 1 || k > E || k > kMoeMaxTopK) {
+    ZRT_THROW(InvalidArgument, "{}: N {} rows, top-{} of E {} experts (1 <= k <= min(E, {}))", op,
+              N, k, E, kMoeMaxTopK);
+  }
 }
 
 void check_offsets(const char* op, const std::vector<std::int32_t>& offsets, int E) {
-  ZRT_CHECK(E >= 1 && offsets.size() == static_cast<std::size_t>(E) + 1,
-            "{}: {} offsets for {} experts (E + 1 expected)", op, offsets.size(), E);
-  ZRT_CHECK(offsets[0] >= 0, "{}: offsets[0] = {} is negative", op, offsets[0]);
+  if (E < 1 || offsets.size() != static_cast<std::size_t>(E) + 1) {
+    ZRT_THROW(InvalidArgument, "{}: {} offsets for {} experts (E + 1 expected)", op,
+              offsets.size(), E);
+  }
+  if (offsets[0] < 0) ZRT_THROW(InvalidArgument, "{}: offsets[0] = {} < 0", op, offsets[0]);
   for (int e = 0; e < E; ++e) {
-    ZRT_CHECK(offsets[e] <= offsets[e + 1], "{}: offsets[{}] = {} > offsets[{}] = {}", op, e,
-              offsets[e], e + 1, offsets[e + 1]);
+    if (offsets[e] > offsets[e + 1]) {
+      ZRT_THROW(InvalidArgument, "{}: offsets[{}] = {} > offsets[{}] = {}", op, e, offsets[e],
+                e + 1, offsets[e + 1]);
+    }
+  }
+}
+
+void check_sizes(const char* op, int N, int k, int E) {
+  if (N < 0 || k < 1 || E < 1 || std::int64_t{N} * k > INT32_MAX) {
+    ZRT_THROW(InvalidArgument, "{}: N {}, k {}, E {} (N*k pairs must fit int32)", op, N, k, E);
   }
 }
 
@@ -109,8 +120,9 @@ void moe_aux_stats_accumulate(KernelContext& ctx, Floats counts, Floats probsum,
 
 void moe_load_balancing_loss(KernelContext& ctx, Floats loss, ConstFloats counts,
                              ConstFloats probsum, int E, std::int64_t total_rows) {
-  ZRT_CHECK(E >= 1 && total_rows >= 1, "moe_load_balancing_loss: E {} experts, {} rows", E,
-            total_rows);
+  if (E < 1 || total_rows < 1) {
+    ZRT_THROW(InvalidArgument, "moe_load_balancing_loss: E {} experts, {} rows", E, total_rows);
+  }
   if (on_cpu(ctx)) {
     run_cpu(ctx, "moe_load_balancing_loss",
             [out = raw(loss), c = raw(counts), ps = raw(probsum), E, total_rows] {
@@ -127,8 +139,10 @@ void moe_load_balancing_loss(KernelContext& ctx, Floats loss, ConstFloats counts
 
 void moe_load_balancing_loss_backward(KernelContext& ctx, Floats dprobs_shared, ConstFloats counts,
                                       float dloss, int E, std::int64_t total_rows) {
-  ZRT_CHECK(E >= 1 && total_rows >= 1, "moe_load_balancing_loss_backward: E {} experts, {} rows",
-            E, total_rows);
+  if (E < 1 || total_rows < 1) {
+    ZRT_THROW(InvalidArgument, "moe_load_balancing_loss_backward: E {} experts, {} rows", E,
+              total_rows);
+  }
   if (on_cpu(ctx)) {
     run_cpu(ctx, "moe_load_balancing_loss_backward",
             [d = raw(dprobs_shared), c = raw(counts), dloss, E, total_rows] {
@@ -146,7 +160,7 @@ void moe_load_balancing_loss_backward(KernelContext& ctx, Floats dprobs_shared, 
 
 void moe_router_z_loss_forward(KernelContext& ctx, DType dtype, Floats loss, ConstBytes logits,
                                int N, int E) {
-  ZRT_CHECK(N >= 0 && E >= 1, "moe_router_z_loss_forward: N {}, E {}", N, E);
+  if (N < 0 || E < 1) ZRT_THROW(InvalidArgument, "moe_router_z_loss_forward: N {}, E {}", N, E);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
@@ -165,7 +179,7 @@ void moe_router_z_loss_forward(KernelContext& ctx, DType dtype, Floats loss, Con
 
 void moe_router_z_loss_backward(KernelContext& ctx, DType dtype, Bytes dlogits, ConstBytes logits,
                                 float dloss, int N, int E) {
-  ZRT_CHECK(N >= 0 && E >= 1, "moe_router_z_loss_backward: N {}, E {}", N, E);
+  if (N < 0 || E < 1) ZRT_THROW(InvalidArgument, "moe_router_z_loss_backward: N {}, E {}", N, E);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
@@ -185,9 +199,7 @@ void moe_router_z_loss_backward(KernelContext& ctx, DType dtype, Bytes dlogits, 
 
 void moe_dispatch_plan(KernelContext& ctx, Ints counts, Ints offsets, Ints row_of, Ints source,
                        ConstInts experts, int N, int k, int E) {
-  ZRT_CHECK(N >= 0 && k >= 1 && E >= 1, "moe_dispatch_plan: N {}, k {}, E {}", N, k, E);
-  ZRT_CHECK(std::int64_t{N} * k <= INT32_MAX, "moe_dispatch_plan: {} x {} pairs overflow int32",
-            N, k);
+  check_sizes("moe_dispatch_plan", N, k, E);
   if (on_cpu(ctx)) {
     run_cpu(ctx, "moe_dispatch_plan",
             [c = raw(counts), o = raw(offsets), r = raw(row_of), src = raw(source),
