@@ -36,8 +36,8 @@ void check_router(const char* op, int N, int E, int k) {
 
 void check_offsets(const char* op, const std::vector<std::int32_t>& offsets, int E) {
   if (E < 1 || offsets.size() != static_cast<std::size_t>(E) + 1) {
-    ZRT_THROW(InvalidArgument, "{}: {} offsets for {} experts (E + 1 expected)", op,
-              offsets.size(), E);
+    ZRT_THROW(InvalidArgument, "{}: {} offsets for {} experts (E + 1 expected)", op, offsets.size(),
+              E);
   }
   if (offsets[0] < 0) ZRT_THROW(InvalidArgument, "{}: offsets[0] = {} < 0", op, offsets[0]);
   for (int e = 0; e < E; ++e) {
@@ -56,8 +56,8 @@ void check_sizes(const char* op, int N, int k, int E) {
 
 }  // namespace
 
-void moe_router_forward(KernelContext& ctx, DType dtype, Floats probs, Floats weights,
-                        Ints experts, ConstBytes logits, int N, int E, int k, bool renormalize) {
+void moe_router_forward(KernelContext& ctx, DType dtype, Floats probs, Floats weights, Ints experts,
+                        ConstBytes logits, int N, int E, int k, bool renormalize) {
   check_router("moe_router_forward", N, E, k);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -278,9 +278,8 @@ void moe_combine_backward(KernelContext& ctx, DType dtype, Bytes dy, Floats dwei
       using S = decltype(s);
       run_cpu(ctx, "moe_combine_backward",
               [d = ptr<S>(dy), dw = raw(dweights), g = ptr<S>(dout), ye = ptr<S>(y),
-               w = raw(weights), r = raw(row_of), N, k, C] {
-                cpu::moe_combine_backward<S>(d, dw, g, ye, w, r, N, k, C);
-              });
+               w = raw(weights), r = raw(row_of), N, k,
+               C] { cpu::moe_combine_backward<S>(d, dw, g, ye, w, r, N, k, C); });
     });
     return;
   }

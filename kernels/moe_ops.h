@@ -48,8 +48,8 @@ using ConstInts = DevicePtr<const std::int32_t>;
 // most probable first, the lower expert index first among equal probabilities; weights (N,k)
 // their probabilities, divided by their sum when `renormalize` (Mixtral always; Qwen2/3-MoE with
 // norm_topk_prob). 1 <= k <= min(E, kMoeMaxTopK). All three OVERWRITTEN.
-void moe_router_forward(KernelContext& ctx, DType dtype, Floats probs, Floats weights,
-                        Ints experts, ConstBytes logits, int N, int E, int k, bool renormalize);
+void moe_router_forward(KernelContext& ctx, DType dtype, Floats probs, Floats weights, Ints experts,
+                        ConstBytes logits, int N, int E, int k, bool renormalize);
 // dlogits (N,E) of `dtype` += (= with kOverwrite) the gradient through the softmax of: dweights
 // (N,k) through the top-k weights (and their renormalisation), null for none; plus dprobs_shared
 // (E), a gradient of every row's probs alike (moe_load_balancing_loss_backward's), null for none.

@@ -50,14 +50,14 @@ void grouped_linear_backward(S* dinp, G* dweight, const S* dout, const S* inp, c
   }
 }
 
-#define ZRT_FWD(S)                                                                             \
+#define ZRT_FWD(S)                                                                                \
   template std::int64_t grouped_linear_forward_workspace<S>(const std::int32_t*, int, int, int);  \
   template std::int64_t grouped_linear_backward_workspace<S>(const std::int32_t*, int, int, int); \
   template void grouped_linear_forward<S>(S*, const S*, const S*, const std::int32_t*, int, int,  \
                                           int, acc_t<S>*);
-#define ZRT_BWD(S, G)                                                                         \
-  template void grouped_linear_backward<S, G>(S*, G*, const S*, const S*, const S*,           \
-                                              const std::int32_t*, int, int, int, acc_t<S>*,  \
+#define ZRT_BWD(S, G)                                                                        \
+  template void grouped_linear_backward<S, G>(S*, G*, const S*, const S*, const S*,          \
+                                              const std::int32_t*, int, int, int, acc_t<S>*, \
                                               GradWrite);
 ZRT_FWD(float)
 ZRT_FWD(double)

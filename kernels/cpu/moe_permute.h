@@ -1,4 +1,5 @@
-// Token dispatch and combine of a mixture-of-experts layer: CPU twin of kernels/cuda/moe_permute.cu.
+// Token dispatch and combine of a mixture-of-experts layer: CPU twin of
+// kernels/cuda/moe_permute.cu.
 //
 // N tokens of C channels each choose k experts (experts (N,k) int32 from the router; an entry < 0
 // is a slot routed nowhere: it takes no row and adds nothing). The N*k (token, slot) pairs, in the
@@ -13,7 +14,7 @@
 //   gather backward:   dx[n] += sum over j = 0..k-1 of dxe[row_of[n,j]]      (one rounding per n)
 //   combine:           out[n] = sum over j = 0..k-1 of w[n,j] * y[row_of[n,j]]  (OVERWRITES out;
 //                      zero for a token routed nowhere)
-//   combine backward:  dy[row_of[n,j]] = w[n,j] * dout[n]                     (OVERWRITES dy rows < R)
+//   combine backward:  dy[row_of[n,j]] = w[n,j] * dout[n]              (OVERWRITES dy rows < R)
 //                      dw[n,j] = dot(dout[n], y[row_of[n,j]]), 0 for -1      (OVERWRITES dw)
 // Sums run in acc_t<S> in slot order j = 0..k-1 (and channel order in dot), so each result is the
 // same bits on every run and thread count. w and dw are acc_t<S> (fp32; double for the

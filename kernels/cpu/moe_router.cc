@@ -53,8 +53,8 @@ A softmax_row(A* p, const S* logits, int E) {
 }  // namespace
 
 template <typename S>
-void moe_router_forward(acc_t<S>* probs, acc_t<S>* weights, std::int32_t* experts,
-                        const S* logits, int N, int E, int k, bool renormalize) {
+void moe_router_forward(acc_t<S>* probs, acc_t<S>* weights, std::int32_t* experts, const S* logits,
+                        int N, int E, int k, bool renormalize) {
   using A = acc_t<S>;
   ZRT_CHECK(k >= 1 && k <= E && k <= kMoeMaxTopK, "moe router: top-k {} of {} experts (at most {})",
             k, E, kMoeMaxTopK);
@@ -183,22 +183,21 @@ void moe_router_z_loss_backward(S* dlogits, const S* logits, acc_t<S> dloss, int
   }
 }
 
-#define ZRT_INSTANTIATE(S)                                                                       \
-  template void moe_router_forward<S>(acc_t<S>*, acc_t<S>*, std::int32_t*, const S*, int, int,   \
-                                      int, bool);                                                \
+#define ZRT_INSTANTIATE(S)                                                                        \
+  template void moe_router_forward<S>(acc_t<S>*, acc_t<S>*, std::int32_t*, const S*, int, int,    \
+                                      int, bool);                                                 \
   template void moe_router_backward<S>(S*, const acc_t<S>*, const acc_t<S>*, const std::int32_t*, \
-                                       const acc_t<S>*, int, int, int, bool, GradWrite);         \
-  template void moe_router_z_loss_forward<S>(acc_t<S>*, const S*, int, int);                     \
+                                       const acc_t<S>*, int, int, int, bool, GradWrite);          \
+  template void moe_router_z_loss_forward<S>(acc_t<S>*, const S*, int, int);                      \
   template void moe_router_z_loss_backward<S>(S*, const S*, acc_t<S>, int, int);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)
 ZRT_INSTANTIATE(fp16)
 #undef ZRT_INSTANTIATE
-#define ZRT_INSTANTIATE(A)                                                                     \
-  template void moe_aux_stats_accumulate<A>(A*, A*, const A*, const std::int32_t*, int, int,   \
-                                            int);                                              \
-  template void moe_load_balancing_loss<A>(A*, const A*, const A*, int, std::int64_t);         \
+#define ZRT_INSTANTIATE(A)                                                                         \
+  template void moe_aux_stats_accumulate<A>(A*, A*, const A*, const std::int32_t*, int, int, int); \
+  template void moe_load_balancing_loss<A>(A*, const A*, const A*, int, std::int64_t);             \
   template void moe_load_balancing_loss_backward<A>(A*, const A*, A, int, std::int64_t);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)

@@ -27,7 +27,8 @@
 // 16-bit models.
 //
 // Router z-loss (ST-MoE), mean over the N rows of one layer's logits:
-//   z = (1/N) sum_n logsumexp(logits[n])^2,   dlogits[n,e] += dz * 2 * lse_n * softmax(logits[n])[e] / N
+//   z = (1/N) sum_n lse_n^2 with lse_n = logsumexp(logits[n]),
+//   dlogits[n,e] += dz * 2 * lse_n * softmax(logits[n])[e] / N
 //
 // Accumulation is in acc_t<S> (fp32, or double for the finite-difference checks), sums in a fixed
 // order (over e for a row; over rows in row order for the statistics; the z-loss sum in double).
@@ -41,8 +42,8 @@
 namespace zrt::kernels::cpu {
 
 template <typename S>
-void moe_router_forward(acc_t<S>* probs, acc_t<S>* weights, std::int32_t* experts,
-                        const S* logits, int N, int E, int k, bool renormalize);
+void moe_router_forward(acc_t<S>* probs, acc_t<S>* weights, std::int32_t* experts, const S* logits,
+                        int N, int E, int k, bool renormalize);
 
 template <typename S>
 void moe_router_backward(S* dlogits, const acc_t<S>* dweights, const acc_t<S>* probs,

@@ -200,17 +200,16 @@ void moe_combine(const Launch& l, DType dtype, void* out, const void* y, const f
   });
 }
 
-void moe_combine_backward(const Launch& l, DType dtype, void* dy, float* dweights,
-                          const void* dout, const void* y, const float* weights,
-                          const std::int32_t* row_of, int N, int k, int C) {
+void moe_combine_backward(const Launch& l, DType dtype, void* dy, float* dweights, const void* dout,
+                          const void* y, const float* weights, const std::int32_t* row_of, int N,
+                          int k, int C) {
   const I64 pairs = I64{N} * k;
   if (pairs <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     if (C > 0) {
-      moe_combine_backward_dy_kernel<S>
-          <<<blocks_for(pairs * C, kThreads), kThreads, 0, l.stream>>>(
-              static_cast<S*>(dy), static_cast<const S*>(dout), weights, row_of, N, k, C);
+      moe_combine_backward_dy_kernel<S><<<blocks_for(pairs * C, kThreads), kThreads, 0, l.stream>>>(
+          static_cast<S*>(dy), static_cast<const S*>(dout), weights, row_of, N, k, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
     moe_combine_backward_dw_kernel<S><<<blocks_for(pairs, kThreads / 32), kThreads, 0, l.stream>>>(

@@ -20,8 +20,8 @@ void moe_gather_backward(const Launch& l, DType dtype, void* dx, const void* dxe
                          const std::int32_t* row_of, int N, int k, int C);
 void moe_combine(const Launch& l, DType dtype, void* out, const void* y, const float* weights,
                  const std::int32_t* row_of, int N, int k, int C);
-void moe_combine_backward(const Launch& l, DType dtype, void* dy, float* dweights,
-                          const void* dout, const void* y, const float* weights,
-                          const std::int32_t* row_of, int N, int k, int C);
+void moe_combine_backward(const Launch& l, DType dtype, void* dy, float* dweights, const void* dout,
+                          const void* y, const float* weights, const std::int32_t* row_of, int N,
+                          int k, int C);
 
 }  // namespace zrt::kernels::cuda

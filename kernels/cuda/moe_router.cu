@@ -64,9 +64,8 @@ __global__ void moe_router_forward_kernel(float* probs, float* weights, std::int
 
 template <typename S>
 __global__ void moe_router_backward_kernel(S* dlogits, const float* dweights, const float* probs,
-                                           const std::int32_t* experts,
-                                           const float* dprobs_shared, int N, int E, int k,
-                                           int renormalize, int overwrite) {
+                                           const std::int32_t* experts, const float* dprobs_shared,
+                                           int N, int E, int k, int renormalize, int overwrite) {
   for (I64 n = blockIdx.x * static_cast<I64>(blockDim.x) + threadIdx.x; n < N;
        n += static_cast<I64>(gridDim.x) * blockDim.x) {
     const float* p = probs + n * E;
@@ -230,8 +229,8 @@ void moe_load_balancing_loss_backward(const Launch& l, float* dprobs_shared, con
   ZRT_CUDA_LAUNCH_CHECK();
 }
 
-void moe_router_z_loss_forward(const Launch& l, DType dtype, float* loss, const void* logits,
-                               int N, int E) {
+void moe_router_z_loss_forward(const Launch& l, DType dtype, float* loss, const void* logits, int N,
+                               int E) {
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     moe_router_z_loss_forward_kernel<S>

@@ -26,8 +26,8 @@ void moe_load_balancing_loss(const Launch& l, float* loss, const float* counts,
 void moe_load_balancing_loss_backward(const Launch& l, float* dprobs_shared, const float* counts,
                                       float dloss, int E, std::int64_t total_rows);
 
-void moe_router_z_loss_forward(const Launch& l, DType dtype, float* loss, const void* logits,
-                               int N, int E);
+void moe_router_z_loss_forward(const Launch& l, DType dtype, float* loss, const void* logits, int N,
+                               int E);
 void moe_router_z_loss_backward(const Launch& l, DType dtype, void* dlogits, const void* logits,
                                 float dloss, int N, int E);
 

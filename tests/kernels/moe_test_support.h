@@ -116,8 +116,8 @@ struct MoeBackend {
 
   kernels::Bytes put(const std::string& name, const Vec& v, DType dt) {
     const auto bytes = encode(v, dt);
-    Buffer b = device->allocate(static_cast<std::int64_t>(bytes.size() + 64), MemCategory::kOther,
-                                name);
+    Buffer b =
+        device->allocate(static_cast<std::int64_t>(bytes.size() + 64), MemCategory::kOther, name);
     if (!bytes.empty()) {
       device->copy_to_device(b.device<std::byte>(), bytes.data(), bytes.size(), *stream);
     }

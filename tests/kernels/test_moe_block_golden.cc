@@ -168,8 +168,8 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
     moe_router_backward(*be.ctx, dt, dlogits, dw, probs, experts, dshared, N, E, k, renormalize,
                         GradWrite::kOverwrite);
     moe_router_z_loss_backward(*be.ctx, dt, dlogits, logits, zc, N, E);
-    moe_router_backward(*be.ctx, dt, dlogits2, {}, probs2, experts2, dshared, N, E, k,
-                        renormalize, GradWrite::kOverwrite);
+    moe_router_backward(*be.ctx, dt, dlogits2, {}, probs2, experts2, dshared, N, E, k, renormalize,
+                        GradWrite::kOverwrite);
     linear_backward(*be.ctx, dt, dt, dx, dwr, {}, dlogits, x, wr, N, C, E);
 
     check_close("dx", be.get("dx", N * C), f64(g.at("dx")));

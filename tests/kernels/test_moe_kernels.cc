@@ -42,9 +42,9 @@ double max_abs_diff(const Vec& a, const Vec& b) {
 
 TEST_CASE("moe router forward matches its definition (float64)", "[moe][router]") {
   const int N = 13;
-  for (auto [E, k, renormalize] : {std::tuple{8, 2, true}, std::tuple{6, 2, false},
-                                   std::tuple{5, 1, true}, std::tuple{5, 1, false},
-                                   std::tuple{4, 4, true}, std::tuple{4, 4, false}}) {
+  for (auto [E, k, renormalize] :
+       {std::tuple{8, 2, true}, std::tuple{6, 2, false}, std::tuple{5, 1, true},
+        std::tuple{5, 1, false}, std::tuple{4, 4, true}, std::tuple{4, 4, false}}) {
     INFO("E " << E << " k " << k << " renormalize " << renormalize);
     const Vec logits = normal_values(kSeed, 1, N * E, 2.0);
     const auto ref = test::router_reference(logits, N, E, k, renormalize);
@@ -74,9 +74,9 @@ TEST_CASE("moe router: equal probabilities choose the lower expert first", "[moe
 // load-balancing term's shape (one dprobs_shared for every row).
 TEST_CASE("moe router backward matches finite differences (float64)", "[moe][router][fd]") {
   const int N = 11;
-  for (auto [E, k, renormalize] : {std::tuple{8, 2, true}, std::tuple{6, 3, false},
-                                   std::tuple{5, 1, true}, std::tuple{4, 4, true},
-                                   std::tuple{4, 4, false}}) {
+  for (auto [E, k, renormalize] :
+       {std::tuple{8, 2, true}, std::tuple{6, 3, false}, std::tuple{5, 1, true},
+        std::tuple{4, 4, true}, std::tuple{4, 4, false}}) {
     INFO("E " << E << " k " << k << " renormalize " << renormalize);
     Vec logits = normal_values(kSeed, 2, N * E, 2.0);
     const Vec Rw = normal_values(kSeed, 3, N * k);
@@ -101,8 +101,8 @@ TEST_CASE("moe router backward matches finite differences (float64)", "[moe][rou
     f();  // probs of the unperturbed logits again
     // Overwrite, and the weights' term alone (dprobs_shared null), and the shared term alone.
     Vec over(N * E, 9.0), weights_only(N * E, 0.0), shared_only(N * E, 0.0);
-    cpu::moe_router_backward<double>(over.data(), Rw.data(), probs.data(), experts.data(),
-                                     D.data(), N, E, k, renormalize, GradWrite::kOverwrite);
+    cpu::moe_router_backward<double>(over.data(), Rw.data(), probs.data(), experts.data(), D.data(),
+                                     N, E, k, renormalize, GradWrite::kOverwrite);
     cpu::moe_router_backward<double>(weights_only.data(), Rw.data(), probs.data(), experts.data(),
                                      nullptr, N, E, k, renormalize, GradWrite::kAccumulate);
     cpu::moe_router_backward<double>(shared_only.data(), nullptr, probs.data(), experts.data(),
@@ -226,9 +226,9 @@ TEST_CASE("moe dispatch plan is the stable sort of the pairs by expert", "[moe][
   }
   const Ids bad = {0, 3};
   Ids c(3), o(4), ro(2), s(2);
-  CHECK_THROWS_AS(cpu::moe_dispatch_plan(c.data(), o.data(), ro.data(), s.data(), bad.data(), 1, 2,
-                                         3),
-                  InvalidArgument);
+  CHECK_THROWS_AS(
+      cpu::moe_dispatch_plan(c.data(), o.data(), ro.data(), s.data(), bad.data(), 1, 2, 3),
+      InvalidArgument);
 }
 
 // L = sum(combine(gather-independent y, w) * R): gradients of y and w; and gather's backward as
@@ -330,8 +330,8 @@ TEST_CASE("grouped linear forward and backward (float64), empty experts skipped"
                                                w.data(), offsets.data(), E, IC, OC, nullptr,
                                                GradWrite::kOverwrite);
   CHECK(max_abs_diff(over, dx) < 1e-13);
-  cpu::grouped_linear_backward<double, double>(nullptr, dw2.data(), Rout.data(), x.data(),
-                                               w.data(), offsets.data(), E, IC, OC, nullptr);
+  cpu::grouped_linear_backward<double, double>(nullptr, dw2.data(), Rout.data(), x.data(), w.data(),
+                                               offsets.data(), E, IC, OC, nullptr);
   CHECK(max_abs_diff(dw2, Vec(dw.size(), 0.0)) > 0);
   for (std::size_t i = 0; i < dw.size(); ++i) CHECK(dw2[i] == Approx(2 * dw[i]).margin(1e-12));
 }
@@ -563,14 +563,14 @@ LayerResult run_layer(DType dt, int cpu_threads) {
   moe_combine_backward(*be.ctx, dt, dy, dw, g, y, weights, row_of, N, k, C);
   grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dh, dwd, dy, h, wd, host_offsets, E, I, C,
                           GradWrite::kOverwrite);
-  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dxe, dwu, dh, xe, wu, host_offsets, E, C,
-                          I, GradWrite::kOverwrite);
+  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dxe, dwu, dh, xe, wu, host_offsets, E, C, I,
+                          GradWrite::kOverwrite);
   moe_gather_backward(*be.ctx, dt, dx, dxe, row_of, N, k, C);
   moe_router_backward(*be.ctx, dt, dl, dw, probs, experts, {}, N, E, k, true,
                       GradWrite::kOverwrite);
   return {be.get("probs", N * E), be.get("weights", N * k), be.get("out", N * C),
-          be.get("dx", N * C),        be.get("dwu", E * I * C),  be.get("dwd", E * C * I),
-          be.get("dl", N * E),        be.get("dw", N * k)};
+          be.get("dx", N * C),    be.get("dwu", E * I * C), be.get("dwd", E * C * I),
+          be.get("dl", N * E),    be.get("dw", N * k)};
 }
 
 TEST_CASE("moe layer is bit-identical run to run and across thread counts", "[moe][determinism]") {
