@@ -168,8 +168,7 @@ void register_storage() {
 void register_plain() {
   // ---- load-balancing statistics (a block per expert) and losses ----
   twin<float*, float*, const float*, const std::int32_t*, int, int, int>(
-      "void " + kNs +
-          "moe_aux_stats_kernel(float*, float*, float const*, int const*, int, int, int)",
+      kNs + "moe_aux_stats_kernel(float*, float*, float const*, int const*, int, int, int)",
       [](KernelCall& k, float* counts, float* probsum, const float* probs,
          const std::int32_t* experts, int N, int E, int topk) {
         k.require_block(kThreads);
@@ -186,8 +185,7 @@ void register_plain() {
         });
       });
   twin<float*, const float*, const float*, int, float>(
-      "void " + kNs +
-          "moe_load_balancing_loss_kernel(float*, float const*, float const*, int, float)",
+      kNs + "moe_load_balancing_loss_kernel(float*, float const*, float const*, int, float)",
       [](KernelCall& k, float* loss, const float* counts, const float* probsum, int E, float rows) {
         k.writes(loss, 4, "loss");
         k.reads(counts, I64{E} * 4, "counts");
@@ -198,8 +196,7 @@ void register_plain() {
         });
       });
   twin<float*, const float*, float, int, float>(
-      "void " + kNs +
-          "moe_load_balancing_loss_backward_kernel(float*, float const*, float, int, float)",
+      kNs + "moe_load_balancing_loss_backward_kernel(float*, float const*, float, int, float)",
       [](KernelCall& k, float* dshared, const float* counts, float dloss, int E, float rows) {
         k.require_threads(E, "experts E");
         k.writes(dshared, I64{E} * 4, "dprobs_shared");
@@ -212,7 +209,7 @@ void register_plain() {
 
   // ---- the dispatch plan: per-expert ranks, then rows ----
   twin<std::int32_t*, std::int32_t*, const std::int32_t*, long>(
-      "void " + kNs + "moe_rank_kernel(int*, int*, int const*, long)",
+      kNs + "moe_rank_kernel(int*, int*, int const*, long)",
       [](KernelCall& k, std::int32_t* counts, std::int32_t* row_of, const std::int32_t* experts,
          long pairs) {
         k.require_block(kRankThreads);
@@ -230,7 +227,7 @@ void register_plain() {
         });
       });
   twin<std::int32_t*, std::int32_t*, std::int32_t*, const std::int32_t*, const std::int32_t*, long,
-       int>("void " + kNs + "moe_rows_kernel(int*, int*, int*, int const*, int const*, long, int)",
+       int>(kNs + "moe_rows_kernel(int*, int*, int*, int const*, int const*, long, int)",
             [](KernelCall& k, std::int32_t* offsets, std::int32_t* row_of, std::int32_t* source,
                const std::int32_t* counts, const std::int32_t* experts, long pairs, int E) {
               k.require_block(kThreads);
