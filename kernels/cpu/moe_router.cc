@@ -1,5 +1,6 @@
 #include "kernels/cpu/moe_router.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
