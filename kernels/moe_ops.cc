@@ -48,6 +48,13 @@ void check_offsets(const char* op, const std::vector<std::int32_t>& offsets, int
   }
 }
 
+void check_weight_stride(const char* op, std::int64_t weight_stride, int IC, int OC) {
+  if (weight_stride != 0 && weight_stride < std::int64_t{OC} * IC) {
+    ZRT_THROW(InvalidArgument, "{}: weight_stride {} below one expert's {} x {} weight", op,
+              weight_stride, OC, IC);
+  }
+}
+
 void check_sizes(const char* op, int N, int k, int E) {
   if (N < 0 || k < 1 || E < 1 || std::int64_t{N} * k > INT32_MAX) {
     ZRT_THROW(InvalidArgument, "{}: N {}, k {}, E {} (N*k pairs must fit int32)", op, N, k, E);
@@ -293,23 +300,26 @@ void moe_combine_backward(KernelContext& ctx, DType dtype, Bytes dy, Floats dwei
 
 void grouped_linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
                             ConstBytes weight, const std::vector<std::int32_t>& offsets, int E,
-                            int IC, int OC) {
+                            int IC, int OC, std::int64_t weight_stride) {
   check_offsets("grouped_linear_forward", offsets, E);
+  check_weight_stride("grouped_linear_forward", weight_stride, IC, OC);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws = cpu_workspace<cpu::acc_t<S>>(
           ctx, cpu::grouped_linear_forward_workspace<S>(offsets.data(), E, IC, OC));
       run_cpu(ctx, "grouped_linear_forward",
-              [o = ptr<S>(out), x = ptr<S>(inp), w = ptr<S>(weight), offsets, E, IC, OC, ws] {
-                cpu::grouped_linear_forward<S>(o, x, w, offsets.data(), E, IC, OC, ws);
+              [o = ptr<S>(out), x = ptr<S>(inp), w = ptr<S>(weight), offsets, E, IC, OC, ws,
+               weight_stride] {
+                cpu::grouped_linear_forward<S>(o, x, w, offsets.data(), E, IC, OC, ws,
+                                               weight_stride);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   cuda::grouped_linear_forward(launch(ctx), dtype, raw(out), raw(inp), raw(weight), offsets.data(),
-                               E, IC, OC);
+                               E, IC, OC, weight_stride);
 #else
   cuda_backend_missing("kernels::grouped_linear_forward");
 #endif
@@ -318,8 +328,9 @@ void grouped_linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstByt
 void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
                              Bytes dweight, ConstBytes dout, ConstBytes inp, ConstBytes weight,
                              const std::vector<std::int32_t>& offsets, int E, int IC, int OC,
-                             GradWrite dinp_write) {
+                             GradWrite dinp_write, std::int64_t weight_stride) {
   check_offsets("grouped_linear_backward", offsets, E);
+  check_weight_stride("grouped_linear_backward", weight_stride, IC, OC);
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
@@ -328,9 +339,9 @@ void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, 
           ctx, cpu::grouped_linear_backward_workspace<S>(offsets.data(), E, IC, OC));
       run_cpu(ctx, "grouped_linear_backward",
               [dx = ptr<S>(dinp), dw = ptr<G>(dweight), dy = ptr<S>(dout), x = ptr<S>(inp),
-               w = ptr<S>(weight), offsets, E, IC, OC, ws, dinp_write] {
+               w = ptr<S>(weight), offsets, E, IC, OC, ws, dinp_write, weight_stride] {
                 cpu::grouped_linear_backward<S, G>(dx, dw, dy, x, w, offsets.data(), E, IC, OC, ws,
-                                                   dinp_write);
+                                                   dinp_write, weight_stride);
               });
     });
     return;
@@ -338,7 +349,8 @@ void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, 
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
   cuda::grouped_linear_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dweight), raw(dout),
-                                raw(inp), raw(weight), offsets.data(), E, IC, OC, dinp_write);
+                                raw(inp), raw(weight), offsets.data(), E, IC, OC, dinp_write,
+                                weight_stride);
 #else
   cuda_backend_missing("kernels::grouped_linear_backward");
 #endif

@@ -113,16 +113,20 @@ void moe_combine_backward(KernelContext& ctx, DType dtype, Bytes dy, Floats dwei
 // out[rows of e] (OC) = inp[rows of e] (IC) @ weight[e]^T for weight (E,OC,IC), expert e owning
 // rows [offsets[e], offsets[e+1]) (`offsets`: E+1 non-decreasing host values, moe_dispatch_plan's
 // copied back). OVERWRITES those rows of out. CPU: linear_forward per expert; CUDA: one cuBLAS
-// GEMM per expert with rows (on the stream, no synchronisation).
+// GEMM per expert with rows (on the stream, no synchronisation). weight_stride (elements, 0:
+// OC*IC) spaces the experts' weights: transformers v5's fused gate_up_proj (E,2I,C) gives the gate
+// projection at its start and the up projection at + I*C, each with OC = I and stride 2I*C
+// (kernels/cpu/grouped_linear.h); dweight the same.
 void grouped_linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp,
                             ConstBytes weight, const std::vector<std::int32_t>& offsets, int E,
-                            int IC, int OC);
+                            int IC, int OC, std::int64_t weight_stride = 0);
 // dinp[rows of e] += dout[rows of e] @ weight[e] (= with kOverwrite; dinp may be null);
 // dweight (E,OC,IC) of grad_dtype += dout[rows of e]^T @ inp[rows of e]. An expert without rows
 // is skipped: its dweight keeps its value.
 void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
                              Bytes dweight, ConstBytes dout, ConstBytes inp, ConstBytes weight,
                              const std::vector<std::int32_t>& offsets, int E, int IC, int OC,
-                             GradWrite dinp_write = GradWrite::kAccumulate);
+                             GradWrite dinp_write = GradWrite::kAccumulate,
+                             std::int64_t weight_stride = 0);
 
 }  // namespace zrt::kernels

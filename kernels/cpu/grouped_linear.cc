@@ -28,25 +28,27 @@ std::int64_t grouped_linear_backward_workspace(const std::int32_t* offsets, int 
 
 template <typename S>
 void grouped_linear_forward(S* out, const S* inp, const S* weight, const std::int32_t* offsets,
-                            int E, int IC, int OC, acc_t<S>* ws) {
+                            int E, int IC, int OC, acc_t<S>* ws, std::int64_t weight_stride) {
+  const I64 stride = weight_stride > 0 ? weight_stride : I64{OC} * IC;
   for (int e = 0; e < E; ++e) {
     const int rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    linear_forward<S>(out + I64{offsets[e]} * OC, inp + I64{offsets[e]} * IC,
-                      weight + I64{e} * OC * IC, nullptr, rows, IC, OC, ws);
+    linear_forward<S>(out + I64{offsets[e]} * OC, inp + I64{offsets[e]} * IC, weight + e * stride,
+                      nullptr, rows, IC, OC, ws);
   }
 }
 
 template <typename S, typename G>
 void grouped_linear_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
                              const std::int32_t* offsets, int E, int IC, int OC, acc_t<S>* ws,
-                             GradWrite dinp_write) {
+                             GradWrite dinp_write, std::int64_t weight_stride) {
+  const I64 stride = weight_stride > 0 ? weight_stride : I64{OC} * IC;
   for (int e = 0; e < E; ++e) {
     const int rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    linear_backward<S, G>(dinp ? dinp + I64{offsets[e]} * IC : nullptr, dweight + I64{e} * OC * IC,
+    linear_backward<S, G>(dinp ? dinp + I64{offsets[e]} * IC : nullptr, dweight + e * stride,
                           nullptr, dout + I64{offsets[e]} * OC, inp + I64{offsets[e]} * IC,
-                          weight + I64{e} * OC * IC, rows, IC, OC, ws, dinp_write);
+                          weight + e * stride, rows, IC, OC, ws, dinp_write);
   }
 }
 
@@ -54,11 +56,11 @@ void grouped_linear_backward(S* dinp, G* dweight, const S* dout, const S* inp, c
   template std::int64_t grouped_linear_forward_workspace<S>(const std::int32_t*, int, int, int);  \
   template std::int64_t grouped_linear_backward_workspace<S>(const std::int32_t*, int, int, int); \
   template void grouped_linear_forward<S>(S*, const S*, const S*, const std::int32_t*, int, int,  \
-                                          int, acc_t<S>*);
+                                          int, acc_t<S>*, std::int64_t);
 #define ZRT_BWD(S, G)                                                                        \
   template void grouped_linear_backward<S, G>(S*, G*, const S*, const S*, const S*,          \
                                               const std::int32_t*, int, int, int, acc_t<S>*, \
-                                              GradWrite);
+                                              GradWrite, std::int64_t);
 ZRT_FWD(float)
 ZRT_FWD(double)
 ZRT_FWD(bf16)

@@ -1,7 +1,11 @@
 // The experts' projections of a mixture-of-experts layer: E nn.Linear layers without bias, each
 // applied to its own block of rows. CPU twin of kernels/cuda/grouped_linear.cu.
 //
-//   weight (E,OC,IC): expert e's (OC,IC) nn.Linear weight at weight + e*OC*IC
+//   weight: expert e's (OC,IC) nn.Linear weight at weight + e*weight_stride (elements; 0 means
+//       OC*IC, a dense (E,OC,IC)). A larger stride takes a slice of each expert's weight:
+//       transformers v5's fused gate_up_proj (E,2I,C) is the gate projection at gate_up_proj with
+//       OC = I and stride 2I*C, and the up projection at gate_up_proj + I*C with the same stride.
+//       dweight is laid out the same way.
 //   offsets (E+1), host memory: expert e owns rows [offsets[e], offsets[e+1]) of inp (R,IC) and
 //       out (R,OC) (moe_dispatch_plan's offsets, copied to the host); non-decreasing
 //   forward:  out[rows of e] = inp[rows of e] @ weight[e]^T                 (OVERWRITES out)
@@ -28,11 +32,12 @@ std::int64_t grouped_linear_backward_workspace(const std::int32_t* offsets, int 
 
 template <typename S>
 void grouped_linear_forward(S* out, const S* inp, const S* weight, const std::int32_t* offsets,
-                            int E, int IC, int OC, acc_t<S>* ws);
+                            int E, int IC, int OC, acc_t<S>* ws, std::int64_t weight_stride = 0);
 
 template <typename S, typename G>
 void grouped_linear_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
                              const std::int32_t* offsets, int E, int IC, int OC, acc_t<S>* ws,
-                             GradWrite dinp_write = GradWrite::kAccumulate);
+                             GradWrite dinp_write = GradWrite::kAccumulate,
+                             std::int64_t weight_stride = 0);
 
 }  // namespace zrt::kernels::cpu

@@ -12,10 +12,11 @@
 namespace zrt::kernels::cuda {
 
 void grouped_linear_forward(const Launch& l, DType dtype, void* out, const void* inp,
-                            const void* weight, const std::int32_t* offsets, int E, int IC, int OC);
+                            const void* weight, const std::int32_t* offsets, int E, int IC, int OC,
+                            std::int64_t weight_stride);
 void grouped_linear_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
                              void* dweight, const void* dout, const void* inp, const void* weight,
                              const std::int32_t* offsets, int E, int IC, int OC,
-                             GradWrite dinp_write);
+                             GradWrite dinp_write, std::int64_t weight_stride);
 
 }  // namespace zrt::kernels::cuda

@@ -168,6 +168,23 @@ TEST_CASE("grouped linear: CUDA twin matches the CPU twin, empty experts skipped
                             GradWrite::kOverwrite);
     return Outputs{{{"out", R * OC}, {"dx", R * IC}, {"dx_over", R * IC}, {"dw", E * OC * IC}}, {}};
   });
+  // The up half of a fused gate_up weight (E, 2*OC, IC): weight_stride 2*OC*IC, offset OC*IC.
+  parity("grouped_linear strided", [&](MoeBackend& be, DType dt, DType gt) {
+    const std::int64_t stride = std::int64_t{2} * OC * IC;
+    const std::ptrdiff_t half = std::ptrdiff_t{OC} * IC;
+    const Bytes x = be.put("x", normal_values(kSeed, 35, R * IC), dt);
+    const Bytes w = be.put("w", normal_values(kSeed, 36, E * 2 * OC * IC, 0.1), dt);
+    const Bytes out = be.put("out", Vec(R * OC), dt);
+    const Bytes dout = be.put("dout", normal_values(kSeed, 37, R * OC), dt);
+    const Bytes dx = be.put("dx", Vec(R * IC, 0.0), dt);
+    const Bytes dw = be.put("dw", normal_values(kSeed, 38, E * 2 * OC * IC, 0.1), gt);
+    const std::ptrdiff_t w_half = half * static_cast<std::ptrdiff_t>(dtype_size(dt));
+    const std::ptrdiff_t g_half = half * static_cast<std::ptrdiff_t>(dtype_size(gt));
+    grouped_linear_forward(*be.ctx, dt, out, x, w + w_half, offsets, E, IC, OC, stride);
+    grouped_linear_backward(*be.ctx, dt, gt, dx, dw + g_half, dout, x, w + w_half, offsets, E, IC,
+                            OC, GradWrite::kAccumulate, stride);
+    return Outputs{{{"out", R * OC}, {"dx", R * IC}, {"dw", E * 2 * OC * IC}}, {}};
+  });
 }
 
 // A whole layer on the GPU twice: the same bits (no atomics anywhere).

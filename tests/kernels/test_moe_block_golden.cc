@@ -2,11 +2,11 @@
 // tests/golden/make_moe_block_golden.py: MixtralSparseMoeBlock, top-2 of 8 renormalised, and
 // Qwen3MoeSparseMoeBlock, top-2 of 6 not renormalised, in float64) composed of zrt's kernels in
 // fp32 on a CPU context, as the models will compose them: the gate's linear_forward, the router,
-// the dispatch plan, gather, the experts' gate and up projections as grouped linears, swiglu, the
-// down projection, combine; the load-balancing loss over two layers (the block's router and a
-// stored second set of logits) and the router z-loss; then the backward of
-// sum(out * R) + aux * lb + z * z_loss in reverse. Every value is checked against the golden at
-// a tolerance from fp32 arithmetic (below).
+// the dispatch plan, gather, the experts' gate and up projections as grouped linears on
+// transformers' fused gate_up_proj, swiglu, the down projection, combine; the load-balancing loss
+// over two layers (the block's router and a stored second set of logits) and the router z-loss;
+// then the backward of sum(out * R) + aux * lb + z * z_loss in reverse. Every value is checked
+// against the golden at a tolerance from fp32 arithmetic (below).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -46,16 +46,6 @@ Vec f64(const nlohmann::json& j) {
   return out;
 }
 
-// Rows [first, first + count) of each of E blocks of `rows` rows of width `width`.
-Vec expert_rows(const Vec& w, int E, int rows, int width, int first, int count) {
-  Vec out;
-  for (int e = 0; e < E; ++e) {
-    const auto begin = w.begin() + (static_cast<std::ptrdiff_t>(e) * rows + first) * width;
-    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(count) * width);
-  }
-  return out;
-}
-
 // fp32 against float64: the golden's own router runs in fp32, and every kernel rounds each
 // result once to fp32 after sums of at most 2I = 24 terms, through a chain of at most eight ops
 // (gather, two GEMMs, swiglu, combine and their backwards). Rounding errors of random sign grow as
@@ -83,8 +73,12 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
     const Vec gate_up = f64(g.at("gate_up_proj"));
     const Bytes x = be.put("x", f64(g.at("x")), dt);
     const Bytes wr = be.put("wr", f64(g.at("router_weight")), dt);
-    const Bytes wg = be.put("wg", expert_rows(gate_up, E, 2 * I, C, 0, I), dt);
-    const Bytes wu = be.put("wu", expert_rows(gate_up, E, 2 * I, C, I, I), dt);
+    // transformers v5's fused gate_up_proj (E,2I,C) as it is: the gate projection is each
+    // expert's first I rows, the up projection the next I (weight_stride 2I*C).
+    const Bytes wgu = be.put("wgu", gate_up, dt);
+    const Bytes wg = wgu;
+    const Bytes wu = wgu + std::ptrdiff_t{I} * C * 4;
+    const std::int64_t stride = std::int64_t{2} * I * C;
     const Bytes wd = be.put("wd", f64(g.at("down_proj")), dt);
     const Bytes logits2 = be.put("logits2", f64(g.at("logits2")), dt);
     const int P = N * k;
@@ -109,8 +103,8 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
     const Bytes y = be.put("y", Vec(P * C), dt);
     const Bytes out = be.put("out", Vec(N * C), dt);
     moe_gather(*be.ctx, dt, xe, x, row_of, N, k, C);
-    grouped_linear_forward(*be.ctx, dt, hg, xe, wg, host_offsets, E, C, I);
-    grouped_linear_forward(*be.ctx, dt, hu, xe, wu, host_offsets, E, C, I);
+    grouped_linear_forward(*be.ctx, dt, hg, xe, wg, host_offsets, E, C, I, stride);
+    grouped_linear_forward(*be.ctx, dt, hu, xe, wu, host_offsets, E, C, I, stride);
     swiglu_forward(*be.ctx, dt, h, hg, hu, std::int64_t{P} * I);
     grouped_linear_forward(*be.ctx, dt, y, h, wd, host_offsets, E, I, C);
     moe_combine(*be.ctx, dt, out, y, weights, row_of, N, k, C);
@@ -149,8 +143,7 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
     const Bytes dhu = be.put("dhu", Vec(P * I, 0.0), dt);
     const Bytes dxe = be.put("dxe", Vec(P * C), dt);
     const Bytes dx = be.put("dx", Vec(N * C, 0.0), dt);
-    const Bytes dwg = be.put("dwg", Vec(E * I * C, 0.0), dt);
-    const Bytes dwu = be.put("dwu", Vec(E * I * C, 0.0), dt);
+    const Bytes dwgu = be.put("dwgu", Vec(E * 2 * I * C, 0.0), dt);
     const Bytes dwd = be.put("dwd", Vec(E * C * I, 0.0), dt);
     const Bytes dwr = be.put("dwr", Vec(E * C, 0.0), dt);
     const Bytes dlogits = be.put("dlogits", Vec(N * E), dt);
@@ -160,9 +153,10 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
     grouped_linear_backward(*be.ctx, dt, dt, dh, dwd, dy, h, wd, host_offsets, E, I, C,
                             GradWrite::kOverwrite);
     swiglu_backward(*be.ctx, dt, dhg, dhu, dh, hg, hu, std::int64_t{P} * I);
-    grouped_linear_backward(*be.ctx, dt, dt, dxe, dwg, dhg, xe, wg, host_offsets, E, C, I,
-                            GradWrite::kOverwrite);
-    grouped_linear_backward(*be.ctx, dt, dt, dxe, dwu, dhu, xe, wu, host_offsets, E, C, I);
+    grouped_linear_backward(*be.ctx, dt, dt, dxe, dwgu, dhg, xe, wg, host_offsets, E, C, I,
+                            GradWrite::kOverwrite, stride);
+    grouped_linear_backward(*be.ctx, dt, dt, dxe, dwgu + std::ptrdiff_t{I} * C * 4, dhu, xe, wu,
+                            host_offsets, E, C, I, GradWrite::kAccumulate, stride);
     moe_gather_backward(*be.ctx, dt, dx, dxe, row_of, N, k, C);
     moe_load_balancing_loss_backward(*be.ctx, dshared, stat_counts, aux, E, 2 * N);
     moe_router_backward(*be.ctx, dt, dlogits, dw, probs, experts, dshared, N, E, k, renormalize,
@@ -174,11 +168,7 @@ TEST_CASE("MoE blocks of the kernels match transformers' Mixtral and Qwen3-MoE",
 
     check_close("dx", be.get("dx", N * C), f64(g.at("dx")));
     check_close("drouter_weight", be.get("dwr", E * C), f64(g.at("drouter_weight")));
-    const Vec want_dgate_up = f64(g.at("dgate_up_proj"));
-    check_close("dgate_up_proj (gate rows)", be.get("dwg", E * I * C),
-                expert_rows(want_dgate_up, E, 2 * I, C, 0, I));
-    check_close("dgate_up_proj (up rows)", be.get("dwu", E * I * C),
-                expert_rows(want_dgate_up, E, 2 * I, C, I, I));
+    check_close("dgate_up_proj", be.get("dwgu", E * 2 * I * C), f64(g.at("dgate_up_proj")));
     check_close("ddown_proj", be.get("dwd", E * C * I), f64(g.at("ddown_proj")));
     check_close("dlogits2 (load-balancing loss only)", be.get("dlogits2", N * E),
                 f64(g.at("dlogits2")));

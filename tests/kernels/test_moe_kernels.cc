@@ -336,6 +336,44 @@ TEST_CASE("grouped linear forward and backward (float64), empty experts skipped"
   for (std::size_t i = 0; i < dw.size(); ++i) CHECK(dw2[i] == Approx(2 * dw[i]).margin(1e-12));
 }
 
+// A slice of each expert's weight (transformers' fused gate_up_proj): weight_stride 2*OC*IC, the
+// second half at + OC*IC, equal to the dense weights of those halves; the gradient lands in the
+// same slice and nowhere else.
+TEST_CASE("grouped linear on strided expert weights (float64)", "[moe]") {
+  const int E = 3, IC = 5, OC = 4;
+  const Ids offsets = {0, 3, 3, 7};
+  const int R = offsets[E];
+  const Vec x = normal_values(kSeed, 55, R * IC);
+  const Vec fused = normal_values(kSeed, 56, E * 2 * OC * IC);
+  const Vec dout = normal_values(kSeed, 57, R * OC);
+  Vec upper;  // each expert's second OC rows, dense
+  for (int e = 0; e < E; ++e) {
+    upper.insert(upper.end(), fused.begin() + (2 * e + 1) * OC * IC,
+                 fused.begin() + (2 * e + 2) * OC * IC);
+  }
+  Vec dense(R * OC), strided(R * OC);
+  cpu::grouped_linear_forward<double>(dense.data(), x.data(), upper.data(), offsets.data(), E, IC,
+                                      OC, nullptr);
+  cpu::grouped_linear_forward<double>(strided.data(), x.data(), fused.data() + OC * IC,
+                                      offsets.data(), E, IC, OC, nullptr, 2 * OC * IC);
+  CHECK(strided == dense);
+  Vec dx_dense(R * IC, 0.0), dw_dense(E * OC * IC, 0.0), dx(R * IC, 0.0);
+  Vec dw_fused(E * 2 * OC * IC, 0.0);
+  cpu::grouped_linear_backward<double, double>(dx_dense.data(), dw_dense.data(), dout.data(),
+                                               x.data(), upper.data(), offsets.data(), E, IC, OC,
+                                               nullptr);
+  cpu::grouped_linear_backward<double, double>(
+      dx.data(), dw_fused.data() + OC * IC, dout.data(), x.data(), fused.data() + OC * IC,
+      offsets.data(), E, IC, OC, nullptr, GradWrite::kAccumulate, 2 * OC * IC);
+  CHECK(dx == dx_dense);
+  for (int e = 0; e < E; ++e) {
+    for (int i = 0; i < OC * IC; ++i) {
+      CHECK(dw_fused[(2 * e) * OC * IC + i] == 0.0);  // the other slice untouched
+      CHECK(dw_fused[(2 * e + 1) * OC * IC + i] == dw_dense[e * OC * IC + i]);
+    }
+  }
+}
+
 // ---- The ops on a CPU context, each storage type, against float64 ----
 
 // Unit roundoff of the storage: every result of the ops is rounded once from fp32.
@@ -515,6 +553,8 @@ TEST_CASE("moe ops check their arguments on the host", "[moe]") {
                   InvalidArgument);
   CHECK_THROWS_AS(grouped_linear_forward(*be.ctx, DType::kFloat32, b, b, b, {0, 3, 2}, 2, 2, 2),
                   InvalidArgument);
+  CHECK_THROWS_AS(grouped_linear_forward(*be.ctx, DType::kFloat32, b, b, b, {0, 1, 2}, 2, 2, 2, 3),
+                  InvalidArgument);  // weight_stride below one expert's 2 x 2
 }
 
 // A whole MoE layer forward and backward through the ops, as the models compose it.
