@@ -56,6 +56,7 @@ void ensure_twins() {
   register_flash_attention_twins();
   register_llama_twins();
   register_ulysses_twins();
+  register_moe_twins();
 }
 
 struct CallConfig {

@@ -103,5 +103,6 @@ void register_gpt_twins();
 void register_flash_attention_twins();
 void register_llama_twins();
 void register_ulysses_twins();
+void register_moe_twins();
 
 }  // namespace zrt::standin
