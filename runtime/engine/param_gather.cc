@@ -23,36 +23,13 @@ void ZeroEngine::allocate_gathered(int u) {
 void ZeroEngine::issue_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
-  const DType cdt = options_.compute_dtype;
   allocate_gathered(u);
-  // With optimizer offload the updated slice comes on the copy stream (a unit the device steps
-  // is ordered by allocate_gathered's wait on the compute stream).
-  if (state_on_host(u)) comm_.wait(offload_->params_ready(u));
-  ProcessGroup& group = shard_group_of(u);
-  DevicePtr<std::byte> mine =
-      s.gathered.device<std::byte>() + bytes_of(slice_rank(u) * unit.shard, cdt);
-  if (void* host_params = offload_ ? offload_->host_params(u) : nullptr) {
-    // Parameter offload: the slice comes up from host memory into its place in the gathered
-    // buffer just before the (in-place) gather, once the CPU optimizer has written it.
-    offload_->wait_for_update(u, comm_);
-    {
-      TraceSpan span(trace_, comm_, TraceTrack::kComm, "h2d", "unit", u);
-      device_.copy_to_device(mine, host_params, static_cast<std::size_t>(bytes_of(unit.shard, cdt)),
-                             comm_);
-    }
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-    group.all_gather(mine, s.gathered.device<std::byte>(), unit.shard, cdt);
-  } else if (options_.quantized_weights) {
-    // qwZ: int8 codes and block scales on the wire; every rank (this one too) computes with
-    // the same dequantized values.
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (int8)", "unit", u);
-    group_of(u).quantized->all_gather(s.param_slice.device<std::byte>(),
-                                      s.gathered.device<std::byte>(), unit.shard, cdt);
-  } else {
-    TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-    group.all_gather(s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(), unit.shard,
-                     cdt);
-  }
+  // A unit the CPU optimizer stepped comes up on the copy stream (a unit the device steps is
+  // ordered by allocate_gathered's wait on the compute stream).
+  if (s.params_ready != nullptr) comm_.wait(*s.params_ready);
+  s.gather->gather({u, s.param_slice.device<std::byte>(), s.gathered.device<std::byte>(),
+                    unit.shard, slice_rank(u)},
+                   comm_, trace_);
   s.gathered_ready->record(comm_);
 }
 
@@ -91,10 +68,9 @@ void ZeroEngine::keep_secondary(int u) {
 void ZeroEngine::issue_secondary_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   allocate_gathered(u);
-  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather (hpZ)", "unit", u);
-  group_of(u).secondary->all_gather(s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
-                                    schedule_.secondary_numel(u), options_.compute_dtype);
-  span.end();
+  s.secondary_gather->gather({u, s.secondary.device<std::byte>(), s.gathered.device<std::byte>(),
+                              schedule_.secondary_numel(u), group_of(u).secondary->rank()},
+                             comm_, trace_);
   s.gathered_ready->record(comm_);
 }
 
@@ -104,15 +80,21 @@ void ZeroEngine::free_secondary(int u) {
 }
 
 void ZeroEngine::publish_updated(int u, const Event* ready) {
+  UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
-  const DType cdt = options_.compute_dtype;
   if (ready != nullptr) comm_.wait(*ready);
   DevicePtr<std::byte> full = full_params_of(u);
-  TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_gather", "unit", u);
-  shard_group_of(u).all_gather(full + bytes_of(slice_rank(u) * unit.shard, cdt), full, unit.shard,
-                               cdt);
-  span.end();
-  units_[static_cast<std::size_t>(u)]->gathered_ready->record(comm_);
+  // In place, from the rank's piece of the full parameters.
+  s.publish->gather({u, full + bytes_of(slice_rank(u) * unit.shard, options_.compute_dtype), full,
+                     unit.shard, slice_rank(u)},
+                    comm_, trace_);
+  s.gathered_ready->record(comm_);
+}
+
+void ZeroEngine::publish_all_updated() {
+  // In the next forward's order; the compute stream waits for each unit in acquire().
+  for (int u : published_units_)
+    publish_updated(u, units_[static_cast<std::size_t>(u)]->params_ready);
 }
 
 }  // namespace zrt

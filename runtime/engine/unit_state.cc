@@ -10,6 +10,7 @@
 
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/step_strategy.h"
 #include "runtime/engine/unit_state.h"
 
 namespace zrt {
@@ -165,7 +166,7 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
   const DType cdt = options_.compute_dtype;
   // Nothing may still read or write the state being replaced.
   wait_state_copy();
-  if (offload_) offload_->synchronize();
+  step_->synchronize();
   compute_.synchronize();
   comm_.synchronize();
   // Without offload, host_state[0] is the master weights, then one per optimizer state tensor,
@@ -185,8 +186,10 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
       }
       fill(u, arrays);
       const float* master = arrays[0];
-      if (void* host_params = offload_->host_params(u)) {
-        engine_kernels::cpu::convert(master, DType::kFloat32, host_params, cdt, unit.shard);
+      // The slice itself in host memory (parameter offload): converted in place.
+      if (placement(u).param_slice == Residence::kHost) {
+        engine_kernels::cpu::convert(master, DType::kFloat32, offload_->host_params(u), cdt,
+                                     unit.shard);
       } else {
         std::vector<std::byte> converted(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
         engine_kernels::cpu::convert(master, DType::kFloat32, converted.data(), cdt, unit.shard);
@@ -217,14 +220,13 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
     device_.fill_zero(full_grads_.device<std::byte>(),
                       static_cast<std::size_t>(full_grads_.bytes()), compute_);
   }
-  // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies.
-  if (options_.stage >= 1) {
+  // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies,
+  // published in unit order.
+  if (!published_units_.empty()) {
     compute_done_->record(compute_);
     comm_.wait(*compute_done_);
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
-      const int u = static_cast<int>(ui);
-      if (sharded_params() && !plan_.unit(u).persistent) continue;
-      publish_updated(u, nullptr);
+      if (units_[ui]->publish != nullptr) publish_updated(static_cast<int>(ui), nullptr);
     }
     wait_for_comm();
   }
@@ -259,7 +261,7 @@ std::vector<std::vector<const float*>> ZeroEngine::host_state() {
             schedule_.micro_batch());
   const std::size_t arrays = static_cast<std::size_t>(state_array_count());
   std::vector<std::vector<const float*>> out(units_.size());
-  if (offload_) offload_->synchronize();  // the CPU optimizer may still be writing the state
+  step_->synchronize();  // the CPU optimizer may still be writing the state
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const int unit = static_cast<int>(u);
     for (std::size_t a = 0; a < arrays; ++a) {
@@ -291,21 +293,21 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
     bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
   }
   bool on_device = false;
-  if (offload_) {
+  std::vector<std::size_t> host_units;
+  std::vector<const float*> sources;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!state_on_host(static_cast<int>(u))) {
+      on_device = true;
+      continue;
+    }
+    host_units.push_back(u);
+    for (std::size_t a = 0; a < arrays; ++a) {
+      sources.push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
+    }
+  }
+  if (!host_units.empty()) {
     // Host state, written only by the CPU optimizer's thread: the copy goes after its last
     // update in that thread's queue, and the next step's updates after the copy.
-    std::vector<std::size_t> host_units;
-    std::vector<const float*> sources;
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      if (!state_on_host(static_cast<int>(u))) {
-        on_device = true;
-        continue;
-      }
-      host_units.push_back(u);
-      for (std::size_t a = 0; a < arrays; ++a) {
-        sources.push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
-      }
-    }
     // `before` runs once, ahead of the first copy: here, or on the device copy's stream below.
     std::function<void()> host_before = on_device ? std::function<void()>{} : std::move(before);
     host_state_copied_ = offload_->run_between_updates([=, before = std::move(host_before)] {
@@ -356,10 +358,14 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
   const Unit& unit = plan_.unit(pl.unit);
   std::vector<float> out(static_cast<std::size_t>(pl.numel));
   compute_.synchronize();
-  if (offload_) offload_->synchronize();  // the master is being written
-  const float* host_master = state_on_host(pl.unit) ? offload_->state_array(pl.unit, 0) : nullptr;
+  step_->synchronize();  // the master is being written
+  const float* host_master = nullptr;
+  if (state_on_host(pl.unit)) {
+    host_master = offload_->state_array(pl.unit, 0);
+  }
   ProcessGroup& group = shard_group_of(pl.unit);
-  if (options_.stage == 0 || group.size() == 1) {
+  // Not sliced (every rank holds the whole unit, or its group has one rank): no gather.
+  if (unit.shard == unit.numel) {
     if (host_master != nullptr) {
       std::memcpy(out.data(), host_master + pl.offset, out.size() * 4);
       return out;

@@ -20,6 +20,16 @@ struct ZeroEngine::UnitState {
   Buffer grad_bucket;         // stages 2-3: compute dtype [numel], during a micro-batch's backward
   std::unique_ptr<Event> gathered_ready;  // comm stream, after the gather (or the publication)
   std::unique_ptr<Event> reduced;         // after the bucket's reduction (and its copy out)
+
+  // The unit's paths, chosen once (engine_strategies.cc); owned by the engine.
+  GatherStrategy* gather = nullptr;            // stage 3: its gather (null: never gathered)
+  GatherStrategy* secondary_gather = nullptr;  // hpZ: from the secondary shards
+  GatherStrategy* publish = nullptr;           // after a step (null: not published)
+  GradientCollective* reduce = nullptr;        // its gradient's reduction
+  GradientSink* sink = nullptr;                // where its reduced slice goes
+  // Recorded once the CPU optimizer's update of the unit is on the device (null: stepped on
+  // the device, ordered by the compute stream).
+  const Event* params_ready = nullptr;
 };
 
 // Element offset -> byte address in a buffer of `type` elements.

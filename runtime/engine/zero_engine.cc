@@ -11,6 +11,7 @@
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_groups.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/step_strategy.h"
 #include "runtime/engine/unit_state.h"
 #include "runtime/trace/trace_span.h"
 
@@ -29,7 +30,6 @@ const char* phase_name(Phase p) {
   }
   return "?";
 }
-
 
 ZeroEngine::ZeroEngine(Device& device, Stream& compute, ProcessGroup& group,
                        std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
@@ -61,35 +61,15 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
   ZRT_CHECK(optimizer.spec().num_states() <= kMaxOptimizerStates,
             "optimizer {} keeps {} state tensors; slices carry at most {} (kMaxOptimizerStates)",
             optimizer.spec().family, optimizer.spec().num_states(), kMaxOptimizerStates);
-  ZRT_CHECK(!offload_optimizer() || offload,
-            "offload_optimizer is enabled but the engine was given no offload implementation "
-            "(pass offload/'s make_cpu_optimizer_offload)");
+  check_offload_factory(offload);
   engine_groups::check(options, groups_);
   comm_done_ = device_.create_event();
   compute_done_ = device_.create_event();
   decision_ready_ = device_.create_event();
   placement_ = unit_placements(options_, plan_);
-  if (offload_optimizer()) {
-    offload_ = offload(OffloadContext{device_, comm_, plan_, params_, options_, optimizer_,
-                                      state_rank(), unit_rank_, placement_});
-  }
+  build_offload(offload);
   allocate_state();
-  const double ratio = options.offload_optimizer.ratio;
-  if (offload_ && ratio < 1.0 &&
-      groups_.front().shard->rank() == 0) {  // the same split on every rank
-    std::int64_t host = 0;
-    int units = 0;
-    for (std::size_t u = 0; u < placement_.size(); ++u) {
-      if (!placement_[u].stepped_on_host()) continue;
-      host += plan_.unit(static_cast<int>(u)).shard;
-      ++units;
-    }
-    spdlog::info(
-        "partial optimizer offload (ratio {}): {} of {} units, {:.1f}% of the state, in "
-        "host memory; the rest steps on the device",
-        ratio, units, placement_.size(),
-        100.0 * static_cast<double>(host) / static_cast<double>(plan_.total_shard()));
-  }
+  choose_strategies();
   const ShardGroup& dense = groups_.front();
   spdlog::debug("engine: stage {}, {}{}{}", options_.stage, plan_.describe(),
                 dense.replicas != nullptr && dense.replicas->size() > 1
@@ -103,7 +83,7 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
 ZeroEngine::~ZeroEngine() {
   try {
     wait_state_copy();  // the copy reads the state this destructor frees
-    if (offload_) offload_->synchronize();
+    step_->synchronize();
     comm_.synchronize();
     compute_.synchronize();
   } catch (const std::exception& e) {
@@ -112,7 +92,7 @@ ZeroEngine::~ZeroEngine() {
 }
 
 void ZeroEngine::synchronize() {
-  if (offload_) offload_->synchronize();
+  step_->synchronize();
   comm_.synchronize();
   compute_.synchronize();
 }
@@ -243,12 +223,12 @@ StepResult ZeroEngine::enqueue_step(double lr) {
 
   // The global decision on the host: the squared norm of the whole gradient, summed over
   // ranks. The one host synchronisation of such a step.
-  const float norm_squared = global_grad_norm_squared();
+  const float norm_squared = step_->norm_squared();
   const StepDecision decision = decide_step(norm_squared, inputs);
   if (decision.apply != 0) {
     update_parameters(lr, optimizer_steps_ + 1, static_cast<double>(decision.grad_scale), {});
-  } else if (offload_) {
-    offload_->skip_update();
+  } else {
+    step_->skip();
   }
   count_decided_step(result, norm_squared, inputs);
   zero_grads();
@@ -318,30 +298,21 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
 void ZeroEngine::update_parameters(double lr, std::int64_t step, double grad_scale,
                                    DevicePtr<const StepDecision> decision) {
   order_update_after_state_copy();  // a checkpoint may still be copying the state out
-  if (offload_) {
-    // The CPU steps the offloaded units in forward order; each goes up (the compute stream
-    // waits for each unit in acquire(), not for all of them here).
-    offload_->update(step, lr, grad_scale, [this](int u) { return owned_params_of(u); });
-  }
+  step_->update_on_host(step, lr, grad_scale);
   const std::vector<OptimizerDeviceSlice> slices = device_optimizer_slices();
   if (!slices.empty()) {
-    const std::string what =
-        optimizer_trace_name() + (offload_ ? " (units on the device)" : " (all units)");
+    const std::string what = optimizer_trace_name() + step_->device_span_suffix();
     TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
     optimizer_.step(slices, step, lr, compute_, grad_scale, decision);
   }
   // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them,
   // in the next forward's order; the compute stream waits for each unit in acquire().
-  if (options_.stage >= 1) {
-    if (!slices.empty() || !offload_) {  // after the device's update
-      compute_done_->record(compute_);
-      comm_.wait(*compute_done_);
-    }
-    for (int u : UnitSchedule::forward_order(plan_)) {
-      if (sharded_params() && !plan_.unit(u).persistent) continue;
-      publish_updated(u, state_on_host(u) ? &offload_->params_ready(u) : nullptr);
-    }
+  if (published_units_.empty()) return;
+  if (!slices.empty() || all_units_on_device_) {  // after the device's update
+    compute_done_->record(compute_);
+    comm_.wait(*compute_done_);
   }
+  publish_all_updated();
 }
 
 }  // namespace zrt

@@ -15,6 +15,10 @@
 //                         and publishing the updated parameters after a step (stages 1-2)
 //   gradient_reduction.cc gradient buckets, issue_reduce / await_reduce, the gradient norm
 //   unit_state.*          each unit's buffers: allocate, initialise, load, copy out (export)
+//   engine_strategies.cc  the paths chosen once, when the engine is built, from the stage, the
+//                         offload and ZeRO++'s switches: each unit's gather (gather_strategy.*),
+//                         reduction and sink of its reduced slice (reduce_strategy.*), and where
+//                         the optimizer steps (step_strategy.*); the step only calls them
 // Optimizer offload is a seam (optimizer_offload.h), implemented above the runtime (offload/).
 //
 // Thread-safety: one thread drives the engine (the thread that owns the compute stream).
@@ -33,10 +37,12 @@
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/comm/shard_group.h"
 #include "runtime/engine/engine_options.h"
+#include "runtime/engine/gather_strategy.h"
 #include "runtime/engine/loss_scaler.h"
 #include "runtime/engine/optimizer_interface.h"
 #include "runtime/engine/optimizer_offload.h"
 #include "runtime/engine/partition.h"
+#include "runtime/engine/reduce_strategy.h"
 #include "runtime/engine/step_decision.h"
 #include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
@@ -210,16 +216,17 @@ class ZeroEngine final : public ParamAccess {
   // "h2d unit 3", "all_gather unit 3"); null stops recording (the default: then tracing costs a
   // null check). Call between micro-batches or steps. The recorder must outlive the work
   // enqueued while it was set: synchronize() before destroying or writing it.
-  void set_trace(TraceRecorder* recorder) {
-    trace_ = recorder;
-    if (offload_) offload_->set_trace(recorder);
-  }
+  void set_trace(TraceRecorder* recorder);
   // Blocks until all work the engine enqueued (compute, communication, copies, CPU optimizer)
   // has finished; rethrows a stream error.
   void synchronize();
 
  private:
   struct UnitState;
+  // Where the optimizer steps (step_strategy.h): all units on the device, or with the offload.
+  class StepStrategy;
+  class DeviceStep;
+  class OffloadStep;
   // Whether any unit is sliced over more than one rank (false at stage 0).
   bool sliced() const;
   // Unit u's groups: its shard group, and its replica group where it has one of several ranks.
@@ -236,6 +243,14 @@ class ZeroEngine final : public ParamAccess {
   void wait_for_comm();  // compute waits for everything enqueued on the comm stream
   // Executes one operation of the schedule.
   void run(const UnitOp& op);
+
+  // ---- strategies (engine_strategies.cc), chosen once in the constructor ----
+  // Throws unless the engine was given an offload factory where the options ask for offload.
+  void check_offload_factory(const OffloadFactory& offload) const;
+  // Builds the offload when options ask for one (`offload` the composition's factory).
+  void build_offload(const OffloadFactory& offload);
+  // Picks every unit's gather, publication, reduction and sink, and the step's strategy.
+  void choose_strategies();
 
   // ---- unit state (unit_state.cc) ----
   void allocate_state();
@@ -271,6 +286,8 @@ class ZeroEngine final : public ParamAccess {
   // Stages 1-2 (and stage 3's persistent unit): all-gathers unit u's updated slice into the
   // full parameters after a step (once `ready`, if given, says the slice is on the device).
   void publish_updated(int u, const Event* ready);
+  // After a step: publish_updated() for every published unit, in the next forward's order.
+  void publish_all_updated();
 
   // ---- gradients (gradient_reduction.cc) ----
   // Stages 2-3: the per-micro-batch gradient bucket of unit u (allocated and zeroed).
@@ -279,14 +296,13 @@ class ZeroEngine final : public ParamAccess {
   void free_grad_bucket(int u);
   // Issues the reduction of unit u's gradient (comm stream); `final`: the step's last one.
   void issue_reduce(int u, bool final);
+  void reduce_bucket(int u, bool final);  // stages 2-3
+  void reduce_full_gradients(int u);      // stages 0-1
   // The compute stream waits for unit u's reduction.
   void await_reduce(int u);
-  // Hierarchical sharding: averages unit u's reduced slice over its replica group (comm stream).
-  void average_over_replicas(int u, DevicePtr<std::byte> slice, std::int64_t count, DType type);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
-  // The squared norm of the whole gradient, summed over ranks, read on the host.
-  float global_grad_norm_squared();
-  // Without offload, the same into norm_ with no host read; returns the stream it is ready on.
+  // Without offload, the squared norm of the whole gradient, summed over ranks, into norm_ with
+  // no host read; returns the stream it is ready on.
   Stream& enqueue_grad_norm_squared();
   // The owned slices whose optimizer state is on the device (optimizer_.step's input).
   std::vector<OptimizerDeviceSlice> device_optimizer_slices();
@@ -342,6 +358,18 @@ class ZeroEngine final : public ParamAccess {
 
   std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
   std::vector<UnitPlacement> placement_;       // per unit: unit_placements(options, plan)
+
+  // The strategies (engine_strategies.cc); each unit's UnitState points at its own.
+  std::vector<std::unique_ptr<GatherStrategy>> gathers_;
+  std::vector<std::unique_ptr<GradientCollective>> collectives_;
+  std::vector<std::unique_ptr<GradientSink>> sinks_;
+  std::unique_ptr<StepStrategy> step_;
+  // The units whose full parameters are published after a step, in the next forward's order
+  // (stages 1-2: all; stage 3: the persistent ones; stage 0: none).
+  std::vector<int> published_units_;
+  // Whether every unit's state is on the device: the publication then always follows the
+  // compute stream (the device's update, or nothing newer than the last backward).
+  bool all_units_on_device_ = true;
 };
 
 }  // namespace zrt
