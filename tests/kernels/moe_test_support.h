@@ -156,4 +156,66 @@ struct MoeBackend {
   }
 };
 
+// A whole MoE layer forward and backward through the ops, as a model composes them: router,
+// dispatch plan, gather, two grouped linears, combine, the load-balancing statistics and their
+// gradient, the z-loss, and every backward. Inputs from the counter RNG (seed, streams stream0 ..
+// stream0 + 4; expert weights of scale `weight_scale`). Returns the outputs and gradients as
+// stored, in a fixed order (decoding is exact, so equal vectors are equal bits): probs, weights,
+// out, dx, dwu, dwd, dl, dw, stats_p, z.
+inline std::vector<Vec> run_moe_layer(MoeBackend& be, DType dt, int N, int E, int k, int C, int I,
+                                      std::uint64_t seed, std::uint64_t stream0,
+                                      double weight_scale) {
+  using namespace kernels;
+  const Bytes logits = be.put("logits", normal_values(seed, stream0, N * E, 2.0), dt);
+  const Bytes x = be.put("x", normal_values(seed, stream0 + 1, N * C), dt);
+  const Bytes wu = be.put("wu", normal_values(seed, stream0 + 2, E * I * C, weight_scale), dt);
+  const Bytes wd = be.put("wd", normal_values(seed, stream0 + 3, E * C * I, weight_scale), dt);
+  const Bytes g = be.put("g", normal_values(seed, stream0 + 4, N * C), dt);
+  const Floats probs = be.put_f32("probs", Vec(N * E));
+  const Floats weights = be.put_f32("weights", Vec(N * k));
+  const Ints experts = be.put_ids("experts", Ids(N * k));
+  const Ints counts = be.put_ids("counts", Ids(E));
+  const Ints offsets = be.put_ids("offsets", Ids(E + 1));
+  const Ints row_of = be.put_ids("row_of", Ids(N * k));
+  const Ints source = be.put_ids("source", Ids(N * k));
+  const Bytes xe = be.put("xe", Vec(N * k * C), dt);
+  const Bytes h = be.put("h", Vec(N * k * I), dt);
+  const Bytes y = be.put("y", Vec(N * k * C), dt);
+  const Bytes out = be.put("out", Vec(N * C), dt);
+  const Bytes dy = be.put("dy", Vec(N * k * C), dt);
+  const Floats dw = be.put_f32("dw", Vec(N * k));
+  const Bytes dh = be.put("dh", Vec(N * k * I), dt);
+  const Bytes dxe = be.put("dxe", Vec(N * k * C), dt);
+  const Bytes dx = be.put("dx", Vec(N * C), dt);
+  const Bytes dwu = be.put("dwu", Vec(E * I * C), DType::kFloat32);
+  const Bytes dwd = be.put("dwd", Vec(E * C * I), DType::kFloat32);
+  const Bytes dl = be.put("dl", Vec(N * E), dt);
+  const Floats stats_c = be.put_f32("stats_c", Vec(E, 0.0));
+  const Floats stats_p = be.put_f32("stats_p", Vec(E, 0.0));
+  const Floats dshared = be.put_f32("dshared", Vec(E));
+  const Floats z = be.put_f32("z", Vec(1));
+  moe_router_forward(*be.ctx, dt, probs, weights, experts, logits, N, E, k, true);
+  moe_dispatch_plan(*be.ctx, counts, offsets, row_of, source, experts, N, k, E);
+  const Ids host_offsets = be.get_ids("offsets", E + 1);
+  moe_gather(*be.ctx, dt, xe, x, row_of, N, k, C);
+  grouped_linear_forward(*be.ctx, dt, h, xe, wu, host_offsets, E, C, I);
+  grouped_linear_forward(*be.ctx, dt, y, h, wd, host_offsets, E, I, C);
+  moe_combine(*be.ctx, dt, out, y, weights, row_of, N, k, C);
+  moe_aux_stats_accumulate(*be.ctx, stats_c, stats_p, probs, experts, N, E, k);
+  moe_load_balancing_loss_backward(*be.ctx, dshared, stats_c, 0.01f, E, N);
+  moe_router_z_loss_forward(*be.ctx, dt, z, logits, N, E);
+  moe_combine_backward(*be.ctx, dt, dy, dw, g, y, weights, row_of, N, k, C);
+  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dh, dwd, dy, h, wd, host_offsets, E, I, C,
+                          GradWrite::kOverwrite);
+  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dxe, dwu, dh, xe, wu, host_offsets, E, C, I,
+                          GradWrite::kOverwrite);
+  moe_gather_backward(*be.ctx, dt, dx, dxe, row_of, N, k, C);
+  moe_router_backward(*be.ctx, dt, dl, dw, probs, experts, dshared, N, E, k, true,
+                      GradWrite::kOverwrite);
+  return {be.get("probs", N * E), be.get("weights", N * k), be.get("out", N * C),
+          be.get("dx", N * C),    be.get("dwu", E * I * C), be.get("dwd", E * C * I),
+          be.get("dl", N * E),    be.get("dw", N * k),      be.get("stats_p", E),
+          be.get("z", 1)};
+}
+
 }  // namespace zrt::test

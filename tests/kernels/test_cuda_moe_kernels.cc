@@ -188,68 +188,9 @@ TEST_CASE("grouped linear: CUDA twin matches the CPU twin, empty experts skipped
 }
 
 // A whole layer on the GPU twice: the same bits (no atomics anywhere).
-Vec gpu_layer(DType dt) {
-  const int N = 333, E = 8, k = 2, C = 64, I = 48;
+std::vector<Vec> gpu_layer(DType dt) {
   MoeBackend be(DeviceType::kCuda, test::gpu_index());
-  const Bytes logits = be.put("logits", normal_values(kSeed, 40, N * E, 2.0), dt);
-  const Bytes x = be.put("x", normal_values(kSeed, 41, N * C), dt);
-  const Bytes wu = be.put("wu", normal_values(kSeed, 42, E * I * C, 0.1), dt);
-  const Bytes wd = be.put("wd", normal_values(kSeed, 43, E * C * I, 0.1), dt);
-  const Bytes g = be.put("g", normal_values(kSeed, 44, N * C), dt);
-  const Floats probs = be.put_f32("probs", Vec(N * E));
-  const Floats weights = be.put_f32("weights", Vec(N * k));
-  const Ints experts = be.put_ids("experts", Ids(N * k));
-  const Ints counts = be.put_ids("counts", Ids(E));
-  const Ints offsets = be.put_ids("offsets", Ids(E + 1));
-  const Ints row_of = be.put_ids("row_of", Ids(N * k));
-  const Ints source = be.put_ids("source", Ids(N * k));
-  const Bytes xe = be.put("xe", Vec(N * k * C), dt);
-  const Bytes h = be.put("h", Vec(N * k * I), dt);
-  const Bytes y = be.put("y", Vec(N * k * C), dt);
-  const Bytes out = be.put("out", Vec(N * C), dt);
-  const Bytes dy = be.put("dy", Vec(N * k * C), dt);
-  const Floats dw = be.put_f32("dw", Vec(N * k));
-  const Bytes dh = be.put("dh", Vec(N * k * I), dt);
-  const Bytes dxe = be.put("dxe", Vec(N * k * C), dt);
-  const Bytes dx = be.put("dx", Vec(N * C), dt);
-  const Bytes dwu = be.put("dwu", Vec(E * I * C), DType::kFloat32);
-  const Bytes dwd = be.put("dwd", Vec(E * C * I), DType::kFloat32);
-  const Bytes dl = be.put("dl", Vec(N * E), dt);
-  const Floats stats_c = be.put_f32("stats_c", Vec(E, 0.0));
-  const Floats stats_p = be.put_f32("stats_p", Vec(E, 0.0));
-  const Floats dshared = be.put_f32("dshared", Vec(E));
-  const Floats z = be.put_f32("z", Vec(1));
-  moe_router_forward(*be.ctx, dt, probs, weights, experts, logits, N, E, k, true);
-  moe_dispatch_plan(*be.ctx, counts, offsets, row_of, source, experts, N, k, E);
-  const Ids host_offsets = be.get_ids("offsets", E + 1);
-  moe_gather(*be.ctx, dt, xe, x, row_of, N, k, C);
-  grouped_linear_forward(*be.ctx, dt, h, xe, wu, host_offsets, E, C, I);
-  grouped_linear_forward(*be.ctx, dt, y, h, wd, host_offsets, E, I, C);
-  moe_combine(*be.ctx, dt, out, y, weights, row_of, N, k, C);
-  moe_aux_stats_accumulate(*be.ctx, stats_c, stats_p, probs, experts, N, E, k);
-  moe_load_balancing_loss_backward(*be.ctx, dshared, stats_c, 0.01f, E, N);
-  moe_router_z_loss_forward(*be.ctx, dt, z, logits, N, E);
-  moe_combine_backward(*be.ctx, dt, dy, dw, g, y, weights, row_of, N, k, C);
-  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dh, dwd, dy, h, wd, host_offsets, E, I, C,
-                          GradWrite::kOverwrite);
-  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dxe, dwu, dh, xe, wu, host_offsets, E, C, I,
-                          GradWrite::kOverwrite);
-  moe_gather_backward(*be.ctx, dt, dx, dxe, row_of, N, k, C);
-  moe_router_backward(*be.ctx, dt, dl, dw, probs, experts, dshared, N, E, k, true,
-                      GradWrite::kOverwrite);
-  Vec all;
-  for (auto [name, n] : std::vector<std::pair<const char*, int>>{{"probs", N * E},
-                                                                 {"out", N * C},
-                                                                 {"dx", N * C},
-                                                                 {"dwu", E * I * C},
-                                                                 {"dwd", E * C * I},
-                                                                 {"dl", N * E},
-                                                                 {"stats_p", E},
-                                                                 {"z", 1}}) {
-    const Vec v = be.get(name, n);
-    all.insert(all.end(), v.begin(), v.end());
-  }
-  return all;
+  return test::run_moe_layer(be, dt, 333, 8, 2, 64, 48, kSeed, 40, 0.1);
 }
 
 TEST_CASE("moe layer on the GPU is bit-identical run to run", "[cuda][moe][determinism]") {

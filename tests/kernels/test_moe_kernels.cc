@@ -557,57 +557,13 @@ TEST_CASE("moe ops check their arguments on the host", "[moe]") {
                   InvalidArgument);  // weight_stride below one expert's 2 x 2
 }
 
-// A whole MoE layer forward and backward through the ops, as the models compose it.
-// The layer's outputs and gradients, as stored (decoding is exact, so equal vectors are equal
-// bits).
+// A whole MoE layer (moe_test_support.h's run_moe_layer) with `cpu_threads` OpenMP threads.
 using LayerResult = std::vector<Vec>;
 LayerResult run_layer(DType dt, int cpu_threads) {
-  const int N = 19, E = 5, k = 2, C = 16, I = 12;
   KernelOptions options;
   options.cpu_threads = cpu_threads;
   MoeBackend be(DeviceType::kCpu, 0, options);
-  const Bytes logits = be.put("logits", normal_values(kSeed, 70, N * E, 2.0), dt);
-  const Bytes x = be.put("x", normal_values(kSeed, 71, N * C), dt);
-  const Bytes wu = be.put("wu", normal_values(kSeed, 72, E * I * C, 0.2), dt);
-  const Bytes wd = be.put("wd", normal_values(kSeed, 73, E * C * I, 0.2), dt);
-  const Bytes g = be.put("g", normal_values(kSeed, 74, N * C), dt);
-  const Floats probs = be.put_f32("probs", Vec(N * E));
-  const Floats weights = be.put_f32("weights", Vec(N * k));
-  const Ints experts = be.put_ids("experts", Ids(N * k));
-  const Ints counts = be.put_ids("counts", Ids(E));
-  const Ints offsets = be.put_ids("offsets", Ids(E + 1));
-  const Ints row_of = be.put_ids("row_of", Ids(N * k));
-  const Ints source = be.put_ids("source", Ids(N * k));
-  const Bytes xe = be.put("xe", Vec(N * k * C), dt);
-  const Bytes h = be.put("h", Vec(N * k * I), dt);
-  const Bytes y = be.put("y", Vec(N * k * C), dt);
-  const Bytes out = be.put("out", Vec(N * C), dt);
-  const Bytes dy = be.put("dy", Vec(N * k * C), dt);
-  const Floats dw = be.put_f32("dw", Vec(N * k));
-  const Bytes dh = be.put("dh", Vec(N * k * I), dt);
-  const Bytes dxe = be.put("dxe", Vec(N * k * C), dt);
-  const Bytes dx = be.put("dx", Vec(N * C), dt);
-  const Bytes dwu = be.put("dwu", Vec(E * I * C), DType::kFloat32);
-  const Bytes dwd = be.put("dwd", Vec(E * C * I), DType::kFloat32);
-  const Bytes dl = be.put("dl", Vec(N * E), dt);
-  moe_router_forward(*be.ctx, dt, probs, weights, experts, logits, N, E, k, true);
-  moe_dispatch_plan(*be.ctx, counts, offsets, row_of, source, experts, N, k, E);
-  const Ids host_offsets = be.get_ids("offsets", E + 1);
-  moe_gather(*be.ctx, dt, xe, x, row_of, N, k, C);
-  grouped_linear_forward(*be.ctx, dt, h, xe, wu, host_offsets, E, C, I);
-  grouped_linear_forward(*be.ctx, dt, y, h, wd, host_offsets, E, I, C);
-  moe_combine(*be.ctx, dt, out, y, weights, row_of, N, k, C);
-  moe_combine_backward(*be.ctx, dt, dy, dw, g, y, weights, row_of, N, k, C);
-  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dh, dwd, dy, h, wd, host_offsets, E, I, C,
-                          GradWrite::kOverwrite);
-  grouped_linear_backward(*be.ctx, dt, DType::kFloat32, dxe, dwu, dh, xe, wu, host_offsets, E, C, I,
-                          GradWrite::kOverwrite);
-  moe_gather_backward(*be.ctx, dt, dx, dxe, row_of, N, k, C);
-  moe_router_backward(*be.ctx, dt, dl, dw, probs, experts, {}, N, E, k, true,
-                      GradWrite::kOverwrite);
-  return {be.get("probs", N * E), be.get("weights", N * k), be.get("out", N * C),
-          be.get("dx", N * C),    be.get("dwu", E * I * C), be.get("dwd", E * C * I),
-          be.get("dl", N * E),    be.get("dw", N * k)};
+  return test::run_moe_layer(be, dt, 19, 5, 2, 16, 12, kSeed, 70, 0.2);
 }
 
 TEST_CASE("moe layer is bit-identical run to run and across thread counts", "[moe][determinism]") {
