@@ -15,11 +15,11 @@
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/optimizer.h"
-#include "runtime/engine/engine_parallel_dims.h"
 #include "runtime/common/cpu_affinity.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 #include "runtime/data/open_dataset.h"
+#include "runtime/engine/engine_parallel_dims.h"
 
 namespace zrt::train {
 

@@ -4,10 +4,10 @@
 // walks through examples/custom_model.
 #pragma once
 
+#include "config/config.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
-#include "config/config.h"
 #include "train/trainer.h"
 #include "zrt/model.h"
 
