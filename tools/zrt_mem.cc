@@ -17,6 +17,7 @@
 #include "optimizers/optimizer_config.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
+#include "tools/mem/longest_sequence.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 
@@ -71,6 +72,11 @@ options:
   --device-gb G             device memory per rank in GiB, as device.memory_limit_gb (default 80)
   --device cuda|cpu         the backend (default cuda; a config's device.type): the CPU backend's
                             MPI collectives add scratch to the comm category, NCCL's is untracked
+  --max-seq-len             instead of the report: for every setting, the longest sequence (a
+                            multiple of --seq-multiple tokens) whose exact estimate fits
+                            --device-gb per rank (and --host-gb per node), and what stops the next
+  --seq-multiple M          the lengths --max-seq-len tries are multiples of M (default 64)
+  --host-gb G               host memory per node in GiB for --max-seq-len (default: no limit)
   -h, --help
 )";
 
@@ -104,9 +110,37 @@ bool parse_offload(const std::string& flag, const std::string& value) {
   usage_error(flag + " must be cpu or none, not '" + value + "'");
 }
 
+// zrt-mem --max-seq-len: a line per setting of the verdict order.
+std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& in, int multiple,
+                                     double device_gib, double host_gib) {
+  constexpr double kGiB = 1073741824.0;
+  std::string out = fmt::format(
+      "longest sequence per setting: {} on {} rank(s) over {} node(s), micro-batch {}, {}, "
+      "{:.1f} GiB device per rank{}; lengths in multiples of {}\n",
+      model.name(), in.world, in.nodes, in.micro_batch,
+      in.activation_checkpointing ? "activation checkpointing" : "no activation checkpointing",
+      device_gib, host_gib > 0 ? fmt::format(", {:.1f} GiB host per node", host_gib) : "",
+      multiple);
+  for (const mem::Setting& s : mem::verdict_order()) {
+    const mem::SequenceFit fit = mem::longest_sequence(
+        model, in, s, static_cast<std::int64_t>(std::llround(device_gib * kGiB)),
+        static_cast<std::int64_t>(std::llround(host_gib * kGiB)), multiple);
+    if (fit.seq_len == 0) {
+      out += fmt::format("  {:<44} none fits ({})\n", in.name(s), fit.limit);
+      continue;
+    }
+    out +=
+        fmt::format("  {:<44} {:>9} tokens  device {:6.1f} GiB  host/node {:7.1f} GiB  next: {}\n",
+                    in.name(s), fit.seq_len, fit.estimate.device_total() / kGiB,
+                    fit.estimate.host_node_total() / kGiB, fit.limit);
+  }
+  return out;
+}
+
 int run(int argc, char** argv) {
   std::map<std::string, std::string> args;
   bool checkpointing_flag = false;
+  bool max_seq_len_flag = false;
   const std::map<std::string, bool> known = {{"--model", true},
                                              {"--params", true},
                                              {"--config", true},
@@ -130,7 +164,9 @@ int run(int argc, char** argv) {
                                              {"--device-gb", true},
                                              {"--device", true},
                                              {"--optimizer", true},
-                                             {"--hpz", true}};
+                                             {"--hpz", true},
+                                             {"--seq-multiple", true},
+                                             {"--host-gb", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -139,6 +175,10 @@ int run(int argc, char** argv) {
     }
     if (a == "--activation-checkpointing") {
       checkpointing_flag = true;
+      continue;
+    }
+    if (a == "--max-seq-len") {
+      max_seq_len_flag = true;
       continue;
     }
     if (known.count(a) == 0) usage_error("unknown option '" + a + "'");
@@ -244,6 +284,18 @@ int run(int argc, char** argv) {
   in.engine.stage = chosen_stage.value_or(0);
   in.validate();
 
+  if (max_seq_len_flag) {
+    if (!model) usage_error("--max-seq-len needs a model (--model or --config)");
+    const int multiple =
+        args.count("--seq-multiple") ? parse_int("--seq-multiple", args["--seq-multiple"]) : 64;
+    if (multiple < 1) usage_error("--seq-multiple must be >= 1");
+    const double host_gib =
+        args.count("--host-gb") ? parse_number("--host-gb", args["--host-gb"]) : 0;
+    if (host_gib < 0) usage_error("--host-gb must be >= 0");
+    std::fputs(longest_sequences_report(*model, in, multiple, in.device_gib, host_gib).c_str(),
+               stdout);
+    return 0;
+  }
   std::vector<mem::Estimate> estimates;
   for (const mem::Setting& s : mem::table_order()) estimates.push_back(mem::estimate(in, s));
   mem::Setting chosen = in.setting();

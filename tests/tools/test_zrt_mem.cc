@@ -17,6 +17,7 @@
 #include "models/model_registry.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
+#include "tools/mem/longest_sequence.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 
@@ -572,4 +573,75 @@ TEST_CASE("ZeRO++: the quantized collectives' scratch and qgZ's output slice, by
   const std::string report = format_report(shown, chosen, {chosen});
   CHECK_THAT(report, Catch::Contains("of which ZeRO++ (qwZ / qgZ)"));
   CHECK_THAT(report, Catch::Contains("22560 bytes"));
+}
+
+namespace {
+
+// The estimate of `def` at seq_len T for a setting (what longest_sequence compares).
+Estimate estimate_at(const ModelDef& def, Inputs in, const Setting& s, int T) {
+  in.model = model_spec(def.with_seq_len(T));
+  in.seq_len = T;
+  return estimate(in, s);
+}
+
+}  // namespace
+
+TEST_CASE("--max-seq-len: the longest length fits, the next multiple does not") {
+  const auto gpt = builtin_models().parse_spec("gpt2");
+  Inputs in;
+  in.world = 2;
+  in.micro_batch = 2;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  const std::int64_t capacity = std::int64_t{3} << 30;  // 3 GiB per rank
+  for (const Setting& s : verdict_order()) {
+    const SequenceFit fit = longest_sequence(*gpt, in, s, capacity, 0, 64);
+    INFO(in.name(s) << ": " << fit.seq_len << " tokens, next stopped by " << fit.limit);
+    REQUIRE(fit.seq_len > 0);
+    CHECK(fit.seq_len % 64 == 0);
+    CHECK(fit.limit == "device");
+    CHECK(fit.estimate.device_total() == estimate_at(*gpt, in, s, fit.seq_len).device_total());
+    CHECK(fit.estimate.device_total() <= capacity);
+    CHECK(estimate_at(*gpt, in, s, fit.seq_len + 64).device_total() > capacity);
+  }
+  // More sharding never makes the longest sequence shorter here: stage 3 with both offloads
+  // keeps the least model state on the device.
+  const int s0 = longest_sequence(*gpt, in, verdict_order().front(), capacity, 0, 64).seq_len;
+  const int s3 = longest_sequence(*gpt, in, verdict_order().back(), capacity, 0, 64).seq_len;
+  CHECK(s3 > s0);
+}
+
+TEST_CASE("--max-seq-len: the host per node and the model's own limit stop it too") {
+  Inputs in;
+  in.engine.compute_dtype = DType::kBFloat16;
+  const Setting offload{3, true, true};
+  // Llama's positions end at max_position_embeddings: a device of 1 TiB reaches them.
+  const auto llama = builtin_models().parse_spec("llama-tiny");
+  const SequenceFit capped = longest_sequence(*llama, in, offload, std::int64_t{1} << 40, 0, 64);
+  INFO(capped.limit);
+  CHECK_THAT(capped.limit, Catch::Contains("max_position_embeddings"));
+  CHECK(capped.seq_len > 0);
+  CHECK_THROWS_AS(llama->with_seq_len(capped.seq_len + 64), InvalidArgument);
+  // Host memory: the offloaded state alone exceeds a 1 MiB host, so nothing fits, for that reason.
+  const auto gpt = builtin_models().parse_spec("gpt2");
+  const SequenceFit host = longest_sequence(*gpt, in, offload, std::int64_t{80} << 30, 1 << 20, 64);
+  CHECK(host.seq_len == 0);
+  CHECK(host.limit == "host");
+  CHECK_THROWS_AS(longest_sequence(*gpt, in, offload, std::int64_t{80} << 30, 0, 0),
+                  InvalidArgument);
+}
+
+TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
+  int status = -1;
+  const std::string out = run_tool(
+      "--model gpt2 --max-seq-len --device-gb 16 --host-gb 64 --seq-multiple 128", &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("longest sequence per setting: gpt2 on 1 rank(s)"));
+  CHECK_THAT(out, Catch::Contains("64.0 GiB host per node; lengths in multiples of 128"));
+  CHECK_THAT(out, Catch::Matches("(.|\n)*  stage 3 \\+ optimizer and parameter offload +[0-9]+ "
+                                 "tokens  device +[0-9.]+ GiB(.|\n)*"));
+  const std::string none = run_tool("--params 1e9 --max-seq-len", &status);
+  CHECK(status == 2);
+  CHECK_THAT(none, Catch::Contains("--max-seq-len needs a model"));
 }
