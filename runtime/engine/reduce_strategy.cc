@@ -5,13 +5,10 @@
 
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
 
 namespace zrt {
 namespace {
-
-std::int64_t bytes_of(std::int64_t elements, DType type) {
-  return elements * static_cast<std::int64_t>(dtype_size(type));
-}
 
 // Hierarchical sharding: the shard group's average, averaged again over the replicas of the
 // slice (the same stream: in order after the reduce-scatter).
