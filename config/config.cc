@@ -201,6 +201,7 @@ class Parser {
     walk(doc_, "");
     read_batch();
     read_precision();
+    read_expert_parallel();
     read_zero();
     read_run_blocks();  // model, data, train, seed, output_dir, log_level
     read_optimizer_and_scheduler();
@@ -683,6 +684,60 @@ class Parser {
       warn(path + ".nvme_path", fmt::format("ignored: device is {}", device));
     }
     return o;
+  }
+
+  // DeepSpeed's expert_parallel section (AutoEP): the layout keys into the engine options (its
+  // validate() checks autoep_size against the world and the stage), the model-description keys
+  // checked against what zrt's mixture-of-experts models are (the table refuses the others).
+  void read_expert_parallel() {
+    EngineOptions& e = config_.engine;
+    const std::string x = "expert_parallel.";
+    e.data_before_expert_parallel = get_bool("use_data_before_expert_parallelism", false);
+    const bool enabled = get_bool(x + "enabled", false);
+    if (!enabled) {
+      if (has(x + "autoep_size"))
+        warn(x + "autoep_size", "ignored: expert_parallel.enabled is false");
+      return;
+    }
+    e.expert_parallel_size = static_cast<int>(
+        std::min<std::int64_t>(get_int(x + "autoep_size", 1), std::numeric_limits<int>::max()));
+    const std::string hf_type = hf_model_type(get_string("model.init_from", ""));
+    const std::string type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
+    const bool dense = type == "gpt2" || type == "llama" || type == "qwen2" || type == "mistral";
+    if (dense && !is_rejected("model.type")) {
+      fail(x + "enabled",
+           fmt::format("model.type {} has no mixture-of-experts layers: expert parallelism "
+                       "splits experts (Mixtral, Qwen2-MoE, Qwen3-MoE); remove the "
+                       "expert_parallel block or set enabled false",
+                       type));
+    }
+    const std::string preset = get_string(x + "preset_model", "");
+    if (preset == "deepseek_v2" || preset == "deepseek_v3" || preset == "llama4" ||
+        preset == "qwen3_5_moe") {
+      fail(x + "preset_model",
+           fmt::format("zrt has no {} model; its mixture-of-experts models are Mixtral "
+                       "(preset_model mixtral) and Qwen2/3-MoE (qwen3_moe), or leave the key out",
+                       preset));
+    } else if (!preset.empty() && !dense) {
+      const bool qwen = type.find("qwen") != std::string::npos;
+      const bool mixtral = type.find("mixtral") != std::string::npos;
+      if ((preset == "mixtral" && qwen) || (preset == "qwen3_moe" && mixtral)) {
+        fail(x + "preset_model",
+             fmt::format("{} names another family than model.type {}; give the model's own "
+                         "(mixtral for Mixtral, qwen3_moe for Qwen2/3-MoE) or leave the key out",
+                         preset, type));
+      }
+    }
+    if (get_string(x + "score_func", "auto") == "sigmoid") {
+      fail(x + "score_func",
+           "sigmoid scoring is DeepSeek-V3's and Llama 4's router; Mixtral and Qwen2/3-MoE route "
+           "with a softmax, which zrt's models compute as transformers does; use auto or softmax");
+    }
+    if (get_string(x + "score_apply", "auto") == "pre") {
+      fail(x + "score_apply",
+           "transformers' Mixtral and Qwen MoE weight the experts' outputs (post); pre would "
+           "scale their inputs and change the model; use auto or post");
+    }
   }
 
   // zero_optimization.zero_hpz_partition_size as given (validate() checks it against the stage,
@@ -1197,6 +1252,10 @@ json resolved_document(const Config& c) {
   zero["overlap_comm"] = e.overlap_comm;
   if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
   if (e.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = e.hpz_partition_size;
+  if (e.expert_parallel_size > 1) {
+    out["expert_parallel"] = {{"enabled", true}, {"autoep_size", e.expert_parallel_size}};
+  }
+  if (e.data_before_expert_parallel) out["use_data_before_expert_parallelism"] = true;
   if (e.quantized_weights) zero["zero_quantized_weights"] = true;
   if (e.quantized_gradients) zero["zero_quantized_gradients"] = true;
   if (e.stage == 3) {  // below stage 3 these keys draw a warning

@@ -151,6 +151,16 @@ void TrainingRun::build_engine() {
   Model& model = *model_;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config_.optimizer.applies_weight_decay(p.name);
+  // Expert parallelism splits experts: a model must declare its expert parameters (group 1, the
+  // expert-data-parallel group) for it to mean anything.
+  const int ep = engine_options_.expert_parallel_size;
+  if (ep > 1 &&
+      std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.group == 1; })) {
+    ZRT_THROW(InvalidArgument,
+              "expert_parallel.autoep_size {}: {} has no experts (no mixture-of-experts layer "
+              "declares expert parameters); remove the expert_parallel block or set autoep_size 1",
+              ep, model_source_.description);
+  }
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
   engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),

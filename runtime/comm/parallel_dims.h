@@ -15,10 +15,11 @@
 //   - ZeRO++ hpZ: secondary shards over blocks of hpz_partition_size consecutive ranks (stage 3,
 //     within a node); qgZ/qwZ: the quantized collectives over the shard group, hierarchical
 //     (intra-node, then inter-node) where it spans nodes.
-//   - expert parallel (ep): the data-parallel ranks in blocks of ep consecutive ones, each
-//     holding a 1/ep share of the experts; an expert's parameters are then data-parallel over the
-//     expert-data-parallel group (the ranks at the same position in every ep block). 1 today: no
-//     model has experts yet.
+//   - expert parallel (ep, expert_parallel.autoep_size): the data-parallel ranks in blocks of ep
+//     consecutive ones, each holding a 1/ep share of every MoE layer's experts; an expert's
+//     parameters are then data-parallel over the expert-data-parallel group (the ranks at the
+//     same position in every ep block). With data_before_expert_parallel the roles swap: ep
+//     groups strided, expert-data-parallel groups consecutive.
 //
 // validate() lists every inconsistency, each naming the config key and the fix; the subgroup
 // plans are what make_subgroup() turns into groups.
@@ -44,6 +45,10 @@ struct ParallelDims {
   bool quantized_gradients = false;  // zero_quantized_gradients (qgZ)
   int sequence_parallel_size = 1;
   int expert_parallel_size = 1;
+  // use_data_before_expert_parallelism: the expert-parallel groups strided over the
+  // data-parallel ranks (d, d + dp/ep, ...) and the expert-data-parallel groups consecutive
+  // blocks of dp/ep, instead of the reverse (DeepSpeed's "D + E" rather than "E + D" order).
+  bool data_before_expert_parallel = false;
 
   // Every problem with these degrees, as a sentence naming the config key and the fix; empty
   // when they are consistent.

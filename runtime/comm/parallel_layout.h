@@ -2,9 +2,9 @@
 // — the world ("zero") group the engine's collectives start from, the control group (its own
 // communicator and stream, for the trainer's small collectives and the checkpointer), the node
 // topology, MiCS's shard and replica groups, ZeRO++'s intra/inter-node groups and quantized
-// collectives, and hpZ's secondary-shard group. Other modules ask it for a group by role instead
-// of splitting their own; a new axis (sequence or expert parallelism) is a new plan in
-// ParallelDims and a new group here.
+// collectives, hpZ's secondary-shard group, and expert parallelism's expert-parallel and
+// expert-data-parallel groups. Other modules ask it for a group by role instead of splitting
+// their own; a new axis is a new plan in ParallelDims and a new group here.
 //
 // Construction is collective over `world` (every rank builds the same groups in the same
 // order). Thread-safety: one thread builds and uses it, like the groups it owns.
@@ -35,8 +35,9 @@ class ParallelLayout {
   // engine's groups issue on `comm`, the control group on `control`; both must outlive the
   // layout. A node layout NodeTopology refuses ends the run only where nodes were asked for;
   // otherwise every rank counts as one node. Throws InvalidArgument listing dims' problems
-  // (ParallelDims::validate(), with the detected ranks per node), and for the axes not built yet
-  // (sequence_parallel_size, expert_parallel_size above 1).
+  // (ParallelDims::validate(), with the detected ranks per node), and for the axis not built yet
+  // (sequence_parallel_size above 1). Whether the model has experts for expert_parallel_size
+  // above 1 is the trainer's check (the layout does not know the model).
   ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
                  const ParallelDims& dims, const CommOptions& comm_options);
   ParallelLayout(const ParallelLayout&) = delete;
@@ -58,8 +59,14 @@ class ParallelLayout {
   ProcessGroup* inter_node_group() { return inter_group_.get(); }  // qgZ over nodes
   QuantizedCollectives* quantized() { return quantized_.get(); }   // qwZ / qgZ, else null
   ProcessGroup* hpz_group() { return hpz_group_.get(); }           // hpZ, else null
+  // Expert parallelism (expert_parallel_size > 1), else null: the ranks that split the experts
+  // (the tokens' all-to-alls) and the ranks holding the same experts (their state).
+  ProcessGroup* expert_parallel_group() { return expert_group_.get(); }
+  ProcessGroup* expert_data_parallel_group() { return expert_data_group_.get(); }
 
-  // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units'.
+  // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units';
+  // with expert parallelism [1] the experts' (ShardGroup: the expert-data-parallel group, the
+  // expert-parallel group as norm peers, gradient_scale 1 / ep).
   std::vector<ShardGroup> engine_groups();
   // The engine's traffic so far, summed over every group it uses (and the world group).
   CommCounts engine_traffic() const;
@@ -73,6 +80,7 @@ class ParallelLayout {
   std::unique_ptr<ProcessGroup> intra_group_, inter_group_;
   std::unique_ptr<QuantizedCollectives> quantized_;
   std::unique_ptr<ProcessGroup> hpz_group_;
+  std::unique_ptr<ProcessGroup> expert_group_, expert_data_group_;
 };
 
 }  // namespace zrt

@@ -68,6 +68,27 @@ class QuantizedReduceScatter final : public GradientCollective {
   DevicePtr<std::byte> out_;
 };
 
+class Scaled final : public GradientCollective {
+ public:
+  Scaled(GradientCollective& inner, Device& device, Stream& stream, float factor)
+      : inner_(inner), device_(device), stream_(stream), factor_(factor) {}
+  const char* name() const override { return inner_.name(); }
+  ReducedPart reduce(DevicePtr<std::byte> grads, std::int64_t shard, int rank,
+                     DType type) override {
+    const ReducedPart mine = inner_.reduce(grads, shard, rank, type);
+    engine_kernels::scale(device_, stream_, mine.data, type, mine.count, factor_);
+    return mine;
+  }
+  // It changes the values even where the inner collective moves nothing.
+  bool communicates() const override { return true; }
+
+ private:
+  GradientCollective& inner_;
+  Device& device_;
+  Stream& stream_;
+  float factor_;
+};
+
 class NoReduction final : public GradientCollective {
  public:
   explicit NoReduction(const char* name) : name_(name) {}
@@ -174,6 +195,11 @@ std::unique_ptr<GradientCollective> make_all_reduce(ProcessGroup& group) {
 std::unique_ptr<GradientCollective> make_reduce_scatter(ProcessGroup& group,
                                                         ProcessGroup* replicas) {
   return std::make_unique<ReduceScatter>(group, replicas);
+}
+
+std::unique_ptr<GradientCollective> make_scaled(GradientCollective& inner, Device& device,
+                                                Stream& stream, float factor) {
+  return std::make_unique<Scaled>(inner, device, stream, factor);
 }
 
 std::unique_ptr<GradientCollective> make_no_reduction(const char* name) {

@@ -144,3 +144,38 @@ TEST_CASE("the layout refuses inconsistent degrees with every problem, before an
   CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, wrong, {}),
                     Catch::Contains("the parallel layout is for"));
 }
+
+TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel groups, group 1") {
+  Fixture f;
+  for (int ep = 2; ep <= f.world; ep *= 2) {
+    if (f.world % ep != 0) continue;
+    for (bool data_before : {false, true}) {
+      ParallelDims d = f.dims(2);
+      d.expert_parallel_size = ep;
+      d.data_before_expert_parallel = data_before;
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+      const int rank = layout.rank(), edp = f.world / ep;
+      INFO("world " << f.world << ", ep " << ep << (data_before ? ", data before expert" : ""));
+      ProcessGroup* experts = layout.expert_parallel_group();
+      ProcessGroup* replicas = layout.expert_data_parallel_group();
+      REQUIRE(experts != nullptr);
+      REQUIRE(replicas != nullptr);
+      CHECK(experts->size() == ep);
+      CHECK(replicas->size() == edp);
+      CHECK(&experts->stream() == f.comm.get());
+      // E + D (DeepSpeed's default): ep groups of consecutive ranks; D + E: strided.
+      CHECK(experts->rank() == (data_before ? rank / edp : rank % ep));
+      CHECK(replicas->rank() == (data_before ? rank % edp : rank / ep));
+      const std::vector<ShardGroup> groups = layout.engine_groups();
+      REQUIRE(groups.size() == 2);
+      CHECK(groups[1].shard == replicas);
+      CHECK(groups[1].norm_peers == experts);
+      CHECK(groups[1].replicas == nullptr);
+      CHECK(groups[1].gradient_scale == 1.0f / static_cast<float>(ep));
+    }
+  }
+  // ep 1: no expert group, the engine's table as without it.
+  ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
+  CHECK(plain.expert_parallel_group() == nullptr);
+  CHECK(plain.engine_groups().size() == 1);
+}
