@@ -131,7 +131,7 @@ bool ParallelDims::blocks_within_nodes(int size) const {
 
 int ParallelDims::shard_world(int at_stage) const {
   if (at_stage == 0) return 1;
-  return mics_shard_size > 0 ? mics_shard_size : data_parallel_size();
+  return mics_shard_size > 0 ? mics_shard_size : world;
 }
 
 SubgroupPlan ParallelDims::shard_group_plan(int rank) const {

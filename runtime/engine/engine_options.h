@@ -85,6 +85,12 @@ struct EngineOptions {
   // micro-batch and freed after the unit's last backward gather; the master weights, the
   // optimizer and the gradient reduce-scatters are untouched. 0 or 1: off.
   int hpz_partition_size = 0;
+  // Ulysses sequence parallelism (sequence_parallel_size): each sequence is cut into this many
+  // chunks over a block of as many consecutive ranks of a node, which attend over the whole
+  // sequence through all-to-alls (the model's part). The engine is unchanged by it: ZeRO
+  // shards and reduces over the whole world, sp blocks included; the data-parallel degree the
+  // batch rule counts is world / sequence_parallel_size. 1: off.
+  int sequence_parallel_size = 1;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).

@@ -11,6 +11,7 @@ ParallelDims parallel_dims(const EngineOptions& options, int world, int ranks_pe
   dims.hpz_partition_size = options.hpz_partition_size;
   dims.quantized_weights = options.quantized_weights;
   dims.quantized_gradients = options.quantized_gradients;
+  dims.sequence_parallel_size = options.sequence_parallel_size;
   return dims;
 }
 
