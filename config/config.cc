@@ -199,6 +199,7 @@ class Parser {
   Config run() {
     reject_parameters_of_unsupported_types();
     walk(doc_, "");
+    read_sequence_parallel();
     read_batch();
     read_precision();
     read_expert_parallel();
@@ -512,6 +513,13 @@ class Parser {
     return v == nullptr ? fallback : v->get<std::string>();
   }
 
+  // sequence_parallel_size, before the batch rule that counts world / sp (validate() checks it
+  // against the world, read_device_comm_trace against comm.ranks_per_node).
+  void read_sequence_parallel() {
+    if (!has("sequence_parallel_size") || is_rejected("sequence_parallel_size")) return;
+    config_.engine.sequence_parallel_size = get_small_int("sequence_parallel_size", 1);
+  }
+
   void read_batch() {
     BatchConfig& b = config_.batch;
     // Placeholders for a run that will not start (every path below that records a problem
@@ -540,7 +548,16 @@ class Parser {
         return;
       }
     }
-    std::int64_t world = world_size_;
+    // DeepSpeed's rule counts data-parallel ranks: with sequence parallelism, world / sp (the
+    // sp ranks of a group read the same sequences).
+    const int sp = config_.engine.sequence_parallel_size;
+    if (sp < 1 || (world_size_ > 0 && world_size_ % sp != 0)) return;  // validate() says why
+    std::int64_t world = world_size_ > 0 ? world_size_ / sp : world_size_;
+    const auto ranks = [&](std::int64_t dp) {
+      return sp == 1 ? fmt::format("world {}", dp)
+                     : fmt::format("data-parallel degree {} (world {} / sequence_parallel_size {})",
+                                   dp, dp * sp, sp);
+    };
     if (world <= 0) {
       if (!train || !micro || !accum) {
         fail_plain(
@@ -559,10 +576,8 @@ class Parser {
     }
     if (train && micro && accum) {
       if (*train != *micro * *accum * world) {
-        fail_plain(
-            fmt::format("train_batch_size {} is not micro {} × accumulation {} × world {} "
-                        "= {}",
-                        *train, *micro, *accum, world, *micro * *accum * world));
+        fail_plain(fmt::format("train_batch_size {} is not micro {} × accumulation {} × {} = {}",
+                               *train, *micro, *accum, ranks(world), *micro * *accum * world));
         return;
       }
       b.train_batch_size = *train;
@@ -571,8 +586,8 @@ class Parser {
     } else if (train && micro) {
       const std::int64_t d = *micro * world;
       if (*train % d != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × world {} = {}",
-                               *train, *micro, world, d));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × {} = {}", *train,
+                               *micro, ranks(world), d));
         return;
       }
       b.train_batch_size = *train;
@@ -581,9 +596,8 @@ class Parser {
     } else if (train && accum) {
       const std::int64_t d = *accum * world;
       if (*train % d != 0) {
-        fail_plain(
-            fmt::format("train_batch_size {} is not divisible by accumulation {} × world {} = {}",
-                        *train, *accum, world, d));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by accumulation {} × {} = {}",
+                               *train, *accum, ranks(world), d));
         return;
       }
       b.train_batch_size = *train;
@@ -595,7 +609,7 @@ class Parser {
       b.gradient_accumulation_steps = static_cast<int>(*accum);
     } else if (train) {
       if (*train % world != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by world {}", *train, world));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by {}", *train, ranks(world)));
         return;
       }
       b.train_batch_size = *train;
@@ -618,7 +632,7 @@ class Parser {
       b.gradient_accumulation_steps = 1;
       return;
     }
-    b.world_size = static_cast<int>(world);
+    b.world_size = static_cast<int>(world * sp);
     config_.engine.gradient_accumulation_steps = b.gradient_accumulation_steps;
   }
 
@@ -1117,6 +1131,14 @@ class Parser {
                        "ranks would span nodes and the backward gathers would cross them; make "
                        "it the ranks per node or a divisor of it",
                        hpz, comm.ranks_per_node, hpz));
+    }
+    const int sp = config_.engine.sequence_parallel_size;
+    if (sp > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % sp != 0) {
+      fail("sequence_parallel_size",
+           fmt::format("{} does not divide comm.ranks_per_node {}: a sequence-parallel group of "
+                       "{} consecutive ranks would span nodes, and it exchanges activations every "
+                       "layer; make it the ranks per node or a divisor of it",
+                       sp, comm.ranks_per_node, sp));
     }
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;

@@ -173,9 +173,12 @@ std::vector<KeyInfo> build_table() {
         "Divide gradients by this factor before the reduction")
           .off("1"),
       K("seq_parallel_comm_data_type", W, kString, "fp32",
-        "Sequence-parallel communication dtype; zrt has no sequence parallelism")
+        "Sequence-parallel communication dtype; zrt's all-to-alls move the compute dtype")
           .off("\"fp32\""),
-      K("sequence_parallel_size", E, kInt, "1", "Sequence parallelism (Ulysses)").off("1"),
+      K("sequence_parallel_size", I, kInt, documented(engine.sequence_parallel_size),
+        "Ulysses sequence parallelism: each sequence in this many chunks over as many consecutive "
+        "ranks of a node; train_batch_size counts world / this")
+          .range(1),
       K("disable_allgather", W, kBool, "false", "Legacy all-gather switch").off("false"),
       K("fp16", I, kObject, "disabled", "fp16 mixed precision with dynamic loss scaling"),
       K("fp16.enabled", I, kBool, "false", "Compute in fp16 (fp32 master weights)"),

@@ -59,11 +59,11 @@ struct ParallelDims {
   // Ranks that hold one copy of the model's dense data parallelism: world / sp.
   int data_parallel_size() const { return world / sequence_parallel_size; }
   // Ranks a dense unit's state is sliced over at `stage`: 1 at stage 0, the MiCS shard group,
-  // or every data-parallel rank.
+  // or the whole world (every rank of every sp block: the parameters are the same on all).
   int shard_world(int stage) const;
   int shard_world() const { return shard_world(stage); }
   // How many shard groups hold the same slices (MiCS's replica count); 1 without MiCS.
-  int replica_count() const { return data_parallel_size() / shard_world(); }
+  int replica_count() const { return world / shard_world(); }
   bool uses_mics() const { return stage >= 1 && mics_shard_size > 0; }
   // The hpZ group size in effect (stage 3 and a size above 1), else 0.
   int hpz() const { return stage == 3 && hpz_partition_size > 1 ? hpz_partition_size : 0; }

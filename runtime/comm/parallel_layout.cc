@@ -9,17 +9,16 @@
 namespace zrt {
 
 ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
-                               const ParallelDims& dims, const CommOptions& comm_options)
+                               const ParallelDims& dims, const CommOptions& comm_options,
+                               Stream* sequence)
     : dims_(dims) {
   int size = 0;
   MPI_Comm_size(world, &size);
   ZRT_CHECK(dims.world == size, "the parallel layout is for {} ranks but the communicator has {}",
             dims.world, size);
-  if (dims.sequence_parallel_size != 1) {
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {}: only 1 is supported yet (no model shards a sequence)",
-              dims.sequence_parallel_size);
-  }
+  ZRT_CHECK(dims.sequence_parallel_size <= 1 || sequence != nullptr,
+            "sequence_parallel_size {} without a stream for its all-to-alls",
+            dims.sequence_parallel_size);
   world_group_ = make_process_group(device, world, comm, "zero", comm_options);
   control_group_ = make_process_group(device, world, control, "control", comm_options);
   const int rank = world_group_->rank();
@@ -99,6 +98,19 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
           dims_.expert_data_parallel_size());
     }
   }
+  // Ulysses sequence parallelism: this rank's block of sp consecutive ranks, within a node
+  // (dims_.check() refused a block spanning two); the model's all-to-alls run on it.
+  if (dims_.sequence_parallel_size > 1) {
+    sequence_group_ = make_subgroup(*world_group_, dims_.sequence_parallel_plan(rank), *sequence,
+                                    "sequence-parallel");
+    if (rank == 0) {
+      spdlog::info(
+          "sequence parallelism: {} groups of {} consecutive ranks, each sequence in {} chunks; "
+          "data-parallel degree {}",
+          dims_.data_parallel_size(), dims_.sequence_parallel_size, dims_.sequence_parallel_size,
+          dims_.data_parallel_size());
+    }
+  }
 }
 
 std::vector<ShardGroup> ParallelLayout::engine_groups() {
@@ -113,6 +125,10 @@ std::vector<ShardGroup> ParallelLayout::engine_groups() {
     groups.push_back(experts);
   }
   return groups;
+}
+
+CommCounts ParallelLayout::sequence_traffic() const {
+  return sequence_group_ ? sequence_group_->stats().snapshot() : CommCounts{};
 }
 
 CommCounts ParallelLayout::engine_traffic() const {

@@ -129,6 +129,15 @@ void check_zero_keys(const EngineOptions& o, int world, Problems& p) {
                       "consecutive ranks (e.g. the ranks of one node)",
                       shards, world));
   }
+  const int sp = o.sequence_parallel_size;
+  if (sp < 1) {
+    p.add("sequence_parallel_size", fmt::format("must be >= 1 (1: off), not {}", sp));
+  } else if (world > 0 && world % sp != 0) {
+    p.add("sequence_parallel_size",
+          fmt::format("{} does not divide the world size {}: sequence-parallel groups are equal "
+                      "blocks of consecutive ranks; give a divisor of it",
+                      sp, world));
+  }
   const int S = o.hpz_partition_size;
   const std::string hpz = z + "zero_hpz_partition_size";
   if (S < 0) {

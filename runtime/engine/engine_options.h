@@ -96,6 +96,12 @@ struct EngineOptions {
   // strided over the data-parallel ranks and the expert-data-parallel groups consecutive,
   // instead of the reverse (parallel_dims.h).
   bool data_before_expert_parallel = false;
+  // Ulysses sequence parallelism (sequence_parallel_size): each sequence is cut into this many
+  // chunks over a block of as many consecutive ranks of a node, which attend over the whole
+  // sequence through all-to-alls (the model's part). The engine is unchanged by it: ZeRO
+  // shards and reduces over the whole world, sp blocks included; the data-parallel degree the
+  // batch rule counts is world / sequence_parallel_size. 1: off.
+  int sequence_parallel_size = 1;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).

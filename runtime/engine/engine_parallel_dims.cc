@@ -13,6 +13,7 @@ ParallelDims parallel_dims(const EngineOptions& options, int world, int ranks_pe
   dims.quantized_gradients = options.quantized_gradients;
   dims.expert_parallel_size = options.expert_parallel_size;
   dims.data_before_expert_parallel = options.data_before_expert_parallel;
+  dims.sequence_parallel_size = options.sequence_parallel_size;
   return dims;
 }
 

@@ -133,11 +133,14 @@ TEST_CASE("the layout refuses inconsistent degrees with every problem, before an
       ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
       Catch::Contains("mics_shard_size: hierarchical sharding needs stage 1, 2 or 3") &&
           Catch::Contains("zero_quantized_weights: qwZ quantizes stage 3's"));
-  ParallelDims sp = f.dims(1);
-  sp.sequence_parallel_size = f.world;
-  if (f.world > 1) {
-    CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, sp, {}),
-                      Catch::Contains("only 1 is supported yet"));
+  if (f.world >= 4) {
+    std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
+    ParallelDims both = f.dims(1);
+    both.expert_parallel_size = 2;
+    both.sequence_parallel_size = 2;
+    CHECK_THROWS_WITH(
+        ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, both, {}, sequence.get()),
+        Catch::Contains("not supported together yet"));
   }
   ParallelDims wrong = f.dims(1);
   wrong.world = f.world + 1;
@@ -178,4 +181,33 @@ TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel grou
   ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
   CHECK(plain.expert_parallel_group() == nullptr);
   CHECK(plain.engine_groups().size() == 1);
+}
+
+TEST_CASE("sequence parallelism: blocks of sp consecutive ranks on their own stream") {
+  Fixture f;
+  std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
+  for (int sp = 2; sp <= f.world; sp *= 2) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      ParallelDims d = f.dims(stage);
+      d.sequence_parallel_size = sp;
+      INFO("sp " << sp << " stage " << stage);
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}, sequence.get());
+      ProcessGroup* g = layout.sequence_group();
+      REQUIRE(g != nullptr);
+      CHECK(g->size() == sp);
+      CHECK(g->rank() == layout.rank() % sp);
+      CHECK(&g->stream() == sequence.get());
+      // ZeRO shards and reduces over the whole world, the sp blocks included.
+      CHECK(&layout.shard_group() == &layout.world_group());
+      CHECK(layout.dims().shard_world() == (stage == 0 ? 1 : f.world));
+      CHECK(layout.dims().data_parallel_size() == f.world / sp);
+      CHECK(layout.sequence_traffic().total_bytes() == 0);
+    }
+    ParallelDims d = f.dims(1);
+    d.sequence_parallel_size = sp;
+    CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
+                      Catch::Contains("without a stream for its all-to-alls"));
+  }
+  ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(1), {});
+  CHECK(plain.sequence_group() == nullptr);
 }
