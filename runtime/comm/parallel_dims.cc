@@ -54,14 +54,6 @@ std::vector<std::string> ParallelDims::validate() const {
         "sequence_parallel_size {}): give a divisor of it",
         ep, dp, world, sp));
   }
-  if (ep > 1 && sp > 1) {
-    // Each would work alone; together the experts' state would have to be sliced over the
-    // sequence blocks too, which no test proves yet.
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} with expert_parallel.autoep_size {}: not supported together "
-        "yet; set one of them to 1",
-        sp, ep));
-  }
 
   if (mics_shard_size > 0) {
     if (stage == 0) {
