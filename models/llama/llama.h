@@ -52,6 +52,12 @@ class Llama final : public transformer::TransformerModel {
   // Device bytes of activations one (B, T) pass in `dtype` allocates (its loss scalar included).
   static std::int64_t activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                        bool activation_checkpointing);
+  // The same for a model built with `options` (cpu_checkpointing, tiling): device bytes, and the
+  // pinned host bytes of the offloaded block inputs.
+  static std::int64_t activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                       const LlamaOptions& options);
+  static std::int64_t host_activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                            const LlamaOptions& options);
 
   // Block parameter slots in transformers' order; the bias slots exist with attention_bias.
   enum Slot { kQW, kQB, kKW, kKB, kVW, kVB, kOW, kGateW, kUpW, kDownW, kLn1W, kLn2W, kNumSlots };
@@ -77,6 +83,12 @@ class Llama final : public transformer::TransformerModel {
     };
     std::vector<Kept> kept;  // L, or 1 reused by all blocks with checkpointing
     Bytes proj;              // (B,T,C): o_proj / down_proj outputs before the residual add
+    // The tiled MLP (TransformerOptions::mlp_tile_rows, tiling.h): rows per tile (N when
+    // untiled); when tiled, the kept sets have no gate, up and h, which live for one tile in
+    // these (rows, I) tensors, and dh, dgate, dup are (rows, I) too.
+    int mlp_rows = 0;
+    bool mlp_tiled = false;
+    Bytes tile_gate, tile_up, tile_h;
     // The first projection into dln1, datty, dln2 and dh overwrites it; attention and SwiGLU
     // accumulate into dq, dk, dv, dgate and dup (the accumulated region).
     Bytes dln1, datty, dln2, dh, dq, dk, dv, dgate, dup;
@@ -88,6 +100,12 @@ class Llama final : public transformer::TransformerModel {
     };
     const Widths widths;
   };
+
+  // The SwiGLU MLP of rows [r0, r0 + n) of ln2 into the tile's gate, up and h.
+  void mlp_tile_forward(ParamAccess& access, int layer, Bytes ln2, int r0, int n);
+  // The tiled MLP's backward: per tile, gate, up and h again, then dres's rows down to dln2's,
+  // the projections' weight gradients accumulated over the tiles.
+  void mlp_tiled_backward(ParamAccess& access, int layer, Bytes ln2);
 
   transformer::BlockActivations& block_activations() override { return acts_; }
   void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;

@@ -60,6 +60,13 @@ struct TransformerSpec {
 struct TransformerOptions {
   // Keep only each block's input; its forward reruns inside its backward.
   bool activation_checkpointing = false;
+  // With activation_checkpointing: the kept block inputs live in pinned host memory, the
+  // device keeping two of them (checkpoint_offload.h).
+  bool cpu_checkpointing = false;
+  // Rows of the sequence per tile of the head's logits and loss, and of the MLP (tiling.h:
+  // kTileAuto, kTileOff or a count). Models without a tiled MLP ignore mlp_tile_rows.
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
 };
 
 }  // namespace zrt::transformer
