@@ -32,7 +32,7 @@ std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOp
   if (spec.final_norm == NormKind::kLayerNorm) p.floats(&acts->lnf_mean, N);
   p.floats(&acts->lnf_rstd, N);
   acts->head_rows = head_tile_rows(spec, options, N, s.S, whole_logits);
-  p.bytes(&acts->logits, acts->head_rows * kernels::logits_row_stride(spec.vocab_size) * s.S);
+  p.bytes(&acts->logits, I64{acts->head_rows} * kernels::logits_row_stride(spec.vocab_size) * s.S);
   p.floats(&acts->losses, N);
   p.bytes(&acts->dres, row);
   p.bytes(&acts->dlnf, row);

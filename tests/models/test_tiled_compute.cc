@@ -33,6 +33,7 @@
 #include "models/flat_param_access.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
+#include "models/model_registry.h"
 #include "models/transformer/tiling.h"
 #include "runtime/device/device.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -273,6 +274,28 @@ TEST_CASE(
     }
   }
   WARN(differing << " of " << O * C << " elements differ between the whole sum and the tiles'");
+}
+
+}  // namespace
+}  // namespace zrt
+
+namespace zrt {
+namespace {
+
+TEST_CASE("The tiled head's bytes at 64K tokens of Llama-3.1-8B (past 2^31 bytes of logits)") {
+  const auto l8b = builtin_models().parse_spec("llama-3.1-8b:seq_len=65536");
+  ModelOptions whole;
+  whole.activation_checkpointing = true;
+  whole.head_tile_rows = whole.mlp_tile_rows = kTileOff;
+  ModelOptions tiled = whole;
+  tiled.head_tile_rows = kTileAuto;
+  const std::int64_t T = 65536, V = 128256;  // V is a multiple of 128: rows are unpadded
+  // Automatic: 256 rows of bf16 logits a tile (64 MiB) instead of T rows (16 GiB).
+  CHECK(l8b->activation_footprint(1, T, DType::kBFloat16, whole).device -
+            l8b->activation_footprint(1, T, DType::kBFloat16, tiled).device ==
+        (T - 256) * V * 2);
+  // Checkpointing without cpu_checkpointing keeps nothing on the host.
+  CHECK(l8b->activation_footprint(1, T, DType::kBFloat16, whole).pinned_host == 0);
 }
 
 }  // namespace

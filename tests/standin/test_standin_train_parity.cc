@@ -98,8 +98,8 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
   struct Case {
     std::string name, zero;
     int accumulation;
-    bool host_staged = false;  // the CUDA run's collectives over MPI through pinned host memory
-    std::string model_extra;   // more keys of the model block (and blocks after it)
+    bool host_staged = false;   // the CUDA run's collectives over MPI through pinned host memory
+    std::string model_extra{};  // more keys of the model block (and blocks after it)
   };
   const std::vector<Case> cases = {
       {"stage0", R"({"stage": 0})", 2},
@@ -142,8 +142,7 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
   for (const auto& [name, zero, accumulation, host_staged, model_extra] : cases) {
     SECTION(name) {
       const auto cpu = run(dir, name, zero, accumulation, "cpu", world, false, model_extra);
-      const auto cuda =
-          run(dir, name, zero, accumulation, "cuda", world, host_staged, model_extra);
+      const auto cuda = run(dir, name, zero, accumulation, "cuda", world, host_staged, model_extra);
       REQUIRE(cpu.size() == 4);
       REQUIRE(cuda.size() == cpu.size());
       for (std::size_t i = 0; i < cpu.size(); ++i) {
