@@ -52,6 +52,7 @@ struct Result {
   std::vector<float> losses;
   std::vector<std::vector<float>> grads;
   std::int64_t device_activation_peak = 0;
+  std::int64_t device_total_peak = 0;
   std::int64_t host_activation_peak = 0;
 };
 
@@ -93,6 +94,7 @@ Result train(const Config& config, DType dtype, bool cpu_checkpointing) {
   stream->synchronize();
   const auto idx = static_cast<std::size_t>(MemCategory::kActivations);
   r.device_activation_peak = device->tracker().usage(MemorySpace::kDevice).peak[idx];
+  r.device_total_peak = device->tracker().usage(MemorySpace::kDevice).total_peak;
   r.host_activation_peak = device->tracker().usage(MemorySpace::kPinnedHost).peak[idx];
   return r;
 }
@@ -117,6 +119,7 @@ void check_same_bits_and_bytes(const Config& config, int hidden) {
     const std::int64_t row = std::int64_t{kB} * kT * hidden * dtype_size(dtype);
     REQUIRE(row % kActivationAlign == 0);  // no rounding in the comparison
     CHECK(on_device.device_activation_peak - on_host.device_activation_peak == (kLayers - 2) * row);
+    CHECK(on_device.device_total_peak - on_host.device_total_peak == (kLayers - 2) * row);
     CHECK(on_device.host_activation_peak == 0);
     CHECK(on_host.host_activation_peak == (kLayers - 2) * row);
   }
