@@ -13,6 +13,7 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.cpu_checkpointing = options.cpu_checkpointing;
   o.head_tile_rows = options.head_tile_rows;
   o.mlp_tile_rows = options.mlp_tile_rows;
+  o.sequence_group = options.sequence_group;
   return o;
 }
 

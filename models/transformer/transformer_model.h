@@ -20,7 +20,12 @@
 //     (B,T,V) logits. Its loss and logit gradients come from the backward, tile by tile: each
 //     tile's logits, the fused classifier's losses and dlogits in place, then the tile's input
 //     gradient and the head weight's gradient accumulated. An eval pass with targets takes its
-//     losses tile by tile; a pass without targets keeps the whole logits (logits()).
+//     losses tile by tile; a pass without targets keeps the whole logits (logits());
+//   - under Ulysses sequence parallelism (TransformerOptions::sequence_group of sp ranks), the
+//     UlyssesExchange the blocks' attention uses: a batch is then this rank's chunk of each
+//     sequence (TokenBatch::seq_len the chunk's length, positions its global ones, doc_start
+//     the whole sequence's), every op but the attention runs on the chunk, and the loss is the
+//     chunk's tokens' sum over the divisor.
 // A training pass's loss equals the untiled one bit for bit where the GEMMs give each row the
 // same bits at any row count; the head weight's gradient is summed over the tiles in fp32 (the
 // rounding bound: tests/models/test_tiled_compute.cc).
@@ -36,6 +41,7 @@
 #include "models/transformer/checkpoint_offload.h"
 #include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_spec.h"
+#include "models/transformer/ulysses_exchange.h"
 #include "runtime/device/buffer.h"
 #include "runtime/model_interface.h"
 
@@ -78,9 +84,12 @@ class TransformerModel : public Model {
     int B = 0, T = 0;
     DType dtype = DType::kFloat32;       // the compute dtype: activations and parameters
     DType grad_dtype = DType::kFloat32;  // the parameters' gradients
-    // The batch's packed documents (TokenBatch): null for one document a row.
+    // The batch's packed documents (TokenBatch): null for one document a row. Under sequence
+    // parallelism positions are the chunk's (B,T), doc_start the whole sequences' (B,sp*T).
     DevicePtr<const std::int32_t> positions, doc_start;
+    int sp = 1;  // the chunks of each sequence: T is one chunk's length
     int N() const { return B * T; }
+    int sequence_length() const { return T * sp; }  // what the attention spans
   };
 
   // Allocates the loss scalar. `spec` is the model's, already validated.
@@ -113,6 +122,8 @@ class TransformerModel : public Model {
   int kept_set(int layer) const { return options_.activation_checkpointing ? 0 : layer; }
   // The residual stream's gradient (B,T,C), updated in place block by block.
   Bytes dres() const { return acts_.dres; }
+  // The all-to-alls of sequence parallelism; null at sequence_parallel_size 1.
+  UlyssesExchange* ulysses() const { return ulysses_.get(); }
 
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
@@ -139,6 +150,7 @@ class TransformerModel : public Model {
   std::unique_ptr<CheckpointOffload> offload_;  // with cpu_checkpointing, else null
   Buffer loss_buffer_;
   Floats loss_;
+  std::unique_ptr<UlyssesExchange> ulysses_;
 };
 
 }  // namespace zrt::transformer
