@@ -968,6 +968,14 @@ class Parser {
     m.preset = get_string("model.preset", "");
     read_model_keys(m, /*dimensions_from_hf=*/!hf_type.empty());
     m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
+    m.cpu_checkpointing = get_bool("activation_checkpointing.cpu_checkpointing", false);
+    if (m.cpu_checkpointing && !m.activation_checkpointing) {
+      warn("activation_checkpointing.cpu_checkpointing",
+           "no effect without model.activation_checkpointing (there are no checkpoints to keep "
+           "in host memory)");
+    }
+    m.head_tile_rows = static_cast<int>(get_int("model.tiling.head_rows", 0));
+    m.mlp_tile_rows = static_cast<int>(get_int("model.tiling.mlp_rows", 0));
 
     if (!has("data") && !is_rejected("data")) {
       error_plain(ProblemKind::kMissing,
@@ -1363,6 +1371,9 @@ json resolved_document(const Config& c) {
     model["rope_scaling"]["original_max_position_embeddings"] = *r.original_max_position_embeddings;
   }
   model["activation_checkpointing"] = c.model.activation_checkpointing;
+  if (c.model.head_tile_rows != 0) model["tiling"]["head_rows"] = c.model.head_tile_rows;
+  if (c.model.mlp_tile_rows != 0) model["tiling"]["mlp_rows"] = c.model.mlp_tile_rows;
+  if (c.model.cpu_checkpointing) out["activation_checkpointing"]["cpu_checkpointing"] = true;
   if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
 
   out["data"]["train"] = c.data.train;

@@ -62,6 +62,13 @@ struct ModelConfig {
     std::optional<int> original_max_position_embeddings;
   } rope_scaling;
   bool activation_checkpointing = false;
+  // activation_checkpointing.cpu_checkpointing (DeepSpeed's block): the checkpointed block
+  // inputs in pinned host memory; only with activation_checkpointing.
+  bool cpu_checkpointing = false;
+  // model.tiling.head_rows / mlp_rows: rows per tile, 0 automatic, -1 never
+  // (models/transformer/tiling.h).
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
   std::string init_from;  // safetensors path, "" for a random init
 
   // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then every key

@@ -446,9 +446,9 @@ std::vector<KeyInfo> build_table() {
       K("activation_checkpointing.partition_activations", W, kBool, "false",
         "Partition checkpoints over model-parallel ranks")
           .off("false"),
-      K("activation_checkpointing.cpu_checkpointing", W, kBool, "false",
-        "Keep checkpoints in host memory")
-          .off("false"),
+      K("activation_checkpointing.cpu_checkpointing", I, kBool, "false",
+        "With model.activation_checkpointing: the kept block inputs in pinned host memory, "
+        "copied out in the forward and back one block ahead in the backward (same bits)"),
       K("activation_checkpointing.contiguous_memory_optimization", W, kBool, "false",
         "Copy checkpoints into one buffer")
           .off("false"),
@@ -692,6 +692,22 @@ std::vector<KeyInfo> build_table() {
       K("model.max_position_embeddings", I, kInt, "preset",
         "Llama family: the positions the model was built for (seq_len may not exceed it)")
           .range(1)
+          .zrt(),
+      K("model.tiling", I, kObject, "{}",
+        "Tiled compute for long sequences: the head and the MLP in tiles of rows of the "
+        "sequence (docs/config.md)")
+          .zrt(),
+      K("model.tiling.head_rows", I, kInt, "auto",
+        "Rows per tile of the head's logits, loss and backward; auto (0): tiles of about 64 MiB "
+        "of logits once the whole would pass 256 MiB; -1: never tiled")
+          .range(-1)
+          .on_auto(AutoRule::kDefault)
+          .zrt(),
+      K("model.tiling.mlp_rows", I, kInt, "auto",
+        "Llama family: rows per tile of the SwiGLU MLP (gate, up and h recomputed per tile in the "
+        "backward); auto (0): tiles of about 1 GiB once the whole would pass 4 GiB; -1: never")
+          .range(-1)
+          .on_auto(AutoRule::kDefault)
           .zrt(),
       K("model.rms_norm_eps", I, kNumber, "1e-5", "Llama family: RMSNorm epsilon").range(0).zrt(),
       K("model.rope_theta", I, kNumber, "10000", "Llama family: rotary base frequency")

@@ -35,6 +35,20 @@ struct ModelOptions {
   // (ParallelLayout::sequence_group), null at 1. A model that cannot split its attention's heads
   // over it refuses to be built.
   ProcessGroup* sequence_group = nullptr;
+  // With activation_checkpointing: the kept block inputs in pinned host memory
+  // (activation_checkpointing.cpu_checkpointing).
+  bool cpu_checkpointing = false;
+  // Rows of the sequence per tile of the head and of the MLP (model.tiling.head_rows /
+  // mlp_rows): 0 automatic, -1 never, else the count (models/transformer/tiling.h).
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
+};
+
+// A training pass's activations: device bytes (as activation_bytes counts them) and pinned host
+// bytes (cpu_checkpointing's block inputs).
+struct ActivationFootprint {
+  std::int64_t device = 0;
+  std::int64_t pinned_host = 0;
 };
 
 // Fills elements [first, first + count) of parameter `index` with fp32 initial values, as
@@ -76,6 +90,12 @@ class ModelDef {
   // allocates, as the model lays them out (zrt-mem).
   virtual std::int64_t activation_bytes(int B, int T, DType dtype,
                                         bool activation_checkpointing) const = 0;
+  // The same for a model built with `options`. By default a model has neither cpu_checkpointing
+  // nor tiling: activation_bytes on the device, nothing on the host.
+  virtual ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                                   const ModelOptions& options) const {
+    return {activation_bytes(B, T, dtype, options.activation_checkpointing), 0};
+  }
 
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                        const ModelOptions& options) const = 0;

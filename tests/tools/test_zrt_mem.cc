@@ -645,3 +645,29 @@ TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
   CHECK(status == 2);
   CHECK_THAT(none, Catch::Contains("--max-seq-len needs a model"));
 }
+
+TEST_CASE("--max-seq-len: cpu_checkpointing and tiling give a longer sequence, exactly fitted") {
+  const auto llama = builtin_models().parse_spec("llama-3.2-1b");
+  Inputs in;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  const Setting s{3, true, true};
+  const std::int64_t capacity = std::int64_t{8} << 30;
+  in.head_tile_rows = in.mlp_tile_rows = -1;  // neither
+  const SequenceFit plain = longest_sequence(*llama, in, s, capacity, 0, 256);
+  in.cpu_checkpointing = true;
+  const SequenceFit offloaded = longest_sequence(*llama, in, s, capacity, 0, 256);
+  in.head_tile_rows = in.mlp_tile_rows = 0;  // automatic tiling too
+  const SequenceFit both = longest_sequence(*llama, in, s, capacity, 0, 256);
+  INFO(plain.seq_len << " plain, " << offloaded.seq_len << " with cpu_checkpointing, "
+                     << both.seq_len << " with tiling too");
+  CHECK(plain.seq_len > 0);
+  CHECK(offloaded.seq_len > plain.seq_len);
+  CHECK(both.seq_len > offloaded.seq_len);
+  CHECK(both.limit == "device");
+  CHECK(both.estimate.device_total() <= capacity);
+  CHECK(estimate_at(*llama, in, s, both.seq_len + 256).device_total() > capacity);
+  // The offloaded block inputs are host memory: 14 of llama-3.2-1b's 16 blocks, (T, 2048) bf16.
+  CHECK(at(both.estimate.host_per_rank, MemCategory::kActivations) ==
+        std::int64_t{14} * both.seq_len * 2048 * 2);
+}
