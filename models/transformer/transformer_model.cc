@@ -168,6 +168,7 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
   a.acquire(head_module(L), Phase::kBackward);
   head_backward(a, batch, loss_scale);
   a.release(head_module(L), Phase::kBackward);
+  add_auxiliary_losses(loss_, loss_scale);
 
   for (int l = L - 1; l >= 0; --l) {
     const int m = block_module(l);
