@@ -814,16 +814,11 @@ class Parser {
                                 "tie_word_embeddings",
                                 "attention_bias"};
     const bool moe = m.type == "mixtral" || m.type == "qwen2_moe" || m.type == "qwen3_moe";
-    const char* moe_only[] = {"num_experts",
-                              "num_experts_per_tok",
-                              "moe_intermediate_size",
-                              "shared_expert_intermediate_size",
-                              "norm_topk_prob",
-                              "decoder_sparse_step",
-                              "mlp_only_layers",
-                              "router_aux_loss_coef",
-                              "router_z_loss_coef",
-                              "capacity_factor"};
+    const char* moe_only[] = {"num_experts",           "num_experts_per_tok",
+                              "moe_intermediate_size", "shared_expert_intermediate_size",
+                              "norm_topk_prob",        "decoder_sparse_step",
+                              "mlp_only_layers",       "router_aux_loss_coef",
+                              "router_z_loss_coef",    "capacity_factor"};
     if (!moe) {
       for (const char* name : moe_only) {
         const std::string path = std::string("model.") + name;

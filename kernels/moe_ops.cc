@@ -399,8 +399,8 @@ void moe_shared_gate_backward(KernelContext& ctx, DType dtype, Bytes ds, Bytes d
     with_storage(dtype, [&](auto st) {
       using S = decltype(st);
       run_cpu(ctx, "moe_shared_gate_backward",
-              [dsp = ptr<S>(ds), dgp = ptr<S>(dg), d = ptr<S>(dout), sp = ptr<S>(s),
-               gp = ptr<S>(g), N, C] { cpu::moe_shared_gate_backward<S>(dsp, dgp, d, sp, gp, N, C); });
+              [dsp = ptr<S>(ds), dgp = ptr<S>(dg), d = ptr<S>(dout), sp = ptr<S>(s), gp = ptr<S>(g),
+               N, C] { cpu::moe_shared_gate_backward<S>(dsp, dgp, d, sp, gp, N, C); });
     });
     return;
   }

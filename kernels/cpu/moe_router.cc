@@ -204,7 +204,7 @@ ZRT_INSTANTIATE(fp16)
 #define ZRT_INSTANTIATE(A)                                                                         \
   template void moe_aux_stats_accumulate<A>(A*, A*, const A*, const std::int32_t*, int, int, int); \
   template void moe_load_balancing_loss<A>(A*, const A*, const A*, int, std::int64_t);             \
-  template void moe_load_balancing_loss_backward<A>(A*, const A*, A, int, std::int64_t);        \
+  template void moe_load_balancing_loss_backward<A>(A*, const A*, A, int, std::int64_t);           \
   template void moe_add_loss_term<A>(A*, const A*, A);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)

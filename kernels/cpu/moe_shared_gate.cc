@@ -44,8 +44,8 @@ void moe_shared_gate_backward(S* ds, S* dg, const S* dout, const S* s, const S* 
   }
 }
 
-#define ZRT_INSTANTIATE(S)                                                         \
-  template void moe_shared_gate_forward<S>(S*, const S*, const S*, int, int);      \
+#define ZRT_INSTANTIATE(S)                                                    \
+  template void moe_shared_gate_forward<S>(S*, const S*, const S*, int, int); \
   template void moe_shared_gate_backward<S>(S*, S*, const S*, const S*, const S*, int, int);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)

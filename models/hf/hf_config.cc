@@ -189,7 +189,9 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
     if (r.opt_bool("use_sliding_window", false)) c.sliding_window = r.opt_int("sliding_window", 0);
   } else {
     c.attention_bias = r.opt_bool("attention_bias", false);
-    if (c.model_type == "mistral") c.sliding_window = r.opt_int("sliding_window", 0);
+    if (c.model_type == "mistral" || c.model_type == "mixtral") {
+      c.sliding_window = r.opt_int("sliding_window", 0);
+    }
   }
 }
 

@@ -27,7 +27,7 @@ struct HfRopeScaling {
 
 struct HfConfig {
   std::string path;                        // the file, for messages
-  std::string model_type;  // "gpt2", "llama", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3_moe"
+  std::string model_type;                  // "gpt2", "llama", "qwen2", "mistral", "mixtral", ...
   std::vector<std::string> architectures;  // e.g. {"LlamaForCausalLM"}; may be empty
   std::string torch_dtype;                 // "float32", "bfloat16", "float16" or "" (v5: dtype)
   int vocab_size = 0;

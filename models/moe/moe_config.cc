@@ -175,8 +175,8 @@ int MoeConfig::num_moe_layers() const {
 }
 
 std::vector<std::string> MoeConfig::preset_names() {
-  return {"mixtral-8x7b",  "qwen2-moe-a2.7b", "qwen3-30b-a3b",
-          "mixtral-tiny",  "qwen2-moe-tiny",  "qwen3-moe-tiny"};
+  return {"mixtral-8x7b", "qwen2-moe-a2.7b", "qwen3-30b-a3b",
+          "mixtral-tiny", "qwen2-moe-tiny",  "qwen3-moe-tiny"};
 }
 
 MoeConfig MoeConfig::preset(const std::string& name) {
@@ -432,13 +432,13 @@ std::int64_t MoeConfig::num_active_parameters() const {
 }
 
 std::string MoeConfig::describe() const {
-  return fmt::format("{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}, {:.1f}M params, {:.1f}M "
-                     "active)",
-                     name, architecture, num_hidden_layers, hidden_size, num_experts,
-                     num_experts_per_tok, moe_intermediate_size, num_attention_heads,
-                     num_key_value_heads, head_dim, vocab_size, seq_len,
-                     tie_word_embeddings ? " tied" : "", static_cast<double>(num_parameters()) / 1e6,
-                     static_cast<double>(num_active_parameters()) / 1e6);
+  return fmt::format(
+      "{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}, {:.1f}M params, {:.1f}M "
+      "active)",
+      name, architecture, num_hidden_layers, hidden_size, num_experts, num_experts_per_tok,
+      moe_intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
+      seq_len, tie_word_embeddings ? " tied" : "", static_cast<double>(num_parameters()) / 1e6,
+      static_cast<double>(num_active_parameters()) / 1e6);
 }
 
 }  // namespace zrt::moe

@@ -42,12 +42,12 @@ struct MoeConfig {
   bool attention_bias = false;  // Qwen2-MoE: always
   int sliding_window = 0;       // 0: none; a window shorter than seq_len is refused
 
-  int num_experts = 0;             // E (Mixtral's num_local_experts)
-  int num_experts_per_tok = 0;     // k
-  int moe_intermediate_size = 0;   // each expert's width
+  int num_experts = 0;                      // E (Mixtral's num_local_experts)
+  int num_experts_per_tok = 0;              // k
+  int moe_intermediate_size = 0;            // each expert's width
   int shared_expert_intermediate_size = 0;  // Qwen2-MoE's shared expert; 0: none
-  bool norm_topk_prob = true;      // renormalise the top-k weights (Mixtral always)
-  int decoder_sparse_step = 1;     // layer l is MoE iff (l+1) % step == 0 and l not mlp_only
+  bool norm_topk_prob = true;               // renormalise the top-k weights (Mixtral always)
+  int decoder_sparse_step = 1;  // layer l is MoE iff (l+1) % step == 0 and l not mlp_only
   std::vector<int> mlp_only_layers;
   double router_aux_loss_coef = 0.001;  // the load-balancing term's weight in the loss
   double router_z_loss_coef = 0.0;      // ST-MoE's router z-loss weight; 0: none

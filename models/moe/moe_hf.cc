@@ -87,11 +87,11 @@ std::vector<ExportTensor> hub_tensors(const MoeConfig& config, std::vector<Expor
     for (const hf::HfPiece& piece : pieces) {
       I64 numel = 1;
       for (I64 d : piece.shape) numel *= d;
-      ZRT_CHECK(offset + numel <= static_cast<I64>(t.values.size()), "{}: {} values for {}",
-                t.name, t.values.size(), piece.name);
-      out.push_back({piece.name, piece.shape,
-                     std::vector<float>(t.values.begin() + offset,
-                                        t.values.begin() + offset + numel)});
+      ZRT_CHECK(offset + numel <= static_cast<I64>(t.values.size()), "{}: {} values for {}", t.name,
+                t.values.size(), piece.name);
+      out.push_back(
+          {piece.name, piece.shape,
+           std::vector<float>(t.values.begin() + offset, t.values.begin() + offset + numel)});
       offset += numel;
     }
   }

@@ -113,9 +113,8 @@ void MoeLayer::experts_backward(kernels::KernelContext& ctx, DType dt, DType gt,
                              kept.offsets, s.E, s.I, s.C, k::GradWrite::kOverwrite);
   k::swiglu_backward(ctx, dt, scratch.dgate, scratch.dup, scratch.dh, kept.gate, kept.up,
                      rows * s.I);
-  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, g.gate_up, scratch.dgate, kept.xe,
-                             p.gate_up, kept.offsets, s.E, s.C, s.I, k::GradWrite::kOverwrite,
-                             stride);
+  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, g.gate_up, scratch.dgate, kept.xe, p.gate_up,
+                             kept.offsets, s.E, s.C, s.I, k::GradWrite::kOverwrite, stride);
   k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, up_grad, scratch.dup, kept.xe, up_weight,
                              kept.offsets, s.E, s.C, s.I, k::GradWrite::kAccumulate, stride);
 }
@@ -131,9 +130,8 @@ void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const M
   experts_backward(ctx, dt, gt, p, g, kept, scratch);
   // route: the softmax's gradient from the weights and the load-balancing loss (and z-loss),
   // then the router's linear, whose input gradient is the first write of dx.
-  k::moe_router_backward(ctx, dt, scratch.dlogits, scratch.dweights, kept.probs,
-                         ints(kept.experts), loss.dprobs_shared, N, s.E, s.k, s.renormalize,
-                         k::GradWrite::kOverwrite);
+  k::moe_router_backward(ctx, dt, scratch.dlogits, scratch.dweights, kept.probs, ints(kept.experts),
+                         loss.dprobs_shared, N, s.E, s.k, s.renormalize, k::GradWrite::kOverwrite);
   if (with_z_loss) {
     k::moe_router_z_loss_backward(ctx, dt, scratch.dlogits, kept.logits,
                                   loss.z_grad * loss.z_layer_weight, N, s.E);

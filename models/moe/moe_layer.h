@@ -42,22 +42,22 @@ struct MoeLayerShape {
 
 // The layer's parameters (or their gradients): null where the layer has none.
 struct MoeParams {
-  Bytes router;               // (E,C)
-  Bytes gate_up;              // (E,2I,C): gate rows [0,I), up rows [I,2I) of each expert
-  Bytes down;                 // (E,C,I)
-  Bytes shared_gate_proj;     // (Is,C)
-  Bytes shared_up_proj;       // (Is,C)
-  Bytes shared_down_proj;     // (C,Is)
-  Bytes shared_expert_gate;   // (1,C)
+  Bytes router;              // (E,C)
+  Bytes gate_up;             // (E,2I,C): gate rows [0,I), up rows [I,2I) of each expert
+  Bytes down;                // (E,C,I)
+  Bytes shared_gate_proj;    // (Is,C)
+  Bytes shared_up_proj;      // (Is,C)
+  Bytes shared_down_proj;    // (C,Is)
+  Bytes shared_expert_gate;  // (1,C)
 };
 
 // What the forward keeps for the backward (N tokens; R <= N*k rows dispatched).
 struct MoeKept {
-  Bytes logits;            // (N,E) the router's logits
-  Floats probs, weights;   // (N,E) fp32 softmax, (N,k) fp32 routing weights
-  Bytes experts;           // (N,k) int32: the router's choices (the load-balancing statistics')
-  Bytes routed;            // (N,k) int32: the experts dispatched to (-1: dropped by capacity)
-  Bytes row_of;            // (N,k) int32: each pair's row
+  Bytes logits;              // (N,E) the router's logits
+  Floats probs, weights;     // (N,E) fp32 softmax, (N,k) fp32 routing weights
+  Bytes experts;             // (N,k) int32: the router's choices (the load-balancing statistics')
+  Bytes routed;              // (N,k) int32: the experts dispatched to (-1: dropped by capacity)
+  Bytes row_of;              // (N,k) int32: each pair's row
   Bytes xe, gate, up, h, y;  // (N*k, C / I / I / I / C): permuted inputs, the experts' values
   Bytes sgate, sup, sh, sout, slogit;  // shared expert: (N,Is) x3, (N,C), (N) gate logit
   std::vector<std::int32_t> offsets;   // host copy of the plan's offsets (E+1)
@@ -72,8 +72,8 @@ struct MoeScratch {
   Bytes dlogits;                  // (N,E)
   Bytes ds, dsh, dslogit;         // (N,C), (N,Is), (N)
   // Accumulated (zeroed by the driver before each block's backward): swiglu's gradients.
-  Bytes dgate, dup;               // (N*k, I)
-  Bytes dsgate, dsup;             // (N,Is)
+  Bytes dgate, dup;    // (N*k, I)
+  Bytes dsgate, dsup;  // (N,Is)
 };
 
 // Router statistics and gradient the load-balancing loss shares across the forward's layers.
@@ -81,9 +81,9 @@ struct MoeRouterLoss {
   Floats stats_counts, stats_probsum;  // (E) fp32: zeroed once per forward, summed over layers
   Floats z_sum;                        // (1): the z-loss's mean over the MoE layers
   Floats dprobs_shared;                // (E): the load-balancing loss's d/dprobs, set before bwd
-  float z_layer_weight = 0.f;  // 1 / (MoE layers): each layer's share of the z-loss mean
-  float z_grad = 0.f;          // d loss / d z_sum for this backward (coef x loss scale)
-  Floats z_scratch;            // (1)
+  float z_layer_weight = 0.f;          // 1 / (MoE layers): each layer's share of the z-loss mean
+  float z_grad = 0.f;                  // d loss / d z_sum for this backward (coef x loss scale)
+  Floats z_scratch;                    // (1)
 };
 
 class MoeLayer {

@@ -84,7 +84,8 @@ transformer::TransformerSpec transformer_spec(const MoeConfig& c) {
   spec.token_embedding = 0;
   spec.position_embedding = -1;
   int index = 1;
-  for (int l = 0; l < c.num_hidden_layers; ++l) index += static_cast<int>(block_params(c, l).size());
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    index += static_cast<int>(block_params(c, l).size());
   spec.final_norm_weight = index;
   spec.head = c.tie_word_embeddings ? spec.token_embedding : index + 1;
   return spec;
@@ -137,6 +138,7 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
   router_.z_layer_weight = 1.0f / static_cast<float>(moe_layers);
   ctx.device().fill_zero(base, static_cast<std::size_t>(router_bytes(config_)), ctx.stream());
   expert_tokens_.assign(static_cast<std::size_t>(config_.num_moe_layers() * E), 0);
+  pass_tokens_ = expert_tokens_;
 }
 
 std::int64_t MoeModel::router_bytes(const MoeConfig& c) {
@@ -165,8 +167,8 @@ std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c) {
   return params;
 }
 
-void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
-                              std::int64_t count, float* out) const {
+void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
+                              float* out) const {
   const ParamSpec& spec = init_range(index, begin, count);
   if (spec.shape.size() == 1) {  // biases 0, RMSNorm weights 1
     const bool norm_weight = spec.name.find("norm.weight") != std::string::npos;
@@ -355,6 +357,8 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
     ctx.device().fill_zero(router_.stats_probsum.as<std::byte>(),
                            static_cast<std::size_t>(c.num_experts) * 4, ctx.stream());
     ctx.device().fill_zero(router_.z_sum.as<std::byte>(), 4, ctx.stream());
+    std::fill(pass_tokens_.begin(), pass_tokens_.end(), 0);
+    pass_dropped_ = 0;
   }
   k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1), N, C, c.rms_norm_eps);
   const Bytes q_out = c.qk_norm() ? x.q_pre : x.q;
@@ -371,8 +375,8 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   k::gqa_attention_forward(ctx, dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
                            pass.doc_start);
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
-  k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2),
-                              N, C, c.rms_norm_eps);
+  k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
+                              c.rms_norm_eps);
   if (c.is_moe_layer(layer)) {
     layer_.forward(ctx, dt, moe_params(a, layer, false), x.moe, acts_.moe, x.ln2, acts_.proj, N,
                    counting ? &router_ : nullptr, c.router_z_loss_coef > 0);
@@ -380,9 +384,9 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
       // The dispatch plan's offsets are on the host already: count the pairs per expert.
       int moe_index = 0;
       for (int l = 0; l < layer; ++l) moe_index += c.is_moe_layer(l) ? 1 : 0;
-      std::int64_t* tokens = &expert_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
-      for (int e = 0; e < c.num_experts; ++e) tokens[e] += x.moe.offsets[e + 1] - x.moe.offsets[e];
-      dropped_ += x.moe.dropped;
+      std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
+      for (int e = 0; e < c.num_experts; ++e) tokens[e] = x.moe.offsets[e + 1] - x.moe.offsets[e];
+      pass_dropped_ += x.moe.dropped;
     }
   } else {
     k::linear_forward(ctx, dt, x.gate, x.ln2, P(kDenseGate), Bytes(), N, C, I);
@@ -403,28 +407,37 @@ void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
   k::moe_load_balancing_loss(ctx, lb_, router_.stats_counts, router_.stats_probsum, c.num_experts,
                              rows);
   k::moe_add_loss_term(ctx, loss, lb_, static_cast<float>(c.router_aux_loss_coef));
-  k::moe_load_balancing_loss_backward(
-      ctx, router_.dprobs_shared, router_.stats_counts,
-      static_cast<float>(c.router_aux_loss_coef) * loss_scale, c.num_experts, rows);
+  k::moe_load_balancing_loss_backward(ctx, router_.dprobs_shared, router_.stats_counts,
+                                      static_cast<float>(c.router_aux_loss_coef) * loss_scale,
+                                      c.num_experts, rows);
   if (c.router_z_loss_coef > 0) {
     k::moe_add_loss_term(ctx, loss, router_.z_sum, static_cast<float>(c.router_z_loss_coef));
   }
   router_.z_grad = static_cast<float>(c.router_z_loss_coef) * loss_scale;
+  // A training pass: its routing counts join the step's.
+  for (std::size_t i = 0; i < pass_tokens_.size(); ++i) expert_tokens_[i] += pass_tokens_[i];
+  dropped_ += pass_dropped_;
   ++passes_;
+}
+
+std::optional<ExpertLoad> MoeModel::take_expert_load() {
+  ExpertLoad load{expert_tokens_, dropped_};
+  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
+  dropped_ = 0;
+  passes_ = 0;
+  return load;
 }
 
 RoutingStats MoeModel::take_routing_stats() {
   RoutingStats s;
-  if (!expert_tokens_.empty()) {
-    const auto [lo, hi] = std::minmax_element(expert_tokens_.begin(), expert_tokens_.end());
+  s.passes = passes_;
+  const ExpertLoad load = *take_expert_load();
+  if (!load.tokens.empty()) {
+    const auto [lo, hi] = std::minmax_element(load.tokens.begin(), load.tokens.end());
     s.min_tokens = *lo;
     s.max_tokens = *hi;
   }
-  s.dropped = dropped_;
-  s.passes = passes_;
-  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
-  dropped_ = 0;
-  passes_ = 0;
+  s.dropped = load.dropped;
   return s;
 }
 
@@ -454,8 +467,8 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     layer_.backward(ctx, dt, gt, moe_params(a, layer, false), moe_params(a, layer, true), x.moe,
                     d.moe, x.ln2, dres, d.dln2, N, router_, c.router_z_loss_coef > 0);
   } else {
-    k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I,
-                       C, first);
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
+                       first);
     k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
     k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
                        N, C, I, first);

@@ -12,7 +12,7 @@
 // mean over the MoE layers' rows of logsumexp^2, when set). The terms' gradients flow through
 // every router. aux_loss() holds the load-balancing term alone. An evaluation pass (forward)
 // reports the cross-entropy only. How the per-forward term adds up over accumulation and ranks:
-// docs/models.md ("Mixture of experts").
+// docs/config.md ("Mixture of experts").
 //
 // Parameters: models/moe/moe_config.h (transformers v5's names and order, the fused experts).
 // Modules as every transformer here: 0 the embedding, 1..L the blocks, L+1 the norm and head.
@@ -61,15 +61,37 @@ class MoeModel final : public transformer::TransformerModel {
                                        bool activation_checkpointing);
 
   // The load-balancing term of the last training pass (fp32, device; before the coefficient).
-  DevicePtr<const float> aux_loss() const { return lb_; }
+  DevicePtr<const float> aux_loss() const override { return lb_; }
   // Per expert and MoE layer, the (token, slot) pairs routed to it in the training passes since
-  // the last call (host, counted as the dispatch plans come back); resets the counts.
+  // the last call (host, counted as the dispatch plans come back; evaluation passes are not
+  // counted); resets the counts.
+  std::optional<ExpertLoad> take_expert_load() override;
+  // take_expert_load() summarised: the fewest and most pairs an expert of a layer received.
   RoutingStats take_routing_stats();
 
   enum Slot {
-    kQW, kQB, kKW, kKB, kVW, kVB, kOW, kQNorm, kKNorm,
-    kRouter, kGateUp, kDown, kSharedGateProj, kSharedUpProj, kSharedDownProj, kSharedExpertGate,
-    kDenseGate, kDenseUp, kDenseDown, kLn1, kLn2, kNumSlots
+    kQW,
+    kQB,
+    kKW,
+    kKB,
+    kVW,
+    kVB,
+    kOW,
+    kQNorm,
+    kKNorm,
+    kRouter,
+    kGateUp,
+    kDown,
+    kSharedGateProj,
+    kSharedUpProj,
+    kSharedDownProj,
+    kSharedExpertGate,
+    kDenseGate,
+    kDenseUp,
+    kDenseDown,
+    kLn1,
+    kLn2,
+    kNumSlots
   };
   // Index into parameters() of `slot` of block `layer`, -1 where the block has none.
   int block_param(int layer, int slot) const {
@@ -120,9 +142,11 @@ class MoeModel final : public transformer::TransformerModel {
   Buffer router_buffer_;
   MoeRouterLoss router_;
   Floats lb_;
-  // Routing counts since take_routing_stats (layer-major, E per MoE layer).
-  std::vector<std::int64_t> expert_tokens_;
-  std::int64_t dropped_ = 0;
+  // Routing counts of the current forward (committed by a training pass's
+  // add_auxiliary_losses) and of the training passes since take_expert_load (layer-major, E per
+  // MoE layer).
+  std::vector<std::int64_t> pass_tokens_, expert_tokens_;
+  std::int64_t pass_dropped_ = 0, dropped_ = 0;
   int passes_ = 0;
 };
 

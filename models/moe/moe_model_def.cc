@@ -40,9 +40,7 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
             {"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
             {"seq_len", c.seq_len}};
   }
-  std::int64_t num_active_parameters() const override {
-    return config().num_active_parameters();
-  }
+  std::int64_t num_active_parameters() const override { return config().num_active_parameters(); }
   double flops_per_token(int seq_len) const override {
     return moe::flops_per_token(config(), seq_len);
   }

@@ -135,8 +135,8 @@ TEST_CASE("Mixtral, Qwen2-MoE and Qwen3-MoE match transformers (fp32, derived bo
     rig.model->forward_backward(*rig.access, rig.batch, 1.0f);
     const double loss = rig.model->read_loss();
     const double lb = rig.read(rig.model->aux_loss());
-    INFO("loss " << loss << " (" << g["loss"] << "), load balancing " << lb << " ("
-                 << g["aux_loss"] << ")");
+    INFO("loss " << loss << " (" << g["loss"] << "), load balancing " << lb << " (" << g["aux_loss"]
+                 << ")");
     CHECK(std::abs(loss - g["loss"].get<double>()) <= kBound * std::abs(loss));
     CHECK(std::abs(lb - g["aux_loss"].get<double>()) <= kBound * std::abs(lb));
     double worst = std::max(logits_err, 0.0);
@@ -206,8 +206,7 @@ TEST_CASE("A capacity factor drops the pairs past each expert's capacity and cou
   CHECK(half.model->read_loss() != dropless.model->read_loss());
 }
 
-TEST_CASE("The router z-loss adds coef x its value and its gradient reaches the routers",
-          "[moe]") {
+TEST_CASE("The router z-loss adds coef x its value and its gradient reaches the routers", "[moe]") {
   const auto& g = test::moe_golden()["cases"][2];
   MoeConfig config = test::moe_case_config(g);
   Rig base(config, DType::kFloat32, DType::kFloat32);
