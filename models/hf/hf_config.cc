@@ -145,7 +145,8 @@ void read_moe(const json& doc, const std::string& path, HfConfig& c) {
     c.moe_intermediate_size = c.intermediate_size;
     return;
   }
-  c.num_experts = r.get_int("num_experts");
+  // transformers v5 writes Qwen3-MoE's count as num_local_experts (its attribute map's name).
+  c.num_experts = r.has("num_experts") ? r.get_int("num_experts") : r.get_int("num_local_experts");
   c.moe_intermediate_size = r.get_int("moe_intermediate_size");
   c.norm_topk_prob = r.opt_bool("norm_topk_prob", c.model_type == "qwen3_moe");
   c.decoder_sparse_step = r.opt_int("decoder_sparse_step", 1);
