@@ -27,14 +27,11 @@ void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, 
   k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
                         s.k, s.renormalize);
   kept.dropped = 0;
-  if (s.capacity_factor > 0) {
-    apply_capacity(ctx, kept, N);
-  } else {
-    ctx.device().copy(kept.routed, kept.experts, static_cast<std::size_t>(N) * s.k * 4,
-                      ctx.stream());
-  }
+  // Dropless, the router's choices are dispatched as they are.
+  if (s.capacity_factor > 0) apply_capacity(ctx, kept, N);
+  const Bytes routed = s.capacity_factor > 0 ? kept.routed : kept.experts;
   k::moe_dispatch_plan(ctx, ints(scratch.counts), ints(scratch.offsets), ints(kept.row_of),
-                       ints(scratch.source), ints(kept.routed), N, s.k, s.E);
+                       ints(scratch.source), ints(routed), N, s.k, s.E);
   // The one host synchronisation of the layer: the grouped GEMMs take the offsets on the host.
   kept.offsets.assign(static_cast<std::size_t>(s.E) + 1, 0);
   ctx.device().copy_to_host(kept.offsets.data(), scratch.offsets, kept.offsets.size() * 4,

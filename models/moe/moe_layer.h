@@ -53,10 +53,11 @@ struct MoeParams {
 
 // What the forward keeps for the backward (N tokens; R <= N*k rows dispatched).
 struct MoeKept {
-  Bytes logits;              // (N,E) the router's logits
-  Floats probs, weights;     // (N,E) fp32 softmax, (N,k) fp32 routing weights
-  Bytes experts;             // (N,k) int32: the router's choices (the load-balancing statistics')
-  Bytes routed;              // (N,k) int32: the experts dispatched to (-1: dropped by capacity)
+  Bytes logits;           // (N,E) the router's logits
+  Floats probs, weights;  // (N,E) fp32 softmax, (N,k) fp32 routing weights
+  Bytes experts;          // (N,k) int32: the router's choices (the load-balancing statistics')
+  // (N,k) int32, with a capacity factor only: the experts dispatched to (-1: dropped).
+  Bytes routed;
   Bytes row_of;              // (N,k) int32: each pair's row
   Bytes xe, gate, up, h, y;  // (N*k, C / I / I / I / C): permuted inputs, the experts' values
   Bytes sgate, sup, sh, sout, slogit;  // shared expert: (N,Is) x3, (N,C), (N) gate logit

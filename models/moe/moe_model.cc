@@ -183,8 +183,9 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //   kept (L sets, or 1 under checkpointing): ln1 (N,C), ln1 rstd (N), q (N,Q), k, v (N,KV); with
 //     q/k norms the pre-norm q, k and their rstd (N*NH), (N*NKV); lse (B,NH,T); atty (N,Q); res2,
 //     ln2 (N,C), ln2 rstd (N); any dense: gate, up, h (N,I); any MoE: logits (N,E), probs (N,E)
-//     fp32, weights (N,k) fp32, experts, routed, row_of (N,k) int32, xe (N*k,C), gate, up, h
-//     (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is), sout (N,C), slogit (N)
+//     fp32, weights (N,k) fp32, experts, routed (with a capacity factor), row_of (N,k) int32,
+//     xe (N*k,C), gate, up, h (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is),
+//     sout (N,C), slogit (N)
 //   then proj (N,C); any MoE: the plan's counts (E), offsets (E+1), source (N*k) int32
 //   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (N,I); any MoE: dy (N*k,C), dh
 //     (N*k,Ie), dxe (N*k,C), dweights (N,k) fp32, dlogits (N,E); shared: ds (N,C), dsh (N,Is),
@@ -233,7 +234,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
       p.floats(&m.probs, N * E);
       p.floats(&m.weights, N * K);
       p.bytes(&m.experts, N * K * 4);
-      p.bytes(&m.routed, N * K * 4);
+      if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
       p.bytes(&m.row_of, N * K * 4);
       p.bytes(&m.xe, N * K * C * S);
       p.bytes(&m.gate, N * K * Ie * S);
