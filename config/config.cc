@@ -199,8 +199,10 @@ class Parser {
   Config run() {
     reject_parameters_of_unsupported_types();
     walk(doc_, "");
+    read_sequence_parallel();
     read_batch();
     read_precision();
+    read_expert_parallel();
     read_zero();
     read_run_blocks();  // model, data, train, seed, output_dir, log_level
     read_optimizer_and_scheduler();
@@ -518,6 +520,13 @@ class Parser {
     return v == nullptr ? fallback : v->get<std::string>();
   }
 
+  // sequence_parallel_size, before the batch rule that counts world / sp (validate() checks it
+  // against the world, read_device_comm_trace against comm.ranks_per_node).
+  void read_sequence_parallel() {
+    if (!has("sequence_parallel_size") || is_rejected("sequence_parallel_size")) return;
+    config_.engine.sequence_parallel_size = get_small_int("sequence_parallel_size", 1);
+  }
+
   void read_batch() {
     BatchConfig& b = config_.batch;
     // Placeholders for a run that will not start (every path below that records a problem
@@ -546,7 +555,16 @@ class Parser {
         return;
       }
     }
-    std::int64_t world = world_size_;
+    // DeepSpeed's rule counts data-parallel ranks: with sequence parallelism, world / sp (the
+    // sp ranks of a group read the same sequences).
+    const int sp = config_.engine.sequence_parallel_size;
+    if (sp < 1 || (world_size_ > 0 && world_size_ % sp != 0)) return;  // validate() says why
+    std::int64_t world = world_size_ > 0 ? world_size_ / sp : world_size_;
+    const auto ranks = [&](std::int64_t dp) {
+      return sp == 1 ? fmt::format("world {}", dp)
+                     : fmt::format("data-parallel degree {} (world {} / sequence_parallel_size {})",
+                                   dp, dp * sp, sp);
+    };
     if (world <= 0) {
       if (!train || !micro || !accum) {
         fail_plain(
@@ -565,10 +583,8 @@ class Parser {
     }
     if (train && micro && accum) {
       if (*train != *micro * *accum * world) {
-        fail_plain(
-            fmt::format("train_batch_size {} is not micro {} × accumulation {} × world {} "
-                        "= {}",
-                        *train, *micro, *accum, world, *micro * *accum * world));
+        fail_plain(fmt::format("train_batch_size {} is not micro {} × accumulation {} × {} = {}",
+                               *train, *micro, *accum, ranks(world), *micro * *accum * world));
         return;
       }
       b.train_batch_size = *train;
@@ -577,8 +593,8 @@ class Parser {
     } else if (train && micro) {
       const std::int64_t d = *micro * world;
       if (*train % d != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × world {} = {}",
-                               *train, *micro, world, d));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × {} = {}", *train,
+                               *micro, ranks(world), d));
         return;
       }
       b.train_batch_size = *train;
@@ -587,9 +603,8 @@ class Parser {
     } else if (train && accum) {
       const std::int64_t d = *accum * world;
       if (*train % d != 0) {
-        fail_plain(
-            fmt::format("train_batch_size {} is not divisible by accumulation {} × world {} = {}",
-                        *train, *accum, world, d));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by accumulation {} × {} = {}",
+                               *train, *accum, ranks(world), d));
         return;
       }
       b.train_batch_size = *train;
@@ -601,7 +616,7 @@ class Parser {
       b.gradient_accumulation_steps = static_cast<int>(*accum);
     } else if (train) {
       if (*train % world != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by world {}", *train, world));
+        fail_plain(fmt::format("train_batch_size {} is not divisible by {}", *train, ranks(world)));
         return;
       }
       b.train_batch_size = *train;
@@ -624,7 +639,7 @@ class Parser {
       b.gradient_accumulation_steps = 1;
       return;
     }
-    b.world_size = static_cast<int>(world);
+    b.world_size = static_cast<int>(world * sp);
     config_.engine.gradient_accumulation_steps = b.gradient_accumulation_steps;
   }
 
@@ -690,6 +705,60 @@ class Parser {
       warn(path + ".nvme_path", fmt::format("ignored: device is {}", device));
     }
     return o;
+  }
+
+  // DeepSpeed's expert_parallel section (AutoEP): the layout keys into the engine options (its
+  // validate() checks autoep_size against the world and the stage), the model-description keys
+  // checked against what zrt's mixture-of-experts models are (the table refuses the others).
+  void read_expert_parallel() {
+    EngineOptions& e = config_.engine;
+    const std::string x = "expert_parallel.";
+    e.data_before_expert_parallel = get_bool("use_data_before_expert_parallelism", false);
+    const bool enabled = get_bool(x + "enabled", false);
+    if (!enabled) {
+      if (has(x + "autoep_size"))
+        warn(x + "autoep_size", "ignored: expert_parallel.enabled is false");
+      return;
+    }
+    e.expert_parallel_size = static_cast<int>(
+        std::min<std::int64_t>(get_int(x + "autoep_size", 1), std::numeric_limits<int>::max()));
+    const std::string hf_type = hf_model_type(get_string("model.init_from", ""));
+    const std::string type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
+    const bool dense = type == "gpt2" || type == "llama" || type == "qwen2" || type == "mistral";
+    if (dense && !is_rejected("model.type")) {
+      fail(x + "enabled",
+           fmt::format("model.type {} has no mixture-of-experts layers: expert parallelism "
+                       "splits experts (Mixtral, Qwen2-MoE, Qwen3-MoE); remove the "
+                       "expert_parallel block or set enabled false",
+                       type));
+    }
+    const std::string preset = get_string(x + "preset_model", "");
+    if (preset == "deepseek_v2" || preset == "deepseek_v3" || preset == "llama4" ||
+        preset == "qwen3_5_moe") {
+      fail(x + "preset_model",
+           fmt::format("zrt has no {} model; its mixture-of-experts models are Mixtral "
+                       "(preset_model mixtral) and Qwen2/3-MoE (qwen3_moe), or leave the key out",
+                       preset));
+    } else if (!preset.empty() && !dense) {
+      const bool qwen = type.find("qwen") != std::string::npos;
+      const bool mixtral = type.find("mixtral") != std::string::npos;
+      if ((preset == "mixtral" && qwen) || (preset == "qwen3_moe" && mixtral)) {
+        fail(x + "preset_model",
+             fmt::format("{} names another family than model.type {}; give the model's own "
+                         "(mixtral for Mixtral, qwen3_moe for Qwen2/3-MoE) or leave the key out",
+                         preset, type));
+      }
+    }
+    if (get_string(x + "score_func", "auto") == "sigmoid") {
+      fail(x + "score_func",
+           "sigmoid scoring is DeepSeek-V3's and Llama 4's router; Mixtral and Qwen2/3-MoE route "
+           "with a softmax, which zrt's models compute as transformers does; use auto or softmax");
+    }
+    if (get_string(x + "score_apply", "auto") == "pre") {
+      fail(x + "score_apply",
+           "transformers' Mixtral and Qwen MoE weight the experts' outputs (post); pre would "
+           "scale their inputs and change the model; use auto or post");
+    }
   }
 
   // zero_optimization.zero_hpz_partition_size as given (validate() checks it against the stage,
@@ -1101,6 +1170,14 @@ class Parser {
                        "it the ranks per node or a divisor of it",
                        hpz, comm.ranks_per_node, hpz));
     }
+    const int sp = config_.engine.sequence_parallel_size;
+    if (sp > 1 && comm.ranks_per_node > 0 && comm.ranks_per_node % sp != 0) {
+      fail("sequence_parallel_size",
+           fmt::format("{} does not divide comm.ranks_per_node {}: a sequence-parallel group of "
+                       "{} consecutive ranks would span nodes, and it exchanges activations every "
+                       "layer; make it the ranks per node or a divisor of it",
+                       sp, comm.ranks_per_node, sp));
+    }
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
     if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {
@@ -1251,6 +1328,10 @@ json resolved_document(const Config& c) {
   zero["overlap_comm"] = e.overlap_comm;
   if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
   if (e.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = e.hpz_partition_size;
+  if (e.expert_parallel_size > 1) {
+    out["expert_parallel"] = {{"enabled", true}, {"autoep_size", e.expert_parallel_size}};
+  }
+  if (e.data_before_expert_parallel) out["use_data_before_expert_parallelism"] = true;
   if (e.quantized_weights) zero["zero_quantized_weights"] = true;
   if (e.quantized_gradients) zero["zero_quantized_gradients"] = true;
   if (e.stage == 3) {  // below stage 3 these keys draw a warning

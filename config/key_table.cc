@@ -174,9 +174,12 @@ std::vector<KeyInfo> build_table() {
         "Divide gradients by this factor before the reduction")
           .off("1"),
       K("seq_parallel_comm_data_type", W, kString, "fp32",
-        "Sequence-parallel communication dtype; zrt has no sequence parallelism")
+        "Sequence-parallel communication dtype; zrt's all-to-alls move the compute dtype")
           .off("\"fp32\""),
-      K("sequence_parallel_size", E, kInt, "1", "Sequence parallelism (Ulysses)").off("1"),
+      K("sequence_parallel_size", I, kInt, documented(engine.sequence_parallel_size),
+        "Ulysses sequence parallelism: each sequence in this many chunks over as many consecutive "
+        "ranks of a node; train_batch_size counts world / this")
+          .range(1),
       K("disable_allgather", W, kBool, "false", "Legacy all-gather switch").off("false"),
       K("fp16", I, kObject, "disabled", "fp16 mixed precision with dynamic loss scaling"),
       K("fp16.enabled", I, kBool, "false", "Compute in fp16 (fp32 master weights)"),
@@ -461,8 +464,74 @@ std::vector<KeyInfo> build_table() {
       K("sparse_attention", E, kOpaque, "none", "Block-sparse attention").off("{}"),
       K("pipeline", E, kOpaque, "none", "Pipeline parallelism").off("{}"),
       K("tensor_parallel", E, kOpaque, "none", "AutoTP tensor parallelism").off("{}"),
-      K("expert_parallel", E, kOpaque, "none", "AutoEP expert parallelism")
-          .off("{\"enabled\": false}"),
+      // DeepSpeed's AutoEP section, as deepspeed/module_inject/auto_ep_config.py reads it. zrt's
+      // mixture-of-experts models declare their experts, router and scoring in code (as
+      // transformers defines them), so the keys that tell AutoEP how to find or change those
+      // are refused by name, each with its reason; the layout keys are implemented.
+      K("expert_parallel", I, kObject, "{}",
+        "AutoEP expert parallelism: each MoE layer's experts split over autoep_size ranks"),
+      K("expert_parallel.enabled", I, kBool, "false", "Expert parallelism on"),
+      K("expert_parallel.autoep_size", I, kInt, "1",
+        "Ranks an MoE layer's experts are split over (must divide world / sequence_parallel_size "
+        "and every layer's expert count); 1: every expert local")
+          .range(1),
+      K("expert_parallel.preset_model", I, kEnum, "auto",
+        "The model family; must be the model's own (mixtral, or qwen3_moe for Qwen2/3-MoE); "
+        "zrt has no deepseek_v2/v3, llama4 or qwen3_5_moe model")
+          .choices("mixtral|qwen3_moe|qwen3_5_moe|deepseek_v2|deepseek_v3|llama4"),
+      K("expert_parallel.score_func", I, kEnum, "auto",
+        "Router scoring: the model's softmax (auto, softmax); sigmoid is refused")
+          .choices("auto|softmax|sigmoid"),
+      K("expert_parallel.score_apply", I, kEnum, "auto",
+        "Where routing weights apply: after the experts, as transformers does (auto, post); pre "
+        "is refused")
+          .choices("auto|pre|post"),
+      K("expert_parallel.use_grouped_mm", W, kBool, "true",
+        "Grouped expert GEMM; zrt's experts always run as one grouped product, same math")
+          .off("true"),
+      K("expert_parallel.grouped_mm_backend", W, kEnum, "auto",
+        "Grouped GEMM backend; zrt picks its own (cuBLAS / BLAS per expert)")
+          .choices("auto|torch|cutlass|sequential")
+          .off("\"auto\""),
+      K("expert_parallel.top_k", E, kInt, "auto",
+        "Experts per token: zrt reads the model's num_experts_per_tok")
+          .on_auto(AutoRule::kDefault),
+      K("expert_parallel.route_norm", E, kBool, "auto",
+        "Top-k renormalisation: zrt follows the model (Mixtral always, Qwen by norm_topk_prob)"),
+      K("expert_parallel.route_scale", E, kNumber, "1.0",
+        "Routing-weight scale: not in Mixtral or Qwen2/3-MoE")
+          .off("1.0"),
+      K("expert_parallel.routed_scaling_factor", E, kNumber, "auto",
+        "DeepSeek's routed scaling: not in Mixtral or Qwen2/3-MoE")
+          .on_auto(AutoRule::kDefault)
+          .off("1.0"),
+      K("expert_parallel.num_expert_groups", E, kInt, "none",
+        "DeepSeek's group-limited routing: not in Mixtral or Qwen2/3-MoE"),
+      K("expert_parallel.num_limited_groups", E, kInt, "none",
+        "DeepSeek's group-limited routing: not in Mixtral or Qwen2/3-MoE"),
+      K("expert_parallel.load_balance_coeff", E, kNumber, "none",
+        "Expert-bias (auxiliary-loss-free) balancing: zrt trains with transformers' "
+        "load-balancing loss, model.router_aux_loss_coef"),
+      K("expert_parallel.moe_layer_pattern", E, kString, "none",
+        "MoE layer detection: zrt's models declare their MoE layers"),
+      K("expert_parallel.router_pattern", E, kString, "none",
+        "Router detection: zrt's models declare their routers"),
+      K("expert_parallel.expert_pattern", E, kString, "none",
+        "Expert detection: zrt's models declare their experts"),
+      K("expert_parallel.expert_w1", E, kString, "none",
+        "Expert weight names: zrt's models name theirs as the Hub does"),
+      K("expert_parallel.expert_w2", E, kString, "none",
+        "Expert weight names: zrt's models name theirs as the Hub does"),
+      K("expert_parallel.expert_w3", E, kString, "none",
+        "Expert weight names: zrt's models name theirs as the Hub does"),
+      K("expert_parallel.num_experts_attr", E, kString, "none",
+        "Config attribute of the expert count: zrt reads the model's config"),
+      K("expert_parallel.top_k_attr", E, kString, "none",
+        "Config attribute of top-k: zrt reads the model's config"),
+      K("expert_parallel.has_shared_experts", E, kBool, "none",
+        "Shared-expert detection: zrt's models declare theirs (Qwen2-MoE)"),
+      K("expert_parallel.shared_experts_pattern", E, kString, "none",
+        "Shared-expert detection: zrt's models declare theirs (Qwen2-MoE)"),
       K("moe", E, kOpaque, "none",
         "Mixture of experts: not a DeepSpeed config key, reserved so MoE settings fail loudly")
           .zrt()
@@ -497,8 +566,9 @@ std::vector<KeyInfo> build_table() {
       K("disable_python_gc", W, kBool, "false", "Python garbage-collection control").off("false"),
       K("graph_harvesting", W, kBool, "false", "CUDA graph capture of short kernels").off("false"),
       K("dataloader_drop_last", W, kBool, "false", "DeepSpeed's data loader option").off("false"),
-      K("use_data_before_expert_parallelism", W, kBool, "false", "MoE process-group layout")
-          .off("false"),
+      K("use_data_before_expert_parallelism", I, kBool, "false",
+        "Expert-parallel groups strided and expert-data-parallel groups consecutive (D + E), "
+        "instead of the reverse"),
       K("vocabulary_size", W, kInt, "none", "DeepSpeed hint; zrt uses model.vocab_size"),
       K("timers", W, kOpaque, "{}", "DeepSpeed timer options").off("{}"),
       K("autotuning", W, kOpaque, "disabled", "DeepSpeed autotuner").off("{\"enabled\": false}"),

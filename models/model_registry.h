@@ -22,6 +22,7 @@
 
 #include "config/config.h"
 #include "kernels/kernel_context.h"
+#include "runtime/comm/process_group.h"
 #include "runtime/common/dtype.h"
 #include "runtime/model_interface.h"
 
@@ -30,6 +31,10 @@ namespace zrt {
 // How to build a model, beyond its architecture (what the run asks of it).
 struct ModelOptions {
   bool activation_checkpointing = false;
+  // Ulysses sequence parallelism (sequence_parallel_size): the group sharing each sequence
+  // (ParallelLayout::sequence_group), null at 1. A model that cannot split its attention's heads
+  // over it refuses to be built.
+  ProcessGroup* sequence_group = nullptr;
 };
 
 // Fills elements [first, first + count) of parameter `index` with fp32 initial values, as

@@ -92,6 +92,12 @@ class ParamAccess {
 // in t, and either doc_start[t-1] or t), and `positions` (then also set) holds its position in
 // that document (t - doc_start[t]): the position embedding's row or the rotary angle. Both null:
 // one document per row, positions 0..T-1.
+//
+// Ulysses sequence parallelism (a model built with a sequence-parallel group of sp ranks): the
+// batch is this rank's chunk of each sequence, seq_len its length (T/sp); `positions` (B,T/sp) is
+// always set (the chunk's global positions, or its documents'); `doc_start` is null or the whole
+// sequences' (B,T), indices into the whole row; targets are the chunk's, shifted over the whole
+// row.
 struct TokenBatch {
   TokenBatch() = default;
   // One document per row, every target in the loss unless below 0, the mean over B*T.

@@ -8,8 +8,13 @@
 
 namespace zrt::train {
 
-BatchFeeder::BatchFeeder(Device& device, Stream& stream, int B, int T, bool documents)
-    : device_(device), stream_(stream), arrays_(documents ? 4 : 2) {
+BatchFeeder::BatchFeeder(Device& device, Stream& stream, int B, int T, bool documents,
+                         const DataShare& share)
+    : device_(device), stream_(stream), arrays_(documents ? 4 : 2), share_(share) {
+  ZRT_CHECK(share.sp_size >= 1 && T % share.sp_size == 0,
+            "rows of {} tokens in {} sequence-parallel chunks", T, share.sp_size);
+  // A chunk always carries its positions (its rotary angles start at its offset).
+  if (share.chunked() && !documents) arrays_ = 3;
   const std::int64_t bytes = std::int64_t{B} * T * 4 * arrays_;
   for (int i = 0; i < 2; ++i) {
     host_[i] =
@@ -36,6 +41,7 @@ TokenBatch BatchFeeder::next(const HostBatch& rows, float loss_divisor) {
   ZRT_CHECK(!rows.documents || arrays_ == 4, "a batch with documents for a feeder without");
   const int slot = slot_++ % 2;
   copied_[slot]->synchronize();  // the host buffer's previous copy is done
+  if (share_.chunked()) return next_chunk(rows, loss_divisor, slot);
   std::int32_t* staged = host_[slot].host<std::int32_t>();
   std::copy(rows.inputs.begin(), rows.inputs.end(), staged);
   std::copy(rows.targets.begin(), rows.targets.end(), staged + n);
@@ -57,6 +63,43 @@ TokenBatch BatchFeeder::next(const HostBatch& rows, float loss_divisor) {
   }
   batch.batch = B_;
   batch.seq_len = T_;
+  batch.loss_divisor = loss_divisor;
+  return batch;
+}
+
+// The chunk's inputs, targets and positions (B x Tl each), then the whole rows' document starts
+// (B x T) when the rows have documents.
+TokenBatch BatchFeeder::next_chunk(const HostBatch& rows, float loss_divisor, int slot) {
+  const int Tl = share_.chunk_length(T_), first = share_.chunk_offset(T_);
+  const std::int64_t n = std::int64_t{B_} * Tl;
+  std::int32_t* staged = host_[slot].host<std::int32_t>();
+  for (int b = 0; b < B_; ++b) {
+    const std::size_t from = static_cast<std::size_t>(b) * static_cast<std::size_t>(T_) +
+                             static_cast<std::size_t>(first);
+    const std::size_t to = static_cast<std::size_t>(b) * static_cast<std::size_t>(Tl);
+    for (int t = 0; t < Tl; ++t) {
+      const std::size_t i = from + static_cast<std::size_t>(t);
+      staged[to + t] = rows.inputs[i];
+      staged[n + to + t] = rows.targets[i];
+      staged[2 * n + to + t] = rows.documents ? rows.positions[i] : first + t;
+    }
+  }
+  std::int64_t elements = 3 * n;
+  if (rows.documents) {
+    std::copy(rows.doc_start.begin(), rows.doc_start.end(), staged + elements);
+    elements += std::int64_t{B_} * T_;
+  }
+  device_.copy_to_device(device_buf_[slot].device<std::byte>(), staged,
+                         static_cast<std::size_t>(elements * 4), stream_);
+  copied_[slot]->record(stream_);
+  const DevicePtr<std::int32_t> base = device_buf_[slot].device<std::int32_t>();
+  TokenBatch batch;
+  batch.inputs = base;
+  batch.targets = base + n;
+  batch.positions = base + 2 * n;
+  if (rows.documents) batch.doc_start = base + 3 * n;
+  batch.batch = B_;
+  batch.seq_len = Tl;
   batch.loss_divisor = loss_divisor;
   return batch;
 }

@@ -41,9 +41,10 @@ double Evaluator::evaluate() {
   // The same rule as training: the sum over every evaluated loss token over their count.
   std::vector<HostBatch> rows(static_cast<std::size_t>(config_.train.eval_batches));
   std::int64_t local_tokens = 0;
+  const DataShare& share = feeder_.share();
   for (HostBatch& r : rows) {
-    val_stream.next_micro_batch(rank, world, B, r);
-    local_tokens += r.loss_tokens;
+    val_stream.next_micro_batch(share.dp_rank, share.dp_size, B, r);
+    local_tokens += chunk_loss_tokens(r, share);
   }
   const bool weighted = val_data_->documents();
   const std::int64_t global_tokens = weighted ? control_.sum(local_tokens) : 0;

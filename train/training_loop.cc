@@ -70,11 +70,13 @@ StepOutcome TrainingRun::train_step(std::int64_t step) {
 
 std::int64_t TrainingRun::read_micro_batches() {
   std::int64_t local_tokens = 0;
+  // The rows of this rank's data-parallel rank (every rank of an sp group reads the same), and
+  // the loss tokens of its chunk of them: summed over the world, each token counts once.
   for (HostBatch& r : step_rows_) {
-    train_stream_->next_micro_batch(rank_, world_, B_, r);
-    local_tokens += r.loss_tokens;
+    train_stream_->next_micro_batch(share_.dp_rank, share_.dp_size, B_, r);
+    local_tokens += chunk_loss_tokens(r, share_);
   }
-  return masked_ ? control_->sum(local_tokens) : std::int64_t{G_} * world_ * B_ * T_;
+  return masked_ ? control_->sum(local_tokens) : std::int64_t{G_} * share_.dp_size * B_ * T_;
 }
 
 void TrainingRun::log_empty_step(std::int64_t step) {
@@ -215,6 +217,7 @@ void TrainingRun::deliver_losses(const std::vector<float>& agreed) {
 RunSummary TrainingRun::run() {
   ZRT_CHECK(drain_.has_value(), "TrainingRun::run() before build()");
   comm_before_ = engine_comm();
+  sequence_comm_before_ = layout_->sequence_traffic();
   run_start_ = Clock::now();
   interval_start_ = run_start_;
   interval_steps_ = 0;
@@ -277,6 +280,9 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
   peaks.push_back(usage.total_peak);
   peaks = control_->max(peaks);
   const CommCounts comm_now = engine_comm();
+  const CommCounts sequence_now = layout_->sequence_traffic();
+  const CommCounts sequence_step = sequence_now - sequence_comm_before_;
+  sequence_comm_before_ = sequence_now;
   const std::int64_t comm_bytes = (comm_now - comm_before_).total_bytes();
   const std::int64_t comm_inter_node_bytes = (comm_now - comm_before_).total_inter_bytes();
   const std::int64_t comm_intra_node_bytes = (comm_now - comm_before_).total_intra_bytes();
@@ -315,6 +321,13 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
     row["comm_bytes"] = comm_bytes;
     row["comm_intra_node_bytes"] = comm_intra_node_bytes;
     row["comm_inter_node_bytes"] = comm_inter_node_bytes;
+    // Sequence parallelism's all-to-alls, their payload and what this rank sent
+    // (docs/multi-node.md has the formula); not in comm_bytes, the engine's.
+    if (share_.chunked()) {
+      row["comm_sequence_parallel_bytes"] = sequence_step.total_bytes();
+      row["comm_sequence_parallel_sent_bytes"] =
+          sequence_step.total_intra_bytes() + sequence_step.total_inter_bytes();
+    }
     row["loss_scale"] = result.loss_scale;
     row["skipped"] = result.skipped;
     row["skipped_total"] = result.skipped_steps;
@@ -419,6 +432,11 @@ void TrainingRun::end_traced_step(std::int64_t step, double step_start_us,
 void TrainingRun::sample() {
   if (config_.train.sample_tokens <= 0 || model_source_.vocab_size != 256 ||
       summary_.status != RunStatus::kCompleted) {
+    return;
+  }
+  if (share_.chunked()) {
+    // Sampling runs whole sequences of one rank; the model takes chunks of its group's.
+    if (rank_ == 0) spdlog::info("sample: skipped under sequence parallelism");
     return;
   }
   summary_.sample =

@@ -122,10 +122,16 @@ void TrainingRun::build_groups() {
   engine_options_ = engine_options(config_);
   // Every process group of the run, built once: the world ("zero") and control groups, the
   // node topology (comm.ranks_per_node simulates nodes), MiCS, ZeRO++ and hpZ groups.
+  // Sequence parallelism's all-to-alls get a stream of their own: on the engine's they would
+  // queue behind its gathers and reductions.
+  if (engine_options_.sequence_parallel_size > 1) {
+    sequence_stream_ = device_->create_stream("sequence-parallel");
+  }
   layout_.emplace(*device_, MPI_COMM_WORLD, *comm_, *control_stream_,
                   parallel_dims(engine_options_, world_, config_.comm.ranks_per_node),
-                  comm_options_);
+                  comm_options_, sequence_stream_.get());
   control_.emplace(*device_, layout_->control_group());
+  share_ = DataShare::of(layout_->dims(), rank_);
 }
 
 CommCounts TrainingRun::engine_comm() const {
@@ -140,6 +146,7 @@ void TrainingRun::build_model() {
   check_factory(model_source_);
   ModelOptions model_options;
   model_options.activation_checkpointing = config_.model.activation_checkpointing;
+  model_options.sequence_group = layout_->sequence_group();
   model_owner_ = model_source_.build(*ctx_, model_options);
   if (!model_owner_) {
     ZRT_THROW(InvalidArgument, "ModelFactory for {} built no model", model_source_.description);
@@ -151,6 +158,16 @@ void TrainingRun::build_engine() {
   Model& model = *model_;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config_.optimizer.applies_weight_decay(p.name);
+  // Expert parallelism splits experts: a model must declare its expert parameters (group 1, the
+  // expert-data-parallel group) for it to mean anything.
+  const int ep = engine_options_.expert_parallel_size;
+  if (ep > 1 &&
+      std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.group == 1; })) {
+    ZRT_THROW(InvalidArgument,
+              "expert_parallel.autoep_size {}: {} has no experts (no mixture-of-experts layer "
+              "declares expert parameters); remove the expert_parallel block or set autoep_size 1",
+              ep, model_source_.description);
+  }
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
   engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
@@ -200,7 +217,13 @@ void TrainingRun::build_data() {
               "(it would attend across documents and train on every token)",
               config_.data.train, model_source_.description);
   }
-  feeder_.emplace(*device_, *compute_, B_, T_, masked_);
+  if (share_.chunked() && T_ % share_.sp_size != 0) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {} does not divide the sequence length {}: each rank of a "
+              "group trains on an equal chunk of every sequence; give a divisor of it",
+              share_.sp_size, T_);
+  }
+  feeder_.emplace(*device_, *compute_, B_, T_, masked_, share_);
 }
 
 // Resume (at any world size or stage), then save as configured.
@@ -238,12 +261,17 @@ void TrainingRun::build_trace() {
 }
 
 void TrainingRun::log_setup() {
-  tokens_per_step_ = std::int64_t{B_} * T_ * G_ * world_;
+  tokens_per_step_ = std::int64_t{B_} * T_ * G_ * share_.dp_size;
   flops_per_token_ = model_source_.flops_per_token ? model_source_.flops_per_token(T_) : 0.0;
   peak_ = device_peak(*device_, config_.engine.compute_dtype, ranks_.local_size);
   if (rank_ == 0) {
-    spdlog::info("model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step",
-                 model_source_.description, world_, config_.engine.stage, B_, G_, world_, T_);
+    spdlog::info(
+        "model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step{}",
+        model_source_.description, world_, config_.engine.stage, B_, G_, share_.dp_size, T_,
+        share_.chunked() ? fmt::format(", each in {} chunks of {} over a sequence-parallel "
+                                       "group",
+                                       share_.sp_size, share_.chunk_length(T_))
+                         : std::string());
     spdlog::info("device {}; MFU peak: {}", device_->description(), peak_.source);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa_), cpu_isa_name(hardware_cpu_isa()));

@@ -159,6 +159,7 @@ class TrainingRun {
   std::unique_ptr<Stream> compute_;
   std::unique_ptr<Stream> comm_;
   std::unique_ptr<Stream> control_stream_;
+  std::unique_ptr<Stream> sequence_stream_;  // the sp group's all-to-alls (sp > 1)
   CommOptions comm_options_;
   Watchdog* watchdog_ = nullptr;
   EngineOptions engine_options_;
@@ -182,6 +183,7 @@ class TrainingRun {
   std::optional<DataStream> train_stream_;
   std::unique_ptr<SampleSource> val_data_;
   bool masked_ = false;  // loss masks or packed documents: the loss is weighted by loss tokens
+  DataShare share_;      // which rows this rank reads and which chunk of them it trains on
   std::optional<BatchFeeder> feeder_;
 
   std::optional<CheckpointPolicy> checkpoints_;
@@ -212,7 +214,8 @@ class TrainingRun {
   std::vector<UnreadStep> unread_;  // steps whose loss is still on the device, in order
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // the latest step's read
   CommCounts comm_before_;
-  Clock::time_point run_start_;  // elapsed_s and the ETA count from here
+  CommCounts sequence_comm_before_;  // the sp group's all-to-alls
+  Clock::time_point run_start_;      // elapsed_s and the ETA count from here
   Clock::time_point interval_start_;
   std::int64_t interval_steps_ = 0;
   // The engine takes a step's decision on the device where it can (ZeroEngine::enqueue_step),

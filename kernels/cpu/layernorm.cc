@@ -7,7 +7,7 @@
 namespace zrt::kernels::cpu {
 
 namespace {
-constexpr int kChannelBlock = 64;  // channels per task of the column sums
+constexpr int kLayernormChannelBlock = 64;  // channels per task of the column sums
 }  // namespace
 
 template <typename S>
@@ -65,13 +65,13 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* i
       dx[c] = store<S>(load<A>(dx[c]) + (g - g_mean - norm * gn_mean) * s);
     }
   }
-  const int blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const int blocks = (C + kLayernormChannelBlock - 1) / kLayernormChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
-    const int c0 = blk * kChannelBlock;
-    const int c1 = std::min(C, c0 + kChannelBlock);
-    A dw[kChannelBlock] = {};
-    A db[kChannelBlock] = {};
+    const int c0 = blk * kLayernormChannelBlock;
+    const int c1 = std::min(C, c0 + kLayernormChannelBlock);
+    A dw[kLayernormChannelBlock] = {};
+    A db[kLayernormChannelBlock] = {};
     for (int n = 0; n < N; ++n) {
       const std::int64_t off = static_cast<std::int64_t>(n) * C;
       const A m = mean[n];

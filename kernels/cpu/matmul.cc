@@ -8,7 +8,7 @@
 namespace zrt::kernels::cpu {
 
 namespace {
-constexpr int kChannelBlock = 64;
+constexpr int kMatmulChannelBlock = 64;
 using I64 = std::int64_t;
 }  // namespace
 
@@ -27,12 +27,12 @@ std::int64_t matmul_backward_workspace(int N, int C, int OC) {
 template <typename S, typename G>
 void bias_backward(G* dbias, const S* dout, int N, int C) {
   using A = acc_t<S>;
-  const int blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const int blocks = (C + kMatmulChannelBlock - 1) / kMatmulChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
-    const int c0 = blk * kChannelBlock;
-    const int c1 = std::min(C, c0 + kChannelBlock);
-    A sum[kChannelBlock] = {};
+    const int c0 = blk * kMatmulChannelBlock;
+    const int c1 = std::min(C, c0 + kMatmulChannelBlock);
+    A sum[kMatmulChannelBlock] = {};
     for (int n = 0; n < N; ++n) {
       const S* row = dout + I64{n} * C;
       for (int c = c0; c < c1; ++c) sum[c - c0] += load<A>(row[c]);

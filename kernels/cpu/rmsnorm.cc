@@ -7,7 +7,7 @@
 namespace zrt::kernels::cpu {
 
 namespace {
-constexpr int kChannelBlock = 64;  // channels per task of the column sums
+constexpr int kRmsnormChannelBlock = 64;  // channels per task of the column sums
 }  // namespace
 
 template <typename S>
@@ -51,12 +51,12 @@ void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S*
       dx[c] = store<S>(load<A>(dx[c]) + (g - norm * gn_mean) * s);
     }
   }
-  const int blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  const int blocks = (C + kRmsnormChannelBlock - 1) / kRmsnormChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
-    const int c0 = blk * kChannelBlock;
-    const int c1 = std::min(C, c0 + kChannelBlock);
-    A dw[kChannelBlock] = {};
+    const int c0 = blk * kRmsnormChannelBlock;
+    const int c1 = std::min(C, c0 + kRmsnormChannelBlock);
+    A dw[kRmsnormChannelBlock] = {};
     for (int n = 0; n < N; ++n) {
       const std::int64_t off = static_cast<std::int64_t>(n) * C;
       const A s = rstd[n];

@@ -58,7 +58,16 @@ transformer::TransformerSpec transformer_spec(const GptConfig& config) {
 Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
     : TransformerModel(ctx, transformer_spec(config), options),
       config_(std::move(config)),
-      params_(parameter_table(config_)) {}
+      params_(parameter_table(config_)) {
+  // GPT-2's attention reads q, k and v interleaved in one (B,T,3C) projection; sharing its heads
+  // over a sequence-parallel group would need them apart first.
+  if (options.sequence_parallel_size() > 1) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {}: model.type gpt2 does not support sequence parallelism "
+              "(the Llama family does); set sequence_parallel_size 1",
+              options.sequence_parallel_size());
+  }
+}
 
 std::vector<ParamSpec> Gpt::parameter_table(const GptConfig& config) {
   std::vector<ParamSpec> params;

@@ -1,5 +1,6 @@
 #include "models/llama/llama.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/ops.h"
@@ -102,11 +103,52 @@ kernels::RopeTable rope_table(const LlamaConfig& c) {
   return kernels::make_rope_table(c.head_dim, c.rope_theta, s);
 }
 
+std::vector<std::string> Llama::sequence_parallel_problems(const LlamaConfig& c, int sp) {
+  std::vector<std::string> problems;
+  if (sp <= 1) return problems;
+  const int NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  if (NH % sp != 0) {
+    problems.push_back(fmt::format(
+        "sequence_parallel_size {} does not divide the model's {} query heads "
+        "(num_attention_heads): each rank of a sequence-parallel group attends with an equal "
+        "share of them; give a divisor of {}",
+        sp, NH, NH));
+  } else if (NKV % sp != 0 && sp % NKV != 0) {
+    problems.push_back(fmt::format(
+        "sequence_parallel_size {} and the model's {} key/value heads (num_key_value_heads): "
+        "they must split over the ranks or divide them (fewer are copied to the ranks that use "
+        "them); give a divisor or a multiple of {}",
+        sp, NKV, NKV));
+  }
+  if (c.seq_len % sp != 0) {
+    problems.push_back(fmt::format(
+        "sequence_parallel_size {} does not divide the sequence length {}: each rank holds an "
+        "equal chunk of every sequence; give a divisor of it",
+        sp, c.seq_len));
+  }
+  return problems;
+}
+
+namespace {
+
+// The model's config, after refusing a sequence-parallel group it cannot use.
+const LlamaConfig& checked_for(const LlamaConfig& c, const LlamaOptions& options) {
+  const std::vector<std::string> problems =
+      Llama::sequence_parallel_problems(c, options.sequence_parallel_size());
+  if (!problems.empty()) {
+    ZRT_THROW(InvalidArgument, "{}: {}", c.architecture, fmt::join(problems, "; "));
+  }
+  return c;
+}
+
+}  // namespace
+
 Llama::Llama(LlamaConfig config, kernels::KernelContext& ctx, LlamaOptions options)
-    : TransformerModel(ctx, transformer_spec(config), options),
+    : TransformerModel(ctx, transformer_spec(checked_for(config, options)), options),
       config_(std::move(config)),
       params_(parameter_table(config_)),
-      rope_(rope_table(config_)) {
+      rope_(rope_table(config_)),
+      acts_(config_, options.sequence_parallel_size()) {
   int offset = 0;
   for (const SlotName& s : kSlotNames) {
     slot_offset_[s.slot] = (s.bias && !config_.attention_bias) ? -1 : offset++;
@@ -160,14 +202,27 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //     log-sum-exp (B,NH,T) fp32; then proj (N,C), the projections' scratch
 //   backward: dln1 (N,C), datty (N,NH*hd), dln2 (N,C), dh (N,I); accumulated: dq (N,NH*hd),
 //     dk, dv (N,NKV*hd), dgate, dup (N,I)
-Llama::Activations::Activations(const LlamaConfig& c)
+//   sequence parallelism (sp > 1; N = B*T of the chunk): q and lse as above hold this rank's
+//     heads of the whole sequence (the same sizes), k and v (N, KV_full), and atty_full
+//     (N,NH*hd) is kept besides; the forward's shared scratch adds q_chunk (N,NH*hd), k_chunk,
+//     v_chunk (N,NKV*hd) and the all-to-alls' send and recv (N * max(NH*hd, KV_full) each); the
+//     backward adds datty_full (N,NH*hd), the accumulated region dq_full (N,NH*hd), dk_full,
+//     dv_full (N,KV_full)
+Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
     : widths{c.hidden_size,
              c.intermediate_size,
              c.head_dim,
              c.num_attention_heads,
              c.num_key_value_heads,
              c.num_attention_heads * c.head_dim,
-             c.num_key_value_heads * c.head_dim} {}
+             c.num_key_value_heads * c.head_dim},
+      sp(sp_size),
+      q_heads(sp > 1 ? kernels::ulysses_query_heads(c.num_attention_heads, sp)
+                     : kernels::UlyssesHeads{}),
+      kv_heads(sp > 1 ? kernels::ulysses_kv_heads(c.num_attention_heads, c.num_key_value_heads, sp)
+                      : kernels::UlyssesHeads{}),
+      KV_full(sp > 1 ? sp * kv_heads.block_heads * c.head_dim
+                     : c.num_key_value_heads * c.head_dim) {}
 
 void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                       int sets) {
@@ -178,10 +233,11 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);
     p.bytes(&a.q, N * Q * S);
-    p.bytes(&a.k, N * KV * S);
-    p.bytes(&a.v, N * KV * S);
+    p.bytes(&a.k, N * KV_full * S);
+    p.bytes(&a.v, N * KV_full * S);
     p.floats(&a.lse, I64{s.B} * NH * s.T);
     p.bytes(&a.atty, N * Q * S);
+    if (sp > 1) p.bytes(&a.atty_full, N * Q * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
     p.floats(&a.ln2_rstd, N);
@@ -190,6 +246,14 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.h, N * I * S);
   }
   p.bytes(&proj, N * C * S);
+  if (sp > 1) {
+    p.bytes(&q_chunk, N * Q * S);
+    p.bytes(&k_chunk, N * KV * S);
+    p.bytes(&v_chunk, N * KV * S);
+    const I64 exchanged = N * std::max<I64>(Q, KV_full) * S;
+    p.bytes(&send, exchanged);
+    p.bytes(&recv, exchanged);
+  }
 }
 
 void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::PassShape& s) {
@@ -198,6 +262,7 @@ void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::
   p.bytes(&datty, NS * widths.Q);
   p.bytes(&dln2, NS * widths.C);
   p.bytes(&dh, NS * widths.I);
+  if (sp > 1) p.bytes(&datty_full, NS * widths.Q);
 }
 
 void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
@@ -207,11 +272,16 @@ void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transforme
   p.bytes(&dv, NS * widths.KV);
   p.bytes(&dgate, NS * widths.I);
   p.bytes(&dup, NS * widths.I);
+  if (sp > 1) {
+    p.bytes(&dq_full, NS * widths.Q);
+    p.bytes(&dk_full, NS * KV_full);
+    p.bytes(&dv_full, NS * KV_full);
+  }
 }
 
 std::int64_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                      bool activation_checkpointing) {
-  Activations scratch(config);
+  Activations scratch(config, 1);
   transformer::TransformerOptions options;
   options.activation_checkpointing = activation_checkpointing;
   return TransformerModel::activation_bytes(transformer_spec(config), options, B, T, dtype,
@@ -230,14 +300,18 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
     const int index = block_param(layer, slot);
     return index < 0 ? Bytes() : a.param(index);
   };
+  // Under sequence parallelism q, k, v are the chunk's until the all-to-alls.
+  const bool chunked = ulysses() != nullptr;
+  const Bytes q = chunked ? acts_.q_chunk : x.q;
+  const Bytes k = chunked ? acts_.k_chunk : x.k;
+  const Bytes v = chunked ? acts_.v_chunk : x.v;
   k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1W), N, C, config_.rms_norm_eps);
-  k::linear_forward(ctx, dt, x.q, x.ln1, P(kQW), P(kQB), N, C, Q);
-  k::linear_forward(ctx, dt, x.k, x.ln1, P(kKW), P(kKB), N, C, KV);
-  k::linear_forward(ctx, dt, x.v, x.ln1, P(kVW), P(kVB), N, C, KV);
-  k::rope_forward(ctx, dt, x.q, x.q, rope_, pass.B, pass.T, NH, hd, pass.positions);
-  k::rope_forward(ctx, dt, x.k, x.k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
-  k::gqa_attention_forward(ctx, dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
-                           pass.doc_start);
+  k::linear_forward(ctx, dt, q, x.ln1, P(kQW), P(kQB), N, C, Q);
+  k::linear_forward(ctx, dt, k, x.ln1, P(kKW), P(kKB), N, C, KV);
+  k::linear_forward(ctx, dt, v, x.ln1, P(kVW), P(kVB), N, C, KV);
+  k::rope_forward(ctx, dt, q, q, rope_, pass.B, pass.T, NH, hd, pass.positions);
+  k::rope_forward(ctx, dt, k, k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
+  attention_forward(x);
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
                               C, config_.rms_norm_eps);
@@ -276,14 +350,58 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   k::linear_backward(ctx, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
-  k::gqa_attention_backward(ctx, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse,
-                            pass.B, pass.T, NH, NKV, hd, pass.doc_start);
+  attention_backward(x);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), d.dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1W), d.dln1, res_in, P(kLn1W), x.ln1_rstd, N, C);
+}
+
+void Llama::attention_forward(const Activations::Kept& x) {
+  const Pass& pass = this->pass();
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
+  const DType dt = pass.dtype;
+  transformer::UlyssesExchange* ex = ulysses();
+  if (ex == nullptr) {
+    k::gqa_attention_forward(ctx(), dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
+                             pass.doc_start);
+    return;
+  }
+  // Chunks to head shares of the whole sequences, attention over them with this rank's heads
+  // (doc_start spans the whole sequences), and the output back to every head of the chunk.
+  const Activations& a = acts_;
+  ex->to_heads(dt, x.q, a.q_chunk, pass.B, pass.T, a.q_heads, hd, a.send, a.recv);
+  ex->to_heads(dt, x.k, a.k_chunk, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
+  ex->to_heads(dt, x.v, a.v_chunk, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
+  k::gqa_attention_forward(ctx(), dt, x.atty_full, x.lse, x.q, x.k, x.v, pass.B,
+                           pass.sequence_length(), a.q_heads.block_heads, a.kv_heads.block_heads,
+                           hd, pass.doc_start);
+  ex->to_chunk(dt, x.atty, x.atty_full, pass.B, pass.T, NH, hd, a.send, a.recv);
+}
+
+// datty holds the output's gradient; dq, dk, dv (zeroed by the driver) receive q's, k's, v's.
+void Llama::attention_backward(const Activations::Kept& x) {
+  const Pass& pass = this->pass();
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
+  const DType dt = pass.dtype;
+  const Activations& d = acts_;
+  transformer::UlyssesExchange* ex = ulysses();
+  if (ex == nullptr) {
+    k::gqa_attention_backward(ctx(), dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse,
+                              pass.B, pass.T, NH, NKV, hd, pass.doc_start);
+    return;
+  }
+  ex->to_chunk_backward(dt, d.datty_full, d.datty, pass.B, pass.T, NH, hd, d.send, d.recv);
+  k::gqa_attention_backward(ctx(), dt, d.dq_full, d.dk_full, d.dv_full, d.datty_full, x.q, x.k, x.v,
+                            x.atty_full, x.lse, pass.B, pass.sequence_length(),
+                            d.q_heads.block_heads, d.kv_heads.block_heads, hd, pass.doc_start);
+  // Each adjoint accumulates into the chunk's gradient (the copies of a shared key/value head
+  // summed), which the driver zeroed with the accumulated region.
+  ex->to_heads_backward(dt, d.dq, d.dq_full, pass.B, pass.T, d.q_heads, hd, d.send, d.recv);
+  ex->to_heads_backward(dt, d.dk, d.dk_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
+  ex->to_heads_backward(dt, d.dv, d.dv_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
 }
 
 }  // namespace zrt::llama

@@ -24,10 +24,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/kernel_context.h"
 #include "kernels/rope_table.h"
+#include "kernels/ulysses_ops.h"
 #include "models/llama/llama_config.h"
 #include "models/transformer/transformer_model.h"
 #include "runtime/model_interface.h"
@@ -52,6 +54,10 @@ class Llama final : public transformer::TransformerModel {
   // Device bytes of activations one (B, T) pass in `dtype` allocates (its loss scalar included).
   static std::int64_t activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                        bool activation_checkpointing);
+  // Why `config` cannot run at sequence_parallel_size `sp` (each naming the keys and the fix);
+  // empty when it can: sp divides the query heads, the key/value heads split over sp or divide
+  // it, and sp divides seq_len.
+  static std::vector<std::string> sequence_parallel_problems(const LlamaConfig& config, int sp);
 
   // Block parameter slots in transformers' order; the bias slots exist with attention_bias.
   enum Slot { kQW, kQB, kKW, kKB, kVW, kVB, kOW, kGateW, kUpW, kDownW, kLn1W, kLn2W, kNumSlots };
@@ -66,7 +72,7 @@ class Llama final : public transformer::TransformerModel {
   // scratch.
   class Activations final : public transformer::BlockActivations {
    public:
-    explicit Activations(const LlamaConfig& config);
+    Activations(const LlamaConfig& config, int sp);
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
@@ -74,12 +80,20 @@ class Llama final : public transformer::TransformerModel {
     struct Kept {
       Bytes ln1, q, k, v, atty, res2, ln2, gate, up, h;
       Floats ln1_rstd, ln2_rstd, lse;  // lse: attention's row log-sum-exp (B,NH,T)
+      // Sequence parallelism: q, k, v and lse are this rank's heads of the whole sequence,
+      // (B,sp*T,heads,hd); atty_full the attention's output there, atty the chunk's, every head.
+      Bytes atty_full;
     };
     std::vector<Kept> kept;  // L, or 1 reused by all blocks with checkpointing
     Bytes proj;              // (B,T,C): o_proj / down_proj outputs before the residual add
+    // Sequence parallelism: the chunk's q, k, v (after RoPE) and the all-to-alls' buffers.
+    Bytes q_chunk, k_chunk, v_chunk, send, recv;
     // The first projection into dln1, datty, dln2 and dh overwrites it; attention and SwiGLU
-    // accumulate into dq, dk, dv, dgate and dup (the accumulated region).
+    // accumulate into dq, dk, dv, dgate and dup (the accumulated region), and so do the
+    // all-to-alls' adjoints into dq, dk, dv (from dq_full, dk_full, dv_full, which attention
+    // accumulates into; datty_full is the output gradient over the whole sequence).
     Bytes dln1, datty, dln2, dh, dq, dk, dv, dgate, dup;
+    Bytes datty_full, dq_full, dk_full, dv_full;
 
     // The block's widths: hidden, intermediate, head_dim, query and key/value heads, and the
     // widths of q and of k and v.
@@ -87,9 +101,20 @@ class Llama final : public transformer::TransformerModel {
       int C, I, hd, NH, NKV, Q, KV;
     };
     const Widths widths;
+    // Sequence parallelism: sp, how the query and key/value heads are shared out, and the width
+    // per chunk token of this rank's whole-sequence k and v (sp * kv_heads.block_heads * hd,
+    // KV at sp 1).
+    const int sp;
+    const kernels::UlyssesHeads q_heads, kv_heads;
+    const int KV_full;
   };
 
   transformer::BlockActivations& block_activations() override { return acts_; }
+  // The attention, from the block's q, k, v (after RoPE) to x.atty, and its backward into dq,
+  // dk, dv: over the batch's rows here, or over the whole sequences through the sp group's
+  // all-to-alls (q, k, v first in the chunk's scratch).
+  void attention_forward(const Activations::Kept& x);
+  void attention_backward(const Activations::Kept& x);
   void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;
   void block_backward(ParamAccess& access, int layer, Bytes res_in) override;
 
@@ -98,7 +123,7 @@ class Llama final : public transformer::TransformerModel {
   int per_layer_ = 0;                // parameters per block
   int slot_offset_[kNumSlots] = {};  // -1: absent
   kernels::RopeTable rope_;
-  Activations acts_{config_};
+  Activations acts_;
 };
 
 // The rotary table of a config (kernels/rope_table.h).

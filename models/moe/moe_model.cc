@@ -115,6 +115,14 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
       params_(parameter_table(config_)),
       rope_(moe_rope_table(config_)),
       layer_(layer_shape(config_)) {
+  // The blocks run attention on the whole sequence (no Ulysses exchange), and the
+  // load-balancing term is per forward over its tokens: a chunk of a sequence is neither.
+  if (options.sequence_parallel_size() > 1) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {}: model.type {} does not support sequence parallelism "
+              "(the Llama family does); set sequence_parallel_size 1",
+              options.sequence_parallel_size(), config_.architecture);
+  }
   int index = 1;
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     std::array<int, kNumSlots> slots;

@@ -6,6 +6,7 @@ std::unique_ptr<Model> TransformerDef::build(kernels::KernelContext& ctx,
                                              const ModelOptions& options) const {
   TransformerOptions transformer_options;
   transformer_options.activation_checkpointing = options.activation_checkpointing;
+  transformer_options.sequence_group = options.sequence_group;
   return build_model(ctx, transformer_options);
 }
 

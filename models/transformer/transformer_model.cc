@@ -16,6 +16,9 @@ TransformerModel::TransformerModel(kernels::KernelContext& ctx, TransformerSpec 
       ctx_.device().allocate(kActivationAlign, MemCategory::kActivations, spec_.family + " loss",
                              MemorySpace::kDevice, &ctx_.stream());
   loss_ = loss_buffer_.device<float>();
+  if (options_.sequence_parallel_size() > 1) {
+    ulysses_ = std::make_unique<UlyssesExchange>(ctx_, *options_.sequence_group);
+  }
 }
 
 std::int64_t TransformerModel::activation_bytes(const TransformerSpec& spec,
@@ -40,16 +43,26 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   k::check_dtypes(access.compute_dtype(), access.grad_dtype());
   const int B = batch.batch;
   const int T = batch.seq_len;
-  if (B <= 0 || T <= 0 || T > spec_.seq_len) {
-    ZRT_THROW(InvalidArgument, "{}: batch {}x{} (need B >= 1 and 1 <= T <= seq_len {})",
-              spec_.architecture, B, T, spec_.seq_len);
+  const int sp = options_.sequence_parallel_size();
+  if (B <= 0 || T <= 0 || std::int64_t{T} * sp > spec_.seq_len) {
+    ZRT_THROW(InvalidArgument, "{}: batch {}x{}{} (need B >= 1 and 1 <= T <= seq_len {}{})",
+              spec_.architecture, B, T,
+              sp > 1 ? fmt::format(" in chunks of {} ranks", sp) : std::string(), spec_.seq_len,
+              sp > 1 ? " for the whole sequence" : "");
   }
   ZRT_CHECK(static_cast<bool>(batch.inputs), "{}: batch has no input tokens", spec_.family);
   if (need_targets) {
     ZRT_CHECK(static_cast<bool>(batch.targets), "{}: batch has no targets", spec_.family);
   }
-  ZRT_CHECK(static_cast<bool>(batch.positions) == static_cast<bool>(batch.doc_start),
-            "{}: a packed batch needs both positions and doc_start", spec_.family);
+  if (sp > 1) {
+    // A chunk's rotary angles start at its offset in the sequence: the batch says which.
+    ZRT_CHECK(static_cast<bool>(batch.positions),
+              "{}: a sequence-parallel chunk needs its positions", spec_.family);
+  } else {
+    ZRT_CHECK(static_cast<bool>(batch.positions) == static_cast<bool>(batch.doc_start),
+              "{}: a packed batch needs both positions and doc_start", spec_.family);
+  }
+  pass_.sp = sp;
   pass_.positions = batch.positions;
   pass_.doc_start = batch.doc_start;
   pass_.grad_dtype = access.grad_dtype();

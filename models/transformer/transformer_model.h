@@ -12,17 +12,24 @@
 //     (positions to the position embedding, doc_start and positions to the blocks);
 //   - the activations (MemCategory::kActivations): one allocation per (B, T, dtype), reused
 //     while they stay the same (transformer_activations.h), and the loss scalar, allocated at
-//     construction.
+//     construction;
+//   - under Ulysses sequence parallelism (TransformerOptions::sequence_group of sp ranks), the
+//     UlyssesExchange the blocks' attention uses: a batch is then this rank's chunk of each
+//     sequence (TokenBatch::seq_len the chunk's length, positions its global ones, doc_start
+//     the whole sequence's), every op but the attention runs on the chunk, and the loss is the
+//     chunk's tokens' sum over the divisor.
 // Everything is enqueued on the KernelContext's stream.
 //
 // Not thread-safe; one pass at a time per model (passes on one stream are ordered anyway).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/kernel_context.h"
 #include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_spec.h"
+#include "models/transformer/ulysses_exchange.h"
 #include "runtime/device/buffer.h"
 #include "runtime/model_interface.h"
 
@@ -61,9 +68,12 @@ class TransformerModel : public Model {
     int B = 0, T = 0;
     DType dtype = DType::kFloat32;       // the compute dtype: activations and parameters
     DType grad_dtype = DType::kFloat32;  // the parameters' gradients
-    // The batch's packed documents (TokenBatch): null for one document a row.
+    // The batch's packed documents (TokenBatch): null for one document a row. Under sequence
+    // parallelism positions are the chunk's (B,T), doc_start the whole sequences' (B,sp*T).
     DevicePtr<const std::int32_t> positions, doc_start;
+    int sp = 1;  // the chunks of each sequence: T is one chunk's length
     int N() const { return B * T; }
+    int sequence_length() const { return T * sp; }  // what the attention spans
   };
 
   // Allocates the loss scalar. `spec` is the model's, already validated.
@@ -99,6 +109,8 @@ class TransformerModel : public Model {
   int kept_set(int layer) const { return options_.activation_checkpointing ? 0 : layer; }
   // The residual stream's gradient (B,T,C), updated in place block by block.
   Bytes dres() const { return acts_.dres; }
+  // The all-to-alls of sequence parallelism; null at sequence_parallel_size 1.
+  UlyssesExchange* ulysses() const { return ulysses_.get(); }
 
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
@@ -120,6 +132,7 @@ class TransformerModel : public Model {
   TransformerActs acts_;
   Buffer loss_buffer_;
   Floats loss_;
+  std::unique_ptr<UlyssesExchange> ulysses_;
 };
 
 }  // namespace zrt::transformer

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/comm/process_group.h"
+
 namespace zrt::transformer {
 
 constexpr int kEmbeddingModule = 0;
@@ -60,6 +62,11 @@ struct TransformerSpec {
 struct TransformerOptions {
   // Keep only each block's input; its forward reruns inside its backward.
   bool activation_checkpointing = false;
+  // Ulysses sequence parallelism: the group of ranks that share each sequence, a chunk each
+  // (TokenBatch), and attend over the whole of it through all-to-alls on this group; it must
+  // outlive the model. Null or a group of 1: every rank holds whole sequences.
+  ProcessGroup* sequence_group = nullptr;
+  int sequence_parallel_size() const { return sequence_group ? sequence_group->size() : 1; }
 };
 
 }  // namespace zrt::transformer

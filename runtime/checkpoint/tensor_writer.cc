@@ -22,13 +22,12 @@ bool aligned(const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % TensorWriter::kAlignment == 0;
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
-};
-
 }  // namespace
 
 struct TensorWriter::Staging {
+  struct AlignedFree {
+    void operator()(void* p) const { std::free(p); }
+  };
   std::unique_ptr<unsigned char, AlignedFree> buffers[2];
   Staging() {
     for (auto& b : buffers) {

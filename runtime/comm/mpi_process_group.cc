@@ -129,7 +129,8 @@ void MpiProcessGroup::wait(MPI_Request& req, const std::string& what) {
   wait_all(&req, 1, what);
 }
 
-void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what) {
+void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what,
+                               MPI_Status* statuses) {
   Watchdog* watchdog = options_.watchdog.get();
   // The watchdog's monitor is the backstop should MPI_Testall itself ever block.
   const Watchdog::Watch watch = watchdog ? watchdog->watch(what) : Watchdog::Watch();
@@ -137,7 +138,7 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
       {options_.timeout_s, PollPace::kSpin, watchdog},
       [&] {
         int done = 0;
-        ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE));
+        ZRT_MPI_CHECK(MPI_Testall(n, reqs, &done, statuses));
         return done != 0;
       },
       [&] {
@@ -455,6 +456,90 @@ void MpiProcessGroup::run_all_to_all(const std::byte* in, std::byte* out, std::i
     return;
   }
   exchange_blocks(in, block, out, block, 2, describe("all_to_all", count, dtype), copy_mine);
+}
+
+// ---- all_to_allv -----------------------------------------------------------------------------
+
+void MpiProcessGroup::all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                  const AllToAllvLayout& layout, DType dtype) {
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  check_all_to_allv(src, dst, layout, dtype);
+  const std::int64_t received = layout.recv_total() * static_cast<std::int64_t>(dtype_size(dtype));
+  enqueue(CollectiveOp::kAllToAll, received, all_to_allv_link_bytes(layout, dtype),
+          [this, src, dst, layout, dtype] {
+            const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+            const auto self = static_cast<std::size_t>(rank_);
+            if (options_.simulated_link_only) {  // this rank's own piece only
+              std::memcpy(dst + layout.recv_offsets[self] * elem,
+                          src + layout.send_offsets[self] * elem,
+                          static_cast<std::size_t>(layout.send_counts[self] * elem));
+              return;
+            }
+            run_all_to_allv(src, dst, layout, dtype);
+          });
+}
+
+void MpiProcessGroup::run_all_to_allv(const std::byte* in, std::byte* out,
+                                      const AllToAllvLayout& layout, DType dtype) {
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::string what = fmt::format("all_to_allv of {} on group '{}' (rank {} of {})",
+                                       dtype_name(dtype), name_, rank_, size_);
+  // One message per piece of at most byte_chunk() bytes, and one empty message for an empty
+  // piece: the pairs match by order on the tag, whatever the counts.
+  constexpr int kTag = 3;
+  const std::int64_t chunk = byte_chunk();
+  const auto pieces = [&](std::int64_t bytes) {
+    return std::max<std::int64_t>(1, collective_plan::chunk_count(bytes, chunk));
+  };
+  std::vector<MPI_Request>& reqs = requests_;
+  reqs.clear();
+  struct Expected {
+    int peer;
+    std::int64_t bytes;
+  };
+  std::vector<Expected> expected;  // per receive request, its size
+  for (int step = 1; step < size_; ++step) {
+    const int from = (rank_ - step + size_) % size_;
+    const auto p = static_cast<std::size_t>(from);
+    const std::int64_t bytes = layout.recv_counts[p] * elem;
+    std::byte* base = out + layout.recv_offsets[p] * elem;
+    for (std::int64_t k = 0; k < pieces(bytes); ++k) {
+      const std::int64_t first = k * chunk;
+      const std::int64_t n = std::min(chunk, bytes - first);
+      reqs.emplace_back();
+      expected.push_back({from, std::max<std::int64_t>(n, 0)});
+      ZRT_MPI_CHECK(MPI_Irecv(base + first, static_cast<int>(std::max<std::int64_t>(n, 0)),
+                              MPI_BYTE, from, kTag, comm_, &reqs.back()));
+    }
+  }
+  const std::size_t receives = reqs.size();
+  for (int step = 1; step < size_; ++step) {
+    const int to = (rank_ + step) % size_;
+    const auto p = static_cast<std::size_t>(to);
+    const std::int64_t bytes = layout.send_counts[p] * elem;
+    const std::byte* base = in + layout.send_offsets[p] * elem;
+    for (std::int64_t k = 0; k < pieces(bytes); ++k) {
+      const std::int64_t first = k * chunk;
+      const std::int64_t n = std::min(chunk, bytes - first);
+      reqs.emplace_back();
+      ZRT_MPI_CHECK(MPI_Isend(base + first, static_cast<int>(std::max<std::int64_t>(n, 0)),
+                              MPI_BYTE, to, kTag, comm_, &reqs.back()));
+    }
+  }
+  const auto self = static_cast<std::size_t>(rank_);
+  std::memcpy(out + layout.recv_offsets[self] * elem, in + layout.send_offsets[self] * elem,
+              static_cast<std::size_t>(layout.send_counts[self] * elem));
+  std::vector<MPI_Status> statuses(reqs.size());
+  wait_all(reqs.data(), static_cast<int>(reqs.size()), what, statuses.data());
+  for (std::size_t i = 0; i < receives; ++i) {
+    int got = 0;
+    ZRT_MPI_CHECK(MPI_Get_count(&statuses[i], MPI_BYTE, &got));
+    ZRT_CHECK(got == expected[i].bytes,
+              "{}: rank {} sent {} bytes where this rank expected {} (its receive counts must "
+              "be what each peer sends it: exchange the counts first)",
+              what, expected[i].peer, got, expected[i].bytes);
+  }
 }
 
 // ---- all_reduce ------------------------------------------------------------------------------

@@ -39,6 +39,10 @@ class MpiProcessGroup final : public ProcessGroup {
                   DType dtype, ReduceOp op) override;
   void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype) override;
+  // Every piece is a message (an empty piece too), so each pair of ranks matches its sends and
+  // receives whatever the counts; a received size that differs from the count expected throws.
+  void all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                   const AllToAllvLayout& layout, DType dtype) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
   std::unique_ptr<ProcessGroup> split(int color, int key, Stream& stream,
@@ -56,7 +60,8 @@ class MpiProcessGroup final : public ProcessGroup {
   // Polls req until done; after options_.timeout_s tells the watchdog and throws Timeout naming
   // `what`, the step and the ranks missing.
   void wait(MPI_Request& req, const std::string& what);
-  void wait_all(MPI_Request* reqs, int n, const std::string& what);
+  void wait_all(MPI_Request* reqs, int n, const std::string& what,
+                MPI_Status* statuses = MPI_STATUSES_IGNORE);
   // After a timeout: which peers are waiting in the same operation, which are elsewhere and
   // which are missing (see the .cc). Returns the phrase the error message carries.
   std::string take_attendance();
@@ -86,6 +91,8 @@ class MpiProcessGroup final : public ProcessGroup {
   void post_exchange(const std::byte* send, std::int64_t send_stride, std::byte* recv,
                      std::int64_t block_bytes, std::vector<MPI_Request>& reqs);
   void run_all_to_all(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
+  void run_all_to_allv(const std::byte* in, std::byte* out, const AllToAllvLayout& layout,
+                       DType dtype);
   void run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                       ReduceOp op);
   // CommOptions::simulated_link_only: the output from this rank's input alone (see there).

@@ -445,6 +445,55 @@ void NcclProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::
   all_to_all(src, count * static_cast<std::int64_t>(dtype_size(dtype)), dst, count, dtype, what);
 }
 
+// ---- all_to_allv -----------------------------------------------------------------------------
+
+void NcclProcessGroup::all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                   const AllToAllvLayout& layout, DType dtype) {
+  const std::byte* src = device_access::raw(in);
+  std::byte* dst = device_access::raw(out);
+  check_all_to_allv(src, dst, layout, dtype);
+  const std::string what = fmt::format("all_to_allv of {} on group '{}' (rank {} of {})",
+                                       dtype_name(dtype), name_, rank_, size_);
+  prepare(what);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  stats_.add(CollectiveOp::kAllToAll, layout.recv_total() * elem,
+             all_to_allv_link_bytes(layout, dtype));
+  last_op_ = what;
+  const auto self = static_cast<std::size_t>(rank_);
+  if (layout.send_counts[self] > 0) {
+    ZRT_CUDA_CHECK(cudaMemcpyAsync(dst + layout.recv_offsets[self] * elem,
+                                   src + layout.send_offsets[self] * elem,
+                                   static_cast<std::size_t>(layout.send_counts[self] * elem),
+                                   cudaMemcpyDeviceToDevice, cuda_stream_));
+  }
+  if (size_ == 1) return;
+  const ncclDataType_t type = nccl_type(dtype);
+  ZRT_NCCL_CHECK(ncclGroupStart());
+  ncclResult_t first_error = ncclSuccess;
+  const char* failed_call = nullptr;
+  auto note = [&](ncclResult_t result, const char* call) {
+    if (first_error == ncclSuccess && result != ncclSuccess && result != ncclInProgress) {
+      first_error = result;
+      failed_call = call;
+    }
+  };
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    const auto p = static_cast<std::size_t>(peer);
+    // An empty piece points at the buffer itself: its offset may be the buffer's end.
+    const std::int64_t sends = layout.send_counts[p], receives = layout.recv_counts[p];
+    note(ncclSend(sends > 0 ? src + layout.send_offsets[p] * elem : src,
+                  static_cast<std::size_t>(sends), type, peer, comm_, cuda_stream_),
+         "ncclSend");
+    note(ncclRecv(receives > 0 ? dst + layout.recv_offsets[p] * elem : dst,
+                  static_cast<std::size_t>(receives), type, peer, comm_, cuda_stream_),
+         "ncclRecv");
+  }
+  const ncclResult_t ended = ncclGroupEnd();  // always close the group, even after an error
+  if (first_error != ncclSuccess) await(comm_, first_error, failed_call, what);
+  await(comm_, ended, "ncclGroupEnd (all_to_allv of ncclSend/ncclRecv)", what);
+}
+
 // ---- all_reduce ------------------------------------------------------------------------------
 
 void NcclProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,

@@ -60,6 +60,11 @@ class NcclProcessGroup final : public ProcessGroup {
                   DType dtype, ReduceOp op) override;
   void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype) override;
+  // One ncclGroupStart/End of an ncclSend and an ncclRecv per peer, empty pieces included
+  // (NCCL matches point-to-point operations per pair in order, so every pair issues the same
+  // number whatever the counts); this rank's own piece by a device copy.
+  void all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                   const AllToAllvLayout& layout, DType dtype) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
   // ncclCommSplit (non-blocking, bounded by timeout_s). color must be >= 0.

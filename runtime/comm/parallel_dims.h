@@ -15,10 +15,11 @@
 //   - ZeRO++ hpZ: secondary shards over blocks of hpz_partition_size consecutive ranks (stage 3,
 //     within a node); qgZ/qwZ: the quantized collectives over the shard group, hierarchical
 //     (intra-node, then inter-node) where it spans nodes.
-//   - expert parallel (ep): the data-parallel ranks in blocks of ep consecutive ones, each
-//     holding a 1/ep share of the experts; an expert's parameters are then data-parallel over the
-//     expert-data-parallel group (the ranks at the same position in every ep block). 1 today: no
-//     model has experts yet.
+//   - expert parallel (ep, expert_parallel.autoep_size): the data-parallel ranks in blocks of ep
+//     consecutive ones, each holding a 1/ep share of every MoE layer's experts; an expert's
+//     parameters are then data-parallel over the expert-data-parallel group (the ranks at the
+//     same position in every ep block). With data_before_expert_parallel the roles swap: ep
+//     groups strided, expert-data-parallel groups consecutive.
 //
 // validate() lists every inconsistency, each naming the config key and the fix; the subgroup
 // plans are what make_subgroup() turns into groups.
@@ -44,6 +45,10 @@ struct ParallelDims {
   bool quantized_gradients = false;  // zero_quantized_gradients (qgZ)
   int sequence_parallel_size = 1;
   int expert_parallel_size = 1;
+  // use_data_before_expert_parallelism: the expert-parallel groups strided over the
+  // data-parallel ranks (d, d + dp/ep, ...) and the expert-data-parallel groups consecutive
+  // blocks of dp/ep, instead of the reverse (DeepSpeed's "D + E" rather than "E + D" order).
+  bool data_before_expert_parallel = false;
 
   // Every problem with these degrees, as a sentence naming the config key and the fix; empty
   // when they are consistent.
@@ -54,11 +59,11 @@ struct ParallelDims {
   // Ranks that hold one copy of the model's dense data parallelism: world / sp.
   int data_parallel_size() const { return world / sequence_parallel_size; }
   // Ranks a dense unit's state is sliced over at `stage`: 1 at stage 0, the MiCS shard group,
-  // or every data-parallel rank.
+  // or the whole world (every rank of every sp block: the parameters are the same on all).
   int shard_world(int stage) const;
   int shard_world() const { return shard_world(stage); }
   // How many shard groups hold the same slices (MiCS's replica count); 1 without MiCS.
-  int replica_count() const { return data_parallel_size() / shard_world(); }
+  int replica_count() const { return world / shard_world(); }
   bool uses_mics() const { return stage >= 1 && mics_shard_size > 0; }
   // The hpZ group size in effect (stage 3 and a size above 1), else 0.
   int hpz() const { return stage == 3 && hpz_partition_size > 1 ? hpz_partition_size : 0; }

@@ -9,18 +9,16 @@
 namespace zrt {
 
 ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
-                               const ParallelDims& dims, const CommOptions& comm_options)
+                               const ParallelDims& dims, const CommOptions& comm_options,
+                               Stream* sequence)
     : dims_(dims) {
   int size = 0;
   MPI_Comm_size(world, &size);
   ZRT_CHECK(dims.world == size, "the parallel layout is for {} ranks but the communicator has {}",
             dims.world, size);
-  if (dims.sequence_parallel_size != 1 || dims.expert_parallel_size != 1) {
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {} and expert_parallel_size {}: only 1 is supported yet "
-              "(no model shards a sequence or holds experts)",
-              dims.sequence_parallel_size, dims.expert_parallel_size);
-  }
+  ZRT_CHECK(dims.sequence_parallel_size <= 1 || sequence != nullptr,
+            "sequence_parallel_size {} without a stream for its all-to-alls",
+            dims.sequence_parallel_size);
   world_group_ = make_process_group(device, world, comm, "zero", comm_options);
   control_group_ = make_process_group(device, world, control, "control", comm_options);
   const int rank = world_group_->rank();
@@ -84,16 +82,60 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
           dims_.world / dims_.hpz_partition_size, dims_.hpz_partition_size);
     }
   }
+  // Expert parallelism (expert_parallel.autoep_size): the tokens' all-to-alls run over the
+  // expert-parallel group, the experts' state over the expert-data-parallel group; both issue
+  // on the engine's communication stream, in the order the model and the engine issue them.
+  if (dims_.expert_parallel_size > 1) {
+    expert_group_ =
+        make_subgroup(*world_group_, dims_.expert_parallel_plan(rank), comm, "expert-parallel");
+    expert_data_group_ = make_subgroup(*world_group_, dims_.expert_data_parallel_plan(rank), comm,
+                                       "expert-data-parallel");
+    if (rank == 0) {
+      spdlog::info(
+          "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
+          "sliced over {} ranks",
+          dims_.data_parallel_size() / dims_.expert_parallel_size, dims_.expert_parallel_size,
+          dims_.expert_data_parallel_size());
+    }
+  }
+  // Ulysses sequence parallelism: this rank's block of sp consecutive ranks, within a node
+  // (dims_.check() refused a block spanning two); the model's all-to-alls run on it.
+  if (dims_.sequence_parallel_size > 1) {
+    sequence_group_ = make_subgroup(*world_group_, dims_.sequence_parallel_plan(rank), *sequence,
+                                    "sequence-parallel");
+    if (rank == 0) {
+      spdlog::info(
+          "sequence parallelism: {} groups of {} consecutive ranks, each sequence in {} chunks; "
+          "data-parallel degree {}",
+          dims_.data_parallel_size(), dims_.sequence_parallel_size, dims_.sequence_parallel_size,
+          dims_.data_parallel_size());
+    }
+  }
 }
 
 std::vector<ShardGroup> ParallelLayout::engine_groups() {
-  return {ShardGroup{&shard_group(), replica_group_.get(), quantized_.get(), hpz_group_.get()}};
+  std::vector<ShardGroup> groups{
+      ShardGroup{&shard_group(), replica_group_.get(), quantized_.get(), hpz_group_.get()}};
+  if (expert_group_) {
+    // [1] the experts' units: sliced and reduced over the ranks holding the same experts, their
+    // norm summed over the ranks holding the others, their averaged gradients times 1 / ep.
+    ShardGroup experts{expert_data_group_.get()};
+    experts.norm_peers = expert_group_.get();
+    experts.gradient_scale = 1.0f / static_cast<float>(dims_.expert_parallel_size);
+    groups.push_back(experts);
+  }
+  return groups;
+}
+
+CommCounts ParallelLayout::sequence_traffic() const {
+  return sequence_group_ ? sequence_group_->stats().snapshot() : CommCounts{};
 }
 
 CommCounts ParallelLayout::engine_traffic() const {
   CommCounts c = world_group_->stats().snapshot();
-  for (const ProcessGroup* g : {shard_group_.get(), replica_group_.get(), intra_group_.get(),
-                                inter_group_.get(), hpz_group_.get()}) {
+  for (const ProcessGroup* g :
+       {shard_group_.get(), replica_group_.get(), intra_group_.get(), inter_group_.get(),
+        hpz_group_.get(), expert_group_.get(), expert_data_group_.get()}) {
     if (g != nullptr) c += g->stats().snapshot();
   }
   return c;

@@ -2,9 +2,10 @@
 // — the world ("zero") group the engine's collectives start from, the control group (its own
 // communicator and stream, for the trainer's small collectives and the checkpointer), the node
 // topology, MiCS's shard and replica groups, ZeRO++'s intra/inter-node groups and quantized
-// collectives, and hpZ's secondary-shard group. Other modules ask it for a group by role instead
-// of splitting their own; a new axis (sequence or expert parallelism) is a new plan in
-// ParallelDims and a new group here.
+// collectives, hpZ's secondary-shard group, expert parallelism's expert-parallel and
+// expert-data-parallel groups, and the sequence-parallel group (Ulysses' all-to-alls, on a
+// stream of its own). Other modules ask it for a group by role instead of splitting their own; a
+// new axis is a new plan in ParallelDims and a new group here.
 //
 // Construction is collective over `world` (every rank builds the same groups in the same
 // order). Thread-safety: one thread builds and uses it, like the groups it owns.
@@ -33,12 +34,16 @@ class ParallelLayout {
   // Builds the groups `dims` asks for over `world` (dims.world must be its size;
   // dims.ranks_per_node > 0 simulates nodes as comm.ranks_per_node does, 0 detects them). The
   // engine's groups issue on `comm`, the control group on `control`; both must outlive the
-  // layout. A node layout NodeTopology refuses ends the run only where nodes were asked for;
-  // otherwise every rank counts as one node. Throws InvalidArgument listing dims' problems
-  // (ParallelDims::validate(), with the detected ranks per node), and for the axes not built yet
-  // (sequence_parallel_size, expert_parallel_size above 1).
+  // layout. The sequence-parallel group (sequence_parallel_size above 1) issues on `sequence`,
+  // which must then be given and outlive the layout: the model's all-to-alls need their own
+  // stream, so they never queue behind the engine's gathers and reductions. A node layout
+  // NodeTopology refuses ends the run only where nodes were asked for; otherwise every rank
+  // counts as one node. Throws InvalidArgument listing dims' problems (ParallelDims::validate(),
+  // with the detected ranks per node). Whether the model has experts for expert_parallel_size
+  // above 1 is the trainer's check (the layout does not know the model).
   ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Stream& control,
-                 const ParallelDims& dims, const CommOptions& comm_options);
+                 const ParallelDims& dims, const CommOptions& comm_options,
+                 Stream* sequence = nullptr);
   ParallelLayout(const ParallelLayout&) = delete;
   ParallelLayout& operator=(const ParallelLayout&) = delete;
 
@@ -58,11 +63,22 @@ class ParallelLayout {
   ProcessGroup* inter_node_group() { return inter_group_.get(); }  // qgZ over nodes
   QuantizedCollectives* quantized() { return quantized_.get(); }   // qwZ / qgZ, else null
   ProcessGroup* hpz_group() { return hpz_group_.get(); }           // hpZ, else null
+  // Expert parallelism (expert_parallel_size > 1), else null: the ranks that split the experts
+  // (the tokens' all-to-alls) and the ranks holding the same experts (their state).
+  ProcessGroup* expert_parallel_group() { return expert_group_.get(); }
+  ProcessGroup* expert_data_parallel_group() { return expert_data_group_.get(); }
+  // This rank's block of sequence_parallel_size consecutive ranks (one node), issuing on the
+  // `sequence` stream; null at sequence_parallel_size 1. The model's, not the engine's.
+  ProcessGroup* sequence_group() { return sequence_group_.get(); }
 
-  // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units'.
+  // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units';
+  // with expert parallelism [1] the experts' (ShardGroup: the expert-data-parallel group, the
+  // expert-parallel group as norm peers, gradient_scale 1 / ep).
   std::vector<ShardGroup> engine_groups();
   // The engine's traffic so far, summed over every group it uses (and the world group).
   CommCounts engine_traffic() const;
+  // The model's sequence-parallel all-to-alls so far (zero at sequence_parallel_size 1).
+  CommCounts sequence_traffic() const;
 
  private:
   ParallelDims dims_;
@@ -73,6 +89,8 @@ class ParallelLayout {
   std::unique_ptr<ProcessGroup> intra_group_, inter_group_;
   std::unique_ptr<QuantizedCollectives> quantized_;
   std::unique_ptr<ProcessGroup> hpz_group_;
+  std::unique_ptr<ProcessGroup> expert_group_, expert_data_group_;
+  std::unique_ptr<ProcessGroup> sequence_group_;
 };
 
 }  // namespace zrt

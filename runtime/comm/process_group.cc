@@ -1,5 +1,7 @@
 #include "runtime/comm/process_group.h"
 
+#include <algorithm>
+
 #include "runtime/comm/collective_plan.h"
 #include "runtime/comm/mpi_process_group.h"
 #include "runtime/comm/staged_process_group.h"
@@ -90,6 +92,101 @@ void ProcessGroup::check_all_to_all(const std::byte* in, const std::byte* out, s
   const auto bytes = size_ * count * static_cast<std::int64_t>(dtype_size(dtype));
   ZRT_CHECK(!overlaps(in, bytes, out, bytes), "{}: input and output overlap",
             describe("all_to_all", count, dtype));
+}
+
+AllToAllvLayout AllToAllvLayout::packed(std::vector<std::int64_t> send_counts,
+                                        std::vector<std::int64_t> recv_counts) {
+  AllToAllvLayout layout;
+  const auto prefix = [](const std::vector<std::int64_t>& counts) {
+    std::vector<std::int64_t> offsets(counts.size(), 0);
+    std::int64_t at = 0;
+    for (std::size_t p = 0; p < counts.size(); ++p) {
+      offsets[p] = at;
+      at += counts[p];
+    }
+    return offsets;
+  };
+  layout.send_offsets = prefix(send_counts);
+  layout.recv_offsets = prefix(recv_counts);
+  layout.send_counts = std::move(send_counts);
+  layout.recv_counts = std::move(recv_counts);
+  return layout;
+}
+
+namespace {
+
+std::int64_t extent(const std::vector<std::int64_t>& counts,
+                    const std::vector<std::int64_t>& offsets) {
+  std::int64_t end = 0;
+  for (std::size_t p = 0; p < counts.size() && p < offsets.size(); ++p) {
+    if (counts[p] > 0) end = std::max(end, offsets[p] + counts[p]);
+  }
+  return end;
+}
+
+std::int64_t total(const std::vector<std::int64_t>& counts) {
+  std::int64_t sum = 0;
+  for (const std::int64_t c : counts) sum += c;
+  return sum;
+}
+
+}  // namespace
+
+std::int64_t AllToAllvLayout::send_extent() const {
+  return extent(send_counts, send_offsets);
+}
+std::int64_t AllToAllvLayout::recv_extent() const {
+  return extent(recv_counts, recv_offsets);
+}
+std::int64_t AllToAllvLayout::send_total() const {
+  return total(send_counts);
+}
+std::int64_t AllToAllvLayout::recv_total() const {
+  return total(recv_counts);
+}
+
+void ProcessGroup::check_all_to_allv(const std::byte* in, const std::byte* out,
+                                     const AllToAllvLayout& layout, DType dtype) const {
+  verify_sequence(fmt::format("all_to_allv of {}", dtype_name(dtype)));
+  const auto members = static_cast<std::size_t>(size_);
+  ZRT_CHECK(layout.send_counts.size() == members && layout.send_offsets.size() == members &&
+                layout.recv_counts.size() == members && layout.recv_offsets.size() == members,
+            "all_to_allv on group '{}' of {} ranks: the layout has {} send counts, {} send "
+            "offsets, {} receive counts and {} receive offsets; give one of each per member",
+            name_, size_, layout.send_counts.size(), layout.send_offsets.size(),
+            layout.recv_counts.size(), layout.recv_offsets.size());
+  for (std::size_t p = 0; p < members; ++p) {
+    ZRT_CHECK(layout.send_counts[p] >= 0 && layout.send_offsets[p] >= 0 &&
+                  layout.recv_counts[p] >= 0 && layout.recv_offsets[p] >= 0,
+              "all_to_allv on group '{}': a negative count or offset for peer {} (send {} at {}, "
+              "receive {} at {})",
+              name_, p, layout.send_counts[p], layout.send_offsets[p], layout.recv_counts[p],
+              layout.recv_offsets[p]);
+  }
+  const auto self = static_cast<std::size_t>(rank_);
+  ZRT_CHECK(layout.send_counts[self] == layout.recv_counts[self],
+            "all_to_allv on group '{}' (rank {}): this rank sends itself {} elements but expects "
+            "{} from itself",
+            name_, rank_, layout.send_counts[self], layout.recv_counts[self]);
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  ZRT_CHECK(!overlaps(in, layout.send_extent() * elem, out, layout.recv_extent() * elem),
+            "all_to_allv of {} on group '{}' (rank {} of {}): input and output overlap",
+            dtype_name(dtype), name_, rank_, size_);
+}
+
+LinkBytes ProcessGroup::all_to_allv_link_bytes(const AllToAllvLayout& layout, DType dtype) const {
+  const auto elem = static_cast<std::int64_t>(dtype_size(dtype));
+  LinkBytes sent;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const std::int64_t bytes = layout.send_counts[static_cast<std::size_t>(p)] * elem;
+    if (node_map_[static_cast<std::size_t>(p)] == node_map_[static_cast<std::size_t>(rank_)]) {
+      sent.intra += bytes;
+    } else {
+      sent.inter += bytes;
+    }
+  }
+  return sent;
 }
 
 void ProcessGroup::check_barrier() const {

@@ -50,6 +50,26 @@ enum class AllGatherAlgo {
   kPointToPoint,  // every slice sent to every peer, in pieces of max_chunk_bytes
 };
 
+// The pieces of an all_to_allv, in elements, one entry per member of the group: piece p of the
+// input (send_counts[p] elements at send_offsets[p]) goes to rank p, piece p of the output
+// (recv_counts[p] at recv_offsets[p]) comes from rank p. Any piece may be empty; pieces may be
+// in any order and leave gaps (the output's gaps are left as they were). The counts are this
+// rank's: recv_counts[p] here must equal send_counts[rank] on rank p (a mixture-of-experts
+// layer exchanges its count vectors with all_to_all first, expert_dispatch.h).
+struct AllToAllvLayout {
+  std::vector<std::int64_t> send_counts, send_offsets, recv_counts, recv_offsets;
+
+  // Builds the layout of pieces packed back to back in member order (offsets are the prefix
+  // sums of the counts).
+  static AllToAllvLayout packed(std::vector<std::int64_t> send_counts,
+                                std::vector<std::int64_t> recv_counts);
+  // Elements of input (output) the pieces span: max(offset + count), 0 when all are empty.
+  std::int64_t send_extent() const;
+  std::int64_t recv_extent() const;
+  std::int64_t send_total() const;  // sum of send_counts
+  std::int64_t recv_total() const;  // sum of recv_counts
+};
+
 struct CommOptions {
   double timeout_s = 600.0;
   // Optional: told about every timeout (it names the step and may end the run) and watching
@@ -116,6 +136,13 @@ class ProcessGroup {
   // in + q*count). in and out must not overlap.
   virtual void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
                           std::int64_t count, DType dtype) = 0;
+  // Piece p of `in` to rank p, piece p of `out` from rank p, as `layout` says (counts differ
+  // per rank and per peer, any may be 0). Every member calls it, whatever its counts: an empty
+  // piece is still a message (zero bytes), so a rank with nothing to send cannot leave the
+  // others waiting. The input and output extents must not overlap. Counted as an all_to_all
+  // (comm_stats.h): bytes = the elements this rank receives, its own piece included.
+  virtual void all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                           const AllToAllvLayout& layout, DType dtype) = 0;
   // buf on every rank = buf of `root`.
   virtual void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) = 0;
   // Stream-ordered barrier: later work on the stream starts after every rank reached it.
@@ -165,6 +192,13 @@ class ProcessGroup {
   void check_barrier() const;
   void check_all_to_all(const std::byte* in, const std::byte* out, std::int64_t count,
                         DType dtype) const;
+  // The sequence check hashes the operation and its dtype only: the counts of an all_to_allv
+  // legitimately differ across ranks. Then: one entry per member in every vector, no negative
+  // count or offset, this rank's own piece the same size both ways, no overlap.
+  void check_all_to_allv(const std::byte* in, const std::byte* out, const AllToAllvLayout& layout,
+                         DType dtype) const;
+  // Bytes this rank sends in an all_to_allv (its pieces for the other members, by node).
+  LinkBytes all_to_allv_link_bytes(const AllToAllvLayout& layout, DType dtype) const;
   // Bytes this rank sends when it sends `bytes_per_peer` to every other member.
   LinkBytes direct_link_bytes(std::int64_t bytes_per_peer) const {
     return {bytes_per_peer * peers_on_node(), bytes_per_peer * peers_off_node()};

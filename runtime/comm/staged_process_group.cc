@@ -139,6 +139,25 @@ void StagedProcessGroup::all_to_all(DevicePtr<const std::byte> in, DevicePtr<std
   });
 }
 
+void StagedProcessGroup::all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                                     const AllToAllvLayout& layout, DType dtype) {
+  check_all_to_allv(device_access::raw(in), device_access::raw(out), layout, dtype);
+  const std::size_t elem = dtype_size(dtype);
+  const std::size_t in_bytes = static_cast<std::size_t>(layout.send_extent()) * elem;
+  const std::size_t out_bytes = static_cast<std::size_t>(layout.recv_extent()) * elem;
+  reserve(in_bytes, out_bytes);  // before staged(), so that the pieces below read this staging
+  staged(in, in_bytes, out, 0, [&](DevicePtr<const std::byte> i, DevicePtr<std::byte> o) {
+    host_->mpi->all_to_allv(i, o, layout, dtype);
+  });
+  for (std::size_t p = 0; p < layout.recv_counts.size(); ++p) {
+    const std::size_t bytes = static_cast<std::size_t>(layout.recv_counts[p]) * elem;
+    if (bytes == 0) continue;
+    const std::size_t at = static_cast<std::size_t>(layout.recv_offsets[p]) * elem;
+    device_.copy_to_device(out + static_cast<std::int64_t>(at), staged_out_.host<std::byte>() + at,
+                           bytes, *stream_);
+  }
+}
+
 void StagedProcessGroup::broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype,
                                    int root) {
   check_broadcast(count, root);

@@ -41,6 +41,10 @@ class StagedProcessGroup final : public ProcessGroup {
                   DType dtype, ReduceOp op) override;
   void all_to_all(DevicePtr<const std::byte> in, DevicePtr<std::byte> out, std::int64_t count,
                   DType dtype) override;
+  // The input's extent goes down, and each received piece comes back up by itself (the output's
+  // gaps stay as they were).
+  void all_to_allv(DevicePtr<const std::byte> in, DevicePtr<std::byte> out,
+                   const AllToAllvLayout& layout, DType dtype) override;
   void broadcast(DevicePtr<std::byte> buf, std::int64_t count, DType dtype, int root) override;
   void barrier() override;
   std::unique_ptr<ProcessGroup> split(int color, int key, Stream& stream,

@@ -79,6 +79,14 @@ CpuIsa hardware_cpu_isa() {
   return CpuIsa::kScalar;
 }
 
+std::vector<CpuIsa> supported_cpu_isas() {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (cpu_isa_supported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
 CpuIsa active_cpu_isa() {
   // Resolved once: the kernels ask on every call. A throwing first call leaves it unresolved,
   // so every later call reports the same error.

@@ -12,6 +12,8 @@
 // Thread-safety: every function may be called from any thread; the environment is read once.
 #pragma once
 
+#include <vector>
+
 namespace zrt {
 
 // kAuto: "the widest this process may use" (active_cpu_isa()); the others name one path.
@@ -26,6 +28,10 @@ bool cpu_isa_supported(CpuIsa isa);
 
 // The widest ISA this machine runs.
 CpuIsa hardware_cpu_isa();
+
+// Every explicit ISA this machine runs (kScalar first, then wider), for tests and tools that
+// compare the paths.
+std::vector<CpuIsa> supported_cpu_isas();
 
 // The widest ISA zrt's kernels use: hardware_cpu_isa(), lowered by the environment variable
 // ZRT_CPU_ISA ("auto", "avx512", "avx2" or "scalar"). Throws InvalidArgument, naming the

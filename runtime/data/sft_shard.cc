@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include "runtime/data/little_endian.h"
+
 namespace zrt {
 
 namespace {
@@ -17,15 +19,6 @@ constexpr std::size_t kHeaderWords = 256;
 constexpr std::size_t kHeaderBytes = kHeaderWords * 4;
 // The mask is checked at open in chunks of about this many bytes (whole sequences).
 constexpr std::size_t kMaskChunkBytes = std::size_t{1} << 20;
-
-std::int32_t load_le_i32(const std::uint8_t* p) {
-  const std::uint32_t u =
-      static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
-      (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
-  std::int32_t v;
-  std::memcpy(&v, &u, sizeof(v));
-  return v;
-}
 
 // The sections are little-endian on disk; swap in place on a big-endian host.
 template <typename T>

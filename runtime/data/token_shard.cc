@@ -10,24 +10,11 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/data/little_endian.h"
+
 namespace zrt {
 
 namespace {
-
-std::int32_t load_le_i32(const std::uint8_t* p) {
-  const std::uint32_t u =
-      static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
-      (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
-  std::int32_t v;
-  std::memcpy(&v, &u, sizeof(v));
-  return v;
-}
-
-void store_le_i32(std::uint8_t* p, std::int32_t v) {
-  std::uint32_t u;
-  std::memcpy(&u, &v, sizeof(u));
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(u >> (8 * i));
-}
 
 // Tokens are little-endian on disk; swap in place on a big-endian host.
 void le16_to_host(std::uint16_t* tokens, std::size_t count) {

@@ -2,6 +2,8 @@
 // of each unit; and the engine's small questions about them (zero_engine.h).
 #include "runtime/engine/engine_groups.h"
 
+#include <cmath>
+
 #include "runtime/common/error.h"
 
 namespace zrt {
@@ -80,6 +82,16 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
               "sharding needs both on one communication stream",
               each.replicas != nullptr ? each.replicas->stream().name() : "",
               each.shard->stream().name());
+    ZRT_CHECK(each.norm_peers == nullptr || &each.norm_peers->stream() == &group.stream(),
+              "the engine's shard group {} sums its norm over group '{}', which issues on stream "
+              "'{}' and not on the engine's communication stream '{}'",
+              g, each.norm_peers != nullptr ? each.norm_peers->name() : "",
+              each.norm_peers != nullptr ? each.norm_peers->stream().name() : "",
+              group.stream().name());
+    ZRT_CHECK(each.gradient_scale > 0.0f && std::isfinite(each.gradient_scale),
+              "the engine's shard group {} scales its gradients by {}: give a positive factor "
+              "(1 / expert_parallel.autoep_size for expert units)",
+              g, each.gradient_scale);
     ZRT_CHECK(each.replicas == nullptr || each.replicas->size() <= 1 || options.stage >= 1,
               "hierarchical sharding (a replica group) needs ZeRO stage 1, 2 or 3; stage 0 keeps "
               "no shards");
@@ -154,6 +166,18 @@ bool ZeroEngine::sliced() const {
 ProcessGroup* ZeroEngine::replicas_of(int u) const {
   ProcessGroup* replicas = group_of(u).replicas;
   return replicas != nullptr && replicas->size() > 1 ? replicas : nullptr;
+}
+
+bool ZeroEngine::has_norm_peers() const {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (norm_peers_of(g) != nullptr) return true;
+  }
+  return false;
+}
+
+ProcessGroup* ZeroEngine::norm_peers_of(std::size_t g) const {
+  ProcessGroup* peers = groups_[g].norm_peers;
+  return peers != nullptr && peers->size() > 1 ? peers : nullptr;
 }
 
 int ZeroEngine::state_rank() const {

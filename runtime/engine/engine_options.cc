@@ -129,6 +129,15 @@ void check_zero_keys(const EngineOptions& o, int world, Problems& p) {
                       "consecutive ranks (e.g. the ranks of one node)",
                       shards, world));
   }
+  const int sp = o.sequence_parallel_size;
+  if (sp < 1) {
+    p.add("sequence_parallel_size", fmt::format("must be >= 1 (1: off), not {}", sp));
+  } else if (world > 0 && world % sp != 0) {
+    p.add("sequence_parallel_size",
+          fmt::format("{} does not divide the world size {}: sequence-parallel groups are equal "
+                      "blocks of consecutive ranks; give a divisor of it",
+                      sp, world));
+  }
   const int S = o.hpz_partition_size;
   const std::string hpz = z + "zero_hpz_partition_size";
   if (S < 0) {
@@ -211,10 +220,46 @@ void check_offload(const EngineOptions& o, Problems& p) {
 
 }  // namespace
 
+// expert_parallel.autoep_size: against the world and the features that run over one group.
+void check_expert_parallel(const EngineOptions& o, int world, Problems& p) {
+  const int ep = o.expert_parallel_size;
+  const std::string key = "expert_parallel.autoep_size";
+  if (ep < 1) {
+    p.add(key, fmt::format("must be >= 1 (1: every expert on every rank), not {}", ep));
+    return;
+  }
+  if (ep == 1) return;
+  if (world > 0 && world % ep != 0) {
+    p.add(key, fmt::format("{} does not divide the data-parallel degree {} (the world size over "
+                           "sequence_parallel_size): each expert-parallel group is {} "
+                           "data-parallel ranks holding a share of the experts; give a divisor "
+                           "of it",
+                           ep, world, ep));
+  }
+  if (o.stage == 0) {
+    p.add(key,
+          "expert parallelism needs ZeRO stage 1, 2 or 3 (stage is 0): the experts' units are "
+          "sliced and reduced over their own group, and stage 0 all-reduces every unit over "
+          "one; set a stage or autoep_size 1",
+          {kStage});
+  }
+  if (o.mics_shard_size > 0 || o.hpz_partition_size > 1 || o.quantized_weights ||
+      o.quantized_gradients) {
+    p.add(
+        key,
+        "expert parallelism with mics_shard_size, zero_hpz_partition_size or "
+        "zero_quantized_weights / zero_quantized_gradients is not supported: they run over the "
+        "dense group only so far; turn them off or set autoep_size 1",
+        {"zero_optimization.mics_shard_size", "zero_optimization.zero_hpz_partition_size",
+         "zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients"});
+  }
+}
+
 std::vector<OptionProblem> validate(const EngineOptions& options, int world) {
   Problems problems;
   check_precision(options, problems);
   check_zero_keys(options, world, problems);
+  check_expert_parallel(options, world, problems);
   check_offload(options, problems);
   return problems.take();
 }

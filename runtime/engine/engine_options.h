@@ -85,6 +85,23 @@ struct EngineOptions {
   // micro-batch and freed after the unit's last backward gather; the master weights, the
   // optimizer and the gradient reduce-scatters are untouched. 0 or 1: off.
   int hpz_partition_size = 0;
+  // Expert parallelism (expert_parallel.autoep_size, DeepSpeed's AutoEP): the experts of each
+  // mixture-of-experts layer are split over groups of this many data-parallel ranks (the
+  // expert-parallel group; tokens reach them by all-to-all, models/moe/expert_dispatch.h), and
+  // an expert's state is sliced over the data-parallel degree / ep ranks holding the same
+  // experts (the expert-data-parallel group, the engine's shard group 1), its gradients averaged
+  // there and multiplied by 1 / ep. 1: every expert on every rank, in group 0 like any unit.
+  int expert_parallel_size = 1;
+  // use_data_before_expert_parallelism (DeepSpeed's name): the expert-parallel groups are
+  // strided over the data-parallel ranks and the expert-data-parallel groups consecutive,
+  // instead of the reverse (parallel_dims.h).
+  bool data_before_expert_parallel = false;
+  // Ulysses sequence parallelism (sequence_parallel_size): each sequence is cut into this many
+  // chunks over a block of as many consecutive ranks of a node, which attend over the whole
+  // sequence through all-to-alls (the model's part). The engine is unchanged by it: ZeRO
+  // shards and reduces over the whole world, sp blocks included; the data-parallel degree the
+  // batch rule counts is world / sequence_parallel_size. 1: off.
+  int sequence_parallel_size = 1;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).

@@ -11,6 +11,9 @@ ParallelDims parallel_dims(const EngineOptions& options, int world, int ranks_pe
   dims.hpz_partition_size = options.hpz_partition_size;
   dims.quantized_weights = options.quantized_weights;
   dims.quantized_gradients = options.quantized_gradients;
+  dims.expert_parallel_size = options.expert_parallel_size;
+  dims.data_before_expert_parallel = options.data_before_expert_parallel;
+  dims.sequence_parallel_size = options.sequence_parallel_size;
   return dims;
 }
 

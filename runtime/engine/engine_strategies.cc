@@ -94,6 +94,10 @@ void ZeroEngine::choose_strategies() {
       // Stages 2-3 reduce every bucket, one rank included (its slice is the whole bucket).
       collective.push_back(own_collective(make_reduce_scatter(*g.shard, replicas)));
     }
+    if (g.gradient_scale != 1.0f) {  // expert units (ShardGroup::gradient_scale)
+      collective.back() =
+          own_collective(make_scaled(*collective.back(), device_, comm_, g.gradient_scale));
+    }
   }
 
   // The sinks of the reduced slices.

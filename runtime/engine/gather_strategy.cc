@@ -2,14 +2,11 @@
 // ordering (events, allocations) stays in param_gather.cc.
 #include "runtime/engine/gather_strategy.h"
 
+#include "runtime/engine/unit_state.h"
 #include "runtime/trace/trace_span.h"
 
 namespace zrt {
 namespace {
-
-std::int64_t bytes_of(std::int64_t elements, DType type) {
-  return elements * static_cast<std::int64_t>(dtype_size(type));
-}
 
 class AllGather final : public GatherStrategy {
  public:

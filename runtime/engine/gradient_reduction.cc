@@ -158,7 +158,7 @@ Stream& ZeroEngine::enqueue_grad_norm_squared() {
     }
   };
   norm_span.end();
-  if (!sliced()) {
+  if (!sliced() && !has_norm_peers()) {
     add_groups(compute_);
     return compute_;
   }
@@ -166,9 +166,13 @@ Stream& ZeroEngine::enqueue_grad_norm_squared() {
   comm_.wait(*compute_done_);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, "all_reduce grad norm");
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (groups_[g].shard->size() <= 1) continue;
     const DevicePtr<std::byte> norm = (norms + static_cast<std::int64_t>(g)).as<std::byte>();
-    groups_[g].shard->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+    if (options_.stage > 0 && groups_[g].shard->size() > 1) {
+      groups_[g].shard->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+    }
+    if (ProcessGroup* peers = norm_peers_of(g)) {
+      peers->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+    }
   }
   add_groups(comm_);
   return comm_;

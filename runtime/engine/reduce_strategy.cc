@@ -5,13 +5,10 @@
 
 #include "runtime/common/error.h"
 #include "runtime/engine/engine_kernels.h"
+#include "runtime/engine/unit_state.h"
 
 namespace zrt {
 namespace {
-
-std::int64_t bytes_of(std::int64_t elements, DType type) {
-  return elements * static_cast<std::int64_t>(dtype_size(type));
-}
 
 // Hierarchical sharding: the shard group's average, averaged again over the replicas of the
 // slice (the same stream: in order after the reduce-scatter).
@@ -69,6 +66,27 @@ class QuantizedReduceScatter final : public GradientCollective {
   QuantizedCollectives& quantized_;
   ProcessGroup* replicas_;
   DevicePtr<std::byte> out_;
+};
+
+class Scaled final : public GradientCollective {
+ public:
+  Scaled(GradientCollective& inner, Device& device, Stream& stream, float factor)
+      : inner_(inner), device_(device), stream_(stream), factor_(factor) {}
+  const char* name() const override { return inner_.name(); }
+  ReducedPart reduce(DevicePtr<std::byte> grads, std::int64_t shard, int rank,
+                     DType type) override {
+    const ReducedPart mine = inner_.reduce(grads, shard, rank, type);
+    engine_kernels::scale(device_, stream_, mine.data, type, mine.count, factor_);
+    return mine;
+  }
+  // It changes the values even where the inner collective moves nothing.
+  bool communicates() const override { return true; }
+
+ private:
+  GradientCollective& inner_;
+  Device& device_;
+  Stream& stream_;
+  float factor_;
 };
 
 class NoReduction final : public GradientCollective {
@@ -177,6 +195,11 @@ std::unique_ptr<GradientCollective> make_all_reduce(ProcessGroup& group) {
 std::unique_ptr<GradientCollective> make_reduce_scatter(ProcessGroup& group,
                                                         ProcessGroup* replicas) {
   return std::make_unique<ReduceScatter>(group, replicas);
+}
+
+std::unique_ptr<GradientCollective> make_scaled(GradientCollective& inner, Device& device,
+                                                Stream& stream, float factor) {
+  return std::make_unique<Scaled>(inner, device, stream, factor);
 }
 
 std::unique_ptr<GradientCollective> make_no_reduction(const char* name) {

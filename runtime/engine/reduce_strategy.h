@@ -54,6 +54,11 @@ std::unique_ptr<GradientCollective> make_all_reduce(ProcessGroup& group);
 // The rank's slice, in place, then averaged over `replicas` (MiCS, HSDP) when not null.
 std::unique_ptr<GradientCollective> make_reduce_scatter(ProcessGroup& group,
                                                         ProcessGroup* replicas);
+// `inner`, then this rank's reduced part multiplied by `factor` on `stream` (the comm stream,
+// where `inner` leaves it): expert units' 1 / ep (ShardGroup::gradient_scale). `inner` must
+// outlive it.
+std::unique_ptr<GradientCollective> make_scaled(GradientCollective& inner, Device& device,
+                                                Stream& stream, float factor);
 // Stages 0-1 on one rank without replicas: nothing to average. `name` is the stage's
 // collective, which the trace still shows (an empty span) as it always did.
 std::unique_ptr<GradientCollective> make_no_reduction(const char* name);

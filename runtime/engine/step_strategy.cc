@@ -37,13 +37,17 @@ float ZeroEngine::OffloadStep::norm_squared() {
   float norm_squared = 0.0f;
   for (std::size_t g = 0; g < e_.groups_.size(); ++g) {
     float group_norm = offload_.local_norm_squared(static_cast<int>(g));
-    if (summed_over_ranks_[g]) {
+    ProcessGroup* peers = e_.norm_peers_of(g);
+    if (summed_over_ranks_[g] || peers != nullptr) {
       // Sum over the group's ranks (every rank takes the same decision).
       Stream& comm = e_.comm_;
       const DevicePtr<std::byte> norm = e_.norm_.device<std::byte>();
       TraceSpan span(e_.trace_, comm, TraceTrack::kComm, "all_reduce grad norm");
       e_.device_.copy_to_device(norm, &group_norm, sizeof group_norm, comm);
-      e_.groups_[g].shard->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+      if (summed_over_ranks_[g]) {
+        e_.groups_[g].shard->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
+      }
+      if (peers != nullptr) peers->all_reduce(norm, norm, 1, DType::kFloat32, ReduceOp::kSum);
       e_.device_.copy_to_host(&group_norm, norm, sizeof group_norm, comm);
       span.end();
       comm.synchronize();

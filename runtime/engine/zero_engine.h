@@ -229,6 +229,10 @@ class ZeroEngine final : public ParamAccess {
   class OffloadStep;
   // Whether any unit is sliced over more than one rank (false at stage 0).
   bool sliced() const;
+  // The group's norm peers (ShardGroup::norm_peers) when they are more than this rank, else null;
+  // whether any group has some.
+  ProcessGroup* norm_peers_of(std::size_t g) const;
+  bool has_norm_peers() const;
   // Unit u's groups: its shard group, and its replica group where it has one of several ranks.
   const ShardGroup& group_of(int u) const {
     return groups_[static_cast<std::size_t>(plan_.unit(u).group)];

@@ -112,7 +112,7 @@ TEST_CASE("subgroup plans: MiCS, hpZ, sequence, data and expert parallel groups"
   CHECK(e.validate().empty());
   CHECK(e.data_parallel_size() == 8);
   CHECK(e.expert_data_parallel_size() == 4);
-  CHECK(e.shard_world() == 8);
+  CHECK(e.shard_world() == 16);  // ZeRO shards over the whole world, sp blocks included
   CHECK(e.sequence_parallel_plan(5).members == std::vector<int>{4, 5});
   CHECK(e.data_parallel_plan(5).members == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
   CHECK(e.expert_parallel_plan(5).members == std::vector<int>{5, 7});

@@ -133,14 +133,81 @@ TEST_CASE("the layout refuses inconsistent degrees with every problem, before an
       ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
       Catch::Contains("mics_shard_size: hierarchical sharding needs stage 1, 2 or 3") &&
           Catch::Contains("zero_quantized_weights: qwZ quantizes stage 3's"));
-  ParallelDims sp = f.dims(1);
-  sp.sequence_parallel_size = f.world;
-  if (f.world > 1) {
-    CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, sp, {}),
-                      Catch::Contains("only 1 is supported yet"));
+  if (f.world >= 4) {
+    std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
+    ParallelDims both = f.dims(1);
+    both.expert_parallel_size = 2;
+    both.sequence_parallel_size = 2;
+    CHECK_THROWS_WITH(
+        ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, both, {}, sequence.get()),
+        Catch::Contains("not supported together yet"));
   }
   ParallelDims wrong = f.dims(1);
   wrong.world = f.world + 1;
   CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, wrong, {}),
                     Catch::Contains("the parallel layout is for"));
+}
+
+TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel groups, group 1") {
+  Fixture f;
+  for (int ep = 2; ep <= f.world; ep *= 2) {
+    if (f.world % ep != 0) continue;
+    for (bool data_before : {false, true}) {
+      ParallelDims d = f.dims(2);
+      d.expert_parallel_size = ep;
+      d.data_before_expert_parallel = data_before;
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+      const int rank = layout.rank(), edp = f.world / ep;
+      INFO("world " << f.world << ", ep " << ep << (data_before ? ", data before expert" : ""));
+      ProcessGroup* experts = layout.expert_parallel_group();
+      ProcessGroup* replicas = layout.expert_data_parallel_group();
+      REQUIRE(experts != nullptr);
+      REQUIRE(replicas != nullptr);
+      CHECK(experts->size() == ep);
+      CHECK(replicas->size() == edp);
+      CHECK(&experts->stream() == f.comm.get());
+      // E + D (DeepSpeed's default): ep groups of consecutive ranks; D + E: strided.
+      CHECK(experts->rank() == (data_before ? rank / edp : rank % ep));
+      CHECK(replicas->rank() == (data_before ? rank % edp : rank / ep));
+      const std::vector<ShardGroup> groups = layout.engine_groups();
+      REQUIRE(groups.size() == 2);
+      CHECK(groups[1].shard == replicas);
+      CHECK(groups[1].norm_peers == experts);
+      CHECK(groups[1].replicas == nullptr);
+      CHECK(groups[1].gradient_scale == 1.0f / static_cast<float>(ep));
+    }
+  }
+  // ep 1: no expert group, the engine's table as without it.
+  ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
+  CHECK(plain.expert_parallel_group() == nullptr);
+  CHECK(plain.engine_groups().size() == 1);
+}
+
+TEST_CASE("sequence parallelism: blocks of sp consecutive ranks on their own stream") {
+  Fixture f;
+  std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
+  for (int sp = 2; sp <= f.world; sp *= 2) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      ParallelDims d = f.dims(stage);
+      d.sequence_parallel_size = sp;
+      INFO("sp " << sp << " stage " << stage);
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}, sequence.get());
+      ProcessGroup* g = layout.sequence_group();
+      REQUIRE(g != nullptr);
+      CHECK(g->size() == sp);
+      CHECK(g->rank() == layout.rank() % sp);
+      CHECK(&g->stream() == sequence.get());
+      // ZeRO shards and reduces over the whole world, the sp blocks included.
+      CHECK(&layout.shard_group() == &layout.world_group());
+      CHECK(layout.dims().shard_world() == (stage == 0 ? 1 : f.world));
+      CHECK(layout.dims().data_parallel_size() == f.world / sp);
+      CHECK(layout.sequence_traffic().total_bytes() == 0);
+    }
+    ParallelDims d = f.dims(1);
+    d.sequence_parallel_size = sp;
+    CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
+                      Catch::Contains("without a stream for its all-to-alls"));
+  }
+  ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(1), {});
+  CHECK(plain.sequence_group() == nullptr);
 }

@@ -1224,3 +1224,78 @@ TEST_CASE("checkpoint.load: auto, none, latest, a tag; overwrite", "[config][che
 
 }  // namespace
 }  // namespace zrt
+
+namespace zrt {
+namespace {
+
+TEST_CASE("expert_parallel: DeepSpeed's AutoEP section, each key implemented or refused by name",
+          "[config][expert_parallel]") {
+  // Off (DeepSpeed's default) is accepted as it is; the layout key is implemented.
+  Config off = parse_doc(patched(R"({"expert_parallel": {"enabled": false, "autoep_size": 2},
+                                     "use_data_before_expert_parallelism": true})"));
+  CHECK(off.engine.expert_parallel_size == 1);
+  CHECK(off.engine.data_before_expert_parallel);
+  CHECK(std::any_of(off.warnings.begin(), off.warnings.end(), [](const std::string& w) {
+    return w.find("expert_parallel.autoep_size: ignored") != std::string::npos;
+  }));
+  // A dense model has nothing to split.
+  CHECK_THAT(
+      error_of(patched(R"({"expert_parallel": {"enabled": true, "autoep_size": 2}})").dump()),
+      Catch::Contains("expert_parallel.enabled: model.type gpt2 has no mixture-of-experts "
+                      "layers"));
+  // What AutoEP reads to find or change a model, zrt's models declare: refused with the reason.
+  const std::string refused = error_of(patched(R"({"expert_parallel": {
+      "enabled": true, "preset_model": "deepseek_v3", "score_func": "sigmoid",
+      "score_apply": "pre", "moe_layer_pattern": "model\\.layers\\.\\d+\\.mlp",
+      "load_balance_coeff": 0.001, "top_k": 4, "route_scale": 2.5}})")
+                                           .dump());
+  for (const char* part :
+       {"expert_parallel.preset_model: zrt has no deepseek_v3 model",
+        "expert_parallel.score_func: sigmoid scoring is DeepSeek-V3's",
+        "expert_parallel.score_apply: transformers' Mixtral and Qwen MoE weight the experts' "
+        "outputs",
+        "expert_parallel.moe_layer_pattern: not implemented by zrt (MoE layer detection",
+        "expert_parallel.load_balance_coeff: not implemented by zrt (Expert-bias",
+        "expert_parallel.top_k: not implemented by zrt",
+        "expert_parallel.route_scale: not implemented by zrt"}) {
+    CHECK_THAT(refused, Catch::Contains(part));
+  }
+  // The values that leave those features off pass.
+  CHECK_THAT(error_of(patched(R"({"expert_parallel": {"enabled": true, "top_k": "auto",
+      "route_scale": 1.0, "score_func": "softmax", "score_apply": "post",
+      "use_grouped_mm": true}})")
+                          .dump()),
+             !Catch::Contains("top_k") && !Catch::Contains("route_scale") &&
+                 !Catch::Contains("score_func") && !Catch::Contains("score_apply"));
+}
+
+TEST_CASE("expert_parallel.autoep_size against the world and the stage (engine options)",
+          "[config][expert_parallel]") {
+  EngineOptions o;
+  o.stage = 2;
+  o.expert_parallel_size = 4;
+  CHECK(validate(o, 8).empty());
+  const auto text = [](const std::vector<OptionProblem>& problems) {
+    std::string all;
+    for (const OptionProblem& p : problems) all += p.text() + "\n";
+    return all;
+  };
+  o.expert_parallel_size = 3;
+  CHECK_THAT(text(validate(o, 8)),
+             Catch::Contains("expert_parallel.autoep_size: 3 does not divide the data-parallel "
+                             "degree 8"));
+  o.expert_parallel_size = 2;
+  o.stage = 0;
+  CHECK_THAT(text(validate(o, 8)),
+             Catch::Contains("expert parallelism needs ZeRO stage 1, 2 or 3 (stage is 0)"));
+  o.stage = 3;
+  o.hpz_partition_size = 2;
+  CHECK_THAT(text(validate(o, 8)),
+             Catch::Contains("expert parallelism with mics_shard_size, zero_hpz_partition_size"));
+  o.hpz_partition_size = 0;
+  o.expert_parallel_size = 0;
+  CHECK_THAT(text(validate(o, 8)), Catch::Contains("must be >= 1"));
+}
+
+}  // namespace
+}  // namespace zrt

@@ -24,14 +24,6 @@ namespace {
 using test::AdamProblem;
 using test::ReferenceAdam;
 
-std::vector<CpuIsa> supported_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (cpu_isa_supported(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
-
 struct Config {
   const char* name;
   AdamOptions options;
@@ -96,7 +88,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST_CASE("CpuAdam matches a float64 reference on every ISA (100 steps)", "[cpu_adam]") {
-  const auto isas = supported_isas();
+  const auto isas = supported_cpu_isas();
   INFO("best ISA here: " << cpu_isa_name(best_cpu_isa()));
   REQUIRE(isas.front() == CpuIsa::kScalar);
   constexpr int kSteps = 100;
@@ -145,7 +137,7 @@ TEST_CASE("CpuAdam results do not depend on the thread count", "[cpu_adam]") {
   const std::vector<std::int64_t> sizes = {100003, 7, 65536, 70001, 1, 33};
   AdamOptions options;
   options.weight_decay = 0.05;
-  for (CpuIsa isa : supported_isas()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     for (DType grad : {DType::kFloat32, DType::kBFloat16}) {
       INFO("isa " << cpu_isa_name(isa) << ", grads " << dtype_name(grad));
       AdamProblem one(sizes, grad, true, DType::kBFloat16, 3);
@@ -180,7 +172,7 @@ TEST_CASE("long ranges (streamed compute-dtype copy) equal the scalar path", "[c
       reference.make_grads(t, 4);
       scalar.step(reference.slices(), t, 1e-3);
     }
-    for (CpuIsa isa : supported_isas()) {
+    for (CpuIsa isa : supported_cpu_isas()) {
       if (isa == CpuIsa::kScalar) continue;
       INFO("isa " << cpu_isa_name(isa) << ", out " << dtype_name(out));
       AdamProblem p(sizes, DType::kBFloat16, true, out, 21);
@@ -216,7 +208,7 @@ TEST_CASE("CpuAdam matches torch.optim.AdamW / Adam golden values", "[cpu_adam][
   REQUIRE(golden["cases"].size() >= 3);
   for (const auto& c : golden["cases"]) {
     const OptimizerConfig config = parse_optimizer_config(c["optimizer"]);
-    for (CpuIsa isa : supported_isas()) {
+    for (CpuIsa isa : supported_cpu_isas()) {
       INFO("case " << c["name"].get<std::string>() << ", isa " << cpu_isa_name(isa));
       std::vector<float> param = floats(c["param"]);
       std::vector<float> m(param.size(), 0.0f), v(param.size(), 0.0f);
@@ -290,7 +282,7 @@ TEST_CASE("grad_scale multiplies the gradients inside the pass", "[cpu_adam]") {
   // A power-of-two scale is exact: scaling inside equals pre-scaled gradients bit for bit.
   AdamOptions options;
   options.weight_decay = 0.01;
-  for (CpuIsa isa : supported_isas()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     INFO("isa " << cpu_isa_name(isa));
     AdamProblem inside(test::default_slice_sizes(), DType::kFloat32, true, DType::kBFloat16, 8);
     AdamProblem outside(test::default_slice_sizes(), DType::kFloat32, true, DType::kBFloat16, 8);

@@ -34,14 +34,6 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
 
-std::vector<CpuIsa> supported_isas() {
-  std::vector<CpuIsa> isas;
-  for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (cpu_isa_supported(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
-
 // Contiguous slices of the given sizes in one array; every third slice is exempt from decay.
 struct LionProblem {
   std::vector<std::int64_t> sizes;
@@ -141,7 +133,7 @@ TEST_CASE("CpuLion matches a float64 Lion over several steps on every ISA", "[li
   };
   constexpr int kSteps = 12;
   for (const Case& c : cases) {
-    for (CpuIsa isa : supported_isas()) {
+    for (CpuIsa isa : supported_cpu_isas()) {
       INFO(c.name << " on " << cpu_isa_name(isa));
       LionProblem prob({1, 7, 16, 33, 100, 1027, 4099}, c.grad_dtype);
       const std::size_t n = prob.param.size();
@@ -215,7 +207,7 @@ TEST_CASE("CpuLion: exact sign ties leave only the weight decay", "[lion]") {
   o.beta1 = 0.5;
   o.weight_decay = 0.2;
   const double lr = 0.01;
-  for (CpuIsa isa : supported_isas()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     INFO(cpu_isa_name(isa));
     constexpr std::int64_t kN = 37;  // vector bodies and a scalar tail
     std::vector<float> p(kN), m(kN), g(kN);
@@ -260,7 +252,7 @@ TEST_CASE("CpuLion is bit-identical across ISAs and thread counts", "[lion]") {
     return prob;
   };
   const LionProblem base = run(CpuIsa::kScalar, 1);
-  for (CpuIsa isa : supported_isas()) {
+  for (CpuIsa isa : supported_cpu_isas()) {
     for (int threads : {1, 2, 3}) {
       INFO(cpu_isa_name(isa) << " x " << threads << " threads");
       const LionProblem other = run(isa, threads);

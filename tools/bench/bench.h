@@ -33,6 +33,10 @@ class Args {
 };
 
 double median(std::vector<double> values);
+// The largest of `seconds` over every rank of MPI_COMM_WORLD (collective): the slowest rank's.
+double slowest_rank(double seconds);
+// The non-empty items of a `sep`-separated list ("a,,b" -> {"a", "b"}).
+std::vector<std::string> split_list(const std::string& text, char sep = ',');
 
 // Fixed-width text table: set the header once, add rows, print.
 class Table {

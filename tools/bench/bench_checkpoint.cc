@@ -49,11 +49,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-double slowest(double seconds) {
-  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return seconds;
-}
-
 void drop_cache(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return;
@@ -257,16 +252,16 @@ int checkpoint(int argc, char** argv) {
     if (on_stream && writes) {
       wait = std::max(0.0, std::chrono::duration<double>(copy_done - step_called).count());
     }
-    const double stall = slowest(call + wait);
+    const double stall = slowest_rank(call + wait);
     if (figures == nullptr) {
       t_first_stall.push_back(stall);
       return;
     }
-    figures->call.push_back(slowest(call));
-    figures->wait.push_back(slowest(wait));
+    figures->call.push_back(slowest_rank(call));
+    figures->wait.push_back(slowest_rank(wait));
     figures->stall.push_back(stall);
-    figures->slowdown.push_back(slowest(stepped - baseline));
-    if (on_stream) t_async_total.push_back(slowest(total));
+    figures->slowdown.push_back(slowest_rank(stepped - baseline));
+    if (on_stream) t_async_total.push_back(slowest_rank(total));
   };
   // DCP and dd beside zrt's figures, one save of each right after each of zrt's sync saves (this
   // VM's disk drifts by 2x within a minute, so only neighbours compare): rank 0 runs the script
@@ -310,11 +305,11 @@ int checkpoint(int argc, char** argv) {
   for (int r = 0; r < repeats; ++r) {
     // Plain write + fsync of the same bytes.
     MPI_Barrier(MPI_COMM_WORLD);
-    t_plain_w.push_back(slowest(writes ? plain_write(plain_path, plain) : 0.0));
+    t_plain_w.push_back(slowest_rank(writes ? plain_write(plain_path, plain) : 0.0));
     if (writes)
-      t_plain_r.push_back(slowest(plain_read(plain_path, plain)));
+      t_plain_r.push_back(slowest_rank(plain_read(plain_path, plain)));
     else
-      t_plain_r.push_back(slowest(0.0));
+      t_plain_r.push_back(slowest_rank(0.0));
 
     // Synchronous save: the whole protocol (probe, files, fsyncs, agreement, rename, latest).
     checkpoint::SaveRequest request;
@@ -332,7 +327,7 @@ int checkpoint(int argc, char** argv) {
                           : std::vector<std::vector<checkpoint::HostBytes>>{};
         });
     const double save_s = since(start);
-    t_save.push_back(slowest(save_s));
+    t_save.push_back(slowest_rank(save_s));
     const checkpoint::SaveTimings& st = sync_saver.last_timings();
     const double phases[] = {
         save_s - st.commit_s,
@@ -347,7 +342,8 @@ int checkpoint(int argc, char** argv) {
         st.rename_s,
         st.prune_s};
     static_assert(std::size(phases) == std::size(phase_names), "a name for every phase");
-    for (std::size_t i = 0; i < std::size(phases); ++i) t_phase[i].push_back(slowest(phases[i]));
+    for (std::size_t i = 0; i < std::size(phases); ++i)
+      t_phase[i].push_back(slowest_rank(phases[i]));
     if (with_dcp) {
       const std::size_t before = t_dcp.size();
       measure_dcp();
@@ -372,14 +368,14 @@ int checkpoint(int argc, char** argv) {
         }
       }
     }
-    t_load.push_back(slowest(since(start)));
+    t_load.push_back(slowest_rank(since(start)));
 
     // A training step with no save in flight: the baseline of this repeat.
     MPI_Barrier(MPI_COMM_WORLD);
     start = Clock::now();
     train_step();
     const double baseline = since(start);
-    t_step.push_back(slowest(baseline));
+    t_step.push_back(slowest_rank(baseline));
 
     // Async saves measured the same way: the copy on the engine's stream (zrt-train's way; the
     // first one allocates the snapshot buffer, its own row) and on the training thread.

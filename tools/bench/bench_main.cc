@@ -1,10 +1,12 @@
 // zrt-bench: performance figures, printed as tables next to their references (see
 // BENCHMARKS.md for recorded runs). Usage: zrt-bench <subcommand> [options].
+#include <mpi.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -117,6 +119,20 @@ std::int64_t Args::get_bytes(const std::string& key, std::int64_t fallback) cons
       break;
   }
   return static_cast<std::int64_t>(std::stod(text) * static_cast<double>(scale));
+}
+
+double slowest_rank(double seconds) {
+  MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return seconds;
+}
+
+std::vector<std::string> split_list(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, sep);) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
 }
 
 double median(std::vector<double> values) {

@@ -29,18 +29,6 @@ std::string torch_script(const std::string& requested) {
   return requested.empty() ? find_script("torch_gpt_bench.py", ZRT_TORCH_GPT_SCRIPT) : requested;
 }
 
-// Splits on `sep`; for --models, on ';' when the list has one (specs with commas, such as
-// "llama:hidden_size=128,...").
-std::vector<std::string> split(const std::string& text, char sep = ',') {
-  std::vector<std::string> out;
-  std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, sep)) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 struct ZrtResult {
   double seconds = 0;  // median per iteration
   float loss = 0;
@@ -119,11 +107,12 @@ int model(int argc, char** argv) {
     return 0;
   }
   const std::string model_list = args.get("models", "gpt2-tiny,gpt2");
-  const auto models = split(model_list, model_list.find(';') != std::string::npos ? ';' : ',');
+  const auto models = split_list(model_list, model_list.find(';') != std::string::npos ? ';' : ',');
   const int B = static_cast<int>(args.get_double("batch", 4));
   const int T = static_cast<int>(args.get_double("seq", 256));
   std::vector<int> thread_counts;
-  for (const auto& t : split(args.get("threads", "1,2"))) thread_counts.push_back(std::stoi(t));
+  for (const auto& t : split_list(args.get("threads", "1,2")))
+    thread_counts.push_back(std::stoi(t));
   const bool checkpointing = args.has("checkpointing");
   const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
   const std::string script = torch_script(args.get("torch-script", ""));

@@ -53,11 +53,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-double slowest(double value) {
-  MPI_Allreduce(MPI_IN_PLACE, &value, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return value;
-}
-
 struct OffloadFigures {
   std::int64_t params = 0;
   int units = 0;
@@ -168,7 +163,8 @@ OffloadFigures run_config(int stage, bool offload_params, double ratio,
       engine.step(1e-4);
       compute->synchronize();
     }
-    steps.push_back(slowest(std::chrono::duration<double>(starts[2] - starts[0]).count() / 2.0));
+    steps.push_back(
+        slowest_rank(std::chrono::duration<double>(starts[2] - starts[0]).count() / 2.0));
     // Alone: every stream drained before each phase. Forward+backward until its gradients are
     // on the host; then the whole offloaded update (norm, CPU Adam, copies, all-gathers), with
     // the CPU Adam's own time read from a timeline trace.
@@ -177,20 +173,20 @@ OffloadFigures run_config(int stage, bool offload_params, double ratio,
     auto start = Clock::now();
     forward_backward();
     engine.synchronize();
-    fbs.push_back(slowest(seconds_since(start)));
+    fbs.push_back(slowest_rank(seconds_since(start)));
     MPI_Barrier(MPI_COMM_WORLD);
     TraceRecorder trace(group->rank());
     engine.set_trace(&trace);
     start = Clock::now();
     engine.step(1e-4);
     engine.synchronize();
-    updates.push_back(slowest(seconds_since(start)));
+    updates.push_back(slowest_rank(seconds_since(start)));
     engine.set_trace(nullptr);
     double adam_us = 0.0;
     for (const TraceEvent& e : trace.events()) {
       if (e.track == TraceTrack::kCpuOptimizer) adam_us += e.duration_us;
     }
-    adams.push_back(slowest(adam_us * 1e-6));
+    adams.push_back(slowest_rank(adam_us * 1e-6));
   }
   OffloadFigures f;
   f.params = model_def->num_parameters();
@@ -199,7 +195,7 @@ OffloadFigures run_config(int stage, bool offload_params, double ratio,
   f.forward_backward = median(fbs);
   f.adam = median(adams);
   f.update = median(updates);
-  f.adam_overlapped = slowest(-adam_overlapped) * -1.0;  // the least overlapped rank
+  f.adam_overlapped = slowest_rank(-adam_overlapped) * -1.0;  // the least overlapped rank
   return f;
 }
 
@@ -241,19 +237,6 @@ CopyFigures run_copies(std::int64_t bytes, int repeats) {
   return CopyFigures{median(h2d), median(d2h), median(plain)};
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    const std::size_t comma = text.find(',', start);
-    const std::size_t end = comma == std::string::npos ? text.size() : comma;
-    if (end > start) out.push_back(text.substr(start, end - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 int offload(int argc, char** argv) {
@@ -278,7 +261,7 @@ int offload(int argc, char** argv) {
       args.get("model", "n_layer=8,n_head=8,n_embd=512,vocab_size=256,seq_len=32");
   const int B = static_cast<int>(args.get_double("batch", 1));
   const int repeats = static_cast<int>(args.get_double("repeats", 7));
-  const std::vector<std::string> configs = split(args.get("configs", "2,3,3p"));
+  const std::vector<std::string> configs = split_list(args.get("configs", "2,3,3p"));
   const std::int64_t copy_bytes = args.get_bytes("copy-bytes", std::int64_t{64} << 20);
   const int world = mpi.size();
   if (mpi.rank() == 0) {

@@ -73,15 +73,6 @@ std::int64_t parse_count(std::string text) {
   return static_cast<std::int64_t>(std::stod(text) * scale);
 }
 
-std::vector<std::string> split(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 std::string count_name(std::int64_t n) {
   if (n % 1000000 == 0) return std::to_string(n / 1000000) + "M";
   if (n % 1000 == 0) return std::to_string(n / 1000) + "K";
@@ -202,11 +193,12 @@ int optimizer(int argc, char** argv) {
     return 0;
   }
   std::vector<std::int64_t> sizes;
-  for (const auto& s : split(args.get("sizes", "10M,50M,100M,200M"))) {
+  for (const auto& s : split_list(args.get("sizes", "10M,50M,100M,200M"))) {
     sizes.push_back(parse_count(s));
   }
   std::vector<int> thread_counts;
-  for (const auto& s : split(args.get("threads", "1,2"))) thread_counts.push_back(std::stoi(s));
+  for (const auto& s : split_list(args.get("threads", "1,2")))
+    thread_counts.push_back(std::stoi(s));
   const int repeats = static_cast<int>(args.get_double("repeats", 5));
   const std::string isa_name = args.get("isa", "auto");
   CpuIsa isa = CpuIsa::kAuto;

@@ -1,0 +1,68 @@
+#include "models/transformer/ulysses_exchange.h"
+
+#include "runtime/common/error.h"
+
+namespace zrt::transformer {
+
+namespace k = zrt::kernels;
+
+UlyssesExchange::UlyssesExchange(kernels::KernelContext& ctx, ProcessGroup& group)
+    : ctx_(ctx),
+      group_(group),
+      packed_(ctx.device().create_event()),
+      exchanged_(ctx.device().create_event()) {}
+
+std::int64_t UlyssesExchange::scratch_elements(int B, int Tl, const kernels::UlyssesHeads& heads,
+                                               int hs) const {
+  return std::int64_t{size()} * B * Tl * heads.block_heads * hs;
+}
+
+void UlyssesExchange::exchange(ConstBytes send, Bytes recv, std::int64_t count, DType dtype) {
+  Stream& compute = ctx_.stream();
+  Stream& comm = group_.stream();
+  packed_->record(compute);
+  comm.wait(*packed_);
+  group_.all_to_all(send, recv, count, dtype);
+  exchanged_->record(comm);
+  compute.wait(*exchanged_);
+}
+
+void UlyssesExchange::to_heads(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl,
+                               const kernels::UlyssesHeads& heads, int hs, Bytes send, Bytes recv) {
+  const int sp = size();
+  k::ulysses_scatter_heads(ctx_, dtype, send, chunk, sp, B, Tl, heads, hs);
+  exchange(send, recv, std::int64_t{B} * Tl * heads.block_heads * hs, dtype);
+  k::ulysses_gather_sequence(ctx_, dtype, full, recv, sp, B, Tl, heads.block_heads, hs);
+}
+
+void UlyssesExchange::to_chunk(DType dtype, Bytes chunk, ConstBytes full, int B, int Tl, int NH,
+                               int hs, Bytes send, Bytes recv) {
+  const int sp = size();
+  const int Hd = NH / sp;
+  k::ulysses_scatter_sequence(ctx_, dtype, send, full, sp, B, Tl, Hd, hs);
+  exchange(send, recv, std::int64_t{B} * Tl * Hd * hs, dtype);
+  k::ulysses_gather_heads(ctx_, dtype, chunk, recv, sp, B, Tl, Hd, hs);
+}
+
+void UlyssesExchange::to_heads_backward(DType dtype, Bytes dchunk, ConstBytes dfull, int B, int Tl,
+                                        const kernels::UlyssesHeads& heads, int hs, Bytes send,
+                                        Bytes recv) {
+  const int sp = size();
+  // gather_sequence's adjoint is scatter_sequence; the all-to-all's is itself.
+  k::ulysses_scatter_sequence(ctx_, dtype, send, dfull, sp, B, Tl, heads.block_heads, hs);
+  exchange(send, recv, std::int64_t{B} * Tl * heads.block_heads * hs, dtype);
+  k::ulysses_scatter_heads_backward(ctx_, dtype, dchunk, recv, sp, B, Tl, heads, hs);
+}
+
+void UlyssesExchange::to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dchunk, int B, int Tl,
+                                        int NH, int hs, Bytes send, Bytes recv) {
+  const int sp = size();
+  const int Hd = NH / sp;
+  // gather_heads's adjoint is scatter_heads over the query heads (group 1).
+  k::ulysses_scatter_heads(ctx_, dtype, send, dchunk, sp, B, Tl, k::ulysses_query_heads(NH, sp),
+                           hs);
+  exchange(send, recv, std::int64_t{B} * Tl * Hd * hs, dtype);
+  k::ulysses_gather_sequence(ctx_, dtype, dfull, recv, sp, B, Tl, Hd, hs);
+}
+
+}  // namespace zrt::transformer

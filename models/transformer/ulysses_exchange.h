@@ -1,0 +1,71 @@
+// UlyssesExchange: the two layout changes of Ulysses sequence parallelism around attention, each
+// an all-to-all over the sequence-parallel group between two of kernels/ulysses_ops.h's packing
+// steps, and their adjoints for the backward.
+//
+// An sp group of ranks holds each sequence in sp consecutive chunks of Tl tokens (group rank j:
+// tokens [j*Tl, (j+1)*Tl)). Before attention, to_heads() turns this rank's chunk of q, k or v
+// (B,Tl,H,hs) into its share of the heads over the whole sequence (B,sp*Tl,Hd,hs); after it,
+// to_chunk() turns the attention's output (B,sp*Tl,NH/sp,hs) back into every head of this
+// rank's chunk (B,Tl,NH,hs). to_heads_backward() and to_chunk_backward() are their adjoints
+// (an all-to-all is its own adjoint: it only moves blocks).
+//
+// Ordering: the packing kernels run on the model's compute stream, the all-to-all on the group's
+// own stream (ParallelLayout::sequence_group). The compute stream records `packed` after
+// packing; the group's stream waits for it, runs the all-to-all and records `exchanged`; the
+// compute stream waits for that before unpacking. The compute stream's later writes into the send
+// buffer are ordered after `exchanged` too, so the buffers are reused safely. The host never
+// waits.
+//
+// Not thread-safe; the model's one thread uses it. The group, the context and the buffers must
+// outlive every call's work.
+#pragma once
+
+#include <memory>
+
+#include "kernels/kernel_context.h"
+#include "kernels/ulysses_ops.h"
+#include "runtime/comm/process_group.h"
+
+namespace zrt::transformer {
+
+class UlyssesExchange {
+ public:
+  using Bytes = DevicePtr<std::byte>;
+  using ConstBytes = DevicePtr<const std::byte>;
+
+  UlyssesExchange(kernels::KernelContext& ctx, ProcessGroup& group);
+
+  int size() const { return group_.size(); }
+  int rank() const { return group_.rank(); }
+
+  // The scratch one exchange of `heads` needs in each of its send and receive buffers, in
+  // elements: sp * B * Tl * heads.block_heads * hs.
+  std::int64_t scratch_elements(int B, int Tl, const kernels::UlyssesHeads& heads, int hs) const;
+
+  // full (B, sp*Tl, heads.block_heads, hs) = this rank's heads of the whole sequence, from every
+  // rank's chunk (B,Tl,heads.heads,hs) (`chunk` is this rank's).
+  void to_heads(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl,
+                const kernels::UlyssesHeads& heads, int hs, Bytes send, Bytes recv);
+  // chunk (B,Tl,NH,hs) = every rank's heads of this rank's chunk, from each rank's attention output
+  // full (B, sp*Tl, NH/sp, hs).
+  void to_chunk(DType dtype, Bytes chunk, ConstBytes full, int B, int Tl, int NH, int hs,
+                Bytes send, Bytes recv);
+  // dchunk (B,Tl,heads.heads,hs) += the adjoint of to_heads applied to dfull (the copies of a
+  // key/value head that several ranks received are summed).
+  void to_heads_backward(DType dtype, Bytes dchunk, ConstBytes dfull, int B, int Tl,
+                         const kernels::UlyssesHeads& heads, int hs, Bytes send, Bytes recv);
+  // dfull (B, sp*Tl, NH/sp, hs) = the adjoint of to_chunk applied to dchunk (B,Tl,NH,hs).
+  void to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dchunk, int B, int Tl, int NH, int hs,
+                         Bytes send, Bytes recv);
+
+ private:
+  // recv = the all-to-all of send (blocks of `count` elements), ordered as the top says.
+  void exchange(ConstBytes send, Bytes recv, std::int64_t count, DType dtype);
+
+  kernels::KernelContext& ctx_;
+  ProcessGroup& group_;
+  std::unique_ptr<Event> packed_;
+  std::unique_ptr<Event> exchanged_;
+};
+
+}  // namespace zrt::transformer
