@@ -81,6 +81,9 @@ class ModelDef {
   virtual std::vector<ParamSpec> parameters() const = 0;
   virtual int num_modules() const = 0;
   virtual std::int64_t num_parameters() const = 0;
+  // The parameters one token's forward and backward read: num_parameters() for a dense model;
+  // for a mixture of experts all but the routed experts a token does not choose.
+  virtual std::int64_t num_active_parameters() const { return num_parameters(); }
   // The modules whose forward is recomputed in backward under activation checkpointing.
   virtual std::vector<int> recomputed_modules() const = 0;
 
@@ -137,6 +140,12 @@ struct ModelEntry {
   // the tensors are written under their own names, which are transformers'). An entry without
   // it cannot export a Hugging Face directory.
   std::function<std::string(const ExportInput& input)> hf_config;
+  // Optional: the tensors as the Hub's files hold them, when that differs from the parameters
+  // (a mixture of experts' fused experts split per expert); export_hf writes these. Without
+  // it every parameter is written under its own name.
+  std::function<std::vector<ExportTensor>(const ExportInput& input,
+                                          std::vector<ExportTensor> tensors)>
+      hub_tensors;
 };
 
 // What zrt-ckpt export --hf writes (models/hf/hf_export.h).

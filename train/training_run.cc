@@ -242,6 +242,10 @@ void TrainingRun::build_step_buffers() {
                      val_data_.get());
   step_losses_ =
       device_->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace, "step loss accumulators");
+  if (model_->aux_loss()) {
+    aux_loss_sum_ = device_->allocate(4, MemCategory::kWorkspace, "auxiliary loss accumulator");
+    device_->fill_zero(aux_loss_sum_.device<std::byte>(), 4, *compute_);
+  }
 }
 
 // The timeline trace (trace.path, trace.steps).

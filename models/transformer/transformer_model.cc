@@ -156,6 +156,7 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
   a.acquire(head_module(L), Phase::kBackward);
   head_backward(a, batch, loss_scale);
   a.release(head_module(L), Phase::kBackward);
+  add_auxiliary_losses(loss_, loss_scale);
 
   // With cpu_checkpointing the last two blocks' inputs are still in their slots; each earlier
   // one comes back while the block after it runs (checkpoint_offload.h).

@@ -104,6 +104,13 @@ class TransformerModel : public Model {
   // that of its input. The driver zeroes the accumulated region (BlockActivations::
   // plan_accumulated) just before; parameter gradients accumulate into access.grad.
   virtual void block_backward(ParamAccess& access, int layer, Bytes res_in) = 0;
+  // Once per training pass, after the head wrote the cross-entropy into `loss` and before the
+  // blocks' backward: a model with auxiliary losses (a mixture of experts' load-balancing term)
+  // adds them to `loss` and prepares their gradients, times `loss_scale`. None by default.
+  virtual void add_auxiliary_losses(Floats loss, float loss_scale) {
+    (void)loss;
+    (void)loss_scale;
+  }
 
   // The bytes of a pass's activations for a model of `spec`, without its loss scalar.
   static std::int64_t activation_bytes(const TransformerSpec& spec,

@@ -671,3 +671,35 @@ TEST_CASE("--max-seq-len: cpu_checkpointing and tiling give a longer sequence, e
   CHECK(at(both.estimate.host_per_rank, MemCategory::kActivations) ==
         std::int64_t{14} * both.seq_len * 2048 * 2);
 }
+
+TEST_CASE(
+    "a mixture of experts: the model state holds every expert, the report and MFU the "
+    "active ones") {
+  const std::shared_ptr<const ModelDef> def =
+      builtin_models().parse_spec("qwen3-30b-a3b:seq_len=4096");
+  const ModelSpec model = model_spec(def);
+  Inputs in;
+  in.model = model;
+  in.world = 8;
+  in.seq_len = 4096;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.grad_accum_dtype = DType::kBFloat16;
+  const Estimate e = estimate(in, Setting{3, false, false});
+  // Ψ is every parameter (30.5B), not the 3.3B a token uses.
+  CHECK(e.content_params == def->num_parameters());
+  CHECK(def->num_parameters() == 30532122624);
+  CHECK(def->num_active_parameters() == 3353032704);
+  const std::string report = format_report(in, e, {e});
+  CHECK(report.find("3353032704 active per token") != std::string::npos);
+  // MFU's FLOPs per token: 6 per active weight a token multiplies (not the embedding table,
+  // only looked up) plus attention's 12 L (NH hd) T.
+  const double expected = 6.0 * (3353032704.0 - 151936.0 * 2048) + 12.0 * 48 * 32 * 128 * 4096;
+  CHECK(def->flops_per_token(4096) == Approx(expected).epsilon(1e-12));
+  // A dense model's active count is its count: no such line.
+  const ModelSpec dense = model_spec(builtin_models().parse_spec("llama-tiny"));
+  Inputs d;
+  d.model = dense;
+  d.seq_len = 256;
+  const Estimate de = estimate(d, Setting{0, false, false});
+  CHECK(format_report(d, de, {de}).find("active per token") == std::string::npos);
+}

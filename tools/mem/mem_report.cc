@@ -96,8 +96,17 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
                            ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
                            : "off");
   }
-  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n\n",
+  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
                      chosen.content_params, chosen.padded_params);
+  if (in.model && in.model->def &&
+      in.model->def->num_active_parameters() != in.model->def->num_parameters()) {
+    // A mixture of experts: the engine holds every expert's state; a token computes with fewer.
+    out += fmt::format(
+        "  {} active per token (the experts a token is routed to; MFU counts these), all {} held "
+        "in the model state above\n",
+        in.model->def->num_active_parameters(), chosen.content_params);
+  }
+  out += "\n";
 
   out += fmt::format("{} — per-rank device memory\n", in.name(chosen.setting));
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
