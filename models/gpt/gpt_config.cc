@@ -1,10 +1,16 @@
 #include "models/gpt/gpt_config.h"
 
+#include "models/spec_values.h"
 #include "runtime/common/error.h"
 
 namespace zrt::gpt {
 
 namespace {
+
+int parse_int_value(const std::string& key, const std::string& value) {
+  return spec_int("gpt", key, value);
+}
+
 struct Preset {
   const char* name;
   int n_layer, n_head, n_embd, vocab_size, seq_len;
@@ -15,15 +21,6 @@ constexpr Preset kPresets[] = {
     {"gpt2-xl", 48, 25, 1600, 50257, 1024},
 };
 
-int parse_int(const std::string& key, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const int v = std::stoi(value, &used);
-    if (used == value.size()) return v;
-  } catch (const std::exception&) {
-  }
-  ZRT_THROW(InvalidArgument, "gpt config: {}={} is not an integer", key, value);
-}
 }  // namespace
 
 std::vector<std::string> GptConfig::preset_names() {
@@ -73,7 +70,7 @@ GptConfig GptConfig::parse(const std::string& spec) {
     if (eq == std::string::npos)
       ZRT_THROW(InvalidArgument, "gpt config: expected key=value, got '{}'", item);
     const std::string key = item.substr(0, eq);
-    const int value = parse_int(key, item.substr(eq + 1));
+    const int value = parse_int_value(key, item.substr(eq + 1));
     if (key == "n_layer") {
       c.n_layer = value;
     } else if (key == "n_head") {

@@ -4,11 +4,24 @@
 #include <cmath>
 
 #include "kernels/rope_table.h"
+#include "models/spec_values.h"
 #include "runtime/common/error.h"
 
 namespace zrt::llama {
 
 namespace {
+
+int parse_int_value(const std::string& key, const std::string& value) {
+  return spec_int("llama", key, value);
+}
+
+double parse_double_value(const std::string& key, const std::string& value) {
+  return spec_double("llama", key, value);
+}
+
+bool parse_bool_value(const std::string& key, const std::string& value) {
+  return spec_bool("llama", key, value);
+}
 
 constexpr int kPresetMaxSeqLen = 8192;
 
@@ -44,34 +57,6 @@ std::string preset_list() {
   std::string names;
   for (const Preset& p : kPresets) names += std::string(names.empty() ? "" : ", ") + p.name;
   return names;
-}
-
-int parse_int(const std::string& key, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size() && v >= -2147483647LL && v <= 2147483647LL) {
-      return static_cast<int>(v);
-    }
-  } catch (const std::exception&) {
-  }
-  ZRT_THROW(InvalidArgument, "llama config: {}={} is not an integer", key, value);
-}
-
-double parse_double(const std::string& key, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(value, &used);
-    if (used == value.size()) return v;
-  } catch (const std::exception&) {
-  }
-  ZRT_THROW(InvalidArgument, "llama config: {}={} is not a number", key, value);
-}
-
-bool parse_bool(const std::string& key, const std::string& value) {
-  if (value == "true" || value == "1") return true;
-  if (value == "false" || value == "0") return false;
-  ZRT_THROW(InvalidArgument, "llama config: {}={} is not true or false", key, value);
 }
 
 bool known_architecture(const std::string& a) {
@@ -152,45 +137,45 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     const std::string key = item.substr(0, eq);
     const std::string value = item.substr(eq + 1);
     if (key == "hidden_size") {
-      c.hidden_size = parse_int(key, value);
+      c.hidden_size = parse_int_value(key, value);
     } else if (key == "intermediate_size") {
-      c.intermediate_size = parse_int(key, value);
+      c.intermediate_size = parse_int_value(key, value);
     } else if (key == "num_hidden_layers") {
-      c.num_hidden_layers = parse_int(key, value);
+      c.num_hidden_layers = parse_int_value(key, value);
     } else if (key == "num_attention_heads") {
-      c.num_attention_heads = parse_int(key, value);
+      c.num_attention_heads = parse_int_value(key, value);
     } else if (key == "num_key_value_heads") {
-      c.num_key_value_heads = parse_int(key, value);
+      c.num_key_value_heads = parse_int_value(key, value);
       kv_heads_given = true;
     } else if (key == "head_dim") {
-      c.head_dim = parse_int(key, value);
+      c.head_dim = parse_int_value(key, value);
       head_dim_given = true;
     } else if (key == "vocab_size") {
-      c.vocab_size = parse_int(key, value);
+      c.vocab_size = parse_int_value(key, value);
     } else if (key == "max_position_embeddings") {
-      c.max_position_embeddings = parse_int(key, value);
+      c.max_position_embeddings = parse_int_value(key, value);
     } else if (key == "seq_len") {
-      c.seq_len = parse_int(key, value);
+      c.seq_len = parse_int_value(key, value);
     } else if (key == "rms_norm_eps") {
-      c.rms_norm_eps = parse_double(key, value);
+      c.rms_norm_eps = parse_double_value(key, value);
     } else if (key == "rope_theta") {
-      c.rope_theta = parse_double(key, value);
+      c.rope_theta = parse_double_value(key, value);
     } else if (key == "rope_scaling.rope_type") {
       c.rope_scaling.rope_type = value;
     } else if (key == "rope_scaling.factor") {
-      c.rope_scaling.factor = parse_double(key, value);
+      c.rope_scaling.factor = parse_double_value(key, value);
     } else if (key == "rope_scaling.low_freq_factor") {
-      c.rope_scaling.low_freq_factor = parse_double(key, value);
+      c.rope_scaling.low_freq_factor = parse_double_value(key, value);
     } else if (key == "rope_scaling.high_freq_factor") {
-      c.rope_scaling.high_freq_factor = parse_double(key, value);
+      c.rope_scaling.high_freq_factor = parse_double_value(key, value);
     } else if (key == "rope_scaling.original_max_position_embeddings") {
-      c.rope_scaling.original_max_position_embeddings = parse_int(key, value);
+      c.rope_scaling.original_max_position_embeddings = parse_int_value(key, value);
     } else if (key == "tie_word_embeddings") {
-      c.tie_word_embeddings = parse_bool(key, value);
+      c.tie_word_embeddings = parse_bool_value(key, value);
     } else if (key == "attention_bias") {
-      c.attention_bias = parse_bool(key, value);
+      c.attention_bias = parse_bool_value(key, value);
     } else if (key == "sliding_window") {
-      c.sliding_window = parse_int(key, value);
+      c.sliding_window = parse_int_value(key, value);
     } else {
       ZRT_THROW(InvalidArgument,
                 "llama config: unknown key '{}' (hidden_size, intermediate_size, "

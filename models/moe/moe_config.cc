@@ -6,11 +6,24 @@
 
 #include "kernels/moe_limits.h"
 #include "kernels/rope_table.h"
+#include "models/spec_values.h"
 #include "runtime/common/error.h"
 
 namespace zrt::moe {
 
 namespace {
+
+int parse_int_value(const std::string& key, const std::string& value) {
+  return spec_int("moe", key, value);
+}
+
+double parse_double_value(const std::string& key, const std::string& value) {
+  return spec_double("moe", key, value);
+}
+
+bool parse_bool_value(const std::string& key, const std::string& value) {
+  return spec_bool("moe", key, value);
+}
 
 using I64 = std::int64_t;
 
@@ -119,34 +132,6 @@ MoeConfig make_preset(const std::string& name) {
   return c;
 }
 
-int parse_int(const std::string& key, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const long long v = std::stoll(value, &used);
-    if (used == value.size() && v >= -2147483647LL && v <= 2147483647LL) {
-      return static_cast<int>(v);
-    }
-  } catch (const std::exception&) {
-  }
-  ZRT_THROW(InvalidArgument, "moe config: {}={} is not an integer", key, value);
-}
-
-double parse_double(const std::string& key, const std::string& value) {
-  try {
-    std::size_t used = 0;
-    const double v = std::stod(value, &used);
-    if (used == value.size()) return v;
-  } catch (const std::exception&) {
-  }
-  ZRT_THROW(InvalidArgument, "moe config: {}={} is not a number", key, value);
-}
-
-bool parse_bool(const std::string& key, const std::string& value) {
-  if (value == "true" || value == "1") return true;
-  if (value == "false" || value == "0") return false;
-  ZRT_THROW(InvalidArgument, "moe config: {}={} is not true or false", key, value);
-}
-
 // "1+3" (a spec's list: commas separate keys), "[1, 3]" (a saved config's JSON) or "" / "[]".
 std::vector<int> parse_layers(const std::string& key, std::string value) {
   std::replace_if(
@@ -155,7 +140,7 @@ std::vector<int> parse_layers(const std::string& key, std::string value) {
   std::istringstream in(value);
   std::vector<int> layers;
   std::string item;
-  while (in >> item) layers.push_back(parse_int(key, item));
+  while (in >> item) layers.push_back(parse_int_value(key, item));
   return layers;
 }
 
@@ -212,57 +197,57 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
     const std::string key = item.substr(0, eq);
     const std::string value = item.substr(eq + 1);
     if (key == "hidden_size") {
-      c.hidden_size = parse_int(key, value);
+      c.hidden_size = parse_int_value(key, value);
     } else if (key == "intermediate_size") {
-      c.intermediate_size = parse_int(key, value);
+      c.intermediate_size = parse_int_value(key, value);
     } else if (key == "num_hidden_layers") {
-      c.num_hidden_layers = parse_int(key, value);
+      c.num_hidden_layers = parse_int_value(key, value);
     } else if (key == "num_attention_heads") {
-      c.num_attention_heads = parse_int(key, value);
+      c.num_attention_heads = parse_int_value(key, value);
     } else if (key == "num_key_value_heads") {
-      c.num_key_value_heads = parse_int(key, value);
+      c.num_key_value_heads = parse_int_value(key, value);
       kv_heads_given = true;
     } else if (key == "head_dim") {
-      c.head_dim = parse_int(key, value);
+      c.head_dim = parse_int_value(key, value);
       head_dim_given = true;
     } else if (key == "vocab_size") {
-      c.vocab_size = parse_int(key, value);
+      c.vocab_size = parse_int_value(key, value);
     } else if (key == "max_position_embeddings") {
-      c.max_position_embeddings = parse_int(key, value);
+      c.max_position_embeddings = parse_int_value(key, value);
     } else if (key == "seq_len") {
-      c.seq_len = parse_int(key, value);
+      c.seq_len = parse_int_value(key, value);
     } else if (key == "rms_norm_eps") {
-      c.rms_norm_eps = parse_double(key, value);
+      c.rms_norm_eps = parse_double_value(key, value);
     } else if (key == "rope_theta") {
-      c.rope_theta = parse_double(key, value);
+      c.rope_theta = parse_double_value(key, value);
     } else if (key == "tie_word_embeddings") {
-      c.tie_word_embeddings = parse_bool(key, value);
+      c.tie_word_embeddings = parse_bool_value(key, value);
     } else if (key == "attention_bias") {
-      c.attention_bias = parse_bool(key, value);
+      c.attention_bias = parse_bool_value(key, value);
     } else if (key == "sliding_window") {
-      c.sliding_window = parse_int(key, value);
+      c.sliding_window = parse_int_value(key, value);
     } else if (key == "num_experts" || key == "num_local_experts") {
-      c.num_experts = parse_int(key, value);
+      c.num_experts = parse_int_value(key, value);
     } else if (key == "num_experts_per_tok") {
-      c.num_experts_per_tok = parse_int(key, value);
+      c.num_experts_per_tok = parse_int_value(key, value);
     } else if (key == "moe_intermediate_size") {
-      c.moe_intermediate_size = parse_int(key, value);
+      c.moe_intermediate_size = parse_int_value(key, value);
       moe_width_given = true;
     } else if (key == "shared_expert_intermediate_size") {
-      c.shared_expert_intermediate_size = parse_int(key, value);
+      c.shared_expert_intermediate_size = parse_int_value(key, value);
     } else if (key == "norm_topk_prob") {
-      c.norm_topk_prob = parse_bool(key, value);
+      c.norm_topk_prob = parse_bool_value(key, value);
       norm_given = true;
     } else if (key == "decoder_sparse_step") {
-      c.decoder_sparse_step = parse_int(key, value);
+      c.decoder_sparse_step = parse_int_value(key, value);
     } else if (key == "mlp_only_layers") {
       c.mlp_only_layers = parse_layers(key, value);
     } else if (key == "router_aux_loss_coef") {
-      c.router_aux_loss_coef = parse_double(key, value);
+      c.router_aux_loss_coef = parse_double_value(key, value);
     } else if (key == "router_z_loss_coef") {
-      c.router_z_loss_coef = parse_double(key, value);
+      c.router_z_loss_coef = parse_double_value(key, value);
     } else if (key == "capacity_factor") {
-      c.capacity_factor = parse_double(key, value);
+      c.capacity_factor = parse_double_value(key, value);
     } else {
       ZRT_THROW(InvalidArgument,
                 "moe config: unknown key '{}' (hidden_size, intermediate_size, "
