@@ -453,6 +453,13 @@ class Parser {
           if (!element.is_string()) return wrong_form(key, v, path);
         }
         return true;
+      case KeyKind::kIntList:
+        if (!v.is_array()) return wrong_form(key, v, path);
+        for (const json& element : v) {
+          if (!as_integer(element, &integer)) return wrong_form(key, v, path);
+          if (!check_range(key, element, v, path)) return false;
+        }
+        return true;
     }
     return true;
   }
@@ -875,6 +882,22 @@ class Parser {
                                 "rope_scaling",
                                 "tie_word_embeddings",
                                 "attention_bias"};
+    const bool moe = m.type == "mixtral" || m.type == "qwen2_moe" || m.type == "qwen3_moe";
+    const char* moe_only[] = {"num_experts",           "num_experts_per_tok",
+                              "moe_intermediate_size", "shared_expert_intermediate_size",
+                              "norm_topk_prob",        "decoder_sparse_step",
+                              "mlp_only_layers",       "router_aux_loss_coef",
+                              "router_z_loss_coef",    "capacity_factor"};
+    if (!moe) {
+      for (const char* name : moe_only) {
+        const std::string path = std::string("model.") + name;
+        if (has(path)) {
+          fail(path, fmt::format("is not a key of model.type {} (it is a mixture-of-experts key: "
+                                 "mixtral, qwen2_moe, qwen3_moe)",
+                                 m.type));
+        }
+      }
+    }
     const std::vector<const char*> foreign =
         gpt ? std::vector<const char*>(std::begin(llama_only), std::end(llama_only))
             : std::vector<const char*>(std::begin(gpt_only), std::end(gpt_only));
@@ -946,6 +969,21 @@ class Parser {
     read_number("rope_scaling.high_freq_factor", &m.rope_scaling.high_freq_factor);
     read_int("rope_scaling.original_max_position_embeddings",
              &m.rope_scaling.original_max_position_embeddings);
+    if (!moe) return;
+    read_int("num_experts", &m.num_experts);
+    read_int("num_experts_per_tok", &m.num_experts_per_tok);
+    read_int("moe_intermediate_size", &m.moe_intermediate_size);
+    read_int("shared_expert_intermediate_size", &m.shared_expert_intermediate_size);
+    read_int("decoder_sparse_step", &m.decoder_sparse_step);
+    read_bool("norm_topk_prob", &m.norm_topk_prob);
+    read_number("router_aux_loss_coef", &m.router_aux_loss_coef);
+    read_number("router_z_loss_coef", &m.router_z_loss_coef);
+    read_number("capacity_factor", &m.capacity_factor);
+    if (const json* layers = value("model.mlp_only_layers")) {
+      std::vector<int> list;
+      for (const json& l : *layers) list.push_back(static_cast<int>(l.get<double>()));
+      m.mlp_only_layers = list;
+    }
   }
 
   void read_run_blocks() {
@@ -968,6 +1006,14 @@ class Parser {
     m.preset = get_string("model.preset", "");
     read_model_keys(m, /*dimensions_from_hf=*/!hf_type.empty());
     m.activation_checkpointing = get_bool("model.activation_checkpointing", false);
+    m.cpu_checkpointing = get_bool("activation_checkpointing.cpu_checkpointing", false);
+    if (m.cpu_checkpointing && !m.activation_checkpointing) {
+      warn("activation_checkpointing.cpu_checkpointing",
+           "no effect without model.activation_checkpointing (there are no checkpoints to keep "
+           "in host memory)");
+    }
+    m.head_tile_rows = static_cast<int>(get_int("model.tiling.head_rows", 0));
+    m.mlp_tile_rows = static_cast<int>(get_int("model.tiling.mlp_rows", 0));
 
     if (!has("data") && !is_rejected("data")) {
       error_plain(ProblemKind::kMissing,
@@ -1204,7 +1250,12 @@ std::string ModelConfig::spec() const {
       {"max_position_embeddings", &max_position_embeddings},
       {"sliding_window", &sliding_window},
       {"rope_scaling.original_max_position_embeddings",
-       &rope_scaling.original_max_position_embeddings}};
+       &rope_scaling.original_max_position_embeddings},
+      {"num_experts", &num_experts},
+      {"num_experts_per_tok", &num_experts_per_tok},
+      {"moe_intermediate_size", &moe_intermediate_size},
+      {"shared_expert_intermediate_size", &shared_expert_intermediate_size},
+      {"decoder_sparse_step", &decoder_sparse_step}};
   for (const auto& [name, field] : ints) {
     if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
   }
@@ -1213,14 +1264,25 @@ std::string ModelConfig::spec() const {
       {"rope_theta", &rope_theta},
       {"rope_scaling.factor", &rope_scaling.factor},
       {"rope_scaling.low_freq_factor", &rope_scaling.low_freq_factor},
-      {"rope_scaling.high_freq_factor", &rope_scaling.high_freq_factor}};
+      {"rope_scaling.high_freq_factor", &rope_scaling.high_freq_factor},
+      {"router_aux_loss_coef", &router_aux_loss_coef},
+      {"router_z_loss_coef", &router_z_loss_coef},
+      {"capacity_factor", &capacity_factor}};
   for (const auto& [name, field] : numbers) {
     if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
   }
   const std::pair<const char*, const std::optional<bool>*> bools[] = {
-      {"tie_word_embeddings", &tie_word_embeddings}, {"attention_bias", &attention_bias}};
+      {"tie_word_embeddings", &tie_word_embeddings},
+      {"attention_bias", &attention_bias},
+      {"norm_topk_prob", &norm_topk_prob}};
   for (const auto& [name, field] : bools) {
     if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
+  }
+  if (mlp_only_layers) {
+    // '+' separates the layers: ',' separates the spec's keys.
+    std::vector<std::string> layers;
+    for (int l : *mlp_only_layers) layers.push_back(std::to_string(l));
+    overrides.push_back(fmt::format("mlp_only_layers={}", join(layers, "+")));
   }
   if (rope_scaling.rope_type) {
     overrides.push_back(fmt::format("rope_scaling.rope_type={}", *rope_scaling.rope_type));
@@ -1346,10 +1408,20 @@ json resolved_document(const Config& c) {
       {"num_key_value_heads", &m.num_key_value_heads},
       {"head_dim", &m.head_dim},
       {"max_position_embeddings", &m.max_position_embeddings},
-      {"sliding_window", &m.sliding_window}};
+      {"sliding_window", &m.sliding_window},
+      {"num_experts", &m.num_experts},
+      {"num_experts_per_tok", &m.num_experts_per_tok},
+      {"moe_intermediate_size", &m.moe_intermediate_size},
+      {"shared_expert_intermediate_size", &m.shared_expert_intermediate_size},
+      {"decoder_sparse_step", &m.decoder_sparse_step}};
   for (const auto& [name, field] : dims) {
     if (field->has_value()) model[name] = **field;
   }
+  if (m.norm_topk_prob) model["norm_topk_prob"] = *m.norm_topk_prob;
+  if (m.mlp_only_layers) model["mlp_only_layers"] = *m.mlp_only_layers;
+  if (m.router_aux_loss_coef) model["router_aux_loss_coef"] = *m.router_aux_loss_coef;
+  if (m.router_z_loss_coef) model["router_z_loss_coef"] = *m.router_z_loss_coef;
+  if (m.capacity_factor) model["capacity_factor"] = *m.capacity_factor;
   if (m.rms_norm_eps) model["rms_norm_eps"] = *m.rms_norm_eps;
   if (m.rope_theta) model["rope_theta"] = *m.rope_theta;
   if (m.tie_word_embeddings) model["tie_word_embeddings"] = *m.tie_word_embeddings;
@@ -1363,6 +1435,9 @@ json resolved_document(const Config& c) {
     model["rope_scaling"]["original_max_position_embeddings"] = *r.original_max_position_embeddings;
   }
   model["activation_checkpointing"] = c.model.activation_checkpointing;
+  if (c.model.head_tile_rows != 0) model["tiling"]["head_rows"] = c.model.head_tile_rows;
+  if (c.model.mlp_tile_rows != 0) model["tiling"]["mlp_rows"] = c.model.mlp_tile_rows;
+  if (c.model.cpu_checkpointing) out["activation_checkpointing"]["cpu_checkpointing"] = true;
   if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
 
   out["data"]["train"] = c.data.train;

@@ -45,7 +45,7 @@ struct BatchConfig {
 // (models/model_registry.h) resolves it: model.type picks the architecture's entry, which turns
 // the block into the model's own config; this library does not depend on models/.
 struct ModelConfig {
-  std::string type = "gpt2";  // gpt2 | llama | qwen2 | mistral
+  std::string type = "gpt2";  // gpt2 | llama | qwen2 | mistral | mixtral | qwen2_moe | qwen3_moe
   std::string preset;         // "" or one of the type's presets (docs/config-keys.md)
   // GPT-2's dimensions (model.type gpt2).
   std::optional<int> n_layer, n_head, n_embd;
@@ -61,7 +61,20 @@ struct ModelConfig {
     std::optional<double> factor, low_freq_factor, high_freq_factor;
     std::optional<int> original_max_position_embeddings;
   } rope_scaling;
+  // The mixtures of experts' (mixtral, qwen2_moe, qwen3_moe), config.json's names.
+  std::optional<int> num_experts, num_experts_per_tok, moe_intermediate_size,
+      shared_expert_intermediate_size, decoder_sparse_step;
+  std::optional<bool> norm_topk_prob;
+  std::optional<std::vector<int>> mlp_only_layers;
+  std::optional<double> router_aux_loss_coef, router_z_loss_coef, capacity_factor;
   bool activation_checkpointing = false;
+  // activation_checkpointing.cpu_checkpointing (DeepSpeed's block): the checkpointed block
+  // inputs in pinned host memory; only with activation_checkpointing.
+  bool cpu_checkpointing = false;
+  // model.tiling.head_rows / mlp_rows: rows per tile, 0 automatic, -1 never
+  // (models/transformer/tiling.h).
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
   std::string init_from;  // safetensors path, "" for a random init
 
   // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then every key

@@ -86,6 +86,7 @@ constexpr KeyKind kEnumNoCase = KeyKind::kEnumNoCase;
 constexpr KeyKind kNumberPair = KeyKind::kNumberPair;
 constexpr KeyKind kIntPair = KeyKind::kIntPair;
 constexpr KeyKind kStringList = KeyKind::kStringList;
+constexpr KeyKind kIntList = KeyKind::kIntList;
 constexpr AutoRule kBatch = AutoRule::kBatch;
 constexpr AutoRule kDefault = AutoRule::kDefault;
 
@@ -446,9 +447,9 @@ std::vector<KeyInfo> build_table() {
       K("activation_checkpointing.partition_activations", W, kBool, "false",
         "Partition checkpoints over model-parallel ranks")
           .off("false"),
-      K("activation_checkpointing.cpu_checkpointing", W, kBool, "false",
-        "Keep checkpoints in host memory")
-          .off("false"),
+      K("activation_checkpointing.cpu_checkpointing", I, kBool, "false",
+        "With model.activation_checkpointing: the kept block inputs in pinned host memory, "
+        "copied out in the forward and back one block ahead in the backward (same bits)"),
       K("activation_checkpointing.contiguous_memory_optimization", W, kBool, "false",
         "Copy checkpoints into one buffer")
           .off("false"),
@@ -653,8 +654,9 @@ std::vector<KeyInfo> build_table() {
       // ---- zrt's own blocks ----
       K("model", I, kObject, "required", "The model to train").zrt(),
       K("model.type", I, kEnum, "gpt2",
-        "Architecture: GPT-2, or the Llama family (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral)")
-          .choices("gpt2|llama|qwen2|mistral")
+        "Architecture: GPT-2, the Llama family (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral), or a "
+        "mixture of experts (Mixtral, Qwen2-MoE / Qwen1.5-MoE, Qwen3-MoE)")
+          .choices("gpt2|llama|qwen2|mistral|mixtral|qwen2_moe|qwen3_moe")
           .zrt(),
       K("model.preset", I, kEnum, "none",
         "Dimensions to start from (of model.type's architecture); without one a gpt2 needs all "
@@ -662,7 +664,9 @@ std::vector<KeyInfo> build_table() {
         "num_hidden_layers, num_attention_heads, vocab_size, max_position_embeddings (unless "
         "init_from is a Hugging Face model directory, whose config.json gives them)")
           .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|llama-tiny|llama-3.2-1b|"
-                   "llama-3.2-3b|llama-3.1-8b|llama-3.1-70b|qwen2.5-0.5b|qwen2.5-7b|smollm2-135m")
+                   "llama-3.2-3b|llama-3.1-8b|llama-3.1-70b|qwen2.5-0.5b|qwen2.5-7b|smollm2-135m|"
+                   "mixtral-8x7b|qwen2-moe-a2.7b|qwen3-30b-a3b|mixtral-tiny|qwen2-moe-tiny|"
+                   "qwen3-moe-tiny")
           .zrt(),
       K("model.n_layer", I, kInt, "preset", "gpt2: transformer blocks").range(1).zrt(),
       K("model.n_head", I, kInt, "preset", "gpt2: attention heads (divides n_embd)").range(1).zrt(),
@@ -692,6 +696,22 @@ std::vector<KeyInfo> build_table() {
       K("model.max_position_embeddings", I, kInt, "preset",
         "Llama family: the positions the model was built for (seq_len may not exceed it)")
           .range(1)
+          .zrt(),
+      K("model.tiling", I, kObject, "{}",
+        "Tiled compute for long sequences: the head and the MLP in tiles of rows of the "
+        "sequence (docs/config.md)")
+          .zrt(),
+      K("model.tiling.head_rows", I, kInt, "auto",
+        "Rows per tile of the head's logits, loss and backward; auto (0): tiles of about 64 MiB "
+        "of logits once the whole would pass 256 MiB; -1: never tiled")
+          .range(-1)
+          .on_auto(AutoRule::kDefault)
+          .zrt(),
+      K("model.tiling.mlp_rows", I, kInt, "auto",
+        "Llama family: rows per tile of the SwiGLU MLP (gate, up and h recomputed per tile in the "
+        "backward); auto (0): tiles of about 1 GiB once the whole would pass 4 GiB; -1: never")
+          .range(-1)
+          .on_auto(AutoRule::kDefault)
           .zrt(),
       K("model.rms_norm_eps", I, kNumber, "1e-5", "Llama family: RMSNorm epsilon").range(0).zrt(),
       K("model.rope_theta", I, kNumber, "10000", "Llama family: rotary base frequency")
@@ -727,6 +747,48 @@ std::vector<KeyInfo> build_table() {
         "Mistral's attention window; one shorter than seq_len is an error (zrt attends over the "
         "whole context)")
           .range(1)
+          .zrt(),
+      K("model.num_experts", I, kInt, "preset",
+        "Mixture of experts: routed experts per layer (Mixtral's config.json: num_local_experts)")
+          .range(1)
+          .zrt(),
+      K("model.num_experts_per_tok", I, kInt, "preset",
+        "Mixture of experts: experts each token is routed to (top-k)")
+          .range(1)
+          .zrt(),
+      K("model.moe_intermediate_size", I, kInt, "preset (mixtral: intermediate_size)",
+        "Mixture of experts: one expert's SwiGLU width")
+          .range(1)
+          .zrt(),
+      K("model.shared_expert_intermediate_size", I, kInt, "preset (0: none)",
+        "qwen2_moe: the shared expert's width (behind its sigmoid gate)")
+          .range(0)
+          .zrt(),
+      K("model.norm_topk_prob", I, kBool, "preset (mixtral: true)",
+        "Mixture of experts: renormalise each token's top-k routing weights to sum to 1")
+          .zrt(),
+      K("model.decoder_sparse_step", I, kInt, "1",
+        "qwen2_moe / qwen3_moe: layer l routes through experts iff (l+1) % step == 0")
+          .range(1)
+          .zrt(),
+      K("model.mlp_only_layers", I, kIntList, "[]",
+        "qwen2_moe / qwen3_moe: layers with a dense SwiGLU MLP instead of experts")
+          .range(0)
+          .zrt(),
+      K("model.router_aux_loss_coef", I, kNumber, "preset (config.json's)",
+        "Mixture of experts: weight of transformers' load-balancing term in the training loss, "
+        "computed per forward over its tokens and MoE layers")
+          .range(0)
+          .zrt(),
+      K("model.router_z_loss_coef", I, kNumber, "0",
+        "Mixture of experts: weight of the router z-loss (ST-MoE: the mean over the MoE layers' "
+        "tokens of logsumexp(router logits)^2); 0: none")
+          .range(0)
+          .zrt(),
+      K("model.capacity_factor", I, kNumber, "0 (dropless)",
+        "Mixture of experts: an expert takes at most ceil(factor x tokens x k / experts) pairs "
+        "per forward, the rest dropped in token order (counted in metrics.jsonl); 0: dropless")
+          .range(0)
           .zrt(),
       K("model.activation_checkpointing", I, kBool, "false",
         "Keep block inputs only; recompute each block in backward")
@@ -931,6 +993,9 @@ std::string expected_form(const KeyInfo& key) {
       break;
     case KeyKind::kStringList:
       form = "a list of strings";
+      break;
+    case KeyKind::kIntList:
+      form = "a list of integers" + range_text(key);
       break;
   }
   if (key.auto_rule != AutoRule::kNone) form += " or \"auto\"";

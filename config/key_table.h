@@ -31,6 +31,7 @@ enum class KeyKind {
   kNumberPair,  // [x, y]
   kIntPair,     // [a, b], integers
   kStringList,  // ["...", ...]
+  kIntList,     // [a, b, ...], integers (may be empty)
 };
 
 // What the Hugging Face value "auto" means for a key.

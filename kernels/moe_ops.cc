@@ -3,6 +3,7 @@
 #include "kernels/cpu/grouped_linear.h"
 #include "kernels/cpu/moe_permute.h"
 #include "kernels/cpu/moe_router.h"
+#include "kernels/cpu/moe_shared_gate.h"
 #include "kernels/op_dispatch.h"
 #include "runtime/common/error.h"
 
@@ -10,6 +11,7 @@
 #include "kernels/cuda/grouped_linear.cuh"
 #include "kernels/cuda/moe_permute.cuh"
 #include "kernels/cuda/moe_router.cuh"
+#include "kernels/cuda/moe_shared_gate.cuh"
 #endif
 
 namespace zrt::kernels {
@@ -141,6 +143,20 @@ void moe_load_balancing_loss(KernelContext& ctx, Floats loss, ConstFloats counts
   cuda::moe_load_balancing_loss(launch(ctx), raw(loss), raw(counts), raw(probsum), E, total_rows);
 #else
   cuda_backend_missing("kernels::moe_load_balancing_loss");
+#endif
+}
+
+void moe_add_loss_term(KernelContext& ctx, Floats loss, ConstFloats term, float coef) {
+  if (on_cpu(ctx)) {
+    run_cpu(ctx, "moe_add_loss_term", [out = raw(loss), t = raw(term), coef] {
+      cpu::moe_add_loss_term<float>(out, t, coef);
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::moe_add_loss_term(launch(ctx), raw(loss), raw(term), coef);
+#else
+  cuda_backend_missing("kernels::moe_add_loss_term");
 #endif
 }
 
@@ -353,6 +369,46 @@ void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, 
                                 weight_stride);
 #else
   cuda_backend_missing("kernels::grouped_linear_backward");
+#endif
+}
+
+void moe_shared_gate_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes s, ConstBytes g,
+                             int N, int C) {
+  if (N < 0 || C < 1) ZRT_THROW(InvalidArgument, "moe_shared_gate_forward: N {}, C {}", N, C);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto st) {
+      using S = decltype(st);
+      run_cpu(ctx, "moe_shared_gate_forward",
+              [o = ptr<S>(out), sp = ptr<S>(s), gp = ptr<S>(g), N, C] {
+                cpu::moe_shared_gate_forward<S>(o, sp, gp, N, C);
+              });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::moe_shared_gate_forward(launch(ctx), dtype, raw(out), raw(s), raw(g), N, C);
+#else
+  cuda_backend_missing("kernels::moe_shared_gate_forward");
+#endif
+}
+
+void moe_shared_gate_backward(KernelContext& ctx, DType dtype, Bytes ds, Bytes dg, ConstBytes dout,
+                              ConstBytes s, ConstBytes g, int N, int C) {
+  if (N < 0 || C < 1) ZRT_THROW(InvalidArgument, "moe_shared_gate_backward: N {}, C {}", N, C);
+  if (on_cpu(ctx)) {
+    with_storage(dtype, [&](auto st) {
+      using S = decltype(st);
+      run_cpu(ctx, "moe_shared_gate_backward",
+              [dsp = ptr<S>(ds), dgp = ptr<S>(dg), d = ptr<S>(dout), sp = ptr<S>(s), gp = ptr<S>(g),
+               N, C] { cpu::moe_shared_gate_backward<S>(dsp, dgp, d, sp, gp, N, C); });
+    });
+    return;
+  }
+#if ZRT_HAVE_CUDA
+  cuda::moe_shared_gate_backward(launch(ctx), dtype, raw(ds), raw(dg), raw(dout), raw(s), raw(g), N,
+                                 C);
+#else
+  cuda_backend_missing("kernels::moe_shared_gate_backward");
 #endif
 }
 

@@ -74,6 +74,10 @@ void moe_load_balancing_loss(KernelContext& ctx, Floats loss, ConstFloats counts
 void moe_load_balancing_loss_backward(KernelContext& ctx, Floats dprobs_shared, ConstFloats counts,
                                       float dloss, int E, std::int64_t total_rows);
 
+// loss[0] += coef * term[0]: an auxiliary loss (load balancing, z-loss) added to the training
+// loss on the device.
+void moe_add_loss_term(KernelContext& ctx, Floats loss, ConstFloats term, float coef);
+
 // ---- Router z-loss (ST-MoE) ----
 
 // loss[0] = mean over the N rows of logsumexp(logits[n])^2 (OVERWRITTEN; the sum in double).
@@ -128,5 +132,16 @@ void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, 
                              const std::vector<std::int32_t>& offsets, int E, int IC, int OC,
                              GradWrite dinp_write = GradWrite::kAccumulate,
                              std::int64_t weight_stride = 0);
+
+// ---- Qwen2-MoE's shared expert (kernels/cpu/moe_shared_gate.h) ----
+
+// out (N,C) += sigmoid(g[n]) * s[n] for s (N,C) the shared expert's output and g (N) its gate's
+// logit (the (N,1) output of shared_expert_gate), all of `dtype`.
+void moe_shared_gate_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes s, ConstBytes g,
+                             int N, int C);
+// ds (N,C) = sigmoid(g[n]) * dout[n]; dg (N) = sigmoid'(g[n]) * dot(dout[n], s[n]) (both
+// OVERWRITTEN).
+void moe_shared_gate_backward(KernelContext& ctx, DType dtype, Bytes ds, Bytes dg, ConstBytes dout,
+                              ConstBytes s, ConstBytes g, int N, int C);
 
 }  // namespace zrt::kernels

@@ -3,6 +3,7 @@
 #include "models/gpt/gpt_model_def.h"
 #include "models/llama/llama_model_def.h"
 #include "models/model_registry.h"
+#include "models/moe/moe_model_def.h"
 
 namespace zrt {
 
@@ -12,6 +13,9 @@ ModelRegistry register_builtin_models() {
   registry.add(gpt::registry_entry());
   for (const char* architecture : {"llama", "qwen2", "mistral"}) {
     registry.add(llama::registry_entry(architecture));
+  }
+  for (const char* architecture : {"mixtral", "qwen2_moe", "qwen3_moe"}) {
+    registry.add(moe::registry_entry(architecture));
   }
   return registry;
 }

@@ -95,6 +95,7 @@ std::vector<std::string> ModelRegistry::export_hf(ExportInput input, const std::
               input.checkpoint, saved.type);
   }
   const std::string config_json = e.hf_config(input);
+  if (e.hub_tensors) input.tensors = e.hub_tensors(input, std::move(input.tensors));
   return hf::write_hf_directory(std::move(input), config_json, saved.init_from, out_dir, options);
 }
 

@@ -35,6 +35,20 @@ struct ModelOptions {
   // (ParallelLayout::sequence_group), null at 1. A model that cannot split its attention's heads
   // over it refuses to be built.
   ProcessGroup* sequence_group = nullptr;
+  // With activation_checkpointing: the kept block inputs in pinned host memory
+  // (activation_checkpointing.cpu_checkpointing).
+  bool cpu_checkpointing = false;
+  // Rows of the sequence per tile of the head and of the MLP (model.tiling.head_rows /
+  // mlp_rows): 0 automatic, -1 never, else the count (models/transformer/tiling.h).
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
+};
+
+// A training pass's activations: device bytes (as activation_bytes counts them) and pinned host
+// bytes (cpu_checkpointing's block inputs).
+struct ActivationFootprint {
+  std::int64_t device = 0;
+  std::int64_t pinned_host = 0;
 };
 
 // Fills elements [first, first + count) of parameter `index` with fp32 initial values, as
@@ -67,6 +81,9 @@ class ModelDef {
   virtual std::vector<ParamSpec> parameters() const = 0;
   virtual int num_modules() const = 0;
   virtual std::int64_t num_parameters() const = 0;
+  // The parameters one token's forward and backward read: num_parameters() for a dense model;
+  // for a mixture of experts all but the routed experts a token does not choose.
+  virtual std::int64_t num_active_parameters() const { return num_parameters(); }
   // The modules whose forward is recomputed in backward under activation checkpointing.
   virtual std::vector<int> recomputed_modules() const = 0;
 
@@ -76,6 +93,12 @@ class ModelDef {
   // allocates, as the model lays them out (zrt-mem).
   virtual std::int64_t activation_bytes(int B, int T, DType dtype,
                                         bool activation_checkpointing) const = 0;
+  // The same for a model built with `options`. By default a model has neither cpu_checkpointing
+  // nor tiling: activation_bytes on the device, nothing on the host.
+  virtual ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                                   const ModelOptions& options) const {
+    return {activation_bytes(B, T, dtype, options.activation_checkpointing), 0};
+  }
 
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                        const ModelOptions& options) const = 0;
@@ -117,6 +140,12 @@ struct ModelEntry {
   // the tensors are written under their own names, which are transformers'). An entry without
   // it cannot export a Hugging Face directory.
   std::function<std::string(const ExportInput& input)> hf_config;
+  // Optional: the tensors as the Hub's files hold them, when that differs from the parameters
+  // (a mixture of experts' fused experts split per expert); export_hf writes these. Without
+  // it every parameter is written under its own name.
+  std::function<std::vector<ExportTensor>(const ExportInput& input,
+                                          std::vector<ExportTensor> tensors)>
+      hub_tensors;
 };
 
 // What zrt-ckpt export --hf writes (models/hf/hf_export.h).

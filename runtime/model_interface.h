@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,13 @@ struct TokenBatch {
   float loss_divisor = 0.f;                 // 0: B*T
 };
 
+// What a mixture of experts routed in its training passes (Model::take_expert_load).
+struct ExpertLoad {
+  // (token, slot) pairs each expert received, layer-major: E entries per MoE layer.
+  std::vector<std::int64_t> tokens;
+  std::int64_t dropped = 0;  // pairs a capacity factor dropped
+};
+
 // A trainable model, as the engine and the tools drive it.
 class Model {
  public:
@@ -145,6 +153,13 @@ class Model {
   // loss_divisor, and packed documents (positions, doc_start). zrt-train refuses masked or
   // packed data for a model that does not, rather than train it silently wrong.
   virtual bool supports_packed_documents() const { return false; }
+  // The auxiliary loss term of the last training pass, before its coefficient (a mixture of
+  // experts' load-balancing term; loss() already includes coefficient x term): one fp32 in device
+  // memory as loss(), or null for a model without one.
+  virtual DevicePtr<const float> aux_loss() const { return {}; }
+  // The routing of the training passes since the last call (host counts), which it resets;
+  // nullopt for a model without experts.
+  virtual std::optional<ExpertLoad> take_expert_load() { return std::nullopt; }
 };
 
 }  // namespace zrt

@@ -63,6 +63,11 @@ options:
   --grad-accum-dtype D      gradient accumulation dtype (default fp32, as zrt-train)
   --comm-dtype D            communication_data_type (default: the compute dtype)
   --activation-checkpointing   count the checkpointed activations in the total
+  --cpu-checkpointing       with --activation-checkpointing: the kept block inputs in pinned
+                            host memory (activation_checkpointing.cpu_checkpointing)
+  --head-tile-rows N, --mlp-tile-rows N
+                            rows per tile of the head and of the Llama MLP (model.tiling:
+                            0 automatic, the default; -1 never tiled)
   --reduce-bucket-size N, --prefetch-bucket-size N, --max-live-parameters N,
   --max-reuse-distance N, --persistence-threshold N
                             zero_optimization knobs (elements; DeepSpeed's defaults, but
@@ -118,7 +123,10 @@ std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& i
       "longest sequence per setting: {} on {} rank(s) over {} node(s), micro-batch {}, {}, "
       "{:.1f} GiB device per rank{}; lengths in multiples of {}\n",
       model.name(), in.world, in.nodes, in.micro_batch,
-      in.activation_checkpointing ? "activation checkpointing" : "no activation checkpointing",
+      in.activation_checkpointing
+          ? (in.cpu_checkpointing ? "activation checkpointing in host memory"
+                                  : "activation checkpointing")
+          : "no activation checkpointing",
       device_gib, host_gib > 0 ? fmt::format(", {:.1f} GiB host per node", host_gib) : "",
       multiple);
   for (const mem::Setting& s : mem::verdict_order()) {
@@ -141,6 +149,7 @@ int run(int argc, char** argv) {
   std::map<std::string, std::string> args;
   bool checkpointing_flag = false;
   bool max_seq_len_flag = false;
+  bool cpu_checkpointing_flag = false;
   const std::map<std::string, bool> known = {{"--model", true},
                                              {"--params", true},
                                              {"--config", true},
@@ -166,7 +175,9 @@ int run(int argc, char** argv) {
                                              {"--optimizer", true},
                                              {"--hpz", true},
                                              {"--seq-multiple", true},
-                                             {"--host-gb", true}};
+                                             {"--host-gb", true},
+                                             {"--head-tile-rows", true},
+                                             {"--mlp-tile-rows", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -175,6 +186,10 @@ int run(int argc, char** argv) {
     }
     if (a == "--activation-checkpointing") {
       checkpointing_flag = true;
+      continue;
+    }
+    if (a == "--cpu-checkpointing") {
+      cpu_checkpointing_flag = true;
       continue;
     }
     if (a == "--max-seq-len") {
@@ -262,6 +277,15 @@ int run(int argc, char** argv) {
   }
   if (args.count("--device-gb")) in.device_gib = parse_number("--device-gb", args["--device-gb"]);
   if (checkpointing_flag) in.activation_checkpointing = true;
+  if (cpu_checkpointing_flag) in.cpu_checkpointing = true;
+  if (args.count("--head-tile-rows"))
+    in.head_tile_rows = parse_int("--head-tile-rows", args["--head-tile-rows"]);
+  if (args.count("--mlp-tile-rows"))
+    in.mlp_tile_rows = parse_int("--mlp-tile-rows", args["--mlp-tile-rows"]);
+  if (in.head_tile_rows < -1 || in.mlp_tile_rows < -1) {
+    usage_error(
+        "--head-tile-rows and --mlp-tile-rows take a row count, 0 (automatic) or -1 (never)");
+  }
   for (const auto& [flag, field] :
        {std::pair{"--world", in.world}, {"--nodes", in.nodes}, {"--micro-batch", in.micro_batch}}) {
     if (field < 1) usage_error(std::string(flag) + " must be >= 1");

@@ -1,5 +1,7 @@
 #include "train/control.h"
 
+#include <algorithm>
+
 #include "runtime/common/error.h"
 
 namespace zrt::train {
@@ -35,6 +37,14 @@ std::vector<std::int64_t> Control::max(std::vector<std::int64_t> values) {
 std::int64_t Control::sum(std::int64_t value) {
   all_reduce(&value, 1, DType::kInt64, ReduceOp::kSum);
   return value;
+}
+
+std::vector<std::int64_t> Control::sum(std::vector<std::int64_t> values) {
+  for (std::size_t first = 0; first < values.size(); first += kMaxValues) {
+    const std::size_t count = std::min(kMaxValues, values.size() - first);
+    all_reduce(values.data() + first, count, DType::kInt64, ReduceOp::kSum);
+  }
+  return values;
 }
 
 std::vector<float> read_floats(Device& device, Stream& stream, DevicePtr<const float> p,

@@ -28,6 +28,8 @@ class Control {
   std::vector<std::int64_t> max(std::vector<std::int64_t> values);
   // The sum over the ranks.
   std::int64_t sum(std::int64_t value);
+  // Element-wise sums over the ranks, any number of values (one all-reduce per kMaxValues).
+  std::vector<std::int64_t> sum(std::vector<std::int64_t> values);
 
  private:
   // values (count elements of dtype, host memory) = op over the ranks, through the scratch

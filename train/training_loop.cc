@@ -1,5 +1,6 @@
 // TrainingRun's loop: train_step() (one optimizer step) and run() (the steps, their logs,
 // evaluations, trace, checkpoints and stop requests, then the sample).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -104,6 +105,12 @@ void TrainingRun::run_micro_batches(std::int64_t step, float divisor,
     model_->forward_backward(*engine_, batch, scale);
     engine_kernels::accumulate(*device_, *compute_, model_->loss().as<const std::byte>(),
                                DType::kFloat32, loss_slot, DType::kFloat32, 1);
+    if (!aux_loss_sum_.empty()) {
+      engine_kernels::accumulate(*device_, *compute_, model_->aux_loss().as<const std::byte>(),
+                                 DType::kFloat32, aux_loss_sum_.device<std::byte>(),
+                                 DType::kFloat32, 1);
+      ++aux_forwards_;
+    }
   }
 }
 
@@ -286,6 +293,7 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
   const std::int64_t comm_inter_node_bytes = (comm_now - comm_before_).total_inter_bytes();
   const std::int64_t comm_intra_node_bytes = (comm_now - comm_before_).total_intra_bytes();
   comm_before_ = comm_now;
+  const nlohmann::json routing = routing_metrics();
   if (rank_ == 0) {
     if (tty_) std::fprintf(stderr, "\r%80s\r", "");
     spdlog::info(
@@ -330,10 +338,39 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
     row["loss_scale"] = result.loss_scale;
     row["skipped"] = result.skipped;
     row["skipped_total"] = result.skipped_steps;
+    row.update(routing);
     metrics_->append(row);
   }
   interval_start_ = Clock::now();
   interval_steps_ = 0;
+}
+
+// A mixture of experts' routing since the previous row, over every rank (collective: every rank
+// calls it at the same rows): the load-balancing term's mean over the forwards (before its
+// coefficient), and the fewest and most (token, slot) pairs an expert of a layer received, summed
+// over the ranks' forwards, with the pairs a capacity factor dropped. Empty for a dense model.
+nlohmann::json TrainingRun::routing_metrics() {
+  nlohmann::json out = nlohmann::json::object();
+  if (!aux_loss_sum_.empty()) {
+    const float sum = read_floats(*device_, *compute_, aux_loss_sum_.device<float>(), 1)[0];
+    const double local = aux_forwards_ > 0 ? sum / aux_forwards_ : 0.0;
+    out["router_aux_loss"] = control_->mean(local);
+    device_->fill_zero(aux_loss_sum_.device<std::byte>(), 4, *compute_);
+    aux_forwards_ = 0;
+  }
+  if (std::optional<ExpertLoad> load = model_->take_expert_load()) {
+    std::vector<std::int64_t> counts = load->tokens;
+    counts.push_back(load->dropped);
+    counts = control_->sum(counts);
+    const std::int64_t dropped = counts.back();
+    counts.pop_back();
+    if (!counts.empty()) {
+      out["expert_tokens_min"] = *std::min_element(counts.begin(), counts.end());
+      out["expert_tokens_max"] = *std::max_element(counts.begin(), counts.end());
+    }
+    out["dropped_tokens"] = dropped;
+  }
+  return out;
 }
 
 // The progress line of a quiet step on a terminal. The loss shown is the latest read (a logged

@@ -147,6 +147,9 @@ void TrainingRun::build_model() {
   ModelOptions model_options;
   model_options.activation_checkpointing = config_.model.activation_checkpointing;
   model_options.sequence_group = layout_->sequence_group();
+  model_options.cpu_checkpointing = config_.model.cpu_checkpointing;
+  model_options.head_tile_rows = config_.model.head_tile_rows;
+  model_options.mlp_tile_rows = config_.model.mlp_tile_rows;
   model_owner_ = model_source_.build(*ctx_, model_options);
   if (!model_owner_) {
     ZRT_THROW(InvalidArgument, "ModelFactory for {} built no model", model_source_.description);
@@ -239,6 +242,10 @@ void TrainingRun::build_step_buffers() {
                      val_data_.get());
   step_losses_ =
       device_->allocate(4 * kMaxUnreadLosses, MemCategory::kWorkspace, "step loss accumulators");
+  if (model_->aux_loss()) {
+    aux_loss_sum_ = device_->allocate(4, MemCategory::kWorkspace, "auxiliary loss accumulator");
+    device_->fill_zero(aux_loss_sum_.device<std::byte>(), 4, *compute_);
+  }
 }
 
 // The timeline trace (trace.path, trace.steps).

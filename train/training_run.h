@@ -20,6 +20,8 @@
 #include <optional>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "config/config.h"
 #include "kernels/kernel_context.h"
 #include "optimizers/lr_schedule.h"
@@ -121,6 +123,7 @@ class TrainingRun {
   void deliver_losses(const std::vector<float>& agreed);
 
   // run()'s logs and per-step work.
+  nlohmann::json routing_metrics();
   void log_step(std::int64_t step, double lr, double wall_time, const StepResult& result,
                 std::int64_t loss_tokens);
   void show_progress(std::int64_t step);
@@ -189,6 +192,10 @@ class TrainingRun {
   // Losses the host has not read yet: one float per step on the device (the step's micro-batch
   // losses summed there), read in one copy when the loop needs them.
   Buffer step_losses_;
+  // A model with an auxiliary loss term (Model::aux_loss): its sum over the forwards since the
+  // last metrics row, on the device, and their count.
+  Buffer aux_loss_sum_;
+  int aux_forwards_ = 0;
   // Declared before drain_, so it outlives the stream work that records into it.
   std::unique_ptr<TraceRecorder> trace_;
   std::int64_t last_traced_ = 0;

@@ -140,6 +140,11 @@ void moe_load_balancing_loss(A* loss, const A* counts, const A* probsum, int E,
 }
 
 template <typename A>
+void moe_add_loss_term(A* loss, const A* term, A coef) {
+  loss[0] += coef * term[0];
+}
+
+template <typename A>
 void moe_load_balancing_loss_backward(A* dprobs_shared, const A* counts, A dloss, int E,
                                       std::int64_t total_rows) {
   const A rows = static_cast<A>(total_rows);
@@ -199,7 +204,8 @@ ZRT_INSTANTIATE(fp16)
 #define ZRT_INSTANTIATE(A)                                                                         \
   template void moe_aux_stats_accumulate<A>(A*, A*, const A*, const std::int32_t*, int, int, int); \
   template void moe_load_balancing_loss<A>(A*, const A*, const A*, int, std::int64_t);             \
-  template void moe_load_balancing_loss_backward<A>(A*, const A*, A, int, std::int64_t);
+  template void moe_load_balancing_loss_backward<A>(A*, const A*, A, int, std::int64_t);           \
+  template void moe_add_loss_term<A>(A*, const A*, A);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 #undef ZRT_INSTANTIATE

@@ -54,6 +54,9 @@ void moe_router_backward(S* dlogits, const acc_t<S>* dweights, const acc_t<S>* p
 template <typename A>
 void moe_aux_stats_accumulate(A* counts, A* probsum, const A* probs, const std::int32_t* experts,
                               int N, int E, int k);
+// loss[0] += coef * term[0]: an auxiliary loss added to the training loss.
+template <typename A>
+void moe_add_loss_term(A* loss, const A* term, A coef);
 template <typename A>
 void moe_load_balancing_loss(A* loss, const A* counts, const A* probsum, int E,
                              std::int64_t total_rows);

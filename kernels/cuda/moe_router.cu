@@ -126,6 +126,10 @@ __global__ void moe_load_balancing_loss_kernel(float* loss, const float* counts,
   loss[0] = sum * static_cast<float>(E);
 }
 
+__global__ void moe_add_loss_term_kernel(float* loss, const float* term, float coef) {
+  loss[0] += coef * term[0];
+}
+
 __global__ void moe_load_balancing_loss_backward_kernel(float* dprobs_shared, const float* counts,
                                                         float dloss, int E, float rows) {
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
@@ -218,6 +222,11 @@ void moe_load_balancing_loss(const Launch& l, float* loss, const float* counts,
                              const float* probsum, int E, std::int64_t total_rows) {
   moe_load_balancing_loss_kernel<<<1, 1, 0, l.stream>>>(loss, counts, probsum, E,
                                                         static_cast<float>(total_rows));
+  ZRT_CUDA_LAUNCH_CHECK();
+}
+
+void moe_add_loss_term(const Launch& l, float* loss, const float* term, float coef) {
+  moe_add_loss_term_kernel<<<1, 1, 0, l.stream>>>(loss, term, coef);
   ZRT_CUDA_LAUNCH_CHECK();
 }
 

@@ -23,6 +23,7 @@ void moe_aux_stats_accumulate(const Launch& l, float* counts, float* probsum, co
                               const std::int32_t* experts, int N, int E, int k);
 void moe_load_balancing_loss(const Launch& l, float* loss, const float* counts,
                              const float* probsum, int E, std::int64_t total_rows);
+void moe_add_loss_term(const Launch& l, float* loss, const float* term, float coef);
 void moe_load_balancing_loss_backward(const Launch& l, float* dprobs_shared, const float* counts,
                                       float dloss, int E, std::int64_t total_rows);
 

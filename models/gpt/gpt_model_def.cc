@@ -16,6 +16,8 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/gpt_safetensors.h"
 #include "models/safetensors.h"
+#include "models/transformer/checkpoint_offload.h"
+#include "models/transformer/tiling.h"
 #include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
@@ -43,6 +45,12 @@ class GptDef final : public transformer::TransformerDefOf<GptDef, GptConfig, Gpt
   std::int64_t activation_bytes(int B, int T, DType dtype,
                                 bool activation_checkpointing) const override {
     return gpt::activation_bytes(config(), B, T, dtype, activation_checkpointing);
+  }
+  ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                           const ModelOptions& options) const override {
+    const transformer::TransformerOptions o = transformer::transformer_options(options);
+    return {gpt::activation_bytes(config(), B, T, dtype, o),
+            gpt::host_activation_bytes(config(), B, T, dtype, o)};
   }
 
  protected:
@@ -180,6 +188,23 @@ ModelEntry registry_entry() {
 // plus the 256-byte loss scalar.
 std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
                               bool activation_checkpointing) {
+  transformer::TransformerOptions options;
+  options.activation_checkpointing = activation_checkpointing;
+  return activation_bytes(c, B, T, dtype, options);
+}
+
+// With cpu_checkpointing (and L > 2) the residual stream keeps 3 tensors, the host L - 2
+// (transformer/checkpoint_offload.h); a tiled head's logits are (R,V), R its tile rows
+// (transformer/tiling.h).
+std::int64_t host_activation_bytes(const GptConfig& c, int B, int T, DType dtype,
+                                   const transformer::TransformerOptions& options) {
+  return I64{transformer::offloaded_block_inputs(c.n_layer, options)} * B * T * c.n_embd *
+         static_cast<I64>(dtype_size(dtype));
+}
+
+std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
+                              const transformer::TransformerOptions& options) {
+  const bool activation_checkpointing = options.activation_checkpointing;
   auto r = [](I64 bytes) { return (bytes + 255) / 256 * 256; };
   const I64 S = static_cast<I64>(dtype_size(dtype));
   const I64 BT = I64{B} * T;
@@ -189,8 +214,12 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   const I64 block =
       6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat + r(I64{B} * c.n_head * T * 4);
   const I64 kept_blocks = activation_checkpointing ? 1 : c.n_layer;
-  const I64 residual = (c.n_layer + 1) * row;
-  const I64 head = row + 2 * stat + r(BT * kernels::logits_row_stride(c.vocab_size) * S) + stat;
+  const bool offloaded = transformer::offloaded_block_inputs(c.n_layer, options) > 0;
+  const I64 residual = (offloaded ? 3 : c.n_layer + 1) * row;
+  const I64 ldl = kernels::logits_row_stride(c.vocab_size);
+  const I64 logit_rows = transformer::tile_rows(options.head_tile_rows, BT, ldl * S,
+                                                transformer::kHeadTileBudgetBytes);
+  const I64 head = row + 2 * stat + r(logit_rows * ldl * S) + stat;
   const I64 backward = 2 * row + 3 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S);
   const I64 loss = 256;
   return residual + kept_blocks * block + head + backward + loss;

@@ -77,7 +77,8 @@ class Reader {
   std::string prefix_;
 };
 
-const std::vector<std::string> kLlamaFamily = {"llama", "qwen2", "mistral"};
+const std::vector<std::string> kLlamaFamily = {"llama",   "qwen2",     "mistral",
+                                               "mixtral", "qwen2_moe", "qwen3_moe"};
 
 // rope_scaling (v4) or rope_parameters (v5): the scaling, and the theta v5 keeps inside.
 void read_rope(const json& doc, const std::string& path, HfConfig& c) {
@@ -133,6 +134,37 @@ void read_rope(const json& doc, const std::string& path, HfConfig& c) {
   if (!(c.rope_theta > 0)) ZRT_THROW(InvalidArgument, "{}: rope_theta must be > 0", path);
 }
 
+// The experts of Mixtral (num_local_experts, intermediate_size wide, always renormalised) and
+// Qwen2/3-MoE (num_experts of moe_intermediate_size, norm_topk_prob, the dense layers).
+void read_moe(const json& doc, const std::string& path, HfConfig& c) {
+  const Reader r(doc, path);
+  c.num_experts_per_tok = r.get_int("num_experts_per_tok");
+  c.router_aux_loss_coef = r.opt_double("router_aux_loss_coef", c.router_aux_loss_coef);
+  if (c.model_type == "mixtral") {
+    c.num_experts = r.get_int("num_local_experts");
+    c.moe_intermediate_size = c.intermediate_size;
+    return;
+  }
+  // transformers v5 writes Qwen3-MoE's count as num_local_experts (its attribute map's name).
+  c.num_experts = r.has("num_experts") ? r.get_int("num_experts") : r.get_int("num_local_experts");
+  c.moe_intermediate_size = r.get_int("moe_intermediate_size");
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", c.model_type == "qwen3_moe");
+  c.decoder_sparse_step = r.opt_int("decoder_sparse_step", 1);
+  if (c.model_type == "qwen2_moe") {
+    c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
+  }
+  if (r.has("mlp_only_layers") && !doc["mlp_only_layers"].is_null()) {
+    const json& layers = doc["mlp_only_layers"];
+    if (!layers.is_array()) ZRT_THROW(InvalidArgument, "{}: mlp_only_layers is not a list", path);
+    for (const json& l : layers) {
+      if (!l.is_number_integer()) {
+        ZRT_THROW(InvalidArgument, "{}: mlp_only_layers holds {}", path, l.dump());
+      }
+      c.mlp_only_layers.push_back(l.get<int>());
+    }
+  }
+}
+
 void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   const Reader r(doc, path);
   c.hidden_size = r.get_int("hidden_size");
@@ -150,12 +182,17 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.hidden_act = r.opt_string("hidden_act", "silu");
   read_rope(doc, path, c);
-  if (c.model_type == "qwen2") {
+  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+    read_moe(doc, path, c);
+  }
+  if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {
     c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
     if (r.opt_bool("use_sliding_window", false)) c.sliding_window = r.opt_int("sliding_window", 0);
   } else {
     c.attention_bias = r.opt_bool("attention_bias", false);
-    if (c.model_type == "mistral") c.sliding_window = r.opt_int("sliding_window", 0);
+    if (c.model_type == "mistral" || c.model_type == "mixtral") {
+      c.sliding_window = r.opt_int("sliding_window", 0);
+    }
   }
 }
 
@@ -174,7 +211,8 @@ void read_gpt2(const json& doc, const std::string& path, HfConfig& c) {
 }  // namespace
 
 const std::vector<std::string>& HfConfig::known_model_types() {
-  static const std::vector<std::string> types = {"gpt2", "llama", "qwen2", "mistral"};
+  static const std::vector<std::string> types = {"gpt2",    "llama",     "qwen2",    "mistral",
+                                                 "mixtral", "qwen2_moe", "qwen3_moe"};
   return types;
 }
 
@@ -214,7 +252,7 @@ HfConfig HfConfig::parse(const std::string& text, const std::string& path) {
   } else {
     ZRT_THROW(InvalidArgument,
               "{}: model_type '{}' is not supported (zrt reads gpt2, llama, "
-              "qwen2, mistral)",
+              "qwen2, mistral, mixtral, qwen2_moe, qwen3_moe)",
               path, c.model_type);
   }
   return c;

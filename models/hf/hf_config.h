@@ -27,7 +27,7 @@ struct HfRopeScaling {
 
 struct HfConfig {
   std::string path;                        // the file, for messages
-  std::string model_type;                  // "gpt2", "llama", "qwen2", "mistral"
+  std::string model_type;                  // "gpt2", "llama", "qwen2", "mistral", "mixtral", ...
   std::vector<std::string> architectures;  // e.g. {"LlamaForCausalLM"}; may be empty
   std::string torch_dtype;                 // "float32", "bfloat16", "float16" or "" (v5: dtype)
   int vocab_size = 0;
@@ -48,6 +48,17 @@ struct HfConfig {
   bool attention_bias = false;  // qwen2: always (its q/k/v projections carry biases)
   int sliding_window = 0;       // 0: none (mistral's null; qwen2 unless use_sliding_window)
   std::string hidden_act;       // "silu" for the family
+
+  // Mixture of experts (mixtral, qwen2_moe, qwen3_moe), config.json's names (Mixtral's
+  // num_local_experts read into num_experts, its experts intermediate_size wide).
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  int shared_expert_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+  double router_aux_loss_coef = 0.001;
 
   // GPT-2.
   int n_layer = 0;

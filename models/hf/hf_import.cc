@@ -1,5 +1,6 @@
 #include "models/hf/hf_import.h"
 
+#include <algorithm>
 #include <memory>
 #include <set>
 
@@ -46,9 +47,41 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
         break;
       }
     }
+    const std::vector<HfPiece> pieces =
+        found.empty() && rules.pieces ? rules.pieces(p.name) : std::vector<HfPiece>{};
+    if (found.empty() && !pieces.empty() && w.contains(pieces.front().name)) {
+      // The parameter in pieces: each must be there with its shape, and they must fill it.
+      std::vector<Source> sources;
+      std::int64_t total = 0;
+      for (const HfPiece& piece : pieces) {
+        if (!w.contains(piece.name)) {
+          ZRT_THROW(InvalidArgument, "{}: no tensor '{}' (a piece of parameter '{}')", w.path(),
+                    piece.name, p.name);
+        }
+        const SafetensorsEntry& e = w.entry(piece.name);
+        if (e.shape != piece.shape) {
+          ZRT_THROW(InvalidArgument, "{}: tensor '{}' has shape {} but a piece of '{}' is {}",
+                    w.file_of(piece.name), piece.name, shape_text(e.shape), p.name,
+                    shape_text(piece.shape));
+        }
+        if (used.count(piece.name) != 0) {
+          ZRT_THROW(InvalidArgument, "{}: tensor '{}' would feed two parameters",
+                    w.file_of(piece.name), piece.name);
+        }
+        used.insert(piece.name);
+        std::int64_t numel = 1;
+        for (std::int64_t d : piece.shape) numel *= d;
+        sources.push_back({piece.name, numel});
+        total += numel;
+      }
+      ZRT_CHECK(total == p.numel(), "pieces of {}: {} elements for {}", p.name, total, p.numel());
+      tensors_.push_back(std::move(sources));
+      continue;
+    }
     if (found.empty()) {
       std::string tried;
       for (std::size_t c = 1; c < candidates.size(); ++c) tried += ", '" + candidates[c] + "'";
+      if (!pieces.empty()) tried += ", '" + pieces.front().name + "', ...";
       ZRT_THROW(InvalidArgument, "{}: no tensor for parameter '{}'{}", w.path(), p.name,
                 tried.empty() ? "" : " (nor" + tried.substr(1) + ")");
     }
@@ -62,7 +95,7 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
                 found);
     }
     used.insert(found);
-    tensors_.push_back(found);
+    tensors_.push_back({{found, p.numel()}});
   }
   for (const std::string& name : w.names()) {
     if (used.count(name) != 0) continue;
@@ -70,7 +103,7 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
     const auto tie = rules.tied.find(name);
     if (tie != rules.tied.end() && index_of.count(tie->second) != 0) {
       // A copy of a tied parameter: kept only if it is one.
-      const std::string& source = tensors_[static_cast<std::size_t>(index_of[tie->second])];
+      const std::string& source = tensor_of(index_of[tie->second]);
       if (w.entry(name).shape == w.entry(source).shape && w.read_f32(name) == w.read_f32(source)) {
         continue;
       }
@@ -90,7 +123,14 @@ HfParamSource::HfParamSource(const std::string& path, const std::vector<ParamSpe
 void HfParamSource::read(int index, std::int64_t first, std::int64_t count, float* out) const {
   ZRT_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "read of parameter {} of {}",
             index, tensors_.size());
-  weights_->read_f32(tensors_[static_cast<std::size_t>(index)], first, count, out);
+  // Across the pieces the elements [first, first + count) fall in, in order.
+  std::int64_t begin = 0;
+  for (const Source& piece : tensors_[static_cast<std::size_t>(index)]) {
+    const std::int64_t end = begin + piece.numel;
+    const std::int64_t lo = std::max(first, begin), hi = std::min(first + count, end);
+    if (lo < hi) weights_->read_f32(piece.name, lo - begin, hi - lo, out + (lo - first));
+    begin = end;
+  }
 }
 
 ParamInitializer hf_initializer(const std::string& path, const std::vector<ParamSpec>& params,

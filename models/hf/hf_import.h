@@ -23,6 +23,12 @@ namespace zrt::hf {
 
 class HfWeights;
 
+// One tensor of a parameter a file holds in pieces (HfImportRules::pieces).
+struct HfPiece {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
 struct HfImportRules {
   // Other names parameter `name` may have in a file, tried after the name itself (GPT-2 hub
   // files drop the "transformer." prefix). May be empty.
@@ -34,6 +40,11 @@ struct HfImportRules {
   // {"lm_head.weight", "model.embed_tokens.weight"}). A copy that differs is an untied head the
   // model cannot hold: an error, never dropped.
   std::map<std::string, std::string> tied;
+  // A parameter a file may hold as several tensors whose values, concatenated in order, are the
+  // parameter's (the Hub's per-expert tensors of a fused experts parameter: expert 0's gate and
+  // up projections, then expert 1's, ...): their names and shapes, tried when neither the name
+  // nor an alias is in the file. Empty for none. Each piece must exist with exactly its shape.
+  std::function<std::vector<HfPiece>(const std::string& name)> pieces;
 };
 
 // The rules for transformers' LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM files,
@@ -51,14 +62,18 @@ class HfParamSource {
                 const HfImportRules& rules);
   // Elements [first, first + count) of parameter `index`, as fp32.
   void read(int index, std::int64_t first, std::int64_t count, float* out) const;
-  // The file tensor parameter `index` reads.
+  // The file tensor parameter `index` reads (its first piece when it is read in pieces).
   const std::string& tensor_of(int index) const {
-    return tensors_.at(static_cast<std::size_t>(index));
+    return tensors_.at(static_cast<std::size_t>(index)).front().name;
   }
 
  private:
+  struct Source {
+    std::string name;
+    std::int64_t numel = 0;
+  };
   std::shared_ptr<const HfWeights> weights_;
-  std::vector<std::string> tensors_;
+  std::vector<std::vector<Source>> tensors_;
 };
 
 // HfParamSource as the ParamInitializer ModelDef::initializer returns (shares the source).

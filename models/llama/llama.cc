@@ -6,6 +6,7 @@
 #include "kernels/ops.h"
 #include "models/activation_planner.h"
 #include "models/init_rng.h"
+#include "models/transformer/tiling.h"
 #include "runtime/common/error.h"
 
 namespace zrt::llama {
@@ -228,6 +229,11 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
                                       int sets) {
   const auto& [C, I, hd, NH, NKV, Q, KV] = widths;
   const I64 N = s.N(), S = s.S;
+  // The MLP's six (N,I) tensors per row decide its tiling: gate, up, h, dh, dgate, dup.
+  mlp_rows = transformer::tile_rows(s.mlp_tile_setting, N, 6 * I64{I} * S,
+                                    transformer::kMlpTileBudgetBytes);
+  mlp_tiled = mlp_rows < N;
+  const I64 mlp_rows_planned = mlp_rows;
   kept.assign(static_cast<std::size_t>(sets), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
@@ -241,6 +247,7 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
     p.floats(&a.ln2_rstd, N);
+    if (mlp_tiled) continue;
     p.bytes(&a.gate, N * I * S);
     p.bytes(&a.up, N * I * S);
     p.bytes(&a.h, N * I * S);
@@ -254,6 +261,11 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&send, exchanged);
     p.bytes(&recv, exchanged);
   }
+  if (mlp_tiled) {
+    p.bytes(&tile_gate, mlp_rows_planned * I * S);
+    p.bytes(&tile_up, mlp_rows_planned * I * S);
+    p.bytes(&tile_h, mlp_rows_planned * I * S);
+  }
 }
 
 void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::PassShape& s) {
@@ -261,8 +273,16 @@ void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::
   p.bytes(&dln1, NS * widths.C);
   p.bytes(&datty, NS * widths.Q);
   p.bytes(&dln2, NS * widths.C);
-  p.bytes(&dh, NS * widths.I);
   if (sp > 1) p.bytes(&datty_full, NS * widths.Q);
+  if (!mlp_tiled) {
+    p.bytes(&dh, NS * widths.I);
+    return;
+  }
+  // One tile's: swiglu_backward accumulates into dgate and dup, zeroed per tile.
+  const I64 tile = I64{mlp_rows} * s.S * widths.I;
+  p.bytes(&dh, tile);
+  p.bytes(&dgate, tile);
+  p.bytes(&dup, tile);
 }
 
 void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
@@ -270,8 +290,10 @@ void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transforme
   p.bytes(&dq, NS * widths.Q);
   p.bytes(&dk, NS * widths.KV);
   p.bytes(&dv, NS * widths.KV);
-  p.bytes(&dgate, NS * widths.I);
-  p.bytes(&dup, NS * widths.I);
+  if (!mlp_tiled) {  // tiled: one tile's, in plan_backward
+    p.bytes(&dgate, NS * widths.I);
+    p.bytes(&dup, NS * widths.I);
+  }
   if (sp > 1) {
     p.bytes(&dq_full, NS * widths.Q);
     p.bytes(&dk_full, NS * KV_full);
@@ -281,12 +303,22 @@ void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transforme
 
 std::int64_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                      bool activation_checkpointing) {
-  Activations scratch(config, 1);
   transformer::TransformerOptions options;
   options.activation_checkpointing = activation_checkpointing;
+  return activation_bytes(config, B, T, dtype, options);
+}
+
+std::int64_t Llama::activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                     const LlamaOptions& options) {
+  Activations scratch(config, options.sequence_parallel_size());
   return TransformerModel::activation_bytes(transformer_spec(config), options, B, T, dtype,
                                             scratch) +
          kActivationAlign;
+}
+
+std::int64_t Llama::host_activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                          const LlamaOptions& options) {
+  return TransformerModel::host_activation_bytes(transformer_spec(config), options, B, T, dtype);
 }
 
 void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) {
@@ -315,6 +347,18 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
                               C, config_.rms_norm_eps);
+  if (acts_.mlp_tiled) {
+    // The rerun under checkpointing leaves the MLP to the backward, which recomputes it per tile.
+    if (!res_out) return;
+    for (int r0 = 0; r0 < N; r0 += acts_.mlp_rows) {
+      const int n = std::min(acts_.mlp_rows, N - r0);
+      mlp_tile_forward(a, layer, x.ln2, r0, n);
+      k::linear_forward(ctx, dt, acts_.proj + I64{r0} * C * dtype_size(dt), acts_.tile_h, P(kDownW),
+                        Bytes(), n, I, C);
+    }
+    k::residual_forward(ctx, dt, res_out, x.res2, acts_.proj, I64{N} * C);
+    return;
+  }
   k::linear_forward(ctx, dt, x.gate, x.ln2, P(kGateW), Bytes(), N, C, I);
   k::linear_forward(ctx, dt, x.up, x.ln2, P(kUpW), Bytes(), N, C, I);
   k::swiglu_forward(ctx, dt, x.h, x.gate, x.up, I64{N} * I);
@@ -343,11 +387,15 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const Bytes dres = this->dres();
   // The first projection into dh, dln2, datty and dln1 overwrites it; the next ones add.
   const k::GradWrite first = k::GradWrite::kOverwrite;
-  k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, x.h, P(kDownW), N, I, C, first);
-  k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
-  k::linear_backward(ctx, dt, gt, d.dln2, G(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I,
-                     first);
-  k::linear_backward(ctx, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
+  if (d.mlp_tiled) {
+    mlp_tiled_backward(a, layer, x.ln2);
+  } else {
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, x.h, P(kDownW), N, I, C, first);
+    k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I,
+                       first);
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
+  }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
   attention_backward(x);
@@ -402,6 +450,46 @@ void Llama::attention_backward(const Activations::Kept& x) {
   ex->to_heads_backward(dt, d.dq, d.dq_full, pass.B, pass.T, d.q_heads, hd, d.send, d.recv);
   ex->to_heads_backward(dt, d.dk, d.dk_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
   ex->to_heads_backward(dt, d.dv, d.dv_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
+}
+
+void Llama::mlp_tile_forward(ParamAccess& a, int layer, Bytes ln2, int r0, int n) {
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
+  const DType dt = pass().dtype;
+  kernels::KernelContext& ctx = this->ctx();
+  const Bytes rows = ln2 + I64{r0} * C * dtype_size(dt);
+  k::linear_forward(ctx, dt, acts_.tile_gate, rows, a.param(block_param(layer, kGateW)), Bytes(), n,
+                    C, I);
+  k::linear_forward(ctx, dt, acts_.tile_up, rows, a.param(block_param(layer, kUpW)), Bytes(), n, C,
+                    I);
+  k::swiglu_forward(ctx, dt, acts_.tile_h, acts_.tile_gate, acts_.tile_up, I64{n} * I);
+}
+
+void Llama::mlp_tiled_backward(ParamAccess& a, int layer, Bytes ln2) {
+  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
+  const Pass& pass = this->pass();
+  const int N = pass.N();
+  const DType dt = pass.dtype, gt = pass.grad_dtype;
+  kernels::KernelContext& ctx = this->ctx();
+  auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
+  auto G = [&](int slot) { return a.grad(block_param(layer, slot)); };
+  const Activations& d = acts_;
+  const I64 row = I64{C} * dtype_size(dt);
+  const k::GradWrite first = k::GradWrite::kOverwrite;
+  for (int r0 = 0; r0 < N; r0 += d.mlp_rows) {
+    const int n = std::min(d.mlp_rows, N - r0);
+    mlp_tile_forward(a, layer, ln2, r0, n);
+    const Bytes dres = this->dres() + r0 * row, dln2 = d.dln2 + r0 * row, ln2_rows = ln2 + r0 * row;
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, d.tile_h, P(kDownW), n, I, C,
+                       first);
+    ctx.device().fill_zero(d.dgate, static_cast<std::size_t>(I64{n} * I * dtype_size(dt)),
+                           ctx.stream());
+    ctx.device().fill_zero(d.dup, static_cast<std::size_t>(I64{n} * I * dtype_size(dt)),
+                           ctx.stream());
+    k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, d.tile_gate, d.tile_up, I64{n} * I);
+    k::linear_backward(ctx, dt, gt, dln2, G(kGateW), Bytes(), d.dgate, ln2_rows, P(kGateW), n, C, I,
+                       first);
+    k::linear_backward(ctx, dt, gt, dln2, G(kUpW), Bytes(), d.dup, ln2_rows, P(kUpW), n, C, I);
+  }
 }
 
 }  // namespace zrt::llama

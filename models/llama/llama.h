@@ -58,6 +58,12 @@ class Llama final : public transformer::TransformerModel {
   // empty when it can: sp divides the query heads, the key/value heads split over sp or divide
   // it, and sp divides seq_len.
   static std::vector<std::string> sequence_parallel_problems(const LlamaConfig& config, int sp);
+  // The same for a model built with `options` (cpu_checkpointing, tiling): device bytes, and the
+  // pinned host bytes of the offloaded block inputs.
+  static std::int64_t activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                       const LlamaOptions& options);
+  static std::int64_t host_activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
+                                            const LlamaOptions& options);
 
   // Block parameter slots in transformers' order; the bias slots exist with attention_bias.
   enum Slot { kQW, kQB, kKW, kKB, kVW, kVB, kOW, kGateW, kUpW, kDownW, kLn1W, kLn2W, kNumSlots };
@@ -88,6 +94,12 @@ class Llama final : public transformer::TransformerModel {
     Bytes proj;              // (B,T,C): o_proj / down_proj outputs before the residual add
     // Sequence parallelism: the chunk's q, k, v (after RoPE) and the all-to-alls' buffers.
     Bytes q_chunk, k_chunk, v_chunk, send, recv;
+    // The tiled MLP (TransformerOptions::mlp_tile_rows, tiling.h): rows per tile (N when
+    // untiled); when tiled, the kept sets have no gate, up and h, which live for one tile in
+    // these (rows, I) tensors, and dh, dgate, dup are (rows, I) too.
+    int mlp_rows = 0;
+    bool mlp_tiled = false;
+    Bytes tile_gate, tile_up, tile_h;
     // The first projection into dln1, datty, dln2 and dh overwrites it; attention and SwiGLU
     // accumulate into dq, dk, dv, dgate and dup (the accumulated region), and so do the
     // all-to-alls' adjoints into dq, dk, dv (from dq_full, dk_full, dv_full, which attention
@@ -108,6 +120,12 @@ class Llama final : public transformer::TransformerModel {
     const kernels::UlyssesHeads q_heads, kv_heads;
     const int KV_full;
   };
+
+  // The SwiGLU MLP of rows [r0, r0 + n) of ln2 into the tile's gate, up and h.
+  void mlp_tile_forward(ParamAccess& access, int layer, Bytes ln2, int r0, int n);
+  // The tiled MLP's backward: per tile, gate, up and h again, then dres's rows down to dln2's,
+  // the projections' weight gradients accumulated over the tiles.
+  void mlp_tiled_backward(ParamAccess& access, int layer, Bytes ln2);
 
   transformer::BlockActivations& block_activations() override { return acts_; }
   // The attention, from the block's q, k, v (after RoPE) to x.atty, and its backward into dq,

@@ -45,6 +45,12 @@ class LlamaDef final : public transformer::TransformerDefOf<LlamaDef, LlamaConfi
                                 bool activation_checkpointing) const override {
     return Llama::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
+  ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                           const ModelOptions& options) const override {
+    const LlamaOptions o = transformer::transformer_options(options);
+    return {Llama::activation_bytes(config(), B, T, dtype, o),
+            Llama::host_activation_bytes(config(), B, T, dtype, o)};
+  }
 
  protected:
   int n_layer() const override { return config().num_hidden_layers; }

@@ -4,11 +4,13 @@
 //
 // The layout, in order (S = bytes per element of the compute dtype, N = B*T, statistics fp32,
 // each tensor rounded up to kActivationAlign bytes by ActivationPlanner):
-//   residual stream       L + 1 of (N,C): [0] the embeddings, [l+1] block l's output
+//   residual stream       L + 1 of (N,C): [0] the embeddings, [l+1] block l's output; with
+//                         cpu_checkpointing and L > 2 three: two slots that block l's input
+//                         takes in turn (l % 2, checkpoint_offload.h) and [L]
 //   the blocks' forward   BlockActivations::plan_forward (L sets, or 1 under checkpointing)
-//   head                  lnf (N,C), its mean (LayerNorm only) and rstd (N); logits (N,V) in
-//                         rows of kernels::logits_row_stride(V) (their gradient in place);
-//                         losses (N)
+//   head                  lnf (N,C), its mean (LayerNorm only) and rstd (N); logits (R,V) in
+//                         rows of kernels::logits_row_stride(V) (their gradient in place), R
+//                         the head's tile rows (tiling.h; N for whole logits); losses (N)
 //   backward              dres, dlnf (N,C); BlockActivations::plan_backward; then the
 //                         accumulated region (BlockActivations::plan_accumulated)
 // Planning with no base counts the bytes alone: that is how activation_bytes hooks count
@@ -30,6 +32,8 @@ namespace zrt::transformer {
 struct PassShape {
   int B = 0, T = 0;
   std::int64_t S = 0;  // bytes per element of the compute dtype
+  // TransformerOptions::mlp_tile_rows, for a model whose blocks tile their MLP (tiling.h).
+  int mlp_tile_setting = 0;
   std::int64_t N() const { return std::int64_t{B} * T; }
 };
 
@@ -59,12 +63,19 @@ struct TransformerActs {
   Bytes dres, dlnf;
   Bytes accumulated_grads;  // BlockActivations::plan_accumulated's region
   std::int64_t accumulated_grad_bytes = 0;
+  int head_rows = 0;  // the logits' rows: the head's tile (N when whole)
 };
 
+// The rows a head tile takes for a pass of N rows: N for whole logits (a pass without targets
+// keeps them, transformer_model.h), else TransformerOptions::head_tile_rows resolved by tiling.h.
+int head_tile_rows(const TransformerSpec& spec, const TransformerOptions& options, std::int64_t N,
+                   std::int64_t S, bool whole_logits);
+
 // Lays a (B, T, dtype) pass out: returns its bytes and, if base is set, points the fields of
-// `acts` and `blocks` into it.
+// `acts` and `blocks` into it. `whole_logits`: (N,V) logits whatever the tiling.
 std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOptions& options,
                                 int B, int T, DType dtype, BlockActivations& blocks,
-                                TransformerActs* acts, DevicePtr<std::byte> base);
+                                TransformerActs* acts, DevicePtr<std::byte> base,
+                                bool whole_logits = false);
 
 }  // namespace zrt::transformer

@@ -4,10 +4,17 @@ namespace zrt::transformer {
 
 std::unique_ptr<Model> TransformerDef::build(kernels::KernelContext& ctx,
                                              const ModelOptions& options) const {
-  TransformerOptions transformer_options;
-  transformer_options.activation_checkpointing = options.activation_checkpointing;
-  transformer_options.sequence_group = options.sequence_group;
-  return build_model(ctx, transformer_options);
+  return build_model(ctx, transformer_options(options));
+}
+
+TransformerOptions transformer_options(const ModelOptions& options) {
+  TransformerOptions o;
+  o.activation_checkpointing = options.activation_checkpointing;
+  o.cpu_checkpointing = options.cpu_checkpointing;
+  o.head_tile_rows = options.head_tile_rows;
+  o.mlp_tile_rows = options.mlp_tile_rows;
+  o.sequence_group = options.sequence_group;
+  return o;
 }
 
 ParamInitializer TransformerDef::initializer(const Model& model, std::uint64_t seed,

@@ -17,6 +17,9 @@
 
 namespace zrt::transformer {
 
+// The driver's options for a model built with `options`.
+TransformerOptions transformer_options(const ModelOptions& options);
+
 class TransformerDef : public ModelDef {
  public:
   int num_modules() const override { return transformer::num_modules(n_layer()); }

@@ -19,6 +19,9 @@ TransformerModel::TransformerModel(kernels::KernelContext& ctx, TransformerSpec 
   if (options_.sequence_parallel_size() > 1) {
     ulysses_ = std::make_unique<UlyssesExchange>(ctx_, *options_.sequence_group);
   }
+  if (offloaded_block_inputs(spec_.n_layer, options_) > 0) {
+    offload_ = std::make_unique<CheckpointOffload>(ctx_.device(), ctx_.stream());
+  }
 }
 
 std::int64_t TransformerModel::activation_bytes(const TransformerSpec& spec,
@@ -26,6 +29,13 @@ std::int64_t TransformerModel::activation_bytes(const TransformerSpec& spec,
                                                 DType dtype, BlockActivations& scratch) {
   TransformerActs acts;
   return layout_activations(spec, options, B, T, dtype, scratch, &acts, Bytes());
+}
+
+std::int64_t TransformerModel::host_activation_bytes(const TransformerSpec& spec,
+                                                     const TransformerOptions& options, int B,
+                                                     int T, DType dtype) {
+  return std::int64_t{offloaded_block_inputs(spec.n_layer, options)} * B * T * spec.hidden_size *
+         static_cast<std::int64_t>(dtype_size(dtype));
 }
 
 const ParamSpec& TransformerModel::init_range(int index, std::int64_t begin,
@@ -66,23 +76,32 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   pass_.positions = batch.positions;
   pass_.doc_start = batch.doc_start;
   pass_.grad_dtype = access.grad_dtype();
+  // Only a pass without targets needs the whole logits (logits()).
+  const bool whole_logits = !batch.targets;
   if (B == pass_.B && T == pass_.T && access.compute_dtype() == pass_.dtype &&
-      !act_buffer_.empty()) {
+      whole_logits == whole_logits_ && !act_buffer_.empty()) {
     return;
   }
   act_buffer_.reset();  // stream-ordered: passes already enqueued keep their memory
   pass_.B = B;
   pass_.T = T;
   pass_.dtype = access.compute_dtype();
+  whole_logits_ = whole_logits;
   BlockActivations& blocks = block_activations();
   const std::int64_t total =
-      layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_, Bytes());
+      layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_, Bytes(), whole_logits);
   act_buffer_ =
       ctx_.device().allocate(total, MemCategory::kActivations,
                              fmt::format("{} activations (B={} T={})", spec_.architecture, B, T),
                              MemorySpace::kDevice, &ctx_.stream());
   layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_,
-                     act_buffer_.device<std::byte>());
+                     act_buffer_.device<std::byte>(), whole_logits);
+  if (offload_) {
+    offload_->prepare(
+        offloaded_block_inputs(spec_.n_layer, options_),
+        static_cast<std::int64_t>(B) * T * spec_.hidden_size * dtype_size(pass_.dtype),
+        fmt::format("{} checkpointed block inputs (B={} T={})", spec_.architecture, B, T));
+  }
 }
 
 // The position table has seq_len rows: a sequence-parallel chunk's positions (global, or its
@@ -107,69 +126,25 @@ void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batc
 
 void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   const int L = spec_.n_layer;
+  // A training pass copies the block inputs the host keeps out as they are written; the slot
+  // block l+1's input goes into held block l-1's, whose copy must be done by then.
+  const int offloaded = offload_ && phase == Phase::kForward ? offload_->blocks() : 0;
   a.acquire(kEmbeddingModule, phase);
   embedding_forward(a, batch);
   a.release(kEmbeddingModule, phase);
+  if (offloaded > 0) offload_->save(0, acts_.residual[0]);
   for (int l = 0; l < L; ++l) {
     a.acquire(block_module(l), phase);
+    if (l >= 1 && l - 1 < offloaded && l + 1 < L) {
+      offload_->await_slot(CheckpointOffload::slot_of(l + 1));
+    }
     block_forward(a, l, acts_.residual[l], acts_.residual[l + 1]);
     a.release(block_module(l), phase);
+    if (l + 1 < offloaded) offload_->save(l + 1, acts_.residual[l + 1]);
   }
   a.acquire(head_module(L), phase);
   head_forward(a, batch, phase);
   a.release(head_module(L), phase);
-}
-
-void TransformerModel::head_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
-  const int N = pass_.N();
-  const int C = spec_.hidden_size;
-  const int V = spec_.vocab_size;
-  const DType dt = pass_.dtype;
-  const Bytes last = acts_.residual[spec_.n_layer];  // the last block's output
-  if (spec_.final_norm == NormKind::kLayerNorm) {
-    k::layernorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_mean, acts_.lnf_rstd, last,
-                         a.param(spec_.final_norm_weight), a.param(spec_.final_norm_bias), N, C);
-  } else {
-    k::rmsnorm_forward(ctx_, dt, acts_.lnf, acts_.lnf_rstd, last, a.param(spec_.final_norm_weight),
-                       N, C, spec_.norm_eps);
-  }
-  k::logits_forward(ctx_, dt, acts_.logits, acts_.lnf, a.param(spec_.head), N, C, V,
-                    k::logits_row_stride(V));
-  // A training forward leaves its loss to the backward's fused classifier, which takes it
-  // from the same pass over the logits as their gradient.
-  if (batch.targets && phase != Phase::kForward) {
-    k::crossentropy_forward(ctx_, dt, acts_.losses, acts_.logits, batch.targets, N, V,
-                            k::logits_row_stride(V));
-    k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
-  }
-}
-
-void TransformerModel::head_backward(ParamAccess& a, const TokenBatch& batch, float loss_scale) {
-  const int N = pass_.N();
-  const int C = spec_.hidden_size;
-  const int V = spec_.vocab_size;
-  const DType dt = pass_.dtype, gt = pass_.grad_dtype;
-  const Bytes last = acts_.residual[spec_.n_layer];
-  const std::size_t row_bytes = static_cast<std::size_t>(N) * C * dtype_size(dt);
-  // The losses, and the dlogits in place of the logits; the loss is the tokens' sum over the
-  // batch's divisor (TokenBatch), so each row's gradient gets 1/divisor (0 for a masked row).
-  const float divisor = batch.loss_divisor > 0.f ? batch.loss_divisor : static_cast<float>(N);
-  k::crossentropy_forward_backward(ctx_, dt, acts_.losses, acts_.logits, acts_.logits,
-                                   batch.targets, loss_scale / divisor, N, V,
-                                   k::logits_row_stride(V));
-  k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
-  ctx_.device().fill_zero(acts_.dres, row_bytes, ctx_.stream());
-  ctx_.device().fill_zero(acts_.dlnf, row_bytes, ctx_.stream());
-  k::logits_backward(ctx_, dt, gt, acts_.dlnf, a.grad(spec_.head), acts_.logits, acts_.lnf,
-                     a.param(spec_.head), N, C, V, k::logits_row_stride(V));
-  if (spec_.final_norm == NormKind::kLayerNorm) {
-    k::layernorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight),
-                          a.grad(spec_.final_norm_bias), acts_.dlnf, last,
-                          a.param(spec_.final_norm_weight), acts_.lnf_mean, acts_.lnf_rstd, N, C);
-  } else {
-    k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight), acts_.dlnf, last,
-                        a.param(spec_.final_norm_weight), acts_.lnf_rstd, N, C);
-  }
 }
 
 void TransformerModel::forward(ParamAccess& access, const TokenBatch& batch) {
@@ -185,9 +160,15 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
   a.acquire(head_module(L), Phase::kBackward);
   head_backward(a, batch, loss_scale);
   a.release(head_module(L), Phase::kBackward);
+  add_auxiliary_losses(loss_, loss_scale);
 
+  // With cpu_checkpointing the last two blocks' inputs are still in their slots; each earlier
+  // one comes back while the block after it runs (checkpoint_offload.h).
+  const int offloaded = offload_ ? offload_->blocks() : 0;
   for (int l = L - 1; l >= 0; --l) {
     const int m = block_module(l);
+    if (l >= 1 && l - 1 < offloaded) offload_->prefetch(l - 1, acts_.residual[l - 1]);
+    if (l < offloaded) offload_->await_slot(CheckpointOffload::slot_of(l));
     if (options_.activation_checkpointing) {
       a.acquire(m, Phase::kRecompute);
       block_forward(a, l, acts_.residual[l], Bytes());

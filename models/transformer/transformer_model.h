@@ -10,14 +10,25 @@
 //   - the token (and position) embedding, the final norm, the head and the loss: the
 //     TokenBatch's targets (below 0: not in the loss), loss_divisor and packed documents
 //     (positions to the position embedding, doc_start and positions to the blocks);
-//   - the activations (MemCategory::kActivations): one allocation per (B, T, dtype), reused
-//     while they stay the same (transformer_activations.h), and the loss scalar, allocated at
-//     construction;
+//   - the activations (MemCategory::kActivations): one allocation per (B, T, dtype) and kind
+//     of pass, reused while they stay the same (transformer_activations.h), and the loss
+//     scalar, allocated at construction;
+//   - with cpu_checkpointing, the checkpointed block inputs in pinned host memory
+//     (checkpoint_offload.h): residual(i) then holds block i's input only until the slot it
+//     shares is written again;
+//   - the head in tiles of rows (tiling.h, transformer_head.cc): a training pass never holds
+//     (B,T,V) logits. Its loss and logit gradients come from the backward, tile by tile: each
+//     tile's logits, the fused classifier's losses and dlogits in place, then the tile's input
+//     gradient and the head weight's gradient accumulated. An eval pass with targets takes its
+//     losses tile by tile; a pass without targets keeps the whole logits (logits());
 //   - under Ulysses sequence parallelism (TransformerOptions::sequence_group of sp ranks), the
 //     UlyssesExchange the blocks' attention uses: a batch is then this rank's chunk of each
 //     sequence (TokenBatch::seq_len the chunk's length, positions its global ones, doc_start
 //     the whole sequence's), every op but the attention runs on the chunk, and the loss is the
 //     chunk's tokens' sum over the divisor.
+// A training pass's loss equals the untiled one bit for bit where the GEMMs give each row the
+// same bits at any row count; the head weight's gradient is summed over the tiles in fp32 (the
+// rounding bound: tests/models/test_tiled_compute.cc).
 // Everything is enqueued on the KernelContext's stream.
 //
 // Not thread-safe; one pass at a time per model (passes on one stream are ordered anyway).
@@ -27,6 +38,7 @@
 #include <memory>
 
 #include "kernels/kernel_context.h"
+#include "models/transformer/checkpoint_offload.h"
 #include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_spec.h"
 #include "models/transformer/ulysses_exchange.h"
@@ -44,8 +56,9 @@ class TransformerModel : public Model {
   void forward_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale) override;
   void forward(ParamAccess& access, const TokenBatch& batch) override;
   DevicePtr<const float> loss() const override { return loss_; }
-  // The logits (B,T,V) of the last forward(), in the compute dtype. After forward_backward the
-  // buffer holds the logits' gradient instead.
+  // The logits (B,T,V) of the last forward() without targets, in the compute dtype. After a
+  // tiled pass (forward_backward, or forward() with targets) the buffer holds the last tile's
+  // logits or their gradient instead.
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
   std::int64_t logits_row_stride() const override;
   bool supports_packed_documents() const override { return true; }
@@ -56,8 +69,11 @@ class TransformerModel : public Model {
   // the training loop (it stalls the host).
   float read_loss();
   // The residual stream (B,T,hidden_size) of the last pass after block i-1 (i = 0: the token
-  // embeddings), in the compute dtype: transformers' per-layer hidden states (tests).
+  // embeddings), in the compute dtype: transformers' per-layer hidden states (tests). With
+  // cpu_checkpointing only the last three are still there after a pass.
   DevicePtr<const std::byte> residual(int i) const { return acts_.residual.at(i); }
+  // Rows per tile of the head in the last pass (B*T when it was whole).
+  int head_tile_rows() const { return acts_.head_rows; }
 
  protected:
   using Bytes = DevicePtr<std::byte>;
@@ -88,11 +104,22 @@ class TransformerModel : public Model {
   // that of its input. The driver zeroes the accumulated region (BlockActivations::
   // plan_accumulated) just before; parameter gradients accumulate into access.grad.
   virtual void block_backward(ParamAccess& access, int layer, Bytes res_in) = 0;
+  // Once per training pass, after the head wrote the cross-entropy into `loss` and before the
+  // blocks' backward: a model with auxiliary losses (a mixture of experts' load-balancing term)
+  // adds them to `loss` and prepares their gradients, times `loss_scale`. None by default.
+  virtual void add_auxiliary_losses(Floats loss, float loss_scale) {
+    (void)loss;
+    (void)loss_scale;
+  }
 
   // The bytes of a pass's activations for a model of `spec`, without its loss scalar.
   static std::int64_t activation_bytes(const TransformerSpec& spec,
                                        const TransformerOptions& options, int B, int T, DType dtype,
                                        BlockActivations& scratch);
+  // The pinned host bytes a pass's offloaded block inputs take (cpu_checkpointing; else 0).
+  static std::int64_t host_activation_bytes(const TransformerSpec& spec,
+                                            const TransformerOptions& options, int B, int T,
+                                            DType dtype);
   // Throws unless elements [begin, begin + count) of parameter `index` exist; returns it.
   const ParamSpec& init_range(int index, std::int64_t begin, std::int64_t count) const;
 
@@ -108,10 +135,13 @@ class TransformerModel : public Model {
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);
   void run_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
-  // The final norm, the head and the loss (module L+1): the logits and, for an eval pass with
-  // targets, the loss; in backward, the loss and the gradients from the logits down to dres.
+  // The final norm, the head and the loss (module L+1), transformer_head.cc. Forward: the
+  // final norm; for an eval pass the logits and, with targets, the loss. Backward: the loss and
+  // the gradients from the logits down to dres, tile by tile.
   void head_forward(ParamAccess& access, const TokenBatch& batch, Phase phase);
   void head_backward(ParamAccess& access, const TokenBatch& batch, float loss_scale);
+  // Rows [r0, r0 + n) of lnf times the head into the logits buffer.
+  void head_logits(ParamAccess& access, int r0, int n);
   // The token embedding's forward / backward (module 0); positions go to the position
   // embedding only, where the model has one.
   void embedding_forward(ParamAccess& access, const TokenBatch& batch);
@@ -122,7 +152,9 @@ class TransformerModel : public Model {
   kernels::KernelContext& ctx_;
   Pass pass_;
   Buffer act_buffer_;
+  bool whole_logits_ = false;  // the layout's kind of pass: without targets
   TransformerActs acts_;
+  std::unique_ptr<CheckpointOffload> offload_;  // with cpu_checkpointing, else null
   Buffer loss_buffer_;
   Floats loss_;
   std::unique_ptr<UlyssesExchange> ulysses_;

@@ -67,6 +67,13 @@ struct TransformerOptions {
   // outlive the model. Null or a group of 1: every rank holds whole sequences.
   ProcessGroup* sequence_group = nullptr;
   int sequence_parallel_size() const { return sequence_group ? sequence_group->size() : 1; }
+  // With activation_checkpointing: the kept block inputs live in pinned host memory, the
+  // device keeping two of them (checkpoint_offload.h).
+  bool cpu_checkpointing = false;
+  // Rows of the sequence per tile of the head's logits and loss, and of the MLP (tiling.h:
+  // kTileAuto, kTileOff or a count). Models without a tiled MLP ignore mlp_tile_rows.
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
 };
 
 }  // namespace zrt::transformer

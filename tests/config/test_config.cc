@@ -1222,6 +1222,33 @@ TEST_CASE("checkpoint.load: auto, none, latest, a tag; overwrite", "[config][che
              Catch::Contains("checkpoint.overwrite: no effect: checkpoint.load is \"auto\""));
 }
 
+TEST_CASE("long sequences: cpu_checkpointing and model.tiling", "[config]") {
+  const Config off = parse_doc(base_config());
+  CHECK_FALSE(off.model.cpu_checkpointing);
+  CHECK(off.model.head_tile_rows == 0);  // automatic
+  CHECK(off.model.mlp_tile_rows == 0);
+  const Config on = parse_doc(patched(R"({
+    "model": {"activation_checkpointing": true,
+              "tiling": {"head_rows": 512, "mlp_rows": -1}},
+    "activation_checkpointing": {"cpu_checkpointing": true}})"));
+  CHECK(on.model.cpu_checkpointing);
+  CHECK(on.model.head_tile_rows == 512);
+  CHECK(on.model.mlp_tile_rows == -1);
+  CHECK_FALSE(has_warning(on, "activation_checkpointing.cpu_checkpointing"));
+  // The resolved document (what a checkpoint saves) carries them back.
+  const json resolved = resolved_document(on);
+  CHECK(resolved["model"]["tiling"]["head_rows"] == 512);
+  CHECK(resolved["activation_checkpointing"]["cpu_checkpointing"] == true);
+  CHECK(parse_doc(resolved).model.head_tile_rows == 512);
+  // "auto" is the default; without checkpointing there is nothing to keep on the host.
+  const Config automatic = parse_doc(patched(R"({"model": {"tiling": {"head_rows": "auto"}},
+    "activation_checkpointing": {"cpu_checkpointing": true}})"));
+  CHECK(automatic.model.head_tile_rows == 0);
+  CHECK(has_warning(automatic, "activation_checkpointing.cpu_checkpointing"));
+  CHECK_THAT(error_of(patched(R"({"model": {"tiling": {"mlp_rows": -2}}})").dump()),
+             Catch::Contains("model.tiling.mlp_rows"));
+}
+
 }  // namespace
 }  // namespace zrt
 

@@ -14,6 +14,13 @@ with --hf; from_pretrained loads it with no missing or unexpected keys, the weig
 from the start, the tokenizer files were copied, and transformers' logits equal zrt's
 (zrt-ckpt logits) within fp32 rounding.
 
+--part transformers-moe (/usr/bin/python3) and transformers-moe-v5 (the python3 on PATH; each
+needs torch, transformers, safetensors): for every mixture of experts the running transformers
+has (Mixtral and Qwen2-MoE since 4.36; Qwen3-MoE since 4.51), a tiny model made and saved by
+transformers (its per-expert tensors, the Hub's form; a shared expert and a dense layer for
+Qwen2-MoE) is zrt-train's init_from, trained 3 steps on 2 ranks at ZeRO stage 3 and exported with
+--hf; from_pretrained loads it with no missing or unexpected keys and its logits equal zrt's.
+
 Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
 """
 import argparse
@@ -202,9 +209,77 @@ def part_transformers(args, arch):
     return 0
 
 
+def part_transformers_moe(args):
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print("skipped: %s lacks torch/transformers (%s)" % (sys.executable, e))
+        return SKIP
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=32,
+                  tie_word_embeddings=False, rope_theta=10000.0, bos_token_id=255,
+                  eos_token_id=255, router_aux_loss_coef=0.02)
+    cases = []
+    if hasattr(transformers, "MixtralConfig"):
+        cases.append(("mixtral", transformers.MixtralConfig(
+            intermediate_size=48, num_local_experts=4, num_experts_per_tok=2, **common),
+            transformers.MixtralForCausalLM))
+    if hasattr(transformers, "Qwen2MoeConfig"):
+        cases.append(("qwen2_moe", transformers.Qwen2MoeConfig(
+            intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+            num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
+            **common), transformers.Qwen2MoeForCausalLM))
+    if hasattr(transformers, "Qwen3MoeConfig"):
+        cases.append(("qwen3_moe", transformers.Qwen3MoeConfig(
+            intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+            norm_topk_prob=True, head_dim=16, **common), transformers.Qwen3MoeForCausalLM))
+    if not cases:
+        print("skipped: transformers %s has none of the MoE models" % transformers.__version__)
+        return SKIP
+    for arch, cfg, model_class in cases:
+        torch.manual_seed(0)
+        work = os.path.join(args.work, arch)
+        os.makedirs(work)
+        src = os.path.join(work, "hf_src")
+        start = model_class(cfg).eval()
+        start.save_pretrained(src, safe_serialization=True)
+        ckpt = train(args, work, {"init_from": src}, 3, 2, 3)
+        out = os.path.join(work, "hf_out")
+        export(args, ckpt, out)
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        check(not any("gate_up_proj" in name for name in header),
+              "%s: the export holds fused experts" % arch)
+        model, info = model_class.from_pretrained(out, output_loading_info=True)
+        model.eval()
+        for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+            check(not info.get(key), "%s: from_pretrained %s: %s" % (arch, key, info.get(key)))
+        moved = max((a - b).abs().max().item() for a, b in
+                    zip(model.state_dict().values(), start.state_dict().values()))
+        check(moved > 1e-3, "%s: the weights did not change in training (max change %g)"
+              % (arch, moved))
+        tokens = [(i * 37 + 11) % 256 for i in range(32)]
+        zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
+                              ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
+        ours = torch.tensor(zrt["logits"], dtype=torch.float64)
+        with torch.no_grad():
+            theirs = model(torch.tensor([tokens])).logits[0].double()
+        err = (ours - theirs).abs().max().item()
+        scale = theirs.abs().max().item()
+        print("%s, transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
+              (arch, transformers.__version__, scale, err))
+        # As the dense models' bound (fp32, a 2-layer 64-wide model); the routing takes the same
+        # experts (the router's top-k gaps are far above fp32 rounding at this init).
+        check(err <= 1e-5 * max(1.0, scale), "%s: logits differ by %g" % (arch, err))
+    print("ok: %s" % ", ".join(c[0] for c in cases))
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--part", choices=["safetensors", "transformers", "transformers-llama"],
+    p.add_argument("--part", choices=["safetensors", "transformers", "transformers-llama",
+                                      "transformers-moe", "transformers-moe-v5"],
                    required=True)
     p.add_argument("--zrt-train", required=True)
     p.add_argument("--zrt-ckpt", required=True)
@@ -215,6 +290,8 @@ def main():
     os.makedirs(args.work)
     if args.part == "safetensors":
         return part_safetensors(args)
+    if args.part.startswith("transformers-moe"):
+        return part_transformers_moe(args)
     return part_transformers(args, "llama" if args.part == "transformers-llama" else "gpt2")
 
 

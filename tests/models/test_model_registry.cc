@@ -44,10 +44,12 @@ const char* const kSpecs[] = {"gpt2-tiny", "gpt2", "gpt2-xl", "gpt2-tiny:seq_len
 }  // namespace
 
 TEST_CASE(
-    "the registry lists gpt2 and the Llama family, and the config's key table offers what "
+    "the registry lists gpt2, the Llama family and the mixtures of experts, and the config's key "
+    "table offers what "
     "it lists") {
   const ModelRegistry& registry = builtin_models();
-  CHECK(registry.types() == std::vector<std::string>{"gpt2", "llama", "qwen2", "mistral"});
+  CHECK(registry.types() == std::vector<std::string>{"gpt2", "llama", "qwen2", "mistral", "mixtral",
+                                                     "qwen2_moe", "qwen3_moe"});
   CHECK(registry.contains("gpt2"));
   CHECK(registry.entry("gpt2").type == "gpt2");
   // config cannot ask the registry, so model.type's choices are written in the key
@@ -71,7 +73,9 @@ TEST_CASE("an unknown model.type: a config error, and a registry error naming th
   ModelConfig config;
   config.type = "bloom";
   config.preset = "gpt2-tiny";
-  const std::string message = "unknown model.type 'bloom' (known: gpt2, llama, qwen2, mistral)";
+  const std::string message =
+      "unknown model.type 'bloom' (known: gpt2, llama, qwen2, mistral, mixtral, "
+      "qwen2_moe, qwen3_moe)";
   CHECK_THROWS_AS(builtin_models().resolve(config), InvalidArgument);
   CHECK_THROWS_WITH(builtin_models().resolve(config), Catch::Contains(message));
   auto device = make_device(DeviceOptions{});

@@ -54,7 +54,7 @@ std::vector<double> metric_losses(const std::string& output_dir) {
 
 std::vector<double> run(const std::string& dir, const std::string& name, const std::string& zero,
                         int accumulation, const std::string& device, int world,
-                        bool host_staged = false) {
+                        bool host_staged = false, const std::string& model_extra = "") {
   const std::string out = dir + "/" + name + "_" + device;
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
@@ -65,7 +65,8 @@ std::vector<double> run(const std::string& dir, const std::string& name, const s
     "zero_optimization": )" +
                            zero + R"(,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}},
-    "model": {"preset": "gpt2-tiny", "seq_len": 32},
+    "model": {"preset": "gpt2-tiny", "seq_len": 32)" +
+                           model_extra + R"(},
     "data": {"train": ")" + dir +
                            R"(/p_train_*.bin", "val": ")" + dir +
                            R"(/p_val_*.bin", "shuffle": false},
@@ -97,7 +98,8 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
   struct Case {
     std::string name, zero;
     int accumulation;
-    bool host_staged = false;  // the CUDA run's collectives over MPI through pinned host memory
+    bool host_staged = false;   // the CUDA run's collectives over MPI through pinned host memory
+    std::string model_extra{};  // more keys of the model block (and blocks after it)
   };
   const std::vector<Case> cases = {
       {"stage0", R"({"stage": 0})", 2},
@@ -131,11 +133,16 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
       {"staged_qwz_qgz", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
                              "zero_quantized_weights": true, "zero_quantized_gradients": true})",
        2, true},
+      // Long sequences: the checkpointed block inputs in pinned host memory, copied on the CUDA
+      // backend's copy stream (cudaMemcpyAsync and events), and the head in tiles of 24 rows.
+      {"stage2_cpu_checkpointing_tiled", R"({"stage": 2})", 2, false,
+       R"(, "n_layer": 4, "activation_checkpointing": true, "tiling": {"head_rows": 24}},
+          "activation_checkpointing": {"cpu_checkpointing": true)"},
   };
-  for (const auto& [name, zero, accumulation, host_staged] : cases) {
+  for (const auto& [name, zero, accumulation, host_staged, model_extra] : cases) {
     SECTION(name) {
-      const auto cpu = run(dir, name, zero, accumulation, "cpu", world);
-      const auto cuda = run(dir, name, zero, accumulation, "cuda", world, host_staged);
+      const auto cpu = run(dir, name, zero, accumulation, "cpu", world, false, model_extra);
+      const auto cuda = run(dir, name, zero, accumulation, "cuda", world, host_staged, model_extra);
       REQUIRE(cpu.size() == 4);
       REQUIRE(cuda.size() == cpu.size());
       for (std::size_t i = 0; i < cpu.size(); ++i) {

@@ -1,4 +1,5 @@
-// Twins of the mixture-of-experts kernels (kernels/cuda/moe_router.cu, moe_permute.cu;
+// Twins of the mixture-of-experts kernels (kernels/cuda/moe_router.cu, moe_permute.cu,
+// moe_shared_gate.cu;
 // grouped_linear.cu is cuBLAS alone). Where a CUDA kernel is a whole op of the CPU backend (the
 // router, its losses, gather, combine) the CPU twin in kernels/cpu runs it; the dispatch plan's
 // two kernels and combine's backward are pieces of an op, and their twins compute exactly what
@@ -8,6 +9,7 @@
 
 #include "kernels/cpu/moe_permute.h"
 #include "kernels/cpu/moe_router.h"
+#include "kernels/cpu/moe_shared_gate.h"
 #include "kernels/grad_write.h"
 #include "runtime/common/dtype.h"
 #include "tests/standin/kernel_twins.h"
@@ -84,6 +86,32 @@ void register_storage() {
         k.reads(dlogits, I64{N} * E * ss, "dlogits");
         k.reads(logits, I64{N} * E * ss, "logits");
         k.run([=] { kernels::cpu::moe_router_z_loss_backward<S>(dlogits, logits, dloss, N, E); });
+      });
+
+  // ---- Qwen2-MoE's shared expert gate: forward over elements, backward a thread per row ----
+  twin<S*, const S*, const S*, int, int>(
+      sig("void " + kNs + "moe_shared_gate_forward_kernel<$S>($S*, $S const*, $S const*, int, int)",
+          s),
+      [ss](KernelCall& k, S* out, const S* sv, const S* g, int N, int C) {
+        k.writes(out, I64{N} * C * ss, "out");
+        k.reads(out, I64{N} * C * ss, "out");
+        k.reads(sv, I64{N} * C * ss, "s");
+        k.reads(g, I64{N} * ss, "g");
+        k.run([=] { kernels::cpu::moe_shared_gate_forward<S>(out, sv, g, N, C); });
+      });
+  twin<S*, S*, const S*, const S*, const S*, int, int>(
+      sig("void " + kNs +
+              "moe_shared_gate_backward_kernel<$S>($S*, $S*, $S const*, $S const*, $S const*, "
+              "int, int)",
+          s),
+      [ss](KernelCall& k, S* ds, S* dg, const S* dout, const S* sv, const S* g, int N, int C) {
+        k.require_block(kThreads);
+        k.writes(ds, I64{N} * C * ss, "ds");
+        k.writes(dg, I64{N} * ss, "dg");
+        k.reads(dout, I64{N} * C * ss, "dout");
+        k.reads(sv, I64{N} * C * ss, "s");
+        k.reads(g, I64{N} * ss, "g");
+        k.run([=] { kernels::cpu::moe_shared_gate_backward<S>(ds, dg, dout, sv, g, N, C); });
       });
 
   // ---- gather, combine and their backwards: grid-stride over elements ----
@@ -194,6 +222,14 @@ void register_plain() {
           kernels::cpu::moe_load_balancing_loss<float>(loss, counts, probsum, E,
                                                        static_cast<I64>(rows));
         });
+      });
+  twin<float*, const float*, float>(
+      kNs + "moe_add_loss_term_kernel(float*, float const*, float)",
+      [](KernelCall& k, float* loss, const float* term, float coef) {
+        k.writes(loss, 4, "loss");
+        k.reads(loss, 4, "loss");
+        k.reads(term, 4, "term");
+        k.run([=] { kernels::cpu::moe_add_loss_term<float>(loss, term, coef); });
       });
   twin<float*, const float*, float, int, float>(
       kNs + "moe_load_balancing_loss_backward_kernel(float*, float const*, float, int, float)",

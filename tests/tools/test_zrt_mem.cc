@@ -645,3 +645,61 @@ TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
   CHECK(status == 2);
   CHECK_THAT(none, Catch::Contains("--max-seq-len needs a model"));
 }
+
+TEST_CASE("--max-seq-len: cpu_checkpointing and tiling give a longer sequence, exactly fitted") {
+  const auto llama = builtin_models().parse_spec("llama-3.2-1b");
+  Inputs in;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  const Setting s{3, true, true};
+  const std::int64_t capacity = std::int64_t{8} << 30;
+  in.head_tile_rows = in.mlp_tile_rows = -1;  // neither
+  const SequenceFit plain = longest_sequence(*llama, in, s, capacity, 0, 256);
+  in.cpu_checkpointing = true;
+  const SequenceFit offloaded = longest_sequence(*llama, in, s, capacity, 0, 256);
+  in.head_tile_rows = in.mlp_tile_rows = 0;  // automatic tiling too
+  const SequenceFit both = longest_sequence(*llama, in, s, capacity, 0, 256);
+  INFO(plain.seq_len << " plain, " << offloaded.seq_len << " with cpu_checkpointing, "
+                     << both.seq_len << " with tiling too");
+  CHECK(plain.seq_len > 0);
+  CHECK(offloaded.seq_len > plain.seq_len);
+  CHECK(both.seq_len > offloaded.seq_len);
+  CHECK(both.limit == "device");
+  CHECK(both.estimate.device_total() <= capacity);
+  CHECK(estimate_at(*llama, in, s, both.seq_len + 256).device_total() > capacity);
+  // The offloaded block inputs are host memory: 14 of llama-3.2-1b's 16 blocks, (T, 2048) bf16.
+  CHECK(at(both.estimate.host_per_rank, MemCategory::kActivations) ==
+        std::int64_t{14} * both.seq_len * 2048 * 2);
+}
+
+TEST_CASE(
+    "a mixture of experts: the model state holds every expert, the report and MFU the "
+    "active ones") {
+  const std::shared_ptr<const ModelDef> def =
+      builtin_models().parse_spec("qwen3-30b-a3b:seq_len=4096");
+  const ModelSpec model = model_spec(def);
+  Inputs in;
+  in.model = model;
+  in.world = 8;
+  in.seq_len = 4096;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.grad_accum_dtype = DType::kBFloat16;
+  const Estimate e = estimate(in, Setting{3, false, false});
+  // Ψ is every parameter (30.5B), not the 3.3B a token uses.
+  CHECK(e.content_params == def->num_parameters());
+  CHECK(def->num_parameters() == 30532122624);
+  CHECK(def->num_active_parameters() == 3353032704);
+  const std::string report = format_report(in, e, {e});
+  CHECK(report.find("3353032704 active per token") != std::string::npos);
+  // MFU's FLOPs per token: 6 per active weight a token multiplies (not the embedding table,
+  // only looked up) plus attention's 12 L (NH hd) T.
+  const double expected = 6.0 * (3353032704.0 - 151936.0 * 2048) + 12.0 * 48 * 32 * 128 * 4096;
+  CHECK(def->flops_per_token(4096) == Approx(expected).epsilon(1e-12));
+  // A dense model's active count is its count: no such line.
+  const ModelSpec dense = model_spec(builtin_models().parse_spec("llama-tiny"));
+  Inputs d;
+  d.model = dense;
+  d.seq_len = 256;
+  const Estimate de = estimate(d, Setting{0, false, false});
+  CHECK(format_report(d, de, {de}).find("active per token") == std::string::npos);
+}

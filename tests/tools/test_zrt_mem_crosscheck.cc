@@ -49,11 +49,20 @@ int world_rank() {
 
 // gpt2-tiny: 118,528 parameters; blocks of 49,984: small enough to run, large enough that units,
 // padding, persistent LayerNorm parameters and the tied embedding all show up. llama-tiny: GQA,
-// an untied head; the qwen2 spec: q/k/v biases and a tied head.
+// an untied head; the qwen2 spec: q/k/v biases and a tied head. The mixtures of experts: a
+// Qwen2-MoE with its shared expert and a dense layer (both kinds of block's activations), a
+// Qwen3-MoE with q/k norms; every expert's parameters count, routed to or not.
 const char* const kModels[] = {
     "gpt2-tiny:seq_len=32", "llama-tiny:seq_len=32",
     "qwen2:hidden_size=64,intermediate_size=96,num_hidden_layers=2,num_attention_heads=4,"
-    "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,tie_word_embeddings=true"};
+    "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,tie_word_embeddings=true",
+    "qwen2_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,num_experts=4,"
+    "num_experts_per_tok=2,moe_intermediate_size=16,shared_expert_intermediate_size=24,"
+    "norm_topk_prob=false,mlp_only_layers=1",
+    "qwen3_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,head_dim=8,vocab_size=256,max_position_embeddings=32,num_experts=8,"
+    "num_experts_per_tok=3,moe_intermediate_size=12"};
 
 Inputs tiny_inputs(const std::string& spec, bool checkpointing) {
   Inputs in;
@@ -94,8 +103,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
       make_process_group(*device, MPI_COMM_WORLD, *control_stream, "control", CommOptions{});
   Buffer loss_mean = device->allocate(12, MemCategory::kWorkspace, "loss mean and votes");
   kernels::KernelContext ctx(*device, *compute);
-  ModelOptions model_options;
-  model_options.activation_checkpointing = in.activation_checkpointing;
+  const ModelOptions model_options = in.model_options(in.activation_checkpointing);
   const std::unique_ptr<Model> model_owner = in.model->def->build(ctx, model_options);
   Model& model = *model_owner;
   AdamOptions adam;
@@ -188,8 +196,9 @@ void check_exact(const Estimate& e, const Measured& m) {
     INFO("device " << mem_category_name(c));
     CHECK(at(predicted, c) == at(m.device, c));
   }
-  for (MemCategory c : {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster,
-                        MemCategory::kOptimizer, MemCategory::kWorkspace}) {
+  for (MemCategory c :
+       {MemCategory::kParams, MemCategory::kGrads, MemCategory::kMaster, MemCategory::kOptimizer,
+        MemCategory::kWorkspace, MemCategory::kActivations}) {
     INFO("host " << mem_category_name(c));
     CHECK(at(e.host_per_rank, c) == at(m.host, c));
   }
@@ -232,6 +241,33 @@ TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, check
                       static_cast<long long>(e.host_rank_total()),
                       static_cast<long long>(host_measured));
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("zrt-mem matches the tracker with cpu_checkpointing and the tiled head and MLP") {
+  // Four blocks, so two block inputs go to pinned host memory; 64 rows in head tiles of 24 and
+  // (Llama) MLP tiles of 20, short last tiles included.
+  const char* const specs[] = {"gpt2-tiny:seq_len=32,n_layer=4",
+                               "llama-tiny:seq_len=32,num_hidden_layers=4"};
+  for (const char* spec : specs) {
+    for (const Setting& setting : {Setting{2, false, false}, Setting{3, true, false}}) {
+      for (bool cpu_checkpointing : {false, true}) {
+        Inputs in = tiny_inputs(spec, true);
+        in.cpu_checkpointing = cpu_checkpointing;
+        in.head_tile_rows = 24;
+        in.mlp_tile_rows = 20;
+        const Estimate e = estimate(in, setting);
+        const Measured m = run_engine(in, setting);
+        INFO(spec << ": " << setting.name() << (cpu_checkpointing ? ", cpu_checkpointing" : "")
+                  << ", N " << in.world);
+        CHECK((e.activations_host_checkpointed > 0) == cpu_checkpointing);
+        check_exact(e, m);
+        // Tiled: less than the untiled activations, by the estimate's own count.
+        Inputs untiled = in;
+        untiled.head_tile_rows = untiled.mlp_tile_rows = -1;
+        CHECK(e.activations() < estimate(untiled, setting).activations());
       }
     }
   }

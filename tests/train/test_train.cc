@@ -169,6 +169,54 @@ TEST_CASE("zrt-train trains the Llama family; stage 3 with offload equals stage 
   }
 }
 
+TEST_CASE("zrt-train trains a mixture of experts; metrics rows carry its routing", "[moe]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string dir = corpus_dir();
+  // Qwen2-MoE: a shared expert, a dense layer; 2 micro-batches of 2 rows of 32 tokens a rank.
+  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
+      "router_aux_loss_coef": 0.02)";
+  const auto s0 = run(dir, "moe-stage0", R"({"stage": 0})", false, world, "", {}, model);
+  const auto s3 = run(dir, "moe-stage3",
+                      R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                          "offload_optimizer": {"device": "cpu"}})",
+                      true, world, "", {}, model);
+  REQUIRE(s0.losses.size() == 6);
+  CHECK(s0.losses.back() < s0.losses.front() - 0.5);
+  for (std::size_t i = 0; i < s0.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(s3.losses[i] == Approx(s0.losses[i]).epsilon(1e-5));
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    std::ifstream in(dir + "/moe-stage0/metrics.jsonl");
+    std::string line;
+    int rows = 0;
+    while (std::getline(in, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.contains("val_loss") || !row.contains("loss")) continue;
+      ++rows;
+      // The term alone: about k = 2 for a balanced router (E sum_e (k/E)(1/E)), and at least 1.
+      CHECK(row["router_aux_loss"].get<double>() >= 1.0);
+      CHECK(row["router_aux_loss"].get<double>() < 4.0);
+      // One MoE layer (layer 1 is dense): the step's pairs over every rank's forwards are
+      // world x 2 micro-batches x 64 tokens x k 2, spread over the 4 experts.
+      const std::int64_t pairs = std::int64_t{world} * 2 * 64 * 2;
+      const std::int64_t lo = row["expert_tokens_min"], hi = row["expert_tokens_max"];
+      CHECK(lo <= pairs / 4);
+      CHECK(hi >= pairs / 4);
+      CHECK(hi <= pairs);
+      CHECK(row["dropped_tokens"] == 0);
+    }
+    CHECK(rows == 6);
+  }
+}
+
 TEST_CASE("comm.ranks_per_node splits the ranks into nodes; metrics count the bytes between them") {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);

@@ -91,10 +91,22 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
                      in.optimizer.state_description);
   if (in.model && in.model->def) {
     out += fmt::format("  micro-batch {} x {} tokens; activation checkpointing {}\n",
-                       in.micro_batch, in.seq_len, in.activation_checkpointing ? "on" : "off");
+                       in.micro_batch, in.seq_len,
+                       in.activation_checkpointing
+                           ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
+                           : "off");
   }
-  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n\n",
+  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
                      chosen.content_params, chosen.padded_params);
+  if (in.model && in.model->def &&
+      in.model->def->num_active_parameters() != in.model->def->num_parameters()) {
+    // A mixture of experts: the engine holds every expert's state; a token computes with fewer.
+    out += fmt::format(
+        "  {} active per token (the experts a token is routed to; MFU counts these), all {} held "
+        "in the model state above\n",
+        in.model->def->num_active_parameters(), chosen.content_params);
+  }
+  out += "\n";
 
   out += fmt::format("{} — per-rank device memory\n", in.name(chosen.setting));
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
@@ -152,6 +164,10 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row(optimizer_row, gb(at(h, MemCategory::kOptimizer) * per_node), "");
   row("staging buffers", gb(at(h, MemCategory::kWorkspace) * per_node),
       "offload staging, token staging");
+  if (at(h, MemCategory::kActivations) > 0) {
+    row("activations (checkpointed block inputs)", gb(at(h, MemCategory::kActivations) * per_node),
+        "cpu_checkpointing, pinned");
+  }
   row("host total", gb(chosen.host_node_total()), "");
 
   out += "\nevery setting, GB per rank (host: per node)\n";

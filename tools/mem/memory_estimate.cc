@@ -453,14 +453,27 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   if (in.model && in.model->def) {
     const ModelDef& def = *in.model->def;
     const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len) : 0;
-    e.activations_full =
-        def.activation_bytes(in.micro_batch, in.seq_len, o.compute_dtype, false) + tokens;
-    e.activations_checkpointed =
-        def.activation_bytes(in.micro_batch, in.seq_len, o.compute_dtype, true) + tokens;
+    const ActivationFootprint full = def.activation_footprint(
+        in.micro_batch, in.seq_len, o.compute_dtype, in.model_options(false));
+    const ActivationFootprint checkpointed = def.activation_footprint(
+        in.micro_batch, in.seq_len, o.compute_dtype, in.model_options(true));
+    e.activations_full = full.device + tokens;
+    e.activations_checkpointed = checkpointed.device + tokens;
+    e.activations_host_checkpointed = checkpointed.pinned_host;
     if (in.trainer_buffers) at(h, MemCategory::kWorkspace) += tokens;  // pinned token staging
+    if (in.activation_checkpointing) at(h, MemCategory::kActivations) += checkpointed.pinned_host;
   }
   e.checkpointing = in.activation_checkpointing;
   return e;
+}
+
+ModelOptions Inputs::model_options(bool checkpointing) const {
+  ModelOptions m;
+  m.activation_checkpointing = checkpointing;
+  m.cpu_checkpointing = cpu_checkpointing;
+  m.head_tile_rows = head_tile_rows;
+  m.mlp_tile_rows = mlp_tile_rows;
+  return m;
 }
 
 std::optional<Setting> first_fit(const std::vector<Estimate>& estimates,
@@ -504,6 +517,9 @@ Inputs inputs_from_config(const Config& config) {
   in.engine.offload_param.pin_memory = config.offload_param.pin_memory;
   in.micro_batch = static_cast<int>(config.batch.micro_batch_size);
   in.activation_checkpointing = config.model.activation_checkpointing;
+  in.cpu_checkpointing = config.model.cpu_checkpointing;
+  in.head_tile_rows = config.model.head_tile_rows;
+  in.mlp_tile_rows = config.model.mlp_tile_rows;
   if (config.device.memory_limit_gb > 0.0) in.device_gib = config.device.memory_limit_gb;
   // "auto" plans for the GPU it would pick where one exists.
   in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;

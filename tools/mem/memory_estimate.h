@@ -74,6 +74,14 @@ struct Inputs {
   int micro_batch = 1;  // B
   int seq_len = 0;      // T (the model's seq_len: zrt-train trains at full length)
   bool activation_checkpointing = false;
+  // The model's build options beyond checkpointing (ModelOptions): the checkpointed block inputs
+  // in pinned host memory (activation_checkpointing.cpu_checkpointing), and the head's and the
+  // MLP's tile rows (model.tiling; 0 automatic, -1 never).
+  bool cpu_checkpointing = false;
+  int head_tile_rows = 0;
+  int mlp_tile_rows = 0;
+  // The model options these inputs build the model with (`checkpointing` for the switch).
+  ModelOptions model_options(bool checkpointing) const;
   // zrt-train's own buffers: two (inputs, targets) token batches on the device (activations)
   // and two pinned host staging copies (workspace).
   bool trainer_buffers = true;
@@ -133,6 +141,9 @@ struct Estimate {
   // Activations at (B, T) with and without activation checkpointing (model + loss + token
   // batches); absent without a model's hooks.
   std::optional<std::int64_t> activations_full, activations_checkpointed;
+  // Of the checkpointed ones, with cpu_checkpointing: the block inputs in pinned host memory
+  // (in host_per_rank's activations when checkpointing counts).
+  std::int64_t activations_host_checkpointed = 0;
   bool checkpointing = false;  // which of the two counts in the total
   std::int64_t activations() const;
   std::int64_t buffers() const { return transient_peak + comm + workspace; }

@@ -1,0 +1,201 @@
+#include "models/moe/moe_hf.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "runtime/common/error.h"
+
+namespace zrt::moe {
+
+namespace {
+
+using I64 = std::int64_t;
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "model.layers.{l}." of a block parameter's name, "" for any other.
+std::string layer_prefix(const std::string& name) {
+  const std::string head = "model.layers.";
+  if (name.compare(0, head.size(), head) != 0) return "";
+  const std::size_t dot = name.find('.', head.size());
+  return dot == std::string::npos ? "" : name.substr(0, dot + 1);
+}
+
+// The Hub's name of expert e's projection `which` ("gate", "up", "down") in a layer.
+std::string expert_tensor(const MoeConfig& c, const std::string& prefix, int e,
+                          const std::string& which) {
+  if (c.architecture == "mixtral") {
+    const char* w = which == "gate" ? "w1" : which == "up" ? "w3" : "w2";
+    return prefix + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight";
+  }
+  return prefix + "mlp.experts." + std::to_string(e) + "." + which + "_proj.weight";
+}
+
+std::vector<hf::HfPiece> expert_pieces(const MoeConfig& c, const std::string& name) {
+  const std::string prefix = layer_prefix(name);
+  const I64 C = c.hidden_size, I = c.moe_intermediate_size;
+  std::vector<hf::HfPiece> pieces;
+  if (prefix.empty()) return pieces;
+  if (ends_with(name, "mlp.experts.gate_up_proj")) {
+    for (int e = 0; e < c.num_experts; ++e) {
+      pieces.push_back({expert_tensor(c, prefix, e, "gate"), {I, C}});
+      pieces.push_back({expert_tensor(c, prefix, e, "up"), {I, C}});
+    }
+  } else if (ends_with(name, "mlp.experts.down_proj")) {
+    for (int e = 0; e < c.num_experts; ++e) {
+      pieces.push_back({expert_tensor(c, prefix, e, "down"), {C, I}});
+    }
+  }
+  return pieces;
+}
+
+}  // namespace
+
+hf::HfImportRules import_rules(const MoeConfig& config) {
+  hf::HfImportRules rules = hf::llama_family_rules();
+  const MoeConfig c = config;
+  rules.aliases = [c](const std::string& name) {
+    std::vector<std::string> names;
+    const std::string prefix = layer_prefix(name);
+    if (c.architecture == "mixtral" && !prefix.empty() && ends_with(name, "mlp.gate.weight")) {
+      names.push_back(prefix + "block_sparse_moe.gate.weight");
+    }
+    return names;
+  };
+  rules.pieces = [c](const std::string& name) { return expert_pieces(c, name); };
+  return rules;
+}
+
+std::vector<ExportTensor> hub_tensors(const MoeConfig& config, std::vector<ExportTensor> tensors) {
+  std::vector<ExportTensor> out;
+  for (ExportTensor& t : tensors) {
+    const std::vector<hf::HfPiece> pieces = expert_pieces(config, t.name);
+    const std::string prefix = layer_prefix(t.name);
+    if (pieces.empty()) {
+      if (config.architecture == "mixtral" && !prefix.empty() &&
+          ends_with(t.name, "mlp.gate.weight")) {
+        t.name = prefix + "block_sparse_moe.gate.weight";
+      }
+      out.push_back(std::move(t));
+      continue;
+    }
+    I64 offset = 0;
+    for (const hf::HfPiece& piece : pieces) {
+      I64 numel = 1;
+      for (I64 d : piece.shape) numel *= d;
+      ZRT_CHECK(offset + numel <= static_cast<I64>(t.values.size()), "{}: {} values for {}", t.name,
+                t.values.size(), piece.name);
+      out.push_back(
+          {piece.name, piece.shape,
+           std::vector<float>(t.values.begin() + offset, t.values.begin() + offset + numel)});
+      offset += numel;
+    }
+  }
+  return out;
+}
+
+nlohmann::json hf_config_json(const MoeConfig& c) {
+  nlohmann::json hf;
+  const char* arch = c.architecture == "mixtral"     ? "MixtralForCausalLM"
+                     : c.architecture == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                                     : "Qwen3MoeForCausalLM";
+  hf["architectures"] = {arch};
+  hf["model_type"] = c.architecture;
+  hf["hidden_size"] = c.hidden_size;
+  hf["intermediate_size"] = c.intermediate_size;
+  hf["num_hidden_layers"] = c.num_hidden_layers;
+  hf["num_attention_heads"] = c.num_attention_heads;
+  hf["num_key_value_heads"] = c.num_key_value_heads;
+  hf["head_dim"] = c.head_dim;
+  hf["vocab_size"] = c.vocab_size;
+  hf["max_position_embeddings"] = c.max_position_embeddings;
+  hf["rms_norm_eps"] = c.rms_norm_eps;
+  hf["rope_theta"] = c.rope_theta;
+  hf["tie_word_embeddings"] = c.tie_word_embeddings;
+  hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  hf["hidden_act"] = "silu";
+  hf["num_experts_per_tok"] = c.num_experts_per_tok;
+  hf["router_aux_loss_coef"] = c.router_aux_loss_coef;
+  hf["output_router_logits"] = c.router_aux_loss_coef > 0;
+  if (c.architecture == "mixtral") {
+    hf["num_local_experts"] = c.num_experts;
+  } else {
+    hf["num_experts"] = c.num_experts;
+    hf["moe_intermediate_size"] = c.moe_intermediate_size;
+    hf["norm_topk_prob"] = c.norm_topk_prob;
+    hf["decoder_sparse_step"] = c.decoder_sparse_step;
+    hf["mlp_only_layers"] = c.mlp_only_layers;
+    if (c.architecture == "qwen2_moe") {
+      hf["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+      hf["qkv_bias"] = true;
+    } else {
+      hf["attention_bias"] = c.attention_bias;
+    }
+  }
+  hf["torch_dtype"] = "float32";
+  return hf;
+}
+
+MoeConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
+  const std::string& path = hf.path;
+  if (hf.model_type != run.type) {
+    ZRT_THROW(InvalidArgument, "model.type '{}' contradicts {} model_type '{}'", run.type, path,
+              hf.model_type);
+  }
+  MoeConfig c;
+  c.architecture = hf.model_type;
+  c.hidden_size = hf.hidden_size;
+  c.intermediate_size = hf.intermediate_size;
+  c.num_hidden_layers = hf.num_hidden_layers;
+  c.num_attention_heads = hf.num_attention_heads;
+  c.num_key_value_heads = hf.num_key_value_heads;
+  c.head_dim = hf.head_dim;
+  c.vocab_size = hf.vocab_size;
+  c.max_position_embeddings = hf.max_position_embeddings;
+  c.rms_norm_eps = hf.rms_norm_eps;
+  c.rope_theta = hf.rope_theta;
+  if (hf.rope_scaling.rope_type != "default") {
+    ZRT_THROW(InvalidArgument, "{}: rope scaling '{}' is not implemented for {}", path,
+              hf.rope_scaling.rope_type, hf.model_type);
+  }
+  c.tie_word_embeddings = hf.tie_word_embeddings;
+  c.attention_bias = hf.attention_bias;
+  c.sliding_window = hf.sliding_window;
+  c.num_experts = hf.num_experts;
+  c.num_experts_per_tok = hf.num_experts_per_tok;
+  c.moe_intermediate_size = hf.moe_intermediate_size;
+  c.shared_expert_intermediate_size = hf.shared_expert_intermediate_size;
+  c.norm_topk_prob = hf.model_type == "mixtral" ? true : hf.norm_topk_prob;
+  c.decoder_sparse_step = hf.decoder_sparse_step;
+  c.mlp_only_layers = hf.mlp_only_layers;
+  c.router_aux_loss_coef = run.router_aux_loss_coef.value_or(hf.router_aux_loss_coef);
+  c.router_z_loss_coef = run.router_z_loss_coef.value_or(0.0);
+  c.capacity_factor = run.capacity_factor.value_or(0.0);
+  c.seq_len = run.seq_len ? *run.seq_len : std::min(c.max_position_embeddings, 8192);
+  if (!run.preset.empty()) c.name = run.preset;
+  auto check = [&](const char* key, auto file_value, const auto& run_value) {
+    if (run_value && *run_value != file_value) {
+      ZRT_THROW(InvalidArgument, "model.{} {} contradicts {} {} {}", key, *run_value, path, key,
+                file_value);
+    }
+  };
+  check("hidden_size", c.hidden_size, run.hidden_size);
+  check("intermediate_size", c.intermediate_size, run.intermediate_size);
+  check("num_hidden_layers", c.num_hidden_layers, run.num_hidden_layers);
+  check("num_attention_heads", c.num_attention_heads, run.num_attention_heads);
+  check("num_key_value_heads", c.num_key_value_heads, run.num_key_value_heads);
+  check("head_dim", c.head_dim, run.head_dim);
+  check("vocab_size", c.vocab_size, run.vocab_size);
+  check("num_experts", c.num_experts, run.num_experts);
+  check("num_experts_per_tok", c.num_experts_per_tok, run.num_experts_per_tok);
+  check("moe_intermediate_size", c.moe_intermediate_size, run.moe_intermediate_size);
+  check("tie_word_embeddings", c.tie_word_embeddings, run.tie_word_embeddings);
+  c.validate();
+  return c;
+}
+
+}  // namespace zrt::moe

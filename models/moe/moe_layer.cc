@@ -1,0 +1,156 @@
+#include "models/moe/moe_layer.h"
+
+#include <cmath>
+
+#include "kernels/ops.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+
+namespace zrt::moe {
+
+namespace k = zrt::kernels;
+
+namespace {
+
+using I64 = std::int64_t;
+
+k::Ints ints(Bytes p) {
+  return p.as<std::int32_t>();
+}
+
+}  // namespace
+
+void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+                     MoeScratch& scratch, Bytes x, int N) const {
+  const auto& s = shape_;
+  k::linear_forward(ctx, dt, kept.logits, x, p.router, Bytes(), N, s.C, s.E);
+  k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
+                        s.k, s.renormalize);
+  kept.dropped = 0;
+  // Dropless, the router's choices are dispatched as they are.
+  if (s.capacity_factor > 0) apply_capacity(ctx, kept, N);
+  const Bytes routed = s.capacity_factor > 0 ? kept.routed : kept.experts;
+  k::moe_dispatch_plan(ctx, ints(scratch.counts), ints(scratch.offsets), ints(kept.row_of),
+                       ints(scratch.source), ints(routed), N, s.k, s.E);
+  // The one host synchronisation of the layer: the grouped GEMMs take the offsets on the host.
+  kept.offsets.assign(static_cast<std::size_t>(s.E) + 1, 0);
+  ctx.device().copy_to_host(kept.offsets.data(), scratch.offsets, kept.offsets.size() * 4,
+                            ctx.stream());
+  ctx.stream().synchronize();
+}
+
+void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const {
+  const auto& s = shape_;
+  const I64 pairs = I64{N} * s.k;
+  const I64 capacity =
+      static_cast<I64>(std::ceil(s.capacity_factor * static_cast<double>(pairs) / s.E));
+  std::vector<std::int32_t> experts(static_cast<std::size_t>(pairs));
+  ctx.device().copy_to_host(experts.data(), kept.experts, experts.size() * 4, ctx.stream());
+  ctx.stream().synchronize();
+  std::vector<I64> taken(static_cast<std::size_t>(s.E), 0);
+  for (std::int32_t& e : experts) {
+    if (taken[static_cast<std::size_t>(e)]++ >= capacity) {
+      e = -1;
+      ++kept.dropped;
+    }
+  }
+  ctx.device().copy_to_device(kept.routed, experts.data(), experts.size() * 4, ctx.stream());
+  ctx.stream().synchronize();  // `experts` is a host local
+}
+
+void MoeLayer::experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                               const MoeKept& kept) const {
+  const auto& s = shape_;
+  const I64 stride = 2 * I64{s.I} * s.C;
+  const I64 rows = kept.offsets.back();
+  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
+  k::grouped_linear_forward(ctx, dt, kept.gate, kept.xe, p.gate_up, kept.offsets, s.E, s.C, s.I,
+                            stride);
+  k::grouped_linear_forward(ctx, dt, kept.up, kept.xe, up_weight, kept.offsets, s.E, s.C, s.I,
+                            stride);
+  k::swiglu_forward(ctx, dt, kept.h, kept.gate, kept.up, rows * s.I);
+  k::grouped_linear_forward(ctx, dt, kept.y, kept.h, p.down, kept.offsets, s.E, s.I, s.C);
+}
+
+void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+                       MoeScratch& scratch, Bytes x, Bytes out, int N, MoeRouterLoss* loss,
+                       bool with_z_loss) const {
+  const auto& s = shape_;
+  route(ctx, dt, p, kept, scratch, x, N);
+  if (loss != nullptr) {
+    k::moe_aux_stats_accumulate(ctx, loss->stats_counts, loss->stats_probsum, kept.probs,
+                                ints(kept.experts), N, s.E, s.k);
+    if (with_z_loss) {
+      k::moe_router_z_loss_forward(ctx, dt, loss->z_scratch, kept.logits, N, s.E);
+      k::moe_add_loss_term(ctx, loss->z_sum, loss->z_scratch, loss->z_layer_weight);
+    }
+  }
+  k::moe_gather(ctx, dt, kept.xe, x, ints(kept.row_of), N, s.k, s.C);
+  experts_forward(ctx, dt, p, kept);
+  k::moe_combine(ctx, dt, out, kept.y, kept.weights, ints(kept.row_of), N, s.k, s.C);
+  if (s.Is > 0) {
+    k::linear_forward(ctx, dt, kept.sgate, x, p.shared_gate_proj, Bytes(), N, s.C, s.Is);
+    k::linear_forward(ctx, dt, kept.sup, x, p.shared_up_proj, Bytes(), N, s.C, s.Is);
+    k::swiglu_forward(ctx, dt, kept.sh, kept.sgate, kept.sup, I64{N} * s.Is);
+    k::linear_forward(ctx, dt, kept.sout, kept.sh, p.shared_down_proj, Bytes(), N, s.Is, s.C);
+    k::linear_forward(ctx, dt, kept.slogit, x, p.shared_expert_gate, Bytes(), N, s.C, 1);
+    k::moe_shared_gate_forward(ctx, dt, out, kept.sout, kept.slogit, N, s.C);
+  }
+}
+
+void MoeLayer::experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                                const MoeParams& g, const MoeKept& kept,
+                                MoeScratch& scratch) const {
+  const auto& s = shape_;
+  const I64 stride = 2 * I64{s.I} * s.C;
+  const I64 rows = kept.offsets.back();
+  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
+  const Bytes up_grad = g.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(gt));
+  k::grouped_linear_backward(ctx, dt, gt, scratch.dh, g.down, scratch.dy, kept.h, p.down,
+                             kept.offsets, s.E, s.I, s.C, k::GradWrite::kOverwrite);
+  k::swiglu_backward(ctx, dt, scratch.dgate, scratch.dup, scratch.dh, kept.gate, kept.up,
+                     rows * s.I);
+  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, g.gate_up, scratch.dgate, kept.xe, p.gate_up,
+                             kept.offsets, s.E, s.C, s.I, k::GradWrite::kOverwrite, stride);
+  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, up_grad, scratch.dup, kept.xe, up_weight,
+                             kept.offsets, s.E, s.C, s.I, k::GradWrite::kAccumulate, stride);
+}
+
+void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                        const MoeParams& g, const MoeKept& kept, MoeScratch& scratch, Bytes x,
+                        Bytes dout, Bytes dx, int N, const MoeRouterLoss& loss,
+                        bool with_z_loss) const {
+  const auto& s = shape_;
+  // combine: the rows' gradients and the routing weights'.
+  k::moe_combine_backward(ctx, dt, scratch.dy, scratch.dweights, dout, kept.y, kept.weights,
+                          ints(kept.row_of), N, s.k, s.C);
+  experts_backward(ctx, dt, gt, p, g, kept, scratch);
+  // route: the softmax's gradient from the weights and the load-balancing loss (and z-loss),
+  // then the router's linear, whose input gradient is the first write of dx.
+  k::moe_router_backward(ctx, dt, scratch.dlogits, scratch.dweights, kept.probs, ints(kept.experts),
+                         loss.dprobs_shared, N, s.E, s.k, s.renormalize, k::GradWrite::kOverwrite);
+  if (with_z_loss) {
+    k::moe_router_z_loss_backward(ctx, dt, scratch.dlogits, kept.logits,
+                                  loss.z_grad * loss.z_layer_weight, N, s.E);
+  }
+  k::linear_backward(ctx, dt, gt, dx, g.router, Bytes(), scratch.dlogits, x, p.router, N, s.C, s.E,
+                     k::GradWrite::kOverwrite);
+  // permute: each token's rows back onto it.
+  k::moe_gather_backward(ctx, dt, dx, scratch.dxe, ints(kept.row_of), N, s.k, s.C);
+  if (s.Is > 0) {
+    k::moe_shared_gate_backward(ctx, dt, scratch.ds, scratch.dslogit, dout, kept.sout, kept.slogit,
+                                N, s.C);
+    k::linear_backward(ctx, dt, gt, dx, g.shared_expert_gate, Bytes(), scratch.dslogit, x,
+                       p.shared_expert_gate, N, s.C, 1);
+    k::linear_backward(ctx, dt, gt, scratch.dsh, g.shared_down_proj, Bytes(), scratch.ds, kept.sh,
+                       p.shared_down_proj, N, s.Is, s.C, k::GradWrite::kOverwrite);
+    k::swiglu_backward(ctx, dt, scratch.dsgate, scratch.dsup, scratch.dsh, kept.sgate, kept.sup,
+                       I64{N} * s.Is);
+    k::linear_backward(ctx, dt, gt, dx, g.shared_gate_proj, Bytes(), scratch.dsgate, x,
+                       p.shared_gate_proj, N, s.C, s.Is);
+    k::linear_backward(ctx, dt, gt, dx, g.shared_up_proj, Bytes(), scratch.dsup, x,
+                       p.shared_up_proj, N, s.C, s.Is);
+  }
+}
+
+}  // namespace zrt::moe

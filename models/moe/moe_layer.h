@@ -1,0 +1,121 @@
+// MoeLayer: the routed MLP of one mixture-of-experts block (Mixtral, Qwen2-MoE, Qwen3-MoE) on
+// kernels/moe_ops.h, every expert local. One forward is four steps, and the backward the same
+// four in reverse:
+//   route    router logits = x @ gate^T; softmax, top-k (renormalised or not); with a capacity
+//            factor, the pairs past an expert's capacity dropped; the dispatch plan (per-expert
+//            counts and offsets, each pair's row), whose offsets come to the host once (the
+//            grouped GEMMs need them there)
+//   permute  the token rows gathered into expert order (N*k rows, expert e's contiguous)
+//   experts  the grouped SwiGLU over those rows: gate and up from the fused gate_up_proj, silu(g)
+//            * u, down_proj. This is the seam of expert parallelism: given the permuted rows and
+//            the per-expert offsets it returns each row's output in the same order; an
+//            all-to-all may send the rows to the ranks holding their experts and bring the
+//            outputs back around it without touching the other steps.
+//   combine  out[n] = sum over its k slots of weight * the expert's row (slot order); Qwen2-MoE's
+//            shared expert adds sigmoid(shared_expert_gate(x)) * shared_expert(x).
+// Every sum runs in a fixed order (kernels/moe_ops.h): two runs give the same bits.
+//
+// Not thread-safe; the buffers are the model's (models/moe/moe_model.h lays them out).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "kernels/moe_ops.h"
+#include "runtime/device/device_ptr.h"
+
+namespace zrt::moe {
+
+using Bytes = DevicePtr<std::byte>;
+using Floats = DevicePtr<float>;
+
+struct MoeLayerShape {
+  int C = 0;   // hidden size
+  int E = 0;   // experts
+  int k = 0;   // experts per token
+  int I = 0;   // one expert's width
+  int Is = 0;  // the shared expert's width; 0: none
+  bool renormalize = true;
+  double capacity_factor = 0.0;  // 0: dropless
+};
+
+// The layer's parameters (or their gradients): null where the layer has none.
+struct MoeParams {
+  Bytes router;              // (E,C)
+  Bytes gate_up;             // (E,2I,C): gate rows [0,I), up rows [I,2I) of each expert
+  Bytes down;                // (E,C,I)
+  Bytes shared_gate_proj;    // (Is,C)
+  Bytes shared_up_proj;      // (Is,C)
+  Bytes shared_down_proj;    // (C,Is)
+  Bytes shared_expert_gate;  // (1,C)
+};
+
+// What the forward keeps for the backward (N tokens; R <= N*k rows dispatched).
+struct MoeKept {
+  Bytes logits;           // (N,E) the router's logits
+  Floats probs, weights;  // (N,E) fp32 softmax, (N,k) fp32 routing weights
+  Bytes experts;          // (N,k) int32: the router's choices (the load-balancing statistics')
+  // (N,k) int32, with a capacity factor only: the experts dispatched to (-1: dropped).
+  Bytes routed;
+  Bytes row_of;              // (N,k) int32: each pair's row
+  Bytes xe, gate, up, h, y;  // (N*k, C / I / I / I / C): permuted inputs, the experts' values
+  Bytes sgate, sup, sh, sout, slogit;  // shared expert: (N,Is) x3, (N,C), (N) gate logit
+  std::vector<std::int32_t> offsets;   // host copy of the plan's offsets (E+1)
+  std::int64_t dropped = 0;            // pairs dropped by the capacity factor this forward
+};
+
+// Scratch one forward or backward overwrites before reading.
+struct MoeScratch {
+  Bytes counts, offsets, source;  // int32: (E), (E+1), (N*k)
+  Bytes dy, dh, dxe;              // (N*k, C / I / C)
+  Floats dweights;                // (N,k)
+  Bytes dlogits;                  // (N,E)
+  Bytes ds, dsh, dslogit;         // (N,C), (N,Is), (N)
+  // Accumulated (zeroed by the driver before each block's backward): swiglu's gradients.
+  Bytes dgate, dup;    // (N*k, I)
+  Bytes dsgate, dsup;  // (N,Is)
+};
+
+// Router statistics and gradient the load-balancing loss shares across the forward's layers.
+struct MoeRouterLoss {
+  Floats stats_counts, stats_probsum;  // (E) fp32: zeroed once per forward, summed over layers
+  Floats z_sum;                        // (1): the z-loss's mean over the MoE layers
+  Floats dprobs_shared;                // (E): the load-balancing loss's d/dprobs, set before bwd
+  float z_layer_weight = 0.f;          // 1 / (MoE layers): each layer's share of the z-loss mean
+  float z_grad = 0.f;                  // d loss / d z_sum for this backward (coef x loss scale)
+  Floats z_scratch;                    // (1)
+};
+
+class MoeLayer {
+ public:
+  explicit MoeLayer(MoeLayerShape shape) : shape_(shape) {}
+
+  const MoeLayerShape& shape() const { return shape_; }
+
+  // out (N,C) = the layer applied to x (N,C). With `loss` the router statistics (and the z-loss,
+  // when `with_z_loss`) accumulate into it; null for a recompute, which must not count twice.
+  void forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+               MoeScratch& scratch, Bytes x, Bytes out, int N, MoeRouterLoss* loss,
+               bool with_z_loss) const;
+  // dx (N,C) = the gradient into x (OVERWRITTEN); parameter gradients accumulate into g. dout
+  // (N,C) is the layer output's gradient.
+  void backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                const MoeParams& g, const MoeKept& kept, MoeScratch& scratch, Bytes x, Bytes dout,
+                Bytes dx, int N, const MoeRouterLoss& loss, bool with_z_loss) const;
+
+ private:
+  void route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+             MoeScratch& scratch, Bytes x, int N) const;
+  // The experts' SwiGLU over the permuted rows (the expert-parallel seam: rows in, rows out).
+  void experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                       const MoeKept& kept) const;
+  void experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                        const MoeParams& g, const MoeKept& kept, MoeScratch& scratch) const;
+  // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed).
+  void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const;
+
+  MoeLayerShape shape_;
+};
+
+}  // namespace zrt::moe

@@ -1,0 +1,508 @@
+#include "models/moe/moe_model.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "kernels/moe_ops.h"
+#include "kernels/ops.h"
+#include "models/activation_planner.h"
+#include "models/init_rng.h"
+#include "runtime/common/error.h"
+#include "runtime/device/device.h"
+
+namespace zrt::moe {
+
+namespace k = zrt::kernels;
+
+namespace {
+
+using I64 = std::int64_t;
+
+constexpr double kInitStd = 0.02;  // transformers' initializer_range default
+
+struct BlockParam {
+  MoeModel::Slot slot;
+  std::string name;
+  std::vector<I64> shape;
+};
+
+// Block `l`'s parameters in transformers v5's state-dict order (named_parameters()).
+std::vector<BlockParam> block_params(const MoeConfig& c, int l) {
+  using M = MoeModel;
+  const I64 C = c.hidden_size, I = c.intermediate_size, Ie = c.moe_intermediate_size;
+  const I64 E = c.num_experts, Is = c.shared_expert_intermediate_size;
+  const I64 Q = I64{c.num_attention_heads} * c.head_dim;
+  const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
+  std::vector<BlockParam> b;
+  b.push_back({M::kQW, "self_attn.q_proj.weight", {Q, C}});
+  if (c.attention_bias) b.push_back({M::kQB, "self_attn.q_proj.bias", {Q}});
+  b.push_back({M::kKW, "self_attn.k_proj.weight", {KV, C}});
+  if (c.attention_bias) b.push_back({M::kKB, "self_attn.k_proj.bias", {KV}});
+  b.push_back({M::kVW, "self_attn.v_proj.weight", {KV, C}});
+  if (c.attention_bias) b.push_back({M::kVB, "self_attn.v_proj.bias", {KV}});
+  b.push_back({M::kOW, "self_attn.o_proj.weight", {C, Q}});
+  if (c.qk_norm()) {
+    b.push_back({M::kQNorm, "self_attn.q_norm.weight", {c.head_dim}});
+    b.push_back({M::kKNorm, "self_attn.k_norm.weight", {c.head_dim}});
+  }
+  const BlockParam router{M::kRouter, "mlp.gate.weight", {E, C}};
+  const BlockParam gate_up{M::kGateUp, "mlp.experts.gate_up_proj", {E, 2 * Ie, C}};
+  const BlockParam down{M::kDown, "mlp.experts.down_proj", {E, C, Ie}};
+  if (!c.is_moe_layer(l)) {
+    b.push_back({M::kDenseGate, "mlp.gate_proj.weight", {I, C}});
+    b.push_back({M::kDenseUp, "mlp.up_proj.weight", {I, C}});
+    b.push_back({M::kDenseDown, "mlp.down_proj.weight", {C, I}});
+  } else if (c.architecture == "qwen3_moe") {
+    b.insert(b.end(), {gate_up, down, router});
+  } else {
+    b.insert(b.end(), {router, gate_up, down});
+    if (c.has_shared_expert()) {
+      b.push_back({M::kSharedGateProj, "mlp.shared_expert.gate_proj.weight", {Is, C}});
+      b.push_back({M::kSharedUpProj, "mlp.shared_expert.up_proj.weight", {Is, C}});
+      b.push_back({M::kSharedDownProj, "mlp.shared_expert.down_proj.weight", {C, Is}});
+      b.push_back({M::kSharedExpertGate, "mlp.shared_expert_gate.weight", {1, C}});
+    }
+  }
+  b.push_back({M::kLn1, "input_layernorm.weight", {C}});
+  b.push_back({M::kLn2, "post_attention_layernorm.weight", {C}});
+  return b;
+}
+
+transformer::TransformerSpec transformer_spec(const MoeConfig& c) {
+  c.validate();
+  transformer::TransformerSpec spec;
+  spec.family = "moe";
+  spec.architecture = c.architecture;
+  spec.final_norm = transformer::NormKind::kRmsNorm;
+  spec.norm_eps = c.rms_norm_eps;
+  spec.n_layer = c.num_hidden_layers;
+  spec.hidden_size = c.hidden_size;
+  spec.vocab_size = c.vocab_size;
+  spec.seq_len = c.seq_len;
+  spec.token_embedding = 0;
+  spec.position_embedding = -1;
+  int index = 1;
+  for (int l = 0; l < c.num_hidden_layers; ++l)
+    index += static_cast<int>(block_params(c, l).size());
+  spec.final_norm_weight = index;
+  spec.head = c.tie_word_embeddings ? spec.token_embedding : index + 1;
+  return spec;
+}
+
+MoeLayerShape layer_shape(const MoeConfig& c) {
+  MoeLayerShape s;
+  s.C = c.hidden_size;
+  s.E = c.num_experts;
+  s.k = c.num_experts_per_tok;
+  s.I = c.moe_intermediate_size;
+  s.Is = c.shared_expert_intermediate_size;
+  s.renormalize = c.norm_topk_prob;
+  s.capacity_factor = c.capacity_factor;
+  return s;
+}
+
+kernels::RopeTable moe_rope_table(const MoeConfig& c) {
+  return kernels::make_rope_table(c.head_dim, c.rope_theta, kernels::RopeScalingParams{});
+}
+
+}  // namespace
+
+MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options)
+    : TransformerModel(ctx, transformer_spec(config), options),
+      config_(std::move(config)),
+      params_(parameter_table(config_)),
+      rope_(moe_rope_table(config_)),
+      layer_(layer_shape(config_)) {
+  // The blocks run attention on the whole sequence (no Ulysses exchange), and the
+  // load-balancing term is per forward over its tokens: a chunk of a sequence is neither.
+  if (options.sequence_parallel_size() > 1) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {}: model.type {} does not support sequence parallelism "
+              "(the Llama family and GPT-2 do); set sequence_parallel_size 1",
+              options.sequence_parallel_size(), config_.architecture);
+  }
+  int index = 1;
+  for (int l = 0; l < config_.num_hidden_layers; ++l) {
+    std::array<int, kNumSlots> slots;
+    slots.fill(-1);
+    for (const BlockParam& p : block_params(config_, l)) slots[p.slot] = index++;
+    slots_.push_back(slots);
+    if (config_.is_moe_layer(l) && first_moe_layer_ < 0) first_moe_layer_ = l;
+  }
+  const I64 E = config_.num_experts;
+  router_buffer_ = ctx.device().allocate(router_bytes(config_), MemCategory::kActivations,
+                                         "moe router losses", MemorySpace::kDevice, &ctx.stream());
+  const Bytes base = router_buffer_.device<std::byte>();
+  const I64 vec = round_up_activation(E * 4);
+  router_.stats_counts = base.as<float>();
+  router_.stats_probsum = (base + vec).as<float>();
+  router_.dprobs_shared = (base + 2 * vec).as<float>();
+  router_.z_sum = (base + 3 * vec).as<float>();
+  router_.z_scratch = (base + 3 * vec + kActivationAlign).as<float>();
+  lb_ = (base + 3 * vec + 2 * kActivationAlign).as<float>();
+  const int moe_layers = std::max(1, config_.num_moe_layers());
+  router_.z_layer_weight = 1.0f / static_cast<float>(moe_layers);
+  ctx.device().fill_zero(base, static_cast<std::size_t>(router_bytes(config_)), ctx.stream());
+  expert_tokens_.assign(static_cast<std::size_t>(config_.num_moe_layers() * E), 0);
+  pass_tokens_ = expert_tokens_;
+}
+
+std::int64_t MoeModel::router_bytes(const MoeConfig& c) {
+  return 3 * round_up_activation(I64{c.num_experts} * 4) + 3 * kActivationAlign;
+}
+
+std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c) {
+  std::vector<ParamSpec> params;
+  const I64 C = c.hidden_size;
+  const int L = c.num_hidden_layers;
+  const int head_module = transformer::head_module(L);
+  std::vector<int> embed_modules = {transformer::kEmbeddingModule};
+  if (c.tie_word_embeddings) embed_modules.push_back(head_module);
+  params.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, embed_modules, false});
+  for (int l = 0; l < L; ++l) {
+    const std::string prefix = "model.layers." + std::to_string(l) + ".";
+    for (const BlockParam& p : block_params(c, l)) {
+      params.push_back(
+          {prefix + p.name, p.shape, {transformer::block_module(l)}, p.shape.size() == 1});
+    }
+  }
+  params.push_back({"model.norm.weight", {C}, {head_module}, true});
+  if (!c.tie_word_embeddings) {
+    params.push_back({"lm_head.weight", {c.vocab_size, C}, {head_module}, false});
+  }
+  return params;
+}
+
+void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
+                              float* out) const {
+  const ParamSpec& spec = init_range(index, begin, count);
+  if (spec.shape.size() == 1) {  // biases 0, RMSNorm weights 1
+    const bool norm_weight = spec.name.find("norm.weight") != std::string::npos;
+    for (I64 i = 0; i < count; ++i) out[i] = norm_weight ? 1.0f : 0.0f;
+    return;
+  }
+  fill_counter_normal(seed, static_cast<std::uint64_t>(index), begin, count, kInitStd, out);
+}
+
+// The blocks' part of the layout (S bytes per element of the compute dtype, N = B*T, statistics
+// fp32, indices int32; "any dense" / "any MoE": present when some block is of that kind):
+//   kept (L sets, or 1 under checkpointing): ln1 (N,C), ln1 rstd (N), q (N,Q), k, v (N,KV); with
+//     q/k norms the pre-norm q, k and their rstd (N*NH), (N*NKV); lse (B,NH,T); atty (N,Q); res2,
+//     ln2 (N,C), ln2 rstd (N); any dense: gate, up, h (N,I); any MoE: logits (N,E), probs (N,E)
+//     fp32, weights (N,k) fp32, experts, routed (with a capacity factor), row_of (N,k) int32,
+//     xe (N*k,C), gate, up, h (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is),
+//     sout (N,C), slogit (N)
+//   then proj (N,C); any MoE: the plan's counts (E), offsets (E+1), source (N*k) int32
+//   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (N,I); any MoE: dy (N*k,C), dh
+//     (N*k,Ie), dxe (N*k,C), dweights (N,k) fp32, dlogits (N,E); shared: ds (N,C), dsh (N,Is),
+//     dslogit (N)
+//   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense: dgate,
+//     dup (N,I); any MoE: dgate, dup (N*k,Ie); shared: dsgate, dsup (N,Is)
+MoeModel::Activations::Activations(const MoeConfig& config) : c(config) {
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  }
+}
+
+void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
+                                         int sets) {
+  const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
+  const I64 Q = I64{c.num_attention_heads} * c.head_dim;
+  const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
+  const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Is = c.shared_expert_intermediate_size;
+  kept.assign(static_cast<std::size_t>(sets), Kept());
+  for (Kept& a : kept) {
+    p.bytes(&a.ln1, N * C * S);
+    p.floats(&a.ln1_rstd, N);
+    p.bytes(&a.q, N * Q * S);
+    p.bytes(&a.k, N * KV * S);
+    p.bytes(&a.v, N * KV * S);
+    if (c.qk_norm()) {
+      p.bytes(&a.q_pre, N * Q * S);
+      p.bytes(&a.k_pre, N * KV * S);
+      p.floats(&a.q_rstd, N * c.num_attention_heads);
+      p.floats(&a.k_rstd, N * c.num_key_value_heads);
+    }
+    p.floats(&a.lse, I64{s.B} * c.num_attention_heads * s.T);
+    p.bytes(&a.atty, N * Q * S);
+    p.bytes(&a.res2, N * C * S);
+    p.bytes(&a.ln2, N * C * S);
+    p.floats(&a.ln2_rstd, N);
+    if (any_dense) {
+      p.bytes(&a.gate, N * I * S);
+      p.bytes(&a.up, N * I * S);
+      p.bytes(&a.h, N * I * S);
+    }
+    if (any_moe) {
+      MoeKept& m = a.moe;
+      p.bytes(&m.logits, N * E * S);
+      p.floats(&m.probs, N * E);
+      p.floats(&m.weights, N * K);
+      p.bytes(&m.experts, N * K * 4);
+      if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
+      p.bytes(&m.row_of, N * K * 4);
+      p.bytes(&m.xe, N * K * C * S);
+      p.bytes(&m.gate, N * K * Ie * S);
+      p.bytes(&m.up, N * K * Ie * S);
+      p.bytes(&m.h, N * K * Ie * S);
+      p.bytes(&m.y, N * K * C * S);
+      if (Is > 0) {
+        p.bytes(&m.sgate, N * Is * S);
+        p.bytes(&m.sup, N * Is * S);
+        p.bytes(&m.sh, N * Is * S);
+        p.bytes(&m.sout, N * C * S);
+        p.bytes(&m.slogit, N * S);
+      }
+    }
+  }
+  p.bytes(&proj, N * C * S);
+  if (any_moe) {
+    p.bytes(&moe.counts, E * 4);
+    p.bytes(&moe.offsets, (E + 1) * 4);
+    p.bytes(&moe.source, N * K * 4);
+  }
+}
+
+void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transformer::PassShape& s) {
+  const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
+  const I64 Q = I64{c.num_attention_heads} * c.head_dim;
+  const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Is = c.shared_expert_intermediate_size;
+  p.bytes(&dln1, N * C * S);
+  p.bytes(&datty, N * Q * S);
+  p.bytes(&dln2, N * C * S);
+  if (any_dense) p.bytes(&dh, N * I * S);
+  if (any_moe) {
+    p.bytes(&moe.dy, N * K * C * S);
+    p.bytes(&moe.dh, N * K * Ie * S);
+    p.bytes(&moe.dxe, N * K * C * S);
+    p.floats(&moe.dweights, N * K);
+    p.bytes(&moe.dlogits, N * E * S);
+    if (Is > 0) {
+      p.bytes(&moe.ds, N * C * S);
+      p.bytes(&moe.dsh, N * Is * S);
+      p.bytes(&moe.dslogit, N * S);
+    }
+  }
+}
+
+void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
+                                             const transformer::PassShape& s) {
+  const I64 N = s.N(), S = s.S, I = c.intermediate_size;
+  const I64 Q = I64{c.num_attention_heads} * c.head_dim;
+  const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
+  const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Is = c.shared_expert_intermediate_size;
+  p.bytes(&dq, N * Q * S);
+  p.bytes(&dk, N * KV * S);
+  p.bytes(&dv, N * KV * S);
+  if (c.qk_norm()) {
+    p.bytes(&dq_pre, N * Q * S);
+    p.bytes(&dk_pre, N * KV * S);
+  }
+  if (any_dense) {
+    p.bytes(&dgate, N * I * S);
+    p.bytes(&dup, N * I * S);
+  }
+  if (any_moe) {
+    p.bytes(&moe.dgate, N * K * Ie * S);
+    p.bytes(&moe.dup, N * K * Ie * S);
+    if (Is > 0) {
+      p.bytes(&moe.dsgate, N * Is * S);
+      p.bytes(&moe.dsup, N * Is * S);
+    }
+  }
+}
+
+std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                        bool activation_checkpointing) {
+  Activations scratch(config);
+  transformer::TransformerOptions options;
+  options.activation_checkpointing = activation_checkpointing;
+  return TransformerModel::activation_bytes(transformer_spec(config), options, B, T, dtype,
+                                            scratch) +
+         kActivationAlign + router_bytes(config);
+}
+
+MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
+  auto get = [&](int slot) {
+    const int index = block_param(layer, slot);
+    if (index < 0) return Bytes();
+    return grads ? a.grad(index) : a.param(index);
+  };
+  MoeParams p;
+  p.router = get(kRouter);
+  p.gate_up = get(kGateUp);
+  p.down = get(kDown);
+  p.shared_gate_proj = get(kSharedGateProj);
+  p.shared_up_proj = get(kSharedUpProj);
+  p.shared_down_proj = get(kSharedDownProj);
+  p.shared_expert_gate = get(kSharedExpertGate);
+  return p;
+}
+
+void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) {
+  const Pass& pass = this->pass();
+  Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
+  const MoeConfig& c = config_;
+  const int C = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  const int Q = NH * hd, KV = NKV * hd;
+  const int N = pass.N();
+  const DType dt = pass.dtype;
+  kernels::KernelContext& ctx = this->ctx();
+  auto P = [&](int slot) {
+    const int index = block_param(layer, slot);
+    return index < 0 ? Bytes() : a.param(index);
+  };
+  // A new forward (not a recompute) starts the router statistics afresh at its first MoE layer.
+  const bool counting = static_cast<bool>(res_out);
+  if (counting && layer == first_moe_layer_) {
+    ctx.device().fill_zero(router_.stats_counts.as<std::byte>(),
+                           static_cast<std::size_t>(c.num_experts) * 4, ctx.stream());
+    ctx.device().fill_zero(router_.stats_probsum.as<std::byte>(),
+                           static_cast<std::size_t>(c.num_experts) * 4, ctx.stream());
+    ctx.device().fill_zero(router_.z_sum.as<std::byte>(), 4, ctx.stream());
+    std::fill(pass_tokens_.begin(), pass_tokens_.end(), 0);
+    pass_dropped_ = 0;
+  }
+  k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1), N, C, c.rms_norm_eps);
+  const Bytes q_out = c.qk_norm() ? x.q_pre : x.q;
+  const Bytes k_out = c.qk_norm() ? x.k_pre : x.k;
+  k::linear_forward(ctx, dt, q_out, x.ln1, P(kQW), P(kQB), N, C, Q);
+  k::linear_forward(ctx, dt, k_out, x.ln1, P(kKW), P(kKB), N, C, KV);
+  k::linear_forward(ctx, dt, x.v, x.ln1, P(kVW), P(kVB), N, C, KV);
+  if (c.qk_norm()) {  // Qwen3: RMSNorm over each head's head_dim, before the rotation
+    k::rmsnorm_forward(ctx, dt, x.q, x.q_rstd, x.q_pre, P(kQNorm), N * NH, hd, c.rms_norm_eps);
+    k::rmsnorm_forward(ctx, dt, x.k, x.k_rstd, x.k_pre, P(kKNorm), N * NKV, hd, c.rms_norm_eps);
+  }
+  k::rope_forward(ctx, dt, x.q, x.q, rope_, pass.B, pass.T, NH, hd, pass.positions);
+  k::rope_forward(ctx, dt, x.k, x.k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
+  k::gqa_attention_forward(ctx, dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
+                           pass.doc_start);
+  k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
+  k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
+                              c.rms_norm_eps);
+  if (c.is_moe_layer(layer)) {
+    layer_.forward(ctx, dt, moe_params(a, layer, false), x.moe, acts_.moe, x.ln2, acts_.proj, N,
+                   counting ? &router_ : nullptr, c.router_z_loss_coef > 0);
+    if (counting) {
+      // The dispatch plan's offsets are on the host already: count the pairs per expert.
+      int moe_index = 0;
+      for (int l = 0; l < layer; ++l) moe_index += c.is_moe_layer(l) ? 1 : 0;
+      std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
+      for (int e = 0; e < c.num_experts; ++e) tokens[e] = x.moe.offsets[e + 1] - x.moe.offsets[e];
+      pass_dropped_ += x.moe.dropped;
+    }
+  } else {
+    k::linear_forward(ctx, dt, x.gate, x.ln2, P(kDenseGate), Bytes(), N, C, I);
+    k::linear_forward(ctx, dt, x.up, x.ln2, P(kDenseUp), Bytes(), N, C, I);
+    k::swiglu_forward(ctx, dt, x.h, x.gate, x.up, I64{N} * I);
+    if (res_out) k::linear_forward(ctx, dt, acts_.proj, x.h, P(kDenseDown), Bytes(), N, I, C);
+  }
+  if (res_out) k::residual_forward(ctx, dt, res_out, x.res2, acts_.proj, I64{N} * C);
+}
+
+void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
+  const MoeConfig& c = config_;
+  const int moe_layers = c.num_moe_layers();
+  if (moe_layers == 0) return;
+  kernels::KernelContext& ctx = this->ctx();
+  // transformers' load_balancing_loss_func over this forward's rows of every MoE layer.
+  const I64 rows = I64{moe_layers} * pass().N();
+  k::moe_load_balancing_loss(ctx, lb_, router_.stats_counts, router_.stats_probsum, c.num_experts,
+                             rows);
+  k::moe_add_loss_term(ctx, loss, lb_, static_cast<float>(c.router_aux_loss_coef));
+  k::moe_load_balancing_loss_backward(ctx, router_.dprobs_shared, router_.stats_counts,
+                                      static_cast<float>(c.router_aux_loss_coef) * loss_scale,
+                                      c.num_experts, rows);
+  if (c.router_z_loss_coef > 0) {
+    k::moe_add_loss_term(ctx, loss, router_.z_sum, static_cast<float>(c.router_z_loss_coef));
+  }
+  router_.z_grad = static_cast<float>(c.router_z_loss_coef) * loss_scale;
+  // A training pass: its routing counts join the step's.
+  for (std::size_t i = 0; i < pass_tokens_.size(); ++i) expert_tokens_[i] += pass_tokens_[i];
+  dropped_ += pass_dropped_;
+  ++passes_;
+}
+
+std::optional<ExpertLoad> MoeModel::take_expert_load() {
+  ExpertLoad load{expert_tokens_, dropped_};
+  std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
+  dropped_ = 0;
+  passes_ = 0;
+  return load;
+}
+
+RoutingStats MoeModel::take_routing_stats() {
+  RoutingStats s;
+  s.passes = passes_;
+  const ExpertLoad load = *take_expert_load();
+  if (!load.tokens.empty()) {
+    const auto [lo, hi] = std::minmax_element(load.tokens.begin(), load.tokens.end());
+    s.min_tokens = *lo;
+    s.max_tokens = *hi;
+  }
+  s.dropped = load.dropped;
+  return s;
+}
+
+// On entry dres() holds the gradient of the block's output; on exit that of its input.
+void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
+  const Pass& pass = this->pass();
+  const Activations::Kept& x = acts_.kept[static_cast<std::size_t>(kept_set(layer))];
+  const MoeConfig& c = config_;
+  const int C = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  const int Q = NH * hd, KV = NKV * hd;
+  const int N = pass.N();
+  const DType dt = pass.dtype, gt = pass.grad_dtype;
+  kernels::KernelContext& ctx = this->ctx();
+  auto P = [&](int slot) {
+    const int index = block_param(layer, slot);
+    return index < 0 ? Bytes() : a.param(index);
+  };
+  auto G = [&](int slot) {
+    const int index = block_param(layer, slot);
+    return index < 0 ? Bytes() : a.grad(index);
+  };
+  Activations& d = acts_;
+  const Bytes dres = this->dres();
+  const k::GradWrite first = k::GradWrite::kOverwrite;
+  if (c.is_moe_layer(layer)) {
+    layer_.backward(ctx, dt, gt, moe_params(a, layer, false), moe_params(a, layer, true), x.moe,
+                    d.moe, x.ln2, dres, d.dln2, N, router_, c.router_z_loss_coef > 0);
+  } else {
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
+                       first);
+    k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
+                       N, C, I, first);
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseUp), Bytes(), d.dup, x.ln2, P(kDenseUp), N, C,
+                       I);
+  }
+  k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2), d.dln2, x.res2, P(kLn2), x.ln2_rstd, N, C);
+  k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
+  k::gqa_attention_backward(ctx, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse,
+                            pass.B, pass.T, NH, NKV, hd, pass.doc_start);
+  k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
+  k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
+  Bytes dq = d.dq, dk = d.dk;
+  if (c.qk_norm()) {
+    k::rmsnorm_backward(ctx, dt, gt, d.dq_pre, G(kQNorm), d.dq, x.q_pre, P(kQNorm), x.q_rstd,
+                        N * NH, hd);
+    k::rmsnorm_backward(ctx, dt, gt, d.dk_pre, G(kKNorm), d.dk, x.k_pre, P(kKNorm), x.k_rstd,
+                        N * NKV, hd);
+    dq = d.dq_pre;
+    dk = d.dk_pre;
+  }
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
+  k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1), d.dln1, res_in, P(kLn1), x.ln1_rstd, N, C);
+}
+
+}  // namespace zrt::moe

@@ -1,0 +1,153 @@
+// MoeModel: transformers' MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM on the
+// shared driver (models/transformer/transformer_model.h), implementing zrt::Model.
+//
+// Per block: RMSNorm -> q/k/v projections (biases for Qwen2-MoE) -> per-head q/k RMSNorm
+// (Qwen3-MoE) -> RoPE -> causal grouped-query attention -> o projection -> residual -> RMSNorm
+// -> the MLP: a routed mixture of SwiGLU experts (models/moe/moe_layer.h, plus Qwen2-MoE's
+// sigmoid-gated shared expert) or, on Qwen2/3-MoE's dense layers, a SwiGLU MLP -> residual.
+//
+// The loss of a training pass (forward_backward) is transformers' training loss of that
+// forward: cross-entropy (TokenBatch's rule) + router_aux_loss_coef x the load-balancing term
+// over the forward's tokens and all its MoE layers (+ router_z_loss_coef x the router z-loss, the
+// mean over the MoE layers' rows of logsumexp^2, when set). The terms' gradients flow through
+// every router. aux_loss() holds the load-balancing term alone. An evaluation pass (forward)
+// reports the cross-entropy only. How the per-forward term adds up over accumulation and ranks:
+// docs/config.md ("Mixture of experts").
+//
+// Parameters: models/moe/moe_config.h (transformers v5's names and order, the fused experts).
+// Modules as every transformer here: 0 the embedding, 1..L the blocks, L+1 the norm and head.
+//
+// Not thread-safe; one pass at a time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "kernels/rope_table.h"
+#include "models/moe/moe_config.h"
+#include "models/moe/moe_layer.h"
+#include "models/transformer/transformer_model.h"
+#include "runtime/device/buffer.h"
+#include "runtime/model_interface.h"
+
+namespace zrt::moe {
+
+using MoeOptions = transformer::TransformerOptions;
+
+// Routing counts of the training passes since the last take_routing_stats().
+struct RoutingStats {
+  std::int64_t min_tokens = 0;  // the fewest (token, slot) pairs an expert of a layer received
+  std::int64_t max_tokens = 0;  // the most
+  std::int64_t dropped = 0;     // pairs dropped by the capacity factor
+  int passes = 0;               // training passes counted
+};
+
+class MoeModel final : public transformer::TransformerModel {
+ public:
+  // Validates `config` (InvalidArgument naming the key).
+  MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options = {});
+
+  const MoeConfig& config() const { return config_; }
+  const std::vector<ParamSpec>& parameters() const override { return params_; }
+  void init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
+                      float* out) const override;
+
+  static std::vector<ParamSpec> parameter_table(const MoeConfig& config);
+  // Device bytes of activations one (B, T) pass in `dtype` allocates (the loss scalar and the
+  // router statistics included).
+  static std::int64_t activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                       bool activation_checkpointing);
+
+  // The load-balancing term of the last training pass (fp32, device; before the coefficient).
+  DevicePtr<const float> aux_loss() const override { return lb_; }
+  // Per expert and MoE layer, the (token, slot) pairs routed to it in the training passes since
+  // the last call (host, counted as the dispatch plans come back; evaluation passes are not
+  // counted); resets the counts.
+  std::optional<ExpertLoad> take_expert_load() override;
+  // take_expert_load() summarised: the fewest and most pairs an expert of a layer received.
+  RoutingStats take_routing_stats();
+
+  enum Slot {
+    kQW,
+    kQB,
+    kKW,
+    kKB,
+    kVW,
+    kVB,
+    kOW,
+    kQNorm,
+    kKNorm,
+    kRouter,
+    kGateUp,
+    kDown,
+    kSharedGateProj,
+    kSharedUpProj,
+    kSharedDownProj,
+    kSharedExpertGate,
+    kDenseGate,
+    kDenseUp,
+    kDenseDown,
+    kLn1,
+    kLn2,
+    kNumSlots
+  };
+  // Index into parameters() of `slot` of block `layer`, -1 where the block has none.
+  int block_param(int layer, int slot) const {
+    return slots_[static_cast<std::size_t>(layer)][static_cast<std::size_t>(slot)];
+  }
+
+ private:
+  class Activations final : public transformer::BlockActivations {
+   public:
+    explicit Activations(const MoeConfig& config);
+    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
+    void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
+    void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
+
+    struct Kept {
+      Bytes ln1, q, k, v, q_pre, k_pre, atty, res2, ln2;
+      Floats ln1_rstd, ln2_rstd, q_rstd, k_rstd, lse;
+      Bytes gate, up, h;  // a dense layer's MLP
+      MoeKept moe;
+    };
+    std::vector<Kept> kept;
+    Bytes proj;  // (N,C): o_proj / the MLP's output before the residual add
+    MoeScratch moe;
+    Bytes dln1, datty, dln2, dh;
+    Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
+
+    const MoeConfig& c;
+    bool any_dense = false, any_moe = false;
+  };
+
+  transformer::BlockActivations& block_activations() override { return acts_; }
+  void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;
+  void block_backward(ParamAccess& access, int layer, Bytes res_in) override;
+  void add_auxiliary_losses(Floats loss, float loss_scale) override;
+
+  MoeParams moe_params(ParamAccess& a, int layer, bool grads) const;
+  static std::int64_t router_bytes(const MoeConfig& config);
+
+  MoeConfig config_;
+  std::vector<ParamSpec> params_;
+  std::vector<std::array<int, kNumSlots>> slots_;
+  kernels::RopeTable rope_;
+  MoeLayer layer_;
+  int first_moe_layer_ = -1;
+  Activations acts_{config_};
+  // The router losses' state, which outlives a pass's activations: the load-balancing
+  // statistics, the z-loss sum, the shared gradient and the term itself (router_bytes()).
+  Buffer router_buffer_;
+  MoeRouterLoss router_;
+  Floats lb_;
+  // Routing counts of the current forward (committed by a training pass's
+  // add_auxiliary_losses) and of the training passes since take_expert_load (layer-major, E per
+  // MoE layer).
+  std::vector<std::int64_t> pass_tokens_, expert_tokens_;
+  std::int64_t pass_dropped_ = 0, dropped_ = 0;
+  int passes_ = 0;
+};
+
+}  // namespace zrt::moe

@@ -1,0 +1,137 @@
+#include "models/moe/moe_model_def.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <utility>
+
+#include "models/hf/hf_config.h"
+#include "models/hf/hf_import.h"
+#include "models/moe/moe_hf.h"
+#include "models/moe/moe_model.h"
+#include "models/safetensors.h"
+#include "models/transformer/transformer_def.h"
+#include "runtime/common/error.h"
+
+namespace zrt::moe {
+
+namespace {
+
+class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, MoeModel> {
+ public:
+  using TransformerDefOf::TransformerDefOf;
+
+  const std::string& type() const override { return config().architecture; }
+  std::vector<std::pair<std::string, std::int64_t>> dimensions() const override {
+    const MoeConfig& c = config();
+    return {{"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"vocab_size", c.vocab_size},
+            {"max_position_embeddings", c.max_position_embeddings},
+            {"num_experts", c.num_experts},
+            {"num_experts_per_tok", c.num_experts_per_tok},
+            {"moe_intermediate_size", c.moe_intermediate_size},
+            {"shared_expert_intermediate_size", c.shared_expert_intermediate_size},
+            {"seq_len", c.seq_len}};
+  }
+  std::int64_t num_active_parameters() const override { return config().num_active_parameters(); }
+  double flops_per_token(int seq_len) const override {
+    return moe::flops_per_token(config(), seq_len);
+  }
+  std::int64_t activation_bytes(int B, int T, DType dtype,
+                                bool activation_checkpointing) const override {
+    return MoeModel::activation_bytes(config(), B, T, dtype, activation_checkpointing);
+  }
+
+ protected:
+  int n_layer() const override { return config().num_hidden_layers; }
+  ParamInitializer hf_weights_initializer(const Model& model,
+                                          const std::string& init_from) const override {
+    return hf::hf_initializer(init_from, model.parameters(), import_rules(config()));
+  }
+};
+
+// Hugging Face safetensors in the Hub's per-expert form, and its config.json beside them.
+void export_moe(ExportInput input, const std::string& out) {
+  const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+  const MoeConfig c = resolve_config(saved);
+  const std::vector<ParamSpec> table = MoeModel::parameter_table(c);
+  if (table.size() != input.tensors.size()) {
+    ZRT_THROW(InvalidArgument, "{}: {} tensors, but a {} has {}", input.checkpoint,
+              input.tensors.size(), c.describe(), table.size());
+  }
+  for (std::size_t i = 0; i < table.size(); ++i) {
+    const ExportTensor& t = input.tensors[i];
+    if (t.name != table[i].name || t.shape != table[i].shape) {
+      ZRT_THROW(InvalidArgument, "{}: tensor {} is {}, expected {} of {}", input.checkpoint, i,
+                t.name, table[i].name, c.describe());
+    }
+  }
+  SafetensorsTensors tensors;
+  for (ExportTensor& t : hub_tensors(c, std::move(input.tensors))) {
+    tensors.emplace_back(t.name, std::make_pair(t.shape, std::move(t.values)));
+  }
+  write_safetensors(out, tensors, {{"format", "pt"}});
+  const std::filesystem::path config_path =
+      std::filesystem::path(out).parent_path() / "config.json";
+  std::ofstream config_file(config_path);
+  config_file << hf_config_json(c).dump(2) << "\n";
+  config_file.flush();
+  if (!config_file) {
+    ZRT_THROW(Error, "{}: cannot write: {}", config_path.string(), std::strerror(errno));
+  }
+}
+
+}  // namespace
+
+MoeConfig resolve_config(const ModelConfig& config) {
+  if (const auto hf = hf::hf_config_for(config.init_from)) return config_from_hf(*hf, config);
+  return MoeConfig::parse(config.type, config.spec());
+}
+
+ModelEntry registry_entry(const std::string& architecture) {
+  ModelEntry entry;
+  entry.type = architecture;
+  std::string presets;
+  for (const std::string& name : MoeConfig::preset_names()) {
+    if (MoeConfig::preset(name).architecture != architecture) continue;
+    entry.presets.push_back(name);
+    presets += (presets.empty() ? "" : ", ") + name;
+  }
+  const char* family = architecture == "mixtral"     ? "Mixtral"
+                       : architecture == "qwen2_moe" ? "Qwen2-MoE / Qwen1.5-MoE"
+                                                     : "Qwen3-MoE";
+  entry.summary = fmt::format("{} mixture of experts (presets {})", family, presets);
+  entry.resolve = [](const ModelConfig& config) -> std::unique_ptr<ModelDef> {
+    return std::make_unique<MoeDef>(resolve_config(config));
+  };
+  entry.parse_spec = [architecture](const std::string& spec) -> std::unique_ptr<ModelDef> {
+    return std::make_unique<MoeDef>(MoeConfig::parse(architecture, spec));
+  };
+  entry.export_safetensors = [](ExportInput input, const std::string& out) {
+    export_moe(std::move(input), out);
+  };
+  entry.hf_config = [](const ExportInput& input) {
+    const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+    return hf_config_json(resolve_config(saved)).dump(2);
+  };
+  entry.hub_tensors = [](const ExportInput& input, std::vector<ExportTensor> tensors) {
+    const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
+    return hub_tensors(resolve_config(saved), std::move(tensors));
+  };
+  return entry;
+}
+
+double flops_per_token(const MoeConfig& c, int T) {
+  const double looked_up = c.tie_word_embeddings ? 0.0 : double(c.vocab_size) * c.hidden_size;
+  return 6.0 * (static_cast<double>(c.num_active_parameters()) - looked_up) +
+         12.0 * c.num_hidden_layers * double(c.num_attention_heads) * c.head_dim * T;
+}
+
+}  // namespace zrt::moe
