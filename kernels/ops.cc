@@ -63,13 +63,16 @@ void check_dtypes(DType dtype, DType grad_dtype) {
 }
 
 void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
-                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions) {
+                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions,
+                     int position_rows) {
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       run_cpu(ctx, "encoder_forward",
               [o = ptr<S>(out), tok = raw(tokens), w = ptr<S>(wte), p = ptr<S>(wpe), B, T, C, V,
-               pos = raw(positions)] { cpu::encoder_forward<S>(o, tok, w, p, B, T, C, V, pos); });
+               pos = raw(positions), position_rows] {
+                cpu::encoder_forward<S>(o, tok, w, p, B, T, C, V, pos, position_rows);
+              });
     });
     return;
   }
@@ -83,15 +86,16 @@ void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tok
 
 void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
                       ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
-                      ConstTokens positions) {
+                      ConstTokens positions, int position_rows) {
   if (on_cpu(ctx)) {
     with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
       using S = decltype(s);
       using G = decltype(g);
-      run_cpu(
-          ctx, "encoder_backward",
-          [dw = ptr<G>(dwte), dp = ptr<G>(dwpe), d = ptr<S>(dout), tok = raw(tokens), B, T, C, V,
-           pos = raw(positions)] { cpu::encoder_backward<S, G>(dw, dp, d, tok, B, T, C, V, pos); });
+      run_cpu(ctx, "encoder_backward",
+              [dw = ptr<G>(dwte), dp = ptr<G>(dwpe), d = ptr<S>(dout), tok = raw(tokens), B, T, C,
+               V, pos = raw(positions), position_rows] {
+                cpu::encoder_backward<S, G>(dw, dp, d, tok, B, T, C, V, pos, position_rows);
+              });
     });
     return;
   }

@@ -43,18 +43,21 @@ void check_dtypes(DType dtype, DType grad_dtype);
 //   positions (B,T) int32: t - doc_start[t], each token's position within its document.
 // Null (the default) is one document per sequence, positions 0..T-1: the unpacked ops, bit for
 // bit. Targets < 0 (crossentropy_*) are tokens left out of the loss. The CPU twins throw
-// InvalidArgument on a doc_start that is no packing and on positions outside [0,T) where they
+// InvalidArgument on a doc_start that is no packing and on positions outside [0,P) where they
 // index wpe; the CUDA twins rely on the contract unchecked, as they do for token ids.
 
 // out (B,T,C) = wte[tokens] + wpe[pos].   tokens (B,T) in [0,V); pos = positions[b*T+t] in
-// [0,T), or t with positions null. wpe/dwpe may be null (no position embedding: the Llama family).
+// [0,P), or t with positions null; P = position_rows, the rows of wpe (0: T; a sequence-parallel
+// chunk's positions run past its T). wpe/dwpe may be null (no position embedding: the Llama
+// family).
 void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tokens, ConstBytes wte,
-                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions = {});
-// dwte (V,C) += per-token sums of dout; dwpe (T,C) += per-position sums (over b without
+                     ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions = {},
+                     int position_rows = 0);
+// dwte (V,C) += per-token sums of dout; dwpe (P,C) += per-position sums (over b without
 // positions).
 void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
                       ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
-                      ConstTokens positions = {});
+                      ConstTokens positions = {}, int position_rows = 0);
 
 // out (N,C), mean/rstd (N) fp32.
 void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, Floats rstd,

@@ -276,13 +276,19 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
   const double mfu =
       peak_.flops_per_s > 0.0 ? tokens_per_s / world_ * flops_per_token_ / peak_.flops_per_s : 0.0;
   const MemoryUsage usage = device_->tracker().usage(MemorySpace::kDevice);
-  std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
-  peaks.push_back(usage.total_peak);
-  peaks = control_->max(peaks);
-  const CommCounts comm_now = engine_comm();
   const CommCounts sequence_now = layout_->sequence_traffic();
   const CommCounts sequence_step = sequence_now - sequence_comm_before_;
   sequence_comm_before_ = sequence_now;
+  // The ranks' maxima in one all-reduce: the memory peaks by category, the total, and with
+  // sequence parallelism what a rank's all-to-alls sent across nodes (0 on every rank while the
+  // sp groups sit within nodes, as the layout places them).
+  std::vector<std::int64_t> peaks(usage.peak.begin(), usage.peak.end());
+  peaks.push_back(usage.total_peak);
+  if (share_.chunked()) peaks.push_back(sequence_step.total_inter_bytes());
+  peaks = control_->max(peaks);
+  const std::int64_t sequence_inter_node_max = share_.chunked() ? peaks.back() : 0;
+  if (share_.chunked()) peaks.pop_back();
+  const CommCounts comm_now = engine_comm();
   const std::int64_t comm_bytes = (comm_now - comm_before_).total_bytes();
   const std::int64_t comm_inter_node_bytes = (comm_now - comm_before_).total_inter_bytes();
   const std::int64_t comm_intra_node_bytes = (comm_now - comm_before_).total_intra_bytes();
@@ -327,6 +333,7 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
       row["comm_sequence_parallel_bytes"] = sequence_step.total_bytes();
       row["comm_sequence_parallel_sent_bytes"] =
           sequence_step.total_intra_bytes() + sequence_step.total_inter_bytes();
+      row["comm_sequence_parallel_inter_node_bytes"] = sequence_inter_node_max;
     }
     row["loss_scale"] = result.loss_scale;
     row["skipped"] = result.skipped;

@@ -17,11 +17,11 @@ void check_tokens(const std::int32_t* tokens, std::int64_t n, int V) {
   }
 }
 
-void check_positions(const std::int32_t* positions, std::int64_t n, int T) {
+void check_positions(const std::int32_t* positions, std::int64_t n, int P) {
   for (std::int64_t i = 0; i < n; ++i) {
-    if (positions[i] < 0 || positions[i] >= T) {
+    if (positions[i] < 0 || positions[i] >= P) {
       ZRT_THROW(InvalidArgument, "position {} of token {} is outside the position table [0, {})",
-                positions[i], i, T);
+                positions[i], i, P);
     }
   }
 }
@@ -72,11 +72,13 @@ void add_row_sums(G* table, const S* dout, const std::int32_t* ids, std::int64_t
 
 template <typename S>
 void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* wpe, int B, int T,
-                     int C, int V, const std::int32_t* positions) {
+                     int C, int V, const std::int32_t* positions, int position_rows) {
   using A = acc_t<S>;
   const std::int64_t rows = static_cast<std::int64_t>(B) * T;
   check_tokens(tokens, rows, V);
-  if (positions != nullptr && wpe != nullptr) check_positions(positions, rows, T);
+  if (positions != nullptr && wpe != nullptr) {
+    check_positions(positions, rows, position_rows > 0 ? position_rows : T);
+  }
 #pragma omp parallel for schedule(static)
   for (std::int64_t r = 0; r < rows; ++r) {
     const int t = positions != nullptr ? positions[r] : static_cast<int>(r % T);
@@ -93,15 +95,16 @@ void encoder_forward(S* out, const std::int32_t* tokens, const S* wte, const S* 
 
 template <typename S, typename G>
 void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* tokens, int B, int T,
-                      int C, int V, const std::int32_t* positions) {
+                      int C, int V, const std::int32_t* positions, int position_rows) {
   using A = acc_t<S>;
   const std::int64_t rows = static_cast<std::int64_t>(B) * T;
   check_tokens(tokens, rows, V);
   add_row_sums<A>(dwte, dout, tokens, rows, V, C);
   if (dwpe == nullptr) return;
   if (positions != nullptr) {  // packed documents: a position's rows, wherever they are
-    check_positions(positions, rows, T);
-    add_row_sums<A>(dwpe, dout, positions, rows, T, C);
+    const int P = position_rows > 0 ? position_rows : T;
+    check_positions(positions, rows, P);
+    add_row_sums<A>(dwpe, dout, positions, rows, P, C);
     return;
   }
 #pragma omp parallel for schedule(static)
@@ -118,10 +121,10 @@ void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* token
 
 #define ZRT_FWD(S)                                                                             \
   template void encoder_forward<S>(S*, const std::int32_t*, const S*, const S*, int, int, int, \
-                                   int, const std::int32_t*);
+                                   int, const std::int32_t*, int);
 #define ZRT_BWD(S, G)                                                                             \
   template void encoder_backward<S, G>(G*, G*, const S*, const std::int32_t*, int, int, int, int, \
-                                       const std::int32_t*);
+                                       const std::int32_t*, int);
 ZRT_FWD(float)
 ZRT_FWD(double)
 ZRT_FWD(bf16)

@@ -1,7 +1,9 @@
 #include "models/gpt/gpt.h"
 
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/ops.h"
 #include "models/activation_planner.h"
@@ -55,19 +57,43 @@ transformer::TransformerSpec transformer_spec(const GptConfig& config) {
 
 }  // namespace
 
-Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
-    : TransformerModel(ctx, transformer_spec(config), options),
-      config_(std::move(config)),
-      params_(parameter_table(config_)) {
-  // GPT-2's attention reads q, k and v interleaved in one (B,T,3C) projection; sharing its heads
-  // over a sequence-parallel group would need them apart first.
-  if (options.sequence_parallel_size() > 1) {
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {}: model.type gpt2 does not support sequence parallelism "
-              "(the Llama family does); set sequence_parallel_size 1",
-              options.sequence_parallel_size());
+std::vector<std::string> Gpt::sequence_parallel_problems(const GptConfig& c, int sp) {
+  std::vector<std::string> problems;
+  if (sp <= 1) return problems;
+  if (c.n_head % sp != 0) {
+    problems.push_back(fmt::format(
+        "sequence_parallel_size {} does not divide the model's {} heads (n_head): each rank of a "
+        "sequence-parallel group attends with an equal share of them; give a divisor of {}",
+        sp, c.n_head, c.n_head));
   }
+  if (c.seq_len % sp != 0) {
+    problems.push_back(fmt::format(
+        "sequence_parallel_size {} does not divide the sequence length {}: each rank holds an "
+        "equal chunk of every sequence; give a divisor of it",
+        sp, c.seq_len));
+  }
+  return problems;
 }
+
+namespace {
+
+// The model's config, after refusing a sequence-parallel group it cannot use.
+const GptConfig& checked_for(const GptConfig& c, const GptOptions& options) {
+  const std::vector<std::string> problems =
+      Gpt::sequence_parallel_problems(c, options.sequence_parallel_size());
+  if (!problems.empty()) {
+    ZRT_THROW(InvalidArgument, "{}: {}", c.name, fmt::join(problems, "; "));
+  }
+  return c;
+}
+
+}  // namespace
+
+Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
+    : TransformerModel(ctx, transformer_spec(checked_for(config, options)), options),
+      config_(std::move(config)),
+      params_(parameter_table(config_)),
+      acts_(config_, options.sequence_parallel_size()) {}
 
 std::vector<ParamSpec> Gpt::parameter_table(const GptConfig& config) {
   std::vector<ParamSpec> params;
@@ -116,6 +142,10 @@ void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std:
   fill_counter_normal(seed, static_cast<std::uint64_t>(index), begin, count, std, out);
 }
 
+// The blocks' part of the layout at sp > 1 (N = B*T of the chunk): qkv and att_lse as at sp 1
+// hold this rank's heads of the whole sequence (the same sizes), atty_full (N,C) is kept besides;
+// the forward's shared scratch adds qkv_chunk (N,3C) and the all-to-alls' send and recv (N,3C
+// each); the backward adds datty_full (N,C) and the accumulated dqkv_full (N,3C).
 void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                     int sets) {
   const I64 N = s.N(), S = s.S;
@@ -129,6 +159,7 @@ void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::Pas
     p.bytes(&a.qkv, N * 3 * C * S);
     p.floats(&a.att_lse, I64{s.B} * NH * s.T);
     p.bytes(&a.atty, N * C * S);
+    if (sp > 1) p.bytes(&a.atty_full, N * C * S);
     p.bytes(&a.attproj, N * C * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
@@ -137,6 +168,11 @@ void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::Pas
     p.bytes(&a.fch, N * 4 * C * S);
     p.bytes(&a.fch_gelu, N * 4 * C * S);
     p.bytes(&a.fcproj, N * C * S);
+  }
+  if (sp > 1) {
+    p.bytes(&qkv_chunk, N * 3 * C * S);
+    p.bytes(&send, N * 3 * C * S);
+    p.bytes(&recv, N * 3 * C * S);
   }
 }
 
@@ -148,14 +184,16 @@ void Gpt::Activations::plan_backward(ActivationPlanner& p, const transformer::Pa
   p.bytes(&dln2, N * C * S);
   p.bytes(&dfch_gelu, N * 4 * C * S);
   p.bytes(&dfch, N * 4 * C * S);
+  if (sp > 1) p.bytes(&datty_full, N * C * S);
 }
 
 void Gpt::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
   p.bytes(&dqkv, s.N() * 3 * config_.n_embd * s.S);
+  if (sp > 1) p.bytes(&dqkv_full, s.N() * 3 * config_.n_embd * s.S);
 }
 
 std::int64_t Gpt::activation_bytes(int B, int T, DType dtype) const {
-  Activations scratch(config_);
+  Activations scratch(config_, acts_.sp);
   return TransformerModel::activation_bytes(spec(), options(), B, T, dtype, scratch);
 }
 
@@ -167,10 +205,11 @@ void Gpt::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) 
   const DType dt = pass.dtype;
   kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
+  // Under sequence parallelism the projection is the chunk's until the all-to-all.
+  const Bytes qkv = ulysses() != nullptr ? acts_.qkv_chunk : x.qkv;
   k::layernorm_forward(ctx, dt, x.ln1, x.ln1_mean, x.ln1_rstd, res_in, P(kLn1W), P(kLn1B), N, C);
-  k::matmul_forward(ctx, dt, x.qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
-  k::attention_forward(ctx, dt, x.atty, x.att_lse, x.qkv, pass.B, pass.T, C, config_.n_head,
-                       pass.doc_start);
+  k::matmul_forward(ctx, dt, qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
+  attention_forward(x);
   k::matmul_forward(ctx, dt, x.attproj, x.atty, P(kAttProjW), P(kAttProjB), N, C, C);
   k::residual_layernorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_mean, x.ln2_rstd, res_in, x.attproj,
                                 P(kLn2W), P(kLn2B), N, C);
@@ -204,12 +243,52 @@ void Gpt::block_backward(ParamAccess& a, int layer, Bytes res_in) {
                         x.ln2_rstd, N, C);
   k::matmul_backward(ctx, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), dres, x.atty, P(kAttProjW),
                      N, C, C, once);
-  k::attention_backward(ctx, dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, pass.B, pass.T, C,
-                        config_.n_head, pass.doc_start);
+  attention_backward(x);
   k::matmul_backward(ctx, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C, 3 * C,
                      once);
   k::layernorm_backward(ctx, dt, gt, dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W), x.ln1_mean,
                         x.ln1_rstd, N, C);
+}
+
+void Gpt::attention_forward(const Activations::Kept& x) {
+  const Pass& pass = this->pass();
+  const int C = config_.n_embd, NH = config_.n_head;
+  const DType dt = pass.dtype;
+  transformer::UlyssesExchange* ex = ulysses();
+  if (ex == nullptr) {
+    k::attention_forward(ctx(), dt, x.atty, x.att_lse, x.qkv, pass.B, pass.T, C, NH,
+                         pass.doc_start);
+    return;
+  }
+  // The chunk's packed q, k, v to this rank's heads of the whole sequences (still packed, so
+  // the attention reads them as at sp 1 with NH/sp heads of C/sp), attention over them
+  // (doc_start spans the whole sequences), and the output back to every head of the chunk.
+  const Activations& a = acts_;
+  const int sp = ex->size(), hs = C / NH;
+  ex->to_heads_packed(dt, x.qkv, a.qkv_chunk, pass.B, pass.T, 3, NH, hs, a.send, a.recv);
+  k::attention_forward(ctx(), dt, x.atty_full, x.att_lse, x.qkv, pass.B, pass.sequence_length(),
+                       C / sp, NH / sp, pass.doc_start);
+  ex->to_chunk(dt, x.atty, x.atty_full, pass.B, pass.T, NH, hs, a.send, a.recv);
+}
+
+// datty holds the output's gradient; dqkv (zeroed by the driver) receives qkv's.
+void Gpt::attention_backward(const Activations::Kept& x) {
+  const Pass& pass = this->pass();
+  const int C = config_.n_embd, NH = config_.n_head;
+  const DType dt = pass.dtype;
+  const Activations& d = acts_;
+  transformer::UlyssesExchange* ex = ulysses();
+  if (ex == nullptr) {
+    k::attention_backward(ctx(), dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, pass.B, pass.T, C,
+                          NH, pass.doc_start);
+    return;
+  }
+  const int sp = ex->size(), hs = C / NH;
+  ex->to_chunk_backward(dt, d.datty_full, d.datty, pass.B, pass.T, NH, hs, d.send, d.recv);
+  k::attention_backward(ctx(), dt, d.dqkv_full, d.datty_full, x.qkv, x.atty_full, x.att_lse, pass.B,
+                        pass.sequence_length(), C / sp, NH / sp, pass.doc_start);
+  // The adjoint accumulates into the chunk's dqkv, which the driver zeroed.
+  ex->to_heads_packed_backward(dt, d.dqkv, d.dqkv_full, pass.B, pass.T, 3, NH, hs, d.send, d.recv);
 }
 
 }  // namespace zrt::gpt

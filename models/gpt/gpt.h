@@ -15,10 +15,17 @@
 // final LayerNorm, the tied head and the loss, the activations' allocation) is the shared
 // driver's, models/transformer/transformer_model.h.
 //
+// Under Ulysses sequence parallelism (GptOptions::sequence_group of sp ranks) a pass is this
+// rank's chunk of each sequence; the position embedding reads the chunk's global positions (the
+// driver's), and the attention sends the chunk's packed q, k, v through one all-to-all
+// (UlyssesExchange::to_heads_packed), attends over the whole sequence with n_head / sp heads
+// (multi-head attention: every head its own key and value) and sends the output back to the chunk.
+//
 // Not thread-safe; one pass at a time per Gpt.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kernels/kernel_context.h"
@@ -32,6 +39,8 @@ using GptOptions = transformer::TransformerOptions;
 
 class Gpt final : public transformer::TransformerModel {
  public:
+  // Validates `config` and, under sequence parallelism, that it splits over the group
+  // (InvalidArgument naming the keys).
   Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options = {});
 
   const GptConfig& config() const { return config_; }
@@ -45,6 +54,9 @@ class Gpt final : public transformer::TransformerModel {
   // The parameter table a Gpt of `config` reports (Hugging Face names and order), without
   // building one.
   static std::vector<ParamSpec> parameter_table(const GptConfig& config);
+  // Why `config` cannot run at sequence_parallel_size `sp` (each naming the keys and the fix);
+  // empty when it can: sp divides n_head and seq_len.
+  static std::vector<std::string> sequence_parallel_problems(const GptConfig& config, int sp);
 
   // Indices into parameters().
   int wte() const { return spec().token_embedding; }
@@ -61,7 +73,7 @@ class Gpt final : public transformer::TransformerModel {
   // What the blocks keep for their backward, and one block's gradient scratch.
   class Activations final : public transformer::BlockActivations {
    public:
-    explicit Activations(const GptConfig& config) : config_(config) {}
+    Activations(const GptConfig& config, int sp_size) : sp(sp_size), config_(config) {}
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
@@ -69,24 +81,40 @@ class Gpt final : public transformer::TransformerModel {
     struct Kept {
       Bytes ln1, qkv, atty, attproj, res2, ln2, fch, fch_gelu, fcproj;
       Floats ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, att_lse;
+      // Sequence parallelism: qkv and att_lse hold this rank's heads of the whole sequence
+      // (B,sp*T,3,NH/sp,hs), the same sizes; atty_full is the attention's output there, atty
+      // the chunk's, every head.
+      Bytes atty_full;
     };
     std::vector<Kept> kept;  // L, or 1 shared by all blocks with checkpointing
+    // Sequence parallelism: the chunk's qkv projection and the all-to-alls' buffers.
+    Bytes qkv_chunk, send, recv;
     // The matmuls overwrite dln1, datty, dln2, dfch (with the GELU's gradient,
     // kernels::matmul_dgelu_backward) and dfch_gelu (that op's unfused scratch), their one
-    // producer; attention accumulates into dqkv (the accumulated region).
+    // producer; attention accumulates into dqkv (the accumulated region). Under sequence
+    // parallelism attention accumulates into dqkv_full (accumulated too) from datty_full, the
+    // output's gradient over the whole sequence, and the all-to-all's adjoint into dqkv.
     Bytes dln1, datty, dln2, dfch, dfch_gelu, dqkv;
+    Bytes datty_full, dqkv_full;
+
+    const int sp;  // sequence_parallel_size
 
    private:
     const GptConfig& config_;
   };
 
   transformer::BlockActivations& block_activations() override { return acts_; }
+  // The attention, from the block's qkv to x.atty, and its backward into dqkv: over the batch's
+  // rows here, or over the whole sequences through the sp group's all-to-alls (qkv first in the
+  // chunk's scratch).
+  void attention_forward(const Activations::Kept& x);
+  void attention_backward(const Activations::Kept& x);
   void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;
   void block_backward(ParamAccess& access, int layer, Bytes res_in) override;
 
   GptConfig config_;
   std::vector<ParamSpec> params_;
-  Activations acts_{config_};
+  Activations acts_;
 };
 
 }  // namespace zrt::gpt

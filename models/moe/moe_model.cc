@@ -120,7 +120,7 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
   if (options.sequence_parallel_size() > 1) {
     ZRT_THROW(InvalidArgument,
               "sequence_parallel_size {}: model.type {} does not support sequence parallelism "
-              "(the Llama family does); set sequence_parallel_size 1",
+              "(the Llama family and GPT-2 do); set sequence_parallel_size 1",
               options.sequence_parallel_size(), config_.architecture);
   }
   int index = 1;

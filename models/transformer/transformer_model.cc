@@ -104,12 +104,15 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   }
 }
 
+// The position table has seq_len rows: a sequence-parallel chunk's positions (global, or its
+// documents') reach past the chunk's T.
 void TransformerModel::embedding_forward(ParamAccess& a, const TokenBatch& batch) {
   const bool positional = spec_.position_embedding >= 0;
-  k::encoder_forward(
-      ctx_, pass_.dtype, acts_.residual[0], batch.inputs, a.param(spec_.token_embedding),
-      positional ? a.param(spec_.position_embedding) : Bytes(), pass_.B, pass_.T, spec_.hidden_size,
-      spec_.vocab_size, positional ? pass_.positions : DevicePtr<const std::int32_t>());
+  k::encoder_forward(ctx_, pass_.dtype, acts_.residual[0], batch.inputs,
+                     a.param(spec_.token_embedding),
+                     positional ? a.param(spec_.position_embedding) : Bytes(), pass_.B, pass_.T,
+                     spec_.hidden_size, spec_.vocab_size,
+                     positional ? pass_.positions : DevicePtr<const std::int32_t>(), spec_.seq_len);
 }
 
 void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batch) {
@@ -117,7 +120,8 @@ void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batc
   k::encoder_backward(ctx_, pass_.dtype, pass_.grad_dtype, a.grad(spec_.token_embedding),
                       positional ? a.grad(spec_.position_embedding) : Bytes(), acts_.dres,
                       batch.inputs, pass_.B, pass_.T, spec_.hidden_size, spec_.vocab_size,
-                      positional ? pass_.positions : DevicePtr<const std::int32_t>());
+                      positional ? pass_.positions : DevicePtr<const std::int32_t>(),
+                      spec_.seq_len);
 }
 
 void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {

@@ -65,4 +65,29 @@ void UlyssesExchange::to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dch
   k::ulysses_gather_sequence(ctx_, dtype, dfull, recv, sp, B, Tl, Hd, hs);
 }
 
+// A packed row (parts, NH, hs) is `parts` rows of NH heads: scattering the heads of B*Tl*parts
+// one-token rows sends each rank its heads of every part, ordered (B,Tl,parts,Hd,hs); gathering
+// the received chunks as sequences of parts*Hd heads lays them out (B, sp*Tl, parts, Hd, hs).
+// One all-to-all moves every part.
+void UlyssesExchange::to_heads_packed(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl,
+                                      int parts, int NH, int hs, Bytes send, Bytes recv) {
+  const int sp = size();
+  const k::UlyssesHeads heads = k::ulysses_query_heads(NH, sp);
+  const int rows = B * Tl * parts;
+  k::ulysses_scatter_heads(ctx_, dtype, send, chunk, sp, rows, 1, heads, hs);
+  exchange(send, recv, std::int64_t{rows} * heads.block_heads * hs, dtype);
+  k::ulysses_gather_sequence(ctx_, dtype, full, recv, sp, B, Tl, parts * heads.block_heads, hs);
+}
+
+void UlyssesExchange::to_heads_packed_backward(DType dtype, Bytes dchunk, ConstBytes dfull, int B,
+                                               int Tl, int parts, int NH, int hs, Bytes send,
+                                               Bytes recv) {
+  const int sp = size();
+  const k::UlyssesHeads heads = k::ulysses_query_heads(NH, sp);
+  const int rows = B * Tl * parts;
+  k::ulysses_scatter_sequence(ctx_, dtype, send, dfull, sp, B, Tl, parts * heads.block_heads, hs);
+  exchange(send, recv, std::int64_t{rows} * heads.block_heads * hs, dtype);
+  k::ulysses_scatter_heads_backward(ctx_, dtype, dchunk, recv, sp, rows, 1, heads, hs);
+}
+
 }  // namespace zrt::transformer

@@ -7,7 +7,10 @@
 // (B,Tl,H,hs) into its share of the heads over the whole sequence (B,sp*Tl,Hd,hs); after it,
 // to_chunk() turns the attention's output (B,sp*Tl,NH/sp,hs) back into every head of this
 // rank's chunk (B,Tl,NH,hs). to_heads_backward() and to_chunk_backward() are their adjoints
-// (an all-to-all is its own adjoint: it only moves blocks).
+// (an all-to-all is its own adjoint: it only moves blocks). to_heads_packed() does to_heads for
+// projections packed side by side in one tensor (GPT-2's c_attn: q, k, v of every head in each
+// token's row) in one all-to-all, and keeps them packed: the attention reads them as it would at
+// sp 1, with NH/sp heads.
 //
 // Ordering: the packing kernels run on the model's compute stream, the all-to-all on the group's
 // own stream (ParallelLayout::sequence_group). The compute stream records `packed` after
@@ -57,6 +60,17 @@ class UlyssesExchange {
   // dfull (B, sp*Tl, NH/sp, hs) = the adjoint of to_chunk applied to dchunk (B,Tl,NH,hs).
   void to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dchunk, int B, int Tl, int NH, int hs,
                          Bytes send, Bytes recv);
+
+  // Packed projections: chunk (B,Tl,parts,NH,hs), `parts` projections of NH heads side by side
+  // in each token's row (GPT-2's qkv: parts 3). full (B, sp*Tl, parts, NH/sp, hs) = this rank's
+  // query heads (ulysses_query_heads) of every part over the whole sequence, still packed. send
+  // and recv hold B * Tl * parts * NH * hs elements each.
+  void to_heads_packed(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl, int parts, int NH,
+                       int hs, Bytes send, Bytes recv);
+  // dchunk (B,Tl,parts,NH,hs) += the adjoint of to_heads_packed applied to dfull
+  // (B, sp*Tl, parts, NH/sp, hs).
+  void to_heads_packed_backward(DType dtype, Bytes dchunk, ConstBytes dfull, int B, int Tl,
+                                int parts, int NH, int hs, Bytes send, Bytes recv);
 
  private:
   // recv = the all-to-all of send (blocks of `count` elements), ordered as the top says.

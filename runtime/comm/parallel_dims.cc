@@ -61,12 +61,15 @@ std::vector<std::string> ParallelDims::validate() const {
           "zero_optimization.mics_shard_size: hierarchical sharding needs stage 1, 2 or 3 "
           "(stage is 0); set a stage or remove mics_shard_size");
     }
-    if (dp_known && (mics_shard_size > dp || dp % mics_shard_size != 0)) {
+    // ZeRO shards over the whole world at any sequence_parallel_size (every rank of an sp block
+    // holds the same parameters and reduces its chunk's gradients like a data-parallel rank),
+    // so a shard group need not align with the sp blocks: it only tiles the world.
+    if (mics_shard_size > world || world % mics_shard_size != 0) {
       problems.push_back(fmt::format(
-          "zero_optimization.mics_shard_size {} does not divide the data-parallel degree {}: "
-          "shard groups are equal blocks of consecutive ranks (e.g. the ranks of one node); "
-          "give a divisor of it",
-          mics_shard_size, dp));
+          "zero_optimization.mics_shard_size {} does not divide the {} ranks ZeRO shards over "
+          "(the world, every sequence-parallel rank included): shard groups are equal blocks of "
+          "consecutive ranks (e.g. the ranks of one node); give a divisor of it",
+          mics_shard_size, world));
     }
   }
 
@@ -86,12 +89,13 @@ std::vector<std::string> ParallelDims::validate() const {
           "zero_optimization.zero_hpz_partition_size with mics_shard_size is not supported: MiCS "
           "already keeps every parameter gather inside its shard group; use one of them");
     }
-    if (dp_known && dp % S != 0) {
+    // The gathers span the world at any sequence_parallel_size, as the shards do.
+    if (world % S != 0) {
       problems.push_back(fmt::format(
           "zero_optimization.zero_hpz_partition_size {} does not divide the {} ranks the "
           "parameters are gathered over: hpZ groups are equal blocks of consecutive ranks; give "
           "a divisor of it",
-          S, dp));
+          S, world));
     }
     if (nodes_known && world % S == 0 && !blocks_within_nodes(S)) {
       problems.push_back(fmt::format(

@@ -7,14 +7,16 @@
 //   - sequence parallel (sp): blocks of sp consecutive ranks, which must lie within a node (a
 //     sequence-parallel step exchanges activations every layer); the data-parallel degree is
 //     world / sp, and the data-parallel group of a rank is the ranks at its position in every sp
-//     block. 1 today: nothing shards a sequence yet.
+//     block.
 //   - ZeRO's data-parallel world: the dense units' state is sliced over the shard world
 //     (shard_world()): 1 at stage 0, the MiCS shard group (mics_shard_size consecutive ranks,
-//     replicated across the data_parallel_size() / mics_shard_size groups) or every
-//     data-parallel rank.
+//     replicated across the world / mics_shard_size groups) or the whole world. At any sp: the
+//     ranks of an sp block hold the same parameters and reduce their chunks' gradients like
+//     data-parallel ranks, so the shard and replica groups need not align with the sp blocks,
+//     and mics_shard_size divides the world, not world / sp.
 //   - ZeRO++ hpZ: secondary shards over blocks of hpz_partition_size consecutive ranks (stage 3,
-//     within a node); qgZ/qwZ: the quantized collectives over the shard group, hierarchical
-//     (intra-node, then inter-node) where it spans nodes.
+//     within a node; a divisor of the world, like MiCS); qgZ/qwZ: the quantized collectives over
+//     the shard group, hierarchical (intra-node, then inter-node) where it spans nodes.
 //   - expert parallel (ep, expert_parallel.autoep_size): the data-parallel ranks in blocks of ep
 //     consecutive ones, each holding a 1/ep share of every MoE layer's experts; an expert's
 //     parameters are then data-parallel over the expert-data-parallel group (the ranks at the

@@ -171,7 +171,7 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   const auto m = mics.validate();
   CHECK(m.size() == 2);  // both problems, not the first alone
   CHECK(mentions(m, "mics_shard_size: hierarchical sharding needs stage 1, 2 or 3"));
-  CHECK(mentions(m, "mics_shard_size 3 does not divide the data-parallel degree 8"));
+  CHECK(mentions(m, "mics_shard_size 3 does not divide the 8 ranks ZeRO shards over"));
 
   ParallelDims hpz = dims_of(8, 2, 2);
   hpz.hpz_partition_size = 4;
@@ -200,12 +200,24 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   CHECK(mentions(sp.validate(), "sequence_parallel_size 3 does not divide the 8 ranks"));
   sp.sequence_parallel_size = 0;
   CHECK(mentions(sp.validate(), "sequence_parallel_size 0 must be >= 1"));
-  // The data-parallel degree is world / sp: MiCS and ep divide it, not the world.
+  // The data-parallel degree is world / sp: ep divides it. ZeRO shards over the whole world, so
+  // MiCS and hpZ groups divide the world, not world / sp.
   ParallelDims spm = dims_of(8, 4, 1);
   spm.sequence_parallel_size = 2;
   spm.mics_shard_size = 8;
-  CHECK(mentions(spm.validate(), "mics_shard_size 8 does not divide the data-parallel degree 4"));
+  CHECK(spm.validate().empty());
+  spm.mics_shard_size = 16;
+  CHECK(mentions(spm.validate(),
+                 "mics_shard_size 16 does not divide the 8 ranks ZeRO shards over "
+                 "(the world, every sequence-parallel rank included)"));
   spm.mics_shard_size = 0;
+  spm.stage = 3;
+  spm.sequence_parallel_size = 4;
+  spm.hpz_partition_size = 4;
+  CHECK(spm.validate().empty());
+  spm.hpz_partition_size = 0;
+  spm.stage = 1;
+  spm.sequence_parallel_size = 2;
   spm.expert_parallel_size = 8;
   CHECK(mentions(spm.validate(),
                  "expert_parallel_size 8 does not divide the data-parallel "

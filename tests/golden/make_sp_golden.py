@@ -2,7 +2,8 @@
 """Generates sp_golden.json: transformers' own LlamaForCausalLM in float64 trained for a few steps
 of Adam on the global batches zrt's tests/train/test_train_sp.cc trains on, at any
 sequence_parallel_size: the per-step losses every split of the batch (ranks, sp chunks,
-micro-batches) must reproduce.
+micro-batches) must reproduce. With --model gpt2, sp_gpt2_golden.json: the same for transformers'
+GPT2LMHeadModel (tests/train/test_train_sp_gpt.cc).
 
 The model is llama-tiny (hidden 64, 4 query and 2 key/value heads of 16, 2 layers, untied head)
 at seq_len 32. Weights come from zrt's counter RNG (models/init_rng.h, gen_gpt_golden.py) keyed
@@ -16,7 +17,14 @@ batch of 4, data.shuffle off), the mean cross-entropy over their 4*T targets, th
 clipped to norm 1 (zrt's coefficient 1 / (norm + 1e-6)), then Adam (lr 3e-3, betas 0.9/0.999,
 eps 1e-8, no weight decay), everything in float64.
 
+The GPT-2 is gpt2-tiny (n_embd 64, 4 heads of 16, 2 layers, tied head, tanh GELU, no dropout)
+with 32 learned positions. Its weights follow the same rule (LayerNorm weights, the 1-D
+".weight" tensors, float32(1 + float32(0.1 * normal)); every other tensor, the embeddings and
+biases included, float32(0.2 * normal)): large position embeddings, so a chunk that read the
+wrong rows of wpe would move the loss.
+
     python3 tests/golden/make_sp_golden.py > tests/golden/sp_golden.json
+    python3 tests/golden/make_sp_golden.py --model gpt2 > tests/golden/sp_gpt2_golden.json
 """
 import json
 import os
@@ -27,7 +35,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_gpt_golden import counter_hash, normal_tensor  # noqa: E402
 
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 SEED = 2101
 T = 32
@@ -53,9 +61,13 @@ def weights(name, shape, index):
     return normal_tensor(SEED, index, shape, 0.2)
 
 
-def main():
-    import transformers
+def gpt2_weights(name, shape, index):
+    if len(shape) == 1 and name.endswith(".weight"):  # the LayerNorms
+        return (normal_tensor(SEED, index, shape, 0.1).float() + 1.0).double()
+    return normal_tensor(SEED, index, shape, 0.2)
 
+
+def llama():
     dims = {
         "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
@@ -64,9 +76,30 @@ def main():
     }
     config = LlamaConfig(**dims, attn_implementation="eager")
     model = LlamaForCausalLM(config).double()
+    return dims, model, weights, lambda inputs: model.lm_head(
+        model.model(input_ids=inputs).last_hidden_state)
+
+
+def gpt2():
+    dims = {
+        "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 256, "n_positions": T,
+        "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "tie_word_embeddings": True,
+    }
+    config = GPT2Config(**dims, attn_implementation="eager")
+    model = GPT2LMHeadModel(config).double()
+    return dims, model, gpt2_weights, lambda inputs: model.lm_head(
+        model.transformer(input_ids=inputs).last_hidden_state)
+
+
+def main():
+    import transformers
+
+    name = sys.argv[sys.argv.index("--model") + 1] if "--model" in sys.argv else "llama"
+    dims, model, init, logits_of = {"llama": llama, "gpt2": gpt2}[name]()
     with torch.no_grad():
         for index, (name, p) in enumerate(model.named_parameters()):
-            p.copy_(weights(name, tuple(p.shape), index))
+            p.copy_(init(name, tuple(p.shape), index))
     tokens = corpus(STEPS * BATCH * T + 1)
     params = list(model.parameters())
     m = [torch.zeros_like(p) for p in params]
@@ -78,7 +111,7 @@ def main():
         inputs = torch.tensor([r[:T] for r in rows])
         targets = torch.tensor([r[1:] for r in rows])
         model.zero_grad()
-        logits = model.lm_head(model.model(input_ids=inputs).last_hidden_state)
+        logits = logits_of(inputs)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), targets.reshape(-1))
         loss.backward()
         losses.append(loss.item())
@@ -94,7 +127,7 @@ def main():
                 vhat = vi / (1 - 0.999 ** t)
                 p.sub_(LR * mhat / (vhat.sqrt() + 1e-8))
     doc = {
-        "generator": "tests/golden/make_sp_golden.py",
+        "generator": "tests/golden/make_sp_golden.py" + ("" if name == "llama" else " --model " + name),
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "seed": SEED,

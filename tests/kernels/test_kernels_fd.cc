@@ -433,6 +433,42 @@ TEST_CASE("encoder with positions matches finite differences (float64)", "[fd][d
                   InvalidArgument);
 }
 
+// A sequence-parallel chunk of T tokens at offset T in a sequence of 2T reads and trains wpe rows
+// T..2T-1 of a table of 2T rows (position_rows); a position past the table is still refused.
+TEST_CASE("encoder: a chunk's positions index a position table longer than the chunk", "[fd][sp]") {
+  const int P = 2 * kT;
+  const Vec wte = normal_values(kSeed, 171, kV * kC);
+  const Vec wpe = normal_values(kSeed, 172, P * kC);
+  const Vec dout = normal_values(kSeed, 173, kN * kC);
+  const auto tokens = test::token_values(kSeed, 174, kN, kV);
+  std::vector<std::int32_t> pos(kN);
+  for (int r = 0; r < kN; ++r) pos[r] = kT + r % kT;
+  Vec out(kN * kC);
+  encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT, kC, kV,
+                          pos.data(), P);
+  Vec dwte(wte.size(), 0.0), dwpe(wpe.size(), 0.0);
+  encoder_backward<double, double>(dwte.data(), dwpe.data(), dout.data(), tokens.data(), kB, kT, kC,
+                                   kV, pos.data(), P);
+  for (int r = 0; r < kN; ++r) {
+    for (int c = 0; c < kC; ++c) {
+      CHECK(out[r * kC + c] == wte[tokens[r] * kC + c] + wpe[pos[r] * kC + c]);
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    for (int c = 0; c < kC; ++c) {
+      double want = 0.0;
+      for (int b = 0; b < kB; ++b) {
+        if (p >= kT) want += dout[(b * kT + p - kT) * kC + c];
+      }
+      CHECK(dwpe[p * kC + c] == Approx(want).epsilon(1e-12));
+    }
+  }
+  pos[3] = P;
+  CHECK_THROWS_AS(encoder_forward<double>(out.data(), tokens.data(), wte.data(), wpe.data(), kB, kT,
+                                          kC, kV, pos.data(), P),
+                  InvalidArgument);
+}
+
 // Rows with targets < 0 are out of the loss: loss 0, gradient row 0 (padding included), and the
 // others exactly what the unmasked call gives them (each row is computed on its own); the mean
 // over a divisor, and the finite differences of the masked loss.

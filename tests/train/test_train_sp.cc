@@ -12,213 +12,32 @@
 //    uninterrupted run's losses (the data position is the global sample index);
 //  - a rank's tracked activation peak at sp 4 is at most 0.4 of sp 1's for a 256-token sequence;
 //  - the all-to-all bytes per step equal docs/multi-node.md's formula;
-//  - the config errors: query heads not divisible by sp, sp not dividing the world or the ranks
-//    per node, the batch rule counting world / sp; GPT-2 refuses sp > 1 by name.
-#include <catch2/catch.hpp>
+//  - sp 2 and 4 with MiCS shard groups and hpZ groups of any size that divides the world (ZeRO
+//    shards over the whole world, not world / sp) train to the same losses;
+//  - the config errors: query heads not divisible by sp (Llama and GPT-2), sp not dividing the
+//    world or the ranks per node, the batch rule counting world / sp.
+// GPT-2 under sp: test_train_sp_gpt.cc.
+#include "tests/train/sp_test_support.h"
 
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
-#include "config/config.h"
-#include "models/init_rng.h"
 #include "models/llama/llama.h"
-#include "runtime/data/token_shard.h"
-#include "tests/data/sft_test_support.h"
-#include "train/trainer.h"
 
 using namespace zrt;
+using namespace zrt::test::sp;
 
 namespace {
 
-namespace fs = std::filesystem;
-
-int world_rank() {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
-}
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
 const fs::path kShared = fs::temp_directory_path() / "zrt_test_train_sp";
-constexpr std::uint64_t kSeed = 2101;  // make_sp_golden.py's SEED
-constexpr int kT = 32;
-constexpr int kSteps = 4;
 
 nlohmann::json golden() {
-  std::ifstream in(ZRT_SP_GOLDEN);
-  REQUIRE(in.good());
-  return nlohmann::json::parse(in);
-}
-
-// make_sp_golden.py's corpus: half random tokens, half a repeat (+1) of the token 4 before.
-void write_corpus(const fs::path& dir) {
-  std::vector<std::uint16_t> tokens;
-  const int n = 64 * kT + 1;
-  for (int i = 0; i < n; ++i) {
-    if (i % 8 < 4) {
-      tokens.push_back(static_cast<std::uint16_t>(counter_hash(kSeed, 3000, i) % 64 + 32));
-    } else {
-      tokens.push_back(static_cast<std::uint16_t>((tokens[i - 4] + 1) % 256));
-    }
-  }
-  fs::create_directories(dir);
-  write_shard((dir / "sp_train_000000.bin").string(), tokens.data(), tokens.size());
-}
-
-// 16 packed sequences of 1-5 documents (3-14 tokens: most cross a chunk boundary at sp 2 and 4)
-// with their prompts masked out of the loss.
-void write_sft(const fs::path& dir) {
-  test::SftContent c;
-  c.T = kT;
-  c.vocab = 256;
-  c.pad = 255;
-  std::uint32_t state = 11;
-  auto next = [&](std::uint32_t n) {
-    state = state * 1103515245u + 12345u;
-    return (state >> 8) % n;
-  };
-  for (int s = 0; s < 16; ++s) {
-    test::Sequence q;
-    int used = 0;
-    const int docs = 1 + static_cast<int>(next(5));
-    for (int d = 0; d < docs && used < kT - 2; ++d) {
-      const int len = std::min(kT - used, 3 + static_cast<int>(next(12)));
-      const int prompt = static_cast<int>(next(static_cast<std::uint32_t>(len)));
-      for (int t = 0; t < len; ++t) {
-        q.tokens.push_back(next(250));
-        q.mask.push_back(t >= prompt ? 1 : 0);
-      }
-      used += len;
-      q.ends.push_back(used);
-    }
-    for (int t = used; t < kT; ++t) {
-      q.tokens.push_back(c.pad);
-      q.mask.push_back(0);
-    }
-    c.sequences.push_back(q);
-  }
-  fs::create_directories(dir);
-  test::write_bytes((dir / "sft_000000.bin").string(), test::sft_bytes(c));
+  return read_golden(ZRT_SP_GOLDEN);
 }
 
 void write_data() {
-  if (world_rank() == 0) {
-    write_corpus(kShared / "corpus");
-    write_sft(kShared / "sft");
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-}
-
-// The registry's model with make_sp_golden.py's weights: matrices float(0.2 * normal), RMSNorm
-// weights float(1 + float(0.1 * normal)), keyed on the parameter index.
-train::ModelFactory golden_weights(const Config& config) {
-  train::ModelFactory f = train::registry_model(config.model);
-  f.initializer = [](const Model& model, std::uint64_t, const std::string&) -> ParamInitializer {
-    return [&model](int index, std::int64_t first, std::int64_t count, float* out) {
-      const ParamSpec& p = model.parameters()[static_cast<std::size_t>(index)];
-      const bool norm = p.name.size() >= 11 && p.name.rfind("norm.weight") == p.name.size() - 11;
-      fill_counter_normal(kSeed, static_cast<std::uint64_t>(index), first, count, norm ? 0.1 : 0.2,
-                          out);
-      if (norm) {
-        for (std::int64_t i = 0; i < count; ++i) out[i] = out[i] + 1.0f;
-      }
-    };
-  };
-  return f;
-}
-
-struct Job {
-  int sp = 1;
-  std::string zero = R"({"stage": 1})";
-  int micro = 1;  // micro-batch x accumulation x world / sp = the global batch of 4
-  int accumulation = 1;
-  bool sft = false;
-  bool checkpointing = false;
-  int steps = kSteps;
-  int seq_len = kT;
-  std::string checkpoint;  // the "checkpoint" block, if any
-};
-
-struct Run {
-  std::vector<double> losses;
-  std::vector<std::int64_t> loss_tokens;
-  std::vector<std::int64_t> sequence_bytes;  // comm_sequence_parallel_bytes per logged step
-  std::vector<std::int64_t> sequence_sent;   // comm_sequence_parallel_sent_bytes
-  std::int64_t activation_peak = 0;          // the largest mem_peak_bytes.activations
-};
-
-std::string config_text(const std::string& name, const Job& job) {
-  const std::string out = (kShared / "out" / name).string();
-  const std::string data =
-      job.sft ? (kShared / "sft").string() : (kShared / "corpus" / "sp_train_*.bin").string();
-  return R"({
-    "train_batch_size": 4,
-    "train_micro_batch_size_per_gpu": )" +
-         std::to_string(job.micro) + R"(,
-    "gradient_accumulation_steps": )" +
-         std::to_string(job.accumulation) + R"(,
-    "sequence_parallel_size": )" +
-         std::to_string(job.sp) + R"(,
-    "gradient_clipping": 1.0,
-    "zero_optimization": )" +
-         job.zero + R"(,
-    "optimizer": {"type": "Adam", "params": {"lr": 0.003, "weight_decay": 0.0}},
-    "model": {"type": "llama", "preset": "llama-tiny", "seq_len": )" +
-         std::to_string(job.seq_len) + R"(, "activation_checkpointing": )" +
-         (job.checkpointing ? "true" : "false") + R"(},
-    "data": {"train": ")" +
-         data + R"(", "shuffle": false},
-    "train": {"steps": )" +
-         std::to_string(job.steps) + R"(, "log_interval": 1, "sample_tokens": 0},
-    "device": {"type": "cpu"},)" +
-         (job.checkpoint.empty() ? std::string() : R"("checkpoint": )" + job.checkpoint + ",") +
-         R"(
-    "seed": 1,
-    "output_dir": ")" +
-         out + R"("
-  })";
+  test::sp::write_data(kShared);
 }
 
 Run train_run(const std::string& name, const Job& job) {
-  const int world = world_size();
-  const Config config = parse_config_text(config_text(name, job), world, name + ".json");
-  const int rank = world_rank();
-  train::run_training(config, train::RankInfo{rank, world, rank, world}, golden_weights(config));
-  MPI_Barrier(MPI_COMM_WORLD);
-  Run r;
-  std::ifstream in((kShared / "out" / name / "metrics.jsonl").string());
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto row = nlohmann::json::parse(line);
-    if (!row.contains("loss")) continue;
-    r.losses.push_back(row["loss"].get<double>());
-    r.loss_tokens.push_back(row["loss_tokens"].get<std::int64_t>());
-    if (row.contains("comm_sequence_parallel_bytes")) {
-      r.sequence_bytes.push_back(row["comm_sequence_parallel_bytes"].get<std::int64_t>());
-      r.sequence_sent.push_back(row["comm_sequence_parallel_sent_bytes"].get<std::int64_t>());
-    }
-    r.activation_peak =
-        std::max(r.activation_peak, row["mem_peak_bytes"]["activations"].get<std::int64_t>());
-  }
-  return r;
-}
-
-void check_losses(const std::vector<double>& got, const std::vector<double>& want, double rel,
-                  std::size_t first = 0) {
-  REQUIRE(!got.empty());
-  REQUIRE(got.size() + first <= want.size());
-  for (std::size_t s = 0; s < got.size(); ++s) {
-    INFO("step " << s + first + 1 << ": " << got[s] << " against " << want[s + first]);
-    CHECK(std::abs(got[s] - want[s + first]) <= rel * std::abs(want[s + first]));
-  }
+  return test::sp::train_run(kShared, name, job);
 }
 
 }  // namespace
@@ -270,6 +89,39 @@ TEST_CASE("sp 1, 2 and 4 train to transformers' float64 losses at every stage", 
         check_losses(r.losses, sp1, 1e-5);
       }
     }
+  }
+}
+
+// ZeRO shards over the whole world at any sp (the parameters are the same on every rank of an sp
+// block, each rank reduces its chunk's gradients like any data-parallel rank), so MiCS shard
+// groups and hpZ groups only have to divide the world: a shard group may be a whole sp block,
+// half of one, or span several; an hpZ group likewise.
+TEST_CASE("sp composes with MiCS and hpZ groups that divide the world", "[sp]") {
+  if (world_size() != 4) return;
+  write_data();
+  const std::vector<double> want = golden()["losses"].get<std::vector<double>>();
+  struct Variant {
+    std::string name;
+    int sp;
+    std::string zero;
+  };
+  const std::string stage3 = R"("stage": 3, "stage3_param_persistence_threshold": 100)";
+  const std::vector<Variant> variants = {
+      {"mics4_sp2", 2, R"({"stage": 2, "mics_shard_size": 4})"},
+      {"mics2_sp2", 2, "{" + stage3 + R"(, "mics_shard_size": 2})"},
+      {"mics2_sp4", 4, R"({"stage": 1, "mics_shard_size": 2})"},
+      {"hpz4_sp2", 2, "{" + stage3 + R"(, "zero_hpz_partition_size": 4})"},
+      {"hpz2_sp4", 4, "{" + stage3 + R"(, "zero_hpz_partition_size": 2})"},
+  };
+  for (const Variant& v : variants) {
+    Job job;
+    job.sp = v.sp;
+    job.micro = v.sp;
+    job.zero = v.zero;
+    INFO(v.name);
+    const Run r = train_run(v.name, job);
+    REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+    check_losses(r.losses, want, 2e-5);
   }
 }
 
@@ -432,7 +284,7 @@ TEST_CASE("sequence_parallel_size's config errors name the numbers and the fix",
             .empty());
 }
 
-TEST_CASE("a run refuses a model that cannot split its heads, and GPT-2, by name", "[sp]") {
+TEST_CASE("a run refuses a model that cannot split its heads, by name", "[sp]") {
   if (world_size() != 4) return;
   write_data();
   const auto build_error = [](const std::string& model) {
@@ -455,6 +307,8 @@ TEST_CASE("a run refuses a model that cannot split its heads, and GPT-2, by name
                              "hidden_size": 96, "num_attention_heads": 6,
                              "num_key_value_heads": 2})"),
              Catch::Contains("sequence_parallel_size 4 does not divide the model's 6 query heads"));
-  CHECK_THAT(build_error(R"({"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256})"),
-             Catch::Contains("model.type gpt2 does not support sequence parallelism"));
+  CHECK_THAT(build_error(R"({"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256,
+                             "n_embd": 96, "n_head": 6})"),
+             Catch::Contains("sequence_parallel_size 4 does not divide the model's 6 heads "
+                             "(n_head)"));
 }

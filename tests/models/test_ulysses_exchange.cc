@@ -1,0 +1,125 @@
+// UlyssesExchange's packed path (models/transformer/ulysses_exchange.h) at 2 and 4 ranks, one sp
+// group of every rank: GPT-2's packed q, k, v (B,Tl,3,NH,hs) of each rank's chunk become, in one
+// all-to-all, this rank's NH/sp heads of each part over the whole sequence, still packed
+// (B, sp*Tl, 3, NH/sp, hs); the backward adds the adjoint into the chunk's gradient. Both against
+// the index map written out here, element by element and exactly (the layout only moves values;
+// the backward's one addition per element is the same fp32 add).
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/kernel_context.h"
+#include "models/transformer/ulysses_exchange.h"
+#include "runtime/device/device_access.h"
+#include "tests/comm/collective_test_util.h"
+
+using namespace zrt;
+using namespace zrt::test;
+
+namespace {
+
+constexpr int kB = 2, kTl = 3, kParts = 3, kNH = 4, kHs = 2;
+
+Buffer upload_floats(Device& device, Stream& stream, const std::vector<float>& values) {
+  std::vector<std::byte> bytes(values.size() * 4);
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  return upload(device, stream, bytes);
+}
+
+std::vector<float> download_floats(Device& device, Stream& stream, Buffer& b, std::size_t count) {
+  const std::vector<std::byte> bytes =
+      download(device, stream, b.device<std::byte>(), static_cast<std::int64_t>(count * 4));
+  std::vector<float> out(count);
+  std::memcpy(out.data(), bytes.data(), bytes.size());
+  return out;
+}
+
+// Element (b, t, part, head, d) of a (B, T, parts, heads, hs) tensor.
+std::size_t at(int T, int heads, int b, int t, int part, int head, int d) {
+  return ((((static_cast<std::size_t>(b) * T + t) * kParts + part) * heads + head) * kHs) + d;
+}
+
+}  // namespace
+
+TEST_CASE("to_heads_packed gives each rank its heads of every part over the whole sequence",
+          "[ulysses]") {
+  int sp = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &sp);
+  if (kNH % sp != 0) return;
+  CommOptions options;
+  options.check_collective_sequence = true;
+  CommFixture f = make_comm(options, "sequence-parallel");
+  std::unique_ptr<Stream> compute = f.device->create_stream("compute");
+  kernels::KernelContext ctx(*f.device, *compute);
+  transformer::UlyssesExchange ex(ctx, *f.group);
+  const int rank = f.rank(), Hd = kNH / sp, T = sp * kTl;
+  const std::size_t n = static_cast<std::size_t>(kB) * kTl * kParts * kNH * kHs;
+
+  // chunk: this rank's (B,Tl,3,NH,hs); dfull: the gradient of its (B,T,3,Hd,hs); dchunk0: what
+  // the chunk's gradient held before the backward adds to it.
+  auto chunk_of = [&](int r) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = input_value(r, static_cast<std::int64_t>(i), 5);
+    return v;
+  };
+  auto dfull_of = [&](int r) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = input_value(r, static_cast<std::int64_t>(i), 7);
+    return v;
+  };
+  std::vector<float> dchunk0(n);
+  for (std::size_t i = 0; i < n; ++i)
+    dchunk0[i] = input_value(rank, static_cast<std::int64_t>(i), 9);
+
+  Buffer chunk = upload_floats(*f.device, *compute, chunk_of(rank));
+  Buffer dfull = upload_floats(*f.device, *compute, dfull_of(rank));
+  Buffer dchunk = upload_floats(*f.device, *compute, dchunk0);
+  Buffer full = upload_floats(*f.device, *compute, std::vector<float>(n, 0.0f));
+  Buffer send = upload_floats(*f.device, *compute, std::vector<float>(n, 0.0f));
+  Buffer recv = upload_floats(*f.device, *compute, std::vector<float>(n, 0.0f));
+
+  ex.to_heads_packed(DType::kFloat32, full.device<std::byte>(), chunk.device<std::byte>(), kB, kTl,
+                     kParts, kNH, kHs, send.device<std::byte>(), recv.device<std::byte>());
+  ex.to_heads_packed_backward(DType::kFloat32, dchunk.device<std::byte>(),
+                              dfull.device<std::byte>(), kB, kTl, kParts, kNH, kHs,
+                              send.device<std::byte>(), recv.device<std::byte>());
+  const std::vector<float> got_full = download_floats(*f.device, *compute, full, n);
+  const std::vector<float> got_dchunk = download_floats(*f.device, *compute, dchunk, n);
+
+  // full[b][t][p][h] = rank (t / Tl)'s chunk at token t % Tl, part p, head rank * Hd + h.
+  int mismatches = 0;
+  for (int b = 0; b < kB; ++b) {
+    for (int t = 0; t < T; ++t) {
+      const std::vector<float> source = chunk_of(t / kTl);
+      for (int p = 0; p < kParts; ++p) {
+        for (int h = 0; h < Hd; ++h) {
+          for (int d = 0; d < kHs; ++d) {
+            const float want = source[at(kTl, kNH, b, t % kTl, p, rank * Hd + h, d)];
+            if (got_full[at(T, Hd, b, t, p, h, d)] != want) ++mismatches;
+          }
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+  // dchunk[b][t][p][h] += rank (h / Hd)'s dfull at token rank * Tl + t, part p, head h % Hd.
+  mismatches = 0;
+  for (int b = 0; b < kB; ++b) {
+    for (int t = 0; t < kTl; ++t) {
+      for (int p = 0; p < kParts; ++p) {
+        for (int h = 0; h < kNH; ++h) {
+          const std::vector<float> source = dfull_of(h / Hd);
+          for (int d = 0; d < kHs; ++d) {
+            const std::size_t i = at(kTl, kNH, b, t, p, h, d);
+            const float want = dchunk0[i] + source[at(T, Hd, b, rank * kTl + t, p, h % Hd, d)];
+            if (got_dchunk[i] != want) ++mismatches;
+          }
+        }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+}
