@@ -10,7 +10,7 @@ namespace zrt {
 
 namespace {
 
-constexpr std::int64_t kTile = 2048;  // fp32 widening tile kept in L1
+constexpr std::int64_t kWidenTile = 2048;  // fp32 widening tile kept in L1
 // 1.5 * 2^23: (t + kRound) - kRound is t rounded to the nearest integer, ties to even, for
 // |t| < 2^22 (the codes are at most ~191 in magnitude before the clamp).
 constexpr float kRound = 12582912.0f;
@@ -53,11 +53,11 @@ ZRT_SIMD_DISPATCH(void, dequantize_span,
                   (const std::int8_t* q, std::int64_t n, float s, float* out, bool add),
                   (q, n, s, out, add), dequantize_body)
 
-ZRT_SIMD_BODY void narrow_bf16_body(const float* in, std::uint16_t* out, std::int64_t n) {
+ZRT_SIMD_BODY void narrow_bf16_span_body(const float* in, std::uint16_t* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]).bits;
 }
 ZRT_SIMD_DISPATCH(void, narrow_bf16_span, (const float* in, std::uint16_t* out, std::int64_t n),
-                  (in, out, n), narrow_bf16_body)
+                  (in, out, n), narrow_bf16_span_body)
 
 ZRT_SIMD_BODY void divide_body(float* x, std::int64_t n, float divisor) {
   for (std::int64_t i = 0; i < n; ++i) x[i] = x[i] / divisor;
@@ -66,7 +66,7 @@ ZRT_SIMD_DISPATCH(void, divide_span, (float* x, std::int64_t n, float divisor), 
                   divide_body)
 
 // Elements [first, first + n) of `in` as fp32: a pointer into it for fp32, else widened into
-// `tile` (n <= kTile).
+// `tile` (n <= kWidenTile).
 const float* as_fp32(const void* in, DType dtype, std::int64_t first, std::int64_t n, float* tile) {
   switch (dtype) {
     case DType::kFloat32:
@@ -116,12 +116,12 @@ void check_quantize_args(DType dtype, std::int64_t n, std::int64_t block) {
 void quantize_int8_blocks(const void* in, DType dtype, std::int64_t n, std::int64_t block,
                           std::int8_t* q, float* scales) {
   check_quantize_args(dtype, n, block);
-  alignas(64) float tile[kTile];
+  alignas(64) float tile[kWidenTile];
   for (std::int64_t b = 0, first = 0; first < n; ++b, first += block) {
     const std::int64_t len = std::min(block, n - first);
     std::uint32_t amax = 0;
-    for (std::int64_t t = 0; t < len; t += kTile) {
-      const std::int64_t m = std::min(kTile, len - t);
+    for (std::int64_t t = 0; t < len; t += kWidenTile) {
+      const std::int64_t m = std::min(kWidenTile, len - t);
       amax = std::max(amax, amax_bits(as_fp32(in, dtype, first + t, m, tile), m));
     }
     const float s =
@@ -131,8 +131,8 @@ void quantize_int8_blocks(const void* in, DType dtype, std::int64_t n, std::int6
       std::fill(q + first, q + first + len, std::int8_t{0});
       continue;
     }
-    for (std::int64_t t = 0; t < len; t += kTile) {
-      const std::int64_t m = std::min(kTile, len - t);
+    for (std::int64_t t = 0; t < len; t += kWidenTile) {
+      const std::int64_t m = std::min(kWidenTile, len - t);
       quantize_span(as_fp32(in, dtype, first + t, m, tile), m, s, q + first + t);
     }
   }
@@ -141,11 +141,11 @@ void quantize_int8_blocks(const void* in, DType dtype, std::int64_t n, std::int6
 void dequantize_int8_blocks(const std::int8_t* q, const float* scales, std::int64_t n,
                             std::int64_t block, DType dtype, void* out) {
   check_quantize_args(dtype, n, block);
-  alignas(64) float tile[kTile];
+  alignas(64) float tile[kWidenTile];
   for (std::int64_t b = 0, first = 0; first < n; ++b, first += block) {
     const std::int64_t len = std::min(block, n - first);
-    for (std::int64_t t = 0; t < len; t += kTile) {
-      const std::int64_t m = std::min(kTile, len - t);
+    for (std::int64_t t = 0; t < len; t += kWidenTile) {
+      const std::int64_t m = std::min(kWidenTile, len - t);
       dequantize_span(q + first + t, m, scales[b], tile, false);
       store_from_fp32(tile, m, dtype, out, first + t);
     }
@@ -162,9 +162,9 @@ void dequantize_int8_blocks_add(const std::int8_t* q, const float* scales, std::
 
 void narrow_fp32(const float* acc, std::int64_t n, float divisor, DType dtype, void* out) {
   check_quantize_args(dtype, n, 1);
-  alignas(64) float tile[kTile];
-  for (std::int64_t first = 0; first < n; first += kTile) {
-    const std::int64_t m = std::min(kTile, n - first);
+  alignas(64) float tile[kWidenTile];
+  for (std::int64_t first = 0; first < n; first += kWidenTile) {
+    const std::int64_t m = std::min(kWidenTile, n - first);
     std::copy(acc + first, acc + first + m, tile);
     if (divisor != 1.0f) divide_span(tile, m, divisor);
     store_from_fp32(tile, m, dtype, out, first);
