@@ -3,7 +3,8 @@
 // storage (per-tensor relative error <= 1e-5) and bf16 (<= 1e-2, gradients fp32 or bf16); expert
 // indices and the dispatch plan exactly; the routings the CPU tests cover (slots routed nowhere,
 // empty experts, all tokens to one expert, k = 1, k = E) at sizes that take several blocks and
-// several chunks of the per-expert scan; and a whole layer twice on the GPU, bit for bit.
+// several chunks of the per-expert scan; Qwen2-MoE's shared-expert gate and the loss terms added
+// on the device; and a whole layer twice on the GPU, bit for bit.
 // Skipped (exit 77) without a GPU; under the CUDA stand-ins (ctest -L standin) the CUDA host
 // paths run on the CPU.
 #include <catch2/catch.hpp>
@@ -184,6 +185,33 @@ TEST_CASE("grouped linear: CUDA twin matches the CPU twin, empty experts skipped
     grouped_linear_backward(*be.ctx, dt, gt, dx, dw + g_half, dout, x, w + w_half, offsets, E, IC,
                             OC, GradWrite::kAccumulate, stride);
     return Outputs{{{"out", R * OC}, {"dx", R * IC}, {"dw", E * 2 * OC * IC}}, {}};
+  });
+}
+
+TEST_CASE("shared expert gate and loss terms: CUDA twin matches the CPU twin", "[cuda][moe]") {
+  // N spans several blocks of the forward's element loop and of the backward's row loop; the gate
+  // logits reach +-6 so that sigmoid and its derivative are exercised away from 0.5.
+  for (auto [N, C] : {std::tuple{700, 40}, std::tuple{1, 3}, std::tuple{300, 257}}) {
+    INFO("N " << N << " C " << C);
+    parity("shared gate", [N = N, C = C](MoeBackend& be, DType dt, DType) {
+      const Bytes s = be.put("s", normal_values(kSeed, 50, N * C), dt);
+      const Bytes g = be.put("g", normal_values(kSeed, 51, N, 3.0), dt);
+      const Bytes out = be.put("out", normal_values(kSeed, 52, N * C), dt);  // accumulates
+      const Bytes dout = be.put("dout", normal_values(kSeed, 53, N * C), dt);
+      const Bytes ds = be.put("ds", Vec(N * C, 7.0), dt);  // overwritten
+      const Bytes dg = be.put("dg", Vec(N, 7.0), dt);       // overwritten
+      moe_shared_gate_forward(*be.ctx, dt, out, s, g, N, C);
+      moe_shared_gate_backward(*be.ctx, dt, ds, dg, dout, s, g, N, C);
+      return Outputs{{{"out", N * C}, {"ds", N * C}, {"dg", N}}, {}};
+    });
+  }
+  parity("add loss term", [](MoeBackend& be, DType, DType) {
+    const Floats loss = be.put_f32("loss", Vec(1, 2.5));
+    const Floats lb = be.put_f32("lb", Vec(1, 0.75));
+    const Floats z = be.put_f32("z", Vec(1, -1.25));
+    moe_add_loss_term(*be.ctx, loss, lb, 0.02f);
+    moe_add_loss_term(*be.ctx, loss, z, 0.001f);
+    return Outputs{{{"loss", 1}}, {}};
   });
 }
 
