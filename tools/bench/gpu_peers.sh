@@ -18,6 +18,11 @@
 #             machine's whole memory) ...
 #   zrt-llama16 ... and zrt and DeepSpeed on that model with all of the optimizer state offloaded
 #   ds-llama16
+#   zrt-moe   a mixture of experts: Qwen3-30B-A3B's shape at 8 of its 48 layers (5.6 B parameters,
+#             1.08 B active: 8 of 128 experts a token), stage 3 on the device
+#             (configs/gpu-qwen3-moe-bench.json, 2048 tokens, 1 x 8 micro-batches a step)
+#   zrt-dense the dense Llama of the same active size beside it (configs/gpu-dense-1b-bench.json:
+#             the same attention, an MLP 8 x 768 wide), for the MoE layer's cost per active FLOP
 #
 #   tools/bench/gpu_peers.sh --bundle DIR|FILE.tar.xz --out DIR [--budget S] [--phases "..."]
 #                            [--llmc PATH] [--wheels DIR] [--prebuild-ds]
@@ -35,7 +40,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bundle=""
 out=""
 budget=540
-phases="llmc nanogpt zrt-gpt2 attention zrt-llama ds-llama fsdp2 zrt-llama16 ds-llama16"
+phases="llmc nanogpt zrt-gpt2 attention zrt-llama ds-llama fsdp2 zrt-llama16 ds-llama16 zrt-moe zrt-dense"
 llmc=""
 wheels=""
 prebuild_ds=0
@@ -54,7 +59,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -193,6 +198,14 @@ for p in $phases; do
     ds-llama16)
       phase ds-llama16 150 python3 "$root/tools/bench/torch_llama_offload_bench.py" --engine deepspeed \
         --layers 16 --ratio 1.0 --steps 3 ;;
+    zrt-moe)
+      phase zrt-moe 90 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; zrt_run qwen3-moe-l8 2 configs/gpu-qwen3-moe-bench.json \
+        --train.steps 6 --scheduler.params.total_num_steps 6" ;;
+    zrt-dense)
+      phase zrt-dense 60 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; zrt_run dense-1b 2 configs/gpu-dense-1b-bench.json \
+        --train.steps 6 --scheduler.params.total_num_steps 6" ;;
   esac
 done
 
