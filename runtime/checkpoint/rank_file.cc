@@ -95,8 +95,9 @@ void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank
 }
 }  // namespace
 
-ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index)
-    : dir_(std::move(dir)), index_(index) {}
+ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index,
+                             std::vector<int> index_param_of)
+    : dir_(std::move(dir)), index_(index), index_param_of_(std::move(index_param_of)) {}
 ShardedReader::~ShardedReader() = default;
 
 ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
@@ -105,7 +106,7 @@ ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
   auto f = std::make_unique<OpenFile>();
   f->file = H5File::open_read((std::filesystem::path(dir_) / rank_file_name(old_rank)).string());
   check_rank_attrs(f->file, index_, old_rank);
-  const std::int64_t n = index_.slice_elements();
+  const std::int64_t n = index_.rank_elements[static_cast<std::size_t>(old_rank)];
   for (const std::string& name : index_.state_datasets()) {
     f->data.push_back(
         std::make_unique<H5Dataset>(f->file, name, H5Elem::kFloat32, std::vector<std::int64_t>{n}));
@@ -130,15 +131,19 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
   for (int p : plan.unit(u).params) {
     const auto range = plan.owned_range(p, rank);
     if (range.count == 0) continue;
-    const ParamEntry& e = index_.params[static_cast<std::size_t>(p)];
+    const std::size_t q =
+        index_param_of_.empty() ? static_cast<std::size_t>(p)
+                                : static_cast<std::size_t>(index_param_of_[static_cast<std::size_t>(p)]);
+    const ParamEntry& e = index_.params[q];
     const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
     std::int64_t done = 0;
     while (done < range.count) {
       const std::int64_t idx = e.offset + range.first + done;  // element of the old unit
-      const auto old_rank = static_cast<int>(idx / old.shard);
+      const SliceEntry& slice = old.slices[static_cast<std::size_t>(idx / old.shard)];
       const std::int64_t within = idx % old.shard;
       const std::int64_t n = std::min(range.count - done, old.shard - within);
-      pieces.push_back(Piece{old_rank, old.slice_offset + within, n, range.slice_offset + done});
+      pieces.push_back(Piece{static_cast<int>(slice.rank), slice.offset + within, n,
+                             range.slice_offset + done});
       done += n;
     }
   }
@@ -202,7 +207,9 @@ std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& in
   check_rank_attrs(file, index, rank);
   std::int64_t bytes = 0;
   for (const std::string& name : index.state_datasets()) {
-    bytes += H5Dataset(file, name, H5Elem::kFloat32, {index.slice_elements()}).verify_all();
+    bytes += H5Dataset(file, name, H5Elem::kFloat32,
+                       {index.rank_elements[static_cast<std::size_t>(rank)]})
+                 .verify_all();
   }
   return bytes;
 }

@@ -94,12 +94,15 @@ void fsync_path(const std::string& path, bool directory = false);
 // Not thread-safe.
 class ShardedReader {
  public:
-  ShardedReader(std::string dir, const CheckpointIndex& index);
+  // `index_param_of[p]`: the row of index.params that holds the plan's parameter p (found by
+  // name, match_params); empty: the plan's parameters are the index's, in its order.
+  ShardedReader(std::string dir, const CheckpointIndex& index,
+                std::vector<int> index_param_of = {});
   ~ShardedReader();
   // Writes rank `rank`'s slice of unit `u` of `plan` (plan.unit(u).shard floats each, padding
-  // zero) into `out`: one array per dataset of index.state_datasets(), in that order. The plan's
-  // parameters must be the index's. Where the old and new slices line up, the file's bytes are
-  // read straight into the destination.
+  // zero) into `out`: one array per dataset of index.state_datasets(), in that order, whatever
+  // slicing wrote each unit. Where the old and new slices line up, the file's bytes are read
+  // straight into the destination.
   void fill(const PartitionPlan& plan, int rank, int u, const std::vector<float*>& out);
   std::int64_t bytes_read() const { return bytes_read_; }
 
@@ -108,6 +111,7 @@ class ShardedReader {
   OpenFile& file(int old_rank);
   std::string dir_;
   const CheckpointIndex& index_;
+  std::vector<int> index_param_of_;
   std::map<int, std::unique_ptr<OpenFile>> files_;
   std::vector<unsigned char> scratch_;
   std::vector<float> span_;
