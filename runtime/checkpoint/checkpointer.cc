@@ -156,8 +156,8 @@ CheckpointIndex Checkpointer::gather_tables(const CheckpointIndex& index, std::s
   std::int64_t length = static_cast<std::int64_t>(mine.size());
   std::vector<std::int64_t> lengths(rank_ == 0 ? static_cast<std::size_t>(world_) : 0);
   MPI_Request request;
-  ZRT_MPI_CHECK(MPI_Igather(&length, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, 0, comm_,
-                            &request));
+  ZRT_MPI_CHECK(
+      MPI_Igather(&length, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, 0, comm_, &request));
   wait_for(request, "the ranks' table rows did not arrive");
   std::vector<int> counts, displs;
   std::string all;
@@ -181,9 +181,9 @@ CheckpointIndex Checkpointer::gather_tables(const CheckpointIndex& index, std::s
   try {
     std::vector<RankShare> shares;
     for (int r = 0; r < world_; ++r) {
-      shares.push_back(decode_share(all.substr(static_cast<std::size_t>(displs[r]),
-                                               static_cast<std::size_t>(counts[r])),
-                                    fmt::format("rank {}", r)));
+      shares.push_back(decode_share(
+          all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(counts[r])),
+          fmt::format("rank {}", r)));
     }
     merge_shares(out, shares);
   } catch (const std::exception& e) {
@@ -408,10 +408,10 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       }
       if (rank_ == 0) write_index((tmp / "index.h5").string(), *index);
       if (rank_ == 0) fsync_path((tmp / "index.h5").string());
-      const std::int64_t expected =
-          index->share.gather ? index->share.file_elements()
-          : rank_ < index->world ? index->rank_elements[static_cast<std::size_t>(rank_)]
-                                 : 0;
+      const std::int64_t expected = index->share.gather ? index->share.file_elements()
+                                    : rank_ < index->world
+                                        ? index->rank_elements[static_cast<std::size_t>(rank_)]
+                                        : 0;
       if (expected > 0) {
         ZRT_CHECK(state.rank == rank_ && state.elements == expected,
                   "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,

@@ -263,8 +263,9 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   }
   const std::int64_t version = read_attr_int(root, "format_version", path);
   if (version != kFormatVersion && version != kOneWorldFormatVersion) {
-    ZRT_THROW(InvalidArgument, "{}: checkpoint format version {}, this zrt reads versions {} and {}",
-              path, version, kOneWorldFormatVersion, kFormatVersion);
+    ZRT_THROW(InvalidArgument,
+              "{}: checkpoint format version {}, this zrt reads versions {} and {}", path, version,
+              kOneWorldFormatVersion, kFormatVersion);
   }
   CheckpointIndex index;
   index.step = read_attr_int(root, "step", path);

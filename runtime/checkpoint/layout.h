@@ -75,14 +75,14 @@ struct StateRange {
 // One slice a rank writes, as a row of the tables (an engine over several groups: rank 0
 // gathers every rank's rows at save time, rank_share.h).
 struct WrittenSlice {
-  std::string unit_key;  // the unit's first parameter's name: the same unit on every rank
+  std::string unit_key;         // the unit's first parameter's name: the same unit on every rank
   std::int64_t local_unit = 0;  // its index in the writer's plan (orders the merged tables)
   std::int64_t group = 0;
   std::int64_t numel = 0;
   std::int64_t shard = 0;
-  std::int64_t slices = 0;  // the unit's group's world
-  std::int64_t slice = 0;   // which of them
-  std::int64_t offset = 0;  // where it starts in the writer's rank file
+  std::int64_t slices = 0;         // the unit's group's world
+  std::int64_t slice = 0;          // which of them
+  std::int64_t offset = 0;         // where it starts in the writer's rank file
   std::vector<ParamEntry> params;  // slice 0's writer only: the unit's parameters (unit unused)
 };
 

@@ -132,8 +132,9 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     const auto range = plan.owned_range(p, rank);
     if (range.count == 0) continue;
     const std::size_t q =
-        index_param_of_.empty() ? static_cast<std::size_t>(p)
-                                : static_cast<std::size_t>(index_param_of_[static_cast<std::size_t>(p)]);
+        index_param_of_.empty()
+            ? static_cast<std::size_t>(p)
+            : static_cast<std::size_t>(index_param_of_[static_cast<std::size_t>(p)]);
     const ParamEntry& e = index_.params[q];
     const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
     std::int64_t done = 0;
@@ -142,11 +143,15 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
       const SliceEntry& slice = old.slices[static_cast<std::size_t>(idx / old.shard)];
       const std::int64_t within = idx % old.shard;
       const std::int64_t n = std::min(range.count - done, old.shard - within);
-      pieces.push_back(Piece{static_cast<int>(slice.rank), slice.offset + within, n,
-                             range.slice_offset + done});
+      pieces.push_back(
+          Piece{static_cast<int>(slice.rank), slice.offset + within, n, range.slice_offset + done});
       done += n;
     }
   }
+  // The pieces by destination, for the check below (their destinations never overlap).
+  std::vector<Piece> by_dest = pieces;
+  std::sort(by_dest.begin(), by_dest.end(),
+            [](const Piece& a, const Piece& b) { return a.dest < b.dest; });
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
     return a.old_rank != b.old_rank ? a.old_rank < b.old_rank : a.file_pos < b.file_pos;
   });
@@ -164,10 +169,22 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     OpenFile& f = file(pieces[i].old_rank);
     // Same layout in the old and the new slice (the usual case: same world size, or a unit
     // whose old slice maps onto the new one in one piece): read straight into the destination
-    // (the padding read between pieces is zeroed below).
+    // (the padding read between pieces is zeroed below). Not when what the span would write
+    // between its pieces is another piece's destination (pieces of other files, or of other
+    // units of this one, when a new unit gathers several old ones).
     bool direct = true;
     for (std::size_t k = i + 1; k < j; ++k) {
       direct = direct && pieces[k].dest - pieces[k].file_pos == pieces[i].dest - first;
+    }
+    if (direct) {
+      const std::int64_t to = pieces[i].dest + (end - first);
+      auto k =
+          std::lower_bound(by_dest.begin(), by_dest.end(), pieces[i].dest,
+                           [](const Piece& p, std::int64_t at) { return p.dest + p.count <= at; });
+      for (; direct && k != by_dest.end() && k->dest < to; ++k) {
+        direct = k->old_rank == pieces[i].old_rank && k->file_pos >= first &&
+                 k->file_pos + k->count <= end && k->dest - k->file_pos == pieces[i].dest - first;
+      }
     }
     if (direct) {
       for (std::size_t d = 0; d < arrays; ++d) {
@@ -188,14 +205,12 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     i = j;
   }
   // Padding (what no piece covers) is zero.
-  std::sort(pieces.begin(), pieces.end(),
-            [](const Piece& a, const Piece& b) { return a.dest < b.dest; });
   std::int64_t covered = 0;
   auto zero = [&](std::int64_t from, std::int64_t to) {
     if (to <= from) return;
     for (float* o : out) std::memset(o + from, 0, static_cast<std::size_t>(to - from) * 4);
   };
-  for (const Piece& p : pieces) {
+  for (const Piece& p : by_dest) {
     zero(covered, p.dest);
     covered = std::max(covered, p.dest + p.count);
   }

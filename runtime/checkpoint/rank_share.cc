@@ -114,16 +114,17 @@ RankShare decode_share(const std::string& bytes, const std::string& where) {
     }
     share.slices.push_back(std::move(s));
   }
-  if (!r.done()) ZRT_THROW(InvalidArgument, "checkpoint: trailing bytes in the rows from {}", where);
+  if (!r.done())
+    ZRT_THROW(InvalidArgument, "checkpoint: trailing bytes in the rows from {}", where);
   // The file's extent as the rows describe it (the ranges of the state are the sender's own).
-  share.written = elements > 0 ? std::vector<StateRange>{StateRange{0, elements}}
-                               : std::vector<StateRange>{};
+  share.written =
+      elements > 0 ? std::vector<StateRange>{StateRange{0, elements}} : std::vector<StateRange>{};
   return share;
 }
 
 void merge_shares(CheckpointIndex& index, const std::vector<RankShare>& shares) {
   struct Found {
-    const WrittenSlice* first = nullptr;  // slice 0's row: the unit's parameters
+    const WrittenSlice* first = nullptr;      // slice 0's row: the unit's parameters
     const WrittenSlice* reference = nullptr;  // the first row seen, which the others must match
     int first_rank = -1;
     std::vector<SliceEntry> slices;
