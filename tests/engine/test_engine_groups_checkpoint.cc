@@ -23,20 +23,26 @@
 // the same layout, otherwise within the reduction-order bound of test_engine_groups (each run is
 // within 1e-6 relative L2 of the single-process reference there, so two runs within 2e-6; losses
 // within 1e-5). Stages 1-3, with optimizer offload in some. Every slice is written once: the
-// rank files hold exactly the units' elements. Runs at 4 ranks; smaller layouts run on the first
+// rank files hold exactly the units' elements. A checkpoint that lacks a parameter the run needs
+// (its experts), or holds one no rank of the run has (more experts than the run's), fails the
+// load on every rank naming it; zrt-ckpt lists such a checkpoint and consolidates it (every
+// expert, from whichever rank wrote it). Runs at 4 ranks; smaller layouts run on the first
 // ranks (a communicator of their own) while the others wait.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/engine_state.h"
+#include "runtime/checkpoint/h5.h"
 #include "runtime/comm/parallel_dims.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -54,7 +60,8 @@ constexpr int kDenseModules = 4;  // TiedMlp(kD, kH): modules 0..3; the experts 
 struct Layout {
   int world = 4;
   int ep = 1;
-  int replica_shard = 0;  // > 0: the "replicas" layout, group 1 over blocks of this many ranks
+  int replica_shard = 0;   // > 0: the "replicas" layout, group 1 over blocks of this many ranks
+  int experts = kExperts;  // 0: the dense model alone
   std::string name() const {
     return replica_shard > 0
                ? fmt::format("{} ranks, experts replicated over blocks of {}", world, replica_shard)
@@ -79,7 +86,8 @@ std::vector<int> local_experts(const Layout& layout, int rank) {
   std::vector<int> out;
   const int ep = layout.replica_shard > 0 ? 1 : layout.ep;
   const int position = rank % ep;
-  for (int e = position * kExperts / ep; e < (position + 1) * kExperts / ep; ++e) out.push_back(e);
+  const int n = layout.experts;
+  for (int e = position * n / ep; e < (position + 1) * n / ep; ++e) out.push_back(e);
   return out;
 }
 
@@ -156,7 +164,7 @@ std::unique_ptr<LayoutRun> make_layout_run(const Layout& layout, const Variant& 
     run->replicas = make_subgroup(*run->world, replica_plan(layout.world, s, me), *run->comm_stream,
                                   "experts-replicas");
     groups.push_back(ShardGroup{run->shards.get(), run->replicas.get()});
-  } else if (layout.ep > 1) {
+  } else if (experts_grouped(layout)) {
     ParallelDims dims;
     dims.world = layout.world;
     dims.stage = variant.stage;
@@ -178,9 +186,10 @@ std::unique_ptr<LayoutRun> make_layout_run(const Layout& layout, const Variant& 
   EngineOptions options = test_engine_options(variant.stage, kGlobalMb / layout.world);
   options.offload_optimizer.enabled = variant.offload;
   run->params = layout_params(layout, me);
-  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, std::move(groups),
-                                             run->params, kDenseModules + 1, options,
-                                             *run->optimizer, make_cpu_optimizer_offload);
+  const int modules = kDenseModules + (layout.experts > 0 ? 1 : 0);
+  run->engine =
+      std::make_unique<ZeroEngine>(*run->device, *run->compute, std::move(groups), run->params,
+                                   modules, options, *run->optimizer, make_cpu_optimizer_offload);
   const std::vector<ParamSpec> params = run->params;
   run->engine->initialize([params](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = initial_value(params, p, first + i);
@@ -198,7 +207,9 @@ class WithExperts final : public ParamAccess {
   void acquire(int module, Phase phase) override { run_.engine->acquire(module, phase); }
   void release(int module, Phase phase) override {
     run_.engine->release(module, phase);
-    if (module == kDenseModules - 1 && phase == Phase::kForward) run_experts();
+    if (module == kDenseModules - 1 && phase == Phase::kForward && run_.layout.experts > 0) {
+      run_experts();
+    }
   }
   DevicePtr<std::byte> param(int index) override { return run_.engine->param(index); }
   DevicePtr<std::byte> grad(int index) override { return run_.engine->grad(index); }
@@ -326,6 +337,7 @@ double train_step(LayoutRun& run, int step) {
 struct Trained {
   std::vector<double> losses;                        // per step trained here
   std::map<std::string, std::vector<float>> params;  // this rank's parameters, by name
+  std::map<std::string, std::vector<std::int64_t>> shapes;
 };
 
 Trained train(LayoutRun& run, int from_step, int to_step) {
@@ -333,6 +345,7 @@ Trained train(LayoutRun& run, int from_step, int to_step) {
   for (int step = from_step; step < to_step; ++step) out.losses.push_back(train_step(run, step));
   for (std::size_t p = 0; p < run.params.size(); ++p) {
     out.params[run.params[p].name] = run.engine->full_parameter(static_cast<int>(p));
+    out.shapes[run.params[p].name] = run.params[p].shape;
   }
   return out;
 }
@@ -426,6 +439,25 @@ void resume_case(const Layout& from, const Layout& to, const Variant& variant) {
   CHECK(worst <= 2e-6);
 }
 
+std::string shell(const std::string& cmd, int* status) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  char buf[512];
+  while (fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
+  const int rc = pclose(pipe);
+  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+  return out;
+}
+
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
 }  // namespace
 
 TEST_CASE("several groups: saved at one world size and ep, resumed at another", "[groups]") {
@@ -445,4 +477,81 @@ TEST_CASE("several groups: saved at one world size and ep, resumed at another", 
   resume_case(two, ep2, Variant{1, false, false});
   resume_case(replicas, two, Variant{2, false, false});
   resume_case(ep4, replicas, Variant{3, true, false});
+}
+
+TEST_CASE("several groups: missing and foreign experts fail the load; zrt-ckpt reads them",
+          "[groups]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 4) return;
+  const fs::path root = fs::temp_directory_path() / "zrt_test_engine_groups_ckpt_tool";
+  const fs::path dense_dir = root / "dense", experts_dir = root / "experts";
+  if (world_rank() == 0) fs::remove_all(root);
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Variant variant{2, false, false};
+  Trained saved;
+  if (auto run = make_layout_run(Layout{4, 4}, variant)) {
+    saved = train(*run, 0, 2);
+    save(*run, variant, experts_dir.string(), 2);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (auto run = make_layout_run(Layout{4, 1, 0, 0}, variant)) {
+    train(*run, 0, 1);
+    save(*run, variant, dense_dir.string(), 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // The experts' checkpoint into a run without experts (every rank holds the whole model), and
+  // into one with half of them (each rank part of it: the check goes over every rank).
+  for (const Layout& layout : {Layout{2, 1, 0, 0}, Layout{4, 2, 0, 2}}) {
+    if (auto run = make_layout_run(layout, variant)) {
+      CHECK_THAT(message_of([&] {
+                   checkpoint::load_engine((experts_dir / "global_step2").string(), *run->engine,
+                                           run->comm);
+                 }),
+                 Catch::Contains("the checkpoint's parameter 'experts.") &&
+                     Catch::Contains("is held by no rank of this run"));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  // The dense checkpoint into a run with experts: the first expert parameter is named.
+  if (auto run = make_layout_run(Layout{4, 2}, variant)) {
+    const std::string first_expert = world_rank() % 2 == 0 ? "experts.0.w" : "experts.2.w";
+    CHECK_THAT(message_of([&] {
+                 checkpoint::load_engine((dense_dir / "global_step1").string(), *run->engine,
+                                         run->comm);
+               }),
+               Catch::Contains("the model's parameter '" + first_expert +
+                               "' [13, 5] is not in the checkpoint"));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // zrt-ckpt: the table lists every expert and the groups; consolidate gathers the experts that
+  // four ranks wrote, each equal to what its rank held.
+  const fs::path consolidated = root / "consolidated.h5";
+  if (world_rank() == 0) {
+    int status = 0;
+    const std::string listing =
+        shell(std::string(ZRT_CKPT) + " inspect " + experts_dir.string(), &status);
+    INFO(listing);
+    CHECK(status == 0);
+    CHECK_THAT(listing, Catch::Contains("experts.3.w") && Catch::Contains("experts.0.b") &&
+                            Catch::Contains("group 1"));
+    const std::string verified =
+        shell(std::string(ZRT_CKPT) + " verify " + experts_dir.string(), &status);
+    INFO(verified);
+    CHECK(status == 0);
+    shell(std::string(ZRT_CKPT) + " consolidate " + experts_dir.string() + " --out " +
+              consolidated.string(),
+          &status);
+    CHECK(status == 0);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  checkpoint::H5File file = checkpoint::H5File::open_read(consolidated.string());
+  REQUIRE(saved.params.size() == TiedMlp(kD, kH).parameters().size() + 2);
+  for (const auto& [name, values] : saved.params) {
+    INFO(name);
+    std::vector<float> read(values.size());
+    checkpoint::H5Dataset(file, "/params/" + name, checkpoint::H5Elem::kFloat32, saved.shapes[name])
+        .read_all(read.data());
+    CHECK(read == values);
+  }
 }

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -174,15 +176,11 @@ int logits(const std::string& dir, const std::string& token_text) {
   }
   zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(), zrt::DType::kFloat32,
                               zrt::DType::kFloat32);
+  // By name: a checkpoint of several shard groups lists the experts after the dense units.
+  const std::vector<int> rows =
+      zrt::checkpoint::match_params(index, params, (fs::path(dir) / "index.h5").string());
   for (std::size_t p = 0; p < params.size(); ++p) {
-    if (params[p].name != index.params[p].name || params[p].shape != index.params[p].shape) {
-      ZRT_THROW(zrt::InvalidArgument,
-                "{}: parameter {} is '{}' {} in the checkpoint, '{}' {} in "
-                "the model",
-                dir, p, index.params[p].name, shape_text(index.params[p].shape), params[p].name,
-                shape_text(params[p].shape));
-    }
-    access.set_param(static_cast<int>(p), values[p]);
+    access.set_param(static_cast<int>(p), values[static_cast<std::size_t>(rows[p])]);
   }
   const auto bytes = static_cast<std::int64_t>(tokens.size() * sizeof(std::int32_t));
   zrt::Buffer inputs = device->allocate(bytes, zrt::MemCategory::kOther, "tokens");
@@ -226,8 +224,23 @@ int inspect(const std::string& dir) {
               static_cast<long long>(index.data.position), index.data.shuffle ? "on" : "off",
               static_cast<unsigned long long>(index.data.seed));
   std::printf("scheduler    %s\n", index.scheduler.c_str());
-  std::printf("parameters   %zu tensors, %lld elements, %zu units\n\n", index.params.size(),
+  std::printf("parameters   %zu tensors, %lld elements, %zu units\n", index.params.size(),
               static_cast<long long>(total), index.units.size());
+  // Several shard groups (expert parallelism): each group's units and how they were sliced.
+  std::map<std::int64_t, std::pair<std::int64_t, std::set<std::size_t>>> groups;
+  for (const auto& u : index.units) {
+    groups[u.group].first += 1;
+    groups[u.group].second.insert(u.slices.size());
+  }
+  if (groups.size() > 1) {
+    for (const auto& [group, units] : groups) {
+      std::string slices;
+      for (std::size_t n : units.second) slices += (slices.empty() ? "" : "/") + std::to_string(n);
+      std::printf("group %-6lld %lld units, each in %s slice(s)\n", static_cast<long long>(group),
+                  static_cast<long long>(units.first), slices.c_str());
+    }
+  }
+  std::printf("\n");
   std::printf("%-48s %-16s %10s %5s %10s\n", "name", "shape", "numel", "unit", "offset");
   for (const auto& p : index.params) {
     std::printf("%-48s %-16s %10lld %5lld %10lld\n", p.name.c_str(), shape_text(p.shape).c_str(),
