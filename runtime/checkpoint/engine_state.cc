@@ -140,12 +140,14 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
   const std::string index_path = (std::filesystem::path(dir) / "index.h5").string();
   CheckpointIndex index = read_index(index_path);
   // By name: with expert parallelism a rank holds only its experts, whatever experts the ranks
-  // that saved held.
-  std::vector<int> index_param_of = match_params(index, engine.params(), index_path);
+  // that saved held, stacked or one parameter each (param_match.h).
+  ParamSources sources = find_params(index, engine.params(), index_path);
   // Every parameter of the checkpoint must be held by some rank; with one group each rank holds
   // the whole model, with several the ranks' parts are put together.
   std::vector<unsigned char> held(index.params.size(), 0);
-  for (int q : index_param_of) held[static_cast<std::size_t>(q)] = 1;
+  for (const std::vector<ParamSource>& runs : sources) {
+    for (const ParamSource& run : runs) held[static_cast<std::size_t>(run.row)] = 1;
+  }
   if (engine.plan().group_count() > 1) {
     ZRT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()),
                                 MPI_UNSIGNED_CHAR, MPI_MAX, ranks));
@@ -179,7 +181,7 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
               index_path, describe(index.optimizer, index.optimizer_states),
               describe(running_optimizer.family, running_optimizer.state_names));
   }
-  ShardedReader reader(dir, index, std::move(index_param_of));
+  ShardedReader reader(dir, index, std::move(sources));
   const PartitionPlan& plan = engine.plan();
   engine.load_state(EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
                     [&](int u, const ZeroEngine::StateArrays& arrays) {

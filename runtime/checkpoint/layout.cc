@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include <cstring>
-#include <unordered_map>
 
 #include "runtime/checkpoint/h5.h"
 #include "runtime/common/error.h"
@@ -400,36 +399,6 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
     index.params.push_back(std::move(e));
   }
   return index;
-}
-
-std::vector<int> match_params(const CheckpointIndex& index, const std::vector<ParamSpec>& params,
-                              const std::string& path) {
-  std::unordered_map<std::string, int> row;
-  for (std::size_t q = 0; q < index.params.size(); ++q) {
-    if (!row.emplace(index.params[q].name, static_cast<int>(q)).second) {
-      ZRT_THROW(InvalidArgument, "{}: dataset '/param_name': parameter '{}' is listed twice", path,
-                index.params[q].name);
-    }
-  }
-  std::vector<int> out;
-  for (const ParamSpec& want : params) {
-    const auto it = row.find(want.name);
-    if (it == row.end()) {
-      ZRT_THROW(InvalidArgument,
-                "{}: the model's parameter '{}' {} is not in the checkpoint, which holds {} "
-                "parameters (another model, or experts it does not hold?)",
-                path, want.name, show(want.shape), index.params.size());
-    }
-    const ParamEntry& e = index.params[static_cast<std::size_t>(it->second)];
-    if (e.shape != want.shape) {
-      ZRT_THROW(InvalidArgument,
-                "{}: dataset '/param_name': parameter '{}' is {} in the checkpoint but {} in the "
-                "model (another model?)",
-                path, want.name, show(e.shape), show(want.shape));
-    }
-    out.push_back(it->second);
-  }
-  return out;
 }
 
 }  // namespace zrt::checkpoint

@@ -147,10 +147,4 @@ void write_index(const std::string& path, const CheckpointIndex& index);
 // naming the file, the dataset and the parameter.
 CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>* expect = nullptr);
 
-// For each of `params` (a rank's parameters, in its order), the index of its row in
-// index.params, found by name (a rank of an expert-parallel run holds only its experts). A
-// parameter the checkpoint lacks, or of another shape, is InvalidArgument naming it and `path`.
-std::vector<int> match_params(const CheckpointIndex& index, const std::vector<ParamSpec>& params,
-                              const std::string& path);
-
 }  // namespace zrt::checkpoint

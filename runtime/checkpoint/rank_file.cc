@@ -95,9 +95,8 @@ void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank
 }
 }  // namespace
 
-ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index,
-                             std::vector<int> index_param_of)
-    : dir_(std::move(dir)), index_(index), index_param_of_(std::move(index_param_of)) {}
+ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index, ParamSources sources)
+    : dir_(std::move(dir)), index_(index), sources_(std::move(sources)) {}
 ShardedReader::~ShardedReader() = default;
 
 ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
@@ -131,21 +130,28 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
   for (int p : plan.unit(u).params) {
     const auto range = plan.owned_range(p, rank);
     if (range.count == 0) continue;
-    const std::size_t q =
-        index_param_of_.empty()
-            ? static_cast<std::size_t>(p)
-            : static_cast<std::size_t>(index_param_of_[static_cast<std::size_t>(p)]);
-    const ParamEntry& e = index_.params[q];
-    const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
-    std::int64_t done = 0;
-    while (done < range.count) {
-      const std::int64_t idx = e.offset + range.first + done;  // element of the old unit
-      const SliceEntry& slice = old.slices[static_cast<std::size_t>(idx / old.shard)];
-      const std::int64_t within = idx % old.shard;
-      const std::int64_t n = std::min(range.count - done, old.shard - within);
-      pieces.push_back(
-          Piece{static_cast<int>(slice.rank), slice.offset + within, n, range.slice_offset + done});
-      done += n;
+    const std::vector<ParamSource> whole{
+        ParamSource{0, index_.params[static_cast<std::size_t>(p)].numel, p, 0}};
+    const std::vector<ParamSource>& sources =
+        sources_.empty() ? whole : sources_[static_cast<std::size_t>(p)];
+    for (const ParamSource& source : sources) {
+      // The part of the owned range this source holds.
+      const std::int64_t lo = std::max(range.first, source.first);
+      const std::int64_t hi = std::min(range.first + range.count, source.first + source.count);
+      if (lo >= hi) continue;
+      const ParamEntry& e = index_.params[static_cast<std::size_t>(source.row)];
+      const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
+      std::int64_t done = 0;
+      while (done < hi - lo) {
+        // Element of the old unit.
+        const std::int64_t idx = e.offset + source.at + (lo - source.first) + done;
+        const SliceEntry& slice = old.slices[static_cast<std::size_t>(idx / old.shard)];
+        const std::int64_t within = idx % old.shard;
+        const std::int64_t n = std::min(hi - lo - done, old.shard - within);
+        pieces.push_back(Piece{static_cast<int>(slice.rank), slice.offset + within, n,
+                               range.slice_offset + (lo - range.first) + done});
+        done += n;
+      }
     }
   }
   // The pieces by destination, for the check below (their destinations never overlap).

@@ -11,6 +11,7 @@
 
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/param_match.h"
 #include "runtime/engine/partition.h"
 
 namespace zrt::checkpoint {
@@ -94,10 +95,9 @@ void fsync_path(const std::string& path, bool directory = false);
 // Not thread-safe.
 class ShardedReader {
  public:
-  // `index_param_of[p]`: the row of index.params that holds the plan's parameter p (found by
-  // name, match_params); empty: the plan's parameters are the index's, in its order.
-  ShardedReader(std::string dir, const CheckpointIndex& index,
-                std::vector<int> index_param_of = {});
+  // `sources[p]`: where the plan's parameter p is in the checkpoint (found by name,
+  // param_match.h); empty: the plan's parameters are the index's, in its order.
+  ShardedReader(std::string dir, const CheckpointIndex& index, ParamSources sources = {});
   ~ShardedReader();
   // Writes rank `rank`'s slice of unit `u` of `plan` (plan.unit(u).shard floats each, padding
   // zero) into `out`: one array per dataset of index.state_datasets(), in that order, whatever
@@ -111,7 +111,7 @@ class ShardedReader {
   OpenFile& file(int old_rank);
   std::string dir_;
   const CheckpointIndex& index_;
-  std::vector<int> index_param_of_;
+  ParamSources sources_;
   std::map<int, std::unique_ptr<OpenFile>> files_;
   std::vector<unsigned char> scratch_;
   std::vector<float> span_;

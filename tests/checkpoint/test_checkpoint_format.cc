@@ -4,7 +4,8 @@
 // naming the file, the dataset and the problem. A format-1 checkpoint (written by zrt before
 // the slice table, a fixture) still reads and reshards; the tables of a checkpoint over several
 // shard groups are merged from the ranks' rows, read by parameter name, and refused when a
-// slice is written twice or by no rank.
+// slice is written twice or by no rank; an expert's own parameter reads from the stacked one
+// and back.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -715,7 +716,12 @@ TEST_CASE("tables of several groups: merged from the ranks' rows, read by name a
   std::vector<ParamSpec> mine = {grouped_model()[5], grouped_model()[1], grouped_model()[0],
                                  grouped_model()[2]};
   for (ParamSpec& p : mine) p.modules = {0};
-  const std::vector<int> rows = match_params(read, mine, "index.h5");
+  const ParamSources sources = find_params(read, mine, "index.h5");
+  std::vector<int> rows;
+  for (const auto& runs : sources) {
+    REQUIRE(runs.size() == 1);
+    rows.push_back(runs[0].row);
+  }
   CHECK(rows == std::vector<int>{5, 1, 0, 2});
   for (int world : {1, 2}) {
     PartitionOptions o;
@@ -724,7 +730,7 @@ TEST_CASE("tables of several groups: merged from the ranks' rows, read by name a
     o.alignment = 4;
     o.num_modules = 1;
     const PartitionPlan plan(mine, o);
-    ShardedReader reader(dir.string(), read, rows);
+    ShardedReader reader(dir.string(), read, sources);
     for (int r = 0; r < world; ++r) {
       for (int u = 0; u < static_cast<int>(plan.units().size()); ++u) {
         const auto n = static_cast<std::size_t>(plan.unit(u).shard);
@@ -744,12 +750,12 @@ TEST_CASE("tables of several groups: merged from the ranks' rows, read by name a
   }
   auto other = mine;
   other[0].name = "x3.w";
-  CHECK_THAT(message_of([&] { match_params(read, other, "index.h5"); }),
+  CHECK_THAT(message_of([&] { find_params(read, other, "index.h5"); }),
              Catch::Contains("index.h5: the model's parameter 'x3.w' [9, 3] is not in the "
                              "checkpoint"));
   other = mine;
   other[0].shape = {3, 9};
-  CHECK_THAT(message_of([&] { match_params(read, other, "index.h5"); }),
+  CHECK_THAT(message_of([&] { find_params(read, other, "index.h5"); }),
              Catch::Contains("parameter 'x2.w' is [9, 3] in the checkpoint but [3, 9]"));
 
   // Rows that do not fit together.
@@ -774,4 +780,50 @@ TEST_CASE("tables of several groups: merged from the ranks' rows, read by name a
   write_index((dir / "index.h5").string(), index);
   CHECK_THAT(message_of([&] { read_index((dir / "index.h5").string()); }),
              Catch::Contains("the slices in rank file 1 overlap at element 90"));
+}
+
+TEST_CASE("an expert's own parameter is a row of the stacked one, either way round") {
+  CheckpointIndex index;
+  index.params = {{"m.experts.0.w", {2, 3}, 6, 0, 0},
+                  {"m.experts.1.w", {2, 3}, 6, 0, 8},
+                  {"m.experts.b", {2, 3}, 6, 0, 16},
+                  {"m.gate", {2, 4}, 8, 0, 24}};
+  auto sources_of = [&](const ParamSpec& p) { return find_params(index, {p}, "index.h5")[0]; };
+  // Stacked in the run, one parameter per expert in the checkpoint.
+  const auto stacked = sources_of({"m.experts.w", {2, 2, 3}, {0}});
+  REQUIRE(stacked.size() == 2);
+  CHECK((stacked[0].first == 0 && stacked[0].count == 6 && stacked[0].row == 0 &&
+         stacked[0].at == 0));
+  CHECK((stacked[1].first == 6 && stacked[1].count == 6 && stacked[1].row == 1 &&
+         stacked[1].at == 0));
+  // One per expert in the run, stacked in the checkpoint.
+  const auto own = sources_of({"m.experts.1.b", {3}, {0}});
+  REQUIRE(own.size() == 1);
+  CHECK((own[0].row == 2 && own[0].at == 3 && own[0].count == 3));
+  // Put together from whole values.
+  const std::vector<std::vector<float>> values = {
+      {1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 11, 12}, {-1, -2, -3, -4, -5, -6}, {}};
+  CHECK(assemble_param(stacked, values) ==
+        std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  CHECK(assemble_param(own, values) == std::vector<float>{-4, -5, -6});
+  // More experts than the checkpoint holds, or rows of another shape.
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.w", {3, 2, 3}, {0}});
+             }),
+             Catch::Contains("'m.experts.w' [3, 2, 3] stacks 3 experts, but the checkpoint has "
+                             "no 'm.experts.2.w' [2, 3]"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.2.b", {3}, {0}});
+             }),
+             Catch::Contains("'m.experts.2.b' is expert 2, but the checkpoint's 'm.experts.b' "
+                             "[2, 3] stacks 2"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.0.b", {4}, {0}});
+             }),
+             Catch::Contains("'m.experts.0.b' [4] of the model is not a row of the "
+                             "checkpoint's stacked 'm.experts.b' [2, 3]"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.gate", {2, 5}, {0}});
+             }),
+             Catch::Contains("parameter 'm.gate' is [2, 4] in the checkpoint but [2, 5]"));
 }

@@ -15,7 +15,9 @@
 // world size (the global batch fixed: 4 ranks x 1 micro-batch = 2 x 2 = 1 x 4), so a run at
 // one layout continues another's. A second layout, "replicas", keeps every expert on every rank
 // in group 1 sliced over blocks of 2 ranks and replicated across them (hierarchical sharding of
-// one group): each unit is then written by the first replica only.
+// one group): each unit is then written by the first replica only. A third keeps the experts
+// stacked at ep 1 ("experts.w" [E, D, out]), as the MoE models do without expert parallelism:
+// the checkpoint layer reads expert e's own parameter from row e of the stacked one and back.
 //
 // Each case trains 3 steps at one layout, saves through the Checkpointer (synchronous from the
 // engine's memory, or async with the engine's state copy), resumes at another and trains 3 more;
@@ -62,6 +64,9 @@ struct Layout {
   int ep = 1;
   int replica_shard = 0;   // > 0: the "replicas" layout, group 1 over blocks of this many ranks
   int experts = kExperts;  // 0: the dense model alone
+  // ep 1 only: the experts' parameters stacked ("experts.w" [E, D, out]), as the MoE models keep
+  // them without expert parallelism, instead of one per expert.
+  bool stacked = false;
   std::string name() const {
     return replica_shard > 0
                ? fmt::format("{} ranks, experts replicated over blocks of {}", world, replica_shard)
@@ -98,6 +103,12 @@ bool experts_grouped(const Layout& layout) {
 std::vector<ParamSpec> layout_params(const Layout& layout, int rank) {
   std::vector<ParamSpec> params = TiedMlp(kD, kH).parameters();
   const int group = experts_grouped(layout) ? 1 : 0;
+  if (layout.stacked) {
+    const std::int64_t n = layout.experts;
+    params.push_back(ParamSpec{"experts.w", {n, kD, kOut}, {kDenseModules}, false, 0});
+    params.push_back(ParamSpec{"experts.b", {n, kOut}, {kDenseModules}, true, 0});
+    return params;
+  }
   for (int e : local_experts(layout, rank)) {
     const std::string prefix = "experts." + std::to_string(e);
     params.push_back(ParamSpec{prefix + ".w", {kD, kOut}, {kDenseModules}, false, group});
@@ -111,8 +122,12 @@ std::vector<ParamSpec> layout_params(const Layout& layout, int rank) {
 float initial_value(const std::vector<ParamSpec>& params, int p, std::int64_t i) {
   const std::string& name = params[static_cast<std::size_t>(p)].name;
   if (name.rfind("experts.", 0) != 0) return TiedMlp::init_value(p, i);
-  const int e = std::stoi(name.substr(8));
   const int which = name.back() == 'w' ? 0 : 1;
+  if (name == "experts.w" || name == "experts.b") {  // stacked: expert i / (its size)
+    const std::int64_t n = which == 0 ? kD * kOut : kOut;
+    return TiedMlp::init_value(1000 + 2 * static_cast<int>(i / n) + which, i % n);
+  }
+  const int e = std::stoi(name.substr(8));
   return TiedMlp::init_value(1000 + 2 * e + which, i);
 }
 
@@ -234,10 +249,19 @@ class WithExperts final : public ParamAccess {
     // Normalised like the dense loss's mean over a rank's rows: a constant at every layout.
     const float scale = 1.0f / static_cast<float>(kRows * kOut);
     engine.acquire(kDenseModules, Phase::kForward);
+    // Expert slot j's weight and bias: its own parameters, or its rows of the stacked ones.
+    const bool stacked = run_.layout.stacked;
+    auto slot_param = [&](int j, int which) {
+      const int p = stacked ? first_param + which : first_param + 2 * j + which;
+      const int row = stacked ? j * (which == 0 ? kD * kOut : kOut) : 0;
+      return std::pair<int, int>{p, row};
+    };
     std::vector<const float*> w, b;
     for (int j = 0; j < slots; ++j) {
-      w.push_back(reinterpret_cast<const float*>(raw(engine.param(first_param + 2 * j))));
-      b.push_back(reinterpret_cast<const float*>(raw(engine.param(first_param + 2 * j + 1))));
+      const auto [pw, rw] = slot_param(j, 0);
+      const auto [pb, rb] = slot_param(j, 1);
+      w.push_back(reinterpret_cast<const float*>(raw(engine.param(pw))) + rw);
+      b.push_back(reinterpret_cast<const float*>(raw(engine.param(pb))) + rb);
     }
     float* loss = loss_;
     s.enqueue([=] {
@@ -257,8 +281,10 @@ class WithExperts final : public ParamAccess {
     engine.acquire(kDenseModules, Phase::kBackward);
     std::vector<float*> gw, gb;
     for (int j = 0; j < slots; ++j) {
-      gw.push_back(reinterpret_cast<float*>(raw(engine.grad(first_param + 2 * j))));
-      gb.push_back(reinterpret_cast<float*>(raw(engine.grad(first_param + 2 * j + 1))));
+      const auto [pw, rw] = slot_param(j, 0);
+      const auto [pb, rb] = slot_param(j, 1);
+      gw.push_back(reinterpret_cast<float*>(raw(engine.grad(pw))) + rw);
+      gb.push_back(reinterpret_cast<float*>(raw(engine.grad(pb))) + rb);
     }
     const float seed = static_cast<float>(engine.loss_scale()) * 2.0f * scale;
     s.enqueue([=] {
@@ -423,6 +449,7 @@ void resume_case(const Layout& from, const Layout& to, const Variant& variant) {
   }
   double worst = 0.0;
   std::string worst_name;
+  // Both runs are at the `to` layout: the same names.
   for (const auto& [name, values] : whole.params) {
     REQUIRE(resumed.params.count(name) == 1);
     const double err = relative_l2(resumed.params[name], values);
@@ -477,6 +504,11 @@ TEST_CASE("several groups: saved at one world size and ep, resumed at another", 
   resume_case(two, ep2, Variant{1, false, false});
   resume_case(replicas, two, Variant{2, false, false});
   resume_case(ep4, replicas, Variant{3, true, false});
+  // The experts stacked at ep 1 (the MoE models' form) and one parameter each under ep.
+  Layout stacked{1, 1};
+  stacked.stacked = true;
+  resume_case(ep4, stacked, Variant{2, false, false});
+  resume_case(stacked, ep2, Variant{3, true, true});
 }
 
 TEST_CASE("several groups: missing and foreign experts fail the load; zrt-ckpt reads them",

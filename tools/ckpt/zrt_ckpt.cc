@@ -27,6 +27,7 @@
 #include "models/model_registry.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/param_match.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -170,17 +171,22 @@ int logits(const std::string& dir, const std::string& token_text) {
   zrt::kernels::KernelContext ctx(*device, *stream);
   auto model = def->build(ctx, zrt::ModelOptions{});
   const auto& params = model->parameters();
-  if (params.size() != index.params.size()) {
-    ZRT_THROW(zrt::InvalidArgument, "{}: {} parameters saved, the model has {}", dir,
-              index.params.size(), params.size());
-  }
   zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(), zrt::DType::kFloat32,
                               zrt::DType::kFloat32);
-  // By name: a checkpoint of several shard groups lists the experts after the dense units.
-  const std::vector<int> rows =
-      zrt::checkpoint::match_params(index, params, (fs::path(dir) / "index.h5").string());
+  // By name: a checkpoint of several shard groups lists the experts after the dense units,
+  // one parameter each where the model stacks them (param_match.h).
+  const zrt::checkpoint::ParamSources sources =
+      zrt::checkpoint::find_params(index, params, (fs::path(dir) / "index.h5").string());
+  std::vector<bool> used(index.params.size(), false);
   for (std::size_t p = 0; p < params.size(); ++p) {
-    access.set_param(static_cast<int>(p), values[static_cast<std::size_t>(rows[p])]);
+    for (const auto& run : sources[p]) used[static_cast<std::size_t>(run.row)] = true;
+    access.set_param(static_cast<int>(p), zrt::checkpoint::assemble_param(sources[p], values));
+  }
+  for (std::size_t q = 0; q < used.size(); ++q) {
+    if (!used[q]) {
+      ZRT_THROW(zrt::InvalidArgument, "{}: the checkpoint's parameter '{}' is not in the model",
+                dir, index.params[q].name);
+    }
   }
   const auto bytes = static_cast<std::int64_t>(tokens.size() * sizeof(std::int32_t));
   zrt::Buffer inputs = device->allocate(bytes, zrt::MemCategory::kOther, "tokens");
