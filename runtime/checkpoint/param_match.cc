@@ -35,7 +35,7 @@ std::string shape_text(const std::vector<std::int64_t>& v) {
   return fmt::format("[{}]", fmt::join(v, ", "));
 }
 
-std::int64_t product(const std::vector<std::int64_t>& shape) {
+std::int64_t row_elements(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
   for (std::int64_t d : shape) n *= d;
   return n;
@@ -106,7 +106,7 @@ ParamSources find_params(const CheckpointIndex& index, const std::vector<ParamSp
       };
       const ParamEntry* first = find(row_name(0));
       if (first == nullptr || first->shape != row_shape) continue;
-      const std::int64_t n = product(row_shape);
+      const std::int64_t n = row_elements(row_shape);
       for (std::int64_t e = 0; e < want.shape.front(); ++e) {
         const ParamEntry* own = find(row_name(e));
         if (own == nullptr || own->shape != row_shape) {
