@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <thread>
 
@@ -141,17 +142,33 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
   CheckpointIndex index = read_index(index_path);
   // By name: with expert parallelism a rank holds only its experts, whatever experts the ranks
   // that saved held, stacked or one parameter each (param_match.h).
-  ParamSources sources = find_params(index, engine.params(), index_path);
+  ParamSources sources;
+  std::exception_ptr mismatch;  // this rank's parameters do not fit the checkpoint
+  try {
+    sources = find_params(index, engine.params(), index_path);
+  } catch (const InvalidArgument&) {
+    mismatch = std::current_exception();
+  }
   // Every parameter of the checkpoint must be held by some rank; with one group each rank holds
-  // the whole model, with several the ranks' parts are put together.
-  std::vector<unsigned char> held(index.params.size(), 0);
+  // the whole model, with several the ranks' parts are put together, and a rank whose experts
+  // do not fit stops every rank (the others would wait in the load's collectives).
+  std::vector<unsigned char> held(index.params.size() + 1, 0);
   for (const std::vector<ParamSource>& runs : sources) {
     for (const ParamSource& run : runs) held[static_cast<std::size_t>(run.row)] = 1;
   }
+  held.back() = mismatch ? 1 : 0;
   if (engine.plan().group_count() > 1) {
     ZRT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()),
                                 MPI_UNSIGNED_CHAR, MPI_MAX, ranks));
   }
+  if (mismatch) std::rethrow_exception(mismatch);
+  if (held.back() != 0) {
+    ZRT_THROW(InvalidArgument,
+              "{}: the checkpoint does not hold the parameters of another rank of this run (that "
+              "rank's error names them)",
+              index_path);
+  }
+  held.pop_back();
   const auto missing = std::count(held.begin(), held.end(), 0);
   if (missing > 0) {
     const auto q = static_cast<std::size_t>(std::find(held.begin(), held.end(), 0) - held.begin());

@@ -545,6 +545,26 @@ TEST_CASE("several groups: missing and foreign experts fail the load; zrt-ckpt r
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
+  // A checkpoint of 2 experts into a run of 4 at ep 2: the ranks at position 1 lack theirs (named
+  // there), and the others stop too rather than wait for them.
+  const fs::path two_dir = root / "two_experts";
+  if (auto run = make_layout_run(Layout{4, 2, 0, 2}, variant)) {
+    train(*run, 0, 1);
+    save(*run, variant, two_dir.string(), 1);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (auto run = make_layout_run(Layout{4, 2}, variant)) {
+    const std::string m = message_of([&] {
+      checkpoint::load_engine((two_dir / "global_step1").string(), *run->engine, run->comm);
+    });
+    if (world_rank() % 2 == 1) {
+      CHECK_THAT(m, Catch::Contains("the model's parameter 'experts.2.w' [13, 5] is not in the "
+                                    "checkpoint"));
+    } else {
+      CHECK_THAT(m, Catch::Contains("the checkpoint does not hold the parameters of another rank"));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
   // The dense checkpoint into a run with experts: the first expert parameter is named.
   if (auto run = make_layout_run(Layout{4, 2}, variant)) {
     const std::string first_expert = world_rank() % 2 == 0 ? "experts.0.w" : "experts.2.w";
