@@ -10,12 +10,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/checkpoint/rank_share.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
@@ -55,6 +57,30 @@ void write_text_durably(const fs::path& path, const std::string& text) {
   fsync_path(path.parent_path().string(), true);
 }
 
+// The parts of `runs` (one array's memory, in order) that hold the element ranges `ranges`, in
+// the ranges' order: what a rank file holds of the rank's whole state.
+std::vector<HostBytes> select_ranges(const std::vector<HostBytes>& runs,
+                                     const std::vector<StateRange>& ranges) {
+  std::vector<HostBytes> out;
+  for (const StateRange& range : ranges) {
+    std::int64_t begin = range.first * 4;
+    const std::int64_t end = (range.first + range.count) * 4;
+    std::int64_t run_start = 0;
+    for (const HostBytes& run : runs) {
+      const std::int64_t run_end = run_start + run.bytes;
+      if (begin < run_end && begin < end) {
+        const std::int64_t take = std::min(end, run_end) - begin;
+        out.push_back({static_cast<const std::byte*>(run.data) + (begin - run_start), take});
+        begin += take;
+      }
+      run_start = run_end;
+    }
+    ZRT_CHECK(begin == end, "checkpoint: elements {}..{} are outside the rank's state ({} bytes)",
+              range.first, range.first + range.count, run_start);
+  }
+  return out;
+}
+
 }  // namespace
 
 TestHooks TestHooks::from_env() {
@@ -79,9 +105,10 @@ std::optional<std::string> read_latest(const std::string& save_dir) {
   return tag;
 }
 
-Checkpointer::Checkpointer(const CheckpointConfig& config, double timeout_s, TestHooks hooks)
+Checkpointer::Checkpointer(const CheckpointConfig& config, double timeout_s, TestHooks hooks,
+                           MPI_Comm ranks)
     : config_(config), timeout_s_(timeout_s), hooks_(hooks) {
-  ZRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  ZRT_MPI_CHECK(MPI_Comm_dup(ranks, &comm_));
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &world_);
 }
@@ -124,6 +151,47 @@ std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) 
   return out;
 }
 
+CheckpointIndex Checkpointer::gather_tables(const CheckpointIndex& index, std::string* error) {
+  const std::string mine = encode_share(index.share);
+  std::int64_t length = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lengths(rank_ == 0 ? static_cast<std::size_t>(world_) : 0);
+  MPI_Request request;
+  ZRT_MPI_CHECK(
+      MPI_Igather(&length, 1, MPI_INT64_T, lengths.data(), 1, MPI_INT64_T, 0, comm_, &request));
+  wait_for(request, "the ranks' table rows did not arrive");
+  std::vector<int> counts, displs;
+  std::string all;
+  if (rank_ == 0) {
+    std::int64_t total = 0;
+    for (std::int64_t n : lengths) {
+      ZRT_CHECK(total + n < std::numeric_limits<int>::max(),
+                "checkpoint: the ranks' table rows exceed 2 GB");
+      counts.push_back(static_cast<int>(n));
+      displs.push_back(static_cast<int>(total));
+      total += n;
+    }
+    all.resize(static_cast<std::size_t>(total));
+  }
+  ZRT_MPI_CHECK(MPI_Igatherv(mine.data(), static_cast<int>(length), MPI_CHAR, all.data(),
+                             counts.data(), displs.data(), MPI_CHAR, 0, comm_, &request));
+  wait_for(request, "the ranks' table rows did not arrive");
+  CheckpointIndex out = index;
+  out.world = world_;
+  if (rank_ != 0) return out;
+  try {
+    std::vector<RankShare> shares;
+    for (int r = 0; r < world_; ++r) {
+      shares.push_back(decode_share(
+          all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(counts[r])),
+          fmt::format("rank {}", r)));
+    }
+    merge_shares(out, shares);
+  } catch (const std::exception& e) {
+    *error = e.what();
+  }
+  return out;
+}
+
 void Checkpointer::check_all(const std::string& stage, const std::string& tag,
                              const std::string& local_error) {
   const auto failed = agree({local_error.empty() ? 0 : rank_ + 1})[0];
@@ -156,29 +224,36 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
   wait();  // the writer may still be reading the snapshot buffer
   RankState state;
   state.rank = rank_;
-  if (rank_ < request.index.world) {
-    state.elements = request.index.slice_elements();
+  const RankShare& share = request.index.share;
+  // The rank file: ranges of the rank's whole state (all of it for a one-group index, written
+  // by the ranks below its world).
+  const bool writes = share.gather ? !share.written.empty() : rank_ < request.index.world;
+  if (writes) {
+    const std::int64_t held = share.held > 0 ? share.held : request.index.slice_elements();
+    const std::vector<StateRange> ranges =
+        share.held > 0 ? share.written : std::vector<StateRange>{StateRange{0, held}};
+    for (const StateRange& range : ranges) state.elements += range.count;
     state.datasets = request.index.state_datasets();
     const bool synchronous = !config_.async || request.synchronous;
     if (synchronous && view) {
-      state.arrays = view();
-      if (!state.arrays.empty()) {
-        ZRT_CHECK(state.arrays.size() == state.datasets.size(),
+      const std::vector<std::vector<HostBytes>> whole = view();
+      if (!whole.empty()) {
+        ZRT_CHECK(whole.size() == state.datasets.size(),
                   "checkpoint {}: the state view has {} arrays for {} datasets", request.tag,
-                  state.arrays.size(), state.datasets.size());
-        for (const auto& runs : state.arrays) {
+                  whole.size(), state.datasets.size());
+        for (const auto& runs : whole) {
           std::int64_t bytes = 0;
           for (const HostBytes& run : runs) bytes += run.bytes;
-          ZRT_CHECK(bytes == state.elements * 4,
+          ZRT_CHECK(bytes == held * 4,
                     "checkpoint {}: the state view holds {} bytes per array, the index {}",
-                    request.tag, bytes, state.elements * 4);
+                    request.tag, bytes, held * 4);
+          state.arrays.push_back(select_ranges(runs, ranges));
         }
         start(std::move(request), state);
         return;
       }
     }
-    const std::int64_t bytes =
-        state.elements * static_cast<std::int64_t>(state.datasets.size()) * 4;
+    const std::int64_t bytes = held * static_cast<std::int64_t>(state.datasets.size()) * 4;
     if (snapshot_bytes_ != bytes) {
       snapshot_.reset();
       snapshot_bytes_ = 0;
@@ -193,8 +268,8 @@ void Checkpointer::save(SaveRequest request, const SnapshotFiller& fill,
     auto* base = static_cast<float*>(snapshot_.get());
     std::vector<float*> arrays;
     for (std::size_t a = 0; a < state.datasets.size(); ++a) {
-      arrays.push_back(base + static_cast<std::int64_t>(a) * state.elements);
-      state.arrays.push_back({{arrays.back(), state.elements * 4}});
+      arrays.push_back(base + static_cast<std::int64_t>(a) * held);
+      state.arrays.push_back(select_ranges({{arrays.back(), held * 4}}, ranges));
     }
     if (config_.async && issue) {
       std::function<void()> copied = issue(arrays);
@@ -303,6 +378,22 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
     }
   }
   check_all("the shared file system check", request.tag, error);
+  // Several groups: rank 0 assembles the tables from every rank's rows.
+  CheckpointIndex gathered;
+  const CheckpointIndex* index = &request.index;
+  if (request.index.share.gather) {
+    gathered = gather_tables(request.index, &error);
+    index = &gathered;
+    try {
+      check_all("assembling the index", request.tag, error);
+    } catch (const Error&) {
+      if (rank_ == 0) {
+        std::error_code ignored;
+        fs::remove_all(tmp, ignored);
+      }
+      throw;
+    }
+  }
   timings.prepare_s = seconds_since(start);
 
   // 2. Every rank's file (and the index), closed and fsynced, then agreement.
@@ -315,19 +406,21 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
           (hooks_.write_delay_step < 0 || hooks_.write_delay_step == request.index.step)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(hooks_.write_delay_ms));
       }
-      if (rank_ == 0) write_index((tmp / "index.h5").string(), request.index);
+      if (rank_ == 0) write_index((tmp / "index.h5").string(), *index);
       if (rank_ == 0) fsync_path((tmp / "index.h5").string());
-      if (rank_ < request.index.world) {
-        ZRT_CHECK(state.rank == rank_ && state.elements == request.index.slice_elements(),
+      const std::int64_t expected = index->share.gather ? index->share.file_elements()
+                                    : rank_ < index->world
+                                        ? index->rank_elements[static_cast<std::size_t>(rank_)]
+                                        : 0;
+      if (expected > 0) {
+        ZRT_CHECK(state.rank == rank_ && state.elements == expected,
                   "rank {}: snapshot of rank {} with {} elements, the index expects {}", rank_,
-                  state.rank, state.elements, request.index.slice_elements());
-        ZRT_CHECK(state.datasets == request.index.state_datasets(),
+                  state.rank, state.elements, expected);
+        ZRT_CHECK(state.datasets == index->state_datasets(),
                   "rank {}: snapshot of {} state datasets, the index's optimizer {} has {}", rank_,
-                  state.datasets.size(), request.index.optimizer,
-                  request.index.state_datasets().size());
-        write_rank_file((tmp / rank_file_name(rank_)).string(), state, request.index.world,
-                        request.index.seed, rank_ == hooks_.kill_rank, &timings.file,
-                        config_.direct_io);
+                  state.datasets.size(), index->optimizer, index->state_datasets().size());
+        write_rank_file((tmp / rank_file_name(rank_)).string(), state, index->world, index->seed,
+                        rank_ == hooks_.kill_rank, &timings.file, config_.direct_io);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);

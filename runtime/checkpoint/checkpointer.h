@@ -5,9 +5,10 @@
 //   1. rank 0 creates <save_dir>/<tag>.tmp/ and a probe file in it holding a random nonce; every
 //      rank must then read the probe with that nonce (a multi-node save needs a shared file
 //      system; a rank that cannot see the file fails the save, naming the directory);
-//   2. each rank of the partition writes rank_XXXXX.h5 there, closes and fsyncs it; rank 0 also
-//      writes and fsyncs index.h5; an all-reduce of an ok flag (a barrier carries no status)
-//      tells every rank whether all succeeded;
+//   2. each rank that holds slices to write writes rank_XXXXX.h5 there, closes and fsyncs it;
+//      rank 0 also writes and fsyncs index.h5 (an engine over several groups: first gathering
+//      every rank's table rows into it, rank_share.h); an all-reduce of an ok flag (a barrier
+//      carries no status) tells every rank whether all succeeded;
 //   3. rank 0 fsyncs the directory, renames it to <tag>, fsyncs <save_dir>, writes
 //      <save_dir>/latest (temp file, fsync, rename, fsync <save_dir>); a last all-reduce makes
 //      every rank's save() succeed or throw together. Only then, on a thread of rank 0's that
@@ -69,8 +70,9 @@ struct TestHooks {
   static TestHooks from_env();
 };
 
-// One checkpoint to write: the index (rank 0's) and, for save(request) without a filler, this
-// rank's snapshot (empty when the rank owns no slice: ranks >= index.world).
+// One checkpoint to write: the index (rank 0's; index.share this rank's part) and, for
+// save(request) without a filler, this rank's snapshot (empty when the rank owns no slice: ranks
+// >= index.world).
 struct SaveRequest {
   std::string tag;
   CheckpointIndex index;
@@ -79,8 +81,9 @@ struct SaveRequest {
   bool synchronous = false;
 };
 
-// Copies this rank's state into host arrays of index.slice_elements() floats each, one per
-// dataset of index.state_datasets() (master, then the optimizer's states).
+// Copies this rank's whole state into host arrays of index.share.held floats each (without a
+// share: index.slice_elements()), one per dataset of index.state_datasets() (master, then the
+// optimizer's states); the file gets the ranges index.share.written of them.
 using SnapshotFiller = std::function<void(const std::vector<float*>& arrays)>;
 // Issues the copy of this rank's state into the host arrays (the same as a SnapshotFiller's)
 // and returns at once; the function it returns blocks until the copy is done and is called on
@@ -88,8 +91,8 @@ using SnapshotFiller = std::function<void(const std::vector<float*>& arrays)>;
 using SnapshotIssuer = std::function<std::function<void()>(const std::vector<float*>& arrays)>;
 // This rank's state where it already is in host memory, for a synchronous save to write with no
 // snapshot copy: per dataset of index.state_datasets(), the runs of host memory that hold its
-// slice_elements() floats, in order (one per unit). Empty where the state is elsewhere (a GPU's
-// memory): the save then copies it into the snapshot buffer with the filler.
+// whole state (index.share.held floats), in order (one per unit). Empty where the state is
+// elsewhere (a GPU's memory): the save then copies it into the snapshot buffer with the filler.
 using StateView = std::function<std::vector<std::vector<HostBytes>>()>;
 // Allocates `bytes` of host memory for the snapshot buffer (kept until the checkpointer goes).
 using HostAllocator = std::function<std::shared_ptr<void>(std::int64_t bytes)>;
@@ -107,8 +110,10 @@ struct SaveTimings {
 
 class Checkpointer {
  public:
-  // Collective over MPI_COMM_WORLD (duplicates it). timeout_s bounds every agreement.
-  Checkpointer(const CheckpointConfig& config, double timeout_s, TestHooks hooks = {});
+  // Collective over `ranks` (duplicates it): every rank of the run, each rank file named by its
+  // rank there. timeout_s bounds every agreement.
+  Checkpointer(const CheckpointConfig& config, double timeout_s, TestHooks hooks = {},
+               MPI_Comm ranks = MPI_COMM_WORLD);
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
@@ -148,6 +153,9 @@ class Checkpointer {
   void wait_for(MPI_Request& request, const std::string& what);
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
   std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
+  // Several groups: rank 0's index with the tables of every rank's share (gathered); other
+  // ranks get `index` back. Sets *error on rank 0 when the rows do not fit together.
+  CheckpointIndex gather_tables(const CheckpointIndex& index, std::string* error);
   // Every rank learns whether any failed; throws on all if one did, each with the reason of the
   // highest failing rank.
   void check_all(const std::string& stage, const std::string& tag, const std::string& local_error);

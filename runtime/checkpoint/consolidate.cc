@@ -19,16 +19,21 @@ std::vector<std::vector<float>> read_full_params(const std::string& dir,
   std::vector<std::vector<float>> out;
   std::vector<unsigned char> scratch;
   std::vector<std::unique_ptr<H5File>> files;
-  std::vector<std::unique_ptr<H5Dataset>> master;
+  std::vector<std::unique_ptr<H5Dataset>> master;  // per rank file; null where none was written
   for (int r = 0; r < index.world; ++r) {
+    const std::int64_t elements = index.rank_elements[static_cast<std::size_t>(r)];
+    if (elements == 0) {
+      files.emplace_back();
+      master.emplace_back();
+      continue;
+    }
     const std::string path = (fs::path(dir) / rank_file_name(r)).string();
     files.push_back(std::make_unique<H5File>(H5File::open_read(path)));
     if (read_attr_string(files.back()->id(), "format", path) != kRankFormat) {
       ZRT_THROW(InvalidArgument, "{}: not a zrt checkpoint rank file", path);
     }
-    master.push_back(
-        std::make_unique<H5Dataset>(*files.back(), kMasterDataset, H5Elem::kFloat32,
-                                    std::vector<std::int64_t>{index.slice_elements()}));
+    master.push_back(std::make_unique<H5Dataset>(*files.back(), kMasterDataset, H5Elem::kFloat32,
+                                                 std::vector<std::int64_t>{elements}));
   }
   for (const ParamEntry& e : index.params) {
     const UnitEntry& u = index.units[static_cast<std::size_t>(e.unit)];
@@ -36,10 +41,11 @@ std::vector<std::vector<float>> read_full_params(const std::string& dir,
     std::int64_t done = 0;
     while (done < e.numel) {
       const std::int64_t idx = e.offset + done;
-      const auto rank = static_cast<std::size_t>(idx / u.shard);
+      const SliceEntry& slice = u.slices[static_cast<std::size_t>(idx / u.shard)];
       const std::int64_t within = idx % u.shard;
       const std::int64_t n = std::min(e.numel - done, u.shard - within);
-      master[rank]->read(u.slice_offset + within, n, values.data() + done, true, scratch);
+      master[static_cast<std::size_t>(slice.rank)]->read(slice.offset + within, n,
+                                                         values.data() + done, true, scratch);
       done += n;
     }
     out.push_back(std::move(values));
@@ -51,6 +57,7 @@ std::int64_t verify_checkpoint(const std::string& dir) {
   const CheckpointIndex index = open_index(dir);  // verifies the index's own datasets
   std::int64_t bytes = 0;
   for (int r = 0; r < index.world; ++r) {
+    if (index.rank_elements[static_cast<std::size_t>(r)] == 0) continue;  // no file written
     bytes += verify_rank_file((fs::path(dir) / rank_file_name(r)).string(), index, r);
   }
   return bytes;

@@ -1,11 +1,14 @@
 #include "runtime/checkpoint/engine_state.h"
 
+#include <algorithm>
 #include <chrono>
+#include <exception>
 #include <filesystem>
 #include <thread>
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 
 namespace zrt::checkpoint {
@@ -57,8 +60,72 @@ HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {
   };
 }
 
+namespace {
+
+// Whether this rank writes its slice of unit u: each unit is written by one shard group, the
+// first of its replicas (hierarchical sharding of a group; one group's stage 0 and MiCS keep
+// their rank < world rule in the checkpointer).
+bool writes_unit(const ZeroEngine& engine, int u) {
+  const ShardGroup& g = engine.groups()[static_cast<std::size_t>(engine.plan().unit(u).group)];
+  return g.replicas == nullptr || g.replicas->size() <= 1 || g.replicas->rank() == 0;
+}
+
+// Several groups: the slices this rank writes, group 0's units first (the same place in every
+// rank's file), then the others', each with its table rows.
+RankShare describe_share(const ZeroEngine& engine) {
+  const PartitionPlan& plan = engine.plan();
+  const std::vector<ParamSpec>& params = engine.params();
+  RankShare share;
+  share.gather = true;
+  share.held = plan.total_shard();
+  std::vector<std::int64_t> first;  // each unit's first element in the rank's whole state
+  std::int64_t at = 0;
+  for (const Unit& unit : plan.units()) {
+    first.push_back(at);
+    at += unit.shard;
+  }
+  std::int64_t file = 0;
+  for (const bool dense : {true, false}) {
+    for (int u = 0; u < static_cast<int>(plan.units().size()); ++u) {
+      const Unit& unit = plan.unit(u);
+      if ((unit.group == 0) != dense || !writes_unit(engine, u)) continue;
+      WrittenSlice slice;
+      slice.unit_key = params[static_cast<std::size_t>(unit.params.front())].name;
+      slice.local_unit = u;
+      slice.group = unit.group;
+      slice.numel = unit.numel;
+      slice.shard = unit.shard;
+      slice.slices = plan.group_world(unit.group);
+      slice.slice = engine.slice_rank(u);
+      slice.offset = file;
+      if (slice.slice == 0) {
+        for (int p : unit.params) {
+          const ParamSpec& spec = params[static_cast<std::size_t>(p)];
+          slice.params.push_back(
+              ParamEntry{spec.name, spec.shape, spec.numel(), 0, plan.placement(p).offset});
+        }
+      }
+      share.written.push_back(StateRange{first[static_cast<std::size_t>(u)], unit.shard});
+      share.slices.push_back(std::move(slice));
+      file += unit.shard;
+    }
+  }
+  return share;
+}
+
+}  // namespace
+
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
-  fill_tables(index, engine.params(), engine.plan());
+  if (engine.plan().group_count() == 1) {
+    fill_tables(index, engine.params(), engine.plan());
+  } else {
+    // The tables are rank 0's to assemble; the world is the checkpointer's.
+    index.world = 0;
+    index.params.clear();
+    index.units.clear();
+    index.rank_elements.clear();
+    index.share = describe_share(engine);
+  }
   index.stage = engine.options().stage;
   index.compute_dtype = dtype_name(engine.options().compute_dtype);
   index.master_dtype = "float32";
@@ -70,10 +137,46 @@ void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
   index.loss_scale = c.loss_scale;
 }
 
-CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine) {
-  refuse_several_groups(engine.plan(), "load");
+CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm ranks) {
   const std::string index_path = (std::filesystem::path(dir) / "index.h5").string();
-  CheckpointIndex index = read_index(index_path, &engine.params());
+  CheckpointIndex index = read_index(index_path);
+  // By name: with expert parallelism a rank holds only its experts, whatever experts the ranks
+  // that saved held, stacked or one parameter each (param_match.h).
+  ParamSources sources;
+  std::exception_ptr mismatch;  // this rank's parameters do not fit the checkpoint
+  try {
+    sources = find_params(index, engine.params(), index_path);
+  } catch (const InvalidArgument&) {
+    mismatch = std::current_exception();
+  }
+  // Every parameter of the checkpoint must be held by some rank; with one group each rank holds
+  // the whole model, with several the ranks' parts are put together, and a rank whose experts
+  // do not fit stops every rank (the others would wait in the load's collectives).
+  std::vector<unsigned char> held(index.params.size() + 1, 0);
+  for (const std::vector<ParamSource>& runs : sources) {
+    for (const ParamSource& run : runs) held[static_cast<std::size_t>(run.row)] = 1;
+  }
+  held.back() = mismatch ? 1 : 0;
+  if (engine.plan().group_count() > 1) {
+    ZRT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()),
+                                MPI_UNSIGNED_CHAR, MPI_MAX, ranks));
+  }
+  if (mismatch) std::rethrow_exception(mismatch);
+  if (held.back() != 0) {
+    ZRT_THROW(InvalidArgument,
+              "{}: the checkpoint does not hold the parameters of another rank of this run (that "
+              "rank's error names them)",
+              index_path);
+  }
+  held.pop_back();
+  const auto missing = std::count(held.begin(), held.end(), 0);
+  if (missing > 0) {
+    const auto q = static_cast<std::size_t>(std::find(held.begin(), held.end(), 0) - held.begin());
+    ZRT_THROW(InvalidArgument,
+              "{}: the checkpoint's parameter '{}' is held by no rank of this run ({} of its {} "
+              "parameters are not: another model, or experts this run does not have?)",
+              index_path, index.params[q].name, missing, index.params.size());
+  }
   const std::string running = dtype_name(engine.options().compute_dtype);
   if (index.compute_dtype != running) {
     spdlog::warn(
@@ -95,15 +198,15 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine) {
               index_path, describe(index.optimizer, index.optimizer_states),
               describe(running_optimizer.family, running_optimizer.state_names));
   }
-  ShardedReader reader(dir, index);
+  ShardedReader reader(dir, index, std::move(sources));
   const PartitionPlan& plan = engine.plan();
-  const int rank = engine.state_rank();
-  engine.load_state(
-      EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
-      [&](int u, const ZeroEngine::StateArrays& arrays) { reader.fill(plan, rank, u, arrays); });
+  engine.load_state(EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
+                    [&](int u, const ZeroEngine::StateArrays& arrays) {
+                      reader.fill(plan, engine.slice_rank(u), u, arrays);
+                    });
   spdlog::debug("loaded {} (world {}, stage {}) as rank {} of world {}, stage {}: {} bytes read",
-                dir, index.world, index.stage, rank, plan.world(), engine.options().stage,
-                reader.bytes_read());
+                dir, index.world, index.stage, engine.state_rank(), plan.world(),
+                engine.options().stage, reader.bytes_read());
   return index;
 }
 

@@ -37,14 +37,21 @@ std::vector<std::vector<HostBytes>> engine_state_view(ZeroEngine& engine);
 // in host memory and is copied with memcpy). Tracked by the device as MemCategory::kOther.
 HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine);
 
-// The index fields the engine knows: tables, world, stage, dtypes, the optimizer's state names,
-// counters.
+// The index fields the engine knows: stage, dtypes, the optimizer's state names, counters, and
+// this rank's share (index.share: the ranges of its state its file holds). One group: the
+// tables and world too (every rank knows them). Several groups: the slices this rank writes
+// (each unit by the first of its replicas, group 0's first in the file), whose rows the
+// checkpointer gathers into rank 0's tables at save time (rank_share.h).
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index);
 
-// Reads <dir>/index.h5, checks it against the engine's parameters (names and shapes) and loads
-// this rank's slices, resharding from the saved world size and stage. Collective (the engine
-// gathers the new parameters). Returns the index (step, data position, ...). A checkpoint of
-// another optimizer's state (Lion's into Adam, ...) is InvalidArgument naming both.
-CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine);
+// Reads <dir>/index.h5, finds the engine's parameters in it by name (checking shapes) and loads
+// this rank's slice of every unit, resharding from whatever world sizes, stage and groups saved
+// it. Collective (the engine gathers the new parameters). Returns the index (step, data
+// position, ...). A parameter the checkpoint lacks, a checkpoint of another optimizer's state
+// (Lion's into Adam, ...), or a checkpoint parameter that no rank of the run holds, is
+// InvalidArgument naming it. `ranks` are the engine's ranks: with several groups (a rank holding
+// part of the model) the last check is an all-reduce over them.
+CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine,
+                            MPI_Comm ranks = MPI_COMM_WORLD);
 
 }  // namespace zrt::checkpoint

@@ -36,26 +36,96 @@ std::int64_t dataset_length(const H5File& file, const std::string& name) {
   return static_cast<std::int64_t>(n);
 }
 
+// Format 2's unit and slice tables into index.units and index.rank_elements, checked: every
+// slice inside its rank file, and the slices of each rank file tiling it exactly.
+void read_slice_tables(const H5File& file, const std::string& path, std::int64_t U,
+                       const std::vector<std::int64_t>& u_numel,
+                       const std::vector<std::int64_t>& u_shard, CheckpointIndex& index) {
+  const auto u_group = read_ints(file, "/unit_group", U);
+  const auto u_slices = read_ints(file, "/unit_slices", U);
+  if (dataset_length(file, "/rank_elements") != index.world) {
+    ZRT_THROW(InvalidArgument, "{}: dataset '/rank_elements' does not have world = {} rows", path,
+              index.world);
+  }
+  index.rank_elements = read_ints(file, "/rank_elements", index.world);
+  std::int64_t S = 0;
+  for (std::int64_t u = 0; u < U; ++u) {
+    const std::int64_t n = u_slices[static_cast<std::size_t>(u)];
+    if (n < 1 || n > index.world) {
+      ZRT_THROW(InvalidArgument, "{}: dataset '/unit_slices': unit {} has {} slices (world {})",
+                path, u, n, index.world);
+    }
+    S += n;
+  }
+  const auto s_rank = read_ints(file, "/slice_rank", S);
+  const auto s_offset = read_ints(file, "/slice_offset", S);
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> per_rank(
+      static_cast<std::size_t>(index.world));  // (offset, length) of each slice in a rank file
+  std::int64_t at = 0;
+  for (std::int64_t u = 0; u < U; ++u) {
+    const auto i = static_cast<std::size_t>(u);
+    UnitEntry e{u_numel[i], u_shard[i], u_group[i], {}};
+    if (e.shard < 0 || e.numel != e.shard * u_slices[i] || e.group < 0) {
+      ZRT_THROW(InvalidArgument,
+                "{}: unit table row {} is inconsistent (numel {}, shard {}, {} slices, group {})",
+                path, u, e.numel, e.shard, u_slices[i], e.group);
+    }
+    for (std::int64_t k = 0; k < u_slices[i]; ++k, ++at) {
+      const SliceEntry slice{s_rank[static_cast<std::size_t>(at)],
+                             s_offset[static_cast<std::size_t>(at)]};
+      if (slice.rank < 0 || slice.rank >= index.world || slice.offset < 0 ||
+          slice.offset + e.shard > index.rank_elements[static_cast<std::size_t>(slice.rank)]) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: slice {} of unit {} (rank {}, offset {}, {} elements) is outside its rank "
+                  "file (world {})",
+                  path, k, u, slice.rank, slice.offset, e.shard, index.world);
+      }
+      per_rank[static_cast<std::size_t>(slice.rank)].emplace_back(slice.offset, e.shard);
+      e.slices.push_back(slice);
+    }
+    index.units.push_back(std::move(e));
+  }
+  for (std::size_t r = 0; r < per_rank.size(); ++r) {
+    std::sort(per_rank[r].begin(), per_rank[r].end());
+    std::int64_t end = 0;
+    for (const auto& [offset, length] : per_rank[r]) {
+      if (offset != end) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: the slices in rank file {} {} at element {} (the slice table is "
+                  "inconsistent)",
+                  path, r, offset < end ? "overlap" : "leave a gap", std::min(offset, end));
+      }
+      end += length;
+    }
+    if (end != index.rank_elements[r]) {
+      ZRT_THROW(InvalidArgument,
+                "{}: dataset '/rank_elements': rank file {} holds {} elements but its slices {}",
+                path, r, index.rank_elements[r], end);
+    }
+  }
+}
+
 std::string show(const std::vector<std::int64_t>& v) {
   return fmt::format("[{}]", fmt::join(v, ", "));
 }
 
 }  // namespace
 
-void refuse_several_groups(const PartitionPlan& plan, const char* what) {
-  if (plan.group_count() == 1) return;
-  ZRT_THROW(InvalidArgument,
-            "checkpoint {}: the engine's units live over {} shard groups (ParamSpec::group), and "
-            "checkpoints record one slicing (world {}) for every unit; checkpoints of a "
-            "multi-group engine are not supported yet: train without checkpoint.save_dir / "
-            "checkpoint.load, or keep every parameter in group 0",
-            what, plan.group_count(), plan.world());
+std::int64_t RankShare::file_elements() const {
+  std::int64_t n = 0;
+  for (const StateRange& r : written) n += r.count;
+  return n;
 }
 
 std::int64_t CheckpointIndex::slice_elements() const {
-  std::int64_t n = 0;
-  for (const UnitEntry& u : units) n += u.shard;
-  return n;
+  ZRT_CHECK(!rank_elements.empty(), "checkpoint index with no rank files");
+  for (std::int64_t n : rank_elements) {
+    ZRT_CHECK(n == rank_elements.front(),
+              "the rank files of this checkpoint differ in length ({} and {} elements): it was "
+              "saved over several shard groups, read it unit by unit",
+              rank_elements.front(), n);
+  }
+  return rank_elements.front();
 }
 
 std::vector<std::string> CheckpointIndex::state_datasets() const {
@@ -66,7 +136,10 @@ std::vector<std::string> CheckpointIndex::state_datasets() const {
 
 void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
                  const PartitionPlan& plan) {
-  refuse_several_groups(plan, "save");
+  ZRT_CHECK(plan.group_count() == 1,
+            "fill_tables: the plan's units live over {} shard groups; the tables of such a plan "
+            "come from every rank (describe_engine and the checkpointer's gather)",
+            plan.group_count());
   index.world = plan.world();
   index.params.clear();
   index.units.clear();
@@ -76,8 +149,16 @@ void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
         ParamEntry{params[p].name, params[p].shape, params[p].numel(), pl.unit, pl.offset});
   }
   for (const Unit& u : plan.units()) {
-    index.units.push_back(UnitEntry{u.numel, u.shard, u.offset / plan.world()});
+    UnitEntry entry{u.numel, u.shard, 0, {}};
+    for (int r = 0; r < plan.world(); ++r) {
+      entry.slices.push_back(SliceEntry{r, u.offset / plan.world()});
+    }
+    index.units.push_back(std::move(entry));
   }
+  index.rank_elements.assign(static_cast<std::size_t>(plan.world()), plan.total_shard());
+  index.share = RankShare{};
+  index.share.held = plan.total_shard();
+  index.share.written = {StateRange{0, plan.total_shard()}};
 }
 
 std::string rank_file_name(int rank) {
@@ -88,11 +169,13 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   H5File file = H5File::create(path);
   // The tables, the attributes (the config's JSON the largest) and room for HDF5's metadata,
   // allocated up front so a full disk is reported before HDF5 writes (h5.h).
-  std::int64_t dims_total = 0;
+  std::int64_t dims_total = 0, slices_total = 0;
   for (const ParamEntry& e : index.params) dims_total += static_cast<std::int64_t>(e.shape.size());
+  for (const UnitEntry& u : index.units) slices_total += static_cast<std::int64_t>(u.slices.size());
   file.reserve((64 << 10) + static_cast<std::int64_t>(index.config_json.size()) +
                static_cast<std::int64_t>(index.params.size()) * (kNameBytes + 5 * 8) +
-               dims_total * 8 + static_cast<std::int64_t>(index.units.size()) * 3 * 8);
+               dims_total * 8 + static_cast<std::int64_t>(index.units.size()) * 4 * 8 +
+               slices_total * 2 * 8 + static_cast<std::int64_t>(index.world) * 8);
   const hid_t root = file.id();
   write_attr(root, "format", std::string(kIndexFormat));
   write_attr(root, "format_version", kFormatVersion);
@@ -142,16 +225,30 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   write_dataset(file, "/param_numel", H5Elem::kInt64, {P}, numel.data());
   write_dataset(file, "/param_unit", H5Elem::kInt64, {P}, unit.data());
   write_dataset(file, "/param_offset", H5Elem::kInt64, {P}, offset.data());
-  std::vector<std::int64_t> u_numel, u_shard, u_off;
+  std::vector<std::int64_t> u_numel, u_shard, u_group, u_slices, s_rank, s_offset;
   for (const UnitEntry& u : index.units) {
     u_numel.push_back(u.numel);
     u_shard.push_back(u.shard);
-    u_off.push_back(u.slice_offset);
+    u_group.push_back(u.group);
+    u_slices.push_back(static_cast<std::int64_t>(u.slices.size()));
+    for (const SliceEntry& slice : u.slices) {
+      s_rank.push_back(slice.rank);
+      s_offset.push_back(slice.offset);
+    }
   }
   const auto U = static_cast<std::int64_t>(index.units.size());
+  const auto S = static_cast<std::int64_t>(s_rank.size());
+  ZRT_CHECK(static_cast<int>(index.rank_elements.size()) == index.world,
+            "checkpoint index: {} rank file lengths for a world of {}", index.rank_elements.size(),
+            index.world);
   write_dataset(file, "/unit_numel", H5Elem::kInt64, {U}, u_numel.data());
   write_dataset(file, "/unit_shard", H5Elem::kInt64, {U}, u_shard.data());
-  write_dataset(file, "/unit_slice_offset", H5Elem::kInt64, {U}, u_off.data());
+  write_dataset(file, "/unit_group", H5Elem::kInt64, {U}, u_group.data());
+  write_dataset(file, "/unit_slices", H5Elem::kInt64, {U}, u_slices.data());
+  write_dataset(file, "/slice_rank", H5Elem::kInt64, {S}, s_rank.data());
+  write_dataset(file, "/slice_offset", H5Elem::kInt64, {S}, s_offset.data());
+  write_dataset(file, "/rank_elements", H5Elem::kInt64, {static_cast<std::int64_t>(index.world)},
+                index.rank_elements.data());
   file.close();
 }
 
@@ -164,9 +261,10 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
               kIndexFormat);
   }
   const std::int64_t version = read_attr_int(root, "format_version", path);
-  if (version != kFormatVersion) {
-    ZRT_THROW(InvalidArgument, "{}: checkpoint format version {}, this zrt reads version {}", path,
-              version, kFormatVersion);
+  if (version != kFormatVersion && version != kOneWorldFormatVersion) {
+    ZRT_THROW(InvalidArgument,
+              "{}: checkpoint format version {}, this zrt reads versions {} and {}", path, version,
+              kOneWorldFormatVersion, kFormatVersion);
   }
   CheckpointIndex index;
   index.step = read_attr_int(root, "step", path);
@@ -248,19 +346,26 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   }
   const auto u_numel = read_ints(file, "/unit_numel", U);
   const auto u_shard = read_ints(file, "/unit_shard", U);
-  const auto u_off = read_ints(file, "/unit_slice_offset", U);
-  std::int64_t slice = 0;
-  for (std::int64_t u = 0; u < U; ++u) {
-    UnitEntry e{u_numel[static_cast<std::size_t>(u)], u_shard[static_cast<std::size_t>(u)],
-                u_off[static_cast<std::size_t>(u)]};
-    if (e.shard < 0 || e.numel != e.shard * index.world || e.slice_offset != slice) {
-      ZRT_THROW(InvalidArgument,
-                "{}: unit table row {} is inconsistent (numel {}, shard {}, slice offset {}, "
-                "world {})",
-                path, u, e.numel, e.shard, e.slice_offset, index.world);
+  if (version == kOneWorldFormatVersion) {
+    // Every unit sliced over `world`: slice r in rank file r, at the unit's slice offset there.
+    const auto u_off = read_ints(file, "/unit_slice_offset", U);
+    std::int64_t slice = 0;
+    for (std::int64_t u = 0; u < U; ++u) {
+      const auto i = static_cast<std::size_t>(u);
+      if (u_shard[i] < 0 || u_numel[i] != u_shard[i] * index.world || u_off[i] != slice) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: unit table row {} is inconsistent (numel {}, shard {}, slice offset {}, "
+                  "world {})",
+                  path, u, u_numel[i], u_shard[i], u_off[i], index.world);
+      }
+      UnitEntry e{u_numel[i], u_shard[i], 0, {}};
+      for (int r = 0; r < index.world; ++r) e.slices.push_back(SliceEntry{r, u_off[i]});
+      slice += u_shard[i];
+      index.units.push_back(std::move(e));
     }
-    slice += e.shard;
-    index.units.push_back(e);
+    index.rank_elements.assign(static_cast<std::size_t>(index.world), slice);
+  } else {
+    read_slice_tables(file, path, U, u_numel, u_shard, index);
   }
   std::int64_t cursor = 0;
   for (std::int64_t p = 0; p < P; ++p) {

@@ -95,8 +95,8 @@ void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank
 }
 }  // namespace
 
-ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index)
-    : dir_(std::move(dir)), index_(index) {}
+ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index, ParamSources sources)
+    : dir_(std::move(dir)), index_(index), sources_(std::move(sources)) {}
 ShardedReader::~ShardedReader() = default;
 
 ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
@@ -105,7 +105,7 @@ ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
   auto f = std::make_unique<OpenFile>();
   f->file = H5File::open_read((std::filesystem::path(dir_) / rank_file_name(old_rank)).string());
   check_rank_attrs(f->file, index_, old_rank);
-  const std::int64_t n = index_.slice_elements();
+  const std::int64_t n = index_.rank_elements[static_cast<std::size_t>(old_rank)];
   for (const std::string& name : index_.state_datasets()) {
     f->data.push_back(
         std::make_unique<H5Dataset>(f->file, name, H5Elem::kFloat32, std::vector<std::int64_t>{n}));
@@ -130,18 +130,34 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
   for (int p : plan.unit(u).params) {
     const auto range = plan.owned_range(p, rank);
     if (range.count == 0) continue;
-    const ParamEntry& e = index_.params[static_cast<std::size_t>(p)];
-    const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
-    std::int64_t done = 0;
-    while (done < range.count) {
-      const std::int64_t idx = e.offset + range.first + done;  // element of the old unit
-      const auto old_rank = static_cast<int>(idx / old.shard);
-      const std::int64_t within = idx % old.shard;
-      const std::int64_t n = std::min(range.count - done, old.shard - within);
-      pieces.push_back(Piece{old_rank, old.slice_offset + within, n, range.slice_offset + done});
-      done += n;
+    const std::vector<ParamSource> whole{
+        ParamSource{0, index_.params[static_cast<std::size_t>(p)].numel, p, 0}};
+    const std::vector<ParamSource>& sources =
+        sources_.empty() ? whole : sources_[static_cast<std::size_t>(p)];
+    for (const ParamSource& source : sources) {
+      // The part of the owned range this source holds.
+      const std::int64_t lo = std::max(range.first, source.first);
+      const std::int64_t hi = std::min(range.first + range.count, source.first + source.count);
+      if (lo >= hi) continue;
+      const ParamEntry& e = index_.params[static_cast<std::size_t>(source.row)];
+      const UnitEntry& old = index_.units[static_cast<std::size_t>(e.unit)];
+      std::int64_t done = 0;
+      while (done < hi - lo) {
+        // Element of the old unit.
+        const std::int64_t idx = e.offset + source.at + (lo - source.first) + done;
+        const SliceEntry& slice = old.slices[static_cast<std::size_t>(idx / old.shard)];
+        const std::int64_t within = idx % old.shard;
+        const std::int64_t n = std::min(hi - lo - done, old.shard - within);
+        pieces.push_back(Piece{static_cast<int>(slice.rank), slice.offset + within, n,
+                               range.slice_offset + (lo - range.first) + done});
+        done += n;
+      }
     }
   }
+  // The pieces by destination, for the check below (their destinations never overlap).
+  std::vector<Piece> by_dest = pieces;
+  std::sort(by_dest.begin(), by_dest.end(),
+            [](const Piece& a, const Piece& b) { return a.dest < b.dest; });
   std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
     return a.old_rank != b.old_rank ? a.old_rank < b.old_rank : a.file_pos < b.file_pos;
   });
@@ -159,10 +175,22 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     OpenFile& f = file(pieces[i].old_rank);
     // Same layout in the old and the new slice (the usual case: same world size, or a unit
     // whose old slice maps onto the new one in one piece): read straight into the destination
-    // (the padding read between pieces is zeroed below).
+    // (the padding read between pieces is zeroed below). Not when what the span would write
+    // between its pieces is another piece's destination (pieces of other files, or of other
+    // units of this one, when a new unit gathers several old ones).
     bool direct = true;
     for (std::size_t k = i + 1; k < j; ++k) {
       direct = direct && pieces[k].dest - pieces[k].file_pos == pieces[i].dest - first;
+    }
+    if (direct) {
+      const std::int64_t to = pieces[i].dest + (end - first);
+      auto k =
+          std::lower_bound(by_dest.begin(), by_dest.end(), pieces[i].dest,
+                           [](const Piece& p, std::int64_t at) { return p.dest + p.count <= at; });
+      for (; direct && k != by_dest.end() && k->dest < to; ++k) {
+        direct = k->old_rank == pieces[i].old_rank && k->file_pos >= first &&
+                 k->file_pos + k->count <= end && k->dest - k->file_pos == pieces[i].dest - first;
+      }
     }
     if (direct) {
       for (std::size_t d = 0; d < arrays; ++d) {
@@ -183,14 +211,12 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     i = j;
   }
   // Padding (what no piece covers) is zero.
-  std::sort(pieces.begin(), pieces.end(),
-            [](const Piece& a, const Piece& b) { return a.dest < b.dest; });
   std::int64_t covered = 0;
   auto zero = [&](std::int64_t from, std::int64_t to) {
     if (to <= from) return;
     for (float* o : out) std::memset(o + from, 0, static_cast<std::size_t>(to - from) * 4);
   };
-  for (const Piece& p : pieces) {
+  for (const Piece& p : by_dest) {
     zero(covered, p.dest);
     covered = std::max(covered, p.dest + p.count);
   }
@@ -202,7 +228,9 @@ std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& in
   check_rank_attrs(file, index, rank);
   std::int64_t bytes = 0;
   for (const std::string& name : index.state_datasets()) {
-    bytes += H5Dataset(file, name, H5Elem::kFloat32, {index.slice_elements()}).verify_all();
+    bytes += H5Dataset(file, name, H5Elem::kFloat32,
+                       {index.rank_elements[static_cast<std::size_t>(rank)]})
+                 .verify_all();
   }
   return bytes;
 }

@@ -11,6 +11,7 @@
 
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/layout.h"
+#include "runtime/checkpoint/param_match.h"
 #include "runtime/engine/partition.h"
 
 namespace zrt::checkpoint {
@@ -94,12 +95,14 @@ void fsync_path(const std::string& path, bool directory = false);
 // Not thread-safe.
 class ShardedReader {
  public:
-  ShardedReader(std::string dir, const CheckpointIndex& index);
+  // `sources[p]`: where the plan's parameter p is in the checkpoint (found by name,
+  // param_match.h); empty: the plan's parameters are the index's, in its order.
+  ShardedReader(std::string dir, const CheckpointIndex& index, ParamSources sources = {});
   ~ShardedReader();
   // Writes rank `rank`'s slice of unit `u` of `plan` (plan.unit(u).shard floats each, padding
-  // zero) into `out`: one array per dataset of index.state_datasets(), in that order. The plan's
-  // parameters must be the index's. Where the old and new slices line up, the file's bytes are
-  // read straight into the destination.
+  // zero) into `out`: one array per dataset of index.state_datasets(), in that order, whatever
+  // slicing wrote each unit. Where the old and new slices line up, the file's bytes are read
+  // straight into the destination.
   void fill(const PartitionPlan& plan, int rank, int u, const std::vector<float*>& out);
   std::int64_t bytes_read() const { return bytes_read_; }
 
@@ -108,6 +111,7 @@ class ShardedReader {
   OpenFile& file(int old_rank);
   std::string dir_;
   const CheckpointIndex& index_;
+  ParamSources sources_;
   std::map<int, std::unique_ptr<OpenFile>> files_;
   std::vector<unsigned char> scratch_;
   std::vector<float> span_;

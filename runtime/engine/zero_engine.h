@@ -91,8 +91,8 @@ class ZeroEngine final : public ParamAccess {
   // must lie on one node by its node map).
   //
   // Several groups (units of some parameters over another group, like an expert's over the
-  // expert-data-parallel group): stages 1-3, without hpZ or quantized collectives, and without
-  // checkpoints yet (the checkpoint layer refuses such an engine).
+  // expert-data-parallel group): stages 1-3, without hpZ or quantized collectives. Checkpoints
+  // record each unit's own slicing (runtime/checkpoint/, docs/checkpoints.md).
   ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> groups,
              std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,
              DeviceOptimizer& optimizer, const OffloadFactory& offload = {});

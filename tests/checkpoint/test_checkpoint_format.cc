@@ -1,7 +1,11 @@
 // Checkpoint files without training: CRC-32C known answers, the index and rank files round
 // trip, the resharding reader rebuilds every element of another partition (world size and
 // stage) from a value function, and damaged, foreign or mismatched files fail with messages
-// naming the file, the dataset and the problem.
+// naming the file, the dataset and the problem. A format-1 checkpoint (written by zrt before
+// the slice table, a fixture) still reads and reshards; the tables of a checkpoint over several
+// shard groups are merged from the ranks' rows, read by parameter name, and refused when a
+// slice is written twice or by no rank; an expert's own parameter reads from the stacked one
+// and back.
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
@@ -17,6 +21,7 @@
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/layout.h"
 #include "runtime/checkpoint/rank_file.h"
+#include "runtime/checkpoint/rank_share.h"
 #include "runtime/checkpoint/tensor_writer.h"
 #include "runtime/common/error.h"
 
@@ -570,4 +575,255 @@ TEST_CASE("damaged, foreign and mismatched files fail naming file, dataset and p
     CHECK_THAT(message_of(load_all),
                Catch::Contains("rank_00001.h5: holds rank 1 of 2, the index expects rank 1 of 3"));
   }
+}
+
+TEST_CASE("a format-1 checkpoint (one world for every unit) still reads, reshards and verifies") {
+  // Written by zrt before format 2 with write_checkpoint(dir, plan_for(2, 3), 2) above.
+  const fs::path dir = fs::path(ZRT_CKPT_FIXTURES) / "v1_stage2_world3";
+  const auto params = model();
+  const CheckpointIndex index = read_index((dir / "index.h5").string(), &params);
+  {
+    H5File f = H5File::open_read((dir / "index.h5").string());
+    CHECK(read_attr_int(f.id(), "format_version", "index.h5") == kOneWorldFormatVersion);
+  }
+  CHECK(index.step == 7);
+  CHECK(index.world == 3);
+  CHECK(index.stage == 2);
+  const PartitionPlan saved = plan_for(2, 3);
+  REQUIRE(index.units.size() == saved.units().size());
+  for (std::size_t u = 0; u < saved.units().size(); ++u) {
+    REQUIRE(index.units[u].slices.size() == 3);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(index.units[u].slices[static_cast<std::size_t>(r)].rank == r);
+      CHECK(index.units[u].slices[static_cast<std::size_t>(r)].offset ==
+            saved.unit(static_cast<int>(u)).offset / 3);
+    }
+  }
+  CHECK(index.rank_elements == std::vector<std::int64_t>(3, saved.total_shard()));
+  CHECK(index.slice_elements() == saved.total_shard());
+  check_reshard(dir, plan_for(2, 3));
+  check_reshard(dir, plan_for(3, 4));
+  check_reshard(dir, plan_for(1, 2));
+  check_reshard(dir, plan_for(0, 1));
+  CHECK(verify_checkpoint(dir.string()) == 3 * 3 * saved.total_shard() * 4);
+  const auto full = read_full_params(dir.string(), index);
+  for (std::size_t p = 0; p < full.size(); ++p) {
+    for (std::size_t e = 0; e < full[p].size(); ++e) {
+      REQUIRE(full[p][e] == value(static_cast<int>(p), static_cast<std::int64_t>(e), 0));
+    }
+  }
+}
+
+namespace {
+
+// A checkpoint over two groups as three ranks would write it: group 0 (emb, a.w, a.b) sliced
+// over the 3 ranks; group 1 as "experts": x0.w and x1.w whole on rank 0 and 1 (a group of one
+// rank each, like autoep_size 3 would give) and x2.w sliced over ranks 1 and 2. Every element
+// holds value() of its parameter's row in `names`.
+const std::vector<ParamSpec>& grouped_model() {
+  static const std::vector<ParamSpec> params = {
+      {"emb", {37, 5}, {0}, false}, {"a.w", {5, 19}, {1}, false}, {"a.b", {19}, {1}, true},
+      {"x0.w", {6, 7}, {2}, false}, {"x1.w", {6, 7}, {2}, false}, {"x2.w", {9, 3}, {2}, false}};
+  return params;
+}
+
+// The slices of `unit` (parameters `members` of grouped_model(), one after the other, padded to
+// `numel`) for rank `slice` of `slices`, as a row and its values.
+WrittenSlice grouped_slice(const std::vector<int>& members, std::int64_t numel, int slices,
+                           int slice, std::int64_t group, std::int64_t offset, int local_unit,
+                           std::vector<std::vector<float>>& file) {
+  const auto& params = grouped_model();
+  WrittenSlice row;
+  row.unit_key = params[static_cast<std::size_t>(members.front())].name;
+  row.local_unit = local_unit;
+  row.group = group;
+  row.numel = numel;
+  row.shard = numel / slices;
+  row.slices = slices;
+  row.slice = slice;
+  row.offset = offset;
+  std::vector<std::vector<float>> whole(3, std::vector<float>(static_cast<std::size_t>(numel), 0));
+  std::int64_t at = 0;
+  for (int p : members) {
+    const ParamSpec& spec = params[static_cast<std::size_t>(p)];
+    if (slice == 0) row.params.push_back(ParamEntry{spec.name, spec.shape, spec.numel(), 0, at});
+    for (std::int64_t e = 0; e < spec.numel(); ++e) {
+      for (int a = 0; a < 3; ++a) {
+        whole[static_cast<std::size_t>(a)][static_cast<std::size_t>(at + e)] = value(p, e, a);
+      }
+    }
+    at += spec.numel();
+  }
+  for (int a = 0; a < 3; ++a) {
+    auto& w = whole[static_cast<std::size_t>(a)];
+    file[static_cast<std::size_t>(a)].insert(file[static_cast<std::size_t>(a)].end(),
+                                             w.begin() + slice * row.shard,
+                                             w.begin() + (slice + 1) * row.shard);
+  }
+  return row;
+}
+
+}  // namespace
+
+TEST_CASE("tables of several groups: merged from the ranks' rows, read by name at any slicing") {
+  const fs::path dir = scratch_dir("groups");
+  fs::create_directories(dir);
+  // The dense unit: emb + a.w + a.b = 185 + 95 + 19 = 299 elements, padded to 300 over 3 ranks.
+  std::vector<RankShare> shares(3);
+  std::vector<std::vector<std::vector<float>>> files(3, std::vector<std::vector<float>>(3));
+  for (int r = 0; r < 3; ++r) {
+    shares[r].slices.push_back(grouped_slice({0, 1, 2}, 300, 3, r, 0, 0, 0, files[r]));
+  }
+  shares[0].slices.push_back(grouped_slice({3}, 42, 1, 0, 1, 100, 1, files[0]));
+  shares[1].slices.push_back(grouped_slice({4}, 42, 1, 0, 1, 100, 1, files[1]));
+  shares[1].slices.push_back(grouped_slice({5}, 28, 2, 0, 1, 142, 2, files[1]));
+  shares[2].slices.push_back(grouped_slice({5}, 28, 2, 1, 1, 100, 2, files[2]));
+  for (int r = 0; r < 3; ++r) {
+    const auto n = static_cast<std::int64_t>(files[r][0].size());
+    shares[r].written = {StateRange{0, n}};
+    // The rows travel encoded, as the checkpointer gathers them.
+    shares[r] = decode_share(encode_share(shares[r]), "rank " + std::to_string(r));
+  }
+  CheckpointIndex index;
+  index.config_json = "{}";
+  merge_shares(index, shares);
+  CHECK(index.world == 3);
+  CHECK(index.rank_elements == std::vector<std::int64_t>{142, 156, 114});
+  REQUIRE(index.units.size() == 4);
+  // The writers' plan order, one local unit's copies in rank order.
+  std::vector<std::string> names;
+  for (const ParamEntry& e : index.params) names.push_back(e.name);
+  CHECK(names == std::vector<std::string>{"emb", "a.w", "a.b", "x0.w", "x1.w", "x2.w"});
+  CHECK(index.units[3].slices.size() == 2);
+  CHECK(index.units[3].slices[1].rank == 2);
+  write_index((dir / "index.h5").string(), index);
+  for (int r = 0; r < 3; ++r) {
+    RankSnapshot snap;
+    snap.rank = r;
+    snap.arrays = files[r];
+    write_rank_file((dir / rank_file_name(r)).string(), snap, 3, 0);
+  }
+  const CheckpointIndex read = read_index((dir / "index.h5").string());
+  CHECK(read.units[2].group == 1);
+  CHECK(verify_checkpoint(dir.string()) == 3 * (142 + 156 + 114) * 4);
+  const auto full = read_full_params(dir.string(), read);
+  for (std::size_t p = 0; p < full.size(); ++p) {
+    for (std::size_t e = 0; e < full[p].size(); ++e) {
+      REQUIRE(full[p][e] == value(static_cast<int>(p), static_cast<std::int64_t>(e), 0));
+    }
+  }
+  // A rank of another run holding x2.w and the dense part, in its own order, by name.
+  std::vector<ParamSpec> mine = {grouped_model()[5], grouped_model()[1], grouped_model()[0],
+                                 grouped_model()[2]};
+  for (ParamSpec& p : mine) p.modules = {0};
+  const ParamSources sources = find_params(read, mine, "index.h5");
+  std::vector<int> rows;
+  for (const auto& runs : sources) {
+    REQUIRE(runs.size() == 1);
+    rows.push_back(runs[0].row);
+  }
+  CHECK(rows == std::vector<int>{5, 1, 0, 2});
+  for (int world : {1, 2}) {
+    PartitionOptions o;
+    o.stage = 2;
+    o.world = world;
+    o.alignment = 4;
+    o.num_modules = 1;
+    const PartitionPlan plan(mine, o);
+    ShardedReader reader(dir.string(), read, sources);
+    for (int r = 0; r < world; ++r) {
+      for (int u = 0; u < static_cast<int>(plan.units().size()); ++u) {
+        const auto n = static_cast<std::size_t>(plan.unit(u).shard);
+        std::vector<float> a(n, -1), b(n, -1), c(n, -1);
+        reader.fill(plan, r, u, {a.data(), b.data(), c.data()});
+        for (int p : plan.unit(u).params) {
+          const auto range = plan.owned_range(p, r);
+          const int q = rows[static_cast<std::size_t>(p)];
+          for (std::int64_t i = 0; i < range.count; ++i) {
+            const auto at = static_cast<std::size_t>(range.slice_offset + i);
+            REQUIRE(a[at] == value(q, range.first + i, 0));
+            REQUIRE(c[at] == value(q, range.first + i, 2));
+          }
+        }
+      }
+    }
+  }
+  auto other = mine;
+  other[0].name = "x3.w";
+  CHECK_THAT(message_of([&] { find_params(read, other, "index.h5"); }),
+             Catch::Contains("index.h5: the model's parameter 'x3.w' [9, 3] is not in the "
+                             "checkpoint"));
+  other = mine;
+  other[0].shape = {3, 9};
+  CHECK_THAT(message_of([&] { find_params(read, other, "index.h5"); }),
+             Catch::Contains("parameter 'x2.w' is [9, 3] in the checkpoint but [3, 9]"));
+
+  // Rows that do not fit together.
+  auto twice = shares;
+  twice[2].slices.back().slice = 0;
+  CHECK_THAT(message_of([&] { merge_shares(index, twice); }),
+             Catch::Contains("slice 0 of the unit of 'x2.w' is written by two ranks (1 and 2)"));
+  auto lost = shares;
+  lost[2].slices.pop_back();
+  CHECK_THAT(message_of([&] { merge_shares(index, lost); }),
+             Catch::Contains("slice 1 of 2 of the unit of 'x2.w' is written by no rank"));
+  auto renamed = shares;
+  renamed[1].slices[1].params[0].name = "x0.w";
+  renamed[1].slices[1].unit_key = "x0.w-copy";
+  CHECK_THAT(message_of([&] { merge_shares(index, renamed); }),
+             Catch::Contains("parameter 'x0.w' is in two units"));
+  CHECK_THAT(message_of([&] { decode_share("abc", "rank 7"); }),
+             Catch::Contains("the table rows from rank 7 are malformed"));
+  // A slice table whose slices overlap in a rank file (x1.w moved into the dense slice of
+  // rank 1) is refused on reading.
+  index.units[2].slices[0].offset = 90;
+  write_index((dir / "index.h5").string(), index);
+  CHECK_THAT(message_of([&] { read_index((dir / "index.h5").string()); }),
+             Catch::Contains("the slices in rank file 1 overlap at element 90"));
+}
+
+TEST_CASE("an expert's own parameter is a row of the stacked one, either way round") {
+  CheckpointIndex index;
+  index.params = {{"m.experts.0.w", {2, 3}, 6, 0, 0},
+                  {"m.experts.1.w", {2, 3}, 6, 0, 8},
+                  {"m.experts.b", {2, 3}, 6, 0, 16},
+                  {"m.gate", {2, 4}, 8, 0, 24}};
+  auto sources_of = [&](const ParamSpec& p) { return find_params(index, {p}, "index.h5")[0]; };
+  // Stacked in the run, one parameter per expert in the checkpoint.
+  const auto stacked = sources_of({"m.experts.w", {2, 2, 3}, {0}});
+  REQUIRE(stacked.size() == 2);
+  CHECK((stacked[0].first == 0 && stacked[0].count == 6 && stacked[0].row == 0 &&
+         stacked[0].at == 0));
+  CHECK((stacked[1].first == 6 && stacked[1].count == 6 && stacked[1].row == 1 &&
+         stacked[1].at == 0));
+  // One per expert in the run, stacked in the checkpoint.
+  const auto own = sources_of({"m.experts.1.b", {3}, {0}});
+  REQUIRE(own.size() == 1);
+  CHECK((own[0].row == 2 && own[0].at == 3 && own[0].count == 3));
+  // Put together from whole values.
+  const std::vector<std::vector<float>> values = {
+      {1, 2, 3, 4, 5, 6}, {7, 8, 9, 10, 11, 12}, {-1, -2, -3, -4, -5, -6}, {}};
+  CHECK(assemble_param(stacked, values) ==
+        std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12});
+  CHECK(assemble_param(own, values) == std::vector<float>{-4, -5, -6});
+  // More experts than the checkpoint holds, or rows of another shape.
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.w", {3, 2, 3}, {0}});
+             }),
+             Catch::Contains("'m.experts.w' [3, 2, 3] stacks 3 experts, but the checkpoint has "
+                             "no 'm.experts.2.w' [2, 3]"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.2.b", {3}, {0}});
+             }),
+             Catch::Contains("'m.experts.2.b' is expert 2, but the checkpoint's 'm.experts.b' "
+                             "[2, 3] stacks 2"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.experts.0.b", {4}, {0}});
+             }),
+             Catch::Contains("'m.experts.0.b' [4] of the model is not a row of the "
+                             "checkpoint's stacked 'm.experts.b' [2, 3]"));
+  CHECK_THAT(message_of([&] {
+               sources_of({"m.gate", {2, 5}, {0}});
+             }),
+             Catch::Contains("parameter 'm.gate' is [2, 4] in the checkpoint but [2, 5]"));
 }

@@ -3,8 +3,9 @@
 // blocks, like MiCS for those parameters only). At stages 1-3, with and without accumulation and
 // optimizer offload, each step's loss and gradient norm and the final parameters equal the
 // single-process reference within the tolerances test_engine_mics uses; the group-1 units are
-// sliced by their own group (plan, slice ranks, traffic on the group's communicators); and the
-// checkpoint layer refuses a multi-group engine. The partition over groups is checked pure.
+// sliced by their own group (plan, slice ranks, traffic on the group's communicators); and
+// options the groups do not support are refused. The partition over groups is checked pure.
+// (Checkpoints of several groups: test_engine_groups_checkpoint.cc.)
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -12,7 +13,6 @@
 #include <set>
 #include <string>
 
-#include "runtime/checkpoint/engine_state.h"
 #include "tests/engine/engine_test_util.h"
 
 using namespace zrt;
@@ -191,19 +191,12 @@ TEST_CASE("units over two groups: every stage equals the single-process referenc
   }
 }
 
-TEST_CASE("a multi-group engine is refused by the checkpoint layer and by unsupported options") {
+TEST_CASE("a multi-group engine refuses unsupported options") {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   if (world % 2 != 0) return;
   TrainSpec spec;
   const auto params = grouped_params(group1_choices()[0]);
-  auto run = make_grouped_engine(test_engine_options(2, 1), spec, world / 2, params);
-  checkpoint::CheckpointIndex index;
-  CHECK_THROWS_WITH(checkpoint::describe_engine(*run->engine, index),
-                    Catch::Contains("checkpoints of a multi-group engine are not supported yet"));
-  CHECK_THROWS_WITH(
-      checkpoint::load_engine("/nonexistent", *run->engine),
-      Catch::Contains("checkpoint load: the engine's units live over 2 shard groups"));
   // Stage 0 keeps whole units: one group only.
   CHECK_THROWS_WITH(make_grouped_engine(test_engine_options(0, 1), spec, world / 2, params),
                     Catch::Contains("2 shard groups at ZeRO stage 0"));

@@ -14,6 +14,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -25,6 +27,7 @@
 #include "models/model_registry.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
+#include "runtime/checkpoint/param_match.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -168,21 +171,22 @@ int logits(const std::string& dir, const std::string& token_text) {
   zrt::kernels::KernelContext ctx(*device, *stream);
   auto model = def->build(ctx, zrt::ModelOptions{});
   const auto& params = model->parameters();
-  if (params.size() != index.params.size()) {
-    ZRT_THROW(zrt::InvalidArgument, "{}: {} parameters saved, the model has {}", dir,
-              index.params.size(), params.size());
-  }
   zrt::FlatParamAccess access(*device, *stream, params, model->num_modules(), zrt::DType::kFloat32,
                               zrt::DType::kFloat32);
+  // By name: a checkpoint of several shard groups lists the experts after the dense units,
+  // one parameter each where the model stacks them (param_match.h).
+  const zrt::checkpoint::ParamSources sources =
+      zrt::checkpoint::find_params(index, params, (fs::path(dir) / "index.h5").string());
+  std::vector<bool> used(index.params.size(), false);
   for (std::size_t p = 0; p < params.size(); ++p) {
-    if (params[p].name != index.params[p].name || params[p].shape != index.params[p].shape) {
-      ZRT_THROW(zrt::InvalidArgument,
-                "{}: parameter {} is '{}' {} in the checkpoint, '{}' {} in "
-                "the model",
-                dir, p, index.params[p].name, shape_text(index.params[p].shape), params[p].name,
-                shape_text(params[p].shape));
+    for (const auto& run : sources[p]) used[static_cast<std::size_t>(run.row)] = true;
+    access.set_param(static_cast<int>(p), zrt::checkpoint::assemble_param(sources[p], values));
+  }
+  for (std::size_t q = 0; q < used.size(); ++q) {
+    if (!used[q]) {
+      ZRT_THROW(zrt::InvalidArgument, "{}: the checkpoint's parameter '{}' is not in the model",
+                dir, index.params[q].name);
     }
-    access.set_param(static_cast<int>(p), values[p]);
   }
   const auto bytes = static_cast<std::int64_t>(tokens.size() * sizeof(std::int32_t));
   zrt::Buffer inputs = device->allocate(bytes, zrt::MemCategory::kOther, "tokens");
@@ -226,8 +230,23 @@ int inspect(const std::string& dir) {
               static_cast<long long>(index.data.position), index.data.shuffle ? "on" : "off",
               static_cast<unsigned long long>(index.data.seed));
   std::printf("scheduler    %s\n", index.scheduler.c_str());
-  std::printf("parameters   %zu tensors, %lld elements, %zu units\n\n", index.params.size(),
+  std::printf("parameters   %zu tensors, %lld elements, %zu units\n", index.params.size(),
               static_cast<long long>(total), index.units.size());
+  // Several shard groups (expert parallelism): each group's units and how they were sliced.
+  std::map<std::int64_t, std::pair<std::int64_t, std::set<std::size_t>>> groups;
+  for (const auto& u : index.units) {
+    groups[u.group].first += 1;
+    groups[u.group].second.insert(u.slices.size());
+  }
+  if (groups.size() > 1) {
+    for (const auto& [group, units] : groups) {
+      std::string slices;
+      for (std::size_t n : units.second) slices += (slices.empty() ? "" : "/") + std::to_string(n);
+      std::printf("group %-6lld %lld units, each in %s slice(s)\n", static_cast<long long>(group),
+                  static_cast<long long>(units.first), slices.c_str());
+    }
+  }
+  std::printf("\n");
   std::printf("%-48s %-16s %10s %5s %10s\n", "name", "shape", "numel", "unit", "offset");
   for (const auto& p : index.params) {
     std::printf("%-48s %-16s %10lld %5lld %10lld\n", p.name.c_str(), shape_text(p.shape).c_str(),
