@@ -5,6 +5,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <omp.h>
+
 #include "kernels/cpu/documents.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/vec_math.h"
@@ -43,14 +45,17 @@ int tiled_slots(I64 items) {
   return static_cast<int>(std::min<I64>(kTiledAttentionSlots, std::max<I64>(items, 1)));
 }
 
-// Runs f(item, slot) for item in [0, items), at most `slots` at a time, slot in [0, slots): each
-// item's slot is fixed by its index, so no result depends on which thread ran it.
+// Runs f(item, slot) for item in [0, items) on at most `slots` threads, slot in [0, slots) the
+// thread's own scratch. Each item rewrites every part of its slot it reads, so which thread (and
+// slot) runs an item changes no result; one parallel region, one barrier.
 template <typename F>
 void tiled_for_each(I64 items, int slots, const F& f) {
-  for (I64 w0 = 0; w0 < items; w0 += slots) {
-    const I64 w1 = std::min(items, w0 + slots);
-#pragma omp parallel for schedule(dynamic, 1)
-    for (I64 w = w0; w < w1; ++w) f(w, static_cast<int>(w - w0));
+  const int threads = std::max(1, std::min(omp_get_max_threads(), slots));
+#pragma omp parallel num_threads(threads)
+  {
+    const int slot = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (I64 w = 0; w < items; ++w) f(w, slot);
   }
 }
 

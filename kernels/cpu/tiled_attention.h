@@ -20,9 +20,10 @@
 //     recomputed by both loops: seven tile GEMMs instead of five, for no atomics and no
 //     per-thread partial sums.)
 // All accumulation is in A. fp32 rows use vec_math.h's span functions (compiled per ISA, picked
-// at run time); the tile products are single-threaded BLAS calls. Work items run in groups of at
-// most kTiledAttentionSlots, each with its own slot of `ws`, so results depend on neither the
-// thread count nor the scheduling.
+// at run time); the tile products are single-threaded BLAS calls. Work items are shared out
+// dynamically over at most kTiledAttentionSlots threads, each with its own slot of `ws` as
+// scratch that every item rewrites before reading; an item's results depend on its inputs only,
+// so they depend on neither the thread count nor the scheduling.
 //
 // Workspace (elements of A): forward, slots * (Q*K + Q*hs + 2*Q); backward, B*NH*T (D) + slots *
 // 2*Q*K, with Q, K the tile sizes and slots = min(kTiledAttentionSlots, work items): no T^2 term.
