@@ -15,8 +15,8 @@ namespace zrt::kernels::cpu {
 
 namespace {
 using I64 = std::int64_t;
-constexpr int kQ = kTiledAttentionQueryRows;
-constexpr int kK = kTiledAttentionKeyRows;
+constexpr int kTiledQ = kTiledAttentionQueryRows;
+constexpr int kTiledK = kTiledAttentionKeyRows;
 
 // Per token of every sequence (B,T): the first key it sees and the end of its document.
 struct TiledTokenDocs {
@@ -184,43 +184,48 @@ void tiled_tile_grads(const TiledCall<A>& c, const A* dout, const A* lse, const 
 template <typename A>
 std::int64_t tiled_attention_forward_workspace(int B, int T, int C, int NH) {
   const int hs = C / NH;
-  const I64 slots = tiled_slots(I64{B} * NH * tiled_count(T, kQ));
-  return slots * (I64{kQ} * kK + I64{kQ} * hs + 2 * I64{kQ});
+  const I64 slots = tiled_slots(I64{B} * NH * tiled_count(T, kTiledQ));
+  return slots * (I64{kTiledQ} * kTiledK + I64{kTiledQ} * hs + 2 * I64{kTiledQ});
 }
 
 template <typename A>
 std::int64_t tiled_attention_backward_workspace(int B, int T, int C, int NH) {
   (void)C;
   const I64 pairs = I64{B} * NH;
-  const I64 slots = tiled_slots(pairs * std::max(tiled_count(T, kQ), tiled_count(T, kK)));
-  return pairs * T + slots * 2 * I64{kQ} * kK;
+  const I64 slots = tiled_slots(pairs * std::max(tiled_count(T, kTiledQ), tiled_count(T, kTiledK)));
+  return pairs * T + slots * 2 * I64{kTiledQ} * kTiledK;
 }
 
+namespace {
+// The passes' bodies live here, not in the exported templates: their lambdas capture this file's
+// internal types, which a closure type of an exported function may not (GCC's subobject-linkage,
+// an error once a unity build includes this file).
 template <typename A>
-void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, int NH, A* ws,
-                             const std::int32_t* doc_start) {
+void tiled_forward_body(A* out, A* lse, const A* qkv, int B, int T, int C, int NH, A* ws,
+                        const std::int32_t* doc_start) {
   const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
   const int hs = C / NH;
   const TiledCall<A> c{
       B, T, C, NH, hs, A(1) / std::sqrt(static_cast<A>(hs)), qkv, docs.lo.data(), docs.end.data()};
-  const I64 qtiles = tiled_count(T, kQ);
+  const I64 qtiles = tiled_count(T, kTiledQ);
   const I64 items = I64{B} * NH * qtiles;
   const int slots = tiled_slots(items);
-  const I64 slot_size = I64{kQ} * kK + I64{kQ} * hs + 2 * I64{kQ};
+  const I64 slot_size = I64{kTiledQ} * kTiledK + I64{kTiledQ} * hs + 2 * I64{kTiledQ};
   tiled_for_each(items, slots, [&](I64 w, int slot) {
     const int b = static_cast<int>(w / (I64{NH} * qtiles));
     const int h = static_cast<int>(w / qtiles % NH);
-    const int i0 = static_cast<int>(w % qtiles) * kQ, i1 = std::min(T, i0 + kQ), nq = i1 - i0;
+    const int i0 = static_cast<int>(w % qtiles) * kTiledQ, i1 = std::min(T, i0 + kTiledQ),
+              nq = i1 - i0;
     A* S = ws + slot * slot_size;
-    A* O = S + I64{kQ} * kK;
-    A* m = O + I64{kQ} * hs;
-    A* l = m + kQ;
+    A* O = S + I64{kTiledQ} * kTiledK;
+    A* m = O + I64{kTiledQ} * hs;
+    A* l = m + kTiledQ;
     std::fill(O, O + I64{nq} * hs, A(0));
     std::fill(m, m + nq, A(0));
     std::fill(l, l + nq, A(0));  // l == 0: the row has seen no key yet
     const A* q = c.q(b, h, i0);
-    for (int j0 = c.lo[I64{b} * T + i0]; j0 < i1; j0 += kK) {
-      const int j1 = std::min(i1, j0 + kK), nk = j1 - j0;
+    for (int j0 = c.lo[I64{b} * T + i0]; j0 < i1; j0 += kTiledK) {
+      const int j1 = std::min(i1, j0 + kTiledK), nk = j1 - j0;
       const A* k = c.q(b, h, j0) + C;
       gemm_serial<A>(false, true, nq, nk, hs, c.scale, q, 3 * C, k, 3 * C, A(0), S, nk);
       for (int r = 0; r < nq; ++r) {
@@ -255,8 +260,8 @@ void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, 
 }
 
 template <typename A>
-void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse,
-                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start) {
+void tiled_backward_body(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse, int B,
+                         int T, int C, int NH, A* ws, const std::int32_t* doc_start) {
   const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
   const int hs = C / NH;
   const TiledCall<A> c{
@@ -272,22 +277,23 @@ void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out
       D[(b * NH + h) * T + t] = tiled_row_dot(dout + off, out + off, hs);
     }
   }
-  const I64 qtiles = tiled_count(T, kQ), ktiles = tiled_count(T, kK);
+  const I64 qtiles = tiled_count(T, kTiledQ), ktiles = tiled_count(T, kTiledK);
   const int slots = tiled_slots(pairs * std::max(qtiles, ktiles));
-  const I64 slot_size = 2 * I64{kQ} * kK;
+  const I64 slot_size = 2 * I64{kTiledQ} * kTiledK;
   // dk, dv: per (b, h, key tile), over the query rows that see it (from its first key to the end
   // of its last key's document).
   tiled_for_each(pairs * ktiles, slots, [&](I64 w, int slot) {
     const int b = static_cast<int>(w / (I64{NH} * ktiles));
     const int h = static_cast<int>(w / ktiles % NH);
-    const int j0 = static_cast<int>(w % ktiles) * kK, j1 = std::min(T, j0 + kK), nk = j1 - j0;
+    const int j0 = static_cast<int>(w % ktiles) * kTiledK, j1 = std::min(T, j0 + kTiledK),
+              nk = j1 - j0;
     const int rows_end = c.end[I64{b} * T + j1 - 1];
     A* P = slots_ws + slot * slot_size;
-    A* dS = P + I64{kQ} * kK;
+    A* dS = P + I64{kTiledQ} * kTiledK;
     A* dk = dqkv + (I64{b} * T + j0) * 3 * C + C + I64{h} * hs;
     A* dv = dk + C;
-    for (int i0 = j0; i0 < rows_end; i0 += kQ) {
-      const int i1 = std::min(rows_end, i0 + kQ), nq = i1 - i0;
+    for (int i0 = j0; i0 < rows_end; i0 += kTiledQ) {
+      const int i1 = std::min(rows_end, i0 + kTiledQ), nq = i1 - i0;
       tiled_tile_grads(c, dout, lse, D, b, h, i0, i1, j0, j1, P, dS);
       const A* dy = dout + (I64{b} * T + i0) * C + I64{h} * hs;
       gemm_serial<A>(true, false, nk, hs, nq, A(1), P, nk, dy, C, A(1), dv, 3 * C);
@@ -299,17 +305,31 @@ void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out
   tiled_for_each(pairs * qtiles, slots, [&](I64 w, int slot) {
     const int b = static_cast<int>(w / (I64{NH} * qtiles));
     const int h = static_cast<int>(w / qtiles % NH);
-    const int i0 = static_cast<int>(w % qtiles) * kQ, i1 = std::min(T, i0 + kQ);
+    const int i0 = static_cast<int>(w % qtiles) * kTiledQ, i1 = std::min(T, i0 + kTiledQ);
     A* P = slots_ws + slot * slot_size;
-    A* dS = P + I64{kQ} * kK;
+    A* dS = P + I64{kTiledQ} * kTiledK;
     A* dq = dqkv + (I64{b} * T + i0) * 3 * C + I64{h} * hs;
-    for (int j0 = c.lo[I64{b} * T + i0]; j0 < i1; j0 += kK) {
-      const int j1 = std::min(i1, j0 + kK), nk = j1 - j0;
+    for (int j0 = c.lo[I64{b} * T + i0]; j0 < i1; j0 += kTiledK) {
+      const int j1 = std::min(i1, j0 + kTiledK), nk = j1 - j0;
       tiled_tile_grads(c, dout, lse, D, b, h, i0, i1, j0, j1, P, dS);
       gemm_serial<A>(false, false, i1 - i0, hs, nk, c.scale, dS, nk, c.q(b, h, j0) + C, 3 * C, A(1),
                      dq, 3 * C);
     }
   });
+}
+
+}  // namespace
+
+template <typename A>
+void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, int NH, A* ws,
+                             const std::int32_t* doc_start) {
+  tiled_forward_body(out, lse, qkv, B, T, C, NH, ws, doc_start);
+}
+
+template <typename A>
+void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse,
+                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start) {
+  tiled_backward_body(dqkv, dout, qkv, out, lse, B, T, C, NH, ws, doc_start);
 }
 
 #define ZRT_INSTANTIATE(A)                                                                        \

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention_path.h"
