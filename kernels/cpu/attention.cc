@@ -8,6 +8,7 @@
 #include "kernels/cpu/causal_softmax.h"
 #include "kernels/cpu/documents.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/tiled_attention.h"
 
 namespace zrt::kernels::cpu {
 
@@ -24,43 +25,48 @@ std::vector<std::vector<DocSpan>> all_spans(const std::int32_t* doc_start, int B
   for (int b = 0; b < B; ++b) docs[b] = document_spans(doc_start, b, T);
   return docs;
 }
+
+// Elements of acc_t<S> the chosen path's own scratch takes (before the 16-bit conversions).
+template <typename S>
+I64 attention_scratch(bool backward, int B, int T, int C, int NH, AttentionPath path) {
+  using A = acc_t<S>;
+  if (path == AttentionPath::kTiled) {
+    return backward ? tiled_attention_backward_workspace<A>(B, T, C, NH)
+                    : tiled_attention_forward_workspace<A>(B, T, C, NH);
+  }
+  return (backward ? 2 : 1) * I64{pair_group(B, NH)} * T * T;  // p (and dp)
+}
+
+template <typename S>
+AttentionPath attention_resolve(AttentionPath path, int B, int T, int NH) {
+  return resolve_attention_path(path, B, T, NH, sizeof(acc_t<S>));
+}
 }  // namespace
 
 template <typename S>
-std::int64_t attention_forward_workspace(int B, int T, int C, int NH) {
-  const I64 scores = I64{pair_group(B, NH)} * T * T;
-  if constexpr (!kIs16Bit<S>) return scores;
-  return scores + I64{B} * T * 3 * C + I64{B} * T * C;
+std::int64_t attention_forward_workspace(int B, int T, int C, int NH, AttentionPath path) {
+  const I64 scratch =
+      attention_scratch<S>(false, B, T, C, NH, attention_resolve<S>(path, B, T, NH));
+  if constexpr (!kIs16Bit<S>) return scratch;
+  return scratch + I64{B} * T * 3 * C + I64{B} * T * C;
 }
 
 template <typename S>
-std::int64_t attention_backward_workspace(int B, int T, int C, int NH) {
-  const I64 scores = 2 * I64{pair_group(B, NH)} * T * T;  // p and dp
-  if constexpr (!kIs16Bit<S>) return scores;
-  return scores + 2 * (I64{B} * T * 3 * C) + 2 * (I64{B} * T * C);
+std::int64_t attention_backward_workspace(int B, int T, int C, int NH, AttentionPath path) {
+  const I64 scratch = attention_scratch<S>(true, B, T, C, NH, attention_resolve<S>(path, B, T, NH));
+  if constexpr (!kIs16Bit<S>) return scratch;
+  return scratch + 2 * (I64{B} * T * 3 * C) + 2 * (I64{B} * T * C);
 }
 
-template <typename S>
-void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws, const std::int32_t* doc_start) {
-  using A = acc_t<S>;
-  check_doc_start(doc_start, B, T);
-  const std::vector<std::vector<DocSpan>> docs = all_spans(doc_start, B, T);
+namespace {
+// Today's kernel on compute-type arrays: per (b,h) pair, each document's L x L scores in
+// `scores` (kAttentionPairGroup pairs' worth at a time).
+template <typename A>
+void full_attention_forward(A* aout, A* lse, const A* aqkv, int B, int T, int C, int NH, A* scores,
+                            const std::vector<std::vector<DocSpan>>& docs) {
   const int hs = C / NH;
   const int group = pair_group(B, NH);
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
-  A* scores = ws;
-  const A* aqkv;
-  A* aout;
-  if constexpr (!kIs16Bit<S>) {
-    aqkv = qkv;
-    aout = out;
-  } else {
-    A* f = ws + I64{group} * T * T;
-    convert_to_acc(f, qkv, I64{B} * T * 3 * C);
-    aqkv = f;
-    aout = f + I64{B} * T * 3 * C;
-  }
   for (int p0 = 0; p0 < B * NH; p0 += group) {
     const int p1 = std::min(B * NH, p0 + group);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -82,44 +88,18 @@ void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C,
       }
     }
   }
-  if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
 }
 
-template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
-                        int B, int T, int C, int NH, acc_t<S>* ws, const std::int32_t* doc_start) {
-  using A = acc_t<S>;
-  check_doc_start(doc_start, B, T);
-  const std::vector<std::vector<DocSpan>> docs = all_spans(doc_start, B, T);
+// Today's backward on compute-type arrays; `ws` holds the probabilities and their gradients.
+template <typename A>
+void full_attention_backward(A* adqkv, const A* adout, const A* aqkv, const A* aout, const A* lse,
+                             int B, int T, int C, int NH, A* ws,
+                             const std::vector<std::vector<DocSpan>>& docs) {
   const int hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
   const int group = pair_group(B, NH);
   A* probs_ws = ws;
   A* dprobs_ws = ws + I64{group} * T * T;
-  const A* aqkv;
-  const A* adout;
-  const A* aout;
-  A* adqkv;
-  if constexpr (!kIs16Bit<S>) {
-    aqkv = qkv;
-    adout = dout;
-    aout = out;
-    adqkv = dqkv;
-  } else {
-    A* f = ws + 2 * I64{group} * T * T;
-    A* fqkv = f;
-    A* fdqkv = fqkv + I64{B} * T * 3 * C;
-    A* fdout = fdqkv + I64{B} * T * 3 * C;
-    A* fout = fdout + I64{B} * T * C;
-    convert_to_acc(fqkv, qkv, I64{B} * T * 3 * C);
-    convert_to_acc(fdout, dout, I64{B} * T * C);
-    convert_to_acc(fout, out, I64{B} * T * C);
-    std::fill(fdqkv, fdqkv + I64{B} * T * 3 * C, A(0));
-    aqkv = fqkv;
-    adout = fdout;
-    aout = fout;
-    adqkv = fdqkv;
-  }
   for (int p0 = 0; p0 < B * NH; p0 += group) {
     const int p1 = std::min(B * NH, p0 + group);
 #pragma omp parallel for schedule(dynamic, 1)
@@ -163,16 +143,81 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
       }
     }
   }
+}
+}  // namespace
+
+template <typename S>
+void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
+                       acc_t<S>* ws, const std::int32_t* doc_start, AttentionPath path) {
+  using A = acc_t<S>;
+  check_doc_start(doc_start, B, T);
+  path = attention_resolve<S>(path, B, T, NH);
+  const A* aqkv;
+  A* aout;
+  if constexpr (!kIs16Bit<S>) {
+    aqkv = qkv;
+    aout = out;
+  } else {
+    A* f = ws + attention_scratch<S>(false, B, T, C, NH, path);
+    convert_to_acc(f, qkv, I64{B} * T * 3 * C);
+    aqkv = f;
+    aout = f + I64{B} * T * 3 * C;
+  }
+  if (path == AttentionPath::kTiled) {
+    tiled_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, doc_start);
+  } else {
+    full_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, all_spans(doc_start, B, T));
+  }
+  if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
+}
+
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
+                        int B, int T, int C, int NH, acc_t<S>* ws, const std::int32_t* doc_start,
+                        AttentionPath path) {
+  using A = acc_t<S>;
+  check_doc_start(doc_start, B, T);
+  path = attention_resolve<S>(path, B, T, NH);
+  const A* aqkv;
+  const A* adout;
+  const A* aout;
+  A* adqkv;
+  if constexpr (!kIs16Bit<S>) {
+    aqkv = qkv;
+    adout = dout;
+    aout = out;
+    adqkv = dqkv;
+  } else {
+    A* f = ws + attention_scratch<S>(true, B, T, C, NH, path);
+    A* fqkv = f;
+    A* fdqkv = fqkv + I64{B} * T * 3 * C;
+    A* fdout = fdqkv + I64{B} * T * 3 * C;
+    A* fout = fdout + I64{B} * T * C;
+    convert_to_acc(fqkv, qkv, I64{B} * T * 3 * C);
+    convert_to_acc(fdout, dout, I64{B} * T * C);
+    convert_to_acc(fout, out, I64{B} * T * C);
+    std::fill(fdqkv, fdqkv + I64{B} * T * 3 * C, A(0));
+    aqkv = fqkv;
+    adout = fdout;
+    aout = fout;
+    adqkv = fdqkv;
+  }
+  if (path == AttentionPath::kTiled) {
+    tiled_attention_backward<A>(adqkv, adout, aqkv, aout, lse, B, T, C, NH, ws, doc_start);
+  } else {
+    full_attention_backward<A>(adqkv, adout, aqkv, aout, lse, B, T, C, NH, ws,
+                               all_spans(doc_start, B, T));
+  }
   if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
 }
 
 #define ZRT_INSTANTIATE(S)                                                                         \
-  template std::int64_t attention_forward_workspace<S>(int, int, int, int);                        \
-  template std::int64_t attention_backward_workspace<S>(int, int, int, int);                       \
+  template std::int64_t attention_forward_workspace<S>(int, int, int, int, AttentionPath);         \
+  template std::int64_t attention_backward_workspace<S>(int, int, int, int, AttentionPath);        \
   template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*,       \
-                                     const std::int32_t*);                                         \
+                                     const std::int32_t*, AttentionPath);                          \
   template void attention_backward<S>(S*, const S*, const S*, const S*, const acc_t<S>*, int, int, \
-                                      int, int, acc_t<S>*, const std::int32_t*);
+                                      int, int, acc_t<S>*, const std::int32_t*, AttentionPath);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)

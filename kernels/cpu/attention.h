@@ -20,14 +20,22 @@
 // those of running it alone. With doc_start null, or one document per sequence, the calls are
 // exactly those of the unpacked op. An invalid doc_start throws InvalidArgument.
 //
-// lse is fp32 (acc_t<S>). Work is parallel over (b,h) pairs, each with single-threaded BLAS calls
-// on strided views, so results do not depend on the thread count. 16-bit storage converts to
-// fp32 in `ws` first; both passes keep the scores of up to kAttentionPairGroup pairs at a time
-// in ws (attention_*_workspace(...) elements, enough for documents up to T long).
+// lse is fp32 (acc_t<S>). 16-bit storage converts to fp32 in `ws` first. Two algorithms
+// (attention_path.h), chosen per call by `path` (kAuto: ZRT_CPU_ATTENTION, else a threshold on
+// the full kernel's score bytes); results do not depend on the thread count on either:
+//   full:  work parallel over (b,h) pairs, each with single-threaded BLAS calls on strided views;
+//          both passes keep the scores of up to kAttentionPairGroup pairs at a time in ws (enough
+//          for documents up to T long): min(32, B*NH) * T^2 elements, twice that backward.
+//   tiled: flash-style over (b, h, query tile) and (b, h, key tile) (tiled_attention.h): an
+//          online softmax over key tiles; no T^2 term in its workspace.
+// The two agree within fp32 rounding, not bit for bit (the tiled sums run in another order).
+// attention_*_workspace(..., path) returns the elements of acc_t<S> the path resolved from the
+// same arguments uses; pass the same path (and B, T, NH) to the kernel.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/attention_path.h"
 #include "kernels/cpu/cpu_common.h"
 
 namespace zrt::kernels::cpu {
@@ -35,18 +43,22 @@ namespace zrt::kernels::cpu {
 constexpr int kAttentionPairGroup = 32;
 
 template <typename S>
-std::int64_t attention_forward_workspace(int B, int T, int C, int NH);
+std::int64_t attention_forward_workspace(int B, int T, int C, int NH,
+                                         AttentionPath path = AttentionPath::kAuto);
 template <typename S>
-std::int64_t attention_backward_workspace(int B, int T, int C, int NH);
+std::int64_t attention_backward_workspace(int B, int T, int C, int NH,
+                                          AttentionPath path = AttentionPath::kAuto);
 
 template <typename S>
 void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws, const std::int32_t* doc_start = nullptr);
+                       acc_t<S>* ws, const std::int32_t* doc_start = nullptr,
+                       AttentionPath path = AttentionPath::kAuto);
 
 // `out` and `lse` are the forward's results for the same qkv and doc_start.
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
                         int B, int T, int C, int NH, acc_t<S>* ws,
-                        const std::int32_t* doc_start = nullptr);
+                        const std::int32_t* doc_start = nullptr,
+                        AttentionPath path = AttentionPath::kAuto);
 
 }  // namespace zrt::kernels::cpu

@@ -67,24 +67,28 @@ void gqa_unpack_dqkv(S* dq, S* dk, S* dv, const A* dqkv, int B, int T, int NH, i
 }
 
 template <typename S>
-std::int64_t gqa_attention_forward_workspace(int B, int T, int NH, int NKV, int hs) {
+std::int64_t gqa_attention_forward_workspace(int B, int T, int NH, int NKV, int hs,
+                                             AttentionPath path) {
   (void)NKV;
   using A = acc_t<S>;
   const I64 out = kIs16Bit<S> ? I64{B} * T * NH * hs : 0;
-  return packed(B, T, NH, hs) + out + attention_forward_workspace<A>(B, T, NH * hs, NH);
+  return packed(B, T, NH, hs) + out + attention_forward_workspace<A>(B, T, NH * hs, NH, path);
 }
 
 template <typename S>
-std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int hs) {
+std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int hs,
+                                              AttentionPath path) {
   (void)NKV;
   using A = acc_t<S>;
   const I64 dout_out = kIs16Bit<S> ? 2 * I64{B} * T * NH * hs : 0;
-  return 2 * packed(B, T, NH, hs) + dout_out + attention_backward_workspace<A>(B, T, NH * hs, NH);
+  return 2 * packed(B, T, NH, hs) + dout_out +
+         attention_backward_workspace<A>(B, T, NH * hs, NH, path);
 }
 
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
-                           int NH, int NKV, int hs, acc_t<S>* ws, const std::int32_t* doc_start) {
+                           int NH, int NKV, int hs, acc_t<S>* ws, const std::int32_t* doc_start,
+                           AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
   const int C = NH * hs;
@@ -93,17 +97,18 @@ void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const 
   gqa_pack_qkv<S, A>(qkv, q, k, v, B, T, NH, NKV, hs);
   if constexpr (kIs16Bit<S>) {
     A* aout = rest;
-    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C, doc_start);
+    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C, doc_start, path);
     convert_from_acc(out, aout, I64{B} * T * C);
   } else {
-    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest, doc_start);
+    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest, doc_start, path);
   }
 }
 
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
-                            int hs, acc_t<S>* ws, const std::int32_t* doc_start) {
+                            int hs, acc_t<S>* ws, const std::int32_t* doc_start,
+                            AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
   const int C = NH * hs;
@@ -119,21 +124,24 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
     convert_to_acc(adout, dout, I64{B} * T * C);
     convert_to_acc(aout, out, I64{B} * T * C);
     attention_backward<A>(dqkv, adout, qkv, aout, lse, B, T, C, NH, aout + I64{B} * T * C,
-                          doc_start);
+                          doc_start, path);
   } else {
-    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest, doc_start);
+    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest, doc_start, path);
   }
   gqa_unpack_dqkv<S, A>(dq, dk, dv, dqkv, B, T, NH, NKV, hs);
 }
 
 #define ZRT_INSTANTIATE(S)                                                                        \
-  template std::int64_t gqa_attention_forward_workspace<S>(int, int, int, int, int);              \
-  template std::int64_t gqa_attention_backward_workspace<S>(int, int, int, int, int);             \
+  template std::int64_t gqa_attention_forward_workspace<S>(int, int, int, int, int,               \
+                                                           AttentionPath);                        \
+  template std::int64_t gqa_attention_backward_workspace<S>(int, int, int, int, int,              \
+                                                            AttentionPath);                       \
   template void gqa_attention_forward<S>(S*, acc_t<S>*, const S*, const S*, const S*, int, int,   \
-                                         int, int, int, acc_t<S>*, const std::int32_t*);          \
+                                         int, int, int, acc_t<S>*, const std::int32_t*,           \
+                                         AttentionPath);                                          \
   template void gqa_attention_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*,     \
                                           const S*, const acc_t<S>*, int, int, int, int, int,     \
-                                          acc_t<S>*, const std::int32_t*);                        \
+                                          acc_t<S>*, const std::int32_t*, AttentionPath);         \
   template void gqa_pack_qkv<S, acc_t<S>>(acc_t<S>*, const S*, const S*, const S*, int, int, int, \
                                           int, int);                                              \
   template void gqa_unpack_dqkv<S, acc_t<S>>(S*, S*, S*, const acc_t<S>*, int, int, int, int, int);

@@ -14,30 +14,36 @@
 // Packed documents: doc_start (B,T) as attention.h's (null: one document per sequence), passed
 // on to the packed attention, so query t attends keys [doc_start[t], t] only.
 // Results do not depend on the thread count. Workspace: gqa_attention_*_workspace(...) elements
-// of acc_t<S>.
+// of acc_t<S>. `path` picks attention.h's algorithm (attention_path.h: full or tiled; kAuto by
+// ZRT_CPU_ATTENTION and the threshold), the same for the workspace functions and the kernels.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/cpu/attention_path.h"
 #include "kernels/cpu/cpu_common.h"
 
 namespace zrt::kernels::cpu {
 
 template <typename S>
-std::int64_t gqa_attention_forward_workspace(int B, int T, int NH, int NKV, int hs);
+std::int64_t gqa_attention_forward_workspace(int B, int T, int NH, int NKV, int hs,
+                                             AttentionPath path = AttentionPath::kAuto);
 template <typename S>
-std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int hs);
+std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int hs,
+                                              AttentionPath path = AttentionPath::kAuto);
 
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
                            int NH, int NKV, int hs, acc_t<S>* ws,
-                           const std::int32_t* doc_start = nullptr);
+                           const std::int32_t* doc_start = nullptr,
+                           AttentionPath path = AttentionPath::kAuto);
 
 // `out` and `lse` are the forward's results for the same q, k, v and doc_start.
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
-                            int hs, acc_t<S>* ws, const std::int32_t* doc_start = nullptr);
+                            int hs, acc_t<S>* ws, const std::int32_t* doc_start = nullptr,
+                            AttentionPath path = AttentionPath::kAuto);
 
 // The packing both passes use (exposed for the CUDA twin's tests): qkv (B,T,3C) <- q, and k, v
 // with each kv head repeated for its group's query heads; and dq += dqkv's q part, dk (dv) +=

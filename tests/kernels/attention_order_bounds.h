@@ -36,6 +36,12 @@ using Vec = std::vector<double>;
 //   dp = dout.v, D = dout.out       g(hs) sum|dout v|; sum |dout| dout_err + g(hs) sum|dout out|
 //   dS = p (dp - D)                 rel(p) p |dp - D| + p (ddp + dD) + 4u p |dp - D|
 //   dv = sum_t p dout, dq = scale sum_u dS k, dk = scale sum_t dS q: as out.
+// The tiled kernel (kernels/cpu/tiled_attention.h) adds one step: its online softmax rescales a
+// row's running sum and output by c = exp(m - m') each time a later key tile raises the row's
+// max, so each term carries at most `rescales` such factors; c is exp of the difference of two
+// computed scores (relative error 2 dmax + 8u) and each multiplication rounds once more (u):
+//   tiled sum of e, p, out          relative + rescales (2 dmax + 9u)            (rescales = the
+// number of key tiles a row spans; 0 for the full kernel, which leaves every other term as is).
 // Two evaluations differ by at most twice one's error; that is doubled again for the second-order
 // terms left out (they are below (n u)^2 relative), and 16-bit storage adds one spacing of the
 // stored type (2^-7 |x| for bf16, 2^-10 for fp16) where two close fp32 values round apart. The
@@ -45,7 +51,7 @@ struct OrderBounds {
 };
 
 inline OrderBounds order_bounds(const Vec& qkv, const Vec& dy, int L, int C, int NH, double u,
-                                double spacing) {
+                                double spacing, int rescales = 0) {
   const int hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
   auto g = [u](double n) { return n * u / (1 - n * u); };
@@ -81,12 +87,13 @@ inline OrderBounds order_bounds(const Vec& qkv, const Vec& dy, int L, int C, int
         sum += std::exp(s[t * L + v] - mx);
         re_max = std::max(re_max, es[t * L + v] + emx + 8 * u);
       }
-      const double rsum = g(L) + re_max + 2 * u;
+      const double rescale = rescales * (2 * emx + 9 * u);
+      const double rsum = g(L) + re_max + 2 * u + rescale;
       lse[t] = mx + std::log(sum);
       else_[t] = emx + rsum + 4 * u * std::abs(lse[t]);
       for (int v = 0; v <= t; ++v) {
         p[t * L + v] = std::exp(s[t * L + v] - lse[t]);
-        rp[t * L + v] = es[t * L + v] + emx + 8 * u + rsum + 4 * u;
+        rp[t * L + v] = es[t * L + v] + emx + 8 * u + rsum + 4 * u + rescale;
         rq[t * L + v] = es[t * L + v] + else_[t] + 8 * u;
       }
       for (int d = 0; d < hs; ++d) {

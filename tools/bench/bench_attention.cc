@@ -6,6 +6,9 @@
 // with K equal documents packed into each sequence (doc_start, kernels/ops.h), beside the causal
 // call: the attention a packed fine-tuning step costs. Times are medians over --iters of the wall
 // time of one call enqueued and its stream drained, after two warm-up calls (torch's likewise).
+// On the CPU two more columns: the CPU attention's path for the shape (kernels/cpu/
+// attention_path.h; ZRT_CPU_ATTENTION=full or tiled forces one) and its peak workspace, the
+// backward's (what ops.cc allocates for it).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -14,8 +17,10 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/cpu/attention.h"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "models/init_rng.h"
@@ -182,6 +187,23 @@ Timing run_torch(const std::string& python, const std::string& script, DeviceTyp
   return t;
 }
 
+// The CPU attention's path and the bytes of its backward workspace (its larger) for a shape.
+std::pair<std::string, double> cpu_attention_workspace(DType dtype, const Shape& s) {
+  namespace cpu = kernels::cpu;
+  const int C = s.NH * s.hs;
+  const auto bytes = [&](auto storage) {
+    using S = decltype(storage);
+    return static_cast<double>(cpu::attention_backward_workspace<S>(s.B, s.T, C, s.NH)) *
+           sizeof(cpu::acc_t<S>);
+  };
+  const double ws = dtype == DType::kBFloat16  ? bytes(bf16{})
+                    : dtype == DType::kFloat16 ? bytes(fp16{})
+                                               : bytes(float{});
+  const cpu::AttentionPath path =
+      cpu::resolve_attention_path(cpu::AttentionPath::kAuto, s.B, s.T, s.NH, sizeof(float));
+  return {cpu::attention_path_name(path), ws};
+}
+
 std::string tflops(double flops, double seconds) {
   return seconds > 0 ? fmt::format("{:.3g}", flops / seconds / 1e12) : "-";
 }
@@ -248,6 +270,10 @@ int attention(int argc, char** argv) {
   for (const char* h : {"torch_fwd_ms", "torch_fwd+bwd_ms", "torch_TFLOP/s", "torch/zrt_time"}) {
     header.push_back(h);
   }
+  if (!cuda) {
+    header.push_back("cpu_path");
+    header.push_back("cpu_ws_MiB");
+  }
   Table table(header);
   for (const Shape& s : shapes) {
     const Timing z = run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll);
@@ -281,6 +307,11 @@ int attention(int argc, char** argv) {
     row.push_back(t.forward_backward_s > 0
                       ? fmt::format("{:.2f}", t.forward_backward_s / z.forward_backward_s)
                       : "-");
+    if (!cuda) {
+      const auto [path, ws] = cpu_attention_workspace(dtype, s);
+      row.push_back(path);
+      row.push_back(fmt::format("{:.2f}", ws / (1 << 20)));
+    }
     table.add(row);
     std::fflush(stdout);
   }
