@@ -91,9 +91,15 @@ if [[ "$bundle" == *.tar.xz ]] && [ -f "$bundle" ]; then
   tar -xJf "$bundle" -C "$work/.bundle" || { echo "gpu_longseq: cannot unpack $bundle" >&2; exit 2; }
   bundle="$(dirname "$(find "$work/.bundle" -maxdepth 2 -name env.sh | head -1)")"
 fi
-[ -n "$bundle" ] && [ -x "$bundle/bin/zrt-train" ] && [ -x "$bundle/bin/zrt-mem" ] ||
-  { echo "gpu_longseq: --bundle must be a tools/gpu-bundle folder (or .tar.xz) with zrt-train and zrt-mem" >&2; exit 2; }
+[ -n "$bundle" ] && [ -x "$bundle/bin/zrt-train" ] ||
+  { echo "gpu_longseq: --bundle must be a tools/gpu-bundle folder (or .tar.xz) with zrt-train" >&2; exit 2; }
 bundle="$(cd "$bundle" && pwd)"
+# zrt-mem: the bundle's, else a build of this checkout's (it needs no GPU).
+zrt_mem=""
+for candidate in "$bundle/bin/zrt-mem" "$root/build-cuda/bin/zrt-mem" "$root/build/bin/zrt-mem"; do
+  [ -x "$candidate" ] && { zrt_mem="$candidate"; break; }
+done
+[ -n "$zrt_mem" ] || { echo "gpu_longseq: no zrt-mem in the bundle (tools/gpu-bundle OUT .../zrt-train .../zrt-mem)" >&2; exit 2; }
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.txt"
@@ -152,7 +158,7 @@ start_s=150
 # device_gb T CAP: zrt-mem's device total (GB = 10^9 bytes) at T for the config's own setting.
 device_gb() {
   config "$1" "$2" "$work/mem-$1.json" &&
-    "$bundle/bin/zrt-mem" --config "$work/mem-$1.json" --device-gb 100000 >"$work/zrt-mem-$1.txt" 2>&1 &&
+    "$zrt_mem" --config "$work/mem-$1.json" --device-gb 100000 >"$work/zrt-mem-$1.txt" 2>&1 &&
     awk '/device total \(peak\)/ { print $4; exit }' "$work/zrt-mem-$1.txt"
 }
 
@@ -160,7 +166,7 @@ device_gb() {
 gpu_gib=$(echo "$gpu" | awk -F', *' -v r="$reserve_gb" 'NF >= 2 { printf "%.1f", $2 / 1024 - r }')
 gpu_gib=${gpu_gib:-$(awk -v r="$reserve_gb" 'BEGIN { printf "%.1f", 141 / 1.073741824 - r }')}
 config 8192 0 "$work/plan.json" || { say "gpu_longseq: cannot write the config"; exit 1; }
-"$bundle/bin/zrt-mem" --config "$work/plan.json" --max-seq-len --seq-multiple 1024 \
+"$zrt_mem" --config "$work/plan.json" --max-seq-len --seq-multiple 1024 \
   --device-gb "$gpu_gib" --host-gb "$host_gib" >"$work/zrt-mem-plan.txt" 2>&1
 predicted=$(awk '/stage 3 \+ optimizer offload/ { for (i = 1; i < NF; ++i) if ($(i + 1) == "tokens") { print $i; exit } }' \
   "$work/zrt-mem-plan.txt")
