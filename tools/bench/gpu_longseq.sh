@@ -159,7 +159,9 @@ start_s=150
 device_gb() {
   config "$1" "$2" "$work/mem-$1.json" &&
     "$zrt_mem" --config "$work/mem-$1.json" --device-gb 100000 >"$work/zrt-mem-$1.txt" 2>&1 &&
-    awk '/device total \(peak\)/ { print $4; exit }' "$work/zrt-mem-$1.txt"
+    awk '/device total \(peak\)/ {  # the exact bytes where zrt-mem prints them, else its GB
+      v = $4; for (i = 1; i < NF; ++i) if ($(i + 1) == "bytes") v = sprintf("%.2f", $i / 1e9)
+      print v; exit }' "$work/zrt-mem-$1.txt"
 }
 
 # The plan: the longest sequence zrt-mem predicts on this GPU and host.
@@ -277,7 +279,7 @@ fit_status=$(sed -n 's/^RESULT longseq fit .*status=\([^ ]*\).*/\1/p' "$summary"
 over_status=$(sed -n 's/^RESULT longseq over .*status=\([^ ]*\).*/\1/p' "$summary" | tail -1)
 if [ -n "$fit_peak" ]; then
   say "ACCURACY fit T=$fit: tracked device peak ${fit_peak} GB, zrt-mem ${fit_gb} GB" \
-    "(difference $(awk -v p="$fit_peak" -v e="$fit_gb" 'BEGIN { printf "%+.2f", p - e }') GB; zrt-mem prints 0.1 GB steps)"
+    "(difference $(awk -v p="$fit_peak" -v e="$fit_gb" 'BEGIN { printf "%+.2f", p - e }') GB)"
 fi
 if [ "$fit_status" = trained ] && [ "$over_status" = out-of-memory ]; then
   say "VERDICT $fit tokens train (tokens/s above); $over end in the tracker's clean out-of-memory" \

@@ -161,8 +161,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("activations, checkpointing", opt_gb(chosen.activations_checkpointed),
       !has_acts ? "" : (in.activation_checkpointing ? "<- in the total" : ""));
   row("device total (peak)", gb(chosen.device_total()),
-      fmt::format("of {:g} GiB ({} GB)", in.device_gib,
-                  gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0)))));
+      fmt::format("of {:g} GiB ({} GB); {} bytes", in.device_gib,
+                  gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0))),
+                  chosen.device_total()));
   out += fmt::format("per-node host memory ({} ranks)\n", in.ranks_per_node());
   const int per_node = chosen.ranks_per_node;
   const CategoryBytes& h = chosen.host_per_rank;
