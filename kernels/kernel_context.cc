@@ -45,8 +45,7 @@ KernelContext::~KernelContext() = default;
 
 DevicePtr<std::byte> KernelContext::workspace(std::int64_t bytes) {
   if (bytes > workspace_.bytes()) {
-    // Grow by at least 1/4 so a slowly growing sequence of requests does not reallocate often.
-    const std::int64_t grown = std::max(bytes, workspace_.bytes() + workspace_.bytes() / 4);
+    const std::int64_t grown = grown_workspace_bytes(workspace_.bytes(), bytes);
     workspace_.reset();  // stream-ordered release: work already enqueued keeps the memory
     workspace_ = device_.allocate(grown, MemCategory::kWorkspace, "kernel workspace",
                                   MemorySpace::kDevice, &stream_);

@@ -5,6 +5,7 @@
 // Not thread-safe: like its stream, a context is driven by one thread.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -61,6 +62,12 @@ class KernelContext {
   // keeps its memory. Contents undefined.
   DevicePtr<std::byte> workspace(std::int64_t bytes);
   std::int64_t workspace_bytes() const { return workspace_.bytes(); }
+  // The workspace's size after a request of `bytes` when it holds `current`: unchanged when
+  // large enough, else the request or a quarter more than now, whichever is larger (so a slowly
+  // growing sequence of requests does not reallocate often). Planning replays it (zrt-mem).
+  static std::int64_t grown_workspace_bytes(std::int64_t current, std::int64_t bytes) {
+    return bytes > current ? std::max(bytes, current + current / 4) : current;
+  }
 
   // The CUDA backend's state (handles, cuBLASLt workspace); null on the CPU backend.
   cuda::CudaKernelState* cuda() const { return cuda_.get(); }

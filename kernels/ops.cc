@@ -750,4 +750,49 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
 #endif
 }
 
+std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
+                                       int B, int T, int C, int NH, bool backward) {
+  if (on_cpu) {
+    std::int64_t bytes = 0;
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      const std::int64_t count = backward ? cpu::attention_backward_workspace<S>(B, T, C, NH)
+                                          : cpu::attention_forward_workspace<S>(B, T, C, NH);
+      bytes = count * static_cast<std::int64_t>(sizeof(cpu::acc_t<S>));
+    });
+    return bytes;
+  }
+#if ZRT_HAVE_CUDA
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
+  return backward ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
+                  : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
+#else
+  (void)options;
+  return 0;
+#endif
+}
+
+std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
+                                           int B, int T, int NH, int NKV, int hs, bool backward) {
+  if (on_cpu) {
+    std::int64_t bytes = 0;
+    with_storage(dtype, [&](auto s) {
+      using S = decltype(s);
+      const std::int64_t count = backward
+                                     ? cpu::gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs)
+                                     : cpu::gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs);
+      bytes = count * static_cast<std::int64_t>(sizeof(cpu::acc_t<S>));
+    });
+    return bytes;
+  }
+#if ZRT_HAVE_CUDA
+  const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
+  return backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
+                  : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
+#else
+  (void)options;
+  return 0;
+#endif
+}
+
 }  // namespace zrt::kernels

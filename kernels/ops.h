@@ -197,4 +197,13 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
                             ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
                             ConstTokens doc_start = {});
 
+// For planning (zrt-mem): the bytes attention_forward / attention_backward (`backward`) and
+// gqa_attention_forward / gqa_attention_backward ask KernelContext::workspace for at these
+// shapes, on the CPU backend (`on_cpu`) or on a GPU with `options`' kernel choice; the same
+// size functions the calls use. On a GPU in a build without CUDA: 0 (not known there).
+std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
+                                       int B, int T, int C, int NH, bool backward);
+std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
+                                           int B, int T, int NH, int NKV, int hs, bool backward);
+
 }  // namespace zrt::kernels

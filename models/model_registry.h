@@ -35,6 +35,9 @@ struct ModelOptions {
   // (ParallelLayout::sequence_group), null at 1. A model that cannot split its attention's heads
   // over it refuses to be built.
   ProcessGroup* sequence_group = nullptr;
+  // For counting only (activation_footprint, kernel_workspace_bytes, without a group): the
+  // sequence_parallel_size to count for. Building a model with it above 1 is refused.
+  int planned_sequence_parallel_size = 1;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
@@ -95,9 +98,27 @@ class ModelDef {
                                         bool activation_checkpointing) const = 0;
   // The same for a model built with `options`. By default a model has neither cpu_checkpointing
   // nor tiling: activation_bytes on the device, nothing on the host.
+  // At sequence parallelism (options' group or planned size, sp) T is a rank's chunk of each
+  // sequence, the whole sequence being sp * T.
   virtual ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                                    const ModelOptions& options) const {
     return {activation_bytes(B, T, dtype, options.activation_checkpointing), 0};
+  }
+  // The kernel workspace (KernelContext::workspace, MemCategory::kWorkspace) training on
+  // micro-batches (B, T) grows it to, on the CPU backend (`on_cpu`) or a GPU, T as in
+  // activation_footprint: the attention's requests (over the whole sequence, this rank's heads),
+  // the forward's then the backward's, through KernelContext::grown_workspace_bytes. The other
+  // kernels' requests are not counted (on the CPU backend the linear layers' and the head's
+  // 16-bit conversions), so it is exact where the attention asks the most: fp32 on the CPU
+  // backend, long sequences on either. 0 for a model that does not say.
+  virtual std::int64_t kernel_workspace_bytes(int B, int T, DType dtype,
+                                              const ModelOptions& options, bool on_cpu) const {
+    (void)B;
+    (void)T;
+    (void)dtype;
+    (void)options;
+    (void)on_cpu;
+    return 0;
   }
 
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,

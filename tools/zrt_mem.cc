@@ -3,7 +3,7 @@
 //
 //   zrt-mem (--model gpt2-xl | --params 7.5e9 | --config run.json) --world 8 [--nodes 2]
 //           [--stage 3] [--offload-optimizer cpu] [--offload-param cpu] [--micro-batch 4]
-//           [--seq 1024] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb 80] ...
+//           [--seq 1024] [--sp 4] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb 80] ...
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -57,6 +57,9 @@ options:
                             slices to host memory as they are (no device gradient slice)
   --seq T                   tokens per sequence (default: the model's seq_len; zrt-train trains
                             at the model's seq_len, so this also sets it)
+  --sp N                    sequence_parallel_size (default: the config's, else 1): each rank
+                            holds T/N tokens of every sequence (its activations), attention's
+                            N-th of the heads over the whole sequence, the all-to-alls' buffers
   --optimizer adam|adamw|lion  the optimizer (default: the config's, else AdamW): its fp32
                             state is 12 bytes per parameter for Adam, 8 for Lion
   --dtype fp32|bf16|fp16    compute dtype (default bf16)
@@ -120,9 +123,13 @@ std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& i
                                      double device_gib, double host_gib) {
   constexpr double kGiB = 1073741824.0;
   std::string out = fmt::format(
-      "longest sequence per setting: {} on {} rank(s) over {} node(s), micro-batch {}, {}, "
+      "longest sequence per setting: {} on {} rank(s) over {} node(s){}, micro-batch {}, {}, "
       "{:.1f} GiB device per rank{}; lengths in multiples of {}\n",
-      model.name(), in.world, in.nodes, in.micro_batch,
+      model.name(), in.world, in.nodes,
+      in.engine.sequence_parallel_size > 1
+          ? fmt::format(", sequence_parallel_size {}", in.engine.sequence_parallel_size)
+          : "",
+      in.micro_batch,
       in.activation_checkpointing
           ? (in.cpu_checkpointing ? "activation checkpointing in host memory"
                                   : "activation checkpointing")
@@ -162,6 +169,7 @@ int run(int argc, char** argv) {
                                              {"--micro-batch", true},
                                              {"--gas", true},
                                              {"--seq", true},
+                                             {"--sp", true},
                                              {"--dtype", true},
                                              {"--grad-accum-dtype", true},
                                              {"--comm-dtype", true},
@@ -247,6 +255,10 @@ int run(int argc, char** argv) {
     in.micro_batch = parse_int("--micro-batch", args["--micro-batch"]);
   if (args.count("--gas"))
     in.engine.gradient_accumulation_steps = parse_int("--gas", args["--gas"]);
+  if (args.count("--sp")) {
+    in.engine.sequence_parallel_size = parse_int("--sp", args["--sp"]);
+    if (in.engine.sequence_parallel_size < 1) usage_error("--sp must be >= 1");
+  }
   if (args.count("--dtype")) in.engine.compute_dtype = parse_dtype(args["--dtype"]);
   if (args.count("--grad-accum-dtype"))
     in.engine.grad_accum_dtype = parse_dtype(args["--grad-accum-dtype"]);
@@ -313,6 +325,12 @@ int run(int argc, char** argv) {
     const int multiple =
         args.count("--seq-multiple") ? parse_int("--seq-multiple", args["--seq-multiple"]) : 64;
     if (multiple < 1) usage_error("--seq-multiple must be >= 1");
+    if (multiple % in.engine.sequence_parallel_size != 0) {
+      usage_error(
+          fmt::format("--seq-multiple {} must be a multiple of --sp {} (each rank holds "
+                      "an equal chunk of every sequence)",
+                      multiple, in.engine.sequence_parallel_size));
+    }
     const double host_gib =
         args.count("--host-gb") ? parse_number("--host-gb", args["--host-gb"]) : 0;
     if (host_gib < 0) usage_error("--host-gb must be >= 0");

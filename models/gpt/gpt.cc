@@ -192,6 +192,14 @@ void Gpt::Activations::plan_accumulated(ActivationPlanner& p, const transformer:
   if (sp > 1) p.bytes(&dqkv_full, s.N() * 3 * config_.n_embd * s.S);
 }
 
+std::int64_t Gpt::planned_activation_bytes(const GptConfig& config, const GptOptions& options,
+                                           int B, int T, DType dtype) {
+  Activations scratch(config, options.sequence_parallel_size());
+  return TransformerModel::activation_bytes(transformer_spec(config), options, B, T, dtype,
+                                            scratch) +
+         kActivationAlign;
+}
+
 std::int64_t Gpt::activation_bytes(int B, int T, DType dtype) const {
   Activations scratch(config_, acts_.sp);
   return TransformerModel::activation_bytes(spec(), options(), B, T, dtype, scratch);

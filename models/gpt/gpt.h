@@ -50,6 +50,10 @@ class Gpt final : public transformer::TransformerModel {
                       float* out) const override;
   // Activation bytes a pass at (B, T) in `dtype` allocates (without the loss scalar).
   std::int64_t activation_bytes(int B, int T, DType dtype) const;
+  // The same for a Gpt of `config` built with `options`, without building one (with the loss
+  // scalar): at sequence parallelism T is the rank's chunk (options' planned size counts).
+  static std::int64_t planned_activation_bytes(const GptConfig& config, const GptOptions& options,
+                                               int B, int T, DType dtype);
 
   // The parameter table a Gpt of `config` reports (Hugging Face names and order), without
   // building one.

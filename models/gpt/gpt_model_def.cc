@@ -49,8 +49,24 @@ class GptDef final : public transformer::TransformerDefOf<GptDef, GptConfig, Gpt
   ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                            const ModelOptions& options) const override {
     const transformer::TransformerOptions o = transformer::transformer_options(options);
-    return {gpt::activation_bytes(config(), B, T, dtype, o),
-            gpt::host_activation_bytes(config(), B, T, dtype, o)};
+    // At sp > 1 the blocks add the all-to-alls' buffers and whole-sequence tensors: the
+    // model's own planner counts them.
+    const std::int64_t device = o.sequence_parallel_size() > 1
+                                    ? Gpt::planned_activation_bytes(config(), o, B, T, dtype)
+                                    : gpt::activation_bytes(config(), B, T, dtype, o);
+    return {device, gpt::host_activation_bytes(config(), B, T, dtype, o)};
+  }
+  // The attention over the whole sequence (sp * T) with this rank's NH / sp heads.
+  std::int64_t kernel_workspace_bytes(int B, int T, DType dtype, const ModelOptions& options,
+                                      bool on_cpu) const override {
+    const int sp = transformer::transformer_options(options).sequence_parallel_size();
+    const GptConfig& c = config();
+    const kernels::KernelOptions kernel_options;
+    const auto request = [&](bool backward) {
+      return kernels::attention_workspace_bytes(on_cpu, kernel_options, dtype, B, sp * T,
+                                                c.n_embd / sp, c.n_head / sp, backward);
+    };
+    return transformer::attention_workspace_growth(request(false), request(true));
   }
 
  protected:

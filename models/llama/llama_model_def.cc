@@ -9,6 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.h"
+#include "kernels/ulysses_ops.h"
 #include "models/hf/hf_config.h"
 #include "models/hf/hf_import.h"
 #include "models/llama/llama.h"
@@ -50,6 +52,24 @@ class LlamaDef final : public transformer::TransformerDefOf<LlamaDef, LlamaConfi
     const LlamaOptions o = transformer::transformer_options(options);
     return {Llama::activation_bytes(config(), B, T, dtype, o),
             Llama::host_activation_bytes(config(), B, T, dtype, o)};
+  }
+  // The grouped-query attention over the whole sequence (sp * T) with this rank's query and
+  // key/value heads (Ulysses' shares, kernels/ulysses_ops.h).
+  std::int64_t kernel_workspace_bytes(int B, int T, DType dtype, const ModelOptions& options,
+                                      bool on_cpu) const override {
+    const int sp = transformer::transformer_options(options).sequence_parallel_size();
+    const LlamaConfig& c = config();
+    int NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+    if (sp > 1) {
+      NKV = kernels::ulysses_kv_heads(NH, NKV, sp).block_heads;
+      NH = kernels::ulysses_query_heads(NH, sp).block_heads;
+    }
+    const kernels::KernelOptions kernel_options;
+    const auto request = [&](bool backward) {
+      return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, sp * T, NH,
+                                                    NKV, c.head_dim, backward);
+    };
+    return transformer::attention_workspace_growth(request(false), request(true));
   }
 
  protected:

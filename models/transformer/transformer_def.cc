@@ -14,7 +14,14 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.head_tile_rows = options.head_tile_rows;
   o.mlp_tile_rows = options.mlp_tile_rows;
   o.sequence_group = options.sequence_group;
+  o.planned_sequence_parallel_size = options.planned_sequence_parallel_size;
   return o;
+}
+
+std::int64_t attention_workspace_growth(std::int64_t forward, std::int64_t backward) {
+  using kernels::KernelContext;
+  return KernelContext::grown_workspace_bytes(KernelContext::grown_workspace_bytes(0, forward),
+                                              backward);
 }
 
 ParamInitializer TransformerDef::initializer(const Model& model, std::uint64_t seed,

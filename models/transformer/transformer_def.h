@@ -20,6 +20,11 @@ namespace zrt::transformer {
 // The driver's options for a model built with `options`.
 TransformerOptions transformer_options(const ModelOptions& options);
 
+// The kernel workspace a training step leaves when its largest requests are the attention's:
+// `forward` bytes (every forward, recomputation and evaluation pass), then `backward` bytes,
+// grown as KernelContext::workspace grows (ModelDef::kernel_workspace_bytes).
+std::int64_t attention_workspace_growth(std::int64_t forward, std::int64_t backward);
+
 class TransformerDef : public ModelDef {
  public:
   int num_modules() const override { return transformer::num_modules(n_layer()); }

@@ -12,6 +12,11 @@ namespace k = zrt::kernels;
 TransformerModel::TransformerModel(kernels::KernelContext& ctx, TransformerSpec spec,
                                    TransformerOptions options)
     : spec_(std::move(spec)), options_(options), ctx_(ctx) {
+  if (options_.sequence_group == nullptr && options_.planned_sequence_parallel_size != 1) {
+    ZRT_THROW(InvalidArgument,
+              "{}: planned_sequence_parallel_size {} is for counting; a model needs the group",
+              spec_.family, options_.planned_sequence_parallel_size);
+  }
   loss_buffer_ =
       ctx_.device().allocate(kActivationAlign, MemCategory::kActivations, spec_.family + " loss",
                              MemorySpace::kDevice, &ctx_.stream());

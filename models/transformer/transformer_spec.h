@@ -66,7 +66,12 @@ struct TransformerOptions {
   // (TokenBatch), and attend over the whole of it through all-to-alls on this group; it must
   // outlive the model. Null or a group of 1: every rank holds whole sequences.
   ProcessGroup* sequence_group = nullptr;
-  int sequence_parallel_size() const { return sequence_group ? sequence_group->size() : 1; }
+  // For counting only (activation_bytes and its kin, with no group): the sp to count for. A
+  // model built with it above 1 and no group is refused.
+  int planned_sequence_parallel_size = 1;
+  int sequence_parallel_size() const {
+    return sequence_group ? sequence_group->size() : planned_sequence_parallel_size;
+  }
   // With activation_checkpointing: the kept block inputs live in pinned host memory, the
   // device keeping two of them (checkpoint_offload.h).
   bool cpu_checkpointing = false;

@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "kernels/kernel_context.h"
+#include "kernels/ops.h"
 #include "models/model_registry.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/partition.h"
@@ -702,4 +703,65 @@ TEST_CASE(
   d.seq_len = 256;
   const Estimate de = estimate(d, Setting{0, false, false});
   CHECK(format_report(d, de, {de}).find("active per token") == std::string::npos);
+}
+
+TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spans the sequence") {
+  // Llama-3.1-8B at 32K tokens on 4 ranks, checkpointing with the kept inputs in host memory,
+  // untiled: the bound, a rank's activations at sp 4 at most 0.4 of one rank holding the
+  // whole sequence (0.27 here; the automatic tiles' fixed sizes count for more at 32K, 0.54,
+  // and fall under it at 128K, 0.39).
+  const std::shared_ptr<const ModelDef> llama =
+      builtin_models().parse_spec("llama-3.1-8b:seq_len=32768");
+  Inputs in;
+  in.model = model_spec(llama);
+  in.world = 4;
+  in.seq_len = 32768;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  in.cpu_checkpointing = true;
+  in.head_tile_rows = in.mlp_tile_rows = -1;
+  const Setting s{3, true, false};
+  const Estimate whole = estimate(in, s);
+  in.engine.sequence_parallel_size = 4;
+  const Estimate quarter = estimate(in, s);
+  INFO(whole.activations() << " bytes of activations at sp 1, " << quarter.activations()
+                           << " at sp 4");
+  CHECK(quarter.activations() <= 0.4 * static_cast<double>(whole.activations()));
+  CHECK(quarter.model_state_peak() == whole.model_state_peak());  // ZeRO over the whole world
+  CHECK(at(quarter.host_per_rank, MemCategory::kActivations) * 4 ==
+        at(whole.host_per_rank, MemCategory::kActivations));  // the chunk's block inputs
+  // The CPU attention's workspace, through the kernels' own size functions: over the whole
+  // sequence with a rank's heads (llama-tiny: 4 query heads of 16, 2 key/value heads; at sp 4 one
+  // and one), the forward's request then the backward's, grown as KernelContext grows it.
+  const std::shared_ptr<const ModelDef> small =
+      builtin_models().parse_spec("llama-tiny:seq_len=256");
+  Inputs cpu;
+  cpu.model = model_spec(small);
+  cpu.world = 4;
+  cpu.seq_len = 256;
+  cpu.device_type = DeviceType::kCpu;
+  cpu.engine.compute_dtype = DType::kFloat32;
+  const auto expected = [](int NH, int NKV) {
+    const kernels::KernelOptions options;
+    const auto request = [&](bool backward) {
+      return kernels::gqa_attention_workspace_bytes(true, options, DType::kFloat32, 1, 256, NH, NKV,
+                                                    16, backward);
+    };
+    using kernels::KernelContext;
+    return KernelContext::grown_workspace_bytes(
+        KernelContext::grown_workspace_bytes(0, request(false)), request(true));
+  };
+  CHECK(estimate(cpu, Setting{0, false, false}).kernel_workspace == expected(4, 2));
+  cpu.engine.sequence_parallel_size = 4;
+  CHECK(estimate(cpu, Setting{0, false, false}).kernel_workspace == expected(1, 1));
+  CHECK(expected(1, 1) < expected(4, 2));
+  // The command line: --sp, and a config's sequence_parallel_size, in the report's header.
+  int status = -1;
+  const std::string out = run_tool("--model llama-tiny --world 4 --sp 4", &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("micro-batch 1 x 256 tokens in 4 chunks of 64"));
+  CHECK_THAT(out, Catch::Contains("buffers: kernel workspace"));
+  run_tool("--model llama-tiny --world 4 --sp 3", &status);
+  CHECK(status != 0);
 }

@@ -19,9 +19,11 @@
 # cpu_checkpointing (the kept block inputs in pinned host memory), the automatic head and MLP
 # tiles (model.tiling "auto"), and offload_optimizer.ratio R (default 0.3: zrt-mem's best on a
 # 141 GB GPU with ~126 GiB of host, where cpu_checkpointing's host copies, 256 KiB a token at 8B,
-# and the offloaded optimizer state share the host; ratio 0.7 stops at ~178K tokens on the host,
-# 0.3 at ~364K on both). No parameter offload: zrt needs ratio 1 with it, 16 bytes a parameter in
-# host memory (128 GB at 8B), more than such a machine has (zrt-mem: 6K tokens).
+# and the offloaded optimizer state share the host; a CPU-only zrt-mem, which cannot count the
+# CUDA attention's workspace, put ratio 0.7 at ~178K tokens, stopped by the host, and 0.3 at
+# ~290-360K; a CUDA build's zrt-mem, the bundle's, counts it too, ~48 KiB a token). No parameter
+# offload: zrt needs ratio 1 with it, 16 bytes a parameter in host memory (128 GB at 8B), more
+# than such a machine has (zrt-mem: 6K tokens).
 #
 # Why not a bisection of full-device runs: a zrt-train start at 8B takes ~150 s (model init and
 # pinning), and zrt's fused attention runs ~70 TFLOP/s at head size 128 (BENCHMARKS.md), so a
@@ -159,7 +161,9 @@ start_s=150
 device_gb() {
   config "$1" "$2" "$work/mem-$1.json" &&
     "$zrt_mem" --config "$work/mem-$1.json" --device-gb 100000 >"$work/zrt-mem-$1.txt" 2>&1 &&
-    awk '/device total \(peak\)/ { print $4; exit }' "$work/zrt-mem-$1.txt"
+    awk '/device total \(peak\)/ {  # the exact bytes where zrt-mem prints them, else its GB
+      v = $4; for (i = 1; i < NF; ++i) if ($(i + 1) == "bytes") v = sprintf("%.2f", $i / 1e9)
+      print v; exit }' "$work/zrt-mem-$1.txt"
 }
 
 # The plan: the longest sequence zrt-mem predicts on this GPU and host.
@@ -277,7 +281,7 @@ fit_status=$(sed -n 's/^RESULT longseq fit .*status=\([^ ]*\).*/\1/p' "$summary"
 over_status=$(sed -n 's/^RESULT longseq over .*status=\([^ ]*\).*/\1/p' "$summary" | tail -1)
 if [ -n "$fit_peak" ]; then
   say "ACCURACY fit T=$fit: tracked device peak ${fit_peak} GB, zrt-mem ${fit_gb} GB" \
-    "(difference $(awk -v p="$fit_peak" -v e="$fit_gb" 'BEGIN { printf "%+.2f", p - e }') GB; zrt-mem prints 0.1 GB steps)"
+    "(difference $(awk -v p="$fit_peak" -v e="$fit_gb" 'BEGIN { printf "%+.2f", p - e }') GB)"
 fi
 if [ "$fit_status" = trained ] && [ "$over_status" = out-of-memory ]; then
   say "VERDICT $fit tokens train (tokens/s above); $over end in the tracker's clean out-of-memory" \

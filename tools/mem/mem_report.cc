@@ -90,11 +90,14 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
                      in.optimizer.family, in.optimizer.state_bytes_per_parameter(),
                      in.optimizer.state_description);
   if (in.model && in.model->def) {
-    out += fmt::format("  micro-batch {} x {} tokens; activation checkpointing {}\n",
-                       in.micro_batch, in.seq_len,
-                       in.activation_checkpointing
-                           ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
-                           : "off");
+    const int sp = in.engine.sequence_parallel_size;
+    out += fmt::format(
+        "  micro-batch {} x {} tokens{}; activation checkpointing {}\n", in.micro_batch, in.seq_len,
+        sp > 1 ? fmt::format(" in {} chunks of {} (sequence_parallel_size)", sp, in.seq_len / sp)
+               : "",
+        in.activation_checkpointing
+            ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
+            : "off");
   }
   out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
                      chosen.content_params, chosen.padded_params);
@@ -142,6 +145,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
         fmt::format("peak, 1/{} of each gathered unit (forward to backward)", hpz));
   }
   row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
+  if (chosen.kernel_workspace > 0) {
+    row("buffers: kernel workspace", gb(chosen.kernel_workspace),
+        in.device_type == DeviceType::kCpu ? "the attention's (CPU kernels)"
+                                           : "the attention's, cuBLASLt's");
+  }
   if (in.engine.quantized_weights || in.engine.quantized_gradients) {
     row("  of which ZeRO++ (qwZ / qgZ)", gb(chosen.quantized_comm),
         fmt::format("{} bytes: quantized collectives' scratch, qgZ's output slice",
@@ -153,8 +161,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("activations, checkpointing", opt_gb(chosen.activations_checkpointed),
       !has_acts ? "" : (in.activation_checkpointing ? "<- in the total" : ""));
   row("device total (peak)", gb(chosen.device_total()),
-      fmt::format("of {:g} GiB ({} GB)", in.device_gib,
-                  gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0)))));
+      fmt::format("of {:g} GiB ({} GB); {} bytes", in.device_gib,
+                  gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0))),
+                  chosen.device_total()));
   out += fmt::format("per-node host memory ({} ranks)\n", in.ranks_per_node());
   const int per_node = chosen.ranks_per_node;
   const CategoryBytes& h = chosen.host_per_rank;

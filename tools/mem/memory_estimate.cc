@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 
+#include "kernels/kernel_context.h"
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
@@ -22,10 +23,12 @@ I64 size_of(DType t) {
   return static_cast<I64>(dtype_size(t));
 }
 
-// zrt-train's token batches: two device buffers of (inputs, targets) int32 (activations) and two
-// pinned host staging copies (workspace), B x T each.
-I64 token_batch_bytes(int B, int T) {
-  return 2 * (2 * I64{B} * T * 4);
+// zrt-train's token batches (train/batch_feeder.cc): two device buffers (activations) and two
+// pinned host staging copies (workspace) of B x T int32 per array: inputs and targets, and at
+// sequence parallelism the chunk's positions too (each array sized for whole rows).
+I64 token_batch_bytes(int B, int T, int sp) {
+  const I64 arrays = sp > 1 ? 3 : 2;
+  return 2 * (arrays * I64{B} * T * 4);
 }
 
 EngineOptions options_for(const Inputs& in, const Setting& s) {
@@ -310,6 +313,14 @@ void Inputs::validate() const {
     ZRT_THROW(InvalidArgument, "--seq {} outside 1..{} (the model's seq_len)", seq_len,
               model->def->seq_len());
   }
+  const int sp = engine.sequence_parallel_size;
+  if (sp < 1) ZRT_THROW(InvalidArgument, "--sp (sequence_parallel_size) must be >= 1, not {}", sp);
+  if (model && model->def && seq_len % sp != 0) {
+    ZRT_THROW(InvalidArgument,
+              "--sp {} (sequence_parallel_size) does not divide the sequence length {}: each "
+              "rank of a group holds an equal chunk",
+              sp, seq_len);
+  }
   if (!(device_gib > 0.0))
     ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
   const double ratio = engine.offload_optimizer.ratio;
@@ -343,7 +354,7 @@ std::int64_t Estimate::activations() const {
 }
 
 std::int64_t Estimate::device_total() const {
-  return model_state_peak() + activations() + comm + workspace;
+  return model_state_peak() + activations() + comm + workspace + kernel_workspace;
 }
 
 CategoryBytes Estimate::device_peaks() const {
@@ -354,7 +365,7 @@ CategoryBytes Estimate::device_peaks() const {
   at(b, MemCategory::kOptimizer) = optimizer;
   at(b, MemCategory::kActivations) = activations();
   at(b, MemCategory::kComm) = comm;
-  at(b, MemCategory::kWorkspace) = workspace;
+  at(b, MemCategory::kWorkspace) = workspace + kernel_workspace;
   return b;
 }
 
@@ -424,7 +435,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // The step decision taken on the device, and the norm read back later (pinned, below).
   const bool decided_on_device = decides_step_on_device(o);
   if (decided_on_device) e.workspace += static_cast<I64>(sizeof(StepDecision));
-  if (in.trainer_buffers) e.workspace += 4 + 64 * 8;  // zrt-train's loss accumulator, control
+  // zrt-train's: the evaluation's loss accumulator (4 bytes), the steps' loss accumulators (62
+  // floats, train/training_run.h kMaxUnreadLosses) and the control group's scratch (64 doubles,
+  // train/control.h); test_zrt_mem_crosscheck checks them against zrt-train's own peaks.
+  if (in.trainer_buffers) e.workspace += 4 + 4 * 62 + 64 * 8;
   // Optimizer offload without parameter offload takes each unit's gradient sum of squares on
   // the device and copies it down: one float per unit on each side.
   const I64 unit_norms_bytes = setting.offload_optimizer && !setting.offload_param
@@ -452,11 +466,20 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
 
   if (in.model && in.model->def) {
     const ModelDef& def = *in.model->def;
-    const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len) : 0;
-    const ActivationFootprint full = def.activation_footprint(
-        in.micro_batch, in.seq_len, o.compute_dtype, in.model_options(false));
-    const ActivationFootprint checkpointed = def.activation_footprint(
-        in.micro_batch, in.seq_len, o.compute_dtype, in.model_options(true));
+    // At sequence parallelism every rank of a group trains on its chunk of each sequence.
+    const int sp = o.sequence_parallel_size;
+    const int chunk = in.seq_len / sp;
+    const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len, sp) : 0;
+    const ActivationFootprint full =
+        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, in.model_options(false));
+    const ActivationFootprint checkpointed =
+        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, in.model_options(true));
+    const bool on_cpu = in.device_type == DeviceType::kCpu;
+    e.kernel_workspace =
+        def.kernel_workspace_bytes(in.micro_batch, chunk, o.compute_dtype,
+                                   in.model_options(in.activation_checkpointing), on_cpu);
+    // The CUDA kernels' cuBLASLt workspace, allocated with the model's KernelContext.
+    if (!on_cpu) e.kernel_workspace += kernels::KernelOptions{}.cublaslt_workspace_bytes;
     e.activations_full = full.device + tokens;
     e.activations_checkpointed = checkpointed.device + tokens;
     e.activations_host_checkpointed = checkpointed.pinned_host;
@@ -473,6 +496,7 @@ ModelOptions Inputs::model_options(bool checkpointing) const {
   m.cpu_checkpointing = cpu_checkpointing;
   m.head_tile_rows = head_tile_rows;
   m.mlp_tile_rows = mlp_tile_rows;
+  m.planned_sequence_parallel_size = engine.sequence_parallel_size;
   return m;
 }
 

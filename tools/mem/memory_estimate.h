@@ -72,7 +72,9 @@ struct Inputs {
   // The stage and offload flags are overridden per Setting; these are the chosen ones.
   EngineOptions engine;
   int micro_batch = 1;  // B
-  int seq_len = 0;      // T (the model's seq_len: zrt-train trains at full length)
+  // T (the model's seq_len: zrt-train trains at full length). At sequence parallelism
+  // (engine.sequence_parallel_size, sp) each rank holds T / sp tokens of every sequence.
+  int seq_len = 0;
   bool activation_checkpointing = false;
   // The model's build options beyond checkpointing (ModelOptions): the checkpointed block inputs
   // in pinned host memory (activation_checkpointing.cpu_checkpointing), and the head's and the
@@ -135,6 +137,10 @@ struct Estimate {
   // Communication scratch (gradient conversion for communication_data_type; on the CPU backend
   // also the MPI groups' collective scratch) and the engine's workspace (the gradient norm).
   std::int64_t comm = 0, workspace = 0;
+  // The kernels' workspace (ModelDef::kernel_workspace_bytes: the attention's requests, as
+  // KernelContext grows its buffer; on a GPU also the cuBLASLt workspace), in the workspace
+  // category; 0 without a model.
+  std::int64_t kernel_workspace = 0;
   // Of comm: ZeRO++'s (zero_quantized_weights / zero_quantized_gradients) scratch of the
   // quantized collectives and qgZ's output slice.
   std::int64_t quantized_comm = 0;
@@ -146,9 +152,9 @@ struct Estimate {
   std::int64_t activations_host_checkpointed = 0;
   bool checkpointing = false;  // which of the two counts in the total
   std::int64_t activations() const;
-  std::int64_t buffers() const { return transient_peak + comm + workspace; }
+  std::int64_t buffers() const { return transient_peak + comm + workspace + kernel_workspace; }
   // Per-rank device peak as the tracker reports it: model_state_peak + activations + comm +
-  // workspace (kernel workspaces and the allocator's own overhead are not included).
+  // workspace + kernel_workspace (the allocator's own overhead is not included).
   std::int64_t device_total() const;
   // Peaks per category as MemoryTracker::usage(kDevice).peak would show them.
   CategoryBytes device_peaks() const;

@@ -1,0 +1,122 @@
+// zrt-mem at sequence parallelism against zrt-train's own per-category peaks (metrics.jsonl), on
+// the CPU backend at the world size mpirun gives (2: sp 2; 4: sp 2 and 4): each rank's chunk of
+// the activations, attention's whole-sequence tensors and the all-to-alls' buffers, the token
+// batches with the chunk's positions, the CPU attention's kernel workspace (exact in fp32, where
+// it is the only kernel asking for one) and zrt-train's own buffers, so the whole device peak.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "runtime/data/token_shard.h"
+#include "tools/mem/memory_estimate.h"
+#include "train/trainer.h"
+
+using namespace zrt;
+using namespace zrt::mem;
+
+namespace {
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
+                                 MemCategory::kMaster,      MemCategory::kOptimizer,
+                                 MemCategory::kActivations, MemCategory::kComm};
+
+}  // namespace
+
+TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 and 4") {
+  const int world = world_size();
+  const int rank = world_rank();
+  if (world < 2) {
+    WARN("sequence parallelism needs at least 2 ranks; world " << world);
+    return;
+  }
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zrt_test_mem_crosscheck_sp_np" + std::to_string(world));
+  if (rank == 0) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::string text;
+    for (int i = 0; i < 200; ++i) text += "And God said, Let there be light: and there was light. ";
+    std::vector<std::uint16_t> t(text.begin(), text.end());
+    write_shard((dir / "sp_train_000000.bin").string(), t.data(), t.size());
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  // Four blocks, so cpu_checkpointing sends two block inputs to host memory; llama-tiny's two
+  // key/value heads are shared out at sp 4. fp32: the CPU attention is the only kernel asking
+  // for workspace, so the workspace category is exact too; bf16 adds the linear layers'
+  // conversions, which zrt-mem does not count.
+  const char* const models[] = {
+      R"("preset": "gpt2-tiny", "n_layer": 4)",
+      R"("type": "llama", "preset": "llama-tiny", "num_hidden_layers": 4)"};
+  int run = 0;  // a fresh output directory per run: metrics.jsonl appends
+  for (int sp = 2; sp <= world; sp *= 2) {
+    if (world % sp != 0) continue;
+    for (const char* model : models) {
+      // fp32 at stage 1, bf16 at stage 3 with optimizer offload.
+      for (const auto& [bf16, zero] :
+           {std::pair{false, R"({"stage": 1, "reduce_bucket_size": 30000})"},
+            std::pair{true, R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                  "offload_optimizer": {"device": "cpu"}})"}}) {
+        const std::string out = (dir / ("run" + std::to_string(run++))).string();
+        const std::string text =
+            std::string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+              "sequence_parallel_size": )") +
+            std::to_string(sp) + R"(, "bf16": {"enabled": )" + (bf16 ? "true" : "false") +
+            R"(}, "zero_optimization": )" + zero + R"(,
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+              "model": {)" +
+            model +
+            R"(, "seq_len": 32, "activation_checkpointing": true},
+              "activation_checkpointing": {"cpu_checkpointing": true},
+              "data": {"train": ")" +
+            (dir / "sp_train_*.bin").string() + R"("},
+              "train": {"steps": 2, "log_interval": 1},
+              "device": {"type": "cpu"}, "output_dir": ")" +
+            out + R"("})";
+        const Config config = parse_config_text(text, world, "crosscheck_sp.json");
+        train::run_training(config, train::RankInfo{rank, world, rank, world});
+        const Inputs in = inputs_from_config(config);
+        REQUIRE(in.engine.sequence_parallel_size == sp);
+        const Estimate e = estimate(in, in.setting());
+        if (rank == 0) {
+          std::ifstream metrics(out + "/metrics.jsonl");
+          std::string line, last;
+          while (std::getline(metrics, line)) {
+            if (line.find("mem_peak_bytes") != std::string::npos) last = line;
+          }
+          REQUIRE_FALSE(last.empty());
+          const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
+          const CategoryBytes predicted = e.device_peaks();
+          INFO(model << (bf16 ? ", bf16, " : ", fp32, ") << in.setting().name() << ", sp " << sp
+                     << " of " << world << ": " << last);
+          for (MemCategory c : kCompared) {
+            INFO(mem_category_name(c));
+            CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
+          }
+          if (!bf16) {
+            CHECK(at(predicted, MemCategory::kWorkspace) == peaks["workspace"].get<std::int64_t>());
+            CHECK(e.device_total() == peaks["total"].get<std::int64_t>());
+          }
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+    }
+  }
+}
