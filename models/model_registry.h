@@ -35,6 +35,10 @@ struct ModelOptions {
   // (ParallelLayout::sequence_group), null at 1. A model that cannot split its attention's heads
   // over it refuses to be built.
   ProcessGroup* sequence_group = nullptr;
+  // Expert parallelism (expert_parallel.autoep_size): the group splitting each mixture-of-experts
+  // layer's experts (ParallelLayout::expert_parallel_group), null at 1. A model without experts
+  // ignores it (the trainer refuses the setting for it).
+  ProcessGroup* expert_group = nullptr;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;

@@ -14,6 +14,7 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.head_tile_rows = options.head_tile_rows;
   o.mlp_tile_rows = options.mlp_tile_rows;
   o.sequence_group = options.sequence_group;
+  o.expert_group = options.expert_group;
   return o;
 }
 
