@@ -60,8 +60,7 @@ void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N)
 
 void MoeLayer::swiglu_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
                                       Bytes x, Bytes gate, Bytes up, Bytes h, Bytes y,
-                                      const std::vector<std::int32_t>& offsets,
-                                      int experts) const {
+                                      const std::vector<std::int32_t>& offsets, int experts) const {
   const auto& s = shape_;
   const I64 stride = p.gate_up_stride > 0 ? p.gate_up_stride : 2 * I64{s.I} * s.C;
   const I64 rows = offsets.back();
@@ -83,8 +82,8 @@ void MoeLayer::remote_experts_forward(kernels::KernelContext& ctx, DType dt, con
   const auto& s = shape_;
   std::vector<I64> counts(static_cast<std::size_t>(s.E));
   for (int e = 0; e < s.E; ++e) {
-    counts[static_cast<std::size_t>(e)] = kept.offsets[static_cast<std::size_t>(e) + 1] -
-                                          kept.offsets[static_cast<std::size_t>(e)];
+    counts[static_cast<std::size_t>(e)] =
+        kept.offsets[static_cast<std::size_t>(e) + 1] - kept.offsets[static_cast<std::size_t>(e)];
   }
   // Every rank of the group runs these three collectives whatever its counts (docs/reliability.md).
   kept.plan = dispatch_->plan(counts);
@@ -158,8 +157,8 @@ void MoeLayer::experts_backward(kernels::KernelContext& ctx, DType dt, DType gt,
 }
 
 void MoeLayer::remote_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt,
-                                       const MoeParams& p, const MoeParams& g,
-                                       const MoeKept& kept, MoeScratch& scratch) const {
+                                       const MoeParams& p, const MoeParams& g, const MoeKept& kept,
+                                       MoeScratch& scratch) const {
   const auto& s = shape_;
   // The forward's plan: the same rows travel, the gradients in place of the values.
   dispatch_->dispatch(kept.plan, scratch.dy, scratch.dyl, s.C, dt, scratch.staging);

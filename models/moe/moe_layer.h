@@ -145,8 +145,8 @@ class MoeLayer {
                               Bytes gate, Bytes up, Bytes h, Bytes y,
                               const std::vector<std::int32_t>& offsets, int experts) const;
   void swiglu_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
-                               const MoeParams& g, Bytes x, Bytes gate, Bytes up, Bytes h,
-                               Bytes dy, Bytes dx, MoeScratch& scratch,
+                               const MoeParams& g, Bytes x, Bytes gate, Bytes up, Bytes h, Bytes dy,
+                               Bytes dx, MoeScratch& scratch,
                                const std::vector<std::int32_t>& offsets, int experts) const;
   // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed).
   void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const;

@@ -71,8 +71,11 @@ std::vector<BlockParam> block_params(const MoeConfig& c, int l, const ExpertPart
     for (const BlockParam& fused : {gate_up, down}) {
       for (int e = experts.first_local(); e < experts.first_local() + experts.local(); ++e) {
         const std::string kind = fused.slot == M::kGateUp ? "gate_up_proj" : "down_proj";
-        routed.push_back({fused.slot, "mlp.experts." + std::to_string(e) + "." + kind,
-                          {fused.shape[1], fused.shape[2]}, e, fused.name});
+        routed.push_back({fused.slot,
+                          "mlp.experts." + std::to_string(e) + "." + kind,
+                          {fused.shape[1], fused.shape[2]},
+                          e,
+                          fused.name});
       }
     }
   }
@@ -223,7 +226,7 @@ std::int64_t MoeModel::router_bytes(const MoeConfig& c) {
 }
 
 std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c,
-                                                const ExpertPartition& experts) {
+                                                 const ExpertPartition& experts) {
   std::vector<ParamSpec> params;
   const I64 C = c.hidden_size;
   const int L = c.num_hidden_layers;
@@ -234,8 +237,11 @@ std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c,
   for (int l = 0; l < L; ++l) {
     const std::string prefix = "model.layers." + std::to_string(l) + ".";
     for (const BlockParam& p : block_params(c, l, experts)) {
-      params.push_back({prefix + p.name, p.shape, {transformer::block_module(l)},
-                        p.shape.size() == 1, p.expert >= 0 ? 1 : 0});
+      params.push_back({prefix + p.name,
+                        p.shape,
+                        {transformer::block_module(l)},
+                        p.shape.size() == 1,
+                        p.expert >= 0 ? 1 : 0});
     }
   }
   params.push_back({"model.norm.weight", {C}, {head_module}, true});
@@ -409,8 +415,8 @@ std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, D
   options.activation_checkpointing = activation_checkpointing;
   ExpertPartition experts{config.num_experts, expert_parallel_size, 0};
   if (expert_parallel_size > 1) experts.check();
-  return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T,
-                                            dtype, scratch) +
+  return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,
+                                            scratch) +
          kActivationAlign + router_bytes(config);
 }
 

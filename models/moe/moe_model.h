@@ -20,8 +20,8 @@
 // Expert parallelism (MoeOptions::expert_group of ep > 1 ranks, this rank at position p): each
 // MoE layer's experts p*E/ep .. (p+1)*E/ep-1 are this rank's, one parameter per expert and
 // projection named by its GLOBAL index, where the fused pair stood:
-//   model.layers.{i}.mlp.experts.{e}.gate_up_proj  [2*moe_intermediate, hidden]  (ParamSpec group 1)
-//   model.layers.{i}.mlp.experts.{e}.down_proj     [hidden, moe_intermediate]    (group 1)
+//   model.layers.{i}.mlp.experts.{e}.gate_up_proj  [2*moe_intermediate, hidden]  (ParamSpec group
+//   1) model.layers.{i}.mlp.experts.{e}.down_proj     [hidden, moe_intermediate]    (group 1)
 // (the local experts' gate_up first, then their down: each kind is evenly spaced in the engine's
 // unit, which the grouped GEMMs read as one strided tensor). Every rank has the same shapes; the
 // routers, the shared expert and everything else are group 0 with the same names on every rank.
@@ -76,8 +76,7 @@ class MoeModel final : public transformer::TransformerModel {
   // local experts' rows sized for the dropless worst case, ep*N*k (every rank of the group
   // routing every pair to this rank's experts), and the dispatch's staging and count buffers.
   static std::int64_t activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
-                                       bool activation_checkpointing,
-                                       int expert_parallel_size = 1);
+                                       bool activation_checkpointing, int expert_parallel_size = 1);
   // The expert partition of this rank (ep_size 1 without expert parallelism).
   const ExpertPartition& experts() const { return experts_; }
 

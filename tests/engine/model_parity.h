@@ -227,9 +227,9 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   if (options.expert_parallel_size > 1) {
     CommOptions comm_options;
     comm_options.check_collective_sequence = pc.check_collective_sequence;
-    layout = std::make_unique<ParallelLayout>(*device, MPI_COMM_WORLD, *comm, *control,
-                                              parallel_dims(options, group->size(), 0),
-                                              comm_options);
+    layout =
+        std::make_unique<ParallelLayout>(*device, MPI_COMM_WORLD, *comm, *control,
+                                         parallel_dims(options, group->size(), 0), comm_options);
   }
   kernels::KernelContext ctx(*device, *compute);
   const auto def = builtin_models().parse_spec(pc.spec);
