@@ -150,7 +150,7 @@ class MoeModel final : public transformer::TransformerModel {
 
   MoeParams moe_params(ParamAccess& a, int layer, bool grads) const;
   // Elements from one local expert's parameter (or gradient) to the next's, from parameter
-  // `first` (the first local expert's) on; InternalError unless they are evenly spaced.
+  // `first` (the first local expert's) on; throws Error unless they are evenly spaced.
   std::int64_t local_expert_stride(ParamAccess& a, int first, bool grads, DType dtype) const;
   static std::int64_t router_bytes(const MoeConfig& config);
 
