@@ -703,3 +703,18 @@ TEST_CASE(
   const Estimate de = estimate(d, Setting{0, false, false});
   CHECK(format_report(d, de, {de}).find("active per token") == std::string::npos);
 }
+
+TEST_CASE("expert parallelism is refused by name until zrt-mem models the experts' group") {
+  // A figure that ignored the experts' own shard group and the local experts' dropless buffers
+  // would look exact and be wrong.
+  Inputs in;
+  in.model = model_spec(builtin_models().parse_spec("qwen3-moe-tiny"));
+  in.world = 4;
+  in.seq_len = in.model->def->seq_len();
+  in.engine.stage = 2;
+  in.engine.expert_parallel_size = 2;
+  CHECK_THROWS_WITH(in.validate(), Catch::Contains("expert_parallel.autoep_size 2") &&
+                                       Catch::Contains("does not estimate expert parallelism"));
+  in.engine.expert_parallel_size = 1;
+  CHECK_NOTHROW(in.validate());
+}
