@@ -38,6 +38,10 @@ struct ModelOptions {
   // For counting only (activation_footprint, kernel_workspace_bytes, without a group): the
   // sequence_parallel_size to count for. Building a model with it above 1 is refused.
   int planned_sequence_parallel_size = 1;
+  // Expert parallelism (expert_parallel.autoep_size): the group splitting each mixture-of-experts
+  // layer's experts (ParallelLayout::expert_parallel_group), null at 1. A model without experts
+  // ignores it (the trainer refuses the setting for it).
+  ProcessGroup* expert_group = nullptr;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;

@@ -218,6 +218,9 @@ RunSummary TrainingRun::run() {
   ZRT_CHECK(drain_.has_value(), "TrainingRun::run() before build()");
   comm_before_ = engine_comm();
   sequence_comm_before_ = layout_->sequence_traffic();
+  if (const ProcessGroup* experts = layout_->expert_parallel_group()) {
+    expert_comm_before_ = experts->stats().snapshot();
+  }
   run_start_ = Clock::now();
   interval_start_ = run_start_;
   interval_steps_ = 0;
@@ -334,6 +337,18 @@ void TrainingRun::log_step(std::int64_t step, double lr, double wall_time, const
       row["comm_sequence_parallel_sent_bytes"] =
           sequence_step.total_intra_bytes() + sequence_step.total_inter_bytes();
       row["comm_sequence_parallel_inter_node_bytes"] = sequence_inter_node_max;
+    }
+    // Expert parallelism's token all-to-alls (counts and rows) since the previous row, this
+    // rank's: their payload and what it sent to the other ranks of its group (docs/multi-node.md
+    // has the formula). Part of comm_bytes (the group is the engine's too, for the experts' norm).
+    if (const ProcessGroup* experts = layout_->expert_parallel_group()) {
+      const CommCounts now = experts->stats().snapshot();
+      const CommCounts step_counts = now - expert_comm_before_;
+      expert_comm_before_ = now;
+      const auto a2a = static_cast<std::size_t>(CollectiveOp::kAllToAll);
+      row["comm_expert_parallel_bytes"] = step_counts.bytes[a2a];
+      row["comm_expert_parallel_sent_bytes"] =
+          step_counts.intra_bytes[a2a] + step_counts.inter_bytes[a2a];
     }
     row["loss_scale"] = result.loss_scale;
     row["skipped"] = result.skipped;

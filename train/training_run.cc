@@ -147,6 +147,7 @@ void TrainingRun::build_model() {
   ModelOptions model_options;
   model_options.activation_checkpointing = config_.model.activation_checkpointing;
   model_options.sequence_group = layout_->sequence_group();
+  model_options.expert_group = layout_->expert_parallel_group();
   model_options.cpu_checkpointing = config_.model.cpu_checkpointing;
   model_options.head_tile_rows = config_.model.head_tile_rows;
   model_options.mlp_tile_rows = config_.model.mlp_tile_rows;

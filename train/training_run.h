@@ -215,6 +215,7 @@ class TrainingRun {
   double last_loss_ = std::numeric_limits<double>::quiet_NaN();  // the latest step's read
   CommCounts comm_before_;
   CommCounts sequence_comm_before_;  // the sp group's all-to-alls
+  CommCounts expert_comm_before_;    // the expert-parallel group's (its all-to-alls)
   Clock::time_point run_start_;      // elapsed_s and the ETA count from here
   Clock::time_point interval_start_;
   std::int64_t interval_steps_ = 0;

@@ -24,7 +24,7 @@ ExpertDispatch::ExpertDispatch(Device& device, Stream& compute, ProcessGroup& gr
       compute_done_(device.create_event()),
       comm_done_(device.create_event()) {
   experts_.check();
-  const auto bytes = static_cast<std::int64_t>(num_experts) * 8;
+  const std::int64_t bytes = own_bytes(num_experts) / 2;
   counts_out_ = device.allocate(bytes, MemCategory::kComm, "expert dispatch counts (out)");
   counts_in_ = device.allocate(bytes, MemCategory::kComm, "expert dispatch counts (in)");
 }
@@ -133,10 +133,16 @@ AllToAllvLayout in_elements(AllToAllvLayout layout, std::int64_t width) {
 
 }  // namespace
 
+std::int64_t ExpertDispatch::own_bytes(int num_experts) {
+  return 2 * static_cast<std::int64_t>(num_experts) * 8;
+}
+
 void ExpertDispatch::dispatch(const DispatchPlan& plan, DevicePtr<const std::byte> rows,
-                              DevicePtr<std::byte> local, std::int64_t width, DType dtype) {
+                              DevicePtr<std::byte> local, std::int64_t width, DType dtype,
+                              DevicePtr<std::byte> given_staging) {
   const std::int64_t row_bytes = width * static_cast<std::int64_t>(dtype_size(dtype));
-  const DevicePtr<std::byte> staged = staging(plan.local_rows * row_bytes);
+  const DevicePtr<std::byte> staged =
+      given_staging ? given_staging : staging(plan.local_rows * row_bytes);
   comm_after_compute();
   group_.all_to_allv(rows, staged, in_elements(plan.to_experts, width), dtype);
   compute_after_comm();
@@ -144,9 +150,11 @@ void ExpertDispatch::dispatch(const DispatchPlan& plan, DevicePtr<const std::byt
 }
 
 void ExpertDispatch::combine(const DispatchPlan& plan, DevicePtr<const std::byte> local,
-                             DevicePtr<std::byte> rows, std::int64_t width, DType dtype) {
+                             DevicePtr<std::byte> rows, std::int64_t width, DType dtype,
+                             DevicePtr<std::byte> given_staging) {
   const std::int64_t row_bytes = width * static_cast<std::int64_t>(dtype_size(dtype));
-  const DevicePtr<std::byte> staged = staging(plan.local_rows * row_bytes);
+  const DevicePtr<std::byte> staged =
+      given_staging ? given_staging : staging(plan.local_rows * row_bytes);
   reorder(plan, local, staged, row_bytes, /*to_local=*/false);
   comm_after_compute();
   group_.all_to_allv(staged, rows, in_elements(plan.to_owners, width), dtype);

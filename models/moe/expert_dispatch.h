@@ -81,12 +81,18 @@ class ExpertDispatch {
   // Collective: `rows` (plan.rows x width elements of `dtype`, in global expert order) to the
   // experts' ranks; `local` (plan.local_rows x width) receives them expert-major, within an
   // expert by source rank. Stream-ordered on `compute`.
+  // `staging`: plan.local_rows x width elements the exchange lands in before the reorder (a
+  // caller that plans its memory gives it); null: a buffer of this dispatch's, grown on demand.
   void dispatch(const DispatchPlan& plan, DevicePtr<const std::byte> rows,
-                DevicePtr<std::byte> local, std::int64_t width, DType dtype);
+                DevicePtr<std::byte> local, std::int64_t width, DType dtype,
+                DevicePtr<std::byte> staging = {});
   // Collective, the reverse of dispatch: `local` (plan.local_rows x width, expert-major) back to
-  // `rows` (plan.rows x width) on the ranks that sent them.
+  // `rows` (plan.rows x width) on the ranks that sent them. `staging` as for dispatch.
   void combine(const DispatchPlan& plan, DevicePtr<const std::byte> local,
-               DevicePtr<std::byte> rows, std::int64_t width, DType dtype);
+               DevicePtr<std::byte> rows, std::int64_t width, DType dtype,
+               DevicePtr<std::byte> staging = {});
+  // Device bytes the dispatch allocates itself (the count exchange's two buffers), for planners.
+  static std::int64_t own_bytes(int num_experts);
 
  private:
   // Copies the (source, local expert) blocks from `from` to `to` on `compute`: source-major

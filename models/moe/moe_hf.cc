@@ -35,6 +35,20 @@ std::string expert_tensor(const MoeConfig& c, const std::string& prefix, int e,
   return prefix + "mlp.experts." + std::to_string(e) + "." + which + "_proj.weight";
 }
 
+// e of "{prefix}mlp.experts.{e}.{kind}" (an expert's own parameter under expert parallelism),
+// else -1.
+int own_expert(const std::string& prefix, const std::string& name, const std::string& kind) {
+  const std::string head = prefix + "mlp.experts.";
+  const std::string tail = "." + kind;
+  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+      !ends_with(name, tail)) {
+    return -1;
+  }
+  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return std::stoi(digits);
+}
+
 std::vector<hf::HfPiece> expert_pieces(const MoeConfig& c, const std::string& name) {
   const std::string prefix = layer_prefix(name);
   const I64 C = c.hidden_size, I = c.moe_intermediate_size;
@@ -49,6 +63,12 @@ std::vector<hf::HfPiece> expert_pieces(const MoeConfig& c, const std::string& na
     for (int e = 0; e < c.num_experts; ++e) {
       pieces.push_back({expert_tensor(c, prefix, e, "down"), {C, I}});
     }
+  } else if (const int e = own_expert(prefix, name, "gate_up_proj"); e >= 0) {
+    // Expert parallelism's own parameter of expert e (moe_model.h): its two Hub tensors.
+    pieces.push_back({expert_tensor(c, prefix, e, "gate"), {I, C}});
+    pieces.push_back({expert_tensor(c, prefix, e, "up"), {I, C}});
+  } else if (const int e = own_expert(prefix, name, "down_proj"); e >= 0) {
+    pieces.push_back({expert_tensor(c, prefix, e, "down"), {C, I}});
   }
   return pieces;
 }

@@ -58,18 +58,46 @@ void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N)
   ctx.stream().synchronize();  // `experts` is a host local
 }
 
+void MoeLayer::swiglu_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                                      Bytes x, Bytes gate, Bytes up, Bytes h, Bytes y,
+                                      const std::vector<std::int32_t>& offsets, int experts) const {
+  const auto& s = shape_;
+  const I64 stride = p.gate_up_stride > 0 ? p.gate_up_stride : 2 * I64{s.I} * s.C;
+  const I64 rows = offsets.back();
+  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
+  k::grouped_linear_forward(ctx, dt, gate, x, p.gate_up, offsets, experts, s.C, s.I, stride);
+  k::grouped_linear_forward(ctx, dt, up, x, up_weight, offsets, experts, s.C, s.I, stride);
+  k::swiglu_forward(ctx, dt, h, gate, up, rows * s.I);
+  k::grouped_linear_forward(ctx, dt, y, h, p.down, offsets, experts, s.I, s.C, p.down_stride);
+}
+
 void MoeLayer::experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
                                const MoeKept& kept) const {
+  swiglu_experts_forward(ctx, dt, p, kept.xe, kept.gate, kept.up, kept.h, kept.y, kept.offsets,
+                         shape_.E);
+}
+
+void MoeLayer::remote_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                                      MoeKept& kept, MoeScratch& scratch) const {
   const auto& s = shape_;
-  const I64 stride = 2 * I64{s.I} * s.C;
-  const I64 rows = kept.offsets.back();
-  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
-  k::grouped_linear_forward(ctx, dt, kept.gate, kept.xe, p.gate_up, kept.offsets, s.E, s.C, s.I,
-                            stride);
-  k::grouped_linear_forward(ctx, dt, kept.up, kept.xe, up_weight, kept.offsets, s.E, s.C, s.I,
-                            stride);
-  k::swiglu_forward(ctx, dt, kept.h, kept.gate, kept.up, rows * s.I);
-  k::grouped_linear_forward(ctx, dt, kept.y, kept.h, p.down, kept.offsets, s.E, s.I, s.C);
+  std::vector<I64> counts(static_cast<std::size_t>(s.E));
+  for (int e = 0; e < s.E; ++e) {
+    counts[static_cast<std::size_t>(e)] =
+        kept.offsets[static_cast<std::size_t>(e) + 1] - kept.offsets[static_cast<std::size_t>(e)];
+  }
+  // Every rank of the group runs these three collectives whatever its counts (docs/reliability.md).
+  kept.plan = dispatch_->plan(counts);
+  const int L = kept.plan.experts.local();
+  kept.local_offsets.assign(static_cast<std::size_t>(L) + 1, 0);
+  for (int l = 0; l < L; ++l) {
+    const auto i = static_cast<std::size_t>(l);
+    kept.local_offsets[i + 1] =
+        kept.local_offsets[i] + static_cast<std::int32_t>(kept.plan.local_counts[i]);
+  }
+  dispatch_->dispatch(kept.plan, kept.xe, kept.xl, s.C, dt, scratch.staging);
+  swiglu_experts_forward(ctx, dt, p, kept.xl, kept.gate, kept.up, kept.h, scratch.yl,
+                         kept.local_offsets, L);
+  dispatch_->combine(kept.plan, scratch.yl, kept.y, s.C, dt, scratch.staging);
 }
 
 void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
@@ -86,7 +114,11 @@ void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p
     }
   }
   k::moe_gather(ctx, dt, kept.xe, x, ints(kept.row_of), N, s.k, s.C);
-  experts_forward(ctx, dt, p, kept);
+  if (dispatch_ != nullptr) {
+    remote_experts_forward(ctx, dt, p, kept, scratch);
+  } else {
+    experts_forward(ctx, dt, p, kept);
+  }
   k::moe_combine(ctx, dt, out, kept.y, kept.weights, ints(kept.row_of), N, s.k, s.C);
   if (s.Is > 0) {
     k::linear_forward(ctx, dt, kept.sgate, x, p.shared_gate_proj, Bytes(), N, s.C, s.Is);
@@ -98,22 +130,41 @@ void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p
   }
 }
 
+void MoeLayer::swiglu_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt,
+                                       const MoeParams& p, const MoeParams& g, Bytes x, Bytes gate,
+                                       Bytes up, Bytes h, Bytes dy, Bytes dx, MoeScratch& scratch,
+                                       const std::vector<std::int32_t>& offsets,
+                                       int experts) const {
+  const auto& s = shape_;
+  const I64 stride = p.gate_up_stride > 0 ? p.gate_up_stride : 2 * I64{s.I} * s.C;
+  const I64 rows = offsets.back();
+  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
+  const Bytes up_grad = g.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(gt));
+  k::grouped_linear_backward(ctx, dt, gt, scratch.dh, g.down, dy, h, p.down, offsets, experts, s.I,
+                             s.C, k::GradWrite::kOverwrite, p.down_stride);
+  k::swiglu_backward(ctx, dt, scratch.dgate, scratch.dup, scratch.dh, gate, up, rows * s.I);
+  k::grouped_linear_backward(ctx, dt, gt, dx, g.gate_up, scratch.dgate, x, p.gate_up, offsets,
+                             experts, s.C, s.I, k::GradWrite::kOverwrite, stride);
+  k::grouped_linear_backward(ctx, dt, gt, dx, up_grad, scratch.dup, x, up_weight, offsets, experts,
+                             s.C, s.I, k::GradWrite::kAccumulate, stride);
+}
+
 void MoeLayer::experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                                 const MoeParams& g, const MoeKept& kept,
                                 MoeScratch& scratch) const {
+  swiglu_experts_backward(ctx, dt, gt, p, g, kept.xe, kept.gate, kept.up, kept.h, scratch.dy,
+                          scratch.dxe, scratch, kept.offsets, shape_.E);
+}
+
+void MoeLayer::remote_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt,
+                                       const MoeParams& p, const MoeParams& g, const MoeKept& kept,
+                                       MoeScratch& scratch) const {
   const auto& s = shape_;
-  const I64 stride = 2 * I64{s.I} * s.C;
-  const I64 rows = kept.offsets.back();
-  const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
-  const Bytes up_grad = g.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(gt));
-  k::grouped_linear_backward(ctx, dt, gt, scratch.dh, g.down, scratch.dy, kept.h, p.down,
-                             kept.offsets, s.E, s.I, s.C, k::GradWrite::kOverwrite);
-  k::swiglu_backward(ctx, dt, scratch.dgate, scratch.dup, scratch.dh, kept.gate, kept.up,
-                     rows * s.I);
-  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, g.gate_up, scratch.dgate, kept.xe, p.gate_up,
-                             kept.offsets, s.E, s.C, s.I, k::GradWrite::kOverwrite, stride);
-  k::grouped_linear_backward(ctx, dt, gt, scratch.dxe, up_grad, scratch.dup, kept.xe, up_weight,
-                             kept.offsets, s.E, s.C, s.I, k::GradWrite::kAccumulate, stride);
+  // The forward's plan: the same rows travel, the gradients in place of the values.
+  dispatch_->dispatch(kept.plan, scratch.dy, scratch.dyl, s.C, dt, scratch.staging);
+  swiglu_experts_backward(ctx, dt, gt, p, g, kept.xl, kept.gate, kept.up, kept.h, scratch.dyl,
+                          scratch.dxl, scratch, kept.local_offsets, kept.plan.experts.local());
+  dispatch_->combine(kept.plan, scratch.dxl, scratch.dxe, s.C, dt, scratch.staging);
 }
 
 void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
@@ -124,7 +175,11 @@ void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const M
   // combine: the rows' gradients and the routing weights'.
   k::moe_combine_backward(ctx, dt, scratch.dy, scratch.dweights, dout, kept.y, kept.weights,
                           ints(kept.row_of), N, s.k, s.C);
-  experts_backward(ctx, dt, gt, p, g, kept, scratch);
+  if (dispatch_ != nullptr) {
+    remote_experts_backward(ctx, dt, gt, p, g, kept, scratch);
+  } else {
+    experts_backward(ctx, dt, gt, p, g, kept, scratch);
+  }
   // route: the softmax's gradient from the weights and the load-balancing loss (and z-loss),
   // then the router's linear, whose input gradient is the first write of dx.
   k::moe_router_backward(ctx, dt, scratch.dlogits, scratch.dweights, kept.probs, ints(kept.experts),

@@ -8,9 +8,13 @@
 //   permute  the token rows gathered into expert order (N*k rows, expert e's contiguous)
 //   experts  the grouped SwiGLU over those rows: gate and up from the fused gate_up_proj, silu(g)
 //            * u, down_proj. This is the seam of expert parallelism: given the permuted rows and
-//            the per-expert offsets it returns each row's output in the same order; an
-//            all-to-all may send the rows to the ranks holding their experts and bring the
-//            outputs back around it without touching the other steps.
+//            the per-expert offsets it returns each row's output in the same order. With an
+//            ExpertDispatch (expert_parallel.autoep_size ep > 1) the rows go to the ranks holding
+//            their experts (plan, dispatch), this rank's E/ep experts run over the rows every
+//            rank of its ep group sent them, and the outputs come back (combine); the backward
+//            sends the rows' output gradients the same way and brings the input gradients back.
+//            Route, permute and combine, the load-balancing statistics with them, run on this
+//            rank's own tokens as with every expert local.
 //   combine  out[n] = sum over its k slots of weight * the expert's row (slot order); Qwen2-MoE's
 //            shared expert adds sigmoid(shared_expert_gate(x)) * shared_expert(x).
 // Every sum runs in a fixed order (kernels/moe_ops.h): two runs give the same bits.
@@ -23,6 +27,7 @@
 
 #include "kernels/kernel_context.h"
 #include "kernels/moe_ops.h"
+#include "models/moe/expert_dispatch.h"
 #include "runtime/device/device_ptr.h"
 
 namespace zrt::moe {
@@ -49,6 +54,11 @@ struct MoeParams {
   Bytes shared_up_proj;      // (Is,C)
   Bytes shared_down_proj;    // (C,Is)
   Bytes shared_expert_gate;  // (1,C)
+  // Elements from one expert's gate_up / down to the next's (the same for the gradients): 0 for
+  // the fused tensors' 2I*C and C*I. Under expert parallelism gate_up / down point at the first
+  // local expert's own parameter, the others following at this stride (the engine's alignment).
+  std::int64_t gate_up_stride = 0;
+  std::int64_t down_stride = 0;
 };
 
 // What the forward keeps for the backward (N tokens; R <= N*k rows dispatched).
@@ -60,6 +70,12 @@ struct MoeKept {
   Bytes routed;
   Bytes row_of;              // (N,k) int32: each pair's row
   Bytes xe, gate, up, h, y;  // (N*k, C / I / I / I / C): permuted inputs, the experts' values
+  // Expert parallelism: gate, up, h hold the local experts' rows (up to ep*N*k, every rank of
+  // the group sending all its rows here), xl their inputs (ep*N*k, C); the exchange's plan and
+  // the local experts' row offsets (E/ep + 1) on the host.
+  Bytes xl;
+  DispatchPlan plan;
+  std::vector<std::int32_t> local_offsets;
   Bytes sgate, sup, sh, sout, slogit;  // shared expert: (N,Is) x3, (N,C), (N) gate logit
   std::vector<std::int32_t> offsets;   // host copy of the plan's offsets (E+1)
   std::int64_t dropped = 0;            // pairs dropped by the capacity factor this forward
@@ -68,12 +84,14 @@ struct MoeKept {
 // Scratch one forward or backward overwrites before reading.
 struct MoeScratch {
   Bytes counts, offsets, source;  // int32: (E), (E+1), (N*k)
-  Bytes dy, dh, dxe;              // (N*k, C / I / C)
+  Bytes dy, dh, dxe;              // (N*k, C / I / C); under expert parallelism dh (ep*N*k, I)
+  Bytes yl, dyl, dxl;             // expert parallelism: the local experts' rows (ep*N*k, C)
+  Bytes staging;                  // expert parallelism: the exchanges' landing rows (ep*N*k, C)
   Floats dweights;                // (N,k)
   Bytes dlogits;                  // (N,E)
   Bytes ds, dsh, dslogit;         // (N,C), (N,Is), (N)
   // Accumulated (zeroed by the driver before each block's backward): swiglu's gradients.
-  Bytes dgate, dup;    // (N*k, I)
+  Bytes dgate, dup;    // (N*k, I); under expert parallelism (ep*N*k, I)
   Bytes dsgate, dsup;  // (N,Is)
 };
 
@@ -89,7 +107,10 @@ struct MoeRouterLoss {
 
 class MoeLayer {
  public:
-  explicit MoeLayer(MoeLayerShape shape) : shape_(shape) {}
+  // `dispatch`: expert parallelism's exchange over the ep group (it must outlive the layer), or
+  // null with every expert local.
+  explicit MoeLayer(MoeLayerShape shape, ExpertDispatch* dispatch = nullptr)
+      : shape_(shape), dispatch_(dispatch) {}
 
   const MoeLayerShape& shape() const { return shape_; }
 
@@ -112,10 +133,26 @@ class MoeLayer {
                        const MoeKept& kept) const;
   void experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                         const MoeParams& g, const MoeKept& kept, MoeScratch& scratch) const;
+  // The same over the ep group: kept.xe to the experts' ranks, the local experts' SwiGLU, the
+  // outputs back into kept.y; the backward scratch.dy out and scratch.dxe back.
+  void remote_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                              MoeKept& kept, MoeScratch& scratch) const;
+  void remote_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                               const MoeParams& g, const MoeKept& kept, MoeScratch& scratch) const;
+  // The grouped SwiGLU of `experts` experts over `offsets`' rows, forward and backward (the
+  // strides of MoeParams): shared by the local and the remote paths.
+  void swiglu_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, Bytes x,
+                              Bytes gate, Bytes up, Bytes h, Bytes y,
+                              const std::vector<std::int32_t>& offsets, int experts) const;
+  void swiglu_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
+                               const MoeParams& g, Bytes x, Bytes gate, Bytes up, Bytes h, Bytes dy,
+                               Bytes dx, MoeScratch& scratch,
+                               const std::vector<std::int32_t>& offsets, int experts) const;
   // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed).
   void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const;
 
   MoeLayerShape shape_;
+  ExpertDispatch* dispatch_ = nullptr;
 };
 
 }  // namespace zrt::moe

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -23,13 +25,26 @@ using I64 = std::int64_t;
 constexpr double kInitStd = 0.02;  // transformers' initializer_range default
 
 struct BlockParam {
+  BlockParam(MoeModel::Slot slot_, std::string name_, std::vector<I64> shape_, int expert_ = -1,
+             std::string fused_ = "")
+      : slot(slot_),
+        name(std::move(name_)),
+        shape(std::move(shape_)),
+        expert(expert_),
+        fused(std::move(fused_)) {}
   MoeModel::Slot slot;
   std::string name;
   std::vector<I64> shape;
+  // An expert's own parameter (expert parallelism): its global index, and the fused parameter
+  // (name in the block) whose rows [expert x numel, ...) it is; -1 and "" for any other.
+  int expert;
+  std::string fused;
 };
 
-// Block `l`'s parameters in transformers v5's state-dict order (named_parameters()).
-std::vector<BlockParam> block_params(const MoeConfig& c, int l) {
+// Block `l`'s parameters in transformers v5's state-dict order (named_parameters()); under
+// expert parallelism (experts.ep_size > 1) the fused experts replaced by the local experts' own
+// parameters, the gate_up of each then the down of each (moe_model.h).
+std::vector<BlockParam> block_params(const MoeConfig& c, int l, const ExpertPartition& experts) {
   using M = MoeModel;
   const I64 C = c.hidden_size, I = c.intermediate_size, Ie = c.moe_intermediate_size;
   const I64 E = c.num_experts, Is = c.shared_expert_intermediate_size;
@@ -50,14 +65,30 @@ std::vector<BlockParam> block_params(const MoeConfig& c, int l) {
   const BlockParam router{M::kRouter, "mlp.gate.weight", {E, C}};
   const BlockParam gate_up{M::kGateUp, "mlp.experts.gate_up_proj", {E, 2 * Ie, C}};
   const BlockParam down{M::kDown, "mlp.experts.down_proj", {E, C, Ie}};
+  std::vector<BlockParam> routed{gate_up, down};
+  if (experts.ep_size > 1) {
+    routed.clear();
+    for (const BlockParam& fused : {gate_up, down}) {
+      for (int e = experts.first_local(); e < experts.first_local() + experts.local(); ++e) {
+        const std::string kind = fused.slot == M::kGateUp ? "gate_up_proj" : "down_proj";
+        routed.push_back({fused.slot,
+                          "mlp.experts." + std::to_string(e) + "." + kind,
+                          {fused.shape[1], fused.shape[2]},
+                          e,
+                          fused.name});
+      }
+    }
+  }
   if (!c.is_moe_layer(l)) {
     b.push_back({M::kDenseGate, "mlp.gate_proj.weight", {I, C}});
     b.push_back({M::kDenseUp, "mlp.up_proj.weight", {I, C}});
     b.push_back({M::kDenseDown, "mlp.down_proj.weight", {C, I}});
   } else if (c.architecture == "qwen3_moe") {
-    b.insert(b.end(), {gate_up, down, router});
+    b.insert(b.end(), routed.begin(), routed.end());
+    b.push_back(router);
   } else {
-    b.insert(b.end(), {router, gate_up, down});
+    b.push_back(router);
+    b.insert(b.end(), routed.begin(), routed.end());
     if (c.has_shared_expert()) {
       b.push_back({M::kSharedGateProj, "mlp.shared_expert.gate_proj.weight", {Is, C}});
       b.push_back({M::kSharedUpProj, "mlp.shared_expert.up_proj.weight", {Is, C}});
@@ -70,7 +101,7 @@ std::vector<BlockParam> block_params(const MoeConfig& c, int l) {
   return b;
 }
 
-transformer::TransformerSpec transformer_spec(const MoeConfig& c) {
+transformer::TransformerSpec transformer_spec(const MoeConfig& c, const ExpertPartition& experts) {
   c.validate();
   transformer::TransformerSpec spec;
   spec.family = "moe";
@@ -85,7 +116,7 @@ transformer::TransformerSpec transformer_spec(const MoeConfig& c) {
   spec.position_embedding = -1;
   int index = 1;
   for (int l = 0; l < c.num_hidden_layers; ++l)
-    index += static_cast<int>(block_params(c, l).size());
+    index += static_cast<int>(block_params(c, l, experts).size());
   spec.final_norm_weight = index;
   spec.head = c.tie_word_embeddings ? spec.token_embedding : index + 1;
   return spec;
@@ -107,14 +138,35 @@ kernels::RopeTable moe_rope_table(const MoeConfig& c) {
   return kernels::make_rope_table(c.head_dim, c.rope_theta, kernels::RopeScalingParams{});
 }
 
+// This rank's experts: all of them without an expert group, else its block of the group's.
+ExpertPartition expert_partition(const MoeConfig& c, const MoeOptions& options) {
+  ExpertPartition experts{c.num_experts, 1, 0};
+  if (options.expert_parallel_size() > 1) {
+    experts.ep_size = options.expert_group->size();
+    experts.ep_rank = options.expert_group->rank();
+    experts.check();
+  }
+  return experts;
+}
+
+std::unique_ptr<ExpertDispatch> make_expert_dispatch(kernels::KernelContext& ctx,
+                                                     const ExpertPartition& experts,
+                                                     const MoeOptions& options) {
+  if (experts.ep_size == 1) return nullptr;
+  return std::make_unique<ExpertDispatch>(ctx.device(), ctx.stream(), *options.expert_group,
+                                          experts.num_experts);
+}
+
 }  // namespace
 
 MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options)
-    : TransformerModel(ctx, transformer_spec(config), options),
+    : TransformerModel(ctx, transformer_spec(config, expert_partition(config, options)), options),
       config_(std::move(config)),
-      params_(parameter_table(config_)),
+      experts_(expert_partition(config_, options)),
+      dispatch_(make_expert_dispatch(ctx, experts_, options)),
+      params_(parameter_table(config_, experts_)),
       rope_(moe_rope_table(config_)),
-      layer_(layer_shape(config_)) {
+      layer_(layer_shape(config_), dispatch_.get()) {
   // The blocks run attention on the whole sequence (no Ulysses exchange), and the
   // load-balancing term is per forward over its tokens: a chunk of a sequence is neither.
   if (options.sequence_parallel_size() > 1) {
@@ -123,11 +175,31 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
               "(the Llama family and GPT-2 do); set sequence_parallel_size 1",
               options.sequence_parallel_size(), config_.architecture);
   }
+  // Each parameter's initial values: its own, or an expert's rows of the ep-1 table's fused one.
+  std::map<std::string, int> fused_index;
+  const std::vector<ParamSpec> fused_table = parameter_table(config_);
+  for (int i = 0; i < static_cast<int>(fused_table.size()); ++i) {
+    fused_index[fused_table[static_cast<std::size_t>(i)].name] = i;
+  }
+  for (const ParamSpec& p : params_) {
+    const auto found = fused_index.find(p.name);  // an expert's own: set below
+    init_source_.emplace_back(found == fused_index.end() ? -1 : found->second, 0);
+  }
   int index = 1;
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
     std::array<int, kNumSlots> slots;
     slots.fill(-1);
-    for (const BlockParam& p : block_params(config_, l)) slots[p.slot] = index++;
+    const std::string prefix = "model.layers." + std::to_string(l) + ".";
+    for (const BlockParam& p : block_params(config_, l, experts_)) {
+      // An expert's slot is its first local expert's parameter (the others follow it).
+      if (slots[p.slot] < 0) slots[p.slot] = index;
+      if (p.expert >= 0) {
+        const I64 numel = p.shape[0] * p.shape[1];
+        init_source_[static_cast<std::size_t>(index)] = {fused_index.at(prefix + p.fused),
+                                                         p.expert * numel};
+      }
+      ++index;
+    }
     slots_.push_back(slots);
     if (config_.is_moe_layer(l) && first_moe_layer_ < 0) first_moe_layer_ = l;
   }
@@ -153,7 +225,8 @@ std::int64_t MoeModel::router_bytes(const MoeConfig& c) {
   return 3 * round_up_activation(I64{c.num_experts} * 4) + 3 * kActivationAlign;
 }
 
-std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c) {
+std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c,
+                                                 const ExpertPartition& experts) {
   std::vector<ParamSpec> params;
   const I64 C = c.hidden_size;
   const int L = c.num_hidden_layers;
@@ -163,9 +236,12 @@ std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c) {
   params.push_back({"model.embed_tokens.weight", {c.vocab_size, C}, embed_modules, false});
   for (int l = 0; l < L; ++l) {
     const std::string prefix = "model.layers." + std::to_string(l) + ".";
-    for (const BlockParam& p : block_params(c, l)) {
-      params.push_back(
-          {prefix + p.name, p.shape, {transformer::block_module(l)}, p.shape.size() == 1});
+    for (const BlockParam& p : block_params(c, l, experts)) {
+      params.push_back({prefix + p.name,
+                        p.shape,
+                        {transformer::block_module(l)},
+                        p.shape.size() == 1,
+                        p.expert >= 0 ? 1 : 0});
     }
   }
   params.push_back({"model.norm.weight", {C}, {head_module}, true});
@@ -183,7 +259,9 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
     for (I64 i = 0; i < count; ++i) out[i] = norm_weight ? 1.0f : 0.0f;
     return;
   }
-  fill_counter_normal(seed, static_cast<std::uint64_t>(index), begin, count, kInitStd, out);
+  const auto& [source, offset] = init_source_[static_cast<std::size_t>(index)];
+  fill_counter_normal(seed, static_cast<std::uint64_t>(source), offset + begin, count, kInitStd,
+                      out);
 }
 
 // The blocks' part of the layout (S bytes per element of the compute dtype, N = B*T, statistics
@@ -200,7 +278,8 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     dslogit (N)
 //   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense: dgate,
 //     dup (N,I); any MoE: dgate, dup (N*k,Ie); shared: dsgate, dsup (N,Is)
-MoeModel::Activations::Activations(const MoeConfig& config) : c(config) {
+MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_size)
+    : c(config), ep(expert_parallel_size) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   }
@@ -213,6 +292,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
+  const I64 local_rows = I64{ep} * N * K;  // the local experts' rows (N*k at ep 1)
   kept.assign(static_cast<std::size_t>(sets), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
@@ -245,10 +325,11 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
       if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
       p.bytes(&m.row_of, N * K * 4);
       p.bytes(&m.xe, N * K * C * S);
-      p.bytes(&m.gate, N * K * Ie * S);
-      p.bytes(&m.up, N * K * Ie * S);
-      p.bytes(&m.h, N * K * Ie * S);
+      p.bytes(&m.gate, local_rows * Ie * S);
+      p.bytes(&m.up, local_rows * Ie * S);
+      p.bytes(&m.h, local_rows * Ie * S);
       p.bytes(&m.y, N * K * C * S);
+      if (ep > 1) p.bytes(&m.xl, local_rows * C * S);
       if (Is > 0) {
         p.bytes(&m.sgate, N * Is * S);
         p.bytes(&m.sup, N * Is * S);
@@ -263,6 +344,10 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     p.bytes(&moe.counts, E * 4);
     p.bytes(&moe.offsets, (E + 1) * 4);
     p.bytes(&moe.source, N * K * 4);
+    if (ep > 1) {
+      p.bytes(&moe.yl, local_rows * C * S);
+      p.bytes(&moe.staging, local_rows * C * S);
+    }
   }
 }
 
@@ -271,14 +356,19 @@ void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transforme
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
+  const I64 local_rows = I64{ep} * N * K;
   p.bytes(&dln1, N * C * S);
   p.bytes(&datty, N * Q * S);
   p.bytes(&dln2, N * C * S);
   if (any_dense) p.bytes(&dh, N * I * S);
   if (any_moe) {
     p.bytes(&moe.dy, N * K * C * S);
-    p.bytes(&moe.dh, N * K * Ie * S);
+    p.bytes(&moe.dh, local_rows * Ie * S);
     p.bytes(&moe.dxe, N * K * C * S);
+    if (ep > 1) {
+      p.bytes(&moe.dyl, local_rows * C * S);
+      p.bytes(&moe.dxl, local_rows * C * S);
+    }
     p.floats(&moe.dweights, N * K);
     p.bytes(&moe.dlogits, N * E * S);
     if (Is > 0) {
@@ -296,6 +386,7 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
+  const I64 local_rows = I64{ep} * N * K;
   p.bytes(&dq, N * Q * S);
   p.bytes(&dk, N * KV * S);
   p.bytes(&dv, N * KV * S);
@@ -308,8 +399,8 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
     p.bytes(&dup, N * I * S);
   }
   if (any_moe) {
-    p.bytes(&moe.dgate, N * K * Ie * S);
-    p.bytes(&moe.dup, N * K * Ie * S);
+    p.bytes(&moe.dgate, local_rows * Ie * S);
+    p.bytes(&moe.dup, local_rows * Ie * S);
     if (Is > 0) {
       p.bytes(&moe.dsgate, N * Is * S);
       p.bytes(&moe.dsup, N * Is * S);
@@ -318,13 +409,42 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
 }
 
 std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
-                                        bool activation_checkpointing) {
-  Activations scratch(config);
+                                        bool activation_checkpointing, int expert_parallel_size) {
+  Activations scratch(config, expert_parallel_size);
   transformer::TransformerOptions options;
   options.activation_checkpointing = activation_checkpointing;
-  return TransformerModel::activation_bytes(transformer_spec(config), options, B, T, dtype,
+  ExpertPartition experts{config.num_experts, expert_parallel_size, 0};
+  if (expert_parallel_size > 1) experts.check();
+  return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,
                                             scratch) +
          kActivationAlign + router_bytes(config);
+}
+
+std::int64_t MoeModel::local_expert_stride(ParamAccess& a, int first, bool grads,
+                                           DType dtype) const {
+  const int L = experts_.local();
+  if (L == 1) return 0;  // one expert: no next one to reach
+  auto at = [&](int i) { return grads ? a.grad(first + i) : a.param(first + i); };
+  const Bytes base = at(0);
+  const auto element = static_cast<I64>(dtype_size(dtype));
+  const I64 numel = params_[static_cast<std::size_t>(first)].numel();
+  // Device addresses are opaque (no difference on the host): the engine starts every parameter
+  // at a power-of-two multiple of elements (partition.h's alignment), so the stride is numel
+  // rounded up to one of them.
+  I64 stride = 0;
+  for (I64 align = 1; align <= (I64{1} << 20) && stride == 0; align *= 2) {
+    const I64 candidate = (numel + align - 1) / align * align;
+    if (base + candidate * element == at(1)) stride = candidate;
+  }
+  bool even = stride > 0;
+  for (int i = 2; i < L && even; ++i) even = base + i * stride * element == at(i);
+  if (!even) {
+    ZRT_THROW(Error,
+              "expert parallelism: the local experts' {} of {} are not evenly spaced in the "
+              "engine's memory; the grouped GEMMs read them as one strided tensor",
+              grads ? "gradients" : "parameters", params_[static_cast<std::size_t>(first)].name);
+  }
+  return stride;
 }
 
 MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
@@ -337,6 +457,11 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
   p.router = get(kRouter);
   p.gate_up = get(kGateUp);
   p.down = get(kDown);
+  if (experts_.ep_size > 1) {
+    const DType dt = grads ? pass().grad_dtype : pass().dtype;
+    p.gate_up_stride = local_expert_stride(a, block_param(layer, kGateUp), grads, dt);
+    p.down_stride = local_expert_stride(a, block_param(layer, kDown), grads, dt);
+  }
   p.shared_gate_proj = get(kSharedGateProj);
   p.shared_up_proj = get(kSharedUpProj);
   p.shared_down_proj = get(kSharedDownProj);
@@ -473,8 +598,14 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const Bytes dres = this->dres();
   const k::GradWrite first = k::GradWrite::kOverwrite;
   if (c.is_moe_layer(layer)) {
-    layer_.backward(ctx, dt, gt, moe_params(a, layer, false), moe_params(a, layer, true), x.moe,
-                    d.moe, x.ln2, dres, d.dln2, N, router_, c.router_z_loss_coef > 0);
+    const MoeParams p = moe_params(a, layer, false), g = moe_params(a, layer, true);
+    // The grouped GEMMs step through a weight and its gradient with one stride.
+    ZRT_CHECK(p.gate_up_stride == g.gate_up_stride && p.down_stride == g.down_stride,
+              "expert parallelism: the experts' parameters and gradients are spaced differently "
+              "({} / {} and {} / {} elements)",
+              p.gate_up_stride, g.gate_up_stride, p.down_stride, g.down_stride);
+    layer_.backward(ctx, dt, gt, p, g, x.moe, d.moe, x.ln2, dres, d.dln2, N, router_,
+                    c.router_z_loss_coef > 0);
   } else {
     k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
                        first);

@@ -17,11 +17,24 @@
 // Parameters: models/moe/moe_config.h (transformers v5's names and order, the fused experts).
 // Modules as every transformer here: 0 the embedding, 1..L the blocks, L+1 the norm and head.
 //
+// Expert parallelism (MoeOptions::expert_group of ep > 1 ranks, this rank at position p): each
+// MoE layer's experts p*E/ep .. (p+1)*E/ep-1 are this rank's, one parameter per expert and
+// projection named by its GLOBAL index, where the fused pair stood:
+//   model.layers.{i}.mlp.experts.{e}.gate_up_proj  [2*moe_intermediate, hidden]  (ParamSpec group
+//   1) model.layers.{i}.mlp.experts.{e}.down_proj     [hidden, moe_intermediate]    (group 1)
+// (the local experts' gate_up first, then their down: each kind is evenly spaced in the engine's
+// unit, which the grouped GEMMs read as one strided tensor). Every rank has the same shapes; the
+// routers, the shared expert and everything else are group 0 with the same names on every rank.
+// Their initial values are the fused parameters' rows (init_parameter), so a run at any ep starts
+// from the same model. The experts' rows travel through ExpertDispatch (moe_layer.h).
+//
 // Not thread-safe; one pass at a time.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernel_context.h"
@@ -54,11 +67,18 @@ class MoeModel final : public transformer::TransformerModel {
   void init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
                       float* out) const override;
 
-  static std::vector<ParamSpec> parameter_table(const MoeConfig& config);
+  // Every rank's table at ep 1 (`experts` of one rank); under expert parallelism the table of
+  // the rank at `experts`.ep_rank (its local experts only, group 1).
+  static std::vector<ParamSpec> parameter_table(const MoeConfig& config,
+                                                const ExpertPartition& experts = {});
   // Device bytes of activations one (B, T) pass in `dtype` allocates (the loss scalar and the
-  // router statistics included).
+  // router statistics included); under expert parallelism (`expert_parallel_size` ep > 1) the
+  // local experts' rows sized for the dropless worst case, ep*N*k (every rank of the group
+  // routing every pair to this rank's experts), and the dispatch's staging and count buffers.
   static std::int64_t activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
-                                       bool activation_checkpointing);
+                                       bool activation_checkpointing, int expert_parallel_size = 1);
+  // The expert partition of this rank (ep_size 1 without expert parallelism).
+  const ExpertPartition& experts() const { return experts_; }
 
   // The load-balancing term of the last training pass (fp32, device; before the coefficient).
   DevicePtr<const float> aux_loss() const override { return lb_; }
@@ -101,7 +121,7 @@ class MoeModel final : public transformer::TransformerModel {
  private:
   class Activations final : public transformer::BlockActivations {
    public:
-    explicit Activations(const MoeConfig& config);
+    Activations(const MoeConfig& config, int expert_parallel_size);
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
@@ -119,6 +139,7 @@ class MoeModel final : public transformer::TransformerModel {
     Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
 
     const MoeConfig& c;
+    int ep = 1;
     bool any_dense = false, any_moe = false;
   };
 
@@ -128,15 +149,24 @@ class MoeModel final : public transformer::TransformerModel {
   void add_auxiliary_losses(Floats loss, float loss_scale) override;
 
   MoeParams moe_params(ParamAccess& a, int layer, bool grads) const;
+  // Elements from one local expert's parameter (or gradient) to the next's, from parameter
+  // `first` (the first local expert's) on; throws Error unless they are evenly spaced.
+  std::int64_t local_expert_stride(ParamAccess& a, int first, bool grads, DType dtype) const;
   static std::int64_t router_bytes(const MoeConfig& config);
 
   MoeConfig config_;
+  ExpertPartition experts_;
+  // Expert parallelism's exchange (null at ep 1), before the layer that uses it.
+  std::unique_ptr<ExpertDispatch> dispatch_;
   std::vector<ParamSpec> params_;
+  // Per parameter: the ep-1 table's parameter and element offset its initial values are read
+  // from (an expert's own parameter: its rows of the fused one).
+  std::vector<std::pair<int, std::int64_t>> init_source_;
   std::vector<std::array<int, kNumSlots>> slots_;
   kernels::RopeTable rope_;
   MoeLayer layer_;
   int first_moe_layer_ = -1;
-  Activations acts_{config_};
+  Activations acts_{config_, experts_.ep_size};
   // The router losses' state, which outlives a pass's activations: the load-balancing
   // statistics, the z-loss sum, the shared gradient and the term itself (router_bytes()).
   Buffer router_buffer_;

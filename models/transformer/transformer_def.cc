@@ -15,6 +15,7 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.mlp_tile_rows = options.mlp_tile_rows;
   o.sequence_group = options.sequence_group;
   o.planned_sequence_parallel_size = options.planned_sequence_parallel_size;
+  o.expert_group = options.expert_group;
   return o;
 }
 

@@ -72,6 +72,11 @@ struct TransformerOptions {
   int sequence_parallel_size() const {
     return sequence_group ? sequence_group->size() : planned_sequence_parallel_size;
   }
+  // Expert parallelism: the group whose ranks hold a block each of every mixture-of-experts
+  // layer's experts and exchange the tokens' rows (models/moe/expert_dispatch.h); it must
+  // outlive the model. Null or a group of 1: every expert local. Models without experts ignore it.
+  ProcessGroup* expert_group = nullptr;
+  int expert_parallel_size() const { return expert_group ? expert_group->size() : 1; }
   // With activation_checkpointing: the kept block inputs live in pinned host memory, the
   // device keeping two of them (checkpoint_offload.h).
   bool cpu_checkpointing = false;

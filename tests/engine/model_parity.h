@@ -19,8 +19,10 @@
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/device_adam.h"
+#include "runtime/comm/parallel_layout.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/cpu_isa.h"
+#include "runtime/engine/engine_parallel_dims.h"
 #include "runtime/engine/zero_engine.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -53,6 +55,26 @@ struct ParityCase {
   // Extra absolute checks of parameter `name`'s engine result against the reference's.
   std::function<void(const std::string&, const std::vector<float>&, const std::vector<float>&)>
       absolute = [](const std::string&, const std::vector<float>&, const std::vector<float>&) {};
+  // A mixture of experts: also train at expert_parallel.autoep_size 2 and 4 (where they divide
+  // the world and `num_experts`), each rank holding its block of the experts (parameters named
+  // by their global expert, moe_model.h), at stages 1-3 (stage 3 also with checkpointing and
+  // offload, stage 2 with offload), against the same reference; stage 0 must be refused.
+  int num_experts = 0;
+  std::vector<int> expert_parallel_sizes = {2, 4};
+  bool only_expert_parallel = false;  // skip the every-expert-local variants
+  // comm.check_collective_sequence on the layout's groups (expert-parallel variants).
+  bool check_collective_sequence = false;
+  // Applied to every initial value after the model's own (both runs): e.g. a router forcing
+  // every token to one expert.
+  std::function<void(const std::string& name, std::int64_t first, std::int64_t count, float* out)>
+      adjust_init = [](const std::string&, std::int64_t, std::int64_t, float*) {};
+};
+
+// What a run gives besides its parameters: per step the loss, the gradient's global norm and
+// (a mixture of experts) the (token, slot) pairs each expert received over the global batch.
+struct ParitySteps {
+  std::vector<double> losses, norms;
+  std::vector<std::vector<std::int64_t>> loads;
 };
 
 // Two re-associations of the same sums give rounding differences of the same size; over a tensor
@@ -91,7 +113,8 @@ inline TokenBatch upload_tokens(Device& device, Stream& stream, Buffer& buffer,
 // One process, the whole global batch accumulated over `micro_batches` micro-batches (1: all in
 // one), each scaled by 1 / micro_batches so the gradient is the mean over the global batch.
 inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, int micro_batches,
-                                                        std::vector<double>* losses) {
+                                                        std::vector<double>* losses,
+                                                        ParitySteps* steps = nullptr) {
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("reference");
   kernels::KernelContext ctx(*device, *stream);
@@ -102,6 +125,12 @@ inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, in
                        DType::kFloat32);
   flat.init_from(*model, 7);
   const auto& specs = model->parameters();
+  for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+    std::vector<float> x = flat.read_param(i);
+    pc.adjust_init(specs[static_cast<std::size_t>(i)].name, 0, static_cast<std::int64_t>(x.size()),
+                   x.data());
+    flat.set_param(i, x);
+  }
   std::vector<std::vector<float>> p, m, v;
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     p.push_back(flat.read_param(i));
@@ -129,6 +158,10 @@ inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, in
       g.push_back(flat.read_grad(i));
       for (float x : g.back()) norm_sq += static_cast<double>(x) * x;
     }
+    if (steps != nullptr) {
+      steps->norms.push_back(std::sqrt(norm_sq));
+      if (auto load = model->take_expert_load()) steps->loads.push_back(load->tokens);
+    }
     const double c = pc.clip / (std::sqrt(norm_sq) + 1e-6);
     const double coef = c < 1.0 ? c : 1.0;
     reference_adamw(p, m, v, g, coef, step + 1, pc.lr, pc.weight_decay, specs);
@@ -138,27 +171,88 @@ inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, in
   return p;
 }
 
+// The reference's parameters (ep-1 names) from an engine's: an expert's own parameter under
+// expert parallelism (mlp.experts.{e}.gate_up_proj / down_proj) is its rows of the fused one,
+// written by the first rank of its expert-data-parallel group and summed over the world (zeros
+// elsewhere: the sum is exact).
+inline std::vector<std::vector<float>> reference_layout(const std::vector<ParamSpec>& reference,
+                                                        const std::vector<ParamSpec>& own,
+                                                        std::vector<std::vector<float>> values,
+                                                        bool writes_experts) {
+  std::vector<std::vector<float>> out;
+  for (const ParamSpec& ref : reference) {
+    std::vector<float> full(static_cast<std::size_t>(ref.numel()), 0.0f);
+    bool found = false, fused_experts = false;
+    for (std::size_t i = 0; i < own.size(); ++i) {
+      if (own[i].name == ref.name) {
+        full = values[i];
+        found = true;
+      }
+      // "model.layers.{l}.mlp.experts.{e}.gate_up_proj" beside "...mlp.experts.gate_up_proj"
+      const std::string kind = ref.name.substr(ref.name.rfind('.') + 1);
+      const std::string head = ref.name.substr(0, ref.name.rfind('.') + 1);
+      if (own[i].group == 1 && own[i].name.compare(0, head.size(), head) == 0 &&
+          own[i].name.size() > kind.size() &&
+          own[i].name.compare(own[i].name.size() - kind.size(), kind.size(), kind) == 0) {
+        fused_experts = true;
+        const int e = std::stoi(own[i].name.substr(head.size()));
+        if (writes_experts) {
+          std::copy(values[i].begin(), values[i].end(), full.begin() + e * own[i].numel());
+        }
+      }
+    }
+    if (fused_experts) {
+      MPI_Allreduce(MPI_IN_PLACE, full.data(), static_cast<int>(full.size()), MPI_FLOAT, MPI_SUM,
+                    MPI_COMM_WORLD);
+    } else {
+      REQUIRE(found);
+    }
+    out.push_back(std::move(full));
+  }
+  return out;
+}
+
 inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, EngineOptions options,
                                                      bool checkpointing,
-                                                     std::vector<double>* losses) {
+                                                     std::vector<double>* losses,
+                                                     ParitySteps* steps = nullptr) {
   auto device = make_device(DeviceOptions{});
   auto compute = device->create_stream("compute");
   auto comm = device->create_stream("comm");
+  auto control = device->create_stream("control");
   auto group = make_process_group(*device, MPI_COMM_WORLD, *comm, "parity");
+  // Expert parallelism: the layout's expert-parallel group for the model, its table of shard
+  // groups for the engine.
+  std::unique_ptr<ParallelLayout> layout;
+  if (options.expert_parallel_size > 1) {
+    CommOptions comm_options;
+    comm_options.check_collective_sequence = pc.check_collective_sequence;
+    layout =
+        std::make_unique<ParallelLayout>(*device, MPI_COMM_WORLD, *comm, *control,
+                                         parallel_dims(options, group->size(), 0), comm_options);
+  }
   kernels::KernelContext ctx(*device, *compute);
   const auto def = builtin_models().parse_spec(pc.spec);
   ModelOptions model_options;
   model_options.activation_checkpointing = checkpointing;
+  model_options.expert_group = layout ? layout->expert_parallel_group() : nullptr;
   const auto model = def->build(ctx, model_options);
   AdamOptions adam;
   adam.lr = pc.lr;
   adam.weight_decay = pc.weight_decay;
   auto optimizer = make_device_adam(*device, adam);
   options.gradient_clipping = pc.clip;
-  ZeroEngine engine(*device, *compute, *group, model->parameters(), model->num_modules(), options,
-                    *optimizer, make_cpu_optimizer_offload);
+  std::unique_ptr<ZeroEngine> engine_owner =
+      layout ? std::make_unique<ZeroEngine>(*device, *compute, layout->engine_groups(),
+                                            model->parameters(), model->num_modules(), options,
+                                            *optimizer, make_cpu_optimizer_offload)
+             : std::make_unique<ZeroEngine>(*device, *compute, *group, model->parameters(),
+                                            model->num_modules(), options, *optimizer,
+                                            make_cpu_optimizer_offload);
+  ZeroEngine& engine = *engine_owner;
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model->init_parameter(p, 7, first, count, out);
+    pc.adjust_init(model->parameters()[static_cast<std::size_t>(p)].name, first, count, out);
   });
   const int T = def->seq_len();
   const int rows = pc.global_batch / group->size();
@@ -171,14 +265,24 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
     compute->synchronize();
     MPI_Allreduce(MPI_IN_PLACE, &loss, 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     losses->push_back(loss / group->size());
-    engine.step(pc.lr);
+    if (steps != nullptr) {
+      if (auto load = model->take_expert_load()) {
+        MPI_Allreduce(MPI_IN_PLACE, load->tokens.data(), static_cast<int>(load->tokens.size()),
+                      MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
+        steps->loads.push_back(load->tokens);
+      }
+    }
+    const StepResult info = engine.step(pc.lr);
+    if (steps != nullptr) steps->norms.push_back(info.grad_norm);
     compute->synchronize();
   }
   std::vector<std::vector<float>> out;
   for (int p = 0; p < static_cast<int>(model->parameters().size()); ++p) {
     out.push_back(engine.full_parameter(p));
   }
-  return out;
+  if (!layout) return out;
+  return reference_layout(def->parameters(), model->parameters(), std::move(out),
+                          layout->expert_data_parallel_group()->rank() == 0);
 }
 
 // The whole check: the reference, its re-association sensitivity (the bounds), then every
@@ -190,7 +294,9 @@ inline void check_engine_parity(const ParityCase& pc) {
   std::vector<double> ref_losses, unused;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const auto expected = parity_reference(pc, pc.per_forward_terms ? world : 1, &ref_losses);
+  ParitySteps ref_steps;
+  const auto expected =
+      parity_reference(pc, pc.per_forward_terms ? world : 1, &ref_losses, &ref_steps);
   ParityCase sensitivity_case = pc;
   if (!pc.bounds_spec.empty()) sensitivity_case.spec = pc.bounds_spec;
   const auto whole = pc.bounds_spec.empty() && !pc.per_forward_terms
@@ -222,11 +328,9 @@ inline void check_engine_parity(const ParityCase& pc) {
     int stage;
     bool checkpointing;
     bool offload;
+    int ep;
   };
-  for (const Variant& v :
-       {Variant{0, false, false}, Variant{1, false, false}, Variant{2, false, false},
-        Variant{3, false, false}, Variant{3, true, false}, Variant{2, false, true},
-        Variant{3, true, true}}) {
+  auto check_variant = [&](const Variant& v) {
     EngineOptions o;
     o.stage = v.stage;
     o.reduce_bucket_size = 20000;
@@ -234,12 +338,14 @@ inline void check_engine_parity(const ParityCase& pc) {
     o.stage3_prefetch_bucket_size = 40000;
     o.offload_optimizer.enabled = v.offload;
     o.offload_param.enabled = v.offload && v.stage == 3;
+    o.expert_parallel_size = v.ep;
     std::vector<double> losses;
-    const auto got = parity_engine(pc, o, v.checkpointing, &losses);
+    ParitySteps got_steps;
+    const auto got = parity_engine(pc, o, v.checkpointing, &losses, &got_steps);
     double worst = 0.0, worst_ratio = 0.0;
     for (std::size_t p = 0; p < got.size(); ++p) {
       INFO(pc.spec << ": stage " << v.stage << " checkpointing " << v.checkpointing << " offload "
-                   << v.offload << " parameter " << specs[p].name);
+                   << v.offload << " autoep_size " << v.ep << " parameter " << specs[p].name);
       const auto have = pc.parts(specs[p].name, got[p]);
       const auto want = pc.parts(specs[p].name, expected[p]);
       for (std::size_t k = 0; k < want.size(); ++k) {
@@ -252,14 +358,45 @@ inline void check_engine_parity(const ParityCase& pc) {
       pc.absolute(specs[p].name, got[p], expected[p]);
     }
     WARN(pc.spec << ": stage " << v.stage << (v.checkpointing ? " +checkpointing" : "")
-                 << (v.offload ? " +offload" : "") << ": worst per-tensor relative L2 error "
-                 << worst << ", worst error / bound " << worst_ratio);
+                 << (v.offload ? " +offload" : "") << " autoep_size " << v.ep
+                 << ": worst per-tensor relative L2 error " << worst << ", worst error / bound "
+                 << worst_ratio);
     REQUIRE(losses.size() == ref_losses.size());
     for (int s = 0; s < pc.steps; ++s) {
-      INFO("step " << s);
+      INFO("autoep_size " << v.ep << " step " << s);
       CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-6));
+      if (v.ep > 1) {
+        // The gradient itself, not only the Adam step it gave: its norm as the reference's (the
+        // same re-association of the same sums as the parameters').
+        CHECK(got_steps.norms[s] == Approx(ref_steps.norms[s]).epsilon(1e-5));
+        // Every rank counts its own tokens' routing: summed, the global batch's, as every
+        // expert local.
+        REQUIRE(got_steps.loads.size() == ref_steps.loads.size());
+        CHECK(got_steps.loads[s] == ref_steps.loads[s]);
+      }
+    }
+  };
+  for (const Variant& v :
+       {Variant{0, false, false, 1}, Variant{1, false, false, 1}, Variant{2, false, false, 1},
+        Variant{3, false, false, 1}, Variant{3, true, false, 1}, Variant{2, false, true, 1},
+        Variant{3, true, true, 1}}) {
+    if (!pc.only_expert_parallel) check_variant(v);
+  }
+  for (int ep : pc.expert_parallel_sizes) {
+    if (pc.num_experts == 0 || ep > world || world % ep != 0 || pc.num_experts % ep != 0) continue;
+    // Stage 0 keeps every unit whole on every rank: the experts' own group cannot be sliced.
+    EngineOptions stage0;
+    stage0.expert_parallel_size = ep;
+    std::vector<double> unused_losses;
+    CHECK_THROWS_WITH(parity_engine(pc, stage0, false, &unused_losses),
+                      Catch::Contains("expert parallelism needs ZeRO stage 1, 2 or 3"));
+    for (const Variant& v :
+         {Variant{1, false, false, ep}, Variant{2, false, false, ep}, Variant{3, false, false, ep},
+          Variant{3, true, false, ep}, Variant{2, false, true, ep}, Variant{3, true, true, ep}}) {
+      check_variant(v);
     }
   }
+  if (pc.only_expert_parallel) return;
   CHECK(ref_losses.front() == Approx(std::log(256.0)).epsilon(0.02));  // random init: ln V
   // Ten steps of lr 3e-3 learn the data's byte distribution (a different batch each step).
   if (pc.steps >= 10 && pc.expect_learning) CHECK(ref_losses.back() < ref_losses.front());

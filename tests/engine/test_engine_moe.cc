@@ -1,8 +1,18 @@
-// The mixtures of experts under the engine, every expert local: a tiny Qwen2-MoE (a shared expert
-// behind its sigmoid gate, a dense layer, q/k/v biases, no renormalisation) and a tiny Qwen3-MoE
-// (q/k norms, renormalised top-3 of 8) train for 10 steps of AdamW at every stage (stage 3 also
-// with activation checkpointing, and with offload) at the world size mpirun gives (1, 2, 4), to
-// the parameters and per-step losses of a single-process loop (tests/engine/model_parity.h).
+// The mixtures of experts under the engine: a tiny Qwen2-MoE (a shared expert behind its sigmoid
+// gate, a dense layer, q/k/v biases, no renormalisation) and a tiny Qwen3-MoE (q/k norms,
+// renormalised top-3 of 8) train for 10 steps of AdamW at every stage (stage 3 also with
+// activation checkpointing, and with offload) at the world size mpirun gives (1, 2, 4), to the
+// parameters and per-step losses of a single-process loop (tests/engine/model_parity.h): every
+// expert local, and with expert_parallel.autoep_size 2 and 4 where they divide the world (stages
+// 1-3; stage 0 refused), each rank holding its block of the experts and the rows travelling
+// through the all-to-alls.
+//
+// Under expert parallelism the routers, the load-balancing term and the per-forward loss are
+// each rank's own tokens' as without it (the same forward, the experts' rows computed
+// elsewhere), so the reference is the same one; what changes is only where an expert's rows
+// are summed: its weight gradient adds the rows of every rank of its ep group in one grouped GEMM
+// (then x 1/ep over the expert-data-parallel group) instead of per rank then averaged over the
+// world, a re-association of the same sums, inside the same bound.
 //
 // The load-balancing term is transformers' per forward: each rank's forward computes it over its
 // own rows, and the engine averages the ranks' gradients and losses. The reference therefore runs
@@ -12,6 +22,7 @@
 // switched off (router_aux_loss_coef 0: then how the batch is split changes only roundings).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -29,11 +40,12 @@ bool is_key_bias(const std::string& name) {
          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-test::ParityCase moe_case(const std::string& spec) {
+test::ParityCase moe_case(const std::string& spec, int num_experts) {
   test::ParityCase pc;
   pc.spec = spec + ",router_aux_loss_coef=0.02";
   pc.bounds_spec = spec + ",router_aux_loss_coef=0";
   pc.per_forward_terms = true;
+  pc.num_experts = num_experts;
   pc.steps = 10;
   // At these sizes a step's loss varies with its batch by +-0.02, more than ten steps of lr 3e-3
   // lower it (the loss trajectories of the tiny Qwen2 and MoE models alike): the gradients'
@@ -60,12 +72,52 @@ TEST_CASE("the tiny Qwen2-MoE trains to the single-process parameters at every s
       "qwen2_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
       "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,num_experts=4,"
       "num_experts_per_tok=2,moe_intermediate_size=16,shared_expert_intermediate_size=24,"
-      "norm_topk_prob=false,mlp_only_layers=1"));
+      "norm_topk_prob=false,mlp_only_layers=1",
+      4));
 }
 
 TEST_CASE("the tiny Qwen3-MoE trains to the single-process parameters at every stage", "[moe]") {
   test::check_engine_parity(moe_case(
       "qwen3_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
       "num_key_value_heads=2,head_dim=8,vocab_size=256,max_position_embeddings=32,"
-      "num_experts=8,num_experts_per_tok=3,moe_intermediate_size=12,norm_topk_prob=true"));
+      "num_experts=8,num_experts_per_tok=3,moe_intermediate_size=12,norm_topk_prob=true",
+      8));
+}
+
+// Never a hang, whatever the routing (docs/reliability.md): a zero router gives every token the
+// same probabilities, and top-1 among equal ones is the lowest expert, so in the first step
+// every token of every rank goes to expert 0, all the rows of the group to rank 0 (at
+// autoep_size = world: 4 ranks, 4 groups of 2 experts), every other rank's experts computing
+// none and its all-to-all pieces empty. With the collective sequence checked on every group, the
+// run must finish with the reference's losses, gradient norms, parameters and tokens per expert.
+// Top-1 without renormalisation, so that the routing weight (1/E at first) carries the loss's
+// gradient into the router (renormalised, a lone weight is 1 whatever the logits, and the
+// router would learn from the load-balancing term alone, which the bounds' model leaves out).
+TEST_CASE("every token routed to one expert under expert parallelism finishes right", "[moe]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world < 2) return;
+  const std::string spec =
+      "qwen3_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+      "num_key_value_heads=2,head_dim=8,vocab_size=256,max_position_embeddings=32,"
+      "num_experts=8,num_experts_per_tok=1,moe_intermediate_size=12,norm_topk_prob=false";
+  test::ParityCase pc = moe_case(spec, 8);
+  pc.steps = 3;
+  pc.expert_parallel_sizes = {world};
+  pc.only_expert_parallel = true;
+  pc.check_collective_sequence = true;
+  pc.adjust_init = [](const std::string& name, std::int64_t, std::int64_t count, float* out) {
+    if (name.find("mlp.gate.weight") != std::string::npos) std::fill(out, out + count, 0.0f);
+  };
+  test::check_engine_parity(pc);
+  // The first step's routing, as the reference counts it: every pair at expert 0 of each layer.
+  std::vector<double> losses;
+  test::ParitySteps steps;
+  test::parity_reference(pc, world, &losses, &steps);
+  const int T = builtin_models().parse_spec(pc.spec)->seq_len();
+  const std::int64_t pairs = std::int64_t{pc.global_batch} * T;  // top-1: one pair per token
+  for (int layer = 0; layer < 2; ++layer) {
+    INFO("layer " << layer);
+    CHECK(steps.loads.front()[static_cast<std::size_t>(layer * 8)] == pairs);
+  }
 }

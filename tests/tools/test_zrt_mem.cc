@@ -765,3 +765,18 @@ TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spa
   run_tool("--model llama-tiny --world 4 --sp 3", &status);
   CHECK(status != 0);
 }
+
+TEST_CASE("expert parallelism is refused by name until zrt-mem models the experts' group") {
+  // A figure that ignored the experts' own shard group and the local experts' dropless buffers
+  // would look exact and be wrong.
+  Inputs in;
+  in.model = model_spec(builtin_models().parse_spec("qwen3-moe-tiny"));
+  in.world = 4;
+  in.seq_len = in.model->def->seq_len();
+  in.engine.stage = 2;
+  in.engine.expert_parallel_size = 2;
+  CHECK_THROWS_WITH(in.validate(), Catch::Contains("expert_parallel.autoep_size 2") &&
+                                       Catch::Contains("does not estimate expert parallelism"));
+  in.engine.expert_parallel_size = 1;
+  CHECK_NOTHROW(in.validate());
+}

@@ -9,6 +9,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -214,6 +217,63 @@ TEST_CASE("zrt-train trains a mixture of experts; metrics rows carry its routing
       CHECK(row["dropped_tokens"] == 0);
     }
     CHECK(rows == 6);
+  }
+}
+
+namespace {
+
+// A metrics.jsonl's training rows' routing columns, (expert_tokens_min, expert_tokens_max).
+std::vector<std::pair<std::int64_t, std::int64_t>> routing_rows(const std::string& path) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (row.contains("val_loss") || !row.contains("loss")) continue;
+    rows.emplace_back(row["expert_tokens_min"].get<std::int64_t>(),
+                      row["expert_tokens_max"].get<std::int64_t>());
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("zrt-train with expert_parallel.autoep_size = world trains the MoE as every expert local",
+          "[moe]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world < 2) return;  // one rank holds every expert
+  const std::string dir = corpus_dir();
+  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
+      "router_aux_loss_coef": 0.02)";
+  const auto local = run(dir, "moe-ep-local", R"({"stage": 2})", false, world, "", {}, model);
+  // Each rank holds 4 / world experts; the collective sequence is agreed on first on every group.
+  const std::string ep = R"("expert_parallel": {"enabled": true, "autoep_size": )" +
+                         std::to_string(world) +
+                         R"(}, "comm": {"check_collective_sequence": true},)";
+  const auto split = run(dir, "moe-ep-split", R"({"stage": 2})", false, world, ep, {}, model);
+  const auto split3 = run(dir, "moe-ep-split3",
+                          R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                              "offload_optimizer": {"device": "cpu"}})",
+                          true, world, ep, {}, model);
+  REQUIRE(split.losses.size() == local.losses.size());
+  REQUIRE(split3.losses.size() == local.losses.size());
+  for (std::size_t i = 0; i < local.losses.size(); ++i) {
+    INFO("step " << i + 1);
+    CHECK(split.losses[i] == Approx(local.losses[i]).epsilon(1e-5));
+    CHECK(split3.losses[i] == Approx(local.losses[i]).epsilon(1e-5));
+  }
+  CHECK(split.eval_losses.size() == local.eval_losses.size());
+  if (rank == 0) {
+    // Each rank counts its own tokens' routing and the rows sum them: the same pairs per expert.
+    const auto want = routing_rows(dir + "/moe-ep-local/metrics.jsonl");
+    CHECK(want.size() == 6);
+    CHECK(routing_rows(dir + "/moe-ep-split/metrics.jsonl") == want);
   }
 }
 

@@ -346,6 +346,17 @@ void Inputs::validate() const {
   }
   // The engine's own rules, as the config and the engine apply them, for the chosen setting.
   check_options(options_for(*this, setting()), world);
+  // Not modelled yet: each rank's E/ep experts as their own units sliced over world/ep ranks,
+  // the local experts' rows sized for ep*N*k, the expert groups' MPI scratch. A figure that
+  // ignored them would look exact and be wrong.
+  if (engine.expert_parallel_size > 1) {
+    ZRT_THROW(InvalidArgument,
+              "expert_parallel.autoep_size {}: zrt-mem does not estimate expert parallelism yet "
+              "(the experts' own shard group and the local experts' dropless buffers); estimate "
+              "autoep_size 1, whose per-rank model state is the same up to padding, and add the "
+              "expert activations for (autoep_size - 1) x tokens x k more rows",
+              engine.expert_parallel_size);
+  }
 }
 
 std::int64_t Estimate::activations() const {
