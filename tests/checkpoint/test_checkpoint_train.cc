@@ -77,6 +77,9 @@ struct Job {
   bool keep_output = false;  // run again in the output directory of an earlier run
   std::string env;           // extra environment, "NAME=value ..."
   int ranks_per_node = 0;    // comm.ranks_per_node (0: the machine's topology)
+  int accumulation = 0;      // gradient_accumulation_steps (0: 1 at 4 ranks, else 2)
+  nlohmann::json model = nlohmann::json::object();  // replaces the gpt2-tiny model block
+  int expert_parallel = 0;  // expert_parallel.autoep_size (0: no expert_parallel block)
   nlohmann::json zero_extra = nlohmann::json::object();  // more zero_optimization keys
 };
 
@@ -96,7 +99,7 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
   if (!job.keep_output) fs::remove_all(out);
   fs::create_directories(out);
   // A fixed global batch of 12 sequences at any world size: micro-batches of 12 / (N * G).
-  const int G = job.ranks == 4 ? 1 : 2;
+  const int G = job.accumulation > 0 ? job.accumulation : job.ranks == 4 ? 1 : 2;
   const int micro = 12 / (job.ranks * G);
   nlohmann::json c = {
       {"train_batch_size", 12},
@@ -121,6 +124,10 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
   if (job.offload) c["zero_optimization"]["offload_optimizer"] = {{"device", "cpu"}};
   c["zero_optimization"].update(job.zero_extra);
   if (job.ranks_per_node > 0) c["comm"] = {{"ranks_per_node", job.ranks_per_node}};
+  if (!job.model.empty()) c["model"] = job.model;
+  if (job.expert_parallel > 0) {
+    c["expert_parallel"] = {{"enabled", true}, {"autoep_size", job.expert_parallel}};
+  }
   if (job.bf16) c["bf16"] = {{"enabled", true}};
   if (job.fp16) c["fp16"] = {{"enabled", true}};
   nlohmann::json k = {{"save_interval", job.save_interval}, {"async", job.async}};
@@ -405,6 +412,28 @@ TEST_CASE("resume at another world size or stage", "[reshard]") {
   reshard_case("n3_to_n4", job(3, 2), job(4, 2));
   reshard_case("s2_to_s3", job(2, 2), job(2, 3));
   reshard_case("s3_to_s1", job(2, 3), job(2, 1));
+}
+
+TEST_CASE("a mixture of experts resumes at another expert-parallel degree and world size",
+          "[reshard][moe]") {
+  // Qwen3-MoE (tiny) with its experts split over autoep_size ranks: each rank's experts are
+  // parameters of their own (group 1, named by the global expert), stacked in one parameter per
+  // layer without expert parallelism; the checkpoint finds them by name either way. Three
+  // sequences per forward at every layout (the load-balancing term is per forward), so the
+  // uninterrupted run at the new layout is the reference.
+  auto job = [](int ranks, int ep) {
+    Job j;
+    j.ranks = ranks;
+    j.stage = 2;
+    j.accumulation = 4 / ranks;
+    j.model = {
+        {"type", "qwen3_moe"}, {"preset", "qwen3-moe-tiny"}, {"seq_len", 32}, {"vocab_size", 256}};
+    j.expert_parallel = ep;
+    return j;
+  };
+  reshard_case("moe_ep4_to_ep2", job(4, 4), job(2, 2));
+  reshard_case("moe_ep2_to_ep1", job(2, 2), job(1, 0));
+  reshard_case("moe_ep1_to_ep4", job(1, 0), job(4, 4));
 }
 
 TEST_CASE("a rank killed during a save leaves the previous checkpoint loadable", "[kill]") {

@@ -199,7 +199,7 @@ TEST_CASE("shared expert gate and loss terms: CUDA twin matches the CPU twin", "
       const Bytes out = be.put("out", normal_values(kSeed, 52, N * C), dt);  // accumulates
       const Bytes dout = be.put("dout", normal_values(kSeed, 53, N * C), dt);
       const Bytes ds = be.put("ds", Vec(N * C, 7.0), dt);  // overwritten
-      const Bytes dg = be.put("dg", Vec(N, 7.0), dt);       // overwritten
+      const Bytes dg = be.put("dg", Vec(N, 7.0), dt);      // overwritten
       moe_shared_gate_forward(*be.ctx, dt, out, s, g, N, C);
       moe_shared_gate_backward(*be.ctx, dt, ds, dg, dout, s, g, N, C);
       return Outputs{{{"out", N * C}, {"ds", N * C}, {"dg", N}}, {}};
