@@ -88,14 +88,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_longseq: --out DIR is required" >&2; exit 2; }
 work="$(mktemp -d)"
-if [[ "$bundle" == *.tar.xz ]] && [ -f "$bundle" ]; then
-  mkdir -p "$work/.bundle"
-  tar -xJf "$bundle" -C "$work/.bundle" || { echo "gpu_longseq: cannot unpack $bundle" >&2; exit 2; }
-  bundle="$(dirname "$(find "$work/.bundle" -maxdepth 2 -name env.sh | head -1)")"
-fi
-[ -n "$bundle" ] && [ -x "$bundle/bin/zrt-train" ] ||
-  { echo "gpu_longseq: --bundle must be a tools/gpu-bundle folder (or .tar.xz) with zrt-train" >&2; exit 2; }
-bundle="$(cd "$bundle" && pwd)"
+source "$root/tools/bench/gpu_bundle_open.sh"
+bundle="$(open_bundle gpu_longseq "$bundle" "$work")" || exit 2
 # zrt-mem: the bundle's, else a build of this checkout's (it needs no GPU).
 zrt_mem=""
 for candidate in "$bundle/bin/zrt-mem" "$root/build-cuda/bin/zrt-mem" "$root/build/bin/zrt-mem"; do

@@ -63,14 +63,8 @@ for p in $phases; do
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
-if [[ "$bundle" == *.tar.xz ]] && [ -f "$bundle" ]; then
-  mkdir -p "$work/.bundle"
-  tar -xJf "$bundle" -C "$work/.bundle" || { echo "gpu_peers: cannot unpack $bundle" >&2; exit 2; }
-  bundle="$(dirname "$(find "$work/.bundle" -maxdepth 2 -name env.sh | head -1)")"
-fi
-[ -n "$bundle" ] && [ -x "$bundle/bin/zrt-train" ] ||
-  { echo "gpu_peers: --bundle must be a tools/gpu-bundle folder (or .tar.xz) with zrt-train" >&2; exit 2; }
-bundle="$(cd "$bundle" && pwd)"
+source "$root/tools/bench/gpu_bundle_open.sh"
+bundle="$(open_bundle gpu_peers "$bundle" "$work")" || exit 2
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 summary="$out/summary.txt"

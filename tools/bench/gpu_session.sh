@@ -68,14 +68,8 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_session: --out DIR is required" >&2; exit 2; }
 work="$(mktemp -d)"  # everything the phases write; packed into logs.tar.gz at the end
-if [[ "$bundle" == *.tar.xz ]] && [ -f "$bundle" ]; then
-  mkdir -p "$work/.bundle"
-  tar -xJf "$bundle" -C "$work/.bundle" ||
-    { echo "gpu_session: cannot unpack $bundle" >&2; exit 2; }
-  bundle="$(dirname "$(find "$work/.bundle" -maxdepth 2 -name env.sh | head -1)")"
-fi
-[ -n "$bundle" ] && [ -f "$bundle/env.sh" ] && [ -x "$bundle/bin/zrt-train" ] ||
-  { echo "gpu_session: --bundle must be a tools/gpu-bundle folder (or its .tar.xz) with zrt-train" >&2; exit 2; }
+source "$root/tools/bench/gpu_bundle_open.sh"
+bundle="$(open_bundle gpu_session "$bundle" "$work")" || exit 2
 [[ "$budget" =~ ^[0-9]+$ ]] || { echo "gpu_session: --budget needs seconds" >&2; exit 2; }
 for p in $phases; do
   case "$p" in selftest|attention|profile|offload|llama8b|big|ab|bigfull) ;; *) echo "gpu_session: unknown phase '$p'" >&2; exit 2 ;; esac
