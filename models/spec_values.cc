@@ -34,4 +34,23 @@ bool spec_bool(const char* family, const std::string& key, const std::string& va
   ZRT_THROW(InvalidArgument, "{} config: {}={} is not true or false", family, key, value);
 }
 
+std::vector<std::pair<std::string, std::string>> spec_items(const char* family,
+                                                            const std::string& items) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::size_t pos = 0;
+  while (pos < items.size()) {
+    std::size_t end = items.find(',', pos);
+    if (end == std::string::npos) end = items.size();
+    const std::string item = items.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      ZRT_THROW(InvalidArgument, "{} config: expected key=value, got '{}'", family, item);
+    }
+    out.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  return out;
+}
+
 }  // namespace zrt

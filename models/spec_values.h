@@ -4,6 +4,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace zrt {
 
@@ -12,5 +14,10 @@ int spec_int(const char* family, const std::string& key, const std::string& valu
 double spec_double(const char* family, const std::string& key, const std::string& value);
 // "true"/"1" or "false"/"0".
 bool spec_bool(const char* family, const std::string& key, const std::string& value);
+
+// The (key, value) pairs of "k1=v1,k2=v2" in order, empty items skipped; an item without '='
+// throws InvalidArgument "<family> config: expected key=value, got '<item>'".
+std::vector<std::pair<std::string, std::string>> spec_items(const char* family,
+                                                            const std::string& items);
 
 }  // namespace zrt

@@ -57,40 +57,31 @@ transformer::TransformerSpec transformer_spec(const GptConfig& config) {
 
 }  // namespace
 
+transformer::SequenceParallelShape Gpt::sequence_parallel_shape(const GptConfig& c) {
+  transformer::SequenceParallelShape shape;
+  shape.query_heads = c.n_head;
+  shape.query_heads_name = "heads (n_head)";
+  shape.seq_len = c.seq_len;
+  return shape;
+}
+
 std::vector<std::string> Gpt::sequence_parallel_problems(const GptConfig& c, int sp) {
-  std::vector<std::string> problems;
-  if (sp <= 1) return problems;
-  if (c.n_head % sp != 0) {
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} does not divide the model's {} heads (n_head): each rank of a "
-        "sequence-parallel group attends with an equal share of them; give a divisor of {}",
-        sp, c.n_head, c.n_head));
-  }
-  if (c.seq_len % sp != 0) {
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} does not divide the sequence length {}: each rank holds an "
-        "equal chunk of every sequence; give a divisor of it",
-        sp, c.seq_len));
-  }
-  return problems;
+  return transformer::sequence_parallel_problems(sequence_parallel_shape(c), sp);
 }
 
 namespace {
 
 // The model's config, after refusing a sequence-parallel group it cannot use.
-const GptConfig& checked_for(const GptConfig& c, const GptOptions& options) {
-  const std::vector<std::string> problems =
-      Gpt::sequence_parallel_problems(c, options.sequence_parallel_size());
-  if (!problems.empty()) {
-    ZRT_THROW(InvalidArgument, "{}: {}", c.name, fmt::join(problems, "; "));
-  }
+const GptConfig& checked_gpt_config(const GptConfig& c, const GptOptions& options) {
+  transformer::require_sequence_parallel_fits(c.name, Gpt::sequence_parallel_shape(c),
+                                              options.sequence_parallel_size());
   return c;
 }
 
 }  // namespace
 
 Gpt::Gpt(GptConfig config, kernels::KernelContext& ctx, GptOptions options)
-    : TransformerModel(ctx, transformer_spec(checked_for(config, options)), options),
+    : TransformerModel(ctx, transformer_spec(checked_gpt_config(config, options)), options),
       config_(std::move(config)),
       params_(parameter_table(config_)),
       acts_(config_, options.sequence_parallel_size()) {}

@@ -30,6 +30,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/gpt/gpt_config.h"
+#include "models/transformer/sequence_parallel_shape.h"
 #include "models/transformer/transformer_model.h"
 #include "runtime/model_interface.h"
 
@@ -58,8 +59,10 @@ class Gpt final : public transformer::TransformerModel {
   // The parameter table a Gpt of `config` reports (Hugging Face names and order), without
   // building one.
   static std::vector<ParamSpec> parameter_table(const GptConfig& config);
-  // Why `config` cannot run at sequence_parallel_size `sp` (each naming the keys and the fix);
-  // empty when it can: sp divides n_head and seq_len.
+  // What sequence parallelism asks of `config`'s shape (models/transformer/
+  // sequence_parallel_shape.h), and why it cannot run at sequence_parallel_size `sp` (each
+  // naming the keys and the fix); empty when it can: sp divides n_head and seq_len.
+  static transformer::SequenceParallelShape sequence_parallel_shape(const GptConfig& config);
   static std::vector<std::string> sequence_parallel_problems(const GptConfig& config, int sp);
 
   // Indices into parameters().

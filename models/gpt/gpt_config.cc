@@ -59,18 +59,8 @@ GptConfig GptConfig::parse(const std::string& spec) {
     c = preset(spec.substr(0, colon));
     rest = spec.substr(colon + 1);
   }
-  std::size_t pos = 0;
-  while (pos < rest.size()) {
-    std::size_t end = rest.find(',', pos);
-    if (end == std::string::npos) end = rest.size();
-    const std::string item = rest.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty()) continue;
-    const auto eq = item.find('=');
-    if (eq == std::string::npos)
-      ZRT_THROW(InvalidArgument, "gpt config: expected key=value, got '{}'", item);
-    const std::string key = item.substr(0, eq);
-    const int value = parse_int_value(key, item.substr(eq + 1));
+  for (const auto& [key, text] : spec_items("gpt", rest)) {
+    const int value = parse_int_value(key, text);
     if (key == "n_layer") {
       c.n_layer = value;
     } else if (key == "n_head") {

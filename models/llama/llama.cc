@@ -104,48 +104,32 @@ kernels::RopeTable rope_table(const LlamaConfig& c) {
   return kernels::make_rope_table(c.head_dim, c.rope_theta, s);
 }
 
+transformer::SequenceParallelShape Llama::sequence_parallel_shape(const LlamaConfig& c) {
+  transformer::SequenceParallelShape shape;
+  shape.query_heads = c.num_attention_heads;
+  shape.query_heads_name = "query heads (num_attention_heads)";
+  shape.key_value_heads = c.num_key_value_heads;
+  shape.seq_len = c.seq_len;
+  return shape;
+}
+
 std::vector<std::string> Llama::sequence_parallel_problems(const LlamaConfig& c, int sp) {
-  std::vector<std::string> problems;
-  if (sp <= 1) return problems;
-  const int NH = c.num_attention_heads, NKV = c.num_key_value_heads;
-  if (NH % sp != 0) {
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} does not divide the model's {} query heads "
-        "(num_attention_heads): each rank of a sequence-parallel group attends with an equal "
-        "share of them; give a divisor of {}",
-        sp, NH, NH));
-  } else if (NKV % sp != 0 && sp % NKV != 0) {
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} and the model's {} key/value heads (num_key_value_heads): "
-        "they must split over the ranks or divide them (fewer are copied to the ranks that use "
-        "them); give a divisor or a multiple of {}",
-        sp, NKV, NKV));
-  }
-  if (c.seq_len % sp != 0) {
-    problems.push_back(fmt::format(
-        "sequence_parallel_size {} does not divide the sequence length {}: each rank holds an "
-        "equal chunk of every sequence; give a divisor of it",
-        sp, c.seq_len));
-  }
-  return problems;
+  return transformer::sequence_parallel_problems(sequence_parallel_shape(c), sp);
 }
 
 namespace {
 
 // The model's config, after refusing a sequence-parallel group it cannot use.
-const LlamaConfig& checked_for(const LlamaConfig& c, const LlamaOptions& options) {
-  const std::vector<std::string> problems =
-      Llama::sequence_parallel_problems(c, options.sequence_parallel_size());
-  if (!problems.empty()) {
-    ZRT_THROW(InvalidArgument, "{}: {}", c.architecture, fmt::join(problems, "; "));
-  }
+const LlamaConfig& checked_llama_config(const LlamaConfig& c, const LlamaOptions& options) {
+  transformer::require_sequence_parallel_fits(c.architecture, Llama::sequence_parallel_shape(c),
+                                              options.sequence_parallel_size());
   return c;
 }
 
 }  // namespace
 
 Llama::Llama(LlamaConfig config, kernels::KernelContext& ctx, LlamaOptions options)
-    : TransformerModel(ctx, transformer_spec(checked_for(config, options)), options),
+    : TransformerModel(ctx, transformer_spec(checked_llama_config(config, options)), options),
       config_(std::move(config)),
       params_(parameter_table(config_)),
       rope_(rope_table(config_)),

@@ -31,6 +31,7 @@
 #include "kernels/rope_table.h"
 #include "kernels/ulysses_ops.h"
 #include "models/llama/llama_config.h"
+#include "models/transformer/sequence_parallel_shape.h"
 #include "models/transformer/transformer_model.h"
 #include "runtime/model_interface.h"
 
@@ -54,9 +55,11 @@ class Llama final : public transformer::TransformerModel {
   // Device bytes of activations one (B, T) pass in `dtype` allocates (its loss scalar included).
   static std::int64_t activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                        bool activation_checkpointing);
-  // Why `config` cannot run at sequence_parallel_size `sp` (each naming the keys and the fix);
-  // empty when it can: sp divides the query heads, the key/value heads split over sp or divide
-  // it, and sp divides seq_len.
+  // What sequence parallelism asks of `config`'s shape (models/transformer/
+  // sequence_parallel_shape.h), and why it cannot run at sequence_parallel_size `sp` (each
+  // naming the keys and the fix); empty when it can: sp divides the query heads, the key/value
+  // heads split over sp or divide it, and sp divides seq_len.
+  static transformer::SequenceParallelShape sequence_parallel_shape(const LlamaConfig& config);
   static std::vector<std::string> sequence_parallel_problems(const LlamaConfig& config, int sp);
   // The same for a model built with `options` (cpu_checkpointing, tiling): device bytes, and the
   // pinned host bytes of the offloaded block inputs.

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kernels/rope_table.h"
+#include "models/decoder_shape_keys.h"
 #include "models/spec_values.h"
 #include "runtime/common/error.h"
 
@@ -17,10 +18,6 @@ int parse_int_value(const std::string& key, const std::string& value) {
 
 double parse_double_value(const std::string& key, const std::string& value) {
   return spec_double("llama", key, value);
-}
-
-bool parse_bool_value(const std::string& key, const std::string& value) {
-  return spec_bool("llama", key, value);
 }
 
 constexpr int kPresetMaxSeqLen = 8192;
@@ -122,45 +119,11 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     }
     rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   }
-  bool head_dim_given = false, kv_heads_given = false;
-  std::size_t pos = 0;
-  while (pos < rest.size()) {
-    std::size_t end = rest.find(',', pos);
-    if (end == std::string::npos) end = rest.size();
-    const std::string item = rest.substr(pos, end - pos);
-    pos = end + 1;
-    if (item.empty()) continue;
-    const auto eq = item.find('=');
-    if (eq == std::string::npos) {
-      ZRT_THROW(InvalidArgument, "llama config: expected key=value, got '{}'", item);
-    }
-    const std::string key = item.substr(0, eq);
-    const std::string value = item.substr(eq + 1);
-    if (key == "hidden_size") {
-      c.hidden_size = parse_int_value(key, value);
-    } else if (key == "intermediate_size") {
-      c.intermediate_size = parse_int_value(key, value);
-    } else if (key == "num_hidden_layers") {
-      c.num_hidden_layers = parse_int_value(key, value);
-    } else if (key == "num_attention_heads") {
-      c.num_attention_heads = parse_int_value(key, value);
-    } else if (key == "num_key_value_heads") {
-      c.num_key_value_heads = parse_int_value(key, value);
-      kv_heads_given = true;
-    } else if (key == "head_dim") {
-      c.head_dim = parse_int_value(key, value);
-      head_dim_given = true;
-    } else if (key == "vocab_size") {
-      c.vocab_size = parse_int_value(key, value);
-    } else if (key == "max_position_embeddings") {
-      c.max_position_embeddings = parse_int_value(key, value);
-    } else if (key == "seq_len") {
-      c.seq_len = parse_int_value(key, value);
-    } else if (key == "rms_norm_eps") {
-      c.rms_norm_eps = parse_double_value(key, value);
-    } else if (key == "rope_theta") {
-      c.rope_theta = parse_double_value(key, value);
-    } else if (key == "rope_scaling.rope_type") {
+  DecoderShapeKeysGiven given;
+  for (const auto& [key, value] : spec_items("llama", rest)) {
+    c.name = "custom";
+    if (set_decoder_shape_key(c, "llama", key, value, given)) continue;
+    if (key == "rope_scaling.rope_type") {
       c.rope_scaling.rope_type = value;
     } else if (key == "rope_scaling.factor") {
       c.rope_scaling.factor = parse_double_value(key, value);
@@ -170,12 +133,6 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
       c.rope_scaling.high_freq_factor = parse_double_value(key, value);
     } else if (key == "rope_scaling.original_max_position_embeddings") {
       c.rope_scaling.original_max_position_embeddings = parse_int_value(key, value);
-    } else if (key == "tie_word_embeddings") {
-      c.tie_word_embeddings = parse_bool_value(key, value);
-    } else if (key == "attention_bias") {
-      c.attention_bias = parse_bool_value(key, value);
-    } else if (key == "sliding_window") {
-      c.sliding_window = parse_int_value(key, value);
     } else {
       ZRT_THROW(InvalidArgument,
                 "llama config: unknown key '{}' (hidden_size, intermediate_size, "
@@ -186,17 +143,8 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
                 "sliding_window)",
                 key);
     }
-    c.name = "custom";
   }
-  // config.json's defaults: no num_key_value_heads is multi-head attention, no head_dim is
-  // hidden_size / num_attention_heads; seq_len defaults to the positions the model has.
-  if (!has_preset) {
-    if (!kv_heads_given) c.num_key_value_heads = c.num_attention_heads;
-    if (!head_dim_given && c.num_attention_heads > 0) {
-      c.head_dim = c.hidden_size / c.num_attention_heads;
-    }
-    if (c.seq_len == 0) c.seq_len = std::min(c.max_position_embeddings, kPresetMaxSeqLen);
-  }
+  if (!has_preset) apply_decoder_shape_defaults(c, given, kPresetMaxSeqLen);
   c.validate();
   return c;
 }

@@ -6,6 +6,7 @@
 
 #include "kernels/moe_limits.h"
 #include "kernels/rope_table.h"
+#include "models/decoder_shape_keys.h"
 #include "models/spec_values.h"
 #include "runtime/common/error.h"
 
@@ -184,49 +185,12 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
     has_preset = true;
     rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   }
-  bool kv_heads_given = false, head_dim_given = false, moe_width_given = false;
-  bool norm_given = false;
-  std::istringstream items(rest);
-  std::string item;
-  while (std::getline(items, item, ',')) {
-    if (item.empty()) continue;
-    const std::size_t eq = item.find('=');
-    if (eq == std::string::npos) {
-      ZRT_THROW(InvalidArgument, "moe config: '{}' is not key=value", item);
-    }
-    const std::string key = item.substr(0, eq);
-    const std::string value = item.substr(eq + 1);
-    if (key == "hidden_size") {
-      c.hidden_size = parse_int_value(key, value);
-    } else if (key == "intermediate_size") {
-      c.intermediate_size = parse_int_value(key, value);
-    } else if (key == "num_hidden_layers") {
-      c.num_hidden_layers = parse_int_value(key, value);
-    } else if (key == "num_attention_heads") {
-      c.num_attention_heads = parse_int_value(key, value);
-    } else if (key == "num_key_value_heads") {
-      c.num_key_value_heads = parse_int_value(key, value);
-      kv_heads_given = true;
-    } else if (key == "head_dim") {
-      c.head_dim = parse_int_value(key, value);
-      head_dim_given = true;
-    } else if (key == "vocab_size") {
-      c.vocab_size = parse_int_value(key, value);
-    } else if (key == "max_position_embeddings") {
-      c.max_position_embeddings = parse_int_value(key, value);
-    } else if (key == "seq_len") {
-      c.seq_len = parse_int_value(key, value);
-    } else if (key == "rms_norm_eps") {
-      c.rms_norm_eps = parse_double_value(key, value);
-    } else if (key == "rope_theta") {
-      c.rope_theta = parse_double_value(key, value);
-    } else if (key == "tie_word_embeddings") {
-      c.tie_word_embeddings = parse_bool_value(key, value);
-    } else if (key == "attention_bias") {
-      c.attention_bias = parse_bool_value(key, value);
-    } else if (key == "sliding_window") {
-      c.sliding_window = parse_int_value(key, value);
-    } else if (key == "num_experts" || key == "num_local_experts") {
+  DecoderShapeKeysGiven given;
+  bool moe_width_given = false, norm_given = false;
+  for (const auto& [key, value] : spec_items("moe", rest)) {
+    c.name = "custom";
+    if (set_decoder_shape_key(c, "moe", key, value, given)) continue;
+    if (key == "num_experts" || key == "num_local_experts") {
       c.num_experts = parse_int_value(key, value);
     } else if (key == "num_experts_per_tok") {
       c.num_experts_per_tok = parse_int_value(key, value);
@@ -259,14 +223,9 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
                 "mlp_only_layers, router_aux_loss_coef, router_z_loss_coef, capacity_factor)",
                 key);
     }
-    c.name = "custom";
   }
   if (!has_preset) {
-    if (!kv_heads_given) c.num_key_value_heads = c.num_attention_heads;
-    if (!head_dim_given && c.num_attention_heads > 0) {
-      c.head_dim = c.hidden_size / c.num_attention_heads;
-    }
-    if (c.seq_len == 0) c.seq_len = std::min(c.max_position_embeddings, kPresetMaxSeqLen);
+    apply_decoder_shape_defaults(c, given, kPresetMaxSeqLen);
     if (architecture == "qwen2_moe") c.attention_bias = true;
     if (architecture == "mixtral" && !norm_given) c.norm_topk_prob = true;
   }
