@@ -48,9 +48,38 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
                                 bool activation_checkpointing) const override {
     return MoeModel::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
+  // Under expert parallelism: this rank's experts (partition_for).
+  std::vector<ParamSpec> parameters_for(const ModelOptions& options) const override {
+    return MoeModel::parameter_table(config(), partition_for(options));
+  }
+  // Under expert parallelism the local experts' rows are sized for the dropless worst case (the
+  // rows every rank of the group can send, ep*N*k) and the dispatch keeps its count vectors.
+  ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                           const ModelOptions& options) const override {
+    const ExpertPartition experts = partition_for(options);
+    ActivationFootprint f;
+    f.device = MoeModel::activation_bytes(config(), B, T, dtype, options.activation_checkpointing,
+                                          experts.ep_size);
+    if (experts.ep_size > 1) f.device_comm = ExpertDispatch::own_bytes(experts.num_experts);
+    return f;
+  }
 
  protected:
   int n_layer() const override { return config().num_hidden_layers; }
+  // This rank's experts for `options` (its group's position; position 0 for a planned degree);
+  // InvalidArgument unless the degree divides the experts.
+  ExpertPartition partition_for(const ModelOptions& options) const {
+    const ProcessGroup* group = options.expert_group;
+    const int ep = group != nullptr ? group->size() : options.planned_expert_parallel_size;
+    const int E = config().num_experts;
+    if (ep < 1 || E % ep != 0) {
+      ZRT_THROW(InvalidArgument,
+                "expert_parallel.autoep_size {} does not divide the {} experts of {}: each rank "
+                "of an expert-parallel group holds the same number of experts",
+                ep, E, config().describe());
+    }
+    return ExpertPartition{E, ep, group != nullptr ? group->rank() : 0};
+  }
   ParamInitializer hf_weights_initializer(const Model& model,
                                           const std::string& init_from) const override {
     return hf::hf_initializer(init_from, model.parameters(), import_rules(config()));
