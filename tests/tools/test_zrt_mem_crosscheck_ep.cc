@@ -1,11 +1,13 @@
 // zrt-mem at expert parallelism against zrt-train's own per-category peaks (metrics.jsonl), on the
 // CPU backend at the world size mpirun gives (2: autoep_size 2; 4: autoep_size 2 and 4): a tiny
-// Qwen3-MoE (8 experts, top 3) and a tiny Mixtral (4 experts, top 2) at stages 1, 2 and 3, with
-// and without optimizer offload. Each rank holds E/ep experts of every MoE layer as units of
-// their own, sliced over the world/ep ranks of its expert-data-parallel group, and the dense
-// units over the world; the experts' reductions and norm run on the expert groups'
-// communicators, each with its own MPI scratch; the dispatch keeps its count vectors (comm) and
-// the model its local experts' rows and the exchange's staging (activations).
+// Qwen3-MoE (8 experts, top 3), Mixtral (4 experts, top 2) and Qwen2-MoE (4 experts, top 2, a
+// shared expert) at stages 1, 2 and 3, with and without optimizer offload, and with activation
+// checkpointing (one block's kept set, its local experts' rows sized alike). Each rank holds E/ep
+// experts of every MoE layer as units of their own, sliced over the world/ep ranks of its
+// expert-data-parallel group, and the dense units over the world; the experts' reductions and norm
+// run on the expert groups' communicators, each with its own MPI scratch; the dispatch keeps its
+// count vectors (comm) and the model its local experts' rows and the exchange's staging
+// (activations).
 //
 // Routing: the dispatch's buffers are sized for the dropless worst case (ep*N*k rows: every rank
 // of the group routing every (token, slot) pair to this rank's experts) when the model is built,
@@ -47,7 +49,8 @@ const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
                                  MemCategory::kMaster,      MemCategory::kOptimizer,
                                  MemCategory::kActivations, MemCategory::kComm};
 
-// Model blocks: a Qwen3-MoE with q/k norms, and a Mixtral; 256 tokens (the corpus is text).
+// Model blocks: a Qwen3-MoE with q/k norms, a Mixtral, and a Qwen2-MoE with its shared expert
+// and a dense layer (both kinds of block); 256 tokens (the corpus is text).
 const char* const kMoeModels[] = {
     R"("type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 256,
@@ -56,7 +59,12 @@ const char* const kMoeModels[] = {
     R"("type": "mixtral", "hidden_size": 32, "intermediate_size": 24, "num_hidden_layers": 2,
        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
        "max_position_embeddings": 32, "num_experts": 4, "num_experts_per_tok": 2,
-       "router_aux_loss_coef": 0.02)"};
+       "router_aux_loss_coef": 0.02)",
+    R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+       "max_position_embeddings": 32, "num_experts": 4, "num_experts_per_tok": 2,
+       "moe_intermediate_size": 16, "shared_expert_intermediate_size": 24,
+       "norm_topk_prob": false, "mlp_only_layers": [1], "router_aux_loss_coef": 0.02)"};
 
 }  // namespace
 
@@ -87,7 +95,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
     if (world % ep != 0) continue;
     for (const char* model : kMoeModels) {
       for (const char* stage : stages) {
-        for (bool offload : {false, true}) {
+        for (const auto& [offload, checkpointing] :
+             {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
           const std::string out = (dir / ("run" + std::to_string(run++))).string();
           const std::string zero =
               std::string(stage) + (offload ? R"(, "offload_optimizer": {"device": "cpu"}})" : "}");
@@ -97,7 +106,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
                                    std::to_string(ep) + R"(}, "zero_optimization": )" + zero + R"(,
                 "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
                 "model": {)" + model +
-                                   R"(, "seq_len": 32},
+                                   R"(, "seq_len": 32, "activation_checkpointing": )" +
+                                   (checkpointing ? "true" : "false") + R"(},
                 "data": {"train": ")" +
                                    (dir / "ep_train_*.bin").string() + R"("},
                 "train": {"steps": 2, "log_interval": 1},
@@ -118,7 +128,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
             const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
             const CategoryBytes predicted = e.device_peaks();
             INFO(model << "\n"
-                       << in.setting().name() << ", ep " << ep << " of " << world << ": " << last);
+                       << in.setting().name() << (checkpointing ? ", checkpointing" : "") << ", ep "
+                       << ep << " of " << world << ": " << last);
             // The experts are their own units, and the dispatch's buffers are counted.
             CHECK(e.expert_padded_params > 0);
             CHECK(e.dispatch_activations > 0);
