@@ -106,7 +106,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
     out += fmt::format(
         "  Ψ = {} parameters; a rank holds {} of them ({} with padding): the dense ones ({} "
         "padded, sliced over {} ranks) and 1/{} of every MoE layer's experts ({} padded, sliced "
-        "over the {} ranks of its expert-data-parallel group); GB = 10^9 bytes\n",
+        "over its expert-data-parallel group of {} rank(s)); GB = 10^9 bytes\n",
         in.model->def->num_parameters(), chosen.content_params, chosen.padded_params, dense,
         parallel_dims(o, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage), ep,
         chosen.expert_padded_params, in.world / ep);
