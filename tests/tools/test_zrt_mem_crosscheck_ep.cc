@@ -1,13 +1,13 @@
 // zrt-mem at expert parallelism against zrt-train's own per-category peaks (metrics.jsonl), on the
 // CPU backend at the world size mpirun gives (2: autoep_size 2; 4: autoep_size 2 and 4): a tiny
 // Qwen3-MoE (8 experts, top 3), Mixtral (4 experts, top 2) and Qwen2-MoE (4 experts, top 2, a
-// shared expert) at stages 1, 2 and 3, with and without optimizer offload, and with activation
-// checkpointing (one block's kept set, its local experts' rows sized alike). Each rank holds E/ep
-// experts of every MoE layer as units of their own, sliced over the world/ep ranks of its
-// expert-data-parallel group, and the dense units over the world; the experts' reductions and norm
-// run on the expert groups' communicators, each with its own MPI scratch; the dispatch keeps its
-// count vectors (comm) and the model its local experts' rows and the exchange's staging
-// (activations).
+// shared expert) at stages 1, 2 and 3, with and without optimizer offload (at stage 3 also with
+// parameter offload), and with activation checkpointing (one block's kept set, its local experts'
+// rows sized alike). Each rank holds E/ep experts of every MoE layer as units of their own, sliced
+// over the world/ep ranks of its expert-data-parallel group, and the dense units over the world;
+// the experts' reductions and norm run on the expert groups' communicators, each with its own MPI
+// scratch; the dispatch keeps its count vectors (comm) and the model its local experts' rows and
+// the exchange's staging (activations).
 //
 // Routing: the dispatch's buffers are sized for the dropless worst case (ep*N*k rows: every rank
 // of the group routing every (token, slot) pair to this rank's experts) when the model is built,
@@ -95,11 +95,17 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
     if (world % ep != 0) continue;
     for (const char* model : kMoeModels) {
       for (const char* stage : stages) {
+        // Offload: 0 none, 1 the optimizer's, 2 the optimizer's and the parameters' (stage 3).
         for (const auto& [offload, checkpointing] :
-             {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+             {std::pair{0, false}, std::pair{1, false}, std::pair{0, true}, std::pair{2, false}}) {
+          if (offload == 2 && std::string(stage).find("\"stage\": 3") == std::string::npos) {
+            continue;
+          }
           const std::string out = (dir / ("run" + std::to_string(run++))).string();
           const std::string zero =
-              std::string(stage) + (offload ? R"(, "offload_optimizer": {"device": "cpu"}})" : "}");
+              std::string(stage) +
+              (offload >= 1 ? R"(, "offload_optimizer": {"device": "cpu"})" : "") +
+              (offload == 2 ? R"(, "offload_param": {"device": "cpu"})" : "") + "}";
           const std::string text = std::string(R"({"train_micro_batch_size_per_gpu": 2,
                 "gradient_accumulation_steps": 2, "bf16": {"enabled": true},
                 "expert_parallel": {"enabled": true, "autoep_size": )") +
