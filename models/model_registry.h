@@ -140,6 +140,10 @@ class ModelDef {
     return 0;
   }
 
+  // Whether the model adds an auxiliary loss to the training loss (Model::aux_loss(): a mixture
+  // of experts' load-balancing term), which zrt-train accumulates for its metrics.
+  virtual bool has_auxiliary_loss() const { return false; }
+
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                        const ModelOptions& options) const = 0;
   // The initial values: read from `init_from` (a Hugging Face safetensors file, checked against

@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/ops.h"
 #include "models/hf/hf_config.h"
 #include "models/hf/hf_import.h"
 #include "models/moe/moe_hf.h"
@@ -48,6 +49,22 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
                                 bool activation_checkpointing) const override {
     return MoeModel::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
+  // The grouped-query attention over the whole sequence, as the Llama family's. On the CPU
+  // backend in 16 bits the experts' grouped linear layers convert through the workspace too, for
+  // their largest expert's rows: data-dependent, and not counted (as no linear layer's is).
+  std::int64_t kernel_workspace_bytes(int B, int T, DType dtype, const ModelOptions& options,
+                                      bool on_cpu) const override {
+    (void)options;  // no sequence parallelism (refused at build)
+    const MoeConfig& c = config();
+    const kernels::KernelOptions kernel_options;
+    const auto request = [&](bool backward) {
+      return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, T,
+                                                    c.num_attention_heads, c.num_key_value_heads,
+                                                    c.head_dim, backward);
+    };
+    return transformer::attention_workspace_growth(request(false), request(true));
+  }
+  bool has_auxiliary_loss() const override { return true; }
   // Under expert parallelism: this rank's experts (partition_for).
   std::vector<ParamSpec> parameters_for(const ModelOptions& options) const override {
     return MoeModel::parameter_table(config(), partition_for(options));

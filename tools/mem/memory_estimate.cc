@@ -453,6 +453,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // floats, train/training_run.h kMaxUnreadLosses) and the control group's scratch (64 doubles,
   // train/control.h); test_zrt_mem_crosscheck checks them against zrt-train's own peaks.
   if (in.trainer_buffers) e.workspace += 4 + 4 * 62 + 64 * 8;
+  // And with an auxiliary loss (a mixture of experts' load-balancing term) its accumulator.
+  if (in.trainer_buffers && in.model && in.model->def && in.model->def->has_auxiliary_loss()) {
+    e.workspace += 4;
+  }
   // Optimizer offload without parameter offload takes each unit's gradient sum of squares on
   // the device and copies it down: one float per unit on each side.
   const I64 unit_norms_bytes = setting.offload_optimizer && !setting.offload_param
