@@ -42,6 +42,10 @@ struct ModelOptions {
   // layer's experts (ParallelLayout::expert_parallel_group), null at 1. A model without experts
   // ignores it (the trainer refuses the setting for it).
   ProcessGroup* expert_group = nullptr;
+  // For counting only (parameters_for, activation_footprint, without a group): the
+  // expert_parallel.autoep_size to count for, as the rank at expert-parallel position 0 (every
+  // position has the same shapes). Building a model with it above 1 is refused.
+  int planned_expert_parallel_size = 1;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
@@ -53,9 +57,12 @@ struct ModelOptions {
 
 // A training pass's activations: device bytes (as activation_bytes counts them) and pinned host
 // bytes (cpu_checkpointing's block inputs).
+// Under expert parallelism also the device bytes the model keeps for its exchanges in the comm
+// category (the count vectors the dispatch exchanges), allocated once when it is built.
 struct ActivationFootprint {
   std::int64_t device = 0;
   std::int64_t pinned_host = 0;
+  std::int64_t device_comm = 0;
 };
 
 // Fills elements [first, first + count) of parameter `index` with fp32 initial values, as
@@ -86,6 +93,14 @@ class ModelDef {
   // The parameter table the model will report (names, shapes, module uses), and its module
   // count, computed from the dimensions (no device needed).
   virtual std::vector<ParamSpec> parameters() const = 0;
+  // The table a model built with `options` reports: parameters(), except under expert
+  // parallelism (options' expert_group, or planned_expert_parallel_size without one), where a
+  // mixture of experts reports only its rank's E/ep experts of each layer, as group-1 parameters
+  // (ParamSpec::group). A model without experts ignores it.
+  virtual std::vector<ParamSpec> parameters_for(const ModelOptions& options) const {
+    (void)options;
+    return parameters();
+  }
   virtual int num_modules() const = 0;
   virtual std::int64_t num_parameters() const = 0;
   // The parameters one token's forward and backward read: num_parameters() for a dense model;
@@ -124,6 +139,10 @@ class ModelDef {
     (void)on_cpu;
     return 0;
   }
+
+  // Whether the model adds an auxiliary loss to the training loss (Model::aux_loss(): a mixture
+  // of experts' load-balancing term), which zrt-train accumulates for its metrics.
+  virtual bool has_auxiliary_loss() const { return false; }
 
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                        const ModelOptions& options) const = 0;

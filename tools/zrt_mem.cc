@@ -3,7 +3,8 @@
 //
 //   zrt-mem (--model gpt2-xl | --params 7.5e9 | --config run.json) --world 8 [--nodes 2]
 //           [--stage 3] [--offload-optimizer cpu] [--offload-param cpu] [--micro-batch 4]
-//           [--seq 1024] [--sp 4] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb 80] ...
+//           [--seq 1024] [--sp 4] [--ep 4] [--dtype bf16] [--grad-accum-dtype fp32] [--device-gb
+//           80] ...
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +61,11 @@ options:
   --sp N                    sequence_parallel_size (default: the config's, else 1): each rank
                             holds T/N tokens of every sequence (its activations), attention's
                             N-th of the heads over the whole sequence, the all-to-alls' buffers
+  --ep N                    expert_parallel.autoep_size (default: the config's, else 1), for a
+                            mixture of experts at stages 1-3: each rank holds E/N of every MoE
+                            layer's experts as units of their own, sliced over world/N ranks
+                            (the dense units over the world), and the local experts' rows sized
+                            for the dropless worst case, N x tokens x k
   --optimizer adam|adamw|lion  the optimizer (default: the config's, else AdamW): its fp32
                             state is 12 bytes per parameter for Adam, 8 for Lion
   --dtype fp32|bf16|fp16    compute dtype (default bf16)
@@ -123,11 +129,14 @@ std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& i
                                      double device_gib, double host_gib) {
   constexpr double kGiB = 1073741824.0;
   std::string out = fmt::format(
-      "longest sequence per setting: {} on {} rank(s) over {} node(s){}, micro-batch {}, {}, "
+      "longest sequence per setting: {} on {} rank(s) over {} node(s){}{}, micro-batch {}, {}, "
       "{:.1f} GiB device per rank{}; lengths in multiples of {}\n",
       model.name(), in.world, in.nodes,
       in.engine.sequence_parallel_size > 1
           ? fmt::format(", sequence_parallel_size {}", in.engine.sequence_parallel_size)
+          : "",
+      in.engine.expert_parallel_size > 1
+          ? fmt::format(", expert_parallel.autoep_size {}", in.engine.expert_parallel_size)
           : "",
       in.micro_batch,
       in.activation_checkpointing
@@ -137,6 +146,7 @@ std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& i
       device_gib, host_gib > 0 ? fmt::format(", {:.1f} GiB host per node", host_gib) : "",
       multiple);
   for (const mem::Setting& s : mem::verdict_order()) {
+    if (!in.supports(s)) continue;  // stage 0 under expert parallelism
     const mem::SequenceFit fit = mem::longest_sequence(
         model, in, s, static_cast<std::int64_t>(std::llround(device_gib * kGiB)),
         static_cast<std::int64_t>(std::llround(host_gib * kGiB)), multiple);
@@ -170,6 +180,7 @@ int run(int argc, char** argv) {
                                              {"--gas", true},
                                              {"--seq", true},
                                              {"--sp", true},
+                                             {"--ep", true},
                                              {"--dtype", true},
                                              {"--grad-accum-dtype", true},
                                              {"--comm-dtype", true},
@@ -259,6 +270,11 @@ int run(int argc, char** argv) {
     in.engine.sequence_parallel_size = parse_int("--sp", args["--sp"]);
     if (in.engine.sequence_parallel_size < 1) usage_error("--sp must be >= 1");
   }
+  if (args.count("--ep")) {
+    in.engine.expert_parallel_size = parse_int("--ep", args["--ep"]);
+    if (in.engine.expert_parallel_size < 1)
+      usage_error("--ep must be >= 1 (1: every expert local)");
+  }
   if (args.count("--dtype")) in.engine.compute_dtype = parse_dtype(args["--dtype"]);
   if (args.count("--grad-accum-dtype"))
     in.engine.grad_accum_dtype = parse_dtype(args["--grad-accum-dtype"]);
@@ -317,7 +333,9 @@ int run(int argc, char** argv) {
   if (args.count("--seq") && args.count("--params")) {
     usage_error("--seq needs a model (--model or --config): activations need its dimensions");
   }
-  in.engine.stage = chosen_stage.value_or(0);
+  // Without a stage the verdict picks one; the inputs are checked at the first the engine runs
+  // (expert parallelism needs stage 1 or more).
+  in.engine.stage = chosen_stage.value_or(in.engine.expert_parallel_size > 1 ? 1 : 0);
   in.validate();
 
   if (max_seq_len_flag) {
@@ -339,7 +357,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   std::vector<mem::Estimate> estimates;
-  for (const mem::Setting& s : mem::table_order()) estimates.push_back(mem::estimate(in, s));
+  for (const mem::Setting& s : mem::table_order()) {
+    if (in.supports(s)) estimates.push_back(mem::estimate(in, s));
+  }
   mem::Setting chosen = in.setting();
   if (!chosen_stage) {
     // No stage given: detail the verdict's choice (the most sharded setting if nothing fits).

@@ -7,6 +7,7 @@
 #include <memory>
 #include <utility>
 
+#include "kernels/ops.h"
 #include "models/hf/hf_config.h"
 #include "models/hf/hf_import.h"
 #include "models/moe/moe_hf.h"
@@ -48,9 +49,54 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
                                 bool activation_checkpointing) const override {
     return MoeModel::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
+  // The grouped-query attention over the whole sequence, as the Llama family's. On the CPU
+  // backend in 16 bits the experts' grouped linear layers convert through the workspace too, for
+  // their largest expert's rows: data-dependent, and not counted (as no linear layer's is).
+  std::int64_t kernel_workspace_bytes(int B, int T, DType dtype, const ModelOptions& options,
+                                      bool on_cpu) const override {
+    (void)options;  // no sequence parallelism (refused at build)
+    const MoeConfig& c = config();
+    const kernels::KernelOptions kernel_options;
+    const auto request = [&](bool backward) {
+      return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, T,
+                                                    c.num_attention_heads, c.num_key_value_heads,
+                                                    c.head_dim, backward);
+    };
+    return transformer::attention_workspace_growth(request(false), request(true));
+  }
+  bool has_auxiliary_loss() const override { return true; }
+  // Under expert parallelism: this rank's experts (partition_for).
+  std::vector<ParamSpec> parameters_for(const ModelOptions& options) const override {
+    return MoeModel::parameter_table(config(), partition_for(options));
+  }
+  // Under expert parallelism the local experts' rows are sized for the dropless worst case (the
+  // rows every rank of the group can send, ep*N*k) and the dispatch keeps its count vectors.
+  ActivationFootprint activation_footprint(int B, int T, DType dtype,
+                                           const ModelOptions& options) const override {
+    const ExpertPartition experts = partition_for(options);
+    ActivationFootprint f;
+    f.device = MoeModel::activation_bytes(config(), B, T, dtype, options.activation_checkpointing,
+                                          experts.ep_size);
+    if (experts.ep_size > 1) f.device_comm = ExpertDispatch::own_bytes(experts.num_experts);
+    return f;
+  }
 
  protected:
   int n_layer() const override { return config().num_hidden_layers; }
+  // This rank's experts for `options` (its group's position; position 0 for a planned degree);
+  // InvalidArgument unless the degree divides the experts.
+  ExpertPartition partition_for(const ModelOptions& options) const {
+    const ProcessGroup* group = options.expert_group;
+    const int ep = group != nullptr ? group->size() : options.planned_expert_parallel_size;
+    const int E = config().num_experts;
+    if (ep < 1 || E % ep != 0) {
+      ZRT_THROW(InvalidArgument,
+                "expert_parallel.autoep_size {} does not divide the {} experts of {}: each rank "
+                "of an expert-parallel group holds the same number of experts",
+                ep, E, config().describe());
+    }
+    return ExpertPartition{E, ep, group != nullptr ? group->rank() : 0};
+  }
   ParamInitializer hf_weights_initializer(const Model& model,
                                           const std::string& init_from) const override {
     return hf::hf_initializer(init_from, model.parameters(), import_rules(config()));

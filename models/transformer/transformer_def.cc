@@ -1,9 +1,18 @@
 #include "models/transformer/transformer_def.h"
 
+#include "runtime/common/error.h"
+
 namespace zrt::transformer {
 
 std::unique_ptr<Model> TransformerDef::build(kernels::KernelContext& ctx,
                                              const ModelOptions& options) const {
+  // A planned degree only counts (zrt-mem); the experts a rank holds are its group's to decide.
+  if (options.expert_group == nullptr && options.planned_expert_parallel_size != 1) {
+    ZRT_THROW(InvalidArgument,
+              "{}: planned_expert_parallel_size {} is for counting; a model needs the "
+              "expert-parallel group",
+              type(), options.planned_expert_parallel_size);
+  }
   return build_model(ctx, transformer_options(options));
 }
 

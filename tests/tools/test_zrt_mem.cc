@@ -766,17 +766,79 @@ TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spa
   CHECK(status != 0);
 }
 
-TEST_CASE("expert parallelism is refused by name until zrt-mem models the experts' group") {
-  // A figure that ignored the experts' own shard group and the local experts' dropless buffers
-  // would look exact and be wrong.
+TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's buffers, --ep") {
+  // qwen3-moe-tiny: C 16, 2 MoE layers of E 8 experts, k 3, moe_intermediate 8. At ep 2 a rank
+  // holds 4 experts of each layer: 4 x (2*8*16 + 16*8) = 1536 elements a layer, 3072 in all,
+  // each parameter at a multiple of the alignment (64) already. At stage 2 (one bucket per group,
+  // DeepSpeed's bucket size) they are one unit, padded to a multiple of 64 x (world / ep = 2):
+  // 3072, a slice of 1536; the dense parameters are the other unit, over the world of 4.
+  const auto def = builtin_models().parse_spec("qwen3-moe-tiny");
   Inputs in;
-  in.model = model_spec(builtin_models().parse_spec("qwen3-moe-tiny"));
+  in.model = model_spec(std::shared_ptr<const ModelDef>(def->with_seq_len(64)));
   in.world = 4;
-  in.seq_len = in.model->def->seq_len();
+  in.seq_len = 64;
   in.engine.stage = 2;
+  in.engine.compute_dtype = DType::kBFloat16;
   in.engine.expert_parallel_size = 2;
-  CHECK_THROWS_WITH(in.validate(), Catch::Contains("expert_parallel.autoep_size 2") &&
-                                       Catch::Contains("does not estimate expert parallelism"));
-  in.engine.expert_parallel_size = 1;
-  CHECK_NOTHROW(in.validate());
+  REQUIRE_NOTHROW(in.validate());
+  const Estimate e = estimate(in, Setting{2, false, false});
+  CHECK(e.expert_padded_params == 3072);
+  CHECK(e.expert_shard_params == 1536);
+  const std::int64_t experts_elsewhere = 2 * 4 * (2 * 8 * 16 + 16 * 8);
+  CHECK(e.content_params == def->num_parameters() - experts_elsewhere);
+  const std::int64_t dense_padded = e.padded_params - e.expert_padded_params;
+  CHECK(dense_padded % (64 * 4) == 0);
+  // Stage 2: full bf16 parameters of the rank's units; fp32 master and Adam's two moments of its
+  // slices: the dense ones over 4 ranks, the experts' over 2.
+  CHECK(e.params == 2 * e.padded_params);
+  CHECK(e.master == 4 * (dense_padded / 4 + 1536));
+  CHECK(e.optimizer == 2 * e.master);
+  // The norm: a float per group. The dispatch: two int64 count vectors of E, and in the
+  // activations the local experts' rows for ep x N x k.
+  CHECK(e.dispatch_comm == 2 * 8 * 8);
+  CHECK(e.dispatch_activations > 0);
+  Inputs local = in;
+  local.engine.expert_parallel_size = 1;
+  const Estimate l = estimate(local, Setting{2, false, false});
+  CHECK(e.workspace == l.workspace + 4);
+  CHECK(l.expert_padded_params == 0);
+  CHECK(l.dispatch_comm == 0);
+  CHECK(e.activations() == l.activations() + e.dispatch_activations);
+  CHECK(e.model_state() < l.model_state());
+  // Stage 0 keeps no shards: refused, and skipped by the table.
+  CHECK_FALSE(in.supports(Setting{0, false, false}));
+  CHECK(in.supports(Setting{1, true, false}));
+  CHECK_THROWS_WITH(estimate(in, Setting{0, false, false}),
+                    Catch::Contains("expert parallelism needs ZeRO stage 1, 2 or 3"));
+  // A degree that does not divide the experts, a model without experts, no model.
+  Inputs odd = in;
+  odd.world = 6;
+  odd.engine.expert_parallel_size = 3;
+  CHECK_THROWS_WITH(odd.validate(), Catch::Contains("does not divide the 8 experts"));
+  Inputs dense = in;
+  dense.model = model_spec(builtin_models().parse_spec("llama-tiny"));
+  dense.seq_len = dense.model->def->seq_len();
+  CHECK_THROWS_WITH(dense.validate(), Catch::Contains("has no experts"));
+  Inputs formula = in;
+  formula.model.reset();
+  formula.params = 1e9;
+  CHECK_THROWS_WITH(formula.validate(), Catch::Contains("needs a model"));
+  // The command line: --ep in the header, every setting but stage 0 in the table.
+  int status = -1;
+  const std::string out = run_tool("--model qwen3-moe-tiny --world 4 --ep 2", &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("expert parallelism (expert_parallel.autoep_size 2)"));
+  CHECK_THAT(out, Catch::Contains("1/2 of every MoE layer's experts"));
+  CHECK_THAT(out, Catch::Contains("stage 1 + optimizer offload"));
+  CHECK(out.find("  stage 0  ") == std::string::npos);
+  const std::string longest =
+      run_tool("--model qwen3-moe-tiny --world 4 --ep 4 --max-seq-len --device-gb 0.001", &status);
+  INFO(longest);
+  CHECK(status == 0);
+  CHECK_THAT(longest, Catch::Contains("expert_parallel.autoep_size 4"));
+  run_tool("--model qwen3-moe-tiny --world 4 --ep 3", &status);
+  CHECK(status != 0);
+  run_tool("--model qwen3-moe-tiny --world 4 --ep 2 --stage 0", &status);
+  CHECK(status != 0);
 }

@@ -99,15 +99,36 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
             ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
             : "off");
   }
-  out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
-                     chosen.content_params, chosen.padded_params);
+  const int ep = o.expert_parallel_size;
+  if (ep > 1 && in.model && in.model->def) {
+    // A rank's engine holds the dense parameters and its 1/ep of the experts (their own units).
+    const std::int64_t dense = chosen.padded_params - chosen.expert_padded_params;
+    out += fmt::format(
+        "  Ψ = {} parameters; a rank holds {} of them ({} with padding): the dense ones ({} "
+        "padded, sliced over {} ranks) and 1/{} of every MoE layer's experts ({} padded, sliced "
+        "over its expert-data-parallel group of {} rank(s)); GB = 10^9 bytes\n",
+        in.model->def->num_parameters(), chosen.content_params, chosen.padded_params, dense,
+        parallel_dims(o, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage), ep,
+        chosen.expert_padded_params, in.world / ep);
+    out += fmt::format(
+        "  expert parallelism (expert_parallel.autoep_size {}): the dispatch's buffers, sized for "
+        "the dropless worst case (every rank of the group routing every row to this rank's "
+        "experts: {} x tokens x k rows) whatever the routing, {} bytes in the activations over "
+        "autoep_size 1's and {} bytes of count vectors (comm)\n",
+        ep, ep, chosen.dispatch_activations, chosen.dispatch_comm);
+  } else {
+    out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
+                       chosen.content_params, chosen.padded_params);
+  }
   if (in.model && in.model->def &&
       in.model->def->num_active_parameters() != in.model->def->num_parameters()) {
     // A mixture of experts: the engine holds every expert's state; a token computes with fewer.
     out += fmt::format(
-        "  {} active per token (the experts a token is routed to; MFU counts these), all {} held "
+        "  {} active per token (the experts a token is routed to; MFU counts these), {} held "
         "in the model state above\n",
-        in.model->def->num_active_parameters(), chosen.content_params);
+        in.model->def->num_active_parameters(),
+        ep > 1 ? fmt::format("this rank's {}", chosen.content_params)
+               : fmt::format("all {}", chosen.content_params));
   }
   out += "\n";
 
@@ -129,10 +150,12 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("grads", gb(chosen.grads), grads_note);
   // Optimizer offload: all of the fp32 state in host memory, or the device's share of it
   // (partial offload, offload_optimizer.ratio).
-  const std::string state_note = !chosen.setting.offload_optimizer ? fmt::format("1/{}", n)
-                                 : chosen.master == 0
-                                     ? std::string("offloaded")
-                                     : fmt::format("1/{}, the part not offloaded", n);
+  // Under expert parallelism the experts' slices are 1/(world/ep) of theirs.
+  const std::string share =
+      ep > 1 ? fmt::format("1/{} dense, 1/{} experts", n, in.world / ep) : fmt::format("1/{}", n);
+  const std::string state_note = !chosen.setting.offload_optimizer ? share
+                                 : chosen.master == 0              ? std::string("offloaded")
+                                                      : share + ", the part not offloaded";
   row("master weights (fp32)", gb(chosen.master), state_note);
   const std::string optimizer_row =
       fmt::format("optimizer ({}, fp32)", in.optimizer.state_description);
@@ -145,6 +168,10 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
         fmt::format("peak, 1/{} of each gathered unit (forward to backward)", hpz));
   }
   row("buffers: comm scratch + workspace", gb(chosen.comm + chosen.workspace), "");
+  if (ep > 1) {
+    row("  of which dispatch counts", gb(chosen.dispatch_comm),
+        fmt::format("{} bytes", chosen.dispatch_comm));
+  }
   if (chosen.kernel_workspace > 0) {
     row("buffers: kernel workspace", gb(chosen.kernel_workspace),
         in.device_type == DeviceType::kCpu ? "the attention's (CPU kernels)"
@@ -160,6 +187,10 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       !has_acts ? "needs a model" : (in.activation_checkpointing ? "" : "<- in the total"));
   row("activations, checkpointing", opt_gb(chosen.activations_checkpointed),
       !has_acts ? "" : (in.activation_checkpointing ? "<- in the total" : ""));
+  if (ep > 1 && has_acts) {
+    row("  of which expert dispatch", gb(chosen.dispatch_activations),
+        fmt::format("{} bytes over autoep_size 1's, in the total's", chosen.dispatch_activations));
+  }
   row("device total (peak)", gb(chosen.device_total()),
       fmt::format("of {:g} GiB ({} GB); {} bytes", in.device_gib,
                   gb(static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0))),

@@ -1,7 +1,6 @@
 #include "tools/mem/memory_estimate.h"
 
 #include <algorithm>
-#include <climits>
 #include <cmath>
 
 #include "kernels/kernel_context.h"
@@ -12,6 +11,7 @@
 #include "runtime/engine/partition.h"
 #include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
+#include "tools/mem/mpi_scratch.h"
 
 namespace zrt::mem {
 
@@ -68,65 +68,12 @@ struct UnitFigures {
   I64 params_peak = 0;          // elements: gathered + secondary at once
   I64 bucket_peak = 0;          // elements
   I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
-  std::vector<std::pair<I64, I64>> units;  // (numel, shard) of every unit
+  std::vector<UnitSize> units;  // every unit
+  int groups = 1;               // the engine's shard groups (2 under expert parallelism)
+  // Under expert parallelism, of the rank's elements: the experts' (group 1) parameters, padded,
+  // and their slices.
+  I64 expert_padded = 0, expert_shard = 0;
 };
-
-// The collective scratch an MpiProcessGroup allocates (mpi_process_group.cc): two slots that
-// grow to the largest request and stay, so the peak is the sum of the two largest requests.
-class MpiScratch {
- public:
-  MpiScratch(int size, const CommOptions& options) : size_(size), options_(options) {}
-  void all_reduce_float(I64 count, I64 elem) {
-    const I64 piece = chunk(elem) * size_;
-    const I64 total = std::min(piece, count);
-    const I64 slice = (total + size_ - 1) / size_;
-    grow(0, slice * size_ * elem);
-    grow(1, slice * size_ * elem);
-  }
-  void reduce_scatter(I64 count, I64 elem) {
-    const I64 c = chunk(elem);
-    if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
-      const I64 n = std::min(c, count);
-      if (n != count) grow(1, size_ * n * elem);
-      grow(0, n * elem);
-      return;
-    }
-    grow(0, size_ * std::min(c, count) * elem);
-    if ((count + c - 1) / c > 1) grow(1, size_ * c * elem);
-  }
-  I64 bytes() const { return slot_[0] + slot_[1]; }
-
- private:
-  I64 chunk(I64 elem) const {
-    const I64 per_part = options_.max_chunk_bytes / (elem * size_);
-    return std::max<I64>(1, std::min<I64>(per_part, INT_MAX / elem));
-  }
-  void grow(int slot, I64 bytes) { slot_[slot] = std::max(slot_[slot], bytes); }
-  int size_;
-  const CommOptions& options_;
-  I64 slot_[2] = {0, 0};
-};
-
-// What the engine's collectives (zero_engine.cc: reduce_unit, step) and zrt-train's control
-// group (one fp32 all-reduce of 3 values per step) leave allocated on the CPU backend.
-I64 mpi_scratch_bytes(const UnitFigures& f, const EngineOptions& o, int world,
-                      const CommOptions& comm, bool trainer) {
-  const I64 wire = size_of(o.communication_dtype.value_or(o.compute_dtype));
-  MpiScratch zero(world, comm);
-  for (const auto& [numel, shard] : f.units) {
-    if (o.stage == 0 && world > 1) zero.all_reduce_float(numel, wire);
-    // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
-    const bool quantized = o.quantized_gradients && o.stage >= 2;
-    if (((o.stage == 1 && world > 1) || o.stage >= 2) && !quantized) {
-      zero.reduce_scatter(shard, wire);
-    }
-  }
-  if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
-  MpiScratch control(world, comm);
-  // The mean loss and the step boundary's votes (stop, wall-clock save): train/training_loop.cc.
-  if (trainer) control.all_reduce_float(3, 4);
-  return zero.bytes() + control.bytes();
-}
 
 // ZeRO++'s device buffers (kComm): QuantizedCollectives' four scratch slots, each grown to its
 // largest request (at least 256 bytes; a slot is freed before it grows, so the peak is the sum
@@ -164,20 +111,59 @@ I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o, int n, in
   return total;
 }
 
+// The parameters one rank's engine holds: the model's table, or under expert parallelism the
+// table of a rank's model at that degree (its E/ep experts of each layer as group-1 parameters;
+// every rank's shapes are alike). A model without experts cannot split them, as zrt-train
+// refuses it.
+std::vector<ParamSpec> rank_parameters(const ModelSpec& model, const EngineOptions& o) {
+  const int ep = o.expert_parallel_size;
+  if (ep <= 1) return model.params;
+  if (!model.def) {
+    ZRT_THROW(InvalidArgument,
+              "expert_parallel.autoep_size {} needs the model's definition (--model or --config): "
+              "a parameter table alone does not say which experts a rank holds",
+              ep);
+  }
+  ModelOptions options;
+  options.planned_expert_parallel_size = ep;
+  std::vector<ParamSpec> params = model.def->parameters_for(options);
+  if (std::none_of(params.begin(), params.end(), [](const ParamSpec& p) { return p.group == 1; })) {
+    ZRT_THROW(InvalidArgument,
+              "expert_parallel.autoep_size {}: {} has no experts (no mixture-of-experts layer "
+              "declares expert parameters); use --ep 1",
+              ep, model.description);
+  }
+  return params;
+}
+
 UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int world,
                         bool checkpointing) {
   // Hierarchical sharding (mics_shard_size) slices the state over the shard group only.
-  const int partition_world = parallel_dims(o, world, 0).shard_world();
-  const PartitionPlan plan(model.params,
+  const ParallelDims dims = parallel_dims(o, world, 0);
+  const int partition_world = dims.shard_world();
+  // Expert parallelism: the experts' units (group 1) over the expert-data-parallel group, as
+  // the layout gives the engine its groups (engine_groups.h's group_worlds).
+  std::vector<int> group_worlds{partition_world};
+  if (o.expert_parallel_size > 1) {
+    group_worlds.push_back(o.stage == 0 ? 1 : dims.expert_data_parallel_size());
+  }
+  const std::vector<ParamSpec> params = rank_parameters(model, o);
+  const PartitionPlan plan(params,
                            PartitionOptions{o.stage, partition_world, o.reduce_bucket_size,
                                             o.stage == 3 ? o.stage3_param_persistence_threshold : 0,
-                                            o.alignment, model.num_modules});
+                                            o.alignment, model.num_modules},
+                           group_worlds);
   UnitFigures f;
   f.padded = plan.total_numel();
   f.content = plan.content_numel();
   f.shard_total = plan.total_shard();
+  f.groups = plan.group_count();
   for (const Unit& u : plan.units()) {
-    f.units.emplace_back(u.numel, u.shard);
+    f.units.push_back(UnitSize{u.numel, u.shard, u.group});
+    if (u.group == 1) {
+      f.expert_padded += u.numel;
+      f.expert_shard += u.shard;
+    }
     f.max_unit = std::max(f.max_unit, u.numel);
     f.max_shard = std::max(f.max_shard, u.shard);
     if (u.persistent) {
@@ -225,7 +211,7 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.sharded_slices = o.stage == 3 ? f.shard_total : 0;
   f.max_unit = std::min(f.padded, o.reduce_bucket_size);
   f.max_shard = static_cast<I64>(std::llround(static_cast<double>(f.max_unit) / n));
-  f.units.emplace_back(f.max_unit, f.max_shard);
+  f.units.push_back(UnitSize{f.max_unit, f.max_shard, 0});
   f.max_gathered_shard = f.max_shard;
   if (o.offload_optimizer.enabled) {  // whole units cannot be told apart here: the share itself
     f.host_shard_total = static_cast<I64>(
@@ -282,6 +268,10 @@ std::string Inputs::name(const Setting& setting) const {
   const double ratio = options_for(*this, setting).offload_optimizer.ratio;
   if (!setting.offload_optimizer || ratio >= 1.0) return setting.name();
   return fmt::format("{} (ratio {:g})", setting.name(), ratio);
+}
+
+bool Inputs::supports(const Setting& setting) const {
+  return engine.expert_parallel_size <= 1 || setting.stage >= 1;
 }
 
 Setting Inputs::setting() const {
@@ -346,16 +336,21 @@ void Inputs::validate() const {
   }
   // The engine's own rules, as the config and the engine apply them, for the chosen setting.
   check_options(options_for(*this, setting()), world);
-  // Not modelled yet: each rank's E/ep experts as their own units sliced over world/ep ranks,
-  // the local experts' rows sized for ep*N*k, the expert groups' MPI scratch. A figure that
-  // ignored them would look exact and be wrong.
+  // Expert parallelism: the experts a rank holds are the model's to say (rank_parameters).
   if (engine.expert_parallel_size > 1) {
-    ZRT_THROW(InvalidArgument,
-              "expert_parallel.autoep_size {}: zrt-mem does not estimate expert parallelism yet "
-              "(the experts' own shard group and the local experts' dropless buffers); estimate "
-              "autoep_size 1, whose per-rank model state is the same up to padding, and add the "
-              "expert activations for (autoep_size - 1) x tokens x k more rows",
-              engine.expert_parallel_size);
+    if (!model) {
+      ZRT_THROW(InvalidArgument,
+                "--ep {} (expert_parallel.autoep_size) needs a model (--model or --config): the "
+                "share of the parameters that are experts is the model's",
+                engine.expert_parallel_size);
+    }
+    if (sp > 1) {
+      ZRT_THROW(InvalidArgument,
+                "--sp {} with --ep {}: sequence and expert parallelism together are not supported "
+                "(the experts' gradients would need a group over the sequence's ranks too)",
+                sp, engine.expert_parallel_size);
+    }
+    rank_parameters(*model, engine);
   }
 }
 
@@ -388,6 +383,12 @@ std::int64_t Estimate::host_rank_total() const {
 
 Estimate estimate(const Inputs& in, const Setting& setting) {
   in.validate();
+  if (!in.supports(setting)) {
+    ZRT_THROW(InvalidArgument,
+              "{} with expert_parallel.autoep_size {}: expert parallelism needs ZeRO stage 1, 2 "
+              "or 3",
+              setting.name(), in.engine.expert_parallel_size);
+  }
   const EngineOptions o = options_for(in, setting);
   const I64 cs = size_of(o.compute_dtype);
   const I64 as = size_of(o.grad_accum_dtype);
@@ -399,6 +400,8 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.exact = in.model.has_value();
   e.padded_params = f.padded;
   e.content_params = f.content;
+  e.expert_padded_params = f.expert_padded;
+  e.expert_shard_params = f.expert_shard;
   e.ranks_per_node = in.ranks_per_node();
   // ZeroEngine::allocate_state, category by category.
   if (o.stage < 3) {
@@ -432,7 +435,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
   if (wire != reduced && (o.stage >= 2 || in.world > 1)) e.comm = f.max_unit * size_of(wire);
   if (in.device_type == DeviceType::kCpu) {
-    e.comm += mpi_scratch_bytes(f, o, in.world, in.comm, in.trainer_buffers);
+    e.comm += mpi_scratch_bytes(f.units, o, in.world, in.comm, in.trainer_buffers);
   }
   // ZeRO++ over the sharding group (all ranks, or a MiCS shard group of consecutive ranks):
   // L of its ranks share a node (comm.ranks_per_node simulates nodes as zrt-train does).
@@ -442,7 +445,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.quantized_comm = quantized_comm_bytes(f, o, n, std::max(1, std::min(per_node, n)));
     e.comm += e.quantized_comm;
   }
-  e.workspace = 4;  // the gradient norm
+  e.workspace = 4 * f.groups;  // the gradient norm, a float per shard group
   // The step decision taken on the device, and the norm read back later (pinned, below).
   const bool decided_on_device = decides_step_on_device(o);
   if (decided_on_device) e.workspace += static_cast<I64>(sizeof(StepDecision));
@@ -450,6 +453,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // floats, train/training_run.h kMaxUnreadLosses) and the control group's scratch (64 doubles,
   // train/control.h); test_zrt_mem_crosscheck checks them against zrt-train's own peaks.
   if (in.trainer_buffers) e.workspace += 4 + 4 * 62 + 64 * 8;
+  // And with an auxiliary loss (a mixture of experts' load-balancing term) its accumulator.
+  if (in.trainer_buffers && in.model && in.model->def && in.model->def->has_auxiliary_loss()) {
+    e.workspace += 4;
+  }
   // Optimizer offload without parameter offload takes each unit's gradient sum of squares on
   // the device and copies it down: one float per unit on each side.
   const I64 unit_norms_bytes = setting.offload_optimizer && !setting.offload_param
@@ -493,6 +500,18 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     if (!on_cpu) e.kernel_workspace += kernels::KernelOptions{}.cublaslt_workspace_bytes;
     e.activations_full = full.device + tokens;
     e.activations_checkpointed = checkpointed.device + tokens;
+    // Expert parallelism's exchange: the count vectors (comm), and what the local experts' rows
+    // sized for the dropless worst case add to the activations over ep 1's.
+    const ActivationFootprint& counted = in.activation_checkpointing ? checkpointed : full;
+    e.dispatch_comm = counted.device_comm;
+    e.comm += e.dispatch_comm;
+    if (o.expert_parallel_size > 1) {
+      ModelOptions local = in.model_options(in.activation_checkpointing);
+      local.planned_expert_parallel_size = 1;
+      e.dispatch_activations =
+          counted.device -
+          def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, local).device;
+    }
     e.activations_host_checkpointed = checkpointed.pinned_host;
     if (in.trainer_buffers) at(h, MemCategory::kWorkspace) += tokens;  // pinned token staging
     if (in.activation_checkpointing) at(h, MemCategory::kActivations) += checkpointed.pinned_host;
@@ -508,6 +527,7 @@ ModelOptions Inputs::model_options(bool checkpointing) const {
   m.head_tile_rows = head_tile_rows;
   m.mlp_tile_rows = mlp_tile_rows;
   m.planned_sequence_parallel_size = engine.sequence_parallel_size;
+  m.planned_expert_parallel_size = engine.expert_parallel_size;
   return m;
 }
 

@@ -7,6 +7,10 @@
 //    multiple of N x alignment), and the stage-3 gathers and the gradient buckets are found by
 //    replaying the schedule the engine itself runs (runtime/engine/unit_schedule.h), so the
 //    numbers are the ones the MemoryTracker reports in a real run.
+//    Under expert parallelism (engine.expert_parallel_size ep) the rank's parameters are the
+//    model's table at that degree (ModelDef::parameters_for: its E/ep experts of every MoE layer
+//    as units of their own, sliced over world / ep ranks; the dense ones over the world), and
+//    the model's activations hold the dispatch's dropless buffers.
 //  - a parameter count Ψ: the ZeRO paper's formulas (no padding), with buffers bounded by the
 //    bucket knobs; no activations.
 //
@@ -97,6 +101,10 @@ struct Inputs {
   OptimizerSpec optimizer = optimizer_spec(OptimizerKind::kAdam);
 
   Setting setting() const;  // the chosen one, from engine
+  // Whether the engine runs `setting` with these inputs: expert parallelism
+  // (engine.expert_parallel_size > 1) needs stage 1, 2 or 3. The table and the verdict skip the
+  // others; estimate() refuses them.
+  bool supports(const Setting& setting) const;
   int ranks_per_node() const;
   void validate() const;  // InvalidArgument naming the flag or key
   // The hpZ group size in effect for a setting (engine.hpz_partition_size at stage 3), or 0.
@@ -164,6 +172,16 @@ struct Estimate {
   std::int64_t host_rank_total() const;
   std::int64_t host_node_total() const { return host_rank_total() * ranks_per_node; }
   bool exact = false;  // from a model (partition + schedule) rather than the formulas
+  // Expert parallelism (engine.expert_parallel_size ep > 1; 0 otherwise): of padded_params, the
+  // experts' elements (E/ep of every MoE layer, their own units sliced over the world / ep ranks
+  // of the expert-data-parallel group) and the slices of them this rank owns; the rest are the
+  // dense units, sliced over the world.
+  std::int64_t expert_padded_params = 0, expert_shard_params = 0;
+  // The dispatch's device buffers (models/moe/expert_dispatch.h), sized for the dropless worst
+  // case the model allocates whatever the routing: in the activations, what the local experts'
+  // rows and the exchange's staging, sized for ep*N*k rows, add over ep 1's N*k (for the
+  // activations in the total); in comm, the count vectors.
+  std::int64_t dispatch_activations = 0, dispatch_comm = 0;
 };
 
 Estimate estimate(const Inputs& in, const Setting& setting);

@@ -1,0 +1,89 @@
+#include "tools/mem/mpi_scratch.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "runtime/common/dtype.h"
+
+namespace zrt::mem {
+
+namespace {
+
+// The collective scratch an MpiProcessGroup allocates (mpi_process_group.cc): two slots that
+// grow to the largest request and stay, so the peak is the sum of the two largest requests.
+class MpiScratch {
+ public:
+  MpiScratch(int size, const CommOptions& options) : size_(size), options_(options) {}
+  void all_reduce_float(std::int64_t count, std::int64_t elem) {
+    const std::int64_t piece = chunk(elem) * size_;
+    const std::int64_t total = std::min(piece, count);
+    const std::int64_t slice = (total + size_ - 1) / size_;
+    grow(0, slice * size_ * elem);
+    grow(1, slice * size_ * elem);
+  }
+  void reduce_scatter(std::int64_t count, std::int64_t elem) {
+    const std::int64_t c = chunk(elem);
+    if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
+      const std::int64_t n = std::min(c, count);
+      if (n != count) grow(1, size_ * n * elem);
+      grow(0, n * elem);
+      return;
+    }
+    grow(0, size_ * std::min(c, count) * elem);
+    if ((count + c - 1) / c > 1) grow(1, size_ * c * elem);
+  }
+  std::int64_t bytes() const { return slot_[0] + slot_[1]; }
+
+ private:
+  std::int64_t chunk(std::int64_t elem) const {
+    const std::int64_t per_part = options_.max_chunk_bytes / (elem * size_);
+    return std::max<std::int64_t>(1, std::min<std::int64_t>(per_part, INT_MAX / elem));
+  }
+  void grow(int slot, std::int64_t bytes) { slot_[slot] = std::max(slot_[slot], bytes); }
+  int size_;
+  const CommOptions& options_;
+  std::int64_t slot_[2] = {0, 0};
+};
+
+// What the engine's collectives (zero_engine.cc: reduce_unit, step) and zrt-train's control
+// group (one fp32 all-reduce of 3 values per step) leave allocated on the CPU backend.
+// Under expert parallelism (ep > 1) each group has its own communicator and scratch: the
+// experts' units (group 1) reduce over the expert-data-parallel group of world / ep ranks, which
+// also sums their gradient norm, and the expert-parallel group (ep ranks) sums it again as the
+// units' norm peers; the dispatch's all_to_all and all_to_allv there use no scratch.
+}  // namespace
+
+std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineOptions& o,
+                               int world, const CommOptions& comm, bool trainer) {
+  const auto wire =
+      static_cast<std::int64_t>(dtype_size(o.communication_dtype.value_or(o.compute_dtype)));
+  const int ep = o.expert_parallel_size;
+  const int expert_data_world = world / ep;
+  MpiScratch zero(world, comm);
+  MpiScratch expert_data(expert_data_world, comm);
+  for (const UnitSize& u : units) {
+    const bool experts = u.group == 1;
+    const int n = experts ? expert_data_world : world;
+    MpiScratch& group = experts ? expert_data : zero;
+    if (o.stage == 0 && n > 1) group.all_reduce_float(u.numel, wire);
+    // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
+    const bool quantized = o.quantized_gradients && o.stage >= 2;
+    if (((o.stage == 1 && n > 1) || o.stage >= 2) && !quantized) {
+      group.reduce_scatter(u.shard, wire);
+    }
+  }
+  if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
+  std::int64_t expert_groups = 0;
+  if (ep > 1) {
+    if (o.stage >= 1 && expert_data_world > 1) expert_data.all_reduce_float(1, 4);
+    MpiScratch expert_parallel(ep, comm);
+    expert_parallel.all_reduce_float(1, 4);
+    expert_groups = expert_data.bytes() + expert_parallel.bytes();
+  }
+  MpiScratch control(world, comm);
+  // The mean loss and the step boundary's votes (stop, wall-clock save): train/training_loop.cc.
+  if (trainer) control.all_reduce_float(3, 4);
+  return zero.bytes() + expert_groups + control.bytes();
+}
+
+}  // namespace zrt::mem
