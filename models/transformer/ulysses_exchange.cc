@@ -27,6 +27,12 @@ void UlyssesExchange::exchange(ConstBytes send, Bytes recv, std::int64_t count, 
   compute.wait(*exchanged_);
 }
 
+// The adjoints add into the chunk's gradient; zeroed after the packing (the same compute stream),
+// they add into zeros, as into the driver's zeroed chunk gradient: the same bits.
+void UlyssesExchange::zero_after_packing(Bytes grad, std::int64_t bytes) {
+  ctx_.device().fill_zero(grad, static_cast<std::size_t>(bytes), ctx_.stream());
+}
+
 void UlyssesExchange::to_heads(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl,
                                const kernels::UlyssesHeads& heads, int hs, Bytes send, Bytes recv) {
   const int sp = size();
@@ -52,6 +58,17 @@ void UlyssesExchange::to_heads_backward(DType dtype, Bytes dchunk, ConstBytes df
   k::ulysses_scatter_sequence(ctx_, dtype, send, dfull, sp, B, Tl, heads.block_heads, hs);
   exchange(send, recv, std::int64_t{B} * Tl * heads.block_heads * hs, dtype);
   k::ulysses_scatter_heads_backward(ctx_, dtype, dchunk, recv, sp, B, Tl, heads, hs);
+}
+
+void UlyssesExchange::to_heads_backward_in_place(DType dtype, Bytes grad, int B, int Tl,
+                                                 const kernels::UlyssesHeads& heads, int hs,
+                                                 Bytes send, Bytes recv) {
+  const int sp = size();
+  k::ulysses_scatter_sequence(ctx_, dtype, send, grad, sp, B, Tl, heads.block_heads, hs);
+  exchange(send, recv, std::int64_t{B} * Tl * heads.block_heads * hs, dtype);
+  zero_after_packing(
+      grad, std::int64_t{B} * Tl * heads.heads * hs * static_cast<std::int64_t>(dtype_size(dtype)));
+  k::ulysses_scatter_heads_backward(ctx_, dtype, grad, recv, sp, B, Tl, heads, hs);
 }
 
 void UlyssesExchange::to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dchunk, int B, int Tl,
@@ -88,6 +105,19 @@ void UlyssesExchange::to_heads_packed_backward(DType dtype, Bytes dchunk, ConstB
   k::ulysses_scatter_sequence(ctx_, dtype, send, dfull, sp, B, Tl, parts * heads.block_heads, hs);
   exchange(send, recv, std::int64_t{rows} * heads.block_heads * hs, dtype);
   k::ulysses_scatter_heads_backward(ctx_, dtype, dchunk, recv, sp, rows, 1, heads, hs);
+}
+
+void UlyssesExchange::to_heads_packed_backward_in_place(DType dtype, Bytes grad, int B, int Tl,
+                                                        int parts, int NH, int hs, Bytes send,
+                                                        Bytes recv) {
+  const int sp = size();
+  const k::UlyssesHeads heads = k::ulysses_query_heads(NH, sp);
+  const int rows = B * Tl * parts;
+  k::ulysses_scatter_sequence(ctx_, dtype, send, grad, sp, B, Tl, parts * heads.block_heads, hs);
+  exchange(send, recv, std::int64_t{rows} * heads.block_heads * hs, dtype);
+  zero_after_packing(grad,
+                     std::int64_t{rows} * NH * hs * static_cast<std::int64_t>(dtype_size(dtype)));
+  k::ulysses_scatter_heads_backward(ctx_, dtype, grad, recv, sp, rows, 1, heads, hs);
 }
 
 }  // namespace zrt::transformer
