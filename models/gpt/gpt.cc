@@ -144,7 +144,8 @@ void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std:
 
 // The blocks' part of the layout at sp > 1 (N = B*T of the chunk): qkv and att_lse as at sp 1
 // hold this rank's heads of the whole sequence (the same sizes), atty_full (N,C) is kept besides;
-// the forward's shared scratch adds the all-to-alls' send and recv (N,3C each). qkv, datty and
+// the forward's shared scratch adds the all-to-alls' send and recv (N,3C each; one buffer for
+// both at B == 1). qkv, datty and
 // dqkv hold the chunk's layout and the whole sequence's in turn, in place (each all-to-all reads
 // its source into send before it writes the destination, ulysses_exchange.h).
 void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
@@ -172,7 +173,12 @@ void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::Pas
   }
   if (sp > 1) {
     p.bytes(&send, N * 3 * C * S);
-    p.bytes(&recv, N * 3 * C * S);
+    // At B == 1 each exchange uses only one of the two (ulysses_exchange.h).
+    if (s.B == 1) {
+      p.alias(&recv, &send);
+    } else {
+      p.bytes(&recv, N * 3 * C * S);
+    }
   }
 }
 

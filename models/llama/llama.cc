@@ -206,10 +206,10 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //   sequence parallelism (sp > 1; N = B*T of the chunk): q and lse as above hold this rank's
 //     heads of the whole sequence (the same sizes), k and v (N, KV_full), and atty_full
 //     (N,NH*hd) is kept besides; the forward's shared scratch adds the all-to-alls' send and recv
-//     (N * max(NH*hd, KV_full) each); dk and dv are (N, KV_full). The chunk's q, k, v, datty, dq,
-//     dk and dv and their whole-sequence layouts share one buffer each: every all-to-all reads
-//     its source into send before it writes the destination (ulysses_exchange.h), so no
-//     tensor of the chunk and its whole-sequence twin are live at once.
+//     (N * max(NH*hd, KV_full) each; one buffer for both at B == 1); dk and dv are (N, KV_full).
+//     The chunk's q, k, v, datty, dq, dk and dv and their whole-sequence layouts share one buffer
+//     each: every all-to-all reads its source into send before it writes the destination
+//     (ulysses_exchange.h), so no tensor of the chunk and its whole-sequence twin are live at once.
 Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
     : widths{c.hidden_size,
              c.intermediate_size,
@@ -257,7 +257,12 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
   if (sp > 1) {
     const I64 exchanged = N * std::max<I64>(Q, KV_full) * S;
     p.bytes(&send, exchanged);
-    p.bytes(&recv, exchanged);
+    // At B == 1 each exchange uses only one of the two (ulysses_exchange.h).
+    if (s.B == 1) {
+      p.alias(&recv, &send);
+    } else {
+      p.bytes(&recv, exchanged);
+    }
   }
   if (mlp_tiled) {
     p.bytes(&tile_gate, mlp_rows_planned * I * S);

@@ -12,6 +12,11 @@
 // token's row) in one all-to-all, and keeps them packed: the attention reads them as it would at
 // sp 1, with NH/sp heads.
 //
+// At B == 1 a sequence's whole layout is the all-to-all's block order itself (group rank j's
+// tokens are block j), so that side of an exchange needs no packing step: each call then uses
+// only one of its send and receive buffers (to_heads and to_chunk_backward send, the others
+// recv), and the caller may pass one buffer as both.
+//
 // Ordering: the packing kernels run on the model's compute stream, the all-to-all on the group's
 // own stream (ParallelLayout::sequence_group). The compute stream records `packed` after
 // packing; the group's stream waits for it, runs the all-to-all and records `exchanged`; the
@@ -73,7 +78,7 @@ class UlyssesExchange {
   // Packed projections: chunk (B,Tl,parts,NH,hs), `parts` projections of NH heads side by side
   // in each token's row (GPT-2's qkv: parts 3). full (B, sp*Tl, parts, NH/sp, hs) = this rank's
   // query heads (ulysses_query_heads) of every part over the whole sequence, still packed. send
-  // and recv hold B * Tl * parts * NH * hs elements each.
+  // and recv hold B * Tl * parts * NH * hs elements each. `full` may be `chunk`.
   void to_heads_packed(DType dtype, Bytes full, ConstBytes chunk, int B, int Tl, int parts, int NH,
                        int hs, Bytes send, Bytes recv);
   // dchunk (B,Tl,parts,NH,hs) += the adjoint of to_heads_packed applied to dfull
@@ -88,6 +93,14 @@ class UlyssesExchange {
  private:
   // recv = the all-to-all of send (blocks of `count` elements), ordered as the top says.
   void exchange(ConstBytes send, Bytes recv, std::int64_t count, DType dtype);
+  // recv = the all-to-all of the whole sequence's layout `full` (B, sp*Tl, Hd, hs), packed into
+  // send first, or sent as it is at B == 1.
+  void send_sequence(DType dtype, ConstBytes full, int B, int Tl, int Hd, int hs, Bytes send,
+                     Bytes recv);
+  // full (B, sp*Tl, Hd, hs) = the all-to-all of send, through recv, or received into full itself
+  // at B == 1.
+  void receive_sequence(DType dtype, Bytes full, ConstBytes send, int B, int Tl, int Hd, int hs,
+                        Bytes recv);
   // Zeroes `bytes` of `grad` on the compute stream, after the packing that read it into send.
   void zero_after_packing(Bytes grad, std::int64_t bytes);
 
