@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/common/error.h"
 #include "runtime/device/device_ptr.h"
 
 namespace zrt {
@@ -28,6 +29,17 @@ class ActivationPlanner {
   void floats(DevicePtr<float>* field, std::int64_t count) {
     float_fields_.emplace_back(field, total_);
     total_ += round_up_activation(count * 4);
+  }
+  // `field` takes the bytes already planned for `planned`, adding none: for two tensors never
+  // live at once.
+  void alias(DevicePtr<std::byte>* field, const DevicePtr<std::byte>* planned) {
+    for (const auto& [f, offset] : byte_fields_) {
+      if (f == planned) {
+        byte_fields_.emplace_back(field, offset);
+        return;
+      }
+    }
+    ZRT_THROW(Error, "ActivationPlanner::alias: the tensor to share was not planned");
   }
   std::int64_t total() const { return total_; }
   void bind(DevicePtr<std::byte> base) const {

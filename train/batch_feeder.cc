@@ -13,9 +13,14 @@ BatchFeeder::BatchFeeder(Device& device, Stream& stream, int B, int T, bool docu
     : device_(device), stream_(stream), arrays_(documents ? 4 : 2), share_(share) {
   ZRT_CHECK(share.sp_size >= 1 && T % share.sp_size == 0,
             "rows of {} tokens in {} sequence-parallel chunks", T, share.sp_size);
-  // A chunk always carries its positions (its rotary angles start at its offset).
-  if (share.chunked() && !documents) arrays_ = 3;
-  const std::int64_t bytes = std::int64_t{B} * T * 4 * arrays_;
+  // A chunk always carries its positions (its rotary angles start at its offset): inputs,
+  // targets and positions of the chunk's B x T/sp tokens, and the whole rows' document starts.
+  std::int64_t elements = std::int64_t{B} * T * arrays_;
+  if (share.chunked()) {
+    arrays_ = documents ? 4 : 3;
+    elements = 3 * (std::int64_t{B} * (T / share.sp_size)) + (documents ? std::int64_t{B} * T : 0);
+  }
+  const std::int64_t bytes = elements * 4;
   for (int i = 0; i < 2; ++i) {
     host_[i] =
         device.allocate(bytes, MemCategory::kWorkspace, "token staging", MemorySpace::kPinnedHost);

@@ -38,7 +38,7 @@ class BatchFeeder {
 
   Device& device_;
   Stream& stream_;
-  int arrays_ = 2;  // int32 arrays of B*T per slot
+  int arrays_ = 2;  // int32 arrays per slot (B*T each; at sp the chunk's, doc_start whole rows)
   Buffer host_[2];
   Buffer device_buf_[2];
   std::unique_ptr<Event> copied_[2];

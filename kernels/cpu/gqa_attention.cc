@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/documents.h"
+#include "kernels/cpu/tiled_attention.h"
 #include "runtime/common/error.h"
 
 namespace zrt::kernels::cpu {
@@ -18,6 +20,18 @@ void check_heads(int NH, int NKV, int hs) {
 // Elements of acc_t<S> the packed qkv (and its gradient) take.
 I64 packed(int B, int T, int NH, int hs) {
   return I64{B} * T * 3 * NH * hs;
+}
+
+// Whether a call reads q, k, v where they are (the tiled kernel's grouped-query form) instead of
+// packing them: fp32 and fp64 storage, which the kernel computes in, on the tiled path. The full
+// kernel (short sequences) and 16-bit storage (converted to fp32 anyway) pack.
+template <typename S>
+bool gqa_reads_in_place(int B, int T, int NH, AttentionPath path) {
+  if constexpr (kIs16Bit<S>) {
+    return false;
+  } else {
+    return resolve_attention_path(path, B, T, NH, sizeof(acc_t<S>)) == AttentionPath::kTiled;
+  }
 }
 }  // namespace
 
@@ -71,6 +85,9 @@ std::int64_t gqa_attention_forward_workspace(int B, int T, int NH, int NKV, int 
                                              AttentionPath path) {
   (void)NKV;
   using A = acc_t<S>;
+  if (gqa_reads_in_place<S>(B, T, NH, path)) {
+    return tiled_gqa_attention_forward_workspace<A>(B, T, NH, hs);
+  }
   const I64 out = kIs16Bit<S> ? I64{B} * T * NH * hs : 0;
   return packed(B, T, NH, hs) + out + attention_forward_workspace<A>(B, T, NH * hs, NH, path);
 }
@@ -80,6 +97,9 @@ std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int
                                               AttentionPath path) {
   (void)NKV;
   using A = acc_t<S>;
+  if (gqa_reads_in_place<S>(B, T, NH, path)) {
+    return tiled_gqa_attention_backward_workspace<A>(B, T, NH, hs);
+  }
   const I64 dout_out = kIs16Bit<S> ? 2 * I64{B} * T * NH * hs : 0;
   return 2 * packed(B, T, NH, hs) + dout_out +
          attention_backward_workspace<A>(B, T, NH * hs, NH, path);
@@ -91,6 +111,13 @@ void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const 
                            AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
+  if constexpr (!kIs16Bit<S>) {
+    if (gqa_reads_in_place<S>(B, T, NH, path)) {
+      check_doc_start(doc_start, B, T);
+      tiled_gqa_attention_forward<A>(out, lse, q, k, v, B, T, NH, NKV, hs, ws, doc_start);
+      return;
+    }
+  }
   const int C = NH * hs;
   A* qkv = ws;
   A* rest = qkv + packed(B, T, NH, hs);
@@ -111,6 +138,14 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
                             AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
+  if constexpr (!kIs16Bit<S>) {
+    if (gqa_reads_in_place<S>(B, T, NH, path)) {
+      check_doc_start(doc_start, B, T);
+      tiled_gqa_attention_backward<A>(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, ws,
+                                      doc_start);
+      return;
+    }
+  }
   const int C = NH * hs;
   const I64 n = packed(B, T, NH, hs);
   A* qkv = ws;

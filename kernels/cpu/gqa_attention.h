@@ -5,8 +5,11 @@
 //
 // q (B,T,NH,hs), k and v (B,T,NKV,hs), out (B,T,NH,hs), lse (B,NH,T) in acc_t<S>; NKV divides NH
 // and query head h reads key/value head h / (NH/NKV) (NKV == NH is ordinary multi-head
-// attention). Both passes pack q and the repeated k, v heads into GPT's (B,T,3C) qkv layout
-// (C = NH*hs) in acc_t<S> and run attention.h's algorithm on it:
+// attention). On the tiled path with fp32 or fp64 storage the passes read q, k, v where they are
+// (tiled_attention.h's grouped-query form: no packed copies, so no workspace that grows with T
+// beyond the (B,NH,T) row term); otherwise (the full kernel, 16-bit storage) both passes pack q
+// and the repeated k, v heads into GPT's (B,T,3C) qkv layout (C = NH*hs) in acc_t<S> and run
+// attention.h's algorithm on it. The two forms give the same bits:
 //   forward:  out[b,:,h] = softmax(q k^T / sqrt(hs)) v with t2 > t masked;  lse per row
 //   backward: the probabilities recomputed from lse, D from dout and out; then dq += the packed
 //             gradient's q part, dk (dv) += the sum over each group's heads of its k (v) part,

@@ -27,6 +27,16 @@
 //
 // Workspace (elements of A): forward, slots * (Q*K + Q*hs + 2*Q); backward, B*NH*T (D) + slots *
 // 2*Q*K, with Q, K the tile sizes and slots = min(kTiledAttentionSlots, work items): no T^2 term.
+//
+// Grouped-query form (tiled_gqa_*, gqa_attention.h's tiled path): q (B,T,NH,hs), k and v
+// (B,T,NKV,hs) read where they are, query head h reading key/value head h / (NH/NKV), instead of
+// a packed qkv with each key/value head repeated; out (B,T,NH,hs). The backward's dk/dv items are
+// (b, key/value head, key tile), over the group's query heads in order. dq, dk, dv are
+// accumulated into once per item from sums kept in its slot, started from zeros: dq += the
+// query head's gradient, dk (dv) += the sum over the group's heads in order; the same additions
+// in the same order as running the packed kernel on a zeroed dqkv and unpacking it
+// (gqa_unpack_dqkv), so the same bits. Its backward slots hold 4*max(Q,K)*hs elements more for
+// those sums.
 #pragma once
 
 #include <cstdint>
@@ -51,5 +61,21 @@ void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, 
 template <typename A>
 void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse,
                               int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start);
+
+template <typename A>
+std::int64_t tiled_gqa_attention_forward_workspace(int B, int T, int NH, int hs);
+template <typename A>
+std::int64_t tiled_gqa_attention_backward_workspace(int B, int T, int NH, int hs);
+
+// doc_start must be valid (check_doc_start) or null; NKV divides NH.
+template <typename A>
+void tiled_gqa_attention_forward(A* out, A* lse, const A* q, const A* k, const A* v, int B, int T,
+                                 int NH, int NKV, int hs, A* ws, const std::int32_t* doc_start);
+
+// `out` and `lse` are the forward's results; dq, dk, dv are accumulated into.
+template <typename A>
+void tiled_gqa_attention_backward(A* dq, A* dk, A* dv, const A* dout, const A* q, const A* k,
+                                  const A* v, const A* out, const A* lse, int B, int T, int NH,
+                                  int NKV, int hs, A* ws, const std::int32_t* doc_start);
 
 }  // namespace zrt::kernels::cpu

@@ -135,8 +135,10 @@ void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std:
 
 // The blocks' part of the layout at sp > 1 (N = B*T of the chunk): qkv and att_lse as at sp 1
 // hold this rank's heads of the whole sequence (the same sizes), atty_full (N,C) is kept besides;
-// the forward's shared scratch adds qkv_chunk (N,3C) and the all-to-alls' send and recv (N,3C
-// each); the backward adds datty_full (N,C) and the accumulated dqkv_full (N,3C).
+// the forward's shared scratch adds the all-to-alls' send and recv (N,3C each; one buffer for
+// both at B == 1). qkv, datty and
+// dqkv hold the chunk's layout and the whole sequence's in turn, in place (each all-to-all reads
+// its source into send before it writes the destination, ulysses_exchange.h).
 void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                     int sets) {
   const I64 N = s.N(), S = s.S;
@@ -161,9 +163,13 @@ void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::Pas
     p.bytes(&a.fcproj, N * C * S);
   }
   if (sp > 1) {
-    p.bytes(&qkv_chunk, N * 3 * C * S);
     p.bytes(&send, N * 3 * C * S);
-    p.bytes(&recv, N * 3 * C * S);
+    // At B == 1 each exchange uses only one of the two (ulysses_exchange.h).
+    if (s.B == 1) {
+      p.alias(&recv, &send);
+    } else {
+      p.bytes(&recv, N * 3 * C * S);
+    }
   }
 }
 
@@ -175,12 +181,10 @@ void Gpt::Activations::plan_backward(ActivationPlanner& p, const transformer::Pa
   p.bytes(&dln2, N * C * S);
   p.bytes(&dfch_gelu, N * 4 * C * S);
   p.bytes(&dfch, N * 4 * C * S);
-  if (sp > 1) p.bytes(&datty_full, N * C * S);
 }
 
 void Gpt::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
   p.bytes(&dqkv, s.N() * 3 * config_.n_embd * s.S);
-  if (sp > 1) p.bytes(&dqkv_full, s.N() * 3 * config_.n_embd * s.S);
 }
 
 std::int64_t Gpt::planned_activation_bytes(const GptConfig& config, const GptOptions& options,
@@ -204,8 +208,9 @@ void Gpt::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out) 
   const DType dt = pass.dtype;
   kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
-  // Under sequence parallelism the projection is the chunk's until the all-to-all.
-  const Bytes qkv = ulysses() != nullptr ? acts_.qkv_chunk : x.qkv;
+  // Under sequence parallelism qkv holds the chunk's projection until the all-to-all turns it,
+  // in place, into this rank's heads of the whole sequence (attention_forward).
+  const Bytes qkv = x.qkv;
   k::layernorm_forward(ctx, dt, x.ln1, x.ln1_mean, x.ln1_rstd, res_in, P(kLn1W), P(kLn1B), N, C);
   k::matmul_forward(ctx, dt, qkv, x.ln1, P(kQkvW), P(kQkvB), N, C, 3 * C);
   attention_forward(x);
@@ -264,7 +269,7 @@ void Gpt::attention_forward(const Activations::Kept& x) {
   // (doc_start spans the whole sequences), and the output back to every head of the chunk.
   const Activations& a = acts_;
   const int sp = ex->size(), hs = C / NH;
-  ex->to_heads_packed(dt, x.qkv, a.qkv_chunk, pass.B, pass.T, 3, NH, hs, a.send, a.recv);
+  ex->to_heads_packed(dt, x.qkv, x.qkv, pass.B, pass.T, 3, NH, hs, a.send, a.recv);
   k::attention_forward(ctx(), dt, x.atty_full, x.att_lse, x.qkv, pass.B, pass.sequence_length(),
                        C / sp, NH / sp, pass.doc_start);
   ex->to_chunk(dt, x.atty, x.atty_full, pass.B, pass.T, NH, hs, a.send, a.recv);
@@ -283,11 +288,12 @@ void Gpt::attention_backward(const Activations::Kept& x) {
     return;
   }
   const int sp = ex->size(), hs = C / NH;
-  ex->to_chunk_backward(dt, d.datty_full, d.datty, pass.B, pass.T, NH, hs, d.send, d.recv);
-  k::attention_backward(ctx(), dt, d.dqkv_full, d.datty_full, x.qkv, x.atty_full, x.att_lse, pass.B,
+  // datty and dqkv change layout in place: attention accumulates into dqkv (zeroed by the
+  // driver) over the whole sequence, and the adjoint turns it into the chunk's.
+  ex->to_chunk_backward(dt, d.datty, d.datty, pass.B, pass.T, NH, hs, d.send, d.recv);
+  k::attention_backward(ctx(), dt, d.dqkv, d.datty, x.qkv, x.atty_full, x.att_lse, pass.B,
                         pass.sequence_length(), C / sp, NH / sp, pass.doc_start);
-  // The adjoint accumulates into the chunk's dqkv, which the driver zeroed.
-  ex->to_heads_packed_backward(dt, d.dqkv, d.dqkv_full, pass.B, pass.T, 3, NH, hs, d.send, d.recv);
+  ex->to_heads_packed_backward_in_place(dt, d.dqkv, pass.B, pass.T, 3, NH, hs, d.send, d.recv);
 }
 
 }  // namespace zrt::gpt

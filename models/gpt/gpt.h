@@ -94,15 +94,15 @@ class Gpt final : public transformer::TransformerModel {
       Bytes atty_full;
     };
     std::vector<Kept> kept;  // L, or 1 shared by all blocks with checkpointing
-    // Sequence parallelism: the chunk's qkv projection and the all-to-alls' buffers.
-    Bytes qkv_chunk, send, recv;
+    // Sequence parallelism: the all-to-alls' buffers (the chunk's qkv projection lives in the
+    // kept set's qkv until the all-to-all turns it into the whole sequence's in place).
+    Bytes send, recv;
     // The matmuls overwrite dln1, datty, dln2, dfch (with the GELU's gradient,
     // kernels::matmul_dgelu_backward) and dfch_gelu (that op's unfused scratch), their one
     // producer; attention accumulates into dqkv (the accumulated region). Under sequence
-    // parallelism attention accumulates into dqkv_full (accumulated too) from datty_full, the
-    // output's gradient over the whole sequence, and the all-to-all's adjoint into dqkv.
+    // parallelism datty and dqkv hold the whole sequence's layout between the all-to-alls
+    // (attention_backward), the chunk's before and after.
     Bytes dln1, datty, dln2, dfch, dfch_gelu, dqkv;
-    Bytes datty_full, dqkv_full;
 
     const int sp;  // sequence_parallel_size
 

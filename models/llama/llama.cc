@@ -189,10 +189,11 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 //     dk, dv (N,NKV*hd), dgate, dup (N,I)
 //   sequence parallelism (sp > 1; N = B*T of the chunk): q and lse as above hold this rank's
 //     heads of the whole sequence (the same sizes), k and v (N, KV_full), and atty_full
-//     (N,NH*hd) is kept besides; the forward's shared scratch adds q_chunk (N,NH*hd), k_chunk,
-//     v_chunk (N,NKV*hd) and the all-to-alls' send and recv (N * max(NH*hd, KV_full) each); the
-//     backward adds datty_full (N,NH*hd), the accumulated region dq_full (N,NH*hd), dk_full,
-//     dv_full (N,KV_full)
+//     (N,NH*hd) is kept besides; the forward's shared scratch adds the all-to-alls' send and recv
+//     (N * max(NH*hd, KV_full) each; one buffer for both at B == 1); dk and dv are (N, KV_full).
+//     The chunk's q, k, v, datty, dq, dk and dv and their whole-sequence layouts share one buffer
+//     each: every all-to-all reads its source into send before it writes the destination
+//     (ulysses_exchange.h), so no tensor of the chunk and its whole-sequence twin are live at once.
 Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
     : widths{c.hidden_size,
              c.intermediate_size,
@@ -238,12 +239,14 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
   }
   p.bytes(&proj, N * C * S);
   if (sp > 1) {
-    p.bytes(&q_chunk, N * Q * S);
-    p.bytes(&k_chunk, N * KV * S);
-    p.bytes(&v_chunk, N * KV * S);
     const I64 exchanged = N * std::max<I64>(Q, KV_full) * S;
     p.bytes(&send, exchanged);
-    p.bytes(&recv, exchanged);
+    // At B == 1 each exchange uses only one of the two (ulysses_exchange.h).
+    if (s.B == 1) {
+      p.alias(&recv, &send);
+    } else {
+      p.bytes(&recv, exchanged);
+    }
   }
   if (mlp_tiled) {
     p.bytes(&tile_gate, mlp_rows_planned * I * S);
@@ -257,7 +260,6 @@ void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::
   p.bytes(&dln1, NS * widths.C);
   p.bytes(&datty, NS * widths.Q);
   p.bytes(&dln2, NS * widths.C);
-  if (sp > 1) p.bytes(&datty_full, NS * widths.Q);
   if (!mlp_tiled) {
     p.bytes(&dh, NS * widths.I);
     return;
@@ -271,17 +273,14 @@ void Llama::Activations::plan_backward(ActivationPlanner& p, const transformer::
 
 void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
   const I64 NS = s.N() * s.S;
+  // Under sequence parallelism dk and dv hold this rank's key/value heads of the whole sequence
+  // first (KV_full, wider than the chunk's KV when key/value heads are shared out).
   p.bytes(&dq, NS * widths.Q);
-  p.bytes(&dk, NS * widths.KV);
-  p.bytes(&dv, NS * widths.KV);
+  p.bytes(&dk, NS * KV_full);
+  p.bytes(&dv, NS * KV_full);
   if (!mlp_tiled) {  // tiled: one tile's, in plan_backward
     p.bytes(&dgate, NS * widths.I);
     p.bytes(&dup, NS * widths.I);
-  }
-  if (sp > 1) {
-    p.bytes(&dq_full, NS * widths.Q);
-    p.bytes(&dk_full, NS * KV_full);
-    p.bytes(&dv_full, NS * KV_full);
   }
 }
 
@@ -316,11 +315,9 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
     const int index = block_param(layer, slot);
     return index < 0 ? Bytes() : a.param(index);
   };
-  // Under sequence parallelism q, k, v are the chunk's until the all-to-alls.
-  const bool chunked = ulysses() != nullptr;
-  const Bytes q = chunked ? acts_.q_chunk : x.q;
-  const Bytes k = chunked ? acts_.k_chunk : x.k;
-  const Bytes v = chunked ? acts_.v_chunk : x.v;
+  // Under sequence parallelism q, k, v hold the chunk's rows until the all-to-alls turn them, in
+  // place, into this rank's heads of the whole sequence (attention_forward).
+  const Bytes q = x.q, k = x.k, v = x.v;
   k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1W), N, C, config_.rms_norm_eps);
   k::linear_forward(ctx, dt, q, x.ln1, P(kQW), P(kQB), N, C, Q);
   k::linear_forward(ctx, dt, k, x.ln1, P(kKW), P(kKB), N, C, KV);
@@ -404,9 +401,9 @@ void Llama::attention_forward(const Activations::Kept& x) {
   // Chunks to head shares of the whole sequences, attention over them with this rank's heads
   // (doc_start spans the whole sequences), and the output back to every head of the chunk.
   const Activations& a = acts_;
-  ex->to_heads(dt, x.q, a.q_chunk, pass.B, pass.T, a.q_heads, hd, a.send, a.recv);
-  ex->to_heads(dt, x.k, a.k_chunk, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
-  ex->to_heads(dt, x.v, a.v_chunk, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
+  ex->to_heads(dt, x.q, x.q, pass.B, pass.T, a.q_heads, hd, a.send, a.recv);
+  ex->to_heads(dt, x.k, x.k, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
+  ex->to_heads(dt, x.v, x.v, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
   k::gqa_attention_forward(ctx(), dt, x.atty_full, x.lse, x.q, x.k, x.v, pass.B,
                            pass.sequence_length(), a.q_heads.block_heads, a.kv_heads.block_heads,
                            hd, pass.doc_start);
@@ -425,15 +422,17 @@ void Llama::attention_backward(const Activations::Kept& x) {
                               pass.B, pass.T, NH, NKV, hd, pass.doc_start);
     return;
   }
-  ex->to_chunk_backward(dt, d.datty_full, d.datty, pass.B, pass.T, NH, hd, d.send, d.recv);
-  k::gqa_attention_backward(ctx(), dt, d.dq_full, d.dk_full, d.dv_full, d.datty_full, x.q, x.k, x.v,
-                            x.atty_full, x.lse, pass.B, pass.sequence_length(),
-                            d.q_heads.block_heads, d.kv_heads.block_heads, hd, pass.doc_start);
-  // Each adjoint accumulates into the chunk's gradient (the copies of a shared key/value head
-  // summed), which the driver zeroed with the accumulated region.
-  ex->to_heads_backward(dt, d.dq, d.dq_full, pass.B, pass.T, d.q_heads, hd, d.send, d.recv);
-  ex->to_heads_backward(dt, d.dk, d.dk_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
-  ex->to_heads_backward(dt, d.dv, d.dv_full, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
+  // Each buffer changes layout in place: datty from the chunk's every head to this rank's heads
+  // of the whole sequence; dq, dk, dv (zeroed by the driver with the accumulated region) receive
+  // attention's gradients in the whole sequence's layout, then each adjoint turns them into the
+  // chunk's (the copies of a shared key/value head summed).
+  ex->to_chunk_backward(dt, d.datty, d.datty, pass.B, pass.T, NH, hd, d.send, d.recv);
+  k::gqa_attention_backward(ctx(), dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty_full, x.lse,
+                            pass.B, pass.sequence_length(), d.q_heads.block_heads,
+                            d.kv_heads.block_heads, hd, pass.doc_start);
+  ex->to_heads_backward_in_place(dt, d.dq, pass.B, pass.T, d.q_heads, hd, d.send, d.recv);
+  ex->to_heads_backward_in_place(dt, d.dk, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
+  ex->to_heads_backward_in_place(dt, d.dv, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
 }
 
 void Llama::mlp_tile_forward(ParamAccess& a, int layer, Bytes ln2, int r0, int n) {

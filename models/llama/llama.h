@@ -95,8 +95,9 @@ class Llama final : public transformer::TransformerModel {
     };
     std::vector<Kept> kept;  // L, or 1 reused by all blocks with checkpointing
     Bytes proj;              // (B,T,C): o_proj / down_proj outputs before the residual add
-    // Sequence parallelism: the chunk's q, k, v (after RoPE) and the all-to-alls' buffers.
-    Bytes q_chunk, k_chunk, v_chunk, send, recv;
+    // Sequence parallelism: the all-to-alls' buffers (the chunk's q, k, v live in the kept set's
+    // q, k, v until the all-to-alls turn them into the whole sequence's in place).
+    Bytes send, recv;
     // The tiled MLP (TransformerOptions::mlp_tile_rows, tiling.h): rows per tile (N when
     // untiled); when tiled, the kept sets have no gate, up and h, which live for one tile in
     // these (rows, I) tensors, and dh, dgate, dup are (rows, I) too.
@@ -104,11 +105,10 @@ class Llama final : public transformer::TransformerModel {
     bool mlp_tiled = false;
     Bytes tile_gate, tile_up, tile_h;
     // The first projection into dln1, datty, dln2 and dh overwrites it; attention and SwiGLU
-    // accumulate into dq, dk, dv, dgate and dup (the accumulated region), and so do the
-    // all-to-alls' adjoints into dq, dk, dv (from dq_full, dk_full, dv_full, which attention
-    // accumulates into; datty_full is the output gradient over the whole sequence).
+    // accumulate into dq, dk, dv, dgate and dup (the accumulated region). Under sequence
+    // parallelism datty, dq, dk and dv hold the whole sequence's layout between the all-to-alls
+    // (attention_backward), the chunk's before and after.
     Bytes dln1, datty, dln2, dh, dq, dk, dv, dgate, dup;
-    Bytes datty_full, dq_full, dk_full, dv_full;
 
     // The block's widths: hidden, intermediate, head_dim, query and key/value heads, and the
     // widths of q and of k and v.

@@ -16,7 +16,8 @@
 //    documents that cross tile boundaries, documents (one a single token) that start exactly on
 //    them, so the causal and document edges fall at every position within a tile;
 //  - the same bits with 1, 2 and 3 OpenMP threads;
-//  - grouped-query attention's entry point on the tiled path;
+//  - grouped-query attention's entry point on the tiled path, which reads q, k, v in place: the
+//    bits of packing them, the tiled kernel and unpacking;
 //  - the path rule and the workspace functions: the threshold, ZRT_CPU_ATTENTION, no T^2 term in
 //    the tiled workspace, and a kernel never writing past what its workspace function returned.
 #include <omp.h>
@@ -372,6 +373,88 @@ TEST_CASE("grouped-query attention on the tiled path", "[tiled][gqa]") {
 }
 
 namespace {
+// The grouped-query tiled path reads q, k, v where they are; it must give the bits of packing
+// them (each key/value head repeated), running the tiled kernel on a zeroed packed gradient and
+// unpacking it (the path before, which gqa_pack_qkv / gqa_unpack_dqkv still implement), into
+// nonzero dq, dk, dv (they are accumulated into), for every layout above and NH / NKV of 1, 2
+// and 4, with 1 and 3 threads; in a workspace of exactly its function's size behind a NaN guard.
+template <typename S>
+void check_gqa_in_place_bits(int NKV, int threads) {
+  using A = acc_t<S>;
+  const int NH = 4, hs = 16, C = NH * hs, KC = NKV * hs;
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  for (const Layout& layout : layouts()) {
+    INFO(layout.name << ", NKV " << NKV << ", " << threads << " threads");
+    const int B = layout.B, T = layout.T;
+    const test::Packing pack = test::pack_documents(layout.lengths, T);
+    const std::int32_t* doc_start = layout.lengths.empty() ? nullptr : pack.doc_start.data();
+    const auto BT = static_cast<std::size_t>(B) * T;
+    const auto q = test::to_storage<S>(normal_values(kSeed, 501, BT * C));
+    const auto k = test::to_storage<S>(normal_values(kSeed, 502, BT * KC));
+    const auto v = test::to_storage<S>(normal_values(kSeed, 503, BT * KC));
+    const auto dy = test::to_storage<S>(normal_values(kSeed, 504, BT * C));
+    const auto dq0 = test::to_storage<S>(normal_values(kSeed, 505, BT * C));
+    const auto dk0 = test::to_storage<S>(normal_values(kSeed, 506, BT * KC));
+    const auto dv0 = test::to_storage<S>(normal_values(kSeed, 507, BT * KC));
+    // The grouped-query entry point on the tiled path.
+    const auto size = static_cast<std::size_t>(
+        std::max(gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs, AttentionPath::kTiled),
+                 gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs, AttentionPath::kTiled)));
+    std::vector<A> ws(size + kGuard, std::numeric_limits<A>::quiet_NaN());
+    std::vector<S> out(BT * C), dq = dq0, dk = dk0, dv = dv0;
+    std::vector<A> lse(BT * NH);
+    gqa_attention_forward<S>(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
+                             hs, ws.data(), doc_start, AttentionPath::kTiled);
+    gqa_attention_backward<S>(dq.data(), dk.data(), dv.data(), dy.data(), q.data(), k.data(),
+                              v.data(), out.data(), lse.data(), B, T, NH, NKV, hs, ws.data(),
+                              doc_start, AttentionPath::kTiled);
+    bool guard_intact = true;
+    for (std::size_t i = size; i < ws.size(); ++i) guard_intact = guard_intact && std::isnan(ws[i]);
+    CHECK(guard_intact);
+    // Packed, the tiled kernel, unpacked.
+    std::vector<S> qkv(BT * 3 * C), dqkv(BT * 3 * C, S(0)), pout(BT * C), pdq = dq0, pdk = dk0,
+                                                                          pdv = dv0;
+    std::vector<A> plse(BT * NH);
+    std::vector<A> pws(static_cast<std::size_t>(
+        std::max(attention_forward_workspace<S>(B, T, C, NH, AttentionPath::kTiled),
+                 attention_backward_workspace<S>(B, T, C, NH, AttentionPath::kTiled))));
+    gqa_pack_qkv<S, S>(qkv.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, hs);
+    attention_forward<S>(pout.data(), plse.data(), qkv.data(), B, T, C, NH, pws.data(), doc_start,
+                         AttentionPath::kTiled);
+    attention_backward<S>(dqkv.data(), dy.data(), qkv.data(), pout.data(), plse.data(), B, T, C, NH,
+                          pws.data(), doc_start, AttentionPath::kTiled);
+    gqa_unpack_dqkv<S, S>(pdq.data(), pdk.data(), pdv.data(), dqkv.data(), B, T, NH, NKV, hs);
+    CHECK(std::memcmp(out.data(), pout.data(), out.size() * sizeof(S)) == 0);
+    CHECK(std::memcmp(lse.data(), plse.data(), lse.size() * sizeof(A)) == 0);
+    CHECK(std::memcmp(dq.data(), pdq.data(), dq.size() * sizeof(S)) == 0);
+    CHECK(std::memcmp(dk.data(), pdk.data(), dk.size() * sizeof(S)) == 0);
+    CHECK(std::memcmp(dv.data(), pdv.data(), dv.size() * sizeof(S)) == 0);
+  }
+  omp_set_num_threads(saved_threads);
+}
+}  // namespace
+
+TEST_CASE("grouped-query attention on the tiled path reads q, k, v in place, the bits of packing",
+          "[tiled][gqa]") {
+  for (int NKV : {1, 2, 4}) {
+    for (int threads : {1, 3}) {
+      check_gqa_in_place_bits<float>(NKV, threads);
+      check_gqa_in_place_bits<double>(NKV, threads);
+    }
+  }
+  // No packed copies: the tiled grouped-query workspace is the tiled kernel's, with larger
+  // backward slots, and grows by the (B,NH,T) row term alone.
+  const auto gqa_bwd = [](int T) {
+    return gqa_attention_backward_workspace<float>(1, T, 4, 2, 64, AttentionPath::kTiled);
+  };
+  CHECK(gqa_bwd(32768) - gqa_bwd(16384) == 4 * 16384);
+  CHECK(gqa_bwd(16384) == 4 * 16384 + kTiledAttentionSlots * (2 * 64 * 64 + 4 * 64 * 64));
+  CHECK(gqa_attention_forward_workspace<float>(1, 16384, 4, 2, 64, AttentionPath::kTiled) ==
+        tiled_attention_forward_workspace<float>(1, 16384, 4 * 64, 4));
+}
+
+namespace {
 // Sets ZRT_CPU_ATTENTION for the scope, restoring its absence after.
 struct ScopedAttentionEnv {
   explicit ScopedAttentionEnv(const char* value) { setenv("ZRT_CPU_ATTENTION", value, 1); }
@@ -426,7 +509,8 @@ TEST_CASE("the attention path: the threshold, the variable, the workspace", "[ti
         0);
   CHECK(gqa_attention_backward_workspace<float>(1, 512, 4, 2, 64, AttentionPath::kFull) -
             gqa_attention_backward_workspace<float>(1, 512, 4, 2, 64, AttentionPath::kTiled) ==
-        2 * 4 * 512 * 512 - tiled_attention_backward_workspace<float>(1, 512, 4 * 64, 4));
+        2 * 4 * 512 * 512 + 2 * 512 * 3 * 4 * 64 -
+            tiled_gqa_attention_backward_workspace<float>(1, 512, 4, 64));
 }
 
 }  // namespace zrt::kernels::cpu

@@ -3,7 +3,8 @@
 // all-to-all, this rank's NH/sp heads of each part over the whole sequence, still packed
 // (B, sp*Tl, 3, NH/sp, hs); the backward adds the adjoint into the chunk's gradient. Both against
 // the index map written out here, element by element and exactly (the layout only moves values;
-// the backward's one addition per element is the same fp32 add).
+// the backward's one addition per element is the same fp32 add); and, at one sequence a
+// micro-batch, the in-place forms with one staging buffer.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -118,6 +119,77 @@ TEST_CASE("to_heads_packed gives each rank its heads of every part over the whol
             if (got_dchunk[i] != want) ++mismatches;
           }
         }
+      }
+    }
+  }
+  CHECK(mismatches == 0);
+}
+
+// One sequence a micro-batch (B == 1): the whole sequence's layout is the all-to-all's block
+// order, so each exchange sends or receives in place and the caller passes one buffer as both
+// send and recv; and the model's in-place forms (the chunk and its whole-sequence layout in one
+// buffer). Query heads (B,Tl,NH,hs) against the index map, exactly.
+TEST_CASE("at one sequence the exchanges run in place with one staging buffer", "[ulysses]") {
+  int sp = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &sp);
+  if (kNH % sp != 0) return;
+  CommFixture f = make_comm(CommOptions{}, "sequence-parallel");
+  std::unique_ptr<Stream> compute = f.device->create_stream("compute");
+  kernels::KernelContext ctx(*f.device, *compute);
+  transformer::UlyssesExchange ex(ctx, *f.group);
+  const int rank = f.rank(), Hd = kNH / sp, T = sp * kTl;
+  const kernels::UlyssesHeads heads = kernels::ulysses_query_heads(kNH, sp);
+  const std::size_t n = static_cast<std::size_t>(kTl) * kNH * kHs;  // chunk == full's size
+  auto values = [&](int r, int salt) {
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = input_value(r, static_cast<std::int64_t>(i), salt);
+    return v;
+  };
+  // Element (t, h, d) of a (T, heads, hs) tensor.
+  auto at1 = [](int heads_n, int t, int h, int d) {
+    return (static_cast<std::size_t>(t) * heads_n + h) * kHs + d;
+  };
+  Buffer staging = upload_floats(*f.device, *compute, std::vector<float>(n, 0.0f));
+  const auto one = staging.device<std::byte>();
+  auto run = [&](const std::vector<float>& in, auto&& op) {
+    Buffer b = upload_floats(*f.device, *compute, in);
+    op(b.device<std::byte>());
+    return download_floats(*f.device, *compute, b, n);
+  };
+  const DType dt = DType::kFloat32;
+  // to_heads in place: full[t][h] = rank (t / Tl)'s chunk at t % Tl, head rank * Hd + h.
+  const std::vector<float> full = run(values(rank, 11), [&](DevicePtr<std::byte> x) {
+    ex.to_heads(dt, x, x, 1, kTl, heads, kHs, one, one);
+  });
+  // to_chunk in place of a second buffer: chunk[t][h] = rank (h / Hd)'s full at rank*Tl + t.
+  Buffer chunk = upload_floats(*f.device, *compute, std::vector<float>(n, 0.0f));
+  Buffer from = upload_floats(*f.device, *compute, values(rank, 13));
+  ex.to_chunk(dt, chunk.device<std::byte>(), from.device<std::byte>(), 1, kTl, kNH, kHs, one, one);
+  const std::vector<float> got_chunk = download_floats(*f.device, *compute, chunk, n);
+  // to_chunk_backward in place: as to_heads with the query heads.
+  const std::vector<float> dfull = run(values(rank, 15), [&](DevicePtr<std::byte> x) {
+    ex.to_chunk_backward(dt, x, x, 1, kTl, kNH, kHs, one, one);
+  });
+  // to_heads_backward_in_place: dchunk[t][h] = rank (h / Hd)'s dfull at rank*Tl + t (from zero).
+  const std::vector<float> dchunk = run(values(rank, 17), [&](DevicePtr<std::byte> x) {
+    ex.to_heads_backward_in_place(dt, x, 1, kTl, heads, kHs, one, one);
+  });
+  int mismatches = 0;
+  for (int t = 0; t < T; ++t) {
+    for (int h = 0; h < Hd; ++h) {
+      for (int d = 0; d < kHs; ++d) {
+        const std::size_t src = at1(kNH, t % kTl, rank * Hd + h, d);
+        if (full[at1(Hd, t, h, d)] != values(t / kTl, 11)[src]) ++mismatches;
+        if (dfull[at1(Hd, t, h, d)] != values(t / kTl, 15)[src]) ++mismatches;
+      }
+    }
+  }
+  for (int t = 0; t < kTl; ++t) {
+    for (int h = 0; h < kNH; ++h) {
+      for (int d = 0; d < kHs; ++d) {
+        const std::size_t src = at1(Hd, rank * kTl + t, h % Hd, d);
+        if (got_chunk[at1(kNH, t, h, d)] != values(h / Hd, 13)[src]) ++mismatches;
+        if (dchunk[at1(kNH, t, h, d)] != values(h / Hd, 17)[src]) ++mismatches;
       }
     }
   }

@@ -766,6 +766,45 @@ TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spa
   CHECK(status != 0);
 }
 
+TEST_CASE("--sp: the device bytes a token adds shrink about as 1/sp (the long-sequence config)") {
+  // configs/long-sequence-cpu.json's model (12 layers of 256, 4 query heads of 64 over 2
+  // key/value heads, so one key/value head copied per rank at sp 4) on the CPU backend at 4
+  // ranks, fp32, checkpointing with the kept inputs in host memory, 512-row tiles, stage 3 (the
+  // model state the same at every sp): the slope between 8K and 16K tokens. Per token of the
+  // sequence: 18496 bytes at sp 1, 10276 at sp 2, 5650 at sp 4 (24640, 16432, 8740 when each
+  // chunk's and its whole sequence's layouts had buffers of their own and grouped-query attention
+  // packed q, k, v). What does not divide by sp at sp 4: the copied key/value head's k, v, dk,
+  // dv (512 a token), the whole sequence's attention output kept beside the chunk's (256) and
+  // the all-to-alls' one staging buffer (256).
+  const auto device_bytes = [](int sp, int T) {
+    Inputs in;
+    in.model = model_spec(builtin_models().parse_spec(
+        "llama:hidden_size=256,intermediate_size=1024,num_hidden_layers=12,"
+        "num_attention_heads=4,num_key_value_heads=2,vocab_size=8192,"
+        "max_position_embeddings=65536,seq_len=" +
+        std::to_string(T)));
+    in.world = 4;
+    in.seq_len = T;
+    in.device_type = DeviceType::kCpu;
+    in.engine.compute_dtype = DType::kFloat32;
+    in.engine.sequence_parallel_size = sp;
+    in.activation_checkpointing = true;
+    in.cpu_checkpointing = true;
+    in.head_tile_rows = in.mlp_tile_rows = 512;
+    return estimate(in, Setting{3, false, false}).device_total();
+  };
+  const auto slope = [&](int sp) {
+    return (device_bytes(sp, 16384) - device_bytes(sp, 8192)) / 8192;
+  };
+  const std::int64_t one = slope(1), two = slope(2), four = slope(4);
+  INFO("bytes a token at sp 1, 2, 4: " << one << ", " << two << ", " << four);
+  CHECK(one == 18496);
+  CHECK(two == 10276);
+  CHECK(four == 5650);
+  CHECK(2 * two <= 1.12 * static_cast<double>(one));
+  CHECK(4 * four <= 1.25 * static_cast<double>(one));
+}
+
 TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's buffers, --ep") {
   // qwen3-moe-tiny: C 16, 2 MoE layers of E 8 experts, k 3, moe_intermediate 8. At ep 2 a rank
   // holds 4 experts of each layer: 4 x (2*8*16 + 16*8) = 1536 elements a layer, 3072 in all,

@@ -24,11 +24,11 @@ I64 size_of(DType t) {
 }
 
 // zrt-train's token batches (train/batch_feeder.cc): two device buffers (activations) and two
-// pinned host staging copies (workspace) of B x T int32 per array: inputs and targets, and at
-// sequence parallelism the chunk's positions too (each array sized for whole rows).
+// pinned host staging copies (workspace) of int32 arrays: inputs and targets of B x T tokens, at
+// sequence parallelism inputs, targets and positions of the chunk's B x T/sp.
 I64 token_batch_bytes(int B, int T, int sp) {
-  const I64 arrays = sp > 1 ? 3 : 2;
-  return 2 * (arrays * I64{B} * T * 4);
+  const I64 elements = sp > 1 ? 3 * I64{B} * (T / sp) : 2 * I64{B} * T;
+  return 2 * (elements * 4);
 }
 
 EngineOptions options_for(const Inputs& in, const Setting& s) {
