@@ -3,15 +3,16 @@
 # each sequence_parallel_size, beside zrt-mem's --max-seq-len for the same setting (issue 39;
 # BENCHMARKS.md, "Long sequences ... at sp 1, 2, 4").
 #
-#   tools/bench/cpu_longseq.sh [--ranks 4] [--sp "1 2 4"] [--multiple 256]
+#   tools/bench/cpu_longseq.sh [--ranks 4] [--sp "1 2 4"] [--multiple 256] [--steps 2]
 #       [--config configs/long-sequence-cpu.json] [--build build] [--out DIR] [--set KEY=VALUE ...]
 #
 # For each sp: zrt-mem's longest length L (a multiple of --multiple) for the config at --ranks
-# ranks, stage and device.memory_limit_gb from the config; then zrt-train (mpirun -n RANKS, two
-# steps, train_batch_size RANKS / sp) at L: if it trains, at L + M, L + 2M ... until one fails;
-# if not, at L - M, L - 2M ... until one trains. Printed per sp: the longest length that trained
-# two steps, the next multiple and why it failed (the tracker's out-of-memory line), zrt-mem's
-# length, and the tracked device peak at the longest beside zrt-mem's figure for it. Each run's
+# ranks, stage and device.memory_limit_gb from the config; then zrt-train (mpirun -n RANKS,
+# --steps steps (2; 1 halves the time on a loaded machine), train_batch_size RANKS / sp) at
+# L: if it trains, at L + M, L + 2M ... until one fails; if not, at L - M, L - 2M ... until one
+# trains. Printed per sp: the longest length that trained those steps, the next multiple and
+# why it failed (the tracker's out-of-memory line), zrt-mem's length, and the tracked device
+# peak at the longest beside zrt-mem's figure for it. Each run's
 # log and metrics stay in --out (default a temporary folder). --set KEY=VALUE: a zrt-train
 # override for every run (and zrt-mem's config), e.g. --set model.tiling='{"head_rows": -1}'.
 # Rerun after a kernel change (the tiled CPU attention): the lengths should then approach
@@ -21,6 +22,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 ranks=4
 sps="1 2 4"
 multiple=256
+steps=2
 config="$root/configs/long-sequence-cpu.json"
 build="$root/build"
 out=""
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --ranks) ranks="$2"; shift 2 ;;
     --sp) sps="$2"; shift 2 ;;
     --multiple) multiple="$2"; shift 2 ;;
+    --steps) steps="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
     --build) build="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
@@ -82,12 +85,12 @@ zrt_mem_device_bytes() {
   "$build/bin/zrt-mem" --config "$1" --world "$ranks" --stage "$stage" --seq "$2" |
     awk '/device total \(peak\)/ { for (i = 1; i < NF; ++i) if ($(i + 1) == "bytes") print $i; exit }'
 }
-# train SP T CONFIG: 0 when zrt-train trains two steps at T; the log in $out.
+# train SP T CONFIG: 0 when zrt-train trains $steps steps at T; the log in $out.
 train() {
   local name="sp$1-T$2"
   rm -rf "${out:?}/$name"
   nice -n 10 mpirun -n "$ranks" --oversubscribe --bind-to none "$build/bin/zrt-train" \
-    --config "$3" --model.seq_len "$2" --train.steps 2 --output_dir "$out/$name" \
+    --config "$3" --model.seq_len "$2" --train.steps "$steps" --output_dir "$out/$name" \
     >"$out/$name.log" 2>&1
 }
 peak_of() {  # the tracked device peak (bytes) of a run's last step
