@@ -101,7 +101,7 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
     bool host_staged = false;   // the CUDA run's collectives over MPI through pinned host memory
     std::string model_extra{};  // more keys of the model block (and blocks after it)
   };
-  const std::vector<Case> cases = {
+  std::vector<Case> cases = {
       {"stage0", R"({"stage": 0})", 2},
       {"stage1", R"({"stage": 1})", 2},
       {"stage2", R"({"stage": 2})", 2},
@@ -139,6 +139,14 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
        R"(, "n_layer": 4, "activation_checkpointing": true, "tiling": {"head_rows": 24}},
           "activation_checkpointing": {"cpu_checkpointing": true)"},
   };
+  // Ulysses sequence parallelism over every rank: the all-to-alls of the exchange on NCCL, the
+  // whole sequence's buffers shared with the chunk's, at stage 3 (micro-batch 2).
+  if (world > 1) {
+    cases.push_back({"stage3_sp", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2,
+                     false,
+                     "}, \"sequence_parallel_size\": " + std::to_string(world) +
+                         R"(, "activation_checkpointing": {"cpu_checkpointing": false)"});
+  }
   for (const auto& [name, zero, accumulation, host_staged, model_extra] : cases) {
     SECTION(name) {
       const auto cpu = run(dir, name, zero, accumulation, "cpu", world, false, model_extra);

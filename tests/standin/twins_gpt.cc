@@ -50,13 +50,18 @@ void register_storage() {
         k.writes(out, rows * C * ss, "out");
         k.reads(tokens, rows * 4, "tokens");
         k.reads(wte, C * ss, "wte");
-        if (wpe != nullptr) k.reads(wpe, static_cast<I64>(T) * C * ss, "wpe");  // null: Llama
-        if (positions != nullptr) k.reads(positions, rows * 4, "positions");
         const std::string name = k.name();
+        // The position table's rows: T, or with positions as many as its allocation holds (the
+        // kernel is not told them: a sequence-parallel chunk's positions are global, past T).
+        const I64 P = wpe != nullptr && positions != nullptr
+                          ? elements_left(wpe, sizeof(S), name) / C
+                          : static_cast<I64>(T);
+        if (wpe != nullptr) k.reads(wpe, P * C * ss, "wpe");  // null: Llama
+        if (positions != nullptr) k.reads(positions, rows * 4, "positions");
         k.run([=] {
           const I64 V = elements_left(wte, sizeof(S), name) / C;
           kernels::cpu::encoder_forward<S>(out, tokens, wte, wpe, static_cast<int>(rows / T), T, C,
-                                           static_cast<int>(V), positions);
+                                           static_cast<int>(V), positions, static_cast<int>(P));
         });
       });
 

@@ -23,6 +23,7 @@
 #include "runtime/data/token_shard.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/zero_engine.h"
+#include "tests/tools/mem_crosscheck_util.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
 #include "train/trainer.h"
@@ -35,17 +36,6 @@ namespace {
 constexpr int kB = 2;
 constexpr int kSteps = 2;
 constexpr int kAccumulation = 2;
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
 
 // gpt2-tiny: 118,528 parameters; blocks of 49,984: small enough to run, large enough that units,
 // padding, persistent LayerNorm parameters and the tied embedding all show up. llama-tiny: GQA,
@@ -67,7 +57,7 @@ const char* const kModels[] = {
 Inputs tiny_inputs(const std::string& spec, bool checkpointing) {
   Inputs in;
   in.model = model_spec(builtin_models().parse_spec(spec));
-  in.world = world_size();
+  in.world = test::crosscheck_world_size();
   in.seq_len = 32;
   in.micro_batch = kB;
   in.activation_checkpointing = checkpointing;
@@ -184,15 +174,11 @@ double relative(std::int64_t estimate, std::int64_t measured) {
   return std::fabs(static_cast<double>(estimate - measured)) / static_cast<double>(measured);
 }
 
-const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
-                                 MemCategory::kMaster,      MemCategory::kOptimizer,
-                                 MemCategory::kActivations, MemCategory::kComm};
-
 // The estimate against the tracker: equal, category by category, on the device and the host.
 void check_exact(const Estimate& e, const Measured& m) {
   CHECK(e.model_state_peak() == m.model_state_peak);
   const CategoryBytes predicted = e.device_peaks();
-  for (MemCategory c : kCompared) {
+  for (MemCategory c : test::kCrosscheckCategories) {
     INFO("device " << mem_category_name(c));
     CHECK(at(predicted, c) == at(m.device, c));
   }
@@ -207,13 +193,13 @@ void check_exact(const Estimate& e, const Measured& m) {
 }  // namespace
 
 TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, checkpointing") {
-  const int rank = world_rank();
+  const int rank = test::crosscheck_world_rank();
   if (rank == 0) {
     std::printf(
         "\nzrt-mem vs MemoryTracker, N = %d, tiny GPT-2 / Llama / Qwen2 (T 32, B %d, bf16, fp32 "
         "accum), bytes per rank\n%-42s %-5s %12s %12s %9s %11s %11s %11s %11s\n",
-        world_size(), kB, "setting", "ckpt", "model est", "model meas", "deviation", "act est",
-        "act meas", "host est", "host meas");
+        test::crosscheck_world_size(), kB, "setting", "ckpt", "model est", "model meas",
+        "deviation", "act est", "act meas", "host est", "host meas");
   }
   for (const char* spec : kModels) {
     if (rank == 0) std::printf("%s\n", spec);
@@ -322,7 +308,7 @@ TEST_CASE("zrt-mem matches the tracker at one micro-batch per step and with an f
 }
 
 TEST_CASE("zrt-mem matches the tracker with hpZ's secondary shards (stage 3)") {
-  const int world = world_size();
+  const int world = test::crosscheck_world_size();
   if (world < 2 || world % 2 != 0) {
     WARN("hpZ groups of 2 need an even world; world " << world);
     return;
@@ -342,7 +328,7 @@ TEST_CASE("zrt-mem matches the tracker with hpZ's secondary shards (stage 3)") {
         REQUIRE(e.secondary_peak > 0);
         CHECK(e.model_state_peak() == m.model_state_peak);
         const CategoryBytes predicted = e.device_peaks();
-        for (MemCategory c : kCompared) {
+        for (MemCategory c : test::kCrosscheckCategories) {
           INFO("device " << mem_category_name(c));
           CHECK(at(predicted, c) == at(m.device, c));
         }
@@ -352,20 +338,12 @@ TEST_CASE("zrt-mem matches the tracker with hpZ's secondary shards (stage 3)") {
 }
 
 TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.jsonl)") {
-  const int world = world_size();
-  const int rank = world_rank();
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
   // One directory per world size: ctest runs the np1, np2 and np4 jobs side by side.
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zrt_test_mem_crosscheck_np" + std::to_string(world));
-  if (rank == 0) {
-    std::filesystem::create_directories(dir);
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += "And God said, Let there be light: and there was light. ";
-    std::vector<std::uint16_t> t(text.begin(), text.end());
-    write_shard((dir / "m_train_000000.bin").string(), t.data(), t.size());
-    write_shard((dir / "m_val_000000.bin").string(), t.data(), 3000);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::write_crosscheck_corpus(dir, "m", 3000);
   // ZeRO++ at stage 3: the quantized collectives' scratch and qgZ's output slice (at 4 ranks
   // over 2 simulated nodes, so the hierarchical reduce-scatter's node sums are counted too).
   const std::string zeropp_comm = world == 4 ? R"(, "comm": {"ranks_per_node": 2})" : std::string();
@@ -408,7 +386,7 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
     const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
     const CategoryBytes predicted = e.device_peaks();
     INFO(in.setting().name() << " N " << world << ": " << last);
-    for (MemCategory c : kCompared) {
+    for (MemCategory c : test::kCrosscheckCategories) {
       INFO(mem_category_name(c));
       CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
     }

@@ -27,6 +27,7 @@
 
 #include "config/config.h"
 #include "runtime/data/token_shard.h"
+#include "tests/tools/mem_crosscheck_util.h"
 #include "tools/mem/memory_estimate.h"
 #include "train/trainer.h"
 
@@ -34,21 +35,6 @@ using namespace zrt;
 using namespace zrt::mem;
 
 namespace {
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
-                                 MemCategory::kMaster,      MemCategory::kOptimizer,
-                                 MemCategory::kActivations, MemCategory::kComm};
 
 // Model blocks: a Qwen3-MoE with q/k norms, a Mixtral, and a Qwen2-MoE with its shared expert
 // and a dense layer (both kinds of block); 256 tokens (the corpus is text).
@@ -80,23 +66,15 @@ const Variant kVariants[] = {
 }  // namespace
 
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages 1-3, offload") {
-  const int world = world_size();
-  const int rank = world_rank();
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
   if (world < 2) {
     WARN("expert parallelism needs at least 2 ranks; world " << world);
     return;
   }
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zrt_test_mem_crosscheck_ep_np" + std::to_string(world));
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += "And God said, Let there be light: and there was light. ";
-    std::vector<std::uint16_t> t(text.begin(), text.end());
-    write_shard((dir / "ep_train_000000.bin").string(), t.data(), t.size());
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::write_crosscheck_corpus(dir, "ep");
   const char* const stages[] = {R"({"stage": 1, "reduce_bucket_size": 3000)",
                                 R"({"stage": 2, "reduce_bucket_size": 3000)",
                                 R"({"stage": 3, "stage3_param_persistence_threshold": 100,
@@ -152,7 +130,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
             CHECK(e.expert_padded_params > 0);
             CHECK(e.dispatch_activations > 0);
             CHECK(e.dispatch_comm > 0);
-            for (MemCategory c : kCompared) {
+            for (MemCategory c : test::kCrosscheckCategories) {
               INFO(mem_category_name(c));
               CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
             }

@@ -15,49 +15,23 @@
 
 #include "config/config.h"
 #include "runtime/data/token_shard.h"
+#include "tests/tools/mem_crosscheck_util.h"
 #include "tools/mem/memory_estimate.h"
 #include "train/trainer.h"
 
 using namespace zrt;
 using namespace zrt::mem;
 
-namespace {
-
-int world_size() {
-  int n = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-const MemCategory kCompared[] = {MemCategory::kParams,      MemCategory::kGrads,
-                                 MemCategory::kMaster,      MemCategory::kOptimizer,
-                                 MemCategory::kActivations, MemCategory::kComm};
-
-}  // namespace
-
 TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 and 4") {
-  const int world = world_size();
-  const int rank = world_rank();
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
   if (world < 2) {
     WARN("sequence parallelism needs at least 2 ranks; world " << world);
     return;
   }
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zrt_test_mem_crosscheck_sp_np" + std::to_string(world));
-  if (rank == 0) {
-    std::filesystem::remove_all(dir);
-    std::filesystem::create_directories(dir);
-    std::string text;
-    for (int i = 0; i < 200; ++i) text += "And God said, Let there be light: and there was light. ";
-    std::vector<std::uint16_t> t(text.begin(), text.end());
-    write_shard((dir / "sp_train_000000.bin").string(), t.data(), t.size());
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
+  test::write_crosscheck_corpus(dir, "sp");
   // Four blocks, so cpu_checkpointing sends two block inputs to host memory; llama-tiny's two
   // key/value heads are shared out at sp 4. fp32: the CPU attention is the only kernel asking
   // for workspace, so the workspace category is exact too; bf16 adds the linear layers'
@@ -106,7 +80,7 @@ TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 an
           const CategoryBytes predicted = e.device_peaks();
           INFO(model << (bf16 ? ", bf16, " : ", fp32, ") << in.setting().name() << ", sp " << sp
                      << " of " << world << ": " << last);
-          for (MemCategory c : kCompared) {
+          for (MemCategory c : test::kCrosscheckCategories) {
             INFO(mem_category_name(c));
             CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
           }
