@@ -52,6 +52,9 @@ std::vector<double> metric_losses(const std::string& output_dir) {
   return losses;
 }
 
+// comm.timeout_s 120: a device fault on one rank (a twin's check) ends that rank's run with an
+// exception while its peers wait in a collective; they give up in 2 minutes, not the default 10
+// (the test's whole timeout), so the failure is reported, not killed.
 std::vector<double> run(const std::string& dir, const std::string& name, const std::string& zero,
                         int accumulation, const std::string& device, int world,
                         bool host_staged = false, const std::string& model_extra = "") {
@@ -74,7 +77,7 @@ std::vector<double> run(const std::string& dir, const std::string& name, const s
               "sample_tokens": 4},
     "device": {"type": ")" +
                            device + R"("},
-    "comm": {"host_staged_collectives": )" +
+    "comm": {"timeout_s": 120, "host_staged_collectives": )" +
                            (host_staged ? "true" : "false") + R"(},
     "output_dir": ")" + out +
                            R"("
