@@ -285,6 +285,11 @@ MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_
   }
 }
 
+std::int64_t MoeModel::Activations::local_rows_bound(std::int64_t N) const {
+  const I64 local_experts = c.num_experts / ep;
+  return I64{ep} * N * std::min<I64>(c.num_experts_per_tok, local_experts);
+}
+
 void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                          int sets) {
   const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
@@ -292,7 +297,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = I64{ep} * N * K;  // the local experts' rows (N*k at ep 1)
+  const I64 local_rows = local_rows_bound(N);
   kept.assign(static_cast<std::size_t>(sets), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
@@ -356,7 +361,7 @@ void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transforme
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = I64{ep} * N * K;
+  const I64 local_rows = local_rows_bound(N);
   p.bytes(&dln1, N * C * S);
   p.bytes(&datty, N * Q * S);
   p.bytes(&dln2, N * C * S);
@@ -384,9 +389,9 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
   const I64 N = s.N(), S = s.S, I = c.intermediate_size;
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
-  const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = I64{ep} * N * K;
+  const I64 local_rows = local_rows_bound(N);
   p.bytes(&dq, N * Q * S);
   p.bytes(&dk, N * KV * S);
   p.bytes(&dv, N * KV * S);

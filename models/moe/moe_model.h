@@ -138,6 +138,12 @@ class MoeModel final : public transformer::TransformerModel {
     Bytes dln1, datty, dln2, dh;
     Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
 
+    // The most (token, slot) rows this rank's experts can receive from `N` tokens a rank: a
+    // token's k experts are distinct, so at most min(k, E/ep) of its pairs land on one rank's
+    // E/ep experts, from each of the ep ranks of the group (N*k at ep 1). The dropless
+    // dispatch's buffers are this size whatever the routing.
+    std::int64_t local_rows_bound(std::int64_t N) const;
+
     const MoeConfig& c;
     int ep = 1;
     bool any_dense = false, any_moe = false;

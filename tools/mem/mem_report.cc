@@ -113,7 +113,8 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
     out += fmt::format(
         "  expert parallelism (expert_parallel.autoep_size {}): the dispatch's buffers, sized for "
         "the dropless worst case (every rank of the group routing every row to this rank's "
-        "experts: {} x tokens x k rows) whatever the routing, {} bytes in the activations over "
+        "experts, at most min(k, E/ep) of a token's: {} x tokens x min(k, E/ep) rows) whatever the "
+        "routing, {} bytes in the activations over "
         "autoep_size 1's and {} bytes of count vectors (comm)\n",
         ep, ep, chosen.dispatch_activations, chosen.dispatch_comm);
   } else {
