@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,17 @@ inline void write_crosscheck_corpus(const std::filesystem::path& dir, const std:
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The last row of `<output_dir>/metrics.jsonl` that has the tracker's peaks (mem_peak_bytes);
+// empty when none has.
+inline std::string last_peak_row(const std::string& output_dir) {
+  std::ifstream metrics(output_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line)) {
+    if (line.find("mem_peak_bytes") != std::string::npos) last = line;
+  }
+  return last;
 }
 
 }  // namespace zrt::test

@@ -377,11 +377,7 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
     const Inputs in = inputs_from_config(config);
     const Estimate e = estimate(in, in.setting());
     if (rank != 0) continue;
-    std::ifstream metrics(out + "/metrics.jsonl");
-    std::string line, last;
-    while (std::getline(metrics, line)) {
-      if (line.find("mem_peak_bytes") != std::string::npos) last = line;
-    }
+    const std::string last = test::last_peak_row(out);
     REQUIRE_FALSE(last.empty());
     const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
     const CategoryBytes predicted = e.device_peaks();

@@ -114,11 +114,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
           REQUIRE(in.engine.expert_parallel_size == ep);
           const Estimate e = estimate(in, in.setting());
           if (rank == 0) {
-            std::ifstream metrics(out + "/metrics.jsonl");
-            std::string line, last;
-            while (std::getline(metrics, line)) {
-              if (line.find("mem_peak_bytes") != std::string::npos) last = line;
-            }
+            const std::string last = test::last_peak_row(out);
             REQUIRE_FALSE(last.empty());
             const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
             const CategoryBytes predicted = e.device_peaks();

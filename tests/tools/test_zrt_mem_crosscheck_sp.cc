@@ -70,11 +70,7 @@ TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 an
         REQUIRE(in.engine.sequence_parallel_size == sp);
         const Estimate e = estimate(in, in.setting());
         if (rank == 0) {
-          std::ifstream metrics(out + "/metrics.jsonl");
-          std::string line, last;
-          while (std::getline(metrics, line)) {
-            if (line.find("mem_peak_bytes") != std::string::npos) last = line;
-          }
+          const std::string last = test::last_peak_row(out);
           REQUIRE_FALSE(last.empty());
           const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
           const CategoryBytes predicted = e.device_peaks();
