@@ -1014,6 +1014,12 @@ class Parser {
     }
     m.head_tile_rows = static_cast<int>(get_int("model.tiling.head_rows", 0));
     m.mlp_tile_rows = static_cast<int>(get_int("model.tiling.mlp_rows", 0));
+    m.expert_rows_reserve = get_number("model.expert_rows_reserve", kDefaultExpertRowsReserve);
+    if (has("model.expert_rows_reserve") && c.engine.expert_parallel_size <= 1) {
+      warn("model.expert_rows_reserve",
+           "no effect without expert parallelism (expert_parallel.autoep_size > 1): every "
+           "expert is local and its rows are the tokens' own");
+    }
 
     if (!has("data") && !is_rejected("data")) {
       error_plain(ProblemKind::kMissing,
@@ -1437,6 +1443,9 @@ json resolved_document(const Config& c) {
   model["activation_checkpointing"] = c.model.activation_checkpointing;
   if (c.model.head_tile_rows != 0) model["tiling"]["head_rows"] = c.model.head_tile_rows;
   if (c.model.mlp_tile_rows != 0) model["tiling"]["mlp_rows"] = c.model.mlp_tile_rows;
+  if (c.model.expert_rows_reserve != kDefaultExpertRowsReserve) {
+    model["expert_rows_reserve"] = c.model.expert_rows_reserve;
+  }
   if (c.model.cpu_checkpointing) out["activation_checkpointing"]["cpu_checkpointing"] = true;
   if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
 

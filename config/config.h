@@ -28,6 +28,7 @@
 #include "runtime/comm/process_group.h"
 #include "runtime/device/device.h"
 #include "runtime/engine/zero_engine.h"
+#include "runtime/model_interface.h"
 
 namespace zrt {
 
@@ -75,6 +76,9 @@ struct ModelConfig {
   // (models/transformer/tiling.h).
   int head_tile_rows = 0;
   int mlp_tile_rows = 0;
+  // model.expert_rows_reserve: under expert parallelism, the rows the local experts' buffers
+  // hold at first over the balanced share (models/moe/expert_rows.h).
+  double expert_rows_reserve = kDefaultExpertRowsReserve;
   std::string init_from;  // safetensors path, "" for a random init
 
   // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then every key

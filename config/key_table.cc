@@ -790,6 +790,14 @@ std::vector<KeyInfo> build_table() {
         "per forward, the rest dropped in token order (counted in metrics.jsonl); 0: dropless")
           .range(0)
           .zrt(),
+      K("model.expert_rows_reserve", I, kNumber, "1.25",
+        "Mixture of experts under expert parallelism: the rows this rank's experts' buffers hold "
+        "at first, as a multiple of the balanced share (tokens x num_experts_per_tok); a step "
+        "whose routing sends more grows them (logged; metrics.jsonl expert_rows_load / "
+        "expert_rows_capacity); autoep_size x min(k, experts/autoep_size) / k reserves the "
+        "dropless worst case up front")
+          .range(1)
+          .zrt(),
       K("model.activation_checkpointing", I, kBool, "false",
         "Keep block inputs only; recompute each block in backward")
           .zrt(),

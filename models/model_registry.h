@@ -46,6 +46,13 @@ struct ModelOptions {
   // expert_parallel.autoep_size to count for, as the rank at expert-parallel position 0 (every
   // position has the same shapes). Building a model with it above 1 is refused.
   int planned_expert_parallel_size = 1;
+  // Expert parallelism: the rows the local experts' buffers hold at first, as a multiple of the
+  // balanced share (tokens x top-k; model.expert_rows_reserve, models/moe/expert_rows.h); they
+  // grow when a step's routing asks for more.
+  double expert_rows_reserve = kDefaultExpertRowsReserve;
+  // For counting only: the rows those buffers hold (a run's metrics.jsonl expert_rows_capacity);
+  // 0: what expert_rows_reserve starts them at; -1: the dropless worst case.
+  std::int64_t planned_expert_rows = 0;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;

@@ -119,7 +119,14 @@ struct ExpertLoad {
   // (token, slot) pairs each expert received, layer-major: E entries per MoE layer.
   std::vector<std::int64_t> tokens;
   std::int64_t dropped = 0;  // pairs a capacity factor dropped
+  // Under expert parallelism: the most rows one layer's local experts received, their balanced
+  // share (a pass's tokens x top-k), and the rows their buffers hold now; 0 without.
+  std::int64_t rows_max = 0, rows_balanced = 0, rows_capacity = 0;
 };
+
+// model.expert_rows_reserve's default (models/moe/expert_rows.h): the local experts' buffers
+// start a quarter above the balanced share of the rows.
+constexpr double kDefaultExpertRowsReserve = 1.25;
 
 // A trainable model, as the engine and the tools drive it.
 class Model {

@@ -64,8 +64,11 @@ options:
   --ep N                    expert_parallel.autoep_size (default: the config's, else 1), for a
                             mixture of experts at stages 1-3: each rank holds E/N of every MoE
                             layer's experts as units of their own, sliced over world/N ranks
-                            (the dense units over the world), and the local experts' rows sized
-                            for the dropless worst case, N x tokens x k
+                            (the dense units over the world); the rows its experts receive
+                            counted at --expert-rows-reserve, the worst case beside them
+  --expert-rows-reserve F   with --ep: the rows a rank's experts' buffers hold, over the balanced
+                            share tokens x k (model.expert_rows_reserve, default 1.25; a run's
+                            metrics.jsonl prints the load its routing reached, expert_rows_load)
   --optimizer adam|adamw|lion  the optimizer (default: the config's, else AdamW): its fp32
                             state is 12 bytes per parameter for Adam, 8 for Lion
   --dtype fp32|bf16|fp16    compute dtype (default bf16)
@@ -196,7 +199,8 @@ int run(int argc, char** argv) {
                                              {"--seq-multiple", true},
                                              {"--host-gb", true},
                                              {"--head-tile-rows", true},
-                                             {"--mlp-tile-rows", true}};
+                                             {"--mlp-tile-rows", true},
+                                             {"--expert-rows-reserve", true}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -310,6 +314,12 @@ int run(int argc, char** argv) {
     in.head_tile_rows = parse_int("--head-tile-rows", args["--head-tile-rows"]);
   if (args.count("--mlp-tile-rows"))
     in.mlp_tile_rows = parse_int("--mlp-tile-rows", args["--mlp-tile-rows"]);
+  if (args.count("--expert-rows-reserve")) {
+    in.expert_rows_reserve = parse_number("--expert-rows-reserve", args["--expert-rows-reserve"]);
+    if (!(in.expert_rows_reserve >= 1.0)) {
+      usage_error("--expert-rows-reserve must be >= 1 (the balanced share of the rows)");
+    }
+  }
   if (in.head_tile_rows < -1 || in.mlp_tile_rows < -1) {
     usage_error(
         "--head-tile-rows and --mlp-tile-rows take a row count, 0 (automatic) or -1 (never)");

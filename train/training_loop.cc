@@ -384,6 +384,15 @@ nlohmann::json TrainingRun::routing_metrics() {
       out["expert_tokens_max"] = *std::max_element(counts.begin(), counts.end());
     }
     out["dropped_tokens"] = dropped;
+    // Expert parallelism: the busiest rank's rows (one layer's local experts, one pass) over
+    // their balanced share, and the most rows a rank's buffers hold (models/moe/expert_rows.h;
+    // what zrt-mem --expert-rows-reserve and a crosscheck at that capacity count).
+    if (load->rows_balanced > 0) {
+      const std::vector<std::int64_t> rows = control_->max({load->rows_max, load->rows_capacity});
+      out["expert_rows_load"] =
+          static_cast<double>(rows[0]) / static_cast<double>(load->rows_balanced);
+      out["expert_rows_capacity"] = rows[1];
+    }
   }
   return out;
 }

@@ -151,6 +151,7 @@ void TrainingRun::build_model() {
   model_options.cpu_checkpointing = config_.model.cpu_checkpointing;
   model_options.head_tile_rows = config_.model.head_tile_rows;
   model_options.mlp_tile_rows = config_.model.mlp_tile_rows;
+  model_options.expert_rows_reserve = config_.model.expert_rows_reserve;
   model_owner_ = model_source_.build(*ctx_, model_options);
   if (!model_owner_) {
     ZRT_THROW(InvalidArgument, "ModelFactory for {} built no model", model_source_.description);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/ops.h"
+#include "models/moe/expert_rows.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -78,7 +79,7 @@ void MoeLayer::experts_forward(kernels::KernelContext& ctx, DType dt, const MoeP
 }
 
 void MoeLayer::remote_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
-                                      MoeKept& kept, MoeScratch& scratch) const {
+                                      MoeKept& kept, MoeScratch& scratch, int N) const {
   const auto& s = shape_;
   std::vector<I64> counts(static_cast<std::size_t>(s.E));
   for (int e = 0; e < s.E; ++e) {
@@ -87,6 +88,8 @@ void MoeLayer::remote_experts_forward(kernels::KernelContext& ctx, DType dt, con
   }
   // Every rank of the group runs these three collectives whatever its counts (docs/reliability.md).
   kept.plan = dispatch_->plan(counts);
+  // The plan says how many rows land here: the local experts' buffers are made to hold them.
+  rows_->fit(kept, scratch, kept.plan.local_rows, N, dt, kept.layer);
   const int L = kept.plan.experts.local();
   kept.local_offsets.assign(static_cast<std::size_t>(L) + 1, 0);
   for (int l = 0; l < L; ++l) {
@@ -115,7 +118,7 @@ void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p
   }
   k::moe_gather(ctx, dt, kept.xe, x, ints(kept.row_of), N, s.k, s.C);
   if (dispatch_ != nullptr) {
-    remote_experts_forward(ctx, dt, p, kept, scratch);
+    remote_experts_forward(ctx, dt, p, kept, scratch, N);
   } else {
     experts_forward(ctx, dt, p, kept);
   }
@@ -162,6 +165,11 @@ void MoeLayer::remote_experts_backward(kernels::KernelContext& ctx, DType dt, DT
   const auto& s = shape_;
   // The forward's plan: the same rows travel, the gradients in place of the values.
   dispatch_->dispatch(kept.plan, scratch.dy, scratch.dyl, s.C, dt, scratch.staging);
+  // swiglu_backward adds into dgate and dup, which are not in the driver's zeroed region here.
+  const std::size_t gradient_bytes =
+      static_cast<std::size_t>(kept.plan.local_rows * s.I) * dtype_size(dt);
+  ctx.device().fill_zero(scratch.dgate, gradient_bytes, ctx.stream());
+  ctx.device().fill_zero(scratch.dup, gradient_bytes, ctx.stream());
   swiglu_experts_backward(ctx, dt, gt, p, g, kept.xl, kept.gate, kept.up, kept.h, scratch.dyl,
                           scratch.dxl, scratch, kept.local_offsets, kept.plan.experts.local());
   dispatch_->combine(kept.plan, scratch.dxl, scratch.dxe, s.C, dt, scratch.staging);

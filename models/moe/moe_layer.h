@@ -32,6 +32,8 @@
 
 namespace zrt::moe {
 
+class ExpertRows;
+
 using Bytes = DevicePtr<std::byte>;
 using Floats = DevicePtr<float>;
 
@@ -70,10 +72,13 @@ struct MoeKept {
   Bytes routed;
   Bytes row_of;              // (N,k) int32: each pair's row
   Bytes xe, gate, up, h, y;  // (N*k, C / I / I / I / C): permuted inputs, the experts' values
-  // Expert parallelism: gate, up, h hold the local experts' rows (up to ep*N*k, every rank of
-  // the group sending all its rows here), xl their inputs (ep*N*k, C); the exchange's plan and
-  // the local experts' row offsets (E/ep + 1) on the host.
+  // Expert parallelism: gate, up, h hold the local experts' rows (R of them: what the plan
+  // says every rank of the group sends here), xl their inputs (R, C), all four in ExpertRows'
+  // kept set `rows_set` (models/moe/expert_rows.h), bound at each forward; the exchange's plan
+  // and the local experts' row offsets (E/ep + 1) on the host; the block they belong to (logs).
   Bytes xl;
+  int rows_set = 0;
+  int layer = 0;
   DispatchPlan plan;
   std::vector<std::int32_t> local_offsets;
   Bytes sgate, sup, sh, sout, slogit;  // shared expert: (N,Is) x3, (N,C), (N) gate logit
@@ -84,14 +89,18 @@ struct MoeKept {
 // Scratch one forward or backward overwrites before reading.
 struct MoeScratch {
   Bytes counts, offsets, source;  // int32: (E), (E+1), (N*k)
-  Bytes dy, dh, dxe;              // (N*k, C / I / C); under expert parallelism dh (ep*N*k, I)
-  Bytes yl, dyl, dxl;             // expert parallelism: the local experts' rows (ep*N*k, C)
-  Bytes staging;                  // expert parallelism: the exchanges' landing rows (ep*N*k, C)
-  Floats dweights;                // (N,k)
-  Bytes dlogits;                  // (N,E)
-  Bytes ds, dsh, dslogit;         // (N,C), (N,Is), (N)
-  // Accumulated (zeroed by the driver before each block's backward): swiglu's gradients.
-  Bytes dgate, dup;    // (N*k, I); under expert parallelism (ep*N*k, I)
+  Bytes dy, dh, dxe;              // (N*k, C / I / C); under expert parallelism dh (R, I)
+  // Expert parallelism, ExpertRows' scratch: the local experts' outputs (R, C) and, in the
+  // backward, their output then input gradients: one buffer, never live at once; the
+  // exchanges' landing rows (R, C).
+  Bytes yl, dyl, dxl;
+  Bytes staging;
+  Floats dweights;         // (N,k)
+  Bytes dlogits;           // (N,E)
+  Bytes ds, dsh, dslogit;  // (N,C), (N,Is), (N)
+  // Accumulated: swiglu's gradients, zeroed by the driver before each block's backward (under
+  // expert parallelism ExpertRows' (R, I) each, zeroed by the layer).
+  Bytes dgate, dup;    // (N*k, I)
   Bytes dsgate, dsup;  // (N,Is)
 };
 
@@ -107,10 +116,11 @@ struct MoeRouterLoss {
 
 class MoeLayer {
  public:
-  // `dispatch`: expert parallelism's exchange over the ep group (it must outlive the layer), or
-  // null with every expert local.
-  explicit MoeLayer(MoeLayerShape shape, ExpertDispatch* dispatch = nullptr)
-      : shape_(shape), dispatch_(dispatch) {}
+  // `dispatch`: expert parallelism's exchange over the ep group, and `rows` the local experts'
+  // rows' memory (both must outlive the layer), or both null with every expert local.
+  explicit MoeLayer(MoeLayerShape shape, ExpertDispatch* dispatch = nullptr,
+                    ExpertRows* rows = nullptr)
+      : shape_(shape), dispatch_(dispatch), rows_(rows) {}
 
   const MoeLayerShape& shape() const { return shape_; }
 
@@ -133,10 +143,11 @@ class MoeLayer {
                        const MoeKept& kept) const;
   void experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                         const MoeParams& g, const MoeKept& kept, MoeScratch& scratch) const;
-  // The same over the ep group: kept.xe to the experts' ranks, the local experts' SwiGLU, the
-  // outputs back into kept.y; the backward scratch.dy out and scratch.dxe back.
+  // The same over the ep group: kept.xe (of N tokens' pairs) to the experts' ranks, the local
+  // experts' SwiGLU, the outputs back into kept.y; the backward scratch.dy out and scratch.dxe
+  // back.
   void remote_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
-                              MoeKept& kept, MoeScratch& scratch) const;
+                              MoeKept& kept, MoeScratch& scratch, int N) const;
   void remote_experts_backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                                const MoeParams& g, const MoeKept& kept, MoeScratch& scratch) const;
   // The grouped SwiGLU of `experts` experts over `offsets`' rows, forward and backward (the
@@ -153,6 +164,7 @@ class MoeLayer {
 
   MoeLayerShape shape_;
   ExpertDispatch* dispatch_ = nullptr;
+  ExpertRows* rows_ = nullptr;
 };
 
 }  // namespace zrt::moe

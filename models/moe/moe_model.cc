@@ -157,6 +157,19 @@ std::unique_ptr<ExpertDispatch> make_expert_dispatch(kernels::KernelContext& ctx
                                           experts.num_experts);
 }
 
+ExpertRowsShape expert_rows_shape(const MoeConfig& c, int ep) {
+  return {c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok, c.num_experts, ep};
+}
+
+std::unique_ptr<ExpertRows> make_expert_rows(kernels::KernelContext& ctx, const MoeConfig& c,
+                                             const ExpertPartition& experts,
+                                             const MoeOptions& options) {
+  if (experts.ep_size == 1) return nullptr;
+  return std::make_unique<ExpertRows>(ctx.device(), ctx.stream(), options.expert_group->stream(),
+                                      expert_rows_shape(c, experts.ep_size),
+                                      options.expert_rows_reserve);
+}
+
 }  // namespace
 
 MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options)
@@ -164,9 +177,10 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
       config_(std::move(config)),
       experts_(expert_partition(config_, options)),
       dispatch_(make_expert_dispatch(ctx, experts_, options)),
+      rows_(make_expert_rows(ctx, config_, experts_, options)),
       params_(parameter_table(config_, experts_)),
       rope_(moe_rope_table(config_)),
-      layer_(layer_shape(config_), dispatch_.get()) {
+      layer_(layer_shape(config_), dispatch_.get(), rows_.get()) {
   // The blocks run attention on the whole sequence (no Ulysses exchange), and the
   // load-balancing term is per forward over its tokens: a chunk of a sequence is neither.
   if (options.sequence_parallel_size() > 1) {
@@ -272,6 +286,9 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     fp32, weights (N,k) fp32, experts, routed (with a capacity factor), row_of (N,k) int32,
 //     xe (N*k,C), gate, up, h (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is),
 //     sout (N,C), slogit (N)
+//     (under expert parallelism gate, up, h and the experts' inputs xl hold the rows this rank's
+//     experts receive: ExpertRows' kept sets, outside this layout, as is every (R, .) scratch
+//     below: the exchanges' staging and rows, dh, dgate, dup; models/moe/expert_rows.h)
 //   then proj (N,C); any MoE: the plan's counts (E), offsets (E+1), source (N*k) int32
 //   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (N,I); any MoE: dy (N*k,C), dh
 //     (N*k,Ie), dxe (N*k,C), dweights (N,k) fp32, dlogits (N,E); shared: ds (N,C), dsh (N,Is),
@@ -285,11 +302,6 @@ MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_
   }
 }
 
-std::int64_t MoeModel::Activations::local_rows_bound(std::int64_t N) const {
-  const I64 local_experts = c.num_experts / ep;
-  return I64{ep} * N * std::min<I64>(c.num_experts_per_tok, local_experts);
-}
-
 void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                          int sets) {
   const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
@@ -297,8 +309,8 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = local_rows_bound(N);
   kept.assign(static_cast<std::size_t>(sets), Kept());
+  int moe_sets = 0;  // ExpertRows' kept sets: one per MoE block (or the one block's)
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);
@@ -330,11 +342,12 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
       if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
       p.bytes(&m.row_of, N * K * 4);
       p.bytes(&m.xe, N * K * C * S);
-      p.bytes(&m.gate, local_rows * Ie * S);
-      p.bytes(&m.up, local_rows * Ie * S);
-      p.bytes(&m.h, local_rows * Ie * S);
+      if (ep == 1) {
+        p.bytes(&m.gate, N * K * Ie * S);
+        p.bytes(&m.up, N * K * Ie * S);
+        p.bytes(&m.h, N * K * Ie * S);
+      }
       p.bytes(&m.y, N * K * C * S);
-      if (ep > 1) p.bytes(&m.xl, local_rows * C * S);
       if (Is > 0) {
         p.bytes(&m.sgate, N * Is * S);
         p.bytes(&m.sup, N * Is * S);
@@ -344,15 +357,15 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
       }
     }
   }
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    const int layer = sets == 1 ? 0 : static_cast<int>(i);
+    if (sets == 1 || c.is_moe_layer(layer)) kept[i].moe.rows_set = moe_sets++;
+  }
   p.bytes(&proj, N * C * S);
   if (any_moe) {
     p.bytes(&moe.counts, E * 4);
     p.bytes(&moe.offsets, (E + 1) * 4);
     p.bytes(&moe.source, N * K * 4);
-    if (ep > 1) {
-      p.bytes(&moe.yl, local_rows * C * S);
-      p.bytes(&moe.staging, local_rows * C * S);
-    }
   }
 }
 
@@ -361,19 +374,14 @@ void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transforme
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = local_rows_bound(N);
   p.bytes(&dln1, N * C * S);
   p.bytes(&datty, N * Q * S);
   p.bytes(&dln2, N * C * S);
   if (any_dense) p.bytes(&dh, N * I * S);
   if (any_moe) {
     p.bytes(&moe.dy, N * K * C * S);
-    p.bytes(&moe.dh, local_rows * Ie * S);
+    if (ep == 1) p.bytes(&moe.dh, N * K * Ie * S);
     p.bytes(&moe.dxe, N * K * C * S);
-    if (ep > 1) {
-      p.bytes(&moe.dyl, local_rows * C * S);
-      p.bytes(&moe.dxl, local_rows * C * S);
-    }
     p.floats(&moe.dweights, N * K);
     p.bytes(&moe.dlogits, N * E * S);
     if (Is > 0) {
@@ -391,7 +399,7 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
   const I64 Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
-  const I64 local_rows = local_rows_bound(N);
+  const I64 K = c.num_experts_per_tok;
   p.bytes(&dq, N * Q * S);
   p.bytes(&dk, N * KV * S);
   p.bytes(&dv, N * KV * S);
@@ -404,8 +412,10 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
     p.bytes(&dup, N * I * S);
   }
   if (any_moe) {
-    p.bytes(&moe.dgate, local_rows * Ie * S);
-    p.bytes(&moe.dup, local_rows * Ie * S);
+    if (ep == 1) {
+      p.bytes(&moe.dgate, N * K * Ie * S);
+      p.bytes(&moe.dup, N * K * Ie * S);
+    }
     if (Is > 0) {
       p.bytes(&moe.dsgate, N * Is * S);
       p.bytes(&moe.dsup, N * Is * S);
@@ -414,15 +424,28 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
 }
 
 std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
-                                        bool activation_checkpointing, int expert_parallel_size) {
+                                        bool activation_checkpointing, int expert_parallel_size,
+                                        std::int64_t expert_rows, double expert_rows_reserve) {
   Activations scratch(config, expert_parallel_size);
   transformer::TransformerOptions options;
   options.activation_checkpointing = activation_checkpointing;
   ExpertPartition experts{config.num_experts, expert_parallel_size, 0};
-  if (expert_parallel_size > 1) experts.check();
+  I64 rows_bytes = 0;
+  if (expert_parallel_size > 1) {
+    experts.check();
+    const ExpertRowsShape shape = expert_rows_shape(config, expert_parallel_size);
+    const I64 N = I64{B} * T;
+    const I64 rows = expert_rows > 0   ? expert_rows
+                     : expert_rows < 0 ? shape.worst_rows(N)
+                                       : shape.initial_rows(N, expert_rows_reserve);
+    const int sets = config.num_moe_layers() == 0 ? 0
+                     : activation_checkpointing   ? 1
+                                                  : config.num_moe_layers();
+    rows_bytes = shape.device_bytes(sets, rows, static_cast<I64>(dtype_size(dtype)));
+  }
   return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,
                                             scratch) +
-         kActivationAlign + router_bytes(config);
+         kActivationAlign + router_bytes(config) + rows_bytes;
 }
 
 std::int64_t MoeModel::local_expert_stride(ParamAccess& a, int first, bool grads,
@@ -517,6 +540,7 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
                               c.rms_norm_eps);
   if (c.is_moe_layer(layer)) {
+    x.moe.layer = layer;
     layer_.forward(ctx, dt, moe_params(a, layer, false), x.moe, acts_.moe, x.ln2, acts_.proj, N,
                    counting ? &router_ : nullptr, c.router_z_loss_coef > 0);
     if (counting) {
@@ -561,6 +585,11 @@ void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
 
 std::optional<ExpertLoad> MoeModel::take_expert_load() {
   ExpertLoad load{expert_tokens_, dropped_};
+  if (rows_) {
+    load.rows_max = rows_->take_peak_rows();
+    load.rows_balanced = rows_->balanced_rows();
+    load.rows_capacity = rows_->capacity();
+  }
   std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
   dropped_ = 0;
   passes_ = 0;
@@ -639,6 +668,8 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1), d.dln1, res_in, P(kLn1), x.ln1_rstd, N, C);
+  // The pass's last block: the local experts' buffers all at the capacity it reached.
+  if (layer == 0 && rows_) rows_->settle();
 }
 
 }  // namespace zrt::moe

@@ -39,6 +39,7 @@
 
 #include "kernels/kernel_context.h"
 #include "kernels/rope_table.h"
+#include "models/moe/expert_rows.h"
 #include "models/moe/moe_config.h"
 #include "models/moe/moe_layer.h"
 #include "models/transformer/transformer_model.h"
@@ -72,11 +73,13 @@ class MoeModel final : public transformer::TransformerModel {
   static std::vector<ParamSpec> parameter_table(const MoeConfig& config,
                                                 const ExpertPartition& experts = {});
   // Device bytes of activations one (B, T) pass in `dtype` allocates (the loss scalar and the
-  // router statistics included); under expert parallelism (`expert_parallel_size` ep > 1) the
-  // local experts' rows sized for the dropless worst case, ep*N*k (every rank of the group
-  // routing every pair to this rank's experts), and the dispatch's staging and count buffers.
+  // router statistics included); under expert parallelism (`expert_parallel_size` ep > 1) with
+  // the local experts' rows (ExpertRows) at `expert_rows` rows, where `expert_rows_reserve`
+  // starts them (0), or at the dropless worst case (-1).
   static std::int64_t activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
-                                       bool activation_checkpointing, int expert_parallel_size = 1);
+                                       bool activation_checkpointing, int expert_parallel_size = 1,
+                                       std::int64_t expert_rows = 0,
+                                       double expert_rows_reserve = kDefaultExpertRowsReserve);
   // The expert partition of this rank (ep_size 1 without expert parallelism).
   const ExpertPartition& experts() const { return experts_; }
 
@@ -138,12 +141,6 @@ class MoeModel final : public transformer::TransformerModel {
     Bytes dln1, datty, dln2, dh;
     Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
 
-    // The most (token, slot) rows this rank's experts can receive from `N` tokens a rank: a
-    // token's k experts are distinct, so at most min(k, E/ep) of its pairs land on one rank's
-    // E/ep experts, from each of the ep ranks of the group (N*k at ep 1). The dropless
-    // dispatch's buffers are this size whatever the routing.
-    std::int64_t local_rows_bound(std::int64_t N) const;
-
     const MoeConfig& c;
     int ep = 1;
     bool any_dense = false, any_moe = false;
@@ -162,8 +159,10 @@ class MoeModel final : public transformer::TransformerModel {
 
   MoeConfig config_;
   ExpertPartition experts_;
-  // Expert parallelism's exchange (null at ep 1), before the layer that uses it.
+  // Expert parallelism's exchange and the memory of the rows this rank's experts receive (null
+  // at ep 1), before the layer that uses them.
   std::unique_ptr<ExpertDispatch> dispatch_;
+  std::unique_ptr<ExpertRows> rows_;
   std::vector<ParamSpec> params_;
   // Per parameter: the ep-1 table's parameter and element offset its initial values are read
   // from (an expert's own parameter: its rows of the fused one).

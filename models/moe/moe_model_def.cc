@@ -69,14 +69,16 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
   std::vector<ParamSpec> parameters_for(const ModelOptions& options) const override {
     return MoeModel::parameter_table(config(), partition_for(options));
   }
-  // Under expert parallelism the local experts' rows are sized for the dropless worst case (the
-  // rows every rank of the group can send, ep*N*k) and the dispatch keeps its count vectors.
+  // Under expert parallelism the local experts' rows at options.planned_expert_rows, or where
+  // expert_rows_reserve starts them (models/moe/expert_rows.h), and the dispatch's count
+  // vectors.
   ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                            const ModelOptions& options) const override {
     const ExpertPartition experts = partition_for(options);
     ActivationFootprint f;
     f.device = MoeModel::activation_bytes(config(), B, T, dtype, options.activation_checkpointing,
-                                          experts.ep_size);
+                                          experts.ep_size, options.planned_expert_rows,
+                                          options.expert_rows_reserve);
     if (experts.ep_size > 1) f.device_comm = ExpertDispatch::own_bytes(experts.num_experts);
     return f;
   }

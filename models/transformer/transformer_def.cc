@@ -25,6 +25,7 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.sequence_group = options.sequence_group;
   o.planned_sequence_parallel_size = options.planned_sequence_parallel_size;
   o.expert_group = options.expert_group;
+  o.expert_rows_reserve = options.expert_rows_reserve;
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/comm/process_group.h"
+#include "runtime/model_interface.h"
 
 namespace zrt::transformer {
 
@@ -77,6 +78,9 @@ struct TransformerOptions {
   // outlive the model. Null or a group of 1: every expert local. Models without experts ignore it.
   ProcessGroup* expert_group = nullptr;
   int expert_parallel_size() const { return expert_group ? expert_group->size() : 1; }
+  // Under expert parallelism: the local experts' rows reserved at first, over the balanced share
+  // (ModelOptions::expert_rows_reserve).
+  double expert_rows_reserve = kDefaultExpertRowsReserve;
   // With activation_checkpointing: the kept block inputs live in pinned host memory, the
   // device keeping two of them (checkpoint_offload.h).
   bool cpu_checkpointing = false;

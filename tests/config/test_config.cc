@@ -1249,6 +1249,22 @@ TEST_CASE("long sequences: cpu_checkpointing and model.tiling", "[config]") {
              Catch::Contains("model.tiling.mlp_rows"));
 }
 
+TEST_CASE("model.expert_rows_reserve: the rows expert parallelism reserves at first", "[config]") {
+  CHECK(parse_doc(base_config()).model.expert_rows_reserve == kDefaultExpertRowsReserve);
+  // Without expert parallelism it has nothing to reserve: taken, with a warning naming it.
+  const Config dense = parse_doc(patched(R"({"model": {"expert_rows_reserve": 2.5}})"));
+  CHECK(dense.model.expert_rows_reserve == 2.5);
+  CHECK(has_warning(dense, "model.expert_rows_reserve"));
+  // The resolved document (what a checkpoint saves) carries it back; the default is left out.
+  const json resolved = resolved_document(dense);
+  CHECK(resolved["model"]["expert_rows_reserve"] == 2.5);
+  CHECK(parse_doc(resolved).model.expert_rows_reserve == 2.5);
+  CHECK_FALSE(resolved_document(parse_doc(base_config()))["model"].contains("expert_rows_reserve"));
+  // Below the balanced share: refused by name.
+  CHECK_THAT(error_of(patched(R"({"model": {"expert_rows_reserve": 0.5}})").dump()),
+             Catch::Contains("model.expert_rows_reserve"));
+}
+
 }  // namespace
 }  // namespace zrt
 

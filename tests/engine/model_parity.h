@@ -307,6 +307,7 @@ inline void check_engine_parity(const ParityCase& pc) {
   const auto specs = builtin_models().parse_spec(pc.spec)->parameters();
   std::vector<std::vector<double>> bounds(specs.size());
   double widest = 0.0;
+  std::string widest_name;
   for (std::size_t p = 0; p < specs.size(); ++p) {
     const auto want = pc.parts(specs[p].name, whole[p]);
     const auto two = pc.parts(specs[p].name, split2[p]);
@@ -315,15 +316,23 @@ inline void check_engine_parity(const ParityCase& pc) {
       const double sensitivity =
           std::max(relative_l2(two[k], want[k]), relative_l2(four[k], want[k]));
       bounds[p].push_back(kReassociationFactor * sensitivity + adam_floor);
-      widest = std::max(widest, bounds[p].back());
+      if (bounds[p].back() > widest) {
+        widest = bounds[p].back();
+        widest_name = specs[p].name + (want.size() > 1 ? " part " + std::to_string(k) : "");
+      }
     }
   }
   WARN(pc.spec << ": re-association sensitivity here (ZRT_CPU_ISA "
                << cpu_isa_name(active_cpu_isa()) << ", " << pc.steps
-               << " steps): widest per-tensor bound " << widest);
-  // A bound this wide would hide real defects: the sensitivity itself must stay at the rounding
-  // level.
-  REQUIRE(widest < 1e-4);
+               << " steps): widest per-tensor bound " << widest << " (" << widest_name << ")");
+  // A bound this wide would hide real defects: the sensitivity itself must stay far below what
+  // a defect does. pc.lr (3e-3) over ten AdamW steps moves an element by up to 3e-2, against
+  // initial values of std 0.02: a defect in a tensor's gradients (a missing 1/ep, a token's
+  // contribution dropped, a row sent to the wrong expert) changes the tensor by a share of its
+  // update, orders above 1e-3 of its norm. The rounding's own spread depends on the kernels the
+  // machine runs (measured: up to 4.4e-5 on AVX2 and 5.1e-5 scalar, 1.14e-4 on an AVX-512
+  // Emerald Rapids for the tied embedding of the tiny Qwen2-MoE), so the guard sits at 1e-3.
+  REQUIRE(widest < 1e-3);
   struct Variant {
     int stage;
     bool checkpointing;

@@ -10,11 +10,15 @@
 // the dispatch keeps its count vectors (comm) and the model its local experts' rows and the
 // exchange's staging (activations).
 //
-// Routing: the dispatch's buffers are sized for the dropless worst case (ep*N*k rows: every rank
-// of the group routing every (token, slot) pair to this rank's experts) when the model is built,
-// and the exchange lands in that planned staging, so nothing the tracker sees depends on the
-// routing: any routing (here, what the tiny model's router does with the corpus) reaches the
-// estimate, which must equal the peaks to the byte.
+// Routing: the rows a rank's experts receive are held at a capacity that starts at
+// model.expert_rows_reserve x the balanced share and grows with the routing (models/moe/
+// expert_rows.h), settled at every buffer after each training pass, so the tracker's peak is a
+// function of the capacity reached. The run's metrics row says it (expert_rows_capacity, the
+// most of any rank: the category peaks are each the most of any rank too, and only these
+// buffers differ between ranks), and the estimate at that capacity must equal the peaks to the
+// byte. The default reserve (1.25) is beaten by the tiny models' routing at some ranks, so the
+// growth is exercised; a reserve of 1 (variant below) grows at the first layer of every run,
+// and the worst case's reserve never grows.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -62,6 +66,9 @@ struct Variant {
 };
 const Variant kVariants[] = {
     {0, false, true}, {1, false, true}, {0, true, true}, {2, false, true}, {1, true, false}};
+// model.expert_rows_reserve per run, in turn: the default, the balanced share alone (growth on
+// the first forward), and the dropless worst case reserved up front (never grows).
+const double kReserves[] = {1.25, 1.0, 1e9};
 
 }  // namespace
 
@@ -89,6 +96,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
           if (offload == 2 && std::string(stage).find("\"stage\": 3") == std::string::npos) {
             continue;
           }
+          const double reserve = kReserves[run % 3];
           const std::string out = (dir / ("run" + std::to_string(run++))).string();
           const std::string zero =
               std::string(stage) +
@@ -101,7 +109,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
                                    std::to_string(ep) + R"(}, "zero_optimization": )" + zero + R"(,
                 "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
                 "model": {)" + model +
-                                   R"(, "seq_len": 32, "activation_checkpointing": )" +
+                                   R"(, "seq_len": 32, "expert_rows_reserve": )" +
+                                   std::to_string(reserve) + R"(, "activation_checkpointing": )" +
                                    (checkpointing ? "true" : "false") + R"(},
                 "data": {"train": ")" +
                                    (dir / "ep_train_*.bin").string() + R"("},
@@ -110,18 +119,41 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
                                    out + R"("})";
           const Config config = parse_config_text(text, world, "crosscheck_ep.json");
           train::run_training(config, train::RankInfo{rank, world, rank, world});
-          const Inputs in = inputs_from_config(config);
+          Inputs in = inputs_from_config(config);
           REQUIRE(in.engine.expert_parallel_size == ep);
-          const Estimate e = estimate(in, in.setting());
+          REQUIRE(in.expert_rows_reserve == reserve);
+          // Every rank reads the capacity the run reached (rank 0 wrote it; the barrier below
+          // keeps the next run's files apart).
+          std::int64_t capacity = 0;
           if (rank == 0) {
             const std::string last = test::last_peak_row(out);
             REQUIRE_FALSE(last.empty());
-            const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
+            capacity = nlohmann::json::parse(last)["expert_rows_capacity"].get<std::int64_t>();
+          }
+          MPI_Bcast(&capacity, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+          REQUIRE(capacity > 0);
+          const Estimate at_reserve = estimate(in, in.setting());
+          in.expert_rows = capacity;
+          const Estimate e = estimate(in, in.setting());
+          if (rank == 0) {
+            const std::string last = test::last_peak_row(out);
+            const auto row = nlohmann::json::parse(last);
+            const auto peaks = row["mem_peak_bytes"];
             const CategoryBytes predicted = e.device_peaks();
             INFO(model << "\n"
                        << in.setting().name() << (checkpointing ? ", checkpointing" : "")
                        << (bf16 ? ", bf16" : ", fp32") << ", ep " << ep << " of " << world << ": "
-                       << last);
+                       << last << "\nexpert_rows_reserve " << reserve);
+            // The capacity reached is the reserve's or grown past it, never below; at the
+            // worst case's reserve it cannot grow, so the estimate needs no run's figure.
+            CHECK(e.device_total() >= at_reserve.device_total());
+            if (reserve > 1e8) CHECK(e.device_total() == at_reserve.device_total());
+            // The load the routing reached is the rows of the busiest layer over the balanced
+            // share: at least 1 (the group's ranks receive their share on average) and within
+            // the worst case's ep x min(k, E/ep) / k.
+            const double load = row["expert_rows_load"].get<double>();
+            CHECK(load >= 1.0);
+            CHECK(load <= ep * 1.0);
             // The experts are their own units, and the dispatch's buffers are counted.
             CHECK(e.expert_padded_params > 0);
             CHECK(e.dispatch_activations > 0);

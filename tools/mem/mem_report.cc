@@ -111,12 +111,17 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
         parallel_dims(o, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage), ep,
         chosen.expert_padded_params, in.world / ep);
     out += fmt::format(
-        "  expert parallelism (expert_parallel.autoep_size {}): the dispatch's buffers, sized for "
-        "the dropless worst case (every rank of the group routing every row to this rank's "
-        "experts, at most min(k, E/ep) of a token's: {} x tokens x min(k, E/ep) rows) whatever the "
-        "routing, {} bytes in the activations over "
-        "autoep_size 1's and {} bytes of count vectors (comm)\n",
-        ep, ep, chosen.dispatch_activations, chosen.dispatch_comm);
+        "  expert parallelism (expert_parallel.autoep_size {}): the rows this rank's experts "
+        "receive, counted at {} x the balanced share (tokens x k{}): {} bytes in the activations "
+        "over autoep_size 1's, and {} bytes of count vectors (comm). The buffers grow when a "
+        "step's routing sends more (metrics.jsonl expert_rows_load); the dropless worst case "
+        "(every "
+        "rank of the group routing each token's pairs here: {} x tokens x min(k, E/{}) rows) would "
+        "add {} bytes\n",
+        ep, in.expert_rows > 0 ? "a given capacity" : fmt::format("{:g}", in.expert_rows_reserve),
+        in.expert_rows > 0 ? fmt::format("; {} rows", in.expert_rows)
+                           : std::string("; model.expert_rows_reserve"),
+        chosen.dispatch_activations, chosen.dispatch_comm, ep, ep, chosen.dispatch_worst_extra);
   } else {
     out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
                        chosen.content_params, chosen.padded_params);

@@ -500,8 +500,9 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     if (!on_cpu) e.kernel_workspace += kernels::KernelOptions{}.cublaslt_workspace_bytes;
     e.activations_full = full.device + tokens;
     e.activations_checkpointed = checkpointed.device + tokens;
-    // Expert parallelism's exchange: the count vectors (comm), and what the local experts' rows
-    // sized for the dropless worst case add to the activations over ep 1's.
+    // Expert parallelism's exchange: the count vectors (comm), what the rows the local experts
+    // receive add to the activations over ep 1's (at the reserve or the given capacity), and
+    // what the dropless worst case would add beyond them.
     const ActivationFootprint& counted = in.activation_checkpointing ? checkpointed : full;
     e.dispatch_comm = counted.device_comm;
     e.comm += e.dispatch_comm;
@@ -511,6 +512,11 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
       e.dispatch_activations =
           counted.device -
           def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, local).device;
+      ModelOptions worst = in.model_options(in.activation_checkpointing);
+      worst.planned_expert_rows = -1;
+      e.dispatch_worst_extra =
+          def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, worst).device -
+          counted.device;
     }
     e.activations_host_checkpointed = checkpointed.pinned_host;
     if (in.trainer_buffers) at(h, MemCategory::kWorkspace) += tokens;  // pinned token staging
@@ -526,6 +532,8 @@ ModelOptions Inputs::model_options(bool checkpointing) const {
   m.cpu_checkpointing = cpu_checkpointing;
   m.head_tile_rows = head_tile_rows;
   m.mlp_tile_rows = mlp_tile_rows;
+  m.expert_rows_reserve = expert_rows_reserve;
+  m.planned_expert_rows = expert_rows;
   m.planned_sequence_parallel_size = engine.sequence_parallel_size;
   m.planned_expert_parallel_size = engine.expert_parallel_size;
   return m;
@@ -575,6 +583,7 @@ Inputs inputs_from_config(const Config& config) {
   in.cpu_checkpointing = config.model.cpu_checkpointing;
   in.head_tile_rows = config.model.head_tile_rows;
   in.mlp_tile_rows = config.model.mlp_tile_rows;
+  in.expert_rows_reserve = config.model.expert_rows_reserve;
   if (config.device.memory_limit_gb > 0.0) in.device_gib = config.device.memory_limit_gb;
   // "auto" plans for the GPU it would pick where one exists.
   in.device_type = config.device.type == DeviceChoice::kCpu ? DeviceType::kCpu : DeviceType::kCuda;

@@ -86,6 +86,11 @@ struct Inputs {
   bool cpu_checkpointing = false;
   int head_tile_rows = 0;
   int mlp_tile_rows = 0;
+  // Expert parallelism: the local experts' rows counted where model.expert_rows_reserve starts
+  // them, or at expert_rows rows when set (a run's metrics.jsonl expert_rows_capacity);
+  // models/moe/expert_rows.h.
+  double expert_rows_reserve = kDefaultExpertRowsReserve;
+  std::int64_t expert_rows = 0;
   // The model options these inputs build the model with (`checkpointing` for the switch).
   ModelOptions model_options(bool checkpointing) const;
   // zrt-train's own buffers: two (inputs, targets) token batches on the device (activations)
@@ -177,11 +182,13 @@ struct Estimate {
   // of the expert-data-parallel group) and the slices of them this rank owns; the rest are the
   // dense units, sliced over the world.
   std::int64_t expert_padded_params = 0, expert_shard_params = 0;
-  // The dispatch's device buffers (models/moe/expert_dispatch.h), sized for the dropless worst
-  // case the model allocates whatever the routing: in the activations, what the local experts'
-  // rows and the exchange's staging, sized for ep*N*k rows, add over ep 1's N*k (for the
-  // activations in the total); in comm, the count vectors.
-  std::int64_t dispatch_activations = 0, dispatch_comm = 0;
+  // Expert parallelism's device buffers: in the activations, what the rows this rank's experts
+  // receive (their inputs, SwiGLU values, the exchange's staging and scratch: ExpertRows, at
+  // Inputs::expert_rows or expert_rows_reserve x the balanced share) add over ep 1's (for the
+  // activations in the total); in comm, the dispatch's count vectors. dispatch_worst_extra: what
+  // the dropless worst case (every rank of the group routing its tokens here) would add to the
+  // activations beyond that, if a step's routing grew the buffers that far.
+  std::int64_t dispatch_activations = 0, dispatch_comm = 0, dispatch_worst_extra = 0;
 };
 
 Estimate estimate(const Inputs& in, const Setting& setting);
