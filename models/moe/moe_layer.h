@@ -89,7 +89,9 @@ struct MoeKept {
 // Scratch one forward or backward overwrites before reading.
 struct MoeScratch {
   Bytes counts, offsets, source;  // int32: (E), (E+1), (N*k)
-  Bytes dy, dh, dxe;              // (N*k, C / I / C); under expert parallelism dh (R, I)
+  // Expert parallelism: the permuted rows (N*k, C) on their way out, the kept sets' xe.
+  Bytes xe;
+  Bytes dy, dh, dxe;  // (N*k, C / I / C); under expert parallelism dh (R, I)
   // Expert parallelism, ExpertRows' scratch: the local experts' outputs (R, C) and, in the
   // backward, their output then input gradients: one buffer, never live at once; the
   // exchanges' landing rows (R, C).

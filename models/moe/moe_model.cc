@@ -286,9 +286,11 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     fp32, weights (N,k) fp32, experts, routed (with a capacity factor), row_of (N,k) int32,
 //     xe (N*k,C), gate, up, h (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is),
 //     sout (N,C), slogit (N)
-//     (under expert parallelism gate, up, h and the experts' inputs xl hold the rows this rank's
-//     experts receive: ExpertRows' kept sets, outside this layout, as is every (R, .) scratch
-//     below: the exchanges' staging and rows, dh, dgate, dup; models/moe/expert_rows.h)
+//     (under expert parallelism xe is one (N*k,C) buffer the blocks share, planned before the
+//     sets: the rows leave for their experts and the backward reads the copy received, xl; and
+//     gate, up, h and xl hold the rows this rank's experts receive: ExpertRows' kept sets,
+//     outside this layout, as is every (R, .) scratch below: the exchanges' staging and rows,
+//     dh, dgate, dup; models/moe/expert_rows.h)
 //   then proj (N,C); any MoE: the plan's counts (E), offsets (E+1), source (N*k) int32
 //   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (N,I); any MoE: dy (N*k,C), dh
 //     (N*k,Ie), dxe (N*k,C), dweights (N,k) fp32, dlogits (N,E); shared: ds (N,C), dsh (N,Is),
@@ -310,6 +312,9 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
   kept.assign(static_cast<std::size_t>(sets), Kept());
+  // Under expert parallelism the permuted rows only leave for the experts' ranks (the backward
+  // reads the received copy, xl): one buffer every block's forward shares.
+  if (any_moe && ep > 1) p.bytes(&moe.xe, N * K * C * S);
   int moe_sets = 0;  // ExpertRows' kept sets: one per MoE block (or the one block's)
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
@@ -341,12 +346,13 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
       p.bytes(&m.experts, N * K * 4);
       if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
       p.bytes(&m.row_of, N * K * 4);
-      p.bytes(&m.xe, N * K * C * S);
       if (ep == 1) {
+        p.bytes(&m.xe, N * K * C * S);
         p.bytes(&m.gate, N * K * Ie * S);
         p.bytes(&m.up, N * K * Ie * S);
         p.bytes(&m.h, N * K * Ie * S);
       }
+      if (ep > 1) p.alias(&m.xe, &moe.xe);
       p.bytes(&m.y, N * K * C * S);
       if (Is > 0) {
         p.bytes(&m.sgate, N * Is * S);
