@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
+#include <spdlog/spdlog.h>
+
+#include "kernels/cpu/gemm.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
 
@@ -33,7 +37,14 @@ FusedAttention fused_attention_from_env() {
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)
     : device_(device), stream_(stream), options_(options) {
   ZRT_CHECK(options_.cpu_threads >= 0, "cpu_threads must be >= 0, not {}", options_.cpu_threads);
-  if (runs_on_cpu(device)) return;  // the CPU kernels need no handles
+  if (runs_on_cpu(device)) {  // the CPU kernels need no handles
+    // Once per process: OpenBLAS running generic kernels on a CPU it does not know.
+    static std::once_flag warned;
+    std::call_once(warned, [] {
+      if (const std::string why = cpu::blas_core_warning(); !why.empty()) spdlog::warn("{}", why);
+    });
+    return;
+  }
 #if ZRT_HAVE_CUDA
   cuda_ = cuda::make_cuda_kernel_state(device, stream, options_);
 #else

@@ -3,10 +3,60 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdio>
 #include <mutex>
+#include <set>
 #include <type_traits>
 
+#include <spdlog/fmt/fmt.h>
+
+#include "runtime/common/cpu_isa.h"
+
 namespace zrt::kernels::cpu {
+
+std::string blas_core_name() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "";
+}
+
+std::string suggested_blas_core() {
+  // OpenBLAS cores with AVX2 and FMA kernels (its names, any case it prints them in).
+  static const std::set<std::string> wide = {
+      "haswell", "zen", "skylakex", "cooperlake", "sapphirerapids", "excavator", "power9"};
+  std::string core = blas_core_name();
+  std::transform(core.begin(), core.end(), core.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const CpuIsa hardware = hardware_cpu_isa();
+  if (hardware == CpuIsa::kScalar || core.empty() || wide.count(core) > 0) return "";
+  if (hardware == CpuIsa::kAvx512) return "SkylakeX";
+  // AVX2: AMD's kernels on AMD, Intel's elsewhere.
+  bool amd = false;
+  if (std::FILE* f = std::fopen("/proc/cpuinfo", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::string(line).rfind("vendor_id", 0) == 0) {
+        amd = std::string(line).find("AuthenticAMD") != std::string::npos;
+        break;
+      }
+    }
+    std::fclose(f);
+  }
+  return amd ? "Zen" : "Haswell";
+}
+
+std::string blas_core_warning() {
+  const std::string better = suggested_blas_core();
+  if (better.empty()) return "";
+  std::string version = OPENBLAS_VERSION;  // " OpenBLAS 0.3.21 "
+  version.erase(0, version.find_first_not_of(' '));
+  version.erase(version.find_last_not_of(' ') + 1);
+  return fmt::format(
+      "{} runs its generic '{}' kernels on this CPU ({}; it does not know the model), "
+      "several times slower than its '{}' kernels: start the program with "
+      "OPENBLAS_CORETYPE={} (zrt-run sets it for its ranks)",
+      version, blas_core_name(), cpu_isa_name(hardware_cpu_isa()), better, better);
+}
 
 namespace {
 

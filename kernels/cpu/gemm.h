@@ -10,8 +10,22 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace zrt::kernels::cpu {
+
+// The kernels OpenBLAS chose for this CPU when it was loaded (openblas_get_corename():
+// "SkylakeX", "Haswell", "Zen", ...).
+std::string blas_core_name();
+// Empty, or why OpenBLAS runs far below this CPU: a build that does not know the CPU (Debian 12's
+// 0.3.21 and Emerald Rapids, say) falls back to its generic kernels ("Prescott": SSE3, no FMA)
+// on a CPU with AVX2 or AVX-512; the message names the OPENBLAS_CORETYPE that gives them back
+// (it is read when the library loads, so it must be set before the program starts). The
+// products then also round differently (no FMA) and give a row different bits at different row
+// counts.
+std::string blas_core_warning();
+// The OPENBLAS_CORETYPE blas_core_warning() suggests, or empty.
+std::string suggested_blas_core();
 
 template <typename A>
 void gemm(bool trans_a, bool trans_b, int m, int n, int k, A alpha, const A* a, int lda, const A* b,

@@ -4,8 +4,11 @@
 // and the GPU parity test.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +72,41 @@ inline std::vector<float> golden_weights(const std::string& name, int index, std
     v = normal_values(seed, index, n, 0.2);
   }
   return cast_vector<float>(v);
+}
+
+// The golden batch's tokens and targets, with its two sequences swapped when `swap_sequences`
+// (B = 2): the same loss and parameter gradients in exact arithmetic, the gradients' sums over
+// the rows taken in another order in fp32.
+inline std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> golden_batch(
+    const nlohmann::json& g, bool swap_sequences) {
+  auto tokens = g["tokens"].get<std::vector<std::int32_t>>();
+  auto targets = g["targets"].get<std::vector<std::int32_t>>();
+  if (swap_sequences) {
+    const int B = g["B"], T = g["T"];
+    ZRT_CHECK(B == 2, "swapping the sequences of a batch of {}", B);
+    std::rotate(tokens.begin(), tokens.begin() + T, tokens.end());
+    std::rotate(targets.begin(), targets.begin() + T, targets.end());
+  }
+  return {tokens, targets};
+}
+
+// The tolerance of a gradient computed in fp32 against the float64 golden, two terms:
+//  - the chain: an element of a gradient is the end of about ten products back from the loss
+//    (head, final norm, each block's MLP and attention), each of inner length at most 48 (the
+//    widest dimension of these models), whose first-order worst case (Higham, Accuracy and
+//    Stability, 3.1) adds up to 10 x 48 u = 2.9e-5 (u = 2^-24): 3e-5, whatever the BLAS's kernels
+//    (with or without FMA, in any order; measured worst: 3.7e-6 with OpenBLAS's SkylakeX kernels,
+//    6.4e-6 Zen's, 1.1e-5 its generic Prescott ones, all on a Qwen2 key bias's gradient);
+//  - the sum over the rows: a weight's or bias's gradient adds the B x T rows' terms, so its
+//    relative error grows with their cancellation, sum|t_i| / |sum t_i|, which differs per tensor.
+//    Two fp32 orders of the same sums (the batch as given, and its sequences swapped) each differ
+//    from the exact one by rounding of that size, so their distance measures it: 4 times that
+//    distance (two draws of one rounding land within a small factor of each other; the engine's
+//    parity tests use the same factor).
+inline double gradient_tolerance(const std::vector<float>& grad,
+                                 const std::vector<float>& swapped_grad) {
+  constexpr double kChain = 3e-5;
+  return std::max(kChain, 4.0 * rel_error(swapped_grad, grad));
 }
 
 }  // namespace zrt::test

@@ -3,7 +3,8 @@
 //  - The rule: automatic tiles, explicit counts, off.
 //  - Against transformers in float64 (tests/golden/llama_golden.json, as test_llama): the tiled
 //    model (5-row head tiles and 3-row MLP tiles over 12 rows, a short last tile) gives the loss,
-//    the eval loss and every gradient within test_llama's 1e-5.
+//    the eval loss within test_llama's 1e-5 and every gradient within its tolerance
+//    (llama_golden.h's gradient_tolerance, as test_llama's).
 //  - Against the untiled model in fp32: each row's logits, losses and input gradients are the
 //    same computation on fewer rows, so where the BLAS gives a row the same bits at any row
 //    count (checked: the loss and every gradient that is not summed over rows by a tiled GEMM
@@ -24,10 +25,12 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/cpu/gemm.h"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "models/flat_param_access.h"
@@ -55,6 +58,55 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Whether this machine's BLAS gives each row of a product the same bits whatever rows it is
+// computed with: `rows` rows of (rows x in) -> (rows x out), the forward and the input gradient,
+// whole against tiles of `tile` rows. It is the BLAS's property, not zrt's: OpenBLAS's Haswell
+// and Zen kernels, and the generic ones it falls back to on a CPU it does not know, compute the
+// rows past the last full block of their micro-kernel another way.
+bool rows_keep_their_bits(int rows, int tile, int in, int out) {
+  std::unique_ptr<Device> device = make_device(DeviceOptions{});
+  std::unique_ptr<Stream> stream = device->create_stream("compute");
+  kernels::KernelContext ctx{*device, *stream};
+  auto buffer = [&](std::int64_t n, int salt) {
+    Buffer b = device->allocate(n * 4, MemCategory::kOther, "probe");
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i)
+      v[static_cast<std::size_t>(i)] = std::sin(0.37 * static_cast<double>(i) + salt) * 0.5f;
+    device->copy_to_device(b.device<std::byte>(), v.data(), v.size() * 4, *stream);
+    return b;
+  };
+  Buffer x = buffer(std::int64_t{rows} * in, 1), w = buffer(std::int64_t{out} * in, 2);
+  Buffer dy = buffer(std::int64_t{rows} * out, 3), dw = buffer(std::int64_t{out} * in, 4);
+  Buffer whole_y = buffer(std::int64_t{rows} * out, 0),
+         tiled_y = buffer(std::int64_t{rows} * out, 0);
+  Buffer whole_dx = buffer(std::int64_t{rows} * in, 0),
+         tiled_dx = buffer(std::int64_t{rows} * in, 0);
+  const auto f32 = DType::kFloat32;
+  const auto write = kernels::GradWrite::kOverwrite;
+  kernels::linear_forward(ctx, f32, whole_y.device<std::byte>(), x.device<std::byte>(),
+                          w.device<std::byte>(), {}, rows, in, out);
+  kernels::linear_backward(ctx, f32, f32, whole_dx.device<std::byte>(), dw.device<std::byte>(), {},
+                           dy.device<std::byte>(), x.device<std::byte>(), w.device<std::byte>(),
+                           rows, in, out, write);
+  for (int r = 0; r < rows; r += tile) {
+    const int n = std::min(tile, rows - r);
+    kernels::linear_forward(ctx, f32, tiled_y.device<std::byte>() + std::int64_t{r} * out * 4,
+                            x.device<std::byte>() + std::int64_t{r} * in * 4, w.device<std::byte>(),
+                            {}, n, in, out);
+    kernels::linear_backward(
+        ctx, f32, f32, tiled_dx.device<std::byte>() + std::int64_t{r} * in * 4,
+        dw.device<std::byte>(), {}, dy.device<std::byte>() + std::int64_t{r} * out * 4,
+        x.device<std::byte>() + std::int64_t{r} * in * 4, w.device<std::byte>(), n, in, out, write);
+  }
+  auto host = [&](const Buffer& b) {
+    std::vector<float> v(static_cast<std::size_t>(b.bytes() / 4));
+    device->copy_to_host(v.data(), b.device<std::byte>(), v.size() * 4, *stream);
+    stream->synchronize();
+    return v;
+  };
+  return same_bits(host(whole_y), host(tiled_y)) && same_bits(host(whole_dx), host(tiled_dx));
+}
+
 TEST_CASE("tile_rows: automatic tiles once the whole passes four tiles' budget") {
   const std::int64_t MiB = 1 << 20;
   // Off, or explicit (at most the rows).
@@ -80,7 +132,7 @@ struct Rig {
   Buffer tokens, targets;
   TokenBatch batch;
 
-  Rig(const nlohmann::json& g, int head_rows, int mlp_rows) {
+  Rig(const nlohmann::json& g, int head_rows, int mlp_rows, bool swap_sequences = false) {
     transformer::TransformerOptions o;
     o.head_tile_rows = head_rows;
     o.mlp_tile_rows = mlp_rows;
@@ -91,8 +143,7 @@ struct Rig {
     for (int i = 0; i < static_cast<int>(params.size()); ++i) {
       access->set_param(i, test::golden_weights(params[i].name, i, params[i].numel(), g["seed"]));
     }
-    const auto in = g["tokens"].get<std::vector<std::int32_t>>();
-    const auto tgt = g["targets"].get<std::vector<std::int32_t>>();
+    const auto [in, tgt] = test::golden_batch(g, swap_sequences);
     const auto bytes = static_cast<std::int64_t>(in.size() * sizeof(std::int32_t));
     tokens = device->allocate(bytes, MemCategory::kOther, "tokens");
     targets = device->allocate(bytes, MemCategory::kOther, "targets");
@@ -115,12 +166,15 @@ TEST_CASE("Tiled head and MLP match transformers in float64 (loss, eval loss, gr
     CHECK(std::abs(rig.model->read_loss() - want_loss) / want_loss <= 1e-5);
     rig.model->forward_backward(*rig.access, rig.batch, 1.0f);
     CHECK(std::abs(rig.model->read_loss() - want_loss) / want_loss <= 1e-5);
+    Rig swapped(g, 5, 3, /*swap_sequences=*/true);  // the tolerances, as test_llama's
+    swapped.model->forward_backward(*swapped.access, swapped.batch, 1.0f);
     const auto& params = rig.model->parameters();
     for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-      const double err = test::rel_error(rig.access->read_grad(i),
-                                         test::golden_tensor(g["grads"][params[i].name]));
-      INFO(params[i].name << ": relative error " << err);
-      CHECK(err <= 1e-5);
+      const std::vector<float> grad = rig.access->read_grad(i);
+      const double err = test::rel_error(grad, test::golden_tensor(g["grads"][params[i].name]));
+      const double tolerance = test::gradient_tolerance(grad, swapped.access->read_grad(i));
+      INFO(params[i].name << ": relative error " << err << ", tolerance " << tolerance);
+      CHECK(err <= tolerance);
     }
     // A pass without targets keeps the whole logits (sampling reads them).
     TokenBatch no_targets = rig.batch;
@@ -140,10 +194,39 @@ TEST_CASE(
     Rig tiled(g, 5, 3);
     whole.model->forward_backward(*whole.access, whole.batch, 1.0f);
     tiled.model->forward_backward(*tiled.access, tiled.batch, 1.0f);
-    CHECK(whole.model->read_loss() == tiled.model->read_loss());
     const llama::Llama& m = *whole.model;
     const llama::LlamaConfig& c = m.config();
     const int N = whole.batch.batch * whole.batch.seq_len;
+    // The products the tiles run: the MLP's (3 rows) and the head's (5 rows).
+    const bool bitwise = rows_keep_their_bits(N, 3, c.hidden_size, c.intermediate_size) &&
+                         rows_keep_their_bits(N, 3, c.intermediate_size, c.hidden_size) &&
+                         rows_keep_their_bits(N, 5, c.hidden_size, c.vocab_size);
+    if (!bitwise) {
+      // Then the tiled and whole runs are two fp32 roundings of the same model: each within its
+      // tolerance of the float64 golden (test_llama's, measured the same way), which is what is
+      // checked instead of the bits.
+      WARN("this machine's BLAS (OpenBLAS core " << kernels::cpu::blas_core_name()
+                                                 << ") gives a row different bits at different "
+                                                    "row counts: tiled and whole are each checked "
+                                                    "against float64 instead of bit for bit");
+      Rig swapped(g, kTileOff, kTileOff, /*swap_sequences=*/true);
+      swapped.model->forward_backward(*swapped.access, swapped.batch, 1.0f);
+      const double want_loss = g["loss"];
+      CHECK(std::abs(tiled.model->read_loss() - want_loss) / want_loss <= 1e-5);
+      CHECK(std::abs(whole.model->read_loss() - want_loss) / want_loss <= 1e-5);
+      for (int i = 0; i < static_cast<int>(m.parameters().size()); ++i) {
+        const std::string& name = m.parameters()[static_cast<std::size_t>(i)].name;
+        const auto want = test::golden_tensor(g["grads"][name]);
+        const std::vector<float> a = whole.access->read_grad(i), b = tiled.access->read_grad(i);
+        const double tolerance = test::gradient_tolerance(a, swapped.access->read_grad(i));
+        INFO(name << ": whole " << test::rel_error(a, want) << ", tiled "
+                  << test::rel_error(b, want) << ", tolerance " << tolerance);
+        CHECK(test::rel_error(a, want) <= tolerance);
+        CHECK(test::rel_error(b, want) <= tolerance);
+      }
+      continue;
+    }
+    CHECK(whole.model->read_loss() == tiled.model->read_loss());
     std::vector<bool> row_summed(m.parameters().size(), false);
     row_summed[static_cast<std::size_t>(m.head())] = true;
     for (int l = 0; l < c.num_hidden_layers; ++l) {

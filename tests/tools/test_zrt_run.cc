@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 #include <array>
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -108,4 +109,51 @@ TEST_CASE("zrt-run finds zrt-train for a config file, from the source tree or a 
 TEST_CASE("zrt-run passes every ZRT_ variable to the ranks") {
   const std::string out = run_env("ZRT_CPU_ISA=avx2 ZRT_LOG_LEVEL=error", "--dry-run -n 2 ./prog");
   CHECK_THAT(out, Catch::Contains("-x ZRT_CPU_ISA") && Catch::Contains("-x ZRT_LOG_LEVEL"));
+}
+
+TEST_CASE("zrt-run gives the ranks OpenBLAS's kernels for this CPU where it would fall back") {
+  // Given by the user: passed through as it is.
+  const std::string given = run_env("OPENBLAS_CORETYPE=Haswell", "--dry-run -n 2 ./prog");
+  CHECK_THAT(given, Catch::Contains("-x OPENBLAS_CORETYPE ./prog"));
+  // Not given: what zrt-train's OpenBLAS picks on this machine decides (it prints its choice at
+  // load with OPENBLAS_VERBOSE=2): generic kernels on a CPU with AVX2 get the CPU's own.
+  const std::string train = std::string(ZRT_BUILD_DIR_FOR_TEST) + "/bin/zrt-train";
+  const std::string load = run_script("env OPENBLAS_VERBOSE=2", train, "--help");
+  const auto at = load.find("Core: ");
+  REQUIRE(at != std::string::npos);
+  std::string core = load.substr(at + 6, load.find('\n', at) - at - 6);
+  for (char& c : core) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, flags, vendor;
+  while (std::getline(cpuinfo, line) && (flags.empty() || vendor.empty())) {
+    if (line.rfind("flags", 0) == 0 && flags.empty()) flags = line + " ";
+    if (line.rfind("vendor_id", 0) == 0 && vendor.empty()) vendor = line;
+  }
+  auto has = [&](const char* flag) {
+    return flags.find(std::string(" ") + flag + " ") != std::string::npos;
+  };
+  std::string expected;
+  const bool wide = core == "haswell" || core == "zen" || core == "skylakex" ||
+                    core == "cooperlake" || core == "sapphirerapids" || core == "excavator";
+  if (!wide && has("avx512f") && has("avx512bw") && has("avx512vl")) {
+    expected = "SkylakeX";
+  } else if (!wide && has("avx2") && has("fma")) {
+    expected = vendor.find("AuthenticAMD") != std::string::npos ? "Zen" : "Haswell";
+  }
+  INFO("OpenBLAS core here: " << core << "; expected " << (expected.empty() ? "none" : expected));
+  const std::string out =
+      run_env("ZRT_BUILD_DIR=" + std::string(ZRT_BUILD_DIR_FOR_TEST), "--dry-run -n 2 ./prog");
+  if (expected.empty()) {
+    CHECK_THAT(out, !Catch::Contains("OPENBLAS_CORETYPE"));
+  } else {
+    CHECK_THAT(out, Catch::Contains("-x OPENBLAS_CORETYPE=" + expected + " ./prog"));
+  }
+  // With a hostfile the other hosts may be other CPUs, lacking that core's instructions: not set.
+  const std::string hostfile =
+      (std::filesystem::temp_directory_path() / "zrt_test_zrt_run_hosts").string();
+  std::ofstream(hostfile) << "localhost slots=2\n";
+  const std::string hosts = run_env("ZRT_BUILD_DIR=" + std::string(ZRT_BUILD_DIR_FOR_TEST),
+                                    "--dry-run -n 2 --hostfile " + hostfile + " ./prog");
+  CHECK_THAT(hosts, !Catch::Contains("OPENBLAS_CORETYPE"));
+  std::filesystem::remove(hostfile);
 }
