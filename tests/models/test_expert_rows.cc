@@ -134,3 +134,26 @@ TEST_CASE("a reserve below the balanced share is refused") {
     CHECK(what.find("model.expert_rows_reserve 0.5 is below 1") != std::string::npos);
   }
 }
+
+TEST_CASE("a routing the device cannot hold fails with the demand and the reserve named") {
+  DeviceOptions options;
+  options.memory_limit_bytes = 64 << 10;  // 64 KiB: the reserve fits, the worst case does not
+  std::unique_ptr<Device> device = make_device(options);
+  std::unique_ptr<Stream> compute = device->create_stream("compute");
+  std::unique_ptr<Stream> comm = device->create_stream("comm");
+  const ExpertRowsShape s{16, 8, 2, 8, 4};
+  ExpertRows rows(*device, *compute, *comm, s, 1.0);
+  MoeKept kept;
+  MoeScratch scratch;
+  rows.fit(kept, scratch, 100, 64, DType::kFloat32, 0);  // 128 rows: 2 x 12 KiB
+  try {
+    rows.fit(kept, scratch, 512, 64, DType::kFloat32, 3);
+    FAIL("512 rows fit in 64 KiB");
+  } catch (const OutOfMemory& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find("layer 3 received 512") != std::string::npos);
+    CHECK(what.find("4.00x the balanced 128") != std::string::npos);
+    CHECK(what.find("model.expert_rows_reserve 1") != std::string::npos);
+  }
+}
