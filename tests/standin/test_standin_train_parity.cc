@@ -1,5 +1,6 @@
 // zrt-train on "device": {"type": "cuda"} through the CUDA stand-ins equals the CPU backend: for
-// every ZeRO stage, with and without offload, the per-step losses written to metrics.jsonl agree
+// every ZeRO stage, with and without offload, with sequence and with expert parallelism (a tiny
+// Qwen3-MoE at autoep_size = world), the per-step losses written to metrics.jsonl agree
 // to a relative 1e-5. The CUDA run exercises the whole host path of the CUDA backend (memory,
 // streams and events, kernel launches, cuBLAS(Lt) GEMMs, NCCL collectives at this world size).
 #include <catch2/catch.hpp>
@@ -57,7 +58,8 @@ std::vector<double> metric_losses(const std::string& output_dir) {
 // (the test's whole timeout), so the failure is reported, not killed.
 std::vector<double> run(const std::string& dir, const std::string& name, const std::string& zero,
                         int accumulation, const std::string& device, int world,
-                        bool host_staged = false, const std::string& model_extra = "") {
+                        bool host_staged = false, const std::string& model_extra = "",
+                        const std::string& model = R"("preset": "gpt2-tiny")") {
   const std::string out = dir + "/" + name + "_" + device;
   const std::string text = R"({
     "train_micro_batch_size_per_gpu": 2,
@@ -68,7 +70,7 @@ std::vector<double> run(const std::string& dir, const std::string& name, const s
     "zero_optimization": )" +
                            zero + R"(,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.003, "weight_decay": 0.1}},
-    "model": {"preset": "gpt2-tiny", "seq_len": 32)" +
+    "model": {)" + model + R"(, "seq_len": 32)" +
                            model_extra + R"(},
     "data": {"train": ")" + dir +
                            R"(/p_train_*.bin", "val": ")" + dir +
@@ -103,6 +105,7 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
     int accumulation;
     bool host_staged = false;   // the CUDA run's collectives over MPI through pinned host memory
     std::string model_extra{};  // more keys of the model block (and blocks after it)
+    std::string model = R"("preset": "gpt2-tiny")";  // the model block's first keys
   };
   std::vector<Case> cases = {
       {"stage0", R"({"stage": 0})", 2},
@@ -150,10 +153,24 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
                      "}, \"sequence_parallel_size\": " + std::to_string(world) +
                          R"(, "activation_checkpointing": {"cpu_checkpointing": false)"});
   }
-  for (const auto& [name, zero, accumulation, host_staged, model_extra] : cases) {
+  // Expert parallelism over every rank: a tiny Qwen3-MoE whose experts are split over the ranks,
+  // the tokens' rows through the NCCL stand-in's all-to-alls, the local experts' rows in
+  // ExpertRows' buffers (grown with the routing: reserve 1), the grouped GEMMs on cuBLAS's.
+  if (world > 1) {
+    cases.push_back(
+        {"stage3_ep", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2, false,
+         R"(, "expert_rows_reserve": 1}, "expert_parallel": {"enabled": true, "autoep_size": )" +
+             std::to_string(world),
+         R"("type": "qwen3_moe", "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 8,
+            "num_experts_per_tok": 3, "moe_intermediate_size": 12, "router_aux_loss_coef": 0.02)"});
+  }
+  for (const auto& [name, zero, accumulation, host_staged, model_extra, model] : cases) {
     SECTION(name) {
-      const auto cpu = run(dir, name, zero, accumulation, "cpu", world, false, model_extra);
-      const auto cuda = run(dir, name, zero, accumulation, "cuda", world, host_staged, model_extra);
+      const auto cpu = run(dir, name, zero, accumulation, "cpu", world, false, model_extra, model);
+      const auto cuda =
+          run(dir, name, zero, accumulation, "cuda", world, host_staged, model_extra, model);
       REQUIRE(cpu.size() == 4);
       REQUIRE(cuda.size() == cpu.size());
       for (std::size_t i = 0; i < cpu.size(); ++i) {
