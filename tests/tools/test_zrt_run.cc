@@ -118,7 +118,9 @@ TEST_CASE("zrt-run gives the ranks OpenBLAS's kernels for this CPU where it woul
   // Not given: what zrt-train's OpenBLAS picks on this machine decides (it prints its choice at
   // load with OPENBLAS_VERBOSE=2): generic kernels on a CPU with AVX2 get the CPU's own.
   const std::string train = std::string(ZRT_BUILD_DIR_FOR_TEST) + "/bin/zrt-train";
-  const std::string load = run_script("env OPENBLAS_VERBOSE=2", train, "--help");
+  // (The test's own environment may set OPENBLAS_CORETYPE: cleared for these runs.)
+  const std::string load =
+      run_script("env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2", train, "--help");
   const auto at = load.find("Core: ");
   REQUIRE(at != std::string::npos);
   std::string core = load.substr(at + 6, load.find('\n', at) - at - 6);
@@ -141,8 +143,9 @@ TEST_CASE("zrt-run gives the ranks OpenBLAS's kernels for this CPU where it woul
     expected = vendor.find("AuthenticAMD") != std::string::npos ? "Zen" : "Haswell";
   }
   INFO("OpenBLAS core here: " << core << "; expected " << (expected.empty() ? "none" : expected));
+  const std::string unset_core = "-u OPENBLAS_CORETYPE ZRT_BUILD_DIR=";
   const std::string out =
-      run_env("ZRT_BUILD_DIR=" + std::string(ZRT_BUILD_DIR_FOR_TEST), "--dry-run -n 2 ./prog");
+      run_env(unset_core + std::string(ZRT_BUILD_DIR_FOR_TEST), "--dry-run -n 2 ./prog");
   if (expected.empty()) {
     CHECK_THAT(out, !Catch::Contains("OPENBLAS_CORETYPE"));
   } else {
@@ -152,7 +155,7 @@ TEST_CASE("zrt-run gives the ranks OpenBLAS's kernels for this CPU where it woul
   const std::string hostfile =
       (std::filesystem::temp_directory_path() / "zrt_test_zrt_run_hosts").string();
   std::ofstream(hostfile) << "localhost slots=2\n";
-  const std::string hosts = run_env("ZRT_BUILD_DIR=" + std::string(ZRT_BUILD_DIR_FOR_TEST),
+  const std::string hosts = run_env(unset_core + std::string(ZRT_BUILD_DIR_FOR_TEST),
                                     "--dry-run -n 2 --hostfile " + hostfile + " ./prog");
   CHECK_THAT(hosts, !Catch::Contains("OPENBLAS_CORETYPE"));
   std::filesystem::remove(hostfile);
