@@ -61,7 +61,8 @@ ExpertRows::ExpertRows(Device& device, Stream& compute, Stream& comm, ExpertRows
             reserve_);
 }
 
-void ExpertRows::ensure(Buffer& buffer, I64 bytes, const std::string& label) {
+template <typename Label>
+void ExpertRows::ensure(Buffer& buffer, I64 bytes, const Label& label) {
   if (!buffer.empty() && buffer.bytes() >= bytes) return;
   if (!buffer.empty()) {
     // The old rows may still be read or written by queued work on either stream.
@@ -69,7 +70,7 @@ void ExpertRows::ensure(Buffer& buffer, I64 bytes, const std::string& label) {
     comm_.synchronize();
     buffer.reset();
   }
-  buffer = device_.allocate(std::max<I64>(bytes, 1), MemCategory::kActivations, label);
+  buffer = device_.allocate(std::max<I64>(bytes, 1), MemCategory::kActivations, label());
 }
 
 void ExpertRows::fit(MoeKept& kept, MoeScratch& scratch, I64 rows, I64 N, DType dtype, int layer) {
@@ -91,13 +92,17 @@ void ExpertRows::fit(MoeKept& kept, MoeScratch& scratch, I64 rows, I64 N, DType 
   element_ = static_cast<I64>(dtype_size(dtype));
   const auto set = static_cast<std::size_t>(kept.rows_set);
   if (kept_.size() <= set) kept_.resize(set + 1);
-  const std::string why = fmt::format(
-      "{} rows a layer's experts receive under expert parallelism (layer {} received {}, "
-      "{:.2f}x the balanced {}; model.expert_rows_reserve {})",
-      capacity_, layer, rows, static_cast<double>(rows) / static_cast<double>(balanced), balanced,
-      reserve_);
-  ensure(kept_[set], s.kept_bytes(capacity_, element_), "expert rows kept: " + why);
-  ensure(scratch_, s.scratch_bytes(capacity_, element_), "expert rows scratch: " + why);
+  const auto why = [&](const char* what) {
+    return [=] {
+      return fmt::format(
+          "expert rows {}: {} rows a layer's experts receive under expert parallelism (layer {} "
+          "received {}, {:.2f}x the balanced {}; model.expert_rows_reserve {})",
+          what, capacity_, layer, rows, static_cast<double>(rows) / static_cast<double>(balanced),
+          balanced, reserve_);
+    };
+  };
+  ensure(kept_[set], s.kept_bytes(capacity_, element_), why("kept"));
+  ensure(scratch_, s.scratch_bytes(capacity_, element_), why("scratch"));
 
   // Bind the layout kept_bytes / scratch_bytes count, from each buffer's start: the rows fill
   // the capacity the buffer was last sized for, which may exceed this pass's.
@@ -118,12 +123,16 @@ void ExpertRows::fit(MoeKept& kept, MoeScratch& scratch, I64 rows, I64 N, DType 
 
 void ExpertRows::settle() {
   if (capacity_ == 0) return;
-  const std::string label = fmt::format(
-      "{} rows a layer's experts receive under expert parallelism (the busiest layer's so far)",
-      capacity_);
-  for (Buffer& b : kept_)
-    ensure(b, shape_.kept_bytes(capacity_, element_), "expert rows kept: " + label);
-  ensure(scratch_, shape_.scratch_bytes(capacity_, element_), "expert rows scratch: " + label);
+  const auto label = [this](const char* what) {
+    return [this, what] {
+      return fmt::format(
+          "expert rows {}: {} rows a layer's experts receive under expert parallelism (the "
+          "busiest layer's so far; model.expert_rows_reserve {})",
+          what, capacity_, reserve_);
+    };
+  };
+  for (Buffer& b : kept_) ensure(b, shape_.kept_bytes(capacity_, element_), label("kept"));
+  ensure(scratch_, shape_.scratch_bytes(capacity_, element_), label("scratch"));
 }
 
 std::int64_t ExpertRows::take_peak_rows() {

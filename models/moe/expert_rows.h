@@ -33,7 +33,6 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "models/moe/moe_layer.h"
@@ -96,8 +95,10 @@ class ExpertRows {
   std::int64_t balanced_rows() const { return balanced_; }
 
  private:
-  // `buffer` holding at least `bytes`, reallocated (after both streams drain) if smaller.
-  void ensure(Buffer& buffer, std::int64_t bytes, const std::string& label);
+  // `buffer` holding at least `bytes`, reallocated (after both streams drain) if smaller;
+  // `label()` names the allocation (called only then: fit() runs every layer of every pass).
+  template <typename Label>
+  void ensure(Buffer& buffer, std::int64_t bytes, const Label& label);
 
   Device& device_;
   Stream& compute_;
