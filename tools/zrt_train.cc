@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "config/config.h"
+#include "kernels/cpu/gemm.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/log.h"
@@ -42,7 +43,7 @@ namespace {
 
 const char* kUsage = R"(usage: zrt-train --config FILE.json [--KEY VALUE ...]
        zrt-train --check --config FILE.json [--world N] [--KEY VALUE ...]
-       zrt-train --version | --help
+       zrt-train --version | --help | --blas-core
 
 Trains a model with the ZeRO engine as the config describes (DeepSpeed's keys plus zrt's blocks).
 It runs under mpirun, one process per rank; the world size is the number of ranks:
@@ -68,6 +69,8 @@ options:
                       train_batch_size / (micro-batch x accumulation) when it gives all
                       three numbers, else 1)
   --version           print the version and exit
+  --blas-core         print the OPENBLAS_CORETYPE this CPU should be given (an empty line when
+                      OpenBLAS's own choice is right; tools/zrt-run asks this) and exit
   -h, --help          print this help and exit
 
 Every problem of the config is reported in one run, the most fundamental first: unsupported
@@ -184,6 +187,10 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
       const std::string git = ZRT_GIT_DESCRIBE;
       std::printf("zrt-train %s%s\n", ZRT_VERSION,
                   git.empty() ? "" : (" (git " + git + ")").c_str());
+      return std::nullopt;
+    }
+    if (arg == "--blas-core") {
+      std::printf("%s\n", zrt::kernels::cpu::suggested_blas_core().c_str());
       return std::nullopt;
     }
     if (arg == "--check") {

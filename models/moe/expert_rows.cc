@@ -36,8 +36,8 @@ I64 ExpertRowsShape::initial_rows(I64 N, double reserve) const {
 }
 
 I64 ExpertRowsShape::grown_rows(I64 rows, I64 N) const {
-  // A demand past the worst case cannot come from N tokens; min() keeps the worst case a bound.
-  return std::min(std::max(worst_rows(N), rows), round_up_to(rows, granule(N)));
+  // Rounded up, but not past the worst case (which a demand from N tokens cannot exceed).
+  return std::max(rows, std::min(worst_rows(N), round_up_to(rows, granule(N))));
 }
 
 // Each tensor starts at the activations' alignment, as the planner lays them out.

@@ -86,7 +86,6 @@ class ExpertRows {
   // After a training pass's backward: every kept set and the scratch at the capacity.
   void settle();
 
-  const ExpertRowsShape& shape() const { return shape_; }
   // Rows each buffer holds now (0 before the first forward).
   std::int64_t capacity() const { return capacity_; }
   // The most rows one layer's experts received in the passes since the last call; resets.
