@@ -38,6 +38,11 @@ struct KernelOptions {
   bool cuda_attention_wmma = false;
   // CUDA backend: which shapes take the fused attention kernels (see FusedAttention).
   FusedAttention cuda_fused_attention = fused_attention_from_env();
+  // CUDA backend: run grouped-query attention by packing q and its repeated key/value heads
+  // into one (B,T,3C) tensor (6 x NH x hs elements a token of workspace in the backward) even
+  // where the fused kernels read them in place (kernels/cuda/gqa_attention.cuh). The path
+  // before the in-place one: the GPU tests compare both with the CPU twin.
+  bool cuda_gqa_packed = false;
 };
 
 namespace cuda {

@@ -186,9 +186,12 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 
 // Causal grouped-query attention: q, out (B,T,NH,hs); k, v (B,T,NKV,hs); lse (B,NH,T) fp32, each
 // query row's log-sum-exp, the only statistic kept for the backward (attention's contract above;
-// kernels/cpu/gqa_attention.h). Both backends pack q and the repeated k, v heads into
-// attention's (B,T,3C) layout and run it, so on CUDA head size 64 or 128 with T a multiple of 64
-// takes the fused kernels. doc_start as attention's. The backward also reads the forward's `out`.
+// kernels/cpu/gqa_attention.h). Where a backend's flash-style kernels take the shape (the CPU's
+// tiled path with fp32/fp64 storage; CUDA's fused kernels: bf16/fp16, head size 64 or 128, T a
+// multiple of 64) they read q, k, v in place, query head h reading key/value head h / group;
+// otherwise q and the repeated k, v heads are packed into attention's (B,T,3C) layout and it
+// runs on that. doc_start as attention's. The backward also reads the forward's `out` and adds
+// to dq, dk, dv.
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
                            ConstTokens doc_start = {});

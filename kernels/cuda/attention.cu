@@ -168,7 +168,7 @@ FlashKernels fused_kernels(const AttentionKernels& kernels, DType dtype, int T, 
 }  // namespace
 
 AttentionKernels attention_kernels(const KernelOptions& options) {
-  return {options.cuda_fused_attention, options.cuda_attention_wmma};
+  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed};
 }
 
 bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {

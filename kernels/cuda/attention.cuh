@@ -16,11 +16,14 @@
 namespace zrt::kernels::cuda {
 
 // The attention kernels a context asks for: which shapes run on the fused kernels
-// (KernelOptions::cuda_fused_attention) and, where the WMMA kernels take the shape (head size
-// 64), whether on them (KernelOptions::cuda_attention_wmma).
+// (KernelOptions::cuda_fused_attention), where the WMMA kernels take the shape (head size 64),
+// whether on them (KernelOptions::cuda_attention_wmma), and whether grouped-query attention
+// packs (gqa_attention.cuh).
 struct AttentionKernels {
   FusedAttention fused = FusedAttention::kAll;
   bool wmma = false;
+  // Grouped-query attention by packing q, k, v (KernelOptions::cuda_gqa_packed).
+  bool gqa_packed = false;
 };
 AttentionKernels attention_kernels(const KernelOptions& options);
 // Whether `kernels` runs this shape and storage type on the fused kernels.

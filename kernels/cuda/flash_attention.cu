@@ -420,6 +420,30 @@ void check_aligned(const void* p, const char* what) {
             "fused attention: {} at {} is not 32-byte aligned (WMMA loads need it)", what, p);
 }
 
+// The mma kernels stage rows with 16-byte loads.
+void check_aligned16(const void* p, const char* what) {
+  ZRT_CHECK(
+      reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
+      "grouped-query attention: {} at {} is not 16-byte aligned (the fused kernels' tile loads "
+      "need it)",
+      what, p);
+}
+
+// rowdot (B,NH,T) fp32 = dout . out per row and head: the backward's D, one warp per row.
+void row_dot(const Launch& l, DType dtype, float* rowdot, const void* dout, const void* out, int B,
+             int T, int C, int NH) {
+  with_16bit_storage(dtype, "fused attention", [&](auto s) {
+    using S = typename decltype(s)::type;
+    constexpr int kRowThreads = 256;
+    const I64 rows = static_cast<I64>(B) * T * NH;
+    attention_row_dot_kernel<S>
+        <<<static_cast<unsigned>((rows + kRowThreads / 32 - 1) / (kRowThreads / 32)), kRowThreads,
+           0, l.stream>>>(rowdot, static_cast<const S*>(dout), static_cast<const S*>(out), B, T, C,
+                          NH);
+    ZRT_CUDA_LAUNCH_CHECK();
+  });
+}
+
 }  // namespace
 
 bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels kernels) {
@@ -436,7 +460,7 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   if (kernels == FlashKernels::kMma) {
-    flash_mma_forward(l, dtype, out, lse, qkv, B, T, C, NH, doc_start);
+    flash_mma_forward(l, dtype, out, lse, packed_head_rows(qkv, dtype, C), B, T, C, NH, doc_start);
     return;
   }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
@@ -468,20 +492,15 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
   const float scale = 1.0f / sqrtf(static_cast<float>(kHeadSize));
   const float scale_log2 = scale * kLog2e;
   float* rowdot = static_cast<float*>(l.ws);
+  row_dot(l, dtype, rowdot, dout, out, B, T, C, NH);
+  if (kernels == FlashKernels::kMma) {
+    flash_mma_backward(l, dtype, packed_head_gradients(dqkv, dtype, C), dout,
+                       packed_head_rows(qkv, dtype, C), lse, rowdot, B, T, C, NH, doc_start);
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
   with_16bit_storage(dtype, "fused attention", [&](auto s) {
     using S = typename decltype(s)::type;
-    constexpr int kRowThreads = 256;
-    const I64 rows = static_cast<I64>(B) * T * NH;
-    attention_row_dot_kernel<S>
-        <<<static_cast<unsigned>((rows + kRowThreads / 32 - 1) / (kRowThreads / 32)), kRowThreads,
-           0, l.stream>>>(rowdot, static_cast<const S*>(dout), static_cast<const S*>(out), B, T, C,
-                          NH);
-    ZRT_CUDA_LAUNCH_CHECK();
-    if (kernels == FlashKernels::kMma) {
-      flash_mma_backward(l, dtype, dqkv, dout, qkv, lse, rowdot, B, T, C, NH, doc_start);
-      return;
-    }
     auto run = [&](auto docs) {
       constexpr bool kDocs = decltype(docs)::value;
       flash_backward_dkdv_kernel<S, kHeadSize, kDocs><<<grid, kThreads, 0, l.stream>>>(
@@ -499,6 +518,47 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
       run(std::false_type{});
     }
   });
+}
+
+namespace {
+HeadRows grouped_head_rows(const void* q, const void* k, const void* v, int NH, int NKV, int hs) {
+  check_aligned16(q, "q");
+  check_aligned16(k, "k");
+  check_aligned16(v, "v");
+  return {q, k, v, NH * hs, NKV * hs, NH / NKV};
+}
+}  // namespace
+
+bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs) {
+  return NKV > 0 && NH % NKV == 0 && flash_attention_supported(dtype, T, NH * hs, NH);
+}
+
+void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
+                       const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
+                       const std::int32_t* doc_start) {
+  ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
+            "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
+            NH, NKV, hs, dtype_name(dtype));
+  flash_mma_forward(l, dtype, out, lse, grouped_head_rows(q, k, v, NH, NKV, hs), B, T, NH * hs, NH,
+                    doc_start);
+}
+
+void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
+                        const void* dout, const void* q, const void* k, const void* v,
+                        const void* out, const float* lse, int B, int T, int NH, int NKV, int hs,
+                        const std::int32_t* doc_start) {
+  ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
+            "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
+            NH, NKV, hs, dtype_name(dtype));
+  check_aligned16(dout, "dout");
+  check_aligned16(dq, "dq");
+  check_aligned16(dk, "dk");
+  check_aligned16(dv, "dv");
+  const int C = NH * hs;
+  float* rowdot = static_cast<float*>(l.ws);
+  row_dot(l, dtype, rowdot, dout, out, B, T, C, NH);
+  flash_mma_backward(l, dtype, HeadGradients{dq, dk, dv}, dout,
+                     grouped_head_rows(q, k, v, NH, NKV, hs), lse, rowdot, B, T, C, NH, doc_start);
 }
 
 }  // namespace zrt::kernels::cuda

@@ -187,15 +187,17 @@ __device__ __forceinline__ int first_column() {
 }
 
 // Forward: grid (T/64 query tiles, longest first; B*NH; HS/COLS). Each block stages the key
-// tiles (all HS columns) and the value tiles (its COLS columns) up to its diagonal; each warp
-// keeps 16 rows' running max, partial sums and COLS outputs. Blocks of one tile that split the
-// columns compute the same statistics; the first writes lse. With doc_start the key tiles start
-// at the one holding the document start of the block's first query, a warp skips the tiles
-// before its first row's, and keys before a row's document start are masked.
+// tiles (all HS columns) and the value tiles (its COLS columns) of its query head's key/value
+// head up to its diagonal; each warp keeps 16 rows' running max, partial sums and COLS outputs.
+// Blocks of one tile that split the columns compute the same statistics; the first writes lse.
+// With doc_start the key tiles start at the one holding the document start of the block's first
+// query, a warp skips the tiles before its first row's, and keys before a row's document start
+// are masked.
 template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    flash_mma_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH,
-                             float scale_log2, const std::int32_t* doc_start) {
+    flash_mma_forward_kernel(S* out, float* lse, const S* q, const S* k, const S* v, int q_ld,
+                             int kv_ld, int group, int T, int C, int NH, float scale_log2,
+                             const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) S k_s[kTile * kLd<HS>];
   __shared__ __align__(16) S v_s[kTile * kLd<COLS>];
@@ -211,13 +213,12 @@ __global__ void __launch_bounds__(kThreads)
   const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
   const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
   const int warp_first = first_key<kDocs>(docs, q0);
-  const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
-  const S* k_base = q_base + C;
-  const S* v_base = q_base + 2 * C + col0;
+  const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
+  const S* k_base = k + static_cast<I64>(b) * T * kv_ld + (h / group) * HS;
+  const S* v_base = v + static_cast<I64>(b) * T * kv_ld + (h / group) * HS + col0;
 
   std::uint32_t qa[HS / 16][4];
-  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * q_ld, q_ld, g, t);
   float o[COLS / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
@@ -227,8 +228,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
        k0 += kTile) {
     __syncthreads();  // the previous tile's reads are done
-    stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
-    stage<COLS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<HS>(k_s, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+    stage<COLS>(v_s, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
     __syncthreads();
     // All 64 keys before every row's document: masked, the tile would leave m, l and o as they are.
     if (kDocs && k0 + kTile <= warp_first) continue;
@@ -312,9 +313,9 @@ __global__ void __launch_bounds__(kThreads)
 // and dP = dout V^T in registers, dS = P (dP - D), dQ += dS K (the block's COLS columns of K).
 template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    flash_mma_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse, const float* rowdot,
-                        int T, int C, int NH, float scale, float scale_log2,
-                        const std::int32_t* doc_start) {
+    flash_mma_dq_kernel(S* dq_out, const S* dout, const S* q, const S* k, const S* v, int q_ld,
+                        int kv_ld, int group, const float* lse, const float* rowdot, int T, int C,
+                        int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(16) S k_s[kTile * kLd<HS>];
   __shared__ __align__(16) S v_s[kTile * kLd<HS>];
@@ -330,10 +331,9 @@ __global__ void __launch_bounds__(kThreads)
   const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
   const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
   const int warp_first = first_key<kDocs>(docs, q0);
-  const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
-  const S* k_base = q_base + C;
-  const S* v_base = q_base + 2 * C;
+  const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
+  const S* k_base = k + static_cast<I64>(b) * T * kv_ld + (h / group) * HS;
+  const S* v_base = v + static_cast<I64>(b) * T * kv_ld + (h / group) * HS;
   const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
   const float lse0 = lse[static_cast<I64>(bh) * T + row0] * kLog2e;
   const float lse1 = lse[static_cast<I64>(bh) * T + row1] * kLog2e;
@@ -341,15 +341,15 @@ __global__ void __launch_bounds__(kThreads)
   const float d1 = rowdot[static_cast<I64>(bh) * T + row1];
 
   std::uint32_t qa[HS / 16][4], da[HS / 16][4];
-  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * ld3, ld3, g, t);
+  load_rows<HS>(qa, q_base + static_cast<I64>(q0) * q_ld, q_ld, g, t);
   load_rows<HS>(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
   float dq[COLS / 8][4] = {};
 
   for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
        k0 += kTile) {
     __syncthreads();
-    stage<HS>(k_s, k_base + static_cast<I64>(k0) * ld3, ld3);
-    stage<HS>(v_s, v_base + static_cast<I64>(k0) * ld3, ld3);
+    stage<HS>(k_s, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+    stage<HS>(v_s, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
     __syncthreads();
     if (kDocs && k0 + kTile <= warp_first) continue;  // outside every row's document: dS all 0
     float s[8][4], dp[8][4];
@@ -374,24 +374,28 @@ __global__ void __launch_bounds__(kThreads)
                           k0 + 48 > last_key || (kDocs && k0 + 63 < warp_first)};
     rows_times_staged<HS, COLS, S>(dq, dsa, k_s + col0, skip, g, t);
   }
-  S* dq0 = dqkv + (static_cast<I64>(b) * T + row0) * ld3 + h * HS + col0;
-  S* dq1 = dqkv + (static_cast<I64>(b) * T + row1) * ld3 + h * HS + col0;
+  S* dq0 = dq_out + (static_cast<I64>(b) * T + row0) * q_ld + h * HS + col0;
+  S* dq1 = dq_out + (static_cast<I64>(b) * T + row1) * q_ld + h * HS + col0;
   add_rows<COLS>(dq0, dq1, dq, scale, t);
 #else
   __trap();
 #endif
 }
 
-// dK, dV: grid (T/64 key tiles, first tiles first; B*NH; HS/COLS). Warp w owns keys tile*64 +
-// 16w .. +16 (the A operand); per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in
-// registers, P^T and dS^T from them, dV += P^T dout, dK += dS^T Q (the block's COLS columns of
-// dout and Q). With doc_start the query tiles stop at the first whose first query's document
-// starts after the key tile (no later query sees its keys), a warp skips the query tiles and
-// chunks whose documents all start after its last key, and the rest is masked per element.
+// dK, dV: grid (T/64 key tiles, first tiles first; B*NKV key/value heads; HS/COLS). Warp w owns
+// keys tile*64 + 16w .. +16 (the A operand); for each query head of the key/value head's group in
+// turn, per query tile from its own on: S^T = K Q^T, dP^T = V dout^T in registers, P^T and dS^T
+// from them, dV += P^T dout, dK += dS^T Q (the block's COLS columns of dout and Q). The group's
+// sum stays in the fp32 accumulators and is rounded once, so grouped-query attention needs
+// neither repeated key/value heads nor atomics (group 1: multi-head attention, one pass). With
+// doc_start the query tiles stop at the first whose first query's document starts after the key
+// tile (no later query sees its keys), a warp skips the query tiles and chunks whose documents
+// all start after its last key, and the rest is masked per element.
 template <typename S, int HS, int COLS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
-    flash_mma_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
-                          const float* rowdot, int T, int C, int NH, float scale, float scale_log2,
+    flash_mma_dkdv_kernel(S* dk_out, S* dv_out, const S* dout, const S* q, const S* k, const S* v,
+                          int q_ld, int kv_ld, int group, const float* lse, const float* rowdot,
+                          int T, int C, int NH, float scale, float scale_log2,
                           const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int ld = kLd<HS>;
@@ -401,8 +405,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float d_s[kTile];
   __shared__ int first_s[kDocs ? kTile : 1];  // each staged query's first key (kDocs)
   const int tile = blockIdx.x;
-  const int bh = blockIdx.y;
-  const int b = bh / NH, h = bh % NH;
+  const int NKV = NH / group;
+  const int b = static_cast<int>(blockIdx.y) / NKV, kh = static_cast<int>(blockIdx.y) % NKV;
   const int col0 = first_column<HS, COLS>();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
@@ -410,76 +414,80 @@ __global__ void __launch_bounds__(kThreads)
   const int key0 = k0w + g, key1 = k0w + g + 8;
   const int warp_last = k0w + 15;
   const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
-  const int ld3 = 3 * C;
-  const S* q_base = qkv + static_cast<I64>(b) * T * ld3 + h * HS;
-  const S* k_base = q_base + C;
-  const S* v_base = q_base + 2 * C;
-  const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
+  const S* k_base = k + static_cast<I64>(b) * T * kv_ld + kh * HS;
+  const S* v_base = v + static_cast<I64>(b) * T * kv_ld + kh * HS;
 
   std::uint32_t ka[HS / 16][4], va[HS / 16][4];
-  load_rows<HS>(ka, k_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
-  load_rows<HS>(va, v_base + static_cast<I64>(k0w) * ld3, ld3, g, t);
+  load_rows<HS>(ka, k_base + static_cast<I64>(k0w) * kv_ld, kv_ld, g, t);
+  load_rows<HS>(va, v_base + static_cast<I64>(k0w) * kv_ld, kv_ld, g, t);
   float dk[COLS / 8][4] = {}, dv[COLS / 8][4] = {};
 
-  // The condition is the same for the whole block (qb and the tile are), so every thread reaches
-  // each __syncthreads.
-  for (int qb = tile * kTile; qb < T && (!kDocs || first_key<kDocs>(docs, qb) < (tile + 1) * kTile);
-       qb += kTile) {
-    __syncthreads();
-    stage<HS>(q_s, q_base + static_cast<I64>(qb) * ld3, ld3);
-    stage<HS>(dy_s, dy_base + static_cast<I64>(qb) * C, C);
-    if (threadIdx.x < kTile) {
-      lse_s[threadIdx.x] = lse[static_cast<I64>(bh) * T + qb + threadIdx.x] * kLog2e;
-      d_s[threadIdx.x] = rowdot[static_cast<I64>(bh) * T + qb + threadIdx.x];
-      if constexpr (kDocs) first_s[threadIdx.x] = first_key<kDocs>(docs, qb + threadIdx.x);
-    }
-    __syncthreads();
-    if (kDocs && first_s[0] > warp_last) continue;  // every query's document starts after the keys
-    // Query columns before the warp's first key are masked for all its keys: tiles of 8 that
-    // end before k0w are skipped (first + 8j > last fails for none, so test the end instead).
-    float st_[8][4], dpt[8][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        st_[j][c] = 0.0f;
-        dpt[j][c] = 0.0f;
+  for (int member = 0; member < group; ++member) {
+    const int h = kh * group + member;
+    const I64 bh = static_cast<I64>(b) * NH + h;
+    const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
+    const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
+    // The condition is the same for the whole block (qb and the tile are), so every thread
+    // reaches each __syncthreads.
+    for (int qb = tile * kTile;
+         qb < T && (!kDocs || first_key<kDocs>(docs, qb) < (tile + 1) * kTile); qb += kTile) {
+      __syncthreads();
+      stage<HS>(q_s, q_base + static_cast<I64>(qb) * q_ld, q_ld);
+      stage<HS>(dy_s, dy_base + static_cast<I64>(qb) * C, C);
+      if (threadIdx.x < kTile) {
+        lse_s[threadIdx.x] = lse[bh * T + qb + threadIdx.x] * kLog2e;
+        d_s[threadIdx.x] = rowdot[bh * T + qb + threadIdx.x];
+        if constexpr (kDocs) first_s[threadIdx.x] = first_key<kDocs>(docs, qb + threadIdx.x);
       }
-      if (qb + 8 * j + 7 < k0w || (kDocs && first_s[8 * j] > warp_last)) continue;
+      __syncthreads();
+      if (kDocs && first_s[0] > warp_last)
+        continue;  // every query's document starts after the keys
+      // Query columns before the warp's first key are masked for all its keys: tiles of 8 that
+      // end before k0w are skipped (first + 8j > last fails for none, so test the end instead).
+      float st_[8][4], dpt[8][4];
 #pragma unroll
-      for (int kk = 0; kk < HS / 16; ++kk) {
-        const S* pq = q_s + (8 * j + g) * ld + kk * 16 + 2 * t;
-        const S* pd = dy_s + (8 * j + g) * ld + kk * 16 + 2 * t;
-        mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
-        mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          st_[j][c] = 0.0f;
+          dpt[j][c] = 0.0f;
+        }
+        if (qb + 8 * j + 7 < k0w || (kDocs && first_s[8 * j] > warp_last)) continue;
+#pragma unroll
+        for (int kk = 0; kk < HS / 16; ++kk) {
+          const S* pq = q_s + (8 * j + g) * ld + kk * 16 + 2 * t;
+          const S* pd = dy_s + (8 * j + g) * ld + kk * 16 + 2 * t;
+          mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
+          mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
+        }
       }
-    }
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int qi = 8 * j + 2 * t + (c & 1);
-        const int key = c < 2 ? key0 : key1;
-        const bool seen = key <= qb + qi && (!kDocs || key >= first_s[qi]);
-        const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
-        st_[j][c] = p;
-        dpt[j][c] = p * (dpt[j][c] - d_s[qi]);
+        for (int c = 0; c < 4; ++c) {
+          const int qi = 8 * j + 2 * t + (c & 1);
+          const int key = c < 2 ? key0 : key1;
+          const bool seen = key <= qb + qi && (!kDocs || key >= first_s[qi]);
+          const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
+          st_[j][c] = p;
+          dpt[j][c] = p * (dpt[j][c] - d_s[qi]);
+        }
       }
+      std::uint32_t pa[4][4], dsa[4][4];
+      to_a<S>(pa, st_);
+      to_a<S>(dsa, dpt);
+      const bool skip[4] = {qb + 15 < k0w || (kDocs && first_s[0] > warp_last),
+                            qb + 31 < k0w || (kDocs && first_s[16] > warp_last),
+                            qb + 47 < k0w || (kDocs && first_s[32] > warp_last),
+                            qb + 63 < k0w || (kDocs && first_s[48] > warp_last)};
+      rows_times_staged<HS, COLS, S>(dv, pa, dy_s + col0, skip, g, t);
+      rows_times_staged<HS, COLS, S>(dk, dsa, q_s + col0, skip, g, t);
     }
-    std::uint32_t pa[4][4], dsa[4][4];
-    to_a<S>(pa, st_);
-    to_a<S>(dsa, dpt);
-    const bool skip[4] = {qb + 15 < k0w || (kDocs && first_s[0] > warp_last),
-                          qb + 31 < k0w || (kDocs && first_s[16] > warp_last),
-                          qb + 47 < k0w || (kDocs && first_s[32] > warp_last),
-                          qb + 63 < k0w || (kDocs && first_s[48] > warp_last)};
-    rows_times_staged<HS, COLS, S>(dv, pa, dy_s + col0, skip, g, t);
-    rows_times_staged<HS, COLS, S>(dk, dsa, q_s + col0, skip, g, t);
   }
-  S* dk0 = dqkv + (static_cast<I64>(b) * T + key0) * ld3 + C + h * HS + col0;
-  S* dk1 = dqkv + (static_cast<I64>(b) * T + key1) * ld3 + C + h * HS + col0;
-  add_rows<COLS>(dk0, dk1, dk, scale, t);
-  add_rows<COLS>(dk0 + C, dk1 + C, dv, 1.0f, t);
+  const I64 row0 = (static_cast<I64>(b) * T + key0) * kv_ld + kh * HS + col0;
+  const I64 row1 = (static_cast<I64>(b) * T + key1) * kv_ld + kh * HS + col0;
+  add_rows<COLS>(dk_out + row0, dk_out + row1, dk, scale, t);
+  add_rows<COLS>(dv_out + row0, dv_out + row1, dv, 1.0f, t);
 #else
   __trap();
 #endif
@@ -537,8 +545,22 @@ bool flash_mma_head_size_supported(int C, int NH) {
   return NH > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
 }
 
-void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
-                       int T, int C, int NH, const std::int32_t* doc_start) {
+HeadRows packed_head_rows(const void* qkv, DType dtype, int C) {
+  const auto* base = static_cast<const char*>(qkv);
+  const I64 part = static_cast<I64>(C) * dtype_size(dtype);
+  return {base, base + part, base + 2 * part, 3 * C, 3 * C, 1};
+}
+
+HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C) {
+  auto* base = static_cast<char*>(dqkv);
+  const I64 part = static_cast<I64>(C) * dtype_size(dtype);
+  return {base, base + part, base + 2 * part};
+}
+
+void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const HeadRows& in,
+                       int B, int T, int C, int NH, const std::int32_t* doc_start) {
+  ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
+            "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     constexpr int COLS = ColumnSplit<HS>::kForward;
@@ -548,18 +570,21 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
       with_documents(doc_start, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
         flash_mma_forward_kernel<S, HS, COLS, kDocs>
-            <<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(static_cast<S*>(out), lse,
-                                                                     static_cast<const S*>(qkv), T,
-                                                                     C, NH, scale_log2, doc_start);
+            <<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(
+                static_cast<S*>(out), lse, static_cast<const S*>(in.q), static_cast<const S*>(in.k),
+                static_cast<const S*>(in.v), in.q_ld, in.kv_ld, in.group, T, C, NH, scale_log2,
+                doc_start);
         ZRT_CUDA_LAUNCH_CHECK();
       });
     });
   });
 }
 
-void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
-                        const float* lse, const float* rowdot, int B, int T, int C, int NH,
-                        const std::int32_t* doc_start) {
+void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, const void* dout,
+                        const HeadRows& in, const float* lse, const float* rowdot, int B, int T,
+                        int C, int NH, const std::int32_t* doc_start) {
+  ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
+            "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
     constexpr int HS = decltype(hs)::value;
     constexpr int kDkdv = ColumnSplit<HS>::kDkdv, kDq = ColumnSplit<HS>::kDq;
@@ -567,17 +592,22 @@ void flash_mma_backward(const Launch& l, DType dtype, void* dqkv, const void* do
     const float scale_log2 = scale * kLog2e;
     with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
       using S = typename decltype(s)::type;
+      const auto* q = static_cast<const S*>(in.q);
+      const auto* k = static_cast<const S*>(in.k);
+      const auto* v = static_cast<const S*>(in.v);
+      const auto* dy = static_cast<const S*>(dout);
       with_documents(doc_start, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
+        // One block per key/value head: it sums its group's query heads itself.
         flash_mma_dkdv_kernel<S, HS, kDkdv, kDocs>
-            <<<grid_of<HS>(B, T, NH, kDkdv), kThreads, 0, l.stream>>>(
-                static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-                rowdot, T, C, NH, scale, scale_log2, doc_start);
+            <<<grid_of<HS>(B, T, NH / in.group, kDkdv), kThreads, 0, l.stream>>>(
+                static_cast<S*>(d.dk), static_cast<S*>(d.dv), dy, q, k, v, in.q_ld, in.kv_ld,
+                in.group, lse, rowdot, T, C, NH, scale, scale_log2, doc_start);
         ZRT_CUDA_LAUNCH_CHECK();
         flash_mma_dq_kernel<S, HS, kDq, kDocs>
             <<<grid_of<HS>(B, T, NH, kDq), kThreads, 0, l.stream>>>(
-                static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-                rowdot, T, C, NH, scale, scale_log2, doc_start);
+                static_cast<S*>(d.dq), dy, q, k, v, in.q_ld, in.kv_ld, in.group, lse, rowdot, T, C,
+                NH, scale, scale_log2, doc_start);
         ZRT_CUDA_LAUNCH_CHECK();
       });
     });

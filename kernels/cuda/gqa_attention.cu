@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -94,8 +95,17 @@ void pack(const Launch& l, void* qkv, const void* q, const void* k, const void* 
 
 }  // namespace
 
-std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int /*NKV*/, int hs,
+bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
+                       int hs) {
+  const int C = NH * hs;
+  return !kernels.gqa_packed && runs_fused(kernels, dtype, T, C, NH) &&
+         !(kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)) &&
+         flash_gqa_supported(dtype, T, NH, NKV, hs);
+}
+
+std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
                                              const AttentionKernels& kernels) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) return 0;
   return packed_bytes(dtype, B, T, NH, hs) +
          attention_forward_workspace(dtype, B, T, NH * hs, NH, kernels);
 }
@@ -103,6 +113,10 @@ std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, 
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                            const AttentionKernels& kernels, const std::int32_t* doc_start) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
+    flash_gqa_forward(l, dtype, out, lse, q, k, v, B, T, NH, NKV, hs, doc_start);
+    return;
+  }
   const int group = NH / NKV;
   void* qkv = l.ws;
   with_storage(dtype, [&](auto s) {
@@ -113,8 +127,11 @@ void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, 
                     NH * hs, NH, kernels, doc_start);
 }
 
-std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int /*NKV*/,
-                                              int hs, const AttentionKernels& kernels) {
+std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
+                                              const AttentionKernels& kernels) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
+    return flash_attention_backward_workspace(B, T, NH);
+  }
   return 2 * packed_bytes(dtype, B, T, NH, hs) +
          attention_backward_workspace(dtype, B, T, NH * hs, NH, kernels);
 }
@@ -124,6 +141,10 @@ void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, vo
                             const void* out, const float* lse, int B, int T, int NH, int NKV,
                             int hs, const AttentionKernels& kernels,
                             const std::int32_t* doc_start) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
+    flash_gqa_backward(l, dtype, dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, doc_start);
+    return;
+  }
   const int group = NH / NKV;
   const I64 packed = packed_bytes(dtype, B, T, NH, hs);
   void* qkv = l.ws;

@@ -1,10 +1,14 @@
-// CUDA twin of kernels/cpu/gqa_attention.h: q and the key/value heads, repeated for each query
-// head of their group, are packed into attention.cu's (B,T,3C) qkv layout in the storage dtype,
-// and attention.cu runs on it (the fused tensor-core kernels for bf16/fp16 with head size 64 or
-// 128 and T a multiple of 64, the batched-GEMM path otherwise), keeping each row's log-sum-exp; the
-// backward packs again, and the key/value gradients are summed over their group in a fixed
-// order (fp32, rounded once) when unpacked. doc_start (packed documents) goes to the packed
-// attention as it is. Workspace: the packed tensors, then attention's own.
+// CUDA twin of kernels/cpu/gqa_attention.h, on two paths. Where the fused mma kernels take the
+// shape (bf16/fp16, head size 64 or 128, T a multiple of 64; attention.cuh's runs_fused) they
+// read q, k, v where they are (flash_attention.cuh's flash_gqa_*): query head h reads key/value
+// head h / group, and the dK/dV kernel sums each group in registers, so nothing is repeated
+// (workspace: the backward's (B,NH,T) row term). Elsewhere, and when asked
+// (KernelOptions::cuda_gqa_packed; or the WMMA kernels, which read packed rows only), q and the
+// key/value heads repeated for each query head of their group are packed into attention.cu's
+// (B,T,3C) qkv layout in the storage dtype and attention.cu runs on it (fused or batched GEMMs),
+// keeping each row's log-sum-exp; the backward packs again, and the key/value gradients are
+// summed over their group in a fixed order (fp32, rounded once) when unpacked (workspace: the
+// packed tensors, then attention's own). doc_start (packed documents) goes to either as it is.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +18,10 @@
 
 namespace zrt::kernels::cuda {
 
-// kernels: attention.cuh's choice of the fused or batched kernels for the packed attention.
+// kernels: attention.cuh's choice of the fused or batched kernels, and of the packed path.
+// Whether these shapes run in place (the workspace functions follow it).
+bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
+                       int hs);
 std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
                                              const AttentionKernels& kernels = {});
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,

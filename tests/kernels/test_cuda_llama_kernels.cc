@@ -47,13 +47,13 @@ struct Backend {
   std::unique_ptr<KernelContext> ctx;
   std::map<std::string, std::pair<Buffer, DType>> buffers;
 
-  explicit Backend(DeviceType type) {
+  explicit Backend(DeviceType type, const KernelOptions& kernel_options = {}) {
     DeviceOptions options;
     options.type = type;
     if (type == DeviceType::kCuda) options.index = test::gpu_index();
     device = make_device(options);
     stream = device->create_stream("compute");
-    ctx = std::make_unique<KernelContext>(*device, *stream);
+    ctx = std::make_unique<KernelContext>(*device, *stream, kernel_options);
   }
   ~Backend() { stream->synchronize(); }
   Bytes put(const std::string& name, const Vec& v, DType dt) {
@@ -90,14 +90,15 @@ struct Backend {
   }
 };
 
-// Runs `op` on the CPU and on the GPU with the same inputs and compares the named outputs.
+// Runs `op` on the CPU and on the GPU (its kernels chosen by `gpu_options`) with the same inputs
+// and compares the named outputs.
 using Op = std::function<std::map<std::string, std::size_t>(Backend&, DType dt, DType gt)>;
-void parity(const std::string& what, const Op& op) {
+void parity(const std::string& what, const Op& op, const KernelOptions& gpu_options = {}) {
   for (auto [dt, gt, tol] : {std::tuple{DType::kFloat32, DType::kFloat32, 1e-5},
                              std::tuple{DType::kBFloat16, DType::kFloat32, 1e-2},
                              std::tuple{DType::kBFloat16, DType::kBFloat16, 1e-2}}) {
     Backend cpu(DeviceType::kCpu);
-    Backend gpu(DeviceType::kCuda);
+    Backend gpu(DeviceType::kCuda, gpu_options);
     const auto outputs = op(cpu, dt, gt);
     op(gpu, dt, gt);
     for (const auto& [name, n] : outputs) {
@@ -211,10 +212,13 @@ TEST_CASE("swiglu: CUDA twin matches the CPU twin", "[cuda][llama]") {
 }
 
 // Grouped-query attention forward and backward on one backend at (B, T, NH, NKV, HS), inputs
-// drawn from `seed`, packed documents `doc_start` (empty: none); returns the outputs to compare.
+// drawn from `seed`, packed documents `doc_start` (empty: none); the gradients start at zero or,
+// with `accumulate`, at values of their own (the backward adds to them). Returns the outputs
+// to compare.
 std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, int NH, int NKV,
                                            int HS, std::uint64_t seed,
-                                           const std::vector<std::int32_t>& doc_start = {}) {
+                                           const std::vector<std::int32_t>& doc_start = {},
+                                           bool accumulate = false) {
   const std::size_t nq = std::size_t{1} * B * T * NH * HS, nk = std::size_t{1} * B * T * NKV * HS;
   const std::size_t nlse = std::size_t{1} * B * NH * T;
   const Bytes q = be.put("q", normal_values(seed, 41, nq), dt);
@@ -223,9 +227,12 @@ std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, 
   const Bytes dy = be.put("dy", normal_values(seed, 44, nq), dt);
   const Bytes out = be.put("out", Vec(nq, 0.0), dt);
   const Floats lse = be.put_f32("lse", nlse);
-  const Bytes dq = be.put("dq", Vec(nq, 0.0), dt);
-  const Bytes dk = be.put("dk", Vec(nk, 0.0), dt);
-  const Bytes dv = be.put("dv", Vec(nk, 0.0), dt);
+  const auto start = [&](int stream, std::size_t n) {
+    return accumulate ? normal_values(seed, stream, n, 0.05) : Vec(n, 0.0);
+  };
+  const Bytes dq = be.put("dq", start(45, nq), dt);
+  const Bytes dk = be.put("dk", start(46, nk), dt);
+  const Bytes dv = be.put("dv", start(47, nk), dt);
   const ConstTokens ds = be.put_ids("doc_start", doc_start);
   gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS, ds);
   gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS, ds);
@@ -253,6 +260,42 @@ TEST_CASE("grouped-query attention at head size 128: CUDA twin matches the CPU t
   parity("gqa attention (hs 128, T 128)", [](Backend& be, DType dt, DType) {
     return run_gqa(be, dt, 1, 128, 4, 1, 128, kSeed + 2);
   });
+}
+
+// Both CUDA paths of grouped-query attention at the fused shapes against the CPU twin: in place
+// (the default: the mma kernels read each key/value head for its whole group, dK/dV summed over
+// the group in registers) and packed (KernelOptions::cuda_gqa_packed: the repeated heads through
+// attention.cu). Groups of 1 (multi-head), 2, 4 and 8 (Llama-3.1-8B's 32 / 8 at a quarter of its
+// heads) at head sizes 64 and 128, two sequences of three key tiles, gradients added to what
+// dq, dk, dv hold; then with packed documents (of 1 token, across tile boundaries, of one tile).
+TEST_CASE("grouped-query attention in place and packed: CUDA twin matches the CPU twin",
+          "[cuda][llama]") {
+  const auto docs = test::pack_documents({{1, 70, 1, 120}, {64, 100, 28}}, 192).doc_start;
+  for (bool packed : {false, true}) {
+    KernelOptions options;
+    options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+    options.cuda_gqa_packed = packed;
+    for (int HS : {64, 128}) {
+      for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {
+        const std::string what = std::string(packed ? "packed" : "in place") +
+                                 " gqa attention (hs " + std::to_string(HS) + ", " +
+                                 std::to_string(NH) + "/" + std::to_string(NKV) + " heads, T 192)";
+        parity(
+            what,
+            [&](Backend& be, DType dt, DType) {
+              return run_gqa(be, dt, 2, 192, NH, NKV, HS, kSeed + 6 + HS + NH * 10 + NKV, {}, true);
+            },
+            options);
+        parity(
+            what + " with documents",
+            [&](Backend& be, DType dt, DType) {
+              return run_gqa(be, dt, 2, 192, NH, NKV, HS, kSeed + 7 + HS + NH * 10 + NKV, docs,
+                             true);
+            },
+            options);
+      }
+    }
+  }
 }
 
 TEST_CASE("tiny Llama and Qwen2 on the GPU match transformers (fp32)", "[cuda][llama]") {

@@ -766,6 +766,50 @@ TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spa
   CHECK(status != 0);
 }
 
+#if ZRT_HAVE_CUDA
+// A CUDA build plans the GPU's grouped-query attention by the kernels' own size functions
+// (host code: no GPU needed). Llama-3.1-8B's attention (32 query heads of 128 over 8 key/value
+// heads) at 128K tokens in bf16: the fused kernels read q, k, v in place, so the backward's
+// workspace is its (B,NH,T) fp32 row term alone, 16 MiB, where packing q and the repeated k, v
+// (KernelOptions::cuda_gqa_packed, and any shape the fused kernels do not take) costs two
+// (B,T,3C) bf16 tensors on top, 6 GiB. The plan of configs/gpu-llama-3.1-8b-offload.json at
+// 128K follows it: zrt-mem counts the kernel workspace at the in-place size.
+TEST_CASE("a CUDA build plans grouped-query attention in place: 16 MiB at 128K, not 6 GiB") {
+  const int T = 131072, NH = 32, NKV = 8, hs = 128;
+  const std::int64_t row_term = std::int64_t{NH} * T * 4;         // B = 1, fp32
+  const std::int64_t packed = std::int64_t{T} * 3 * NH * hs * 2;  // (B,T,3C) bf16
+  kernels::KernelOptions in_place;
+  in_place.cuda_fused_attention =
+      kernels::FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+  kernels::KernelOptions packing = in_place;
+  packing.cuda_gqa_packed = true;
+  const auto bytes = [&](const kernels::KernelOptions& options, int t, bool backward) {
+    return kernels::gqa_attention_workspace_bytes(false, options, DType::kBFloat16, 1, t, NH, NKV,
+                                                  hs, backward);
+  };
+  CHECK(bytes(in_place, T, false) == 0);
+  CHECK(bytes(in_place, T, true) == row_term);
+  CHECK(bytes(packing, T, false) == packed);                // the fused forward needs nothing more
+  CHECK(bytes(packing, T, true) == 2 * packed + row_term);  // q, k, v and their gradient
+  // A length the fused kernels do not take (not a multiple of 64) packs whatever is asked.
+  CHECK(bytes(in_place, 4000, true) == bytes(packing, 4000, true));
+  CHECK(bytes(in_place, 4000, true) > 2 * std::int64_t{4000} * 3 * NH * hs * 2);
+
+  const std::shared_ptr<const ModelDef> llama =
+      builtin_models().parse_spec("llama-3.1-8b:seq_len=131072");
+  Inputs in;
+  in.model = model_spec(llama);
+  in.seq_len = T;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  in.cpu_checkpointing = true;
+  const Estimate e = estimate(in, Setting{3, true, false});
+  INFO("kernel workspace " << e.kernel_workspace);
+  CHECK(e.kernel_workspace >= row_term);
+  CHECK(e.kernel_workspace < packed / 8);
+}
+#endif
+
 TEST_CASE("--sp: the device bytes a token adds shrink about as 1/sp (the long-sequence config)") {
   // configs/long-sequence-cpu.json's model (12 layers of 256, 4 query heads of 64 over 2
   // key/value heads, so one key/value head copied per rank at sp 4) on the CPU backend at 4

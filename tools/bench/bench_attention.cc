@@ -4,7 +4,10 @@
 // device, shapes and dtype (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a
 // GPU), and the tensor throughput each reaches. With --documents K it also times the same shapes
 // with K equal documents packed into each sequence (doc_start, kernels/ops.h), beside the causal
-// call: the attention a packed fine-tuning step costs. Times are medians over --iters of the wall
+// call: the attention a packed fine-tuning step costs. A shape with a fifth number, B,T,NH,hs,NKV,
+// is grouped-query attention (gqa_attention_*, NKV key/value heads): on a GPU it also times the
+// packed path (KernelOptions::cuda_gqa_packed) the in-place fused kernels replace, and PyTorch's
+// SDPA gets NKV key/value heads (enable_gqa). Times are medians over --iters of the wall
 // time of one call enqueued and its stream drained, after two warm-up calls (torch's likewise).
 // On the CPU two more columns: the CPU attention's path for the shape (kernels/cpu/
 // attention_path.h; ZRT_CPU_ATTENTION=full or tiled forces one) and its peak workspace, the
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/gqa_attention.h"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "models/init_rng.h"
@@ -35,9 +39,10 @@ namespace {
 
 struct Shape {
   int B, T, NH, hs;
+  int NKV = 0;  // key/value heads of grouped-query attention; 0: multi-head attention (qkv)
 };
 
-// "B,T,NH,hs;B,T,NH,hs;..."
+// "B,T,NH,hs;B,T,NH,hs,NKV;..."
 std::vector<Shape> parse_shapes(const std::string& text) {
   std::vector<Shape> shapes;
   std::stringstream list(text);
@@ -45,11 +50,16 @@ std::vector<Shape> parse_shapes(const std::string& text) {
   while (std::getline(list, item, ';')) {
     if (item.empty()) continue;
     Shape s{};
-    char c1 = 0, c2 = 0, c3 = 0;
+    char c1 = 0, c2 = 0, c3 = 0, c4 = 0;
     std::stringstream one(item);
     if (!(one >> s.B >> c1 >> s.T >> c2 >> s.NH >> c3 >> s.hs) || c1 != ',' || c2 != ',' ||
-        c3 != ',' || s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.hs <= 0) {
-      ZRT_THROW(InvalidArgument, "--shapes: '{}' is not B,T,NH,hs (positive integers)", item);
+        c3 != ',' || s.B <= 0 || s.T <= 0 || s.NH <= 0 || s.hs <= 0 ||
+        (one >> c4 && (c4 != ',' || !(one >> s.NKV) || s.NKV <= 0 || s.NH % s.NKV != 0)) ||
+        !(one >> std::ws).eof()) {
+      ZRT_THROW(InvalidArgument,
+                "--shapes: '{}' is not B,T,NH,hs or B,T,NH,hs,NKV (positive integers, NKV "
+                "dividing NH)",
+                item);
     }
     shapes.push_back(s);
   }
@@ -112,23 +122,30 @@ std::vector<std::int32_t> document_starts(const Shape& s, int documents) {
   return starts;
 }
 
+// gqa_packed: grouped-query shapes by packing q and the repeated k, v (the CUDA path the in-place
+// fused kernels replace).
 Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
-               kernels::FusedAttention fused, int documents = 1) {
+               kernels::FusedAttention fused, int documents = 1, bool gqa_packed = false) {
   DeviceOptions options;
   options.type = type;
   auto device = make_device(options);
   auto stream = device->create_stream("compute");
   kernels::KernelOptions kernel_options;
   kernel_options.cuda_fused_attention = fused;
+  kernel_options.cuda_gqa_packed = gqa_packed;
   kernels::KernelContext ctx(*device, *stream, kernel_options);
   const int C = s.NH * s.hs;
   const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;
-  Buffer qkv = random_buffer(*device, *stream, dtype, 3 * n, 1);
+  // Multi-head: q, k, v packed in one (B,T,3C) tensor, as GPT's attention takes them. Grouped-
+  // query: q (B,T,C), then k and v (B,T,NKV*hs) each, in one buffer (and their gradients).
+  const std::int64_t kv = s.NKV > 0 ? static_cast<std::int64_t>(s.B) * s.T * s.NKV * s.hs : n;
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(dtype));
+  Buffer qkv = random_buffer(*device, *stream, dtype, n + 2 * kv, 1);
   Buffer dout = random_buffer(*device, *stream, dtype, n, 2);
-  Buffer out = device->allocate(n * static_cast<std::int64_t>(dtype_size(dtype)),
-                                MemCategory::kOther, "bench attention out");
-  Buffer dqkv = device->allocate(3 * n * static_cast<std::int64_t>(dtype_size(dtype)),
-                                 MemCategory::kOther, "bench attention dqkv");
+  Buffer out = device->allocate(n * es, MemCategory::kOther, "bench attention out");
+  Buffer dqkv = device->allocate((n + 2 * kv) * es, MemCategory::kOther, "bench attention dqkv");
+  const kernels::Bytes q = qkv.device<std::byte>();
+  const kernels::Bytes dq = dqkv.device<std::byte>();
   Buffer lse = device->allocate(static_cast<std::int64_t>(s.B) * s.NH * s.T * 4,
                                 MemCategory::kOther, "bench attention lse");
   const std::vector<std::int32_t> starts = document_starts(s, documents);
@@ -143,13 +160,26 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
     doc_start = doc_buffer.device<const std::int32_t>();
   }
   auto forward = [&] {
-    kernels::attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(),
-                               qkv.device<std::byte>(), s.B, s.T, C, s.NH, doc_start);
+    if (s.NKV > 0) {
+      kernels::gqa_attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(), q,
+                                     q + n * es, q + (n + kv) * es, s.B, s.T, s.NH, s.NKV, s.hs,
+                                     doc_start);
+      return;
+    }
+    kernels::attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(), q, s.B,
+                               s.T, C, s.NH, doc_start);
   };
   auto backward = [&] {
-    kernels::attention_backward(ctx, dtype, dqkv.device<std::byte>(), dout.device<std::byte>(),
-                                qkv.device<std::byte>(), out.device<std::byte>(),
-                                lse.device<float>(), s.B, s.T, C, s.NH, doc_start);
+    if (s.NKV > 0) {
+      kernels::gqa_attention_backward(ctx, dtype, dq, dq + n * es, dq + (n + kv) * es,
+                                      dout.device<std::byte>(), q, q + n * es, q + (n + kv) * es,
+                                      out.device<std::byte>(), lse.device<float>(), s.B, s.T, s.NH,
+                                      s.NKV, s.hs, doc_start);
+      return;
+    }
+    kernels::attention_backward(ctx, dtype, dq, dout.device<std::byte>(), q,
+                                out.device<std::byte>(), lse.device<float>(), s.B, s.T, C, s.NH,
+                                doc_start);
   };
   auto time = [&](bool with_backward) {
     std::vector<double> samples;
@@ -177,9 +207,9 @@ Timing run_torch(const std::string& python, const std::string& script, DeviceTyp
   if (python.empty()) return t;
   const std::string line = run_capture(
       fmt::format("'{}' '{}' --device {} --dtype {} --batch {} --seq {} --heads {} --head-size {} "
-                  "--iters {} 2>/dev/null",
+                  "--kv-heads {} --iters {} 2>/dev/null",
                   python, script, type == DeviceType::kCuda ? "cuda" : "cpu", dtype_name(dtype),
-                  s.B, s.T, s.NH, s.hs, iters));
+                  s.B, s.T, s.NH, s.hs, s.NKV > 0 ? s.NKV : s.NH, iters));
   const auto f = line.find("forward_ms="), fb = line.find("forward_backward_ms=");
   if (f == std::string::npos || fb == std::string::npos) return t;
   t.forward_s = std::stod(line.substr(f + 11)) / 1e3;
@@ -193,8 +223,10 @@ std::pair<std::string, double> cpu_attention_workspace(DType dtype, const Shape&
   const int C = s.NH * s.hs;
   const auto bytes = [&](auto storage) {
     using S = decltype(storage);
-    return static_cast<double>(cpu::attention_backward_workspace<S>(s.B, s.T, C, s.NH)) *
-           sizeof(cpu::acc_t<S>);
+    const std::int64_t count =
+        s.NKV > 0 ? cpu::gqa_attention_backward_workspace<S>(s.B, s.T, s.NH, s.NKV, s.hs)
+                  : cpu::attention_backward_workspace<S>(s.B, s.T, C, s.NH);
+    return static_cast<double>(count) * sizeof(cpu::acc_t<S>);
   };
   const double ws = dtype == DType::kBFloat16  ? bytes(bf16{})
                     : dtype == DType::kFloat16 ? bytes(fp16{})
@@ -216,15 +248,19 @@ int attention(int argc, char** argv) {
              "torch-script", "help"});
   if (args.has("help")) {
     std::printf(
-        "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes \"B,T,NH,hs;...\"]\n"
+        "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes "
+        "\"B,T,NH,hs[,NKV];...\"]\n"
         "                    [--iters 20] [--documents K] [--no-torch] [--python PATH]\n"
         "Causal attention forward and forward+backward: zrt's kernels (on a GPU also the\n"
         "batched-GEMM path the fused kernels replace) next to PyTorch's\n"
         "scaled_dot_product_attention on the same device (flash kernel on a GPU), with the\n"
         "TFLOP/s each reaches. --documents K also times each shape with K equal documents\n"
         "packed into every sequence (doc_start), beside the causal call (K documents are about\n"
-        "1/K of the causal attention work). Defaults: cuda when a GPU is found, bf16, GPT-2\n"
-        "124M's shape (8,1024,12,64) and Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
+        "1/K of the causal attention work). A fifth number NKV makes the shape grouped-query\n"
+        "attention with NKV key/value heads (Llama-3 8B: 1,4096,32,128,8); on a GPU its packed\n"
+        "path (q and the repeated k, v in one tensor) is timed beside the in-place one.\n"
+        "Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape (8,1024,12,64) and\n"
+        "Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
     return 0;
   }
   const DeviceType type = args.get("device", cuda_device_count() > 0 ? "cuda" : "cpu") == "cuda"
@@ -256,12 +292,18 @@ int attention(int argc, char** argv) {
                                    : (python + " " + script).c_str());
   const bool cuda = type == DeviceType::kCuda;
   const bool packed = documents > 1;
+  const bool grouped =
+      cuda && std::any_of(shapes.begin(), shapes.end(), [](const Shape& s) { return s.NKV > 0; });
   if (packed) {
     std::printf("# --documents %d: each sequence packs %d equal documents (doc_start)\n", documents,
                 documents);
   }
   std::vector<std::string> header = {"B,T,NH,hs",   "zrt_fwd_ms",         "zrt_fwd+bwd_ms",
                                      "zrt_TFLOP/s", "batched_fwd+bwd_ms", "batched/zrt_time"};
+  if (grouped) {
+    header.push_back("gqa_packed_fwd+bwd_ms");
+    header.push_back("packed/zrt_time");
+  }
   if (packed) {
     for (const char* h : {"docs_fwd_ms", "docs_fwd+bwd_ms", "docs/causal_time"}) {
       header.push_back(h);
@@ -284,10 +326,15 @@ int attention(int argc, char** argv) {
     // The batched cuBLAS path the fused kernels replace (CUDA only: the CPU has one path).
     const Timing b =
         cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kNone) : Timing{};
+    // Grouped-query attention's packed path (GPU only: the CPU's is chosen by its own rule).
+    const Timing g = grouped && s.NKV > 0
+                         ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, 1, true)
+                         : Timing{};
     const Timing t = run_torch(python, script, type, dtype, s, iters);
     const double flops = forward_flops(s) * 3.5;
     std::vector<std::string> row = {
-        fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs),
+        s.NKV > 0 ? fmt::format("{},{},{},{},{}", s.B, s.T, s.NH, s.hs, s.NKV)
+                  : fmt::format("{},{},{},{}", s.B, s.T, s.NH, s.hs),
         fmt::format("{:.3f}", z.forward_s * 1e3),
         fmt::format("{:.3f}", z.forward_backward_s * 1e3),
         tflops(flops, z.forward_backward_s),
@@ -295,6 +342,13 @@ int attention(int argc, char** argv) {
         b.forward_backward_s > 0
             ? fmt::format("{:.2f}", b.forward_backward_s / z.forward_backward_s)
             : "-"};
+    if (grouped) {
+      row.push_back(g.forward_backward_s > 0 ? fmt::format("{:.3f}", g.forward_backward_s * 1e3)
+                                             : "-");
+      row.push_back(g.forward_backward_s > 0
+                        ? fmt::format("{:.2f}", g.forward_backward_s / z.forward_backward_s)
+                        : "-");
+    }
     if (packed) {
       row.push_back(fmt::format("{:.3f}", d.forward_s * 1e3));
       row.push_back(fmt::format("{:.3f}", d.forward_backward_s * 1e3));

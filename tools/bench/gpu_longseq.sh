@@ -19,9 +19,10 @@
 # cpu_checkpointing (the kept block inputs in pinned host memory), the automatic head and MLP
 # tiles (model.tiling "auto"), and offload_optimizer.ratio R (default 0.3: zrt-mem's best on a
 # 141 GB GPU with ~126 GiB of host, where cpu_checkpointing's host copies, 256 KiB a token at 8B,
-# and the offloaded optimizer state share the host; a CPU-only zrt-mem, which cannot count the
-# CUDA attention's workspace, put ratio 0.7 at ~178K tokens, stopped by the host, and 0.3 at
-# ~290-360K; a CUDA build's zrt-mem, the bundle's, counts it too, ~48 KiB a token). No parameter
+# and the offloaded optimizer state share the host; zrt-mem put ratio 0.7 at ~178K tokens,
+# stopped by the host, and 0.3 at ~360K; a CUDA build's zrt-mem, the bundle's, also counts the
+# CUDA attention's workspace: its (B,NH,T) row term since grouped-query attention runs in place,
+# 48 KiB a token of packed q, k, v before, which stopped 0.3 at ~265K). No parameter
 # offload: zrt needs ratio 1 with it, 16 bytes a parameter in host memory (128 GB at 8B), more
 # than such a machine has (zrt-mem: 6K tokens).
 #

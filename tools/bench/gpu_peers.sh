@@ -8,7 +8,9 @@
 #   zrt-gpt2  zrt-train on the same model, batch and sequence at ZeRO stage 0 and stage 3
 #             (configs/gpu-gpt2-124m-bench.json)
 #   attention zrt-bench attention: the fused attention against PyTorch's flash SDPA at head sizes
-#             64 and 128, forward and forward + backward
+#             64 and 128, forward and forward + backward; and Llama-3.1-8B's grouped-query
+#             attention (32 query heads over 8 key/value heads) in place, packed, and SDPA's
+#             enable_gqa
 #   zrt-llama Llama-3.1-8B at stage 3, 70% of the optimizer state offloaded
 #             (configs/gpu-llama-3.1-8b-offload.json: 2048 tokens, 1 x 8 micro-batches a step)
 #   ds-llama  DeepSpeed ZeRO-3 + offload_optimizer (ratio 0.7) on transformers' Llama of the same
@@ -175,7 +177,7 @@ for p in $phases; do
     attention)
       phase attention 40 "$bundle/bin/zrt-bench" attention --python python3 \
         --torch-script "$root/tools/bench/torch_attention_bench.py" --iters 20 \
-        --shapes "8,1024,12,64;4,1024,32,128;1,4096,32,128;1,8192,32,128" ;;
+        --shapes "8,1024,12,64;4,1024,32,128;1,4096,32,128;1,8192,32,128;1,4096,32,128,8;1,8192,32,128,8" ;;
     zrt-llama)
       phase zrt-llama 120 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
         work='$work' data='$data'; zrt_run llama8b-r0.7 1 configs/gpu-llama-3.1-8b-offload.json --train.steps 5" ;;

@@ -2,7 +2,9 @@
 """Causal attention in PyTorch: the reference `zrt-bench attention` prints beside its own.
 torch.nn.functional.scaled_dot_product_attention(is_causal=True) on (B, NH, T, hs) tensors, on a
 GPU restricted to its flash kernel (FlashAttention-2) where this torch has the selector; times
-are medians of --iters calls, each synchronised, after two warm-ups. Prints one line:
+are medians of --iters calls, each synchronised, after two warm-ups. --kv-heads N (default: --heads)
+gives k and v N heads, grouped-query attention: SDPA's enable_gqa where this torch has it (2.5+),
+else k and v repeated to --heads inside the timed calls (backend then says so). Prints one line:
 
     forward_ms=... forward_backward_ms=... backend=...
 
@@ -24,14 +26,20 @@ p.add_argument('--batch', type=int, default=8)
 p.add_argument('--seq', type=int, default=1024)
 p.add_argument('--heads', type=int, default=12)
 p.add_argument('--head-size', type=int, default=64)
+p.add_argument('--kv-heads', type=int, default=0)
 p.add_argument('--iters', type=int, default=20)
 a = p.parse_args()
 
 dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16, 'fp32': torch.float32}[a.dtype]
 dev = torch.device(a.device)
 gen = torch.Generator(device='cpu').manual_seed(11)
+kv_heads = a.kv_heads or a.heads
+if a.heads % kv_heads:
+    p.error(f'--kv-heads {kv_heads} does not divide --heads {a.heads}')
 shape = (a.batch, a.heads, a.seq, a.head_size)
-q, k, v, dout = (torch.randn(shape, generator=gen).to(dev, dtype) for _ in range(4))
+kv_shape = (a.batch, kv_heads, a.seq, a.head_size)
+q, k, v, dout = (torch.randn(s, generator=gen).to(dev, dtype)
+                 for s in (shape, kv_shape, kv_shape, shape))
 for t in (q, k, v):
     t.requires_grad_(True)
 
@@ -76,13 +84,26 @@ if sdpa is None:
     sdpa, backend, select = written_out, 'matrix products (torch < 2.0)', contextlib.nullcontext()
 
 
+attend = lambda q, k, v: sdpa(q, k, v, is_causal=True)
+if kv_heads != a.heads:
+    group = a.heads // kv_heads
+    try:
+        with select:
+            sdpa(q[:, :, :64], k[:, :, :64], v[:, :, :64], is_causal=True, enable_gqa=True)
+        attend = lambda q, k, v: sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    except (TypeError, RuntimeError):
+        attend = lambda q, k, v: sdpa(q, k.repeat_interleave(group, dim=1),
+                                      v.repeat_interleave(group, dim=1), is_causal=True)
+        backend += ' (k, v repeated)'
+
+
 def forward():
     with torch.no_grad():
-        sdpa(q, k, v, is_causal=True)
+        attend(q, k, v)
 
 
 def forward_backward():
-    out = sdpa(q, k, v, is_causal=True)
+    out = attend(q, k, v)
     torch.autograd.grad(out, (q, k, v), dout)
 
 
