@@ -14,12 +14,13 @@ with --hf; from_pretrained loads it with no missing or unexpected keys, the weig
 from the start, the tokenizer files were copied, and transformers' logits equal zrt's
 (zrt-ckpt logits) within fp32 rounding.
 
---part transformers-moe (/usr/bin/python3) and transformers-moe-v5 (the python3 on PATH; each
-needs torch, transformers, safetensors): for every mixture of experts the running transformers
-has (Mixtral and Qwen2-MoE since 4.36; Qwen3-MoE since 4.51), a tiny model made and saved by
-transformers (its per-expert tensors, the Hub's form; a shared expert and a dense layer for
-Qwen2-MoE) is zrt-train's init_from, trained 3 steps on 2 ranks at ZeRO stage 3 and exported with
---hf; from_pretrained loads it with no missing or unexpected keys and its logits equal zrt's.
+--part transformers-moe (/usr/bin/python3) and transformers-moe-v5 (the virtual environment of
+tools/install-python-deps --hf-venv: PyPI's torch and the newest transformers, which must have
+Qwen3-MoE; each needs torch, transformers, safetensors): for every mixture of experts the running
+transformers has (Mixtral and Qwen2-MoE since 4.36; Qwen3-MoE since 4.51), a tiny model made and
+saved by transformers (its per-expert tensors, the Hub's form; a shared expert and a dense layer
+for Qwen2-MoE) is zrt-train's init_from, trained 3 steps on 2 ranks at ZeRO stage 3 and exported
+with --hf; from_pretrained loads it with no missing or unexpected keys and its logits equal zrt's.
 
 Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
 """
@@ -32,6 +33,8 @@ import subprocess
 import sys
 
 SKIP = 77
+V5_HINT = ("; tools/install-python-deps --hf-venv makes the virtual environment this part runs in, "
+           "then configure the build again")
 
 
 def check(condition, message):
@@ -214,8 +217,21 @@ def part_transformers_moe(args):
         import torch
         import transformers
     except ImportError as e:
-        print("skipped: %s lacks torch/transformers (%s)" % (sys.executable, e))
+        print("skipped: %s lacks torch/transformers (%s)%s" % (sys.executable, e, V5_HINT
+              if args.part == "transformers-moe-v5" else ""))
         return SKIP
+    if args.part == "transformers-moe-v5":
+        # The part exists for Qwen3-MoE (and transformers v5's handling of the experts): a
+        # transformers without it, or one that finds this torch too old and leaves its models
+        # out, is a missing install, not a pass on the older models alone.
+        if not transformers.is_torch_available():
+            print("skipped: transformers %s in %s does not use its torch %s%s" %
+                  (transformers.__version__, sys.executable, torch.__version__, V5_HINT))
+            return SKIP
+        if not hasattr(transformers, "Qwen3MoeConfig"):
+            print("skipped: transformers %s in %s has no Qwen3-MoE (4.51 on)%s" %
+                  (transformers.__version__, sys.executable, V5_HINT))
+            return SKIP
     common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=256, max_position_embeddings=32,
                   tie_word_embeddings=False, rope_theta=10000.0, bos_token_id=255,
