@@ -150,6 +150,11 @@ class ModelDef {
   // Whether the model adds an auxiliary loss to the training loss (Model::aux_loss(): a mixture
   // of experts' load-balancing term), which zrt-train accumulates for its metrics.
   virtual bool has_auxiliary_loss() const { return false; }
+  // Under sequence parallelism: the most fp32 values one of the model's all-reduces over the
+  // sequence-parallel group sums per pass (statistics over a forward's tokens, which the group
+  // holds a chunk each of: a mixture of experts' load-balancing counts), for zrt-mem's count of
+  // that group's collective scratch; 0 for none (the attention's all-to-alls need none).
+  virtual std::int64_t sequence_group_sum_floats() const { return 0; }
 
   virtual std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                        const ModelOptions& options) const = 0;

@@ -202,13 +202,8 @@ Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
              c.num_key_value_heads,
              c.num_attention_heads * c.head_dim,
              c.num_key_value_heads * c.head_dim},
-      sp(sp_size),
-      q_heads(sp > 1 ? kernels::ulysses_query_heads(c.num_attention_heads, sp)
-                     : kernels::UlyssesHeads{}),
-      kv_heads(sp > 1 ? kernels::ulysses_kv_heads(c.num_attention_heads, c.num_key_value_heads, sp)
-                      : kernels::UlyssesHeads{}),
-      KV_full(sp > 1 ? sp * kv_heads.block_heads * c.head_dim
-                     : c.num_key_value_heads * c.head_dim) {}
+      heads(transformer::gqa_heads(c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                                   sp_size)) {}
 
 void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                       int sets) {
@@ -224,11 +219,11 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);
     p.bytes(&a.q, N * Q * S);
-    p.bytes(&a.k, N * KV_full * S);
-    p.bytes(&a.v, N * KV_full * S);
+    p.bytes(&a.k, N * heads.KV_full * S);
+    p.bytes(&a.v, N * heads.KV_full * S);
     p.floats(&a.lse, I64{s.B} * NH * s.T);
     p.bytes(&a.atty, N * Q * S);
-    if (sp > 1) p.bytes(&a.atty_full, N * Q * S);
+    if (heads.sp > 1) p.bytes(&a.atty_full, N * Q * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
     p.floats(&a.ln2_rstd, N);
@@ -238,16 +233,7 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.h, N * I * S);
   }
   p.bytes(&proj, N * C * S);
-  if (sp > 1) {
-    const I64 exchanged = N * std::max<I64>(Q, KV_full) * S;
-    p.bytes(&send, exchanged);
-    // At B == 1 each exchange uses only one of the two (ulysses_exchange.h).
-    if (s.B == 1) {
-      p.alias(&recv, &send);
-    } else {
-      p.bytes(&recv, exchanged);
-    }
-  }
+  transformer::plan_gqa_exchange(p, heads, s, &send, &recv);
   if (mlp_tiled) {
     p.bytes(&tile_gate, mlp_rows_planned * I * S);
     p.bytes(&tile_up, mlp_rows_planned * I * S);
@@ -276,8 +262,8 @@ void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transforme
   // Under sequence parallelism dk and dv hold this rank's key/value heads of the whole sequence
   // first (KV_full, wider than the chunk's KV when key/value heads are shared out).
   p.bytes(&dq, NS * widths.Q);
-  p.bytes(&dk, NS * KV_full);
-  p.bytes(&dv, NS * KV_full);
+  p.bytes(&dk, NS * heads.KV_full);
+  p.bytes(&dv, NS * heads.KV_full);
   if (!mlp_tiled) {  // tiled: one tile's, in plan_backward
     p.bytes(&dgate, NS * widths.I);
     p.bytes(&dup, NS * widths.I);
@@ -316,7 +302,7 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
     return index < 0 ? Bytes() : a.param(index);
   };
   // Under sequence parallelism q, k, v hold the chunk's rows until the all-to-alls turn them, in
-  // place, into this rank's heads of the whole sequence (attention_forward).
+  // place, into this rank's heads of the whole sequence (gqa_attention_forward).
   const Bytes q = x.q, k = x.k, v = x.v;
   k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1W), N, C, config_.rms_norm_eps);
   k::linear_forward(ctx, dt, q, x.ln1, P(kQW), P(kQB), N, C, Q);
@@ -324,7 +310,7 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
   k::linear_forward(ctx, dt, v, x.ln1, P(kVW), P(kVB), N, C, KV);
   k::rope_forward(ctx, dt, q, q, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_forward(ctx, dt, k, k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
-  attention_forward(x);
+  gqa_attention_forward(acts_.heads, attention_tensors(x), acts_.send, acts_.recv);
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
                               C, config_.rms_norm_eps);
@@ -379,7 +365,8 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
-  attention_backward(x);
+  gqa_attention_backward(d.heads, attention_tensors(x), {d.dq, d.dk, d.dv, d.datty}, d.send,
+                         d.recv);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);
@@ -388,51 +375,8 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1W), d.dln1, res_in, P(kLn1W), x.ln1_rstd, N, C);
 }
 
-void Llama::attention_forward(const Activations::Kept& x) {
-  const Pass& pass = this->pass();
-  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
-  const DType dt = pass.dtype;
-  transformer::UlyssesExchange* ex = ulysses();
-  if (ex == nullptr) {
-    k::gqa_attention_forward(ctx(), dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
-                             pass.doc_start);
-    return;
-  }
-  // Chunks to head shares of the whole sequences, attention over them with this rank's heads
-  // (doc_start spans the whole sequences), and the output back to every head of the chunk.
-  const Activations& a = acts_;
-  ex->to_heads(dt, x.q, x.q, pass.B, pass.T, a.q_heads, hd, a.send, a.recv);
-  ex->to_heads(dt, x.k, x.k, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
-  ex->to_heads(dt, x.v, x.v, pass.B, pass.T, a.kv_heads, hd, a.send, a.recv);
-  k::gqa_attention_forward(ctx(), dt, x.atty_full, x.lse, x.q, x.k, x.v, pass.B,
-                           pass.sequence_length(), a.q_heads.block_heads, a.kv_heads.block_heads,
-                           hd, pass.doc_start);
-  ex->to_chunk(dt, x.atty, x.atty_full, pass.B, pass.T, NH, hd, a.send, a.recv);
-}
-
-// datty holds the output's gradient; dq, dk, dv (zeroed by the driver) receive q's, k's, v's.
-void Llama::attention_backward(const Activations::Kept& x) {
-  const Pass& pass = this->pass();
-  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
-  const DType dt = pass.dtype;
-  const Activations& d = acts_;
-  transformer::UlyssesExchange* ex = ulysses();
-  if (ex == nullptr) {
-    k::gqa_attention_backward(ctx(), dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse,
-                              pass.B, pass.T, NH, NKV, hd, pass.doc_start);
-    return;
-  }
-  // Each buffer changes layout in place: datty from the chunk's every head to this rank's heads
-  // of the whole sequence; dq, dk, dv (zeroed by the driver with the accumulated region) receive
-  // attention's gradients in the whole sequence's layout, then each adjoint turns them into the
-  // chunk's (the copies of a shared key/value head summed).
-  ex->to_chunk_backward(dt, d.datty, d.datty, pass.B, pass.T, NH, hd, d.send, d.recv);
-  k::gqa_attention_backward(ctx(), dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty_full, x.lse,
-                            pass.B, pass.sequence_length(), d.q_heads.block_heads,
-                            d.kv_heads.block_heads, hd, pass.doc_start);
-  ex->to_heads_backward_in_place(dt, d.dq, pass.B, pass.T, d.q_heads, hd, d.send, d.recv);
-  ex->to_heads_backward_in_place(dt, d.dk, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
-  ex->to_heads_backward_in_place(dt, d.dv, pass.B, pass.T, d.kv_heads, hd, d.send, d.recv);
+transformer::TransformerModel::GqaTensors Llama::attention_tensors(const Activations::Kept& x) {
+  return {x.q, x.k, x.v, x.atty, x.atty_full, x.lse};
 }
 
 void Llama::mlp_tile_forward(ParamAccess& a, int layer, Bytes ln2, int r0, int n) {

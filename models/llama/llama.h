@@ -116,12 +116,9 @@ class Llama final : public transformer::TransformerModel {
       int C, I, hd, NH, NKV, Q, KV;
     };
     const Widths widths;
-    // Sequence parallelism: sp, how the query and key/value heads are shared out, and the width
-    // per chunk token of this rank's whole-sequence k and v (sp * kv_heads.block_heads * hd,
-    // KV at sp 1).
-    const int sp;
-    const kernels::UlyssesHeads q_heads, kv_heads;
-    const int KV_full;
+    // The attention's heads and how sequence parallelism shares them out (heads.sp; the width
+    // per chunk token of this rank's whole-sequence k and v, heads.KV_full).
+    const transformer::GqaHeads heads;
   };
 
   // The SwiGLU MLP of rows [r0, r0 + n) of ln2 into the tile's gate, up and h.
@@ -131,11 +128,8 @@ class Llama final : public transformer::TransformerModel {
   void mlp_tiled_backward(ParamAccess& access, int layer, Bytes ln2);
 
   transformer::BlockActivations& block_activations() override { return acts_; }
-  // The attention, from the block's q, k, v (after RoPE) to x.atty, and its backward into dq,
-  // dk, dv: over the batch's rows here, or over the whole sequences through the sp group's
-  // all-to-alls (q, k, v first in the chunk's scratch).
-  void attention_forward(const Activations::Kept& x);
-  void attention_backward(const Activations::Kept& x);
+  // The attention's tensors of kept set `x` (transformer_model.h's gqa_attention_*).
+  static GqaTensors attention_tensors(const Activations::Kept& x);
   void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;
   void block_backward(ParamAccess& access, int layer, Bytes res_in) override;
 

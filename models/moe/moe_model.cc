@@ -11,6 +11,7 @@
 #include "kernels/ops.h"
 #include "models/activation_planner.h"
 #include "models/init_rng.h"
+#include "models/transformer/sequence_parallel_shape.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -170,25 +171,44 @@ std::unique_ptr<ExpertRows> make_expert_rows(kernels::KernelContext& ctx, const 
                                       options.expert_rows_reserve);
 }
 
+// `config` after refusing a sequence-parallel group the model cannot use: the attention's heads
+// must split (as the Llama family's), and a capacity factor's drops follow the order of a
+// forward's tokens, which sequence parallelism splits over ranks.
+const MoeConfig& checked_moe_config(const MoeConfig& c, const MoeOptions& options) {
+  const int sp = options.sequence_parallel_size();
+  if (sp <= 1) return c;
+  transformer::SequenceParallelShape shape;
+  shape.query_heads = c.num_attention_heads;
+  shape.query_heads_name = "query heads (num_attention_heads)";
+  shape.key_value_heads = c.num_key_value_heads;
+  shape.seq_len = c.seq_len;
+  transformer::require_sequence_parallel_fits(c.architecture, shape, sp);
+  if (c.capacity_factor > 0) {
+    ZRT_THROW(InvalidArgument,
+              "sequence_parallel_size {} with model.capacity_factor {}: a capacity drops a "
+              "forward's later tokens, and sequence parallelism splits a forward's tokens over "
+              "ranks; set model.capacity_factor 0 (dropless) or sequence_parallel_size 1",
+              sp, c.capacity_factor);
+  }
+  return c;
+}
+
 }  // namespace
 
 MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options)
-    : TransformerModel(ctx, transformer_spec(config, expert_partition(config, options)), options),
+    : TransformerModel(
+          ctx,
+          transformer_spec(checked_moe_config(config, options), expert_partition(config, options)),
+          options),
       config_(std::move(config)),
       experts_(expert_partition(config_, options)),
       dispatch_(make_expert_dispatch(ctx, experts_, options)),
       rows_(make_expert_rows(ctx, config_, experts_, options)),
       params_(parameter_table(config_, experts_)),
       rope_(moe_rope_table(config_)),
-      layer_(layer_shape(config_), dispatch_.get(), rows_.get()) {
-  // The blocks run attention on the whole sequence (no Ulysses exchange), and the
-  // load-balancing term is per forward over its tokens: a chunk of a sequence is neither.
-  if (options.sequence_parallel_size() > 1) {
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {}: model.type {} does not support sequence parallelism "
-              "(the Llama family and GPT-2 do); set sequence_parallel_size 1",
-              options.sequence_parallel_size(), config_.architecture);
-  }
+      layer_(layer_shape(config_), dispatch_.get(), rows_.get()),
+      acts_(config_, experts_.ep_size, options.sequence_parallel_size()),
+      sp_(options.sequence_parallel_size()) {
   // Each parameter's initial values: its own, or an expert's rows of the ep-1 table's fused one.
   std::map<std::string, int> fused_index;
   const std::vector<ParamSpec> fused_table = parameter_table(config_);
@@ -233,6 +253,10 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
   ctx.device().fill_zero(base, static_cast<std::size_t>(router_bytes(config_)), ctx.stream());
   expert_tokens_.assign(static_cast<std::size_t>(config_.num_moe_layers() * E), 0);
   pass_tokens_ = expert_tokens_;
+}
+
+std::int64_t MoeModel::sequence_group_sum_floats(const MoeConfig& c) {
+  return 2 * round_up_activation(I64{c.num_experts} * 4) / 4;
 }
 
 std::int64_t MoeModel::router_bytes(const MoeConfig& c) {
@@ -297,8 +321,12 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     dslogit (N)
 //   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense: dgate,
 //     dup (N,I); any MoE: dgate, dup (N*k,Ie); shared: dsgate, dsup (N,Is)
-MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_size)
-    : c(config), ep(expert_parallel_size) {
+MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_size,
+                                   int sequence_parallel_size)
+    : c(config),
+      ep(expert_parallel_size),
+      heads(transformer::gqa_heads(config.num_attention_heads, config.num_key_value_heads,
+                                   config.head_dim, sequence_parallel_size)) {
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   }
@@ -320,8 +348,8 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);
     p.bytes(&a.q, N * Q * S);
-    p.bytes(&a.k, N * KV * S);
-    p.bytes(&a.v, N * KV * S);
+    p.bytes(&a.k, N * heads.KV_full * S);
+    p.bytes(&a.v, N * heads.KV_full * S);
     if (c.qk_norm()) {
       p.bytes(&a.q_pre, N * Q * S);
       p.bytes(&a.k_pre, N * KV * S);
@@ -330,6 +358,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     }
     p.floats(&a.lse, I64{s.B} * c.num_attention_heads * s.T);
     p.bytes(&a.atty, N * Q * S);
+    if (heads.sp > 1) p.bytes(&a.atty_full, N * Q * S);
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
     p.floats(&a.ln2_rstd, N);
@@ -368,6 +397,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     if (sets == 1 || c.is_moe_layer(layer)) kept[i].moe.rows_set = moe_sets++;
   }
   p.bytes(&proj, N * C * S);
+  transformer::plan_gqa_exchange(p, heads, s, &send, &recv);
   if (any_moe) {
     p.bytes(&moe.counts, E * 4);
     p.bytes(&moe.offsets, (E + 1) * 4);
@@ -407,8 +437,8 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
   const I64 Is = c.shared_expert_intermediate_size;
   const I64 K = c.num_experts_per_tok;
   p.bytes(&dq, N * Q * S);
-  p.bytes(&dk, N * KV * S);
-  p.bytes(&dv, N * KV * S);
+  p.bytes(&dk, N * heads.KV_full * S);
+  p.bytes(&dv, N * heads.KV_full * S);
   if (c.qk_norm()) {
     p.bytes(&dq_pre, N * Q * S);
     p.bytes(&dk_pre, N * KV * S);
@@ -432,9 +462,16 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
 std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
                                         bool activation_checkpointing, int expert_parallel_size,
                                         std::int64_t expert_rows, double expert_rows_reserve) {
-  Activations scratch(config, expert_parallel_size);
-  transformer::TransformerOptions options;
+  MoeOptions options;
   options.activation_checkpointing = activation_checkpointing;
+  options.expert_rows_reserve = expert_rows_reserve;
+  return activation_bytes(config, B, T, dtype, options, expert_parallel_size, expert_rows);
+}
+
+std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                        const MoeOptions& options, int expert_parallel_size,
+                                        std::int64_t expert_rows) {
+  Activations scratch(config, expert_parallel_size, options.sequence_parallel_size());
   ExpertPartition experts{config.num_experts, expert_parallel_size, 0};
   I64 rows_bytes = 0;
   if (expert_parallel_size > 1) {
@@ -443,15 +480,21 @@ std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, D
     const I64 N = I64{B} * T;
     const I64 rows = expert_rows > 0   ? expert_rows
                      : expert_rows < 0 ? shape.worst_rows(N)
-                                       : shape.initial_rows(N, expert_rows_reserve);
-    const int sets = config.num_moe_layers() == 0 ? 0
-                     : activation_checkpointing   ? 1
-                                                  : config.num_moe_layers();
+                                       : shape.initial_rows(N, options.expert_rows_reserve);
+    const int sets = config.num_moe_layers() == 0       ? 0
+                     : options.activation_checkpointing ? 1
+                                                        : config.num_moe_layers();
     rows_bytes = shape.device_bytes(sets, rows, static_cast<I64>(dtype_size(dtype)));
   }
   return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,
                                             scratch) +
          kActivationAlign + router_bytes(config) + rows_bytes;
+}
+
+std::int64_t MoeModel::host_activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                             const MoeOptions& options) {
+  return TransformerModel::host_activation_bytes(
+      transformer_spec(config, ExpertPartition{config.num_experts, 1, 0}), options, B, T, dtype);
 }
 
 std::int64_t MoeModel::local_expert_stride(ParamAccess& a, int first, bool grads,
@@ -540,8 +583,8 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   }
   k::rope_forward(ctx, dt, x.q, x.q, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_forward(ctx, dt, x.k, x.k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
-  k::gqa_attention_forward(ctx, dt, x.atty, x.lse, x.q, x.k, x.v, pass.B, pass.T, NH, NKV, hd,
-                           pass.doc_start);
+  gqa_attention_forward(acts_.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse}, acts_.send,
+                        acts_.recv);
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
                               c.rms_norm_eps);
@@ -571,16 +614,33 @@ void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
   const int moe_layers = c.num_moe_layers();
   if (moe_layers == 0) return;
   kernels::KernelContext& ctx = this->ctx();
+  // Under sequence parallelism a forward's tokens are spread over the sp group, a chunk each:
+  // its statistics are the group's sums, and its rows sp chunks'. Every rank of the group adds
+  // the forward's whole term to its loss (the logged loss is the ranks' mean, as for the
+  // cross-entropy) and its tokens' share of the term's gradient times sp, since the engine
+  // averages gradients over all ranks, the sp of each forward included.
+  const int sp = sp_;
+  if (sp > 1) {
+    transformer::UlyssesExchange* group = ulysses();
+    ZRT_CHECK(group != nullptr, "sequence_parallel_size {} without its group", sp);
+    // counts and probsum are adjacent (the router buffer's layout), their padding zero.
+    group->sum(router_.stats_counts, sequence_group_sum_floats(c));
+    if (c.router_z_loss_coef > 0) group->sum(router_.z_sum, 1);
+  }
   // transformers' load_balancing_loss_func over this forward's rows of every MoE layer.
-  const I64 rows = I64{moe_layers} * pass().N();
+  const I64 rows = I64{moe_layers} * pass().N() * sp;
   k::moe_load_balancing_loss(ctx, lb_, router_.stats_counts, router_.stats_probsum, c.num_experts,
                              rows);
   k::moe_add_loss_term(ctx, loss, lb_, static_cast<float>(c.router_aux_loss_coef));
-  k::moe_load_balancing_loss_backward(ctx, router_.dprobs_shared, router_.stats_counts,
-                                      static_cast<float>(c.router_aux_loss_coef) * loss_scale,
-                                      c.num_experts, rows);
+  k::moe_load_balancing_loss_backward(
+      ctx, router_.dprobs_shared, router_.stats_counts,
+      static_cast<float>(c.router_aux_loss_coef) * loss_scale * static_cast<float>(sp),
+      c.num_experts, rows);
+  // z_sum: the sum over the group of each chunk's mean over its rows, so the forward's mean is
+  // z_sum / sp; its gradient per row, sp x (1 / (sp x chunk rows)), is the chunk's own.
   if (c.router_z_loss_coef > 0) {
-    k::moe_add_loss_term(ctx, loss, router_.z_sum, static_cast<float>(c.router_z_loss_coef));
+    k::moe_add_loss_term(ctx, loss, router_.z_sum,
+                         static_cast<float>(c.router_z_loss_coef / static_cast<double>(sp)));
   }
   router_.z_grad = static_cast<float>(c.router_z_loss_coef) * loss_scale;
   // A training pass: its routing counts join the step's.
@@ -657,8 +717,8 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2), d.dln2, x.res2, P(kLn2), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
-  k::gqa_attention_backward(ctx, dt, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty, x.lse,
-                            pass.B, pass.T, NH, NKV, hd, pass.doc_start);
+  gqa_attention_backward(d.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse},
+                         {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   Bytes dq = d.dq, dk = d.dk;

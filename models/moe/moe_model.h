@@ -80,6 +80,19 @@ class MoeModel final : public transformer::TransformerModel {
                                        bool activation_checkpointing, int expert_parallel_size = 1,
                                        std::int64_t expert_rows = 0,
                                        double expert_rows_reserve = kDefaultExpertRowsReserve);
+  // The same for a model built with `options` (checkpointing, cpu_checkpointing, the tiles,
+  // expert_rows_reserve and the planned sequence_parallel_size: at sp > 1 T is a chunk's length,
+  // the attention's tensors and all-to-all scratch over the whole sequence counted as the Llama
+  // family's), and the pinned host bytes of its offloaded block inputs (cpu_checkpointing).
+  static std::int64_t activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                       const MoeOptions& options, int expert_parallel_size,
+                                       std::int64_t expert_rows);
+  static std::int64_t host_activation_bytes(const MoeConfig& config, int B, int T, DType dtype,
+                                            const MoeOptions& options);
+  // Under sequence parallelism: the fp32 values of the forward's statistics summed over the
+  // sequence-parallel group, the load-balancing counts and probability sums (with their
+  // padding), in one all-reduce; the z-loss's sum is a second of one value.
+  static std::int64_t sequence_group_sum_floats(const MoeConfig& config);
   // The expert partition of this rank (ep_size 1 without expert parallelism).
   const ExpertPartition& experts() const { return experts_; }
 
@@ -124,7 +137,7 @@ class MoeModel final : public transformer::TransformerModel {
  private:
   class Activations final : public transformer::BlockActivations {
    public:
-    Activations(const MoeConfig& config, int expert_parallel_size);
+    Activations(const MoeConfig& config, int expert_parallel_size, int sequence_parallel_size);
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
@@ -132,11 +145,15 @@ class MoeModel final : public transformer::TransformerModel {
     struct Kept {
       Bytes ln1, q, k, v, q_pre, k_pre, atty, res2, ln2;
       Floats ln1_rstd, ln2_rstd, q_rstd, k_rstd, lse;
+      // Sequence parallelism: q, k, v and lse hold this rank's heads of the whole sequence once
+      // the attention ran; atty_full its output there (gqa_attention_block.h).
+      Bytes atty_full;
       Bytes gate, up, h;  // a dense layer's MLP
       MoeKept moe;
     };
     std::vector<Kept> kept;
-    Bytes proj;  // (N,C): o_proj / the MLP's output before the residual add
+    Bytes proj;        // (N,C): o_proj / the MLP's output before the residual add
+    Bytes send, recv;  // sequence parallelism: the all-to-alls' scratch
     MoeScratch moe;
     Bytes dln1, datty, dln2, dh;
     Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
@@ -144,6 +161,8 @@ class MoeModel final : public transformer::TransformerModel {
     const MoeConfig& c;
     int ep = 1;
     bool any_dense = false, any_moe = false;
+    // The attention's heads and how sequence parallelism shares them out.
+    transformer::GqaHeads heads;
   };
 
   transformer::BlockActivations& block_activations() override { return acts_; }
@@ -171,7 +190,8 @@ class MoeModel final : public transformer::TransformerModel {
   kernels::RopeTable rope_;
   MoeLayer layer_;
   int first_moe_layer_ = -1;
-  Activations acts_{config_, experts_.ep_size};
+  Activations acts_;
+  int sp_ = 1;  // sequence_parallel_size: the ranks a forward's tokens are spread over
   // The router losses' state, which outlives a pass's activations: the load-balancing
   // statistics, the z-loss sum, the shared gradient and the term itself (router_bytes()).
   Buffer router_buffer_;

@@ -49,22 +49,30 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
                                 bool activation_checkpointing) const override {
     return MoeModel::activation_bytes(config(), B, T, dtype, activation_checkpointing);
   }
-  // The grouped-query attention over the whole sequence, as the Llama family's. On the CPU
-  // backend in 16 bits the experts' grouped linear layers convert through the workspace too, for
-  // their largest expert's rows: data-dependent, and not counted (as no linear layer's is).
+  // The grouped-query attention over the whole sequence (sp * T) with this rank's query and
+  // key/value heads, as the Llama family's. On the CPU backend in 16 bits the experts' grouped
+  // linear layers convert through the workspace too, for their largest expert's rows:
+  // data-dependent, and not counted (as no linear layer's is).
   std::int64_t kernel_workspace_bytes(int B, int T, DType dtype, const ModelOptions& options,
                                       bool on_cpu) const override {
-    (void)options;  // no sequence parallelism (refused at build)
+    const int sp = transformer::transformer_options(options).sequence_parallel_size();
     const MoeConfig& c = config();
+    const transformer::GqaHeads heads =
+        transformer::gqa_heads(c.num_attention_heads, c.num_key_value_heads, c.head_dim, sp);
+    const int NH = sp > 1 ? heads.q_heads.block_heads : heads.NH;
+    const int NKV = sp > 1 ? heads.kv_heads.block_heads : heads.NKV;
     const kernels::KernelOptions kernel_options;
     const auto request = [&](bool backward) {
-      return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, T,
-                                                    c.num_attention_heads, c.num_key_value_heads,
-                                                    c.head_dim, backward);
+      return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, sp * T, NH,
+                                                    NKV, c.head_dim, backward);
     };
     return transformer::attention_workspace_growth(request(false), request(true));
   }
   bool has_auxiliary_loss() const override { return true; }
+  // The load-balancing counts and router probability sums (MoeModel::add_auxiliary_losses).
+  std::int64_t sequence_group_sum_floats() const override {
+    return MoeModel::sequence_group_sum_floats(config());
+  }
   // Under expert parallelism: this rank's experts (partition_for).
   std::vector<ParamSpec> parameters_for(const ModelOptions& options) const override {
     return MoeModel::parameter_table(config(), partition_for(options));
@@ -76,9 +84,10 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
                                            const ModelOptions& options) const override {
     const ExpertPartition experts = partition_for(options);
     ActivationFootprint f;
-    f.device = MoeModel::activation_bytes(config(), B, T, dtype, options.activation_checkpointing,
-                                          experts.ep_size, options.planned_expert_rows,
-                                          options.expert_rows_reserve);
+    const MoeOptions o = transformer::transformer_options(options);
+    f.device = MoeModel::activation_bytes(config(), B, T, dtype, o, experts.ep_size,
+                                          options.planned_expert_rows);
+    f.pinned_host = MoeModel::host_activation_bytes(config(), B, T, dtype, o);
     if (experts.ep_size > 1) f.device_comm = ExpertDispatch::own_bytes(experts.num_experts);
     return f;
   }

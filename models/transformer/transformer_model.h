@@ -39,6 +39,7 @@
 
 #include "kernels/kernel_context.h"
 #include "models/transformer/checkpoint_offload.h"
+#include "models/transformer/gqa_attention_block.h"
 #include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_spec.h"
 #include "models/transformer/ulysses_exchange.h"
@@ -131,6 +132,26 @@ class TransformerModel : public Model {
   Bytes dres() const { return acts_.dres; }
   // The all-to-alls of sequence parallelism; null at sequence_parallel_size 1.
   UlyssesExchange* ulysses() const { return ulysses_.get(); }
+
+  // The Llama family's grouped-query attention (gqa_attention_block.h, .cc) on a block's tensors:
+  // q, k, v after RoPE (the chunk's; under sequence parallelism each buffer then holds this
+  // rank's heads of the whole sequence, planned at GqaHeads::KV_full for k and v), lse and the
+  // output atty (the chunk's, every head); atty_full the whole sequence's output with this
+  // rank's heads (sp > 1 only). send and recv: the all-to-alls' scratch (sp > 1 only; one
+  // buffer may be both at B == 1).
+  struct GqaTensors {
+    Bytes q, k, v, atty, atty_full;
+    Floats lse;
+  };
+  // datty holds the output's gradient (the chunk's) on entry and is scratch after (under sequence
+  // parallelism it is turned into the whole sequence's layout in place); dq, dk, dv (zeroed by
+  // the driver, planned as q, k, v) receive q's, k's and v's gradients in the chunk's layout.
+  struct GqaGradients {
+    Bytes dq, dk, dv, datty;
+  };
+  void gqa_attention_forward(const GqaHeads& heads, const GqaTensors& x, Bytes send, Bytes recv);
+  void gqa_attention_backward(const GqaHeads& heads, const GqaTensors& x, const GqaGradients& d,
+                              Bytes send, Bytes recv);
 
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);

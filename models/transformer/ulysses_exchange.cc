@@ -27,6 +27,17 @@ void UlyssesExchange::exchange(ConstBytes send, Bytes recv, std::int64_t count, 
   compute.wait(*exchanged_);
 }
 
+void UlyssesExchange::sum(DevicePtr<float> buf, std::int64_t count) {
+  Stream& compute = ctx_.stream();
+  Stream& comm = group_.stream();
+  packed_->record(compute);
+  comm.wait(*packed_);
+  group_.all_reduce(buf.as<const std::byte>(), buf.as<std::byte>(), count, DType::kFloat32,
+                    ReduceOp::kSum);
+  exchanged_->record(comm);
+  compute.wait(*exchanged_);
+}
+
 // A whole sequence's layout (B, sp*Tl, Hd, hs) is, at B == 1, the all-to-all's blocks themselves
 // (rank j's are tokens [j*Tl, (j+1)*Tl)): sent as it is, or received into, with no copy.
 void UlyssesExchange::send_sequence(DType dtype, ConstBytes full, int B, int Tl, int Hd, int hs,

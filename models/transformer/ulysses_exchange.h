@@ -75,6 +75,11 @@ class UlyssesExchange {
   void to_chunk_backward(DType dtype, Bytes dfull, ConstBytes dchunk, int B, int Tl, int NH, int hs,
                          Bytes send, Bytes recv);
 
+  // buf (count fp32 values) = its sum over the group's ranks, in place, ordered on the compute
+  // stream as the exchanges are: statistics over a forward's tokens, which the group's ranks
+  // hold a chunk each of (a mixture of experts' load-balancing counts).
+  void sum(DevicePtr<float> buf, std::int64_t count);
+
   // Packed projections: chunk (B,Tl,parts,NH,hs), `parts` projections of NH heads side by side
   // in each token's row (GPT-2's qkv: parts 3). full (B, sp*Tl, parts, NH/sp, hs) = this rank's
   // query heads (ulysses_query_heads) of every part over the whole sequence, still packed. send

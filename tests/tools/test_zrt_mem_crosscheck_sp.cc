@@ -32,13 +32,15 @@ TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 an
   const auto dir = std::filesystem::temp_directory_path() /
                    ("zrt_test_mem_crosscheck_sp_np" + std::to_string(world));
   test::write_crosscheck_corpus(dir, "sp");
-  // Four blocks, so cpu_checkpointing sends two block inputs to host memory; llama-tiny's two
-  // key/value heads are shared out at sp 4. fp32: the CPU attention is the only kernel asking
-  // for workspace, so the workspace category is exact too; bf16 adds the linear layers'
-  // conversions, which zrt-mem does not count.
+  // Four blocks, so cpu_checkpointing sends two block inputs to host memory; llama-tiny's and
+  // qwen3-moe-tiny's two key/value heads are shared out at sp 4. fp32: the CPU attention is the
+  // only kernel asking for workspace, so the workspace category is exact too; bf16 adds the linear
+  // layers' conversions, which zrt-mem does not count.
   const char* const models[] = {
       R"("preset": "gpt2-tiny", "n_layer": 4)",
-      R"("type": "llama", "preset": "llama-tiny", "num_hidden_layers": 4)"};
+      R"("type": "llama", "preset": "llama-tiny", "num_hidden_layers": 4)",
+      R"("type": "qwen3_moe", "preset": "qwen3-moe-tiny", "num_hidden_layers": 4,
+         "vocab_size": 256)"};
   int run = 0;  // a fresh output directory per run: metrics.jsonl appends
   for (int sp = 2; sp <= world; sp *= 2) {
     if (world % sp != 0) continue;

@@ -144,7 +144,9 @@ struct Job {
   std::string checkpoint;  // the "checkpoint" block, if any
   std::string model_type = "llama";
   std::string preset = "llama-tiny";
-  std::string comm;  // the "comm" block, if any
+  std::string comm;        // the "comm" block, if any
+  std::string model_keys;  // more keys of the "model" block (", \"key\": value, ...")
+  std::string top_keys;    // more top-level keys ("\"key\": value," ...)
 };
 
 struct Run {
@@ -176,14 +178,14 @@ inline std::string config_text(const fs::path& shared, const std::string& name, 
     "model": {"type": ")" +
          job.model_type + R"(", "preset": ")" + job.preset + R"(", "seq_len": )" +
          std::to_string(job.seq_len) + R"(, "activation_checkpointing": )" +
-         (job.checkpointing ? "true" : "false") + R"(},
+         (job.checkpointing ? "true" : "false") + job.model_keys + R"(},
     "data": {"train": ")" +
          data + R"(", "shuffle": false},
     "train": {"steps": )" +
          std::to_string(job.steps) + R"(, "log_interval": 1, "sample_tokens": 0},
     "device": {"type": "cpu"},)" +
          (job.checkpoint.empty() ? std::string() : R"("checkpoint": )" + job.checkpoint + ",") +
-         (job.comm.empty() ? std::string() : R"("comm": )" + job.comm + ",") +
+         (job.comm.empty() ? std::string() : R"("comm": )" + job.comm + ",") + job.top_keys +
          R"(
     "seed": 1,
     "output_dir": ")" +

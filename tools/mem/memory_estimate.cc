@@ -435,7 +435,9 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
   if (wire != reduced && (o.stage >= 2 || in.world > 1)) e.comm = f.max_unit * size_of(wire);
   if (in.device_type == DeviceType::kCpu) {
-    e.comm += mpi_scratch_bytes(f.units, o, in.world, in.comm, in.trainer_buffers);
+    const std::int64_t sequence_sum =
+        in.model && in.model->def ? in.model->def->sequence_group_sum_floats() : 0;
+    e.comm += mpi_scratch_bytes(f.units, o, in.world, in.comm, in.trainer_buffers, sequence_sum);
   }
   // ZeRO++ over the sharding group (all ranks, or a MiCS shard group of consecutive ranks):
   // L of its ranks share a node (comm.ranks_per_node simulates nodes as zrt-train does).

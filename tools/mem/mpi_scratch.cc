@@ -54,7 +54,8 @@ class MpiScratch {
 }  // namespace
 
 std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineOptions& o,
-                               int world, const CommOptions& comm, bool trainer) {
+                               int world, const CommOptions& comm, bool trainer,
+                               std::int64_t sequence_sum_floats) {
   const auto wire =
       static_cast<std::int64_t>(dtype_size(o.communication_dtype.value_or(o.compute_dtype)));
   const int ep = o.expert_parallel_size;
@@ -83,7 +84,13 @@ std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineO
   MpiScratch control(world, comm);
   // The mean loss and the step boundary's votes (stop, wall-clock save): train/training_loop.cc.
   if (trainer) control.all_reduce_float(3, 4);
-  return zero.bytes() + expert_groups + control.bytes();
+  // The sequence-parallel group's own communicator: the model's sums over a forward's tokens
+  // (its all-to-alls use no scratch).
+  MpiScratch sequence(o.sequence_parallel_size, comm);
+  if (o.sequence_parallel_size > 1 && sequence_sum_floats > 0) {
+    sequence.all_reduce_float(sequence_sum_floats, 4);
+  }
+  return zero.bytes() + expert_groups + control.bytes() + sequence.bytes();
 }
 
 }  // namespace zrt::mem

@@ -24,7 +24,10 @@ struct UnitSize {
 // Bytes of MPI scratch (MpiProcessGroup's two slots per group, each grown to its largest
 // request) the engine's reductions and gradient norm and, with `trainer`, zrt-train's control
 // group leave allocated, for `units` at `world` ranks (`o`: stage, dtypes, qgZ, autoep_size).
+// `sequence_sum_floats`: the largest fp32 all-reduce the model issues over the sequence-parallel
+// group (o.sequence_parallel_size ranks; ModelDef::sequence_group_sum_floats), 0 for none.
 std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineOptions& o,
-                               int world, const CommOptions& comm, bool trainer);
+                               int world, const CommOptions& comm, bool trainer,
+                               std::int64_t sequence_sum_floats = 0);
 
 }  // namespace zrt::mem

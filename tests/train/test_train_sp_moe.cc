@@ -1,0 +1,100 @@
+// Mixtures of experts under Ulysses sequence parallelism, at 4 ranks on the CPU backend, through
+// zrt::train::run_training like zrt-train (sp_test_support.h; the Llama family's own cases are
+// test_train_sp.cc, GPT-2's test_train_sp_gpt.cc):
+//  - qwen3-moe-tiny (q/k norms, 8 experts, top 3), qwen2-moe-tiny (a shared expert behind its
+//    gate, a dense layer, attention biases) and mixtral-tiny, with a load-balancing term and a
+//    z-loss large enough to move the losses, train at sp 2 and 4 to sp 1's per-step losses.
+//    Every forward is one sequence at every sp (micro-batch 1, accumulation sp), so the
+//    per-forward terms are over the same tokens however a forward's tokens are spread: a rank
+//    computing them over its chunk alone, or adding its share of their gradient once instead of
+//    sp times, moves the losses far past the bound (below);
+//  - the same at ZeRO stage 3 with activation checkpointing (the attention's rerun exchanges
+//    again);
+//  - a capacity factor with sp > 1 is refused by name (its drops follow a forward's token order).
+#include "tests/train/sp_test_support.h"
+
+#include "runtime/common/error.h"
+
+using namespace zrt;
+using namespace zrt::test::sp;
+
+namespace {
+
+const fs::path kShared = fs::temp_directory_path() / "zrt_test_train_sp_moe";
+
+// The presets' 32-token vocabulary widened to the corpus's 256; the load-balancing term 20x
+// the presets' (1.0 of the loss at the start, where the logged loss is ~6) and a z-loss.
+Job moe_job(const std::string& preset, int sp) {
+  Job job;
+  job.model_type = preset == "mixtral-tiny"     ? "mixtral"
+                   : preset == "qwen2-moe-tiny" ? "qwen2_moe"
+                                                : "qwen3_moe";
+  job.preset = preset;
+  job.model_keys =
+      R"(, "vocab_size": 256, "router_aux_loss_coef": 0.4, "router_z_loss_coef": 0.01)";
+  job.sp = sp;
+  job.micro = 1;
+  job.accumulation = sp;  // micro 1 x sp x (4 / sp) ranks' worth of data-parallel groups = 4
+  return job;
+}
+
+Run train_moe(const std::string& name, const Job& job) {
+  return train_run(kShared, name, job);
+}
+
+}  // namespace
+
+// sp 2 and 4 against sp 1, fp32 over 4 steps of Adam: the attention over the whole sequence with
+// a share of the heads, the statistics summed over the group, and the routing of the same
+// tokens give sp 1's losses to fp32 rounding (measured: below 1e-6 relative); 1e-5 as
+// test_train_sp.cc's sp-against-sp-1 bound. The per-forward terms computed over a chunk instead
+// of the forward (no sum over the group) move the losses by more than 1e-3.
+TEST_CASE("mixtures of experts at sp 2 and 4 train to sp 1's losses", "[sp][moe]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  struct Variant {
+    std::string name, zero;
+    bool checkpointing;
+  };
+  const std::vector<Variant> variants = {
+      {"stage1", R"({"stage": 1})", false},
+      {"stage3_ckpt", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", true},
+  };
+  for (const std::string preset : {"qwen3-moe-tiny", "qwen2-moe-tiny", "mixtral-tiny"}) {
+    for (const Variant& v : variants) {
+      if (v.checkpointing && preset != "qwen3-moe-tiny") continue;
+      std::vector<double> sp1;
+      for (int sp : {1, 2, 4}) {
+        Job job = moe_job(preset, sp);
+        job.zero = v.zero;
+        job.checkpointing = v.checkpointing;
+        const std::string name = preset + "_" + v.name + "_sp" + std::to_string(sp);
+        INFO(name);
+        const Run r = train_moe(name, job);
+        REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+        for (std::int64_t tokens : r.loss_tokens) CHECK(tokens == 4 * kT);
+        if (sp == 1) {
+          sp1 = r.losses;
+          CHECK(r.losses.back() < r.losses.front());
+        } else {
+          check_losses(r.losses, sp1, 1e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a capacity factor under sequence parallelism is refused by name", "[sp][moe]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  Job job = moe_job("qwen3-moe-tiny", 2);
+  job.model_keys += R"(, "capacity_factor": 1.25)";
+  std::string error;
+  try {
+    train_moe("qwen3_capacity_sp2", job);
+  } catch (const InvalidArgument& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("sequence_parallel_size 2 with model.capacity_factor 1.25"));
+  CHECK_THAT(error, Catch::Contains("set model.capacity_factor 0 (dropless)"));
+}
