@@ -190,25 +190,21 @@ SubgroupPlan ParallelDims::expert_parallel_plan(int rank) const {
 
 SubgroupPlan ParallelDims::expert_data_parallel_plan(int rank) const {
   const int sp = sequence_parallel_size, ep = expert_parallel_size;
-  const SubgroupPlan dp_group = data_parallel_plan(rank);
+  data_parallel_plan(rank);  // checks rank and sp
   const int dp = data_parallel_size();
   ZRT_CHECK(ep >= 1 && dp % ep == 0,
             "expert_parallel_size {} does not divide the data-parallel degree {}", ep, dp);
   const int d = rank / sp, edp = dp / ep;
+  // The data-parallel indices that hold this rank's experts (consecutive blocks of edp with
+  // data_before_expert_parallel, else every ep-th), each with every rank of its sp block: those
+  // see other chunks of the same sequences, so an expert's gradient sums over them too.
   SubgroupPlan plan;
   plan.key = rank;
-  if (data_before_expert_parallel) {  // consecutive blocks of edp
-    const int block = d / edp;
-    plan.color = (rank % sp) * ep + block;
-    for (int i = 0; i < edp; ++i) {
-      plan.members.push_back(dp_group.members[static_cast<std::size_t>(block * edp + i)]);
-    }
-    return plan;
-  }
-  const int position = d % ep;
-  plan.color = (rank % sp) * ep + position;
-  for (int k = position; k < dp; k += ep) {
-    plan.members.push_back(dp_group.members[static_cast<std::size_t>(k)]);
+  plan.color = data_before_expert_parallel ? d / edp : d % ep;
+  const int first = data_before_expert_parallel ? d / edp * edp : d % ep;
+  const int step = data_before_expert_parallel ? 1 : ep;
+  for (int i = 0, k = first; i < edp; ++i, k += step) {
+    for (int s = 0; s < sp; ++s) plan.members.push_back(k * sp + s);
   }
   return plan;
 }

@@ -20,8 +20,10 @@
 //   - expert parallel (ep, expert_parallel.autoep_size): the data-parallel ranks in blocks of ep
 //     consecutive ones, each holding a 1/ep share of every MoE layer's experts; an expert's
 //     parameters are then data-parallel over the expert-data-parallel group (the ranks at the
-//     same position in every ep block). With data_before_expert_parallel the roles swap: ep
-//     groups strided, expert-data-parallel groups consecutive.
+//     same position in every ep block, and under sequence parallelism every rank of their sp
+//     blocks, whose chunks route other tokens to the same experts). With
+//     data_before_expert_parallel the roles swap: ep groups strided, expert-data-parallel
+//     groups consecutive.
 //
 // validate() lists every inconsistency, each naming the config key and the fix; the subgroup
 // plans are what make_subgroup() turns into groups.
@@ -70,8 +72,9 @@ struct ParallelDims {
   // The hpZ group size in effect (stage 3 and a size above 1), else 0.
   int hpz() const { return stage == 3 && hpz_partition_size > 1 ? hpz_partition_size : 0; }
   bool quantized() const { return quantized_weights || quantized_gradients; }
-  // An expert's parameters are sliced over this many ranks: data_parallel_size() / ep.
-  int expert_data_parallel_size() const { return data_parallel_size() / expert_parallel_size; }
+  // An expert's parameters are sliced over this many ranks: world / ep, the data-parallel ranks
+  // holding it and, under sequence parallelism, every rank of their sp blocks.
+  int expert_data_parallel_size() const { return world / expert_parallel_size; }
 
   // Whether blocks of `size` consecutive ranks tile the world with none spanning two nodes
   // (always true of the nodes where ranks_per_node is 0, unknown).
@@ -91,7 +94,7 @@ struct ParallelDims {
   // Expert parallel: this rank's block of ep consecutive members of its data-parallel group.
   SubgroupPlan expert_parallel_plan(int rank) const;
   // Expert data parallel: the members of its data-parallel group at the same position in every
-  // ep block (the data-parallel group at ep 1).
+  // ep block (the data-parallel group at ep 1), with every rank of their sp blocks.
   SubgroupPlan expert_data_parallel_plan(int rank) const;
 
   // "world 8 (2 nodes x 4), stage 3, shards of 8" and the like, for logs.

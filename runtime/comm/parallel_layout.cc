@@ -16,15 +16,6 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
   MPI_Comm_size(world, &size);
   ZRT_CHECK(dims.world == size, "the parallel layout is for {} ranks but the communicator has {}",
             dims.world, size);
-  if (dims.sequence_parallel_size > 1 && dims.expert_parallel_size > 1) {
-    // Each works alone, and ParallelDims has the plans for both; but the experts' gradients
-    // would then also have to be reduced over the sequence blocks (their ranks see other tokens
-    // of the same sequences), which the expert-data-parallel group does not span.
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {} with expert_parallel.autoep_size {}: not supported "
-              "together yet; set one of them to 1",
-              dims.sequence_parallel_size, dims.expert_parallel_size);
-  }
   ZRT_CHECK(dims.sequence_parallel_size <= 1 || sequence != nullptr,
             "sequence_parallel_size {} without a stream for its all-to-alls",
             dims.sequence_parallel_size);
@@ -103,7 +94,7 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
       spdlog::info(
           "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
           "sliced over {} ranks",
-          dims_.data_parallel_size() / dims_.expert_parallel_size, dims_.expert_parallel_size,
+          dims_.world / dims_.expert_parallel_size, dims_.expert_parallel_size,
           dims_.expert_data_parallel_size());
     }
   }

@@ -105,20 +105,22 @@ TEST_CASE("subgroup plans: MiCS, hpZ, sequence, data and expert parallel groups"
   CHECK(flat.expert_data_parallel_size() == 4);
 
   // 16 ranks, sp 2: sp blocks {0,1},{2,3},...; data-parallel groups the even and the odd ranks;
-  // ep 2 over each data-parallel group.
+  // ep 2 over each data-parallel group; an expert's data-parallel group spans the sp blocks of
+  // the ranks holding it (their chunks route other tokens of the same sequences to it).
   ParallelDims e = dims_of(16, 8, 3);
   e.sequence_parallel_size = 2;
   e.expert_parallel_size = 2;
   CHECK(e.validate().empty());
   CHECK(e.data_parallel_size() == 8);
-  CHECK(e.expert_data_parallel_size() == 4);
+  CHECK(e.expert_data_parallel_size() == 8);
   CHECK(e.shard_world() == 16);  // ZeRO shards over the whole world, sp blocks included
   CHECK(e.sequence_parallel_plan(5).members == std::vector<int>{4, 5});
   CHECK(e.data_parallel_plan(5).members == std::vector<int>{1, 3, 5, 7, 9, 11, 13, 15});
   CHECK(e.expert_parallel_plan(5).members == std::vector<int>{5, 7});
-  CHECK(e.expert_data_parallel_plan(5).members == std::vector<int>{1, 5, 9, 13});
+  CHECK(e.expert_data_parallel_plan(5).members == std::vector<int>{0, 1, 4, 5, 8, 9, 12, 13});
   CHECK(e.expert_parallel_plan(12).members == std::vector<int>{12, 14});
-  CHECK(e.expert_data_parallel_plan(12).members == std::vector<int>{0, 4, 8, 12});
+  CHECK(e.expert_data_parallel_plan(12).members == std::vector<int>{0, 1, 4, 5, 8, 9, 12, 13});
+  CHECK(e.expert_data_parallel_plan(2).members == std::vector<int>{2, 3, 6, 7, 10, 11, 14, 15});
   for (int sp : {1, 2, 4}) {
     for (int ep : {1, 2, 4}) {
       ParallelDims x = dims_of(16, 8, 1);
@@ -132,9 +134,8 @@ TEST_CASE("subgroup plans: MiCS, hpZ, sequence, data and expert parallel groups"
       const auto edp_groups =
           check_partition(16, [&](int r) { return x.expert_data_parallel_plan(r); });
       CHECK(ep_groups.size() == static_cast<std::size_t>(16 / ep));
-      CHECK(edp_groups.size() == static_cast<std::size_t>(sp * ep));
-      // An expert-parallel group and an expert-data-parallel group meet in exactly one rank
-      // where they share a data-parallel group.
+      CHECK(edp_groups.size() == static_cast<std::size_t>(ep));
+      // An expert-parallel group and an expert-data-parallel group meet in exactly one rank.
       for (int r = 0; r < 16; ++r) {
         const auto a = x.expert_parallel_plan(r).members;
         const auto b = x.expert_data_parallel_plan(r).members;

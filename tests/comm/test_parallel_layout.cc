@@ -124,6 +124,25 @@ TEST_CASE("MiCS, qgZ and hpZ groups over simulated nodes") {
   }
 }
 
+// Sequence and expert parallelism together: the sp group is the rank's block of 2, the expert-
+// parallel group 2 ranks at its sp position, and the expert-data-parallel group every rank of the
+// sp blocks holding its experts (world / ep), whose chunks route tokens to the same experts.
+TEST_CASE("the layout builds sequence and expert parallelism together") {
+  Fixture f;
+  if (f.world < 4) return;
+  std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
+  ParallelDims both = f.dims(1);
+  both.expert_parallel_size = 2;
+  both.sequence_parallel_size = 2;
+  ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, both, {}, sequence.get());
+  REQUIRE(layout.sequence_group() != nullptr);
+  REQUIRE(layout.expert_parallel_group() != nullptr);
+  REQUIRE(layout.expert_data_parallel_group() != nullptr);
+  CHECK(layout.sequence_group()->size() == 2);
+  CHECK(layout.expert_parallel_group()->size() == 2);
+  CHECK(layout.expert_data_parallel_group()->size() == f.world / 2);
+}
+
 TEST_CASE("the layout refuses inconsistent degrees with every problem, before any sub-group") {
   Fixture f;
   ParallelDims d = f.dims(0);
@@ -133,15 +152,6 @@ TEST_CASE("the layout refuses inconsistent degrees with every problem, before an
       ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {}),
       Catch::Contains("mics_shard_size: hierarchical sharding needs stage 1, 2 or 3") &&
           Catch::Contains("zero_quantized_weights: qwZ quantizes stage 3's"));
-  if (f.world >= 4) {
-    std::unique_ptr<Stream> sequence = f.device->create_stream("sequence");
-    ParallelDims both = f.dims(1);
-    both.expert_parallel_size = 2;
-    both.sequence_parallel_size = 2;
-    CHECK_THROWS_WITH(
-        ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, both, {}, sequence.get()),
-        Catch::Contains("not supported together yet"));
-  }
   ParallelDims wrong = f.dims(1);
   wrong.world = f.world + 1;
   CHECK_THROWS_WITH(ParallelLayout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, wrong, {}),

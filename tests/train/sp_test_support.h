@@ -147,6 +147,9 @@ struct Job {
   std::string comm;        // the "comm" block, if any
   std::string model_keys;  // more keys of the "model" block (", \"key\": value, ...")
   std::string top_keys;    // more top-level keys ("\"key\": value," ...)
+  // make_sp_golden.py's weights (keyed on the parameter index), or the model's own initializer
+  // (the same model at any expert-parallel degree, whose parameter table differs).
+  bool golden_weights = true;
 };
 
 struct Run {
@@ -157,6 +160,7 @@ struct Run {
   // comm_sequence_parallel_inter_node_bytes: the most any rank sent across nodes
   std::vector<std::int64_t> sequence_inter_node;
   std::int64_t activation_peak = 0;  // the largest mem_peak_bytes.activations
+  std::vector<double> grad_norms;    // grad_norm per logged step (before clipping)
 };
 
 inline std::string config_text(const fs::path& shared, const std::string& name, const Job& job) {
@@ -198,7 +202,12 @@ inline Run train_run(const fs::path& shared, const std::string& name, const Job&
   const int world = world_size();
   const Config config = parse_config_text(config_text(shared, name, job), world, name + ".json");
   const int rank = world_rank();
-  train::run_training(config, train::RankInfo{rank, world, rank, world}, golden_weights(config));
+  const train::RankInfo ranks{rank, world, rank, world};
+  if (job.golden_weights) {
+    train::run_training(config, ranks, golden_weights(config));
+  } else {
+    train::run_training(config, ranks);
+  }
   MPI_Barrier(MPI_COMM_WORLD);
   Run r;
   std::ifstream in((shared / "out" / name / "metrics.jsonl").string());
@@ -208,6 +217,7 @@ inline Run train_run(const fs::path& shared, const std::string& name, const Job&
     if (!row.contains("loss")) continue;
     r.losses.push_back(row["loss"].get<double>());
     r.loss_tokens.push_back(row["loss_tokens"].get<std::int64_t>());
+    if (row.contains("grad_norm")) r.grad_norms.push_back(row["grad_norm"].get<double>());
     if (row.contains("comm_sequence_parallel_bytes")) {
       r.sequence_bytes.push_back(row["comm_sequence_parallel_bytes"].get<std::int64_t>());
       r.sequence_sent.push_back(row["comm_sequence_parallel_sent_bytes"].get<std::int64_t>());

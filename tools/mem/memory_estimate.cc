@@ -344,12 +344,6 @@ void Inputs::validate() const {
                 "share of the parameters that are experts is the model's",
                 engine.expert_parallel_size);
     }
-    if (sp > 1) {
-      ZRT_THROW(InvalidArgument,
-                "--sp {} with --ep {}: sequence and expert parallelism together are not supported "
-                "(the experts' gradients would need a group over the sequence's ranks too)",
-                sp, engine.expert_parallel_size);
-    }
     rank_parameters(*model, engine);
   }
 }
