@@ -283,12 +283,14 @@ void check_scales(KernelCall& k, int hs, float scale, float scale_log2) {
             "scale, scale_log2");
 }
 
-// One mma backward kernel's twin: the dQ kernel when grads holds dq only, else dK/dV (a block
-// per key/value head). Checks the launch, declares its accesses and sets the body.
+// One backward kernel's twin: the dQ kernel when grads holds dq only, else dK/dV (the mma
+// kernels' a block per key/value head; the WMMA kernels' packed rows have group 1). Checks the
+// launch, declares its accesses and sets the body.
 template <typename S>
-void mma_backward(KernelCall& k, const Instance& in, bool docs, const Rows<S>& grads, const S* dout,
-                  const Rows<const S>& rows, const float* lse, const float* rowdot, int T, int C,
-                  int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
+void backward_twin(KernelCall& k, const Instance& in, bool docs, const Rows<S>& grads,
+                   const S* dout, const Rows<const S>& rows, const float* lse, const float* rowdot,
+                   int T, int C, int NH, float scale, float scale_log2,
+                   const std::int32_t* doc_start) {
   const I64 ss = sizeof(S);
   const bool dq_kernel = grads.q != nullptr;
   const Shape s = check_geometry(k, T, C, NH, rows.group, !dq_kernel, in);
@@ -401,23 +403,15 @@ void register_storage() {
                   "($S*, $S const*, $S const*, float const*, float const*, int, int, int, float, "
                   "float, int const*)",
               n),
-          [ss, dq_kernel, in, docs](KernelCall& k, S* dqkv, const S* dout, const S* qkv,
-                                    const float* lse, const float* rowdot, int T, int C, int NH,
-                                    float scale, float scale_log2, const std::int32_t* doc_start) {
-            const Shape s = check_geometry(k, T, C, NH, 1, false, in);
-            check_scales(k, s.hs, scale, scale_log2);
-            k.writes(dqkv, I64{s.B} * T * 3 * C * ss, "dqkv");
-            k.reads(dout, I64{s.B} * T * C * ss, "dout");
-            k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
-            k.reads(lse, I64{s.B} * NH * T * 4, "lse");
-            k.reads(rowdot, I64{s.B} * NH * T * 4, "rowdot");
-            check_documents(k, docs, doc_start, s.B, T);
-            const std::string name = k.name();
-            k.run([=] {
-              check_packing(name, doc_start, s.B, T);
-              backward<S>(dq_kernel, packed(dqkv, C), dout, packed(qkv, C), lse, rowdot, doc_start,
-                          s, scale);
-            });
+          [dq_kernel, in, docs](KernelCall& k, S* dqkv, const S* dout, const S* qkv,
+                                const float* lse, const float* rowdot, int T, int C, int NH,
+                                float scale, float scale_log2, const std::int32_t* doc_start) {
+            // The dQ kernel adds to dqkv's q part only, dK/dV to its k and v parts.
+            const Rows<S> d = packed(dqkv, C);
+            const Rows<S> grads = dq_kernel ? Rows<S>{d.q, nullptr, nullptr, d.q_ld, d.kv_ld, 1}
+                                            : Rows<S>{nullptr, d.k, d.v, d.q_ld, d.kv_ld, 1};
+            backward_twin<S>(k, in, docs, grads, dout, packed(qkv, C), lse, rowdot, T, C, NH, scale,
+                             scale_log2, doc_start);
           });
     }
     // The mma dQ kernel: q, k, v where they are, dq with q's rows.
@@ -432,9 +426,9 @@ void register_storage() {
           [in, docs](KernelCall& k, S* dq, const S* dout, const S* q, const S* kp, const S* v,
                      int q_ld, int kv_ld, int group, const float* lse, const float* rowdot, int T,
                      int C, int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
-            mma_backward<S>(k, in, docs, Rows<S>{dq, nullptr, nullptr, q_ld, kv_ld, group}, dout,
-                            Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
-                            scale, scale_log2, doc_start);
+            backward_twin<S>(k, in, docs, Rows<S>{dq, nullptr, nullptr, q_ld, kv_ld, group}, dout,
+                             Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
+                             scale, scale_log2, doc_start);
           });
     }
     // The mma dK/dV kernel: a block per key/value head, its group's sum; dk, dv with k's rows.
@@ -450,9 +444,9 @@ void register_storage() {
                      const S* v, int q_ld, int kv_ld, int group, const float* lse,
                      const float* rowdot, int T, int C, int NH, float scale, float scale_log2,
                      const std::int32_t* doc_start) {
-            mma_backward<S>(k, in, docs, Rows<S>{nullptr, dk, dv, q_ld, kv_ld, group}, dout,
-                            Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
-                            scale, scale_log2, doc_start);
+            backward_twin<S>(k, in, docs, Rows<S>{nullptr, dk, dv, q_ld, kv_ld, group}, dout,
+                             Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
+                             scale, scale_log2, doc_start);
           });
     }
   }
