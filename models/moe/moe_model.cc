@@ -321,6 +321,9 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     dslogit (N)
 //   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense: dgate,
 //     dup (N,I); any MoE: dgate, dup (N*k,Ie); shared: dsgate, dsup (N,Is)
+//   sequence parallelism (sp > 1; N = B*T of the chunk), as the Llama family's
+//     (gqa_attention_block.h): k, v, dk, dv at (N, KV_full), the whole sequence's attention
+//     output atty_full (N,Q) kept besides atty, and the all-to-alls' send and recv after proj
 MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_size,
                                    int sequence_parallel_size)
     : c(config),
