@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -175,5 +176,71 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
         }
       }
     }
+  }
+}
+
+// Sequence and expert parallelism together at 4 ranks (sp 2, autoep_size 2): each rank's chunk of
+// the activations and of the rows its experts receive, the attention's whole-sequence tensors and
+// the all-to-alls' buffers, the experts' state over their expert-data-parallel group (world / ep
+// ranks, spanning the sp blocks) and the sp group's scratch for the router statistics' sum: the
+// peaks to the byte at the capacity the run reached, fp32 at stage 2 (the whole device peak) and
+// bf16 at stage 3 with optimizer offload and checkpointing.
+TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (world != 4) {
+    WARN("sp 2 with autoep_size 2 runs at 4 ranks; world " << world);
+    return;
+  }
+  const auto dir = std::filesystem::temp_directory_path() / "zrt_test_mem_crosscheck_sp_ep_np4";
+  test::write_crosscheck_corpus(dir, "ep");
+  int run = 0;
+  for (const auto& [bf16, zero, checkpointing] :
+       {std::tuple{false, R"({"stage": 2, "reduce_bucket_size": 3000})", false},
+        std::tuple{true, R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+            "offload_optimizer": {"device": "cpu"}})",
+                   true}}) {
+    const std::string out = (dir / ("run" + std::to_string(run++))).string();
+    const std::string text =
+        std::string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+          "sequence_parallel_size": 2, "bf16": {"enabled": )") +
+        (bf16 ? "true" : "false") + R"(},
+          "expert_parallel": {"enabled": true, "autoep_size": 2}, "zero_optimization": )" +
+        zero + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+          "model": {)" +
+        kMoeModels[0] + R"(, "seq_len": 32, "activation_checkpointing": )" +
+        (checkpointing ? "true" : "false") + R"(},
+          "data": {"train": ")" +
+        (dir / "ep_train_*.bin").string() + R"("},
+          "train": {"steps": 2, "log_interval": 1},
+          "device": {"type": "cpu"}, "output_dir": ")" +
+        out + R"("})";
+    const Config config = parse_config_text(text, world, "crosscheck_sp_ep.json");
+    train::run_training(config, train::RankInfo{rank, world, rank, world});
+    Inputs in = inputs_from_config(config);
+    REQUIRE(in.engine.sequence_parallel_size == 2);
+    REQUIRE(in.engine.expert_parallel_size == 2);
+    std::int64_t capacity = 0;
+    if (rank == 0) {
+      const std::string last = test::last_peak_row(out);
+      REQUIRE_FALSE(last.empty());
+      capacity = nlohmann::json::parse(last)["expert_rows_capacity"].get<std::int64_t>();
+    }
+    MPI_Bcast(&capacity, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+    REQUIRE(capacity > 0);
+    in.expert_rows = capacity;
+    const Estimate e = estimate(in, in.setting());
+    if (rank == 0) {
+      const std::string last = test::last_peak_row(out);
+      const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
+      const CategoryBytes predicted = e.device_peaks();
+      INFO(in.setting().name() << (bf16 ? ", bf16" : ", fp32") << ": " << last);
+      for (MemCategory c : test::kCrosscheckCategories) {
+        INFO(mem_category_name(c));
+        CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
+      }
+      if (!bf16) CHECK(e.device_total() == peaks["total"].get<std::int64_t>());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
   }
 }
