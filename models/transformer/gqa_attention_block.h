@@ -5,9 +5,11 @@
 // At sp 1 it is kernels::gqa_attention_* over the pass's rows. Under sequence parallelism (sp
 // ranks, each holding a chunk of Tl tokens of every sequence) the chunk's q, k, v become this
 // rank's heads of the whole sequence through the sp group's all-to-alls (UlyssesExchange), in
-// their own buffers, the attention runs over the whole sequences (doc_start spans them), and its
-// output goes back to every head of the chunk; the backward runs the adjoints, the copies of a
+// place in their buffers, the attention runs over the whole sequences (doc_start spans them), and
+// its output goes back to every head of the chunk; the backward runs the adjoints, the copies of a
 // key/value head that several ranks received summed. How the heads are shared out: GqaHeads.
+// The passes are TransformerModel::gqa_attention_forward / _backward (transformer_model.h: they
+// use the pass and the exchange the driver owns), defined in gqa_attention_block.cc.
 #pragma once
 
 #include <cstdint>
