@@ -207,8 +207,7 @@ MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions opt
       params_(parameter_table(config_, experts_)),
       rope_(moe_rope_table(config_)),
       layer_(layer_shape(config_), dispatch_.get(), rows_.get()),
-      acts_(config_, experts_.ep_size, options.sequence_parallel_size()),
-      sp_(options.sequence_parallel_size()) {
+      acts_(config_, experts_.ep_size, options.sequence_parallel_size()) {
   // Each parameter's initial values: its own, or an expert's rows of the ep-1 table's fused one.
   std::map<std::string, int> fused_index;
   const std::vector<ParamSpec> fused_table = parameter_table(config_);
@@ -622,7 +621,7 @@ void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
   // the forward's whole term to its loss (the logged loss is the ranks' mean, as for the
   // cross-entropy) and its tokens' share of the term's gradient times sp, since the engine
   // averages gradients over all ranks, the sp of each forward included.
-  const int sp = sp_;
+  const int sp = acts_.heads.sp;
   if (sp > 1) {
     transformer::UlyssesExchange* group = ulysses();
     ZRT_CHECK(group != nullptr, "sequence_parallel_size {} without its group", sp);

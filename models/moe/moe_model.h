@@ -191,7 +191,6 @@ class MoeModel final : public transformer::TransformerModel {
   MoeLayer layer_;
   int first_moe_layer_ = -1;
   Activations acts_;
-  int sp_ = 1;  // sequence_parallel_size: the ranks a forward's tokens are spread over
   // The router losses' state, which outlives a pass's activations: the load-balancing
   // statistics, the z-loss sum, the shared gradient and the term itself (router_bytes()).
   Buffer router_buffer_;

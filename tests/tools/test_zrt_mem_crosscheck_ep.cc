@@ -71,6 +71,21 @@ const Variant kVariants[] = {
 // the first forward), and the dropless worst case reserved up front (never grows).
 const double kReserves[] = {1.25, 1.0, 1e9};
 
+// The expert rows' capacity the run in `out` reached (its last metrics row's
+// expert_rows_capacity), on every rank: rank 0 reads it; the callers' barrier after each run
+// keeps the next run's files apart.
+std::int64_t reached_capacity(const std::string& out, int rank) {
+  std::int64_t capacity = 0;
+  if (rank == 0) {
+    const std::string last = test::last_peak_row(out);
+    REQUIRE_FALSE(last.empty());
+    capacity = nlohmann::json::parse(last)["expert_rows_capacity"].get<std::int64_t>();
+  }
+  MPI_Bcast(&capacity, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  REQUIRE(capacity > 0);
+  return capacity;
+}
+
 }  // namespace
 
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages 1-3, offload") {
@@ -123,16 +138,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
           Inputs in = inputs_from_config(config);
           REQUIRE(in.engine.expert_parallel_size == ep);
           REQUIRE(in.expert_rows_reserve == reserve);
-          // Every rank reads the capacity the run reached (rank 0 wrote it; the barrier below
-          // keeps the next run's files apart).
-          std::int64_t capacity = 0;
-          if (rank == 0) {
-            const std::string last = test::last_peak_row(out);
-            REQUIRE_FALSE(last.empty());
-            capacity = nlohmann::json::parse(last)["expert_rows_capacity"].get<std::int64_t>();
-          }
-          MPI_Bcast(&capacity, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-          REQUIRE(capacity > 0);
+          const std::int64_t capacity = reached_capacity(out, rank);
           const Estimate at_reserve = estimate(in, in.setting());
           in.expert_rows = capacity;
           const Estimate e = estimate(in, in.setting());
@@ -220,15 +226,7 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
     Inputs in = inputs_from_config(config);
     REQUIRE(in.engine.sequence_parallel_size == 2);
     REQUIRE(in.engine.expert_parallel_size == 2);
-    std::int64_t capacity = 0;
-    if (rank == 0) {
-      const std::string last = test::last_peak_row(out);
-      REQUIRE_FALSE(last.empty());
-      capacity = nlohmann::json::parse(last)["expert_rows_capacity"].get<std::int64_t>();
-    }
-    MPI_Bcast(&capacity, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-    REQUIRE(capacity > 0);
-    in.expert_rows = capacity;
+    in.expert_rows = reached_capacity(out, rank);
     const Estimate e = estimate(in, in.setting());
     if (rank == 0) {
       const std::string last = test::last_peak_row(out);
