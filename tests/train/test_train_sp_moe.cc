@@ -11,6 +11,7 @@
 //  - the same at ZeRO stage 3 with activation checkpointing (the attention's rerun exchanges
 //    again), and with expert parallelism 2 inside sp 2 (at stage 2, and stage 3 with optimizer
 //    offload): the experts' gradients summed over every chunk's tokens;
+//  - packed documents with masked prompts crossing the chunk boundaries give sp 1's losses;
 //  - a capacity factor with sp > 1 is refused by name (its drops follow a forward's token order).
 #include "tests/train/sp_test_support.h"
 
@@ -127,6 +128,32 @@ TEST_CASE("a mixture of experts at sp 2 with expert parallelism 2 trains to sp 1
       check_losses(r.losses, sp1.losses, 1e-5);
       REQUIRE(!r.grad_norms.empty());
       check_losses({r.grad_norms.front()}, sp1.grad_norms, 2e-6);
+    }
+  }
+}
+
+// Packed documents crossing the chunk boundaries, their prompts masked out of the loss
+// (sp_test_support.h's sft data): sp 2 and 4 give sp 1's losses and loss-token counts, so no
+// chunk attends across a document's start or counts a masked token (sp 1 itself: test_moe and
+// test_train's packed documents against transformers).
+TEST_CASE("a mixture of experts with packed documents at sp 2 and 4 trains to sp 1's losses",
+          "[sp][moe]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  Run sp1;
+  for (int sp : {1, 2, 4}) {
+    Job job = moe_job("qwen3-moe-tiny", sp);
+    job.sft = true;
+    const std::string name = "qwen3_sft_sp" + std::to_string(sp);
+    INFO(name);
+    const Run r = train_moe(name, job);
+    REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+    if (sp == 1) {
+      sp1 = r;
+      for (std::int64_t tokens : r.loss_tokens) CHECK(tokens < 4 * kT);  // prompts masked out
+    } else {
+      CHECK(r.loss_tokens == sp1.loss_tokens);
+      check_losses(r.losses, sp1.losses, 1e-5);
     }
   }
 }
