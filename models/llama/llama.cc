@@ -317,12 +317,8 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
   if (acts_.mlp_tiled) {
     // The rerun under checkpointing leaves the MLP to the backward, which recomputes it per tile.
     if (!res_out) return;
-    for (int r0 = 0; r0 < N; r0 += acts_.mlp_rows) {
-      const int n = std::min(acts_.mlp_rows, N - r0);
-      mlp_tile_forward(a, layer, x.ln2, r0, n);
-      k::linear_forward(ctx, dt, acts_.proj + I64{r0} * C * dtype_size(dt), acts_.tile_h, P(kDownW),
-                        Bytes(), n, I, C);
-    }
+    transformer::swiglu_mlp_tiled_forward(ctx, dt, mlp_weights(a, layer, false), mlp_tile(), x.ln2,
+                                          acts_.proj, N, C, I);
     k::residual_forward(ctx, dt, res_out, x.res2, acts_.proj, I64{N} * C);
     return;
   }
@@ -355,7 +351,9 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   // The first projection into dh, dln2, datty and dln1 overwrites it; the next ones add.
   const k::GradWrite first = k::GradWrite::kOverwrite;
   if (d.mlp_tiled) {
-    mlp_tiled_backward(a, layer, x.ln2);
+    transformer::swiglu_mlp_tiled_backward(ctx, dt, gt, mlp_weights(a, layer, false),
+                                           mlp_weights(a, layer, true), mlp_tile(), x.ln2, dres,
+                                           d.dln2, N, C, I);
   } else {
     k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, x.h, P(kDownW), N, I, C, first);
     k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
@@ -379,44 +377,17 @@ transformer::TransformerModel::GqaTensors Llama::attention_tensors(const Activat
   return {x.q, x.k, x.v, x.atty, x.atty_full, x.lse};
 }
 
-void Llama::mlp_tile_forward(ParamAccess& a, int layer, Bytes ln2, int r0, int n) {
-  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
-  const DType dt = pass().dtype;
-  kernels::KernelContext& ctx = this->ctx();
-  const Bytes rows = ln2 + I64{r0} * C * dtype_size(dt);
-  k::linear_forward(ctx, dt, acts_.tile_gate, rows, a.param(block_param(layer, kGateW)), Bytes(), n,
-                    C, I);
-  k::linear_forward(ctx, dt, acts_.tile_up, rows, a.param(block_param(layer, kUpW)), Bytes(), n, C,
-                    I);
-  k::swiglu_forward(ctx, dt, acts_.tile_h, acts_.tile_gate, acts_.tile_up, I64{n} * I);
+transformer::SwigluWeights Llama::mlp_weights(ParamAccess& a, int layer, bool grads) const {
+  auto get = [&](int slot) {
+    const int index = block_param(layer, slot);
+    return grads ? a.grad(index) : a.param(index);
+  };
+  return {get(kGateW), get(kUpW), get(kDownW)};
 }
 
-void Llama::mlp_tiled_backward(ParamAccess& a, int layer, Bytes ln2) {
-  const auto& [C, I, hd, NH, NKV, Q, KV] = acts_.widths;
-  const Pass& pass = this->pass();
-  const int N = pass.N();
-  const DType dt = pass.dtype, gt = pass.grad_dtype;
-  kernels::KernelContext& ctx = this->ctx();
-  auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
-  auto G = [&](int slot) { return a.grad(block_param(layer, slot)); };
-  const Activations& d = acts_;
-  const I64 row = I64{C} * dtype_size(dt);
-  const k::GradWrite first = k::GradWrite::kOverwrite;
-  for (int r0 = 0; r0 < N; r0 += d.mlp_rows) {
-    const int n = std::min(d.mlp_rows, N - r0);
-    mlp_tile_forward(a, layer, ln2, r0, n);
-    const Bytes dres = this->dres() + r0 * row, dln2 = d.dln2 + r0 * row, ln2_rows = ln2 + r0 * row;
-    k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, d.tile_h, P(kDownW), n, I, C,
-                       first);
-    ctx.device().fill_zero(d.dgate, static_cast<std::size_t>(I64{n} * I * dtype_size(dt)),
-                           ctx.stream());
-    ctx.device().fill_zero(d.dup, static_cast<std::size_t>(I64{n} * I * dtype_size(dt)),
-                           ctx.stream());
-    k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, d.tile_gate, d.tile_up, I64{n} * I);
-    k::linear_backward(ctx, dt, gt, dln2, G(kGateW), Bytes(), d.dgate, ln2_rows, P(kGateW), n, C, I,
-                       first);
-    k::linear_backward(ctx, dt, gt, dln2, G(kUpW), Bytes(), d.dup, ln2_rows, P(kUpW), n, C, I);
-  }
+transformer::SwigluTile Llama::mlp_tile() const {
+  return {acts_.mlp_rows, acts_.tile_gate, acts_.tile_up, acts_.tile_h,
+          acts_.dh,       acts_.dgate,     acts_.dup};
 }
 
 }  // namespace zrt::llama

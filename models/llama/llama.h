@@ -32,6 +32,7 @@
 #include "kernels/ulysses_ops.h"
 #include "models/llama/llama_config.h"
 #include "models/transformer/sequence_parallel_shape.h"
+#include "models/transformer/swiglu_mlp_tiles.h"
 #include "models/transformer/transformer_model.h"
 #include "runtime/model_interface.h"
 
@@ -121,11 +122,10 @@ class Llama final : public transformer::TransformerModel {
     const transformer::GqaHeads heads;
   };
 
-  // The SwiGLU MLP of rows [r0, r0 + n) of ln2 into the tile's gate, up and h.
-  void mlp_tile_forward(ParamAccess& access, int layer, Bytes ln2, int r0, int n);
-  // The tiled MLP's backward: per tile, gate, up and h again, then dres's rows down to dln2's,
-  // the projections' weight gradients accumulated over the tiles.
-  void mlp_tiled_backward(ParamAccess& access, int layer, Bytes ln2);
+  // The MLP's weights (or their gradients) of block `layer`, and the tiled MLP's tile
+  // (transformer/swiglu_mlp_tiles.h).
+  transformer::SwigluWeights mlp_weights(ParamAccess& access, int layer, bool grads) const;
+  transformer::SwigluTile mlp_tile() const;
 
   transformer::BlockActivations& block_activations() override { return acts_; }
   // The attention's tensors of kept set `x` (transformer_model.h's gqa_attention_*).

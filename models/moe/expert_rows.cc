@@ -77,7 +77,7 @@ void ExpertRows::fit(MoeKept& kept, MoeScratch& scratch, I64 rows, I64 N, DType 
   const ExpertRowsShape& s = shape_;
   const I64 balanced = s.balanced_rows(N);
   peak_rows_ = std::max(peak_rows_, rows);
-  balanced_ = balanced;
+  balanced_ = std::max(balanced_, balanced);
   if (capacity_ == 0) capacity_ = s.initial_rows(N, reserve_);
   if (rows > capacity_) {
     const I64 grown = s.grown_rows(rows, N);
@@ -135,10 +135,11 @@ void ExpertRows::settle() {
   ensure(scratch_, shape_.scratch_bytes(capacity_, element_), label("scratch"));
 }
 
-std::int64_t ExpertRows::take_peak_rows() {
-  const std::int64_t rows = peak_rows_;
+ExpertRows::Peak ExpertRows::take_peak() {
+  const Peak peak{peak_rows_, balanced_};
   peak_rows_ = 0;
-  return rows;
+  balanced_ = 0;
+  return peak;
 }
 
 }  // namespace zrt::moe

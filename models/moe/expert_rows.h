@@ -88,10 +88,13 @@ class ExpertRows {
 
   // Rows each buffer holds now (0 before the first forward).
   std::int64_t capacity() const { return capacity_; }
-  // The most rows one layer's experts received in the passes since the last call; resets.
-  std::int64_t take_peak_rows();
-  // The last pass's balanced share (N x k).
-  std::int64_t balanced_rows() const { return balanced_; }
+  // The most rows one layer's experts received in the passes since the last call, and the
+  // largest balanced share (N x k) of those passes' layers (a tile's, when the MoE layers run in
+  // tiles: what model.expert_rows_reserve multiplies); resets both.
+  struct Peak {
+    std::int64_t rows = 0, balanced = 0;
+  };
+  Peak take_peak();
 
  private:
   // `buffer` holding at least `bytes`, reallocated (after both streams drain) if smaller;

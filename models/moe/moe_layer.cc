@@ -19,17 +19,24 @@ k::Ints ints(Bytes p) {
   return p.as<std::int32_t>();
 }
 
+// A tile's share of the forward's rows: the z-loss is a mean over the forward's rows.
+float tile_share(const MoeTile* tile, int N) {
+  return tile != nullptr
+             ? static_cast<float>(static_cast<double>(N) / static_cast<double>(tile->forward_rows))
+             : 1.0f;
+}
+
 }  // namespace
 
 void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
-                     MoeScratch& scratch, Bytes x, int N) const {
+                     MoeScratch& scratch, Bytes x, int N, const MoeTile* tile) const {
   const auto& s = shape_;
   k::linear_forward(ctx, dt, kept.logits, x, p.router, Bytes(), N, s.C, s.E);
   k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
                         s.k, s.renormalize);
   kept.dropped = 0;
   // Dropless, the router's choices are dispatched as they are.
-  if (s.capacity_factor > 0) apply_capacity(ctx, kept, N);
+  if (s.capacity_factor > 0) apply_capacity(ctx, kept, N, tile);
   const Bytes routed = s.capacity_factor > 0 ? kept.routed : kept.experts;
   k::moe_dispatch_plan(ctx, ints(scratch.counts), ints(scratch.offsets), ints(kept.row_of),
                        ints(scratch.source), ints(routed), N, s.k, s.E);
@@ -40,15 +47,20 @@ void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, 
   ctx.stream().synchronize();
 }
 
-void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const {
+void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N,
+                              const MoeTile* tile) const {
   const auto& s = shape_;
   const I64 pairs = I64{N} * s.k;
+  const I64 forward_pairs = (tile != nullptr ? tile->forward_rows : N) * I64{s.k};
   const I64 capacity =
-      static_cast<I64>(std::ceil(s.capacity_factor * static_cast<double>(pairs) / s.E));
+      static_cast<I64>(std::ceil(s.capacity_factor * static_cast<double>(forward_pairs) / s.E));
   std::vector<std::int32_t> experts(static_cast<std::size_t>(pairs));
   ctx.device().copy_to_host(experts.data(), kept.experts, experts.size() * 4, ctx.stream());
   ctx.stream().synchronize();
-  std::vector<I64> taken(static_cast<std::size_t>(s.E), 0);
+  std::vector<I64> whole(static_cast<std::size_t>(s.E), 0);
+  std::vector<I64>& taken = tile != nullptr && tile->taken != nullptr ? *tile->taken : whole;
+  ZRT_CHECK(taken.size() == static_cast<std::size_t>(s.E),
+            "a tile's capacity counts: {} for {} experts", taken.size(), s.E);
   for (std::int32_t& e : experts) {
     if (taken[static_cast<std::size_t>(e)]++ >= capacity) {
       e = -1;
@@ -105,15 +117,16 @@ void MoeLayer::remote_experts_forward(kernels::KernelContext& ctx, DType dt, con
 
 void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
                        MoeScratch& scratch, Bytes x, Bytes out, int N, MoeRouterLoss* loss,
-                       bool with_z_loss) const {
+                       bool with_z_loss, const MoeTile* tile) const {
   const auto& s = shape_;
-  route(ctx, dt, p, kept, scratch, x, N);
+  route(ctx, dt, p, kept, scratch, x, N, tile);
   if (loss != nullptr) {
     k::moe_aux_stats_accumulate(ctx, loss->stats_counts, loss->stats_probsum, kept.probs,
                                 ints(kept.experts), N, s.E, s.k);
     if (with_z_loss) {
       k::moe_router_z_loss_forward(ctx, dt, loss->z_scratch, kept.logits, N, s.E);
-      k::moe_add_loss_term(ctx, loss->z_sum, loss->z_scratch, loss->z_layer_weight);
+      k::moe_add_loss_term(ctx, loss->z_sum, loss->z_scratch,
+                           loss->z_layer_weight * tile_share(tile, N));
     }
   }
   k::moe_gather(ctx, dt, kept.xe, x, ints(kept.row_of), N, s.k, s.C);
@@ -122,14 +135,14 @@ void MoeLayer::forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p
   } else {
     experts_forward(ctx, dt, p, kept);
   }
-  k::moe_combine(ctx, dt, out, kept.y, kept.weights, ints(kept.row_of), N, s.k, s.C);
+  if (out) k::moe_combine(ctx, dt, out, kept.y, kept.weights, ints(kept.row_of), N, s.k, s.C);
   if (s.Is > 0) {
     k::linear_forward(ctx, dt, kept.sgate, x, p.shared_gate_proj, Bytes(), N, s.C, s.Is);
     k::linear_forward(ctx, dt, kept.sup, x, p.shared_up_proj, Bytes(), N, s.C, s.Is);
     k::swiglu_forward(ctx, dt, kept.sh, kept.sgate, kept.sup, I64{N} * s.Is);
     k::linear_forward(ctx, dt, kept.sout, kept.sh, p.shared_down_proj, Bytes(), N, s.Is, s.C);
     k::linear_forward(ctx, dt, kept.slogit, x, p.shared_expert_gate, Bytes(), N, s.C, 1);
-    k::moe_shared_gate_forward(ctx, dt, out, kept.sout, kept.slogit, N, s.C);
+    if (out) k::moe_shared_gate_forward(ctx, dt, out, kept.sout, kept.slogit, N, s.C);
   }
 }
 
@@ -177,8 +190,8 @@ void MoeLayer::remote_experts_backward(kernels::KernelContext& ctx, DType dt, DT
 
 void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                         const MoeParams& g, const MoeKept& kept, MoeScratch& scratch, Bytes x,
-                        Bytes dout, Bytes dx, int N, const MoeRouterLoss& loss,
-                        bool with_z_loss) const {
+                        Bytes dout, Bytes dx, int N, const MoeRouterLoss& loss, bool with_z_loss,
+                        const MoeTile* tile) const {
   const auto& s = shape_;
   // combine: the rows' gradients and the routing weights'.
   k::moe_combine_backward(ctx, dt, scratch.dy, scratch.dweights, dout, kept.y, kept.weights,
@@ -194,7 +207,7 @@ void MoeLayer::backward(kernels::KernelContext& ctx, DType dt, DType gt, const M
                          loss.dprobs_shared, N, s.E, s.k, s.renormalize, k::GradWrite::kOverwrite);
   if (with_z_loss) {
     k::moe_router_z_loss_backward(ctx, dt, scratch.dlogits, kept.logits,
-                                  loss.z_grad * loss.z_layer_weight, N, s.E);
+                                  loss.z_grad * loss.z_layer_weight * tile_share(tile, N), N, s.E);
   }
   k::linear_backward(ctx, dt, gt, dx, g.router, Bytes(), scratch.dlogits, x, p.router, N, s.C, s.E,
                      k::GradWrite::kOverwrite);

@@ -116,6 +116,16 @@ struct MoeRouterLoss {
   Floats z_scratch;                    // (1)
 };
 
+// One tile of a forward's rows (model.tiling.mlp_rows: the layer run over a tile of the pass's
+// rows at a time, the backward running each tile's forward again): the rows of the whole forward,
+// which the z-loss's mean is over, and with a capacity factor the pairs each expert took in the
+// forward's earlier tiles (E; updated), so that the forward's capacity is applied in token order
+// across the tiles exactly as over the whole forward. Zero `taken` before the first tile.
+struct MoeTile {
+  std::int64_t forward_rows = 0;
+  std::vector<std::int64_t>* taken = nullptr;
+};
+
 class MoeLayer {
  public:
   // `dispatch`: expert parallelism's exchange over the ep group, and `rows` the local experts'
@@ -126,20 +136,23 @@ class MoeLayer {
 
   const MoeLayerShape& shape() const { return shape_; }
 
-  // out (N,C) = the layer applied to x (N,C). With `loss` the router statistics (and the z-loss,
-  // when `with_z_loss`) accumulate into it; null for a recompute, which must not count twice.
+  // out (N,C) = the layer applied to x (N,C); a null `out` computes only what the backward
+  // reads (a tile's recompute). With `loss` the router statistics (and the z-loss, when
+  // `with_z_loss`) accumulate into it; null for a recompute, which must not count twice. `tile`:
+  // x is a tile of a forward's rows (MoeTile), null for the whole forward.
   void forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
                MoeScratch& scratch, Bytes x, Bytes out, int N, MoeRouterLoss* loss,
-               bool with_z_loss) const;
+               bool with_z_loss, const MoeTile* tile = nullptr) const;
   // dx (N,C) = the gradient into x (OVERWRITTEN); parameter gradients accumulate into g. dout
-  // (N,C) is the layer output's gradient.
+  // (N,C) is the layer output's gradient; `tile` as the forward's.
   void backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
                 const MoeParams& g, const MoeKept& kept, MoeScratch& scratch, Bytes x, Bytes dout,
-                Bytes dx, int N, const MoeRouterLoss& loss, bool with_z_loss) const;
+                Bytes dx, int N, const MoeRouterLoss& loss, bool with_z_loss,
+                const MoeTile* tile = nullptr) const;
 
  private:
   void route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
-             MoeScratch& scratch, Bytes x, int N) const;
+             MoeScratch& scratch, Bytes x, int N, const MoeTile* tile) const;
   // The experts' SwiGLU over the permuted rows (the expert-parallel seam: rows in, rows out).
   void experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
                        const MoeKept& kept) const;
@@ -161,8 +174,9 @@ class MoeLayer {
                                const MoeParams& g, Bytes x, Bytes gate, Bytes up, Bytes h, Bytes dy,
                                Bytes dx, MoeScratch& scratch,
                                const std::vector<std::int32_t>& offsets, int experts) const;
-  // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed).
-  void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N) const;
+  // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed); the
+  // capacity is the whole forward's, the earlier tiles' pairs counted (MoeTile).
+  void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N, const MoeTile* tile) const;
 
   MoeLayerShape shape_;
   ExpertDispatch* dispatch_ = nullptr;

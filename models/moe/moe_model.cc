@@ -12,6 +12,7 @@
 #include "models/activation_planner.h"
 #include "models/init_rng.h"
 #include "models/transformer/sequence_parallel_shape.h"
+#include "models/transformer/tiling.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -302,24 +303,30 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 }
 
 // The blocks' part of the layout (S bytes per element of the compute dtype, N = B*T, statistics
-// fp32, indices int32; "any dense" / "any MoE": present when some block is of that kind):
+// fp32, indices int32; "any dense" / "any MoE": present when some block is of that kind; Nd and
+// Nm the rows the dense MLP and the MoE layer take at a time: N, or a tile's rows when tiled):
 //   kept (L sets, or 1 under checkpointing): ln1 (N,C), ln1 rstd (N), q (N,Q), k, v (N,KV); with
 //     q/k norms the pre-norm q, k and their rstd (N*NH), (N*NKV); lse (B,NH,T); atty (N,Q); res2,
-//     ln2 (N,C), ln2 rstd (N); any dense: gate, up, h (N,I); any MoE: logits (N,E), probs (N,E)
-//     fp32, weights (N,k) fp32, experts, routed (with a capacity factor), row_of (N,k) int32,
-//     xe (N*k,C), gate, up, h (N*k,Ie), y (N*k,C), with a shared expert sgate, sup, sh (N,Is),
-//     sout (N,C), slogit (N)
-//     (under expert parallelism xe is one (N*k,C) buffer the blocks share, planned before the
+//     ln2 (N,C), ln2 rstd (N); any dense, untiled: gate, up, h (N,I); any MoE, untiled: the MoE
+//     set below at N rows
+//   the MoE set (MoeKept) of Nm rows: logits (Nm,E), probs (Nm,E) fp32, weights (Nm,k) fp32,
+//     experts, routed (with a capacity factor), row_of (Nm,k) int32, xe (Nm*k,C), gate, up, h
+//     (Nm*k,Ie), y (Nm*k,C), with a shared expert sgate, sup, sh (Nm,Is), sout (Nm,C), slogit (Nm)
+//     (under expert parallelism xe is one (Nm*k,C) buffer the blocks share, planned before the
 //     sets: the rows leave for their experts and the backward reads the copy received, xl; and
 //     gate, up, h and xl hold the rows this rank's experts receive: ExpertRows' kept sets,
 //     outside this layout, as is every (R, .) scratch below: the exchanges' staging and rows,
 //     dh, dgate, dup; models/moe/expert_rows.h)
-//   then proj (N,C); any MoE: the plan's counts (E), offsets (E+1), source (N*k) int32
-//   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (N,I); any MoE: dy (N*k,C), dh
-//     (N*k,Ie), dxe (N*k,C), dweights (N,k) fp32, dlogits (N,E); shared: ds (N,C), dsh (N,Is),
-//     dslogit (N)
-//   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense: dgate,
-//     dup (N,I); any MoE: dgate, dup (N*k,Ie); shared: dsgate, dsup (N,Is)
+//   then proj (N,C); tiled dense MLP: its tile's gate, up, h (Nd,I); tiled MoE: the tile's MoE set
+//     (every layer's tiles in turn); any MoE: the plan's counts (E), offsets (E+1), source
+//     (Nm*k) int32
+//   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (Nd,I), tiled: dgate, dup (Nd,I);
+//     any MoE: dy (Nm*k,C), dh (Nm*k,Ie), dxe (Nm*k,C), dweights (Nm,k) fp32, dlogits (Nm,E);
+//     shared: ds (Nm,C), dsh (Nm,Is), dslogit (Nm); tiled: dgate, dup (Nm*k,Ie) and the shared
+//     expert's dsgate, dsup (Nm,Is), which the tiles zero before accumulating
+//   accumulated: dq (N,Q), dk, dv (N,KV); q/k norms: dq_pre (N,Q), dk_pre (N,KV); any dense,
+//     untiled: dgate, dup (N,I); any MoE, untiled: dgate, dup (N*k,Ie); shared: dsgate, dsup
+//     (N,Is)
 //   sequence parallelism (sp > 1; N = B*T of the chunk), as the Llama family's
 //     (gqa_attention_block.h): k, v, dk, dv at (N, KV_full), the whole sequence's attention
 //     output atty_full (N,Q) kept besides atty, and the all-to-alls' send and recv after proj
@@ -334,18 +341,67 @@ MoeModel::Activations::Activations(const MoeConfig& config, int expert_parallel_
   }
 }
 
+std::int64_t MoeModel::moe_row_bytes(const MoeConfig& c, std::int64_t S) {
+  const I64 C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const I64 Ie = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  // Per token: the kept xe, y and gate, up, h, the backward's dy, dxe and dh, dgate, dup (k rows
+  // each); the router's logits and their gradient, its fp32 probabilities; the shared expert's
+  // three (Is) values and three gradients besides dsh's, its output and its gradient.
+  return K * (4 * C + 6 * Ie) * S + 2 * E * S + 4 * E + 6 * Is * S + 2 * C * S;
+}
+
+int MoeModel::moe_tile_rows(const MoeConfig& c, int setting, std::int64_t N, std::int64_t S) {
+  return transformer::tile_rows(setting, N, moe_row_bytes(c, S), transformer::kMlpTileBudgetBytes);
+}
+
+int MoeModel::dense_tile_rows(const MoeConfig& c, int setting, std::int64_t N, std::int64_t S) {
+  // The dense MLP's six (N,I) tensors per row, as the Llama family's.
+  return transformer::tile_rows(setting, N, 6 * I64{c.intermediate_size} * S,
+                                transformer::kMlpTileBudgetBytes);
+}
+
+void MoeModel::Activations::plan_moe_set(ActivationPlanner& p, MoeKept& m, std::int64_t rows,
+                                         std::int64_t S) {
+  const I64 C = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok;
+  const I64 Ie = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  p.bytes(&m.logits, rows * E * S);
+  p.floats(&m.probs, rows * E);
+  p.floats(&m.weights, rows * K);
+  p.bytes(&m.experts, rows * K * 4);
+  if (c.capacity_factor > 0) p.bytes(&m.routed, rows * K * 4);
+  p.bytes(&m.row_of, rows * K * 4);
+  if (ep == 1) {
+    p.bytes(&m.xe, rows * K * C * S);
+    p.bytes(&m.gate, rows * K * Ie * S);
+    p.bytes(&m.up, rows * K * Ie * S);
+    p.bytes(&m.h, rows * K * Ie * S);
+  }
+  if (ep > 1) p.alias(&m.xe, &moe.xe);
+  p.bytes(&m.y, rows * K * C * S);
+  if (Is > 0) {
+    p.bytes(&m.sgate, rows * Is * S);
+    p.bytes(&m.sup, rows * Is * S);
+    p.bytes(&m.sh, rows * Is * S);
+    p.bytes(&m.sout, rows * C * S);
+    p.bytes(&m.slogit, rows * S);
+  }
+}
+
 void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
                                          int sets) {
   const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
-  const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
-  const I64 Is = c.shared_expert_intermediate_size;
+  const I64 K = c.num_experts_per_tok;
+  moe_rows = moe_tile_rows(c, s.mlp_tile_setting, N, S);
+  moe_tiled = any_moe && moe_rows < N;
+  dense_rows = dense_tile_rows(c, s.mlp_tile_setting, N, S);
+  dense_tiled = any_dense && dense_rows < N;
+  const I64 Nm = moe_tiled ? moe_rows : N;
   kept.assign(static_cast<std::size_t>(sets), Kept());
   // Under expert parallelism the permuted rows only leave for the experts' ranks (the backward
   // reads the received copy, xl): one buffer every block's forward shares.
-  if (any_moe && ep > 1) p.bytes(&moe.xe, N * K * C * S);
-  int moe_sets = 0;  // ExpertRows' kept sets: one per MoE block (or the one block's)
+  if (any_moe && ep > 1) p.bytes(&moe.xe, Nm * K * C * S);
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);
@@ -364,46 +420,35 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     p.bytes(&a.res2, N * C * S);
     p.bytes(&a.ln2, N * C * S);
     p.floats(&a.ln2_rstd, N);
-    if (any_dense) {
+    if (any_dense && !dense_tiled) {
       p.bytes(&a.gate, N * I * S);
       p.bytes(&a.up, N * I * S);
       p.bytes(&a.h, N * I * S);
     }
-    if (any_moe) {
-      MoeKept& m = a.moe;
-      p.bytes(&m.logits, N * E * S);
-      p.floats(&m.probs, N * E);
-      p.floats(&m.weights, N * K);
-      p.bytes(&m.experts, N * K * 4);
-      if (c.capacity_factor > 0) p.bytes(&m.routed, N * K * 4);
-      p.bytes(&m.row_of, N * K * 4);
-      if (ep == 1) {
-        p.bytes(&m.xe, N * K * C * S);
-        p.bytes(&m.gate, N * K * Ie * S);
-        p.bytes(&m.up, N * K * Ie * S);
-        p.bytes(&m.h, N * K * Ie * S);
-      }
-      if (ep > 1) p.alias(&m.xe, &moe.xe);
-      p.bytes(&m.y, N * K * C * S);
-      if (Is > 0) {
-        p.bytes(&m.sgate, N * Is * S);
-        p.bytes(&m.sup, N * Is * S);
-        p.bytes(&m.sh, N * Is * S);
-        p.bytes(&m.sout, N * C * S);
-        p.bytes(&m.slogit, N * S);
-      }
-    }
+    if (any_moe && !moe_tiled) plan_moe_set(p, a.moe, N, S);
   }
-  for (std::size_t i = 0; i < kept.size(); ++i) {
+  // ExpertRows' kept sets: one per MoE block (or the one block's), or the tile's.
+  int moe_sets = 0;
+  for (std::size_t i = 0; i < kept.size() && !moe_tiled; ++i) {
     const int layer = sets == 1 ? 0 : static_cast<int>(i);
     if (sets == 1 || c.is_moe_layer(layer)) kept[i].moe.rows_set = moe_sets++;
   }
   p.bytes(&proj, N * C * S);
   transformer::plan_gqa_exchange(p, heads, s, &send, &recv);
+  if (dense_tiled) {
+    p.bytes(&dense_tile.gate, dense_rows * I * S);
+    p.bytes(&dense_tile.up, dense_rows * I * S);
+    p.bytes(&dense_tile.h, dense_rows * I * S);
+  }
+  if (moe_tiled) {
+    moe_tile = MoeKept();
+    plan_moe_set(p, moe_tile, moe_rows, S);
+  }
   if (any_moe) {
+    const I64 E = c.num_experts;
     p.bytes(&moe.counts, E * 4);
     p.bytes(&moe.offsets, (E + 1) * 4);
-    p.bytes(&moe.source, N * K * 4);
+    p.bytes(&moe.source, Nm * K * 4);
   }
 }
 
@@ -412,20 +457,35 @@ void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transforme
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 E = c.num_experts, K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
+  const I64 Nm = moe_tiled ? moe_rows : N, Nd = dense_tiled ? dense_rows : N;
   p.bytes(&dln1, N * C * S);
   p.bytes(&datty, N * Q * S);
   p.bytes(&dln2, N * C * S);
-  if (any_dense) p.bytes(&dh, N * I * S);
+  if (any_dense) p.bytes(&dh, Nd * I * S);
+  if (dense_tiled) {  // one tile's: the tiles zero them (swiglu_mlp_tiles.h)
+    p.bytes(&dgate, Nd * I * S);
+    p.bytes(&dup, Nd * I * S);
+  }
   if (any_moe) {
-    p.bytes(&moe.dy, N * K * C * S);
-    if (ep == 1) p.bytes(&moe.dh, N * K * Ie * S);
-    p.bytes(&moe.dxe, N * K * C * S);
-    p.floats(&moe.dweights, N * K);
-    p.bytes(&moe.dlogits, N * E * S);
+    p.bytes(&moe.dy, Nm * K * C * S);
+    if (ep == 1) p.bytes(&moe.dh, Nm * K * Ie * S);
+    p.bytes(&moe.dxe, Nm * K * C * S);
+    p.floats(&moe.dweights, Nm * K);
+    p.bytes(&moe.dlogits, Nm * E * S);
     if (Is > 0) {
-      p.bytes(&moe.ds, N * C * S);
-      p.bytes(&moe.dsh, N * Is * S);
-      p.bytes(&moe.dslogit, N * S);
+      p.bytes(&moe.ds, Nm * C * S);
+      p.bytes(&moe.dsh, Nm * Is * S);
+      p.bytes(&moe.dslogit, Nm * S);
+    }
+  }
+  if (moe_tiled) {  // one tile's: each tile zeroes them before its backward adds into them
+    if (ep == 1) {
+      p.bytes(&moe.dgate, Nm * K * Ie * S);
+      p.bytes(&moe.dup, Nm * K * Ie * S);
+    }
+    if (Is > 0) {
+      p.bytes(&moe.dsgate, Nm * Is * S);
+      p.bytes(&moe.dsup, Nm * Is * S);
     }
   }
 }
@@ -445,11 +505,11 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
     p.bytes(&dq_pre, N * Q * S);
     p.bytes(&dk_pre, N * KV * S);
   }
-  if (any_dense) {
+  if (any_dense && !dense_tiled) {
     p.bytes(&dgate, N * I * S);
     p.bytes(&dup, N * I * S);
   }
-  if (any_moe) {
+  if (any_moe && !moe_tiled) {
     if (ep == 1) {
       p.bytes(&moe.dgate, N * K * Ie * S);
       p.bytes(&moe.dup, N * K * Ie * S);
@@ -479,13 +539,17 @@ std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, D
   if (expert_parallel_size > 1) {
     experts.check();
     const ExpertRowsShape shape = expert_rows_shape(config, expert_parallel_size);
+    // A tiled MoE layer's experts receive a tile's rows, into one kept set all layers share.
     const I64 N = I64{B} * T;
+    const I64 Nm =
+        moe_tile_rows(config, options.mlp_tile_rows, N, static_cast<I64>(dtype_size(dtype)));
+    const bool tiled = Nm < N;
     const I64 rows = expert_rows > 0   ? expert_rows
-                     : expert_rows < 0 ? shape.worst_rows(N)
-                                       : shape.initial_rows(N, options.expert_rows_reserve);
-    const int sets = config.num_moe_layers() == 0       ? 0
-                     : options.activation_checkpointing ? 1
-                                                        : config.num_moe_layers();
+                     : expert_rows < 0 ? shape.worst_rows(Nm)
+                                       : shape.initial_rows(Nm, options.expert_rows_reserve);
+    const int sets = config.num_moe_layers() == 0                ? 0
+                     : options.activation_checkpointing || tiled ? 1
+                                                                 : config.num_moe_layers();
     rows_bytes = shape.device_bytes(sets, rows, static_cast<I64>(dtype_size(dtype)));
   }
   return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,
@@ -590,17 +654,18 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
                               c.rms_norm_eps);
-  if (c.is_moe_layer(layer)) {
+  if (c.is_moe_layer(layer) && acts_.moe_tiled) {
+    // The rerun under checkpointing leaves the layer to the backward, which runs each tile again.
+    if (res_out) moe_tiled_forward(a, layer, x.ln2, counting);
+  } else if (c.is_moe_layer(layer)) {
     x.moe.layer = layer;
     layer_.forward(ctx, dt, moe_params(a, layer, false), x.moe, acts_.moe, x.ln2, acts_.proj, N,
                    counting ? &router_ : nullptr, c.router_z_loss_coef > 0);
-    if (counting) {
-      // The dispatch plan's offsets are on the host already: count the pairs per expert.
-      int moe_index = 0;
-      for (int l = 0; l < layer; ++l) moe_index += c.is_moe_layer(l) ? 1 : 0;
-      std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
-      for (int e = 0; e < c.num_experts; ++e) tokens[e] = x.moe.offsets[e + 1] - x.moe.offsets[e];
-      pass_dropped_ += x.moe.dropped;
+    if (counting) count_routing(layer, x.moe);
+  } else if (acts_.dense_tiled) {
+    if (res_out) {
+      transformer::swiglu_mlp_tiled_forward(ctx, dt, dense_weights(a, layer, false), dense_tile(),
+                                            x.ln2, acts_.proj, N, C, I);
     }
   } else {
     k::linear_forward(ctx, dt, x.gate, x.ln2, P(kDenseGate), Bytes(), N, C, I);
@@ -609,6 +674,84 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
     if (res_out) k::linear_forward(ctx, dt, acts_.proj, x.h, P(kDenseDown), Bytes(), N, I, C);
   }
   if (res_out) k::residual_forward(ctx, dt, res_out, x.res2, acts_.proj, I64{N} * C);
+}
+
+void MoeModel::count_routing(int layer, const MoeKept& kept) {
+  const MoeConfig& c = config_;
+  // The dispatch plan's offsets are on the host already: count the pairs per expert.
+  int moe_index = 0;
+  for (int l = 0; l < layer; ++l) moe_index += c.is_moe_layer(l) ? 1 : 0;
+  std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
+  for (int e = 0; e < c.num_experts; ++e) tokens[e] += kept.offsets[e + 1] - kept.offsets[e];
+  pass_dropped_ += kept.dropped;
+}
+
+transformer::SwigluWeights MoeModel::dense_weights(ParamAccess& a, int layer, bool grads) const {
+  auto get = [&](int slot) {
+    const int index = block_param(layer, slot);
+    return grads ? a.grad(index) : a.param(index);
+  };
+  return {get(kDenseGate), get(kDenseUp), get(kDenseDown)};
+}
+
+transformer::SwigluTile MoeModel::dense_tile() const {
+  const Activations& d = acts_;
+  return {d.dense_rows, d.dense_tile.gate, d.dense_tile.up, d.dense_tile.h, d.dh, d.dgate, d.dup};
+}
+
+void MoeModel::moe_tiled_forward(ParamAccess& a, int layer, Bytes ln2, bool counting) {
+  const MoeConfig& c = config_;
+  const int N = pass().N();
+  const DType dt = pass().dtype;
+  const I64 row = I64{c.hidden_size} * static_cast<I64>(dtype_size(dt));
+  const MoeParams p = moe_params(a, layer, false);
+  acts_.taken.assign(static_cast<std::size_t>(c.num_experts), 0);
+  const MoeTile tile{N, &acts_.taken};
+  MoeKept& m = acts_.moe_tile;
+  m.layer = layer;
+  for (int r0 = 0; r0 < N; r0 += acts_.moe_rows) {
+    const int n = std::min(acts_.moe_rows, N - r0);
+    layer_.forward(ctx(), dt, p, m, acts_.moe, ln2 + r0 * row, acts_.proj + r0 * row, n,
+                   counting ? &router_ : nullptr, c.router_z_loss_coef > 0, &tile);
+    if (counting) count_routing(layer, m);
+  }
+}
+
+void MoeModel::moe_tiled_backward(ParamAccess& a, int layer, Bytes ln2) {
+  const MoeConfig& c = config_;
+  const int N = pass().N();
+  const DType dt = pass().dtype, gt = pass().grad_dtype;
+  kernels::KernelContext& ctx = this->ctx();
+  Activations& d = acts_;
+  const I64 S = static_cast<I64>(dtype_size(dt));
+  const I64 row = I64{c.hidden_size} * S;
+  const MoeParams p = moe_params(a, layer, false), g = moe_params(a, layer, true);
+  d.taken.assign(static_cast<std::size_t>(c.num_experts), 0);
+  const MoeTile tile{N, &d.taken};
+  MoeKept& m = d.moe_tile;
+  m.layer = layer;
+  const Bytes dres = this->dres();
+  const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Is = c.shared_expert_intermediate_size;
+  for (int r0 = 0; r0 < N; r0 += d.moe_rows) {
+    const int n = std::min(d.moe_rows, N - r0);
+    const Bytes x = ln2 + r0 * row;
+    // The tile's routing and experts again (not counted: the forward did), then its backward,
+    // whose SwiGLUs add into gradients no earlier tile may leave behind.
+    layer_.forward(ctx, dt, p, m, d.moe, x, Bytes(), n, nullptr, false, &tile);
+    if (experts_.ep_size == 1) {
+      const auto bytes = static_cast<std::size_t>(n * K * Ie * S);
+      ctx.device().fill_zero(d.moe.dgate, bytes, ctx.stream());
+      ctx.device().fill_zero(d.moe.dup, bytes, ctx.stream());
+    }
+    if (Is > 0) {
+      const auto bytes = static_cast<std::size_t>(n * Is * S);
+      ctx.device().fill_zero(d.moe.dsgate, bytes, ctx.stream());
+      ctx.device().fill_zero(d.moe.dsup, bytes, ctx.stream());
+    }
+    layer_.backward(ctx, dt, gt, p, g, m, d.moe, x, dres + r0 * row, d.dln2 + r0 * row, n, router_,
+                    c.router_z_loss_coef > 0, &tile);
+  }
 }
 
 void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
@@ -654,8 +797,9 @@ void MoeModel::add_auxiliary_losses(Floats loss, float loss_scale) {
 std::optional<ExpertLoad> MoeModel::take_expert_load() {
   ExpertLoad load{expert_tokens_, dropped_};
   if (rows_) {
-    load.rows_max = rows_->take_peak_rows();
-    load.rows_balanced = rows_->balanced_rows();
+    const ExpertRows::Peak peak = rows_->take_peak();
+    load.rows_max = peak.rows;
+    load.rows_balanced = peak.balanced;
     load.rows_capacity = rows_->capacity();
   }
   std::fill(expert_tokens_.begin(), expert_tokens_.end(), 0);
@@ -706,8 +850,16 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
               "expert parallelism: the experts' parameters and gradients are spaced differently "
               "({} / {} and {} / {} elements)",
               p.gate_up_stride, g.gate_up_stride, p.down_stride, g.down_stride);
-    layer_.backward(ctx, dt, gt, p, g, x.moe, d.moe, x.ln2, dres, d.dln2, N, router_,
-                    c.router_z_loss_coef > 0);
+    if (d.moe_tiled) {
+      moe_tiled_backward(a, layer, x.ln2);
+    } else {
+      layer_.backward(ctx, dt, gt, p, g, x.moe, d.moe, x.ln2, dres, d.dln2, N, router_,
+                      c.router_z_loss_coef > 0);
+    }
+  } else if (d.dense_tiled) {
+    transformer::swiglu_mlp_tiled_backward(ctx, dt, gt, dense_weights(a, layer, false),
+                                           dense_weights(a, layer, true), dense_tile(), x.ln2, dres,
+                                           d.dln2, N, C, I);
   } else {
     k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
                        first);

@@ -42,6 +42,7 @@
 #include "models/moe/expert_rows.h"
 #include "models/moe/moe_config.h"
 #include "models/moe/moe_layer.h"
+#include "models/transformer/swiglu_mlp_tiles.h"
 #include "models/transformer/transformer_model.h"
 #include "runtime/device/buffer.h"
 #include "runtime/model_interface.h"
@@ -96,6 +97,23 @@ class MoeModel final : public transformer::TransformerModel {
   // The expert partition of this rank (ep_size 1 without expert parallelism).
   const ExpertPartition& experts() const { return experts_; }
 
+  // The tiled MLP (TransformerOptions::mlp_tile_rows, model.tiling.mlp_rows; tiling.h): the rows
+  // a MoE layer takes at a time for a pass of N rows (`S` bytes an element), by the automatic
+  // rule over its per-token tensors (moe_row_bytes) or the setting, and the same for the dense
+  // layers' SwiGLU MLP (Qwen2/3-MoE's mlp_only_layers). A tiled MoE layer routes, runs its
+  // experts and combines a tile of rows at a time, keeps nothing of them for the backward, and
+  // the backward runs each tile's forward again (in token order: a capacity factor drops the
+  // same pairs as untiled) before its gradients; under expert parallelism every tile is one
+  // exchange (every rank of the group has the same N, so the same tiles).
+  static std::int64_t moe_row_bytes(const MoeConfig& config, std::int64_t S);
+  static int moe_tile_rows(const MoeConfig& config, int setting, std::int64_t N, std::int64_t S);
+  static int dense_tile_rows(const MoeConfig& config, int setting, std::int64_t N, std::int64_t S);
+  // The rows the last pass's MoE layers and dense MLPs took a tile (its N when untiled).
+  struct MlpTiles {
+    int moe_rows = 0, dense_rows = 0;
+  };
+  MlpTiles mlp_tiles() const { return {acts_.moe_rows, acts_.dense_rows}; }
+
   // The load-balancing term of the last training pass (fp32, device; before the coefficient).
   DevicePtr<const float> aux_loss() const override { return lb_; }
   // Per expert and MoE layer, the (token, slot) pairs routed to it in the training passes since
@@ -141,6 +159,8 @@ class MoeModel final : public transformer::TransformerModel {
     void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
+    // A MoE layer's kept tensors for `rows` rows (a set's, or the tile's).
+    void plan_moe_set(ActivationPlanner& p, MoeKept& m, std::int64_t rows, std::int64_t S);
 
     struct Kept {
       Bytes ln1, q, k, v, q_pre, k_pre, atty, res2, ln2;
@@ -156,7 +176,15 @@ class MoeModel final : public transformer::TransformerModel {
     Bytes send, recv;  // sequence parallelism: the all-to-alls' scratch
     MoeScratch moe;
     Bytes dln1, datty, dln2, dh;
-    Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated
+    Bytes dq, dk, dv, dq_pre, dk_pre, dgate, dup;  // accumulated (dgate, dup: a tile's if tiled)
+    // The tiled MLP (moe_tile_rows): the rows of a tile (N when untiled), and, tiled, the tile's
+    // MoE set (the kept sets have none) or the dense MLP's gate, up, h (dense_tile.rows rows).
+    int moe_rows = 0, dense_rows = 0;
+    bool moe_tiled = false, dense_tiled = false;
+    MoeKept moe_tile;
+    transformer::SwigluTile dense_tile;
+    // A capacity factor over the tiles: the pairs each expert took in the earlier ones (MoeTile).
+    std::vector<std::int64_t> taken;
 
     const MoeConfig& c;
     int ep = 1;
@@ -171,6 +199,16 @@ class MoeModel final : public transformer::TransformerModel {
   void add_auxiliary_losses(Floats loss, float loss_scale) override;
 
   MoeParams moe_params(ParamAccess& a, int layer, bool grads) const;
+  // A dense layer's SwiGLU weights (or gradients), and its tile (the backward's tensors set).
+  transformer::SwigluWeights dense_weights(ParamAccess& a, int layer, bool grads) const;
+  transformer::SwigluTile dense_tile() const;
+  // A MoE layer over the pass's rows in tiles of acts_.moe_rows: the forward into acts_.proj
+  // (`counting`: a training or evaluation forward, whose routing is counted), and the backward
+  // from dres into dln2, each tile's forward run again first.
+  void moe_tiled_forward(ParamAccess& a, int layer, Bytes ln2, bool counting);
+  void moe_tiled_backward(ParamAccess& a, int layer, Bytes ln2);
+  // The routed pairs of MoE layer `layer`'s last forward (a tile's) added to the pass's counts.
+  void count_routing(int layer, const MoeKept& kept);
   // Elements from one local expert's parameter (or gradient) to the next's, from parameter
   // `first` (the first local expert's) on; throws Error unless they are evenly spaced.
   std::int64_t local_expert_stride(ParamAccess& a, int first, bool grads, DType dtype) const;

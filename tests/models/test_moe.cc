@@ -3,7 +3,9 @@
 // float64): the parameter table (transformers v5's names, order and shapes), the logits, the
 // training loss (cross-entropy + router_aux_loss_coef x the load-balancing term), the term alone
 // and every parameter's gradient in fp32; checkpointing and thread count bit-identical; the
-// capacity factor's dropped pairs; the z-loss; the presets' published parameter counts.
+// capacity factor's dropped pairs; the z-loss; the presets' published parameter counts; the tiled
+// MLP (model.tiling.mlp_rows: the MoE layers and the dense MLPs in tiles of rows) against the
+// same goldens and against the untiled model, capacity drops and z-loss included.
 //
 // The bound. fp32 rounds each operation with a relative error of at most u = 2^-24 ~ 6.0e-8, and
 // a dot product of n terms is off by at most gamma_n = n u / (1 - n u) relative to the sum of its
@@ -23,8 +25,10 @@
 // does. The observed errors are printed: about 1e-6.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +38,7 @@
 #include "kernels/ops.h"
 #include "models/flat_param_access.h"
 #include "models/moe/moe_model.h"
+#include "models/transformer/tiling.h"
 #include "runtime/device/device.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/models/moe_golden.h"
@@ -53,10 +58,12 @@ struct Rig {
   TokenBatch batch;
 
   Rig(const MoeConfig& config, DType dtype, DType grad_dtype, bool checkpointing = false,
-      int threads = 1) {
+      int threads = 1, int mlp_tile_rows = transformer::kTileAuto) {
     ctx =
         std::make_unique<kernels::KernelContext>(*device, *stream, kernels::KernelOptions{threads});
-    model = std::make_unique<MoeModel>(config, *ctx, MoeOptions{checkpointing});
+    MoeOptions options{checkpointing};
+    options.mlp_tile_rows = mlp_tile_rows;
+    model = std::make_unique<MoeModel>(config, *ctx, options);
     access = std::make_unique<FlatParamAccess>(*device, *stream, model->parameters(),
                                                model->num_modules(), dtype, grad_dtype);
     access->init_from(*model, 1234);
@@ -223,6 +230,94 @@ TEST_CASE("The router z-loss adds coef x its value and its gradient reaches the 
   // The last block's experts see only the head's gradient: the z-loss does not reach them.
   const int expert = z.model->block_param(1, MoeModel::kGateUp);
   CHECK(z.access->read_grad(expert) == base.access->read_grad(expert));
+}
+
+// Tiles of 3 rows over the goldens' 16 (a short last tile): every MoE layer routes, dispatches,
+// runs its experts and combines a tile at a time, and the backward runs each tile's forward again.
+// Per row it is the same arithmetic on fewer rows, and the sums over rows (the weights'
+// gradients, the router statistics) are split into per-tile partial sums: another order of the
+// same fp32 sums, within the same derived bound against float64 transformers.
+TEST_CASE("Tiled MoE layers and dense MLPs match transformers (fp32, derived bound)",
+          "[moe][golden][tiled]") {
+  for (const auto& g : test::moe_golden()["cases"]) {
+    const std::string label = g["label"];
+    INFO(label);
+    const MoeConfig config = test::moe_case_config(g);
+    for (const bool checkpointing : {false, true}) {
+      INFO("checkpointing " << checkpointing);
+      Rig rig(config, DType::kFloat32, DType::kFloat32, checkpointing, 1, 3);
+      rig.set_golden(g);
+      rig.model->forward_backward(*rig.access, rig.batch, 1.0f);
+      CHECK(rig.model->mlp_tiles().moe_rows == 3);
+      CHECK(rig.model->mlp_tiles().dense_rows == 3);
+      const double loss = rig.model->read_loss();
+      const double lb = rig.read(rig.model->aux_loss());
+      CHECK(std::abs(loss - g["loss"].get<double>()) <= kBound * std::abs(loss));
+      CHECK(std::abs(lb - g["aux_loss"].get<double>()) <= kBound * std::abs(lb));
+      const auto& params = rig.model->parameters();
+      double worst = 0;
+      for (int i = 0; i < static_cast<int>(params.size()); ++i) {
+        const double err = test::rel_error(rig.access->read_grad(i),
+                                           test::golden_tensor(g["grads"][params[i].name]));
+        INFO(params[i].name << ": relative error " << err);
+        CHECK(err <= kBound);
+        worst = std::max(worst, err);
+      }
+      // Every MoE layer's N*k pairs counted once a forward, whatever the tiles.
+      const std::optional<ExpertLoad> load = rig.model->take_expert_load();
+      REQUIRE(load.has_value());
+      const std::size_t E = static_cast<std::size_t>(config.num_experts);
+      REQUIRE(load->tokens.size() == E * static_cast<std::size_t>(config.num_moe_layers()));
+      const std::int64_t pairs = static_cast<std::int64_t>(g["B"]) *
+                                 static_cast<std::int64_t>(g["T"]) * config.num_experts_per_tok;
+      for (std::size_t l = 0; l * E < load->tokens.size(); ++l) {
+        std::int64_t sum = 0;
+        for (std::size_t e = 0; e < E; ++e) sum += load->tokens[l * E + e];
+        CHECK(sum == pairs);
+      }
+      // An evaluation forward through the tiles: the cross-entropy alone.
+      rig.model->forward(*rig.access, rig.batch);
+      const double ce = rig.model->read_loss();
+      CHECK(std::abs(ce - g["cross_entropy"].get<double>()) <= kBound * std::abs(ce));
+      WARN(label << " tiled (checkpointing " << checkpointing << ") vs transformers: worst "
+                 << "relative error of a gradient " << worst << " (bound " << kBound << ")");
+    }
+  }
+}
+
+// Against the untiled model with a capacity factor that drops pairs and a z-loss: the capacity
+// is the forward's, applied in token order across the tiles (each expert's pairs taken in the
+// earlier tiles counted), so the same pairs drop; the z-loss is the mean over the forward's rows,
+// each tile weighted by its share. (A capacity per tile, ceil(0.5 x 6 pairs / E) = 1, would drop
+// far more; the z-loss without the share would count it 16/3 times.)
+TEST_CASE("Tiled MoE layers drop the same pairs under a capacity factor and take the same z-loss",
+          "[moe][tiled]") {
+  for (const auto& g : test::moe_golden()["cases"]) {
+    const std::string label = g["label"];
+    INFO(label);
+    MoeConfig config = test::moe_case_config(g);
+    config.capacity_factor = 0.5;
+    config.router_z_loss_coef = 0.5;
+    Rig whole(config, DType::kFloat32, DType::kFloat32, false, 1, transformer::kTileOff);
+    Rig tiled(config, DType::kFloat32, DType::kFloat32, false, 1, 3);
+    whole.set_golden(g);
+    tiled.set_golden(g);
+    whole.model->forward_backward(*whole.access, whole.batch, 1.0f);
+    tiled.model->forward_backward(*tiled.access, tiled.batch, 1.0f);
+    CHECK(whole.model->mlp_tiles().moe_rows == 16);
+    CHECK(tiled.model->mlp_tiles().moe_rows == 3);
+    const ExpertLoad a = *whole.model->take_expert_load(), b = *tiled.model->take_expert_load();
+    CHECK(a.dropped > 0);
+    CHECK(b.dropped == a.dropped);
+    CHECK(b.tokens == a.tokens);
+    const double loss = whole.model->read_loss();
+    CHECK(std::abs(tiled.model->read_loss() - loss) <= kBound * std::abs(loss));
+    for (int i = 0; i < static_cast<int>(whole.model->parameters().size()); ++i) {
+      const double err = test::rel_error(tiled.access->read_grad(i), whole.access->read_grad(i));
+      INFO(whole.model->parameters()[i].name << ": relative difference " << err);
+      CHECK(err <= kBound);
+    }
+  }
 }
 
 }  // namespace

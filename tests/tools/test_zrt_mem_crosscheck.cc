@@ -234,10 +234,15 @@ TEST_CASE("zrt-mem matches the tracker in real runs: every stage, offload, check
 
 TEST_CASE("zrt-mem matches the tracker with cpu_checkpointing and the tiled head and MLP") {
   // Four blocks, so two block inputs go to pinned host memory; 64 rows in head tiles of 24 and
-  // (Llama) MLP tiles of 20, short last tiles included.
-  const char* const specs[] = {"gpt2-tiny:seq_len=32,n_layer=4",
-                               "llama-tiny:seq_len=32,num_hidden_layers=4"};
-  for (const char* spec : specs) {
+  // MLP tiles of 20 (the Llama's SwiGLU, the MoE layers and the dense MLP of the Qwen2-MoE),
+  // short last tiles included.
+  auto four_layers = [](std::string spec) {
+    return spec.replace(spec.find("num_hidden_layers=2"), 19, "num_hidden_layers=4");
+  };
+  const std::string specs[] = {"gpt2-tiny:seq_len=32,n_layer=4",
+                               "llama-tiny:seq_len=32,num_hidden_layers=4", four_layers(kModels[3]),
+                               four_layers(kModels[4])};
+  for (const std::string& spec : specs) {
     for (const Setting& setting : {Setting{2, false, false}, Setting{3, true, false}}) {
       for (bool cpu_checkpointing : {false, true}) {
         Inputs in = tiny_inputs(spec, true);
@@ -255,6 +260,24 @@ TEST_CASE("zrt-mem matches the tracker with cpu_checkpointing and the tiled head
         untiled.head_tile_rows = untiled.mlp_tile_rows = -1;
         CHECK(e.activations() < estimate(untiled, setting).activations());
       }
+    }
+  }
+}
+
+TEST_CASE("zrt-mem matches the tracker with the mixtures of experts' MLP tiled, no checkpointing") {
+  // Every block keeps its attention's tensors, none its MoE layer's or dense MLP's: one tile's,
+  // shared by the blocks, and the backward's at a tile's rows.
+  for (const std::string spec : {kModels[3], kModels[4]}) {
+    for (const Setting& setting : {Setting{1, false, false}, Setting{3, true, false}}) {
+      Inputs in = tiny_inputs(spec, false);
+      in.mlp_tile_rows = 20;
+      const Estimate e = estimate(in, setting);
+      const Measured m = run_engine(in, setting);
+      INFO(spec << ": " << setting.name() << ", N " << in.world);
+      check_exact(e, m);
+      Inputs untiled = in;
+      untiled.mlp_tile_rows = -1;
+      CHECK(e.activations() < estimate(untiled, setting).activations());
     }
   }
 }

@@ -86,6 +86,39 @@ std::int64_t reached_capacity(const std::string& out, int rank) {
   return capacity;
 }
 
+// A two-step run's config (micro-batch 2, accumulation 2, AdamW, the corpus in `dir`):
+// `parallel` the top-level parallelism keys, `zero` the zero_optimization object, `model_keys`
+// besides the model's blocks and seq_len 32.
+std::string run_config(const std::filesystem::path& dir, const std::string& out,
+                       const std::string& parallel, const std::string& zero, const char* model,
+                       const std::string& model_keys, bool bf16) {
+  return R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, )" + parallel +
+         R"(, "bf16": {"enabled": )" + (bf16 ? "true" : "false") + R"(},
+      "zero_optimization": )" +
+         zero + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+      "model": {)" +
+         model + R"(, "seq_len": 32)" + model_keys + R"(},
+      "data": {"train": ")" +
+         (dir / "ep_train_*.bin").string() + R"("},
+      "train": {"steps": 2, "log_interval": 1},
+      "device": {"type": "cpu"}, "output_dir": ")" +
+         out + R"("})";
+}
+
+// The run's last metrics row against the estimate at the capacity it reached: every category's
+// peak to the byte, and in fp32 the whole device peak (rank 0 checks; `what` names the run).
+void check_peaks(const std::string& out, const Estimate& e, bool bf16, const std::string& what) {
+  const std::string last = test::last_peak_row(out);
+  const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
+  const CategoryBytes predicted = e.device_peaks();
+  INFO(what << ": " << last);
+  for (MemCategory c : test::kCrosscheckCategories) {
+    INFO(mem_category_name(c));
+    CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
+  }
+  if (!bf16) CHECK(e.device_total() == peaks["total"].get<std::int64_t>());
+}
+
 }  // namespace
 
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages 1-3, offload") {
@@ -207,20 +240,12 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
             "offload_optimizer": {"device": "cpu"}})",
                    true}}) {
     const std::string out = (dir / ("run" + std::to_string(run++))).string();
-    const std::string text =
-        std::string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
-          "sequence_parallel_size": 2, "bf16": {"enabled": )") +
-        (bf16 ? "true" : "false") + R"(},
-          "expert_parallel": {"enabled": true, "autoep_size": 2}, "zero_optimization": )" +
-        zero + R"(, "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-          "model": {)" +
-        kMoeModels[0] + R"(, "seq_len": 32, "activation_checkpointing": )" +
-        (checkpointing ? "true" : "false") + R"(},
-          "data": {"train": ")" +
-        (dir / "ep_train_*.bin").string() + R"("},
-          "train": {"steps": 2, "log_interval": 1},
-          "device": {"type": "cpu"}, "output_dir": ")" +
-        out + R"("})";
+    const std::string text = run_config(
+        dir, out,
+        R"("sequence_parallel_size": 2, "expert_parallel": {"enabled": true, "autoep_size": 2})",
+        zero, kMoeModels[0],
+        std::string(R"(, "activation_checkpointing": )") + (checkpointing ? "true" : "false"),
+        bf16);
     const Config config = parse_config_text(text, world, "crosscheck_sp_ep.json");
     train::run_training(config, train::RankInfo{rank, world, rank, world});
     Inputs in = inputs_from_config(config);
@@ -228,17 +253,59 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
     REQUIRE(in.engine.expert_parallel_size == 2);
     in.expert_rows = reached_capacity(out, rank);
     const Estimate e = estimate(in, in.setting());
-    if (rank == 0) {
-      const std::string last = test::last_peak_row(out);
-      const auto peaks = nlohmann::json::parse(last)["mem_peak_bytes"];
-      const CategoryBytes predicted = e.device_peaks();
-      INFO(in.setting().name() << (bf16 ? ", bf16" : ", fp32") << ": " << last);
-      for (MemCategory c : test::kCrosscheckCategories) {
-        INFO(mem_category_name(c));
-        CHECK(at(predicted, c) == peaks[mem_category_name(c)].get<std::int64_t>());
-      }
-      if (!bf16) CHECK(e.device_total() == peaks["total"].get<std::int64_t>());
-    }
+    if (rank == 0) check_peaks(out, e, bf16, in.setting().name() + (bf16 ? ", bf16" : ", fp32"));
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// The MoE layers in tiles of 20 of a rank's 64 rows (model.tiling.mlp_rows; the Qwen2-MoE's
+// dense MLP too) at autoep_size 2: the experts' rows a tile's (the capacity grows from a tile's
+// balanced share), one kept set of them whatever the blocks, and the backward's scratch at a
+// tile's rows; fp32 at stage 2 without checkpointing (the whole device peak) and bf16 at stage 3
+// with optimizer offload and checkpointing.
+TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (world < 2) {
+    WARN("expert parallelism needs at least 2 ranks; world " << world);
+    return;
+  }
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("zrt_test_mem_crosscheck_ep_tiled_np" + std::to_string(world));
+  test::write_crosscheck_corpus(dir, "ep");
+  int run = 0;
+  for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+    for (const auto& [bf16, zero, checkpointing] :
+         {std::tuple{false, R"({"stage": 2, "reduce_bucket_size": 3000})", false},
+          std::tuple{true, R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+              "offload_optimizer": {"device": "cpu"}})",
+                     true}}) {
+      const std::string out = (dir / ("run" + std::to_string(run++))).string();
+      const std::string text = run_config(
+          dir, out, R"("expert_parallel": {"enabled": true, "autoep_size": 2})", zero, model,
+          std::string(R"(, "tiling": {"mlp_rows": 20}, "activation_checkpointing": )") +
+              (checkpointing ? "true" : "false"),
+          bf16);
+      const Config config = parse_config_text(text, world, "crosscheck_ep_tiled.json");
+      train::run_training(config, train::RankInfo{rank, world, rank, world});
+      Inputs in = inputs_from_config(config);
+      REQUIRE(in.mlp_tile_rows == 20);
+      in.expert_rows = reached_capacity(out, rank);
+      const Estimate e = estimate(in, in.setting());
+      Inputs untiled = in;
+      untiled.mlp_tile_rows = -1;
+      CHECK(e.activations() < estimate(untiled, in.setting()).activations());
+      if (rank == 0) {
+        check_peaks(out, e, bf16,
+                    std::string(model) + "\n" + in.setting().name() + (bf16 ? ", bf16" : ", fp32"));
+        // The load is over a whole tile's balanced share (not the short last tile's): within
+        // the worst case's ep x min(k, E/ep) / k = 2.
+        const double load =
+            nlohmann::json::parse(test::last_peak_row(out))["expert_rows_load"].get<double>();
+        CHECK(load >= 1.0);
+        CHECK(load <= 2.0);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
   }
 }

@@ -10,7 +10,8 @@
 //    sp times, moves the losses far past the bound (below);
 //  - the same at ZeRO stage 3 with activation checkpointing (the attention's rerun exchanges
 //    again), and with expert parallelism 2 inside sp 2 (at stage 2, and stage 3 with optimizer
-//    offload): the experts' gradients summed over every chunk's tokens;
+//    offload): the experts' gradients summed over every chunk's tokens, also with the MoE layers
+//    in tiles (model.tiling.mlp_rows: an exchange per tile, each run again in the backward);
 //  - packed documents with masked prompts crossing the chunk boundaries give sp 1's losses;
 //  - a capacity factor with sp > 1 is refused by name (its drops follow a forward's token order).
 #include "tests/train/sp_test_support.h"
@@ -116,13 +117,16 @@ TEST_CASE("a mixture of experts at sp 2 with expert parallelism 2 trains to sp 1
     base.zero = zero;
     base.golden_weights = false;
     const Run sp1 = train_moe(stage3 ? "qwen3_s3_ep1_sp1" : "qwen3_s2_ep1_sp1", base);
-    for (int sp : {1, 2}) {
+    // The last: the MoE layers in tiles of 5 of a rank's 16 rows (a short last tile), each
+    // tile one exchange over the expert-parallel group, run again in the backward.
+    for (const auto& [sp, tiled] : {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
       Job job = moe_job("qwen3-moe-tiny", sp);
       job.zero = zero;
       job.top_keys = R"("expert_parallel": {"enabled": true, "autoep_size": 2},)";
       job.golden_weights = false;
-      const std::string name =
-          std::string(stage3 ? "qwen3_s3" : "qwen3_s2") + "_ep2_sp" + std::to_string(sp);
+      if (tiled) job.model_keys += R"(, "tiling": {"mlp_rows": 5})";
+      const std::string name = std::string(stage3 ? "qwen3_s3" : "qwen3_s2") + "_ep2_sp" +
+                               std::to_string(sp) + (tiled ? "_tiled" : "");
       INFO(name);
       const Run r = train_moe(name, job);
       check_losses(r.losses, sp1.losses, 1e-5);
