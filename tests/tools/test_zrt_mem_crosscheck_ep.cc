@@ -151,21 +151,13 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
               std::string(stage) +
               (offload >= 1 ? R"(, "offload_optimizer": {"device": "cpu"})" : "") +
               (offload == 2 ? R"(, "offload_param": {"device": "cpu"})" : "") + "}";
-          const std::string text = std::string(R"({"train_micro_batch_size_per_gpu": 2,
-                "gradient_accumulation_steps": 2, "bf16": {"enabled": )" +
-                                               std::string(bf16 ? "true" : "false") + R"(},
-                "expert_parallel": {"enabled": true, "autoep_size": )") +
-                                   std::to_string(ep) + R"(}, "zero_optimization": )" + zero + R"(,
-                "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-                "model": {)" + model +
-                                   R"(, "seq_len": 32, "expert_rows_reserve": )" +
-                                   std::to_string(reserve) + R"(, "activation_checkpointing": )" +
-                                   (checkpointing ? "true" : "false") + R"(},
-                "data": {"train": ")" +
-                                   (dir / "ep_train_*.bin").string() + R"("},
-                "train": {"steps": 2, "log_interval": 1},
-                "device": {"type": "cpu"}, "output_dir": ")" +
-                                   out + R"("})";
+          const std::string text = run_config(
+              dir, out,
+              R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(ep) + "}",
+              zero, model,
+              R"(, "expert_rows_reserve": )" + std::to_string(reserve) +
+                  R"(, "activation_checkpointing": )" + (checkpointing ? "true" : "false"),
+              bf16);
           const Config config = parse_config_text(text, world, "crosscheck_ep.json");
           train::run_training(config, train::RankInfo{rank, world, rank, world});
           Inputs in = inputs_from_config(config);

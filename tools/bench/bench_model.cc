@@ -35,11 +35,13 @@ struct ZrtResult {
 };
 
 ZrtResult run_zrt(const ModelDef& model_def, int B, int T, int threads, int iters,
-                  bool checkpointing) {
+                  bool checkpointing, int mlp_tile_rows) {
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("compute");
   kernels::KernelContext ctx(*device, *stream, kernels::KernelOptions{threads});
-  const std::unique_ptr<Model> model_owner = model_def.build(ctx, ModelOptions{checkpointing});
+  ModelOptions options{checkpointing};
+  options.mlp_tile_rows = mlp_tile_rows;
+  const std::unique_ptr<Model> model_owner = model_def.build(ctx, options);
   Model& model = *model_owner;
   FlatParamAccess access(*device, *stream, model.parameters(), model.num_modules(), DType::kFloat32,
                          DType::kFloat32);
@@ -93,17 +95,19 @@ double run_torch(const std::string& python, const std::string& script, const Mod
 
 int model(int argc, char** argv) {
   Args args(argc, argv,
-            {"models", "batch", "seq", "threads", "iters", "checkpointing", "no-torch", "python",
-             "torch-script", "help"});
+            {"models", "batch", "seq", "threads", "iters", "checkpointing", "mlp-tile-rows",
+             "no-torch", "python", "torch-script", "help"});
   if (args.has("help")) {
     std::printf(
         "zrt-bench model [--models gpt2-tiny,gpt2] [--batch 4] [--seq 256] [--threads 1,2]\n"
-        "                [--iters N] [--checkpointing] [--no-torch] [--python PATH]\n"
+        "                [--iters N] [--checkpointing] [--mlp-tile-rows N] [--no-torch]\n"
+        "                [--python PATH]\n"
         "Forward+backward tokens/s of a registry model on the CPU kernels (fp32), next to\n"
         "PyTorch on the same shapes and thread count for GPT-2 when python3 can import torch.\n"
         "--models takes presets or specs such as 'gpt2-tiny:n_layer=4' or 'llama-tiny' (separated\n"
         "by ';' instead of ',' when a spec has commas). --iters defaults to 20\n"
-        "for models under 10M parameters, else 3 (median after one warm-up iteration).\n");
+        "for models under 10M parameters, else 3 (median after one warm-up iteration).\n"
+        "--mlp-tile-rows: model.tiling.mlp_rows (0 automatic, the default; -1 never tiled).\n");
     return 0;
   }
   const std::string model_list = args.get("models", "gpt2-tiny,gpt2");
@@ -114,11 +118,16 @@ int model(int argc, char** argv) {
   for (const auto& t : split_list(args.get("threads", "1,2")))
     thread_counts.push_back(std::stoi(t));
   const bool checkpointing = args.has("checkpointing");
+  const int mlp_tile_rows = static_cast<int>(args.get_double("mlp-tile-rows", 0));
   const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
   const std::string script = torch_script(args.get("torch-script", ""));
 
-  std::printf("# zrt-bench model: forward+backward, fp32, micro-batch %d x seq %d%s\n", B, T,
-              checkpointing ? ", activation checkpointing" : "");
+  std::printf(
+      "# zrt-bench model: forward+backward, fp32, micro-batch %d x seq %d%s, MLP tiles %s\n", B, T,
+      checkpointing ? ", activation checkpointing" : "",
+      mlp_tile_rows == 0    ? "automatic"
+      : mlp_tile_rows == -1 ? "off"
+                            : std::to_string(mlp_tile_rows).c_str());
   const std::string torch_note =
       args.has("no-torch") ? "skipped (--no-torch)"
       : python.empty()     ? "not available (no python3 with torch; apt-get install python3-torch)"
@@ -134,7 +143,7 @@ int model(int argc, char** argv) {
     const int iters = static_cast<int>(
         args.get_double("iters", model_def->num_parameters() < 10'000'000 ? 20 : 3));
     for (int threads : thread_counts) {
-      const ZrtResult z = run_zrt(*model_def, B, T, threads, iters, checkpointing);
+      const ZrtResult z = run_zrt(*model_def, B, T, threads, iters, checkpointing, mlp_tile_rows);
       const double zrt_tps = B * T / z.seconds;
       const double torch_tps = run_torch(python, script, *model_def, B, T, threads, iters);
       // A custom model is labelled by its architecture (gpt2, llama, ...).
