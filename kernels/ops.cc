@@ -15,6 +15,7 @@
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/swiglu.h"
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/op_dispatch.h"
 #include "runtime/common/error.h"
 #include "runtime/device/backend_dispatch.h"
@@ -762,14 +763,10 @@ std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options
     });
     return bytes;
   }
-#if ZRT_HAVE_CUDA
+  // Host arithmetic (attention_plan.h): a build without CUDA plans a CUDA run's workspace too.
   const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
   return backward ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
                   : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
-#else
-  (void)options;
-  return 0;
-#endif
 }
 
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
@@ -785,14 +782,9 @@ std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& opt
     });
     return bytes;
   }
-#if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
   return backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
                   : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
-#else
-  (void)options;
-  return 0;
-#endif
 }
 
 }  // namespace zrt::kernels

@@ -78,8 +78,9 @@ options:
   --cpu-checkpointing       with --activation-checkpointing: the kept block inputs in pinned
                             host memory (activation_checkpointing.cpu_checkpointing)
   --head-tile-rows N, --mlp-tile-rows N
-                            rows per tile of the head and of the Llama MLP (model.tiling:
-                            0 automatic, the default; -1 never tiled)
+                            rows per tile of the head and of the MLP (the Llama's, a mixture
+                            of experts' MoE layers and dense MLPs; model.tiling: 0 automatic,
+                            the default; -1 never tiled)
   --reduce-bucket-size N, --prefetch-bucket-size N, --max-live-parameters N,
   --max-reuse-distance N, --persistence-threshold N
                             zero_optimization knobs (elements; DeepSpeed's defaults, but

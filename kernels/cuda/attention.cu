@@ -167,30 +167,6 @@ FlashKernels fused_kernels(const AttentionKernels& kernels, DType dtype, int T, 
 }
 }  // namespace
 
-AttentionKernels attention_kernels(const KernelOptions& options) {
-  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed};
-}
-
-bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {
-  switch (kernels.fused) {
-    case FusedAttention::kNone:
-      return false;
-    case FusedAttention::kHeadSize64:
-      if (NH <= 0 || C != 64 * NH) return false;
-      break;
-    case FusedAttention::kAll:
-      break;
-  }
-  return flash_attention_supported(dtype, T, C, NH);
-}
-
-std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
-                                         const AttentionKernels& kernels) {
-  if (runs_fused(kernels, dtype, T, C, NH)) return 0;
-  return (4 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
-         static_cast<I64>(sizeof(float));
-}
-
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH, const AttentionKernels& kernels,
                        const std::int32_t* doc_start) {
@@ -221,15 +197,6 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* lse, cons
                          mat, 0.0f, y, CUDA_R_32F, hs, mat, batch);
     unpermute<S, false>(l, out, y, B, T, C, NH, 1);
   });
-}
-
-std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
-                                          const AttentionKernels& kernels) {
-  if (runs_fused(kernels, dtype, T, C, NH)) {
-    return flash_attention_backward_workspace(B, T, NH);
-  }
-  return (7 * static_cast<I64>(B) * T * C + 2 * static_cast<I64>(B) * NH * T * T) *
-         static_cast<I64>(sizeof(float));
 }
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,

@@ -11,33 +11,17 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace zrt::kernels::cuda {
 
-// The attention kernels a context asks for: which shapes run on the fused kernels
-// (KernelOptions::cuda_fused_attention), where the WMMA kernels take the shape (head size 64),
-// whether on them (KernelOptions::cuda_attention_wmma), and whether grouped-query attention
-// packs (gqa_attention.cuh).
-struct AttentionKernels {
-  FusedAttention fused = FusedAttention::kAll;
-  bool wmma = false;
-  // Grouped-query attention by packing q, k, v (KernelOptions::cuda_gqa_packed).
-  bool gqa_packed = false;
-};
-AttentionKernels attention_kernels(const KernelOptions& options);
-// Whether `kernels` runs this shape and storage type on the fused kernels.
-bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH);
-
-// Workspace bytes (l.ws) of each pass: none for the fused forward.
-std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
-                                         const AttentionKernels& kernels = {});
+// The kernels' choice (AttentionKernels, runs_fused) and each pass's workspace (l.ws:
+// attention_forward_workspace, attention_backward_workspace): attention_plan.h.
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH, const AttentionKernels& kernels = {},
                        const std::int32_t* doc_start = nullptr);
 
-std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
-                                          const AttentionKernels& kernels = {});
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, int B, int T, int C, int NH,
                         const AttentionKernels& kernels = {},

@@ -23,6 +23,8 @@ constexpr int kTile = 64;
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kHeadSize = 64;
+static_assert(kTile == kFlashTile && kHeadSize == kFlashWmmaHeadSize,
+              "attention_plan.h plans the shapes these kernels take");
 // Scratch row strides, padded off a multiple of 32 banks: fp32 scores and 16-bit probabilities.
 constexpr int kScoreLd = kTile + 4;
 constexpr int kProbLd = kTile + 8;
@@ -446,13 +448,6 @@ void row_dot(const Launch& l, DType dtype, float* rowdot, const void* dout, cons
 
 }  // namespace
 
-bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels kernels) {
-  const bool head_size = kernels == FlashKernels::kMma ? flash_mma_head_size_supported(C, NH)
-                                                       : NH > 0 && C == NH * kHeadSize;
-  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && head_size && T > 0 &&
-         T % kTile == 0;
-}
-
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
                              int B, int T, int C, int NH, FlashKernels kernels,
                              const std::int32_t* doc_start) {
@@ -476,10 +471,6 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
     }
     ZRT_CUDA_LAUNCH_CHECK();
   });
-}
-
-std::int64_t flash_attention_backward_workspace(int B, int T, int NH) {
-  return static_cast<I64>(B) * NH * T * static_cast<I64>(sizeof(float));
 }
 
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
@@ -528,10 +519,6 @@ HeadRows grouped_head_rows(const void* q, const void* k, const void* v, int NH, 
   return {q, k, v, NH * hs, NKV * hs, NH / NKV};
 }
 }  // namespace
-
-bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs) {
-  return NKV > 0 && NH % NKV == 0 && flash_attention_supported(dtype, T, NH * hs, NH);
-}
 
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,

@@ -21,19 +21,17 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace zrt::kernels::cuda {
 
-// Two implementations of the same kernels: kMma (flash_attention_mma.cuh: mma.sync with the
-// scores kept in registers, the default) and kWmma (this file: the WMMA API, the scores through
-// shared memory; slower, kept as the second opinion the GPU tests compare against; head size 64
-// only).
-enum class FlashKernels { kMma, kWmma };
-
-// Whether `kernels` take this shape and storage type.
-bool flash_attention_supported(DType dtype, int T, int C, int NH,
-                               FlashKernels kernels = FlashKernels::kMma);
+// Two implementations of the same kernels (attention_plan.h's FlashKernels): kMma
+// (flash_attention_mma.cuh: mma.sync with the scores kept in registers, the default) and kWmma
+// (this file: the WMMA API, the scores through shared memory; slower, kept as the second opinion
+// the GPU tests compare against; head size 64 only). Which shapes they take
+// (flash_attention_supported, flash_gqa_supported) and the backward's workspace
+// (flash_attention_backward_workspace): attention_plan.h.
 
 // out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
@@ -41,7 +39,6 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
                              const std::int32_t* doc_start = nullptr);
 
 // l.ws: flash_attention_backward_workspace bytes (the row term D, (B,NH,T) fp32).
-std::int64_t flash_attention_backward_workspace(int B, int T, int NH);
 // dqkv (B,T,3C) += the gradients; dout, out (B,T,C); lse from the forward.
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
@@ -54,7 +51,6 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
 // Llama-3.1-8B at 128K tokens 16 MiB, against 6.5 GB of packed q, k, v and their gradient). The
 // backward adds to dq, dk, dv; dk and dv are each group's sum, kept in fp32 and rounded once.
 // Takes what flash_attention_supported(kMma) takes at C = NH*hs; rows 16-byte aligned.
-bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs);
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                        const std::int32_t* doc_start = nullptr);

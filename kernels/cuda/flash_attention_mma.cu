@@ -16,6 +16,7 @@ using I64 = std::int64_t;
 // 64 or 128 (a template parameter); a block writes COLS of its rows' HS output columns (grid.z =
 // HS / COLS blocks per tile), which bounds the accumulators a thread keeps at COLS / 2 floats.
 constexpr int kTile = 64;
+static_assert(kTile == kFlashTile, "attention_plan.h plans the shapes these kernels take");
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 // Staged row stride (elements) of a tile of HS columns: HS/2 + 4 words, 4 modulo the 32 banks
@@ -540,10 +541,6 @@ void with_documents(const std::int32_t* doc_start, F&& f) {
 }
 
 }  // namespace
-
-bool flash_mma_head_size_supported(int C, int NH) {
-  return NH > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
-}
 
 HeadRows packed_head_rows(const void* qkv, DType dtype, int C) {
   const auto* base = static_cast<const char*>(qkv);

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace zrt::kernels::cuda {
@@ -37,8 +38,8 @@ struct HeadGradients {
 HeadRows packed_head_rows(const void* qkv, DType dtype, int C);
 HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C);
 
-// Whether the head size C / NH is one these kernels are built for (64 or 128).
-bool flash_mma_head_size_supported(int C, int NH);
+// Which head sizes these kernels are built for: attention_plan.h's
+// flash_mma_head_size_supported (64 or 128).
 
 // out (B,T,C = NH*hs), lse (B,NH,T). doc_start: packed documents as flash_attention.cuh's (null:
 // one document per sequence).

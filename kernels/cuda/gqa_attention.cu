@@ -68,14 +68,6 @@ __global__ void unpack_gqa_dqkv_kernel(S* dq, S* dk, S* dv, const S* dqkv, int B
   }
 }
 
-I64 round_up(I64 bytes) {
-  return (bytes + 255) / 256 * 256;
-}
-
-I64 packed_bytes(DType dtype, int B, int T, int NH, int hs) {
-  return round_up(static_cast<I64>(B) * T * 3 * NH * hs * static_cast<I64>(dtype_size(dtype)));
-}
-
 // `l` with its workspace moved `offset` bytes on: the attention call's share.
 Launch after(const Launch& l, I64 offset) {
   Launch sub = l;
@@ -95,21 +87,6 @@ void pack(const Launch& l, void* qkv, const void* q, const void* k, const void* 
 
 }  // namespace
 
-bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
-                       int hs) {
-  const int C = NH * hs;
-  return !kernels.gqa_packed && runs_fused(kernels, dtype, T, C, NH) &&
-         !(kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)) &&
-         flash_gqa_supported(dtype, T, NH, NKV, hs);
-}
-
-std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
-                                             const AttentionKernels& kernels) {
-  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) return 0;
-  return packed_bytes(dtype, B, T, NH, hs) +
-         attention_forward_workspace(dtype, B, T, NH * hs, NH, kernels);
-}
-
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                            const AttentionKernels& kernels, const std::int32_t* doc_start) {
@@ -123,17 +100,8 @@ void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, 
     using S = typename decltype(s)::type;
     pack<S>(l, qkv, q, k, v, B, T, NH, group, hs);
   });
-  attention_forward(after(l, packed_bytes(dtype, B, T, NH, hs)), dtype, out, lse, qkv, B, T,
+  attention_forward(after(l, gqa_packed_bytes(dtype, B, T, NH, hs)), dtype, out, lse, qkv, B, T,
                     NH * hs, NH, kernels, doc_start);
-}
-
-std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
-                                              const AttentionKernels& kernels) {
-  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
-    return flash_attention_backward_workspace(B, T, NH);
-  }
-  return 2 * packed_bytes(dtype, B, T, NH, hs) +
-         attention_backward_workspace(dtype, B, T, NH * hs, NH, kernels);
 }
 
 void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
@@ -146,7 +114,7 @@ void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, vo
     return;
   }
   const int group = NH / NKV;
-  const I64 packed = packed_bytes(dtype, B, T, NH, hs);
+  const I64 packed = gqa_packed_bytes(dtype, B, T, NH, hs);
   void* qkv = l.ws;
   void* dqkv = static_cast<char*>(l.ws) + packed;
   with_storage(dtype, [&](auto s) {

@@ -18,19 +18,14 @@
 
 namespace zrt::kernels::cuda {
 
-// kernels: attention.cuh's choice of the fused or batched kernels, and of the packed path.
-// Whether these shapes run in place (the workspace functions follow it).
-bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
-                       int hs);
-std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
-                                             const AttentionKernels& kernels = {});
+// kernels: attention_plan.h's choice of the fused or batched kernels, and of the packed path;
+// whether these shapes run in place (gqa_runs_in_place) and each pass's workspace
+// (gqa_attention_forward_workspace, gqa_attention_backward_workspace) are there too.
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                            const AttentionKernels& kernels = {},
                            const std::int32_t* doc_start = nullptr);
 
-std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
-                                              const AttentionKernels& kernels = {});
 void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* k, const void* v,
                             const void* out, const float* lse, int B, int T, int NH, int NKV,

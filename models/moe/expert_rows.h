@@ -2,8 +2,9 @@
 // under expert parallelism (expert_parallel.autoep_size ep > 1), sized from the routing instead
 // of for its worst case.
 //
-// Per kept activation set (one per block, or one under activation checkpointing) the experts'
-// input rows and their SwiGLU values, kept from a layer's forward to its backward:
+// Per kept activation set (one per block, or one under activation checkpointing, or one when the
+// MoE layers run in tiles: a tile's rows, computed again in the backward) the experts' input rows
+// and their SwiGLU values, kept from a layer's forward to its backward:
 //   xl (R, C), gate, up, h (R, I)
 // and one scratch every forward and backward overwrites before reading:
 //   staging (R, C)       where the exchanges land before the reorder (ExpertDispatch)
@@ -11,10 +12,11 @@
 //                        the experts' input gradients (backward): never live at once
 //   dh, dgate, dup (R, I) the SwiGLU's gradients (the layer zeroes dgate, dup before adding)
 // R is the rows a layer's local experts receive: between 0 and ep x N x min(k, E/ep) (every rank
-// of the group routing each token's pairs here; worst_rows) for N tokens a rank, N x k when the
-// routing is balanced. Sizing every buffer for the worst case makes expert parallelism cost
-// memory instead of saving it (ep x the balanced share where E/ep >= k: Qwen3-30B-A3B at ep 8
-// holds 8x what it computes), so the buffers hold `capacity` rows instead:
+// of the group routing each token's pairs here; worst_rows) for N tokens a rank (a tile's rows
+// when the MoE layers run in tiles), N x k when the routing is balanced. Sizing every buffer for
+// the worst case makes expert parallelism cost memory instead of saving it (ep x the balanced
+// share where E/ep >= k: Qwen3-30B-A3B at ep 8 holds 8x what it computes), so the buffers hold
+// `capacity` rows instead:
 //   - at first model.expert_rows_reserve x the balanced share (rounded up to the granule, N x k
 //     / 16, and at most the worst case): initial_rows();
 //   - when a layer's exchanged counts ask for more (DispatchPlan::local_rows, on the host before

@@ -766,15 +766,15 @@ TEST_CASE("--sp: a rank holds its chunk's activations, attention's workspace spa
   CHECK(status != 0);
 }
 
-#if ZRT_HAVE_CUDA
-// A CUDA build plans the GPU's grouped-query attention by the kernels' own size functions
-// (host code: no GPU needed). Llama-3.1-8B's attention (32 query heads of 128 over 8 key/value
+// Every build, one without CUDA too (a login node's), plans the GPU's grouped-query attention by
+// the kernels' own size functions (kernels/cuda/attention_plan.h: host code, no GPU or CUDA
+// toolkit needed). Llama-3.1-8B's attention (32 query heads of 128 over 8 key/value
 // heads) at 128K tokens in bf16: the fused kernels read q, k, v in place, so the backward's
 // workspace is its (B,NH,T) fp32 row term alone, 16 MiB, where packing q and the repeated k, v
 // (KernelOptions::cuda_gqa_packed, and any shape the fused kernels do not take) costs two
 // (B,T,3C) bf16 tensors on top, 6 GiB. The plan of configs/gpu-llama-3.1-8b-offload.json at
 // 128K follows it: zrt-mem counts the kernel workspace at the in-place size.
-TEST_CASE("a CUDA build plans grouped-query attention in place: 16 MiB at 128K, not 6 GiB") {
+TEST_CASE("zrt-mem plans CUDA's grouped-query attention in place: 16 MiB at 128K, not 6 GiB") {
   const int T = 131072, NH = 32, NKV = 8, hs = 128;
   const std::int64_t row_term = std::int64_t{NH} * T * 4;         // B = 1, fp32
   const std::int64_t packed = std::int64_t{T} * 3 * NH * hs * 2;  // (B,T,3C) bf16
@@ -794,6 +794,12 @@ TEST_CASE("a CUDA build plans grouped-query attention in place: 16 MiB at 128K, 
   // A length the fused kernels do not take (not a multiple of 64) packs whatever is asked.
   CHECK(bytes(in_place, 4000, true) == bytes(packing, 4000, true));
   CHECK(bytes(in_place, 4000, true) > 2 * std::int64_t{4000} * 3 * NH * hs * 2);
+  // fp32 takes the batched kernels: the packed qkv in fp32, then the fp32 q, k, v, y and the
+  // (B,NH,T,T) scores (the term a plan without it would miss: 2 GiB at 4096 tokens).
+  const std::int64_t t = 4096, C = std::int64_t{NH} * hs;
+  CHECK(kernels::gqa_attention_workspace_bytes(false, in_place, DType::kFloat32, 1, 4096, NH, NKV,
+                                               hs, false) ==
+        t * 3 * C * 4 + (4 * t * C + NH * t * t) * 4);
 
   const std::shared_ptr<const ModelDef> llama =
       builtin_models().parse_spec("llama-3.1-8b:seq_len=131072");
@@ -808,7 +814,6 @@ TEST_CASE("a CUDA build plans grouped-query attention in place: 16 MiB at 128K, 
   CHECK(e.kernel_workspace >= row_term);
   CHECK(e.kernel_workspace < packed / 8);
 }
-#endif
 
 TEST_CASE("--sp: the device bytes a token adds shrink about as 1/sp (the long-sequence config)") {
   // configs/long-sequence-cpu.json's model (12 layers of 256, 4 query heads of 64 over 2

@@ -1,0 +1,94 @@
+#include "kernels/cuda/attention_plan.h"
+
+namespace zrt::kernels::cuda {
+
+namespace {
+
+using I64 = std::int64_t;
+
+I64 round_up(I64 bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+AttentionKernels attention_kernels(const KernelOptions& options) {
+  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed};
+}
+
+bool flash_mma_head_size_supported(int C, int NH) {
+  return NH > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);
+}
+
+bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels kernels) {
+  const bool head_size = kernels == FlashKernels::kMma ? flash_mma_head_size_supported(C, NH)
+                                                       : NH > 0 && C == NH * kFlashWmmaHeadSize;
+  return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && head_size && T > 0 &&
+         T % kFlashTile == 0;
+}
+
+bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs) {
+  return NKV > 0 && NH % NKV == 0 && flash_attention_supported(dtype, T, NH * hs, NH);
+}
+
+bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {
+  switch (kernels.fused) {
+    case FusedAttention::kNone:
+      return false;
+    case FusedAttention::kHeadSize64:
+      if (NH <= 0 || C != 64 * NH) return false;
+      break;
+    case FusedAttention::kAll:
+      break;
+  }
+  return flash_attention_supported(dtype, T, C, NH);
+}
+
+bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
+                       int hs) {
+  const int C = NH * hs;
+  // The WMMA kernels read packed rows only.
+  return !kernels.gqa_packed && runs_fused(kernels, dtype, T, C, NH) &&
+         !(kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)) &&
+         flash_gqa_supported(dtype, T, NH, NKV, hs);
+}
+
+I64 flash_attention_backward_workspace(int B, int T, int NH) {
+  return static_cast<I64>(B) * NH * T * static_cast<I64>(sizeof(float));
+}
+
+I64 attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
+                                const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) return 0;
+  return (4 * static_cast<I64>(B) * T * C + static_cast<I64>(B) * NH * T * T) *
+         static_cast<I64>(sizeof(float));
+}
+
+I64 attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
+                                 const AttentionKernels& kernels) {
+  if (runs_fused(kernels, dtype, T, C, NH)) return flash_attention_backward_workspace(B, T, NH);
+  return (7 * static_cast<I64>(B) * T * C + 2 * static_cast<I64>(B) * NH * T * T) *
+         static_cast<I64>(sizeof(float));
+}
+
+I64 gqa_packed_bytes(DType dtype, int B, int T, int NH, int hs) {
+  return round_up(static_cast<I64>(B) * T * 3 * NH * hs * static_cast<I64>(dtype_size(dtype)));
+}
+
+I64 gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
+                                    const AttentionKernels& kernels) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) return 0;
+  return gqa_packed_bytes(dtype, B, T, NH, hs) +
+         attention_forward_workspace(dtype, B, T, NH * hs, NH, kernels);
+}
+
+I64 gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
+                                     const AttentionKernels& kernels) {
+  if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
+    return flash_attention_backward_workspace(B, T, NH);
+  }
+  return 2 * gqa_packed_bytes(dtype, B, T, NH, hs) +
+         attention_backward_workspace(dtype, B, T, NH * hs, NH, kernels);
+}
+
+}  // namespace zrt::kernels::cuda

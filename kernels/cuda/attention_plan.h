@@ -1,0 +1,70 @@
+// Which CUDA attention kernels a shape runs on, and the workspace each pass asks for: pure
+// functions of the shapes and the KernelOptions, without CUDA, so that every build (a login
+// node's zrt-mem without the CUDA toolkit included) plans a CUDA run's attention workspace as the
+// CUDA backend allocates it. The kernels (attention.cuh, flash_attention.cuh,
+// flash_attention_mma.cuh, gqa_attention.cuh) follow these rules; their headers include this one.
+//
+//   fused    bf16/fp16, head size 64 or 128 (the mma.sync kernels; the WMMA ones 64 only), T a
+//            multiple of 64, as KernelOptions::cuda_fused_attention allows: no forward workspace,
+//            the backward's (B,NH,T) fp32 row term
+//   batched  everything else: q, k, v, y permuted to fp32 (4 B*T*C) and the (B,NH,T,T) scores;
+//            the backward 7 B*T*C and two (B,NH,T,T)
+//   grouped-query attention in place where the fused mma kernels take the shape (no packing);
+//            else q and the repeated key/value heads packed into the (B,T,3C) layout first (the
+//            backward packs the gradients too), then the attention's own workspace after it
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel_context.h"
+#include "runtime/common/dtype.h"
+
+namespace zrt::kernels::cuda {
+
+// The fused kernels' query/key tile (T must be a multiple) and the WMMA kernels' head size.
+constexpr int kFlashTile = 64;
+constexpr int kFlashWmmaHeadSize = 64;
+
+// Two implementations of the fused kernels: kMma (flash_attention_mma.cuh, the default) and kWmma
+// (flash_attention.cuh: the WMMA API, head size 64 only; the second opinion the GPU tests use).
+enum class FlashKernels { kMma, kWmma };
+
+// The attention kernels a context asks for: which shapes run on the fused kernels
+// (KernelOptions::cuda_fused_attention), where the WMMA kernels take the shape (head size 64),
+// whether on them (KernelOptions::cuda_attention_wmma), and whether grouped-query attention
+// packs (KernelOptions::cuda_gqa_packed).
+struct AttentionKernels {
+  FusedAttention fused = FusedAttention::kAll;
+  bool wmma = false;
+  bool gqa_packed = false;
+};
+AttentionKernels attention_kernels(const KernelOptions& options);
+
+// Whether the head size C / NH is one the mma kernels are built for (64 or 128).
+bool flash_mma_head_size_supported(int C, int NH);
+// Whether `kernels` take this shape and storage type.
+bool flash_attention_supported(DType dtype, int T, int C, int NH,
+                               FlashKernels kernels = FlashKernels::kMma);
+// Grouped-query attention in place on the mma kernels: what flash_attention_supported(kMma)
+// takes at C = NH*hs, with NH a multiple of NKV.
+bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs);
+// Whether `kernels` runs this shape and storage type on the fused kernels.
+bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH);
+// Whether grouped-query attention runs in place for these shapes (else it packs).
+bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
+                       int hs);
+
+// Workspace bytes of each pass (Launch::ws).
+std::int64_t flash_attention_backward_workspace(int B, int T, int NH);
+std::int64_t attention_forward_workspace(DType dtype, int B, int T, int C, int NH,
+                                         const AttentionKernels& kernels = {});
+std::int64_t attention_backward_workspace(DType dtype, int B, int T, int C, int NH,
+                                          const AttentionKernels& kernels = {});
+// The packed (B,T,3*NH*hs) qkv of grouped-query attention's packed path (256-byte rounded).
+std::int64_t gqa_packed_bytes(DType dtype, int B, int T, int NH, int hs);
+std::int64_t gqa_attention_forward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
+                                             const AttentionKernels& kernels = {});
+std::int64_t gqa_attention_backward_workspace(DType dtype, int B, int T, int NH, int NKV, int hs,
+                                              const AttentionKernels& kernels = {});
+
+}  // namespace zrt::kernels::cuda
