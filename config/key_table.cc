@@ -708,8 +708,9 @@ std::vector<KeyInfo> build_table() {
           .on_auto(AutoRule::kDefault)
           .zrt(),
       K("model.tiling.mlp_rows", I, kInt, "auto",
-        "Llama family: rows per tile of the SwiGLU MLP (gate, up and h recomputed per tile in the "
-        "backward); auto (0): tiles of about 1 GiB once the whole would pass 4 GiB; -1: never")
+        "Llama family and mixtures of experts: rows per tile of the SwiGLU MLP and of the MoE "
+        "layers (gate, up and h, and a MoE layer's routing and experts, recomputed per tile in "
+        "the backward); auto (0): tiles of about 1 GiB once the whole would pass 4 GiB; -1: never")
           .range(-1)
           .on_auto(AutoRule::kDefault)
           .zrt(),
