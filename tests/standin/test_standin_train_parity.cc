@@ -165,6 +165,14 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 8, "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 8,
             "num_experts_per_tok": 3, "moe_intermediate_size": 12, "router_aux_loss_coef": 0.02)"});
+    // The same with the MoE layers in tiles of 20 rows (model.tiling.mlp_rows): an exchange per
+    // tile, each run again in the backward, the local experts' rows a tile's.
+    cases.push_back(
+        {"stage3_ep_tiled", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2, false,
+         R"(, "expert_rows_reserve": 1, "tiling": {"mlp_rows": 20}}, "expert_parallel": )"
+         R"({"enabled": true, "autoep_size": )" +
+             std::to_string(world),
+         cases.back().model});
   }
   for (const auto& [name, zero, accumulation, host_staged, model_extra, model] : cases) {
     SECTION(name) {
