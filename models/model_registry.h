@@ -126,6 +126,21 @@ class ModelDef {
   // nor tiling: activation_bytes on the device, nothing on the host.
   // At sequence parallelism (options' group or planned size, sp) T is a rank's chunk of each
   // sequence, the whole sequence being sp * T.
+  // The rows a pass's tiled operations take at a time (model.tiling, models/transformer/
+  // tiling.h), T as in activation_footprint: each B * T where whole, 0 where the model has no
+  // such operation (zrt-mem reports them).
+  struct TileRows {
+    int head = 0;  // the head's logits, loss and backward
+    int mlp = 0;   // the SwiGLU MLP: the Llama family's, a mixture of experts' dense layers
+    int moe = 0;   // a mixture of experts' MoE layers
+  };
+  virtual TileRows tile_rows(int B, int T, DType dtype, const ModelOptions& options) const {
+    (void)B;
+    (void)T;
+    (void)dtype;
+    (void)options;
+    return {};
+  }
   virtual ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                                    const ModelOptions& options) const {
     return {activation_bytes(B, T, dtype, options.activation_checkpointing), 0};

@@ -18,6 +18,7 @@
 #include "models/safetensors.h"
 #include "models/transformer/checkpoint_offload.h"
 #include "models/transformer/tiling.h"
+#include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
@@ -45,6 +46,12 @@ class GptDef final : public transformer::TransformerDefOf<GptDef, GptConfig, Gpt
   std::int64_t activation_bytes(int B, int T, DType dtype,
                                 bool activation_checkpointing) const override {
     return gpt::activation_bytes(config(), B, T, dtype, activation_checkpointing);
+  }
+  TileRows tile_rows(int B, int T, DType dtype, const ModelOptions& options) const override {
+    return {transformer::head_tile_rows(
+                config().vocab_size, transformer::transformer_options(options), std::int64_t{B} * T,
+                static_cast<std::int64_t>(dtype_size(dtype))),
+            0, 0};
   }
   ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                            const ModelOptions& options) const override {

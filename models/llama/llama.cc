@@ -209,9 +209,7 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
                                       int sets) {
   const auto& [C, I, hd, NH, NKV, Q, KV] = widths;
   const I64 N = s.N(), S = s.S;
-  // The MLP's six (N,I) tensors per row decide its tiling: gate, up, h, dh, dgate, dup.
-  mlp_rows = transformer::tile_rows(s.mlp_tile_setting, N, 6 * I64{I} * S,
-                                    transformer::kMlpTileBudgetBytes);
+  mlp_rows = transformer::swiglu_tile_rows(I, s.mlp_tile_setting, N, S);
   mlp_tiled = mlp_rows < N;
   const I64 mlp_rows_planned = mlp_rows;
   kept.assign(static_cast<std::size_t>(sets), Kept());

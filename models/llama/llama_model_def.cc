@@ -16,6 +16,8 @@
 #include "models/llama/llama.h"
 #include "models/model_registry.h"
 #include "models/safetensors.h"
+#include "models/transformer/swiglu_mlp_tiles.h"
+#include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
@@ -46,6 +48,12 @@ class LlamaDef final : public transformer::TransformerDefOf<LlamaDef, LlamaConfi
   std::int64_t activation_bytes(int B, int T, DType dtype,
                                 bool activation_checkpointing) const override {
     return Llama::activation_bytes(config(), B, T, dtype, activation_checkpointing);
+  }
+  TileRows tile_rows(int B, int T, DType dtype, const ModelOptions& options) const override {
+    const LlamaOptions o = transformer::transformer_options(options);
+    const std::int64_t N = std::int64_t{B} * T, S = static_cast<std::int64_t>(dtype_size(dtype));
+    return {transformer::head_tile_rows(config().vocab_size, o, N, S),
+            transformer::swiglu_tile_rows(config().intermediate_size, o.mlp_tile_rows, N, S), 0};
   }
   ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                            const ModelOptions& options) const override {

@@ -355,9 +355,7 @@ int MoeModel::moe_tile_rows(const MoeConfig& c, int setting, std::int64_t N, std
 }
 
 int MoeModel::dense_tile_rows(const MoeConfig& c, int setting, std::int64_t N, std::int64_t S) {
-  // The dense MLP's six (N,I) tensors per row, as the Llama family's.
-  return transformer::tile_rows(setting, N, 6 * I64{c.intermediate_size} * S,
-                                transformer::kMlpTileBudgetBytes);
+  return transformer::swiglu_tile_rows(c.intermediate_size, setting, N, S);
 }
 
 void MoeModel::Activations::plan_moe_set(ActivationPlanner& p, MoeKept& m, std::int64_t rows,

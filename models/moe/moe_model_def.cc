@@ -13,6 +13,7 @@
 #include "models/moe/moe_hf.h"
 #include "models/moe/moe_model.h"
 #include "models/safetensors.h"
+#include "models/transformer/transformer_activations.h"
 #include "models/transformer/transformer_def.h"
 #include "runtime/common/error.h"
 
@@ -80,6 +81,16 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
   // Under expert parallelism the local experts' rows at options.planned_expert_rows, or where
   // expert_rows_reserve starts them (models/moe/expert_rows.h), and the dispatch's count
   // vectors.
+  TileRows tile_rows(int B, int T, DType dtype, const ModelOptions& options) const override {
+    const MoeOptions o = transformer::transformer_options(options);
+    const MoeConfig& c = config();
+    const std::int64_t N = std::int64_t{B} * T, S = static_cast<std::int64_t>(dtype_size(dtype));
+    const int moe_layers = c.num_moe_layers();
+    return {
+        transformer::head_tile_rows(c.vocab_size, o, N, S),
+        moe_layers < c.num_hidden_layers ? MoeModel::dense_tile_rows(c, o.mlp_tile_rows, N, S) : 0,
+        moe_layers > 0 ? MoeModel::moe_tile_rows(c, o.mlp_tile_rows, N, S) : 0};
+  }
   ActivationFootprint activation_footprint(int B, int T, DType dtype,
                                            const ModelOptions& options) const override {
     const ExpertPartition experts = partition_for(options);

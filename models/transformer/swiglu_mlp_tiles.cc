@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/ops.h"
+#include "models/transformer/tiling.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
 
@@ -25,6 +26,10 @@ void tile_values(kernels::KernelContext& ctx, DType dt, const SwigluWeights& w, 
 }
 
 }  // namespace
+
+int swiglu_tile_rows(int I, int setting, std::int64_t N, std::int64_t S) {
+  return tile_rows(setting, N, 6 * I64{I} * S, kMlpTileBudgetBytes);
+}
 
 void swiglu_mlp_tiled_forward(kernels::KernelContext& ctx, DType dt, const SwigluWeights& w,
                               const SwigluTile& t, Bytes x, Bytes out, int N, int C, int I) {

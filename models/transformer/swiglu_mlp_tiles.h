@@ -17,6 +17,11 @@ struct SwigluWeights {
   DevicePtr<std::byte> gate, up, down;
 };
 
+// The rows a tile of the MLP of width I takes for a pass of N rows (`S` bytes an element) under
+// `setting` (model.tiling.mlp_rows; tiling.h's rule over its six (rows, I) tensors: gate, up, h,
+// dh, dgate, dup), N when whole.
+int swiglu_tile_rows(int I, int setting, std::int64_t N, std::int64_t S);
+
 // One tile's tensors, (rows, I) each: the forward's gate, up and h, and the backward's dh, dgate
 // and dup (the backward zeroes dgate and dup per tile before swiglu_backward adds into them).
 struct SwigluTile {

@@ -53,7 +53,12 @@ std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOp
 int head_tile_rows(const TransformerSpec& spec, const TransformerOptions& options, std::int64_t N,
                    std::int64_t S, bool whole_logits) {
   if (whole_logits) return static_cast<int>(N);
-  return tile_rows(options.head_tile_rows, N, kernels::logits_row_stride(spec.vocab_size) * S,
+  return head_tile_rows(spec.vocab_size, options, N, S);
+}
+
+int head_tile_rows(int vocab_size, const TransformerOptions& options, std::int64_t N,
+                   std::int64_t S) {
+  return tile_rows(options.head_tile_rows, N, kernels::logits_row_stride(vocab_size) * S,
                    kHeadTileBudgetBytes);
 }
 

@@ -70,6 +70,9 @@ struct TransformerActs {
 // keeps them, transformer_model.h), else TransformerOptions::head_tile_rows resolved by tiling.h.
 int head_tile_rows(const TransformerSpec& spec, const TransformerOptions& options, std::int64_t N,
                    std::int64_t S, bool whole_logits);
+// The same for a vocabulary of `vocab_size` and a pass with targets (the model defs' planning).
+int head_tile_rows(int vocab_size, const TransformerOptions& options, std::int64_t N,
+                   std::int64_t S);
 
 // Lays a (B, T, dtype) pass out: returns its bytes and, if base is set, points the fields of
 // `acts` and `blocks` into it. `whole_logits`: (N,V) logits whatever the tiling.

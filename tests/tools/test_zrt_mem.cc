@@ -930,3 +930,26 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
   run_tool("--model qwen3-moe-tiny --world 4 --ep 2 --stage 0", &status);
   CHECK(status != 0);
 }
+
+// The tiles zrt-mem plans (model.tiling), a line after the micro-batch's: the automatic rule on
+// Llama-3.1-8B at 128K tokens in bf16 (the head's 64 MiB of logits: 256 rows of the padded
+// 128 256-word vocabulary; the MLP's six (rows, 14 336) tensors in about 1 GiB: 6 208 rows), an
+// explicit count on a mixture of experts with a dense layer (its MoE layers and dense MLP alike,
+// the short last tile counted), and GPT-2, which tiles its head only.
+TEST_CASE("zrt-mem reports the rows and tiles of the tiled head, MLP and MoE layers") {
+  int status = 0;
+  std::string out =
+      run_tool("--model llama-3.1-8b:seq_len=131072 --seq 131072 --activation-checkpointing",
+               &status);
+  INFO(out);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("tiles of the 131072 rows a pass (model.tiling): head 256 rows "
+                                  "(512 tiles), MLP 6208 rows (22 tiles)\n"));
+  out = run_tool("--model qwen2-moe-tiny --seq 64 --mlp-tile-rows 20", &status);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("tiles of the 64 rows a pass (model.tiling): head whole, MLP 20 "
+                                  "rows (4 tiles), MoE layers 20 rows (4 tiles)\n"));
+  out = run_tool("--model gpt2 --seq 1024", &status);
+  CHECK(status == 0);
+  CHECK_THAT(out, Catch::Contains("tiles of the 1024 rows a pass (model.tiling): head whole\n"));
+}

@@ -1,8 +1,11 @@
 #include "tools/mem/mem_report.h"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "runtime/common/dtype.h"
 #include "runtime/engine/engine_parallel_dims.h"
@@ -98,6 +101,26 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
         in.activation_checkpointing
             ? (in.cpu_checkpointing ? "on, block inputs in host memory" : "on")
             : "off");
+    // The tiled operations (model.tiling): how many rows a tile takes and how many tiles a
+    // forward runs; each is computed again in the backward.
+    const int rows = in.micro_batch * (in.seq_len / sp);
+    const ModelDef::TileRows tiles =
+        in.model->def->tile_rows(in.micro_batch, in.seq_len / sp, o.compute_dtype,
+                                 in.model_options(in.activation_checkpointing));
+    std::vector<std::string> parts;
+    const auto part = [&](const char* what, int tile) {
+      if (tile <= 0) return;
+      parts.push_back(tile >= rows ? fmt::format("{} whole", what)
+                                   : fmt::format("{} {} rows ({} tiles)", what, tile,
+                                                 (rows + tile - 1) / tile));
+    };
+    part("head", tiles.head);
+    part("MLP", tiles.mlp);
+    part("MoE layers", tiles.moe);
+    if (!parts.empty()) {
+      out += fmt::format("  tiles of the {} rows a pass (model.tiling): {}\n", rows,
+                         fmt::join(parts, ", "));
+    }
   }
   const int ep = o.expert_parallel_size;
   if (ep > 1 && in.model && in.model->def) {
