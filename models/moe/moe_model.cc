@@ -476,15 +476,21 @@ void MoeModel::Activations::plan_backward(ActivationPlanner& p, const transforme
       p.bytes(&moe.dslogit, Nm * S);
     }
   }
-  if (moe_tiled) {  // one tile's: each tile zeroes them before its backward adds into them
-    if (ep == 1) {
-      p.bytes(&moe.dgate, Nm * K * Ie * S);
-      p.bytes(&moe.dup, Nm * K * Ie * S);
-    }
-    if (Is > 0) {
-      p.bytes(&moe.dsgate, Nm * Is * S);
-      p.bytes(&moe.dsup, Nm * Is * S);
-    }
+  // One tile's: each tile zeroes them before its backward adds into them.
+  if (moe_tiled) plan_moe_swiglu_gradients(p, Nm, S);
+}
+
+void MoeModel::Activations::plan_moe_swiglu_gradients(ActivationPlanner& p, std::int64_t rows,
+                                                      std::int64_t S) {
+  const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
+  const I64 Is = c.shared_expert_intermediate_size;
+  if (ep == 1) {  // under expert parallelism ExpertRows' (R, Ie) scratch
+    p.bytes(&moe.dgate, rows * K * Ie * S);
+    p.bytes(&moe.dup, rows * K * Ie * S);
+  }
+  if (Is > 0) {
+    p.bytes(&moe.dsgate, rows * Is * S);
+    p.bytes(&moe.dsup, rows * Is * S);
   }
 }
 
@@ -493,9 +499,6 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
   const I64 N = s.N(), S = s.S, I = c.intermediate_size;
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
-  const I64 Ie = c.moe_intermediate_size;
-  const I64 Is = c.shared_expert_intermediate_size;
-  const I64 K = c.num_experts_per_tok;
   p.bytes(&dq, N * Q * S);
   p.bytes(&dk, N * heads.KV_full * S);
   p.bytes(&dv, N * heads.KV_full * S);
@@ -507,16 +510,7 @@ void MoeModel::Activations::plan_accumulated(ActivationPlanner& p,
     p.bytes(&dgate, N * I * S);
     p.bytes(&dup, N * I * S);
   }
-  if (any_moe && !moe_tiled) {
-    if (ep == 1) {
-      p.bytes(&moe.dgate, N * K * Ie * S);
-      p.bytes(&moe.dup, N * K * Ie * S);
-    }
-    if (Is > 0) {
-      p.bytes(&moe.dsgate, N * Is * S);
-      p.bytes(&moe.dsup, N * Is * S);
-    }
-  }
+  if (any_moe && !moe_tiled) plan_moe_swiglu_gradients(p, N, S);
 }
 
 std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, DType dtype,

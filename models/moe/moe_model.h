@@ -161,6 +161,9 @@ class MoeModel final : public transformer::TransformerModel {
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
     // A MoE layer's kept tensors for `rows` rows (a set's, or the tile's).
     void plan_moe_set(ActivationPlanner& p, MoeKept& m, std::int64_t rows, std::int64_t S);
+    // The SwiGLU gradients the experts (and the shared expert) add into, for `rows` rows: the
+    // accumulated region's, or a tile's in the backward's scratch.
+    void plan_moe_swiglu_gradients(ActivationPlanner& p, std::int64_t rows, std::int64_t S);
 
     struct Kept {
       Bytes ln1, q, k, v, q_pre, k_pre, atty, res2, ln2;

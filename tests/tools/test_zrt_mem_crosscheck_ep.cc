@@ -86,6 +86,13 @@ std::int64_t reached_capacity(const std::string& out, int rank) {
   return capacity;
 }
 
+// A folder under the temporary directory holding the corpus the runs read (ep_train_*.bin).
+std::filesystem::path corpus_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / name;
+  test::write_crosscheck_corpus(dir, "ep");
+  return dir;
+}
+
 // A two-step run's config (micro-batch 2, accumulation 2, AdamW, the corpus in `dir`):
 // `parallel` the top-level parallelism keys, `zero` the zero_optimization object, `model_keys`
 // besides the model's blocks and seq_len 32.
@@ -128,9 +135,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages
     WARN("expert parallelism needs at least 2 ranks; world " << world);
     return;
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zrt_test_mem_crosscheck_ep_np" + std::to_string(world));
-  test::write_crosscheck_corpus(dir, "ep");
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_np" + std::to_string(world));
   const char* const stages[] = {R"({"stage": 1, "reduce_bucket_size": 3000)",
                                 R"({"stage": 2, "reduce_bucket_size": 3000)",
                                 R"({"stage": 3, "stage3_param_persistence_threshold": 100,
@@ -223,8 +228,7 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
     WARN("sp 2 with autoep_size 2 runs at 4 ranks; world " << world);
     return;
   }
-  const auto dir = std::filesystem::temp_directory_path() / "zrt_test_mem_crosscheck_sp_ep_np4";
-  test::write_crosscheck_corpus(dir, "ep");
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_sp_ep_np4");
   int run = 0;
   for (const auto& [bf16, zero, checkpointing] :
        {std::tuple{false, R"({"stage": 2, "reduce_bucket_size": 3000})", false},
@@ -262,9 +266,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
     WARN("expert parallelism needs at least 2 ranks; world " << world);
     return;
   }
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("zrt_test_mem_crosscheck_ep_tiled_np" + std::to_string(world));
-  test::write_crosscheck_corpus(dir, "ep");
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_tiled_np" + std::to_string(world));
   int run = 0;
   for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
     for (const auto& [bf16, zero, checkpointing] :
