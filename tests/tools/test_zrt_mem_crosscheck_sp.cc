@@ -2,7 +2,8 @@
 // the CPU backend at the world size mpirun gives (2: sp 2; 4: sp 2 and 4): each rank's chunk of
 // the activations, attention's whole-sequence tensors and the all-to-alls' buffers, the token
 // batches with the chunk's positions, the CPU attention's kernel workspace (exact in fp32, where
-// it is the only kernel asking for one) and zrt-train's own buffers, so the whole device peak.
+// it is the only kernel asking for one) and zrt-train's own buffers, so the whole device peak;
+// a mixture of experts with its MoE layers whole and in tiles.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -40,7 +41,11 @@ TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 an
       R"("preset": "gpt2-tiny", "n_layer": 4)",
       R"("type": "llama", "preset": "llama-tiny", "num_hidden_layers": 4)",
       R"("type": "qwen3_moe", "preset": "qwen3-moe-tiny", "num_hidden_layers": 4,
-         "vocab_size": 256)"};
+         "vocab_size": 256)",
+      // The same with its MoE layers in tiles of 6 of a rank's rows (2 x 16 at sp 2, 2 x 8 at
+      // sp 4), the short last tile included.
+      R"("type": "qwen3_moe", "preset": "qwen3-moe-tiny", "num_hidden_layers": 4,
+         "vocab_size": 256, "tiling": {"mlp_rows": 6})"};
   int run = 0;  // a fresh output directory per run: metrics.jsonl appends
   for (int sp = 2; sp <= world; sp *= 2) {
     if (world % sp != 0) continue;
