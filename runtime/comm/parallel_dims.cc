@@ -1,5 +1,7 @@
 #include "runtime/comm/parallel_dims.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "runtime/common/error.h"
@@ -53,6 +55,28 @@ std::vector<std::string> ParallelDims::validate() const {
         "expert_parallel_size {} does not divide the data-parallel degree {} (world {} / "
         "sequence_parallel_size {}): give a divisor of it",
         ep, dp, world, sp));
+  } else if (dp_known && ep > 1 && nodes_known && quantized()) {
+    // ZeRO++'s collectives over the experts' group run hierarchically over its nodes, which
+    // must each hold as many of its ranks.
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<int> per_node(static_cast<std::size_t>(world / ranks_per_node), 0);
+      for (int member : expert_data_parallel_plan(rank).members) {
+        ++per_node[static_cast<std::size_t>(member / ranks_per_node)];
+      }
+      int first = 0;
+      for (int count : per_node) first = first > 0 ? first : count;
+      bool even = true;
+      for (int count : per_node) even = even && (count == 0 || count == first);
+      if (!even) {
+        problems.push_back(fmt::format(
+            "expert_parallel_size {} with zero_quantized_weights / zero_quantized_gradients: "
+            "rank {}'s expert-data-parallel group has unequal numbers of ranks on its nodes "
+            "({} ranks per node), and ZeRO++'s collectives over it run hierarchically by node; "
+            "make expert_parallel_size divide the ranks per node",
+            ep, rank, ranks_per_node));
+        break;
+      }
+    }
   }
 
   if (mics_shard_size > 0) {

@@ -57,19 +57,7 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
   // ZeRO++ (zero_quantized_weights / zero_quantized_gradients): the quantized collectives over
   // the sharding group, hierarchical where it spans several nodes.
   if (dims_.quantized()) {
-    ProcessGroup& sharding = shard_group();
-    const std::vector<int>& nodes = sharding.node_map();
-    const bool several_nodes =
-        !nodes.empty() &&
-        std::any_of(nodes.begin(), nodes.end(), [&](int n) { return n != nodes.front(); });
-    if (several_nodes) {
-      intra_group_ =
-          make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), comm, "zero-intra-node");
-      inter_group_ =
-          make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), comm, "zero-inter-node");
-    }
-    quantized_ = std::make_unique<QuantizedCollectives>(device, sharding, intra_group_.get(),
-                                                        inter_group_.get());
+    quantized_ = make_quantized(device, shard_group(), comm, "zero", &intra_group_, &inter_group_);
   }
   // ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size S): secondary shards over this rank's
   // block of S consecutive ranks. The engine refuses a block that spans two nodes of the
@@ -90,6 +78,13 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
         make_subgroup(*world_group_, dims_.expert_parallel_plan(rank), comm, "expert-parallel");
     expert_data_group_ = make_subgroup(*world_group_, dims_.expert_data_parallel_plan(rank), comm,
                                        "expert-data-parallel");
+    // ZeRO++ over the experts' units too: their slices are gathered and their gradients
+    // reduce-scattered over the expert-data-parallel group, which spans nodes as the dense
+    // group does (world / ep ranks).
+    if (dims_.quantized()) {
+      expert_quantized_ = make_quantized(device, *expert_data_group_, comm, "expert",
+                                         &expert_intra_group_, &expert_inter_group_);
+    }
     if (rank == 0) {
       spdlog::info(
           "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
@@ -113,6 +108,22 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
   }
 }
 
+std::unique_ptr<QuantizedCollectives> ParallelLayout::make_quantized(
+    Device& device, ProcessGroup& sharding, Stream& comm, const std::string& name,
+    std::unique_ptr<ProcessGroup>* intra, std::unique_ptr<ProcessGroup>* inter) {
+  const std::vector<int>& nodes = sharding.node_map();
+  const bool several_nodes = !nodes.empty() && std::any_of(nodes.begin(), nodes.end(), [&](int n) {
+    return n != nodes.front();
+  });
+  if (several_nodes) {
+    *intra = make_subgroup(sharding, intra_node_plan(nodes, sharding.rank()), comm,
+                           name + "-intra-node");
+    *inter = make_subgroup(sharding, inter_node_plan(nodes, sharding.rank()), comm,
+                           name + "-inter-node");
+  }
+  return std::make_unique<QuantizedCollectives>(device, sharding, intra->get(), inter->get());
+}
+
 std::vector<ShardGroup> ParallelLayout::engine_groups() {
   std::vector<ShardGroup> groups{
       ShardGroup{&shard_group(), replica_group_.get(), quantized_.get(), hpz_group_.get()}};
@@ -120,6 +131,7 @@ std::vector<ShardGroup> ParallelLayout::engine_groups() {
     // [1] the experts' units: sliced and reduced over the ranks holding the same experts, their
     // norm summed over the ranks holding the others, their averaged gradients times 1 / ep.
     ShardGroup experts{expert_data_group_.get()};
+    experts.quantized = expert_quantized_.get();
     experts.norm_peers = expert_group_.get();
     experts.gradient_scale = 1.0f / static_cast<float>(dims_.expert_parallel_size);
     groups.push_back(experts);
@@ -135,7 +147,8 @@ CommCounts ParallelLayout::engine_traffic() const {
   CommCounts c = world_group_->stats().snapshot();
   for (const ProcessGroup* g :
        {shard_group_.get(), replica_group_.get(), intra_group_.get(), inter_group_.get(),
-        hpz_group_.get(), expert_group_.get(), expert_data_group_.get()}) {
+        hpz_group_.get(), expert_group_.get(), expert_data_group_.get(), expert_intra_group_.get(),
+        expert_inter_group_.get()}) {
     if (g != nullptr) c += g->stats().snapshot();
   }
   return c;

@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <mpi.h>
@@ -67,13 +68,17 @@ class ParallelLayout {
   // (the tokens' all-to-alls) and the ranks holding the same experts (their state).
   ProcessGroup* expert_parallel_group() { return expert_group_.get(); }
   ProcessGroup* expert_data_parallel_group() { return expert_data_group_.get(); }
+  // ZeRO++ over the experts' units: the quantized collectives over the expert-data-parallel
+  // group (hierarchical where it spans nodes), else null.
+  QuantizedCollectives* expert_quantized() { return expert_quantized_.get(); }
   // This rank's block of sequence_parallel_size consecutive ranks (one node), issuing on the
   // `sequence` stream; null at sequence_parallel_size 1. The model's, not the engine's.
   ProcessGroup* sequence_group() { return sequence_group_.get(); }
 
   // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units';
-  // with expert parallelism [1] the experts' (ShardGroup: the expert-data-parallel group, the
-  // expert-parallel group as norm peers, gradient_scale 1 / ep).
+  // with expert parallelism [1] the experts' (ShardGroup: the expert-data-parallel group, its
+  // quantized collectives under ZeRO++, the expert-parallel group as norm peers, gradient_scale
+  // 1 / ep).
   std::vector<ShardGroup> engine_groups();
   // The engine's traffic so far, summed over every group it uses (and the world group).
   CommCounts engine_traffic() const;
@@ -81,6 +86,14 @@ class ParallelLayout {
   CommCounts sequence_traffic() const;
 
  private:
+  // QuantizedCollectives over `sharding`, with its intra- and inter-node subgroups (made into
+  // `intra` / `inter`, named after `name`) where it spans several nodes.
+  static std::unique_ptr<QuantizedCollectives> make_quantized(Device& device,
+                                                              ProcessGroup& sharding, Stream& comm,
+                                                              const std::string& name,
+                                                              std::unique_ptr<ProcessGroup>* intra,
+                                                              std::unique_ptr<ProcessGroup>* inter);
+
   ParallelDims dims_;
   std::optional<NodeTopology> topology_;
   std::unique_ptr<ProcessGroup> world_group_;
@@ -90,6 +103,8 @@ class ParallelLayout {
   std::unique_ptr<QuantizedCollectives> quantized_;
   std::unique_ptr<ProcessGroup> hpz_group_;
   std::unique_ptr<ProcessGroup> expert_group_, expert_data_group_;
+  std::unique_ptr<ProcessGroup> expert_intra_group_, expert_inter_group_;
+  std::unique_ptr<QuantizedCollectives> expert_quantized_;
   std::unique_ptr<ProcessGroup> sequence_group_;
 };
 

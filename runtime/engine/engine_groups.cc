@@ -102,9 +102,12 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
             "replica_plan)",
             options.mics_shard_size, group.size());
   const bool quantizes = options.quantized_weights || options.quantized_gradients;
-  ZRT_CHECK(!quantizes || dense.quantized != nullptr,
-            "zero_quantized_weights / zero_quantized_gradients need the engine's "
-            "QuantizedCollectives (runtime/comm/quantized_collectives.h)");
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    ZRT_CHECK(!quantizes || groups[g].quantized != nullptr,
+              "zero_quantized_weights / zero_quantized_gradients need QuantizedCollectives over "
+              "each shard group (runtime/comm/quantized_collectives.h); group {} has none",
+              g);
+  }
   ZRT_CHECK(!options.quantized_weights || options.stage == 3,
             "zero_quantized_weights quantizes stage 3's parameter gathers (stage is {})",
             options.stage);
@@ -114,15 +117,13 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
             options.stage);
   check_hpz(options, group, replicas, dense.secondary);
   if (groups.size() > 1) {
-    ZRT_CHECK(!quantizes && options.hpz_partition_size <= 1,
-              "{} shard groups with zero_quantized_weights / zero_quantized_gradients / "
-              "zero_hpz_partition_size: ZeRO++ runs over one group only so far; turn it off",
+    ZRT_CHECK(options.hpz_partition_size <= 1,
+              "{} shard groups with zero_hpz_partition_size: hpZ's secondary shards are blocks "
+              "of group 0's ranks only so far; turn it off",
               groups.size());
     for (std::size_t g = 1; g < groups.size(); ++g) {
-      ZRT_CHECK(groups[g].quantized == nullptr && groups[g].secondary == nullptr,
-                "the engine's shard group {} has quantized collectives or an hpZ group: only "
-                "group 0 may",
-                g);
+      ZRT_CHECK(groups[g].secondary == nullptr,
+                "the engine's shard group {} has an hpZ group: only group 0 may", g);
     }
   }
 }

@@ -91,7 +91,8 @@ class ZeroEngine final : public ParamAccess {
   // must lie on one node by its node map).
   //
   // Several groups (units of some parameters over another group, like an expert's over the
-  // expert-data-parallel group): stages 1-3, without hpZ or quantized collectives. Checkpoints
+  // expert-data-parallel group): stages 1-3, without hpZ; under ZeRO++'s qwZ / qgZ every group
+  // brings its own QuantizedCollectives (ShardGroup::quantized). Checkpoints
   // record each unit's own slicing (runtime/checkpoint/, docs/checkpoints.md).
   ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> groups,
              std::vector<ParamSpec> params, int num_modules, const EngineOptions& options,

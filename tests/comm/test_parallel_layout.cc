@@ -187,6 +187,26 @@ TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel grou
       CHECK(groups[1].gradient_scale == 1.0f / static_cast<float>(ep));
     }
   }
+  // ZeRO++ over the experts too: quantized collectives over the expert-data-parallel group,
+  // hierarchical where it spans the simulated nodes (2 ranks a node).
+  if (f.world >= 4) {
+    ParallelDims d = f.dims(3);
+    d.expert_parallel_size = 2;
+    d.ranks_per_node = 2;
+    d.quantized_weights = d.quantized_gradients = true;
+    ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+    const std::vector<ShardGroup> groups = layout.engine_groups();
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].quantized == layout.quantized());
+    REQUIRE(layout.expert_quantized() != nullptr);
+    CHECK(groups[1].quantized == layout.expert_quantized());
+    CHECK(groups[1].quantized != groups[0].quantized);
+    CHECK(groups[1].secondary == nullptr);
+    // E + D: ep groups {0,1}, {2,3}, ...; each expert-data-parallel group takes one rank of
+    // every node.
+    CHECK(layout.expert_data_parallel_group()->node_map().size() ==
+          static_cast<std::size_t>(f.world / 2));
+  }
   // ep 1: no expert group, the engine's table as without it.
   ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
   CHECK(plain.expert_parallel_group() == nullptr);

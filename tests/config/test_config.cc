@@ -1334,8 +1334,13 @@ TEST_CASE("expert_parallel.autoep_size against the world and the stage (engine o
   o.stage = 3;
   o.hpz_partition_size = 2;
   CHECK_THAT(text(validate(o, 8)),
-             Catch::Contains("expert parallelism with mics_shard_size, zero_hpz_partition_size"));
+             Catch::Contains("expert parallelism with mics_shard_size or zero_hpz_partition_size "
+                             "is not supported"));
   o.hpz_partition_size = 0;
+  // ZeRO++'s quantized collectives run over the experts' group too.
+  o.quantized_weights = o.quantized_gradients = true;
+  CHECK(validate(o, 8).empty());
+  o.quantized_weights = o.quantized_gradients = false;
   o.expert_parallel_size = 0;
   CHECK_THAT(text(validate(o, 8)), Catch::Contains("must be >= 1"));
 }

@@ -303,3 +303,46 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
     }
   }
 }
+
+// ZeRO++ (qwZ + qgZ) with expert parallelism 2 over two simulated nodes: the experts' units have
+// quantized collectives of their own over the expert-data-parallel group (one rank of it on each
+// node at 4 ranks, so hierarchical), whose scratch is sized by the experts' slices, beside the
+// dense group's: the comm category to the byte (a model whose experts were gathered or reduced
+// through the dense group's collectives, or not quantized at all, would leave it different).
+TEST_CASE("zrt-mem --ep matches zrt-train's peaks under ZeRO++ (qwZ + qgZ)") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (world < 2) {
+    WARN("expert parallelism needs at least 2 ranks; world " << world);
+    return;
+  }
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_zeropp_np" + std::to_string(world));
+  int run = 0;
+  for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+    for (const bool weights : {false, true}) {
+      const std::string out = (dir / ("run" + std::to_string(run++))).string();
+      const std::string zero =
+          std::string(R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+          "zero_quantized_gradients": true, "zero_quantized_weights": )") +
+          (weights ? "true" : "false") + "}";
+      const std::string text = run_config(
+          dir, out,
+          R"("expert_parallel": {"enabled": true, "autoep_size": 2}, "comm": {"ranks_per_node": )" +
+              std::to_string(world / 2) + "}",
+          zero, model, "", true);
+      const Config config = parse_config_text(text, world, "crosscheck_ep_zeropp.json");
+      train::run_training(config, train::RankInfo{rank, world, rank, world});
+      Inputs in = inputs_from_config(config);
+      REQUIRE(in.engine.quantized_gradients);
+      in.expert_rows = reached_capacity(out, rank);
+      const Estimate e = estimate(in, in.setting());
+      CHECK(e.quantized_comm > 0);
+      if (rank == 0) {
+        check_peaks(out, e, true,
+                    std::string(model) + (weights ? "\nqwZ + qgZ" : "\nqgZ") + ", world " +
+                        std::to_string(world));
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+    }
+  }
+}

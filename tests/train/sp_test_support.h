@@ -161,6 +161,8 @@ struct Run {
   std::vector<std::int64_t> sequence_inter_node;
   std::int64_t activation_peak = 0;  // the largest mem_peak_bytes.activations
   std::vector<double> grad_norms;    // grad_norm per logged step (before clipping)
+  // comm_inter_node_bytes per logged step: every group's bytes across nodes, summed so far
+  std::vector<std::int64_t> inter_node_bytes;
 };
 
 inline std::string config_text(const fs::path& shared, const std::string& name, const Job& job) {
@@ -218,6 +220,9 @@ inline Run train_run(const fs::path& shared, const std::string& name, const Job&
     r.losses.push_back(row["loss"].get<double>());
     r.loss_tokens.push_back(row["loss_tokens"].get<std::int64_t>());
     if (row.contains("grad_norm")) r.grad_norms.push_back(row["grad_norm"].get<double>());
+    if (row.contains("comm_inter_node_bytes")) {
+      r.inter_node_bytes.push_back(row["comm_inter_node_bytes"].get<std::int64_t>());
+    }
     if (row.contains("comm_sequence_parallel_bytes")) {
       r.sequence_bytes.push_back(row["comm_sequence_parallel_bytes"].get<std::int64_t>());
       r.sequence_sent.push_back(row["comm_sequence_parallel_sent_bytes"].get<std::int64_t>());

@@ -70,44 +70,59 @@ struct UnitFigures {
   I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
   std::vector<UnitSize> units;  // every unit
   int groups = 1;               // the engine's shard groups (2 under expert parallelism)
+  // Per shard group: its largest slice, and stage 3's largest slice of a non-persistent unit
+  // (ZeRO++'s collectives over each group size their scratch by them).
+  std::vector<I64> group_max_shard, group_max_gathered_shard;
   // Under expert parallelism, of the rank's elements: the experts' (group 1) parameters, padded,
   // and their slices.
   I64 expert_padded = 0, expert_shard = 0;
 };
 
-// ZeRO++'s device buffers (kComm): QuantizedCollectives' four scratch slots, each grown to its
-// largest request (at least 256 bytes; a slot is freed before it grows, so the peak is the sum
-// of the final sizes), and the engine's qgZ output slice (unit_state.cc). n ranks in the
-// sharding group, L of them per node, M = n / L nodes; W(s) 32-bit words per quantized slice.
+// ZeRO++'s device buffers (kComm): per shard group, its QuantizedCollectives' four scratch
+// slots, each grown to its largest request (at least 256 bytes; a slot is freed before it grows,
+// so the peak is the sum of the final sizes), and the engine's one qgZ output slice
+// (unit_state.cc). n ranks in the group, L of them per node, M = n / L nodes; W(s) 32-bit words
+// per quantized slice; s the group's largest slices (UnitFigures' per-group figures).
 //   qwZ all_gather(s):      slot 0: 4 W(s), slot 1: 4 n W(s)   (stage 3's non-persistent units)
 //   qgZ reduce_scatter(s):  slots 0, 1: 4 n W(s), slot 2: 4 M s, slot 3: 4 s   (every unit)
-//   qgZ output slice:       the largest slice in the communication dtype
-I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o, int n, int L) {
+//   qgZ output slice:       the largest slice of any group in the communication dtype
+I64 quantized_scratch_bytes(I64 max_gathered_shard, I64 max_shard, const EngineOptions& o, int n,
+                            int L) {
   const bool weights = o.quantized_weights && o.stage == 3;
   const bool gradients = o.quantized_gradients && o.stage >= 2;
-  if (!weights && !gradients) return 0;
   const I64 M = n / L;
   const I64 block = QuantizedCollectives::kDefaultBlock;
   I64 slot[4] = {0, 0, 0, 0};
   const auto grow = [&](int which, I64 bytes) { slot[which] = std::max(slot[which], bytes); };
-  if (weights && f.max_gathered_shard > 0) {
-    const I64 w = 4 * quantized_slice_words(f.max_gathered_shard, block);
+  if (weights && max_gathered_shard > 0) {
+    const I64 w = 4 * quantized_slice_words(max_gathered_shard, block);
     grow(0, w);
     grow(1, n * w);
   }
-  I64 out = 0;
-  if (gradients) {
-    if (n > 1 && f.max_shard > 0) {
-      const I64 w = 4 * quantized_slice_words(f.max_shard, block);
-      grow(0, n * w);
-      grow(1, n * w);
-      grow(2, M * f.max_shard * 4);
-      grow(3, f.max_shard * 4);
-    }
-    out = f.max_shard * size_of(o.communication_dtype.value_or(o.compute_dtype));
+  if (gradients && n > 1 && max_shard > 0) {
+    const I64 w = 4 * quantized_slice_words(max_shard, block);
+    grow(0, n * w);
+    grow(1, n * w);
+    grow(2, M * max_shard * 4);
+    grow(3, max_shard * 4);
   }
-  I64 total = out;
+  I64 total = 0;
   for (I64 b : slot) total += b > 0 ? std::max<I64>(b, 256) : 0;
+  return total;
+}
+
+// `groups`: each shard group's ranks and ranks per node.
+I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o,
+                         const std::vector<std::pair<int, int>>& groups) {
+  const bool weights = o.quantized_weights && o.stage == 3;
+  const bool gradients = o.quantized_gradients && o.stage >= 2;
+  if (!weights && !gradients) return 0;
+  I64 total =
+      gradients ? f.max_shard * size_of(o.communication_dtype.value_or(o.compute_dtype)) : 0;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto [n, L] = groups[g];
+    total += quantized_scratch_bytes(f.group_max_gathered_shard[g], f.group_max_shard[g], o, n, L);
+  }
   return total;
 }
 
@@ -158,8 +173,14 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.content = plan.content_numel();
   f.shard_total = plan.total_shard();
   f.groups = plan.group_count();
+  f.group_max_shard.assign(static_cast<std::size_t>(f.groups), 0);
+  f.group_max_gathered_shard.assign(static_cast<std::size_t>(f.groups), 0);
   for (const Unit& u : plan.units()) {
     f.units.push_back(UnitSize{u.numel, u.shard, u.group});
+    const auto g = static_cast<std::size_t>(u.group);
+    f.group_max_shard[g] = std::max(f.group_max_shard[g], u.shard);
+    if (!u.persistent)
+      f.group_max_gathered_shard[g] = std::max(f.group_max_gathered_shard[g], u.shard);
     if (u.group == 1) {
       f.expert_padded += u.numel;
       f.expert_shard += u.shard;
@@ -213,6 +234,8 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.max_shard = static_cast<I64>(std::llround(static_cast<double>(f.max_unit) / n));
   f.units.push_back(UnitSize{f.max_unit, f.max_shard, 0});
   f.max_gathered_shard = f.max_shard;
+  f.group_max_shard = {f.max_shard};
+  f.group_max_gathered_shard = {f.max_gathered_shard};
   if (o.offload_optimizer.enabled) {  // whole units cannot be told apart here: the share itself
     f.host_shard_total = static_cast<I64>(
         std::llround(o.offload_optimizer.ratio * static_cast<double>(f.shard_total)));
@@ -436,9 +459,20 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // ZeRO++ over the sharding group (all ranks, or a MiCS shard group of consecutive ranks):
   // L of its ranks share a node (comm.ranks_per_node simulates nodes as zrt-train does).
   if (!setting.offload_param) {
-    const int n = parallel_dims(o, in.world, in.ranks_per_node()).shard_world();
+    const ParallelDims dims = parallel_dims(o, in.world, in.ranks_per_node());
+    const int n = dims.shard_world();
     const int per_node = in.comm.ranks_per_node > 0 ? in.comm.ranks_per_node : in.ranks_per_node();
-    e.quantized_comm = quantized_comm_bytes(f, o, n, std::max(1, std::min(per_node, n)));
+    std::vector<std::pair<int, int>> groups{{n, std::max(1, std::min(per_node, n))}};
+    // Under expert parallelism the experts' units have QuantizedCollectives of their own, over
+    // the expert-data-parallel group: rank 0's, whose members on rank 0's node are L.
+    if (f.groups > 1) {
+      const std::vector<int> members = dims.expert_data_parallel_plan(0).members;
+      const int edp = static_cast<int>(members.size());
+      int L = 0;
+      for (int r : members) L += per_node > 0 && r / per_node == 0 ? 1 : 0;
+      groups.emplace_back(edp, std::max(1, std::min(L, edp)));
+    }
+    e.quantized_comm = quantized_comm_bytes(f, o, groups);
     e.comm += e.quantized_comm;
   }
   e.workspace = 4 * f.groups;  // the gradient norm, a float per shard group
