@@ -346,7 +346,7 @@ std::int64_t MoeModel::moe_row_bytes(const MoeConfig& c, std::int64_t S) {
   const I64 Ie = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   // Per token: the kept xe, y and gate, up, h, the backward's dy, dxe and dh, dgate, dup (k rows
   // each); the router's logits and their gradient, its fp32 probabilities; the shared expert's
-  // three (Is) values and three gradients besides dsh's, its output and its gradient.
+  // gate, up, h and their three gradients (Is each), its output and its output's gradient (C).
   return K * (4 * C + 6 * Ie) * S + 2 * E * S + 4 * E + 6 * Is * S + 2 * C * S;
 }
 
