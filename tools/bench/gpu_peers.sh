@@ -25,6 +25,10 @@
 #             (configs/gpu-qwen3-moe-bench.json, 2048 tokens, 1 x 8 micro-batches a step)
 #   zrt-dense the dense Llama of the same active size beside it (configs/gpu-dense-1b-bench.json:
 #             the same attention, an MLP 8 x 768 wide), for the MoE layer's cost per active FLOP
+#   moe-tiles (not run unless named) the zrt-moe model at one 32768-token sequence a step with
+#             activation checkpointing, its MoE layers whole (model.tiling.mlp_rows -1) and in the
+#             automatic tiles (7 of 4992 rows): what tiling costs in time, and saves in the
+#             tracked activation peak (mem_peak_bytes), on a GPU
 #
 #   tools/bench/gpu_peers.sh --bundle DIR|FILE.tar.xz --out DIR [--budget S] [--phases "..."]
 #                            [--llmc PATH] [--wheels DIR] [--prebuild-ds]
@@ -61,7 +65,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -129,6 +133,26 @@ zrt_run() {  # zrt_run NAME SKIP CONFIG OVERRIDES...
      --train.log_interval 1 --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" "$@")
   local rc=$?
   echo "RESULT zrt $name $(median_zrt "$work/$name/metrics.jsonl" "$skip") exit=$rc"
+}
+moe_tiles_run() {  # the zrt-moe model at 32K tokens, MoE layers whole then in automatic tiles
+  local tiles name
+  for tiles in -1 0; do
+    name="qwen3-moe-l8-32k-tiles$tiles"
+    zrt_run "$name" 1 configs/gpu-qwen3-moe-bench.json --train.steps 4 \
+      --scheduler.params.total_num_steps 4 --model.seq_len 32768 --train_batch_size 1 \
+      --gradient_accumulation_steps 1 --model.activation_checkpointing true \
+      --model.tiling.mlp_rows "$tiles"
+    python3 - "$work/$name/metrics.jsonl" "$tiles" <<'EOF'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if "mem_peak_bytes" in l]
+except OSError:
+    rows = []
+peak = rows[-1]["mem_peak_bytes"] if rows else {}
+print("RESULT moe-tiles mlp_rows", sys.argv[2], "activations_peak", peak.get("activations", "none"),
+      "total_peak", peak.get("total", "none"))
+EOF
+  done
 }
 llmc_run() {
   # llm.c divides by -v and -s: large values, not 0, turn evaluation and sampling off. cuDNN and
@@ -202,6 +226,9 @@ for p in $phases; do
       phase zrt-dense 60 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
         work='$work' data='$data'; zrt_run dense-1b 2 configs/gpu-dense-1b-bench.json \
         --train.steps 6 --scheduler.params.total_num_steps 6" ;;
+    moe-tiles)
+      phase moe-tiles 150 bash -c "$(declare -f zrt_run median_zrt moe_tiles_run); root='$root' \
+        bundle='$bundle' work='$work' data='$data'; moe_tiles_run" ;;
   esac
 done
 
