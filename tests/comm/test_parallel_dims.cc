@@ -226,6 +226,21 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   spm.expert_parallel_size = 0;
   CHECK(mentions(spm.validate(), "expert_parallel_size 0 must be >= 1"));
 
+  // ZeRO++ with expert parallelism: its collectives over the expert-data-parallel group run by
+  // node, which must each hold as many of the group's ranks. 2 nodes of 4 at ep 2: {0,2,4,6} and
+  // {1,3,5,7}, two a node; 2 nodes of 3 at ep 2: {0,2,4} holds two ranks of node 0, one of node 1.
+  ParallelDims zeropp = dims_of(8, 4, 3);
+  zeropp.expert_parallel_size = 2;
+  zeropp.quantized_gradients = true;
+  CHECK(zeropp.validate().empty());
+  zeropp.world = 6;
+  zeropp.ranks_per_node = 3;
+  CHECK(mentions(zeropp.validate(),
+                 "expert_parallel_size 2 with zero_quantized_weights / zero_quantized_gradients: "
+                 "rank 0's expert-data-parallel group has unequal numbers of ranks on its nodes"));
+  zeropp.quantized_gradients = false;  // unquantized: any split of the nodes
+  CHECK(zeropp.validate().empty());
+
   CHECK_THROWS_WITH(mics.check(), Catch::Contains("the parallel layout (world 8 (2 nodes x 4), "
                                                   "stage 0, MiCS shards of 3) is inconsistent") &&
                                       Catch::Contains("mics_shard_size 3 does not divide"));
