@@ -112,6 +112,18 @@ std::string run_config(const std::filesystem::path& dir, const std::string& out,
          out + R"("})";
 }
 
+// Trains the run `text` describes at this world (its output in `out`), then zrt-mem's inputs
+// from the same config at the expert rows' capacity the run reached.
+Inputs train_then_plan(const std::string& text, const std::string& out, const char* name) {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  const Config config = parse_config_text(text, world, name);
+  train::run_training(config, train::RankInfo{rank, world, rank, world});
+  Inputs in = inputs_from_config(config);
+  in.expert_rows = reached_capacity(out, rank);
+  return in;
+}
+
 // The run's last metrics row against the estimate at the capacity it reached: every category's
 // peak to the byte, and in fp32 the whole device peak (rank 0 checks; `what` names the run).
 void check_peaks(const std::string& out, const Estimate& e, bool bf16, const std::string& what) {
@@ -242,12 +254,9 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
         zero, kMoeModels[0],
         std::string(R"(, "activation_checkpointing": )") + (checkpointing ? "true" : "false"),
         bf16);
-    const Config config = parse_config_text(text, world, "crosscheck_sp_ep.json");
-    train::run_training(config, train::RankInfo{rank, world, rank, world});
-    Inputs in = inputs_from_config(config);
+    const Inputs in = train_then_plan(text, out, "crosscheck_sp_ep.json");
     REQUIRE(in.engine.sequence_parallel_size == 2);
     REQUIRE(in.engine.expert_parallel_size == 2);
-    in.expert_rows = reached_capacity(out, rank);
     const Estimate e = estimate(in, in.setting());
     if (rank == 0) check_peaks(out, e, bf16, in.setting().name() + (bf16 ? ", bf16" : ", fp32"));
     MPI_Barrier(MPI_COMM_WORLD);
@@ -280,11 +289,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
           std::string(R"(, "tiling": {"mlp_rows": 20}, "activation_checkpointing": )") +
               (checkpointing ? "true" : "false"),
           bf16);
-      const Config config = parse_config_text(text, world, "crosscheck_ep_tiled.json");
-      train::run_training(config, train::RankInfo{rank, world, rank, world});
-      Inputs in = inputs_from_config(config);
+      const Inputs in = train_then_plan(text, out, "crosscheck_ep_tiled.json");
       REQUIRE(in.mlp_tile_rows == 20);
-      in.expert_rows = reached_capacity(out, rank);
       const Estimate e = estimate(in, in.setting());
       Inputs untiled = in;
       untiled.mlp_tile_rows = -1;
@@ -330,11 +336,8 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks under ZeRO++ (qwZ + qgZ)") {
           R"("expert_parallel": {"enabled": true, "autoep_size": 2}, "comm": {"ranks_per_node": )" +
               std::to_string(world / 2) + "}",
           zero, model, "", true);
-      const Config config = parse_config_text(text, world, "crosscheck_ep_zeropp.json");
-      train::run_training(config, train::RankInfo{rank, world, rank, world});
-      Inputs in = inputs_from_config(config);
+      const Inputs in = train_then_plan(text, out, "crosscheck_ep_zeropp.json");
       REQUIRE(in.engine.quantized_gradients);
-      in.expert_rows = reached_capacity(out, rank);
       const Estimate e = estimate(in, in.setting());
       CHECK(e.quantized_comm > 0);
       if (rank == 0) {
