@@ -75,15 +75,17 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The ranks are mpirun's children; /proc/PID/environ says which rank each is.
+# The ranks are mpirun's children; /proc/PID/environ says which rank each is. A child mpirun
+# has just forked matches too (its command line is mpirun's, which names zrt-train) before its
+# environment says its rank: look again until every rank has said it (a pid outlives exec).
 for _ in $(seq 600); do
-  pids=$(pgrep -P "$launcher" -f "$(basename "$train")" 2>/dev/null)
-  [ "$(echo "$pids" | grep -c .)" -ge "$ranks" ] && break
+  pid_of=()
+  for p in $(pgrep -P "$launcher" -f "$(basename "$train")" 2>/dev/null); do
+    r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
+    [ -n "$r" ] && pid_of[$r]=$p
+  done
+  [ "${#pid_of[@]}" -ge "$ranks" ] && break
   sleep 0.1
-done
-for p in $pids; do
-  r=$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | sed -n 's/^OMPI_COMM_WORLD_RANK=//p')
-  [ -n "$r" ] && pid_of[$r]=$p
 done
 if [ "${#pid_of[@]}" -ne "$ranks" ]; then
   echo "could not find the $ranks rank processes (found: ${!pid_of[*]})"
