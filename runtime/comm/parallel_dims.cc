@@ -142,6 +142,24 @@ std::vector<std::string> ParallelDims::validate() const {
         "2-3 (stage is {}); set stage 2 or 3, or turn it off",
         stage));
   }
+  // hpZ with expert parallelism: the experts' secondary shards are kept over the ranks of their
+  // expert-data-parallel group inside each hpZ block, as many in every block.
+  if (ep > 1 && hpz() > 1 && dp_known && dp % ep == 0 && world % hpz() == 0) {
+    std::size_t first = 0;
+    for (int rank = 0; rank < world; ++rank) {
+      const std::size_t size = expert_hpz_group_plan(rank).members.size();
+      if (rank == 0) first = size;
+      if (size != first) {
+        problems.push_back(fmt::format(
+            "zero_hpz_partition_size {} with expert_parallel_size {}: the hpZ blocks hold "
+            "unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
+            "expert's secondary shards are kept over those; make expert_parallel_size divide "
+            "zero_hpz_partition_size",
+            hpz(), ep, first, size));
+        break;
+      }
+    }
+  }
   return problems;
 }
 
@@ -229,6 +247,20 @@ SubgroupPlan ParallelDims::expert_data_parallel_plan(int rank) const {
   const int step = data_before_expert_parallel ? 1 : ep;
   for (int i = 0, k = first; i < edp; ++i, k += step) {
     for (int s = 0; s < sp; ++s) plan.members.push_back(k * sp + s);
+  }
+  return plan;
+}
+
+SubgroupPlan ParallelDims::expert_hpz_group_plan(int rank) const {
+  const int S = hpz();
+  ZRT_CHECK(S > 0, "expert_hpz_group_plan() without hpZ");
+  const SubgroupPlan experts = expert_data_parallel_plan(rank);
+  const int block = rank / S;
+  SubgroupPlan plan;
+  plan.key = rank;
+  plan.color = block * world + experts.color;  // one group per block and expert set
+  for (int member : experts.members) {
+    if (member / S == block) plan.members.push_back(member);
   }
   return plan;
 }

@@ -96,6 +96,9 @@ struct ParallelDims {
   // Expert data parallel: the members of its data-parallel group at the same position in every
   // ep block (the data-parallel group at ep 1), with every rank of their sp blocks.
   SubgroupPlan expert_data_parallel_plan(int rank) const;
+  // hpZ with expert parallelism: the ranks of `rank`'s expert-data-parallel group inside its hpZ
+  // block (S consecutive ranks of a node): where its experts' secondary shards are kept.
+  SubgroupPlan expert_hpz_group_plan(int rank) const;
 
   // "world 8 (2 nodes x 4), stage 3, shards of 8" and the like, for logs.
   std::string describe() const;

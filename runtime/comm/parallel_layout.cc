@@ -85,6 +85,12 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
       expert_quantized_ = make_quantized(device, *expert_data_group_, comm, "expert",
                                          &expert_intra_group_, &expert_inter_group_);
     }
+    // hpZ: the experts' secondary shards over their expert-data-parallel ranks of this rank's
+    // hpZ block (within a node, as the block is).
+    if (dims_.hpz() > 1) {
+      expert_hpz_group_ =
+          make_subgroup(*world_group_, dims_.expert_hpz_group_plan(rank), comm, "expert-hpz");
+    }
     if (rank == 0) {
       spdlog::info(
           "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
@@ -132,6 +138,7 @@ std::vector<ShardGroup> ParallelLayout::engine_groups() {
     // norm summed over the ranks holding the others, their averaged gradients times 1 / ep.
     ShardGroup experts{expert_data_group_.get()};
     experts.quantized = expert_quantized_.get();
+    experts.secondary = expert_hpz_group_.get();
     experts.norm_peers = expert_group_.get();
     experts.gradient_scale = 1.0f / static_cast<float>(dims_.expert_parallel_size);
     groups.push_back(experts);
@@ -148,7 +155,7 @@ CommCounts ParallelLayout::engine_traffic() const {
   for (const ProcessGroup* g :
        {shard_group_.get(), replica_group_.get(), intra_group_.get(), inter_group_.get(),
         hpz_group_.get(), expert_group_.get(), expert_data_group_.get(), expert_intra_group_.get(),
-        expert_inter_group_.get()}) {
+        expert_inter_group_.get(), expert_hpz_group_.get()}) {
     if (g != nullptr) c += g->stats().snapshot();
   }
   return c;

@@ -71,6 +71,8 @@ class ParallelLayout {
   // ZeRO++ over the experts' units: the quantized collectives over the expert-data-parallel
   // group (hierarchical where it spans nodes), else null.
   QuantizedCollectives* expert_quantized() { return expert_quantized_.get(); }
+  // hpZ over the experts' units: their expert-data-parallel ranks in this rank's hpZ block.
+  ProcessGroup* expert_hpz_group() { return expert_hpz_group_.get(); }
   // This rank's block of sequence_parallel_size consecutive ranks (one node), issuing on the
   // `sequence` stream; null at sequence_parallel_size 1. The model's, not the engine's.
   ProcessGroup* sequence_group() { return sequence_group_.get(); }
@@ -103,7 +105,7 @@ class ParallelLayout {
   std::unique_ptr<QuantizedCollectives> quantized_;
   std::unique_ptr<ProcessGroup> hpz_group_;
   std::unique_ptr<ProcessGroup> expert_group_, expert_data_group_;
-  std::unique_ptr<ProcessGroup> expert_intra_group_, expert_inter_group_;
+  std::unique_ptr<ProcessGroup> expert_intra_group_, expert_inter_group_, expert_hpz_group_;
   std::unique_ptr<QuantizedCollectives> expert_quantized_;
   std::unique_ptr<ProcessGroup> sequence_group_;
 };

@@ -116,14 +116,29 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
             "(stage is {})",
             options.stage);
   check_hpz(options, group, replicas, dense.secondary);
-  if (groups.size() > 1) {
-    ZRT_CHECK(options.hpz_partition_size <= 1,
-              "{} shard groups with zero_hpz_partition_size: hpZ's secondary shards are blocks "
-              "of group 0's ranks only so far; turn it off",
-              groups.size());
-    for (std::size_t g = 1; g < groups.size(); ++g) {
-      ZRT_CHECK(groups[g].secondary == nullptr,
-                "the engine's shard group {} has an hpZ group: only group 0 may", g);
+  // hpZ over the other groups: each keeps its secondary shards over its own ranks of an hpZ
+  // block (ParallelLayout: the experts' expert-data-parallel ranks in it), within one node.
+  for (std::size_t g = 1; g < groups.size(); ++g) {
+    const ProcessGroup* secondary = groups[g].secondary;
+    if (options.stage != 3 || options.hpz_partition_size <= 1) {
+      ZRT_CHECK(secondary == nullptr || secondary->size() <= 1,
+                "the engine's shard group {} has an hpZ group but zero_hpz_partition_size is {}", g,
+                options.hpz_partition_size);
+      continue;
+    }
+    ZRT_CHECK(secondary != nullptr && groups[g].shard->size() % secondary->size() == 0,
+              "zero_hpz_partition_size {}: the engine's shard group {} ({} ranks) needs an hpZ "
+              "group whose size divides it (ParallelLayout's expert_hpz_group), not {}",
+              options.hpz_partition_size, g, groups[g].shard->size(),
+              secondary != nullptr ? secondary->size() : 0);
+    ZRT_CHECK(&secondary->stream() == &group.stream(),
+              "the hpZ group of shard group {} issues on stream '{}' but group 0 on '{}'", g,
+              secondary->stream().name(), group.stream().name());
+    for (int node : secondary->node_map()) {
+      ZRT_CHECK(node == secondary->node_map().front(),
+                "the hpZ group of shard group {} spans nodes {} and {}: its backward gathers would "
+                "cross them",
+                g, secondary->node_map().front(), node);
     }
   }
 }
@@ -142,6 +157,16 @@ std::vector<int> group_worlds(const EngineOptions& options, const std::vector<Sh
   std::vector<int> worlds;
   for (const ShardGroup& g : groups) worlds.push_back(options.stage == 0 ? 1 : g.shard->size());
   return worlds;
+}
+
+ScheduleOptions schedule_options(const EngineOptions& options,
+                                 const std::vector<ShardGroup>& groups) {
+  ScheduleOptions s = zrt::schedule_options(options);
+  for (const ShardGroup& g : groups) {
+    s.hpz_group_sizes.push_back(g.secondary != nullptr ? g.secondary->size()
+                                                       : options.hpz_partition_size);
+  }
+  return s;
 }
 
 std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,

@@ -243,15 +243,14 @@ void check_expert_parallel(const EngineOptions& o, int world, Problems& p) {
           "one; set a stage or autoep_size 1",
           {kStage});
   }
-  // ZeRO++'s quantized collectives (qwZ, qgZ) run over each shard group, the experts' too; hpZ's
-  // secondary shards and MiCS's shard groups are blocks of the dense group's ranks.
-  if (o.mics_shard_size > 0 || o.hpz_partition_size > 1) {
+  // ZeRO++ (qwZ, qgZ, hpZ) runs over each shard group, the experts' too; MiCS's shard groups
+  // are blocks of the dense group's ranks.
+  if (o.mics_shard_size > 0) {
     p.add(key,
-          "expert parallelism with mics_shard_size or zero_hpz_partition_size is not supported: "
-          "their groups are blocks of the dense group's ranks, not of the experts' "
-          "expert-data-parallel group; turn them off or set autoep_size 1 "
-          "(zero_quantized_weights / zero_quantized_gradients do work with it)",
-          {"zero_optimization.mics_shard_size", "zero_optimization.zero_hpz_partition_size"});
+          "expert parallelism with mics_shard_size is not supported: MiCS's shard groups are "
+          "blocks of the dense group's ranks, not of the experts' expert-data-parallel group; "
+          "turn it off or set autoep_size 1 (ZeRO++'s qwZ, qgZ and hpZ do work with it)",
+          {"zero_optimization.mics_shard_size"});
   }
 }
 

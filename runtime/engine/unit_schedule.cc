@@ -59,7 +59,14 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
 }
 
 std::int64_t UnitSchedule::secondary_numel(int unit) const {
-  return hpz() ? plan_.unit(unit).numel / options_.hpz_partition_size : 0;
+  if (!hpz()) return 0;
+  const Unit& u = plan_.unit(unit);
+  const auto g = static_cast<std::size_t>(u.group);
+  const int S = g < options_.hpz_group_sizes.size() ? options_.hpz_group_sizes[g]
+                                                    : options_.hpz_partition_size;
+  ZRT_CHECK(S >= 1 && u.numel % S == 0, "unit {}: {} elements in hpZ shards over {} ranks", unit,
+            u.numel, S);
+  return u.numel / S;
 }
 
 void UnitSchedule::step() {

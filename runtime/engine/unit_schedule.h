@@ -47,6 +47,10 @@ struct ScheduleOptions {
   // unit's second forward use) read the secondary shards over its S-rank group, and the
   // secondary shard is freed once the unit's last backward has its parameters. 0 or 1: off.
   int hpz_partition_size = 0;
+  // Per shard group (Unit::group), the ranks its secondary shards are kept over: the dense
+  // group's S and, under expert parallelism, the experts' ranks in an hpZ block
+  // (engine_groups.h's schedule options). Empty: hpz_partition_size for every group.
+  std::vector<int> hpz_group_sizes;
 };
 
 enum class UnitOpKind {

@@ -241,6 +241,30 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   zeropp.quantized_gradients = false;  // unquantized: any split of the nodes
   CHECK(zeropp.validate().empty());
 
+  // hpZ with expert parallelism: the experts' secondary shards over their expert-data-parallel
+  // ranks in each hpZ block. 8 ranks, blocks of 4, ep 2 (E + D: {0,2,4,6}, {1,3,5,7}): two of
+  // each in every block; unequal counts are refused.
+  ParallelDims experts_hpz = dims_of(8, 4, 3);
+  experts_hpz.hpz_partition_size = 4;
+  experts_hpz.expert_parallel_size = 2;
+  CHECK(experts_hpz.validate().empty());
+  for (int r = 0; r < 8; ++r) {
+    const SubgroupPlan plan = experts_hpz.expert_hpz_group_plan(r);
+    CHECK(plan.members.size() == 2);
+    for (int m : plan.members) CHECK(m / 4 == r / 4);
+    for (int m : plan.members) CHECK(m % 2 == r % 2);
+  }
+  check_partition(8, [&](int r) { return experts_hpz.expert_hpz_group_plan(r); });
+  experts_hpz.data_before_expert_parallel = true;  // D + E: edp groups {0,1,2,3}, {4,5,6,7}
+  CHECK(experts_hpz.validate().empty());
+  CHECK(experts_hpz.expert_hpz_group_plan(5).members == std::vector<int>({4, 5, 6, 7}));
+  ParallelDims uneven = dims_of(12, 6, 3);
+  uneven.hpz_partition_size = 3;
+  uneven.expert_parallel_size = 2;  // edp {0,2,4,...}: 2 in block {0,1,2}, 1 in {3,4,5}
+  CHECK(mentions(uneven.validate(),
+                 "zero_hpz_partition_size 3 with expert_parallel_size 2: the "
+                 "hpZ blocks hold unequal numbers of ranks"));
+
   CHECK_THROWS_WITH(mics.check(), Catch::Contains("the parallel layout (world 8 (2 nodes x 4), "
                                                   "stage 0, MiCS shards of 3) is inconsistent") &&
                                       Catch::Contains("mics_shard_size 3 does not divide"));

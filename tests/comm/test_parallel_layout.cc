@@ -207,6 +207,21 @@ TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel grou
     CHECK(layout.expert_data_parallel_group()->node_map().size() ==
           static_cast<std::size_t>(f.world / 2));
   }
+  // hpZ over the experts too: their secondary shards over their expert-data-parallel ranks in
+  // this rank's hpZ block (a node of 2: one of them at ep 2).
+  if (f.world >= 4) {
+    ParallelDims d = f.dims(3);
+    d.expert_parallel_size = 2;
+    d.ranks_per_node = 2;
+    d.hpz_partition_size = 2;
+    ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+    const std::vector<ShardGroup> groups = layout.engine_groups();
+    REQUIRE(groups.size() == 2);
+    CHECK(groups[0].secondary == layout.hpz_group());
+    REQUIRE(layout.expert_hpz_group() != nullptr);
+    CHECK(groups[1].secondary == layout.expert_hpz_group());
+    CHECK(layout.expert_hpz_group()->size() == 1);
+  }
   // ep 1: no expert group, the engine's table as without it.
   ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
   CHECK(plain.expert_parallel_group() == nullptr);

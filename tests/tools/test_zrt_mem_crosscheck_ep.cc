@@ -310,6 +310,39 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
   }
 }
 
+// hpZ with expert parallelism 2 over two simulated nodes: the experts' secondary shards over
+// their expert-data-parallel ranks in each node (at 4 ranks one: a whole copy; at 2 ranks, one
+// rank a node, the same), the dense units' over each node's ranks: the params category (gathered
+// and secondary shards at once) to the byte.
+TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (world < 2) {
+    WARN("expert parallelism needs at least 2 ranks; world " << world);
+    return;
+  }
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_hpz_np" + std::to_string(world));
+  int run = 0;
+  for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+    const std::string out = (dir / ("run" + std::to_string(run++))).string();
+    const int per_node = world / 2;
+    const std::string zero = R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+        "zero_hpz_partition_size": )" +
+                             std::to_string(per_node) + "}";
+    const std::string text = run_config(
+        dir, out,
+        R"("expert_parallel": {"enabled": true, "autoep_size": 2}, "comm": {"ranks_per_node": )" +
+            std::to_string(per_node) + "}",
+        zero, model, "", true);
+    const Inputs in = train_then_plan(text, out, "crosscheck_ep_hpz.json");
+    const Estimate e = estimate(in, in.setting());
+    if (per_node > 1) CHECK(e.secondary_peak > 0);
+    if (rank == 0)
+      check_peaks(out, e, true, std::string(model) + "\nhpZ, world " + std::to_string(world));
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
 // ZeRO++ (qwZ + qgZ) with expert parallelism 2 over two simulated nodes: the experts' units have
 // quantized collectives of their own over the expert-data-parallel group (one rank of it on each
 // node at 4 ranks, so hierarchical), whose scratch is sized by the experts' slices, beside the

@@ -167,6 +167,32 @@ TEST_CASE("a mixture of experts with expert parallelism trains under ZeRO++ (qwZ
   CHECK(quantized.inter_node_bytes.back() < plain.inter_node_bytes.back());
 }
 
+// hpZ with expert parallelism 2 over two simulated nodes of 2 ranks: the dense units' secondary
+// shards over each node's 2 ranks, the experts' over their expert-data-parallel ranks in the
+// node (one of them here: a whole copy), so the backward's gathers stay inside the node. hpZ
+// gathers the same values again: every loss and gradient norm equal to the run without it, bit
+// for bit, and fewer bytes across the nodes.
+TEST_CASE("a mixture of experts with expert parallelism trains under hpZ bit for bit", "[moe]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  std::vector<Run> runs;
+  for (const int hpz : {1, 2}) {
+    Job job = moe_job("qwen3-moe-tiny", 1);
+    job.zero = R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+        "zero_hpz_partition_size": )" +
+               std::to_string(hpz) + "}";
+    job.top_keys = R"("expert_parallel": {"enabled": true, "autoep_size": 2},)";
+    job.comm = R"({"ranks_per_node": 2})";
+    job.golden_weights = false;
+    runs.push_back(train_moe("qwen3_ep2_hpz" + std::to_string(hpz), job));
+  }
+  REQUIRE(!runs[0].losses.empty());
+  CHECK(runs[1].losses == runs[0].losses);
+  CHECK(runs[1].grad_norms == runs[0].grad_norms);
+  REQUIRE(!runs[1].inter_node_bytes.empty());
+  CHECK(runs[1].inter_node_bytes.back() < runs[0].inter_node_bytes.back());
+}
+
 // Packed documents crossing the chunk boundaries, their prompts masked out of the loss
 // (sp_test_support.h's sft data): sp 2 and 4 give sp 1's losses and loss-token counts, so no
 // chunk attends across a document's start or counts a masked token (sp 1 itself: test_moe and

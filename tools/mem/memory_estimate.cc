@@ -212,8 +212,13 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
     for (int m : model.def->recomputed_modules()) recomputed[static_cast<std::size_t>(m)] = true;
   }
   // The engine's own schedule, replayed: the gathers and buckets it will allocate.
-  const SchedulePeaks peaks =
-      schedule_peaks(plan, model.num_modules, schedule_options(o), recomputed);
+  // hpZ: each group's secondary shards over its ranks of an hpZ block (the layout's groups).
+  ScheduleOptions schedule = schedule_options(o);
+  if (dims.hpz() > 1 && o.expert_parallel_size > 1) {
+    schedule.hpz_group_sizes = {dims.hpz(),
+                                static_cast<int>(dims.expert_hpz_group_plan(0).members.size())};
+  }
+  const SchedulePeaks peaks = schedule_peaks(plan, model.num_modules, schedule, recomputed);
   f.gathered_peak = peaks.gathered_elements;
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
