@@ -86,6 +86,13 @@ std::int64_t reached_capacity(const std::string& out, int rank) {
   return capacity;
 }
 
+// Whether `world` has the 2 ranks expert parallelism needs (else a note in the report).
+bool has_expert_ranks(int world) {
+  if (world >= 2) return true;
+  WARN("expert parallelism needs at least 2 ranks; world " << world);
+  return false;
+}
+
 // A folder under the temporary directory holding the corpus the runs read (ep_train_*.bin).
 std::filesystem::path corpus_dir(const std::string& name) {
   const auto dir = std::filesystem::temp_directory_path() / name;
@@ -143,10 +150,7 @@ void check_peaks(const std::string& out, const Estimate& e, bool bf16, const std
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks at autoep_size 2 and 4, stages 1-3, offload") {
   const int world = test::crosscheck_world_size();
   const int rank = test::crosscheck_world_rank();
-  if (world < 2) {
-    WARN("expert parallelism needs at least 2 ranks; world " << world);
-    return;
-  }
+  if (!has_expert_ranks(world)) return;
   const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_np" + std::to_string(world));
   const char* const stages[] = {R"({"stage": 1, "reduce_bucket_size": 3000)",
                                 R"({"stage": 2, "reduce_bucket_size": 3000)",
@@ -271,10 +275,7 @@ TEST_CASE("zrt-mem --sp 2 --ep 2 matches zrt-train's peaks") {
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
   const int world = test::crosscheck_world_size();
   const int rank = test::crosscheck_world_rank();
-  if (world < 2) {
-    WARN("expert parallelism needs at least 2 ranks; world " << world);
-    return;
-  }
+  if (!has_expert_ranks(world)) return;
   const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_tiled_np" + std::to_string(world));
   int run = 0;
   for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
@@ -317,10 +318,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
   const int world = test::crosscheck_world_size();
   const int rank = test::crosscheck_world_rank();
-  if (world < 2) {
-    WARN("expert parallelism needs at least 2 ranks; world " << world);
-    return;
-  }
+  if (!has_expert_ranks(world)) return;
   const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_hpz_np" + std::to_string(world));
   int run = 0;
   for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
@@ -351,10 +349,7 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks under ZeRO++ (qwZ + qgZ)") {
   const int world = test::crosscheck_world_size();
   const int rank = test::crosscheck_world_rank();
-  if (world < 2) {
-    WARN("expert parallelism needs at least 2 ranks; world " << world);
-    return;
-  }
+  if (!has_expert_ranks(world)) return;
   const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_zeropp_np" + std::to_string(world));
   int run = 0;
   for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
