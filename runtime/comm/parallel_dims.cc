@@ -1,5 +1,6 @@
 #include "runtime/comm/parallel_dims.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <fmt/format.h>
@@ -55,28 +56,6 @@ std::vector<std::string> ParallelDims::validate() const {
         "expert_parallel_size {} does not divide the data-parallel degree {} (world {} / "
         "sequence_parallel_size {}): give a divisor of it",
         ep, dp, world, sp));
-  } else if (dp_known && ep > 1 && nodes_known && quantized()) {
-    // ZeRO++'s collectives over the experts' group run hierarchically over its nodes, which
-    // must each hold as many of its ranks.
-    for (int rank = 0; rank < world; ++rank) {
-      std::vector<int> per_node(static_cast<std::size_t>(world / ranks_per_node), 0);
-      for (int member : expert_data_parallel_plan(rank).members) {
-        ++per_node[static_cast<std::size_t>(member / ranks_per_node)];
-      }
-      int first = 0;
-      for (int count : per_node) first = first > 0 ? first : count;
-      bool even = true;
-      for (int count : per_node) even = even && (count == 0 || count == first);
-      if (!even) {
-        problems.push_back(fmt::format(
-            "expert_parallel_size {} with zero_quantized_weights / zero_quantized_gradients: "
-            "rank {}'s expert-data-parallel group has unequal numbers of ranks on its nodes "
-            "({} ranks per node), and ZeRO++'s collectives over it run hierarchically by node; "
-            "make expert_parallel_size divide the ranks per node",
-            ep, rank, ranks_per_node));
-        break;
-      }
-    }
   }
 
   if (mics_shard_size > 0) {
@@ -142,20 +121,62 @@ std::vector<std::string> ParallelDims::validate() const {
         "2-3 (stage is {}); set stage 2 or 3, or turn it off",
         stage));
   }
-  // hpZ with expert parallelism: the experts' secondary shards are kept over the ranks of their
-  // expert-data-parallel group inside each hpZ block, as many in every block.
-  if (ep > 1 && hpz() > 1 && dp_known && dp % ep == 0 && world % hpz() == 0) {
-    std::size_t first = 0;
+  // hpZ and MiCS with expert parallelism: the experts' secondary shards (hpZ) or their state
+  // (MiCS) are kept over the ranks of their expert-data-parallel group inside each block, as
+  // many in every block.
+  const bool experts_placeable = ep > 1 && dp_known && dp % ep == 0;
+  std::size_t first = 0, other = 0;
+  if (experts_placeable && hpz() > 1 && world % hpz() == 0 &&
+      !expert_shares_even(hpz(), &first, &other)) {
+    problems.push_back(fmt::format(
+        "zero_hpz_partition_size {} with expert_parallel_size {}: the hpZ blocks hold "
+        "unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
+        "expert's secondary shards are kept over those; make expert_parallel_size divide "
+        "zero_hpz_partition_size",
+        hpz(), ep, first, other));
+  }
+  const bool mics_tiles =
+      !uses_mics() || (mics_shard_size <= world && world % mics_shard_size == 0);
+  bool experts_sliced_evenly = mics_tiles;
+  if (experts_placeable && uses_mics() && mics_tiles &&
+      !expert_shares_even(mics_shard_size, &first, &other)) {
+    experts_sliced_evenly = false;
+    problems.push_back(fmt::format(
+        "zero_optimization.mics_shard_size {} with expert_parallel_size {}: the shard groups "
+        "hold unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
+        "expert's state is sliced over those; {}",
+        mics_shard_size, ep, first, other,
+        data_before_expert_parallel
+            ? fmt::format("make mics_shard_size a divisor or a multiple of the {} ranks of an "
+                          "expert-data-parallel group (consecutive with "
+                          "use_data_before_expert_parallelism)",
+                          expert_data_parallel_size())
+            : fmt::format("make mics_shard_size a multiple of expert_parallel_size x "
+                          "sequence_parallel_size ({})",
+                          ep * sp)));
+  }
+  // ZeRO++'s collectives over the experts' shard group (the expert-data-parallel group, or its
+  // share of a MiCS block) run hierarchically over its nodes, which must each hold as many of
+  // its ranks.
+  if (experts_placeable && nodes_known && quantized() && experts_sliced_evenly) {
     for (int rank = 0; rank < world; ++rank) {
-      const std::size_t size = expert_hpz_group_plan(rank).members.size();
-      if (rank == 0) first = size;
-      if (size != first) {
+      std::vector<int> per_node(static_cast<std::size_t>(world / ranks_per_node), 0);
+      const SubgroupPlan experts =
+          uses_mics() ? expert_shard_group_plan(rank) : expert_data_parallel_plan(rank);
+      for (int member : experts.members) {
+        ++per_node[static_cast<std::size_t>(member / ranks_per_node)];
+      }
+      int first_count = 0;
+      for (int count : per_node) first_count = first_count > 0 ? first_count : count;
+      bool even = true;
+      for (int count : per_node) even = even && (count == 0 || count == first_count);
+      if (!even) {
         problems.push_back(fmt::format(
-            "zero_hpz_partition_size {} with expert_parallel_size {}: the hpZ blocks hold "
-            "unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
-            "expert's secondary shards are kept over those; make expert_parallel_size divide "
-            "zero_hpz_partition_size",
-            hpz(), ep, first, size));
+            "expert_parallel_size {} with zero_quantized_weights / zero_quantized_gradients: "
+            "rank {}'s experts are sliced over a group with unequal numbers of ranks on its "
+            "nodes ({} ranks per node), and ZeRO++'s collectives over it run hierarchically by "
+            "node; make expert_parallel_size divide the ranks per node",
+            ep, rank, ranks_per_node));
         break;
       }
     }
@@ -251,16 +272,56 @@ SubgroupPlan ParallelDims::expert_data_parallel_plan(int rank) const {
   return plan;
 }
 
-SubgroupPlan ParallelDims::expert_hpz_group_plan(int rank) const {
-  const int S = hpz();
-  ZRT_CHECK(S > 0, "expert_hpz_group_plan() without hpZ");
+int ParallelDims::expert_shard_world() const {
+  if (!uses_mics()) return expert_data_parallel_size();
+  return static_cast<int>(expert_shard_group_plan(0).members.size());
+}
+
+SubgroupPlan ParallelDims::expert_block_share(int rank, int block) const {
   const SubgroupPlan experts = expert_data_parallel_plan(rank);
-  const int block = rank / S;
+  const int index = rank / block;
   SubgroupPlan plan;
   plan.key = rank;
-  plan.color = block * world + experts.color;  // one group per block and expert set
+  plan.color = index * world + experts.color;  // one group per block and expert set
   for (int member : experts.members) {
-    if (member / S == block) plan.members.push_back(member);
+    if (member / block == index) plan.members.push_back(member);
+  }
+  return plan;
+}
+
+bool ParallelDims::expert_shares_even(int block, std::size_t* first, std::size_t* other) const {
+  *first = expert_block_share(0, block).members.size();
+  for (int rank = 1; rank < world; ++rank) {
+    *other = expert_block_share(rank, block).members.size();
+    if (*other != *first) return false;
+  }
+  return true;
+}
+
+SubgroupPlan ParallelDims::expert_hpz_group_plan(int rank) const {
+  ZRT_CHECK(hpz() > 0, "expert_hpz_group_plan() without hpZ");
+  return expert_block_share(rank, hpz());
+}
+
+SubgroupPlan ParallelDims::expert_shard_group_plan(int rank) const {
+  ZRT_CHECK(uses_mics(), "expert_shard_group_plan() without MiCS (stage {}, mics_shard_size {})",
+            stage, mics_shard_size);
+  return expert_block_share(rank, mics_shard_size);
+}
+
+// The members of the expert-data-parallel group are listed in rank order, so each block's share
+// is a run of them; the replicas are the members at this rank's offset in every run.
+SubgroupPlan ParallelDims::expert_replica_group_plan(int rank) const {
+  const SubgroupPlan share = expert_shard_group_plan(rank);
+  const SubgroupPlan experts = expert_data_parallel_plan(rank);
+  const auto position = static_cast<std::size_t>(
+      std::find(share.members.begin(), share.members.end(), rank) - share.members.begin());
+  const std::size_t per_block = share.members.size();
+  SubgroupPlan plan;
+  plan.key = rank;
+  plan.color = experts.color * world + static_cast<int>(position);
+  for (std::size_t i = position; i < experts.members.size(); i += per_block) {
+    plan.members.push_back(experts.members[i]);
   }
   return plan;
 }

@@ -72,9 +72,12 @@ struct ParallelDims {
   // The hpZ group size in effect (stage 3 and a size above 1), else 0.
   int hpz() const { return stage == 3 && hpz_partition_size > 1 ? hpz_partition_size : 0; }
   bool quantized() const { return quantized_weights || quantized_gradients; }
-  // An expert's parameters are sliced over this many ranks: world / ep, the data-parallel ranks
-  // holding it and, under sequence parallelism, every rank of their sp blocks.
+  // The ranks holding the same experts: world / ep, the data-parallel ranks holding them and,
+  // under sequence parallelism, every rank of their sp blocks.
   int expert_data_parallel_size() const { return world / expert_parallel_size; }
+  // An expert's state is sliced over this many ranks: its expert-data-parallel group, or under
+  // MiCS that group's ranks inside one shard block (validate() makes it the same for all).
+  int expert_shard_world() const;
 
   // Whether blocks of `size` consecutive ranks tile the world with none spanning two nodes
   // (always true of the nodes where ranks_per_node is 0, unknown).
@@ -99,9 +102,22 @@ struct ParallelDims {
   // hpZ with expert parallelism: the ranks of `rank`'s expert-data-parallel group inside its hpZ
   // block (S consecutive ranks of a node): where its experts' secondary shards are kept.
   SubgroupPlan expert_hpz_group_plan(int rank) const;
+  // MiCS with expert parallelism: the ranks of `rank`'s expert-data-parallel group inside its
+  // MiCS shard block (the experts' shard group), and those at the same position of that share
+  // in every other block (the experts' replicas).
+  SubgroupPlan expert_shard_group_plan(int rank) const;
+  SubgroupPlan expert_replica_group_plan(int rank) const;
 
   // "world 8 (2 nodes x 4), stage 3, shards of 8" and the like, for logs.
   std::string describe() const;
+
+ private:
+  // The members of `rank`'s expert-data-parallel group inside its block of `block` consecutive
+  // ranks (an hpZ or MiCS block), coloured by block and expert set.
+  SubgroupPlan expert_block_share(int rank, int block) const;
+  // Whether every block of `block` ranks holds as many ranks of each rank's expert-data-parallel
+  // group: the sizes of the shares of rank 0 and of the first rank whose share differs.
+  bool expert_shares_even(int block, std::size_t* first, std::size_t* other) const;
 };
 
 }  // namespace zrt

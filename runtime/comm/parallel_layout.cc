@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
@@ -78,11 +79,18 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
         make_subgroup(*world_group_, dims_.expert_parallel_plan(rank), comm, "expert-parallel");
     expert_data_group_ = make_subgroup(*world_group_, dims_.expert_data_parallel_plan(rank), comm,
                                        "expert-data-parallel");
+    // MiCS: the experts' state sliced over their expert-data-parallel ranks inside this rank's
+    // shard block, their gradients averaged again over the same share of the other blocks.
+    if (dims_.uses_mics()) {
+      expert_shard_group_ =
+          make_subgroup(*world_group_, dims_.expert_shard_group_plan(rank), comm, "expert-shards");
+      expert_replica_group_ = make_subgroup(*world_group_, dims_.expert_replica_group_plan(rank),
+                                            comm, "expert-replicas");
+    }
     // ZeRO++ over the experts' units too: their slices are gathered and their gradients
-    // reduce-scattered over the expert-data-parallel group, which spans nodes as the dense
-    // group does (world / ep ranks).
+    // reduce-scattered over their shard group, which may span nodes as the dense group does.
     if (dims_.quantized()) {
-      expert_quantized_ = make_quantized(device, *expert_data_group_, comm, "expert",
+      expert_quantized_ = make_quantized(device, expert_shard_group(), comm, "expert",
                                          &expert_intra_group_, &expert_inter_group_);
     }
     // hpZ: the experts' secondary shards over their expert-data-parallel ranks of this rank's
@@ -94,9 +102,14 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
     if (rank == 0) {
       spdlog::info(
           "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
-          "sliced over {} ranks",
+          "sliced over {}",
           dims_.world / dims_.expert_parallel_size, dims_.expert_parallel_size,
-          dims_.expert_data_parallel_size());
+          !dims_.uses_mics()
+              ? fmt::format("{} ranks", dims_.expert_data_parallel_size())
+              : fmt::format("{} of its {} expert-data-parallel ranks (those in a MiCS shard "
+                            "group), {} copies",
+                            dims_.expert_shard_world(), dims_.expert_data_parallel_size(),
+                            dims_.expert_data_parallel_size() / dims_.expert_shard_world()));
     }
   }
   // Ulysses sequence parallelism: this rank's block of sp consecutive ranks, within a node
@@ -136,7 +149,8 @@ std::vector<ShardGroup> ParallelLayout::engine_groups() {
   if (expert_group_) {
     // [1] the experts' units: sliced and reduced over the ranks holding the same experts, their
     // norm summed over the ranks holding the others, their averaged gradients times 1 / ep.
-    ShardGroup experts{expert_data_group_.get()};
+    ShardGroup experts{&expert_shard_group()};
+    experts.replicas = expert_replica_group_.get();
     experts.quantized = expert_quantized_.get();
     experts.secondary = expert_hpz_group_.get();
     experts.norm_peers = expert_group_.get();
@@ -154,8 +168,9 @@ CommCounts ParallelLayout::engine_traffic() const {
   CommCounts c = world_group_->stats().snapshot();
   for (const ProcessGroup* g :
        {shard_group_.get(), replica_group_.get(), intra_group_.get(), inter_group_.get(),
-        hpz_group_.get(), expert_group_.get(), expert_data_group_.get(), expert_intra_group_.get(),
-        expert_inter_group_.get(), expert_hpz_group_.get()}) {
+        hpz_group_.get(), expert_group_.get(), expert_data_group_.get(), expert_shard_group_.get(),
+        expert_replica_group_.get(), expert_intra_group_.get(), expert_inter_group_.get(),
+        expert_hpz_group_.get()}) {
     if (g != nullptr) c += g->stats().snapshot();
   }
   return c;

@@ -3,9 +3,10 @@
 // communicator and stream, for the trainer's small collectives and the checkpointer), the node
 // topology, MiCS's shard and replica groups, ZeRO++'s intra/inter-node groups and quantized
 // collectives, hpZ's secondary-shard group, expert parallelism's expert-parallel and
-// expert-data-parallel groups, and the sequence-parallel group (Ulysses' all-to-alls, on a
-// stream of its own). Other modules ask it for a group by role instead of splitting their own; a
-// new axis is a new plan in ParallelDims and a new group here.
+// expert-data-parallel groups (and the experts' MiCS shard and replica groups), and the
+// sequence-parallel group (Ulysses' all-to-alls, on a stream of its own). Other modules ask it for
+// a group by role instead of splitting their own; a new axis is a new plan in ParallelDims and a
+// new group here.
 //
 // Construction is collective over `world` (every rank builds the same groups in the same
 // order). Thread-safety: one thread builds and uses it, like the groups it owns.
@@ -68,8 +69,14 @@ class ParallelLayout {
   // (the tokens' all-to-alls) and the ranks holding the same experts (their state).
   ProcessGroup* expert_parallel_group() { return expert_group_.get(); }
   ProcessGroup* expert_data_parallel_group() { return expert_data_group_.get(); }
-  // ZeRO++ over the experts' units: the quantized collectives over the expert-data-parallel
-  // group (hierarchical where it spans nodes), else null.
+  // The experts' shard group: the expert-data-parallel group, or under MiCS its ranks inside
+  // this rank's shard block (needs expert parallelism); their MiCS replicas, else null.
+  ProcessGroup& expert_shard_group() {
+    return expert_shard_group_ ? *expert_shard_group_ : *expert_data_group_;
+  }
+  ProcessGroup* expert_replica_group() { return expert_replica_group_.get(); }
+  // ZeRO++ over the experts' units: the quantized collectives over their shard group
+  // (hierarchical where it spans nodes), else null.
   QuantizedCollectives* expert_quantized() { return expert_quantized_.get(); }
   // hpZ over the experts' units: their expert-data-parallel ranks in this rank's hpZ block.
   ProcessGroup* expert_hpz_group() { return expert_hpz_group_.get(); }
@@ -78,9 +85,9 @@ class ParallelLayout {
   ProcessGroup* sequence_group() { return sequence_group_.get(); }
 
   // The engine's table of shard groups (ZeroEngine, ParamSpec::group): [0] the dense units';
-  // with expert parallelism [1] the experts' (ShardGroup: the expert-data-parallel group, its
-  // quantized collectives under ZeRO++, the expert-parallel group as norm peers, gradient_scale
-  // 1 / ep).
+  // with expert parallelism [1] the experts' (ShardGroup: their shard group and MiCS replicas,
+  // their quantized collectives under ZeRO++ and hpZ group, the expert-parallel group as norm
+  // peers, gradient_scale 1 / ep).
   std::vector<ShardGroup> engine_groups();
   // The engine's traffic so far, summed over every group it uses (and the world group).
   CommCounts engine_traffic() const;
@@ -105,6 +112,7 @@ class ParallelLayout {
   std::unique_ptr<QuantizedCollectives> quantized_;
   std::unique_ptr<ProcessGroup> hpz_group_;
   std::unique_ptr<ProcessGroup> expert_group_, expert_data_group_;
+  std::unique_ptr<ProcessGroup> expert_shard_group_, expert_replica_group_;  // MiCS
   std::unique_ptr<ProcessGroup> expert_intra_group_, expert_inter_group_, expert_hpz_group_;
   std::unique_ptr<QuantizedCollectives> expert_quantized_;
   std::unique_ptr<ProcessGroup> sequence_group_;

@@ -243,15 +243,8 @@ void check_expert_parallel(const EngineOptions& o, int world, Problems& p) {
           "one; set a stage or autoep_size 1",
           {kStage});
   }
-  // ZeRO++ (qwZ, qgZ, hpZ) runs over each shard group, the experts' too; MiCS's shard groups
-  // are blocks of the dense group's ranks.
-  if (o.mics_shard_size > 0) {
-    p.add(key,
-          "expert parallelism with mics_shard_size is not supported: MiCS's shard groups are "
-          "blocks of the dense group's ranks, not of the experts' expert-data-parallel group; "
-          "turn it off or set autoep_size 1 (ZeRO++'s qwZ, qgZ and hpZ do work with it)",
-          {"zero_optimization.mics_shard_size"});
-  }
+  // MiCS, ZeRO++ (qwZ, qgZ, hpZ) run over each shard group, the experts' too (ParallelDims
+  // places them).
 }
 
 std::vector<OptionProblem> validate(const EngineOptions& options, int world) {

@@ -434,6 +434,13 @@ TEST_CASE("a mixture of experts resumes at another expert-parallel degree and wo
   reshard_case("moe_ep4_to_ep2", job(4, 4), job(2, 2));
   reshard_case("moe_ep2_to_ep1", job(2, 2), job(1, 0));
   reshard_case("moe_ep1_to_ep4", job(1, 0), job(4, 4));
+  // MiCS (shard groups of 2) at autoep_size 2: the experts' slices are kept by their
+  // expert-data-parallel ranks in a shard group (one here: a whole copy, written once by the
+  // first of its replicas) and found by name at one rank, and the other way.
+  Job mics = job(4, 2);
+  mics.zero_extra = {{"mics_shard_size", 2}};
+  reshard_case("moe_ep2_mics2_to_ep1", mics, job(1, 0));
+  reshard_case("moe_ep1_to_ep2_mics2", job(1, 0), mics);
 }
 
 TEST_CASE("a rank killed during a save leaves the previous checkpoint loadable", "[kill]") {

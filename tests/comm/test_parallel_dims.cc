@@ -3,6 +3,7 @@
 // problems, each naming its key.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -237,7 +238,8 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   zeropp.ranks_per_node = 3;
   CHECK(mentions(zeropp.validate(),
                  "expert_parallel_size 2 with zero_quantized_weights / zero_quantized_gradients: "
-                 "rank 0's expert-data-parallel group has unequal numbers of ranks on its nodes"));
+                 "rank 0's experts are sliced over a group with unequal numbers of ranks on its "
+                 "nodes"));
   zeropp.quantized_gradients = false;  // unquantized: any split of the nodes
   CHECK(zeropp.validate().empty());
 
@@ -268,4 +270,122 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   CHECK_THROWS_WITH(mics.check(), Catch::Contains("the parallel layout (world 8 (2 nodes x 4), "
                                                   "stage 0, MiCS shards of 3) is inconsistent") &&
                                       Catch::Contains("mics_shard_size 3 does not divide"));
+}
+
+// MiCS with expert parallelism: the experts' state is sliced over the ranks of their
+// expert-data-parallel group inside each MiCS shard block and averaged again over the ranks at
+// the same place of that group's share of every other block.
+TEST_CASE("MiCS with expert parallelism: the experts' shard and replica groups", "[mics][ep]") {
+  // 8 ranks, blocks of 4, ep 2 (E + D: edp {0,2,4,6}, {1,3,5,7}): shards {0,2}, {1,3}, {4,6},
+  // {5,7}; replicas {0,4}, {2,6}, {1,5}, {3,7}.
+  ParallelDims d = dims_of(8, 4, 3);
+  d.mics_shard_size = 4;
+  d.expert_parallel_size = 2;
+  CHECK(d.validate().empty());
+  CHECK(d.expert_shard_world() == 2);
+  check_partition(8, [&](int r) { return d.expert_shard_group_plan(r); });
+  check_partition(8, [&](int r) { return d.expert_replica_group_plan(r); });
+  CHECK(d.expert_shard_group_plan(6).members == std::vector<int>({4, 6}));
+  CHECK(d.expert_replica_group_plan(6).members == std::vector<int>({2, 6}));
+  // Blocks of 2 hold one rank of each expert set: the experts whole on every rank, averaged over
+  // the expert-data-parallel group.
+  d.mics_shard_size = 2;
+  CHECK(d.validate().empty());
+  CHECK(d.expert_shard_world() == 1);
+  CHECK(d.expert_shard_group_plan(3).members == std::vector<int>({3}));
+  CHECK(d.expert_replica_group_plan(3).members == std::vector<int>({1, 3, 5, 7}));
+  // D + E (edp {0,1,2,3}, {4,5,6,7}): blocks of 4 are whole expert-data-parallel groups (no
+  // replicas); blocks of 2 halve them.
+  d.data_before_expert_parallel = true;
+  CHECK(d.expert_shard_group_plan(5).members == std::vector<int>({4, 5}));
+  CHECK(d.expert_replica_group_plan(5).members == std::vector<int>({5, 7}));
+  d.mics_shard_size = 4;
+  CHECK(d.expert_shard_group_plan(5).members == std::vector<int>({4, 5, 6, 7}));
+  CHECK(d.expert_replica_group_plan(5).members == std::vector<int>({5}));
+  // sp 2: an expert's group holds every rank of its sp blocks (edp of 0: {0,1,4,5}).
+  d.data_before_expert_parallel = false;
+  d.sequence_parallel_size = 2;
+  CHECK(d.validate().empty());
+  CHECK(d.expert_shard_group_plan(1).members == std::vector<int>({0, 1}));
+  CHECK(d.expert_replica_group_plan(1).members == std::vector<int>({1, 5}));
+
+  // Every layout validate() accepts: a rank's shard group lies in its block and its
+  // expert-data-parallel group, its replicas in that group at its own place of each block's
+  // share, and the two groups meet at the rank alone and multiply to the group's size.
+  int accepted = 0;
+  for (const int world : {4, 8, 12, 16}) {
+    for (const int sp : {1, 2, 4}) {
+      for (const int ep : {2, 4}) {
+        for (const int mics : {1, 2, 3, 4, 6, 8, 16}) {
+          for (const bool d_before_e : {false, true}) {
+            ParallelDims l = dims_of(world, 0, 2);
+            l.sequence_parallel_size = sp;
+            l.expert_parallel_size = ep;
+            l.mics_shard_size = mics;
+            l.data_before_expert_parallel = d_before_e;
+            if (!l.validate().empty()) continue;
+            ++accepted;
+            INFO("world " << world << " sp " << sp << " ep " << ep << " mics " << mics
+                          << (d_before_e ? " D+E" : " E+D"));
+            check_partition(world, [&](int r) { return l.expert_shard_group_plan(r); });
+            check_partition(world, [&](int r) { return l.expert_replica_group_plan(r); });
+            for (int r = 0; r < world; ++r) {
+              const std::vector<int> edp = l.expert_data_parallel_plan(r).members;
+              const std::vector<int> shard = l.expert_shard_group_plan(r).members;
+              const std::vector<int> replicas = l.expert_replica_group_plan(r).members;
+              CHECK(static_cast<int>(shard.size()) == l.expert_shard_world());
+              CHECK(shard.size() * replicas.size() == edp.size());
+              std::vector<int> both;
+              for (int m : shard) {
+                CHECK(m / mics == r / mics);
+                CHECK(std::count(edp.begin(), edp.end(), m) == 1);
+                if (std::count(replicas.begin(), replicas.end(), m) == 1) both.push_back(m);
+              }
+              CHECK(both == std::vector<int>({r}));
+              const auto place = [&](int rank) {
+                const std::vector<int> own = l.expert_shard_group_plan(rank).members;
+                return std::find(own.begin(), own.end(), rank) - own.begin();
+              };
+              for (int m : replicas) {
+                CHECK(std::count(edp.begin(), edp.end(), m) == 1);
+                CHECK(place(m) == place(r));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(accepted > 40);
+
+  // Unequal shares are refused with a fix for the order in use: 12 ranks, blocks of 3, ep 2
+  // (E + D: block {0,1,2} holds two of {0,2,...}, one of {1,3,...}).
+  ParallelDims uneven = dims_of(12, 0, 2);
+  uneven.mics_shard_size = 3;
+  uneven.expert_parallel_size = 2;
+  CHECK(mentions(uneven.validate(),
+                 "zero_optimization.mics_shard_size 3 with expert_parallel_size 2: the shard "
+                 "groups hold unequal numbers of ranks of an expert-data-parallel group (2 and "
+                 "1), and each expert's state is sliced over those; make mics_shard_size a "
+                 "multiple of expert_parallel_size x sequence_parallel_size (2)"));
+  uneven.mics_shard_size = 4;  // D + E: edp blocks of 6, and {4,...,7} holds two of each
+  uneven.data_before_expert_parallel = true;
+  CHECK(mentions(uneven.validate(),
+                 "make mics_shard_size a divisor or a multiple of the 6 ranks "
+                 "of an expert-data-parallel group"));
+  // ZeRO++ over the experts' shard group: by node, as many of its ranks on each. 2 nodes of 4,
+  // blocks of 8 at ep 2: shards {0,2,4,6} (two a node); at 3 ranks a node of 6, {0,2,4}: refused.
+  ParallelDims quantized = dims_of(8, 4, 3);
+  quantized.mics_shard_size = 8;
+  quantized.expert_parallel_size = 2;
+  quantized.quantized_gradients = true;
+  CHECK(quantized.validate().empty());
+  quantized.world = 6;
+  quantized.ranks_per_node = 3;
+  quantized.mics_shard_size = 6;
+  CHECK(mentions(quantized.validate(),
+                 "rank 0's experts are sliced over a group with unequal "
+                 "numbers of ranks on its nodes"));
+  quantized.mics_shard_size = 2;  // shards of one rank: nothing to split by node
+  CHECK(quantized.validate().empty());
 }

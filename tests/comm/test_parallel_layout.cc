@@ -222,6 +222,35 @@ TEST_CASE("expert parallelism: the expert-parallel and expert-data-parallel grou
     CHECK(groups[1].secondary == layout.expert_hpz_group());
     CHECK(layout.expert_hpz_group()->size() == 1);
   }
+  // MiCS over the experts too: their state over their expert-data-parallel ranks in this rank's
+  // shard group (a node of 2: one of them at ep 2, E + D; both at D + E), replicated over the
+  // others; ZeRO++'s collectives over that group.
+  if (f.world >= 4) {
+    for (bool data_before : {false, true}) {
+      ParallelDims d = f.dims(3);
+      d.expert_parallel_size = 2;
+      d.ranks_per_node = 2;
+      d.mics_shard_size = 2;
+      d.quantized_gradients = true;
+      d.data_before_expert_parallel = data_before;
+      ParallelLayout layout(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, d, {});
+      const std::vector<ShardGroup> groups = layout.engine_groups();
+      REQUIRE(groups.size() == 2);
+      CHECK(groups[0].shard == &layout.shard_group());
+      CHECK(groups[0].shard->size() == 2);
+      CHECK(groups[1].shard == &layout.expert_shard_group());
+      CHECK(groups[1].shard != layout.expert_data_parallel_group());
+      CHECK(groups[1].replicas == layout.expert_replica_group());
+      const int shard = data_before ? 2 : 1;
+      CHECK(groups[1].shard->size() == shard);
+      CHECK(groups[1].replicas->size() == f.world / 2 / shard);
+      CHECK(groups[1].shard->size() * groups[1].replicas->size() ==
+            layout.expert_data_parallel_group()->size());
+      CHECK(groups[1].norm_peers == layout.expert_parallel_group());
+      REQUIRE(layout.expert_quantized() != nullptr);
+      CHECK(groups[1].quantized == layout.expert_quantized());
+    }
+  }
   // ep 1: no expert group, the engine's table as without it.
   ParallelLayout plain(*f.device, MPI_COMM_WORLD, *f.comm, *f.control, f.dims(2), {});
   CHECK(plain.expert_parallel_group() == nullptr);

@@ -370,8 +370,15 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
   // ZeRO++ at stage 3: the quantized collectives' scratch and qgZ's output slice (at 4 ranks
   // over 2 simulated nodes, so the hierarchical reduce-scatter's node sums are counted too).
   const std::string zeropp_comm = world == 4 ? R"(, "comm": {"ranks_per_node": 2})" : std::string();
+  // MiCS (shard groups of half the world): the shard and replica groups' own MPI scratch.
+  const std::string mics = std::to_string(std::max(1, world / 2));
+  const std::string mics2 =
+      R"({"stage": 2, "reduce_bucket_size": 30000, "mics_shard_size": )" + mics + "}";
+  const std::string mics3 =
+      R"({"stage": 3, "stage3_param_persistence_threshold": 100, "mics_shard_size": )" + mics + "}";
   for (const auto& [name, zero] :
        {std::pair{"stage1", R"({"stage": 1, "reduce_bucket_size": 30000})"},
+        std::pair{"stage2_mics", mics2.c_str()}, std::pair{"stage3_mics", mics3.c_str()},
         std::pair{"stage3", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
             "stage3_prefetch_bucket_size": 60000, "stage3_max_live_parameters": 120000,
             "offload_optimizer": {"device": "cpu"}})"},

@@ -5,8 +5,9 @@
 // parameter offload), with activation checkpointing (one block's kept set, its local experts'
 // rows sized alike), and in fp32, where the whole device peak is exact (workspace included).
 // Each rank holds E/ep experts of every MoE layer as units of their own, sliced over the world/ep
-// ranks of its expert-data-parallel group, and the dense units over the world; the experts'
-// reductions and norm run on the expert groups' communicators, each with its own MPI scratch;
+// ranks of its expert-data-parallel group (under MiCS those in a shard group), and the dense
+// units over the world (or the shard group); the experts' reductions and norm run on the expert
+// groups' communicators, each with its own MPI scratch;
 // the dispatch keeps its count vectors (comm) and the model its local experts' rows and the
 // exchange's staging (activations).
 //
@@ -338,6 +339,49 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
     if (rank == 0)
       check_peaks(out, e, true, std::string(model) + "\nhpZ, world " + std::to_string(world));
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+// MiCS (shard groups of half the world) with expert parallelism 2: the experts' state sliced over
+// their expert-data-parallel ranks in a shard group and averaged again over the copies in the
+// others (at 4 ranks, E + D: one rank, a whole copy, two copies; D + E: both ranks of the group,
+// one copy; at 2 ranks one of one), the dense units' over the shard group: the model state's
+// categories and the comm category (the shard and replica groups' MPI scratch, the experts'
+// beside the dense units') to the byte, at stages 1-3, in fp32 with the whole device peak.
+TEST_CASE("zrt-mem --ep matches zrt-train's peaks under MiCS") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (!has_expert_ranks(world)) return;
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_mics_np" + std::to_string(world));
+  const char* const stages[] = {R"("stage": 1, "reduce_bucket_size": 3000)",
+                                R"("stage": 2, "reduce_bucket_size": 3000)",
+                                R"("stage": 3, "stage3_param_persistence_threshold": 100)"};
+  int run = 0;
+  for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+    for (const char* stage : stages) {
+      for (const bool data_before_expert : {false, true}) {
+        const bool bf16 = run % 2 == 0;
+        const std::string out = (dir / ("run" + std::to_string(run++))).string();
+        const std::string zero =
+            std::string("{") + stage + R"(, "mics_shard_size": )" + std::to_string(world / 2) + "}";
+        const std::string text = run_config(
+            dir, out,
+            std::string(R"("expert_parallel": {"enabled": true, "autoep_size": 2}, )") +
+                (data_before_expert ? R"("use_data_before_expert_parallelism": true, )" : "") +
+                R"("comm": {"ranks_per_node": )" + std::to_string(world / 2) + "}",
+            zero, model, "", bf16);
+        const Inputs in = train_then_plan(text, out, "crosscheck_ep_mics.json");
+        REQUIRE(in.engine.mics_shard_size == world / 2);
+        const Estimate e = estimate(in, in.setting());
+        if (rank == 0) {
+          check_peaks(out, e, bf16,
+                      std::string(model) + "\nMiCS, " + stage +
+                          (data_before_expert ? ", D + E" : ", E + D") + ", world " +
+                          std::to_string(world));
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+    }
   }
 }
 

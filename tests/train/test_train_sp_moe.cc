@@ -12,6 +12,8 @@
 //    again), and with expert parallelism 2 inside sp 2 (at stage 2, and stage 3 with optimizer
 //    offload): the experts' gradients summed over every chunk's tokens, also with the MoE layers
 //    in tiles (model.tiling.mlp_rows: an exchange per tile, each run again in the backward);
+//  - expert parallelism under ZeRO++ (qwZ + qgZ), hpZ and MiCS (the experts' groups placed in
+//    the blocks);
 //  - packed documents with masked prompts crossing the chunk boundaries give sp 1's losses;
 //  - a capacity factor with sp > 1 is refused by name (its drops follow a forward's token order).
 #include "tests/train/sp_test_support.h"
@@ -191,6 +193,36 @@ TEST_CASE("a mixture of experts with expert parallelism trains under hpZ bit for
   CHECK(runs[1].grad_norms == runs[0].grad_norms);
   REQUIRE(!runs[1].inter_node_bytes.empty());
   CHECK(runs[1].inter_node_bytes.back() < runs[0].inter_node_bytes.back());
+}
+
+// MiCS with expert parallelism 2 over two simulated nodes of 2 ranks, shard groups of 2 (a node):
+// the dense units' state sliced over the node, the experts' over their expert-data-parallel
+// ranks in it — with expert-parallel groups of consecutive ranks (E + D) one rank, so each expert
+// whole on its ranks and its gradients averaged over both nodes; with
+// use_data_before_expert_parallelism (D + E) both ranks of the node, no replicas. The same sums
+// in another order: every loss within the sp cases' 1e-5 of the run without MiCS (and of each
+// other), every parameter gather inside a node, so fewer bytes cross the nodes.
+TEST_CASE("a mixture of experts with expert parallelism trains under MiCS", "[moe]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  std::vector<Run> runs;
+  for (const int variant : {0, 1, 2}) {  // no MiCS; MiCS, E + D; MiCS, D + E
+    Job job = moe_job("qwen3-moe-tiny", 1);
+    job.zero = std::string(R"({"stage": 3, "stage3_param_persistence_threshold": 100)") +
+               (variant > 0 ? R"(, "mics_shard_size": 2})" : "}");
+    job.top_keys = std::string(R"("expert_parallel": {"enabled": true, "autoep_size": 2},)") +
+                   (variant == 2 ? R"("use_data_before_expert_parallelism": true,)" : "");
+    job.comm = R"({"ranks_per_node": 2})";
+    job.golden_weights = false;
+    runs.push_back(train_moe("qwen3_ep2_mics" + std::to_string(variant), job));
+  }
+  for (const int variant : {1, 2}) {
+    INFO("variant " << variant);
+    check_losses(runs[static_cast<std::size_t>(variant)].losses, runs[0].losses, 1e-5);
+    REQUIRE(!runs[static_cast<std::size_t>(variant)].inter_node_bytes.empty());
+    CHECK(runs[static_cast<std::size_t>(variant)].inter_node_bytes.back() <
+          runs[0].inter_node_bytes.back());
+  }
 }
 
 // Packed documents crossing the chunk boundaries, their prompts masked out of the loss

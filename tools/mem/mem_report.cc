@@ -126,13 +126,22 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   if (ep > 1 && in.model && in.model->def) {
     // A rank's engine holds the dense parameters and its 1/ep of the experts (their own units).
     const std::int64_t dense = chosen.padded_params - chosen.expert_padded_params;
+    ParallelDims dims = parallel_dims(o, in.world, in.ranks_per_node());
+    dims.stage = chosen.setting.stage;
+    const std::string expert_slices =
+        dims.uses_mics()
+            ? fmt::format(
+                  "{} rank(s) of its expert-data-parallel group of {} (MiCS: the group's "
+                  "ranks in a shard group)",
+                  dims.expert_shard_world(), dims.expert_data_parallel_size())
+            : fmt::format("its expert-data-parallel group of {} rank(s)",
+                          dims.expert_data_parallel_size());
     out += fmt::format(
         "  Ψ = {} parameters; a rank holds {} of them ({} with padding): the dense ones ({} "
         "padded, sliced over {} ranks) and 1/{} of every MoE layer's experts ({} padded, sliced "
-        "over its expert-data-parallel group of {} rank(s)); GB = 10^9 bytes\n",
+        "over {}); GB = 10^9 bytes\n",
         in.model->def->num_parameters(), chosen.content_params, chosen.padded_params, dense,
-        parallel_dims(o, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage), ep,
-        chosen.expert_padded_params, in.world / ep);
+        dims.shard_world(), ep, chosen.expert_padded_params, expert_slices);
     out += fmt::format(
         "  expert parallelism (expert_parallel.autoep_size {}): the rows this rank's experts "
         "receive, counted at {} x the balanced share (tokens x k{}): {} bytes in the activations "

@@ -156,11 +156,12 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // Hierarchical sharding (mics_shard_size) slices the state over the shard group only.
   const ParallelDims dims = parallel_dims(o, world, 0);
   const int partition_world = dims.shard_world();
-  // Expert parallelism: the experts' units (group 1) over the expert-data-parallel group, as
-  // the layout gives the engine its groups (engine_groups.h's group_worlds).
+  // Expert parallelism: the experts' units (group 1) over the expert-data-parallel group (under
+  // MiCS its share of a shard block), as the layout gives the engine its groups (engine_groups.h's
+  // group_worlds).
   std::vector<int> group_worlds{partition_world};
   if (o.expert_parallel_size > 1) {
-    group_worlds.push_back(o.stage == 0 ? 1 : dims.expert_data_parallel_size());
+    group_worlds.push_back(o.stage == 0 ? 1 : dims.expert_shard_world());
   }
   const std::vector<ParamSpec> params = rank_parameters(model, o);
   const PartitionPlan plan(params,
@@ -469,9 +470,11 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     const int per_node = in.comm.ranks_per_node > 0 ? in.comm.ranks_per_node : in.ranks_per_node();
     std::vector<std::pair<int, int>> groups{{n, std::max(1, std::min(per_node, n))}};
     // Under expert parallelism the experts' units have QuantizedCollectives of their own, over
-    // the expert-data-parallel group: rank 0's, whose members on rank 0's node are L.
+    // their shard group (the expert-data-parallel group, or under MiCS its share of a shard
+    // block): rank 0's, whose members on rank 0's node are L.
     if (f.groups > 1) {
-      const std::vector<int> members = dims.expert_data_parallel_plan(0).members;
+      const std::vector<int> members = dims.uses_mics() ? dims.expert_shard_group_plan(0).members
+                                                        : dims.expert_data_parallel_plan(0).members;
       const int edp = static_cast<int>(members.size());
       int L = 0;
       for (int r : members) L += per_node > 0 && r / per_node == 0 ? 1 : 0;

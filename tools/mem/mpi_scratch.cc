@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "runtime/common/dtype.h"
+#include "runtime/engine/engine_parallel_dims.h"
 
 namespace zrt::mem {
 
@@ -33,6 +34,7 @@ class MpiScratch {
     if ((count + c - 1) / c > 1) grow(1, size_ * c * elem);
   }
   std::int64_t bytes() const { return slot_[0] + slot_[1]; }
+  int size() const { return size_; }
 
  private:
   std::int64_t chunk(std::int64_t elem) const {
@@ -45,12 +47,24 @@ class MpiScratch {
   std::int64_t slot_[2] = {0, 0};
 };
 
+// One engine group's communicators: the ranks its units are sliced over and, under MiCS, their
+// replicas (each gradient slice averaged again over them: zero_engine's make_reduce_scatter).
+struct GroupScratch {
+  GroupScratch(int shard_world, int replica_world, const CommOptions& comm)
+      : shard(shard_world, comm), replicas(replica_world, comm), replicated(replica_world > 1) {}
+  MpiScratch shard, replicas;
+  bool replicated;
+  std::int64_t bytes() const { return shard.bytes() + replicas.bytes(); }
+};
+
 // What the engine's collectives (zero_engine.cc: reduce_unit, step) and zrt-train's control
 // group (one fp32 all-reduce of 3 values per step) leave allocated on the CPU backend.
-// Under expert parallelism (ep > 1) each group has its own communicator and scratch: the
-// experts' units (group 1) reduce over the expert-data-parallel group of world / ep ranks, which
-// also sums their gradient norm, and the expert-parallel group (ep ranks) sums it again as the
-// units' norm peers; the dispatch's all_to_all and all_to_allv there use no scratch.
+// Each engine group has communicators of its own: the dense units' shard group (the world, or
+// MiCS's shard group and its replicas) and, under expert parallelism (ep > 1), the experts'
+// (group 1: their expert-data-parallel group of world / ep ranks, or under MiCS its share of a
+// shard block and the replicas), which also sums their gradient norm; the expert-parallel group
+// (ep ranks) sums it again as the units' norm peers; the dispatch's all_to_all and all_to_allv
+// there use no scratch.
 }  // namespace
 
 std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineOptions& o,
@@ -58,28 +72,35 @@ std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineO
                                std::int64_t sequence_sum_floats) {
   const auto wire =
       static_cast<std::int64_t>(dtype_size(o.communication_dtype.value_or(o.compute_dtype)));
+  const ParallelDims dims = parallel_dims(o, world, 0);
   const int ep = o.expert_parallel_size;
-  const int expert_data_world = world / ep;
-  MpiScratch zero(world, comm);
-  MpiScratch expert_data(expert_data_world, comm);
-  for (const UnitSize& u : units) {
-    const bool experts = u.group == 1;
-    const int n = experts ? expert_data_world : world;
-    MpiScratch& group = experts ? expert_data : zero;
-    if (o.stage == 0 && n > 1) group.all_reduce_float(u.numel, wire);
-    // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
-    const bool quantized = o.quantized_gradients && o.stage >= 2;
-    if (((o.stage == 1 && n > 1) || o.stage >= 2) && !quantized) {
-      group.reduce_scatter(u.shard, wire);
-    }
-  }
-  if (o.stage >= 1 && world > 1) zero.all_reduce_float(1, 4);  // the gradient norm
-  std::int64_t expert_groups = 0;
+  const int dense_world = dims.uses_mics() ? dims.mics_shard_size : world;
+  std::vector<GroupScratch> groups;
+  groups.emplace_back(dense_world, world / dense_world, comm);
   if (ep > 1) {
-    if (o.stage >= 1 && expert_data_world > 1) expert_data.all_reduce_float(1, 4);
+    const int expert_world = dims.expert_shard_world();
+    groups.emplace_back(expert_world, dims.expert_data_parallel_size() / expert_world, comm);
+  }
+  // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
+  const bool quantized = o.quantized_gradients && o.stage >= 2;
+  for (const UnitSize& u : units) {
+    GroupScratch& group = groups[static_cast<std::size_t>(u.group)];
+    const bool collective = group.shard.size() > 1 || group.replicated;
+    if (o.stage == 0 && collective) group.shard.all_reduce_float(u.numel, wire);
+    if (((o.stage == 1 && collective) || o.stage >= 2) && !quantized) {
+      group.shard.reduce_scatter(u.shard, wire);
+    }
+    if (o.stage >= 1 && group.replicated) group.replicas.all_reduce_float(u.shard, wire);
+  }
+  std::int64_t engine = 0;
+  for (GroupScratch& group : groups) {
+    if (o.stage >= 1 && group.shard.size() > 1) group.shard.all_reduce_float(1, 4);  // the norm
+    engine += group.bytes();
+  }
+  if (ep > 1) {
     MpiScratch expert_parallel(ep, comm);
     expert_parallel.all_reduce_float(1, 4);
-    expert_groups = expert_data.bytes() + expert_parallel.bytes();
+    engine += expert_parallel.bytes();
   }
   MpiScratch control(world, comm);
   // The mean loss and the step boundary's votes (stop, wall-clock save): train/training_loop.cc.
@@ -90,7 +111,7 @@ std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineO
   if (o.sequence_parallel_size > 1 && sequence_sum_floats > 0) {
     sequence.all_reduce_float(sequence_sum_floats, 4);
   }
-  return zero.bytes() + expert_groups + control.bytes() + sequence.bytes();
+  return engine + control.bytes() + sequence.bytes();
 }
 
 }  // namespace zrt::mem
