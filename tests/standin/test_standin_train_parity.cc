@@ -173,6 +173,15 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
          R"({"enabled": true, "autoep_size": )" +
              std::to_string(world),
          cases.back().model});
+    // MiCS with expert parallelism 2, shard groups of 2 (at 4 ranks the experts whole on each
+    // rank, their gradients averaged over the replica group of the other shard group), the
+    // collectives staged through pinned host memory as on ranks sharing a GPU.
+    cases.push_back(
+        {"staged_stage3_ep_mics",
+         R"({"stage": 3, "stage3_param_persistence_threshold": 100, "mics_shard_size": 2})", 2,
+         true,
+         R"(, "expert_rows_reserve": 1}, "expert_parallel": {"enabled": true, "autoep_size": 2)",
+         cases.back().model});
   }
   for (const auto& [name, zero, accumulation, host_staged, model_extra, model] : cases) {
     SECTION(name) {
