@@ -51,24 +51,54 @@ void MoeLayer::apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N,
                               const MoeTile* tile) const {
   const auto& s = shape_;
   const I64 pairs = I64{N} * s.k;
-  const I64 forward_pairs = (tile != nullptr ? tile->forward_rows : N) * I64{s.k};
-  const I64 capacity =
-      static_cast<I64>(std::ceil(s.capacity_factor * static_cast<double>(forward_pairs) / s.E));
+  // Without a plan the call's rows are the whole forward, in order.
+  MoeCapacity whole{pairs, N, std::vector<I64>(static_cast<std::size_t>(s.E), 0),
+                    std::vector<I64>(static_cast<std::size_t>(s.E), 0)};
+  MoeCapacity& plan = tile != nullptr && tile->capacity != nullptr ? *tile->capacity : whole;
+  const I64 first_row = tile != nullptr ? tile->first_row : 0;
+  const I64 capacity = static_cast<I64>(
+      std::ceil(s.capacity_factor * static_cast<double>(plan.forward_pairs) / s.E));
+  ZRT_CHECK(plan.rows_per_run > 0 && plan.ahead.size() == plan.taken.size() &&
+                plan.ahead.size() % static_cast<std::size_t>(s.E) == 0,
+            "a capacity plan of {} values ahead and {} taken for {} experts, runs of {} rows",
+            plan.ahead.size(), plan.taken.size(), s.E, plan.rows_per_run);
+  const I64 runs = static_cast<I64>(plan.ahead.size()) / s.E;
+  ZRT_CHECK((first_row + N - 1) / plan.rows_per_run < runs,
+            "rows {}..{} past the capacity plan's {} runs of {}", first_row, first_row + N - 1,
+            runs, plan.rows_per_run);
   std::vector<std::int32_t> experts(static_cast<std::size_t>(pairs));
   ctx.device().copy_to_host(experts.data(), kept.experts, experts.size() * 4, ctx.stream());
   ctx.stream().synchronize();
-  std::vector<I64> whole(static_cast<std::size_t>(s.E), 0);
-  std::vector<I64>& taken = tile != nullptr && tile->taken != nullptr ? *tile->taken : whole;
-  ZRT_CHECK(taken.size() == static_cast<std::size_t>(s.E),
-            "a tile's capacity counts: {} for {} experts", taken.size(), s.E);
-  for (std::int32_t& e : experts) {
-    if (taken[static_cast<std::size_t>(e)]++ >= capacity) {
+  for (I64 pair = 0; pair < pairs; ++pair) {
+    std::int32_t& e = experts[static_cast<std::size_t>(pair)];
+    const I64 run = (first_row + pair / s.k) / plan.rows_per_run;
+    const auto at = static_cast<std::size_t>(run * s.E + e);
+    if (plan.ahead[at] + plan.taken[at]++ >= capacity) {
       e = -1;
       ++kept.dropped;
     }
   }
   ctx.device().copy_to_device(kept.routed, experts.data(), experts.size() * 4, ctx.stream());
   ctx.stream().synchronize();  // `experts` is a host local
+}
+
+void MoeLayer::count_choices(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                             MoeKept& kept, Bytes x, int N, std::int64_t first_row,
+                             std::int64_t rows_per_run, std::vector<std::int64_t>& counts) const {
+  const auto& s = shape_;
+  k::linear_forward(ctx, dt, kept.logits, x, p.router, Bytes(), N, s.C, s.E);
+  k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
+                        s.k, s.renormalize);
+  std::vector<std::int32_t> experts(static_cast<std::size_t>(I64{N} * s.k));
+  ctx.device().copy_to_host(experts.data(), kept.experts, experts.size() * 4, ctx.stream());
+  ctx.stream().synchronize();
+  for (std::size_t pair = 0; pair < experts.size(); ++pair) {
+    const I64 run = (first_row + static_cast<I64>(pair) / s.k) / rows_per_run;
+    const auto at = static_cast<std::size_t>(run * s.E + experts[pair]);
+    ZRT_CHECK(at < counts.size(), "row {} of a capacity pre-pass past its {} counts",
+              first_row + static_cast<I64>(pair) / s.k, counts.size());
+    ++counts[at];
+  }
 }
 
 void MoeLayer::swiglu_experts_forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p,

@@ -22,6 +22,7 @@
 // Not thread-safe; the buffers are the model's (models/moe/moe_model.h lays them out).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -116,14 +117,32 @@ struct MoeRouterLoss {
   Floats z_scratch;                    // (1)
 };
 
-// One tile of a forward's rows (model.tiling.mlp_rows: the layer run over a tile of the pass's
-// rows at a time, the backward running each tile's forward again): the rows of the whole forward,
-// which the z-loss's mean is over, and with a capacity factor the pairs each expert took in the
-// forward's earlier tiles (E; updated), so that the forward's capacity is applied in token order
-// across the tiles exactly as over the whole forward. Zero `taken` before the first tile.
+// With a capacity factor: where each expert stands in the forward's token order before the rows
+// a layer call covers, so that the forward's capacity is applied in token order however its rows
+// are split. Without sequence parallelism the rank's rows are the forward's, in order: one run,
+// `ahead` zero, `taken` counting the pairs of the calls so far (the earlier tiles'). Under
+// sequence parallelism each sequence of the micro-batch is spread over the sp group, a chunk a
+// rank in rank order, so each is a run of `rows_per_run` rows here and `ahead` holds, per run and
+// expert, the forward's pairs before this rank's chunk of it (every rank's chunks of the earlier
+// sequences, the lower ranks' chunks of this one: MoeModel's routing pre-pass counts them over
+// the group). restart() before each pass over the rows (the forward, its recompute, the
+// backward's reruns).
+struct MoeCapacity {
+  std::int64_t forward_pairs = 0;  // the forward's (token, slot) pairs over the sp group
+  std::int64_t rows_per_run = 0;
+  std::vector<std::int64_t> ahead;  // (runs, E)
+  std::vector<std::int64_t> taken;  // (runs, E)
+  void restart() { std::fill(taken.begin(), taken.end(), 0); }
+};
+
+// The rows a layer call covers among the forward's rows on this rank: a tile
+// (model.tiling.mlp_rows: the layer run over a tile of the pass's rows at a time, the backward
+// running each tile's forward again) or all of them. The forward's rows, which the z-loss's mean
+// is over; the call's first row; and with a capacity factor the forward's MoeCapacity.
 struct MoeTile {
   std::int64_t forward_rows = 0;
-  std::vector<std::int64_t>* taken = nullptr;
+  std::int64_t first_row = 0;
+  MoeCapacity* capacity = nullptr;
 };
 
 class MoeLayer {
@@ -143,6 +162,12 @@ class MoeLayer {
   void forward(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
                MoeScratch& scratch, Bytes x, Bytes out, int N, MoeRouterLoss* loss,
                bool with_z_loss, const MoeTile* tile = nullptr) const;
+  // The routing pre-pass of a capacity under sequence parallelism: the router's choices for x's
+  // N rows (rows first_row... of the rank's forward) added per run of `rows_per_run` rows and per
+  // expert into `counts` (runs, E); kept's routing buffers are overwritten.
+  void count_choices(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+                     Bytes x, int N, std::int64_t first_row, std::int64_t rows_per_run,
+                     std::vector<std::int64_t>& counts) const;
   // dx (N,C) = the gradient into x (OVERWRITTEN); parameter gradients accumulate into g. dout
   // (N,C) is the layer output's gradient; `tile` as the forward's.
   void backward(kernels::KernelContext& ctx, DType dt, DType gt, const MoeParams& p,
@@ -175,7 +200,7 @@ class MoeLayer {
                                Bytes dx, MoeScratch& scratch,
                                const std::vector<std::int32_t>& offsets, int experts) const;
   // The pairs past each expert's capacity, in token order, sent nowhere (kept.routed); the
-  // capacity is the whole forward's, the earlier tiles' pairs counted (MoeTile).
+  // capacity is the whole forward's, the pairs ahead counted (MoeTile::capacity).
   void apply_capacity(kernels::KernelContext& ctx, MoeKept& kept, int N, const MoeTile* tile) const;
 
   MoeLayerShape shape_;

@@ -173,8 +173,7 @@ std::unique_ptr<ExpertRows> make_expert_rows(kernels::KernelContext& ctx, const 
 }
 
 // `config` after refusing a sequence-parallel group the model cannot use: the attention's heads
-// must split (as the Llama family's), and a capacity factor's drops follow the order of a
-// forward's tokens, which sequence parallelism splits over ranks.
+// must split (as the Llama family's).
 const MoeConfig& checked_moe_config(const MoeConfig& c, const MoeOptions& options) {
   const int sp = options.sequence_parallel_size();
   if (sp <= 1) return c;
@@ -184,13 +183,6 @@ const MoeConfig& checked_moe_config(const MoeConfig& c, const MoeOptions& option
   shape.key_value_heads = c.num_key_value_heads;
   shape.seq_len = c.seq_len;
   transformer::require_sequence_parallel_fits(c.architecture, shape, sp);
-  if (c.capacity_factor > 0) {
-    ZRT_THROW(InvalidArgument,
-              "sequence_parallel_size {} with model.capacity_factor {}: a capacity drops a "
-              "forward's later tokens, and sequence parallelism splits a forward's tokens over "
-              "ranks; set model.capacity_factor 0 (dropless) or sequence_parallel_size 1",
-              sp, c.capacity_factor);
-  }
   return c;
 }
 
@@ -319,7 +311,7 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 //     dh, dgate, dup; models/moe/expert_rows.h)
 //   then proj (N,C); tiled dense MLP: its tile's gate, up, h (Nd,I); tiled MoE: the tile's MoE set
 //     (every layer's tiles in turn); any MoE: the plan's counts (E), offsets (E+1), source
-//     (Nm*k) int32
+//     (Nm*k) int32; with a capacity factor at sp > 1 every rank's routing counts (sp,B,E) int32
 //   backward: dln1 (N,C), datty (N,Q), dln2 (N,C); any dense: dh (Nd,I), tiled: dgate, dup (Nd,I);
 //     any MoE: dy (Nm*k,C), dh (Nm*k,Ie), dxe (Nm*k,C), dweights (Nm,k) fp32, dlogits (Nm,E);
 //     shared: ds (Nm,C), dsh (Nm,Is), dslogit (Nm); tiled: dgate, dup (Nm*k,Ie) and the shared
@@ -447,6 +439,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     p.bytes(&moe.counts, E * 4);
     p.bytes(&moe.offsets, (E + 1) * 4);
     p.bytes(&moe.source, Nm * K * 4);
+    if (c.capacity_factor > 0 && heads.sp > 1) p.bytes(&capacity_counts, heads.sp * s.B * E * 4);
   }
 }
 
@@ -651,8 +644,9 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
     if (res_out) moe_tiled_forward(a, layer, x.ln2, counting);
   } else if (c.is_moe_layer(layer)) {
     x.moe.layer = layer;
+    const MoeTile whole{N, 0, capacity_for(a, layer, x.ln2, x.moe, counting)};
     layer_.forward(ctx, dt, moe_params(a, layer, false), x.moe, acts_.moe, x.ln2, acts_.proj, N,
-                   counting ? &router_ : nullptr, c.router_z_loss_coef > 0);
+                   counting ? &router_ : nullptr, c.router_z_loss_coef > 0, &whole);
     if (counting) count_routing(layer, x.moe);
   } else if (acts_.dense_tiled) {
     if (res_out) {
@@ -668,12 +662,78 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   if (res_out) k::residual_forward(ctx, dt, res_out, x.res2, acts_.proj, I64{N} * C);
 }
 
+int MoeModel::moe_index(int layer) const {
+  int index = 0;
+  for (int l = 0; l < layer; ++l) index += config_.is_moe_layer(l) ? 1 : 0;
+  return index;
+}
+
+MoeCapacity* MoeModel::capacity_for(ParamAccess& a, int layer, Bytes ln2, MoeKept& kept,
+                                    bool fresh) {
+  const MoeConfig& c = config_;
+  if (!(c.capacity_factor > 0)) return nullptr;
+  capacity_.resize(static_cast<std::size_t>(c.num_moe_layers()));
+  MoeCapacity& plan = capacity_[static_cast<std::size_t>(moe_index(layer))];
+  if (!fresh) {
+    ZRT_CHECK(!plan.taken.empty(), "MoE layer {} rerun before its forward planned its capacity",
+              layer);
+    plan.restart();
+    return &plan;
+  }
+  const int sp = acts_.heads.sp;
+  const int N = pass().N(), B = pass().B;
+  const I64 E = c.num_experts;
+  // Without sequence parallelism this rank's rows are the forward's, in order: one run.
+  const I64 runs = sp > 1 ? B : 1;
+  plan.forward_pairs = I64{N} * sp * c.num_experts_per_tok;
+  plan.rows_per_run = N / runs;
+  plan.ahead.assign(static_cast<std::size_t>(runs * E), 0);
+  plan.taken.assign(plan.ahead.size(), 0);
+  if (sp == 1) return &plan;
+  // The pre-pass: this rank's choices per sequence and expert (the tiles' rows in turn)...
+  std::vector<I64> mine(plan.ahead.size(), 0);
+  const DType dt = pass().dtype;
+  const MoeParams p = moe_params(a, layer, false);
+  const int rows = acts_.moe_tiled ? acts_.moe_rows : N;
+  const I64 row = I64{c.hidden_size} * static_cast<I64>(dtype_size(dt));
+  for (int r0 = 0; r0 < N; r0 += rows) {
+    layer_.count_choices(ctx(), dt, p, kept, ln2 + r0 * row, std::min(rows, N - r0), r0,
+                         plan.rows_per_run, mine);
+  }
+  // ...then every rank's, each sequence's chunks in rank order after the earlier sequences'.
+  transformer::UlyssesExchange* group = ulysses();
+  ZRT_CHECK(group != nullptr, "sequence_parallel_size {} without its group", sp);
+  const auto block = static_cast<std::size_t>(runs * E);
+  std::vector<std::int32_t> all(static_cast<std::size_t>(sp) * block, 0);
+  const std::size_t own = static_cast<std::size_t>(group->rank()) * block;
+  for (std::size_t i = 0; i < block; ++i) all[own + i] = static_cast<std::int32_t>(mine[i]);
+  kernels::KernelContext& ctx = this->ctx();
+  ctx.device().copy_to_device(acts_.capacity_counts + static_cast<I64>(own) * 4, &all[own],
+                              block * 4, ctx.stream());
+  group->gather(acts_.capacity_counts, static_cast<I64>(block), DType::kInt32);
+  ctx.device().copy_to_host(all.data(), acts_.capacity_counts, all.size() * 4, ctx.stream());
+  ctx.stream().synchronize();
+  std::vector<I64> earlier(static_cast<std::size_t>(E), 0);  // the earlier sequences' pairs
+  for (I64 run = 0; run < runs; ++run) {
+    for (I64 e = 0; e < E; ++e) {
+      const auto at = static_cast<std::size_t>(run * E + e);
+      I64 lower = 0, total = 0;
+      for (int r = 0; r < sp; ++r) {
+        const I64 count = all[static_cast<std::size_t>(r) * block + at];
+        total += count;
+        if (r < group->rank()) lower += count;
+      }
+      plan.ahead[at] = earlier[static_cast<std::size_t>(e)] + lower;
+      earlier[static_cast<std::size_t>(e)] += total;
+    }
+  }
+  return &plan;
+}
+
 void MoeModel::count_routing(int layer, const MoeKept& kept) {
   const MoeConfig& c = config_;
   // The dispatch plan's offsets are on the host already: count the pairs per expert.
-  int moe_index = 0;
-  for (int l = 0; l < layer; ++l) moe_index += c.is_moe_layer(l) ? 1 : 0;
-  std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index) * c.num_experts];
+  std::int64_t* tokens = &pass_tokens_[static_cast<std::size_t>(moe_index(layer)) * c.num_experts];
   for (int e = 0; e < c.num_experts; ++e) tokens[e] += kept.offsets[e + 1] - kept.offsets[e];
   pass_dropped_ += kept.dropped;
 }
@@ -697,12 +757,12 @@ void MoeModel::moe_tiled_forward(ParamAccess& a, int layer, Bytes ln2, bool coun
   const DType dt = pass().dtype;
   const I64 row = I64{c.hidden_size} * static_cast<I64>(dtype_size(dt));
   const MoeParams p = moe_params(a, layer, false);
-  acts_.taken.assign(static_cast<std::size_t>(c.num_experts), 0);
-  const MoeTile tile{N, &acts_.taken};
   MoeKept& m = acts_.moe_tile;
   m.layer = layer;
+  MoeCapacity* capacity = capacity_for(a, layer, ln2, m, true);
   for (int r0 = 0; r0 < N; r0 += acts_.moe_rows) {
     const int n = std::min(acts_.moe_rows, N - r0);
+    const MoeTile tile{N, r0, capacity};
     layer_.forward(ctx(), dt, p, m, acts_.moe, ln2 + r0 * row, acts_.proj + r0 * row, n,
                    counting ? &router_ : nullptr, c.router_z_loss_coef > 0, &tile);
     if (counting) count_routing(layer, m);
@@ -718,16 +778,16 @@ void MoeModel::moe_tiled_backward(ParamAccess& a, int layer, Bytes ln2) {
   const I64 S = static_cast<I64>(dtype_size(dt));
   const I64 row = I64{c.hidden_size} * S;
   const MoeParams p = moe_params(a, layer, false), g = moe_params(a, layer, true);
-  d.taken.assign(static_cast<std::size_t>(c.num_experts), 0);
-  const MoeTile tile{N, &d.taken};
   MoeKept& m = d.moe_tile;
   m.layer = layer;
+  MoeCapacity* capacity = capacity_for(a, layer, ln2, m, false);
   const Bytes dres = this->dres();
   const I64 K = c.num_experts_per_tok, Ie = c.moe_intermediate_size;
   const I64 Is = c.shared_expert_intermediate_size;
   for (int r0 = 0; r0 < N; r0 += d.moe_rows) {
     const int n = std::min(d.moe_rows, N - r0);
     const Bytes x = ln2 + r0 * row;
+    const MoeTile tile{N, r0, capacity};
     // The tile's routing and experts again (not counted: the forward did), then its backward,
     // whose SwiGLUs add into gradients no earlier tile may leave behind.
     layer_.forward(ctx, dt, p, m, d.moe, x, Bytes(), n, nullptr, false, &tile);

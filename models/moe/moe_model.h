@@ -186,8 +186,9 @@ class MoeModel final : public transformer::TransformerModel {
     bool moe_tiled = false, dense_tiled = false;
     MoeKept moe_tile;
     transformer::SwigluTile dense_tile;
-    // A capacity factor over the tiles: the pairs each expert took in the earlier ones (MoeTile).
-    std::vector<std::int64_t> taken;
+    // A capacity factor under sequence parallelism: every rank's routing counts (sp, B, E) int32
+    // (MoeModel::plan_capacity).
+    Bytes capacity_counts;
 
     const MoeConfig& c;
     int ep = 1;
@@ -212,6 +213,14 @@ class MoeModel final : public transformer::TransformerModel {
   void moe_tiled_backward(ParamAccess& a, int layer, Bytes ln2);
   // The routed pairs of MoE layer `layer`'s last forward (a tile's) added to the pass's counts.
   void count_routing(int layer, const MoeKept& kept);
+  // MoE layer `layer`'s index among the MoE layers.
+  int moe_index(int layer) const;
+  // With a capacity factor, MoE layer `layer`'s MoeCapacity, restarted; null without one. A
+  // `fresh` forward (not a recompute, not the backward's reruns) plans it first: the forward's
+  // pairs and, under sequence parallelism, the pairs ahead of this rank's chunk of each sequence,
+  // from a routing pre-pass over `ln2` (the layer's input, in tiles when the layer is tiled, into
+  // `kept`'s routing buffers) whose counts are gathered over the sp group.
+  MoeCapacity* capacity_for(ParamAccess& a, int layer, Bytes ln2, MoeKept& kept, bool fresh);
   // Elements from one local expert's parameter (or gradient) to the next's, from parameter
   // `first` (the first local expert's) on; throws Error unless they are evenly spaced.
   std::int64_t local_expert_stride(ParamAccess& a, int first, bool grads, DType dtype) const;
@@ -243,6 +252,9 @@ class MoeModel final : public transformer::TransformerModel {
   std::vector<std::int64_t> pass_tokens_, expert_tokens_;
   std::int64_t pass_dropped_ = 0, dropped_ = 0;
   int passes_ = 0;
+  // With a capacity factor: each MoE layer's plan of the current forward, kept for its recompute
+  // and the backward's reruns (host memory: runs x E counts).
+  std::vector<MoeCapacity> capacity_;
 };
 
 }  // namespace zrt::moe

@@ -38,6 +38,17 @@ void UlyssesExchange::sum(DevicePtr<float> buf, std::int64_t count) {
   compute.wait(*exchanged_);
 }
 
+void UlyssesExchange::gather(Bytes buf, std::int64_t count, DType dtype) {
+  Stream& compute = ctx_.stream();
+  Stream& comm = group_.stream();
+  packed_->record(compute);
+  comm.wait(*packed_);
+  const std::int64_t block = count * static_cast<std::int64_t>(dtype_size(dtype));
+  group_.all_gather((buf + group_.rank() * block).as<const std::byte>(), buf, count, dtype);
+  exchanged_->record(comm);
+  compute.wait(*exchanged_);
+}
+
 // A whole sequence's layout (B, sp*Tl, Hd, hs) is, at B == 1, the all-to-all's blocks themselves
 // (rank j's are tokens [j*Tl, (j+1)*Tl)): sent as it is, or received into, with no copy.
 void UlyssesExchange::send_sequence(DType dtype, ConstBytes full, int B, int Tl, int Hd, int hs,

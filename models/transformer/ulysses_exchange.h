@@ -79,6 +79,10 @@ class UlyssesExchange {
   // stream as the exchanges are: statistics over a forward's tokens, which the group's ranks
   // hold a chunk each of (a mixture of experts' load-balancing counts).
   void sum(DevicePtr<float> buf, std::int64_t count);
+  // buf (group size x count elements of `dtype`) = every rank's block, in place: this rank's
+  // block [rank*count, (rank+1)*count) is its own on entry. Ordered as sum() (a capacity's
+  // routing counts, which every rank of the group needs).
+  void gather(Bytes buf, std::int64_t count, DType dtype);
 
   // Packed projections: chunk (B,Tl,parts,NH,hs), `parts` projections of NH heads side by side
   // in each token's row (GPT-2's qkv: parts 3). full (B, sp*Tl, parts, NH/sp, hs) = this rank's

@@ -173,6 +173,14 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
          R"({"enabled": true, "autoep_size": )" +
              std::to_string(world),
          cases.back().model});
+    // A capacity factor under sequence parallelism over every rank: the routing pre-pass's counts
+    // gathered over the sp group (int32, in place) on the NCCL stand-in, the MoE layers tiled.
+    cases.push_back(
+        {"stage3_sp_moe_capacity", R"({"stage": 3, "stage3_param_persistence_threshold": 100})", 2,
+         false,
+         R"(, "capacity_factor": 0.75, "tiling": {"mlp_rows": 5}}, "sequence_parallel_size": )" +
+             std::to_string(world) + R"(, "activation_checkpointing": {"cpu_checkpointing": false)",
+         cases.back().model});
     // MiCS with expert parallelism 2, shard groups of 2 (at 4 ranks the experts whole on each
     // rank, their gradients averaged over the replica group of the other shard group), the
     // collectives staged through pinned host memory as on ranks sharing a GPU.

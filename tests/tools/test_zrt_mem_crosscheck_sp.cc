@@ -45,7 +45,11 @@ TEST_CASE("zrt-mem --sp matches zrt-train's peaks at sequence_parallel_size 2 an
       // The same with its MoE layers in tiles of 6 of a rank's rows (2 x 16 at sp 2, 2 x 8 at
       // sp 4), the short last tile included.
       R"("type": "qwen3_moe", "preset": "qwen3-moe-tiny", "num_hidden_layers": 4,
-         "vocab_size": 256, "tiling": {"mlp_rows": 6})"};
+         "vocab_size": 256, "tiling": {"mlp_rows": 6})",
+      // And with a capacity factor: the dispatched pairs (routed) beside the router's, and every
+      // rank's routing counts (sp, B, E) the pre-pass gathers over the sp group.
+      R"("type": "qwen3_moe", "preset": "qwen3-moe-tiny", "num_hidden_layers": 4,
+         "vocab_size": 256, "tiling": {"mlp_rows": 6}, "capacity_factor": 0.75)"};
   int run = 0;  // a fresh output directory per run: metrics.jsonl appends
   for (int sp = 2; sp <= world; sp *= 2) {
     if (world % sp != 0) continue;

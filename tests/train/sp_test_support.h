@@ -163,6 +163,8 @@ struct Run {
   std::vector<double> grad_norms;    // grad_norm per logged step (before clipping)
   // comm_inter_node_bytes per logged step: every group's bytes across nodes, summed so far
   std::vector<std::int64_t> inter_node_bytes;
+  // dropped_tokens per logged step: the pairs a capacity factor dropped, summed over the ranks
+  std::vector<std::int64_t> dropped;
 };
 
 inline std::string config_text(const fs::path& shared, const std::string& name, const Job& job) {
@@ -220,6 +222,9 @@ inline Run train_run(const fs::path& shared, const std::string& name, const Job&
     r.losses.push_back(row["loss"].get<double>());
     r.loss_tokens.push_back(row["loss_tokens"].get<std::int64_t>());
     if (row.contains("grad_norm")) r.grad_norms.push_back(row["grad_norm"].get<double>());
+    if (row.contains("dropped_tokens")) {
+      r.dropped.push_back(row["dropped_tokens"].get<std::int64_t>());
+    }
     if (row.contains("comm_inter_node_bytes")) {
       r.inter_node_bytes.push_back(row["comm_inter_node_bytes"].get<std::int64_t>());
     }

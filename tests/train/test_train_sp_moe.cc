@@ -15,7 +15,7 @@
 //  - expert parallelism under ZeRO++ (qwZ + qgZ), hpZ and MiCS (the experts' groups placed in
 //    the blocks);
 //  - packed documents with masked prompts crossing the chunk boundaries give sp 1's losses;
-//  - a capacity factor with sp > 1 is refused by name (its drops follow a forward's token order).
+//  - a capacity factor at sp > 1 drops sp 1's pairs (its drops follow a forward's token order).
 #include "tests/train/sp_test_support.h"
 
 #include "runtime/common/error.h"
@@ -251,17 +251,57 @@ TEST_CASE("a mixture of experts with packed documents at sp 2 and 4 trains to sp
   }
 }
 
-TEST_CASE("a capacity factor under sequence parallelism is refused by name", "[sp][moe]") {
+// A capacity factor under sequence parallelism: each expert takes ceil(0.75 x the forward's
+// pairs / E) of a forward's pairs in token order, the forward's tokens spread over the sp group,
+// so each rank's drops need the routing of the lower ranks' chunks of its sequence: the routing
+// pre-pass counts every rank's choices per sequence and expert and gathers them over the group.
+// sp 2 and 4 (also with the recompute of activation checkpointing, with the MoE layers in tiles
+// of 5 rows that do not line up with the 16- or 8-row chunks, and with expert parallelism 2 inside
+// sp 2) drop the same pairs as sp 1, summed over the ranks, and train to its losses within the
+// bounds of the dropless cases above. A capacity counted over a rank's chunk alone (the chunk's
+// pairs, or its own order without the pairs ahead) drops other pairs and moves the losses past
+// them.
+TEST_CASE("a capacity factor under sequence parallelism drops sp 1's pairs", "[sp][moe]") {
   if (world_size() != 4) return;
   write_data(kShared);
-  Job job = moe_job("qwen3-moe-tiny", 2);
-  job.model_keys += R"(, "capacity_factor": 1.25)";
-  std::string error;
-  try {
-    train_moe("qwen3_capacity_sp2", job);
-  } catch (const InvalidArgument& e) {
-    error = e.what();
+  struct Variant {
+    std::string name;
+    int sp;
+    std::string zero;
+    bool checkpointing = false, tiled = false, expert_parallel = false;
+  };
+  const std::string stage3 = R"({"stage": 3, "stage3_param_persistence_threshold": 100})";
+  const std::vector<Variant> variants = {
+      {"sp1", 1, R"({"stage": 1})"},
+      {"sp2", 2, R"({"stage": 1})"},
+      {"sp4", 4, R"({"stage": 1})"},
+      {"sp4_ckpt", 4, stage3, true},
+      {"sp2_tiled", 2, R"({"stage": 1})", false, true},
+      {"sp2_ep2_tiled", 2, stage3, false, true, true},
+  };
+  Run sp1;
+  for (const Variant& v : variants) {
+    Job job = moe_job("qwen3-moe-tiny", v.sp);
+    job.zero = v.zero;
+    job.checkpointing = v.checkpointing;
+    job.golden_weights = false;  // the same weights at ep 1 and 2 (the model's initializer)
+    job.model_keys += R"(, "capacity_factor": 0.75)";
+    if (v.tiled) job.model_keys += R"(, "tiling": {"mlp_rows": 5})";
+    if (v.expert_parallel) {
+      job.top_keys = R"("expert_parallel": {"enabled": true, "autoep_size": 2},)";
+    }
+    INFO(v.name);
+    const Run r = train_moe("qwen3_capacity_" + v.name, job);
+    REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+    REQUIRE(r.dropped.size() == r.losses.size());
+    if (v.sp == 1) {
+      sp1 = r;
+      for (std::int64_t dropped : r.dropped) CHECK(dropped > 0);
+      continue;
+    }
+    CHECK(r.dropped == sp1.dropped);
+    check_losses(r.losses, sp1.losses, 1e-5);
+    REQUIRE(!r.grad_norms.empty());
+    check_losses({r.grad_norms.front()}, sp1.grad_norms, 2e-6);
   }
-  CHECK_THAT(error, Catch::Contains("sequence_parallel_size 2 with model.capacity_factor 1.25"));
-  CHECK_THAT(error, Catch::Contains("set model.capacity_factor 0 (dropless)"));
 }
