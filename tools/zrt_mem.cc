@@ -87,6 +87,9 @@ options:
                             --max-reuse-distance 0 as zrt-train's)
   --hpz S                   ZeRO++ hpZ (zero_hpz_partition_size) at stage 3: secondary shards of
                             1/S of each gathered unit, S dividing the ranks per node
+  --mics S                  MiCS (zero_optimization.mics_shard_size) at stages 1-3: the state
+                            sliced over groups of S consecutive ranks, replicated across them
+                            (with --ep the experts' over their ranks in each group)
   --device-gb G             device memory per rank in GiB, as device.memory_limit_gb (default 80)
   --device cuda|cpu         the backend (default cuda; a config's device.type): the CPU backend's
                             MPI collectives add scratch to the comm category, NCCL's is untracked
@@ -197,6 +200,7 @@ int run(int argc, char** argv) {
                                              {"--device", true},
                                              {"--optimizer", true},
                                              {"--hpz", true},
+                                             {"--mics", true},
                                              {"--seq-multiple", true},
                                              {"--host-gb", true},
                                              {"--head-tile-rows", true},
@@ -302,6 +306,10 @@ int run(int argc, char** argv) {
   if (args.count("--hpz")) {
     in.engine.hpz_partition_size = parse_int("--hpz", args["--hpz"]);
     if (in.engine.hpz_partition_size < 1) usage_error("--hpz must be >= 1 (1: off)");
+  }
+  if (args.count("--mics")) {
+    in.engine.mics_shard_size = parse_int("--mics", args["--mics"]);
+    if (in.engine.mics_shard_size < 1) usage_error("--mics must be >= 1 (ranks per shard group)");
   }
   if (args.count("--device")) {
     const std::string d = args["--device"];

@@ -929,6 +929,31 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
   CHECK(status != 0);
   run_tool("--model qwen3-moe-tiny --world 4 --ep 2 --stage 0", &status);
   CHECK(status != 0);
+  // MiCS with --ep: shard groups of 2 hold one rank of each expert-data-parallel group ({0,2},
+  // {1,3}), so each rank keeps its experts whole (in 2 copies) and the dense units in halves:
+  // the master weights of the experts' 3072 elements and the dense ones over 2.
+  Inputs mics = in;
+  mics.engine.mics_shard_size = 2;
+  REQUIRE_NOTHROW(mics.validate());
+  const Estimate m = estimate(mics, Setting{2, false, false});
+  CHECK(m.expert_shard_params == 3072);
+  CHECK(m.master == 4 * (m.padded_params - m.expert_padded_params) / 2 + 4 * 3072);
+  const std::string grouped =
+      run_tool("--model qwen3-moe-tiny --world 4 --ep 2 --mics 2 --stage 2", &status);
+  INFO(grouped);
+  CHECK(status == 0);
+  CHECK_THAT(grouped, Catch::Contains("sliced over 1 rank(s) of its expert-data-parallel group "
+                                      "of 2 (MiCS: the group's ranks in a shard group)"));
+  // Shard groups of 3 do not tile 4 ranks; of 2 at ep 4 hold unequal shares... none at 4
+  // ranks: every group of 2 holds 2 expert sets of 1 rank each. 6 ranks in groups of 3 at ep 2
+  // hold 2 of one set and 1 of the other.
+  const std::string uneven =
+      run_tool("--model qwen3-moe-tiny --world 6 --ep 2 --mics 3 --stage 2", &status);
+  CHECK(status != 0);
+  CHECK_THAT(uneven, Catch::Contains("mics_shard_size 3 with expert_parallel_size 2: the shard "
+                                     "groups hold unequal numbers of ranks"));
+  run_tool("--model qwen3-moe-tiny --world 4 --mics 0", &status);
+  CHECK(status != 0);
 }
 
 // The tiles zrt-mem plans (model.tiling), a line after the micro-batch's: the automatic rule on
@@ -938,9 +963,8 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
 // the short last tile counted), and GPT-2, which tiles its head only.
 TEST_CASE("zrt-mem reports the rows and tiles of the tiled head, MLP and MoE layers") {
   int status = 0;
-  std::string out =
-      run_tool("--model llama-3.1-8b:seq_len=131072 --seq 131072 --activation-checkpointing",
-               &status);
+  std::string out = run_tool(
+      "--model llama-3.1-8b:seq_len=131072 --seq 131072 --activation-checkpointing", &status);
   INFO(out);
   CHECK(status == 0);
   CHECK_THAT(out, Catch::Contains("tiles of the 131072 rows a pass (model.tiling): head 256 rows "

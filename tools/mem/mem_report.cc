@@ -174,8 +174,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
     out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
   };
-  const int n =
-      parallel_dims(in.engine, in.world, in.ranks_per_node()).shard_world(chosen.setting.stage);
+  ParallelDims chosen_dims = parallel_dims(in.engine, in.world, in.ranks_per_node());
+  chosen_dims.stage = chosen.setting.stage;
+  const int n = chosen_dims.shard_world();
   row("params (compute dtype)", gb(chosen.params),
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   // One micro-batch per step with optimizer offload: the offloaded units' reduced slices go
@@ -188,9 +189,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row("grads", gb(chosen.grads), grads_note);
   // Optimizer offload: all of the fp32 state in host memory, or the device's share of it
   // (partial offload, offload_optimizer.ratio).
-  // Under expert parallelism the experts' slices are 1/(world/ep) of theirs.
+  // Under expert parallelism the experts' slices are 1/(world/ep) of theirs (under MiCS 1/(their
+  // ranks in a shard group)).
   const std::string share =
-      ep > 1 ? fmt::format("1/{} dense, 1/{} experts", n, in.world / ep) : fmt::format("1/{}", n);
+      ep > 1 ? fmt::format("1/{} dense, 1/{} experts", n, chosen_dims.expert_shard_world())
+             : fmt::format("1/{}", n);
   const std::string state_note = !chosen.setting.offload_optimizer ? share
                                  : chosen.master == 0              ? std::string("offloaded")
                                                       : share + ", the part not offloaded";

@@ -363,8 +363,11 @@ void Inputs::validate() const {
       ZRT_THROW(InvalidArgument, "--hpz with mics_shard_size is not supported: use one of them");
     }
   }
-  // The engine's own rules, as the config and the engine apply them, for the chosen setting.
-  check_options(options_for(*this, setting()), world);
+  // The engine's own rules, as the config and the engine apply them, for the chosen setting,
+  // then the layout's (where the experts' groups fall in MiCS or hpZ blocks, ZeRO++ by node).
+  const EngineOptions chosen = options_for(*this, setting());
+  check_options(chosen, world);
+  parallel_dims(chosen, world, ranks_per_node()).check();
   // Expert parallelism: the experts a rank holds are the model's to say (rank_parameters).
   if (engine.expert_parallel_size > 1) {
     if (!model) {
