@@ -944,9 +944,8 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
   CHECK(status == 0);
   CHECK_THAT(grouped, Catch::Contains("sliced over 1 rank(s) of its expert-data-parallel group "
                                       "of 2 (MiCS: the group's ranks in a shard group)"));
-  // Shard groups of 3 do not tile 4 ranks; of 2 at ep 4 hold unequal shares... none at 4
-  // ranks: every group of 2 holds 2 expert sets of 1 rank each. 6 ranks in groups of 3 at ep 2
-  // hold 2 of one set and 1 of the other.
+  // 6 ranks in shard groups of 3 at ep 2 hold 2 ranks of one expert set and 1 of the other:
+  // refused by name, as zrt-train's layout refuses it.
   const std::string uneven =
       run_tool("--model qwen3-moe-tiny --world 6 --ep 2 --mics 3 --stage 2", &status);
   CHECK(status != 0);
