@@ -106,7 +106,7 @@ int check_training_config(const CheckArguments& args) {
   }
   std::vector<mem::Estimate> estimates;
   for (const mem::Setting& s : mem::table_order()) {
-    if (in.supports(s)) estimates.push_back(mem::estimate(in, s));
+    estimates.push_back(mem::estimate(in, s));
   }
   const mem::Estimate mine = mem::estimate(in, in.setting());
   const auto capacity = static_cast<std::int64_t>(std::llround(in.device_gib * 1073741824.0));

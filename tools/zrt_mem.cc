@@ -62,7 +62,7 @@ options:
                             holds T/N tokens of every sequence (its activations), attention's
                             N-th of the heads over the whole sequence, the all-to-alls' buffers
   --ep N                    expert_parallel.autoep_size (default: the config's, else 1), for a
-                            mixture of experts at stages 1-3: each rank holds E/N of every MoE
+                            mixture of experts at stages 0-3: each rank holds E/N of every MoE
                             layer's experts as units of their own, sliced over world/N ranks
                             (the dense units over the world); the rows its experts receive
                             counted at --expert-rows-reserve, the worst case beside them
@@ -153,7 +153,6 @@ std::string longest_sequences_report(const ModelDef& model, const mem::Inputs& i
       device_gib, host_gib > 0 ? fmt::format(", {:.1f} GiB host per node", host_gib) : "",
       multiple);
   for (const mem::Setting& s : mem::verdict_order()) {
-    if (!in.supports(s)) continue;  // stage 0 under expert parallelism
     const mem::SequenceFit fit = mem::longest_sequence(
         model, in, s, static_cast<std::int64_t>(std::llround(device_gib * kGiB)),
         static_cast<std::int64_t>(std::llround(host_gib * kGiB)), multiple);
@@ -352,9 +351,8 @@ int run(int argc, char** argv) {
   if (args.count("--seq") && args.count("--params")) {
     usage_error("--seq needs a model (--model or --config): activations need its dimensions");
   }
-  // Without a stage the verdict picks one; the inputs are checked at the first the engine runs
-  // (expert parallelism needs stage 1 or more).
-  in.engine.stage = chosen_stage.value_or(in.engine.expert_parallel_size > 1 ? 1 : 0);
+  // Without a stage the verdict picks one; the inputs are checked at the first the engine runs.
+  in.engine.stage = chosen_stage.value_or(0);
   in.validate();
 
   if (max_seq_len_flag) {
@@ -377,7 +375,7 @@ int run(int argc, char** argv) {
   }
   std::vector<mem::Estimate> estimates;
   for (const mem::Setting& s : mem::table_order()) {
-    if (in.supports(s)) estimates.push_back(mem::estimate(in, s));
+    estimates.push_back(mem::estimate(in, s));
   }
   mem::Setting chosen = in.setting();
   if (!chosen_stage) {

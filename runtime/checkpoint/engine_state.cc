@@ -63,10 +63,12 @@ HostAllocator snapshot_allocator(Device& device, const ZeroEngine& engine) {
 namespace {
 
 // Whether this rank writes its slice of unit u: each unit is written by one shard group, the
-// first of its replicas (hierarchical sharding of a group; one group's stage 0 and MiCS keep
+// first of its replicas (hierarchical sharding of a group), and at stage 0, where every rank of
+// the group holds the unit whole, by the group's first rank (one group's stage 0 and MiCS keep
 // their rank < world rule in the checkpointer).
 bool writes_unit(const ZeroEngine& engine, int u) {
   const ShardGroup& g = engine.groups()[static_cast<std::size_t>(engine.plan().unit(u).group)];
+  if (engine.options().stage == 0) return g.shard->rank() == 0;
   return g.replicas == nullptr || g.replicas->size() <= 1 || g.replicas->rank() == 0;
 }
 

@@ -67,10 +67,6 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups) 
   const ShardGroup& dense = groups.front();
   const ProcessGroup& group = *dense.shard;
   const ProcessGroup* replicas = dense.replicas;
-  ZRT_CHECK(groups.size() == 1 || options.stage >= 1,
-            "{} shard groups at ZeRO stage 0: stage 0 keeps every unit whole on every rank and "
-            "all-reduces it over one group; use stage 1, 2 or 3",
-            groups.size());
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const ShardGroup& each = groups[g];
     ZRT_CHECK(&each.shard->stream() == &group.stream(),

@@ -236,15 +236,9 @@ void check_expert_parallel(const EngineOptions& o, int world, Problems& p) {
                            "of it",
                            ep, world, ep));
   }
-  if (o.stage == 0) {
-    p.add(key,
-          "expert parallelism needs ZeRO stage 1, 2 or 3 (stage is 0): the experts' units are "
-          "sliced and reduced over their own group, and stage 0 all-reduces every unit over "
-          "one; set a stage or autoep_size 1",
-          {kStage});
-  }
-  // MiCS, ZeRO++ (qwZ, qgZ, hpZ) run over each shard group, the experts' too (ParallelDims
-  // places them).
+  // Every stage: at stage 0 each group all-reduces its whole units over its own ranks (the
+  // experts' over their expert-data-parallel group); MiCS, ZeRO++ (qwZ, qgZ, hpZ) run over each
+  // shard group, the experts' too (ParallelDims places them).
 }
 
 std::vector<OptionProblem> validate(const EngineOptions& options, int world) {

@@ -441,6 +441,14 @@ TEST_CASE("a mixture of experts resumes at another expert-parallel degree and wo
   mics.zero_extra = {{"mics_shard_size", 2}};
   reshard_case("moe_ep2_mics2_to_ep1", mics, job(1, 0));
   reshard_case("moe_ep1_to_ep2_mics2", job(1, 0), mics);
+  // Stage 0 at autoep_size 2: the experts whole on every rank of their expert-data-parallel
+  // group, written once by its first rank, the dense units by rank 0; to stage 2 at 2 ranks
+  // without expert parallelism, and from it.
+  Job stage0 = job(4, 2);
+  stage0.stage = 0;
+  Job two = job(2, 0);
+  reshard_case("moe_ep2_s0_to_s2", stage0, two);
+  reshard_case("moe_s2_to_ep2_s0", two, stage0);
 }
 
 TEST_CASE("a rank killed during a save leaves the previous checkpoint loadable", "[kill]") {

@@ -57,8 +57,8 @@ struct ParityCase {
       absolute = [](const std::string&, const std::vector<float>&, const std::vector<float>&) {};
   // A mixture of experts: also train at expert_parallel.autoep_size 2 and 4 (where they divide
   // the world and `num_experts`), each rank holding its block of the experts (parameters named
-  // by their global expert, moe_model.h), at stages 1-3 (stage 3 also with checkpointing and
-  // offload, stage 2 with offload), against the same reference; stage 0 must be refused.
+  // by their global expert, moe_model.h), at stages 0-3 (stage 3 also with checkpointing and
+  // offload, stage 2 with offload), against the same reference.
   int num_experts = 0;
   std::vector<int> expert_parallel_sizes = {2, 4};
   bool only_expert_parallel = false;  // skip the every-expert-local variants
@@ -393,15 +393,11 @@ inline void check_engine_parity(const ParityCase& pc) {
   }
   for (int ep : pc.expert_parallel_sizes) {
     if (pc.num_experts == 0 || ep > world || world % ep != 0 || pc.num_experts % ep != 0) continue;
-    // Stage 0 keeps every unit whole on every rank: the experts' own group cannot be sliced.
-    EngineOptions stage0;
-    stage0.expert_parallel_size = ep;
-    std::vector<double> unused_losses;
-    CHECK_THROWS_WITH(parity_engine(pc, stage0, false, &unused_losses),
-                      Catch::Contains("expert parallelism needs ZeRO stage 1, 2 or 3"));
+    // Stage 0: the experts whole on each rank of their group, all-reduced over it.
     for (const Variant& v :
-         {Variant{1, false, false, ep}, Variant{2, false, false, ep}, Variant{3, false, false, ep},
-          Variant{3, true, false, ep}, Variant{2, false, true, ep}, Variant{3, true, true, ep}}) {
+         {Variant{0, false, false, ep}, Variant{1, false, false, ep}, Variant{2, false, false, ep},
+          Variant{3, false, false, ep}, Variant{3, true, false, ep}, Variant{2, false, true, ep},
+          Variant{3, true, true, ep}}) {
       check_variant(v);
     }
   }

@@ -197,9 +197,10 @@ TEST_CASE("a multi-group engine refuses unsupported options") {
   if (world % 2 != 0) return;
   TrainSpec spec;
   const auto params = grouped_params(group1_choices()[0]);
-  // Stage 0 keeps whole units: one group only.
+  // Stage 0 keeps whole units: a group may not have replicas (its units would be all-reduced
+  // over its shard group only).
   CHECK_THROWS_WITH(make_grouped_engine(test_engine_options(0, 1), spec, world / 2, params),
-                    Catch::Contains("2 shard groups at ZeRO stage 0"));
+                    Catch::Contains("hierarchical sharding (a replica group) needs ZeRO stage 1"));
   // A parameter naming a group the engine does not have.
   auto stray = params;
   stray[1].group = 5;

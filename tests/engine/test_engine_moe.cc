@@ -4,8 +4,8 @@
 // activation checkpointing, and with offload) at the world size mpirun gives (1, 2, 4), to the
 // parameters and per-step losses of a single-process loop (tests/engine/model_parity.h): every
 // expert local, and with expert_parallel.autoep_size 2 and 4 where they divide the world (stages
-// 1-3; stage 0 refused), each rank holding its block of the experts and the rows travelling
-// through the all-to-alls.
+// 0-3), each rank holding its block of the experts and the rows travelling through the
+// all-to-alls.
 //
 // Under expert parallelism the routers, the load-balancing term and the per-forward loss are
 // each rank's own tokens' as without it (the same forward, the experts' rows computed

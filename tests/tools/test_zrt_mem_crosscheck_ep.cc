@@ -342,6 +342,39 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
   }
 }
 
+// Stage 0 with expert parallelism: every unit whole on each rank (the experts, this rank's share of
+// each layer's, too), the experts' gradients all-reduced over their expert-data-parallel group on
+// its own communicator (its MPI scratch sized by the experts' units), the dense ones over the
+// world: every category to the byte, in fp32 the whole device peak, at autoep_size 2 and 4.
+TEST_CASE("zrt-mem --ep matches zrt-train's peaks at stage 0") {
+  const int world = test::crosscheck_world_size();
+  const int rank = test::crosscheck_world_rank();
+  if (!has_expert_ranks(world)) return;
+  const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_s0_np" + std::to_string(world));
+  int run = 0;
+  for (int ep = 2; ep <= world; ep *= 2) {
+    for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+      for (const bool bf16 : {true, false}) {
+        const std::string out = (dir / ("run" + std::to_string(run++))).string();
+        const std::string text = run_config(
+            dir, out,
+            R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(ep) + "}",
+            R"({"stage": 0, "reduce_bucket_size": 3000})", model, "", bf16);
+        const Inputs in = train_then_plan(text, out, "crosscheck_ep_s0.json");
+        REQUIRE(in.engine.stage == 0);
+        const Estimate e = estimate(in, in.setting());
+        CHECK(e.expert_shard_params == e.expert_padded_params);
+        if (rank == 0) {
+          check_peaks(out, e, bf16,
+                      std::string(model) + "\nstage 0, ep " + std::to_string(ep) + ", world " +
+                          std::to_string(world));
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+      }
+    }
+  }
+}
+
 // MiCS (shard groups of half the world) with expert parallelism 2: the experts' state sliced over
 // their expert-data-parallel ranks in a shard group and averaged again over the copies in the
 // others (at 4 ranks, E + D: one rank, a whole copy, two copies; D + E: both ranks of the group,

@@ -299,10 +299,6 @@ std::string Inputs::name(const Setting& setting) const {
   return fmt::format("{} (ratio {:g})", setting.name(), ratio);
 }
 
-bool Inputs::supports(const Setting& setting) const {
-  return engine.expert_parallel_size <= 1 || setting.stage >= 1;
-}
-
 Setting Inputs::setting() const {
   return Setting{engine.stage, engine.offload_optimizer.enabled, engine.offload_param.enabled};
 }
@@ -409,12 +405,6 @@ std::int64_t Estimate::host_rank_total() const {
 
 Estimate estimate(const Inputs& in, const Setting& setting) {
   in.validate();
-  if (!in.supports(setting)) {
-    ZRT_THROW(InvalidArgument,
-              "{} with expert_parallel.autoep_size {}: expert parallelism needs ZeRO stage 1, 2 "
-              "or 3",
-              setting.name(), in.engine.expert_parallel_size);
-  }
   const EngineOptions o = options_for(in, setting);
   const I64 cs = size_of(o.compute_dtype);
   const I64 as = size_of(o.grad_accum_dtype);

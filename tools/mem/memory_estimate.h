@@ -106,10 +106,6 @@ struct Inputs {
   OptimizerSpec optimizer = optimizer_spec(OptimizerKind::kAdam);
 
   Setting setting() const;  // the chosen one, from engine
-  // Whether the engine runs `setting` with these inputs: expert parallelism
-  // (engine.expert_parallel_size > 1) needs stage 1, 2 or 3. The table and the verdict skip the
-  // others; estimate() refuses them.
-  bool supports(const Setting& setting) const;
   int ranks_per_node() const;
   void validate() const;  // InvalidArgument naming the flag or key
   // The hpZ group size in effect for a setting (engine.hpz_partition_size at stage 3), or 0.
