@@ -165,6 +165,13 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 8, "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 8,
             "num_experts_per_tok": 3, "moe_intermediate_size": 12, "router_aux_loss_coef": 0.02)"});
+    // At stage 0, ep 2: every unit whole, the experts' gradients all-reduced over their
+    // expert-data-parallel group (2 ranks at np4) and scaled by 1 / ep, the norm summed over the
+    // expert-parallel group.
+    cases.push_back(
+        {"stage0_ep2", R"({"stage": 0})", 2, false,
+         R"(, "expert_rows_reserve": 1}, "expert_parallel": {"enabled": true, "autoep_size": 2)",
+         cases.back().model});
     // The same with the MoE layers in tiles of 20 rows (model.tiling.mlp_rows): an exchange per
     // tile, each run again in the backward, the local experts' rows a tile's.
     cases.push_back(
