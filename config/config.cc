@@ -13,6 +13,7 @@
 #include "config/json_reader.h"
 #include "config/key_table.h"
 #include "runtime/common/error.h"
+#include "runtime/engine/engine_parallel_dims.h"
 
 namespace zrt {
 
@@ -863,6 +864,19 @@ class Parser {
     normalize_groups(hpz_problem);
   }
 
+  // Where the run's layout puts the experts' groups (ParallelDims, as zrt-train's layout and
+  // zrt-mem place them: in MiCS and hpZ blocks, ZeRO++'s nodes), reported at their keys now
+  // rather than when every rank builds its groups; a key already refused is left out.
+  void report_expert_placement() {
+    const std::int64_t world = config_.batch.world_size;
+    if (world <= 0 || world > std::numeric_limits<int>::max()) return;
+    const ParallelDims dims =
+        parallel_dims(config_.engine, static_cast<int>(world), config_.comm.ranks_per_node);
+    for (const ParallelDims::KeyedProblem& problem : dims.expert_placement_problems()) {
+      if (!is_rejected(problem.key)) fail(problem.key, problem.message);
+    }
+  }
+
   // The model block's dimensions. Each type has its own keys (GPT-2's n_layer/n_head/n_embd,
   // the Llama family's config.json names); vocab_size and seq_len are shared. A key of another
   // type is an error naming it; the registry's entry validates the values.
@@ -1192,6 +1206,7 @@ class Parser {
                        "layer; make it the ranks per node or a divisor of it",
                        sp, comm.ranks_per_node, sp));
     }
+    report_expert_placement();
     comm.simulated_bandwidth_bytes_per_s = get_number("comm.simulated_bandwidth_gb_per_s", 0) * 1e9;
     comm.simulated_latency_s = get_number("comm.simulated_latency_us", 0) * 1e-6;
     if (cuda && (comm.simulated_bandwidth_bytes_per_s > 0 || comm.simulated_latency_s > 0)) {

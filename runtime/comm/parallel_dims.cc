@@ -121,44 +121,54 @@ std::vector<std::string> ParallelDims::validate() const {
         "2-3 (stage is {}); set stage 2 or 3, or turn it off",
         stage));
   }
-  // hpZ and MiCS with expert parallelism: the experts' secondary shards (hpZ) or their state
-  // (MiCS) are kept over the ranks of their expert-data-parallel group inside each block, as
-  // many in every block.
-  const bool experts_placeable = ep > 1 && dp_known && dp % ep == 0;
+  for (const KeyedProblem& p : expert_placement_problems()) {
+    problems.push_back(p.key + " " + p.message);
+  }
+  return problems;
+}
+
+// hpZ and MiCS with expert parallelism: the experts' secondary shards (hpZ) or their state (MiCS)
+// are kept over the ranks of their expert-data-parallel group inside each block, as many in
+// every block; ZeRO++'s collectives over the experts' shard group run by node. Only layouts the
+// rest of validate() accepts are placed (a degree that does not divide is reported there).
+std::vector<ParallelDims::KeyedProblem> ParallelDims::expert_placement_problems() const {
+  std::vector<KeyedProblem> problems;
+  const int ep = expert_parallel_size, sp = sequence_parallel_size;
+  if (world < 1 || ep <= 1 || sp < 1 || world % sp != 0 || data_parallel_size() % ep != 0) {
+    return problems;
+  }
   std::size_t first = 0, other = 0;
-  if (experts_placeable && hpz() > 1 && world % hpz() == 0 &&
-      !expert_shares_even(hpz(), &first, &other)) {
-    problems.push_back(fmt::format(
-        "zero_hpz_partition_size {} with expert_parallel_size {}: the hpZ blocks hold "
-        "unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
-        "expert's secondary shards are kept over those; make expert_parallel_size divide "
-        "zero_hpz_partition_size",
-        hpz(), ep, first, other));
+  if (hpz() > 1 && world % hpz() == 0 && !expert_shares_even(hpz(), &first, &other)) {
+    problems.push_back(
+        {"zero_optimization.zero_hpz_partition_size",
+         fmt::format("{} with expert_parallel.autoep_size {}: the hpZ blocks hold unequal "
+                     "numbers of ranks of an expert-data-parallel group ({} and {}), and each "
+                     "expert's secondary shards are kept over those; make autoep_size divide "
+                     "zero_hpz_partition_size",
+                     hpz(), ep, first, other)});
   }
   const bool mics_tiles =
       !uses_mics() || (mics_shard_size <= world && world % mics_shard_size == 0);
   bool experts_sliced_evenly = mics_tiles;
-  if (experts_placeable && uses_mics() && mics_tiles &&
-      !expert_shares_even(mics_shard_size, &first, &other)) {
+  if (uses_mics() && mics_tiles && !expert_shares_even(mics_shard_size, &first, &other)) {
     experts_sliced_evenly = false;
-    problems.push_back(fmt::format(
-        "zero_optimization.mics_shard_size {} with expert_parallel_size {}: the shard groups "
-        "hold unequal numbers of ranks of an expert-data-parallel group ({} and {}), and each "
-        "expert's state is sliced over those; {}",
-        mics_shard_size, ep, first, other,
-        data_before_expert_parallel
-            ? fmt::format("make mics_shard_size a divisor or a multiple of the {} ranks of an "
-                          "expert-data-parallel group (consecutive with "
-                          "use_data_before_expert_parallelism)",
-                          expert_data_parallel_size())
-            : fmt::format("make mics_shard_size a multiple of expert_parallel_size x "
-                          "sequence_parallel_size ({})",
-                          ep * sp)));
+    problems.push_back(
+        {"zero_optimization.mics_shard_size",
+         fmt::format("{} with expert_parallel.autoep_size {}: the shard groups hold unequal "
+                     "numbers of ranks of an expert-data-parallel group ({} and {}), and each "
+                     "expert's state is sliced over those; {}",
+                     mics_shard_size, ep, first, other,
+                     data_before_expert_parallel
+                         ? fmt::format("make mics_shard_size a divisor or a multiple of the {} "
+                                       "ranks of an expert-data-parallel group (consecutive with "
+                                       "use_data_before_expert_parallelism)",
+                                       expert_data_parallel_size())
+                         : fmt::format("make mics_shard_size a multiple of autoep_size x "
+                                       "sequence_parallel_size ({})",
+                                       ep * sp))});
   }
-  // ZeRO++'s collectives over the experts' shard group (the expert-data-parallel group, or its
-  // share of a MiCS block) run hierarchically over its nodes, which must each hold as many of
-  // its ranks.
-  if (experts_placeable && nodes_known && quantized() && experts_sliced_evenly) {
+  const bool nodes_known = ranks_per_node > 0 && world % ranks_per_node == 0;
+  if (nodes_known && quantized() && experts_sliced_evenly) {
     for (int rank = 0; rank < world; ++rank) {
       std::vector<int> per_node(static_cast<std::size_t>(world / ranks_per_node), 0);
       const SubgroupPlan experts =
@@ -171,12 +181,13 @@ std::vector<std::string> ParallelDims::validate() const {
       bool even = true;
       for (int count : per_node) even = even && (count == 0 || count == first_count);
       if (!even) {
-        problems.push_back(fmt::format(
-            "expert_parallel_size {} with zero_quantized_weights / zero_quantized_gradients: "
-            "rank {}'s experts are sliced over a group with unequal numbers of ranks on its "
-            "nodes ({} ranks per node), and ZeRO++'s collectives over it run hierarchically by "
-            "node; make expert_parallel_size divide the ranks per node",
-            ep, rank, ranks_per_node));
+        problems.push_back(
+            {"expert_parallel.autoep_size",
+             fmt::format("{} with zero_quantized_weights / zero_quantized_gradients: rank {}'s "
+                         "experts are sliced over a group with unequal numbers of ranks on its "
+                         "nodes ({} ranks per node), and ZeRO++'s collectives over it run "
+                         "hierarchically by node; make autoep_size divide the ranks per node",
+                         ep, rank, ranks_per_node)});
         break;
       }
     }

@@ -59,6 +59,14 @@ struct ParallelDims {
   [[nodiscard]] std::vector<std::string> validate() const;
   // Throws InvalidArgument with every problem of validate(), one per line.
   void check() const;
+  // The part of validate() that places the experts' groups in MiCS and hpZ blocks and ZeRO++'s
+  // nodes, by config key (what the config reports at the key): empty unless the degrees
+  // themselves are consistent enough to place them.
+  struct KeyedProblem {
+    std::string key;      // "zero_optimization.mics_shard_size"
+    std::string message;  // the rest of the sentence, the fix included
+  };
+  [[nodiscard]] std::vector<KeyedProblem> expert_placement_problems() const;
 
   // Ranks that hold one copy of the model's dense data parallelism: world / sp.
   int data_parallel_size() const { return world / sequence_parallel_size; }

@@ -100,16 +100,21 @@ ParallelLayout::ParallelLayout(Device& device, MPI_Comm world, Stream& comm, Str
           make_subgroup(*world_group_, dims_.expert_hpz_group_plan(rank), comm, "expert-hpz");
     }
     if (rank == 0) {
+      const int holders = dims_.expert_data_parallel_size();
+      std::string state = fmt::format("sliced over {} ranks", holders);
+      if (dims_.stage == 0) {
+        state = fmt::format("whole on its {} ranks (stage 0: its gradients all-reduced over them)",
+                            holders);
+      } else if (dims_.uses_mics()) {
+        state = fmt::format(
+            "sliced over {} of its {} expert-data-parallel ranks (those in a MiCS shard group), "
+            "{} copies",
+            dims_.expert_shard_world(), holders, holders / dims_.expert_shard_world());
+      }
       spdlog::info(
-          "expert parallelism: experts split over {} groups of {} ranks, each expert's state "
-          "sliced over {}",
-          dims_.world / dims_.expert_parallel_size, dims_.expert_parallel_size,
-          !dims_.uses_mics()
-              ? fmt::format("{} ranks", dims_.expert_data_parallel_size())
-              : fmt::format("{} of its {} expert-data-parallel ranks (those in a MiCS shard "
-                            "group), {} copies",
-                            dims_.expert_shard_world(), dims_.expert_data_parallel_size(),
-                            dims_.expert_data_parallel_size() / dims_.expert_shard_world()));
+          "expert parallelism: experts split over {} groups of {} ranks, each expert's "
+          "state {}",
+          dims_.world / dims_.expert_parallel_size, dims_.expert_parallel_size, state);
     }
   }
   // Ulysses sequence parallelism: this rank's block of sp consecutive ranks, within a node

@@ -237,8 +237,9 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   zeropp.world = 6;
   zeropp.ranks_per_node = 3;
   CHECK(mentions(zeropp.validate(),
-                 "expert_parallel_size 2 with zero_quantized_weights / zero_quantized_gradients: "
-                 "rank 0's experts are sliced over a group with unequal numbers of ranks on its "
+                 "expert_parallel.autoep_size 2 with zero_quantized_weights / "
+                 "zero_quantized_gradients: rank 0's experts are sliced over a group with unequal "
+                 "numbers of ranks on its "
                  "nodes"));
   zeropp.quantized_gradients = false;  // unquantized: any split of the nodes
   CHECK(zeropp.validate().empty());
@@ -264,8 +265,8 @@ TEST_CASE("validate() names the key and the fix of every problem") {
   uneven.hpz_partition_size = 3;
   uneven.expert_parallel_size = 2;  // edp {0,2,4,...}: 2 in block {0,1,2}, 1 in {3,4,5}
   CHECK(mentions(uneven.validate(),
-                 "zero_hpz_partition_size 3 with expert_parallel_size 2: the "
-                 "hpZ blocks hold unequal numbers of ranks"));
+                 "zero_optimization.zero_hpz_partition_size 3 with "
+                 "expert_parallel.autoep_size 2: the hpZ blocks hold unequal numbers of ranks"));
 
   CHECK_THROWS_WITH(mics.check(), Catch::Contains("the parallel layout (world 8 (2 nodes x 4), "
                                                   "stage 0, MiCS shards of 3) is inconsistent") &&
@@ -364,10 +365,10 @@ TEST_CASE("MiCS with expert parallelism: the experts' shard and replica groups",
   uneven.mics_shard_size = 3;
   uneven.expert_parallel_size = 2;
   CHECK(mentions(uneven.validate(),
-                 "zero_optimization.mics_shard_size 3 with expert_parallel_size 2: the shard "
-                 "groups hold unequal numbers of ranks of an expert-data-parallel group (2 and "
-                 "1), and each expert's state is sliced over those; make mics_shard_size a "
-                 "multiple of expert_parallel_size x sequence_parallel_size (2)"));
+                 "zero_optimization.mics_shard_size 3 with expert_parallel.autoep_size 2: the "
+                 "shard groups hold unequal numbers of ranks of an expert-data-parallel group (2 "
+                 "and 1), and each expert's state is sliced over those; make mics_shard_size a "
+                 "multiple of autoep_size x sequence_parallel_size (2)"));
   uneven.mics_shard_size = 4;  // D + E: edp blocks of 6, and {4,...,7} holds two of each
   uneven.data_before_expert_parallel = true;
   CHECK(mentions(uneven.validate(),

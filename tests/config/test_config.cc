@@ -1312,6 +1312,38 @@ TEST_CASE("expert_parallel: DeepSpeed's AutoEP section, each key implemented or 
                  !Catch::Contains("score_func") && !Catch::Contains("score_apply"));
 }
 
+// Where the layout puts the experts' groups is checked when the config is read, at the keys, with
+// the other problems (not only when every rank builds its groups): 6 ranks in MiCS shard groups of
+// 3 at autoep_size 2 hold 2 ranks of one expert set and 1 of the other; hpZ blocks of 3 the same;
+// ZeRO++ over 2 nodes of 3 ranks puts 2 of an expert set on one node and 1 on the other.
+TEST_CASE("the experts' groups placed in MiCS and hpZ blocks and ZeRO++'s nodes, at their keys",
+          "[config][expert_parallel]") {
+  json doc = patched(R"({"train_batch_size": 24,
+      "zero_optimization": {"stage": 3, "mics_shard_size": 3},
+      "expert_parallel": {"enabled": true, "autoep_size": 2},
+      "model": {"type": "qwen3_moe", "preset": "qwen3-moe-tiny"}})");
+  CHECK_THAT(error_of(doc.dump(), 6),
+             Catch::Contains("bad.json: zero_optimization.mics_shard_size: 3 with "
+                             "expert_parallel.autoep_size 2: the shard groups hold unequal numbers "
+                             "of ranks of an expert-data-parallel group (2 and 1)") &&
+                 Catch::Contains("make mics_shard_size a multiple of autoep_size x "
+                                 "sequence_parallel_size (2)"));
+  doc["zero_optimization"] = {{"stage", 3}, {"zero_hpz_partition_size", 3}};
+  CHECK_THAT(error_of(doc.dump(), 6),
+             Catch::Contains("bad.json: zero_optimization.zero_hpz_partition_size: 3 with "
+                             "expert_parallel.autoep_size 2: the hpZ blocks hold unequal numbers"));
+  doc["zero_optimization"] = {{"stage", 3}, {"zero_quantized_gradients", true}};
+  doc["comm"] = {{"ranks_per_node", 3}};
+  CHECK_THAT(error_of(doc.dump(), 6),
+             Catch::Contains("bad.json: expert_parallel.autoep_size: 2 with zero_quantized_weights "
+                             "/ zero_quantized_gradients: rank 0's experts are sliced over a group "
+                             "with unequal numbers of ranks on its nodes"));
+  // Placed evenly: valid. Shard groups of 2, 6 ranks, autoep_size 2.
+  doc.erase("comm");
+  doc["zero_optimization"] = {{"stage", 3}, {"mics_shard_size", 2}};
+  CHECK(error_of(doc.dump(), 6) == "(no error)");
+}
+
 TEST_CASE("expert_parallel.autoep_size against the world and the stage (engine options)",
           "[config][expert_parallel]") {
   EngineOptions o;

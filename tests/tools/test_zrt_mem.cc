@@ -948,8 +948,8 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
   const std::string uneven =
       run_tool("--model qwen3-moe-tiny --world 6 --ep 2 --mics 3 --stage 2", &status);
   CHECK(status != 0);
-  CHECK_THAT(uneven, Catch::Contains("mics_shard_size 3 with expert_parallel_size 2: the shard "
-                                     "groups hold unequal numbers of ranks"));
+  CHECK_THAT(uneven, Catch::Contains("mics_shard_size 3 with expert_parallel.autoep_size 2: the "
+                                     "shard groups hold unequal numbers of ranks"));
   run_tool("--model qwen3-moe-tiny --world 4 --mics 0", &status);
   CHECK(status != 0);
 }
