@@ -29,6 +29,11 @@
 #             activation checkpointing, its MoE layers whole (model.tiling.mlp_rows -1) and in the
 #             automatic tiles (7 of 4992 rows): what tiling costs in time, and saves in the
 #             tracked activation peak (mem_peak_bytes), on a GPU
+#   moe-capacity (not run unless named) the zrt-moe model's layers (2 of them, stage 2, one
+#             16384-token sequence a step, checkpointed) over 2 ranks sharing the GPU at
+#             sequence_parallel_size 2, model.capacity_factor 16 (every pair kept: the experts'
+#             work is the dropless run's) against 0: what the capacity's routing pre-pass (the
+#             router again, the choices to the host per tile, the counts gathered) costs a step
 #
 #   tools/bench/gpu_peers.sh --bundle DIR|FILE.tar.xz --out DIR [--budget S] [--phases "..."]
 #                            [--llmc PATH] [--wheels DIR] [--prebuild-ds]
@@ -65,7 +70,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -154,6 +159,21 @@ print("RESULT moe-tiles mlp_rows", sys.argv[2], "activations_peak", peak.get("ac
 EOF
   done
 }
+moe_capacity_run() {  # the zrt-moe layers at sp 2 over 2 ranks: capacity 16 (no drop) vs dropless
+  local factor name rc
+  for factor in 0 16; do
+    name="qwen3-moe-l8-sp2-capacity$factor"
+    (cd "$root" && mpirun --allow-run-as-root --oversubscribe --bind-to none -n 2 \
+       "$bundle/bin/zrt-train" --config configs/gpu-qwen3-moe-bench.json --output_dir "$work/$name" \
+       --train.log_interval 1 --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" \
+       --train.steps 5 --scheduler.params.total_num_steps 5 --sequence_parallel_size 2 \
+       --model.num_hidden_layers 2 --model.seq_len 16384 --model.activation_checkpointing true \
+       --train_batch_size 1 --gradient_accumulation_steps 1 --zero_optimization.stage 2 \
+       --model.capacity_factor "$factor")
+    rc=$?
+    echo "RESULT zrt $name $(median_zrt "$work/$name/metrics.jsonl" 1) exit=$rc"
+  done
+}
 llmc_run() {
   # llm.c divides by -v and -s: large values, not 0, turn evaluation and sampling off. cuDNN and
   # NVRTC (its flash attention) come from the PyTorch wheels or the toolkit, wherever they are.
@@ -229,6 +249,9 @@ for p in $phases; do
     moe-tiles)
       phase moe-tiles 150 bash -c "$(declare -f zrt_run median_zrt moe_tiles_run); root='$root' \
         bundle='$bundle' work='$work' data='$data'; moe_tiles_run" ;;
+    moe-capacity)
+      phase moe-capacity 150 bash -c "$(declare -f median_zrt moe_capacity_run); root='$root' \
+        bundle='$bundle' work='$work' data='$data'; moe_capacity_run" ;;
   esac
 done
 
