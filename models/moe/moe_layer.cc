@@ -28,12 +28,18 @@ float tile_share(const MoeTile* tile, int N) {
 
 }  // namespace
 
-void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
-                     MoeScratch& scratch, Bytes x, int N, const MoeTile* tile) const {
+void MoeLayer::choose_experts(kernels::KernelContext& ctx, DType dt, const MoeParams& p,
+                              MoeKept& kept, Bytes x, int N) const {
   const auto& s = shape_;
   k::linear_forward(ctx, dt, kept.logits, x, p.router, Bytes(), N, s.C, s.E);
   k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
                         s.k, s.renormalize);
+}
+
+void MoeLayer::route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+                     MoeScratch& scratch, Bytes x, int N, const MoeTile* tile) const {
+  const auto& s = shape_;
+  choose_experts(ctx, dt, p, kept, x, N);
   kept.dropped = 0;
   // Dropless, the router's choices are dispatched as they are.
   if (s.capacity_factor > 0) apply_capacity(ctx, kept, N, tile);
@@ -86,9 +92,7 @@ void MoeLayer::count_choices(kernels::KernelContext& ctx, DType dt, const MoePar
                              MoeKept& kept, Bytes x, int N, std::int64_t first_row,
                              std::int64_t rows_per_run, std::vector<std::int64_t>& counts) const {
   const auto& s = shape_;
-  k::linear_forward(ctx, dt, kept.logits, x, p.router, Bytes(), N, s.C, s.E);
-  k::moe_router_forward(ctx, dt, kept.probs, kept.weights, ints(kept.experts), kept.logits, N, s.E,
-                        s.k, s.renormalize);
+  choose_experts(ctx, dt, p, kept, x, N);
   std::vector<std::int32_t> experts(static_cast<std::size_t>(I64{N} * s.k));
   ctx.device().copy_to_host(experts.data(), kept.experts, experts.size() * 4, ctx.stream());
   ctx.stream().synchronize();

@@ -176,6 +176,9 @@ class MoeLayer {
                 const MoeTile* tile = nullptr) const;
 
  private:
+  // The router's logits, probabilities, weights and top-k choices for x's N rows into kept.
+  void choose_experts(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
+                      Bytes x, int N) const;
   void route(kernels::KernelContext& ctx, DType dt, const MoeParams& p, MoeKept& kept,
              MoeScratch& scratch, Bytes x, int N, const MoeTile* tile) const;
   // The experts' SwiGLU over the permuted rows (the expert-parallel seam: rows in, rows out).
