@@ -171,9 +171,7 @@ std::vector<ParallelDims::KeyedProblem> ParallelDims::expert_placement_problems(
   if (nodes_known && quantized() && experts_sliced_evenly) {
     for (int rank = 0; rank < world; ++rank) {
       std::vector<int> per_node(static_cast<std::size_t>(world / ranks_per_node), 0);
-      const SubgroupPlan experts =
-          uses_mics() ? expert_shard_group_plan(rank) : expert_data_parallel_plan(rank);
-      for (int member : experts.members) {
+      for (int member : expert_shard_group_plan(rank).members) {
         ++per_node[static_cast<std::size_t>(member / ranks_per_node)];
       }
       int first_count = 0;
@@ -284,7 +282,6 @@ SubgroupPlan ParallelDims::expert_data_parallel_plan(int rank) const {
 }
 
 int ParallelDims::expert_shard_world() const {
-  if (!uses_mics()) return expert_data_parallel_size();
   return static_cast<int>(expert_shard_group_plan(0).members.size());
 }
 
@@ -315,9 +312,7 @@ SubgroupPlan ParallelDims::expert_hpz_group_plan(int rank) const {
 }
 
 SubgroupPlan ParallelDims::expert_shard_group_plan(int rank) const {
-  ZRT_CHECK(uses_mics(), "expert_shard_group_plan() without MiCS (stage {}, mics_shard_size {})",
-            stage, mics_shard_size);
-  return expert_block_share(rank, mics_shard_size);
+  return uses_mics() ? expert_block_share(rank, mics_shard_size) : expert_data_parallel_plan(rank);
 }
 
 // The members of the expert-data-parallel group are listed in rank order, so each block's share

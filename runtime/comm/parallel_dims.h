@@ -110,9 +110,9 @@ struct ParallelDims {
   // hpZ with expert parallelism: the ranks of `rank`'s expert-data-parallel group inside its hpZ
   // block (S consecutive ranks of a node): where its experts' secondary shards are kept.
   SubgroupPlan expert_hpz_group_plan(int rank) const;
-  // MiCS with expert parallelism: the ranks of `rank`'s expert-data-parallel group inside its
-  // MiCS shard block (the experts' shard group), and those at the same position of that share
-  // in every other block (the experts' replicas).
+  // The experts' shard group: with MiCS the ranks of `rank`'s expert-data-parallel group inside
+  // its MiCS shard block, else that whole group; and (MiCS) those at the same position of that
+  // share in every other block (the experts' replicas; `rank` alone without MiCS).
   SubgroupPlan expert_shard_group_plan(int rank) const;
   SubgroupPlan expert_replica_group_plan(int rank) const;
 

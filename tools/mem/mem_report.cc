@@ -78,6 +78,9 @@ std::string format_verdict(const Inputs& in, const std::vector<Estimate>& estima
 std::string format_report(const Inputs& in, const Estimate& chosen,
                           const std::vector<Estimate>& estimates) {
   const EngineOptions& o = in.engine;
+  // The layout of the setting printed in detail (the shares its rows name).
+  ParallelDims chosen_dims = parallel_dims(o, in.world, in.ranks_per_node());
+  chosen_dims.stage = chosen.setting.stage;
   std::string out;
   const std::string what =
       in.model ? in.model->description
@@ -126,8 +129,7 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   if (ep > 1 && in.model && in.model->def) {
     // A rank's engine holds the dense parameters and its 1/ep of the experts (their own units).
     const std::int64_t dense = chosen.padded_params - chosen.expert_padded_params;
-    ParallelDims dims = parallel_dims(o, in.world, in.ranks_per_node());
-    dims.stage = chosen.setting.stage;
+    const ParallelDims& dims = chosen_dims;
     const std::string expert_slices =
         dims.uses_mics()
             ? fmt::format(
@@ -174,8 +176,6 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   auto row = [&](const std::string& name, const std::string& value, const std::string& note) {
     out += fmt::format("  {:<34} {:>9} GB  {}\n", name, value, note);
   };
-  ParallelDims chosen_dims = parallel_dims(in.engine, in.world, in.ranks_per_node());
-  chosen_dims.stage = chosen.setting.stage;
   const int n = chosen_dims.shard_world();
   row("params (compute dtype)", gb(chosen.params),
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));

@@ -466,8 +466,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     // their shard group (the expert-data-parallel group, or under MiCS its share of a shard
     // block): rank 0's, whose members on rank 0's node are L.
     if (f.groups > 1) {
-      const std::vector<int> members = dims.uses_mics() ? dims.expert_shard_group_plan(0).members
-                                                        : dims.expert_data_parallel_plan(0).members;
+      const std::vector<int> members = dims.expert_shard_group_plan(0).members;
       const int edp = static_cast<int>(members.size());
       int L = 0;
       for (int r : members) L += per_node > 0 && r / per_node == 0 ? 1 : 0;
