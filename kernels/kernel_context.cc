@@ -24,14 +24,19 @@ namespace zrt::kernels {
 FusedAttention fused_attention_from_env() {
   const char* env = std::getenv("ZRT_CUDA_ATTENTION");
   const std::string value = env == nullptr ? "" : env;
-  if (value.empty() || value == "fused") return FusedAttention::kAll;
+  if (value.empty() || value == "fused" || value == "pipelined") return FusedAttention::kAll;
   if (value == "hs64") return FusedAttention::kHeadSize64;
   if (value == "batched") return FusedAttention::kNone;
   ZRT_THROW(InvalidArgument,
             "ZRT_CUDA_ATTENTION={}: expected fused (the fused kernels wherever they take the "
-            "shape, the default), hs64 (fused at head size 64 only) or batched (batched GEMMs "
-            "always)",
+            "shape, the default), pipelined (the same, on their pipelined variant), hs64 (fused "
+            "at head size 64 only) or batched (batched GEMMs always)",
             value);
+}
+
+bool attention_pipelined_from_env() {
+  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
+  return env != nullptr && std::string(env) == "pipelined";
 }
 
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)

@@ -23,8 +23,11 @@ namespace zrt::kernels {
 enum class FusedAttention { kAll, kHeadSize64, kNone };
 
 // The ZRT_CUDA_ATTENTION environment variable: "fused" (or unset or empty) kAll, "hs64"
-// kHeadSize64, "batched" kNone; any other value throws InvalidArgument naming them.
+// kHeadSize64, "batched" kNone, "pipelined" kAll on the pipelined kernels (below); any other
+// value throws InvalidArgument naming them.
 FusedAttention fused_attention_from_env();
+// Whether ZRT_CUDA_ATTENTION asks for the pipelined fused kernels ("pipelined").
+bool attention_pipelined_from_env();
 
 struct KernelOptions {
   // OpenMP threads of the CPU kernels; 0 takes OpenMP's default (OMP_NUM_THREADS). Results do
@@ -38,6 +41,11 @@ struct KernelOptions {
   bool cuda_attention_wmma = false;
   // CUDA backend: which shapes take the fused attention kernels (see FusedAttention).
   FusedAttention cuda_fused_attention = fused_attention_from_env();
+  // CUDA backend: run the fused mma.sync attention kernels pipelined (the next tile's copy in
+  // flight while one is computed, operands read with ldmatrix; flash_attention_mma.cuh) rather
+  // than staged one tile at a time. The same results bit for bit; the GPU tests compare both.
+  // Off until a GPU has timed it against the staged kernels (BENCHMARKS.md).
+  bool cuda_attention_pipelined = attention_pipelined_from_env();
   // CUDA backend: run grouped-query attention by packing q and its repeated key/value heads
   // into one (B,T,3C) tensor (6 x NH x hs elements a token of workspace in the backward) even
   // where the fused kernels read them in place (kernels/cuda/gqa_attention.cuh). The path

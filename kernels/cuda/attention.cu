@@ -161,9 +161,10 @@ void causal_softmax_backward(const Launch& l, float* datt, const float* att, std
 namespace {
 // The fused kernels asked for; the WMMA ones take head size 64 only, so 128 runs on mma.sync.
 FlashKernels fused_kernels(const AttentionKernels& kernels, DType dtype, int T, int C, int NH) {
-  return kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)
-             ? FlashKernels::kWmma
-             : FlashKernels::kMma;
+  if (kernels.wmma && flash_attention_supported(dtype, T, C, NH, FlashKernels::kWmma)) {
+    return FlashKernels::kWmma;
+  }
+  return mma_kernels(kernels);
 }
 }  // namespace
 

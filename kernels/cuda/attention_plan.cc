@@ -13,7 +13,8 @@ I64 round_up(I64 bytes) {
 }  // namespace
 
 AttentionKernels attention_kernels(const KernelOptions& options) {
-  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed};
+  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed,
+          options.cuda_attention_pipelined};
 }
 
 bool flash_mma_head_size_supported(int C, int NH) {
@@ -21,8 +22,8 @@ bool flash_mma_head_size_supported(int C, int NH) {
 }
 
 bool flash_attention_supported(DType dtype, int T, int C, int NH, FlashKernels kernels) {
-  const bool head_size = kernels == FlashKernels::kMma ? flash_mma_head_size_supported(C, NH)
-                                                       : NH > 0 && C == NH * kFlashWmmaHeadSize;
+  const bool head_size = kernels == FlashKernels::kWmma ? NH > 0 && C == NH * kFlashWmmaHeadSize
+                                                        : flash_mma_head_size_supported(C, NH);
   return (dtype == DType::kBFloat16 || dtype == DType::kFloat16) && head_size && T > 0 &&
          T % kFlashTile == 0;
 }

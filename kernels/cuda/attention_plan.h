@@ -25,18 +25,21 @@ namespace zrt::kernels::cuda {
 constexpr int kFlashTile = 64;
 constexpr int kFlashWmmaHeadSize = 64;
 
-// Two implementations of the fused kernels: kMma (flash_attention_mma.cuh, the default) and kWmma
+// The implementations of the fused kernels: kMma (flash_attention_mma.cuh, the default), the same
+// kernels pipelined, kMmaPipelined (the same shapes and results bit for bit), and kWmma
 // (flash_attention.cuh: the WMMA API, head size 64 only; the second opinion the GPU tests use).
-enum class FlashKernels { kMma, kWmma };
+enum class FlashKernels { kMma, kMmaPipelined, kWmma };
 
 // The attention kernels a context asks for: which shapes run on the fused kernels
 // (KernelOptions::cuda_fused_attention), where the WMMA kernels take the shape (head size 64),
-// whether on them (KernelOptions::cuda_attention_wmma), and whether grouped-query attention
-// packs (KernelOptions::cuda_gqa_packed).
+// whether on them (KernelOptions::cuda_attention_wmma), whether the mma kernels run pipelined
+// (KernelOptions::cuda_attention_pipelined), and whether grouped-query attention packs
+// (KernelOptions::cuda_gqa_packed).
 struct AttentionKernels {
   FusedAttention fused = FusedAttention::kAll;
   bool wmma = false;
   bool gqa_packed = false;
+  bool pipelined = false;
 };
 AttentionKernels attention_kernels(const KernelOptions& options);
 
@@ -48,6 +51,10 @@ bool flash_attention_supported(DType dtype, int T, int C, int NH,
 // Grouped-query attention in place on the mma kernels: what flash_attention_supported(kMma)
 // takes at C = NH*hs, with NH a multiple of NKV.
 bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs);
+// The mma kernels' implementation `kernels` asks for: kMma, or kMmaPipelined.
+inline FlashKernels mma_kernels(const AttentionKernels& kernels) {
+  return kernels.pipelined ? FlashKernels::kMmaPipelined : FlashKernels::kMma;
+}
 // Whether `kernels` runs this shape and storage type on the fused kernels.
 bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH);
 // Whether grouped-query attention runs in place for these shapes (else it packs).

@@ -454,8 +454,9 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
-  if (kernels == FlashKernels::kMma) {
-    flash_mma_forward(l, dtype, out, lse, packed_head_rows(qkv, dtype, C), B, T, C, NH, doc_start);
+  if (kernels != FlashKernels::kWmma) {
+    flash_mma_forward(l, dtype, out, lse, packed_head_rows(qkv, dtype, C), B, T, C, NH, doc_start,
+                      kernels == FlashKernels::kMmaPipelined);
     return;
   }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
@@ -484,9 +485,10 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
   const float scale_log2 = scale * kLog2e;
   float* rowdot = static_cast<float*>(l.ws);
   row_dot(l, dtype, rowdot, dout, out, B, T, C, NH);
-  if (kernels == FlashKernels::kMma) {
+  if (kernels != FlashKernels::kWmma) {
     flash_mma_backward(l, dtype, packed_head_gradients(dqkv, dtype, C), dout,
-                       packed_head_rows(qkv, dtype, C), lse, rowdot, B, T, C, NH, doc_start);
+                       packed_head_rows(qkv, dtype, C), lse, rowdot, B, T, C, NH, doc_start,
+                       kernels == FlashKernels::kMmaPipelined);
     return;
   }
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
@@ -522,18 +524,20 @@ HeadRows grouped_head_rows(const void* q, const void* k, const void* v, int NH, 
 
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                       const std::int32_t* doc_start) {
+                       const std::int32_t* doc_start, FlashKernels kernels) {
   ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
             "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
             NH, NKV, hs, dtype_name(dtype));
+  ZRT_CHECK(kernels != FlashKernels::kWmma,
+            "grouped-query attention (fused): the WMMA kernels read packed rows only");
   flash_mma_forward(l, dtype, out, lse, grouped_head_rows(q, k, v, NH, NKV, hs), B, T, NH * hs, NH,
-                    doc_start);
+                    doc_start, kernels == FlashKernels::kMmaPipelined);
 }
 
 void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                         const void* dout, const void* q, const void* k, const void* v,
                         const void* out, const float* lse, int B, int T, int NH, int NKV, int hs,
-                        const std::int32_t* doc_start) {
+                        const std::int32_t* doc_start, FlashKernels kernels) {
   ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
             "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
             NH, NKV, hs, dtype_name(dtype));
@@ -544,8 +548,11 @@ void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* 
   const int C = NH * hs;
   float* rowdot = static_cast<float*>(l.ws);
   row_dot(l, dtype, rowdot, dout, out, B, T, C, NH);
+  ZRT_CHECK(kernels != FlashKernels::kWmma,
+            "grouped-query attention (fused): the WMMA kernels read packed rows only");
   flash_mma_backward(l, dtype, HeadGradients{dq, dk, dv}, dout,
-                     grouped_head_rows(q, k, v, NH, NKV, hs), lse, rowdot, B, T, C, NH, doc_start);
+                     grouped_head_rows(q, k, v, NH, NKV, hs), lse, rowdot, B, T, C, NH, doc_start,
+                     kernels == FlashKernels::kMmaPipelined);
 }
 
 }  // namespace zrt::kernels::cuda

@@ -27,9 +27,10 @@
 namespace zrt::kernels::cuda {
 
 // Two implementations of the same kernels (attention_plan.h's FlashKernels): kMma
-// (flash_attention_mma.cuh: mma.sync with the scores kept in registers, the default) and kWmma
-// (this file: the WMMA API, the scores through shared memory; slower, kept as the second opinion
-// the GPU tests compare against; head size 64 only). Which shapes they take
+// (flash_attention_mma.cuh: mma.sync with the scores kept in registers, the default; kMmaPipelined
+// runs them with the next tile's copy in flight) and kWmma (this file: the WMMA API, the scores
+// through shared memory; slower, kept as the second opinion the GPU tests compare against; head
+// size 64 only). Which shapes they take
 // (flash_attention_supported, flash_gqa_supported) and the backward's workspace
 // (flash_attention_backward_workspace): attention_plan.h.
 
@@ -51,12 +52,15 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
 // Llama-3.1-8B at 128K tokens 16 MiB, against 6.5 GB of packed q, k, v and their gradient). The
 // backward adds to dq, dk, dv; dk and dv are each group's sum, kept in fp32 and rounded once.
 // Takes what flash_attention_supported(kMma) takes at C = NH*hs; rows 16-byte aligned.
+// kernels: kMma or kMmaPipelined.
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                       const std::int32_t* doc_start = nullptr);
+                       const std::int32_t* doc_start = nullptr,
+                       FlashKernels kernels = FlashKernels::kMma);
 void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                         const void* dout, const void* q, const void* k, const void* v,
                         const void* out, const float* lse, int B, int T, int NH, int NKV, int hs,
-                        const std::int32_t* doc_start = nullptr);
+                        const std::int32_t* doc_start = nullptr,
+                        FlashKernels kernels = FlashKernels::kMma);
 
 }  // namespace zrt::kernels::cuda

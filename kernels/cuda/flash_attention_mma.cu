@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/mma_fragments.h"
 #include "runtime/device/cuda_device.h"
 
 namespace zrt::kernels::cuda {
@@ -19,10 +20,10 @@ constexpr int kTile = 64;
 static_assert(kTile == kFlashTile, "attention_plan.h plans the shapes these kernels take");
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-// Staged row stride (elements) of a tile of HS columns: HS/2 + 4 words, 4 modulo the 32 banks
-// for HS = 64 and 128, so the fragment reads below hit no bank twice.
+// Staged row stride (elements) of a tile of HS columns (mma_fragments.h): no bank is hit twice
+// by the fragment reads below.
 template <int HS>
-constexpr int kLd = HS + 8;
+constexpr int kLd = staged_row_stride(HS);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr unsigned kFull = 0xffffffffu;
@@ -70,6 +71,42 @@ __device__ __forceinline__ std::uint32_t word(const void* p) {
   return *reinterpret_cast<const std::uint32_t*>(p);
 }
 
+// The pipelined kernels' shared-memory reads and copies (sm_80 and newer; PTX ISA).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// Four 8x8 matrices of 16-bit values, each lane giving one row's shared-memory address
+// (mma_fragments.h). Callers convert a lane's base address once and add constant offsets, which
+// the instruction takes as immediates.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(row));
+}
+// Asynchronous copies from global to shared memory that bypass the registers: issued, gathered
+// into a group by copy_async_commit, and waited for (all of this thread's) by copy_async_wait.
+// 16 bytes through L2 only (a tile is read once per block), or 4 bytes (row statistics, whose
+// addresses need not be 16-byte aligned).
+__device__ __forceinline__ void copy_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(shared_address(dst)), "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // The A fragments of 16 rows x HS (head dims) of a row-major matrix at `rows` (row stride ld).
 template <int HS, typename S>
 __device__ __forceinline__ void load_rows(std::uint32_t (&a)[HS / 16][4], const S* rows, int ld,
@@ -85,13 +122,53 @@ __device__ __forceinline__ void load_rows(std::uint32_t (&a)[HS / 16][4], const 
 }
 
 // A 64 x HS tile (row stride ld in global memory) into shared memory (row stride kLd<HS>), 16
-// bytes per thread per step.
-template <int HS, typename S>
+// bytes per thread per step: through registers, or (kAsync) as asynchronous copies the caller
+// commits and waits for.
+template <int HS, bool kAsync, typename S>
 __device__ __forceinline__ void stage(S* dst, const S* src, int ld) {
-  for (int i = threadIdx.x; i < kTile * (HS / 8); i += kThreads) {
-    const int row = i / (HS / 8), part = i % (HS / 8);
-    *reinterpret_cast<uint4*>(dst + row * kLd<HS> + part * 8) =
-        *reinterpret_cast<const uint4*>(src + static_cast<I64>(row) * ld + part * 8);
+  if constexpr (kAsync) {
+    // mma_fragments.h's tile_copy_place: a fixed trip count, the offsets constants.
+    static_assert(kThreads % (HS / 8) == 0 && kTile % (kThreads / (HS / 8)) == 0,
+                  "every piece of the tile copied once");
+    const StagedPlace first = tile_copy_place(static_cast<int>(threadIdx.x), 0, HS, kThreads);
+    const StagedPlace second = tile_copy_place(static_cast<int>(threadIdx.x), 1, HS, kThreads);
+    const int row_step = second.row - first.row;
+    S* to = dst + first.row * kLd<HS> + first.col;
+    const S* from = src + static_cast<I64>(first.row) * ld + first.col;
+#pragma unroll
+    for (int n = 0; n < tile_copy_steps(kTile, HS, kThreads); ++n) {
+      copy_async16(to + n * row_step * kLd<HS>, from + static_cast<I64>(n) * row_step * ld);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kTile * (HS / 8); i += kThreads) {
+      const int row = i / (HS / 8), part = i % (HS / 8);
+      *reinterpret_cast<uint4*>(dst + row * kLd<HS> + part * 8) =
+          *reinterpret_cast<const uint4*>(src + static_cast<I64>(row) * ld + part * 8);
+    }
+  }
+}
+
+// The tile loop's shared memory. Staged (kPipelined false): one buffer; before tile i every warp
+// finishes tile i - 1, the block copies tile i through registers (copy_this(0)) and waits for it.
+// Pipelined: two buffers; tile i, whose copy was issued one iteration earlier (the loop's first
+// by the caller, into buffer 0), is waited for, and once every warp is done with tile i - 1 (the
+// barrier) the copy of tile i + 1 (copy_next, if has_next) goes into that tile's buffer, to land
+// while tile i is computed. Returns the buffer tile i is in. Every thread of the block calls it
+// with the same i and has_next.
+template <bool kPipelined, typename CopyThis, typename CopyNext>
+__device__ __forceinline__ int arrive_tile(int i, bool has_next, CopyThis&& copy_this,
+                                           CopyNext&& copy_next) {
+  if constexpr (kPipelined) {
+    copy_async_wait();
+    __syncthreads();
+    if (has_next) copy_next((i + 1) & 1);
+    copy_async_commit();
+    return i & 1;
+  } else {
+    __syncthreads();  // the previous tile's reads are done
+    copy_this(0);
+    __syncthreads();
+    return 0;
   }
 }
 
@@ -100,7 +177,9 @@ __device__ __forceinline__ void stage(S* dst, const S* src, int ld) {
 // (Skipping the columns before a document's start as well costs the forward at head size 128
 // about 65 more registers a thread, for a saving in the one key tile a document starts in: the
 // masks below zero those columns instead.)
-template <int HS, typename S>
+// kLdmatrix: the B operands read with ldmatrix, two k-steps an instruction (the same values in
+// the same order, so the same results bit for bit).
+template <int HS, bool kLdmatrix, typename S>
 __device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4],
                                                 const std::uint32_t (&a)[HS / 16][4], const S* tile,
                                                 int first, int last, int g, int t) {
@@ -109,10 +188,22 @@ __device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4],
 #pragma unroll
     for (int c = 0; c < 4; ++c) acc[j][c] = 0.0f;
     if (first + 8 * j > last) continue;
+    if constexpr (kLdmatrix) {
+      const StagedPlace at = rows_dot_tile_place(4 * g + t);
+      const unsigned base = shared_address(tile + at.row * kLd<HS> + at.col);
 #pragma unroll
-    for (int kk = 0; kk < HS / 16; ++kk) {
-      const S* p = tile + (8 * j + g) * kLd<HS> + kk * 16 + 2 * t;
-      mma<S>(acc[j], a[kk], word(p), word(p + 8));
+      for (int kk = 0; kk < HS / 16; kk += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, base + (8 * j * kLd<HS> + kk * 16) * sizeof(S));
+        mma<S>(acc[j], a[kk], b[0], b[1]);
+        mma<S>(acc[j], a[kk + 1], b[2], b[3]);
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < HS / 16; ++kk) {
+        const S* p = tile + (8 * j + g) * kLd<HS> + kk * 16 + 2 * t;
+        mma<S>(acc[j], a[kk], word(p), word(p + 8));
+      }
     }
   }
 }
@@ -120,7 +211,9 @@ __device__ __forceinline__ void rows_dot_staged(float (&acc)[8][4],
 // acc[dn] (16 rows x 8 head dims, dn < COLS/8) += A (16 rows x 64 staged rows, as 4 fragments)
 // . tile, where tile points at the first of COLS head dims of the 64 staged rows (row stride
 // kLd<HS>); k-chunks of 16 staged rows that `skip` marks are left out.
-template <int HS, int COLS, typename S>
+// kLdmatrix: the B operands read with ldmatrix .trans, two column groups an instruction (the same
+// values in the same order).
+template <int HS, int COLS, bool kLdmatrix, typename S>
 __device__ __forceinline__ void rows_times_staged(float (&acc)[COLS / 8][4],
                                                   const std::uint32_t (&a)[4][4], const S* tile,
                                                   const bool (&skip)[4], int g, int t) {
@@ -128,11 +221,23 @@ __device__ __forceinline__ void rows_times_staged(float (&acc)[COLS / 8][4],
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     if (skip[kk]) continue;
-    const S* p = tile + (kk * 16 + 2 * t) * ld + g;
+    if constexpr (kLdmatrix) {
+      const StagedPlace at = rows_times_tile_place(4 * g + t);
+      const unsigned base = shared_address(tile + at.row * ld + at.col);
 #pragma unroll
-    for (int dn = 0; dn < COLS / 8; ++dn) {
-      const S* q = p + dn * 8;
-      mma<S>(acc[dn], a[kk], pair(q, q + ld), pair(q + 8 * ld, q + 9 * ld));
+      for (int dn = 0; dn < COLS / 8; dn += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, base + (kk * 16 * ld + dn * 8) * sizeof(S));
+        mma<S>(acc[dn], a[kk], b[0], b[1]);
+        mma<S>(acc[dn + 1], a[kk], b[2], b[3]);
+      }
+    } else {
+      const S* p = tile + (kk * 16 + 2 * t) * ld + g;
+#pragma unroll
+      for (int dn = 0; dn < COLS / 8; ++dn) {
+        const S* q = p + dn * 8;
+        mma<S>(acc[dn], a[kk], pair(q, q + ld), pair(q + 8 * ld, q + 9 * ld));
+      }
     }
   }
 }
@@ -194,14 +299,25 @@ __device__ __forceinline__ int first_column() {
 // With doc_start the key tiles start at the one holding the document start of the block's first
 // query, a warp skips the tiles before its first row's, and keys before a row's document start
 // are masked.
-template <typename S, int HS, int COLS, bool kDocs>
+template <typename S, int HS, int COLS, bool kDocs, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_forward_kernel(S* out, float* lse, const S* q, const S* k, const S* v, int q_ld,
                              int kv_ld, int group, int T, int C, int NH, float scale_log2,
                              const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) S k_s[kTile * kLd<HS>];
-  __shared__ __align__(16) S v_s[kTile * kLd<COLS>];
+  constexpr int kKeys = kTile * kLd<HS>, kValues = kTile * kLd<COLS>;
+  S* k_s;  // the staged key and value tiles; pipelined: buffer b at k_s + b kKeys, v_s + b kValues
+  S* v_s;
+  if constexpr (kPipelined) {
+    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
+    k_s = reinterpret_cast<S*>(flash_mma_shared);
+    v_s = k_s + 2 * kKeys;
+  } else {
+    __shared__ __align__(16) S k_staged[kKeys];
+    __shared__ __align__(16) S v_staged[kValues];
+    k_s = k_staged;
+    v_s = v_staged;
+  }
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
@@ -226,16 +342,25 @@ __global__ void __launch_bounds__(kThreads)
   // Every warp of the block visits the same key tiles (k0 <= tile * 64 <= q0). Without documents
   // each row sees key k0 in each and its max is finite from the first tile on; with them a row
   // may see no key of a tile (its document starts later), which ref0, ref1 below handle.
-  for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
-       k0 += kTile) {
-    __syncthreads();  // the previous tile's reads are done
-    stage<HS>(k_s, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
-    stage<COLS>(v_s, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
-    __syncthreads();
+  const int k_first = first_key<kDocs>(docs, tile * kTile) / kTile * kTile;
+  auto copy_tile = [&](int k0, int buffer) {
+    stage<HS, kPipelined>(k_s + buffer * kKeys, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+    stage<COLS, kPipelined>(v_s + buffer * kValues, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+  };
+  if constexpr (kPipelined) {
+    copy_tile(k_first, 0);
+    copy_async_commit();
+  }
+  for (int k0 = k_first, i = 0; k0 <= tile * kTile; k0 += kTile, ++i) {
+    const int buffer = arrive_tile<kPipelined>(
+        i, k0 + kTile <= tile * kTile, [&](int b) { copy_tile(k0, b); },
+        [&](int b) { copy_tile(k0 + kTile, b); });
     // All 64 keys before every row's document: masked, the tile would leave m, l and o as they are.
     if (kDocs && k0 + kTile <= warp_first) continue;
+    const S* keys = k_s + buffer * kKeys;
+    const S* values = v_s + buffer * kValues;
     float s[8][4];
-    rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
+    rows_dot_staged<HS, kPipelined, S>(s, qa, keys, k0, last_key, g, t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -289,7 +414,7 @@ __global__ void __launch_bounds__(kThreads)
                           k0 + 16 > last_key || (kDocs && k0 + 31 < warp_first),
                           k0 + 32 > last_key || (kDocs && k0 + 47 < warp_first),
                           k0 + 48 > last_key || (kDocs && k0 + 63 < warp_first)};
-    rows_times_staged<COLS, COLS, S>(o, pa, v_s, skip, g, t);
+    rows_times_staged<COLS, COLS, kPipelined, S>(o, pa, values, skip, g, t);
   }
   l0 = quad_sum(l0);
   l1 = quad_sum(l1);
@@ -312,14 +437,25 @@ __global__ void __launch_bounds__(kThreads)
 
 // dQ: the forward's geometry (with doc_start, its key tiles and masks). Per key tile: S = Q K^T
 // and dP = dout V^T in registers, dS = P (dP - D), dQ += dS K (the block's COLS columns of K).
-template <typename S, int HS, int COLS, bool kDocs>
+template <typename S, int HS, int COLS, bool kDocs, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dq_kernel(S* dq_out, const S* dout, const S* q, const S* k, const S* v, int q_ld,
                         int kv_ld, int group, const float* lse, const float* rowdot, int T, int C,
                         int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) S k_s[kTile * kLd<HS>];
-  __shared__ __align__(16) S v_s[kTile * kLd<HS>];
+  constexpr int kRows = kTile * kLd<HS>;
+  S* k_s;  // the staged key and value tiles; pipelined: buffer b at k_s + b kRows, v_s + b kRows
+  S* v_s;
+  if constexpr (kPipelined) {
+    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
+    k_s = reinterpret_cast<S*>(flash_mma_shared);
+    v_s = k_s + 2 * kRows;
+  } else {
+    __shared__ __align__(16) S k_staged[kRows];
+    __shared__ __align__(16) S v_staged[kRows];
+    k_s = k_staged;
+    v_s = v_staged;
+  }
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
@@ -346,16 +482,25 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(da, dy_base + static_cast<I64>(q0) * C, C, g, t);
   float dq[COLS / 8][4] = {};
 
-  for (int k0 = first_key<kDocs>(docs, tile * kTile) / kTile * kTile; k0 <= tile * kTile;
-       k0 += kTile) {
-    __syncthreads();
-    stage<HS>(k_s, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
-    stage<HS>(v_s, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
-    __syncthreads();
+  const int k_first = first_key<kDocs>(docs, tile * kTile) / kTile * kTile;
+  auto copy_tile = [&](int k0, int buffer) {
+    stage<HS, kPipelined>(k_s + buffer * kRows, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+    stage<HS, kPipelined>(v_s + buffer * kRows, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
+  };
+  if constexpr (kPipelined) {
+    copy_tile(k_first, 0);
+    copy_async_commit();
+  }
+  for (int k0 = k_first, i = 0; k0 <= tile * kTile; k0 += kTile, ++i) {
+    const int buffer = arrive_tile<kPipelined>(
+        i, k0 + kTile <= tile * kTile, [&](int b) { copy_tile(k0, b); },
+        [&](int b) { copy_tile(k0 + kTile, b); });
     if (kDocs && k0 + kTile <= warp_first) continue;  // outside every row's document: dS all 0
+    const S* keys = k_s + buffer * kRows;
+    const S* values = v_s + buffer * kRows;
     float s[8][4], dp[8][4];
-    rows_dot_staged<HS, S>(s, qa, k_s, k0, last_key, g, t);
-    rows_dot_staged<HS, S>(dp, da, v_s, k0, last_key, g, t);
+    rows_dot_staged<HS, kPipelined, S>(s, qa, keys, k0, last_key, g, t);
+    rows_dot_staged<HS, kPipelined, S>(dp, da, values, k0, last_key, g, t);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
 #pragma unroll
@@ -373,7 +518,7 @@ __global__ void __launch_bounds__(kThreads)
                           k0 + 16 > last_key || (kDocs && k0 + 31 < warp_first),
                           k0 + 32 > last_key || (kDocs && k0 + 47 < warp_first),
                           k0 + 48 > last_key || (kDocs && k0 + 63 < warp_first)};
-    rows_times_staged<HS, COLS, S>(dq, dsa, k_s + col0, skip, g, t);
+    rows_times_staged<HS, COLS, kPipelined, S>(dq, dsa, keys + col0, skip, g, t);
   }
   S* dq0 = dq_out + (static_cast<I64>(b) * T + row0) * q_ld + h * HS + col0;
   S* dq1 = dq_out + (static_cast<I64>(b) * T + row1) * q_ld + h * HS + col0;
@@ -392,7 +537,7 @@ __global__ void __launch_bounds__(kThreads)
 // doc_start the query tiles stop at the first whose first query's document starts after the key
 // tile (no later query sees its keys), a warp skips the query tiles and chunks whose documents
 // all start after its last key, and the rest is masked per element.
-template <typename S, int HS, int COLS, bool kDocs>
+template <typename S, int HS, int COLS, bool kDocs, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dkdv_kernel(S* dk_out, S* dv_out, const S* dout, const S* q, const S* k, const S* v,
                           int q_ld, int kv_ld, int group, const float* lse, const float* rowdot,
@@ -400,11 +545,34 @@ __global__ void __launch_bounds__(kThreads)
                           const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int ld = kLd<HS>;
-  __shared__ __align__(16) S q_s[kTile * ld];
-  __shared__ __align__(16) S dy_s[kTile * ld];
-  __shared__ float lse_s[kTile];
-  __shared__ float d_s[kTile];
-  __shared__ int first_s[kDocs ? kTile : 1];  // each staged query's first key (kDocs)
+  constexpr int kRows = kTile * ld;
+  // The staged query and dout tiles and, per staged query, its lse (times log2 e when staged, as
+  // read when pipelined: an asynchronous copy cannot scale), row term and (kDocs) first key.
+  // Pipelined: buffer b of each at + b times its size.
+  S* q_s;
+  S* dy_s;
+  float* lse_s;
+  float* d_s;
+  std::int32_t* first_s;
+  if constexpr (kPipelined) {
+    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
+    q_s = reinterpret_cast<S*>(flash_mma_shared);
+    dy_s = q_s + 2 * kRows;
+    lse_s = reinterpret_cast<float*>(dy_s + 2 * kRows);
+    d_s = lse_s + 2 * kTile;
+    first_s = reinterpret_cast<std::int32_t*>(d_s + 2 * kTile);
+  } else {
+    __shared__ __align__(16) S q_staged[kRows];
+    __shared__ __align__(16) S dy_staged[kRows];
+    __shared__ float lse_staged[kTile];
+    __shared__ float d_staged[kTile];
+    __shared__ std::int32_t first_staged[kDocs ? kTile : 1];
+    q_s = q_staged;
+    dy_s = dy_staged;
+    lse_s = lse_staged;
+    d_s = d_staged;
+    first_s = first_staged;
+  }
   const int tile = blockIdx.x;
   const int NKV = NH / group;
   const int b = static_cast<int>(blockIdx.y) / NKV, kh = static_cast<int>(blockIdx.y) % NKV;
@@ -423,26 +591,55 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<HS>(va, v_base + static_cast<I64>(k0w) * kv_ld, kv_ld, g, t);
   float dk[COLS / 8][4] = {}, dv[COLS / 8][4] = {};
 
-  for (int member = 0; member < group; ++member) {
+  // The tiles in order: each query head of the group (member) in turn, its query tiles from the
+  // key tile's own on, up to the first whose first query's document starts after the key tile
+  // (the tile's own always qualifies: first_key(qb) <= qb). The same for the whole block (qb and
+  // the tile are), so every thread reaches each barrier.
+  auto reaches_keys = [&](int qb) {
+    return qb < T && (!kDocs || first_key<kDocs>(docs, qb) < (tile + 1) * kTile);
+  };
+  auto copy_tile = [&](int member, int qb, int buffer) {
     const int h = kh * group + member;
     const I64 bh = static_cast<I64>(b) * NH + h;
-    const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
-    const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
-    // The condition is the same for the whole block (qb and the tile are), so every thread
-    // reaches each __syncthreads.
-    for (int qb = tile * kTile;
-         qb < T && (!kDocs || first_key<kDocs>(docs, qb) < (tile + 1) * kTile); qb += kTile) {
-      __syncthreads();
-      stage<HS>(q_s, q_base + static_cast<I64>(qb) * q_ld, q_ld);
-      stage<HS>(dy_s, dy_base + static_cast<I64>(qb) * C, C);
-      if (threadIdx.x < kTile) {
-        lse_s[threadIdx.x] = lse[bh * T + qb + threadIdx.x] * kLog2e;
-        d_s[threadIdx.x] = rowdot[bh * T + qb + threadIdx.x];
-        if constexpr (kDocs) first_s[threadIdx.x] = first_key<kDocs>(docs, qb + threadIdx.x);
+    stage<HS, kPipelined>(q_s + buffer * kRows, q + (static_cast<I64>(b) * T + qb) * q_ld + h * HS,
+                          q_ld);
+    stage<HS, kPipelined>(dy_s + buffer * kRows, dout + (static_cast<I64>(b) * T + qb) * C + h * HS,
+                          C);
+    if (threadIdx.x < kTile) {
+      const int r = buffer * kTile + threadIdx.x;
+      const I64 row = bh * T + qb + threadIdx.x;
+      if constexpr (kPipelined) {
+        copy_async4(lse_s + r, lse + row);
+        copy_async4(d_s + r, rowdot + row);
+        if constexpr (kDocs) copy_async4(first_s + r, docs + qb + threadIdx.x);
+      } else {
+        lse_s[r] = lse[row] * kLog2e;
+        d_s[r] = rowdot[row];
+        if constexpr (kDocs) first_s[r] = first_key<kDocs>(docs, qb + threadIdx.x);
       }
-      __syncthreads();
-      if (kDocs && first_s[0] > warp_last)
-        continue;  // every query's document starts after the keys
+    }
+  };
+  int member = 0, qb = tile * kTile;
+  if constexpr (kPipelined) {
+    copy_tile(member, qb, 0);
+    copy_async_commit();
+  }
+  for (int i = 0; member < group; ++i) {
+    int next_member = member, next_qb = qb + kTile;
+    if (!reaches_keys(next_qb)) {
+      ++next_member;
+      next_qb = tile * kTile;
+    }
+    const int buffer = arrive_tile<kPipelined>(
+        i, next_member < group, [&](int to) { copy_tile(member, qb, to); },
+        [&](int to) { copy_tile(next_member, next_qb, to); });
+    const S* qs = q_s + buffer * kRows;
+    const S* dys = dy_s + buffer * kRows;
+    const float* lses = lse_s + buffer * kTile;
+    const float* ds = d_s + buffer * kTile;
+    const std::int32_t* firsts = first_s + (kDocs ? buffer * kTile : 0);
+    // Unless every query's document starts after the warp's keys.
+    if (!kDocs || firsts[0] <= warp_last) {
       // Query columns before the warp's first key are masked for all its keys: tiles of 8 that
       // end before k0w are skipped (first + 8j > last fails for none, so test the end instead).
       float st_[8][4], dpt[8][4];
@@ -453,13 +650,30 @@ __global__ void __launch_bounds__(kThreads)
           st_[j][c] = 0.0f;
           dpt[j][c] = 0.0f;
         }
-        if (qb + 8 * j + 7 < k0w || (kDocs && first_s[8 * j] > warp_last)) continue;
+        if (qb + 8 * j + 7 < k0w || (kDocs && firsts[8 * j] > warp_last)) continue;
+        if constexpr (kPipelined) {
+          const StagedPlace at = rows_dot_tile_place(lane);
+          const unsigned q_row = shared_address(qs + at.row * ld + at.col);
+          const unsigned dy_row = shared_address(dys + at.row * ld + at.col);
 #pragma unroll
-        for (int kk = 0; kk < HS / 16; ++kk) {
-          const S* pq = q_s + (8 * j + g) * ld + kk * 16 + 2 * t;
-          const S* pd = dy_s + (8 * j + g) * ld + kk * 16 + 2 * t;
-          mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
-          mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
+          for (int kk = 0; kk < HS / 16; kk += 2) {
+            std::uint32_t bq[4], bd[4];
+            const unsigned offset = (8 * j * ld + kk * 16) * sizeof(S);
+            ldmatrix_x4(bq, q_row + offset);
+            ldmatrix_x4(bd, dy_row + offset);
+            mma<S>(st_[j], ka[kk], bq[0], bq[1]);
+            mma<S>(dpt[j], va[kk], bd[0], bd[1]);
+            mma<S>(st_[j], ka[kk + 1], bq[2], bq[3]);
+            mma<S>(dpt[j], va[kk + 1], bd[2], bd[3]);
+          }
+        } else {
+#pragma unroll
+          for (int kk = 0; kk < HS / 16; ++kk) {
+            const S* pq = qs + (8 * j + g) * ld + kk * 16 + 2 * t;
+            const S* pd = dys + (8 * j + g) * ld + kk * 16 + 2 * t;
+            mma<S>(st_[j], ka[kk], word(pq), word(pq + 8));
+            mma<S>(dpt[j], va[kk], word(pd), word(pd + 8));
+          }
         }
       }
 #pragma unroll
@@ -468,22 +682,25 @@ __global__ void __launch_bounds__(kThreads)
         for (int c = 0; c < 4; ++c) {
           const int qi = 8 * j + 2 * t + (c & 1);
           const int key = c < 2 ? key0 : key1;
-          const bool seen = key <= qb + qi && (!kDocs || key >= first_s[qi]);
-          const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_s[qi]) : 0.0f;
+          const bool seen = key <= qb + qi && (!kDocs || key >= firsts[qi]);
+          const float lse_log2 = kPipelined ? lses[qi] * kLog2e : lses[qi];
+          const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_log2) : 0.0f;
           st_[j][c] = p;
-          dpt[j][c] = p * (dpt[j][c] - d_s[qi]);
+          dpt[j][c] = p * (dpt[j][c] - ds[qi]);
         }
       }
       std::uint32_t pa[4][4], dsa[4][4];
       to_a<S>(pa, st_);
       to_a<S>(dsa, dpt);
-      const bool skip[4] = {qb + 15 < k0w || (kDocs && first_s[0] > warp_last),
-                            qb + 31 < k0w || (kDocs && first_s[16] > warp_last),
-                            qb + 47 < k0w || (kDocs && first_s[32] > warp_last),
-                            qb + 63 < k0w || (kDocs && first_s[48] > warp_last)};
-      rows_times_staged<HS, COLS, S>(dv, pa, dy_s + col0, skip, g, t);
-      rows_times_staged<HS, COLS, S>(dk, dsa, q_s + col0, skip, g, t);
+      const bool skip[4] = {qb + 15 < k0w || (kDocs && firsts[0] > warp_last),
+                            qb + 31 < k0w || (kDocs && firsts[16] > warp_last),
+                            qb + 47 < k0w || (kDocs && firsts[32] > warp_last),
+                            qb + 63 < k0w || (kDocs && firsts[48] > warp_last)};
+      rows_times_staged<HS, COLS, kPipelined, S>(dv, pa, dys + col0, skip, g, t);
+      rows_times_staged<HS, COLS, kPipelined, S>(dk, dsa, qs + col0, skip, g, t);
     }
+    member = next_member;
+    qb = next_qb;
   }
   const I64 row0 = (static_cast<I64>(b) * T + key0) * kv_ld + kh * HS + col0;
   const I64 row1 = (static_cast<I64>(b) * T + key1) * kv_ld + kh * HS + col0;
@@ -540,6 +757,47 @@ void with_documents(const std::int32_t* doc_start, F&& f) {
   }
 }
 
+// Calls f(std::bool_constant<kPipelined>).
+template <typename F>
+void with_pipelining(bool pipelined, F&& f) {
+  if (pipelined) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
+// Dynamic shared memory of the pipelined kernels (two buffers of each staged tile; the staged
+// kernels' is static): the forward's key tile and value tile of COLS columns, dQ's key and value
+// tiles, dK/dV's query and dout tiles and three (kDocs; else two) rows of per-query statistics.
+template <typename S, int HS, int COLS>
+constexpr int forward_shared_bytes() {
+  return 2 * kTile * (kLd<HS> + kLd<COLS>)*static_cast<int>(sizeof(S));
+}
+template <typename S, int HS>
+constexpr int dq_shared_bytes() {
+  return 2 * 2 * kTile * kLd<HS> * static_cast<int>(sizeof(S));
+}
+template <typename S, int HS, bool kDocs>
+constexpr int dkdv_shared_bytes() {
+  return dq_shared_bytes<S, HS>() + 2 * kTile * (kDocs ? 3 : 2) * 4;
+}
+
+// Launch geometry's dynamic shared memory: 0 for the staged kernels; the pipelined ones' (above
+// the 48 KiB a kernel gets without asking at head size 128) allowed first.
+template <bool kPipelined, typename Kernel>
+int shared_bytes_for(Kernel kernel, int bytes) {
+  if constexpr (!kPipelined) {
+    (void)kernel;
+    (void)bytes;
+    return 0;
+  } else {
+    ZRT_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return bytes;
+  }
+}
+
 }  // namespace
 
 HeadRows packed_head_rows(const void* qkv, DType dtype, int C) {
@@ -555,7 +813,7 @@ HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C) {
 }
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const HeadRows& in,
-                       int B, int T, int C, int NH, const std::int32_t* doc_start) {
+                       int B, int T, int C, int NH, const std::int32_t* doc_start, bool pipelined) {
   ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
             "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
@@ -566,12 +824,17 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
       using S = typename decltype(s)::type;
       with_documents(doc_start, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
-        flash_mma_forward_kernel<S, HS, COLS, kDocs>
-            <<<grid_of<HS>(B, T, NH, COLS), kThreads, 0, l.stream>>>(
-                static_cast<S*>(out), lse, static_cast<const S*>(in.q), static_cast<const S*>(in.k),
-                static_cast<const S*>(in.v), in.q_ld, in.kv_ld, in.group, T, C, NH, scale_log2,
-                doc_start);
-        ZRT_CUDA_LAUNCH_CHECK();
+        with_pipelining(pipelined, [&](auto pipe) {
+          constexpr bool kPipelined = decltype(pipe)::value;
+          auto* kernel = flash_mma_forward_kernel<S, HS, COLS, kDocs, kPipelined>;
+          const int shared =
+              shared_bytes_for<kPipelined>(kernel, forward_shared_bytes<S, HS, COLS>());
+          kernel<<<grid_of<HS>(B, T, NH, COLS), kThreads, shared, l.stream>>>(
+              static_cast<S*>(out), lse, static_cast<const S*>(in.q), static_cast<const S*>(in.k),
+              static_cast<const S*>(in.v), in.q_ld, in.kv_ld, in.group, T, C, NH, scale_log2,
+              doc_start);
+          ZRT_CUDA_LAUNCH_CHECK();
+        });
       });
     });
   });
@@ -579,7 +842,7 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
 
 void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, const void* dout,
                         const HeadRows& in, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH, const std::int32_t* doc_start) {
+                        int C, int NH, const std::int32_t* doc_start, bool pipelined) {
   ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
             "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
@@ -595,17 +858,23 @@ void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, co
       const auto* dy = static_cast<const S*>(dout);
       with_documents(doc_start, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
-        // One block per key/value head: it sums its group's query heads itself.
-        flash_mma_dkdv_kernel<S, HS, kDkdv, kDocs>
-            <<<grid_of<HS>(B, T, NH / in.group, kDkdv), kThreads, 0, l.stream>>>(
-                static_cast<S*>(d.dk), static_cast<S*>(d.dv), dy, q, k, v, in.q_ld, in.kv_ld,
-                in.group, lse, rowdot, T, C, NH, scale, scale_log2, doc_start);
-        ZRT_CUDA_LAUNCH_CHECK();
-        flash_mma_dq_kernel<S, HS, kDq, kDocs>
-            <<<grid_of<HS>(B, T, NH, kDq), kThreads, 0, l.stream>>>(
-                static_cast<S*>(d.dq), dy, q, k, v, in.q_ld, in.kv_ld, in.group, lse, rowdot, T, C,
-                NH, scale, scale_log2, doc_start);
-        ZRT_CUDA_LAUNCH_CHECK();
+        with_pipelining(pipelined, [&](auto pipe) {
+          constexpr bool kPipelined = decltype(pipe)::value;
+          // One block per key/value head: it sums its group's query heads itself.
+          auto* dkdv = flash_mma_dkdv_kernel<S, HS, kDkdv, kDocs, kPipelined>;
+          const int dkdv_shared =
+              shared_bytes_for<kPipelined>(dkdv, dkdv_shared_bytes<S, HS, kDocs>());
+          dkdv<<<grid_of<HS>(B, T, NH / in.group, kDkdv), kThreads, dkdv_shared, l.stream>>>(
+              static_cast<S*>(d.dk), static_cast<S*>(d.dv), dy, q, k, v, in.q_ld, in.kv_ld,
+              in.group, lse, rowdot, T, C, NH, scale, scale_log2, doc_start);
+          ZRT_CUDA_LAUNCH_CHECK();
+          auto* dq = flash_mma_dq_kernel<S, HS, kDq, kDocs, kPipelined>;
+          const int dq_shared = shared_bytes_for<kPipelined>(dq, dq_shared_bytes<S, HS>());
+          dq<<<grid_of<HS>(B, T, NH, kDq), kThreads, dq_shared, l.stream>>>(
+              static_cast<S*>(d.dq), dy, q, k, v, in.q_ld, in.kv_ld, in.group, lse, rowdot, T, C,
+              NH, scale, scale_log2, doc_start);
+          ZRT_CUDA_LAUNCH_CHECK();
+        });
       });
     });
   });

@@ -41,14 +41,22 @@ HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C);
 // Which head sizes these kernels are built for: attention_plan.h's
 // flash_mma_head_size_supported (64 or 128).
 
+// Two ways through each kernel's tile loop, the same arithmetic in the same order (so the same
+// results bit for bit): staged (pipelined false), one tile at a time copied through registers
+// into shared memory and its mma operands read element by element; pipelined (attention_plan.h's
+// FlashKernels::kMmaPipelined), the next tile's copy in flight (cp.async, two buffers) while the
+// current one is computed, its operands read with ldmatrix (mma_fragments.h).
+//
 // out (B,T,C = NH*hs), lse (B,NH,T). doc_start: packed documents as flash_attention.cuh's (null:
 // one document per sequence).
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const HeadRows& in,
-                       int B, int T, int C, int NH, const std::int32_t* doc_start = nullptr);
+                       int B, int T, int C, int NH, const std::int32_t* doc_start = nullptr,
+                       bool pipelined = false);
 // d.dq, d.dk, d.dv += the gradients (dk and dv summed over each group in fp32, rounded once).
 // rowdot: D = dout . out per row, (B,NH,T) fp32, already computed.
 void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, const void* dout,
                         const HeadRows& in, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH, const std::int32_t* doc_start = nullptr);
+                        int C, int NH, const std::int32_t* doc_start = nullptr,
+                        bool pipelined = false);
 
 }  // namespace zrt::kernels::cuda

@@ -91,7 +91,8 @@ void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, 
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                            const AttentionKernels& kernels, const std::int32_t* doc_start) {
   if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
-    flash_gqa_forward(l, dtype, out, lse, q, k, v, B, T, NH, NKV, hs, doc_start);
+    flash_gqa_forward(l, dtype, out, lse, q, k, v, B, T, NH, NKV, hs, doc_start,
+                      mma_kernels(kernels));
     return;
   }
   const int group = NH / NKV;
@@ -110,7 +111,8 @@ void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, vo
                             int hs, const AttentionKernels& kernels,
                             const std::int32_t* doc_start) {
   if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
-    flash_gqa_backward(l, dtype, dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, doc_start);
+    flash_gqa_backward(l, dtype, dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, doc_start,
+                       mma_kernels(kernels));
     return;
   }
   const int group = NH / NKV;

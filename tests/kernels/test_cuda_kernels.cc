@@ -991,6 +991,51 @@ TEST_CASE("CUDA attention never reads across a document boundary", "[cuda][docs]
   }
 }
 
+// The pipelined mma kernels (KernelOptions::cuda_attention_pipelined: the next tile's copy in
+// flight while one is computed, operands read with ldmatrix at the lane maps test_mma_fragments
+// checks) against the staged ones the cases above check against the CPU twin: the same products
+// in the same order, so the same bits of out, lse and dqkv. Head sizes 64 and 128, bf16 and fp16,
+// without and with packed documents, over 8 key tiles (each of the two buffers refilled four
+// times; documents that skip tiles, so that a copy in flight is one the block then passes over)
+// and two sequences of two heads; and the CPU twin's tolerances, for the record of the failure.
+TEST_CASE("CUDA fused attention pipelined gives the staged kernels' bits", "[cuda][docs]") {
+  const std::vector<std::vector<int>> docs512 = {{1, 100, 1, 26, 64, 64, 256}, {200, 56, 256}};
+  for (const int C : {128, 256}) {
+    for (const bool documents : {false, true}) {
+      AttentionIn in(2, 512, C, 2);
+      if (documents) in = with_documents(in, docs512);
+      REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH,
+                                              cuda::FlashKernels::kMmaPipelined));
+      KernelOptions staged_options;
+      staged_options.cuda_fused_attention =
+          FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+      staged_options.cuda_attention_pipelined = false;
+      KernelOptions pipelined_options = staged_options;
+      pipelined_options.cuda_attention_pipelined = true;
+      Gpu staged(staged_options), pipelined(pipelined_options);
+      for (const auto& [dt, tol] :
+           {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+        INFO("head size " << C / 2 << (documents ? ", packed documents, " : ", ")
+                          << dtype_name(dt));
+        const Results want = gpu_attention(staged, dt, dt, in);
+        const Results got = gpu_attention(pipelined, dt, dt, in);
+        for (const char* name : {"out", "lse", "dqkv"}) {
+          INFO(name);
+          CHECK(got.at(name) == want.at(name));
+        }
+        const Results twin =
+            dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
+        for (const char* name : {"out", "dqkv"}) {
+          const double err = test::rel_error(got.at(name), twin.at(name));
+          INFO(name << ": relative error against the CPU twin " << err << " (tolerance " << tol
+                    << ")");
+          CHECK(err <= tol);
+        }
+      }
+    }
+  }
+}
+
 // GPT-2's learned positions restart in each document: wpe row positions[b*T+t], and dwpe sums
 // each position's rows (the CUDA twin links them as it links the token rows). The unpacked
 // tolerances hold (the same sums per row); positions 0..T-1 give the bits of none.

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "kernels/rope_table.h"
@@ -293,6 +294,43 @@ TEST_CASE("grouped-query attention in place and packed: CUDA twin matches the CP
                              true);
             },
             options);
+      }
+    }
+  }
+}
+
+// Grouped-query attention in place on the pipelined mma kernels (KernelOptions::
+// cuda_attention_pipelined) gives the staged kernels' bits: the same products in the same order,
+// each key/value head read for its group from the pipelined tiles, dK/dV summed over the group
+// as the tiles of (query head, query tile) pass through the two buffers. Groups 1, 2, 4 and 8 at
+// head sizes 64 and 128, with and without documents, gradients added to what dq, dk, dv hold.
+TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits",
+          "[cuda][llama]") {
+  const auto docs = test::pack_documents({{1, 70, 1, 120}, {64, 100, 28}}, 192).doc_start;
+  KernelOptions staged_options;
+  staged_options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+  staged_options.cuda_attention_pipelined = false;
+  KernelOptions pipelined_options = staged_options;
+  pipelined_options.cuda_attention_pipelined = true;
+  for (int HS : {64, 128}) {
+    for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {
+      for (const bool documents : {false, true}) {
+        for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
+          INFO("hs " << HS << ", " << NH << "/" << NKV << " heads"
+                     << (documents ? ", documents, " : ", ") << dtype_name(dt));
+          REQUIRE(cuda::gqa_runs_in_place(cuda::attention_kernels(pipelined_options), dt, 192, NH,
+                                          NKV, HS));
+          Backend staged(DeviceType::kCuda, staged_options);
+          Backend pipelined(DeviceType::kCuda, pipelined_options);
+          const std::uint64_t seed = kSeed + 9 + HS + NH * 10 + NKV;
+          const auto& ds = documents ? docs : std::vector<std::int32_t>{};
+          const auto outputs = run_gqa(staged, dt, 2, 192, NH, NKV, HS, seed, ds, true);
+          run_gqa(pipelined, dt, 2, 192, NH, NKV, HS, seed, ds, true);
+          for (const auto& [name, n] : outputs) {
+            INFO(name);
+            CHECK(pipelined.get(name, n) == staged.get(name, n));
+          }
+        }
       }
     }
   }

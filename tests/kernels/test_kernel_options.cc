@@ -1,6 +1,6 @@
 // KernelOptions read from the environment: ZRT_CUDA_ATTENTION picks which shapes take the fused
-// attention kernels on the CUDA backend (kernels/kernel_context.h); a value it does not know is
-// an error that names the ones it does.
+// attention kernels on the CUDA backend, and whether pipelined (kernels/kernel_context.h); a value
+// it does not know is an error that names the ones it does.
 #include <cstdlib>
 #include <string>
 
@@ -68,12 +68,32 @@ TEST_CASE("ZRT_CUDA_ATTENTION picks the fused attention kernels' shapes", "[kern
   }
 }
 
+// "pipelined": the fused kernels wherever they take the shape, on their pipelined variant; every
+// other value (unset included) keeps the staged one, the default until a GPU has timed both.
+TEST_CASE("ZRT_CUDA_ATTENTION=pipelined picks the pipelined fused kernels", "[kernels][options]") {
+  {
+    ScopedAttentionEnv env("pipelined");
+    CHECK(fused_attention_from_env() == FusedAttention::kAll);
+    CHECK(attention_pipelined_from_env());
+    const KernelOptions options;
+    CHECK(options.cuda_fused_attention == FusedAttention::kAll);
+    CHECK(options.cuda_attention_pipelined);
+  }
+  for (const char* value : {static_cast<const char*>(nullptr), "", "fused", "hs64", "batched"}) {
+    ScopedAttentionEnv env(value);
+    INFO("ZRT_CUDA_ATTENTION=" << (value == nullptr ? "(unset)" : value));
+    CHECK_FALSE(attention_pipelined_from_env());
+    CHECK_FALSE(KernelOptions{}.cuda_attention_pipelined);
+  }
+}
+
 TEST_CASE("an unknown ZRT_CUDA_ATTENTION is an error naming the values", "[kernels][options]") {
   ScopedAttentionEnv env("flash");
   CHECK_THROWS_AS(fused_attention_from_env(), InvalidArgument);
   CHECK_THROWS_WITH(fused_attention_from_env(),
                     Catch::Contains("ZRT_CUDA_ATTENTION=flash") && Catch::Contains("fused") &&
-                        Catch::Contains("hs64") && Catch::Contains("batched"));
+                        Catch::Contains("hs64") && Catch::Contains("batched") &&
+                        Catch::Contains("pipelined"));
   CHECK_THROWS_AS(KernelOptions{}, InvalidArgument);
 }
 

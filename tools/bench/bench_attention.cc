@@ -123,9 +123,11 @@ std::vector<std::int32_t> document_starts(const Shape& s, int documents) {
 }
 
 // gqa_packed: grouped-query shapes by packing q and the repeated k, v (the CUDA path the in-place
-// fused kernels replace).
+// fused kernels replace). pipelined: the fused mma kernels' pipelined variant (else the staged
+// one, whatever ZRT_CUDA_ATTENTION says).
 Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
-               kernels::FusedAttention fused, int documents = 1, bool gqa_packed = false) {
+               kernels::FusedAttention fused, int documents = 1, bool gqa_packed = false,
+               bool pipelined = false) {
   DeviceOptions options;
   options.type = type;
   auto device = make_device(options);
@@ -133,6 +135,7 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
   kernels::KernelOptions kernel_options;
   kernel_options.cuda_fused_attention = fused;
   kernel_options.cuda_gqa_packed = gqa_packed;
+  kernel_options.cuda_attention_pipelined = pipelined;
   kernels::KernelContext ctx(*device, *stream, kernel_options);
   const int C = s.NH * s.hs;
   const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;
@@ -259,6 +262,8 @@ int attention(int argc, char** argv) {
         "1/K of the causal attention work). A fifth number NKV makes the shape grouped-query\n"
         "attention with NKV key/value heads (Llama-3 8B: 1,4096,32,128,8); on a GPU its packed\n"
         "path (q and the repeated k, v in one tensor) is timed beside the in-place one.\n"
+        "On a GPU the zrt columns are the staged fused kernels; the piped columns their\n"
+        "pipelined variant (ZRT_CUDA_ATTENTION=pipelined), timed right after them.\n"
         "Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape (8,1024,12,64) and\n"
         "Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
     return 0;
@@ -300,6 +305,11 @@ int attention(int argc, char** argv) {
   }
   std::vector<std::string> header = {"B,T,NH,hs",   "zrt_fwd_ms",         "zrt_fwd+bwd_ms",
                                      "zrt_TFLOP/s", "batched_fwd+bwd_ms", "batched/zrt_time"};
+  if (cuda) {
+    for (const char* h : {"piped_fwd_ms", "piped_fwd+bwd_ms", "piped_TFLOP/s", "zrt/piped_time"}) {
+      header.push_back(h);
+    }
+  }
   if (grouped) {
     header.push_back("gqa_packed_fwd+bwd_ms");
     header.push_back("packed/zrt_time");
@@ -323,6 +333,10 @@ int attention(int argc, char** argv) {
     const Timing d = packed
                          ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, documents)
                          : Timing{};
+    // The pipelined fused kernels, right after the staged ones (CUDA only).
+    const Timing p =
+        cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, 1, false, true)
+             : Timing{};
     // The batched cuBLAS path the fused kernels replace (CUDA only: the CPU has one path).
     const Timing b =
         cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kNone) : Timing{};
@@ -342,6 +356,14 @@ int attention(int argc, char** argv) {
         b.forward_backward_s > 0
             ? fmt::format("{:.2f}", b.forward_backward_s / z.forward_backward_s)
             : "-"};
+    if (cuda) {
+      row.push_back(fmt::format("{:.3f}", p.forward_s * 1e3));
+      row.push_back(fmt::format("{:.3f}", p.forward_backward_s * 1e3));
+      row.push_back(tflops(flops, p.forward_backward_s));
+      row.push_back(p.forward_backward_s > 0
+                        ? fmt::format("{:.2f}", z.forward_backward_s / p.forward_backward_s)
+                        : "-");
+    }
     if (grouped) {
       row.push_back(g.forward_backward_s > 0 ? fmt::format("{:.3f}", g.forward_backward_s * 1e3)
                                              : "-");

@@ -6,11 +6,12 @@
 #   nanogpt   nanoGPT's GPT-2 in PyTorch with flash SDPA, plain and under torch.compile
 #             (tools/bench/torch_gpt_train_cuda.py --variants sdpa,compile)
 #   zrt-gpt2  zrt-train on the same model, batch and sequence at ZeRO stage 0 and stage 3
-#             (configs/gpu-gpt2-124m-bench.json)
-#   attention zrt-bench attention: the fused attention against PyTorch's flash SDPA at head sizes
-#             64 and 128, forward and forward + backward; and Llama-3.1-8B's grouped-query
-#             attention (32 query heads over 8 key/value heads) in place, packed, and SDPA's
-#             enable_gqa
+#             (configs/gpu-gpt2-124m-bench.json), and stage 0 again on the pipelined fused
+#             attention kernels (ZRT_CUDA_ATTENTION=pipelined)
+#   attention zrt-bench attention: the fused attention (staged, and pipelined) against PyTorch's
+#             flash SDPA at head sizes 64 and 128, forward and forward + backward; and
+#             Llama-3.1-8B's grouped-query attention (32 query heads over 8 key/value heads) in
+#             place, packed, and SDPA's enable_gqa
 #   zrt-llama Llama-3.1-8B at stage 3, 70% of the optimizer state offloaded
 #             (configs/gpu-llama-3.1-8b-offload.json: 2048 tokens, 1 x 8 micro-batches a step)
 #   ds-llama  DeepSpeed ZeRO-3 + offload_optimizer (ratio 0.7) on transformers' Llama of the same
@@ -215,11 +216,12 @@ for p in $phases; do
       phase nanogpt 150 python3 "$root/tools/bench/torch_gpt_train_cuda.py" --batch 8 --seq 1024 \
         --iters 30 --variants sdpa,compile ;;
     zrt-gpt2)
-      phase zrt-gpt2 50 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+      phase zrt-gpt2 70 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
         work='$work' data='$data'; zrt_run gpt2-s0 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
-        zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3" ;;
+        zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3;
+        ZRT_CUDA_ATTENTION=pipelined zrt_run gpt2-s0-piped 10 configs/gpu-gpt2-124m-bench.json --train.steps 40" ;;
     attention)
-      phase attention 40 "$bundle/bin/zrt-bench" attention --python python3 \
+      phase attention 50 "$bundle/bin/zrt-bench" attention --python python3 \
         --torch-script "$root/tools/bench/torch_attention_bench.py" --iters 20 \
         --shapes "8,1024,12,64;4,1024,32,128;1,4096,32,128;1,8192,32,128;1,4096,32,128,8;1,8192,32,128,8" ;;
     zrt-llama)
