@@ -278,6 +278,19 @@ __device__ __forceinline__ void add_rows(S* dst0, S* dst1, const float (&acc)[CO
   }
 }
 
+// Calls f(std::bool_constant<kMasked>): false where a tile needs no per-element mask (the
+// pipelined kernels' tiles wholly below the diagonal, without documents), true elsewhere. The
+// staged kernels mask every tile (the mask keeps every element of such a tile, so both give the
+// same values) and build only the masked version.
+template <bool kPipelined, typename F>
+__device__ __forceinline__ void with_mask(bool whole, F&& f) {
+  if (kPipelined && whole) {
+    f(std::false_type{});
+  } else {
+    f(std::true_type{});
+  }
+}
+
 // Packed documents: each kernel is built for kDocs false and true (first_key, device_math.cuh);
 // with kDocs false it has the same registers and gives the same results bit for bit.
 
@@ -362,21 +375,26 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4];
     rows_dot_staged<HS, kPipelined, S>(s, qa, keys, k0, last_key, g, t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
+    // The warp's rows all after the tile's last key (and no documents): every key seen.
+    with_mask<kPipelined>(!kDocs && k0 + kTile - 1 <= q0, [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = k0 + 8 * j + 2 * t + (c & 1);
-        const bool top = c < 2;
-        const bool seen = key <= (top ? row0 : row1) && (!kDocs || key >= (top ? first0 : first1));
-        s[j][c] = seen ? s[j][c] * scale_log2 : -INFINITY;
-        if (c < 2) {
-          mx0 = fmaxf(mx0, s[j][c]);
-        } else {
-          mx1 = fmaxf(mx1, s[j][c]);
+        for (int c = 0; c < 4; ++c) {
+          const int key = k0 + 8 * j + 2 * t + (c & 1);
+          const bool top = c < 2;
+          const bool seen = !kMasked || (key <= (top ? row0 : row1) &&
+                                         (!kDocs || key >= (top ? first0 : first1)));
+          s[j][c] = seen ? s[j][c] * scale_log2 : -INFINITY;
+          if (c < 2) {
+            mx0 = fmaxf(mx0, s[j][c]);
+          } else {
+            mx1 = fmaxf(mx1, s[j][c]);
+          }
         }
       }
-    }
+    });
     const float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
     // A row that has seen no key of its document yet keeps its max at -inf: exp2 then takes 0 as
     // the reference, so the rescale and every p are exp2(-inf) = 0 (not -inf - -inf = NaN) and
@@ -501,17 +519,21 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4], dp[8][4];
     rows_dot_staged<HS, kPipelined, S>(s, qa, keys, k0, last_key, g, t);
     rows_dot_staged<HS, kPipelined, S>(dp, da, values, k0, last_key, g, t);
+    with_mask<kPipelined>(!kDocs && k0 + kTile - 1 <= q0, [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = k0 + 8 * j + 2 * t + (c & 1);
-        const bool top = c < 2;
-        const bool seen = key <= (top ? row0 : row1) && (!kDocs || key >= (top ? first0 : first1));
-        const float p = seen ? exp2f(s[j][c] * scale_log2 - (top ? lse0 : lse1)) : 0.0f;
-        s[j][c] = p * (dp[j][c] - (top ? d0 : d1));
+        for (int c = 0; c < 4; ++c) {
+          const int key = k0 + 8 * j + 2 * t + (c & 1);
+          const bool top = c < 2;
+          const bool seen = !kMasked || (key <= (top ? row0 : row1) &&
+                                         (!kDocs || key >= (top ? first0 : first1)));
+          const float p = seen ? exp2f(s[j][c] * scale_log2 - (top ? lse0 : lse1)) : 0.0f;
+          s[j][c] = p * (dp[j][c] - (top ? d0 : d1));
+        }
       }
-    }
+    });
     std::uint32_t dsa[4][4];
     to_a<S>(dsa, s);
     const bool skip[4] = {k0 > last_key || (kDocs && k0 + 15 < warp_first),
@@ -676,19 +698,23 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
       }
+      // The warp's keys all before the tile's first query (and no documents): every pair seen.
+      with_mask<kPipelined>(!kDocs && warp_last <= qb, [&](auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+        for (int j = 0; j < 8; ++j) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int qi = 8 * j + 2 * t + (c & 1);
-          const int key = c < 2 ? key0 : key1;
-          const bool seen = key <= qb + qi && (!kDocs || key >= firsts[qi]);
-          const float lse_log2 = kPipelined ? lses[qi] * kLog2e : lses[qi];
-          const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_log2) : 0.0f;
-          st_[j][c] = p;
-          dpt[j][c] = p * (dpt[j][c] - ds[qi]);
+          for (int c = 0; c < 4; ++c) {
+            const int qi = 8 * j + 2 * t + (c & 1);
+            const int key = c < 2 ? key0 : key1;
+            const bool seen = !kMasked || (key <= qb + qi && (!kDocs || key >= firsts[qi]));
+            const float lse_log2 = kPipelined ? lses[qi] * kLog2e : lses[qi];
+            const float p = seen ? exp2f(st_[j][c] * scale_log2 - lse_log2) : 0.0f;
+            st_[j][c] = p;
+            dpt[j][c] = p * (dpt[j][c] - ds[qi]);
+          }
         }
-      }
+      });
       std::uint32_t pa[4][4], dsa[4][4];
       to_a<S>(pa, st_);
       to_a<S>(dsa, dpt);
