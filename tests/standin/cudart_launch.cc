@@ -17,10 +17,17 @@ namespace zrt::standin {
 
 namespace {
 
+// The dynamic shared memory a launch may ask for: 48 KiB, or what cudaFuncSetAttribute
+// (cudaFuncAttributeMaxDynamicSharedMemorySize) allowed the kernel, at most the 227 KiB a block
+// of an sm_90 GPU can opt into (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+constexpr size_t kDefaultDynamicShared = 48u << 10;
+constexpr size_t kOptInDynamicShared = 227u << 10;
+
 struct KernelEntry {
   std::string mangled;
   std::string name;  // demangled
   void** module = nullptr;
+  size_t max_dynamic_shared = kDefaultDynamicShared;  // under registry().mutex
 };
 
 struct LaunchRegistry {
@@ -73,6 +80,7 @@ std::string dims(dim3 d) {
 void launch(const KernelEntry& entry, dim3 grid, dim3 block, void** args, size_t shared,
             cudaStream_t stream, const char* call) {
   TwinAdapter adapter;
+  size_t max_shared = 0;
   {
     std::lock_guard<std::mutex> lock(registry().mutex);
     ensure_twins();
@@ -82,6 +90,7 @@ void launch(const KernelEntry& entry, dim3 grid, dim3 block, void** args, size_t
            fmt::format("kernel {} has no CPU twin registered in the stand-in", entry.name));
     }
     adapter = it->second;
+    max_shared = entry.max_dynamic_shared;
   }
   const std::uint64_t threads = std::uint64_t{block.x} * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 || block.z > 64 ||
@@ -90,10 +99,12 @@ void launch(const KernelEntry& entry, dim3 grid, dim3 block, void** args, size_t
          fmt::format("kernel {}: invalid launch configuration grid {} block {}", entry.name,
                      dims(grid), dims(block)));
   }
-  if (shared > (48u << 10)) {
-    fail(
-        cudaErrorInvalidValue, call,
-        fmt::format("kernel {}: {} B of dynamic shared memory exceeds 48 KiB", entry.name, shared));
+  if (shared > max_shared) {
+    fail(cudaErrorInvalidValue, call,
+         fmt::format("kernel {}: {} B of dynamic shared memory exceeds its {} B (48 KiB unless "
+                     "cudaFuncSetAttribute's cudaFuncAttributeMaxDynamicSharedMemorySize allowed "
+                     "more)",
+                     entry.name, shared, max_shared));
   }
   KernelCall kc(entry.name, grid, block);
   try {
@@ -251,6 +262,35 @@ cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** arg
       entry = it->second;
     }
     zrt::standin::launch(*entry, grid, block, args, shared, stream, "cudaLaunchKernel");
+  });
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  return api("cudaFuncSetAttribute", [&] {
+    std::lock_guard<std::mutex> lock(registry().mutex);
+    auto it = registry().by_host_fun.find(func);
+    if (it == registry().by_host_fun.end()) {
+      fail(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute", "function was never registered");
+    }
+    switch (attr) {
+      case cudaFuncAttributeMaxDynamicSharedMemorySize:
+        if (value < 0 || static_cast<size_t>(value) > zrt::standin::kOptInDynamicShared) {
+          fail(cudaErrorInvalidValue, "cudaFuncSetAttribute",
+               fmt::format("kernel {}: {} B of dynamic shared memory (0 to {} B)", it->second->name,
+                           value, zrt::standin::kOptInDynamicShared));
+        }
+        it->second->max_dynamic_shared = static_cast<size_t>(value);
+        return;
+      case cudaFuncAttributePreferredSharedMemoryCarveout:
+        if (value < -1 || value > 100) {
+          fail(cudaErrorInvalidValue, "cudaFuncSetAttribute",
+               fmt::format("carveout {}: -1 or 0 to 100", value));
+        }
+        return;
+      default:
+        fail(cudaErrorInvalidValue, "cudaFuncSetAttribute",
+             fmt::format("attribute {} is not one the stand-in knows", static_cast<int>(attr)));
+    }
   });
 }
 

@@ -23,6 +23,9 @@ using Catch::Contains;
 
 cudaError_t planted_double(float* x, long n, unsigned blocks, unsigned threads,
                            cudaStream_t stream);
+cudaError_t planted_double_shared(float* x, long n, unsigned blocks, unsigned threads,
+                                  size_t shared, cudaStream_t stream);
+cudaError_t planted_allow_shared(int bytes);
 
 namespace {
 
@@ -171,6 +174,43 @@ TEST_CASE("planted bug: a launch grid too small for its data") {
   device->copy_to_host(got.data(), x.device<std::byte>(), 400, *stream);
   stream->synchronize();
   for (float v : got) CHECK(v == 3.0f);
+}
+
+// A launch asking for more than 48 KiB of dynamic shared memory fails on a GPU unless
+// cudaFuncSetAttribute raised the kernel's limit first (the pipelined attention kernels ask for
+// 68-70 KiB): the stand-in fails it the same way, and refuses a limit no sm_90 block can have.
+TEST_CASE("planted bug: dynamic shared memory above 48 KiB without raising the limit") {
+  zrt::standin::register_test_twin("zrt_planted_double(float*, long)",
+                                   [](zrt::standin::KernelCall& k, void** args) {
+                                     float* x = *static_cast<float**>(args[0]);
+                                     const long n = *static_cast<long*>(args[1]);
+                                     k.require_threads(n, "elements n");
+                                     k.writes(x, n * 4, "x");
+                                     k.run([=] {
+                                       for (long i = 0; i < n; ++i) x[i] *= 2.0f;
+                                     });
+                                   });
+  auto device = cuda_device();
+  auto stream = device->create_stream("s");
+  Buffer x = upload(*device, *stream, std::vector<float>(128, 1.5f));
+  float* p = device_access::raw(x.device<float>());
+  const cudaStream_t s = cuda_stream_handle(*stream);
+  // The bug: 64 KiB without asking.
+  CHECK(planted_double_shared(p, 128, 1, 128, 64 << 10, s) == cudaErrorInvalidValue);
+  CHECK_THAT(cudaGetErrorString(cudaErrorInvalidValue),
+             Contains("zrt_planted_double") && Contains("65536 B of dynamic shared memory") &&
+                 Contains("cudaFuncSetAttribute"));
+  CHECK(planted_allow_shared(228 << 10) == cudaErrorInvalidValue);  // above sm_90's opt-in
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);  // as in CUDA: the last call's error, reset
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // Control: the limit raised first; 48 KiB never needed it.
+  CHECK(planted_double_shared(p, 128, 1, 128, 48 << 10, s) == cudaSuccess);
+  CHECK(planted_allow_shared(64 << 10) == cudaSuccess);
+  CHECK(planted_double_shared(p, 128, 1, 128, 64 << 10, s) == cudaSuccess);
+  std::vector<float> got(128);
+  device->copy_to_host(got.data(), x.device<std::byte>(), 512, *stream);
+  stream->synchronize();
+  for (float v : got) CHECK(v == 6.0f);
 }
 
 // cudaEventElapsedTime (the CUDA trace's clock): the time between two records on a stream, and

@@ -12,7 +12,9 @@
 // per sequence) and true (doc_start (B,T) must be given: query t sees keys [doc_start[t], t]).
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/dtype.h"
@@ -93,10 +95,24 @@ void check_packing(const std::string& name, const std::int32_t* doc_start, int B
   }
 }
 
-std::string with_docs(const char* name, bool docs) {
+// Each of `instances` as the staged (false) and the pipelined (true) mma kernel: the same
+// arguments and results (flash_attention_mma.cuh), so the same twin.
+std::vector<std::pair<Instance, bool>> pipelined_or_not(std::initializer_list<Instance> instances) {
+  std::vector<std::pair<Instance, bool>> out;
+  for (const bool pipelined : {false, true}) {
+    for (const Instance& in : instances) out.emplace_back(in, pipelined);
+  }
+  return out;
+}
+
+// The kernel's name with its kDocs ($D) and, for the mma kernels, kPipelined ($P) arguments.
+std::string with_docs(const char* name, bool docs, bool pipelined = false) {
   std::string text = name;
   const std::size_t at = text.find("$D");
   text.replace(at, 2, docs ? "true" : "false");
+  if (const std::size_t p = text.find("$P"); p != std::string::npos) {
+    text.replace(p, 2, pipelined ? "true" : "false");
+  }
   return text;
 }
 
@@ -336,11 +352,14 @@ void register_storage() {
           });
         });
     // The mma forward (flash_attention_mma.cu): q, k, v where they are; COLS as its ColumnSplit.
-    for (const Instance& in : {Instance{"flash_mma_forward_kernel<$S, 64, 64, $D>", 64, 64},
-                               Instance{"flash_mma_forward_kernel<$S, 128, 128, $D>", 128, 128}}) {
+    for (const auto& item :
+         pipelined_or_not({Instance{"flash_mma_forward_kernel<$S, 64, 64, $D, $P>", 64, 64},
+                           Instance{"flash_mma_forward_kernel<$S, 128, 128, $D, $P>", 128, 128}})) {
+      const Instance in = item.first;
+      const bool pipelined = item.second;
       twin<S*, float*, const S*, const S*, const S*, int, int, int, int, int, int, float,
            const std::int32_t*>(
-          sig("void " + kNs + with_docs(in.name, docs) +
+          sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, float*, $S const*, $S const*, $S const*, int, int, int, int, int, int, "
                   "float, int const*)",
               n),
@@ -415,11 +434,14 @@ void register_storage() {
           });
     }
     // The mma dQ kernel: q, k, v where they are, dq with q's rows.
-    for (const Instance& in : {Instance{"flash_mma_dq_kernel<$S, 64, 64, $D>", 64, 64},
-                               Instance{"flash_mma_dq_kernel<$S, 128, 128, $D>", 128, 128}}) {
+    for (const auto& item :
+         pipelined_or_not({Instance{"flash_mma_dq_kernel<$S, 64, 64, $D, $P>", 64, 64},
+                           Instance{"flash_mma_dq_kernel<$S, 128, 128, $D, $P>", 128, 128}})) {
+      const Instance in = item.first;
+      const bool pipelined = item.second;
       twin<S*, const S*, const S*, const S*, const S*, int, int, int, const float*, const float*,
            int, int, int, float, float, const std::int32_t*>(
-          sig("void " + kNs + with_docs(in.name, docs) +
+          sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, $S const*, $S const*, $S const*, $S const*, int, int, int, float const*, "
                   "float const*, int, int, int, float, float, int const*)",
               n),
@@ -432,11 +454,14 @@ void register_storage() {
           });
     }
     // The mma dK/dV kernel: a block per key/value head, its group's sum; dk, dv with k's rows.
-    for (const Instance& in : {Instance{"flash_mma_dkdv_kernel<$S, 64, 64, $D>", 64, 64},
-                               Instance{"flash_mma_dkdv_kernel<$S, 128, 64, $D>", 128, 64}}) {
+    for (const auto& item :
+         pipelined_or_not({Instance{"flash_mma_dkdv_kernel<$S, 64, 64, $D, $P>", 64, 64},
+                           Instance{"flash_mma_dkdv_kernel<$S, 128, 64, $D, $P>", 128, 64}})) {
+      const Instance in = item.first;
+      const bool pipelined = item.second;
       twin<S*, S*, const S*, const S*, const S*, const S*, int, int, int, const float*,
            const float*, int, int, int, float, float, const std::int32_t*>(
-          sig("void " + kNs + with_docs(in.name, docs) +
+          sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, $S*, $S const*, $S const*, $S const*, $S const*, int, int, int, float "
                   "const*, float const*, int, int, int, float, float, int const*)",
               n),
