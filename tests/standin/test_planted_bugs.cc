@@ -42,6 +42,20 @@ Buffer upload(Device& d, Stream& s, const std::vector<float>& v) {
   return b;
 }
 
+// zrt_planted_double's twin: one thread per element, so a grid too small for n is an error.
+void register_planted_double_twin() {
+  zrt::standin::register_test_twin("zrt_planted_double(float*, long)",
+                                   [](zrt::standin::KernelCall& k, void** args) {
+                                     float* x = *static_cast<float**>(args[0]);
+                                     const long n = *static_cast<long*>(args[1]);
+                                     k.require_threads(n, "elements n");
+                                     k.writes(x, n * 4, "x");
+                                     k.run([=] {
+                                       for (long i = 0; i < n; ++i) x[i] *= 2.0f;
+                                     });
+                                   });
+}
+
 }  // namespace
 
 TEST_CASE("planted bug: a byte count passed as an NCCL element count") {
@@ -147,16 +161,7 @@ TEST_CASE("planted bug: a missing event wait between a kernel and a copy") {
 }
 
 TEST_CASE("planted bug: a launch grid too small for its data") {
-  zrt::standin::register_test_twin("zrt_planted_double(float*, long)",
-                                   [](zrt::standin::KernelCall& k, void** args) {
-                                     float* x = *static_cast<float**>(args[0]);
-                                     const long n = *static_cast<long*>(args[1]);
-                                     k.require_threads(n, "elements n");
-                                     k.writes(x, n * 4, "x");
-                                     k.run([=] {
-                                       for (long i = 0; i < n; ++i) x[i] *= 2.0f;
-                                     });
-                                   });
+  register_planted_double_twin();
   auto device = cuda_device();
   auto stream = device->create_stream("s");
   Buffer x = upload(*device, *stream, std::vector<float>(100, 1.5f));
@@ -180,16 +185,7 @@ TEST_CASE("planted bug: a launch grid too small for its data") {
 // cudaFuncSetAttribute raised the kernel's limit first (the pipelined attention kernels ask for
 // 68-70 KiB): the stand-in fails it the same way, and refuses a limit no sm_90 block can have.
 TEST_CASE("planted bug: dynamic shared memory above 48 KiB without raising the limit") {
-  zrt::standin::register_test_twin("zrt_planted_double(float*, long)",
-                                   [](zrt::standin::KernelCall& k, void** args) {
-                                     float* x = *static_cast<float**>(args[0]);
-                                     const long n = *static_cast<long*>(args[1]);
-                                     k.require_threads(n, "elements n");
-                                     k.writes(x, n * 4, "x");
-                                     k.run([=] {
-                                       for (long i = 0; i < n; ++i) x[i] *= 2.0f;
-                                     });
-                                   });
+  register_planted_double_twin();
   auto device = cuda_device();
   auto stream = device->create_stream("s");
   Buffer x = upload(*device, *stream, std::vector<float>(128, 1.5f));
