@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kernels/cuda/attention_plan.h"
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/optimizer.h"
@@ -280,6 +281,10 @@ void TrainingRun::log_setup() {
     spdlog::info("device {}; MFU peak: {}", device_->description(), peak_.source);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa_), cpu_isa_name(hardware_cpu_isa()));
+    if (device_->type() == DeviceType::kCuda) {
+      spdlog::info("CUDA attention: {} (ZRT_CUDA_ATTENTION chooses)",
+                   kernels::cuda::describe(kernels::cuda::attention_kernels(ctx_->options())));
+    }
   }
   // Where the host's cores do the work (the CPU backend, a CPU optimizer), say how many this
   // rank has, and warn once per node when a launcher confined it (mpirun binds by default).

@@ -1,5 +1,7 @@
 #include "kernels/cuda/attention_plan.h"
 
+#include <string>
+
 namespace zrt::kernels::cuda {
 
 namespace {
@@ -15,6 +17,19 @@ I64 round_up(I64 bytes) {
 AttentionKernels attention_kernels(const KernelOptions& options) {
   return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed,
           options.cuda_attention_pipelined};
+}
+
+std::string describe(const AttentionKernels& kernels) {
+  if (kernels.fused == FusedAttention::kNone) return "batched cuBLAS GEMMs for every shape";
+  const std::string mma =
+      std::string("fused mma.sync kernels (") + (kernels.pipelined ? "pipelined" : "staged") + ")";
+  const std::string where = " (bf16/fp16, T a multiple of 64), batched cuBLAS GEMMs elsewhere";
+  if (kernels.fused == FusedAttention::kHeadSize64) {
+    return (kernels.wmma ? std::string("fused WMMA kernels") : mma) + " at head size 64" + where;
+  }
+  return (kernels.wmma ? "fused WMMA kernels at head size 64, " + mma + " at 128"
+                       : mma + " at head sizes 64 and 128") +
+         where;
 }
 
 bool flash_mma_head_size_supported(int C, int NH) {

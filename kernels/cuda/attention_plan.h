@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/kernel_context.h"
 #include "runtime/common/dtype.h"
@@ -55,6 +56,9 @@ bool flash_gqa_supported(DType dtype, int T, int NH, int NKV, int hs);
 inline FlashKernels mma_kernels(const AttentionKernels& kernels) {
   return kernels.pipelined ? FlashKernels::kMmaPipelined : FlashKernels::kMma;
 }
+// What `kernels` runs, in words, for a run's log: "fused mma.sync kernels (staged) at head
+// sizes 64 and 128 (bf16/fp16, T a multiple of 64), batched cuBLAS GEMMs elsewhere", and so on.
+std::string describe(const AttentionKernels& kernels);
 // Whether `kernels` runs this shape and storage type on the fused kernels.
 bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int NH);
 // Whether grouped-query attention runs in place for these shapes (else it packs).

@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/kernel_context.h"
 #include "runtime/common/error.h"
 
@@ -85,6 +86,27 @@ TEST_CASE("ZRT_CUDA_ATTENTION=pipelined picks the pipelined fused kernels", "[ke
     CHECK_FALSE(attention_pipelined_from_env());
     CHECK_FALSE(KernelOptions{}.cuda_attention_pipelined);
   }
+}
+
+// zrt-train's log line on a CUDA device says which attention kernels the options choose.
+TEST_CASE("the attention kernels' description follows ZRT_CUDA_ATTENTION", "[kernels][options]") {
+  auto described = [](const char* value) {
+    ScopedAttentionEnv env(value);
+    return cuda::describe(cuda::attention_kernels(KernelOptions{}));
+  };
+  CHECK(described(nullptr) ==
+        "fused mma.sync kernels (staged) at head sizes 64 and 128 (bf16/fp16, T a multiple of "
+        "64), batched cuBLAS GEMMs elsewhere");
+  CHECK_THAT(described("pipelined"), Catch::StartsWith("fused mma.sync kernels (pipelined) at "
+                                                       "head sizes 64 and 128"));
+  CHECK_THAT(described("hs64"), Catch::StartsWith("fused mma.sync kernels (staged) at head size "
+                                                  "64 (bf16/fp16"));
+  CHECK(described("batched") == "batched cuBLAS GEMMs for every shape");
+  KernelOptions wmma;
+  wmma.cuda_fused_attention = FusedAttention::kAll;
+  wmma.cuda_attention_wmma = true;
+  CHECK_THAT(cuda::describe(cuda::attention_kernels(wmma)),
+             Catch::StartsWith("fused WMMA kernels at head size 64, fused mma.sync kernels "));
 }
 
 TEST_CASE("an unknown ZRT_CUDA_ATTENTION is an error naming the values", "[kernels][options]") {
