@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
+#include "runtime/device/cuda_architecture.h"
 #include "runtime/device/cuda_device_impl.h"
 #include "runtime/device/device_access.h"
 #include "runtime/trace/trace_recorder.h"
@@ -388,6 +389,12 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
       index_(options.index),
       name_(props.name),
       total_memory_(static_cast<std::int64_t>(props.totalGlobalMem)) {
+  // Before anything runs on it: a GPU this build has no kernels for fails here, saying how to
+  // rebuild, instead of at the first launch with CUDA's "no kernel image is available".
+  if (const auto problem =
+          cuda_architecture_problem(props.major, props.minor, ZRT_CUDA_ARCHITECTURES)) {
+    ZRT_THROW(InvalidArgument, "cuda:{} ({}): {}", options.index, props.name, *problem);
+  }
   if (options.memory_limit_bytes > total_memory_) {
     spdlog::warn(
         "cuda:{}: memory limit {} exceeds the GPU's {}; allocations beyond the GPU's "

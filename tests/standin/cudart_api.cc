@@ -176,8 +176,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     std::memset(prop, 0, sizeof *prop);
     std::snprintf(prop->name, sizeof prop->name, "zrt CUDA stand-in (CPU)");
     prop->totalGlobalMem = rt().device_memory();
-    prop->major = 9;
-    prop->minor = 0;
+    prop->major = rt().compute_capability() / 10;
+    prop->minor = rt().compute_capability() % 10;
     prop->multiProcessorCount = 132;
     prop->warpSize = 32;
     prop->maxThreadsPerBlock = 1024;

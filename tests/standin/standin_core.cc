@@ -73,6 +73,7 @@ Runtime::Runtime() {
   device_count_ = static_cast<int>(env_long("ZRT_STANDIN_DEVICES", 4));
   device_memory_ = static_cast<std::size_t>(env_long("ZRT_STANDIN_DEVICE_MEMORY", long{16} << 30));
   delay_us_ = static_cast<int>(env_long("ZRT_STANDIN_STREAM_DELAY_US", 0));
+  compute_capability_ = static_cast<int>(env_long("ZRT_STANDIN_COMPUTE_CAPABILITY", 90));
   default_streams_.assign(static_cast<std::size_t>(device_count_), nullptr);
 }
 

@@ -21,7 +21,8 @@
 //
 // Environment: ZRT_STANDIN_DEVICES (device count, default 4), ZRT_STANDIN_DEVICE_MEMORY (bytes
 // per device, default 16 GiB), ZRT_STANDIN_STREAM_DELAY_US (random delay before each stream
-// operation, default 0).
+// operation, default 0), ZRT_STANDIN_COMPUTE_CAPABILITY (what cudaGetDeviceProperties reports,
+// 10 x major + minor, default 90).
 //
 // Global mutable state is what a C runtime is; it is confined to this library (tests only).
 #pragma once
@@ -116,6 +117,9 @@ class Runtime {
 
   int device_count() const { return device_count_; }
   std::size_t device_memory() const { return device_memory_; }
+  // The compute capability the devices report, 10 x major + minor (ZRT_STANDIN_COMPUTE_CAPABILITY,
+  // default 90: an H100's).
+  int compute_capability() const { return compute_capability_; }
   int current_device();            // this thread's device
   void set_current_device(int d);  // throws ApiError if out of range
 
@@ -189,6 +193,7 @@ class Runtime {
   std::mutex mutex_;
   int device_count_ = 4;
   std::size_t device_memory_ = std::size_t{16} << 30;
+  int compute_capability_ = 90;
   int delay_us_ = 0;
   std::map<std::uintptr_t, Allocation> allocations_;
   std::map<std::uintptr_t, std::string> freed_ranges_;  // base -> description (for messages)
