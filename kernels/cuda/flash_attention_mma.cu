@@ -177,6 +177,39 @@ __device__ __forceinline__ int arrive_tile(int i, bool has_next, CopyThis&& copy
 // (Skipping the columns before a document's start as well costs the forward at head size 128
 // about 65 more registers a thread, for a saving in the one key tile a document starts in: the
 // masks below zero those columns instead.)
+// The forward's and dQ's staged key and value tiles (kKeys, kValues elements each): static
+// shared memory, one of each, staged; pipelined, two of each in the launch's dynamic shared
+// memory, buffer b of each at + b times its size.
+template <typename S, int kKeys, int kValues, bool kPipelined>
+__device__ __forceinline__ void key_value_buffers(S*& k_s, S*& v_s) {
+  if constexpr (kPipelined) {
+    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
+    k_s = reinterpret_cast<S*>(flash_mma_shared);
+    v_s = k_s + 2 * kKeys;
+  } else {
+    __shared__ __align__(16) S k_staged[kKeys];
+    __shared__ __align__(16) S v_staged[kValues];
+    k_s = k_staged;
+    v_s = v_staged;
+  }
+}
+
+// The forward's and dQ's key tiles through arrive_tile: copy(k0, buffer) copies the tile at key
+// k0. start_key_tiles before the loop (the pipelined kernels' first copy), arrive_key_tile at the
+// top of each trip i over k0 = first, first + 64, ..., last; it returns tile k0's buffer.
+template <bool kPipelined, typename Copy>
+__device__ __forceinline__ void start_key_tiles(const Copy& copy, int first) {
+  if constexpr (kPipelined) {
+    copy(first, 0);
+    copy_async_commit();
+  }
+}
+template <bool kPipelined, typename Copy>
+__device__ __forceinline__ int arrive_key_tile(const Copy& copy, int i, int k0, int last) {
+  return arrive_tile<kPipelined>(
+      i, k0 + kTile <= last, [&](int b) { copy(k0, b); }, [&](int b) { copy(k0 + kTile, b); });
+}
+
 // kLdmatrix: the B operands read with ldmatrix, two k-steps an instruction (the same values in
 // the same order, so the same results bit for bit).
 template <int HS, bool kLdmatrix, typename S>
@@ -330,18 +363,9 @@ __global__ void __launch_bounds__(kThreads)
                              const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int kKeys = kTile * kLd<HS>, kValues = kTile * kLd<COLS>;
-  S* k_s;  // the staged key and value tiles; pipelined: buffer b at k_s + b kKeys, v_s + b kValues
+  S* k_s;
   S* v_s;
-  if constexpr (kPipelined) {
-    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
-    k_s = reinterpret_cast<S*>(flash_mma_shared);
-    v_s = k_s + 2 * kKeys;
-  } else {
-    __shared__ __align__(16) S k_staged[kKeys];
-    __shared__ __align__(16) S v_staged[kValues];
-    k_s = k_staged;
-    v_s = v_staged;
-  }
+  key_value_buffers<S, kKeys, kValues, kPipelined>(k_s, v_s);
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
@@ -371,14 +395,9 @@ __global__ void __launch_bounds__(kThreads)
     stage<HS, kPipelined>(k_s + buffer * kKeys, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
     stage<COLS, kPipelined>(v_s + buffer * kValues, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
   };
-  if constexpr (kPipelined) {
-    copy_tile(k_first, 0);
-    copy_async_commit();
-  }
+  start_key_tiles<kPipelined>(copy_tile, k_first);
   for (int k0 = k_first, i = 0; k0 <= tile * kTile; k0 += kTile, ++i) {
-    const int buffer = arrive_tile<kPipelined>(
-        i, k0 + kTile <= tile * kTile, [&](int b) { copy_tile(k0, b); },
-        [&](int b) { copy_tile(k0 + kTile, b); });
+    const int buffer = arrive_key_tile<kPipelined>(copy_tile, i, k0, tile * kTile);
     // All 64 keys before every row's document: masked, the tile would leave m, l and o as they are.
     if (kDocs && k0 + kTile <= warp_first) continue;
     const S* keys = k_s + buffer * kKeys;
@@ -473,18 +492,9 @@ __global__ void __launch_bounds__(kThreads)
                         int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int kRows = kTile * kLd<HS>;
-  S* k_s;  // the staged key and value tiles; pipelined: buffer b at k_s + b kRows, v_s + b kRows
+  S* k_s;
   S* v_s;
-  if constexpr (kPipelined) {
-    extern __shared__ __align__(16) unsigned char flash_mma_shared[];
-    k_s = reinterpret_cast<S*>(flash_mma_shared);
-    v_s = k_s + 2 * kRows;
-  } else {
-    __shared__ __align__(16) S k_staged[kRows];
-    __shared__ __align__(16) S v_staged[kRows];
-    k_s = k_staged;
-    v_s = v_staged;
-  }
+  key_value_buffers<S, kRows, kRows, kPipelined>(k_s, v_s);
   const int tile = static_cast<int>(gridDim.x) - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y;
   const int b = bh / NH, h = bh % NH;
@@ -516,14 +526,9 @@ __global__ void __launch_bounds__(kThreads)
     stage<HS, kPipelined>(k_s + buffer * kRows, k_base + static_cast<I64>(k0) * kv_ld, kv_ld);
     stage<HS, kPipelined>(v_s + buffer * kRows, v_base + static_cast<I64>(k0) * kv_ld, kv_ld);
   };
-  if constexpr (kPipelined) {
-    copy_tile(k_first, 0);
-    copy_async_commit();
-  }
+  start_key_tiles<kPipelined>(copy_tile, k_first);
   for (int k0 = k_first, i = 0; k0 <= tile * kTile; k0 += kTile, ++i) {
-    const int buffer = arrive_tile<kPipelined>(
-        i, k0 + kTile <= tile * kTile, [&](int b) { copy_tile(k0, b); },
-        [&](int b) { copy_tile(k0 + kTile, b); });
+    const int buffer = arrive_key_tile<kPipelined>(copy_tile, i, k0, tile * kTile);
     if (kDocs && k0 + kTile <= warp_first) continue;  // outside every row's document: dS all 0
     const S* keys = k_s + buffer * kRows;
     const S* values = v_s + buffer * kRows;
