@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "runtime/common/cpu_isa.h"
+
 namespace zrt {
 
 constexpr std::uint64_t kGoldenGamma = 0x9E3779B97F4A7C15ull;
@@ -20,11 +22,15 @@ constexpr std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// The key of a (seed, stream): what every counter of the stream is mixed with.
+constexpr std::uint64_t counter_key(std::uint64_t seed, std::uint64_t stream) {
+  return mix64(mix64(seed + kGoldenGamma) + stream * kGoldenGamma);
+}
+
 // 64 random bits for (seed, stream, counter).
 constexpr std::uint64_t counter_hash(std::uint64_t seed, std::uint64_t stream,
                                      std::uint64_t counter) {
-  const std::uint64_t key = mix64(mix64(seed + kGoldenGamma) + stream * kGoldenGamma);
-  return mix64(key + (counter + 1) * kGoldenGamma);
+  return mix64(counter_key(seed, stream) + (counter + 1) * kGoldenGamma);
 }
 
 // Uniform in the open interval (0, 1), 53 bits.
@@ -40,10 +46,20 @@ inline double counter_normal(std::uint64_t seed, std::uint64_t stream, std::uint
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
-// out[i] = float(scale * counter_normal(seed, stream, begin + i)) for i in [0, count), on the
-// host's OpenMP threads (a 7B model is ~7e9 of these at ~60 ns each): every value depends on its
-// own counter alone, so the split changes nothing.
+// out[i] = float(scale * counter_normal(seed, stream, begin + i)) for i in [0, count): the
+// initialisation of every model's weights. A 7B model is ~7e9 of these, so they run on the
+// host's OpenMP threads (every value depends on its own counter alone: the split changes
+// nothing) and in vector registers: log and cos are computed here with IEEE additions,
+// multiplications, a division and a square root only (no libm, no fused multiply-add), so every
+// ISA path (`isa`; kAuto: active_cpu_isa()) gives the same bits on every machine. They agree
+// with libm's to about an ulp of the double, so a value differs from counter_normal's float by
+// at most one float ulp, and rarely at all (test_init_rng).
 void fill_counter_normal(std::uint64_t seed, std::uint64_t stream, std::int64_t begin,
-                         std::int64_t count, double scale, float* out);
+                         std::int64_t count, double scale, float* out, CpuIsa isa = CpuIsa::kAuto);
+
+// fill_counter_normal's own log and cos, one value at a time (for tests): log(x) for a positive
+// normal x; cos(x) for x in [0, 2 pi].
+double init_rng_log(double x);
+double init_rng_cos(double x);
 
 }  // namespace zrt

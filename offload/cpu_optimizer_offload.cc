@@ -9,6 +9,7 @@
 
 #include "offload/cpu_step_pipeline.h"
 #include "runtime/common/error.h"
+#include "runtime/device/host_memory.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/unit_schedule.h"
 #include "runtime/trace/trace_span.h"
@@ -92,7 +93,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     }
     h.grad = device_.allocate(bytes_of(unit.shard, grad_type_), MemCategory::kGrads,
                               name + " grad slice (offloaded)", host_space(false));
-    std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
+    parallel_fill_zero(h.grad.host<std::byte>(), static_cast<std::size_t>(h.grad.bytes()));
     if (!offload_param_) {
       const std::int64_t pieces = (unit.shard + piece_ - 1) / piece_;
       for (auto& set : h.pieces) {
@@ -334,7 +335,7 @@ void CpuOptimizerOffload::skip_update() {
   for (HostUnit& h : units_) {
     if (h.grad.empty()) continue;  // stepped on the device
     h.d2h_done->synchronize();     // the decision came from the sums, before the slices
-    std::memset(h.grad.host<std::byte>(), 0, static_cast<std::size_t>(h.grad.bytes()));
+    parallel_fill_zero(h.grad.host<std::byte>(), static_cast<std::size_t>(h.grad.bytes()));
   }
   piece_set_ = 1 - piece_set_;
 }

@@ -77,19 +77,26 @@ void TrainingRun::build() {
   load_plan_ = CheckpointPolicy::plan(config_, rank_);
   // ZRT_CPU_ISA is read here, before any work: a bad value ends the run on every rank at once.
   cpu_isa_ = active_cpu_isa();
-  build_device();
-  build_groups();
-  build_model();
-  build_engine();
-  build_data();
-  build_checkpoints();
-  build_step_buffers();
+  timed("device", [&] { build_device(); });
+  timed("groups", [&] { build_groups(); });
+  timed("model", [&] { build_model(); });
+  build_engine();  // times its state's allocation and initialisation itself
+  timed("data", [&] { build_data(); });
+  timed("checkpoints", [&] { build_checkpoints(); });
+  timed("buffers", [&] { build_step_buffers(); });
   build_trace();
   // Destroyed first: if anything below throws, the streams finish (or fail) what they were
   // given before the buffers above are released under them.
   drain_.emplace(*engine_, *device_);
   log_setup();
   open_logs();
+}
+
+template <typename Part>
+void TrainingRun::timed(const char* name, Part&& part) {
+  const Clock::time_point start = Clock::now();
+  part();
+  startup_seconds_.emplace_back(name, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 void TrainingRun::build_device() {
@@ -176,20 +183,26 @@ void TrainingRun::build_engine() {
   }
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
-  engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
-                  engine_options_, *optimizer_, make_cpu_optimizer_offload);
+  timed("engine state", [&] {
+    engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
+                    engine_options_, *optimizer_, make_cpu_optimizer_offload);
+  });
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source_.initializer) {
-    engine_->initialize(model_source_.initializer(model, config_.seed, config_.model.init_from));
+    timed("initialisation", [&] {
+      engine_->initialize(model_source_.initializer(model, config_.seed, config_.model.init_from));
+    });
   } else if (!config_.model.init_from.empty()) {
     ZRT_THROW(InvalidArgument,
               "model.init_from '{}': {} has no initializer that reads weights (ModelFactory)",
               config_.model.init_from, model_source_.description);
   } else {
-    engine_->initialize([&model, seed = config_.seed](int index, std::int64_t first,
-                                                      std::int64_t count, float* out) {
-      model.init_parameter(index, seed, first, count, out);
+    timed("initialisation", [&] {
+      engine_->initialize([&model, seed = config_.seed](int index, std::int64_t first,
+                                                        std::int64_t count, float* out) {
+        model.init_parameter(index, seed, first, count, out);
+      });
     });
   }
   if (!config_.model.init_from.empty() && rank_ == 0) {
@@ -279,6 +292,15 @@ void TrainingRun::log_setup() {
                                        share_.sp_size, share_.chunk_length(T_))
                          : std::string());
     spdlog::info("device {}; MFU peak: {}", device_->description(), peak_.source);
+    // Where a large model's start-up goes (allocating and faulting in the state, drawing the
+    // weights, reading a checkpoint): rank 0's parts, slowest ranks wait in the first step.
+    double total = 0.0;
+    std::string parts;
+    for (const auto& [name, seconds] : startup_seconds_) {
+      total += seconds;
+      parts += fmt::format("{}{} {:.1f} s", parts.empty() ? "" : ", ", name, seconds);
+    }
+    spdlog::info("start-up {:.1f} s: {}", total, parts);
     spdlog::info("CPU kernels: {} (this CPU runs up to {}; ZRT_CPU_ISA chooses)",
                  cpu_isa_name(cpu_isa_), cpu_isa_name(hardware_cpu_isa()));
     if (device_->type() == DeviceType::kCuda) {

@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -106,6 +107,9 @@ class TrainingRun {
   void build_trace();
   void log_setup();
   void open_logs();
+  // Runs one part of build() and keeps its wall time for the start-up line (log_setup).
+  template <typename Part>
+  void timed(const char* name, Part&& part);
 
   // The engine's traffic, over every group it uses.
   CommCounts engine_comm() const;
@@ -150,6 +154,8 @@ class TrainingRun {
   const TrainHooks& hooks_;
   RunSummary summary_;
 
+  // build()'s parts and their wall times in seconds, in order (the start-up line).
+  std::vector<std::pair<const char*, double>> startup_seconds_;
   checkpoint::LoadPlan load_plan_;
   CpuIsa cpu_isa_{};
   int gpu_count_ = 0;

@@ -8,6 +8,7 @@
 
 #include "runtime/device/cpu_stream.h"
 #include "runtime/device/device_access.h"
+#include "runtime/device/host_memory.h"
 
 namespace zrt {
 
@@ -39,14 +40,35 @@ std::string CpuDevice::description() const {
 Buffer CpuDevice::allocate(std::int64_t bytes, MemCategory category, const std::string& label,
                            MemorySpace space, Stream* order) {
   tracker_.on_allocate(space, category, bytes, label);  // throws OutOfMemory over capacity
-  const std::size_t size =
-      round_up(std::max<std::size_t>(static_cast<std::size_t>(bytes), 1), kAlignment);
-  void* ptr = std::aligned_alloc(kAlignment, size);
+  std::string failure = "the host allocation failed";
+  void* ptr = nullptr;
+  if (maps_resident_pages(space, bytes)) {
+    // Pinned memory is resident, as on a GPU's host: the same pre-faulted pages the CUDA
+    // backend page-locks (host_memory.h).
+    ptr = map_resident_host_pages(static_cast<std::size_t>(bytes), &failure);
+  } else {
+    const std::size_t size =
+        round_up(std::max<std::size_t>(static_cast<std::size_t>(bytes), 1), kAlignment);
+    ptr = std::aligned_alloc(kAlignment, size);
+  }
   if (ptr == nullptr) {
     tracker_.on_free(space, category, bytes);
-    tracker_.throw_out_of_memory(space, category, bytes, label, "the host allocation failed");
+    tracker_.throw_out_of_memory(space, category, bytes, label, failure);
   }
   return Buffer(this, ptr, bytes, space, category, order);
+}
+
+bool CpuDevice::maps_resident_pages(MemorySpace space, std::int64_t bytes) {
+  return space == MemorySpace::kPinnedHost &&
+         uses_resident_host_pages(static_cast<std::size_t>(bytes));
+}
+
+void CpuDevice::free_host(void* ptr, MemorySpace space, std::int64_t bytes) noexcept {
+  if (maps_resident_pages(space, bytes)) {
+    unmap_resident_host_pages(ptr, static_cast<std::size_t>(bytes));
+  } else {
+    std::free(ptr);
+  }
 }
 
 void CpuDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCategory category,
@@ -55,7 +77,9 @@ void CpuDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCat
   if (order != nullptr) {
     // Stream-ordered release, as cudaFreeAsync: work already enqueued on `order` may still use it.
     try {
-      as_cpu_stream(*order, "Buffer release").enqueue_release([ptr] { std::free(ptr); });
+      as_cpu_stream(*order, "Buffer release").enqueue_release([ptr, space, bytes] {
+        free_host(ptr, space, bytes);
+      });
       return;
     } catch (const std::exception& e) {
       spdlog::error("stream-ordered free failed ({}); synchronizing instead", e.what());
@@ -65,7 +89,7 @@ void CpuDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCat
       }
     }
   }
-  std::free(ptr);
+  free_host(ptr, space, bytes);
 }
 
 std::unique_ptr<Stream> CpuDevice::create_stream(const std::string& name) {

@@ -1,5 +1,7 @@
 // The CPU backend's device: "device memory" is aligned host memory (so a CPU rank can stand in
 // for a GPU of a given capacity), streams are worker threads, copies are memcpy on the stream.
+// Large pinned host buffers are resident pages faulted in by the host's threads, the memory the
+// CUDA backend page-locks (host_memory.h).
 #pragma once
 
 #include <mutex>
@@ -38,6 +40,9 @@ class CpuDevice final : public Device {
 
  private:
   void forget_stream(CpuStream* stream);
+  // Whether a buffer is a resident mapping (large pinned host memory) or from aligned_alloc.
+  static bool maps_resident_pages(MemorySpace space, std::int64_t bytes);
+  static void free_host(void* ptr, MemorySpace space, std::int64_t bytes) noexcept;
 
   DeviceOptions options_;
   std::mutex streams_mutex_;

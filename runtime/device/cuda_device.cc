@@ -10,6 +10,7 @@
 #include "runtime/device/cuda_architecture.h"
 #include "runtime/device/cuda_device_impl.h"
 #include "runtime/device/device_access.h"
+#include "runtime/device/host_memory.h"
 #include "runtime/trace/trace_recorder.h"
 
 namespace zrt {
@@ -388,7 +389,9 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
                                             : static_cast<std::int64_t>(props.totalGlobalMem)),
       index_(options.index),
       name_(props.name),
-      total_memory_(static_cast<std::int64_t>(props.totalGlobalMem)) {
+      total_memory_(static_cast<std::int64_t>(props.totalGlobalMem)),
+      registers_host_memory_(props.hostRegisterSupported != 0 &&
+                             props.canUseHostPointerForRegisteredMem != 0) {
   // Before anything runs on it: a GPU this build has no kernels for fails here, saying how to
   // rebuild, instead of at the first launch with CUDA's "no kernel image is available".
   if (const auto problem =
@@ -507,6 +510,11 @@ void* CudaDevice::allocate_raw(std::int64_t bytes, const std::string& label, Mem
     }
     case MemorySpace::kPinnedHost: {
       activate();
+      if (registers_pinned(bytes)) {
+        ptr = allocate_pinned(bytes, out_of_memory);
+        if (ptr == nullptr) return nullptr;
+        break;
+      }
       const cudaError_t code = cudaHostAlloc(&ptr, size, cudaHostAllocDefault);
       if (is_cuda_oom(code)) {
         cudaGetLastError();
@@ -531,6 +539,46 @@ void* CudaDevice::allocate_raw(std::int64_t bytes, const std::string& label, Mem
               memory_space_name(space), kAlignment);
   }
   return ptr;
+}
+
+bool CudaDevice::registers_pinned(std::int64_t bytes) const {
+  return registers_host_memory_ && uses_resident_host_pages(static_cast<std::size_t>(bytes));
+}
+
+void* CudaDevice::allocate_pinned(std::int64_t bytes, std::string* out_of_memory) {
+  const auto size = static_cast<std::size_t>(bytes);
+  void* ptr = map_resident_host_pages(size, out_of_memory);
+  if (ptr == nullptr) return nullptr;
+  // Default: mapped and portable on a system with unified addressing, as cudaHostAlloc's memory.
+  const cudaError_t code = cudaHostRegister(ptr, size, cudaHostRegisterDefault);
+  if (code != cudaSuccess) {
+    cudaGetLastError();
+    unmap_resident_host_pages(ptr, size);
+    if (code == cudaErrorMemoryAllocation) {
+      *out_of_memory = fmt::format("cudaHostRegister of {} failed ({})", format_bytes(bytes),
+                                   cudaGetErrorString(code));
+      return nullptr;
+    }
+    check_cuda(code, "cudaHostRegister(resident host pages, size, cudaHostRegisterDefault)",
+               __FILE__, __LINE__);
+  }
+  return ptr;
+}
+
+void CudaDevice::free_pinned(void* ptr, std::int64_t bytes) noexcept {
+  if (registers_pinned(bytes)) {
+    const cudaError_t code = cudaHostUnregister(ptr);
+    if (code != cudaSuccess) {
+      // Still locked: unmapping it under the driver would be worse than leaking it.
+      spdlog::error("cudaHostUnregister failed ({}); leaking {} of pinned host memory",
+                    cudaGetErrorString(code), format_bytes(bytes));
+      return;
+    }
+    unmap_resident_host_pages(ptr, static_cast<std::size_t>(bytes));
+    return;
+  }
+  const cudaError_t code = cudaFreeHost(ptr);
+  if (code != cudaSuccess) spdlog::error("cudaFreeHost failed: {}", cudaGetErrorString(code));
 }
 
 void CudaDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCategory category,
@@ -571,9 +619,9 @@ void CudaDevice::release(void* ptr, std::int64_t bytes, MemorySpace space, MemCa
           if (code != cudaSuccess) cudaEventDestroy(done);
           ZRT_CUDA_CHECK(code);
           std::lock_guard<std::mutex> lock(pending_mutex_);
-          pending_.push_back(PendingHostFree{done, ptr, space});
+          pending_.push_back(PendingHostFree{done, ptr, space, bytes});
         } else if (space == MemorySpace::kPinnedHost) {
-          ZRT_CUDA_CHECK(cudaFreeHost(ptr));
+          free_pinned(ptr, bytes);
         } else {
           std::free(ptr);
         }
@@ -608,8 +656,7 @@ void CudaDevice::reap_host_frees(bool wait) noexcept {
     }
     cudaEventDestroy(p.done);
     if (p.space == MemorySpace::kPinnedHost) {
-      code = cudaFreeHost(p.ptr);
-      if (code != cudaSuccess) spdlog::error("cudaFreeHost failed: {}", cudaGetErrorString(code));
+      free_pinned(p.ptr, p.bytes);
     } else {
       std::free(p.ptr);
     }

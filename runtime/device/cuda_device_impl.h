@@ -206,16 +206,25 @@ class CudaDevice final : public Device {
   // Frees host memory whose release was ordered on a stream; wait: block until all are done.
   void reap_host_frees(bool wait) noexcept;
   void forget_stream(CudaStream* stream);
+  // Large pinned buffers are resident pages faulted in by the host's threads, then page-locked
+  // with cudaHostRegister (host_memory.h): cudaHostAlloc faults them in on one thread. Only
+  // where the GPU reaches registered memory at its host address, as kernels storing into pinned
+  // memory expect (cudaDevAttrCanUseHostPointerForRegisteredMem).
+  bool registers_pinned(std::int64_t bytes) const;
+  void* allocate_pinned(std::int64_t bytes, std::string* out_of_memory);
+  void free_pinned(void* ptr, std::int64_t bytes) noexcept;
 
   struct PendingHostFree {
     cudaEvent_t done;  // recorded on the ordering stream at release time
     void* ptr;
     MemorySpace space;
+    std::int64_t bytes;
   };
 
   const int index_;
   const std::string name_;
   const std::int64_t total_memory_;
+  const bool registers_host_memory_;          // cudaHostRegister, used at the host pointer
   cudaStream_t alloc_stream_ = nullptr;       // orders allocations made without an ordering stream
   CuStreamWaitValue32 wait_value_ = nullptr;  // null: the driver offers no stream memory ops
   std::mutex pending_mutex_;

@@ -1,5 +1,6 @@
 #include "runtime/engine/engine_kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/common/error.h"
@@ -7,6 +8,7 @@
 #include "runtime/device/backend_dispatch.h"
 #include "runtime/device/cpu_stream.h"
 #include "runtime/device/device_access.h"
+#include "runtime/device/host_memory.h"
 
 namespace zrt::engine_kernels {
 
@@ -61,6 +63,18 @@ ZRT_SIMD_BODY void add_f32_body(const float* src, float* dst, std::int64_t n) {
 }
 ZRT_SIMD_DISPATCH(void, add_f32, (const float* src, float* dst, std::int64_t n), (src, dst, n),
                   add_f32_body)
+// to_bf16() (dtype.h) written as a loop the compiler vectorizes: the same bits, NaN included.
+ZRT_SIMD_BODY void f32_to_bf16_body(const float* src, bf16* dst, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, src + i, sizeof u);
+    const std::uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
+    dst[i].bits = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : nearest);
+  }
+}
+ZRT_SIMD_DISPATCH(void, f32_to_bf16, (const float* src, bf16* dst, std::int64_t n), (src, dst, n),
+                  f32_to_bf16_body)
 ZRT_SIMD_BODY void scale_f32_body(float* x, std::int64_t n, float factor) {
   for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
@@ -75,7 +89,31 @@ void convert(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
     if (src != dst) std::memmove(dst, src, static_cast<std::size_t>(n) * dtype_size(st));
     return;
   }
+  if (st == DType::kFloat32 && dt == DType::kBFloat16) {
+    f32_to_bf16(static_cast<const float*>(src), static_cast<bf16*>(dst), n);
+    return;
+  }
   for (std::int64_t i = 0; i < n; ++i) store(dst, dt, i, load(src, st, i));
+}
+
+void convert_on_host_threads(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
+  check_float(st, "convert");
+  check_float(dt, "convert");
+  const std::size_t in_bytes = dtype_size(st);
+  const std::size_t out_bytes = dtype_size(dt);
+  const int threads = host_pass_threads(static_cast<std::size_t>(n) * in_bytes);
+  // Pieces of whole cache lines of the output, the last one taking the remainder.
+  const std::int64_t piece = (n / threads + 63) / 64 * 64;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int t = 0; t < threads; ++t) {
+    const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
+    const std::int64_t end = t + 1 == threads ? n : std::min<std::int64_t>(n, begin + piece);
+    if (end > begin) {
+      convert(static_cast<const std::byte*>(src) + static_cast<std::size_t>(begin) * in_bytes, st,
+              static_cast<std::byte*>(dst) + static_cast<std::size_t>(begin) * out_bytes, dt,
+              end - begin);
+    }
+  }
 }
 
 void accumulate(const void* src, DType st, void* dst, DType dt, std::int64_t n) {

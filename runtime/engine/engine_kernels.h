@@ -43,6 +43,10 @@ void decide_step(Device& device, Stream& stream, DevicePtr<const float> norm_squ
 // CPU twins on host pointers (exposed for tests and for the CUDA parity test).
 namespace cpu {
 void convert(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n);
+// convert() on the host's OpenMP threads (host_pass_threads): for the engine's state at
+// start-up and at a load, not inside stream work.
+void convert_on_host_threads(const void* src, DType src_type, void* dst, DType dst_type,
+                             std::int64_t n);
 void accumulate(const void* src, DType src_type, void* dst, DType dst_type, std::int64_t n);
 void scale(void* x, DType type, std::int64_t n, float factor);
 double sum_squares(const void* x, DType type, std::int64_t n);

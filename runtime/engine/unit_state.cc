@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstring>
+#include <memory>
 
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
+#include "runtime/device/host_memory.h"
 #include "runtime/engine/engine_kernels.h"
 #include "runtime/engine/step_strategy.h"
 #include "runtime/engine/unit_state.h"
@@ -170,40 +172,52 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
   compute_.synchronize();
   comm_.synchronize();
   // Without offload, host_state[0] is the master weights, then one per optimizer state tensor,
-  // on their way to the device.
-  std::vector<std::vector<float>> host_state(static_cast<std::size_t>(state_array_count()));
+  // on their way to the device: allocated for the largest unit so far, uninitialised (they are
+  // zeroed on the host's threads before each unit).
+  std::vector<std::unique_ptr<float[]>> host_state(static_cast<std::size_t>(state_array_count()));
+  std::int64_t host_state_capacity = 0;
   StateArrays arrays(host_state.size());
+  std::vector<std::byte> converted;  // an offloaded unit's compute-dtype copy on its way up
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = plan_.unit(u);
     UnitState& s = *units_[ui];
     if (state_on_host(u)) {
       // Host state: filled in place (a 7B model's is ~100 GB; a copy through temporaries doubled
-      // the passes over it); the compute-dtype copy goes up through a host buffer.
+      // the passes over it), zeroed and converted on the host's threads (on one, an 8B model's
+      // start-up spent tens of seconds here); the compute-dtype copy goes up through a host
+      // buffer.
       for (std::size_t a = 0; a < arrays.size(); ++a) {
         arrays[a] = offload_->state_array(u, static_cast<int>(a));
-        std::memset(arrays[a], 0, static_cast<std::size_t>(unit.shard) * 4);
+        parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
       }
       fill(u, arrays);
       const float* master = arrays[0];
       // The slice itself in host memory (parameter offload): converted in place.
       if (placement(u).param_slice == Residence::kHost) {
-        engine_kernels::cpu::convert(master, DType::kFloat32, offload_->host_params(u), cdt,
-                                     unit.shard);
+        engine_kernels::cpu::convert_on_host_threads(master, DType::kFloat32,
+                                                     offload_->host_params(u), cdt, unit.shard);
       } else {
-        std::vector<std::byte> converted(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
-        engine_kernels::cpu::convert(master, DType::kFloat32, converted.data(), cdt, unit.shard);
+        converted.resize(static_cast<std::size_t>(bytes_of(unit.shard, cdt)));
+        engine_kernels::cpu::convert_on_host_threads(master, DType::kFloat32, converted.data(), cdt,
+                                                     unit.shard);
         device_.copy_to_device(owned_params_of(u), converted.data(), converted.size(), compute_);
-        compute_.synchronize();  // `converted` goes out of scope
+        compute_.synchronize();  // `converted` is reused by the next unit
       }
     } else {
+      if (unit.shard > host_state_capacity) {
+        host_state_capacity = unit.shard;
+        for (auto& array : host_state) {
+          array.reset(new float[static_cast<std::size_t>(host_state_capacity)]);
+        }
+      }
       for (std::size_t a = 0; a < host_state.size(); ++a) {
-        host_state[a].assign(static_cast<std::size_t>(unit.shard), 0.0f);
-        arrays[a] = host_state[a].data();
+        arrays[a] = host_state[a].get();
+        parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
       }
       fill(u, arrays);
       for (std::size_t a = 0; a < host_state.size(); ++a) {
-        device_.copy_to_device(device_state(u, a), host_state[a].data(),
+        device_.copy_to_device(device_state(u, a), host_state[a].get(),
                                static_cast<std::size_t>(unit.shard) * 4, compute_);
       }
       compute_.synchronize();  // the host vectors are reused for the next unit

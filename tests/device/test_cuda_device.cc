@@ -19,6 +19,7 @@
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/device.h"
 #include "runtime/device/device_access.h"
+#include "runtime/device/host_memory.h"
 #include "tests/support/gpu_test_support.h"
 
 using namespace zrt;
@@ -150,6 +151,35 @@ TEST_CASE("copies round-trip through device memory in stream order") {
   dev->copy(d2.device<std::byte>(), d1.device<std::byte>(), 0, *s);
   dev->fill_zero(d2.device<std::byte>(), 0, *s);
   s->synchronize();
+}
+
+// Pinned buffers of kResidentHostMinBytes and more are resident pages page-locked with
+// cudaHostRegister (host_memory.h) where the GPU reaches them at their host address; the
+// stand-in checks them as pinned memory until cudaHostUnregister. Run again with
+// ZRT_STANDIN_HOST_REGISTER=0 (test_cuda_device_no_host_register): cudaHostAlloc's path.
+TEST_CASE("large pinned buffers round-trip and are released in stream order", "[pinned]") {
+  auto dev = gpu();
+  auto s = dev->create_stream("copy");
+  const std::size_t n = kResidentHostMinBytes / sizeof(float) + 3;
+  const std::size_t bytes = n * sizeof(float);
+  Buffer up = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kMaster, "master",
+                            MemorySpace::kPinnedHost, s.get());
+  Buffer down = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kOptimizer, "moments",
+                              MemorySpace::kPinnedHost);
+  CHECK(in_use(*dev, MemorySpace::kPinnedHost, MemCategory::kMaster) ==
+        static_cast<std::int64_t>(bytes));
+  const auto src = iota_floats(n, 0.5f);
+  std::copy(src.begin(), src.end(), up.host<float>());
+  Buffer d = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kParams, "d");
+  s->host_callback([] { std::this_thread::sleep_for(20ms); });  // the copy is still pending...
+  dev->copy_to_device(d.device<std::byte>(), up.host<std::byte>(), bytes, *s);
+  up.reset();  // ...when the release is asked for: it waits for the copy
+  dev->copy_to_host(down.host<std::byte>(), d.device<std::byte>(), bytes, *s);
+  s->synchronize();
+  CHECK(std::equal(src.begin(), src.end(), down.host<float>()));
+  down.reset();
+  dev->synchronize();
+  CHECK(dev->tracker().usage(MemorySpace::kPinnedHost).total_current == 0);
 }
 
 TEST_CASE("stream-ordered allocation and release follow the work already enqueued") {

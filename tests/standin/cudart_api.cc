@@ -188,6 +188,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
     prop->sharedMemPerBlock = 48 << 10;
     prop->memoryBusWidth = 5120;
     prop->pciDeviceID = device;
+    prop->hostRegisterSupported = rt().host_register() ? 1 : 0;
+    prop->canUseHostPointerForRegisteredMem = rt().host_register() ? 1 : 0;
   });
 }
 
@@ -352,6 +354,42 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) {
   return cudaHostAlloc(ptr, size, cudaHostAllocDefault);
 }
 
+// The program's memory page-locked: pinned for the stand-in's checks until cudaHostUnregister.
+cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  return api("cudaHostRegister", [&] {
+    if (ptr == nullptr || size == 0)
+      fail(cudaErrorInvalidValue, "cudaHostRegister", fmt::format("ptr {} size {}", ptr, size));
+    if (!rt().host_register())
+      fail(cudaErrorNotSupported, "cudaHostRegister",
+           "the devices report no host registration (ZRT_STANDIN_HOST_REGISTER=0)");
+    if (flags & ~0xfu)
+      fail(cudaErrorInvalidValue, "cudaHostRegister", fmt::format("flags {:#x}", flags));
+    rt().register_host(ptr, size, "cudaHostRegister");
+  });
+}
+
+// As cudaFreeHost, every operation on the memory must be known complete.
+cudaError_t cudaHostUnregister(void* ptr) {
+  return api("cudaHostUnregister", [&] {
+    zrt::check_not_in_host_callback("cudaHostUnregister");
+    std::uintptr_t base = 0;
+    {
+      std::lock_guard<std::mutex> lock(rt().mutex());
+      zrt::standin::Allocation* a = rt().find(ptr);
+      if (a == nullptr || !a->registered || reinterpret_cast<std::uintptr_t>(ptr) != a->base ||
+          !a->freed_by.empty()) {
+        fail(cudaErrorHostMemoryNotRegistered, "cudaHostUnregister",
+             fmt::format("{} is not the start of memory registered with cudaHostRegister",
+                         zrt::standin::describe_pointer(ptr)));
+      }
+      rt().host_access("cudaHostUnregister", {{ptr, std::max<size_t>(a->bytes, 1), true, "ptr"}});
+      a->freed_by = "cudaHostUnregister";
+      base = a->base;
+    }
+    rt().release(base);
+  });
+}
+
 // Unlike the driver (which may synchronize), the stand-in requires every operation on the
 // memory to be known complete: pending work on freed memory is the bug it reports.
 cudaError_t cudaFreeHost(void* ptr) {
@@ -363,6 +401,12 @@ cudaError_t cudaFreeHost(void* ptr) {
       std::lock_guard<std::mutex> lock(rt().mutex());
       rt().check_range("cudaFreeHost", "ptr", ptr, 1, {MemKind::kPinned});
       zrt::standin::Allocation* a = rt().find(ptr);
+      if (a->registered) {
+        fail(cudaErrorInvalidValue, "cudaFreeHost",
+             fmt::format("{} was registered with cudaHostRegister, not allocated by "
+                         "cudaHostAlloc: cudaHostUnregister releases it",
+                         zrt::standin::describe_pointer(ptr)));
+      }
       if (reinterpret_cast<std::uintptr_t>(ptr) != a->base) {
         fail(cudaErrorInvalidValue, "cudaFreeHost",
              fmt::format("{} is not the start of its allocation",

@@ -38,7 +38,9 @@ std::string hex(std::uintptr_t v) {
 std::string describe(const Allocation& a) {
   return fmt::format("allocation #{} ({} B of {} memory at {}{})", a.id, a.bytes,
                      mem_kind_name(a.kind), hex(a.base),
-                     a.kind == MemKind::kDevice ? fmt::format(" on device {}", a.device) : "");
+                     a.kind == MemKind::kDevice ? fmt::format(" on device {}", a.device)
+                     : a.registered             ? std::string(", registered")
+                                                : std::string());
 }
 
 void join(VectorClock& into, const VectorClock& from) {
@@ -74,6 +76,7 @@ Runtime::Runtime() {
   device_memory_ = static_cast<std::size_t>(env_long("ZRT_STANDIN_DEVICE_MEMORY", long{16} << 30));
   delay_us_ = static_cast<int>(env_long("ZRT_STANDIN_STREAM_DELAY_US", 0));
   compute_capability_ = static_cast<int>(env_long("ZRT_STANDIN_COMPUTE_CAPABILITY", 90));
+  host_register_ = env_long("ZRT_STANDIN_HOST_REGISTER", 1) != 0;
   default_streams_.assign(static_cast<std::size_t>(device_count_), nullptr);
 }
 
@@ -130,6 +133,36 @@ void* Runtime::allocate(std::size_t bytes, MemKind kind, const std::string& call
   while (it != freed_ranges_.end() && it->first < a.base + size) it = freed_ranges_.erase(it);
   allocations_[a.base] = std::move(a);
   return p;
+}
+
+void Runtime::register_host(void* p, std::size_t bytes, const std::string& call) {
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Any live allocation overlapping [base, base + bytes): the first at or after base, or the
+  // one before it if it reaches into the range.
+  auto it = allocations_.lower_bound(base);
+  Allocation* overlap = nullptr;
+  if (it != allocations_.end() && it->first < base + bytes) overlap = &it->second;
+  if (overlap == nullptr && it != allocations_.begin()) {
+    --it;
+    if (it->first + std::max<std::size_t>(it->second.bytes, 1) > base) overlap = &it->second;
+  }
+  if (overlap != nullptr) {
+    fail(overlap->registered ? cudaErrorHostMemoryAlreadyRegistered : cudaErrorInvalidValue, call,
+         fmt::format("[{}, +{} B) overlaps {}", p, bytes, describe(*overlap)));
+  }
+  Allocation a;
+  a.base = base;
+  a.bytes = bytes;
+  a.kind = MemKind::kPinned;
+  a.device = current_device();
+  a.id = next_allocation_++;
+  a.registered = true;
+  auto freed = freed_ranges_.lower_bound(a.base);
+  while (freed != freed_ranges_.end() && freed->first < a.base + bytes) {
+    freed = freed_ranges_.erase(freed);
+  }
+  allocations_[a.base] = std::move(a);
 }
 
 Allocation* Runtime::find(const void* p) {
@@ -209,7 +242,8 @@ void Runtime::release(std::uintptr_t base) {
     // "<bytes> <description>": the size first, parsed back by check_range.
     freed_ranges_[base] = fmt::format("{} {} (freed by {})", it->second.bytes, describe(it->second),
                                       it->second.freed_by);
-    p = reinterpret_cast<void*>(base);
+    // Registered memory is the program's: unregistering leaves it allocated.
+    if (!it->second.registered) p = reinterpret_cast<void*>(base);
     allocations_.erase(it);
   }
   std::free(p);

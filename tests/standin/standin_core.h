@@ -3,7 +3,8 @@
 //
 // What it checks, on every call (each failure names the call, the argument and the allocation):
 // - every pointer lies inside a live allocation of the kind the call needs (device memory from
-//   cudaMalloc/cudaMallocAsync, pinned host memory from cudaHostAlloc, or pageable memory, i.e.
+//   cudaMalloc/cudaMallocAsync, pinned host memory from cudaHostAlloc or cudaHostRegister, or
+//   pageable memory, i.e.
 //   anything else), with the whole range [p, p + bytes) in bounds;
 // - stream order: each device or pinned allocation remembers, by byte range, the operations
 //   that read or wrote it and are not yet known complete by the host. An operation on stream S that
@@ -22,7 +23,8 @@
 // Environment: ZRT_STANDIN_DEVICES (device count, default 4), ZRT_STANDIN_DEVICE_MEMORY (bytes
 // per device, default 16 GiB), ZRT_STANDIN_STREAM_DELAY_US (random delay before each stream
 // operation, default 0), ZRT_STANDIN_COMPUTE_CAPABILITY (what cudaGetDeviceProperties reports,
-// 10 x major + minor, default 90).
+// 10 x major + minor, default 90), ZRT_STANDIN_HOST_REGISTER (0: the devices report no
+// cudaHostRegister usable at the host pointer; default 1).
 //
 // Global mutable state is what a C runtime is; it is confined to this library (tests only).
 #pragma once
@@ -73,7 +75,8 @@ struct Allocation {
   MemKind kind = MemKind::kDevice;
   int device = 0;
   std::uint64_t id = 0;
-  std::string freed_by;  // non-empty once freed (memory released when the free runs)
+  std::string freed_by;     // non-empty once freed (memory released when the free runs)
+  bool registered = false;  // cudaHostRegister: the program's memory, never freed here
   // Accesses not yet known complete by the host, by byte range: [lo, hi) of operation op.
   struct Record {
     std::uintptr_t lo, hi;
@@ -120,11 +123,17 @@ class Runtime {
   // The compute capability the devices report, 10 x major + minor (ZRT_STANDIN_COMPUTE_CAPABILITY,
   // default 90: an H100's).
   int compute_capability() const { return compute_capability_; }
+  // Whether the devices report cudaHostRegister usable at the host pointer
+  // (ZRT_STANDIN_HOST_REGISTER, default 1; 0 makes a program fall back to cudaHostAlloc).
+  bool host_register() const { return host_register_; }
   int current_device();            // this thread's device
   void set_current_device(int d);  // throws ApiError if out of range
 
   // ---- memory ----
   void* allocate(std::size_t bytes, MemKind kind, const std::string& call);
+  // cudaHostRegister: [p, p + bytes) of the program's pageable memory becomes pinned; throws
+  // ApiError if it overlaps memory the runtime knows.
+  void register_host(void* p, std::size_t bytes, const std::string& call);
   // Finds the allocation containing p (live or freed-pending), or null (pageable memory).
   Allocation* find(const void* p);
   // Checks [p, p+bytes) against the kinds `allowed` (pageable = not in the table); returns the
@@ -194,6 +203,7 @@ class Runtime {
   int device_count_ = 4;
   std::size_t device_memory_ = std::size_t{16} << 30;
   int compute_capability_ = 90;
+  bool host_register_ = true;
   int delay_us_ = 0;
   std::map<std::uintptr_t, Allocation> allocations_;
   std::map<std::uintptr_t, std::string> freed_ranges_;  // base -> description (for messages)

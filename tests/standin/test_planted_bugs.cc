@@ -140,6 +140,39 @@ TEST_CASE("planted bug: a freed buffer still used by a pending copy") {
   cudaStreamDestroy(other);
 }
 
+TEST_CASE("planted bug: registered host memory unregistered under a pending copy, or misused") {
+  cudaStream_t copy = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking) == cudaSuccess);
+  std::vector<float> host(1024, 1.0f);
+  void* dev = nullptr;
+  REQUIRE(cudaMalloc(&dev, 4096) == cudaSuccess);
+  REQUIRE(cudaHostRegister(host.data(), 4096, cudaHostRegisterDefault) == cudaSuccess);
+  // Twice, or overlapping: CUDA's own error.
+  CHECK(cudaHostRegister(host.data() + 512, 1024, cudaHostRegisterDefault) ==
+        cudaErrorHostMemoryAlreadyRegistered);
+  // Released as if cudaHostAlloc had made it.
+  CHECK(cudaFreeHost(host.data()) == cudaErrorInvalidValue);
+  CHECK_THAT(cudaGetErrorString(cudaErrorInvalidValue),
+             Contains("registered with cudaHostRegister") && Contains("cudaHostUnregister"));
+  REQUIRE(cudaMemcpyAsync(dev, host.data(), 4096, cudaMemcpyHostToDevice, copy) == cudaSuccess);
+  // Unregistered on the host while the copy reading it may still be pending.
+  CHECK(cudaHostUnregister(host.data()) == cudaErrorIllegalAddress);
+  CHECK_THAT(cudaGetErrorString(cudaErrorIllegalAddress),
+             Contains("cudaHostUnregister") && Contains("cudaMemcpyAsync"));
+  cudaGetLastError();
+  // Control: after the copy, unregistering is fine, once; the memory stays the program's.
+  REQUIRE(cudaStreamSynchronize(copy) == cudaSuccess);
+  CHECK(cudaHostUnregister(host.data()) == cudaSuccess);
+  CHECK(cudaHostUnregister(host.data()) == cudaErrorHostMemoryNotRegistered);
+  cudaGetLastError();
+  CHECK(host[1023] == 1.0f);
+  // Pageable again: an async copy from it is accepted (synchronous, as CUDA does).
+  CHECK(cudaMemcpyAsync(dev, host.data(), 4096, cudaMemcpyHostToDevice, copy) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(copy) == cudaSuccess);
+  CHECK(cudaFree(dev) == cudaSuccess);
+  cudaStreamDestroy(copy);
+}
+
 TEST_CASE("planted bug: a missing event wait between a kernel and a copy") {
   auto device = cuda_device();
   auto compute = device->create_stream("compute");

@@ -1,0 +1,81 @@
+#include "runtime/device/host_memory.h"
+
+#include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+namespace zrt {
+
+namespace {
+constexpr std::size_t kBytesPerThread = std::size_t{64} << 20;
+
+std::size_t page_size() {
+  const long size = sysconf(_SC_PAGESIZE);
+  return size > 0 ? static_cast<std::size_t>(size) : 4096;
+}
+}  // namespace
+
+int host_pass_threads(std::size_t bytes) {
+  const std::size_t wanted = std::max<std::size_t>(1, bytes / kBytesPerThread);
+  return static_cast<int>(
+      std::min<std::size_t>(wanted, static_cast<std::size_t>(std::max(1, omp_get_max_threads()))));
+}
+
+void* map_resident_host_pages(std::size_t bytes, std::string* error) {
+  const std::size_t page = page_size();
+  const std::size_t length = (std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+  void* ptr = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (ptr == MAP_FAILED) {
+    *error = fmt::format("mmap of {} bytes failed: {}", length, std::strerror(errno));
+    return nullptr;
+  }
+  // No MADV_HUGEPAGE: the system's transparent-huge-page policy decides. Asked for, huge pages
+  // faulted in 4x slower than small ones on a VM whose host backs guest memory lazily (the
+  // kernel takes them from memory not touched lately; BENCHMARKS "Start-up of a large model").
+  //
+  // One write per page makes it resident (the kernel hands out zeroed pages); each thread
+  // faults in one contiguous range (where the system maps huge pages anyway, a thread faults in
+  // whole ones).
+  auto* bytes_of = static_cast<volatile unsigned char*>(ptr);
+  const std::int64_t pages = static_cast<std::int64_t>(length / page);
+#pragma omp parallel for schedule(static) num_threads(host_pass_threads(length))
+  for (std::int64_t p = 0; p < pages; ++p) bytes_of[static_cast<std::size_t>(p) * page] = 0;
+  return ptr;
+}
+
+void unmap_resident_host_pages(void* ptr, std::size_t bytes) noexcept {
+  if (ptr == nullptr) return;
+  const std::size_t page = page_size();
+  const std::size_t length = (std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+  if (munmap(ptr, length) != 0) {
+    spdlog::error("munmap of {} bytes at {} failed: {}", length, ptr, std::strerror(errno));
+  }
+}
+
+void parallel_fill_zero(void* ptr, std::size_t bytes) {
+  const int threads = host_pass_threads(bytes);
+  if (threads <= 1) {
+    std::memset(ptr, 0, bytes);
+    return;
+  }
+  auto* base = static_cast<unsigned char*>(ptr);
+#pragma omp parallel num_threads(threads)
+  {
+    const std::size_t team = static_cast<std::size_t>(omp_get_num_threads());
+    const std::size_t me = static_cast<std::size_t>(omp_get_thread_num());
+    // Cache-line aligned pieces, the last one taking the remainder.
+    const std::size_t piece = (bytes / team + 63) / 64 * 64;
+    const std::size_t begin = std::min(bytes, me * piece);
+    const std::size_t end = me + 1 == team ? bytes : std::min(bytes, begin + piece);
+    if (end > begin) std::memset(base + begin, 0, end - begin);
+  }
+}
+
+}  // namespace zrt
