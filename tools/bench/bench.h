@@ -18,6 +18,7 @@ int model(int argc, char** argv);
 int checkpoint(int argc, char** argv);
 int offload(int argc, char** argv);
 int attention(int argc, char** argv);
+int startup(int argc, char** argv);
 
 // Minimal "--key value" / "--flag" parser; unknown options throw InvalidArgument naming them.
 class Args {

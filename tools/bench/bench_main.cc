@@ -41,6 +41,9 @@ constexpr Entry kCommands[] = {
     {"offload", offload,
      "optimizer offload: step time vs forward+backward and CPU optimizer alone, the share "
      "hidden by overlap, host<->device copy GB/s (run under mpirun)"},
+    {"startup", startup,
+     "a large model's start-up host work: the weights' normal draws (ns/value vs libm), host "
+     "memory made resident (vs one thread's memset; on a GPU vs cudaHostAlloc), fp32 -> bf16"},
     {"attention", attention,
      "causal attention forward/backward time and TFLOP/s (fused kernels on a GPU) vs PyTorch's "
      "scaled_dot_product_attention"},

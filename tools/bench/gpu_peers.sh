@@ -30,6 +30,9 @@
 #             activation checkpointing, its MoE layers whole (model.tiling.mlp_rows -1) and in the
 #             automatic tiles (7 of 4992 rows): what tiling costs in time, and saves in the
 #             tracked activation peak (mem_peak_bytes), on a GPU
+#   startup   (not run unless named) zrt-bench startup --device cuda: a large model's start-up
+#             host work, 16 GiB of pinned memory from cudaHostAlloc against the device's own
+#             (resident pages + cudaHostRegister), the weights' normal draws, fp32 -> bf16
 #   moe-capacity (not run unless named) the zrt-moe model's layers (2 of them, stage 2, one
 #             16384-token sequence a step, checkpointed) over 2 ranks sharing the GPU at
 #             sequence_parallel_size 2, model.capacity_factor 16 (every pair kept: the experts'
@@ -71,7 +74,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity|startup) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -251,6 +254,8 @@ for p in $phases; do
     moe-tiles)
       phase moe-tiles 150 bash -c "$(declare -f zrt_run median_zrt moe_tiles_run); root='$root' \
         bundle='$bundle' work='$work' data='$data'; moe_tiles_run" ;;
+    startup)
+      phase startup 60 "$bundle/bin/zrt-bench" startup --device cuda --bytes 16G --repeats 2 ;;
     moe-capacity)
       phase moe-capacity 150 bash -c "$(declare -f median_zrt moe_capacity_run); root='$root' \
         bundle='$bundle' work='$work' data='$data'; moe_capacity_run" ;;
