@@ -120,17 +120,19 @@ DevicePtr<std::byte> ZeroEngine::device_state(int u, std::size_t a) const {
 // ---- initialisation and loading ---------------------------------------------------------------
 
 void ZeroEngine::initialize(const Initializer& init) {
-  assign_state([&](int u, const StateArrays& arrays) {
-    // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
-    // padding of the master weights.
-    float* master = arrays[0];
-    const Unit& unit = plan_.unit(u);
-    for (int p : unit.params) {
-      const auto range = plan_.owned_range(p, slice_rank(u));
-      if (range.count == 0) continue;
-      init(p, range.first, range.count, master + range.slice_offset);
-    }
-  });
+  assign_state(
+      [&](int u, const StateArrays& arrays) {
+        // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
+        // padding of the master weights.
+        float* master = arrays[0];
+        const Unit& unit = plan_.unit(u);
+        for (int p : unit.params) {
+          const auto range = plan_.owned_range(p, slice_rank(u));
+          if (range.count == 0) continue;
+          init(p, range.first, range.count, master + range.slice_offset);
+        }
+      },
+      /*master_only=*/true);
 }
 
 void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& fill) {
@@ -164,7 +166,7 @@ void ZeroEngine::check_state_arrays(const StateArrays& arrays, const char* call)
             arrays.size(), spec.family, spec.num_states());
 }
 
-void ZeroEngine::assign_state(const StateFiller& fill) {
+void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
   const DType cdt = options_.compute_dtype;
   // Nothing may still read or write the state being replaced.
   wait_state_copy();
@@ -205,20 +207,27 @@ void ZeroEngine::assign_state(const StateFiller& fill) {
         compute_.synchronize();  // `converted` is reused by the next unit
       }
     } else {
+      // With master_only the state tensors are zeroed where they live, not zeroed here and
+      // copied up: a third of the bytes (Adam). `fill` gets no array for them.
+      const std::size_t filled = master_only ? 1 : host_state.size();
       if (unit.shard > host_state_capacity) {
         host_state_capacity = unit.shard;
-        for (auto& array : host_state) {
-          array.reset(new float[static_cast<std::size_t>(host_state_capacity)]);
+        for (std::size_t a = 0; a < filled; ++a) {
+          host_state[a].reset(new float[static_cast<std::size_t>(host_state_capacity)]);
         }
       }
       for (std::size_t a = 0; a < host_state.size(); ++a) {
-        arrays[a] = host_state[a].get();
-        parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
+        arrays[a] = a < filled ? host_state[a].get() : nullptr;
+        if (a < filled) parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
       }
       fill(u, arrays);
       for (std::size_t a = 0; a < host_state.size(); ++a) {
-        device_.copy_to_device(device_state(u, a), host_state[a].get(),
-                               static_cast<std::size_t>(unit.shard) * 4, compute_);
+        if (a < filled) {
+          device_.copy_to_device(device_state(u, a), host_state[a].get(),
+                                 static_cast<std::size_t>(unit.shard) * 4, compute_);
+        } else {
+          device_.fill_zero(device_state(u, a), static_cast<std::size_t>(unit.shard) * 4, compute_);
+        }
       }
       compute_.synchronize();  // the host vectors are reused for the next unit
       // The compute-dtype copy of the owned slice.

@@ -266,7 +266,9 @@ class ZeroEngine final : public ParamAccess {
   // The optimizer's name in trace spans: "adam", "lion".
   std::string optimizer_trace_name() const;
   // initialize() and load_state(): host values for every unit's state, then the params.
-  void assign_state(const StateFiller& fill);
+  // master_only: `fill` writes the master weights alone (the optimizer state starts at zero),
+  // so a device-resident unit's state tensors are zeroed on the device instead of copied up.
+  void assign_state(const StateFiller& fill, bool master_only = false);
   // The one gate before the optimizer writes the state: the compute stream waits for a
   // pending device-state copy (the offloaded copy runs in the CPU optimizer's queue).
   void order_update_after_state_copy();

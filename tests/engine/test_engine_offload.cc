@@ -417,3 +417,44 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
     }
   }
 }
+
+// initialize() writes the master weights alone (assign_state's master_only): the optimizer state
+// of the units on the device is zeroed there and that of the offloaded units in host memory.
+// Trained first, so that nothing is zero by accident (fresh memory often is).
+TEST_CASE("initialize again after training: the optimizer state is zero on both sides") {
+  TrainSpec spec;
+  spec.steps = 2;
+  EngineOptions o = with_offload(base_options(3, 1), false);
+  o.offload_optimizer.ratio = 0.5;
+  auto run = make_engine(o, spec);
+  train_engine(*run, spec);
+  const auto trained = run->engine->host_state();
+  bool moved = false;
+  for (const auto& unit : trained) {
+    for (std::size_t a = 1; a < unit.size(); ++a) moved = moved || unit[a][0] != 0.0f;
+  }
+  REQUIRE(moved);  // the moments are not zero before
+  run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
+    for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
+  });
+  const PartitionPlan& plan = run->engine->plan();
+  const auto state = run->engine->host_state();
+  int on_host = 0;
+  for (std::size_t u = 0; u < state.size(); ++u) {
+    const Unit& unit = plan.unit(static_cast<int>(u));
+    on_host += run->engine->state_on_host(static_cast<int>(u)) ? 1 : 0;
+    for (std::size_t a = 1; a < state[u].size(); ++a) {
+      INFO("unit " << u << " state array " << a);
+      CHECK(std::all_of(state[u][a], state[u][a] + unit.shard, [](float v) { return v == 0.0f; }));
+    }
+  }
+  CHECK(on_host > 0);
+  CHECK(on_host < static_cast<int>(state.size()));
+  // The parameters are the initial ones again.
+  for (int p = 0; p < static_cast<int>(run->model.parameters().size()); ++p) {
+    const auto values = run->engine->full_parameter(p);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      REQUIRE(values[i] == TiedMlp::init_value(p, static_cast<std::int64_t>(i)));
+    }
+  }
+}
