@@ -122,8 +122,8 @@ DevicePtr<std::byte> ZeroEngine::device_state(int u, std::size_t a) const {
 void ZeroEngine::initialize(const Initializer& init) {
   assign_state(
       [&](int u, const StateArrays& arrays) {
-        // assign_state() hands zeroed arrays: the optimizer state starts at zero, and so does the
-        // padding of the master weights.
+        // assign_state() hands a zeroed master array (its padding stays zero) and, with
+        // master_only, zeroes the optimizer state itself, on the device or in host memory.
         float* master = arrays[0];
         const Unit& unit = plan_.unit(u);
         for (int p : unit.params) {
