@@ -25,7 +25,8 @@ inline bool uses_resident_host_pages(std::size_t bytes) {
 }
 
 // An anonymous private mapping of `bytes` (page-aligned), every page written (zero) once by the
-// host's OpenMP threads so that it is resident when this returns. Null, with the reason in *error, when the mapping fails (out of memory).
+// host's OpenMP threads so that it is resident when this returns. Null, with the reason in *error,
+// when the mapping fails (out of memory).
 void* map_resident_host_pages(std::size_t bytes, std::string* error);
 
 // Releases a mapping made by map_resident_host_pages (the same `bytes`).

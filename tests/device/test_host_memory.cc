@@ -82,8 +82,8 @@ TEST_CASE("parallel_fill_zero zeroes exactly its range at every size, offset and
   for (int threads : {1, 2, 3}) {
     omp_set_num_threads(threads);
     for (std::size_t offset : {std::size_t{0}, std::size_t{1}, std::size_t{63}}) {
-      for (std::size_t bytes : {std::size_t{0}, std::size_t{1}, std::size_t{4097},
-                                (std::size_t{128} << 20) + 3}) {
+      for (std::size_t bytes :
+           {std::size_t{0}, std::size_t{1}, std::size_t{4097}, (std::size_t{128} << 20) + 3}) {
         INFO(threads << " thread(s), offset " << offset << ", " << bytes << " bytes");
         std::fill(buffer.begin(), buffer.end(), 0xee);
         parallel_fill_zero(buffer.data() + offset, bytes);

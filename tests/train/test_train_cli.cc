@@ -225,10 +225,11 @@ TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_le
   CHECK_THAT(loud.output, Catch::Contains("[info]"));
   CHECK_THAT(loud.output, Catch::Contains("CPU kernels: scalar (this CPU runs up to"));
   // Where the start-up went, part by part, in build()'s order.
-  CHECK_THAT(loud.output, Catch::Matches(R"([\s\S]*\[info\] start-up [0-9.]+ s: device [0-9.]+ s, )"
-                                         R"(groups [0-9.]+ s, model [0-9.]+ s, engine state [0-9.]+ s, )"
-                                         R"(initialisation [0-9.]+ s, data [0-9.]+ s, checkpoints )"
-                                         R"([0-9.]+ s, buffers [0-9.]+ s\n[\s\S]*)"));
+  CHECK_THAT(loud.output,
+             Catch::Matches(R"([\s\S]*\[info\] start-up [0-9.]+ s: device [0-9.]+ s, )"
+                            R"(groups [0-9.]+ s, model [0-9.]+ s, engine state [0-9.]+ s, )"
+                            R"(initialisation [0-9.]+ s, data [0-9.]+ s, checkpoints )"
+                            R"([0-9.]+ s, buffers [0-9.]+ s\n[\s\S]*)"));
 
   // A ZRT_CPU_ISA that names no path ends the run before any work, naming the variable.
   const Outcome bad_isa = train("ZRT_CPU_ISA=sse", config_with_level("bad_isa", "info"));
