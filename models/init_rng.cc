@@ -5,12 +5,11 @@
 #include <cstring>
 
 #include "runtime/common/error.h"
+#include "runtime/common/simd.h"
 
 namespace zrt {
 
 namespace {
-
-#define ZRT_RNG_INLINE static inline __attribute__((always_inline))
 
 // ln 2 as a 32-bit head (so e * kLn2Hi is exact for |e| < 2^21) and the rest.
 constexpr double kLn2Hi = 0x1.62e42fee00000p-1;
@@ -23,13 +22,13 @@ constexpr double kTwoOverPi = 0x1.45f306dc9c883p-1;
 constexpr double kSqrt2 = 0x1.6a09e667f3bcdp+0;
 constexpr double kTwoPi = 6.283185307179586;  // counter_normal's constant
 
-ZRT_RNG_INLINE std::uint64_t bits_of(double d) {
+ZRT_SIMD_BODY std::uint64_t bits_of(double d) {
   std::uint64_t b;
   std::memcpy(&b, &d, sizeof b);
   return b;
 }
 
-ZRT_RNG_INLINE double double_of(std::uint64_t b) {
+ZRT_SIMD_BODY double double_of(std::uint64_t b) {
   double d;
   std::memcpy(&d, &b, sizeof d);
   return d;
@@ -37,14 +36,14 @@ ZRT_RNG_INLINE double double_of(std::uint64_t b) {
 
 // double(v) for v < 2^53, exact, through two int32 conversions (a vector int64 -> double
 // conversion needs AVX-512DQ).
-ZRT_RNG_INLINE double exact_double_53(std::uint64_t v) {
+ZRT_SIMD_BODY double exact_double_53(std::uint64_t v) {
   const auto high = static_cast<std::int32_t>(v >> 26);
   const auto low = static_cast<std::int32_t>(v & ((std::uint64_t{1} << 26) - 1));
   return static_cast<double>(high) * 0x1p26 + static_cast<double>(low);
 }
 
 // counter_uniform() from counter_hash()'s bits: the same expression, the same double.
-ZRT_RNG_INLINE double uniform_of(std::uint64_t hash) {
+ZRT_SIMD_BODY double uniform_of(std::uint64_t hash) {
   return (exact_double_53(hash >> 11) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
@@ -52,7 +51,7 @@ ZRT_RNG_INLINE double uniform_of(std::uint64_t hash) {
 // (exact), s = f / (2 + f): log(1 + f) = 2 atanh(s) = f - (f^2/2 - s (f^2/2 + R)), where
 // R = sum_k 2 s^(2k) / (2k + 1); in this form the rounding of s reaches only the small terms.
 // Nine terms of R leave a truncation under 2^-54 of the result (|s| <= 0.1716).
-ZRT_RNG_INLINE double log_positive(double x) {
+ZRT_SIMD_BODY double log_positive(double x) {
   const std::uint64_t bits = bits_of(x);
   const auto biased = static_cast<std::int32_t>(bits >> 52);
   double m = double_of((bits & 0x000fffffffffffffull) | 0x3ff0000000000000ull);  // [1, 2)
@@ -79,7 +78,7 @@ ZRT_RNG_INLINE double log_positive(double x) {
 // cos(x) for x in [0, 2 pi]: x = k pi/2 + r with |r| <= pi/4 (Cody-Waite with pi/2 in three
 // parts; x - k * part1 is exact), then sin(r) or cos(r) by their Taylor series through r^17 and
 // r^16 (the first omitted terms under 2^-54 of the result at pi/4), the sign by k.
-ZRT_RNG_INLINE double cos_to_two_pi(double x) {
+ZRT_SIMD_BODY double cos_to_two_pi(double x) {
   const auto k = static_cast<std::int32_t>(x * kTwoOverPi + 0.5);  // x >= 0: truncation rounds
   const double dk = static_cast<double>(k);
   const double r = ((x - dk * kPio2Part1) - dk * kPio2Part2) - dk * kPio2Part3;
@@ -111,8 +110,8 @@ ZRT_RNG_INLINE double cos_to_two_pi(double x) {
   return sign * (odd * sin_r + (1.0 - odd) * cos_r);
 }
 
-ZRT_RNG_INLINE void fill_body(std::uint64_t key, std::int64_t begin, std::int64_t count,
-                              double scale, float* out) {
+ZRT_SIMD_BODY void fill_body(std::uint64_t key, std::int64_t begin, std::int64_t count,
+                             double scale, float* out) {
   for (std::int64_t i = 0; i < count; ++i) {
     const std::uint64_t counter = 2 * static_cast<std::uint64_t>(begin + i);
     const double u1 = uniform_of(mix64(key + (counter + 1) * kGoldenGamma));
@@ -122,30 +121,18 @@ ZRT_RNG_INLINE void fill_body(std::uint64_t key, std::int64_t begin, std::int64_
   }
 }
 
-#if defined(__x86_64__)
-__attribute__((target("avx512f"))) void fill_avx512(std::uint64_t key, std::int64_t begin,
-                                                    std::int64_t count, double scale, float* out) {
-  fill_body(key, begin, count, scale, out);
-}
-__attribute__((target("avx2"))) void fill_avx2(std::uint64_t key, std::int64_t begin,
-                                               std::int64_t count, double scale, float* out) {
-  fill_body(key, begin, count, scale, out);
-}
-#endif
-void fill_baseline(std::uint64_t key, std::int64_t begin, std::int64_t count, double scale,
-                   float* out) {
-  fill_body(key, begin, count, scale, out);
-}
+ZRT_SIMD_VARIANTS(void, fill,
+                  (std::uint64_t key, std::int64_t begin, std::int64_t count, double scale,
+                   float* out),
+                  (key, begin, count, scale, out), fill_body)
 
 void fill_on(CpuIsa isa, std::uint64_t key, std::int64_t begin, std::int64_t count, double scale,
              float* out) {
   switch (isa) {
-#if defined(__x86_64__)
     case CpuIsa::kAvx512:
       return fill_avx512(key, begin, count, scale, out);
     case CpuIsa::kAvx2:
       return fill_avx2(key, begin, count, scale, out);
-#endif
     default:
       return fill_baseline(key, begin, count, scale, out);
   }

@@ -18,7 +18,9 @@
 #define ZRT_SIMD_BODY static inline __attribute__((always_inline))
 
 #if defined(__x86_64__)
-#define ZRT_SIMD_DISPATCH(ret, name, params, args, body)               \
+// The three compiled copies alone, name##_avx512 / _avx2 / _baseline, for a caller that picks
+// the path itself (a kernel taking an explicit CpuIsa, as tests comparing the paths need).
+#define ZRT_SIMD_VARIANTS(ret, name, params, args, body)               \
   __attribute__((target("avx512f"))) static ret name##_avx512 params { \
     return body args;                                                  \
   }                                                                    \
@@ -27,18 +29,30 @@
   }                                                                    \
   static ret name##_baseline params {                                  \
     return body args;                                                  \
-  }                                                                    \
-  ret name params {                                                    \
-    switch (::zrt::active_cpu_isa()) {                                 \
-      case ::zrt::CpuIsa::kAvx512:                                     \
-        return name##_avx512 args;                                     \
-      case ::zrt::CpuIsa::kAvx2:                                       \
-        return name##_avx2 args;                                       \
-      default:                                                         \
-        return name##_baseline args;                                   \
-    }                                                                  \
+  }
+#define ZRT_SIMD_DISPATCH(ret, name, params, args, body) \
+  ZRT_SIMD_VARIANTS(ret, name, params, args, body)       \
+  ret name params {                                      \
+    switch (::zrt::active_cpu_isa()) {                   \
+      case ::zrt::CpuIsa::kAvx512:                       \
+        return name##_avx512 args;                       \
+      case ::zrt::CpuIsa::kAvx2:                         \
+        return name##_avx2 args;                         \
+      default:                                           \
+        return name##_baseline args;                     \
+    }                                                    \
   }
 #else
+#define ZRT_SIMD_VARIANTS(ret, name, params, args, body) \
+  static ret name##_avx512 params {                      \
+    return body args;                                    \
+  }                                                      \
+  static ret name##_avx2 params {                        \
+    return body args;                                    \
+  }                                                      \
+  static ret name##_baseline params {                    \
+    return body args;                                    \
+  }
 #define ZRT_SIMD_DISPATCH(ret, name, params, args, body) \
   ret name params {                                      \
     return body args;                                    \

@@ -60,21 +60,14 @@ void unmap_resident_host_pages(void* ptr, std::size_t bytes) noexcept {
 }
 
 void parallel_fill_zero(void* ptr, std::size_t bytes) {
-  const int threads = host_pass_threads(bytes);
-  if (threads <= 1) {
-    std::memset(ptr, 0, bytes);
-    return;
-  }
+  // Pieces of 1 MiB, a contiguous run of them a thread (static schedule).
+  constexpr std::size_t kPiece = std::size_t{1} << 20;
   auto* base = static_cast<unsigned char*>(ptr);
-#pragma omp parallel num_threads(threads)
-  {
-    const std::size_t team = static_cast<std::size_t>(omp_get_num_threads());
-    const std::size_t me = static_cast<std::size_t>(omp_get_thread_num());
-    // Cache-line aligned pieces, the last one taking the remainder.
-    const std::size_t piece = (bytes / team + 63) / 64 * 64;
-    const std::size_t begin = std::min(bytes, me * piece);
-    const std::size_t end = me + 1 == team ? bytes : std::min(bytes, begin + piece);
-    if (end > begin) std::memset(base + begin, 0, end - begin);
+  const auto pieces = static_cast<std::int64_t>((bytes + kPiece - 1) / kPiece);
+#pragma omp parallel for schedule(static) num_threads(host_pass_threads(bytes))
+  for (std::int64_t p = 0; p < pieces; ++p) {
+    const std::size_t begin = static_cast<std::size_t>(p) * kPiece;
+    std::memset(base + begin, 0, std::min(kPiece, bytes - begin));
   }
 }
 

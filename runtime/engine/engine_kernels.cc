@@ -99,20 +99,18 @@ void convert(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
 void convert_on_host_threads(const void* src, DType st, void* dst, DType dt, std::int64_t n) {
   check_float(st, "convert");
   check_float(dt, "convert");
+  // Pieces of 256K values, a contiguous run of them a thread (static schedule).
+  constexpr std::int64_t kPiece = std::int64_t{1} << 18;
   const std::size_t in_bytes = dtype_size(st);
   const std::size_t out_bytes = dtype_size(dt);
-  const int threads = host_pass_threads(static_cast<std::size_t>(n) * in_bytes);
-  // Pieces of whole cache lines of the output, the last one taking the remainder.
-  const std::int64_t piece = (n / threads + 63) / 64 * 64;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int t = 0; t < threads; ++t) {
-    const std::int64_t begin = std::min<std::int64_t>(n, t * piece);
-    const std::int64_t end = t + 1 == threads ? n : std::min<std::int64_t>(n, begin + piece);
-    if (end > begin) {
-      convert(static_cast<const std::byte*>(src) + static_cast<std::size_t>(begin) * in_bytes, st,
-              static_cast<std::byte*>(dst) + static_cast<std::size_t>(begin) * out_bytes, dt,
-              end - begin);
-    }
+  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) \
+    num_threads(host_pass_threads(static_cast <std::size_t>(n) * in_bytes))
+  for (std::int64_t p = 0; p < pieces; ++p) {
+    const std::int64_t begin = p * kPiece;
+    convert(static_cast<const std::byte*>(src) + static_cast<std::size_t>(begin) * in_bytes, st,
+            static_cast<std::byte*>(dst) + static_cast<std::size_t>(begin) * out_bytes, dt,
+            std::min(kPiece, n - begin));
   }
 }
 
