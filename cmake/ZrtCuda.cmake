@@ -69,4 +69,42 @@ add_library(zrt::cudart ALIAS zrt_cudart)
 add_library(zrt::cublas ALIAS zrt_cublas)
 add_library(zrt::nccl ALIAS zrt_nccl)
 set(ZRT_HAVE_CUDA ON)
+
+# cuDNN's fused attention (kernels/cuda/cudnn_attention.cc, ZRT_CUDA_ATTENTION=cudnn) is built
+# through NVIDIA's header-only cuDNN frontend when its headers (tools/install-cudnn-frontend, or
+# ZRT_CUDNN_FRONTEND_ROOT) and the toolkit's cuDNN are found; never against the stand-ins (they
+# have no cuDNN). ZRT_CUDNN_ATTENTION_ABSENT carries the reason into the build when it is not.
+option(ZRT_CUDNN_ATTENTION "Build cuDNN's fused attention when the cuDNN frontend is found" ON)
+set(ZRT_HAVE_CUDNN_ATTENTION OFF)
+set(ZRT_CUDNN_ATTENTION_ABSENT "")
+if(ZRT_CUDA_STANDIN)
+  set(ZRT_CUDNN_ATTENTION_ABSENT "a build against the CUDA stand-ins has no cuDNN")
+elseif(NOT ZRT_CUDNN_ATTENTION)
+  set(ZRT_CUDNN_ATTENTION_ABSENT "this build was configured with -DZRT_CUDNN_ATTENTION=OFF")
+else()
+  find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
+            HINTS "$ENV{ZRT_CUDNN_FRONTEND_ROOT}/include"
+                  "$ENV{HOME}/.cache/zrt/cudnn-frontend-1.32.0/include"
+            NO_DEFAULT_PATH)
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/include)
+  find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(NOT CUDNN_FRONTEND_INCLUDE_DIR)
+    set(ZRT_CUDNN_ATTENTION_ABSENT
+        "this build has no cuDNN attention: the cuDNN frontend's headers were not found when it was configured (run tools/install-cudnn-frontend, then configure and build again)")
+  elseif(NOT CUDNN_INCLUDE_DIR OR NOT CUDNN_LIBRARY)
+    set(ZRT_CUDNN_ATTENTION_ABSENT
+        "this build has no cuDNN attention: the CUDA toolkit's cuDNN (cudnn.h, libcudnn) was not found when it was configured")
+  else()
+    add_library(zrt_cudnn INTERFACE)
+    # NVRTC: the frontend compiles some engines at run time (it links, whether used or not).
+    target_link_libraries(zrt_cudnn INTERFACE ${CUDNN_LIBRARY} CUDA::nvrtc)
+    add_library(zrt::cudnn ALIAS zrt_cudnn)
+    set(ZRT_HAVE_CUDNN_ATTENTION ON)
+  endif()
+endif()
+if(ZRT_HAVE_CUDNN_ATTENTION)
+  message(STATUS "zrt: cuDNN attention on (frontend ${CUDNN_FRONTEND_INCLUDE_DIR}, ${CUDNN_LIBRARY})")
+else()
+  message(STATUS "zrt: cuDNN attention off: ${ZRT_CUDNN_ATTENTION_ABSENT}")
+endif()
 message(STATUS "zrt: CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, NCCL ${NCCL_LIBRARY}, stand-ins ${ZRT_CUDA_STANDIN}")

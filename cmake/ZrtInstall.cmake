@@ -30,6 +30,9 @@ set(zrt_exported_targets zrt zrt_usage zrt_runtime zrt_data zrt_optimizers zrt_e
 if(ZRT_HAVE_CUDA)
   list(APPEND zrt_exported_targets zrt_cudart zrt_cublas zrt_nccl)
 endif()
+if(ZRT_HAVE_CUDNN_ATTENTION)
+  list(APPEND zrt_exported_targets zrt_cudnn)
+endif()
 install(TARGETS ${zrt_exported_targets} EXPORT zrtTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS zrt-train zrt-ckpt zrt-mem zrt-data zrt-bench

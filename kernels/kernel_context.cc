@@ -24,19 +24,35 @@ namespace zrt::kernels {
 FusedAttention fused_attention_from_env() {
   const char* env = std::getenv("ZRT_CUDA_ATTENTION");
   const std::string value = env == nullptr ? "" : env;
-  if (value.empty() || value == "fused" || value == "pipelined") return FusedAttention::kAll;
+  if (value.empty() || value == "fused" || value == "pipelined" || value == "cudnn" ||
+      value == "cudnn-nondeterministic") {
+    return FusedAttention::kAll;
+  }
   if (value == "hs64") return FusedAttention::kHeadSize64;
   if (value == "batched") return FusedAttention::kNone;
   ZRT_THROW(InvalidArgument,
             "ZRT_CUDA_ATTENTION={}: expected fused (the fused kernels wherever they take the "
             "shape, the default), pipelined (the same, on their pipelined variant), hs64 (fused "
-            "at head size 64 only) or batched (batched GEMMs always)",
+            "at head size 64 only), batched (batched GEMMs always), cudnn (cuDNN's fused attention "
+            "where it takes the call, the fused kernels elsewhere) or cudnn-nondeterministic "
+            "(the same with cuDNN's faster, non-deterministic backward)",
             value);
 }
 
 bool attention_pipelined_from_env() {
   const char* env = std::getenv("ZRT_CUDA_ATTENTION");
   return env != nullptr && std::string(env) == "pipelined";
+}
+
+bool attention_cudnn_from_env() {
+  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
+  return env != nullptr &&
+         (std::string(env) == "cudnn" || std::string(env) == "cudnn-nondeterministic");
+}
+
+bool attention_cudnn_deterministic_from_env() {
+  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
+  return env == nullptr || std::string(env) != "cudnn-nondeterministic";
 }
 
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)

@@ -23,11 +23,16 @@ namespace zrt::kernels {
 enum class FusedAttention { kAll, kHeadSize64, kNone };
 
 // The ZRT_CUDA_ATTENTION environment variable: "fused" (or unset or empty) kAll, "hs64"
-// kHeadSize64, "batched" kNone, "pipelined" kAll on the pipelined kernels (below); any other
-// value throws InvalidArgument naming them.
+// kHeadSize64, "batched" kNone, "pipelined" kAll on the pipelined kernels (below), "cudnn" and
+// "cudnn-nondeterministic" kAll behind cuDNN's attention (below); any other value throws
+// InvalidArgument naming them.
 FusedAttention fused_attention_from_env();
 // Whether ZRT_CUDA_ATTENTION asks for the pipelined fused kernels ("pipelined").
 bool attention_pipelined_from_env();
+// Whether ZRT_CUDA_ATTENTION asks for cuDNN's attention ("cudnn" or "cudnn-nondeterministic"),
+// and whether for its deterministic backward (all but "cudnn-nondeterministic").
+bool attention_cudnn_from_env();
+bool attention_cudnn_deterministic_from_env();
 
 struct KernelOptions {
   // OpenMP threads of the CPU kernels; 0 takes OpenMP's default (OMP_NUM_THREADS). Results do
@@ -46,6 +51,15 @@ struct KernelOptions {
   // than staged one tile at a time. The same results bit for bit; the GPU tests compare both.
   // Off until a GPU has timed it against the staged kernels (BENCHMARKS.md).
   bool cuda_attention_pipelined = attention_pipelined_from_env();
+  // CUDA backend: run causal attention on cuDNN's fused flash-attention kernels (through the
+  // cuDNN frontend; kernels/cuda/cudnn_attention.h) where cuDNN takes the call: bf16/fp16
+  // without packed documents, at the shapes its heuristics accept. Everything else keeps the
+  // kernels chosen above. A KernelContext asking for it in a build without it throws, naming
+  // the fix. Off until a GPU has checked and timed it (BENCHMARKS.md).
+  bool cuda_attention_cudnn = attention_cudnn_from_env();
+  // cuDNN attention's backward: deterministic (the default: the same bits every run, as zrt's
+  // own kernels) or cuDNN's faster one that sums dQ with atomics.
+  bool cuda_attention_cudnn_deterministic = attention_cudnn_deterministic_from_env();
   // CUDA backend: run grouped-query attention by packing q and its repeated key/value heads
   // into one (B,T,3C) tensor (6 x NH x hs elements a token of workspace in the backward) even
   // where the fused kernels read them in place (kernels/cuda/gqa_attention.cuh). The path

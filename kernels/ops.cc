@@ -26,6 +26,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/crossentropy.cuh"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/encoder.cuh"
 #include "kernels/cuda/gelu.cuh"
 #include "kernels/cuda/gqa_attention.cuh"
@@ -338,6 +339,12 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_forward(
+          ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
+          raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
+    return;
+  }
   cuda::attention_forward(
       launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)), dtype, raw(out),
       raw(lse), raw(qkv), B, T, C, NH, kernels, raw(doc_start));
@@ -365,6 +372,14 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  // cuDNN's forward, if it ran, left the same lse (natural log-sum-exp), so either backward
+  // may follow it.
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_backward(
+          ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
+          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse))) {
+    return;
+  }
   cuda::attention_backward(
       launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)), dtype,
       raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start));
@@ -711,6 +726,12 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_forward(
+          ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
+          raw(out), raw(lse), raw(q), raw(k), raw(v))) {
+    return;
+  }
   cuda::gqa_attention_forward(
       launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
       raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start));
@@ -742,6 +763,12 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_backward(
+          ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
+          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse))) {
+    return;
+  }
   cuda::gqa_attention_backward(
       launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
       raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH,

@@ -15,11 +15,26 @@ I64 round_up(I64 bytes) {
 }  // namespace
 
 AttentionKernels attention_kernels(const KernelOptions& options) {
-  return {options.cuda_fused_attention, options.cuda_attention_wmma, options.cuda_gqa_packed,
-          options.cuda_attention_pipelined};
+  return {options.cuda_fused_attention, options.cuda_attention_wmma,
+          options.cuda_gqa_packed,      options.cuda_attention_pipelined,
+          options.cuda_attention_cudnn, options.cuda_attention_cudnn_deterministic};
+}
+
+namespace {
+std::string describe_own(const AttentionKernels& kernels);
 }
 
 std::string describe(const AttentionKernels& kernels) {
+  if (!kernels.cudnn) return describe_own(kernels);
+  return std::string("cuDNN's fused attention (") +
+         (kernels.cudnn_deterministic ? "deterministic" : "non-deterministic") +
+         " backward) for bf16/fp16 without packed documents where cuDNN takes the shape; "
+         "otherwise " +
+         describe_own(kernels);
+}
+
+namespace {
+std::string describe_own(const AttentionKernels& kernels) {
   if (kernels.fused == FusedAttention::kNone) return "batched cuBLAS GEMMs for every shape";
   const std::string mma =
       std::string("fused mma.sync kernels (") + (kernels.pipelined ? "pipelined" : "staged") + ")";
@@ -31,6 +46,7 @@ std::string describe(const AttentionKernels& kernels) {
                        : mma + " at head sizes 64 and 128") +
          where;
 }
+}  // namespace
 
 bool flash_mma_head_size_supported(int C, int NH) {
   return NH > 0 && C % NH == 0 && (C / NH == 64 || C / NH == 128);

@@ -34,13 +34,17 @@ enum class FlashKernels { kMma, kMmaPipelined, kWmma };
 // The attention kernels a context asks for: which shapes run on the fused kernels
 // (KernelOptions::cuda_fused_attention), where the WMMA kernels take the shape (head size 64),
 // whether on them (KernelOptions::cuda_attention_wmma), whether the mma kernels run pipelined
-// (KernelOptions::cuda_attention_pipelined), and whether grouped-query attention packs
-// (KernelOptions::cuda_gqa_packed).
+// (KernelOptions::cuda_attention_pipelined), whether grouped-query attention packs
+// (KernelOptions::cuda_gqa_packed), and whether cuDNN's attention goes first where it takes the
+// call (KernelOptions::cuda_attention_cudnn, kernels/cuda/cudnn_attention.h; the rules below are
+// then those of the calls it declines, and its own workspace is cuDNN's to say, not planned here).
 struct AttentionKernels {
   FusedAttention fused = FusedAttention::kAll;
   bool wmma = false;
   bool gqa_packed = false;
   bool pipelined = false;
+  bool cudnn = false;
+  bool cudnn_deterministic = true;
 };
 AttentionKernels attention_kernels(const KernelOptions& options);
 

@@ -20,6 +20,9 @@ namespace zrt::kernels::cuda {
 // Throws zrt::Error naming the call, the cuBLAS status and file:line unless status is success.
 void check_cublas(cublasStatus_t status, const char* call, const char* file, int line);
 
+// cuDNN attention's handle and graphs (kernels/cuda/cudnn_attention.cc), made on first use.
+struct CudnnAttentionState;
+
 // The cuBLAS / cuBLASLt handles of one KernelContext, bound to its stream.
 struct CudaKernelState {
   CudaKernelState() = default;
@@ -37,6 +40,11 @@ struct CudaKernelState {
   // The epilogues that have run fused at least once (same bits): the GPU tests check that the
   // fused path, not only its fallback, is what ran.
   unsigned lt_fused_epilogues = 0;
+  // cuDNN attention (KernelOptions::cuda_attention_cudnn): its state, and the passes it has run
+  // (the GPU tests check that cuDNN, not the kernels it falls back to, ran).
+  std::shared_ptr<CudnnAttentionState> cudnn_attention;
+  std::int64_t cudnn_attention_forwards = 0;
+  std::int64_t cudnn_attention_backwards = 0;
 };
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,

@@ -1,6 +1,7 @@
 #include <spdlog/spdlog.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/device_access.h"
@@ -29,6 +30,11 @@ CudaKernelState::~CudaKernelState() {
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,
                                                         const KernelOptions& options) {
+  if (options.cuda_attention_cudnn && !cudnn_attention_built()) {
+    ZRT_THROW(InvalidArgument, "cuDNN attention was asked for (ZRT_CUDA_ATTENTION={}) but {}",
+              options.cuda_attention_cudnn_deterministic ? "cudnn" : "cudnn-nondeterministic",
+              cudnn_attention_missing_reason());
+  }
   auto state = std::make_unique<CudaKernelState>();
   state->stream = cuda_stream_handle(stream);
   ZRT_CUBLAS_CHECK(cublasCreate(&state->blas));

@@ -23,6 +23,7 @@
 #include "kernels/cpu/residual.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/kernel_context.h"
@@ -797,6 +798,75 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
   SECTION("fp16") {
     check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3);
   }
+}
+
+// cuDNN's fused attention (KernelOptions::cuda_attention_cudnn, kernels/cuda/cudnn_attention.h)
+// in GPT-2's packed (B,T,3C) layout against the CPU twin: head sizes 64 and 128, and a T that is
+// not a multiple of 64 (zrt's fused kernels do not take it; cuDNN does), with its deterministic
+// backward and with its atomic one. The tolerances of the fused kernels above: cuDNN, as they
+// do, rounds the probabilities to the storage type before multiplying by V and dS before its
+// products (FlashAttention-2's scheme), and its gradients are rounded once more when added into
+// dqkv (half a unit of 2^-8 at most). The counters prove cuDNN ran, not the kernels it falls
+// back to. A build without cuDNN attention (the stand-ins) must refuse the option, naming why.
+TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
+  KernelOptions options;
+  options.cuda_attention_cudnn = true;
+  if (!cuda::cudnn_attention_built()) {
+    WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
+    REQUIRE_THROWS_WITH(Gpu(options), Catch::Contains("cuDNN attention was asked for") &&
+                                          Catch::Contains(cuda::cudnn_attention_missing_reason()));
+    return;
+  }
+  for (const bool deterministic : {true, false}) {
+    options.cuda_attention_cudnn_deterministic = deterministic;
+    for (const AttentionIn& in :
+         {AttentionIn(2, 256, 128, 2), AttentionIn(2, 256, 256, 2), AttentionIn(2, 200, 256, 2)}) {
+      for (const auto& [dt, tol] :
+           {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+        INFO((deterministic ? "deterministic" : "non-deterministic")
+             << " backward, T " << in.T << ", hs " << in.C / in.NH << ", " << dtype_name(dt));
+        Gpu g(options);
+        const Results got = gpu_attention(g, dt, dt, in);
+        const Results want =
+            dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
+        for (const char* name : {"out", "dqkv"}) {
+          const double err = test::rel_error(got.at(name), want.at(name));
+          INFO(name << ": relative error " << err << " (tolerance " << tol << ")");
+          CHECK(err <= tol);
+        }
+        const double err = test::rel_error(got.at("lse"), want.at("lse"));
+        INFO("lse: relative error " << err);
+        CHECK(err <= 1e-4);
+        CHECK(g.ctx->cuda()->cudnn_attention_forwards == 1);
+        CHECK(g.ctx->cuda()->cudnn_attention_backwards == 1);
+        if (deterministic) CHECK(gpu_attention(g, dt, dt, in) == got);
+      }
+    }
+  }
+}
+
+// With packed documents cuDNN attention leaves the call to zrt's kernels (same results as
+// without the option, and its counters stay at zero).
+TEST_CASE("CUDA attention on cuDNN leaves packed documents to zrt's kernels",
+          "[cuda][cudnn][docs]") {
+  if (!cuda::cudnn_attention_built()) {  // the stand-ins: the option is refused (case above)
+    WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
+    KernelOptions options;
+    options.cuda_attention_cudnn = true;
+    REQUIRE_THROWS_AS(Gpu(options), InvalidArgument);
+    return;
+  }
+  AttentionIn in(2, 256, 128, 2);
+  in.doc_start = test::pack_documents({{1, 100, 155}, {256}}, 256).doc_start;
+  KernelOptions options;
+  options.cuda_fused_attention = FusedAttention::kAll;
+  Gpu own(options);
+  options.cuda_attention_cudnn = true;
+  Gpu cudnn(options);
+  CHECK(gpu_attention(cudnn, DType::kBFloat16, DType::kBFloat16, in) ==
+        gpu_attention(own, DType::kBFloat16, DType::kBFloat16, in));
+  CHECK(cudnn.ctx->cuda()->cudnn_attention_forwards == 0);
+  CHECK(cudnn.ctx->cuda()->cudnn_attention_backwards == 0);
 }
 
 // KernelOptions::cuda_fused_attention (ZRT_CUDA_ATTENTION): which shapes take the fused kernels

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "kernels/cuda/attention_plan.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/kernel_context.h"
 #include "kernels/ops.h"
 #include "kernels/rope_table.h"
@@ -330,6 +332,49 @@ TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits
             INFO(name);
             CHECK(pipelined.get(name, n) == staged.get(name, n));
           }
+        }
+      }
+    }
+  }
+}
+
+// Grouped-query attention on cuDNN's fused attention (KernelOptions::cuda_attention_cudnn):
+// q, k, v read where the model keeps them, groups 1, 2, 4 and 8 at head sizes 64 and 128, a T
+// that is a multiple of 64 and one that is not, gradients added to what dq, dk, dv hold, with
+// the deterministic backward and the atomic one; parity's tolerances (fp32 calls are not
+// cuDNN's: they run zrt's kernels). The counters prove cuDNN ran the bf16 calls.
+TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda][llama][cudnn]") {
+  if (!cuda::cudnn_attention_built()) {  // the stand-ins: the option is refused, naming why
+    WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
+    KernelOptions options;
+    options.cuda_attention_cudnn = true;
+    REQUIRE_THROWS_WITH(Backend(DeviceType::kCuda, options),
+                        Catch::Contains(cuda::cudnn_attention_missing_reason()));
+    return;
+  }
+  for (const bool deterministic : {true, false}) {
+    KernelOptions options;
+    options.cuda_attention_cudnn = true;
+    options.cuda_attention_cudnn_deterministic = deterministic;
+    for (int HS : {64, 128}) {
+      for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {
+        for (int T : {192, 200}) {
+          const std::string what = std::string("cuDNN gqa attention (") +
+                                   (deterministic ? "deterministic" : "non-deterministic") +
+                                   ", hs " + std::to_string(HS) + ", " + std::to_string(NH) + "/" +
+                                   std::to_string(NKV) + " heads, T " + std::to_string(T) + ")";
+          const std::uint64_t seed = kSeed + 11 + HS + NH * 10 + NKV + T;
+          parity(
+              what,
+              [&](Backend& be, DType dt, DType) {
+                return run_gqa(be, dt, 2, T, NH, NKV, HS, seed, {}, true);
+              },
+              options);
+          Backend gpu(DeviceType::kCuda, options);
+          run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, true);
+          INFO(what);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 1);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 1);
         }
       }
     }

@@ -88,6 +88,31 @@ TEST_CASE("ZRT_CUDA_ATTENTION=pipelined picks the pipelined fused kernels", "[ke
   }
 }
 
+// "cudnn" and "cudnn-nondeterministic": cuDNN's attention first (the fused kernels for the calls
+// it declines), with its deterministic backward unless the value says otherwise; every other
+// value (unset included) leaves cuDNN out.
+TEST_CASE("ZRT_CUDA_ATTENTION=cudnn picks cuDNN's attention", "[kernels][options]") {
+  for (const auto& [value, deterministic] :
+       {std::pair{"cudnn", true}, std::pair{"cudnn-nondeterministic", false}}) {
+    ScopedAttentionEnv env(value);
+    INFO("ZRT_CUDA_ATTENTION=" << value);
+    CHECK(fused_attention_from_env() == FusedAttention::kAll);
+    CHECK(attention_cudnn_from_env());
+    CHECK(attention_cudnn_deterministic_from_env() == deterministic);
+    const KernelOptions options;
+    CHECK(options.cuda_attention_cudnn);
+    CHECK(options.cuda_attention_cudnn_deterministic == deterministic);
+    CHECK_FALSE(options.cuda_attention_pipelined);
+  }
+  for (const char* value :
+       {static_cast<const char*>(nullptr), "", "fused", "hs64", "batched", "pipelined"}) {
+    ScopedAttentionEnv env(value);
+    INFO("ZRT_CUDA_ATTENTION=" << (value == nullptr ? "(unset)" : value));
+    CHECK_FALSE(KernelOptions{}.cuda_attention_cudnn);
+    CHECK(KernelOptions{}.cuda_attention_cudnn_deterministic);
+  }
+}
+
 // zrt-train's log line on a CUDA device says which attention kernels the options choose.
 TEST_CASE("the attention kernels' description follows ZRT_CUDA_ATTENTION", "[kernels][options]") {
   auto described = [](const char* value) {
@@ -102,6 +127,12 @@ TEST_CASE("the attention kernels' description follows ZRT_CUDA_ATTENTION", "[ker
   CHECK_THAT(described("hs64"), Catch::StartsWith("fused mma.sync kernels (staged) at head size "
                                                   "64 (bf16/fp16"));
   CHECK(described("batched") == "batched cuBLAS GEMMs for every shape");
+  CHECK(described("cudnn") ==
+        "cuDNN's fused attention (deterministic backward) for bf16/fp16 without packed documents "
+        "where cuDNN takes the shape; otherwise fused mma.sync kernels (staged) at head sizes 64 "
+        "and 128 (bf16/fp16, T a multiple of 64), batched cuBLAS GEMMs elsewhere");
+  CHECK_THAT(described("cudnn-nondeterministic"),
+             Catch::StartsWith("cuDNN's fused attention (non-deterministic backward)"));
   KernelOptions wmma;
   wmma.cuda_fused_attention = FusedAttention::kAll;
   wmma.cuda_attention_wmma = true;
@@ -115,7 +146,8 @@ TEST_CASE("an unknown ZRT_CUDA_ATTENTION is an error naming the values", "[kerne
   CHECK_THROWS_WITH(fused_attention_from_env(),
                     Catch::Contains("ZRT_CUDA_ATTENTION=flash") && Catch::Contains("fused") &&
                         Catch::Contains("hs64") && Catch::Contains("batched") &&
-                        Catch::Contains("pipelined"));
+                        Catch::Contains("pipelined") && Catch::Contains("cudnn") &&
+                        Catch::Contains("cudnn-nondeterministic"));
   CHECK_THROWS_AS(KernelOptions{}, InvalidArgument);
 }
 

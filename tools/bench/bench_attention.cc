@@ -26,6 +26,10 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/gqa_attention.h"
 #include "kernels/kernel_context.h"
+#if ZRT_HAVE_CUDA
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cudnn_attention.h"
+#endif
 #include "kernels/ops.h"
 #include "models/init_rng.h"
 #include "runtime/common/dtype.h"
@@ -76,6 +80,7 @@ double forward_flops(const Shape& s) {
 
 struct Timing {
   double forward_s = 0, forward_backward_s = 0;
+  bool declined = false;  // cuDNN attention asked for and not taken (zrt's kernels ran)
 };
 
 // A buffer of `n` elements of `dtype` on `device`, N(0, 1) values from `stream_id`.
@@ -124,10 +129,11 @@ std::vector<std::int32_t> document_starts(const Shape& s, int documents) {
 
 // gqa_packed: grouped-query shapes by packing q and the repeated k, v (the CUDA path the in-place
 // fused kernels replace). pipelined: the fused mma kernels' pipelined variant (else the staged
-// one, whatever ZRT_CUDA_ATTENTION says).
+// one, whatever ZRT_CUDA_ATTENTION says). cudnn: 1 cuDNN's attention with its deterministic
+// backward, 2 with its non-deterministic one (0: zrt's kernels).
 Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
                kernels::FusedAttention fused, int documents = 1, bool gqa_packed = false,
-               bool pipelined = false) {
+               bool pipelined = false, int cudnn = 0) {
   DeviceOptions options;
   options.type = type;
   auto device = make_device(options);
@@ -136,6 +142,8 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
   kernel_options.cuda_fused_attention = fused;
   kernel_options.cuda_gqa_packed = gqa_packed;
   kernel_options.cuda_attention_pipelined = pipelined;
+  kernel_options.cuda_attention_cudnn = cudnn > 0;
+  kernel_options.cuda_attention_cudnn_deterministic = cudnn != 2;
   kernels::KernelContext ctx(*device, *stream, kernel_options);
   const int C = s.NH * s.hs;
   const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;
@@ -200,6 +208,12 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
   Timing t;
   t.forward_s = time(false);
   t.forward_backward_s = time(true);
+#if ZRT_HAVE_CUDA
+  if (cudnn > 0) {
+    t.declined =
+        ctx.cuda()->cudnn_attention_forwards == 0 || ctx.cuda()->cudnn_attention_backwards == 0;
+  }
+#endif
   return t;
 }
 
@@ -263,7 +277,10 @@ int attention(int argc, char** argv) {
         "attention with NKV key/value heads (Llama-3 8B: 1,4096,32,128,8); on a GPU its packed\n"
         "path (q and the repeated k, v in one tensor) is timed beside the in-place one.\n"
         "On a GPU the zrt columns are the staged fused kernels; the piped columns their\n"
-        "pipelined variant (ZRT_CUDA_ATTENTION=pipelined), timed right after them.\n"
+        "pipelined variant (ZRT_CUDA_ATTENTION=pipelined), timed right after them; where the\n"
+        "build has cuDNN attention, the cudnn columns are cuDNN's fused attention with its\n"
+        "deterministic backward (ZRT_CUDA_ATTENTION=cudnn) and cudnn_nd with its atomic one\n"
+        "(cudnn-nondeterministic); \"declined\" where cuDNN does not take the shape.\n"
         "Defaults: cuda when a GPU is found, bf16, GPT-2 124M's shape (8,1024,12,64) and\n"
         "Llama-3 8B's at 4k tokens (1,4096,32,128).\n");
     return 0;
@@ -310,6 +327,17 @@ int attention(int argc, char** argv) {
       header.push_back(h);
     }
   }
+#if ZRT_HAVE_CUDA
+  const bool with_cudnn = cuda && kernels::cuda::cudnn_attention_built();
+#else
+  const bool with_cudnn = false;
+#endif
+  if (with_cudnn) {
+    for (const char* h : {"cudnn_fwd_ms", "cudnn_fwd+bwd_ms", "cudnn_TFLOP/s", "zrt/cudnn_time",
+                          "cudnn_nd_fwd+bwd_ms", "torch/cudnn_time"}) {
+      header.push_back(h);
+    }
+  }
   if (grouped) {
     header.push_back("gqa_packed_fwd+bwd_ms");
     header.push_back("packed/zrt_time");
@@ -337,6 +365,13 @@ int attention(int argc, char** argv) {
     const Timing p =
         cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, 1, false, true)
              : Timing{};
+    // cuDNN's attention, deterministic then not (CUDA builds that have it).
+    const Timing c = with_cudnn ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, 1,
+                                          false, false, 1)
+                                : Timing{};
+    const Timing cn = with_cudnn ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kAll, 1,
+                                           false, false, 2)
+                                 : Timing{};
     // The batched cuBLAS path the fused kernels replace (CUDA only: the CPU has one path).
     const Timing b =
         cuda ? run_zrt(type, dtype, s, iters, kernels::FusedAttention::kNone) : Timing{};
@@ -362,6 +397,20 @@ int attention(int argc, char** argv) {
       row.push_back(tflops(flops, p.forward_backward_s));
       row.push_back(p.forward_backward_s > 0
                         ? fmt::format("{:.2f}", z.forward_backward_s / p.forward_backward_s)
+                        : "-");
+    }
+    if (with_cudnn) {
+      if (c.declined) {
+        for (int i = 0; i < 4; ++i) row.push_back("declined");
+      } else {
+        row.push_back(fmt::format("{:.3f}", c.forward_s * 1e3));
+        row.push_back(fmt::format("{:.3f}", c.forward_backward_s * 1e3));
+        row.push_back(tflops(flops, c.forward_backward_s));
+        row.push_back(fmt::format("{:.2f}", z.forward_backward_s / c.forward_backward_s));
+      }
+      row.push_back(cn.declined ? "declined" : fmt::format("{:.3f}", cn.forward_backward_s * 1e3));
+      row.push_back(t.forward_backward_s > 0 && !c.declined
+                        ? fmt::format("{:.2f}", t.forward_backward_s / c.forward_backward_s)
                         : "-");
     }
     if (grouped) {
