@@ -9,6 +9,10 @@ namespace zrt::kernels {
 enum class GradWrite {
   kAccumulate,  // dinp += gradient
   kOverwrite,   // dinp = gradient
+  // dinp holds zeros on entry (its caller zeroed it), so accumulating and overwriting agree and
+  // the op may do whichever is cheaper: the ops that take it say so (ops.h's attention backward:
+  // cuDNN's writes straight into dinp). The CPU backend checks the promise.
+  kIntoZeros,
 };
 
 }  // namespace zrt::kernels

@@ -323,6 +323,32 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 #endif
 }
 
+namespace {
+// The attention backwards take kAccumulate or kIntoZeros (grad_write.h).
+void check_attention_grad_write(GradWrite write, const char* op) {
+  ZRT_CHECK(write != GradWrite::kOverwrite,
+            "{}: GradWrite::kOverwrite is not taken (kAccumulate, or kIntoZeros when the "
+            "gradients hold zeros)",
+            op);
+}
+// kIntoZeros is the caller's promise; the CPU backend holds it to it (a scan of the gradient,
+// small beside the attention itself), so that every model test on the CPU checks the models'.
+// All bytes zero: what Device::fill_zero leaves.
+template <typename S>
+void require_zeros(const S* p, std::int64_t n, const char* op, const char* name) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  const std::int64_t count = n * static_cast<std::int64_t>(sizeof(S));
+  for (std::int64_t i = 0; i < count; ++i) {
+    if (bytes[i] != 0) {
+      ZRT_THROW(Error,
+                "{}: GradWrite::kIntoZeros, but {} is not zero (element {} of {}): the caller "
+                "must zero the gradient before the backward, or pass kAccumulate",
+                op, name, i / static_cast<std::int64_t>(sizeof(S)), n);
+    }
+  }
+}
+}  // namespace
+
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH, ConstTokens doc_start) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
@@ -355,16 +381,21 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
 
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH, ConstTokens doc_start) {
+                        int NH, ConstTokens doc_start, GradWrite dqkv_write) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
+  check_attention_grad_write(dqkv_write, "attention_backward");
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
+      const bool into_zeros = dqkv_write == GradWrite::kIntoZeros;
       run_cpu(ctx, "attention_backward",
               [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out), l = raw(lse),
-               B, T, C, NH, ws, ds = raw(doc_start)] {
+               B, T, C, NH, ws, ds = raw(doc_start), into_zeros] {
+                if (into_zeros) {
+                  require_zeros(dx, std::int64_t{B} * T * 3 * C, "attention_backward", "dqkv");
+                }
                 cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws, ds);
               });
     });
@@ -377,7 +408,8 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
       cuda::cudnn_attention_backward(
           ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
-          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse))) {
+          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse),
+          dqkv_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::attention_backward(
@@ -743,18 +775,26 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
                             ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
-                            ConstTokens doc_start) {
+                            ConstTokens doc_start, GradWrite d_write) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
+  check_attention_grad_write(d_write, "gqa_attention_backward");
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws = cpu_workspace<cpu::acc_t<S>>(
           ctx, cpu::gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs));
+      const bool into_zeros = d_write == GradWrite::kIntoZeros;
       run_cpu(ctx, "gqa_attention_backward",
               [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout),
                qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T,
-               NH, NKV, hs, ws, ds = raw(doc_start)] {
+               NH, NKV, hs, ws, ds = raw(doc_start), into_zeros] {
+                if (into_zeros) {
+                  const std::int64_t rows = std::int64_t{B} * T;
+                  require_zeros(dqp, rows * NH * hs, "gqa_attention_backward", "dq");
+                  require_zeros(dkp, rows * NKV * hs, "gqa_attention_backward", "dk");
+                  require_zeros(dvp, rows * NKV * hs, "gqa_attention_backward", "dv");
+                }
                 cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV,
                                                hs, ws, ds);
               });
@@ -766,7 +806,8 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
       cuda::cudnn_attention_backward(
           ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
-          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse))) {
+          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse),
+          d_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::gqa_attention_backward(

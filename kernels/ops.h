@@ -110,9 +110,14 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 // its documents' attention), the batched path masks it. Both passes take the same doc_start.
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH, ConstTokens doc_start = {});
+// dqkv_write: kAccumulate (the contract above) or kIntoZeros, the caller's promise that dqkv holds
+// zeros (the models' driver zeroes it before each block's backward), which lets cuDNN's
+// attention write the gradients straight into it instead of through workspace and an add; the
+// CPU backend throws when the promise is broken. kOverwrite is not taken.
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH, ConstTokens doc_start = {});
+                        int NH, ConstTokens doc_start = {},
+                        GradWrite dqkv_write = GradWrite::kAccumulate);
 
 // The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
 // models pass logits_row_stride(V): V rounded up to a multiple of 128, so every row starts
@@ -195,10 +200,11 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
                            ConstTokens doc_start = {});
+// d_write: for dq, dk and dv together, as attention_backward's dqkv_write.
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
                             ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
-                            ConstTokens doc_start = {});
+                            ConstTokens doc_start = {}, GradWrite d_write = GradWrite::kAccumulate);
 
 // For planning (zrt-mem): the bytes attention_forward / attention_backward (`backward`) and
 // gqa_attention_forward / gqa_attention_backward ask KernelContext::workspace for at these

@@ -49,7 +49,7 @@ bool cudnn_attention_forward(KernelContext&, const CudnnAttentionShape&, void*, 
 }
 bool cudnn_attention_backward(KernelContext&, const CudnnAttentionShape&, void*, void*, void*,
                               const void*, const void*, const void*, const void*, const void*,
-                              const float*) {
+                              const float*, bool) {
   return false;
 }
 
@@ -304,43 +304,51 @@ bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shap
 
 bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& shape, void* dq,
                               void* dk, void* dv, const void* dout, const void* q, const void* k,
-                              const void* v, const void* out, const float* lse) {
+                              const void* v, const void* out, const float* lse, bool into_zeros) {
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, true);
   const BuiltGraph& built = graph_for(state, key);
   if (!built.graph) return false;
   const std::int64_t element = static_cast<std::int64_t>(dtype_size(shape.dtype));
   const Extent extent = qkv_extent(key);
-  if (shape.layout == QkvLayout::kPacked) {
+  if (shape.layout == QkvLayout::kPacked) {  // k, v and their gradients within the (B,T,3C) rows
     const auto* base = static_cast<const std::byte*>(q);
     k = base + extent.k_offset * element;
     v = base + extent.v_offset * element;
+    dk = static_cast<std::byte*>(dq) + extent.k_offset * element;
+    dv = static_cast<std::byte*>(dq) + extent.v_offset * element;
   }
-  // Workspace: the gradients in q, k, v's layout (cuDNN overwrites its outputs; the op adds),
-  // then cuDNN's own.
-  const std::int64_t scratch_bytes = round_up_256(extent.total * element);
-  auto* scratch = static_cast<std::byte*>(
-      device_access::raw(ctx.workspace(scratch_bytes + built.workspace_bytes)));
+  // Workspace: cuDNN's own, then, unless the gradients hold zeros, room for them in q, k, v's
+  // layout (cuDNN overwrites its outputs; the op adds).
+  const std::int64_t own_bytes = round_up_256(built.workspace_bytes);
+  const std::int64_t scratch_bytes = into_zeros ? 0 : extent.total * element;
+  auto* workspace =
+      own_bytes + scratch_bytes > 0
+          ? static_cast<std::byte*>(device_access::raw(ctx.workspace(own_bytes + scratch_bytes)))
+          : nullptr;
+  std::byte* scratch = into_zeros ? nullptr : workspace + own_bytes;
+  void* dq_to = into_zeros ? dq : scratch;
+  void* dk_to = into_zeros ? dk : scratch + extent.k_offset * element;
+  void* dv_to = into_zeros ? dv : scratch + extent.v_offset * element;
   std::unordered_map<Uid, void*> pointers = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)},
                                              {kO, const_cast<void*>(out)},
                                              {kdO, const_cast<void*>(dout)},
                                              {kStats, const_cast<float*>(lse)},
-                                             {kdQ, scratch},
-                                             {kdK, scratch + extent.k_offset * element},
-                                             {kdV, scratch + extent.v_offset * element}};
-  execute(state, built, pointers, built.workspace_bytes > 0 ? scratch + scratch_bytes : nullptr,
-          key);
-  const Launch l = make_launch(state, nullptr);
-  if (shape.layout == QkvLayout::kPacked) {  // dqkv and the scratch share the (B,T,3C) layout
-    residual_forward(l, shape.dtype, dq, dq, scratch, extent.total);
-  } else {
-    residual_forward(l, shape.dtype, dq, dq, scratch, extent.k_offset);
-    residual_forward(l, shape.dtype, dk, dk, scratch + extent.k_offset * element,
-                     extent.v_offset - extent.k_offset);
-    residual_forward(l, shape.dtype, dv, dv, scratch + extent.v_offset * element,
-                     extent.total - extent.v_offset);
+                                             {kdQ, dq_to},
+                                             {kdK, dk_to},
+                                             {kdV, dv_to}};
+  execute(state, built, pointers, built.workspace_bytes > 0 ? workspace : nullptr, key);
+  if (!into_zeros) {
+    const Launch l = make_launch(state, nullptr);
+    if (shape.layout == QkvLayout::kPacked) {  // dqkv and the scratch share the (B,T,3C) layout
+      residual_forward(l, shape.dtype, dq, dq, scratch, extent.total);
+    } else {
+      residual_forward(l, shape.dtype, dq, dq, scratch, extent.k_offset);
+      residual_forward(l, shape.dtype, dk, dk, dk_to, extent.v_offset - extent.k_offset);
+      residual_forward(l, shape.dtype, dv, dv, dv_to, extent.total - extent.v_offset);
+    }
   }
   ++state.cudnn_attention_backwards;
   return true;

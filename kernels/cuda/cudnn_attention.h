@@ -5,8 +5,9 @@
 // query row's natural log-sum-exp of its scaled scores (cuDNN's softmax "stats"), and a
 // backward that adds dq, dk, dv to what those buffers hold. cuDNN reads q, k, v and out where the
 // models keep them (strided (B, heads, T, hs) views of GPT-2's (B,T,3C) qkv or of Llama's
-// (B,T,heads,hs) tensors) and writes the gradients into workspace, which one element-wise pass
-// adds in (cuDNN's outputs overwrite).
+// (B,T,heads,hs) tensors) and writes the gradients straight into dq, dk, dv when the caller
+// promises they hold zeros (GradWrite::kIntoZeros, as the models do), else into workspace, which
+// one element-wise pass adds in (cuDNN's outputs overwrite).
 //
 // bf16/fp16 only, one causal mask (no packed documents: those calls take zrt's kernels). Each
 // shape's graphs are built once per KernelContext, on first use (cuDNN may compile kernels at
@@ -63,8 +64,10 @@ std::string cudnn_attention_validate(const CudnnAttentionShape& shape, bool back
 // (B,NH,T).
 bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shape, void* out,
                              float* lse, const void* q, const void* k, const void* v);
+// into_zeros: dq, dk, dv hold zeros (GradWrite::kIntoZeros), so cuDNN writes the gradients
+// straight into them; else into workspace, then added.
 bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& shape, void* dq,
                               void* dk, void* dv, const void* dout, const void* q, const void* k,
-                              const void* v, const void* out, const float* lse);
+                              const void* v, const void* out, const float* lse, bool into_zeros);
 
 }  // namespace zrt::kernels::cuda

@@ -62,8 +62,11 @@ void TransformerModel::gqa_attention_backward(const GqaHeads& h, const GqaTensor
   const Pass& p = pass();
   UlyssesExchange* ex = ulysses();
   if (ex == nullptr) {
+    // dq, dk, dv were zeroed by the driver with the accumulated region: kIntoZeros lets cuDNN's
+    // attention write them in place (the CPU backend checks the zeros).
     k::gqa_attention_backward(ctx(), p.dtype, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty,
-                              x.lse, p.B, p.T, h.NH, h.NKV, h.hd, p.doc_start);
+                              x.lse, p.B, p.T, h.NH, h.NKV, h.hd, p.doc_start,
+                              k::GradWrite::kIntoZeros);
     return;
   }
   // Each buffer changes layout in place: datty from the chunk's every head to this rank's heads
@@ -73,7 +76,7 @@ void TransformerModel::gqa_attention_backward(const GqaHeads& h, const GqaTensor
   ex->to_chunk_backward(p.dtype, d.datty, d.datty, p.B, p.T, h.NH, h.hd, send, recv);
   k::gqa_attention_backward(ctx(), p.dtype, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty_full,
                             x.lse, p.B, p.sequence_length(), h.q_heads.block_heads,
-                            h.kv_heads.block_heads, h.hd, p.doc_start);
+                            h.kv_heads.block_heads, h.hd, p.doc_start, k::GradWrite::kIntoZeros);
   ex->to_heads_backward_in_place(p.dtype, d.dq, p.B, p.T, h.q_heads, h.hd, send, recv);
   ex->to_heads_backward_in_place(p.dtype, d.dk, p.B, p.T, h.kv_heads, h.hd, send, recv);
   ex->to_heads_backward_in_place(p.dtype, d.dv, p.B, p.T, h.kv_heads, h.hd, send, recv);

@@ -311,7 +311,8 @@ Results cpu_attention(const AttentionIn& in) {
   return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
 }
 
-Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
+// dqkv_write: how the backward writes dqkv (it starts at zeros either way).
+Results gpu_attention_written(Gpu& g, DType dt, const AttentionIn& in, GradWrite dqkv_write) {
   Buffer qkv = g.upload(in.qkv, dt), dout = g.upload(in.dout, dt);
   Buffer out = g.zeros(in.dout.size(), dt), dqkv = g.zeros(in.qkv.size(), dt),
          lse = g.zeros(in.rows(), DType::kFloat32);
@@ -319,10 +320,13 @@ Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
   const ConstTokens doc_start = in.doc_start.empty() ? ConstTokens{} : tdev(ds);
   attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH, doc_start);
   attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), dev(out), fdev(lse), in.B, in.T,
-                     in.C, in.NH, doc_start);
+                     in.C, in.NH, doc_start, dqkv_write);
   return {{"out", g.download(out, in.dout.size(), dt)},
           {"lse", g.download(lse, in.rows(), DType::kFloat32)},
           {"dqkv", g.download(dqkv, in.qkv.size(), dt)}};
+}
+Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
+  return gpu_attention_written(g, dt, in, GradWrite::kAccumulate);
 }
 
 struct HeadIn {
@@ -806,8 +810,9 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
 // backward and with its atomic one. The tolerances of the fused kernels above: cuDNN, as they
 // do, rounds the probabilities to the storage type before multiplying by V and dS before its
 // products (FlashAttention-2's scheme), and its gradients are rounded once more when added into
-// dqkv (half a unit of 2^-8 at most). The counters prove cuDNN ran, not the kernels it falls
-// back to. A build without cuDNN attention (the stand-ins) must refuse the option, naming why.
+// dqkv (half a unit of 2^-8 at most), unless GradWrite::kIntoZeros lets cuDNN write them in
+// place. The counters prove cuDNN ran, not the kernels it falls back to. A build without cuDNN
+// attention (the stand-ins) must refuse the option, naming why.
 TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
   KernelOptions options;
   options.cuda_attention_cudnn = true;
@@ -839,7 +844,19 @@ TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
         CHECK(err <= 1e-4);
         CHECK(g.ctx->cuda()->cudnn_attention_forwards == 1);
         CHECK(g.ctx->cuda()->cudnn_attention_backwards == 1);
-        if (deterministic) CHECK(gpu_attention(g, dt, dt, in) == got);
+        // Into zeroed gradients (what the models promise): cuDNN writes dqkv in place, the same
+        // values as through workspace and an add onto zeros (x + 0 is x); with the
+        // deterministic backward the same bits.
+        const Results in_place = gpu_attention_written(g, dt, in, GradWrite::kIntoZeros);
+        CHECK(g.ctx->cuda()->cudnn_attention_backwards == 2);
+        if (deterministic) {
+          CHECK(in_place == got);
+          CHECK(gpu_attention(g, dt, dt, in) == got);
+        } else {
+          const double in_place_err = test::rel_error(in_place.at("dqkv"), want.at("dqkv"));
+          INFO("dqkv written in place: relative error " << in_place_err);
+          CHECK(in_place_err <= tol);
+        }
       }
     }
   }

@@ -221,7 +221,8 @@ TEST_CASE("swiglu: CUDA twin matches the CPU twin", "[cuda][llama]") {
 std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, int NH, int NKV,
                                            int HS, std::uint64_t seed,
                                            const std::vector<std::int32_t>& doc_start = {},
-                                           bool accumulate = false) {
+                                           bool accumulate = false,
+                                           GradWrite write = GradWrite::kAccumulate) {
   const std::size_t nq = std::size_t{1} * B * T * NH * HS, nk = std::size_t{1} * B * T * NKV * HS;
   const std::size_t nlse = std::size_t{1} * B * NH * T;
   const Bytes q = be.put("q", normal_values(seed, 41, nq), dt);
@@ -238,7 +239,8 @@ std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, 
   const Bytes dv = be.put("dv", start(47, nk), dt);
   const ConstTokens ds = be.put_ids("doc_start", doc_start);
   gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS, ds);
-  gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS, ds);
+  gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS, ds,
+                         write);
   return {{"out", nq}, {"lse", nlse}, {"dq", nq}, {"dk", nk}, {"dv", nk}};
 }
 
@@ -340,8 +342,9 @@ TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits
 
 // Grouped-query attention on cuDNN's fused attention (KernelOptions::cuda_attention_cudnn):
 // q, k, v read where the model keeps them, groups 1, 2, 4 and 8 at head sizes 64 and 128, a T
-// that is a multiple of 64 and one that is not, gradients added to what dq, dk, dv hold, with
-// the deterministic backward and the atomic one; parity's tolerances (fp32 calls are not
+// that is a multiple of 64 and one that is not, gradients added to what dq, dk, dv hold and
+// written in place into zeros (GradWrite::kIntoZeros), with the deterministic backward and the
+// atomic one; parity's tolerances (fp32 calls are not
 // cuDNN's: they run zrt's kernels). The counters prove cuDNN ran the bf16 calls.
 TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda][llama][cudnn]") {
   if (!cuda::cudnn_attention_built()) {  // the stand-ins: the option is refused, naming why
@@ -370,11 +373,20 @@ TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda]
                 return run_gqa(be, dt, 2, T, NH, NKV, HS, seed, {}, true);
               },
               options);
+          // Into zeroed gradients with the models' promise (GradWrite::kIntoZeros): cuDNN
+          // writes dq, dk, dv in place.
+          parity(
+              what + " into zeros",
+              [&](Backend& be, DType dt, DType) {
+                return run_gqa(be, dt, 2, T, NH, NKV, HS, seed, {}, false, GradWrite::kIntoZeros);
+              },
+              options);
           Backend gpu(DeviceType::kCuda, options);
           run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, true);
+          run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, false, GradWrite::kIntoZeros);
           INFO(what);
-          CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 1);
-          CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 1);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 2);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 2);
         }
       }
     }
