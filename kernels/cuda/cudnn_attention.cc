@@ -174,7 +174,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const GraphKey& key, int sm_version
                        .set_attn_scale(scale)
                        .set_deterministic_algorithm(key.deterministic);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, vv, o, dout, lse, options);
-    // The gradients go to workspace in q, k, v's own layout (views_of on the scratch).
+    // The gradients in q, k, v's own layout: in place, or in workspace laid out the same.
     dq->set_output(true).set_uid(kdQ).set_dim(v.q.dims).set_stride(v.q.strides);
     dk->set_output(true).set_uid(kdK).set_dim(v.k.dims).set_stride(v.k.strides);
     dv->set_output(true).set_uid(kdV).set_dim(v.v.dims).set_stride(v.v.strides);
@@ -182,7 +182,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const GraphKey& key, int sm_version
   return graph;
 }
 
-BuiltGraph build_graph(cudnnHandle_t handle, const GraphKey& key) {
+BuiltGraph build_graph(cudnnHandle_t handle, const GraphKey& key) try {
   std::shared_ptr<fe::graph::Graph> graph = make_graph(key);
   BuiltGraph built;
   const auto step = [&](const char* what, fe::error_t status) {
@@ -200,6 +200,10 @@ BuiltGraph build_graph(cudnnHandle_t handle, const GraphKey& key) {
     built.graph = std::move(graph);
   }
   return built;
+} catch (const std::exception& e) {  // the frontend throws from a few places (a missing library)
+  BuiltGraph refused;
+  refused.refused = fmt::format("the cuDNN frontend threw: {}", e.what());
+  return refused;
 }
 
 void check_cudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
