@@ -45,13 +45,22 @@ StepOutcome TrainingRun::train_step(std::int64_t step) {
   out.loss_tokens = read_micro_batches();
   if (out.loss_tokens == 0) {
     // Every rank sees the same count: the step is skipped on all of them alike, before any
-    // collective of the engine, and the schedule does not advance.
+    // collective of the engine, and the schedule does not advance. It is still a step of the
+    // loop: the step before it is settled, and the boundary's reads and votes happen as after
+    // a trained one, so that what is due at this step (the last losses, a save, an evaluation,
+    // a stop) is not lost.
     log_empty_step(step);
+    settle_previous_step(DevicePtr<std::byte>{});
+    const EngineCounters counters = engine.counters();  // settled just above
+    out.result.optimizer_steps = counters.optimizer_steps;
+    out.result.skipped_steps = counters.skipped_steps;
+    out.result.loss_scale = counters.loss_scale.scale;
+    agree_at_boundary(step, /*periodic=*/false, /*buffer_full=*/false, out);
     return out;
   }
   out.trained = true;
   run_micro_batches(step, loss_divisor(masked_, out.loss_tokens, G_, world_), loss_slot);
-  settle_previous_step(step, loss_slot);
+  settle_previous_step(loss_slot);
   out.lr = schedule_->lr_for_step(engine.counters().optimizer_steps + 1);
   out.result = engine.enqueue_step(out.lr);
   ++interval_steps_;
@@ -64,7 +73,7 @@ StepOutcome TrainingRun::train_step(std::int64_t step) {
   if (periodic || step == config_.train.steps || buffer_full) settle(out.result);
   if (hooks_.after_step) hooks_.after_step(step, engine, out.result);
   agree_at_boundary(step, periodic, buffer_full, out);
-  previous_undecided_ = !out.result.decided;
+  undecided_step_ = out.result.decided ? 0 : step;
   return out;
 }
 
@@ -114,22 +123,25 @@ void TrainingRun::run_micro_batches(std::int64_t step, float divisor,
   }
 }
 
-// The previous step's decision, if it was left on the device: read now that this step's
-// micro-batches are enqueued.
-void TrainingRun::settle_previous_step(std::int64_t step, DevicePtr<std::byte> loss_slot) {
-  if (!previous_undecided_) return;
-  previous_undecided_ = false;
+// The decision of the last trained step, if it was left on the device: read now that this
+// step's micro-batches are enqueued. loss_slot holds this step's loss (null for a step with no
+// loss token, which has none).
+void TrainingRun::settle_previous_step(DevicePtr<std::byte> loss_slot) {
+  if (undecided_step_ == 0) return;
+  const std::int64_t previous_step = undecided_step_;
+  undecided_step_ = 0;
   const StepResult previous = engine_->settle_step();
-  // Still unread: a step whose losses were read was decided then.
-  ZRT_CHECK(!unread_.empty() && unread_.back().step == step - 1,
-            "step {}'s decision settled without its unread entry", step - 1);
+  // Still unread: a step whose losses were read was decided then. (Steps with no loss token
+  // may lie between: they have no entry.)
+  ZRT_CHECK(!unread_.empty() && unread_.back().step == previous_step,
+            "step {}'s decision settled without its unread entry", previous_step);
   unread_.back().result = previous;
   if (previous.skipped && config_.train.log_interval > 0) {
     // A skipped step always gets its row: the losses so far are read now, and this step's
     // moves to the first slot, where the next read looks for it.
     const UnreadStep skipped = unread_.back();
     deliver_losses(control_->mean(local_unread_losses()));
-    device_->copy(step_losses_.device<std::byte>(), loss_slot, 4, *compute_);
+    if (loss_slot) device_->copy(step_losses_.device<std::byte>(), loss_slot, 4, *compute_);
     log_step(skipped.step, skipped.lr, skipped.wall_time, previous, skipped.loss_tokens);
   }
 }
@@ -229,7 +241,7 @@ RunSummary TrainingRun::run() {
     spdlog::info("the checkpoint is at step {} and train.steps is {}: nothing left to train",
                  start_step_, config_.train.steps);
   }
-  previous_undecided_ = false;
+  undecided_step_ = 0;
   step_rows_.assign(static_cast<std::size_t>(G_), HostBatch{});
   for (std::int64_t step = start_step_ + 1; step <= config_.train.steps; ++step) {
     const bool traced = trace_ && step >= config_.trace.first_step && step <= last_traced_;
@@ -237,11 +249,9 @@ RunSummary TrainingRun::run() {
     const CommCounts comm_at_step_start = traced ? engine_comm() : CommCounts{};
     if (traced) engine_->set_trace(trace_.get());
     const StepOutcome out = train_step(step);
-    if (!out.trained) {
-      summary_.steps = step;
-      continue;
-    }
-    if (out.log_now) {
+    // A step with no loss token has its row already (log_empty_step); the rest below is due
+    // at it as at any step.
+    if (out.trained && out.log_now) {
       log_step(step, out.lr, out.wall_time, out.result, out.loss_tokens);
     } else if (tty_) {
       show_progress(step);

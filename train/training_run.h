@@ -64,7 +64,9 @@ struct UnreadStep {
 // What train_step() did, for the loop (every field rank-identical).
 struct StepOutcome {
   // False: the global batch held no loss token, and the step was skipped on every rank before
-  // any collective of the engine (the schedule did not advance); the other fields are unset.
+  // any collective of the engine (the schedule did not advance); lr and wall_time are unset,
+  // result is the last trained step's (decided), log_now is false (its row is written
+  // already), stop and timed_save are the boundary's votes as at any step.
   bool trained = false;
   double lr = 0.0;
   double wall_time = 0.0;        // when the update was enqueued (unix seconds)
@@ -118,7 +120,7 @@ class TrainingRun {
   std::int64_t read_micro_batches();  // the global batch's loss tokens
   void log_empty_step(std::int64_t step);
   void run_micro_batches(std::int64_t step, float divisor, DevicePtr<std::byte> loss_slot);
-  void settle_previous_step(std::int64_t step, DevicePtr<std::byte> loss_slot);
+  void settle_previous_step(DevicePtr<std::byte> loss_slot);
   void settle(StepResult& result);
   void agree_at_boundary(std::int64_t step, bool periodic, bool buffer_full, StepOutcome& out);
 
@@ -229,8 +231,9 @@ class TrainingRun {
   // and the loop reads it only when it needs it: on a step it logs or reads the losses of (it
   // waits for the stream then anyway), else at the next step, after that step's micro-batches
   // are enqueued, when on a GPU the decision is long done. A skipped step learnt of then gets
-  // its row then, one step late (its loss read with it).
-  bool previous_undecided_ = false;
+  // its row then, one step late (its loss read with it). The step left undecided, 0 for none
+  // (steps with no loss token may follow it before it is read).
+  std::int64_t undecided_step_ = 0;
   std::vector<HostBatch> step_rows_;  // reused step after step
 };
 

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "tests/data/sft_test_support.h"
 #include "train/trainer.h"
@@ -192,5 +193,118 @@ TEST_CASE("one global batch, any split: the same token-weighted loss", "[train][
       check_same(train_run(s.name, s.zero, 1, G), want,
                  s.name + " " + std::to_string(world) + " ranks x " + std::to_string(G));
     }
+  }
+}
+
+// A global batch with no loss token (a shard whose sequences hold only prompts: the format
+// allows it, prepare-sft never writes it) is a logged, skipped step that loses nothing: the
+// steps around it train exactly as on the same data without it, the evaluation, the last
+// losses and the checkpoint due at it happen, and a quiet step's decision left on the device
+// before it is read after it. Steps 3 and 5 (the last) are empty here; at 2+ ranks step 2
+// holds one rank with no loss token (a trained step). Before empty steps were settled, step 4
+// aborted ("step 3's decision settled without its unread entry") and step 5 wrote no
+// checkpoint and read no loss.
+TEST_CASE("a global batch with no loss token is a skipped step that loses nothing",
+          "[train][sft]") {
+  const int world = world_size();
+  const fs::path root = kShared / ("empty_np" + std::to_string(world));
+  constexpr int kRunSteps = 5;
+  auto sequence = [](std::uint32_t seed, bool trained) {
+    test::Sequence q;
+    std::uint32_t state = seed;
+    for (int t = 0; t < kT; ++t) {
+      state = state * 1103515245u + 12345u;
+      q.tokens.push_back((state >> 8) % 250);
+      // A prompt of 5 tokens, then the answer; or only a prompt (all of it masked).
+      q.mask.push_back(trained && t >= 5 ? 1 : 0);
+    }
+    q.ends.push_back(kT);
+    return q;
+  };
+  auto write_shard = [](const fs::path& dir, const std::vector<test::Sequence>& sequences) {
+    test::SftContent c;
+    c.T = kT;
+    c.vocab = 256;
+    c.pad = 255;
+    c.sequences = sequences;
+    fs::create_directories(dir);
+    test::write_bytes((dir / "sft_000000.bin").string(), test::sft_bytes(c));
+  };
+  if (world_rank() == 0) {
+    fs::remove_all(root);
+    // Step s (1-based) reads sequences (s-1)*world .. s*world-1, rank r the r-th of them.
+    std::vector<test::Sequence> with_empty, without;
+    for (int s = 1; s <= kRunSteps; ++s) {
+      const bool empty_step = s == 3 || s == 5;
+      for (int r = 0; r < world; ++r) {
+        const bool trained = !empty_step && !(s == 2 && r == 0 && world > 1);
+        const test::Sequence q = sequence(static_cast<std::uint32_t>(100 * s + r), trained);
+        with_empty.push_back(q);
+        if (!empty_step) without.push_back(q);
+      }
+    }
+    write_shard(root / "with_empty", with_empty);
+    write_shard(root / "without", without);
+    std::vector<test::Sequence> val;
+    for (int i = 0; i < 2 * world; ++i) val.push_back(sequence(9000u + i, true));
+    write_shard(root / "val", val);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  auto run = [&](const std::string& name, int steps) {
+    const std::string out = (root / name / "out").string();
+    const std::string text = R"({
+      "train_micro_batch_size_per_gpu": 1,
+      "gradient_accumulation_steps": 1,
+      "zero_optimization": {"stage": 2},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
+      "model": {"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256},
+      "data": {"train": ")" + (root / name).string() +
+                             R"(", "val": ")" + (root / "val").string() + R"(", "shuffle": false},
+      "train": {"steps": )" + std::to_string(steps) +
+                             R"(, "log_interval": 10, "eval_interval": 2, "eval_batches": 2},
+      "checkpoint": {"save_interval": 100},
+      "device": {"type": "cpu"},
+      "output_dir": ")" + out +
+                             R"("
+    })";
+    const Config config = parse_config_text(text, world, name + ".json");
+    const int rank = world_rank();
+    return train::run_training(config, train::RankInfo{rank, world, rank, world});
+  };
+  const train::RunSummary got = run("with_empty", kRunSteps);
+  const train::RunSummary want = run("without", 3);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  CHECK(got.steps == kRunSteps);
+  // The same trained steps, in the same order, on the same ranks: the same bits.
+  REQUIRE(want.losses.size() == 3);
+  REQUIRE(got.losses.size() == 3);
+  for (int i = 0; i < 3; ++i) CHECK(got.losses[i] == want.losses[i]);
+  // Evaluations at steps 2, 4 and 5 (the last) against 2 and 3 (the last) without the empty
+  // steps; nothing trains between 4 and 5.
+  REQUIRE(want.eval_losses.size() == 2);
+  REQUIRE(got.eval_losses.size() == 3);
+  CHECK(got.eval_losses[0] == want.eval_losses[0]);
+  CHECK(got.eval_losses[1] == want.eval_losses[1]);
+  CHECK(got.eval_losses[2] == got.eval_losses[1]);
+  // The save due after the last step, though it trained nothing.
+  const auto latest =
+      checkpoint::read_latest((root / "with_empty" / "out" / "checkpoints").string());
+  REQUIRE(latest.has_value());
+  CHECK(*latest == checkpoint::Checkpointer::tag_for_step(kRunSteps));
+  // The metrics: the empty steps' rows, and the last trained step's loss read.
+  if (world_rank() == 0) {
+    std::ifstream in((root / "with_empty" / "out" / "metrics.jsonl").string());
+    std::vector<std::int64_t> empty_rows;
+    std::string line;
+    while (std::getline(in, line)) {
+      const auto row = nlohmann::json::parse(line);
+      if (row.value("skipped_reason", std::string()) == "no loss token") {
+        empty_rows.push_back(row["step"].get<std::int64_t>());
+        CHECK(row["loss_tokens"].get<std::int64_t>() == 0);
+      }
+    }
+    CHECK(empty_rows == std::vector<std::int64_t>{3, 5});
   }
 }
