@@ -1357,6 +1357,7 @@ json resolved_document(const Config& c) {
   zero["overlap_comm"] = e.overlap_comm;
   if (e.mics_shard_size > 0) zero["mics_shard_size"] = e.mics_shard_size;
   if (e.hpz_partition_size > 1) zero["zero_hpz_partition_size"] = e.hpz_partition_size;
+  if (e.sequence_parallel_size > 1) out["sequence_parallel_size"] = e.sequence_parallel_size;
   if (e.expert_parallel_size > 1) {
     out["expert_parallel"] = {{"enabled", true}, {"autoep_size", e.expert_parallel_size}};
   }

@@ -80,10 +80,16 @@ int check_training_config(const CheckArguments& args) {
                   : fmt::format(" (with {} command-line override{})", args.overrides.size(),
                                 args.overrides.size() == 1 ? "" : "s")
                         .c_str());
-  std::printf("batch: train_batch_size %lld = micro-batch %lld x accumulation %d x %d rank%s\n",
+  // The batch rule counts the data-parallel ranks: an sp group trains one sequence together.
+  const int sp = config.engine.sequence_parallel_size;
+  const int dp = b.world_size / sp;
+  std::printf("batch: train_batch_size %lld = micro-batch %lld x accumulation %d x %s\n",
               static_cast<long long>(b.train_batch_size),
               static_cast<long long>(b.micro_batch_size), b.gradient_accumulation_steps,
-              b.world_size, b.world_size == 1 ? "" : "s");
+              sp > 1 ? fmt::format("data-parallel degree {} (world {} / sequence_parallel_size {})",
+                                   dp, b.world_size, sp)
+                           .c_str()
+                     : fmt::format("{} rank{}", dp, dp == 1 ? "" : "s").c_str());
   if (config.warnings.empty()) {
     std::printf("warnings: none\n");
   } else {

@@ -229,12 +229,20 @@ void check_expert_parallel(const EngineOptions& o, int world, Problems& p) {
     return;
   }
   if (ep == 1) return;
-  if (world > 0 && world % ep != 0) {
-    p.add(key, fmt::format("{} does not divide the data-parallel degree {} (the world size over "
-                           "sequence_parallel_size): each expert-parallel group is {} "
-                           "data-parallel ranks holding a share of the experts; give a divisor "
-                           "of it",
-                           ep, world, ep));
+  // The expert-parallel groups are cut from the data-parallel ranks: world / sp of them (an sp
+  // that does not divide the world is reported at its own key).
+  const int sp = o.sequence_parallel_size;
+  if (world <= 0 || sp < 1 || world % sp != 0) return;
+  const int dp = world / sp;
+  if (dp % ep != 0) {
+    p.add(key,
+          fmt::format("{} does not divide the data-parallel degree {}{}: each "
+                      "expert-parallel group is {} data-parallel ranks holding a share of "
+                      "the experts; give a divisor of it",
+                      ep, dp,
+                      sp > 1 ? fmt::format(" (world {} / sequence_parallel_size {})", world, sp)
+                             : std::string(),
+                      ep));
   }
   // Every stage: at stage 0 each group all-reduces its whole units over its own ranks (the
   // experts' over their expert-data-parallel group); MiCS, ZeRO++ (qwZ, qgZ, hpZ) run over each

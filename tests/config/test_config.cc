@@ -843,6 +843,37 @@ TEST_CASE("the resolved document is a config that gives the same run", "[config]
   }
 }
 
+// The expert-parallel groups are cut from the data-parallel ranks, world / sp of them: the
+// config check counts those (it once counted the world, let ep 8 pass at 8 ranks with sp 2 and
+// named the world "the data-parallel degree"), and the resolved document keeps sp and ep (it
+// once dropped sequence_parallel_size, so rerunning it trained at sp 1).
+TEST_CASE("expert parallelism under sequence parallelism: the data-parallel degree, resolved",
+          "[config][expert_parallel][resolved]") {
+  json doc = patched(R"({"train_batch_size": 16,
+      "sequence_parallel_size": 2,
+      "expert_parallel": {"enabled": true, "autoep_size": 8},
+      "model": {"type": "qwen3_moe", "preset": "qwen3-moe-tiny"}})");
+  CHECK_THAT(error_of(doc.dump(), 8),
+             Catch::Contains("bad.json: expert_parallel.autoep_size: 8 does not divide the "
+                             "data-parallel degree 4 (world 8 / sequence_parallel_size 2)"));
+  doc["train_batch_size"] = 12;
+  doc["expert_parallel"]["autoep_size"] = 2;
+  CHECK_THAT(error_of(doc.dump(), 6),
+             Catch::Contains("autoep_size: 2 does not divide the data-parallel degree 3 (world 6 / "
+                             "sequence_parallel_size 2)"));
+  doc["train_batch_size"] = 16;
+  const Config c = parse_doc(doc, 8);
+  CHECK(c.engine.sequence_parallel_size == 2);
+  CHECK(c.engine.expert_parallel_size == 2);
+  const json resolved = resolved_document(c);
+  CHECK(resolved["sequence_parallel_size"] == 2);
+  const Config again = parse_config(resolved, 8, "resolved.json");
+  CHECK(again.engine.sequence_parallel_size == 2);
+  CHECK(again.engine.expert_parallel_size == 2);
+  CHECK(again.batch.train_batch_size == 16);
+  CHECK(resolved_document(again) == resolved);
+}
+
 TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silently",
           "[config][warnings]") {
   const Config quiet = parse_doc(patched(R"({
