@@ -16,7 +16,9 @@ terms:
   * another template: for each trained stretch of messages [s, e), the tokens of
     apply_chat_template(messages[:e]) beyond those of apply_chat_template(messages[:s],
     add_generation_prompt=True), up to the stretch's last special token (where the tokenizer
-    merges text across that boundary, the tokens overlapping the stretch's characters);
+    merges text across that boundary, the tokens overlapping the stretch's characters); before
+    message 0, where the template cannot render no messages, apply_chat_template(messages[:1])
+    up to message 0's content stands for the first of those;
   * two strings: tokenizer(prompt) + tokenizer(completion, add_special_tokens=False) + [eos],
     the completion and eos trained.
 --check recomputes and compares with the file instead of writing it (check_prepare_sft.py does
@@ -39,6 +41,9 @@ ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assi
 CASES = [(tokenizer, data) for tokenizer in ("llama3", "qwen2.5", "chatml-generation")
          for data in ("chat.jsonl", "prompt_completion.jsonl", "sharegpt.jsonl")]
 CASES += [("smollm3", "smollm3.jsonl")]
+# Conversations that open with the assistant's message (greeting-first data); the generation
+# template refuses them by design (check_prepare_sft.py's errors check that).
+CASES += [(tokenizer, "assistant_first.jsonl") for tokenizer in ("llama3", "qwen2.5")]
 TRAIN_ON = ("assistant", "last-assistant")
 
 
@@ -52,6 +57,28 @@ def load_tokenizer(directory):
 
 def chat_ids(tok, messages, **kwargs):
     return tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
+
+
+def before_text(tok, messages, start):
+    """The text before trained message `start`: apply_chat_template(messages[:start],
+    add_generation_prompt=True), or, before message 0 where the template cannot render an empty
+    conversation (Qwen2.5's), message 0's own render up to its content."""
+    try:
+        return tok.apply_chat_template(messages[:start], tokenize=False, add_generation_prompt=True)
+    except Exception:
+        if start > 0:
+            raise
+    own = tok.apply_chat_template(messages[:1], tokenize=False)
+    return own[:own.rindex(messages[0]["content"])]
+
+
+def before_ids(tok, messages, start):
+    try:
+        return chat_ids(tok, messages[:start], add_generation_prompt=True)["input_ids"]
+    except Exception:
+        if start > 0:
+            raise
+    return tok(before_text(tok, messages, 0), add_special_tokens=False)["input_ids"]
 
 
 def golden(tok, record, train_on):
@@ -91,7 +118,7 @@ def golden(tok, record, train_on):
         ids = chat_ids(tok, messages)["input_ids"]
         mask = [0] * len(ids)
         for start, end in regions:
-            before = chat_ids(tok, messages[:start], add_generation_prompt=True)["input_ids"]
+            before = before_ids(tok, messages, start)
             through = chat_ids(tok, messages[:end])["input_ids"]
             if ids[:len(before)] == before and ids[:len(through)] == through:
                 first, last = len(before), len(through)
@@ -99,7 +126,7 @@ def golden(tok, record, train_on):
                 # The tokenizer merged across the boundary: the tokens overlapping the characters
                 # the stretch adds.
                 text = lambda m, **kw: tok.apply_chat_template(m, tokenize=False, **kw)
-                lo = len(text(messages[:start], add_generation_prompt=True))
+                lo = len(before_text(tok, messages, start))
                 hi = len(text(messages[:end]))
                 offsets = tok(text(messages), add_special_tokens=False,
                               return_offsets_mapping=True)["offset_mapping"]
