@@ -827,8 +827,10 @@ std::vector<KeyInfo> build_table() {
       K("train.eval_interval", I, kInt, "0", "Evaluate every N steps and at the end; 0: never")
           .range(0)
           .zrt(),
-      K("train.eval_batches", I, kInt, "10", "Micro-batches per evaluation and rank")
-          .range(1)
+      K("train.eval_batches", I, kInt, "10",
+        "Micro-batches per evaluation and data-parallel rank, at most one pass over data.val "
+        "(each sequence once); 0: all of data.val")
+          .range(0)
           .zrt(),
       K("train.log_interval", I, kInt, "10", "Log loss, lr, norm and throughput every N steps")
           .range(1)

@@ -1,8 +1,10 @@
 // Evaluator: the validation loss of the model as it is now. Every rank evaluates its share of
-// the first train.eval_batches x world micro-batches of the validation data (the same ones at
-// every evaluation), with the training rule for the loss: the sum over every evaluated loss
-// token over their count. Collective (forwards at stage 3 gather; the control group averages).
-// One per rank; not thread-safe.
+// the first train.eval_batches micro-batches per data-parallel rank of the validation data (the
+// same ones at every evaluation; eval_batches 0: as many as cover the split), never more than
+// one pass over it: each validation sequence counts once, and the rows a last micro-batch has
+// past the split's end are padding with no loss token. The loss follows the training rule: the
+// sum over every evaluated loss token over their count. Collective (forwards at stage 3 gather;
+// the control group averages). One per rank; not thread-safe.
 #pragma once
 
 #include "config/config.h"
@@ -28,6 +30,11 @@ class Evaluator {
   // no loss token.
   double evaluate();
 
+  // What an evaluation reads: micro-batches per rank, and the validation sequences (or windows)
+  // they cover, each once (0 and 0 without data.val).
+  int micro_batches() const { return batches_; }
+  std::int64_t sequences() const { return sequences_; }
+
  private:
   const Config& config_;
   const RankInfo ranks_;
@@ -39,6 +46,10 @@ class Evaluator {
   ZeroEngine& engine_;
   const SampleSource* val_data_;
   Buffer loss_sum_;
+  int batches_ = 0;
+  std::int64_t sequences_ = 0;
+  // The loss is weighted by loss tokens (loss_divisor): packed or masked data, or padding rows.
+  bool weighted_ = false;
 };
 
 // The loss divisor of each micro-batch of a step or an evaluation (TokenBatch::loss_divisor):

@@ -19,6 +19,16 @@ std::uint64_t mix64(std::uint64_t z) {
 
 constexpr int kFeistelRounds = 6;
 
+// A row past the end of a one-pass stream: one document of token 0 that trains nothing.
+void fill_padding_row(int T, const SampleRow& row) {
+  for (int t = 0; t < T; ++t) {
+    row.inputs[t] = 0;
+    row.targets[t] = -1;
+    if (row.positions != nullptr) row.positions[t] = t;
+    if (row.doc_start != nullptr) row.doc_start[t] = 0;
+  }
+}
+
 }  // namespace
 
 std::int64_t shuffle_index(std::int64_t n, std::uint64_t seed, std::int64_t epoch,
@@ -90,7 +100,11 @@ void DataStream::fill(std::int64_t first, int B, HostBatch& batch) const {
       row.positions = batch.positions.data() + at;
       row.doc_start = batch.doc_start.data() + at;
     }
-    dataset_->read_row(window(first + b), row);
+    if (options_.one_pass && first + b >= dataset_->num_samples()) {
+      fill_padding_row(T, row);
+    } else {
+      dataset_->read_row(window(first + b), row);
+    }
   }
   batch.loss_tokens = std::count_if(batch.targets.begin(), batch.targets.end(),
                                     [](std::int32_t t) { return t >= 0; });
@@ -118,7 +132,11 @@ void DataStream::fill(std::int64_t first, int B, std::int32_t* inputs,
     SampleRow row;
     row.inputs = inputs + at;
     row.targets = targets + at;
-    dataset_->read_row(window(first + b), row);
+    if (options_.one_pass && first + b >= dataset_->num_samples()) {
+      fill_padding_row(T, row);
+    } else {
+      dataset_->read_row(window(first + b), row);
+    }
   }
 }
 

@@ -18,7 +18,8 @@
 // sequences are always read with G = 1.
 //
 // Validation: a source over the `val` data, read sequentially from global sample 0 at each
-// evaluation (a DataStream reset to position 0, or fill() at (k*N + r)*B).
+// evaluation, once (DataStreamOptions::one_pass: past the last sample, rows of padding with no
+// loss token instead of a second epoch, so no sample is counted twice).
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,9 @@ struct DataStreamState {
 struct DataStreamOptions {
   bool shuffle = false;  // a fresh permutation of the samples every epoch
   std::uint64_t seed = 0;
+  // One epoch only: a global sample index past the last sample fills a padding row (input 0,
+  // every target -1, one document) instead of wrapping into the next epoch.
+  bool one_pass = false;
 };
 
 // The sample stream over a source (see the top of this file). Holds a position; not
@@ -59,7 +63,7 @@ class DataStream {
   // Fills `batch` with the rows of global samples first .. first+B-1 (row b from sample
   // first+b): B, T, inputs and targets, and positions and doc_start when the source has
   // documents (else they are emptied); loss_tokens counts the targets >= 0. Reuses the batch's
-  // vectors. Does not move the position.
+  // vectors. Does not move the position. With one_pass, samples past the last are padding.
   void fill(std::int64_t first, int B, HostBatch& batch) const;
   // Rank `rank` of `world`: fills from global samples position() + rank*B ... and advances the
   // position by world*B (every rank calls it once per micro-batch).

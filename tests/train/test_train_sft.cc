@@ -308,3 +308,91 @@ TEST_CASE("a global batch with no loss token is a skipped step that loses nothin
     CHECK(empty_rows == std::vector<std::int64_t>{3, 5});
   }
 }
+
+// An evaluation reads the validation split at most once: 3 validation sequences (uneven loss
+// tokens) evaluated by W ranks at micro-batch 1 cover 3 of their ceil(3/W) x W rows, the rest
+// padding with no loss token, and the loss equals one rank's over the 3 sequences in one
+// micro-batch (the np1 job's reference). train.eval_batches larger than the split needs, or 0,
+// evaluates the split once, no more. Before, the rows wrapped into a second pass and the first
+// sequences counted twice (at 1 rank, 4 micro-batches read sequence 0 twice). lr 0 keeps the
+// model at its (world-independent) initialisation, so every run evaluates the same weights.
+TEST_CASE("an evaluation counts each validation sequence once", "[train][sft][eval]") {
+  const int world = world_size();
+  const fs::path root = kShared / "eval";
+  const fs::path reference = root / "reference.json";
+  auto write_shard = [](const fs::path& dir, int first_seed, int count) {
+    test::SftContent c;
+    c.T = kT;
+    c.vocab = 256;
+    c.pad = 255;
+    for (int i = 0; i < count; ++i) {
+      test::Sequence q;
+      std::uint32_t state = static_cast<std::uint32_t>(first_seed + i);
+      const int prompt = 3 + 7 * i;  // 29, 22 and 15 loss tokens of the 31 targets
+      for (int t = 0; t < kT; ++t) {
+        state = state * 1103515245u + 12345u;
+        q.tokens.push_back((state >> 8) % 250);
+        q.mask.push_back(t >= prompt ? 1 : 0);
+      }
+      q.ends.push_back(kT);
+      c.sequences.push_back(q);
+    }
+    fs::create_directories(dir);
+    test::write_bytes((dir / "sft_000000.bin").string(), test::sft_bytes(c));
+  };
+  if (world == 1) {
+    fs::remove_all(root);
+    write_shard(root / "train", 500, 8);
+    write_shard(root / "val", 900, 3);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto val_loss = [&](const std::string& name, int micro, int eval_batches) {
+    const std::string text = R"({
+      "train_batch_size": )" +
+                             std::to_string(micro * world) +
+                             R"(,
+      "train_micro_batch_size_per_gpu": )" +
+                             std::to_string(micro) +
+                             R"(,
+      "zero_optimization": {"stage": 1},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
+      "model": {"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256},
+      "data": {"train": ")" + (root / "train").string() +
+                             R"(", "val": ")" + (root / "val").string() + R"(", "shuffle": false},
+      "train": {"steps": 1, "log_interval": 1, "eval_interval": 1, "eval_batches": )" +
+                             std::to_string(eval_batches) + R"(},
+      "device": {"type": "cpu"},
+      "output_dir": ")" + (root / ("np" + std::to_string(world)) / name).string() +
+                             R"("
+    })";
+    const Config config = parse_config_text(text, world, name + ".json");
+    const int rank = world_rank();
+    const train::RunSummary s =
+        train::run_training(config, train::RankInfo{rank, world, rank, world});
+    REQUIRE(s.eval_losses.size() == 1);
+    return s.eval_losses[0];
+  };
+  // Sums of the same per-token losses grouped otherwise: fp32 rounding, ~1e-7 relative.
+  auto same = [](double got, double want) { return std::fabs(got - want) <= 1e-5 * want; };
+  if (world == 1) {
+    const double whole = val_loss("whole", 3, 1);  // the 3 sequences as one micro-batch
+    std::ofstream(reference) << nlohmann::json{{"val_loss", whole}}.dump();
+    // A fresh model's loss is near ln 256 (its predictions nearly uniform).
+    CHECK(std::fabs(whole - std::log(256.0)) < 0.05 * std::log(256.0));
+    const double four = val_loss("micro1_x4", 1, 4);  // 3 sequences, then one row of padding
+    INFO("1 rank, 4 micro-batches of 1: " << four << " vs " << whole);
+    CHECK(same(four, whole));
+    CHECK(same(val_loss("micro2_all", 2, 0), whole));  // 2 micro-batches, the last half padding
+  } else {
+    REQUIRE(fs::exists(reference));
+    nlohmann::json ref;
+    std::ifstream(reference) >> ref;
+    const double whole = ref["val_loss"].get<double>();
+    const int covering = (3 + world - 1) / world;  // micro-batches of 1 that cover the split
+    for (int batches : {0, covering, covering + 2}) {
+      const double got = val_loss("micro1_x" + std::to_string(batches), 1, batches);
+      INFO(world << " ranks, eval_batches " << batches << ": " << got << " vs " << whole);
+      CHECK(same(got, whole));
+    }
+  }
+}
