@@ -36,6 +36,16 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
   if (const auto& dir = plan.dir) {
     const checkpoint::CheckpointIndex index = checkpoint::load_engine(*dir, engine_);
     train_stream_.restore(index.data);
+    // The data order is part of the stream the checkpoint continues: the saved one wins, and a
+    // config that asks for another is told so (rather than silently ignored).
+    const bool order_changed = index.data.shuffle != config_.data.shuffle ||
+                               (index.data.shuffle && index.data.seed != config_.data.seed);
+    if (rank_ == 0 && order_changed) {
+      spdlog::warn(
+          "{}: the run continues the saved data order (data.shuffle {}, data.seed {}); "
+          "the config's (shuffle {}, seed {}) applies to a fresh start only",
+          *dir, index.data.shuffle, index.data.seed, config_.data.shuffle, config_.data.seed);
+    }
     start_step = index.step;
     if (index.scheduler != lr_schedule_name(config_.scheduler.type)) {
       spdlog::warn("{}: saved with scheduler {}, resuming with {}", *dir, index.scheduler,
