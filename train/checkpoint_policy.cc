@@ -1,22 +1,77 @@
 #include "train/checkpoint_policy.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+#include <mpi.h>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "optimizers/lr_schedule.h"
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
+#include "runtime/checkpoint/load_plan.h"
 
 namespace zrt::train {
 
+namespace fs = std::filesystem;
+
+namespace {
+
+// Rank 0's text on every rank of MPI_COMM_WORLD.
+std::string broadcast_from_rank0(std::string text) {
+  std::int64_t length = static_cast<std::int64_t>(text.size());
+  MPI_Bcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<std::size_t>(length));
+  if (length > 0) {
+    MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD);
+  }
+  return text;
+}
+
+}  // namespace
+
+// Rank 0 reads the save directory and decides; every rank takes its decision. Ranks reading
+// `latest` each on their own could resume from different steps (node-local copies of the
+// directory), and rank 0 clearing it for a fresh start raced the others' reads. Collective over
+// MPI_COMM_WORLD, before any group exists.
 checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank) {
-  checkpoint::LoadPlan load_plan = checkpoint::plan_load(config.checkpoint);
+  checkpoint::LoadPlan load_plan;
+  std::string error;
   if (rank == 0) {
-    spdlog::info("{}", load_plan.note);
-    if (load_plan.clear_save_dir) checkpoint::remove_checkpoints(config.checkpoint.save_dir);
+    try {
+      load_plan = checkpoint::plan_load(config.checkpoint);
+      spdlog::info("{}", load_plan.note);
+      if (load_plan.clear_save_dir) checkpoint::remove_checkpoints(config.checkpoint.save_dir);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_from_rank0(error);
+  if (!error.empty()) throw InvalidArgument(error);
+  const std::string dir = broadcast_from_rank0(load_plan.dir.value_or(std::string()));
+  if (dir.empty()) {
+    load_plan.dir.reset();
+    return load_plan;
+  }
+  load_plan.dir = dir;
+  // Every rank reads the checkpoint: the first that cannot see it is named on all of them. (The
+  // test hook ZRT_TEST_CKPT_PROBE_RANK makes one rank look elsewhere, as for the save's probe.)
+  const bool elsewhere = rank == checkpoint::TestHooks::from_env().probe_elsewhere_rank;
+  const fs::path seen = elsewhere ? fs::path(dir + "_not_shared") : fs::path(dir);
+  int blind = fs::exists(seen / "index.h5") ? std::numeric_limits<int>::max() : rank;
+  MPI_Allreduce(MPI_IN_PLACE, &blind, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (blind != std::numeric_limits<int>::max()) {
+    throw InvalidArgument(fmt::format(
+        "checkpoint {} (rank 0 resumes from it): rank {} cannot see its index.h5; every rank "
+        "reads the checkpoint, so checkpoint.save_dir must be on a file system all ranks share",
+        dir, blind));
   }
   return load_plan;
 }
@@ -46,7 +101,15 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
           "the config's (shuffle {}, seed {}) applies to a fresh start only",
           *dir, index.data.shuffle, index.data.seed, config_.data.shuffle, config_.data.seed);
     }
+    const double static_scale = config_.engine.loss_scale.loss_scale;
+    if (rank_ == 0 && config_.fp16() && static_scale > 0.0 &&
+        index.loss_scale.scale != static_scale) {
+      spdlog::info("{}: saved with loss scale {}; the config's static fp16.loss_scale {} applies",
+                   *dir, index.loss_scale.scale, static_scale);
+    }
     start_step = index.step;
+    warn_of_later_checkpoints(start_step);
+    warn_of_model_changes(*dir, index.config_json);
     if (index.scheduler != lr_schedule_name(config_.scheduler.type)) {
       spdlog::warn("{}: saved with scheduler {}, resuming with {}", *dir, index.scheduler,
                    lr_schedule_name(config_.scheduler.type));
@@ -58,6 +121,56 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
   }
   last_save_ = Clock::now();  // checkpoint.save_interval_minutes counts from here
   return start_step;
+}
+
+// Resuming from an older tag: the checkpoints past it are another timeline's. They stay (this
+// run's pruning neither counts nor removes them), and `latest` will name this run's saves.
+void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) const {
+  if (rank_ != 0) return;
+  std::vector<std::string> later;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(config_.checkpoint.save_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory(ec) && checkpoint::step_of_tag(name) > step) later.push_back(name);
+  }
+  if (later.empty()) return;
+  std::sort(later.begin(), later.end());
+  spdlog::warn(
+      "{}: {} checkpoint(s) past the resumed step {} ({}) are another run's timeline: "
+      "they are kept, not counted by keep_last, and the next save's `latest` names "
+      "this run's (remove them, or resume from the newest, if that is what was meant)",
+      config_.checkpoint.save_dir, later.size(), step, fmt::join(later, ", "));
+}
+
+// The shapes are checked against the checkpoint's as it loads; a model key that changes no
+// shape (heads at the same width, rope_theta, a norm's epsilon, routing settings) trains the
+// saved weights as another model. Deliberate at times (a longer context's rope_theta), so a
+// warning naming each key, with both values.
+void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
+                                             const std::string& saved_config) const {
+  if (rank_ != 0 || saved_config.empty()) return;
+  const nlohmann::json saved = nlohmann::json::parse(saved_config, nullptr, false);
+  if (saved.is_discarded() || !saved.contains("model") || !saved["model"].is_object()) return;
+  const nlohmann::json& before = saved["model"];
+  const nlohmann::json now = config_.document.value("model", nlohmann::json::object());
+  std::vector<std::string> changed;
+  auto value_of = [](const nlohmann::json& block, const std::string& key) {
+    return block.contains(key) ? block[key].dump() : std::string("(unset)");
+  };
+  std::vector<std::string> keys;
+  for (const auto& item : before.items()) keys.push_back(item.key());
+  for (const auto& item : now.items()) {
+    if (!before.contains(item.key())) keys.push_back(item.key());
+  }
+  for (const std::string& key : keys) {
+    const std::string was = value_of(before, key), is = value_of(now, key);
+    if (was != is) changed.push_back(fmt::format("model.{} {} -> {}", key, was, is));
+  }
+  if (changed.empty()) return;
+  spdlog::warn(
+      "{}: the model block differs from the one this checkpoint was saved with ({}); "
+      "the shapes match, so the saved weights train as the model configured now",
+      dir, fmt::join(changed, "; "));
 }
 
 bool CheckpointPolicy::time_vote() const {

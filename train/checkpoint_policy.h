@@ -23,9 +23,10 @@ namespace zrt::train {
 
 class CheckpointPolicy {
  public:
-  // What checkpoint.load means for save_dir as it is now (runtime/checkpoint/load_plan.h). On
-  // rank 0 logs the decision and clears save_dir when the plan says so. Every rank decides the
-  // same (the same files).
+  // What checkpoint.load means for save_dir as it is now (runtime/checkpoint/load_plan.h),
+  // decided by rank 0 (which logs it and clears save_dir when the plan says so) and taken by
+  // every rank; each checks it can see the checkpoint. Collective over MPI_COMM_WORLD; a
+  // refusal throws InvalidArgument on every rank.
   static checkpoint::LoadPlan plan(const Config& config, int rank);
 
   // Saves `engine` and `train_stream`'s position as config.checkpoint says.
@@ -60,6 +61,8 @@ class CheckpointPolicy {
   using Clock = std::chrono::steady_clock;
 
   void save_checkpoint(std::int64_t step, bool synchronous);
+  void warn_of_later_checkpoints(std::int64_t step) const;
+  void warn_of_model_changes(const std::string& dir, const std::string& saved_config) const;
   // True if `e` (a failed save, the same on every rank) is tolerated: counted and logged.
   bool tolerate_save_error(const Error& e);
 

@@ -348,7 +348,12 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       fs::create_directories(save_dir);
       fs::remove_all(tmp);  // an abandoned attempt at this tag
       fs::create_directories(tmp);
-      nonce = static_cast<std::int64_t>(std::random_device{}() & 0x7fffffff) << 16 | getpid();
+      // Also the save's id (CheckpointIndex::save_id): 62 random bits, never 0.
+      std::random_device draw;
+      nonce = static_cast<std::int64_t>(
+                  ((std::uint64_t{draw()} << 32) ^ draw() ^ static_cast<std::uint64_t>(getpid())) >>
+                  2) |
+              1;
       std::ofstream(probe) << nonce << "\n";
       fsync_path(probe.string());
       fsync_path(tmp.string(), true);
@@ -406,7 +411,12 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
           (hooks_.write_delay_step < 0 || hooks_.write_delay_step == request.index.step)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(hooks_.write_delay_ms));
       }
-      if (rank_ == 0) write_index((tmp / "index.h5").string(), *index);
+      if (rank_ == 0) {
+        // The save's id is the directory probe's number, agreed by every rank above.
+        CheckpointIndex with_id = *index;
+        with_id.save_id = nonce;
+        write_index((tmp / "index.h5").string(), with_id);
+      }
       if (rank_ == 0) fsync_path((tmp / "index.h5").string());
       const std::int64_t expected = index->share.gather ? index->share.file_elements()
                                     : rank_ < index->world
@@ -420,7 +430,7 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
                   "rank {}: snapshot of {} state datasets, the index's optimizer {} has {}", rank_,
                   state.datasets.size(), index->optimizer, index->state_datasets().size());
         write_rank_file((tmp / rank_file_name(rank_)).string(), state, index->world, index->seed,
-                        rank_ == hooks_.kill_rank, &timings.file, config_.direct_io);
+                        nonce, rank_ == hooks_.kill_rank, &timings.file, config_.direct_io);
         timings.bytes = state.bytes();
       }
       timings.write_s = seconds_since(t);
@@ -497,7 +507,9 @@ void Checkpointer::prune(std::int64_t keep_step) {
     if (step < 0) continue;
     if (is_tmp) {
       if (step < keep_step) fs::remove_all(entry.path());  // abandoned by a killed save
-    } else {
+    } else if (step <= keep_step) {
+      // Checkpoints past the one just saved are another timeline's (this run resumed from an
+      // older tag): neither counted nor removed (the resume warned of them).
       complete.emplace_back(step, entry.path());
     }
   }

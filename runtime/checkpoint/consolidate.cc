@@ -29,9 +29,7 @@ std::vector<std::vector<float>> read_full_params(const std::string& dir,
     }
     const std::string path = (fs::path(dir) / rank_file_name(r)).string();
     files.push_back(std::make_unique<H5File>(H5File::open_read(path)));
-    if (read_attr_string(files.back()->id(), "format", path) != kRankFormat) {
-      ZRT_THROW(InvalidArgument, "{}: not a zrt checkpoint rank file", path);
-    }
+    check_rank_file(*files.back(), index, r);  // the format, its rank and world, the save
     master.push_back(std::make_unique<H5Dataset>(*files.back(), kMasterDataset, H5Elem::kFloat32,
                                                  std::vector<std::int64_t>{elements}));
   }

@@ -191,6 +191,7 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   for (const std::string& s : index.optimizer_states) states += (states.empty() ? "" : ",") + s;
   write_attr(root, "optimizer_states", states);
   write_attr(root, "seed", static_cast<std::int64_t>(index.seed));
+  if (index.save_id != 0) write_attr(root, "save_id", index.save_id);
   write_attr(root, "loss_scale", index.loss_scale.scale);
   write_attr(root, "loss_scale_iteration", index.loss_scale.iteration);
   write_attr(root, "loss_scale_last_overflow", index.loss_scale.last_overflow_iteration);
@@ -290,6 +291,7 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
     }
   }  // else: written before the optimizer seam, by Adam (the defaults)
   index.seed = static_cast<std::uint64_t>(read_attr_int(root, "seed", path));
+  index.save_id = has_attr(root, "save_id") ? read_attr_int(root, "save_id", path) : 0;
   index.loss_scale.scale = read_attr_double(root, "loss_scale", path);
   index.loss_scale.iteration = read_attr_int(root, "loss_scale_iteration", path);
   index.loss_scale.last_overflow_iteration = read_attr_int(root, "loss_scale_last_overflow", path);

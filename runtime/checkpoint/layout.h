@@ -115,6 +115,10 @@ struct CheckpointIndex {
   std::string optimizer = "Adam";
   std::vector<std::string> optimizer_states = {"exp_avg", "exp_avg_sq"};
   std::uint64_t seed = 0;  // the run's seed (init and sampling RNGs are keyed on it)
+  // A number drawn for each save, written into the index and every rank file of it: a rank file
+  // from another save (copied over, or a run sharing the directory) is refused on load. 0: an
+  // index written before save ids (its rank files are not checked for one).
+  std::int64_t save_id = 0;
   LossScaleState loss_scale;
   DataStreamState data;
   std::string scheduler;    // the schedule's type: its value is a pure function of the step

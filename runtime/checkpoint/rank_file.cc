@@ -25,8 +25,8 @@ void fsync_path(const std::string& path, bool directory) {
 }
 
 void write_rank_file(const std::string& path, const RankState& snapshot, int world,
-                     std::uint64_t seed, bool kill_midway, RankFileTimings* timings,
-                     bool direct_io) {
+                     std::uint64_t seed, std::int64_t save_id, bool kill_midway,
+                     RankFileTimings* timings, bool direct_io) {
   RankFileTimings t;
   using Clock = std::chrono::steady_clock;
   auto lap = [at = Clock::now()]() mutable {
@@ -48,6 +48,7 @@ void write_rank_file(const std::string& path, const RankState& snapshot, int wor
   // Training draws no random numbers after initialisation (no dropout; the data order is a pure
   // function of the global sample index and data.seed): the seed is the whole RNG state.
   write_attr(file.id(), "rng_seed", static_cast<std::int64_t>(seed));
+  if (save_id != 0) write_attr(file.id(), "save_id", save_id);
   ZRT_CHECK(snapshot.arrays.size() == snapshot.datasets.size() && !snapshot.arrays.empty(),
             "{}: {} state arrays for {} datasets", path, snapshot.arrays.size(),
             snapshot.datasets.size());
@@ -77,8 +78,7 @@ struct ShardedReader::OpenFile {
   std::vector<std::unique_ptr<H5Dataset>> data;  // index.state_datasets() order
 };
 
-namespace {
-void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank) {
+void check_rank_file(const H5File& file, const CheckpointIndex& index, int rank) {
   const hid_t root = file.id();
   if (!has_attr(root, "format") || read_attr_string(root, "format", file.path()) != kRankFormat) {
     ZRT_THROW(InvalidArgument,
@@ -92,8 +92,18 @@ void check_rank_attrs(const H5File& file, const CheckpointIndex& index, int rank
               "{}: holds rank {} of {}, the index expects rank {} of {} (files mixed up?)",
               file.path(), r, w, rank, index.world);
   }
+  if (index.save_id != 0) {
+    const std::int64_t id =
+        has_attr(root, "save_id") ? read_attr_int(root, "save_id", file.path()) : 0;
+    if (id != index.save_id) {
+      ZRT_THROW(InvalidArgument,
+                "{}: written by another save than the index next to it (save id {}, the index's "
+                "{}): a rank file copied in from another checkpoint, or a run sharing the "
+                "directory; restore the checkpoint's own files, or resume from another tag",
+                file.path(), id, index.save_id);
+    }
+  }
 }
-}  // namespace
 
 ShardedReader::ShardedReader(std::string dir, const CheckpointIndex& index, ParamSources sources)
     : dir_(std::move(dir)), index_(index), sources_(std::move(sources)) {}
@@ -104,7 +114,7 @@ ShardedReader::OpenFile& ShardedReader::file(int old_rank) {
   if (it != files_.end()) return *it->second;
   auto f = std::make_unique<OpenFile>();
   f->file = H5File::open_read((std::filesystem::path(dir_) / rank_file_name(old_rank)).string());
-  check_rank_attrs(f->file, index_, old_rank);
+  check_rank_file(f->file, index_, old_rank);
   const std::int64_t n = index_.rank_elements[static_cast<std::size_t>(old_rank)];
   for (const std::string& name : index_.state_datasets()) {
     f->data.push_back(
@@ -225,7 +235,7 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
 
 std::int64_t verify_rank_file(const std::string& path, const CheckpointIndex& index, int rank) {
   H5File file = H5File::open_read(path);
-  check_rank_attrs(file, index, rank);
+  check_rank_file(file, index, rank);
   std::int64_t bytes = 0;
   for (const std::string& name : index.state_datasets()) {
     bytes += H5Dataset(file, name, H5Elem::kFloat32,

@@ -75,14 +75,20 @@ struct RankFileTimings {
   double close_s = 0.0;   // HDF5's metadata and close
   double fsync_s = 0.0;   // until the device has it all
 };
-// direct_io false: the tensor data through the page cache (checkpoint.direct_io).
+// direct_io false: the tensor data through the page cache (checkpoint.direct_io). save_id:
+// the save's (CheckpointIndex::save_id; 0 writes none).
 void write_rank_file(const std::string& path, const RankState& state, int world, std::uint64_t seed,
-                     bool kill_midway = false, RankFileTimings* timings = nullptr,
-                     bool direct_io = true);
+                     std::int64_t save_id, bool kill_midway = false,
+                     RankFileTimings* timings = nullptr, bool direct_io = true);
 inline void write_rank_file(const std::string& path, const RankSnapshot& snapshot, int world,
-                            std::uint64_t seed, bool kill_midway = false) {
-  write_rank_file(path, snapshot.view(), world, seed, kill_midway);
+                            std::uint64_t seed, std::int64_t save_id = 0,
+                            bool kill_midway = false) {
+  write_rank_file(path, snapshot.view(), world, seed, save_id, kill_midway);
 }
+
+// Throws InvalidArgument naming the file unless `file` is rank `rank` of the checkpoint whose
+// index is `index`: its format, rank and world, and (where the index has one) its save id.
+void check_rank_file(const H5File& file, const CheckpointIndex& index, int rank);
 
 // Flushes a file or directory to stable storage (fsync); throws naming it.
 void fsync_path(const std::string& path, bool directory = false);

@@ -37,7 +37,13 @@ class LossScaler {
   // raise_error_at_min_scale): training cannot make progress.
   void update(bool overflow);
   const LossScaleState& state() const { return state_; }
-  void restore(const LossScaleState& state) { state_ = state; }
+  // A checkpoint's state. A static scale stays this scaler's own (the config's): a run resumed
+  // with fp16.loss_scale set scales by it, whatever the saved scaler held (a dynamic one's
+  // scale, or another static value); a dynamic scaler continues from the saved scale.
+  void restore(const LossScaleState& state) {
+    state_ = state;
+    if (!dynamic()) state_.scale = options_.loss_scale;
+  }
 
  private:
   LossScaleOptions options_;

@@ -8,6 +8,8 @@
 //  - a rank SIGKILLed midway through its file leaves `latest` on the previous checkpoint, which
 //    then loads; a rank that cannot see rank 0's probe fails the save, naming the directory;
 //  - a failed async save is logged by the writer thread and makes zrt-train exit non-zero;
+//  - a rank file from another save (or in another rank's place) is refused by the resume,
+//    zrt-ckpt verify and consolidate;
 //  - zrt-ckpt inspect / verify / consolidate / export, the export loadable by model.init_from's
 //    reader and by torch (skipped with a message when python3 has no torch); export creates its
 //    folder, a failed write says why, --help, the loss scale shown for fp16 runs only;
@@ -20,12 +22,16 @@
 //    sends fewer bytes across nodes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -81,6 +87,8 @@ struct Job {
   nlohmann::json model = nlohmann::json::object();  // replaces the gpt2-tiny model block
   int expert_parallel = 0;  // expert_parallel.autoep_size (0: no expert_parallel block)
   nlohmann::json zero_extra = nlohmann::json::object();  // more zero_optimization keys
+  int keep_last = 0;                                     // checkpoint.keep_last
+  double fp16_loss_scale = 0.0;                          // fp16.loss_scale (0: dynamic)
 };
 
 std::string shell(const std::string& cmd, int* status) {
@@ -129,8 +137,9 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
     c["expert_parallel"] = {{"enabled", true}, {"autoep_size", job.expert_parallel}};
   }
   if (job.bf16) c["bf16"] = {{"enabled", true}};
-  if (job.fp16) c["fp16"] = {{"enabled", true}};
+  if (job.fp16) c["fp16"] = {{"enabled", true}, {"loss_scale", job.fp16_loss_scale}};
   nlohmann::json k = {{"save_interval", job.save_interval}, {"async", job.async}};
+  if (job.keep_last > 0) k["keep_last"] = job.keep_last;
   k["save_dir"] = job.save_dir.empty() ? (out / "ckpt").string() : job.save_dir;
   if (!job.load.empty()) k["load"] = job.load;
   if (job.overwrite) k["overwrite"] = true;
@@ -489,6 +498,158 @@ TEST_CASE("a save directory one rank cannot see fails the save, naming it", "[sh
                                    "' is not shared: rank 1 cannot see"));
   CHECK_THAT(text, Catch::Contains("needs a shared file system"));
   CHECK_FALSE(read_latest(j.save_dir).has_value());
+}
+
+// Every save draws an id written into its index and each of its rank files: a rank file copied
+// in from another checkpoint of the same run (same shapes, same rank and world, valid checksums)
+// is refused by the resume, zrt-ckpt verify and consolidate, naming the file; before, it loaded
+// silently (step 2's weights with step 4's counters) and verify said OK. A rank file in another
+// rank's place is refused by consolidate too (it checked only the format).
+TEST_CASE("a rank file from another save, or another rank's, is refused on every read",
+          "[save-id]") {
+  Job j;
+  j.steps = 4;
+  j.save_interval = 2;
+  j.save_dir = (root() / "save_id_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("save_id", j);
+  const fs::path step2 = fs::path(j.save_dir) / "global_step2";
+  const fs::path step4 = fs::path(j.save_dir) / "global_step4";
+  REQUIRE(open_index(step2.string()).save_id != 0);
+  CHECK(open_index(step2.string()).save_id != open_index(step4.string()).save_id);
+  CHECK(verify_checkpoint(step4.string()) > 0);
+  fs::copy_file(step2 / rank_file_name(1), step4 / rank_file_name(1),
+                fs::copy_options::overwrite_existing);
+  const std::string tool = ZRT_CKPT;
+  const std::string message =
+      (step4 / rank_file_name(1)).string() + ": written by another save than the index next to it";
+  int status = 0;
+  std::string out = shell(tool + " verify " + step4.string(), &status);
+  CHECK(status != 0);
+  CHECK_THAT(out, Catch::Contains(message));
+  out = shell(tool + " consolidate " + step4.string() + " --out " +
+                  (root() / "save_id" / "mixed.h5").string(),
+              &status);
+  CHECK(status != 0);
+  CHECK_THAT(out, Catch::Contains(message));
+  Job resume = j;
+  resume.steps = 6;
+  resume.keep_output = true;
+  std::string text;
+  CHECK(launch("save_id", resume, &text) != 0);
+  CHECK_THAT(text, Catch::Contains(message));
+
+  // Rank files swapped within one save: consolidate refuses, as the resume and verify do.
+  const fs::path r0 = step2 / rank_file_name(0), r1 = step2 / rank_file_name(1);
+  fs::rename(r0, step2 / "swap.h5");
+  fs::rename(r1, r0);
+  fs::rename(step2 / "swap.h5", r1);
+  out = shell(tool + " consolidate " + step2.string() + " --out " +
+                  (root() / "save_id" / "swapped.h5").string(),
+              &status);
+  CHECK(status != 0);
+  CHECK_THAT(out, Catch::Contains(r0.string() + ": holds rank 1 of 2, the index expects rank 0"));
+}
+
+// Resuming from an older tag starts another timeline: keep_last counts this run's checkpoints
+// (up to the one it saves) and leaves the other timeline's later ones alone, and the resume says
+// so. Before, pruning sorted by step, so the abandoned run's global_step8 outlived the new run's
+// global_step4 and the new run had one fallback instead of two.
+TEST_CASE("keep_last after a resume from an older tag keeps this run's newest", "[keep-last]") {
+  Job j;
+  j.steps = 8;
+  j.save_interval = 2;
+  j.save_dir = (root() / "keep_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("keep", j);
+  Job again = j;
+  again.steps = 6;
+  again.load = "global_step2";
+  again.keep_last = 2;
+  again.keep_output = true;
+  std::string text;
+  REQUIRE(launch("keep", again, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("3 checkpoint(s) past the resumed step 2 (global_step4, "
+                                   "global_step6, global_step8) are another run's timeline"));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(j.save_dir)) {
+    if (e.is_directory()) left.push_back(e.path().filename().string());
+  }
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"global_step4", "global_step6", "global_step8"});
+  CHECK(read_latest(j.save_dir) == std::optional<std::string>("global_step6"));
+  // global_step4 and 6 are this run's: saved after the resume, so their step counts say 4, 6
+  // of a run that started from 2 (their ids differ from the first run's, which they replaced).
+  CHECK(open_index((fs::path(j.save_dir) / "global_step6").string()).step == 6);
+}
+
+// fp16 with a static loss scale resumed from a dynamically scaled checkpoint scales by the
+// config's value (it kept the saved 65536 for the rest of the run, silently).
+TEST_CASE("a static fp16 loss scale in the resuming config applies", "[fp16-resume]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.fp16 = true;
+  j.save_dir = (root() / "fp16_scale_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("fp16_scale", j);
+  Job fixed = j;
+  fixed.steps = 4;
+  fixed.fp16_loss_scale = 128;
+  fixed.keep_output = true;
+  std::string text;
+  REQUIRE(launch("fp16_scale", fixed, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("the config's static fp16.loss_scale 128 applies"));
+  std::ifstream in(root() / "fp16_scale" / "metrics.jsonl");
+  std::string line;
+  int resumed_rows = 0;
+  while (std::getline(in, line)) {
+    const auto row = nlohmann::json::parse(line);
+    if (!row.contains("loss_scale") || row["step"].get<int>() <= 2) continue;
+    ++resumed_rows;
+    CHECK(row["loss_scale"].get<double>() == 128.0);
+  }
+  CHECK(resumed_rows == 2);
+}
+
+// Rank 0 decides what to resume from and every rank takes it; a rank that cannot see the
+// checkpoint (here, by the test hook, one that looks in another directory) stops every rank
+// before anything is loaded, naming itself and the directory.
+TEST_CASE("a resume that one rank cannot see stops every rank, naming it", "[sharedfs]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.save_dir = (root() / "blind_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("blind", j);
+  Job again = j;
+  again.steps = 4;
+  again.keep_output = true;
+  again.env = "ZRT_TEST_CKPT_PROBE_RANK=1";
+  std::string text;
+  CHECK(launch("blind", again, &text) != 0);
+  CHECK_THAT(text, Catch::Contains("checkpoint " + j.save_dir +
+                                   "/global_step2 (rank 0 resumes "
+                                   "from it): rank 1 cannot see its index.h5"));
+}
+
+// A model key that changes no shape (2 heads of 32 instead of 4 of 16) passes the load's shape
+// checks; the resume names it with both values (it said nothing).
+TEST_CASE("a resume under a changed model block names the changed keys", "[model-change]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.save_dir = (root() / "model_change_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("model_change", j);
+  Job again = j;
+  again.steps = 3;
+  again.keep_output = true;
+  again.model = {{"preset", "gpt2-tiny"}, {"seq_len", 32}, {"n_head", 2}};
+  std::string text;
+  REQUIRE(launch("model_change", again, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("the model block differs from the one this checkpoint was "
+                                   "saved with (model.n_head (unset) -> 2)"));
 }
 
 TEST_CASE("a failed async save is logged at once and fails the run", "[async-fail]") {

@@ -78,3 +78,27 @@ TEST_CASE("overflow at the minimum scale is an error; static scales never move")
     CHECK(f.scale() == 128);
   }
 }
+
+// A resume restores the saved scaler state, but a static scale is the resuming config's: a run
+// saved with dynamic scaling at 65536 and resumed with loss_scale 128 scales by 128 (it used to
+// keep 65536 for the rest of the run, silently); a dynamic scaler continues from the saved scale.
+TEST_CASE("a restored state keeps a static scale; a dynamic scaler continues from it") {
+  LossScaleState saved;
+  saved.scale = 65536;
+  saved.iteration = 7;
+  saved.last_overflow_iteration = 3;
+  saved.hysteresis_left = 1;
+  LossScaleOptions fixed;
+  fixed.loss_scale = 128;
+  LossScaler f(fixed);
+  f.restore(saved);
+  CHECK(f.scale() == 128);
+  CHECK(f.state().iteration == 7);
+  f.update(true);
+  CHECK(f.scale() == 128);
+
+  LossScaler d{LossScaleOptions{}};
+  d.restore(saved);
+  CHECK(d.scale() == 65536);
+  CHECK(d.state().iteration == 7);
+}
