@@ -1,5 +1,7 @@
 #include "models/model_registry.h"
 
+#include <filesystem>
+
 #include <nlohmann/json.hpp>
 
 #include "models/hf/hf_export.h"
@@ -105,6 +107,20 @@ ModelConfig saved_model_config(const std::string& config_json, const std::string
     ZRT_THROW(InvalidArgument, "{}: the saved run config is not a JSON object", where);
   }
   if (!doc.contains("model")) return ModelConfig{};
+  // A model that came from a Hugging Face directory is rebuilt from its config.json: without
+  // it the block alone would read as another architecture's (GPT-2's, the default).
+  const nlohmann::json& block = doc["model"];
+  if (block.is_object() && block.contains("init_from") && block["init_from"].is_string()) {
+    const std::string from = block["init_from"].get<std::string>();
+    std::error_code ec;
+    if (!from.empty() && !std::filesystem::exists(from, ec)) {
+      ZRT_THROW(InvalidArgument,
+                "{}: the saved model comes from model.init_from {}, which is not there (moved or "
+                "deleted?): the model's architecture and dimensions are read from it; put it "
+                "back at that path",
+                where, from);
+    }
+  }
   // The config's own parser reads the block (every key of every architecture, and the
   // architecture of an init_from directory), in a minimal run around it: the saved run's batch
   // and data settings do not matter here and need not fit this process.

@@ -162,7 +162,15 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
   for (const auto& item : now.items()) {
     if (!before.contains(item.key())) keys.push_back(item.key());
   }
+  // init_from is saved absolute (save_checkpoint): compared as paths.
+  auto absolute_path = [](const nlohmann::json& block) {
+    if (!block.contains("init_from") || !block["init_from"].is_string()) return std::string();
+    std::error_code ec;
+    const fs::path p = fs::absolute(block["init_from"].get<std::string>(), ec);
+    return ec ? std::string() : p.lexically_normal().string();
+  };
   for (const std::string& key : keys) {
+    if (key == "init_from" && absolute_path(before) == absolute_path(now)) continue;
     const std::string was = value_of(before, key), is = value_of(now, key);
     if (was != is) changed.push_back(fmt::format("model.{} {} -> {}", key, was, is));
   }
@@ -196,7 +204,16 @@ void CheckpointPolicy::save_checkpoint(std::int64_t step, bool synchronous) {
   request.index.seed = config_.seed;
   request.index.data = train_stream_.state();
   request.index.scheduler = lr_schedule_name(config_.scheduler.type);
-  request.index.config_json = config_.document.dump();
+  // The run's config as written, but model.init_from made absolute: zrt-ckpt export and a
+  // resume rebuild the model from it, perhaps from another working directory.
+  nlohmann::json saved = config_.document;
+  if (saved.contains("model") && saved["model"].is_object() &&
+      saved["model"].contains("init_from") && saved["model"]["init_from"].is_string()) {
+    std::error_code ec;
+    const fs::path from = fs::absolute(saved["model"]["init_from"].get<std::string>(), ec);
+    if (!ec) saved["model"]["init_from"] = from.lexically_normal().string();
+  }
+  request.index.config_json = saved.dump();
   checkpoint::describe_engine(engine_, request.index);
   // Every rank of the partition writes its slices (at stage 0 the one full copy, rank 0's).
   // A sync save writes them from where the engine keeps them when that is host memory, and

@@ -178,19 +178,54 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
     ZRT_THROW(InvalidArgument, "{}: num_attention_heads must be positive", path);
   }
   c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
-  c.rms_norm_eps = r.opt_double("rms_norm_eps", c.rms_norm_eps);
+  // transformers' defaults where a key is absent differ by family (MixtralConfig's eps 1e-5 and
+  // theta 1e6).
+  const bool mixtral = c.model_type == "mixtral";
+  c.rms_norm_eps = r.opt_double("rms_norm_eps", mixtral ? 1e-5 : c.rms_norm_eps);
+  if (mixtral) c.rope_theta = 1e6;
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
+  // The family's MLP is SwiGLU: SiLU (transformers' "swish" is the same function). Another
+  // activation is a different model, refused rather than trained as SiLU.
   c.hidden_act = r.opt_string("hidden_act", "silu");
+  if (c.hidden_act != "silu" && c.hidden_act != "swish") {
+    ZRT_THROW(InvalidArgument,
+              "{}: hidden_act '{}' is not supported: zrt's {} MLP is SwiGLU (silu)", path,
+              c.hidden_act, c.model_type);
+  }
+  if (r.opt_bool("mlp_bias", false)) {
+    ZRT_THROW(InvalidArgument,
+              "{}: mlp_bias true is not supported: zrt's {} MLP projections carry no biases", path,
+              c.model_type);
+  }
   read_rope(doc, path, c);
-  if (c.model_type == "mixtral" || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
+  if (mixtral || c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
     read_moe(doc, path, c);
   }
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {
     c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
-    if (r.opt_bool("use_sliding_window", false)) c.sliding_window = r.opt_int("sliding_window", 0);
+    // The window applies to the layers from max_window_layers on (transformers' layer_types):
+    // none when that is past the last layer.
+    if (r.opt_bool("use_sliding_window", false) &&
+        r.opt_int("max_window_layers", 28) < c.num_hidden_layers) {
+      c.sliding_window = r.opt_int("sliding_window", 0);
+    }
+  } else if (c.model_type == "mistral") {
+    // MistralForCausalLM's projections never take biases (an attention_bias key is ignored by
+    // transformers too); a window absent from the file is MistralConfig's default, 4096.
+    c.attention_bias = false;
+    c.sliding_window = doc.contains("sliding_window") ? r.opt_int("sliding_window", 0) : 4096;
   } else {
-    c.attention_bias = r.opt_bool("attention_bias", false);
-    if (c.model_type == "mistral" || c.model_type == "mixtral") {
+    // Llama, Mixtral and Qwen3-MoE: attention_bias puts biases on q, k, v and o_proj alike;
+    // zrt's attention takes q/k/v biases only (Qwen2's form).
+    if (r.opt_bool("attention_bias", false)) {
+      ZRT_THROW(InvalidArgument,
+                "{}: attention_bias true is not supported for {}: transformers then puts biases "
+                "on q, k, v and o_proj; zrt's attention takes q/k/v biases only (Qwen2's)",
+                path, c.model_type);
+    }
+    if (mixtral) c.sliding_window = r.opt_int("sliding_window", 0);
+    // Qwen3-MoE's window applies to every layer when use_sliding_window is set.
+    if (c.model_type == "qwen3_moe" && r.opt_bool("use_sliding_window", false)) {
       c.sliding_window = r.opt_int("sliding_window", 0);
     }
   }

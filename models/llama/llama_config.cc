@@ -193,6 +193,15 @@ void LlamaConfig::validate() const {
               "qwen2 config {}: model.attention_bias=false, but Qwen2 always has q/k/v biases",
               name);
   }
+  // zrt's biases are Qwen2's (q, k, v): transformers' Llama puts one on o_proj too, and its
+  // Mistral none, so such a model would export to something else than what trained.
+  if (architecture != "qwen2" && attention_bias) {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.attention_bias=true is not supported: zrt's q/k/v biases are "
+              "Qwen2's form (model.type qwen2); transformers' {} has {}",
+              architecture, name, architecture,
+              architecture == "mistral" ? "no attention biases" : "an o_proj bias as well");
+  }
   if (sliding_window < 0) {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.sliding_window={} must be positive (or 0: "

@@ -254,6 +254,16 @@ LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
         p.tie_word_embeddings);
   check("attention_bias", c.attention_bias, run.attention_bias, p.attention_bias);
   check("sliding_window", c.sliding_window, run.sliding_window, p.sliding_window);
+  const auto& rs = run.rope_scaling;
+  check("rope_scaling.rope_type", c.rope_scaling.rope_type, rs.rope_type, p.rope_scaling.rope_type);
+  check("rope_scaling.factor", c.rope_scaling.factor, rs.factor, p.rope_scaling.factor);
+  check("rope_scaling.low_freq_factor", c.rope_scaling.low_freq_factor, rs.low_freq_factor,
+        p.rope_scaling.low_freq_factor);
+  check("rope_scaling.high_freq_factor", c.rope_scaling.high_freq_factor, rs.high_freq_factor,
+        p.rope_scaling.high_freq_factor);
+  check("rope_scaling.original_max_position_embeddings",
+        c.rope_scaling.original_max_position_embeddings, rs.original_max_position_embeddings,
+        p.rope_scaling.original_max_position_embeddings);
   c.validate();
   return c;
 }

@@ -322,6 +322,14 @@ void MoeConfig::validate() const {
               "biases",
               name);
   }
+  // As for the dense family: q/k/v biases are Qwen2's form; transformers' Mixtral and
+  // Qwen3-MoE put one on o_proj too.
+  if (architecture != "qwen2_moe" && attention_bias) {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.attention_bias=true is not supported: zrt's q/k/v biases are "
+              "Qwen2's form (model.type qwen2_moe); transformers' {} has an o_proj bias as well",
+              architecture, name, architecture);
+  }
   if (sliding_window < 0 || (sliding_window > 0 && sliding_window < seq_len)) {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.sliding_window={} is shorter than seq_len={}; zrt attends over "

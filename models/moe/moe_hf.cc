@@ -140,7 +140,10 @@ nlohmann::json hf_config_json(const MoeConfig& c) {
   hf["hidden_act"] = "silu";
   hf["num_experts_per_tok"] = c.num_experts_per_tok;
   hf["router_aux_loss_coef"] = c.router_aux_loss_coef;
-  hf["output_router_logits"] = c.router_aux_loss_coef > 0;
+  // transformers' default and the published configs': with it on, the model's labelled loss
+  // would add the auxiliary term, which a loaded model's loss does not carry elsewhere (the
+  // coefficient above is kept for a user who turns it on to train).
+  hf["output_router_logits"] = false;
   if (c.architecture == "mixtral") {
     hf["num_local_experts"] = c.num_experts;
   } else {
@@ -214,6 +217,27 @@ MoeConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   check("num_experts_per_tok", c.num_experts_per_tok, run.num_experts_per_tok);
   check("moe_intermediate_size", c.moe_intermediate_size, run.moe_intermediate_size);
   check("tie_word_embeddings", c.tie_word_embeddings, run.tie_word_embeddings);
+  // The keys that change no shape but the model's arithmetic: the file's values are the
+  // model's, and a run value that says otherwise is refused, never silently dropped.
+  check("max_position_embeddings", c.max_position_embeddings, run.max_position_embeddings);
+  check("rms_norm_eps", c.rms_norm_eps, run.rms_norm_eps);
+  check("rope_theta", c.rope_theta, run.rope_theta);
+  check("norm_topk_prob", c.norm_topk_prob, run.norm_topk_prob);
+  check("attention_bias", c.attention_bias, run.attention_bias);
+  check("sliding_window", c.sliding_window, run.sliding_window);
+  check("decoder_sparse_step", c.decoder_sparse_step, run.decoder_sparse_step);
+  check("shared_expert_intermediate_size", c.shared_expert_intermediate_size,
+        run.shared_expert_intermediate_size);
+  if (run.mlp_only_layers && *run.mlp_only_layers != c.mlp_only_layers) {
+    ZRT_THROW(InvalidArgument, "model.mlp_only_layers [{}] contradicts {} mlp_only_layers [{}]",
+              fmt::join(*run.mlp_only_layers, ", "), path, fmt::join(c.mlp_only_layers, ", "));
+  }
+  if (run.rope_scaling.rope_type && *run.rope_scaling.rope_type != "default") {
+    ZRT_THROW(InvalidArgument,
+              "model.rope_scaling.rope_type {} contradicts {} (no rope scaling; zrt's {} has "
+              "none)",
+              *run.rope_scaling.rope_type, path, hf.model_type);
+  }
   c.validate();
   return c;
 }

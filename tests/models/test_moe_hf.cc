@@ -251,3 +251,61 @@ TEST_CASE("MoE config errors name the key", "[moe]") {
 
 }  // namespace
 }  // namespace zrt::moe
+
+namespace zrt::moe {
+namespace {
+
+// Keys given with an init_from directory that change no shape but the arithmetic (rope_theta,
+// the norms' epsilon, the routing's renormalisation, the layout of dense and sparse layers) are
+// checked against its config.json as the shapes are: a contradiction is refused, naming both
+// values (they were silently dropped, the file's values used). An output_router_logits in the
+// export would make transformers' labelled loss add the auxiliary term: off, as published.
+TEST_CASE("keys given with a MoE init_from directory are checked against it", "[moe][hf]") {
+  const MoeConfig c = MoeConfig::preset("qwen3-moe-tiny");
+  ExportInput input;
+  input.checkpoint = "ckpt";
+  input.config_json =
+      nlohmann::json{{"model", {{"type", "qwen3_moe"}, {"preset", "qwen3-moe-tiny"}}}}.dump();
+  input.tensors = model_tensors(c);
+  const fs::path dir = fresh_dir("contradictions");
+  builtin_models().export_safetensors(input, (dir / "model.safetensors").string());
+  std::ifstream in(dir / "config.json");
+  const auto hf = nlohmann::json::parse(in);
+  CHECK(hf["output_router_logits"] == false);
+  ModelConfig run;
+  run.type = "qwen3_moe";
+  run.init_from = dir.string();
+  CHECK_NOTHROW(builtin_models().resolve(run));
+  const std::string cfg = (dir / "config.json").string();
+  auto refused = [&](ModelConfig r, const std::string& message) {
+    INFO(message);
+    CHECK_THROWS_WITH(builtin_models().resolve(r),
+                      Catch::Contains(message) && Catch::Contains(cfg));
+  };
+  ModelConfig r = run;
+  r.rope_theta = c.rope_theta * 2;
+  refused(r, "model.rope_theta");
+  r = run;
+  r.rms_norm_eps = 1e-3;
+  refused(r, "model.rms_norm_eps 0.001 contradicts");
+  r = run;
+  r.norm_topk_prob = !c.norm_topk_prob;
+  refused(r, "model.norm_topk_prob");
+  r = run;
+  r.max_position_embeddings = c.max_position_embeddings + 1;
+  refused(r, "model.max_position_embeddings");
+  r = run;
+  r.decoder_sparse_step = 2;
+  refused(r, "model.decoder_sparse_step 2 contradicts");
+  r = run;
+  r.mlp_only_layers = std::vector<int>{0};
+  refused(r, "model.mlp_only_layers [0] contradicts");
+  // The same values as the file's are not contradictions.
+  r = run;
+  r.rope_theta = c.rope_theta;
+  r.norm_topk_prob = c.norm_topk_prob;
+  CHECK_NOTHROW(builtin_models().resolve(r));
+}
+
+}  // namespace
+}  // namespace zrt::moe
