@@ -119,6 +119,22 @@ std::vector<std::string> write_hf_directory(ExportInput input, const std::string
       }
       written.push_back(name);
     }
+    // transformers v5 keeps named chat templates beside the default one, one file each in
+    // chat_templates/ (tokenizer.apply_chat_template(..., chat_template="tool_use")).
+    const fs::path templates = source / "chat_templates";
+    if (fs::is_directory(templates, ec)) {
+      fs::create_directories(out / "chat_templates", ec);
+      for (const auto& entry : fs::directory_iterator(templates, ec)) {
+        if (!entry.is_regular_file(ec)) continue;
+        const fs::path to = out / "chat_templates" / entry.path().filename();
+        fs::copy_file(entry.path(), to, fs::copy_options::overwrite_existing, ec);
+        if (ec) {
+          ZRT_THROW(Error, "cannot copy {} to {}: {}", entry.path().string(), to.string(),
+                    ec.message());
+        }
+        written.push_back("chat_templates/" + entry.path().filename().string());
+      }
+    }
   }
   return written;
 }

@@ -224,8 +224,9 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   fails(llama, "mlp_bias true is not supported");
   llama = base;
   llama["attention_bias"] = true;
-  fails(llama, "attention_bias true is not supported for llama: transformers then puts biases on "
-               "q, k, v and o_proj");
+  fails(llama,
+        "attention_bias true is not supported for llama: transformers then puts biases on "
+        "q, k, v and o_proj");
   // Mistral's projections never take biases; the key is ignored, as transformers does.
   mistral["attention_bias"] = true;
   CHECK_FALSE(HfConfig::parse(mistral.dump(), "x").attention_bias);
@@ -549,6 +550,8 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
   const fs::path src = t.write_dir("export_src", t.config());
   write_text(src / "tokenizer.json", "{\"tok\": 1}");
   write_text(src / "tokenizer_config.json", "{}");
+  fs::create_directories(src / "chat_templates");  // transformers v5's named templates
+  write_text(src / "chat_templates" / "tool_use.jinja", "{{ messages }}");
   ExportInput input;
   input.checkpoint = "ckpt";
   input.config_json = json{{"model", {{"type", "gpt2"}, {"init_from", src.string()}}}}.dump();
@@ -564,6 +567,8 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
   CHECK(std::count(files.begin(), files.end(), "tokenizer.json") == 1);
   CHECK(std::count(files.begin(), files.end(), "model.safetensors.index.json") == 1);
   CHECK(text_of((out / "tokenizer.json").string()) == "{\"tok\": 1}");
+  CHECK(std::count(files.begin(), files.end(), "chat_templates/tool_use.jinja") == 1);
+  CHECK(text_of((out / "chat_templates" / "tool_use.jinja").string()) == "{{ messages }}");
   const json config = json::parse(text_of((out / "config.json").string()));
   CHECK(config["n_head"] == 4);
   CHECK(config["n_positions"] == 16);
@@ -689,8 +694,7 @@ TEST_CASE("Llama-family files match transformers' names: tied and untied heads, 
 // rope_scaling given with an init_from directory is checked against its config.json like every
 // other key (it was silently dropped: a default-rope file trained with default rope although
 // the run asked for llama3, and --check said nothing).
-TEST_CASE("rope_scaling given with an init_from directory is checked against it",
-          "[hf][config]") {
+TEST_CASE("rope_scaling given with an init_from directory is checked against it", "[hf][config]") {
   const fs::path dir = fresh_dir("rope_contradiction");
   write_text(dir / "config.json", text_of(fixture("llama-3.2-1b.json")));  // llama3, factor 32
   ModelConfig run;
