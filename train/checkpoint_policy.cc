@@ -41,11 +41,17 @@ std::string broadcast_from_rank0(std::string text) {
 // `latest` each on their own could resume from different steps (node-local copies of the
 // directory), and rank 0 clearing it for a fresh start raced the others' reads. Collective over
 // MPI_COMM_WORLD, before any group exists.
-checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank) {
+checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
+                                            checkpoint::SaveDirLock* lock) {
   checkpoint::LoadPlan load_plan;
   std::string error;
   if (rank == 0) {
     try {
+      // First the directory's lock (a job that saves): another job in it is refused before
+      // anything of its is read.
+      if (lock != nullptr && config.checkpoint.saves()) {
+        *lock = checkpoint::SaveDirLock(config.checkpoint.save_dir);
+      }
       load_plan = checkpoint::plan_load(config.checkpoint);
       spdlog::info("{}", load_plan.note);
       if (load_plan.clear_save_dir) checkpoint::remove_checkpoints(config.checkpoint.save_dir);

@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/checkpoint/save_dir_lock.h"
 #include "runtime/common/error.h"
 #include "runtime/data/data_stream.h"
 #include "runtime/device/device.h"
@@ -27,7 +28,10 @@ class CheckpointPolicy {
   // decided by rank 0 (which logs it and clears save_dir when the plan says so) and taken by
   // every rank; each checks it can see the checkpoint. Collective over MPI_COMM_WORLD; a
   // refusal throws InvalidArgument on every rank.
-  static checkpoint::LoadPlan plan(const Config& config, int rank);
+  // `lock` (may be null): where rank 0 of a job that saves keeps save_dir's lock for the run
+  // (runtime/checkpoint/save_dir_lock.h); another job holding it is refused here.
+  static checkpoint::LoadPlan plan(const Config& config, int rank,
+                                   checkpoint::SaveDirLock* lock = nullptr);
 
   // Saves `engine` and `train_stream`'s position as config.checkpoint says.
   CheckpointPolicy(const Config& config, int rank, Device& device, ZeroEngine& engine,

@@ -74,7 +74,7 @@ TrainingRun::DrainStreams::~DrainStreams() {
 void TrainingRun::build() {
   // What checkpoint.load means here: decided before anything is built, so a run that would
   // overwrite another run's checkpoints stops at once (on every rank: same files).
-  load_plan_ = CheckpointPolicy::plan(config_, rank_);
+  load_plan_ = CheckpointPolicy::plan(config_, rank_, &save_dir_lock_);
   // ZRT_CPU_ISA is read here, before any work: a bad value ends the run on every rank at once.
   cpu_isa_ = active_cpu_isa();
   timed("device", [&] { build_device(); });

@@ -27,6 +27,7 @@
 #include "kernels/kernel_context.h"
 #include "optimizers/lr_schedule.h"
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/checkpoint/save_dir_lock.h"
 #include "runtime/comm/parallel_layout.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/common/cpu_isa.h"
@@ -159,6 +160,7 @@ class TrainingRun {
   // build()'s parts and their wall times in seconds, in order (the start-up line).
   std::vector<std::pair<const char*, double>> startup_seconds_;
   checkpoint::LoadPlan load_plan_;
+  checkpoint::SaveDirLock save_dir_lock_;  // rank 0 of a job that saves: one job per save_dir
   CpuIsa cpu_isa_{};
   int gpu_count_ = 0;
   std::unique_ptr<Device> device_;

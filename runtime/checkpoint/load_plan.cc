@@ -101,8 +101,19 @@ LoadPlan plan_load(const CheckpointConfig& config) {
   if (!tag.empty()) {
     const fs::path dir = fs::path(save_dir) / tag;
     if (!fs::exists(dir / "index.h5")) {
-      ZRT_THROW(InvalidArgument, "checkpoint.load: {} is not a complete checkpoint (no index.h5){}",
-                dir.string(), config.loads_latest() ? " although 'latest' names it" : "");
+      // Re-saving a tag moves the previous copy to <tag>.old, then the new one in: a job killed
+      // between the two renames leaves the complete previous copy there.
+      const fs::path old = fs::path(save_dir) / (tag + ".old");
+      const std::string hint =
+          fs::exists(old / "index.h5")
+              ? fmt::format(
+                    " ({} holds the tag's previous copy, complete, left by a save "
+                    "interrupted while replacing it: rename it to {} to resume from it)",
+                    old.string(), dir.string())
+              : std::string();
+      ZRT_THROW(InvalidArgument,
+                "checkpoint.load: {} is not a complete checkpoint (no index.h5){}{}", dir.string(),
+                config.loads_latest() ? " although 'latest' names it" : "", hint);
     }
     if (plan.note.empty())
       plan.note = fmt::format("checkpoint.load names {}: resuming from it", tag);

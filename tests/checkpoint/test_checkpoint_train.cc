@@ -42,6 +42,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/rank_file.h"
+#include "runtime/checkpoint/save_dir_lock.h"
 #include "runtime/data/token_shard.h"
 #include "tests/checkpoint/compare_runs.h"
 
@@ -650,6 +651,26 @@ TEST_CASE("a resume under a changed model block names the changed keys", "[model
   REQUIRE(launch("model_change", again, &text) == 0);
   CHECK_THAT(text, Catch::Contains("the model block differs from the one this checkpoint was "
                                    "saved with (model.n_head (unset) -> 2)"));
+}
+
+// A second job into a save_dir a running job saves to is refused at its start (here the
+// running job is this test process holding the directory's lock).
+TEST_CASE("a job into a save_dir another running job holds is refused", "[save-dir-lock]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.save_dir = (root() / "locked_ckpt").string();
+  fs::remove_all(j.save_dir);
+  std::string text;
+  {
+    const SaveDirLock held(j.save_dir);
+    CHECK(launch("locked", j, &text) != 0);
+    CHECK_THAT(text, Catch::Contains("checkpoint.save_dir " + j.save_dir +
+                                     " is in use by another running job"));
+    CHECK_FALSE(read_latest(j.save_dir).has_value());
+  }
+  run_ok("locked", j);  // released: the directory is free
+  CHECK(read_latest(j.save_dir) == std::optional<std::string>("global_step2"));
 }
 
 TEST_CASE("a failed async save is logged at once and fails the run", "[async-fail]") {

@@ -6,8 +6,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/checkpoint/save_dir_lock.h"
 #include "runtime/common/error.h"
 
 using namespace zrt;
@@ -125,4 +127,37 @@ TEST_CASE("step tags", "[load-plan]") {
   CHECK(step_of_tag("global_step") == -1);
   CHECK(step_of_tag("global_step1x") == -1);
   CHECK(step_of_tag("latest") == -1);
+}
+
+// Re-saving a tag moves the old copy to <tag>.old before the new one goes in: a job killed in
+// between leaves `latest` naming a missing tag; the error points at the complete .old copy.
+TEST_CASE("latest naming a tag whose re-save was interrupted points at its .old copy",
+          "[load-plan]") {
+  const fs::path dir = save_dir_with("interrupted_resave", {4}, "global_step8");
+  fs::create_directories(dir / "global_step8.old");
+  std::ofstream(dir / "global_step8.old" / "index.h5") << "x";
+  CHECK_THAT(error_of(config_for(dir, "auto")),
+             Catch::Contains("global_step8 is not a complete checkpoint (no index.h5) although "
+                             "'latest' names it") &&
+                 Catch::Contains((dir / "global_step8.old").string() +
+                                 " holds the tag's previous copy, complete") &&
+                 Catch::Contains("rename it to " + (dir / "global_step8").string()));
+}
+
+// One job per save_dir: a second lock on it is refused, naming the directory, until the first
+// is released (flock: the kernel drops it when the holder's process ends, however it ends).
+TEST_CASE("a save_dir another job holds is refused; released, it is free", "[save-dir-lock]") {
+  const fs::path dir = fs::temp_directory_path() / "zrt_test_load_plan" / "locked";
+  fs::remove_all(dir);
+  std::optional<SaveDirLock> first(std::in_place, dir.string());
+  REQUIRE(first->held());  // a local file system has flock
+  CHECK_THROWS_WITH(SaveDirLock(dir.string()),
+                    Catch::Contains("checkpoint.save_dir " + dir.string() +
+                                    " is in use by another running job") &&
+                        Catch::Contains("give this run its own save_dir"));
+  first.reset();
+  const SaveDirLock again(dir.string());
+  CHECK(again.held());
+  // The lock file is not a checkpoint: listing and clearing the directory leave it be.
+  CHECK(list_checkpoints(dir.string()).empty());
 }
