@@ -156,7 +156,18 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
                                              const std::string& saved_config) const {
   if (rank_ != 0 || saved_config.empty()) return;
   const nlohmann::json saved = nlohmann::json::parse(saved_config, nullptr, false);
-  if (saved.is_discarded() || !saved.contains("model") || !saved["model"].is_object()) return;
+  if (saved.is_discarded() || !saved.is_object()) return;
+  // The global batch: the data stream continues from the saved sample index whatever it is,
+  // but the steps then take another number of samples (and the schedule's steps mean others).
+  if (saved.contains("train_batch_size") && saved["train_batch_size"].is_number_integer() &&
+      saved["train_batch_size"].get<std::int64_t>() != config_.batch.train_batch_size) {
+    spdlog::warn(
+        "{}: saved by a run with train_batch_size {}, resumed with {}: the data continues "
+        "from the saved sample, each step now takes {} sequences",
+        dir, saved["train_batch_size"].get<std::int64_t>(), config_.batch.train_batch_size,
+        config_.batch.train_batch_size);
+  }
+  if (!saved.contains("model") || !saved["model"].is_object()) return;
   const nlohmann::json& before = saved["model"];
   const nlohmann::json now = config_.document.value("model", nlohmann::json::object());
   std::vector<std::string> changed;
