@@ -233,6 +233,11 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
 }
 
 int train(const Arguments& args, int* argc, char*** argv) {
+  // The preemption handlers first of all: a signal during MPI's start-up or the config's read
+  // (seconds on a large job) is counted and honoured at the first step boundary (a checkpoint,
+  // status 75) instead of killing the rank with the signal's default action (status 143, which
+  // requeue scripts do not take for a preemption). The grace period is set once the config is.
+  install_stop_signals(0.0);
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
   try {
@@ -252,6 +257,7 @@ int train(const Arguments& args, int* argc, char*** argv) {
     // Preemption (docs/launching.md): the handlers only count signals; the loop polls the
     // count at each step boundary and every rank agrees on it through the loss all-reduce.
     install_stop_signals(config.checkpoint.preempt_grace_s);
+    if (g_stop_signals.load() > 0) arm_grace_timer();  // a signal during the start-up
     hooks.stop_requested = [] { return g_stop_signals.load(std::memory_order_relaxed) > 0; };
     hooks.on_stop = [](std::int64_t step) {
       arm_grace_timer();

@@ -17,6 +17,8 @@
 #include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 
 namespace zrt::train {
 
@@ -24,13 +26,37 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The plan's collectives run before any group (and its watchdog) exists, so each is
+// nonblocking and polled with comm.timeout_s: a rank that dies or hangs here (rank 0 stuck on
+// the save directory's file system) ends the others with a Timeout naming the stage, never a
+// hang.
+void wait_for(MPI_Request& request, double timeout_s, const char* what) {
+  polled_wait(
+      {timeout_s, PollPace::kBackoff, nullptr},
+      [&] {
+        int done = 0;
+        ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      [&] {
+        return fmt::format(
+            "checkpoint.load: {} within comm.timeout_s {} s (a rank died or "
+            "hangs, or rank 0 is stuck on checkpoint.save_dir's file system)",
+            what, timeout_s);
+      });
+}
+
 // Rank 0's text on every rank of MPI_COMM_WORLD.
-std::string broadcast_from_rank0(std::string text) {
+std::string broadcast_from_rank0(std::string text, double timeout_s) {
   std::int64_t length = static_cast<std::int64_t>(text.size());
-  MPI_Bcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  MPI_Request request;
+  ZRT_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD, &request));
+  wait_for(request, timeout_s, "rank 0's decision did not arrive");
   text.resize(static_cast<std::size_t>(length));
   if (length > 0) {
-    MPI_Bcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD);
+    ZRT_MPI_CHECK(
+        MPI_Ibcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD, &request));
+    wait_for(request, timeout_s, "rank 0's decision did not arrive");
   }
   return text;
 }
@@ -59,9 +85,10 @@ checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
       error = e.what();
     }
   }
-  error = broadcast_from_rank0(error);
+  const double timeout_s = config.comm.timeout_s;
+  error = broadcast_from_rank0(error, timeout_s);
   if (!error.empty()) throw InvalidArgument(error);
-  const std::string dir = broadcast_from_rank0(load_plan.dir.value_or(std::string()));
+  const std::string dir = broadcast_from_rank0(load_plan.dir.value_or(std::string()), timeout_s);
   if (dir.empty()) {
     load_plan.dir.reset();
     return load_plan;
@@ -72,7 +99,12 @@ checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
   const bool elsewhere = rank == checkpoint::TestHooks::from_env().probe_elsewhere_rank;
   const fs::path seen = elsewhere ? fs::path(dir + "_not_shared") : fs::path(dir);
   int blind = fs::exists(seen / "index.h5") ? std::numeric_limits<int>::max() : rank;
-  MPI_Allreduce(MPI_IN_PLACE, &blind, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  int first_blind = blind;
+  MPI_Request request;
+  ZRT_MPI_CHECK(
+      MPI_Iallreduce(&blind, &first_blind, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &request));
+  wait_for(request, timeout_s, "the ranks did not agree they see the checkpoint");
+  blind = first_blind;
   if (blind != std::numeric_limits<int>::max()) {
     throw InvalidArgument(fmt::format(
         "checkpoint {} (rank 0 resumes from it): rank {} cannot see its index.h5; every rank "
@@ -166,6 +198,20 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
         "from the saved sample, each step now takes {} sequences",
         dir, saved["train_batch_size"].get<std::int64_t>(), config_.batch.train_batch_size,
         config_.batch.train_batch_size);
+  }
+  // The data: the stream continues from the saved sample index of whatever data.train names
+  // now (the sample count is checked; other files of the same count are not).
+  const nlohmann::json saved_data = saved.value("data", nlohmann::json::object());
+  const nlohmann::json data_now = config_.document.value("data", nlohmann::json::object());
+  for (const char* key : {"train", "document_mask", "document_separator"}) {
+    const std::string was = saved_data.contains(key) ? saved_data[key].dump() : "(unset)";
+    const std::string is = data_now.contains(key) ? data_now[key].dump() : "(unset)";
+    if (was != is) {
+      spdlog::warn(
+          "{}: data.{} was {} when saved, is {} now: the run continues from the saved "
+          "sample index in the data as configured now",
+          dir, key, was, is);
+    }
   }
   if (!saved.contains("model") || !saved["model"].is_object()) return;
   const nlohmann::json& before = saved["model"];

@@ -227,6 +227,8 @@ void TrainingRun::build_data() {
   if (!config_.data.val.empty()) {
     val_data_ = open_dataset(config_.data.val, T_, data_options);
   }
+  check_same_data_everywhere("data.train", *train_data_);
+  if (val_data_) check_same_data_everywhere("data.val", *val_data_);
   // Masked or packed data: the loss is weighted by the global batch's loss tokens
   // (loss_divisor), and the model must honour the masks and the document boundaries.
   masked_ = train_data_->documents() || (val_data_ && val_data_->documents());
@@ -243,6 +245,29 @@ void TrainingRun::build_data() {
               share_.sp_size, T_);
   }
   feeder_.emplace(*device_, *compute_, B_, T_, masked_, share_);
+}
+
+// Every rank opens the data itself: ranks that see other files (a path relative to another
+// working directory, a node-local copy that differs) would read other streams silently, or
+// take other loss paths and hang in a collective. Their data's kind and sample count must
+// agree (collective over the control group).
+void TrainingRun::check_same_data_everywhere(const char* key, const SampleSource& data) {
+  const std::vector<std::int64_t> mine = {data.documents() ? 1 : 0, data.num_samples(),
+                                          data.group()};
+  std::vector<std::int64_t> negated;
+  for (std::int64_t v : mine) negated.push_back(-v);
+  const std::vector<std::int64_t> high = control_->max(mine);
+  const std::vector<std::int64_t> low = control_->max(negated);
+  for (std::size_t i = 0; i < mine.size(); ++i) {
+    if (high[i] == -low[i]) continue;
+    ZRT_THROW(InvalidArgument,
+              "{} {}: the ranks read different data: rank {} sees {} sample(s) of {}, the ranks "
+              "between {} and {}{}; every rank must see the same files (a file system all ranks "
+              "share; a relative path counts from each rank's working directory)",
+              key, data.pattern(), rank_, data.num_samples(),
+              data.documents() ? "packed SFT shards" : "token shards", -low[1], high[1],
+              high[0] != -low[0] ? " (some of them another kind of shard)" : "");
+  }
 }
 
 // Resume (at any world size or stage), then save as configured.

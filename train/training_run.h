@@ -105,6 +105,7 @@ class TrainingRun {
   void build_model();
   void build_engine();
   void build_data();
+  void check_same_data_everywhere(const char* key, const SampleSource& data);
   void build_checkpoints();
   void build_step_buffers();
   void build_trace();

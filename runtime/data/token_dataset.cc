@@ -3,6 +3,7 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -19,6 +20,10 @@ std::string group_phrase(std::int64_t group) {
 
 std::vector<std::string> expand_glob(const std::string& pattern) {
   if (pattern.empty()) ZRT_THROW(DataError, "empty data path");
+  // A file that exists under this very name is that file, even if its name holds glob
+  // characters ("shard[1].bin" would otherwise match shard1.bin, or nothing).
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(pattern, ec)) return {pattern};
   glob_t g{};
   const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
   std::vector<std::string> paths;
@@ -86,12 +91,30 @@ void TokenDataset::set_document_separator(std::int64_t separator) {
       }
     }
     separator_ = first.token_bytes == 2 ? kGpt2DocumentSeparator : kLlama3DocumentSeparator;
-    return;
+  } else {
+    if (separator < 0 || separator > std::int64_t{0x7fffffff}) {
+      ZRT_THROW(InvalidArgument, "document separator {} is not a token id (0 .. 2^31-1)",
+                separator);
+    }
+    separator_ = static_cast<std::uint32_t>(separator);
   }
-  if (separator < 0 || separator > std::int64_t{0x7fffffff}) {
-    ZRT_THROW(InvalidArgument, "document separator {} is not a token id (0 .. 2^31-1)", separator);
+  // A separator no shard can hold would split nothing: document masking silently off.
+  std::int64_t widest = 0;
+  for (const ShardInfo& s : shards_) widest = std::max<std::int64_t>(widest, s.token_bytes);
+  const std::int64_t representable = widest >= 4 ? std::int64_t{1} << 31 : std::int64_t{1} << 16;
+  const std::int64_t limit =
+      vocab_size_ > 0 ? std::min<std::int64_t>(vocab_size_, representable) : representable;
+  const std::int64_t id = *separator_;
+  if (id >= limit) {
+    ZRT_THROW(InvalidArgument,
+              "{}: data.document_separator {} can never occur in this data ({}): document "
+              "masking would split nothing; set data.document_separator to the tokenizer's "
+              "end-of-text id",
+              pattern_, id,
+              vocab_size_ > 0 && vocab_size_ <= representable
+                  ? fmt::format("the model's vocabulary is {} ids", vocab_size_)
+                  : fmt::format("{}-byte token ids", widest));
   }
-  separator_ = static_cast<std::uint32_t>(separator);
 }
 
 SampleLocation TokenDataset::locate(std::int64_t index) const {

@@ -223,6 +223,18 @@ TEST_CASE("document masking on llm.c windows: separators start documents, never 
   CHECK(b.doc_start == std::vector<std::int32_t>{0, 0, 0, 3});
   CHECK_THROWS_AS(own.set_document_separator(-5), InvalidArgument);
   CHECK_THROWS_AS(own.set_document_separator(std::int64_t{1} << 31), InvalidArgument);
+  // A separator the data cannot hold would split nothing (document masking silently off):
+  // past the model's vocabulary, or past 16-bit shards' ids.
+  TokenDataset byte_level(dir / "llama3.bin", 4);
+  byte_level.set_vocab_size(256);
+  CHECK_THROWS_WITH(byte_level.set_document_separator(kAutoDocumentSeparator),
+                    Contains("data.document_separator 128000 can never occur in this data (the "
+                             "model's vocabulary is 256 ids)"));
+  CHECK_NOTHROW(byte_level.set_document_separator(255));
+  TokenDataset narrow(dir / "gpt2.bin", 4);
+  CHECK_THROWS_WITH(narrow.set_document_separator(70000),
+                    Contains("data.document_separator 70000 can never occur in this data "
+                             "(2-byte token ids)"));
 
   // "auto" over shards of two widths has no one answer.
   TokenDataset mixed(dir / "*.bin", 4);

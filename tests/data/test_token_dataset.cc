@@ -237,6 +237,14 @@ TEST_CASE("bad shards give an error naming the file and what is wrong") {
     CHECK_THROWS_WITH(TokenDataset(dir / "missing.bin", 8),
                       Contains(dir / "missing.bin: no such file"));
   }
+  SECTION("a file whose name holds glob characters is that file") {
+    // "shard[1].bin" as a glob matches shard1.bin; the file of that very name is meant.
+    const std::vector<std::uint16_t> a(40, 7), b(40, 9);
+    write_shard(dir / "shard1.bin", a.data(), a.size());
+    write_shard(dir / "shard[1].bin", b.data(), b.size());
+    CHECK(expand_glob(dir / "shard[1].bin") == std::vector<std::string>{dir / "shard[1].bin"});
+    CHECK(expand_glob(dir / "shard?.bin") == std::vector<std::string>{dir / "shard1.bin"});
+  }
   SECTION("not a file") {
     fs::create_directory(dir / "sub.bin");
     CHECK_THAT(header_error(dir / "sub.bin"), Contains(dir / "sub.bin: not a regular file"));

@@ -634,3 +634,29 @@ TEST_CASE("an evaluation of token shards counts each validation window once", "[
     CHECK(std::fabs(got - whole) <= 1e-5 * whole);
   }
 }
+
+// Every rank opens the data itself: two ranks that see other files (here rank 1 given a shorter
+// shard, as a relative path read from another working directory would) are stopped before
+// training, each naming what it sees; they used to read other streams silently (or, with
+// another kind of shard, hang in a collective until comm.timeout_s).
+TEST_CASE("ranks that see different training data are stopped, naming it", "[data]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world != 2) return;
+  const std::string dir = corpus_dir();
+  const auto own = std::filesystem::path(dir) / ("rank" + std::to_string(rank));
+  std::filesystem::create_directories(own);
+  const std::string text = rank == 0 ? std::string(4000, 'a') : std::string(1000, 'b');
+  const std::vector<std::uint16_t> tokens(text.begin(), text.end());
+  write_shard((own / "d_train_000000.bin").string(), tokens.data(), tokens.size());
+  nlohmann::json doc = make_config(dir, "different_data", R"({"stage": 1})", false, 2).document;
+  doc["data"]["train"] = (own / "d_train_*.bin").string();
+  doc["data"].erase("val");
+  doc["train"] = {{"steps", 1}, {"log_interval", 1}};
+  const Config c = parse_config(doc, 2, "different_data.json");
+  CHECK_THROWS_WITH(
+      train::run_training(c, this_rank(2)),
+      Catch::Contains("the ranks read different data: rank " + std::to_string(rank) + " sees") &&
+          Catch::Contains("every rank must see the same files"));
+}

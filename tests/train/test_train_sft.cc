@@ -155,6 +155,25 @@ void check_same(const Run& got, const Run& want, const std::string& what) {
   }
 }
 
+// A one-step-per-micro-batch run of the tiny GPT on SFT shards in `train`, as JSON for the
+// cases below to adjust (micro-batch 1, no accumulation, stage 1, AdamW, no shuffling).
+nlohmann::json tiny_run(const std::string& train, const std::string& out) {
+  return {{"train_micro_batch_size_per_gpu", 1},
+          {"gradient_accumulation_steps", 1},
+          {"zero_optimization", {{"stage", 1}}},
+          {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}}}}},
+          {"model", {{"preset", "gpt2-tiny"}, {"seq_len", 32}, {"vocab_size", 256}}},
+          {"data", {{"train", train}, {"shuffle", false}}},
+          {"device", {{"type", "cpu"}}},
+          {"output_dir", out}};
+}
+
+train::RunSummary run_doc(const nlohmann::json& doc, const std::string& name) {
+  const int world = world_size(), rank = world_rank();
+  const Config config = parse_config(doc, world, name + ".json");
+  return train::run_training(config, train::RankInfo{rank, world, rank, world});
+}
+
 }  // namespace
 
 TEST_CASE("one global batch, any split: the same token-weighted loss", "[train][sft]") {
@@ -252,25 +271,13 @@ TEST_CASE("a global batch with no loss token is a skipped step that loses nothin
   MPI_Barrier(MPI_COMM_WORLD);
 
   auto run = [&](const std::string& name, int steps) {
-    const std::string out = (root / name / "out").string();
-    const std::string text = R"({
-      "train_micro_batch_size_per_gpu": 1,
-      "gradient_accumulation_steps": 1,
-      "zero_optimization": {"stage": 2},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.003}},
-      "model": {"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256},
-      "data": {"train": ")" + (root / name).string() +
-                             R"(", "val": ")" + (root / "val").string() + R"(", "shuffle": false},
-      "train": {"steps": )" + std::to_string(steps) +
-                             R"(, "log_interval": 10, "eval_interval": 2, "eval_batches": 2},
-      "checkpoint": {"save_interval": 100},
-      "device": {"type": "cpu"},
-      "output_dir": ")" + out +
-                             R"("
-    })";
-    const Config config = parse_config_text(text, world, name + ".json");
-    const int rank = world_rank();
-    return train::run_training(config, train::RankInfo{rank, world, rank, world});
+    nlohmann::json doc = tiny_run((root / name).string(), (root / name / "out").string());
+    doc["data"]["val"] = (root / "val").string();
+    doc["zero_optimization"] = {{"stage", 2}};
+    doc["train"] = {
+        {"steps", steps}, {"log_interval", 10}, {"eval_interval", 2}, {"eval_batches", 2}};
+    doc["checkpoint"] = {{"save_interval", 100}};
+    return run_doc(doc, name);
   };
   const train::RunSummary got = run("with_empty", kRunSteps);
   const train::RunSummary want = run("without", 3);
@@ -347,28 +354,14 @@ TEST_CASE("an evaluation counts each validation sequence once", "[train][sft][ev
   }
   MPI_Barrier(MPI_COMM_WORLD);
   auto val_loss = [&](const std::string& name, int micro, int eval_batches) {
-    const std::string text = R"({
-      "train_batch_size": )" +
-                             std::to_string(micro * world) +
-                             R"(,
-      "train_micro_batch_size_per_gpu": )" +
-                             std::to_string(micro) +
-                             R"(,
-      "zero_optimization": {"stage": 1},
-      "optimizer": {"type": "AdamW", "params": {"lr": 0.0, "weight_decay": 0.0}},
-      "model": {"preset": "gpt2-tiny", "seq_len": 32, "vocab_size": 256},
-      "data": {"train": ")" + (root / "train").string() +
-                             R"(", "val": ")" + (root / "val").string() + R"(", "shuffle": false},
-      "train": {"steps": 1, "log_interval": 1, "eval_interval": 1, "eval_batches": )" +
-                             std::to_string(eval_batches) + R"(},
-      "device": {"type": "cpu"},
-      "output_dir": ")" + (root / ("np" + std::to_string(world)) / name).string() +
-                             R"("
-    })";
-    const Config config = parse_config_text(text, world, name + ".json");
-    const int rank = world_rank();
-    const train::RunSummary s =
-        train::run_training(config, train::RankInfo{rank, world, rank, world});
+    nlohmann::json doc = tiny_run((root / "train").string(),
+                                  (root / ("np" + std::to_string(world)) / name).string());
+    doc["train_micro_batch_size_per_gpu"] = micro;
+    doc["data"]["val"] = (root / "val").string();
+    doc["optimizer"]["params"] = {{"lr", 0.0}, {"weight_decay", 0.0}};
+    doc["train"] = {
+        {"steps", 1}, {"log_interval", 1}, {"eval_interval", 1}, {"eval_batches", eval_batches}};
+    const train::RunSummary s = run_doc(doc, name);
     REQUIRE(s.eval_losses.size() == 1);
     return s.eval_losses[0];
   };
