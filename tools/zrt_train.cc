@@ -233,11 +233,6 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
 }
 
 int train(const Arguments& args, int* argc, char*** argv) {
-  // The preemption handlers first of all: a signal during MPI's start-up or the config's read
-  // (seconds on a large job) is counted and honoured at the first step boundary (a checkpoint,
-  // status 75) instead of killing the rank with the signal's default action (status 143, which
-  // requeue scripts do not take for a preemption). The grace period is set once the config is.
-  install_stop_signals(0.0);
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
   try {
@@ -298,6 +293,11 @@ int train(const Arguments& args, int* argc, char*** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The preemption handlers first of all: a signal during MPI's start-up or the config's read
+  // (seconds on a large job) is counted and honoured at the first step boundary (a checkpoint,
+  // status 75) instead of killing the rank with the signal's default action (status 143, which
+  // requeue scripts do not take for a preemption). The grace period is set once the config is.
+  install_stop_signals(0.0);
   std::optional<Arguments> args;
   try {
     args = parse_arguments(argc, argv);
