@@ -1,9 +1,11 @@
 // tools/zrt-run builds the mpirun command line this machine needs (checked with --dry-run).
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 #include <array>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -66,6 +68,63 @@ TEST_CASE("zrt-run rejects bad usage") {
              Catch::Contains("cannot read hostfile"));
   CHECK(run("--help", &status).find("zrt-run -n N CONFIG.json") != std::string::npos);
   CHECK(status == 0);
+  // An option without its value, a hostfile with no host: usage errors, not bash's.
+  CHECK_THAT(run("-n", &status), Catch::Contains("zrt-run: -n needs 1 value(s)"));
+  CHECK(status == 2);
+  CHECK_THAT(run("--mca x", &status), Catch::Contains("zrt-run: --mca needs 2 value(s)"));
+  CHECK(status == 2);
+  const std::string empty_hosts =
+      (std::filesystem::temp_directory_path() / "zrt_test_run_empty_hosts").string();
+  std::ofstream(empty_hosts) << "# only a comment\n\n";
+  CHECK_THAT(run("--hostfile " + empty_hosts + " -n 2 ./prog", &status),
+             Catch::Contains("lists no host"));
+  CHECK(status == 2);
+}
+
+// GNU nproc counts OMP_NUM_THREADS when it is set: zrt-run counts the cores (more ranks than
+// cores must still oversubscribe), and --dry-run's line is quoted to paste back.
+TEST_CASE("zrt-run counts cores whatever OMP_NUM_THREADS says; --dry-run quotes") {
+  const unsigned cores = std::thread::hardware_concurrency();
+  const std::string many = run_env("OMP_NUM_THREADS=" + std::to_string(4 * cores),
+                                   "--dry-run -n " + std::to_string(cores + 1) + " ./prog");
+  CHECK_THAT(many, Catch::Contains("--oversubscribe"));
+  CHECK_THAT(run("--dry-run -n 1 './my prog' 'a b'"), Catch::EndsWith("./my\\ prog a\\ b\n"));
+}
+
+// mpirun kills the ranks on SIGTERM / SIGINT (a preemption's save cut short) and forwards
+// SIGUSR1: zrt-run turns the first into the second and exits with mpirun's status. The rank
+// here is a shell that exits 75 on SIGUSR1 (zrt-train's preemption status after its save).
+TEST_CASE("zrt-run turns SIGTERM into SIGUSR1 for the ranks and exits with their status") {
+  const auto dir = std::filesystem::temp_directory_path() / "zrt_test_run_signal";
+  std::filesystem::create_directories(dir);
+  const std::string rank = (dir / "rank.sh").string();
+  {
+    std::ofstream f(rank);
+    f << "#!/bin/bash\ntrap 'echo got-usr1; exit 75' USR1\ntouch " << (dir / "ready").string()
+      << "\nfor i in $(seq 300); do sleep 0.1; done\nexit 9\n";
+  }
+  std::filesystem::permissions(rank, std::filesystem::perms::owner_all);
+  std::filesystem::remove(dir / "ready");
+  const std::string pid_file = (dir / "pid").string();
+  // zrt-run in the background; its pid, then SIGTERM once the rank runs.
+  const std::string cmd = "( " + std::string(ZRT_RUN_SCRIPT) + " -n 1 " + rank + " & echo $! > " +
+                          pid_file + "; wait $! ) 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+  for (int i = 0; i < 300 && !std::filesystem::exists(dir / "ready"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  REQUIRE(std::filesystem::exists(dir / "ready"));
+  int pid = 0;
+  std::ifstream(pid_file) >> pid;
+  REQUIRE(pid > 0);
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  std::string out;
+  std::array<char, 256> buf{};
+  while (fgets(buf.data(), buf.size(), pipe.get()) != nullptr) out += buf.data();
+  const int rc = pclose(pipe.release());
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("got-usr1"));
+  CHECK(WEXITSTATUS(rc) == 75);
 }
 
 TEST_CASE("zrt-run finds zrt-train for a config file, from the source tree or a build") {
