@@ -282,10 +282,12 @@ int train(const Arguments& args, int* argc, char*** argv) {
       begin = end + 1;
     }
     // The other ranks may be waiting in a collective: end the whole job now rather than let
-    // them time out.
+    // them time out. A wait past comm.timeout_s (a rank died or hangs: during a checkpoint's
+    // agreement, the load plan, ...) is the watchdog's status, 3, whichever wait saw it.
+    const int status = dynamic_cast<const zrt::Timeout*>(&e) != nullptr ? 3 : 1;
     spdlog::default_logger()->flush();
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
+    MPI_Abort(MPI_COMM_WORLD, status);
+    return status;
   }
   return 0;
 }

@@ -142,12 +142,13 @@ void Checkpointer::wait_for(MPI_Request& request, const std::string& what) {
       });
 }
 
-std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values) {
+std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values,
+                                              const std::string& what) {
   std::vector<std::int64_t> out(values.size());
   MPI_Request request;
   ZRT_MPI_CHECK(MPI_Iallreduce(values.data(), out.data(), static_cast<int>(values.size()),
                                MPI_INT64_T, MPI_MAX, comm_, &request));
-  wait_for(request, "ranks did not agree");
+  wait_for(request, what + ": the ranks did not agree");
   return out;
 }
 
@@ -194,7 +195,8 @@ CheckpointIndex Checkpointer::gather_tables(const CheckpointIndex& index, std::s
 
 void Checkpointer::check_all(const std::string& stage, const std::string& tag,
                              const std::string& local_error) {
-  const auto failed = agree({local_error.empty() ? 0 : rank_ + 1})[0];
+  const auto failed =
+      agree({local_error.empty() ? 0 : rank_ + 1}, fmt::format("{}, {}", tag, stage))[0];
   if (failed == 0) return;
   // Every rank's error carries the failing rank's reason (the path, the errno text), so the
   // log a user reads first, rank 0's, says what went wrong and where.
@@ -361,7 +363,8 @@ void Checkpointer::commit(const SaveRequest& request, const RankState& state,
       error = fmt::format("cannot create {}: {}", tmp.string(), e.what());
     }
   }
-  const auto agreed = agree({error.empty() ? 0 : 1, nonce});
+  const auto agreed = agree({error.empty() ? 0 : 1, nonce},
+                            fmt::format("{}, preparing the directory", request.tag));
   if (agreed[0] != 0) {
     check_all("preparing the directory", request.tag, error);
   }

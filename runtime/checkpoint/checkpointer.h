@@ -152,7 +152,8 @@ class Checkpointer {
   // Polls `request` until done; past the timeout throws Timeout naming `what`.
   void wait_for(MPI_Request& request, const std::string& what);
   // All-reduce (max) of `values` on the writer's communicator, polled with a timeout.
-  std::vector<std::int64_t> agree(std::vector<std::int64_t> values);
+  // `what`: the tag and stage, for the timeout's message.
+  std::vector<std::int64_t> agree(std::vector<std::int64_t> values, const std::string& what);
   // Several groups: rank 0's index with the tables of every rank's share (gathered); other
   // ranks get `index` back. Sets *error on rank 0 when the rows do not fit together.
   CheckpointIndex gather_tables(const CheckpointIndex& index, std::string* error);

@@ -20,7 +20,8 @@ victim=2
 fault_step=3
 action=${fault%%:*}
 # FAULT is an action (sigkill, sigstop: at train.step, mid-step 3) or an action with its own
-# fields (sigstop:point=train.start: before the process groups exist).
+# fields (sigstop:point=train.start: before the process groups exist;
+# sigstop:point=checkpoint.write: while writing its file of the first save, at step 2).
 if [ "$action" = "$fault" ]; then
   spec="$fault:rank=$victim:step=$fault_step"
 else
@@ -53,6 +54,7 @@ cat > "$work/run.json" << EOF
   "train": {"steps": 100000, "log_interval": 1},
   "device": {"type": "cpu"},
   "comm": {"timeout_s": $timeout_s},
+  "checkpoint": {"save_interval": $(case "$fault" in *checkpoint.write*) echo 2 ;; *) echo 0 ;; esac)},
   "output_dir": "$work/out"
 }
 EOF
@@ -157,7 +159,15 @@ done
 left=$(pgrep -g "$launcher" 2>/dev/null | tr '\n' ' ')
 [ -z "$left" ] || fail "processes left in the job's process group: $left"
 
-if [ "$action" = sigstop ]; then
+if [ "$action" = sigstop ] && [[ "$fault" == *checkpoint.write* ]]; then
+  # Frozen while writing its rank file: the others time out in the save's agreement, naming
+  # the tag and the stage, and end the job with the watchdog's status, 3.
+  report=$(grep -m1 "the ranks did not agree within" "$work/log")
+  echo "checkpoint report: ${report:-none}"
+  echo "$report" | grep -q "checkpoint: global_step2, writing the files" ||
+    fail "the report does not name the save's tag and stage"
+  [ "$rc" -eq 3 ] || fail "mpirun returned $rc, not 3 (a hung rank)"
+elif [ "$action" = sigstop ]; then
   # Only the watchdog can see a frozen rank: its report must say where the job stood.
   report=$(grep -m1 "watchdog:" "$work/log")
   echo "watchdog report: ${report:-none}"
