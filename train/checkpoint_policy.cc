@@ -127,7 +127,8 @@ CheckpointPolicy::CheckpointPolicy(const Config& config, int rank, Device& devic
 std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
   std::int64_t start_step = 0;
   if (const auto& dir = plan.dir) {
-    const checkpoint::CheckpointIndex index = checkpoint::load_engine(*dir, engine_);
+    const checkpoint::CheckpointIndex index =
+        checkpoint::load_engine(*dir, engine_, MPI_COMM_WORLD, config_.comm.timeout_s);
     train_stream_.restore(index.data);
     // The data order is part of the stream the checkpoint continues: the saved one wins, and a
     // config that asks for another is told so (rather than silently ignored).

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
 
 namespace zrt::checkpoint {
@@ -139,16 +140,18 @@ void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
   index.loss_scale = c.loss_scale;
 }
 
-CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm ranks) {
+CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm ranks,
+                            double timeout_s) {
   const std::string index_path = (std::filesystem::path(dir) / "index.h5").string();
-  CheckpointIndex index = read_index(index_path);
   // By name: with expert parallelism a rank holds only its experts, whatever experts the ranks
   // that saved held, stacked or one parameter each (param_match.h).
+  CheckpointIndex index;
   ParamSources sources;
-  std::exception_ptr mismatch;  // this rank's parameters do not fit the checkpoint
+  std::exception_ptr mismatch;  // this rank cannot read the index, or its parameters do not fit
   try {
+    index = read_index(index_path);
     sources = find_params(index, engine.params(), index_path);
-  } catch (const InvalidArgument&) {
+  } catch (const Error&) {
     mismatch = std::current_exception();
   }
   // Every parameter of the checkpoint must be held by some rank; with one group each rank holds
@@ -160,8 +163,25 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
   }
   held.back() = mismatch ? 1 : 0;
   if (engine.plan().group_count() > 1) {
-    ZRT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, held.data(), static_cast<int>(held.size()),
-                                MPI_UNSIGNED_CHAR, MPI_MAX, ranks));
+    // Nonblocking and polled: a rank that died or hangs ends the others with a Timeout.
+    std::vector<unsigned char> all(held.size());
+    MPI_Request request;
+    ZRT_MPI_CHECK(MPI_Iallreduce(held.data(), all.data(), static_cast<int>(held.size()),
+                                 MPI_UNSIGNED_CHAR, MPI_MAX, ranks, &request));
+    polled_wait(
+        {timeout_s, PollPace::kBackoff, nullptr},
+        [&] {
+          int done = 0;
+          ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+          return done != 0;
+        },
+        [&] {
+          return fmt::format(
+              "{}: the ranks did not agree on what they load within {} s (a rank "
+              "died or hangs)",
+              index_path, timeout_s);
+        });
+    held = std::move(all);
   }
   if (mismatch) std::rethrow_exception(mismatch);
   if (held.back() != 0) {

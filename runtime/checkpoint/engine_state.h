@@ -50,8 +50,9 @@ void describe_engine(const ZeroEngine& engine, CheckpointIndex& index);
 // position, ...). A parameter the checkpoint lacks, a checkpoint of another optimizer's state
 // (Lion's into Adam, ...), or a checkpoint parameter that no rank of the run holds, is
 // InvalidArgument naming it. `ranks` are the engine's ranks: with several groups (a rank holding
-// part of the model) the last check is an all-reduce over them.
+// part of the model) the last check is an all-reduce over them, which gives up after
+// `timeout_s` (comm.timeout_s) with a Timeout when a rank died or hangs.
 CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine,
-                            MPI_Comm ranks = MPI_COMM_WORLD);
+                            MPI_Comm ranks = MPI_COMM_WORLD, double timeout_s = 600.0);
 
 }  // namespace zrt::checkpoint
