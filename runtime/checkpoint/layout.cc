@@ -271,8 +271,12 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   index.step = read_attr_int(root, "step", path);
   index.optimizer_steps = read_attr_int(root, "optimizer_steps", path);
   index.skipped_steps = read_attr_int(root, "skipped_steps", path);
-  index.world = static_cast<int>(read_attr_int(root, "world", path));
-  index.stage = static_cast<int>(read_attr_int(root, "stage", path));
+  // Range-checked below; clamped here so a foreign value cannot wrap into range as an int.
+  const auto small = [](std::int64_t v) {
+    return static_cast<int>(std::clamp<std::int64_t>(v, -1, std::int64_t{1} << 30));
+  };
+  index.world = small(read_attr_int(root, "world", path));
+  index.stage = small(read_attr_int(root, "stage", path));
   index.compute_dtype = read_attr_string(root, "compute_dtype", path);
   index.master_dtype = read_attr_string(root, "master_dtype", path);
   if (has_attr(root, "optimizer")) {
