@@ -696,8 +696,7 @@ class Parser {
     o.ratio = get_number(path + ".ratio", o.ratio);
     if (o.device == OffloadDevice::kNvme) {
       error(ProblemKind::kUnsupported, path + ".device",
-            o.nvme_path.empty() ? "nvme offload needs nvme_path"
-                                : "nvme offload is not implemented; use \"cpu\"");
+            "nvme offload is not implemented; use \"cpu\"");
       reject(path + ".device");
       o.device = OffloadDevice::kNone;
       return o;
@@ -1088,6 +1087,17 @@ class Parser {
   // The optimizers library's problems, in its words ("optimizer.params.eps must be > 0 ...").
   void report(const std::vector<ConfigProblem>& problems, const std::string& block) {
     for (const ConfigProblem& p : problems) {
+      if (p.kind == ProblemKind::kWarning) {
+        // "optimizer.params.adam_w_mode: ...": its path, then its words (Config::warnings).
+        const std::string message = strip_location(p.message);
+        const std::size_t colon = message.find(": ");
+        if (colon != std::string::npos) {
+          warn(message.substr(0, colon), message.substr(colon + 2));
+        } else {
+          warn(block, message);
+        }
+        continue;
+      }
       error_plain(p.kind, strip_location(p.message), block);
     }
   }
@@ -1112,7 +1122,10 @@ class Parser {
     config_.scheduler = parse_scheduler_config(scheduler, problems);
     report(problems, "scheduler");
     const SchedulerConfig& s = config_.scheduler;
-    if (problems.empty() && s.type != LrScheduleType::kConstant &&
+    const bool scheduler_ok =
+        std::all_of(problems.begin(), problems.end(),
+                    [](const ConfigProblem& p) { return p.kind == ProblemKind::kWarning; });
+    if (scheduler_ok && s.type != LrScheduleType::kConstant &&
         s.type != LrScheduleType::kWarmupLR && s.total_num_steps != config_.train.steps &&
         config_.train.steps > 0) {
       warn(total,

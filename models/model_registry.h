@@ -162,6 +162,15 @@ class ModelDef {
     return 0;
   }
 
+  // Why the model cannot train at sequence_parallel_size `sp` (its heads or its sequence do not
+  // split), each naming the keys and the fix; empty when it can, or for a model without
+  // sequence parallelism to say (its build refuses sp > 1 itself). zrt-mem and --check ask it,
+  // so they refuse what the model's build would.
+  virtual std::vector<std::string> sequence_parallel_problems(int sp) const {
+    (void)sp;
+    return {};
+  }
+
   // Whether the model adds an auxiliary loss to the training loss (Model::aux_loss(): a mixture
   // of experts' load-balancing term), which zrt-train accumulates for its metrics.
   virtual bool has_auxiliary_loss() const { return false; }

@@ -119,10 +119,15 @@ class BlockReader {
 
 // The throwing form of the parsers: every problem, one per line.
 void throw_problems(const std::vector<ConfigProblem>& problems) {
-  if (problems.empty()) return;
   std::string message;
-  for (const ConfigProblem& p : problems) message += (message.empty() ? "" : "\n") + p.message;
-  throw InvalidArgument(message);
+  for (const ConfigProblem& p : problems) {
+    if (p.kind == ProblemKind::kWarning) {
+      spdlog::warn("{}", p.message);
+    } else {
+      message += (message.empty() ? "" : "\n") + p.message;
+    }
+  }
+  if (!message.empty()) throw InvalidArgument(message);
 }
 
 // Optimizer types DeepSpeed knows; the Adam family and Lion are implemented here.
@@ -314,9 +319,10 @@ OptimizerConfig parse_optimizer_config(const json& block, std::vector<ConfigProb
     const bool adam_w_mode = r.get_bool(params, "adam_w_mode", true, where);
     if (config.type == "AdamW") {
       if (!adam_w_mode) {
-        spdlog::warn(
-            "optimizer type AdamW ignores adam_w_mode=false (as DeepSpeed does); use type "
-            "Adam for L2 weight decay");
+        r.problem(ProblemKind::kWarning,
+                  "{}.adam_w_mode: false is ignored by optimizer type AdamW (as DeepSpeed "
+                  "does); use type Adam for L2 weight decay",
+                  where);
       }
       adam.adam_w_mode = true;
     } else {
@@ -497,8 +503,9 @@ SchedulerConfig parse_scheduler_config(const json& block, std::vector<ConfigProb
                 "least 2) for WarmupCosineLR",
                 where, config.total_num_steps, warmup);
     } else if (config.total_num_steps < warmup) {
-      spdlog::warn("{}: total_num_steps {} is less than warmup_num_steps {}", where,
-                   config.total_num_steps, warmup);
+      r.problem(ProblemKind::kWarning,
+                "{}.total_num_steps: {} is less than warmup_num_steps {} (the decay never starts)",
+                where, config.total_num_steps, warmup);
     }
   }
   return config;

@@ -74,6 +74,7 @@ enum class ProblemKind {
   kBadValue,     // a value of the wrong type or out of range
   kMissing,      // a required key is absent
   kConflict,     // values that are fine alone but not together
+  kWarning,      // not a problem: worth telling (a key that has no effect, an odd schedule)
 };
 
 struct ConfigProblem {

@@ -72,6 +72,23 @@ int check_training_config(const CheckArguments& args) {
     return 1;
   }
 
+  // The model's own checks (dimensions against the preset, what sequence parallelism asks of
+  // its heads) happen when it is built: do them here too, before the config is called valid,
+  // so --check finds what the start of the run would.
+  mem::Inputs in;
+  try {
+    in = mem::inputs_from_config(config);
+    in.validate();
+  } catch (const InvalidArgument& e) {
+    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
+                e.what());
+    if (!config.warnings.empty()) {
+      std::printf("warnings: %zu\n", config.warnings.size());
+      for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
+    }
+    return 1;
+  }
+
   const BatchConfig& b = config.batch;
   std::printf("config: %s is valid for %d rank%s%s\n", args.config_path.c_str(), b.world_size,
               b.world_size == 1 ? "" : "s",
@@ -99,17 +116,6 @@ int check_training_config(const CheckArguments& args) {
   std::printf("resolved config (defaults filled in):\n");
   print_lines(stdout, "  ", resolved_document(config).dump(2));
 
-  // The model's own checks (dimensions against the preset) happen when it is built: do them
-  // here too, so --check finds what the start of the run would.
-  mem::Inputs in;
-  try {
-    in = mem::inputs_from_config(config);
-    in.validate();
-  } catch (const InvalidArgument& e) {
-    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
-                e.what());
-    return 1;
-  }
   std::vector<mem::Estimate> estimates;
   for (const mem::Setting& s : mem::table_order()) {
     estimates.push_back(mem::estimate(in, s));

@@ -172,21 +172,29 @@ std::unique_ptr<ExpertRows> make_expert_rows(kernels::KernelContext& ctx, const 
                                       options.expert_rows_reserve);
 }
 
-// `config` after refusing a sequence-parallel group the model cannot use: the attention's heads
-// must split (as the Llama family's).
-const MoeConfig& checked_moe_config(const MoeConfig& c, const MoeOptions& options) {
-  const int sp = options.sequence_parallel_size();
-  if (sp <= 1) return c;
+transformer::SequenceParallelShape moe_sequence_parallel_shape(const MoeConfig& c) {
   transformer::SequenceParallelShape shape;
   shape.query_heads = c.num_attention_heads;
   shape.query_heads_name = "query heads (num_attention_heads)";
   shape.key_value_heads = c.num_key_value_heads;
   shape.seq_len = c.seq_len;
-  transformer::require_sequence_parallel_fits(c.architecture, shape, sp);
+  return shape;
+}
+
+// `config` after refusing a sequence-parallel group the model cannot use: the attention's heads
+// must split (as the Llama family's).
+const MoeConfig& checked_moe_config(const MoeConfig& c, const MoeOptions& options) {
+  const int sp = options.sequence_parallel_size();
+  if (sp <= 1) return c;
+  transformer::require_sequence_parallel_fits(c.architecture, moe_sequence_parallel_shape(c), sp);
   return c;
 }
 
 }  // namespace
+
+std::vector<std::string> MoeModel::sequence_parallel_problems(const MoeConfig& config, int sp) {
+  return transformer::sequence_parallel_problems(moe_sequence_parallel_shape(config), sp);
+}
 
 MoeModel::MoeModel(MoeConfig config, kernels::KernelContext& ctx, MoeOptions options)
     : TransformerModel(

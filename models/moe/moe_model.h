@@ -94,6 +94,10 @@ class MoeModel final : public transformer::TransformerModel {
   // sequence-parallel group, the load-balancing counts and probability sums (with their
   // padding), in one all-reduce; the z-loss's sum is a second of one value.
   static std::int64_t sequence_group_sum_floats(const MoeConfig& config);
+  // Why it cannot run at sequence_parallel_size `sp` (models/transformer/
+  // sequence_parallel_shape.h: the attention's heads and the sequence split), each naming the
+  // keys and the fix; empty when it can.
+  static std::vector<std::string> sequence_parallel_problems(const MoeConfig& config, int sp);
   // The expert partition of this rank (ep_size 1 without expert parallelism).
   const ExpertPartition& experts() const { return experts_; }
 

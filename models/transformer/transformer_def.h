@@ -65,6 +65,9 @@ class TransformerDefOf : public TransformerDef {
     return std::make_unique<Derived>(std::move(config));
   }
   std::vector<ParamSpec> parameters() const override { return ModelType::parameter_table(config_); }
+  std::vector<std::string> sequence_parallel_problems(int sp) const override {
+    return ModelType::sequence_parallel_problems(config_, sp);
+  }
   std::int64_t num_parameters() const override { return config_.num_parameters(); }
 
  protected:

@@ -525,7 +525,8 @@ const BadConfig kBadConfigs[] = {
      "number in [0, 1]"},
     {"nvme without nvme_path", true,
      R"({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})",
-     "bad.json: zero_optimization.offload_param.device: nvme offload needs nvme_path"},
+     "bad.json: zero_optimization.offload_param.device: nvme offload is not implemented; use "
+     "\"cpu\""},
     {"accumulation in another 16-bit type", true, R"({"data_types": {"grad_accum_dtype": "fp16"}})",
      "bad.json: data_types.grad_accum_dtype: fp16 accumulation with bf16 compute; accumulate in "
      "fp32 or the compute dtype"},
@@ -909,6 +910,24 @@ TEST_CASE("harmless DeepSpeed keys are accepted with a warning; off values silen
       "wall_clock_breakdown: accepted, but has no effect in zrt (DeepSpeed timers; use trace "
       "for timings)";
   CHECK(std::count(loud.warnings.begin(), loud.warnings.end(), full) == 1);
+}
+
+// The optimizer and scheduler blocks' warnings reach Config::warnings (and --check's list) like
+// every other key's; they went to the log alone, which --check silences.
+TEST_CASE("optimizer and scheduler warnings are the config's warnings", "[config][warnings]") {
+  const Config c = parse_doc(patched(R"({
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "adam_w_mode": false}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 50,
+                                                      "warmup_num_steps": 100}}
+  })"));
+  std::string all;
+  for (const std::string& w : c.warnings) all += w + "\n";
+  INFO(all);
+  CHECK_THAT(all, Catch::Contains("optimizer.params.adam_w_mode: false is ignored by optimizer "
+                                  "type AdamW"));
+  CHECK_THAT(all, Catch::Contains("scheduler.params.total_num_steps: 50 is less than "
+                                  "warmup_num_steps 100"));
+  CHECK(c.optimizer.adam.adam_w_mode);
 }
 
 TEST_CASE("comm_timeout_s at the top level is comm.timeout_s; 5e8 is an integer", "[config]") {

@@ -127,6 +127,17 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
                       bad + ": train.eval_interval: evaluation every 5 steps needs data.val\n"));
   CHECK_THAT(invalid.output, !Catch::Contains("max_coeff"));
 
+  // The model's own checks run before the config is called valid: sequence parallelism over 8
+  // ranks cannot split the demo GPT's 4 heads (its build refuses it; --check said "result: OK").
+  const Outcome sp = zrt_train("--check --config " + kDemo +
+                               " --world 8 --sequence_parallel_size 8 --train_batch_size 4");
+  INFO(sp.output);
+  CHECK(sp.status == 1);
+  CHECK_THAT(sp.output, Catch::Contains("config: INVALID: 1 problem"));
+  CHECK_THAT(sp.output, Catch::Contains("sequence_parallel_size 8 does not divide the model's 4 "
+                                        "heads (n_head)"));
+  CHECK_THAT(sp.output, !Catch::Contains("is valid for"));
+
   // A JSON syntax error stops the reading: it comes alone, with line and column.
   const std::string broken = write_config("broken.json", "{\n  \"seed\": 1,\n}\n");
   const Outcome syntax = zrt_train("--check --config " + broken);

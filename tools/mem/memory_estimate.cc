@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/ranges.h>
+
 #include "kernels/kernel_context.h"
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/common/error.h"
@@ -335,6 +337,13 @@ void Inputs::validate() const {
               "--sp {} (sequence_parallel_size) does not divide the sequence length {}: each "
               "rank of a group holds an equal chunk",
               sp, seq_len);
+  }
+  if (model && model->def) {
+    // What the model's build would refuse (its heads split over the sp ranks).
+    const std::vector<std::string> problems = model->def->sequence_parallel_problems(sp);
+    if (!problems.empty()) {
+      ZRT_THROW(InvalidArgument, "{}: {}", model->def->name(), fmt::join(problems, "; "));
+    }
   }
   if (!(device_gib > 0.0))
     ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
