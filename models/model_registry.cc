@@ -1,5 +1,6 @@
 #include "models/model_registry.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -52,7 +53,23 @@ const ModelEntry& ModelRegistry::entry(const std::string& type) const {
 }
 
 std::unique_ptr<ModelDef> ModelRegistry::resolve(const ModelConfig& config) const {
-  return entry(config.type).resolve(config);
+  const ModelEntry& e = entry(config.type);
+  // A preset of another family under the default model.type (gpt2 with "llama-3.2-1b"): name
+  // the type it belongs to rather than only GPT-2's presets. (An explicit type's entry names
+  // its own mismatches.)
+  if (!config.preset.empty() && config.type == ModelConfig{}.type &&
+      std::find(e.presets.begin(), e.presets.end(), config.preset) == e.presets.end()) {
+    for (const ModelEntry& other : entries_) {
+      if (std::find(other.presets.begin(), other.presets.end(), config.preset) !=
+          other.presets.end()) {
+        ZRT_THROW(InvalidArgument,
+                  "model.preset '{}' is a {} preset, but model.type is {} (the default when "
+                  "none is given): set model.type to {}",
+                  config.preset, other.type, config.type, other.type);
+      }
+    }
+  }
+  return e.resolve(config);
 }
 
 std::unique_ptr<ModelDef> ModelRegistry::parse_spec(const std::string& type,

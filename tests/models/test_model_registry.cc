@@ -95,6 +95,19 @@ TEST_CASE("an unknown model.type: a config error, and a registry error naming th
                     Catch::Contains("ckpt: not a GPT-2 checkpoint"));
 }
 
+// Another family's preset under the default model.type names the type it belongs to (it read
+// as an unknown GPT preset).
+TEST_CASE("a preset of another family names its model.type") {
+  ModelConfig config;  // model.type gpt2, the default
+  config.preset = "llama-3.2-1b";
+  CHECK_THROWS_WITH(builtin_models().resolve(config),
+                    Catch::Contains("model.preset 'llama-3.2-1b' is a llama preset, but "
+                                    "model.type is gpt2 (the default when none is given): set "
+                                    "model.type to llama"));
+  config.type = "llama";
+  CHECK_NOTHROW(builtin_models().resolve(config));
+}
+
 TEST_CASE("a registry refuses a second entry of one type and an entry without its hooks") {
   ModelRegistry registry;
   registry.add(gpt::registry_entry());
