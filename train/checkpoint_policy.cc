@@ -18,7 +18,6 @@
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/comm/polled_wait.h"
 
 namespace zrt::train {
 
@@ -31,19 +30,12 @@ namespace {
 // the save directory's file system) ends the others with a Timeout naming the stage, never a
 // hang.
 void wait_for(MPI_Request& request, double timeout_s, const char* what) {
-  polled_wait(
-      {timeout_s, PollPace::kBackoff, nullptr},
-      [&] {
-        int done = 0;
-        ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-        return done != 0;
-      },
-      [&] {
-        return fmt::format(
-            "checkpoint.load: {} within comm.timeout_s {} s (a rank died or "
-            "hangs, or rank 0 is stuck on checkpoint.save_dir's file system)",
-            what, timeout_s);
-      });
+  wait_mpi_request(request, {timeout_s, PollPace::kBackoff, nullptr}, [&] {
+    return fmt::format(
+        "checkpoint.load: {} within comm.timeout_s {} s (a rank died or hangs, "
+        "or rank 0 is stuck on checkpoint.save_dir's file system)",
+        what, timeout_s);
+  });
 }
 
 // Rank 0's text on every rank of MPI_COMM_WORLD.

@@ -19,7 +19,6 @@
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/checkpoint/rank_share.h"
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 
@@ -130,16 +129,9 @@ std::string Checkpointer::tag_for_step(std::int64_t step) {
 void Checkpointer::wait_for(MPI_Request& request, const std::string& what) {
   // The checkpointer's collectives are rare and small: testing with backoff leaves the CPU to
   // the async writer.
-  polled_wait(
-      {timeout_s_, PollPace::kBackoff, nullptr},
-      [&] {
-        int done = 0;
-        ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-        return done != 0;
-      },
-      [&] {
-        return fmt::format("checkpoint: {} within {} s (a rank died or hangs)", what, timeout_s_);
-      });
+  wait_mpi_request(request, {timeout_s_, PollPace::kBackoff, nullptr}, [&] {
+    return fmt::format("checkpoint: {} within {} s (a rank died or hangs)", what, timeout_s_);
+  });
 }
 
 std::vector<std::int64_t> Checkpointer::agree(std::vector<std::int64_t> values,

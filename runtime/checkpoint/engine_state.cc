@@ -9,7 +9,6 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/comm/mpi_runtime.h"
-#include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
 
 namespace zrt::checkpoint {
@@ -168,19 +167,12 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
     MPI_Request request;
     ZRT_MPI_CHECK(MPI_Iallreduce(held.data(), all.data(), static_cast<int>(held.size()),
                                  MPI_UNSIGNED_CHAR, MPI_MAX, ranks, &request));
-    polled_wait(
-        {timeout_s, PollPace::kBackoff, nullptr},
-        [&] {
-          int done = 0;
-          ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-          return done != 0;
-        },
-        [&] {
-          return fmt::format(
-              "{}: the ranks did not agree on what they load within {} s (a rank "
-              "died or hangs)",
-              index_path, timeout_s);
-        });
+    wait_mpi_request(request, {timeout_s, PollPace::kBackoff, nullptr}, [&] {
+      return fmt::format(
+          "{}: the ranks did not agree on what they load within {} s (a rank "
+          "died or hangs)",
+          index_path, timeout_s);
+    });
     held = std::move(all);
   }
   if (mismatch) std::rethrow_exception(mismatch);

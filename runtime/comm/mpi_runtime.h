@@ -5,6 +5,10 @@
 
 #include <mpi.h>
 
+#include <utility>
+
+#include "runtime/comm/polled_wait.h"
+
 namespace zrt {
 
 class MpiRuntime {
@@ -33,3 +37,23 @@ void check_mpi(int code, const char* call, const char* file, int line);
 }  // namespace zrt
 
 #define ZRT_MPI_CHECK(call) ::zrt::check_mpi((call), #call, __FILE__, __LINE__)
+
+namespace zrt {
+
+// Tests a nonblocking MPI operation's `request` until it completes, through polled_wait: gives
+// up after options.timeout_s with a Timeout carrying timeout_message() (OpenMPI advances a
+// request only inside MPI_Test; a blocking wait could never time out).
+template <typename TimeoutMessage>
+void wait_mpi_request(MPI_Request& request, const PollOptions& options,
+                      TimeoutMessage&& timeout_message) {
+  polled_wait(
+      options,
+      [&] {
+        int done = 0;
+        ZRT_MPI_CHECK(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+        return done != 0;
+      },
+      std::forward<TimeoutMessage>(timeout_message));
+}
+
+}  // namespace zrt
