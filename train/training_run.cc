@@ -254,10 +254,12 @@ void TrainingRun::build_data() {
 void TrainingRun::check_same_data_everywhere(const char* key, const SampleSource& data) {
   const std::vector<std::int64_t> mine = {data.documents() ? 1 : 0, data.num_samples(),
                                           data.group()};
-  std::vector<std::int64_t> negated;
-  for (std::int64_t v : mine) negated.push_back(-v);
-  const std::vector<std::int64_t> high = control_->max(mine);
-  const std::vector<std::int64_t> low = control_->max(negated);
+  // Maxima of the values and of their negations in one all-reduce: max and -min.
+  std::vector<std::int64_t> both = mine;
+  for (std::int64_t v : mine) both.push_back(-v);
+  both = control_->max(both);
+  const std::vector<std::int64_t> high(both.begin(), both.begin() + 3);
+  const std::vector<std::int64_t> low(both.begin() + 3, both.end());
   for (std::size_t i = 0; i < mine.size(); ++i) {
     if (high[i] == -low[i]) continue;
     ZRT_THROW(InvalidArgument,
