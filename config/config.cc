@@ -890,6 +890,7 @@ class Parser {
                                 "head_dim",
                                 "max_position_embeddings",
                                 "sliding_window",
+                                "max_window_layers",
                                 "rms_norm_eps",
                                 "rope_theta",
                                 "rope_scaling",
@@ -970,6 +971,7 @@ class Parser {
     read_int("head_dim", &m.head_dim);
     read_int("max_position_embeddings", &m.max_position_embeddings);
     read_int("sliding_window", &m.sliding_window);
+    read_int("max_window_layers", &m.max_window_layers);
     read_number("rms_norm_eps", &m.rms_norm_eps);
     read_number("rope_theta", &m.rope_theta);
     read_bool("tie_word_embeddings", &m.tie_word_embeddings);
@@ -1283,6 +1285,7 @@ std::string ModelConfig::spec() const {
       {"head_dim", &head_dim},
       {"max_position_embeddings", &max_position_embeddings},
       {"sliding_window", &sliding_window},
+      {"max_window_layers", &max_window_layers},
       {"rope_scaling.original_max_position_embeddings",
        &rope_scaling.original_max_position_embeddings},
       {"num_experts", &num_experts},
@@ -1444,6 +1447,7 @@ json resolved_document(const Config& c) {
       {"head_dim", &m.head_dim},
       {"max_position_embeddings", &m.max_position_embeddings},
       {"sliding_window", &m.sliding_window},
+      {"max_window_layers", &m.max_window_layers},
       {"num_experts", &m.num_experts},
       {"num_experts_per_tok", &m.num_experts_per_tok},
       {"moe_intermediate_size", &m.moe_intermediate_size},

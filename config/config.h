@@ -54,7 +54,7 @@ struct ModelConfig {
   std::optional<int> vocab_size, seq_len;
   // The Llama family's (llama, qwen2, mistral), named after Hugging Face config.json's keys.
   std::optional<int> hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-      num_key_value_heads, head_dim, max_position_embeddings, sliding_window;
+      num_key_value_heads, head_dim, max_position_embeddings, sliding_window, max_window_layers;
   std::optional<double> rms_norm_eps, rope_theta;
   std::optional<bool> tie_word_embeddings, attention_bias;
   struct RopeScaling {

@@ -745,9 +745,14 @@ std::vector<KeyInfo> build_table() {
         "Llama family: q/k/v projections have biases (Qwen2 always)")
           .zrt(),
       K("model.sliding_window", I, kInt, "none",
-        "Mistral's attention window; one shorter than seq_len is an error (zrt attends over the "
-        "whole context)")
+        "Sliding-window attention: query t sees keys after t - sliding_window (Mistral, Mixtral, "
+        "Qwen2's and Qwen3-MoE's use_sliding_window); none at or above seq_len")
           .range(1)
+          .zrt(),
+      K("model.max_window_layers", I, kInt, "0",
+        "qwen2: the first layer the sliding window applies to (the layers before attend over the "
+        "whole sequence)")
+          .range(0)
           .zrt(),
       K("model.num_experts", I, kInt, "preset",
         "Mixture of experts: routed experts per layer (Mixtral's config.json: num_local_experts)")

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/crossentropy.h"
+#include "kernels/cpu/documents.h"
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/gqa_attention.h"
@@ -356,22 +357,24 @@ void require_zeros(const S* p, std::int64_t n, const char* op, const char* name)
 }  // namespace
 
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
-                       int B, int T, int C, int NH, ConstTokens doc_start) {
+                       int B, int T, int C, int NH, ConstTokens doc_start, int window) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
+  window = cpu::effective_window(window, T);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_forward_workspace<S>(B, T, C, NH));
       run_cpu(ctx, "attention_forward",
-              [o = ptr<S>(out), l = raw(lse), x = ptr<S>(qkv), B, T, C, NH, ws,
-               ds = raw(doc_start)] { cpu::attention_forward<S>(o, l, x, B, T, C, NH, ws, ds); });
+              [o = ptr<S>(out), l = raw(lse), x = ptr<S>(qkv), B, T, C, NH, ws, ds = raw(doc_start),
+               window] { cpu::attention_forward<S>(o, l, x, B, T, C, NH, ws, ds, window); });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
+                                     raw(doc_start) != nullptr || window > 0) &&
       cuda::cudnn_attention_forward(
           ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
           raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
@@ -379,7 +382,7 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   }
   cuda::attention_forward(
       launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)), dtype, raw(out),
-      raw(lse), raw(qkv), B, T, C, NH, kernels, raw(doc_start));
+      raw(lse), raw(qkv), B, T, C, NH, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
@@ -387,8 +390,9 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
 
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH, ConstTokens doc_start, GradWrite dqkv_write) {
+                        int NH, ConstTokens doc_start, int window, GradWrite dqkv_write) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
+  window = cpu::effective_window(window, T);
   check_attention_grad_write(dqkv_write, "attention_backward");
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -398,11 +402,11 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
       const bool into_zeros = dqkv_write == GradWrite::kIntoZeros;
       run_cpu(ctx, "attention_backward",
               [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out), l = raw(lse),
-               B, T, C, NH, ws, ds = raw(doc_start), into_zeros] {
+               B, T, C, NH, ws, ds = raw(doc_start), window, into_zeros] {
                 if (into_zeros) {
                   require_zeros(dx, std::int64_t{B} * T * 3 * C, "attention_backward", "dqkv");
                 }
-                cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws, ds);
+                cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws, ds, window);
               });
     });
     return;
@@ -411,7 +415,8 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   // cuDNN's forward, if it ran, left the same lse (natural log-sum-exp), so either backward
   // may follow it.
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
+                                     raw(doc_start) != nullptr || window > 0) &&
       cuda::cudnn_attention_backward(
           ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
           raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse),
@@ -420,7 +425,8 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   }
   cuda::attention_backward(
       launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)), dtype,
-      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start));
+      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start),
+      window);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
@@ -746,9 +752,10 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
-                           ConstTokens doc_start) {
+                           ConstTokens doc_start, int window) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
+  window = cpu::effective_window(window, T);
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
@@ -756,15 +763,16 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
           ctx, cpu::gqa_attention_forward_workspace<S>(B, T, NH, NKV, hs));
       run_cpu(ctx, "gqa_attention_forward",
               [o = ptr<S>(out), l = raw(lse), qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), B, T,
-               NH, NKV, hs, ws, ds = raw(doc_start)] {
-                cpu::gqa_attention_forward<S>(o, l, qp, kp, vp, B, T, NH, NKV, hs, ws, ds);
+               NH, NKV, hs, ws, ds = raw(doc_start), window] {
+                cpu::gqa_attention_forward<S>(o, l, qp, kp, vp, B, T, NH, NKV, hs, ws, ds, window);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
+                                     raw(doc_start) != nullptr || window > 0) &&
       cuda::cudnn_attention_forward(
           ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
           raw(out), raw(lse), raw(q), raw(k), raw(v))) {
@@ -772,7 +780,8 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
   }
   cuda::gqa_attention_forward(
       launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
-      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start));
+      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start),
+      window);
 #else
   cuda_backend_missing("kernels::gqa_attention_forward");
 #endif
@@ -781,9 +790,10 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
                             ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
-                            ConstTokens doc_start, GradWrite d_write) {
+                            ConstTokens doc_start, int window, GradWrite d_write) {
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
+  window = cpu::effective_window(window, T);
   check_attention_grad_write(d_write, "gqa_attention_backward");
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
@@ -794,7 +804,7 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
       run_cpu(ctx, "gqa_attention_backward",
               [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout),
                qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T,
-               NH, NKV, hs, ws, ds = raw(doc_start), into_zeros] {
+               NH, NKV, hs, ws, ds = raw(doc_start), window, into_zeros] {
                 if (into_zeros) {
                   const std::int64_t rows = std::int64_t{B} * T;
                   require_zeros(dqp, rows * NH * hs, "gqa_attention_backward", "dq");
@@ -802,14 +812,15 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
                   require_zeros(dvp, rows * NKV * hs, "gqa_attention_backward", "dv");
                 }
                 cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV,
-                                               hs, ws, ds);
+                                               hs, ws, ds, window);
               });
     });
     return;
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
+                                     raw(doc_start) != nullptr || window > 0) &&
       cuda::cudnn_attention_backward(
           ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
           raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse),
@@ -819,7 +830,7 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   cuda::gqa_attention_backward(
       launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
       raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH,
-      NKV, hs, kernels, raw(doc_start));
+      NKV, hs, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::gqa_attention_backward");
 #endif

@@ -41,6 +41,10 @@ void check_dtypes(DType dtype, DType grad_dtype);
 //       token of t's document: 0 <= doc_start[t] <= t, and doc_start[t] is doc_start[t-1] or t.
 //       Attention lets query t see keys [doc_start[t], t] only.
 //   positions (B,T) int32: t - doc_start[t], each token's position within its document.
+// Sliding window (attention only): `window` W > 0 also hides the keys before t - W + 1 from query
+// t (W keys at most, t itself included), as transformers' sliding_window mask (Mistral; Qwen2's
+// layers from max_window_layers on): query t sees [max(doc_start[t], t - W + 1), t]. 0 (the
+// default) or W >= T is none, the unwindowed op bit for bit; negative throws InvalidArgument.
 // Null (the default) is one document per sequence, positions 0..T-1: the unpacked ops, bit for
 // bit. Targets < 0 (crossentropy_*) are tokens left out of the loss. The CPU twins throw
 // InvalidArgument on a doc_start that is no packing and on positions outside [0,P) where they
@@ -107,16 +111,18 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 // fused tensor-core kernels (kernels/cuda/flash_attention.cuh); other shapes the batched-GEMM
 // path. With doc_start (packed documents, above) query t attends keys [doc_start[t], t]; the
 // CPU twin and the fused kernels skip the work outside the documents (a packed step costs about
-// its documents' attention), the batched path masks it. Both passes take the same doc_start.
+// its documents' attention), the batched path masks it; a sliding `window` (above) likewise,
+// the CPU's tiled path and the fused kernels skipping the key tiles before it (cuDNN's attention
+// is not asked for a windowed call). Both passes take the same doc_start and window.
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
-                       int B, int T, int C, int NH, ConstTokens doc_start = {});
+                       int B, int T, int C, int NH, ConstTokens doc_start = {}, int window = 0);
 // dqkv_write: kAccumulate (the contract above) or kIntoZeros, the caller's promise that dqkv holds
 // zeros (the models' driver zeroes it before each block's backward), which lets cuDNN's
 // attention write the gradients straight into it instead of through workspace and an add; the
 // CPU backend throws when the promise is broken. kOverwrite is not taken.
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
-                        int NH, ConstTokens doc_start = {},
+                        int NH, ConstTokens doc_start = {}, int window = 0,
                         GradWrite dqkv_write = GradWrite::kAccumulate);
 
 // The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
@@ -195,16 +201,17 @@ void swiglu_backward(KernelContext& ctx, DType dtype, Bytes dgate, Bytes dup, Co
 // tiled path with fp32/fp64 storage; CUDA's fused kernels: bf16/fp16, head size 64 or 128, T a
 // multiple of 64) they read q, k, v in place, query head h reading key/value head h / group;
 // otherwise q and the repeated k, v heads are packed into attention's (B,T,3C) layout and it
-// runs on that. doc_start as attention's. The backward also reads the forward's `out` and adds
-// to dq, dk, dv.
+// runs on that. doc_start and window as attention's. The backward also reads the forward's `out`
+// and adds to dq, dk, dv.
 void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes q,
                            ConstBytes k, ConstBytes v, int B, int T, int NH, int NKV, int hs,
-                           ConstTokens doc_start = {});
+                           ConstTokens doc_start = {}, int window = 0);
 // d_write: for dq, dk and dv together, as attention_backward's dqkv_write.
 void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk, Bytes dv,
                             ConstBytes dout, ConstBytes q, ConstBytes k, ConstBytes v,
                             ConstBytes out, ConstFloats lse, int B, int T, int NH, int NKV, int hs,
-                            ConstTokens doc_start = {}, GradWrite d_write = GradWrite::kAccumulate);
+                            ConstTokens doc_start = {}, int window = 0,
+                            GradWrite d_write = GradWrite::kAccumulate);
 
 // For planning (zrt-mem): the bytes attention_forward / attention_backward (`backward`) and
 // gqa_attention_forward / gqa_attention_backward ask KernelContext::workspace for at these

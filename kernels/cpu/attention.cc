@@ -63,7 +63,7 @@ namespace {
 // `scores` (kAttentionPairGroup pairs' worth at a time).
 template <typename A>
 void full_attention_forward(A* aout, A* lse, const A* aqkv, int B, int T, int C, int NH, A* scores,
-                            const std::vector<std::vector<DocSpan>>& docs) {
+                            const std::vector<std::vector<DocSpan>>& docs, int window) {
   const int hs = C / NH;
   const int group = pair_group(B, NH);
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
@@ -82,7 +82,9 @@ void full_attention_forward(A* aout, A* lse, const A* aqkv, int B, int T, int C,
         const A* v = q + 2 * C;
         A* l = lse + I64{p} * T + s;
         gemm_serial<A>(false, true, L, L, hs, scale, q, 3 * C, k, 3 * C, A(0), a, L);
-        for (int t = 0; t < L; ++t) l[t] = causal_softmax_row(a + I64{t} * L, t, L);
+        for (int t = 0; t < L; ++t) {
+          l[t] = causal_softmax_row(a + I64{t} * L, first_visible_key(0, t, window), t, L);
+        }
         gemm_serial<A>(false, false, L, hs, L, A(1), a, L, v, 3 * C, A(0),
                        aout + (I64{b} * T + s) * C + I64{h} * hs, C);
       }
@@ -94,7 +96,7 @@ void full_attention_forward(A* aout, A* lse, const A* aqkv, int B, int T, int C,
 template <typename A>
 void full_attention_backward(A* adqkv, const A* adout, const A* aqkv, const A* aout, const A* lse,
                              int B, int T, int C, int NH, A* ws,
-                             const std::vector<std::vector<DocSpan>>& docs) {
+                             const std::vector<std::vector<DocSpan>>& docs, int window) {
   const int hs = C / NH;
   const A scale = A(1) / std::sqrt(static_cast<A>(hs));
   const int group = pair_group(B, NH);
@@ -122,19 +124,24 @@ void full_attention_backward(A* adqkv, const A* adout, const A* aqkv, const A* a
         const A* y = aout + yoff;
         const A* l = lse + I64{p} * T + s;
         gemm_serial<A>(false, true, L, L, hs, scale, q, 3 * C, k, 3 * C, A(0), a, L);
-        for (int t = 0; t < L; ++t) causal_probs_row(a + I64{t} * L, l[t], t, L);
+        for (int t = 0; t < L; ++t) {
+          causal_probs_row(a + I64{t} * L, l[t], first_visible_key(0, t, window), t, L);
+        }
         gemm_serial<A>(false, true, L, L, hs, A(1), dy, C, v, 3 * C, A(0), da, L);
         gemm_serial<A>(true, false, L, hs, L, A(1), a, L, dy, C, A(1), dv, 3 * C);
         for (int t = 0; t < L; ++t) {
           // D = dout . out: equal to sum_u p dp, but what the fused kernels can afford.
           A dot = 0;
           for (int d = 0; d < hs; ++d) dot += dy[I64{t} * C + d] * y[I64{t} * C + d];
+          // The row's keys [lo, t]; the probabilities are 0 outside them, so are their gradients.
+          const int lo = first_visible_key(0, t, window);
           A* drow = da + I64{t} * L;
           const A* arow = a + I64{t} * L;
+          std::fill(drow, drow + lo, A(0));
           if constexpr (std::is_same_v<A, float>) {
-            span_softmax_grad(drow, arow, t + 1, dot);
+            span_softmax_grad(drow + lo, arow + lo, t + 1 - lo, dot);
           } else {
-            for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+            for (int u = lo; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
           }
           for (int u = t + 1; u < L; ++u) drow[u] = A(0);
         }
@@ -148,9 +155,11 @@ void full_attention_backward(A* adqkv, const A* adout, const A* aqkv, const A* a
 
 template <typename S>
 void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws, const std::int32_t* doc_start, AttentionPath path) {
+                       acc_t<S>* ws, const std::int32_t* doc_start, int window,
+                       AttentionPath path) {
   using A = acc_t<S>;
   check_doc_start(doc_start, B, T);
+  window = effective_window(window, T);
   path = attention_resolve<S>(path, B, T, NH);
   const A* aqkv;
   A* aout;
@@ -164,9 +173,9 @@ void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C,
     aout = f + I64{B} * T * 3 * C;
   }
   if (path == AttentionPath::kTiled) {
-    tiled_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, doc_start);
+    tiled_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, doc_start, window);
   } else {
-    full_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, all_spans(doc_start, B, T));
+    full_attention_forward<A>(aout, lse, aqkv, B, T, C, NH, ws, all_spans(doc_start, B, T), window);
   }
   if constexpr (kIs16Bit<S>) convert_from_acc(out, aout, I64{B} * T * C);
 }
@@ -174,9 +183,10 @@ void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C,
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
                         int B, int T, int C, int NH, acc_t<S>* ws, const std::int32_t* doc_start,
-                        AttentionPath path) {
+                        int window, AttentionPath path) {
   using A = acc_t<S>;
   check_doc_start(doc_start, B, T);
+  window = effective_window(window, T);
   path = attention_resolve<S>(path, B, T, NH);
   const A* aqkv;
   const A* adout;
@@ -203,10 +213,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
     adqkv = fdqkv;
   }
   if (path == AttentionPath::kTiled) {
-    tiled_attention_backward<A>(adqkv, adout, aqkv, aout, lse, B, T, C, NH, ws, doc_start);
+    tiled_attention_backward<A>(adqkv, adout, aqkv, aout, lse, B, T, C, NH, ws, doc_start, window);
   } else {
     full_attention_backward<A>(adqkv, adout, aqkv, aout, lse, B, T, C, NH, ws,
-                               all_spans(doc_start, B, T));
+                               all_spans(doc_start, B, T), window);
   }
   if constexpr (kIs16Bit<S>) accumulate_from_acc(dqkv, adqkv, I64{B} * T * 3 * C);
 }
@@ -215,9 +225,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
   template std::int64_t attention_forward_workspace<S>(int, int, int, int, AttentionPath);         \
   template std::int64_t attention_backward_workspace<S>(int, int, int, int, AttentionPath);        \
   template void attention_forward<S>(S*, acc_t<S>*, const S*, int, int, int, int, acc_t<S>*,       \
-                                     const std::int32_t*, AttentionPath);                          \
+                                     const std::int32_t*, int, AttentionPath);                     \
   template void attention_backward<S>(S*, const S*, const S*, const S*, const acc_t<S>*, int, int, \
-                                      int, int, acc_t<S>*, const std::int32_t*, AttentionPath);
+                                      int, int, acc_t<S>*, const std::int32_t*, int,               \
+                                      AttentionPath);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 ZRT_INSTANTIATE(bf16)

@@ -20,6 +20,12 @@
 // those of running it alone. With doc_start null, or one document per sequence, the calls are
 // exactly those of the unpacked op. An invalid doc_start throws InvalidArgument.
 //
+// Sliding window (`window` W > 0, documents.h): query t sees keys [max(doc_start[t], t-W+1), t],
+// as transformers' sliding_window mask (Mistral; Qwen2's layers from max_window_layers on). A
+// window of T or more hides nothing and runs as none. The full path masks the keys before the
+// window in each document's scores; the tiled one also skips the key tiles entirely before it, so
+// its cost grows with T*W instead of T^2.
+//
 // lse is fp32 (acc_t<S>). 16-bit storage converts to fp32 in `ws` first. Two algorithms
 // (attention_path.h), chosen per call by `path` (kAuto: ZRT_CPU_ATTENTION, else a threshold on
 // the full kernel's score bytes); results do not depend on the thread count on either:
@@ -51,14 +57,14 @@ std::int64_t attention_backward_workspace(int B, int T, int C, int NH,
 
 template <typename S>
 void attention_forward(S* out, acc_t<S>* lse, const S* qkv, int B, int T, int C, int NH,
-                       acc_t<S>* ws, const std::int32_t* doc_start = nullptr,
+                       acc_t<S>* ws, const std::int32_t* doc_start = nullptr, int window = 0,
                        AttentionPath path = AttentionPath::kAuto);
 
-// `out` and `lse` are the forward's results for the same qkv and doc_start.
+// `out` and `lse` are the forward's results for the same qkv, doc_start and window.
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const acc_t<S>* lse,
                         int B, int T, int C, int NH, acc_t<S>* ws,
-                        const std::int32_t* doc_start = nullptr,
+                        const std::int32_t* doc_start = nullptr, int window = 0,
                         AttentionPath path = AttentionPath::kAuto);
 
 }  // namespace zrt::kernels::cpu

@@ -1,6 +1,7 @@
 // The row passes of causal attention's softmax, shared by the CPU twins of multi-head
 // (attention.cc) and grouped-query (gqa_attention.cc) attention. A row t of T scores keeps its
-// prefix [0, t] (the positions a query at t may see) and is zero after it. fp32 rows use the
+// span [lo, t] (the keys a query at t may see: lo > 0 under a sliding window, documents.h) and is
+// zero outside it. fp32 rows use the
 // vectorized span functions of vec_math.h; double rows (finite-difference checks) plain loops.
 #pragma once
 
@@ -12,10 +13,14 @@
 
 namespace zrt::kernels::cpu {
 
-// row[0..t] <- softmax(row[0..t]); row[t+1..T) <- 0. Returns the row's log-sum-exp,
-// log(sum_{u<=t} exp(row[u])) of the scores it was given (attention's kept statistic).
+// row[lo..t] <- softmax(row[lo..t]); the rest of row[0..T) <- 0. Returns the row's log-sum-exp,
+// log(sum_{lo<=u<=t} exp(row[u])) of the scores it was given (attention's kept statistic).
 template <typename A>
-A causal_softmax_row(A* row, int t, int T) {
+A causal_softmax_row(A* row, int lo, int t, int T) {
+  std::fill(row, row + lo, A(0));
+  row += lo;
+  t -= lo;
+  T -= lo;
   A lse;
   if constexpr (std::is_same_v<A, float>) {
     const float mx = span_max(row, t + 1);
@@ -39,29 +44,20 @@ A causal_softmax_row(A* row, int t, int T) {
   return lse;
 }
 
-// row[0..t] <- exp(row[0..t] - lse): the probabilities again from the scores and the forward's
-// log-sum-exp (the backward's recomputation); row[t+1..T) <- 0.
+// row[lo..t] <- exp(row[lo..t] - lse): the probabilities again from the scores and the forward's
+// log-sum-exp (the backward's recomputation); the rest of row[0..T) <- 0.
 template <typename A>
-void causal_probs_row(A* row, A lse, int t, int T) {
+void causal_probs_row(A* row, A lse, int lo, int t, int T) {
+  std::fill(row, row + lo, A(0));
+  row += lo;
+  t -= lo;
+  T -= lo;
   if constexpr (std::is_same_v<A, float>) {
     span_exp_scale(row, t + 1, lse, 1.0f);
   } else {
     for (int u = 0; u <= t; ++u) row[u] = std::exp(row[u] - lse);
   }
   for (int u = t + 1; u < T; ++u) row[u] = A(0);
-}
-
-// drow[0..t] <- arow * (drow - sum(arow * drow)) (softmax's backward); drow[t+1..T) <- 0.
-template <typename A>
-void causal_softmax_grad_row(A* drow, const A* arow, int t, int T) {
-  if constexpr (std::is_same_v<A, float>) {
-    span_softmax_grad(drow, arow, t + 1, span_dot(arow, drow, t + 1));
-  } else {
-    A dot = 0;
-    for (int u = 0; u <= t; ++u) dot += arow[u] * drow[u];
-    for (int u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
-  }
-  for (int u = t + 1; u < T; ++u) drow[u] = A(0);
 }
 
 }  // namespace zrt::kernels::cpu

@@ -6,8 +6,14 @@
 // doc_start[t-1] (t continues its document) or t (t starts one); so the documents of a sequence
 // are consecutive spans [begin, end) and query t attends keys [doc_start[t], t]. Null: one
 // document per sequence, [0, T).
+//
+// Sliding window (Mistral's, Qwen2's upper layers'; kernels/ops.h's `window`): with window W > 0
+// query t also sees no key before t - W + 1 (W keys at most, itself included), as transformers'
+// sliding_window mask; 0 is none. The first key t sees is then first_visible_key(doc_start[t], t,
+// W), still non-decreasing in t, which is all the tiled kernels' skipping relies on.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +24,21 @@ namespace zrt::kernels::cpu {
 struct DocSpan {
   int begin = 0, end = 0;  // tokens [begin, end) of one sequence
 };
+
+// The first key query t sees: its document's first token, or t - window + 1 when the window
+// starts later (window 0: none).
+inline int first_visible_key(int doc_begin, int t, int window) {
+  return window > 0 ? std::max(doc_begin, t - window + 1) : doc_begin;
+}
+
+// A window at least T long hides no key: 0 (none) then, so that the unwindowed kernels run.
+// Throws InvalidArgument on a negative window.
+inline int effective_window(int window, int T) {
+  if (window < 0) {
+    ZRT_THROW(InvalidArgument, "attention: sliding window {} is negative (0: none)", window);
+  }
+  return window >= T ? 0 : window;
+}
 
 // Throws InvalidArgument naming the first token that breaks the packing rule above. Null is
 // valid.

@@ -108,13 +108,14 @@ std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
                            int NH, int NKV, int hs, acc_t<S>* ws, const std::int32_t* doc_start,
-                           AttentionPath path) {
+                           int window, AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
   if constexpr (!kIs16Bit<S>) {
     if (gqa_reads_in_place<S>(B, T, NH, path)) {
       check_doc_start(doc_start, B, T);
-      tiled_gqa_attention_forward<A>(out, lse, q, k, v, B, T, NH, NKV, hs, ws, doc_start);
+      tiled_gqa_attention_forward<A>(out, lse, q, k, v, B, T, NH, NKV, hs, ws, doc_start,
+                                     effective_window(window, T));
       return;
     }
   }
@@ -124,17 +125,18 @@ void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const 
   gqa_pack_qkv<S, A>(qkv, q, k, v, B, T, NH, NKV, hs);
   if constexpr (kIs16Bit<S>) {
     A* aout = rest;
-    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C, doc_start, path);
+    attention_forward<A>(aout, lse, qkv, B, T, C, NH, aout + I64{B} * T * C, doc_start, window,
+                         path);
     convert_from_acc(out, aout, I64{B} * T * C);
   } else {
-    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest, doc_start, path);
+    attention_forward<A>(out, lse, qkv, B, T, C, NH, rest, doc_start, window, path);
   }
 }
 
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
-                            int hs, acc_t<S>* ws, const std::int32_t* doc_start,
+                            int hs, acc_t<S>* ws, const std::int32_t* doc_start, int window,
                             AttentionPath path) {
   using A = acc_t<S>;
   check_heads(NH, NKV, hs);
@@ -142,7 +144,7 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
     if (gqa_reads_in_place<S>(B, T, NH, path)) {
       check_doc_start(doc_start, B, T);
       tiled_gqa_attention_backward<A>(dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, ws,
-                                      doc_start);
+                                      doc_start, effective_window(window, T));
       return;
     }
   }
@@ -159,9 +161,9 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
     convert_to_acc(adout, dout, I64{B} * T * C);
     convert_to_acc(aout, out, I64{B} * T * C);
     attention_backward<A>(dqkv, adout, qkv, aout, lse, B, T, C, NH, aout + I64{B} * T * C,
-                          doc_start, path);
+                          doc_start, window, path);
   } else {
-    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest, doc_start, path);
+    attention_backward<A>(dqkv, dout, qkv, out, lse, B, T, C, NH, rest, doc_start, window, path);
   }
   gqa_unpack_dqkv<S, A>(dq, dk, dv, dqkv, B, T, NH, NKV, hs);
 }
@@ -172,11 +174,11 @@ void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, cons
   template std::int64_t gqa_attention_backward_workspace<S>(int, int, int, int, int,              \
                                                             AttentionPath);                       \
   template void gqa_attention_forward<S>(S*, acc_t<S>*, const S*, const S*, const S*, int, int,   \
-                                         int, int, int, acc_t<S>*, const std::int32_t*,           \
+                                         int, int, int, acc_t<S>*, const std::int32_t*, int,      \
                                          AttentionPath);                                          \
   template void gqa_attention_backward<S>(S*, S*, S*, const S*, const S*, const S*, const S*,     \
                                           const S*, const acc_t<S>*, int, int, int, int, int,     \
-                                          acc_t<S>*, const std::int32_t*, AttentionPath);         \
+                                          acc_t<S>*, const std::int32_t*, int, AttentionPath);    \
   template void gqa_pack_qkv<S, acc_t<S>>(acc_t<S>*, const S*, const S*, const S*, int, int, int, \
                                           int, int);                                              \
   template void gqa_unpack_dqkv<S, acc_t<S>>(S*, S*, S*, const acc_t<S>*, int, int, int, int, int);

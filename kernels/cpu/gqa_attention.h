@@ -15,7 +15,8 @@
 //             gradient's q part, dk (dv) += the sum over each group's heads of its k (v) part,
 //             heads in order, rounded once to S.
 // Packed documents: doc_start (B,T) as attention.h's (null: one document per sequence), passed
-// on to the packed attention, so query t attends keys [doc_start[t], t] only.
+// on to the packed attention, so query t attends keys [doc_start[t], t] only; a sliding `window`
+// (0: none) as attention.h's.
 // Results do not depend on the thread count. Workspace: gqa_attention_*_workspace(...) elements
 // of acc_t<S>. `path` picks attention.h's algorithm (attention_path.h: full or tiled; kAuto by
 // ZRT_CPU_ATTENTION and the threshold), the same for the workspace functions and the kernels.
@@ -38,15 +39,15 @@ std::int64_t gqa_attention_backward_workspace(int B, int T, int NH, int NKV, int
 template <typename S>
 void gqa_attention_forward(S* out, acc_t<S>* lse, const S* q, const S* k, const S* v, int B, int T,
                            int NH, int NKV, int hs, acc_t<S>* ws,
-                           const std::int32_t* doc_start = nullptr,
+                           const std::int32_t* doc_start = nullptr, int window = 0,
                            AttentionPath path = AttentionPath::kAuto);
 
-// `out` and `lse` are the forward's results for the same q, k, v and doc_start.
+// `out` and `lse` are the forward's results for the same q, k, v, doc_start and window.
 template <typename S>
 void gqa_attention_backward(S* dq, S* dk, S* dv, const S* dout, const S* q, const S* k, const S* v,
                             const S* out, const acc_t<S>* lse, int B, int T, int NH, int NKV,
                             int hs, acc_t<S>* ws, const std::int32_t* doc_start = nullptr,
-                            AttentionPath path = AttentionPath::kAuto);
+                            int window = 0, AttentionPath path = AttentionPath::kAuto);
 
 // The packing both passes use (exposed for the CUDA twin's tests): qkv (B,T,3C) <- q, and k, v
 // with each kv head repeated for its group's query heads; and dq += dqkv's q part, dk (dv) +=

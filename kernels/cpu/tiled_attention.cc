@@ -18,19 +18,22 @@ using I64 = std::int64_t;
 constexpr int kTiledQ = kTiledAttentionQueryRows;
 constexpr int kTiledK = kTiledAttentionKeyRows;
 
-// Per token of every sequence (B,T): the first key it sees and the end of its document.
+// Per token t of every sequence (B,T): lo, the first key query t sees (its document's first
+// token, or under a sliding window t - window + 1 if later); end, one past the last query that
+// sees key t (its document's end, or t + window if earlier). Both are non-decreasing in t.
 struct TiledTokenDocs {
   std::vector<int> lo, end;
 };
 
-TiledTokenDocs tiled_token_docs(const std::int32_t* doc_start, int B, int T) {
+TiledTokenDocs tiled_token_docs(const std::int32_t* doc_start, int window, int B, int T) {
   TiledTokenDocs d{std::vector<int>(static_cast<std::size_t>(B) * T),
                    std::vector<int>(static_cast<std::size_t>(B) * T)};
   for (int b = 0; b < B; ++b) {
     for (const DocSpan& s : document_spans(doc_start, b, T)) {
       for (int t = s.begin; t < s.end; ++t) {
-        d.lo[static_cast<std::size_t>(b) * T + t] = s.begin;
-        d.end[static_cast<std::size_t>(b) * T + t] = s.end;
+        d.lo[static_cast<std::size_t>(b) * T + t] = first_visible_key(s.begin, t, window);
+        d.end[static_cast<std::size_t>(b) * T + t] =
+            window > 0 ? std::min(s.end, t + window) : s.end;
       }
     }
   }
@@ -421,8 +424,8 @@ void tiled_backward_body(const TiledGrads<A>& g, const A* dout, const A* out, co
 
 template <typename A>
 void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, int NH, A* ws,
-                             const std::int32_t* doc_start) {
-  const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
+                             const std::int32_t* doc_start, int window) {
+  const TiledTokenDocs docs = tiled_token_docs(doc_start, window, B, T);
   const TiledCall<A> c =
       tiled_call<A>(docs, B, T, NH, NH, C / NH, qkv, qkv + C, qkv + 2 * C, 3 * I64{C}, 3 * I64{C});
   tiled_forward_body(out, lse, c, ws);
@@ -430,8 +433,9 @@ void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, 
 
 template <typename A>
 void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse,
-                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start) {
-  const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
+                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start,
+                              int window) {
+  const TiledTokenDocs docs = tiled_token_docs(doc_start, window, B, T);
   const TiledCall<A> c =
       tiled_call<A>(docs, B, T, NH, NH, C / NH, qkv, qkv + C, qkv + 2 * C, 3 * I64{C}, 3 * I64{C});
   const TiledGrads<A> g{dqkv, dqkv + C, dqkv + 2 * C, 3 * I64{C}, 3 * I64{C}, true};
@@ -440,8 +444,9 @@ void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out
 
 template <typename A>
 void tiled_gqa_attention_forward(A* out, A* lse, const A* q, const A* k, const A* v, int B, int T,
-                                 int NH, int NKV, int hs, A* ws, const std::int32_t* doc_start) {
-  const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
+                                 int NH, int NKV, int hs, A* ws, const std::int32_t* doc_start,
+                                 int window) {
+  const TiledTokenDocs docs = tiled_token_docs(doc_start, window, B, T);
   const TiledCall<A> c =
       tiled_call<A>(docs, B, T, NH, NKV, hs, q, k, v, I64{NH} * hs, I64{NKV} * hs);
   tiled_forward_body(out, lse, c, ws);
@@ -450,8 +455,9 @@ void tiled_gqa_attention_forward(A* out, A* lse, const A* q, const A* k, const A
 template <typename A>
 void tiled_gqa_attention_backward(A* dq, A* dk, A* dv, const A* dout, const A* q, const A* k,
                                   const A* v, const A* out, const A* lse, int B, int T, int NH,
-                                  int NKV, int hs, A* ws, const std::int32_t* doc_start) {
-  const TiledTokenDocs docs = tiled_token_docs(doc_start, B, T);
+                                  int NKV, int hs, A* ws, const std::int32_t* doc_start,
+                                  int window) {
+  const TiledTokenDocs docs = tiled_token_docs(doc_start, window, B, T);
   const TiledCall<A> c =
       tiled_call<A>(docs, B, T, NH, NKV, hs, q, k, v, I64{NH} * hs, I64{NKV} * hs);
   const TiledGrads<A> g{dq, dk, dv, I64{NH} * hs, I64{NKV} * hs, false};
@@ -462,16 +468,16 @@ void tiled_gqa_attention_backward(A* dq, A* dk, A* dv, const A* dout, const A* q
   template std::int64_t tiled_attention_forward_workspace<A>(int, int, int, int);                 \
   template std::int64_t tiled_attention_backward_workspace<A>(int, int, int, int);                \
   template void tiled_attention_forward<A>(A*, A*, const A*, int, int, int, int, A*,              \
-                                           const std::int32_t*);                                  \
+                                           const std::int32_t*, int);                             \
   template void tiled_attention_backward<A>(A*, const A*, const A*, const A*, const A*, int, int, \
-                                            int, int, A*, const std::int32_t*);                   \
+                                            int, int, A*, const std::int32_t*, int);              \
   template std::int64_t tiled_gqa_attention_forward_workspace<A>(int, int, int, int);             \
   template std::int64_t tiled_gqa_attention_backward_workspace<A>(int, int, int, int);            \
   template void tiled_gqa_attention_forward<A>(A*, A*, const A*, const A*, const A*, int, int,    \
-                                               int, int, int, A*, const std::int32_t*);           \
+                                               int, int, int, A*, const std::int32_t*, int);      \
   template void tiled_gqa_attention_backward<A>(A*, A*, A*, const A*, const A*, const A*,         \
                                                 const A*, const A*, const A*, int, int, int, int, \
-                                                int, A*, const std::int32_t*);
+                                                int, A*, const std::int32_t*, int);
 ZRT_INSTANTIATE(float)
 ZRT_INSTANTIATE(double)
 #undef ZRT_INSTANTIATE

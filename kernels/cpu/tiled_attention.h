@@ -5,7 +5,8 @@
 //
 // Tiles: a query tile is kTiledAttentionQueryRows consecutive rows of one (b,h) pair, a key tile
 // kTiledAttentionKeyRows consecutive keys; the last tile of a sequence may be shorter. Row t sees
-// keys [lo(t), t] (lo: its document's first token, documents.h; 0 without doc_start), so in any
+// keys [lo(t), t] (lo: its document's first token, or under a sliding window t - window + 1 if
+// later, documents.h' first_visible_key; 0 without either), so in any
 // key tile a row's visible keys are one contiguous span, possibly empty; key tiles no row of a
 // query tile sees are never computed.
 //   forward, per (b, h, query tile): for each key tile from lo(first row) up to the tile's last
@@ -52,30 +53,33 @@ std::int64_t tiled_attention_forward_workspace(int B, int T, int C, int NH);
 template <typename A>
 std::int64_t tiled_attention_backward_workspace(int B, int T, int C, int NH);
 
-// doc_start must be valid (check_doc_start) or null.
+// doc_start must be valid (check_doc_start) or null; window 0 (none) or in [1, T).
 template <typename A>
 void tiled_attention_forward(A* out, A* lse, const A* qkv, int B, int T, int C, int NH, A* ws,
-                             const std::int32_t* doc_start);
+                             const std::int32_t* doc_start, int window);
 
 // `out` and `lse` are the forward's results; dqkv is accumulated into.
 template <typename A>
 void tiled_attention_backward(A* dqkv, const A* dout, const A* qkv, const A* out, const A* lse,
-                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start);
+                              int B, int T, int C, int NH, A* ws, const std::int32_t* doc_start,
+                              int window);
 
 template <typename A>
 std::int64_t tiled_gqa_attention_forward_workspace(int B, int T, int NH, int hs);
 template <typename A>
 std::int64_t tiled_gqa_attention_backward_workspace(int B, int T, int NH, int hs);
 
-// doc_start must be valid (check_doc_start) or null; NKV divides NH.
+// doc_start must be valid (check_doc_start) or null; window as above; NKV divides NH.
 template <typename A>
 void tiled_gqa_attention_forward(A* out, A* lse, const A* q, const A* k, const A* v, int B, int T,
-                                 int NH, int NKV, int hs, A* ws, const std::int32_t* doc_start);
+                                 int NH, int NKV, int hs, A* ws, const std::int32_t* doc_start,
+                                 int window);
 
 // `out` and `lse` are the forward's results; dq, dk, dv are accumulated into.
 template <typename A>
 void tiled_gqa_attention_backward(A* dq, A* dk, A* dv, const A* dout, const A* q, const A* k,
                                   const A* v, const A* out, const A* lse, int B, int T, int NH,
-                                  int NKV, int hs, A* ws, const std::int32_t* doc_start);
+                                  int NKV, int hs, A* ws, const std::int32_t* doc_start,
+                                  int window);
 
 }  // namespace zrt::kernels::cpu

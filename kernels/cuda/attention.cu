@@ -85,18 +85,20 @@ __global__ void causal_probs_kernel(float* att, const float* lse, I64 rows, int 
   for (int u = lane; u < T; u += 32) a[u] = u <= t ? expf(a[u] - l) : 0.0f;
 }
 
-// Packed documents: att[row][u] <- -inf for the keys u < doc_start[b, t] that query t of sequence
-// b may not see (row = (b*NH + h)*T + t; one warp per row), so that the softmax passes, which
-// keep u <= t, give them probability exp(-inf) = 0. The key t itself is never masked, so no row
-// is left without a finite score.
-__global__ void document_mask_kernel(float* att, const std::int32_t* doc_start, I64 rows, int T,
-                                     int NH) {
+// Packed documents and sliding windows: att[row][u] <- -inf for the keys u before the first key
+// query t of sequence b may see (doc_start[b, t] (0 without documents), or t - window + 1 when
+// a window starts later; row = (b*NH + h)*T + t; one warp per row), so that the softmax passes,
+// which keep u <= t, give them probability exp(-inf) = 0. The key t itself is never masked, so
+// no row is left without a finite score.
+__global__ void document_mask_kernel(float* att, const std::int32_t* doc_start, int window,
+                                     I64 rows, int T, int NH) {
   const I64 row = static_cast<I64>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
   const int t = static_cast<int>(row % T);
   const I64 b = row / (static_cast<I64>(NH) * T);
-  const int first = doc_start[b * T + t];
+  int first = doc_start != nullptr ? doc_start[b * T + t] : 0;
+  if (window > 0) first = max(first, t - window + 1);
   float* a = att + row * T;
   for (int u = lane; u < first; u += 32) a[u] = -INFINITY;
 }
@@ -136,12 +138,13 @@ unsigned row_blocks(I64 rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-// The scores of `rows` = B*NH*T rows outside each query's document to -inf (none without
-// doc_start: the unpacked op launches nothing more).
-void mask_documents(const Launch& l, float* att, const std::int32_t* doc_start, I64 rows, int T,
-                    int NH) {
-  if (doc_start == nullptr) return;
-  document_mask_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, doc_start, rows, T, NH);
+// The scores of `rows` = B*NH*T rows outside each query's document or window to -inf (none
+// without doc_start and window: the unpacked op launches nothing more).
+void mask_documents(const Launch& l, float* att, const std::int32_t* doc_start, int window,
+                    I64 rows, int T, int NH) {
+  if (doc_start == nullptr && window <= 0) return;
+  document_mask_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, doc_start, window, rows, T,
+                                                                    NH);
   ZRT_CUDA_LAUNCH_CHECK();
 }
 
@@ -170,10 +173,10 @@ FlashKernels fused_kernels(const AttentionKernels& kernels, DType dtype, int T, 
 
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH, const AttentionKernels& kernels,
-                       const std::int32_t* doc_start) {
+                       const std::int32_t* doc_start, int window) {
   if (runs_fused(kernels, dtype, T, C, NH)) {
     flash_attention_forward(l, dtype, out, lse, qkv, B, T, C, NH,
-                            fused_kernels(kernels, dtype, T, C, NH), doc_start);
+                            fused_kernels(kernels, dtype, T, C, NH), doc_start, window);
     return;
   }
   const int hs = C / NH;
@@ -192,7 +195,7 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* lse, cons
     permute<S>(l, q, qkv, B, T, C, NH, 3);
     gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
                          mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
-    mask_documents(l, att, doc_start, static_cast<I64>(batch) * T, T, NH);
+    mask_documents(l, att, doc_start, window, static_cast<I64>(batch) * T, T, NH);
     causal_softmax(l, att, static_cast<I64>(batch) * T, T, lse);
     gemm_strided_batched(l, false, false, T, hs, T, 1.0f, att, CUDA_R_32F, T, sq, v, CUDA_R_32F, hs,
                          mat, 0.0f, y, CUDA_R_32F, hs, mat, batch);
@@ -202,10 +205,11 @@ void attention_forward(const Launch& l, DType dtype, void* out, float* lse, cons
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, int B, int T, int C, int NH,
-                        const AttentionKernels& kernels, const std::int32_t* doc_start) {
+                        const AttentionKernels& kernels, const std::int32_t* doc_start,
+                        int window) {
   if (runs_fused(kernels, dtype, T, C, NH)) {
     flash_attention_backward(l, dtype, dqkv, dout, qkv, out, lse, B, T, C, NH,
-                             fused_kernels(kernels, dtype, T, C, NH), doc_start);
+                             fused_kernels(kernels, dtype, T, C, NH), doc_start, window);
     return;
   }
   const int hs = C / NH;
@@ -231,7 +235,7 @@ void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* do
     // att = exp(scale q k^T - lse): the forward's probabilities, recomputed.
     gemm_strided_batched(l, false, true, T, T, hs, scale, q, CUDA_R_32F, hs, mat, k, CUDA_R_32F, hs,
                          mat, 0.0f, att, CUDA_R_32F, T, sq, batch);
-    mask_documents(l, att, doc_start, rows, T, NH);  // exp(-inf - lse) = 0 outside the documents
+    mask_documents(l, att, doc_start, window, rows, T, NH);  // exp(-inf - lse) = 0 outside them
     causal_probs_kernel<<<row_blocks(rows), kThreads, 0, l.stream>>>(att, lse, rows, T);
     ZRT_CUDA_LAUNCH_CHECK();
     // datt = dy v^T; dv = att^T dy

@@ -6,7 +6,8 @@
 // doc_start (B,T) (packed documents, kernels/ops.h; null: one per sequence): query t attends keys
 // [doc_start[t], t]. The fused kernels skip the key and query tiles outside the documents; the
 // batched path still computes every score and sets those outside a query's document to -inf
-// before its softmax (their probabilities then are exact zeros).
+// before its softmax (their probabilities then are exact zeros). A sliding window (window > 0,
+// kernels/ops.h) is one more bound on each query's first key, taken the same ways.
 #pragma once
 
 #include <cstdint>
@@ -20,12 +21,12 @@ namespace zrt::kernels::cuda {
 // attention_forward_workspace, attention_backward_workspace): attention_plan.h.
 void attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv, int B,
                        int T, int C, int NH, const AttentionKernels& kernels = {},
-                       const std::int32_t* doc_start = nullptr);
+                       const std::int32_t* doc_start = nullptr, int window = 0);
 
 void attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout, const void* qkv,
                         const void* out, const float* lse, int B, int T, int C, int NH,
                         const AttentionKernels& kernels = {},
-                        const std::int32_t* doc_start = nullptr);
+                        const std::int32_t* doc_start = nullptr, int window = 0);
 
 // The two softmax passes over `rows` rows of T (one warp per row), shared with
 // gqa_attention.cu: att <- causal softmax of att (zeros above the diagonal; lse, if not null,

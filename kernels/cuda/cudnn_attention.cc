@@ -23,8 +23,8 @@
 
 namespace zrt::kernels::cuda {
 
-bool cudnn_attention_may_take(const KernelOptions& options, DType dtype, bool has_documents) {
-  return options.cuda_attention_cudnn && cudnn_attention_built() && !has_documents &&
+bool cudnn_attention_may_take(const KernelOptions& options, DType dtype, bool masked) {
+  return options.cuda_attention_cudnn && cudnn_attention_built() && !masked &&
          (dtype == DType::kBFloat16 || dtype == DType::kFloat16);
 }
 

@@ -46,9 +46,10 @@ struct CudnnAttentionShape {
 };
 
 // Whether cuDNN attention may be asked for this call at all: the build has it, storage is
-// bf16 or fp16 and there are no packed documents. Whether cuDNN then takes the shape is known
+// bf16 or fp16 and no mask beyond the causal one (`masked`: packed documents or a sliding window,
+// which the fused kernels take). Whether cuDNN then takes the shape is known
 // once its graph is built (the calls below).
-bool cudnn_attention_may_take(const KernelOptions& options, DType dtype, bool has_documents);
+bool cudnn_attention_may_take(const KernelOptions& options, DType dtype, bool masked);
 
 // What the cuDNN frontend's own checks (dimensions, strides, data types, the attention's
 // attributes, its support surface for compute capability `sm_version`, e.g. 90 for H100) say of

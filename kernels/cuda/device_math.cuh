@@ -140,17 +140,38 @@ inline unsigned blocks_for(std::int64_t n, int threads) {
   return static_cast<unsigned>(blocks < 1 ? 1 : blocks);
 }
 
-// Packed documents in the fused attention kernels (flash_attention.cu, flash_attention_mma.cu):
-// each is built twice, kDocs false for doc_start null (one document per sequence, every document
-// term a compile-time constant, the unpacked kernel instruction for instruction) and kDocs true.
-// The first key query q of sequence `ds` (doc_start + b*T) may see; doc_start is non-decreasing
-// in q, so the first query of a group of rows has the group's earliest first key.
+// Packed documents and sliding windows in the fused attention kernels (flash_attention.cu,
+// flash_attention_mma.cu): each is built twice, kDocs false for neither (one document per
+// sequence, no window: every such term a compile-time constant, the unpacked kernel instruction
+// for instruction) and kDocs true for either or both. A kernel takes doc_start (B,T) (null: one
+// document per sequence) and window (0: none) and views one sequence through SequenceKeys.
+struct SequenceKeys {
+  const std::int32_t* doc_start;  // this sequence's T entries, or null
+  int window;                     // 0: none
+};
 template <bool kDocs>
-__device__ __forceinline__ int first_key(const std::int32_t* ds, int q) {
+__device__ __forceinline__ SequenceKeys sequence_keys(const std::int32_t* doc_start, int window,
+                                                      int b, int T) {
   if constexpr (kDocs) {
-    return ds[q];
+    return {doc_start != nullptr ? doc_start + static_cast<std::int64_t>(b) * T : nullptr, window};
   } else {
-    (void)ds;
+    (void)doc_start;
+    (void)window;
+    (void)b;
+    (void)T;
+    return {nullptr, 0};
+  }
+}
+// The first key query q may see: its document's first token, or q - window + 1 when the window
+// starts later (kernels/cpu/documents.h's first_visible_key). Both are non-decreasing in q, so the
+// first query of a group of rows has the group's earliest first key.
+template <bool kDocs>
+__device__ __forceinline__ int first_key(const SequenceKeys& keys, int q) {
+  if constexpr (kDocs) {
+    const int doc = keys.doc_start != nullptr ? keys.doc_start[q] : 0;
+    return keys.window > 0 ? max(doc, q - keys.window + 1) : doc;
+  } else {
+    (void)keys;
     (void)q;
     return 0;
   }

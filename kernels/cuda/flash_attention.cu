@@ -71,7 +71,7 @@ __device__ __forceinline__ void rows_dot_tile(Acc& acc, const RowA<S> (&rows)[HS
 template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(S* out, float* lse, const S* qkv, int T, int C, int NH, float scale_log2,
-                         const std::int32_t* doc_start) {
+                         const std::int32_t* doc_start, int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   static_assert(HS % 16 == 0 && HS <= kTile, "head size: a multiple of 16, at most 64");
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int qrow = q0 + r;
   const int last_key = q0 + 15;  // keys after it are masked for all 16 rows of the warp
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const int row_first = first_key<kDocs>(docs, qrow);  // keys before it: not in the row's document
   const int warp_first = first_key<kDocs>(docs, q0);   // ... before this one: in none of the 16
   const int ld3 = 3 * C;
@@ -208,7 +208,7 @@ template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
                              const float* rowdot, int T, int C, int NH, float scale,
-                             float scale_log2, const std::int32_t* doc_start) {
+                             float scale_log2, const std::int32_t* doc_start, int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
   __shared__ __align__(32) float s_dprobs[kWarps][16 * kScoreLd];
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int qrow = q0 + r;
   const int last_key = q0 + 15;
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const int row_first = first_key<kDocs>(docs, qrow);
   const int warp_first = first_key<kDocs>(docs, q0);
   const int ld3 = 3 * C;
@@ -311,7 +311,7 @@ template <typename S, int HS, bool kDocs>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dkdv_kernel(S* dqkv, const S* dout, const S* qkv, const float* lse,
                                const float* rowdot, int T, int C, int NH, float scale,
-                               float scale_log2, const std::int32_t* doc_start) {
+                               float scale_log2, const std::int32_t* doc_start, int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   __shared__ __align__(32) float s_scores[kWarps][16 * kScoreLd];
   __shared__ __align__(32) float s_dprobs[kWarps][16 * kScoreLd];
@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kThreads)
   const S* dy_base = dout + static_cast<I64>(b) * T * C + h * HS;
   const float* lse_row = lse + static_cast<I64>(bh) * T;
   const float* d_row = rowdot + static_cast<I64>(bh) * T;
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const int last_key = k0w + 15;
   float* scores = s_scores[warp];
   float* dprobs = s_dprobs[warp];
@@ -457,25 +457,26 @@ void row_dot(const Launch& l, DType dtype, float* rowdot, const void* dout, cons
 
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
                              int B, int T, int C, int NH, FlashKernels kernels,
-                             const std::int32_t* doc_start) {
+                             const std::int32_t* doc_start, int window) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
   if (kernels != FlashKernels::kWmma) {
     flash_mma_forward(l, dtype, out, lse, packed_head_rows(qkv, dtype, C), B, T, C, NH, doc_start,
-                      kernels == FlashKernels::kMmaPipelined);
+                      window, kernels == FlashKernels::kMmaPipelined);
     return;
   }
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHeadSize));
   const dim3 grid(static_cast<unsigned>(T / kTile), static_cast<unsigned>(B * NH));
   with_16bit_storage(dtype, "fused attention", [&](auto s) {
     using S = typename decltype(s)::type;
-    if (doc_start != nullptr) {
-      flash_forward_kernel<S, kHeadSize, true><<<grid, kThreads, 0, l.stream>>>(
-          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2, doc_start);
+    if (doc_start != nullptr || window > 0) {
+      flash_forward_kernel<S, kHeadSize, true>
+          <<<grid, kThreads, 0, l.stream>>>(static_cast<S*>(out), lse, static_cast<const S*>(qkv),
+                                            T, C, NH, scale_log2, doc_start, window);
     } else {
       flash_forward_kernel<S, kHeadSize, false><<<grid, kThreads, 0, l.stream>>>(
-          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2, nullptr);
+          static_cast<S*>(out), lse, static_cast<const S*>(qkv), T, C, NH, scale_log2, nullptr, 0);
     }
     ZRT_CUDA_LAUNCH_CHECK();
   });
@@ -483,7 +484,8 @@ void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse
 
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
-                              int C, int NH, FlashKernels kernels, const std::int32_t* doc_start) {
+                              int C, int NH, FlashKernels kernels, const std::int32_t* doc_start,
+                              int window) {
   ZRT_CHECK(flash_attention_supported(dtype, T, C, NH, kernels),
             "fused attention: unsupported shape T={} C={} NH={} ({})", T, C, NH, dtype_name(dtype));
   check_aligned(qkv, "qkv");
@@ -494,7 +496,7 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
   row_dot(l, dtype, rowdot, dout, out, B, T, C, NH);
   if (kernels != FlashKernels::kWmma) {
     flash_mma_backward(l, dtype, packed_head_gradients(dqkv, dtype, C), dout,
-                       packed_head_rows(qkv, dtype, C), lse, rowdot, B, T, C, NH, doc_start,
+                       packed_head_rows(qkv, dtype, C), lse, rowdot, B, T, C, NH, doc_start, window,
                        kernels == FlashKernels::kMmaPipelined);
     return;
   }
@@ -505,14 +507,14 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
       constexpr bool kDocs = decltype(docs)::value;
       flash_backward_dkdv_kernel<S, kHeadSize, kDocs><<<grid, kThreads, 0, l.stream>>>(
           static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-          rowdot, T, C, NH, scale, scale_log2, doc_start);
+          rowdot, T, C, NH, scale, scale_log2, doc_start, window);
       ZRT_CUDA_LAUNCH_CHECK();
       flash_backward_dq_kernel<S, kHeadSize, kDocs><<<grid, kThreads, 0, l.stream>>>(
           static_cast<S*>(dqkv), static_cast<const S*>(dout), static_cast<const S*>(qkv), lse,
-          rowdot, T, C, NH, scale, scale_log2, doc_start);
+          rowdot, T, C, NH, scale, scale_log2, doc_start, window);
       ZRT_CUDA_LAUNCH_CHECK();
     };
-    if (doc_start != nullptr) {
+    if (doc_start != nullptr || window > 0) {
       run(std::true_type{});
     } else {
       run(std::false_type{});
@@ -531,20 +533,20 @@ HeadRows grouped_head_rows(const void* q, const void* k, const void* v, int NH, 
 
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                       const std::int32_t* doc_start, FlashKernels kernels) {
+                       const std::int32_t* doc_start, int window, FlashKernels kernels) {
   ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
             "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
             NH, NKV, hs, dtype_name(dtype));
   ZRT_CHECK(kernels != FlashKernels::kWmma,
             "grouped-query attention (fused): the WMMA kernels read packed rows only");
   flash_mma_forward(l, dtype, out, lse, grouped_head_rows(q, k, v, NH, NKV, hs), B, T, NH * hs, NH,
-                    doc_start, kernels == FlashKernels::kMmaPipelined);
+                    doc_start, window, kernels == FlashKernels::kMmaPipelined);
 }
 
 void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                         const void* dout, const void* q, const void* k, const void* v,
                         const void* out, const float* lse, int B, int T, int NH, int NKV, int hs,
-                        const std::int32_t* doc_start, FlashKernels kernels) {
+                        const std::int32_t* doc_start, int window, FlashKernels kernels) {
   ZRT_CHECK(flash_gqa_supported(dtype, T, NH, NKV, hs),
             "grouped-query attention (fused): unsupported shape T={} NH={} NKV={} hs={} ({})", T,
             NH, NKV, hs, dtype_name(dtype));
@@ -559,7 +561,7 @@ void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* 
             "grouped-query attention (fused): the WMMA kernels read packed rows only");
   flash_mma_backward(l, dtype, HeadGradients{dq, dk, dv}, dout,
                      grouped_head_rows(q, k, v, NH, NKV, hs), lse, rowdot, B, T, C, NH, doc_start,
-                     kernels == FlashKernels::kMmaPipelined);
+                     window, kernels == FlashKernels::kMmaPipelined);
 }
 
 }  // namespace zrt::kernels::cuda

@@ -13,6 +13,9 @@
 // forward and dQ start each query tile's key loop at the tile holding its first query's document
 // start (doc_start is non-decreasing), dK/dV stop a key tile's query loop at the first query tile
 // whose documents all start after the key tile, and tiles partly covered are masked per element.
+// A sliding window (window W > 0, kernels/ops.h) moves each query's first key to t - W + 1 where
+// that is later; it stays non-decreasing, so the same skipping makes a windowed pass cost about
+// T*W instead of T^2/2.
 //
 // Shapes it takes (attention.cu falls back to batched GEMMs for the rest): bf16 or fp16 storage,
 // head size 64 (both implementations) or 128 (the mma.sync kernels), T a multiple of 64, qkv and
@@ -37,14 +40,14 @@ namespace zrt::kernels::cuda {
 // out (B,T,C), lse (B,NH,T) fp32, qkv (B,T,3C): kernels/cpu/attention.h's forward.
 void flash_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* qkv,
                              int B, int T, int C, int NH, FlashKernels kernels = FlashKernels::kMma,
-                             const std::int32_t* doc_start = nullptr);
+                             const std::int32_t* doc_start = nullptr, int window = 0);
 
 // l.ws: flash_attention_backward_workspace bytes (the row term D, (B,NH,T) fp32).
 // dqkv (B,T,3C) += the gradients; dout, out (B,T,C); lse from the forward.
 void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const void* dout,
                               const void* qkv, const void* out, const float* lse, int B, int T,
                               int C, int NH, FlashKernels kernels = FlashKernels::kMma,
-                              const std::int32_t* doc_start = nullptr);
+                              const std::int32_t* doc_start = nullptr, int window = 0);
 
 // Grouped-query attention on the mma kernels where q (B,T,NH*hs), k and v (B,T,NKV*hs) are, query
 // head h reading key/value head h / (NH/NKV): nothing is packed or repeated, so the forward
@@ -55,12 +58,12 @@ void flash_attention_backward(const Launch& l, DType dtype, void* dqkv, const vo
 // kernels: kMma or kMmaPipelined.
 void flash_gqa_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                        const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                       const std::int32_t* doc_start = nullptr,
+                       const std::int32_t* doc_start = nullptr, int window = 0,
                        FlashKernels kernels = FlashKernels::kMma);
 void flash_gqa_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                         const void* dout, const void* q, const void* k, const void* v,
                         const void* out, const float* lse, int B, int T, int NH, int NKV, int hs,
-                        const std::int32_t* doc_start = nullptr,
+                        const std::int32_t* doc_start = nullptr, int window = 0,
                         FlashKernels kernels = FlashKernels::kMma);
 
 }  // namespace zrt::kernels::cuda

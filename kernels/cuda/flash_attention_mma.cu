@@ -367,7 +367,7 @@ template <typename S, int HS, int COLS, bool kDocs, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_forward_kernel(S* out, float* lse, const S* q, const S* k, const S* v, int q_ld,
                              int kv_ld, int group, int T, int C, int NH, float scale_log2,
-                             const std::int32_t* doc_start) {
+                             const std::int32_t* doc_start, int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int kKeys = kTile * kLd<HS>, kValues = kTile * kLd<COLS>;
   S* k_s;
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
   const int warp_first = first_key<kDocs>(docs, q0);
   const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
@@ -496,7 +496,8 @@ template <typename S, int HS, int COLS, bool kDocs, bool kPipelined>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_dq_kernel(S* dq_out, const S* dout, const S* q, const S* k, const S* v, int q_ld,
                         int kv_ld, int group, const float* lse, const float* rowdot, int T, int C,
-                        int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
+                        int NH, float scale, float scale_log2, const std::int32_t* doc_start,
+                        int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int kRows = kTile * kLd<HS>;
   S* k_s;
@@ -511,7 +512,7 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = tile * kTile + warp * 16;
   const int row0 = q0 + g, row1 = q0 + g + 8;
   const int last_key = q0 + 15;
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const int first0 = first_key<kDocs>(docs, row0), first1 = first_key<kDocs>(docs, row1);
   const int warp_first = first_key<kDocs>(docs, q0);
   const S* q_base = q + static_cast<I64>(b) * T * q_ld + h * HS;
@@ -587,7 +588,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_mma_dkdv_kernel(S* dk_out, S* dv_out, const S* dout, const S* q, const S* k, const S* v,
                           int q_ld, int kv_ld, int group, const float* lse, const float* rowdot,
                           int T, int C, int NH, float scale, float scale_log2,
-                          const std::int32_t* doc_start) {
+                          const std::int32_t* doc_start, int window) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   constexpr int ld = kLd<HS>;
   constexpr int kRows = kTile * ld;
@@ -627,7 +628,7 @@ __global__ void __launch_bounds__(kThreads)
   const int k0w = tile * kTile + warp * 16;
   const int key0 = k0w + g, key1 = k0w + g + 8;
   const int warp_last = k0w + 15;
-  const std::int32_t* docs = kDocs ? doc_start + static_cast<I64>(b) * T : nullptr;
+  const SequenceKeys docs = sequence_keys<kDocs>(doc_start, window, b, T);
   const S* k_base = k + static_cast<I64>(b) * T * kv_ld + kh * HS;
   const S* v_base = v + static_cast<I64>(b) * T * kv_ld + kh * HS;
 
@@ -656,7 +657,15 @@ __global__ void __launch_bounds__(kThreads)
       if constexpr (kPipelined) {
         copy_async4(lse_s + r, lse + row);
         copy_async4(d_s + r, rowdot + row);
-        if constexpr (kDocs) copy_async4(first_s + r, docs + qb + threadIdx.x);
+        if constexpr (kDocs) {
+          // A window's first key is a max of two terms, which an asynchronous copy cannot take:
+          // stored by this thread instead (the same barrier publishes it).
+          if (docs.window == 0) {
+            copy_async4(first_s + r, docs.doc_start + qb + threadIdx.x);
+          } else {
+            first_s[r] = first_key<kDocs>(docs, qb + threadIdx.x);
+          }
+        }
       } else {
         lse_s[r] = lse[row] * kLog2e;
         d_s[r] = rowdot[row];
@@ -796,10 +805,11 @@ void with_head_size(int C, int NH, F&& f) {
   }
 }
 
-// Calls f(std::bool_constant<kDocs>): the kernels with documents when doc_start is given.
+// Calls f(std::bool_constant<kDocs>): the kernels with documents when doc_start or a window is
+// given.
 template <typename F>
-void with_documents(const std::int32_t* doc_start, F&& f) {
-  if (doc_start != nullptr) {
+void with_documents(const std::int32_t* doc_start, int window, F&& f) {
+  if (doc_start != nullptr || window > 0) {
     f(std::true_type{});
   } else {
     f(std::false_type{});
@@ -862,7 +872,8 @@ HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C) {
 }
 
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const HeadRows& in,
-                       int B, int T, int C, int NH, const std::int32_t* doc_start, bool pipelined) {
+                       int B, int T, int C, int NH, const std::int32_t* doc_start, int window,
+                       bool pipelined) {
   ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
             "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
@@ -871,7 +882,7 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
     const float scale_log2 = kLog2e / sqrtf(static_cast<float>(HS));
     with_16bit_storage(dtype, "fused attention (mma)", [&](auto s) {
       using S = typename decltype(s)::type;
-      with_documents(doc_start, [&](auto docs) {
+      with_documents(doc_start, window, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
         with_pipelining(pipelined, [&](auto pipe) {
           constexpr bool kPipelined = decltype(pipe)::value;
@@ -881,7 +892,7 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
           kernel<<<grid_of<HS>(B, T, NH, COLS), kThreads, shared, l.stream>>>(
               static_cast<S*>(out), lse, static_cast<const S*>(in.q), static_cast<const S*>(in.k),
               static_cast<const S*>(in.v), in.q_ld, in.kv_ld, in.group, T, C, NH, scale_log2,
-              doc_start);
+              doc_start, window);
           ZRT_CUDA_LAUNCH_CHECK();
         });
       });
@@ -891,7 +902,7 @@ void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, cons
 
 void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, const void* dout,
                         const HeadRows& in, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH, const std::int32_t* doc_start, bool pipelined) {
+                        int C, int NH, const std::int32_t* doc_start, int window, bool pipelined) {
   ZRT_CHECK(in.group >= 1 && NH % in.group == 0,
             "fused attention (mma): {} query heads in groups of {}", NH, in.group);
   with_head_size(C, NH, [&](auto hs) {
@@ -905,7 +916,7 @@ void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, co
       const auto* k = static_cast<const S*>(in.k);
       const auto* v = static_cast<const S*>(in.v);
       const auto* dy = static_cast<const S*>(dout);
-      with_documents(doc_start, [&](auto docs) {
+      with_documents(doc_start, window, [&](auto docs) {
         constexpr bool kDocs = decltype(docs)::value;
         with_pipelining(pipelined, [&](auto pipe) {
           constexpr bool kPipelined = decltype(pipe)::value;
@@ -915,13 +926,13 @@ void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, co
               shared_bytes_for<kPipelined>(dkdv, dkdv_shared_bytes<S, HS, kDocs>());
           dkdv<<<grid_of<HS>(B, T, NH / in.group, kDkdv), kThreads, dkdv_shared, l.stream>>>(
               static_cast<S*>(d.dk), static_cast<S*>(d.dv), dy, q, k, v, in.q_ld, in.kv_ld,
-              in.group, lse, rowdot, T, C, NH, scale, scale_log2, doc_start);
+              in.group, lse, rowdot, T, C, NH, scale, scale_log2, doc_start, window);
           ZRT_CUDA_LAUNCH_CHECK();
           auto* dq = flash_mma_dq_kernel<S, HS, kDq, kDocs, kPipelined>;
           const int dq_shared = shared_bytes_for<kPipelined>(dq, dq_shared_bytes<S, HS>());
           dq<<<grid_of<HS>(B, T, NH, kDq), kThreads, dq_shared, l.stream>>>(
               static_cast<S*>(d.dq), dy, q, k, v, in.q_ld, in.kv_ld, in.group, lse, rowdot, T, C,
-              NH, scale, scale_log2, doc_start);
+              NH, scale, scale_log2, doc_start, window);
           ZRT_CUDA_LAUNCH_CHECK();
         });
       });

@@ -47,16 +47,16 @@ HeadGradients packed_head_gradients(void* dqkv, DType dtype, int C);
 // FlashKernels::kMmaPipelined), the next tile's copy in flight (cp.async, two buffers) while the
 // current one is computed, its operands read with ldmatrix (mma_fragments.h).
 //
-// out (B,T,C = NH*hs), lse (B,NH,T). doc_start: packed documents as flash_attention.cuh's (null:
-// one document per sequence).
+// out (B,T,C = NH*hs), lse (B,NH,T). doc_start and window: packed documents and a sliding window
+// as flash_attention.cuh's (null, 0: one document per sequence, no window).
 void flash_mma_forward(const Launch& l, DType dtype, void* out, float* lse, const HeadRows& in,
                        int B, int T, int C, int NH, const std::int32_t* doc_start = nullptr,
-                       bool pipelined = false);
+                       int window = 0, bool pipelined = false);
 // d.dq, d.dk, d.dv += the gradients (dk and dv summed over each group in fp32, rounded once).
 // rowdot: D = dout . out per row, (B,NH,T) fp32, already computed.
 void flash_mma_backward(const Launch& l, DType dtype, const HeadGradients& d, const void* dout,
                         const HeadRows& in, const float* lse, const float* rowdot, int B, int T,
-                        int C, int NH, const std::int32_t* doc_start = nullptr,
+                        int C, int NH, const std::int32_t* doc_start = nullptr, int window = 0,
                         bool pipelined = false);
 
 }  // namespace zrt::kernels::cuda

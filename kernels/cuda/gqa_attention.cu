@@ -89,9 +89,10 @@ void pack(const Launch& l, void* qkv, const void* q, const void* k, const void* 
 
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
-                           const AttentionKernels& kernels, const std::int32_t* doc_start) {
+                           const AttentionKernels& kernels, const std::int32_t* doc_start,
+                           int window) {
   if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
-    flash_gqa_forward(l, dtype, out, lse, q, k, v, B, T, NH, NKV, hs, doc_start,
+    flash_gqa_forward(l, dtype, out, lse, q, k, v, B, T, NH, NKV, hs, doc_start, window,
                       mma_kernels(kernels));
     return;
   }
@@ -102,17 +103,17 @@ void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, 
     pack<S>(l, qkv, q, k, v, B, T, NH, group, hs);
   });
   attention_forward(after(l, gqa_packed_bytes(dtype, B, T, NH, hs)), dtype, out, lse, qkv, B, T,
-                    NH * hs, NH, kernels, doc_start);
+                    NH * hs, NH, kernels, doc_start, window);
 }
 
 void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* k, const void* v,
                             const void* out, const float* lse, int B, int T, int NH, int NKV,
-                            int hs, const AttentionKernels& kernels,
-                            const std::int32_t* doc_start) {
+                            int hs, const AttentionKernels& kernels, const std::int32_t* doc_start,
+                            int window) {
   if (gqa_runs_in_place(kernels, dtype, T, NH, NKV, hs)) {
     flash_gqa_backward(l, dtype, dq, dk, dv, dout, q, k, v, out, lse, B, T, NH, NKV, hs, doc_start,
-                       mma_kernels(kernels));
+                       window, mma_kernels(kernels));
     return;
   }
   const int group = NH / NKV;
@@ -125,7 +126,7 @@ void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, vo
   });
   ZRT_CUDA_CHECK(cudaMemsetAsync(dqkv, 0, static_cast<std::size_t>(packed), l.stream));
   attention_backward(after(l, 2 * packed), dtype, dqkv, dout, qkv, out, lse, B, T, NH * hs, NH,
-                     kernels, doc_start);
+                     kernels, doc_start, window);
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
     const I64 n = static_cast<I64>(B) * T * (NH + 2 * NKV) * hs;

@@ -24,12 +24,12 @@ namespace zrt::kernels::cuda {
 void gqa_attention_forward(const Launch& l, DType dtype, void* out, float* lse, const void* q,
                            const void* k, const void* v, int B, int T, int NH, int NKV, int hs,
                            const AttentionKernels& kernels = {},
-                           const std::int32_t* doc_start = nullptr);
+                           const std::int32_t* doc_start = nullptr, int window = 0);
 
 void gqa_attention_backward(const Launch& l, DType dtype, void* dq, void* dk, void* dv,
                             const void* dout, const void* q, const void* k, const void* v,
                             const void* out, const float* lse, int B, int T, int NH, int NKV,
                             int hs, const AttentionKernels& kernels = {},
-                            const std::int32_t* doc_start = nullptr);
+                            const std::int32_t* doc_start = nullptr, int window = 0);
 
 }  // namespace zrt::kernels::cuda

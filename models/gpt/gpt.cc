@@ -285,7 +285,7 @@ void Gpt::attention_backward(const Activations::Kept& x) {
   transformer::UlyssesExchange* ex = ulysses();
   if (ex == nullptr) {
     k::attention_backward(ctx(), dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, pass.B, pass.T, C,
-                          NH, pass.doc_start, k::GradWrite::kIntoZeros);
+                          NH, pass.doc_start, /*window=*/0, k::GradWrite::kIntoZeros);
     return;
   }
   const int sp = ex->size(), hs = C / NH;
@@ -293,7 +293,7 @@ void Gpt::attention_backward(const Activations::Kept& x) {
   // driver) over the whole sequence, and the adjoint turns it into the chunk's.
   ex->to_chunk_backward(dt, d.datty, d.datty, pass.B, pass.T, NH, hs, d.send, d.recv);
   k::attention_backward(ctx(), dt, d.dqkv, d.datty, x.qkv, x.atty_full, x.att_lse, pass.B,
-                        pass.sequence_length(), C / sp, NH / sp, pass.doc_start,
+                        pass.sequence_length(), C / sp, NH / sp, pass.doc_start, /*window=*/0,
                         k::GradWrite::kIntoZeros);
   ex->to_heads_packed_backward_in_place(dt, d.dqkv, pass.B, pass.T, 3, NH, hs, d.send, d.recv);
 }

@@ -165,6 +165,54 @@ void read_moe(const json& doc, const std::string& path, HfConfig& c) {
   }
 }
 
+// Qwen2's and Qwen2-MoE's sliding window (transformers' layer_types): none unless
+// use_sliding_window and a sliding_window. Qwen2 windows the layers from max_window_layers on (or
+// those config.json's own layer_types marks sliding_attention, which must then be such a suffix);
+// Qwen2-MoE every other layer below max_window_layers, which zrt does not implement: refused.
+void read_qwen2_window(const json& doc, const std::string& path, HfConfig& c) {
+  const Reader r(doc, path);
+  const int window = r.opt_int("sliding_window", 0);
+  if (!r.opt_bool("use_sliding_window", false) || window <= 0) return;
+  const int L = c.num_hidden_layers;
+  int first = std::max(r.opt_int("max_window_layers", 28), 0);
+  if (c.model_type == "qwen2_moe") {
+    if (first > 0) {
+      ZRT_THROW(InvalidArgument,
+                "{}: use_sliding_window with max_window_layers {}: Qwen2-MoE then windows every "
+                "other layer below it, which zrt does not implement (set use_sliding_window "
+                "false, or max_window_layers 0 for no windowed layer)",
+                path, first);
+    }
+    return;
+  }
+  if (r.has("layer_types")) {
+    const json& types = doc["layer_types"];
+    if (!types.is_array() || static_cast<int>(types.size()) != L) {
+      ZRT_THROW(InvalidArgument, "{}: layer_types must list the {} layers' attention types", path,
+                L);
+    }
+    first = L;
+    for (int i = 0; i < L; ++i) {
+      const std::string type = types[i].is_string() ? types[i].get<std::string>() : "";
+      if (type != "full_attention" && type != "sliding_attention") {
+        ZRT_THROW(InvalidArgument,
+                  "{}: layer_types[{}] is {}: expected full_attention or sliding_attention", path,
+                  i, types[i].dump());
+      }
+      if (type == "sliding_attention" && first == L) first = i;
+      if (type == "full_attention" && first < L) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: layer_types has full_attention at layer {} after sliding_attention at "
+                  "layer {}: zrt windows the layers from one on (Qwen2's max_window_layers)",
+                  path, i, first);
+      }
+    }
+  }
+  if (first >= L) return;  // no layer windowed
+  c.sliding_window = window;
+  c.max_window_layers = first;
+}
+
 void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   const Reader r(doc, path);
   c.hidden_size = r.get_int("hidden_size");
@@ -203,12 +251,7 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   }
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {
     c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
-    // The window applies to the layers from max_window_layers on (transformers' layer_types):
-    // none when that is past the last layer.
-    if (r.opt_bool("use_sliding_window", false) &&
-        r.opt_int("max_window_layers", 28) < c.num_hidden_layers) {
-      c.sliding_window = r.opt_int("sliding_window", 0);
-    }
+    read_qwen2_window(doc, path, c);
   } else if (c.model_type == "mistral") {
     // MistralForCausalLM's projections never take biases (an attention_bias key is ignored by
     // transformers too); a window absent from the file is MistralConfig's default, 4096.

@@ -47,6 +47,7 @@ struct HfConfig {
   HfRopeScaling rope_scaling;
   bool attention_bias = false;  // qwen2: always (its q/k/v projections carry biases)
   int sliding_window = 0;       // 0: none (mistral's null; qwen2 unless use_sliding_window)
+  int max_window_layers = 0;    // qwen2: the first layer with the window (0: every layer)
   std::string hidden_act;       // "silu" for the family
 
   // Mixture of experts (mixtral, qwen2_moe, qwen3_moe), config.json's names (Mixtral's

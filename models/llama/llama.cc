@@ -308,7 +308,8 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
   k::linear_forward(ctx, dt, v, x.ln1, P(kVW), P(kVB), N, C, KV);
   k::rope_forward(ctx, dt, q, q, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_forward(ctx, dt, k, k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
-  gqa_attention_forward(acts_.heads, attention_tensors(x), acts_.send, acts_.recv);
+  gqa_attention_forward(acts_.heads, attention_tensors(x), acts_.send, acts_.recv,
+                        config_.layer_window(layer));
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
                               C, config_.rms_norm_eps);
@@ -361,8 +362,8 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
-  gqa_attention_backward(d.heads, attention_tensors(x), {d.dq, d.dk, d.dv, d.datty}, d.send,
-                         d.recv);
+  gqa_attention_backward(d.heads, attention_tensors(x), {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv,
+                         config_.layer_window(layer));
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);

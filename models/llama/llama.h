@@ -1,5 +1,5 @@
-// Llama: the Llama family's decoder (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral without a sliding
-// window) on kernels/ops.h, implementing zrt::Model.
+// Llama: the Llama family's decoder (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral, with their sliding
+// windows: LlamaConfig::layer_window) on kernels/ops.h, implementing zrt::Model.
 //
 // Per block: RMSNorm -> q/k/v projections (biases for Qwen2) -> RoPE on q and k -> causal
 // grouped-query attention -> o projection -> residual -> RMSNorm -> SwiGLU MLP (down(silu(gate)

@@ -123,7 +123,9 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
   for (const auto& [key, value] : spec_items("llama", rest)) {
     c.name = "custom";
     if (set_decoder_shape_key(c, "llama", key, value, given)) continue;
-    if (key == "rope_scaling.rope_type") {
+    if (key == "max_window_layers") {
+      c.max_window_layers = parse_int_value(key, value);
+    } else if (key == "rope_scaling.rope_type") {
       c.rope_scaling.rope_type = value;
     } else if (key == "rope_scaling.factor") {
       c.rope_scaling.factor = parse_double_value(key, value);
@@ -140,7 +142,7 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
                 "vocab_size, max_position_embeddings, seq_len, rms_norm_eps, rope_theta, "
                 "rope_scaling.{{rope_type, factor, low_freq_factor, high_freq_factor, "
                 "original_max_position_embeddings}}, tie_word_embeddings, attention_bias, "
-                "sliding_window)",
+                "sliding_window, max_window_layers)",
                 key);
     }
   }
@@ -204,16 +206,20 @@ void LlamaConfig::validate() const {
   }
   if (sliding_window < 0) {
     ZRT_THROW(InvalidArgument,
-              "{} config {}: model.sliding_window={} must be positive (or 0: "
-              "none)",
-              architecture, name, sliding_window);
+              "{} config {}: model.sliding_window={} must be positive (or 0: none)", architecture,
+              name, sliding_window);
   }
-  if (sliding_window > 0 && sliding_window < seq_len) {
+  if (max_window_layers < 0) {
     ZRT_THROW(InvalidArgument,
-              "{} config {}: model.sliding_window={} is shorter than seq_len={}; zrt attends over "
-              "the whole causal context and does not implement sliding-window attention (train "
-              "at seq_len <= {})",
-              architecture, name, sliding_window, seq_len, sliding_window);
+              "{} config {}: model.max_window_layers={} must be >= 0 (the first layer the window "
+              "applies to)",
+              architecture, name, max_window_layers);
+  }
+  if (max_window_layers > 0 && architecture != "qwen2") {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.max_window_layers={} is Qwen2's (model.type qwen2); {}'s "
+              "sliding window applies to every layer",
+              architecture, name, max_window_layers, architecture);
   }
   try {
     kernels::RopeScalingParams scaling;
@@ -240,10 +246,16 @@ std::int64_t LlamaConfig::num_parameters() const {
 }
 
 std::string LlamaConfig::describe() const {
-  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}, {:.1f}M params)", name, architecture,
-                     num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
-                     num_key_value_heads, head_dim, vocab_size, seq_len,
-                     tie_word_embeddings ? " tied" : "",
+  // A window that hides keys at this seq_len: " window 4096" (Qwen2: " window 4096 from layer 2").
+  std::string window;
+  if (sliding_window > 0 && sliding_window < seq_len && max_window_layers < num_hidden_layers) {
+    window = fmt::format(" window {}", sliding_window);
+    if (max_window_layers > 0) window += fmt::format(" from layer {}", max_window_layers);
+  }
+  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}{}, {:.1f}M params)", name,
+                     architecture, num_hidden_layers, hidden_size, intermediate_size,
+                     num_attention_heads, num_key_value_heads, head_dim, vocab_size, seq_len,
+                     window, tie_word_embeddings ? " tied" : "",
                      static_cast<double>(num_parameters()) / 1e6);
 }
 

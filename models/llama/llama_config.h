@@ -50,7 +50,12 @@ struct LlamaConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
-  int sliding_window = 0;       // Mistral; 0 = none. A window shorter than seq_len is refused.
+  // Sliding-window attention (kernels/ops.h): query t sees keys > t - sliding_window; 0: none.
+  // Mistral's applies to every layer; Qwen2's (use_sliding_window) to the layers from
+  // max_window_layers on, the ones before attending over the whole sequence (transformers'
+  // layer_types). max_window_layers is 0 for Mistral.
+  int sliding_window = 0;
+  int max_window_layers = 0;
 
   // The sequence length the model trains at (zrt's, not config.json's); <= max_position_embeddings.
   int seq_len = 0;
@@ -71,9 +76,13 @@ struct LlamaConfig {
   // Throws InvalidArgument naming the key unless: every dimension is positive,
   // num_key_value_heads divides num_attention_heads, head_dim is even (<= 512), seq_len <=
   // max_position_embeddings, rms_norm_eps > 0, the rotary settings are valid, qwen2 has
-  // attention_bias, and no sliding_window is shorter than seq_len (zrt attends causally over
-  // the whole sequence; a shorter window would silently train another model).
+  // attention_bias, sliding_window and max_window_layers are >= 0, and max_window_layers is 0
+  // unless the architecture is qwen2.
   void validate() const;
+  // The sliding window of layer `layer` (0: none): sliding_window from max_window_layers on.
+  int layer_window(int layer) const {
+    return sliding_window > 0 && layer >= max_window_layers ? sliding_window : 0;
+  }
   std::int64_t num_parameters() const;
   // "llama-3.2-1b (llama L16 C2048 I8192 H32/8x64 V128256 T8192, 1235.8M params)"
   std::string describe() const;

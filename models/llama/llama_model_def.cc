@@ -185,6 +185,12 @@ nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& 
   hf["tie_word_embeddings"] = c.tie_word_embeddings;
   if (architecture != "qwen2") hf["attention_bias"] = c.attention_bias;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
+  if (architecture == "qwen2") {
+    // Qwen2Config drops sliding_window unless use_sliding_window, and applies it from
+    // max_window_layers on.
+    hf["use_sliding_window"] = c.sliding_window > 0;
+    hf["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.num_hidden_layers;
+  }
   hf["hidden_act"] = "silu";
   hf["torch_dtype"] = "float32";
   return hf;
@@ -219,6 +225,7 @@ LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   c.tie_word_embeddings = hf.tie_word_embeddings;
   c.attention_bias = hf.attention_bias;
   c.sliding_window = hf.sliding_window;
+  c.max_window_layers = hf.max_window_layers;
   c.seq_len = run.seq_len ? *run.seq_len : std::min(c.max_position_embeddings, 8192);
   std::optional<LlamaConfig> preset;
   if (!run.preset.empty()) {
@@ -254,6 +261,7 @@ LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
         p.tie_word_embeddings);
   check("attention_bias", c.attention_bias, run.attention_bias, p.attention_bias);
   check("sliding_window", c.sliding_window, run.sliding_window, p.sliding_window);
+  check("max_window_layers", c.max_window_layers, run.max_window_layers, p.max_window_layers);
   const auto& rs = run.rope_scaling;
   check("rope_scaling.rope_type", c.rope_scaling.rope_type, rs.rope_type, p.rope_scaling.rope_type);
   check("rope_scaling.factor", c.rope_scaling.factor, rs.factor, p.rope_scaling.factor);
@@ -287,7 +295,7 @@ ModelEntry registry_entry(const std::string& architecture) {
     presets += (presets.empty() ? "" : ", ") + name;
   }
   const char* family = architecture == "qwen2"     ? "Qwen2/Qwen2.5"
-                       : architecture == "mistral" ? "Mistral (no sliding window)"
+                       : architecture == "mistral" ? "Mistral"
                                                    : "Llama 2/3/3.1/3.2";
   entry.summary = presets.empty() ? fmt::format("{} (no presets: give the dimensions)", family)
                                   : fmt::format("{} (presets {})", family, presets);

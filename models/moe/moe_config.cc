@@ -330,11 +330,10 @@ void MoeConfig::validate() const {
               "Qwen2's form (model.type qwen2_moe); transformers' {} has an o_proj bias as well",
               architecture, name, architecture);
   }
-  if (sliding_window < 0 || (sliding_window > 0 && sliding_window < seq_len)) {
+  if (sliding_window < 0) {
     ZRT_THROW(InvalidArgument,
-              "{} config {}: model.sliding_window={} is shorter than seq_len={}; zrt attends over "
-              "the whole causal context (train at seq_len <= the window)",
-              architecture, name, sliding_window, seq_len);
+              "{} config {}: model.sliding_window={} must be positive (or 0: none)", architecture,
+              name, sliding_window);
   }
 }
 

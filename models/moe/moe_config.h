@@ -40,7 +40,7 @@ struct MoeConfig {
   double rope_theta = 1e6;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Qwen2-MoE: always
-  int sliding_window = 0;       // 0: none; a window shorter than seq_len is refused
+  int sliding_window = 0;       // every layer's sliding window (kernels/ops.h); 0: none
 
   int num_experts = 0;                      // E (Mixtral's num_local_experts)
   int num_experts_per_tok = 0;              // k

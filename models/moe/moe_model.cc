@@ -643,7 +643,7 @@ void MoeModel::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_
   k::rope_forward(ctx, dt, x.q, x.q, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_forward(ctx, dt, x.k, x.k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   gqa_attention_forward(acts_.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse}, acts_.send,
-                        acts_.recv);
+                        acts_.recv, c.sliding_window);
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2), N, C,
                               c.rms_norm_eps);
@@ -932,7 +932,7 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2), d.dln2, x.res2, P(kLn2), x.ln2_rstd, N, C);
   k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
   gqa_attention_backward(d.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse},
-                         {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv);
+                         {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv, c.sliding_window);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   Bytes dq = d.dq, dk = d.dk;

@@ -38,34 +38,36 @@ void plan_gqa_exchange(ActivationPlanner& p, const GqaHeads& heads, const PassSh
 }
 
 void TransformerModel::gqa_attention_forward(const GqaHeads& h, const GqaTensors& x, Bytes send,
-                                             Bytes recv) {
+                                             Bytes recv, int window) {
   const Pass& p = pass();
   UlyssesExchange* ex = ulysses();
   if (ex == nullptr) {
     k::gqa_attention_forward(ctx(), p.dtype, x.atty, x.lse, x.q, x.k, x.v, p.B, p.T, h.NH, h.NKV,
-                             h.hd, p.doc_start);
+                             h.hd, p.doc_start, window);
     return;
   }
   // Chunks to head shares of the whole sequences, attention over them with this rank's heads
-  // (doc_start spans the whole sequences), and the output back to every head of the chunk.
+  // (doc_start spans the whole sequences, and a window counts whole-sequence positions), and the
+  // output back to every head of the chunk.
   ex->to_heads(p.dtype, x.q, x.q, p.B, p.T, h.q_heads, h.hd, send, recv);
   ex->to_heads(p.dtype, x.k, x.k, p.B, p.T, h.kv_heads, h.hd, send, recv);
   ex->to_heads(p.dtype, x.v, x.v, p.B, p.T, h.kv_heads, h.hd, send, recv);
   k::gqa_attention_forward(ctx(), p.dtype, x.atty_full, x.lse, x.q, x.k, x.v, p.B,
                            p.sequence_length(), h.q_heads.block_heads, h.kv_heads.block_heads, h.hd,
-                           p.doc_start);
+                           p.doc_start, window);
   ex->to_chunk(p.dtype, x.atty, x.atty_full, p.B, p.T, h.NH, h.hd, send, recv);
 }
 
 void TransformerModel::gqa_attention_backward(const GqaHeads& h, const GqaTensors& x,
-                                              const GqaGradients& d, Bytes send, Bytes recv) {
+                                              const GqaGradients& d, Bytes send, Bytes recv,
+                                              int window) {
   const Pass& p = pass();
   UlyssesExchange* ex = ulysses();
   if (ex == nullptr) {
     // dq, dk, dv were zeroed by the driver with the accumulated region: kIntoZeros lets cuDNN's
     // attention write them in place (the CPU backend checks the zeros).
     k::gqa_attention_backward(ctx(), p.dtype, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty,
-                              x.lse, p.B, p.T, h.NH, h.NKV, h.hd, p.doc_start,
+                              x.lse, p.B, p.T, h.NH, h.NKV, h.hd, p.doc_start, window,
                               k::GradWrite::kIntoZeros);
     return;
   }
@@ -76,7 +78,8 @@ void TransformerModel::gqa_attention_backward(const GqaHeads& h, const GqaTensor
   ex->to_chunk_backward(p.dtype, d.datty, d.datty, p.B, p.T, h.NH, h.hd, send, recv);
   k::gqa_attention_backward(ctx(), p.dtype, d.dq, d.dk, d.dv, d.datty, x.q, x.k, x.v, x.atty_full,
                             x.lse, p.B, p.sequence_length(), h.q_heads.block_heads,
-                            h.kv_heads.block_heads, h.hd, p.doc_start, k::GradWrite::kIntoZeros);
+                            h.kv_heads.block_heads, h.hd, p.doc_start, window,
+                            k::GradWrite::kIntoZeros);
   ex->to_heads_backward_in_place(p.dtype, d.dq, p.B, p.T, h.q_heads, h.hd, send, recv);
   ex->to_heads_backward_in_place(p.dtype, d.dk, p.B, p.T, h.kv_heads, h.hd, send, recv);
   ex->to_heads_backward_in_place(p.dtype, d.dv, p.B, p.T, h.kv_heads, h.hd, send, recv);

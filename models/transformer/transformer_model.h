@@ -149,9 +149,11 @@ class TransformerModel : public Model {
   struct GqaGradients {
     Bytes dq, dk, dv, datty;
   };
-  void gqa_attention_forward(const GqaHeads& heads, const GqaTensors& x, Bytes send, Bytes recv);
+  // window: the layer's sliding window (kernels/ops.h; 0: none), the same for both passes.
+  void gqa_attention_forward(const GqaHeads& heads, const GqaTensors& x, Bytes send, Bytes recv,
+                             int window);
   void gqa_attention_backward(const GqaHeads& heads, const GqaTensors& x, const GqaGradients& d,
-                              Bytes send, Bytes recv);
+                              Bytes send, Bytes recv, int window);
 
  private:
   void prepare(ParamAccess& access, const TokenBatch& batch, bool need_targets);

@@ -81,7 +81,7 @@ std::vector<float> run(const Case& c, bool packed, GradWrite write, double start
     const Bytes dqkv = cpu.put(std::vector<double>(3 * nq, start));
     attention_forward(cpu.ctx, DType::kFloat32, out, lse, qkv, c.B, c.T, C, c.NH);
     attention_backward(cpu.ctx, DType::kFloat32, dqkv, dout, qkv, out, lse, c.B, c.T, C, c.NH, {},
-                       write);
+                       0, write);
     return cpu.get(dqkv, 3 * nq);
   }
   const Bytes q = cpu.put(values(1, nq));
@@ -92,7 +92,7 @@ std::vector<float> run(const Case& c, bool packed, GradWrite write, double start
   const Bytes dv = cpu.put(std::vector<double>(nkv, start));
   gqa_attention_forward(cpu.ctx, DType::kFloat32, out, lse, q, k, v, c.B, c.T, c.NH, c.NKV, c.hs);
   gqa_attention_backward(cpu.ctx, DType::kFloat32, dq, dk, dv, dout, q, k, v, out, lse, c.B, c.T,
-                         c.NH, c.NKV, c.hs, {}, write);
+                         c.NH, c.NKV, c.hs, {}, 0, write);
   std::vector<float> all = cpu.get(dq, nq);
   for (const Bytes b : {dk, dv}) {
     const std::vector<float> part = cpu.get(b, nkv);

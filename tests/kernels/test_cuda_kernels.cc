@@ -284,6 +284,7 @@ struct AttentionIn {
   int B = kB, T = kT, C = kC, NH = kNH;
   Vec qkv = normal_values(kSeed, 51, kN * 3 * kC), dout = normal_values(kSeed, 52, kN*kC);
   std::vector<std::int32_t> doc_start;  // packed documents (B,T); empty: none
+  int window = 0;                       // sliding window (kernels/ops.h); 0: none
   AttentionIn() = default;
   AttentionIn(int b, int t, int c, int nh)
       : B(b),
@@ -305,9 +306,9 @@ Results cpu_attention(const AttentionIn& in) {
                                  cpu::attention_backward_workspace<S>(in.B, in.T, in.C, in.NH)) +
                         1);
   cpu::attention_forward<S>(out.data(), lse.data(), qkv.data(), in.B, in.T, in.C, in.NH, ws.data(),
-                            in.docs());
+                            in.docs(), in.window);
   cpu::attention_backward<S>(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), in.B,
-                             in.T, in.C, in.NH, ws.data(), in.docs());
+                             in.T, in.C, in.NH, ws.data(), in.docs(), in.window);
   return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
 }
 
@@ -318,9 +319,10 @@ Results gpu_attention_written(Gpu& g, DType dt, const AttentionIn& in, GradWrite
          lse = g.zeros(in.rows(), DType::kFloat32);
   Buffer ds = g.tokens(in.doc_start.empty() ? std::vector<std::int32_t>{0} : in.doc_start);
   const ConstTokens doc_start = in.doc_start.empty() ? ConstTokens{} : tdev(ds);
-  attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH, doc_start);
+  attention_forward(*g.ctx, dt, dev(out), fdev(lse), dev(qkv), in.B, in.T, in.C, in.NH, doc_start,
+                    in.window);
   attention_backward(*g.ctx, dt, dev(dqkv), dev(dout), dev(qkv), dev(out), fdev(lse), in.B, in.T,
-                     in.C, in.NH, doc_start, dqkv_write);
+                     in.C, in.NH, doc_start, in.window, dqkv_write);
   return {{"out", g.download(out, in.dout.size(), dt)},
           {"lse", g.download(lse, in.rows(), DType::kFloat32)},
           {"dqkv", g.download(dqkv, in.qkv.size(), dt)}};
@@ -1023,6 +1025,56 @@ TEST_CASE("CUDA fused attention with packed documents matches its CPU twin", "[c
       INFO(dtype_name(dt) << " lse: relative error " << err);
       CHECK(err <= 1e-4);
       CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
+    }
+  }
+}
+
+// Sliding windows (kernels/ops.h: query t sees keys after t - window), alone and with packed
+// documents, on the batched path (T 150: the scores before the window masked to -inf) and the
+// fused kernels (T 256, head sizes 64 on mma.sync and WMMA and 128 on mma.sync: key tiles before
+// the window skipped, partly covered ones masked); windows of 1, 37 and 100 tokens put the edge
+// at several positions of a tile. Each row's softmax runs over fewer keys than the unwindowed
+// row's, so the unwindowed cases' tolerances hold as they do for documents.
+TEST_CASE("CUDA attention with a sliding window matches its CPU twin", "[cuda][window]") {
+  for (const int window : {1, 37, 100}) {
+    INFO("window " << window);
+    AttentionIn batched(2, 150, 128, 4);
+    batched.window = window;
+    check_layer(batched, cpu_attention<float, float>, cpu_attention<bf16, float>,
+                cpu_attention<bf16, bf16>, gpu_attention);
+    AttentionIn packed = with_documents(AttentionIn(2, 150, 128, 4), kDocs150);
+    packed.window = window;
+    check_layer(packed, cpu_attention<float, float>, cpu_attention<bf16, float>,
+                cpu_attention<bf16, bf16>, gpu_attention);
+  }
+  struct Case {
+    int C;
+    bool wmma;
+  };
+  for (const Case c : {Case{128, false}, Case{128, true}, Case{256, false}}) {
+    for (const bool documents : {false, true}) {
+      AttentionIn in = documents ? with_documents(AttentionIn(2, 256, c.C, 2), kDocs256)
+                                 : AttentionIn(2, 256, c.C, 2);
+      in.window = documents ? 100 : 37;
+      INFO("head size " << c.C / 2 << (c.wmma ? ", WMMA kernels" : ", mma.sync kernels")
+                        << (documents ? ", documents" : "") << ", window " << in.window);
+      KernelOptions options;
+      options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+      options.cuda_attention_wmma = c.wmma;
+      Gpu g(options);
+      for (const auto& [dt, tol] :
+           {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+        const Results want =
+            dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
+        const Results got = gpu_attention(g, dt, dt, in);
+        for (const char* name : {"out", "dqkv"}) {
+          const double err = test::rel_error(got.at(name), want.at(name));
+          INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
+                              << ")");
+          CHECK(err <= tol);
+        }
+        CHECK(test::rel_error(got.at("lse"), want.at("lse")) <= 1e-4);
+      }
     }
   }
 }

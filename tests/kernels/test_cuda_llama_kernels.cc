@@ -222,7 +222,8 @@ std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, 
                                            int HS, std::uint64_t seed,
                                            const std::vector<std::int32_t>& doc_start = {},
                                            bool accumulate = false,
-                                           GradWrite write = GradWrite::kAccumulate) {
+                                           GradWrite write = GradWrite::kAccumulate,
+                                           int window = 0) {
   const std::size_t nq = std::size_t{1} * B * T * NH * HS, nk = std::size_t{1} * B * T * NKV * HS;
   const std::size_t nlse = std::size_t{1} * B * NH * T;
   const Bytes q = be.put("q", normal_values(seed, 41, nq), dt);
@@ -238,9 +239,9 @@ std::map<std::string, std::size_t> run_gqa(Backend& be, DType dt, int B, int T, 
   const Bytes dk = be.put("dk", start(46, nk), dt);
   const Bytes dv = be.put("dv", start(47, nk), dt);
   const ConstTokens ds = be.put_ids("doc_start", doc_start);
-  gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS, ds);
+  gqa_attention_forward(*be.ctx, dt, out, lse, q, k, v, B, T, NH, NKV, HS, ds, window);
   gqa_attention_backward(*be.ctx, dt, dq, dk, dv, dy, q, k, v, out, lse, B, T, NH, NKV, HS, ds,
-                         write);
+                         window, write);
   return {{"out", nq}, {"lse", nlse}, {"dq", nq}, {"dk", nk}, {"dv", nk}};
 }
 
@@ -298,6 +299,22 @@ TEST_CASE("grouped-query attention in place and packed: CUDA twin matches the CP
                              true);
             },
             options);
+        // Sliding windows (kernels/ops.h): 37 tokens, alone and with the documents, so window
+        // edges fall inside key tiles and mix with document edges.
+        parity(
+            what + " with a window",
+            [&](Backend& be, DType dt, DType) {
+              return run_gqa(be, dt, 2, 192, NH, NKV, HS, kSeed + 8 + HS + NH * 10 + NKV, {}, true,
+                             GradWrite::kAccumulate, 37);
+            },
+            options);
+        parity(
+            what + " with documents and a window",
+            [&](Backend& be, DType dt, DType) {
+              return run_gqa(be, dt, 2, 192, NH, NKV, HS, kSeed + 9 + HS + NH * 10 + NKV, docs,
+                             true, GradWrite::kAccumulate, 100);
+            },
+            options);
       }
     }
   }
@@ -318,18 +335,23 @@ TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits
   pipelined_options.cuda_attention_pipelined = true;
   for (int HS : {64, 128}) {
     for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {
-      for (const bool documents : {false, true}) {
+      for (const int mask : {0, 1, 2}) {  // none, documents, documents and a 37-token window
+        const bool documents = mask > 0;
+        const int window = mask == 2 ? 37 : 0;
         for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
           INFO("hs " << HS << ", " << NH << "/" << NKV << " heads"
-                     << (documents ? ", documents, " : ", ") << dtype_name(dt));
+                     << (documents ? ", documents, " : ", ") << "window " << window << ", "
+                     << dtype_name(dt));
           REQUIRE(cuda::gqa_runs_in_place(cuda::attention_kernels(pipelined_options), dt, 192, NH,
                                           NKV, HS));
           Backend staged(DeviceType::kCuda, staged_options);
           Backend pipelined(DeviceType::kCuda, pipelined_options);
           const std::uint64_t seed = kSeed + 9 + HS + NH * 10 + NKV;
           const auto& ds = documents ? docs : std::vector<std::int32_t>{};
-          const auto outputs = run_gqa(staged, dt, 2, 192, NH, NKV, HS, seed, ds, true);
-          run_gqa(pipelined, dt, 2, 192, NH, NKV, HS, seed, ds, true);
+          const auto outputs = run_gqa(staged, dt, 2, 192, NH, NKV, HS, seed, ds, true,
+                                       GradWrite::kAccumulate, window);
+          run_gqa(pipelined, dt, 2, 192, NH, NKV, HS, seed, ds, true, GradWrite::kAccumulate,
+                  window);
           for (const auto& [name, n] : outputs) {
             INFO(name);
             CHECK(pipelined.get(name, n) == staged.get(name, n));
@@ -482,6 +504,36 @@ TEST_CASE("grouped-query attention with packed documents: CUDA twin matches the 
   parity("gqa attention (documents, hs 128, T 128)", [&](Backend& be, DType dt, DType) {
     return run_gqa(be, dt, 2, 128, 4, 1, 128, kSeed + 5, docs128);
   });
+}
+
+// Sliding windows through the batched path (T 80: scores before the window masked) and the fused
+// kernels (T 128, head sizes 64 and 128: key and query tiles before it skipped), alone and with
+// packed documents; windows of 2 tokens (a query and the key before it) and of 17 and 70 tokens.
+// (Not 1: each query then sees only itself, its probability is 1 and dq, dk are zero in exact
+// arithmetic, so their relative error compares rounding residues.)
+TEST_CASE("grouped-query attention with a sliding window: CUDA twin matches the CPU twin",
+          "[cuda][llama][window]") {
+  const auto docs80 = test::pack_documents({{1, 40, 39}, {10, 70}}, kT).doc_start;
+  const auto docs128 = test::pack_documents({{1, 70, 1, 56}, {64, 64}}, 128).doc_start;
+  for (const int window : {2, 17, 70}) {
+    const std::string w = " window " + std::to_string(window);
+    parity("gqa attention (T 80," + w + ")", [&](Backend& be, DType dt, DType) {
+      return run_gqa(be, dt, kB, kT, kNH, kNKV, kHS, kSeed + 10 + window, {}, false,
+                     GradWrite::kAccumulate, window);
+    });
+    parity("gqa attention (documents, T 80," + w + ")", [&](Backend& be, DType dt, DType) {
+      return run_gqa(be, dt, kB, kT, kNH, kNKV, kHS, kSeed + 11 + window, docs80, false,
+                     GradWrite::kAccumulate, window);
+    });
+    parity("gqa attention (hs 64, T 128," + w + ")", [&](Backend& be, DType dt, DType) {
+      return run_gqa(be, dt, 2, 128, 4, 2, 64, kSeed + 12 + window, {}, false,
+                     GradWrite::kAccumulate, window);
+    });
+    parity("gqa attention (documents, hs 128, T 128," + w + ")", [&](Backend& be, DType dt, DType) {
+      return run_gqa(be, dt, 2, 128, 4, 1, 128, kSeed + 13 + window, docs128, false,
+                     GradWrite::kAccumulate, window);
+    });
+  }
 }
 
 }  // namespace

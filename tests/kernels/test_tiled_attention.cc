@@ -66,7 +66,7 @@ struct TiledRun {
 // had not written, or wrote past its size, fails.
 template <typename S>
 TiledRun<S> run_path(const std::vector<S>& qkv, const std::vector<S>& dout, int B, int T, int C,
-                     int NH, const std::int32_t* doc_start, AttentionPath path) {
+                     int NH, const std::int32_t* doc_start, AttentionPath path, int window = 0) {
   using A = acc_t<S>;
   const auto size =
       static_cast<std::size_t>(std::max(attention_forward_workspace<S>(B, T, C, NH, path),
@@ -75,9 +75,9 @@ TiledRun<S> run_path(const std::vector<S>& qkv, const std::vector<S>& dout, int 
   TiledRun<S> r{std::vector<S>(dout.size()), test::to_storage<S>(Vec(qkv.size(), 0.0)),
                 std::vector<A>(static_cast<std::size_t>(B) * NH * T)};
   attention_forward<S>(r.out.data(), r.lse.data(), qkv.data(), B, T, C, NH, ws.data(), doc_start,
-                       path);
+                       window, path);
   attention_backward<S>(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), B, T, C,
-                        NH, ws.data(), doc_start, path);
+                        NH, ws.data(), doc_start, window, path);
   bool guard_intact = true;
   for (std::size_t i = size; i < ws.size(); ++i) guard_intact = guard_intact && std::isnan(ws[i]);
   CHECK(guard_intact);
@@ -248,7 +248,7 @@ TEST_CASE("tiled attention backward matches finite differences (float64)", "[til
   Vec out(R.size()), lse(static_cast<std::size_t>(NH) * T);
   auto f = [&] {
     attention_forward<double>(out.data(), lse.data(), qkv.data(), 1, T, C, NH, ws.data(),
-                              pack.doc_start.data(), path);
+                              pack.doc_start.data(), 0, path);
     return test::dot(out, R);
   };
   // One thread: ~3000 small calls, each a parallel region that a loaded machine would make wait
@@ -258,7 +258,7 @@ TEST_CASE("tiled attention backward matches finite differences (float64)", "[til
   f();
   Vec dqkv(qkv.size(), 0.0);
   attention_backward<double>(dqkv.data(), R.data(), qkv.data(), out.data(), lse.data(), 1, T, C, NH,
-                             ws.data(), pack.doc_start.data(), path);
+                             ws.data(), pack.doc_start.data(), 0, path);
   test::check_gradient("dqkv", qkv, dqkv, f);
   omp_set_num_threads(before);
 }
@@ -313,10 +313,10 @@ void check_gqa_tiled() {
              std::vector<float>(q.size(), 0.0f), std::vector<float>(k.size(), 0.0f),
              std::vector<float>(v.size(), 0.0f)};
     gqa_attention_forward<float>(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), B, T, NH,
-                                 NKV, hs, ws.data(), pack.doc_start.data(), path);
+                                 NKV, hs, ws.data(), pack.doc_start.data(), 0, path);
     gqa_attention_backward<float>(r.dq.data(), r.dk.data(), r.dv.data(), dy.data(), q.data(),
                                   k.data(), v.data(), r.out.data(), r.lse.data(), B, T, NH, NKV, hs,
-                                  ws.data(), pack.doc_start.data(), path);
+                                  ws.data(), pack.doc_start.data(), 0, path);
     return r;
   };
   const GqaRun tiled = run(AttentionPath::kTiled), full = run(AttentionPath::kFull);
@@ -379,13 +379,13 @@ namespace {
 // nonzero dq, dk, dv (they are accumulated into), for every layout above and NH / NKV of 1, 2
 // and 4, with 1 and 3 threads; in a workspace of exactly its function's size behind a NaN guard.
 template <typename S>
-void check_gqa_in_place_bits(int NKV, int threads) {
+void check_gqa_in_place_bits(int NKV, int threads, int window = 0) {
   using A = acc_t<S>;
   const int NH = 4, hs = 16, C = NH * hs, KC = NKV * hs;
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(threads);
   for (const Layout& layout : layouts()) {
-    INFO(layout.name << ", NKV " << NKV << ", " << threads << " threads");
+    INFO(layout.name << ", NKV " << NKV << ", " << threads << " threads, window " << window);
     const int B = layout.B, T = layout.T;
     const test::Packing pack = test::pack_documents(layout.lengths, T);
     const std::int32_t* doc_start = layout.lengths.empty() ? nullptr : pack.doc_start.data();
@@ -405,10 +405,10 @@ void check_gqa_in_place_bits(int NKV, int threads) {
     std::vector<S> out(BT * C), dq = dq0, dk = dk0, dv = dv0;
     std::vector<A> lse(BT * NH);
     gqa_attention_forward<S>(out.data(), lse.data(), q.data(), k.data(), v.data(), B, T, NH, NKV,
-                             hs, ws.data(), doc_start, AttentionPath::kTiled);
+                             hs, ws.data(), doc_start, window, AttentionPath::kTiled);
     gqa_attention_backward<S>(dq.data(), dk.data(), dv.data(), dy.data(), q.data(), k.data(),
                               v.data(), out.data(), lse.data(), B, T, NH, NKV, hs, ws.data(),
-                              doc_start, AttentionPath::kTiled);
+                              doc_start, window, AttentionPath::kTiled);
     bool guard_intact = true;
     for (std::size_t i = size; i < ws.size(); ++i) guard_intact = guard_intact && std::isnan(ws[i]);
     CHECK(guard_intact);
@@ -421,9 +421,9 @@ void check_gqa_in_place_bits(int NKV, int threads) {
                  attention_backward_workspace<S>(B, T, C, NH, AttentionPath::kTiled))));
     gqa_pack_qkv<S, S>(qkv.data(), q.data(), k.data(), v.data(), B, T, NH, NKV, hs);
     attention_forward<S>(pout.data(), plse.data(), qkv.data(), B, T, C, NH, pws.data(), doc_start,
-                         AttentionPath::kTiled);
+                         window, AttentionPath::kTiled);
     attention_backward<S>(dqkv.data(), dy.data(), qkv.data(), pout.data(), plse.data(), B, T, C, NH,
-                          pws.data(), doc_start, AttentionPath::kTiled);
+                          pws.data(), doc_start, window, AttentionPath::kTiled);
     gqa_unpack_dqkv<S, S>(pdq.data(), pdk.data(), pdv.data(), dqkv.data(), B, T, NH, NKV, hs);
     CHECK(std::memcmp(out.data(), pout.data(), out.size() * sizeof(S)) == 0);
     CHECK(std::memcmp(lse.data(), plse.data(), lse.size() * sizeof(A)) == 0);
@@ -443,6 +443,9 @@ TEST_CASE("grouped-query attention on the tiled path reads q, k, v in place, the
       check_gqa_in_place_bits<double>(NKV, threads);
     }
   }
+  // With a sliding window (37 tokens: its edges fall inside tiles) the same holds.
+  check_gqa_in_place_bits<float>(2, 3, 37);
+  check_gqa_in_place_bits<double>(2, 1, 37);
   // No packed copies: the tiled grouped-query workspace is the tiled kernel's, with larger
   // backward slots, and grows by the (B,NH,T) row term alone.
   const auto gqa_bwd = [](int T) {
@@ -461,6 +464,137 @@ struct ScopedAttentionEnv {
   ~ScopedAttentionEnv() { unsetenv("ZRT_CPU_ATTENTION"); }
 };
 }  // namespace
+
+namespace {
+// Sliding-window attention computed another way: straight from its definition in float64, row by
+// row (query t of sequence b sees keys [max(doc_start[t], t - W + 1), t]; W 0: no window), with
+// the analytic backward (dS = P (dP - rowsum(P dP))).
+struct Reference {
+  Vec out, lse, dqkv;
+};
+Reference windowed_reference(const Vec& qkv, const Vec& dout, int B, int T, int C, int NH,
+                             const std::int32_t* doc_start, int window) {
+  const int hs = C / NH;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  Reference r{Vec(static_cast<std::size_t>(B) * T * C, 0.0),
+              Vec(static_cast<std::size_t>(B) * NH * T, 0.0), Vec(qkv.size(), 0.0)};
+  auto at = [&](int b, int t, int part, int h) {
+    return (static_cast<std::size_t>(b) * T + t) * 3 * C + static_cast<std::size_t>(part) * C +
+           static_cast<std::size_t>(h) * hs;
+  };
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      for (int t = 0; t < T; ++t) {
+        int lo = doc_start != nullptr ? doc_start[static_cast<std::size_t>(b) * T + t] : 0;
+        if (window > 0) lo = std::max(lo, t - window + 1);
+        const int n = t - lo + 1;
+        Vec p(n), dp(n);
+        double m = -1e300;
+        for (int i = 0; i < n; ++i) {
+          double dot = 0;
+          for (int d = 0; d < hs; ++d)
+            dot += qkv[at(b, t, 0, h) + d] * qkv[at(b, lo + i, 1, h) + d];
+          p[i] = dot * scale;
+          m = std::max(m, p[i]);
+        }
+        double z = 0;
+        for (double& x : p) z += (x = std::exp(x - m));
+        for (double& x : p) x /= z;
+        r.lse[(static_cast<std::size_t>(b) * NH + h) * T + t] = m + std::log(z);
+        const std::size_t y =
+            (static_cast<std::size_t>(b) * T + t) * C + static_cast<std::size_t>(h) * hs;
+        double rowsum = 0;
+        for (int i = 0; i < n; ++i) {
+          double dot = 0;
+          for (int d = 0; d < hs; ++d) {
+            r.out[y + d] += p[i] * qkv[at(b, lo + i, 2, h) + d];
+            dot += dout[y + d] * qkv[at(b, lo + i, 2, h) + d];
+          }
+          dp[i] = dot;
+          rowsum += p[i] * dot;
+        }
+        for (int i = 0; i < n; ++i) {
+          const double ds = p[i] * (dp[i] - rowsum);
+          for (int d = 0; d < hs; ++d) {
+            r.dqkv[at(b, t, 0, h) + d] += scale * ds * qkv[at(b, lo + i, 1, h) + d];
+            r.dqkv[at(b, lo + i, 1, h) + d] += scale * ds * qkv[at(b, t, 0, h) + d];
+            r.dqkv[at(b, lo + i, 2, h) + d] += p[i] * dout[y + d];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// The largest |got - want| over x, relative to 1 + |want|.
+double worst_difference(const Vec& got, const Vec& want) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - want[i]) / (1.0 + std::abs(want[i])));
+  }
+  return worst;
+}
+}  // namespace
+
+// Both CPU paths with a sliding window, in float64, against the definition above, over the
+// layouts that put tile edges, document edges and (windows 1, 2, 5, 63, 64, 65, 100 tokens)
+// window edges at every position of a tile. The tolerance: every value is a sum of at most
+// T + hs < 300 products of inputs below 6 in magnitude (normal draws of this seed) and of
+// probabilities, each rounding at most u = 2^-53 relative per operation, so |error| < 300 * 36 *
+// u * (1 + |value|) ~ 1e-12 (1 + |value|); 1e-10 keeps headroom, while a key wrongly seen or hidden
+// moves a value by its probability times a difference of inputs: 1e-6 or more here.
+TEST_CASE("sliding-window attention on both CPU paths equals its definition (float64)",
+          "[tiled][window]") {
+  std::uint64_t stream = 700;
+  for (const Layout& l : layouts()) {
+    const Case c = make_case(l, stream += 2);
+    for (const int window : {1, 2, 5, 63, 64, 65, 100}) {
+      if (window >= l.T) continue;  // no window then (the next test case)
+      INFO(l.name << ", window " << window);
+      const Reference want =
+          windowed_reference(c.qkv, c.dout, l.B, l.T, kC, kNH, c.doc_start(), window);
+      for (const AttentionPath path : {AttentionPath::kFull, AttentionPath::kTiled}) {
+        INFO(attention_path_name(path));
+        const TiledRun<double> got =
+            run_path<double>(c.qkv, c.dout, l.B, l.T, kC, kNH, c.doc_start(), path, window);
+        CHECK(worst_difference(got.out, want.out) <= 1e-10);
+        CHECK(worst_difference(got.lse, want.lse) <= 1e-10);
+        CHECK(worst_difference(got.dqkv, want.dqkv) <= 1e-10);
+      }
+    }
+  }
+  // The reference itself tells windows apart: window 5 is not the plain causal attention.
+  const Layout l = layouts()[4];  // 200 tokens, no documents
+  const Case c = make_case(l, 1);
+  CHECK(worst_difference(windowed_reference(c.qkv, c.dout, l.B, l.T, kC, kNH, nullptr, 5).out,
+                         windowed_reference(c.qkv, c.dout, l.B, l.T, kC, kNH, nullptr, 0).out) >
+        1e-3);
+}
+
+// A window at least as long as the sequence hides nothing: the unwindowed op's bits on both
+// paths; a negative one is an error.
+TEST_CASE("a sliding window of T or more is none; a negative one is refused", "[tiled][window]") {
+  const Layout l{"documents", 2, 200, {{50, 80, 70}, {1, 62, 1, 136}}};
+  const Case c = make_case(l, 900);
+  const auto qkv = test::to_storage<float>(c.qkv);
+  const auto dout = test::to_storage<float>(c.dout);
+  for (const AttentionPath path : {AttentionPath::kFull, AttentionPath::kTiled}) {
+    const TiledRun<float> none = run_path<float>(qkv, dout, l.B, l.T, kC, kNH, c.doc_start(), path);
+    for (const int window : {l.T, l.T + 7}) {
+      const TiledRun<float> wide =
+          run_path<float>(qkv, dout, l.B, l.T, kC, kNH, c.doc_start(), path, window);
+      CHECK(std::memcmp(wide.out.data(), none.out.data(), none.out.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(wide.dqkv.data(), none.dqkv.data(), none.dqkv.size() * sizeof(float)) == 0);
+    }
+  }
+  std::vector<float> out(dout.size()), lse(static_cast<std::size_t>(l.B) * kNH * l.T),
+      ws(static_cast<std::size_t>(attention_forward_workspace<float>(l.B, l.T, kC, kNH)));
+  CHECK_THROWS_WITH(attention_forward<float>(out.data(), lse.data(), qkv.data(), l.B, l.T, kC, kNH,
+                                             ws.data(), c.doc_start(), -3),
+                    Catch::Contains("sliding window -3 is negative"));
+}
 
 TEST_CASE("the attention path: the threshold, the variable, the workspace", "[tiled]") {
   REQUIRE(std::getenv("ZRT_CPU_ATTENTION") == nullptr);

@@ -28,6 +28,19 @@ inline const nlohmann::json& llama_golden() {
   return doc;
 }
 
+#ifdef ZRT_LLAMA_WINDOW_GOLDEN
+// tests/golden/llama_window_golden.json (make_llama_window_golden.py): the same form, with sliding
+// windows.
+inline const nlohmann::json& llama_window_golden() {
+  static const nlohmann::json doc = [] {
+    std::ifstream in(ZRT_LLAMA_WINDOW_GOLDEN);
+    ZRT_CHECK(in.good(), "cannot open {}", ZRT_LLAMA_WINDOW_GOLDEN);
+    return nlohmann::json::parse(in);
+  }();
+  return doc;
+}
+#endif
+
 inline llama::LlamaConfig case_config(const nlohmann::json& g) {
   const auto& d = g["dims"];
   llama::LlamaConfig c;
@@ -45,6 +58,8 @@ inline llama::LlamaConfig case_config(const nlohmann::json& g) {
   c.rope_theta = d["rope_theta"];
   c.tie_word_embeddings = d["tie_word_embeddings"];
   c.attention_bias = d["attention_bias"];
+  c.sliding_window = d.value("sliding_window", 0);
+  c.max_window_layers = d.value("max_window_layers", 0);
   if (d.contains("rope_scaling")) {
     const auto& r = d["rope_scaling"];
     c.rope_scaling.rope_type = r["rope_type"];

@@ -200,6 +200,39 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 0);
   qwen["max_window_layers"] = 21;
   CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 32768);
+  CHECK(HfConfig::parse(qwen.dump(), "x").max_window_layers == 21);
+  // config.json's own layer_types (transformers 5 writes it): the sliding layers must be a suffix,
+  // which sets the first one; anything else is refused, naming the layer.
+  {
+    json typed = qwen;
+    typed["layer_types"] = json::array();
+    for (int i = 0; i < 24; ++i)
+      typed["layer_types"].push_back(i < 20 ? "full_attention" : "sliding_attention");
+    CHECK(HfConfig::parse(typed.dump(), "x").max_window_layers == 20);
+    typed["layer_types"][22] = "full_attention";
+    fails(typed, "full_attention at layer 22 after sliding_attention at layer 20");
+    typed["layer_types"][22] = "chunked_attention";
+    fails(typed, "layer_types[22] is \"chunked_attention\"");
+    typed["layer_types"] = {"full_attention"};
+    fails(typed, "layer_types must list the 24 layers");
+  }
+  // A window switched on with no size: none (Qwen2Config's sliding_window null).
+  qwen["sliding_window"] = nullptr;
+  CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 0);
+  // Qwen2-MoE windows every other layer below max_window_layers: refused, not trained wrongly.
+  {
+    json moe = json::parse(text_of(fixture("qwen2.5-0.5b.json")));
+    moe["model_type"] = "qwen2_moe";
+    moe["num_experts"] = 4;
+    moe["num_experts_per_tok"] = 2;
+    moe["moe_intermediate_size"] = 64;
+    moe["shared_expert_intermediate_size"] = 128;
+    moe["use_sliding_window"] = true;
+    moe["max_window_layers"] = 4;
+    fails(moe, "every other layer");
+    moe["max_window_layers"] = 0;
+    CHECK(HfConfig::parse(moe.dump(), "x").sliding_window == 0);
+  }
   // Mistral without the key: MistralConfig's default window, 4096; Mixtral's defaults (eps
   // 1e-5, theta 1e6) where its keys are absent.
   mistral.erase("sliding_window");

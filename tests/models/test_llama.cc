@@ -88,8 +88,10 @@ struct Rig {
   }
 };
 
-TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][golden]") {
-  for (const auto& g : golden()["cases"]) {
+// One golden case (make_llama_golden.py's form): the parameter table, every layer's output, the
+// logits, the loss and every gradient against transformers', and the rotary table.
+void check_golden_case(const nlohmann::json& g) {
+  {
     const std::string label = g["label"];
     INFO(label);
     const LlamaConfig config = case_config(g);
@@ -157,6 +159,27 @@ TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][g
     WARN(label << " vs transformers: loss " << loss << " (" << want_loss
                << "), worst relative error of a layer output or gradient " << worst << ", logits "
                << logits_err);
+  }
+}
+
+TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][golden]") {
+  for (const auto& g : golden()["cases"]) check_golden_case(g);
+}
+
+// tests/golden/llama_window_golden.json (make_llama_window_golden.py, transformers 5): Mistral
+// with a 5-token window on both layers and Qwen2 with a 4-token window from max_window_layers 1
+// on, over 12-token sequences, so that most rows see only part of their causal context and a
+// model that ignored the window (or applied it to Qwen2's first layer) would miss by far more
+// than the tolerances (the loss without the window differs in the second digit).
+TEST_CASE("Mistral and Qwen2 sliding windows match transformers layer by layer (fp32)",
+          "[llama][golden][window]") {
+  const auto& cases = test::llama_window_golden()["cases"];
+  REQUIRE(cases.size() == 2);
+  for (const auto& g : cases) {
+    const LlamaConfig config = case_config(g);
+    REQUIRE(config.sliding_window > 0);
+    REQUIRE(config.sliding_window < static_cast<int>(g["T"]));
+    check_golden_case(g);
   }
 }
 
@@ -295,15 +318,32 @@ TEST_CASE("Llama-family config errors name the key", "[llama]") {
                                        "vocab_size=16,max_position_embeddings=32,"
                                        "attention_bias=false"),
                     Catch::Contains("attention_bias"));
-  // Mistral's sliding window shorter than the sequence is refused, not ignored.
+  // Sliding windows: Mistral's on every layer, Qwen2's from max_window_layers on; a negative
+  // window or first layer, or max_window_layers on another architecture, is refused.
   const std::string mistral =
-      "hidden_size=32,intermediate_size=64,num_hidden_layers=1,num_attention_heads=4,"
+      "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,"
       "num_key_value_heads=2,vocab_size=16,max_position_embeddings=64,seq_len=64";
-  CHECK_THROWS_WITH(LlamaConfig::parse("mistral", mistral + ",sliding_window=16"),
-                    Catch::Contains("sliding_window=16"));
+  const LlamaConfig windowed = LlamaConfig::parse("mistral", mistral + ",sliding_window=16");
+  CHECK(windowed.layer_window(0) == 16);
+  CHECK(windowed.layer_window(1) == 16);
+  CHECK_THAT(windowed.describe(), Catch::Contains("window 16"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("mistral", mistral + ",sliding_window=-1"),
+                    Catch::Contains("sliding_window=-1"));
+  CHECK_THROWS_WITH(
+      LlamaConfig::parse("mistral", mistral + ",sliding_window=16,max_window_layers=1"),
+      Catch::Contains("max_window_layers=1") && Catch::Contains("Qwen2's"));
+  const LlamaConfig qwen = LlamaConfig::parse(
+      "qwen2", mistral + ",attention_bias=true,sliding_window=16,max_window_layers=1");
+  CHECK(qwen.layer_window(0) == 0);
+  CHECK(qwen.layer_window(1) == 16);
+  CHECK_THAT(qwen.describe(), Catch::Contains("window 16 from layer 1"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("qwen2", mistral + ",attention_bias=true,"
+                                                          "sliding_window=16,max_window_layers=-2"),
+                    Catch::Contains("max_window_layers=-2"));
   const LlamaConfig ok = LlamaConfig::parse("mistral", mistral + ",sliding_window=64");
   CHECK(ok.head_dim == 8);
   CHECK(ok.num_key_value_heads == 2);
+  CHECK_THAT(ok.describe(), !Catch::Contains("window"));  // as long as the sequence: none
   // config.json's defaults: no num_key_value_heads is multi-head attention.
   CHECK(LlamaConfig::parse("llama",
                            "hidden_size=32,intermediate_size=64,num_hidden_layers=1,"

@@ -104,7 +104,8 @@ TEST_CASE("Llama block errors name the key", "[llama][registry]") {
   CHECK_THROWS_WITH(builtin_models().resolve(m), Catch::Contains("unknown Llama-family preset"));
   m.preset = "qwen2.5-0.5b";
   CHECK_THROWS_WITH(builtin_models().resolve(m), Catch::Contains("is a qwen2 model"));
-  // Mistral with a sliding window shorter than the sequence: an error, not ignored.
+  // Mistral with a sliding window shorter than the sequence: taken (the window is in the model's
+  // description); max_window_layers is Qwen2's and refused for Mistral, naming the key.
   const Config mistral = parse_config(config_with_model({{"type", "mistral"},
                                                          {"hidden_size", 64},
                                                          {"intermediate_size", 128},
@@ -116,8 +117,10 @@ TEST_CASE("Llama block errors name the key", "[llama][registry]") {
                                                          {"seq_len", 256},
                                                          {"sliding_window", 128}}),
                                       1, "run.json");
-  CHECK_THROWS_WITH(builtin_models().resolve(mistral.model),
-                    Catch::Contains("sliding_window=128") && Catch::Contains("seq_len=256"));
+  CHECK_THAT(builtin_models().resolve(mistral.model)->describe(), Catch::Contains("window 128"));
+  ModelConfig qwen_only = mistral.model;
+  qwen_only.max_window_layers = 1;
+  CHECK_THROWS_WITH(builtin_models().resolve(qwen_only), Catch::Contains("max_window_layers=1"));
   ModelConfig fits = mistral.model;
   fits.seq_len = 128;
   CHECK(builtin_models().resolve(fits)->type() == "mistral");

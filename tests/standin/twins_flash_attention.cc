@@ -8,8 +8,10 @@
 // in place), their dK/dV a block per key/value head summing its group. The
 // kernels round probabilities and dS to 16 bits before their products; the twins do not, so on
 // the stand-in these ops equal the CPU backend's to fp32 rounding (the GPU parity test bounds the
-// kernels' own rounding). Each kernel comes as kDocs false (doc_start must be null: one document
-// per sequence) and true (doc_start (B,T) must be given: query t sees keys [doc_start[t], t]).
+// kernels' own rounding). Each kernel comes as kDocs false (doc_start must be null and window 0:
+// one document per sequence, no window) and true (doc_start (B,T) or a sliding window W or both
+// given: query t sees keys [max(doc_start[t], t - W + 1), t]).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -67,18 +69,29 @@ struct Instance {
   int hs, cols;
 };
 
-// The first key query t of sequence b sees: doc_start[b*T + t], or 0 without documents.
-int first_key(const std::int32_t* doc_start, int b, int T, int t) {
-  return doc_start != nullptr ? doc_start[I64{b} * T + t] : 0;
+// A launch's packed documents (doc_start (B,T) or null) and sliding window (0: none).
+struct Keys {
+  const std::int32_t* doc_start;
+  int window;
+};
+
+// The first key query t of sequence b sees: doc_start[b*T + t] (0 without documents), or
+// t - window + 1 when the window starts later.
+int first_key(const Keys& keys, int b, int T, int t) {
+  const int doc = keys.doc_start != nullptr ? keys.doc_start[I64{b} * T + t] : 0;
+  return keys.window > 0 ? std::max(doc, t - keys.window + 1) : doc;
 }
 
-// The launch's doc_start against its instantiation, and its values against the packing rule
-// (kernels/cpu/documents.h), which the kernels rely on and do not check.
-void check_documents(KernelCall& k, bool docs, const std::int32_t* doc_start, int B, int T) {
-  k.require(docs == (doc_start != nullptr),
-            docs ? "the kDocs kernel launched without doc_start"
-                 : "doc_start given to the kernel built without documents");
-  if (doc_start != nullptr) k.reads(doc_start, I64{B} * T * 4, "doc_start");
+// The launch's doc_start and window against its instantiation, and doc_start's values against
+// the packing rule (kernels/cpu/documents.h), which the kernels rely on and do not check.
+void check_documents(KernelCall& k, bool docs, const Keys& keys, int B, int T) {
+  k.require(docs == (keys.doc_start != nullptr || keys.window > 0),
+            docs ? "the kDocs kernel launched without doc_start or a window"
+                 : "doc_start or a window given to the kernel built without documents");
+  k.require(keys.window >= 0 && keys.window < T,
+            fmt::format("window {} outside [0, T = {}) (kernels/ops.h passes a longer one as 0)",
+                        keys.window, T));
+  if (keys.doc_start != nullptr) k.reads(keys.doc_start, I64{B} * T * 4, "doc_start");
 }
 void check_packing(const std::string& name, const std::int32_t* doc_start, int B, int T) {
   if (doc_start == nullptr) return;
@@ -175,13 +188,13 @@ void declare(KernelCall& k, const Rows<P>& r, const Shape& s, I64 ss, bool write
 // Probabilities p[t][u] of one (b,h) from q, k and lse: exp(s/sqrt(hs) - lse), 0 for u > t and
 // for u before t's document.
 template <typename S>
-std::vector<float> probs(const Rows<const S>& in, const float* lse, const std::int32_t* doc_start,
+std::vector<float> probs(const Rows<const S>& in, const float* lse, const Keys& keys,
                          const Shape& s, int b, int h) {
   std::vector<float> p(static_cast<std::size_t>(s.T) * s.T, 0.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
   for (int t = 0; t < s.T; ++t) {
     const S* q = in.q_row(s, b, t, h);
-    for (int u = first_key(doc_start, b, s.T, t); u <= t; ++u) {
+    for (int u = first_key(keys, b, s.T, t); u <= t; ++u) {
       const S* k = in.k_row(s, b, u, h);
       float dot = 0.0f;
       for (int d = 0; d < s.hs; ++d) dot += ld(q[d]) * ld(k[d]);
@@ -195,12 +208,11 @@ std::vector<float> probs(const Rows<const S>& in, const float* lse, const std::i
 // dS[t][u] = p (dout_t . v_u - D_t) of one (b,h), over the keys t sees.
 template <typename S>
 std::vector<float> dscores(const std::vector<float>& p, const S* dout, const Rows<const S>& in,
-                           const float* rowdot, const std::int32_t* doc_start, const Shape& s,
-                           int b, int h) {
+                           const float* rowdot, const Keys& keys, const Shape& s, int b, int h) {
   std::vector<float> ds(p.size(), 0.0f);
   for (int t = 0; t < s.T; ++t) {
     const S* dy = dout + (I64{b} * s.T + t) * s.C + h * s.hs;
-    for (int u = first_key(doc_start, b, s.T, t); u <= t; ++u) {
+    for (int u = first_key(keys, b, s.T, t); u <= t; ++u) {
       const S* v = in.v_row(s, b, u, h);
       float dp = 0.0f;
       for (int d = 0; d < s.hs; ++d) dp += ld(dy[d]) * ld(v[d]);
@@ -213,15 +225,14 @@ std::vector<float> dscores(const std::vector<float>& p, const S* dout, const Row
 
 // The forward: out (B,T,C) and lse (B,NH,T).
 template <typename S>
-void forward(S* out, float* lse, const Rows<const S>& in, const std::int32_t* doc_start,
-             const Shape& s) {
+void forward(S* out, float* lse, const Rows<const S>& in, const Keys& keys, const Shape& s) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
   std::vector<float> row(static_cast<std::size_t>(s.T));
   for (int b = 0; b < s.B; ++b) {
     for (int h = 0; h < s.NH; ++h) {
       for (int t = 0; t < s.T; ++t) {
         const S* q = in.q_row(s, b, t, h);
-        const int first = first_key(doc_start, b, s.T, t);
+        const int first = first_key(keys, b, s.T, t);
         float mx = -INFINITY;
         for (int u = first; u <= t; ++u) {
           const S* kr = in.k_row(s, b, u, h);
@@ -250,7 +261,7 @@ void forward(S* out, float* lse, const Rows<const S>& in, const std::int32_t* do
 // rounded once, as the mma kernel's registers do (group 1: the WMMA kernels' one head).
 template <typename S>
 void backward(bool dq_kernel, const Rows<S>& grads, const S* dout, const Rows<const S>& in,
-              const float* lse, const float* rowdot, const std::int32_t* doc_start, const Shape& s,
+              const float* lse, const float* rowdot, const Keys& keys, const Shape& s,
               float scale) {
   const int T = s.T, hs = s.hs;
   auto at = [&](int t, int u) { return static_cast<std::size_t>(t) * T + u; };
@@ -258,19 +269,19 @@ void backward(bool dq_kernel, const Rows<S>& grads, const S* dout, const Rows<co
     for (int kh = 0; kh < s.NH / s.group; ++kh) {
       std::vector<float> dk(static_cast<std::size_t>(T) * hs, 0.0f), dv(dk.size(), 0.0f);
       for (int h = kh * s.group; h < (kh + 1) * s.group; ++h) {
-        const std::vector<float> p = probs(in, lse, doc_start, s, b, h);
-        const std::vector<float> ds = dscores(p, dout, in, rowdot, doc_start, s, b, h);
+        const std::vector<float> p = probs(in, lse, keys, s, b, h);
+        const std::vector<float> ds = dscores(p, dout, in, rowdot, keys, s, b, h);
         for (int x = 0; x < T; ++x) {
           for (int d = 0; d < hs; ++d) {
             if (dq_kernel) {  // dq[x] = scale sum_u ds[x][u] k[u]
               float acc = 0.0f;
-              for (int u = first_key(doc_start, b, T, x); u <= x; ++u) {
+              for (int u = first_key(keys, b, T, x); u <= x; ++u) {
                 acc += ds[at(x, u)] * ld(in.k_row(s, b, u, h)[d]);
               }
               S* dq = grads.q_row(s, b, x, h) + d;
               *dq = st<S>(ld(*dq) + scale * acc);
             } else {  // dk[x] += sum_t ds[t][x] q[t]; dv[x] += sum_t p[t][x] dout[t]
-              for (int t = x; t < T && first_key(doc_start, b, T, t) <= x; ++t) {
+              for (int t = x; t < T && first_key(keys, b, T, t) <= x; ++t) {
                 dk[static_cast<std::size_t>(x) * hs + d] +=
                     ds[at(t, x)] * ld(in.q_row(s, b, t, h)[d]);
                 dv[static_cast<std::size_t>(x) * hs + d] +=
@@ -305,8 +316,7 @@ void check_scales(KernelCall& k, int hs, float scale, float scale_log2) {
 template <typename S>
 void backward_twin(KernelCall& k, const Instance& in, bool docs, const Rows<S>& grads,
                    const S* dout, const Rows<const S>& rows, const float* lse, const float* rowdot,
-                   int T, int C, int NH, float scale, float scale_log2,
-                   const std::int32_t* doc_start) {
+                   int T, int C, int NH, float scale, float scale_log2, const Keys& keys) {
   const I64 ss = sizeof(S);
   const bool dq_kernel = grads.q != nullptr;
   const Shape s = check_geometry(k, T, C, NH, rows.group, !dq_kernel, in);
@@ -316,11 +326,11 @@ void backward_twin(KernelCall& k, const Instance& in, bool docs, const Rows<S>& 
   declare(k, rows, s, ss, false, true, true);
   k.reads(lse, I64{s.B} * NH * T * 4, "lse");
   k.reads(rowdot, I64{s.B} * NH * T * 4, "rowdot");
-  check_documents(k, docs, doc_start, s.B, T);
+  check_documents(k, docs, keys, s.B, T);
   const std::string name = k.name();
   k.run([=] {
-    check_packing(name, doc_start, s.B, T);
-    backward<S>(dq_kernel, grads, dout, rows, lse, rowdot, doc_start, s, scale);
+    check_packing(name, keys.doc_start, s.B, T);
+    backward<S>(dq_kernel, grads, dout, rows, lse, rowdot, keys, s, scale);
   });
 }
 
@@ -332,23 +342,24 @@ void register_storage() {
   for (const bool docs : {false, true}) {
     // The WMMA forward (flash_attention.cu): the packed qkv.
     const Instance wmma{"flash_forward_kernel<$S, 64, $D>", 64, 64};
-    twin<S*, float*, const S*, int, int, int, float, const std::int32_t*>(
+    twin<S*, float*, const S*, int, int, int, float, const std::int32_t*, int>(
         sig("void " + kNs + with_docs(wmma.name, docs) +
-                "($S*, float*, $S const*, int, int, int, float, int const*)",
+                "($S*, float*, $S const*, int, int, int, float, int const*, int)",
             n),
         [ss, wmma, docs](KernelCall& k, S* out, float* lse, const S* qkv, int T, int C, int NH,
-                         float scale_log2, const std::int32_t* doc_start) {
+                         float scale_log2, const std::int32_t* doc_start, int window) {
+          const Keys keys{doc_start, window};
           const Shape s = check_geometry(k, T, C, NH, 1, false, wmma);
           k.require(std::fabs(scale_log2 * std::sqrt(static_cast<float>(s.hs)) - kLog2e) < 1e-6f,
                     "scale_log2");
           k.writes(out, I64{s.B} * T * C * ss, "out");
           k.writes(lse, I64{s.B} * NH * T * 4, "lse");
           k.reads(qkv, I64{s.B} * T * 3 * C * ss, "qkv");
-          check_documents(k, docs, doc_start, s.B, T);
+          check_documents(k, docs, keys, s.B, T);
           const std::string name = k.name();
           k.run([=] {
-            check_packing(name, doc_start, s.B, T);
-            forward<S>(out, lse, packed(qkv, C), doc_start, s);
+            check_packing(name, keys.doc_start, s.B, T);
+            forward<S>(out, lse, packed(qkv, C), keys, s);
           });
         });
     // The mma forward (flash_attention_mma.cu): q, k, v where they are; COLS as its ColumnSplit.
@@ -358,14 +369,15 @@ void register_storage() {
       const Instance in = item.first;
       const bool pipelined = item.second;
       twin<S*, float*, const S*, const S*, const S*, int, int, int, int, int, int, float,
-           const std::int32_t*>(
+           const std::int32_t*, int>(
           sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, float*, $S const*, $S const*, $S const*, int, int, int, int, int, int, "
-                  "float, int const*)",
+                  "float, int const*, int)",
               n),
           [ss, in, docs](KernelCall& k, S* out, float* lse, const S* q, const S* kp, const S* v,
                          int q_ld, int kv_ld, int group, int T, int C, int NH, float scale_log2,
-                         const std::int32_t* doc_start) {
+                         const std::int32_t* doc_start, int window) {
+            const Keys keys{doc_start, window};
             const Shape s = check_geometry(k, T, C, NH, group, false, in);
             k.require(std::fabs(scale_log2 * std::sqrt(static_cast<float>(s.hs)) - kLog2e) < 1e-6f,
                       "scale_log2");
@@ -373,11 +385,11 @@ void register_storage() {
             k.writes(out, I64{s.B} * T * C * ss, "out");
             k.writes(lse, I64{s.B} * NH * T * 4, "lse");
             declare(k, rows, s, ss, false, true, true);
-            check_documents(k, docs, doc_start, s.B, T);
+            check_documents(k, docs, keys, s.B, T);
             const std::string name = k.name();
             k.run([=] {
-              check_packing(name, doc_start, s.B, T);
-              forward<S>(out, lse, rows, doc_start, s);
+              check_packing(name, keys.doc_start, s.B, T);
+              forward<S>(out, lse, rows, keys, s);
             });
           });
     }
@@ -417,20 +429,21 @@ void register_storage() {
                                Instance{"flash_backward_dkdv_kernel<$S, 64, $D>", 64, 64}}) {
       const bool dq_kernel = std::string(in.name).find("_dq_") != std::string::npos;
       twin<S*, const S*, const S*, const float*, const float*, int, int, int, float, float,
-           const std::int32_t*>(
+           const std::int32_t*, int>(
           sig("void " + kNs + with_docs(in.name, docs) +
                   "($S*, $S const*, $S const*, float const*, float const*, int, int, int, float, "
-                  "float, int const*)",
+                  "float, int const*, int)",
               n),
           [dq_kernel, in, docs](KernelCall& k, S* dqkv, const S* dout, const S* qkv,
                                 const float* lse, const float* rowdot, int T, int C, int NH,
-                                float scale, float scale_log2, const std::int32_t* doc_start) {
+                                float scale, float scale_log2, const std::int32_t* doc_start,
+                                int window) {
             // The dQ kernel adds to dqkv's q part only, dK/dV to its k and v parts.
             const Rows<S> d = packed(dqkv, C);
             const Rows<S> grads = dq_kernel ? Rows<S>{d.q, nullptr, nullptr, d.q_ld, d.kv_ld, 1}
                                             : Rows<S>{nullptr, d.k, d.v, d.q_ld, d.kv_ld, 1};
             backward_twin<S>(k, in, docs, grads, dout, packed(qkv, C), lse, rowdot, T, C, NH, scale,
-                             scale_log2, doc_start);
+                             scale_log2, Keys{doc_start, window});
           });
     }
     // The mma dQ kernel: q, k, v where they are, dq with q's rows.
@@ -440,17 +453,18 @@ void register_storage() {
       const Instance in = item.first;
       const bool pipelined = item.second;
       twin<S*, const S*, const S*, const S*, const S*, int, int, int, const float*, const float*,
-           int, int, int, float, float, const std::int32_t*>(
+           int, int, int, float, float, const std::int32_t*, int>(
           sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, $S const*, $S const*, $S const*, $S const*, int, int, int, float const*, "
-                  "float const*, int, int, int, float, float, int const*)",
+                  "float const*, int, int, int, float, float, int const*, int)",
               n),
           [in, docs](KernelCall& k, S* dq, const S* dout, const S* q, const S* kp, const S* v,
                      int q_ld, int kv_ld, int group, const float* lse, const float* rowdot, int T,
-                     int C, int NH, float scale, float scale_log2, const std::int32_t* doc_start) {
+                     int C, int NH, float scale, float scale_log2, const std::int32_t* doc_start,
+                     int window) {
             backward_twin<S>(k, in, docs, Rows<S>{dq, nullptr, nullptr, q_ld, kv_ld, group}, dout,
                              Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
-                             scale, scale_log2, doc_start);
+                             scale, scale_log2, Keys{doc_start, window});
           });
     }
     // The mma dK/dV kernel: a block per key/value head, its group's sum; dk, dv with k's rows.
@@ -460,18 +474,18 @@ void register_storage() {
       const Instance in = item.first;
       const bool pipelined = item.second;
       twin<S*, S*, const S*, const S*, const S*, const S*, int, int, int, const float*,
-           const float*, int, int, int, float, float, const std::int32_t*>(
+           const float*, int, int, int, float, float, const std::int32_t*, int>(
           sig("void " + kNs + with_docs(in.name, docs, pipelined) +
                   "($S*, $S*, $S const*, $S const*, $S const*, $S const*, int, int, int, float "
-                  "const*, float const*, int, int, int, float, float, int const*)",
+                  "const*, float const*, int, int, int, float, float, int const*, int)",
               n),
           [in, docs](KernelCall& k, S* dk, S* dv, const S* dout, const S* q, const S* kp,
                      const S* v, int q_ld, int kv_ld, int group, const float* lse,
                      const float* rowdot, int T, int C, int NH, float scale, float scale_log2,
-                     const std::int32_t* doc_start) {
+                     const std::int32_t* doc_start, int window) {
             backward_twin<S>(k, in, docs, Rows<S>{nullptr, dk, dv, q_ld, kv_ld, group}, dout,
                              Rows<const S>{q, kp, v, q_ld, kv_ld, group}, lse, rowdot, T, C, NH,
-                             scale, scale_log2, doc_start);
+                             scale, scale_log2, Keys{doc_start, window});
           });
     }
   }

@@ -2,6 +2,7 @@
 // backend (gelu, residual, encoder forward) the CPU twin in kernels/cpu runs it; the others are
 // pieces of an op (a permutation, a softmax pass, a column-sum pass) and their twins here compute
 // exactly what the kernel writes, with the kernel's geometry rules.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
@@ -602,26 +603,32 @@ void register_gpt_twins() {
           }
         });
       });
-  // The packed-documents mask of the batched attention: -inf before each row's document start.
-  twin<float*, const std::int32_t*, long, int, int>(
-      kNs + "document_mask_kernel(float*, int const*, long, int, int)",
-      [](KernelCall& k, float* att, const std::int32_t* doc_start, long rows, int T, int NH) {
+  // The packed-documents and sliding-window mask of the batched attention: -inf before each
+  // row's first visible key.
+  twin<float*, const std::int32_t*, int, long, int, int>(
+      kNs + "document_mask_kernel(float*, int const*, int, long, int, int)",
+      [](KernelCall& k, float* att, const std::int32_t* doc_start, int window, long rows, int T,
+         int NH) {
         k.require_block(256);
         k.require_rows(rows, kRowsPerBlock, "rows");
         k.require(NH > 0 && T > 0 && rows % (I64{NH} * T) == 0,
                   fmt::format("rows {} are not B x NH {} x T {}", rows, NH, T));
+        k.require(doc_start != nullptr || window > 0, "launched with neither documents nor window");
+        k.require(window >= 0 && window < T,
+                  fmt::format("window {} outside [0, T = {})", window, T));
         k.writes(att, rows * T * 4, "att");
-        k.reads(doc_start, rows / NH * 4, "doc_start");
+        if (doc_start != nullptr) k.reads(doc_start, rows / NH * 4, "doc_start");
         const std::string name = k.name();
         k.run([=] {
           for (I64 r = 0; r < rows; ++r) {
             const int t = static_cast<int>(r % T);
             const I64 b = r / (I64{NH} * T);
-            const int first = doc_start[b * T + t];
+            int first = doc_start != nullptr ? doc_start[b * T + t] : 0;
             if (first < 0 || first > t) {
               fail(cudaErrorIllegalAddress, name,
                    fmt::format("doc_start[{}] = {} outside [0, {}]", b * T + t, first, t));
             }
+            if (window > 0) first = std::max(first, t - window + 1);
             for (int u = 0; u < first; ++u) att[r * T + u] = -INFINITY;
           }
         });

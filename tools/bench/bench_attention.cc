@@ -4,7 +4,9 @@
 // device, shapes and dtype (tools/bench/torch_attention_bench.py, FlashAttention-2's kernel on a
 // GPU), and the tensor throughput each reaches. With --documents K it also times the same shapes
 // with K equal documents packed into each sequence (doc_start, kernels/ops.h), beside the causal
-// call: the attention a packed fine-tuning step costs. A shape with a fifth number, B,T,NH,hs,NKV,
+// call: the attention a packed fine-tuning step costs. --window W gives every zrt call a sliding
+// window of W tokens (kernels/ops.h; torch's SDPA takes none, so its columns are then skipped).
+// A shape with a fifth number, B,T,NH,hs,NKV,
 // is grouped-query attention (gqa_attention_*, NKV key/value heads): on a GPU it also times the
 // packed path (KernelOptions::cuda_gqa_packed) the in-place fused kernels replace, and PyTorch's
 // SDPA gets NKV key/value heads (enable_gqa). Times are medians over --iters of the wall
@@ -43,7 +45,8 @@ namespace {
 
 struct Shape {
   int B, T, NH, hs;
-  int NKV = 0;  // key/value heads of grouped-query attention; 0: multi-head attention (qkv)
+  int NKV = 0;     // key/value heads of grouped-query attention; 0: multi-head attention (qkv)
+  int window = 0;  // --window: every zrt call's sliding window (kernels/ops.h); 0: none
 };
 
 // "B,T,NH,hs;B,T,NH,hs,NKV;..."
@@ -174,11 +177,11 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
     if (s.NKV > 0) {
       kernels::gqa_attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(), q,
                                      q + n * es, q + (n + kv) * es, s.B, s.T, s.NH, s.NKV, s.hs,
-                                     doc_start);
+                                     doc_start, s.window);
       return;
     }
     kernels::attention_forward(ctx, dtype, out.device<std::byte>(), lse.device<float>(), q, s.B,
-                               s.T, C, s.NH, doc_start);
+                               s.T, C, s.NH, doc_start, s.window);
   };
   // On a GPU the gradients are written as the models ask (GradWrite::kIntoZeros: cuDNN writes
   // them in place); their values do not matter to the timing, so they are not zeroed between
@@ -190,12 +193,12 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
       kernels::gqa_attention_backward(ctx, dtype, dq, dq + n * es, dq + (n + kv) * es,
                                       dout.device<std::byte>(), q, q + n * es, q + (n + kv) * es,
                                       out.device<std::byte>(), lse.device<float>(), s.B, s.T, s.NH,
-                                      s.NKV, s.hs, doc_start, write);
+                                      s.NKV, s.hs, doc_start, s.window, write);
       return;
     }
     kernels::attention_backward(ctx, dtype, dq, dout.device<std::byte>(), q,
                                 out.device<std::byte>(), lse.device<float>(), s.B, s.T, C, s.NH,
-                                doc_start, write);
+                                doc_start, s.window, write);
   };
   auto time = [&](bool with_backward) {
     std::vector<double> samples;
@@ -266,19 +269,22 @@ std::string tflops(double flops, double seconds) {
 
 int attention(int argc, char** argv) {
   Args args(argc, argv,
-            {"device", "dtype", "shapes", "iters", "documents", "no-torch", "python",
+            {"device", "dtype", "shapes", "iters", "documents", "window", "no-torch", "python",
              "torch-script", "help"});
   if (args.has("help")) {
     std::printf(
         "zrt-bench attention [--device cuda|cpu] [--dtype bf16] [--shapes "
         "\"B,T,NH,hs[,NKV];...\"]\n"
-        "                    [--iters 20] [--documents K] [--no-torch] [--python PATH]\n"
+        "                    [--iters 20] [--documents K] [--window W] [--no-torch] [--python "
+        "PATH]\n"
         "Causal attention forward and forward+backward: zrt's kernels (on a GPU also the\n"
         "batched-GEMM path the fused kernels replace) next to PyTorch's\n"
         "scaled_dot_product_attention on the same device (flash kernel on a GPU), with the\n"
         "TFLOP/s each reaches. --documents K also times each shape with K equal documents\n"
         "packed into every sequence (doc_start), beside the causal call (K documents are about\n"
-        "1/K of the causal attention work). A fifth number NKV makes the shape grouped-query\n"
+        "1/K of the causal attention work). --window W: a sliding window of W tokens on\n"
+        "every zrt call (torch's SDPA takes none: its columns are skipped). A fifth number NKV "
+        "makes the shape grouped-query\n"
         "attention with NKV key/value heads (Llama-3 8B: 1,4096,32,128,8); on a GPU its packed\n"
         "path (q and the repeated k, v in one tensor) is timed beside the in-place one.\n"
         "On a GPU the zrt columns are the staged fused kernels; the piped columns their\n"
@@ -294,7 +300,7 @@ int attention(int argc, char** argv) {
                               ? DeviceType::kCuda
                               : DeviceType::kCpu;
   const DType dtype = parse_dtype(args.get("dtype", "bf16"));
-  const std::vector<Shape> shapes =
+  std::vector<Shape> shapes =
       parse_shapes(args.get("shapes", type == DeviceType::kCuda ? "8,1024,12,64;1,4096,32,128"
                                                                 : "1,256,4,64;1,256,2,128"));
   const int iters = static_cast<int>(args.get_double("iters", 20));
@@ -306,7 +312,12 @@ int attention(int argc, char** argv) {
                 s.T);
     }
   }
-  const std::string python = args.has("no-torch") ? "" : find_python(args.get("python", ""));
+  const int window = static_cast<int>(args.get_double("window", 0));
+  if (window < 0) ZRT_THROW(InvalidArgument, "--window {}: at least 0 (0: none)", window);
+  for (Shape& s : shapes) s.window = window;
+  // torch's SDPA takes no sliding window: its columns would time another attention.
+  const bool no_torch = args.has("no-torch") || window > 0;
+  const std::string python = no_torch ? "" : find_python(args.get("python", ""));
   const std::string script =
       args.get("torch-script", "").empty()
           ? find_script("torch_attention_bench.py", ZRT_TORCH_ATTENTION_SCRIPT)
@@ -314,9 +325,10 @@ int attention(int argc, char** argv) {
   std::printf("# zrt-bench attention: causal, %s, %s; median of %d calls after 2 warm-ups\n",
               type == DeviceType::kCuda ? "cuda" : "cpu", dtype_name(dtype), iters);
   std::printf("# TFLOP/s: forward 4*B*NH*T^2*hs/2, backward 2.5x that; torch: %s\n",
-              args.has("no-torch") ? "skipped (--no-torch)"
-              : python.empty()     ? "not available (no python3 with torch)"
-                                   : (python + " " + script).c_str());
+              window > 0             ? "skipped (--window: SDPA takes no window)"
+              : args.has("no-torch") ? "skipped (--no-torch)"
+              : python.empty()       ? "not available (no python3 with torch)"
+                                     : (python + " " + script).c_str());
   const bool cuda = type == DeviceType::kCuda;
   const bool packed = documents > 1;
   const bool grouped =
@@ -325,6 +337,8 @@ int attention(int argc, char** argv) {
     std::printf("# --documents %d: each sequence packs %d equal documents (doc_start)\n", documents,
                 documents);
   }
+  if (window > 0)
+    std::printf("# --window %d: every zrt call has a sliding window of %d\n", window, window);
   std::vector<std::string> header = {"B,T,NH,hs",   "zrt_fwd_ms",         "zrt_fwd+bwd_ms",
                                      "zrt_TFLOP/s", "batched_fwd+bwd_ms", "batched/zrt_time"};
   if (cuda) {
