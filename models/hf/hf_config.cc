@@ -165,23 +165,35 @@ void read_moe(const json& doc, const std::string& path, HfConfig& c) {
   }
 }
 
+// The sliding_window of a config.json whose use_sliding_window is set: the key's value (null:
+// none), or, where the key is absent, the configuration class's default, 4096 (Qwen2Config,
+// Qwen2MoeConfig, Qwen3MoeConfig and MistralConfig alike).
+int window_or_default(const json& doc, const std::string& path) {
+  return doc.contains("sliding_window") ? Reader(doc, path).opt_int("sliding_window", 0) : 4096;
+}
+
 // Qwen2's and Qwen2-MoE's sliding window (transformers' layer_types): none unless
 // use_sliding_window and a sliding_window. Qwen2 windows the layers from max_window_layers on (or
 // those config.json's own layer_types marks sliding_attention, which must then be such a suffix);
 // Qwen2-MoE every other layer below max_window_layers, which zrt does not implement: refused.
 void read_qwen2_window(const json& doc, const std::string& path, HfConfig& c) {
   const Reader r(doc, path);
-  const int window = r.opt_int("sliding_window", 0);
-  if (!r.opt_bool("use_sliding_window", false) || window <= 0) return;
+  if (!r.opt_bool("use_sliding_window", false)) return;
+  const int window = window_or_default(doc, path);
+  if (window <= 0) return;
   const int L = c.num_hidden_layers;
   int first = std::max(r.opt_int("max_window_layers", 28), 0);
   if (c.model_type == "qwen2_moe") {
-    if (first > 0) {
+    bool typed_sliding = false;
+    if (r.has("layer_types") && doc["layer_types"].is_array()) {
+      for (const json& type : doc["layer_types"]) typed_sliding |= type == "sliding_attention";
+    }
+    if (first > 0 || typed_sliding) {
       ZRT_THROW(InvalidArgument,
-                "{}: use_sliding_window with max_window_layers {}: Qwen2-MoE then windows every "
-                "other layer below it, which zrt does not implement (set use_sliding_window "
-                "false, or max_window_layers 0 for no windowed layer)",
-                path, first);
+                "{}: use_sliding_window with max_window_layers {}{}: Qwen2-MoE then windows "
+                "every other layer below it, which zrt does not implement (set "
+                "use_sliding_window false, or max_window_layers 0 for no windowed layer)",
+                path, first, typed_sliding ? " (layer_types has sliding_attention)" : "");
     }
     return;
   }
@@ -256,7 +268,7 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
     // MistralForCausalLM's projections never take biases (an attention_bias key is ignored by
     // transformers too); a window absent from the file is MistralConfig's default, 4096.
     c.attention_bias = false;
-    c.sliding_window = doc.contains("sliding_window") ? r.opt_int("sliding_window", 0) : 4096;
+    c.sliding_window = window_or_default(doc, path);
   } else {
     // Llama, Mixtral and Qwen3-MoE: attention_bias puts biases on q, k, v and o_proj alike;
     // zrt's attention takes q/k/v biases only (Qwen2's form).
@@ -269,7 +281,7 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
     if (mixtral) c.sliding_window = r.opt_int("sliding_window", 0);
     // Qwen3-MoE's window applies to every layer when use_sliding_window is set.
     if (c.model_type == "qwen3_moe" && r.opt_bool("use_sliding_window", false)) {
-      c.sliding_window = r.opt_int("sliding_window", 0);
+      c.sliding_window = window_or_default(doc, path);
     }
   }
 }

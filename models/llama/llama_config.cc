@@ -209,6 +209,14 @@ void LlamaConfig::validate() const {
               "{} config {}: model.sliding_window={} must be positive (or 0: none)", architecture,
               name, sliding_window);
   }
+  // transformers' Llama attends over the whole sequence: a window would export (and load) as
+  // another model.
+  if (sliding_window > 0 && architecture == "llama") {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.sliding_window={} is not a Llama setting (transformers' "
+              "LlamaForCausalLM has no sliding window); model.type mistral or qwen2 has one",
+              architecture, name, sliding_window);
+  }
   if (max_window_layers < 0) {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.max_window_layers={} must be >= 0 (the first layer the window "

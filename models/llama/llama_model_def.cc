@@ -188,8 +188,9 @@ nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& 
   if (architecture == "qwen2") {
     // Qwen2Config drops sliding_window unless use_sliding_window, and applies it from
     // max_window_layers on.
-    hf["use_sliding_window"] = c.sliding_window > 0;
-    hf["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.num_hidden_layers;
+    const bool windowed = c.sliding_window > 0 && c.max_window_layers < c.num_hidden_layers;
+    hf["use_sliding_window"] = windowed;
+    hf["max_window_layers"] = windowed ? c.max_window_layers : c.num_hidden_layers;
   }
   hf["hidden_act"] = "silu";
   hf["torch_dtype"] = "float32";

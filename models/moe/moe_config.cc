@@ -335,6 +335,14 @@ void MoeConfig::validate() const {
               "{} config {}: model.sliding_window={} must be positive (or 0: none)", architecture,
               name, sliding_window);
   }
+  // transformers' Qwen2-MoE windows every other layer below max_window_layers: a window on every
+  // layer would export (and load) as another model.
+  if (sliding_window > 0 && architecture == "qwen2_moe") {
+    ZRT_THROW(InvalidArgument,
+              "{} config {}: model.sliding_window={} is not supported for qwen2_moe: transformers "
+              "windows every other layer below max_window_layers, which zrt does not implement",
+              architecture, name, sliding_window);
+  }
 }
 
 namespace {

@@ -335,9 +335,11 @@ TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits
   pipelined_options.cuda_attention_pipelined = true;
   for (int HS : {64, 128}) {
     for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {
-      for (const int mask : {0, 1, 2}) {  // none, documents, documents and a 37-token window
-        const bool documents = mask > 0;
-        const int window = mask == 2 ? 37 : 0;
+      // none, documents, documents and a 37-token window, the window alone (the pipelined dK/dV
+      // kernel then stores each query's first key itself, with no doc_start to copy from)
+      for (const int mask : {0, 1, 2, 3}) {
+        const bool documents = mask == 1 || mask == 2;
+        const int window = mask >= 2 ? 37 : 0;
         for (const DType dt : {DType::kBFloat16, DType::kFloat16}) {
           INFO("hs " << HS << ", " << NH << "/" << NKV << " heads"
                      << (documents ? ", documents, " : ", ") << "window " << window << ", "

@@ -26,6 +26,19 @@ inline const nlohmann::json& moe_golden() {
   return doc;
 }
 
+#ifdef ZRT_MOE_WINDOW_GOLDEN
+// tests/golden/moe_window_golden.json (make_moe_window_golden.py): Mixtral and Qwen3-MoE with a
+// 3-token sliding window, in moe_golden.json's form.
+inline const nlohmann::json& moe_window_golden() {
+  static const nlohmann::json doc = [] {
+    std::ifstream in(ZRT_MOE_WINDOW_GOLDEN);
+    ZRT_CHECK(in.good(), "cannot open {}", ZRT_MOE_WINDOW_GOLDEN);
+    return nlohmann::json::parse(in);
+  }();
+  return doc;
+}
+#endif
+
 inline moe::MoeConfig moe_case_config(const nlohmann::json& g) {
   const auto& d = g["dims"];
   moe::MoeConfig c;
@@ -50,6 +63,7 @@ inline moe::MoeConfig moe_case_config(const nlohmann::json& g) {
   c.decoder_sparse_step = d.value("decoder_sparse_step", 1);
   c.mlp_only_layers = d.value("mlp_only_layers", std::vector<int>{});
   c.attention_bias = c.architecture == "qwen2_moe";
+  c.sliding_window = d.value("sliding_window", 0);
   c.router_aux_loss_coef = g["router_aux_loss_coef"];
   c.seq_len = c.max_position_embeddings;
   return c;

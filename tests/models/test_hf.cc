@@ -216,9 +216,12 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
     typed["layer_types"] = {"full_attention"};
     fails(typed, "layer_types must list the 24 layers");
   }
-  // A window switched on with no size: none (Qwen2Config's sliding_window null).
+  // A window switched on with no size: none (Qwen2Config's sliding_window null); with no key at
+  // all, the class's default 4096.
   qwen["sliding_window"] = nullptr;
   CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 0);
+  qwen.erase("sliding_window");
+  CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 4096);
   // Qwen2-MoE windows every other layer below max_window_layers: refused, not trained wrongly.
   {
     json moe = json::parse(text_of(fixture("qwen2.5-0.5b.json")));
@@ -232,6 +235,8 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
     fails(moe, "every other layer");
     moe["max_window_layers"] = 0;
     CHECK(HfConfig::parse(moe.dump(), "x").sliding_window == 0);
+    moe["layer_types"] = {"sliding_attention", "full_attention"};
+    fails(moe, "layer_types has sliding_attention");
   }
   // Mistral without the key: MistralConfig's default window, 4096; Mixtral's defaults (eps
   // 1e-5, theta 1e6) where its keys are absent.

@@ -329,6 +329,8 @@ TEST_CASE("Llama-family config errors name the key", "[llama]") {
   CHECK_THAT(windowed.describe(), Catch::Contains("window 16"));
   CHECK_THROWS_WITH(LlamaConfig::parse("mistral", mistral + ",sliding_window=-1"),
                     Catch::Contains("sliding_window=-1"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("llama", mistral + ",sliding_window=16"),
+                    Catch::Contains("not a Llama setting"));
   CHECK_THROWS_WITH(
       LlamaConfig::parse("mistral", mistral + ",sliding_window=16,max_window_layers=1"),
       Catch::Contains("max_window_layers=1") && Catch::Contains("Qwen2's"));

@@ -115,9 +115,10 @@ struct Rig {
   }
 };
 
-TEST_CASE("Mixtral, Qwen2-MoE and Qwen3-MoE match transformers (fp32, derived bound)",
-          "[moe][golden]") {
-  for (const auto& g : test::moe_golden()["cases"]) {
+// One golden case (make_moe_golden.py's form): the parameter table, the logits, the loss and its
+// load-balancing term, every gradient, within kBound of transformers'.
+void check_moe_golden_case(const nlohmann::json& g) {
+  {
     const std::string label = g["label"];
     INFO(label);
     const MoeConfig config = test::moe_case_config(g);
@@ -161,6 +162,24 @@ TEST_CASE("Mixtral, Qwen2-MoE and Qwen3-MoE match transformers (fp32, derived bo
     CHECK(stats.max_tokens >= stats.min_tokens);
     WARN(label << " vs transformers: loss " << loss << " (" << g["loss"] << "), worst relative "
                << "error of the logits or a gradient " << worst << " (bound " << kBound << ")");
+  }
+}
+
+TEST_CASE("Mixtral, Qwen2-MoE and Qwen3-MoE match transformers (fp32, derived bound)",
+          "[moe][golden]") {
+  for (const auto& g : test::moe_golden()["cases"]) check_moe_golden_case(g);
+}
+
+// Mixtral's sliding_window and Qwen3-MoE's use_sliding_window (every layer, transformers 5) with a
+// 3-token window over 8-token sequences: most rows see part of their causal context (the loss
+// without the window differs in the second digit), within the same bound.
+TEST_CASE("Mixtral and Qwen3-MoE sliding windows match transformers (fp32, derived bound)",
+          "[moe][golden][window]") {
+  const auto& cases = test::moe_window_golden()["cases"];
+  REQUIRE(cases.size() == 2);
+  for (const auto& g : cases) {
+    REQUIRE(test::moe_case_config(g).sliding_window == 3);
+    check_moe_golden_case(g);
   }
 }
 

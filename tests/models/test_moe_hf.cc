@@ -247,6 +247,14 @@ TEST_CASE("MoE config errors name the key", "[moe]") {
                     Catch::Contains("model.capacity_factor=-1 must be a finite number >= 0"));
   const MoeConfig q = MoeConfig::parse("qwen2_moe", "qwen2-moe-tiny:mlp_only_layers=0+1");
   CHECK(q.num_moe_layers() == 0);
+  // Sliding windows: Mixtral's and Qwen3-MoE's on every layer; Qwen2-MoE's alternate (not
+  // implemented), refused by name.
+  CHECK(MoeConfig::parse("mixtral", "mixtral-tiny:sliding_window=16").sliding_window == 16);
+  CHECK(MoeConfig::parse("qwen3_moe", "qwen3-moe-tiny:sliding_window=16").sliding_window == 16);
+  CHECK_THROWS_WITH(MoeConfig::parse("qwen2_moe", "qwen2-moe-tiny:sliding_window=16"),
+                    Catch::Contains("model.sliding_window=16 is not supported for qwen2_moe"));
+  CHECK_THROWS_WITH(MoeConfig::parse("mixtral", "mixtral-tiny:sliding_window=-4"),
+                    Catch::Contains("model.sliding_window=-4"));
 }
 
 }  // namespace

@@ -143,10 +143,10 @@ struct Job {
   int seq_len = kT;
   std::string checkpoint;  // the "checkpoint" block, if any
   std::string model_type = "llama";
-  std::string preset = "llama-tiny";
-  std::string comm;        // the "comm" block, if any
-  std::string model_keys;  // more keys of the "model" block (", \"key\": value, ...")
-  std::string top_keys;    // more top-level keys ("\"key\": value," ...)
+  std::string preset = "llama-tiny";  // empty: none (the dimensions in model_keys)
+  std::string comm;                   // the "comm" block, if any
+  std::string model_keys;             // more keys of the "model" block (", \"key\": value, ...")
+  std::string top_keys;               // more top-level keys ("\"key\": value," ...)
   // make_sp_golden.py's weights (keyed on the parameter index), or the model's own initializer
   // (the same model at any expert-parallel degree, whose parameter table differs).
   bool golden_weights = true;
@@ -184,8 +184,9 @@ inline std::string config_text(const fs::path& shared, const std::string& name, 
          job.zero + R"(,
     "optimizer": {"type": "Adam", "params": {"lr": 0.003, "weight_decay": 0.0}},
     "model": {"type": ")" +
-         job.model_type + R"(", "preset": ")" + job.preset + R"(", "seq_len": )" +
-         std::to_string(job.seq_len) + R"(, "activation_checkpointing": )" +
+         job.model_type + R"(", )" +
+         (job.preset.empty() ? std::string() : R"("preset": ")" + job.preset + R"(", )") +
+         R"("seq_len": )" + std::to_string(job.seq_len) + R"(, "activation_checkpointing": )" +
          (job.checkpointing ? "true" : "false") + job.model_keys + R"(},
     "data": {"train": ")" +
          data + R"(", "shuffle": false},

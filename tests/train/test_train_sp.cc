@@ -153,6 +153,53 @@ TEST_CASE("packed documents crossing chunk boundaries train as at sp 1", "[sp]")
   }
 }
 
+// Mistral's sliding window under sequence parallelism: llama-tiny's dimensions as a Mistral with
+// a 5-token window, over 32-token sequences cut into chunks of 16 (sp 2) and 8 (sp 4), so most
+// windows reach into the previous chunk. Attention runs on whole sequences after the all-to-alls,
+// so the window counts whole-sequence positions: sp 2 and 4 give sp 1's losses (the bound of the
+// packed-documents case above), on the plain corpus and on packed documents with loss masks. The
+// window matters: without it sp 1's losses differ by far more than the bound.
+TEST_CASE("a sliding window across the chunk boundaries trains as at sp 1", "[sp][window]") {
+  if (world_size() != 4) return;
+  write_data();
+  const std::string mistral_tiny =
+      R"(, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+      "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0)";
+  for (const bool sft : {false, true}) {
+    Run sp1;
+    for (int sp : {1, 2, 4}) {
+      Job job;
+      job.sp = sp;
+      job.sft = sft;
+      job.model_type = "mistral";
+      job.preset = "";
+      job.model_keys = mistral_tiny + R"(, "sliding_window": 5)";
+      job.accumulation = sp == 4 ? 2 : 1;
+      job.micro = sp / job.accumulation;
+      const std::string name =
+          std::string("window_") + (sft ? "sft" : "corpus") + "_sp" + std::to_string(sp);
+      INFO(name);
+      const Run r = train_run(name, job);
+      REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+      if (sp == 1) {
+        sp1 = r;
+        Job unwindowed = job;
+        unwindowed.model_keys = mistral_tiny;
+        const Run whole = train_run(name + "_nowindow", unwindowed);
+        double apart = 0;
+        for (std::size_t i = 0; i < whole.losses.size(); ++i) {
+          apart = std::max(apart, std::abs(whole.losses[i] - sp1.losses[i]) / sp1.losses[i]);
+        }
+        CHECK(apart > 1e-3);
+        continue;
+      }
+      CHECK(r.loss_tokens == sp1.loss_tokens);
+      check_losses(r.losses, sp1.losses, 1e-5);
+    }
+  }
+}
+
 TEST_CASE("a checkpoint saved at sp 4 resumes at sp 1, and one at sp 1 at sp 2", "[sp]") {
   if (world_size() != 4) return;
   write_data();
