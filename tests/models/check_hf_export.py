@@ -212,6 +212,53 @@ def part_transformers(args, arch):
     return 0
 
 
+def round_trip(args, cases, expect_config=None):
+    """Each (arch, config, model class): transformers' model saved, trained by zrt-train from it
+    (3 steps, 2 ranks, stage 3), exported, loaded back by transformers, its logits against
+    zrt-ckpt logits'. expect_config(arch, config.json) checks the exported config.json."""
+    import torch
+    import transformers
+    for arch, cfg, model_class in cases:
+        torch.manual_seed(0)
+        work = os.path.join(args.work, arch)
+        os.makedirs(work)
+        src = os.path.join(work, "hf_src")
+        start = model_class(cfg).eval()
+        start.save_pretrained(src, safe_serialization=True)
+        ckpt = train(args, work, {"init_from": src}, 3, 2, 3)
+        out = os.path.join(work, "hf_out")
+        export(args, ckpt, out)
+        if expect_config is not None:
+            with open(os.path.join(out, "config.json")) as f:
+                expect_config(arch, json.load(f))
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        check(not any("gate_up_proj" in name for name in header),
+              "%s: the export holds fused experts" % arch)
+        model, info = model_class.from_pretrained(out, output_loading_info=True)
+        model.eval()
+        for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+            check(not info.get(key), "%s: from_pretrained %s: %s" % (arch, key, info.get(key)))
+        moved = max((a - b).abs().max().item() for a, b in
+                    zip(model.state_dict().values(), start.state_dict().values()))
+        check(moved > 1e-3, "%s: the weights did not change in training (max change %g)"
+              % (arch, moved))
+        tokens = [(i * 37 + 11) % 256 for i in range(32)]
+        zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
+                              ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
+        ours = torch.tensor(zrt["logits"], dtype=torch.float64)
+        with torch.no_grad():
+            theirs = model(torch.tensor([tokens])).logits[0].double()
+        err = (ours - theirs).abs().max().item()
+        scale = theirs.abs().max().item()
+        print("%s, transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
+              (arch, transformers.__version__, scale, err))
+        # As the dense models' bound (fp32, a 2-layer 64-wide model); the routing takes the same
+        # experts (the router's top-k gaps are far above fp32 rounding at this init).
+        check(err <= 1e-5 * max(1.0, scale), "%s: logits differ by %g" % (arch, err))
+    return 0
+
+
 def part_transformers_moe(args):
     try:
         import torch
@@ -253,41 +300,76 @@ def part_transformers_moe(args):
     if not cases:
         print("skipped: transformers %s has none of the MoE models" % transformers.__version__)
         return SKIP
+    round_trip(args, cases)
+    print("ok: %s" % ", ".join(c[0] for c in cases))
+    return 0
+
+
+WINDOW = 8  # tokens: the round trip's 32-token logits see a quarter of their causal context
+
+
+def part_transformers_window(args):
+    """Sliding windows through the round trip (transformers v5's semantics: the hf-venv): Mistral
+    and Mixtral on every layer, Qwen2 from max_window_layers 1 on, Qwen3-MoE with
+    use_sliding_window; the export keeps the window (config.json), transformers' logits of the
+    exported model equal zrt's, and differ from the same weights without the window."""
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        print("skipped: %s lacks torch/transformers (%s)%s" % (sys.executable, e, V5_HINT))
+        return SKIP
+    if not transformers.is_torch_available() or not hasattr(transformers, "Qwen3MoeConfig"):
+        print("skipped: transformers %s in %s has no Qwen3-MoE or no torch%s" %
+              (transformers.__version__, sys.executable, V5_HINT))
+        return SKIP
+    common = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=32,
+                  tie_word_embeddings=False, rope_theta=10000.0, bos_token_id=255,
+                  eos_token_id=255, sliding_window=WINDOW)
+    moe = dict(common, router_aux_loss_coef=0.02)
+    cases = [
+        ("mistral", transformers.MistralConfig(intermediate_size=96, **common),
+         transformers.MistralForCausalLM),
+        ("qwen2", transformers.Qwen2Config(intermediate_size=96, use_sliding_window=True,
+                                           max_window_layers=1, **common),
+         transformers.Qwen2ForCausalLM),
+        ("mixtral", transformers.MixtralConfig(intermediate_size=48, num_local_experts=4,
+                                               num_experts_per_tok=2, **moe),
+         transformers.MixtralForCausalLM),
+        ("qwen3_moe", transformers.Qwen3MoeConfig(
+            intermediate_size=96, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=3,
+            norm_topk_prob=True, head_dim=16, use_sliding_window=True, **moe),
+         transformers.Qwen3MoeForCausalLM),
+    ]
+    for arch, cfg, _ in cases:
+        check(cfg.sliding_window == WINDOW, "%s: transformers dropped the window" % arch)
+
+    def expect_config(arch, exported):
+        check(exported.get("sliding_window") == WINDOW,
+              "%s: exported sliding_window %s" % (arch, exported.get("sliding_window")))
+        if arch in ("qwen2", "qwen3_moe"):
+            check(exported.get("use_sliding_window") is True,
+                  "%s: exported use_sliding_window %s" % (arch, exported.get("use_sliding_window")))
+        if arch == "qwen2":
+            check(exported.get("max_window_layers") == 1,
+                  "qwen2: exported max_window_layers %s" % exported.get("max_window_layers"))
+
+    round_trip(args, cases, expect_config)
+    # The window matters at these lengths: the same weights without it give other logits.
+    tokens = torch.tensor([[(i * 37 + 11) % 256 for i in range(32)]])
     for arch, cfg, model_class in cases:
-        torch.manual_seed(0)
-        work = os.path.join(args.work, arch)
-        os.makedirs(work)
-        src = os.path.join(work, "hf_src")
-        start = model_class(cfg).eval()
-        start.save_pretrained(src, safe_serialization=True)
-        ckpt = train(args, work, {"init_from": src}, 3, 2, 3)
-        out = os.path.join(work, "hf_out")
-        export(args, ckpt, out)
-        with open(os.path.join(out, "model.safetensors"), "rb") as f:
-            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        check(not any("gate_up_proj" in name for name in header),
-              "%s: the export holds fused experts" % arch)
-        model, info = model_class.from_pretrained(out, output_loading_info=True)
-        model.eval()
-        for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
-            check(not info.get(key), "%s: from_pretrained %s: %s" % (arch, key, info.get(key)))
-        moved = max((a - b).abs().max().item() for a, b in
-                    zip(model.state_dict().values(), start.state_dict().values()))
-        check(moved > 1e-3, "%s: the weights did not change in training (max change %g)"
-              % (arch, moved))
-        tokens = [(i * 37 + 11) % 256 for i in range(32)]
-        zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
-                              ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
-        ours = torch.tensor(zrt["logits"], dtype=torch.float64)
+        windowed = model_class.from_pretrained(os.path.join(args.work, arch, "hf_out")).eval()
+        fields = {k: v for k, v in windowed.config.to_dict().items() if k != "layer_types"}
+        fields.update(sliding_window=None, use_sliding_window=False)
+        whole_cfg = windowed.config.__class__(**fields)
+        whole = model_class(whole_cfg).eval()
+        whole.load_state_dict(windowed.state_dict())
         with torch.no_grad():
-            theirs = model(torch.tensor([tokens])).logits[0].double()
-        err = (ours - theirs).abs().max().item()
-        scale = theirs.abs().max().item()
-        print("%s, transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
-              (arch, transformers.__version__, scale, err))
-        # As the dense models' bound (fp32, a 2-layer 64-wide model); the routing takes the same
-        # experts (the router's top-k gaps are far above fp32 rounding at this init).
-        check(err <= 1e-5 * max(1.0, scale), "%s: logits differ by %g" % (arch, err))
+            apart = (windowed(tokens, use_cache=False).logits -
+                     whole(tokens, use_cache=False).logits).abs().max().item()
+        print("%s: max |logit with window - without| %.4g" % (arch, apart))
+        check(apart > 1e-3, "%s: the window changes no logit (%g)" % (arch, apart))
     print("ok: %s" % ", ".join(c[0] for c in cases))
     return 0
 
@@ -295,7 +377,8 @@ def part_transformers_moe(args):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--part", choices=["safetensors", "transformers", "transformers-llama",
-                                      "transformers-moe", "transformers-moe-v5"],
+                                      "transformers-moe", "transformers-moe-v5",
+                                      "transformers-window-v5"],
                    required=True)
     p.add_argument("--zrt-train", required=True)
     p.add_argument("--zrt-ckpt", required=True)
@@ -306,6 +389,8 @@ def main():
     os.makedirs(args.work)
     if args.part == "safetensors":
         return part_safetensors(args)
+    if args.part == "transformers-window-v5":
+        return part_transformers_window(args)
     if args.part.startswith("transformers-moe"):
         return part_transformers_moe(args)
     return part_transformers(args, "llama" if args.part == "transformers-llama" else "gpt2")
