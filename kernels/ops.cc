@@ -373,11 +373,11 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
-                                     raw(doc_start) != nullptr || window > 0) &&
-      cuda::cudnn_attention_forward(
-          ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
-          raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_forward(ctx,
+                                    {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
+                                     kernels.cudnn_deterministic, window},
+                                    raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
     return;
   }
   cuda::attention_forward(
@@ -415,12 +415,13 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   // cuDNN's forward, if it ran, left the same lse (natural log-sum-exp), so either backward
   // may follow it.
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
-                                     raw(doc_start) != nullptr || window > 0) &&
-      cuda::cudnn_attention_backward(
-          ctx, {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic},
-          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse),
-          dqkv_write == GradWrite::kIntoZeros)) {
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_backward(ctx,
+                                     {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
+                                      kernels.cudnn_deterministic, window},
+                                     raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr,
+                                     nullptr, raw(out), raw(lse),
+                                     dqkv_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::attention_backward(
@@ -771,11 +772,11 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
-                                     raw(doc_start) != nullptr || window > 0) &&
-      cuda::cudnn_attention_forward(
-          ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
-          raw(out), raw(lse), raw(q), raw(k), raw(v))) {
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_forward(ctx,
+                                    {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
+                                     kernels.cudnn_deterministic, window},
+                                    raw(out), raw(lse), raw(q), raw(k), raw(v))) {
     return;
   }
   cuda::gqa_attention_forward(
@@ -819,12 +820,12 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
-  if (cuda::cudnn_attention_may_take(ctx.options(), dtype,
-                                     raw(doc_start) != nullptr || window > 0) &&
-      cuda::cudnn_attention_backward(
-          ctx, {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic},
-          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse),
-          d_write == GradWrite::kIntoZeros)) {
+  if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
+      cuda::cudnn_attention_backward(ctx,
+                                     {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
+                                      kernels.cudnn_deterministic, window},
+                                     raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
+                                     raw(out), raw(lse), d_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::gqa_attention_backward(

@@ -112,8 +112,9 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 // path. With doc_start (packed documents, above) query t attends keys [doc_start[t], t]; the
 // CPU twin and the fused kernels skip the work outside the documents (a packed step costs about
 // its documents' attention), the batched path masks it; a sliding `window` (above) likewise,
-// the CPU's tiled path and the fused kernels skipping the key tiles before it (cuDNN's attention
-// is not asked for a windowed call). Both passes take the same doc_start and window.
+// the CPU's tiled path and the fused kernels skipping the key tiles before it (cuDNN's attention,
+// where asked for, takes it as its diagonal band's left bound; packed documents it is not asked
+// for). Both passes take the same doc_start and window.
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH, ConstTokens doc_start = {}, int window = 0);
 // dqkv_write: kAccumulate (the contract above) or kIntoZeros, the caller's promise that dqkv holds

@@ -76,9 +76,11 @@ struct GraphKey {
   int B, T, NH, NKV, hs;
   QkvLayout layout;
   bool deterministic;  // backward only (false in every forward key)
+  int window;          // sliding window; 0: none
   bool operator<(const GraphKey& o) const {
-    return std::tie(backward, dtype, B, T, NH, NKV, hs, layout, deterministic) <
-           std::tie(o.backward, o.dtype, o.B, o.T, o.NH, o.NKV, o.hs, o.layout, o.deterministic);
+    return std::tie(backward, dtype, B, T, NH, NKV, hs, layout, deterministic, window) <
+           std::tie(o.backward, o.dtype, o.B, o.T, o.NH, o.NKV, o.hs, o.layout, o.deterministic,
+                    o.window);
   }
 };
 
@@ -119,9 +121,10 @@ Extent qkv_extent(const GraphKey& key) {
 }
 
 std::string describe_key(const GraphKey& k) {
-  return fmt::format("{} B={} T={} heads {}/{} hs {} {}{}", k.backward ? "backward" : "forward",
+  return fmt::format("{} B={} T={} heads {}/{} hs {} {}{}{}", k.backward ? "backward" : "forward",
                      k.B, k.T, k.NH, k.NKV, k.hs, dtype_name(k.dtype),
-                     k.backward ? (k.deterministic ? " deterministic" : " non-deterministic") : "");
+                     k.backward ? (k.deterministic ? " deterministic" : " non-deterministic") : "",
+                     k.window > 0 ? fmt::format(" window {}", k.window) : "");
 }
 
 struct BuiltGraph {
@@ -157,6 +160,9 @@ std::shared_ptr<fe::graph::Graph> make_graph(const GraphKey& key, int sm_version
                        .set_generate_stats(true)
                        .set_causal_mask(true)
                        .set_attn_scale(scale);
+    // A sliding window: the keys k with q - k < window stay (the band's left bound, compared as
+    // col + bound > row), transformers' sliding_window mask.
+    if (key.window > 0) options.set_diagonal_band_left_bound(key.window);
     auto [o, lse] = graph->sdpa(q, k, vv, options);
     o->set_output(true).set_uid(kO).set_dim(v.out.dims).set_stride(v.out.strides);
     lse->set_output(true)
@@ -173,6 +179,7 @@ std::shared_ptr<fe::graph::Graph> make_graph(const GraphKey& key, int sm_version
                        .set_causal_mask(true)
                        .set_attn_scale(scale)
                        .set_deterministic_algorithm(key.deterministic);
+    if (key.window > 0) options.set_diagonal_band_left_bound(key.window);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, vv, o, dout, lse, options);
     // The gradients in q, k, v's own layout: in place, or in workspace laid out the same.
     dq->set_output(true).set_uid(kdQ).set_dim(v.q.dims).set_stride(v.q.strides);
@@ -261,7 +268,8 @@ const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key) {
 }
 
 GraphKey key_of(const CudnnAttentionShape& s, bool backward) {
-  return {backward, s.dtype, s.B, s.T, s.NH, s.NKV, s.hs, s.layout, backward && s.deterministic};
+  return {backward, s.dtype, s.B, s.T, s.NH, s.NKV, s.hs, s.layout, backward && s.deterministic,
+          s.window};
 }
 
 void execute(CudaKernelState& state, const BuiltGraph& built,

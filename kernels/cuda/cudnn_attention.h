@@ -43,12 +43,13 @@ struct CudnnAttentionShape {
   int B = 0, T = 0, NH = 0, NKV = 0, hs = 0;
   QkvLayout layout = QkvLayout::kSeparate;
   bool deterministic = true;  // the backward's algorithm
+  int window = 0;  // sliding window (kernels/ops.h; cuDNN's diagonal band left bound); 0: none
 };
 
 // Whether cuDNN attention may be asked for this call at all: the build has it, storage is
-// bf16 or fp16 and no mask beyond the causal one (`masked`: packed documents or a sliding window,
-// which the fused kernels take). Whether cuDNN then takes the shape is known
-// once its graph is built (the calls below).
+// bf16 or fp16 and no packed documents (`masked`, which zrt's fused kernels take; a sliding window
+// goes to cuDNN as its diagonal band's left bound: CudnnAttentionShape::window). Whether cuDNN then
+// takes the shape is known once its graph is built (the calls below).
 bool cudnn_attention_may_take(const KernelOptions& options, DType dtype, bool masked);
 
 // What the cuDNN frontend's own checks (dimensions, strides, data types, the attention's

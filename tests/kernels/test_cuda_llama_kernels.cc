@@ -411,6 +411,20 @@ TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda]
           INFO(what);
           CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 2);
           CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 2);
+          // A sliding window of 37 tokens (cuDNN's diagonal band left bound): the CPU twin's
+          // window, on cuDNN (counted), not handed back to zrt's kernels.
+          parity(
+              what + " window 37",
+              [&](Backend& be, DType dt, DType) {
+                return run_gqa(be, dt, 2, T, NH, NKV, HS, seed + 1, {}, true,
+                               GradWrite::kAccumulate, 37);
+              },
+              options);
+          Backend windowed(DeviceType::kCuda, options);
+          run_gqa(windowed, DType::kBFloat16, 2, T, NH, NKV, HS, seed + 1, {}, true,
+                  GradWrite::kAccumulate, 37);
+          CHECK(windowed.ctx->cuda()->cudnn_attention_forwards == 1);
+          CHECK(windowed.ctx->cuda()->cudnn_attention_backwards == 1);
         }
       }
     }

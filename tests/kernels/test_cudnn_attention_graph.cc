@@ -36,6 +36,10 @@ TEST_CASE("cuDNN attention's graphs pass the cuDNN frontend's checks at the mode
       // multi-head in the separate layout, and a group of 8 at head size 64
       {DType::kBFloat16, 2, 192, 4, 4, 64, QkvLayout::kSeparate, false},
       {DType::kFloat16, 2, 192, 8, 1, 64, QkvLayout::kSeparate, true},
+      // sliding windows (the diagonal band's left bound): Mistral-7B's 4096 at 8192 tokens, a
+      // small one on GPT-2's packed layout
+      {DType::kBFloat16, 1, 8192, 32, 8, 128, QkvLayout::kSeparate, true, 4096},
+      {DType::kBFloat16, 2, 1024, 12, 12, 64, QkvLayout::kPacked, true, 100},
   };
   // A100, H100/H200, B200.
   for (const int sm : {80, 90, 100}) {
@@ -43,7 +47,8 @@ TEST_CASE("cuDNN attention's graphs pass the cuDNN frontend's checks at the mode
       for (const bool backward : {false, true}) {
         INFO("sm_" << sm << " " << (backward ? "backward" : "forward") << " B=" << s.B
                    << " T=" << s.T << " heads " << s.NH << "/" << s.NKV << " hs " << s.hs
-                   << (s.layout == QkvLayout::kPacked ? " packed" : " separate"));
+                   << (s.layout == QkvLayout::kPacked ? " packed" : " separate") << " window "
+                   << s.window);
         const std::string reason = cudnn_attention_validate(s, backward, sm);
         INFO("the frontend says: " << reason);
         CHECK(reason.empty());
