@@ -902,6 +902,14 @@ class Parser {
                               "norm_topk_prob",        "decoder_sparse_step",
                               "mlp_only_layers",       "router_aux_loss_coef",
                               "router_z_loss_coef",    "capacity_factor"};
+    // Qwen2's first windowed layer: the mixtures of experts window every layer or none (Qwen2-MoE's
+    // alternating window is refused), and the model's own parser is not reached with init_from.
+    if (moe && has("model.max_window_layers")) {
+      fail("model.max_window_layers",
+           fmt::format("is not a key of model.type {} (it is Qwen2's, model.type qwen2: the "
+                       "mixtures of experts take a window on every layer, model.sliding_window)",
+                       m.type));
+    }
     if (!moe) {
       for (const char* name : moe_only) {
         const std::string path = std::string("model.") + name;

@@ -9,7 +9,8 @@
 // promises they hold zeros (GradWrite::kIntoZeros, as the models do), else into workspace, which
 // one element-wise pass adds in (cuDNN's outputs overwrite).
 //
-// bf16/fp16 only, one causal mask (no packed documents: those calls take zrt's kernels). Each
+// bf16/fp16 only, the causal mask and, with a sliding window, the band's left bound (no packed
+// documents: those calls, windowed or not, take zrt's kernels). Each
 // shape's graphs are built once per KernelContext, on first use (cuDNN may compile kernels at
 // run time: a few hundred ms) and kept; a shape cuDNN declines is remembered, logged once with
 // cuDNN's reason, and runs on zrt's kernels. The backward is deterministic unless

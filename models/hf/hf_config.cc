@@ -178,7 +178,22 @@ int window_or_default(const json& doc, const std::string& path) {
 // Qwen2-MoE every other layer below max_window_layers, which zrt does not implement: refused.
 void read_qwen2_window(const json& doc, const std::string& path, HfConfig& c) {
   const Reader r(doc, path);
-  if (!r.opt_bool("use_sliding_window", false)) return;
+  if (!r.opt_bool("use_sliding_window", false)) {
+    // transformers then has no window to give the layers layer_types marks sliding (it fails
+    // building their mask): refused rather than trained as full attention.
+    if (r.has("layer_types") && doc["layer_types"].is_array()) {
+      for (const json& type : doc["layer_types"]) {
+        if (type == "sliding_attention") {
+          ZRT_THROW(InvalidArgument,
+                    "{}: layer_types marks sliding_attention layers, but use_sliding_window is "
+                    "false (no window for them): set use_sliding_window true with a "
+                    "sliding_window, or mark every layer full_attention",
+                    path);
+        }
+      }
+    }
+    return;
+  }
   const int window = window_or_default(doc, path);
   if (window <= 0) return;
   const int L = c.num_hidden_layers;

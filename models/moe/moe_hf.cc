@@ -138,7 +138,11 @@ nlohmann::json hf_config_json(const MoeConfig& c) {
   hf["tie_word_embeddings"] = c.tie_word_embeddings;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
   // Qwen3MoeConfig drops sliding_window unless use_sliding_window (then every layer's).
-  if (c.architecture == "qwen3_moe") hf["use_sliding_window"] = c.sliding_window > 0;
+  // (transformers 4.51-4.57 window only the layers from max_window_layers on: 0, every one.)
+  if (c.architecture == "qwen3_moe") {
+    hf["use_sliding_window"] = c.sliding_window > 0;
+    if (c.sliding_window > 0) hf["max_window_layers"] = 0;
+  }
   hf["hidden_act"] = "silu";
   hf["num_experts_per_tok"] = c.num_experts_per_tok;
   hf["router_aux_loss_coef"] = c.router_aux_loss_coef;

@@ -826,12 +826,17 @@ TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
   }
   for (const bool deterministic : {true, false}) {
     options.cuda_attention_cudnn_deterministic = deterministic;
-    for (const AttentionIn& in :
-         {AttentionIn(2, 256, 128, 2), AttentionIn(2, 256, 256, 2), AttentionIn(2, 200, 256, 2)}) {
+    // The last two with a sliding window (cuDNN's diagonal band left bound): 37 and 100 tokens.
+    AttentionIn windowed64(2, 256, 128, 2), windowed128(2, 200, 256, 2);
+    windowed64.window = 37;
+    windowed128.window = 100;
+    for (const AttentionIn& in : {AttentionIn(2, 256, 128, 2), AttentionIn(2, 256, 256, 2),
+                                  AttentionIn(2, 200, 256, 2), windowed64, windowed128}) {
       for (const auto& [dt, tol] :
            {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
         INFO((deterministic ? "deterministic" : "non-deterministic")
-             << " backward, T " << in.T << ", hs " << in.C / in.NH << ", " << dtype_name(dt));
+             << " backward, T " << in.T << ", hs " << in.C / in.NH << ", window " << in.window
+             << ", " << dtype_name(dt));
         Gpu g(options);
         const Results got = gpu_attention(g, dt, dt, in);
         const Results want =
@@ -882,6 +887,12 @@ TEST_CASE("CUDA attention on cuDNN leaves packed documents to zrt's kernels",
   Gpu own(options);
   options.cuda_attention_cudnn = true;
   Gpu cudnn(options);
+  CHECK(gpu_attention(cudnn, DType::kBFloat16, DType::kBFloat16, in) ==
+        gpu_attention(own, DType::kBFloat16, DType::kBFloat16, in));
+  CHECK(cudnn.ctx->cuda()->cudnn_attention_forwards == 0);
+  CHECK(cudnn.ctx->cuda()->cudnn_attention_backwards == 0);
+  // Documents with a sliding window too: still zrt's kernels.
+  in.window = 37;
   CHECK(gpu_attention(cudnn, DType::kBFloat16, DType::kBFloat16, in) ==
         gpu_attention(own, DType::kBFloat16, DType::kBFloat16, in));
   CHECK(cudnn.ctx->cuda()->cudnn_attention_forwards == 0);

@@ -250,6 +250,28 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   mixtral.erase("rope_theta");
   CHECK(HfConfig::parse(mixtral.dump(), "x").rms_norm_eps == 1e-5);
   CHECK(HfConfig::parse(mixtral.dump(), "x").rope_theta == 1e6);
+  // Mixtral's window has no default (MixtralConfig's None); Qwen3-MoE's is 4096 once switched on.
+  mixtral.erase("sliding_window");
+  CHECK(HfConfig::parse(mixtral.dump(), "x").sliding_window == 0);
+  {
+    json qwen3 = mixtral;
+    qwen3.erase("num_local_experts");
+    qwen3["model_type"] = "qwen3_moe";
+    qwen3["num_experts"] = 8;
+    qwen3["moe_intermediate_size"] = 64;
+    CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 0);
+    qwen3["use_sliding_window"] = true;
+    CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 4096);
+    qwen3["sliding_window"] = 512;
+    CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 512);
+  }
+  // Qwen2 layers marked sliding with no window switched on: refused (transformers fails too).
+  {
+    json typed = json::parse(text_of(fixture("qwen2.5-0.5b.json")));
+    typed["layer_types"] = json::array();
+    for (int i = 0; i < 24; ++i) typed["layer_types"].push_back("sliding_attention");
+    fails(typed, "layer_types marks sliding_attention layers, but use_sliding_window is false");
+  }
   // A different model than the family's, refused rather than trained as another: a non-SiLU
   // MLP, MLP biases, Llama's attention_bias (q, k, v and o_proj in transformers).
   json llama = base;

@@ -93,6 +93,13 @@ TEST_CASE("Llama block errors name the key", "[llama][registry]") {
                                                     {"rope_scaling", {{"rope_type", "yarn"}}}}),
                                  1, "run.json"),
                     Catch::Contains("model.rope_scaling.rope_type"));
+  // Qwen2's first windowed layer on a mixture of experts (which windows every layer or none).
+  CHECK_THROWS_WITH(parse_config(config_with_model({{"type", "qwen3_moe"},
+                                                    {"preset", "qwen3-moe-tiny"},
+                                                    {"sliding_window", 16},
+                                                    {"max_window_layers", 1}}),
+                                 1, "run.json"),
+                    Catch::Contains("model.max_window_layers") && Catch::Contains("it is Qwen2's"));
   // Values are the entry's to judge, by key.
   ModelConfig m;
   m.type = "llama";
@@ -189,6 +196,64 @@ TEST_CASE("Llama hooks agree with the model and with arithmetic by hand", "[llam
   CHECK(l8b->activation_bytes(1, 8192, DType::kBFloat16, false) -
             l8b->activation_bytes(1, 8192, DType::kBFloat16, true) ==
         31 * block);
+}
+
+// Qwen2's window exports as transformers reads it: use_sliding_window only when some layer is
+// windowed (from max_window_layers on), and the exported config.json reads back to the same
+// window and first layer (a Qwen2Config with the window on and max_window_layers at or past the
+// last layer has no windowed layer: exported as off).
+TEST_CASE("a Qwen2 sliding window exports to config.json and reads back", "[llama][registry]") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / "zrt_qwen2_window_export_test";
+  for (const int first : {1, 2}) {
+    INFO("max_window_layers " << first << " of 2");
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const std::string keys =
+        "hidden_size=32,intermediate_size=64,num_hidden_layers=2,num_attention_heads=4,"
+        "num_key_value_heads=2,vocab_size=16,max_position_embeddings=64,seq_len=64,"
+        "attention_bias=true,sliding_window=16,max_window_layers=" +
+        std::to_string(first);
+    const auto def = builtin_models().parse_spec("qwen2", keys);
+    ExportInput input;
+    input.checkpoint = "ckpt";
+    input.config_json = nlohmann::json{{"model",
+                                        {{"type", "qwen2"},
+                                         {"hidden_size", 32},
+                                         {"intermediate_size", 64},
+                                         {"num_hidden_layers", 2},
+                                         {"num_attention_heads", 4},
+                                         {"num_key_value_heads", 2},
+                                         {"vocab_size", 16},
+                                         {"max_position_embeddings", 64},
+                                         {"seq_len", 64},
+                                         {"sliding_window", 16},
+                                         {"max_window_layers", first}}}}
+                            .dump();
+    for (const ParamSpec& p : def->parameters()) {
+      ExportTensor t;
+      t.name = p.name;
+      t.shape = p.shape;
+      t.values.assign(static_cast<std::size_t>(p.numel()), 0.5f);
+      input.tensors.push_back(std::move(t));
+    }
+    builtin_models().export_safetensors(input, (dir / "model.safetensors").string());
+    std::ifstream in(dir / "config.json");
+    const auto hf = nlohmann::json::parse(in);
+    CHECK(hf["use_sliding_window"] == (first < 2));
+    CHECK(hf["sliding_window"] == 16);
+    CHECK(hf["max_window_layers"] == (first < 2 ? first : 2));
+    ModelConfig back;
+    back.type = "qwen2";
+    back.init_from = dir.string();
+    const auto read = builtin_models().resolve(back);
+    if (first < 2) {
+      CHECK_THAT(read->describe(), Catch::Contains("window 16 from layer 1"));
+    } else {
+      CHECK_THAT(read->describe(), !Catch::Contains("window"));
+    }
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("a Llama checkpoint exports under transformers' names with its config.json",

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/hf/hf_config.h"
 #include "models/hf/hf_import.h"
 #include "models/hf/hf_weights.h"
 #include "models/model_registry.h"
@@ -231,6 +232,20 @@ TEST_CASE("MoE presets have the published parameter counts, total and active", "
     for (const ParamSpec& p : MoeModel::parameter_table(c)) sum += p.numel();
     CHECK(sum == c.num_parameters());
   }
+}
+
+// Qwen3-MoE's window exports with use_sliding_window (without it Qwen3MoeConfig drops the window)
+// and max_window_layers 0 (transformers 4.5x windows the layers from it on), and reads back.
+TEST_CASE("a Qwen3-MoE sliding window exports to config.json and reads back", "[moe]") {
+  const MoeConfig c = MoeConfig::parse("qwen3_moe", "qwen3-moe-tiny:sliding_window=16");
+  const nlohmann::json hf = hf_config_json(c);
+  CHECK(hf["use_sliding_window"] == true);
+  CHECK(hf["sliding_window"] == 16);
+  CHECK(hf["max_window_layers"] == 0);
+  CHECK(hf::HfConfig::parse(hf.dump(), "x").sliding_window == 16);
+  const nlohmann::json none = hf_config_json(MoeConfig::parse("qwen3_moe", "qwen3-moe-tiny"));
+  CHECK(none["use_sliding_window"] == false);
+  CHECK(hf::HfConfig::parse(none.dump(), "x").sliding_window == 0);
 }
 
 TEST_CASE("MoE config errors name the key", "[moe]") {

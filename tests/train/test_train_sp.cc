@@ -154,8 +154,9 @@ TEST_CASE("packed documents crossing chunk boundaries train as at sp 1", "[sp]")
 }
 
 // Mistral's sliding window under sequence parallelism: llama-tiny's dimensions as a Mistral with
-// a 5-token window, over 32-token sequences cut into chunks of 16 (sp 2) and 8 (sp 4), so most
-// windows reach into the previous chunk. Attention runs on whole sequences after the all-to-alls,
+// a 5-token window, over 32-token sequences cut into chunks of 16 (sp 2) and 8 (sp 4), so the
+// windows of a chunk's first 4 rows reach into the previous chunk (4 of 16 rows at sp 2, 4 of 8 at
+// sp 4). Attention runs on whole sequences after the all-to-alls,
 // so the window counts whole-sequence positions: sp 2 and 4 give sp 1's losses (the bound of the
 // packed-documents case above), on the plain corpus and on packed documents with loss masks. The
 // window matters: without it sp 1's losses differ by far more than the bound.

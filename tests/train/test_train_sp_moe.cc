@@ -106,6 +106,37 @@ TEST_CASE("mixtures of experts at sp 2 and 4 train to sp 1's losses", "[sp][moe]
 // AVX2 and scalar kernels alike), 17x under what an expert-data group over one sp position only
 // (each expert's gradient missing the other chunks' tokens) moves it by, 3.4e-5 (the last loss
 // only by 1.1e-5).
+// Mixtral's and Qwen3-MoE's sliding window (every layer) under sequence parallelism: a 5-token
+// window over the chunks of 16 (sp 2) and 8 (sp 4) tokens, whose first 4 rows' windows reach into
+// the previous chunk: sp 1's losses within the bound above; the window changes sp 1's losses.
+TEST_CASE("mixtures of experts with a sliding window at sp 2 and 4 train to sp 1's losses",
+          "[sp][moe][window]") {
+  if (world_size() != 4) return;
+  write_data(kShared);
+  for (const std::string preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    Run sp1;
+    for (int sp : {1, 2, 4}) {
+      Job job = moe_job(preset, sp);
+      job.model_keys += R"(, "sliding_window": 5)";
+      const std::string name = preset + "_window_sp" + std::to_string(sp);
+      INFO(name);
+      const Run r = train_moe(name, job);
+      REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+      if (sp == 1) {
+        sp1 = r;
+        const Run whole = train_moe(preset + "_nowindow_sp1", moe_job(preset, 1));
+        double apart = 0;
+        for (std::size_t i = 0; i < whole.losses.size(); ++i) {
+          apart = std::max(apart, std::abs(whole.losses[i] - sp1.losses[i]) / sp1.losses[i]);
+        }
+        CHECK(apart > 1e-3);
+        continue;
+      }
+      check_losses(r.losses, sp1.losses, 1e-5);
+    }
+  }
+}
+
 TEST_CASE("a mixture of experts at sp 2 with expert parallelism 2 trains to sp 1's losses",
           "[sp][moe]") {
   if (world_size() != 4) return;
