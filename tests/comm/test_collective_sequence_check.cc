@@ -85,6 +85,10 @@ TEST_CASE("sequence check: a rank that skips a collective stops every rank, nami
   if (f.size() < 2) return;  // nothing can differ on one rank
   Buffers b = buffers(f, 16);
   all_gather(f, b, 16);
+  // Done before the mismatch: the check throws at issue time, and this all-gather would otherwise
+  // still be running on the stream (the other ranks' halves arriving) when the error unwinds and
+  // frees its buffers (seen once in CI, on a loaded 2-core machine, as heap corruption).
+  f.stream->synchronize();
   // Rank 1 skips the all-gather the others issue (an expert with no token skipping its
   // reduction): without the check the others would wait for it until the timeout.
   const double seconds = expect_mismatch(
