@@ -1004,39 +1004,44 @@ TEST_CASE("CUDA attention with packed documents matches its CPU twin", "[cuda][d
               cpu_attention<bf16, float>, cpu_attention<bf16, bf16>, gpu_attention);
 }
 
+namespace {
+// The fused kernels (mma.sync, or WMMA with `wmma`) on `in` in bf16 and fp16 against the CPU twin
+// in the same storage: out and dqkv within the unpacked fused case's tolerances, lse within 1e-4,
+// and the same bits again (no atomics).
+void check_fused_against_twin(const AttentionIn& in, bool wmma) {
+  REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
+  KernelOptions options;
+  options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+  options.cuda_attention_wmma = wmma;
+  Gpu g(options);
+  for (const auto& [dt, tol] :
+       {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+    const Results want =
+        dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
+    const Results got = gpu_attention(g, dt, dt, in);
+    for (const char* name : {"out", "dqkv"}) {
+      const double err = test::rel_error(got.at(name), want.at(name));
+      INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
+                          << ")");
+      CHECK(err <= tol);
+    }
+    const double err = test::rel_error(got.at("lse"), want.at("lse"));
+    INFO(dtype_name(dt) << " lse: relative error " << err);
+    CHECK(err <= 1e-4);
+    CHECK(gpu_attention(g, dt, dt, in) == got);
+  }
+}
+}  // namespace
+
 // The fused kernels with documents, head sizes 64 (mma.sync and WMMA) and 128 (mma.sync). The
 // tolerances are the unpacked fused case's, for the same reason: the kernels round P and dS to
 // the storage type before their products (a row's window being its document changes neither
 // that rounding nor lse's fp32 sums, which get shorter).
 TEST_CASE("CUDA fused attention with packed documents matches its CPU twin", "[cuda][docs]") {
-  struct Case {
-    int C;
-    bool wmma;
-  };
-  for (const Case c : {Case{128, false}, Case{128, true}, Case{256, false}}) {
-    const AttentionIn in = with_documents(AttentionIn(2, 256, c.C, 2), kDocs256);
-    INFO("head size " << c.C / 2 << (c.wmma ? ", WMMA kernels" : ", mma.sync kernels"));
-    REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
-    KernelOptions options;
-    options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
-    options.cuda_attention_wmma = c.wmma;
-    Gpu g(options);
-    for (const auto& [dt, tol] :
-         {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
-      const Results want =
-          dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
-      const Results got = gpu_attention(g, dt, dt, in);
-      for (const char* name : {"out", "dqkv"}) {
-        const double err = test::rel_error(got.at(name), want.at(name));
-        INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
-                            << ")");
-        CHECK(err <= tol);
-      }
-      const double err = test::rel_error(got.at("lse"), want.at("lse"));
-      INFO(dtype_name(dt) << " lse: relative error " << err);
-      CHECK(err <= 1e-4);
-      CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
-    }
+  for (const auto& [C, wmma] :
+       {std::pair{128, false}, std::pair{128, true}, std::pair{256, false}}) {
+    INFO("head size " << C / 2 << (wmma ? ", WMMA kernels" : ", mma.sync kernels"));
+    check_fused_against_twin(with_documents(AttentionIn(2, 256, C, 2), kDocs256), wmma);
   }
 }
 
@@ -1058,34 +1063,15 @@ TEST_CASE("CUDA attention with a sliding window matches its CPU twin", "[cuda][w
     check_layer(packed, cpu_attention<float, float>, cpu_attention<bf16, float>,
                 cpu_attention<bf16, bf16>, gpu_attention);
   }
-  struct Case {
-    int C;
-    bool wmma;
-  };
-  for (const Case c : {Case{128, false}, Case{128, true}, Case{256, false}}) {
+  for (const auto& [C, wmma] :
+       {std::pair{128, false}, std::pair{128, true}, std::pair{256, false}}) {
     for (const bool documents : {false, true}) {
-      AttentionIn in = documents ? with_documents(AttentionIn(2, 256, c.C, 2), kDocs256)
-                                 : AttentionIn(2, 256, c.C, 2);
+      AttentionIn in = documents ? with_documents(AttentionIn(2, 256, C, 2), kDocs256)
+                                 : AttentionIn(2, 256, C, 2);
       in.window = documents ? 100 : 37;
-      INFO("head size " << c.C / 2 << (c.wmma ? ", WMMA kernels" : ", mma.sync kernels")
+      INFO("head size " << C / 2 << (wmma ? ", WMMA kernels" : ", mma.sync kernels")
                         << (documents ? ", documents" : "") << ", window " << in.window);
-      KernelOptions options;
-      options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
-      options.cuda_attention_wmma = c.wmma;
-      Gpu g(options);
-      for (const auto& [dt, tol] :
-           {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
-        const Results want =
-            dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
-        const Results got = gpu_attention(g, dt, dt, in);
-        for (const char* name : {"out", "dqkv"}) {
-          const double err = test::rel_error(got.at(name), want.at(name));
-          INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
-                              << ")");
-          CHECK(err <= tol);
-        }
-        CHECK(test::rel_error(got.at("lse"), want.at("lse")) <= 1e-4);
-      }
+      check_fused_against_twin(in, wmma);
     }
   }
 }

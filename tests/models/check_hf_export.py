@@ -147,6 +147,25 @@ def part_safetensors(args):
     return 0
 
 
+def compare_logits(args, ckpt, model, label):
+    """zrt-ckpt logits of `ckpt` against transformers' `model` on 32 fixed tokens."""
+    import torch
+    import transformers
+    tokens = [(i * 37 + 11) % 256 for i in range(32)]
+    zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
+                          ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
+    ours = torch.tensor(zrt["logits"], dtype=torch.float64)
+    with torch.no_grad():
+        theirs = model(torch.tensor([tokens])).logits[0].double()
+    err = (ours - theirs).abs().max().item()
+    scale = theirs.abs().max().item()
+    # fp32 forward of a 2-layer, 64-wide model, summed in other orders: each logit is a few
+    # hundred fp32 products deep; 1e-5 of the largest logit is ~100x fp32's epsilon.
+    print("%s, transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
+          (label, transformers.__version__, scale, err))
+    check(err <= 1e-5 * max(1.0, scale), "%s: logits differ by %g" % (label, err))
+
+
 def part_transformers(args, arch):
     try:
         import torch
@@ -195,19 +214,7 @@ def part_transformers(args, arch):
     moved = max((a - b).abs().max().item() for a, b in
                 zip(model.state_dict().values(), start.state_dict().values()))
     check(moved > 1e-3, "the weights did not change in training (max change %g)" % moved)
-    tokens = [(i * 37 + 11) % 256 for i in range(32)]
-    zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
-                          ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
-    ours = torch.tensor(zrt["logits"], dtype=torch.float64)
-    with torch.no_grad():
-        theirs = model(torch.tensor([tokens])).logits[0].double()
-    err = (ours - theirs).abs().max().item()
-    scale = theirs.abs().max().item()
-    # fp32 forward of a 2-layer, 64-wide model, summed in other orders: each logit is a few
-    # hundred fp32 products deep; 1e-5 of the largest logit is ~100x fp32's epsilon.
-    print("transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
-          (transformers.__version__, scale, err))
-    check(err <= 1e-5 * max(1.0, scale), "logits differ by %g" % err)
+    compare_logits(args, ckpt, model, arch)
     print("ok")
     return 0
 
@@ -243,19 +250,9 @@ def round_trip(args, cases, expect_config=None):
                     zip(model.state_dict().values(), start.state_dict().values()))
         check(moved > 1e-3, "%s: the weights did not change in training (max change %g)"
               % (arch, moved))
-        tokens = [(i * 37 + 11) % 256 for i in range(32)]
-        zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
-                              ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
-        ours = torch.tensor(zrt["logits"], dtype=torch.float64)
-        with torch.no_grad():
-            theirs = model(torch.tensor([tokens])).logits[0].double()
-        err = (ours - theirs).abs().max().item()
-        scale = theirs.abs().max().item()
-        print("%s, transformers %s: max |logit| %.4f, max |zrt - transformers| %.3g" %
-              (arch, transformers.__version__, scale, err))
-        # As the dense models' bound (fp32, a 2-layer 64-wide model); the routing takes the same
-        # experts (the router's top-k gaps are far above fp32 rounding at this init).
-        check(err <= 1e-5 * max(1.0, scale), "%s: logits differ by %g" % (arch, err))
+        # (The mixtures of experts: the routing takes the same experts, the router's top-k gaps
+        # being far above fp32 rounding at this init.)
+        compare_logits(args, ckpt, model, arch)
     return 0
 
 
