@@ -18,6 +18,7 @@
 #include "runtime/checkpoint/engine_state.h"
 #include "runtime/checkpoint/load_plan.h"
 #include "runtime/comm/mpi_runtime.h"
+#include "runtime/data/data_fingerprint.h"
 
 namespace zrt::train {
 
@@ -122,6 +123,17 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
     const checkpoint::CheckpointIndex index =
         checkpoint::load_engine(*dir, engine_, MPI_COMM_WORLD, config_.comm.timeout_s);
     train_stream_.restore(index.data);
+    // Files of the same sample count pass the restore; the fingerprint tells other files apart.
+    if (rank_ == 0 && !index.data.fingerprint.empty()) {
+      const std::string change =
+          describe_fingerprint_change(index.data.fingerprint, train_stream_.fingerprint());
+      if (!change.empty()) {
+        spdlog::warn(
+            "{}: data.train ({}) is not the data this checkpoint was saved with: {}. The run "
+            "continues from the saved sample index in the data as it is now",
+            *dir, train_stream_.dataset().pattern(), change);
+      }
+    }
     // The data order is part of the stream the checkpoint continues: the saved one wins, and a
     // config that asks for another is told so (rather than silently ignored).
     const bool order_changed = index.data.shuffle != config_.data.shuffle ||
@@ -193,7 +205,7 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
         config_.batch.train_batch_size);
   }
   // The data: the stream continues from the saved sample index of whatever data.train names
-  // now (the sample count is checked; other files of the same count are not).
+  // now (the sample count is checked, and the files' fingerprint in resume()).
   const nlohmann::json saved_data = saved.value("data", nlohmann::json::object());
   const nlohmann::json data_now = config_.document.value("data", nlohmann::json::object());
   for (const char* key : {"train", "document_mask", "document_separator"}) {

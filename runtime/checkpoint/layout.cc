@@ -202,6 +202,9 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   write_attr(root, "data_seq_len", std::int64_t{index.data.seq_len});
   write_attr(root, "data_group", index.data.group);
   write_attr(root, "data_num_samples", index.data.num_samples);
+  if (!index.data.fingerprint.empty()) {
+    write_attr(root, "data_fingerprint", index.data.fingerprint);
+  }
   write_attr(root, "scheduler", index.scheduler);
   write_attr(root, "config", index.config_json);
 
@@ -307,6 +310,9 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   index.data.seq_len = static_cast<int>(read_attr_int(root, "data_seq_len", path));
   index.data.group = read_attr_int(root, "data_group", path);
   index.data.num_samples = read_attr_int(root, "data_num_samples", path);
+  if (has_attr(root, "data_fingerprint")) {
+    index.data.fingerprint = read_attr_string(root, "data_fingerprint", path);
+  }
   index.scheduler = read_attr_string(root, "scheduler", path);
   index.config_json = read_attr_string(root, "config", path);
   if (index.world < 1 || index.world > (1 << 20) || index.stage < 0 || index.stage > 3 ||

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "runtime/data/data_fingerprint.h"
 #include "runtime/data/token_shard.h"
 
 namespace zrt {
@@ -161,7 +162,16 @@ DataStreamState DataStream::state() const {
   s.seq_len = dataset_->seq_len();
   s.group = dataset_->group();
   s.num_samples = dataset_->num_samples();
+  s.fingerprint = fingerprint();
   return s;
+}
+
+const std::string& DataStream::fingerprint() const {
+  if (!fingerprinted_) {
+    fingerprint_ = data_fingerprint(dataset_->paths());
+    fingerprinted_ = true;
+  }
+  return fingerprint_;
 }
 
 void DataStream::restore(const DataStreamState& state) {

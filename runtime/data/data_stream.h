@@ -38,6 +38,10 @@ struct DataStreamState {
   int seq_len = 0;
   std::int64_t group = 1;
   std::int64_t num_samples = 0;
+  // The files it ran over (data_fingerprint.h), compared with a warning at resume (a mismatch
+  // is at times deliberate, and the sample indices still address the data as it is); empty in
+  // checkpoints saved before it was recorded.
+  std::string fingerprint;
 };
 
 struct DataStreamOptions {
@@ -83,13 +87,18 @@ class DataStream {
 
   // The state to checkpoint, and its restore: throws DataError if it describes a stream over a
   // different dataset (T, group or number of samples), since the indices would mean other data.
+  // The state holds the dataset's fingerprint (read once, on the first call of either).
   DataStreamState state() const;
   void restore(const DataStreamState& state);
+  // data_fingerprint(dataset().paths()), computed on first use and kept. Call from one thread.
+  const std::string& fingerprint() const;
 
  private:
   const SampleSource* dataset_;
   DataStreamOptions options_;
   std::int64_t position_ = 0;
+  mutable std::string fingerprint_;
+  mutable bool fingerprinted_ = false;
 };
 
 // The keyed permutation behind shuffling: a bijection of [0, n), a pure function of

@@ -55,6 +55,8 @@ class SampleSource {
   virtual bool documents() const = 0;
   // One line for the log: how many samples of what, from how many files.
   virtual std::string describe() const = 0;
+  // The files it reads, in order (data_fingerprint.h fingerprints them for a resume's check).
+  virtual std::vector<std::string> paths() const = 0;
   // Makes reads throw DataError for a token >= vocab_size (0: only the source's own limits).
   virtual void set_vocab_size(int vocab_size) = 0;
   // Writes the row of sample `index` in [0, num_samples()). Throws DataError (naming the file)

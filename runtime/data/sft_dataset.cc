@@ -39,6 +39,12 @@ std::pair<int, std::int64_t> SftDataset::locate(std::int64_t index) const {
   return {static_cast<int>(shard), index - first_sample_[shard]};
 }
 
+std::vector<std::string> SftDataset::paths() const {
+  std::vector<std::string> out;
+  for (const SftShard& s : shards_) out.push_back(s.path());
+  return out;
+}
+
 std::string SftDataset::describe() const {
   return fmt::format("{} packed sequences of {} tokens ({} documents) in {} SFT shard(s)",
                      num_samples_, T_, num_documents_, shards_.size());

@@ -43,6 +43,7 @@ class SftDataset : public SampleSource {
   const std::vector<SftShard>& shards() const { return shards_; }
   // "<S> packed sequences of <T> tokens (<D> documents) in <n> SFT shard(s)".
   std::string describe() const override;
+  std::vector<std::string> paths() const override;
   // The shard of sample `index` in [0, num_samples()), and the sequence's index in it.
   std::pair<int, std::int64_t> locate(std::int64_t index) const;
 

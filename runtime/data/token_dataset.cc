@@ -159,6 +159,12 @@ void TokenDataset::read_sample(std::int64_t index, std::uint32_t* tokens) const 
   }
 }
 
+std::vector<std::string> TokenDataset::paths() const {
+  std::vector<std::string> out;
+  for (const ShardInfo& s : shards_) out.push_back(s.path);
+  return out;
+}
+
 std::string TokenDataset::describe() const {
   std::string line = fmt::format("{} windows of {} tokens in {} llm.c shard(s)", num_samples_,
                                  T_ + 1, shards_.size());

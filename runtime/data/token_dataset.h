@@ -91,6 +91,7 @@ class TokenDataset : public SampleSource {
 
   // "<S> windows of <T+1> tokens in <n> llm.c shard(s)[, documents split at <separator>]".
   std::string describe() const override;
+  std::vector<std::string> paths() const override;
 
   // Makes read_sample() and read_row() throw DataError on a token >= vocab_size (0: no check).
   void set_vocab_size(int vocab_size) override { vocab_size_ = vocab_size; }

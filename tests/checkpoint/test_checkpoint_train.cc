@@ -90,6 +90,7 @@ struct Job {
   nlohmann::json zero_extra = nlohmann::json::object();  // more zero_optimization keys
   int keep_last = 0;                                     // checkpoint.keep_last
   double fp16_loss_scale = 0.0;                          // fp16.loss_scale (0: dynamic)
+  std::string data;  // data.train (empty: the shared corpus, <root>/t_train_*.bin)
 };
 
 std::string shell(const std::string& cmd, int* status) {
@@ -120,7 +121,9 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
        {{"type", "WarmupLR"}, {"params", {{"warmup_num_steps", 4}, {"warmup_max_lr", 0.002}}}}},
       {"zero_optimization", {{"stage", job.stage}, {"reduce_bucket_size", 20000}}},
       {"model", {{"preset", "gpt2-tiny"}, {"seq_len", 32}}},
-      {"data", {{"train", (root() / "t_train_*.bin").string()}, {"shuffle", true}}},
+      {"data",
+       {{"train", job.data.empty() ? (root() / "t_train_*.bin").string() : job.data},
+        {"shuffle", true}}},
       {"train", {{"steps", job.steps}, {"log_interval", 1}}},
       {"device", {{"type", "cpu"}}},
       {"output_dir", out.string()},
@@ -651,6 +654,40 @@ TEST_CASE("a resume under a changed model block names the changed keys", "[model
   REQUIRE(launch("model_change", again, &text) == 0);
   CHECK_THAT(text, Catch::Contains("the model block differs from the one this checkpoint was "
                                    "saved with (model.n_head (unset) -> 2)"));
+  // The same data files: no word of them.
+  CHECK_THAT(text, !Catch::Contains("is not the data this checkpoint was saved with"));
+}
+
+// A resume over other files with the same sample count (a shard regenerated with other tokens
+// of the same length) passes the stream's restore, which compares counts; the fingerprint saved
+// with the checkpoint names the changed file.
+TEST_CASE("a resume over other data of the same size names the changed file", "[data-change]") {
+  const fs::path data = root() / "data_change_files";
+  fs::remove_all(data);
+  fs::create_directories(data);
+  auto write_data = [&](const std::string& sentence) {
+    std::string text;
+    while (text.size() < 20000) text += sentence;
+    text.resize(20000);
+    std::vector<std::uint16_t> tokens(text.begin(), text.end());
+    write_shard((data / "d_train_000000.bin").string(), tokens.data(), tokens.size());
+  };
+  write_data("In the beginning was the Word, and the Word was God. ");
+  Job j;
+  j.steps = 2;
+  j.save_interval = 2;
+  j.data = (data / "d_train_*.bin").string();
+  j.save_dir = (root() / "data_change_ckpt").string();
+  fs::remove_all(j.save_dir);
+  run_ok("data_change", j);
+  write_data("All the world's a stage, and all the men and women merely players. ");
+  Job again = j;
+  again.steps = 3;
+  again.keep_output = true;
+  std::string text;
+  REQUIRE(launch("data_change", again, &text) == 0);
+  CHECK_THAT(text, Catch::Contains("is not the data this checkpoint was saved with: "
+                                   "d_train_000000.bin has other contents (same size)"));
 }
 
 // A second job into a save_dir a running job saves to is refused at its start (here the
