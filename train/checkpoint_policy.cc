@@ -271,6 +271,9 @@ void CheckpointPolicy::save_checkpoint(std::int64_t step, bool synchronous) {
   request.index.step = step;
   request.index.seed = config_.seed;
   request.index.data = train_stream_.state();
+  // Rank 0 writes the index: it alone reads the files' ends (once per run), not every rank of
+  // a large job on a shared file system.
+  if (rank_ == 0) request.index.data.fingerprint = train_stream_.fingerprint();
   request.index.scheduler = lr_schedule_name(config_.scheduler.type);
   // The run's config as written, but model.init_from made absolute: zrt-ckpt export and a
   // resume rebuild the model from it, perhaps from another working directory.

@@ -40,7 +40,7 @@ struct DataStreamState {
   std::int64_t num_samples = 0;
   // The files it ran over (data_fingerprint.h), compared with a warning at resume (a mismatch
   // is at times deliberate, and the sample indices still address the data as it is); empty in
-  // checkpoints saved before it was recorded.
+  // checkpoints saved before it was recorded. Set by the checkpoint's writer, not by state().
   std::string fingerprint;
 };
 
@@ -87,7 +87,7 @@ class DataStream {
 
   // The state to checkpoint, and its restore: throws DataError if it describes a stream over a
   // different dataset (T, group or number of samples), since the indices would mean other data.
-  // The state holds the dataset's fingerprint (read once, on the first call of either).
+  // The state leaves `fingerprint` empty: the caller that writes it sets it (fingerprint()).
   DataStreamState state() const;
   void restore(const DataStreamState& state);
   // data_fingerprint(dataset().paths()), computed on first use and kept. Call from one thread.
