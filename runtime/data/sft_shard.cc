@@ -248,6 +248,14 @@ SftShard::SftShard(const std::string& path) : path_(path) {
   if (fd_ < 0) {
     const int err = errno;
     if (err == ENOENT) ZRT_THROW(DataError, "{}: no such file", path);
+    // Every SFT shard stays open for the run: past the process's descriptor limit, say how to
+    // fit under it.
+    if (err == EMFILE) {
+      ZRT_THROW(DataError,
+                "{}: cannot open: {} (each SFT shard stays open for the run: raise the limit, "
+                "ulimit -n, or write fewer, larger shards: prepare-sft --shard-sequences)",
+                path, std::strerror(err));
+    }
     ZRT_THROW(DataError, "{}: cannot open: {}", path, std::strerror(err));
   }
   try {

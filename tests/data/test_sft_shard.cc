@@ -6,6 +6,10 @@
 // (made by the sft_fixture test first) read back against its own bytes and summary.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,6 +78,32 @@ TEST_CASE("a shard written from the format reads back with the documents it hold
     CHECK(tokens == q.tokens);
     CHECK(mask == q.mask);
   }
+}
+
+// Every SFT shard stays open for the run: past the descriptor limit the error says how to fit
+// under it (the limit lowered in this process to what is open now, then restored).
+TEST_CASE("an SFT shard past the open-file limit names the limit and the fix") {
+  TempDir dir;
+  write_bytes(dir / "sft_000000.bin", sft_bytes(base_content()));
+  struct rlimit saved {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  // Fill the lowest free descriptors up to a small limit, so the shard's open gets EMFILE.
+  std::vector<int> held;
+  struct rlimit low = saved;
+  low.rlim_cur = 64;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY)) >= 0;) held.push_back(fd);
+  std::string message;
+  try {
+    const SftShard shard(dir / "sft_000000.bin");
+  } catch (const DataError& e) {
+    message = e.what();
+  }
+  for (const int fd : held) ::close(fd);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  CHECK_THAT(message, Catch::Contains("sft_000000.bin: cannot open") &&
+                          Catch::Contains("ulimit -n") &&
+                          Catch::Contains("prepare-sft --shard-sequences"));
 }
 
 TEST_CASE("bad SFT shards give a DataError naming the file, the sequence and what is wrong") {
