@@ -219,13 +219,22 @@ void TrainingRun::build_data() {
   data_options.vocab_size = model_source_.vocab_size;
   data_options.document_mask = config_.data.document_mask;
   data_options.document_separator = config_.data.document_separator;
-  train_data_ = open_dataset(config_.data.train, T_, data_options);
+  // A data error names the config key it came from (data.train or data.val: both may be globs,
+  // and "no file matches" alone does not say which).
+  auto open_named = [&](const char* key, const std::string& path) {
+    try {
+      return open_dataset(path, T_, data_options);
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("{} (from {})", e.what(), key));
+    }
+  };
+  train_data_ = open_named("data.train", config_.data.train);
   DataStreamOptions stream_options;
   stream_options.shuffle = config_.data.shuffle;
   stream_options.seed = config_.data.seed;
   train_stream_.emplace(*train_data_, stream_options);
   if (!config_.data.val.empty()) {
-    val_data_ = open_dataset(config_.data.val, T_, data_options);
+    val_data_ = open_named("data.val", config_.data.val);
   }
   check_same_data_everywhere("data.train", *train_data_);
   if (val_data_) check_same_data_everywhere("data.val", *val_data_);

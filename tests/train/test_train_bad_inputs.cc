@@ -157,7 +157,8 @@ TEST_CASE("zrt-train ends with a clear error on bad data and weights", "[bad_inp
   };
   const std::string d = kDir.string() + "/";
   const std::vector<Case> cases = {
-      {"missing shard (glob)", d + "absent_*.bin", "", "no file matches '" + d + "absent_*.bin'"},
+      {"missing shard (glob)", d + "absent_*.bin", "",
+       "no file matches '" + d + "absent_*.bin' (from data.train)"},
       {"missing shard (path)", d + "absent.bin", "", d + "absent.bin: no such file"},
       {"truncated shard", d + "trunc_*.bin", "", d + "trunc_000000.bin: truncated: header says"},
       {"text instead of a shard", d + "text_*.bin", "",
