@@ -218,14 +218,35 @@ def check_overlong(args, goldens):
     summary, docs = read_output(out)
     cut = [(ids[:seq_len], m[:seq_len]) for ids, m in expected]
     keep = [(ids, m) for ids, m in cut if "1" in m[1:]]
-    check(summary["truncated"] == len(longer) and summary["dropped_overlong"] == 0
+    # truncated counts the kept ones only: a conversation cut before its first trained token is
+    # dropped, counted once, as without a loss token.
+    kept_cut = [1 for ids, m in longer if "1" in m[:seq_len][1:]]
+    check(summary["truncated"] == len(kept_cut) and summary["dropped_overlong"] == 0
           and summary["dropped_no_loss_token"] == len(cut) - len(keep)
           + sum(1 for e in entries if e.get("dropped") == "no_loss_token"),
           "--overlong truncate: counts %s" % summary)
     match_goldens(docs, keep, "--overlong truncate")
     check(any(len(ids) == seq_len for ids, _ in docs), "--overlong truncate: nothing truncated to T")
-    print("ok: --seq-len %d: %d overlong conversation(s) dropped, or truncated to %d tokens"
-          % (seq_len, len(longer), seq_len))
+    # Cut shorter, to the median position of the first trained token: some conversations lose
+    # every trained token (dropped, counted once as without a loss token, not as truncated).
+    firsts = sorted(m.index("1", 1) for ids, m in expected if "1" in m[1:])
+    short = firsts[len(firsts) // 2]
+    out = os.path.join(args.work, "overlong-truncate-short")
+    run(args, ["--tokenizer", os.path.join(SFT, "llama3"), "--input",
+               os.path.join(SFT, "chat.jsonl"), "--seq-len", str(short), "--output", out,
+               "--overlong", "truncate"])
+    summary, _ = read_output(out)
+    longer_short = [m for ids, m in expected if len(ids) > short]
+    kept_short = [m for m in longer_short if "1" in m[:short][1:]]
+    check(len(kept_short) < len(longer_short), "--seq-len %d: none cut to no loss token" % short)
+    check(summary["truncated"] == len(kept_short)
+          and summary["dropped_no_loss_token"] == len(longer_short) - len(kept_short)
+          + sum(1 for e in entries if e.get("dropped") == "no_loss_token"),
+          "--overlong truncate at %d: counts %s" % (short, summary))
+    print("ok: --seq-len %d: %d overlong conversation(s) dropped, or truncated to %d tokens "
+          "(%d kept); at %d, %d cut to no loss token counted once, as dropped"
+          % (seq_len, len(longer), seq_len, len(kept_cut), short,
+             len(longer_short) - len(kept_short)))
 
 
 def check_val_and_shards(args, goldens):
