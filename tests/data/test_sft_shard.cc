@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include <spdlog/fmt/fmt.h>
 #include <nlohmann/json.hpp>
 
 #include "runtime/data/open_dataset.h"
@@ -416,4 +418,30 @@ TEST_CASE("prepare-sft's output reads back as its bytes and its summary say") {
                              "give " +
                              out + "/train or " + out + "/val)"));
 }
+
+#ifdef ZRT_DATA_TOOL
+// zrt-data --inspect on prepare-sft's output directories: the totals its summary gives.
+TEST_CASE("zrt-data --inspect reads SFT shards to their summary's totals") {
+  const std::string out = ZRT_SFT_FIXTURE;
+  const nlohmann::json summary = nlohmann::json::parse(read_bytes(out + "/summary.json"));
+  for (const std::string split : {"train", "val"}) {
+    INFO(split);
+    const nlohmann::json& s = summary.at(split);
+    const std::string cmd = std::string(ZRT_DATA_TOOL) + " --inspect " + out + "/" + split;
+    FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+    REQUIRE(pipe != nullptr);
+    std::string text;
+    char buf[512];
+    while (fgets(buf, sizeof buf, pipe) != nullptr) text += buf;
+    CHECK(pclose(pipe) == 0);
+    INFO(text);
+    CHECK_THAT(text, Contains(fmt::format(
+                         "zrt-data: {} SFT shard(s), {} sequences, {} documents, {} tokens, {} "
+                         "loss tokens",
+                         s.at("shards").size(), s.at("sequences").get<std::int64_t>(),
+                         s.at("documents").get<std::int64_t>(), s.at("tokens").get<std::int64_t>(),
+                         s.at("loss_tokens").get<std::int64_t>())));
+  }
+}
+#endif
 #endif

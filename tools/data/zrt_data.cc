@@ -9,7 +9,10 @@
 //     prefix sees only this run's data.
 //   zrt-data --inspect 'dir/prefix_train_*.bin' [--seq-len T]
 //     validates the shards (uint16 GPT-2 style or uint32 Llama-3 style) and prints their token
-//     counts (and windows of T+1 tokens).
+//     counts (and windows of T+1 tokens). A value naming zrt SFT shards (prepare-sft's OUT/train
+//     or OUT/val directory, or a glob of sft_*.bin) is validated as training reads it, every
+//     sequence read: per shard its sequences, T, documents, vocabulary, pad id, tokens and loss
+//     tokens (mask ones not at a document's first token, what a step trains on).
 // Text in a model's own tokenizer (tokenizer.json) is tools/data/tokenize_hf.py's job: it
 // writes shards of the width the vocabulary needs, in the same naming.
 #include <sys/stat.h>
@@ -25,6 +28,8 @@
 #include <vector>
 
 #include "runtime/common/error.h"
+#include "runtime/data/open_dataset.h"
+#include "runtime/data/sft_shard.h"
 #include "runtime/data/token_dataset.h"
 #include "runtime/data/token_shard.h"
 
@@ -35,10 +40,11 @@ using zrt::InvalidArgument;
 
 constexpr const char* kUsage =
     "usage: zrt-data --input TEXT --out DIR/PREFIX [--val-fraction F] [--shard-tokens N]\n"
-    "       zrt-data --inspect GLOB [--seq-len T]\n"
+    "       zrt-data --inspect GLOB|SFT_DIR [--seq-len T]\n"
     "Converts text into byte-level (vocab 256) llm.c token shards PREFIX_val_NNNNNN.bin (the\n"
     "first F of the text, default 0.05, to the end of a line) and PREFIX_train_NNNNNN.bin (the\n"
-    "rest), at most N tokens per shard (default 100000000); or validates shards.\n"
+    "rest), at most N tokens per shard (default 100000000); or validates shards: llm.c token\n"
+    "shards, or prepare-sft's SFT shards (a directory or a glob), every sequence read.\n"
     "With a model's tokenizer.json instead of bytes: tools/data/tokenize_hf.py (the same\n"
     "shards, uint32 tokens when the vocabulary needs them).\n";
 
@@ -238,9 +244,59 @@ int convert(const Args& a) {
   return 0;
 }
 
+// SFT shards: each validated and every sequence read, as training reads them.
+int inspect_sft(const std::vector<std::string>& paths) {
+  std::int64_t sequences = 0, documents = 0, tokens = 0, loss_tokens = 0;
+  for (const std::string& path : paths) {
+    const zrt::SftShard shard(path);
+    const int T = shard.seq_len();
+    std::vector<std::uint32_t> ids(static_cast<std::size_t>(T));
+    std::vector<std::uint8_t> mask(static_cast<std::size_t>(T));
+    std::int64_t shard_tokens = 0, shard_loss = 0;
+    for (std::int64_t q = 0; q < shard.num_sequences(); ++q) {
+      shard.read_sequence(q, ids.data(), mask.data());
+      const std::int64_t docs = shard.num_documents(q);
+      const std::int32_t* ends = shard.document_ends(q);
+      int begin = 0;
+      for (std::int64_t d = 0; d < docs; ++d) {
+        const int end = ends[d];
+        shard_tokens += end - begin;
+        for (int t = begin + 1; t < end; ++t) shard_loss += mask[static_cast<std::size_t>(t)];
+        begin = end;
+      }
+    }
+    std::printf(
+        "%s: %lld sequences of %d tokens, %lld documents, vocab %lld, pad id %lld; "
+        "%lld tokens, %lld loss tokens\n",
+        path.c_str(), static_cast<long long>(shard.num_sequences()), T,
+        static_cast<long long>(shard.num_documents()),
+        static_cast<long long>(shard.header().vocab_size),
+        static_cast<long long>(shard.header().pad_id), static_cast<long long>(shard_tokens),
+        static_cast<long long>(shard_loss));
+    sequences += shard.num_sequences();
+    documents += shard.num_documents();
+    tokens += shard_tokens;
+    loss_tokens += shard_loss;
+  }
+  std::printf(
+      "zrt-data: %zu SFT shard(s), %lld sequences, %lld documents, %lld tokens, %lld loss "
+      "tokens\n",
+      paths.size(), static_cast<long long>(sequences), static_cast<long long>(documents),
+      static_cast<long long>(tokens), static_cast<long long>(loss_tokens));
+  return 0;
+}
+
 int inspect(const Args& a) {
   std::int64_t total = 0;
-  const std::vector<std::string> paths = zrt::expand_glob(a.inspect);
+  const std::vector<std::string> paths = zrt::expand_data_path(a.inspect);
+  if (zrt::data_file_kind(paths.front()) == zrt::DataFileKind::kSftShard) {
+    for (const std::string& path : paths) {
+      if (zrt::data_file_kind(path) != zrt::DataFileKind::kSftShard) {
+        throw DataError(path + ": an llm.c token shard among SFT shards (" + paths.front() + ")");
+      }
+    }
+    return inspect_sft(paths);
+  }
   for (const std::string& path : paths) {
     const zrt::ShardHeader h = zrt::read_shard_header(path);
     total += h.num_tokens;
