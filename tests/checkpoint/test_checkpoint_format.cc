@@ -68,7 +68,7 @@ CheckpointIndex write_checkpoint(const fs::path& dir, const PartitionPlan& plan,
   index.stage = stage;
   index.seed = 99;
   index.loss_scale = LossScaleState{1024.0, 7, 3, 2};
-  index.data = DataStreamState{56, true, 5, 32, 1, 724};
+  index.data = DataStreamState{56, true, 5, 32, 1, 724, "a.bin 1024 00000000deadbeef"};
   index.scheduler = "WarmupLR";
   index.config_json = R"({"model": {"preset": "gpt2-tiny"}})";
   const auto params = model();
@@ -413,6 +413,7 @@ TEST_CASE("index round trip keeps every field and table") {
   CHECK(read.data.shuffle);
   CHECK(read.data.seed == 5);
   CHECK(read.data.num_samples == 724);
+  CHECK(read.data.fingerprint == "a.bin 1024 00000000deadbeef");
   CHECK(read.scheduler == "WarmupLR");
   CHECK(read.config_json == written.config_json);
   REQUIRE(read.params.size() == params.size());
