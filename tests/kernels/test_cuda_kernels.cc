@@ -703,25 +703,20 @@ TEST_CASE("CUDA attention matches its CPU twin", "[cuda]") {
               cpu_attention<bf16, bf16>, gpu_attention);
 }
 
-// The fused tensor-core kernels (head size 64, T a multiple of 64): four query tiles, so the
-// diagonal tile, a full tile below it and the skipped tile above it all occur. Tolerances, from
-// the arithmetic: the kernels round the probabilities and dS to the storage type (relative
-// 2^-9 for bf16, 2^-11 for fp16) before their products, where the twin keeps fp32; out and dqkv
-// are stored in that type by both. Per tensor that stays below a few units of 2^-9 (bf16) or
-// 2^-11 (fp16): 1e-2 and 3e-3. lse is fp32 on both sides; its only difference is the order of
-// the fp32 sums in the 64-term scores (|error| <= 64 * 2^-24 * sum|q k| / 8, about 2e-5 against
-// lse ~ log T): 1e-4.
-TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
-  const AttentionIn in(2, 256, 128, 2);
+namespace {
+// The fused kernels (mma.sync, or WMMA with `wmma`) on `in` in bf16 and fp16 against the CPU twin
+// in the same storage: out and dqkv within 1e-2 (bf16) and 3e-3 (fp16), lse within 1e-4 (derived
+// at the first test below), and the same bits again (no atomics).
+void check_fused_against_twin(const AttentionIn& in, bool wmma) {
   REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
-  REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
-  const bool wmma = GENERATE(false, true);  // the mma.sync kernels, then the WMMA ones
-  INFO((wmma ? "WMMA kernels" : "mma.sync kernels"));
   KernelOptions options;
   options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
   options.cuda_attention_wmma = wmma;
   Gpu g(options);
-  auto check = [&](DType dt, const Results& want, double tol) {
+  for (const auto& [dt, tol] :
+       {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
+    const Results want =
+        dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
     const Results got = gpu_attention(g, dt, dt, in);
     for (const char* name : {"out", "dqkv"}) {
       const double err = test::rel_error(got.at(name), want.at(name));
@@ -732,14 +727,25 @@ TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
     const double err = test::rel_error(got.at("lse"), want.at("lse"));
     INFO(dtype_name(dt) << " lse: relative error " << err);
     CHECK(err <= 1e-4);
-    CHECK(gpu_attention(g, dt, dt, in) == got);  // no atomics: deterministic
-  };
-  SECTION("bf16") {
-    check(DType::kBFloat16, cpu_attention<bf16, bf16>(in), 1e-2);
+    CHECK(gpu_attention(g, dt, dt, in) == got);
   }
-  SECTION("fp16") {
-    check(DType::kFloat16, cpu_attention<fp16, fp16>(in), 3e-3);
-  }
+}
+}  // namespace
+
+// The fused tensor-core kernels (head size 64, T a multiple of 64): four query tiles, so the
+// diagonal tile, a full tile below it and the skipped tile above it all occur. Tolerances, from
+// the arithmetic: the kernels round the probabilities and dS to the storage type (relative
+// 2^-9 for bf16, 2^-11 for fp16) before their products, where the twin keeps fp32; out and dqkv
+// are stored in that type by both. Per tensor that stays below a few units of 2^-9 (bf16) or
+// 2^-11 (fp16): 1e-2 and 3e-3. lse is fp32 on both sides; its only difference is the order of
+// the fp32 sums in the 64-term scores (|error| <= 64 * 2^-24 * sum|q k| / 8, about 2e-5 against
+// lse ~ log T): 1e-4.
+TEST_CASE("CUDA fused attention matches its CPU twin", "[cuda]") {
+  const AttentionIn in(2, 256, 128, 2);
+  REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
+  const bool wmma = GENERATE(false, true);  // the mma.sync kernels, then the WMMA ones
+  INFO((wmma ? "WMMA kernels" : "mma.sync kernels"));
+  check_fused_against_twin(in, wmma);
 }
 
 // Head size 128 (Llama-3 8B, Mistral 7B, Qwen2.5 7B): the mma.sync kernels alone (the WMMA ones
@@ -1003,35 +1009,6 @@ TEST_CASE("CUDA attention with packed documents matches its CPU twin", "[cuda][d
   check_layer(with_documents(AttentionIn(2, 150, 128, 4), kDocs150), cpu_attention<float, float>,
               cpu_attention<bf16, float>, cpu_attention<bf16, bf16>, gpu_attention);
 }
-
-namespace {
-// The fused kernels (mma.sync, or WMMA with `wmma`) on `in` in bf16 and fp16 against the CPU twin
-// in the same storage: out and dqkv within the unpacked fused case's tolerances, lse within 1e-4,
-// and the same bits again (no atomics).
-void check_fused_against_twin(const AttentionIn& in, bool wmma) {
-  REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
-  KernelOptions options;
-  options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
-  options.cuda_attention_wmma = wmma;
-  Gpu g(options);
-  for (const auto& [dt, tol] :
-       {std::pair{DType::kBFloat16, 1e-2}, std::pair{DType::kFloat16, 3e-3}}) {
-    const Results want =
-        dt == DType::kBFloat16 ? cpu_attention<bf16, bf16>(in) : cpu_attention<fp16, fp16>(in);
-    const Results got = gpu_attention(g, dt, dt, in);
-    for (const char* name : {"out", "dqkv"}) {
-      const double err = test::rel_error(got.at(name), want.at(name));
-      INFO(dtype_name(dt) << " " << name << ": relative error " << err << " (tolerance " << tol
-                          << ")");
-      CHECK(err <= tol);
-    }
-    const double err = test::rel_error(got.at("lse"), want.at("lse"));
-    INFO(dtype_name(dt) << " lse: relative error " << err);
-    CHECK(err <= 1e-4);
-    CHECK(gpu_attention(g, dt, dt, in) == got);
-  }
-}
-}  // namespace
 
 // The fused kernels with documents, head sizes 64 (mma.sync and WMMA) and 128 (mma.sync). The
 // tolerances are the unpacked fused case's, for the same reason: the kernels round P and dS to
