@@ -8,6 +8,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/comm/polled_wait.h"
 #include "runtime/common/error.h"
+#include "runtime/common/fnv1a.h"
 #include "runtime/common/watchdog.h"
 
 namespace zrt {
@@ -16,14 +17,12 @@ namespace {
 
 constexpr std::size_t kDescriptionBytes = 192;  // what each rank reports of its operation
 
-std::uint64_t fnv1a(std::uint64_t hash, const std::string& text) {
-  for (const char c : text) {
-    hash ^= static_cast<unsigned char>(c);
-    hash *= 1099511628211ULL;
-  }
-  // A separator, so that ("ab", "c") and ("a", "bc") hash apart.
+// The running hash continued over one operation's text and a separator, so that ("ab", "c") and
+// ("a", "bc") hash apart.
+std::uint64_t hash_operation(std::uint64_t hash, const std::string& text) {
+  hash = fnv1a(hash, text.data(), text.size());
   hash ^= 0xffU;
-  return hash * 1099511628211ULL;
+  return hash * kFnv1aPrime;
 }
 
 }  // namespace
@@ -40,7 +39,7 @@ CollectiveSequenceCheck::~CollectiveSequenceCheck() {
 
 void CollectiveSequenceCheck::verify(const std::string& operation) {
   const std::int64_t index = verified_ + 1;
-  const std::uint64_t next = fnv1a(hash_, operation);
+  const std::uint64_t next = hash_operation(hash_, operation);
   // max(h) and max(~h) in one all-reduce: every rank holds the same h exactly when
   // max(h) == ~max(~h), i.e. max == min.
   send_[0] = next;

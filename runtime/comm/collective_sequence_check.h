@@ -19,6 +19,8 @@
 
 #include <mpi.h>
 
+#include "runtime/common/fnv1a.h"
+
 namespace zrt {
 
 class Watchdog;
@@ -50,7 +52,7 @@ class CollectiveSequenceCheck {
   std::string group_;
   double timeout_s_;
   Watchdog* watchdog_;
-  std::uint64_t hash_ = 14695981039346656037ULL;  // FNV-1a offset basis
+  std::uint64_t hash_ = kFnv1aOffsetBasis;
   std::int64_t verified_ = 0;
   // A request given up at a timeout still owns its buffers, so they live here, and the
   // communicator is not freed under it.

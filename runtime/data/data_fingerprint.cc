@@ -8,6 +8,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "runtime/common/error.h"
+#include "runtime/common/fnv1a.h"
 #include "runtime/data/token_shard.h"
 
 namespace zrt {
@@ -15,14 +16,6 @@ namespace zrt {
 namespace {
 
 constexpr std::int64_t kEndBytes = 64 * 1024;  // hashed at each end of a file
-
-std::uint64_t fnv1a(std::uint64_t hash, const char* data, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) {
-    hash ^= static_cast<unsigned char>(data[i]);
-    hash *= 1099511628211ULL;
-  }
-  return hash;
-}
 
 std::string file_name(const std::string& path) {
   const std::size_t slash = path.find_last_of('/');
@@ -34,7 +27,7 @@ std::string file_entry(const std::string& path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) ZRT_THROW(DataError, "{}: cannot open to fingerprint the data", path);
   const std::int64_t size = static_cast<std::int64_t>(in.tellg());
-  std::uint64_t hash = 14695981039346656037ULL;  // FNV-1a offset basis
+  std::uint64_t hash = kFnv1aOffsetBasis;
   auto hash_range = [&](std::int64_t first, std::int64_t count) {
     std::string bytes(static_cast<std::size_t>(count), '\0');
     in.seekg(first);

@@ -250,20 +250,15 @@ int inspect_sft(const std::vector<std::string>& paths) {
   for (const std::string& path : paths) {
     const zrt::SftShard shard(path);
     const int T = shard.seq_len();
-    std::vector<std::uint32_t> ids(static_cast<std::size_t>(T));
-    std::vector<std::uint8_t> mask(static_cast<std::size_t>(T));
+    // Each sequence as the model row training reads (SftShard::read_row): its trained targets
+    // are the loss tokens; its documents end where the last one's end says.
+    std::vector<std::int32_t> inputs(static_cast<std::size_t>(T)), targets(inputs.size());
+    const zrt::SampleRow row{inputs.data(), targets.data(), nullptr, nullptr};
     std::int64_t shard_tokens = 0, shard_loss = 0;
     for (std::int64_t q = 0; q < shard.num_sequences(); ++q) {
-      shard.read_sequence(q, ids.data(), mask.data());
-      const std::int64_t docs = shard.num_documents(q);
-      const std::int32_t* ends = shard.document_ends(q);
-      int begin = 0;
-      for (std::int64_t d = 0; d < docs; ++d) {
-        const int end = ends[d];
-        shard_tokens += end - begin;
-        for (int t = begin + 1; t < end; ++t) shard_loss += mask[static_cast<std::size_t>(t)];
-        begin = end;
-      }
+      shard.read_row(q, row);
+      shard_tokens += shard.document_ends(q)[shard.num_documents(q) - 1];
+      for (const std::int32_t t : targets) shard_loss += t >= 0;
     }
     std::printf(
         "%s: %lld sequences of %d tokens, %lld documents, vocab %lld, pad id %lld; "
