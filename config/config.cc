@@ -724,7 +724,8 @@ class Parser {
         std::min<std::int64_t>(get_int(x + "autoep_size", 1), std::numeric_limits<int>::max()));
     const std::string hf_type = hf_model_type(get_string("model.init_from", ""));
     const std::string type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
-    const bool dense = type == "gpt2" || type == "llama" || type == "qwen2" || type == "mistral";
+    const bool dense = type == "gpt2" || type == "llama" || type == "qwen2" || type == "qwen3" ||
+                       type == "mistral";
     if (dense && !is_rejected("model.type")) {
       fail(x + "enabled",
            fmt::format("model.type {} has no mixture-of-experts layers: expert parallelism "
@@ -906,7 +907,8 @@ class Parser {
     // alternating window is refused), and the model's own parser is not reached with init_from.
     if (moe && has("model.max_window_layers")) {
       fail("model.max_window_layers",
-           fmt::format("is not a key of model.type {} (it is Qwen2's, model.type qwen2: the "
+           fmt::format("is not a key of model.type {} (it is Qwen2's and Qwen3's, model.type "
+                       "qwen2 / qwen3: the "
                        "mixtures of experts take a window on every layer, model.sliding_window)",
                        m.type));
     }
@@ -927,7 +929,7 @@ class Parser {
       const std::string path = std::string("model.") + name;
       if (has(path)) {
         fail(path, fmt::format("is not a key of model.type {} ({})", m.type,
-                               gpt ? "it is a Llama-family key: llama, qwen2, mistral"
+                               gpt ? "it is a Llama-family key: llama, qwen2, qwen3, mistral"
                                    : "it is a GPT-2 key; the Llama family uses hidden_size, "
                                      "num_hidden_layers, num_attention_heads"));
       }

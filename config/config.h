@@ -46,13 +46,14 @@ struct BatchConfig {
 // (models/model_registry.h) resolves it: model.type picks the architecture's entry, which turns
 // the block into the model's own config; this library does not depend on models/.
 struct ModelConfig {
-  std::string type = "gpt2";  // gpt2 | llama | qwen2 | mistral | mixtral | qwen2_moe | qwen3_moe
-  std::string preset;         // "" or one of the type's presets (docs/config-keys.md)
+  // gpt2 | llama | qwen2 | qwen3 | mistral | mixtral | qwen2_moe | qwen3_moe
+  std::string type = "gpt2";
+  std::string preset;  // "" or one of the type's presets (docs/config-keys.md)
   // GPT-2's dimensions (model.type gpt2).
   std::optional<int> n_layer, n_head, n_embd;
   // Shared by every type.
   std::optional<int> vocab_size, seq_len;
-  // The Llama family's (llama, qwen2, mistral), named after Hugging Face config.json's keys.
+  // The Llama family's (llama, qwen2, qwen3, mistral), named after Hugging Face config.json's keys.
   std::optional<int> hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
       num_key_value_heads, head_dim, max_position_embeddings, sliding_window, max_window_layers;
   std::optional<double> rms_norm_eps, rope_theta;

@@ -654,19 +654,21 @@ std::vector<KeyInfo> build_table() {
       // ---- zrt's own blocks ----
       K("model", I, kObject, "required", "The model to train").zrt(),
       K("model.type", I, kEnum, "gpt2",
-        "Architecture: GPT-2, the Llama family (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral), or a "
-        "mixture of experts (Mixtral, Qwen2-MoE / Qwen1.5-MoE, Qwen3-MoE)")
-          .choices("gpt2|llama|qwen2|mistral|mixtral|qwen2_moe|qwen3_moe")
+        "Architecture: GPT-2, the Llama family (Llama 2/3/3.1/3.2, Qwen2/2.5, Qwen3, Mistral), or "
+        "a mixture of experts (Mixtral, Qwen2-MoE / Qwen1.5-MoE, Qwen3-MoE)")
+          .choices("gpt2|llama|qwen2|qwen3|mistral|mixtral|qwen2_moe|qwen3_moe")
           .zrt(),
       K("model.preset", I, kEnum, "none",
         "Dimensions to start from (of model.type's architecture); without one a gpt2 needs all "
         "five dimensions, a Llama-family model hidden_size, intermediate_size, "
         "num_hidden_layers, num_attention_heads, vocab_size, max_position_embeddings (unless "
         "init_from is a Hugging Face model directory, whose config.json gives them)")
-          .choices("gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|llama-tiny|llama-3.2-1b|"
-                   "llama-3.2-3b|llama-3.1-8b|llama-3.1-70b|qwen2.5-0.5b|qwen2.5-7b|smollm2-135m|"
-                   "mixtral-8x7b|qwen2-moe-a2.7b|qwen3-30b-a3b|mixtral-tiny|qwen2-moe-tiny|"
-                   "qwen3-moe-tiny")
+          .choices(
+              "gpt2-tiny|gpt2|gpt2-medium|gpt2-large|gpt2-xl|llama-tiny|llama-3.2-1b|"
+              "llama-3.2-3b|llama-3.1-8b|llama-3.1-70b|qwen2.5-0.5b|qwen2.5-7b|qwen3-0.6b|qwen3-8b|"
+              "smollm2-135m|"
+              "mixtral-8x7b|qwen2-moe-a2.7b|qwen3-30b-a3b|mixtral-tiny|qwen2-moe-tiny|"
+              "qwen3-moe-tiny")
           .zrt(),
       K("model.n_layer", I, kInt, "preset", "gpt2: transformer blocks").range(1).zrt(),
       K("model.n_head", I, kInt, "preset", "gpt2: attention heads (divides n_embd)").range(1).zrt(),
@@ -738,7 +740,7 @@ std::vector<KeyInfo> build_table() {
         "llama3: the context the model was pretrained at")
           .range(1)
           .zrt(),
-      K("model.tie_word_embeddings", I, kBool, "false (qwen2.5-0.5b, llama-3.2: true)",
+      K("model.tie_word_embeddings", I, kBool, "false (qwen2.5-0.5b, qwen3-0.6b, llama-3.2: true)",
         "Llama family: the head is the token embedding (no lm_head.weight)")
           .zrt(),
       K("model.attention_bias", I, kBool, "false (qwen2: true)",
@@ -746,12 +748,12 @@ std::vector<KeyInfo> build_table() {
           .zrt(),
       K("model.sliding_window", I, kInt, "none",
         "Sliding-window attention: query t sees keys after t - sliding_window (Mistral, Mixtral, "
-        "Qwen2's and Qwen3-MoE's use_sliding_window); none at or above seq_len")
+        "Qwen2's, Qwen3's and Qwen3-MoE's use_sliding_window); none at or above seq_len")
           .range(1)
           .zrt(),
       K("model.max_window_layers", I, kInt, "0",
-        "qwen2: the first layer the sliding window applies to (the layers before attend over the "
-        "whole sequence)")
+        "qwen2, qwen3: the first layer the sliding window applies to (the layers before attend "
+        "over the whole sequence)")
           .range(0)
           .zrt(),
       K("model.num_experts", I, kInt, "preset",

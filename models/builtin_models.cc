@@ -11,7 +11,7 @@ namespace {
 ModelRegistry register_builtin_models() {
   ModelRegistry registry;
   registry.add(gpt::registry_entry());
-  for (const char* architecture : {"llama", "qwen2", "mistral"}) {
+  for (const char* architecture : {"llama", "qwen2", "qwen3", "mistral"}) {
     registry.add(llama::registry_entry(architecture));
   }
   for (const char* architecture : {"mixtral", "qwen2_moe", "qwen3_moe"}) {

@@ -77,7 +77,7 @@ class Reader {
   std::string prefix_;
 };
 
-const std::vector<std::string> kLlamaFamily = {"llama",   "qwen2",     "mistral",
+const std::vector<std::string> kLlamaFamily = {"llama",   "qwen2",     "qwen3",    "mistral",
                                                "mixtral", "qwen2_moe", "qwen3_moe"};
 
 // rope_scaling (v4) or rope_parameters (v5): the scaling, and the theta v5 keeps inside.
@@ -172,8 +172,9 @@ int window_or_default(const json& doc, const std::string& path) {
   return doc.contains("sliding_window") ? Reader(doc, path).opt_int("sliding_window", 0) : 4096;
 }
 
-// Qwen2's and Qwen2-MoE's sliding window (transformers' layer_types): none unless
-// use_sliding_window and a sliding_window. Qwen2 windows the layers from max_window_layers on (or
+// Qwen2's, Qwen3's and Qwen2-MoE's sliding window (transformers' layer_types): none unless
+// use_sliding_window and a sliding_window. Qwen2 and Qwen3 window the layers from
+// max_window_layers on (or
 // those config.json's own layer_types marks sliding_attention, which must then be such a suffix);
 // Qwen2-MoE every other layer below max_window_layers, which zrt does not implement: refused.
 void read_qwen2_window(const json& doc, const std::string& path, HfConfig& c) {
@@ -279,6 +280,16 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   if (c.model_type == "qwen2" || c.model_type == "qwen2_moe") {
     c.attention_bias = true;  // Qwen2's q/k/v projections always carry biases
     read_qwen2_window(doc, path, c);
+  } else if (c.model_type == "qwen3") {
+    // Qwen3's attention_bias, like Llama's, puts biases on o_proj as well (refused below for
+    // Llama); its windows are Qwen2's.
+    if (r.opt_bool("attention_bias", false)) {
+      ZRT_THROW(InvalidArgument,
+                "{}: attention_bias true is not supported for qwen3: transformers then puts "
+                "biases on q, k, v and o_proj; zrt's attention takes q/k/v biases only (Qwen2's)",
+                path);
+    }
+    read_qwen2_window(doc, path, c);
   } else if (c.model_type == "mistral") {
     // MistralForCausalLM's projections never take biases (an attention_bias key is ignored by
     // transformers too); a window absent from the file is MistralConfig's default, 4096.
@@ -316,8 +327,8 @@ void read_gpt2(const json& doc, const std::string& path, HfConfig& c) {
 }  // namespace
 
 const std::vector<std::string>& HfConfig::known_model_types() {
-  static const std::vector<std::string> types = {"gpt2",    "llama",     "qwen2",    "mistral",
-                                                 "mixtral", "qwen2_moe", "qwen3_moe"};
+  static const std::vector<std::string> types = {"gpt2",    "llama",   "qwen2",     "qwen3",
+                                                 "mistral", "mixtral", "qwen2_moe", "qwen3_moe"};
   return types;
 }
 
@@ -357,7 +368,7 @@ HfConfig HfConfig::parse(const std::string& text, const std::string& path) {
   } else {
     ZRT_THROW(InvalidArgument,
               "{}: model_type '{}' is not supported (zrt reads gpt2, llama, "
-              "qwen2, mistral, mixtral, qwen2_moe, qwen3_moe)",
+              "qwen2, qwen3, mistral, mixtral, qwen2_moe, qwen3_moe)",
               path, c.model_type);
   }
   return c;

@@ -34,7 +34,7 @@ struct HfConfig {
   bool tie_word_embeddings = false;  // gpt2: true unless the file says otherwise
   std::optional<std::int64_t> bos_token_id, eos_token_id;
 
-  // The Llama family (llama, qwen2, mistral).
+  // The Llama family (llama, qwen2, qwen3, mistral).
   int hidden_size = 0;
   int intermediate_size = 0;
   int num_hidden_layers = 0;
@@ -46,8 +46,8 @@ struct HfConfig {
   double rope_theta = 10000.0;
   HfRopeScaling rope_scaling;
   bool attention_bias = false;  // qwen2: always (its q/k/v projections carry biases)
-  int sliding_window = 0;       // 0: none (mistral's null; qwen2 unless use_sliding_window)
-  int max_window_layers = 0;    // qwen2: the first layer with the window (0: every layer)
+  int sliding_window = 0;       // 0: none (mistral's null; qwen2/3 unless use_sliding_window)
+  int max_window_layers = 0;    // qwen2, qwen3: the first layer with the window (0: every layer)
   std::string hidden_act;       // "silu" for the family
 
   // Mixture of experts (mixtral, qwen2_moe, qwen3_moe), config.json's names (Mixtral's

@@ -19,26 +19,41 @@ using I64 = std::int64_t;
 
 constexpr double kInitStd = 0.02;  // transformers' initializer_range default
 
-// The block's parameters in transformers' state-dict order, with their suffix names.
+// The block's parameters in transformers' state-dict order, with their suffix names and when
+// a model has them.
+enum class SlotKind { kAlways, kBias, kQkNorm };
 struct SlotName {
   Llama::Slot slot;
   const char* name;
-  bool bias;
+  SlotKind kind;
 };
 constexpr SlotName kSlotNames[] = {
-    {Llama::kQW, "self_attn.q_proj.weight", false},
-    {Llama::kQB, "self_attn.q_proj.bias", true},
-    {Llama::kKW, "self_attn.k_proj.weight", false},
-    {Llama::kKB, "self_attn.k_proj.bias", true},
-    {Llama::kVW, "self_attn.v_proj.weight", false},
-    {Llama::kVB, "self_attn.v_proj.bias", true},
-    {Llama::kOW, "self_attn.o_proj.weight", false},
-    {Llama::kGateW, "mlp.gate_proj.weight", false},
-    {Llama::kUpW, "mlp.up_proj.weight", false},
-    {Llama::kDownW, "mlp.down_proj.weight", false},
-    {Llama::kLn1W, "input_layernorm.weight", false},
-    {Llama::kLn2W, "post_attention_layernorm.weight", false},
+    {Llama::kQW, "self_attn.q_proj.weight", SlotKind::kAlways},
+    {Llama::kQB, "self_attn.q_proj.bias", SlotKind::kBias},
+    {Llama::kKW, "self_attn.k_proj.weight", SlotKind::kAlways},
+    {Llama::kKB, "self_attn.k_proj.bias", SlotKind::kBias},
+    {Llama::kVW, "self_attn.v_proj.weight", SlotKind::kAlways},
+    {Llama::kVB, "self_attn.v_proj.bias", SlotKind::kBias},
+    {Llama::kOW, "self_attn.o_proj.weight", SlotKind::kAlways},
+    {Llama::kQNormW, "self_attn.q_norm.weight", SlotKind::kQkNorm},
+    {Llama::kKNormW, "self_attn.k_norm.weight", SlotKind::kQkNorm},
+    {Llama::kGateW, "mlp.gate_proj.weight", SlotKind::kAlways},
+    {Llama::kUpW, "mlp.up_proj.weight", SlotKind::kAlways},
+    {Llama::kDownW, "mlp.down_proj.weight", SlotKind::kAlways},
+    {Llama::kLn1W, "input_layernorm.weight", SlotKind::kAlways},
+    {Llama::kLn2W, "post_attention_layernorm.weight", SlotKind::kAlways},
 };
+
+bool has_slot(const LlamaConfig& c, const SlotName& s) {
+  switch (s.kind) {
+    case SlotKind::kBias:
+      return c.attention_bias;
+    case SlotKind::kQkNorm:
+      return c.qk_norm();
+    default:
+      return true;
+  }
+}
 
 std::vector<I64> slot_shape(const LlamaConfig& c, Llama::Slot slot) {
   const I64 C = c.hidden_size, I = c.intermediate_size;
@@ -62,6 +77,9 @@ std::vector<I64> slot_shape(const LlamaConfig& c, Llama::Slot slot) {
       return {I, C};
     case Llama::kDownW:
       return {C, I};
+    case Llama::kQNormW:
+    case Llama::kKNormW:
+      return {c.head_dim};  // one weight shared by every head
     default:
       return {C};  // the two RMSNorm weights
   }
@@ -69,7 +87,7 @@ std::vector<I64> slot_shape(const LlamaConfig& c, Llama::Slot slot) {
 
 int params_per_block(const LlamaConfig& c) {
   int count = 0;
-  for (const SlotName& s : kSlotNames) count += (s.bias && !c.attention_bias) ? 0 : 1;
+  for (const SlotName& s : kSlotNames) count += has_slot(c, s) ? 1 : 0;
   return count;
 }
 
@@ -136,7 +154,7 @@ Llama::Llama(LlamaConfig config, kernels::KernelContext& ctx, LlamaOptions optio
       acts_(config_, options.sequence_parallel_size()) {
   int offset = 0;
   for (const SlotName& s : kSlotNames) {
-    slot_offset_[s.slot] = (s.bias && !config_.attention_bias) ? -1 : offset++;
+    slot_offset_[s.slot] = has_slot(config_, s) ? offset++ : -1;
   }
   per_layer_ = offset;
 }
@@ -152,7 +170,7 @@ std::vector<ParamSpec> Llama::parameter_table(const LlamaConfig& c) {
   for (int l = 0; l < L; ++l) {
     const std::string prefix = "model.layers." + std::to_string(l) + ".";
     for (const SlotName& s : kSlotNames) {
-      if (s.bias && !c.attention_bias) continue;
+      if (!has_slot(c, s)) continue;
       const std::vector<I64> shape = slot_shape(c, s.slot);
       params.push_back({prefix + s.name, shape, {transformer::block_module(l)}, shape.size() == 1});
     }
@@ -172,7 +190,7 @@ int Llama::block_param(int layer, int slot) const {
 void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std::int64_t count,
                            float* out) const {
   const ParamSpec& spec = init_range(index, begin, count);
-  if (spec.shape.size() == 1) {  // biases 0, RMSNorm weights 1
+  if (spec.shape.size() == 1) {  // biases 0, RMSNorm weights 1 (Qwen3's q_norm / k_norm too)
     const bool norm_weight = spec.name.find("norm.weight") != std::string::npos;
     for (I64 i = 0; i < count; ++i) out[i] = norm_weight ? 1.0f : 0.0f;
     return;
@@ -184,9 +202,10 @@ void Llama::init_parameter(int index, std::uint64_t seed, std::int64_t begin, st
 // of the compute dtype, N = B*T, statistics fp32):
 //   kept for backward (L sets; one reused set under checkpointing): ln1, res2, ln2 (N,C); q,
 //     atty (N,NH*hd); k, v (N,NKV*hd); gate, up, h (N,I); ln1/ln2 rstd (N); attention's row
-//     log-sum-exp (B,NH,T) fp32; then proj (N,C), the projections' scratch
+//     log-sum-exp (B,NH,T) fp32; Qwen3 (qk_norm) adds q_pre (N,NH*hd), k_pre (N,NKV*hd) and
+//     their per-head rstd (N*NH, N*NKV) fp32; then proj (N,C), the projections' scratch
 //   backward: dln1 (N,C), datty (N,NH*hd), dln2 (N,C), dh (N,I); accumulated: dq (N,NH*hd),
-//     dk, dv (N,NKV*hd), dgate, dup (N,I)
+//     dk, dv (N,NKV*hd), Qwen3's dq_pre (N,NH*hd) and dk_pre (N,NKV*hd), dgate, dup (N,I)
 //   sequence parallelism (sp > 1; N = B*T of the chunk): q and lse as above hold this rank's
 //     heads of the whole sequence (the same sizes), k and v (N, KV_full), and atty_full
 //     (N,NH*hd) is kept besides; the forward's shared scratch adds the all-to-alls' send and recv
@@ -202,6 +221,7 @@ Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
              c.num_key_value_heads,
              c.num_attention_heads * c.head_dim,
              c.num_key_value_heads * c.head_dim},
+      qk_norm(c.qk_norm()),
       heads(transformer::gqa_heads(c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                                    sp_size)) {}
 
@@ -219,6 +239,12 @@ void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::P
     p.bytes(&a.q, N * Q * S);
     p.bytes(&a.k, N * heads.KV_full * S);
     p.bytes(&a.v, N * heads.KV_full * S);
+    if (qk_norm) {
+      p.bytes(&a.q_pre, N * Q * S);
+      p.bytes(&a.k_pre, N * KV * S);
+      p.floats(&a.q_rstd, N * NH);
+      p.floats(&a.k_rstd, N * NKV);
+    }
     p.floats(&a.lse, I64{s.B} * NH * s.T);
     p.bytes(&a.atty, N * Q * S);
     if (heads.sp > 1) p.bytes(&a.atty_full, N * Q * S);
@@ -262,6 +288,10 @@ void Llama::Activations::plan_accumulated(ActivationPlanner& p, const transforme
   p.bytes(&dq, NS * widths.Q);
   p.bytes(&dk, NS * heads.KV_full);
   p.bytes(&dv, NS * heads.KV_full);
+  if (qk_norm) {
+    p.bytes(&dq_pre, NS * widths.Q);
+    p.bytes(&dk_pre, NS * widths.KV);
+  }
   if (!mlp_tiled) {  // tiled: one tile's, in plan_backward
     p.bytes(&dgate, NS * widths.I);
     p.bytes(&dup, NS * widths.I);
@@ -302,17 +332,24 @@ void Llama::block_forward(ParamAccess& a, int layer, Bytes res_in, Bytes res_out
   // Under sequence parallelism q, k, v hold the chunk's rows until the all-to-alls turn them, in
   // place, into this rank's heads of the whole sequence (gqa_attention_forward).
   const Bytes q = x.q, k = x.k, v = x.v;
-  k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1W), N, C, config_.rms_norm_eps);
-  k::linear_forward(ctx, dt, q, x.ln1, P(kQW), P(kQB), N, C, Q);
-  k::linear_forward(ctx, dt, k, x.ln1, P(kKW), P(kKB), N, C, KV);
+  const double eps = config_.rms_norm_eps;
+  k::rmsnorm_forward(ctx, dt, x.ln1, x.ln1_rstd, res_in, P(kLn1W), N, C, eps);
+  // Qwen3 normalises each head of q and k (rows of hd) between the projection and the rotation.
+  const bool qk_norm = acts_.qk_norm;
+  k::linear_forward(ctx, dt, qk_norm ? x.q_pre : q, x.ln1, P(kQW), P(kQB), N, C, Q);
+  k::linear_forward(ctx, dt, qk_norm ? x.k_pre : k, x.ln1, P(kKW), P(kKB), N, C, KV);
   k::linear_forward(ctx, dt, v, x.ln1, P(kVW), P(kVB), N, C, KV);
+  if (qk_norm) {
+    k::rmsnorm_forward(ctx, dt, q, x.q_rstd, x.q_pre, P(kQNormW), N * NH, hd, eps);
+    k::rmsnorm_forward(ctx, dt, k, x.k_rstd, x.k_pre, P(kKNormW), N * NKV, hd, eps);
+  }
   k::rope_forward(ctx, dt, q, q, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_forward(ctx, dt, k, k, rope_, pass.B, pass.T, NKV, hd, pass.positions);
   gqa_attention_forward(acts_.heads, attention_tensors(x), acts_.send, acts_.recv,
                         config_.layer_window(layer));
   k::linear_forward(ctx, dt, acts_.proj, x.atty, P(kOW), Bytes(), N, Q, C);
   k::residual_rmsnorm_forward(ctx, dt, x.res2, x.ln2, x.ln2_rstd, res_in, acts_.proj, P(kLn2W), N,
-                              C, config_.rms_norm_eps);
+                              C, eps);
   if (acts_.mlp_tiled) {
     // The rerun under checkpointing leaves the MLP to the backward, which recomputes it per tile.
     if (!res_out) return;
@@ -366,8 +403,17 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
                          config_.layer_window(layer));
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
   k::rope_backward(ctx, dt, d.dk, d.dk, rope_, pass.B, pass.T, NKV, hd, pass.positions);
-  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), d.dq, x.ln1, P(kQW), N, C, Q, first);
-  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), d.dk, x.ln1, P(kKW), N, C, KV);
+  Bytes dq = d.dq, dk = d.dk;
+  if (d.qk_norm) {  // through the per-head RMSNorms to the projections' outputs
+    k::rmsnorm_backward(ctx, dt, gt, d.dq_pre, G(kQNormW), d.dq, x.q_pre, P(kQNormW), x.q_rstd,
+                        N * NH, hd);
+    k::rmsnorm_backward(ctx, dt, gt, d.dk_pre, G(kKNormW), d.dk, x.k_pre, P(kKNormW), x.k_rstd,
+                        N * NKV, hd);
+    dq = d.dq_pre;
+    dk = d.dk_pre;
+  }
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1W), d.dln1, res_in, P(kLn1W), x.ln1_rstd, N, C);
 }

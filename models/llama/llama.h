@@ -1,12 +1,14 @@
-// Llama: the Llama family's decoder (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral, with their sliding
-// windows: LlamaConfig::layer_window) on kernels/ops.h, implementing zrt::Model.
+// Llama: the Llama family's decoder (Llama 2/3/3.1/3.2, Qwen2/2.5, Qwen3, Mistral, with their
+// sliding windows: LlamaConfig::layer_window) on kernels/ops.h, implementing zrt::Model.
 //
-// Per block: RMSNorm -> q/k/v projections (biases for Qwen2) -> RoPE on q and k -> causal
+// Per block: RMSNorm -> q/k/v projections (biases for Qwen2) -> an RMSNorm over each q and k
+// head (Qwen3's q_norm / k_norm) -> RoPE on q and k -> causal
 // grouped-query attention -> o projection -> residual -> RMSNorm -> SwiGLU MLP (down(silu(gate)
 // * up)) -> residual; then a final RMSNorm and the head, tied to the token embedding or its own
 // lm_head. No position embedding (positions come from RoPE), no dropout.
 //
-// Parameters carry exactly transformers' LlamaForCausalLM / Qwen2ForCausalLM state-dict names,
+// Parameters carry exactly transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+// MistralForCausalLM state-dict names,
 // shapes (nn.Linear weights (out, in)) and order (models/llama/llama_config.h lists them).
 // Modules:
 //   0          model.embed_tokens.weight
@@ -69,9 +71,26 @@ class Llama final : public transformer::TransformerModel {
   static std::int64_t host_activation_bytes(const LlamaConfig& config, int B, int T, DType dtype,
                                             const LlamaOptions& options);
 
-  // Block parameter slots in transformers' order; the bias slots exist with attention_bias.
-  enum Slot { kQW, kQB, kKW, kKB, kVW, kVB, kOW, kGateW, kUpW, kDownW, kLn1W, kLn2W, kNumSlots };
-  // Index into parameters() of `slot` of block `layer` (-1: a bias the model does not have).
+  // Block parameter slots in transformers' order; the bias slots exist with attention_bias, the
+  // q/k norms with qk_norm() (Qwen3).
+  enum Slot {
+    kQW,
+    kQB,
+    kKW,
+    kKB,
+    kVW,
+    kVB,
+    kOW,
+    kQNormW,
+    kKNormW,
+    kGateW,
+    kUpW,
+    kDownW,
+    kLn1W,
+    kLn2W,
+    kNumSlots
+  };
+  // Index into parameters() of `slot` of block `layer` (-1: a slot the model does not have).
   int block_param(int layer, int slot) const;
   int embed() const { return spec().token_embedding; }
   int norm() const { return spec().final_norm_weight; }
@@ -93,6 +112,10 @@ class Llama final : public transformer::TransformerModel {
       // Sequence parallelism: q, k, v and lse are this rank's heads of the whole sequence,
       // (B,sp*T,heads,hd); atty_full the attention's output there, atty the chunk's, every head.
       Bytes atty_full;
+      // Qwen3 (qk_norm): the projections' q and k before their per-head RMSNorm (the chunk's
+      // rows, every head), and that norm's reciprocal RMS per (token, head).
+      Bytes q_pre, k_pre;
+      Floats q_rstd, k_rstd;
     };
     std::vector<Kept> kept;  // L, or 1 reused by all blocks with checkpointing
     Bytes proj;              // (B,T,C): o_proj / down_proj outputs before the residual add
@@ -110,6 +133,9 @@ class Llama final : public transformer::TransformerModel {
     // parallelism datty, dq, dk and dv hold the whole sequence's layout between the all-to-alls
     // (attention_backward), the chunk's before and after.
     Bytes dln1, datty, dln2, dh, dq, dk, dv, dgate, dup;
+    // Qwen3 (qk_norm): the gradients of q_pre and k_pre (accumulated: the per-head RMSNorm's
+    // backward adds into its input's gradient).
+    Bytes dq_pre, dk_pre;
 
     // The block's widths: hidden, intermediate, head_dim, query and key/value heads, and the
     // widths of q and of k and v.
@@ -117,6 +143,7 @@ class Llama final : public transformer::TransformerModel {
       int C, I, hd, NH, NKV, Q, KV;
     };
     const Widths widths;
+    const bool qk_norm;  // Qwen3's q_norm / k_norm
     // The attention's heads and how sequence parallelism shares them out (heads.sp; the width
     // per chunk token of this rank's whole-sequence k and v, heads.KV_full).
     const transformer::GqaHeads heads;

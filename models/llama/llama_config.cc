@@ -47,6 +47,12 @@ constexpr Preset kPresets[] = {
      true},
     {"qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 131072, 1e-6, 1000000.0, 0, false,
      true},
+    // Qwen/Qwen3-0.6B and Qwen/Qwen3-8B: head_dim 128 whatever the width (wider than
+    // hidden_size / num_attention_heads on the 0.6B), no attention biases, q_norm / k_norm.
+    {"qwen3-0.6b", "qwen3", 1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e-6, 1000000.0, 0, true,
+     false},
+    {"qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e-6, 1000000.0, 0, false,
+     false},
     {"smollm2-135m", "llama", 576, 1536, 30, 9, 3, 64, 49152, 8192, 1e-5, 100000.0, 0, true, false},
 };
 
@@ -57,7 +63,7 @@ std::string preset_list() {
 }
 
 bool known_architecture(const std::string& a) {
-  return a == "llama" || a == "qwen2" || a == "mistral";
+  return a == "llama" || a == "qwen2" || a == "qwen3" || a == "mistral";
 }
 
 }  // namespace
@@ -101,7 +107,7 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 
 LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::string& spec) {
   if (!known_architecture(architecture)) {
-    ZRT_THROW(InvalidArgument, "llama config: architecture '{}' (llama, qwen2, mistral)",
+    ZRT_THROW(InvalidArgument, "llama config: architecture '{}' (llama, qwen2, qwen3, mistral)",
               architecture);
   }
   LlamaConfig c;
@@ -155,7 +161,7 @@ void LlamaConfig::validate() const {
   if (!known_architecture(architecture)) {
     ZRT_THROW(InvalidArgument,
               "{}: model.type '{}' is not a Llama-family architecture (llama, "
-              "qwen2, mistral)",
+              "qwen2, qwen3, mistral)",
               name, architecture);
   }
   const std::pair<const char*, int> dims[] = {{"hidden_size", hidden_size},
@@ -195,8 +201,8 @@ void LlamaConfig::validate() const {
               "qwen2 config {}: model.attention_bias=false, but Qwen2 always has q/k/v biases",
               name);
   }
-  // zrt's biases are Qwen2's (q, k, v): transformers' Llama puts one on o_proj too, and its
-  // Mistral none, so such a model would export to something else than what trained.
+  // zrt's biases are Qwen2's (q, k, v): transformers' Llama and Qwen3 put one on o_proj too,
+  // and its Mistral none, so such a model would export to something else than what trained.
   if (architecture != "qwen2" && attention_bias) {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.attention_bias=true is not supported: zrt's q/k/v biases are "
@@ -214,7 +220,8 @@ void LlamaConfig::validate() const {
   if (sliding_window > 0 && architecture == "llama") {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.sliding_window={} is not a Llama setting (transformers' "
-              "LlamaForCausalLM has no sliding window); model.type mistral or qwen2 has one",
+              "LlamaForCausalLM has no sliding window); model.type mistral, qwen2 or qwen3 has "
+              "one",
               architecture, name, sliding_window);
   }
   if (max_window_layers < 0) {
@@ -223,10 +230,10 @@ void LlamaConfig::validate() const {
               "applies to)",
               architecture, name, max_window_layers);
   }
-  if (max_window_layers > 0 && architecture != "qwen2") {
+  if (max_window_layers > 0 && !windows_from_layer()) {
     ZRT_THROW(InvalidArgument,
-              "{} config {}: model.max_window_layers={} is Qwen2's (model.type qwen2); {}'s "
-              "sliding window applies to every layer",
+              "{} config {}: model.max_window_layers={} is Qwen2's and Qwen3's (model.type qwen2, "
+              "qwen3); {}'s sliding window applies to every layer",
               architecture, name, max_window_layers, architecture);
   }
   try {
@@ -247,7 +254,8 @@ std::int64_t LlamaConfig::num_parameters() const {
   using I64 = std::int64_t;
   const I64 C = hidden_size, I = intermediate_size;
   const I64 Q = I64{num_attention_heads} * head_dim, KV = I64{num_key_value_heads} * head_dim;
-  const I64 attention = C * Q + 2 * C * KV + Q * C + (attention_bias ? Q + 2 * KV : 0);
+  const I64 attention = C * Q + 2 * C * KV + Q * C + (attention_bias ? Q + 2 * KV : 0) +
+                        (qk_norm() ? 2 * I64{head_dim} : 0);
   const I64 block = 2 * C + attention + 3 * C * I;
   const I64 embed = I64{vocab_size} * C;
   return embed + I64{num_hidden_layers} * block + C + (tie_word_embeddings ? 0 : embed);

@@ -1,7 +1,7 @@
-// LlamaConfig: the Llama family's architecture (Llama 2/3/3.1/3.2, Qwen2/2.5, Mistral), with
+// LlamaConfig: the Llama family's architecture (Llama 2/3/3.1/3.2, Qwen2/2.5, Qwen3, Mistral), with
 // the fields named after the keys of a Hugging Face config.json so that reading one is a
 // one-to-one copy. The parameter names and layouts of the model built from it are exactly
-// transformers' LlamaForCausalLM / Qwen2ForCausalLM state-dict names:
+// transformers' LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM state-dict names:
 //   model.embed_tokens.weight                      [vocab_size, hidden_size]
 //   model.layers.{i}.input_layernorm.weight        [hidden_size]
 //   model.layers.{i}.self_attn.q_proj.weight       [num_attention_heads*head_dim, hidden_size]
@@ -9,6 +9,7 @@
 //   model.layers.{i}.self_attn.v_proj.weight       [num_key_value_heads*head_dim, hidden_size]
 //   model.layers.{i}.self_attn.{q,k,v}_proj.bias   (attention_bias only, e.g. Qwen2)
 //   model.layers.{i}.self_attn.o_proj.weight       [hidden_size, num_attention_heads*head_dim]
+//   model.layers.{i}.self_attn.{q,k}_norm.weight   [head_dim] (Qwen3 only: qk_norm())
 //   model.layers.{i}.post_attention_layernorm.weight [hidden_size]
 //   model.layers.{i}.mlp.gate_proj.weight          [intermediate_size, hidden_size]
 //   model.layers.{i}.mlp.up_proj.weight            [intermediate_size, hidden_size]
@@ -34,8 +35,9 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string architecture = "llama";  // "llama", "qwen2" or "mistral" (config.json model_type)
-  std::string name = "custom";         // the preset it came from, or "custom"
+  // "llama", "qwen2", "qwen3" or "mistral" (config.json model_type)
+  std::string architecture = "llama";
+  std::string name = "custom";  // the preset it came from, or "custom"
 
   int hidden_size = 0;          // C
   int intermediate_size = 0;    // the SwiGLU MLP's width
@@ -53,7 +55,7 @@ struct LlamaConfig {
   // Sliding-window attention (kernels/ops.h): query t sees keys > t - sliding_window; 0: none.
   // Mistral's applies to every layer; Qwen2's (use_sliding_window) to the layers from
   // max_window_layers on, the ones before attending over the whole sequence (transformers'
-  // layer_types). max_window_layers is 0 for Mistral.
+  // layer_types); Qwen3's the same. max_window_layers is 0 for Mistral.
   int sliding_window = 0;
   int max_window_layers = 0;
 
@@ -62,23 +64,29 @@ struct LlamaConfig {
 
   // The presets (shapes from the models' config.json; weights come from the user's directory):
   // llama-3.2-1b, llama-3.2-3b, llama-3.1-8b, llama-3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
-  // smollm2-135m, and llama-tiny (2 layers, 64 wide, GQA 4/2, 256 byte-level tokens, seq 256:
-  // for tests). A preset's seq_len is min(max_position_embeddings, 8192). Throws
+  // qwen3-0.6b, qwen3-8b, smollm2-135m, and llama-tiny (2 layers, 64 wide, GQA 4/2, 256 byte-level
+  // tokens, seq 256: for tests). A preset's seq_len is min(max_position_embeddings, 8192). Throws
   // InvalidArgument naming the presets for anything else.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
   // "llama-3.2-1b", "llama-tiny:seq_len=128,num_hidden_layers=4", or all dimensions as
   // key=value (config.json's names; rope_scaling's as rope_scaling.factor=8 etc.,
-  // rope_scaling.rope_type=llama3). `architecture` is model.type ("llama", "qwen2",
+  // rope_scaling.rope_type=llama3). `architecture` is model.type ("llama", "qwen2", "qwen3",
   // "mistral"); a preset of another architecture is an error. Validated.
   static LlamaConfig parse(const std::string& architecture, const std::string& spec);
 
   // Throws InvalidArgument naming the key unless: every dimension is positive,
   // num_key_value_heads divides num_attention_heads, head_dim is even (<= 512), seq_len <=
   // max_position_embeddings, rms_norm_eps > 0, the rotary settings are valid, qwen2 has
-  // attention_bias, sliding_window and max_window_layers are >= 0, and max_window_layers is 0
-  // unless the architecture is qwen2.
+  // attention_bias and no other architecture has, sliding_window and max_window_layers are >= 0,
+  // and max_window_layers is 0 unless the architecture is qwen2 or qwen3.
   void validate() const;
+  // Qwen3's attention: an RMSNorm (weights [head_dim], the model's rms_norm_eps) over each query
+  // and key head after its projection, before the rotation (transformers' q_norm / k_norm).
+  bool qk_norm() const { return architecture == "qwen3"; }
+  // Whether the architecture windows the layers from max_window_layers on (Qwen2's and Qwen3's
+  // use_sliding_window) rather than every layer (Mistral).
+  bool windows_from_layer() const { return architecture == "qwen2" || architecture == "qwen3"; }
   // The sliding window of layer `layer` (0: none): sliding_window from max_window_layers on.
   int layer_window(int layer) const {
     return sliding_window > 0 && layer >= max_window_layers ? sliding_window : 0;

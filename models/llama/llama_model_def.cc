@@ -92,6 +92,7 @@ class LlamaDef final : public transformer::TransformerDefOf<LlamaDef, LlamaConfi
 
 const char* hf_architecture(const std::string& architecture) {
   if (architecture == "qwen2") return "Qwen2ForCausalLM";
+  if (architecture == "qwen3") return "Qwen3ForCausalLM";
   if (architecture == "mistral") return "MistralForCausalLM";
   return "LlamaForCausalLM";
 }
@@ -123,7 +124,8 @@ std::string spec_of_saved_block(const nlohmann::json& m) {
 nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& c);
 
 // Hugging Face safetensors: the tensors under zrt's names (which are transformers') in fp32,
-// and a config.json for LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM beside them.
+// and a config.json for LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+// MistralForCausalLM beside them.
 void export_llama(const std::string& architecture, ExportInput input, const std::string& out) {
   const std::string& dir = input.checkpoint;
   const auto saved = nlohmann::json::parse(input.config_json, nullptr, false);
@@ -157,7 +159,8 @@ void export_llama(const std::string& architecture, ExportInput input, const std:
   }
 }
 
-// transformers' config.json of a LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM.
+// transformers' config.json of a LlamaForCausalLM / Qwen2ForCausalLM / Qwen3ForCausalLM /
+// MistralForCausalLM.
 nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& c) {
   nlohmann::json hf;
   hf["architectures"] = {hf_architecture(architecture)};
@@ -185,9 +188,9 @@ nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& 
   hf["tie_word_embeddings"] = c.tie_word_embeddings;
   if (architecture != "qwen2") hf["attention_bias"] = c.attention_bias;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
-  if (architecture == "qwen2") {
-    // Qwen2Config drops sliding_window unless use_sliding_window, and applies it from
-    // max_window_layers on.
+  if (c.windows_from_layer()) {
+    // Qwen2Config and Qwen3Config drop sliding_window unless use_sliding_window, and apply it
+    // from max_window_layers on.
     const bool windowed = c.sliding_window > 0 && c.max_window_layers < c.num_hidden_layers;
     hf["use_sliding_window"] = windowed;
     hf["max_window_layers"] = windowed ? c.max_window_layers : c.num_hidden_layers;
@@ -296,6 +299,7 @@ ModelEntry registry_entry(const std::string& architecture) {
     presets += (presets.empty() ? "" : ", ") + name;
   }
   const char* family = architecture == "qwen2"     ? "Qwen2/Qwen2.5"
+                       : architecture == "qwen3"   ? "Qwen3 (dense)"
                        : architecture == "mistral" ? "Mistral"
                                                    : "Llama 2/3/3.1/3.2";
   entry.summary = presets.empty() ? fmt::format("{} (no presets: give the dimensions)", family)

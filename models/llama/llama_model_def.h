@@ -1,6 +1,6 @@
 // The Llama family's entries in the model registry (models/model_registry.h): model.type
-// "llama", "qwen2" and "mistral", each resolving the model block into a LlamaConfig behind the
-// registry's ModelDef hooks. Registered in models/builtin_models.cc.
+// "llama", "qwen2", "qwen3" and "mistral", each resolving the model block into a LlamaConfig behind
+// the registry's ModelDef hooks. Registered in models/builtin_models.cc.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 namespace zrt::llama {
 
-// The entry of `architecture` ("llama", "qwen2" or "mistral").
+// The entry of `architecture` ("llama", "qwen2", "qwen3" or "mistral").
 ModelEntry registry_entry(const std::string& architecture);
 
 // Training FLOPs per token at sequence length T: 6 per weight a token's matrix products read

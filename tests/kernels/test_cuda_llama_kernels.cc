@@ -431,8 +431,10 @@ TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda]
   }
 }
 
-TEST_CASE("tiny Llama and Qwen2 on the GPU match transformers (fp32)", "[cuda][llama]") {
-  for (const auto& g : test::llama_golden()["cases"]) {
+TEST_CASE("tiny Llama, Qwen2 and Qwen3 on the GPU match transformers (fp32)", "[cuda][llama]") {
+  std::vector<nlohmann::json> cases = test::llama_golden()["cases"];
+  for (const auto& g : test::qwen3_golden()["cases"]) cases.push_back(g);  // q_norm / k_norm
+  for (const auto& g : cases) {
     const llama::LlamaConfig config = test::case_config(g);
     for (bool checkpointing : {false, true}) {
       // The loss and every gradient of the golden batch (its sequences swapped with `swap`: the

@@ -22,6 +22,11 @@ saved by transformers (its per-expert tensors, the Hub's form; a shared expert a
 for Qwen2-MoE) is zrt-train's init_from, trained 3 steps on 2 ranks at ZeRO stage 3 and exported
 with --hf; from_pretrained loads it with no missing or unexpected keys and its logits equal zrt's.
 
+--part transformers-qwen3-v5 (the same virtual environment; Qwen3 came in transformers 4.51): a
+dense Qwen3 (q_norm / k_norm, head_dim wider than hidden_size / heads, a tied head) the same
+round trip. --part transformers-window-v5: sliding windows (Mistral, Qwen2, Qwen3, Mixtral,
+Qwen3-MoE) through it, each export keeping its window.
+
 Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
 """
 import argparse
@@ -305,9 +310,43 @@ def part_transformers_moe(args):
 WINDOW = 8  # tokens: the round trip's 32-token logits see a quarter of their causal context
 
 
+def part_transformers_qwen3(args):
+    """A dense Qwen3 through the round trip (the hf-venv's transformers v5): its per-head q_norm
+    and k_norm come back under transformers' names, head_dim 32 (hidden_size / heads is 16),
+    grouped-query attention, the head tied to the embedding."""
+    try:
+        import transformers
+    except ImportError as e:
+        print("skipped: %s lacks torch/transformers (%s)%s" % (sys.executable, e, V5_HINT))
+        return SKIP
+    if not transformers.is_torch_available() or not hasattr(transformers, "Qwen3Config"):
+        print("skipped: transformers %s in %s has no Qwen3 (4.51 on) or no torch%s" %
+              (transformers.__version__, sys.executable, V5_HINT))
+        return SKIP
+    cfg = transformers.Qwen3Config(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, vocab_size=256, max_position_embeddings=32,
+        tie_word_embeddings=True, rope_theta=10000.0, bos_token_id=255, eos_token_id=255)
+
+    def expect_config(arch, exported):
+        check(exported.get("model_type") == "qwen3" and
+              exported.get("architectures") == ["Qwen3ForCausalLM"],
+              "qwen3: exported as %s %s" % (exported.get("model_type"),
+                                           exported.get("architectures")))
+        check(exported.get("head_dim") == 32 and exported.get("tie_word_embeddings") is True,
+              "qwen3: exported head_dim %s, tie_word_embeddings %s" %
+              (exported.get("head_dim"), exported.get("tie_word_embeddings")))
+        check(exported.get("use_sliding_window") is False,
+              "qwen3: exported use_sliding_window %s" % exported.get("use_sliding_window"))
+
+    round_trip(args, [("qwen3", cfg, transformers.Qwen3ForCausalLM)], expect_config)
+    print("ok: qwen3")
+    return 0
+
+
 def part_transformers_window(args):
     """Sliding windows through the round trip (transformers v5's semantics: the hf-venv): Mistral
-    and Mixtral on every layer, Qwen2 from max_window_layers 1 on, Qwen3-MoE with
+    and Mixtral on every layer, Qwen2 and Qwen3 from max_window_layers 1 on, Qwen3-MoE with
     use_sliding_window; the export keeps the window (config.json), transformers' logits of the
     exported model equal zrt's, and differ from the same weights without the window."""
     try:
@@ -331,6 +370,9 @@ def part_transformers_window(args):
         ("qwen2", transformers.Qwen2Config(intermediate_size=96, use_sliding_window=True,
                                            max_window_layers=1, **common),
          transformers.Qwen2ForCausalLM),
+        ("qwen3", transformers.Qwen3Config(intermediate_size=96, use_sliding_window=True,
+                                           max_window_layers=1, head_dim=16, **common),
+         transformers.Qwen3ForCausalLM),
         ("mixtral", transformers.MixtralConfig(intermediate_size=48, num_local_experts=4,
                                                num_experts_per_tok=2, **moe),
          transformers.MixtralForCausalLM),
@@ -345,12 +387,12 @@ def part_transformers_window(args):
     def expect_config(arch, exported):
         check(exported.get("sliding_window") == WINDOW,
               "%s: exported sliding_window %s" % (arch, exported.get("sliding_window")))
-        if arch in ("qwen2", "qwen3_moe"):
+        if arch in ("qwen2", "qwen3", "qwen3_moe"):
             check(exported.get("use_sliding_window") is True,
                   "%s: exported use_sliding_window %s" % (arch, exported.get("use_sliding_window")))
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen3"):
             check(exported.get("max_window_layers") == 1,
-                  "qwen2: exported max_window_layers %s" % exported.get("max_window_layers"))
+                  "%s: exported max_window_layers %s" % (arch, exported.get("max_window_layers")))
 
     round_trip(args, cases, expect_config)
     # The window matters at these lengths: the same weights without it give other logits.
@@ -375,7 +417,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--part", choices=["safetensors", "transformers", "transformers-llama",
                                       "transformers-moe", "transformers-moe-v5",
-                                      "transformers-window-v5"],
+                                      "transformers-qwen3-v5", "transformers-window-v5"],
                    required=True)
     p.add_argument("--zrt-train", required=True)
     p.add_argument("--zrt-ckpt", required=True)
@@ -388,6 +430,8 @@ def main():
         return part_safetensors(args)
     if args.part == "transformers-window-v5":
         return part_transformers_window(args)
+    if args.part == "transformers-qwen3-v5":
+        return part_transformers_qwen3(args)
     if args.part.startswith("transformers-moe"):
         return part_transformers_moe(args)
     return part_transformers(args, "llama" if args.part == "transformers-llama" else "gpt2")

@@ -1,5 +1,6 @@
 // The goldens of tests/golden/llama_golden.json (make_llama_golden.py: transformers'
-// LlamaForCausalLM and Qwen2ForCausalLM): the file, each case's LlamaConfig, and the
+// LlamaForCausalLM and Qwen2ForCausalLM; qwen3_golden.json and llama_window_golden.json the same
+// form): the file, each case's LlamaConfig, and the
 // generator's weights (zrt's counter RNG keyed on the parameter index). Shared by test_llama.cc
 // and the GPU parity test.
 #pragma once
@@ -35,6 +36,19 @@ inline const nlohmann::json& llama_window_golden() {
   static const nlohmann::json doc = [] {
     std::ifstream in(ZRT_LLAMA_WINDOW_GOLDEN);
     ZRT_CHECK(in.good(), "cannot open {}", ZRT_LLAMA_WINDOW_GOLDEN);
+    return nlohmann::json::parse(in);
+  }();
+  return doc;
+}
+#endif
+
+#ifdef ZRT_QWEN3_GOLDEN
+// tests/golden/qwen3_golden.json (make_qwen3_golden.py): the same form, transformers'
+// Qwen3ForCausalLM.
+inline const nlohmann::json& qwen3_golden() {
+  static const nlohmann::json doc = [] {
+    std::ifstream in(ZRT_QWEN3_GOLDEN);
+    ZRT_CHECK(in.good(), "cannot open {}", ZRT_QWEN3_GOLDEN);
     return nlohmann::json::parse(in);
   }();
   return doc;

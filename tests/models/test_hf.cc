@@ -120,6 +120,22 @@ TEST_CASE("config.json of published models", "[hf][config]") {
   CHECK(q.tie_word_embeddings);
   CHECK(q.rope_scaling.rope_type == "default");
 
+  // Qwen3-8B: head_dim given, q_norm / k_norm implied by the type, no biases, no window.
+  const HfConfig q3 = HfConfig::read(fixture("qwen3-8b.json"));
+  CHECK(q3.model_type == "qwen3");
+  CHECK(q3.hidden_size == 4096);
+  CHECK(q3.intermediate_size == 12288);
+  CHECK(q3.num_hidden_layers == 36);
+  CHECK(q3.num_key_value_heads == 8);
+  CHECK(q3.head_dim == 128);
+  CHECK(q3.max_position_embeddings == 40960);
+  CHECK(q3.rope_theta == 1e6);
+  CHECK(q3.rms_norm_eps == 1e-6);
+  CHECK_FALSE(q3.attention_bias);
+  CHECK(q3.sliding_window == 0);
+  CHECK_FALSE(q3.tie_word_embeddings);
+  CHECK(*q3.eos_token_id == 151645);
+
   const HfConfig m = HfConfig::read(fixture("mistral-7b.json"));
   CHECK(m.model_type == "mistral");
   CHECK(m.sliding_window == 4096);
@@ -222,6 +238,18 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 0);
   qwen.erase("sliding_window");
   CHECK(HfConfig::parse(qwen.dump(), "x").sliding_window == 4096);
+  // Qwen3 windows as Qwen2 does; its attention_bias would put a bias on o_proj too: refused.
+  {
+    json qwen3 = json::parse(text_of(fixture("qwen3-8b.json")));
+    qwen3["use_sliding_window"] = true;
+    qwen3["sliding_window"] = 4096;
+    CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 0);  // max_window_layers 36 of 36
+    qwen3["max_window_layers"] = 30;
+    CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 4096);
+    CHECK(HfConfig::parse(qwen3.dump(), "x").max_window_layers == 30);
+    qwen3["attention_bias"] = true;
+    fails(qwen3, "attention_bias true is not supported for qwen3");
+  }
   // Qwen2-MoE windows every other layer below max_window_layers: refused, not trained wrongly.
   {
     json moe = json::parse(text_of(fixture("qwen2.5-0.5b.json")));

@@ -166,6 +166,26 @@ TEST_CASE("Llama and Qwen2 match transformers layer by layer (fp32)", "[llama][g
   for (const auto& g : golden()["cases"]) check_golden_case(g);
 }
 
+// tests/golden/qwen3_golden.json (make_qwen3_golden.py, transformers 5's Qwen3ForCausalLM): the
+// per-head q_norm / k_norm before the rotation, head_dim 8 twice hidden_size / heads, no biases;
+// the second case with Qwen2's window from max_window_layers 1 on and a tied head. q_norm's and
+// k_norm's gradients are among those checked; a model without the norms misses the first
+// layer's output by far more than 1e-5. The tolerances are make_llama_golden's: the norm adds one
+// link of inner length head_dim (8) to the chain of llama_golden.h's gradient_tolerance, 8 u
+// against its 10 x 48 u.
+TEST_CASE("Qwen3 matches transformers layer by layer (fp32)", "[llama][golden][qwen3]") {
+  const auto& cases = test::qwen3_golden()["cases"];
+  REQUIRE(cases.size() == 2);
+  for (const auto& g : cases) {
+    const LlamaConfig config = case_config(g);
+    REQUIRE(config.qk_norm());
+    check_golden_case(g);
+  }
+  const LlamaConfig windowed = case_config(cases[1]);
+  CHECK(windowed.layer_window(0) == 0);
+  CHECK(windowed.layer_window(1) == 4);
+}
+
 // tests/golden/llama_window_golden.json (make_llama_window_golden.py, transformers 5): Mistral
 // with a 5-token window on both layers and Qwen2 with a 4-token window from max_window_layers 1
 // on, over 12-token sequences, so that most rows see only part of their causal context and a
@@ -282,9 +302,17 @@ TEST_CASE("Llama checkpointing and thread count do not change a bit; bf16 is nea
 
 TEST_CASE("Llama-family presets have the published parameter counts", "[llama]") {
   const std::pair<const char*, std::int64_t> counts[] = {
-      {"llama-3.2-1b", 1235814400},   {"llama-3.2-3b", 3212749824}, {"llama-3.1-8b", 8030261248},
-      {"llama-3.1-70b", 70553706496}, {"qwen2.5-0.5b", 494032768},  {"qwen2.5-7b", 7615616512},
+      {"llama-3.2-1b", 1235814400},
+      {"llama-3.2-3b", 3212749824},
+      {"llama-3.1-8b", 8030261248},
+      {"llama-3.1-70b", 70553706496},
+      {"qwen2.5-0.5b", 494032768},
+      {"qwen2.5-7b", 7615616512},
       {"smollm2-135m", 134515008},
+      // transformers' Qwen3ForCausalLM of each config.json, counted on the meta device (the
+      // model cards' 0.6B and 8.2B).
+      {"qwen3-0.6b", 596049920},
+      {"qwen3-8b", 8190735360},
   };
   for (const auto& [name, count] : counts) {
     INFO(name);
@@ -298,6 +326,11 @@ TEST_CASE("Llama-family presets have the published parameter counts", "[llama]")
   CHECK(LlamaConfig::preset("llama-3.1-8b").seq_len == 8192);
   CHECK(LlamaConfig::preset("qwen2.5-0.5b").attention_bias);
   CHECK(LlamaConfig::parse("qwen2", "qwen2.5-0.5b").architecture == "qwen2");
+  const LlamaConfig qwen3 = LlamaConfig::preset("qwen3-0.6b");
+  CHECK(qwen3.qk_norm());
+  CHECK_FALSE(qwen3.attention_bias);
+  CHECK(qwen3.head_dim * qwen3.num_attention_heads == 2 * qwen3.hidden_size);
+  CHECK_FALSE(LlamaConfig::preset("qwen2.5-7b").qk_norm());
 }
 
 TEST_CASE("Llama-family config errors name the key", "[llama]") {
@@ -334,6 +367,15 @@ TEST_CASE("Llama-family config errors name the key", "[llama]") {
   CHECK_THROWS_WITH(
       LlamaConfig::parse("mistral", mistral + ",sliding_window=16,max_window_layers=1"),
       Catch::Contains("max_window_layers=1") && Catch::Contains("Qwen2's"));
+  // Qwen3: Qwen2's windows, and no attention biases (transformers' would put one on o_proj).
+  const LlamaConfig qwen3 =
+      LlamaConfig::parse("qwen3", mistral + ",sliding_window=16,max_window_layers=1");
+  CHECK(qwen3.layer_window(0) == 0);
+  CHECK(qwen3.layer_window(1) == 16);
+  CHECK_THROWS_WITH(LlamaConfig::parse("qwen3", mistral + ",attention_bias=true"),
+                    Catch::Contains("attention_bias=true") && Catch::Contains("o_proj"));
+  CHECK_THROWS_WITH(LlamaConfig::parse("qwen3", "qwen2.5-0.5b"),
+                    Catch::Contains("qwen2.5-0.5b is a qwen2 model"));
   const LlamaConfig qwen = LlamaConfig::parse(
       "qwen2", mistral + ",attention_bias=true,sliding_window=16,max_window_layers=1");
   CHECK(qwen.layer_window(0) == 0);

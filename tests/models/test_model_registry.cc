@@ -48,8 +48,8 @@ TEST_CASE(
     "table offers what "
     "it lists") {
   const ModelRegistry& registry = builtin_models();
-  CHECK(registry.types() == std::vector<std::string>{"gpt2", "llama", "qwen2", "mistral", "mixtral",
-                                                     "qwen2_moe", "qwen3_moe"});
+  CHECK(registry.types() == std::vector<std::string>{"gpt2", "llama", "qwen2", "qwen3", "mistral",
+                                                     "mixtral", "qwen2_moe", "qwen3_moe"});
   CHECK(registry.contains("gpt2"));
   CHECK(registry.entry("gpt2").type == "gpt2");
   // config cannot ask the registry, so model.type's choices are written in the key
@@ -74,7 +74,7 @@ TEST_CASE("an unknown model.type: a config error, and a registry error naming th
   config.type = "bloom";
   config.preset = "gpt2-tiny";
   const std::string message =
-      "unknown model.type 'bloom' (known: gpt2, llama, qwen2, mistral, mixtral, "
+      "unknown model.type 'bloom' (known: gpt2, llama, qwen2, qwen3, mistral, mixtral, "
       "qwen2_moe, qwen3_moe)";
   CHECK_THROWS_AS(builtin_models().resolve(config), InvalidArgument);
   CHECK_THROWS_WITH(builtin_models().resolve(config), Catch::Contains(message));

@@ -201,6 +201,40 @@ TEST_CASE("a sliding window across the chunk boundaries trains as at sp 1", "[sp
   }
 }
 
+// Qwen3's per-head q_norm / k_norm run on the chunk's rows before the all-to-alls (every head of
+// the chunk's tokens; at sp 4 the two key/value heads are shared by the four ranks), with Qwen2's
+// window from layer 1 on and packed documents with loss masks: sp 2 and 4 give sp 1's losses
+// and loss-token counts (the bound of the cases above). test_llama '[qwen3]' checks the model
+// against transformers.
+TEST_CASE("Qwen3 (q_norm, k_norm, a window from layer 1) trains as at sp 1", "[sp][qwen3]") {
+  if (world_size() != 4) return;
+  write_data();
+  Run sp1;
+  for (int sp : {1, 2, 4}) {
+    Job job;
+    job.sp = sp;
+    job.sft = true;
+    job.model_type = "qwen3";
+    job.preset = "";
+    job.model_keys = R"(, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 256,
+        "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "sliding_window": 5, "max_window_layers": 1)";
+    job.accumulation = sp == 4 ? 2 : 1;
+    job.micro = sp / job.accumulation;
+    const std::string name = "qwen3_sp" + std::to_string(sp);
+    INFO(name);
+    const Run r = train_run(name, job);
+    REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+    if (sp == 1) {
+      sp1 = r;
+      continue;
+    }
+    CHECK(r.loss_tokens == sp1.loss_tokens);
+    check_losses(r.losses, sp1.losses, 1e-5);
+  }
+}
+
 TEST_CASE("a checkpoint saved at sp 4 resumes at sp 1, and one at sp 1 at sp 2", "[sp]") {
   if (world_size() != 4) return;
   write_data();
