@@ -41,9 +41,12 @@ constexpr int kAccumulation = 2;
 // padding, persistent LayerNorm parameters and the tied embedding all show up. llama-tiny: GQA,
 // an untied head; the qwen2 spec: q/k/v biases and a tied head. The mixtures of experts: a
 // Qwen2-MoE with its shared expert and a dense layer (both kinds of block's activations), a
-// Qwen3-MoE with q/k norms; every expert's parameters count, routed to or not.
+// Qwen3-MoE with q/k norms; every expert's parameters count, routed to or not. The dense Qwen3:
+// its q/k norms' activations (q_pre, k_pre, their rstd and gradients) at head_dim twice
+// hidden_size / heads.
 const char* const kModels[] = {
-    "gpt2-tiny:seq_len=32", "llama-tiny:seq_len=32",
+    "gpt2-tiny:seq_len=32",
+    "llama-tiny:seq_len=32",
     "qwen2:hidden_size=64,intermediate_size=96,num_hidden_layers=2,num_attention_heads=4,"
     "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,tie_word_embeddings=true",
     "qwen2_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
@@ -52,7 +55,9 @@ const char* const kModels[] = {
     "norm_topk_prob=false,mlp_only_layers=1",
     "qwen3_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
     "num_key_value_heads=2,head_dim=8,vocab_size=256,max_position_embeddings=32,num_experts=8,"
-    "num_experts_per_tok=3,moe_intermediate_size=12"};
+    "num_experts_per_tok=3,moe_intermediate_size=12",
+    "qwen3:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+    "num_key_value_heads=2,head_dim=16,vocab_size=256,max_position_embeddings=32"};
 
 Inputs tiny_inputs(const std::string& spec, bool checkpointing) {
   Inputs in;
