@@ -994,6 +994,12 @@ class Parser {
     read_number("rope_scaling.high_freq_factor", &m.rope_scaling.high_freq_factor);
     read_int("rope_scaling.original_max_position_embeddings",
              &m.rope_scaling.original_max_position_embeddings);
+    read_number("rope_scaling.attention_factor", &m.rope_scaling.attention_factor);
+    read_number("rope_scaling.beta_fast", &m.rope_scaling.beta_fast);
+    read_number("rope_scaling.beta_slow", &m.rope_scaling.beta_slow);
+    read_number("rope_scaling.mscale", &m.rope_scaling.mscale);
+    read_number("rope_scaling.mscale_all_dim", &m.rope_scaling.mscale_all_dim);
+    read_bool("rope_scaling.truncate", &m.rope_scaling.truncate);
     if (!moe) return;
     read_int("num_experts", &m.num_experts);
     read_int("num_experts_per_tok", &m.num_experts_per_tok);
@@ -1312,6 +1318,11 @@ std::string ModelConfig::spec() const {
       {"rope_scaling.factor", &rope_scaling.factor},
       {"rope_scaling.low_freq_factor", &rope_scaling.low_freq_factor},
       {"rope_scaling.high_freq_factor", &rope_scaling.high_freq_factor},
+      {"rope_scaling.attention_factor", &rope_scaling.attention_factor},
+      {"rope_scaling.beta_fast", &rope_scaling.beta_fast},
+      {"rope_scaling.beta_slow", &rope_scaling.beta_slow},
+      {"rope_scaling.mscale", &rope_scaling.mscale},
+      {"rope_scaling.mscale_all_dim", &rope_scaling.mscale_all_dim},
       {"router_aux_loss_coef", &router_aux_loss_coef},
       {"router_z_loss_coef", &router_z_loss_coef},
       {"capacity_factor", &capacity_factor}};
@@ -1321,6 +1332,7 @@ std::string ModelConfig::spec() const {
   const std::pair<const char*, const std::optional<bool>*> bools[] = {
       {"tie_word_embeddings", &tie_word_embeddings},
       {"attention_bias", &attention_bias},
+      {"rope_scaling.truncate", &rope_scaling.truncate},
       {"norm_topk_prob", &norm_topk_prob}};
   for (const auto& [name, field] : bools) {
     if (field->has_value()) overrides.push_back(fmt::format("{}={}", name, **field));
@@ -1483,6 +1495,12 @@ json resolved_document(const Config& c) {
   if (r.original_max_position_embeddings) {
     model["rope_scaling"]["original_max_position_embeddings"] = *r.original_max_position_embeddings;
   }
+  if (r.attention_factor) model["rope_scaling"]["attention_factor"] = *r.attention_factor;
+  if (r.beta_fast) model["rope_scaling"]["beta_fast"] = *r.beta_fast;
+  if (r.beta_slow) model["rope_scaling"]["beta_slow"] = *r.beta_slow;
+  if (r.mscale) model["rope_scaling"]["mscale"] = *r.mscale;
+  if (r.mscale_all_dim) model["rope_scaling"]["mscale_all_dim"] = *r.mscale_all_dim;
+  if (r.truncate) model["rope_scaling"]["truncate"] = *r.truncate;
   model["activation_checkpointing"] = c.model.activation_checkpointing;
   if (c.model.head_tile_rows != 0) model["tiling"]["head_rows"] = c.model.head_tile_rows;
   if (c.model.mlp_tile_rows != 0) model["tiling"]["mlp_rows"] = c.model.mlp_tile_rows;

@@ -59,9 +59,12 @@ struct ModelConfig {
   std::optional<double> rms_norm_eps, rope_theta;
   std::optional<bool> tie_word_embeddings, attention_bias;
   struct RopeScaling {
-    std::optional<std::string> rope_type;  // default | llama3
+    std::optional<std::string> rope_type;  // default | linear | llama3 | yarn
     std::optional<double> factor, low_freq_factor, high_freq_factor;
     std::optional<int> original_max_position_embeddings;
+    // yarn's (kernels/rope_table.h)
+    std::optional<double> attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim;
+    std::optional<bool> truncate;
   } rope_scaling;
   // The mixtures of experts' (mixtral, qwen2_moe, qwen3_moe), config.json's names.
   std::optional<int> num_experts, num_experts_per_tok, moe_intermediate_size,

@@ -724,10 +724,14 @@ std::vector<KeyInfo> build_table() {
         "Llama family: rotary frequency scaling, as config.json's rope_scaling")
           .zrt(),
       K("model.rope_scaling.rope_type", I, kEnum, "default",
-        "\"llama3\": Llama 3.1/3.2's scaling of the low frequencies; \"default\": none")
-          .choices("default|llama3")
+        "\"llama3\": Llama 3.1/3.2's scaling of the low frequencies; \"yarn\": YaRN (Qwen2.5 / "
+        "Qwen3 past their pretrained context); \"linear\": position interpolation; "
+        "\"default\": none")
+          .choices("default|linear|llama3|yarn")
           .zrt(),
-      K("model.rope_scaling.factor", I, kNumber, "1", "llama3: the low frequencies' divisor")
+      K("model.rope_scaling.factor", I, kNumber, "1",
+        "llama3: the low frequencies' divisor; yarn: the context's growth (interpolated "
+        "frequencies divided by it); linear: every frequency's divisor")
           .range(1)
           .zrt(),
       K("model.rope_scaling.low_freq_factor", I, kNumber, "1", "llama3: low-frequency band edge")
@@ -736,9 +740,31 @@ std::vector<KeyInfo> build_table() {
       K("model.rope_scaling.high_freq_factor", I, kNumber, "4", "llama3: high-frequency band edge")
           .range(0)
           .zrt(),
-      K("model.rope_scaling.original_max_position_embeddings", I, kInt, "8192",
-        "llama3: the context the model was pretrained at")
+      K("model.rope_scaling.original_max_position_embeddings", I, kInt, "8192 (yarn: required)",
+        "llama3, yarn: the context the model was pretrained at")
           .range(1)
+          .zrt(),
+      K("model.rope_scaling.attention_factor", I, kNumber, "0.1 ln(factor) + 1",
+        "yarn: the factor on the rotation's cosine and sine (default: from factor, or from "
+        "mscale / mscale_all_dim when both are given)")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.beta_fast", I, kNumber, "32",
+        "yarn: rotations over the original context above which a dimension is kept")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.beta_slow", I, kNumber, "1",
+        "yarn: rotations below which a dimension is interpolated")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.mscale", I, kNumber, "none",
+        "yarn (DeepSeek's form): with mscale_all_dim, attention_factor = (0.1 mscale ln(factor) + "
+        "1) / (0.1 mscale_all_dim ln(factor) + 1)")
+          .range(0)
+          .zrt(),
+      K("model.rope_scaling.mscale_all_dim", I, kNumber, "none", "yarn: see mscale").range(0).zrt(),
+      K("model.rope_scaling.truncate", I, kBool, "true",
+        "yarn: round the ramp's correction range to whole dimensions")
           .zrt(),
       K("model.tie_word_embeddings", I, kBool, "false (qwen2.5-0.5b, qwen3-0.6b, llama-3.2: true)",
         "Llama family: the head is the token embedding (no lm_head.weight)")

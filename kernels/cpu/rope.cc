@@ -20,10 +20,11 @@ void rotate(S* out, const S* inp, const RopeTable& table, int B, int T, int NH, 
   for (int row = 0; row < B * T; ++row) {
     const int t = positions != nullptr ? positions[row] : row % T;
     A cs[kRopeMaxPairs], sn[kRopeMaxPairs];
+    const double scale = table.attention_scaling;  // yarn's; 1 otherwise
     for (int i = 0; i < P; ++i) {
       const double angle = static_cast<double>(t) * static_cast<double>(table.inv_freq[i]);
-      cs[i] = static_cast<A>(std::cos(angle));
-      sn[i] = static_cast<A>(sign * std::sin(angle));
+      cs[i] = static_cast<A>(scale * std::cos(angle));
+      sn[i] = static_cast<A>(sign * scale * std::sin(angle));
     }
     for (int h = 0; h < NH; ++h) {
       const std::int64_t off = (static_cast<std::int64_t>(row) * NH + h) * hs;

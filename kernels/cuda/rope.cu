@@ -9,8 +9,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Pair (row, h, i) of x (B*T rows, NH heads, hs = 2P): rotated by sign * pos * inv_freq[i], pos
-// = positions[row] (null: t). Each thread reads its pair before writing it, so out may equal inp.
+// Pair (row, h, i) of x (B*T rows, NH heads, hs = 2P): rotated by sign * pos * inv_freq[i] and
+// scaled by the table's attention_scaling, pos = positions[row] (null: t). Each thread reads its
+// pair before writing it, so out may equal inp.
 template <typename S>
 __global__ void rope_kernel(S* out, const S* inp, RopeTable table, std::int64_t pairs, int T,
                             int NH, float sign, const std::int32_t* positions) {
@@ -23,8 +24,10 @@ __global__ void rope_kernel(S* out, const S* inp, RopeTable table, std::int64_t 
     const int t = positions != nullptr ? positions[row] : static_cast<int>(row % T);
     double sn, cs;
     sincos(static_cast<double>(t) * static_cast<double>(table.inv_freq[i]), &sn, &cs);
-    const float c = static_cast<float>(cs);
-    const float s = static_cast<float>(sign * sn);
+    // yarn's attention factor scales both (1 otherwise), as the CPU twin does in double.
+    const double scale = table.attention_scaling;
+    const float c = static_cast<float>(scale * cs);
+    const float s = static_cast<float>(sign * scale * sn);
     const std::int64_t off = head * 2 * P;
     const float x1 = ld(inp[off + i]);
     const float x2 = ld(inp[off + i + P]);

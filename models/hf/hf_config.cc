@@ -93,9 +93,10 @@ void read_rope(const json& doc, const std::string& path, HfConfig& c) {
     const Reader rr(r, path, std::string(block) + ".");
     // v4 wrote "type" before "rope_type"; v5 always "rope_type".
     std::string type = rr.opt_string("rope_type", rr.opt_string("type", "default"));
-    if (type != "default" && type != "llama3") {
+    if (type != "default" && type != "llama3" && type != "yarn" && type != "linear") {
       ZRT_THROW(InvalidArgument,
-                "{}: {}.rope_type '{}' is not supported (zrt implements 'default' and 'llama3')",
+                "{}: {}.rope_type '{}' is not supported (zrt implements 'default', 'linear', "
+                "'llama3' and 'yarn')",
                 path, block, type);
     }
     if (rr.has("rope_theta")) {
@@ -126,6 +127,39 @@ void read_rope(const json& doc, const std::string& path, HfConfig& c) {
         ZRT_THROW(InvalidArgument,
                   "{}: {}: llama3 scaling needs factor >= 1, 0 < low_freq_factor < "
                   "high_freq_factor and original_max_position_embeddings > 0 (got {})",
+                  path, block, r.dump());
+      }
+    }
+    if (type == "linear") {
+      if (!rr.has("factor")) {
+        ZRT_THROW(InvalidArgument, "{}: {}.factor is missing (rope_type linear needs it)", path,
+                  block);
+      }
+      s.factor = rr.opt_double("factor", s.factor);
+    }
+    if (type == "yarn") {
+      // transformers' standardisation and _compute_yarn_parameters: the original context
+      // defaults to max_position_embeddings, a missing factor to max_position_embeddings over it.
+      s.original_max_position_embeddings =
+          rr.opt_int("original_max_position_embeddings", c.max_position_embeddings);
+      if (s.original_max_position_embeddings <= 0) {
+        ZRT_THROW(InvalidArgument, "{}: {}.original_max_position_embeddings must be positive", path,
+                  block);
+      }
+      s.factor = rr.opt_double("factor", static_cast<double>(c.max_position_embeddings) /
+                                             s.original_max_position_embeddings);
+      s.attention_factor = rr.opt_double("attention_factor", 0);
+      s.beta_fast = rr.opt_double("beta_fast", 0);
+      s.beta_slow = rr.opt_double("beta_slow", 0);
+      s.mscale = rr.opt_double("mscale", 0);
+      s.mscale_all_dim = rr.opt_double("mscale_all_dim", 0);
+      s.truncate = rr.opt_bool("truncate", true);
+      if (s.factor < 1 || s.attention_factor < 0 || s.beta_fast < 0 || s.beta_slow < 0 ||
+          s.mscale < 0 || s.mscale_all_dim < 0 ||
+          (s.beta_fast > 0 ? s.beta_fast : 32) < (s.beta_slow > 0 ? s.beta_slow : 1)) {
+        ZRT_THROW(InvalidArgument,
+                  "{}: {}: yarn scaling needs factor >= 1, beta_fast >= beta_slow and "
+                  "attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim >= 0 (got {})",
                   path, block, r.dump());
       }
     }

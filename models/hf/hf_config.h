@@ -3,7 +3,7 @@
 // gpt::GptConfig). Both forms of the rotary settings are read: transformers v4's top-level
 // `rope_theta` + `rope_scaling` (`rope_type`, or the older `type`), and v5's `rope_parameters`
 // (which carries `rope_theta` itself); when both give a value they must agree. A scaling zrt
-// does not implement (linear, dynamic, yarn, ...) is an error naming it, never ignored.
+// does not implement (dynamic, longrope, ...) is an error naming it, never ignored.
 //
 // Every problem is an InvalidArgument naming the file and the key: not JSON, a missing or
 // mistyped key, an unknown model_type.
@@ -18,11 +18,17 @@ namespace zrt::hf {
 
 // rope_scaling / rope_parameters.
 struct HfRopeScaling {
-  std::string rope_type = "default";  // "default" (none) or "llama3"
-  double factor = 1.0;                // llama3: 8 (Llama 3.1), 32 (Llama 3.2)
+  std::string rope_type = "default";  // "default" (none), "linear", "llama3" or "yarn"
+  double factor = 1.0;                // llama3: 8 (Llama 3.1), 32 (Llama 3.2); yarn: 4 (Qwen3)
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
+  // yarn without the key: max_position_embeddings (transformers' standardisation)
   int original_max_position_embeddings = 8192;
+  // yarn: 0 where the key is absent (kernels/rope_table.h's defaults)
+  double attention_factor = 0;
+  double beta_fast = 0, beta_slow = 0;
+  double mscale = 0, mscale_all_dim = 0;
+  bool truncate = true;
 };
 
 struct HfConfig {

@@ -113,13 +113,7 @@ transformer::TransformerSpec transformer_spec(const LlamaConfig& c) {
 }  // namespace
 
 kernels::RopeTable rope_table(const LlamaConfig& c) {
-  kernels::RopeScalingParams s;
-  s.rope_type = c.rope_scaling.rope_type;
-  s.factor = c.rope_scaling.factor;
-  s.low_freq_factor = c.rope_scaling.low_freq_factor;
-  s.high_freq_factor = c.rope_scaling.high_freq_factor;
-  s.original_max_position_embeddings = c.rope_scaling.original_max_position_embeddings;
-  return kernels::make_rope_table(c.head_dim, c.rope_theta, s);
+  return kernels::make_rope_table(c.head_dim, c.rope_theta, c.rope_params());
 }
 
 transformer::SequenceParallelShape Llama::sequence_parallel_shape(const LlamaConfig& c) {

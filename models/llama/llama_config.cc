@@ -126,6 +126,7 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   }
   DecoderShapeKeysGiven given;
+  bool yarn_original_given = false;
   for (const auto& [key, value] : spec_items("llama", rest)) {
     c.name = "custom";
     if (set_decoder_shape_key(c, "llama", key, value, given)) continue;
@@ -141,18 +142,41 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
       c.rope_scaling.high_freq_factor = parse_double_value(key, value);
     } else if (key == "rope_scaling.original_max_position_embeddings") {
       c.rope_scaling.original_max_position_embeddings = parse_int_value(key, value);
+      yarn_original_given = true;
+    } else if (key == "rope_scaling.attention_factor") {
+      c.rope_scaling.attention_factor = parse_double_value(key, value);
+    } else if (key == "rope_scaling.beta_fast") {
+      c.rope_scaling.beta_fast = parse_double_value(key, value);
+    } else if (key == "rope_scaling.beta_slow") {
+      c.rope_scaling.beta_slow = parse_double_value(key, value);
+    } else if (key == "rope_scaling.mscale") {
+      c.rope_scaling.mscale = parse_double_value(key, value);
+    } else if (key == "rope_scaling.mscale_all_dim") {
+      c.rope_scaling.mscale_all_dim = parse_double_value(key, value);
+    } else if (key == "rope_scaling.truncate") {
+      c.rope_scaling.truncate = spec_bool("llama", key, value);
     } else {
       ZRT_THROW(InvalidArgument,
                 "llama config: unknown key '{}' (hidden_size, intermediate_size, "
                 "num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
                 "vocab_size, max_position_embeddings, seq_len, rms_norm_eps, rope_theta, "
                 "rope_scaling.{{rope_type, factor, low_freq_factor, high_freq_factor, "
-                "original_max_position_embeddings}}, tie_word_embeddings, attention_bias, "
+                "original_max_position_embeddings, attention_factor, beta_fast, beta_slow, "
+                "mscale, mscale_all_dim, truncate}}, tie_word_embeddings, attention_bias, "
                 "sliding_window, max_window_layers)",
                 key);
     }
   }
   if (!has_preset) apply_decoder_shape_defaults(c, given, kPresetMaxSeqLen);
+  // YaRN's ramp is measured against the context the model was pretrained at; 8192 (llama3's
+  // default) would silently be another model.
+  if (c.rope_scaling.rope_type == "yarn" && !yarn_original_given) {
+    ZRT_THROW(InvalidArgument,
+              "{} config: model.rope_scaling.original_max_position_embeddings is required with "
+              "rope_type yarn (the context the model was pretrained at: 32768 for Qwen2.5 and "
+              "Qwen3)",
+              architecture);
+  }
   c.validate();
   return c;
 }
@@ -237,17 +261,27 @@ void LlamaConfig::validate() const {
               architecture, name, max_window_layers, architecture);
   }
   try {
-    kernels::RopeScalingParams scaling;
-    scaling.rope_type = rope_scaling.rope_type;
-    scaling.factor = rope_scaling.factor;
-    scaling.low_freq_factor = rope_scaling.low_freq_factor;
-    scaling.high_freq_factor = rope_scaling.high_freq_factor;
-    scaling.original_max_position_embeddings = rope_scaling.original_max_position_embeddings;
-    kernels::make_rope_table(head_dim, rope_theta, scaling);
+    kernels::make_rope_table(head_dim, rope_theta, rope_params());
   } catch (const InvalidArgument& e) {
     ZRT_THROW(InvalidArgument, "{} config {}: model.rope_theta / model.rope_scaling: {}",
               architecture, name, e.what());
   }
+}
+
+kernels::RopeScalingParams LlamaConfig::rope_params() const {
+  kernels::RopeScalingParams s;
+  s.rope_type = rope_scaling.rope_type;
+  s.factor = rope_scaling.factor;
+  s.low_freq_factor = rope_scaling.low_freq_factor;
+  s.high_freq_factor = rope_scaling.high_freq_factor;
+  s.original_max_position_embeddings = rope_scaling.original_max_position_embeddings;
+  s.attention_factor = rope_scaling.attention_factor;
+  s.beta_fast = rope_scaling.beta_fast;
+  s.beta_slow = rope_scaling.beta_slow;
+  s.mscale = rope_scaling.mscale;
+  s.mscale_all_dim = rope_scaling.mscale_all_dim;
+  s.truncate = rope_scaling.truncate;
+  return s;
 }
 
 std::int64_t LlamaConfig::num_parameters() const {

@@ -199,6 +199,26 @@ TEST_CASE("rope with llama3 scaling: CUDA twin matches the CPU twin", "[cuda][ll
   });
 }
 
+// YaRN's table: the ramp's interpolated frequencies, and its attention factor (1.139 at factor 4)
+// on the cosine and sine of both passes.
+TEST_CASE("rope with yarn scaling: CUDA twin matches the CPU twin", "[cuda][llama][rope]") {
+  parity("rope", [](Backend& be, DType dt, DType) {
+    RopeScalingParams s;
+    s.rope_type = "yarn";
+    s.factor = 4;
+    s.original_max_position_embeddings = 16;
+    const RopeTable table = make_rope_table(kHS, 100.0, s);
+    REQUIRE(table.attention_scaling > 1.1f);
+    const std::size_t n = std::size_t{kN} * kNH * kHS;
+    const Bytes x = be.put("x", normal_values(kSeed, 23, n), dt);
+    const Bytes out = be.put("out", Vec(n, 0.0), dt);
+    const Bytes d = be.put("d", normal_values(kSeed, 24, n), dt);
+    rope_forward(*be.ctx, dt, out, x, table, kB, kT, kNH, kHS);
+    rope_backward(*be.ctx, dt, d, d, table, kB, kT, kNH, kHS);  // in place
+    return std::map<std::string, std::size_t>{{"out", n}, {"d", n}};
+  });
+}
+
 TEST_CASE("swiglu: CUDA twin matches the CPU twin", "[cuda][llama]") {
   parity("swiglu", [](Backend& be, DType dt, DType) {
     const std::size_t n = std::size_t{kN} * kI;

@@ -24,7 +24,7 @@ with --hf; from_pretrained loads it with no missing or unexpected keys and its l
 
 --part transformers-qwen3-v5 (the same virtual environment; Qwen3 came in transformers 4.51): a
 dense Qwen3 (q_norm / k_norm, head_dim wider than hidden_size / heads, a tied head) the same
-round trip. --part transformers-window-v5: sliding windows (Mistral, Qwen2, Qwen3, Mixtral,
+round trip, and again with YaRN rotary scaling. --part transformers-window-v5: sliding windows (Mistral, Qwen2, Qwen3, Mixtral,
 Qwen3-MoE) through it, each export keeping its window.
 
 Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
@@ -339,8 +339,24 @@ def part_transformers_qwen3(args):
         check(exported.get("use_sliding_window") is False,
               "qwen3: exported use_sliding_window %s" % exported.get("use_sliding_window"))
 
-    round_trip(args, [("qwen3", cfg, transformers.Qwen3ForCausalLM)], expect_config)
-    print("ok: qwen3")
+    # YaRN over the same model (Qwen3's long-context setting, config.json's rope_parameters):
+    # factor 2 over an original context of 16, so the ramp interpolates most of the head's
+    # frequencies and the attention factor (1.069) scales every rotation.
+    yarn = transformers.Qwen3Config(**dict(
+        cfg.to_dict(), rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                                        "original_max_position_embeddings": 16}))
+
+    def expect_yarn(arch, exported):
+        rope = exported.get("rope_scaling") or {}
+        check(rope.get("rope_type") == "yarn" and rope.get("factor") == 2.0 and
+              rope.get("original_max_position_embeddings") == 16,
+              "qwen3-yarn: exported rope_scaling %s" % rope)
+
+    round_trip(args, [("qwen3", cfg, transformers.Qwen3ForCausalLM),
+                      ("qwen3-yarn", yarn, transformers.Qwen3ForCausalLM)],
+               lambda arch, exported: (expect_config if arch == "qwen3" else expect_yarn)(
+                   arch, exported))
+    print("ok: qwen3, qwen3-yarn")
     return 0
 
 

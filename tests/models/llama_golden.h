@@ -55,6 +55,38 @@ inline const nlohmann::json& qwen3_golden() {
 }
 #endif
 
+// config.json's rope_scaling (llama3, linear or yarn) as the model's, absent keys at their
+// defaults.
+inline llama::RopeScaling rope_scaling_of(const nlohmann::json& r) {
+  llama::RopeScaling s;
+  s.rope_type = r["rope_type"];
+  s.factor = r.value("factor", s.factor);
+  s.low_freq_factor = r.value("low_freq_factor", s.low_freq_factor);
+  s.high_freq_factor = r.value("high_freq_factor", s.high_freq_factor);
+  s.original_max_position_embeddings =
+      r.value("original_max_position_embeddings", s.original_max_position_embeddings);
+  s.attention_factor = r.value("attention_factor", s.attention_factor);
+  s.beta_fast = r.value("beta_fast", s.beta_fast);
+  s.beta_slow = r.value("beta_slow", s.beta_slow);
+  s.mscale = r.value("mscale", s.mscale);
+  s.mscale_all_dim = r.value("mscale_all_dim", s.mscale_all_dim);
+  s.truncate = r.value("truncate", s.truncate);
+  return s;
+}
+
+#ifdef ZRT_ROPE_SCALING_GOLDEN
+// tests/golden/rope_scaling_golden.json (make_rope_scaling_golden.py): transformers' yarn and
+// linear tables, and two models (the cases' form) that use them.
+inline const nlohmann::json& rope_scaling_golden() {
+  static const nlohmann::json doc = [] {
+    std::ifstream in(ZRT_ROPE_SCALING_GOLDEN);
+    ZRT_CHECK(in.good(), "cannot open {}", ZRT_ROPE_SCALING_GOLDEN);
+    return nlohmann::json::parse(in);
+  }();
+  return doc;
+}
+#endif
+
 inline llama::LlamaConfig case_config(const nlohmann::json& g) {
   const auto& d = g["dims"];
   llama::LlamaConfig c;
@@ -74,14 +106,7 @@ inline llama::LlamaConfig case_config(const nlohmann::json& g) {
   c.attention_bias = d["attention_bias"];
   c.sliding_window = d.value("sliding_window", 0);
   c.max_window_layers = d.value("max_window_layers", 0);
-  if (d.contains("rope_scaling")) {
-    const auto& r = d["rope_scaling"];
-    c.rope_scaling.rope_type = r["rope_type"];
-    c.rope_scaling.factor = r["factor"];
-    c.rope_scaling.low_freq_factor = r["low_freq_factor"];
-    c.rope_scaling.high_freq_factor = r["high_freq_factor"];
-    c.rope_scaling.original_max_position_embeddings = r["original_max_position_embeddings"];
-  }
+  if (d.contains("rope_scaling")) c.rope_scaling = rope_scaling_of(d["rope_scaling"]);
   c.seq_len = c.max_position_embeddings;
   return c;
 }

@@ -185,8 +185,8 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   d["num_hidden_layers"] = "16";
   fails(d, "num_hidden_layers is \"16\", not a non-negative integer");
   d = base;
-  d["rope_scaling"]["rope_type"] = "yarn";
-  fails(d, "rope_scaling.rope_type 'yarn' is not supported");
+  d["rope_scaling"]["rope_type"] = "longrope";
+  fails(d, "rope_scaling.rope_type 'longrope' is not supported");
   d = base;
   d["rope_scaling"].erase("low_freq_factor");
   fails(d, "rope_scaling.low_freq_factor is missing (rope_type llama3 needs it)");
@@ -195,8 +195,39 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   d["rope_scaling"] = nullptr;
   fails(d, "rope_theta 500000 and rope_parameters.rope_theta 10000 disagree");
   d = base;
-  d["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};  // v4's older key
-  fails(d, "rope_scaling.rope_type 'linear' is not supported");
+  d["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};  // v4's older key
+  fails(d, "rope_scaling.rope_type 'dynamic' is not supported");
+  // Linear interpolation and YaRN: read with transformers' defaults (YaRN's original context is
+  // max_position_embeddings, its factor max_position_embeddings over that), bad values refused.
+  d = base;
+  d["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  CHECK(HfConfig::parse(d.dump(), "x").rope_scaling.rope_type == "linear");
+  CHECK(HfConfig::parse(d.dump(), "x").rope_scaling.factor == 2.0);
+  d["rope_scaling"].erase("factor");
+  fails(d, "rope_scaling.factor is missing (rope_type linear needs it)");
+  d = base;
+  d["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  {
+    const HfConfig y = HfConfig::parse(d.dump(), "x");
+    CHECK(y.rope_scaling.original_max_position_embeddings == 131072);  // max_position_embeddings
+    CHECK(y.rope_scaling.truncate);
+    CHECK(y.rope_scaling.beta_fast == 0);  // absent: the kernels' default, 32
+  }
+  d["rope_scaling"] = {{"rope_type", "yarn"}, {"original_max_position_embeddings", 32768},
+                       {"beta_fast", 16},     {"beta_slow", 2},
+                       {"mscale", 1.0},       {"mscale_all_dim", 0.5},
+                       {"truncate", false}};
+  {
+    const HfConfig y = HfConfig::parse(d.dump(), "x");
+    CHECK(y.rope_scaling.factor == 4.0);  // 131072 / 32768
+    CHECK(y.rope_scaling.beta_fast == 16);
+    CHECK(y.rope_scaling.beta_slow == 2);
+    CHECK(y.rope_scaling.mscale == 1.0);
+    CHECK(y.rope_scaling.mscale_all_dim == 0.5);
+    CHECK_FALSE(y.rope_scaling.truncate);
+  }
+  d["rope_scaling"]["beta_fast"] = 1;
+  fails(d, "yarn scaling needs factor >= 1, beta_fast >= beta_slow");
   d = base;
   d["tie_word_embeddings"] = 1;
   fails(d, "tie_word_embeddings is 1, not true or false");
@@ -805,6 +836,23 @@ TEST_CASE("rope_scaling given with an init_from directory is checked against it"
   r.rope_scaling.rope_type = "llama3";
   r.rope_scaling.factor = 32.0;
   CHECK_NOTHROW(builtin_models().resolve(r));
+  // YaRN (Qwen3's long-context setting): its keys are read from the file and checked the same way.
+  const fs::path qwen = fresh_dir("rope_yarn");
+  json yarn = json::parse(text_of(fixture("qwen3-8b.json")));
+  yarn["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  yarn["max_position_embeddings"] = 131072;
+  write_text(qwen / "config.json", yarn.dump());
+  ModelConfig q;
+  q.type = "qwen3";
+  q.init_from = qwen.string();
+  q.seq_len = 65536;
+  CHECK_NOTHROW(builtin_models().resolve(q));
+  const std::string qcfg = (qwen / "config.json").string();
+  q.rope_scaling.beta_fast = 16.0;
+  CHECK_THROWS_WITH(builtin_models().resolve(q),
+                    Catch::Contains("model.rope_scaling.beta_fast 16 contradicts " + qcfg +
+                                    " rope_scaling.beta_fast 0"));
 }
 
 // A checkpoint of a run that started from a Hugging Face directory rebuilds its model from that

@@ -262,6 +262,47 @@ TEST_CASE(
                                                  << ", worst gradient relative error " << worst);
 }
 
+// tests/golden/rope_scaling_golden.json (make_rope_scaling_golden.py, transformers 5): YaRN and
+// linear interpolation. The tables: inv_freq as transformers computes it in float32 (a power, a
+// division, the factor's product and the ramp's blend: a few roundings of 2^-24 each, so 1e-6
+// relative), and the attention factor, a formula of doubles in both (1e-12). The models: a Qwen3
+// with YaRN, whose factor of 1.139 on the rotation's cosine and sine scales every q.k by 1.30
+// (a model without it misses the first layer's output by far more than 1e-5), and a Llama with
+// linear interpolation, checked as the other goldens are.
+TEST_CASE("YaRN and linear rotary scaling match transformers", "[llama][golden][rope]") {
+  const auto& doc = test::rope_scaling_golden();
+  REQUIRE(doc["tables"].size() == 5);
+  for (const auto& t : doc["tables"]) {
+    const std::string label = t["label"];
+    INFO(label);
+    const kernels::RopeScalingParams params = [&] {
+      LlamaConfig c;
+      c.rope_scaling = test::rope_scaling_of(t["rope_scaling"]);
+      return c.rope_params();
+    }();
+    const kernels::RopeTable table =
+        kernels::make_rope_table(t["head_dim"], t["rope_theta"].get<double>(), params);
+    const auto inv_freq = test::golden_tensor(t["inv_freq"]);
+    REQUIRE(static_cast<int>(inv_freq.size()) == table.pairs);
+    for (int i = 0; i < table.pairs; ++i) {
+      INFO("pair " << i);
+      CHECK(table.inv_freq[i] == Approx(inv_freq[i]).epsilon(1e-6));
+    }
+    const double factor = t["attention_factor"];  // 1 for linear
+    if (params.rope_type == "yarn") {
+      CHECK(kernels::yarn_attention_factor(params) == Approx(factor).epsilon(1e-12));
+    }
+    CHECK(table.attention_scaling == static_cast<float>(factor));
+  }
+  const auto& cases = doc["cases"];
+  REQUIRE(cases.size() == 2);
+  for (const auto& g : cases) {
+    const LlamaConfig config = case_config(g);
+    REQUIRE(config.rope_scaling.rope_type != "default");
+    check_golden_case(g);
+  }
+}
+
 TEST_CASE("Llama 3.1 8B's llama3 rotary table matches transformers", "[llama][golden]") {
   const kernels::RopeTable table = rope_table(LlamaConfig::preset("llama-3.1-8b"));
   const auto want = test::golden_tensor(golden()["llama31_8b_inv_freq"]);

@@ -4,6 +4,7 @@
 // activation bytes, recomputed modules, export) agree with the Llama model and with arithmetic
 // done by hand.
 #include <catch2/catch.hpp>
+#include <cmath>
 
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,43 @@ TEST_CASE("a Llama model block resolves, with config.json's names and rope_scali
   CHECK(again.model.spec() == config.model.spec());
 }
 
+// YaRN from a run config (Qwen3's long-context recipe: factor 4 over 32768 positions), every key
+// through the saved form and back.
+TEST_CASE("a Qwen3 block with YaRN resolves, and its saved form reads back", "[llama][registry]") {
+  const Config config =
+      parse_config(config_with_model({{"type", "qwen3"},
+                                      {"preset", "qwen3-0.6b"},
+                                      {"max_position_embeddings", 131072},
+                                      {"seq_len", 65536},
+                                      {"rope_scaling",
+                                       {{"rope_type", "yarn"},
+                                        {"factor", 4},
+                                        {"original_max_position_embeddings", 32768},
+                                        {"beta_fast", 16},
+                                        {"beta_slow", 2},
+                                        {"mscale", 1.0},
+                                        {"mscale_all_dim", 0.5},
+                                        {"truncate", false}}}}),
+                   1, "run.json");
+  const llama::LlamaConfig c = llama::resolve_config(config.model);
+  CHECK(c.rope_scaling.rope_type == "yarn");
+  CHECK(c.rope_scaling.factor == 4.0);
+  CHECK(c.rope_scaling.original_max_position_embeddings == 32768);
+  CHECK(c.rope_scaling.beta_fast == 16.0);
+  CHECK(c.rope_scaling.beta_slow == 2.0);
+  CHECK(c.rope_scaling.mscale == 1.0);
+  CHECK(c.rope_scaling.mscale_all_dim == 0.5);
+  CHECK_FALSE(c.rope_scaling.truncate);
+  // (0.1 ln 4 + 1) / (0.05 ln 4 + 1)
+  CHECK(llama::rope_table(c).attention_scaling ==
+        Approx((0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1)).epsilon(1e-7));
+  const Config again = parse_config(resolved_document(config), 1, "saved.json");
+  CHECK(again.model.spec() == config.model.spec());
+  const llama::LlamaConfig back = llama::resolve_config(again.model);
+  CHECK_FALSE(back.rope_scaling.truncate);
+  CHECK(back.rope_scaling.mscale_all_dim == 0.5);
+}
+
 TEST_CASE("Llama block errors name the key", "[llama][registry]") {
   // A GPT-2 key in a Llama block, and the other way round: refused at validation.
   CHECK_THROWS_WITH(
@@ -90,9 +128,19 @@ TEST_CASE("Llama block errors name the key", "[llama][registry]") {
                     Catch::Contains("model.hidden_size") && Catch::Contains("gpt2"));
   CHECK_THROWS_WITH(parse_config(config_with_model({{"type", "llama"},
                                                     {"preset", "llama-tiny"},
-                                                    {"rope_scaling", {{"rope_type", "yarn"}}}}),
+                                                    {"rope_scaling", {{"rope_type", "dynamic"}}}}),
                                  1, "run.json"),
                     Catch::Contains("model.rope_scaling.rope_type"));
+  // YaRN measures its ramp against the pretrained context: without it the run is refused.
+  CHECK_THROWS_WITH(
+      builtin_models().resolve(
+          parse_config(
+              config_with_model({{"type", "qwen3"},
+                                 {"preset", "qwen3-0.6b"},
+                                 {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4}}}}),
+              1, "run.json")
+              .model),
+      Catch::Contains("model.rope_scaling.original_max_position_embeddings is required"));
   // Qwen2's first windowed layer on a mixture of experts (which windows every layer or none).
   CHECK_THROWS_WITH(parse_config(config_with_model({{"type", "qwen3_moe"},
                                                     {"preset", "qwen3-moe-tiny"},
