@@ -1,11 +1,13 @@
 // The spec keys the Llama family and the mixtures of experts share: config.json's names for a
-// decoder's shape, attention and positions. One setter for both configs (their fields carry the
-// same names), so a key added here reaches both families, with the same defaults applied after.
+// decoder's shape, attention and positions (rope_scaling.*: models/rope_scaling.h). One setter for
+// both configs (their fields carry the same names), so a key added here reaches both families, with
+// the same defaults applied after.
 #pragma once
 
 #include <algorithm>
 #include <string>
 
+#include "models/rope_scaling.h"
 #include "models/spec_values.h"
 
 namespace zrt {
@@ -14,6 +16,7 @@ namespace zrt {
 struct DecoderShapeKeysGiven {
   bool key_value_heads = false;
   bool head_dim = false;
+  bool rope_original = false;  // rope_scaling.original_max_position_embeddings (yarn needs it)
 };
 
 // Sets `c`'s field named `key` from `value` (InvalidArgument naming `family` if the value does not
@@ -22,6 +25,7 @@ template <class Config>
 bool set_decoder_shape_key(Config& c, const char* family, const std::string& key,
                            const std::string& value, DecoderShapeKeysGiven& given) {
   const auto int_key = [&](int& field) { field = spec_int(family, key, value); };
+  if (set_rope_scaling_key(c.rope_scaling, family, key, value, given.rope_original)) return true;
   if (key == "hidden_size") {
     int_key(c.hidden_size);
   } else if (key == "intermediate_size") {

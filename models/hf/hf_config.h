@@ -14,22 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "models/rope_scaling.h"
+
 namespace zrt::hf {
 
-// rope_scaling / rope_parameters.
-struct HfRopeScaling {
-  std::string rope_type = "default";  // "default" (none), "linear", "llama3" or "yarn"
-  double factor = 1.0;                // llama3: 8 (Llama 3.1), 32 (Llama 3.2); yarn: 4 (Qwen3)
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  // yarn without the key: max_position_embeddings (transformers' standardisation)
-  int original_max_position_embeddings = 8192;
-  // yarn: 0 where the key is absent (kernels/rope_table.h's defaults)
-  double attention_factor = 0;
-  double beta_fast = 0, beta_slow = 0;
-  double mscale = 0, mscale_all_dim = 0;
-  bool truncate = true;
-};
+// rope_scaling / rope_parameters (models/rope_scaling.h). yarn without
+// original_max_position_embeddings: max_position_embeddings, transformers' standardisation.
+using HfRopeScaling = zrt::RopeScaling;
 
 struct HfConfig {
   std::string path;                        // the file, for messages

@@ -113,7 +113,7 @@ transformer::TransformerSpec transformer_spec(const LlamaConfig& c) {
 }  // namespace
 
 kernels::RopeTable rope_table(const LlamaConfig& c) {
-  return kernels::make_rope_table(c.head_dim, c.rope_theta, c.rope_params());
+  return kernels::make_rope_table(c.head_dim, c.rope_theta, c.rope_scaling.params());
 }
 
 transformer::SequenceParallelShape Llama::sequence_parallel_shape(const LlamaConfig& c) {

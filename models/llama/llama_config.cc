@@ -16,10 +16,6 @@ int parse_int_value(const std::string& key, const std::string& value) {
   return spec_int("llama", key, value);
 }
 
-double parse_double_value(const std::string& key, const std::string& value) {
-  return spec_double("llama", key, value);
-}
-
 constexpr int kPresetMaxSeqLen = 8192;
 
 struct Preset {
@@ -126,35 +122,11 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   }
   DecoderShapeKeysGiven given;
-  bool yarn_original_given = false;
   for (const auto& [key, value] : spec_items("llama", rest)) {
     c.name = "custom";
     if (set_decoder_shape_key(c, "llama", key, value, given)) continue;
     if (key == "max_window_layers") {
       c.max_window_layers = parse_int_value(key, value);
-    } else if (key == "rope_scaling.rope_type") {
-      c.rope_scaling.rope_type = value;
-    } else if (key == "rope_scaling.factor") {
-      c.rope_scaling.factor = parse_double_value(key, value);
-    } else if (key == "rope_scaling.low_freq_factor") {
-      c.rope_scaling.low_freq_factor = parse_double_value(key, value);
-    } else if (key == "rope_scaling.high_freq_factor") {
-      c.rope_scaling.high_freq_factor = parse_double_value(key, value);
-    } else if (key == "rope_scaling.original_max_position_embeddings") {
-      c.rope_scaling.original_max_position_embeddings = parse_int_value(key, value);
-      yarn_original_given = true;
-    } else if (key == "rope_scaling.attention_factor") {
-      c.rope_scaling.attention_factor = parse_double_value(key, value);
-    } else if (key == "rope_scaling.beta_fast") {
-      c.rope_scaling.beta_fast = parse_double_value(key, value);
-    } else if (key == "rope_scaling.beta_slow") {
-      c.rope_scaling.beta_slow = parse_double_value(key, value);
-    } else if (key == "rope_scaling.mscale") {
-      c.rope_scaling.mscale = parse_double_value(key, value);
-    } else if (key == "rope_scaling.mscale_all_dim") {
-      c.rope_scaling.mscale_all_dim = parse_double_value(key, value);
-    } else if (key == "rope_scaling.truncate") {
-      c.rope_scaling.truncate = spec_bool("llama", key, value);
     } else {
       ZRT_THROW(InvalidArgument,
                 "llama config: unknown key '{}' (hidden_size, intermediate_size, "
@@ -168,15 +140,7 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     }
   }
   if (!has_preset) apply_decoder_shape_defaults(c, given, kPresetMaxSeqLen);
-  // YaRN's ramp is measured against the context the model was pretrained at; 8192 (llama3's
-  // default) would silently be another model.
-  if (c.rope_scaling.rope_type == "yarn" && !yarn_original_given) {
-    ZRT_THROW(InvalidArgument,
-              "{} config: model.rope_scaling.original_max_position_embeddings is required with "
-              "rope_type yarn (the context the model was pretrained at: 32768 for Qwen2.5 and "
-              "Qwen3)",
-              architecture);
-  }
+  require_yarn_original(c.rope_scaling, given.rope_original, architecture);
   c.validate();
   return c;
 }
@@ -261,27 +225,11 @@ void LlamaConfig::validate() const {
               architecture, name, max_window_layers, architecture);
   }
   try {
-    kernels::make_rope_table(head_dim, rope_theta, rope_params());
+    kernels::make_rope_table(head_dim, rope_theta, rope_scaling.params());
   } catch (const InvalidArgument& e) {
     ZRT_THROW(InvalidArgument, "{} config {}: model.rope_theta / model.rope_scaling: {}",
               architecture, name, e.what());
   }
-}
-
-kernels::RopeScalingParams LlamaConfig::rope_params() const {
-  kernels::RopeScalingParams s;
-  s.rope_type = rope_scaling.rope_type;
-  s.factor = rope_scaling.factor;
-  s.low_freq_factor = rope_scaling.low_freq_factor;
-  s.high_freq_factor = rope_scaling.high_freq_factor;
-  s.original_max_position_embeddings = rope_scaling.original_max_position_embeddings;
-  s.attention_factor = rope_scaling.attention_factor;
-  s.beta_fast = rope_scaling.beta_fast;
-  s.beta_slow = rope_scaling.beta_slow;
-  s.mscale = rope_scaling.mscale;
-  s.mscale_all_dim = rope_scaling.mscale_all_dim;
-  s.truncate = rope_scaling.truncate;
-  return s;
 }
 
 std::int64_t LlamaConfig::num_parameters() const {

@@ -23,24 +23,12 @@
 #include <string>
 #include <vector>
 
-#include "kernels/rope_table.h"
+#include "models/rope_scaling.h"
 
 namespace zrt::llama {
 
-// config.json's "rope_scaling" (or transformers v5's "rope_parameters"); kernels/rope_table.h
-// says what each rope_type does with its keys.
-struct RopeScaling {
-  std::string rope_type = "default";  // "default" (none), "linear", "llama3" or "yarn"
-  double factor = 1.0;                // llama3: 8 for Llama 3.1, 32 for Llama 3.2; yarn: 4 (Qwen3)
-  double low_freq_factor = 1.0;       // llama3
-  double high_freq_factor = 4.0;      // llama3
-  int original_max_position_embeddings = 8192;  // llama3, yarn (yarn: required)
-  // yarn; 0 where config.json has no such key (kernels::RopeScalingParams's defaults).
-  double attention_factor = 0;
-  double beta_fast = 0, beta_slow = 0;
-  double mscale = 0, mscale_all_dim = 0;
-  bool truncate = true;
-};
+// config.json's "rope_scaling" (or transformers v5's "rope_parameters"): models/rope_scaling.h.
+using RopeScaling = zrt::RopeScaling;
 
 struct LlamaConfig {
   // "llama", "qwen2", "qwen3" or "mistral" (config.json model_type)
@@ -99,8 +87,6 @@ struct LlamaConfig {
   int layer_window(int layer) const {
     return sliding_window > 0 && layer >= max_window_layers ? sliding_window : 0;
   }
-  // The rotary settings as the kernels' table takes them (kernels/rope_table.h).
-  kernels::RopeScalingParams rope_params() const;
   std::int64_t num_parameters() const;
   // "llama-3.2-1b (llama L16 C2048 I8192 H32/8x64 V128256 T8192, 1235.8M params)"
   std::string describe() const;

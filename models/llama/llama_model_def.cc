@@ -15,6 +15,7 @@
 #include "models/hf/hf_import.h"
 #include "models/llama/llama.h"
 #include "models/model_registry.h"
+#include "models/rope_scaling_check.h"
 #include "models/safetensors.h"
 #include "models/transformer/swiglu_mlp_tiles.h"
 #include "models/transformer/transformer_activations.h"
@@ -175,32 +176,7 @@ nlohmann::json hf_config_of(const std::string& architecture, const LlamaConfig& 
   hf["max_position_embeddings"] = c.max_position_embeddings;
   hf["rms_norm_eps"] = c.rms_norm_eps;
   hf["rope_theta"] = c.rope_theta;
-  const RopeScaling& rs = c.rope_scaling;
-  if (rs.rope_type == "llama3") {
-    hf["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", rs.factor},
-        {"low_freq_factor", rs.low_freq_factor},
-        {"high_freq_factor", rs.high_freq_factor},
-        {"original_max_position_embeddings", rs.original_max_position_embeddings}};
-  } else if (rs.rope_type == "linear") {
-    hf["rope_scaling"] = {{"rope_type", "linear"}, {"factor", rs.factor}};
-  } else if (rs.rope_type == "yarn") {
-    // The keys the model was given; absent ones are transformers' defaults as they are zrt's.
-    nlohmann::json yarn = {
-        {"rope_type", "yarn"},
-        {"factor", rs.factor},
-        {"original_max_position_embeddings", rs.original_max_position_embeddings}};
-    if (rs.attention_factor > 0) yarn["attention_factor"] = rs.attention_factor;
-    if (rs.beta_fast > 0) yarn["beta_fast"] = rs.beta_fast;
-    if (rs.beta_slow > 0) yarn["beta_slow"] = rs.beta_slow;
-    if (rs.mscale > 0) yarn["mscale"] = rs.mscale;
-    if (rs.mscale_all_dim > 0) yarn["mscale_all_dim"] = rs.mscale_all_dim;
-    if (!rs.truncate) yarn["truncate"] = false;
-    hf["rope_scaling"] = yarn;
-  } else {
-    hf["rope_scaling"] = nullptr;
-  }
+  hf["rope_scaling"] = c.rope_scaling.hf_json();
   hf["tie_word_embeddings"] = c.tie_word_embeddings;
   if (architecture != "qwen2") hf["attention_bias"] = c.attention_bias;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
@@ -236,18 +212,7 @@ LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   c.max_position_embeddings = hf.max_position_embeddings;
   c.rms_norm_eps = hf.rms_norm_eps;
   c.rope_theta = hf.rope_theta;
-  c.rope_scaling.rope_type = hf.rope_scaling.rope_type;
-  c.rope_scaling.factor = hf.rope_scaling.factor;
-  c.rope_scaling.low_freq_factor = hf.rope_scaling.low_freq_factor;
-  c.rope_scaling.high_freq_factor = hf.rope_scaling.high_freq_factor;
-  c.rope_scaling.original_max_position_embeddings =
-      hf.rope_scaling.original_max_position_embeddings;
-  c.rope_scaling.attention_factor = hf.rope_scaling.attention_factor;
-  c.rope_scaling.beta_fast = hf.rope_scaling.beta_fast;
-  c.rope_scaling.beta_slow = hf.rope_scaling.beta_slow;
-  c.rope_scaling.mscale = hf.rope_scaling.mscale;
-  c.rope_scaling.mscale_all_dim = hf.rope_scaling.mscale_all_dim;
-  c.rope_scaling.truncate = hf.rope_scaling.truncate;
+  c.rope_scaling = hf.rope_scaling;
   c.tie_word_embeddings = hf.tie_word_embeddings;
   c.attention_bias = hf.attention_bias;
   c.sliding_window = hf.sliding_window;
@@ -288,24 +253,8 @@ LlamaConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   check("attention_bias", c.attention_bias, run.attention_bias, p.attention_bias);
   check("sliding_window", c.sliding_window, run.sliding_window, p.sliding_window);
   check("max_window_layers", c.max_window_layers, run.max_window_layers, p.max_window_layers);
-  const auto& rs = run.rope_scaling;
-  check("rope_scaling.rope_type", c.rope_scaling.rope_type, rs.rope_type, p.rope_scaling.rope_type);
-  check("rope_scaling.factor", c.rope_scaling.factor, rs.factor, p.rope_scaling.factor);
-  check("rope_scaling.low_freq_factor", c.rope_scaling.low_freq_factor, rs.low_freq_factor,
-        p.rope_scaling.low_freq_factor);
-  check("rope_scaling.high_freq_factor", c.rope_scaling.high_freq_factor, rs.high_freq_factor,
-        p.rope_scaling.high_freq_factor);
-  check("rope_scaling.original_max_position_embeddings",
-        c.rope_scaling.original_max_position_embeddings, rs.original_max_position_embeddings,
-        p.rope_scaling.original_max_position_embeddings);
-  check("rope_scaling.attention_factor", c.rope_scaling.attention_factor, rs.attention_factor,
-        p.rope_scaling.attention_factor);
-  check("rope_scaling.beta_fast", c.rope_scaling.beta_fast, rs.beta_fast, p.rope_scaling.beta_fast);
-  check("rope_scaling.beta_slow", c.rope_scaling.beta_slow, rs.beta_slow, p.rope_scaling.beta_slow);
-  check("rope_scaling.mscale", c.rope_scaling.mscale, rs.mscale, p.rope_scaling.mscale);
-  check("rope_scaling.mscale_all_dim", c.rope_scaling.mscale_all_dim, rs.mscale_all_dim,
-        p.rope_scaling.mscale_all_dim);
-  check("rope_scaling.truncate", c.rope_scaling.truncate, rs.truncate, p.rope_scaling.truncate);
+  check_run_rope_scaling(c.rope_scaling, run.rope_scaling, preset ? &p.rope_scaling : nullptr,
+                         run.preset, path);
   c.validate();
   return c;
 }

@@ -217,6 +217,7 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
                 "moe config: unknown key '{}' (hidden_size, intermediate_size, "
                 "num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
                 "vocab_size, max_position_embeddings, seq_len, rms_norm_eps, rope_theta, "
+                "rope_scaling.{{rope_type, factor, original_max_position_embeddings, ...}}, "
                 "tie_word_embeddings, attention_bias, sliding_window, num_experts "
                 "(num_local_experts), num_experts_per_tok, moe_intermediate_size, "
                 "shared_expert_intermediate_size, norm_topk_prob, decoder_sparse_step, "
@@ -231,6 +232,7 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
   }
   // Mixtral's experts are intermediate_size wide (config.json has no moe_intermediate_size).
   if (architecture == "mixtral" && !moe_width_given) c.moe_intermediate_size = c.intermediate_size;
+  require_yarn_original(c.rope_scaling, given.rope_original, architecture);
   c.validate();
   return c;
 }
@@ -283,6 +285,12 @@ void MoeConfig::validate() const {
     ZRT_THROW(InvalidArgument,
               "{} config {}: model.rms_norm_eps={} and model.rope_theta={} must be positive",
               architecture, name, rms_norm_eps, rope_theta);
+  }
+  try {
+    kernels::make_rope_table(head_dim, rope_theta, rope_scaling.params());
+  } catch (const InvalidArgument& e) {
+    ZRT_THROW(InvalidArgument, "{} config {}: model.rope_theta / model.rope_scaling: {}",
+              architecture, name, e.what());
   }
   const std::pair<const char*, double> coefs[] = {{"router_aux_loss_coef", router_aux_loss_coef},
                                                   {"router_z_loss_coef", router_z_loss_coef},

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "models/rope_scaling.h"
+
 namespace zrt::moe {
 
 struct MoeConfig {
@@ -38,6 +40,7 @@ struct MoeConfig {
   int max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
   double rope_theta = 1e6;
+  RopeScaling rope_scaling;  // config.json's rope_scaling (yarn for Qwen3-MoE past 32K tokens)
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // Qwen2-MoE: always
   int sliding_window = 0;       // every layer's sliding window (kernels/ops.h); 0: none

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "models/rope_scaling_check.h"
 #include "runtime/common/error.h"
 
 namespace zrt::moe {
@@ -135,6 +136,7 @@ nlohmann::json hf_config_json(const MoeConfig& c) {
   hf["max_position_embeddings"] = c.max_position_embeddings;
   hf["rms_norm_eps"] = c.rms_norm_eps;
   hf["rope_theta"] = c.rope_theta;
+  hf["rope_scaling"] = c.rope_scaling.hf_json();
   hf["tie_word_embeddings"] = c.tie_word_embeddings;
   hf["sliding_window"] = c.sliding_window > 0 ? nlohmann::json(c.sliding_window) : nullptr;
   // Qwen3MoeConfig drops sliding_window unless use_sliding_window (then every layer's).
@@ -187,10 +189,7 @@ MoeConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
   c.max_position_embeddings = hf.max_position_embeddings;
   c.rms_norm_eps = hf.rms_norm_eps;
   c.rope_theta = hf.rope_theta;
-  if (hf.rope_scaling.rope_type != "default") {
-    ZRT_THROW(InvalidArgument, "{}: rope scaling '{}' is not implemented for {}", path,
-              hf.rope_scaling.rope_type, hf.model_type);
-  }
+  c.rope_scaling = hf.rope_scaling;
   c.tie_word_embeddings = hf.tie_word_embeddings;
   c.attention_bias = hf.attention_bias;
   c.sliding_window = hf.sliding_window;
@@ -238,12 +237,7 @@ MoeConfig config_from_hf(const hf::HfConfig& hf, const ModelConfig& run) {
     ZRT_THROW(InvalidArgument, "model.mlp_only_layers [{}] contradicts {} mlp_only_layers [{}]",
               fmt::join(*run.mlp_only_layers, ", "), path, fmt::join(c.mlp_only_layers, ", "));
   }
-  if (run.rope_scaling.rope_type && *run.rope_scaling.rope_type != "default") {
-    ZRT_THROW(InvalidArgument,
-              "model.rope_scaling.rope_type {} contradicts {} (no rope scaling; zrt's {} has "
-              "none)",
-              *run.rope_scaling.rope_type, path, hf.model_type);
-  }
+  check_run_rope_scaling(c.rope_scaling, run.rope_scaling, nullptr, "", path);
   c.validate();
   return c;
 }

@@ -137,7 +137,7 @@ MoeLayerShape layer_shape(const MoeConfig& c) {
 }
 
 kernels::RopeTable moe_rope_table(const MoeConfig& c) {
-  return kernels::make_rope_table(c.head_dim, c.rope_theta, kernels::RopeScalingParams{});
+  return kernels::make_rope_table(c.head_dim, c.rope_theta, c.rope_scaling.params());
 }
 
 // This rank's experts: all of them without an expert group, else its block of the group's.

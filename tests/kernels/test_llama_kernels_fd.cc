@@ -98,7 +98,13 @@ TEST_CASE("rope rotates by t*inv_freq and its backward is the transpose (float64
   llama3.low_freq_factor = 1;
   llama3.high_freq_factor = 4;
   llama3.original_max_position_embeddings = 16;  // small, so that all three bands occur
-  for (const auto& scaling : {RopeScalingParams{}, llama3}) {
+  // YaRN: the ramp crosses the head's pairs at this original context, and its attention factor
+  // (1.139) scales the rotation: backward(forward(x)) is then factor^2 x.
+  RopeScalingParams yarn;
+  yarn.rope_type = "yarn";
+  yarn.factor = 4;
+  yarn.original_max_position_embeddings = 64;
+  for (const auto& scaling : {RopeScalingParams{}, llama3, yarn}) {
     const RopeTable table = make_rope_table(kHS, 10000.0, scaling);
     Vec x = normal_values(kSeed, 21, kN * kNH * kHS);
     const Vec R = normal_values(kSeed, 22, kN * kNH * kHS);
@@ -112,10 +118,15 @@ TEST_CASE("rope rotates by t*inv_freq and its backward is the transpose (float64
     const int P = kHS / 2, t = 5;
     const std::size_t off = ((std::size_t{1} * kT + t) * kNH + 2) * kHS;
     const double angle = t * static_cast<double>(table.inv_freq[1]);
+    const double a = table.attention_scaling;
+    CHECK(a == (scaling.rope_type == "yarn" ? Approx(0.1 * std::log(4.0) + 1).epsilon(1e-7)
+                                            : Approx(1.0).epsilon(0)));
     CHECK(out[off + 1] ==
-          Approx(x[off + 1] * std::cos(angle) - x[off + 1 + P] * std::sin(angle)).epsilon(1e-14));
+          Approx(a * (x[off + 1] * std::cos(angle) - x[off + 1 + P] * std::sin(angle)))
+              .epsilon(1e-14));
     CHECK(out[off + 1 + P] ==
-          Approx(x[off + 1 + P] * std::cos(angle) + x[off + 1] * std::sin(angle)).epsilon(1e-14));
+          Approx(a * (x[off + 1 + P] * std::cos(angle) + x[off + 1] * std::sin(angle)))
+              .epsilon(1e-14));
     Vec dx(x.size(), 7.0);  // overwritten, not accumulated
     rope_backward<double>(dx.data(), R.data(), table, kB, kT, kNH, kHS);
     check_gradient("dinp", x, dx, f);
@@ -125,7 +136,9 @@ TEST_CASE("rope rotates by t*inv_freq and its backward is the transpose (float64
     rope_forward<double>(inplace.data(), inplace.data(), table, kB, kT, kNH, kHS);
     for (std::size_t i = 0; i < x.size(); ++i) CHECK(inplace[i] == out[i]);
     rope_backward<double>(inplace.data(), inplace.data(), table, kB, kT, kNH, kHS);
-    for (std::size_t i = 0; i < x.size(); ++i) CHECK(inplace[i] == Approx(x[i]).margin(1e-14));
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      CHECK(inplace[i] == Approx(a * a * x[i]).margin(1e-14));
+    }
   }
 }
 
@@ -163,8 +176,16 @@ TEST_CASE("llama3 rope table follows transformers' three frequency bands", "[lla
   CHECK(mid > 0);
   CHECK_THROWS_AS(make_rope_table(7, 10000.0, {}), InvalidArgument);
   RopeScalingParams bad;
+  bad.rope_type = "dynamic";
+  CHECK_THROWS_WITH(make_rope_table(8, 10000.0, bad),
+                    Catch::Contains("'dynamic' is not supported"));
   bad.rope_type = "yarn";
-  CHECK_THROWS_WITH(make_rope_table(8, 10000.0, bad), Catch::Contains("yarn"));
+  bad.beta_fast = 1;
+  bad.beta_slow = 2;
+  CHECK_THROWS_WITH(make_rope_table(8, 10000.0, bad), Catch::Contains("beta_fast >= beta_slow"));
+  bad.rope_type = "linear";
+  bad.factor = 0.5;
+  CHECK_THROWS_WITH(make_rope_table(8, 10000.0, bad), Catch::Contains("factor >= 1"));
 }
 
 TEST_CASE("swiglu backward matches finite differences (float64)", "[fd][llama]") {

@@ -24,7 +24,7 @@ with --hf; from_pretrained loads it with no missing or unexpected keys and its l
 
 --part transformers-qwen3-v5 (the same virtual environment; Qwen3 came in transformers 4.51): a
 dense Qwen3 (q_norm / k_norm, head_dim wider than hidden_size / heads, a tied head) the same
-round trip, and again with YaRN rotary scaling. --part transformers-window-v5: sliding windows (Mistral, Qwen2, Qwen3, Mixtral,
+round trip, and again with YaRN rotary scaling, as is a Qwen3-MoE. --part transformers-window-v5: sliding windows (Mistral, Qwen2, Qwen3, Mixtral,
 Qwen3-MoE) through it, each export keeping its window.
 
 Exits 77 (ctest: skipped, with the reason printed) when a package is missing.
@@ -350,13 +350,22 @@ def part_transformers_qwen3(args):
         rope = exported.get("rope_scaling") or {}
         check(rope.get("rope_type") == "yarn" and rope.get("factor") == 2.0 and
               rope.get("original_max_position_embeddings") == 16,
-              "qwen3-yarn: exported rope_scaling %s" % rope)
+              "%s: exported rope_scaling %s" % (arch, rope))
 
+    # And a Qwen3-MoE with the same YaRN (its rotary table is the dense model's).
+    moe_yarn = transformers.Qwen3MoeConfig(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_experts=8,
+        num_experts_per_tok=3, norm_topk_prob=True, head_dim=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=32,
+        tie_word_embeddings=False, bos_token_id=255, eos_token_id=255, router_aux_loss_coef=0.02,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 16})
     round_trip(args, [("qwen3", cfg, transformers.Qwen3ForCausalLM),
-                      ("qwen3-yarn", yarn, transformers.Qwen3ForCausalLM)],
+                      ("qwen3-yarn", yarn, transformers.Qwen3ForCausalLM),
+                      ("qwen3_moe-yarn", moe_yarn, transformers.Qwen3MoeForCausalLM)],
                lambda arch, exported: (expect_config if arch == "qwen3" else expect_yarn)(
                    arch, exported))
-    print("ok: qwen3, qwen3-yarn")
+    print("ok: qwen3, qwen3-yarn, qwen3_moe-yarn")
     return 0
 
 

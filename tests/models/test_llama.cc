@@ -278,7 +278,7 @@ TEST_CASE("YaRN and linear rotary scaling match transformers", "[llama][golden][
     const kernels::RopeScalingParams params = [&] {
       LlamaConfig c;
       c.rope_scaling = test::rope_scaling_of(t["rope_scaling"]);
-      return c.rope_params();
+      return c.rope_scaling.params();
     }();
     const kernels::RopeTable table =
         kernels::make_rope_table(t["head_dim"], t["rope_theta"].get<double>(), params);
