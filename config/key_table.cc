@@ -721,7 +721,8 @@ std::vector<KeyInfo> build_table() {
           .range(0)
           .zrt(),
       K("model.rope_scaling", I, kObject, "none",
-        "Llama family: rotary frequency scaling, as config.json's rope_scaling")
+        "Llama family and mixtures of experts: rotary frequency scaling, as config.json's "
+        "rope_scaling (docs/config.md, \"Rotary scaling\")")
           .zrt(),
       K("model.rope_scaling.rope_type", I, kEnum, "default",
         "\"llama3\": Llama 3.1/3.2's scaling of the low frequencies; \"yarn\": YaRN (Qwen2.5 / "
