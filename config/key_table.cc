@@ -696,7 +696,8 @@ std::vector<KeyInfo> build_table() {
           .range(2)
           .zrt(),
       K("model.max_position_embeddings", I, kInt, "preset",
-        "Llama family: the positions the model was built for (seq_len may not exceed it)")
+        "Llama family: the positions the model was built for (seq_len may not exceed it, but with "
+        "yarn rotary scaling up to original_max_position_embeddings x factor)")
           .range(1)
           .zrt(),
       K("model.tiling", I, kObject, "{}",

@@ -44,8 +44,8 @@ RopeTable make_rope_table(int head_dim, double theta, const RopeScalingParams& s
               scaling.original_max_position_embeddings);
   }
   // transformers reads an absent (or zero) beta as its default: `beta_fast or 32`.
-  const double beta_fast = scaling.beta_fast != 0 ? scaling.beta_fast : 32;
-  const double beta_slow = scaling.beta_slow != 0 ? scaling.beta_slow : 1;
+  const double beta_fast = scaling.beta_fast != 0 ? scaling.beta_fast : kYarnBetaFast;
+  const double beta_slow = scaling.beta_slow != 0 ? scaling.beta_slow : kYarnBetaSlow;
   if (yarn && (!(scaling.original_max_position_embeddings > 0) || !(beta_slow > 0) ||
                !(beta_fast >= beta_slow) || !(scaling.attention_factor >= 0) ||
                !(scaling.mscale >= 0) || !(scaling.mscale_all_dim >= 0))) {

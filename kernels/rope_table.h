@@ -25,6 +25,8 @@
 namespace zrt::kernels {
 
 constexpr int kRopeMaxPairs = 256;
+// YaRN's beta_fast and beta_slow where config.json has none (transformers' `or 32`, `or 1`).
+constexpr double kYarnBetaFast = 32, kYarnBetaSlow = 1;
 
 struct RopeScalingParams {
   std::string rope_type = "default";  // "default", "linear", "llama3" or "yarn"
@@ -34,8 +36,8 @@ struct RopeScalingParams {
   double original_max_position_embeddings = 8192;  // llama3, yarn
   // yarn (config.json's names; 0 where the key is absent: its default or derived value).
   double attention_factor = 0;  // 0: from factor and mscale / mscale_all_dim
-  double beta_fast = 0;         // 0: 32
-  double beta_slow = 0;         // 0: 1
+  double beta_fast = 0;         // 0: kYarnBetaFast
+  double beta_slow = 0;         // 0: kYarnBetaSlow
   double mscale = 0, mscale_all_dim = 0;
   bool truncate = true;
 };

@@ -1,6 +1,9 @@
 #include "models/rope_scaling.h"
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
+#include <type_traits>
 
 #include "models/rope_scaling_check.h"
 #include "models/spec_values.h"
@@ -49,6 +52,41 @@ nlohmann::json RopeScaling::hf_json() const {
   return nullptr;
 }
 
+std::int64_t RopeScaling::position_limit(int max_position_embeddings) const {
+  std::int64_t limit = max_position_embeddings;
+  if (rope_type == "yarn" && factor >= 1) {
+    limit = std::max(
+        limit, static_cast<std::int64_t>(std::floor(factor * original_max_position_embeddings)));
+  }
+  return limit;
+}
+
+std::string RopeScaling::position_limit_error(int seq_len, int max_position_embeddings) const {
+  if (rope_type == "yarn") {
+    return fmt::format(
+        "model.seq_len={} exceeds max_position_embeddings={} and yarn's "
+        "original_max_position_embeddings x factor = {} x {} = {}: raise rope_scaling.factor "
+        "(config.json's, with init_from) or shorten seq_len",
+        seq_len, max_position_embeddings, original_max_position_embeddings, factor,
+        position_limit(max_position_embeddings));
+  }
+  return fmt::format(
+      "model.seq_len={} exceeds max_position_embeddings={}: shorten seq_len, or train past the "
+      "pretrained positions with rotary scaling (model.rope_scaling, in config.json with "
+      "init_from: yarn with original_max_position_embeddings {} and factor >= {:.3g}, as Qwen's "
+      "model cards do)",
+      seq_len, max_position_embeddings, max_position_embeddings,
+      static_cast<double>(seq_len) / max_position_embeddings);
+}
+
+std::string RopeScaling::describe() const {
+  if (rope_type == "yarn") {
+    return fmt::format(" yarn x{} of {}", factor, original_max_position_embeddings);
+  }
+  if (rope_type == "linear") return fmt::format(" linear x{}", factor);
+  return "";
+}
+
 bool set_rope_scaling_key(RopeScaling& s, const char* family, const std::string& key,
                           const std::string& value, bool& original_given) {
   const auto number = [&](double& field) { field = spec_double(family, key, value); };
@@ -94,26 +132,50 @@ void require_yarn_original(const RopeScaling& s, bool original_given,
 
 namespace {
 
+// A value of config.json's for a message: yarn's optional keys hold 0 where the file has none.
+template <typename T>
+std::string shown(const T& value, bool absent_when_zero) {
+  if constexpr (std::is_arithmetic_v<T>) {
+    if (absent_when_zero && value == T{}) return "absent";
+  }
+  return fmt::format("{}", value);
+}
+
+// The run's value of `key` against the file's (both their effective values: `file` with yarn's
+// defaults put in where it has none), then against the preset's.
 template <typename T>
 void check_key(const char* key, const T& file, const std::optional<T>& run, const T* preset,
-               const std::string& preset_name, const std::string& path) {
+               const std::string& preset_name, const std::string& path,
+               bool absent_when_zero = false) {
   if (run) {
     if (*run != file) {
-      ZRT_THROW(InvalidArgument, "model.rope_scaling.{} {} contradicts {} rope_scaling.{} {}", key,
-                *run, path, key, file);
+      ZRT_THROW(InvalidArgument,
+                "model.rope_scaling.{} {} contradicts {} rope_scaling.{} ({}): drop the key, or "
+                "give config.json's value",
+                key, *run, path, key, shown(file, absent_when_zero));
     }
   } else if (preset != nullptr && *preset != file) {
     ZRT_THROW(InvalidArgument,
-              "model.preset '{}' (rope_scaling.{} {}) contradicts {} rope_scaling.{} {}",
-              preset_name, key, *preset, path, key, file);
+              "model.preset '{}' (rope_scaling.{} {}) contradicts {} rope_scaling.{} ({})",
+              preset_name, key, *preset, path, key, shown(file, absent_when_zero));
   }
 }
 
 }  // namespace
 
-void check_run_rope_scaling(const RopeScaling& f, const ModelConfig::RopeScaling& r,
-                            const RopeScaling* p, const std::string& preset_name,
+void check_run_rope_scaling(const RopeScaling& file, const ModelConfig::RopeScaling& r,
+                            const RopeScaling* preset, const std::string& preset_name,
                             const std::string& path) {
+  // The betas where a config has none are their defaults: a run giving those agrees.
+  const auto effective = [](RopeScaling s) {
+    if (s.beta_fast == 0) s.beta_fast = kernels::kYarnBetaFast;
+    if (s.beta_slow == 0) s.beta_slow = kernels::kYarnBetaSlow;
+    return s;
+  };
+  const RopeScaling f = effective(file);
+  const std::optional<RopeScaling> preset_values =
+      preset != nullptr ? std::optional<RopeScaling>(effective(*preset)) : std::nullopt;
+  const RopeScaling* p = preset_values ? &*preset_values : nullptr;
   const auto field = [&](auto member) { return p != nullptr ? &(p->*member) : nullptr; };
   check_key("rope_type", f.rope_type, r.rope_type, field(&RopeScaling::rope_type), preset_name,
             path);
@@ -125,15 +187,15 @@ void check_run_rope_scaling(const RopeScaling& f, const ModelConfig::RopeScaling
   check_key("original_max_position_embeddings", f.original_max_position_embeddings,
             r.original_max_position_embeddings,
             field(&RopeScaling::original_max_position_embeddings), preset_name, path);
-  check_key("attention_factor", f.attention_factor, r.attention_factor,
-            field(&RopeScaling::attention_factor), preset_name, path);
   check_key("beta_fast", f.beta_fast, r.beta_fast, field(&RopeScaling::beta_fast), preset_name,
             path);
   check_key("beta_slow", f.beta_slow, r.beta_slow, field(&RopeScaling::beta_slow), preset_name,
             path);
-  check_key("mscale", f.mscale, r.mscale, field(&RopeScaling::mscale), preset_name, path);
+  check_key("attention_factor", f.attention_factor, r.attention_factor,
+            field(&RopeScaling::attention_factor), preset_name, path, true);
+  check_key("mscale", f.mscale, r.mscale, field(&RopeScaling::mscale), preset_name, path, true);
   check_key("mscale_all_dim", f.mscale_all_dim, r.mscale_all_dim,
-            field(&RopeScaling::mscale_all_dim), preset_name, path);
+            field(&RopeScaling::mscale_all_dim), preset_name, path, true);
   check_key("truncate", f.truncate, r.truncate, field(&RopeScaling::truncate), preset_name, path);
 }
 

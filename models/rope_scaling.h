@@ -32,6 +32,16 @@ struct RopeScaling {
   // transformers' config.json value: null for default, else the rope_type's keys (yarn's
   // optional ones only where given).
   nlohmann::json hf_json() const;
+  // The longest sequence a model of `max_position_embeddings` positions trains at: those, or with
+  // yarn up to original_max_position_embeddings x factor (Qwen's model cards add the yarn block
+  // alone, leaving max_position_embeddings at the pretrained 40960, and set the length in the
+  // serving engine). Every position is rotated, never looked up, so nothing else bounds it.
+  std::int64_t position_limit(int max_position_embeddings) const;
+  // The error of a seq_len past position_limit, naming both fixes.
+  std::string position_limit_error(int seq_len, int max_position_embeddings) const;
+  // For a model's one-line description: " yarn x4 of 32768", " linear x2"; "" for default and
+  // llama3 (the Llama 3.1/3.2 presets' own, which their names say).
+  std::string describe() const;
 };
 
 // Sets the field of spec key `key` ("rope_scaling.factor", ...) from `value` (InvalidArgument

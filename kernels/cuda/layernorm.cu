@@ -242,21 +242,23 @@ bool launch_forward_vec(const Launch& l, S* out, float* mean, float* rstd, S* re
 // Pass 1: partial column sums of dout*norm and dout over a chunk of kColumnSumRows rows.
 template <typename S>
 __global__ void layernorm_partials_kernel(float* part_w, float* part_b, const S* dout, const S* inp,
-                                          const float* mean, const float* rstd, int N, int C) {
+                                          const float* mean, const float* rstd, int N, int C,
+                                          int chunks) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int chunk = blockIdx.y;
   if (c >= C) return;
-  const int r0 = chunk * kColumnSumRows;
-  const int r1 = min(N, r0 + kColumnSumRows);
-  float dw = 0.0f, db = 0.0f;
-  for (int r = r0; r < r1; ++r) {
-    const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
-    const float dy = ld(dout[i]);
-    dw += dy * ((ld(inp[i]) - mean[r]) * rstd[r]);
-    db += dy;
+  for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {  // column_chunk_blocks
+    const int r0 = chunk * kColumnSumRows;
+    const int r1 = min(N, r0 + kColumnSumRows);
+    float dw = 0.0f, db = 0.0f;
+    for (int r = r0; r < r1; ++r) {
+      const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
+      const float dy = ld(dout[i]);
+      dw += dy * ((ld(inp[i]) - mean[r]) * rstd[r]);
+      db += dy;
+    }
+    part_w[static_cast<std::int64_t>(chunk) * C + c] = dw;
+    part_b[static_cast<std::int64_t>(chunk) * C + c] = db;
   }
-  part_w[static_cast<std::int64_t>(chunk) * C + c] = dw;
-  part_b[static_cast<std::int64_t>(chunk) * C + c] = db;
 }
 
 // Pass 2: sum the chunks in order and accumulate into the gradients.
@@ -334,9 +336,10 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
           static_cast<const S*>(weight), mean, rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
-    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);
+    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     layernorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
-        part_w, part_b, static_cast<const S*>(dout), static_cast<const S*>(inp), mean, rstd, N, C);
+        part_w, part_b, static_cast<const S*>(dout), static_cast<const S*>(inp), mean, rstd, N, C,
+        chunks);
     ZRT_CUDA_LAUNCH_CHECK();
     layernorm_finish_kernel<G>
         <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(

@@ -26,5 +26,12 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
 
 // Rows summed per chunk by the two-pass column sums (layernorm and bias gradients).
 constexpr int kColumnSumRows = 64;
+// The column sums' chunks run along gridDim.y, which CUDA caps at 65535: past that many chunks
+// (4,194,240 rows: Qwen3-8B's per-head q norm at 128K tokens is 4,194,304) each block strides
+// over the chunks by gridDim.y.
+constexpr int kMaxColumnChunkBlocks = 65535;
+inline unsigned column_chunk_blocks(int chunks) {
+  return static_cast<unsigned>(chunks < kMaxColumnChunkBlocks ? chunks : kMaxColumnChunkBlocks);
+}
 
 }  // namespace zrt::kernels::cuda

@@ -22,15 +22,16 @@ __global__ void add_bias_kernel(S* out, const S* bias, std::int64_t rows, int OC
 }
 
 template <typename S>
-__global__ void column_partials_kernel(float* part, const S* dout, int N, int C) {
+__global__ void column_partials_kernel(float* part, const S* dout, int N, int C, int chunks) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int chunk = blockIdx.y;
   if (c >= C) return;
-  const int r0 = chunk * kColumnSumRows;
-  const int r1 = min(N, r0 + kColumnSumRows);
-  float sum = 0.0f;
-  for (int r = r0; r < r1; ++r) sum += ld(dout[static_cast<std::int64_t>(r) * C + c]);
-  part[static_cast<std::int64_t>(chunk) * C + c] = sum;
+  for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {  // column_chunk_blocks
+    const int r0 = chunk * kColumnSumRows;
+    const int r1 = min(N, r0 + kColumnSumRows);
+    float sum = 0.0f;
+    for (int r = r0; r < r1; ++r) sum += ld(dout[static_cast<std::int64_t>(r) * C + c]);
+    part[static_cast<std::int64_t>(chunk) * C + c] = sum;
+  }
 }
 
 template <typename G>
@@ -79,9 +80,9 @@ void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, 
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
     using S = typename decltype(s)::type;
     using G = typename decltype(g)::type;
-    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);
+    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     column_partials_kernel<S>
-        <<<grid, kColumnThreads, 0, l.stream>>>(part, static_cast<const S*>(dout), N, C);
+        <<<grid, kColumnThreads, 0, l.stream>>>(part, static_cast<const S*>(dout), N, C, chunks);
     ZRT_CUDA_LAUNCH_CHECK();
     column_finish_kernel<G>
         <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(

@@ -184,18 +184,19 @@ bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, cons
 // Pass 1: partial column sums of dout*norm over a chunk of kColumnSumRows rows.
 template <typename S>
 __global__ void rmsnorm_partials_kernel(float* part, const S* dout, const S* inp, const float* rstd,
-                                        int N, int C) {
+                                        int N, int C, int chunks) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  const int chunk = blockIdx.y;
   if (c >= C) return;
-  const int r0 = chunk * kColumnSumRows;
-  const int r1 = min(N, r0 + kColumnSumRows);
-  float dw = 0.0f;
-  for (int r = r0; r < r1; ++r) {
-    const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
-    dw += ld(dout[i]) * (ld(inp[i]) * rstd[r]);
+  for (int chunk = blockIdx.y; chunk < chunks; chunk += gridDim.y) {  // column_chunk_blocks
+    const int r0 = chunk * kColumnSumRows;
+    const int r1 = min(N, r0 + kColumnSumRows);
+    float dw = 0.0f;
+    for (int r = r0; r < r1; ++r) {
+      const std::int64_t i = static_cast<std::int64_t>(r) * C + c;
+      dw += ld(dout[i]) * (ld(inp[i]) * rstd[r]);
+    }
+    part[static_cast<std::int64_t>(chunk) * C + c] = dw;
   }
-  part[static_cast<std::int64_t>(chunk) * C + c] = dw;
 }
 
 // Pass 2: the chunks in order, accumulated into the gradient.
@@ -267,9 +268,9 @@ void rmsnorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp
           static_cast<const S*>(weight), rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
-    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, chunks);
+    const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     rmsnorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
-        part, static_cast<const S*>(dout), static_cast<const S*>(inp), rstd, N, C);
+        part, static_cast<const S*>(dout), static_cast<const S*>(inp), rstd, N, C, chunks);
     ZRT_CUDA_LAUNCH_CHECK();
     rmsnorm_finish_kernel<G>
         <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(

@@ -287,7 +287,10 @@ void read_llama_family(const json& doc, const std::string& path, HfConfig& c) {
   if (c.num_attention_heads == 0) {
     ZRT_THROW(InvalidArgument, "{}: num_attention_heads must be positive", path);
   }
-  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_attention_heads);
+  // Qwen3Config's head_dim is a field defaulting to 128 (Qwen3-0.6B's is wider than hidden_size /
+  // num_attention_heads); the others derive it (their modeling code's getattr fallback).
+  c.head_dim =
+      r.opt_int("head_dim", c.model_type == "qwen3" ? 128 : c.hidden_size / c.num_attention_heads);
   // transformers' defaults where a key is absent differ by family (MixtralConfig's eps 1e-5 and
   // theta 1e6).
   const bool mixtral = c.model_type == "mixtral";

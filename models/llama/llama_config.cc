@@ -176,9 +176,9 @@ void LlamaConfig::validate() const {
     ZRT_THROW(InvalidArgument, "{} config {}: model.head_dim={} must be even and at most {}",
               architecture, name, head_dim, 2 * kernels::kRopeMaxPairs);
   }
-  if (seq_len > max_position_embeddings) {
-    ZRT_THROW(InvalidArgument, "{} config {}: model.seq_len={} exceeds max_position_embeddings={}",
-              architecture, name, seq_len, max_position_embeddings);
+  if (seq_len > rope_scaling.position_limit(max_position_embeddings)) {
+    ZRT_THROW(InvalidArgument, "{} config {}: {}", architecture, name,
+              rope_scaling.position_limit_error(seq_len, max_position_embeddings));
   }
   if (!(rms_norm_eps > 0)) {
     ZRT_THROW(InvalidArgument, "{} config {}: model.rms_norm_eps={} must be positive", architecture,
@@ -250,10 +250,11 @@ std::string LlamaConfig::describe() const {
     window = fmt::format(" window {}", sliding_window);
     if (max_window_layers > 0) window += fmt::format(" from layer {}", max_window_layers);
   }
-  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}{}, {:.1f}M params)", name,
+  const std::string rope = rope_scaling.describe();
+  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}{}{}, {:.1f}M params)", name,
                      architecture, num_hidden_layers, hidden_size, intermediate_size,
                      num_attention_heads, num_key_value_heads, head_dim, vocab_size, seq_len,
-                     window, tie_word_embeddings ? " tied" : "",
+                     window, rope, tie_word_embeddings ? " tied" : "",
                      static_cast<double>(num_parameters()) / 1e6);
 }
 

@@ -73,9 +73,10 @@ struct LlamaConfig {
 
   // Throws InvalidArgument naming the key unless: every dimension is positive,
   // num_key_value_heads divides num_attention_heads, head_dim is even (<= 512), seq_len <=
-  // max_position_embeddings, rms_norm_eps > 0, the rotary settings are valid, qwen2 has
-  // attention_bias and no other architecture has, sliding_window and max_window_layers are >= 0,
-  // and max_window_layers is 0 unless the architecture is qwen2 or qwen3.
+  // max_position_embeddings (yarn: RopeScaling::position_limit), rms_norm_eps > 0, the rotary
+  // settings are valid, qwen2 has attention_bias and no other architecture has, sliding_window and
+  // max_window_layers are >= 0, and max_window_layers is 0 unless the architecture is qwen2 or
+  // qwen3.
   void validate() const;
   // Qwen3's attention: an RMSNorm (weights [head_dim], the model's rms_norm_eps) over each query
   // and key head after its projection, before the rotation (transformers' q_norm / k_norm).

@@ -277,9 +277,9 @@ void MoeConfig::validate() const {
     ZRT_THROW(InvalidArgument, "{} config {}: model.head_dim={} must be even and at most {}",
               architecture, name, head_dim, 2 * kernels::kRopeMaxPairs);
   }
-  if (seq_len > max_position_embeddings) {
-    ZRT_THROW(InvalidArgument, "{} config {}: model.seq_len={} exceeds max_position_embeddings={}",
-              architecture, name, seq_len, max_position_embeddings);
+  if (seq_len > rope_scaling.position_limit(max_position_embeddings)) {
+    ZRT_THROW(InvalidArgument, "{} config {}: {}", architecture, name,
+              rope_scaling.position_limit_error(seq_len, max_position_embeddings));
   }
   if (!(rms_norm_eps > 0) || !(rope_theta > 0)) {
     ZRT_THROW(InvalidArgument,
@@ -400,11 +400,12 @@ std::int64_t MoeConfig::num_active_parameters() const {
 
 std::string MoeConfig::describe() const {
   return fmt::format(
-      "{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}, {:.1f}M params, {:.1f}M "
+      "{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}{}, {:.1f}M params, {:.1f}M "
       "active)",
       name, architecture, num_hidden_layers, hidden_size, num_experts, num_experts_per_tok,
       moe_intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
-      seq_len, tie_word_embeddings ? " tied" : "", static_cast<double>(num_parameters()) / 1e6,
+      seq_len, rope_scaling.describe(), tie_word_embeddings ? " tied" : "",
+      static_cast<double>(num_parameters()) / 1e6,
       static_cast<double>(num_active_parameters()) / 1e6);
 }
 

@@ -76,7 +76,8 @@ struct MoeConfig {
 
   // InvalidArgument naming the key unless every dimension is positive, 1 <= k <= E (and k <= the
   // kernels' limit), num_key_value_heads divides num_attention_heads, head_dim even, seq_len <=
-  // max_position_embeddings, the coefficients and capacity are >= 0, qwen2_moe has attention
+  // max_position_embeddings (yarn: RopeScaling::position_limit), the rotary settings are valid,
+  // the coefficients and capacity are >= 0, qwen2_moe has attention
   // biases, Mixtral renormalises and has no shared expert or dense layer.
   void validate() const;
   // Every parameter.

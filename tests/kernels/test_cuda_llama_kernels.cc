@@ -8,6 +8,7 @@
 // (ctest -L standin) the CUDA host paths run on the CPU.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -133,6 +134,33 @@ TEST_CASE("rmsnorm: CUDA twin matches the CPU twin", "[cuda][llama]") {
 // lane, the last lanes idle where 256 does not divide C) at the family's widths: SmolLM2-135M
 // 576, Qwen2-0.5B 896, Llama-3.2-1B 2048, Llama-3.1-8B 4096, and 1000 (not a multiple of 8: the
 // scalar kernels); then residual + RMSNorm in one pass against residual_forward and
+// The weight gradient's column sums run one block row per 64-row chunk, and CUDA caps gridDim.y at
+// 65535: Qwen3's per-head q/k norms at 128K tokens (B*T*heads rows of head_dim: 4,194,304 for
+// Qwen3-8B's query heads) pass that. 65537 chunks here, the output gradient zero but in the last
+// two, which the first 65535 blocks' second stride reaches: a launch that dropped them would give
+// a zero weight gradient (and one past the cap fails to launch, on the stand-ins too).
+TEST_CASE("rmsnorm backward past 65535 row chunks (per-head norms at 128K tokens)",
+          "[cuda][llama]") {
+  static constexpr int kChunkRows = 64, C = 8;
+  static constexpr int N = 65537 * kChunkRows;
+  static constexpr std::size_t NC = std::size_t{N} * C;
+  parity("rmsnorm", [](Backend& be, DType dt, DType gt) {
+    Vec dy_values(NC, 0.0);
+    const Vec tail = normal_values(kSeed, 19, 2 * kChunkRows * C);
+    std::copy(tail.begin(), tail.end(), dy_values.end() - static_cast<std::ptrdiff_t>(tail.size()));
+    const Bytes x = be.put("x", normal_values(kSeed, 18, NC, 2.0, 0.3), dt);
+    const Bytes w = be.put("w", normal_values(kSeed, 12, C, 0.1, 1.0), dt);
+    const Bytes dy = be.put("dy", dy_values, dt);
+    const Bytes out = be.put("out", Vec(NC, 0.0), dt);
+    const Floats rstd = be.put_f32("rstd", N);
+    const Bytes dx = be.put("dx", Vec(NC, 0.0), dt);
+    const Bytes dw = be.put("dw", Vec(C, 0.0), gt);
+    rmsnorm_forward(*be.ctx, dt, out, rstd, x, w, N, C, 1e-6);
+    rmsnorm_backward(*be.ctx, dt, gt, dx, dw, dy, x, w, rstd, N, C);
+    return std::map<std::string, std::size_t>{{"dx", NC}, {"dw", C}};
+  });
+}
+
 // rmsnorm_forward on the CPU.
 TEST_CASE("rmsnorm at Llama widths, and residual + rmsnorm in one pass", "[cuda][llama]") {
   for (int C : {576, 896, 1000, 2048, 4096}) {

@@ -272,6 +272,11 @@ TEST_CASE("config.json problems are named", "[hf][config]") {
   // Qwen3 windows as Qwen2 does; its attention_bias would put a bias on o_proj too: refused.
   {
     json qwen3 = json::parse(text_of(fixture("qwen3-8b.json")));
+    json no_head_dim = qwen3;  // Qwen3Config's default, not hidden_size / heads
+    no_head_dim["hidden_size"] = 1024;
+    no_head_dim["num_attention_heads"] = 16;
+    no_head_dim.erase("head_dim");
+    CHECK(HfConfig::parse(no_head_dim.dump(), "x").head_dim == 128);
     qwen3["use_sliding_window"] = true;
     qwen3["sliding_window"] = 4096;
     CHECK(HfConfig::parse(qwen3.dump(), "x").sliding_window == 0);  // max_window_layers 36 of 36
@@ -826,12 +831,12 @@ TEST_CASE("rope_scaling given with an init_from directory is checked against it"
   r.rope_scaling.rope_type = "default";
   CHECK_THROWS_WITH(builtin_models().resolve(r),
                     Catch::Contains("model.rope_scaling.rope_type default contradicts " + cfg +
-                                    " rope_scaling.rope_type llama3"));
+                                    " rope_scaling.rope_type (llama3)"));
   r = run;
   r.rope_scaling.factor = 8.0;
   CHECK_THROWS_WITH(builtin_models().resolve(r),
                     Catch::Contains("model.rope_scaling.factor 8 contradicts " + cfg +
-                                    " rope_scaling.factor 32"));
+                                    " rope_scaling.factor (32)"));
   r = run;
   r.rope_scaling.rope_type = "llama3";
   r.rope_scaling.factor = 32.0;
@@ -849,10 +854,15 @@ TEST_CASE("rope_scaling given with an init_from directory is checked against it"
   q.seq_len = 65536;
   CHECK_NOTHROW(builtin_models().resolve(q));
   const std::string qcfg = (qwen / "config.json").string();
+  q.rope_scaling.beta_fast = 32.0;  // the file has none: its default, so this agrees
+  CHECK_NOTHROW(builtin_models().resolve(q));
   q.rope_scaling.beta_fast = 16.0;
   CHECK_THROWS_WITH(builtin_models().resolve(q),
                     Catch::Contains("model.rope_scaling.beta_fast 16 contradicts " + qcfg +
-                                    " rope_scaling.beta_fast 0"));
+                                    " rope_scaling.beta_fast (32): drop the key"));
+  q.rope_scaling.beta_fast.reset();
+  q.rope_scaling.mscale = 1.0;
+  CHECK_THROWS_WITH(builtin_models().resolve(q), Catch::Contains("rope_scaling.mscale (absent)"));
 }
 
 // A checkpoint of a run that started from a Hugging Face directory rebuilds its model from that

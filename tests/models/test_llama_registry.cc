@@ -85,8 +85,7 @@ TEST_CASE("a Llama model block resolves, with config.json's names and rope_scali
 TEST_CASE("a Qwen3 block with YaRN resolves, and its saved form reads back", "[llama][registry]") {
   const Config config =
       parse_config(config_with_model({{"type", "qwen3"},
-                                      {"preset", "qwen3-0.6b"},
-                                      {"max_position_embeddings", 131072},
+                                      {"preset", "qwen3-0.6b"},  // 40960 positions
                                       {"seq_len", 65536},
                                       {"rope_scaling",
                                        {{"rope_type", "yarn"},
@@ -107,9 +106,21 @@ TEST_CASE("a Qwen3 block with YaRN resolves, and its saved form reads back", "[l
   CHECK(c.rope_scaling.mscale == 1.0);
   CHECK(c.rope_scaling.mscale_all_dim == 0.5);
   CHECK_FALSE(c.rope_scaling.truncate);
+  CHECK_THAT(c.describe(), Catch::Contains("qwen3 L28") && Catch::Contains("yarn x4 of 32768"));
   // (0.1 ln 4 + 1) / (0.05 ln 4 + 1)
   CHECK(llama::rope_table(c).attention_scaling ==
         Approx((0.1 * std::log(4.0) + 1) / (0.05 * std::log(4.0) + 1)).epsilon(1e-7));
+  // Past max_position_embeddings up to original x factor (131072), not beyond; without yarn the
+  // error names rotary scaling as the fix.
+  CHECK(c.seq_len == 65536);
+  const auto def = builtin_models().resolve(config.model);
+  CHECK(def->with_seq_len(131072)->seq_len() == 131072);
+  CHECK_THROWS_WITH(def->with_seq_len(131073),
+                    Catch::Contains("exceeds max_position_embeddings=40960") &&
+                        Catch::Contains("32768 x 4 = 131072"));
+  CHECK_THROWS_WITH(builtin_models().parse_spec("qwen3", "qwen3-0.6b:seq_len=65536"),
+                    Catch::Contains("exceeds max_position_embeddings=40960") &&
+                        Catch::Contains("yarn with original_max_position_embeddings 40960"));
   const Config again = parse_config(resolved_document(config), 1, "saved.json");
   CHECK(again.model.spec() == config.model.spec());
   const llama::LlamaConfig back = llama::resolve_config(again.model);

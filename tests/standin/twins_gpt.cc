@@ -108,12 +108,14 @@ void register_storage() {
           for (I64 i = 0; i < rows * OC; ++i) out[i] = st<S>(ld(out[i]) + ld(bias[i % OC]));
         });
       });
-  twin<float*, const S*, int, int>(
-      sig("void " + kNs + "column_partials_kernel<$S>(float*, $S const*, int, int)", s),
-      [ss](KernelCall& k, float* part, const S* dout, int N, int C) {
-        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+  twin<float*, const S*, int, int, int>(
+      sig("void " + kNs + "column_partials_kernel<$S>(float*, $S const*, int, int, int)", s),
+      [ss](KernelCall& k, float* part, const S* dout, int N, int C, int chunks) {
+        k.require(chunks == (N + kColumnSumRows - 1) / kColumnSumRows,
+                  fmt::format("{} chunks for {} rows", chunks, N));
         k.require_threads(C, "columns C");
-        k.require_blocks_y(chunks, "row chunks");
+        // Past 65535 chunks each block strides over them (column_chunk_blocks).
+        k.require_blocks_y(std::min(chunks, kMaxColumnChunkBlocks), "row chunks");
         k.writes(part, I64{chunks} * C * 4, "part");
         k.reads(dout, I64{N} * C * ss, "dout");
         k.run([=] {
@@ -302,16 +304,18 @@ void register_storage() {
           });
     }
   }
-  twin<float*, float*, const S*, const S*, const float*, const float*, int, int>(
+  twin<float*, float*, const S*, const S*, const float*, const float*, int, int, int>(
       sig("void " + kNs +
               "layernorm_partials_kernel<$S>(float*, float*, $S const*, $S const*, float const*, "
-              "float const*, int, int)",
+              "float const*, int, int, int)",
           s),
       [ss](KernelCall& k, float* part_w, float* part_b, const S* dout, const S* inp,
-           const float* mean, const float* rstd, int N, int C) {
-        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+           const float* mean, const float* rstd, int N, int C, int chunks) {
+        k.require(chunks == (N + kColumnSumRows - 1) / kColumnSumRows,
+                  fmt::format("{} chunks for {} rows", chunks, N));
         k.require_threads(C, "columns C");
-        k.require_blocks_y(chunks, "row chunks");
+        // Past 65535 chunks each block strides over them (column_chunk_blocks).
+        k.require_blocks_y(std::min(chunks, kMaxColumnChunkBlocks), "row chunks");
         k.writes(part_w, I64{chunks} * C * 4, "part_w");
         k.writes(part_b, I64{chunks} * C * 4, "part_b");
         k.reads(dout, I64{N} * C * ss, "dout");

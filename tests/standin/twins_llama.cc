@@ -123,15 +123,18 @@ void register_storage() {
           });
     }
   }
-  twin<float*, const S*, const S*, const float*, int, int>(
+  twin<float*, const S*, const S*, const float*, int, int, int>(
       sig("void " + kNs +
-              "rmsnorm_partials_kernel<$S>(float*, $S const*, $S const*, float const*, int, int)",
+              "rmsnorm_partials_kernel<$S>(float*, $S const*, $S const*, float const*, int, int, "
+              "int)",
           s),
-      [ss](KernelCall& k, float* part, const S* dout, const S* inp, const float* rstd, int N,
-           int C) {
-        const int chunks = (N + kColumnSumRows - 1) / kColumnSumRows;
+      [ss](KernelCall& k, float* part, const S* dout, const S* inp, const float* rstd, int N, int C,
+           int chunks) {
+        k.require(chunks == (N + kColumnSumRows - 1) / kColumnSumRows,
+                  fmt::format("{} chunks for {} rows", chunks, N));
         k.require_threads(C, "columns C");
-        k.require_blocks_y(chunks, "row chunks");
+        // Past 65535 chunks each block strides over them (column_chunk_blocks).
+        k.require_blocks_y(std::min(chunks, kMaxColumnChunkBlocks), "row chunks");
         k.writes(part, I64{chunks} * C * 4, "part");
         k.reads(dout, I64{N} * C * ss, "dout");
         k.reads(inp, I64{N} * C * ss, "inp");
