@@ -14,6 +14,7 @@ namespace zrt::standin::twin_names {
 inline const std::string kNs = "zrt::kernels::cuda::(anonymous namespace)::";
 constexpr int kRowsPerBlock = 8;    // 256 threads, one warp per row
 constexpr int kColumnSumRows = 64;  // kernels/cuda/layernorm.cuh
+constexpr int kMaxColumnChunkBlocks = 65535;  // kernels/cuda/layernorm.cuh
 
 template <typename S>
 float ld(S v) {
