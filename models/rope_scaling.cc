@@ -73,10 +73,9 @@ std::string RopeScaling::position_limit_error(int seq_len, int max_position_embe
   return fmt::format(
       "model.seq_len={} exceeds max_position_embeddings={}: shorten seq_len, or train past the "
       "pretrained positions with rotary scaling (model.rope_scaling, in config.json with "
-      "init_from: yarn with original_max_position_embeddings {} and factor >= {:.3g}, as Qwen's "
-      "model cards do)",
-      seq_len, max_position_embeddings, max_position_embeddings,
-      static_cast<double>(seq_len) / max_position_embeddings);
+      "init_from: rope_type yarn with factor x original_max_position_embeddings >= {}; Qwen's "
+      "model cards give factor 4 over 32768)",
+      seq_len, max_position_embeddings, seq_len);
 }
 
 std::string RopeScaling::describe() const {
