@@ -68,7 +68,7 @@ std::string RopeScaling::position_limit_error(int seq_len, int max_position_embe
         "original_max_position_embeddings x factor = {} x {} = {}: raise rope_scaling.factor "
         "(config.json's, with init_from) or shorten seq_len",
         seq_len, max_position_embeddings, original_max_position_embeddings, factor,
-        position_limit(max_position_embeddings));
+        static_cast<std::int64_t>(std::floor(factor * original_max_position_embeddings)));
   }
   return fmt::format(
       "model.seq_len={} exceeds max_position_embeddings={}: shorten seq_len, or train past the "

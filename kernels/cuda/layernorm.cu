@@ -322,6 +322,7 @@ std::int64_t layernorm_backward_workspace(int N, int C) {
 void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
                         void* dbias, const void* dout, const void* inp, const void* weight,
                         const float* mean, const float* rstd, int N, int C) {
+  if (N <= 0) return;  // no rows: nothing to add (and a grid of 0 chunks would not launch)
   const int chunks = chunks_of(N);
   float* part_w = static_cast<float*>(l.ws);
   float* part_b = part_w + static_cast<std::int64_t>(chunks) * C;

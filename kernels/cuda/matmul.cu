@@ -75,6 +75,7 @@ std::int64_t bias_backward_workspace(int N, int C) {
 
 void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, const void* dout,
                    int N, int C, void* ws) {
+  if (N <= 0) return;  // no rows: nothing to add (and a grid of 0 chunks would not launch)
   const int chunks = chunks_of(N);
   float* part = static_cast<float*>(ws);
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {

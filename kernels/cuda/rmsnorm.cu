@@ -255,6 +255,7 @@ std::int64_t rmsnorm_backward_workspace(int N, int C) {
 void rmsnorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
                       const void* dout, const void* inp, const void* weight, const float* rstd,
                       int N, int C) {
+  if (N <= 0) return;  // no rows: nothing to add (and a grid of 0 chunks would not launch)
   const int chunks = chunks_of(N);
   float* part = static_cast<float*>(l.ws);
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {

@@ -55,7 +55,8 @@ struct LlamaConfig {
   int sliding_window = 0;
   int max_window_layers = 0;
 
-  // The sequence length the model trains at (zrt's, not config.json's); <= max_position_embeddings.
+  // The sequence length the model trains at (zrt's, not config.json's); at most
+  // rope_scaling.position_limit(max_position_embeddings).
   int seq_len = 0;
 
   // The presets (shapes from the models' config.json; weights come from the user's directory):

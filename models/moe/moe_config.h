@@ -58,7 +58,7 @@ struct MoeConfig {
   // token order); 0: dropless (every token reaches its k experts, transformers' behaviour).
   double capacity_factor = 0.0;
 
-  int seq_len = 0;  // zrt's training length, <= max_position_embeddings
+  int seq_len = 0;  // zrt's training length, <= rope_scaling.position_limit(max_positions)
 
   bool qk_norm() const { return architecture == "qwen3_moe"; }
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }

@@ -6,6 +6,8 @@
 // Listed everywhere, skipped (exit 77) without a usable GPU (tests/support/gpu_test_main.cc).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -429,6 +431,18 @@ TEST_CASE("CUDA encoder matches its CPU twin", "[cuda]") {
 TEST_CASE("CUDA layernorm matches its CPU twin", "[cuda]") {
   check_layer(LayerNormIn{}, cpu_layernorm<float, float>, cpu_layernorm<bf16, float>,
               cpu_layernorm<bf16, bf16>, gpu_layernorm);
+}
+
+// The weight and bias gradients' column sums past CUDA's 65535 blocks in y: 65537 chunks of 64
+// rows, the output gradient zero but in the last two chunks, which only the blocks' second stride
+// reaches (a launch that dropped them gives zero gradients; one past the cap fails to launch, on
+// the stand-ins too). Narrow rows: the row count is the point.
+TEST_CASE("CUDA layernorm backward past 65535 row chunks matches its CPU twin", "[cuda]") {
+  Gpu g;
+  LayerNormIn in(65537 * 64, 2);
+  std::fill(in.dout.begin(), in.dout.end() - 2 * 64 * 2, 0.0);
+  compare(gpu_layernorm(g, DType::kFloat32, DType::kFloat32, in), cpu_layernorm<float, float>(in),
+          1e-5);
 }
 
 // C = 768 (GPT-2 124M) and 1024 take the register-resident 16-bit kernels both ways (C a
