@@ -18,6 +18,9 @@
 //    mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are given, else
 //    mscale(factor, 1), with mscale(s, m) = 0.1 m ln(s) + 1 for s > 1, else 1) scales the cosine
 //    and the sine, so q.k grows by its square.
+//
+// The table travels by value to the kernels (a CUDA kernel argument), so it has a fixed capacity:
+// head_dim up to 2 * kRopeMaxPairs.
 #pragma once
 
 #include <string>

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/rope_table.h"
 #include "runtime/common/error.h"
 
 namespace zrt::hf {
@@ -156,7 +157,8 @@ void read_rope(const json& doc, const std::string& path, HfConfig& c) {
       s.truncate = rr.opt_bool("truncate", true);
       if (s.factor < 1 || s.attention_factor < 0 || s.beta_fast < 0 || s.beta_slow < 0 ||
           s.mscale < 0 || s.mscale_all_dim < 0 ||
-          (s.beta_fast > 0 ? s.beta_fast : 32) < (s.beta_slow > 0 ? s.beta_slow : 1)) {
+          (s.beta_fast > 0 ? s.beta_fast : kernels::kYarnBetaFast) <
+              (s.beta_slow > 0 ? s.beta_slow : kernels::kYarnBetaSlow)) {
         ZRT_THROW(InvalidArgument,
                   "{}: {}: yarn scaling needs factor >= 1, beta_fast >= beta_slow and "
                   "attention_factor, beta_fast, beta_slow, mscale, mscale_all_dim >= 0 (got {})",
@@ -208,9 +210,9 @@ int window_or_default(const json& doc, const std::string& path) {
 
 // Qwen2's, Qwen3's and Qwen2-MoE's sliding window (transformers' layer_types): none unless
 // use_sliding_window and a sliding_window. Qwen2 and Qwen3 window the layers from
-// max_window_layers on (or
-// those config.json's own layer_types marks sliding_attention, which must then be such a suffix);
-// Qwen2-MoE every other layer below max_window_layers, which zrt does not implement: refused.
+// max_window_layers on (or those config.json's own layer_types marks sliding_attention, which
+// must then be such a suffix); Qwen2-MoE every other layer below max_window_layers, which zrt does
+// not implement: refused.
 void read_qwen2_window(const json& doc, const std::string& path, HfConfig& c) {
   const Reader r(doc, path);
   if (!r.opt_bool("use_sliding_window", false)) {
