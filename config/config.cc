@@ -520,6 +520,20 @@ class Parser {
     const json* v = value(path);
     return v == nullptr ? fallback : v->get<std::string>();
   }
+  // A kStringList key's strings (empty when absent); an empty string is an error at its index.
+  std::vector<std::string> get_string_list(const std::string& path) {
+    std::vector<std::string> out;
+    const json* v = value(path);
+    if (v == nullptr) return out;
+    for (std::size_t i = 0; i < v->size(); ++i) {
+      out.push_back((*v)[i].get<std::string>());
+      if (out.back().empty()) {
+        error(ProblemKind::kBadValue, fmt::format("{}[{}]", path, i),
+              "an empty pattern matches no parameter");
+      }
+    }
+    return out;
+  }
 
   // sequence_parallel_size, before the batch rule that counts world / sp (validate() checks it
   // against the world, read_device_comm_trace against comm.ranks_per_node).
@@ -1043,6 +1057,16 @@ class Parser {
            "no effect without model.activation_checkpointing (there are no checkpoints to keep "
            "in host memory)");
     }
+    m.frozen = get_string_list("model.frozen");
+    m.trainable = get_string_list("model.trainable");
+    if (has("model.frozen") && has("model.trainable")) {
+      error(ProblemKind::kConflict, "model.trainable",
+            "given with model.frozen: name the parameters to train (model.trainable) or those "
+            "to freeze (model.frozen), not both");
+    } else if (has("model.trainable") && m.trainable.empty()) {
+      error(ProblemKind::kBadValue, "model.trainable",
+            "[] trains nothing: name the parameters to train, or remove the key to train all");
+    }
     m.head_tile_rows = static_cast<int>(get_int("model.tiling.head_rows", 0));
     m.mlp_tile_rows = static_cast<int>(get_int("model.tiling.mlp_rows", 0));
     m.expert_rows_reserve = get_number("model.expert_rows_reserve", kDefaultExpertRowsReserve);
@@ -1509,6 +1533,8 @@ json resolved_document(const Config& c) {
   }
   if (c.model.cpu_checkpointing) out["activation_checkpointing"]["cpu_checkpointing"] = true;
   if (!c.model.init_from.empty()) model["init_from"] = c.model.init_from;
+  if (!c.model.frozen.empty()) model["frozen"] = c.model.frozen;
+  if (!c.model.trainable.empty()) model["trainable"] = c.model.trainable;
 
   out["data"]["train"] = c.data.train;
   if (!c.data.val.empty()) out["data"]["val"] = c.data.val;

@@ -84,6 +84,10 @@ struct ModelConfig {
   // hold at first over the balanced share (models/moe/expert_rows.h).
   double expert_rows_reserve = kDefaultExpertRowsReserve;
   std::string init_from;  // safetensors path, "" for a random init
+  // model.frozen / model.trainable: patterns over parameter names (runtime/common/name_pattern.h)
+  // of the parameters not trained, or of the only ones trained; at most one of them non-empty
+  // (train/frozen_parameters.h applies them).
+  std::vector<std::string> frozen, trainable;
 
   // "gpt2-tiny", "gpt2-tiny:seq_len=128", "n_layer=2,n_head=4,...": the preset, then every key
   // given as key=value (rope_scaling's as rope_scaling.factor=8), the spec syntax of the

@@ -837,6 +837,15 @@ std::vector<KeyInfo> build_table() {
       K("model.activation_checkpointing", I, kBool, "false",
         "Keep block inputs only; recompute each block in backward")
           .zrt(),
+      K("model.frozen", I, kStringList, "[]",
+        "Parameters not trained, by name (Hugging Face's; a pattern with a '.' is a glob over the "
+        "whole name with '*', '?' and '[0-9]', one without matches any component: \"mlp\"): "
+        "their gradients are dropped, the optimizer leaves them as they are")
+          .zrt(),
+      K("model.trainable", I, kStringList, "all",
+        "The only parameters trained, by the same patterns; every other one frozen. Not with "
+        "model.frozen")
+          .zrt(),
       K("model.init_from", I, kString, "none",
         "Hugging Face weights to start from: a model directory (config.json, whose architecture "
         "and dimensions the model keys must agree with, and model.safetensors or a sharded "

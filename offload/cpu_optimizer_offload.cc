@@ -401,7 +401,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
         slice.param_out = static_cast<std::byte*>(out) + bytes_of(begin, cdt);
         slice.out_dtype = cdt;
         slice.numel = stop - begin;
-        slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+        slice.weight_decay = params_[static_cast<std::size_t>(p)].takes_weight_decay();
         host_optimizer_->validate(slice, w.slices.size());
         w.slices.push_back(slice);
         w.landed.push_back(piece_events.empty() ? nullptr

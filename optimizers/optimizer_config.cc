@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/common/error.h"
+#include "runtime/common/name_pattern.h"
 
 namespace zrt {
 
@@ -205,46 +206,12 @@ std::string closest_match(const std::string& word, const std::vector<std::string
   return best_distance <= limit ? best : std::string();
 }
 
-bool glob_match(const std::string& pattern, const std::string& text) {
-  // Iterative matcher with single-star backtracking: O(|pattern| * |text|) worst case.
-  std::size_t p = 0, t = 0, star = std::string::npos, mark = 0;
-  while (t < text.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-      ++p;
-      ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = t;
-    } else if (star != std::string::npos) {
-      p = star + 1;
-      t = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (p < pattern.size() && pattern[p] == '*') ++p;
-  return p == pattern.size();
-}
-
 }  // namespace detail
 
 bool OptimizerConfig::applies_weight_decay(const std::string& name) const {
-  const std::string param_name = lower(name);  // "LayerNorm" is a norm too
-  for (const auto& original : no_weight_decay) {
-    const std::string pattern = lower(original);
-    if (pattern.find('.') != std::string::npos) {
-      if (detail::glob_match(pattern, param_name)) return false;
-      continue;
-    }
-    std::size_t begin = 0;
-    while (begin <= param_name.size()) {
-      std::size_t end = param_name.find('.', begin);
-      if (end == std::string::npos) end = param_name.size();
-      if (detail::glob_match(pattern, param_name.substr(begin, end - begin))) return false;
-      begin = end + 1;
-    }
-  }
-  return true;
+  return std::none_of(
+      no_weight_decay.begin(), no_weight_decay.end(),
+      [&](const std::string& pattern) { return name_matches_pattern(pattern, name); });
 }
 
 std::string unsupported_optimizer_type(const std::string& type) {

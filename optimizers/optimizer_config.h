@@ -52,10 +52,10 @@ struct OptimizerConfig {
   bool is_lion() const { return type == "Lion"; }
   // The learning rate of the configured optimizer (the schedules scale it).
   double lr() const { return is_lion() ? lion.lr : adam.lr; }
-  // Parameters whose name matches one of these patterns get no weight decay. A pattern with a
-  // '.' is a glob ('*', '?') over the whole name ("h.*.attn.c_attn.bias"); a pattern without
-  // one is matched against each '.'-separated component of the name, so the defaults exempt
-  // biases ("...c_attn.bias") and norm weights ("ln_1.weight", "ln_f.weight", "ln1w",
+  // Parameters whose name matches one of these patterns get no weight decay, by the rule of
+  // runtime/common/name_pattern.h: a pattern with a '.' is a glob over the whole name
+  // ("h.*.attn.c_attn.bias"); one without is matched against each component, so the defaults
+  // exempt biases ("...c_attn.bias") and norm weights ("ln_1.weight", "ln_f.weight", "ln1w",
   // "input_layernorm.weight", "LayerNorm.weight"). Matching ignores case. Config key
   // "no_weight_decay" (a zrt extension DeepSpeed ignores); [] applies decay to every parameter.
   std::vector<std::string> no_weight_decay = default_no_weight_decay();
@@ -138,8 +138,6 @@ namespace detail {
 // The candidate closest to `word` by edit distance (case-insensitive; swapping two adjacent
 // letters is one edit), or "" if none is close enough to be a plausible typo.
 std::string closest_match(const std::string& word, const std::vector<std::string>& candidates);
-// Glob match: '*' any run of characters, '?' one character.
-bool glob_match(const std::string& pattern, const std::string& text);
 }  // namespace detail
 
 }  // namespace zrt

@@ -44,6 +44,14 @@ struct ParamSpec {
   // engine's table, runtime/comm/shard_group.h): 0, the dense data-parallel group, for every
   // parameter today; an expert's parameters will name the expert-data-parallel group.
   int group = 0;
+  // Not trained (model.frozen / model.trainable): the engine zeroes its gradient before the
+  // reduction, so the gradient norm, the clipping and an fp16 overflow check never see it,
+  // and the optimizer steps it without weight decay on that zero gradient, which leaves the
+  // parameter and its state exactly as they are (Adam: 0 / (0 + eps); Lion: sign(0) = 0).
+  bool frozen = false;
+
+  // Whether the optimizer's weight decay applies to it.
+  bool takes_weight_decay() const { return !no_weight_decay && !frozen; }
 
   std::int64_t numel() const {
     std::int64_t n = 1;

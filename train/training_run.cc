@@ -21,6 +21,7 @@
 #include "runtime/common/fault.h"
 #include "runtime/data/open_dataset.h"
 #include "runtime/engine/engine_parallel_dims.h"
+#include "train/frozen_parameters.h"
 
 namespace zrt::train {
 
@@ -171,6 +172,15 @@ void TrainingRun::build_engine() {
   Model& model = *model_;
   std::vector<ParamSpec> params = model.parameters();
   for (ParamSpec& p : params) p.no_weight_decay = !config_.optimizer.applies_weight_decay(p.name);
+  if (!config_.model.frozen.empty() || !config_.model.trainable.empty()) {
+    // Every rank marks its own parameters (an expert-parallel rank holds some experts only);
+    // the patterns are judged over all of them, so every rank throws or none does.
+    const FrozenMarks marks = mark_frozen_parameters(config_.model, params);
+    check_frozen_patterns(config_.model, control_->sum(marks.matches),
+                          control_->sum(marks.total_params - marks.frozen_params), params,
+                          model_source_.description);
+    if (rank_ == 0) spdlog::info("{}", describe_frozen(config_.model, marks));
+  }
   // Expert parallelism splits experts: a model must declare its expert parameters (group 1, the
   // expert-data-parallel group) for it to mean anything.
   const int ep = engine_options_.expert_parallel_size;

@@ -130,8 +130,18 @@ void PartitionPlan::add_unit(Unit unit, const std::vector<ParamSpec>& params,
   unit.last_backward_module = 1 << 30;
   for (int p : unit.params) {
     const ParamSpec& spec = params[static_cast<std::size_t>(p)];
+    const std::int64_t end_of_previous = cursor;
     cursor = round_up(cursor, alignment);
     placement_[static_cast<std::size_t>(p)] = ParamPlacement{index, cursor, spec.numel()};
+    if (spec.frozen) {
+      // A frozen parameter right after another (the padding between them is zero anyway)
+      // extends its range: a wholly frozen unit is one range.
+      if (!unit.frozen.empty() && unit.frozen.back().end() == end_of_previous) {
+        unit.frozen.back().count = cursor + spec.numel() - unit.frozen.back().first;
+      } else {
+        unit.frozen.push_back(ElementRange{cursor, spec.numel()});
+      }
+    }
     cursor += spec.numel();
     unit.content += spec.numel();
     for (int m : spec.modules) {
@@ -165,10 +175,13 @@ std::string PartitionPlan::describe() const {
   std::string out = fmt::format("{} units, {} elements ({} padded), world {}:", units_.size(),
                                 content_numel_, total_numel_, fmt::join(group_worlds_, "/"));
   for (std::size_t u = 0; u < units_.size(); ++u) {
+    std::int64_t frozen = 0;
+    for (const ElementRange& r : units_[u].frozen) frozen += r.count;
     out +=
-        fmt::format(" [{}: {} params, {} el{}{}{}]", u, units_[u].params.size(), units_[u].numel,
+        fmt::format(" [{}: {} params, {} el{}{}{}{}]", u, units_[u].params.size(), units_[u].numel,
                     units_[u].shared ? ", shared" : "", units_[u].persistent ? ", persistent" : "",
-                    group_count() > 1 ? fmt::format(", group {}", units_[u].group) : "");
+                    group_count() > 1 ? fmt::format(", group {}", units_[u].group) : "",
+                    frozen > 0 ? fmt::format(", {} frozen", frozen) : "");
   }
   return out;
 }

@@ -43,6 +43,13 @@ struct ParamPlacement {
   std::int64_t numel = 0;
 };
 
+// Elements [first, first + count) of a unit.
+struct ElementRange {
+  std::int64_t first = 0;
+  std::int64_t count = 0;
+  std::int64_t end() const { return first + count; }
+};
+
 struct Unit {
   int group = 0;             // the shard group it is sliced over (ParamSpec::group)
   std::vector<int> params;   // in layout order
@@ -53,6 +60,9 @@ struct Unit {
   std::int64_t content = 0;  // sum of its parameters' sizes (no padding)
   bool persistent = false;   // stage 3: never released
   bool shared = false;       // holds one parameter used by several modules
+  // Its frozen parameters' elements (ParamSpec::frozen), adjacent ones merged: the engine
+  // zeroes them in the gradients before the reduction.
+  std::vector<ElementRange> frozen;
   // The module whose kBackward completes this unit's gradient in a micro-batch (the lowest
   // module index using it, since backward runs from the last module down).
   int last_backward_module = 0;

@@ -288,7 +288,7 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
       slice.param_out = out + bytes_of(range.slice_offset, options_.compute_dtype);
       slice.out_dtype = options_.compute_dtype;
       slice.numel = range.count;
-      slice.weight_decay = !params_[static_cast<std::size_t>(p)].no_weight_decay;
+      slice.weight_decay = params_[static_cast<std::size_t>(p)].takes_weight_decay();
       slices.push_back(slice);
     }
   }

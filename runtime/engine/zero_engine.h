@@ -303,6 +303,8 @@ class ZeroEngine final : public ParamAccess {
   void free_grad_bucket(int u);
   // Issues the reduction of unit u's gradient (comm stream); `final`: the step's last one.
   void issue_reduce(int u, bool final);
+  // Zeroes unit u's frozen parameters' gradients (Unit::frozen) on the compute stream.
+  void drop_frozen_gradients(int u);
   void reduce_bucket(int u, bool final);  // stages 2-3
   void reduce_full_gradients(int u);      // stages 0-1
   // The compute stream waits for unit u's reduction.

@@ -494,6 +494,17 @@ const BadConfig kBadConfigs[] = {
      R"({"zero_optimization": {"stage": 3, "mics_shard_size": 3}})",
      "bad.json: zero_optimization.mics_shard_size: 3 does not divide the world size 2: shard "
      "groups are equal blocks of consecutive ranks (e.g. the ranks of one node)"},
+    {"model.frozen and model.trainable together", true,
+     R"({"model": {"frozen": ["model.embed_tokens.weight"], "trainable": ["mlp"]}})",
+     "bad.json: model.trainable: given with model.frozen: name the parameters to train "
+     "(model.trainable) or those to freeze (model.frozen), not both"},
+    {"model.trainable empty", true, R"({"model": {"trainable": []}})",
+     "bad.json: model.trainable: [] trains nothing: name the parameters to train, or remove the "
+     "key to train all"},
+    {"model.frozen with an empty pattern", true, R"({"model": {"frozen": ["mlp", ""]}})",
+     "bad.json: model.frozen[1]: an empty pattern matches no parameter"},
+    {"model.frozen as a string", true, R"({"model": {"frozen": "mlp"}})",
+     "bad.json: model.frozen: expected a list of strings, got \"mlp\""},
     {"mics_shard_size at stage 0", true,
      R"({"zero_optimization": {"stage": 0, "mics_shard_size": 1}})",
      "bad.json: zero_optimization.mics_shard_size: hierarchical sharding needs ZeRO stage 1, 2 "

@@ -225,6 +225,7 @@ void reference_adamw(std::vector<std::vector<float>>& p, std::vector<std::vector
   const double bc1 = 1.0 - std::pow(0.9, step);
   const double bc2 = 1.0 - std::pow(0.999, step);
   for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].frozen) continue;  // not trained: neither stepped nor decayed
     const bool decay = !specs[i].no_weight_decay;
     for (std::size_t k = 0; k < p[i].size(); ++k) {
       const double g = static_cast<double>(grads[i][k]) * coef;

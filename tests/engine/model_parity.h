@@ -64,6 +64,9 @@ struct ParityCase {
   bool only_expert_parallel = false;  // skip the every-expert-local variants
   // comm.check_collective_sequence on the layout's groups (expert-parallel variants).
   bool check_collective_sequence = false;
+  // Parameters not trained (ParamSpec::frozen, by name; empty: none): the reference leaves
+  // them out of the norm and the update; they must come back bit for bit as initialised.
+  std::function<bool(const std::string& name)> frozen;
   // Applied to every initial value after the model's own (both runs): e.g. a router forcing
   // every token to one expert.
   std::function<void(const std::string& name, std::int64_t first, std::int64_t count, float* out)>
@@ -110,6 +113,12 @@ inline TokenBatch upload_tokens(Device& device, Stream& stream, Buffer& buffer,
   return b;
 }
 
+// Marks pc.frozen's parameters in `specs`.
+inline void mark_parity_frozen(const ParityCase& pc, std::vector<ParamSpec>& specs) {
+  if (!pc.frozen) return;
+  for (ParamSpec& p : specs) p.frozen = pc.frozen(p.name);
+}
+
 // One process, the whole global batch accumulated over `micro_batches` micro-batches (1: all in
 // one), each scaled by 1 / micro_batches so the gradient is the mean over the global batch.
 inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, int micro_batches,
@@ -124,7 +133,8 @@ inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, in
   FlatParamAccess flat(*device, *stream, model->parameters(), model->num_modules(), DType::kFloat32,
                        DType::kFloat32);
   flat.init_from(*model, 7);
-  const auto& specs = model->parameters();
+  std::vector<ParamSpec> specs = model->parameters();
+  mark_parity_frozen(pc, specs);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     std::vector<float> x = flat.read_param(i);
     pc.adjust_init(specs[static_cast<std::size_t>(i)].name, 0, static_cast<std::int64_t>(x.size()),
@@ -156,6 +166,7 @@ inline std::vector<std::vector<float>> parity_reference(const ParityCase& pc, in
     double norm_sq = 0.0;
     for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
       g.push_back(flat.read_grad(i));
+      if (specs[static_cast<std::size_t>(i)].frozen) continue;
       for (float x : g.back()) norm_sq += static_cast<double>(x) * x;
     }
     if (steps != nullptr) {
@@ -242,13 +253,14 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   adam.weight_decay = pc.weight_decay;
   auto optimizer = make_device_adam(*device, adam);
   options.gradient_clipping = pc.clip;
+  std::vector<ParamSpec> params = model->parameters();
+  mark_parity_frozen(pc, params);
   std::unique_ptr<ZeroEngine> engine_owner =
-      layout ? std::make_unique<ZeroEngine>(*device, *compute, layout->engine_groups(),
-                                            model->parameters(), model->num_modules(), options,
-                                            *optimizer, make_cpu_optimizer_offload)
-             : std::make_unique<ZeroEngine>(*device, *compute, *group, model->parameters(),
+      layout ? std::make_unique<ZeroEngine>(*device, *compute, layout->engine_groups(), params,
                                             model->num_modules(), options, *optimizer,
-                                            make_cpu_optimizer_offload);
+                                            make_cpu_optimizer_offload)
+             : std::make_unique<ZeroEngine>(*device, *compute, *group, params, model->num_modules(),
+                                            options, *optimizer, make_cpu_optimizer_offload);
   ZeroEngine& engine = *engine_owner;
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model->init_parameter(p, 7, first, count, out);
@@ -365,6 +377,10 @@ inline void check_engine_parity(const ParityCase& pc) {
         CHECK(err <= bounds[p][k]);
       }
       pc.absolute(specs[p].name, got[p], expected[p]);
+      if (pc.frozen && pc.frozen(specs[p].name)) {
+        // Untouched: the initial values, bit for bit (the reference never changes them).
+        CHECK(got[p] == expected[p]);
+      }
     }
     WARN(pc.spec << ": stage " << v.stage << (v.checkpointing ? " +checkpointing" : "")
                  << (v.offload ? " +offload" : "") << " autoep_size " << v.ep
@@ -374,10 +390,13 @@ inline void check_engine_parity(const ParityCase& pc) {
     for (int s = 0; s < pc.steps; ++s) {
       INFO("autoep_size " << v.ep << " step " << s);
       CHECK(losses[s] == Approx(ref_losses[s]).epsilon(1e-6));
-      if (v.ep > 1) {
+      if (v.ep > 1 || pc.frozen) {
         // The gradient itself, not only the Adam step it gave: its norm as the reference's (the
-        // same re-association of the same sums as the parameters').
+        // same re-association of the same sums as the parameters'); with frozen parameters,
+        // the norm of the trained ones only.
         CHECK(got_steps.norms[s] == Approx(ref_steps.norms[s]).epsilon(1e-5));
+      }
+      if (v.ep > 1) {
         // Every rank counts its own tokens' routing: summed, the global batch's, as every
         // expert local.
         REQUIRE(got_steps.loads.size() == ref_steps.loads.size());

@@ -54,3 +54,24 @@ TEST_CASE("the tiny Qwen2 (biases, tied head) trains to the single-process param
       "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,"
       "tie_word_embeddings=true"));
 }
+
+// model.frozen's engine side: the tied embedding (a unit of its own), every query projection
+// and layer 1's MLP (parts of units, beside trained parameters) frozen. At every stage, with
+// checkpointing and offload, the frozen ones come back bit for bit, the gradient norm is the
+// trained parameters' (what clipping scales by), and the trained ones match a reference that
+// never touches the frozen ones.
+TEST_CASE("the tiny Qwen2 with frozen parameters trains only the others, at every stage",
+          "[llama][frozen]") {
+  test::ParityCase pc = llama_case(
+      "qwen2:hidden_size=64,intermediate_size=96,num_hidden_layers=2,num_attention_heads=4,"
+      "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,"
+      "tie_word_embeddings=true");
+  pc.steps = 4;
+  pc.expect_learning = false;
+  pc.frozen = [](const std::string& name) {
+    const auto has = [&](const std::string& part) { return name.find(part) != std::string::npos; };
+    return name == "model.embed_tokens.weight" || has(".self_attn.q_proj.") ||
+           has("model.layers.1.mlp.");
+  };
+  test::check_engine_parity(pc);
+}

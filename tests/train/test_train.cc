@@ -3,6 +3,8 @@
 // stages 0 and 3 (with offload and activation checkpointing) give the same losses, for GPT-2 and
 // for the Llama family (a tiny Llama and a Qwen2 with biases and a tied head). The library
 // entry (Trainer with a caller's ModelFactory) trains exactly as the registry path does.
+// model.frozen keeps its parameters bit for bit through zrt-train's whole path (the config's
+// patterns, ZeRO++'s quantized collectives, fp16's loss scale, offload, Lion).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "kernels/kernel_context.h"
+#include "models/model_registry.h"
+#include "optimizers/optimizer_config.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/engine/zero_engine.h"
@@ -659,4 +664,134 @@ TEST_CASE("ranks that see different training data are stopped, naming it", "[dat
       train::run_training(c, this_rank(2)),
       Catch::Contains("the ranks read different data: rank " + std::to_string(rank) + " sees") &&
           Catch::Contains("every rank must see the same files"));
+}
+
+namespace {
+
+// The registry model's initial fp32 values for `config`'s model and seed (what the engine
+// initialises from), by parameter name.
+std::vector<std::pair<std::string, std::vector<float>>> initial_parameters(const Config& config) {
+  auto device = make_device(DeviceOptions{});
+  auto stream = device->create_stream("init");
+  kernels::KernelContext ctx(*device, *stream);
+  const auto def = builtin_models().parse_spec(config.model.spec());
+  const auto model = def->build(ctx, ModelOptions{});
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  for (int p = 0; p < static_cast<int>(model->parameters().size()); ++p) {
+    const ParamSpec& spec = model->parameters()[static_cast<std::size_t>(p)];
+    std::vector<float> values(static_cast<std::size_t>(spec.numel()));
+    model->init_parameter(p, config.seed, 0, spec.numel(), values.data());
+    out.emplace_back(spec.name, std::move(values));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("model.frozen: its parameters stay as initialised, bit for bit, on every path",
+          "[frozen]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string dir = corpus_dir();
+  // A whole unit (the embedding), a whole block, and one kind of parameter in the other.
+  const std::string model = R"("type": "llama", "preset": "llama-tiny", "seq_len": 32,
+      "frozen": ["model.embed_tokens.weight", "model.layers.0.*", "q_proj"])";
+  const auto expected_frozen = [](const std::string& name) {
+    return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0 ||
+           name.find(".q_proj.") != std::string::npos;
+  };
+  struct Variant {
+    const char* name;
+    const char* zero;
+    const char* extra;
+    bool lion = false;
+  };
+  const Variant variants[] = {{"frozen-stage0", R"({"stage": 0})", ""},
+                              {"frozen-stage2-fp16", R"({"stage": 2, "reduce_bucket_size": 20000})",
+                               R"("fp16": {"enabled": true, "initial_scale_power": 8},)"},
+                              {"frozen-stage3-zeropp",
+                               R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+           "zero_quantized_weights": true, "zero_quantized_gradients": true})",
+                               ""},
+                              {"frozen-stage3-offload",
+                               R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+           "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})",
+                               "", true}};
+  for (const Variant& v : variants) {
+    INFO(v.name);
+    Config config = make_config(dir, v.name, v.zero, false, world, v.extra, model);
+    if (v.lion) {
+      config.optimizer = parse_optimizer_config(nlohmann::json::parse(
+          R"({"type": "Lion", "params": {"lr": 3e-4, "weight_decay": 0.1}})"));
+    }
+    const auto initial = initial_parameters(config);
+    int frozen_seen = 0, trained_changed = 0, trained = 0;
+    std::vector<double> norms;
+    train::TrainHooks hooks;
+    hooks.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
+      norms.push_back(engine.settle_step().grad_norm);
+      REQUIRE(engine.params().size() == initial.size());
+      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+        const ParamSpec& spec = engine.params()[static_cast<std::size_t>(p)];
+        const auto& [name, init] = initial[static_cast<std::size_t>(p)];
+        INFO("step " << step << " parameter " << name);
+        REQUIRE(spec.name == name);
+        CHECK(spec.frozen == expected_frozen(name));
+        const std::vector<float> now = engine.full_parameter(p);
+        if (spec.frozen) {
+          CHECK(now == init);
+          frozen_seen += step == 6 ? 1 : 0;
+        } else if (step == 6) {
+          ++trained;
+          trained_changed += now != init ? 1 : 0;
+        }
+      }
+    };
+    const auto s = train::run_training(config, this_rank(world), hooks);
+    REQUIRE(s.losses.size() == 6);
+    CHECK(s.skipped == 0);
+    CHECK(s.losses.back() < s.losses.front());  // the rest still learns
+    CHECK(frozen_seen == 1 + 9 + 1);  // embedding, block 0's nine tensors, block 1's q_proj
+    CHECK(trained > 0);
+    CHECK(trained_changed == trained);
+    for (double n : norms) CHECK(std::isfinite(n));
+  }
+}
+
+TEST_CASE("model.frozen / model.trainable patterns that match nothing are refused, all at once",
+          "[frozen]") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const std::string dir = corpus_dir();
+  const std::string llama = R"("type": "llama", "preset": "llama-tiny", "seq_len": 32, )";
+  try {
+    run(dir, "frozen-typo", R"({"stage": 1})", false, world, "", {},
+        llama + R"("frozen": ["model.embed_tokens.weight", "model.layer.0.*", "mpl"])");
+    FAIL("a pattern matching nothing trained");
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, Catch::Contains("model.frozen[1] 'model.layer.0.*' matches no parameter"));
+    CHECK_THAT(what, Catch::Contains("model.frozen[2] 'mpl' matches no parameter"));
+    CHECK_THAT(what, !Catch::Contains("model.frozen[0]"));
+    // The names' shapes, so the fix is in the message.
+    CHECK_THAT(what, Catch::Contains("model.layers.N.mlp.up_proj.weight"));
+  }
+  try {
+    run(dir, "frozen-all", R"({"stage": 1})", false, world, "", {},
+        llama + R"("trainable": ["lm_head.weight", "nothing.*"])");
+    FAIL("a trainable pattern matching nothing trained");
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, Catch::Contains("model.trainable[1] 'nothing.*' matches no parameter"));
+    CHECK_THAT(what, !Catch::Contains("model.trainable[0]"));
+  }
+  try {
+    run(dir, "frozen-everything", R"({"stage": 1})", false, world, "", {},
+        llama + R"("frozen": ["weight"])");
+    FAIL("a model with nothing to train trained");
+  } catch (const InvalidArgument& e) {
+    CHECK_THAT(e.what(), Catch::Contains("model.frozen leaves no parameter of"));
+  }
 }
