@@ -75,7 +75,9 @@ void residual_layernorm_forward(KernelContext& ctx, DType dtype, Bytes res, Byte
                                 Floats rstd, ConstBytes a, ConstBytes b, ConstBytes weight,
                                 ConstBytes bias, int N, int C);
 
-// out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) (Conv1D layout; bias may be null).
+// out (N,OC) = inp (N,C) @ weight (C,OC) + bias (OC) (Conv1D layout; bias may be null). In
+// matmul_backward and linear_backward dinp, dweight and dbias may each be null: that gradient
+// is not computed (a null dweight skips its GEMM: a frozen weight, ParamAccess::trains).
 void matmul_forward(KernelContext& ctx, DType dtype, Bytes out, ConstBytes inp, ConstBytes weight,
                     ConstBytes bias, int N, int C, int OC);
 void matmul_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,
@@ -134,7 +136,8 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
 // logits_forward may write anything there, crossentropy_backward writes zeros.
 int logits_row_stride(int V);
 
-// logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head.
+// logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head. logits_backward's dwte may be
+// null (a head that is not trained): its GEMM is skipped.
 void logits_forward(KernelContext& ctx, DType dtype, Bytes logits, ConstBytes inp, ConstBytes wte,
                     int N, int C, int V, int row_stride = 0);
 void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dwte,

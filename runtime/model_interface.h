@@ -81,9 +81,24 @@ class ParamAccess {
   // it is acquired in backward. The model ACCUMULATES into it (the engine zeroes it).
   virtual DevicePtr<std::byte> grad(int index) = 0;
 
+  // Whether parameter `index` is trained (false: ParamSpec::frozen). A model may skip the work
+  // of a gradient nobody reads (a frozen linear weight's GEMM: trained_grad below); it may also
+  // write it: the engine drops a frozen parameter's gradient either way.
+  virtual bool trains(int index) const {
+    (void)index;
+    return true;
+  }
+
   virtual DType compute_dtype() const = 0;  // fp32, bf16 or fp16
   virtual DType grad_dtype() const = 0;     // compute_dtype() or fp32
 };
+
+// The gradient buffer of parameter `index` for a kernel that may skip it (a linear layer's
+// weight: kernels::linear_backward / matmul_backward take a null dweight): null when `index` is
+// negative (the model has no such parameter) or not trained.
+inline DevicePtr<std::byte> trained_grad(ParamAccess& access, int index) {
+  return index < 0 || !access.trains(index) ? DevicePtr<std::byte>() : access.grad(index);
+}
 
 // A batch of token sequences in device memory: inputs and next-token targets, (B,T) int32.
 //

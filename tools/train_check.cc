@@ -10,6 +10,7 @@
 #include "runtime/common/error.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
+#include "train/frozen_parameters.h"
 
 namespace zrt::cli {
 
@@ -76,12 +77,25 @@ int check_training_config(const CheckArguments& args) {
   // its heads) happen when it is built: do them here too, before the config is called valid,
   // so --check finds what the start of the run would.
   mem::Inputs in;
+  std::string frozen;
   try {
     in = mem::inputs_from_config(config);
     in.validate();
+    // model.frozen / model.trainable against the model's names (every expert's, as the ranks'
+    // together see them).
+    if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
+      std::vector<ParamSpec> params = in.model->params;
+      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, params);
+      train::check_frozen_patterns(config.model, marks.matches,
+                                   marks.total_params - marks.frozen_params, params,
+                                   in.model->description);
+      frozen = train::describe_frozen(config.model, marks);
+    }
   } catch (const InvalidArgument& e) {
-    std::printf("config: INVALID: 1 problem\n  %s: model: %s\n", args.config_path.c_str(),
-                e.what());
+    const std::string message = e.what();
+    const std::size_t n = count_lines(message);
+    std::printf("config: INVALID: %zu problem%s\n", n, n == 1 ? "" : "s");
+    print_lines(stdout, fmt::format("  {}: model: ", args.config_path), message);
     if (!config.warnings.empty()) {
       std::printf("warnings: %zu\n", config.warnings.size());
       for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
@@ -126,6 +140,7 @@ int check_training_config(const CheckArguments& args) {
   // A CPU rank without device.memory_limit_gb has no cap to exceed: the estimate is advice.
   const bool capped = config.device.type != DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
   std::printf("model: %s\n", in.model->description.c_str());
+  if (!frozen.empty()) std::printf("  %s\n", frozen.c_str());
   std::printf(
       "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
       "buffers %s); the device has %g GiB (%s%s): %s\n",

@@ -93,10 +93,11 @@ void check_frozen_patterns(const ModelConfig& model,
                                    patterns[i], model_description));
   }
   if (!problems.empty()) {
-    problems.push_back(fmt::format(
-        "(a pattern with a '.' must match a whole name, one without a component of it; the "
+    // Once, after the last of them: how patterns match, and the names they can match.
+    problems.back() += fmt::format(
+        " (a pattern with a '.' must match a whole name, one without a component of it; the "
         "names, layer indices written N: {})",
-        name_shapes(params)));
+        name_shapes(params));
   }
   if (!patterns.empty() && trained_anywhere == 0) {
     problems.push_back(

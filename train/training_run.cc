@@ -179,7 +179,8 @@ void TrainingRun::build_engine() {
     check_frozen_patterns(config_.model, control_->sum(marks.matches),
                           control_->sum(marks.total_params - marks.frozen_params), params,
                           model_source_.description);
-    if (rank_ == 0) spdlog::info("{}", describe_frozen(config_.model, marks));
+    const std::string frozen = describe_frozen(config_.model, marks);
+    if (rank_ == 0 && !frozen.empty()) spdlog::info("{}", frozen);
   }
   // Expert parallelism splits experts: a model must declare its expert parameters (group 1, the
   // expert-data-parallel group) for it to mean anything.

@@ -116,6 +116,7 @@ void logits_backward(S* dinp, G* dwte, const S* dlogits, const S* inp, const S* 
     gemm<A>(false, false, N, C, V, A(1), a_dl, ldl, a_w, C, A(0), tmp, C);
     accumulate_from_acc(dinp, tmp, I64{N} * C);
   }
+  if (dwte == nullptr) return;  // a head that is not trained
   if constexpr (std::is_same_v<G, A>) {
     gemm<A>(true, false, V, C, N, A(1), a_dl, ldl, a_inp, C, A(1), dwte, C);
   } else {

@@ -114,15 +114,18 @@ void dense_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, 
       }
     }
   }
-  // dweight in its own layout: dout^T @ inp (OC,C), or inp^T @ dout (C,OC).
-  const A* first = out_in ? a_dout : a_inp;
-  const A* second = out_in ? a_inp : a_dout;
-  const int rows = out_in ? OC : C, cols = out_in ? C : OC;
-  if constexpr (std::is_same_v<G, A>) {
-    gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(1), dweight, cols);
-  } else {
-    gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(0), tmp, cols);
-    accumulate_from_acc(dweight, tmp, I64{C} * OC);
+  // dweight in its own layout: dout^T @ inp (OC,C), or inp^T @ dout (C,OC); none for a
+  // weight that is not trained (null: the GEMM is skipped, the bias still gets its sums).
+  if (dweight != nullptr) {
+    const A* first = out_in ? a_dout : a_inp;
+    const A* second = out_in ? a_inp : a_dout;
+    const int rows = out_in ? OC : C, cols = out_in ? C : OC;
+    if constexpr (std::is_same_v<G, A>) {
+      gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(1), dweight, cols);
+    } else {
+      gemm<A>(true, false, rows, cols, N, A(1), first, rows, second, cols, A(0), tmp, cols);
+      accumulate_from_acc(dweight, tmp, I64{C} * OC);
+    }
   }
   if (dbias != nullptr) bias_backward<S, G>(dbias, dout, N, OC);
 }

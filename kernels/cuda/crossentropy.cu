@@ -131,6 +131,7 @@ void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
   // dinp sums over the padded vocabulary: crossentropy_backward left zeros in the padding.
   gemm(l, false, false, N, C, ldl, 1.0f, dlogits, type, ldl, padded_wte(l, dtype, wte, C, V, ldl),
        type, C, 1.0f, dinp, type, C);
+  if (dwte == nullptr) return;  // a head that is not trained
   gemm(l, true, false, V, C, N, 1.0f, dlogits, type, ldl, inp, type, C, 1.0f, dwte,
        to_cuda_dtype(grad_dtype), C);
 }

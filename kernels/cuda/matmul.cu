@@ -94,6 +94,10 @@ void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, 
 
 void weight_and_bias_backward(const Launch& l, DType dtype, DType grad_dtype, LtGemm dw,
                               void* dbias, const void* dout, int N, int OC) {
+  if (dw.c == nullptr) {  // a weight that is not trained: its bias alone
+    if (dbias != nullptr) bias_backward(l, dtype, grad_dtype, dbias, dout, N, OC, l.ws);
+    return;
+  }
   dw.c_type = to_cuda_dtype(grad_dtype);
   dw.beta = 1.0f;
   if (dbias != nullptr && grad_dtype == DType::kFloat32) {

@@ -36,6 +36,7 @@ void bias_backward(const Launch& l, DType dtype, DType grad_dtype, void* dbias, 
 // l.ws and one small kernel adds them, as bias_backward's last kernel does: dout is not read a
 // second time. With 16-bit gradients (the epilogue would round the sum to 16 bits before the
 // add), no dbias, or cuBLASLt declining: the plain GEMM and bias_backward. ws: as bias_backward.
+// A null dweight (dw.c; a weight that is not trained) skips the GEMM: bias_backward alone.
 void weight_and_bias_backward(const Launch& l, DType dtype, DType grad_dtype, LtGemm dw,
                               void* dbias, const void* dout, int N, int OC);
 

@@ -749,7 +749,7 @@ void MoeModel::count_routing(int layer, const MoeKept& kept) {
 transformer::SwigluWeights MoeModel::dense_weights(ParamAccess& a, int layer, bool grads) const {
   auto get = [&](int slot) {
     const int index = block_param(layer, slot);
-    return grads ? a.grad(index) : a.param(index);
+    return grads ? trained_grad(a, index) : a.param(index);
   };
   return {get(kDenseGate), get(kDenseUp), get(kDenseDown)};
 }
@@ -900,6 +900,8 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     const int index = block_param(layer, slot);
     return index < 0 ? Bytes() : a.grad(index);
   };
+  // A projection's weight gradient, null when the weight is frozen (its GEMM skipped).
+  auto GW = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
   Activations& d = acts_;
   const Bytes dres = this->dres();
   const k::GradWrite first = k::GradWrite::kOverwrite;
@@ -921,16 +923,16 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
                                            dense_weights(a, layer, true), dense_tile(), x.ln2, dres,
                                            d.dln2, N, C, I);
   } else {
-    k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
-                       first);
+    k::linear_backward(ctx, dt, gt, d.dh, GW(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I,
+                       C, first);
     k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
-    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
+    k::linear_backward(ctx, dt, gt, d.dln2, GW(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
                        N, C, I, first);
-    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseUp), Bytes(), d.dup, x.ln2, P(kDenseUp), N, C,
+    k::linear_backward(ctx, dt, gt, d.dln2, GW(kDenseUp), Bytes(), d.dup, x.ln2, P(kDenseUp), N, C,
                        I);
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2), d.dln2, x.res2, P(kLn2), x.ln2_rstd, N, C);
-  k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
+  k::linear_backward(ctx, dt, gt, d.datty, GW(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
   gqa_attention_backward(d.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse},
                          {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv, c.sliding_window);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
@@ -944,9 +946,9 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     dq = d.dq_pre;
     dk = d.dk_pre;
   }
-  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
-  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
-  k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, GW(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
+  k::linear_backward(ctx, dt, gt, d.dln1, GW(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, GW(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1), d.dln1, res_in, P(kLn1), x.ln1_rstd, N, C);
   // The pass's last block: the local experts' buffers all at the capacity it reached.
   if (layer == 0 && rows_) rows_->settle();

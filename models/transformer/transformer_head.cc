@@ -70,8 +70,8 @@ void TransformerModel::head_backward(ParamAccess& a, const TokenBatch& batch, fl
     k::crossentropy_forward_backward(ctx_, dt, acts_.losses + r0, acts_.logits, acts_.logits,
                                      batch.targets + r0, loss_scale / divisor, n, V,
                                      k::logits_row_stride(V));
-    k::logits_backward(ctx_, dt, gt, acts_.dlnf + r0 * row_bytes, a.grad(spec_.head), acts_.logits,
-                       acts_.lnf + r0 * row_bytes, a.param(spec_.head), n, C, V,
+    k::logits_backward(ctx_, dt, gt, acts_.dlnf + r0 * row_bytes, trained_grad(a, spec_.head),
+                       acts_.logits, acts_.lnf + r0 * row_bytes, a.param(spec_.head), n, C, V,
                        k::logits_row_stride(V));
   }
   k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);

@@ -140,7 +140,20 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
             "load_state() after {} micro-batches: only at a step boundary",
             schedule_.micro_batch());
   settle_step();  // a decision still on the device would count its step after the load
-  assign_state(fill);
+  // A frozen parameter's optimizer state starts at zero whatever the checkpoint holds (one
+  // saved while it was trained): a zero gradient then leaves it exactly as it is
+  // (ParamSpec::frozen), where stepping saved moments would move it.
+  assign_state([&](int u, const StateArrays& arrays) {
+    fill(u, arrays);
+    for (int p : plan_.unit(u).params) {
+      if (!params_[static_cast<std::size_t>(p)].frozen) continue;
+      const auto range = plan_.owned_range(p, slice_rank(u));
+      for (std::size_t a = 1; a < arrays.size(); ++a) {  // arrays[0]: the master weights
+        std::fill(arrays[a] + range.slice_offset, arrays[a] + range.slice_offset + range.count,
+                  0.0f);
+      }
+    }
+  });
   optimizer_steps_ = counters.optimizer_steps;
   skipped_steps_ = counters.skipped_steps;
   scaler_.restore(counters.loss_scale);

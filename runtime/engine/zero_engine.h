@@ -165,6 +165,7 @@ class ZeroEngine final : public ParamAccess {
   void release(int module, Phase phase) override;
   DevicePtr<std::byte> param(int index) override;
   DevicePtr<std::byte> grad(int index) override;
+  bool trains(int index) const override { return !params_[static_cast<std::size_t>(index)].frozen; }
   DType compute_dtype() const override { return options_.compute_dtype; }
   DType grad_dtype() const override;
 

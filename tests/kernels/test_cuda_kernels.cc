@@ -607,6 +607,84 @@ Results gpu_weight_grads(Gpu& g, DType dt, DType gt, const MatmulIn& in, bool li
 }
 }  // namespace
 
+namespace {
+// The CPU twin's dbias from zeros with neither dinp nor dweight.
+template <typename S, typename G>
+Vec cpu_bias_grad(const MatmulIn& in, bool linear) {
+  const auto x = to_storage<S>(in.x), w = to_storage<S>(in.w), dout = to_storage<S>(in.dout);
+  std::vector<G> db(in.OC, G{});
+  std::vector<float> ws(std::max(cpu::matmul_backward_workspace<S>(in.N, in.C, in.OC),
+                                 cpu::linear_backward_workspace<S>(in.N, in.C, in.OC)) +
+                        1);
+  if (linear) {
+    cpu::linear_backward<S, G>(nullptr, nullptr, db.data(), dout.data(), x.data(), w.data(), in.N,
+                               in.C, in.OC, ws.data());
+  } else {
+    cpu::matmul_backward<S, G>(nullptr, nullptr, db.data(), dout.data(), x.data(), w.data(), in.N,
+                               in.C, in.OC, ws.data());
+  }
+  return to_double(db);
+}
+}  // namespace
+
+// A frozen weight's null dweight: the GEMM skipped, dinp as with a dweight (the same GEMM, so
+// the same bits) and dbias from bias_backward (the epilogue had it with fp32 gradients, so against
+// the CPU twin); the tied head's logits_backward likewise.
+TEST_CASE("CUDA backward with a null weight gradient skips it; dinp and dbias as its CPU twin's",
+          "[cuda][frozen]") {
+  const MatmulIn in(64, 96, 160);
+  for (bool linear : {false, true}) {
+    for (const auto& [dt, gt] :
+         {std::pair{DType::kFloat32, DType::kFloat32}, std::pair{DType::kBFloat16, DType::kFloat32},
+          std::pair{DType::kBFloat16, DType::kBFloat16}}) {
+      INFO((linear ? "linear_backward " : "matmul_backward ")
+           << dtype_name(dt) << " grads " << dtype_name(gt));
+      Gpu g;
+      Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), dout = g.upload(in.dout, dt);
+      auto run = [&](bool with_dweight) {
+        Buffer dx = g.zeros(in.N * in.C, dt), dw = g.zeros(in.C * in.OC, gt),
+               db = g.zeros(in.OC, gt);
+        const Bytes dweight = with_dweight ? dev(dw) : Bytes();
+        if (linear) {
+          linear_backward(*g.ctx, dt, gt, dev(dx), dweight, dev(db), dev(dout), dev(x), dev(w),
+                          in.N, in.C, in.OC);
+        } else {
+          matmul_backward(*g.ctx, dt, gt, dev(dx), dweight, dev(db), dev(dout), dev(x), dev(w),
+                          in.N, in.C, in.OC);
+        }
+        return Results{{"dinp", g.download(dx, in.N * in.C, dt)},
+                       {"dweight", g.download(dw, in.C * in.OC, gt)},
+                       {"dbias", g.download(db, in.OC, gt)}};
+      };
+      const Results full = run(true), frozen = run(false);
+      CHECK(frozen.at("dinp") == full.at("dinp"));
+      CHECK(frozen.at("dweight") == Vec(static_cast<std::size_t>(in.C) * in.OC, 0.0));
+      CHECK(full.at("dweight") != frozen.at("dweight"));
+      const Vec cpu = dt == DType::kFloat32   ? cpu_bias_grad<float, float>(in, linear)
+                      : gt == DType::kFloat32 ? cpu_bias_grad<bf16, float>(in, linear)
+                                              : cpu_bias_grad<bf16, bf16>(in, linear);
+      compare(Results{{"dbias", frozen.at("dbias")}}, Results{{"dbias", cpu}},
+              dt == DType::kFloat32 ? 1e-5 : 1e-2);
+    }
+  }
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    INFO("logits_backward " << dtype_name(dt));
+    Gpu g;
+    const Vec x = normal_values(kSeed, 51, 32 * 64), wte = normal_values(kSeed, 52, 96 * 64, 0.1);
+    const Vec dl = normal_values(kSeed, 53, 32 * 96);
+    Buffer bx = g.upload(x, dt), bw = g.upload(wte, dt), bl = g.upload(dl, dt);
+    auto run = [&](bool with_dwte) {
+      Buffer dx = g.zeros(32 * 64, dt), dw = g.zeros(96 * 64, dt);
+      logits_backward(*g.ctx, dt, dt, dev(dx), with_dwte ? dev(dw) : Bytes(), dev(bl), dev(bx),
+                      dev(bw), 32, 64, 96);
+      return std::pair{g.download(dx, 32 * 64, dt), g.download(dw, 96 * 64, dt)};
+    };
+    const auto full = run(true), frozen = run(false);
+    CHECK(frozen.first == full.first);
+    CHECK(frozen.second == Vec(96 * 64, 0.0));
+  }
+}
+
 TEST_CASE("CUDA weight gradients take the bias gradient from cuBLASLt's epilogue", "[cuda]") {
   for (const MatmulIn& in : {MatmulIn(64, 96, 160), MatmulIn(256, 768, 2304)}) {
     for (bool linear : {false, true}) {

@@ -305,6 +305,57 @@ TEST_CASE("GradWrite::kOverwrite writes dinp as accumulating into zeros does", "
   }
 }
 
+namespace {
+// A null dweight (a frozen weight): the GEMM is skipped, and dinp and dbias are the bits the
+// call with a dweight gives.
+template <typename S, typename G>
+void check_null_weight_grad(bool linear) {
+  const int N = kN, C = kC, OC = 2 * kC;
+  const auto x = test::to_storage<S>(normal_values(kSeed, 95, N * C));
+  const auto w = test::to_storage<S>(normal_values(kSeed, 96, C * OC, 0.1));
+  const auto dy = test::to_storage<S>(normal_values(kSeed, 97, N * OC));
+  std::vector<float> ws(static_cast<std::size_t>(matmul_backward_workspace<S>(N, C, OC)) + 1);
+  auto run = [&](std::vector<S>& dx, G* dw, std::vector<G>& db) {
+    auto* wsp = reinterpret_cast<acc_t<S>*>(ws.data());
+    if (linear) {
+      linear_backward<S, G>(dx.data(), dw, db.data(), dy.data(), x.data(), w.data(), N, C, OC, wsp);
+    } else {
+      matmul_backward<S, G>(dx.data(), dw, db.data(), dy.data(), x.data(), w.data(), N, C, OC, wsp);
+    }
+  };
+  std::vector<S> dx_full = test::to_storage<S>(Vec(N * C, 0.0)), dx_null = dx_full;
+  std::vector<G> dw(static_cast<std::size_t>(C) * OC, G{});
+  std::vector<G> db_full(OC, G{}), db_null(OC, G{});
+  run(dx_full, dw.data(), db_full);
+  run(dx_null, nullptr, db_null);
+  CHECK(test::to_double(dx_null) == test::to_double(dx_full));
+  CHECK(test::to_double(db_null) == test::to_double(db_full));
+  CHECK(test::to_double(dw) != test::to_double(std::vector<G>(dw.size(), G{})));
+}
+}  // namespace
+
+TEST_CASE("a null weight gradient skips its GEMM and leaves dinp and dbias as they were",
+          "[fd][frozen]") {
+  for (bool linear : {false, true}) {
+    INFO((linear ? "linear_backward" : "matmul_backward"));
+    check_null_weight_grad<double, double>(linear);
+    check_null_weight_grad<float, float>(linear);
+    check_null_weight_grad<bf16, bf16>(linear);
+    check_null_weight_grad<bf16, float>(linear);
+    check_null_weight_grad<fp16, float>(linear);
+  }
+  // The tied head: dinp alone.
+  const Vec x = normal_values(kSeed, 64, kN * kC);
+  const Vec wte = normal_values(kSeed, 65, kV * kC, 0.1);
+  const Vec R = normal_values(kSeed, 66, kN * kV);
+  Vec dx_full(x.size(), 0.0), dx_null(x.size(), 0.0), dwte(wte.size(), 0.0);
+  logits_backward<double, double>(dx_full.data(), dwte.data(), R.data(), x.data(), wte.data(), kN,
+                                  kC, kV, nullptr);
+  logits_backward<double, double>(dx_null.data(), nullptr, R.data(), x.data(), wte.data(), kN, kC,
+                                  kV, nullptr);
+  CHECK(dx_null == dx_full);
+}
+
 TEST_CASE("parameter and input gradients accumulate", "[fd]") {
   const int OC = 2 * kC;
   const Vec x = normal_values(kSeed, 81, kN * kC);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -693,13 +694,30 @@ TEST_CASE("model.frozen: its parameters stay as initialised, bit for bit, on eve
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const std::string dir = corpus_dir();
-  // A whole unit (the embedding), a whole block, and one kind of parameter in the other.
-  const std::string model = R"("type": "llama", "preset": "llama-tiny", "seq_len": 32,
-      "frozen": ["model.embed_tokens.weight", "model.layers.0.*", "q_proj"])";
-  const auto expected_frozen = [](const std::string& name) {
-    return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0 ||
-           name.find(".q_proj.") != std::string::npos;
+  struct FrozenModel {
+    const char* label;
+    std::string block;
+    std::function<bool(const std::string&)> expected;
+    int frozen_count;
   };
+  const FrozenModel models[] = {
+      // A whole unit (the embedding), a whole block, and one kind of parameter in the other.
+      {"llama",
+       R"("type": "llama", "preset": "llama-tiny", "seq_len": 32,
+          "frozen": ["model.embed_tokens.weight", "model.layers.0.*", "q_proj"])",
+       [](const std::string& name) {
+         return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0 ||
+                name.find(".q_proj.") != std::string::npos;
+       },
+       1 + 9 + 1},
+      // GPT-2's tied head (the embedding, frozen: logits_backward without its weight gradient)
+      // and every layer's fused attention projection, weight and bias.
+      {"gpt2",
+       R"("preset": "gpt2-tiny", "seq_len": 32, "frozen": ["transformer.wte.weight", "c_attn"])",
+       [](const std::string& name) {
+         return name == "transformer.wte.weight" || name.find(".c_attn.") != std::string::npos;
+       },
+       1 + 2 * 2}};
   struct Variant {
     const char* name;
     const char* zero;
@@ -717,44 +735,48 @@ TEST_CASE("model.frozen: its parameters stay as initialised, bit for bit, on eve
                                R"({"stage": 3, "stage3_param_persistence_threshold": 100,
            "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}})",
                                "", true}};
-  for (const Variant& v : variants) {
-    INFO(v.name);
-    Config config = make_config(dir, v.name, v.zero, false, world, v.extra, model);
-    if (v.lion) {
-      config.optimizer = parse_optimizer_config(nlohmann::json::parse(
-          R"({"type": "Lion", "params": {"lr": 3e-4, "weight_decay": 0.1}})"));
-    }
-    const auto initial = initial_parameters(config);
-    int frozen_seen = 0, trained_changed = 0, trained = 0;
-    std::vector<double> norms;
-    train::TrainHooks hooks;
-    hooks.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
-      norms.push_back(engine.settle_step().grad_norm);
-      REQUIRE(engine.params().size() == initial.size());
-      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
-        const ParamSpec& spec = engine.params()[static_cast<std::size_t>(p)];
-        const auto& [name, init] = initial[static_cast<std::size_t>(p)];
-        INFO("step " << step << " parameter " << name);
-        REQUIRE(spec.name == name);
-        CHECK(spec.frozen == expected_frozen(name));
-        const std::vector<float> now = engine.full_parameter(p);
-        if (spec.frozen) {
-          CHECK(now == init);
-          frozen_seen += step == 6 ? 1 : 0;
-        } else if (step == 6) {
-          ++trained;
-          trained_changed += now != init ? 1 : 0;
-        }
+  for (const FrozenModel& m : models) {
+    for (const Variant& v : variants) {
+      INFO(m.label << " " << v.name);
+      const auto& expected_frozen = m.expected;
+      Config config = make_config(dir, std::string(m.label) + "-" + v.name, v.zero, false, world,
+                                  v.extra, m.block);
+      if (v.lion) {
+        config.optimizer = parse_optimizer_config(nlohmann::json::parse(
+            R"({"type": "Lion", "params": {"lr": 3e-4, "weight_decay": 0.1}})"));
       }
-    };
-    const auto s = train::run_training(config, this_rank(world), hooks);
-    REQUIRE(s.losses.size() == 6);
-    CHECK(s.skipped == 0);
-    CHECK(s.losses.back() < s.losses.front());  // the rest still learns
-    CHECK(frozen_seen == 1 + 9 + 1);  // embedding, block 0's nine tensors, block 1's q_proj
-    CHECK(trained > 0);
-    CHECK(trained_changed == trained);
-    for (double n : norms) CHECK(std::isfinite(n));
+      const auto initial = initial_parameters(config);
+      int frozen_seen = 0, trained_changed = 0, trained = 0;
+      std::vector<double> norms;
+      train::TrainHooks hooks;
+      hooks.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
+        norms.push_back(engine.settle_step().grad_norm);
+        REQUIRE(engine.params().size() == initial.size());
+        for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+          const ParamSpec& spec = engine.params()[static_cast<std::size_t>(p)];
+          const auto& [name, init] = initial[static_cast<std::size_t>(p)];
+          INFO("step " << step << " parameter " << name);
+          REQUIRE(spec.name == name);
+          CHECK(spec.frozen == expected_frozen(name));
+          const std::vector<float> now = engine.full_parameter(p);
+          if (spec.frozen) {
+            CHECK(now == init);
+            frozen_seen += step == 6 ? 1 : 0;
+          } else if (step == 6) {
+            ++trained;
+            trained_changed += now != init ? 1 : 0;
+          }
+        }
+      };
+      const auto s = train::run_training(config, this_rank(world), hooks);
+      REQUIRE(s.losses.size() == 6);
+      CHECK(s.skipped == 0);
+      CHECK(s.losses.back() < s.losses.front());  // the rest still learns
+      CHECK(frozen_seen == m.frozen_count);
+      CHECK(trained > 0);
+      CHECK(trained_changed == trained);
+      for (double n : norms) CHECK(std::isfinite(n));
+    }
   }
 }
 
@@ -793,5 +815,64 @@ TEST_CASE("model.frozen / model.trainable patterns that match nothing are refuse
     FAIL("a model with nothing to train trained");
   } catch (const InvalidArgument& e) {
     CHECK_THAT(e.what(), Catch::Contains("model.frozen leaves no parameter of"));
+  }
+}
+
+// A checkpoint saved while every parameter trained holds Adam moments for all of them; a resume
+// that freezes some must not step those moments (a zero gradient with a saved moment still moves
+// a parameter): they stay as the checkpoint has them, the others go on training.
+TEST_CASE("a resume that freezes trained parameters leaves them as the checkpoint has them",
+          "[frozen]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  if (rank == 0) std::filesystem::remove_all(dir + "/frozen-resume");
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string extra = R"("checkpoint": {"save_dir": ")" + dir +
+                            R"(/frozen-resume/checkpoints", "save_interval": 3},)";
+  const std::string llama = R"("type": "llama", "preset": "llama-tiny", "seq_len": 32)";
+  for (const char* optimizer : {"AdamW", "Lion"}) {
+    INFO(optimizer);
+    if (rank == 0) std::filesystem::remove_all(dir + "/frozen-resume");
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string optimizer_block = std::string(R"({"type": ")") + optimizer +
+                                        R"(", "params": {"lr": 0.001, "weight_decay": 0.1}})";
+    Config first = make_config(dir, "frozen-resume", R"({"stage": 2})", false, world, extra, llama);
+    first.train.steps = 3;
+    first.optimizer = parse_optimizer_config(nlohmann::json::parse(optimizer_block));
+    std::vector<std::vector<float>> saved;
+    train::TrainHooks capture;
+    capture.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult&) {
+      saved.clear();
+      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+        saved.push_back(engine.full_parameter(p));
+      }
+    };
+    REQUIRE(train::run_training(first, this_rank(world), capture).steps == 3);
+
+    Config second = make_config(dir, "frozen-resume", R"({"stage": 2})", false, world, extra,
+                                llama + R"(, "frozen": ["model.layers.0.*", "lm_head.weight"])");
+    second.optimizer = first.optimizer;
+    int checked_steps = 0, trained_moved = 0;
+    train::TrainHooks check;
+    check.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
+      ++checked_steps;
+      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+        const ParamSpec& spec = engine.params()[static_cast<std::size_t>(p)];
+        INFO("step " << step << " parameter " << spec.name);
+        const std::vector<float> now = engine.full_parameter(p);
+        if (spec.frozen) {
+          CHECK(now == saved[static_cast<std::size_t>(p)]);
+        } else if (step == 6) {
+          trained_moved += now != saved[static_cast<std::size_t>(p)] ? 1 : 0;
+        }
+      }
+    };
+    const auto s = train::run_training(second, this_rank(world), check);
+    CHECK(s.resumed_from == 3);
+    CHECK(s.steps == 6);
+    CHECK(checked_steps == 3);        // steps 4, 5 and 6, after the resume
+    CHECK(trained_moved == 21 - 10);  // all but block 0's nine tensors and the head
   }
 }

@@ -138,6 +138,23 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
                                         "heads (n_head)"));
   CHECK_THAT(sp.output, !Catch::Contains("is valid for"));
 
+  // model.frozen's patterns against the model's names, as the run's start applies them: a
+  // pattern matching nothing is a problem (with the names' shapes), a match is reported.
+  const Outcome typo_frozen =
+      zrt_train("--check --config " + kDemo +
+                " --model.frozen '[\"transformer.wte.weight\", \"transformer.h.9.*\"]'");
+  INFO(typo_frozen.output);
+  CHECK(typo_frozen.status == 1);
+  CHECK_THAT(typo_frozen.output, Catch::Contains("config: INVALID: 1 problem"));
+  CHECK_THAT(typo_frozen.output,
+             Catch::Contains("model.frozen[1] 'transformer.h.9.*' matches no parameter of"));
+  CHECK_THAT(typo_frozen.output, Catch::Contains("transformer.h.N.attn.c_attn.weight"));
+  const Outcome frozen =
+      zrt_train("--check --config " + kDemo + " --model.frozen '[\"transformer.wte.weight\"]'");
+  INFO(frozen.output);
+  CHECK(frozen.status == 0);
+  CHECK_THAT(frozen.output, Catch::Contains("frozen by model.frozen: 1 of "));
+
   // A JSON syntax error stops the reading: it comes alone, with line and column.
   const std::string broken = write_config("broken.json", "{\n  \"seed\": 1,\n}\n");
   const Outcome syntax = zrt_train("--check --config " + broken);
