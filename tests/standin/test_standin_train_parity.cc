@@ -144,6 +144,16 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
       {"stage2_cpu_checkpointing_tiled", R"({"stage": 2})", 2, false,
        R"(, "n_layer": 4, "activation_checkpointing": true, "tiling": {"head_rows": 24}},
           "activation_checkpointing": {"cpu_checkpointing": true)"},
+      // Frozen parameters: their weight-gradient GEMMs skipped on cuBLAS (a null dweight), the
+      // tied head's too, the tiled SwiGLU MLP's; their gradients zeroed before the reduction.
+      {"stage2_frozen", R"({"stage": 2})", 2, false,
+       R"(, "frozen": ["transformer.wte.weight", "c_attn"])"},
+      {"stage3_offload_frozen_llama_tiled",
+       R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+           "offload_optimizer": {"device": "cpu"}})",
+       2, false, R"(, "frozen": ["model.layers.0.*", "q_proj", "lm_head.weight"],
+                    "tiling": {"mlp_rows": 24})",
+       R"("type": "llama", "preset": "llama-tiny")"},
   };
   // Ulysses sequence parallelism over every rank: the all-to-alls of the exchange on NCCL, the
   // whole sequence's buffers shared with the chunk's, at stage 3 (micro-batch 2).
