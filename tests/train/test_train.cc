@@ -876,3 +876,51 @@ TEST_CASE("a resume that freezes trained parameters leaves them as the checkpoin
     CHECK(trained_moved == 21 - 10);  // all but block 0's nine tensors and the head
   }
 }
+
+// Under expert parallelism each rank names only its own experts: a pattern for the last expert
+// matches on the last rank alone, and the patterns are judged over every rank (no rank refuses
+// it, none trains it), the shared expert and the router by their components.
+TEST_CASE("model.frozen under expert parallelism: patterns judged over the ranks' experts",
+          "[frozen][moe]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (world < 2) return;  // one rank holds every expert
+  const std::string dir = corpus_dir();
+  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
+      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
+      "router_aux_loss_coef": 0.02,
+      "frozen": ["model.layers.0.mlp.experts.3.*", "shared_expert", "gate"])";
+  const std::string ep =
+      R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(world) + "},";
+  const auto expected_frozen = [](const std::string& name) {
+    return name.rfind("model.layers.0.mlp.experts.3.", 0) == 0 ||
+           name.find(".shared_expert.") != std::string::npos ||
+           name.find(".mlp.gate.") != std::string::npos;
+  };
+  std::vector<std::vector<float>> first;
+  int frozen_here = 0;
+  train::TrainHooks hooks;
+  hooks.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
+    for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+      const ParamSpec& spec = engine.params()[static_cast<std::size_t>(p)];
+      INFO("rank " << rank << " step " << step << " parameter " << spec.name);
+      CHECK(spec.frozen == expected_frozen(spec.name));
+      const std::vector<float> now = engine.full_parameter(p);
+      if (step == 1) {
+        first.push_back(now);
+        frozen_here += spec.frozen ? 1 : 0;
+      } else if (spec.frozen) {
+        CHECK(now == first[static_cast<std::size_t>(p)]);
+      }
+    }
+  };
+  const auto s = run(dir, "frozen-moe-ep", R"({"stage": 2})", false, world, ep, hooks, model);
+  CHECK(s.steps == 6);
+  // Layer 0 routes (layer 1 is dense): every rank holds its router and its shared expert's
+  // three projections; the last rank also expert 3's two tensors (gate_up_proj, down_proj).
+  CHECK(frozen_here == 4 + (rank == world - 1 ? 2 : 0));
+}
