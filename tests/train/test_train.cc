@@ -55,6 +55,15 @@ std::string corpus_dir() {
   return dir.string();
 }
 
+// A tiny Qwen2-MoE (4 experts, a shared expert, layer 1 dense): a model block's keys.
+constexpr const char* kTinyQwen2Moe =
+    R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
+       "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
+       "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+       "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
+       "router_aux_loss_coef": 0.02)";
+
 // `model`: the model block's keys other than activation_checkpointing ("" : gpt2-tiny).
 Config make_config(const std::string& dir, const std::string& name, const std::string& zero,
                    bool checkpointing, int world, const std::string& extra = "",
@@ -183,12 +192,7 @@ TEST_CASE("zrt-train trains a mixture of experts; metrics rows carry its routing
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const std::string dir = corpus_dir();
   // Qwen2-MoE: a shared expert, a dense layer; 2 micro-batches of 2 rows of 32 tokens a rank.
-  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
-      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
-      "router_aux_loss_coef": 0.02)";
+  const std::string model = kTinyQwen2Moe;
   const auto s0 = run(dir, "moe-stage0", R"({"stage": 0})", false, world, "", {}, model);
   const auto s3 = run(dir, "moe-stage3",
                       R"({"stage": 3, "stage3_param_persistence_threshold": 100,
@@ -251,12 +255,7 @@ TEST_CASE("zrt-train with expert_parallel.autoep_size = world trains the MoE as 
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (world < 2) return;  // one rank holds every expert
   const std::string dir = corpus_dir();
-  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
-      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
-      "router_aux_loss_coef": 0.02)";
+  const std::string model = kTinyQwen2Moe;
   const auto local = run(dir, "moe-ep-local", R"({"stage": 2})", false, world, "", {}, model);
   // Each rank holds 4 / world experts; the collective sequence is agreed on first on every group.
   const std::string ep = R"("expert_parallel": {"enabled": true, "autoep_size": )" +
@@ -887,12 +886,7 @@ TEST_CASE("model.frozen under expert parallelism: patterns judged over the ranks
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (world < 2) return;  // one rank holds every expert
   const std::string dir = corpus_dir();
-  const std::string model = R"("type": "qwen2_moe", "hidden_size": 32, "intermediate_size": 48,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-      "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 4,
-      "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-      "shared_expert_intermediate_size": 24, "mlp_only_layers": [1],
-      "router_aux_loss_coef": 0.02,
+  const std::string model = std::string(kTinyQwen2Moe) + R"(,
       "frozen": ["model.layers.0.mlp.experts.3.*", "shared_expert", "gate"])";
   const std::string ep =
       R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(world) + "},";
