@@ -132,7 +132,8 @@ std::vector<KeyInfo> build_table() {
         "Use torch's Adam rather than DeepSpeed's fused one; zrt has one implementation")
           .off("false"),
       K("optimizer.no_weight_decay", I, kStringList, "[\"bias\", \"ln*\", \"*norm*\"]",
-        "Name patterns of parameters without weight decay")
+        "Name patterns of parameters without weight decay (model.frozen's rule: '*', '?', "
+        "'[0-9]'; with a '.' the whole name, without one any component)")
           .zrt(),
       K("scheduler", I, kObject, "none (constant lr)", "Learning-rate schedule"),
       K("scheduler.type", I, kString, "required in the block",

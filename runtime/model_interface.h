@@ -49,7 +49,13 @@ struct ParamSpec {
   // and the optimizer steps it without weight decay on that zero gradient, which leaves the
   // parameter and its state exactly as they are (Adam: 0 / (0 + eps); Lion: sign(0) = 0).
   bool frozen = false;
+  // An expert's own slice of a tensor the model holds fused at one rank (under expert
+  // parallelism, "model.layers.3.mlp.experts.5.gate_up_proj"): that tensor's name
+  // ("model.layers.3.mlp.experts.gate_up_proj"); empty for any other parameter.
+  std::string fused_name = {};
 
+  // The name config patterns match (model.frozen): the same at every expert-parallel size.
+  const std::string& pattern_name() const { return fused_name.empty() ? name : fused_name; }
   // Whether the optimizer's weight decay applies to it.
   bool takes_weight_decay() const { return !no_weight_decay && !frozen; }
 

@@ -81,8 +81,8 @@ int check_training_config(const CheckArguments& args) {
   try {
     in = mem::inputs_from_config(config);
     in.validate();
-    // model.frozen / model.trainable against the model's names (every expert's, as the ranks'
-    // together see them).
+    // model.frozen / model.trainable against the model's names, as the run matches them (an
+    // expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name).
     if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
       std::vector<ParamSpec> params = in.model->params;
       const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, params);

@@ -243,10 +243,19 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
     if (was != is) changed.push_back(fmt::format("model.{} {} -> {}", key, was, is));
   }
   if (changed.empty()) return;
+  // A parameter frozen when saved has no optimizer state; trained now, Adam starts it from zero
+  // under the run's step count, whose bias correction then no longer damps the first updates.
+  const bool frozen_changed = value_of(before, "frozen") != value_of(now, "frozen") ||
+                              value_of(before, "trainable") != value_of(now, "trainable");
   spdlog::warn(
       "{}: the model block differs from the one this checkpoint was saved with ({}); "
-      "the shapes match, so the saved weights train as the model configured now",
-      dir, fmt::join(changed, "; "));
+      "the shapes match, so the saved weights train as the model configured now{}",
+      dir, fmt::join(changed, "; "),
+      frozen_changed
+          ? " (a parameter frozen then and trained now starts its optimizer state at zero at "
+            "this step count: Adam's first updates of it are larger than lr, about 3x at the "
+            "first; one trained then and frozen now keeps its saved value)"
+          : "");
 }
 
 bool CheckpointPolicy::time_vote() const {

@@ -36,17 +36,18 @@ const std::vector<std::string>& patterns_of(const ModelConfig& model) {
 std::string name_shapes(const std::vector<ParamSpec>& params) {
   std::vector<std::string> shapes;
   for (const ParamSpec& p : params) {
+    const std::string& name = p.pattern_name();
     std::string shape;
     std::size_t i = 0;
-    while (i < p.name.size()) {
-      const bool component_start = i == 0 || p.name[i - 1] == '.';
+    while (i < name.size()) {
+      const bool component_start = i == 0 || name[i - 1] == '.';
       std::size_t j = i;
-      while (j < p.name.size() && std::isdigit(static_cast<unsigned char>(p.name[j]))) ++j;
-      if (component_start && j > i && (j == p.name.size() || p.name[j] == '.')) {
+      while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+      if (component_start && j > i && (j == name.size() || name[j] == '.')) {
         shape += 'N';
         i = j;
       } else {
-        shape += p.name[i++];
+        shape += name[i++];
       }
     }
     if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
@@ -69,7 +70,7 @@ FrozenMarks mark_frozen_parameters(const ModelConfig& model, std::vector<ParamSp
   FrozenMarks marks;
   marks.matches.assign(patterns.size(), 0);
   for (ParamSpec& p : params) {
-    const bool matched = matches_any(patterns, p.name, marks.matches);
+    const bool matched = matches_any(patterns, p.pattern_name(), marks.matches);
     p.frozen = listing_trainable ? !matched : matched;
     ++marks.total_params;
     marks.total_elements += p.numel();

@@ -1,6 +1,8 @@
 // model.frozen / model.trainable: which parameters a run trains. The patterns
 // (runtime/common/name_pattern.h) are matched against the model's parameter names (Hugging
-// Face's) and mark ParamSpec::frozen, which the engine honours (runtime/model_interface.h).
+// Face's; an expert's slice under expert parallelism by its fused tensor's name,
+// ParamSpec::pattern_name, so a config means the same at every autoep_size) and mark
+// ParamSpec::frozen, which the engine honours (runtime/model_interface.h).
 // A pattern that matches no parameter on any rank is an error, not a silent "train
 // everything": so is freezing every parameter.
 #pragma once

@@ -279,7 +279,9 @@ std::vector<ParamSpec> MoeModel::parameter_table(const MoeConfig& c,
                         p.shape,
                         {transformer::block_module(l)},
                         p.shape.size() == 1,
-                        p.expert >= 0 ? 1 : 0});
+                        p.expert >= 0 ? 1 : 0,
+                        false,
+                        p.fused.empty() ? std::string() : prefix + p.fused});
     }
   }
   params.push_back({"model.norm.weight", {C}, {head_module}, true});

@@ -876,22 +876,21 @@ TEST_CASE("a resume that freezes trained parameters leaves them as the checkpoin
   }
 }
 
-// Under expert parallelism each rank names only its own experts: a pattern for the last expert
-// matches on the last rank alone, and the patterns are judged over every rank (no rank refuses
-// it, none trains it), the shared expert and the router by their components.
-TEST_CASE("model.frozen under expert parallelism: patterns judged over the ranks' experts",
+// Under expert parallelism each rank holds its own experts' slices of the fused expert tensors
+// (named per expert); patterns match the fused names, so a config freezes the same tensors at
+// every autoep_size, and a pattern naming one expert matches nothing (refused, naming the
+// fused names). The shared expert and the router are frozen by their components.
+TEST_CASE("model.frozen under expert parallelism matches the experts' fused names",
           "[frozen][moe]") {
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (world < 2) return;  // one rank holds every expert
   const std::string dir = corpus_dir();
-  const std::string model = std::string(kTinyQwen2Moe) + R"(,
-      "frozen": ["model.layers.0.mlp.experts.3.*", "shared_expert", "gate"])";
   const std::string ep =
       R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(world) + "},";
   const auto expected_frozen = [](const std::string& name) {
-    return name.rfind("model.layers.0.mlp.experts.3.", 0) == 0 ||
+    return name.rfind("model.layers.0.mlp.experts.", 0) == 0 ||
            name.find(".shared_expert.") != std::string::npos ||
            name.find(".mlp.gate.") != std::string::npos;
   };
@@ -912,9 +911,22 @@ TEST_CASE("model.frozen under expert parallelism: patterns judged over the ranks
       }
     }
   };
-  const auto s = run(dir, "frozen-moe-ep", R"({"stage": 2})", false, world, ep, hooks, model);
+  const auto s = run(dir, "frozen-moe-ep", R"({"stage": 2})", false, world, ep, hooks,
+                     std::string(kTinyQwen2Moe) + R"(,
+      "frozen": ["model.layers.0.mlp.experts.*", "shared_expert", "gate"])");
   CHECK(s.steps == 6);
-  // Layer 0 routes (layer 1 is dense): every rank holds its router and its shared expert's
-  // three projections; the last rank also expert 3's two tensors (gate_up_proj, down_proj).
-  CHECK(frozen_here == 4 + (rank == world - 1 ? 2 : 0));
+  // Layer 0 routes (layer 1 is dense): every rank holds its router, its shared expert's three
+  // projections and its 4 / world experts' two tensors each.
+  CHECK(frozen_here == 4 + 2 * (4 / world));
+  try {
+    run(dir, "frozen-moe-one-expert", R"({"stage": 2})", false, world, ep, {},
+        std::string(kTinyQwen2Moe) + R"(, "frozen": ["model.layers.0.mlp.experts.3.*"])");
+    FAIL("a pattern naming one expert froze it");
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK_THAT(what, Catch::Contains("model.frozen[0] 'model.layers.0.mlp.experts.3.*' matches "
+                                     "no parameter"));
+    CHECK_THAT(what, Catch::Contains("model.layers.N.mlp.experts.gate_up_proj"));
+  }
 }
