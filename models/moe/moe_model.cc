@@ -591,8 +591,15 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
     if (index < 0) return Bytes();
     return grads ? a.grad(index) : a.param(index);
   };
+  // The router's and the shared expert's linears skip a frozen weight's gradient (null:
+  // trained_grad); the experts' grouped GEMMs always write theirs.
+  auto linear = [&](int slot) {
+    const int index = block_param(layer, slot);
+    if (index < 0) return Bytes();
+    return grads ? trained_grad(a, index) : a.param(index);
+  };
   MoeParams p;
-  p.router = get(kRouter);
+  p.router = linear(kRouter);
   p.gate_up = get(kGateUp);
   p.down = get(kDown);
   if (experts_.ep_size > 1) {
@@ -600,10 +607,10 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
     p.gate_up_stride = local_expert_stride(a, block_param(layer, kGateUp), grads, dt);
     p.down_stride = local_expert_stride(a, block_param(layer, kDown), grads, dt);
   }
-  p.shared_gate_proj = get(kSharedGateProj);
-  p.shared_up_proj = get(kSharedUpProj);
-  p.shared_down_proj = get(kSharedDownProj);
-  p.shared_expert_gate = get(kSharedExpertGate);
+  p.shared_gate_proj = linear(kSharedGateProj);
+  p.shared_up_proj = linear(kSharedUpProj);
+  p.shared_down_proj = linear(kSharedDownProj);
+  p.shared_expert_gate = linear(kSharedExpertGate);
   return p;
 }
 

@@ -175,6 +175,11 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 8, "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 8,
             "num_experts_per_tok": 3, "moe_intermediate_size": 12, "router_aux_loss_coef": 0.02)"});
+    // The same with the routers and the query projections frozen: their weight-gradient GEMMs
+    // skipped on cuBLAS, the experts' grouped GEMMs still writing theirs.
+    cases.push_back({"stage3_ep_frozen", cases.back().zero, 2, false,
+                     R"(, "frozen": ["gate", "q_proj"])" + cases.back().model_extra,
+                     cases.back().model});
     // At stage 0, ep 2: every unit whole, the experts' gradients all-reduced over their
     // expert-data-parallel group (2 ranks at np4) and scaled by 1 / ep, the norm summed over the
     // expert-parallel group.
