@@ -594,9 +594,7 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
   // The router's and the shared expert's linears skip a frozen weight's gradient (null:
   // trained_grad); the experts' grouped GEMMs always write theirs.
   auto linear = [&](int slot) {
-    const int index = block_param(layer, slot);
-    if (index < 0) return Bytes();
-    return grads ? trained_grad(a, index) : a.param(index);
+    return grads ? trained_grad(a, block_param(layer, slot)) : get(slot);
   };
   MoeParams p;
   p.router = linear(kRouter);
