@@ -77,19 +77,22 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
     if (!placement_[u].stepped_on_host()) continue;
     h.released = device_.create_host_signal();
     h.params_written = device_.create_host_signal();
-    max_shard = std::max(max_shard, unit.shard);
     const std::string name = fmt::format("unit {}", u);
     // The fp32 state never touches the device.
     h.master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                 name + " fp32 master", host_space(false));
+    if (placement_[u].param_slice == Residence::kHost) {
+      h.params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
+                                  name + " param slice (offloaded)", host_space(true));
+    }
+    // A frozen unit keeps its master weights here (a checkpoint saves them) and nothing else: no
+    // optimizer state, no gradient, no staging (it is never stepped).
+    if (unit.frozen) continue;
+    max_shard = std::max(max_shard, unit.shard);
     for (const std::string& state : context.optimizer.spec().state_names) {
       h.state.push_back(device_.allocate(bytes_of(unit.shard, DType::kFloat32),
                                          MemCategory::kOptimizer, name + " " + state,
                                          host_space(false)));
-    }
-    if (placement_[u].param_slice == Residence::kHost) {
-      h.params = device_.allocate(bytes_of(unit.shard, cdt), MemCategory::kParams,
-                                  name + " param slice (offloaded)", host_space(true));
     }
     h.grad = device_.allocate(bytes_of(unit.shard, grad_type_), MemCategory::kGrads,
                               name + " grad slice (offloaded)", host_space(false));
@@ -162,10 +165,17 @@ void CpuOptimizerOffload::rethrow_cpu_step_error() const {
   }
 }
 
+bool CpuOptimizerOffload::steps_on_host(int u) const {
+  // Not a unit the engine steps on the device (partial offload), nor a frozen one.
+  return placement_[static_cast<std::size_t>(u)].stepped_on_host() && !plan_.unit(u).frozen;
+}
+
 float* CpuOptimizerOffload::state_array(int u, int a) {
   ZRT_CHECK(placement_[static_cast<std::size_t>(u)].stepped_on_host(),
             "state_array({}): the unit's state is on the device (partial offload)", u);
   HostUnit& h = units_[static_cast<std::size_t>(u)];
+  ZRT_CHECK(a == 0 || !plan_.unit(u).frozen,
+            "state_array({}, {}): a frozen unit holds no optimizer state", u, a);
   return a == 0 ? h.master.host<float>() : h.state[static_cast<std::size_t>(a - 1)].host<float>();
 }
 
@@ -182,6 +192,7 @@ void CpuOptimizerOffload::gradient_reduced(int u, DevicePtr<std::byte> reduced, 
                                            bool final, Event* bucket_read) {
   HostUnit& h = units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
+  ZRT_CHECK(!unit.frozen, "unit {} is frozen: its gradient is never reduced", u);
   const DType adt = options_.grad_accum_dtype;
   if (!offload_param_) {
     // The unit's sum of squares, taken on the device with the kernel the device path's norm runs
@@ -291,7 +302,8 @@ float CpuOptimizerOffload::local_norm_squared(int group) {
   // path computes, so offload does not change the clipping decision by a single bit.
   float local = 0.0f;
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    if (plan_.unit(static_cast<int>(u)).group != group) continue;
+    const Unit& unit = plan_.unit(static_cast<int>(u));
+    if (unit.group != group || unit.frozen) continue;  // a frozen unit has no gradient
     HostUnit& h = units_[u];
     h.norm_ready->synchronize();  // the unit's sum of squares is on the host
     local +=
@@ -358,8 +370,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::vector<CpuStepUnit> work;
   std::vector<int> staged_slot;  // per entry of `work`: its staging slot, or -1 (written directly)
   for (int u : forward_order_) {
-    if (!placement_[static_cast<std::size_t>(u)].stepped_on_host())
-      continue;  // the engine steps it on the device
+    if (!steps_on_host(u)) continue;
     HostUnit& h = units_[static_cast<std::size_t>(u)];
     const Unit& unit = plan_.unit(u);
     CpuStepUnit w;
@@ -450,7 +461,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   std::size_t i = 0;
   try {
     for (int u : forward_order_) {
-      if (!placement_[static_cast<std::size_t>(u)].stepped_on_host()) continue;
+      if (!steps_on_host(u)) continue;
       HostUnit& h = units_[static_cast<std::size_t>(u)];
       if (split_step_) {
         CpuStepUnit& second = state_work[state_work.size() - 1 - i];

@@ -90,6 +90,8 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   MemorySpace host_space(bool for_params) const;
   // Rethrows the error of a CPU step that failed (its units' `cpu_done`), if one did.
   void rethrow_cpu_step_error() const;
+  // Whether the CPU optimizer steps unit u: its state is here and it is not frozen.
+  bool steps_on_host(int u) const;
 
   Device& device_;
   Stream& comm_;

@@ -15,7 +15,8 @@ CheckpointIndex open_index(const std::string& dir) {
 }
 
 std::vector<std::vector<float>> read_full_params(const std::string& dir,
-                                                 const CheckpointIndex& index) {
+                                                 const CheckpointIndex& index,
+                                                 const std::string& dataset) {
   std::vector<std::vector<float>> out;
   std::vector<unsigned char> scratch;
   std::vector<std::unique_ptr<H5File>> files;
@@ -30,7 +31,7 @@ std::vector<std::vector<float>> read_full_params(const std::string& dir,
     const std::string path = (fs::path(dir) / rank_file_name(r)).string();
     files.push_back(std::make_unique<H5File>(H5File::open_read(path)));
     check_rank_file(*files.back(), index, r);  // the format, its rank and world, the save
-    master.push_back(std::make_unique<H5Dataset>(*files.back(), kMasterDataset, H5Elem::kFloat32,
+    master.push_back(std::make_unique<H5Dataset>(*files.back(), dataset, H5Elem::kFloat32,
                                                  std::vector<std::int64_t>{elements}));
   }
   for (const ParamEntry& e : index.params) {

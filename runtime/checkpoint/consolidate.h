@@ -15,9 +15,11 @@ namespace zrt::checkpoint {
 // The index of the checkpoint in `dir` (dir/index.h5), validated.
 CheckpointIndex open_index(const std::string& dir);
 
-// Full fp32 master values of every parameter (index order), read and verified.
+// Full fp32 master values of every parameter (index order), read and verified; or, with
+// `dataset` one of index.state_datasets(), that optimizer state tensor's ("/exp_avg", ...).
 std::vector<std::vector<float>> read_full_params(const std::string& dir,
-                                                 const CheckpointIndex& index);
+                                                 const CheckpointIndex& index,
+                                                 const std::string& dataset = kMasterDataset);
 
 // Verifies every checksum of the index and the rank files; returns the bytes verified. Throws
 // on the first problem, naming the file and the dataset.

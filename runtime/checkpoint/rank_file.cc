@@ -204,6 +204,7 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     }
     if (direct) {
       for (std::size_t d = 0; d < arrays; ++d) {
+        if (out[d] == nullptr) continue;  // not held (a frozen unit's optimizer state)
         float* to = out[d] + pieces[i].dest;
         bytes_read_ += f.data[d]->read(first, end - first, to, true, scratch_);
       }
@@ -212,6 +213,7 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
     }
     span_.resize(static_cast<std::size_t>(end - first));
     for (std::size_t d = 0; d < arrays; ++d) {
+      if (out[d] == nullptr) continue;
       bytes_read_ += f.data[d]->read(first, end - first, span_.data(), true, scratch_);
       for (std::size_t k = i; k < j; ++k) {
         std::memcpy(out[d] + pieces[k].dest, span_.data() + (pieces[k].file_pos - first),
@@ -224,7 +226,9 @@ void ShardedReader::fill(const PartitionPlan& plan, int rank, int u,
   std::int64_t covered = 0;
   auto zero = [&](std::int64_t from, std::int64_t to) {
     if (to <= from) return;
-    for (float* o : out) std::memset(o + from, 0, static_cast<std::size_t>(to - from) * 4);
+    for (float* o : out) {
+      if (o != nullptr) std::memset(o + from, 0, static_cast<std::size_t>(to - from) * 4);
+    }
   };
   for (const Piece& p : by_dest) {
     zero(covered, p.dest);

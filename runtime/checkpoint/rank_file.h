@@ -107,8 +107,9 @@ class ShardedReader {
   ~ShardedReader();
   // Writes rank `rank`'s slice of unit `u` of `plan` (plan.unit(u).shard floats each, padding
   // zero) into `out`: one array per dataset of index.state_datasets(), in that order, whatever
-  // slicing wrote each unit. Where the old and new slices line up, the file's bytes are read
-  // straight into the destination.
+  // slicing wrote each unit; a null array is skipped, not read (a frozen unit's optimizer
+  // state, which the engine does not hold). Where the old and new slices line up, the file's
+  // bytes are read straight into the destination.
   void fill(const PartitionPlan& plan, int rank, int u, const std::vector<float*>& out);
   std::int64_t bytes_read() const { return bytes_read_; }
 

@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/common/error.h"
+
 namespace zrt {
 
 namespace {
@@ -69,6 +71,41 @@ void parallel_fill_zero(void* ptr, std::size_t bytes) {
     const std::size_t begin = static_cast<std::size_t>(p) * kPiece;
     std::memset(base + begin, 0, std::min(kPiece, bytes - begin));
   }
+}
+
+ZeroHostPages::ZeroHostPages(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  // MAP_NORESERVE: no commit charge either; a page read maps the shared zero page, and a write
+  // (a bug) faults.
+  data_ = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (data_ == MAP_FAILED) {
+    data_ = nullptr;
+    ZRT_THROW(Error, "a read-only zero mapping of {} bytes failed: {}", bytes,
+              std::strerror(errno));
+  }
+}
+
+ZeroHostPages::~ZeroHostPages() {
+  if (data_ != nullptr && munmap(data_, bytes_) != 0) {
+    spdlog::error("munmap of {} bytes at {} failed: {}", bytes_, data_, std::strerror(errno));
+  }
+}
+
+ZeroHostPages::ZeroHostPages(ZeroHostPages&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+ZeroHostPages& ZeroHostPages::operator=(ZeroHostPages&& other) noexcept {
+  if (this != &other) {
+    ZeroHostPages old(std::move(*this));
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
 }
 
 }  // namespace zrt

@@ -39,4 +39,25 @@ int host_pass_threads(std::size_t bytes);
 // memset(ptr, 0, bytes) on host_pass_threads(bytes) threads.
 void parallel_fill_zero(void* ptr, std::size_t bytes);
 
+// `bytes` of zeros to read that cost no memory: a read-only anonymous mapping, never written, so
+// every page is the kernel's one shared zero page. A checkpoint reads a frozen unit's optimizer
+// state from it (ZeroEngine::host_state): as large as the unit's slice, backed by nothing.
+class ZeroHostPages {
+ public:
+  ZeroHostPages() = default;
+  explicit ZeroHostPages(std::size_t bytes);  // throws Error when the mapping fails
+  ~ZeroHostPages();
+  ZeroHostPages(ZeroHostPages&& other) noexcept;
+  ZeroHostPages& operator=(ZeroHostPages&& other) noexcept;
+  ZeroHostPages(const ZeroHostPages&) = delete;
+  ZeroHostPages& operator=(const ZeroHostPages&) = delete;
+
+  const void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
 }  // namespace zrt

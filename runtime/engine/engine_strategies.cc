@@ -126,6 +126,11 @@ void ZeroEngine::choose_strategies() {
     } else if (options_.stage >= 1) {
       s.publish = plain[g];
     }
+    if (unit.frozen) {
+      // Never reduced, stepped, or published after a step (nothing changes it); gathered at
+      // stage 3 and published once at stages 1-2 (assign_state) like any unit.
+      continue;
+    }
     s.reduce = collective[g];
     if (!per_micro_batch_grads()) {
       s.sink = full_gradients;
@@ -141,7 +146,9 @@ void ZeroEngine::choose_strategies() {
     all_units_on_device_ = all_units_on_device_ && !state_on_host(u);
   }
   for (int u : UnitSchedule::forward_order(plan_)) {
-    if (units_[static_cast<std::size_t>(u)]->publish != nullptr) published_units_.push_back(u);
+    if (units_[static_cast<std::size_t>(u)]->publish != nullptr && !plan_.unit(u).frozen) {
+      published_units_.push_back(u);
+    }
   }
 }
 

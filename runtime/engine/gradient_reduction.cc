@@ -50,11 +50,14 @@ void ZeroEngine::free_grad_bucket(int u) {
 }
 
 void ZeroEngine::await_reduce(int u) {
+  if (plan_.unit(u).frozen) return;  // never reduced
   compute_.wait(*units_[static_cast<std::size_t>(u)]->reduced);
 }
 
 void ZeroEngine::issue_reduce(int u, bool final) {
-  drop_frozen_gradients(u);
+  // A frozen unit's gradient, where the model may have written it (a norm's weight, an
+  // embedding), is dropped unread: no collective, no sink, no norm, no step (Unit::frozen).
+  if (plan_.unit(u).frozen) return;
   // The unit's gradients are complete once the compute stream gets here.
   compute_done_->record(compute_);
   comm_.wait(*compute_done_);
@@ -64,23 +67,6 @@ void ZeroEngine::issue_reduce(int u, bool final) {
     reduce_full_gradients(u);
   }
   if (!options_.overlap_comm) wait_for_comm();
-}
-
-// A frozen parameter's gradient (ParamSpec::frozen) is zeroed where the model wrote it, before
-// anything reads it: the reduction then carries zeros (exactly, through every conversion and
-// quantization), the sink accumulates them, and neither the norm nor the optimizer sees the
-// model's values. On the compute stream, after the model's last write of the unit.
-void ZeroEngine::drop_frozen_gradients(int u) {
-  const Unit& unit = plan_.unit(u);
-  if (unit.frozen.empty()) return;
-  const bool bucket = per_micro_batch_grads();
-  const DType type = bucket ? options_.compute_dtype : options_.grad_accum_dtype;
-  const Buffer& grads = bucket ? units_[static_cast<std::size_t>(u)]->grad_bucket : full_grads_;
-  const std::int64_t base = bucket ? 0 : unit.offset;
-  for (const ElementRange& r : unit.frozen) {
-    device_.fill_zero(at(grads, base + r.first, type),
-                      static_cast<std::size_t>(bytes_of(r.count, type)), compute_);
-  }
 }
 
 // Stages 2-3: one micro-batch's bucket, reduced into the rank's slice, which goes where the
@@ -164,6 +150,7 @@ Stream& ZeroEngine::enqueue_grad_norm_squared() {
   device_.fill_zero(norm_.device<std::byte>(), static_cast<std::size_t>(norm_.bytes()), compute_);
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const Unit& unit = plan_.unit(static_cast<int>(ui));
+    if (unit.frozen) continue;  // no gradient
     engine_kernels::add_sum_squares(device_, compute_, owned_grad_of(static_cast<int>(ui)),
                                     options_.grad_accum_dtype, unit.shard, norms + unit.group);
   }

@@ -41,32 +41,40 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
     content_numel_ += p.numel();
   }
   auto is_shared = [&](int i) { return params[static_cast<std::size_t>(i)].modules.size() > 1; };
-  auto unit_of_group = [](int group, bool persistent) {
+  // A unit holds trained or frozen parameters, never both (Unit::frozen): the kinds are kept
+  // apart like the groups, as slot 2 g + frozen of each per-kind vector below.
+  const int kinds = 2 * groups;
+  auto kind_of = [&](int i) {
+    const ParamSpec& p = params[static_cast<std::size_t>(i)];
+    return static_cast<std::size_t>(2 * p.group + (p.frozen ? 1 : 0));
+  };
+  auto unit_of_kind = [](int kind, bool persistent) {
     Unit unit;
-    unit.group = group;
+    unit.group = kind / 2;
+    unit.frozen = kind % 2 == 1;
     unit.persistent = persistent;
     return unit;
   };
 
   if (options.stage == 3) {
     std::vector<Unit> persistent;
-    for (int g = 0; g < groups; ++g) persistent.push_back(unit_of_group(g, true));
+    for (int k = 0; k < kinds; ++k) persistent.push_back(unit_of_kind(k, true));
     for (int m = 0; m < options.num_modules; ++m) {
-      std::vector<Unit> unit;  // the module's unit of each group
-      for (int g = 0; g < groups; ++g) unit.push_back(unit_of_group(g, false));
+      std::vector<Unit> unit;  // the module's unit of each kind
+      for (int k = 0; k < kinds; ++k) unit.push_back(unit_of_kind(k, false));
       for (std::size_t i = 0; i < params.size(); ++i) {
         const ParamSpec& p = params[i];
         if (p.modules.front() != m) continue;  // placed at its first use
-        const auto g = static_cast<std::size_t>(p.group);
+        const std::size_t k = kind_of(static_cast<int>(i));
         if (p.numel() < options.persistence_threshold) {
-          persistent[g].params.push_back(static_cast<int>(i));
+          persistent[k].params.push_back(static_cast<int>(i));
         } else if (is_shared(static_cast<int>(i))) {
-          Unit own = unit_of_group(p.group, false);
+          Unit own = unit_of_kind(static_cast<int>(k), false);
           own.shared = true;
           own.params.push_back(static_cast<int>(i));
           add_unit(std::move(own), params, options.alignment);
         } else {
-          unit[g].params.push_back(static_cast<int>(i));
+          unit[k].params.push_back(static_cast<int>(i));
         }
       }
       for (Unit& u : unit) {
@@ -77,19 +85,19 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
       if (!u.params.empty()) add_unit(std::move(u), params, options.alignment);
     }
   } else {
-    // Buckets in backward order: modules from last to first, whole modules per bucket, a
-    // bucket per group.
+    // Buckets in backward order: modules from last to first, whole modules per bucket (a
+    // module's trained and frozen parameters in buckets of their kind), a bucket per kind.
     std::vector<Unit> bucket;
-    for (int g = 0; g < groups; ++g) bucket.push_back(unit_of_group(g, false));
-    std::vector<std::int64_t> bucket_size(static_cast<std::size_t>(groups), 0);
+    for (int k = 0; k < kinds; ++k) bucket.push_back(unit_of_kind(k, false));
+    std::vector<std::int64_t> bucket_size(static_cast<std::size_t>(kinds), 0);
     for (int m = options.num_modules - 1; m >= 0; --m) {
-      std::vector<std::vector<int>> own(static_cast<std::size_t>(groups));
-      std::vector<std::int64_t> module_size(static_cast<std::size_t>(groups), 0);
+      std::vector<std::vector<int>> own(static_cast<std::size_t>(kinds));
+      std::vector<std::int64_t> module_size(static_cast<std::size_t>(kinds), 0);
       for (std::size_t i = 0; i < params.size(); ++i) {
         const ParamSpec& p = params[i];
         if (is_shared(static_cast<int>(i))) {
           if (p.modules.front() == m) {  // completes here
-            Unit unit = unit_of_group(p.group, false);
+            Unit unit = unit_of_kind(static_cast<int>(kind_of(static_cast<int>(i))), false);
             unit.shared = true;
             unit.params.push_back(static_cast<int>(i));
             add_unit(std::move(unit), params, options.alignment);
@@ -97,19 +105,19 @@ PartitionPlan::PartitionPlan(const std::vector<ParamSpec>& params, const Partiti
           continue;
         }
         if (p.modules.front() != m) continue;
-        own[static_cast<std::size_t>(p.group)].push_back(static_cast<int>(i));
-        module_size[static_cast<std::size_t>(p.group)] += p.numel();
+        own[kind_of(static_cast<int>(i))].push_back(static_cast<int>(i));
+        module_size[kind_of(static_cast<int>(i))] += p.numel();
       }
-      for (std::size_t g = 0; g < own.size(); ++g) {
-        if (own[g].empty()) continue;
-        if (!bucket[g].params.empty() &&
-            bucket_size[g] + module_size[g] > options.bucket_elements) {
-          add_unit(std::move(bucket[g]), params, options.alignment);
-          bucket[g] = unit_of_group(static_cast<int>(g), false);
-          bucket_size[g] = 0;
+      for (std::size_t k = 0; k < own.size(); ++k) {
+        if (own[k].empty()) continue;
+        if (!bucket[k].params.empty() &&
+            bucket_size[k] + module_size[k] > options.bucket_elements) {
+          add_unit(std::move(bucket[k]), params, options.alignment);
+          bucket[k] = unit_of_kind(static_cast<int>(k), false);
+          bucket_size[k] = 0;
         }
-        bucket[g].params.insert(bucket[g].params.end(), own[g].begin(), own[g].end());
-        bucket_size[g] += module_size[g];
+        bucket[k].params.insert(bucket[k].params.end(), own[k].begin(), own[k].end());
+        bucket_size[k] += module_size[k];
       }
     }
     for (Unit& u : bucket) {
@@ -130,18 +138,10 @@ void PartitionPlan::add_unit(Unit unit, const std::vector<ParamSpec>& params,
   unit.last_backward_module = 1 << 30;
   for (int p : unit.params) {
     const ParamSpec& spec = params[static_cast<std::size_t>(p)];
-    const std::int64_t end_of_previous = cursor;
+    ZRT_CHECK(spec.frozen == unit.frozen, "parameter '{}' is {} in a {} unit", spec.name,
+              spec.frozen ? "frozen" : "trained", unit.frozen ? "frozen" : "trained");
     cursor = round_up(cursor, alignment);
     placement_[static_cast<std::size_t>(p)] = ParamPlacement{index, cursor, spec.numel()};
-    if (spec.frozen) {
-      // A frozen parameter right after another (the padding between them is zero anyway)
-      // extends its range: a wholly frozen unit is one range.
-      if (!unit.frozen.empty() && unit.frozen.back().end() == end_of_previous) {
-        unit.frozen.back().count = cursor + spec.numel() - unit.frozen.back().first;
-      } else {
-        unit.frozen.push_back(ElementRange{cursor, spec.numel()});
-      }
-    }
     cursor += spec.numel();
     unit.content += spec.numel();
     for (int m : spec.modules) {
@@ -175,13 +175,11 @@ std::string PartitionPlan::describe() const {
   std::string out = fmt::format("{} units, {} elements ({} padded), world {}:", units_.size(),
                                 content_numel_, total_numel_, fmt::join(group_worlds_, "/"));
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    std::int64_t frozen = 0;
-    for (const ElementRange& r : units_[u].frozen) frozen += r.count;
     out +=
         fmt::format(" [{}: {} params, {} el{}{}{}{}]", u, units_[u].params.size(), units_[u].numel,
                     units_[u].shared ? ", shared" : "", units_[u].persistent ? ", persistent" : "",
                     group_count() > 1 ? fmt::format(", group {}", units_[u].group) : "",
-                    frozen > 0 ? fmt::format(", {} frozen", frozen) : "");
+                    units_[u].frozen ? ", frozen" : "");
   }
   return out;
 }

@@ -18,6 +18,11 @@
 // that group's size (the plan's group_worlds). Units are formed per group as above (at
 // stages 0-2 each group fills its own buckets, in backward order); with every parameter in group
 // 0 the plan is the one-group plan, unit for unit.
+//
+// Frozen parameters (ParamSpec::frozen) are kept apart the same way: a module's frozen
+// parameters form units of their own (stage 3: a second unit of the module; stages 0-2: buckets
+// of frozen parameters), so a unit is wholly trained or wholly frozen (Unit::frozen). With
+// nothing frozen the plan is what it was.
 #pragma once
 
 #include <cstdint>
@@ -43,13 +48,6 @@ struct ParamPlacement {
   std::int64_t numel = 0;
 };
 
-// Elements [first, first + count) of a unit.
-struct ElementRange {
-  std::int64_t first = 0;
-  std::int64_t count = 0;
-  std::int64_t end() const { return first + count; }
-};
-
 struct Unit {
   int group = 0;             // the shard group it is sliced over (ParamSpec::group)
   std::vector<int> params;   // in layout order
@@ -60,9 +58,10 @@ struct Unit {
   std::int64_t content = 0;  // sum of its parameters' sizes (no padding)
   bool persistent = false;   // stage 3: never released
   bool shared = false;       // holds one parameter used by several modules
-  // Its frozen parameters' elements (ParamSpec::frozen), adjacent ones merged: the engine
-  // zeroes them in the gradients before the reduction.
-  std::vector<ElementRange> frozen;
+  // Its parameters are frozen (ParamSpec::frozen; a unit never mixes frozen and trained
+  // ones): it has no optimizer state and no gradient slice, its gradient is never reduced and
+  // the optimizer never steps it (docs/architecture.md, "Frozen units").
+  bool frozen = false;
   // The module whose kBackward completes this unit's gradient in a micro-batch (the lowest
   // module index using it, since backward runs from the last module down).
   int last_backward_module = 0;

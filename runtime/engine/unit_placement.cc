@@ -14,11 +14,14 @@ const char* residence_name(Residence r) {
       return "host";
     case Residence::kDisk:
       return "disk";
+    case Residence::kNone:
+      return "none";
   }
   return "?";
 }
 
-UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded, bool persistent) {
+UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded, bool persistent,
+                           bool frozen) {
   const bool on_host = options.offload_optimizer.enabled && state_offloaded;
   const bool params_offloaded = options.offload_param.enabled;
   UnitPlacement p;
@@ -30,6 +33,13 @@ UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded, b
   // memory, and a slice that goes down as it is has no device copy.
   if (options.stage >= 2 && (params_offloaded || p.reduced_slice_to_host)) {
     p.grad_slice = Residence::kHost;
+  }
+  if (frozen) {
+    // Nothing trains it: no state to step, no gradient to form (its bucket, where the model may
+    // still write, is dropped unread).
+    p.optimizer_state = Residence::kNone;
+    p.grad_slice = Residence::kNone;
+    p.reduced_slice_to_host = false;
   }
   return p;
 }
@@ -43,8 +53,8 @@ std::vector<UnitPlacement> unit_placements(const EngineOptions& options,
   std::vector<UnitPlacement> placements;
   placements.reserve(offloaded.size());
   for (std::size_t u = 0; u < offloaded.size(); ++u) {
-    placements.push_back(
-        placement_of(options, offloaded[u], plan.unit(static_cast<int>(u)).persistent));
+    const Unit& unit = plan.unit(static_cast<int>(u));
+    placements.push_back(placement_of(options, offloaded[u], unit.persistent, unit.frozen));
   }
   return placements;
 }

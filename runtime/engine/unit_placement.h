@@ -9,7 +9,9 @@
 // the forward below it: UnitSchedule::offloaded_units); parameter offload (stage 3) puts the
 // non-persistent units' parameter slices there and accumulates every gradient slice there; at
 // one micro-batch per step an offloaded unit's reduced slice goes to host memory as it is
-// (offload_takes_reduced_slices), so the device keeps no gradient slice for it.
+// (offload_takes_reduced_slices), so the device keeps no gradient slice for it. A frozen unit
+// (Unit::frozen) holds no optimizer state and no gradient slice anywhere; its master weights
+// stay where the offload puts them (they are what a checkpoint saves of it).
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -25,8 +27,9 @@ enum class Residence {
   kDevice,
   kHost,  // pinned or pageable, as the offload block's pin_memory says
   kDisk,  // reserved for NVMe offload (not implemented: the config refuses it)
+  kNone,  // not held at all: a frozen unit's optimizer state and gradient slice
 };
-const char* residence_name(Residence r);  // "device", "host", "disk"
+const char* residence_name(Residence r);  // "device", "host", "disk", "none"
 
 // Where one unit's buffers of this rank live.
 struct UnitPlacement {
@@ -43,8 +46,11 @@ struct UnitPlacement {
   // The final reduced slice goes to host memory straight from the reduction's bucket, in the
   // compute dtype (offload_takes_reduced_slices, for a unit whose state is in host memory).
   bool reduced_slice_to_host = false;
-  // Whether the optimizer steps this unit on the host (its master weights are there).
+  // Whether the unit's fp32 master weights are in the offload's host memory, where the CPU
+  // optimizer steps it (a frozen unit's too, though nothing steps it).
   bool stepped_on_host() const { return master == Residence::kHost; }
+  // A frozen unit: no optimizer state, no gradient slice, no reduction, no step.
+  bool frozen() const { return optimizer_state == Residence::kNone; }
   bool operator==(const UnitPlacement& o) const {
     return master == o.master && optimizer_state == o.optimizer_state &&
            param_slice == o.param_slice && grad_slice == o.grad_slice &&
@@ -55,9 +61,10 @@ struct UnitPlacement {
 
 // The rule for one unit: `state_offloaded` says whether the unit is one of optimizer offload's
 // units (always false without offload_optimizer), `persistent` whether it is stage 3's
-// persistent unit. zrt-mem's formula path, which has no units, asks it for either kind.
+// persistent unit, `frozen` whether its parameters are frozen. zrt-mem's formula path, which
+// has no units, asks it for either kind.
 UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded,
-                           bool persistent = false);
+                           bool persistent = false, bool frozen = false);
 
 // Every unit of `plan`, in unit order, with offload_optimizer.ratio's split.
 std::vector<UnitPlacement> unit_placements(const EngineOptions& options, const PartitionPlan& plan);

@@ -114,7 +114,7 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
     }
   }
   if (phase == Phase::kBackward && per_micro_batch_grads()) {
-    for (int u : units) open_bucket(u, ops);
+    for (int u : units) open_bucket(u, module, ops);
   }
   return ops;
 }
@@ -238,17 +238,24 @@ void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& 
   }
 }
 
-void UnitSchedule::open_bucket(int u, std::vector<UnitOp>& ops) {
+void UnitSchedule::open_bucket(int u, int module, std::vector<UnitOp>& ops) {
   if (bucket_open(u)) return;
   const Unit& unit = plan_.unit(u);
   // Units whose modules are contiguous in backward order finish before the next one opens, so
   // their buffers rotate: at most `rotating_buckets` live, this one and the ones still being
-  // reduced (the oldest is freed, after its reduction, to make room). A shared or persistent
-  // unit stays open until its last use (module 0's backward at the latest).
+  // reduced (the oldest is freed, after its reduction, to make room). Only a finished bucket
+  // is freed (its last module's backward released: above `module`): where a module's
+  // parameters are in several units at once (trained and frozen ones, or two groups' buckets
+  // whose modules overlap), the ones still in use stay open beyond the count. A shared or
+  // persistent unit stays open until its last use (module 0's backward at the latest).
   if (!unit.shared && !unit.persistent) {
     while (static_cast<int>(rotating_buckets_.size()) >= options_.rotating_buckets) {
-      free_bucket(rotating_buckets_.front(), ops);
-      rotating_buckets_.pop_front();
+      const auto finished =
+          std::find_if(rotating_buckets_.begin(), rotating_buckets_.end(),
+                       [&](int b) { return plan_.unit(b).last_backward_module > module; });
+      if (finished == rotating_buckets_.end()) break;
+      free_bucket(*finished, ops);
+      rotating_buckets_.erase(finished);
     }
     rotating_buckets_.push_back(u);
   } else {

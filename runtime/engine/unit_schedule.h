@@ -39,7 +39,9 @@ struct ScheduleOptions {
   // Stages 2-3: how many buckets of contiguous modules may be live at once. With 1, opening the
   // next unit's bucket first waits for the previous one's reduction, so the reductions do not
   // overlap the backward; with 2 (the engine's overlap_comm, as DeepSpeed's double buffers),
-  // the reduction of one unit runs while the next unit's backward fills its own bucket.
+  // the reduction of one unit runs while the next unit's backward fills its own bucket. Buckets
+  // still in use are never freed to keep the count: a module whose parameters are in several
+  // units (trained and frozen ones) has all of them open.
   int rotating_buckets = 1;
   // ZeRO++ hpZ (stage 3; zero_hpz_partition_size): after a unit's first training gather of a
   // micro-batch (over every rank) each rank keeps a secondary shard, 1/S of the gathered
@@ -125,7 +127,8 @@ class UnitSchedule {
   bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
   void gather(int u, Phase phase, std::vector<UnitOp>& ops);
   void prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops);
-  void open_bucket(int u, std::vector<UnitOp>& ops);
+  // At `module`'s backward.
+  void open_bucket(int u, int module, std::vector<UnitOp>& ops);
   void free_bucket(int u, std::vector<UnitOp>& ops);
 
   const PartitionPlan& plan_;

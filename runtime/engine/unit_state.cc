@@ -23,12 +23,13 @@ void ZeroEngine::allocate_state() {
   std::int64_t max_unit = 0;
   for (std::size_t u = 0; u < plan_.units().size(); ++u) {
     const Unit& unit = plan_.unit(static_cast<int>(u));
-    max_unit = std::max(max_unit, unit.numel);
     auto s = std::make_unique<UnitState>();
     const std::string name = fmt::format("unit {}", u);
     // Where each buffer lives is the placement's (unit_placement.h): offloaded (optimizer
     // offload; with a ratio below 1 only some units), the fp32 state never touches the device.
     const UnitPlacement& where = placement(static_cast<int>(u));
+    // The reductions' buffers are sized by the units reduced (a frozen one never is).
+    if (!unit.frozen) max_unit = std::max(max_unit, unit.numel);
     if (where.master == Residence::kDevice) {
       s->master = device_.allocate(bytes_of(unit.shard, DType::kFloat32), MemCategory::kMaster,
                                    name + " fp32 master");
@@ -74,15 +75,18 @@ void ZeroEngine::allocate_state() {
   bool converts = per_micro_batch_grads();
   for (std::size_t u = 0; u < plan_.units().size(); ++u) {
     const int unit = static_cast<int>(u);
+    if (plan_.unit(unit).frozen) continue;
     converts = converts || shard_group_of(unit).size() > 1 || replicas_of(unit) != nullptr;
   }
-  if (comm_dtype() != reduced_type && converts) {
+  if (comm_dtype() != reduced_type && converts && max_unit > 0) {
     comm_scratch_ = device_.allocate(bytes_of(max_unit, comm_dtype()), MemCategory::kComm,
                                      "gradient conversion for communication_data_type");
   }
   if (options_.quantized_gradients) {
     std::int64_t max_shard = 0;
-    for (const Unit& unit : plan_.units()) max_shard = std::max(max_shard, unit.shard);
+    for (const Unit& unit : plan_.units()) {
+      if (!unit.frozen) max_shard = std::max(max_shard, unit.shard);
+    }
     quantized_out_ = device_.allocate(bytes_of(max_shard, comm_dtype()), MemCategory::kComm,
                                       "quantized reduce-scatter output");
   }
@@ -140,20 +144,9 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
             "load_state() after {} micro-batches: only at a step boundary",
             schedule_.micro_batch());
   settle_step();  // a decision still on the device would count its step after the load
-  // A frozen parameter's optimizer state starts at zero whatever the checkpoint holds (one
-  // saved while it was trained): a zero gradient then leaves it exactly as it is
-  // (ParamSpec::frozen), where stepping saved moments would move it.
-  assign_state([&](int u, const StateArrays& arrays) {
-    fill(u, arrays);
-    for (int p : plan_.unit(u).params) {
-      if (!params_[static_cast<std::size_t>(p)].frozen) continue;
-      const auto range = plan_.owned_range(p, slice_rank(u));
-      for (std::size_t a = 1; a < arrays.size(); ++a) {  // arrays[0]: the master weights
-        std::fill(arrays[a] + range.slice_offset, arrays[a] + range.slice_offset + range.count,
-                  0.0f);
-      }
-    }
-  });
+  // A frozen unit has no optimizer state (Unit::frozen): `fill` gets null for it and skips
+  // the checkpoint's (its moments from a run that trained it, or zeros).
+  assign_state(fill);
   optimizer_steps_ = counters.optimizer_steps;
   skipped_steps_ = counters.skipped_steps;
   scaler_.restore(counters.loss_scale);
@@ -170,6 +163,18 @@ std::string ZeroEngine::optimizer_trace_name() const {
   std::string name = optimizer_.spec().family;
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return name;
+}
+
+const float* ZeroEngine::frozen_state_zeros() {
+  if (frozen_state_zeros_.data() == nullptr) {
+    std::int64_t largest = 0;
+    for (const Unit& unit : plan_.units()) {
+      if (unit.frozen) largest = std::max(largest, unit.shard);
+    }
+    frozen_state_zeros_ =
+        ZeroHostPages(static_cast<std::size_t>(bytes_of(largest, DType::kFloat32)));
+  }
+  return static_cast<const float*>(frozen_state_zeros_.data());
 }
 
 void ZeroEngine::check_state_arrays(const StateArrays& arrays, const char* call) const {
@@ -203,8 +208,11 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
       // start-up spent tens of seconds here); the compute-dtype copy goes up through a host
       // buffer.
       for (std::size_t a = 0; a < arrays.size(); ++a) {
-        arrays[a] = offload_->state_array(u, static_cast<int>(a));
-        parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
+        arrays[a] =
+            a == 0 || !unit.frozen ? offload_->state_array(u, static_cast<int>(a)) : nullptr;
+        if (arrays[a] != nullptr) {
+          parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
+        }
       }
       fill(u, arrays);
       const float* master = arrays[0];
@@ -221,11 +229,12 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
       }
     } else {
       // With master_only the state tensors are zeroed where they live, not zeroed here and
-      // copied up: a third of the bytes (Adam). `fill` gets no array for them.
-      const std::size_t filled = master_only ? 1 : host_state.size();
+      // copied up: a third of the bytes (Adam). `fill` gets no array for them, nor for a frozen
+      // unit's, which has none.
+      const std::size_t filled = master_only || unit.frozen ? 1 : host_state.size();
       if (unit.shard > host_state_capacity) {
         host_state_capacity = unit.shard;
-        for (std::size_t a = 0; a < filled; ++a) {
+        for (std::size_t a = 0; a < (master_only ? 1 : host_state.size()); ++a) {
           host_state[a].reset(new float[static_cast<std::size_t>(host_state_capacity)]);
         }
       }
@@ -238,7 +247,7 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
         if (a < filled) {
           device_.copy_to_device(device_state(u, a), host_state[a].get(),
                                  static_cast<std::size_t>(unit.shard) * 4, compute_);
-        } else {
+        } else if (!unit.frozen) {
           device_.fill_zero(device_state(u, a), static_cast<std::size_t>(unit.shard) * 4, compute_);
         }
       }
@@ -257,8 +266,10 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
                       static_cast<std::size_t>(full_grads_.bytes()), compute_);
   }
   // Every rank holds its slice; stages 1-2 (and stage 3's persistent unit) need full copies,
-  // published in unit order.
-  if (!published_units_.empty()) {
+  // published in unit order (a frozen unit's too: only after a step it is not).
+  const bool publishes = std::any_of(units_.begin(), units_.end(),
+                                     [](const auto& s) { return s->publish != nullptr; });
+  if (publishes) {
     compute_done_->record(compute_);
     comm_.wait(*compute_done_);
     for (std::size_t ui = 0; ui < units_.size(); ++ui) {
@@ -278,14 +289,18 @@ void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
             schedule_.micro_batch());
   check_state_arrays(out, "copy_state_out()");
   const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
+  // A frozen unit's optimizer state, which it does not hold, is zeros (a checkpoint resumed
+  // with it trained starts its moments there).
+  const std::size_t held = plan_.unit(u).frozen ? 1 : out.size();
+  for (std::size_t a = held; a < out.size(); ++a) std::memset(out[a], 0, bytes);
   if (state_on_host(u)) {
     offload_->synchronize();  // the CPU optimizer may still be writing the state
-    for (std::size_t a = 0; a < out.size(); ++a) {
+    for (std::size_t a = 0; a < held; ++a) {
       std::memcpy(out[a], offload_->state_array(u, static_cast<int>(a)), bytes);
     }
     return;
   }
-  for (std::size_t a = 0; a < out.size(); ++a) {
+  for (std::size_t a = 0; a < held; ++a) {
     device_.copy_to_host(out[a], device_state(u, a), bytes, compute_);
   }
   compute_.synchronize();
@@ -301,6 +316,10 @@ std::vector<std::vector<const float*>> ZeroEngine::host_state() {
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const int unit = static_cast<int>(u);
     for (std::size_t a = 0; a < arrays; ++a) {
+      if (a > 0 && plan_.unit(unit).frozen) {
+        out[u].push_back(frozen_state_zeros());  // a frozen unit holds no optimizer state
+        continue;
+      }
       if (state_on_host(unit)) {
         out[u].push_back(offload_->state_array(unit, static_cast<int>(a)));
         continue;
@@ -328,9 +347,18 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
     at += plan_.unit(static_cast<int>(u)).shard;
     bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
   }
+  // A frozen unit's optimizer state, which it does not hold, is zeros; nothing else writes
+  // those ranges of the host arrays.
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (!plan_.unit(static_cast<int>(u)).frozen) continue;
+    for (std::size_t a = 1; a < arrays; ++a) std::memset(out[a] + offsets[u], 0, bytes[u]);
+  }
+  const auto held = [&](std::size_t u) {
+    return plan_.unit(static_cast<int>(u)).frozen ? std::size_t{1} : arrays;
+  };
   bool on_device = false;
   std::vector<std::size_t> host_units;
-  std::vector<const float*> sources;
+  std::vector<const float*> sources;  // per host unit, `arrays` entries (null: not held)
   for (std::size_t u = 0; u < units_.size(); ++u) {
     if (!state_on_host(static_cast<int>(u))) {
       on_device = true;
@@ -338,7 +366,8 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
     }
     host_units.push_back(u);
     for (std::size_t a = 0; a < arrays; ++a) {
-      sources.push_back(offload_->state_array(static_cast<int>(u), static_cast<int>(a)));
+      sources.push_back(
+          a < held(u) ? offload_->state_array(static_cast<int>(u), static_cast<int>(a)) : nullptr);
     }
   }
   if (!host_units.empty()) {
@@ -351,7 +380,8 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
       for (std::size_t i = 0; i < host_units.size(); ++i) {
         const std::size_t u = host_units[i];
         for (std::size_t a = 0; a < arrays; ++a) {
-          std::memcpy(out[a] + offsets[u], sources[arrays * i + a], bytes[u]);
+          const float* source = sources[arrays * i + a];
+          if (source != nullptr) std::memcpy(out[a] + offsets[u], source, bytes[u]);
         }
       }
     });
@@ -370,7 +400,7 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
   if (before) stream.host_callback(std::move(before));
   for (std::size_t u = 0; u < units_.size(); ++u) {
     if (state_on_host(static_cast<int>(u))) continue;
-    for (std::size_t a = 0; a < arrays; ++a) {
+    for (std::size_t a = 0; a < held(u); ++a) {
       device_.copy_to_host(out[a] + offsets[u], device_state(static_cast<int>(u), a), bytes[u],
                            stream);
     }

@@ -25,8 +25,8 @@ struct ZeroEngine::UnitState {
   GatherStrategy* gather = nullptr;            // stage 3: its gather (null: never gathered)
   GatherStrategy* secondary_gather = nullptr;  // hpZ: from the secondary shards
   GatherStrategy* publish = nullptr;           // after a step (null: not published)
-  GradientCollective* reduce = nullptr;        // its gradient's reduction
-  GradientSink* sink = nullptr;                // where its reduced slice goes
+  GradientCollective* reduce = nullptr;        // its gradient's reduction (null: frozen)
+  GradientSink* sink = nullptr;                // where its reduced slice goes (null: frozen)
   // Recorded once the CPU optimizer's update of the unit is on the device (null: stepped on
   // the device, ordered by the compute stream).
   const Event* params_ready = nullptr;

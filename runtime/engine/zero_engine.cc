@@ -271,8 +271,8 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
   std::vector<OptimizerDeviceSlice> slices;
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
-    if (placement_[ui].stepped_on_host()) continue;
     const Unit& unit = plan_.unit(u);
+    if (placement_[ui].stepped_on_host() || unit.frozen) continue;
     UnitState& s = *units_[ui];
     DevicePtr<std::byte> out = owned_params_of(u);
     for (int p : unit.params) {

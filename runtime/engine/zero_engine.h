@@ -36,6 +36,7 @@
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/comm/shard_group.h"
+#include "runtime/device/host_memory.h"
 #include "runtime/engine/engine_options.h"
 #include "runtime/engine/gather_strategy.h"
 #include "runtime/engine/loss_scaler.h"
@@ -122,7 +123,8 @@ class ZeroEngine final : public ParamAccess {
   const OptimizerSpec& optimizer_spec() const { return optimizer_.spec(); }
   int state_array_count() const { return 1 + optimizer_.spec().num_states(); }
   // Copies this rank's slice of unit u's state into host memory (plan().unit(u).shard floats
-  // per array, padding included). Synchronises.
+  // per array, padding included; zeros for a frozen unit's optimizer state, which it does not
+  // hold: Unit::frozen). Synchronises.
   void copy_state_out(int u, const StateArrays& out);
   // The same copy without stopping training: issues the copies of every unit's slices (unit
   // order, plan().unit(u).shard floats each) into host arrays of plan().total_shard() floats
@@ -141,16 +143,17 @@ class ZeroEngine final : public ParamAccess {
   void wait_state_copy();
   // This rank's state where it lives, when the host can read it in place (the CPU device, or
   // optimizer offload's host state): [u][a] points at plan().unit(u).shard floats of state array
-  // a of unit u (StateArrays order). Empty when the state is in a GPU's memory. Waits for the
-  // last update first; the memory holds this state until the next step(), load_state() or
-  // initialize(). Only at a step boundary. A synchronous checkpoint writes from it, no copy.
+  // a of unit u (StateArrays order; a frozen unit's optimizer state: zeros backed by no memory).
+  // Empty when the state is in a GPU's memory. Waits for the last update first; the memory holds
+  // this state until the next step(), load_state() or initialize(). Only at a step boundary. A
+  // synchronous checkpoint writes from it, no copy.
   std::vector<std::vector<const float*>> host_state();
   // The counters at a settled step boundary: throws while enqueue_step()'s decision is still on
   // the device (settle_step() first).
   EngineCounters counters() const;
   // Replaces the optimizer state: fill(u, arrays) writes this rank's slice of every unit into
   // the state_array_count() host arrays (shard floats each, all zero, to be left zero in the
-  // padding); the compute-dtype
+  // padding; a frozen unit's optimizer state arrays are null: it holds none); the compute-dtype
   // parameters are re-derived from the master weights and gathered where the stage keeps full
   // copies. Collective at stages 1-3; the counters (step count, loss scaler) are restored.
   using StateFiller = std::function<void(int u, const StateArrays& arrays)>;
@@ -266,6 +269,9 @@ class ZeroEngine final : public ParamAccess {
   DevicePtr<std::byte> device_state(int u, std::size_t a) const;
   // The optimizer's name in trace spans: "adam", "lion".
   std::string optimizer_trace_name() const;
+  // Zeros as large as the largest frozen unit's slice, for host_state()'s view of the optimizer
+  // state those units do not hold (mapped on first use, backed by no memory).
+  const float* frozen_state_zeros();
   // initialize() and load_state(): host values for every unit's state, then the params.
   // master_only: `fill` writes the master weights alone (the optimizer state starts at zero),
   // so a device-resident unit's state tensors are zeroed on the device instead of copied up.
@@ -304,8 +310,6 @@ class ZeroEngine final : public ParamAccess {
   void free_grad_bucket(int u);
   // Issues the reduction of unit u's gradient (comm stream); `final`: the step's last one.
   void issue_reduce(int u, bool final);
-  // Zeroes unit u's frozen parameters' gradients (Unit::frozen) on the compute stream.
-  void drop_frozen_gradients(int u);
   void reduce_bucket(int u, bool final);  // stages 2-3
   void reduce_full_gradients(int u);      // stages 0-1
   // The compute stream waits for unit u's reduction.
@@ -365,6 +369,8 @@ class ZeroEngine final : public ParamAccess {
   std::unique_ptr<Event> state_copied_;
   std::unique_ptr<Event> state_updated_;
   std::shared_future<void> host_state_copied_;
+
+  ZeroHostPages frozen_state_zeros_;  // frozen_state_zeros()'s mapping
 
   std::unique_ptr<OptimizerOffload> offload_;  // null without optimizer offload
   std::vector<UnitPlacement> placement_;       // per unit: unit_placements(options, plan)

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -58,6 +59,39 @@ TEST_CASE("resident host pages are mapped, zero and resident when they return") 
     }
   }
   omp_set_num_threads(2);
+}
+
+// This process's anonymous resident memory, from /proc/self/status (kB).
+std::int64_t rss_anon_kb() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("RssAnon:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  FAIL("no RssAnon in /proc/self/status");
+  return 0;
+}
+
+// A frozen unit's optimizer state in a checkpoint's view of the engine (ZeroEngine::host_state):
+// zeros as large as the slice, at no cost in memory.
+TEST_CASE("zero host pages read as zeros and cost no resident memory") {
+  const std::size_t bytes = std::size_t{256} << 20;
+  const std::int64_t before = rss_anon_kb();
+  ZeroHostPages zeros(bytes);
+  REQUIRE(zeros.data() != nullptr);
+  CHECK(zeros.bytes() == bytes);
+  // Every byte read (the kernel maps its one zero page for each).
+  CHECK(all_zero(zeros.data(), bytes));
+  const std::int64_t grown_kb = rss_anon_kb() - before;
+  INFO("RssAnon grew by " << grown_kb << " kB reading " << (bytes >> 10) << " kB");
+  CHECK(grown_kb < static_cast<std::int64_t>(bytes >> 10) / 16);
+  // Moves hand the mapping over; an empty one maps nothing.
+  ZeroHostPages moved(std::move(zeros));
+  CHECK(zeros.data() == nullptr);
+  CHECK(moved.bytes() == bytes);
+  CHECK(ZeroHostPages(0).data() == nullptr);
+  CHECK_THROWS_WITH(ZeroHostPages(std::numeric_limits<std::size_t>::max() / 2),
+                    Catch::Contains("read-only zero mapping of"));
 }
 
 TEST_CASE("a mapping the system cannot give is reported, not thrown") {

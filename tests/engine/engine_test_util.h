@@ -73,7 +73,8 @@ struct TrainSpec {
   // ZeRO++ hpZ (options.hpz_partition_size > 1): the engine gets this rank's group of that many
   // consecutive ranks; with ranks_per_node > 0 the world's node map is set first, so the byte
   // counters split the traffic by node.
-  bool recompute = false;  // TiedMlp's activation checkpointing (Phase::kRecompute)
+  bool recompute = false;   // TiedMlp's activation checkpointing (Phase::kRecompute)
+  std::vector<int> frozen;  // parameters marked ParamSpec::frozen (model.frozen), by index
 };
 
 // Across real hosts (tests/multinode/run_across_hosts.sh sets ZRT_EXPECT_NODES) the engine
@@ -172,10 +173,12 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
     run->quantized = std::make_unique<QuantizedCollectives>(
         *run->device, *sharding, run->intra.get(), run->inter.get(), spec.quantization_block);
   }
-  run->engine = std::make_unique<ZeroEngine>(
-      *run->device, *run->compute, *sharding, run->model.parameters(), run->model.modules(),
-      options, *run->optimizer, make_cpu_optimizer_offload, run->replicas.get(),
-      run->quantized.get(), run->secondary.get());
+  std::vector<ParamSpec> params = run->model.parameters();
+  for (int p : spec.frozen) params.at(static_cast<std::size_t>(p)).frozen = true;
+  run->engine = std::make_unique<ZeroEngine>(*run->device, *run->compute, *sharding, params,
+                                             run->model.modules(), options, *run->optimizer,
+                                             make_cpu_optimizer_offload, run->replicas.get(),
+                                             run->quantized.get(), run->secondary.get());
   run->engine->initialize([](int p, std::int64_t first, std::int64_t count, float* out) {
     for (std::int64_t i = 0; i < count; ++i) out[i] = TiedMlp::init_value(p, first + i);
   });

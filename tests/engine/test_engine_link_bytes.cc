@@ -9,6 +9,8 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+
 #include "runtime/comm/quantized_collectives.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -91,12 +93,15 @@ LinkBytes expected_per_step(Row row, int stage, const PartitionPlan& plan, int m
     // module's unit is kept from one into the other, the tied unit is gathered three times
     // (test_engine_accounting); the persistent unit is resident and gathered after the step,
     // as stages 1-2 gather every unit (never quantized: qwZ is the micro-batch gathers).
+    // A frozen unit (model.frozen) is gathered for its use at stage 3 like any other, but never
+    // after a step (nothing changed it) and never reduced.
     if (stage == 3 && !u.persistent) {
       const int a = u.shared ? 3 : (u.modules == std::vector<int>{modules - 1} ? 1 : 2);
       gather += G * a * (quantizes_weights(row) ? W(s) : s * e_c);
-    } else {
+    } else if (!u.frozen) {
       gather += s * e_c;
     }
+    if (u.frozen) continue;
     const std::int64_t reductions = stage == 1 ? 1 : G;
     if (quantizes_gradients(row)) {
       qgz_intra += reductions * M * W(s);
@@ -135,6 +140,7 @@ TEST_CASE("bytes per step within and across nodes equal docs/multi-node.md's tab
   struct Case {
     Row row;
     int stage;
+    bool frozen = false;  // the tied embedding and fc1's weight frozen (fc1's bias trained)
   };
   std::vector<Case> cases;
   for (int stage = 1; stage <= 3; ++stage) cases.push_back({Row::kPlain, stage});
@@ -142,9 +148,13 @@ TEST_CASE("bytes per step within and across nodes equal docs/multi-node.md's tab
   cases.push_back({Row::kQwz, 3});
   for (int stage = 2; stage <= 3; ++stage) cases.push_back({Row::kQgz, stage});
   cases.push_back({Row::kQwzQgz, 3});
+  for (int stage = 1; stage <= 3; ++stage) cases.push_back({Row::kPlain, stage, true});
+  cases.push_back({Row::kMics, 3, true});
+  cases.push_back({Row::kQwzQgz, 3, true});
   LinkBytes plain3;
   for (const Case& c : cases) {
     TrainSpec spec;
+    if (c.frozen) spec.frozen = {0, 1};
     spec.steps = 3;
     spec.accumulation = kMicroBatches;
     spec.quantization_block = kBlock;
@@ -159,10 +169,19 @@ TEST_CASE("bytes per step within and across nodes equal docs/multi-node.md's tab
       const LinkBytes before = sent_by(*run);
       train_one_step(*run, spec, step);
       const LinkBytes after = sent_by(*run);
-      INFO(row_name(c.row) << " stage " << c.stage << " step " << step + 1 << ": " << N
-                           << " ranks, " << R << " per node");
+      INFO(row_name(c.row) << " stage " << c.stage << (c.frozen ? ", frozen" : "") << " step "
+                           << step + 1 << ": " << N << " ranks, " << R << " per node");
       CHECK(after.intra - before.intra == expected.intra);
       CHECK(after.inter - before.inter == expected.inter);
+    }
+    if (c.frozen) {
+      // The split plan has frozen units, and they cut the bytes: no reduction, no publication.
+      const auto& units = run->engine->plan().units();
+      CHECK(std::count_if(units.begin(), units.end(), [](const Unit& u) { return u.frozen; }) == 2);
+      if (c.row == Row::kPlain && c.stage == 3) {
+        CHECK(expected.intra + expected.inter < plain3.intra + plain3.inter);
+      }
+      continue;
     }
     if (c.row == Row::kPlain && c.stage == 3) plain3 = expected;
     if (c.stage == 3 && c.row != Row::kPlain) {

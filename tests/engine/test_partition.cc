@@ -105,6 +105,69 @@ TEST_CASE("stage 0-2 units: whole modules in backward order, cut near the bucket
   CHECK(plan.unit(4).last_backward_module == 0);
 }
 
+// model.frozen's units: a unit is wholly frozen or wholly trained, so a frozen one can go without
+// optimizer state and reduction (Unit::frozen). wte (tied), h0.w and h1.b frozen.
+TEST_CASE("frozen parameters form units of their own, trained ones stay as they were") {
+  auto frozen_specs = [] {
+    std::vector<ParamSpec> params = specs();
+    for (int p : {0, 2, 5}) params[static_cast<std::size_t>(p)].frozen = true;
+    return params;
+  };
+  const auto units_of = [](const PartitionPlan& plan) {
+    std::vector<std::pair<std::vector<int>, bool>> got;
+    for (const Unit& u : plan.units()) got.emplace_back(u.params, u.frozen);
+    return got;
+  };
+  using Units = std::vector<std::pair<std::vector<int>, bool>>;
+  SECTION("stages 0-2: buckets of each kind in backward order") {
+    PartitionOptions o;
+    o.stage = 2;
+    o.world = 3;
+    o.bucket_elements = 200;
+    o.alignment = 1;
+    o.num_modules = 5;
+    // Trained: ln_f 7 + h2.w 49, cut before h1.w (+147 > 200); h1.w + h0.b 168, cut before wpe.
+    // Frozen: h1.b 7 + h0.w 147 in one bucket; wte alone (tied) as soon as it completes.
+    CHECK(units_of(PartitionPlan(frozen_specs(), o)) ==
+          Units{{{7, 6}, false}, {{0}, true}, {{4, 3}, false}, {{1}, false}, {{5, 2}, true}});
+  }
+  SECTION("stage 3: a module's frozen parameters in a second unit, persistent ones too") {
+    PartitionOptions o;
+    o.stage = 3;
+    o.world = 2;
+    o.persistence_threshold = 10;
+    o.alignment = 4;
+    o.num_modules = 5;
+    const PartitionPlan plan(frozen_specs(), o);
+    CHECK(units_of(plan) == Units{{{0}, true},
+                                  {{1}, false},
+                                  {{3}, false},
+                                  {{2}, true},
+                                  {{4}, false},
+                                  {{6}, false},
+                                  {{7}, false},
+                                  {{5}, true}});
+    CHECK(plan.unit(0).shared);
+    CHECK(plan.unit(6).persistent);
+    CHECK(plan.unit(7).persistent);
+    // Module 1 uses both of its units; the layout's other invariants hold.
+    CHECK(plan.module_units(1) == std::vector<int>{2, 3});
+    CHECK(plan.content_numel() == 350 + 63 + 147 + 21 + 147 + 7 + 49 + 7);
+  }
+  SECTION("nothing frozen: the plan is unit for unit the one without the split") {
+    for (int stage : {0, 2, 3}) {
+      PartitionOptions o;
+      o.stage = stage;
+      o.world = stage == 0 ? 1 : 2;
+      o.bucket_elements = 200;
+      o.persistence_threshold = stage == 3 ? 10 : 0;
+      o.num_modules = 5;
+      const PartitionPlan plan(specs(), o);
+      for (const Unit& u : plan.units()) CHECK_FALSE(u.frozen);
+    }
+  }
+}
+
 TEST_CASE("bad parameter declarations are rejected with the parameter named") {
   PartitionOptions o;
   o.num_modules = 2;

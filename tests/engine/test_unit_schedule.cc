@@ -136,6 +136,47 @@ TEST_CASE("two rotating buckets: a unit's reduction overlaps the next unit's bac
   CHECK_THROWS_WITH(UnitSchedule(plan, 3, bad), Catch::Contains("rotating_buckets must be >= 1"));
 }
 
+// model.frozen splits a module's parameters into a trained and a frozen unit (and at stages
+// 0-2 into buckets whose modules overlap): every unit a module uses has its bucket open through
+// that module's backward, whatever the rotation's count; what rotation frees is finished.
+TEST_CASE("frozen units: a module's trained and frozen buckets are open together") {
+  // m1 has a trained weight and a frozen one; m2's weight is frozen, m0's trained.
+  std::vector<ParamSpec> params = {{"m0.w", {8, 8}, {0}, false},
+                                   {"m1.w", {8, 8}, {1}, false},
+                                   {"m1.v", {8, 8}, {1}, false},
+                                   {"m2.w", {8, 8}, {2}, false}};
+  params[2].frozen = params[3].frozen = true;
+  for (int stage : {2, 3}) {
+    for (int rotating : {1, 2}) {
+      INFO("stage " << stage << ", rotating buckets " << rotating);
+      PartitionOptions po;
+      po.stage = stage;
+      po.bucket_elements = 128;  // frozen m2.w + m1.v in one bucket at stages 0-2
+      po.alignment = 4;
+      po.num_modules = 3;
+      const PartitionPlan plan(params, po);
+      ScheduleOptions o;
+      o.stage = stage;
+      o.stage3_prefetch_bucket_size = 0;
+      o.rotating_buckets = rotating;
+      UnitSchedule s(plan, 3, o);
+      for (int m = 0; m < 3; ++m) {
+        s.acquire(m, Phase::kForward);
+        s.release(m, Phase::kForward);
+      }
+      for (int m = 2; m >= 0; --m) {
+        for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+          // Freed: a unit whose last backward module is done.
+          if (op.kind == K::kFreeBucket) CHECK(plan.unit(op.unit).last_backward_module > m);
+        }
+        for (int u : plan.module_units(m)) CHECK(s.bucket_open(u));
+        s.release(m, Phase::kBackward);
+      }
+      CHECK(s.live_bucket_elements() == 0);
+    }
+  }
+}
+
 TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it later, free it") {
   const auto params = chain();
   PartitionOptions po;

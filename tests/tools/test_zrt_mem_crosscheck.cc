@@ -26,6 +26,7 @@
 #include "tests/tools/mem_crosscheck_util.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
+#include "train/frozen_parameters.h"
 #include "train/trainer.h"
 
 using namespace zrt;
@@ -82,6 +83,8 @@ struct Measured {
   CategoryBytes device{};
   std::int64_t model_state_peak = 0;
   CategoryBytes host{};  // pinned + pageable
+  // The engine's own plan: the slice elements of its trained (not frozen) units, this rank's.
+  std::int64_t trained_shard = 0;
 };
 
 // What zrt-train does for these options, without its data pipeline: the model, the engine,
@@ -119,8 +122,14 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   } else {
     o.hpz_partition_size = 0;
   }
-  ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), o,
-                    *optimizer, make_cpu_optimizer_offload, nullptr, nullptr, hpz.get());
+  // model.frozen / model.trainable, marked as zrt-train marks them.
+  std::vector<ParamSpec> params = model.parameters();
+  ModelConfig patterns;
+  patterns.frozen = in.model->frozen;
+  patterns.trainable = in.model->trainable;
+  train::mark_frozen_parameters(patterns, params);
+  ZeroEngine engine(*device, *compute, *group, params, model.num_modules(), o, *optimizer,
+                    make_cpu_optimizer_offload, nullptr, nullptr, hpz.get());
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model.init_parameter(p, 7, first, count, out);
   });
@@ -164,6 +173,9 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   model.forward(engine, next_batch(99));
   device->synchronize();
   Measured m;
+  for (const Unit& unit : engine.plan().units()) {
+    if (!unit.frozen) m.trained_shard += unit.shard;
+  }
   const MemoryUsage dev = device->tracker().usage(MemorySpace::kDevice);
   m.device = dev.peak;
   m.model_state_peak = dev.model_state_peak;
@@ -287,6 +299,40 @@ TEST_CASE("zrt-mem matches the tracker with the mixtures of experts' MLP tiled, 
   }
 }
 
+// model.frozen: a frozen unit holds no optimizer state and no gradient slice, on the device or
+// in the offload's host memory; the optimizer's bytes are Adam's two moments of the trained
+// units' slices alone (the engine's plan says which), and zrt-mem counts the same.
+TEST_CASE("zrt-mem matches the tracker with frozen parameters: no state for frozen units") {
+  const std::pair<const char*, std::vector<std::string>> cases[] = {
+      {kModels[0], {"transformer.wte.weight", "transformer.h.0.*"}},
+      {kModels[1], {"model.embed_tokens.weight", "model.layers.0.*", "q_proj"}},
+      {kModels[4], {"model.layers.1.mlp.experts.*", "model.embed_tokens.weight"}}};
+  for (const auto& [spec, frozen] : cases) {
+    for (const Setting& setting : table_order()) {
+      Inputs in = tiny_inputs(spec, false);
+      in.model->frozen = frozen;
+      const Estimate e = estimate(in, setting);
+      const Measured m = run_engine(in, setting);
+      INFO(spec << ": " << setting.name() << ", N " << in.world);
+      check_exact(e, m);
+      const std::int64_t optimizer =
+          at(m.device, MemCategory::kOptimizer) + at(m.host, MemCategory::kOptimizer);
+      CHECK(optimizer == 2 * 4 * m.trained_shard);
+      // Less than with nothing frozen, by the estimate too.
+      Inputs all = tiny_inputs(spec, false);
+      const Estimate everything = estimate(all, setting);
+      CHECK(at(e.device_peaks(), MemCategory::kOptimizer) +
+                at(e.host_per_rank, MemCategory::kOptimizer) <
+            at(everything.device_peaks(), MemCategory::kOptimizer) +
+                at(everything.host_per_rank, MemCategory::kOptimizer));
+      if (setting.stage >= 2 && !setting.offload_optimizer) {
+        CHECK(at(e.device_peaks(), MemCategory::kGrads) <
+              at(everything.device_peaks(), MemCategory::kGrads));
+      }
+    }
+  }
+}
+
 TEST_CASE("zrt-mem matches the tracker with partial optimizer offload (ratio, stage 3)") {
   const Setting setting{3, true, false};
   for (const char* spec : kModels) {
@@ -388,7 +434,13 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
             "stage3_prefetch_bucket_size": 60000, "stage3_max_live_parameters": 120000,
             "offload_optimizer": {"device": "cpu"}})"},
         std::pair{"stage3_zeropp", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
-            "zero_quantized_weights": true, "zero_quantized_gradients": true})"}}) {
+            "zero_quantized_weights": true, "zero_quantized_gradients": true})"},
+        // model.frozen (below): frozen units without optimizer state or gradient slices.
+        std::pair{"stage2_frozen", R"({"stage": 2, "reduce_bucket_size": 30000})"},
+        std::pair{"stage3_offload_frozen",
+                  R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+            "offload_optimizer": {"device": "cpu"}})"}}) {
+    const bool frozen = std::string(name).find("frozen") != std::string::npos;
     const std::string out = (dir / name).string();
     const std::string text = std::string(R"({
       "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
@@ -396,7 +448,11 @@ TEST_CASE("zrt-mem --config matches zrt-train's own per-category peaks (metrics.
       "zero_optimization": )") +
                              zero + R"(,
       "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
-      "model": {"preset": "gpt2-tiny", "seq_len": 32, "activation_checkpointing": true},
+      "model": {"preset": "gpt2-tiny", "seq_len": 32, "activation_checkpointing": true)" +
+                             (frozen
+                                  ? R"(, "frozen": ["transformer.wte.weight", "transformer.h.0.*"])"
+                                  : "") +
+                             R"(},
       "data": {"train": ")" + (dir / "m_train_*.bin").string() +
                              R"(",
                "val": ")" + (dir / "m_val_*.bin").string() +

@@ -7,6 +7,7 @@
 // patterns, ZeRO++'s quantized collectives, fp16's loss scale, offload, Lion).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,7 @@
 #include "kernels/kernel_context.h"
 #include "models/model_registry.h"
 #include "optimizers/optimizer_config.h"
+#include "runtime/checkpoint/consolidate.h"
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/data/token_shard.h"
 #include "runtime/engine/zero_engine.h"
@@ -873,6 +875,93 @@ TEST_CASE("a resume that freezes trained parameters leaves them as the checkpoin
     CHECK(s.steps == 6);
     CHECK(checked_steps == 3);        // steps 4, 5 and 6, after the resume
     CHECK(trained_moved == 21 - 10);  // all but block 0's nine tensors and the head
+  }
+}
+
+// A frozen unit holds no optimizer state; its checkpoint holds zeros in its place (the format is
+// unchanged), read from the engine's view (the synchronous save: a read-only zero mapping) or
+// the offload's copy. A resume that trains those parameters again starts their moments there
+// and moves them; the others resume their moments.
+TEST_CASE("a checkpoint holds zeros for frozen units' optimizer state; a resume trains them",
+          "[frozen]") {
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = corpus_dir();
+  const std::string llama = R"("type": "llama", "preset": "llama-tiny", "seq_len": 32)";
+  const std::string frozen = R"(, "frozen": ["model.layers.0.*", "lm_head.weight"])";
+  const auto is_frozen = [](const std::string& name) {
+    return name.rfind("model.layers.0.", 0) == 0 || name == "lm_head.weight";
+  };
+  struct Variant {
+    const char* label;
+    const char* zero;
+    bool async;  // checkpoint.async: the engine's asynchronous copy instead of its view
+  };
+  for (const Variant& v :
+       {Variant{"stage2", R"({"stage": 2})", false},
+        Variant{"stage2-async", R"({"stage": 2})", true},
+        Variant{"stage3-offload", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                                      "offload_optimizer": {"device": "cpu"}})",
+                false},
+        Variant{"stage3-offload-async", R"({"stage": 3, "stage3_param_persistence_threshold": 100,
+                                            "offload_optimizer": {"device": "cpu"}})",
+                true}}) {
+    INFO(v.label);
+    const char* zero = v.zero;
+    const std::string name = std::string("frozen-zeros-") + v.label;
+    if (rank == 0) std::filesystem::remove_all(dir + "/" + name);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const std::string extra = R"("checkpoint": {"save_dir": ")" + dir + "/" + name +
+                              R"(/checkpoints", "save_interval": 3)" +
+                              (v.async ? R"(, "async": true)" : "") + "},";
+    Config first = make_config(dir, name, zero, false, world, extra, llama + frozen);
+    first.train.steps = 3;
+    std::vector<std::vector<float>> saved;
+    train::TrainHooks capture;
+    capture.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult&) {
+      saved.clear();
+      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+        saved.push_back(engine.full_parameter(p));
+      }
+    };
+    REQUIRE(train::run_training(first, this_rank(world), capture).steps == 3);
+    const std::string checkpoint = dir + "/" + name + "/checkpoints/global_step3";
+    const checkpoint::CheckpointIndex index = checkpoint::open_index(checkpoint);
+    REQUIRE(index.optimizer_states == std::vector<std::string>{"exp_avg", "exp_avg_sq"});
+    int frozen_zero = 0, trained_nonzero = 0, frozen_count = 0;
+    for (const std::string& dataset : {std::string("/exp_avg"), std::string("/exp_avg_sq")}) {
+      const auto state = checkpoint::read_full_params(checkpoint, index, dataset);
+      for (std::size_t p = 0; p < index.params.size(); ++p) {
+        const bool all_zero =
+            std::all_of(state[p].begin(), state[p].end(), [](float x) { return x == 0.0f; });
+        if (is_frozen(index.params[p].name)) {
+          ++frozen_count;
+          frozen_zero += all_zero ? 1 : 0;
+        } else {
+          trained_nonzero += all_zero ? 0 : 1;
+        }
+      }
+    }
+    CHECK(frozen_count == 2 * 10);  // block 0's nine tensors and the head, two moments each
+    CHECK(frozen_zero == frozen_count);
+    CHECK(trained_nonzero == 2 * (21 - 10));
+
+    // Everything trained from the checkpoint on: every parameter moves.
+    Config second = make_config(dir, name, zero, false, world, extra, llama);
+    int moved = 0;
+    train::TrainHooks check;
+    check.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
+      if (step != 6) return;
+      for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
+        moved += engine.full_parameter(p) != saved[static_cast<std::size_t>(p)] ? 1 : 0;
+      }
+    };
+    const auto s = train::run_training(second, this_rank(world), check);
+    CHECK(s.resumed_from == 3);
+    CHECK(s.steps == 6);
+    CHECK(moved == 21);
+    for (float loss : s.losses) CHECK(std::isfinite(loss));
   }
 }
 

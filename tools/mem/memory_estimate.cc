@@ -14,6 +14,7 @@
 #include "runtime/engine/unit_placement.h"
 #include "runtime/engine/unit_schedule.h"
 #include "tools/mem/mpi_scratch.h"
+#include "train/frozen_parameters.h"
 
 namespace zrt::mem {
 
@@ -53,16 +54,21 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
 // What the estimate needs to know about the units: exact from a PartitionPlan, or a stand-in
 // from the bucket size when only Ψ is known.
 struct UnitFigures {
-  I64 padded = 0;               // P
-  I64 content = 0;              // Ψ
-  I64 shard_total = 0;          // elements a rank owns (P / N)
-  I64 sharded_slices = 0;       // stage 3: elements of non-persistent slices a rank owns
-  I64 persistent = 0;           // stage 3: elements of the persistent unit (full on every rank)
-  I64 max_unit = 0;             // largest unit, elements
-  I64 max_shard = 0;            // largest slice, elements
-  I64 max_gathered_shard = 0;   // stage 3: largest slice of a non-persistent unit (gathered)
-  I64 host_shard_total = 0;     // optimizer offload: elements of the offloaded units' slices
-  I64 host_max_shard = 0;       // optimizer offload: the largest offloaded slice
+  I64 padded = 0;          // P
+  I64 content = 0;         // Ψ
+  I64 shard_total = 0;     // elements a rank owns (P / N)
+  I64 sharded_slices = 0;  // stage 3: elements of non-persistent slices a rank owns
+  I64 persistent = 0;      // stage 3: elements of the persistent unit (full on every rank)
+  // The largest unit and slice reduced (a frozen unit never is): the reductions' buffers.
+  I64 max_unit = 0;            // elements
+  I64 max_shard = 0;           // elements
+  I64 max_gathered_shard = 0;  // stage 3: largest slice of a non-persistent unit (gathered)
+  I64 host_shard_total = 0;    // optimizer offload: elements of the offloaded units' slices
+  I64 host_max_shard = 0;      // optimizer offload: the largest offloaded trained slice
+  // Frozen units' slices (no optimizer state, no gradient slice): all, and those whose master
+  // weights are in the offload's host memory.
+  I64 frozen_shard_total = 0;
+  I64 host_frozen_shard = 0;
   I64 device_param_slices = 0;  // stage 3: elements of non-persistent slices on the device
   I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
   I64 gathered_peak = 0;        // elements
@@ -72,8 +78,8 @@ struct UnitFigures {
   I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
   std::vector<UnitSize> units;  // every unit
   int groups = 1;               // the engine's shard groups (2 under expert parallelism)
-  // Per shard group: its largest slice, and stage 3's largest slice of a non-persistent unit
-  // (ZeRO++'s collectives over each group size their scratch by them).
+  // Per shard group: its largest slice reduced, and stage 3's largest slice of a non-persistent
+  // unit (ZeRO++'s collectives over each group size their scratch by them).
   std::vector<I64> group_max_shard, group_max_gathered_shard;
   // Under expert parallelism, of the rank's elements: the experts' (group 1) parameters, padded,
   // and their slices.
@@ -128,11 +134,30 @@ I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o,
   return total;
 }
 
+std::vector<ParamSpec> expert_rank_parameters(const ModelSpec& model, const EngineOptions& o);
+
 // The parameters one rank's engine holds: the model's table, or under expert parallelism the
 // table of a rank's model at that degree (its E/ep experts of each layer as group-1 parameters;
 // every rank's shapes are alike). A model without experts cannot split them, as zrt-train
 // refuses it.
 std::vector<ParamSpec> rank_parameters(const ModelSpec& model, const EngineOptions& o) {
+  std::vector<ParamSpec> params = expert_rank_parameters(model, o);
+  // model.frozen / model.trainable, as zrt-train marks them (the same refusals too).
+  if (!model.frozen.empty() || !model.trainable.empty()) {
+    ModelConfig patterns;
+    patterns.frozen = model.frozen;
+    patterns.trainable = model.trainable;
+    const train::FrozenMarks marks = train::mark_frozen_parameters(patterns, params);
+    // Every rank's table has the same names (experts by their fused names): one rank's counts
+    // are every rank's.
+    train::check_frozen_patterns(patterns, marks.matches,
+                                 marks.total_elements - marks.frozen_elements, params,
+                                 model.description);
+  }
+  return params;
+}
+
+std::vector<ParamSpec> expert_rank_parameters(const ModelSpec& model, const EngineOptions& o) {
   const int ep = o.expert_parallel_size;
   if (ep <= 1) return model.params;
   if (!model.def) {
@@ -179,17 +204,19 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.group_max_shard.assign(static_cast<std::size_t>(f.groups), 0);
   f.group_max_gathered_shard.assign(static_cast<std::size_t>(f.groups), 0);
   for (const Unit& u : plan.units()) {
-    f.units.push_back(UnitSize{u.numel, u.shard, u.group});
+    f.units.push_back(UnitSize{u.numel, u.shard, u.group, u.frozen});
     const auto g = static_cast<std::size_t>(u.group);
-    f.group_max_shard[g] = std::max(f.group_max_shard[g], u.shard);
+    if (!u.frozen) f.group_max_shard[g] = std::max(f.group_max_shard[g], u.shard);
     if (!u.persistent)
       f.group_max_gathered_shard[g] = std::max(f.group_max_gathered_shard[g], u.shard);
     if (u.group == 1) {
       f.expert_padded += u.numel;
       f.expert_shard += u.shard;
     }
-    f.max_unit = std::max(f.max_unit, u.numel);
-    f.max_shard = std::max(f.max_shard, u.shard);
+    if (!u.frozen) {
+      f.max_unit = std::max(f.max_unit, u.numel);
+      f.max_shard = std::max(f.max_shard, u.shard);
+    }
     if (u.persistent) {
       f.persistent += u.numel;
     } else {
@@ -205,9 +232,14 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
       f.device_param_slices += unit.shard;
     }
     if (placement[u].grad_slice == Residence::kDevice) f.device_grad_slices += unit.shard;
+    if (unit.frozen) f.frozen_shard_total += unit.shard;
     if (!placement[u].stepped_on_host()) continue;
     f.host_shard_total += unit.shard;
-    f.host_max_shard = std::max(f.host_max_shard, unit.shard);
+    if (unit.frozen) {
+      f.host_frozen_shard += unit.shard;
+    } else {  // the offload stages and steps trained units only
+      f.host_max_shard = std::max(f.host_max_shard, unit.shard);
+    }
   }
   // The modules the model reruns under activation checkpointing (a GPT: its blocks).
   std::vector<bool> recomputed(static_cast<std::size_t>(model.num_modules), false);
@@ -451,7 +483,10 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.grads = f.device_grad_slices * as;
   }
   e.master = device_shard * 4;
-  e.optimizer = device_shard * 4 * in.optimizer.num_states();
+  // A frozen unit keeps its master weights only.
+  const I64 host_frozen = setting.offload_optimizer ? f.host_frozen_shard : 0;
+  const I64 device_frozen = f.frozen_shard_total - host_frozen;
+  e.optimizer = (device_shard - device_frozen) * 4 * in.optimizer.num_states();
   e.gathered_peak = f.gathered_peak * cs;
   e.secondary_peak = f.secondary_peak * cs;
   e.params_buffers_peak = f.params_peak * cs;
@@ -508,8 +543,8 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   if (decided_on_device) at(h, MemCategory::kWorkspace) = 4;  // the norm read back (pinned)
   if (setting.offload_optimizer) {
     at(h, MemCategory::kMaster) = host_shard * 4;
-    at(h, MemCategory::kOptimizer) = host_shard * 4 * in.optimizer.num_states();
-    at(h, MemCategory::kGrads) = host_shard * (reduced_to_host ? cs : as);
+    at(h, MemCategory::kOptimizer) = (host_shard - host_frozen) * 4 * in.optimizer.num_states();
+    at(h, MemCategory::kGrads) = (host_shard - host_frozen) * (reduced_to_host ? cs : as);
     // Staging buffers carrying updated parameters up, one offloaded slice each.
     at(h, MemCategory::kWorkspace) += o.offload_staging_buffers * f.host_max_shard * cs;
     at(h, MemCategory::kWorkspace) += unit_norms_bytes;
@@ -635,6 +670,8 @@ Inputs inputs_from_config(const Config& config) {
   std::shared_ptr<const ModelDef> model = builtin_models().resolve(config.model);
   in.seq_len = model->seq_len();
   in.model = model_spec(std::move(model));
+  in.model->frozen = config.model.frozen;
+  in.model->trainable = config.model.trainable;
   return in;
 }
 

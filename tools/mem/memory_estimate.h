@@ -65,6 +65,9 @@ struct ModelSpec {
   int num_modules = 0;
   std::shared_ptr<const ModelDef> def;  // null: a parameter table alone (no activations)
   std::string description;
+  // model.frozen / model.trainable (train/frozen_parameters.h): the parameters not trained,
+  // whose units hold no optimizer state and no gradient slice.
+  std::vector<std::string> frozen, trainable;
 };
 
 struct Inputs {

@@ -84,6 +84,7 @@ std::int64_t mpi_scratch_bytes(const std::vector<UnitSize>& units, const EngineO
   // qgZ: stages 2-3 reduce through the quantized collectives' all-to-alls (no MPI scratch).
   const bool quantized = o.quantized_gradients && o.stage >= 2;
   for (const UnitSize& u : units) {
+    if (u.frozen) continue;  // never reduced
     GroupScratch& group = groups[static_cast<std::size_t>(u.group)];
     const bool collective = group.shard.size() > 1 || group.replicated;
     if (o.stage == 0 && collective) group.shard.all_reduce_float(u.numel, wire);

@@ -19,6 +19,7 @@ struct UnitSize {
   std::int64_t numel = 0;
   std::int64_t shard = 0;
   int group = 0;
+  bool frozen = false;  // never reduced (Unit::frozen)
 };
 
 // Bytes of MPI scratch (MpiProcessGroup's two slots per group, each grown to its largest
