@@ -44,10 +44,10 @@ struct ParamSpec {
   // engine's table, runtime/comm/shard_group.h): 0, the dense data-parallel group, for every
   // parameter today; an expert's parameters will name the expert-data-parallel group.
   int group = 0;
-  // Not trained (model.frozen / model.trainable): the engine zeroes its gradient before the
-  // reduction, so the gradient norm, the clipping and an fp16 overflow check never see it,
-  // and the optimizer steps it without weight decay on that zero gradient, which leaves the
-  // parameter and its state exactly as they are (Adam: 0 / (0 + eps); Lion: sign(0) = 0).
+  // Not trained (model.frozen / model.trainable): the engine keeps it in units of its own
+  // (runtime/engine/partition.h, Unit::frozen) without optimizer state or gradient slice; its
+  // gradient, where the model writes one, is dropped unread (no reduction, no gradient norm, no
+  // clipping or fp16 overflow check, no step), so it stays exactly as loaded.
   bool frozen = false;
   // An expert's own slice of a tensor the model holds fused at one rank (under expert
   // parallelism, "model.layers.3.mlp.experts.5.gate_up_proj"): that tensor's name

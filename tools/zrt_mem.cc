@@ -346,7 +346,13 @@ int run(int argc, char** argv) {
       model = model->with_seq_len(parse_int("--seq", args["--seq"]));
     }
     in.seq_len = model->seq_len();
+    // The config's model.frozen / model.trainable stay (the model itself may have changed: --seq).
+    const std::optional<mem::ModelSpec> from_config = in.model;
     in.model = mem::model_spec(model);
+    if (from_config) {
+      in.model->frozen = from_config->frozen;
+      in.model->trainable = from_config->trainable;
+    }
   }
   if (args.count("--seq") && args.count("--params")) {
     usage_error("--seq needs a model (--model or --config): activations need its dimensions");

@@ -3,6 +3,8 @@
 // (gather_strategy.h, reduce_strategy.h, step_strategy.h). Like the placement
 // (unit_placement.h), the choice is per unit: with partial offload some units are stepped on
 // the host and the rest on the device, and each unit reduces over its own group.
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "runtime/common/error.h"
@@ -23,18 +25,24 @@ void ZeroEngine::build_offload(const OffloadFactory& offload) {
                                     state_rank(), unit_rank_, placement_});
   const double ratio = options_.offload_optimizer.ratio;
   if (ratio < 1.0 && groups_.front().shard->rank() == 0) {  // the same split on every rank
-    std::int64_t host = 0;
-    int units = 0;
+    // Of the trained units (a frozen unit's master weights are in host memory regardless).
+    std::int64_t host = 0, trained = 0;
+    int units = 0, trained_units = 0;
     for (std::size_t u = 0; u < placement_.size(); ++u) {
+      const Unit& unit = plan_.unit(static_cast<int>(u));
+      if (unit.frozen) continue;
+      trained += unit.shard;
+      ++trained_units;
       if (!placement_[u].stepped_on_host()) continue;
-      host += plan_.unit(static_cast<int>(u)).shard;
+      host += unit.shard;
       ++units;
     }
     spdlog::info(
-        "partial optimizer offload (ratio {}): {} of {} units, {:.1f}% of the state, in "
-        "host memory; the rest steps on the device",
-        ratio, units, placement_.size(),
-        100.0 * static_cast<double>(host) / static_cast<double>(plan_.total_shard()));
+        "partial optimizer offload (ratio {}): {} of {} trained units, {:.1f}% of their state, "
+        "in host memory; the rest steps on the device",
+        ratio, units, trained_units,
+        100.0 * static_cast<double>(host) /
+            static_cast<double>(std::max<std::int64_t>(trained, 1)));
   }
 }
 

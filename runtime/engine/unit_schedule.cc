@@ -176,6 +176,15 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
     }
   }
   ops.insert(ops.end(), reduces.begin(), reduces.end());
+  if (phase == Phase::kBackward && per_micro_batch_grads()) {
+    // A frozen unit's bucket is never reduced: it goes once its last module's backward is done.
+    for (int u : units) {
+      const Unit& unit = plan_.unit(u);
+      if (unit.frozen && unit.last_backward_module == module && bucket_open(u)) {
+        free_bucket(u, ops);
+      }
+    }
+  }
   if (phase == Phase::kBackward && module == 0) {
     ++micro_batch_;
     // Every bucket of this micro-batch has been reduced: free them all.
@@ -247,8 +256,13 @@ void UnitSchedule::open_bucket(int u, int module, std::vector<UnitOp>& ops) {
   // is freed (its last module's backward released: above `module`): where a module's
   // parameters are in several units at once (trained and frozen ones, or two groups' buckets
   // whose modules overlap), the ones still in use stay open beyond the count. A shared or
-  // persistent unit stays open until its last use (module 0's backward at the latest).
-  if (!unit.shared && !unit.persistent) {
+  // persistent unit stays open until its last use (module 0's backward at the latest). A frozen
+  // unit's bucket, never reduced, takes no place in the rotation (it would make a module's
+  // backward wait for the previous module's reduction) and goes after its last module's
+  // backward (release()).
+  if (unit.frozen) {
+    // Neither list.
+  } else if (!unit.shared && !unit.persistent) {
     while (static_cast<int>(rotating_buckets_.size()) >= options_.rotating_buckets) {
       const auto finished =
           std::find_if(rotating_buckets_.begin(), rotating_buckets_.end(),
@@ -285,9 +299,21 @@ std::vector<bool> UnitSchedule::offloaded_units(const PartitionPlan& plan, doubl
   ZRT_CHECK(ratio >= 0.0 && ratio <= 1.0, "offload ratio {} outside [0, 1]", ratio);
   std::vector<bool> offloaded(plan.units().size(), false);
   const std::vector<int> order = forward_order(plan);
-  const double wanted = ratio * static_cast<double>(plan.total_shard());
+  // Frozen units hold only their master weights, which nothing steps or sends up: in host memory
+  // whenever anything is offloaded, and the ratio splits the trained units' slices.
+  std::int64_t trained = 0;
+  for (std::size_t u = 0; u < offloaded.size(); ++u) {
+    const Unit& unit = plan.unit(static_cast<int>(u));
+    if (unit.frozen) {
+      offloaded[u] = ratio > 0.0;
+    } else {
+      trained += unit.shard;
+    }
+  }
+  const double wanted = ratio * static_cast<double>(trained);
   std::int64_t taken = 0;
   for (auto it = order.rbegin(); it != order.rend() && static_cast<double>(taken) < wanted; ++it) {
+    if (plan.unit(*it).frozen) continue;
     offloaded[static_cast<std::size_t>(*it)] = true;
     taken += plan.unit(*it).shard;
   }

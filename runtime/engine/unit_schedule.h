@@ -118,7 +118,9 @@ class UnitSchedule {
   // more than 1 - ratio of the state. The next forward starts on the units the device updated
   // at once while the CPU steps the rest, and in the backward their gradients are the first to
   // go down. Counted in slice elements, which every rank has alike: the split is the same on
-  // every rank. ratio 1: every unit; 0: none.
+  // every rank. ratio 1: every unit; 0: none. Frozen units (Unit::frozen: a master slice, never
+  // stepped) are offloaded whenever the ratio is above 0, and the ratio splits the trained
+  // units' elements.
   static std::vector<bool> offloaded_units(const PartitionPlan& plan, double ratio);
 
  private:

@@ -347,12 +347,16 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
     at += plan_.unit(static_cast<int>(u)).shard;
     bytes.push_back(static_cast<std::size_t>(plan_.unit(static_cast<int>(u)).shard) * 4);
   }
-  // A frozen unit's optimizer state, which it does not hold, is zeros; nothing else writes
-  // those ranges of the host arrays.
+  // A frozen unit's optimizer state, which it does not hold, is zeros, written with the copies
+  // (not on this thread: a frozen embedding's are GBs); nothing else writes those ranges.
+  std::vector<std::pair<float*, std::size_t>> zeros;
   for (std::size_t u = 0; u < units_.size(); ++u) {
     if (!plan_.unit(static_cast<int>(u)).frozen) continue;
-    for (std::size_t a = 1; a < arrays; ++a) std::memset(out[a] + offsets[u], 0, bytes[u]);
+    for (std::size_t a = 1; a < arrays; ++a) zeros.emplace_back(out[a] + offsets[u], bytes[u]);
   }
+  const auto write_zeros = [zeros] {
+    for (const auto& [at, count] : zeros) std::memset(at, 0, count);
+  };
   const auto held = [&](std::size_t u) {
     return plan_.unit(static_cast<int>(u)).frozen ? std::size_t{1} : arrays;
   };
@@ -384,6 +388,7 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
           if (source != nullptr) std::memcpy(out[a] + offsets[u], source, bytes[u]);
         }
       }
+      write_zeros();
     });
     if (!on_device) return;
   }
@@ -405,6 +410,7 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
                            stream);
     }
   }
+  if (host_units.empty() && !zeros.empty()) stream.host_callback(write_zeros);
   state_copied_->record(stream);
 }
 

@@ -383,8 +383,9 @@ class ZeroEngine final : public ParamAccess {
   // The units whose full parameters are published after a step, in the next forward's order
   // (stages 1-2: all; stage 3: the persistent ones; stage 0: none).
   std::vector<int> published_units_;
-  // Whether every unit's state is on the device: the publication then always follows the
-  // compute stream (the device's update, or nothing newer than the last backward).
+  // Whether every trained unit's state is on the device (frozen units are never published after
+  // a step): the publication then always follows the compute stream (the device's update, or
+  // nothing newer than the last backward).
   bool all_units_on_device_ = true;
 };
 

@@ -154,16 +154,25 @@ TEST_CASE("frozen parameters form units of their own, trained ones stay as they 
     CHECK(plan.module_units(1) == std::vector<int>{2, 3});
     CHECK(plan.content_numel() == 350 + 63 + 147 + 21 + 147 + 7 + 49 + 7);
   }
-  SECTION("nothing frozen: the plan is unit for unit the one without the split") {
+  SECTION("everything frozen: the layout of nothing frozen, every unit frozen") {
     for (int stage : {0, 2, 3}) {
       PartitionOptions o;
       o.stage = stage;
       o.world = stage == 0 ? 1 : 2;
       o.bucket_elements = 200;
       o.persistence_threshold = stage == 3 ? 10 : 0;
+      o.alignment = 4;
       o.num_modules = 5;
-      const PartitionPlan plan(specs(), o);
-      for (const Unit& u : plan.units()) CHECK_FALSE(u.frozen);
+      std::vector<ParamSpec> all = specs();
+      for (ParamSpec& p : all) p.frozen = true;
+      const PartitionPlan trained(specs(), o), frozen(all, o);
+      REQUIRE(frozen.units().size() == trained.units().size());
+      for (std::size_t u = 0; u < trained.units().size(); ++u) {
+        CHECK(frozen.units()[u].frozen);
+        CHECK_FALSE(trained.units()[u].frozen);
+        CHECK(frozen.units()[u].params == trained.units()[u].params);
+        CHECK(frozen.units()[u].numel == trained.units()[u].numel);
+      }
     }
   }
 }

@@ -137,44 +137,86 @@ TEST_CASE("two rotating buckets: a unit's reduction overlaps the next unit's bac
 }
 
 // model.frozen splits a module's parameters into a trained and a frozen unit (and at stages
-// 0-2 into buckets whose modules overlap): every unit a module uses has its bucket open through
-// that module's backward, whatever the rotation's count; what rotation frees is finished.
+// 0-2 into buckets whose modules may overlap): every unit a module uses has its bucket open
+// through that module's backward, whatever the rotation's count; what rotation frees is
+// finished; a frozen bucket (never reduced) goes after its last module and takes no place in
+// the rotation, so with two rotating buckets a reduction still has a whole module's backward
+// to run before its bucket is waited for and freed.
 TEST_CASE("frozen units: a module's trained and frozen buckets are open together") {
-  // m1 has a trained weight and a frozen one; m2's weight is frozen, m0's trained.
-  std::vector<ParamSpec> params = {{"m0.w", {8, 8}, {0}, false},
-                                   {"m1.w", {8, 8}, {1}, false},
-                                   {"m1.v", {8, 8}, {1}, false},
-                                   {"m2.w", {8, 8}, {2}, false}};
-  params[2].frozen = params[3].frozen = true;
+  // Four modules, each with a trained weight w and a frozen one v.
+  std::vector<ParamSpec> params;
+  for (int m = 0; m < 4; ++m) {
+    params.push_back({"m" + std::to_string(m) + ".w", {8, 8}, {m}, false});
+    params.push_back({"m" + std::to_string(m) + ".v", {8, 8}, {m}, false});
+    params.back().frozen = true;
+  }
   for (int stage : {2, 3}) {
-    for (int rotating : {1, 2}) {
-      INFO("stage " << stage << ", rotating buckets " << rotating);
-      PartitionOptions po;
-      po.stage = stage;
-      po.bucket_elements = 128;  // frozen m2.w + m1.v in one bucket at stages 0-2
-      po.alignment = 4;
-      po.num_modules = 3;
-      const PartitionPlan plan(params, po);
-      ScheduleOptions o;
-      o.stage = stage;
-      o.stage3_prefetch_bucket_size = 0;
-      o.rotating_buckets = rotating;
-      UnitSchedule s(plan, 3, o);
-      for (int m = 0; m < 3; ++m) {
-        s.acquire(m, Phase::kForward);
-        s.release(m, Phase::kForward);
-      }
-      for (int m = 2; m >= 0; --m) {
-        for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
-          // Freed: a unit whose last backward module is done.
-          if (op.kind == K::kFreeBucket) CHECK(plan.unit(op.unit).last_backward_module > m);
+    // Stages 0-2: buckets of one module (64), or of two (128: they then span modules).
+    for (std::int64_t bucket : {64, 128}) {
+      for (int rotating : {1, 2}) {
+        if (stage == 3 && bucket == 128) continue;
+        INFO("stage " << stage << ", bucket " << bucket << ", rotating buckets " << rotating);
+        PartitionOptions po;
+        po.stage = stage;
+        po.bucket_elements = bucket;
+        po.alignment = 4;
+        po.num_modules = 4;
+        const PartitionPlan plan(params, po);
+        ScheduleOptions o;
+        o.stage = stage;
+        o.stage3_prefetch_bucket_size = 0;
+        o.rotating_buckets = rotating;
+        UnitSchedule s(plan, 4, o);
+        for (int m = 0; m < 4; ++m) {
+          s.acquire(m, Phase::kForward);
+          s.release(m, Phase::kForward);
         }
-        for (int u : plan.module_units(m)) CHECK(s.bucket_open(u));
-        s.release(m, Phase::kBackward);
+        for (int m = 3; m >= 0; --m) {
+          for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+            if (op.kind != K::kFreeBucket) continue;
+            const Unit& unit = plan.unit(op.unit);
+            CHECK_FALSE(unit.frozen);  // freed at its last module's release instead
+            // Finished, and with two buckets rotating, a module's backward ago.
+            CHECK(unit.last_backward_module > m + (rotating == 2 ? 1 : 0));
+          }
+          for (int u : plan.module_units(m)) CHECK(s.bucket_open(u));
+          for (const UnitOp& op : s.release(m, Phase::kBackward)) {
+            if (op.kind == K::kFreeBucket && plan.unit(op.unit).frozen) {
+              CHECK(plan.unit(op.unit).last_backward_module == m);
+            }
+          }
+        }
+        CHECK(s.live_bucket_elements() == 0);
       }
-      CHECK(s.live_bucket_elements() == 0);
     }
   }
+}
+
+// Partial offload (offload_optimizer.ratio) with frozen units: their master slices, never
+// stepped, go to host memory whenever anything does; the ratio splits the trained units.
+TEST_CASE("partial offload: frozen units to host memory, the ratio over the trained units") {
+  // Four modules of 64 elements; m1 frozen. Stage 3, one rank: a unit per module.
+  std::vector<ParamSpec> params = {{"m0.w", {8, 8}, {0}, false},
+                                   {"m1.w", {8, 8}, {1}, false},
+                                   {"m2.w", {8, 8}, {2}, false},
+                                   {"m3.w", {8, 8}, {3}, false}};
+  params[1].frozen = true;
+  const PartitionPlan plan = plan_of(params, 3, 4);
+  const int frozen = plan.module_units(1)[0];
+  REQUIRE(plan.unit(frozen).frozen);
+  const auto on_host = [&](double ratio) {
+    std::vector<int> modules;
+    const std::vector<bool> offloaded = UnitSchedule::offloaded_units(plan, ratio);
+    for (int m = 0; m < 4; ++m) {
+      if (offloaded[static_cast<std::size_t>(plan.module_units(m)[0])]) modules.push_back(m);
+    }
+    return modules;
+  };
+  CHECK(on_host(0.0).empty());
+  // A third of the trained elements: the last module's unit; two thirds: the last two trained.
+  CHECK(on_host(0.3) == std::vector<int>{1, 3});
+  CHECK(on_host(0.5) == std::vector<int>{1, 2, 3});
+  CHECK(on_host(1.0) == std::vector<int>{0, 1, 2, 3});
 }
 
 TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it later, free it") {

@@ -308,18 +308,24 @@ TEST_CASE("zrt-mem matches the tracker with frozen parameters: no state for froz
       {kModels[1], {"model.embed_tokens.weight", "model.layers.0.*", "q_proj"}},
       {kModels[4], {"model.layers.1.mlp.experts.*", "model.embed_tokens.weight"}}};
   for (const auto& [spec, frozen] : cases) {
-    for (const Setting& setting : table_order()) {
+    std::vector<std::pair<Setting, double>> settings;
+    for (const Setting& setting : table_order()) settings.emplace_back(setting, 1.0);
+    // Partial offload: the frozen units' masters in host memory, the ratio over the rest.
+    settings.emplace_back(Setting{3, true, false}, 0.5);
+    for (const auto& [setting, ratio] : settings) {
       Inputs in = tiny_inputs(spec, false);
       in.model->frozen = frozen;
+      in.engine.offload_optimizer.ratio = ratio;
       const Estimate e = estimate(in, setting);
       const Measured m = run_engine(in, setting);
-      INFO(spec << ": " << setting.name() << ", N " << in.world);
+      INFO(spec << ": " << setting.name() << ", ratio " << ratio << ", N " << in.world);
       check_exact(e, m);
       const std::int64_t optimizer =
           at(m.device, MemCategory::kOptimizer) + at(m.host, MemCategory::kOptimizer);
       CHECK(optimizer == 2 * 4 * m.trained_shard);
       // Less than with nothing frozen, by the estimate too.
       Inputs all = tiny_inputs(spec, false);
+      all.engine.offload_optimizer.ratio = ratio;
       const Estimate everything = estimate(all, setting);
       CHECK(at(e.device_peaks(), MemCategory::kOptimizer) +
                 at(e.host_per_rank, MemCategory::kOptimizer) <

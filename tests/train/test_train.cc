@@ -918,14 +918,27 @@ TEST_CASE("a checkpoint holds zeros for frozen units' optimizer state; a resume 
     Config first = make_config(dir, name, zero, false, world, extra, llama + frozen);
     first.train.steps = 3;
     std::vector<std::vector<float>> saved;
+    int frozen_units = 0;
     train::TrainHooks capture;
     capture.after_step = [&](std::int64_t, ZeroEngine& engine, const StepResult&) {
       saved.clear();
       for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
         saved.push_back(engine.full_parameter(p));
       }
+      // The frozen parameters' units hold no optimizer state (so the zeros below are written,
+      // not stepped moments that stayed zero).
+      frozen_units = 0;
+      for (int u = 0; u < static_cast<int>(engine.plan().units().size()); ++u) {
+        const bool frozen = engine.plan().unit(u).frozen;
+        CHECK(engine.placement(u).frozen() == frozen);
+        for (int p : engine.plan().unit(u).params) {
+          CHECK(is_frozen(engine.params()[static_cast<std::size_t>(p)].name) == frozen);
+        }
+        frozen_units += frozen ? 1 : 0;
+      }
     };
     REQUIRE(train::run_training(first, this_rank(world), capture).steps == 3);
+    CHECK(frozen_units >= 1);  // at stage 2 one bucket holds block 0's and the head's
     const std::string checkpoint = dir + "/" + name + "/checkpoints/global_step3";
     const checkpoint::CheckpointIndex index = checkpoint::open_index(checkpoint);
     REQUIRE(index.optimizer_states == std::vector<std::string>{"exp_avg", "exp_avg_sq"});

@@ -160,6 +160,13 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
     out += fmt::format("  Ψ = {} parameters ({} with padding); GB = 10^9 bytes\n",
                        chosen.content_params, chosen.padded_params);
   }
+  if (chosen.frozen_params > 0) {
+    out += fmt::format(
+        "  frozen ({}): {} of them ({:.1f}%), without optimizer state or gradient slices\n",
+        in.model->trainable.empty() ? "model.frozen" : "model.trainable", chosen.frozen_params,
+        100.0 * static_cast<double>(chosen.frozen_params) /
+            static_cast<double>(chosen.content_params));
+  }
   if (in.model && in.model->def &&
       in.model->def->num_active_parameters() != in.model->def->num_parameters()) {
     // A mixture of experts: the engine holds every expert's state; a token computes with fewer.

@@ -69,6 +69,7 @@ struct UnitFigures {
   // weights are in the offload's host memory.
   I64 frozen_shard_total = 0;
   I64 host_frozen_shard = 0;
+  I64 frozen_content = 0;       // the frozen parameters' elements
   I64 device_param_slices = 0;  // stage 3: elements of non-persistent slices on the device
   I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
   I64 gathered_peak = 0;        // elements
@@ -200,6 +201,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.padded = plan.total_numel();
   f.content = plan.content_numel();
   f.shard_total = plan.total_shard();
+  for (const ParamSpec& p : params) f.frozen_content += p.frozen ? p.numel() : 0;
   f.groups = plan.group_count();
   f.group_max_shard.assign(static_cast<std::size_t>(f.groups), 0);
   f.group_max_gathered_shard.assign(static_cast<std::size_t>(f.groups), 0);
@@ -457,6 +459,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.exact = in.model.has_value();
   e.padded_params = f.padded;
   e.content_params = f.content;
+  e.frozen_params = f.frozen_content;
   e.expert_padded_params = f.expert_padded;
   e.expert_shard_params = f.expert_shard;
   e.ranks_per_node = in.ranks_per_node();

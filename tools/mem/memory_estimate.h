@@ -130,6 +130,9 @@ struct Estimate {
   Setting setting;
   std::int64_t padded_params = 0;   // P: all units with padding (Ψ without a model)
   std::int64_t content_params = 0;  // Ψ
+  // model.frozen / model.trainable: the rank's frozen parameters (elements, no padding), which
+  // hold no optimizer state and no gradient slice.
+  std::int64_t frozen_params = 0;
   // Per rank, device, steady: params (full / slices / persistent), grads (full / slices),
   // master, optimizer. Their sum is the ZeRO paper's model state.
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
