@@ -125,8 +125,9 @@ void grouped_linear_forward(KernelContext& ctx, DType dtype, Bytes out, ConstByt
                             ConstBytes weight, const std::vector<std::int32_t>& offsets, int E,
                             int IC, int OC, std::int64_t weight_stride = 0);
 // dinp[rows of e] += dout[rows of e] @ weight[e] (= with kOverwrite; dinp may be null);
-// dweight (E,OC,IC) of grad_dtype += dout[rows of e]^T @ inp[rows of e]. An expert without rows
-// is skipped: its dweight keeps its value.
+// dweight (E,OC,IC) of grad_dtype += dout[rows of e]^T @ inp[rows of e] (dweight may be null: a
+// frozen weight, its GEMMs skipped). An expert without rows is skipped: its dweight keeps its
+// value.
 void grouped_linear_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
                              Bytes dweight, ConstBytes dout, ConstBytes inp, ConstBytes weight,
                              const std::vector<std::int32_t>& offsets, int E, int IC, int OC,

@@ -94,7 +94,8 @@ void gelu_backward(KernelContext& ctx, DType dtype, Bytes dinp, ConstBytes inp, 
 void matmul_gelu_forward(KernelContext& ctx, DType dtype, Bytes out, Bytes pre, ConstBytes inp,
                          ConstBytes weight, ConstBytes bias, int N, int C, int OC);
 // For act = gelu(pre) (N,C) feeding matmul(act, weight (C,OC), bias): dpre = gelu'(pre) *
-// (dout @ weight^T), OVERWRITTEN; dweight and dbias accumulate as matmul_backward's. `scratch`
+// (dout @ weight^T), OVERWRITTEN; dweight and dbias accumulate as matmul_backward's (a null
+// dweight skips its GEMM: a frozen weight). `scratch`
 // (N,C) takes dout @ weight^T where the two are not fused: matmul_backward into scratch
 // (kOverwrite), then gelu_backward into dpre from zero.
 void matmul_dgelu_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dpre,

@@ -46,8 +46,9 @@ void grouped_linear_backward(S* dinp, G* dweight, const S* dout, const S* inp, c
   for (int e = 0; e < E; ++e) {
     const int rows = offsets[e + 1] - offsets[e];
     if (rows == 0) continue;
-    linear_backward<S, G>(dinp ? dinp + I64{offsets[e]} * IC : nullptr, dweight + e * stride,
-                          nullptr, dout + I64{offsets[e]} * OC, inp + I64{offsets[e]} * IC,
+    linear_backward<S, G>(dinp ? dinp + I64{offsets[e]} * IC : nullptr,
+                          dweight ? dweight + e * stride : nullptr, nullptr,
+                          dout + I64{offsets[e]} * OC, inp + I64{offsets[e]} * IC,
                           weight + e * stride, rows, IC, OC, ws, dinp_write);
   }
 }

@@ -48,9 +48,12 @@ void grouped_linear_backward(const Launch& l, DType dtype, DType grad_dtype, voi
       gemm(l, false, false, rows, IC, OC, 1.0f, dout_e, type, OC, weight_e, type, IC, dinp_beta,
            at(dinp, I64{offsets[e]} * IC, dtype), type, IC);
     }
-    // dweight (OC, IC) += dout^T (OC, rows) @ inp (rows, IC).
-    gemm(l, true, false, OC, IC, rows, 1.0f, dout_e, type, OC, at(inp, I64{offsets[e]} * IC, dtype),
-         type, IC, 1.0f, at(dweight, e * stride, grad_dtype), grad_type, IC);
+    // dweight (OC, IC) += dout^T (OC, rows) @ inp (rows, IC); none for a frozen weight.
+    if (dweight != nullptr) {
+      gemm(l, true, false, OC, IC, rows, 1.0f, dout_e, type, OC,
+           at(inp, I64{offsets[e]} * IC, dtype), type, IC, 1.0f,
+           at(dweight, e * stride, grad_dtype), grad_type, IC);
+    }
   }
 }
 

@@ -241,7 +241,7 @@ void Gpt::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const Bytes dres = this->dres();
   const k::GradWrite once = k::GradWrite::kOverwrite;
   // dfch = gelu'(fch) * (dres @ W_fcproj^T), overwritten; dfch_gelu is the unfused path's scratch.
-  k::matmul_dgelu_backward(ctx, dt, gt, d.dfch, d.dfch_gelu, G(kFcProjW), G(kFcProjB), dres,
+  k::matmul_dgelu_backward(ctx, dt, gt, d.dfch, d.dfch_gelu, GW(kFcProjW), G(kFcProjB), dres,
                            x.fch_gelu, P(kFcProjW), x.fch, N, 4 * C, C);
   k::matmul_backward(ctx, dt, gt, d.dln2, GW(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C,
                      once);

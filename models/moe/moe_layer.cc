@@ -189,7 +189,9 @@ void MoeLayer::swiglu_experts_backward(kernels::KernelContext& ctx, DType dt, DT
   const I64 stride = p.gate_up_stride > 0 ? p.gate_up_stride : 2 * I64{s.I} * s.C;
   const I64 rows = offsets.back();
   const Bytes up_weight = p.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(dt));
-  const Bytes up_grad = g.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(gt));
+  // (Null gradients: frozen experts, their weight-gradient GEMMs skipped.)
+  const Bytes up_grad =
+      g.gate_up ? g.gate_up + I64{s.I} * s.C * static_cast<I64>(dtype_size(gt)) : Bytes();
   k::grouped_linear_backward(ctx, dt, gt, scratch.dh, g.down, dy, h, p.down, offsets, experts, s.I,
                              s.C, k::GradWrite::kOverwrite, p.down_stride);
   k::swiglu_backward(ctx, dt, scratch.dgate, scratch.dup, scratch.dh, gate, up, rows * s.I);

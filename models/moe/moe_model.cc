@@ -591,19 +591,25 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
     if (index < 0) return Bytes();
     return grads ? a.grad(index) : a.param(index);
   };
-  // The router's and the shared expert's linears skip a frozen weight's gradient (null:
-  // trained_grad); the experts' grouped GEMMs always write theirs.
+  // A frozen weight's gradient is null (trained_grad), so its GEMM is skipped: the router's and
+  // the shared expert's linears, and the experts' grouped GEMMs (a fused expert tensor is frozen
+  // as a whole: model.frozen matches the fused name, so all local experts of a kind together).
   auto linear = [&](int slot) {
     return grads ? trained_grad(a, block_param(layer, slot)) : get(slot);
   };
   MoeParams p;
   p.router = linear(kRouter);
-  p.gate_up = get(kGateUp);
-  p.down = get(kDown);
+  p.gate_up = linear(kGateUp);
+  p.down = linear(kDown);
   if (experts_.ep_size > 1) {
-    const DType dt = grads ? pass().grad_dtype : pass().dtype;
-    p.gate_up_stride = local_expert_stride(a, block_param(layer, kGateUp), grads, dt);
-    p.down_stride = local_expert_stride(a, block_param(layer, kDown), grads, dt);
+    // Null gradients step with the parameters' stride (elements: the same layout).
+    const auto stride = [&](int slot, Bytes at) {
+      const bool of_grads = grads && static_cast<bool>(at);
+      return local_expert_stride(a, block_param(layer, slot), of_grads,
+                                 of_grads ? pass().grad_dtype : pass().dtype);
+    };
+    p.gate_up_stride = stride(kGateUp, p.gate_up);
+    p.down_stride = stride(kDown, p.down);
   }
   p.shared_gate_proj = linear(kSharedGateProj);
   p.shared_up_proj = linear(kSharedUpProj);

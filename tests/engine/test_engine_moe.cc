@@ -84,6 +84,29 @@ TEST_CASE("the tiny Qwen3-MoE trains to the single-process parameters at every s
       8));
 }
 
+// model.frozen on a mixture: layer 0's experts' down projections (fused at one rank, one tensor
+// per local expert under expert parallelism: all frozen together) and layer 1's router. Their
+// weight-gradient GEMMs are skipped (the grouped ones per expert, with the stride of the
+// parameters); they come back bit for bit and the rest matches the reference that never
+// touches them, at every stage and expert-parallel layout.
+TEST_CASE("the tiny Qwen3-MoE with frozen experts and router trains only the others",
+          "[moe][frozen]") {
+  test::ParityCase pc = moe_case(
+      "qwen3_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+      "num_key_value_heads=2,head_dim=8,vocab_size=256,max_position_embeddings=32,"
+      "num_experts=8,num_experts_per_tok=3,moe_intermediate_size=12,norm_topk_prob=true",
+      8);
+  pc.steps = 4;
+  pc.frozen = [](const std::string& name) {
+    const std::string experts = "model.layers.0.mlp.experts.";
+    const std::string down = "down_proj";
+    return (name.rfind(experts, 0) == 0 && name.size() > down.size() &&
+            name.compare(name.size() - down.size(), down.size(), down) == 0) ||
+           name == "model.layers.1.mlp.gate.weight";
+  };
+  test::check_engine_parity(pc);
+}
+
 // Never a hang, whatever the routing (docs/reliability.md): a zero router gives every token the
 // same probabilities, and top-1 among equal ones is the lowest expert, so in the first step
 // every token of every rank goes to expert 0, all the rows of the group to rank 0 (at

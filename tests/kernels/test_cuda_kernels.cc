@@ -789,6 +789,37 @@ TEST_CASE(
               cpu_mlp<bf16, bf16>, gpu_mlp);
 }
 
+// GPT-2's frozen mlp.c_proj (model.frozen): a null dweight skips its GEMM; dpre (fused or not)
+// and dbias are the same bits as with it.
+TEST_CASE("CUDA matmul_dgelu_backward with a null weight gradient skips it", "[cuda][frozen]") {
+  for (int H : {128, 100}) {  // cuBLASLt's DGELU epilogue, and the unfused path
+    for (const auto& [dt, gt] : {std::pair{DType::kFloat32, DType::kFloat32},
+                                 std::pair{DType::kBFloat16, DType::kFloat32}}) {
+      INFO("H " << H << ", " << dtype_name(dt) << " grads " << dtype_name(gt));
+      const MlpIn in(64, 96, H, 80);
+      Gpu g;
+      Buffer act = g.upload(normal_values(kSeed, 47, in.N * in.H), dt),
+             pre = g.upload(normal_values(kSeed, 48, in.N * in.H), dt), w2 = g.upload(in.w2, dt),
+             dout = g.upload(in.dout, dt);
+      auto run = [&](bool with_dweight) {
+        Buffer dpre = g.zeros(in.N * in.H, dt), scratch = g.zeros(in.N * in.H, dt),
+               dw2 = g.zeros(in.H * in.OC, gt), db2 = g.zeros(in.OC, gt);
+        matmul_dgelu_backward(*g.ctx, dt, gt, dev(dpre), dev(scratch),
+                              with_dweight ? dev(dw2) : Bytes(), dev(db2), dev(dout), dev(act),
+                              dev(w2), dev(pre), in.N, in.H, in.OC);
+        return std::tuple{g.download(dpre, in.N * in.H, dt), g.download(dw2, in.H * in.OC, gt),
+                          g.download(db2, in.OC, gt)};
+      };
+      const auto [dpre_full, dw_full, db_full] = run(true);
+      const auto [dpre_null, dw_null, db_null] = run(false);
+      CHECK(dpre_null == dpre_full);
+      CHECK(db_null == db_full);
+      CHECK(dw_null == Vec(static_cast<std::size_t>(in.H) * in.OC, 0.0));
+      CHECK(dw_full != dw_null);
+    }
+  }
+}
+
 TEST_CASE("CUDA gelu and residual match their CPU twins", "[cuda]") {
   check_layer(ElementwiseIn{}, cpu_elementwise<float, float>, cpu_elementwise<bf16, float>,
               cpu_elementwise<bf16, bf16>, gpu_elementwise);

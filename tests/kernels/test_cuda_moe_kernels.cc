@@ -186,6 +186,18 @@ TEST_CASE("grouped linear: CUDA twin matches the CPU twin, empty experts skipped
                             OC, GradWrite::kAccumulate, stride);
     return Outputs{{{"out", R * OC}, {"dx", R * IC}, {"dw", E * 2 * OC * IC}}, {}};
   });
+  // Frozen experts (model.frozen): a null dweight skips the weight GEMMs; dinp as before.
+  parity("grouped_linear frozen", [&](MoeBackend& be, DType dt, DType gt) {
+    const Bytes x = be.put("x", normal_values(kSeed, 30, R * IC), dt);
+    const Bytes w = be.put("w", normal_values(kSeed, 31, E * OC * IC, 0.1), dt);
+    const Bytes dout = be.put("dout", normal_values(kSeed, 32, R * OC), dt);
+    const Bytes dx = be.put("dx", normal_values(kSeed, 33, R * IC, 0.1), dt);  // accumulates
+    const Bytes dx_over = be.put("dx_over", Vec(R * IC, 7.0), dt);
+    grouped_linear_backward(*be.ctx, dt, gt, dx, Bytes(), dout, x, w, offsets, E, IC, OC);
+    grouped_linear_backward(*be.ctx, dt, gt, dx_over, Bytes(), dout, x, w, offsets, E, IC, OC,
+                            GradWrite::kOverwrite);
+    return Outputs{{{"dx", R * IC}, {"dx_over", R * IC}}, {}};
+  });
 }
 
 TEST_CASE("shared expert gate and loss terms: CUDA twin matches the CPU twin", "[cuda][moe]") {

@@ -17,6 +17,7 @@
 #include "kernels/cpu/documents.h"
 #include "kernels/cpu/encoder.h"
 #include "kernels/cpu/gelu.h"
+#include "kernels/cpu/grouped_linear.h"
 #include "kernels/cpu/layernorm.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/matmul.h"
@@ -354,6 +355,17 @@ TEST_CASE("a null weight gradient skips its GEMM and leaves dinp and dbias as th
   logits_backward<double, double>(dx_null.data(), nullptr, R.data(), x.data(), wte.data(), kN, kC,
                                   kV, nullptr);
   CHECK(dx_null == dx_full);
+  // A mixture's frozen experts: the grouped GEMMs' dinp alone (two experts, one without rows).
+  const std::vector<std::int32_t> offsets = {0, 5, 5, kN};
+  const Vec ew = normal_values(kSeed, 67, 3 * kC * kC, 0.1);
+  const Vec edout = normal_values(kSeed, 68, kN * kC);
+  Vec edx_full(x.size(), 0.0), edx_null(x.size(), 0.0), edw(ew.size(), 0.0);
+  grouped_linear_backward<double, double>(edx_full.data(), edw.data(), edout.data(), x.data(),
+                                          ew.data(), offsets.data(), 3, kC, kC, nullptr);
+  grouped_linear_backward<double, double>(edx_null.data(), nullptr, edout.data(), x.data(),
+                                          ew.data(), offsets.data(), 3, kC, kC, nullptr);
+  CHECK(edx_null == edx_full);
+  CHECK(edw != Vec(ew.size(), 0.0));
 }
 
 TEST_CASE("parameter and input gradients accumulate", "[fd]") {

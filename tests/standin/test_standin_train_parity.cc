@@ -145,9 +145,10 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
        R"(, "n_layer": 4, "activation_checkpointing": true, "tiling": {"head_rows": 24}},
           "activation_checkpointing": {"cpu_checkpointing": true)"},
       // Frozen parameters: their weight-gradient GEMMs skipped on cuBLAS (a null dweight), the
-      // tied head's too, the tiled SwiGLU MLP's; their gradients zeroed before the reduction.
+      // tied head's too, GPT-2's MLP output (beside cuBLASLt's DGELU), the tiled SwiGLU MLP's;
+      // their units never reduced nor stepped.
       {"stage2_frozen", R"({"stage": 2})", 2, false,
-       R"(, "frozen": ["transformer.wte.weight", "c_attn"])"},
+       R"(, "frozen": ["transformer.wte.weight", "c_attn", "transformer.h.0.mlp.c_proj.weight"])"},
       {"stage3_offload_frozen_llama_tiled",
        R"({"stage": 3, "stage3_param_persistence_threshold": 100,
            "offload_optimizer": {"device": "cpu"}})",
@@ -175,10 +176,11 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "head_dim": 8, "vocab_size": 256, "max_position_embeddings": 32, "num_experts": 8,
             "num_experts_per_tok": 3, "moe_intermediate_size": 12, "router_aux_loss_coef": 0.02)"});
-    // The same with the routers and the query projections frozen: their weight-gradient GEMMs
-    // skipped on cuBLAS, the experts' grouped GEMMs still writing theirs.
+    // The same with the routers, the query projections and the experts' down projections frozen:
+    // their weight-gradient GEMMs skipped on cuBLAS (the grouped ones per local expert), the
+    // experts' gate_up still writing theirs.
     cases.push_back({"stage3_ep_frozen", cases.back().zero, 2, false,
-                     R"(, "frozen": ["gate", "q_proj"])" + cases.back().model_extra,
+                     R"(, "frozen": ["gate", "q_proj", "down_proj"])" + cases.back().model_extra,
                      cases.back().model});
     // At stage 0, ep 2: every unit whole, the experts' gradients all-reduced over their
     // expert-data-parallel group (2 ranks at np4) and scaled by 1 / ep, the norm summed over the

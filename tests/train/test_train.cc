@@ -711,14 +711,17 @@ TEST_CASE("model.frozen: its parameters stay as initialised, bit for bit, on eve
                 name.find(".q_proj.") != std::string::npos;
        },
        1 + 9 + 1},
-      // GPT-2's tied head (the embedding, frozen: logits_backward without its weight gradient)
-      // and every layer's fused attention projection, weight and bias.
+      // GPT-2's tied head (the embedding, frozen: logits_backward without its weight gradient),
+      // every layer's fused attention projection, weight and bias, and layer 1's MLP output
+      // weight (matmul_dgelu_backward without its weight gradient).
       {"gpt2",
-       R"("preset": "gpt2-tiny", "seq_len": 32, "frozen": ["transformer.wte.weight", "c_attn"])",
+       R"("preset": "gpt2-tiny", "seq_len": 32,
+          "frozen": ["transformer.wte.weight", "c_attn", "transformer.h.1.mlp.c_proj.weight"])",
        [](const std::string& name) {
-         return name == "transformer.wte.weight" || name.find(".c_attn.") != std::string::npos;
+         return name == "transformer.wte.weight" || name.find(".c_attn.") != std::string::npos ||
+                name == "transformer.h.1.mlp.c_proj.weight";
        },
-       1 + 2 * 2}};
+       1 + 2 * 2 + 1}};
   struct Variant {
     const char* name;
     const char* zero;
