@@ -58,7 +58,7 @@ void encoder_forward(KernelContext& ctx, DType dtype, Bytes out, ConstTokens tok
                      ConstBytes wpe, int B, int T, int C, int V, ConstTokens positions = {},
                      int position_rows = 0);
 // dwte (V,C) += per-token sums of dout; dwpe (P,C) += per-position sums (over b without
-// positions).
+// positions). Either may be null (no position embedding; a frozen table: not computed).
 void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dwte, Bytes dwpe,
                       ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
                       ConstTokens positions = {}, int position_rows = 0);

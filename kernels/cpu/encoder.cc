@@ -99,7 +99,7 @@ void encoder_backward(G* dwte, G* dwpe, const S* dout, const std::int32_t* token
   using A = acc_t<S>;
   const std::int64_t rows = static_cast<std::int64_t>(B) * T;
   check_tokens(tokens, rows, V);
-  add_row_sums<A>(dwte, dout, tokens, rows, V, C);
+  if (dwte != nullptr) add_row_sums<A>(dwte, dout, tokens, rows, V, C);  // null: frozen
   if (dwpe == nullptr) return;
   if (positions != nullptr) {  // packed documents: a position's rows, wherever they are
     const int P = position_rows > 0 ? position_rows : T;

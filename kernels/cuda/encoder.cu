@@ -107,8 +107,10 @@ void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte
   const unsigned link_blocks = static_cast<unsigned>((rows + kThreads - 1) / kThreads);
   int* next = static_cast<int*>(l.ws);
   int* first = next + rows;
-  token_links_kernel<<<link_blocks, kThreads, 0, l.stream>>>(tokens, rows, next, first);
-  ZRT_CUDA_LAUNCH_CHECK();
+  if (dwte != nullptr) {  // null: a frozen token embedding
+    token_links_kernel<<<link_blocks, kThreads, 0, l.stream>>>(tokens, rows, next, first);
+    ZRT_CUDA_LAUNCH_CHECK();
+  }
   // Packed documents: the rows of each position linked in (b,t) order, as the tokens'.
   const bool by_position = positions != nullptr && dwpe != nullptr;
   int* pos_next = first + rows;
@@ -121,10 +123,12 @@ void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
     using S = typename decltype(s)::type;
     using G = typename decltype(g)::type;
-    wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
-        static_cast<G*>(dwte), static_cast<const S*>(dout), tokens, next, first, C);
-    ZRT_CUDA_LAUNCH_CHECK();
-    if (dwpe == nullptr) return;  // no position embedding (Llama)
+    if (dwte != nullptr) {
+      wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
+          static_cast<G*>(dwte), static_cast<const S*>(dout), tokens, next, first, C);
+      ZRT_CUDA_LAUNCH_CHECK();
+    }
+    if (dwpe == nullptr) return;  // no position embedding (Llama), or a frozen one
     if (by_position) {
       wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
           static_cast<G*>(dwpe), static_cast<const S*>(dout), positions, pos_next, pos_first, C);

@@ -122,9 +122,12 @@ void TransformerModel::embedding_forward(ParamAccess& a, const TokenBatch& batch
 
 void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batch) {
   const bool positional = spec_.position_embedding >= 0;
-  k::encoder_backward(ctx_, pass_.dtype, pass_.grad_dtype, a.grad(spec_.token_embedding),
-                      positional ? a.grad(spec_.position_embedding) : Bytes(), acts_.dres,
-                      batch.inputs, pass_.B, pass_.T, spec_.hidden_size, spec_.vocab_size,
+  // A frozen table's sums are not computed (trained_grad: null); with both frozen, nothing is.
+  const Bytes dwte = trained_grad(a, spec_.token_embedding);
+  const Bytes dwpe = trained_grad(a, spec_.position_embedding);
+  if (!dwte && !dwpe) return;
+  k::encoder_backward(ctx_, pass_.dtype, pass_.grad_dtype, dwte, dwpe, acts_.dres, batch.inputs,
+                      pass_.B, pass_.T, spec_.hidden_size, spec_.vocab_size,
                       positional ? pass_.positions : DevicePtr<const std::int32_t>(),
                       spec_.seq_len);
 }

@@ -789,6 +789,37 @@ TEST_CASE(
               cpu_mlp<bf16, bf16>, gpu_mlp);
 }
 
+// Frozen embedding tables (model.frozen): a null dwte skips the token sums, dwpe as with it
+// (positions t, and packed documents' positions).
+TEST_CASE("CUDA encoder_backward with a frozen token table computes the positions' alone",
+          "[cuda][frozen]") {
+  for (bool packed : {false, true}) {
+    INFO((packed ? "packed positions" : "positions t"));
+    EncoderIn in;
+    if (packed) {
+      for (int b = 0; b < kB; ++b) {
+        for (int t = 0; t < kT; ++t) in.positions.push_back(t % 5);
+      }
+    }
+    Gpu g;
+    Buffer dout = g.upload(in.dout, DType::kFloat32), tok = g.tokens(in.tokens);
+    Buffer pos = g.tokens(in.positions.empty() ? std::vector<std::int32_t>{0} : in.positions);
+    const ConstTokens positions = in.positions.empty() ? ConstTokens{} : tdev(pos);
+    auto run = [&](bool with_dwte) {
+      Buffer dwte = g.zeros(in.wte.size(), DType::kFloat32),
+             dwpe = g.zeros(in.wpe.size(), DType::kFloat32);
+      encoder_backward(*g.ctx, DType::kFloat32, DType::kFloat32, with_dwte ? dev(dwte) : Bytes(),
+                       dev(dwpe), dev(dout), tdev(tok), kB, kT, kC, kV, positions);
+      return std::pair{g.download(dwte, in.wte.size(), DType::kFloat32),
+                       g.download(dwpe, in.wpe.size(), DType::kFloat32)};
+    };
+    const auto full = run(true), frozen = run(false);
+    CHECK(frozen.second == full.second);
+    CHECK(frozen.first == Vec(in.wte.size(), 0.0));
+    CHECK(full.first != frozen.first);
+  }
+}
+
 // GPT-2's frozen mlp.c_proj (model.frozen): a null dweight skips its GEMM; dpre (fused or not)
 // and dbias are the same bits as with it.
 TEST_CASE("CUDA matmul_dgelu_backward with a null weight gradient skips it", "[cuda][frozen]") {

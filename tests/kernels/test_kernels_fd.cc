@@ -366,6 +366,16 @@ TEST_CASE("a null weight gradient skips its GEMM and leaves dinp and dbias as th
                                           ew.data(), offsets.data(), 3, kC, kC, nullptr);
   CHECK(edx_null == edx_full);
   CHECK(edw != Vec(ew.size(), 0.0));
+  // A frozen token table: the positions' sums alone.
+  const std::vector<std::int32_t> tokens = test::token_values(kSeed, 69, kB * kT, kV);
+  const Vec dout = normal_values(kSeed, 70, kB * kT * kC);
+  Vec etok(kV * kC, 0.0), dwpe_full(kT * kC, 0.0), dwpe_null(kT * kC, 0.0);
+  encoder_backward<double, double>(etok.data(), dwpe_full.data(), dout.data(), tokens.data(), kB,
+                                   kT, kC, kV, nullptr, 0);
+  encoder_backward<double, double>(nullptr, dwpe_null.data(), dout.data(), tokens.data(), kB, kT,
+                                   kC, kV, nullptr, 0);
+  CHECK(dwpe_null == dwpe_full);
+  CHECK(etok != Vec(etok.size(), 0.0));
 }
 
 TEST_CASE("parameter and input gradients accumulate", "[fd]") {
