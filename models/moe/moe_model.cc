@@ -602,6 +602,19 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
   p.gate_up = linear(kGateUp);
   p.down = linear(kDown);
   if (experts_.ep_size > 1) {
+    // One gradient pointer steps through the local experts of a kind: they are trained or
+    // frozen together (model.frozen matches the fused name; a hand-set ParamSpec::frozen must
+    // do the same).
+    for (int slot : {kGateUp, kDown}) {
+      const int first = block_param(layer, slot);
+      for (int e = 1; e < experts_.local(); ++e) {
+        ZRT_CHECK(a.trains(first + e) == a.trains(first),
+                  "'{}' and '{}' are not both trained or both frozen: a layer's local experts of "
+                  "one kind are frozen together",
+                  params_[static_cast<std::size_t>(first)].name,
+                  params_[static_cast<std::size_t>(first + e)].name);
+      }
+    }
     // Null gradients step with the parameters' stride (elements: the same layout).
     const auto stride = [&](int slot, Bytes at) {
       const bool of_grads = grads && static_cast<bool>(at);

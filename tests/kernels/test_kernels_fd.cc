@@ -355,7 +355,7 @@ TEST_CASE("a null weight gradient skips its GEMM and leaves dinp and dbias as th
   logits_backward<double, double>(dx_null.data(), nullptr, R.data(), x.data(), wte.data(), kN, kC,
                                   kV, nullptr);
   CHECK(dx_null == dx_full);
-  // A mixture's frozen experts: the grouped GEMMs' dinp alone (two experts, one without rows).
+  // A mixture's frozen experts: the grouped GEMMs' dinp alone (three experts, one without rows).
   const std::vector<std::int32_t> offsets = {0, 5, 5, kN};
   const Vec ew = normal_values(kSeed, 67, 3 * kC * kC, 0.1);
   const Vec edout = normal_values(kSeed, 68, kN * kC);
