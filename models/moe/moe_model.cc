@@ -604,8 +604,9 @@ MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
   if (experts_.ep_size > 1) {
     // One gradient pointer steps through the local experts of a kind: they are trained or
     // frozen together (model.frozen matches the fused name; a hand-set ParamSpec::frozen must
-    // do the same).
+    // do the same). Checked where the gradients are taken.
     for (int slot : {kGateUp, kDown}) {
+      if (!grads) break;
       const int first = block_param(layer, slot);
       for (int e = 1; e < experts_.local(); ++e) {
         ZRT_CHECK(a.trains(first + e) == a.trains(first),

@@ -165,6 +165,10 @@ std::string ZeroEngine::optimizer_trace_name() const {
   return name;
 }
 
+std::size_t ZeroEngine::held_state_arrays(int u) const {
+  return plan_.unit(u).frozen ? 1 : static_cast<std::size_t>(state_array_count());
+}
+
 const float* ZeroEngine::frozen_state_zeros() {
   if (frozen_state_zeros_.data() == nullptr) {
     std::int64_t largest = 0;
@@ -209,7 +213,7 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
       // buffer.
       for (std::size_t a = 0; a < arrays.size(); ++a) {
         arrays[a] =
-            a == 0 || !unit.frozen ? offload_->state_array(u, static_cast<int>(a)) : nullptr;
+            a < held_state_arrays(u) ? offload_->state_array(u, static_cast<int>(a)) : nullptr;
         if (arrays[a] != nullptr) {
           parallel_fill_zero(arrays[a], static_cast<std::size_t>(unit.shard) * 4);
         }
@@ -231,7 +235,7 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
       // With master_only the state tensors are zeroed where they live, not zeroed here and
       // copied up: a third of the bytes (Adam). `fill` gets no array for them, nor for a frozen
       // unit's, which has none.
-      const std::size_t filled = master_only || unit.frozen ? 1 : host_state.size();
+      const std::size_t filled = master_only ? 1 : held_state_arrays(u);
       if (unit.shard > host_state_capacity) {
         host_state_capacity = unit.shard;
         for (std::size_t a = 0; a < (master_only ? 1 : host_state.size()); ++a) {
@@ -247,7 +251,7 @@ void ZeroEngine::assign_state(const StateFiller& fill, bool master_only) {
         if (a < filled) {
           device_.copy_to_device(device_state(u, a), host_state[a].get(),
                                  static_cast<std::size_t>(unit.shard) * 4, compute_);
-        } else if (!unit.frozen) {
+        } else if (a < held_state_arrays(u)) {
           device_.fill_zero(device_state(u, a), static_cast<std::size_t>(unit.shard) * 4, compute_);
         }
       }
@@ -289,9 +293,9 @@ void ZeroEngine::copy_state_out(int u, const StateArrays& out) {
             schedule_.micro_batch());
   check_state_arrays(out, "copy_state_out()");
   const std::size_t bytes = static_cast<std::size_t>(plan_.unit(u).shard) * 4;
-  // A frozen unit's optimizer state, which it does not hold, is zeros (a checkpoint resumed
-  // with it trained starts its moments there).
-  const std::size_t held = plan_.unit(u).frozen ? 1 : out.size();
+  // The optimizer state a frozen unit does not hold is zeros (a checkpoint resumed with it
+  // trained starts its moments there).
+  const std::size_t held = held_state_arrays(u);
   for (std::size_t a = held; a < out.size(); ++a) std::memset(out[a], 0, bytes);
   if (state_on_host(u)) {
     offload_->synchronize();  // the CPU optimizer may still be writing the state
@@ -316,7 +320,7 @@ std::vector<std::vector<const float*>> ZeroEngine::host_state() {
   for (std::size_t u = 0; u < units_.size(); ++u) {
     const int unit = static_cast<int>(u);
     for (std::size_t a = 0; a < arrays; ++a) {
-      if (a > 0 && plan_.unit(unit).frozen) {
+      if (a >= held_state_arrays(unit)) {
         out[u].push_back(frozen_state_zeros());  // a frozen unit holds no optimizer state
         continue;
       }
@@ -349,16 +353,15 @@ void ZeroEngine::copy_state_out_async(const StateArrays& out, std::function<void
   }
   // A frozen unit's optimizer state, which it does not hold, is zeros, written with the copies
   // (not on this thread: a frozen embedding's are GBs); nothing else writes those ranges.
+  const auto held = [this](std::size_t u) { return held_state_arrays(static_cast<int>(u)); };
   std::vector<std::pair<float*, std::size_t>> zeros;
   for (std::size_t u = 0; u < units_.size(); ++u) {
-    if (!plan_.unit(static_cast<int>(u)).frozen) continue;
-    for (std::size_t a = 1; a < arrays; ++a) zeros.emplace_back(out[a] + offsets[u], bytes[u]);
+    for (std::size_t a = held(u); a < arrays; ++a) {
+      zeros.emplace_back(out[a] + offsets[u], bytes[u]);
+    }
   }
   const auto write_zeros = [zeros] {
     for (const auto& [at, count] : zeros) std::memset(at, 0, count);
-  };
-  const auto held = [&](std::size_t u) {
-    return plan_.unit(static_cast<int>(u)).frozen ? std::size_t{1} : arrays;
   };
   bool on_device = false;
   std::vector<std::size_t> host_units;

@@ -269,6 +269,9 @@ class ZeroEngine final : public ParamAccess {
   DevicePtr<std::byte> device_state(int u, std::size_t a) const;
   // The optimizer's name in trace spans: "adam", "lion".
   std::string optimizer_trace_name() const;
+  // The state arrays (StateArrays order) unit u holds: all of them, or a frozen unit's master
+  // weights alone (Unit::frozen: no optimizer state).
+  std::size_t held_state_arrays(int u) const;
   // Zeros as large as the largest frozen unit's slice, for host_state()'s view of the optimizer
   // state those units do not hold (mapped on first use, backed by no memory).
   const float* frozen_state_zeros();

@@ -135,29 +135,10 @@ I64 quantized_comm_bytes(const UnitFigures& f, const EngineOptions& o,
   return total;
 }
 
-std::vector<ParamSpec> expert_rank_parameters(const ModelSpec& model, const EngineOptions& o);
-
 // The parameters one rank's engine holds: the model's table, or under expert parallelism the
 // table of a rank's model at that degree (its E/ep experts of each layer as group-1 parameters;
 // every rank's shapes are alike). A model without experts cannot split them, as zrt-train
 // refuses it.
-std::vector<ParamSpec> rank_parameters(const ModelSpec& model, const EngineOptions& o) {
-  std::vector<ParamSpec> params = expert_rank_parameters(model, o);
-  // model.frozen / model.trainable, as zrt-train marks them (the same refusals too).
-  if (!model.frozen.empty() || !model.trainable.empty()) {
-    ModelConfig patterns;
-    patterns.frozen = model.frozen;
-    patterns.trainable = model.trainable;
-    const train::FrozenMarks marks = train::mark_frozen_parameters(patterns, params);
-    // Every rank's table has the same names (experts by their fused names): one rank's counts
-    // are every rank's.
-    train::check_frozen_patterns(patterns, marks.matches,
-                                 marks.total_elements - marks.frozen_elements, params,
-                                 model.description);
-  }
-  return params;
-}
-
 std::vector<ParamSpec> expert_rank_parameters(const ModelSpec& model, const EngineOptions& o) {
   const int ep = o.expert_parallel_size;
   if (ep <= 1) return model.params;
@@ -175,6 +156,24 @@ std::vector<ParamSpec> expert_rank_parameters(const ModelSpec& model, const Engi
               "expert_parallel.autoep_size {}: {} has no experts (no mixture-of-experts layer "
               "declares expert parameters); use --ep 1",
               ep, model.description);
+  }
+  return params;
+}
+
+// The same with model.frozen / model.trainable marked, as zrt-train marks them (the same
+// refusals too).
+std::vector<ParamSpec> rank_parameters(const ModelSpec& model, const EngineOptions& o) {
+  std::vector<ParamSpec> params = expert_rank_parameters(model, o);
+  if (!model.frozen.empty() || !model.trainable.empty()) {
+    ModelConfig patterns;
+    patterns.frozen = model.frozen;
+    patterns.trainable = model.trainable;
+    const train::FrozenMarks marks = train::mark_frozen_parameters(patterns, params);
+    // Every rank's table has the same names (experts by their fused names): one rank's counts
+    // are every rank's.
+    train::check_frozen_patterns(patterns, marks.matches,
+                                 marks.total_elements - marks.frozen_elements, params,
+                                 model.description);
   }
   return params;
 }
