@@ -123,8 +123,23 @@ void FlatParamAccess::acquire(int module, Phase phase) {
             module);
   ZRT_CHECK(state_[module] < 0, "acquire({}, {}) while module {} is acquired ({})", module,
             name_of(phase), module, name_of(static_cast<Phase>(state_[module])));
+  ZRT_CHECK(
+      (phase != Phase::kBackward && phase != Phase::kRecompute) || module >= first_backward_module_,
+      "acquire({}, {}) below the first backward module {}", module, name_of(phase),
+      first_backward_module_);
   state_[module] = static_cast<int>(phase);
   log_.push_back(fmt::format("acquire {} {}", module, name_of(phase)));
+}
+
+bool FlatParamAccess::trains(int index) const {
+  ZRT_CHECK(index >= 0 && index < static_cast<int>(specs_.size()), "parameter index {}", index);
+  return !specs_[static_cast<std::size_t>(index)].frozen;
+}
+
+void FlatParamAccess::set_first_backward_module(int module) {
+  ZRT_CHECK(module >= 0 && module < static_cast<int>(state_.size()),
+            "first backward module {} of {} modules", module, state_.size());
+  first_backward_module_ = module;
 }
 
 void FlatParamAccess::release(int module, Phase phase) {

@@ -37,6 +37,12 @@ class FlatParamAccess final : public ParamAccess {
   DevicePtr<std::byte> grad(int index) override;
   DType compute_dtype() const override { return compute_dtype_; }
   DType grad_dtype() const override { return grad_dtype_; }
+  // ParamSpec::frozen of the specs it was given.
+  bool trains(int index) const override;
+  // 0 unless set: a model that stops its backward early then ends it at `module`, and a backward
+  // or recompute acquire below it throws (as the engine's schedule does).
+  int first_backward_module() const override { return first_backward_module_; }
+  void set_first_backward_module(int module);
 
   const std::vector<ParamSpec>& specs() const { return specs_; }
   // Initialises every parameter with model.init_parameter(seed) (synchronous).
@@ -65,6 +71,7 @@ class FlatParamAccess final : public ParamAccess {
   Buffer grads_;
   std::vector<int> state_;  // per module: -1 released, else the Phase it was acquired in
   std::vector<std::string> log_;
+  int first_backward_module_ = 0;
 };
 
 }  // namespace zrt

@@ -53,6 +53,10 @@ struct ModelOptions {
   // For counting only: the rows those buffers hold (a run's metrics.jsonl expert_rows_capacity);
   // 0: what expert_rows_reserve starts them at; -1: the dropless worst case.
   std::int64_t planned_expert_rows = 0;
+  // For counting only (activation_footprint): the lowest module whose backward runs
+  // (ParamAccess::first_backward_module; model.frozen on the lower modules). A built model takes
+  // it from its ParamAccess at each pass; building one with it above 0 is refused.
+  int planned_first_backward_module = 0;
   // With activation_checkpointing: the kept block inputs in pinned host memory
   // (activation_checkpointing.cpu_checkpointing).
   bool cpu_checkpointing = false;
@@ -113,6 +117,9 @@ class ModelDef {
   // The parameters one token's forward and backward read: num_parameters() for a dense model;
   // for a mixture of experts all but the routed experts a token does not choose.
   virtual std::int64_t num_active_parameters() const { return num_parameters(); }
+  // Whether the model ends its backward at the lowest module with a trained parameter
+  // (Model::stops_backward_early), so zrt-mem replays the schedule the engine runs for it.
+  virtual bool stops_backward_early() const { return false; }
   // The modules whose forward is recomputed in backward under activation checkpointing.
   virtual std::vector<int> recomputed_modules() const = 0;
 

@@ -14,6 +14,11 @@
 //             where a module recomputed under activation checkpointing is preceded at once by
 //             acquire(m, kRecompute) ... release(m, kRecompute) (its forward, run again), so
 //             the engine can keep m's parameters from the recompute through the backward.
+//             A model that stops its backward early (Model::stops_backward_early) ends it at
+//             m = access.first_backward_module() instead of 0: every parameter of the modules
+//             below is frozen (ParamSpec::frozen), so no gradient is wanted there, and their
+//             backward (and recompute) is not run at all, as autograd stops below the lowest
+//             parameter that requires a gradient.
 // Eval (Model::forward): acquire(m, kEval) ... release(m, kEval) for m = 0, ..., M-1.
 // A parameter may belong to several modules (a tied embedding): it is valid while any module
 // using it is acquired, and its gradient is complete only after the last of them has released
@@ -94,6 +99,10 @@ class ParamAccess {
     (void)index;
     return true;
   }
+
+  // The lowest module whose backward the engine expects (see the call order above): 0 unless the
+  // model stops its backward early and the modules below this one hold frozen parameters only.
+  virtual int first_backward_module() const { return 0; }
 
   virtual DType compute_dtype() const = 0;  // fp32, bf16 or fp16
   virtual DType grad_dtype() const = 0;     // compute_dtype() or fp32
@@ -189,6 +198,11 @@ class Model {
   // loss_divisor, and packed documents (positions, doc_start). zrt-train refuses masked or
   // packed data for a model that does not, rather than train it silently wrong.
   virtual bool supports_packed_documents() const { return false; }
+  // True iff forward_backward ends its backward at access.first_backward_module() (the call
+  // order above). Whoever builds the engine for the model tells it so
+  // (EngineOptions::model_stops_backward_early); a model that does not runs every module's
+  // backward, and the engine then expects all of them.
+  virtual bool stops_backward_early() const { return false; }
   // The auxiliary loss term of the last training pass, before its coefficient (a mixture of
   // experts' load-balancing term; loss() already includes coefficient x term): one fp32 in device
   // memory as loss(), or null for a model without one.

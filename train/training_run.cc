@@ -194,10 +194,36 @@ void TrainingRun::build_engine() {
   }
   // The engine asks the optimizer for its state tensors (optimizers/optimizer.h).
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
+  // A model that can end its backward at the lowest module with a trained parameter does, when
+  // the modules below are frozen (model_interface.h): the engine's schedule ends there too.
+  engine_options_.model_stops_backward_early = model.stops_backward_early();
   timed("engine state", [&] {
     engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
                     engine_options_, *optimizer_, make_cpu_optimizer_offload);
   });
+  const int first_backward = engine_->first_backward_module();
+  // Every rank must end its backward at the same module, or their collectives would not pair
+  // (an expert-parallel rank marks only its own experts: they are frozen by their fused name,
+  // alike everywhere, so this holds unless a model declares its modules differently per rank).
+  const std::vector<std::int64_t> highest = control_->max({first_backward, -first_backward});
+  if (highest[0] != -highest[1]) {
+    ZRT_THROW(InvalidArgument,
+              "model.frozen / model.trainable: the backward would end at module {} on some ranks "
+              "and {} on others (the lowest module with a trained parameter differs between "
+              "ranks); train the same modules on every rank",
+              -highest[1], highest[0]);
+  }
+  if (rank_ == 0 && first_backward > 0) {
+    const auto lowest = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) {
+      return !p.frozen && p.modules.front() == first_backward;
+    });
+    spdlog::info(
+        "backward ends at module {} of {} ({} is the lowest trained parameter): the {} "
+        "below hold frozen parameters only and run no backward",
+        first_backward, model.num_modules(),
+        lowest != params.end() ? lowest->name : std::string("nothing"),
+        first_backward == 1 ? std::string("module") : fmt::format("{} modules", first_backward));
+  }
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.
   if (model_source_.initializer) {

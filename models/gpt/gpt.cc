@@ -140,11 +140,11 @@ void Gpt::init_parameter(int index, std::uint64_t seed, std::int64_t begin, std:
 // dqkv hold the chunk's layout and the whole sequence's in turn, in place (each all-to-all reads
 // its source into send before it writes the destination, ulysses_exchange.h).
 void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
-                                    int sets) {
+                                    const transformer::KeptSets& sets) {
   const I64 N = s.N(), S = s.S;
   const I64 C = config_.n_embd;
   const I64 NH = config_.n_head;
-  kept.assign(static_cast<std::size_t>(sets), Kept());
+  kept.assign(static_cast<std::size_t>(sets.count), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_mean, N);

@@ -81,7 +81,8 @@ class Gpt final : public transformer::TransformerModel {
   class Activations final : public transformer::BlockActivations {
    public:
     Activations(const GptConfig& config, int sp_size) : sp(sp_size), config_(config) {}
-    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
+    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
+                      const transformer::KeptSets& sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
 

@@ -216,13 +216,15 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   return activation_bytes(c, B, T, dtype, options);
 }
 
-// With cpu_checkpointing (and L > 2) the residual stream keeps 3 tensors, the host L - 2
-// (transformer/checkpoint_offload.h); a tiled head's logits are (R,V), R its tile rows
-// (transformer/tiling.h).
+// With cpu_checkpointing (and L > 2) the residual stream keeps 3 tensors, the host L - 2 (of
+// the blocks from the first whose backward runs, F: L - 2 - F); a tiled head's logits are (R,V),
+// R its tile rows (transformer/tiling.h). Below F (frozen lower layers) the blocks share one kept
+// set and the residual stream two rows (transformer/transformer_activations.h).
 std::int64_t host_activation_bytes(const GptConfig& c, int B, int T, DType dtype,
                                    const transformer::TransformerOptions& options) {
-  return I64{transformer::offloaded_block_inputs(c.n_layer, options)} * B * T * c.n_embd *
-         static_cast<I64>(dtype_size(dtype));
+  const int F = std::min(options.planned_first_backward_block, c.n_layer);
+  const int host_rows = std::max(0, transformer::offloaded_block_inputs(c.n_layer, options) - F);
+  return I64{host_rows} * B * T * c.n_embd * static_cast<I64>(dtype_size(dtype));
 }
 
 std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
@@ -236,9 +238,11 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   const I64 stat = r(BT * 4);     // one (B,T) fp32 statistic
   const I64 block =
       6 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S) + 4 * stat + r(I64{B} * c.n_head * T * 4);
-  const I64 kept_blocks = activation_checkpointing ? 1 : c.n_layer;
-  const bool offloaded = transformer::offloaded_block_inputs(c.n_layer, options) > 0;
-  const I64 residual = (offloaded ? 3 : c.n_layer + 1) * row;
+  const int L = c.n_layer;
+  const int F = std::min(options.planned_first_backward_block, L);
+  const I64 kept_blocks = activation_checkpointing ? 1 : (F > 0 ? 1 : 0) + L - F;
+  const bool offloaded = transformer::offloaded_block_inputs(L, options) > 0;
+  const I64 residual = (offloaded ? 3 : L + 1 - F + std::min(F, 2)) * row;
   const I64 ldl = kernels::logits_row_stride(c.vocab_size);
   const I64 logit_rows = transformer::tile_rows(options.head_tile_rows, BT, ldl * S,
                                                 transformer::kHeadTileBudgetBytes);

@@ -220,13 +220,13 @@ Llama::Activations::Activations(const LlamaConfig& c, int sp_size)
                                    sp_size)) {}
 
 void Llama::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
-                                      int sets) {
+                                      const transformer::KeptSets& sets) {
   const auto& [C, I, hd, NH, NKV, Q, KV] = widths;
   const I64 N = s.N(), S = s.S;
   mlp_rows = transformer::swiglu_tile_rows(I, s.mlp_tile_setting, N, S);
   mlp_tiled = mlp_rows < N;
   const I64 mlp_rows_planned = mlp_rows;
-  kept.assign(static_cast<std::size_t>(sets), Kept());
+  kept.assign(static_cast<std::size_t>(sets.count), Kept());
   for (Kept& a : kept) {
     p.bytes(&a.ln1, N * C * S);
     p.floats(&a.ln1_rstd, N);

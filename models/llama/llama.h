@@ -102,7 +102,8 @@ class Llama final : public transformer::TransformerModel {
   class Activations final : public transformer::BlockActivations {
    public:
     Activations(const LlamaConfig& config, int sp);
-    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
+    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
+                      const transformer::KeptSets& sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
 

@@ -159,6 +159,15 @@ std::unique_ptr<ExpertDispatch> make_expert_dispatch(kernels::KernelContext& ctx
                                           experts.num_experts);
 }
 
+// Which of the blocks' kept sets serve an MoE block (those hold ExpertRows' kept rows).
+std::vector<bool> serves_moe_layer(const MoeConfig& c, const transformer::KeptSets& sets) {
+  std::vector<bool> serves(static_cast<std::size_t>(sets.count), false);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_moe_layer(l)) serves[static_cast<std::size_t>(sets.of_layer[l])] = true;
+  }
+  return serves;
+}
+
 ExpertRowsShape expert_rows_shape(const MoeConfig& c, int ep) {
   return {c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok, c.num_experts, ep};
 }
@@ -388,7 +397,7 @@ void MoeModel::Activations::plan_moe_set(ActivationPlanner& p, MoeKept& m, std::
 }
 
 void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
-                                         int sets) {
+                                         const transformer::KeptSets& sets) {
   const I64 N = s.N(), S = s.S, C = c.hidden_size, I = c.intermediate_size;
   const I64 Q = I64{c.num_attention_heads} * c.head_dim;
   const I64 KV = I64{c.num_key_value_heads} * c.head_dim;
@@ -398,7 +407,7 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
   dense_rows = dense_tile_rows(c, s.mlp_tile_setting, N, S);
   dense_tiled = any_dense && dense_rows < N;
   const I64 Nm = moe_tiled ? moe_rows : N;
-  kept.assign(static_cast<std::size_t>(sets), Kept());
+  kept.assign(static_cast<std::size_t>(sets.count), Kept());
   // Under expert parallelism the permuted rows only leave for the experts' ranks (the backward
   // reads the received copy, xl): one buffer every block's forward shares.
   if (any_moe && ep > 1) p.bytes(&moe.xe, Nm * K * C * S);
@@ -427,11 +436,13 @@ void MoeModel::Activations::plan_forward(ActivationPlanner& p, const transformer
     }
     if (any_moe && !moe_tiled) plan_moe_set(p, a.moe, N, S);
   }
-  // ExpertRows' kept sets: one per MoE block (or the one block's), or the tile's.
-  int moe_sets = 0;
-  for (std::size_t i = 0; i < kept.size() && !moe_tiled; ++i) {
-    const int layer = sets == 1 ? 0 : static_cast<int>(i);
-    if (sets == 1 || c.is_moe_layer(layer)) kept[i].moe.rows_set = moe_sets++;
+  // ExpertRows' kept sets: one per kept set that serves an MoE block, or the tile's.
+  if (!moe_tiled) {
+    const std::vector<bool> serves = serves_moe_layer(c, sets);
+    int moe_sets = 0;
+    for (std::size_t i = 0; i < kept.size(); ++i) {
+      if (serves[i]) kept[i].moe.rows_set = moe_sets++;
+    }
   }
   p.bytes(&proj, N * C * S);
   transformer::plan_gqa_exchange(p, heads, s, &send, &recv);
@@ -542,9 +553,12 @@ std::int64_t MoeModel::activation_bytes(const MoeConfig& config, int B, int T, D
     const I64 rows = expert_rows > 0   ? expert_rows
                      : expert_rows < 0 ? shape.worst_rows(Nm)
                                        : shape.initial_rows(Nm, options.expert_rows_reserve);
-    const int sets = config.num_moe_layers() == 0                ? 0
-                     : options.activation_checkpointing || tiled ? 1
-                                                                 : config.num_moe_layers();
+    const std::vector<bool> serves = serves_moe_layer(
+        config, transformer::kept_sets(config.num_hidden_layers, options.activation_checkpointing,
+                                       options.planned_first_backward_block));
+    const int sets = config.num_moe_layers() == 0 ? 0
+                     : tiled                      ? 1
+                             : static_cast<int>(std::count(serves.begin(), serves.end(), true));
     rows_bytes = shape.device_bytes(sets, rows, static_cast<I64>(dtype_size(dtype)));
   }
   return TransformerModel::activation_bytes(transformer_spec(config, experts), options, B, T, dtype,

@@ -160,7 +160,8 @@ class MoeModel final : public transformer::TransformerModel {
   class Activations final : public transformer::BlockActivations {
    public:
     Activations(const MoeConfig& config, int expert_parallel_size, int sequence_parallel_size);
-    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s, int sets) override;
+    void plan_forward(ActivationPlanner& p, const transformer::PassShape& s,
+                      const transformer::KeptSets& sets) override;
     void plan_backward(ActivationPlanner& p, const transformer::PassShape& s) override;
     void plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) override;
     // A MoE layer's kept tensors for `rows` rows (a set's, or the tile's).

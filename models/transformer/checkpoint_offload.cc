@@ -20,20 +20,31 @@ CheckpointOffload::CheckpointOffload(Device& device, Stream& compute)
   for (std::unique_ptr<Event>& e : copied_) e = device.create_event();
 }
 
-void CheckpointOffload::prepare(int blocks, std::int64_t row_bytes, const std::string& label) {
-  if (blocks == blocks_ && row_bytes == row_bytes_ && !host_.empty()) return;
+int CheckpointOffload::host_rows(int first_block, int blocks) {
+  return std::max(0, blocks - std::max(first_block, 0));
+}
+
+void CheckpointOffload::prepare(int first_block, int blocks, std::int64_t row_bytes,
+                                const std::string& label) {
+  if (first_block == first_block_ && blocks == blocks_ && row_bytes == row_bytes_ &&
+      !host_.empty()) {
+    return;
+  }
   host_.reset();  // ordered on the copy stream, behind the copies of the last pass
+  first_block_ = std::max(first_block, 0);
   blocks_ = blocks;
   row_bytes_ = row_bytes;
-  if (blocks == 0) return;
-  host_ = device_.allocate(std::int64_t{blocks} * row_bytes, MemCategory::kActivations, label,
+  const int rows = host_rows(first_block_, blocks);
+  if (rows == 0) return;
+  host_ = device_.allocate(std::int64_t{rows} * row_bytes, MemCategory::kActivations, label,
                            MemorySpace::kPinnedHost, copy_.get());
 }
 
 std::byte* CheckpointOffload::host_row(int block) const {
-  ZRT_CHECK(block >= 0 && block < blocks_, "checkpointed block input {} of {} in host memory",
-            block, blocks_);
-  return host_.host<std::byte>() + std::int64_t{block} * row_bytes_;
+  ZRT_CHECK(block >= first_block_ && block < blocks_,
+            "checkpointed block input {} in host memory, which holds blocks {}..{}", block,
+            first_block_, blocks_ - 1);
+  return host_.host<std::byte>() + std::int64_t{block - first_block_} * row_bytes_;
 }
 
 void CheckpointOffload::save(int block, DevicePtr<const std::byte> slot_ptr) {

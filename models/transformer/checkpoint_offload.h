@@ -13,7 +13,9 @@
 //     before block l-1's recompute.
 // Every copy is whole and exact: the same bits as keeping the inputs on the device, with
 // (L-2) x (B,T,C) fewer device bytes and as many in pinned host memory (MemCategory::
-// kActivations, zrt-mem counts both). On the CPU backend the same code runs with host "device"
+// kActivations, zrt-mem counts both). Blocks below the first whose backward runs (frozen lower
+// layers, ParamAccess::first_backward_module) are neither rerun nor copied: the host holds
+// blocks first..L-3's inputs. On the CPU backend the same code runs with host "device"
 // memory and the copies through the same stream API.
 //
 // Not thread-safe; driven by the model's pass on one host thread.
@@ -42,10 +44,13 @@ class CheckpointOffload {
   CheckpointOffload(const CheckpointOffload&) = delete;
   CheckpointOffload& operator=(const CheckpointOffload&) = delete;
 
-  // Holds `blocks` block inputs of `row_bytes` each in pinned host memory (reallocated when the
-  // size changes; stream-ordered on the copy stream). `label` names the allocation.
-  void prepare(int blocks, std::int64_t row_bytes, const std::string& label);
+  // Holds the inputs of blocks first_block .. blocks - 1, `row_bytes` each, in pinned host
+  // memory (reallocated when the size changes; stream-ordered on the copy stream). `label` names
+  // the allocation.
+  void prepare(int first_block, int blocks, std::int64_t row_bytes, const std::string& label);
   int blocks() const { return blocks_; }
+  // The host rows for `blocks` block inputs from `first_block` (none when first_block >= blocks).
+  static int host_rows(int first_block, int blocks);
   // The device slot block `block`'s input lives in.
   static int slot_of(int block) { return block % 2; }
 
@@ -68,6 +73,7 @@ class CheckpointOffload {
   std::unique_ptr<Event> compute_done_;           // recorded on compute just before each copy
   std::array<std::unique_ptr<Event>, 2> copied_;  // each slot's last copy, on the copy stream
   Buffer host_;
+  int first_block_ = 0;
   int blocks_ = 0;
   std::int64_t row_bytes_ = 0;
 };

@@ -1,15 +1,32 @@
 #include "models/transformer/transformer_activations.h"
 
+#include <algorithm>
+
 #include "kernels/ops.h"
 #include "models/transformer/checkpoint_offload.h"
 #include "models/transformer/tiling.h"
 
 namespace zrt::transformer {
 
+KeptSets kept_sets(int n_layer, bool activation_checkpointing, int first_backward_block) {
+  KeptSets sets;
+  sets.of_layer.assign(static_cast<std::size_t>(n_layer), 0);
+  if (activation_checkpointing) {
+    sets.count = 1;
+    return sets;
+  }
+  const int first = std::clamp(first_backward_block, 0, n_layer);
+  const int shared = first > 0 ? 1 : 0;
+  sets.count = shared + n_layer - first;
+  for (int l = first; l < n_layer; ++l)
+    sets.of_layer[static_cast<std::size_t>(l)] = shared + l - first;
+  return sets;
+}
+
 std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOptions& options,
                                 int B, int T, DType dtype, BlockActivations& blocks,
-                                TransformerActs* acts, DevicePtr<std::byte> base,
-                                bool whole_logits) {
+                                TransformerActs* acts, DevicePtr<std::byte> base, bool whole_logits,
+                                int first_backward_block) {
   using I64 = std::int64_t;
   PassShape s{B, T, static_cast<I64>(dtype_size(dtype))};
   s.mlp_tile_setting = options.mlp_tile_rows;
@@ -20,14 +37,18 @@ std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOp
   acts->residual.assign(L + 1, TransformerActs::Bytes());
   ActivationPlanner p;
   const bool offloaded = offloaded_block_inputs(L, options) > 0;
+  const int first_kept = std::clamp(first_backward_block, 0, L);
   if (offloaded) {  // two slots for the blocks' inputs, and the last block's output
     p.bytes(&acts->residual[0], row);
     p.bytes(&acts->residual[1], row);
     p.bytes(&acts->residual[L], row);
   } else {
-    for (TransformerActs::Bytes& r : acts->residual) p.bytes(&r, row);
+    // Below the first block with a backward, two rows in turn (bound below).
+    for (int l = 0; l <= L; ++l) {
+      if (l < 2 || l >= first_kept) p.bytes(&acts->residual[static_cast<std::size_t>(l)], row);
+    }
   }
-  blocks.plan_forward(p, s, options.activation_checkpointing ? 1 : L);
+  blocks.plan_forward(p, s, kept_sets(L, options.activation_checkpointing, first_kept));
   p.bytes(&acts->lnf, row);
   if (spec.final_norm == NormKind::kLayerNorm) p.floats(&acts->lnf_mean, N);
   p.floats(&acts->lnf_rstd, N);
@@ -45,6 +66,8 @@ std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOp
     acts->accumulated_grads = base + accumulated_begin;
     if (offloaded) {
       for (int l = 2; l < L; ++l) acts->residual[l] = acts->residual[CheckpointOffload::slot_of(l)];
+    } else {
+      for (int l = 2; l < first_kept; ++l) acts->residual[l] = acts->residual[l % 2];
     }
   }
   return p.total();

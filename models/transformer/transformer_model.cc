@@ -1,5 +1,6 @@
 #include "models/transformer/transformer_model.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/ops.h"
@@ -17,6 +18,12 @@ TransformerModel::TransformerModel(kernels::KernelContext& ctx, TransformerSpec 
               "{}: planned_sequence_parallel_size {} is for counting; a model needs the group",
               spec_.family, options_.planned_sequence_parallel_size);
   }
+  if (options_.planned_first_backward_block != 0) {
+    ZRT_THROW(InvalidArgument,
+              "{}: planned_first_backward_block {} is for counting; a model takes it from its "
+              "ParamAccess",
+              spec_.family, options_.planned_first_backward_block);
+  }
   loss_buffer_ =
       ctx_.device().allocate(kActivationAlign, MemCategory::kActivations, spec_.family + " loss",
                              MemorySpace::kDevice, &ctx_.stream());
@@ -33,13 +40,16 @@ std::int64_t TransformerModel::activation_bytes(const TransformerSpec& spec,
                                                 const TransformerOptions& options, int B, int T,
                                                 DType dtype, BlockActivations& scratch) {
   TransformerActs acts;
-  return layout_activations(spec, options, B, T, dtype, scratch, &acts, Bytes());
+  return layout_activations(spec, options, B, T, dtype, scratch, &acts, Bytes(),
+                            /*whole_logits=*/false, options.planned_first_backward_block);
 }
 
 std::int64_t TransformerModel::host_activation_bytes(const TransformerSpec& spec,
                                                      const TransformerOptions& options, int B,
                                                      int T, DType dtype) {
-  return std::int64_t{offloaded_block_inputs(spec.n_layer, options)} * B * T * spec.hidden_size *
+  const int rows = CheckpointOffload::host_rows(options.planned_first_backward_block,
+                                                offloaded_block_inputs(spec.n_layer, options));
+  return std::int64_t{rows} * B * T * spec.hidden_size *
          static_cast<std::int64_t>(dtype_size(dtype));
 }
 
@@ -78,13 +88,18 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
               "{}: a packed batch needs both positions and doc_start", spec_.family);
   }
   pass_.sp = sp;
+  // The lowest block whose module the backward reaches (block l is module l + 1): what the
+  // blocks below keep, and their part of the residual stream, is the forward's scratch.
+  const int first_backward_block =
+      std::min(std::max(access.first_backward_module() - 1, 0), spec_.n_layer);
   pass_.positions = batch.positions;
   pass_.doc_start = batch.doc_start;
   pass_.grad_dtype = access.grad_dtype();
   // Only a pass without targets needs the whole logits (logits()).
   const bool whole_logits = !batch.targets;
   if (B == pass_.B && T == pass_.T && access.compute_dtype() == pass_.dtype &&
-      whole_logits == whole_logits_ && !act_buffer_.empty()) {
+      whole_logits == whole_logits_ && first_backward_block == pass_.first_backward_block &&
+      !act_buffer_.empty()) {
     return;
   }
   act_buffer_.reset();  // stream-ordered: passes already enqueued keep their memory
@@ -92,18 +107,20 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   pass_.T = T;
   pass_.dtype = access.compute_dtype();
   whole_logits_ = whole_logits;
+  pass_.first_backward_block = first_backward_block;
+  kept_sets_ = kept_sets(spec_.n_layer, options_.activation_checkpointing, first_backward_block);
   BlockActivations& blocks = block_activations();
-  const std::int64_t total =
-      layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_, Bytes(), whole_logits);
+  const std::int64_t total = layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_,
+                                                Bytes(), whole_logits, first_backward_block);
   act_buffer_ =
       ctx_.device().allocate(total, MemCategory::kActivations,
                              fmt::format("{} activations (B={} T={})", spec_.architecture, B, T),
                              MemorySpace::kDevice, &ctx_.stream());
   layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_,
-                     act_buffer_.device<std::byte>(), whole_logits);
+                     act_buffer_.device<std::byte>(), whole_logits, first_backward_block);
   if (offload_) {
     offload_->prepare(
-        offloaded_block_inputs(spec_.n_layer, options_),
+        first_backward_block, offloaded_block_inputs(spec_.n_layer, options_),
         static_cast<std::int64_t>(B) * T * spec_.hidden_size * dtype_size(pass_.dtype),
         fmt::format("{} checkpointed block inputs (B={} T={})", spec_.architecture, B, T));
   }
@@ -134,13 +151,15 @@ void TransformerModel::embedding_backward(ParamAccess& a, const TokenBatch& batc
 
 void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phase phase) {
   const int L = spec_.n_layer;
-  // A training pass copies the block inputs the host keeps out as they are written; the slot
-  // block l+1's input goes into held block l-1's, whose copy must be done by then.
+  // A training pass copies the block inputs the host keeps out as they are written (those of
+  // blocks with a backward); the slot block l+1's input goes into held block l-1's, whose copy
+  // must be done by then.
   const int offloaded = offload_ && phase == Phase::kForward ? offload_->blocks() : 0;
+  const int kept_from = pass_.first_backward_block;
   a.acquire(kEmbeddingModule, phase);
   embedding_forward(a, batch);
   a.release(kEmbeddingModule, phase);
-  if (offloaded > 0) offload_->save(0, acts_.residual[0]);
+  if (offloaded > 0 && kept_from == 0) offload_->save(0, acts_.residual[0]);
   for (int l = 0; l < L; ++l) {
     a.acquire(block_module(l), phase);
     if (l >= 1 && l - 1 < offloaded && l + 1 < L) {
@@ -148,7 +167,7 @@ void TransformerModel::run_forward(ParamAccess& a, const TokenBatch& batch, Phas
     }
     block_forward(a, l, acts_.residual[l], acts_.residual[l + 1]);
     a.release(block_module(l), phase);
-    if (l + 1 < offloaded) offload_->save(l + 1, acts_.residual[l + 1]);
+    if (l + 1 < offloaded && l + 1 >= kept_from) offload_->save(l + 1, acts_.residual[l + 1]);
   }
   a.acquire(head_module(L), phase);
   head_forward(a, batch, phase);
@@ -171,11 +190,16 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
   add_auxiliary_losses(loss_, loss_scale);
 
   // With cpu_checkpointing the last two blocks' inputs are still in their slots; each earlier
-  // one comes back while the block after it runs (checkpoint_offload.h).
+  // one comes back while the block after it runs (checkpoint_offload.h). The backward ends at
+  // the first block with one (the blocks and the embedding below hold frozen parameters only:
+  // model_interface.h), as autograd's would.
   const int offloaded = offload_ ? offload_->blocks() : 0;
-  for (int l = L - 1; l >= 0; --l) {
+  const int first_block = pass_.first_backward_block;
+  for (int l = L - 1; l >= first_block; --l) {
     const int m = block_module(l);
-    if (l >= 1 && l - 1 < offloaded) offload_->prefetch(l - 1, acts_.residual[l - 1]);
+    if (l - 1 >= first_block && l - 1 < offloaded) {
+      offload_->prefetch(l - 1, acts_.residual[l - 1]);
+    }
     if (l < offloaded) offload_->await_slot(CheckpointOffload::slot_of(l));
     if (options_.activation_checkpointing) {
       a.acquire(m, Phase::kRecompute);
@@ -189,6 +213,7 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
     a.release(m, Phase::kBackward);
   }
 
+  if (a.first_backward_module() > kEmbeddingModule) return;
   a.acquire(kEmbeddingModule, Phase::kBackward);
   embedding_backward(a, batch);
   a.release(kEmbeddingModule, Phase::kBackward);

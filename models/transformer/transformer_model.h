@@ -63,6 +63,7 @@ class TransformerModel : public Model {
   DevicePtr<const std::byte> logits() const override { return acts_.logits; }
   std::int64_t logits_row_stride() const override;
   bool supports_packed_documents() const override { return true; }
+  bool stops_backward_early() const override { return true; }
 
   const TransformerSpec& spec() const { return spec_; }
   const TransformerOptions& options() const { return options_; }
@@ -89,6 +90,9 @@ class TransformerModel : public Model {
     // parallelism positions are the chunk's (B,T), doc_start the whole sequences' (B,sp*T).
     DevicePtr<const std::int32_t> positions, doc_start;
     int sp = 1;  // the chunks of each sequence: T is one chunk's length
+    // The lowest block whose backward runs (ParamAccess::first_backward_module's, n_layer when
+    // only the head's does): the blocks below it hold frozen parameters only.
+    int first_backward_block = 0;
     int N() const { return B * T; }
     int sequence_length() const { return T * sp; }  // what the attention spans
   };
@@ -126,8 +130,9 @@ class TransformerModel : public Model {
 
   kernels::KernelContext& ctx() const { return ctx_; }
   const Pass& pass() const { return pass_; }
-  // Which of the blocks' kept activation sets block `layer` uses (0 for all under checkpointing).
-  int kept_set(int layer) const { return options_.activation_checkpointing ? 0 : layer; }
+  // Which of the blocks' kept activation sets block `layer` uses (KeptSets: 0 for all under
+  // checkpointing, and for the blocks below the first with a backward).
+  int kept_set(int layer) const { return kept_sets_.of_layer.at(static_cast<std::size_t>(layer)); }
   // The residual stream's gradient (B,T,C), updated in place block by block.
   Bytes dres() const { return acts_.dres; }
   // The all-to-alls of sequence parallelism; null at sequence_parallel_size 1.
@@ -177,6 +182,7 @@ class TransformerModel : public Model {
   Buffer act_buffer_;
   bool whole_logits_ = false;  // the layout's kind of pass: without targets
   TransformerActs acts_;
+  KeptSets kept_sets_;                          // the layout's
   std::unique_ptr<CheckpointOffload> offload_;  // with cpu_checkpointing, else null
   Buffer loss_buffer_;
   Floats loss_;

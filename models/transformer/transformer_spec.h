@@ -88,6 +88,10 @@ struct TransformerOptions {
   // kTileAuto, kTileOff or a count). Models without a tiled MLP ignore mlp_tile_rows.
   int head_tile_rows = 0;
   int mlp_tile_rows = 0;
+  // For counting only (activation_bytes and its kin): the lowest block whose backward runs
+  // (ModelOptions::planned_first_backward_module's block). A built model takes it from its
+  // ParamAccess at each pass (TransformerModel::Pass) and refuses it above 0.
+  int planned_first_backward_block = 0;
 };
 
 }  // namespace zrt::transformer

@@ -156,8 +156,12 @@ std::vector<int> group_worlds(const EngineOptions& options, const std::vector<Sh
 }
 
 ScheduleOptions schedule_options(const EngineOptions& options,
-                                 const std::vector<ShardGroup>& groups) {
+                                 const std::vector<ShardGroup>& groups, const PartitionPlan& plan,
+                                 int num_modules) {
   ScheduleOptions s = zrt::schedule_options(options);
+  if (options.model_stops_backward_early) {
+    s.first_backward_module = UnitSchedule::lowest_trained_module(plan, num_modules);
+  }
   for (const ShardGroup& g : groups) {
     s.hpz_group_sizes.push_back(g.secondary != nullptr ? g.secondary->size()
                                                        : options.hpz_partition_size);

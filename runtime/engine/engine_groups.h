@@ -24,9 +24,11 @@ PartitionOptions partition_options(const EngineOptions& options,
                                    const std::vector<ShardGroup>& groups, int num_modules);
 std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups);
 // The schedule's options (engine_options.h's schedule_options), with each group's hpZ size: its
-// secondary group's ranks (hpz_partition_size where it has none).
+// secondary group's ranks (hpz_partition_size where it has none), and where the backward ends
+// for `plan` (EngineOptions::model_stops_backward_early).
 ScheduleOptions schedule_options(const EngineOptions& options,
-                                 const std::vector<ShardGroup>& groups);
+                                 const std::vector<ShardGroup>& groups, const PartitionPlan& plan,
+                                 int num_modules);
 // Per unit of `plan`: this rank's slice of it (its rank in the unit's shard group; 0 at stage 0).
 std::vector<int> unit_ranks(const PartitionPlan& plan, const EngineOptions& options,
                             const std::vector<ShardGroup>& groups);

@@ -102,6 +102,11 @@ struct EngineOptions {
   // shards and reduces over the whole world, sp blocks included; the data-parallel degree the
   // batch rule counts is world / sequence_parallel_size. 1: off.
   int sequence_parallel_size = 1;
+  // Whether the model's backward ends at ParamAccess::first_backward_module()
+  // (Model::stops_backward_early(); set by whoever builds the engine for a model, not a config
+  // key): the engine's schedule then ends each micro-batch's backward at the lowest module with
+  // a trained parameter (UnitSchedule::lowest_trained_module), which is that module.
+  bool model_stops_backward_early = false;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).

@@ -48,6 +48,12 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
   ZRT_CHECK(options.gradient_accumulation_steps >= 1 &&
                 (options.hpz_partition_size <= 1 || plan.world() % options.hpz_partition_size == 0),
             "schedule options outside what engine_options.h's validate() accepts (run it first)");
+  ZRT_CHECK(options.first_backward_module >= 0 &&
+                options.first_backward_module <= std::max(num_modules - 1, 0) &&
+                options.first_backward_module <= lowest_trained_module(plan, num_modules),
+            "first_backward_module {}: the backward must reach module {}, the lowest with a "
+            "trained parameter (UnitSchedule::lowest_trained_module)",
+            options.first_backward_module, lowest_trained_module(plan, num_modules));
   reuse_distance_.assign(static_cast<std::size_t>(std::max(num_modules, 0)), 0);
   std::int64_t later = 0;  // elements of the non-persistent units of modules after m
   for (int m = num_modules - 1; m >= 0; --m) {
@@ -56,6 +62,22 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
       if (!plan.unit(u).persistent) later += plan.unit(u).numel;
     }
   }
+}
+
+int UnitSchedule::lowest_trained_module(const PartitionPlan& plan, int num_modules) {
+  int lowest = std::max(num_modules - 1, 0);
+  for (const Unit& unit : plan.units()) {
+    if (!unit.frozen) lowest = std::min(lowest, unit.last_backward_module);
+  }
+  return lowest;
+}
+
+int UnitSchedule::last_backward_use(int u) const {
+  // Modules are ascending: the first at or above the first backward module.
+  for (int m : plan_.unit(u).modules) {
+    if (m >= first_backward()) return m;
+  }
+  return -1;
 }
 
 std::int64_t UnitSchedule::secondary_numel(int unit) const {
@@ -79,6 +101,10 @@ void UnitSchedule::step() {
 std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
   ZRT_CHECK(module >= 0 && module < num_modules_, "module {} outside 0..{}", module,
             num_modules_ - 1);
+  ZRT_CHECK((phase != Phase::kBackward && phase != Phase::kRecompute) || module >= first_backward(),
+            "{} of module {}: the backward ends at module {} (every module below it is frozen: "
+            "ParamAccess::first_backward_module)",
+            phase_name(phase), module, first_backward());
   ZRT_CHECK(phase != Phase::kBackward || micro_batch_ < options_.gradient_accumulation_steps,
             "backward of micro-batch {} but gradient_accumulation_steps is {}: call step() at the "
             "accumulation boundary",
@@ -96,7 +122,7 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
       // the last module down), and the compute stream has waited for their gathers, the last
       // reads of their secondary shards.
       for (int u : units) {
-        if (secondary(u) && plan_.unit(u).last_backward_module == module) {
+        if (secondary(u) && last_backward_use(u) == module) {
           secondary_[static_cast<std::size_t>(u)] = false;
           live_secondary_ -= secondary_numel(u);
           ops.push_back({UnitOpKind::kFreeSecondary, u});
@@ -142,7 +168,7 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
     if (phase == Phase::kForward) next = module + 1 < num_modules_ ? module + 1 : module;
     if (phase == Phase::kEval) next = module + 1 < num_modules_ ? module + 1 : -1;
     if (phase == Phase::kRecompute) next = module;
-    if (phase == Phase::kBackward) next = module - 1;
+    if (phase == Phase::kBackward) next = module > first_backward() ? module - 1 : -1;
     for (int u : units) {
       const Unit& unit = plan_.unit(u);
       if (unit.persistent || !gathered(u)) continue;
@@ -152,7 +178,7 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
       // Reused soon enough (its backward, or the recompute before it, comes within the reuse
       // distance) and within the live bound, which already counts it: keep it for the backward.
       const bool reused_soon =
-          phase == Phase::kForward &&
+          phase == Phase::kForward && module >= first_backward() &&
           reuse_distance_[static_cast<std::size_t>(module)] <= options_.stage3_max_reuse_distance &&
           live_gathered_ <= options_.stage3_max_live_parameters;
       if (reused_soon) continue;
@@ -169,7 +195,7 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
     // each of 32 modules x 8 micro-batches, 0.54 s of a 3.9 s step; BENCHMARKS.md). The units
     // are gathered after this module's are released, as acquire() would, so the live
     // parameters, and the peaks, are the same.
-    if (phase == Phase::kBackward && module > 0) {
+    if (phase == Phase::kBackward && module > first_backward()) {
       for (int u : plan_.module_units(module - 1)) {
         if (!plan_.unit(u).persistent) gather(u, phase, ops);
       }
@@ -180,12 +206,12 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
     // A frozen unit's bucket is never reduced: it goes once its last module's backward is done.
     for (int u : units) {
       const Unit& unit = plan_.unit(u);
-      if (unit.frozen && unit.last_backward_module == module && bucket_open(u)) {
+      if (unit.frozen && last_backward_use(u) == module && bucket_open(u)) {
         free_bucket(u, ops);
       }
     }
   }
-  if (phase == Phase::kBackward && module == 0) {
+  if (phase == Phase::kBackward && module == first_backward()) {
     ++micro_batch_;
     // Every bucket of this micro-batch has been reduced: free them all.
     for (auto* list : {&rotating_buckets_, &pinned_buckets_}) {
@@ -207,7 +233,8 @@ void UnitSchedule::gather(int u, Phase phase, std::vector<UnitOp>& ops) {
     return;
   }
   ops.push_back({UnitOpKind::kIssueGather, u});
-  if (hpz() && training) {
+  // A unit no backward uses (below the first backward module) has no later gather to serve.
+  if (hpz() && training && last_backward_use(u) >= 0) {
     secondary_[static_cast<std::size_t>(u)] = true;
     live_secondary_ += secondary_numel(u);
     ops.push_back({UnitOpKind::kKeepSecondary, u});
@@ -221,10 +248,10 @@ void UnitSchedule::prefetch_after(int module, Phase phase, std::vector<UnitOp>& 
   if (phase == Phase::kForward || phase == Phase::kEval) {
     for (int m = module + 1; m < num_modules_; ++m) next.push_back(m);
     if (phase == Phase::kForward) {
-      for (int m = num_modules_ - 1; m >= 0; --m) next.push_back(m);
+      for (int m = num_modules_ - 1; m >= first_backward(); --m) next.push_back(m);
     }
   } else {
-    for (int m = module - 1; m >= 0; --m) next.push_back(m);
+    for (int m = module - 1; m >= first_backward(); --m) next.push_back(m);
   }
   // A window of `budget` elements over the next uses: the units already gathered for them
   // take their place in it, and the first unit that does not fit, or would break the
@@ -376,7 +403,7 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
   };
   for (int micro = 0; micro < options.gradient_accumulation_steps; ++micro) {
     for (int m = 0; m < num_modules; ++m) use(m, Phase::kForward);
-    for (int m = num_modules - 1; m >= 0; --m) {
+    for (int m = num_modules - 1; m >= options.first_backward_module; --m) {
       if (recomputed[static_cast<std::size_t>(m)]) use(m, Phase::kRecompute);
       use(m, Phase::kBackward);
     }

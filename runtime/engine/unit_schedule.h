@@ -53,6 +53,12 @@ struct ScheduleOptions {
   // group's S and, under expert parallelism, the experts' ranks in an hpZ block
   // (engine_groups.h's schedule options). Empty: hpz_partition_size for every group.
   std::vector<int> hpz_group_sizes;
+  // The lowest module whose backward a micro-batch runs (ParamAccess::first_backward_module):
+  // the model's backward ends with this module's release, so it ends the micro-batch, and no
+  // module below it is gathered, kept or prefetched for a backward or a recompute. Every module
+  // below it must hold frozen units only (checked): nothing there has a gradient to reduce.
+  // 0: the whole backward (UnitSchedule::lowest_trained_module gives the highest it may be).
+  int first_backward_module = 0;
 };
 
 enum class UnitOpKind {
@@ -89,7 +95,8 @@ class UnitSchedule {
 
   // The operations before module `module` runs `phase`, in the order to execute them.
   std::vector<UnitOp> acquire(int module, Phase phase);
-  // The operations after it ran. The backward of module 0 ends the micro-batch.
+  // The operations after it ran. The backward of the first backward module
+  // (ScheduleOptions::first_backward_module, 0 by default) ends the micro-batch.
   std::vector<UnitOp> release(int module, Phase phase);
   // The accumulation boundary: the next backward is the first of a new step. Throws while an
   // hpZ secondary shard is alive (a training forward without its backward): it would hold the
@@ -122,11 +129,20 @@ class UnitSchedule {
   // stepped) are offloaded whenever the ratio is above 0, and the ratio splits the trained
   // units' elements.
   static std::vector<bool> offloaded_units(const PartitionPlan& plan, double ratio);
+  // The lowest module a unit with a gradient to reduce uses (the lowest module holding a trained
+  // parameter): a backward may stop there (ScheduleOptions::first_backward_module), as autograd
+  // stops below the lowest parameter that requires a gradient. With every unit frozen, the last
+  // module (whose backward computes the loss of a transformer here).
+  static int lowest_trained_module(const PartitionPlan& plan, int num_modules);
 
  private:
   bool sharded() const { return options_.stage == 3; }
   bool per_micro_batch_grads() const { return options_.stage >= 2; }
   bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
+  int first_backward() const { return options_.first_backward_module; }
+  // The module whose backward is unit u's last use in a micro-batch: its lowest module, or the
+  // first backward module when the backward stops above it; -1 when no backward uses it.
+  int last_backward_use(int u) const;
   void gather(int u, Phase phase, std::vector<UnitOp>& ops);
   void prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops);
   // At `module`'s backward.

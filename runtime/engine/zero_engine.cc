@@ -52,7 +52,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
       optimizer_(optimizer),
       plan_(params_, engine_groups::partition_options(options, groups_, num_modules),
             engine_groups::group_worlds(options, groups_)),
-      schedule_(plan_, num_modules, engine_groups::schedule_options(options, groups_)),
+      schedule_(plan_, num_modules,
+                engine_groups::schedule_options(options, groups_, plan_, num_modules)),
       scaler_(options.loss_scale),
       unit_rank_(engine_groups::unit_ranks(plan_, options, groups_)) {
   // The options alone (engine_options.h, the rules the config layer reports too), then what

@@ -169,6 +169,7 @@ class ZeroEngine final : public ParamAccess {
   DevicePtr<std::byte> param(int index) override;
   DevicePtr<std::byte> grad(int index) override;
   bool trains(int index) const override { return !params_[static_cast<std::size_t>(index)].frozen; }
+  int first_backward_module() const override { return schedule_.options().first_backward_module; }
   DType compute_dtype() const override { return options_.compute_dtype; }
   DType grad_dtype() const override;
 

@@ -67,6 +67,9 @@ struct ParityCase {
   // Parameters not trained (ParamSpec::frozen, by name; empty: none): the reference leaves
   // them out of the norm and the update; they must come back bit for bit as initialised.
   std::function<bool(const std::string& name)> frozen;
+  // Where the engine's backward must end with them (ParamAccess::first_backward_module); -1:
+  // not checked.
+  int first_backward_module = -1;
   // Applied to every initial value after the model's own (both runs): e.g. a router forcing
   // every token to one expert.
   std::function<void(const std::string& name, std::int64_t first, std::int64_t count, float* out)>
@@ -253,6 +256,9 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   adam.weight_decay = pc.weight_decay;
   auto optimizer = make_device_adam(*device, adam);
   options.gradient_clipping = pc.clip;
+  // As zrt-train builds it: the backward ends at the lowest module with a trained parameter
+  // (the reference runs the whole backward).
+  options.model_stops_backward_early = model->stops_backward_early();
   std::vector<ParamSpec> params = model->parameters();
   mark_parity_frozen(pc, params);
   std::unique_ptr<ZeroEngine> engine_owner =
@@ -262,6 +268,8 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
              : std::make_unique<ZeroEngine>(*device, *compute, *group, params, model->num_modules(),
                                             options, *optimizer, make_cpu_optimizer_offload);
   ZeroEngine& engine = *engine_owner;
+  if (pc.first_backward_module >= 0)
+    REQUIRE(engine.first_backward_module() == pc.first_backward_module);
   engine.initialize([&](int p, std::int64_t first, std::int64_t count, float* out) {
     model->init_parameter(p, 7, first, count, out);
     pc.adjust_init(model->parameters()[static_cast<std::size_t>(p)].name, first, count, out);

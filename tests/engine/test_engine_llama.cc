@@ -73,5 +73,22 @@ TEST_CASE("the tiny Qwen2 with frozen parameters trains only the others, at ever
     return name == "model.embed_tokens.weight" || has(".self_attn.q_proj.") ||
            has("model.layers.1.mlp.");
   };
+  pc.first_backward_module = 1;  // the tied embedding's backward is not run
+  test::check_engine_parity(pc);
+}
+
+// Freezing the lower layers (LLaMA-Factory's freeze mode, the embedding and layer 0 here): the
+// backward ends at layer 1, the lowest module with a trained parameter, with no gradient, gather,
+// recompute or reduction below it, and trains layer 1 and the head as the reference's whole
+// backward does, at every stage, with checkpointing and offload.
+TEST_CASE("the tiny Llama with its lower layer frozen: the backward ends above it",
+          "[llama][frozen]") {
+  test::ParityCase pc = llama_case("llama-tiny:seq_len=32");
+  pc.steps = 4;
+  pc.expect_learning = false;
+  pc.frozen = [](const std::string& name) {
+    return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0;
+  };
+  pc.first_backward_module = 2;
   test::check_engine_parity(pc);
 }

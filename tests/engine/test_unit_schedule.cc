@@ -219,6 +219,126 @@ TEST_CASE("partial offload: frozen units to host memory, the ratio over the trai
   CHECK(on_host(1.0) == std::vector<int>{0, 1, 2, 3});
 }
 
+// Frozen lower modules (model.frozen on the embedding and the first layers): a model that stops
+// its backward early ends it at the lowest module with a trained parameter, and the schedule
+// ends the micro-batch there: nothing below is gathered, kept, prefetched or given a secondary
+// shard for a backward that will not come, and a tied frozen unit's last backward use is the
+// highest of its modules the backward reaches.
+TEST_CASE("a backward that ends at the lowest module with a trained parameter") {
+  // e: a frozen table tied between modules 0 and 3; m1 frozen; m2 and m3 trained.
+  std::vector<ParamSpec> params = {{"e", {8, 8}, {0, 3}, false},
+                                   {"m1.w", {8, 8}, {1}, false},
+                                   {"m2.w", {8, 8}, {2}, false},
+                                   {"m3.w", {8, 8}, {3}, false}};
+  params[0].frozen = params[1].frozen = true;
+  PartitionOptions po;
+  po.stage = 3;
+  po.world = 4;
+  po.persistence_threshold = 0;
+  po.alignment = 4;
+  po.num_modules = 4;
+  const PartitionPlan plan(params, po);
+  CHECK(UnitSchedule::lowest_trained_module(plan, 4) == 2);
+  {
+    std::vector<ParamSpec> all = params;
+    for (ParamSpec& p : all) p.frozen = false;
+    CHECK(UnitSchedule::lowest_trained_module(PartitionPlan(all, po), 4) == 0);
+    for (ParamSpec& p : all) p.frozen = true;  // the last module's backward still runs
+    CHECK(UnitSchedule::lowest_trained_module(PartitionPlan(all, po), 4) == 3);
+  }
+  const int ue = plan.placement(0).unit, u1 = plan.module_units(1)[0], u2 = plan.module_units(2)[0];
+  ScheduleOptions o;
+  o.stage = 3;
+  o.stage3_prefetch_bucket_size = 0;
+  o.hpz_partition_size = 2;
+  o.first_backward_module = 3;  // above m2's trained parameter: its gradient would be lost
+  CHECK_THROWS_WITH(UnitSchedule(plan, 4, o),
+                    Catch::Contains("the backward must reach module 2, the lowest with a trained"));
+  o.first_backward_module = 2;
+  using V = std::vector<UnitOp>;
+  SECTION("stage 3 with hpZ: the micro-batch ends at module 2") {
+    UnitSchedule s(plan, 4, o);
+    // The tied table keeps a secondary shard (module 3's backward reads it), m1 none.
+    CHECK(show(s.acquire(0, Phase::kForward)) ==
+          show(V{{K::kIssueGather, ue}, {K::kKeepSecondary, ue}, {K::kAwaitGather, ue}}));
+    s.release(0, Phase::kForward);
+    CHECK(show(s.acquire(1, Phase::kForward)) ==
+          show(V{{K::kIssueGather, u1}, {K::kAwaitGather, u1}}));
+    CHECK(show(s.release(1, Phase::kForward)) == show(V{{K::kReleaseGather, u1}}));
+    for (int m : {2, 3}) {
+      s.acquire(m, Phase::kForward);
+      s.release(m, Phase::kForward);
+    }
+    for (int m : {3, 2}) {
+      for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+        if (op.kind == K::kFreeSecondary && op.unit == ue) CHECK(m == 3);
+      }
+      const std::vector<UnitOp> ops = s.release(m, Phase::kBackward);
+      if (m == 2) {
+        // No gather for module 1, and every bucket goes: m2's after its reduction.
+        CHECK(show(ops) ==
+              show(V{{K::kReleaseGather, u2}, {K::kIssueReduce, u2, true}, {K::kFreeBucket, u2}}));
+      }
+    }
+    CHECK(s.micro_batch() == 1);
+    CHECK(s.live_gathered_elements() == 0);
+    CHECK(s.live_secondary_elements() == 0);
+    CHECK(s.live_bucket_elements() == 0);
+    CHECK_THROWS_WITH(s.acquire(1, Phase::kBackward),
+                      Catch::Contains("backward of module 1: the backward ends at module 2"));
+    CHECK_THROWS_WITH(s.acquire(1, Phase::kRecompute),
+                      Catch::Contains("recompute of module 1: the backward ends at module 2"));
+    s.step();
+  }
+  SECTION("stage 3: a forward keeps nothing below for a backward, nor prefetches it") {
+    o.hpz_partition_size = 0;
+    o.stage3_max_reuse_distance = 1000;  // everything would be kept
+    o.stage3_prefetch_bucket_size = 1000;
+    UnitSchedule s(plan, 4, o);
+    for (int m = 0; m < 4; ++m) {
+      s.acquire(m, Phase::kForward);
+      const std::vector<UnitOp> ops = s.release(m, Phase::kForward);
+      if (m == 1) CHECK(show(ops) == show(V{{K::kReleaseGather, u1}}));
+    }
+    CHECK_FALSE(s.gathered(u1));
+    for (int m : {3, 2}) {
+      for (const UnitOp& op : s.acquire(m, Phase::kBackward)) CHECK(op.unit != u1);
+      for (const UnitOp& op : s.release(m, Phase::kBackward)) CHECK(op.unit != u1);
+    }
+    CHECK(s.live_gathered_elements() == 0);
+  }
+  SECTION("stage 2: the tied frozen bucket goes after module 3, the rest at module 2") {
+    PartitionOptions p2 = po;
+    p2.stage = 2;
+    p2.bucket_elements = 64;
+    const PartitionPlan plan2(params, p2);
+    ScheduleOptions o2;
+    o2.stage = 2;
+    o2.first_backward_module = 2;
+    UnitSchedule s(plan2, 4, o2);
+    for (int m = 0; m < 4; ++m) {
+      s.acquire(m, Phase::kForward);
+      s.release(m, Phase::kForward);
+    }
+    s.acquire(3, Phase::kBackward);
+    const int e2 = plan2.placement(0).unit;
+    CHECK(s.bucket_open(e2));
+    s.release(3, Phase::kBackward);
+    CHECK_FALSE(s.bucket_open(e2));
+    s.acquire(2, Phase::kBackward);
+    s.release(2, Phase::kBackward);
+    CHECK(s.live_bucket_elements() == 0);
+    CHECK(s.micro_batch() == 1);
+  }
+  SECTION("zrt-mem's replay ends there too") {
+    // The replay's step() would throw on a secondary shard left for a backward that never came.
+    const std::vector<bool> recomputed = {false, true, true, false};
+    const SchedulePeaks peaks = schedule_peaks(plan, 4, o, recomputed);
+    // The largest moment: m3's and the tied table's gathered units (64 each) at the turn.
+    CHECK(peaks.gathered_elements == 128);
+  }
+}
+
 TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it later, free it") {
   const auto params = chain();
   PartitionOptions po;

@@ -198,6 +198,25 @@ TEST_CASE("GPT-2's activation hook: the closed form equals the model's own layou
                 model.activation_bytes(B, T, dt) + 256);  // + the loss scalar
         }
       }
+      // Frozen lower layers: the backward from block F (module F + 1); the blocks below share
+      // one kept set, the residual stream below F two rows, the host none of their inputs.
+      for (bool cpu : {false, true}) {
+        if (cpu && !ckpt) continue;
+        for (int F : {1, 2, config.n_layer - 1, config.n_layer}) {
+          INFO(spec << " ckpt " << ckpt << " cpu_checkpointing " << cpu << " first block " << F);
+          gpt::GptOptions planned = options;
+          planned.cpu_checkpointing = cpu;
+          planned.planned_first_backward_block = F;
+          CHECK(gpt::activation_bytes(config, 2, 24, DType::kBFloat16, planned) ==
+                gpt::Gpt::planned_activation_bytes(config, planned, 2, 24, DType::kBFloat16));
+          ModelOptions counted;
+          counted.activation_checkpointing = ckpt;
+          counted.cpu_checkpointing = cpu;
+          counted.planned_first_backward_module = F + 1;
+          CHECK(def->activation_footprint(2, 24, DType::kBFloat16, counted).device ==
+                gpt::activation_bytes(config, 2, 24, DType::kBFloat16, planned));
+        }
+      }
     }
   }
   // Checkpointing keeps one block's tensors instead of L: for gpt2-xl at B = 4, T = 1024 in bf16

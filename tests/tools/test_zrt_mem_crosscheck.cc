@@ -109,6 +109,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   auto optimizer = make_device_adam(*device, adam);
   EngineOptions o = in.engine;
   o.stage = setting.stage;
+  o.model_stops_backward_early = model.stops_backward_early();  // as zrt-train builds it
   o.offload_optimizer.enabled = setting.offload_optimizer;
   o.offload_param.enabled = setting.offload_param;
   if (!(o.stage == 3 && setting.offload_optimizer && !setting.offload_param)) {
@@ -334,6 +335,47 @@ TEST_CASE("zrt-mem matches the tracker with frozen parameters: no state for froz
       if (setting.stage >= 2 && !setting.offload_optimizer) {
         CHECK(at(e.device_peaks(), MemCategory::kGrads) <
               at(everything.device_peaks(), MemCategory::kGrads));
+      }
+    }
+  }
+}
+
+// Frozen lower layers: the backward ends at the lowest module with a trained parameter, so the
+// engine opens no gradient bucket below it, and the blocks below keep one shared set of
+// activations, two rows of the residual stream and no host copies of their inputs; zrt-mem
+// replays the same schedule and counts the same layout.
+TEST_CASE("zrt-mem matches the tracker with frozen lower layers: a shorter backward") {
+  const std::string spec = "llama-tiny:seq_len=32,num_hidden_layers=5";
+  const std::vector<std::string> frozen = {"model.embed_tokens.weight", "model.layers.[0-2].*"};
+  struct Checkpointing {
+    bool on, cpu;
+  };
+  for (const Checkpointing ckpt :
+       {Checkpointing{false, false}, Checkpointing{true, false}, Checkpointing{true, true}}) {
+    for (const Setting& setting : {Setting{0, false, false}, Setting{2, false, false},
+                                   Setting{3, false, false}, Setting{3, true, true}}) {
+      Inputs in = tiny_inputs(spec, ckpt.on);
+      in.cpu_checkpointing = ckpt.cpu;
+      in.model->frozen = frozen;
+      const Estimate e = estimate(in, setting);
+      const Measured m = run_engine(in, setting);
+      INFO(setting.name() << ", checkpointing " << ckpt.on << ", cpu_checkpointing " << ckpt.cpu
+                          << ", N " << in.world);
+      check_exact(e, m);
+      Inputs all = tiny_inputs(spec, ckpt.on);
+      all.cpu_checkpointing = ckpt.cpu;
+      const Estimate everything = estimate(all, setting);
+      // Blocks 0-2 below the backward: without checkpointing two kept sets and a residual row
+      // fewer, with it a residual row fewer, with cpu_checkpointing three host rows fewer
+      // (blocks 0-2's inputs: none left on the host).
+      const std::int64_t row = std::int64_t{kB} * 32 * 64 * 2;  // (B,T,C) in bf16
+      if (ckpt.cpu) {
+        CHECK(e.activations_host_checkpointed == 0);
+        CHECK(everything.activations_host_checkpointed == 3 * row);
+      } else if (ckpt.on) {
+        CHECK(everything.activations() - e.activations() == row);
+      } else {
+        CHECK(everything.activations() - e.activations() > 2 * row);
       }
     }
   }

@@ -77,6 +77,9 @@ struct UnitFigures {
   I64 params_peak = 0;          // elements: gathered + secondary at once
   I64 bucket_peak = 0;          // elements
   I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
+  // Where the backward ends (UnitSchedule::lowest_trained_module for a model that stops early):
+  // the blocks below keep no activations for it.
+  int first_backward_module = 0;
   std::vector<UnitSize> units;  // every unit
   int groups = 1;               // the engine's shard groups (2 under expert parallelism)
   // Per shard group: its largest slice reduced, and stage 3's largest slice of a non-persistent
@@ -250,6 +253,10 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // The engine's own schedule, replayed: the gathers and buckets it will allocate.
   // hpZ: each group's secondary shards over its ranks of an hpZ block (the layout's groups).
   ScheduleOptions schedule = schedule_options(o);
+  if (model.def && model.def->stops_backward_early()) {
+    schedule.first_backward_module = UnitSchedule::lowest_trained_module(plan, model.num_modules);
+  }
+  f.first_backward_module = schedule.first_backward_module;
   if (dims.hpz() > 1 && o.expert_parallel_size > 1) {
     schedule.hpz_group_sizes = {dims.hpz(),
                                 static_cast<int>(dims.expert_hpz_group_plan(0).members.size())};
@@ -560,18 +567,23 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
 
   if (in.model && in.model->def) {
     const ModelDef& def = *in.model->def;
+    // The model's options, with the blocks the backward does not reach (frozen lower layers).
+    const auto model_options = [&](bool checkpointing) {
+      ModelOptions m = in.model_options(checkpointing);
+      m.planned_first_backward_module = f.first_backward_module;
+      return m;
+    };
     // At sequence parallelism every rank of a group trains on its chunk of each sequence.
     const int sp = o.sequence_parallel_size;
     const int chunk = in.seq_len / sp;
     const I64 tokens = in.trainer_buffers ? token_batch_bytes(in.micro_batch, in.seq_len, sp) : 0;
     const ActivationFootprint full =
-        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, in.model_options(false));
+        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, model_options(false));
     const ActivationFootprint checkpointed =
-        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, in.model_options(true));
+        def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, model_options(true));
     const bool on_cpu = in.device_type == DeviceType::kCpu;
-    e.kernel_workspace =
-        def.kernel_workspace_bytes(in.micro_batch, chunk, o.compute_dtype,
-                                   in.model_options(in.activation_checkpointing), on_cpu);
+    e.kernel_workspace = def.kernel_workspace_bytes(
+        in.micro_batch, chunk, o.compute_dtype, model_options(in.activation_checkpointing), on_cpu);
     // The CUDA kernels' cuBLASLt workspace, allocated with the model's KernelContext.
     if (!on_cpu) e.kernel_workspace += kernels::KernelOptions{}.cublaslt_workspace_bytes;
     e.activations_full = full.device + tokens;
@@ -583,12 +595,12 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
     e.dispatch_comm = counted.device_comm;
     e.comm += e.dispatch_comm;
     if (o.expert_parallel_size > 1) {
-      ModelOptions local = in.model_options(in.activation_checkpointing);
+      ModelOptions local = model_options(in.activation_checkpointing);
       local.planned_expert_parallel_size = 1;
       e.dispatch_activations =
           counted.device -
           def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, local).device;
-      ModelOptions worst = in.model_options(in.activation_checkpointing);
+      ModelOptions worst = model_options(in.activation_checkpointing);
       worst.planned_expert_rows = -1;
       e.dispatch_worst_extra =
           def.activation_footprint(in.micro_batch, chunk, o.compute_dtype, worst).device -
