@@ -217,12 +217,15 @@ void TrainingRun::build_engine() {
     const auto lowest = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) {
       return !p.frozen && p.modules.front() == first_backward;
     });
+    const bool one = first_backward == 1;
     spdlog::info(
-        "backward ends at module {} of {} ({} is the lowest trained parameter): the {} "
-        "below hold frozen parameters only and run no backward",
+        "backward ends at module {} of {}{}: {} below {} frozen parameters only and {} "
+        "no backward",
         first_backward, model.num_modules(),
-        lowest != params.end() ? lowest->name : std::string("nothing"),
-        first_backward == 1 ? std::string("module") : fmt::format("{} modules", first_backward));
+        lowest != params.end() ? fmt::format(" ({} is the lowest trained parameter)", lowest->name)
+                               : std::string(),
+        one ? std::string("the module") : fmt::format("the {} modules", first_backward),
+        one ? "holds" : "hold", one ? "runs" : "run");
   }
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.

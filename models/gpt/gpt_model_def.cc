@@ -199,9 +199,11 @@ ModelEntry registry_entry() {
 
 // Gpt::layout_activations puts a pass's activations in one allocation, each tensor rounded up
 // to 256 bytes (S = bytes per element of the compute dtype, BT = B x T, statistics in fp32):
-//   residual stream        L + 1 tensors (B,T,C)
-//   per block, kept for backward (all L blocks; one reused set under checkpointing, where only
-//   the residual stream, i.e. each block's input, is kept and the block's forward reruns):
+//   residual stream        L + 1 tensors (B,T,C) (below the first block whose backward runs, F:
+//                          two rows in turn, so L + 1 - F + min(F, 2))
+//   per block, kept for backward (the L - F blocks from F and one set the blocks below share;
+//   one reused set under checkpointing, where only the residual stream, i.e. each block's input,
+//   is kept and the block's forward reruns):
 //     ln1, atty, attproj, res2, ln2, fcproj (B,T,C); qkv (B,T,3C); fch, fch_gelu (B,T,4C);
 //     ln1/ln2 mean and rstd (B,T) fp32; the attention log-sum-exp (B,NH,T) fp32
 //   head: lnf (B,T,C), its mean/rstd, logits (B,T,V) in rows of kernels::logits_row_stride(V)

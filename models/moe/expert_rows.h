@@ -2,8 +2,10 @@
 // under expert parallelism (expert_parallel.autoep_size ep > 1), sized from the routing instead
 // of for its worst case.
 //
-// Per kept activation set (one per block, or one under activation checkpointing, or one when the
-// MoE layers run in tiles: a tile's rows, computed again in the backward) the experts' input rows
+// Per kept activation set that serves an MoE block (transformer_activations.h's KeptSets: one per
+// block, one the blocks below the first with a backward share, or one under activation
+// checkpointing; or one when the MoE layers run in tiles: a tile's rows, computed again in the
+// backward) the experts' input rows
 // and their SwiGLU values, kept from a layer's forward to its backward:
 //   xl (R, C), gate, up, h (R, I)
 // and one scratch every forward and backward overwrites before reading:

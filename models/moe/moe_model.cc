@@ -316,7 +316,8 @@ void MoeModel::init_parameter(int index, std::uint64_t seed, std::int64_t begin,
 // The blocks' part of the layout (S bytes per element of the compute dtype, N = B*T, statistics
 // fp32, indices int32; "any dense" / "any MoE": present when some block is of that kind; Nd and
 // Nm the rows the dense MLP and the MoE layer take at a time: N, or a tile's rows when tiled):
-//   kept (L sets, or 1 under checkpointing): ln1 (N,C), ln1 rstd (N), q (N,Q), k, v (N,KV); with
+//   kept (KeptSets: L sets, fewer below the first block with a backward, or 1 under
+//     checkpointing): ln1 (N,C), ln1 rstd (N), q (N,Q), k, v (N,KV); with
 //     q/k norms the pre-norm q, k and their rstd (N*NH), (N*NKV); lse (B,NH,T); atty (N,Q); res2,
 //     ln2 (N,C), ln2 rstd (N); any dense, untiled: gate, up, h (N,I); any MoE, untiled: the MoE
 //     set below at N rows
@@ -991,8 +992,10 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   k::linear_backward(ctx, dt, gt, d.dln1, GW(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
   k::linear_backward(ctx, dt, gt, d.dln1, GW(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1), d.dln1, res_in, P(kLn1), x.ln1_rstd, N, C);
-  // The pass's last block: the local experts' buffers all at the capacity it reached.
-  if (layer == 0 && rows_) rows_->settle();
+}
+
+void MoeModel::blocks_backward_done() {
+  if (rows_) rows_->settle();
 }
 
 }  // namespace zrt::moe

@@ -206,6 +206,8 @@ class MoeModel final : public transformer::TransformerModel {
   void block_forward(ParamAccess& access, int layer, Bytes res_in, Bytes res_out) override;
   void block_backward(ParamAccess& access, int layer, Bytes res_in) override;
   void add_auxiliary_losses(Floats loss, float loss_scale) override;
+  // The local experts' buffers all at the capacity the pass reached (ExpertRows::settle).
+  void blocks_backward_done() override;
 
   MoeParams moe_params(ParamAccess& a, int layer, bool grads) const;
   // A dense layer's SwiGLU weights (or gradients), and its tile (the backward's tensors set).

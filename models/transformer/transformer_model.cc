@@ -210,8 +210,10 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
     ctx_.device().fill_zero(acts_.accumulated_grads,
                             static_cast<std::size_t>(acts_.accumulated_grad_bytes), ctx_.stream());
     block_backward(a, l, acts_.residual[l]);
+    if (l == first_block) blocks_backward_done();
     a.release(m, Phase::kBackward);
   }
+  if (first_block == L) blocks_backward_done();
 
   if (a.first_backward_module() > kEmbeddingModule) return;
   a.acquire(kEmbeddingModule, Phase::kBackward);

@@ -72,7 +72,8 @@ class TransformerModel : public Model {
   float read_loss();
   // The residual stream (B,T,hidden_size) of the last pass after block i-1 (i = 0: the token
   // embeddings), in the compute dtype: transformers' per-layer hidden states (tests). With
-  // cpu_checkpointing only the last three are still there after a pass.
+  // cpu_checkpointing only the last three are still there after a pass, and below the first
+  // block whose backward runs (frozen lower layers) only the last two of those blocks' rows.
   DevicePtr<const std::byte> residual(int i) const { return acts_.residual.at(i); }
   // Rows per tile of the head in the last pass (B*T when it was whole).
   int head_tile_rows() const { return acts_.head_rows; }
@@ -116,6 +117,10 @@ class TransformerModel : public Model {
     (void)loss;
     (void)loss_scale;
   }
+  // Once per training pass, at the end of the last block backward that runs (the first backward
+  // block's, ParamAccess::first_backward_module, before its release; after the head's when no
+  // block's runs).
+  virtual void blocks_backward_done() {}
 
   // The bytes of a pass's activations for a model of `spec`, without its loss scalar.
   static std::int64_t activation_bytes(const TransformerSpec& spec,

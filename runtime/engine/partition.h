@@ -63,7 +63,9 @@ struct Unit {
   // the optimizer never steps it (docs/architecture.md, "Frozen units").
   bool frozen = false;
   // The module whose kBackward completes this unit's gradient in a micro-batch (the lowest
-  // module index using it, since backward runs from the last module down).
+  // module index using it, since backward runs from the last module down). A backward that ends
+  // early (ScheduleOptions::first_backward_module) never goes below a trained unit's; a frozen
+  // unit's last use is then UnitSchedule's last_backward_use.
   int last_backward_module = 0;
 };
 

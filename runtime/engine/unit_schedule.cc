@@ -49,8 +49,10 @@ UnitSchedule::UnitSchedule(const PartitionPlan& plan, int num_modules,
                 (options.hpz_partition_size <= 1 || plan.world() % options.hpz_partition_size == 0),
             "schedule options outside what engine_options.h's validate() accepts (run it first)");
   ZRT_CHECK(options.first_backward_module >= 0 &&
-                options.first_backward_module <= std::max(num_modules - 1, 0) &&
-                options.first_backward_module <= lowest_trained_module(plan, num_modules),
+                options.first_backward_module <= std::max(num_modules - 1, 0),
+            "first_backward_module {} outside the modules 0..{}", options.first_backward_module,
+            num_modules - 1);
+  ZRT_CHECK(options.first_backward_module <= lowest_trained_module(plan, num_modules),
             "first_backward_module {}: the backward must reach module {}, the lowest with a "
             "trained parameter (UnitSchedule::lowest_trained_module)",
             options.first_backward_module, lowest_trained_module(plan, num_modules));
@@ -233,7 +235,9 @@ void UnitSchedule::gather(int u, Phase phase, std::vector<UnitOp>& ops) {
     return;
   }
   ops.push_back({UnitOpKind::kIssueGather, u});
-  // A unit no backward uses (below the first backward module) has no later gather to serve.
+  // A unit no backward uses (below the first backward module) keeps no secondary shard: it would
+  // live until a backward that does not come (a tied unit's second forward use below it then
+  // gathers over every rank).
   if (hpz() && training && last_backward_use(u) >= 0) {
     secondary_[static_cast<std::size_t>(u)] = true;
     live_secondary_ += secondary_numel(u);
@@ -283,7 +287,8 @@ void UnitSchedule::open_bucket(int u, int module, std::vector<UnitOp>& ops) {
   // is freed (its last module's backward released: above `module`): where a module's
   // parameters are in several units at once (trained and frozen ones, or two groups' buckets
   // whose modules overlap), the ones still in use stay open beyond the count. A shared or
-  // persistent unit stays open until its last use (module 0's backward at the latest). A frozen
+  // persistent unit stays open until its last use (the first backward module's backward at the
+  // latest). A frozen
   // unit's bucket, never reduced, takes no place in the rotation (it would make a module's
   // backward wait for the previous module's reduction) and goes after its last module's
   // backward (release()).

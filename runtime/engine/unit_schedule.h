@@ -47,7 +47,9 @@ struct ScheduleOptions {
   // micro-batch (over every rank) each rank keeps a secondary shard, 1/S of the gathered
   // parameters; the unit's later gathers in the micro-batch (its backward, a recompute, a tied
   // unit's second forward use) read the secondary shards over its S-rank group, and the
-  // secondary shard is freed once the unit's last backward has its parameters. 0 or 1: off.
+  // secondary shard is freed once the unit's last backward has its parameters. A unit no
+  // backward uses (below first_backward_module) keeps none: a tied one's second forward use
+  // there gathers over every rank. 0 or 1: off.
   int hpz_partition_size = 0;
   // Per shard group (Unit::group), the ranks its secondary shards are kept over: the dense
   // group's S and, under expert parallelism, the experts' ranks in an hpZ block
@@ -140,8 +142,8 @@ class UnitSchedule {
   bool per_micro_batch_grads() const { return options_.stage >= 2; }
   bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
   int first_backward() const { return options_.first_backward_module; }
-  // The module whose backward is unit u's last use in a micro-batch: its lowest module, or the
-  // first backward module when the backward stops above it; -1 when no backward uses it.
+  // The module whose backward is unit u's last use in a micro-batch: the lowest of its modules
+  // at or above the first backward module; -1 when it has none (no backward uses it).
   int last_backward_use(int u) const;
   void gather(int u, Phase phase, std::vector<UnitOp>& ops);
   void prefetch_after(int module, Phase phase, std::vector<UnitOp>& ops);

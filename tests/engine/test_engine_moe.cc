@@ -107,6 +107,25 @@ TEST_CASE("the tiny Qwen3-MoE with frozen experts and router trains only the oth
   test::check_engine_parity(pc);
 }
 
+// Frozen lower layers on a mixture (the embedding and MoE layer 0; layer 1 dense): the backward
+// ends at layer 1 at every stage and expert-parallel layout, layer 0's experts still exchange
+// their tokens in the forward alone, and the rest trains as the reference's whole backward does.
+TEST_CASE("the tiny Qwen2-MoE with its lower layer frozen: the backward ends above it",
+          "[moe][frozen]") {
+  test::ParityCase pc = moe_case(
+      "qwen2_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=2,num_attention_heads=4,"
+      "num_key_value_heads=2,vocab_size=256,max_position_embeddings=32,num_experts=4,"
+      "num_experts_per_tok=2,moe_intermediate_size=16,shared_expert_intermediate_size=24,"
+      "norm_topk_prob=false,mlp_only_layers=1",
+      4);
+  pc.steps = 4;
+  pc.frozen = [](const std::string& name) {
+    return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0;
+  };
+  pc.first_backward_module = 2;
+  test::check_engine_parity(pc);
+}
+
 // Never a hang, whatever the routing (docs/reliability.md): a zero router gives every token the
 // same probabilities, and top-1 among equal ones is the lowest expert, so in the first step
 // every token of every rank goes to expert 0, all the rows of the group to rank 0 (at

@@ -330,6 +330,43 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
     CHECK(s.live_bucket_elements() == 0);
     CHECK(s.micro_batch() == 1);
   }
+  SECTION("stage 1 over two micro-batches: each trained unit reduced once, in the last") {
+    PartitionOptions p1 = po;
+    p1.stage = 1;
+    p1.bucket_elements = 64;
+    const PartitionPlan plan1(params, p1);
+    ScheduleOptions o1;
+    o1.stage = 1;
+    o1.gradient_accumulation_steps = 2;
+    o1.first_backward_module = 2;
+    UnitSchedule s(plan1, 4, o1);
+    for (int step = 0; step < 2; ++step) {
+      for (int micro = 0; micro < 2; ++micro) {
+        for (int m = 0; m < 4; ++m) {
+          s.acquire(m, Phase::kForward);
+          s.release(m, Phase::kForward);
+        }
+        std::vector<int> reduced;
+        for (int m : {3, 2}) {
+          s.acquire(m, Phase::kBackward);
+          for (const UnitOp& op : s.release(m, Phase::kBackward)) {
+            if (op.kind != K::kIssueReduce) continue;
+            CHECK(op.final);
+            CHECK_FALSE(plan1.unit(op.unit).frozen);
+            reduced.push_back(op.unit);
+          }
+        }
+        CHECK(s.micro_batch() == micro + 1);
+        if (micro == 0) {
+          CHECK(reduced.empty());
+        } else {
+          CHECK(reduced == std::vector<int>{plan1.module_units(3)[0], plan1.module_units(2)[0]});
+        }
+      }
+      s.step();
+      CHECK(s.micro_batch() == 0);
+    }
+  }
   SECTION("zrt-mem's replay ends there too") {
     // The replay's step() would throw on a secondary shard left for a backward that never came.
     const std::vector<bool> recomputed = {false, true, true, false};

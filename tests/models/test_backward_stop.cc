@@ -100,8 +100,8 @@ void check_stop(const std::string& spec, int hidden) {
   REQUIRE(M == kLayers + 2);
   for (const Setup setup : {Setup{false, false}, Setup{true, false}, Setup{true, true}}) {
     for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
-      // Block 1 and up trained; block 3 and up; the head alone.
-      for (int k : {2, 4, M - 1}) {
+      // From the embedding frozen alone (k = 1) to the head alone trained (k = M - 1).
+      for (int k = 1; k < M; ++k) {
         INFO(spec << ": checkpointing " << setup.checkpointing << ", cpu_checkpointing "
                   << setup.cpu_checkpointing << ", " << dtype_name(dtype)
                   << ", backward from module " << k);
@@ -176,6 +176,17 @@ TEST_CASE("a frozen lower half: GPT-2's backward stops at the first trained bloc
 TEST_CASE("a frozen lower half: Llama's backward stops at the first trained block, same bits") {
   check_stop("llama-tiny:num_hidden_layers=5,seq_len=16,max_position_embeddings=16,vocab_size=96",
              64);
+}
+
+// Dense layers (1 and 3) among the MoE ones, with a shared expert: the kept sets the blocks below
+// share serve both kinds.
+TEST_CASE("a frozen lower half: a mixed dense / MoE model stops at the first trained block") {
+  check_stop(
+      "qwen2_moe:hidden_size=32,intermediate_size=48,num_hidden_layers=5,num_attention_heads=4,"
+      "num_key_value_heads=2,vocab_size=96,max_position_embeddings=16,num_experts=4,"
+      "num_experts_per_tok=2,moe_intermediate_size=16,shared_expert_intermediate_size=24,"
+      "norm_topk_prob=false,mlp_only_layers=1+3,router_aux_loss_coef=0.02",
+      32);
 }
 
 TEST_CASE("a frozen lower half: a mixture's backward stops at the first trained block, same bits") {

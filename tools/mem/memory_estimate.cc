@@ -37,6 +37,8 @@ I64 token_batch_bytes(int B, int T, int sp) {
 EngineOptions options_for(const Inputs& in, const Setting& s) {
   EngineOptions o = in.engine;
   o.stage = s.stage;
+  // As zrt-train builds the engine for the model: its backward ends at the lowest trained module.
+  o.model_stops_backward_early = in.model && in.model->def && in.model->def->stops_backward_early();
   o.offload_optimizer.enabled = s.offload_optimizer;
   o.offload_param.enabled = s.offload_param;
   // Partial offload (offload_optimizer.ratio) exists only at stage 3 without parameter offload;
@@ -253,7 +255,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // The engine's own schedule, replayed: the gathers and buckets it will allocate.
   // hpZ: each group's secondary shards over its ranks of an hpZ block (the layout's groups).
   ScheduleOptions schedule = schedule_options(o);
-  if (model.def && model.def->stops_backward_early()) {
+  if (o.model_stops_backward_early) {
     schedule.first_backward_module = UnitSchedule::lowest_trained_module(plan, model.num_modules);
   }
   f.first_backward_module = schedule.first_backward_module;
