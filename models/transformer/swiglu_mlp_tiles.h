@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "kernels/kernel_context.h"
+#include "runtime/common/dtype.h"
 #include "runtime/device/device_ptr.h"
 
 namespace zrt::transformer {
