@@ -90,6 +90,14 @@ int check_training_config(const CheckArguments& args) {
                                    marks.total_params - marks.frozen_params, params,
                                    in.model->description);
       frozen = train::describe_frozen(config.model, marks);
+      // Where the backward ends, as the run's engine will end it (frozen lower layers).
+      const ModelDef* def = in.model->def.get();
+      if (def != nullptr && def->stops_backward_early()) {
+        const std::string stop = train::describe_backward_stop(
+            params, train::lowest_trained_module(params, in.model->num_modules),
+            in.model->num_modules);
+        if (!stop.empty()) frozen += "\n  " + stop;
+      }
     }
   } catch (const InvalidArgument& e) {
     const std::string message = e.what();

@@ -108,6 +108,30 @@ void check_frozen_patterns(const ModelConfig& model,
   ZRT_THROW(InvalidArgument, "{}", fmt::join(problems, "\n"));
 }
 
+int lowest_trained_module(const std::vector<ParamSpec>& params, int num_modules) {
+  int lowest = std::max(num_modules - 1, 0);
+  for (const ParamSpec& p : params) {
+    if (!p.frozen && !p.modules.empty()) lowest = std::min(lowest, p.modules.front());
+  }
+  return lowest;
+}
+
+std::string describe_backward_stop(const std::vector<ParamSpec>& params, int first_backward_module,
+                                   int num_modules) {
+  if (first_backward_module <= 0) return "";
+  const auto lowest = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) {
+    return !p.frozen && !p.modules.empty() && p.modules.front() == first_backward_module;
+  });
+  const bool one = first_backward_module == 1;
+  return fmt::format(
+      "backward ends at module {} of {}{}: {} below {} frozen parameters only and {} no backward",
+      first_backward_module, num_modules,
+      lowest != params.end() ? fmt::format(" ({} is the lowest trained parameter)", lowest->name)
+                             : std::string(),
+      one ? std::string("the module") : fmt::format("the {} modules", first_backward_module),
+      one ? "holds" : "hold", one ? "runs" : "run");
+}
+
 std::string describe_frozen(const ModelConfig& model, const FrozenMarks& marks) {
   if (marks.frozen_params == 0) return "";
   return fmt::format(

@@ -214,18 +214,7 @@ void TrainingRun::build_engine() {
               -highest[1], highest[0]);
   }
   if (rank_ == 0 && first_backward > 0) {
-    const auto lowest = std::find_if(params.begin(), params.end(), [&](const ParamSpec& p) {
-      return !p.frozen && p.modules.front() == first_backward;
-    });
-    const bool one = first_backward == 1;
-    spdlog::info(
-        "backward ends at module {} of {}{}: {} below {} frozen parameters only and {} "
-        "no backward",
-        first_backward, model.num_modules(),
-        lowest != params.end() ? fmt::format(" ({} is the lowest trained parameter)", lowest->name)
-                               : std::string(),
-        one ? std::string("the module") : fmt::format("the {} modules", first_backward),
-        one ? "holds" : "hold", one ? "runs" : "run");
+    spdlog::info("{}", describe_backward_stop(params, first_backward, model.num_modules()));
   }
   // Hugging Face weights (model.init_from: every rank reads the file and keeps only its
   // slices) or the model's own random initialisation.

@@ -154,6 +154,18 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
   INFO(frozen.output);
   CHECK(frozen.status == 0);
   CHECK_THAT(frozen.output, Catch::Contains("frozen by model.frozen: 1 of "));
+  // GPT-2's tied embedding is used by the head too: the backward still reaches the embedding.
+  CHECK_THAT(frozen.output, !Catch::Contains("backward ends"));
+  // The embedding and the lower blocks frozen: the backward ends at block 2 (module 3).
+  const Outcome lower = zrt_train("--check --config " + kDemo +
+                                  " --model.frozen '[\"transformer.wpe.weight\", "
+                                  "\"transformer.wte.weight\", \"transformer.h.[01].*\"]'");
+  INFO(lower.output);
+  CHECK(lower.status == 0);
+  CHECK_THAT(lower.output, Catch::Contains("backward ends at module 3 of "));
+  CHECK_THAT(lower.output, Catch::Contains("(transformer.h.2.ln_1.weight is the lowest trained "
+                                           "parameter): the 3 modules below hold frozen "
+                                           "parameters only and run no backward"));
 
   // A JSON syntax error stops the reading: it comes alone, with line and column.
   const std::string broken = write_config("broken.json", "{\n  \"seed\": 1,\n}\n");
