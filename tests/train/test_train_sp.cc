@@ -14,6 +14,7 @@
 //  - the all-to-all bytes per step equal docs/multi-node.md's formula;
 //  - sp 2 and 4 with MiCS shard groups and hpZ groups of any size that divides the world (ZeRO
 //    shards over the whole world, not world / sp) train to the same losses;
+//  - frozen lower layers end the backward at the same layer on every rank: sp 1's losses;
 //  - the config errors: query heads not divisible by sp (Llama and GPT-2), sp not dividing the
 //    world or the ranks per node, the batch rule counting world / sp.
 // GPT-2 under sp: test_train_sp_gpt.cc.
@@ -149,6 +150,49 @@ TEST_CASE("packed documents crossing chunk boundaries train as at sp 1", "[sp]")
       }
       CHECK(r.loss_tokens == sp1.loss_tokens);
       check_losses(r.losses, sp1.losses, 1e-5);
+    }
+  }
+}
+
+// Frozen lower layers under sequence parallelism: the embedding and layer 0 frozen, so the
+// backward ends at layer 1 on every rank of every sp block (its all-to-alls and layer 0's
+// backward ones are skipped alike); sp 2 and 4 give sp 1's losses and gradient norms (the
+// trained parameters' alone), at stage 2 with accumulation and at stage 3 with checkpointing.
+TEST_CASE("frozen lower layers end the backward early at every sp alike", "[sp][frozen]") {
+  if (world_size() != 4) return;
+  write_data();
+  const std::string frozen = R"(, "frozen": ["model.embed_tokens.weight", "model.layers.0.*"])";
+  const std::pair<const char*, const char*> stages[] = {
+      {"stage2", R"({"stage": 2})"},
+      {"stage3_ckpt", R"({"stage": 3, "stage3_param_persistence_threshold": 100})"}};
+  for (const auto& [stage, zero] : stages) {
+    Run sp1;
+    for (int sp : {1, 2, 4}) {
+      Job job;
+      job.sp = sp;
+      job.zero = zero;
+      job.model_keys = frozen;
+      job.checkpointing = std::string(stage) == "stage3_ckpt";
+      job.accumulation = sp == 4 ? 2 : 1;
+      job.micro = sp / job.accumulation;
+      const std::string name = std::string("frozen_") + stage + "_sp" + std::to_string(sp);
+      INFO(name);
+      const Run r = train_run(name, job);
+      REQUIRE(r.losses.size() == static_cast<std::size_t>(kSteps));
+      if (sp == 1) {
+        sp1 = r;
+        // Freezing changes the run: every parameter trained gives other losses.
+        Job all = job;
+        all.model_keys.clear();
+        const Run whole = train_run(name + "_all", all);
+        CHECK(whole.losses.back() != sp1.losses.back());
+        continue;
+      }
+      check_losses(r.losses, sp1.losses, 1e-5);
+      REQUIRE(r.grad_norms.size() == sp1.grad_norms.size());
+      for (std::size_t i = 0; i < r.grad_norms.size(); ++i) {
+        CHECK(r.grad_norms[i] == Approx(sp1.grad_norms[i]).epsilon(1e-5));
+      }
     }
   }
 }
