@@ -16,29 +16,37 @@ DType ZeroEngine::grad_dtype() const {
 DevicePtr<std::byte> ZeroEngine::grad(int index) {
   ZRT_CHECK(index >= 0 && index < static_cast<int>(params_.size()), "parameter index {}", index);
   const ParamPlacement& pl = plan_.placement(index);
-  if (!per_micro_batch_grads()) {
-    return at(full_grads_, plan_.unit(pl.unit).offset + pl.offset, options_.grad_accum_dtype);
+  if (!per_micro_batch_grads() && !plan_.unit(pl.unit).frozen) {
+    return full_grads_of(pl.unit) + bytes_of(pl.offset, options_.grad_accum_dtype);
   }
   const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
   ZRT_CHECK(!s.grad_bucket.empty(),
             "gradient of '{}' requested outside the backward of a module "
             "using it",
             params_[static_cast<std::size_t>(index)].name);
-  return at(s.grad_bucket, pl.offset, options_.compute_dtype);
+  return at(s.grad_bucket, pl.offset, grad_dtype());
+}
+
+DevicePtr<std::byte> ZeroEngine::full_grads_of(int u) {
+  const std::int64_t offset = full_grad_offset_[static_cast<std::size_t>(u)];
+  ZRT_CHECK(offset >= 0, "unit {} is frozen: it has no full gradients", u);
+  return at(full_grads_, offset, options_.grad_accum_dtype);
 }
 
 DevicePtr<std::byte> ZeroEngine::owned_grad_of(int u) {
   const Unit& unit = plan_.unit(u);
   if (per_micro_batch_grads())
     return units_[static_cast<std::size_t>(u)]->grad_slice.device<std::byte>();
-  return at(full_grads_, unit.offset + slice_rank(u) * unit.shard, options_.grad_accum_dtype);
+  return full_grads_of(u) + bytes_of(slice_rank(u) * unit.shard, options_.grad_accum_dtype);
 }
 
 void ZeroEngine::open_grad_bucket(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
+  // In the dtype the model writes gradients in: the compute dtype at stages 2-3; at stages 0-1
+  // (a frozen unit's only) the accumulation dtype.
   s.grad_bucket =
-      device_.allocate(bytes_of(unit.numel, options_.compute_dtype), MemCategory::kGrads,
+      device_.allocate(bytes_of(unit.numel, grad_dtype()), MemCategory::kGrads,
                        fmt::format("unit {} gradient bucket", u), MemorySpace::kDevice, &compute_);
   device_.fill_zero(s.grad_bucket.device<std::byte>(),
                     static_cast<std::size_t>(s.grad_bucket.bytes()), compute_);
@@ -113,7 +121,7 @@ void ZeroEngine::reduce_full_gradients(int u) {
   const Unit& unit = plan_.unit(u);
   const DType adt = options_.grad_accum_dtype;
   const DType wire = comm_dtype();
-  const DevicePtr<std::byte> grads = at(full_grads_, unit.offset, adt);
+  const DevicePtr<std::byte> grads = full_grads_of(u);
   TraceSpan span(trace_, comm_, TraceTrack::kComm, s.reduce->name(), "unit", u);
   if (s.reduce->communicates()) {
     DevicePtr<std::byte> work = grads;

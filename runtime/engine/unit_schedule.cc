@@ -141,8 +141,12 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
       ops.push_back({UnitOpKind::kAwaitPublish, u});
     }
   }
-  if (phase == Phase::kBackward && per_micro_batch_grads()) {
-    for (int u : units) open_bucket(u, module, ops);
+  if (phase == Phase::kBackward) {
+    // Stages 0-1 accumulate a trained unit's gradient in the engine's full gradients; a frozen
+    // unit's, which nobody reads, goes to a bucket for its modules' backward at every stage.
+    for (int u : units) {
+      if (per_micro_batch_grads() || plan_.unit(u).frozen) open_bucket(u, module, ops);
+    }
   }
   return ops;
 }
@@ -204,7 +208,7 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
     }
   }
   ops.insert(ops.end(), reduces.begin(), reduces.end());
-  if (phase == Phase::kBackward && per_micro_batch_grads()) {
+  if (phase == Phase::kBackward) {
     // A frozen unit's bucket is never reduced: it goes once its last module's backward is done.
     for (int u : units) {
       const Unit& unit = plan_.unit(u);

@@ -68,9 +68,11 @@ enum class UnitOpKind {
   kAwaitGather,    // the compute stream waits for the unit's gather
   kAwaitPublish,   // the compute stream waits for the unit's post-step all-gather
   kReleaseGather,  // stage 3: free the unit's full parameters (after the kernels that read them)
-  kFreeBucket,     // stages 2-3: wait for the bucket's reduction, then free it
-  kOpenBucket,     // stages 2-3: allocate and zero the unit's gradient bucket
-  kIssueReduce,    // the unit's gradient is complete: reduce it (comm)
+  // Stages 2-3, and a frozen unit's at every stage (stages 0-1 keep trained units' gradients
+  // whole, accumulated over the micro-batches, in the engine's full gradients):
+  kFreeBucket,   // wait for the bucket's reduction (a frozen unit's has none), then free it
+  kOpenBucket,   // allocate and zero the unit's gradient bucket
+  kIssueReduce,  // the unit's gradient is complete: reduce it (comm)
   // hpZ (ScheduleOptions::hpz_partition_size):
   kKeepSecondary,         // keep this rank's 1/S of the unit's just-gathered parameters (comm)
   kIssueSecondaryGather,  // allocate the full parameters, all-gather them from the secondary

@@ -66,8 +66,15 @@ void ZeroEngine::allocate_state() {
                                     "full parameters");
   }
   if (!per_micro_batch_grads()) {
-    full_grads_ =
-        device_.allocate(bytes_of(plan_.total_numel(), adt), MemCategory::kGrads, "full gradients");
+    // The trained units' alone, one after the other (a frozen unit's gradient, which nobody
+    // reads, goes to a bucket for its modules' backward: the schedule opens it at any stage).
+    std::int64_t trained = 0;
+    full_grad_offset_.clear();
+    for (const Unit& unit : plan_.units()) {
+      full_grad_offset_.push_back(unit.frozen ? -1 : trained);
+      if (!unit.frozen) trained += unit.numel;
+    }
+    full_grads_ = device_.allocate(bytes_of(trained, adt), MemCategory::kGrads, "full gradients");
   }
   // Stages 2-3 convert every micro-batch's bucket to the communication dtype, even on one rank;
   // stages 0-1 convert only where there is a reduction.

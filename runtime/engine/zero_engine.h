@@ -319,6 +319,7 @@ class ZeroEngine final : public ParamAccess {
   // The compute stream waits for unit u's reduction.
   void await_reduce(int u);
   DevicePtr<std::byte> owned_grad_of(int u);  // the rank's grad slice (accum dtype)
+  DevicePtr<std::byte> full_grads_of(int u);  // stages 0-1: a trained unit's full gradients
   // Without offload, the squared norm of the whole gradient, summed over ranks, into norm_ with
   // no host read; returns the stream it is ready on.
   Stream& enqueue_grad_norm_squared();
@@ -348,8 +349,12 @@ class ZeroEngine final : public ParamAccess {
   std::int64_t skipped_steps_ = 0;
 
   std::vector<std::unique_ptr<UnitState>> units_;
-  Buffer full_params_;   // stages 0-2: every unit's full compute-dtype parameters
-  Buffer full_grads_;    // stages 0-1: every unit's full gradients (accum dtype)
+  Buffer full_params_;  // stages 0-2: every unit's full compute-dtype parameters
+  // Stages 0-1: every trained unit's full gradients (accum dtype), unit after unit
+  // (full_grad_offset_; a frozen unit has none: its gradient goes to a bucket for its modules'
+  // backward, as at stages 2-3).
+  Buffer full_grads_;
+  std::vector<std::int64_t> full_grad_offset_;  // per unit, elements; -1 for a frozen unit
   Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)
   // Parameter offload: the unit whose reduced slice the copy stream reads from comm_scratch_
   // records this event once it has (its `reduced`); the next conversion into the scratch waits.

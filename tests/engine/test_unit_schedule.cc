@@ -340,6 +340,7 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
     o1.gradient_accumulation_steps = 2;
     o1.first_backward_module = 2;
     UnitSchedule s(plan1, 4, o1);
+    const int e1 = plan1.placement(0).unit;
     for (int step = 0; step < 2; ++step) {
       for (int micro = 0; micro < 2; ++micro) {
         for (int m = 0; m < 4; ++m) {
@@ -348,8 +349,15 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
         }
         std::vector<int> reduced;
         for (int m : {3, 2}) {
-          s.acquire(m, Phase::kBackward);
+          // Trained units accumulate in the full gradients: only the tied frozen table gets a
+          // bucket, for module 3's backward, freed after it.
+          for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+            CHECK(show({op}) == show({{K::kOpenBucket, e1}}));
+            CHECK(m == 3);
+          }
+          if (m == 3) CHECK(s.bucket_open(e1));
           for (const UnitOp& op : s.release(m, Phase::kBackward)) {
+            if (op.kind == K::kFreeBucket) CHECK((op.unit == e1 && m == 3));
             if (op.kind != K::kIssueReduce) continue;
             CHECK(op.final);
             CHECK_FALSE(plan1.unit(op.unit).frozen);
@@ -357,6 +365,7 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
           }
         }
         CHECK(s.micro_batch() == micro + 1);
+        CHECK(s.live_bucket_elements() == 0);
         if (micro == 0) {
           CHECK(reduced.empty());
         } else {

@@ -57,6 +57,7 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
 // from the bucket size when only Ψ is known.
 struct UnitFigures {
   I64 padded = 0;          // P
+  I64 trained_padded = 0;  // the trained units' elements: stages 0-1's full gradients
   I64 content = 0;         // Ψ
   I64 shard_total = 0;     // elements a rank owns (P / N)
   I64 sharded_slices = 0;  // stage 3: elements of non-persistent slices a rank owns
@@ -203,6 +204,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
                            group_worlds);
   UnitFigures f;
   f.padded = plan.total_numel();
+  for (const Unit& u : plan.units()) f.trained_padded += u.frozen ? 0 : u.numel;
   f.content = plan.content_numel();
   f.shard_total = plan.total_shard();
   for (const ParamSpec& p : params) f.frozen_content += p.frozen ? p.numel() : 0;
@@ -268,7 +270,10 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
   f.bucket_peak = peaks.bucket_elements;
-  f.transient_bytes = peaks.sum_elements * size_of(o.compute_dtype);
+  // Stages 2-3 bucket in the compute dtype; at stages 0-1 only a frozen unit has a bucket, in
+  // the accumulation dtype the model writes gradients in there (and nothing is gathered).
+  f.transient_bytes =
+      peaks.sum_elements * size_of(o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype);
   return f;
 }
 
@@ -277,7 +282,7 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
 UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   const int n = parallel_dims(o, world, 0).shard_world();
   UnitFigures f;
-  f.padded = f.content = static_cast<I64>(std::llround(psi));
+  f.padded = f.content = f.trained_padded = static_cast<I64>(std::llround(psi));
   f.shard_total = static_cast<I64>(std::llround(psi / n));
   f.sharded_slices = o.stage == 3 ? f.shard_total : 0;
   f.max_unit = std::min(f.padded, o.reduce_bucket_size);
@@ -487,7 +492,8 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   const bool reduced_to_host = offload_takes_reduced_slices(o);
   e.grads_offloaded_as_reduced = reduced_to_host;
   if (o.stage < 2) {
-    e.grads = f.padded * as;  // full gradients, accumulated across micro-batches
+    // The trained units' full gradients, accumulated across micro-batches.
+    e.grads = f.trained_padded * as;
   } else {
     // The owned slices the placement keeps on the device (with parameter offload none: they
     // accumulate in host memory; at one micro-batch per step an offloaded unit's goes down).
@@ -501,7 +507,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.gathered_peak = f.gathered_peak * cs;
   e.secondary_peak = f.secondary_peak * cs;
   e.params_buffers_peak = f.params_peak * cs;
-  e.buckets_peak = f.bucket_peak * cs;
+  e.buckets_peak = f.bucket_peak * (o.stage >= 2 ? cs : as);  // stages 0-1: frozen units'
   e.transient_peak = f.transient_bytes;
   const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
   if (wire != reduced && (o.stage >= 2 || in.world > 1)) e.comm = f.max_unit * size_of(wire);
