@@ -155,6 +155,11 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
        2, false, R"(, "frozen": ["model.layers.0.*", "q_proj", "lm_head.weight"],
                     "tiling": {"mlp_rows": 24})",
        R"("type": "llama", "preset": "llama-tiny")"},
+      // Frozen lower layers at stage 1: the backward ends at block 2 (no backward below), the
+      // full gradients span the trained units, a frozen unit's gradient goes to a bucket.
+      {"stage1_frozen_lower", R"({"stage": 1})", 2, false,
+       R"(, "n_layer": 4, "frozen": ["transformer.wte.weight", "transformer.wpe.weight",
+                                     "transformer.h.[01].*", "ln_f"])"},
   };
   // Ulysses sequence parallelism over every rank: the all-to-alls of the exchange on NCCL, the
   // whole sequence's buffers shared with the chunk's, at stage 3 (micro-batch 2).
