@@ -17,7 +17,9 @@ struct ZeroEngine::UnitState {
   Buffer gathered;            // stage 3: full parameters while in use
   Buffer secondary;           // hpZ: compute dtype [numel / S], forward gather to last backward
   Buffer grad_slice;          // stages 2-3: accum dtype [shard] (empty with parameter offload)
-  Buffer grad_bucket;         // stages 2-3: compute dtype [numel], during a micro-batch's backward
+  // During a micro-batch's backward, [numel] in the dtype the model writes gradients in: stages
+  // 2-3 (compute dtype), and a frozen unit's at stages 0-1 (accumulation dtype).
+  Buffer grad_bucket;
   std::unique_ptr<Event> gathered_ready;  // comm stream, after the gather (or the publication)
   std::unique_ptr<Event> reduced;         // after the bucket's reduction (and its copy out)
 

@@ -308,7 +308,8 @@ class ZeroEngine final : public ParamAccess {
   void publish_all_updated();
 
   // ---- gradients (gradient_reduction.cc) ----
-  // Stages 2-3: the per-micro-batch gradient bucket of unit u (allocated and zeroed).
+  // The per-micro-batch gradient bucket of unit u (allocated and zeroed): stages 2-3, and a
+  // frozen unit's at stages 0-1.
   void open_grad_bucket(int u);
   // Waits for the bucket's reduction on the compute stream and frees it.
   void free_grad_bucket(int u);

@@ -162,7 +162,8 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   }
   if (chosen.frozen_params > 0) {
     out += fmt::format(
-        "  frozen ({}): {} of them ({:.1f}%), without optimizer state or gradient slices\n",
+        "  frozen ({}): {} of them ({:.1f}%), without optimizer state, gradient slices or full "
+        "gradients\n",
         in.model->trainable.empty() ? "model.frozen" : "model.trainable", chosen.frozen_params,
         100.0 * static_cast<double>(chosen.frozen_params) /
             static_cast<double>(chosen.content_params));
@@ -188,7 +189,9 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   // One micro-batch per step with optimizer offload: the offloaded units' reduced slices go
   // to the host as they are (offload_takes_reduced_slices).
-  const char* grads_note = chosen.setting.stage < 2             ? "full, accumulation dtype"
+  const char* grads_note = chosen.setting.stage < 2 && chosen.frozen_params > 0
+                               ? "full (trained units), accumulation dtype"
+                           : chosen.setting.stage < 2           ? "full, accumulation dtype"
                            : chosen.setting.offload_param       ? "offloaded"
                            : !chosen.grads_offloaded_as_reduced ? "1/N"
                            : chosen.grads == 0 ? "offloaded as reduced (one micro-batch per step)"
