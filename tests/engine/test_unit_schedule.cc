@@ -41,6 +41,21 @@ std::string show(const std::vector<UnitOp>& ops) {
   return s;
 }
 
+// A training forward over modules 0..modules-1, the operations dropped.
+void forward_pass(UnitSchedule& s, int modules) {
+  for (int m = 0; m < modules; ++m) {
+    s.acquire(m, Phase::kForward);
+    s.release(m, Phase::kForward);
+  }
+}
+
+// The same stage 0-2 plan of `params` over four modules, one module per bucket.
+PartitionPlan bucket_plan(const std::vector<ParamSpec>& params, PartitionOptions po, int stage) {
+  po.stage = stage;
+  po.bucket_elements = 64;
+  return PartitionPlan(params, po);
+}
+
 }  // namespace
 
 TEST_CASE("stage 3 without prefetch: gather before use, release after, buckets rotate") {
@@ -308,18 +323,12 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
     CHECK(s.live_gathered_elements() == 0);
   }
   SECTION("stage 2: the tied frozen bucket goes after module 3, the rest at module 2") {
-    PartitionOptions p2 = po;
-    p2.stage = 2;
-    p2.bucket_elements = 64;
-    const PartitionPlan plan2(params, p2);
+    const PartitionPlan plan2 = bucket_plan(params, po, 2);
     ScheduleOptions o2;
     o2.stage = 2;
     o2.first_backward_module = 2;
     UnitSchedule s(plan2, 4, o2);
-    for (int m = 0; m < 4; ++m) {
-      s.acquire(m, Phase::kForward);
-      s.release(m, Phase::kForward);
-    }
+    forward_pass(s, 4);
     s.acquire(3, Phase::kBackward);
     const int e2 = plan2.placement(0).unit;
     CHECK(s.bucket_open(e2));
@@ -331,10 +340,7 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
     CHECK(s.micro_batch() == 1);
   }
   SECTION("stage 1 over two micro-batches: each trained unit reduced once, in the last") {
-    PartitionOptions p1 = po;
-    p1.stage = 1;
-    p1.bucket_elements = 64;
-    const PartitionPlan plan1(params, p1);
+    const PartitionPlan plan1 = bucket_plan(params, po, 1);
     ScheduleOptions o1;
     o1.stage = 1;
     o1.gradient_accumulation_steps = 2;
@@ -343,10 +349,7 @@ TEST_CASE("a backward that ends at the lowest module with a trained parameter") 
     const int e1 = plan1.placement(0).unit;
     for (int step = 0; step < 2; ++step) {
       for (int micro = 0; micro < 2; ++micro) {
-        for (int m = 0; m < 4; ++m) {
-          s.acquire(m, Phase::kForward);
-          s.release(m, Phase::kForward);
-        }
+        forward_pass(s, 4);
         std::vector<int> reduced;
         for (int m : {3, 2}) {
           // Trained units accumulate in the full gradients: only the tied frozen table gets a
