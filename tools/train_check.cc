@@ -78,26 +78,19 @@ int check_training_config(const CheckArguments& args) {
   // so --check finds what the start of the run would.
   mem::Inputs in;
   std::string frozen;
+  std::vector<ParamSpec> marked;  // the parameters with model.frozen / model.trainable marked
   try {
     in = mem::inputs_from_config(config);
     in.validate();
     // model.frozen / model.trainable against the model's names, as the run matches them (an
     // expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name).
     if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
-      std::vector<ParamSpec> params = in.model->params;
-      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, params);
+      marked = in.model->params;
+      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, marked);
       train::check_frozen_patterns(config.model, marks.matches,
-                                   marks.total_params - marks.frozen_params, params,
+                                   marks.total_params - marks.frozen_params, marked,
                                    in.model->description);
       frozen = train::describe_frozen(config.model, marks);
-      // Where the backward ends, as the run's engine will end it (frozen lower layers).
-      const ModelDef* def = in.model->def.get();
-      if (def != nullptr && def->stops_backward_early()) {
-        const std::string stop = train::describe_backward_stop(
-            params, train::lowest_trained_module(params, in.model->num_modules),
-            in.model->num_modules);
-        if (!stop.empty()) frozen += "\n  " + stop;
-      }
     }
   } catch (const InvalidArgument& e) {
     const std::string message = e.what();
@@ -149,6 +142,10 @@ int check_training_config(const CheckArguments& args) {
   const bool capped = config.device.type != DeviceChoice::kCpu || config.device.memory_limit_gb > 0;
   std::printf("model: %s\n", in.model->description.c_str());
   if (!frozen.empty()) std::printf("  %s\n", frozen.c_str());
+  // Where the backward ends, as the run's engine will end it (zrt-mem replays its schedule).
+  const std::string stop =
+      train::describe_backward_stop(marked, mine.first_backward_module, in.model->num_modules);
+  if (!stop.empty()) std::printf("  %s\n", stop.c_str());
   std::printf(
       "memory (zrt-mem): %s needs %s per rank on the device (model state %s, activations %s, "
       "buffers %s); the device has %g GiB (%s%s): %s\n",

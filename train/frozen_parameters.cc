@@ -108,14 +108,6 @@ void check_frozen_patterns(const ModelConfig& model,
   ZRT_THROW(InvalidArgument, "{}", fmt::join(problems, "\n"));
 }
 
-int lowest_trained_module(const std::vector<ParamSpec>& params, int num_modules) {
-  int lowest = std::max(num_modules - 1, 0);
-  for (const ParamSpec& p : params) {
-    if (!p.frozen && !p.modules.empty()) lowest = std::min(lowest, p.modules.front());
-  }
-  return lowest;
-}
-
 std::string describe_backward_stop(const std::vector<ParamSpec>& params, int first_backward_module,
                                    int num_modules) {
   if (first_backward_module <= 0) return "";

@@ -40,11 +40,6 @@ void check_frozen_patterns(const ModelConfig& model,
 // is.
 std::string describe_frozen(const ModelConfig& model, const FrozenMarks& marks);
 
-// The module a backward that stops early ends at for these marks (runtime/model_interface.h):
-// the lowest module a trained parameter is used in, at most the last module. The engine's
-// UnitSchedule::lowest_trained_module gives the same on any partition of them.
-int lowest_trained_module(const std::vector<ParamSpec>& params, int num_modules);
-
 // "backward ends at module 17 of 34 (model.layers.16.self_attn.q_proj.weight is the lowest
 // trained parameter): the 17 modules below hold frozen parameters only and run no backward";
 // "" when the backward reaches module 0.

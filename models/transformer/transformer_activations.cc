@@ -48,7 +48,8 @@ std::int64_t layout_activations(const TransformerSpec& spec, const TransformerOp
       if (l < 2 || l >= first_kept) p.bytes(&acts->residual[static_cast<std::size_t>(l)], row);
     }
   }
-  blocks.plan_forward(p, s, kept_sets(L, options.activation_checkpointing, first_kept));
+  acts->kept = kept_sets(L, options.activation_checkpointing, first_kept);
+  blocks.plan_forward(p, s, acts->kept);
   p.bytes(&acts->lnf, row);
   if (spec.final_norm == NormKind::kLayerNorm) p.floats(&acts->lnf_mean, N);
   p.floats(&acts->lnf_rstd, N);

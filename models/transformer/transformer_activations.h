@@ -78,6 +78,7 @@ struct TransformerActs {
   Bytes accumulated_grads;  // BlockActivations::plan_accumulated's region
   std::int64_t accumulated_grad_bytes = 0;
   int head_rows = 0;  // the logits' rows: the head's tile (N when whole)
+  KeptSets kept;      // which of the blocks' kept sets each block uses
 };
 
 // The rows a head tile takes for a pass of N rows: N for whole logits (a pass without targets

@@ -1,7 +1,5 @@
 #include "models/transformer/transformer_def.h"
 
-#include <algorithm>
-
 #include "runtime/common/error.h"
 
 namespace zrt::transformer {
@@ -28,8 +26,7 @@ TransformerOptions transformer_options(const ModelOptions& options) {
   o.planned_sequence_parallel_size = options.planned_sequence_parallel_size;
   o.expert_group = options.expert_group;
   o.expert_rows_reserve = options.expert_rows_reserve;
-  // Block l is module l + 1: the first block at or above the first backward module.
-  o.planned_first_backward_block = std::max(options.planned_first_backward_module - 1, 0);
+  o.planned_first_backward_block = first_backward_block(options.planned_first_backward_module);
   return o;
 }
 

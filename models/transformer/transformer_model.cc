@@ -91,7 +91,7 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   // The lowest block whose module the backward reaches (block l is module l + 1): what the
   // blocks below keep, and their part of the residual stream, is the forward's scratch.
   const int first_backward_block =
-      std::min(std::max(access.first_backward_module() - 1, 0), spec_.n_layer);
+      std::min(transformer::first_backward_block(access.first_backward_module()), spec_.n_layer);
   pass_.positions = batch.positions;
   pass_.doc_start = batch.doc_start;
   pass_.grad_dtype = access.grad_dtype();
@@ -108,7 +108,6 @@ void TransformerModel::prepare(ParamAccess& access, const TokenBatch& batch, boo
   pass_.dtype = access.compute_dtype();
   whole_logits_ = whole_logits;
   pass_.first_backward_block = first_backward_block;
-  kept_sets_ = kept_sets(spec_.n_layer, options_.activation_checkpointing, first_backward_block);
   BlockActivations& blocks = block_activations();
   const std::int64_t total = layout_activations(spec_, options_, B, T, pass_.dtype, blocks, &acts_,
                                                 Bytes(), whole_logits, first_backward_block);

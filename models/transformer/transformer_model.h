@@ -137,7 +137,7 @@ class TransformerModel : public Model {
   const Pass& pass() const { return pass_; }
   // Which of the blocks' kept activation sets block `layer` uses (KeptSets: 0 for all under
   // checkpointing, and for the blocks below the first with a backward).
-  int kept_set(int layer) const { return kept_sets_.of_layer.at(static_cast<std::size_t>(layer)); }
+  int kept_set(int layer) const { return acts_.kept.of_layer.at(static_cast<std::size_t>(layer)); }
   // The residual stream's gradient (B,T,C), updated in place block by block.
   Bytes dres() const { return acts_.dres; }
   // The all-to-alls of sequence parallelism; null at sequence_parallel_size 1.
@@ -187,7 +187,6 @@ class TransformerModel : public Model {
   Buffer act_buffer_;
   bool whole_logits_ = false;  // the layout's kind of pass: without targets
   TransformerActs acts_;
-  KeptSets kept_sets_;                          // the layout's
   std::unique_ptr<CheckpointOffload> offload_;  // with cpu_checkpointing, else null
   Buffer loss_buffer_;
   Floats loss_;

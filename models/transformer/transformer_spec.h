@@ -27,6 +27,11 @@ constexpr int head_module(int n_layer) {
 constexpr int num_modules(int n_layer) {
   return n_layer + 2;
 }
+// The lowest block whose backward runs when the backward ends at module `first_backward_module`
+// (ParamAccess::first_backward_module); n_layer or more when only the head's runs.
+constexpr int first_backward_block(int first_backward_module) {
+  return first_backward_module > 1 ? first_backward_module - 1 : 0;
+}
 
 // The modules activation checkpointing reruns: the blocks, not the embedding or the head.
 inline std::vector<int> block_modules(int n_layer) {

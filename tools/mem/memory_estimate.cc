@@ -473,6 +473,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.padded_params = f.padded;
   e.content_params = f.content;
   e.frozen_params = f.frozen_content;
+  e.first_backward_module = f.first_backward_module;
   e.expert_padded_params = f.expert_padded;
   e.expert_shard_params = f.expert_shard;
   e.ranks_per_node = in.ranks_per_node();

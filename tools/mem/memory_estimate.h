@@ -133,6 +133,9 @@ struct Estimate {
   // model.frozen / model.trainable: the rank's frozen parameters (elements, no padding), which
   // hold no optimizer state and no gradient slice.
   std::int64_t frozen_params = 0;
+  // Where the backward ends: the engine's first backward module for these parameters (0 unless
+  // the model stops early below frozen lower modules; UnitSchedule::lowest_trained_module).
+  int first_backward_module = 0;
   // Per rank, device, steady: params (full / slices / persistent), grads (full / slices),
   // master, optimizer. Their sum is the ZeRO paper's model state.
   std::int64_t params = 0, grads = 0, master = 0, optimizer = 0;
