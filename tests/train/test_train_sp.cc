@@ -189,6 +189,9 @@ TEST_CASE("frozen lower layers end the backward early at every sp alike", "[sp][
         continue;
       }
       check_losses(r.losses, sp1.losses, 1e-5);
+      // The norm is a sum of squares of the same gradients whose sums over chunks, ranks and
+      // micro-batches re-associate at sp 2 and 4 (a few ulp, 2^-24 relative, each): it moves by
+      // about that much, far inside the losses' 1e-5 (model_parity.h's rule for the norms).
       REQUIRE(r.grad_norms.size() == sp1.grad_norms.size());
       for (std::size_t i = 0; i < r.grad_norms.size(); ++i) {
         CHECK(r.grad_norms[i] == Approx(sp1.grad_norms[i]).epsilon(1e-5));
