@@ -63,7 +63,8 @@ void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes d
                       ConstBytes dout, ConstTokens tokens, int B, int T, int C, int V,
                       ConstTokens positions = {}, int position_rows = 0);
 
-// out (N,C), mean/rstd (N) fp32.
+// out (N,C), mean/rstd (N) fp32. In layernorm_backward dweight and dbias may each be null
+// (a frozen weight or bias, ParamAccess::trains): that column sum is not computed.
 void layernorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats mean, Floats rstd,
                        ConstBytes inp, ConstBytes weight, ConstBytes bias, int N, int C);
 void layernorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp,
@@ -166,7 +167,8 @@ void loss_mean(KernelContext& ctx, Floats out, ConstFloats losses, int N, float 
 
 // ---- The Llama family (Llama, Qwen2, Mistral) ----
 
-// out (N,C) = inp * rstd * weight, rstd (N) fp32 (kernels/cpu/rmsnorm.h).
+// out (N,C) = inp * rstd * weight, rstd (N) fp32 (kernels/cpu/rmsnorm.h). rmsnorm_backward's
+// dweight may be null (a frozen weight): its column sums are not computed.
 void rmsnorm_forward(KernelContext& ctx, DType dtype, Bytes out, Floats rstd, ConstBytes inp,
                      ConstBytes weight, int N, int C, double eps);
 void rmsnorm_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes dinp, Bytes dweight,

@@ -120,6 +120,9 @@ class ModelDef {
   // Whether the model ends its backward at the lowest module with a trained parameter
   // (Model::stops_backward_early), so zrt-mem replays the schedule the engine runs for it.
   virtual bool stops_backward_early() const { return false; }
+  // Whether the model never asks for a frozen parameter's gradient
+  // (Model::skips_frozen_gradients): zrt-mem then counts no gradient bucket for frozen units.
+  virtual bool skips_frozen_gradients() const { return false; }
   // The modules whose forward is recomputed in backward under activation checkpointing.
   virtual std::vector<int> recomputed_modules() const = 0;
 

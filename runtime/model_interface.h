@@ -94,7 +94,8 @@ class ParamAccess {
 
   // Whether parameter `index` is trained (false: ParamSpec::frozen). A model may skip the work
   // of a gradient nobody reads (a frozen linear weight's GEMM: trained_grad below); it may also
-  // write it: the engine drops a frozen parameter's gradient either way.
+  // write it: the engine drops a frozen parameter's gradient either way. A model that never
+  // asks for one (Model::skips_frozen_gradients) gets no gradient memory for frozen parameters.
   virtual bool trains(int index) const {
     (void)index;
     return true;
@@ -108,9 +109,9 @@ class ParamAccess {
   virtual DType grad_dtype() const = 0;     // compute_dtype() or fp32
 };
 
-// The gradient buffer of parameter `index` for a kernel that may skip it (a linear layer's
-// weight: kernels::linear_backward / matmul_backward take a null dweight): null when `index` is
-// negative (the model has no such parameter) or not trained.
+// The gradient buffer of parameter `index` for a kernel that may skip it (every kernel taking
+// a parameter gradient: linear / matmul weights and biases, norms, embeddings, the head): null
+// when `index` is negative (the model has no such parameter) or not trained.
 inline DevicePtr<std::byte> trained_grad(ParamAccess& access, int index) {
   return index < 0 || !access.trains(index) ? DevicePtr<std::byte>() : access.grad(index);
 }
@@ -203,6 +204,11 @@ class Model {
   // (EngineOptions::model_stops_backward_early); a model that does not runs every module's
   // backward, and the engine then expects all of them.
   virtual bool stops_backward_early() const { return false; }
+  // True iff forward_backward never calls access.grad() for a frozen parameter (it takes every
+  // gradient through trained_grad). Told to the engine as stops_backward_early
+  // (EngineOptions::model_skips_frozen_gradients), which then keeps no gradient buffer for
+  // frozen parameters; a model that may write them gets buckets it drops unread.
+  virtual bool skips_frozen_gradients() const { return false; }
   // The auxiliary loss term of the last training pass, before its coefficient (a mixture of
   // experts' load-balancing term; loss() already includes coefficient x term): one fp32 in device
   // memory as loss(), or null for a model without one.

@@ -197,6 +197,7 @@ void TrainingRun::build_engine() {
   // A model that can end its backward at the lowest module with a trained parameter does, when
   // the modules below are frozen (model_interface.h): the engine's schedule ends there too.
   engine_options_.model_stops_backward_early = model.stops_backward_early();
+  engine_options_.model_skips_frozen_gradients = model.skips_frozen_gradients();
   timed("engine state", [&] {
     engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
                     engine_options_, *optimizer_, make_cpu_optimizer_offload);

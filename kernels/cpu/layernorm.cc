@@ -65,6 +65,7 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* i
       dx[c] = store<S>(load<A>(dx[c]) + (g - g_mean - norm * gn_mean) * s);
     }
   }
+  if (dweight == nullptr && dbias == nullptr) return;  // both frozen: no column sums
   const int blocks = (C + kLayernormChannelBlock - 1) / kLayernormChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {
@@ -83,8 +84,8 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* i
       }
     }
     for (int c = c0; c < c1; ++c) {
-      dweight[c] = store<G>(load<A>(dweight[c]) + dw[c - c0]);
-      dbias[c] = store<G>(load<A>(dbias[c]) + db[c - c0]);
+      if (dweight != nullptr) dweight[c] = store<G>(load<A>(dweight[c]) + dw[c - c0]);
+      if (dbias != nullptr) dbias[c] = store<G>(load<A>(dbias[c]) + db[c - c0]);
     }
   }
 }

@@ -8,7 +8,8 @@
 //
 // Shapes: inp, out, dout, dinp (N,C); weight, bias (C); mean, rstd (N) in acc_t<S>.
 // dinp may alias nothing else. Rows are independent (parallel over rows); the parameter
-// gradients are column sums over rows in row order, parallel over channels.
+// gradients are column sums over rows in row order, parallel over channels; either may be null
+// (a frozen weight or bias: not computed).
 #pragma once
 
 #include "kernels/cpu/cpu_common.h"

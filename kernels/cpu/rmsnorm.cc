@@ -51,6 +51,7 @@ void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S*
       dx[c] = store<S>(load<A>(dx[c]) + (g - norm * gn_mean) * s);
     }
   }
+  if (dweight == nullptr) return;  // a frozen weight: no column sums
   const int blocks = (C + kRmsnormChannelBlock - 1) / kRmsnormChannelBlock;
 #pragma omp parallel for schedule(static)
   for (int blk = 0; blk < blocks; ++blk) {

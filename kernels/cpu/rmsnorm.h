@@ -8,7 +8,8 @@
 //
 // Shapes: inp, out, dout, dinp (N,C); weight (C); rstd (N) in acc_t<S>. dinp may alias nothing
 // else. Rows are independent (parallel over rows); dweight is a column sum in row order,
-// parallel over channels, so results do not depend on the thread count.
+// parallel over channels, so results do not depend on the thread count. A null dweight (a
+// frozen weight) skips the column sums.
 #pragma once
 
 #include "kernels/cpu/cpu_common.h"

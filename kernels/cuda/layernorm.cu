@@ -272,8 +272,8 @@ __global__ void layernorm_finish_kernel(G* dweight, G* dbias, const float* part_
     dw += part_w[static_cast<std::int64_t>(k) * C + c];
     db += part_b[static_cast<std::int64_t>(k) * C + c];
   }
-  dweight[c] = st<G>(ld(dweight[c]) + dw);
-  dbias[c] = st<G>(ld(dbias[c]) + db);
+  if (dweight != nullptr) dweight[c] = st<G>(ld(dweight[c]) + dw);
+  if (dbias != nullptr) dbias[c] = st<G>(ld(dbias[c]) + db);
 }
 
 int chunks_of(int N) {
@@ -337,6 +337,7 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
           static_cast<const S*>(weight), mean, rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
+    if (dweight == nullptr && dbias == nullptr) return;  // both frozen: no column sums
     const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     layernorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
         part_w, part_b, static_cast<const S*>(dout), static_cast<const S*>(inp), mean, rstd, N, C,

@@ -269,6 +269,7 @@ void rmsnorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp
           static_cast<const S*>(weight), rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
+    if (dweight == nullptr) return;  // a frozen weight: no column sums
     const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     rmsnorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
         part, static_cast<const S*>(dout), static_cast<const S*>(inp), rstd, N, C, chunks);

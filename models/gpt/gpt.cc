@@ -234,23 +234,24 @@ void Gpt::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const DType gt = pass.grad_dtype;
   kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
-  auto G = [&](int slot) { return a.grad(block_param(layer, slot)); };
-  // A projection's weight gradient, null when the weight is frozen (its GEMM skipped).
-  auto GW = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
+  // A parameter's gradient, null where the block has no such parameter or it is frozen: the
+  // kernels then skip its work (a projection's GEMM, a norm's column sums), and a frozen
+  // parameter needs no gradient buffer (Model::writes_frozen_gradients).
+  auto G = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
   const Activations& d = acts_;
   const Bytes dres = this->dres();
   const k::GradWrite once = k::GradWrite::kOverwrite;
   // dfch = gelu'(fch) * (dres @ W_fcproj^T), overwritten; dfch_gelu is the unfused path's scratch.
-  k::matmul_dgelu_backward(ctx, dt, gt, d.dfch, d.dfch_gelu, GW(kFcProjW), G(kFcProjB), dres,
+  k::matmul_dgelu_backward(ctx, dt, gt, d.dfch, d.dfch_gelu, G(kFcProjW), G(kFcProjB), dres,
                            x.fch_gelu, P(kFcProjW), x.fch, N, 4 * C, C);
-  k::matmul_backward(ctx, dt, gt, d.dln2, GW(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C,
+  k::matmul_backward(ctx, dt, gt, d.dln2, G(kFcW), G(kFcB), d.dfch, x.ln2, P(kFcW), N, C, 4 * C,
                      once);
   k::layernorm_backward(ctx, dt, gt, dres, G(kLn2W), G(kLn2B), d.dln2, x.res2, P(kLn2W), x.ln2_mean,
                         x.ln2_rstd, N, C);
-  k::matmul_backward(ctx, dt, gt, d.datty, GW(kAttProjW), G(kAttProjB), dres, x.atty, P(kAttProjW),
+  k::matmul_backward(ctx, dt, gt, d.datty, G(kAttProjW), G(kAttProjB), dres, x.atty, P(kAttProjW),
                      N, C, C, once);
   attention_backward(x);
-  k::matmul_backward(ctx, dt, gt, d.dln1, GW(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C, 3 * C,
+  k::matmul_backward(ctx, dt, gt, d.dln1, G(kQkvW), G(kQkvB), d.dqkv, x.ln1, P(kQkvW), N, C, 3 * C,
                      once);
   k::layernorm_backward(ctx, dt, gt, dres, G(kLn1W), G(kLn1B), d.dln1, res_in, P(kLn1W), x.ln1_mean,
                         x.ln1_rstd, N, C);

@@ -372,12 +372,10 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   const DType dt = pass.dtype, gt = pass.grad_dtype;
   kernels::KernelContext& ctx = this->ctx();
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
-  auto G = [&](int slot) {
-    const int index = block_param(layer, slot);
-    return index < 0 ? Bytes() : a.grad(index);
-  };
-  // A projection's weight gradient, null when the weight is frozen (its GEMM skipped).
-  auto GW = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
+  // A parameter's gradient, null where the block has no such parameter or it is frozen: the
+  // kernels then skip its work (a projection's GEMM, a norm's column sums), and a frozen
+  // parameter needs no gradient buffer (Model::writes_frozen_gradients).
+  auto G = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
   const Activations& d = acts_;
   const Bytes dres = this->dres();
   // The first projection into dh, dln2, datty and dln1 overwrites it; the next ones add.
@@ -387,15 +385,14 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
                                            mlp_weights(a, layer, true), mlp_tile(), x.ln2, dres,
                                            d.dln2, N, C, I);
   } else {
-    k::linear_backward(ctx, dt, gt, d.dh, GW(kDownW), Bytes(), dres, x.h, P(kDownW), N, I, C,
-                       first);
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDownW), Bytes(), dres, x.h, P(kDownW), N, I, C, first);
     k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
-    k::linear_backward(ctx, dt, gt, d.dln2, GW(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I,
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kGateW), Bytes(), d.dgate, x.ln2, P(kGateW), N, C, I,
                        first);
-    k::linear_backward(ctx, dt, gt, d.dln2, GW(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kUpW), Bytes(), d.dup, x.ln2, P(kUpW), N, C, I);
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2W), d.dln2, x.res2, P(kLn2W), x.ln2_rstd, N, C);
-  k::linear_backward(ctx, dt, gt, d.datty, GW(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
+  k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
   gqa_attention_backward(d.heads, attention_tensors(x), {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv,
                          config_.layer_window(layer));
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
@@ -409,9 +406,9 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     dq = d.dq_pre;
     dk = d.dk_pre;
   }
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1W), d.dln1, res_in, P(kLn1W), x.ln1_rstd, N, C);
 }
 

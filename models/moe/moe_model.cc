@@ -601,16 +601,13 @@ std::int64_t MoeModel::local_expert_stride(ParamAccess& a, int first, bool grads
 }
 
 MoeParams MoeModel::moe_params(ParamAccess& a, int layer, bool grads) const {
-  auto get = [&](int slot) {
-    const int index = block_param(layer, slot);
-    if (index < 0) return Bytes();
-    return grads ? a.grad(index) : a.param(index);
-  };
   // A frozen weight's gradient is null (trained_grad), so its GEMM is skipped: the router's and
   // the shared expert's linears, and the experts' grouped GEMMs (a fused expert tensor is frozen
   // as a whole: model.frozen matches the fused name, so all local experts of a kind together).
   auto linear = [&](int slot) {
-    return grads ? trained_grad(a, block_param(layer, slot)) : get(slot);
+    const int index = block_param(layer, slot);
+    if (grads) return trained_grad(a, index);
+    return index < 0 ? Bytes() : a.param(index);
   };
   MoeParams p;
   p.router = linear(kRouter);
@@ -938,12 +935,10 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     const int index = block_param(layer, slot);
     return index < 0 ? Bytes() : a.param(index);
   };
-  auto G = [&](int slot) {
-    const int index = block_param(layer, slot);
-    return index < 0 ? Bytes() : a.grad(index);
-  };
-  // A projection's weight gradient, null when the weight is frozen (its GEMM skipped).
-  auto GW = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
+  // A parameter's gradient, null where the block has no such parameter or it is frozen: the
+  // kernels then skip its work (a projection's GEMM, a norm's column sums), and a frozen
+  // parameter needs no gradient buffer (Model::writes_frozen_gradients).
+  auto G = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
   Activations& d = acts_;
   const Bytes dres = this->dres();
   const k::GradWrite first = k::GradWrite::kOverwrite;
@@ -965,16 +960,16 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
                                            dense_weights(a, layer, true), dense_tile(), x.ln2, dres,
                                            d.dln2, N, C, I);
   } else {
-    k::linear_backward(ctx, dt, gt, d.dh, GW(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I,
-                       C, first);
+    k::linear_backward(ctx, dt, gt, d.dh, G(kDenseDown), Bytes(), dres, x.h, P(kDenseDown), N, I, C,
+                       first);
     k::swiglu_backward(ctx, dt, d.dgate, d.dup, d.dh, x.gate, x.up, I64{N} * I);
-    k::linear_backward(ctx, dt, gt, d.dln2, GW(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseGate), Bytes(), d.dgate, x.ln2, P(kDenseGate),
                        N, C, I, first);
-    k::linear_backward(ctx, dt, gt, d.dln2, GW(kDenseUp), Bytes(), d.dup, x.ln2, P(kDenseUp), N, C,
+    k::linear_backward(ctx, dt, gt, d.dln2, G(kDenseUp), Bytes(), d.dup, x.ln2, P(kDenseUp), N, C,
                        I);
   }
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn2), d.dln2, x.res2, P(kLn2), x.ln2_rstd, N, C);
-  k::linear_backward(ctx, dt, gt, d.datty, GW(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
+  k::linear_backward(ctx, dt, gt, d.datty, G(kOW), Bytes(), dres, x.atty, P(kOW), N, Q, C, first);
   gqa_attention_backward(d.heads, {x.q, x.k, x.v, x.atty, x.atty_full, x.lse},
                          {d.dq, d.dk, d.dv, d.datty}, d.send, d.recv, c.sliding_window);
   k::rope_backward(ctx, dt, d.dq, d.dq, rope_, pass.B, pass.T, NH, hd, pass.positions);
@@ -988,9 +983,9 @@ void MoeModel::block_backward(ParamAccess& a, int layer, Bytes res_in) {
     dq = d.dq_pre;
     dk = d.dk_pre;
   }
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
-  k::linear_backward(ctx, dt, gt, d.dln1, GW(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kQW), G(kQB), dq, x.ln1, P(kQW), N, C, Q, first);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kKW), G(kKB), dk, x.ln1, P(kKW), N, C, KV);
+  k::linear_backward(ctx, dt, gt, d.dln1, G(kVW), G(kVB), d.dv, x.ln1, P(kVW), N, C, KV);
   k::rmsnorm_backward(ctx, dt, gt, dres, G(kLn1), d.dln1, res_in, P(kLn1), x.ln1_rstd, N, C);
 }
 

@@ -30,6 +30,7 @@ class TransformerDef : public ModelDef {
   int num_modules() const override { return transformer::num_modules(n_layer()); }
   std::vector<int> recomputed_modules() const override { return block_modules(n_layer()); }
   bool stops_backward_early() const override { return true; }
+  bool skips_frozen_gradients() const override { return true; }
   std::unique_ptr<Model> build(kernels::KernelContext& ctx,
                                const ModelOptions& options) const override;
   // Reads `init_from` when it is set (hf_weights_initializer), else model.init_parameter from

@@ -76,12 +76,12 @@ void TransformerModel::head_backward(ParamAccess& a, const TokenBatch& batch, fl
   }
   k::loss_mean(ctx_, loss_, acts_.losses, N, batch.loss_divisor);
   if (spec_.final_norm == NormKind::kLayerNorm) {
-    k::layernorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight),
-                          a.grad(spec_.final_norm_bias), acts_.dlnf, last,
+    k::layernorm_backward(ctx_, dt, gt, acts_.dres, trained_grad(a, spec_.final_norm_weight),
+                          trained_grad(a, spec_.final_norm_bias), acts_.dlnf, last,
                           a.param(spec_.final_norm_weight), acts_.lnf_mean, acts_.lnf_rstd, N, C);
   } else {
-    k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, a.grad(spec_.final_norm_weight), acts_.dlnf, last,
-                        a.param(spec_.final_norm_weight), acts_.lnf_rstd, N, C);
+    k::rmsnorm_backward(ctx_, dt, gt, acts_.dres, trained_grad(a, spec_.final_norm_weight),
+                        acts_.dlnf, last, a.param(spec_.final_norm_weight), acts_.lnf_rstd, N, C);
   }
 }
 

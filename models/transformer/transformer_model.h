@@ -64,6 +64,7 @@ class TransformerModel : public Model {
   std::int64_t logits_row_stride() const override;
   bool supports_packed_documents() const override { return true; }
   bool stops_backward_early() const override { return true; }
+  bool skips_frozen_gradients() const override { return true; }
 
   const TransformerSpec& spec() const { return spec_; }
   const TransformerOptions& options() const { return options_; }

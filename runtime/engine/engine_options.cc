@@ -22,6 +22,7 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   // it every collective is waited for at once, so one bucket is enough.
   s.rotating_buckets = options.overlap_comm ? 2 : 1;
   s.hpz_partition_size = options.stage == 3 ? options.hpz_partition_size : 0;
+  s.frozen_buckets = !options.model_skips_frozen_gradients;
   return s;
 }
 

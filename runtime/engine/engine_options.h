@@ -107,6 +107,10 @@ struct EngineOptions {
   // key): the engine's schedule then ends each micro-batch's backward at the lowest module with
   // a trained parameter (UnitSchedule::lowest_trained_module), which is that module.
   bool model_stops_backward_early = false;
+  // Whether the model never asks for a frozen parameter's gradient
+  // (Model::skips_frozen_gradients(); set as model_stops_backward_early): a frozen unit then
+  // gets no gradient bucket, and ParamAccess::grad of a frozen parameter is an error.
+  bool model_skips_frozen_gradients = false;
 };
 
 // The schedule the engine runs for these options (zrt-mem replays the same one).

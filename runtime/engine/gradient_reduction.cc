@@ -17,6 +17,11 @@ DType ZeroEngine::grad_dtype() const {
 DevicePtr<std::byte> ZeroEngine::grad(int index) {
   ZRT_CHECK(index >= 0 && index < static_cast<int>(params_.size()), "parameter index {}", index);
   const ParamPlacement& pl = plan_.placement(index);
+  ZRT_CHECK(!plan_.unit(pl.unit).frozen || schedule_.options().frozen_buckets,
+            "gradient of frozen parameter '{}' requested from a model that skips frozen "
+            "parameters' gradients (Model::skips_frozen_gradients): it has no gradient buffer; "
+            "take it through trained_grad(), which gives null for a frozen parameter",
+            params_[static_cast<std::size_t>(index)].name);
   if (!per_micro_batch_grads() && !plan_.unit(pl.unit).frozen) {
     return full_grads_of(pl.unit) + bytes_of(pl.offset, options_.grad_accum_dtype);
   }

@@ -143,9 +143,11 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
   }
   if (phase == Phase::kBackward) {
     // Stages 0-1 accumulate a trained unit's gradient in the engine's full gradients; a frozen
-    // unit's, which nobody reads, goes to a bucket for its modules' backward at every stage.
+    // unit's, which nobody reads, goes to a bucket for its modules' backward at every stage
+    // where the model may write it (ScheduleOptions::frozen_buckets), and nowhere otherwise.
     for (int u : units) {
-      if (per_micro_batch_grads() || plan_.unit(u).frozen) open_bucket(u, module, ops);
+      const bool frozen = plan_.unit(u).frozen;
+      if (frozen ? options_.frozen_buckets : per_micro_batch_grads()) open_bucket(u, module, ops);
     }
   }
   return ops;

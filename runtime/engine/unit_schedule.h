@@ -61,6 +61,10 @@ struct ScheduleOptions {
   // below it must hold frozen units only (checked): nothing there has a gradient to reduce.
   // 0: the whole backward (UnitSchedule::lowest_trained_module gives the highest it may be).
   int first_backward_module = 0;
+  // Whether a frozen unit gets a gradient bucket for its modules' backward: the model may write
+  // a frozen parameter's gradient, which the engine then drops unread. false for a model that
+  // never asks for one (Model::skips_frozen_gradients): a frozen unit has no gradient memory.
+  bool frozen_buckets = true;
 };
 
 enum class UnitOpKind {

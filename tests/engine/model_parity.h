@@ -259,6 +259,7 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   // As zrt-train builds it: the backward ends at the lowest module with a trained parameter
   // (the reference runs the whole backward).
   options.model_stops_backward_early = model->stops_backward_early();
+  options.model_skips_frozen_gradients = model->skips_frozen_gradients();
   std::vector<ParamSpec> params = model->parameters();
   mark_parity_frozen(pc, params);
   std::unique_ptr<ZeroEngine> engine_owner =

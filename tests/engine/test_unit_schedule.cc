@@ -207,6 +207,63 @@ TEST_CASE("frozen units: a module's trained and frozen buckets are open together
   }
 }
 
+// A model that never asks for a frozen parameter's gradient (Model::skips_frozen_gradients;
+// ScheduleOptions::frozen_buckets false): no frozen unit opens a bucket, at any stage, while the
+// trained units' buckets open as before (stages 2-3: every module's; stages 0-1: none, the full
+// gradients take them), so the largest bucket memory live is the trained units' alone.
+TEST_CASE("frozen units open no bucket when the model skips their gradients") {
+  std::vector<ParamSpec> params;
+  for (int m = 0; m < 4; ++m) {
+    params.push_back({"m" + std::to_string(m) + ".w", {8, 8}, {m}, false});
+    params.push_back({"m" + std::to_string(m) + ".v", {8, 8}, {m}, false});
+    params.back().frozen = true;
+  }
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (bool frozen_buckets : {true, false}) {
+      INFO("stage " << stage << ", frozen buckets " << frozen_buckets);
+      PartitionOptions po;
+      po.stage = stage;
+      po.world = stage == 0 ? 1 : 2;
+      po.bucket_elements = 64;
+      po.alignment = 4;
+      po.num_modules = 4;
+      const PartitionPlan plan(params, po);
+      ScheduleOptions o;
+      o.stage = stage;
+      o.gradient_accumulation_steps = 2;
+      o.stage3_prefetch_bucket_size = 0;
+      o.rotating_buckets = 2;
+      o.frozen_buckets = frozen_buckets;
+      UnitSchedule s(plan, 4, o);
+      int frozen_opened = 0, trained_opened = 0;
+      std::int64_t peak = 0;
+      for (int micro = 0; micro < 2; ++micro) {
+        for (int m = 0; m < 4; ++m) {
+          s.acquire(m, Phase::kForward);
+          s.release(m, Phase::kForward);
+        }
+        for (int m = 3; m >= 0; --m) {
+          for (const UnitOp& op : s.acquire(m, Phase::kBackward)) {
+            if (op.kind != K::kOpenBucket) continue;
+            ++(plan.unit(op.unit).frozen ? frozen_opened : trained_opened);
+          }
+          peak = std::max(peak, s.live_bucket_elements());
+          for (int u : plan.module_units(m)) {
+            if (plan.unit(u).frozen) CHECK(s.bucket_open(u) == frozen_buckets);
+          }
+          s.release(m, Phase::kBackward);
+        }
+        CHECK(s.live_bucket_elements() == 0);
+      }
+      // Two micro-batches of four modules, a unit of each kind per module.
+      CHECK(frozen_opened == (frozen_buckets ? 8 : 0));
+      CHECK(trained_opened == (stage >= 2 ? 8 : 0));
+      // Live at once: at most two rotating trained buckets, plus the module's frozen one.
+      CHECK(peak == (stage >= 2 ? 2 * 64 : 0) + (frozen_buckets ? 64 : 0));
+    }
+  }
+}
+
 // Partial offload (offload_optimizer.ratio) with frozen units: their master slices, never
 // stepped, go to host memory whenever anything does; the ratio splits the trained units.
 TEST_CASE("partial offload: frozen units to host memory, the ratio over the trained units") {

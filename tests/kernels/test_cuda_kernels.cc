@@ -689,6 +689,47 @@ TEST_CASE("CUDA backward with a null weight gradient skips it; dinp and dbias as
   }
 }
 
+// A frozen LayerNorm's null weight and/or bias gradient: the column sums skipped (or the one
+// skipped), dinp and the other gradient the bits of the run with both (the same kernels), and
+// nothing written where the gradient would have been.
+TEST_CASE("CUDA layernorm backward with a null weight or bias gradient skips it",
+          "[cuda][frozen]") {
+  const LayerNormIn in;
+  const auto NC = static_cast<std::size_t>(in.N) * in.C, C = static_cast<std::size_t>(in.C);
+  for (const auto& [dt, gt] :
+       {std::pair{DType::kFloat32, DType::kFloat32}, std::pair{DType::kBFloat16, DType::kFloat32},
+        std::pair{DType::kBFloat16, DType::kBFloat16}}) {
+    Gpu g;
+    Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), b = g.upload(in.b, dt),
+           dout = g.upload(in.dout, dt);
+    Buffer out = g.zeros(NC, dt), mean = g.zeros(in.N, DType::kFloat32),
+           rstd = g.zeros(in.N, DType::kFloat32);
+    layernorm_forward(*g.ctx, dt, dev(out), fdev(mean), fdev(rstd), dev(x), dev(w), dev(b), in.N,
+                      in.C);
+    auto run = [&](bool weight, bool bias) {
+      Buffer dx = g.zeros(NC, dt), dw = g.zeros(C, gt), db = g.zeros(C, gt);
+      layernorm_backward(*g.ctx, dt, gt, dev(dx), weight ? dev(dw) : Bytes(),
+                         bias ? dev(db) : Bytes(), dev(dout), dev(x), dev(w), fdev(mean),
+                         fdev(rstd), in.N, in.C);
+      return Results{{"dinp", g.download(dx, NC, dt)},
+                     {"dweight", g.download(dw, C, gt)},
+                     {"dbias", g.download(db, C, gt)}};
+    };
+    const Results full = run(true, true);
+    CHECK(full.at("dweight") != Vec(C, 0.0));
+    CHECK(full.at("dbias") != Vec(C, 0.0));
+    for (const auto& [weight, bias] :
+         {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}}) {
+      INFO(dtype_name(dt) << " grads " << dtype_name(gt) << ": dweight "
+                          << (weight ? "set" : "null") << ", dbias " << (bias ? "set" : "null"));
+      const Results frozen = run(weight, bias);
+      CHECK(frozen.at("dinp") == full.at("dinp"));
+      CHECK(frozen.at("dweight") == (weight ? full.at("dweight") : Vec(C, 0.0)));
+      CHECK(frozen.at("dbias") == (bias ? full.at("dbias") : Vec(C, 0.0)));
+    }
+  }
+}
+
 TEST_CASE("CUDA weight gradients take the bias gradient from cuBLASLt's epilogue", "[cuda]") {
   for (const MatmulIn& in : {MatmulIn(64, 96, 160), MatmulIn(256, 768, 2304)}) {
     for (bool linear : {false, true}) {

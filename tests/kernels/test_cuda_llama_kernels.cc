@@ -130,6 +130,34 @@ TEST_CASE("rmsnorm: CUDA twin matches the CPU twin", "[cuda][llama]") {
   });
 }
 
+// A frozen RMSNorm's null weight gradient: the column sums skipped, dinp the bits of the run
+// with one (the same kernels), at a width of the register-resident kernels (96) and one of the
+// scalar kernels (100, not a multiple of 8).
+TEST_CASE("rmsnorm backward with a null weight gradient skips it", "[cuda][llama][frozen]") {
+  for (int C : {kC, 100}) {
+    for (auto [dt, gt] :
+         {std::pair{DType::kFloat32, DType::kFloat32}, std::pair{DType::kBFloat16, DType::kFloat32},
+          std::pair{DType::kBFloat16, DType::kBFloat16}}) {
+      INFO("C " << C << " " << dtype_name(dt) << " grads " << dtype_name(gt));
+      const auto NC = static_cast<std::size_t>(kN) * C;
+      Backend gpu(DeviceType::kCuda);
+      const Bytes x = gpu.put("x", normal_values(kSeed, 31, NC, 2.0, 0.3), dt);
+      const Bytes w = gpu.put("w", normal_values(kSeed, 32, C, 0.1, 1.0), dt);
+      const Bytes dy = gpu.put("dy", normal_values(kSeed, 33, NC), dt);
+      const Bytes out = gpu.put("out", Vec(NC, 0.0), dt);
+      const Floats rstd = gpu.put_f32("rstd", kN);
+      const Vec dx_start = normal_values(kSeed, 34, NC, 0.1);  // both accumulate onto it
+      const Bytes dx = gpu.put("dx", dx_start, dt), dx_frozen = gpu.put("dx_frozen", dx_start, dt);
+      const Bytes dw = gpu.put("dw", Vec(C, 0.0), gt);
+      rmsnorm_forward(*gpu.ctx, dt, out, rstd, x, w, kN, C, 1e-6);
+      rmsnorm_backward(*gpu.ctx, dt, gt, dx, dw, dy, x, w, rstd, kN, C);
+      rmsnorm_backward(*gpu.ctx, dt, gt, dx_frozen, Bytes(), dy, x, w, rstd, kN, C);
+      CHECK(gpu.get("dx_frozen", NC) == gpu.get("dx", NC));
+      CHECK(gpu.get("dw", C) != Vec(C, 0.0));
+    }
+  }
+}
+
 // The weight gradient's column sums run one block row per 64-row chunk, and CUDA caps gridDim.y at
 // 65535: Qwen3's per-head q/k norms at 128K tokens (B*T*heads rows of head_dim: 4,194,304 for
 // Qwen3-8B's query heads) pass that. 65537 chunks here, the output gradient zero but in the last

@@ -411,6 +411,18 @@ TEST_CASE("parameter and input gradients accumulate", "[fd]") {
     CHECK(ldw[c] == Approx(1.0 + zdw[c]).epsilon(1e-12));
     CHECK(ldb[c] == Approx(1.0 + zdb[c]).epsilon(1e-12));
   }
+  // A frozen weight, bias or both (null gradients): the others and dinp as with all three.
+  for (const auto& [weight, bias] :
+       {std::pair{false, true}, std::pair{true, false}, std::pair{false, false}}) {
+    INFO("dweight " << (weight ? "set" : "null") << ", dbias " << (bias ? "set" : "null"));
+    Vec fdx(lx.size(), 0.0), fdw(kC, 0.0), fdb(kC, 0.0);
+    layernorm_backward<double, double>(fdx.data(), weight ? fdw.data() : nullptr,
+                                       bias ? fdb.data() : nullptr, dy.data(), lx.data(), lw.data(),
+                                       mean.data(), rstd.data(), kN, kC);
+    CHECK(fdx == zdx);
+    CHECK(fdw == (weight ? zdw : Vec(kC, 0.0)));
+    CHECK(fdb == (bias ? zdb : Vec(kC, 0.0)));
+  }
 }
 
 TEST_CASE("out-of-range token ids are rejected", "[fd]") {

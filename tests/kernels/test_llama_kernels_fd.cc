@@ -64,6 +64,11 @@ TEST_CASE("rmsnorm backward matches finite differences (float64)", "[fd][llama]"
                                    rstd.data(), kN, kC);
   for (std::size_t i = 0; i < dx.size(); ++i) CHECK(dx2[i] == Approx(2 * dx[i]).epsilon(1e-12));
   for (std::size_t i = 0; i < dw.size(); ++i) CHECK(dw2[i] == Approx(2 * dw[i]).epsilon(1e-12));
+  // A frozen weight (null dweight): the column sums are skipped, dinp is the same computation.
+  Vec dx_frozen(x.size(), 0.0);
+  rmsnorm_backward<double, double>(dx_frozen.data(), nullptr, R.data(), x.data(), w.data(),
+                                   rstd.data(), kN, kC);
+  CHECK(dx_frozen == dx);
 }
 
 TEST_CASE("linear (nn.Linear layout) backward matches finite differences (float64)",

@@ -502,8 +502,10 @@ void register_grad() {
       [gs](KernelCall& k, G* dweight, G* dbias, const float* part_w, const float* part_b,
            int chunks, int C) {
         k.require_threads(C, "columns C");
-        k.writes(dweight, C * gs, "dweight");
-        k.writes(dbias, C * gs, "dbias");
+        // Either may be null (a frozen weight or bias), never both (the launch is skipped).
+        k.require(dweight != nullptr || dbias != nullptr, "a null dweight and dbias");
+        if (dweight != nullptr) k.writes(dweight, C * gs, "dweight");
+        if (dbias != nullptr) k.writes(dbias, C * gs, "dbias");
         k.reads(part_w, I64{chunks} * C * 4, "part_w");
         k.reads(part_b, I64{chunks} * C * 4, "part_b");
         k.run([=] {
@@ -513,8 +515,8 @@ void register_grad() {
               dw += part_w[I64{q} * C + c];
               db += part_b[I64{q} * C + c];
             }
-            dweight[c] = st<G>(ld(dweight[c]) + dw);
-            dbias[c] = st<G>(ld(dbias[c]) + db);
+            if (dweight != nullptr) dweight[c] = st<G>(ld(dweight[c]) + dw);
+            if (dbias != nullptr) dbias[c] = st<G>(ld(dbias[c]) + db);
           }
         });
       });

@@ -705,23 +705,29 @@ TEST_CASE("model.frozen: its parameters stay as initialised, bit for bit, on eve
       // A whole unit (the embedding), a whole block, and one kind of parameter in the other.
       {"llama",
        R"("type": "llama", "preset": "llama-tiny", "seq_len": 32,
-          "frozen": ["model.embed_tokens.weight", "model.layers.0.*", "q_proj"])",
+          "frozen": ["model.embed_tokens.weight", "model.layers.0.*", "q_proj",
+                     "model.layers.1.post_attention_layernorm.weight", "model.norm.weight"])",
        [](const std::string& name) {
          return name == "model.embed_tokens.weight" || name.rfind("model.layers.0.", 0) == 0 ||
-                name.find(".q_proj.") != std::string::npos;
+                name.find(".q_proj.") != std::string::npos ||
+                name == "model.layers.1.post_attention_layernorm.weight" ||
+                name == "model.norm.weight";
        },
-       1 + 9 + 1},
+       1 + 9 + 1 + 2},
       // GPT-2's tied head (the embedding, frozen: logits_backward without its weight gradient),
-      // every layer's fused attention projection, weight and bias, and layer 1's MLP output
-      // weight (matmul_dgelu_backward without its weight gradient).
+      // every layer's fused attention projection, weight and bias, layer 1's MLP output weight
+      // (matmul_dgelu_backward without its weight gradient), layer 1's second LayerNorm's
+      // weight and the final one's bias (layernorm_backward with one of its two).
       {"gpt2",
        R"("preset": "gpt2-tiny", "seq_len": 32,
-          "frozen": ["transformer.wte.weight", "c_attn", "transformer.h.1.mlp.c_proj.weight"])",
+          "frozen": ["transformer.wte.weight", "c_attn", "transformer.h.1.mlp.c_proj.weight",
+                     "transformer.h.1.ln_2.weight", "transformer.ln_f.bias"])",
        [](const std::string& name) {
          return name == "transformer.wte.weight" || name.find(".c_attn.") != std::string::npos ||
-                name == "transformer.h.1.mlp.c_proj.weight";
+                name == "transformer.h.1.mlp.c_proj.weight" ||
+                name == "transformer.h.1.ln_2.weight" || name == "transformer.ln_f.bias";
        },
-       1 + 2 * 2 + 1}};
+       1 + 2 * 2 + 1 + 2}};
   struct Variant {
     const char* name;
     const char* zero;

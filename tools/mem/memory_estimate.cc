@@ -39,6 +39,8 @@ EngineOptions options_for(const Inputs& in, const Setting& s) {
   o.stage = s.stage;
   // As zrt-train builds the engine for the model: its backward ends at the lowest trained module.
   o.model_stops_backward_early = in.model && in.model->def && in.model->def->stops_backward_early();
+  o.model_skips_frozen_gradients =
+      in.model && in.model->def && in.model->def->skips_frozen_gradients();
   o.offload_optimizer.enabled = s.offload_optimizer;
   o.offload_param.enabled = s.offload_param;
   // Partial offload (offload_optimizer.ratio) exists only at stage 3 without parameter offload;
