@@ -243,12 +243,28 @@ void write_attr_raw(hid_t object, const std::string& name, hid_t file_type, hid_
   }
 }
 
+// A damaged object header or attribute heap (HDF5 checksums its metadata: the files are written
+// with object headers of version 2) fails the lookup itself: reported as such, not as a missing
+// attribute, which would send the user after an older or foreign file.
+[[noreturn]] void throw_unreadable_attr(const std::string& context, const std::string& name) {
+  ZRT_THROW(InvalidArgument,
+            "{}: attribute '{}' cannot be read: {} (the file's metadata is damaged: the file is "
+            "corrupt or truncated)",
+            context, name, h5_error_detail());
+}
+
 H5Id open_attr(hid_t object, const std::string& name, const std::string& context) {
-  if (H5Aexists(object, name.c_str()) <= 0) {
-    h5_error_detail();
+  if (!has_attr(object, name, context)) {
     ZRT_THROW(InvalidArgument, "{}: attribute '{}' is missing", context, name);
   }
-  return H5Id(H5Aopen(object, name.c_str(), H5P_DEFAULT));
+  H5Id attr(H5Aopen(object, name.c_str(), H5P_DEFAULT));
+  if (!attr.valid()) throw_unreadable_attr(context, name);
+  return attr;
+}
+
+void read_attr_value(const H5Id& attr, hid_t mem_type, void* out, const std::string& context,
+                     const std::string& name) {
+  if (H5Aread(attr.get(), mem_type, out) < 0) throw_unreadable_attr(context, name);
 }
 
 // The attribute's element count, after checking its class.
@@ -280,9 +296,9 @@ void write_attr(hid_t object, const std::string& name, const std::vector<std::ui
                  false);
 }
 
-bool has_attr(hid_t object, const std::string& name) {
+bool has_attr(hid_t object, const std::string& name, const std::string& context) {
   const htri_t r = H5Aexists(object, name.c_str());
-  h5_error_detail();
+  if (r < 0) throw_unreadable_attr(context, name);
   return r > 0;
 }
 
@@ -292,7 +308,7 @@ std::int64_t read_attr_int(hid_t object, const std::string& name, const std::str
     ZRT_THROW(InvalidArgument, "{}: attribute '{}' is not one integer", context, name);
   }
   std::int64_t v = 0;
-  H5Aread(attr.get(), H5T_NATIVE_INT64, &v);
+  read_attr_value(attr, H5T_NATIVE_INT64, &v, context, name);
   return v;
 }
 
@@ -302,7 +318,7 @@ double read_attr_double(hid_t object, const std::string& name, const std::string
     ZRT_THROW(InvalidArgument, "{}: attribute '{}' is not one number", context, name);
   }
   double v = 0;
-  H5Aread(attr.get(), H5T_NATIVE_DOUBLE, &v);
+  read_attr_value(attr, H5T_NATIVE_DOUBLE, &v, context, name);
   return v;
 }
 
@@ -317,7 +333,7 @@ std::string read_attr_string(hid_t object, const std::string& name, const std::s
   }
   const std::size_t size = H5Tget_size(type.get());
   std::string value(size, '\0');
-  H5Aread(attr.get(), type.get(), value.data());
+  read_attr_value(attr, type.get(), value.data(), context, name);
   value.resize(std::strlen(value.c_str()));
   return value;
 }
@@ -331,7 +347,7 @@ std::vector<std::uint32_t> read_attr_u32(hid_t object, const std::string& name,
               expected_count);
   }
   std::vector<std::uint32_t> values(static_cast<std::size_t>(n));
-  H5Aread(attr.get(), H5T_NATIVE_UINT32, values.data());
+  read_attr_value(attr, H5T_NATIVE_UINT32, values.data(), context, name);
   return values;
 }
 

@@ -85,9 +85,11 @@ void write_attr(hid_t object, const std::string& name, std::int64_t value);
 void write_attr(hid_t object, const std::string& name, double value);
 void write_attr(hid_t object, const std::string& name, const std::string& value);
 void write_attr(hid_t object, const std::string& name, const std::vector<std::uint32_t>& values);
-bool has_attr(hid_t object, const std::string& name);
-// Readers throw InvalidArgument naming `context` and the attribute when it is missing or of
-// another type or size.
+// Whether the attribute exists; throws InvalidArgument naming `context` when HDF5 cannot tell
+// (the object's metadata is damaged: HDF5's own checksum of it failed, or the file is cut short).
+bool has_attr(hid_t object, const std::string& name, const std::string& context);
+// Readers throw InvalidArgument naming `context` and the attribute when it is missing, of
+// another type or size, or unreadable (damaged metadata, as has_attr).
 std::int64_t read_attr_int(hid_t object, const std::string& name, const std::string& context);
 double read_attr_double(hid_t object, const std::string& name, const std::string& context);
 std::string read_attr_string(hid_t object, const std::string& name, const std::string& context);

@@ -259,7 +259,7 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
 CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>* expect) {
   H5File file = H5File::open_read(path);
   const hid_t root = file.id();
-  if (!has_attr(root, "format") || read_attr_string(root, "format", path) != kIndexFormat) {
+  if (!has_attr(root, "format", path) || read_attr_string(root, "format", path) != kIndexFormat) {
     ZRT_THROW(InvalidArgument,
               "{}: not a zrt checkpoint index (root attribute 'format' is not '{}')", path,
               kIndexFormat);
@@ -282,7 +282,7 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   index.stage = small(read_attr_int(root, "stage", path));
   index.compute_dtype = read_attr_string(root, "compute_dtype", path);
   index.master_dtype = read_attr_string(root, "master_dtype", path);
-  if (has_attr(root, "optimizer")) {
+  if (has_attr(root, "optimizer", path)) {
     index.optimizer = read_attr_string(root, "optimizer", path);
     index.optimizer_states.clear();
     const std::string states = read_attr_string(root, "optimizer_states", path);
@@ -298,7 +298,7 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
     }
   }  // else: written before the optimizer seam, by Adam (the defaults)
   index.seed = static_cast<std::uint64_t>(read_attr_int(root, "seed", path));
-  index.save_id = has_attr(root, "save_id") ? read_attr_int(root, "save_id", path) : 0;
+  index.save_id = has_attr(root, "save_id", path) ? read_attr_int(root, "save_id", path) : 0;
   index.loss_scale.scale = read_attr_double(root, "loss_scale", path);
   index.loss_scale.iteration = read_attr_int(root, "loss_scale_iteration", path);
   index.loss_scale.last_overflow_iteration = read_attr_int(root, "loss_scale_last_overflow", path);
@@ -310,7 +310,7 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   index.data.seq_len = static_cast<int>(read_attr_int(root, "data_seq_len", path));
   index.data.group = read_attr_int(root, "data_group", path);
   index.data.num_samples = read_attr_int(root, "data_num_samples", path);
-  if (has_attr(root, "data_fingerprint")) {
+  if (has_attr(root, "data_fingerprint", path)) {
     index.data.fingerprint = read_attr_string(root, "data_fingerprint", path);
   }
   index.scheduler = read_attr_string(root, "scheduler", path);

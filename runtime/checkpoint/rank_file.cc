@@ -80,7 +80,8 @@ struct ShardedReader::OpenFile {
 
 void check_rank_file(const H5File& file, const CheckpointIndex& index, int rank) {
   const hid_t root = file.id();
-  if (!has_attr(root, "format") || read_attr_string(root, "format", file.path()) != kRankFormat) {
+  if (!has_attr(root, "format", file.path()) ||
+      read_attr_string(root, "format", file.path()) != kRankFormat) {
     ZRT_THROW(InvalidArgument,
               "{}: not a zrt checkpoint rank file (attribute 'format' is not '{}')", file.path(),
               kRankFormat);
@@ -94,7 +95,7 @@ void check_rank_file(const H5File& file, const CheckpointIndex& index, int rank)
   }
   if (index.save_id != 0) {
     const std::int64_t id =
-        has_attr(root, "save_id") ? read_attr_int(root, "save_id", file.path()) : 0;
+        has_attr(root, "save_id", file.path()) ? read_attr_int(root, "save_id", file.path()) : 0;
     if (id != index.save_id) {
       ZRT_THROW(InvalidArgument,
                 "{}: written by another save than the index next to it (save id {}, the index's "

@@ -512,6 +512,47 @@ TEST_CASE("damaged, foreign and mismatched files fail naming file, dataset and p
     CHECK_THAT(message_of([&] { verify_checkpoint(dir.string()); }),
                Catch::Contains("rank_00001.h5: dataset '/exp_avg': checksum mismatch"));
   }
+  // The attributes live in HDF5's metadata, outside the datasets' checksums; HDF5 checksums
+  // that metadata itself (the files' object headers are of version 2, and an index's many
+  // attributes sit in a heap of checksummed blocks), so a flipped byte in a value that would
+  // still parse (the index's config JSON: "gpt2-tiny" to "gpt2-tinx"; a rank file's rng_seed)
+  // fails the lookup. The load names the file and says it is corrupt, not that an attribute is
+  // missing (which sent the reader after an older or foreign file).
+  SECTION("a flipped byte in a root attribute's value: the file is named corrupt") {
+    auto flip_after = [](const fs::path& path, const std::string& anchor, const std::string& bytes,
+                         std::size_t at) {
+      std::string content;
+      {
+        std::ifstream in(path, std::ios::binary);
+        content.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      const std::size_t anchored = content.find(anchor);
+      REQUIRE(anchored != std::string::npos);
+      const std::size_t found = content.find(bytes, anchored);
+      REQUIRE(found != std::string::npos);
+      std::fstream io(path, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(static_cast<std::streamoff>(found + at));
+      const char b = static_cast<char>(content[found + at] ^ 0x01);
+      io.write(&b, 1);
+    };
+    fresh();
+    const fs::path index_path = dir / "index.h5";
+    flip_after(index_path, "gpt2-tiny", "gpt2-tiny", 8);  // write_checkpoint's config JSON
+    const std::string index_message = message_of(load_all);
+    CHECK_THAT(index_message, Catch::Contains("index.h5: attribute '") &&
+                                  Catch::Contains("cannot be read") &&
+                                  Catch::Contains("the file is corrupt or truncated"));
+    CHECK_THAT(index_message, !Catch::Contains("is missing"));
+    CHECK_THAT(message_of([&] { verify_checkpoint(dir.string()); }),
+               Catch::Contains("index.h5: attribute '") && Catch::Contains("cannot be read"));
+
+    fresh();
+    const std::int64_t seed = 99;  // write_checkpoint's, as stored (little-endian int64)
+    flip_after(dir / "rank_00002.h5", "rng_seed",
+               std::string(reinterpret_cast<const char*>(&seed), sizeof seed), 0);
+    CHECK_THAT(message_of(load_all), Catch::Contains("rank_00002.h5: attribute '") &&
+                                         Catch::Contains("the file is corrupt or truncated"));
+  }
   SECTION("a truncated rank file") {
     fresh();
     const fs::path path = dir / "rank_00002.h5";
