@@ -152,9 +152,8 @@ CpuOptimizerOffload::~CpuOptimizerOffload() {
 }
 
 void CpuOptimizerOffload::synchronize() {
-  cpu_optimizer_->synchronize();
-  copy_->synchronize();
-  rethrow_cpu_step_error();
+  drain_each({[this] { cpu_optimizer_->synchronize(); }, [this] { copy_->synchronize(); },
+              [this] { rethrow_cpu_step_error(); }});
 }
 
 void CpuOptimizerOffload::rethrow_cpu_step_error() const {

@@ -65,8 +65,10 @@ class StagedProcessGroup final : public ProcessGroup {
   void reserve(std::size_t in_bytes, std::size_t out_bytes);
 
   Device& device_;
-  std::unique_ptr<Host> host_;
+  // Declared before the host group, so destroyed after it: a request the group abandoned on a
+  // timeout (its destructor's grace poll) may still land in them.
   Buffer staged_in_, staged_out_;  // pinned host memory of `device_`
+  std::unique_ptr<Host> host_;
 };
 
 }  // namespace zrt

@@ -154,7 +154,16 @@ void CpuDevice::synchronize() {
     std::lock_guard<std::mutex> lock(streams_mutex_);
     streams = streams_;
   }
-  for (CpuStream* s : streams) s->synchronize();
+  // Every stream, also after one fails (drain_each's reason); the first error is rethrown.
+  std::exception_ptr first;
+  for (CpuStream* s : streams) {
+    try {
+      s->synchronize();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace zrt

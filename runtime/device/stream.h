@@ -23,7 +23,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -102,6 +104,30 @@ class HostSignal {
 
  protected:
   HostSignal() = default;
+};
+
+// Runs every one of `drains` (a stream's or an owner's synchronize) in order, also after one
+// throws, then rethrows the first error: a drain that stopped at a failed stream would leave the
+// others running on buffers the caller frees next.
+void drain_each(std::initializer_list<std::function<void()>> drains);
+
+// Drains `stream` when the scope it guards is left by an exception, so that function-scope
+// buffers handed to work on the stream (a gather into scratch, a copy into a host vector) are not
+// freed while that work may still run. Declare it after those buffers: it is destroyed first.
+// An error of the drain itself is logged, not thrown: the exception in flight is the one to
+// report. Bounded as the stream's work is: a collective a dead peer never joins ends at the
+// group's timeout (the watchdog's on NCCL).
+class DrainOnUnwind {
+ public:
+  explicit DrainOnUnwind(Stream& stream)
+      : stream_(stream), exceptions_(std::uncaught_exceptions()) {}
+  ~DrainOnUnwind();
+  DrainOnUnwind(const DrainOnUnwind&) = delete;
+  DrainOnUnwind& operator=(const DrainOnUnwind&) = delete;
+
+ private:
+  Stream& stream_;
+  int exceptions_;  // in flight at construction: more at destruction means unwinding
 };
 
 // True iff `counter` has reached `value` in the cyclic order Stream::wait uses.

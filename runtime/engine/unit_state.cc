@@ -458,6 +458,9 @@ std::vector<float> ZeroEngine::full_parameter(int param) {
     return out;
   }
   Buffer full = device_.allocate(unit.numel * 4, MemCategory::kWorkspace, "full_parameter");
+  // A failed gather (a timeout, a sequence mismatch) throws with the copies into `full` and
+  // `out` still queued on comm_: they finish before either is freed.
+  DrainOnUnwind drain(comm_);
   DevicePtr<std::byte> mine = full.device<std::byte>() + slice_rank(pl.unit) * unit.shard * 4;
   if (host_master != nullptr) {
     device_.copy_to_device(mine, host_master, static_cast<std::size_t>(unit.shard * 4), comm_);

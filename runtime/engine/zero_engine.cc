@@ -83,19 +83,18 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
 
 ZeroEngine::~ZeroEngine() {
   try {
-    wait_state_copy();  // the copy reads the state this destructor frees
-    step_->synchronize();
-    comm_.synchronize();
-    compute_.synchronize();
+    // Every one, also after one fails: the others' work reads the buffers freed next.
+    drain_each({[this] { wait_state_copy(); },  // the copy reads the state this frees
+                [this] { step_->synchronize(); }, [this] { comm_.synchronize(); },
+                [this] { compute_.synchronize(); }});
   } catch (const std::exception& e) {
     spdlog::warn("engine shut down after a stream error: {}", e.what());
   }
 }
 
 void ZeroEngine::synchronize() {
-  step_->synchronize();
-  comm_.synchronize();
-  compute_.synchronize();
+  drain_each({[this] { step_->synchronize(); }, [this] { comm_.synchronize(); },
+              [this] { compute_.synchronize(); }});
 }
 
 DType ZeroEngine::comm_dtype() const {

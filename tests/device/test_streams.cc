@@ -263,3 +263,67 @@ TEST_CASE("a stream-ordered release runs after the stream failed; other work is 
   b = Buffer();
   CHECK_THROWS(s->synchronize());
 }
+
+// DrainOnUnwind: a scope left by an exception waits for the stream's work (which may still
+// write the scope's buffers) before its locals go; a scope left normally does not wait (the
+// owner synchronizes where it means to). The queued work blocks until released, with a bound
+// so that a guard that waited anyway fails the check instead of hanging.
+TEST_CASE("DrainOnUnwind drains its stream on unwinding only") {
+  auto dev = cpu();
+  auto s = dev->create_stream("s");
+  std::atomic<bool> ran{false};
+  try {
+    DrainOnUnwind drain(*s);
+    worker(*s).enqueue([&] {
+      std::this_thread::sleep_for(50ms);
+      ran = true;
+    });
+    ZRT_THROW(Error, "a collective failed");
+  } catch (const Error&) {
+    CHECK(ran);  // drained before the scope's locals were destroyed
+  }
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ran = false;
+  {
+    DrainOnUnwind drain(*s);
+    worker(*s).enqueue([&ran, released] {
+      released.wait_for(5s);
+      ran = true;
+    });
+  }
+  CHECK_FALSE(ran);  // left normally: not drained
+  release.set_value();
+  s->synchronize();
+  CHECK(ran);
+}
+
+// drain_each: every drain runs, also after one throws, and the first error is the one rethrown
+// (ZeroEngine and CpuDevice drain their streams this way).
+TEST_CASE("drain_each runs every drain and rethrows the first error") {
+  std::vector<int> ran;
+  CHECK_THROWS_WITH(drain_each({[&] { ran.push_back(1); },
+                                [&] {
+                                  ran.push_back(2);
+                                  throw std::runtime_error("first");
+                                },
+                                [&] {
+                                  ran.push_back(3);
+                                  throw std::runtime_error("second");
+                                },
+                                [&] { ran.push_back(4); }}),
+                    "first");
+  CHECK(ran == std::vector<int>{1, 2, 3, 4});
+  // A CPU device drains every stream, also after one failed.
+  auto dev = cpu();
+  auto a = dev->create_stream("a");
+  auto b = dev->create_stream("b");
+  std::atomic<bool> b_done{false};
+  worker(*a).enqueue([] { throw std::runtime_error("stream a fault"); });
+  worker(*b).enqueue([&] {
+    std::this_thread::sleep_for(50ms);
+    b_done = true;
+  });
+  CHECK_THROWS_WITH(dev->synchronize(), Catch::Contains("stream a fault"));
+  CHECK(b_done);
+}
