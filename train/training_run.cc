@@ -196,8 +196,7 @@ void TrainingRun::build_engine() {
   optimizer_ = make_device_optimizer(*device_, config_.optimizer);
   // A model that can end its backward at the lowest module with a trained parameter does, when
   // the modules below are frozen (model_interface.h): the engine's schedule ends there too.
-  engine_options_.model_stops_backward_early = model.stops_backward_early();
-  engine_options_.model_skips_frozen_gradients = model.skips_frozen_gradients();
+  take_model_capabilities(engine_options_, model);
   timed("engine state", [&] {
     engine_.emplace(*device_, *compute_, layout_->engine_groups(), params, model.num_modules(),
                     engine_options_, *optimizer_, make_cpu_optimizer_offload);

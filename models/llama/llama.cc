@@ -374,7 +374,7 @@ void Llama::block_backward(ParamAccess& a, int layer, Bytes res_in) {
   auto P = [&](int slot) { return a.param(block_param(layer, slot)); };
   // A parameter's gradient, null where the block has no such parameter or it is frozen: the
   // kernels then skip its work (a projection's GEMM, a norm's column sums), and a frozen
-  // parameter needs no gradient buffer (Model::writes_frozen_gradients).
+  // parameter needs no gradient buffer (Model::skips_frozen_gradients).
   auto G = [&](int slot) { return trained_grad(a, block_param(layer, slot)); };
   const Activations& d = acts_;
   const Bytes dres = this->dres();

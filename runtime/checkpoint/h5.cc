@@ -271,11 +271,13 @@ void read_attr_value(const H5Id& attr, hid_t mem_type, void* out, const std::str
 hssize_t attr_count(const H5Id& attr, H5T_class_t want, const std::string& context,
                     const std::string& name) {
   H5Id type(H5Aget_type(attr.get()));
+  if (!type.valid()) throw_unreadable_attr(context, name);
   if (H5Tget_class(type.get()) != want) {
     ZRT_THROW(InvalidArgument, "{}: attribute '{}' has type {}", context, name,
               type_name(type.get()));
   }
   H5Id space(H5Aget_space(attr.get()));
+  if (!space.valid()) throw_unreadable_attr(context, name);
   return H5Sget_simple_extent_npoints(space.get());
 }
 }  // namespace

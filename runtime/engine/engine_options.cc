@@ -26,6 +26,11 @@ ScheduleOptions schedule_options(const EngineOptions& options) {
   return s;
 }
 
+void take_model_capabilities(EngineOptions& options, const Model& model) {
+  options.model_stops_backward_early = model.stops_backward_early();
+  options.model_skips_frozen_gradients = model.skips_frozen_gradients();
+}
+
 bool offload_takes_reduced_slices(const EngineOptions& options) {
   if (options.stage < 2 || !options.offload_optimizer.enabled ||
       options.gradient_accumulation_steps != 1) {

@@ -116,6 +116,11 @@ struct EngineOptions {
 // The schedule the engine runs for these options (zrt-mem replays the same one).
 ScheduleOptions schedule_options(const EngineOptions& options);
 
+// Sets what the engine takes from the model it serves rather than from a config key
+// (model_stops_backward_early, model_skips_frozen_gradients): whoever builds an engine for a
+// model calls it, so every builder runs the schedule zrt-train runs.
+void take_model_capabilities(EngineOptions& options, const Model& model);
+
 // Optimizer offload at one micro-batch per step (stages 2-3, the reduce-scatter in the compute
 // dtype and not quantized): an offloaded unit's reduced gradient slice is already its final
 // gradient (grad_accum_dtype would only hold 0 + that slice, the same values), so it goes to host

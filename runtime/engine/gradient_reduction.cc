@@ -1,6 +1,6 @@
 // The engine's gradients: where the model writes them (stages 0-1: the trained units' full
-// gradients accumulated over the micro-batches; stages 2-3, and a frozen unit at any stage: a
-// bucket per unit for one micro-batch's backward), their
+// gradients accumulated over the micro-batches; stages 2-3, and a frozen unit at any stage for a
+// model that may write its gradients: a bucket per unit for one micro-batch's backward), their
 // reduction across ranks (issue_reduce / await_reduce, as Megatron's start_grad_sync /
 // finish_grad_sync), accumulation into the owned slice, and the step's global norm.
 #include "runtime/common/error.h"

@@ -352,8 +352,8 @@ class ZeroEngine final : public ParamAccess {
   std::vector<std::unique_ptr<UnitState>> units_;
   Buffer full_params_;  // stages 0-2: every unit's full compute-dtype parameters
   // Stages 0-1: every trained unit's full gradients (accum dtype), unit after unit
-  // (full_grad_offset_; a frozen unit has none: its gradient goes to a bucket for its modules'
-  // backward, as at stages 2-3).
+  // (full_grad_offset_; a frozen unit has none: a model that may write its gradient writes it
+  // to a bucket for its modules' backward, ScheduleOptions::frozen_buckets).
   Buffer full_grads_;
   std::vector<std::int64_t> full_grad_offset_;  // per unit, elements; -1 for a frozen unit
   Buffer comm_scratch_;  // conversions to/from the communication dtype (comm stream)

@@ -258,8 +258,7 @@ inline std::vector<std::vector<float>> parity_engine(const ParityCase& pc, Engin
   options.gradient_clipping = pc.clip;
   // As zrt-train builds it: the backward ends at the lowest module with a trained parameter
   // (the reference runs the whole backward).
-  options.model_stops_backward_early = model->stops_backward_early();
-  options.model_skips_frozen_gradients = model->skips_frozen_gradients();
+  take_model_capabilities(options, *model);
   std::vector<ParamSpec> params = model->parameters();
   mark_parity_frozen(pc, params);
   std::unique_ptr<ZeroEngine> engine_owner =

@@ -156,7 +156,7 @@ TEST_CASE("zrt-train on the CUDA stand-ins gives the CPU backend's losses at eve
                     "tiling": {"mlp_rows": 24})",
        R"("type": "llama", "preset": "llama-tiny")"},
       // Frozen lower layers at stage 1: the backward ends at block 2 (no backward below), the
-      // full gradients span the trained units, a frozen unit's gradient goes to a bucket.
+      // full gradients span the trained units, a frozen unit has no gradient buffer at all.
       {"stage1_frozen_lower", R"({"stage": 1})", 2, false,
        R"(, "n_layer": 4, "frozen": ["transformer.wte.weight", "transformer.wpe.weight",
                                      "transformer.h.[01].*", "ln_f"])"},

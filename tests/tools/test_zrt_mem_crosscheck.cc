@@ -109,8 +109,7 @@ Measured run_engine(const Inputs& in, const Setting& setting) {
   auto optimizer = make_device_adam(*device, adam);
   EngineOptions o = in.engine;
   o.stage = setting.stage;
-  o.model_stops_backward_early = model.stops_backward_early();  // as zrt-train builds it
-  o.model_skips_frozen_gradients = model.skips_frozen_gradients();
+  take_model_capabilities(o, model);  // as zrt-train builds it
   o.offload_optimizer.enabled = setting.offload_optimizer;
   o.offload_param.enabled = setting.offload_param;
   if (!(o.stage == 3 && setting.offload_optimizer && !setting.offload_param)) {

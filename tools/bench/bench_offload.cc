@@ -86,6 +86,7 @@ OffloadFigures run_config(int stage, bool offload_params, double ratio,
   options.offload_optimizer.enabled = true;
   options.offload_optimizer.ratio = ratio;
   options.offload_param.enabled = offload_params;
+  take_model_capabilities(options, model);
   ZeroEngine engine(*device, *compute, *group, model.parameters(), model.num_modules(), options,
                     *adam, make_cpu_optimizer_offload);
   engine.initialize(model_def->initializer(model, 1, ""));

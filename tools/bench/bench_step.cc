@@ -79,6 +79,7 @@ class StepRig {
     options.stage3_max_reuse_distance =
         static_cast<std::int64_t>(config.reuse * static_cast<double>(model_def_->num_parameters()));
     options.stage3_param_persistence_threshold = 1000;
+    take_model_capabilities(options, *model_);
     engine_ = std::make_unique<ZeroEngine>(*device_, *compute_, *group_, model_->parameters(),
                                            model_->num_modules(), options, *adam_,
                                            make_cpu_optimizer_offload);

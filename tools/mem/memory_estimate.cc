@@ -272,8 +272,9 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
   f.bucket_peak = peaks.bucket_elements;
-  // Stages 2-3 bucket in the compute dtype; at stages 0-1 only a frozen unit has a bucket, in
-  // the accumulation dtype the model writes gradients in there (and nothing is gathered).
+  // Stages 2-3 bucket in the compute dtype; at stages 0-1 only a frozen unit of a model that may
+  // write its gradients has a bucket, in the accumulation dtype the model writes gradients in
+  // there (and nothing is gathered).
   f.transient_bytes =
       peaks.sum_elements * size_of(o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype);
   return f;
