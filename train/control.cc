@@ -17,6 +17,7 @@ double Control::mean(double value) {
 void Control::all_reduce(void* values, std::size_t count, DType dtype, ReduceOp op) {
   ZRT_CHECK(count <= kMaxValues, "too many values");
   const std::size_t bytes = count * dtype_size(dtype);
+  DrainOnUnwind drain(group_.stream());  // the copies read and write `values` on the stream
   device_.copy_to_device(scratch_.device<std::byte>(), values, bytes, group_.stream());
   group_.all_reduce(scratch_.device<std::byte>(), scratch_.device<std::byte>(),
                     static_cast<std::int64_t>(count), dtype, op);

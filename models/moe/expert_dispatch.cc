@@ -53,6 +53,9 @@ DispatchPlan ExpertDispatch::plan(const std::vector<std::int64_t>& counts) {
   // Block p of the exchange: this rank's counts for rank p's experts, which are counts[p*L ..]
   // already; what comes back, block s: source s's counts for this rank's experts.
   Stream& comm = group_.stream();
+  // The copies below read `counts` and write `plan` on the stream (the CPU backend's worker): a
+  // failed exchange must not free them under that work.
+  DrainOnUnwind drain(comm);
   comm_after_compute();  // the buffers' previous exchange was read on the host already
   device_.copy_to_device(counts_out_.device<std::byte>(), counts.data(),
                          static_cast<std::size_t>(E) * 8, comm);

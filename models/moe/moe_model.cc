@@ -755,6 +755,7 @@ MoeCapacity* MoeModel::capacity_for(ParamAccess& a, int layer, Bytes ln2, MoeKep
   const std::size_t own = static_cast<std::size_t>(group->rank()) * block;
   for (std::size_t i = 0; i < block; ++i) all[own + i] = static_cast<std::int32_t>(mine[i]);
   kernels::KernelContext& ctx = this->ctx();
+  DrainOnUnwind drain(ctx.stream());  // the copies read and write `all` on the stream
   ctx.device().copy_to_device(acts_.capacity_counts + static_cast<I64>(own) * 4, &all[own],
                               block * 4, ctx.stream());
   group->gather(acts_.capacity_counts, static_cast<I64>(block), DType::kInt32);

@@ -41,6 +41,7 @@ float ZeroEngine::OffloadStep::norm_squared() {
     if (summed_over_ranks_[g] || peers != nullptr) {
       // Sum over the group's ranks (every rank takes the same decision).
       Stream& comm = e_.comm_;
+      DrainOnUnwind drain(comm);  // the copies read and write group_norm on the stream
       const DevicePtr<std::byte> norm = e_.norm_.device<std::byte>();
       TraceSpan span(e_.trace_, comm, TraceTrack::kComm, "all_reduce grad norm");
       e_.device_.copy_to_device(norm, &group_norm, sizeof group_norm, comm);
