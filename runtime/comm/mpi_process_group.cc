@@ -142,13 +142,19 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
         return done != 0;
       },
       [&] {
-        for (int i = 0; i < n; ++i) {
-          if (reqs[i] != MPI_REQUEST_NULL) abandoned_.push_back(reqs[i]);
-        }
+        abandon(reqs, static_cast<std::size_t>(n));
         return fmt::format("{} did not complete within {:.1f} s (comm_timeout_s){}; {}", what,
                            options_.timeout_s, watchdog ? watchdog->step_phrase() : "",
                            take_attendance());
       });
+}
+
+void MpiProcessGroup::abandon(MPI_Request* reqs, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (reqs[i] == MPI_REQUEST_NULL) continue;
+    abandoned_.push_back(reqs[i]);
+    reqs[i] = MPI_REQUEST_NULL;
+  }
 }
 
 std::string MpiProcessGroup::take_attendance() {
@@ -293,17 +299,18 @@ void MpiProcessGroup::exchange_blocks(const std::byte* send, std::int64_t send_s
   // All messages posted at once; large blocks go as several messages to keep counts in int.
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();
+  AbandonOnUnwind abandon_on_error(*this, {&reqs});
   collective_plan::for_each_chunk(bytes, byte_chunk(), [&](collective_plan::Range piece) {
     const int n = static_cast<int>(piece.count);
     for (int step = 1; step < size_; ++step) {
       const int from = (rank_ - step + size_) % size_;
-      reqs.emplace_back();
+      reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
       ZRT_MPI_CHECK(MPI_Irecv(recv + from * bytes + piece.first, n, MPI_BYTE, from, tag, comm_,
                               &reqs.back()));
     }
     for (int step = 1; step < size_; ++step) {
       const int to = (rank_ + step) % size_;
-      reqs.emplace_back();
+      reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
       ZRT_MPI_CHECK(MPI_Isend(send + to * send_stride + piece.first, n, MPI_BYTE, to, tag, comm_,
                               &reqs.back()));
     }
@@ -348,12 +355,12 @@ void MpiProcessGroup::post_exchange(const std::byte* send, std::int64_t send_str
   const int n = static_cast<int>(block_bytes);
   for (int step = 1; step < size_; ++step) {
     const int from = (rank_ - step + size_) % size_;
-    reqs.emplace_back();
+    reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
     ZRT_MPI_CHECK(MPI_Irecv(recv + from * block_bytes, n, MPI_BYTE, from, 1, comm_, &reqs.back()));
   }
   for (int step = 1; step < size_; ++step) {
     const int to = (rank_ + step) % size_;
-    reqs.emplace_back();
+    reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
     ZRT_MPI_CHECK(MPI_Isend(send + to * send_stride, n, MPI_BYTE, to, 1, comm_, &reqs.back()));
   }
   std::memcpy(recv + rank_ * block_bytes, send + rank_ * send_stride,
@@ -375,6 +382,8 @@ void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, st
   const std::int64_t chunk = chunk_elements(elem, size_);
   const std::int64_t chunks = collective_plan::chunk_count(count, chunk);
   std::vector<MPI_Request> pending[2];
+  // Chunk k+1 is posted before chunk k is waited for: a timeout on k abandons both.
+  AbandonOnUnwind abandon_on_error(*this, {&pending[0], &pending[1]});
   std::byte* received[2] = {scratch(0, size_ * std::min(chunk, count) * elem),
                             chunks > 1 ? scratch(1, size_ * chunk * elem) : nullptr};
   auto post = [&](std::int64_t k) {
@@ -494,6 +503,7 @@ void MpiProcessGroup::run_all_to_allv(const std::byte* in, std::byte* out,
   };
   std::vector<MPI_Request>& reqs = requests_;
   reqs.clear();
+  AbandonOnUnwind abandon_on_error(*this, {&reqs});
   struct Expected {
     int peer;
     std::int64_t bytes;
@@ -507,7 +517,7 @@ void MpiProcessGroup::run_all_to_allv(const std::byte* in, std::byte* out,
     for (std::int64_t k = 0; k < pieces(bytes); ++k) {
       const std::int64_t first = k * chunk;
       const std::int64_t n = std::min(chunk, bytes - first);
-      reqs.emplace_back();
+      reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
       expected.push_back({from, std::max<std::int64_t>(n, 0)});
       ZRT_MPI_CHECK(MPI_Irecv(base + first, static_cast<int>(std::max<std::int64_t>(n, 0)),
                               MPI_BYTE, from, kTag, comm_, &reqs.back()));
@@ -522,7 +532,7 @@ void MpiProcessGroup::run_all_to_allv(const std::byte* in, std::byte* out,
     for (std::int64_t k = 0; k < pieces(bytes); ++k) {
       const std::int64_t first = k * chunk;
       const std::int64_t n = std::min(chunk, bytes - first);
-      reqs.emplace_back();
+      reqs.push_back(MPI_REQUEST_NULL);  // stays null if the post fails
       ZRT_MPI_CHECK(MPI_Isend(base + first, static_cast<int>(std::max<std::int64_t>(n, 0)),
                               MPI_BYTE, to, kTag, comm_, &reqs.back()));
     }
@@ -593,6 +603,7 @@ void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::i
                     static_cast<std::size_t>(piece.input.count * elem));
         std::memset(work + piece.input.count * elem, 0,
                     static_cast<std::size_t>(piece.padding(size_) * elem));
+        AbandonOnUnwind abandon_on_error(*this, {&requests_});  // a failed post
         post_exchange(work, slice * elem, received, slice * elem, requests_);
         wait_all(requests_.data(), static_cast<int>(requests_.size()), what);
         reduce_blocks(received, slice, size_, slice, dtype, op, work + rank_ * slice * elem);

@@ -11,7 +11,10 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <exception>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -62,6 +65,29 @@ class MpiProcessGroup final : public ProcessGroup {
   void wait(MPI_Request& req, const std::string& what);
   void wait_all(MPI_Request* reqs, int n, const std::string& what,
                 MPI_Status* statuses = MPI_STATUSES_IGNORE);
+  // Moves the still-pending requests of `reqs` (not MPI_REQUEST_NULL) to abandoned_ and nulls
+  // them: the destructor gives late peers a grace period to complete them, and leaks the
+  // communicator otherwise, instead of freeing it (and the buffers they write) under them.
+  void abandon(MPI_Request* reqs, std::size_t n);
+  // Abandons every request of the sets it watches when its scope is left by an exception: a
+  // timeout, or an MPI error while posting, with other requests already posted (a reduce-scatter
+  // chunk's exchange posted ahead of the one that failed).
+  class AbandonOnUnwind {
+   public:
+    AbandonOnUnwind(MpiProcessGroup& group, std::initializer_list<std::vector<MPI_Request>*> sets)
+        : group_(group), sets_(sets), exceptions_(std::uncaught_exceptions()) {}
+    ~AbandonOnUnwind() {
+      if (std::uncaught_exceptions() <= exceptions_) return;
+      for (std::vector<MPI_Request>* set : sets_) group_.abandon(set->data(), set->size());
+    }
+    AbandonOnUnwind(const AbandonOnUnwind&) = delete;
+    AbandonOnUnwind& operator=(const AbandonOnUnwind&) = delete;
+
+   private:
+    MpiProcessGroup& group_;
+    std::vector<std::vector<MPI_Request>*> sets_;
+    int exceptions_;
+  };
   // After a timeout: which peers are waiting in the same operation, which are elsewhere and
   // which are missing (see the .cc). Returns the phrase the error message carries.
   std::string take_attendance();
@@ -107,6 +133,10 @@ class MpiProcessGroup final : public ProcessGroup {
   std::vector<MPI_Request> requests_;   // reused request list (worker only)
   std::int64_t sequence_ = 0;           // operations started on this group (worker only)
   std::int64_t attendance_send_ = 0;    // the value a timeout's attendance call sends
+
+ public:
+  // Requests a timeout or an error left pending, which the destructor waits for (tests).
+  std::size_t abandoned_requests() const { return abandoned_.size(); }
 };
 
 }  // namespace zrt

@@ -10,6 +10,9 @@
 #include <thread>
 #include <vector>
 
+#include <mpi.h>
+
+#include "runtime/comm/mpi_process_group.h"
 #include "runtime/common/error.h"
 #include "tests/comm/collective_test_util.h"
 
@@ -58,6 +61,39 @@ TEST_CASE("a withheld collective times out on the other ranks with a clear error
   // The group's destructor completes the abandoned request once the late rank has joined: it
   // must go before the buffers the request writes into (ASan found the test freeing them first).
   f.group.reset();
+}
+
+// A reduce-scatter of two chunks posts the second chunk's exchange before waiting for the first:
+// when the first times out, both chunks' requests are left to the group (abandoned), so its
+// destructor waits for the late rank to complete them before freeing the communicator and the
+// scratch they write into (before, the second chunk's were dropped: freed under live requests).
+TEST_CASE("a timed-out reduce-scatter leaves every posted chunk to the group, none dropped") {
+  CommOptions o;
+  o.timeout_s = 1.0;
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  o.max_chunk_bytes = std::int64_t{4} * n * 64;  // 64 elements of each rank's slice a chunk
+  auto f = make_comm(o, "timeout-chunks");
+  REQUIRE(f.size() >= 2);
+  auto* mpi = dynamic_cast<MpiProcessGroup*>(f.group.get());
+  REQUIRE(mpi != nullptr);
+  const bool late = f.rank() == f.size() - 1;
+  const std::int64_t count = 128;  // per rank: two chunks of 64
+  Buffer in = upload(*f.device, *f.stream, make_input(DType::kFloat32, f.rank(), 1, count * n, 3));
+  Buffer out = upload(*f.device, *f.stream, {}, count * 4);
+  if (late) std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  f.group->reduce_scatter(in.device<std::byte>(), out.device<std::byte>(), count, DType::kFloat32,
+                          ReduceOp::kSum);
+  if (late) {
+    f.stream->synchronize();  // everyone else posted both chunks long ago
+    CHECK(mpi->abandoned_requests() == 0);
+  } else {
+    CHECK_THROWS_AS(f.stream->synchronize(), Timeout);
+    // Both chunks' receives and sends, 2 x 2 per peer (MPI_Testall frees none unless all are
+    // done), the second chunk's included, and the attendance's send to each peer.
+    CHECK(mpi->abandoned_requests() == static_cast<std::size_t>((2 * 2 + 1) * (n - 1)));
+  }
+  f.group.reset();  // completes the abandoned requests once the late rank has joined
 }
 
 TEST_CASE("the watchdog reports a group creation that blocks past the timeout") {
