@@ -351,17 +351,34 @@ void CpuOptimizerOffload::skip_update() {
   piece_set_ = 1 - piece_set_;
 }
 
-void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
+void CpuOptimizerOffload::update(std::int64_t step,
+                                 const std::vector<std::int64_t>& steps_not_taken, double lr,
+                                 double factor,
                                  const std::function<DevicePtr<std::byte>(int u)>& destination) {
   const DType cdt = options_.compute_dtype;
+  ZRT_CHECK(steps_not_taken.size() == params_.size(), "{} steps-not-taken for {} parameters",
+            steps_not_taken.size(), params_.size());
   // Everything that can throw comes first (the scalars, every slice), before any unit gets a new
-  // completion that the copy stream would wait for.
+  // completion that the copy stream would wait for. A step prepared per distinct own step count
+  // (one unless a resume trains parameters that were frozen), the split step's first pass (the
+  // same step writing only the compute-dtype copy) beside each.
   rethrow_cpu_step_error();
-  HostOptimizer::RangeStep range_step = host_optimizer_->prepare_step(step, lr, factor);
-  // The split step's first pass: the same step writing only the compute-dtype copy.
-  HostOptimizer::RangeStep copy_step =
-      split_step_ ? host_optimizer_->prepare_step(step, lr, factor, StepWrites::kComputeCopyOnly)
-                  : HostOptimizer::RangeStep{};
+  std::vector<std::int64_t> not_taken_values;  // index: CpuStepUnit::step_of
+  std::vector<HostOptimizer::RangeStep> range_steps, copy_steps;
+  const auto step_index = [&](int p) {
+    const std::int64_t n = steps_not_taken[static_cast<std::size_t>(p)];
+    const auto at = std::find(not_taken_values.begin(), not_taken_values.end(), n);
+    if (at != not_taken_values.end()) {
+      return static_cast<std::size_t>(at - not_taken_values.begin());
+    }
+    not_taken_values.push_back(n);
+    range_steps.push_back(host_optimizer_->prepare_step(step - n, lr, factor));
+    copy_steps.push_back(split_step_ ? host_optimizer_->prepare_step(step - n, lr, factor,
+                                                                     StepWrites::kComputeCopyOnly)
+                                     : HostOptimizer::RangeStep{});
+    return not_taken_values.size() - 1;
+  };
+  step_index(0);  // the common case first (and a step to run when no unit is offloaded)
   const std::uint32_t release = ++updates_ == 0 ? ++updates_ : updates_;  // 0 means "never"
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
@@ -414,6 +431,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
         slice.weight_decay = params_[static_cast<std::size_t>(p)].takes_weight_decay();
         host_optimizer_->validate(slice, w.slices.size());
         w.slices.push_back(slice);
+        w.step_of.push_back(step_index(p));
         w.landed.push_back(piece_events.empty() ? nullptr
                                                 : piece_events[static_cast<std::size_t>(c)].get());
         begin = stop;
@@ -447,6 +465,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
       CpuStepUnit w;
       w.trace_name = it->trace_name + " state";
       w.slices = it->slices;
+      w.step_of = it->step_of;
       for (OptimizerSlice& slice : w.slices) slice.param_out = nullptr;
       w.after = std::move(it->after);
       it->after = nullptr;
@@ -492,11 +511,11 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
   const int threads = host_optimizer_->threads();
   TraceRecorder* trace = trace_;  // the CPU optimizer's threads record their own spans
   cpu_optimizer_->enqueue([work = std::move(work), state_work = std::move(state_work),
-                           range_step = std::move(range_step), copy_step = std::move(copy_step),
+                           range_steps = std::move(range_steps), copy_steps = std::move(copy_steps),
                            threads, trace, name = trace_name_]() mutable {
     const bool split = !state_work.empty();
     try {
-      run_cpu_step_pipeline(work, split ? copy_step : range_step, threads, trace);
+      run_cpu_step_pipeline(work, split ? copy_steps : range_steps, threads, trace);
     } catch (const std::exception& e) {
       // Every unit's completion holds the error and every signal is raised; the engine gets the
       // error at its next decision (rethrow_cpu_step_error). The queue stays usable, so later
@@ -511,7 +530,7 @@ void CpuOptimizerOffload::update(std::int64_t step, double lr, double factor,
     }
     if (!split) return;
     try {
-      run_cpu_step_pipeline(state_work, range_step, threads, trace);
+      run_cpu_step_pipeline(state_work, range_steps, threads, trace);
     } catch (const std::exception& e) {
       spdlog::error("the CPU optimizer's {} step (its state) failed: {}", name, e.what());
     }

@@ -48,7 +48,8 @@ class CpuOptimizerOffload final : public OptimizerOffload {
                         Event* bucket_read) override;
   float local_norm_squared(int group) override;
   const Event& gradients_read() const override { return *gradients_read_; }
-  void update(std::int64_t step, double lr, double factor,
+  void update(std::int64_t step, const std::vector<std::int64_t>& steps_not_taken, double lr,
+              double factor,
               const std::function<DevicePtr<std::byte>(int u)>& destination) override;
   const Event& params_ready(int u) const override;
   void wait_for_update(int u, Stream& stream) override;

@@ -66,6 +66,13 @@ std::vector<CpuStepRange> cpu_step_chunks(const float* param, std::int64_t numel
 
 void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer::RangeStep& step,
                            int threads, TraceRecorder* trace) {
+  run_cpu_step_pipeline(units, std::vector<HostOptimizer::RangeStep>{step}, threads, trace);
+}
+
+void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units,
+                           const std::vector<HostOptimizer::RangeStep>& steps, int threads,
+                           TraceRecorder* trace) {
+  ZRT_CHECK(!steps.empty(), "CPU step: no prepared step");
   const std::size_t count = units.size();
   std::vector<Chunk> chunks;
   std::int64_t elements = 0;
@@ -78,6 +85,12 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
     ZRT_CHECK(unit.landed.empty() || unit.landed.size() == unit.slices.size(),
               "CPU step: unit {} has {} landing events for {} slices", u, unit.landed.size(),
               unit.slices.size());
+    ZRT_CHECK(unit.step_of.empty() || unit.step_of.size() == unit.slices.size(),
+              "CPU step: unit {} has {} step choices for {} slices", u, unit.step_of.size(),
+              unit.slices.size());
+    for (const std::size_t s : unit.step_of) {
+      ZRT_CHECK(s < steps.size(), "CPU step: unit {} asks for step {} of {}", u, s, steps.size());
+    }
     slice_base[u] = slices;
     slices += unit.slices.size();
     for (std::size_t k = 0; k < unit.slices.size(); ++k) {
@@ -154,7 +167,8 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer:
           }
           if (trace != nullptr && c == first_chunk[chunk.unit])
             start_us[chunk.unit] = trace->now_us();
-          step(unit.slices[chunk.slice], chunk.begin, chunk.end);
+          steps[unit.step_of.empty() ? 0 : unit.step_of[chunk.slice]](unit.slices[chunk.slice],
+                                                                      chunk.begin, chunk.end);
           // acq_rel: the thread that finishes the unit sees every other chunk's writes (and the
           // first chunk's start time) before it lets the unit go up.
           if (remaining[chunk.unit].fetch_sub(1, std::memory_order_acq_rel) == 1)

@@ -32,8 +32,11 @@ namespace zrt {
 // One unit's work in a CPU step.
 struct CpuStepUnit {
   std::vector<OptimizerSlice> slices;  // the unit's owned elements, cut where its pieces land
-  std::vector<Event*> landed;          // per slice: its gradient is on the host (null: already)
-  Event* slot_free = nullptr;          // waited for before the unit is written (null: no wait)
+  // Per slice: which of the pipeline's prepared steps steps it (empty: the first for every
+  // slice). Several when parameters count different Adam steps (ZeroEngine's steps not taken).
+  std::vector<std::size_t> step_of;
+  std::vector<Event*> landed;  // per slice: its gradient is on the host (null: already)
+  Event* slot_free = nullptr;  // waited for before the unit is written (null: no wait)
   // Run by the thread that finishes the unit's last chunk, before `done` is set.
   std::function<void()> after;
   std::shared_ptr<std::promise<void>> done;  // set once the unit is stepped, or to the error
@@ -50,6 +53,10 @@ struct CpuStepUnit {
 // unit's span runs from its first chunk's start (after its waits) to its last chunk's end.
 void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units, const HostOptimizer::RangeStep& step,
                            int threads, TraceRecorder* trace);
+// The same with a prepared step per CpuStepUnit::step_of index.
+void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units,
+                           const std::vector<HostOptimizer::RangeStep>& steps, int threads,
+                           TraceRecorder* trace);
 
 // The chunks a slice of `numel` elements whose fp32 parameters start at `param` is cut into:
 // [begin, end) ranges of at most `chunk` elements, the boundaries after the first on addresses

@@ -244,7 +244,8 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
   }
   if (changed.empty()) return;
   // A parameter frozen when saved has no optimizer state; trained now, Adam starts it from zero
-  // under the run's step count, whose bias correction then no longer damps the first updates.
+  // and counts its own steps from there (the checkpoint's param_steps, as PyTorch's
+  // per-parameter step).
   const bool frozen_changed = value_of(before, "frozen") != value_of(now, "frozen") ||
                               value_of(before, "trainable") != value_of(now, "trainable");
   spdlog::warn(
@@ -252,9 +253,9 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
       "the shapes match, so the saved weights train as the model configured now{}",
       dir, fmt::join(changed, "; "),
       frozen_changed
-          ? " (a parameter frozen then and trained now starts its optimizer state at zero at "
-            "this step count: Adam's first updates of it are larger than lr, about 3x at the "
-            "first; one trained then and frozen now keeps its saved value)"
+          ? " (a parameter frozen then and trained now starts its optimizer state at zero and "
+            "counts its Adam steps from there; one trained then and frozen now keeps its saved "
+            "value)"
           : "");
 }
 

@@ -74,7 +74,7 @@ bool writes_unit(const ZeroEngine& engine, int u) {
 
 // Several groups: the slices this rank writes, group 0's units first (the same place in every
 // rank's file), then the others', each with its table rows.
-RankShare describe_share(const ZeroEngine& engine) {
+RankShare describe_share(const ZeroEngine& engine, const std::vector<std::int64_t>& steps) {
   const PartitionPlan& plan = engine.plan();
   const std::vector<ParamSpec>& params = engine.params();
   RankShare share;
@@ -103,8 +103,9 @@ RankShare describe_share(const ZeroEngine& engine) {
       if (slice.slice == 0) {
         for (int p : unit.params) {
           const ParamSpec& spec = params[static_cast<std::size_t>(p)];
-          slice.params.push_back(
-              ParamEntry{spec.name, spec.shape, spec.numel(), 0, plan.placement(p).offset});
+          slice.params.push_back(ParamEntry{spec.name, spec.shape, spec.numel(), 0,
+                                            plan.placement(p).offset,
+                                            steps[static_cast<std::size_t>(p)]});
         }
       }
       share.written.push_back(StateRange{first[static_cast<std::size_t>(u)], unit.shard});
@@ -118,22 +119,25 @@ RankShare describe_share(const ZeroEngine& engine) {
 }  // namespace
 
 void describe_engine(const ZeroEngine& engine, CheckpointIndex& index) {
+  const EngineCounters c = engine.counters();
   if (engine.plan().group_count() == 1) {
     fill_tables(index, engine.params(), engine.plan());
+    for (std::size_t p = 0; p < index.params.size(); ++p) {
+      index.params[p].steps = c.parameter_steps[p];
+    }
   } else {
     // The tables are rank 0's to assemble; the world is the checkpointer's.
     index.world = 0;
     index.params.clear();
     index.units.clear();
     index.rank_elements.clear();
-    index.share = describe_share(engine);
+    index.share = describe_share(engine, c.parameter_steps);
   }
   index.stage = engine.options().stage;
   index.compute_dtype = dtype_name(engine.options().compute_dtype);
   index.master_dtype = "float32";
   index.optimizer = engine.optimizer_spec().family;
   index.optimizer_states = engine.optimizer_spec().state_names;
-  const EngineCounters c = engine.counters();
   index.optimizer_steps = c.optimizer_steps;
   index.skipped_steps = c.skipped_steps;
   index.loss_scale = c.loss_scale;
@@ -212,12 +216,19 @@ CheckpointIndex load_engine(const std::string& dir, ZeroEngine& engine, MPI_Comm
               index_path, describe(index.optimizer, index.optimizer_states),
               describe(running_optimizer.family, running_optimizer.state_names));
   }
+  // Each parameter's own step count, from its first row (an expert stacked in one row or a row
+  // per expert: the same count); an index without the counts: the run's count for every one.
+  EngineCounters counters{index.optimizer_steps, index.skipped_steps, index.loss_scale, {}};
+  for (const std::vector<ParamSource>& runs : sources) {
+    const std::int64_t steps =
+        runs.empty() ? -1 : index.params[static_cast<std::size_t>(runs.front().row)].steps;
+    counters.parameter_steps.push_back(steps < 0 ? index.optimizer_steps : steps);
+  }
   ShardedReader reader(dir, index, std::move(sources));
   const PartitionPlan& plan = engine.plan();
-  engine.load_state(EngineCounters{index.optimizer_steps, index.skipped_steps, index.loss_scale},
-                    [&](int u, const ZeroEngine::StateArrays& arrays) {
-                      reader.fill(plan, engine.slice_rank(u), u, arrays);
-                    });
+  engine.load_state(counters, [&](int u, const ZeroEngine::StateArrays& arrays) {
+    reader.fill(plan, engine.slice_rank(u), u, arrays);
+  });
   spdlog::debug("loaded {} (world {}, stage {}) as rank {} of world {}, stage {}: {} bytes read",
                 dir, index.world, index.stage, engine.state_rank(), plan.world(),
                 engine.options().stage, reader.bytes_read());

@@ -146,7 +146,7 @@ void fill_tables(CheckpointIndex& index, const std::vector<ParamSpec>& params,
   for (std::size_t p = 0; p < params.size(); ++p) {
     const ParamPlacement& pl = plan.placement(static_cast<int>(p));
     index.params.push_back(
-        ParamEntry{params[p].name, params[p].shape, params[p].numel(), pl.unit, pl.offset});
+        ParamEntry{params[p].name, params[p].shape, params[p].numel(), pl.unit, pl.offset, -1});
   }
   for (const Unit& u : plan.units()) {
     UnitEntry entry{u.numel, u.shard, 0, {}};
@@ -210,7 +210,8 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
 
   const auto P = static_cast<std::int64_t>(index.params.size());
   std::vector<char> names(static_cast<std::size_t>(P * kNameBytes), '\0');
-  std::vector<std::int64_t> ndim, dims, numel, unit, offset;
+  std::vector<std::int64_t> ndim, dims, numel, unit, offset, steps;
+  bool steps_known = true;
   for (std::int64_t p = 0; p < P; ++p) {
     const ParamEntry& e = index.params[static_cast<std::size_t>(p)];
     ZRT_CHECK(static_cast<std::int64_t>(e.name.size()) < kNameBytes,
@@ -221,6 +222,8 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
     numel.push_back(e.numel);
     unit.push_back(e.unit);
     offset.push_back(e.offset);
+    steps.push_back(e.steps);
+    steps_known = steps_known && e.steps >= 0;
   }
   write_dataset(file, "/param_name", H5Elem::kString, {P}, names.data(), 0, kNameBytes);
   write_dataset(file, "/param_ndim", H5Elem::kInt64, {P}, ndim.data());
@@ -229,6 +232,7 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   write_dataset(file, "/param_numel", H5Elem::kInt64, {P}, numel.data());
   write_dataset(file, "/param_unit", H5Elem::kInt64, {P}, unit.data());
   write_dataset(file, "/param_offset", H5Elem::kInt64, {P}, offset.data());
+  if (steps_known) write_dataset(file, "/param_steps", H5Elem::kInt64, {P}, steps.data());
   std::vector<std::int64_t> u_numel, u_shard, u_group, u_slices, s_rank, s_offset;
   for (const UnitEntry& u : index.units) {
     u_numel.push_back(u.numel);
@@ -352,6 +356,9 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
   const auto numel = read_ints(file, "/param_numel", P);
   const auto unit = read_ints(file, "/param_unit", P);
   const auto offset = read_ints(file, "/param_offset", P);
+  // Absent in indexes written before it: every parameter then counts the run's steps.
+  const auto steps = file.has("/param_steps") ? read_ints(file, "/param_steps", P)
+                                              : std::vector<std::int64_t>(P, -1);
   const std::int64_t U = dataset_length(file, "/unit_numel");
   if (U < 1 || U > kMaxParams + 1) {
     ZRT_THROW(InvalidArgument, "{}: dataset '/unit_numel': {} units", path, U);
@@ -390,6 +397,13 @@ CheckpointIndex read_index(const std::string& path, const std::vector<ParamSpec>
     e.numel = numel[i];
     e.unit = unit[i];
     e.offset = offset[i];
+    e.steps = steps[i];
+    if (e.steps < -1 || e.steps > index.optimizer_steps) {
+      ZRT_THROW(InvalidArgument,
+                "{}: dataset '/param_steps': parameter {} ('{}') took {} optimizer steps of the "
+                "checkpoint's {}",
+                path, p, e.name, e.steps, index.optimizer_steps);
+    }
     std::int64_t product = 1;
     for (std::int64_t d : e.shape) product *= d;
     if (product != e.numel || e.unit < 0 || e.unit >= U || e.offset < 0 ||

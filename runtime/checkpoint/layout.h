@@ -50,6 +50,9 @@ struct ParamEntry {
   std::int64_t numel = 0;
   std::int64_t unit = 0;
   std::int64_t offset = 0;  // element offset inside its unit
+  // The optimizer steps it took (EngineCounters::parameter_steps: Adam's count for it; 0 when
+  // it was frozen); -1: not recorded (an index written before `param_steps`), the run's count.
+  std::int64_t steps = -1;
 };
 
 // Where one slice of a unit lives.

@@ -82,6 +82,7 @@ std::string encode_share(const RankShare& share) {
       for (std::int64_t d : p.shape) w.put(d);
       w.put(p.numel);
       w.put(p.offset);
+      w.put(p.steps);
     }
   }
   return w.take();
@@ -102,7 +103,7 @@ RankShare decode_share(const std::string& bytes, const std::string& where) {
     s.slices = r.get();
     s.slice = r.get();
     s.offset = r.get();
-    const std::int64_t params = r.count(4 * sizeof(std::int64_t));
+    const std::int64_t params = r.count(5 * sizeof(std::int64_t));
     for (std::int64_t k = 0; k < params; ++k) {
       ParamEntry p;
       p.name = r.text();
@@ -110,6 +111,7 @@ RankShare decode_share(const std::string& bytes, const std::string& where) {
       for (std::int64_t d = 0; d < ndim; ++d) p.shape.push_back(r.get());
       p.numel = r.get();
       p.offset = r.get();
+      p.steps = r.get();
       s.params.push_back(std::move(p));
     }
     share.slices.push_back(std::move(s));

@@ -79,8 +79,11 @@ class OptimizerOffload {
   // Enqueues the update of every offloaded unit (1-based `step`, learning rate `lr`, gradients
   // scaled by `factor`) on the CPU optimizer's thread, in the order the next forward needs them,
   // and the copy of each updated compute-dtype slice to `destination(u)` (units with host
-  // parameters are written in place instead). Returns at once.
-  virtual void update(std::int64_t step, double lr, double factor,
+  // parameters are written in place instead). Parameter p steps as step
+  // `step - steps_not_taken[p]` (its own count: ZeroEngine::counters' parameter_steps). Returns
+  // at once.
+  virtual void update(std::int64_t step, const std::vector<std::int64_t>& steps_not_taken,
+                      double lr, double factor,
                       const std::function<DevicePtr<std::byte>(int u)>& destination) = 0;
   // Recorded on the copy stream once offloaded unit u's updated slice reached the device (never
   // recorded before the first update, nor for a unit stepped on the device: waiting on it is

@@ -63,7 +63,8 @@ float ZeroEngine::OffloadStep::norm_squared() {
 void ZeroEngine::OffloadStep::update_on_host(std::int64_t step, double lr, double grad_scale) {
   // The CPU steps the offloaded units in forward order; each goes up (the compute stream waits
   // for each unit in acquire(), not for all of them here).
-  offload_.update(step, lr, grad_scale, [this](int u) { return e_.owned_params_of(u); });
+  offload_.update(step, e_.steps_not_taken_, lr, grad_scale,
+                  [this](int u) { return e_.owned_params_of(u); });
 }
 
 }  // namespace zrt

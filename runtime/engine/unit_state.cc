@@ -153,17 +153,32 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
   settle_step();  // a decision still on the device would count its step after the load
   // A frozen unit has no optimizer state (Unit::frozen): `fill` gets null for it and skips
   // the checkpoint's (its moments from a run that trained it, or zeros).
+  ZRT_CHECK(counters.parameter_steps.empty() || counters.parameter_steps.size() == params_.size(),
+            "{} parameter step counts for {} parameters", counters.parameter_steps.size(),
+            params_.size());
   assign_state(fill);
   optimizer_steps_ = counters.optimizer_steps;
   skipped_steps_ = counters.skipped_steps;
   scaler_.restore(counters.loss_scale);
+  steps_not_taken_.assign(params_.size(), 0);
+  for (std::size_t p = 0; p < counters.parameter_steps.size(); ++p) {
+    const std::int64_t taken = counters.parameter_steps[p];
+    ZRT_CHECK(taken >= 0 && taken <= optimizer_steps_,
+              "parameter '{}' took {} optimizer steps of the run's {}", params_[p].name, taken,
+              optimizer_steps_);
+    steps_not_taken_[p] = optimizer_steps_ - taken;
+  }
 }
 
 EngineCounters ZeroEngine::counters() const {
   ZRT_CHECK(!decision_pending_,
             "counters() while the last step's decision is still on the device: call "
             "settle_step() first");
-  return EngineCounters{optimizer_steps_, skipped_steps_, scaler_.state()};
+  EngineCounters c{optimizer_steps_, skipped_steps_, scaler_.state(), {}};
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    c.parameter_steps.push_back(params_[p].frozen ? 0 : optimizer_steps_ - steps_not_taken_[p]);
+  }
+  return c;
 }
 
 std::string ZeroEngine::optimizer_trace_name() const {

@@ -55,7 +55,8 @@ ZeroEngine::ZeroEngine(Device& device, Stream& compute, std::vector<ShardGroup> 
       schedule_(plan_, num_modules,
                 engine_groups::schedule_options(options, groups_, plan_, num_modules)),
       scaler_(options.loss_scale),
-      unit_rank_(engine_groups::unit_ranks(plan_, options, groups_)) {
+      unit_rank_(engine_groups::unit_ranks(plan_, options, groups_)),
+      steps_not_taken_(params_.size(), 0) {
   // The options alone (engine_options.h, the rules the config layer reports too), then what
   // the engine was given for them.
   check_options(options);
@@ -265,10 +266,11 @@ void ZeroEngine::count_decided_step(StepResult& result, float norm_squared,
   result.skipped_steps = skipped_steps_;
 }
 
-std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
+std::map<std::int64_t, std::vector<OptimizerDeviceSlice>> ZeroEngine::device_optimizer_slices() {
   // The units whose state is on the device (all without offload; with partial offload the
-  // first units of the forward, so the next forward starts on them at once).
-  std::vector<OptimizerDeviceSlice> slices;
+  // first units of the forward, so the next forward starts on them at once), by the steps
+  // their parameters did not take.
+  std::map<std::int64_t, std::vector<OptimizerDeviceSlice>> slices;
   for (std::size_t ui = 0; ui < units_.size(); ++ui) {
     const int u = static_cast<int>(ui);
     const Unit& unit = plan_.unit(u);
@@ -289,7 +291,7 @@ std::vector<OptimizerDeviceSlice> ZeroEngine::device_optimizer_slices() {
       slice.out_dtype = options_.compute_dtype;
       slice.numel = range.count;
       slice.weight_decay = params_[static_cast<std::size_t>(p)].takes_weight_decay();
-      slices.push_back(slice);
+      slices[steps_not_taken_[static_cast<std::size_t>(p)]].push_back(slice);
     }
   }
   return slices;
@@ -299,11 +301,15 @@ void ZeroEngine::update_parameters(double lr, std::int64_t step, double grad_sca
                                    DevicePtr<const StepDecision> decision) {
   order_update_after_state_copy();  // a checkpoint may still be copying the state out
   step_->update_on_host(step, lr, grad_scale);
-  const std::vector<OptimizerDeviceSlice> slices = device_optimizer_slices();
+  // One launch per own step count (one group unless a resume trains parameters that were
+  // frozen: Adam counts each parameter's steps, EngineCounters::parameter_steps).
+  const auto slices = device_optimizer_slices();
   if (!slices.empty()) {
     const std::string what = optimizer_trace_name() + step_->device_span_suffix();
     TraceSpan span(trace_, compute_, TraceTrack::kCompute, what.c_str());
-    optimizer_.step(slices, step, lr, compute_, grad_scale, decision);
+    for (const auto& [not_taken, group] : slices) {
+      optimizer_.step(group, step - not_taken, lr, compute_, grad_scale, decision);
+    }
   }
   // Publish the updated parameters: stages 1-2 (and stage 3's persistent unit) gather them,
   // in the next forward's order; the compute stream waits for each unit in acquire().

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -54,9 +55,17 @@ namespace zrt {
 
 // The engine's counters at a step boundary (checkpointed with the optimizer state).
 struct EngineCounters {
-  std::int64_t optimizer_steps = 0;  // applied steps (Adam's bias-correction step count)
+  std::int64_t optimizer_steps = 0;  // applied steps (the schedule's step count)
   std::int64_t skipped_steps = 0;
   LossScaleState loss_scale;
+  // Per parameter (the engine's order), the optimizer steps it took: Adam's bias-correction
+  // count, which each parameter keeps as PyTorch's per-parameter state['step']. It is
+  // optimizer_steps unless the parameter's optimizer state started from zero later: a
+  // parameter frozen when its checkpoint was saved (whose state it holds as zeros) and trained
+  // after the resume counts from 0 there, so its first update is Adam's first, not one damped
+  // for a state it never had. 0 for a frozen parameter. Empty on a load: optimizer_steps for
+  // every parameter (a checkpoint written before the counts existed).
+  std::vector<std::int64_t> parameter_steps;
 };
 
 struct StepResult {
@@ -325,7 +334,7 @@ class ZeroEngine final : public ParamAccess {
   // no host read; returns the stream it is ready on.
   Stream& enqueue_grad_norm_squared();
   // The owned slices whose optimizer state is on the device (optimizer_.step's input).
-  std::vector<OptimizerDeviceSlice> device_optimizer_slices();
+  std::map<std::int64_t, std::vector<OptimizerDeviceSlice>> device_optimizer_slices();
   // Steps the optimizer (the CPU's units first with offload, then the device's) and publishes
   // the updated parameters; `decision` (device path) says on the device whether it applies.
   void update_parameters(double lr, std::int64_t step, double grad_scale,
@@ -347,6 +356,9 @@ class ZeroEngine final : public ParamAccess {
   LossScaler scaler_;
   std::vector<int> unit_rank_;  // per unit: the slice this rank owns (0 at stage 0)
   std::int64_t optimizer_steps_ = 0;
+  // Per parameter: the optimizer steps of the run it did not take (EngineCounters'
+  // parameter_steps = optimizer_steps_ minus these); Adam steps it as optimizer step t - this.
+  std::vector<std::int64_t> steps_not_taken_;
   std::int64_t skipped_steps_ = 0;
 
   std::vector<std::unique_ptr<UnitState>> units_;

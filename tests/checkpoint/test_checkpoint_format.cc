@@ -426,6 +426,25 @@ TEST_CASE("index round trip keeps every field and table") {
   CHECK(read.units.size() == plan.units().size());
   CHECK(read.slice_elements() == plan.total_shard());
   CHECK(verify_checkpoint(dir.string()) == 3 * 3 * plan.total_shard() * 4);
+  // The parameters' own step counts: not written unless every one is known (an index written
+  // before them reads as -1: the run's count), else read back as written.
+  for (const ParamEntry& e : read.params) CHECK(e.steps == -1);
+  CHECK_FALSE(H5File::open_read((dir / "index.h5").string()).has("/param_steps"));
+  CheckpointIndex counted = read;
+  for (std::size_t p = 0; p < counted.params.size(); ++p) {
+    counted.params[p].steps = static_cast<std::int64_t>(p % 2 == 0 ? 6 : 0);
+  }
+  write_index((dir / "index.h5").string(), counted);
+  const CheckpointIndex reread = read_index((dir / "index.h5").string(), &params);
+  for (std::size_t p = 0; p < reread.params.size(); ++p) {
+    CHECK(reread.params[p].steps == (p % 2 == 0 ? 6 : 0));
+  }
+  // More steps than the checkpoint's optimizer took: refused, naming the parameter.
+  counted.params[1].steps = 7;
+  write_index((dir / "index.h5").string(), counted);
+  CHECK_THAT(message_of([&] { read_index((dir / "index.h5").string(), &params); }),
+             Catch::Contains("dataset '/param_steps': parameter 1 ('") &&
+                 Catch::Contains("took 7 optimizer steps of the checkpoint's 6"));
 }
 
 TEST_CASE("an index written before the optimizer seam holds Adam's state and still loads") {
@@ -688,7 +707,8 @@ WrittenSlice grouped_slice(const std::vector<int>& members, std::int64_t numel, 
   std::int64_t at = 0;
   for (int p : members) {
     const ParamSpec& spec = params[static_cast<std::size_t>(p)];
-    if (slice == 0) row.params.push_back(ParamEntry{spec.name, spec.shape, spec.numel(), 0, at});
+    if (slice == 0)
+      row.params.push_back(ParamEntry{spec.name, spec.shape, spec.numel(), 0, at, -1});
     for (std::int64_t e = 0; e < spec.numel(); ++e) {
       for (int a = 0; a < 3; ++a) {
         whole[static_cast<std::size_t>(a)][static_cast<std::size_t>(at + e)] = value(p, e, a);

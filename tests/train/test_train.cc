@@ -969,20 +969,59 @@ TEST_CASE("a checkpoint holds zeros for frozen units' optimizer state; a resume 
     CHECK(frozen_zero == frozen_count);
     CHECK(trained_nonzero == 2 * (21 - 10));
 
-    // Everything trained from the checkpoint on: every parameter moves.
+    // The index records each parameter's own Adam step count: 0 for the frozen ones, whose
+    // state it holds as zeros.
+    for (const checkpoint::ParamEntry& e : index.params) {
+      INFO(e.name);
+      CHECK(e.steps == (is_frozen(e.name) ? 0 : 3));
+    }
+
+    // Everything trained from the checkpoint on: every parameter moves. The ones frozen before
+    // count their Adam steps from the resume, as PyTorch's per-parameter step does, so their
+    // first update is Adam's first: m = (1 - b1) g and v = (1 - b2) g^2 with the bias
+    // corrections of step 1 move each element by lr x g / (|g| + eps') = lr for |g| >> eps (and
+    // AdamW's decay, lr x 0.1 x |p|, under 1% of lr here). Counted from the run's step 4
+    // instead, the corrections 1 - 0.9^4 and 1 - 0.999^4 give 0.58 lr.
     Config second = make_config(dir, name, zero, false, world, extra, llama);
+    const double lr = 0.003;  // make_config's, constant
     int moved = 0;
+    std::vector<double> first_steps;  // |update| / lr of the once-frozen weights' elements
     train::TrainHooks check;
     check.after_step = [&](std::int64_t step, ZeroEngine& engine, const StepResult&) {
-      if (step != 6) return;
+      engine.settle_step();
+      const EngineCounters counters = engine.counters();
       for (int p = 0; p < static_cast<int>(engine.params().size()); ++p) {
-        moved += engine.full_parameter(p) != saved[static_cast<std::size_t>(p)] ? 1 : 0;
+        const std::string& pname = engine.params()[static_cast<std::size_t>(p)].name;
+        INFO("step " << step << " parameter " << pname);
+        CHECK(counters.parameter_steps[static_cast<std::size_t>(p)] ==
+              (is_frozen(pname) ? step - 3 : step));
+        const std::vector<float> now = engine.full_parameter(p);
+        const std::vector<float>& before = saved[static_cast<std::size_t>(p)];
+        if (step == 4 && is_frozen(pname)) {
+          for (std::size_t i = 0; i < now.size(); ++i) {
+            first_steps.push_back(std::abs(static_cast<double>(now[i]) - before[i]) / lr);
+          }
+        }
+        if (step == 6) moved += now != before ? 1 : 0;
       }
     };
     const auto s = train::run_training(second, this_rank(world), check);
     CHECK(s.resumed_from == 3);
     CHECK(s.steps == 6);
     CHECK(moved == 21);
+    REQUIRE(!first_steps.empty());
+    std::nth_element(first_steps.begin(), first_steps.begin() + first_steps.size() / 2,
+                     first_steps.end());
+    const double median = first_steps[first_steps.size() / 2];
+    INFO("median |first update| / lr of the parameters frozen before the resume: " << median);
+    CHECK(median > 0.95);
+    CHECK(median < 1.01);
+    // The next checkpoint carries the counts on (a resume from it goes on from them).
+    for (const checkpoint::ParamEntry& e :
+         checkpoint::open_index(dir + "/" + name + "/checkpoints/global_step6").params) {
+      INFO(e.name);
+      CHECK(e.steps == (is_frozen(e.name) ? 3 : 6));
+    }
     for (float loss : s.losses) CHECK(std::isfinite(loss));
   }
 }
