@@ -365,8 +365,7 @@ void CpuOptimizerOffload::update(std::int64_t step,
   rethrow_cpu_step_error();
   std::vector<std::int64_t> not_taken_values;  // index: CpuStepUnit::step_of
   std::vector<HostOptimizer::RangeStep> range_steps, copy_steps;
-  const auto step_index = [&](int p) {
-    const std::int64_t n = steps_not_taken[static_cast<std::size_t>(p)];
+  const auto step_index = [&](std::int64_t n) {
     const auto at = std::find(not_taken_values.begin(), not_taken_values.end(), n);
     if (at != not_taken_values.end()) {
       return static_cast<std::size_t>(at - not_taken_values.begin());
@@ -378,7 +377,7 @@ void CpuOptimizerOffload::update(std::int64_t step,
                                      : HostOptimizer::RangeStep{});
     return not_taken_values.size() - 1;
   };
-  step_index(0);  // the common case first (and a step to run when no unit is offloaded)
+  step_index(0);  // the common case first (and the scalars checked before any unit is touched)
   const std::uint32_t release = ++updates_ == 0 ? ++updates_ : updates_;  // 0 means "never"
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
@@ -431,7 +430,7 @@ void CpuOptimizerOffload::update(std::int64_t step,
         slice.weight_decay = params_[static_cast<std::size_t>(p)].takes_weight_decay();
         host_optimizer_->validate(slice, w.slices.size());
         w.slices.push_back(slice);
-        w.step_of.push_back(step_index(p));
+        w.step_of.push_back(step_index(steps_not_taken[static_cast<std::size_t>(p)]));
         w.landed.push_back(piece_events.empty() ? nullptr
                                                 : piece_events[static_cast<std::size_t>(c)].get());
         begin = stop;

@@ -152,7 +152,10 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
     }
     start_step = index.step;
     warn_of_later_checkpoints(start_step);
-    warn_of_model_changes(*dir, index.config_json);
+    const bool counts_recorded =
+        std::all_of(index.params.begin(), index.params.end(),
+                    [](const checkpoint::ParamEntry& e) { return e.steps >= 0; });
+    warn_of_model_changes(*dir, index.config_json, counts_recorded);
     if (index.scheduler != lr_schedule_name(config_.scheduler.type)) {
       spdlog::warn("{}: saved with scheduler {}, resuming with {}", *dir, index.scheduler,
                    lr_schedule_name(config_.scheduler.type));
@@ -190,7 +193,8 @@ void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) const {
 // saved weights as another model. Deliberate at times (a longer context's rope_theta), so a
 // warning naming each key, with both values.
 void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
-                                             const std::string& saved_config) const {
+                                             const std::string& saved_config,
+                                             bool counts_recorded) const {
   if (rank_ != 0 || saved_config.empty()) return;
   const nlohmann::json saved = nlohmann::json::parse(saved_config, nullptr, false);
   if (saved.is_discarded() || !saved.is_object()) return;
@@ -252,11 +256,15 @@ void CheckpointPolicy::warn_of_model_changes(const std::string& dir,
       "{}: the model block differs from the one this checkpoint was saved with ({}); "
       "the shapes match, so the saved weights train as the model configured now{}",
       dir, fmt::join(changed, "; "),
-      frozen_changed
+      !frozen_changed ? ""
+      : counts_recorded
           ? " (a parameter frozen then and trained now starts its optimizer state at zero and "
             "counts its Adam steps from there; one trained then and frozen now keeps its saved "
             "value)"
-          : "");
+          : " (a parameter frozen then and trained now starts its optimizer state at zero at "
+            "the run's step count: this checkpoint predates the per-parameter counts, so "
+            "Adam's first updates of it are larger than lr, about 3x late in a run; one "
+            "trained then and frozen now keeps its saved value)");
 }
 
 bool CheckpointPolicy::time_vote() const {

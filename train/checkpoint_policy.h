@@ -66,7 +66,9 @@ class CheckpointPolicy {
 
   void save_checkpoint(std::int64_t step, bool synchronous);
   void warn_of_later_checkpoints(std::int64_t step) const;
-  void warn_of_model_changes(const std::string& dir, const std::string& saved_config) const;
+  // `counts_recorded`: the index holds every parameter's own Adam step count (param_steps).
+  void warn_of_model_changes(const std::string& dir, const std::string& saved_config,
+                             bool counts_recorded) const;
   // True if `e` (a failed save, the same on every rank) is tolerated: counted and logged.
   bool tolerate_save_error(const Error& e);
 

@@ -61,7 +61,7 @@ StepOutcome TrainingRun::train_step(std::int64_t step) {
   out.trained = true;
   run_micro_batches(step, loss_divisor(masked_, out.loss_tokens, G_, world_), loss_slot);
   settle_previous_step(loss_slot);
-  out.lr = schedule_->lr_for_step(engine.counters().optimizer_steps + 1);
+  out.lr = schedule_->lr_for_step(engine.optimizer_steps() + 1);
   out.result = engine.enqueue_step(out.lr);
   ++interval_steps_;
   out.wall_time = unix_seconds();

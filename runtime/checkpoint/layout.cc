@@ -173,7 +173,7 @@ void write_index(const std::string& path, const CheckpointIndex& index) {
   for (const ParamEntry& e : index.params) dims_total += static_cast<std::int64_t>(e.shape.size());
   for (const UnitEntry& u : index.units) slices_total += static_cast<std::int64_t>(u.slices.size());
   file.reserve((64 << 10) + static_cast<std::int64_t>(index.config_json.size()) +
-               static_cast<std::int64_t>(index.params.size()) * (kNameBytes + 5 * 8) +
+               static_cast<std::int64_t>(index.params.size()) * (kNameBytes + 6 * 8) +
                dims_total * 8 + static_cast<std::int64_t>(index.units.size()) * 4 * 8 +
                slices_total * 2 * 8 + static_cast<std::int64_t>(index.world) * 8);
   const hid_t root = file.id();

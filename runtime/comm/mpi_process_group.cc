@@ -134,6 +134,9 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
   Watchdog* watchdog = options_.watchdog.get();
   // The watchdog's monitor is the backstop should MPI_Testall itself ever block.
   const Watchdog::Watch watch = watchdog ? watchdog->watch(what) : Watchdog::Watch();
+  // An error of MPI_Testall itself throws out of the poll without the timeout's handler: the
+  // requests still go to the group.
+  AbandonOnUnwind abandon_on_error(*this, reqs, static_cast<std::size_t>(n));
   polled_wait(
       {options_.timeout_s, PollPace::kSpin, watchdog},
       [&] {

@@ -76,9 +76,12 @@ class MpiProcessGroup final : public ProcessGroup {
    public:
     AbandonOnUnwind(MpiProcessGroup& group, std::initializer_list<std::vector<MPI_Request>*> sets)
         : group_(group), sets_(sets), exceptions_(std::uncaught_exceptions()) {}
+    AbandonOnUnwind(MpiProcessGroup& group, MPI_Request* reqs, std::size_t n)
+        : group_(group), reqs_(reqs), n_(n), exceptions_(std::uncaught_exceptions()) {}
     ~AbandonOnUnwind() {
       if (std::uncaught_exceptions() <= exceptions_) return;
       for (std::vector<MPI_Request>* set : sets_) group_.abandon(set->data(), set->size());
+      if (reqs_ != nullptr) group_.abandon(reqs_, n_);
     }
     AbandonOnUnwind(const AbandonOnUnwind&) = delete;
     AbandonOnUnwind& operator=(const AbandonOnUnwind&) = delete;
@@ -86,6 +89,8 @@ class MpiProcessGroup final : public ProcessGroup {
    private:
     MpiProcessGroup& group_;
     std::vector<std::vector<MPI_Request>*> sets_;
+    MPI_Request* reqs_ = nullptr;  // or an array of n_ requests
+    std::size_t n_ = 0;
     int exceptions_;
   };
   // After a timeout: which peers are waiting in the same operation, which are elsewhere and

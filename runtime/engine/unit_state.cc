@@ -153,21 +153,31 @@ void ZeroEngine::load_state(const EngineCounters& counters, const StateFiller& f
   settle_step();  // a decision still on the device would count its step after the load
   // A frozen unit has no optimizer state (Unit::frozen): `fill` gets null for it and skips
   // the checkpoint's (its moments from a run that trained it, or zeros).
+  // Every count checked before anything changes: a refused load leaves the engine as it was.
+  ZRT_CHECK(counters.optimizer_steps >= 0, "{} optimizer steps", counters.optimizer_steps);
   ZRT_CHECK(counters.parameter_steps.empty() || counters.parameter_steps.size() == params_.size(),
             "{} parameter step counts for {} parameters", counters.parameter_steps.size(),
             params_.size());
+  std::vector<std::int64_t> not_taken(params_.size(), 0);
+  for (std::size_t p = 0; p < counters.parameter_steps.size(); ++p) {
+    const std::int64_t taken = counters.parameter_steps[p];
+    ZRT_CHECK(taken >= 0 && taken <= counters.optimizer_steps,
+              "parameter '{}' took {} optimizer steps of the run's {}", params_[p].name, taken,
+              counters.optimizer_steps);
+    not_taken[p] = counters.optimizer_steps - taken;
+  }
   assign_state(fill);
   optimizer_steps_ = counters.optimizer_steps;
   skipped_steps_ = counters.skipped_steps;
   scaler_.restore(counters.loss_scale);
-  steps_not_taken_.assign(params_.size(), 0);
-  for (std::size_t p = 0; p < counters.parameter_steps.size(); ++p) {
-    const std::int64_t taken = counters.parameter_steps[p];
-    ZRT_CHECK(taken >= 0 && taken <= optimizer_steps_,
-              "parameter '{}' took {} optimizer steps of the run's {}", params_[p].name, taken,
-              optimizer_steps_);
-    steps_not_taken_[p] = optimizer_steps_ - taken;
-  }
+  steps_not_taken_ = std::move(not_taken);
+}
+
+std::int64_t ZeroEngine::optimizer_steps() const {
+  ZRT_CHECK(!decision_pending_,
+            "optimizer_steps() while the last step's decision is still on the device: call "
+            "settle_step() first");
+  return optimizer_steps_;
 }
 
 EngineCounters ZeroEngine::counters() const {

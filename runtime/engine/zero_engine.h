@@ -160,6 +160,8 @@ class ZeroEngine final : public ParamAccess {
   // The counters at a settled step boundary: throws while enqueue_step()'s decision is still on
   // the device (settle_step() first).
   EngineCounters counters() const;
+  // The applied steps alone (counters().optimizer_steps, without the per-parameter counts).
+  std::int64_t optimizer_steps() const;
   // Replaces the optimizer state: fill(u, arrays) writes this rank's slice of every unit into
   // the state_array_count() host arrays (shard floats each, all zero, to be left zero in the
   // padding; a frozen unit's optimizer state arrays are null: it holds none); the compute-dtype
