@@ -134,8 +134,8 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
   Watchdog* watchdog = options_.watchdog.get();
   // The watchdog's monitor is the backstop should MPI_Testall itself ever block.
   const Watchdog::Watch watch = watchdog ? watchdog->watch(what) : Watchdog::Watch();
-  // An error of MPI_Testall itself throws out of the poll without the timeout's handler: the
-  // requests still go to the group.
+  // A timeout, or an error of MPI_Testall itself, throws out of the poll: the requests still
+  // pending go to the group.
   AbandonOnUnwind abandon_on_error(*this, reqs, static_cast<std::size_t>(n));
   polled_wait(
       {options_.timeout_s, PollPace::kSpin, watchdog},
@@ -145,7 +145,6 @@ void MpiProcessGroup::wait_all(MPI_Request* reqs, int n, const std::string& what
         return done != 0;
       },
       [&] {
-        abandon(reqs, static_cast<std::size_t>(n));
         return fmt::format("{} did not complete within {:.1f} s (comm_timeout_s){}; {}", what,
                            options_.timeout_s, watchdog ? watchdog->step_phrase() : "",
                            take_attendance());

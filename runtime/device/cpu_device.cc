@@ -154,16 +154,9 @@ void CpuDevice::synchronize() {
     std::lock_guard<std::mutex> lock(streams_mutex_);
     streams = streams_;
   }
-  // Every stream, also after one fails (drain_each's reason); the first error is rethrown.
-  std::exception_ptr first;
-  for (CpuStream* s : streams) {
-    try {
-      s->synchronize();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  std::vector<std::function<void()>> drains;
+  for (CpuStream* s : streams) drains.push_back([s] { s->synchronize(); });
+  drain_each(drains);  // every stream, also after one fails
 }
 
 }  // namespace zrt

@@ -4,7 +4,7 @@
 
 namespace zrt {
 
-void drain_each(std::initializer_list<std::function<void()>> drains) {
+void drain_each(const std::vector<std::function<void()>>& drains) {
   std::exception_ptr first;
   for (const auto& drain : drains) {
     try {

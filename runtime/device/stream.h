@@ -25,9 +25,9 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
-#include <initializer_list>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace zrt {
 
@@ -109,7 +109,7 @@ class HostSignal {
 // Runs every one of `drains` (a stream's or an owner's synchronize) in order, also after one
 // throws, then rethrows the first error: a drain that stopped at a failed stream would leave the
 // others running on buffers the caller frees next.
-void drain_each(std::initializer_list<std::function<void()>> drains);
+void drain_each(const std::vector<std::function<void()>>& drains);
 
 // Drains `stream` when the scope it guards is left by an exception, so that function-scope
 // buffers handed to work on the stream (a gather into scratch, a copy into a host vector) are not
