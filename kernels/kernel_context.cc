@@ -21,38 +21,60 @@ struct CudaKernelState {};
 
 namespace zrt::kernels {
 
-FusedAttention fused_attention_from_env() {
+namespace {
+
+std::string attention_env() {
   const char* env = std::getenv("ZRT_CUDA_ATTENTION");
-  const std::string value = env == nullptr ? "" : env;
-  if (value.empty() || value == "fused" || value == "pipelined" || value == "cudnn" ||
-      value == "cudnn-nondeterministic") {
+  return env == nullptr ? std::string() : std::string(env);
+}
+
+bool names_cudnn(const std::string& value) {
+  return value == "cudnn" || value == "cudnn-nondeterministic";
+}
+
+bool is_auto(const std::string& value) {
+  return value.empty() || value == "auto";
+}
+
+}  // namespace
+
+FusedAttention fused_attention_from_env() {
+  const std::string value = attention_env();
+  if (is_auto(value) || value == "fused" || value == "pipelined" || names_cudnn(value)) {
     return FusedAttention::kAll;
   }
   if (value == "hs64") return FusedAttention::kHeadSize64;
   if (value == "batched") return FusedAttention::kNone;
   ZRT_THROW(InvalidArgument,
-            "ZRT_CUDA_ATTENTION={}: expected fused (the fused kernels wherever they take the "
-            "shape, the default), pipelined (the same, on their pipelined variant), hs64 (fused "
-            "at head size 64 only), batched (batched GEMMs always), cudnn (cuDNN's fused attention "
-            "where it takes the call, the fused kernels elsewhere) or cudnn-nondeterministic "
-            "(the same with cuDNN's faster, non-deterministic backward)",
+            "ZRT_CUDA_ATTENTION={}: expected auto (the default: cuDNN's fused attention where "
+            "the build has it and it takes the call, zrt's pipelined fused kernels elsewhere), "
+            "cudnn (cuDNN's attention required, at any workspace), cudnn-nondeterministic (the "
+            "same with cuDNN's faster, non-deterministic backward), pipelined (zrt's pipelined "
+            "fused kernels, no cuDNN), fused (zrt's staged fused kernels), hs64 (the staged "
+            "kernels at head size 64 only) or batched (batched GEMMs always)",
             value);
 }
 
 bool attention_pipelined_from_env() {
-  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
-  return env != nullptr && std::string(env) == "pipelined";
+  const std::string value = attention_env();
+  return is_auto(value) || value == "pipelined" || names_cudnn(value);
 }
 
 bool attention_cudnn_from_env() {
-  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
-  return env != nullptr &&
-         (std::string(env) == "cudnn" || std::string(env) == "cudnn-nondeterministic");
+  const std::string value = attention_env();
+  return is_auto(value) || names_cudnn(value);
+}
+
+bool attention_cudnn_required_from_env() {
+  return names_cudnn(attention_env());
 }
 
 bool attention_cudnn_deterministic_from_env() {
-  const char* env = std::getenv("ZRT_CUDA_ATTENTION");
-  return env == nullptr || std::string(env) != "cudnn-nondeterministic";
+  return attention_env() != "cudnn-nondeterministic";
+}
+
+std::int64_t attention_cudnn_workspace_limit_from_env() {
+  return is_auto(attention_env()) ? kCudnnAttentionAutoWorkspaceLimit : 0;
 }
 
 KernelContext::KernelContext(Device& device, Stream& stream, KernelOptions options)

@@ -22,17 +22,29 @@ namespace zrt::kernels {
 // fused kernel misbehave on some GPU).
 enum class FusedAttention { kAll, kHeadSize64, kNone };
 
-// The ZRT_CUDA_ATTENTION environment variable: "fused" (or unset or empty) kAll, "hs64"
-// kHeadSize64, "batched" kNone, "pipelined" kAll on the pipelined kernels (below), "cudnn" and
-// "cudnn-nondeterministic" kAll behind cuDNN's attention (below); any other value throws
-// InvalidArgument naming them.
+// The ZRT_CUDA_ATTENTION environment variable. "auto" (or unset or empty, the default): cuDNN's
+// fused attention where the build has it and cuDNN takes the call, its deterministic backward
+// only within kCudnnAttentionAutoWorkspaceLimit of workspace, and zrt's pipelined fused kernels
+// elsewhere. "cudnn" and "cudnn-nondeterministic": cuDNN's attention required (a build without it
+// throws) at any workspace, the pipelined kernels where it declines. "pipelined": zrt's pipelined
+// fused kernels, no cuDNN. "fused": zrt's staged fused kernels (the pipelined ones' bits, slower),
+// no cuDNN. "hs64": the staged kernels at head size 64 only. "batched": batched GEMMs always. Any
+// other value throws InvalidArgument naming them.
 FusedAttention fused_attention_from_env();
-// Whether ZRT_CUDA_ATTENTION asks for the pipelined fused kernels ("pipelined").
+// Whether ZRT_CUDA_ATTENTION runs zrt's mma kernels pipelined (all but fused, hs64, batched).
 bool attention_pipelined_from_env();
-// Whether ZRT_CUDA_ATTENTION asks for cuDNN's attention ("cudnn" or "cudnn-nondeterministic"),
-// and whether for its deterministic backward (all but "cudnn-nondeterministic").
+// Whether ZRT_CUDA_ATTENTION lets cuDNN's attention go first (auto, cudnn,
+// cudnn-nondeterministic), whether it insists on it (cudnn, cudnn-nondeterministic), and whether
+// its backward is the deterministic one (all but cudnn-nondeterministic).
 bool attention_cudnn_from_env();
+bool attention_cudnn_required_from_env();
 bool attention_cudnn_deterministic_from_env();
+// The most workspace cuDNN's attention may ask for under "auto" (0 under an explicit cudnn: no
+// limit). Its deterministic backward's workspace grows with T^2 (2 bytes per score, measured
+// B*NH*T*(2T+4) bytes with cuDNN 9.19 on an H200: 4.3 GB at one 8192-token sequence of 32 heads,
+// 1.1 TB at 131072), so long sequences take zrt's kernels, whose workspace is linear.
+inline constexpr std::int64_t kCudnnAttentionAutoWorkspaceLimit = std::int64_t{8} << 30;
+std::int64_t attention_cudnn_workspace_limit_from_env();
 
 struct KernelOptions {
   // OpenMP threads of the CPU kernels; 0 takes OpenMP's default (OMP_NUM_THREADS). Results do
@@ -48,18 +60,25 @@ struct KernelOptions {
   FusedAttention cuda_fused_attention = fused_attention_from_env();
   // CUDA backend: run the fused mma.sync attention kernels pipelined (the next tile's copy in
   // flight while one is computed, operands read with ldmatrix; flash_attention_mma.cuh) rather
-  // than staged one tile at a time. The same results bit for bit; the GPU tests compare both.
-  // Off until a GPU has timed it against the staged kernels (BENCHMARKS.md).
+  // than staged one tile at a time. The same results bit for bit (the GPU tests and
+  // tools/gpu-selftest compare both); 1.4-1.6x faster on an H200 (BENCHMARKS.md).
   bool cuda_attention_pipelined = attention_pipelined_from_env();
   // CUDA backend: run causal attention on cuDNN's fused flash-attention kernels (through the
-  // cuDNN frontend; kernels/cuda/cudnn_attention.h) where cuDNN takes the call: bf16/fp16
-  // without packed documents, at the shapes its heuristics accept. Everything else keeps the
-  // kernels chosen above. A KernelContext asking for it in a build without it throws, naming
-  // the fix. Off until a GPU has checked and timed it (BENCHMARKS.md).
+  // cuDNN frontend; kernels/cuda/cudnn_attention.h) where the build has them and cuDNN takes the
+  // call: bf16/fp16 without packed documents, at the shapes its heuristics accept, within
+  // cuda_attention_cudnn_workspace_limit. Everything else keeps the kernels chosen above. On by
+  // default: 5x zrt's staged kernels and 1.5-1.9x PyTorch's flash SDPA at head size 128 on an
+  // H200, the same losses as zrt's kernels within bf16's rounding (BENCHMARKS.md).
   bool cuda_attention_cudnn = attention_cudnn_from_env();
+  // Whether cuDNN's attention was asked for by name: a KernelContext in a build without it then
+  // throws, naming the fix, instead of running zrt's kernels.
+  bool cuda_attention_cudnn_required = attention_cudnn_required_from_env();
   // cuDNN attention's backward: deterministic (the default: the same bits every run, as zrt's
   // own kernels) or cuDNN's faster one that sums dQ with atomics.
   bool cuda_attention_cudnn_deterministic = attention_cudnn_deterministic_from_env();
+  // The most workspace bytes one cuDNN attention graph may ask for; a graph asking for more is
+  // declined (logged once) and zrt's kernels run the call. 0: no limit.
+  std::int64_t cuda_attention_cudnn_workspace_limit = attention_cudnn_workspace_limit_from_env();
   // CUDA backend: run grouped-query attention by packing q and its repeated key/value heads
   // into one (B,T,3C) tensor (6 x NH x hs elements a token of workspace in the backward) even
   // where the fused kernels read them in place (kernels/cuda/gqa_attention.cuh). The path

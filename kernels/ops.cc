@@ -837,8 +837,25 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
 #endif
 }
 
+namespace {
+
+// The kernel choice planning counts: the options', less cuDNN in a CUDA build without it.
+cuda::AttentionKernels planned_kernels(const KernelOptions& options) {
+  cuda::AttentionKernels kernels = cuda::attention_kernels(options);
+#if ZRT_HAVE_CUDA
+  kernels.cudnn = kernels.cudnn && cuda::cudnn_attention_built();
+#endif
+  return kernels;
+}
+
+}  // namespace
+
+std::string describe_cuda_attention(const KernelOptions& options) {
+  return cuda::describe(planned_kernels(options));
+}
+
 std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
-                                       int B, int T, int C, int NH, bool backward) {
+                                       int B, int T, int C, int NH, bool backward, bool documents) {
   if (on_cpu) {
     std::int64_t bytes = 0;
     with_storage(dtype, [&](auto s) {
@@ -850,13 +867,18 @@ std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options
     return bytes;
   }
   // Host arithmetic (attention_plan.h): a build without CUDA plans a CUDA run's workspace too.
-  const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
+  const cuda::AttentionKernels kernels = planned_kernels(options);
+  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NH, C / NH, backward)) {
+    return cuda::cudnn_attention_workspace_estimate(B, T, NH, NH, C / NH, backward,
+                                                    kernels.cudnn_deterministic);
+  }
   return backward ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
                   : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
 }
 
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
-                                           int B, int T, int NH, int NKV, int hs, bool backward) {
+                                           int B, int T, int NH, int NKV, int hs, bool backward,
+                                           bool documents) {
   if (on_cpu) {
     std::int64_t bytes = 0;
     with_storage(dtype, [&](auto s) {
@@ -868,7 +890,11 @@ std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& opt
     });
     return bytes;
   }
-  const cuda::AttentionKernels kernels = cuda::attention_kernels(options);
+  const cuda::AttentionKernels kernels = planned_kernels(options);
+  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NKV, hs, backward)) {
+    return cuda::cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward,
+                                                    kernels.cudnn_deterministic);
+  }
   return backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
                   : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
 }

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "kernels/grad_write.h"
 #include "kernels/kernel_context.h"
@@ -223,10 +224,18 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
 // For planning (zrt-mem): the bytes attention_forward / attention_backward (`backward`) and
 // gqa_attention_forward / gqa_attention_backward ask KernelContext::workspace for at these
 // shapes, on the CPU backend (`on_cpu`) or on a GPU with `options`' kernel choice; the same
-// size functions the calls use. On a GPU in a build without CUDA: 0 (not known there).
+// size functions the calls use. `documents`: the calls carry packed documents (doc_start), which
+// cuDNN's attention leaves to zrt's kernels. Where cuDNN's attention takes the call its request
+// is cuda::cudnn_attention_workspace_estimate's (cuDNN's own figure, measured); a build without
+// CUDA plans as if the CUDA build had cuDNN attention.
 std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
-                                       int B, int T, int C, int NH, bool backward);
+                                       int B, int T, int C, int NH, bool backward,
+                                       bool documents = false);
+// What CUDA attention runs under `options` in this build, in words, for a run's log (cuDNN's
+// attention left out where the build lacks it).
+std::string describe_cuda_attention(const KernelOptions& options);
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
-                                           int B, int T, int NH, int NKV, int hs, bool backward);
+                                           int B, int T, int NH, int NKV, int hs, bool backward,
+                                           bool documents = false);
 
 }  // namespace zrt::kernels

@@ -64,6 +64,9 @@ struct ModelOptions {
   // mlp_rows): 0 automatic, -1 never, else the count (models/transformer/tiling.h).
   int head_tile_rows = 0;
   int mlp_tile_rows = 0;
+  // For counting only (kernel_workspace_bytes): the batches carry packed documents
+  // (data.document_mask), whose attention cuDNN leaves to zrt's kernels.
+  bool planned_documents = false;
 };
 
 // A training pass's activations: device bytes (as activation_bytes counts them) and pinned host

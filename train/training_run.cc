@@ -12,7 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "kernels/cuda/attention_plan.h"
+#include "kernels/ops.h"
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/optimizer.h"
@@ -370,7 +370,7 @@ void TrainingRun::log_setup() {
                  cpu_isa_name(cpu_isa_), cpu_isa_name(hardware_cpu_isa()));
     if (device_->type() == DeviceType::kCuda) {
       spdlog::info("CUDA attention: {} (ZRT_CUDA_ATTENTION chooses)",
-                   kernels::cuda::describe(kernels::cuda::attention_kernels(ctx_->options())));
+                   kernels::describe_cuda_attention(ctx_->options()));
     }
   }
   // Where the host's cores do the work (the CPU backend, a CPU optimizer), say how many this

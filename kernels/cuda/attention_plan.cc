@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 namespace zrt::kernels::cuda {
 
 namespace {
@@ -15,9 +17,34 @@ I64 round_up(I64 bytes) {
 }  // namespace
 
 AttentionKernels attention_kernels(const KernelOptions& options) {
-  return {options.cuda_fused_attention, options.cuda_attention_wmma,
-          options.cuda_gqa_packed,      options.cuda_attention_pipelined,
-          options.cuda_attention_cudnn, options.cuda_attention_cudnn_deterministic};
+  return {options.cuda_fused_attention,
+          options.cuda_attention_wmma,
+          options.cuda_gqa_packed,
+          options.cuda_attention_pipelined,
+          options.cuda_attention_cudnn,
+          options.cuda_attention_cudnn_deterministic,
+          options.cuda_attention_cudnn_workspace_limit};
+}
+
+I64 cudnn_attention_workspace_estimate(int B, int T, int NH, int NKV, int hs, bool backward,
+                                       bool deterministic) {
+  if (!backward) return 256;
+  const I64 rows = I64{B} * NH * T;  // query rows over all heads
+  I64 bytes = deterministic ? rows * (2 * I64{T} + 4) : rows * (4 * I64{hs} + 4);
+  if (NKV < NH) bytes += rows * hs * 4;
+  return round_up(bytes) + 256;
+}
+
+bool cudnn_attention_planned(const AttentionKernels& kernels, DType dtype, bool documents, int B,
+                             int T, int NH, int NKV, int hs, bool backward) {
+  if (!kernels.cudnn || documents || (dtype != DType::kBFloat16 && dtype != DType::kFloat16)) {
+    return false;
+  }
+  // Each pass's graph is held to the limit on its own: a backward over it runs on zrt's kernels
+  // after cuDNN's forward (both leave the same log-sum-exp).
+  const I64 bytes =
+      cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward, kernels.cudnn_deterministic);
+  return kernels.cudnn_workspace_limit <= 0 || bytes <= kernels.cudnn_workspace_limit;
 }
 
 namespace {
@@ -26,11 +53,15 @@ std::string describe_own(const AttentionKernels& kernels);
 
 std::string describe(const AttentionKernels& kernels) {
   if (!kernels.cudnn) return describe_own(kernels);
+  const std::string limit =
+      kernels.cudnn_workspace_limit > 0
+          ? fmt::format(" and its workspace is at most {:.1f} GiB",
+                        static_cast<double>(kernels.cudnn_workspace_limit) / (1 << 30))
+          : std::string();
   return std::string("cuDNN's fused attention (") +
          (kernels.cudnn_deterministic ? "deterministic" : "non-deterministic") +
-         " backward) for bf16/fp16 without packed documents where cuDNN takes the shape; "
-         "otherwise " +
-         describe_own(kernels);
+         " backward) for bf16/fp16 without packed documents where cuDNN takes the shape" + limit +
+         "; otherwise " + describe_own(kernels);
 }
 
 namespace {

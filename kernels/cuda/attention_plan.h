@@ -37,7 +37,7 @@ enum class FlashKernels { kMma, kMmaPipelined, kWmma };
 // (KernelOptions::cuda_attention_pipelined), whether grouped-query attention packs
 // (KernelOptions::cuda_gqa_packed), and whether cuDNN's attention goes first where it takes the
 // call (KernelOptions::cuda_attention_cudnn, kernels/cuda/cudnn_attention.h; the rules below are
-// then those of the calls it declines, and its own workspace is cuDNN's to say, not planned here).
+// then those of the calls it declines) within a workspace limit (0: none).
 struct AttentionKernels {
   FusedAttention fused = FusedAttention::kAll;
   bool wmma = false;
@@ -45,6 +45,7 @@ struct AttentionKernels {
   bool pipelined = false;
   bool cudnn = false;
   bool cudnn_deterministic = true;
+  std::int64_t cudnn_workspace_limit = 0;
 };
 AttentionKernels attention_kernels(const KernelOptions& options);
 
@@ -68,6 +69,20 @@ bool runs_fused(const AttentionKernels& kernels, DType dtype, int T, int C, int 
 // Whether grouped-query attention runs in place for these shapes (else it packs).
 bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int NH, int NKV,
                        int hs);
+
+// cuDNN attention's workspace request at one shape, for planning (zrt-mem): what cuDNN 9.19
+// asked for on an H200 at every shape timed there, to the byte (B 1-8, T 1024-8192, 12 or 32 heads
+// over 8-32 key/value heads, head size 64 and 128; BENCHMARKS.md): the forward 256 bytes; the
+// deterministic backward B*NH*T*(2T+4) + 256, the non-deterministic B*NH*T*(4hs+4) + 256, each
+// plus B*NH*T*hs*4 (an fp32 dQ-sized buffer) under grouped-query attention. Other cuDNN versions
+// or GPUs may ask for other sizes: the run's memory tracker counts what they do.
+std::int64_t cudnn_attention_workspace_estimate(int B, int T, int NH, int NKV, int hs,
+                                                bool backward, bool deterministic);
+// Whether planning counts cuDNN's attention for a call (its workspace within the limit), as
+// the calls choose it: `kernels` ask for it, bf16/fp16, no packed documents. A build without
+// CUDA plans as if the CUDA build had cuDNN attention (tools/build installs its headers).
+bool cudnn_attention_planned(const AttentionKernels& kernels, DType dtype, bool documents, int B,
+                             int T, int NH, int NKV, int hs, bool backward);
 
 // Workspace bytes of each pass (Launch::ws).
 std::int64_t flash_attention_backward_workspace(int B, int T, int NH);

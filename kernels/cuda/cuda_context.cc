@@ -30,7 +30,8 @@ CudaKernelState::~CudaKernelState() {
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,
                                                         const KernelOptions& options) {
-  if (options.cuda_attention_cudnn && !cudnn_attention_built()) {
+  // Asked for by name, cuDNN's attention must be there; under "auto" zrt's kernels stand in.
+  if (options.cuda_attention_cudnn_required && !cudnn_attention_built()) {
     ZRT_THROW(InvalidArgument, "cuDNN attention was asked for (ZRT_CUDA_ATTENTION={}) but {}",
               options.cuda_attention_cudnn_deterministic ? "cudnn" : "cudnn-nondeterministic",
               cudnn_attention_missing_reason());

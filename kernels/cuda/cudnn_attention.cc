@@ -241,8 +241,10 @@ struct CudnnAttentionState {
 
 namespace {
 
-// The graph for `key`, built on first use; null when cuDNN declines it (logged once).
-const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key) {
+// The graph for `key`, built on first use; null when cuDNN declines it or its workspace is above
+// `workspace_limit` (> 0; KernelOptions::cuda_attention_cudnn_workspace_limit), logged once.
+const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key,
+                            std::int64_t workspace_limit) {
   if (!state.cudnn_attention) {
     auto cudnn = std::make_shared<CudnnAttentionState>();
     ZRT_CUDNN_CHECK(cudnnCreate(&cudnn->handle));
@@ -257,7 +259,18 @@ const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key) {
   BuiltGraph built = build_graph(state.cudnn_attention->handle, key);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (built.graph) {
+  if (built.graph && workspace_limit > 0 && built.workspace_bytes > workspace_limit) {
+    // Not a failure: the deterministic backward's workspace grows with T^2, zrt's kernels' does
+    // not. The run goes on, and says how to have cuDNN anyway.
+    spdlog::info(
+        "cuDNN attention: {} would need {:.2f} GiB of workspace, above the automatic choice's "
+        "{:.2f} GiB: zrt's kernels run it (ZRT_CUDA_ATTENTION=cudnn takes it at any workspace, "
+        "cudnn-nondeterministic with a workspace linear in T)",
+        describe_key(key), static_cast<double>(built.workspace_bytes) / (1 << 30),
+        static_cast<double>(workspace_limit) / (1 << 30));
+    built.graph.reset();
+    built.refused = "workspace above the limit";
+  } else if (built.graph) {
     spdlog::info("cuDNN attention: {} built in {:.0f} ms (workspace {} bytes)", describe_key(key),
                  ms, built.workspace_bytes);
   } else {
@@ -292,7 +305,8 @@ bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shap
                              float* lse, const void* q, const void* k, const void* v) {
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, false);
-  const BuiltGraph& built = graph_for(state, key);
+  const BuiltGraph& built =
+      graph_for(state, key, ctx.options().cuda_attention_cudnn_workspace_limit);
   if (!built.graph) return false;
   const std::size_t element = dtype_size(shape.dtype);
   const auto* base = static_cast<const std::byte*>(q);
@@ -319,7 +333,8 @@ bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& sha
                               const void* v, const void* out, const float* lse, bool into_zeros) {
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, true);
-  const BuiltGraph& built = graph_for(state, key);
+  const BuiltGraph& built =
+      graph_for(state, key, ctx.options().cuda_attention_cudnn_workspace_limit);
   if (!built.graph) return false;
   const std::int64_t element = static_cast<std::int64_t>(dtype_size(shape.dtype));
   const Extent extent = qkv_extent(key);

@@ -71,7 +71,8 @@ class GptDef final : public transformer::TransformerDefOf<GptDef, GptConfig, Gpt
     const kernels::KernelOptions kernel_options;
     const auto request = [&](bool backward) {
       return kernels::attention_workspace_bytes(on_cpu, kernel_options, dtype, B, sp * T,
-                                                c.n_embd / sp, c.n_head / sp, backward);
+                                                c.n_embd / sp, c.n_head / sp, backward,
+                                                options.planned_documents);
     };
     return transformer::attention_workspace_growth(request(false), request(true));
   }

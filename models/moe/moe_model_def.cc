@@ -65,7 +65,8 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
     const kernels::KernelOptions kernel_options;
     const auto request = [&](bool backward) {
       return kernels::gqa_attention_workspace_bytes(on_cpu, kernel_options, dtype, B, sp * T, NH,
-                                                    NKV, c.head_dim, backward);
+                                                    NKV, c.head_dim, backward,
+                                                    options.planned_documents);
     };
     return transformer::attention_workspace_growth(request(false), request(true));
   }

@@ -14,11 +14,29 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/kernel_context.h"
 #include "models/init_rng.h"
 #include "runtime/common/dtype.h"
 #include "runtime/common/error.h"
 
 namespace zrt::test {
+
+// CUDA attention for the GPU tests, whatever ZRT_CUDA_ATTENTION's default picks (cuDNN's
+// attention where the build has it): zrt's own kernels, for the cases that check them against
+// their CPU twins, and cuDNN's asked for by name at any workspace, for the cases that check it.
+inline kernels::KernelOptions own_attention_kernels() {
+  kernels::KernelOptions options;
+  options.cuda_attention_cudnn = false;
+  options.cuda_attention_cudnn_required = false;
+  return options;
+}
+inline kernels::KernelOptions cudnn_attention_kernels() {
+  kernels::KernelOptions options;
+  options.cuda_attention_cudnn = true;
+  options.cuda_attention_cudnn_required = true;
+  options.cuda_attention_cudnn_workspace_limit = 0;
+  return options;
+}
 
 constexpr std::uint64_t kLayerSeed = 20240601;  // LAYER_SEED in gen_gpt_golden.py
 

@@ -58,7 +58,7 @@ struct Gpu {
   std::unique_ptr<Stream> stream;
   std::unique_ptr<KernelContext> ctx;
 
-  explicit Gpu(KernelOptions kernel_options = {}) {
+  explicit Gpu(KernelOptions kernel_options = test::own_attention_kernels()) {
     DeviceOptions options;
     options.type = DeviceType::kCuda;
     options.index = test::gpu_index();
@@ -909,7 +909,7 @@ namespace {
 // at the first test below), and the same bits again (no atomics).
 void check_fused_against_twin(const AttentionIn& in, bool wmma) {
   REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH));
-  KernelOptions options;
+  KernelOptions options = test::own_attention_kernels();
   options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
   options.cuda_attention_wmma = wmma;
   Gpu g(options);
@@ -973,7 +973,7 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
   REQUIRE(cuda::flash_attention_supported(DType::kFloat16, in.T, in.C, in.NH));
   REQUIRE_FALSE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH,
                                                 cuda::FlashKernels::kWmma));
-  KernelOptions options;
+  KernelOptions options = test::own_attention_kernels();
   options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
   KernelOptions wmma_options = options;
   wmma_options.cuda_attention_wmma = true;
@@ -1022,8 +1022,7 @@ TEST_CASE("CUDA fused attention at head size 128 matches its CPU twin", "[cuda]"
 // place. The counters prove cuDNN ran, not the kernels it falls back to. A build without cuDNN
 // attention (the stand-ins) must refuse the option, naming why.
 TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
-  KernelOptions options;
-  options.cuda_attention_cudnn = true;
+  KernelOptions options = test::cudnn_attention_kernels();
   if (!cuda::cudnn_attention_built()) {
     WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
     REQUIRE_THROWS_WITH(Gpu(options), Catch::Contains("cuDNN attention was asked for") &&
@@ -1075,20 +1074,50 @@ TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
   }
 }
 
+// A graph whose workspace is above KernelOptions::cuda_attention_cudnn_workspace_limit is declined
+// like a shape cuDNN refuses: here the forward's 256 bytes fit a 1 KiB limit and the
+// deterministic backward's do not, so cuDNN's forward runs and zrt's kernels take the backward
+// from its log-sum-exp, within the twin tolerances above (the counters say who ran what). The
+// planning function agrees with the run on which passes take cuDNN.
+TEST_CASE("CUDA attention on cuDNN leaves a graph over its workspace limit to zrt's kernels",
+          "[cuda][cudnn]") {
+  if (!cuda::cudnn_attention_built()) {
+    WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
+    return;
+  }
+  const AttentionIn in(2, 256, 256, 2);
+  KernelOptions options = test::cudnn_attention_kernels();
+  options.cuda_attention_cudnn_workspace_limit = 1024;
+  const cuda::AttentionKernels planned = cuda::attention_kernels(options);
+  CHECK(cuda::cudnn_attention_planned(planned, DType::kBFloat16, false, in.B, in.T, in.NH, in.NH,
+                                      in.C / in.NH, false));
+  CHECK_FALSE(cuda::cudnn_attention_planned(planned, DType::kBFloat16, false, in.B, in.T, in.NH,
+                                            in.NH, in.C / in.NH, true));
+  Gpu g(options);
+  const Results got = gpu_attention(g, DType::kBFloat16, DType::kBFloat16, in);
+  CHECK(g.ctx->cuda()->cudnn_attention_forwards == 1);
+  CHECK(g.ctx->cuda()->cudnn_attention_backwards == 0);
+  const Results want = cpu_attention<bf16, bf16>(in);
+  for (const char* name : {"out", "dqkv"}) {
+    const double err = test::rel_error(got.at(name), want.at(name));
+    INFO(name << ": relative error " << err << " (tolerance 1e-2)");
+    CHECK(err <= 1e-2);
+  }
+}
+
 // With packed documents cuDNN attention leaves the call to zrt's kernels (same results as
 // without the option, and its counters stay at zero).
 TEST_CASE("CUDA attention on cuDNN leaves packed documents to zrt's kernels",
           "[cuda][cudnn][docs]") {
   if (!cuda::cudnn_attention_built()) {  // the stand-ins: the option is refused (case above)
     WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
-    KernelOptions options;
-    options.cuda_attention_cudnn = true;
+    KernelOptions options = test::cudnn_attention_kernels();
     REQUIRE_THROWS_AS(Gpu(options), InvalidArgument);
     return;
   }
   AttentionIn in(2, 256, 128, 2);
   in.doc_start = test::pack_documents({{1, 100, 155}, {256}}, 256).doc_start;
-  KernelOptions options;
+  KernelOptions options = test::own_attention_kernels();
   options.cuda_fused_attention = FusedAttention::kAll;
   Gpu own(options);
   options.cuda_attention_cudnn = true;
@@ -1134,7 +1163,7 @@ TEST_CASE("ZRT_CUDA_ATTENTION's settings pick the fused or the batched attention
   CHECK(workspace(hs64) == workspace(none));
   const Results want = cpu_attention<bf16, bf16>(in);
   for (FusedAttention fused : {FusedAttention::kNone, FusedAttention::kHeadSize64}) {
-    KernelOptions options;
+    KernelOptions options = test::own_attention_kernels();
     options.cuda_fused_attention = fused;
     Gpu g(options);
     const Results got = gpu_attention(g, DType::kBFloat16, DType::kBFloat16, in);
@@ -1272,7 +1301,7 @@ TEST_CASE("CUDA attention never reads across a document boundary", "[cuda][docs]
     const AttentionIn in = with_documents(AttentionIn(2, c.T, c.C, 2), docs);
     INFO("T " << c.T << ", head size " << c.C / 2 << ", " << dtype_name(c.dt)
               << (c.wmma ? ", WMMA kernels" : ""));
-    KernelOptions options;
+    KernelOptions options = test::own_attention_kernels();
     options.cuda_fused_attention = FusedAttention::kAll;
     options.cuda_attention_wmma = c.wmma;
     Gpu g(options);
@@ -1319,7 +1348,7 @@ TEST_CASE("CUDA fused attention pipelined gives the staged kernels' bits", "[cud
       if (documents) in = with_documents(in, docs512);
       REQUIRE(cuda::flash_attention_supported(DType::kBFloat16, in.T, in.C, in.NH,
                                               cuda::FlashKernels::kMmaPipelined));
-      KernelOptions staged_options;
+      KernelOptions staged_options = test::own_attention_kernels();
       staged_options.cuda_fused_attention =
           FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
       staged_options.cuda_attention_pipelined = false;

@@ -51,7 +51,8 @@ struct Backend {
   std::unique_ptr<KernelContext> ctx;
   std::map<std::string, std::pair<Buffer, DType>> buffers;
 
-  explicit Backend(DeviceType type, const KernelOptions& kernel_options = {}) {
+  explicit Backend(DeviceType type,
+                   const KernelOptions& kernel_options = test::own_attention_kernels()) {
     DeviceOptions options;
     options.type = type;
     if (type == DeviceType::kCuda) options.index = test::gpu_index();
@@ -354,7 +355,7 @@ TEST_CASE("grouped-query attention in place and packed: CUDA twin matches the CP
           "[cuda][llama]") {
   const auto docs = test::pack_documents({{1, 70, 1, 120}, {64, 100, 28}}, 192).doc_start;
   for (bool packed : {false, true}) {
-    KernelOptions options;
+    KernelOptions options = test::own_attention_kernels();
     options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
     options.cuda_gqa_packed = packed;
     for (int HS : {64, 128}) {
@@ -404,7 +405,7 @@ TEST_CASE("grouped-query attention in place and packed: CUDA twin matches the CP
 TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits",
           "[cuda][llama]") {
   const auto docs = test::pack_documents({{1, 70, 1, 120}, {64, 100, 28}}, 192).doc_start;
-  KernelOptions staged_options;
+  KernelOptions staged_options = test::own_attention_kernels();
   staged_options.cuda_fused_attention = FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
   staged_options.cuda_attention_pipelined = false;
   KernelOptions pipelined_options = staged_options;
@@ -449,15 +450,13 @@ TEST_CASE("grouped-query attention in place, pipelined: the staged kernels' bits
 TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda][llama][cudnn]") {
   if (!cuda::cudnn_attention_built()) {  // the stand-ins: the option is refused, naming why
     WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
-    KernelOptions options;
-    options.cuda_attention_cudnn = true;
+    KernelOptions options = test::cudnn_attention_kernels();
     REQUIRE_THROWS_WITH(Backend(DeviceType::kCuda, options),
                         Catch::Contains(cuda::cudnn_attention_missing_reason()));
     return;
   }
   for (const bool deterministic : {true, false}) {
-    KernelOptions options;
-    options.cuda_attention_cudnn = true;
+    KernelOptions options = test::cudnn_attention_kernels();
     options.cuda_attention_cudnn_deterministic = deterministic;
     for (int HS : {64, 128}) {
       for (auto [NH, NKV] : {std::pair{4, 4}, std::pair{4, 2}, std::pair{4, 1}, std::pair{8, 1}}) {

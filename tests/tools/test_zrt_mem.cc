@@ -781,6 +781,7 @@ TEST_CASE("zrt-mem plans CUDA's grouped-query attention in place: 16 MiB at 128K
   kernels::KernelOptions in_place;
   in_place.cuda_fused_attention =
       kernels::FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+  in_place.cuda_attention_cudnn = false;  // zrt's kernels (cuDNN's: the case below)
   kernels::KernelOptions packing = in_place;
   packing.cuda_gqa_packed = true;
   const auto bytes = [&](const kernels::KernelOptions& options, int t, bool backward) {
@@ -813,6 +814,36 @@ TEST_CASE("zrt-mem plans CUDA's grouped-query attention in place: 16 MiB at 128K
   INFO("kernel workspace " << e.kernel_workspace);
   CHECK(e.kernel_workspace >= row_term);
   CHECK(e.kernel_workspace < packed / 8);
+}
+
+// Under the default attention (cuDNN's where the calls take it, its deterministic backward
+// within 8 GiB of workspace), Llama-3.1-8B's 2048-token step plans cuDNN's request, 302 252 288
+// bytes: what cuDNN 9.19 asked for on an H200 (the run's tracker showed 0.28 GiB more than the
+// same run on zrt's kernels, BENCHMARKS.md). Packed documents and lengths whose backward would
+// need more than the limit (T^2 growth) plan zrt's kernels' (B,NH,T) fp32 row term. A build
+// with CUDA but without cuDNN attention plans zrt's kernels throughout, as it runs them.
+TEST_CASE("zrt-mem plans cuDNN's attention workspace where the calls take it") {
+  const int NH = 32, NKV = 8, hs = 128;
+  kernels::KernelOptions automatic;
+  automatic.cuda_fused_attention = kernels::FusedAttention::kAll;
+  automatic.cuda_attention_pipelined = true;
+  automatic.cuda_attention_cudnn = true;
+  automatic.cuda_attention_cudnn_required = false;
+  automatic.cuda_attention_cudnn_deterministic = true;
+  automatic.cuda_attention_cudnn_workspace_limit = kernels::kCudnnAttentionAutoWorkspaceLimit;
+  const bool plans_cudnn = kernels::describe_cuda_attention(automatic).rfind("cuDNN", 0) == 0;
+  INFO(kernels::describe_cuda_attention(automatic));
+  const auto bytes = [&](int T, bool documents) {
+    return kernels::gqa_attention_workspace_bytes(false, automatic, DType::kBFloat16, 1, T, NH, NKV,
+                                                  hs, true, documents);
+  };
+  const auto row_term = [&](int T) { return std::int64_t{NH} * T * 4; };
+  CHECK(bytes(2048, false) == (plans_cudnn ? 302252288 : row_term(2048)));
+  CHECK(bytes(2048, true) == row_term(2048));
+  CHECK(bytes(8192, false) == (plans_cudnn ? 4430233856 : row_term(8192)));  // within 8 GiB
+  CHECK(bytes(16384, false) == row_term(16384));  // 17.7 GB: over the limit
+  CHECK(kernels::gqa_attention_workspace_bytes(false, automatic, DType::kBFloat16, 1, 2048, NH,
+                                               NKV, hs, false) == (plans_cudnn ? 256 : 0));
 }
 
 TEST_CASE("--sp: the device bytes a token adds shrink about as 1/sp (the long-sequence config)") {

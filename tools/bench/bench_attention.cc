@@ -147,6 +147,8 @@ Timing run_zrt(DeviceType type, DType dtype, const Shape& s, int iters,
   kernel_options.cuda_attention_pipelined = pipelined;
   kernel_options.cuda_attention_cudnn = cudnn > 0;
   kernel_options.cuda_attention_cudnn_deterministic = cudnn != 2;
+  kernel_options.cuda_attention_cudnn_required = cudnn > 0;
+  kernel_options.cuda_attention_cudnn_workspace_limit = 0;  // timed at any workspace
   kernels::KernelContext ctx(*device, *stream, kernel_options);
   const int C = s.NH * s.hs;
   const std::int64_t n = static_cast<std::int64_t>(s.B) * s.T * C;

@@ -6,17 +6,19 @@
 #   nanogpt   nanoGPT's GPT-2 in PyTorch with flash SDPA, plain and under torch.compile
 #             (tools/bench/torch_gpt_train_cuda.py --variants sdpa,compile)
 #   zrt-gpt2  zrt-train on the same model, batch and sequence at ZeRO stage 0 and stage 3
-#             (configs/gpu-gpt2-124m-bench.json), and stage 0 again on the pipelined fused
-#             attention kernels (ZRT_CUDA_ATTENTION=pipelined) and on cuDNN's fused attention
-#             (ZRT_CUDA_ATTENTION=cudnn)
+#             (configs/gpu-gpt2-124m-bench.json; the default attention, cuDNN's), and stage 0
+#             again on zrt's own fused attention kernels, pipelined (ZRT_CUDA_ATTENTION=pipelined)
+#             and staged (ZRT_CUDA_ATTENTION=fused)
 #   attention zrt-bench attention: the fused attention (staged, and pipelined) against PyTorch's
 #             flash SDPA at head sizes 64 and 128, forward and forward + backward; and
 #             Llama-3.1-8B's grouped-query attention (32 query heads over 8 key/value heads) in
 #             place, packed, and SDPA's enable_gqa
 #   zrt-llama Llama-3.1-8B at stage 3, 70% of the optimizer state offloaded
 #             (configs/gpu-llama-3.1-8b-offload.json: 2048 tokens, 1 x 8 micro-batches a step)
-#   zrt-llama-cudnn (not run unless named) the same on cuDNN's fused attention
-#             (ZRT_CUDA_ATTENTION=cudnn)
+#   zrt-llama-cudnn (not run unless named) the same with cuDNN's attention asked for by name
+#             (ZRT_CUDA_ATTENTION=cudnn: no workspace limit)
+#   zrt-llama-own (not run unless named) the same on zrt's own fused attention kernels
+#             (ZRT_CUDA_ATTENTION=pipelined)
 #   ds-llama  DeepSpeed ZeRO-3 + offload_optimizer (ratio 0.7) on transformers' Llama of the same
 #             shape, micro-batch, accumulation and sequence (tools/bench/torch_llama_offload_bench.py)
 #   fsdp2     FSDP2 with CPUOffloadPolicy, which offloads everything, so at 16 of the 32 layers
@@ -77,7 +79,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|zrt-llama-cudnn|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity|startup) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|zrt-llama-cudnn|zrt-llama-own|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity|startup) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -226,7 +228,7 @@ for p in $phases; do
         work='$work' data='$data'; zrt_run gpt2-s0 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
         zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3;
         ZRT_CUDA_ATTENTION=pipelined zrt_run gpt2-s0-piped 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
-        ZRT_CUDA_ATTENTION=cudnn zrt_run gpt2-s0-cudnn 10 configs/gpu-gpt2-124m-bench.json --train.steps 40" ;;
+        ZRT_CUDA_ATTENTION=fused zrt_run gpt2-s0-staged 10 configs/gpu-gpt2-124m-bench.json --train.steps 40" ;;
     attention)
       phase attention 50 "$bundle/bin/zrt-bench" attention --python python3 \
         --torch-script "$root/tools/bench/torch_attention_bench.py" --iters 20 \
@@ -237,6 +239,9 @@ for p in $phases; do
     zrt-llama-cudnn)
       phase zrt-llama-cudnn 120 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
         work='$work' data='$data'; ZRT_CUDA_ATTENTION=cudnn zrt_run llama8b-r0.7-cudnn 1 configs/gpu-llama-3.1-8b-offload.json --train.steps 5" ;;
+    zrt-llama-own)
+      phase zrt-llama-own 120 bash -c "$(declare -f zrt_run median_zrt); root='$root' bundle='$bundle' \
+        work='$work' data='$data'; ZRT_CUDA_ATTENTION=pipelined zrt_run llama8b-r0.7-own 1 configs/gpu-llama-3.1-8b-offload.json --train.steps 5" ;;
     ds-llama)
       phase ds-llama 200 python3 "$root/tools/bench/torch_llama_offload_bench.py" --engine deepspeed \
         --layers 32 --ratio 0.7 --steps 4 ;;

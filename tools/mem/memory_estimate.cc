@@ -632,6 +632,7 @@ ModelOptions Inputs::model_options(bool checkpointing) const {
   m.cpu_checkpointing = cpu_checkpointing;
   m.head_tile_rows = head_tile_rows;
   m.mlp_tile_rows = mlp_tile_rows;
+  m.planned_documents = documents;
   m.expert_rows_reserve = expert_rows_reserve;
   m.planned_expert_rows = expert_rows;
   m.planned_sequence_parallel_size = engine.sequence_parallel_size;
@@ -683,6 +684,7 @@ Inputs inputs_from_config(const Config& config) {
   in.cpu_checkpointing = config.model.cpu_checkpointing;
   in.head_tile_rows = config.model.head_tile_rows;
   in.mlp_tile_rows = config.model.mlp_tile_rows;
+  in.documents = config.data.document_mask;
   in.expert_rows_reserve = config.model.expert_rows_reserve;
   if (config.device.memory_limit_gb > 0.0) in.device_gib = config.device.memory_limit_gb;
   // "auto" plans for the GPU it would pick where one exists.

@@ -89,6 +89,10 @@ struct Inputs {
   bool cpu_checkpointing = false;
   int head_tile_rows = 0;
   int mlp_tile_rows = 0;
+  // The batches carry packed documents (data.document_mask): attention on a GPU then runs on
+  // zrt's kernels, not cuDNN's (whose workspace is counted otherwise: an upper bound for packed
+  // SFT shards, which carry documents without the key).
+  bool documents = false;
   // Expert parallelism: the local experts' rows counted where model.expert_rows_reserve starts
   // them, or at expert_rows rows when set (a run's metrics.jsonl expert_rows_capacity);
   // models/moe/expert_rows.h.
