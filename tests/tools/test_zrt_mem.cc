@@ -632,6 +632,43 @@ TEST_CASE("--max-seq-len: the host per node and the model's own limit stop it to
                   InvalidArgument);
 }
 
+// On a GPU the plan counts cuDNN's attention workspace, which grows with T^2 until the backward's
+// passes the automatic 8 GiB limit and zrt's kernels take it (kernels/ops.h): for Llama-3.1-8B at
+// one sequence, up to 11 456 tokens (8.59e9 bytes), none from 11 520. A device holding exactly
+// 11 520 tokens on zrt's kernels does not hold 8192 or 11 456 with cuDNN's workspace, so a search
+// that doubles to 8192 and bisects below it would answer under 8192; the answer is 11 520.
+TEST_CASE(
+    "--max-seq-len: cuDNN's attention workspace dropping at its limit does not end the "
+    "search early") {
+  const std::shared_ptr<const ModelDef> llama = builtin_models().parse_spec("llama-3.1-8b");
+  Inputs in;
+  in.model = model_spec(llama);
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  in.cpu_checkpointing = true;
+  const Setting s{3, true, false};
+  Inputs own = in;
+  own.documents = true;  // zrt's kernels throughout
+  const std::int64_t capacity = estimate_at(*llama, own, s, 11520).device_total();
+  const bool plans_cudnn = estimate_at(*llama, in, s, 8192).kernel_workspace >
+                           estimate_at(*llama, own, s, 8192).kernel_workspace;
+  INFO("cuDNN's attention planned: " << plans_cudnn);
+  if (plans_cudnn) {
+    CHECK(estimate_at(*llama, in, s, 11456).kernel_workspace >= 8588517376);
+    CHECK(estimate_at(*llama, in, s, 11520).kernel_workspace ==
+          estimate_at(*llama, own, s, 11520).kernel_workspace);
+    CHECK(estimate_at(*llama, in, s, 8192).device_total() > capacity);
+    CHECK(estimate_at(*llama, in, s, 11456).device_total() > capacity);
+  }
+  const SequenceFit fit = longest_sequence(*llama, in, s, capacity, 0, 64);
+  INFO(fit.seq_len << " tokens, next stopped by " << fit.limit);
+  CHECK(fit.seq_len == 11520);
+  CHECK(fit.limit == "device");
+  CHECK(fit.estimate.device_total() == capacity);
+  // With packed documents the plan is zrt's kernels' throughout: the same answer.
+  CHECK(longest_sequence(*llama, own, s, capacity, 0, 64).seq_len == 11520);
+}
+
 TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
   int status = -1;
   const std::string out = run_tool(
@@ -780,7 +817,7 @@ TEST_CASE("zrt-mem plans CUDA's grouped-query attention in place: 16 MiB at 128K
   const std::int64_t packed = std::int64_t{T} * 3 * NH * hs * 2;  // (B,T,3C) bf16
   kernels::KernelOptions in_place;
   in_place.cuda_fused_attention =
-      kernels::FusedAttention::kAll;  // whatever ZRT_CUDA_ATTENTION says
+      kernels::FusedAttention::kAll;      // whatever ZRT_CUDA_ATTENTION says
   in_place.cuda_attention_cudnn = false;  // zrt's kernels (cuDNN's: the case below)
   kernels::KernelOptions packing = in_place;
   packing.cuda_gqa_packed = true;
@@ -842,8 +879,8 @@ TEST_CASE("zrt-mem plans cuDNN's attention workspace where the calls take it") {
   CHECK(bytes(2048, true) == row_term(2048));
   CHECK(bytes(8192, false) == (plans_cudnn ? 4430233856 : row_term(8192)));  // within 8 GiB
   CHECK(bytes(16384, false) == row_term(16384));  // 17.7 GB: over the limit
-  CHECK(kernels::gqa_attention_workspace_bytes(false, automatic, DType::kBFloat16, 1, 2048, NH,
-                                               NKV, hs, false) == (plans_cudnn ? 256 : 0));
+  CHECK(kernels::gqa_attention_workspace_bytes(false, automatic, DType::kBFloat16, 1, 2048, NH, NKV,
+                                               hs, false) == (plans_cudnn ? 256 : 0));
 }
 
 TEST_CASE("--sp: the device bytes a token adds shrink about as 1/sp (the long-sequence config)") {

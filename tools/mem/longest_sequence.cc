@@ -40,19 +40,12 @@ Trial try_length(const ModelDef& model, Inputs in, const Setting& setting, int T
   return t;
 }
 
-}  // namespace
-
-SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& setting,
-                             std::int64_t device_capacity_bytes, std::int64_t host_capacity_bytes,
-                             int multiple) {
-  if (multiple < 1) {
-    ZRT_THROW(InvalidArgument, "--max-seq-len: lengths are multiples of {}, which must be >= 1",
-              multiple);
-  }
+// The longest multiple of `multiple` that fits, for a footprint that grows with T: doubling from
+// `multiple`, then bisection between the last fit and the first miss. `bad` (> 0), when given, is
+// a length already known not to fit (`bad_trial`): the doubling stops below it.
+template <typename Attempt>
+SequenceFit search(const Attempt& attempt, int multiple, int bad, Trial bad_trial) {
   SequenceFit fit;
-  const auto attempt = [&](int T) {
-    return try_length(model, in, setting, T, device_capacity_bytes, host_capacity_bytes);
-  };
   Trial first = attempt(multiple);
   if (!first.fits) {
     fit.limit = first.limit;
@@ -61,11 +54,10 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
   // Doubling: `good` fits, `bad` (once found) does not.
   int good = multiple;
   Trial good_trial = std::move(first);
-  int bad = 0;
-  Trial bad_trial;
-  while (bad == 0) {
+  while (bad == 0 || good * 2 < bad) {
     if (good > kMaxSeqLen / 2) {
       bad_trial.limit = "beyond " + std::to_string(kMaxSeqLen) + " tokens (the search's end)";
+      bad = 0;
       break;
     }
     Trial next = attempt(good * 2);
@@ -93,6 +85,37 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
   fit.estimate = *good_trial.estimate;
   fit.limit = bad_trial.limit;
   return fit;
+}
+
+}  // namespace
+
+SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& setting,
+                             std::int64_t device_capacity_bytes, std::int64_t host_capacity_bytes,
+                             int multiple) {
+  if (multiple < 1) {
+    ZRT_THROW(InvalidArgument, "--max-seq-len: lengths are multiples of {}, which must be >= 1",
+              multiple);
+  }
+  const auto attempt_with = [&](const Inputs& inputs) {
+    return [&, inputs](int T) {
+      return try_length(model, inputs, setting, T, device_capacity_bytes, host_capacity_bytes);
+    };
+  };
+  // cuDNN's attention on a GPU (when planned: kernels/ops.h) asks for a workspace that grows with
+  // T^2 up to its limit and then for none, the calls passing to zrt's kernels: the footprint
+  // drops there. So two searches over footprints that grow with T: on zrt's kernels throughout
+  // (what packed documents run), which bounds the answer from above, then, where cuDNN's
+  // attention would take that length and it does not fit, with it, below that bound.
+  Inputs own = in;
+  own.documents = true;
+  SequenceFit upper = search(attempt_with(own), multiple, 0, Trial{});
+  if (in.documents || upper.seq_len == 0) return upper;
+  Trial at_upper = attempt_with(in)(upper.seq_len);
+  if (at_upper.fits) {
+    upper.estimate = *at_upper.estimate;
+    return upper;
+  }
+  return search(attempt_with(in), multiple, upper.seq_len, std::move(at_upper));
 }
 
 }  // namespace zrt::mem

@@ -6,7 +6,9 @@
 // model's own limit such as Llama's max_position_embeddings).
 //
 // The search doubles T while it fits, then bisects between the last fit and the first miss: it
-// assumes the footprint grows with T, which every term of the estimate does.
+// needs a footprint that grows with T, which every term of the estimate does but the kernel
+// workspace of cuDNN's attention (growing with T^2 up to its limit, then none), so it searches
+// on zrt's attention kernels first and, below that answer, again with cuDNN's.
 #pragma once
 
 #include <cstdint>
