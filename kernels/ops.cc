@@ -374,10 +374,11 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_forward(ctx,
-                                    {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
-                                     kernels.cudnn_deterministic, window},
-                                    raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
+      cuda::cudnn_attention_forward(
+          ctx,
+          {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic,
+           window, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)},
+          raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
     return;
   }
   cuda::attention_forward(
@@ -416,12 +417,12 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   // cuDNN's forward, if it ran, left the same lse (natural log-sum-exp), so either backward
   // may follow it.
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_backward(ctx,
-                                     {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
-                                      kernels.cudnn_deterministic, window},
-                                     raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr,
-                                     nullptr, raw(out), raw(lse),
-                                     dqkv_write == GradWrite::kIntoZeros)) {
+      cuda::cudnn_attention_backward(
+          ctx,
+          {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic,
+           window, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)},
+          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse),
+          dqkv_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::attention_backward(
@@ -773,10 +774,11 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_forward(ctx,
-                                    {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
-                                     kernels.cudnn_deterministic, window},
-                                    raw(out), raw(lse), raw(q), raw(k), raw(v))) {
+      cuda::cudnn_attention_forward(
+          ctx,
+          {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic,
+           window, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)},
+          raw(out), raw(lse), raw(q), raw(k), raw(v))) {
     return;
   }
   cuda::gqa_attention_forward(
@@ -821,11 +823,12 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_backward(ctx,
-                                     {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
-                                      kernels.cudnn_deterministic, window},
-                                     raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
-                                     raw(out), raw(lse), d_write == GradWrite::kIntoZeros)) {
+      cuda::cudnn_attention_backward(
+          ctx,
+          {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic,
+           window, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)},
+          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse),
+          d_write == GradWrite::kIntoZeros)) {
     return;
   }
   cuda::gqa_attention_backward(
@@ -868,12 +871,15 @@ std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options
   }
   // Host arithmetic (attention_plan.h): a build without CUDA plans a CUDA run's workspace too.
   const cuda::AttentionKernels kernels = planned_kernels(options);
-  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NH, C / NH, backward)) {
+  const std::int64_t own = backward
+                               ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
+                               : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
+  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NH, C / NH, backward,
+                                    own)) {
     return cuda::cudnn_attention_workspace_estimate(B, T, NH, NH, C / NH, backward,
                                                     kernels.cudnn_deterministic);
   }
-  return backward ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
-                  : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
+  return own;
 }
 
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
@@ -891,12 +897,14 @@ std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& opt
     return bytes;
   }
   const cuda::AttentionKernels kernels = planned_kernels(options);
-  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NKV, hs, backward)) {
+  const std::int64_t own =
+      backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
+               : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
+  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NKV, hs, backward, own)) {
     return cuda::cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward,
                                                     kernels.cudnn_deterministic);
   }
-  return backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
-                  : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
+  return own;
 }
 
 }  // namespace zrt::kernels

@@ -35,16 +35,22 @@ I64 cudnn_attention_workspace_estimate(int B, int T, int NH, int NKV, int hs, bo
   return round_up(bytes) + 256;
 }
 
+bool cudnn_attention_within_limit(const AttentionKernels& kernels, I64 cudnn_bytes, I64 own_bytes) {
+  return kernels.cudnn_workspace_limit <= 0 || cudnn_bytes <= kernels.cudnn_workspace_limit ||
+         cudnn_bytes <= own_bytes;
+}
+
 bool cudnn_attention_planned(const AttentionKernels& kernels, DType dtype, bool documents, int B,
-                             int T, int NH, int NKV, int hs, bool backward) {
+                             int T, int NH, int NKV, int hs, bool backward, I64 own_bytes) {
   if (!kernels.cudnn || documents || (dtype != DType::kBFloat16 && dtype != DType::kFloat16)) {
     return false;
   }
   // Each pass's graph is held to the limit on its own: a backward over it runs on zrt's kernels
   // after cuDNN's forward (both leave the same log-sum-exp).
-  const I64 bytes =
-      cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward, kernels.cudnn_deterministic);
-  return kernels.cudnn_workspace_limit <= 0 || bytes <= kernels.cudnn_workspace_limit;
+  return cudnn_attention_within_limit(
+      kernels,
+      cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward, kernels.cudnn_deterministic),
+      own_bytes);
 }
 
 namespace {

@@ -78,11 +78,17 @@ bool gqa_runs_in_place(const AttentionKernels& kernels, DType dtype, int T, int 
 // or GPUs may ask for other sizes: the run's memory tracker counts what they do.
 std::int64_t cudnn_attention_workspace_estimate(int B, int T, int NH, int NKV, int hs,
                                                 bool backward, bool deterministic);
-// Whether planning counts cuDNN's attention for a call (its workspace within the limit), as
-// the calls choose it: `kernels` ask for it, bf16/fp16, no packed documents. A build without
-// CUDA plans as if the CUDA build had cuDNN attention (tools/build installs its headers).
+// Whether cuDNN's attention takes a pass whose graph asks for `cudnn_bytes` of workspace where
+// zrt's kernels would ask for `own_bytes`: always with no limit (0), else within the limit or,
+// above it, where zrt's kernels would need more (their batched path's T^2 scratch).
+bool cudnn_attention_within_limit(const AttentionKernels& kernels, std::int64_t cudnn_bytes,
+                                  std::int64_t own_bytes);
+// Whether planning counts cuDNN's attention for a call, as the calls choose it: `kernels` ask
+// for it, bf16/fp16, no packed documents, its estimated workspace within the limit against
+// zrt's kernels' `own_bytes` for the pass. A build without CUDA plans as if the CUDA build had
+// cuDNN attention (tools/build installs its headers).
 bool cudnn_attention_planned(const AttentionKernels& kernels, DType dtype, bool documents, int B,
-                             int T, int NH, int NKV, int hs, bool backward);
+                             int T, int NH, int NKV, int hs, bool backward, std::int64_t own_bytes);
 
 // Workspace bytes of each pass (Launch::ws).
 std::int64_t flash_attention_backward_workspace(int B, int T, int NH);

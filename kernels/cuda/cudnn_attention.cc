@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "kernels/cuda/attention_plan.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/residual.cuh"
 #include "runtime/common/error.h"
@@ -242,9 +243,10 @@ struct CudnnAttentionState {
 namespace {
 
 // The graph for `key`, built on first use; null when cuDNN declines it or its workspace is above
-// `workspace_limit` (> 0; KernelOptions::cuda_attention_cudnn_workspace_limit), logged once.
+// the kernels' limit and above `own_workspace` (what zrt's kernels would ask for the pass; both
+// functions of the key, so the decision is the key's), logged once.
 const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key,
-                            std::int64_t workspace_limit) {
+                            const AttentionKernels& kernels, std::int64_t own_workspace) {
   if (!state.cudnn_attention) {
     auto cudnn = std::make_shared<CudnnAttentionState>();
     ZRT_CUDNN_CHECK(cudnnCreate(&cudnn->handle));
@@ -259,7 +261,7 @@ const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key,
   BuiltGraph built = build_graph(state.cudnn_attention->handle, key);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (built.graph && workspace_limit > 0 && built.workspace_bytes > workspace_limit) {
+  if (built.graph && !cudnn_attention_within_limit(kernels, built.workspace_bytes, own_workspace)) {
     // Not a failure: the deterministic backward's workspace grows with T^2, zrt's kernels' does
     // not. The run goes on, and says how to have cuDNN anyway.
     spdlog::info(
@@ -267,7 +269,7 @@ const BuiltGraph& graph_for(CudaKernelState& state, const GraphKey& key,
         "{:.2f} GiB: zrt's kernels run it (ZRT_CUDA_ATTENTION=cudnn takes it at any workspace, "
         "cudnn-nondeterministic with a workspace linear in T)",
         describe_key(key), static_cast<double>(built.workspace_bytes) / (1 << 30),
-        static_cast<double>(workspace_limit) / (1 << 30));
+        static_cast<double>(kernels.cudnn_workspace_limit) / (1 << 30));
     built.graph.reset();
     built.refused = "workspace above the limit";
   } else if (built.graph) {
@@ -306,7 +308,7 @@ bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shap
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, false);
   const BuiltGraph& built =
-      graph_for(state, key, ctx.options().cuda_attention_cudnn_workspace_limit);
+      graph_for(state, key, attention_kernels(ctx.options()), shape.own_workspace);
   if (!built.graph) return false;
   const std::size_t element = dtype_size(shape.dtype);
   const auto* base = static_cast<const std::byte*>(q);
@@ -334,7 +336,7 @@ bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& sha
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, true);
   const BuiltGraph& built =
-      graph_for(state, key, ctx.options().cuda_attention_cudnn_workspace_limit);
+      graph_for(state, key, attention_kernels(ctx.options()), shape.own_workspace);
   if (!built.graph) return false;
   const std::int64_t element = static_cast<std::int64_t>(dtype_size(shape.dtype));
   const Extent extent = qkv_extent(key);

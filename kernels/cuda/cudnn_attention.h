@@ -45,6 +45,9 @@ struct CudnnAttentionShape {
   QkvLayout layout = QkvLayout::kSeparate;
   bool deterministic = true;  // the backward's algorithm
   int window = 0;  // sliding window (kernels/ops.h; cuDNN's diagonal band left bound); 0: none
+  // The workspace zrt's kernels would ask for this pass: a graph over
+  // KernelOptions::cuda_attention_cudnn_workspace_limit is declined only when that is less.
+  std::int64_t own_workspace = 0;
 };
 
 // Whether cuDNN attention may be asked for this call at all: the build has it, storage is

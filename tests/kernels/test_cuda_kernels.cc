@@ -1074,9 +1074,10 @@ TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
   }
 }
 
-// A graph whose workspace is above KernelOptions::cuda_attention_cudnn_workspace_limit is declined
-// like a shape cuDNN refuses: here the forward's 256 bytes fit a 1 KiB limit and the
-// deterministic backward's do not, so cuDNN's forward runs and zrt's kernels take the backward
+// A graph whose workspace is above KernelOptions::cuda_attention_cudnn_workspace_limit, and above
+// what zrt's kernels would ask for, is declined like a shape cuDNN refuses: here the forward's 256
+// bytes fit a 1 KiB limit and the deterministic backward's 528 640 bytes do not (zrt's fused
+// kernels ask for 4 KiB), so cuDNN's forward runs and zrt's kernels take the backward
 // from its log-sum-exp, within the twin tolerances above (the counters say who ran what). The
 // planning function agrees with the run on which passes take cuDNN.
 TEST_CASE("CUDA attention on cuDNN leaves a graph over its workspace limit to zrt's kernels",
@@ -1089,10 +1090,16 @@ TEST_CASE("CUDA attention on cuDNN leaves a graph over its workspace limit to zr
   KernelOptions options = test::cudnn_attention_kernels();
   options.cuda_attention_cudnn_workspace_limit = 1024;
   const cuda::AttentionKernels planned = cuda::attention_kernels(options);
+  const auto own = [&](bool backward) {
+    return backward ? cuda::attention_backward_workspace(DType::kBFloat16, in.B, in.T, in.C, in.NH,
+                                                         planned)
+                    : cuda::attention_forward_workspace(DType::kBFloat16, in.B, in.T, in.C, in.NH,
+                                                        planned);
+  };
   CHECK(cuda::cudnn_attention_planned(planned, DType::kBFloat16, false, in.B, in.T, in.NH, in.NH,
-                                      in.C / in.NH, false));
+                                      in.C / in.NH, false, own(false)));
   CHECK_FALSE(cuda::cudnn_attention_planned(planned, DType::kBFloat16, false, in.B, in.T, in.NH,
-                                            in.NH, in.C / in.NH, true));
+                                            in.NH, in.C / in.NH, true, own(true)));
   Gpu g(options);
   const Results got = gpu_attention(g, DType::kBFloat16, DType::kBFloat16, in);
   CHECK(g.ctx->cuda()->cudnn_attention_forwards == 1);

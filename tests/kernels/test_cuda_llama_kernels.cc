@@ -98,7 +98,8 @@ struct Backend {
 // Runs `op` on the CPU and on the GPU (its kernels chosen by `gpu_options`) with the same inputs
 // and compares the named outputs.
 using Op = std::function<std::map<std::string, std::size_t>(Backend&, DType dt, DType gt)>;
-void parity(const std::string& what, const Op& op, const KernelOptions& gpu_options = {}) {
+void parity(const std::string& what, const Op& op,
+            const KernelOptions& gpu_options = test::own_attention_kernels()) {
   for (auto [dt, gt, tol] : {std::tuple{DType::kFloat32, DType::kFloat32, 1e-5},
                              std::tuple{DType::kBFloat16, DType::kFloat32, 1e-2},
                              std::tuple{DType::kBFloat16, DType::kBFloat16, 1e-2}}) {
@@ -504,6 +505,30 @@ TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda]
       }
     }
   }
+}
+
+// Grouped-query attention in place with a workspace limit its deterministic backward passes
+// (1 KiB: cuDNN's forward asks for 256 bytes, its backward for far more, zrt's in-place kernels
+// for their 6 KiB row term): cuDNN's forward, then zrt's kernels' backward from its
+// log-sum-exp, the hand-over a Llama-3.1-8B run makes past ~11.5K tokens under the default
+// limit; parity's tolerances, the counters saying who ran what.
+TEST_CASE("grouped-query attention on cuDNN leaves a backward over its limit to zrt's kernels",
+          "[cuda][llama][cudnn]") {
+  if (!cuda::cudnn_attention_built()) {
+    WARN("cuDNN attention not built: " << cuda::cudnn_attention_missing_reason());
+    return;
+  }
+  KernelOptions options = test::cudnn_attention_kernels();
+  options.cuda_attention_cudnn_workspace_limit = 1024;
+  const std::uint64_t seed = kSeed + 31;
+  const auto op = [&](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, 2, 192, 4, 2, 128, seed, {}, false, GradWrite::kIntoZeros);
+  };
+  parity("gqa attention, backward over the limit (hs 128, 4/2 heads, T 192)", op, options);
+  Backend gpu(DeviceType::kCuda, options);
+  op(gpu, DType::kBFloat16, DType::kBFloat16);
+  CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 1);
+  CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 0);
 }
 
 TEST_CASE("tiny Llama, Qwen2 and Qwen3 on the GPU match transformers (fp32)", "[cuda][llama]") {

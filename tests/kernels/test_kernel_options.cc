@@ -197,24 +197,35 @@ TEST_CASE("cuDNN attention's planned workspace is what cuDNN asked for on an H20
 }
 
 // Planning counts cuDNN's request where the calls would take cuDNN (bf16/fp16, no documents,
-// within the limit) and zrt's kernels' elsewhere: one 8192-token sequence of 32 heads fits the
-// automatic limit (4.3 GB), two of them do not (8.6 GB > 8 GiB), and a named cudnn has none.
+// within the limit or below what zrt's kernels would ask for) and zrt's kernels' elsewhere: one
+// 8192-token sequence of 32 heads fits the automatic limit (4.3 GB), two of them do not (8.6 GB
+// > 8 GiB) unless zrt's kernels would need still more (their batched path's T^2 scratch), and a
+// named cudnn has no limit.
 TEST_CASE("planning counts cuDNN's attention where the calls take it", "[kernels][options]") {
   ScopedAttentionEnv env(nullptr);
   const cuda::AttentionKernels automatic = cuda::attention_kernels(KernelOptions{});
   const DType bf16 = DType::kBFloat16;
-  CHECK(cuda::cudnn_attention_planned(automatic, bf16, false, 1, 8192, 32, 32, 128, true));
-  CHECK_FALSE(cuda::cudnn_attention_planned(automatic, bf16, false, 2, 8192, 32, 32, 128, true));
-  CHECK(cuda::cudnn_attention_planned(automatic, bf16, false, 2, 8192, 32, 32, 128, false));
-  CHECK_FALSE(cuda::cudnn_attention_planned(automatic, bf16, true, 1, 1024, 32, 32, 128, true));
+  const std::int64_t row_term = std::int64_t{2} * 32 * 8192 * 4;  // the fused kernels' backward
+  const std::int64_t two =
+      cuda::cudnn_attention_workspace_estimate(2, 8192, 32, 32, 128, true, true);
+  CHECK(two > kCudnnAttentionAutoWorkspaceLimit);
+  CHECK(cuda::cudnn_attention_planned(automatic, bf16, false, 1, 8192, 32, 32, 128, true, 0));
   CHECK_FALSE(
-      cuda::cudnn_attention_planned(automatic, DType::kFloat32, false, 1, 1024, 32, 32, 128, true));
+      cuda::cudnn_attention_planned(automatic, bf16, false, 2, 8192, 32, 32, 128, true, row_term));
+  CHECK(cuda::cudnn_attention_planned(automatic, bf16, false, 2, 8192, 32, 32, 128, true, two));
+  CHECK(cuda::cudnn_attention_planned(automatic, bf16, false, 2, 8192, 32, 32, 128, false, 0));
+  CHECK_FALSE(cuda::cudnn_attention_planned(automatic, bf16, true, 1, 1024, 32, 32, 128, true, 0));
+  CHECK_FALSE(cuda::cudnn_attention_planned(automatic, DType::kFloat32, false, 1, 1024, 32, 32, 128,
+                                            true, 0));
+  CHECK(cuda::cudnn_attention_within_limit(automatic, kCudnnAttentionAutoWorkspaceLimit, 0));
+  CHECK_FALSE(cuda::cudnn_attention_within_limit(automatic, kCudnnAttentionAutoWorkspaceLimit + 1,
+                                                 kCudnnAttentionAutoWorkspaceLimit));
   cuda::AttentionKernels named = automatic;
   named.cudnn_workspace_limit = 0;
-  CHECK(cuda::cudnn_attention_planned(named, bf16, false, 2, 8192, 32, 32, 128, true));
+  CHECK(cuda::cudnn_attention_planned(named, bf16, false, 2, 8192, 32, 32, 128, true, row_term));
   cuda::AttentionKernels own = automatic;
   own.cudnn = false;
-  CHECK_FALSE(cuda::cudnn_attention_planned(own, bf16, false, 1, 1024, 32, 32, 128, true));
+  CHECK_FALSE(cuda::cudnn_attention_planned(own, bf16, false, 1, 1024, 32, 32, 128, true, 0));
 }
 
 TEST_CASE("an unknown ZRT_CUDA_ATTENTION is an error naming the values", "[kernels][options]") {

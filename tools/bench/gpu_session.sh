@@ -116,7 +116,8 @@ export OMPI_MCA_pml="${OMPI_MCA_pml:-ob1}" OMPI_MCA_btl="${OMPI_MCA_btl:-self,va
 export PMIX_MCA_pcompress_base_silence_warning=1
 # The fused attention kernels at head size 128 (Llama-3 8B, the 6.7B GPT) are checked against
 # their CPU twin once, before the first run that trains with them; should they fail, the runs
-# after take the batched path at that size (ZRT_CUDA_ATTENTION=hs64) and the summary says so.
+# after take the batched path at that size (ZRT_CUDA_ATTENTION=hs64, which leaves cuDNN's
+# attention out too: the runs then time neither) and the summary says so.
 hs128_checked=0
 check_hs128() {
   [ $hs128_checked -eq 0 ] && [ -n "$gpu_name" ] || return 0
@@ -130,7 +131,7 @@ check_hs128() {
   else
     export ZRT_CUDA_ATTENTION=hs64
     say ""; say "fused attention at head size 128 FAILED its check (hs128-check.log in logs.tar.gz):"
-    say "the runs after this take the batched path there (ZRT_CUDA_ATTENTION=hs64)"
+    say "the runs after this take the batched path there, without cuDNN (ZRT_CUDA_ATTENTION=hs64)"
   fi
 }
 

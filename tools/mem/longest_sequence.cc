@@ -102,20 +102,25 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
     };
   };
   // cuDNN's attention on a GPU (when planned: kernels/ops.h) asks for a workspace that grows with
-  // T^2 up to its limit and then for none, the calls passing to zrt's kernels: the footprint
-  // drops there. So two searches over footprints that grow with T: on zrt's kernels throughout
-  // (what packed documents run), which bounds the answer from above, then, where cuDNN's
-  // attention would take that length and it does not fit, with it, below that bound.
+  // T^2 up to its limit and then for none, the calls passing to zrt's kernels (where those are
+  // the fused ones): the footprint drops there. So besides the plain search, one on zrt's kernels
+  // throughout (what packed documents run), whose answer bounds the answer from above where
+  // zrt's kernels run fused; where cuDNN's attention would take that length and it does not fit,
+  // a search below it with cuDNN's. The longest length any of them found fitting is the answer.
+  const auto with = attempt_with(in);
+  SequenceFit plain = search(with, multiple, 0, Trial{});
+  if (in.documents) return plain;
   Inputs own = in;
   own.documents = true;
   SequenceFit upper = search(attempt_with(own), multiple, 0, Trial{});
-  if (in.documents || upper.seq_len == 0) return upper;
-  Trial at_upper = attempt_with(in)(upper.seq_len);
+  if (upper.seq_len <= plain.seq_len) return plain;
+  Trial at_upper = with(upper.seq_len);
   if (at_upper.fits) {
     upper.estimate = *at_upper.estimate;
     return upper;
   }
-  return search(attempt_with(in), multiple, upper.seq_len, std::move(at_upper));
+  SequenceFit below = search(with, multiple, upper.seq_len, std::move(at_upper));
+  return below.seq_len > plain.seq_len ? below : plain;
 }
 
 }  // namespace zrt::mem

@@ -7,8 +7,9 @@
 //
 // The search doubles T while it fits, then bisects between the last fit and the first miss: it
 // needs a footprint that grows with T, which every term of the estimate does but the kernel
-// workspace of cuDNN's attention (growing with T^2 up to its limit, then none), so it searches
-// on zrt's attention kernels first and, below that answer, again with cuDNN's.
+// workspace of cuDNN's attention (growing with T^2 up to its limit, then none), so it also
+// searches on zrt's attention kernels and, below that answer, again with cuDNN's, and answers
+// the longest length found fitting.
 #pragma once
 
 #include <cstdint>
