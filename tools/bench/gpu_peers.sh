@@ -49,7 +49,8 @@
 #
 # --bundle: tools/gpu-bundle's folder (zrt-train, zrt-bench, the corpus), or it packed as .tar.xz.
 # --llmc: the train_gpt2cu binary. --wheels: a folder of wheels installed first into a private
-# site folder (DeepSpeed and what the image lacks of its needs). --prebuild-ds compiles DeepSpeed's
+# site folder (DeepSpeed and what the image lacks of its needs). tools/bench/prepare_gpu_peers.sh
+# builds both beforehand on a machine without a GPU. --prebuild-ds compiles DeepSpeed's
 # CPU Adam (its JIT build, ~1 min) in the background at low priority, so that a later call on
 # the same machine finds it in torch's extension cache. Each phase starts only when the
 # budget left covers its usual length and is cut off at what is left. What comes back in --out:
