@@ -161,11 +161,25 @@ left=$(pgrep -g "$launcher" 2>/dev/null | tr '\n' ' ')
 
 if [ "$action" = sigstop ] && [[ "$fault" == *checkpoint.write* ]]; then
   # Frozen while writing its rank file: the others time out in the save's agreement, naming
-  # the tag and the stage, and end the job with the watchdog's status, 3.
+  # the tag and the stage, and end the job with the watchdog's status, 3. Under load a rank's
+  # training collective of the same step can time out first (a CI run saw the others in step
+  # 2's all_gather while the victim stood in the save): then the watchdog's report must name
+  # the step and the frozen rank. Either way the save is never committed.
   report=$(grep -m1 "the ranks did not agree within" "$work/log")
   echo "checkpoint report: ${report:-none}"
-  echo "$report" | grep -q "checkpoint: global_step2, writing the files" ||
-    fail "the report does not name the save's tag and stage"
+  if [ -n "$report" ]; then
+    echo "$report" | grep -q "checkpoint: global_step2, writing the files" ||
+      fail "the report does not name the save's tag and stage"
+  else
+    report=$(grep -m1 "watchdog:" "$work/log")
+    echo "watchdog report: ${report:-none}"
+    echo "$report" | grep -q "at training step 2" ||
+      fail "neither the save's report nor a watchdog report naming step 2"
+    echo "$report" | grep -Eq "ranks missing: ([0-9]+, )*$victim[ ,]" ||
+      fail "the watchdog's report does not name rank $victim as missing"
+  fi
+  [ ! -e "$work/out/checkpoints/global_step2" ] && [ ! -e "$work/out/checkpoints/latest" ] ||
+    fail "the interrupted save was committed: $(ls "$work/out/checkpoints")"
   [ "$rc" -eq 3 ] || fail "mpirun returned $rc, not 3 (a hung rank)"
 elif [ "$action" = sigstop ]; then
   # Only the watchdog can see a frozen rank: its report must say where the job stood.
