@@ -373,17 +373,16 @@ void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, C
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  const std::int64_t own_workspace = cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_forward(
-          ctx,
-          {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic,
-           window, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)},
-          raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
+      cuda::cudnn_attention_forward(ctx,
+                                    {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
+                                     kernels.cudnn_deterministic, window, own_workspace},
+                                    raw(out), raw(lse), raw(qkv), nullptr, nullptr)) {
     return;
   }
-  cuda::attention_forward(
-      launch(ctx, cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels)), dtype, raw(out),
-      raw(lse), raw(qkv), B, T, C, NH, kernels, raw(doc_start), window);
+  cuda::attention_forward(launch(ctx, own_workspace), dtype, raw(out), raw(lse), raw(qkv), B, T, C,
+                          NH, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::attention_forward");
 #endif
@@ -416,19 +415,19 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
   // cuDNN's forward, if it ran, left the same lse (natural log-sum-exp), so either backward
   // may follow it.
+  const std::int64_t own_workspace =
+      cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels);
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_backward(
-          ctx,
-          {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked, kernels.cudnn_deterministic,
-           window, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)},
-          raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr, nullptr, raw(out), raw(lse),
-          dqkv_write == GradWrite::kIntoZeros)) {
+      cuda::cudnn_attention_backward(ctx,
+                                     {dtype, B, T, NH, NH, C / NH, cuda::QkvLayout::kPacked,
+                                      kernels.cudnn_deterministic, window, own_workspace},
+                                     raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr,
+                                     nullptr, raw(out), raw(lse),
+                                     dqkv_write == GradWrite::kIntoZeros)) {
     return;
   }
-  cuda::attention_backward(
-      launch(ctx, cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)), dtype,
-      raw(dqkv), raw(dout), raw(qkv), raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start),
-      window);
+  cuda::attention_backward(launch(ctx, own_workspace), dtype, raw(dqkv), raw(dout), raw(qkv),
+                           raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::attention_backward");
 #endif
@@ -773,18 +772,17 @@ void gqa_attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats ls
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  const std::int64_t own_workspace =
+      cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_forward(
-          ctx,
-          {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic,
-           window, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)},
-          raw(out), raw(lse), raw(q), raw(k), raw(v))) {
+      cuda::cudnn_attention_forward(ctx,
+                                    {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
+                                     kernels.cudnn_deterministic, window, own_workspace},
+                                    raw(out), raw(lse), raw(q), raw(k), raw(v))) {
     return;
   }
-  cuda::gqa_attention_forward(
-      launch(ctx, cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
-      raw(out), raw(lse), raw(q), raw(k), raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start),
-      window);
+  cuda::gqa_attention_forward(launch(ctx, own_workspace), dtype, raw(out), raw(lse), raw(q), raw(k),
+                              raw(v), B, T, NH, NKV, hs, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::gqa_attention_forward");
 #endif
@@ -822,19 +820,19 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   }
 #if ZRT_HAVE_CUDA
   const cuda::AttentionKernels kernels = cuda::attention_kernels(ctx.options());
+  const std::int64_t own_workspace =
+      cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels);
   if (cuda::cudnn_attention_may_take(ctx.options(), dtype, raw(doc_start) != nullptr) &&
-      cuda::cudnn_attention_backward(
-          ctx,
-          {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate, kernels.cudnn_deterministic,
-           window, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)},
-          raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse),
-          d_write == GradWrite::kIntoZeros)) {
+      cuda::cudnn_attention_backward(ctx,
+                                     {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
+                                      kernels.cudnn_deterministic, window, own_workspace},
+                                     raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
+                                     raw(out), raw(lse), d_write == GradWrite::kIntoZeros)) {
     return;
   }
-  cuda::gqa_attention_backward(
-      launch(ctx, cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)), dtype,
-      raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH,
-      NKV, hs, kernels, raw(doc_start), window);
+  cuda::gqa_attention_backward(launch(ctx, own_workspace), dtype, raw(dq), raw(dk), raw(dv),
+                               raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH, NKV,
+                               hs, kernels, raw(doc_start), window);
 #else
   cuda_backend_missing("kernels::gqa_attention_backward");
 #endif
@@ -849,6 +847,17 @@ cuda::AttentionKernels planned_kernels(const KernelOptions& options) {
   kernels.cudnn = kernels.cudnn && cuda::cudnn_attention_built();
 #endif
   return kernels;
+}
+
+// The request planning counts for one pass: cuDNN's where the calls would take it, else zrt's
+// kernels' `own`.
+std::int64_t planned_request(const cuda::AttentionKernels& kernels, DType dtype, bool documents,
+                             int B, int T, int NH, int NKV, int hs, bool backward,
+                             std::int64_t own) {
+  return cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NKV, hs, backward, own)
+             ? cuda::cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward,
+                                                        kernels.cudnn_deterministic)
+             : own;
 }
 
 }  // namespace
@@ -874,12 +883,7 @@ std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options
   const std::int64_t own = backward
                                ? cuda::attention_backward_workspace(dtype, B, T, C, NH, kernels)
                                : cuda::attention_forward_workspace(dtype, B, T, C, NH, kernels);
-  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NH, C / NH, backward,
-                                    own)) {
-    return cuda::cudnn_attention_workspace_estimate(B, T, NH, NH, C / NH, backward,
-                                                    kernels.cudnn_deterministic);
-  }
-  return own;
+  return planned_request(kernels, dtype, documents, B, T, NH, NH, C / NH, backward, own);
 }
 
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
@@ -900,11 +904,7 @@ std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& opt
   const std::int64_t own =
       backward ? cuda::gqa_attention_backward_workspace(dtype, B, T, NH, NKV, hs, kernels)
                : cuda::gqa_attention_forward_workspace(dtype, B, T, NH, NKV, hs, kernels);
-  if (cuda::cudnn_attention_planned(kernels, dtype, documents, B, T, NH, NKV, hs, backward, own)) {
-    return cuda::cudnn_attention_workspace_estimate(B, T, NH, NKV, hs, backward,
-                                                    kernels.cudnn_deterministic);
-  }
-  return own;
+  return planned_request(kernels, dtype, documents, B, T, NH, NKV, hs, backward, own);
 }
 
 }  // namespace zrt::kernels
