@@ -1,5 +1,7 @@
 #include "kernels/cuda/crossentropy.cuh"
 
+#include <type_traits>
+
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "runtime/device/cuda_device.h"
@@ -8,31 +10,83 @@ namespace zrt::kernels::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
+// One block per row. 1024 threads each keep kUnroll 16-byte loads in flight: a GPT-2 row
+// (50304 bf16 logits, 100 KB) is then six packs a thread, read by one pass, and the 132 rows an
+// H200 works on at once (1.3e7 bytes) stay in L2 for the gradient's second read.
+constexpr int kRowThreads = 1024;
+constexpr int kUnroll = 4;
+constexpr int kThreads = 256;  // loss_mean
+constexpr float kLog2e = 1.4426950408889634f;
 using I64 = std::int64_t;
 
-// The row's max and sum of exp(x - max) in one read of the row (a running max per thread, its
-// sum rescaled when the max grows; then the block's max and the rescaled sums): the logits are
-// the largest tensor of a step (N x 50304 for GPT-2), so each pass over them counts.
-template <typename S>
+// W consecutive logits of a row, loaded and stored as one access when W * sizeof(S) is 16 bytes
+// (the row stride a multiple of W, the rows 16-byte aligned), else element by element (W = 1:
+// any stride, any alignment).
+template <typename S, int W>
+struct alignas(W * sizeof(S)) Pack {
+  S e[W];
+};
+
+template <typename S, int W>
+__device__ __forceinline__ Pack<S, W> load_pack(const S* p) {
+  if constexpr (W * sizeof(S) == 16) {
+    Pack<S, W> out;
+    *reinterpret_cast<uint4*>(out.e) = *reinterpret_cast<const uint4*>(p);
+    return out;
+  } else {
+    return *reinterpret_cast<const Pack<S, W>*>(p);
+  }
+}
+
+// exp(x - m) as exp2: x - m is exact near the row's maximum, where the probabilities are large.
+__device__ __forceinline__ float exp_from(float x, float m) {
+  return exp2f((x - m) * kLog2e);
+}
+
+// The row's max and sum of exp(x - max) in one read of its first V logits: per thread a
+// running max and a sum rescaled when the max grows (once per pack at most), then the block's
+// max and the rescaled sums. The logits are a step's largest tensor (N x 50304 for GPT-2), so
+// the read is in packs with kUnroll of them in flight per thread. Every caller of a row with
+// the same W gets the same bits (crossentropy_forward's loss is the fused kernel's).
+template <typename S, int W>
 __device__ void row_stats(const S* row, int V, float* scratch, float& mx, float& sum) {
+  const int packs = (V + W - 1) / W;
   float m = -INFINITY, s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = ld(row[v]);
-    if (x > m) {
-      s = s * expf(m - x) + 1.0f;
-      m = x;
-    } else {
-      s += expf(x - m);
+  for (int i0 = threadIdx.x; i0 < packs; i0 += kUnroll * kRowThreads) {
+    Pack<S, W> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kRowThreads;
+      if (i < packs) p[u] = load_pack<S, W>(row + static_cast<I64>(i) * W);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kRowThreads;
+      if (i >= packs) break;
+      float x[W];
+      float pack_max = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        x[e] = i * W + e < V ? ld(p[u].e[e]) : -INFINITY;  // the padding is not in the row
+        pack_max = fmaxf(pack_max, x[e]);
+      }
+      if (pack_max > m) {
+        s *= exp_from(m, pack_max);  // 0 while m is -inf (s is 0 then too)
+        m = pack_max;
+      }
+      if (m == -INFINITY) continue;
+#pragma unroll
+      for (int e = 0; e < W; ++e) s += exp_from(x[e], m);
     }
   }
   mx = block_max(m, scratch);
-  sum = block_sum(m == -INFINITY ? 0.0f : s * expf(m - mx), scratch);
+  sum = block_sum(m == -INFINITY ? 0.0f : s * exp_from(m, mx), scratch);
 }
 
-template <typename S>
-__global__ void crossentropy_forward_kernel(float* losses, const S* logits,
-                                            const std::int32_t* targets, int V, int ldl) {
+template <typename S, int W>
+__global__ void __launch_bounds__(kRowThreads)
+    crossentropy_forward_kernel(float* losses, const S* logits, const std::int32_t* targets, int V,
+                                int ldl) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const S* row = logits + static_cast<I64>(n) * ldl;
@@ -42,40 +96,77 @@ __global__ void crossentropy_forward_kernel(float* losses, const S* logits,
     return;
   }
   float mx, sum;
-  row_stats(row, V, scratch, mx, sum);
+  row_stats<S, W>(row, V, scratch, mx, sum);
   if (threadIdx.x == 0) losses[n] = logf(sum) + mx - ld(row[target]);
 }
 
-// In place when dlogits == logits: every thread reads element v before writing it, and the
+// Each row's softmax gradient ((p - onehot) * dloss, zeros in the padding from V to ldl), in
+// place when dlogits == logits: a thread reads each of its packs before writing it, and the
 // statistics are complete (block_sum synchronizes) before any write. With `losses` (the fused
 // classifier of a training step) the row's loss comes from the same statistics, its target
-// logit read before that synchronisation; the row's second read here follows the first
-// closely enough to come from L2 (a 100 KB row per block). A row whose target is < 0 is out of
-// the loss: its loss is 0 and its gradient row (padding included) all zeros.
-template <typename S>
-__global__ void crossentropy_backward_kernel(S* dlogits, float* losses, const S* logits,
-                                             const std::int32_t* targets, float dloss, int V,
-                                             int ldl) {
+// logit read before that synchronisation. The second read of a row comes from L2 (see
+// kRowThreads). A row whose target is < 0 is out of the loss: its loss is 0 and its gradient
+// row (padding included) all zeros. `vector_out`: dlogits is 16-byte aligned, so the stores
+// go as whole packs (the bits are the same either way).
+template <typename S, int W>
+__global__ void __launch_bounds__(kRowThreads)
+    crossentropy_backward_kernel(S* dlogits, float* losses, const S* logits,
+                                 const std::int32_t* targets, float dloss, int V, int ldl,
+                                 bool vector_out) {
   __shared__ float scratch[32];
   const int n = blockIdx.x;
   const S* row = logits + static_cast<I64>(n) * ldl;
   S* drow = dlogits + static_cast<I64>(n) * ldl;
+  const int packs = ldl / W;  // W divides ldl (the launch's choice)
+  const auto store = [&](int i, const Pack<S, W>& p) {
+    S* at = drow + static_cast<I64>(i) * W;
+    if (vector_out) {
+      if constexpr (W * sizeof(S) == 16) {
+        *reinterpret_cast<uint4*>(at) = *reinterpret_cast<const uint4*>(p.e);
+      } else {
+        *reinterpret_cast<Pack<S, W>*>(at) = p;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < W; ++e) at[e] = p.e[e];
+    }
+  };
   const int target = targets[n];
   if (target < 0) {  // the whole block returns before any reduction
     if (losses != nullptr && threadIdx.x == 0) losses[n] = 0.0f;
-    for (int v = threadIdx.x; v < ldl; v += blockDim.x) drow[v] = st<S>(0.0f);
+    Pack<S, W> zero;
+#pragma unroll
+    for (int e = 0; e < W; ++e) zero.e[e] = st<S>(0.0f);
+    for (int i = threadIdx.x; i < packs; i += kRowThreads) store(i, zero);
     return;
   }
   const float x_target = ld(row[target]);
   float mx, sum;
-  row_stats(row, V, scratch, mx, sum);
+  row_stats<S, W>(row, V, scratch, mx, sum);
   if (losses != nullptr && threadIdx.x == 0) losses[n] = logf(sum) + mx - x_target;
   const float inv = 1.0f / sum;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = expf(ld(row[v]) - mx) * inv;
-    drow[v] = st<S>((p - (v == target ? 1.0f : 0.0f)) * dloss);
+  for (int i0 = threadIdx.x; i0 < packs; i0 += kUnroll * kRowThreads) {
+    Pack<S, W> p[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kRowThreads;
+      if (i < packs) p[u] = load_pack<S, W>(row + static_cast<I64>(i) * W);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * kRowThreads;
+      if (i >= packs) break;
+#pragma unroll
+      for (int e = 0; e < W; ++e) {
+        const int v = i * W + e;
+        const float g =
+            v < V ? (exp_from(ld(p[u].e[e]), mx) * inv - (v == target ? 1.0f : 0.0f)) * dloss
+                  : 0.0f;
+        p[u].e[e] = st<S>(g);
+      }
+      store(i, p[u]);
+    }
   }
-  for (int v = V + threadIdx.x; v < ldl; v += blockDim.x) drow[v] = st<S>(0.0f);
 }
 
 // out[0] = (sum of losses, in double, in a fixed tree order) / (divisor > 0 ? divisor : N).
@@ -136,14 +227,30 @@ void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
        to_cuda_dtype(grad_dtype), C);
 }
 
+namespace {
+// Calls f(integral_constant<W>) with W the pack width rows of stride ldl at `logits` allow: 16
+// bytes of S when ldl is a multiple of it and the logits are 16-byte aligned, else 1.
+template <typename S, typename F>
+void with_pack_width(const void* logits, int ldl, F&& f) {
+  constexpr int kWide = static_cast<int>(16 / sizeof(S));
+  if (ldl % kWide == 0 && aligned16(logits)) {
+    f(std::integral_constant<int, kWide>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+}  // namespace
+
 void crossentropy_forward(const Launch& l, DType dtype, float* losses, const void* logits,
                           const std::int32_t* targets, int N, int V, int ldl) {
   if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
-    crossentropy_forward_kernel<S>
-        <<<N, kThreads, 0, l.stream>>>(losses, static_cast<const S*>(logits), targets, V, ldl);
-    ZRT_CUDA_LAUNCH_CHECK();
+    with_pack_width<S>(logits, ldl, [&](auto w) {
+      crossentropy_forward_kernel<S, decltype(w)::value>
+          <<<N, kRowThreads, 0, l.stream>>>(losses, static_cast<const S*>(logits), targets, V, ldl);
+      ZRT_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -158,9 +265,12 @@ void crossentropy_forward_backward(const Launch& l, DType dtype, float* losses, 
   if (N <= 0) return;
   with_storage(dtype, [&](auto s) {
     using S = typename decltype(s)::type;
-    crossentropy_backward_kernel<S><<<N, kThreads, 0, l.stream>>>(
-        static_cast<S*>(dlogits), losses, static_cast<const S*>(logits), targets, dloss, V, ldl);
-    ZRT_CUDA_LAUNCH_CHECK();
+    with_pack_width<S>(logits, ldl, [&](auto w) {
+      crossentropy_backward_kernel<S, decltype(w)::value><<<N, kRowThreads, 0, l.stream>>>(
+          static_cast<S*>(dlogits), losses, static_cast<const S*>(logits), targets, dloss, V, ldl,
+          aligned16(dlogits));
+      ZRT_CUDA_LAUNCH_CHECK();
+    });
   });
 }
 

@@ -334,28 +334,31 @@ Results gpu_attention(Gpu& g, DType dt, DType /*gt*/, const AttentionIn& in) {
 }
 
 struct HeadIn {
-  Vec x = normal_values(kSeed, 61, kN*kC), wte = normal_values(kSeed, 62, kV*kC, 0.1);
-  std::vector<std::int32_t> targets = test::token_values(kSeed, 63, kN, kV);  // < 0: no loss
-  float divisor = 0.0f;                                                       // loss_mean's
+  explicit HeadIn(int vocab = kV) : V(vocab) {}
+  int V;  // kV, or one that is not a multiple of the 16-byte packs (the GPT-2 vocabulary's case)
+  Vec x = normal_values(kSeed, 61, kN*kC), wte = normal_values(kSeed, 62, std::size_t(V) * kC, 0.1);
+  std::vector<std::int32_t> targets = test::token_values(kSeed, 63, kN, V);  // < 0: no loss
+  float divisor = 0.0f;                                                      // loss_mean's
 };
 
 // logits, losses and mean loss, then the in-place cross-entropy gradient and the head backward.
 template <typename S, typename G>
 Results cpu_head(const HeadIn& in) {
+  const int V = in.V;
   const auto x = to_storage<S>(in.x), wte = to_storage<S>(in.wte);
-  std::vector<S> logits(kN * kV), dx(kN * kC, S{});
+  std::vector<S> logits(kN * V), dx(kN * kC, S{});
   std::vector<G> dwte(wte.size(), G{});
   std::vector<float> losses(kN), mean(1);
-  std::vector<float> ws(std::max(cpu::logits_forward_workspace<S>(kN, kC, kV),
-                                 cpu::logits_backward_workspace<S>(kN, kC, kV)) +
+  std::vector<float> ws(std::max(cpu::logits_forward_workspace<S>(kN, kC, V),
+                                 cpu::logits_backward_workspace<S>(kN, kC, V)) +
                         1);
-  cpu::logits_forward<S>(logits.data(), x.data(), wte.data(), kN, kC, kV, ws.data());
+  cpu::logits_forward<S>(logits.data(), x.data(), wte.data(), kN, kC, V, ws.data());
   const Vec logits_fwd = to_double(logits);
-  cpu::crossentropy_forward<S>(losses.data(), logits.data(), in.targets.data(), kN, kV);
+  cpu::crossentropy_forward<S>(losses.data(), logits.data(), in.targets.data(), kN, V);
   cpu::loss_mean<float>(mean.data(), losses.data(), kN, in.divisor);
-  cpu::crossentropy_backward<S>(logits.data(), logits.data(), in.targets.data(), 1.0f / kN, kN, kV);
-  cpu::logits_backward<S, G>(dx.data(), dwte.data(), logits.data(), x.data(), wte.data(), kN, kC,
-                             kV, ws.data());
+  cpu::crossentropy_backward<S>(logits.data(), logits.data(), in.targets.data(), 1.0f / kN, kN, V);
+  cpu::logits_backward<S, G>(dx.data(), dwte.data(), logits.data(), x.data(), wte.data(), kN, kC, V,
+                             ws.data());
   return {{"logits", logits_fwd},         {"losses", to_double(losses)}, {"mean", to_double(mean)},
           {"dlogits", to_double(logits)}, {"dinp", to_double(dx)},       {"dwte", to_double(dwte)}};
 }
@@ -365,8 +368,9 @@ Results cpu_head(const HeadIn& in) {
 // gradient the padding must hold zeros (logits_backward sums over it on CUDA). `fused`: the
 // losses and the gradient from crossentropy_forward_backward, as the models' training step
 // takes them; else from crossentropy_forward and crossentropy_backward.
-Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_row_stride(kV),
-                 bool fused = true) {
+Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = 0, bool fused = true) {
+  const int V = in.V;
+  if (ld == 0) ld = logits_row_stride(V);
   const std::size_t padded = static_cast<std::size_t>(kN) * ld;
   Buffer x = g.upload(in.x, dt), wte = g.upload(in.wte, dt), tgt = g.tokens(in.targets);
   Buffer logits = g.upload(Vec(padded, std::nan("")), dt), dx = g.zeros(kN * kC, dt),
@@ -377,7 +381,7 @@ Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_r
     for (int n = 0; n < kN; ++n) {
       for (int v = 0; v < ld; ++v) {
         const double x = rows[static_cast<std::size_t>(n) * ld + v];
-        if (v < kV) {
+        if (v < V) {
           out.push_back(x);
         } else if (zero_padding && x != 0.0) {
           FAIL("dlogits padding column " << v << " of row " << n << " is " << x << ", not 0");
@@ -386,19 +390,18 @@ Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = logits_r
     }
     return out;
   };
-  logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, kV, ld);
+  logits_forward(*g.ctx, dt, dev(logits), dev(x), dev(wte), kN, kC, V, ld);
   const Vec logits_fwd = dense(g.download(logits, padded, dt), false);
   if (fused) {
     crossentropy_forward_backward(*g.ctx, dt, fdev(losses), dev(logits), dev(logits), tdev(tgt),
-                                  1.0f / kN, kN, kV, ld);
+                                  1.0f / kN, kN, V, ld);
     loss_mean(*g.ctx, fdev(mean), fdev(losses), kN, in.divisor);
   } else {
-    crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, kV, ld);
+    crossentropy_forward(*g.ctx, dt, fdev(losses), dev(logits), tdev(tgt), kN, V, ld);
     loss_mean(*g.ctx, fdev(mean), fdev(losses), kN, in.divisor);
-    crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, kV, ld);
+    crossentropy_backward(*g.ctx, dt, dev(logits), dev(logits), tdev(tgt), 1.0f / kN, kN, V, ld);
   }
-  logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, kV,
-                  ld);
+  logits_backward(*g.ctx, dt, gt, dev(dx), dev(dwte), dev(logits), dev(x), dev(wte), kN, kC, V, ld);
   return {{"logits", logits_fwd},
           {"losses", g.download(losses, kN, DType::kFloat32)},
           {"mean", g.download(mean, 1, DType::kFloat32)},
@@ -1192,10 +1195,28 @@ TEST_CASE("CUDA logits, cross-entropy and mean loss match their CPU twins", "[cu
     compare(gpu_head(g, DType::kFloat32, DType::kFloat32, HeadIn{}, kV),
             cpu_head<float, float>(HeadIn{}), 1e-5);
   }
+  // The cross-entropy kernels read a row in 16-byte packs where its stride allows and element
+  // by element where not (an odd stride): both against the twin.
+  SECTION("a vocabulary that ends inside a pack, padded rows (GPT-2's 50257 in 50304)") {
+    Gpu g;
+    const HeadIn odd(kV + 1);
+    REQUIRE(logits_row_stride(odd.V) == 1024);
+    compare(gpu_head(g, DType::kFloat32, DType::kFloat32, odd), cpu_head<float, float>(odd), 1e-5);
+    compare(gpu_head(g, DType::kBFloat16, DType::kFloat32, odd), cpu_head<bf16, float>(odd), 1e-2);
+    CHECK(gpu_head(g, DType::kBFloat16, DType::kFloat32, odd, 0, true) ==
+          gpu_head(g, DType::kBFloat16, DType::kFloat32, odd, 0, false));
+  }
+  SECTION("an odd row stride (element loads)") {
+    Gpu g;
+    compare(gpu_head(g, DType::kFloat32, DType::kFloat32, HeadIn{}, kV + 3),
+            cpu_head<float, float>(HeadIn{}), 1e-5);
+    compare(gpu_head(g, DType::kBFloat16, DType::kFloat32, HeadIn{}, kV + 3),
+            cpu_head<bf16, float>(HeadIn{}), 1e-2);
+  }
   SECTION("the fused classifier gives the separate ops' bits") {
     Gpu g;
     for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
-      for (int ld : {kV, logits_row_stride(kV)}) {
+      for (int ld : {kV, kV + 3, logits_row_stride(kV)}) {
         INFO("dtype " << dtype_name(dt) << ", row stride " << ld);
         CHECK(gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, true) ==
               gpu_head(g, dt, DType::kFloat32, HeadIn{}, ld, false));
