@@ -1,5 +1,7 @@
 #include "kernels/cuda/encoder.cuh"
 
+#include <algorithm>
+
 #include "kernels/cuda/device_math.cuh"
 #include "runtime/device/cuda_device.h"
 
@@ -8,7 +10,6 @@ namespace zrt::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTokenTile = 2048;
 
 // positions (may be null: t): the row of wpe each token reads.
 template <typename S>
@@ -26,46 +27,80 @@ __global__ void encoder_forward_kernel(S* out, const std::int32_t* tokens, const
   }
 }
 
-// For every row r: first[r] = 1 iff no earlier row has its token; next[r] = the next row with
-// the same token, or -1. Tokens are staged through shared memory in tiles.
-__global__ void token_links_kernel(const std::int32_t* tokens, int rows, int* next, int* first) {
-  __shared__ std::int32_t tile[kTokenTile];
-  const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  const std::int32_t mine = r < rows ? tokens[r] : -1;
-  int nxt = -1;
-  int is_first = 1;
-  for (int base = 0; base < rows; base += kTokenTile) {
-    const int count = min(kTokenTile, rows - base);
-    __syncthreads();
-    for (int i = threadIdx.x; i < count; i += blockDim.x) tile[i] = tokens[base + i];
-    __syncthreads();
-    if (r < rows) {
-      for (int i = 0; i < count; ++i) {
-        const int q = base + i;
-        if (tile[i] != mine) continue;
-        if (q < r) is_first = 0;
-        if (q > r && nxt < 0) nxt = q;
-      }
+// The rows grouped by key (a token id, or a position): order[] lists the rows sorted by
+// (key, row), start[r] is row r's place in it, and count[r] is the size of r's group when r is
+// its key's first row, else 0. One warp per row counts, over all rows, the keys below its own
+// and the rows before it with the same key (integer sums: the same in any order), so every row
+// is placed at once, without a sort or a linked list to walk.
+__global__ void key_groups_kernel(const std::int32_t* keys, int rows, int* order, int* start,
+                                  int* count) {
+  const int r =
+      static_cast<int>((blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32);
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;  // the whole warp
+  const std::int32_t mine = keys[r];
+  int below = 0, before = 0, same = 0;
+  for (int q = lane; q < rows; q += 32) {
+    const std::int32_t key = keys[q];
+    below += key < mine ? 1 : 0;
+    if (key == mine) {
+      ++same;
+      before += q < r ? 1 : 0;
     }
   }
-  if (r < rows) {
-    next[r] = nxt;
-    first[r] = is_first;
+  for (int offset = 16; offset > 0; offset /= 2) {
+    below += __shfl_xor_sync(0xffffffffu, below, offset);
+    before += __shfl_xor_sync(0xffffffffu, before, offset);
+    same += __shfl_xor_sync(0xffffffffu, same, offset);
+  }
+  if (lane == 0) {
+    const int place = below + before;
+    order[place] = r;
+    start[r] = place;
+    count[r] = before == 0 ? same : 0;
   }
 }
 
-// One block per row; rows that are their token's first occurrence sum the token's chain. With
-// positions for tokens (and dwpe for dwte) the same sums give the position rows' gradient.
+// One block per row; the first row of each key sums its group's rows of dout in row order
+// (the bits do not depend on the launch) and adds the sum to the key's row of the table. The
+// group's row indices are consecutive in order[]: staged in shared memory a chunk at a time,
+// they leave every load of dout independent of the others, so a thread keeps 16 in flight. A
+// frequent token (a few percent of a batch: hundreds of rows) then costs a memory latency per
+// 16 rows, where walking a linked list of them cost one per row and per channel block.
+constexpr int kGroupChunk = 1024;
+constexpr int kInFlight = 16;
+
 template <typename S, typename G>
-__global__ void wte_backward_kernel(G* dwte, const S* dout, const std::int32_t* tokens,
-                                    const int* next, const int* first, int C) {
+__global__ void table_backward_kernel(G* dtable, const S* dout, const std::int32_t* keys,
+                                      const int* order, const int* start, const int* count, int C) {
+  __shared__ int rows_of[kGroupChunk];
   const int r = blockIdx.x;
-  if (!first[r]) return;
-  G* dw = dwte + static_cast<std::int64_t>(tokens[r]) * C;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+  const int n = count[r];
+  if (n == 0) return;  // the whole block
+  const int* group = order + start[r];
+  G* dw = dtable + static_cast<std::int64_t>(keys[r]) * C;
+  // Every thread runs every iteration of both loops (the syncs), with or without a channel.
+  for (int c0 = 0; c0 < C; c0 += blockDim.x) {
+    const int c = c0 + threadIdx.x;
     float sum = 0.0f;
-    for (int q = r; q >= 0; q = next[q]) sum += ld(dout[static_cast<std::int64_t>(q) * C + c]);
-    dw[c] = st<G>(ld(dw[c]) + sum);
+    for (int j0 = 0; j0 < n; j0 += kGroupChunk) {
+      const int m = min(kGroupChunk, n - j0);
+      __syncthreads();  // the previous chunk is read
+      for (int j = threadIdx.x; j < m; j += blockDim.x) rows_of[j] = group[j0 + j];
+      __syncthreads();
+      if (c >= C) continue;
+      const auto at = [&](int j) { return dout[static_cast<std::int64_t>(rows_of[j]) * C + c]; };
+      int j = 0;
+      for (; j + kInFlight <= m; j += kInFlight) {
+        S v[kInFlight];  // every load issued before the first add waits on one
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) v[u] = at(j + u);
+#pragma unroll
+        for (int u = 0; u < kInFlight; ++u) sum += ld(v[u]);
+      }
+      for (; j < m; ++j) sum += ld(at(j));
+    }
+    if (c < C) dw[c] = st<G>(ld(dw[c]) + sum);
   }
 }
 
@@ -95,44 +130,55 @@ void encoder_forward(const Launch& l, DType dtype, void* out, const std::int32_t
   });
 }
 
+// Three ints a row for the tokens' groups, three more for the positions'.
 std::int64_t encoder_backward_workspace(int B, int T, bool by_position) {
-  return (by_position ? 4 : 2) * static_cast<std::int64_t>(B) * T *
+  return (by_position ? 6 : 3) * static_cast<std::int64_t>(B) * T *
          static_cast<std::int64_t>(sizeof(int));
 }
+
+namespace {
+struct KeyGroups {
+  int* order;
+  int* start;
+  int* count;
+};
+
+KeyGroups key_groups(const Launch& l, const std::int32_t* keys, int rows, int* ws) {
+  const KeyGroups g{ws, ws + rows, ws + 2 * static_cast<std::int64_t>(rows)};
+  const std::int64_t threads = 32 * static_cast<std::int64_t>(rows);  // a warp a row
+  key_groups_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0,
+                      l.stream>>>(keys, rows, g.order, g.start, g.count);
+  ZRT_CUDA_LAUNCH_CHECK();
+  return g;
+}
+}  // namespace
 
 void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte, void* dwpe,
                       const void* dout, const std::int32_t* tokens, int B, int T, int C, int /*V*/,
                       const std::int32_t* positions) {
   const int rows = B * T;
-  const unsigned link_blocks = static_cast<unsigned>((rows + kThreads - 1) / kThreads);
-  int* next = static_cast<int*>(l.ws);
-  int* first = next + rows;
-  if (dwte != nullptr) {  // null: a frozen token embedding
-    token_links_kernel<<<link_blocks, kThreads, 0, l.stream>>>(tokens, rows, next, first);
-    ZRT_CUDA_LAUNCH_CHECK();
-  }
-  // Packed documents: the rows of each position linked in (b,t) order, as the tokens'.
+  int* ws = static_cast<int*>(l.ws);
+  KeyGroups token_groups{};
+  if (dwte != nullptr) token_groups = key_groups(l, tokens, rows, ws);  // null: a frozen table
+  // Packed documents: the rows of each position grouped in (b,t) order, as the tokens'.
   const bool by_position = positions != nullptr && dwpe != nullptr;
-  int* pos_next = first + rows;
-  int* pos_first = pos_next + rows;
-  if (by_position) {
-    token_links_kernel<<<link_blocks, kThreads, 0, l.stream>>>(positions, rows, pos_next,
-                                                               pos_first);
-    ZRT_CUDA_LAUNCH_CHECK();
-  }
+  KeyGroups position_groups{};
+  if (by_position) position_groups = key_groups(l, positions, rows, ws + 3 * std::int64_t{rows});
+  // A channel a thread (C <= 1024; wider tables loop), so a group's rows are read once.
+  const int threads = static_cast<int>(std::min<std::int64_t>(1024, (C + 31) / 32 * 32));
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
     using S = typename decltype(s)::type;
     using G = typename decltype(g)::type;
-    if (dwte != nullptr) {
-      wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
-          static_cast<G*>(dwte), static_cast<const S*>(dout), tokens, next, first, C);
+    const auto table = [&](void* dtable, const std::int32_t* keys, const KeyGroups& groups) {
+      table_backward_kernel<S, G>
+          <<<rows, threads, 0, l.stream>>>(static_cast<G*>(dtable), static_cast<const S*>(dout),
+                                           keys, groups.order, groups.start, groups.count, C);
       ZRT_CUDA_LAUNCH_CHECK();
-    }
+    };
+    if (dwte != nullptr) table(dwte, tokens, token_groups);
     if (dwpe == nullptr) return;  // no position embedding (Llama), or a frozen one
     if (by_position) {
-      wte_backward_kernel<S, G><<<rows, kThreads, 0, l.stream>>>(
-          static_cast<G*>(dwpe), static_cast<const S*>(dout), positions, pos_next, pos_first, C);
-      ZRT_CUDA_LAUNCH_CHECK();
+      table(dwpe, positions, position_groups);
       return;
     }
     wpe_backward_kernel<S, G>

@@ -863,6 +863,37 @@ TEST_CASE("CUDA encoder_backward with a frozen token table computes the position
   }
 }
 
+// A token far more frequent than the rest (its group spans the kernel's 1024-row chunks of
+// indices) and tables wider than a block (C > 1024: a thread loops over channels), packed
+// positions grouped the same way: fp32 sums in row order into zeroed tables are the CPU twin's
+// bits.
+TEST_CASE("CUDA encoder_backward sums long token groups and wide tables as its CPU twin",
+          "[cuda]") {
+  constexpr int B = 3, T = 700, V = 50, rows = B * T;
+  for (int C : {40, 1100}) {
+    INFO("C " << C);
+    std::vector<std::int32_t> tokens = test::token_values(kSeed, 81, rows, V);
+    for (int r = 0; r < rows; ++r) {
+      if (r % 7 != 0) tokens[r] = 3;  // 1800 rows of token 3
+    }
+    std::vector<std::int32_t> positions(rows);
+    for (int r = 0; r < rows; ++r) positions[r] = (r % T) % 300;
+    const Vec dout = normal_values(kSeed, 82, std::size_t(rows) * C);
+    std::vector<float> cpu_dwte(std::size_t(V) * C, 0.0f), cpu_dwpe(std::size_t(T) * C, 0.0f);
+    const std::vector<float> dout_f = to_storage<float>(dout);
+    cpu::encoder_backward<float, float>(cpu_dwte.data(), cpu_dwpe.data(), dout_f.data(),
+                                        tokens.data(), B, T, C, V, positions.data(), T);
+    Gpu g;
+    Buffer d = g.upload(dout, DType::kFloat32), tok = g.tokens(tokens), pos = g.tokens(positions);
+    Buffer dwte = g.zeros(cpu_dwte.size(), DType::kFloat32),
+           dwpe = g.zeros(cpu_dwpe.size(), DType::kFloat32);
+    encoder_backward(*g.ctx, DType::kFloat32, DType::kFloat32, dev(dwte), dev(dwpe), dev(d),
+                     tdev(tok), B, T, C, V, tdev(pos));
+    CHECK(g.download(dwte, cpu_dwte.size(), DType::kFloat32) == to_double(cpu_dwte));
+    CHECK(g.download(dwpe, cpu_dwpe.size(), DType::kFloat32) == to_double(cpu_dwpe));
+  }
+}
+
 // GPT-2's frozen mlp.c_proj (model.frozen): a null dweight skips its GEMM; dpre (fused or not)
 // is the same bits as with it, dbias the same sums in another order.
 TEST_CASE("CUDA matmul_dgelu_backward with a null weight gradient skips it", "[cuda][frozen]") {
