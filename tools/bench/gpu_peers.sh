@@ -35,6 +35,11 @@
 #             activation checkpointing, its MoE layers whole (model.tiling.mlp_rows -1) and in the
 #             automatic tiles (7 of 4992 rows): what tiling costs in time, and saves in the
 #             tracked activation peak (mem_peak_bytes), on a GPU
+#   gpt2-profile (not run unless named) one warm step of zrt's GPT-2 stage 0 and of llm.c's, each
+#             kernel timed alone by Nsight Compute (ncu, when the image has it) and summed by
+#             name (tools/bench/ncu_step_table.py): where zrt's step loses to llm.c's, and how
+#             much of each step's wall time the device spent idle (its kernel sum against the
+#             step time the zrt-gpt2 and llmc phases measure)
 #   startup   (not run unless named) zrt-bench startup --device cuda: a large model's start-up
 #             host work, 16 GiB of pinned memory from cudaHostAlloc against the device's own
 #             (resident pages + cudaHostRegister), the weights' normal draws, fp32 -> bf16
@@ -80,7 +85,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$out" ] || { echo "gpu_peers: --out DIR is required" >&2; exit 2; }
 for p in $phases; do
-  case "$p" in llmc|nanogpt|zrt-gpt2|attention|zrt-llama|zrt-llama-cudnn|zrt-llama-own|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity|startup) ;;
+  case "$p" in llmc|nanogpt|zrt-gpt2|gpt2-profile|attention|zrt-llama|zrt-llama-cudnn|zrt-llama-own|ds-llama|fsdp2|zrt-llama16|ds-llama16|zrt-moe|zrt-dense|moe-tiles|moe-capacity|startup) ;;
     *) echo "gpu_peers: unknown phase '$p'" >&2; exit 2 ;; esac
 done
 work="$(mktemp -d)"
@@ -216,6 +221,29 @@ EOF
   return $rc
 }
 
+# gpt2_profile_run: ncu over 4 steps of each (llm.c: 5, its first after an evaluation), per
+# launch, then the third step's table. The clocks are left alone (--clock-control none).
+gpt2_profile_run() {
+  local ncu_args=(--clock-control none --metrics gpu__time_duration.sum --csv --page raw
+                  --print-units base)
+  (cd "$root" && ncu "${ncu_args[@]}" --launch-count 4000 --log-file "$work/ncu-zrt.csv" "$bundle/bin/zrt-train" \
+     --config configs/gpu-gpt2-124m-bench.json --output_dir "$work/gpt2-ncu" --train.steps 4 \
+     --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" >/dev/null)
+  python3 "$root/tools/bench/ncu_step_table.py" "$work/ncu-zrt.csv" --first encoder_forward \
+    --step 3 --label zrt-gpt2-s0
+  if [ -n "$llmc" ] && [ -x "$llmc" ]; then
+    local libs
+    libs=$(find /usr /opt -name 'libcudnn.so.9' -o -name 'libnvrtc.so.13' 2>/dev/null |
+      xargs -r -n1 dirname | sort -u | tr '\n' ':')
+    LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:-}" ncu "${ncu_args[@]}" --launch-count 3000 \
+      --log-file "$work/ncu-llmc.csv" "$llmc" -i "$data/kjv_train_*.bin" \
+      -j "$data/kjv_val_*.bin" -e d12 -b 8 -t 1024 -d 8192 -x 5 -v 1000 -m 1 -s 1000 -h 0 \
+      -l 6e-4 -u 5 -c 0.1 >/dev/null
+    python3 "$root/tools/bench/ncu_step_table.py" "$work/ncu-llmc.csv" --first encoder_forward \
+      --step 3 --label llmc
+  fi
+}
+
 for p in $phases; do
   case "$p" in
     llmc)
@@ -233,6 +261,12 @@ for p in $phases; do
         zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3;
         ZRT_CUDA_ATTENTION=pipelined zrt_run gpt2-s0-piped 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
         ZRT_CUDA_ATTENTION=fused zrt_run gpt2-s0-staged 10 configs/gpu-gpt2-124m-bench.json --train.steps 40" ;;
+    gpt2-profile)
+      if command -v ncu >/dev/null; then
+        [ -n "$llmc" ] && llmc="$(cd "$(dirname "$llmc")" && pwd)/$(basename "$llmc")"
+        phase gpt2-profile 120 bash -c "$(declare -f gpt2_profile_run); root='$root' \
+          bundle='$bundle' work='$work' data='$data' llmc='$llmc'; gpt2_profile_run"
+      else say ""; say "== gpt2-profile: skipped (no ncu on this image)"; fi ;;
     attention)
       phase attention 140 "$bundle/bin/zrt-bench" attention --python python3 \
         --torch-script "$root/tools/bench/torch_attention_bench.py" --iters 20 \

@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""tools/bench/ncu_step_table.py on a planted Nsight Compute CSV: the launches from one step's
+first kernel to the next step's, grouped and summed, the units row honoured, and a run without
+a step after the one asked for refused."""
+import importlib.util
+import sys
+
+spec = importlib.util.spec_from_file_location("ncu_step_table", sys.argv[1])
+tool = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(tool)
+
+HEADER = '"ID","Process ID","Kernel Name","Context","gpu__time_duration.sum"'
+
+
+def csv_text(units, launches):
+    lines = ["==PROF== Connected to process 1", HEADER, f'"","","","","{units}"']
+    for i, (name, t) in enumerate(launches):
+        lines.append(f'"{i}","1","{name}","1","{t}"')
+    return [line + "\n" for line in lines]
+
+
+LAUNCHES = [
+    ("init_kernel(float*)", 900),
+    ("encoder_forward_kernel(int)", 1), ("ce(float*, int)", 5), ("optimizer_kernel(Desc*)", 3),
+    ("encoder_forward_kernel(int)", 2), ("gemm_a(int)", 11), ("ce(float*, int)", 6),
+    ("ce(float*, int)", 7), ("optimizer_kernel(Desc*)", 4),
+    ("encoder_forward_kernel(int)", 1000),
+]
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+launches = tool.read_launches(csv_text("usecond", LAUNCHES))
+check(len(launches) == len(LAUNCHES), f"read {len(launches)} launches")
+step2 = tool.step_launches(launches, "encoder_forward", 2)
+check([n for n, _ in step2] == [n for n, _ in LAUNCHES[4:9]], f"step 2 is {step2}")
+text, total = tool.table(step2)
+check(total == 30.0, f"step 2 total {total}")
+ce_line = [line for line in text.splitlines() if line.startswith("ce ")]
+check(len(ce_line) == 1 and " 2 " in ce_line[0] and "13.0" in ce_line[0], f"ce row {ce_line}")
+check(text.splitlines()[1].startswith("ce ") and text.splitlines()[2].startswith("gemm_a"), "longest first")
+step1 = tool.step_launches(launches, "encoder_forward", 1)
+check([n for n, _ in step1] == [n for n, _ in LAUNCHES[1:4]], f"step 1 is {step1}")
+
+ns = tool.read_launches(csv_text("nsecond", LAUNCHES))
+check(abs(ns[5][1] - 0.011) < 1e-12, f"nanoseconds to microseconds: {ns[5]}")
+
+try:
+    tool.step_launches(launches, "encoder_forward", 3)
+    failures.append("step 3 with no step after it was not refused")
+except ValueError as e:
+    check("3 launches match" in str(e) and "needs 4" in str(e), f"refusal says {e}")
+
+try:
+    tool.read_launches(['"ID","Name"\n', '"1","x"\n'])
+    failures.append("a CSV without the columns was not refused")
+except ValueError as e:
+    check("Kernel Name" in str(e), f"refusal says {e}")
+
+if failures:
+    print("\n".join("FAIL: " + f for f in failures))
+    sys.exit(1)
+print("ncu_step_table: all checks passed")

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""One training step's kernels, from Nsight Compute's per-launch CSV.
+
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+        PROGRAM ... > launches.csv
+    tools/bench/ncu_step_table.py launches.csv --first encoder_forward --step 3
+
+A step starts with the launch of its first kernel (--first, a regular expression on the
+kernel's name: the token embedding's encoder_forward in zrt and in llm.c, with evaluation off),
+so the launches from its step-th match up to the next one are that step's (its optimizer
+included); the run needs a step after the one shown, and --step past the first few leaves the
+warm-up out. Prints a table of the step's kernels grouped by name (launches, total
+microseconds, share), longest first, and their sum: the device time of one step with every
+kernel run alone, which set beside the step's wall time says how much of it the device idled.
+"""
+import argparse
+import csv
+import re
+import sys
+from collections import OrderedDict
+
+_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+
+
+def read_launches(lines):
+    """[(kernel name, microseconds)] in launch order, from ncu's --csv --page raw output."""
+    rows = list(csv.reader(line for line in lines if line.startswith('"')))
+    if not rows:
+        raise ValueError("no CSV rows (was ncu run with --csv --page raw?)")
+    header = rows[0]
+    try:
+        name_at = header.index("Kernel Name")
+        time_at = header.index("gpu__time_duration.sum")
+    except ValueError as e:
+        raise ValueError("the CSV lacks a 'Kernel Name' or 'gpu__time_duration.sum' column") from e
+    scale = 1e-3  # ncu's default unit for durations is nanoseconds
+    launches = []
+    for row in rows[1:]:
+        if len(row) <= max(name_at, time_at):
+            continue
+        value = row[time_at].replace(",", "")
+        if value in _UNITS:  # the units row under the header
+            scale = _UNITS[value]
+            continue
+        try:
+            launches.append((row[name_at], float(value) * scale))
+        except ValueError:
+            continue
+    return launches
+
+
+def step_launches(launches, first, step):
+    """The launches of the step-th step (1-based): from match `step` of `first` to the next."""
+    pattern = re.compile(first)
+    starts = [i for i, (name, _) in enumerate(launches) if pattern.search(name)]
+    if len(starts) < step + 1:
+        raise ValueError(
+            f"{len(starts)} launches match '{first}': step {step} needs {step + 1} (one more after it)"
+        )
+    return launches[starts[step - 1]:starts[step]]
+
+
+def short_name(name, width):
+    base = re.sub(r"\(.*", "", name)  # drop the argument list
+    return base if len(base) <= width else base[: width - 3] + "..."
+
+
+def table(launches, width=70):
+    groups = OrderedDict()
+    for name, us in launches:
+        key = short_name(name, width)
+        count, total = groups.get(key, (0, 0.0))
+        groups[key] = (count + 1, total + us)
+    total = sum(us for _, us in launches)
+    lines = [f"{'kernel':<{width}} {'launches':>8} {'us':>10} {'share':>6}"]
+    for key, (count, us) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+        share = 100.0 * us / total if total > 0 else 0.0
+        lines.append(f"{key:<{width}} {count:>8} {us:>10.1f} {share:>5.1f}%")
+    lines.append(f"{'step total':<{width}} {len(launches):>8} {total:>10.1f} {100.0:>5.1f}%")
+    return "\n".join(lines), total
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("csv", help="ncu --csv --page raw output ('-': standard input)")
+    parser.add_argument("--first", required=True, help="regex naming the step's first kernel")
+    parser.add_argument("--step", type=int, default=3, help="which step (1-based; default 3)")
+    parser.add_argument("--label", default="", help="a name for the RESULT line")
+    args = parser.parse_args(argv)
+    if args.step < 1:
+        parser.error("--step counts from 1")
+    try:
+        source = sys.stdin if args.csv == "-" else open(args.csv, encoding="utf-8", errors="replace")
+        with source:
+            launches = read_launches(source)
+        chosen = step_launches(launches, args.first, args.step)
+    except (OSError, ValueError) as e:
+        print(f"ncu_step_table: {e}", file=sys.stderr)
+        return 1
+    text, total = table(chosen)
+    print(text)
+    label = f" {args.label}" if args.label else ""
+    print(f"RESULT ncu-step{label} step={args.step} launches={len(chosen)} kernel_us={total:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
