@@ -8,7 +8,8 @@
 #   zrt-gpt2  zrt-train on the same model, batch and sequence at ZeRO stage 0 and stage 3
 #             (configs/gpu-gpt2-124m-bench.json; the default attention, cuDNN's), and stage 0
 #             again on zrt's own fused attention kernels, pipelined (ZRT_CUDA_ATTENTION=pipelined)
-#             and staged (ZRT_CUDA_ATTENTION=fused)
+#             and staged (ZRT_CUDA_ATTENTION=fused); and with what llm.c does differently: cuDNN's
+#             attention backward with atomics (cudnn-nondeterministic), gradients kept in bf16
 #   attention zrt-bench attention: the fused attention (staged, and pipelined) against PyTorch's
 #             flash SDPA at head sizes 64 and 128, forward and forward + backward; and
 #             Llama-3.1-8B's grouped-query attention (32 query heads over 8 key/value heads) in
@@ -260,7 +261,9 @@ for p in $phases; do
         work='$work' data='$data'; zrt_run gpt2-s0 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
         zrt_run gpt2-s3 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --zero_optimization.stage 3;
         ZRT_CUDA_ATTENTION=pipelined zrt_run gpt2-s0-piped 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
-        ZRT_CUDA_ATTENTION=fused zrt_run gpt2-s0-staged 10 configs/gpu-gpt2-124m-bench.json --train.steps 40" ;;
+        ZRT_CUDA_ATTENTION=fused zrt_run gpt2-s0-staged 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
+        ZRT_CUDA_ATTENTION=cudnn-nondeterministic zrt_run gpt2-s0-cudnn-nondet 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
+        zrt_run gpt2-s0-bf16-grads 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --data_types.grad_accum_dtype bf16" ;;
     gpt2-profile)
       if command -v ncu >/dev/null; then
         [ -n "$llmc" ] && llmc="$(cd "$(dirname "$llmc")" && pwd)/$(basename "$llmc")"
