@@ -40,7 +40,8 @@
 #             kernel timed alone by Nsight Compute (ncu, when the image has it) and summed by
 #             name (tools/bench/ncu_step_table.py): where zrt's step loses to llm.c's, and how
 #             much of each step's wall time the device spent idle (its kernel sum against the
-#             step time the zrt-gpt2 and llmc phases measure)
+#             step time the zrt-gpt2 and llmc phases measure; and zrt's own trace of steps 4-6,
+#             the compute stream's busy and idle time a step, without ncu)
 #   startup   (not run unless named) zrt-bench startup --device cuda: a large model's start-up
 #             host work, 16 GiB of pinned memory from cudaHostAlloc against the device's own
 #             (resident pages + cudaHostRegister), the weights' normal draws, fp32 -> bf16
@@ -232,6 +233,12 @@ gpt2_profile_run() {
      --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" >/dev/null)
   python3 "$root/tools/bench/ncu_step_table.py" "$work/ncu-zrt.csv" --first encoder_forward \
     --step 3 --label zrt-gpt2-s0
+  # zrt's own timeline of steps 4-6 without ncu: the compute stream's busy and idle time a step
+  (cd "$root" && "$bundle/bin/zrt-train" --config configs/gpu-gpt2-124m-bench.json \
+     --output_dir "$work/gpt2-trace" --train.steps 7 --train.log_interval 1 \
+     --data.train "$data/kjv_train_*.bin" --data.val "$data/kjv_val_*.bin" \
+     --trace.path "$work/gpt2-trace/trace.json" --trace.steps "[4, 6]" 2>&1 |
+     grep -E "step [0-9]+: .* ms; compute busy" | sed 's/^/RESULT trace zrt-gpt2-s0 /')
   if [ -n "$llmc" ] && [ -x "$llmc" ]; then
     local libs
     libs=$(find /usr /opt -name 'libcudnn.so.9' -o -name 'libnvrtc.so.13' 2>/dev/null |
