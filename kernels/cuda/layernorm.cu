@@ -1,5 +1,6 @@
 #include "kernels/cuda/layernorm.cuh"
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -172,6 +173,99 @@ __global__ void layernorm_dinp_vec_kernel(S* dinp, const S* dout, const S* inp, 
   }
 }
 
+// The whole backward of 16-bit rows of C = 256 * NV, NV <= kFusedMaxNV, in one read of dout
+// and inp: layernorm_dinp_vec_kernel's input gradient, and the weight and bias gradients'
+// partial column sums of the block's chunk of kFusedRows rows (warp w takes rows w, w + 8, ...
+// of the chunk, each lane keeping its columns' sums in registers; then the warps' sums are
+// added in warp order in shared memory), one row of part_w / part_b per chunk, which
+// layernorm_finish_kernel sums. The two-pass path read dout and inp a second time for the
+// sums, on 768 threads a chunk column.
+constexpr int kFusedRows = 32;
+constexpr int kFusedMaxNV = 4;  // C <= 1024: the sums' 2 x 8 NV registers a lane stay affordable
+
+template <typename S, int NV>
+__global__ void __launch_bounds__(kThreads)
+    layernorm_backward_vec_kernel(S* dinp, float* part_w, float* part_b, const S* dout,
+                                  const S* inp, const S* weight, const float* mean,
+                                  const float* rstd, int N, int C) {
+  constexpr int kVec = 16 / sizeof(S);
+  __shared__ float sum_w[256 * kFusedMaxNV], sum_b[256 * kFusedMaxNV];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int chunk = blockIdx.x;
+  float dw[NV][kVec], db[NV][kVec];
+  uint4 xw[NV];
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    xw[j] = *reinterpret_cast<const uint4*>(weight + (lane + 32 * j) * kVec);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) dw[j][e] = db[j][e] = 0.0f;
+  }
+  for (int i = 0; i < kFusedRows / kRowsPerBlock; ++i) {
+    const int row = chunk * kFusedRows + i * kRowsPerBlock + warp;
+    if (row >= N) break;  // the warp's remaining rows are past N too
+    const std::int64_t off = static_cast<std::int64_t>(row) * C;
+    const float m = mean[row];
+    const float s = rstd[row];
+    // The row's pieces as loaded (dinp's too, before it is needed): the products are
+    // recomputed in the second pass rather than kept, which leaves registers for the sums.
+    uint4 xi[NV], xo[NV], xd[NV];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int c0 = (lane + 32 * j) * kVec;
+      xi[j] = *reinterpret_cast<const uint4*>(inp + off + c0);
+      xo[j] = *reinterpret_cast<const uint4*>(dout + off + c0);
+      xd[j] = *reinterpret_cast<const uint4*>(dinp + off + c0);
+    }
+    float g_sum = 0.0f, gn_sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float dy = piece_at<S>(xo[j], e);
+        const float norm = (piece_at<S>(xi[j], e) - m) * s;
+        const float g = dy * piece_at<S>(xw[j], e);
+        g_sum += g;
+        gn_sum += g * norm;
+        dw[j][e] += dy * norm;
+        db[j][e] += dy;
+      }
+    }
+    const float g_mean = warp_sum(g_sum) / C;
+    const float gn_mean = warp_sum(gn_sum) / C;
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      S* pd = reinterpret_cast<S*>(&xd[j]);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const float norm = (piece_at<S>(xi[j], e) - m) * s;
+        const float g = piece_at<S>(xo[j], e) * piece_at<S>(xw[j], e);
+        pd[e] = st<S>(ld(pd[e]) + (g - g_mean - norm * gn_mean) * s);
+      }
+      *reinterpret_cast<uint4*>(dinp + off + (lane + 32 * j) * kVec) = xd[j];
+    }
+  }
+  // The warps' sums in warp order: each warp's turn ends at a barrier every thread reaches.
+  for (int w = 0; w < kRowsPerBlock; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int j = 0; j < NV; ++j) {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {
+          const int c = (lane + 32 * j) * kVec + e;
+          sum_w[c] = w == 0 ? dw[j][e] : sum_w[c] + dw[j][e];
+          sum_b[c] = w == 0 ? db[j][e] : sum_b[c] + db[j][e];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    part_w[static_cast<std::int64_t>(chunk) * C + c] = sum_w[c];
+    part_b[static_cast<std::int64_t>(chunk) * C + c] = sum_b[c];
+  }
+}
+
 // Calls f(std::integral_constant<int, nv>) for nv in 1..8.
 template <typename F>
 void with_nv(int nv, F&& f) {
@@ -215,6 +309,35 @@ bool launch_dinp_vec(const Launch& l, S* dinp, const S* dout, const S* inp, cons
     ZRT_CUDA_LAUNCH_CHECK();
     return true;
   }
+}
+
+int fused_chunks_of(int N) {
+  return (N + kFusedRows - 1) / kFusedRows;
+}
+
+// Whether the one-pass backward takes these rows (16-bit, C = 256 NV with NV <= kFusedMaxNV,
+// every row pointer 16-byte aligned).
+template <typename S>
+bool fused_backward_fits(const void* dinp, const void* dout, const void* inp, const void* weight,
+                         int C) {
+  constexpr int kPerVector = 32 * 8;
+  return sizeof(S) == 2 && C % kPerVector == 0 && C / kPerVector >= 1 &&
+         C / kPerVector <= kFusedMaxNV && aligned16(dinp) && aligned16(dout) && aligned16(inp) &&
+         aligned16(weight);
+}
+
+template <typename S>
+void launch_backward_vec(const Launch& l, S* dinp, float* part_w, float* part_b, const S* dout,
+                         const S* inp, const S* weight, const float* mean, const float* rstd, int N,
+                         int C) {
+  with_nv(C / (32 * 8), [&](auto nv) {
+    if constexpr (decltype(nv)::value <= kFusedMaxNV) {
+      layernorm_backward_vec_kernel<S, decltype(nv)::value>
+          <<<fused_chunks_of(N), kThreads, 0, l.stream>>>(dinp, part_w, part_b, dout, inp, weight,
+                                                          mean, rstd, N, C);
+    }
+  });
+  ZRT_CUDA_LAUNCH_CHECK();
 }
 
 // Launches layernorm_forward_vec_kernel when the storage, shape and pointers allow (b, res: the
@@ -261,16 +384,35 @@ __global__ void layernorm_partials_kernel(float* part_w, float* part_b, const S*
   }
 }
 
-// Pass 2: sum the chunks in order and accumulate into the gradients.
+// Pass 2: per column, the chunks' partial sums in a fixed order (slice y adds chunks y, y +
+// kFinishSlices, ... in turn, then the slices are added in order) accumulated into the
+// gradients. A 32-column group takes 32 x kFinishSlices threads, so a column's chunks are read
+// kFinishSlices at a time: one thread a column summing every chunk waited on each read in turn.
+constexpr int kFinishColumns = 32;
+constexpr int kFinishSlices = 16;
+
 template <typename G>
 __global__ void layernorm_finish_kernel(G* dweight, G* dbias, const float* part_w,
                                         const float* part_b, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float slice_w[kFinishSlices][kFinishColumns], slice_b[kFinishSlices][kFinishColumns];
+  const int c = blockIdx.x * kFinishColumns + threadIdx.x;
+  const int y = threadIdx.y;
   float dw = 0.0f, db = 0.0f;
-  for (int k = 0; k < chunks; ++k) {
-    dw += part_w[static_cast<std::int64_t>(k) * C + c];
-    db += part_b[static_cast<std::int64_t>(k) * C + c];
+  if (c < C) {
+    for (int k = y; k < chunks; k += kFinishSlices) {
+      dw += part_w[static_cast<std::int64_t>(k) * C + c];
+      db += part_b[static_cast<std::int64_t>(k) * C + c];
+    }
+  }
+  slice_w[y][threadIdx.x] = dw;
+  slice_b[y][threadIdx.x] = db;
+  __syncthreads();
+  if (y != 0 || c >= C) return;
+  dw = 0.0f;
+  db = 0.0f;
+  for (int t = 0; t < kFinishSlices; ++t) {
+    dw += slice_w[t][threadIdx.x];
+    db += slice_b[t][threadIdx.x];
   }
   if (dweight != nullptr) dweight[c] = st<G>(ld(dweight[c]) + dw);
   if (dbias != nullptr) dbias[c] = st<G>(ld(dbias[c]) + db);
@@ -315,20 +457,39 @@ void residual_layernorm_forward(const Launch& l, DType dtype, void* res, void* o
   layernorm_forward(l, dtype, out, mean, rstd, res, weight, bias, N, C);
 }
 
+// The partial sums of the larger of the two chunkings (the one-pass kernel's kFusedRows rows a
+// chunk, the two-pass kernels' kColumnSumRows).
 std::int64_t layernorm_backward_workspace(int N, int C) {
-  return 2 * static_cast<std::int64_t>(chunks_of(N)) * C * static_cast<std::int64_t>(sizeof(float));
+  const int chunks = std::max(chunks_of(N), fused_chunks_of(N));
+  return 2 * static_cast<std::int64_t>(chunks) * C * static_cast<std::int64_t>(sizeof(float));
 }
 
 void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dweight,
                         void* dbias, const void* dout, const void* inp, const void* weight,
                         const float* mean, const float* rstd, int N, int C) {
   if (N <= 0) return;  // no rows: nothing to add (and a grid of 0 chunks would not launch)
-  const int chunks = chunks_of(N);
-  float* part_w = static_cast<float*>(l.ws);
-  float* part_b = part_w + static_cast<std::int64_t>(chunks) * C;
+  const bool sums = dweight != nullptr || dbias != nullptr;  // both frozen: no column sums
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {
     using S = typename decltype(s)::type;
     using G = typename decltype(g)::type;
+    const auto finish = [&](const float* part_w, const float* part_b, int chunks) {
+      layernorm_finish_kernel<G><<<(C + kFinishColumns - 1) / kFinishColumns,
+                                   dim3(kFinishColumns, kFinishSlices), 0, l.stream>>>(
+          static_cast<G*>(dweight), static_cast<G*>(dbias), part_w, part_b, chunks, C);
+      ZRT_CUDA_LAUNCH_CHECK();
+    };
+    if constexpr (sizeof(S) == 2) {  // the one-pass kernel is built for 16-bit rows only
+      if (sums && fused_backward_fits<S>(dinp, dout, inp, weight, C)) {
+        const int chunks = fused_chunks_of(N);
+        float* part_w = static_cast<float*>(l.ws);
+        float* part_b = part_w + static_cast<std::int64_t>(chunks) * C;
+        launch_backward_vec<S>(l, static_cast<S*>(dinp), part_w, part_b,
+                               static_cast<const S*>(dout), static_cast<const S*>(inp),
+                               static_cast<const S*>(weight), mean, rstd, N, C);
+        finish(part_w, part_b, chunks);
+        return;
+      }
+    }
     if (!launch_dinp_vec<S>(l, static_cast<S*>(dinp), static_cast<const S*>(dout),
                             static_cast<const S*>(inp), static_cast<const S*>(weight), mean, rstd,
                             N, C)) {
@@ -337,16 +498,16 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
           static_cast<const S*>(weight), mean, rstd, N, C);
       ZRT_CUDA_LAUNCH_CHECK();
     }
-    if (dweight == nullptr && dbias == nullptr) return;  // both frozen: no column sums
+    if (!sums) return;
+    const int chunks = chunks_of(N);
+    float* part_w = static_cast<float*>(l.ws);
+    float* part_b = part_w + static_cast<std::int64_t>(chunks) * C;
     const dim3 grid((C + kColumnThreads - 1) / kColumnThreads, column_chunk_blocks(chunks));
     layernorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
         part_w, part_b, static_cast<const S*>(dout), static_cast<const S*>(inp), mean, rstd, N, C,
         chunks);
     ZRT_CUDA_LAUNCH_CHECK();
-    layernorm_finish_kernel<G>
-        <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(
-            static_cast<G*>(dweight), static_cast<G*>(dbias), part_w, part_b, chunks, C);
-    ZRT_CUDA_LAUNCH_CHECK();
+    finish(part_w, part_b, chunks);
   });
 }
 

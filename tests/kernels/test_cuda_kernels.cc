@@ -13,6 +13,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -449,13 +451,15 @@ TEST_CASE("CUDA layernorm backward past 65535 row chunks matches its CPU twin", 
 }
 
 // C = 768 (GPT-2 124M) and 1024 take the register-resident 16-bit kernels both ways (C a
-// multiple of 256); 1600 (GPT-2 XL) and 4096 (a 6.7B GPT) the register-resident forward and the
-// scalar backward; the 16-bit tolerance as for every layer.
+// multiple of 256; the backward in one pass, its column sums 32 rows a chunk: 100 rows end in a
+// partial chunk); 1600 (GPT-2 XL) and 4096 (a 6.7B GPT) the register-resident forward and the
+// two-pass backward; the 16-bit tolerance as for every layer.
 TEST_CASE("CUDA layernorm at GPT-2 widths matches its CPU twin", "[cuda]") {
   Gpu g;
-  for (int C : {768, 1024, 1600, 4096}) {
-    const LayerNormIn in(96, C);
-    INFO("C = " << C);
+  for (const auto& [N, C] : {std::pair{96, 768}, std::pair{100, 768}, std::pair{96, 1024},
+                             std::pair{100, 1024}, std::pair{96, 1600}, std::pair{96, 4096}}) {
+    const LayerNormIn in(N, C);
+    INFO("N = " << N << ", C = " << C);
     compare(gpu_layernorm(g, DType::kBFloat16, DType::kFloat32, in), cpu_layernorm<bf16, float>(in),
             1e-2);
     compare(gpu_layernorm(g, DType::kBFloat16, DType::kBFloat16, in), cpu_layernorm<bf16, bf16>(in),
@@ -693,15 +697,18 @@ TEST_CASE("CUDA backward with a null weight gradient skips it; dinp and dbias as
 }
 
 // A frozen LayerNorm's null weight and/or bias gradient: the column sums skipped (or the one
-// skipped), dinp and the other gradient the bits of the run with both (the same kernels), and
-// nothing written where the gradient would have been.
+// skipped), dinp and the other gradient the bits of the run with both, and nothing written where
+// the gradient would have been. At C = 768 the 16-bit runs with sums take the one-pass kernel
+// and the run with neither the dinp kernel alone: the same dinp bits still.
 TEST_CASE("CUDA layernorm backward with a null weight or bias gradient skips it",
           "[cuda][frozen]") {
-  const LayerNormIn in;
-  const auto NC = static_cast<std::size_t>(in.N) * in.C, C = static_cast<std::size_t>(in.C);
-  for (const auto& [dt, gt] :
-       {std::pair{DType::kFloat32, DType::kFloat32}, std::pair{DType::kBFloat16, DType::kFloat32},
-        std::pair{DType::kBFloat16, DType::kBFloat16}}) {
+  for (const auto& [in, dt, gt] :
+       {std::tuple{LayerNormIn{}, DType::kFloat32, DType::kFloat32},
+        std::tuple{LayerNormIn{}, DType::kBFloat16, DType::kFloat32},
+        std::tuple{LayerNormIn{}, DType::kBFloat16, DType::kBFloat16},
+        std::tuple{LayerNormIn(100, 768), DType::kBFloat16, DType::kFloat32}}) {
+    INFO("C " << in.C);
+    const auto NC = static_cast<std::size_t>(in.N) * in.C, C = static_cast<std::size_t>(in.C);
     Gpu g;
     Buffer x = g.upload(in.x, dt), w = g.upload(in.w, dt), b = g.upload(in.b, dt),
            dout = g.upload(in.dout, dt);

@@ -304,6 +304,77 @@ void register_storage() {
           });
     }
   }
+  // The one-pass backward (16-bit rows, C = 256 * NV, NV <= 4): the dinp kernels' values, and
+  // per chunk of 32 rows (a block) the column sums of dout * norm and dout, warp w (of 8) summing
+  // rows w, w + 8, ... of the chunk in turn, then the warps' sums added in warp order.
+  if (ss == 2) {
+    for (int nv = 1; nv <= 4; ++nv) {
+      twin<S*, float*, float*, const S*, const S*, const S*, const float*, const float*, int, int>(
+          sig("void " + kNs + "layernorm_backward_vec_kernel<$S, " + std::to_string(nv) +
+                  ">($S*, float*, float*, $S const*, $S const*, $S const*, float const*, float "
+                  "const*, int, int)",
+              s),
+          [ss, nv](KernelCall& k, S* dinp, float* part_w, float* part_b, const S* dout,
+                   const S* inp, const S* weight, const float* mean, const float* rstd, int N,
+                   int C) {
+            constexpr int kChunkRows = 32, kWarps = 8;
+            const int chunks = (N + kChunkRows - 1) / kChunkRows;
+            k.require_block(256);
+            k.require_blocks(chunks, "row chunks");
+            require_row_pieces(k, C, nv, nv - 1, {dinp, dout, inp, weight});
+            k.require(C == 256 * nv, fmt::format("C {} is not 256 x {}", C, nv));
+            k.writes(dinp, I64{N} * C * ss, "dinp");
+            k.writes(part_w, I64{chunks} * C * 4, "part_w");
+            k.writes(part_b, I64{chunks} * C * 4, "part_b");
+            k.reads(dout, I64{N} * C * ss, "dout");
+            k.reads(inp, I64{N} * C * ss, "inp");
+            k.reads(weight, C * ss, "weight");
+            k.reads(mean, I64{N} * 4, "mean");
+            k.reads(rstd, I64{N} * 4, "rstd");
+            k.run([=] {
+              std::vector<float> dw(static_cast<std::size_t>(kWarps) * C);
+              std::vector<float> db(dw.size());
+              for (int chunk = 0; chunk < chunks; ++chunk) {
+                std::fill(dw.begin(), dw.end(), 0.0f);
+                std::fill(db.begin(), db.end(), 0.0f);
+                for (int i = 0; i < kChunkRows / kWarps; ++i) {
+                  for (int w = 0; w < kWarps; ++w) {
+                    const int r = chunk * kChunkRows + i * kWarps + w;
+                    if (r >= N) continue;
+                    const I64 off = I64{r} * C;
+                    const float m = mean[r], sc = rstd[r];
+                    float g_sum = 0.0f, gn_sum = 0.0f;
+                    for (int c = 0; c < C; ++c) {
+                      const float dy = ld(dout[off + c]);
+                      const float norm = (ld(inp[off + c]) - m) * sc;
+                      const float g = dy * ld(weight[c]);
+                      g_sum += g;
+                      gn_sum += g * norm;
+                      dw[I64{w} * C + c] += dy * norm;
+                      db[I64{w} * C + c] += dy;
+                    }
+                    const float g_mean = g_sum / C, gn_mean = gn_sum / C;
+                    for (int c = 0; c < C; ++c) {
+                      const float norm = (ld(inp[off + c]) - m) * sc;
+                      const float g = ld(dout[off + c]) * ld(weight[c]);
+                      dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
+                    }
+                  }
+                }
+                for (int c = 0; c < C; ++c) {
+                  float sw = 0.0f, sb = 0.0f;
+                  for (int w = 0; w < kWarps; ++w) {
+                    sw += dw[I64{w} * C + c];
+                    sb += db[I64{w} * C + c];
+                  }
+                  part_w[I64{chunk} * C + c] = sw;
+                  part_b[I64{chunk} * C + c] = sb;
+                }
+              }
+            });
+          });
+    }
+  }
   twin<float*, float*, const S*, const S*, const float*, const float*, int, int, int>(
       sig("void " + kNs +
               "layernorm_partials_kernel<$S>(float*, float*, $S const*, $S const*, float const*, "
@@ -340,82 +411,104 @@ void register_storage() {
         });
       });
 
-  // ---- cross-entropy: one block per row (rows = gridDim.x) ----
+  // ---- cross-entropy: one block of 1024 threads per row (rows = gridDim.x) ----
   // ldl: the logits' row stride (>= V); the backward zeroes the padding columns V..ldl. A target
-  // < 0 is a row out of the loss: loss 0, a zero gradient row.
-  twin<float*, const S*, const std::int32_t*, int, int>(
-      sig("void " + kNs +
-              "crossentropy_forward_kernel<$S>(float*, $S const*, int const*, int, int)",
-          s),
-      [ss](KernelCall& k, float* losses, const S* logits, const std::int32_t* targets, int V,
-           int ldl) {
-        const I64 N = k.grid().x;
-        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
-        k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
-        k.writes(losses, N * 4, "losses");
-        k.reads(logits, ((N - 1) * ldl + V) * ss, "logits");
-        k.reads(targets, N * 4, "targets");
-        const std::string name = k.name();
-        k.run([=] {
-          for (I64 n = 0; n < N; ++n) {
-            const S* row = logits + n * ldl;
-            if (targets[n] >= V) {
-              fail(cudaErrorIllegalAddress, name,
-                   fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
-            }
-            if (targets[n] < 0) {
-              losses[n] = 0.0f;
-              continue;
-            }
-            float mx = -INFINITY, sum = 0.0f;
-            for (int v = 0; v < V; ++v) mx = std::fmax(mx, ld(row[v]));
-            for (int v = 0; v < V; ++v) sum += std::exp(ld(row[v]) - mx);
-            losses[n] = std::log(sum) + mx - ld(row[targets[n]]);
-          }
-        });
-      });
+  // < 0 is a row out of the loss: loss 0, a zero gradient row. The kernels' pack width W (1, or
+  // 16 bytes of S) reads a row in W-element packs: W divides ldl and the logits are 16-byte
+  // aligned, and the last pack read holds V - 1 (padding past V read, never used).
+  const auto require_packs = [](KernelCall& k, int W, const void* logits, int V, int ldl) {
+    k.require_block(1024);
+    k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
+    k.require(ldl % W == 0, fmt::format("row stride {} not a multiple of the pack {}", ldl, W));
+    k.require(W == 1 || reinterpret_cast<std::uintptr_t>(logits) % 16 == 0,
+              "logits not 16-byte aligned for 16-byte packs");
+  };
+  const auto forward_twin = [ss, require_packs](KernelCall& k, int W, float* losses,
+                                                const S* logits, const std::int32_t* targets, int V,
+                                                int ldl) {
+    const I64 N = k.grid().x;
+    require_packs(k, W, logits, V, ldl);
+    k.writes(losses, N * 4, "losses");
+    k.reads(logits, ((N - 1) * ldl + (V + W - 1) / W * W) * ss, "logits");
+    k.reads(targets, N * 4, "targets");
+    const std::string name = k.name();
+    k.run([=] {
+      for (I64 n = 0; n < N; ++n) {
+        const S* row = logits + n * ldl;
+        if (targets[n] >= V) {
+          fail(cudaErrorIllegalAddress, name,
+               fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+        }
+        if (targets[n] < 0) {
+          losses[n] = 0.0f;
+          continue;
+        }
+        float mx = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < V; ++v) mx = std::fmax(mx, ld(row[v]));
+        for (int v = 0; v < V; ++v) sum += std::exp(ld(row[v]) - mx);
+        losses[n] = std::log(sum) + mx - ld(row[targets[n]]);
+      }
+    });
+  };
   // losses may be null (the plain backward); with it, the fused classifier's loss per row.
-  twin<S*, float*, const S*, const std::int32_t*, float, int, int>(
-      sig("void " + kNs +
-              "crossentropy_backward_kernel<$S>($S*, float*, $S const*, int const*, float, int, "
-              "int)",
-          s),
-      [ss](KernelCall& k, S* dlogits, float* losses, const S* logits, const std::int32_t* targets,
-           float dloss, int V, int ldl) {
-        const I64 N = k.grid().x;
-        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
-        k.require(ldl >= V, fmt::format("row stride {} below V {}", ldl, V));
-        k.writes(dlogits, N * ldl * ss, "dlogits");
-        if (losses != nullptr) k.writes(losses, N * 4, "losses");
-        k.reads(logits, ((N - 1) * ldl + V) * ss, "logits");
-        k.reads(targets, N * 4, "targets");
-        const std::string name = k.name();
-        k.run([=] {
-          std::vector<float> row(static_cast<std::size_t>(V));
-          for (I64 n = 0; n < N; ++n) {
-            if (targets[n] >= V) {
-              fail(cudaErrorIllegalAddress, name,
-                   fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
-            }
-            if (targets[n] < 0) {
-              if (losses != nullptr) losses[n] = 0.0f;
-              for (int v = 0; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
-              continue;
-            }
-            for (int v = 0; v < V; ++v) row[v] = ld(logits[n * ldl + v]);  // in place allowed
-            float mx = -INFINITY, sum = 0.0f;
-            for (int v = 0; v < V; ++v) mx = std::fmax(mx, row[v]);
-            for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
-            if (losses != nullptr) losses[n] = std::log(sum) + mx - row[targets[n]];
-            const float inv = 1.0f / sum;
-            for (int v = 0; v < V; ++v) {
-              const float p = std::exp(row[v] - mx) * inv;
-              dlogits[n * ldl + v] = st<S>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
-            }
-            for (int v = V; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
-          }
+  // vector_out: the stores go as whole packs, so dlogits must be 16-byte aligned for W > 1.
+  const auto backward_twin = [ss, require_packs](KernelCall& k, int W, S* dlogits, float* losses,
+                                                 const S* logits, const std::int32_t* targets,
+                                                 float dloss, int V, int ldl, bool vector_out) {
+    const I64 N = k.grid().x;
+    require_packs(k, W, logits, V, ldl);
+    k.require(!vector_out || W == 1 || reinterpret_cast<std::uintptr_t>(dlogits) % 16 == 0,
+              "dlogits not 16-byte aligned for whole-pack stores");
+    k.writes(dlogits, N * ldl * ss, "dlogits");
+    if (losses != nullptr) k.writes(losses, N * 4, "losses");
+    k.reads(logits, N * ldl * ss, "logits");
+    k.reads(targets, N * 4, "targets");
+    const std::string name = k.name();
+    k.run([=] {
+      std::vector<float> row(static_cast<std::size_t>(V));
+      for (I64 n = 0; n < N; ++n) {
+        if (targets[n] >= V) {
+          fail(cudaErrorIllegalAddress, name,
+               fmt::format("targets[{}] = {} outside [0, {})", n, targets[n], V));
+        }
+        if (targets[n] < 0) {
+          if (losses != nullptr) losses[n] = 0.0f;
+          for (int v = 0; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
+          continue;
+        }
+        for (int v = 0; v < V; ++v) row[v] = ld(logits[n * ldl + v]);  // in place allowed
+        float mx = -INFINITY, sum = 0.0f;
+        for (int v = 0; v < V; ++v) mx = std::fmax(mx, row[v]);
+        for (int v = 0; v < V; ++v) sum += std::exp(row[v] - mx);
+        if (losses != nullptr) losses[n] = std::log(sum) + mx - row[targets[n]];
+        const float inv = 1.0f / sum;
+        for (int v = 0; v < V; ++v) {
+          const float p = std::exp(row[v] - mx) * inv;
+          dlogits[n * ldl + v] = st<S>((p - (v == targets[n] ? 1.0f : 0.0f)) * dloss);
+        }
+        for (int v = V; v < ldl; ++v) dlogits[n * ldl + v] = st<S>(0.0f);
+      }
+    });
+  };
+  for (const int W : {1, static_cast<int>(16 / ss)}) {
+    const std::string w = std::to_string(W);
+    twin<float*, const S*, const std::int32_t*, int, int>(
+        sig("void " + kNs + "crossentropy_forward_kernel<$S, " + w +
+                ">(float*, $S const*, int const*, int, int)",
+            s),
+        [forward_twin, W](KernelCall& k, float* losses, const S* logits,
+                          const std::int32_t* targets, int V,
+                          int ldl) { forward_twin(k, W, losses, logits, targets, V, ldl); });
+    twin<S*, float*, const S*, const std::int32_t*, float, int, int, bool>(
+        sig("void " + kNs + "crossentropy_backward_kernel<$S, " + w +
+                ">($S*, float*, $S const*, int const*, float, int, int, bool)",
+            s),
+        [backward_twin, W](KernelCall& k, S* dlogits, float* losses, const S* logits,
+                           const std::int32_t* targets, float dloss, int V, int ldl,
+                           bool vector_out) {
+          backward_twin(k, W, dlogits, losses, logits, targets, dloss, V, ldl, vector_out);
         });
-      });
+  }
 }
 
 // Kernels templated on the storage type S and the gradient type G (S or float).
@@ -425,35 +518,46 @@ void register_storage_grad() {
   const char* g = cuda_name<G>();
   const I64 ss = sizeof(S), gs = sizeof(G);
 
-  twin<G*, const S*, const std::int32_t*, const int*, const int*, int>(
+  // A table's gradient (dwte, or dwpe by packed positions) from key_groups_kernel's groups:
+  // block r, when r is its key's first row (count[r] > 0), adds the sum of its group's rows of
+  // dout, in row order, to the key's row of the table.
+  twin<G*, const S*, const std::int32_t*, const int*, const int*, const int*, int>(
       sig("void " + kNs +
-              "wte_backward_kernel<$S, $G>($G*, $S const*, int const*, int const*, int const*, "
-              "int)",
+              "table_backward_kernel<$S, $G>($G*, $S const*, int const*, int const*, int const*, "
+              "int const*, int)",
           s, g),
-      [ss, gs](KernelCall& k, G* dwte, const S* dout, const std::int32_t* tokens, const int* next,
-               const int* first, int C) {
+      [ss, gs](KernelCall& k, G* dtable, const S* dout, const std::int32_t* keys, const int* order,
+               const int* start, const int* count, int C) {
         const I64 rows = k.grid().x;  // one block per row
         k.reads(dout, rows * C * ss, "dout");
-        k.reads(tokens, rows * 4, "tokens");
-        k.reads(next, rows * 4, "next");
-        k.reads(first, rows * 4, "first");
-        k.writes(dwte, C * gs, "dwte");
+        k.reads(keys, rows * 4, "keys");
+        k.reads(order, rows * 4, "order");
+        k.reads(start, rows * 4, "start");
+        k.reads(count, rows * 4, "count");
+        k.writes(dtable, C * gs, "dtable");
         const std::string name = k.name();
         k.run([=] {
-          const I64 V = elements_left(dwte, sizeof(G), name) / C;
+          const I64 table_rows = elements_left(dtable, sizeof(G), name) / C;
           for (I64 r = 0; r < rows; ++r) {
-            if (!first[r]) continue;
-            if (tokens[r] < 0 || tokens[r] >= V) {
+            if (count[r] == 0) continue;
+            if (keys[r] < 0 || keys[r] >= table_rows) {
               fail(cudaErrorIllegalAddress, name,
-                   fmt::format("tokens[{}] = {} indexes past dwte's {} rows", r, tokens[r], V));
+                   fmt::format("keys[{}] = {} indexes past the table's {} rows", r, keys[r],
+                               table_rows));
             }
-            G* dw = dwte + I64{tokens[r]} * C;
+            if (start[r] < 0 || I64{start[r]} + count[r] > rows) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("row {}'s group [{}, {}) past order's {} rows", r, start[r],
+                               I64{start[r]} + count[r], rows));
+            }
+            G* dw = dtable + I64{keys[r]} * C;
             for (int c = 0; c < C; ++c) {
               float sum = 0.0f;
-              for (int q = static_cast<int>(r); q >= 0; q = next[q]) {
-                if (q >= rows)
+              for (int j = 0; j < count[r]; ++j) {
+                const int q = order[start[r] + j];
+                if (q < 0 || q >= rows)
                   fail(cudaErrorIllegalAddress, name,
-                       fmt::format("next chain reaches row {} of {}", q, rows));
+                       fmt::format("order[{}] = {} of {} rows", start[r] + j, q, rows));
                 sum += ld(dout[I64{q} * C + c]);
               }
               dw[c] = st<G>(ld(dw[c]) + sum);
@@ -495,12 +599,17 @@ void register_grad() {
           }
         });
       });
+  // Blocks of 32 columns x 16 slices: slice y sums chunks y, y + 16, ... in turn, then the
+  // slices are added in order.
   twin<G*, G*, const float*, const float*, int, int>(
       sig("void " + kNs +
               "layernorm_finish_kernel<$G>($G*, $G*, float const*, float const*, int, int)",
           "", g),
       [gs](KernelCall& k, G* dweight, G* dbias, const float* part_w, const float* part_b,
            int chunks, int C) {
+        constexpr int kColumns = 32, kSlices = 16;
+        k.require(k.block().x == kColumns && k.block().y == kSlices && k.block().z == 1,
+                  "block must be 32 columns x 16 slices");
         k.require_threads(C, "columns C");
         // Either may be null (a frozen weight or bias), never both (the launch is skipped).
         k.require(dweight != nullptr || dbias != nullptr, "a null dweight and dbias");
@@ -511,9 +620,14 @@ void register_grad() {
         k.run([=] {
           for (int c = 0; c < C; ++c) {
             float dw = 0.0f, db = 0.0f;
-            for (int q = 0; q < chunks; ++q) {
-              dw += part_w[I64{q} * C + c];
-              db += part_b[I64{q} * C + c];
+            for (int y = 0; y < kSlices; ++y) {
+              float sw = 0.0f, sb = 0.0f;
+              for (int q = y; q < chunks; q += kSlices) {
+                sw += part_w[I64{q} * C + c];
+                sb += part_b[I64{q} * C + c];
+              }
+              dw += sw;
+              db += sb;
             }
             if (dweight != nullptr) dweight[c] = st<G>(ld(dweight[c]) + dw);
             if (dbias != nullptr) dbias[c] = st<G>(ld(dbias[c]) + db);
@@ -537,22 +651,30 @@ void register_gpt_twins() {
   register_grad<bf16>();
   register_grad<fp16>();
 
-  twin<const std::int32_t*, int, int*, int*>(
-      kNs + "token_links_kernel(int const*, int, int*, int*)",
-      [](KernelCall& k, const std::int32_t* tokens, int rows, int* next, int* first) {
-        k.require_threads(rows, "rows");
-        k.reads(tokens, I64{rows} * 4, "tokens");
-        k.writes(next, I64{rows} * 4, "next");
-        k.writes(first, I64{rows} * 4, "first");
+  // Rows grouped by key, one warp a row: order[] the rows sorted by (key, row), start[r] row
+  // r's place in it, count[r] its group's size when r is its key's first row, else 0.
+  twin<const std::int32_t*, int, int*, int*, int*>(
+      kNs + "key_groups_kernel(int const*, int, int*, int*, int*)",
+      [](KernelCall& k, const std::int32_t* keys, int rows, int* order, int* start, int* count) {
+        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
+        k.require_threads(32 * I64{rows}, "a warp per row");
+        k.reads(keys, I64{rows} * 4, "keys");
+        k.writes(order, I64{rows} * 4, "order");
+        k.writes(start, I64{rows} * 4, "start");
+        k.writes(count, I64{rows} * 4, "count");
         k.run([=] {
           for (int r = 0; r < rows; ++r) {
-            next[r] = -1;
-            first[r] = 1;
+            int below = 0, before = 0, same = 0;
             for (int q = 0; q < rows; ++q) {
-              if (tokens[q] != tokens[r]) continue;
-              if (q < r) first[r] = 0;
-              if (q > r && next[r] < 0) next[r] = q;
+              below += keys[q] < keys[r] ? 1 : 0;
+              if (keys[q] == keys[r]) {
+                ++same;
+                before += q < r ? 1 : 0;
+              }
             }
+            order[below + before] = r;
+            start[r] = below + before;
+            count[r] = before == 0 ? same : 0;
           }
         });
       });
