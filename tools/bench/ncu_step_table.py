@@ -28,11 +28,11 @@ def read_launches(lines):
     if not rows:
         raise ValueError("no CSV rows (was ncu run with --csv --page raw?)")
     header = rows[0]
-    try:
-        name_at = header.index("Kernel Name")
-        time_at = header.index("gpu__time_duration.sum")
-    except ValueError as e:
-        raise ValueError("the CSV lacks a 'Kernel Name' or 'gpu__time_duration.sum' column") from e
+    names = [h for h in ("Kernel Name", "Function Name", "Name") if h in header]
+    if not names or "gpu__time_duration.sum" not in header:
+        raise ValueError("the CSV lacks a 'Kernel Name' or 'gpu__time_duration.sum' column")
+    name_at = header.index(names[0])
+    time_at = header.index("gpu__time_duration.sum")
     scale = 1e-3  # ncu's default unit for durations is nanoseconds
     launches = []
     for row in rows[1:]:
@@ -61,7 +61,11 @@ def step_launches(launches, first, step):
 
 
 def short_name(name, width):
-    base = re.sub(r"\(.*", "", name)  # drop the argument list
+    """The kernel's name without its return type, namespaces' noise and argument list."""
+    base = name.replace("(anonymous namespace)::", "")
+    base = re.sub(r"^void ", "", base)
+    base = re.sub(r"\(.*", "", base)  # the argument list (the first parenthesis left)
+    base = base.replace("zrt::kernels::cuda::", "").replace("zrt::detail::", "")
     return base if len(base) <= width else base[: width - 3] + "..."
 
 
