@@ -866,6 +866,14 @@ std::string describe_cuda_attention(const KernelOptions& options) {
   return cuda::describe(planned_kernels(options));
 }
 
+std::string describe_cuda_fused_paths(KernelContext& ctx) {
+#if ZRT_HAVE_CUDA
+  if (ctx.cuda() != nullptr) return cuda::describe_fused_paths(*ctx.cuda());
+#endif
+  (void)ctx;
+  return "";
+}
+
 std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
                                        int B, int T, int C, int NH, bool backward, bool documents) {
   if (on_cpu) {

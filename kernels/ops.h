@@ -236,6 +236,9 @@ std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options
 // What CUDA attention runs under `options` in this build, in words, for a run's log (cuDNN's
 // attention left out where the build lacks it).
 std::string describe_cuda_attention(const KernelOptions& options);
+// What the CUDA backend's fused paths did so far on this context (cuBLASLt's epilogues fused,
+// declined or failed; cuDNN attention's passes), for a run's log; empty off CUDA.
+std::string describe_cuda_fused_paths(KernelContext& ctx);
 std::int64_t gqa_attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
                                            int B, int T, int NH, int NKV, int hs, bool backward,
                                            bool documents = false);

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 #include "runtime/engine/engine_kernels.h"
@@ -249,6 +250,14 @@ RunSummary TrainingRun::run() {
     const CommCounts comm_at_step_start = traced ? engine_comm() : CommCounts{};
     if (traced) engine_->set_trace(trace_.get());
     const StepOutcome out = train_step(step);
+    if (out.trained && !fused_paths_logged_ && rank_ == 0) {
+      // Which fused paths the first step took (all of a step's GEMMs and attention calls have
+      // been enqueued by now): a declined epilogue or attention shape says where time goes.
+      fused_paths_logged_ = true;
+      if (const std::string paths = kernels::describe_cuda_fused_paths(*ctx_); !paths.empty()) {
+        spdlog::info("CUDA after step {}: {}", step, paths);
+      }
+    }
     // A step with no loss token has its row already (log_empty_step); the rest below is due
     // at it as at any step.
     if (out.trained && out.log_now) {

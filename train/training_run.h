@@ -220,6 +220,7 @@ class TrainingRun {
   std::int64_t samples_per_step_ = 0;  // the monitors' x axis is samples trained
   std::optional<Monitors> monitors_;
   bool tty_ = false;
+  bool fused_paths_logged_ = false;  // the CUDA fused paths' line, after the first trained step
 
   // The loop's state.
   std::vector<UnreadStep> unread_;  // steps whose loss is still on the device, in order

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "kernels/kernel_context.h"
 #include "runtime/common/dtype.h"
@@ -40,6 +41,8 @@ struct CudaKernelState {
   // The epilogues that have run fused at least once (same bits): the GPU tests check that the
   // fused path, not only its fallback, is what ran.
   unsigned lt_fused_epilogues = 0;
+  // The epilogues cuBLASLt had no algorithm for at some shape (the unfused kernels ran there).
+  unsigned lt_declined_epilogues = 0;
   // cuDNN attention (KernelOptions::cuda_attention_cudnn): its state, and the passes it has run
   // (the GPU tests check that cuDNN, not the kernels it falls back to, ran).
   std::shared_ptr<CudnnAttentionState> cudnn_attention;
@@ -49,6 +52,10 @@ struct CudaKernelState {
 
 std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& stream,
                                                         const KernelOptions& options);
+
+// What the fused paths did so far, for a run's log: the cuBLASLt epilogues that ran fused, were
+// declined for some shape or failed, and cuDNN's attention passes.
+std::string describe_fused_paths(const CudaKernelState& state);
 
 // Everything a launcher needs: stream, handles, and the op's scratch (KernelContext::workspace,
 // sized by the op's *_workspace function; null when it needs none).

@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cudnn_attention.h"
+#include "kernels/cuda/gemm.cuh"
 #include "runtime/common/error.h"
 #include "runtime/device/cuda_device.h"
 #include "runtime/device/device_access.h"
@@ -48,6 +49,33 @@ std::unique_ptr<CudaKernelState> make_cuda_kernel_state(Device& device, Stream& 
                                           "cuBLASLt workspace", MemorySpace::kDevice, &stream);
   }
   return state;
+}
+
+std::string describe_fused_paths(const CudaKernelState& state) {
+  const auto names = [](unsigned bits) {
+    std::string out;
+    for (int e = 0; e < kLtEpilogues; ++e) {
+      if ((bits & (1u << e)) == 0) continue;
+      out += fmt::format("{}{}", out.empty() ? "" : ", ",
+                         lt_epilogue_name(static_cast<LtEpilogue>(e)));
+    }
+    return out.empty() ? std::string("none") : out;
+  };
+  std::string text = fmt::format("cuBLASLt epilogues fused: {}", names(state.lt_fused_epilogues));
+  if (state.lt_declined_epilogues != 0) {
+    text += fmt::format("; declined for some shape (the unfused kernels ran): {}",
+                        names(state.lt_declined_epilogues));
+  }
+  if (state.lt_refused_epilogues != 0) {
+    text +=
+        fmt::format("; failed (the unfused kernels run): {}", names(state.lt_refused_epilogues));
+  }
+  // Where cuDNN's attention is in play (its state made): how many of the calls it took.
+  if (state.cudnn_attention != nullptr || state.cudnn_attention_forwards > 0) {
+    text += fmt::format("; cuDNN attention: {} forward, {} backward passes",
+                        state.cudnn_attention_forwards, state.cudnn_attention_backwards);
+  }
+  return text;
 }
 
 Launch make_launch(CudaKernelState& state, void* ws) {

@@ -71,7 +71,9 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   ZRT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof value));
 }
 
-const char* epilogue_name(LtEpilogue e) {
+}  // namespace
+
+const char* lt_epilogue_name(LtEpilogue e) {
   switch (e) {
     case LtEpilogue::kBias:
       return "BIAS";
@@ -86,20 +88,25 @@ const char* epilogue_name(LtEpilogue e) {
   }
   return "?";
 }
-}  // namespace
 
 bool gemm_lt(const Launch& l, const LtGemm& g) {
   if (l.lt == nullptr || g.m <= 0 || g.n <= 0) return false;
+  const unsigned epilogue_bit = 1u << static_cast<unsigned>(g.epilogue);
+  // A shape the epilogue cannot take: the caller's unfused kernels run, which the run's log
+  // reports (describe_fused_paths).
+  const auto decline = [&] {
+    if (l.state != nullptr) l.state->lt_declined_epilogues |= epilogue_bit;
+    return false;
+  };
   const bool with_aux = g.epilogue == LtEpilogue::kGeluAuxBias || g.epilogue == LtEpilogue::kDGelu;
   const bool bias_grad =
       g.epilogue == LtEpilogue::kBiasGradFromA || g.epilogue == LtEpilogue::kBiasGradFromB;
-  if (with_aux && (g.aux == nullptr || g.aux_ld % 8 != 0 || g.aux_ld < g.n)) return false;
+  if (with_aux && (g.aux == nullptr || g.aux_ld % 8 != 0 || g.aux_ld < g.n)) return decline();
   // cuBLASLt's bias-gradient epilogues want its A untransposed (BGRADA) or its B transposed
   // (BGRADB); its A is our b and its B our a (below).
-  if (bias_grad && (g.bias_grad == nullptr || g.k <= 0)) return false;
-  if (g.epilogue == LtEpilogue::kBiasGradFromB && g.trans_b) return false;
-  if (g.epilogue == LtEpilogue::kBiasGradFromA && !g.trans_a) return false;
-  const unsigned epilogue_bit = 1u << static_cast<unsigned>(g.epilogue);
+  if (bias_grad && (g.bias_grad == nullptr || g.k <= 0)) return decline();
+  if (g.epilogue == LtEpilogue::kBiasGradFromB && g.trans_b) return decline();
+  if (g.epilogue == LtEpilogue::kBiasGradFromA && !g.trans_a) return decline();
   if (l.state != nullptr && (l.state->lt_refused_epilogues & epilogue_bit) != 0) return false;
   // Column-major, as gemm(): D (n x m, ld ldc) = op(B_cm) op(A_cm) with B_cm = b, A_cm = a, so
   // cuBLASLt's A is our b and its B our a; D's rows are our columns, which is where the bias
@@ -146,7 +153,7 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   // No algorithm for these shapes, alignments and epilogue: not an error, the caller's unfused
   // kernels compute the same.
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0)) {
-    return false;
+    return decline();
   }
   const float alpha = 1.0f;
   const auto matmul = [&] {
@@ -154,7 +161,7 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
                           &result.algo, l.lt_workspace, l.lt_workspace_bytes, l.stream);
   };
   if (g.epilogue == LtEpilogue::kBias) {
-    if (found == 0) return false;  // as before the GELU epilogues: proven so on an H100
+    if (found == 0) return decline();  // as before the GELU epilogues: proven so on an H100
     ZRT_CUBLAS_CHECK(status);
     ZRT_CUBLAS_CHECK(matmul());
     if (l.state != nullptr) l.state->lt_fused_epilogues |= epilogue_bit;
@@ -174,7 +181,7 @@ bool gemm_lt(const Launch& l, const LtGemm& g) {
   spdlog::warn(
       "cuBLASLt epilogue {} failed for a {} x {} x {} GEMM ({}, cuBLAS status {}); the unfused "
       "kernels run instead for the rest of the run",
-      epilogue_name(g.epilogue), g.m, g.n, g.k, cublasGetStatusString(failed),
+      lt_epilogue_name(g.epilogue), g.m, g.n, g.k, cublasGetStatusString(failed),
       static_cast<int>(failed));
   return false;
 }

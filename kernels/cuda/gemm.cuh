@@ -41,6 +41,9 @@ void gemm_strided_batched(const Launch& l, bool trans_a, bool trans_b, int m, in
 // (cuBLASLt's rule). Returns false (and does nothing) when cuBLASLt offers no algorithm for
 // these shapes, alignments and epilogue; the caller then runs the unfused kernels.
 enum class LtEpilogue { kBias, kGeluAuxBias, kDGelu, kBiasGradFromA, kBiasGradFromB };
+constexpr int kLtEpilogues = 5;
+// cuBLASLt's name of the epilogue (its CUBLASLT_EPILOGUE_ suffix).
+const char* lt_epilogue_name(LtEpilogue e);
 struct LtGemm {
   LtEpilogue epilogue = LtEpilogue::kBias;
   bool trans_a = false, trans_b = false;

@@ -199,13 +199,29 @@ __global__ void rmsnorm_partials_kernel(float* part, const S* dout, const S* inp
   }
 }
 
-// Pass 2: the chunks in order, accumulated into the gradient.
+// Pass 2: each column's chunks in a fixed order, accumulated into the gradient: a 32-column
+// group takes 32 x kFinishSlices threads, slice y adding chunks y, y + kFinishSlices, ... in
+// turn, then the slices in order. Qwen3's per-head q/k norms have 1024 chunks of 128 columns at
+// 2048 tokens of 32 heads: one thread a column summing them waited on each read in turn.
+constexpr int kFinishColumns = 32;
+constexpr int kFinishSlices = 16;
+
 template <typename G>
 __global__ void rmsnorm_finish_kernel(G* dweight, const float* part, int chunks, int C) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  __shared__ float slice[kFinishSlices][kFinishColumns];
+  const int c = blockIdx.x * kFinishColumns + threadIdx.x;
+  const int y = threadIdx.y;
   float dw = 0.0f;
-  for (int k = 0; k < chunks; ++k) dw += part[static_cast<std::int64_t>(k) * C + c];
+  if (c < C) {
+    for (int k = y; k < chunks; k += kFinishSlices) {
+      dw += part[static_cast<std::int64_t>(k) * C + c];
+    }
+  }
+  slice[y][threadIdx.x] = dw;
+  __syncthreads();
+  if (y != 0 || c >= C) return;
+  dw = 0.0f;
+  for (int t = 0; t < kFinishSlices; ++t) dw += slice[t][threadIdx.x];
   dweight[c] = st<G>(ld(dweight[c]) + dw);
 }
 
@@ -275,8 +291,8 @@ void rmsnorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp
         part, static_cast<const S*>(dout), static_cast<const S*>(inp), rstd, N, C, chunks);
     ZRT_CUDA_LAUNCH_CHECK();
     rmsnorm_finish_kernel<G>
-        <<<(C + kColumnThreads - 1) / kColumnThreads, kColumnThreads, 0, l.stream>>>(
-            static_cast<G*>(dweight), part, chunks, C);
+        <<<(C + kFinishColumns - 1) / kFinishColumns, dim3(kFinishColumns, kFinishSlices), 0,
+           l.stream>>>(static_cast<G*>(dweight), part, chunks, C);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

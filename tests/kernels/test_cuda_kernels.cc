@@ -924,6 +924,12 @@ TEST_CASE("CUDA matmul_dgelu_backward with a null weight gradient skips it", "[c
       };
       const auto [dpre_full, dw_full, db_full] = run(true);
       const auto [dpre_null, dw_null, db_null] = run(false);
+      // The run's log line says which: DGELU fused at H = 128, declined (aux rows of 100) at 100.
+      const std::string paths = cuda::describe_fused_paths(*g.ctx->cuda());
+      INFO(paths);
+      CHECK((paths.find("declined for some shape (the unfused kernels ran): DGELU") !=
+             std::string::npos) == (H == 100));
+      CHECK((paths.rfind("cuBLASLt epilogues fused: DGELU", 0) == 0) == (H == 128));
       CHECK(dpre_null == dpre_full);  // the same GEMM (fused or not) either way
       CHECK(dw_full != dw_null);
       // dbias: with dweight from cuBLASLt's bias-gradient epilogue, without it from

@@ -588,13 +588,20 @@ void register_grad() {
   twin<G*, const float*, int, int>(
       sig("void " + kNs + "column_finish_kernel<$G>($G*, float const*, int, int)", "", g),
       [gs](KernelCall& k, G* dbias, const float* part, int chunks, int C) {
+        constexpr int kColumns = 32, kSlices = 16;  // slice y: chunks y, y + 16, ...; then in order
+        k.require(k.block().x == kColumns && k.block().y == kSlices && k.block().z == 1,
+                  "block must be 32 columns x 16 slices");
         k.require_threads(C, "columns C");
         k.writes(dbias, C * gs, "dbias");
         k.reads(part, I64{chunks} * C * 4, "part");
         k.run([=] {
           for (int c = 0; c < C; ++c) {
             float sum = 0.0f;
-            for (int q = 0; q < chunks; ++q) sum += part[I64{q} * C + c];
+            for (int y = 0; y < kSlices; ++y) {
+              float slice = 0.0f;
+              for (int q = y; q < chunks; q += kSlices) slice += part[I64{q} * C + c];
+              sum += slice;
+            }
             dbias[c] = st<G>(ld(dbias[c]) + sum);
           }
         });

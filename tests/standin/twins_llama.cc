@@ -271,13 +271,20 @@ void register_grad() {
       sig("void " + kNs + "rmsnorm_finish_kernel<$G>($G*, float const*, int, int)", "",
           cuda_name<G>()),
       [gs](KernelCall& k, G* dweight, const float* part, int chunks, int C) {
+        constexpr int kColumns = 32, kSlices = 16;  // slice y: chunks y, y + 16, ...; then in order
+        k.require(k.block().x == kColumns && k.block().y == kSlices && k.block().z == 1,
+                  "block must be 32 columns x 16 slices");
         k.require_threads(C, "columns C");
         k.writes(dweight, C * gs, "dweight");
         k.reads(part, I64{chunks} * C * 4, "part");
         k.run([=] {
           for (int c = 0; c < C; ++c) {
             float dw = 0.0f;
-            for (int q = 0; q < chunks; ++q) dw += part[I64{q} * C + c];
+            for (int y = 0; y < kSlices; ++y) {
+              float slice = 0.0f;
+              for (int q = y; q < chunks; q += kSlices) slice += part[I64{q} * C + c];
+              dw += slice;
+            }
             dweight[c] = st<G>(ld(dweight[c]) + dw);
           }
         });
