@@ -43,15 +43,10 @@ __device__ __forceinline__ float exp_from(float x, float m) {
   return exp2f((x - m) * kLog2e);
 }
 
-// The row's max and sum of exp(x - max) in one read of its first V logits: per thread a
-// running max and a sum rescaled when the max grows (once per pack at most), then the block's
-// max and the rescaled sums. The logits are a step's largest tensor (N x 50304 for GPT-2), so
-// the read is in packs with kUnroll of them in flight per thread. Every caller of a row with
-// the same W gets the same bits (crossentropy_forward's loss is the fused kernel's).
-template <typename S, int W>
-__device__ void row_stats(const S* row, int V, float* scratch, float& mx, float& sum) {
-  const int packs = (V + W - 1) / W;
-  float m = -INFINITY, s = 0.0f;
+// Calls f(i, pack) for this thread's packs i = threadIdx.x, + kRowThreads, ... of a row's first
+// `packs`, in order, with kUnroll of them loaded before the first is used.
+template <typename S, int W, typename F>
+__device__ __forceinline__ void for_each_pack(const S* row, int packs, F&& f) {
   for (int i0 = threadIdx.x; i0 < packs; i0 += kUnroll * kRowThreads) {
     Pack<S, W> p[kUnroll];
 #pragma unroll
@@ -63,22 +58,36 @@ __device__ void row_stats(const S* row, int V, float* scratch, float& mx, float&
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * kRowThreads;
       if (i >= packs) break;
-      float x[W];
-      float pack_max = -INFINITY;
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        x[e] = i * W + e < V ? ld(p[u].e[e]) : -INFINITY;  // the padding is not in the row
-        pack_max = fmaxf(pack_max, x[e]);
-      }
-      if (pack_max > m) {
-        s *= exp_from(m, pack_max);  // 0 while m is -inf (s is 0 then too)
-        m = pack_max;
-      }
-      if (m == -INFINITY) continue;
-#pragma unroll
-      for (int e = 0; e < W; ++e) s += exp_from(x[e], m);
+      f(i, p[u]);
     }
   }
+}
+
+// The row's max and sum of exp(x - max) in one read of its first V logits: per thread a
+// running max and a sum rescaled when the max grows (once per pack at most), then the block's
+// max and the rescaled sums. The logits are a step's largest tensor (N x 50304 for GPT-2), so
+// the read is in packs with kUnroll of them in flight per thread. Every caller of a row with
+// the same W gets the same bits (crossentropy_forward's loss is the fused kernel's).
+template <typename S, int W>
+__device__ void row_stats(const S* row, int V, float* scratch, float& mx, float& sum) {
+  const int packs = (V + W - 1) / W;
+  float m = -INFINITY, s = 0.0f;
+  for_each_pack<S, W>(row, packs, [&](int i, const Pack<S, W>& p) {
+    float x[W];
+    float pack_max = -INFINITY;
+#pragma unroll
+    for (int e = 0; e < W; ++e) {
+      x[e] = i * W + e < V ? ld(p.e[e]) : -INFINITY;  // the padding is not in the row
+      pack_max = fmaxf(pack_max, x[e]);
+    }
+    if (pack_max > m) {
+      s *= exp_from(m, pack_max);  // 0 while m is -inf (s is 0 then too)
+      m = pack_max;
+    }
+    if (m == -INFINITY) return;
+#pragma unroll
+    for (int e = 0; e < W; ++e) s += exp_from(x[e], m);
+  });
   mx = block_max(m, scratch);
   sum = block_sum(m == -INFINITY ? 0.0f : s * exp_from(m, mx), scratch);
 }
@@ -145,28 +154,16 @@ __global__ void __launch_bounds__(kRowThreads)
   row_stats<S, W>(row, V, scratch, mx, sum);
   if (losses != nullptr && threadIdx.x == 0) losses[n] = logf(sum) + mx - x_target;
   const float inv = 1.0f / sum;
-  for (int i0 = threadIdx.x; i0 < packs; i0 += kUnroll * kRowThreads) {
-    Pack<S, W> p[kUnroll];
+  for_each_pack<S, W>(row, packs, [&](int i, Pack<S, W> p) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = i0 + u * kRowThreads;
-      if (i < packs) p[u] = load_pack<S, W>(row + static_cast<I64>(i) * W);
+    for (int e = 0; e < W; ++e) {
+      const int v = i * W + e;
+      const float g =
+          v < V ? (exp_from(ld(p.e[e]), mx) * inv - (v == target ? 1.0f : 0.0f)) * dloss : 0.0f;
+      p.e[e] = st<S>(g);
     }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = i0 + u * kRowThreads;
-      if (i >= packs) break;
-#pragma unroll
-      for (int e = 0; e < W; ++e) {
-        const int v = i * W + e;
-        const float g =
-            v < V ? (exp_from(ld(p[u].e[e]), mx) * inv - (v == target ? 1.0f : 0.0f)) * dloss
-                  : 0.0f;
-        p[u].e[e] = st<S>(g);
-      }
-      store(i, p[u]);
-    }
-  }
+    store(i, p);
+  });
 }
 
 // out[0] = (sum of losses, in double, in a fixed tree order) / (divisor > 0 ? divisor : N).

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/residual.cuh"
 #include "kernels/cuda/row_pieces.cuh"
@@ -384,36 +385,16 @@ __global__ void layernorm_partials_kernel(float* part_w, float* part_b, const S*
   }
 }
 
-// Pass 2: per column, the chunks' partial sums in a fixed order (slice y adds chunks y, y +
-// kFinishSlices, ... in turn, then the slices are added in order) accumulated into the
-// gradients. A 32-column group takes 32 x kFinishSlices threads, so a column's chunks are read
-// kFinishSlices at a time: one thread a column summing every chunk waited on each read in turn.
-constexpr int kFinishColumns = 32;
-constexpr int kFinishSlices = 16;
-
+// Pass 2: per column, the chunks' partial sums (column_sums.cuh's order) accumulated into the
+// gradients.
 template <typename G>
 __global__ void layernorm_finish_kernel(G* dweight, G* dbias, const float* part_w,
                                         const float* part_b, int chunks, int C) {
-  __shared__ float slice_w[kFinishSlices][kFinishColumns], slice_b[kFinishSlices][kFinishColumns];
+  __shared__ float slice[kFinishSlices][kFinishColumns];
+  const float dw = finish_column_sum(part_w, chunks, C, slice);
+  const float db = finish_column_sum(part_b, chunks, C, slice);
   const int c = blockIdx.x * kFinishColumns + threadIdx.x;
-  const int y = threadIdx.y;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (int k = y; k < chunks; k += kFinishSlices) {
-      dw += part_w[static_cast<std::int64_t>(k) * C + c];
-      db += part_b[static_cast<std::int64_t>(k) * C + c];
-    }
-  }
-  slice_w[y][threadIdx.x] = dw;
-  slice_b[y][threadIdx.x] = db;
-  __syncthreads();
-  if (y != 0 || c >= C) return;
-  dw = 0.0f;
-  db = 0.0f;
-  for (int t = 0; t < kFinishSlices; ++t) {
-    dw += slice_w[t][threadIdx.x];
-    db += slice_b[t][threadIdx.x];
-  }
+  if (threadIdx.y != 0 || c >= C) return;
   if (dweight != nullptr) dweight[c] = st<G>(ld(dweight[c]) + dw);
   if (dbias != nullptr) dbias[c] = st<G>(ld(dbias[c]) + db);
 }
@@ -473,8 +454,7 @@ void layernorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* di
     using S = typename decltype(s)::type;
     using G = typename decltype(g)::type;
     const auto finish = [&](const float* part_w, const float* part_b, int chunks) {
-      layernorm_finish_kernel<G><<<(C + kFinishColumns - 1) / kFinishColumns,
-                                   dim3(kFinishColumns, kFinishSlices), 0, l.stream>>>(
+      layernorm_finish_kernel<G><<<finish_blocks(C), finish_block(), 0, l.stream>>>(
           static_cast<G*>(dweight), static_cast<G*>(dbias), part_w, part_b, chunks, C);
       ZRT_CUDA_LAUNCH_CHECK();
     };

@@ -1,5 +1,6 @@
 #include "kernels/cuda/matmul.cuh"
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/gemm.cuh"
 #include "kernels/cuda/layernorm.cuh"
@@ -34,36 +35,19 @@ __global__ void column_partials_kernel(float* part, const S* dout, int N, int C,
   }
 }
 
-// The chunks' sums of each column in a fixed order, added to dbias: a 32-column group takes 32 x
-// kFinishSlices threads, slice y adding chunks y, y + kFinishSlices, ... in turn, then the
-// slices in order (one thread a column summing the chunks waited on each read in turn).
-constexpr int kFinishColumns = 32;
-constexpr int kFinishSlices = 16;
-
+// The chunks' sums of each column (column_sums.cuh's order), added to dbias.
 template <typename G>
 __global__ void column_finish_kernel(G* dbias, const float* part, int chunks, int C) {
   __shared__ float slice[kFinishSlices][kFinishColumns];
+  const float sum = finish_column_sum(part, chunks, C, slice);
   const int c = blockIdx.x * kFinishColumns + threadIdx.x;
-  const int y = threadIdx.y;
-  float sum = 0.0f;
-  if (c < C) {
-    for (int k = y; k < chunks; k += kFinishSlices) {
-      sum += part[static_cast<std::int64_t>(k) * C + c];
-    }
-  }
-  slice[y][threadIdx.x] = sum;
-  __syncthreads();
-  if (y != 0 || c >= C) return;
-  sum = 0.0f;
-  for (int t = 0; t < kFinishSlices; ++t) sum += slice[t][threadIdx.x];
-  dbias[c] = st<G>(ld(dbias[c]) + sum);
+  if (threadIdx.y == 0 && c < C) dbias[c] = st<G>(ld(dbias[c]) + sum);
 }
 
 template <typename G>
 void launch_column_finish(const Launch& l, G* dbias, const float* part, int chunks, int C) {
   column_finish_kernel<G>
-      <<<(C + kFinishColumns - 1) / kFinishColumns, dim3(kFinishColumns, kFinishSlices), 0,
-         l.stream>>>(dbias, part, chunks, C);
+      <<<finish_blocks(C), finish_block(), 0, l.stream>>>(dbias, part, chunks, C);
   ZRT_CUDA_LAUNCH_CHECK();
 }
 

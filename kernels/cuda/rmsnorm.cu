@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/residual.cuh"
 #include "kernels/cuda/row_pieces.cuh"
@@ -199,30 +200,13 @@ __global__ void rmsnorm_partials_kernel(float* part, const S* dout, const S* inp
   }
 }
 
-// Pass 2: each column's chunks in a fixed order, accumulated into the gradient: a 32-column
-// group takes 32 x kFinishSlices threads, slice y adding chunks y, y + kFinishSlices, ... in
-// turn, then the slices in order. Qwen3's per-head q/k norms have 1024 chunks of 128 columns at
-// 2048 tokens of 32 heads: one thread a column summing them waited on each read in turn.
-constexpr int kFinishColumns = 32;
-constexpr int kFinishSlices = 16;
-
+// Pass 2: each column's chunks (column_sums.cuh's order), accumulated into the gradient.
 template <typename G>
 __global__ void rmsnorm_finish_kernel(G* dweight, const float* part, int chunks, int C) {
   __shared__ float slice[kFinishSlices][kFinishColumns];
+  const float dw = finish_column_sum(part, chunks, C, slice);
   const int c = blockIdx.x * kFinishColumns + threadIdx.x;
-  const int y = threadIdx.y;
-  float dw = 0.0f;
-  if (c < C) {
-    for (int k = y; k < chunks; k += kFinishSlices) {
-      dw += part[static_cast<std::int64_t>(k) * C + c];
-    }
-  }
-  slice[y][threadIdx.x] = dw;
-  __syncthreads();
-  if (y != 0 || c >= C) return;
-  dw = 0.0f;
-  for (int t = 0; t < kFinishSlices; ++t) dw += slice[t][threadIdx.x];
-  dweight[c] = st<G>(ld(dweight[c]) + dw);
+  if (threadIdx.y == 0 && c < C) dweight[c] = st<G>(ld(dweight[c]) + dw);
 }
 
 int chunks_of(int N) {
@@ -290,9 +274,8 @@ void rmsnorm_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp
     rmsnorm_partials_kernel<S><<<grid, kColumnThreads, 0, l.stream>>>(
         part, static_cast<const S*>(dout), static_cast<const S*>(inp), rstd, N, C, chunks);
     ZRT_CUDA_LAUNCH_CHECK();
-    rmsnorm_finish_kernel<G>
-        <<<(C + kFinishColumns - 1) / kFinishColumns, dim3(kFinishColumns, kFinishSlices), 0,
-           l.stream>>>(static_cast<G*>(dweight), part, chunks, C);
+    rmsnorm_finish_kernel<G><<<finish_blocks(C), finish_block(), 0, l.stream>>>(
+        static_cast<G*>(dweight), part, chunks, C);
     ZRT_CUDA_LAUNCH_CHECK();
   });
 }

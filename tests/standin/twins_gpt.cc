@@ -34,6 +34,27 @@ I64 elements_left(const void* p, std::size_t elem, const std::string& call) {
   return static_cast<I64>((a->base + a->bytes - reinterpret_cast<std::uintptr_t>(p)) / elem);
 }
 
+// LayerNorm's input gradient of row r, as the dinp kernels compute it (accumulated into dinp).
+template <typename S>
+void layernorm_dinp_row(S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
+                        const float* rstd, int r, int C) {
+  const I64 off = I64{r} * C;
+  const float m = mean[r], sc = rstd[r];
+  float g_sum = 0.0f, gn_sum = 0.0f;
+  for (int c = 0; c < C; ++c) {
+    const float norm = (ld(inp[off + c]) - m) * sc;
+    const float g = ld(dout[off + c]) * ld(weight[c]);
+    g_sum += g;
+    gn_sum += g * norm;
+  }
+  const float g_mean = g_sum / C, gn_mean = gn_sum / C;
+  for (int c = 0; c < C; ++c) {
+    const float norm = (ld(inp[off + c]) - m) * sc;
+    const float g = ld(dout[off + c]) * ld(weight[c]);
+    dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
+  }
+}
+
 template <typename S>
 void register_storage() {
   const char* s = cuda_name<S>();
@@ -266,23 +287,7 @@ void register_storage() {
     k.reads(mean, I64{N} * 4, "mean");
     k.reads(rstd, I64{N} * 4, "rstd");
     k.run([=] {
-      for (int r = 0; r < N; ++r) {
-        const I64 off = I64{r} * C;
-        const float m = mean[r], sc = rstd[r];
-        float g_sum = 0.0f, gn_sum = 0.0f;
-        for (int c = 0; c < C; ++c) {
-          const float norm = (ld(inp[off + c]) - m) * sc;
-          const float g = ld(dout[off + c]) * ld(weight[c]);
-          g_sum += g;
-          gn_sum += g * norm;
-        }
-        const float g_mean = g_sum / C, gn_mean = gn_sum / C;
-        for (int c = 0; c < C; ++c) {
-          const float norm = (ld(inp[off + c]) - m) * sc;
-          const float g = ld(dout[off + c]) * ld(weight[c]);
-          dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
-        }
-      }
+      for (int r = 0; r < N; ++r) layernorm_dinp_row(dinp, dout, inp, weight, mean, rstd, r, C);
     });
   };
   twin<S*, const S*, const S*, const S*, const float*, const float*, int, int>(
@@ -342,23 +347,12 @@ void register_storage() {
                     const int r = chunk * kChunkRows + i * kWarps + w;
                     if (r >= N) continue;
                     const I64 off = I64{r} * C;
-                    const float m = mean[r], sc = rstd[r];
-                    float g_sum = 0.0f, gn_sum = 0.0f;
                     for (int c = 0; c < C; ++c) {
                       const float dy = ld(dout[off + c]);
-                      const float norm = (ld(inp[off + c]) - m) * sc;
-                      const float g = dy * ld(weight[c]);
-                      g_sum += g;
-                      gn_sum += g * norm;
-                      dw[I64{w} * C + c] += dy * norm;
+                      dw[I64{w} * C + c] += dy * ((ld(inp[off + c]) - mean[r]) * rstd[r]);
                       db[I64{w} * C + c] += dy;
                     }
-                    const float g_mean = g_sum / C, gn_mean = gn_sum / C;
-                    for (int c = 0; c < C; ++c) {
-                      const float norm = (ld(inp[off + c]) - m) * sc;
-                      const float g = ld(dout[off + c]) * ld(weight[c]);
-                      dinp[off + c] = st<S>(ld(dinp[off + c]) + (g - g_mean - norm * gn_mean) * sc);
-                    }
+                    layernorm_dinp_row(dinp, dout, inp, weight, mean, rstd, r, C);
                   }
                 }
                 for (int c = 0; c < C; ++c) {
