@@ -108,7 +108,7 @@ void encoder_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes d
   const bool by_position = positions && dwpe;
   cuda::encoder_backward(launch(ctx, cuda::encoder_backward_workspace(B, T, by_position)), dtype,
                          grad_dtype, raw(dwte), raw(dwpe), raw(dout), raw(tokens), B, T, C, V,
-                         raw(positions));
+                         raw(positions), position_rows);
 #else
   cuda_backend_missing("kernels::encoder_backward");
 #endif

@@ -29,36 +29,134 @@ __global__ void encoder_forward_kernel(S* out, const std::int32_t* tokens, const
 
 // The rows grouped by key (a token id, or a position): order[] lists the rows sorted by
 // (key, row), start[r] is row r's place in it, and count[r] is the size of r's group when r is
-// its key's first row, else 0. One warp per row counts, over all rows, the keys below its own
-// and the rows before it with the same key (integer sums: the same in any order), so every row
-// is placed at once, without a sort or a linked list to walk.
-__global__ void key_groups_kernel(const std::int32_t* keys, int rows, int* order, int* start,
-                                  int* count) {
-  const int r =
-      static_cast<int>((blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32);
-  const int lane = threadIdx.x % 32;
-  if (r >= rows) return;  // the whole warp
-  const std::int32_t mine = keys[r];
-  int below = 0, before = 0, same = 0;
-  for (int q = lane; q < rows; q += 32) {
-    const std::int32_t key = keys[q];
-    below += key < mine ? 1 : 0;
-    if (key == mine) {
-      ++same;
-      before += q < r ? 1 : 0;
+// its key's first row, else 0. order[] comes from a least-significant-digit radix sort of the
+// row indices by their keys, kRadixBits a pass over the bits the keys' bound needs (two passes
+// for GPT-2's vocabulary, three for Llama-3's): each pass is stable, so rows of one key stay in
+// row order, and every count is an integer, so order[] does not depend on the launch. A pass
+// is linear in the rows, where counting every row's predecessors was quadratic (65 536 rows:
+// 2^32 comparisons a call).
+constexpr int kRadixBits = 8;
+constexpr int kDigits = 1 << kRadixBits;
+constexpr int kSortTile = 1024;  // rows a block of a pass: one a thread, 32 warps
+constexpr int kScanThreads = 1024;
+
+__device__ int digit_of(const std::int32_t* keys, int row, int shift) {
+  return (keys[row] >> shift) & (kDigits - 1);
+}
+
+// counts[d * tiles + tile] = the tile's rows whose digit is d (digit-major, so an exclusive scan
+// of counts gives every (digit, tile)'s first place in the pass's output). in: the previous
+// pass's order, null on the first pass (the rows in order).
+__global__ void __launch_bounds__(kSortTile)
+    digit_counts_kernel(const std::int32_t* keys, const int* in, int rows, int shift, int* counts) {
+  __shared__ int tile_counts[kDigits];
+  for (int d = threadIdx.x; d < kDigits; d += blockDim.x) tile_counts[d] = 0;
+  __syncthreads();
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
+  if (i < rows) {
+    const int row = in != nullptr ? in[i] : static_cast<int>(i);
+    atomicAdd(&tile_counts[digit_of(keys, row, shift)], 1);  // integer: any order
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < kDigits; d += blockDim.x)
+    counts[static_cast<std::int64_t>(d) * gridDim.x + blockIdx.x] = tile_counts[d];
+}
+
+// values[0, n) replaced by their exclusive prefix sums, in one block: each thread sums a
+// contiguous span, the block scans the spans' sums, and each thread rewrites its span. n is
+// kDigits x tiles: spans of 2 ints at 8 192 rows, of 256 at a million.
+__global__ void __launch_bounds__(kScanThreads) exclusive_scan_kernel(int* values, int n) {
+  __shared__ int warp_sums[kScanThreads / 32];
+  const int span = (n + kScanThreads - 1) / kScanThreads;
+  const std::int64_t begin = static_cast<std::int64_t>(threadIdx.x) * span;
+  const std::int64_t end = min(begin + span, static_cast<std::int64_t>(n));
+  int own = 0;
+  for (std::int64_t j = begin; j < end; ++j) own += values[j];
+  // The threads' sums scanned: inclusive within each warp, then the warps' totals.
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inclusive = own;
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int other = __shfl_up_sync(0xffffffffu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  if (lane == 31) warp_sums[warp] = inclusive;
+  __syncthreads();
+  if (warp == 0) {
+    const int total = warp_sums[lane];  // kScanThreads / 32 == 32 warps
+    int warp_inclusive = total;
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int other = __shfl_up_sync(0xffffffffu, warp_inclusive, offset);
+      if (lane >= offset) warp_inclusive += other;
+    }
+    warp_sums[lane] = warp_inclusive - total;  // exclusive: the warps before
+  }
+  __syncthreads();
+  int run = warp_sums[warp] + inclusive - own;
+  for (std::int64_t j = begin; j < end; ++j) {
+    const int v = values[j];
+    values[j] = run;
+    run += v;
+  }
+}
+
+// One pass's stable scatter: a row goes to its (digit, tile)'s first place plus the number of
+// the tile's earlier rows with its digit: the rows of its warp before it with that digit
+// (__match_any_sync), and those of the warps before its own (their counts, scanned per digit).
+__global__ void __launch_bounds__(kSortTile)
+    digit_scatter_kernel(const std::int32_t* keys, const int* in, int rows, int shift,
+                         const int* offsets, int* out) {
+  constexpr int kWarps = kSortTile / 32;
+  __shared__ int warp_counts[kWarps][kDigits];  // 32 KB: then each warp's first place
+  for (int j = threadIdx.x; j < kWarps * kDigits; j += blockDim.x) (&warp_counts[0][0])[j] = 0;
+  __syncthreads();
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool valid = i < rows;
+  const unsigned active = __ballot_sync(0xffffffffu, valid);
+  int row = 0, d = 0, rank = 0;
+  if (valid) {
+    row = in != nullptr ? in[i] : static_cast<int>(i);
+    d = digit_of(keys, row, shift);
+    const unsigned peers = __match_any_sync(active, d);
+    rank = __popc(peers & ((1u << lane) - 1u));
+    if (rank == 0) warp_counts[warp][d] = __popc(peers);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < kDigits; e += blockDim.x) {
+    int place = offsets[static_cast<std::int64_t>(e) * gridDim.x + blockIdx.x];
+    for (int w = 0; w < kWarps; ++w) {
+      const int c = warp_counts[w][e];
+      warp_counts[w][e] = place;
+      place += c;
     }
   }
-  for (int offset = 16; offset > 0; offset /= 2) {
-    below += __shfl_xor_sync(0xffffffffu, below, offset);
-    before += __shfl_xor_sync(0xffffffffu, before, offset);
-    same += __shfl_xor_sync(0xffffffffu, same, offset);
+  __syncthreads();
+  if (valid) out[warp_counts[warp][d] + rank] = row;
+}
+
+// From the sorted order: start[r] = r's place; count[r] = its group's size when r comes first
+// in it (the end found by binary search: the keys along order[] ascend), else 0.
+__global__ void group_bounds_kernel(const std::int32_t* keys, const int* order, int rows,
+                                    int* start, int* count) {
+  const std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+  if (p >= rows) return;
+  const int r = order[p];
+  const std::int32_t key = keys[r];
+  start[r] = static_cast<int>(p);
+  if (p > 0 && keys[order[p - 1]] == key) {
+    count[r] = 0;
+    return;
   }
-  if (lane == 0) {
-    const int place = below + before;
-    order[place] = r;
-    start[r] = place;
-    count[r] = before == 0 ? same : 0;
+  int lo = static_cast<int>(p) + 1, hi = rows;  // keys[order[lo - 1]] == key
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (keys[order[mid]] == key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
   }
+  count[r] = lo - static_cast<int>(p);
 }
 
 // One block per row; the first row of each key sums its group's rows of dout in row order
@@ -71,8 +169,9 @@ constexpr int kGroupChunk = 1024;
 constexpr int kInFlight = 16;
 
 template <typename S, typename G>
-__global__ void table_backward_kernel(G* dtable, const S* dout, const std::int32_t* keys,
-                                      const int* order, const int* start, const int* count, int C) {
+__global__ void __launch_bounds__(1024)
+    table_backward_kernel(G* dtable, const S* dout, const std::int32_t* keys, const int* order,
+                          const int* start, const int* count, int C) {
   __shared__ int rows_of[kGroupChunk];
   const int r = blockIdx.x;
   const int n = count[r];
@@ -130,10 +229,27 @@ void encoder_forward(const Launch& l, DType dtype, void* out, const std::int32_t
   });
 }
 
-// Three ints a row for the tokens' groups, three more for the positions'.
+namespace {
+int sort_tiles(int rows) {
+  return (rows + kSortTile - 1) / kSortTile;
+}
+
+// The radix passes the keys in [0, bound) need (at least one: order[] is written by a pass).
+int radix_passes(int bound) {
+  int bits = 0;
+  while (bits < 31 && (std::int64_t{1} << bits) < bound) ++bits;
+  return std::max(1, (bits + kRadixBits - 1) / kRadixBits);
+}
+}  // namespace
+
+// Three ints a row for the tokens' groups (order, start, count), three more for the positions',
+// and the sort's scratch, shared by both: a row's place between passes and the (digit, tile)
+// counts.
 std::int64_t encoder_backward_workspace(int B, int T, bool by_position) {
-  return (by_position ? 6 : 3) * static_cast<std::int64_t>(B) * T *
-         static_cast<std::int64_t>(sizeof(int));
+  const int rows = B * T;
+  const std::int64_t ints =
+      (by_position ? 6 : 3) * std::int64_t{rows} + rows + std::int64_t{kDigits} * sort_tiles(rows);
+  return ints * static_cast<std::int64_t>(sizeof(int));
 }
 
 namespace {
@@ -143,27 +259,50 @@ struct KeyGroups {
   int* count;
 };
 
-KeyGroups key_groups(const Launch& l, const std::int32_t* keys, int rows, int* ws) {
-  const KeyGroups g{ws, ws + rows, ws + 2 * static_cast<std::int64_t>(rows)};
-  const std::int64_t threads = 32 * static_cast<std::int64_t>(rows);  // a warp a row
-  key_groups_kernel<<<static_cast<unsigned>((threads + kThreads - 1) / kThreads), kThreads, 0,
-                      l.stream>>>(keys, rows, g.order, g.start, g.count);
+// keys in [0, bound). groups: 3 x rows ints; scratch: rows + kDigits x tiles ints.
+KeyGroups key_groups(const Launch& l, const std::int32_t* keys, int bound, int rows, int* groups,
+                     int* scratch) {
+  const KeyGroups g{groups, groups + rows, groups + 2 * static_cast<std::int64_t>(rows)};
+  const int tiles = sort_tiles(rows);
+  int* between = scratch;  // a pass's output when the next pass reads it
+  int* counts = scratch + rows;
+  const int passes = radix_passes(bound);
+  const int* in = nullptr;  // the rows in order
+  for (int pass = 0; pass < passes; ++pass) {
+    // Alternate so that the last pass writes order[].
+    int* out = (passes - 1 - pass) % 2 == 0 ? g.order : between;
+    const int shift = pass * kRadixBits;
+    digit_counts_kernel<<<tiles, kSortTile, 0, l.stream>>>(keys, in, rows, shift, counts);
+    ZRT_CUDA_LAUNCH_CHECK();
+    exclusive_scan_kernel<<<1, kScanThreads, 0, l.stream>>>(counts, kDigits * tiles);
+    ZRT_CUDA_LAUNCH_CHECK();
+    digit_scatter_kernel<<<tiles, kSortTile, 0, l.stream>>>(keys, in, rows, shift, counts, out);
+    ZRT_CUDA_LAUNCH_CHECK();
+    in = out;
+  }
+  group_bounds_kernel<<<blocks_for(rows, kThreads), kThreads, 0, l.stream>>>(keys, g.order, rows,
+                                                                             g.start, g.count);
   ZRT_CUDA_LAUNCH_CHECK();
   return g;
 }
 }  // namespace
 
 void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte, void* dwpe,
-                      const void* dout, const std::int32_t* tokens, int B, int T, int C, int /*V*/,
-                      const std::int32_t* positions) {
+                      const void* dout, const std::int32_t* tokens, int B, int T, int C, int V,
+                      const std::int32_t* positions, int position_rows) {
   const int rows = B * T;
   int* ws = static_cast<int*>(l.ws);
-  KeyGroups token_groups{};
-  if (dwte != nullptr) token_groups = key_groups(l, tokens, rows, ws);  // null: a frozen table
   // Packed documents: the rows of each position grouped in (b,t) order, as the tokens'.
   const bool by_position = positions != nullptr && dwpe != nullptr;
+  int* scratch = ws + (by_position ? 6 : 3) * std::int64_t{rows};
+  KeyGroups token_groups{};
+  if (dwte != nullptr) token_groups = key_groups(l, tokens, V, rows, ws, scratch);  // null: frozen
   KeyGroups position_groups{};
-  if (by_position) position_groups = key_groups(l, positions, rows, ws + 3 * std::int64_t{rows});
+  if (by_position) {
+    // Positions index wpe's rows: position_rows of them, or T (ops.h's encoder_backward).
+    const int bound = position_rows > 0 ? position_rows : T;
+    position_groups = key_groups(l, positions, bound, rows, ws + 3 * std::int64_t{rows}, scratch);
+  }
   // A channel a thread (C <= 1024; wider tables loop), so a group's rows are read once.
   const int threads = static_cast<int>(std::min<std::int64_t>(1024, (C + 31) / 32 * 32));
   with_storage_grad(dtype, grad_dtype, [&](auto s, auto g) {

@@ -873,15 +873,18 @@ TEST_CASE("CUDA encoder_backward with a frozen token table computes the position
 // A token far more frequent than the rest (its group spans the kernel's 1024-row chunks of
 // indices) and tables wider than a block (C > 1024: a thread loops over channels), packed
 // positions grouped the same way: fp32 sums in row order into zeroed tables are the CPU twin's
-// bits.
+// bits. The rows sort by key in tiles of 1024 (2100 rows: three, the last partial), 8 bits of
+// key a pass: one pass for V = 50, three for V = 70 000 (a Llama-3-sized vocabulary, its
+// frequent token 65 539 apart from token 3 only in the third pass's bits), two for positions.
 TEST_CASE("CUDA encoder_backward sums long token groups and wide tables as its CPU twin",
           "[cuda]") {
-  constexpr int B = 3, T = 700, V = 50, rows = B * T;
-  for (int C : {40, 1100}) {
-    INFO("C " << C);
+  constexpr int B = 3, T = 700, rows = B * T;
+  for (const auto& [C, V] : {std::pair{40, 50}, std::pair{1100, 50}, std::pair{40, 70000}}) {
+    INFO("C " << C << ", V " << V);
     std::vector<std::int32_t> tokens = test::token_values(kSeed, 81, rows, V);
     for (int r = 0; r < rows; ++r) {
       if (r % 7 != 0) tokens[r] = 3;  // 1800 rows of token 3
+      if (V > 65539 && r % 5 == 1) tokens[r] = 65539;
     }
     std::vector<std::int32_t> positions(rows);
     for (int r = 0; r < rows; ++r) positions[r] = (r % T) % 300;

@@ -512,7 +512,7 @@ void register_storage_grad() {
   const char* g = cuda_name<G>();
   const I64 ss = sizeof(S), gs = sizeof(G);
 
-  // A table's gradient (dwte, or dwpe by packed positions) from key_groups_kernel's groups:
+  // A table's gradient (dwte, or dwpe by packed positions) from key_groups' groups:
   // block r, when r is its key's first row (count[r] > 0), adds the sum of its group's rows of
   // dout, in row order, to the key's row of the table.
   twin<G*, const S*, const std::int32_t*, const int*, const int*, const int*, int>(
@@ -652,30 +652,103 @@ void register_gpt_twins() {
   register_grad<bf16>();
   register_grad<fp16>();
 
-  // Rows grouped by key, one warp a row: order[] the rows sorted by (key, row), start[r] row
-  // r's place in it, count[r] its group's size when r is its key's first row, else 0.
-  twin<const std::int32_t*, int, int*, int*, int*>(
-      kNs + "key_groups_kernel(int const*, int, int*, int*, int*)",
-      [](KernelCall& k, const std::int32_t* keys, int rows, int* order, int* start, int* count) {
-        k.require(k.block().x % 32 == 0 && k.block().y == 1, "block must be whole warps in x");
-        k.require_threads(32 * I64{rows}, "a warp per row");
+  // Rows grouped by key (encoder.cu's key_groups): a stable radix sort of the rows by key,
+  // kRadixBits a pass over tiles of kSortTile rows, then each group's bounds. The twins compute
+  // what each kernel writes from its definition (a tile's digit counts; an exclusive scan; a
+  // stable counting scatter; the groups of a sorted order), not the kernels' warp mechanics.
+  constexpr int kSortTile = 1024, kDigits = 256;
+  const auto sort_geometry = [](KernelCall& k, int rows) {
+    k.require_block(kSortTile);
+    k.require_blocks((I64{rows} + kSortTile - 1) / kSortTile, "a block per tile");
+  };
+  twin<const std::int32_t*, const int*, int, int, int*>(
+      kNs + "digit_counts_kernel(int const*, int const*, int, int, int*)",
+      [sort_geometry](KernelCall& k, const std::int32_t* keys, const int* in, int rows, int shift,
+                      int* counts) {
+        sort_geometry(k, rows);
+        const I64 tiles = k.grid().x;
         k.reads(keys, I64{rows} * 4, "keys");
-        k.writes(order, I64{rows} * 4, "order");
+        if (in != nullptr) k.reads(in, I64{rows} * 4, "in");
+        k.writes(counts, kDigits * tiles * 4, "counts");
+        const std::string name = k.name();
+        k.run([=] {
+          std::fill(counts, counts + kDigits * tiles, 0);
+          for (I64 i = 0; i < rows; ++i) {
+            const int row = in != nullptr ? in[i] : static_cast<int>(i);
+            if (row < 0 || row >= rows) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("in[{}] = {} of {} rows", i, row, rows));
+            }
+            ++counts[((keys[row] >> shift) & (kDigits - 1)) * tiles + i / kSortTile];
+          }
+        });
+      });
+  twin<int*, int>(kNs + "exclusive_scan_kernel(int*, int)", [](KernelCall& k, int* values, int n) {
+    k.require_block(1024);
+    k.require(k.grid().x == 1, "one block scans");
+    k.writes(values, I64{n} * 4, "values");
+    k.run([=] {
+      int run = 0;
+      for (int j = 0; j < n; ++j) {
+        const int v = values[j];
+        values[j] = run;
+        run += v;
+      }
+    });
+  });
+  twin<const std::int32_t*, const int*, int, int, const int*, int*>(
+      kNs + "digit_scatter_kernel(int const*, int const*, int, int, int const*, int*)",
+      [sort_geometry](KernelCall& k, const std::int32_t* keys, const int* in, int rows, int shift,
+                      const int* offsets, int* out) {
+        sort_geometry(k, rows);
+        const I64 tiles = k.grid().x;
+        k.reads(keys, I64{rows} * 4, "keys");
+        if (in != nullptr) k.reads(in, I64{rows} * 4, "in");
+        k.reads(offsets, kDigits * tiles * 4, "offsets");
+        k.writes(out, I64{rows} * 4, "out");
+        const std::string name = k.name();
+        k.run([=] {
+          for (I64 tile = 0; tile < tiles; ++tile) {
+            std::vector<int> seen(kDigits, 0);  // the tile's earlier rows, by digit
+            for (I64 i = tile * kSortTile; i < std::min<I64>(rows, (tile + 1) * kSortTile); ++i) {
+              const int row = in != nullptr ? in[i] : static_cast<int>(i);
+              const int d = (keys[row] >> shift) & (kDigits - 1);
+              const I64 place = I64{offsets[d * tiles + tile]} + seen[d]++;
+              if (place < 0 || place >= rows) {
+                fail(cudaErrorIllegalAddress, name,
+                     fmt::format("row {} placed at {} of {}", row, place, rows));
+              }
+              out[place] = row;
+            }
+          }
+        });
+      });
+  twin<const std::int32_t*, const int*, int, int*, int*>(
+      kNs + "group_bounds_kernel(int const*, int const*, int, int*, int*)",
+      [](KernelCall& k, const std::int32_t* keys, const int* order, int rows, int* start,
+         int* count) {
+        k.require_threads(rows, "a thread per place");
+        k.reads(keys, I64{rows} * 4, "keys");
+        k.reads(order, I64{rows} * 4, "order");
         k.writes(start, I64{rows} * 4, "start");
         k.writes(count, I64{rows} * 4, "count");
+        const std::string name = k.name();
         k.run([=] {
-          for (int r = 0; r < rows; ++r) {
-            int below = 0, before = 0, same = 0;
-            for (int q = 0; q < rows; ++q) {
-              below += keys[q] < keys[r] ? 1 : 0;
-              if (keys[q] == keys[r]) {
-                ++same;
-                before += q < r ? 1 : 0;
-              }
+          for (int p = 1; p < rows; ++p) {
+            if (keys[order[p]] < keys[order[p - 1]]) {
+              fail(cudaErrorIllegalAddress, name,
+                   fmt::format("order[] does not ascend by key at place {}: key {} after {}", p,
+                               keys[order[p]], keys[order[p - 1]]));
             }
-            order[below + before] = r;
-            start[r] = below + before;
-            count[r] = before == 0 ? same : 0;
+          }
+          for (int p = 0; p < rows;) {
+            int end = p + 1;
+            while (end < rows && keys[order[end]] == keys[order[p]]) ++end;
+            for (int q = p; q < end; ++q) {
+              start[order[q]] = q;
+              count[order[q]] = q == p ? end - p : 0;
+            }
+            p = end;
           }
         });
       });
