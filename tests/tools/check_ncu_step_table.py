@@ -61,6 +61,15 @@ check(rows == ["nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_NTN", "layernorm_finish_ke
 
 ns = tool.read_launches(csv_text("nsecond", LAUNCHES))
 check(abs(ns[5][1] - 0.011) < 1e-12, f"nanoseconds to microseconds: {ns[5]}")
+# Recent ncu abbreviates the units ("ns", "us"): read as spelled-out ones, never as the default.
+for short, spelled in (("ns", "nsecond"), ("us", "usecond"), ("ms", "msecond")):
+    check(tool.read_launches(csv_text(short, LAUNCHES)) == tool.read_launches(csv_text(spelled, LAUNCHES)),
+          f"units row '{short}' read as '{spelled}'")
+try:
+    tool.read_launches(csv_text("cycle", LAUNCHES))
+    failures.append("a duration in an unknown unit was not refused")
+except ValueError as e:
+    check("unknown unit 'cycle'" in str(e), f"refusal says {e}")
 
 try:
     tool.step_launches(launches, "encoder_forward", 3)

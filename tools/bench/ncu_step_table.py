@@ -19,7 +19,9 @@ import re
 import sys
 from collections import OrderedDict
 
-_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# The units row's names for a duration: older ncu spells them out, recent ncu abbreviates.
+_UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6,
+          "ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
 
 
 def read_launches(lines):
@@ -45,6 +47,8 @@ def read_launches(lines):
         try:
             launches.append((row[name_at], float(value) * scale))
         except ValueError:
+            if not launches and row[name_at] == "":  # a units row in a unit not known here
+                raise ValueError(f"unknown unit '{value}' for gpu__time_duration.sum") from None
             continue
     return launches
 
