@@ -185,40 +185,73 @@ __global__ void loss_mean_kernel(float* out, const float* losses, int N, float d
 
 }  // namespace
 
-std::int64_t logits_workspace(DType dtype, int C, int V, int ldl) {
-  return ldl == V ? 0 : static_cast<I64>(ldl) * C * static_cast<I64>(dtype_size(dtype));
-}
-
 namespace {
-// wte (V,C) copied into l.ws as ldl rows, the rows from V on zero: the GEMMs then run over the
-// padded vocabulary (an M or K of ldl, a multiple of 8) and cuBLAS picks aligned kernels; with
-// V = 50257 it falls back to align1 kernels at about a sixth of the speed.
-const void* padded_wte(const Launch& l, DType dtype, const void* wte, int C, int V, int ldl) {
-  if (ldl == V) return wte;
+// The GEMMs over the vocabulary run over ldl rows of wte (an M or K of ldl, a multiple of 8:
+// with V = 50257 cuBLAS falls back to align1 kernels at about a sixth of the speed), rows V on
+// zero, in two parts: wte's own first `main` rows (V rounded down to a multiple of 8, read in
+// place) and the `tail` rows after them, copied into l.ws with the zero rows (GPT-2: 48 rows, 74
+// KiB, where a padded copy of the whole table moved 77 MB twice a head tile).
+constexpr int kVocabAlign = 8;
+
+struct VocabParts {
+  int main;               // rows of wte read in place
+  int tail;               // rows from `main` to ldl
+  const void* tail_rows;  // those rows: wte's, then zeros (null when tail is 0)
+};
+
+VocabParts vocab_parts(const Launch& l, DType dtype, const void* wte, int C, int V, int ldl) {
+  if (ldl == V) return {V, 0, nullptr};
+  const int main = V / kVocabAlign * kVocabAlign;
   const std::size_t row = static_cast<std::size_t>(C) * dtype_size(dtype);
-  ZRT_CUDA_CHECK(cudaMemcpyAsync(l.ws, wte, row * static_cast<std::size_t>(V),
-                                 cudaMemcpyDeviceToDevice, l.stream));
-  ZRT_CUDA_CHECK(cudaMemsetAsync(static_cast<std::byte*>(l.ws) + row * static_cast<std::size_t>(V),
-                                 0, row * static_cast<std::size_t>(ldl - V), l.stream));
-  return l.ws;
+  if (V > main) {  // else the tail is all padding (and wte + main rows is past its allocation)
+    ZRT_CUDA_CHECK(cudaMemcpyAsync(l.ws, static_cast<const std::byte*>(wte) + row * main,
+                                   row * static_cast<std::size_t>(V - main),
+                                   cudaMemcpyDeviceToDevice, l.stream));
+  }
+  ZRT_CUDA_CHECK(cudaMemsetAsync(static_cast<std::byte*>(l.ws) + row * (V - main), 0,
+                                 row * static_cast<std::size_t>(ldl - V), l.stream));
+  return {main, ldl - main, l.ws};
 }
 }  // namespace
+
+std::int64_t logits_workspace(DType dtype, int C, int V, int ldl) {
+  return ldl == V ? 0
+                  : static_cast<I64>(ldl - V / kVocabAlign * kVocabAlign) * C *
+                        static_cast<I64>(dtype_size(dtype));
+}
 
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
                     int N, int C, int V, int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
+  const VocabParts parts = vocab_parts(l, dtype, wte, C, V, ldl);
   // All ldl columns: the padding ones come out as zero logits (zero weight rows).
-  gemm(l, false, true, N, ldl, C, 1.0f, inp, type, C, padded_wte(l, dtype, wte, C, V, ldl), type, C,
-       0.0f, logits, type, ldl);
+  if (parts.main > 0) {
+    gemm(l, false, true, N, parts.main, C, 1.0f, inp, type, C, wte, type, C, 0.0f, logits, type,
+         ldl);
+  }
+  if (parts.tail > 0) {
+    gemm(l, false, true, N, parts.tail, C, 1.0f, inp, type, C, parts.tail_rows, type, C, 0.0f,
+         static_cast<std::byte*>(logits) + static_cast<I64>(parts.main) * dtype_size(dtype), type,
+         ldl);
+  }
 }
 
 void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp, void* dwte,
                      const void* dlogits, const void* inp, const void* wte, int N, int C, int V,
                      int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  // dinp sums over the padded vocabulary: crossentropy_backward left zeros in the padding.
-  gemm(l, false, false, N, C, ldl, 1.0f, dlogits, type, ldl, padded_wte(l, dtype, wte, C, V, ldl),
-       type, C, 1.0f, dinp, type, C);
+  const VocabParts parts = vocab_parts(l, dtype, wte, C, V, ldl);
+  // dinp sums over the padded vocabulary (crossentropy_backward left zeros in the padding), the
+  // in-place rows, then the tail's.
+  if (parts.main > 0) {
+    gemm(l, false, false, N, C, parts.main, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp,
+         type, C);
+  }
+  if (parts.tail > 0) {
+    gemm(l, false, false, N, C, parts.tail, 1.0f,
+         static_cast<const std::byte*>(dlogits) + static_cast<I64>(parts.main) * dtype_size(dtype),
+         type, ldl, parts.tail_rows, type, C, 1.0f, dinp, type, C);
+  }
   if (dwte == nullptr) return;  // a head that is not trained
   gemm(l, true, false, V, C, N, 1.0f, dlogits, type, ldl, inp, type, C, 1.0f, dwte,
        to_cuda_dtype(grad_dtype), C);
