@@ -112,6 +112,17 @@ TEST_CASE("the squared norm matches the CPU twin, accumulates into its target, i
         if (run == 0) first = value;
         CHECK(value == first);  // a fixed reduction order: bit-identical on every run
       }
+      // From one element in: not 16-byte aligned, so the CUDA kernel loads an element at a time.
+      const std::size_t size = dtype_size(t);
+      const double expect_rest = engine_kernels::cpu::sum_squares(a.data() + size, t, n - 1);
+      Buffer acc = gpu.upload(start_bytes);
+      engine_kernels::add_sum_squares(*gpu.device, *gpu.stream, da.device<std::byte>() + size, t,
+                                      n - 1, acc.device<float>());
+      const auto got = gpu.download(acc);
+      float value = 0.f;
+      std::memcpy(&value, got.data(), 4);
+      INFO("n " << n - 1 << " from element 1, type " << dtype_name(t));
+      CHECK(value == Approx(static_cast<float>(expect_rest) + start).epsilon(1e-6));
     }
   }
 }

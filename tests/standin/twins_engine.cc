@@ -2,15 +2,20 @@
 // engine_kernels.cc, on the same type codes (0 fp32, 1 bf16, 2 fp16).
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 #include "runtime/common/dtype.h"
 #include "runtime/engine/engine_kernels.h"
 #include "tests/standin/kernel_twins.h"
+#include "tests/standin/twin_names.h"
 
 namespace zrt::standin {
 
 namespace {
 
+using I64 = std::int64_t;
+using twin_names::cuda_name;
+using twin_names::ld;
 const std::string kNs = "zrt::engine_kernels::cuda::(anonymous namespace)::";
 
 DType type_of(KernelCall& k, int code, const char* arg) {
@@ -20,6 +25,43 @@ DType type_of(KernelCall& k, int code, const char* arg) {
 
 std::int64_t bytes_of(DType t, std::int64_t n) {
   return n * static_cast<std::int64_t>(dtype_size(t));
+}
+
+// The squared norm's first pass, sum_squares_partials_kernel<S, W>: 16-byte packs of W
+// elements (W = 1: any alignment), pack p summed by block (p mod gridDim.x*blockDim.x) /
+// blockDim.x into partials[b] in fp64, the elements after the last whole pack by block 0. Its
+// shared array holds 256 doubles, so the block must be exactly that.
+template <typename S>
+void register_sum_squares() {
+  const I64 wide = static_cast<I64>(16 / sizeof(S));
+  for (const I64 W : {wide, I64{1}}) {
+    twin<const S*, long, double*>(
+        fmt::format("void {}sum_squares_partials_kernel<{}, {}>({} const*, long, double*)", kNs,
+                    cuda_name<S>(), W, cuda_name<S>()),
+        [W](KernelCall& k, const S* x, long n, double* partials) {
+          k.require_block(256);
+          k.require(k.grid().y == 1 && k.grid().z == 1, "the grid must be one-dimensional");
+          k.require(W == 1 || reinterpret_cast<std::uintptr_t>(x) % 16 == 0,
+                    "16-byte packs need a 16-byte aligned x");
+          const I64 blocks = k.grid().x, threads = k.block().x;
+          k.reads(x, n * static_cast<I64>(sizeof(S)), "x");
+          k.writes(partials, blocks * static_cast<I64>(sizeof(double)), "partials");
+          k.run([=] {
+            std::fill(partials, partials + blocks, 0.0);
+            const auto squared = [](S v) {
+              const double d = ld(v);
+              return d * d;
+            };
+            const I64 count = n / W;
+            for (I64 p = 0; p < count; ++p) {
+              double pack = 0.0;
+              for (I64 e = 0; e < W; ++e) pack += squared(x[p * W + e]);
+              partials[(p % (blocks * threads)) / threads] += pack;
+            }
+            for (I64 i = count * W; i < n; ++i) partials[0] += squared(x[i]);
+          });
+        });
+  }
 }
 
 }  // namespace
@@ -55,30 +97,9 @@ void register_engine_twins() {
                                   k.writes(x, bytes_of(d, n), "x");
                                   k.run([=] { engine_kernels::cpu::scale(x, d, n, factor); });
                                 });
-  // The squared norm's first pass: block b sums, in fp64, the runs of blockDim.x elements that
-  // start at b*blockDim.x and then every gridDim.x*blockDim.x, into partials[b]. Its shared
-  // array holds 256 doubles, so the block must be exactly that (a power of two for the tree).
-  twin<const void*, int, long, double*>(
-      kNs + "sum_squares_partials_kernel(void const*, int, long, double*)",
-      [](KernelCall& k, const void* x, int t, long n, double* partials) {
-        const DType d = type_of(k, t, "type");
-        k.require_block(256);
-        k.require(k.grid().y == 1 && k.grid().z == 1, "the grid must be one-dimensional");
-        const long blocks = k.grid().x, threads = k.block().x;
-        k.reads(x, bytes_of(d, n), "x");
-        k.writes(partials, blocks * static_cast<std::int64_t>(sizeof(double)), "partials");
-        k.run([=] {
-          const auto* bytes = static_cast<const std::byte*>(x);
-          for (long b = 0; b < blocks; ++b) {
-            double sum = 0.0;
-            for (long i = b * threads; i < n; i += blocks * threads) {
-              const long count = std::min(threads, n - i);
-              sum += engine_kernels::cpu::sum_squares(bytes + bytes_of(d, i), d, count);
-            }
-            partials[b] = sum;
-          }
-        });
-      });
+  register_sum_squares<float>();
+  register_sum_squares<bf16>();
+  register_sum_squares<fp16>();
   // The second pass: one block adds `count` partials (one per thread, so blockDim.x >= count;
   // its shared array holds 512) and adds the total, rounded to fp32, to *acc.
   twin<const double*, int, float*>(
