@@ -487,8 +487,8 @@ void logits_backward(KernelContext& ctx, DType dtype, DType grad_dtype, Bytes di
   }
 #if ZRT_HAVE_CUDA
   check_dtypes(dtype, grad_dtype);
-  cuda::logits_backward(launch(ctx, cuda::logits_workspace(dtype, C, V, ldl)), dtype, grad_dtype,
-                        raw(dinp), raw(dwte), raw(dlogits), raw(inp), raw(wte), N, C, V, ldl);
+  cuda::logits_backward(launch(ctx), dtype, grad_dtype, raw(dinp), raw(dwte), raw(dlogits),
+                        raw(inp), raw(wte), N, C, V, ldl);
 #else
   cuda_backend_missing("kernels::logits_backward");
 #endif

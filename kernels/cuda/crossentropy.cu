@@ -186,11 +186,12 @@ __global__ void loss_mean_kernel(float* out, const float* losses, int N, float d
 }  // namespace
 
 namespace {
-// The GEMMs over the vocabulary run over ldl rows of wte (an M or K of ldl, a multiple of 8:
-// with V = 50257 cuBLAS falls back to align1 kernels at about a sixth of the speed), rows V on
-// zero, in two parts: wte's own first `main` rows (V rounded down to a multiple of 8, read in
-// place) and the `tail` rows after them, copied into l.ws with the zero rows (GPT-2: 48 rows, 74
-// KiB, where a padded copy of the whole table moved 77 MB twice a head tile).
+// The logits GEMM runs over ldl rows of wte (an N of ldl, a multiple of 8: with V = 50257
+// cuBLAS falls back to align1 kernels at about a sixth of the speed), rows V on zero, in two
+// parts: wte's own first `main` rows (V rounded down to a multiple of 8, read in place) and the
+// `tail` rows after them, copied into l.ws with the zero rows, so the padding's logits are zeros
+// (GPT-2: 48 rows, 74 KiB, where a padded copy of the whole table moved 77 MB twice a head
+// tile). The backward's dinp GEMM reads both parts of wte in place.
 constexpr int kVocabAlign = 8;
 
 struct VocabParts {
@@ -240,17 +241,17 @@ void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
                      const void* dlogits, const void* inp, const void* wte, int N, int C, int V,
                      int ldl) {
   const cudaDataType type = to_cuda_dtype(dtype);
-  const VocabParts parts = vocab_parts(l, dtype, wte, C, V, ldl);
-  // dinp sums over the padded vocabulary (crossentropy_backward left zeros in the padding), the
-  // in-place rows, then the tail's.
-  if (parts.main > 0) {
-    gemm(l, false, false, N, C, parts.main, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp,
-         type, C);
+  // dinp sums over the vocabulary: wte's first `main` rows (a K that is a multiple of 8), then
+  // its last V - main rows (none when V is a multiple of 8; the padding's dlogits are zeros, so
+  // the padded rows would add nothing), both read in place.
+  const int main = ldl == V ? V : V / kVocabAlign * kVocabAlign;
+  if (main > 0) {
+    gemm(l, false, false, N, C, main, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp, type, C);
   }
-  if (parts.tail > 0) {
-    gemm(l, false, false, N, C, parts.tail, 1.0f,
-         static_cast<const std::byte*>(dlogits) + static_cast<I64>(parts.main) * dtype_size(dtype),
-         type, ldl, parts.tail_rows, type, C, 1.0f, dinp, type, C);
+  if (V > main) {
+    const I64 at = static_cast<I64>(main) * dtype_size(dtype);
+    gemm(l, false, false, N, C, V - main, 1.0f, static_cast<const std::byte*>(dlogits) + at, type,
+         ldl, static_cast<const std::byte*>(wte) + at * C, type, C, 1.0f, dinp, type, C);
   }
   if (dwte == nullptr) return;  // a head that is not trained
   gemm(l, true, false, V, C, N, 1.0f, dlogits, type, ldl, inp, type, C, 1.0f, dwte,

@@ -11,8 +11,8 @@
 
 namespace zrt::kernels::cuda {
 
-// l.ws bytes logits_forward and logits_backward need: the weights' last rows padded to ldl rows
-// (those from V rounded down to a multiple of 8; the others are read in place).
+// l.ws bytes logits_forward needs: the weights' last rows padded to ldl rows (those from V
+// rounded down to a multiple of 8; the others are read in place). logits_backward needs none.
 std::int64_t logits_workspace(DType dtype, int C, int V, int ldl);
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
                     int N, int C, int V, int ldl);

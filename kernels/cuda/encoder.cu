@@ -53,9 +53,15 @@ __global__ void __launch_bounds__(kSortTile)
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x) tile_counts[d] = 0;
   __syncthreads();
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kSortTile + threadIdx.x;
-  if (i < rows) {
+  const bool valid = i < rows;
+  const unsigned active = __ballot_sync(0xffffffffu, valid);
+  if (valid) {
     const int row = in != nullptr ? in[i] : static_cast<int>(i);
-    atomicAdd(&tile_counts[digit_of(keys, row, shift)], 1);  // integer: any order
+    const int d = digit_of(keys, row, shift);
+    // A warp's rows of one digit in one add (a frequent token would otherwise queue up to 1024
+    // adds on one shared word); integers: any order gives the same counts.
+    const unsigned peers = __match_any_sync(active, d);
+    if ((peers & ((1u << (threadIdx.x % 32)) - 1u)) == 0) atomicAdd(&tile_counts[d], __popc(peers));
   }
   __syncthreads();
   for (int d = threadIdx.x; d < kDigits; d += blockDim.x)
@@ -138,25 +144,26 @@ __global__ void __launch_bounds__(kSortTile)
 // in it (the end found by binary search: the keys along order[] ascend), else 0.
 __global__ void group_bounds_kernel(const std::int32_t* keys, const int* order, int rows,
                                     int* start, int* count) {
-  const std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-  if (p >= rows) return;
-  const int r = order[p];
-  const std::int32_t key = keys[r];
-  start[r] = static_cast<int>(p);
-  if (p > 0 && keys[order[p - 1]] == key) {
-    count[r] = 0;
-    return;
-  }
-  int lo = static_cast<int>(p) + 1, hi = rows;  // keys[order[lo - 1]] == key
-  while (lo < hi) {
-    const int mid = lo + (hi - lo) / 2;
-    if (keys[order[mid]] == key) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
+  for (std::int64_t p = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; p < rows;
+       p += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int r = order[p];
+    const std::int32_t key = keys[r];
+    start[r] = static_cast<int>(p);
+    if (p > 0 && keys[order[p - 1]] == key) {
+      count[r] = 0;
+      continue;
     }
+    int lo = static_cast<int>(p) + 1, hi = rows;  // keys[order[lo - 1]] == key
+    while (lo < hi) {
+      const int mid = lo + (hi - lo) / 2;
+      if (keys[order[mid]] == key) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    count[r] = lo - static_cast<int>(p);
   }
-  count[r] = lo - static_cast<int>(p);
 }
 
 // One block per row; the first row of each key sums its group's rows of dout in row order
@@ -291,6 +298,7 @@ void encoder_backward(const Launch& l, DType dtype, DType grad_dtype, void* dwte
                       const void* dout, const std::int32_t* tokens, int B, int T, int C, int V,
                       const std::int32_t* positions, int position_rows) {
   const int rows = B * T;
+  if (rows == 0) return;  // nothing to add (and no grid of zero blocks)
   int* ws = static_cast<int*>(l.ws);
   // Packed documents: the rows of each position grouped in (b,t) order, as the tokens'.
   const bool by_position = positions != nullptr && dwpe != nullptr;
