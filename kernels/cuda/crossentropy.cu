@@ -194,6 +194,12 @@ namespace {
 // tile). The backward's dinp GEMM reads both parts of wte in place.
 constexpr int kVocabAlign = 8;
 
+// The rows of wte the GEMMs read in place: all V when the logits are unpadded, else V rounded
+// down to a multiple of kVocabAlign.
+int rows_in_place(int V, int ldl) {
+  return ldl == V ? V : V / kVocabAlign * kVocabAlign;
+}
+
 struct VocabParts {
   int main;               // rows of wte read in place
   int tail;               // rows from `main` to ldl
@@ -201,8 +207,8 @@ struct VocabParts {
 };
 
 VocabParts vocab_parts(const Launch& l, DType dtype, const void* wte, int C, int V, int ldl) {
-  if (ldl == V) return {V, 0, nullptr};
-  const int main = V / kVocabAlign * kVocabAlign;
+  const int main = rows_in_place(V, ldl);
+  if (main == ldl) return {main, 0, nullptr};
   const std::size_t row = static_cast<std::size_t>(C) * dtype_size(dtype);
   if (V > main) {  // else the tail is all padding (and wte + main rows is past its allocation)
     ZRT_CUDA_CHECK(cudaMemcpyAsync(l.ws, static_cast<const std::byte*>(wte) + row * main,
@@ -216,9 +222,7 @@ VocabParts vocab_parts(const Launch& l, DType dtype, const void* wte, int C, int
 }  // namespace
 
 std::int64_t logits_workspace(DType dtype, int C, int V, int ldl) {
-  return ldl == V ? 0
-                  : static_cast<I64>(ldl - V / kVocabAlign * kVocabAlign) * C *
-                        static_cast<I64>(dtype_size(dtype));
+  return static_cast<I64>(ldl - rows_in_place(V, ldl)) * C * static_cast<I64>(dtype_size(dtype));
 }
 
 void logits_forward(const Launch& l, DType dtype, void* logits, const void* inp, const void* wte,
@@ -244,7 +248,7 @@ void logits_backward(const Launch& l, DType dtype, DType grad_dtype, void* dinp,
   // dinp sums over the vocabulary: wte's first `main` rows (a K that is a multiple of 8), then
   // its last V - main rows (none when V is a multiple of 8; the padding's dlogits are zeros, so
   // the padded rows would add nothing), both read in place.
-  const int main = ldl == V ? V : V / kVocabAlign * kVocabAlign;
+  const int main = rows_in_place(V, ldl);
   if (main > 0) {
     gemm(l, false, false, N, C, main, 1.0f, dlogits, type, ldl, wte, type, C, 1.0f, dinp, type, C);
   }

@@ -34,6 +34,18 @@ I64 elements_left(const void* p, std::size_t elem, const std::string& call) {
   return static_cast<I64>((a->base + a->bytes - reinterpret_cast<std::uintptr_t>(p)) / elem);
 }
 
+// What LayerNorm's backward kernels read of its N rows of width C.
+template <typename S>
+void layernorm_backward_reads(KernelCall& k, const S* dout, const S* inp, const S* weight,
+                              const float* mean, const float* rstd, int N, int C) {
+  const I64 ss = sizeof(S);
+  k.reads(dout, I64{N} * C * ss, "dout");
+  k.reads(inp, I64{N} * C * ss, "inp");
+  k.reads(weight, C * ss, "weight");
+  k.reads(mean, I64{N} * 4, "mean");
+  k.reads(rstd, I64{N} * 4, "rstd");
+}
+
 // LayerNorm's input gradient of row r, as the dinp kernels compute it (accumulated into dinp).
 template <typename S>
 void layernorm_dinp_row(S* dinp, const S* dout, const S* inp, const S* weight, const float* mean,
@@ -281,11 +293,7 @@ void register_storage() {
     k.require_block(256);
     k.require_rows(N, kRowsPerBlock, "rows N");
     k.writes(dinp, I64{N} * C * ss, "dinp");
-    k.reads(dout, I64{N} * C * ss, "dout");
-    k.reads(inp, I64{N} * C * ss, "inp");
-    k.reads(weight, C * ss, "weight");
-    k.reads(mean, I64{N} * 4, "mean");
-    k.reads(rstd, I64{N} * 4, "rstd");
+    layernorm_backward_reads(k, dout, inp, weight, mean, rstd, N, C);
     k.run([=] {
       for (int r = 0; r < N; ++r) layernorm_dinp_row(dinp, dout, inp, weight, mean, rstd, r, C);
     });
@@ -331,11 +339,7 @@ void register_storage() {
             k.writes(dinp, I64{N} * C * ss, "dinp");
             k.writes(part_w, I64{chunks} * C * 4, "part_w");
             k.writes(part_b, I64{chunks} * C * 4, "part_b");
-            k.reads(dout, I64{N} * C * ss, "dout");
-            k.reads(inp, I64{N} * C * ss, "inp");
-            k.reads(weight, C * ss, "weight");
-            k.reads(mean, I64{N} * 4, "mean");
-            k.reads(rstd, I64{N} * 4, "rstd");
+            layernorm_backward_reads(k, dout, inp, weight, mean, rstd, N, C);
             k.run([=] {
               std::vector<float> dw(static_cast<std::size_t>(kWarps) * C);
               std::vector<float> db(dw.size());
