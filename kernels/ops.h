@@ -134,9 +134,10 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
 // The head. `row_stride` is the logits' row stride in elements (0: dense rows of V). The
 // models pass logits_row_stride(V): V rounded up to a multiple of 128, so every row starts
 // aligned and cuBLAS picks its aligned tensor-core kernels (rows of GPT-2's odd 50257 force
-// its align1 fallbacks; the CUDA head also runs its GEMMs over the padded vocabulary, with the
-// weights copied into zero-padded rows). Columns V..row_stride never reach a loss or a weight:
-// logits_forward may write anything there, crossentropy_backward writes zeros.
+// its align1 fallbacks; the CUDA head's forward also runs its GEMM over the padded vocabulary:
+// wte's first V rounded down to 8 rows read in place, its last rows and the zero ones from a small
+// copy). Columns V..row_stride never reach a loss or a weight: logits_forward may write anything
+// there, crossentropy_backward writes zeros.
 int logits_row_stride(int V);
 
 // logits (N,V) = inp (N,C) @ wte^T (V,C): the tied GPT-2 head. logits_backward's dwte may be

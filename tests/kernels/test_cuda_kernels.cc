@@ -367,7 +367,8 @@ Results cpu_head(const HeadIn& in) {
 
 // The head, logits in rows of logits_row_stride(kV) (or `ld`). The buffer starts as NaN, so a
 // padding column read before it is written would spoil a result; after the cross-entropy
-// gradient the padding must hold zeros (logits_backward sums over it on CUDA). `fused`: the
+// gradient the padding must hold zeros (the contract in kernels/ops.h; logits_backward reads
+// only the first V columns). `fused`: the
 // losses and the gradient from crossentropy_forward_backward, as the models' training step
 // takes them; else from crossentropy_forward and crossentropy_backward.
 Results gpu_head(Gpu& g, DType dt, DType gt, const HeadIn& in, int ld = 0, bool fused = true) {

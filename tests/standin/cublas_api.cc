@@ -118,9 +118,12 @@ struct Operand {
   cudaDataType_t type;
   std::int64_t rows, cols, ld;
   const char* name;
-  std::size_t bytes(std::size_t elem) const {
+  std::size_t bytes(std::size_t elem) const {  // the span, padding between columns included
     if (rows == 0 || cols == 0) return 0;
     return static_cast<std::size_t>((cols - 1) * ld + rows) * elem;
+  }
+  std::size_t moved(std::size_t elem) const {  // the elements themselves
+    return static_cast<std::size_t>(rows * cols) * elem;
   }
 };
 
@@ -293,8 +296,8 @@ void enqueue_gemms(const std::string& call, cudaStream_t stream, std::vector<Gem
     rt.check_range(call, "C", g.d, c_bytes, dev);
     if (g.bias != nullptr)
       rt.check_range(call, "bias", g.bias, static_cast<std::size_t>(g.m) * ec, dev);
-    accesses.push_back({g.a.ptr, g.a.bytes(ea), false, "A"});
-    accesses.push_back({g.b.ptr, g.b.bytes(eb), false, "B"});
+    accesses.push_back({g.a.ptr, g.a.bytes(ea), false, "A", g.a.moved(ea)});
+    accesses.push_back({g.b.ptr, g.b.bytes(eb), false, "B", g.b.moved(eb)});
     if (g.bias != nullptr)
       accesses.push_back({g.bias, static_cast<std::size_t>(g.m) * ec, false, "bias"});
     if (g.bias_grad != nullptr) {
@@ -303,11 +306,16 @@ void enqueue_gemms(const std::string& call, cudaStream_t stream, std::vector<Gem
       accesses.push_back({g.bias_grad, bytes, true, "bias gradient"});
     }
     if (g.aux != nullptr) {
-      const std::size_t aux_bytes = Operand{g.aux, g.c_type, g.m, g.n, g.aux_ld, "aux"}.bytes(ec);
+      const Operand aux{g.aux, g.c_type, g.m, g.n, g.aux_ld, "aux"};
+      const std::size_t aux_bytes = aux.bytes(ec);
       rt.check_range(call, "aux", g.aux, aux_bytes, dev);
-      accesses.push_back({g.aux, aux_bytes, g.epilogue != CUBLASLT_EPILOGUE_DGELU, "aux"});
+      accesses.push_back(
+          {g.aux, aux_bytes, g.epilogue != CUBLASLT_EPILOGUE_DGELU, "aux", aux.moved(ec)});
     }
-    accesses.push_back({g.d, c_bytes, true, "C"});
+    const Operand c{g.d, g.c_type, g.m, g.n, g.ldc, "C"};
+    // beta != 0 reads C (c_in is d then: cublasLtMatmul refuses C != D with beta != 0).
+    if (g.beta != 0.0f) accesses.push_back({g.c_in, c_bytes, false, "C", c.moved(ec)});
+    accesses.push_back({g.d, c_bytes, true, "C", c.moved(ec)});
   }
   const std::string what =
       fmt::format("{} ({} GEMM{} m {} n {} k {})", call, gemms.size(), gemms.size() == 1 ? "" : "s",

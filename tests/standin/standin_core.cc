@@ -1,6 +1,7 @@
 #include "tests/standin/standin_core.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -77,6 +78,13 @@ Runtime::Runtime() {
   delay_us_ = static_cast<int>(env_long("ZRT_STANDIN_STREAM_DELAY_US", 0));
   compute_capability_ = static_cast<int>(env_long("ZRT_STANDIN_COMPUTE_CAPABILITY", 90));
   host_register_ = env_long("ZRT_STANDIN_HOST_REGISTER", 1) != 0;
+  if (const char* census = std::getenv("ZRT_STANDIN_CENSUS"); census != nullptr && *census != 0) {
+    census_ = std::fopen(census, "w");
+    if (census_ == nullptr) {
+      spdlog::error("CUDA stand-in: ZRT_STANDIN_CENSUS='{}' cannot be written: {}", census,
+                    std::strerror(errno));
+    }
+  }
   default_streams_.assign(static_cast<std::size_t>(device_count_), nullptr);
 }
 
@@ -395,6 +403,12 @@ std::shared_ptr<CpuCompletion> Runtime::enqueue(StreamState& s, const std::strin
     if (s.knows.size() <= static_cast<std::size_t>(s.id)) s.knows.resize(s.id + 1, 0);
     s.knows[static_cast<std::size_t>(s.id)] = s.seq;
     note_accesses(OpStamp{s.id, s.seq, what}, accesses);
+    if (census_ != nullptr) {
+      std::size_t read = 0, written = 0;
+      for (const Access& a : accesses) (a.write ? written : read) += a.moved ? a.moved : a.bytes;
+      std::fprintf(census_, "%d\t%zu\t%zu\t%s\n", s.id, read, written, what.c_str());
+      std::fflush(census_);  // a run that ends in an error keeps what it enqueued
+    }
   }
   if (host_fn) {
     s.impl->host_callback(std::move(work));

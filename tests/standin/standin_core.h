@@ -24,7 +24,10 @@
 // per device, default 16 GiB), ZRT_STANDIN_STREAM_DELAY_US (random delay before each stream
 // operation, default 0), ZRT_STANDIN_COMPUTE_CAPABILITY (what cudaGetDeviceProperties reports,
 // 10 x major + minor, default 90), ZRT_STANDIN_HOST_REGISTER (0: the devices report no
-// cudaHostRegister usable at the host pointer; default 1).
+// cudaHostRegister usable at the host pointer; default 1), ZRT_STANDIN_CENSUS (a file: one
+// tab-separated line per stream operation as it is enqueued, "stream, bytes read, bytes
+// written, what", the bytes those its accesses declare; tools/bench/standin_census.py sums a
+// step of them).
 //
 // Global mutable state is what a C runtime is; it is confined to this library (tests only).
 #pragma once
@@ -34,6 +37,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -92,6 +96,9 @@ struct Access {
   std::size_t bytes = 0;
   bool write = false;
   const char* arg = "";  // argument name, for messages
+  // The bytes the operation moves when fewer than the range it spans (a strided matrix's
+  // rows x cols elements, not its (cols - 1) x ld + rows); 0: all of `bytes`. The census only.
+  std::size_t moved = 0;
 };
 
 struct StreamState {
@@ -200,6 +207,7 @@ class Runtime {
   static bool ordered(const VectorClock& knows, const OpStamp& op);
 
   std::mutex mutex_;
+  std::FILE* census_ = nullptr;  // ZRT_STANDIN_CENSUS, written under mutex_
   int device_count_ = 4;
   std::size_t device_memory_ = std::size_t{16} << 30;
   int compute_capability_ = 90;

@@ -31,6 +31,9 @@ std::int64_t bytes_of(DType t, std::int64_t n) {
 // elements (W = 1: any alignment), pack p summed by block (p mod gridDim.x*blockDim.x) /
 // blockDim.x into partials[b] in fp64, the elements after the last whole pack by block 0. Its
 // shared array holds 256 doubles, so the block must be exactly that.
+// The partials' values, not their bits: the kernel sums each thread's elements in fp64 and
+// reduces a block's threads as a tree, this twin block by block in pack order, so the two agree
+// to fp64 rounding (the GPU tests compare with the CPU at 1e-6, and run against run bitwise).
 template <typename S>
 void register_sum_squares() {
   const I64 wide = static_cast<I64>(16 / sizeof(S));

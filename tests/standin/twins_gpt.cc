@@ -731,7 +731,8 @@ void register_gpt_twins() {
       kNs + "group_bounds_kernel(int const*, int const*, int, int*, int*)",
       [](KernelCall& k, const std::int32_t* keys, const int* order, int rows, int* start,
          int* count) {
-        k.require_threads(rows, "a thread per place");
+        // Grid-stride over the places: any one-dimensional grid covers them.
+        k.require(k.grid().y == 1 && k.grid().z == 1, "the grid must be one-dimensional");
         k.reads(keys, I64{rows} * 4, "keys");
         k.reads(order, I64{rows} * 4, "order");
         k.writes(start, I64{rows} * 4, "start");
