@@ -706,8 +706,8 @@ std::vector<KeyInfo> build_table() {
         "sequence (docs/config.md)")
           .zrt(),
       K("model.tiling.head_rows", I, kInt, "auto",
-        "Rows per tile of the head's logits, loss and backward; auto (0): tiles of about 64 MiB "
-        "of logits once the whole would pass 256 MiB; -1: never tiled")
+        "Rows per tile of the head's logits, loss and backward; auto (0): whole up to 1 GiB of "
+        "logits, tiles of about 1 GiB beyond; -1: never tiled")
           .range(-1)
           .on_auto(AutoRule::kDefault)
           .zrt(),

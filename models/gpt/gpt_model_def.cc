@@ -247,8 +247,7 @@ std::int64_t activation_bytes(const GptConfig& c, int B, int T, DType dtype,
   const bool offloaded = transformer::offloaded_block_inputs(L, options) > 0;
   const I64 residual = (offloaded ? 3 : L + 1 - F + std::min(F, 2)) * row;
   const I64 ldl = kernels::logits_row_stride(c.vocab_size);
-  const I64 logit_rows = transformer::tile_rows(options.head_tile_rows, BT, ldl * S,
-                                                transformer::kHeadTileBudgetBytes);
+  const I64 logit_rows = transformer::head_tile_rows(options.head_tile_rows, BT, ldl * S);
   const I64 head = row + 2 * stat + r(logit_rows * ldl * S) + stat;
   const I64 backward = 2 * row + 3 * row + r(BT * 3 * C * S) + 2 * r(BT * 4 * C * S);
   const I64 loss = 256;

@@ -82,8 +82,7 @@ int head_tile_rows(const TransformerSpec& spec, const TransformerOptions& option
 
 int head_tile_rows(int vocab_size, const TransformerOptions& options, std::int64_t N,
                    std::int64_t S) {
-  return tile_rows(options.head_tile_rows, N, kernels::logits_row_stride(vocab_size) * S,
-                   kHeadTileBudgetBytes);
+  return head_tile_rows(options.head_tile_rows, N, kernels::logits_row_stride(vocab_size) * S);
 }
 
 }  // namespace zrt::transformer

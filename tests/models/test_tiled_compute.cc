@@ -45,6 +45,7 @@
 namespace zrt {
 namespace {
 
+using transformer::head_tile_rows;
 using transformer::kTileAuto;
 using transformer::kTileOff;
 using transformer::tile_rows;
@@ -107,7 +108,7 @@ bool rows_keep_their_bits(int rows, int tile, int in, int out) {
   return same_bits(host(whole_y), host(tiled_y)) && same_bits(host(whole_dx), host(tiled_dx));
 }
 
-TEST_CASE("tile_rows: automatic tiles once the whole passes four tiles' budget") {
+TEST_CASE("tile_rows: automatic tiles once the whole passes four tiles' budget (one: the head)") {
   const std::int64_t MiB = 1 << 20;
   // Off, or explicit (at most the rows).
   CHECK(tile_rows(kTileOff, 100000, 1 * MiB, 64 * MiB) == 100000);
@@ -117,10 +118,27 @@ TEST_CASE("tile_rows: automatic tiles once the whole passes four tiles' budget")
   CHECK(tile_rows(kTileAuto, 256, MiB, 64 * MiB) == 256);
   CHECK(tile_rows(kTileAuto, 257, MiB, 64 * MiB) == 64);
   // Llama-3.1-8B's head at 8192 tokens in bf16: rows of 128256 padded to 128256 (a multiple of
-  // 128), 2 bytes: 256 rows of logits a tile (64 MiB) instead of 2 GiB.
+  // 128), 2 bytes: 256 rows of logits a tile (64 MiB) instead of 2 GiB. (The budgets here are the
+  // tests' own; models take kHeadTileBudgetBytes.)
   CHECK(tile_rows(kTileAuto, 8192, 128256 * 2, 64 * MiB) == 256);
   CHECK(tile_rows(kTileAuto, 100, 4 * MiB, 64 * MiB) == 64);  // never below 64 rows
   CHECK_THROWS_AS(tile_rows(-2, 100, 4, 64), InvalidArgument);
+  // Whole up to one budget (the head's rule): the tiles' rows never exceed what the whole had,
+  // so the footprint grows with the rows. Up to 4 budgets (the MLP's) it falls where tiling starts.
+  CHECK(tile_rows(kTileAuto, 64, MiB, 64 * MiB, 1) == 64);
+  CHECK(tile_rows(kTileAuto, 65, MiB, 64 * MiB, 1) == 64);
+  std::int64_t held = 0;
+  for (std::int64_t rows = 1; rows <= 1000; ++rows) {
+    const std::int64_t now = tile_rows(kTileAuto, rows, MiB, 64 * MiB, 1);
+    CHECK(now >= held);
+    held = now;
+  }
+  CHECK(tile_rows(kTileAuto, 256, MiB, 64 * MiB) > tile_rows(kTileAuto, 257, MiB, 64 * MiB));
+  // GPT-2 (logits rows of 50304 bf16) at 8 x 1024 tokens: whole (824 MB); Llama-3.1-8B at 8192
+  // tokens (128256-wide rows): 4160-row tiles (1 GiB), at 2048 whole.
+  CHECK(head_tile_rows(kTileAuto, 8192, 50304 * 2) == 8192);
+  CHECK(head_tile_rows(kTileAuto, 8192, 128256 * 2) == 4160);
+  CHECK(head_tile_rows(kTileAuto, 2048, 128256 * 2) == 2048);
 }
 
 struct Rig {
@@ -373,10 +391,11 @@ TEST_CASE("The tiled head's bytes at 64K tokens of Llama-3.1-8B (past 2^31 bytes
   ModelOptions tiled = whole;
   tiled.head_tile_rows = kTileAuto;
   const std::int64_t T = 65536, V = 128256;  // V is a multiple of 128: rows are unpadded
-  // Automatic: 256 rows of bf16 logits a tile (64 MiB) instead of T rows (16 GiB).
+  // Automatic: 4160 rows of bf16 logits a tile (1 GiB, rounded down to 64 rows) instead of T
+  // rows (16 GiB).
   CHECK(l8b->activation_footprint(1, T, DType::kBFloat16, whole).device -
             l8b->activation_footprint(1, T, DType::kBFloat16, tiled).device ==
-        (T - 256) * V * 2);
+        (T - 4160) * V * 2);
   // Checkpointing without cpu_checkpointing keeps nothing on the host.
   CHECK(l8b->activation_footprint(1, T, DType::kBFloat16, whole).pinned_host == 0);
 }

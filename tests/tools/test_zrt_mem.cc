@@ -1023,7 +1023,7 @@ TEST_CASE("zrt-mem at expert parallelism: the experts' own units, the dispatch's
 }
 
 // The tiles zrt-mem plans (model.tiling), a line after the micro-batch's: the automatic rule on
-// Llama-3.1-8B at 128K tokens in bf16 (the head's 64 MiB of logits: 256 rows of the padded
+// Llama-3.1-8B at 128K tokens in bf16 (the head's 1 GiB of logits: 4160 rows of the padded
 // 128 256-word vocabulary; the MLP's six (rows, 14 336) tensors in about 1 GiB: 6 208 rows), an
 // explicit count on a mixture of experts with a dense layer (its MoE layers and dense MLP alike,
 // the short last tile counted), and GPT-2, which tiles its head only.
@@ -1033,8 +1033,8 @@ TEST_CASE("zrt-mem reports the rows and tiles of the tiled head, MLP and MoE lay
       "--model llama-3.1-8b:seq_len=131072 --seq 131072 --activation-checkpointing", &status);
   INFO(out);
   CHECK(status == 0);
-  CHECK_THAT(out, Catch::Contains("tiles of the 131072 rows a pass (model.tiling): head 256 rows "
-                                  "(512 tiles), MLP 6208 rows (22 tiles)\n"));
+  CHECK_THAT(out, Catch::Contains("tiles of the 131072 rows a pass (model.tiling): head 4160 rows "
+                                  "(32 tiles), MLP 6208 rows (22 tiles)\n"));
   out = run_tool("--model qwen2-moe-tiny --seq 64 --mlp-tile-rows 20", &status);
   CHECK(status == 0);
   CHECK_THAT(out, Catch::Contains("tiles of the 64 rows a pass (model.tiling): head whole, MLP 20 "

@@ -10,7 +10,8 @@
 #             again on zrt's own fused attention kernels, pipelined (ZRT_CUDA_ATTENTION=pipelined)
 #             and staged (ZRT_CUDA_ATTENTION=fused); and with what llm.c does differently: cuDNN's
 #             attention backward with atomics (cudnn-nondeterministic), gradients kept in bf16,
-#             the head's logits whole (model.tiling.head_rows -1; automatic: 13 tiles of 640 rows)
+#             the head's logits in the tiles of the automatic rule before 2026-12-01 (13 tiles of
+#             640 rows, model.tiling.head_rows 640; automatic now: whole, 824 MB)
 #   attention zrt-bench attention: the fused attention (staged, and pipelined) against PyTorch's
 #             flash SDPA at head sizes 64 and 128, forward and forward + backward; and
 #             Llama-3.1-8B's grouped-query attention (32 query heads over 8 key/value heads) in
@@ -287,7 +288,7 @@ for p in $phases; do
         ZRT_CUDA_ATTENTION=fused zrt_run gpt2-s0-staged 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
         ZRT_CUDA_ATTENTION=cudnn-nondeterministic zrt_run gpt2-s0-cudnn-nondet 10 configs/gpu-gpt2-124m-bench.json --train.steps 40;
         zrt_run gpt2-s0-bf16-grads 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --data_types.grad_accum_dtype bf16;
-        zrt_run gpt2-s0-head-whole 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --model.tiling.head_rows -1" ;;
+        zrt_run gpt2-s0-head-640 10 configs/gpu-gpt2-124m-bench.json --train.steps 40 --model.tiling.head_rows 640" ;;
     gpt2-profile)
       # ncu off PATH in the toolkit's or Nsight Compute's own folder
       for d in /usr/local/cuda/bin /opt/nvidia/nsight-compute/*; do
