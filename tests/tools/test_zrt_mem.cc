@@ -669,6 +669,37 @@ TEST_CASE(
   CHECK(longest_sequence(*llama, own, s, capacity, 0, 64).seq_len == 11520);
 }
 
+// The MLP's automatic tiles start where its six (rows, 14 336) tensors pass 4 GiB (Llama-3.1-8B:
+// 24 966 rows) and hold 1 GiB from there, so the footprint drops at 25 024 tokens (3 GB less
+// than at 24 960). A device holding 28 672 tokens in tiles does not hold 24 960 whole: a search
+// that doubled to 16 384, missed at 32 768 and bisected through 24 576 answered 22 016 (zrt-mem
+// before 2026-12-01, at --device-gb 29.8); the answer is the tiled stretch's longest.
+TEST_CASE(
+    "--max-seq-len: the MLP's tiles starting (its footprint dropping) does not end the "
+    "search early") {
+  const std::shared_ptr<const ModelDef> llama = builtin_models().parse_spec("llama-3.1-8b");
+  Inputs in;
+  in.model = model_spec(llama);
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  in.documents = true;  // zrt's attention kernels throughout: only the tiles switch
+  const Setting s{3, true, false};
+  const std::int64_t capacity = estimate_at(*llama, in, s, 28672).device_total();
+  REQUIRE(estimate_at(*llama, in, s, 24960).device_total() > capacity);  // whole: the drop
+  REQUIRE(estimate_at(*llama, in, s, 16384).device_total() <= capacity);
+  const SequenceFit fit = longest_sequence(*llama, in, s, capacity, 0, 64);
+  INFO(fit.seq_len << " tokens, next stopped by " << fit.limit);
+  CHECK(fit.seq_len == 28672);
+  CHECK(fit.limit == "device");
+  CHECK(fit.estimate.device_total() == capacity);
+  // Every length between the drop and the answer fits; none past it does (the footprint grows
+  // in the tiled stretch).
+  for (int T = 25024; T <= 28672; T += 512) {
+    CHECK(estimate_at(*llama, in, s, T).device_total() <= capacity);
+  }
+  CHECK(estimate_at(*llama, in, s, 28736).device_total() > capacity);
+}
+
 TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
   int status = -1;
   const std::string out = run_tool(

@@ -1,6 +1,9 @@
 #include "tools/mem/longest_sequence.h"
 
+#include <algorithm>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "runtime/common/error.h"
 
@@ -40,37 +43,26 @@ Trial try_length(const ModelDef& model, Inputs in, const Setting& setting, int T
   return t;
 }
 
-// The longest multiple of `multiple` that fits, for a footprint that grows with T: doubling from
-// `multiple`, then bisection between the last fit and the first miss. `bad` (> 0), when given, is
-// a length already known not to fit (`bad_trial`): the doubling stops below it.
+// The longest multiple of `multiple` in [lo, hi) that fits (hi 0: unbounded), for a footprint
+// that grows with T there and a `lo` that fits (`lo_trial`): doubling from lo, then bisection
+// between the last fit and the first miss (or hi). Returns the length and its trial.
 template <typename Attempt>
-SequenceFit search(const Attempt& attempt, int multiple, int bad, Trial bad_trial) {
-  SequenceFit fit;
-  Trial first = attempt(multiple);
-  if (!first.fits) {
-    fit.limit = first.limit;
-    return fit;
-  }
-  // Doubling: `good` fits, `bad` (once found) does not.
-  int good = multiple;
-  Trial good_trial = std::move(first);
+std::pair<int, Trial> longest_in(const Attempt& attempt, int multiple, int lo, Trial lo_trial,
+                                 int hi) {
+  int good = lo;
+  Trial good_trial = std::move(lo_trial);
+  int bad = hi;
   while (bad == 0 || good * 2 < bad) {
-    if (good > kMaxSeqLen / 2) {
-      bad_trial.limit = "beyond " + std::to_string(kMaxSeqLen) + " tokens (the search's end)";
-      bad = 0;
+    if (good > kMaxSeqLen / 2) return {good, std::move(good_trial)};
+    Trial next = attempt(good * 2);
+    if (!next.fits) {
+      bad = good * 2;
       break;
     }
-    Trial next = attempt(good * 2);
-    if (next.fits) {
-      good *= 2;
-      good_trial = std::move(next);
-    } else {
-      bad = good * 2;
-      bad_trial = std::move(next);
-    }
+    good *= 2;
+    good_trial = std::move(next);
   }
-  // Bisection over multiples of `multiple` in (good, bad).
-  while (bad != 0 && bad - good > multiple) {
+  while (bad - good > multiple) {
     const int mid = good + ((bad - good) / multiple / 2) * multiple;
     Trial t = attempt(mid);
     if (t.fits) {
@@ -78,13 +70,30 @@ SequenceFit search(const Attempt& attempt, int multiple, int bad, Trial bad_tria
       good_trial = std::move(t);
     } else {
       bad = mid;
-      bad_trial = std::move(t);
     }
   }
-  fit.seq_len = good;
-  fit.estimate = *good_trial.estimate;
-  fit.limit = bad_trial.limit;
-  return fit;
+  return {good, std::move(good_trial)};
+}
+
+// The first multiple of `multiple` at or above `multiple` where `on` holds, for a switch that
+// stays on once on (0: never, up to the search's end).
+template <typename Switch>
+int first_on(const Switch& on, int multiple) {
+  if (on(multiple)) return multiple;
+  int off = multiple, at = 0;
+  while (at == 0) {
+    if (off > kMaxSeqLen / 2) return 0;
+    if (on(off * 2)) {
+      at = off * 2;
+    } else {
+      off *= 2;
+    }
+  }
+  while (at - off > multiple) {
+    const int mid = off + ((at - off) / multiple / 2) * multiple;
+    (on(mid) ? at : off) = mid;
+  }
+  return at;
 }
 
 }  // namespace
@@ -101,26 +110,69 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
       return try_length(model, inputs, setting, T, device_capacity_bytes, host_capacity_bytes);
     };
   };
-  // cuDNN's attention on a GPU (when planned: kernels/ops.h) asks for a workspace that grows with
-  // T^2 up to its limit and then for none, the calls passing to zrt's kernels (where those are
-  // the fused ones): the footprint drops there. So besides the plain search, one on zrt's kernels
-  // throughout (what packed documents run), whose answer bounds the answer from above where
-  // zrt's kernels run fused; where cuDNN's attention would take that length and it does not fit,
-  // a search below it with cuDNN's. The longest length any of them found fitting is the answer.
-  const auto with = attempt_with(in);
-  SequenceFit plain = search(with, multiple, 0, Trial{});
-  if (in.documents) return plain;
-  Inputs own = in;
-  own.documents = true;
-  SequenceFit upper = search(attempt_with(own), multiple, 0, Trial{});
-  if (upper.seq_len <= plain.seq_len) return plain;
-  Trial at_upper = with(upper.seq_len);
-  if (at_upper.fits) {
-    upper.estimate = *at_upper.estimate;
-    return upper;
+  const auto attempt = attempt_with(in);
+  // The footprint grows with T but where an automatic switch turns on, and each stays on as T
+  // grows: the head's, the MLP's and the MoE layers' tiles (model.tiling: once the whole passes
+  // its budget; the MLP's footprint drops there) and, on a GPU, zrt's attention kernels taking
+  // the calls from cuDNN's (whose workspace grows with T^2 up to its limit, then is none: the
+  // footprint drops). Between two switches it grows, so each stretch is searched on its own and
+  // the longest length found fitting is the answer.
+  const int sp = std::max(1, in.engine.sequence_parallel_size);
+  const ModelOptions options = in.model_options(in.activation_checkpointing);
+  const auto tiles = [&](int T) {
+    return model.tile_rows(in.micro_batch, std::max(1, T / sp), in.engine.compute_dtype, options);
+  };
+  std::vector<int> switches;
+  const auto note = [&](int at) {
+    if (at > multiple) switches.push_back(at);
+  };
+  const auto tiled = [&](int tile, int T) {
+    return tile > 0 && tile < in.micro_batch * std::max(1, T / sp);
+  };
+  note(first_on([&](int T) { return tiled(tiles(T).head, T); }, multiple));
+  note(first_on([&](int T) { return tiled(tiles(T).mlp, T); }, multiple));
+  note(first_on([&](int T) { return tiled(tiles(T).moe, T); }, multiple));
+  if (!in.documents) {
+    // Packed documents run zrt's kernels throughout; else cuDNN's, where the plan has them, ask
+    // for another workspace than zrt's. Past the model's own limit nothing fits: counted as on.
+    Inputs own = in;
+    own.documents = true;
+    const auto own_attempt = attempt_with(own);
+    note(first_on(
+        [&](int T) {
+          const Trial a = attempt(T), b = own_attempt(T);
+          return !a.estimate || !b.estimate ||
+                 a.estimate->kernel_workspace == b.estimate->kernel_workspace;
+        },
+        multiple));
   }
-  SequenceFit below = search(with, multiple, upper.seq_len, std::move(at_upper));
-  return below.seq_len > plain.seq_len ? below : plain;
+  std::sort(switches.begin(), switches.end());
+  switches.erase(std::unique(switches.begin(), switches.end()), switches.end());
+
+  SequenceFit fit;
+  int starts_at = multiple;
+  for (std::size_t k = 0; k <= switches.size(); ++k) {
+    const int lo = starts_at, hi = k < switches.size() ? switches[k] : 0;
+    starts_at = hi;
+    Trial first = attempt(lo);
+    if (!first.fits) {
+      if (fit.seq_len == 0 && k == 0) fit.limit = first.limit;
+      continue;
+    }
+    auto [length, trial] = longest_in(attempt, multiple, lo, std::move(first), hi);
+    if (length > fit.seq_len) {
+      fit.seq_len = length;
+      fit.estimate = *trial.estimate;
+    }
+  }
+  if (fit.seq_len > 0) {
+    fit.limit = fit.seq_len > kMaxSeqLen / 2
+                    ? "beyond " + std::to_string(kMaxSeqLen) + " tokens (the search's end)"
+                    : attempt(fit.seq_len + multiple).limit;
+  } else if (fit.limit.empty()) {
+    fit.limit = attempt(multiple).limit;
+  }
+  return fit;
 }
 
 }  // namespace zrt::mem

@@ -5,11 +5,13 @@
 // given, the host capacity per node; and what stops T + multiple (the device, the host, or the
 // model's own limit such as Llama's max_position_embeddings).
 //
-// The search doubles T while it fits, then bisects between the last fit and the first miss: it
-// needs a footprint that grows with T, which every term of the estimate does but the kernel
-// workspace of cuDNN's attention (growing with T^2 up to its limit, then none), so it also
-// searches on zrt's attention kernels and, below that answer, again with cuDNN's, and answers
-// the longest length found fitting.
+// The search doubles T while it fits, then bisects between the last fit and the first miss,
+// which needs a footprint that grows with T. The estimate's does, but where an automatic switch
+// turns on as T grows: the tiles of model.tiling (the MLP's footprint drops where its tiles
+// start) and, on a GPU, zrt's attention kernels taking over from cuDNN's (whose workspace grows
+// with T^2 up to its limit, then is none). Each switch stays on once on, so the search finds
+// where each turns on, searches every stretch between them on its own, and answers the longest
+// length found fitting.
 #pragma once
 
 #include <cstdint>
