@@ -369,9 +369,20 @@ void MpiProcessGroup::post_exchange(const std::byte* send, std::int64_t send_str
               static_cast<std::size_t>(block_bytes));
 }
 
+// A group of one rank: its reduce-scatter and all-reduce are the input itself (a copy, or
+// nothing in place), not the chunked exchange through the scratch.
+void MpiProcessGroup::copy_alone(const std::byte* in, std::byte* out, std::int64_t count,
+                                 DType dtype) {
+  if (in != out) std::memcpy(out, in, static_cast<std::size_t>(count) * dtype_size(dtype));
+}
+
 void MpiProcessGroup::run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count,
                                          DType dtype, ReduceOp op) {
   if (count == 0) return;
+  if (size_ == 1) {
+    copy_alone(in, out, count, dtype);
+    return;
+  }
   if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
     run_reduce_scatter_native(in, out, count, dtype, op);
     return;
@@ -582,6 +593,10 @@ void MpiProcessGroup::all_reduce(DevicePtr<const std::byte> in, DevicePtr<std::b
 void MpiProcessGroup::run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count,
                                      DType dtype, ReduceOp op) {
   if (count == 0) return;
+  if (size_ == 1) {
+    copy_alone(in, out, count, dtype);
+    return;
+  }
   const std::string what = describe("all_reduce", count, dtype);
   MPI_Request req = MPI_REQUEST_NULL;
   if (!is_floating(dtype)) {

@@ -108,6 +108,8 @@ class MpiProcessGroup final : public ProcessGroup {
 
   // Worker-thread bodies.
   void run_all_gather(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
+  // size 1: out = in (nothing in place).
+  static void copy_alone(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
   void run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                           ReduceOp op);
   void run_reduce_scatter_native(const std::byte* in, std::byte* out, std::int64_t count,

@@ -110,6 +110,8 @@ class NcclProcessGroup final : public ProcessGroup {
   // send + q*send_stride_bytes. Own block by a device copy, the others by ncclSend/ncclRecv.
   void all_to_all(const std::byte* send, std::int64_t send_stride_bytes, std::byte* recv,
                   std::int64_t n, DType dtype, const std::string& what);
+  // size 1: out = in (nothing in place).
+  void copy_alone(const std::byte* in, std::byte* out, std::int64_t count, DType dtype);
   void run_reduce_scatter(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
                           ReduceOp op, const std::string& what);
   void run_all_reduce(const std::byte* in, std::byte* out, std::int64_t count, DType dtype,
