@@ -9,7 +9,8 @@ shrunk to 2 layers of 128, with ZRT_STANDIN_CENSUS set, and checks one step of i
 model's arithmetic: its GEMMs do exactly the model's matrix products (2 N K FLOPs a product of
 N tokens by a K-parameter matrix: the forward, then the input and the weight gradients; blocks
 recomputed once more under activation checkpointing; the head's forward over its padded rows),
-with the head whole and in tiles; one optimizer launch; tens of bytes to the host (the loss, the
+with the head whole and in tiles, at stage 0 and 3; one optimizer launch; no reduction at one
+rank; tens of bytes to the host (the loss, the
 step's decision, the control stream's vote).
 A GEMM run twice, a head tile recomputed or a gradient copied to the host fails it.
 """
@@ -116,6 +117,7 @@ def run(args):
         "whole": (["--model.tiling.head_rows", "-1"], 0),
         "head-tiles": (["--model.tiling.head_rows", "96"], 0),  # 3 tiles, the last short
         "checkpointed": (["--model.activation_checkpointing", "true"], 1),
+        "stage3": (["--zero_optimization.stage", "3"], 0),
     }
     for name, (extra, recomputes) in variants.items():
         census = os.path.join(workdir, f"{name}.tsv")
@@ -144,6 +146,13 @@ def run(args):
         to_host = sum(op[2] for op in step if "device-to-host" in op[3])
         check(0 < to_host <= 128, f"{name}: {to_host} bytes to the host in a step (the loss, "
               f"the step's decision and the control stream's vote: tens of bytes)\n{text}")
+        # One rank: its reduce-scatters and all-reduces are their input (no reduction kernels, no
+        # copy of the gradients through the collectives' scratch).
+        reductions = sum(1 for op in step if "reduce_float_kernel" in op[3])
+        copied = sum(op[2] for op in step if "device-to-device" in op[3])
+        check(reductions == 0 and copied < 4096,
+              f"{name}: {reductions} reduction kernels and {copied} bytes copied on the device at "
+              f"one rank\n{text}")
         print(f"{name}: {len(step)} operations, {gemm_flops} GEMM FLOPs")
 
 
