@@ -579,6 +579,15 @@ TEST_CASE("ZeRO++: the quantized collectives' scratch and qgZ's output slice, by
 namespace {
 
 // The estimate of `def` at seq_len T for a setting (what longest_sequence compares).
+// A model in bf16 with activation checkpointing: the long-sequence searches' inputs.
+Inputs checkpointed_bf16(const std::shared_ptr<const ModelDef>& def) {
+  Inputs in;
+  in.model = model_spec(def);
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.activation_checkpointing = true;
+  return in;
+}
+
 Estimate estimate_at(const ModelDef& def, Inputs in, const Setting& s, int T) {
   in.model = model_spec(def.with_seq_len(T));
   in.seq_len = T;
@@ -641,10 +650,7 @@ TEST_CASE(
     "--max-seq-len: cuDNN's attention workspace dropping at its limit does not end the "
     "search early") {
   const std::shared_ptr<const ModelDef> llama = builtin_models().parse_spec("llama-3.1-8b");
-  Inputs in;
-  in.model = model_spec(llama);
-  in.engine.compute_dtype = DType::kBFloat16;
-  in.activation_checkpointing = true;
+  Inputs in = checkpointed_bf16(llama);
   in.cpu_checkpointing = true;
   const Setting s{3, true, false};
   Inputs own = in;
@@ -678,10 +684,7 @@ TEST_CASE(
     "--max-seq-len: the MLP's tiles starting (its footprint dropping) does not end the "
     "search early") {
   const std::shared_ptr<const ModelDef> llama = builtin_models().parse_spec("llama-3.1-8b");
-  Inputs in;
-  in.model = model_spec(llama);
-  in.engine.compute_dtype = DType::kBFloat16;
-  in.activation_checkpointing = true;
+  Inputs in = checkpointed_bf16(llama);
   in.documents = true;  // zrt's attention kernels throughout: only the tiles switch
   const Setting s{3, true, false};
   const std::int64_t capacity = estimate_at(*llama, in, s, 28672).device_total();
