@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tools/bench/ncu_step_table.py on a planted Nsight Compute CSV: the launches from one step's
-first kernel to the next step's, grouped and summed, the units row honoured, and a run without
-a step after the one asked for refused."""
+first kernel to the next step's, grouped and summed, the units row honoured, a run without a
+step after the one asked for refused, and a stand-in census joined for bytes and rates."""
 import importlib.util
 import sys
 
@@ -82,6 +82,43 @@ try:
     failures.append("a CSV without the columns was not refused")
 except ValueError as e:
     check("Kernel Name" in str(e), f"refusal says {e}")
+
+# --census: a stand-in census of the same steps gives each kernel's bytes, hence its rate, and
+# the cuBLAS kernels (joined by no name) the GEMMs' FLOPs.
+import os
+import tempfile
+
+K = "kernel void zrt::kernels::cuda::(anonymous namespace)::"
+census_lines = [
+    f"1\t0\t10\t{K}encoder_forward_kernel(int)",
+    f"1\t5\t5\t{K}ce(float*, int)",
+    f"1\t0\t10\t{K}encoder_forward_kernel(int)",
+    "1\t100\t100\tcublasLtMatmul (1 GEMM m 1000 n 1000 k 1100)",
+    f"1\t3000000\t1000000\t{K}ce(float*, int)",
+    f"1\t3000000\t1000000\t{K}ce(float*, int)",
+    "1\t0\t4096\tcudaMallocAsync of 4096 B",
+    f"1\t0\t10\t{K}encoder_forward_kernel(int)",
+]
+with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, "census.tsv")
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in census_lines))
+    census = tool.census_of(path, "encoder_forward", 2)
+    check(census[0].get("ce") == 8000000 and census[1] == 2 * 1000 * 1000 * 1100,
+          f"census of step 2: {census}")
+    text, total = tool.table(step2, census=census)
+    ce_line = [line for line in text.splitlines() if line.startswith("ce ")]
+    # 8 MB in 13 us: 615 GB/s.
+    check(len(ce_line) == 1 and ce_line[0].split()[-2:] == ["8.0", "615"], f"ce row {ce_line}")
+    gemm_line = [line for line in text.splitlines() if line.startswith("cuBLAS kernels")]
+    # gemm_a: 11 us for 2.2 GFLOP: 200 TFLOP/s.
+    check(gemm_line == ["cuBLAS kernels: 1 launches, 11.0 us; the census's GEMMs 2.2 GFLOP: "
+                        "200 TFLOP/s"], f"GEMM line {gemm_line}")
+    opt_line = [line for line in text.splitlines() if line.startswith("optimizer_kernel")]
+    check(len(opt_line) == 1 and opt_line[0].split()[-2:] == ["-", "-"],
+          f"a kernel the census lacks: {opt_line}")
+    check(total == 30.0, f"the total with a census {total}")
+    check(tool.main([path, "--first", "x"]) == 1, "a census given as the ncu CSV was not refused")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))
