@@ -11,11 +11,13 @@ namespace zrt::mem {
 namespace {
 
 // The collective scratch an MpiProcessGroup allocates (mpi_process_group.cc): two slots that
-// grow to the largest request and stay, so the peak is the sum of the two largest requests.
+// grow to the largest request and stay, so the peak is the sum of the two largest requests. A
+// group of one rank asks for none: its reductions return their input (copy_alone).
 class MpiScratch {
  public:
   MpiScratch(int size, const CommOptions& options) : size_(size), options_(options) {}
   void all_reduce_float(std::int64_t count, std::int64_t elem) {
+    if (size_ == 1) return;
     const std::int64_t piece = chunk(elem) * size_;
     const std::int64_t total = std::min(piece, count);
     const std::int64_t slice = (total + size_ - 1) / size_;
@@ -23,6 +25,7 @@ class MpiScratch {
     grow(1, slice * size_ * elem);
   }
   void reduce_scatter(std::int64_t count, std::int64_t elem) {
+    if (size_ == 1) return;
     const std::int64_t c = chunk(elem);
     if (options_.reduce_scatter_algo == ReduceScatterAlgo::kNative) {
       const std::int64_t n = std::min(c, count);
