@@ -11,7 +11,8 @@ enum class GradWrite {
   kOverwrite,   // dinp = gradient
   // dinp holds zeros on entry (its caller zeroed it), so accumulating and overwriting agree and
   // the op may do whichever is cheaper: the ops that take it say so (ops.h's attention backward:
-  // cuDNN's writes straight into dinp). The CPU backend checks the promise.
+  // cuDNN's writes straight into dinp). The CPU backend checks the promise. (The attention
+  // backwards take kOverwrite too: cuDNN's writes in place, kernels that accumulate zero first.)
   kIntoZeros,
 };
 

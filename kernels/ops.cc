@@ -1,6 +1,7 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <utility>
 
@@ -326,12 +327,11 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 }
 
 namespace {
-// The attention backwards take kAccumulate or kIntoZeros (grad_write.h).
-void check_attention_grad_write(GradWrite write, const char* op) {
-  ZRT_CHECK(write != GradWrite::kOverwrite,
-            "{}: GradWrite::kOverwrite is not taken (kAccumulate, or kIntoZeros when the "
-            "gradients hold zeros)",
-            op);
+// How the attention backwards write their gradients (grad_write.h): cuDNN's writes them in place
+// when they need not be added to (kIntoZeros, kOverwrite); zrt's kernels and the CPU twins
+// accumulate, so kOverwrite zeroes first (on the op's stream, before the kernels).
+bool cudnn_writes_in_place(GradWrite write) {
+  return write != GradWrite::kAccumulate;
 }
 // kIntoZeros is the caller's promise; the CPU backend holds it to it (a scan of the gradient,
 // small beside the attention itself), so that every model test on the CPU checks the models'.
@@ -393,18 +393,20 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
                         int NH, ConstTokens doc_start, int window, GradWrite dqkv_write) {
   ZRT_CHECK(NH > 0 && C % NH == 0, "attention: C={} is not a multiple of NH={}", C, NH);
   window = cpu::effective_window(window, T);
-  check_attention_grad_write(dqkv_write, "attention_backward");
+  const std::int64_t dqkv_bytes =
+      std::int64_t{B} * T * 3 * C * static_cast<std::int64_t>(dtype_size(dtype));
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws =
           cpu_workspace<cpu::acc_t<S>>(ctx, cpu::attention_backward_workspace<S>(B, T, C, NH));
-      const bool into_zeros = dqkv_write == GradWrite::kIntoZeros;
       run_cpu(ctx, "attention_backward",
               [dx = ptr<S>(dqkv), dy = ptr<S>(dout), x = ptr<S>(qkv), y = ptr<S>(out), l = raw(lse),
-               B, T, C, NH, ws, ds = raw(doc_start), window, into_zeros] {
-                if (into_zeros) {
+               B, T, C, NH, ws, ds = raw(doc_start), window, dqkv_write, dqkv_bytes] {
+                if (dqkv_write == GradWrite::kIntoZeros) {
                   require_zeros(dx, std::int64_t{B} * T * 3 * C, "attention_backward", "dqkv");
+                } else if (dqkv_write == GradWrite::kOverwrite) {
+                  std::memset(static_cast<void*>(dx), 0, static_cast<std::size_t>(dqkv_bytes));
                 }
                 cpu::attention_backward<S>(dx, dy, x, y, l, B, T, C, NH, ws, ds, window);
               });
@@ -423,8 +425,11 @@ void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes 
                                       kernels.cudnn_deterministic, window, own_workspace},
                                      raw(dqkv), nullptr, nullptr, raw(dout), raw(qkv), nullptr,
                                      nullptr, raw(out), raw(lse),
-                                     dqkv_write == GradWrite::kIntoZeros)) {
+                                     cudnn_writes_in_place(dqkv_write))) {
     return;
+  }
+  if (dqkv_write == GradWrite::kOverwrite) {
+    ctx.device().fill_zero(dqkv, static_cast<std::size_t>(dqkv_bytes), ctx.stream());
   }
   cuda::attention_backward(launch(ctx, own_workspace), dtype, raw(dqkv), raw(dout), raw(qkv),
                            raw(out), raw(lse), B, T, C, NH, kernels, raw(doc_start), window);
@@ -795,22 +800,26 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
   ZRT_CHECK(NH > 0 && NKV > 0 && NH % NKV == 0, "gqa attention: NH={} is not a multiple of NKV={}",
             NH, NKV);
   window = cpu::effective_window(window, T);
-  check_attention_grad_write(d_write, "gqa_attention_backward");
+  const std::int64_t rows = std::int64_t{B} * T,
+                     elem = static_cast<std::int64_t>(dtype_size(dtype));
+  const std::int64_t dq_bytes = rows * NH * hs * elem, dkv_bytes = rows * NKV * hs * elem;
   if (on_cpu(ctx)) {
     with_storage(dtype, [&](auto s) {
       using S = decltype(s);
       auto* ws = cpu_workspace<cpu::acc_t<S>>(
           ctx, cpu::gqa_attention_backward_workspace<S>(B, T, NH, NKV, hs));
-      const bool into_zeros = d_write == GradWrite::kIntoZeros;
       run_cpu(ctx, "gqa_attention_backward",
               [dqp = ptr<S>(dq), dkp = ptr<S>(dk), dvp = ptr<S>(dv), dy = ptr<S>(dout),
                qp = ptr<S>(q), kp = ptr<S>(k), vp = ptr<S>(v), y = ptr<S>(out), l = raw(lse), B, T,
-               NH, NKV, hs, ws, ds = raw(doc_start), window, into_zeros] {
-                if (into_zeros) {
-                  const std::int64_t rows = std::int64_t{B} * T;
+               NH, NKV, hs, ws, ds = raw(doc_start), window, d_write, rows, dq_bytes, dkv_bytes] {
+                if (d_write == GradWrite::kIntoZeros) {
                   require_zeros(dqp, rows * NH * hs, "gqa_attention_backward", "dq");
                   require_zeros(dkp, rows * NKV * hs, "gqa_attention_backward", "dk");
                   require_zeros(dvp, rows * NKV * hs, "gqa_attention_backward", "dv");
+                } else if (d_write == GradWrite::kOverwrite) {
+                  std::memset(static_cast<void*>(dqp), 0, static_cast<std::size_t>(dq_bytes));
+                  std::memset(static_cast<void*>(dkp), 0, static_cast<std::size_t>(dkv_bytes));
+                  std::memset(static_cast<void*>(dvp), 0, static_cast<std::size_t>(dkv_bytes));
                 }
                 cpu::gqa_attention_backward<S>(dqp, dkp, dvp, dy, qp, kp, vp, y, l, B, T, NH, NKV,
                                                hs, ws, ds, window);
@@ -827,8 +836,13 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
                                      {dtype, B, T, NH, NKV, hs, cuda::QkvLayout::kSeparate,
                                       kernels.cudnn_deterministic, window, own_workspace},
                                      raw(dq), raw(dk), raw(dv), raw(dout), raw(q), raw(k), raw(v),
-                                     raw(out), raw(lse), d_write == GradWrite::kIntoZeros)) {
+                                     raw(out), raw(lse), cudnn_writes_in_place(d_write))) {
     return;
+  }
+  if (d_write == GradWrite::kOverwrite) {
+    ctx.device().fill_zero(dq, static_cast<std::size_t>(dq_bytes), ctx.stream());
+    ctx.device().fill_zero(dk, static_cast<std::size_t>(dkv_bytes), ctx.stream());
+    ctx.device().fill_zero(dv, static_cast<std::size_t>(dkv_bytes), ctx.stream());
   }
   cuda::gqa_attention_backward(launch(ctx, own_workspace), dtype, raw(dq), raw(dk), raw(dv),
                                raw(dout), raw(q), raw(k), raw(v), raw(out), raw(lse), B, T, NH, NKV,

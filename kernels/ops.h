@@ -122,10 +122,11 @@ void residual_backward(KernelContext& ctx, DType dtype, Bytes da, Bytes db, Cons
 // for). Both passes take the same doc_start and window.
 void attention_forward(KernelContext& ctx, DType dtype, Bytes out, Floats lse, ConstBytes qkv,
                        int B, int T, int C, int NH, ConstTokens doc_start = {}, int window = 0);
-// dqkv_write: kAccumulate (the contract above) or kIntoZeros, the caller's promise that dqkv holds
+// dqkv_write: kAccumulate (the contract above); kIntoZeros, the caller's promise that dqkv holds
 // zeros (the models' driver zeroes it before each block's backward), which lets cuDNN's
-// attention write the gradients straight into it instead of through workspace and an add; the
-// CPU backend throws when the promise is broken. kOverwrite is not taken.
+// attention write the gradients straight into it instead of through workspace and an add (the
+// CPU backend throws when the promise is broken); or kOverwrite, for a dqkv whose only producer
+// this is: cuDNN's writes it in place, zrt's kernels and the CPU twin zero it first.
 void attention_backward(KernelContext& ctx, DType dtype, Bytes dqkv, ConstBytes dout,
                         ConstBytes qkv, ConstBytes out, ConstFloats lse, int B, int T, int C,
                         int NH, ConstTokens doc_start = {}, int window = 0,

@@ -176,6 +176,9 @@ void Gpt::Activations::plan_forward(ActivationPlanner& p, const transformer::Pas
 void Gpt::Activations::plan_backward(ActivationPlanner& p, const transformer::PassShape& s) {
   const I64 N = s.N(), S = s.S;
   const I64 C = config_.n_embd;
+  // Without sequence parallelism attention's backward is dqkv's one producer and overwrites it
+  // (GradWrite::kOverwrite: cuDNN's in place, no zeroing); with it, plan_accumulated's.
+  if (sp == 1) p.bytes(&dqkv, N * 3 * C * S);
   p.bytes(&dln1, N * C * S);
   p.bytes(&datty, N * C * S);
   p.bytes(&dln2, N * C * S);
@@ -184,7 +187,7 @@ void Gpt::Activations::plan_backward(ActivationPlanner& p, const transformer::Pa
 }
 
 void Gpt::Activations::plan_accumulated(ActivationPlanner& p, const transformer::PassShape& s) {
-  p.bytes(&dqkv, s.N() * 3 * config_.n_embd * s.S);
+  if (sp > 1) p.bytes(&dqkv, s.N() * 3 * config_.n_embd * s.S);
 }
 
 std::int64_t Gpt::planned_activation_bytes(const GptConfig& config, const GptOptions& options,
@@ -278,8 +281,10 @@ void Gpt::attention_forward(const Activations::Kept& x) {
   ex->to_chunk(dt, x.atty, x.atty_full, pass.B, pass.T, NH, hs, a.send, a.recv);
 }
 
-// datty holds the output's gradient; dqkv (zeroed by the driver) receives qkv's: kIntoZeros, so
-// cuDNN's attention writes it in place (the CPU backend checks the zeros).
+// datty holds the output's gradient; dqkv receives qkv's. Without sequence parallelism attention
+// is its one producer: kOverwrite, so cuDNN's attention writes it in place and nothing zeroes it
+// first (zrt's kernels, which accumulate, zero it themselves). Under it the driver zeroes dqkv
+// with the accumulated region (kIntoZeros: cuDNN's still writes in place).
 void Gpt::attention_backward(const Activations::Kept& x) {
   const Pass& pass = this->pass();
   const int C = config_.n_embd, NH = config_.n_head;
@@ -288,7 +293,7 @@ void Gpt::attention_backward(const Activations::Kept& x) {
   transformer::UlyssesExchange* ex = ulysses();
   if (ex == nullptr) {
     k::attention_backward(ctx(), dt, d.dqkv, d.datty, x.qkv, x.atty, x.att_lse, pass.B, pass.T, C,
-                          NH, pass.doc_start, /*window=*/0, k::GradWrite::kIntoZeros);
+                          NH, pass.doc_start, /*window=*/0, k::GradWrite::kOverwrite);
     return;
   }
   const int sp = ex->size(), hs = C / NH;

@@ -1,10 +1,12 @@
 // The attention backwards' GradWrite (kernels/grad_write.h, ops.h) on the CPU backend:
 // kIntoZeros into zeroed gradients gives kAccumulate's bits; kIntoZeros into a gradient that is
 // not zero is an error naming the tensor and the fix (the check that holds the models' promise,
-// which lets cuDNN's attention write straight into the gradients); kOverwrite is refused.
+// which lets cuDNN's attention write straight into the gradients); kOverwrite from any values,
+// NaN included, gives kAccumulate's bits into zeros (the CPU twin zeroes first).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -127,10 +129,16 @@ TEST_CASE("attention backward with kIntoZeros into a gradient that is not zero i
                                     "zero"));
 }
 
-TEST_CASE("attention backward refuses GradWrite::kOverwrite", "[kernels][attention]") {
+TEST_CASE("attention backward with kOverwrite gives kAccumulate-into-zeros' bits from any start",
+          "[kernels][attention]") {
   for (const bool packed : {true, false}) {
-    CHECK_THROWS_WITH(run(Case{}, packed, GradWrite::kOverwrite, 0.0),
-                      Catch::Contains("kOverwrite is not taken"));
+    INFO((packed ? "packed qkv" : "grouped-query"));
+    const std::vector<float> accumulated = run(Case{}, packed, GradWrite::kAccumulate, 0.0);
+    for (const double start : {1.0, std::nan("")}) {
+      const std::vector<float> overwritten = run(Case{}, packed, GradWrite::kOverwrite, start);
+      REQUIRE(overwritten.size() == accumulated.size());
+      CHECK(std::memcmp(accumulated.data(), overwritten.data(), accumulated.size() * 4) == 0);
+    }
   }
 }
 

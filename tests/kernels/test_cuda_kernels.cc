@@ -316,10 +316,13 @@ Results cpu_attention(const AttentionIn& in) {
   return {{"out", to_double(out)}, {"lse", to_double(lse)}, {"dqkv", to_double(dqkv)}};
 }
 
-// dqkv_write: how the backward writes dqkv (it starts at zeros either way).
+// dqkv_write: how the backward writes dqkv, which starts at zeros, or at NaN for kOverwrite (a
+// value it must not read).
 Results gpu_attention_written(Gpu& g, DType dt, const AttentionIn& in, GradWrite dqkv_write) {
   Buffer qkv = g.upload(in.qkv, dt), dout = g.upload(in.dout, dt);
-  Buffer out = g.zeros(in.dout.size(), dt), dqkv = g.zeros(in.qkv.size(), dt),
+  Buffer out = g.zeros(in.dout.size(), dt),
+         dqkv = g.upload(
+             Vec(in.qkv.size(), dqkv_write == GradWrite::kOverwrite ? std::nan("") : 0.0), dt),
          lse = g.zeros(in.rows(), DType::kFloat32);
   Buffer ds = g.tokens(in.doc_start.empty() ? std::vector<std::int32_t>{0} : in.doc_start);
   const ConstTokens doc_start = in.doc_start.empty() ? ConstTokens{} : tdev(ds);
@@ -979,6 +982,8 @@ void check_fused_against_twin(const AttentionIn& in, bool wmma) {
     INFO(dtype_name(dt) << " lse: relative error " << err);
     CHECK(err <= 1e-4);
     CHECK(gpu_attention(g, dt, dt, in) == got);
+    // kOverwrite from NaN: zeroed first, then the same kernels: the same bits.
+    CHECK(gpu_attention_written(g, dt, in, GradWrite::kOverwrite) == got);
   }
 }
 }  // namespace
@@ -1112,13 +1117,21 @@ TEST_CASE("CUDA attention on cuDNN matches its CPU twin", "[cuda][cudnn]") {
         // deterministic backward the same bits.
         const Results in_place = gpu_attention_written(g, dt, in, GradWrite::kIntoZeros);
         CHECK(g.ctx->cuda()->cudnn_attention_backwards == 2);
+        // Overwritten (the models' GPT without sequence parallelism): cuDNN writes every element
+        // of a dqkv that starts at NaN, in place, nothing zeroed first.
+        const Results overwritten = gpu_attention_written(g, dt, in, GradWrite::kOverwrite);
+        CHECK(g.ctx->cuda()->cudnn_attention_backwards == 3);
         if (deterministic) {
           CHECK(in_place == got);
+          CHECK(overwritten == in_place);
           CHECK(gpu_attention(g, dt, dt, in) == got);
         } else {
-          const double in_place_err = test::rel_error(in_place.at("dqkv"), want.at("dqkv"));
-          INFO("dqkv written in place: relative error " << in_place_err);
-          CHECK(in_place_err <= tol);
+          for (const Results* r : {&in_place, &overwritten}) {
+            const double r_err = test::rel_error(r->at("dqkv"), want.at("dqkv"));
+            INFO("dqkv written in place (" << (r == &in_place ? "into zeros" : "over NaN")
+                                           << "): relative error " << r_err);
+            CHECK(r_err <= tol);
+          }
         }
       }
     }

@@ -335,6 +335,11 @@ TEST_CASE("grouped-query attention at a fused shape: CUDA twin matches the CPU t
           "[cuda][llama]") {
   parity("gqa attention (hs 64, T 128)",
          [](Backend& be, DType dt, DType) { return run_gqa(be, dt, 1, 128, 4, 2, 64, kSeed + 1); });
+  // Overwriting gradients that hold other values (GradWrite::kOverwrite): zrt's kernels, which
+  // accumulate, zero them first, as the CPU twin does.
+  parity("gqa attention (hs 64, T 128) overwritten", [](Backend& be, DType dt, DType) {
+    return run_gqa(be, dt, 1, 128, 4, 2, 64, kSeed + 1, {}, true, GradWrite::kOverwrite);
+  });
 }
 
 // Head size 128, the Llama-3 8B / Mistral 7B / Qwen2.5 7B shape, group 4 (Llama-3 8B's 32 / 8):
@@ -481,12 +486,21 @@ TEST_CASE("grouped-query attention on cuDNN: CUDA matches the CPU twin", "[cuda]
                 return run_gqa(be, dt, 2, T, NH, NKV, HS, seed, {}, false, GradWrite::kIntoZeros);
               },
               options);
+          // Overwritten from gradients that hold other values: cuDNN writes them in place, the
+          // CPU twin zeroes first; an accumulation would add the start to one side only.
+          parity(
+              what + " overwritten",
+              [&](Backend& be, DType dt, DType) {
+                return run_gqa(be, dt, 2, T, NH, NKV, HS, seed, {}, true, GradWrite::kOverwrite);
+              },
+              options);
           Backend gpu(DeviceType::kCuda, options);
           run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, true);
           run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, false, GradWrite::kIntoZeros);
+          run_gqa(gpu, DType::kBFloat16, 2, T, NH, NKV, HS, seed, {}, true, GradWrite::kOverwrite);
           INFO(what);
-          CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 2);
-          CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 2);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_forwards == 3);
+          CHECK(gpu.ctx->cuda()->cudnn_attention_backwards == 3);
           // A sliding window of 37 tokens (cuDNN's diagonal band left bound): the CPU twin's
           // window, on cuDNN (counted), not handed back to zrt's kernels.
           parity(
