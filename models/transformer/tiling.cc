@@ -19,10 +19,14 @@ int tile_rows(int setting, std::int64_t rows, std::int64_t row_bytes, std::int64
   }
   if (setting == kTileOff) return static_cast<int>(rows);
   if (setting > 0) return static_cast<int>(std::min<std::int64_t>(setting, rows));
-  // Automatic: tile only where the whole tensors would take more than whole_budgets tiles.
+  // Automatic: tiles of about the budget, in multiples of kTileRowMultiple rows, where the whole
+  // would take more than whole_budgets of them. At one budget, whole exactly while the rows fit
+  // one tile: then the rows a pass holds never fall as the rows grow.
+  const std::int64_t tile = std::max<std::int64_t>(
+      kTileRowMultiple, budget / row_bytes / kTileRowMultiple * kTileRowMultiple);
+  if (whole_budgets == 1) return static_cast<int>(std::min(rows, tile));
   if (rows * row_bytes <= whole_budgets * budget) return static_cast<int>(rows);
-  const std::int64_t fit = budget / row_bytes / kTileRowMultiple * kTileRowMultiple;
-  return static_cast<int>(std::min(rows, std::max<std::int64_t>(kTileRowMultiple, fit)));
+  return static_cast<int>(std::min(rows, tile));
 }
 
 }  // namespace zrt::transformer

@@ -10,8 +10,8 @@
 // number of tiles' budget, else tiles of about the budget, in multiples of kTileRowMultiple rows
 // (GEMM-friendly shapes). The MLP stays whole up to kAutoTileFactor budgets (its tiles recompute
 // their forward in the backward: a slightly-over-budget MLP is not worth it), so its footprint
-// drops where tiling starts; the head's tiles recompute nothing, and it stays whole up to one
-// budget only, so its footprint never falls as the rows grow.
+// drops where tiling starts; the head's tiles recompute nothing, and it stays whole only while
+// the rows fit one tile, so its footprint never falls as the rows grow.
 #pragma once
 
 #include <cstdint>

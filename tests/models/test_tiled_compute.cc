@@ -123,16 +123,21 @@ TEST_CASE("tile_rows: automatic tiles once the whole passes four tiles' budget (
   CHECK(tile_rows(kTileAuto, 8192, 128256 * 2, 64 * MiB) == 256);
   CHECK(tile_rows(kTileAuto, 100, 4 * MiB, 64 * MiB) == 64);  // never below 64 rows
   CHECK_THROWS_AS(tile_rows(-2, 100, 4, 64), InvalidArgument);
-  // Whole up to one budget (the head's rule): the tiles' rows never exceed what the whole had,
-  // so the footprint grows with the rows. Up to 4 budgets (the MLP's) it falls where tiling starts.
+  // Whole up to one tile (the head's rule): the rows a pass holds never fall as the rows grow,
+  // also where the budget is not a multiple of 64 rows (Llama-3.1-8B's bf16 logits rows: 4186
+  // fit 1 GiB, tiles of 4160, so whole up to 4160 rows, not 4185). Up to 4 budgets (the MLP's)
+  // they fall where tiling starts.
   CHECK(tile_rows(kTileAuto, 64, MiB, 64 * MiB, 1) == 64);
   CHECK(tile_rows(kTileAuto, 65, MiB, 64 * MiB, 1) == 64);
-  std::int64_t held = 0;
-  for (std::int64_t rows = 1; rows <= 1000; ++rows) {
-    const std::int64_t now = tile_rows(kTileAuto, rows, MiB, 64 * MiB, 1);
-    CHECK(now >= held);
-    held = now;
+  for (const std::int64_t row_bytes : {MiB, std::int64_t{128256 * 2}, std::int64_t{50304 * 4}}) {
+    std::int64_t held = 0;
+    for (std::int64_t rows = 1; rows <= 12000; ++rows) {
+      const std::int64_t now = tile_rows(kTileAuto, rows, row_bytes, 1024 * MiB, 1);
+      REQUIRE(now >= held);
+      held = now;
+    }
   }
+  CHECK(tile_rows(kTileAuto, 4185, 128256 * 2, 1024 * MiB, 1) == 4160);
   CHECK(tile_rows(kTileAuto, 256, MiB, 64 * MiB) > tile_rows(kTileAuto, 257, MiB, 64 * MiB));
   // GPT-2 (logits rows of 50304 bf16) at 8 x 1024 tokens: whole (824 MB); Llama-3.1-8B at 8192
   // tokens (128256-wide rows): 4160-row tiles (1 GiB), at 2048 whole.
