@@ -75,18 +75,19 @@ std::pair<int, Trial> longest_in(const Attempt& attempt, int multiple, int lo, T
   return {good, std::move(good_trial)};
 }
 
-// The first multiple of `multiple` at or above `multiple` where `on` holds, for a switch that
-// stays on once on (0: never, up to the search's end).
+// The first multiple of `multiple` in [multiple, end] where `on` holds, for a switch that stays
+// on once on (0: not by `end`, a multiple of `multiple`).
 template <typename Switch>
-int first_on(const Switch& on, int multiple) {
+int first_on(const Switch& on, int multiple, int end) {
   if (on(multiple)) return multiple;
   int off = multiple, at = 0;
   while (at == 0) {
-    if (off > kMaxSeqLen / 2) return 0;
-    if (on(off * 2)) {
-      at = off * 2;
+    if (off >= end) return 0;
+    const int next = std::min(off * 2, end);
+    if (on(next)) {
+      at = next;
     } else {
-      off *= 2;
+      off = next;
     }
   }
   while (at - off > multiple) {
@@ -111,6 +112,9 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
     };
   };
   const auto attempt = attempt_with(in);
+  Inputs own = in;
+  own.documents = true;  // packed documents run zrt's attention kernels throughout
+  const auto own_attempt = attempt_with(own);
   // The footprint grows with T but where an automatic switch turns on, and each stays on as T
   // grows: the head's, the MLP's and the MoE layers' tiles (model.tiling: once the whole passes
   // its budget; the MLP's footprint drops there) and, on a GPU, zrt's attention kernels taking
@@ -118,41 +122,61 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
   // footprint drops). Between two switches it grows, so each stretch is searched on its own and
   // the longest length found fitting is the answer.
   const int sp = std::max(1, in.engine.sequence_parallel_size);
+  const std::int64_t B = std::max(1, in.micro_batch);
   const ModelOptions options = in.model_options(in.activation_checkpointing);
+  const auto rows = [&](int T) { return B * std::max(1, T / sp); };
+  const auto tiled = [&](int tile, int T) { return tile > 0 && tile < rows(T); };
   const auto tiles = [&](int T) {
     return model.tile_rows(in.micro_batch, std::max(1, T / sp), in.engine.compute_dtype, options);
   };
+  // The tiles' switches come from the shapes alone, over the lengths whose rows a pass stay
+  // well within int.
+  const int tile_end = static_cast<int>(std::max<std::int64_t>(
+      multiple,
+      std::min<std::int64_t>(kMaxSeqLen, (std::int64_t{1} << 30) / B * sp) / multiple * multiple));
   std::vector<int> switches;
   const auto note = [&](int at) {
     if (at > multiple) switches.push_back(at);
   };
-  const auto tiled = [&](int tile, int T) {
-    return tile > 0 && tile < in.micro_batch * std::max(1, T / sp);
-  };
-  note(first_on([&](int T) { return tiled(tiles(T).head, T); }, multiple));
-  note(first_on([&](int T) { return tiled(tiles(T).mlp, T); }, multiple));
-  note(first_on([&](int T) { return tiled(tiles(T).moe, T); }, multiple));
+  note(first_on([&](int T) { return tiled(tiles(T).head, T); }, multiple, tile_end));
+  note(first_on([&](int T) { return tiled(tiles(T).mlp, T); }, multiple, tile_end));
+  note(first_on([&](int T) { return tiled(tiles(T).moe, T); }, multiple, tile_end));
+  // Past `end` nothing fits: from the length where the tiles last switched, doubling until
+  // neither the plan nor zrt's attention kernels fit. Beyond it the tiles are fixed, so each
+  // attention's footprint grows with T, and the attention switch only moves the calls from
+  // cuDNN's (which missed there, or had already let go) to zrt's kernels (which missed). 0: the
+  // search's end still fits.
+  int end = switches.empty() ? multiple : *std::max_element(switches.begin(), switches.end());
+  while (attempt(end).fits || (!in.documents && own_attempt(end).fits)) {
+    if (end > kMaxSeqLen / 2) {
+      end = 0;
+      break;
+    }
+    end *= 2;
+  }
   if (!in.documents) {
-    // Packed documents run zrt's kernels throughout; else cuDNN's, where the plan has them, ask
-    // for another workspace than zrt's. Past the model's own limit nothing fits: counted as on.
-    Inputs own = in;
-    own.documents = true;
-    const auto own_attempt = attempt_with(own);
+    // cuDNN's calls, where the plan has them, ask for another workspace than zrt's kernels.
+    // Past the model's own limit nothing fits: counted as on.
     note(first_on(
         [&](int T) {
           const Trial a = attempt(T), b = own_attempt(T);
           return !a.estimate || !b.estimate ||
                  a.estimate->kernel_workspace == b.estimate->kernel_workspace;
         },
-        multiple));
+        multiple, end == 0 ? kMaxSeqLen / multiple * multiple : end));
   }
   std::sort(switches.begin(), switches.end());
   switches.erase(std::unique(switches.begin(), switches.end()), switches.end());
+  if (end != 0) {
+    switches.erase(
+        std::remove_if(switches.begin(), switches.end(), [&](int at) { return at >= end; }),
+        switches.end());
+  }
 
   SequenceFit fit;
   int starts_at = multiple;
   for (std::size_t k = 0; k <= switches.size(); ++k) {
-    const int lo = starts_at, hi = k < switches.size() ? switches[k] : 0;
+    const int lo = starts_at, hi = k < switches.size() ? switches[k] : end;
     starts_at = hi;
     Trial first = attempt(lo);
     if (!first.fits) {
@@ -166,9 +190,17 @@ SequenceFit longest_sequence(const ModelDef& model, Inputs in, const Setting& se
     }
   }
   if (fit.seq_len > 0) {
-    fit.limit = fit.seq_len > kMaxSeqLen / 2
-                    ? "beyond " + std::to_string(kMaxSeqLen) + " tokens (the search's end)"
-                    : attempt(fit.seq_len + multiple).limit;
+    if (fit.seq_len > kMaxSeqLen / 2) {
+      fit.limit = "beyond " + std::to_string(kMaxSeqLen) + " tokens (the search's end)";
+    } else {
+      const Trial next = attempt(fit.seq_len + multiple);
+      // It fits only where the footprint does not grow between the switches: zrt's attention
+      // kernels take lengths that are multiples of 64 and leave the others to a T^2 path.
+      fit.limit = next.fits ? "a longer length fits again: the footprint is not monotone in "
+                              "multiples of " +
+                                  std::to_string(multiple) + " (use a multiple of 64)"
+                            : next.limit;
+    }
   } else if (fit.limit.empty()) {
     fit.limit = attempt(multiple).limit;
   }
