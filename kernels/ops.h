@@ -229,9 +229,9 @@ void gqa_attention_backward(KernelContext& ctx, DType dtype, Bytes dq, Bytes dk,
 // size functions the calls use. `documents`: the calls carry packed documents (doc_start), which
 // cuDNN's attention leaves to zrt's kernels. Where cuDNN's attention takes the call its request
 // is cuda::cudnn_attention_workspace_estimate's (cuDNN's own figure, measured), for a backward
-// that writes into zeroed gradients as the models' do (GradWrite::kIntoZeros; other callers'
-// cuDNN backward adds room for q, k, v's gradients); a build without CUDA plans as if the CUDA
-// build had cuDNN attention.
+// that writes its gradients in place as the models' do (GradWrite::kIntoZeros or kOverwrite;
+// other callers' cuDNN backward adds room for q, k, v's gradients); a build without CUDA plans as
+// if the CUDA build had cuDNN attention.
 std::int64_t attention_workspace_bytes(bool on_cpu, const KernelOptions& options, DType dtype,
                                        int B, int T, int C, int NH, bool backward,
                                        bool documents = false);

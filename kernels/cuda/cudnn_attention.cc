@@ -332,7 +332,7 @@ bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shap
 
 bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& shape, void* dq,
                               void* dk, void* dv, const void* dout, const void* q, const void* k,
-                              const void* v, const void* out, const float* lse, bool into_zeros) {
+                              const void* v, const void* out, const float* lse, bool in_place) {
   CudaKernelState& state = *ctx.cuda();
   const GraphKey key = key_of(shape, true);
   const BuiltGraph& built =
@@ -347,18 +347,18 @@ bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& sha
     dk = static_cast<std::byte*>(dq) + extent.k_offset * element;
     dv = static_cast<std::byte*>(dq) + extent.v_offset * element;
   }
-  // Workspace: cuDNN's own, then, unless the gradients hold zeros, room for them in q, k, v's
-  // layout (cuDNN overwrites its outputs; the op adds).
+  // Workspace: cuDNN's own, then, unless the gradients are written in place, room for them in q, k,
+  // v's layout (cuDNN overwrites its outputs; the op adds).
   const std::int64_t own_bytes = round_up_256(built.workspace_bytes);
-  const std::int64_t scratch_bytes = into_zeros ? 0 : extent.total * element;
+  const std::int64_t scratch_bytes = in_place ? 0 : extent.total * element;
   auto* workspace =
       own_bytes + scratch_bytes > 0
           ? static_cast<std::byte*>(device_access::raw(ctx.workspace(own_bytes + scratch_bytes)))
           : nullptr;
-  std::byte* scratch = into_zeros ? nullptr : workspace + own_bytes;
-  void* dq_to = into_zeros ? dq : scratch;
-  void* dk_to = into_zeros ? dk : scratch + extent.k_offset * element;
-  void* dv_to = into_zeros ? dv : scratch + extent.v_offset * element;
+  std::byte* scratch = in_place ? nullptr : workspace + own_bytes;
+  void* dq_to = in_place ? dq : scratch;
+  void* dk_to = in_place ? dk : scratch + extent.k_offset * element;
+  void* dv_to = in_place ? dv : scratch + extent.v_offset * element;
   std::unordered_map<Uid, void*> pointers = {{kQ, const_cast<void*>(q)},
                                              {kK, const_cast<void*>(k)},
                                              {kV, const_cast<void*>(v)},
@@ -369,7 +369,7 @@ bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& sha
                                              {kdK, dk_to},
                                              {kdV, dv_to}};
   execute(state, built, pointers, built.workspace_bytes > 0 ? workspace : nullptr, key);
-  if (!into_zeros) {
+  if (!in_place) {
     const Launch l = make_launch(state, nullptr);
     if (shape.layout == QkvLayout::kPacked) {  // dqkv and the scratch share the (B,T,3C) layout
       residual_forward(l, shape.dtype, dq, dq, scratch, extent.total);

@@ -70,10 +70,10 @@ std::string cudnn_attention_validate(const CudnnAttentionShape& shape, bool back
 // (B,NH,T).
 bool cudnn_attention_forward(KernelContext& ctx, const CudnnAttentionShape& shape, void* out,
                              float* lse, const void* q, const void* k, const void* v);
-// into_zeros: dq, dk, dv hold zeros (GradWrite::kIntoZeros), so cuDNN writes the gradients
-// straight into them; else into workspace, then added.
+// in_place: the gradients are not added to (GradWrite::kIntoZeros or kOverwrite), so cuDNN
+// writes every element of dq, dk, dv straight into them; else into workspace, then added.
 bool cudnn_attention_backward(KernelContext& ctx, const CudnnAttentionShape& shape, void* dq,
                               void* dk, void* dv, const void* dout, const void* q, const void* k,
-                              const void* v, const void* out, const float* lse, bool into_zeros);
+                              const void* v, const void* out, const float* lse, bool in_place);
 
 }  // namespace zrt::kernels::cuda

@@ -100,9 +100,10 @@ class Gpt final : public transformer::TransformerModel {
     Bytes send, recv;
     // The matmuls overwrite dln1, datty, dln2, dfch (with the GELU's gradient,
     // kernels::matmul_dgelu_backward) and dfch_gelu (that op's unfused scratch), their one
-    // producer; attention accumulates into dqkv (the accumulated region). Under sequence
-    // parallelism datty and dqkv hold the whole sequence's layout between the all-to-alls
-    // (attention_backward), the chunk's before and after.
+    // producer; so does attention dqkv without sequence parallelism (GradWrite::kOverwrite),
+    // and under it accumulates into dqkv in the accumulated region, datty and dqkv holding the
+    // whole sequence's layout between the all-to-alls (attention_backward), the chunk's before
+    // and after.
     Bytes dln1, datty, dln2, dfch, dfch_gelu, dqkv;
 
     const int sp;  // sequence_parallel_size

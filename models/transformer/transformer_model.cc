@@ -206,8 +206,11 @@ void TransformerModel::forward_backward(ParamAccess& a, const TokenBatch& batch,
       a.release(m, Phase::kRecompute);
     }
     a.acquire(m, Phase::kBackward);
-    ctx_.device().fill_zero(acts_.accumulated_grads,
-                            static_cast<std::size_t>(acts_.accumulated_grad_bytes), ctx_.stream());
+    if (acts_.accumulated_grad_bytes > 0) {  // GPT's is empty without sequence parallelism
+      ctx_.device().fill_zero(acts_.accumulated_grads,
+                              static_cast<std::size_t>(acts_.accumulated_grad_bytes),
+                              ctx_.stream());
+    }
     block_backward(a, l, acts_.residual[l]);
     if (l == first_block) blocks_backward_done();
     a.release(m, Phase::kBackward);
