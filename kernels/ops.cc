@@ -330,9 +330,11 @@ namespace {
 // How the attention backwards write their gradients (grad_write.h): cuDNN's writes them in place
 // when they need not be added to (kIntoZeros, kOverwrite); zrt's kernels and the CPU twins
 // accumulate, so kOverwrite zeroes first (on the op's stream, before the kernels).
+#if ZRT_HAVE_CUDA
 bool cudnn_writes_in_place(GradWrite write) {
   return write != GradWrite::kAccumulate;
 }
+#endif
 // kIntoZeros is the caller's promise; the CPU backend holds it to it (a scan of the gradient,
 // small beside the attention itself), so that every model test on the CPU checks the models'.
 // All bytes zero: what Device::fill_zero leaves.
