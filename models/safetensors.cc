@@ -242,6 +242,9 @@ void SafetensorsFile::read_f32(const std::string& name, std::int64_t first, std:
 }
 
 void SafetensorsFile::read_bytes(std::uint64_t offset, std::uint64_t bytes, char* out) const {
+  // An empty tensor (a shape with a 0) reads nothing, into a destination that may be null (an
+  // empty vector's data(); memcpy's arguments must not be, even for no bytes).
+  if (bytes == 0) return;
   if (source_->fd >= 0) {
     pread_all(source_->fd, out, bytes, offset, path_);
   } else {
