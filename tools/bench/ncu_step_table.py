@@ -84,12 +84,18 @@ def short_name(name, width):
 _GEMM_KERNEL = re.compile(r"^(void )?(nvjet|cutlass|sm\d+_xmma|.*gemm|.*splitKreduce)", re.IGNORECASE)
 
 
-def census_of(path, first, step):
-    """(bytes by bare kernel name, GEMM FLOPs) of a stand-in census's step-th step."""
+def _standin_census():
+    """tools/bench/standin_census.py, beside this file."""
     spec = importlib.util.spec_from_file_location(
         "standin_census", os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_census.py"))
     census = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(census)
+    return census
+
+
+def census_of(path, first, step):
+    """(bytes by bare kernel name, GEMM FLOPs) of a stand-in census's step-th step."""
+    census = _standin_census()
     with open(path, encoding="utf-8", errors="replace") as f:
         ops = census.step_ops(census.read_ops(f), first, step)
     by_name, flops = {}, 0
@@ -101,16 +107,9 @@ def census_of(path, first, step):
     return by_name, flops
 
 
-def bare_name(name):
-    """The census's key for an ncu kernel name: no return type, namespaces or arguments."""
-    base = re.sub(r"^void ", "", name.replace("(anonymous namespace)::", ""))
-    base = re.sub(r"\(.*", "", base)
-    head, bracket, tail = base.partition("<")
-    return head.rsplit("::", 1)[-1] + bracket + tail
-
-
 def table(launches, width=70, census=None):
     """The step's table; with census (census_of's result) bytes and rates beside the times."""
+    bare_name = _standin_census().bare_name if census else (lambda name: name)
     groups = OrderedDict()
     for name, us in launches:
         key = short_name(name, width)

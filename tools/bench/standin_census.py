@@ -49,9 +49,13 @@ def read_ops(lines):
 def kernel_name(what):
     """A kernel launch's demangled name without return type, namespaces and arguments."""
     m = _KERNEL.match(what)
-    if not m:
-        return None
-    base = m.group(1).replace("(anonymous namespace)::", "")
+    return bare_name(m.group(1)) if m else None
+
+
+def bare_name(name):
+    """A demangled kernel name (the census's or Nsight Compute's) without its return type, the
+    function's namespaces and its arguments: the key both tools group kernels by."""
+    base = name.replace("(anonymous namespace)::", "")
     base = re.sub(r"^void ", "", base)
     base = re.sub(r"\(.*", "", base)  # the argument list
     # Drop the namespaces of the function (not of template arguments): the last :: before '<'.
