@@ -131,6 +131,9 @@ void ZeroEngine::choose_strategies() {
         s.gather = plain[g];
       }
       s.secondary_gather = secondary[g];
+      // hpZ's secondary shards split a group of several ranks; a unit read in place has none.
+      ZRT_CHECK(!placement(u).gathered_in_place || s.secondary_gather == nullptr,
+                "unit {}: read in place from its slice but given hpZ's secondary gather", u);
     } else if (options_.stage >= 1) {
       s.publish = plain[g];
     }

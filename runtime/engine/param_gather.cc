@@ -23,6 +23,11 @@ void ZeroEngine::allocate_gathered(int u) {
 void ZeroEngine::issue_gather(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);
+  // At a group of one rank the slice is the unit (UnitPlacement::gathered_in_place): the model
+  // reads it where it is, nothing is allocated or copied, and await_gather orders the compute
+  // stream after an offloaded update's copy up. Nothing writes the slice while the model reads
+  // it: an update follows the unit's gradient, which follows the unit's last use in the step.
+  if (placement(u).gathered_in_place) return;
   allocate_gathered(u);
   // A unit the CPU optimizer stepped comes up on the copy stream (a unit the device steps is
   // ordered by allocate_gathered's wait on the compute stream).
@@ -34,7 +39,13 @@ void ZeroEngine::issue_gather(int u) {
 }
 
 void ZeroEngine::await_gather(int u) {
-  compute_.wait(*units_[static_cast<std::size_t>(u)]->gathered_ready);
+  const UnitState& s = *units_[static_cast<std::size_t>(u)];
+  if (placement(u).gathered_in_place) {
+    // No gather on the comm stream to wait for (and none of its other work): the update only.
+    if (s.params_ready != nullptr) compute_.wait(*s.params_ready);
+    return;
+  }
+  compute_.wait(*s.gathered_ready);
 }
 
 void ZeroEngine::release_gather(int u) {

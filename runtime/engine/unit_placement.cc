@@ -21,13 +21,17 @@ const char* residence_name(Residence r) {
 }
 
 UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded, bool persistent,
-                           bool frozen) {
+                           bool frozen, int group_world) {
   const bool on_host = options.offload_optimizer.enabled && state_offloaded;
   const bool params_offloaded = options.offload_param.enabled;
   UnitPlacement p;
   p.master = on_host ? Residence::kHost : Residence::kDevice;
   p.optimizer_state = p.master;
   if (options.stage == 3 && !persistent && params_offloaded) p.param_slice = Residence::kHost;
+  // At one rank the slice is the whole unit: its all-gather is a copy of it (to the byte: the
+  // shard is the unit's padded numel), which qwZ alone would change.
+  p.gathered_in_place = options.stage == 3 && !persistent && group_world == 1 &&
+                        p.param_slice == Residence::kDevice && !options.quantized_weights;
   p.reduced_slice_to_host = on_host && offload_takes_reduced_slices(options);
   // Stages 2-3 reduce into slices; with parameter offload every slice accumulates in host
   // memory, and a slice that goes down as it is has no device copy.
@@ -54,7 +58,8 @@ std::vector<UnitPlacement> unit_placements(const EngineOptions& options,
   placements.reserve(offloaded.size());
   for (std::size_t u = 0; u < offloaded.size(); ++u) {
     const Unit& unit = plan.unit(static_cast<int>(u));
-    placements.push_back(placement_of(options, offloaded[u], unit.persistent, unit.frozen));
+    placements.push_back(placement_of(options, offloaded[u], unit.persistent, unit.frozen,
+                                      plan.group_world(unit.group)));
   }
   return placements;
 }

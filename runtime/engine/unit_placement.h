@@ -46,6 +46,11 @@ struct UnitPlacement {
   // The final reduced slice goes to host memory straight from the reduction's bucket, in the
   // compute dtype (offload_takes_reduced_slices, for a unit whose state is in host memory).
   bool reduced_slice_to_host = false;
+  // Stage 3's gather of the unit would copy its slice unchanged: the unit is sliced over a
+  // group of one rank (one GPU; an expert unit at full expert parallelism), its slice is on the
+  // device and no qwZ rounds it. The model then reads the slice itself and no gathered buffer
+  // is allocated (the engine's issue_gather; zrt-mem's schedule_peaks counts none for it).
+  bool gathered_in_place = false;
   // Whether the unit's fp32 master weights are in the offload's host memory, where the CPU
   // optimizer steps it (a frozen unit's too, though nothing steps it).
   bool stepped_on_host() const { return master == Residence::kHost; }
@@ -55,18 +60,21 @@ struct UnitPlacement {
     return master == o.master && optimizer_state == o.optimizer_state &&
            param_slice == o.param_slice && grad_slice == o.grad_slice &&
            reduction_bucket == o.reduction_bucket &&
-           reduced_slice_to_host == o.reduced_slice_to_host;
+           reduced_slice_to_host == o.reduced_slice_to_host &&
+           gathered_in_place == o.gathered_in_place;
   }
 };
 
 // The rule for one unit: `state_offloaded` says whether the unit is one of optimizer offload's
 // units (always false without offload_optimizer), `persistent` whether it is stage 3's
-// persistent unit, `frozen` whether its parameters are frozen. zrt-mem's formula path, which
-// has no units, asks it for either kind.
+// persistent unit, `frozen` whether its parameters are frozen, `group_world` the ranks its
+// group slices it over (0: not known, taken as several). zrt-mem's formula path, which has no
+// units, asks it for either kind.
 UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded,
-                           bool persistent = false, bool frozen = false);
+                           bool persistent = false, bool frozen = false, int group_world = 0);
 
-// Every unit of `plan`, in unit order, with offload_optimizer.ratio's split.
+// Every unit of `plan`, in unit order, with offload_optimizer.ratio's split and, from each
+// unit's group size, gathered_in_place.
 std::vector<UnitPlacement> unit_placements(const EngineOptions& options, const PartitionPlan& plan);
 
 // Unit u's placement (unit_placements(options, plan)[u]).

@@ -359,13 +359,26 @@ std::vector<bool> UnitSchedule::offloaded_units(const PartitionPlan& plan, doubl
 }
 
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
-                             const ScheduleOptions& options, const std::vector<bool>& recomputed) {
+                             const ScheduleOptions& options, const std::vector<bool>& recomputed,
+                             const std::vector<bool>& gathered_in_place) {
   ZRT_CHECK(static_cast<int>(recomputed.size()) == num_modules,
             "schedule_peaks: {} recompute flags for {} modules", recomputed.size(), num_modules);
+  ZRT_CHECK(gathered_in_place.empty() || gathered_in_place.size() == plan.units().size(),
+            "schedule_peaks: {} in-place flags for {} units", gathered_in_place.size(),
+            plan.units().size());
   UnitSchedule schedule(plan, num_modules, options);
   SchedulePeaks peaks;
+  // The elements a gather of unit u allocates: none where the model reads the slice itself.
+  const auto gathered_numel = [&](int u) -> std::int64_t {
+    const bool in_place =
+        !gathered_in_place.empty() && gathered_in_place[static_cast<std::size_t>(u)];
+    return in_place ? 0 : plan.unit(u).numel;
+  };
   auto note = [&](const std::vector<UnitOp>& ops) {
-    std::int64_t gathered = schedule.live_gathered_elements();
+    std::int64_t gathered = 0;
+    for (int u = 0; u < static_cast<int>(plan.units().size()); ++u) {
+      if (schedule.gathered(u)) gathered += gathered_numel(u);
+    }
     std::int64_t secondary = schedule.live_secondary_elements();
     std::int64_t buckets = schedule.live_bucket_elements();
     // The counters are at the end of the ops; walk back to see each intermediate state.
@@ -378,7 +391,7 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
       switch (it->kind) {
         case UnitOpKind::kIssueGather:
         case UnitOpKind::kIssueSecondaryGather:
-          gathered -= n;
+          gathered -= gathered_numel(it->unit);
           break;
         case UnitOpKind::kKeepSecondary:
           secondary -= schedule.secondary_numel(it->unit);
@@ -387,7 +400,7 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
           secondary += schedule.secondary_numel(it->unit);
           break;
         case UnitOpKind::kReleaseGather:
-          gathered += n;
+          gathered += gathered_numel(it->unit);
           break;
         case UnitOpKind::kOpenBucket:
           buckets -= n;

@@ -184,8 +184,11 @@ struct SchedulePeaks {
   std::int64_t bucket_elements = 0;     // live gradient buckets
   std::int64_t sum_elements = 0;        // all three at once
 };
-// `recomputed[m]`: module m runs again under activation checkpointing before its backward.
+// `recomputed[m]`: module m runs again under activation checkpointing before its backward;
+// `gathered_in_place[u]` (empty: none): unit u's gathers allocate nothing
+// (UnitPlacement::gathered_in_place).
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
-                             const ScheduleOptions& options, const std::vector<bool>& recomputed);
+                             const ScheduleOptions& options, const std::vector<bool>& recomputed,
+                             const std::vector<bool>& gathered_in_place = {});
 
 }  // namespace zrt

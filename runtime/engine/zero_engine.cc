@@ -123,7 +123,8 @@ DevicePtr<std::byte> ZeroEngine::param(int index) {
     ZRT_CHECK(schedule_.gathered(pl.unit),
               "parameter '{}' used while no module using it is acquired",
               params_[static_cast<std::size_t>(index)].name);
-    return at(units_[static_cast<std::size_t>(pl.unit)]->gathered, pl.offset, cdt);
+    const UnitState& s = *units_[static_cast<std::size_t>(pl.unit)];
+    return at(placement(pl.unit).gathered_in_place ? s.param_slice : s.gathered, pl.offset, cdt);
   }
   return full_params_of(pl.unit) + bytes_of(pl.offset, cdt);
 }

@@ -89,6 +89,8 @@ TEST_CASE("model-state bytes per rank follow the ZeRO formulas") {
             2 * (4 * 16512 + 2 * m.largest_unit) + 2 * bucket + 2 * m.shared;
         CHECK(m.model_state_peak > base);
         CHECK(m.model_state_peak <= base + working);
+        // At one rank the model reads the slices in place: the buckets are the working set.
+        if (m.world == 1) CHECK(m.model_state_peak <= base + 2 * bucket + 2 * m.shared);
         break;
       }
     }
@@ -164,7 +166,8 @@ TEST_CASE("bytes moved per step match each stage's collectives") {
             const int gathers = u.shared ? 3 : (u.modules == std::vector<int>{last} ? 1 : 2);
             expected += gathers * u.numel * 2;
           }
-          CHECK(ag == G * expected);
+          // At one rank the model reads each slice in place (gathered_in_place): no gathers.
+          CHECK(ag == (n > 1 ? G * expected : 0));
           CHECK(ag <= G * (2 * 2 * P + 2 * plan.unit(0).numel));
           CHECK(rs == G * 2 * P);
           CHECK(ar == (n > 1 ? 4 : 0));

@@ -70,8 +70,9 @@ TEST_CASE("stage 3 reuse distance: bit-identical to plain stage 3, fewer gathers
         }
         if (world > 1) CHECK(skipped > 0);  // the test would prove nothing otherwise
         const std::int64_t element = dtype_size(options.compute_dtype);
+        // (At one rank neither gathers: the model reads the slices in place.)
         CHECK(all_gather_bytes(*plain) - all_gather_bytes(*reuse) ==
-              skipped * element * accumulation * spec.steps);
+              (world > 1 ? skipped * element * accumulation * spec.steps : 0));
         // Everything else moves the same bytes.
         const CommCounts a = plain->group->stats().snapshot();
         const CommCounts b = reuse->group->stats().snapshot();

@@ -132,3 +132,29 @@ TEST_CASE("the disk is reserved") {
   CHECK(std::string(residence_name(Residence::kDisk)) == "disk");
   CHECK(std::string(residence_name(Residence::kHost)) == "host");
 }
+
+TEST_CASE("stage 3 at a group of one rank computes with the slice itself") {
+  // world 1: every non-persistent unit's gather would copy its slice unchanged.
+  EngineOptions o = options(3, false, false, 1);
+  for (const UnitPlacement& p : unit_placements(o, plan_for(o, 1))) CHECK(p.gathered_in_place);
+  // Two ranks gather; so do a persistent unit (never gathered), parameter offload (the slice is
+  // in host memory), qwZ (its int8 round trip changes the values) and the stages below 3.
+  for (const UnitPlacement& p : unit_placements(o, plan_for(o, 2)))
+    CHECK_FALSE(p.gathered_in_place);
+  CHECK_FALSE(placement_of(o, false, true, false, 1).gathered_in_place);
+  CHECK(placement_of(o, false, false, false, 1).gathered_in_place);
+  CHECK_FALSE(placement_of(o, false, false, false, 0).gathered_in_place);
+  EngineOptions offloaded = options(3, true, true, 1);
+  CHECK_FALSE(placement_of(offloaded, true, false, false, 1).gathered_in_place);
+  // Optimizer offload alone keeps the slice on the device: still in place.
+  CHECK(placement_of(options(3, true, false, 1), true, false, false, 1).gathered_in_place);
+  EngineOptions qwz = o;
+  qwz.quantized_weights = true;
+  CHECK_FALSE(placement_of(qwz, false, false, false, 1).gathered_in_place);
+  for (int stage : {0, 1, 2}) {
+    CHECK_FALSE(
+        placement_of(options(stage, false, false, 1), false, false, false, 1).gathered_in_place);
+  }
+  // A frozen unit is read like any other.
+  CHECK(placement_of(o, false, false, true, 1).gathered_in_place);
+}

@@ -213,7 +213,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
   row(optimizer_row, gb(chosen.optimizer), state_note);
   row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
   row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
-  row("buffers: gathered parameters", gb(chosen.gathered_peak), "peak (stage 3)");
+  row("buffers: gathered parameters", gb(chosen.gathered_peak),
+      !chosen.gathered_in_place ? "peak (stage 3)"
+      : chosen.gathered_peak == 0
+          ? "none: a group of one rank reads its slices in place"
+          : "peak (stage 3; a group of one rank reads its slices in place)");
   if (const int hpz = in.hpz(chosen.setting); hpz > 0) {
     row("buffers: hpZ secondary shards", gb(chosen.secondary_peak),
         fmt::format("peak, 1/{} of each gathered unit (forward to backward)", hpz));

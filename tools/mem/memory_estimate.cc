@@ -78,6 +78,7 @@ struct UnitFigures {
   I64 device_param_slices = 0;  // stage 3: elements of non-persistent slices on the device
   I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
   I64 gathered_peak = 0;        // elements
+  bool read_in_place = false;   // stage 3 reads some units' slices in place (a group of one)
   I64 secondary_peak = 0;       // elements (hpZ)
   I64 params_peak = 0;          // elements: gathered + secondary at once
   I64 bucket_peak = 0;          // elements
@@ -267,7 +268,13 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
     schedule.hpz_group_sizes = {dims.hpz(),
                                 static_cast<int>(dims.expert_hpz_group_plan(0).members.size())};
   }
-  const SchedulePeaks peaks = schedule_peaks(plan, model.num_modules, schedule, recomputed);
+  std::vector<bool> in_place;
+  for (const UnitPlacement& p : placement) {
+    in_place.push_back(p.gathered_in_place);
+    f.read_in_place = f.read_in_place || p.gathered_in_place;
+  }
+  const SchedulePeaks peaks =
+      schedule_peaks(plan, model.num_modules, schedule, recomputed, in_place);
   f.gathered_peak = peaks.gathered_elements;
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
@@ -300,8 +307,8 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
     f.host_max_shard = f.host_shard_total > 0 ? f.max_shard : 0;
   }
   // The placement rule for the share whose state is on the host and the rest (no units here).
-  const UnitPlacement host_side = placement_of(o, true);
-  const UnitPlacement device_side = placement_of(o, false);
+  const UnitPlacement host_side = placement_of(o, true, false, false, n);
+  const UnitPlacement device_side = placement_of(o, false, false, false, n);
   const I64 device_shard = f.shard_total - f.host_shard_total;
   if (o.stage == 3 && device_side.param_slice == Residence::kDevice) {
     f.device_param_slices = f.sharded_slices;
@@ -309,7 +316,11 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   f.device_grad_slices = (device_side.grad_slice == Residence::kDevice ? device_shard : 0) +
                          (host_side.grad_slice == Residence::kDevice ? f.host_shard_total : 0);
   if (o.stage >= 2) f.bucket_peak = f.max_unit;
-  if (o.stage == 3) f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
+  // (At one rank the model reads the slices in place: nothing is gathered.)
+  f.read_in_place = device_side.gathered_in_place;
+  if (o.stage == 3 && !f.read_in_place) {
+    f.gathered_peak = std::min(f.padded, o.stage3_max_live_parameters);
+  }
   // hpZ: every unit's secondary shard is alive between the forward and the backward.
   if (o.stage == 3 && o.hpz_partition_size > 1) f.secondary_peak = f.padded / o.hpz_partition_size;
   f.params_peak = f.gathered_peak + f.secondary_peak;
@@ -509,6 +520,7 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   const I64 device_frozen = f.frozen_shard_total - host_frozen;
   e.optimizer = (device_shard - device_frozen) * 4 * in.optimizer.num_states();
   e.gathered_peak = f.gathered_peak * cs;
+  e.gathered_in_place = f.read_in_place;
   e.secondary_peak = f.secondary_peak * cs;
   e.params_buffers_peak = f.params_peak * cs;
   e.buckets_peak = f.bucket_peak * (o.stage >= 2 ? cs : as);  // stages 0-1: frozen units'

@@ -151,6 +151,9 @@ struct Estimate {
   // Transient model-state buffers: stage-3 gathered parameters and gradient buckets, each at
   // its own peak, and the peak of their sum (they overlap in backward).
   std::int64_t gathered_peak = 0, buckets_peak = 0, transient_peak = 0;
+  // Stage 3 reads (some) units' slices in place, ungathered: their group has one rank
+  // (UnitPlacement::gathered_in_place).
+  bool gathered_in_place = false;
   // ZeRO++ hpZ (stage 3, zero_hpz_partition_size S): the secondary shards (1/S of each unit,
   // kept from its forward gather to its last backward gather) at their peak, and the peak of
   // the gathered parameters and secondary shards together (both in the params category).
