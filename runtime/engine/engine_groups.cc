@@ -149,6 +149,16 @@ PartitionOptions partition_options(const EngineOptions& options,
                           num_modules};
 }
 
+bool reduces_nothing(const std::vector<ShardGroup>& groups) {
+  for (const ShardGroup& g : groups) {
+    if (g.shard->size() > 1 || (g.replicas != nullptr && g.replicas->size() > 1) ||
+        g.gradient_scale != 1.0f) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups) {
   std::vector<int> worlds;
   for (const ShardGroup& g : groups) worlds.push_back(options.stage == 0 ? 1 : g.shard->size());
@@ -159,6 +169,7 @@ ScheduleOptions schedule_options(const EngineOptions& options,
                                  const std::vector<ShardGroup>& groups, const PartitionPlan& plan,
                                  int num_modules) {
   ScheduleOptions s = zrt::schedule_options(options);
+  s.gradient_buckets = per_micro_batch_grads(options, reduces_nothing(groups));
   if (options.model_stops_backward_early) {
     s.first_backward_module = UnitSchedule::lowest_trained_module(plan, num_modules);
   }

@@ -23,9 +23,13 @@ void check(const EngineOptions& options, const std::vector<ShardGroup>& groups);
 PartitionOptions partition_options(const EngineOptions& options,
                                    const std::vector<ShardGroup>& groups, int num_modules);
 std::vector<int> group_worlds(const EngineOptions& options, const std::vector<ShardGroup>& groups);
+// Whether no other rank shares this rank's gradients: every group's shard group is this rank
+// alone, with no replicas and no scaling (per_micro_batch_grads in engine_options.h).
+bool reduces_nothing(const std::vector<ShardGroup>& groups);
 // The schedule's options (engine_options.h's schedule_options), with each group's hpZ size: its
-// secondary group's ranks (hpz_partition_size where it has none), and where the backward ends
-// for `plan` (EngineOptions::model_stops_backward_early).
+// secondary group's ranks (hpz_partition_size where it has none), where the backward ends for
+// `plan` (EngineOptions::model_stops_backward_early), and whether stages 2-3 bucket the
+// gradients (per_micro_batch_grads).
 ScheduleOptions schedule_options(const EngineOptions& options,
                                  const std::vector<ShardGroup>& groups, const PartitionPlan& plan,
                                  int num_modules);

@@ -40,6 +40,12 @@ bool offload_takes_reduced_slices(const EngineOptions& options) {
          !options.quantized_gradients;
 }
 
+bool per_micro_batch_grads(const EngineOptions& options, bool reduces_nothing) {
+  if (options.stage < 2) return false;
+  return !reduces_nothing || options.offload_param.enabled ||
+         offload_takes_reduced_slices(options) || options.quantized_gradients;
+}
+
 bool decides_step_on_device(const EngineOptions& options) {
   return !options.offload_optimizer.enabled && options.compute_dtype != DType::kFloat16;
 }

@@ -133,6 +133,18 @@ void take_model_capabilities(EngineOptions& options, const Model& model);
 // offload), and goes to the CPU optimizer from there.
 bool offload_takes_reduced_slices(const EngineOptions& options);
 
+// Whether the model writes each micro-batch's gradients into a bucket per unit, which the engine
+// reduces into the rank's gradient slice (stages 2-3), rather than accumulating them over the
+// micro-batches in full gradients that are reduced once (stages 0-1). `reduces_nothing`: no
+// other rank shares this rank's gradients (a run of one rank: every shard group of one rank,
+// no replicas, no expert scaling). Stages 2-3 then have nothing to reduce a bucket with, and
+// where the slices would be on the device (no parameter offload, not
+// offload_takes_reduced_slices, no qgZ) the slice is the whole unit: the model accumulates into
+// full gradients as stages 0-1 do, with no bucket, zero fill or accumulation pass a micro-batch
+// (16 GB of bf16 buckets filled, written and added a micro-batch at 8B parameters), in the
+// accumulation dtype, as one rank at stages 0-1 forms them to the bit.
+bool per_micro_batch_grads(const EngineOptions& options, bool reduces_nothing);
+
 // Whether ZeroEngine::enqueue_step takes the step's decision on the device (then the engine
 // keeps the decision there, 8 bytes, and a pinned float for the norm read back): without
 // optimizer offload (the CPU optimizer needs the norm on the host anyway) and without fp16 (the

@@ -91,7 +91,8 @@ void ZeroEngine::choose_strategies() {
       collective.push_back(g.shard->size() > 1 || replicas != nullptr
                                ? own_collective(make_all_reduce(*g.shard))
                                : own_collective(make_no_reduction("all_reduce")));
-    } else if (options_.stage == 1) {
+    } else if (options_.stage == 1 || !per_micro_batch_grads()) {
+      // (Stages 2-3 at a run of one rank accumulate full gradients: nothing to reduce them with.)
       collective.push_back(g.shard->size() > 1 || replicas != nullptr
                                ? own_collective(make_reduce_scatter(*g.shard, replicas))
                                : own_collective(make_no_reduction("reduce_scatter")));

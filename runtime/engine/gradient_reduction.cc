@@ -1,4 +1,5 @@
-// The engine's gradients: where the model writes them (stages 0-1: the trained units' full
+// The engine's gradients: where the model writes them (stages 0-1, and stages 2-3 at a run of
+// one rank whose slices are on the device (per_micro_batch_grads): the trained units' full
 // gradients accumulated over the micro-batches; stages 2-3, and a frozen unit at any stage for a
 // model that may write its gradients: a bucket per unit for one micro-batch's backward), their
 // reduction across ranks (issue_reduce / await_reduce, as Megatron's start_grad_sync /
@@ -120,8 +121,9 @@ void ZeroEngine::reduce_bucket(int u, bool final) {
   if (s.sink->reads_later() && !reduced.from_bucket) scratch_reader_ = s.reduced.get();
 }
 
-// Stages 0-1: the full gradients, accumulated over the micro-batches, are reduced once (not at
-// all where the unit has a single rank and no replicas: make_no_reduction's collective).
+// Stages 0-1 (and 2-3 at a run of one rank, per_micro_batch_grads): the full gradients,
+// accumulated over the micro-batches, are reduced once (not at all where the unit has a single
+// rank and no replicas: make_no_reduction's collective).
 void ZeroEngine::reduce_full_gradients(int u) {
   UnitState& s = *units_[static_cast<std::size_t>(u)];
   const Unit& unit = plan_.unit(u);

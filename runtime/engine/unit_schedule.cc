@@ -142,7 +142,8 @@ std::vector<UnitOp> UnitSchedule::acquire(int module, Phase phase) {
     }
   }
   if (phase == Phase::kBackward) {
-    // Stages 0-1 accumulate a trained unit's gradient in the engine's full gradients; a frozen
+    // Stages 0-1 (and 2-3 without gradient_buckets) accumulate a trained unit's gradient in the
+    // engine's full gradients; a frozen
     // unit's, which nobody reads, goes to a bucket for its modules' backward at every stage
     // where the model may write it (ScheduleOptions::frozen_buckets), and nowhere otherwise.
     for (int u : units) {
@@ -160,8 +161,8 @@ std::vector<UnitOp> UnitSchedule::release(int module, Phase phase) {
   const auto& units = plan_.module_units(module);
   std::vector<UnitOp> reduces;
   if (phase == Phase::kBackward) {
-    // Stages 2-3 reduce every micro-batch's gradient; stages 0-1 accumulate the full gradient
-    // and reduce it once, in the last micro-batch.
+    // Stages 2-3 reduce every micro-batch's gradient; stages 0-1 (and 2-3 without
+    // gradient_buckets) accumulate the full gradient and reduce it once, in the last micro-batch.
     for (int u : units) {
       if (plan_.unit(u).last_backward_module != module) continue;
       if (per_micro_batch_grads() || last_micro_batch()) {

@@ -65,6 +65,11 @@ struct ScheduleOptions {
   // a frozen parameter's gradient, which the engine then drops unread. false for a model that
   // never asks for one (Model::skips_frozen_gradients): a frozen unit has no gradient memory.
   bool frozen_buckets = true;
+  // Stages 2-3: whether a trained unit's gradient goes to a bucket every micro-batch and is
+  // reduced every micro-batch (per_micro_batch_grads in engine_options.h). false at a run of one
+  // rank whose slices are on the device: the trained units' gradients accumulate in the full
+  // gradients and are reduced once, in the last micro-batch, as at stages 0-1.
+  bool gradient_buckets = true;
 };
 
 enum class UnitOpKind {
@@ -143,9 +148,12 @@ class UnitSchedule {
   // module (whose backward computes the loss of a transformer here).
   static int lowest_trained_module(const PartitionPlan& plan, int num_modules);
 
+  // Whether trained units' gradients go to a bucket and are reduced every micro-batch (stages
+  // 2-3 unless ScheduleOptions::gradient_buckets is false) or accumulate in full gradients.
+  bool per_micro_batch_grads() const { return options_.stage >= 2 && options_.gradient_buckets; }
+
  private:
   bool sharded() const { return options_.stage == 3; }
-  bool per_micro_batch_grads() const { return options_.stage >= 2; }
   bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
   int first_backward() const { return options_.first_backward_module; }
   // The module whose backward is unit u's last use in a micro-batch: the lowest of its modules

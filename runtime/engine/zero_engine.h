@@ -258,7 +258,9 @@ class ZeroEngine final : public ParamAccess {
   ProcessGroup* replicas_of(int u) const;
   DType comm_dtype() const;
   bool sharded_params() const { return options_.stage == 3; }
-  bool per_micro_batch_grads() const { return options_.stage >= 2; }
+  // The schedule's: stages 2-3, unless one rank accumulates full gradients
+  // (per_micro_batch_grads in engine_options.h).
+  bool per_micro_batch_grads() const { return schedule_.per_micro_batch_grads(); }
   bool offload_optimizer() const { return options_.offload_optimizer.enabled; }
   bool offload_param() const { return options_.offload_param.enabled; }
   void wait_for_comm();  // compute waits for everything enqueued on the comm stream

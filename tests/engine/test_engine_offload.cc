@@ -1,6 +1,7 @@
 // Optimizer offload (stages 1-3) and parameter offload (stage 3): the same parameters as
-// without offload, bit for bit; device and host bytes as the formulas say; the CPU optimizer
-// overlapping the copies (shown without timing); and a model that only fits with offload.
+// without offload, bit for bit (at one rank where both runs form gradients alike); device and host
+// bytes as the formulas say; the CPU optimizer overlapping the copies (shown without timing); and a
+// model that only fits with offload.
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
@@ -57,6 +58,44 @@ void require_identical(const EngineRun& run, const std::vector<std::vector<float
   }
 }
 
+int world_size() {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  return world;
+}
+
+// Whether the offloaded run forms its gradients as the plain run does. At one rank the plain
+// run accumulates full gradients (per_micro_batch_grads), while parameter offload and, at one
+// micro-batch per step, optimizer offload (offload_takes_reduced_slices) still reduce a bucket
+// a micro-batch: the same gradients added in another order (a tied parameter's two uses summed
+// in the bucket first) and kept in the compute dtype until then.
+bool same_gradient_path(const EngineOptions& plain, const EngineOptions& offloaded) {
+  const bool alone = world_size() == 1;
+  return per_micro_batch_grads(plain, alone) == per_micro_batch_grads(offloaded, alone);
+}
+
+// Where the paths differ: every parameter and norm within `bound` (relative) of the plain run's.
+void require_close(const EngineRun& run, const std::vector<std::vector<float>>& got,
+                   const EngineRun& plain, const std::vector<std::vector<float>>& expected,
+                   double bound) {
+  REQUIRE(got.size() == expected.size());
+  double worst = 0.0;
+  for (std::size_t p = 0; p < got.size(); ++p) {
+    INFO("parameter " << p);
+    const double err = relative_l2(got[p], expected[p]);
+    worst = std::max(worst, err);
+    CHECK(err <= bound);
+  }
+  REQUIRE(run.results.size() == plain.results.size());
+  for (std::size_t i = 0; i < plain.results.size(); ++i) {
+    INFO("step " << i + 1);
+    const double a = run.results[i].grad_norm, b = plain.results[i].grad_norm;
+    CHECK(std::abs(a - b) <= bound * std::abs(b));
+  }
+  WARN("gradient paths differ at one rank: worst parameter error " << worst << " (bound " << bound
+                                                                   << ")");
+}
+
 }  // namespace
 
 TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
@@ -66,10 +105,18 @@ TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
     spec.accumulation = accumulation;
     spec.clip = 0.05;
     for (int stage = 1; stage <= 3; ++stage) {
-      auto plain = make_engine(base_options(stage, accumulation), spec);
+      const EngineOptions plain_options = base_options(stage, accumulation);
+      auto plain = make_engine(plain_options, spec);
       const auto expected = train_engine(*plain, spec);
       for (bool params : {false, true}) {
         if (params && stage != 3) continue;
+        // Where the gradient paths differ (parameter offload at one rank) the first offloaded
+        // run is the second's bit-for-bit reference, and close to the plain run: fp32 sums of
+        // the same terms in another order, each rounding 2^-24 relative, the tied parameter's
+        // (its two uses) and the accumulation's G micro-batches; 1e-5 leaves Adam's five
+        // steps two orders of magnitude (a lost micro-batch is ~0.1).
+        std::unique_ptr<EngineRun> first;
+        std::vector<std::vector<float>> first_got;
         for (bool pinned : {true, false}) {
           // The split CPU step (the compute-dtype copy first, the state after) too: the same
           // arithmetic twice, the same bits.
@@ -78,13 +125,16 @@ TEST_CASE("offload gives bit-identical parameters at stages 1-3 (fp32)") {
           o.offload_split_step = split ? OffloadSplitStep::kOn : OffloadSplitStep::kAuto;
           auto offloaded = make_engine(o, spec);
           const auto got = train_engine(*offloaded, spec);
-          for (std::size_t p = 0; p < got.size(); ++p) {
-            INFO("stage " << stage << " G " << accumulation << " param offload " << params
-                          << " pinned " << pinned << " split step " << split << " parameter " << p);
-            REQUIRE(got[p] == expected[p]);
-          }
-          for (std::size_t i = 0; i < plain->results.size(); ++i) {
-            CHECK(offloaded->results[i].grad_norm == plain->results[i].grad_norm);
+          INFO("stage " << stage << " G " << accumulation << " param offload " << params
+                        << " pinned " << pinned << " split step " << split);
+          if (same_gradient_path(plain_options, o)) {
+            require_identical(*offloaded, got, *plain, expected);
+          } else if (first == nullptr) {
+            require_close(*offloaded, got, *plain, expected, 1e-5);
+            first = std::move(offloaded);
+            first_got = got;
+          } else {
+            require_identical(*offloaded, got, *first, first_got);
           }
         }
       }
@@ -98,7 +148,8 @@ TEST_CASE("offload stays bit-identical with random stream delays") {
   spec.accumulation = 2;
   spec.clip = 0.05;
   for (int stage = 1; stage <= 3; ++stage) {
-    auto plain = make_engine(base_options(stage, 2), spec);
+    const EngineOptions plain_options = base_options(stage, 2);
+    auto plain = make_engine(plain_options, spec);
     const auto expected = train_engine(*plain, spec);
     DeviceOptions delayed;
     delayed.stream_delay_max_us = 200;
@@ -108,10 +159,14 @@ TEST_CASE("offload stays bit-identical with random stream delays") {
       o.offload_split_step = split;
       auto racy = make_engine(o, spec, delayed);
       const auto got = train_engine(*racy, spec);
-      for (std::size_t p = 0; p < got.size(); ++p) {
-        INFO("stage " << stage << " split step " << (split == OffloadSplitStep::kOn)
-                      << " parameter " << p);
-        REQUIRE(got[p] == expected[p]);
+      INFO("stage " << stage << " split step " << (split == OffloadSplitStep::kOn));
+      if (same_gradient_path(plain_options, o)) {
+        require_identical(*racy, got, *plain, expected);
+      } else {
+        // Parameter offload at one rank: its bits are those of the same run without delays.
+        auto calm = make_engine(o, spec);
+        const auto calm_got = train_engine(*calm, spec);
+        require_identical(*racy, got, *calm, calm_got);
       }
     }
   }
@@ -390,7 +445,14 @@ TEST_CASE("at one micro-batch per step the reduced slices go to the host as they
     INFO("stage " << c.stage << " ratio " << c.ratio << " accum " << dtype_name(c.accum) << " G "
                   << c.accumulation << " fp32 reduction " << c.fp32_wire << " param offload "
                   << c.params);
-    require_identical(*run, got, *plain, expected);
+    if (same_gradient_path(o, oo)) {
+      require_identical(*run, got, *plain, expected);
+    } else {
+      // At one rank the plain run accumulates full gradients, in fp32 here where the bucket
+      // rounds each one to bf16 (2^-9 relative); Adam's update is invariant to the gradients'
+      // scale, so three steps of lr 1e-2 move parameters of ~0.2 apart by a few 2^-9 at most.
+      require_close(*run, got, *plain, expected, 1e-2);
+    }
     // Gradient bytes after the step (the buckets are gone): on the device a slice per unit the
     // device steps (every unit where the rule does not hold), in grad_accum_dtype; in host
     // memory a slice per offloaded unit, in the compute dtype where the rule holds.

@@ -125,13 +125,16 @@ namespace {
 // The bf16 reference: the same single-process loop, with the forward on parameters rounded to
 // bf16 and the gradients rounded where the engine's data path rounds them: accumulated in fp32
 // and sent in bf16 at stages 0-1; written into bf16 buckets and reduced in bf16 every
-// micro-batch, then accumulated in fp32, at stages 2-3. Every sum runs in rank order in fp32.
+// micro-batch, then accumulated in fp32, at stages 2-3 over several ranks (at one rank stages
+// 2-3 accumulate in fp32 as stages 0-1 do: per_micro_batch_grads). Every sum runs in rank order
+// in fp32.
 std::vector<std::vector<float>> train_reference_bf16(const TrainSpec& spec, int world, int stage) {
   TiedMlp model(kD, kH);
   const auto specs = model.parameters();
   auto device = make_device(DeviceOptions{});
   auto stream = device->create_stream("reference-bf16");
-  const DType grad_type = stage >= 2 ? DType::kBFloat16 : DType::kFloat32;
+  const bool buckets = stage >= 2 && world > 1;
+  const DType grad_type = buckets ? DType::kBFloat16 : DType::kFloat32;
   FlatParams flat(*device, specs, DType::kBFloat16, grad_type);
   const std::size_t np = specs.size();
   std::vector<std::vector<float>> p(np), m(np), v(np);
@@ -187,7 +190,7 @@ std::vector<std::vector<float>> train_reference_bf16(const TrainSpec& spec, int 
       }
       return grads;
     };
-    if (stage < 2) {
+    if (!buckets) {
       for (int r = 0; r < world; ++r) {
         for (int g = 0; g < spec.accumulation; ++g) {
           per_rank[static_cast<std::size_t>(r)] = run_rank(g, r, /*zero=*/g == 0);
@@ -212,7 +215,7 @@ std::vector<std::vector<float>> train_reference_bf16(const TrainSpec& spec, int 
           }
       }
     }
-    if (stage < 2) {
+    if (!buckets) {
       for (std::size_t i = 0; i < np; ++i)
         for (std::size_t k = 0; k < p[i].size(); ++k) {
           if (world == 1) {  // nothing to reduce: no rounding to the wire type
@@ -272,6 +275,55 @@ TEST_CASE("bf16: every stage equals a bf16 single-process reference") {
         }
         WARN("bf16 stage " << stage << " G " << accumulation << " " << steps
                            << " steps: worst relative error " << worst);
+      }
+    }
+  }
+}
+
+// At one rank nothing reduces a gradient, so stages 2-3 accumulate full gradients as stage 0
+// does (per_micro_batch_grads) and stage 3 reads its slices in place (gathered_in_place): every
+// stage is stage 0's arithmetic, also in bf16 with fp32 accumulation over several micro-batches
+// (where a bf16 bucket a micro-batch rounded each one's gradient: 8.5e-5 from stage 0 here).
+// Stages 1-2 have stage 0's units, so the same bits; stage 3's units are its modules, so the
+// norm adds the same squares in another order and the clipping factor may differ in its last
+// bit: within the 3-step bound of the test above.
+TEST_CASE("at one rank every stage trains as stage 0") {
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (world != 1) return;  // the np1 run checks it
+  for (DType compute : {DType::kFloat32, DType::kBFloat16}) {
+    TrainSpec spec;
+    spec.steps = 3;
+    spec.accumulation = 3;
+    spec.clip = 0.05;
+    EngineOptions zero = engine_options(0, spec.accumulation);
+    zero.compute_dtype = compute;
+    auto reference = make_engine(zero, spec);
+    const auto expected = train_engine(*reference, spec);
+    for (int stage = 1; stage <= 3; ++stage) {
+      EngineOptions o = engine_options(stage, spec.accumulation);
+      o.compute_dtype = compute;
+      auto run = make_engine(o, spec);
+      const auto got = train_engine(*run, spec);
+      INFO("stage " << stage << " compute " << dtype_name(compute));
+      REQUIRE(got.size() == expected.size());
+      const bool same_units = stage < 3;
+      for (std::size_t p = 0; p < got.size(); ++p) {
+        INFO("parameter " << run->model.parameters()[p].name);
+        if (same_units) {
+          CHECK(got[p] == expected[p]);
+        } else {
+          CHECK(relative_l2(got[p], expected[p]) <= 1e-6);
+        }
+      }
+      for (std::size_t i = 0; i < reference->results.size(); ++i) {
+        INFO("step " << i + 1);
+        const double a = run->results[i].grad_norm, b = reference->results[i].grad_norm;
+        if (same_units) {
+          CHECK(a == b);
+        } else {
+          CHECK(std::abs(a - b) <= 1e-6 * b);
+        }
       }
     }
   }

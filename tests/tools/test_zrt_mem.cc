@@ -448,8 +448,20 @@ TEST_CASE("zrt-mem with a model and with a config") {
       run_tool("--model gpt2 --stage 3 --offload-optimizer cpu --seq 1024 --gas 8", &status);
   INFO(accumulated);
   CHECK(status == 0);
-  CHECK_THAT(accumulated, Catch::Contains(report_row("grads", "0.5", "1/N")));
+  // One rank has nothing to reduce: full gradients, no buckets (per_micro_batch_grads); two
+  // ranks reduce a bucket every micro-batch into their slices.
+  CHECK_THAT(accumulated,
+             Catch::Contains(report_row("grads", "0.5",
+                                        "full, accumulation dtype (one rank: nothing to reduce)")));
+  CHECK_THAT(accumulated, Catch::Contains(report_row("buffers: gradient buckets", "0.0",
+                                                     "none: one rank accumulates full gradients")));
   CHECK_THAT(accumulated, Catch::Contains(report_row("grads (offloaded slices)", "0.5", "")));
+  const std::string two_ranks = run_tool(
+      "--model gpt2 --stage 3 --offload-optimizer cpu --seq 1024 --gas 8 --world 2", &status);
+  INFO(two_ranks);
+  CHECK(status == 0);
+  CHECK_THAT(two_ranks, Catch::Contains(report_row("grads", "0.2", "1/N")));
+  CHECK_THAT(two_ranks, Catch::Contains(report_row("buffers: gradient buckets", "0.1", "peak")));
   const std::string cfg = run_tool(
       std::string("--config ") + ZRT_SOURCE_DIR + "/configs/stage3.json --world 2", &status);
   INFO(cfg);

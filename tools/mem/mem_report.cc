@@ -189,9 +189,12 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       chosen.setting.stage < 3 ? "full" : (chosen.setting.offload_param ? "offloaded" : "1/N"));
   // One micro-batch per step with optimizer offload: the offloaded units' reduced slices go
   // to the host as they are (offload_takes_reduced_slices).
-  const char* grads_note = chosen.setting.stage < 2 && chosen.frozen_params > 0
+  const bool full_grads = !chosen.gradient_buckets;
+  const char* grads_note = full_grads && chosen.frozen_params > 0
                                ? "full (trained units), accumulation dtype"
-                           : chosen.setting.stage < 2           ? "full, accumulation dtype"
+                           : full_grads && chosen.setting.stage >= 2
+                               ? "full, accumulation dtype (one rank: nothing to reduce)"
+                           : full_grads                         ? "full, accumulation dtype"
                            : chosen.setting.offload_param       ? "offloaded"
                            : !chosen.grads_offloaded_as_reduced ? "1/N"
                            : chosen.grads == 0 ? "offloaded as reduced (one micro-batch per step)"
@@ -212,7 +215,11 @@ std::string format_report(const Inputs& in, const Estimate& chosen,
       fmt::format("optimizer ({}, fp32)", in.optimizer.state_description);
   row(optimizer_row, gb(chosen.optimizer), state_note);
   row("model state", gb(chosen.model_state()), "the ZeRO paper's figure");
-  row("buffers: gradient buckets", gb(chosen.buckets_peak), "peak");
+  row("buffers: gradient buckets", gb(chosen.buckets_peak),
+      chosen.gradient_buckets || chosen.setting.stage < 2 ? "peak"
+      : chosen.buckets_peak == 0
+          ? "none: one rank accumulates full gradients"
+          : "peak (frozen units' only: one rank accumulates full gradients)");
   row("buffers: gathered parameters", gb(chosen.gathered_peak),
       !chosen.gathered_in_place ? "peak (stage 3)"
       : chosen.gathered_peak == 0

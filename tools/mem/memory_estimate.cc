@@ -79,10 +79,13 @@ struct UnitFigures {
   I64 device_grad_slices = 0;   // stages 2-3: elements of the gradient slices on the device
   I64 gathered_peak = 0;        // elements
   bool read_in_place = false;   // stage 3 reads some units' slices in place (a group of one)
-  I64 secondary_peak = 0;       // elements (hpZ)
-  I64 params_peak = 0;          // elements: gathered + secondary at once
-  I64 bucket_peak = 0;          // elements
-  I64 transient_bytes = 0;      // peak of gathered + buckets, bytes
+  // Trained units' gradients go to a bucket every micro-batch (per_micro_batch_grads: stages
+  // 2-3, unless one rank keeps full gradients).
+  bool buckets = false;
+  I64 secondary_peak = 0;   // elements (hpZ)
+  I64 params_peak = 0;      // elements: gathered + secondary at once
+  I64 bucket_peak = 0;      // elements
+  I64 transient_bytes = 0;  // peak of gathered + buckets, bytes
   // Where the backward ends (UnitSchedule::lowest_trained_module for a model that stops early):
   // the blocks below keep no activations for it.
   int first_backward_module = 0;
@@ -260,6 +263,8 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // The engine's own schedule, replayed: the gathers and buckets it will allocate.
   // hpZ: each group's secondary shards over its ranks of an hpZ block (the layout's groups).
   ScheduleOptions schedule = schedule_options(o);
+  // A run of one rank reduces nothing: stages 2-3 then keep full gradients, with no buckets.
+  schedule.gradient_buckets = per_micro_batch_grads(o, world == 1);
   if (o.model_stops_backward_early) {
     schedule.first_backward_module = UnitSchedule::lowest_trained_module(plan, model.num_modules);
   }
@@ -279,11 +284,12 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
   f.bucket_peak = peaks.bucket_elements;
-  // Stages 2-3 bucket in the compute dtype; at stages 0-1 only a frozen unit of a model that may
-  // write its gradients has a bucket, in the accumulation dtype the model writes gradients in
-  // there (and nothing is gathered).
+  // Stages 2-3 bucket in the compute dtype; at stages 0-1 (and 2-3 at a run of one rank) only a
+  // frozen unit of a model that may write its gradients has a bucket, in the accumulation dtype
+  // the model writes gradients in there.
+  f.buckets = schedule.stage >= 2 && schedule.gradient_buckets;
   f.transient_bytes =
-      peaks.sum_elements * size_of(o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype);
+      peaks.sum_elements * size_of(f.buckets ? o.compute_dtype : o.grad_accum_dtype);
   return f;
 }
 
@@ -315,7 +321,8 @@ UnitFigures formula_units(double psi, const EngineOptions& o, int world) {
   }
   f.device_grad_slices = (device_side.grad_slice == Residence::kDevice ? device_shard : 0) +
                          (host_side.grad_slice == Residence::kDevice ? f.host_shard_total : 0);
-  if (o.stage >= 2) f.bucket_peak = f.max_unit;
+  f.buckets = per_micro_batch_grads(o, world == 1);
+  if (f.buckets) f.bucket_peak = f.max_unit;
   // (At one rank the model reads the slices in place: nothing is gathered.)
   f.read_in_place = device_side.gathered_in_place;
   if (o.stage == 3 && !f.read_in_place) {
@@ -506,8 +513,9 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   // are, in the compute dtype, and the device keeps no gradient slice for them.
   const bool reduced_to_host = offload_takes_reduced_slices(o);
   e.grads_offloaded_as_reduced = reduced_to_host;
-  if (o.stage < 2) {
-    // The trained units' full gradients, accumulated across micro-batches.
+  if (!f.buckets) {
+    // The trained units' full gradients, accumulated across micro-batches (stages 0-1, and 2-3
+    // at one rank).
     e.grads = f.trained_padded * as;
   } else {
     // The owned slices the placement keeps on the device (with parameter offload none: they
@@ -523,10 +531,11 @@ Estimate estimate(const Inputs& in, const Setting& setting) {
   e.gathered_in_place = f.read_in_place;
   e.secondary_peak = f.secondary_peak * cs;
   e.params_buffers_peak = f.params_peak * cs;
-  e.buckets_peak = f.bucket_peak * (o.stage >= 2 ? cs : as);  // stages 0-1: frozen units'
+  e.gradient_buckets = f.buckets;
+  e.buckets_peak = f.bucket_peak * (f.buckets ? cs : as);  // otherwise: frozen units'
   e.transient_peak = f.transient_bytes;
-  const DType reduced = o.stage >= 2 ? o.compute_dtype : o.grad_accum_dtype;
-  if (wire != reduced && (o.stage >= 2 || in.world > 1)) e.comm = f.max_unit * size_of(wire);
+  const DType reduced = f.buckets ? o.compute_dtype : o.grad_accum_dtype;
+  if (wire != reduced && (f.buckets || in.world > 1)) e.comm = f.max_unit * size_of(wire);
   if (in.device_type == DeviceType::kCpu) {
     const std::int64_t sequence_sum =
         in.model && in.model->def ? in.model->def->sequence_group_sum_floats() : 0;

@@ -154,6 +154,9 @@ struct Estimate {
   // Stage 3 reads (some) units' slices in place, ungathered: their group has one rank
   // (UnitPlacement::gathered_in_place).
   bool gathered_in_place = false;
+  // Trained units' gradients go to a bucket every micro-batch (stages 2-3); false: full
+  // gradients (stages 0-1, and 2-3 at one rank: per_micro_batch_grads).
+  bool gradient_buckets = false;
   // ZeRO++ hpZ (stage 3, zero_hpz_partition_size S): the secondary shards (1/S of each unit,
   // kept from its forward gather to its last backward gather) at their peak, and the peak of
   // the gathered parameters and secondary shards together (both in the params category).
