@@ -264,7 +264,8 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // hpZ: each group's secondary shards over its ranks of an hpZ block (the layout's groups).
   ScheduleOptions schedule = schedule_options(o);
   // A run of one rank reduces nothing: stages 2-3 then keep full gradients, with no buckets.
-  schedule.gradient_buckets = per_micro_batch_grads(o, world == 1);
+  f.buckets = per_micro_batch_grads(o, world == 1);
+  schedule.gradient_buckets = f.buckets;
   if (o.model_stops_backward_early) {
     schedule.first_backward_module = UnitSchedule::lowest_trained_module(plan, model.num_modules);
   }
@@ -287,7 +288,6 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
   // Stages 2-3 bucket in the compute dtype; at stages 0-1 (and 2-3 at a run of one rank) only a
   // frozen unit of a model that may write its gradients has a bucket, in the accumulation dtype
   // the model writes gradients in there.
-  f.buckets = schedule.stage >= 2 && schedule.gradient_buckets;
   f.transient_bytes =
       peaks.sum_elements * size_of(f.buckets ? o.compute_dtype : o.grad_accum_dtype);
   return f;
