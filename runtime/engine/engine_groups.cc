@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "runtime/common/error.h"
+#include "runtime/engine/unit_placement.h"
 
 namespace zrt {
 
@@ -174,8 +175,9 @@ ScheduleOptions schedule_options(const EngineOptions& options,
     s.first_backward_module = UnitSchedule::lowest_trained_module(plan, num_modules);
   }
   for (const ShardGroup& g : groups) {
-    s.hpz_group_sizes.push_back(g.secondary != nullptr ? g.secondary->size()
-                                                       : options.hpz_partition_size);
+    s.hpz_group_sizes.push_back(hpz_secondary_ranks(
+        options, g.shard->size(),
+        g.secondary != nullptr ? g.secondary->size() : options.hpz_partition_size));
   }
   return s;
 }

@@ -27,7 +27,8 @@ std::vector<int> group_worlds(const EngineOptions& options, const std::vector<Sh
 // alone, with no replicas and no scaling (per_micro_batch_grads in engine_options.h).
 bool reduces_nothing(const std::vector<ShardGroup>& groups);
 // The schedule's options (engine_options.h's schedule_options), with each group's hpZ size: its
-// secondary group's ranks (hpz_partition_size where it has none), where the backward ends for
+// secondary group's ranks (hpz_partition_size where it has none; none at all where its units
+// are read in place: unit_placement.h's hpz_secondary_ranks), where the backward ends for
 // `plan` (EngineOptions::model_stops_backward_early), and whether stages 2-3 bucket the
 // gradients (per_micro_batch_grads).
 ScheduleOptions schedule_options(const EngineOptions& options,

@@ -83,9 +83,12 @@ void ZeroEngine::choose_strategies() {
     host_slices.push_back(offload_param() && offload_ ? own_gather(make_host_slice_gather(
                                                             device_, *offload_, *g.shard, cdt))
                                                       : nullptr);
-    secondary.push_back(options_.hpz_partition_size > 1 && g.secondary != nullptr
-                            ? own_gather(make_secondary_gather(*g.secondary, cdt))
-                            : nullptr);
+    // (None for a group read in place: its units are whole on the rank, hpz_secondary_ranks.)
+    secondary.push_back(
+        options_.hpz_partition_size > 1 && g.secondary != nullptr &&
+                hpz_secondary_ranks(options_, g.shard->size(), g.secondary->size()) > 0
+            ? own_gather(make_secondary_gather(*g.secondary, cdt))
+            : nullptr);
     ProcessGroup* replicas = g.replicas != nullptr && g.replicas->size() > 1 ? g.replicas : nullptr;
     if (options_.stage == 0) {
       collective.push_back(g.shard->size() > 1 || replicas != nullptr

@@ -30,8 +30,7 @@ UnitPlacement placement_of(const EngineOptions& options, bool state_offloaded, b
   if (options.stage == 3 && !persistent && params_offloaded) p.param_slice = Residence::kHost;
   // At one rank the slice is the whole unit: its all-gather is a copy of it (to the byte: the
   // shard is the unit's padded numel), which qwZ alone would change.
-  p.gathered_in_place = options.stage == 3 && !persistent && group_world == 1 &&
-                        p.param_slice == Residence::kDevice && !options.quantized_weights;
+  p.gathered_in_place = !persistent && reads_slices_in_place(options, group_world);
   p.reduced_slice_to_host = on_host && offload_takes_reduced_slices(options);
   // Stages 2-3 reduce into slices; with parameter offload every slice accumulates in host
   // memory, and a slice that goes down as it is has no device copy.
@@ -62,6 +61,15 @@ std::vector<UnitPlacement> unit_placements(const EngineOptions& options,
                                       plan.group_world(unit.group)));
   }
   return placements;
+}
+
+bool reads_slices_in_place(const EngineOptions& options, int group_world) {
+  return options.stage == 3 && group_world == 1 && !options.offload_param.enabled &&
+         !options.quantized_weights;
+}
+
+int hpz_secondary_ranks(const EngineOptions& options, int group_world, int secondary_ranks) {
+  return reads_slices_in_place(options, group_world) ? 0 : secondary_ranks;
 }
 
 UnitPlacement placement_of(const EngineOptions& options, const PartitionPlan& plan, int u) {

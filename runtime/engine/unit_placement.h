@@ -80,4 +80,14 @@ std::vector<UnitPlacement> unit_placements(const EngineOptions& options, const P
 // Unit u's placement (unit_placements(options, plan)[u]).
 UnitPlacement placement_of(const EngineOptions& options, const PartitionPlan& plan, int u);
 
+// Whether a group sliced over `group_world` ranks has its (non-persistent) units read in place
+// (UnitPlacement::gathered_in_place): stage 3, one rank, the slices on the device, no qwZ.
+bool reads_slices_in_place(const EngineOptions& options, int group_world);
+
+// The ranks a group's hpZ secondary shards are kept over (ScheduleOptions::hpz_group_sizes):
+// `secondary_ranks` (its secondary group's size), or 0, none kept, where the group reads its
+// slices in place: the unit is already whole on the rank, and a secondary copy of it would only
+// cost memory and a copy (an expert unit at full expert parallelism under hpZ).
+int hpz_secondary_ranks(const EngineOptions& options, int group_world, int secondary_ranks);
+
 }  // namespace zrt

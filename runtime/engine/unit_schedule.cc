@@ -82,12 +82,17 @@ int UnitSchedule::last_backward_use(int u) const {
   return -1;
 }
 
-std::int64_t UnitSchedule::secondary_numel(int unit) const {
+int UnitSchedule::hpz_ranks(int unit) const {
   if (!hpz()) return 0;
+  const auto g = static_cast<std::size_t>(plan_.unit(unit).group);
+  return g < options_.hpz_group_sizes.size() ? options_.hpz_group_sizes[g]
+                                             : options_.hpz_partition_size;
+}
+
+std::int64_t UnitSchedule::secondary_numel(int unit) const {
+  const int S = hpz_ranks(unit);
+  if (S == 0) return 0;
   const Unit& u = plan_.unit(unit);
-  const auto g = static_cast<std::size_t>(u.group);
-  const int S = g < options_.hpz_group_sizes.size() ? options_.hpz_group_sizes[g]
-                                                    : options_.hpz_partition_size;
   ZRT_CHECK(S >= 1 && u.numel % S == 0, "unit {}: {} elements in hpZ shards over {} ranks", unit,
             u.numel, S);
   return u.numel / S;
@@ -244,8 +249,8 @@ void UnitSchedule::gather(int u, Phase phase, std::vector<UnitOp>& ops) {
   ops.push_back({UnitOpKind::kIssueGather, u});
   // A unit no backward uses (below the first backward module) keeps no secondary shard: it would
   // live until a backward that does not come (a tied unit's second forward use below it then
-  // gathers over every rank).
-  if (hpz() && training && last_backward_use(u) >= 0) {
+  // gathers over every rank). Nor does a unit read in place (hpz_ranks 0: it is whole here).
+  if (hpz_ranks(u) > 0 && training && last_backward_use(u) >= 0) {
     secondary_[static_cast<std::size_t>(u)] = true;
     live_secondary_ += secondary_numel(u);
     ops.push_back({UnitOpKind::kKeepSecondary, u});
@@ -361,7 +366,8 @@ std::vector<bool> UnitSchedule::offloaded_units(const PartitionPlan& plan, doubl
 
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
                              const ScheduleOptions& options, const std::vector<bool>& recomputed,
-                             const std::vector<bool>& gathered_in_place) {
+                             const std::vector<bool>& gathered_in_place,
+                             ElementBytes element_bytes) {
   ZRT_CHECK(static_cast<int>(recomputed.size()) == num_modules,
             "schedule_peaks: {} recompute flags for {} modules", recomputed.size(), num_modules);
   ZRT_CHECK(gathered_in_place.empty() || gathered_in_place.size() == plan.units().size(),
@@ -420,6 +426,9 @@ SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
       peaks.params_elements = std::max(peaks.params_elements, s.gathered + s.secondary);
       peaks.bucket_elements = std::max(peaks.bucket_elements, s.buckets);
       peaks.sum_elements = std::max(peaks.sum_elements, s.gathered + s.secondary + s.buckets);
+      peaks.sum_bytes =
+          std::max(peaks.sum_bytes, (s.gathered + s.secondary) * element_bytes.params +
+                                        s.buckets * element_bytes.buckets);
     }
   };
   auto use = [&](int m, Phase phase) {

@@ -53,7 +53,9 @@ struct ScheduleOptions {
   int hpz_partition_size = 0;
   // Per shard group (Unit::group), the ranks its secondary shards are kept over: the dense
   // group's S and, under expert parallelism, the experts' ranks in an hpZ block
-  // (engine_groups.h's schedule options). Empty: hpz_partition_size for every group.
+  // (engine_groups.h's schedule options); 0: the group's units keep none (they are read in
+  // place: unit_placement.h's hpz_secondary_ranks), every gather of them goes to the slice.
+  // Empty: hpz_partition_size for every group.
   std::vector<int> hpz_group_sizes;
   // The lowest module whose backward a micro-batch runs (ParamAccess::first_backward_module):
   // the model's backward ends with this module's release, so it ends the micro-batch, and no
@@ -125,7 +127,8 @@ class UnitSchedule {
   // hpZ: whether unit u holds a secondary shard now, and the elements of all of them.
   bool secondary(int unit) const { return secondary_[static_cast<std::size_t>(unit)]; }
   std::int64_t live_secondary_elements() const { return live_secondary_; }
-  // hpZ on: the elements of unit u's secondary shard (numel / S); 0 when off.
+  // hpZ on: the elements of unit u's secondary shard (numel / S); 0 when off or when its group
+  // keeps none (ScheduleOptions::hpz_group_sizes).
   std::int64_t secondary_numel(int unit) const;
   const ScheduleOptions& options() const { return options_; }
 
@@ -155,6 +158,8 @@ class UnitSchedule {
  private:
   bool sharded() const { return options_.stage == 3; }
   bool hpz() const { return sharded() && options_.hpz_partition_size > 1; }
+  // The ranks unit u's group keeps its secondary shards over (0: none; hpZ off: 0).
+  int hpz_ranks(int unit) const;
   int first_backward() const { return options_.first_backward_module; }
   // The module whose backward is unit u's last use in a micro-batch: the lowest of its modules
   // at or above the first backward module; -1 when it has none (no backward uses it).
@@ -191,12 +196,22 @@ struct SchedulePeaks {
   std::int64_t params_elements = 0;     // gathered units and secondary shards at once
   std::int64_t bucket_elements = 0;     // live gradient buckets
   std::int64_t sum_elements = 0;        // all three at once
+  // All three at once in bytes, each kind at its element size (ElementBytes): the parameters in
+  // the compute dtype and, at stages 0-1 (and 2-3 without gradient_buckets), a frozen unit's
+  // bucket in the accumulation dtype, so the peak of the sum is not sum_elements times one size.
+  std::int64_t sum_bytes = 0;
+};
+// The bytes of an element of the gathered parameters and secondary shards, and of a bucket.
+struct ElementBytes {
+  int params = 1;
+  int buckets = 1;
 };
 // `recomputed[m]`: module m runs again under activation checkpointing before its backward;
 // `gathered_in_place[u]` (empty: none): unit u's gathers allocate nothing
 // (UnitPlacement::gathered_in_place).
 SchedulePeaks schedule_peaks(const PartitionPlan& plan, int num_modules,
                              const ScheduleOptions& options, const std::vector<bool>& recomputed,
-                             const std::vector<bool>& gathered_in_place = {});
+                             const std::vector<bool>& gathered_in_place = {},
+                             ElementBytes element_bytes = {});
 
 }  // namespace zrt

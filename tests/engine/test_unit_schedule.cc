@@ -491,6 +491,28 @@ TEST_CASE("hpZ: keep a secondary shard after the first gather, gather from it la
   s.step();
   // An eval pass gathers over every rank and keeps nothing.
   CHECK(show(s.acquire(0, Phase::kEval)) == show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
+
+  // A group that keeps no secondary shards (hpz_group_sizes 0: its units are read in place, an
+  // expert unit at full expert parallelism): every training gather is a plain one and keeps
+  // nothing, so no backward gathers from shards the engine never made.
+  o.hpz_group_sizes = {0};
+  UnitSchedule none(plan, 3, o);
+  CHECK(none.secondary_numel(u0) == 0);
+  CHECK(show(none.acquire(0, Phase::kForward)) ==
+        show(V{{K::kIssueGather, u0}, {K::kAwaitGather, u0}}));
+  none.release(0, Phase::kForward);
+  for (int m : {1, 2}) {
+    none.acquire(m, Phase::kForward);
+    none.release(m, Phase::kForward);
+  }
+  CHECK(none.live_secondary_elements() == 0);
+  CHECK(show(none.acquire(2, Phase::kBackward)) ==
+        show(V{{K::kAwaitGather, u2}, {K::kOpenBucket, u2}}));
+  CHECK(show(none.release(2, Phase::kBackward)) ==
+        show(V{{K::kReleaseGather, u2}, {K::kIssueGather, u1}, {K::kIssueReduce, u2, true}}));
+  CHECK(schedule_peaks(plan, 3, o, {false, false, false}).secondary_elements == 0);
+  o.hpz_group_sizes = {};
+  CHECK(schedule_peaks(plan, 3, o, {false, false, false}).secondary_elements == 96);
 }
 
 TEST_CASE("stage 3 prefetch is a window of the budget over the next uses") {
@@ -604,6 +626,11 @@ TEST_CASE("schedule peaks: gathered units and buckets as worked out by hand") {
   CHECK(p.gathered_elements == n);
   CHECK(p.bucket_elements == n);
   CHECK(p.sum_elements == 2 * n);
+  // In bytes, each at its own size (zrt-mem: bf16 parameters beside an fp32 frozen unit's
+  // bucket): 2n + 4n at the backward's peak, not 2n elements of either size.
+  CHECK(schedule_peaks(plan, 3, o, {false, false, false}, {}, ElementBytes{2, 4}).sum_bytes ==
+        6 * n);
+  CHECK(p.sum_bytes == p.sum_elements);  // one byte each by default
   // One unit of prefetch: the forward of module 2 holds unit 2 and prefetches unit 1 (the next
   // use in the static order is module 1's backward); in the backward of module 2 unit 1 still
   // fills the one-unit window, so unit 0 waits: 2n, and the bucket on top: 3n.

@@ -247,6 +247,37 @@ TEST_CASE("hpZ: the secondary shards' memory, replayed from the schedule, as wor
                                     "node (1 of 4 ranks on 4 node(s))"));
 }
 
+TEST_CASE("one rank at stage 3: gathered bf16 parameters beside full fp32 gradients, in bytes") {
+  // The three units above at one rank, bf16 compute, fp32 accumulation. Without qwZ the model
+  // reads every slice in place: nothing gathered, no bucket (one rank accumulates full
+  // gradients), no transient buffer at all. With qwZ each unit is still gathered (dequantized,
+  // bf16) while the gradients accumulate in full: the transient peak is b's 2048 gathered
+  // elements at 2 bytes, not at the accumulation dtype's 4.
+  ModelSpec table;
+  table.params = {{"a", {1024}, {0}, false}, {"b", {2048}, {1}, false}, {"c", {512}, {2}, false}};
+  table.num_modules = 3;
+  table.description = "three units";
+  Inputs in;
+  in.model = table;
+  in.world = 1;
+  in.device_type = DeviceType::kCuda;
+  in.engine.compute_dtype = DType::kBFloat16;
+  in.engine.grad_accum_dtype = DType::kFloat32;
+  in.engine.stage3_param_persistence_threshold = 0;
+  in.engine.stage3_prefetch_bucket_size = 0;
+  const Estimate in_place = estimate(in, Setting{3, false, false});
+  CHECK(in_place.gathered_in_place);
+  CHECK(in_place.gathered_peak == 0);
+  CHECK(in_place.buckets_peak == 0);
+  CHECK(in_place.transient_peak == 0);
+  in.engine.quantized_weights = true;
+  const Estimate qwz = estimate(in, Setting{3, false, false});
+  CHECK_FALSE(qwz.gathered_in_place);
+  CHECK(qwz.gathered_peak == 2048 * 2);
+  CHECK(qwz.buckets_peak == 0);
+  CHECK(qwz.transient_peak == 2048 * 2);
+}
+
 TEST_CASE("zrt-mem --hpz prints the secondary shards' row") {
   int status = -1;
   const std::string out = run_tool("--model gpt2 --world 16 --nodes 2 --stage 3 --hpz 8", &status);

@@ -315,29 +315,37 @@ TEST_CASE("zrt-mem --ep matches zrt-train's peaks with the MoE layers tiled") {
 // hpZ with expert parallelism 2 over two simulated nodes: the experts' secondary shards over
 // their expert-data-parallel ranks in each node (at 4 ranks one: a whole copy; at 2 ranks, one
 // rank a node, the same), the dense units' over each node's ranks: the params category (gathered
-// and secondary shards at once) to the byte.
+// and secondary shards at once) to the byte. At 4 ranks also autoep_size 4: each expert unit
+// sliced over one rank, read in place, keeps no secondary shard (the engine refused this layout
+// when the in-place units were still given hpZ's secondary gather), the dense units keep theirs.
 TEST_CASE("zrt-mem --ep matches zrt-train's peaks under hpZ") {
   const int world = test::crosscheck_world_size();
   const int rank = test::crosscheck_world_rank();
   if (!has_expert_ranks(world)) return;
   const auto dir = corpus_dir("zrt_test_mem_crosscheck_ep_hpz_np" + std::to_string(world));
   int run = 0;
-  for (const char* model : {kMoeModels[0], kMoeModels[2]}) {
+  std::vector<std::pair<const char*, int>> runs{{kMoeModels[0], 2}, {kMoeModels[2], 2}};
+  if (world == 4) runs.emplace_back(kMoeModels[0], 4);
+  for (const auto& [model, ep] : runs) {
     const std::string out = (dir / ("run" + std::to_string(run++))).string();
     const int per_node = world / 2;
     const std::string zero = R"({"stage": 3, "stage3_param_persistence_threshold": 100,
         "zero_hpz_partition_size": )" +
                              std::to_string(per_node) + "}";
-    const std::string text = run_config(
-        dir, out,
-        R"("expert_parallel": {"enabled": true, "autoep_size": 2}, "comm": {"ranks_per_node": )" +
-            std::to_string(per_node) + "}",
-        zero, model, "", true);
+    const std::string text =
+        run_config(dir, out,
+                   R"("expert_parallel": {"enabled": true, "autoep_size": )" + std::to_string(ep) +
+                       R"(}, "comm": {"ranks_per_node": )" + std::to_string(per_node) + "}",
+                   zero, model, "", true);
     const Inputs in = train_then_plan(text, out, "crosscheck_ep_hpz.json");
     const Estimate e = estimate(in, in.setting());
     if (per_node > 1) CHECK(e.secondary_peak > 0);
-    if (rank == 0)
-      check_peaks(out, e, true, std::string(model) + "\nhpZ, world " + std::to_string(world));
+    if (ep == world) CHECK(e.gathered_in_place);
+    if (rank == 0) {
+      check_peaks(out, e, true,
+                  std::string(model) + "\nhpZ, world " + std::to_string(world) + ", ep " +
+                      std::to_string(ep));
+    }
     MPI_Barrier(MPI_COMM_WORLD);
   }
 }

@@ -270,26 +270,32 @@ UnitFigures exact_units(const ModelSpec& model, const EngineOptions& o, int worl
     schedule.first_backward_module = UnitSchedule::lowest_trained_module(plan, model.num_modules);
   }
   f.first_backward_module = schedule.first_backward_module;
-  if (dims.hpz() > 1 && o.expert_parallel_size > 1) {
-    schedule.hpz_group_sizes = {dims.hpz(),
-                                static_cast<int>(dims.expert_hpz_group_plan(0).members.size())};
+  // (None kept for a group read in place: hpz_secondary_ranks, as the engine asks it.)
+  if (dims.hpz() > 1) {
+    schedule.hpz_group_sizes = {hpz_secondary_ranks(o, plan.group_world(0), dims.hpz())};
+    if (o.expert_parallel_size > 1) {
+      schedule.hpz_group_sizes.push_back(hpz_secondary_ranks(
+          o, plan.group_world(1), static_cast<int>(dims.expert_hpz_group_plan(0).members.size())));
+    }
   }
   std::vector<bool> in_place;
   for (const UnitPlacement& p : placement) {
     in_place.push_back(p.gathered_in_place);
     f.read_in_place = f.read_in_place || p.gathered_in_place;
   }
+  // Stages 2-3 bucket in the compute dtype; at stages 0-1 (and 2-3 at a run of one rank) only a
+  // frozen unit of a model that may write its gradients has a bucket, in the accumulation dtype
+  // the model writes gradients in there. Gathered parameters are in the compute dtype.
+  const ElementBytes element_bytes{
+      static_cast<int>(size_of(o.compute_dtype)),
+      static_cast<int>(size_of(f.buckets ? o.compute_dtype : o.grad_accum_dtype))};
   const SchedulePeaks peaks =
-      schedule_peaks(plan, model.num_modules, schedule, recomputed, in_place);
+      schedule_peaks(plan, model.num_modules, schedule, recomputed, in_place, element_bytes);
   f.gathered_peak = peaks.gathered_elements;
   f.secondary_peak = peaks.secondary_elements;
   f.params_peak = peaks.params_elements;
   f.bucket_peak = peaks.bucket_elements;
-  // Stages 2-3 bucket in the compute dtype; at stages 0-1 (and 2-3 at a run of one rank) only a
-  // frozen unit of a model that may write its gradients has a bucket, in the accumulation dtype
-  // the model writes gradients in there.
-  f.transient_bytes =
-      peaks.sum_elements * size_of(f.buckets ? o.compute_dtype : o.grad_accum_dtype);
+  f.transient_bytes = peaks.sum_bytes;
   return f;
 }
 
