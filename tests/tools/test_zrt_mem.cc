@@ -195,21 +195,29 @@ TEST_CASE("mics_shard_size: the model state of N ranks sharded over groups of S 
   }
 }
 
-TEST_CASE("hpZ: the secondary shards' memory, replayed from the schedule, as worked by hand") {
-  // Three modules of one weight each (1024, 2048, 512 elements: padded already, to 4 x 64), at
-  // stage 3 over 4 ranks on 2 nodes, bf16, no prefetch, no persistent unit; hpZ groups of 2.
+// Three modules of one weight each (1024, 2048, 512 elements: padded already, to 4 x 64) on a
+// CUDA device, bf16, no prefetch, no persistent unit; the world is the caller's.
+namespace {
+Inputs three_units_bf16() {
   ModelSpec table;
   table.params = {{"a", {1024}, {0}, false}, {"b", {2048}, {1}, false}, {"c", {512}, {2}, false}};
   table.num_modules = 3;
   table.description = "three units";
   Inputs in;
   in.model = table;
-  in.world = 4;
-  in.nodes = 2;
   in.device_type = DeviceType::kCuda;
   in.engine.compute_dtype = DType::kBFloat16;
   in.engine.stage3_param_persistence_threshold = 0;
   in.engine.stage3_prefetch_bucket_size = 0;
+  return in;
+}
+}  // namespace
+
+TEST_CASE("hpZ: the secondary shards' memory, replayed from the schedule, as worked by hand") {
+  // Three modules of one weight each, at stage 3 over 4 ranks on 2 nodes; hpZ groups of 2.
+  Inputs in = three_units_bf16();
+  in.world = 4;
+  in.nodes = 2;
   const Estimate plain = estimate(in, Setting{3, false, false});
   in.engine.hpz_partition_size = 2;
   const Estimate hpz = estimate(in, Setting{3, false, false});
@@ -253,18 +261,9 @@ TEST_CASE("one rank at stage 3: gathered bf16 parameters beside full fp32 gradie
   // gradients), no transient buffer at all. With qwZ each unit is still gathered (dequantized,
   // bf16) while the gradients accumulate in full: the transient peak is b's 2048 gathered
   // elements at 2 bytes, not at the accumulation dtype's 4.
-  ModelSpec table;
-  table.params = {{"a", {1024}, {0}, false}, {"b", {2048}, {1}, false}, {"c", {512}, {2}, false}};
-  table.num_modules = 3;
-  table.description = "three units";
-  Inputs in;
-  in.model = table;
+  Inputs in = three_units_bf16();
   in.world = 1;
-  in.device_type = DeviceType::kCuda;
-  in.engine.compute_dtype = DType::kBFloat16;
   in.engine.grad_accum_dtype = DType::kFloat32;
-  in.engine.stage3_param_persistence_threshold = 0;
-  in.engine.stage3_prefetch_bucket_size = 0;
   const Estimate in_place = estimate(in, Setting{3, false, false});
   CHECK(in_place.gathered_in_place);
   CHECK(in_place.gathered_peak == 0);
