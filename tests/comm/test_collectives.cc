@@ -4,9 +4,15 @@
 // order, which is what the implementation promises.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "runtime/comm/mpi_process_group.h"
+#include "runtime/comm/mpi_runtime.h"
+#include "runtime/comm/polled_wait.h"
 #include "tests/comm/collective_test_util.h"
 
 using namespace zrt;
@@ -329,4 +335,57 @@ TEST_CASE("the link-only model moves no bytes between ranks and still charges th
     modelled += 0.005 + c.bytes[op] * bus_factor(static_cast<CollectiveOp>(op), world) / 100e6;
   }
   CHECK(elapsed >= modelled);
+}
+
+// zrt calls MPI from several threads (MPI_THREAD_MULTIPLE): the comm stream's collectives, and
+// the checkpointer's agreements on its own thread (MPI_Iallreduce, then MPI_Test until done).
+// OpenMPI advances every pending request from whichever thread calls into it, so another
+// thread may copy the agreement's buffers (the shared-memory transport's inline send, deferred
+// when that thread holds the transport), and only the request's completion orders that copy
+// before the buffers are freed. The values must arrive whichever thread moved them; under
+// ThreadSanitizer this is the pattern tests/tsan.supp covers (it failed CI once through
+// test_checkpoint_async, by timing; here a thread stays inside MPI the whole time, and without
+// that suppression and the preload TSan reported the race at 2 ranks in 11 runs of 11).
+TEST_CASE("a nonblocking collective completes while another thread drives MPI's progress") {
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm agreement, other;  // the checkpointer's communicator, the comm stream's
+  ZRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &agreement));
+  ZRT_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &other));
+  struct ProgressThread {  // stopped and joined however the test leaves (a timeout throws)
+    std::atomic<bool> stop{false};
+    std::thread thread;
+    void finish() {
+      stop = true;
+      if (thread.joinable()) thread.join();
+    }
+    ~ProgressThread() { finish(); }
+  } progress;
+  std::atomic<bool>& stop = progress.stop;
+  progress.thread = std::thread([&] {
+    // Probing for a message that never comes runs MPI's progress engine, back to back (where
+    // ranks oversubscribe the cores, mpirun --oversubscribe has OpenMPI yield when idle).
+    while (!stop.load()) {
+      int flag = 0;
+      MPI_Iprobe(MPI_ANY_SOURCE, 7, other, &flag, MPI_STATUS_IGNORE);
+    }
+  });
+  constexpr int kAgreements = 300;
+  int wrong = 0;
+  for (int i = 0; i < kAgreements; ++i) {
+    // Fresh heap buffers each time, freed as soon as the request completes.
+    std::vector<std::int64_t> values{i, rank * 1000 + i};
+    std::vector<std::int64_t> agreed(values.size());
+    MPI_Request request;
+    ZRT_MPI_CHECK(
+        MPI_Iallreduce(values.data(), agreed.data(), 2, MPI_INT64_T, MPI_MAX, agreement, &request));
+    wait_mpi_request(request, {60.0, PollPace::kBackoff, nullptr},
+                     [] { return std::string("agreement did not complete within 60 s"); });
+    wrong += agreed[0] != i || agreed[1] != (world - 1) * 1000 + i;
+  }
+  progress.finish();  // before its communicator goes
+  CHECK(wrong == 0);
+  ZRT_MPI_CHECK(MPI_Comm_free(&other));
+  ZRT_MPI_CHECK(MPI_Comm_free(&agreement));
 }
