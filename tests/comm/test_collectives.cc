@@ -362,11 +362,10 @@ TEST_CASE("a nonblocking collective completes while another thread drives MPI's 
     }
     ~ProgressThread() { finish(); }
   } progress;
-  std::atomic<bool>& stop = progress.stop;
   progress.thread = std::thread([&] {
     // Probing for a message that never comes runs MPI's progress engine, back to back (where
     // ranks oversubscribe the cores, mpirun --oversubscribe has OpenMPI yield when idle).
-    while (!stop.load()) {
+    while (!progress.stop.load()) {
       int flag = 0;
       MPI_Iprobe(MPI_ANY_SOURCE, 7, other, &flag, MPI_STATUS_IGNORE);
     }
