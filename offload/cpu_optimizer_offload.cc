@@ -108,6 +108,7 @@ CpuOptimizerOffload::CpuOptimizerOffload(const OffloadContext& context)
   }
   copy_ = device_.create_stream("copy");
   gradients_read_ = device_.create_event();
+  for (auto& reads_done : reads_done_) reads_done = device_.create_event(EventWait::kBlock);
   cpu_optimizer_ = device_.create_host_stream("cpu-optimizer");
   // (No offloaded unit, offload_optimizer.ratio 0: nothing goes up from here.)
   for (int i = 0; max_shard > 0 && i < options_.offload_staging_buffers; ++i) {
@@ -379,6 +380,10 @@ void CpuOptimizerOffload::update(std::int64_t step,
   };
   step_index(0);  // the common case first (and the scalars checked before any unit is touched)
   const std::uint32_t release = ++updates_ == 0 ? ++updates_ : updates_;  // 0 means "never"
+  // This step's point on the comm stream after every read of the parameters enqueued before the
+  // update (the engine joined its compute stream into comm first): the copies up and the CPU's
+  // writes of host parameter slices wait for it. One per step parity, as the pieces.
+  const std::unique_ptr<Event>& reads_done = reads_done_[piece_set_];
   const int ring = static_cast<int>(staging_.size());
   std::vector<int> previous_staged(static_cast<std::size_t>(ring), -1);  // each slot's last unit
   int slot_cursor = 0;
@@ -395,6 +400,9 @@ void CpuOptimizerOffload::update(std::int64_t step,
     void* out = nullptr;
     if (!h.params.empty()) {
       out = h.params.host<void>();
+      // The engine's gathers copy this slice up on the comm stream: one enqueued before the
+      // step (an eval forward's) must have read it before the CPU overwrites it.
+      w.slot_free = reads_done.get();
       staged_slot.push_back(-1);
     } else {
       const int slot = slot_cursor++ % ring;
@@ -472,6 +480,8 @@ void CpuOptimizerOffload::update(std::int64_t step,
       state_work.push_back(std::move(w));
     }
   }
+  reads_done->record(comm_);
+  copy_->wait(*reads_done);
   // The copy stream carries each staged unit up once the CPU is done with it: it waits for the
   // unit's signal, which the CPU optimizer's thread that finishes the unit raises (or the
   // pipeline on an error: the copy stream never waits forever).

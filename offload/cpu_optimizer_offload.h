@@ -126,6 +126,9 @@ class CpuOptimizerOffload final : public OptimizerOffload {
   std::unique_ptr<Event> gradients_read_;  // copy stream: after the step's copies down
   std::uint32_t updates_ = 0;              // update() calls: the value units' signals rise to
   bool split_step_ = false;                // EngineOptions::offload_split_step, resolved
+  // Comm stream, at update(): every read of the parameters enqueued before the step is done (an
+  // eval forward between the last backward and step()); two, used by alternate steps.
+  std::unique_ptr<Event> reads_done_[2];
   TraceRecorder* trace_ = nullptr;
 };
 

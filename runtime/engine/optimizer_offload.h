@@ -80,8 +80,11 @@ class OptimizerOffload {
   // scaled by `factor`) on the CPU optimizer's thread, in the order the next forward needs them,
   // and the copy of each updated compute-dtype slice to `destination(u)` (units with host
   // parameters are written in place instead). Parameter p steps as step
-  // `step - steps_not_taken[p]` (its own count: ZeroEngine::counters' parameter_steps). Returns
-  // at once.
+  // `step - steps_not_taken[p]` (its own count: ZeroEngine::counters' parameter_steps).
+  // Every write of parameters the device may read (the copies up, the CPU's writes of host
+  // parameter slices) follows everything enqueued on the comm stream before the call, where the
+  // engine first joins its compute stream: a forward enqueued before the step reads the old
+  // values. Returns at once.
   virtual void update(std::int64_t step, const std::vector<std::int64_t>& steps_not_taken,
                       double lr, double factor,
                       const std::function<DevicePtr<std::byte>(int u)>& destination) = 0;

@@ -26,7 +26,9 @@ void ZeroEngine::issue_gather(int u) {
   // At a group of one rank the slice is the unit (UnitPlacement::gathered_in_place): the model
   // reads it where it is, nothing is allocated or copied, and await_gather orders the compute
   // stream after an offloaded update's copy up. Nothing writes the slice while the model reads
-  // it: an update follows the unit's gradient, which follows the unit's last use in the step.
+  // it: an update follows the unit's gradient, which follows the unit's last use in the step,
+  // and an offloaded update's copy up follows every read enqueued before the step (an eval
+  // forward's; OptimizerOffload::update).
   if (placement(u).gathered_in_place) return;
   allocate_gathered(u);
   // A unit the CPU optimizer stepped comes up on the copy stream (a unit the device steps is

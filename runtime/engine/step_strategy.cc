@@ -61,6 +61,14 @@ float ZeroEngine::OffloadStep::norm_squared() {
 }
 
 void ZeroEngine::OffloadStep::update_on_host(std::int64_t step, double lr, double grad_scale) {
+  // The host's writes must follow every read of the parameters enqueued before the step, on
+  // either stream: an eval forward between the last backward and step() reads them on the
+  // compute stream (and its gathers on comm), and nothing on the host waits for it. The compute
+  // stream joins comm here; the offload orders its copies up and its writes of host parameter
+  // slices after that point (OptimizerOffload::update). In a training step both streams are
+  // past their last reads by now (the decision waited for the reductions), so this costs nothing.
+  e_.compute_done_->record(e_.compute_);
+  e_.comm_.wait(*e_.compute_done_);
   // The CPU steps the offloaded units in forward order; each goes up (the compute stream waits
   // for each unit in acquire(), not for all of them here).
   offload_.update(step, e_.steps_not_taken_, lr, grad_scale,

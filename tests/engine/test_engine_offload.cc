@@ -229,6 +229,83 @@ TEST_CASE("offload stays bit-identical with random stream delays") {
   }
 }
 
+TEST_CASE("an eval forward between the last backward and step() reads the parameters before it") {
+  // A validation pass enqueued after the last micro-batch's backward and before step() reads the
+  // parameters the step is about to replace. Nothing on the host waits for it, so the update's
+  // writes (the copy up of an offloaded unit, the CPU's write of a host parameter slice, the
+  // publication at stages 1-2) must be ordered after it on the device. The compute stream is held
+  // for 30 ms before the eval's kernels: TiedMlp's CPU step takes well under a millisecond, so an
+  // unordered write lands first, every time. The reference run lets the eval finish (the host
+  // synchronises) before calling step(); the eval losses must match bit for bit.
+  TrainSpec spec;
+  spec.steps = 2;
+  spec.clip = 0.05;
+  struct Case {
+    int stage;
+    bool params;   // parameter offload (stage 3)
+    double ratio;  // offload_optimizer.ratio (1: every unit on the host)
+    int accumulation;
+    OffloadSplitStep split;
+    bool offload = true;
+  };
+  std::vector<Case> cases;
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (int accumulation : {1, 2}) {
+      cases.push_back({stage, false, 1.0, accumulation, OffloadSplitStep::kOff});
+      cases.push_back({stage, false, 1.0, accumulation, OffloadSplitStep::kOn});
+      if (stage == 3) {
+        cases.push_back({stage, true, 1.0, accumulation, OffloadSplitStep::kOff});
+        cases.push_back({stage, false, 0.5, accumulation, OffloadSplitStep::kOff});
+      }
+    }
+    cases.push_back({stage, false, 1.0, 1, OffloadSplitStep::kOff, /*offload=*/false});
+  }
+  const auto eval_losses = [&](const Case& c, bool let_eval_finish) {
+    EngineOptions o = base_options(c.stage, c.accumulation);
+    if (c.offload) o = with_offload(o, c.params);
+    o.offload_optimizer.ratio = c.ratio;
+    o.offload_split_step = c.split;
+    TrainSpec s = spec;
+    s.accumulation = c.accumulation;
+    auto run = make_engine(o, s);
+    const int rank = run->group->rank();
+    const auto x = batch(1000, rank * kRows, kRows, 0);
+    const auto t = batch(1000, rank * kRows, kRows, 1);
+    std::vector<float> losses(static_cast<std::size_t>(spec.steps));
+    for (int step = 0; step < spec.steps; ++step) {
+      std::vector<std::vector<float>> keep;
+      float train_loss = 0.f;
+      for (int g = 0; g < c.accumulation; ++g) {
+        const std::int64_t first =
+            (static_cast<std::int64_t>(g) * run->group->size() + rank) * kRows;
+        keep.push_back(batch(step, first, kRows, 0));
+        keep.push_back(batch(step, first, kRows, 1));
+        run->model.forward_backward(*run->engine, *run->compute, keep[keep.size() - 2].data(),
+                                    keep.back().data(), kRows, 1.0, &train_loss);
+      }
+      run->compute->host_callback(
+          [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+      run->model.forward_only(*run->engine, *run->compute, x.data(), t.data(), kRows,
+                              &losses[static_cast<std::size_t>(step)]);
+      if (let_eval_finish) run->compute->synchronize();
+      run->results.push_back(run->engine->step(spec.lr));
+      run->engine->synchronize();
+    }
+    return losses;
+  };
+  for (const Case& c : cases) {
+    INFO("stage " << c.stage << (c.offload ? "" : " without offload") << " param offload "
+                  << c.params << " ratio " << c.ratio << " G " << c.accumulation << " split step "
+                  << (c.split == OffloadSplitStep::kOn));
+    const auto expected = eval_losses(c, true);
+    const auto got = eval_losses(c, false);
+    for (int step = 0; step < spec.steps; ++step) {
+      INFO("step " << step + 1);
+      CHECK(got[static_cast<std::size_t>(step)] == expected[static_cast<std::size_t>(step)]);
+    }
+  }
+}
+
 TEST_CASE("offloaded state: device and host bytes follow the formulas") {
   const TiedMlp model(64, 128, 8);  // Ψ = 140352
   for (int stage = 1; stage <= 3; ++stage) {
