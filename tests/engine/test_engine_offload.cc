@@ -247,6 +247,9 @@ TEST_CASE("an eval forward between the last backward and step() reads the parame
     int accumulation;
     OffloadSplitStep split;
     bool offload = true;
+    int shard_size = 0;      // MiCS: shard groups of this many ranks
+    int hpz = 0;             // hpZ: secondary shards over this many ranks
+    bool quantized = false;  // qgZ (qwZ with optimizer offload is refused: check_offload)
   };
   std::vector<Case> cases;
   for (int stage = 1; stage <= 3; ++stage) {
@@ -260,13 +263,23 @@ TEST_CASE("an eval forward between the last backward and step() reads the parame
     }
     cases.push_back({stage, false, 1.0, 1, OffloadSplitStep::kOff, /*offload=*/false});
   }
+  // Stage 3's other gathers (from shard groups, from secondary shards) and qgZ's reduction.
+  const int world = world_size();
+  if (world % 2 == 0) {
+    cases.push_back({3, false, 1.0, 2, OffloadSplitStep::kOn, true, /*shard_size=*/2});
+    cases.push_back({3, true, 1.0, 2, OffloadSplitStep::kOff, true, 0, /*hpz=*/2});
+  }
+  cases.push_back({3, false, 1.0, 1, OffloadSplitStep::kOn, true, 0, 0, /*quantized=*/true});
   const auto eval_losses = [&](const Case& c, bool let_eval_finish) {
     EngineOptions o = base_options(c.stage, c.accumulation);
     if (c.offload) o = with_offload(o, c.params);
     o.offload_optimizer.ratio = c.ratio;
     o.offload_split_step = c.split;
+    o.hpz_partition_size = c.hpz;
+    o.quantized_gradients = c.quantized;
     TrainSpec s = spec;
     s.accumulation = c.accumulation;
+    s.shard_size = c.shard_size;
     auto run = make_engine(o, s);
     const int rank = run->group->rank();
     const auto x = batch(1000, rank * kRows, kRows, 0);
@@ -296,7 +309,8 @@ TEST_CASE("an eval forward between the last backward and step() reads the parame
   for (const Case& c : cases) {
     INFO("stage " << c.stage << (c.offload ? "" : " without offload") << " param offload "
                   << c.params << " ratio " << c.ratio << " G " << c.accumulation << " split step "
-                  << (c.split == OffloadSplitStep::kOn));
+                  << (c.split == OffloadSplitStep::kOn) << " MiCS " << c.shard_size << " hpZ "
+                  << c.hpz << " qgZ " << c.quantized);
     const auto expected = eval_losses(c, true);
     const auto got = eval_losses(c, false);
     for (int step = 0; step < spec.steps; ++step) {
