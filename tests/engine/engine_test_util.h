@@ -186,8 +186,10 @@ inline std::unique_ptr<EngineRun> make_engine(const EngineOptions& options, cons
 }
 
 // One optimizer step of `spec.accumulation` micro-batches of this rank's rows; the result is
-// appended to run.results.
-inline void train_one_step(EngineRun& run, const TrainSpec& spec, int step) {
+// appended to run.results. `before_step`, if set, runs after the last micro-batch's backward is
+// enqueued and before step() (an eval pass there).
+inline void train_one_step(EngineRun& run, const TrainSpec& spec, int step,
+                           const std::function<void()>& before_step = {}) {
   const int rank = run.group->rank();
   const int world = run.group->size();
   std::vector<std::vector<float>> keep;  // inputs live until the stream has used them
@@ -199,6 +201,7 @@ inline void train_one_step(EngineRun& run, const TrainSpec& spec, int step) {
     run.model.forward_backward(*run.engine, *run.compute, keep[keep.size() - 2].data(),
                                keep.back().data(), kRows, run.engine->loss_scale(), &loss);
   }
+  if (before_step) before_step();
   run.results.push_back(run.engine->step(spec.lr));
   run.compute->synchronize();
 }

@@ -286,23 +286,13 @@ TEST_CASE("an eval forward between the last backward and step() reads the parame
     const auto t = batch(1000, rank * kRows, kRows, 1);
     std::vector<float> losses(static_cast<std::size_t>(spec.steps));
     for (int step = 0; step < spec.steps; ++step) {
-      std::vector<std::vector<float>> keep;
-      float train_loss = 0.f;
-      for (int g = 0; g < c.accumulation; ++g) {
-        const std::int64_t first =
-            (static_cast<std::int64_t>(g) * run->group->size() + rank) * kRows;
-        keep.push_back(batch(step, first, kRows, 0));
-        keep.push_back(batch(step, first, kRows, 1));
-        run->model.forward_backward(*run->engine, *run->compute, keep[keep.size() - 2].data(),
-                                    keep.back().data(), kRows, 1.0, &train_loss);
-      }
-      run->compute->host_callback(
-          [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
-      run->model.forward_only(*run->engine, *run->compute, x.data(), t.data(), kRows,
-                              &losses[static_cast<std::size_t>(step)]);
-      if (let_eval_finish) run->compute->synchronize();
-      run->results.push_back(run->engine->step(spec.lr));
-      run->engine->synchronize();
+      train_one_step(*run, s, step, [&] {
+        run->compute->host_callback(
+            [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); });
+        run->model.forward_only(*run->engine, *run->compute, x.data(), t.data(), kRows,
+                                &losses[static_cast<std::size_t>(step)]);
+        if (let_eval_finish) run->compute->synchronize();
+      });
     }
     return losses;
   };
