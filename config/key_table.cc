@@ -389,7 +389,7 @@ std::vector<KeyInfo> build_table() {
           .range(1),
       K("zero_optimization.zero_quantized_weights", I, kBool, documented(engine.quantized_weights),
         "ZeRO++ qwZ (stage 3): parameter gathers carry int8 codes with a scale per block of "
-        "2048; master weights stay fp32; refused with `offload_optimizer` or `offload_param`"),
+        "2048; master weights stay fp32; refused with `offload_param`"),
       K("zero_optimization.zero_quantized_nontrainable_weights", E, kBool, "false",
         "ZeRO++ quantized frozen weights")
           .off("false"),

@@ -419,8 +419,23 @@ void CpuOptimizerOffload::update(std::int64_t step,
     const auto& piece_events = h.pieces[piece_set_];
     const std::int64_t piece =
         piece_events.empty() ? std::max<std::int64_t>(unit.shard, 1) : piece_;
+    const auto zero_padding = [&](std::int64_t begin, std::int64_t end) {
+      if (end > begin) {
+        w.padding.push_back({static_cast<std::byte*>(out) + bytes_of(begin, cdt),
+                             static_cast<std::size_t>(bytes_of(end - begin, cdt))});
+      }
+    };
+    std::int64_t written = 0;  // the slice's elements before it are owned, or padding listed
     for (int p : unit.params) {
       const auto range = plan_.owned_range(p, unit_ranks_[static_cast<std::size_t>(u)]);
+      if (range.count > 0) {
+        ZRT_CHECK(range.slice_offset >= written,
+                  "unit {}: parameter {} starts at element {} of the slice, before the end of "
+                  "the one ahead of it ({})",
+                  u, p, range.slice_offset, written);
+        zero_padding(written, range.slice_offset);
+        written = range.slice_offset + range.count;
+      }
       for (std::int64_t begin = range.slice_offset, end = range.slice_offset + range.count;
            begin < end;) {
         const std::int64_t c = begin / piece;
@@ -444,6 +459,7 @@ void CpuOptimizerOffload::update(std::int64_t step,
         begin = stop;
       }
     }
+    zero_padding(written, unit.shard);
     // With parameter offload `grad` accumulates micro-batches and must start from zero once
     // consumed; otherwise (or at one micro-batch per step) the next step's copy overwrites it.
     if (offload_param_ && !reduced_as_is_) {

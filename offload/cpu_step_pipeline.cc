@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <mutex>
 
@@ -23,9 +24,12 @@ constexpr std::int64_t kChunkAlignBytes = 256;
 // optimizers/cpu_slice_step.h): a small model's step runs on fewer threads.
 constexpr std::int64_t kMinElementsPerThread = 1 << 15;
 
+// The unit's padding (CpuStepUnit::padding) as a chunk's slice index.
+constexpr std::size_t kPaddingChunk = static_cast<std::size_t>(-1);
+
 struct Chunk {
   std::size_t unit = 0;
-  std::size_t slice = 0;  // index into the unit's slices
+  std::size_t slice = 0;  // index into the unit's slices, or kPaddingChunk
   std::int64_t begin = 0;
   std::int64_t end = 0;
 };
@@ -102,6 +106,12 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units,
         elements += r.end - r.begin;
       }
     }
+    // After the unit's slices, so a unit of padding only (a rank's slice past the unit's last
+    // parameter) still waits for its buffer before it is written, and goes up only after.
+    if (!unit.padding.empty()) {
+      if (first_chunk[u] < 0) first_chunk[u] = static_cast<std::int64_t>(chunks.size());
+      chunks.push_back({u, kPaddingChunk, 0, 0});
+    }
   }
   std::vector<std::atomic<std::int64_t>> remaining(count);
   std::vector<std::atomic<bool>> slot_seen(count);
@@ -162,13 +172,17 @@ void run_cpu_step_pipeline(std::vector<CpuStepUnit>& units,
         CpuStepUnit& unit = units[chunk.unit];
         try {
           wait_once(unit.slot_free, slot_seen[chunk.unit]);
-          if (!unit.landed.empty()) {
+          if (chunk.slice == kPaddingChunk) {
+            for (const CpuStepZeroRange& z : unit.padding) std::memset(z.at, 0, z.bytes);
+          } else if (!unit.landed.empty()) {
             wait_once(unit.landed[chunk.slice], landed_seen[slice_base[chunk.unit] + chunk.slice]);
           }
           if (trace != nullptr && c == first_chunk[chunk.unit])
             start_us[chunk.unit] = trace->now_us();
-          steps[unit.step_of.empty() ? 0 : unit.step_of[chunk.slice]](unit.slices[chunk.slice],
-                                                                      chunk.begin, chunk.end);
+          if (chunk.slice != kPaddingChunk) {
+            steps[unit.step_of.empty() ? 0 : unit.step_of[chunk.slice]](unit.slices[chunk.slice],
+                                                                        chunk.begin, chunk.end);
+          }
           // acq_rel: the thread that finishes the unit sees every other chunk's writes (and the
           // first chunk's start time) before it lets the unit go up.
           if (remaining[chunk.unit].fetch_sub(1, std::memory_order_acq_rel) == 1)

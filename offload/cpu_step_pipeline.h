@@ -10,7 +10,8 @@
 // late chunk delays only its own unit's completion: the other threads go on with the next
 // unit's chunks, so the chain of units runs at the memory bandwidth the team has.
 //
-// Order and waits: chunks are taken in unit order, within a unit in element order. Before a
+// Order and waits: chunks are taken in unit order, within a unit in element order (the unit's
+// padding last, one chunk for all of it). Before a
 // thread writes a unit it waits (once per thread and unit) for `slot_free`, the buffer the unit
 // writes into being free: a staging buffer having carried its previous unit up, or a host
 // parameter slice read by everything enqueued before the step; before it reads a slice it waits for
@@ -30,9 +31,20 @@
 
 namespace zrt {
 
+// `bytes` bytes at `at` in the buffer a unit writes its parameters into.
+struct CpuStepZeroRange {
+  std::byte* at = nullptr;
+  std::size_t bytes = 0;
+};
+
 // One unit's work in a CPU step.
 struct CpuStepUnit {
   std::vector<OptimizerSlice> slices;  // the unit's owned elements, cut where its pieces land
+  // The bytes of the unit's parameter buffer that hold no owned element (the partition's
+  // padding), written with zeros after `slot_free` and before `released`: a staging buffer still
+  // holds its previous unit's bytes there (or whatever the allocation held), and the whole slice
+  // goes up, where the padding must be zero (partition.h) because qwZ's block scales read it.
+  std::vector<CpuStepZeroRange> padding;
   // Per slice: which of the pipeline's prepared steps steps it (empty: the first for every
   // slice). Several when parameters count different Adam steps (ZeroEngine's steps not taken).
   std::vector<std::size_t> step_of;

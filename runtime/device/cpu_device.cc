@@ -55,6 +55,7 @@ Buffer CpuDevice::allocate(std::int64_t bytes, MemCategory category, const std::
     tracker_.on_free(space, category, bytes);
     tracker_.throw_out_of_memory(space, category, bytes, label, failure);
   }
+  if (options_.poison_allocations) std::memset(ptr, 0xFF, static_cast<std::size_t>(bytes));
   return Buffer(this, ptr, bytes, space, category, order);
 }
 

@@ -407,6 +407,12 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
   if (options.stream_delay_max_us > 0) {
     spdlog::debug("cuda:{}: stream_delay_max_us applies to the CPU backend only; ignored", index_);
   }
+  if (options.poison_allocations) {
+    spdlog::debug(
+        "cuda:{}: poison_allocations applies to the CPU backend only (a GPU's memory "
+        "is not cleared anyway); ignored",
+        index_);
+  }
   activate();
   // Keep freed memory in the pool (up to the capacity) instead of returning it to the driver at
   // every synchronization: a training step frees and reallocates the same sizes every time.

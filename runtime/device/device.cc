@@ -28,6 +28,11 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
       chosen.stream_delay_max_us = std::stoi(env);
     }
   }
+  // ZRT_POISON_ALLOCATIONS=1 the same for reads of memory never written.
+  if (const char* env = std::getenv("ZRT_POISON_ALLOCATIONS");
+      env != nullptr && *env != '\0' && std::string(env) != "0") {
+    chosen.poison_allocations = true;
+  }
   if (chosen.type == DeviceType::kCpu) return std::make_unique<CpuDevice>(chosen);
 #if ZRT_HAVE_CUDA
   return make_cuda_device(chosen);

@@ -31,6 +31,10 @@ struct DeviceOptions {
   // missing event wait shows up as a wrong result. 0 disables. Seeded for reproducibility.
   int stream_delay_max_us = 0;
   std::uint64_t stream_delay_seed = 1;
+  // CPU backend only: every allocation starts as 0xFF bytes (NaN in fp32, bf16 and fp16), as a
+  // GPU's or cudaHostAlloc's memory holds whatever was there before, while fresh host pages
+  // read as zero; so a read of bytes nobody wrote shows up as NaN instead of passing here.
+  bool poison_allocations = false;
 };
 
 // How a host thread waits in Event::synchronize. kSpin: it polls, the lowest latency (CUDA's

@@ -182,15 +182,6 @@ void check_offload(const EngineOptions& o, Problems& p) {
         "supported; turn one off",
         {"zero_optimization.zero_quantized_weights", "zero_optimization.zero_quantized_gradients"});
   }
-  // Found nondeterministic (a unit's gathered weights after a CPU update differ run to run at
-  // two ranks, the master weights do not): refused until the cause is fixed, rather than
-  // training on wrong weights.
-  if (optimizer && !param && o.quantized_weights && o.stage == 3) {
-    p.add(kOffloadOptimizer,
-          "zero_quantized_weights with optimizer offload is not supported yet (its gathered "
-          "weights are not reproducible); turn one off",
-          {"zero_optimization.zero_quantized_weights"});
-  }
   if (param && o.stage < 3) {
     p.add(kOffloadParam,
           fmt::format("parameter offload needs ZeRO stage 3 (stage is {}); set stage 3 or "

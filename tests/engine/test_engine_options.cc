@@ -95,13 +95,6 @@ TEST_CASE("each rule names its DeepSpeed key and the fix") {
   cases.push_back({"accumulation in another 16-bit type", o, 0,
                    "data_types.grad_accum_dtype: fp16 accumulation with bf16 compute; accumulate "
                    "in fp32 or the compute dtype"});
-  o = at_stage(3);
-  o.offload_optimizer.enabled = true;
-  o.quantized_weights = true;
-  cases.push_back({"qwZ with optimizer offload", o, 0,
-                   "zero_optimization.offload_optimizer: zero_quantized_weights with optimizer "
-                   "offload is not supported yet (its gathered weights are not reproducible); "
-                   "turn one off"});
   o = EngineOptions{};
   o.gradient_accumulation_steps = 0;
   cases.push_back(

@@ -4,6 +4,7 @@
 // and errors reaching every unit not yet done.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -263,6 +264,77 @@ TEST_CASE(
   up->synchronize();
   check_same(reference, piped);
   CHECK(std::memcmp(slot0_copy.data(), reference[0].out.data(), unit0_n * sizeof(bf16)) == 0);
+}
+
+TEST_CASE(
+    "CPU step pipeline: a unit's padding is zeroed once its buffer is free and before its "
+    "release, a unit of padding alone too") {
+  auto device = make_device(DeviceOptions{});
+  auto optimizer = adamw(2);
+  // Unit 0 owns elements [0, 100) and [128, 200) of its 256-element buffer; unit 1 owns none of
+  // its 64 (a rank's slice past a unit's last parameter). Both buffers hold stale bytes, as a
+  // staging buffer does after carrying another unit up.
+  auto arrays = make_units({256}, 21);
+  auto reference = make_units({256}, 21);
+  const auto slice_at = [](UnitArrays& a, std::int64_t begin, std::int64_t end) {
+    OptimizerSlice s;
+    s.param = a.master.data() + begin;
+    s.state[0] = a.m.data() + begin;
+    s.state[1] = a.v.data() + begin;
+    s.grad = a.grad.data() + begin;
+    s.grad_dtype = DType::kBFloat16;
+    s.param_out = a.out.data() + begin;
+    s.out_dtype = DType::kBFloat16;
+    s.numel = end - begin;
+    s.weight_decay = true;
+    return s;
+  };
+  std::vector<OptimizerSlice> owned = {slice_at(arrays[0], 0, 100), slice_at(arrays[0], 128, 200)};
+  optimizer->step({slice_at(reference[0], 0, 100), slice_at(reference[0], 128, 200)}, kStep, kLr,
+                  kScale);
+  std::vector<bf16> alone(64, to_bf16(-5.0f));
+  std::vector<CpuStepUnit> work(2);
+  work[0].slices = owned;
+  const auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(n) * sizeof(bf16); };
+  work[0].padding = {{reinterpret_cast<std::byte*>(arrays[0].out.data() + 100), bytes(28)},
+                     {reinterpret_cast<std::byte*>(arrays[0].out.data() + 200), bytes(56)}};
+  work[1].padding = {{reinterpret_cast<std::byte*>(alone.data()), bytes(64)}};
+  // Unit 1's buffer is free only once the "copy stream" has read it; the reader leaves a
+  // sentinel behind, so zeros written before the wait would be overwritten.
+  std::unique_ptr<Stream> up = device->create_stream("up");
+  bf16* alone_data = alone.data();
+  up->host_callback([alone_data] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (int i = 0; i < 64; ++i) alone_data[i] = to_bf16(-99.0f);
+  });
+  std::unique_ptr<Event> slot_free = device->create_event();
+  slot_free->record(*up);
+  work[1].slot_free = slot_free.get();
+  // What each unit's release sees: the padding already zero.
+  std::vector<int> nonzero_at_release(2, -1);
+  const auto count_nonzero = [](const bf16* p, int n) {
+    int nonzero = 0;
+    for (int i = 0; i < n; ++i) nonzero += to_float(p[i]) != 0.0f ? 1 : 0;
+    return nonzero;
+  };
+  const bf16* out0 = arrays[0].out.data();
+  work[0].released = [&, out0] {
+    nonzero_at_release[0] = count_nonzero(out0 + 100, 28) + count_nonzero(out0 + 200, 56);
+  };
+  work[1].released = [&, alone_data] { nonzero_at_release[1] = count_nonzero(alone_data, 64); };
+  for (auto& w : work) w.done = std::make_shared<std::promise<void>>();
+
+  run_cpu_step_pipeline(work, optimizer->prepare_step(kStep, kLr, kScale), optimizer->threads(),
+                        nullptr);
+  up->synchronize();
+  CHECK(nonzero_at_release == std::vector<int>{0, 0});
+  CHECK(count_nonzero(alone.data(), 64) == 0);
+  // The owned elements are the optimizer's own step; the padding is zero.
+  std::vector<bf16> expected = reference[0].out;
+  std::fill(expected.begin() + 100, expected.begin() + 128, to_bf16(0.0f));
+  std::fill(expected.begin() + 200, expected.end(), to_bf16(0.0f));
+  CHECK(std::memcmp(arrays[0].out.data(), expected.data(), bytes(256)) == 0);
+  CHECK(std::memcmp(arrays[0].master.data(), reference[0].master.data(), 256 * sizeof(float)) == 0);
 }
 
 TEST_CASE("CPU step pipeline: an error reaches every unit not yet done, and the caller") {
