@@ -11,11 +11,11 @@
 // unit's chunks, so the chain of units runs at the memory bandwidth the team has.
 //
 // Order and waits: chunks are taken in unit order, within a unit in element order (the unit's
-// padding last, one chunk for all of it). Before a
-// thread writes a unit it waits (once per thread and unit) for `slot_free`, the buffer the unit
-// writes into being free: a staging buffer having carried its previous unit up, or a host
-// parameter slice read by everything enqueued before the step; before it reads a slice it waits for
-// that slice's gradient piece to be on the host (`landed`). Every element's update depends only
+// padding last, one chunk for all of it). Before a thread writes a unit it waits (once per
+// thread and unit) for `slot_free`, the buffer the unit writes into being free: a staging buffer
+// having carried its previous unit up, or a host parameter slice read by everything enqueued
+// before the step; before it reads a slice it waits for that slice's gradient piece to be on the
+// host (`landed`). Every element's update depends only
 // on its own inputs, so the cut gives the bits one call of HostOptimizer::step gives.
 #pragma once
 
