@@ -20,6 +20,11 @@ const char* device_type_name(DeviceType t) {
   return t == DeviceType::kCpu ? "cpu" : "cuda";
 }
 
+bool poison_allocations_from_env() {
+  const char* env = std::getenv("ZRT_POISON_ALLOCATIONS");
+  return env != nullptr && *env != '\0' && std::string(env) != "0";
+}
+
 std::unique_ptr<Device> make_device(const DeviceOptions& options) {
   DeviceOptions chosen = options;
   // ZRT_STREAM_DELAY_US turns on race detection for any program without a rebuild.
@@ -29,10 +34,7 @@ std::unique_ptr<Device> make_device(const DeviceOptions& options) {
     }
   }
   // ZRT_POISON_ALLOCATIONS=1 the same for reads of memory never written.
-  if (const char* env = std::getenv("ZRT_POISON_ALLOCATIONS");
-      env != nullptr && *env != '\0' && std::string(env) != "0") {
-    chosen.poison_allocations = true;
-  }
+  if (poison_allocations_from_env()) chosen.poison_allocations = true;
   if (chosen.type == DeviceType::kCpu) return std::make_unique<CpuDevice>(chosen);
 #if ZRT_HAVE_CUDA
   return make_cuda_device(chosen);

@@ -102,6 +102,9 @@ class Device : public BufferOwner {
 // Creates the device the options ask for. Throws if the CUDA backend is not built or no GPU
 // is present.
 std::unique_ptr<Device> make_device(const DeviceOptions& options);
+// Whether ZRT_POISON_ALLOCATIONS (set, not empty, not "0") has make_device turn on
+// DeviceOptions::poison_allocations.
+bool poison_allocations_from_env();
 
 // Number of CUDA devices usable by this process; 0 when the backend is not built, no driver is
 // installed, or any CUDA error occurs (CUDA 13 without a driver returns error 35).
