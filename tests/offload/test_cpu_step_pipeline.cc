@@ -49,23 +49,28 @@ std::vector<UnitArrays> make_units(const std::vector<std::int64_t>& sizes, std::
   return units;
 }
 
+// Elements [begin, end) of the unit as one slice.
+OptimizerSlice slice_of(UnitArrays& a, std::int64_t begin, std::int64_t end, bool weight_decay) {
+  OptimizerSlice s;
+  s.param = a.master.data() + begin;
+  s.state[0] = a.m.data() + begin;
+  s.state[1] = a.v.data() + begin;
+  s.grad = a.grad.data() + begin;
+  s.grad_dtype = DType::kBFloat16;
+  s.param_out = a.out.data() + begin;
+  s.out_dtype = DType::kBFloat16;
+  s.numel = end - begin;
+  s.weight_decay = weight_decay;
+  return s;
+}
+
 // The unit's elements as slices of at most `piece` elements (as the offload cuts them where the
 // gradient's pieces land), alternating weight decay.
 std::vector<OptimizerSlice> slices_of(UnitArrays& a, std::int64_t piece) {
   std::vector<OptimizerSlice> slices;
   const auto n = static_cast<std::int64_t>(a.master.size());
   for (std::int64_t begin = 0; begin < n; begin += piece) {
-    OptimizerSlice s;
-    s.param = a.master.data() + begin;
-    s.state[0] = a.m.data() + begin;
-    s.state[1] = a.v.data() + begin;
-    s.grad = a.grad.data() + begin;
-    s.grad_dtype = DType::kBFloat16;
-    s.param_out = a.out.data() + begin;
-    s.out_dtype = DType::kBFloat16;
-    s.numel = std::min(piece, n - begin);
-    s.weight_decay = (begin / piece) % 2 == 0;
-    slices.push_back(s);
+    slices.push_back(slice_of(a, begin, std::min(n, begin + piece), (begin / piece) % 2 == 0));
   }
   return slices;
 }
@@ -276,22 +281,10 @@ TEST_CASE(
   // staging buffer does after carrying another unit up.
   auto arrays = make_units({256}, 21);
   auto reference = make_units({256}, 21);
-  const auto slice_at = [](UnitArrays& a, std::int64_t begin, std::int64_t end) {
-    OptimizerSlice s;
-    s.param = a.master.data() + begin;
-    s.state[0] = a.m.data() + begin;
-    s.state[1] = a.v.data() + begin;
-    s.grad = a.grad.data() + begin;
-    s.grad_dtype = DType::kBFloat16;
-    s.param_out = a.out.data() + begin;
-    s.out_dtype = DType::kBFloat16;
-    s.numel = end - begin;
-    s.weight_decay = true;
-    return s;
-  };
-  std::vector<OptimizerSlice> owned = {slice_at(arrays[0], 0, 100), slice_at(arrays[0], 128, 200)};
-  optimizer->step({slice_at(reference[0], 0, 100), slice_at(reference[0], 128, 200)}, kStep, kLr,
-                  kScale);
+  std::vector<OptimizerSlice> owned = {slice_of(arrays[0], 0, 100, true),
+                                       slice_of(arrays[0], 128, 200, false)};
+  optimizer->step({slice_of(reference[0], 0, 100, true), slice_of(reference[0], 128, 200, false)},
+                  kStep, kLr, kScale);
   std::vector<bf16> alone(64, to_bf16(-5.0f));
   std::vector<CpuStepUnit> work(2);
   work[0].slices = owned;
