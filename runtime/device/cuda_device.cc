@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
 #include <spdlog/spdlog.h>
 
@@ -391,7 +392,8 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
       name_(props.name),
       total_memory_(static_cast<std::int64_t>(props.totalGlobalMem)),
       registers_host_memory_(props.hostRegisterSupported != 0 &&
-                             props.canUseHostPointerForRegisteredMem != 0) {
+                             props.canUseHostPointerForRegisteredMem != 0),
+      poison_allocations_(options.poison_allocations) {
   // Before anything runs on it: a GPU this build has no kernels for fails here, saying how to
   // rebuild, instead of at the first launch with CUDA's "no kernel image is available".
   if (const auto problem =
@@ -406,12 +408,6 @@ CudaDevice::CudaDevice(const DeviceOptions& options, const cudaDeviceProp& props
   }
   if (options.stream_delay_max_us > 0) {
     spdlog::debug("cuda:{}: stream_delay_max_us applies to the CPU backend only; ignored", index_);
-  }
-  if (options.poison_allocations) {
-    spdlog::debug(
-        "cuda:{}: poison_allocations applies to the CPU backend only (a GPU's memory "
-        "is not cleared anyway); ignored",
-        index_);
   }
   activate();
   // Keep freed memory in the pool (up to the capacity) instead of returning it to the driver at
@@ -510,6 +506,8 @@ void* CudaDevice::allocate_raw(std::int64_t bytes, const std::string& label, Mem
         return nullptr;
       }
       ZRT_CUDA_CHECK(code);
+      // In stream order, as the allocation itself (its own stream's later work sees it).
+      if (poison_allocations_) ZRT_CUDA_CHECK(cudaMemsetAsync(ptr, 0xFF, size, stream));
       // Without an ordering stream the memory must be usable on every stream when we return.
       if (order == nullptr) ZRT_CUDA_CHECK(cudaStreamSynchronize(alloc_stream_));
       break;
@@ -544,6 +542,8 @@ void* CudaDevice::allocate_raw(std::int64_t bytes, const std::string& label, Mem
     ZRT_THROW(Error, "allocation for '{}' in {} is not {}-byte aligned", label,
               memory_space_name(space), kAlignment);
   }
+  // Host memory: new, so no stream uses it yet (device memory was filled on its stream above).
+  if (poison_allocations_ && space != MemorySpace::kDevice) std::memset(ptr, 0xFF, size);
   return ptr;
 }
 

@@ -225,6 +225,7 @@ class CudaDevice final : public Device {
   const std::string name_;
   const std::int64_t total_memory_;
   const bool registers_host_memory_;          // cudaHostRegister, used at the host pointer
+  const bool poison_allocations_;             // DeviceOptions::poison_allocations
   cudaStream_t alloc_stream_ = nullptr;       // orders allocations made without an ordering stream
   CuStreamWaitValue32 wait_value_ = nullptr;  // null: the driver offers no stream memory ops
   std::mutex pending_mutex_;

@@ -31,9 +31,11 @@ struct DeviceOptions {
   // missing event wait shows up as a wrong result. 0 disables. Seeded for reproducibility.
   int stream_delay_max_us = 0;
   std::uint64_t stream_delay_seed = 1;
-  // CPU backend only: every allocation starts as 0xFF bytes (NaN in fp32, bf16 and fp16), as a
-  // GPU's or cudaHostAlloc's memory holds whatever was there before, while fresh host pages
-  // read as zero; so a read of bytes nobody wrote shows up as NaN instead of passing here.
+  // Every allocation starts as 0xFF bytes (NaN in fp32, bf16 and fp16): device memory holds
+  // whatever was there before, while fresh host pages read as zero, so a read of bytes nobody
+  // wrote shows up as NaN every time instead of now and then. CPU: a memset; CUDA: a
+  // cudaMemsetAsync on the allocation's stream (a memset for host memory). A debugging aid:
+  // every test runs with it (tests/CMakeLists.txt, ZRT_POISON_ALLOCATIONS).
   bool poison_allocations = false;
 };
 

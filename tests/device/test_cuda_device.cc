@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <utility>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -151,6 +152,38 @@ TEST_CASE("copies round-trip through device memory in stream order") {
   dev->copy(d2.device<std::byte>(), d1.device<std::byte>(), 0, *s);
   dev->fill_zero(d2.device<std::byte>(), 0, *s);
   s->synchronize();
+}
+
+TEST_CASE("poison_allocations: device, pinned and pageable memory start as 0xFF bytes") {
+  DeviceOptions o;
+  o.type = DeviceType::kCuda;
+  o.index = test::gpu_index();
+  o.poison_allocations = true;
+  auto dev = make_device(o);
+  auto s = dev->create_stream("poisoned");
+  const auto all_ff = [](const std::vector<unsigned char>& bytes) {
+    return std::all_of(bytes.begin(), bytes.end(), [](unsigned char c) { return c == 0xFF; });
+  };
+  const std::size_t bytes = 3000;
+  // In the allocating stream's order, and without one (usable on every stream at once).
+  for (Stream* order : {static_cast<Stream*>(s.get()), static_cast<Stream*>(nullptr)}) {
+    Buffer device_buffer = dev->allocate(static_cast<std::int64_t>(bytes), MemCategory::kParams,
+                                         "poisoned device", MemorySpace::kDevice, order);
+    std::vector<unsigned char> back(bytes, 0);
+    dev->copy_to_host(back.data(), device_buffer.device<std::byte>(), bytes, *s);
+    s->synchronize();
+    CHECK(all_ff(back));
+  }
+  // Host memory: small pinned (cudaHostAlloc), large pinned (resident pages), pageable.
+  const std::size_t large = kResidentHostMinBytes + 1000;
+  for (const auto& [space, n] :
+       {std::pair{MemorySpace::kPinnedHost, bytes}, std::pair{MemorySpace::kPinnedHost, large},
+        std::pair{MemorySpace::kPageableHost, bytes}}) {
+    Buffer host = dev->allocate(static_cast<std::int64_t>(n), MemCategory::kWorkspace,
+                                "poisoned host", space);
+    const auto* p = host.host<unsigned char>();
+    CHECK(all_ff(std::vector<unsigned char>(p, p + n)));
+  }
 }
 
 // Pinned buffers of kResidentHostMinBytes and more are resident pages page-locked with
