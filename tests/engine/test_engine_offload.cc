@@ -324,30 +324,52 @@ TEST_CASE("qwZ with optimizer offload: the parameters of qwZ without offload, bi
   // (DeviceOptions::poison_allocations), so a byte nobody wrote fails every time.
   DeviceOptions poisoned;
   poisoned.poison_allocations = true;
-  for (int accumulation : {1, 2}) {
-    TrainSpec spec;
-    spec.steps = 4;
-    spec.accumulation = accumulation;
-    spec.clip = 0.05;
-    for (bool qgz : {false, true}) {
-      EngineOptions plain_options = base_options(3, accumulation);
-      plain_options.quantized_weights = true;
-      plain_options.quantized_gradients = qgz;
-      auto plain = make_engine(plain_options, spec, poisoned);
-      const auto expected = train_engine(*plain, spec);
-      for (const double ratio : {1.0, 0.5}) {
-        for (OffloadSplitStep split : {OffloadSplitStep::kOff, OffloadSplitStep::kOn}) {
-          EngineOptions o = with_offload(plain_options, false);
-          o.offload_optimizer.ratio = ratio;
-          o.offload_split_step = split;
-          // At one rank and one micro-batch the offload reduces a bucket a micro-batch and the
-          // plain run does not (same_gradient_path): other sums, compared in the first test.
-          if (!same_gradient_path(plain_options, o)) continue;
-          auto offloaded = make_engine(o, spec, poisoned);
-          const auto got = train_engine(*offloaded, spec);
-          INFO("G " << accumulation << " qgZ " << qgz << " ratio " << ratio << " split step "
-                    << (split == OffloadSplitStep::kOn));
-          require_identical(*offloaded, got, *plain, expected);
+  // Plain stage 3, and at even world sizes MiCS (shard groups of 2: qwZ's gather inside the
+  // group) and hpZ (secondary shards of 2, kept from the dequantized gather).
+  struct Layout {
+    const char* name;
+    int shard_size;
+    int hpz;
+  };
+  std::vector<Layout> layouts = {{"stage 3", 0, 0}};
+  if (world_size() % 2 == 0) {
+    layouts.push_back({"MiCS 2", 2, 0});
+    layouts.push_back({"hpZ 2", 0, 2});
+  }
+  for (const Layout& layout : layouts) {
+    const bool plain_layout = layout.shard_size == 0 && layout.hpz == 0;
+    for (int accumulation : {1, 2}) {
+      TrainSpec spec;
+      spec.steps = 4;
+      spec.accumulation = accumulation;
+      spec.clip = 0.05;
+      spec.shard_size = layout.shard_size;
+      for (bool qgz : {false, true}) {
+        EngineOptions plain_options = base_options(3, accumulation);
+        plain_options.quantized_weights = true;
+        plain_options.quantized_gradients = qgz;
+        plain_options.hpz_partition_size = layout.hpz;
+        auto plain = make_engine(plain_options, spec, poisoned);
+        const auto expected = train_engine(*plain, spec);
+        // (The other layouts once, with every unit on the host and the step in one pass.)
+        for (const double ratio :
+             plain_layout ? std::vector<double>{1.0, 0.5} : std::vector<double>{1.0}) {
+          for (OffloadSplitStep split :
+               plain_layout
+                   ? std::vector<OffloadSplitStep>{OffloadSplitStep::kOff, OffloadSplitStep::kOn}
+                   : std::vector<OffloadSplitStep>{OffloadSplitStep::kOff}) {
+            EngineOptions o = with_offload(plain_options, false);
+            o.offload_optimizer.ratio = ratio;
+            o.offload_split_step = split;
+            // At one rank and one micro-batch the offload reduces a bucket a micro-batch and the
+            // plain run does not (same_gradient_path): other sums, compared in the first test.
+            if (!same_gradient_path(plain_options, o)) continue;
+            auto offloaded = make_engine(o, spec, poisoned);
+            const auto got = train_engine(*offloaded, spec);
+            INFO(layout.name << " G " << accumulation << " qgZ " << qgz << " ratio " << ratio
+                             << " split step " << (split == OffloadSplitStep::kOn));
+            require_identical(*offloaded, got, *plain, expected);
+          }
         }
       }
     }
