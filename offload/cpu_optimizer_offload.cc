@@ -419,8 +419,12 @@ void CpuOptimizerOffload::update(std::int64_t step,
     const auto& piece_events = h.pieces[piece_set_];
     const std::int64_t piece =
         piece_events.empty() ? std::max<std::int64_t>(unit.shard, 1) : piece_;
+    // A staging buffer's padding holds its previous unit's bytes: zeroed before the slice goes
+    // up whole. (A host parameter slice's padding is zero from assign_state on, and only owned
+    // elements are ever written there.)
+    const bool staged = h.params.empty();
     const auto zero_padding = [&](std::int64_t begin, std::int64_t end) {
-      if (end > begin) {
+      if (staged && end > begin) {
         w.padding.push_back({static_cast<std::byte*>(out) + bytes_of(begin, cdt),
                              static_cast<std::size_t>(bytes_of(end - begin, cdt))});
       }

@@ -15,8 +15,8 @@
 // thread and unit) for `slot_free`, the buffer the unit writes into being free: a staging buffer
 // having carried its previous unit up, or a host parameter slice read by everything enqueued
 // before the step; before it reads a slice it waits for that slice's gradient piece to be on the
-// host (`landed`). Every element's update depends only
-// on its own inputs, so the cut gives the bits one call of HostOptimizer::step gives.
+// host (`landed`). Every element's update depends only on its own inputs, so the cut gives the
+// bits one call of HostOptimizer::step gives.
 #pragma once
 
 #include <functional>
@@ -40,10 +40,10 @@ struct CpuStepZeroRange {
 // One unit's work in a CPU step.
 struct CpuStepUnit {
   std::vector<OptimizerSlice> slices;  // the unit's owned elements, cut where its pieces land
-  // The bytes of the unit's parameter buffer that hold no owned element (the partition's
-  // padding), written with zeros after `slot_free` and before `released`: a staging buffer still
-  // holds its previous unit's bytes there (or whatever the allocation held), and the whole slice
-  // goes up, where the padding must be zero (partition.h) because qwZ's block scales read it.
+  // The bytes of the unit's staging buffer that hold no owned element (the partition's padding),
+  // written with zeros after `slot_free` and before `released`: the buffer still holds its
+  // previous unit's bytes there (or whatever the allocation held), and the whole slice goes up,
+  // where the padding must be zero (partition.h) because qwZ's block scales read it.
   std::vector<CpuStepZeroRange> padding;
   // Per slice: which of the pipeline's prepared steps steps it (empty: the first for every
   // slice). Several when parameters count different Adam steps (ZeroEngine's steps not taken).
