@@ -981,7 +981,7 @@ class Parser {
                           "seq_len are required (missing: {})",
                           join(missing)));
       }
-      if (m.n_head && m.n_embd && *m.n_embd % *m.n_head != 0) {
+      if (m.n_head && *m.n_head > 0 && m.n_embd && *m.n_embd % *m.n_head != 0) {
         fail("model.n_embd",
              fmt::format("{} is not a multiple of n_head {}", *m.n_embd, *m.n_head));
       }
