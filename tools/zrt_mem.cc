@@ -34,21 +34,21 @@ the device (order: stage 0, 1, 2, 2 + optimizer offload, 3, 3 + optimizer offloa
 optimizer and parameter offload).
 
 model (one of):
-  --model SPEC              a GPT: gpt2-tiny, gpt2, gpt2-medium, gpt2-large, gpt2-xl, or
+  --model SPEC              a built-in model: a preset (listed at the end) or a spec, e.g.
                             "gpt2:n_layer=24", "n_layer=4,n_head=4,n_embd=128,vocab_size=256,
-                            seq_len=128"; a Llama-family preset: llama-3.2-1b, llama-3.2-3b,
-                            llama-3.1-8b, llama-3.1-70b, qwen2.5-0.5b, qwen2.5-7b,
-                            smollm2-135m, llama-tiny, or "llama-3.1-8b:seq_len=4096",
-                            "llama:hidden_size=512,..." (exact: the engine's partition,
-                            padding and schedule)
+                            seq_len=128", "llama-3.1-8b:seq_len=4096",
+                            "llama:hidden_size=512,...", "qwen3-30b-a3b:num_hidden_layers=8"
+                            (exact: the engine's partition, padding and schedule)
   --params N                a parameter count, e.g. 7.5e9 (the ZeRO paper's formulas)
   --config FILE             a zrt-train config: model, batch, dtypes, zero_optimization,
                             activation checkpointing and device.memory_limit_gb from it;
                             the options below override it
 options:
   --world N                 ranks (default: from the config's batch numbers, else 1)
-  --nodes N                 nodes the ranks are spread over (default 1; host figures per node)
-  --stage S                 the setting printed in detail (default: the verdict's)
+  --nodes N                 nodes the ranks are spread over (default: world / the config's
+                            comm.ranks_per_node, else 1; host figures per node)
+  --stage S                 the setting printed in detail (default: the config's stage and
+                            offload, else the verdict's)
   --offload-optimizer cpu|none, --offload-param cpu|none
   --offload-ratio R         offload_optimizer.ratio: the share of the optimizer state offloaded
                             at stage 3 (default 1; the rest stays on the device)
@@ -209,6 +209,22 @@ int run(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
+      // The presets from the registry, so a model added there is listed without editing this.
+      std::fputs("\npresets (--model):\n", stdout);
+      for (const std::string& type : builtin_models().types()) {
+        const ModelEntry& entry = builtin_models().entry(type);
+        if (entry.presets.empty()) continue;
+        std::string line = "  " + type + ":";
+        std::string text;
+        for (const std::string& preset : entry.presets) {
+          if (line.size() + 1 + preset.size() > 98) {
+            text += line + "\n";
+            line = "   ";
+          }
+          line += " " + preset;
+        }
+        std::fputs((text + line + "\n").c_str(), stdout);
+      }
       return 0;
     }
     if (a == "--activation-checkpointing") {
