@@ -356,11 +356,17 @@ def check_errors(args):
         ("a prompt string with a completion list", qwen,
          ['{"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}'], [], 1,
          r"two strings or two message lists"),
+        ("bytes that are not UTF-8", qwen,
+         [good, b'{"messages": [{"role": "user", "content": "caf\xe9"}]}'], [], 2,
+         r"not UTF-8 text: byte 0xe9 at byte 47 of the line"),
+        ("a lone surrogate escape", qwen,
+         [good, '{"messages": [{"role": "user", "content": "half \\ud800 a pair"}]}'], [], 2,
+         r"a lone surrogate escape \(\\ud800\) after \"half \": not a Unicode character"),
     ]
     for what, tokenizer, lines, extra, line, pattern in cases:
         path = os.path.join(args.work, "bad.jsonl")
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        with open(path, "wb") as f:
+            f.write(b"\n".join(x if isinstance(x, bytes) else x.encode() for x in lines) + b"\n")
         out = os.path.join(args.work, "errors", "out")
         done = run(args, ["--tokenizer", tokenizer, "--input", path, "--output", out,
                           "--seq-len", "64"] + extra, expect_ok=False)
@@ -371,6 +377,43 @@ def check_errors(args):
         leftovers = os.listdir(os.path.dirname(out)) if os.path.isdir(os.path.dirname(out)) else []
         check(not leftovers, "%s: left %s behind" % (what, leftovers))
         print("ok: %s: %s" % (what, done.stderr.strip()))
+
+
+def check_input_edges(args):
+    """A byte-order mark before the first record is read past (Windows editors write one); a
+    --val file left empty is an error, not a run without evaluation data; a --val-fraction that
+    leaves no val conversation says so."""
+    qwen = os.path.join(SFT, "qwen2.5")
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
+    plain, bom = os.path.join(args.work, "plain.jsonl"), os.path.join(args.work, "bom.jsonl")
+    with open(plain, "w") as f:
+        f.write(good + "\n")
+    with open(bom, "wb") as f:
+        f.write(b"\xef\xbb\xbf" + good.encode() + b"\n")
+    docs = []
+    for path in (plain, bom):
+        out = os.path.join(args.work, "edges", os.path.basename(path))
+        run(args, ["--tokenizer", qwen, "--input", path, "--output", out, "--seq-len", "256"])
+        docs.append(read_output(out)[1])
+    check(docs[0] == docs[1] and len(docs[0]) == 1, "a byte-order mark changed the output")
+    no_loss = os.path.join(args.work, "no-loss.jsonl")
+    with open(no_loss, "w") as f:
+        f.write('{"messages": [{"role": "user", "content": "only a question"}]}\n')
+    out = os.path.join(args.work, "edges", "empty-val")
+    done = run(args, ["--tokenizer", qwen, "--input", plain, "--val", no_loss, "--output", out,
+                      "--seq-len", "256"], expect_ok=False)
+    check(done.returncode == 1 and re.search(
+        r"^prepare-sft: error: --val: no conversation is left in the val split \(1 read: 0 "
+        r"overlong, 0 empty, 1 without a loss token\)", done.stderr, re.M),
+        "an empty --val split: exit %d\n%s" % (done.returncode, done.stderr))
+    check(not os.path.exists(out), "an empty --val split left %s behind" % out)
+    out = os.path.join(args.work, "edges", "fraction")
+    done = run(args, ["--tokenizer", qwen, "--input", plain, "--val-fraction", "0.5", "--output",
+                      out, "--seq-len", "256"])
+    check("warning: --val-fraction 0.5: 1 conversation(s) kept, so no val split" in done.stderr
+          and not os.path.exists(os.path.join(out, "val")),
+          "--val-fraction with one conversation:\n%s" % done.stderr)
+    print("ok: a byte-order mark is read past; an empty --val split fails; an empty fraction warns")
 
 
 def check_efficiency(args):
@@ -455,6 +498,7 @@ def main():
     check_templates(args, goldens)
     check_determinism(args)
     check_errors(args)
+    check_input_edges(args)
     check_efficiency(args)
     print("check_prepare_sft: all checks passed")
 

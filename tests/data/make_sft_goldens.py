@@ -69,7 +69,11 @@ def before_text(tok, messages, start):
         if start > 0:
             raise
     own = tok.apply_chat_template(messages[:1], tokenize=False)
-    return own[:own.rindex(messages[0]["content"])]
+    content = messages[0]["content"]
+    # A template may trim the content (Llama 3's `| trim`): then its stripped text is what the
+    # render holds.
+    at = own.rfind(content)
+    return own[:at if at >= 0 else own.rindex(content.strip())]
 
 
 def before_ids(tok, messages, start):
