@@ -748,6 +748,9 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
   const std::string verify = shell(tool + " verify " + dir, &status);
   CHECK(status == 0);
   CHECK_THAT(verify, Catch::Contains("OK"));
+  // The save_dir's `latest` file names the same checkpoint as the save_dir.
+  CHECK(shell(tool + " inspect " + save_dir + "/latest", &status) == inspect);
+  CHECK(status == 0);
 
   const auto index = open_index(dir);
   const auto full = read_full_params(dir, index);

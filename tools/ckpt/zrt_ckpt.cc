@@ -37,24 +37,25 @@ namespace fs = std::filesystem;
 using namespace zrt::checkpoint;
 
 void usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: zrt-ckpt COMMAND DIR [OPTIONS]\n"
-               "commands:\n"
-               "  inspect DIR                                 step, world, stage, dtypes, the "
-               "parameter table\n"
-               "  verify DIR                                  every checksum of the index and "
-               "the rank files\n"
-               "  consolidate DIR --out model.h5              one fp32 dataset per parameter\n"
-               "  export DIR --safetensors model.safetensors  Hugging Face GPT-2 safetensors + "
-               "config.json\n"
-               "  export DIR --hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
-               "                                              a Hugging Face model directory "
-               "(config.json,\n"
-               "                                              generation_config.json, weights, "
-               "tokenizer files)\n"
-               "  logits DIR --tokens 1,2,3                   fp32 logits of one sequence (JSON)\n"
-               "DIR: a checkpoint (<save_dir>/<tag>) or a save_dir with a 'latest' file.\n"
-               "The output's folder is created if needed. See docs/checkpoints.md.\n");
+  std::fprintf(
+      to,
+      "usage: zrt-ckpt COMMAND DIR [OPTIONS]\n"
+      "commands:\n"
+      "  inspect DIR                                 step, world, stage, dtypes, the "
+      "parameter table\n"
+      "  verify DIR                                  every checksum of the index and "
+      "the rank files\n"
+      "  consolidate DIR --out model.h5              one fp32 dataset per parameter\n"
+      "  export DIR --safetensors model.safetensors  Hugging Face GPT-2 safetensors + "
+      "config.json\n"
+      "  export DIR --hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
+      "                                              a Hugging Face model directory "
+      "(config.json,\n"
+      "                                              generation_config.json, weights, "
+      "tokenizer files)\n"
+      "  logits DIR --tokens 1,2,3                   fp32 logits of one sequence (JSON)\n"
+      "DIR: a checkpoint (<save_dir>/<tag>), a save_dir with a 'latest' file or that file.\n"
+      "The output's folder is created if needed. See docs/checkpoints.md.\n");
 }
 
 // The folder an output file goes into, created (with its parents) if missing.
@@ -69,10 +70,17 @@ void create_parent_folder(const std::string& file) {
   }
 }
 
-// A save_dir resolves to the checkpoint its `latest` names.
+// A save_dir resolves to the checkpoint its `latest` names, and so does the `latest` file itself
+// (DeepSpeed's save_dir has one too, and a path ending in it is the natural thing to type).
 std::string resolve(const std::string& dir) {
   if (fs::exists(fs::path(dir) / "index.h5")) return dir;
-  if (const auto tag = read_latest(dir)) return (fs::path(dir) / *tag).string();
+  std::error_code ec;
+  const fs::path path(dir);
+  const bool latest_file = path.filename() == "latest" && fs::is_regular_file(path, ec);
+  const std::string save_dir = latest_file ? path.parent_path().string() : dir;
+  if (const auto tag = read_latest(save_dir.empty() ? "." : save_dir)) {
+    return (fs::path(save_dir) / *tag).string();
+  }
   ZRT_THROW(zrt::InvalidArgument,
             "{}: neither a checkpoint (no index.h5) nor a save_dir (no latest)", dir);
 }
