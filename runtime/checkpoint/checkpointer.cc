@@ -96,10 +96,28 @@ std::optional<std::string> read_latest(const std::string& save_dir) {
   const fs::path latest = fs::path(save_dir) / "latest";
   if (!fs::exists(latest)) return std::nullopt;
   std::ifstream in(latest);
-  std::string tag;
-  std::getline(in, tag);
-  if (tag.empty() || tag.find('/') != std::string::npos) {
-    ZRT_THROW(InvalidArgument, "{}: does not name a checkpoint tag ('{}')", latest.string(), tag);
+  std::string line;
+  std::getline(in, line);
+  // Whitespace around the tag is not part of it (DeepSpeed strips it too): an editor's CRLF
+  // or a trailing space would otherwise name a directory that does not exist.
+  const auto is_space = [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; };
+  std::size_t begin = 0, end = line.size();
+  while (begin < end && is_space(line[begin])) ++begin;
+  while (end > begin && is_space(line[end - 1])) --end;
+  const std::string tag = line.substr(begin, end - begin);
+  bool printable = true;
+  for (unsigned char c : tag) printable = printable && c >= 0x20 && c != 0x7f;
+  if (tag.empty() || !printable || tag.find('/') != std::string::npos || tag == "." ||
+      tag == "..") {
+    std::string shown;  // control characters escaped, so the message cannot garble a terminal
+    for (unsigned char c : line) {
+      shown += c >= 0x20 && c != 0x7f ? std::string(1, static_cast<char>(c))
+                                      : fmt::format("\\x{:02x}", c);
+    }
+    ZRT_THROW(InvalidArgument,
+              "{}: does not name a checkpoint tag ('{}'): it holds one line, the name of a "
+              "checkpoint directory beside it (e.g. global_step100)",
+              latest.string(), shown);
   }
   return tag;
 }

@@ -16,6 +16,7 @@
 #include <fstream>
 #include <random>
 
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/crc32c.h"
 #include "runtime/checkpoint/h5.h"
@@ -149,6 +150,35 @@ std::string message_of(const std::function<void()>& f) {
 }
 
 }  // namespace
+
+TEST_CASE("latest: the tag without surrounding whitespace; anything else named with its bytes") {
+  const fs::path dir = scratch_dir("latest");
+  fs::create_directories(dir);
+  const auto latest_of = [&](const std::string& text) {
+    std::ofstream(dir / "latest", std::ios::binary) << text;
+    return checkpoint::read_latest(dir.string());
+  };
+  CHECK_FALSE(checkpoint::read_latest(dir.string()).has_value());  // no file: no checkpoint
+  CHECK(latest_of("global_step4") == std::optional<std::string>("global_step4"));
+  CHECK(latest_of("global_step4\n") == std::optional<std::string>("global_step4"));
+  // An editor's CRLF and stray spaces (DeepSpeed strips them too).
+  CHECK(latest_of("global_step4\r\n") == std::optional<std::string>("global_step4"));
+  CHECK(latest_of("  global_step4 \t") == std::optional<std::string>("global_step4"));
+  const std::string file = (dir / "latest").string();
+  for (const auto& [text, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"", ""},
+           {" \r\n", " \\x0d"},
+           {"../global_step4", "../global_step4"},
+           {"..", ".."},
+           {"global\x1b[2Jstep4", "global\\x1b[2Jstep4"}}) {
+    INFO(shown);
+    CHECK_THAT(
+        message_of([&] { latest_of(text); }),
+        Catch::EndsWith(file + ": does not name a checkpoint tag ('" + shown +
+                        "'): it holds one line, the name of a checkpoint directory beside it (e.g. "
+                        "global_step100)"));
+  }
+}
 
 TEST_CASE("crc32c: known answers, hardware and portable agree, chaining") {
   const std::string digits = "123456789";
