@@ -277,6 +277,16 @@ void write_safetensors(const std::string& path, const SafetensorsTensors& tensor
   std::string text = header.dump();
   while (text.size() % 8 != 0) text.push_back(' ');  // writers pad the header to 8 bytes
   const std::string tmp = path + ".tmp";
+  // A failed write (a full disk) takes its partial file with it: only a whole file is renamed
+  // into place, and nothing half-written is left to fill the disk or be mistaken for an export.
+  struct RemoveUnlessKept {
+    const std::string& file;
+    bool keep = false;
+    ~RemoveUnlessKept() {
+      std::error_code ignored;
+      if (!keep) std::filesystem::remove(file, ignored);
+    }
+  } partial{tmp};
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) ZRT_THROW(Error, "{}: cannot write: {}", tmp, std::strerror(errno));
@@ -304,6 +314,7 @@ void write_safetensors(const std::string& path, const SafetensorsTensors& tensor
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) ZRT_THROW(Error, "{}: cannot rename {} to it: {}", path, tmp, ec.message());
+  partial.keep = true;
 }
 
 }  // namespace zrt

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -171,15 +172,6 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const Safetens
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) ZRT_THROW(Error, "cannot create the folder {}: {}", dir, ec.message());
-  // One consistent set: no earlier single file, index or shard stays beside the new ones.
-  static const std::regex shard(R"(model-[0-9]+-of-[0-9]+\.safetensors)");
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name == kSingleFile || name == kIndexFile || std::regex_match(name, shard)) {
-      fs::remove(e.path(), ec);
-      if (ec) ZRT_THROW(Error, "{}: cannot remove the earlier {}", dir, name);
-    }
-  }
   // Group the tensors into shards in order.
   std::vector<std::vector<std::size_t>> groups(1);
   std::uint64_t in_group = 0, total = 0;
@@ -194,32 +186,69 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const Safetens
     in_group += bytes;
     total += bytes;
   }
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  if (groups.size() == 1) {
-    write_safetensors((fs::path(dir) / kSingleFile).string(), tensors, metadata, dtype);
-    return {kSingleFile};
-  }
-  std::vector<std::string> written;
-  json weight_map = json::object();
-  for (std::size_t g = 0; g < groups.size(); ++g) {
-    const std::string name = shard_name(g + 1, groups.size());
-    SafetensorsTensors part;
-    for (std::size_t i : groups[g]) {
-      part.push_back(tensors[i]);
-      weight_map[tensors[i].first] = name;
+  // The new files are written whole into a folder of their own inside `dir` first; only then
+  // do the earlier weights go and the new ones move in (renames within one file system). A
+  // failed write (a full disk) thus leaves the earlier export as it was, and no partial file.
+  const fs::path staging = fs::path(dir) / ".zrt-export.tmp";
+  fs::remove_all(staging, ec);
+  fs::create_directory(staging, ec);
+  if (ec) ZRT_THROW(Error, "cannot create the folder {}: {}", staging.string(), ec.message());
+  struct RemoveStaging {
+    const fs::path& path;
+    ~RemoveStaging() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
     }
-    write_safetensors((fs::path(dir) / name).string(), part, metadata, dtype);
-    written.push_back(name);
+  } remove_staging{staging};
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  std::vector<std::string> written;
+  if (groups.size() == 1) {
+    write_safetensors((staging / kSingleFile).string(), tensors, metadata, dtype);
+    written.push_back(kSingleFile);
+  } else {
+    json weight_map = json::object();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::string name = shard_name(g + 1, groups.size());
+      SafetensorsTensors part;
+      for (std::size_t i : groups[g]) {
+        part.push_back(tensors[i]);
+        weight_map[tensors[i].first] = name;
+      }
+      write_safetensors((staging / name).string(), part, metadata, dtype);
+      written.push_back(name);
+    }
+    json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = weight_map;
+    const std::string index_path = (staging / kIndexFile).string();
+    std::ofstream out(index_path, std::ios::trunc);
+    out << index.dump(2) << "\n";
+    out.flush();
+    if (!out) ZRT_THROW(Error, "{}: write failed: {}", index_path, std::strerror(errno));
+    written.push_back(kIndexFile);
   }
-  json index;
-  index["metadata"] = {{"total_size", total}};
-  index["weight_map"] = weight_map;
-  const std::string index_path = (fs::path(dir) / kIndexFile).string();
-  std::ofstream out(index_path, std::ios::trunc);
-  out << index.dump(2) << "\n";
-  out.flush();
-  if (!out) ZRT_THROW(Error, "{}: write failed", index_path);
-  written.push_back(kIndexFile);
+  // One consistent set: no earlier single file, index or shard stays beside the new ones.
+  static const std::regex shard(R"(model-[0-9]+-of-[0-9]+\.safetensors)");
+  std::vector<fs::path> earlier;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == kSingleFile || name == kIndexFile || std::regex_match(name, shard)) {
+      earlier.push_back(e.path());
+    }
+  }
+  if (ec) ZRT_THROW(Error, "{}: cannot list the folder: {}", dir, ec.message());
+  for (const fs::path& path : earlier) {
+    fs::remove(path, ec);
+    if (ec)
+      ZRT_THROW(Error, "{}: cannot remove the earlier {}: {}", dir, path.string(), ec.message());
+  }
+  for (const std::string& name : written) {
+    fs::rename(staging / name, fs::path(dir) / name, ec);
+    if (ec) {
+      ZRT_THROW(Error, "{}: cannot move {} into place: {}", dir, (staging / name).string(),
+                ec.message());
+    }
+  }
   return written;
 }
 

@@ -66,8 +66,17 @@ void write_consolidated(const std::string& dir, const std::string& out) {
   const CheckpointIndex index = open_index(dir);
   const auto values = read_full_params(dir, index);
   const std::string tmp = out + ".tmp";
-  {
+  try {
     H5File file = H5File::create(tmp);
+    // The data and a generous bound on HDF5's metadata (each dataset's checksum array and
+    // object header), allocated before anything is written, as a rank file's are: a full disk
+    // is reported here, not by a failed close, after which HDF5 crashes at exit.
+    std::int64_t bytes = 64 << 10;
+    for (const auto& v : values) {
+      const std::int64_t data = static_cast<std::int64_t>(v.size()) * 4;
+      bytes += data + 4 * ((data + kTensorBlockBytes - 1) / kTensorBlockBytes) + (4 << 10);
+    }
+    file.reserve(bytes);
     write_attr(file.id(), "format", std::string("zrt-consolidated"));
     write_attr(file.id(), "step", index.step);
     H5Id group(H5Gcreate2(file.id(), "/params", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
@@ -77,9 +86,15 @@ void write_consolidated(const std::string& dir, const std::string& out) {
     }
     group.reset();
     file.close();
+    fsync_path(tmp);
+    fs::rename(tmp, out);
+  } catch (...) {
+    // A failed write (a full disk) takes its partial file with it (it would only fill the disk
+    // and look like an output); the error goes on.
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    throw;
   }
-  fsync_path(tmp);
-  fs::rename(tmp, out);
 }
 
 }  // namespace zrt::checkpoint

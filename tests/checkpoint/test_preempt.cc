@@ -23,10 +23,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
@@ -391,9 +393,15 @@ TEST_CASE("a full disk: the error names the file and ENOSPC, latest stays loadab
     CHECK_THAT(log, Catch::Contains("No space left on device") &&
                         Catch::Contains(save_dir + "/global_step2.tmp/"));
     if (keep_going) {
-      CHECK(status == 0);
+      // Every step trained, but the last step's save failed too: no checkpoint holds the
+      // result, so the run ends in an error naming what is lost (it ended with 0 before).
+      CHECK(status == 1);
       CHECK_THAT(log,
                  Catch::Contains("training goes on") && Catch::Contains("latest is global_step1"));
+      CHECK_THAT(log, Catch::Contains("that was the run's last step"));
+      CHECK_THAT(log, Catch::Contains("training reached step " + std::to_string(kSteps) +
+                                      ", but no checkpoint holds it: " +
+                                      std::to_string(kSteps - 1) + " save(s) failed"));
       CHECK(metrics_losses(out_of(job) / "metrics.jsonl").size() == kSteps);
     } else {
       CHECK(status == 1);  // an error, not a crash (139: SIGSEGV)
@@ -402,6 +410,62 @@ TEST_CASE("a full disk: the error names the file and ENOSPC, latest stays loadab
     require_identical_state(latest_dir(save_dir), reference_checkpoint(1));
     CHECK_FALSE(fs::exists(save_dir + "/global_step2"));
   }
+}
+
+TEST_CASE("zrt-ckpt on a full disk: the earlier export stays whole, no partial file is left",
+          "[.storage]") {
+  const std::string checkpoint = reference_checkpoint(1);
+  const std::string tool = ZRT_CKPT;
+  const auto ckpt = [&](const std::string& args, std::string* out) {
+    const Started s =
+        start_shell(tool + " " + args + " > " + (root() / "ckpt.txt").string() + " 2>&1");
+    const int status = finish(s, 120);
+    *out = read_text(root() / "ckpt.txt");
+    return status;
+  };
+  // The sizes of the two exports, measured on the ordinary disk.
+  std::string out;
+  std::map<std::string, std::int64_t> size;
+  for (const std::string dtype : {"bf16", "fp32"}) {
+    const fs::path dir = root() / ("export-" + dtype);
+    fs::remove_all(dir);
+    REQUIRE(ckpt("export " + checkpoint + " --hf " + dir.string() + " --dtype " + dtype, &out) ==
+            0);
+    size[dtype] = static_cast<std::int64_t>(fs::file_size(dir / "model.safetensors"));
+  }
+  // Room for the bf16 export and half of the fp32 one: the fp32 export over the bf16 one cannot
+  // be written whole beside it.
+  SmallTmpfs tmpfs(root() / "full-export",
+                   std::to_string((size["bf16"] + size["fp32"] / 2) / 1024 + 64) + "k");
+  const fs::path hf = tmpfs.dir / "hf";
+  REQUIRE(ckpt("export " + checkpoint + " --hf " + hf.string() + " --dtype bf16", &out) == 0);
+  const std::string before = read_text(hf / "model.safetensors");
+  const std::string config_before = read_text(hf / "config.json");
+  const int status = ckpt("export " + checkpoint + " --hf " + hf.string() + " --dtype fp32", &out);
+  INFO(out);
+  CHECK(status == 1);
+  CHECK_THAT(out, Catch::Contains("No space left on device"));
+  // The earlier export as it was: its weights and its config (the new config is written after
+  // the weights), and nothing half-written beside it.
+  CHECK(read_text(hf / "model.safetensors") == before);
+  CHECK(read_text(hf / "config.json") == config_before);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(hf)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  CHECK(names ==
+        std::vector<std::string>{"config.json", "generation_config.json", "model.safetensors"});
+  // consolidate's output file, and export --safetensors's, do not fit either: their partial
+  // files go too.
+  const std::string h5 = (tmpfs.dir / "model.h5").string();
+  CHECK(ckpt("consolidate " + checkpoint + " --out " + h5, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("No space left on device"));
+  const std::string single = (tmpfs.dir / "model.safetensors").string();
+  CHECK(ckpt("export " + checkpoint + " --safetensors " + single, &out) == 1);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(tmpfs.dir)) {
+    left.push_back(e.path().filename().string());
+  }
+  CHECK(left == std::vector<std::string>{"hf"});
 }
 
 TEST_CASE("a save_dir the run may not write: EACCES named, latest stays loadable", "[.storage]") {
