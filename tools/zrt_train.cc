@@ -270,6 +270,9 @@ int train(const Arguments& args, int* argc, char*** argv) {
       case zrt::train::RunStatus::kPreemptedUnsaved:
         spdlog::default_logger()->flush();
         return kExitPreemptedUnsaved;
+      case zrt::train::RunStatus::kCompletedUnsaved:  // the run logged why
+        spdlog::default_logger()->flush();
+        return 1;
     }
   } catch (const std::exception& e) {
     // One log line per problem (a config may have several), each with the rank prefix.

@@ -326,10 +326,19 @@ bool CheckpointPolicy::tolerate_save_error(const Error& e) {
   ++saves_failed_;
   if (rank_ == 0) {
     const auto latest = checkpoint::read_latest(config_.checkpoint.save_dir);
-    spdlog::error("{}; training goes on (checkpoint.on_save_error \"continue\"), latest is {}",
-                  e.what(), latest ? *latest : std::string("(none)"));
+    // The last step's save has no training after it to go on with: the run ends in an error.
+    spdlog::error(
+        "{}; {} (checkpoint.on_save_error \"continue\"), latest is {}", e.what(),
+        saving_step_ == config_.train.steps ? "that was the run's last step" : "training goes on",
+        latest ? *latest : std::string("(none)"));
   }
   return true;
+}
+
+bool CheckpointPolicy::ended_unsaved(std::int64_t step) const {
+  if (!config_.checkpoint.saves() || saves_failed_ == 0) return false;
+  const auto latest = checkpoint::read_latest(config_.checkpoint.save_dir);
+  return !latest || *latest != checkpoint::Checkpointer::tag_for_step(step);
 }
 
 bool CheckpointPolicy::wait() {
@@ -345,6 +354,7 @@ bool CheckpointPolicy::wait() {
 bool CheckpointPolicy::save(std::int64_t step, bool wait_for_it) {
   wait();  // an earlier async save's error is reported (or thrown) on its own
   bool ok = true;
+  saving_step_ = step;
   try {
     // A save waited for (a preemption's) is written synchronously: no snapshot copy first.
     save_checkpoint(step, /*synchronous=*/wait_for_it);

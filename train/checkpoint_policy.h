@@ -60,6 +60,10 @@ class CheckpointPolicy {
 
   // Saves that failed under checkpoint.on_save_error "continue".
   std::int64_t saves_failed() const { return saves_failed_; }
+  // Whether the run saves, a save failed under "continue", and `latest` does not name step
+  // `step`'s checkpoint: the state the run ended with is in no checkpoint. Every rank reads
+  // `latest` (save_dir is shared, as the start-up probe checked), so all answer alike.
+  bool ended_unsaved(std::int64_t step) const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -79,6 +83,7 @@ class CheckpointPolicy {
   checkpoint::Checkpointer checkpointer_;
   Clock::time_point last_save_ = Clock::now();
   std::int64_t saves_failed_ = 0;
+  std::int64_t saving_step_ = 0;  // the step of the save issued last (its error may come later)
 };
 
 }  // namespace zrt::train

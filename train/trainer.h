@@ -36,6 +36,10 @@ enum class RunStatus {
   // Stopped early on request, but the checkpoint of the step reached could not be saved
   // (checkpoint.on_save_error "continue"): `latest` names an earlier checkpoint, if any.
   kPreemptedUnsaved,
+  // train.steps reached, but the last step's checkpoint could not be saved
+  // (checkpoint.on_save_error "continue"): the trained state is in no checkpoint; zrt-train
+  // exits 1.
+  kCompletedUnsaved,
 };
 
 // What a run produced (rank-identical values), for tests and the caller.

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kernels/ops.h"
+#include "runtime/checkpoint/checkpointer.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
 #include "runtime/engine/engine_kernels.h"
@@ -281,6 +282,19 @@ RunSummary TrainingRun::run() {
   // An async save finishes (or reports its error) before the run ends.
   checkpoints_->wait();
   summary_.saves_failed = checkpoints_->saves_failed();
+  if (summary_.status == RunStatus::kCompleted && checkpoints_->ended_unsaved(summary_.steps)) {
+    // "continue" kept training through failed saves, but the run's result would now be lost
+    // silently: say so, and end in an error so scripts notice.
+    summary_.status = RunStatus::kCompletedUnsaved;
+    if (rank_ == 0) {
+      const auto latest = checkpoint::read_latest(config_.checkpoint.save_dir);
+      spdlog::error(
+          "training reached step {}, but no checkpoint holds it: {} save(s) failed under "
+          "checkpoint.on_save_error \"continue\", and latest is {}; fix the storage and run "
+          "again to resume from there",
+          summary_.steps, summary_.saves_failed, latest ? *latest : std::string("(none)"));
+    }
+  }
   sample();
   compute_->synchronize();
   return summary_;

@@ -153,6 +153,14 @@ void TrainingRun::build_model() {
   // caller's model.
   model_source_ = make_factory_();
   check_factory(model_source_);
+  if (config_.train.sample_tokens > 0 && model_source_.vocab_size != 256 && rank_ == 0) {
+    // The sample is a byte-level demo (its prompt and output are bytes): say so now rather
+    // than end the run without the sample that was asked for.
+    spdlog::warn(
+        "train.sample_tokens {}: the sample is byte-level text and needs a vocabulary of 256 "
+        "(this model's is {}); no sample will be generated",
+        config_.train.sample_tokens, model_source_.vocab_size);
+  }
   ModelOptions model_options;
   model_options.activation_checkpointing = config_.model.activation_checkpointing;
   model_options.sequence_group = layout_->sequence_group();
