@@ -1109,9 +1109,6 @@ class Parser {
       fail("train.eval_interval",
            fmt::format("evaluation every {} steps needs data.val", t.eval_interval));
     }
-    if (t.sample_tokens > 0 && t.eval_interval == 0) {
-      warn("train.sample_tokens", "samples are generated after evaluations; eval_interval is 0");
-    }
   }
 
   // The block at `path` without its rejected keys: those are reported already, and the

@@ -881,7 +881,8 @@ std::vector<KeyInfo> build_table() {
           .range(1)
           .zrt(),
       K("train.sample_tokens", I, kInt, "0",
-        "Generate this many tokens after each evaluation; 0: none")
+        "After the last step, generate this many bytes from the prompt \"And God said\" "
+        "(byte-level models: a vocabulary of 256); 0: none")
           .range(0)
           .zrt(),
       K("device", I, kObject, "auto", "Where each rank computes").zrt(),

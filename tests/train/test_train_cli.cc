@@ -283,6 +283,24 @@ TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_le
   CHECK(config_level.status == 0);
   CHECK_THAT(config_level.output, !Catch::Contains("[info]"));
 
+  // train.sample_tokens: bytes after the last step for a byte-level model; another vocabulary
+  // gets a warning at the start and no sample (it ended without one, silently).
+  const Outcome sampled = train("ZRT_LOG_LEVEL=info",
+                                config_with_level("sampled", "info") + " --train.sample_tokens 4");
+  INFO(sampled.output);
+  CHECK(sampled.status == 0);
+  CHECK_THAT(sampled.output, Catch::Contains("[info] sample: And God said"));
+  const Outcome unsampled =
+      train("ZRT_LOG_LEVEL=info", config_with_level("unsampled", "info") +
+                                      " --train.sample_tokens 4 --model.vocab_size 300");
+  INFO(unsampled.output);
+  CHECK(unsampled.status == 0);
+  CHECK_THAT(unsampled.output,
+             Catch::Contains("train.sample_tokens 4: the sample is byte-level text and needs a "
+                             "vocabulary of 256 (this model's is 300); no sample will be "
+                             "generated"));
+  CHECK_THAT(unsampled.output, !Catch::Contains("sample: "));
+
   // A config problem in a run is logged one problem per line, then the job ends.
   const Outcome bad = run_command(std::string(ZRT_MPIEXEC) + " -n 1 --oversubscribe " +
                                   ZRT_TRAIN_EXE + " --config " + config_with_level("bad", "info") +
