@@ -630,7 +630,8 @@ std::vector<KeyInfo> build_table() {
           .zrt(),
       K("checkpoint.on_save_error", I, kEnum, "stop",
         "A failed save (full disk, I/O error, no permission): \"stop\" ends the run with the "
-        "error; \"continue\" logs it and trains on (the previous checkpoint stays latest)")
+        "error; \"continue\" logs it and trains on (the previous checkpoint stays latest; "
+        "status 1 at the end if the last step's save failed)")
           .choices("stop|continue")
           .zrt(),
       K("checkpoint.keep_last", I, kInt, "0", "Keep the newest N checkpoints; 0: keep all")
