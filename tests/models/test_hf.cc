@@ -715,6 +715,58 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
   }
 }
 
+TEST_CASE("export: token ids the source's config.json leaves out come from its tokenizer",
+          "[hf][export]") {
+  TinyGpt t;
+  json config = t.config();
+  config.erase("bos_token_id");
+  config.erase("eos_token_id");
+  const auto export_of = [&](const std::string& name, const fs::path& src) {
+    ExportInput input;
+    input.checkpoint = "ckpt";
+    input.config_json = json{{"model", {{"type", "gpt2"}, {"init_from", src.string()}}}}.dump();
+    const auto& params = t.model.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      input.tensors.push_back({params[i].name, params[i].shape, t.values[i]});
+    }
+    const fs::path out = fresh_dir(name);
+    builtin_models().export_hf(input, out.string(), HfExportOptions{});
+    return std::make_pair(json::parse(text_of((out / "config.json").string())),
+                          json::parse(text_of((out / "generation_config.json").string())));
+  };
+  // A ChatML tokenizer as the fine-tuning example makes it: no BOS, the end of a turn as EOS
+  // (an added token), a pad token found in tokenizer.json's added tokens.
+  const fs::path chat = t.write_dir("tokens_src", config);
+  write_text(chat / "tokenizer_config.json",
+             json{{"bos_token", nullptr},
+                  {"eos_token", "<|im_end|>"},
+                  {"pad_token", {{"content", "<|endoftext|>"}}},
+                  {"added_tokens_decoder",
+                   {{"60", {{"content", "<|im_start|>"}, {"special", true}}},
+                    {"61", {{"content", "<|im_end|>"}, {"special", true}}}}}}
+                 .dump());
+  write_text(chat / "tokenizer.json",
+             json{{"added_tokens", {{{"id", 62}, {"content", "<|endoftext|>"}}}},
+                  {"model", {{"vocab", {{"a", 0}}}}}}
+                 .dump());
+  const auto [with_tokenizer, generation] = export_of("tokens_out", chat);
+  CHECK(with_tokenizer["bos_token_id"].is_null());
+  CHECK(with_tokenizer["eos_token_id"] == 61);
+  CHECK(with_tokenizer["pad_token_id"] == 62);
+  CHECK(generation["eos_token_id"] == 61);
+  // No tokenizer: GPT-2's defaults (50256) would name no token of a 64-token vocabulary, so the
+  // export says null rather than leave them to transformers.
+  const auto [bare, bare_generation] =
+      export_of("tokens_bare_out", t.write_dir("bare_src", config));
+  CHECK(bare["bos_token_id"].is_null());
+  CHECK(bare["eos_token_id"].is_null());
+  CHECK_FALSE(bare.contains("pad_token_id"));
+  // The source's own ids win over the tokenizer's.
+  const fs::path own = t.write_dir("own_src", t.config());
+  fs::copy_file(chat / "tokenizer_config.json", own / "tokenizer_config.json");
+  CHECK(export_of("own_out", own).first["eos_token_id"] == 63);
+}
+
 namespace {
 
 // transformers' LlamaForCausalLM / Qwen2ForCausalLM parameter names and [out, in] shapes (the
