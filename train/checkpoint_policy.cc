@@ -69,7 +69,8 @@ checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
       // First the directory's lock (a job that saves): another job in it is refused before
       // anything of its is read.
       if (lock != nullptr && config.checkpoint.saves()) {
-        *lock = checkpoint::SaveDirLock(config.checkpoint.save_dir);
+        *lock = checkpoint::SaveDirLock(config.checkpoint.save_dir,
+                                        config.checkpoint.stop_on_save_error);
       }
       load_plan = checkpoint::plan_load(config.checkpoint);
       spdlog::info("{}", load_plan.note);

@@ -14,10 +14,13 @@ namespace zrt::checkpoint {
 class SaveDirLock {
  public:
   SaveDirLock() = default;
-  // Creates save_dir if needed and takes its lock, or throws InvalidArgument naming it when
-  // another job holds it. A directory that cannot be made or opened is logged and left
-  // unlocked (the saves report it, as checkpoint.on_save_error says).
-  explicit SaveDirLock(const std::string& save_dir);
+  // Creates save_dir if needed, checks that a file can be made in it, and takes its lock, or
+  // throws InvalidArgument naming it when another job holds it. A directory that cannot be
+  // made or written is an InvalidArgument naming it and the system's reason when
+  // `must_be_writable` (checkpoint.on_save_error "stop": the first save would end the run after
+  // training up to it); otherwise it is logged and left unlocked, and the saves report it as
+  // on_save_error says.
+  explicit SaveDirLock(const std::string& save_dir, bool must_be_writable = false);
   ~SaveDirLock();
   SaveDirLock(SaveDirLock&& other) noexcept;
   SaveDirLock& operator=(SaveDirLock&& other) noexcept;

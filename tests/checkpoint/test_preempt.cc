@@ -481,18 +481,35 @@ TEST_CASE("a save_dir the run may not write: EACCES named, latest stays loadable
                                 fs::perms::group_exec | fs::perms::others_read |
                                 fs::perms::others_exec);
   // Root ignores permission bits: then the job runs without the capabilities that let it.
-  job.steps = 4;
-  job.keep_output = true;
-  std::string cmd = command(job);
-  if (geteuid() == 0)
-    cmd = "exec capsh --drop=cap_dac_override,cap_dac_read_search -- -c '" + cmd + "'";
-  const int status = finish(start_shell(cmd));
-  log = read_text(out_of(job) / "log.txt");
+  const auto run_without_write = [&](const std::string& on_save_error) {
+    job.steps = 4;
+    job.keep_output = true;
+    job.checkpoint = {{"save_interval", 2}, {"on_save_error", on_save_error}};
+    std::string cmd = command(job);
+    if (geteuid() == 0)
+      cmd = "exec capsh --drop=cap_dac_override,cap_dac_read_search -- -c '" + cmd + "'";
+    const int status = finish(start_shell(cmd));
+    log = read_text(out_of(job) / "log.txt");
+    return status;
+  };
+  // "stop": refused at the start, before any step is trained (the first save would end it).
+  int status = run_without_write("stop");
+  {
+    INFO(log);
+    CHECK(status == 1);
+    CHECK_THAT(log, Catch::Contains("checkpoint.save_dir " + save_dir + " cannot be written (") &&
+                        Catch::Contains("Permission denied"));
+    CHECK_THAT(log, !Catch::Contains("step      1/4"));
+  }
+  // "continue": trained through, each save failing with EACCES named; the last one too, so the
+  // run ends in an error.
+  status = run_without_write("continue");
   fs::permissions(save_dir, fs::perms::owner_all, fs::perm_options::add);
   INFO(log);
   CHECK(status == 1);
   CHECK_THAT(
       log, Catch::Contains("Permission denied") && Catch::Contains(save_dir + "/global_step4.tmp"));
+  CHECK_THAT(log, Catch::Contains("training reached step 4, but no checkpoint holds it"));
   REQUIRE(latest_step(save_dir) == 2);
   require_identical_state(latest_dir(save_dir), reference_checkpoint(2));
 }
