@@ -643,8 +643,8 @@ class Parser {
       b.gradient_accumulation_steps = 1;
     } else {
       fail_plain(
-          "no batch size: give train_batch_size or train_micro_batch_size_per_gpu (\"auto\" "
-          "needs two of the three batch keys to be numbers)");
+          "no batch size: give train_batch_size or train_micro_batch_size_per_gpu as a number "
+          "(\"auto\" counts as not given)");
       b.train_batch_size = b.world_size;
       return;
     }

@@ -477,9 +477,9 @@ std::vector<KeyInfo> build_table() {
         "and every layer's expert count); 1: every expert local")
           .range(1),
       K("expert_parallel.preset_model", I, kEnum, "auto",
-        "The model family; must be the model's own (mixtral, or qwen3_moe for Qwen2/3-MoE); "
-        "zrt has no deepseek_v2/v3, llama4 or qwen3_5_moe model")
-          .choices("mixtral|qwen3_moe|qwen3_5_moe|deepseek_v2|deepseek_v3|llama4"),
+        "The model family; auto: the model's own; else it must be the model's own (mixtral, "
+        "or qwen3_moe for Qwen2/3-MoE); zrt has no deepseek_v2/v3, llama4 or qwen3_5_moe model")
+          .choices("auto|mixtral|qwen3_moe|qwen3_5_moe|deepseek_v2|deepseek_v3|llama4"),
       K("expert_parallel.score_func", I, kEnum, "auto",
         "Router scoring: the model's softmax (auto, softmax); sigmoid is refused")
           .choices("auto|softmax|sigmoid"),

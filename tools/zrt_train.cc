@@ -86,7 +86,7 @@ signals (docs/launching.md):
   SIGTERM, SIGINT, SIGUSR1 to any rank (mpirun forwards SIGUSR1; srun signals every task):
                       every rank stops at the next step boundary, saves a checkpoint of that
                       step and exits 75. A second signal, or checkpoint.preempt_grace_s
-                      running out, exits 76 at once; the previous checkpoint stays latest
+                      running out, exits 76 at once; `latest` is unchanged
 
 exit status: 0 done (--check: valid and fits); 1 an error: an invalid config, a failed run
 (--check: invalid or does not fit); 2 bad arguments; 3 the watchdog ended a hung job; 75
@@ -127,13 +127,14 @@ void on_stop_signal(int signal) {
     return;  // the training loop sees the flag at its next step boundary
   }
   say("zrt-train: a second preemption signal: exiting now (status 76) without a new "
-      "checkpoint; the previous one stays latest\n");
+      "checkpoint; `latest` is unchanged (it names the previous checkpoint, if there is one)\n");
   ::_exit(kExitPreemptedUnsaved);
 }
 
 void on_grace_timeout(int) {
   say("zrt-train: checkpoint.preempt_grace_s ran out before the save-and-exit finished: exiting "
-      "now (status 76); the previous checkpoint stays latest\n");
+      "now (status 76); `latest` is unchanged (it names the previous checkpoint, if there is "
+      "one)\n");
   ::_exit(kExitPreemptedUnsaved);
 }
 

@@ -184,8 +184,9 @@ void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) const {
   std::sort(later.begin(), later.end());
   spdlog::warn(
       "{}: {} checkpoint(s) past the resumed step {} ({}) are another run's timeline: "
-      "they are kept, not counted by keep_last, and the next save's `latest` names "
-      "this run's (remove them, or resume from the newest, if that is what was meant)",
+      "they are kept until this run saves a step of the same number (which replaces it), are "
+      "not counted by keep_last, and the next save's `latest` names this run's (remove them, "
+      "or resume from the newest, if that is what was meant)",
       config_.checkpoint.save_dir, later.size(), step, fmt::join(later, ", "));
 }
 

@@ -128,9 +128,9 @@ LoadPlan plan_load(const CheckpointConfig& config) {
     const std::string fix =
         config.loads_latest()
             ? fmt::format(
-                  "there is no 'latest' file naming one of them; to continue that run, "
+                  "There is no 'latest' file naming one of them; to continue that run, "
                   "set checkpoint.load to one of their tags")
-            : "to continue that run, set checkpoint.load to \"auto\"";
+            : "To continue that run, set checkpoint.load to \"auto\"";
     throw InvalidArgument(fmt::format(
         "checkpoint.save_dir {} already holds checkpoints ({}) and this run starts fresh "
         "(checkpoint.load is \"{}\"), so its saves would overwrite them. {}; to keep both, "

@@ -715,16 +715,31 @@ TEST_CASE("a failed async save is logged at once and fails the run", "[async-fai
   j.steps = 3;
   j.save_interval = 1;
   j.async = true;
-  const fs::path blocker = root() / "async_fail_blocker";
-  std::ofstream(blocker) << "a file, not a directory";
-  j.save_dir = (blocker / "ckpt").string();
+  // The writer thread fails on rank 1 (a save_dir that cannot be written is refused at the
+  // start now, so the failure is injected where the files are written).
+  j.env = "ZRT_FAULT_INJECT=throw:point=checkpoint.write:rank=1:step=1";
   std::string text;
   CHECK(launch("async_fail", j, &text) != 0);
   INFO(text);
-  // The writer thread's own report (tag, path, reason); the run then stops at the next save.
+  // The writer thread's own report (tag, reason); the run then stops at the next save.
   CHECK_THAT(text, Catch::Contains("checkpoint global_step1: async save failed: "));
-  CHECK_THAT(text, Catch::Contains("cannot create " + j.save_dir + "/global_step1.tmp"));
-  CHECK_THAT(text, Catch::Contains("Not a directory"));
+  CHECK_THAT(text, Catch::Contains("fault injected at checkpoint.write (rank 1, step 1)"));
+  CHECK_FALSE(read_latest(j.save_dir).has_value());
+}
+
+TEST_CASE("a save_dir that cannot be written is refused before training", "[async-fail]") {
+  Job j;
+  j.steps = 3;
+  j.save_interval = 1;
+  const fs::path blocker = root() / "unwritable_blocker";
+  std::ofstream(blocker) << "a file, not a directory";
+  j.save_dir = (blocker / "ckpt").string();
+  std::string text;
+  CHECK(launch("unwritable", j, &text) != 0);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("checkpoint.save_dir " + j.save_dir + " cannot be written (") &&
+                       Catch::Contains("Not a directory"));
+  CHECK(losses("unwritable").empty());  // no step trained
 }
 
 TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
