@@ -266,6 +266,16 @@ void TrainingRun::build_data() {
     }
   };
   train_data_ = open_named("data.train", config_.data.train);
+  const std::int64_t per_step = config_.batch.train_batch_size;
+  if (train_data_->num_samples() < per_step && rank_ == 0) {
+    // Legal (the stream wraps into the next epoch within a step), but rarely what was meant: a
+    // small fine-tuning set trains on the same sequences several times in every step.
+    spdlog::warn(
+        "data.train {}: {} sequence(s), fewer than one step's global batch of {} "
+        "(train_batch_size): every step repeats them, about {:.1f} times each",
+        config_.data.train, train_data_->num_samples(), per_step,
+        static_cast<double>(per_step) / static_cast<double>(train_data_->num_samples()));
+  }
   DataStreamOptions stream_options;
   stream_options.shuffle = config_.data.shuffle;
   stream_options.seed = config_.data.seed;

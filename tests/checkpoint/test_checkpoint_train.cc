@@ -766,6 +766,17 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
   // The save_dir's `latest` file names the same checkpoint as the save_dir.
   CHECK(shell(tool + " inspect " + save_dir + "/latest", &status) == inspect);
   CHECK(status == 0);
+  // An option without its value is bad usage, named as such.
+  CHECK_THAT(shell(tool + " consolidate " + dir + " --out", &status),
+             Catch::Contains("zrt-ckpt: --out needs a value"));
+  CHECK(status == 2);
+  // A save that never committed (its .tmp directory) is read with a warning.
+  const fs::path uncommitted = root() / "tool" / "global_step2.tmp";
+  fs::remove_all(uncommitted);
+  fs::copy(dir, uncommitted);
+  CHECK_THAT(shell(tool + " inspect " + uncommitted.string(), &status),
+             Catch::Contains("is a save that never committed (a .tmp directory)"));
+  CHECK(status == 0);
 
   const auto index = open_index(dir);
   const auto full = read_full_params(dir, index);

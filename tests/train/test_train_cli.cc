@@ -301,6 +301,15 @@ TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_le
                              "generated"));
   CHECK_THAT(unsampled.output, !Catch::Contains("sample: "));
 
+  // Training data smaller than one step's batch is legal, and said (each step repeats it).
+  const Outcome small = train("ZRT_LOG_LEVEL=info", config_with_level("small", "info") +
+                                                        " --train_micro_batch_size_per_gpu 1024");
+  INFO(small.output);
+  CHECK(small.status == 0);
+  CHECK_THAT(small.output, Catch::Contains("fewer than one step's global batch of 1024 "
+                                           "(train_batch_size): every step repeats them"));
+  CHECK_THAT(unsampled.output, !Catch::Contains("fewer than one step's global batch"));
+
   // A config problem in a run is logged one problem per line, then the job ends.
   const Outcome bad = run_command(std::string(ZRT_MPIEXEC) + " -n 1 --oversubscribe " +
                                   ZRT_TRAIN_EXE + " --config " + config_with_level("bad", "info") +

@@ -73,7 +73,19 @@ void create_parent_folder(const std::string& file) {
 // A save_dir resolves to the checkpoint its `latest` names, and so does the `latest` file itself
 // (DeepSpeed's save_dir has one too, and a path ending in it is the natural thing to type).
 std::string resolve(const std::string& dir) {
-  if (fs::exists(fs::path(dir) / "index.h5")) return dir;
+  if (fs::exists(fs::path(dir) / "index.h5")) {
+    // A save's files are written under <tag>.tmp and renamed when every rank's are complete:
+    // a .tmp directory is a save that never committed (a crash, a full disk, a lost rank).
+    std::string name = fs::path(dir).lexically_normal().filename().string();
+    if (name.empty()) name = fs::path(dir).lexically_normal().parent_path().filename().string();
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
+      std::fprintf(stderr,
+                   "zrt-ckpt: warning: %s is a save that never committed (a .tmp directory): "
+                   "its files may be incomplete or from different steps\n",
+                   dir.c_str());
+    }
+    return dir;
+  }
   std::error_code ec;
   const fs::path path(dir);
   const bool latest_file = path.filename() == "latest" && fs::is_regular_file(path, ec);
@@ -294,6 +306,11 @@ int main(int argc, char** argv) {
         max_shard_size = argv[++i];
       } else if (arg == "--tokens" && i + 1 < argc) {
         tokens = argv[++i];
+      } else if (arg == "--out" || arg == "--safetensors" || arg == "--hf" || arg == "--dtype" ||
+                 arg == "--max-shard-size" || arg == "--tokens") {
+        std::fprintf(stderr, "zrt-ckpt: %s needs a value\n", arg.c_str());
+        usage(stderr);
+        return 2;
       } else {
         std::fprintf(stderr, "zrt-ckpt: unexpected argument '%s'\n", arg.c_str());
         usage(stderr);
