@@ -49,65 +49,83 @@ void write_json(const fs::path& path, const json& doc) {
   if (!out) ZRT_THROW(Error, "{}: cannot write: {}", path.string(), std::strerror(errno));
 }
 
-// The id of the tokenizer's special token `name` (bos_token, eos_token, pad_token) as
-// tokenizer_config.json names it (a string, or {"content": ...} as older files write it): looked
-// up in its added_tokens_decoder, else tokenizer.json's added tokens and vocabulary. Null when the
-// tokenizer sets it to null, absent (no value) when the files do not say.
-std::optional<json> special_token_id(const fs::path& source, const std::string& name) {
-  std::error_code ec;
-  if (!fs::is_regular_file(source / "tokenizer_config.json", ec)) return std::nullopt;
-  const json config = read_json(source / "tokenizer_config.json");
-  if (!config.contains(name)) return std::nullopt;
-  json token = config[name];
-  if (token.is_object() && token.contains("content")) token = token["content"];
-  if (token.is_null()) return json(nullptr);
-  if (!token.is_string()) return std::nullopt;
-  const std::string text = token.get<std::string>();
-  if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
-    for (const auto& [id, entry] : config["added_tokens_decoder"].items()) {
-      if (entry.is_object() && entry.value("content", json()) == text) {
-        try {
-          return json(std::stoll(id));
-        } catch (const std::exception&) {
-          return std::nullopt;
+// A model directory's tokenizer files, each read once (tokenizer.json can be tens of MB);
+// null where a file is missing.
+struct TokenizerFiles {
+  json config;     // tokenizer_config.json
+  json tokenizer;  // tokenizer.json, read only when a token is not among the config's
+  fs::path source;
+
+  explicit TokenizerFiles(const fs::path& dir) : source(dir) {
+    std::error_code ec;
+    if (!dir.empty() && fs::is_regular_file(dir / "tokenizer_config.json", ec)) {
+      config = read_json(dir / "tokenizer_config.json");
+    }
+  }
+  const json& tokenizer_json() {
+    std::error_code ec;
+    if (tokenizer.is_null() && fs::is_regular_file(source / "tokenizer.json", ec)) {
+      tokenizer = read_json(source / "tokenizer.json");
+    }
+    return tokenizer;
+  }
+
+  // The id of the special token `name` (bos_token, eos_token, pad_token) as
+  // tokenizer_config.json names it (a string, or {"content": ...} as older files write it):
+  // looked up in its added_tokens_decoder, else tokenizer.json's added tokens and vocabulary.
+  // Null when the tokenizer sets it to null, absent (no value) when the files do not say.
+  std::optional<json> special_token_id(const std::string& name) {
+    if (!config.is_object() || !config.contains(name)) return std::nullopt;
+    json token = config[name];
+    if (token.is_object() && token.contains("content")) token = token["content"];
+    if (token.is_null()) return json(nullptr);
+    if (!token.is_string()) return std::nullopt;
+    const std::string text = token.get<std::string>();
+    if (config.contains("added_tokens_decoder") && config["added_tokens_decoder"].is_object()) {
+      for (const auto& [id, entry] : config["added_tokens_decoder"].items()) {
+        if (entry.is_object() && entry.value("content", json()) == text) {
+          try {
+            return json(std::stoll(id));
+          } catch (const std::exception&) {
+            return std::nullopt;
+          }
         }
       }
     }
-  }
-  if (!fs::is_regular_file(source / "tokenizer.json", ec)) return std::nullopt;
-  const json tokenizer = read_json(source / "tokenizer.json");
-  if (tokenizer.contains("added_tokens") && tokenizer["added_tokens"].is_array()) {
-    for (const json& entry : tokenizer["added_tokens"]) {
-      if (entry.is_object() && entry.value("content", json()) == text && entry.contains("id") &&
-          entry["id"].is_number_integer()) {
-        return entry["id"];
+    const json& t = tokenizer_json();
+    if (!t.is_object()) return std::nullopt;
+    if (t.contains("added_tokens") && t["added_tokens"].is_array()) {
+      for (const json& entry : t["added_tokens"]) {
+        if (entry.is_object() && entry.value("content", json()) == text && entry.contains("id") &&
+            entry["id"].is_number_integer()) {
+          return entry["id"];
+        }
       }
     }
+    const json* vocab =
+        t.contains("model") && t["model"].is_object() && t["model"].contains("vocab")
+            ? &t["model"]["vocab"]
+            : nullptr;
+    if (vocab != nullptr && vocab->is_object() && vocab->contains(text) &&
+        (*vocab)[text].is_number_integer()) {
+      return (*vocab)[text];
+    }
+    return std::nullopt;
   }
-  const json* vocab = tokenizer.contains("model") && tokenizer["model"].is_object() &&
-                              tokenizer["model"].contains("vocab")
-                          ? &tokenizer["model"]["vocab"]
-                          : nullptr;
-  if (vocab != nullptr && vocab->is_object() && vocab->contains(text) &&
-      (*vocab)[text].is_number_integer()) {
-    return (*vocab)[text];
-  }
-  return std::nullopt;
-}
+};
 
 // config.json's bos/eos/pad token ids where the run's config.json leaves them out: the
 // tokenizer's own (so generate() stops at its end-of-turn token), and for GPT-2 an explicit
 // null where the tokenizer has none and the vocabulary is smaller than GPT-2's, since
 // transformers' GPT2Config would otherwise give 50256, an id the model does not have.
 void fill_token_ids(json& config, const fs::path& source) {
+  TokenizerFiles files(source);
   for (const std::string token : {"bos", "eos", "pad"}) {
     const std::string key = token + "_token_id";
     if (config.contains(key)) continue;
-    if (!source.empty()) {
-      if (const auto id = special_token_id(source, token + "_token")) {
-        config[key] = *id;
-        continue;
-      }
+    if (const auto id = files.special_token_id(token + "_token")) {
+      config[key] = *id;
+      continue;
     }
     const bool gpt2_default_missing =
         token != "pad" && config.value("model_type", json()) == "gpt2" &&

@@ -514,6 +514,18 @@ struct TinyGpt {
             {"n_positions", 16},    {"bos_token_id", 63},
             {"eos_token_id", 63}};
   }
+  // What zrt-ckpt hands the exporter for a checkpoint of this model trained from `init_from`.
+  ExportInput export_input(const fs::path& init_from) const {
+    ExportInput input;
+    input.checkpoint = "ckpt";
+    input.config_json =
+        json{{"model", {{"type", "gpt2"}, {"init_from", init_from.string()}}}}.dump();
+    const auto& params = model.parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      input.tensors.push_back({params[i].name, params[i].shape, values[i]});
+    }
+    return input;
+  }
   // Hub-style names (no "transformer." prefix), bf16, a mask buffer and a tied head.
   fs::path write_dir(const std::string& name, const json& cfg, bool untied_head = false,
                      std::uint64_t max_shard = 1u << 30) const {
@@ -676,13 +688,8 @@ TEST_CASE("export of a Hugging Face directory", "[hf][export]") {
   write_text(src / "tokenizer_config.json", "{}");
   fs::create_directories(src / "chat_templates");  // transformers v5's named templates
   write_text(src / "chat_templates" / "tool_use.jinja", "{{ messages }}");
-  ExportInput input;
-  input.checkpoint = "ckpt";
-  input.config_json = json{{"model", {{"type", "gpt2"}, {"init_from", src.string()}}}}.dump();
+  const ExportInput input = t.export_input(src);
   const auto& params = t.model.parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    input.tensors.push_back({params[i].name, params[i].shape, t.values[i]});
-  }
   const fs::path out = fresh_dir("export_out");
   HfExportOptions options;
   options.dtype = DType::kBFloat16;
@@ -722,15 +729,8 @@ TEST_CASE("export: token ids the source's config.json leaves out come from its t
   config.erase("bos_token_id");
   config.erase("eos_token_id");
   const auto export_of = [&](const std::string& name, const fs::path& src) {
-    ExportInput input;
-    input.checkpoint = "ckpt";
-    input.config_json = json{{"model", {{"type", "gpt2"}, {"init_from", src.string()}}}}.dump();
-    const auto& params = t.model.parameters();
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      input.tensors.push_back({params[i].name, params[i].shape, t.values[i]});
-    }
     const fs::path out = fresh_dir(name);
-    builtin_models().export_hf(input, out.string(), HfExportOptions{});
+    builtin_models().export_hf(t.export_input(src), out.string(), HfExportOptions{});
     return std::make_pair(json::parse(text_of((out / "config.json").string())),
                           json::parse(text_of((out / "generation_config.json").string())));
   };
