@@ -9,12 +9,12 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <system_error>
 
 #include <nlohmann/json.hpp>
 
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 
 namespace zrt {
 
@@ -288,28 +288,28 @@ void write_safetensors(const std::string& path, const SafetensorsTensors& tensor
     }
   } partial{tmp};
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) ZRT_THROW(Error, "{}: cannot write: {}", tmp, std::strerror(errno));
-    std::uint64_t n = text.size();
-    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((n >> (8 * i)) & 0xff));
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    // Written with fsync and a checked close: an export removes the earlier weights only once
+    // the new ones are on the device (hf_weights.cc).
+    SyncedFileWriter out(tmp);
+    std::uint8_t length[8];
+    const std::uint64_t n = text.size();
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<std::uint8_t>((n >> (8 * i)) & 0xff);
+    out.write(length, sizeof length);
+    out.write(text.data(), text.size());
     std::vector<std::uint16_t> half;
     for (const auto& [name, t] : tensors) {
       const std::vector<float>& v = t.second;
       if (dtype == DType::kFloat32) {
-        out.write(reinterpret_cast<const char*>(v.data()),
-                  static_cast<std::streamsize>(v.size() * 4));
+        out.write(v.data(), v.size() * 4);
         continue;
       }
       half.resize(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) {
         half[i] = dtype == DType::kBFloat16 ? to_bf16(v[i]).bits : to_fp16(v[i]).bits;
       }
-      out.write(reinterpret_cast<const char*>(half.data()),
-                static_cast<std::streamsize>(half.size() * 2));
+      out.write(half.data(), half.size() * 2);
     }
-    out.flush();
-    if (!out) ZRT_THROW(Error, "{}: write failed: {}", tmp, std::strerror(errno));
+    out.commit();
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -73,9 +73,9 @@ class SafetensorsFile {
 using SafetensorsTensors =
     std::vector<std::pair<std::string, std::pair<std::vector<std::int64_t>, std::vector<float>>>>;
 
-// Writes the tensors (atomically: a temp file then rename) in their order, stored as `dtype`
-// (fp32, bf16 or fp16: "F32", "BF16", "F16"; fp32 values rounded to nearest even), with
-// `metadata` in __metadata__. Throws Error naming the file when a write fails.
+// Writes the tensors (atomically: a temp file, fsynced and closed, then renamed) in their order,
+// stored as `dtype` (fp32, bf16 or fp16: "F32", "BF16", "F16"; fp32 values rounded to nearest
+// even), with `metadata` in __metadata__. Throws Error naming the file when a write fails.
 void write_safetensors(const std::string& path, const SafetensorsTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {{"format", "pt"}},
                        DType dtype = DType::kFloat32);

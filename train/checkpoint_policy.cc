@@ -1,6 +1,9 @@
 #include "train/checkpoint_policy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -39,19 +42,69 @@ void wait_for(MPI_Request& request, double timeout_s, const char* what) {
   });
 }
 
-// Rank 0's text on every rank of MPI_COMM_WORLD.
-std::string broadcast_from_rank0(std::string text, double timeout_s) {
+// `root`'s text on every rank of MPI_COMM_WORLD.
+std::string broadcast_text(std::string text, int root, double timeout_s, const char* what) {
   std::int64_t length = static_cast<std::int64_t>(text.size());
   MPI_Request request;
-  ZRT_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, 0, MPI_COMM_WORLD, &request));
-  wait_for(request, timeout_s, "rank 0's decision did not arrive");
+  ZRT_MPI_CHECK(MPI_Ibcast(&length, 1, MPI_INT64_T, root, MPI_COMM_WORLD, &request));
+  wait_for(request, timeout_s, what);
   text.resize(static_cast<std::size_t>(length));
   if (length > 0) {
-    ZRT_MPI_CHECK(
-        MPI_Ibcast(text.data(), static_cast<int>(length), MPI_CHAR, 0, MPI_COMM_WORLD, &request));
-    wait_for(request, timeout_s, "rank 0's decision did not arrive");
+    ZRT_MPI_CHECK(MPI_Ibcast(text.data(), static_cast<int>(length), MPI_CHAR, root, MPI_COMM_WORLD,
+                             &request));
+    wait_for(request, timeout_s, what);
   }
   return text;
+}
+
+std::string broadcast_from_rank0(std::string text, double timeout_s) {
+  return broadcast_text(std::move(text), 0, timeout_s, "rank 0's decision did not arrive");
+}
+
+// The lowest rank for which `failed` holds (all ranks learn it), or -1 if none.
+int first_rank_where(bool failed, int rank, double timeout_s, const char* what) {
+  int mine = failed ? rank : std::numeric_limits<int>::max();
+  int first = mine;
+  MPI_Request request;
+  ZRT_MPI_CHECK(MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &request));
+  wait_for(request, timeout_s, what);
+  return first == std::numeric_limits<int>::max() ? -1 : first;
+}
+
+// Every rank probes save_dir for a file of its own: a save makes every rank write there, so
+// one rank that cannot (a node whose mount is read-only, another user's directory on one host)
+// fails every save. Returns whether this rank can write; throws InvalidArgument on every rank
+// under checkpoint.on_save_error "stop" (the first save would end the run after training up to
+// it), naming the first rank that cannot and its reason; under "continue" rank 0 warns.
+bool check_save_dir_writable(const Config& config, int rank) {
+  const std::string& dir = config.checkpoint.save_dir;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "host");
+  const std::string who = fmt::format("{}-{}-rank{}", host, ::getpid(), rank);
+  const bool denied = rank == checkpoint::TestHooks::from_env().unwritable_rank;
+  const std::string reason = checkpoint::why_not_writable(dir, who, denied);
+  const double timeout_s = config.comm.timeout_s;
+  const int first = first_rank_where(!reason.empty(), rank, timeout_s,
+                                     "the ranks did not agree checkpoint.save_dir can be written");
+  if (first < 0) return true;
+  const std::string first_reason =
+      broadcast_text(reason, first, timeout_s, "the unwritable rank's reason did not arrive");
+  if (config.checkpoint.stop_on_save_error) {
+    ZRT_THROW(InvalidArgument,
+              "checkpoint.save_dir {} cannot be written (rank {}: {}): the first save would end "
+              "the run after training up to it; every rank writes its part of a checkpoint "
+              "there. Fix it, or set checkpoint.on_save_error \"continue\" to train on without "
+              "checkpoints",
+              dir, first, first_reason);
+  }
+  if (rank == 0) {
+    spdlog::warn(
+        "checkpoint.save_dir {} cannot be written (rank {}: {}): every save will fail and be "
+        "logged (checkpoint.on_save_error \"continue\"), and a run whose last save fails ends "
+        "in an error",
+        dir, first, first_reason);
+  }
+  return reason.empty();
 }
 
 }  // namespace
@@ -63,14 +116,15 @@ std::string broadcast_from_rank0(std::string text, double timeout_s) {
 checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
                                             checkpoint::SaveDirLock* lock) {
   checkpoint::LoadPlan load_plan;
+  // A job that saves: every rank must be able to write save_dir (refused here under "stop").
+  const bool writable = !config.checkpoint.saves() || check_save_dir_writable(config, rank);
   std::string error;
   if (rank == 0) {
     try {
-      // First the directory's lock (a job that saves): another job in it is refused before
-      // anything of its is read.
-      if (lock != nullptr && config.checkpoint.saves()) {
-        *lock = checkpoint::SaveDirLock(config.checkpoint.save_dir,
-                                        config.checkpoint.stop_on_save_error);
+      // Then the directory's lock: another job in it is refused before anything of its is
+      // read. (Under "continue", a directory rank 0 cannot write has no lock file either.)
+      if (lock != nullptr && config.checkpoint.saves() && writable) {
+        *lock = checkpoint::SaveDirLock(config.checkpoint.save_dir);
       }
       load_plan = checkpoint::plan_load(config.checkpoint);
       spdlog::info("{}", load_plan.note);
@@ -92,14 +146,9 @@ checkpoint::LoadPlan CheckpointPolicy::plan(const Config& config, int rank,
   // test hook ZRT_TEST_CKPT_PROBE_RANK makes one rank look elsewhere, as for the save's probe.)
   const bool elsewhere = rank == checkpoint::TestHooks::from_env().probe_elsewhere_rank;
   const fs::path seen = elsewhere ? fs::path(dir + "_not_shared") : fs::path(dir);
-  int blind = fs::exists(seen / "index.h5") ? std::numeric_limits<int>::max() : rank;
-  int first_blind = blind;
-  MPI_Request request;
-  ZRT_MPI_CHECK(
-      MPI_Iallreduce(&blind, &first_blind, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &request));
-  wait_for(request, timeout_s, "the ranks did not agree they see the checkpoint");
-  blind = first_blind;
-  if (blind != std::numeric_limits<int>::max()) {
+  const int blind = first_rank_where(!fs::exists(seen / "index.h5"), rank, timeout_s,
+                                     "the ranks did not agree they see the checkpoint");
+  if (blind >= 0) {
     throw InvalidArgument(fmt::format(
         "checkpoint {} (rank 0 resumes from it): rank {} cannot see its index.h5; every rank "
         "reads the checkpoint, so checkpoint.save_dir must be on a file system all ranks share",
@@ -328,24 +377,27 @@ bool CheckpointPolicy::tolerate_save_error(const Error& e) {
   ++saves_failed_;
   if (rank_ == 0) {
     const auto latest = checkpoint::read_latest(config_.checkpoint.save_dir);
-    // The last step's save has no training after it to go on with: the run ends in an error.
-    spdlog::error(
-        "{}; {} (checkpoint.on_save_error \"continue\"), latest is {}", e.what(),
-        saving_step_ == config_.train.steps ? "that was the run's last step" : "training goes on",
-        latest ? *latest : std::string("(none)"));
+    // The last step's save has no training after it to go on with: the run ends in an error;
+    // a stop request's save ends the run unsaved.
+    const char* after = stopping_                             ? "the run stops unsaved"
+                        : saving_step_ == config_.train.steps ? "that was the run's last step"
+                                                              : "training goes on";
+    spdlog::error("{}; {} (checkpoint.on_save_error \"continue\"), latest is {}", e.what(), after,
+                  latest ? *latest : std::string("(none)"));
   }
   return true;
 }
 
 bool CheckpointPolicy::ended_unsaved(std::int64_t step) const {
-  if (!config_.checkpoint.saves() || saves_failed_ == 0) return false;
-  const auto latest = checkpoint::read_latest(config_.checkpoint.save_dir);
-  return !latest || *latest != checkpoint::Checkpointer::tag_for_step(step);
+  return config_.checkpoint.saves() && saves_failed_ > 0 && last_committed_step_ != step;
 }
 
 bool CheckpointPolicy::wait() {
+  // The pending save (if any) reports here: it committed on every rank or failed on every rank.
+  const std::optional<std::int64_t> pending = std::exchange(pending_step_, std::nullopt);
   try {
     checkpointer_.wait();
+    if (pending) last_committed_step_ = *pending;
     return true;
   } catch (const Error& e) {
     if (!tolerate_save_error(e)) throw;
@@ -360,6 +412,7 @@ bool CheckpointPolicy::save(std::int64_t step, bool wait_for_it) {
   try {
     // A save waited for (a preemption's) is written synchronously: no snapshot copy first.
     save_checkpoint(step, /*synchronous=*/wait_for_it);
+    pending_step_ = step;  // committed once wait() finds it finished without an error
   } catch (const Error& e) {
     // save() first waits for the previous async save: its error may be the one caught here.
     if (!tolerate_save_error(e)) throw;
@@ -372,6 +425,8 @@ bool CheckpointPolicy::save(std::int64_t step, bool wait_for_it) {
 
 RunStatus CheckpointPolicy::save_for_stop(std::int64_t step) {
   const auto t = Clock::now();
+  wait();  // an earlier async save's error is its own (training had gone on after it)
+  stopping_ = true;
   const bool saved = save(step, /*wait=*/true);
   if (rank_ == 0 && saved) {
     spdlog::warn(

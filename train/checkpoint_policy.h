@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 
 #include "config/config.h"
 #include "runtime/checkpoint/checkpointer.h"
@@ -60,9 +61,9 @@ class CheckpointPolicy {
 
   // Saves that failed under checkpoint.on_save_error "continue".
   std::int64_t saves_failed() const { return saves_failed_; }
-  // Whether the run saves, a save failed under "continue", and `latest` does not name step
-  // `step`'s checkpoint: the state the run ended with is in no checkpoint. Every rank reads
-  // `latest` (save_dir is shared, as the start-up probe checked), so all answer alike.
+  // Whether the run saves, a save failed under "continue", and step `step`'s save did not
+  // commit: the state the run ended with is in no checkpoint. Every rank answers alike (a
+  // save's success is agreed by all ranks). After wait().
   bool ended_unsaved(std::int64_t step) const;
 
  private:
@@ -84,6 +85,10 @@ class CheckpointPolicy {
   Clock::time_point last_save_ = Clock::now();
   std::int64_t saves_failed_ = 0;
   std::int64_t saving_step_ = 0;  // the step of the save issued last (its error may come later)
+  // The step of the save issued last while it has not yet reported (an async one writes on).
+  std::optional<std::int64_t> pending_step_;
+  std::int64_t last_committed_step_ = -1;  // the step of the last save every rank committed
+  bool stopping_ = false;  // save_for_stop() was called: no training follows a failed save
 };
 
 }  // namespace zrt::train

@@ -492,10 +492,12 @@ void TrainingRun::end_traced_step(std::int64_t step, double step_start_us,
   trace_.reset();
 }
 
-// A short byte-level sample, for a run that completed (sampling.h).
+// A short byte-level sample, for a run that trained every step (sampling.h); also when its
+// last save failed: the model is whole in memory, only no checkpoint holds it.
 void TrainingRun::sample() {
-  if (config_.train.sample_tokens <= 0 || model_source_.vocab_size != 256 ||
-      summary_.status != RunStatus::kCompleted) {
+  const bool trained_all =
+      summary_.status == RunStatus::kCompleted || summary_.status == RunStatus::kCompletedUnsaved;
+  if (config_.train.sample_tokens <= 0 || model_source_.vocab_size != 256 || !trained_all) {
     return;
   }
   if (share_.chunked()) {

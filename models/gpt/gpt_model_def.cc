@@ -137,6 +137,12 @@ void export_gpt2(ExportInput input, const std::string& out) {
   hf["layer_norm_epsilon"] = 1e-5;
   hf["tie_word_embeddings"] = true;
   hf["torch_dtype"] = "float32";
+  // Left out, transformers' GPT2Config gives bos and eos 50256: an id a smaller vocabulary
+  // does not have (generate() would never stop, or index past the embedding). Null says none.
+  if (vocab <= 50256) {
+    hf["bos_token_id"] = nullptr;
+    hf["eos_token_id"] = nullptr;
+  }
   const std::filesystem::path config_path =
       std::filesystem::path(out).parent_path() / "config.json";
   std::ofstream config_file(config_path);

@@ -1,8 +1,8 @@
 #include "models/hf/hf_weights.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 
 namespace zrt::hf {
 
@@ -186,11 +187,19 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const Safetens
     in_group += bytes;
     total += bytes;
   }
-  // The new files are written whole into a folder of their own inside `dir` first; only then
-  // do the earlier weights go and the new ones move in (renames within one file system). A
-  // failed write (a full disk) thus leaves the earlier export as it was, and no partial file.
+  // The new files are written whole into a folder of their own inside `dir` first, each
+  // fsynced and closed; only then do they move in (renames within one file system, over
+  // same-named earlier files) and do the earlier weights the new set does not name go. A failed
+  // write (a full disk) thus leaves the earlier export as it was, and no partial file; a crash
+  // between the renames leaves every new file whole.
   const fs::path staging = fs::path(dir) / ".zrt-export.tmp";
   fs::remove_all(staging, ec);
+  if (ec) {
+    ZRT_THROW(Error,
+              "{}: cannot remove the staging folder an earlier export left: {}; remove it (it "
+              "holds no finished export) and export again",
+              staging.string(), ec.message());
+  }
   fs::create_directory(staging, ec);
   if (ec) ZRT_THROW(Error, "cannot create the folder {}: {}", staging.string(), ec.message());
   struct RemoveStaging {
@@ -220,33 +229,38 @@ std::vector<std::string> write_hf_weights(const std::string& dir, const Safetens
     json index;
     index["metadata"] = {{"total_size", total}};
     index["weight_map"] = weight_map;
-    const std::string index_path = (staging / kIndexFile).string();
-    std::ofstream out(index_path, std::ios::trunc);
-    out << index.dump(2) << "\n";
-    out.flush();
-    if (!out) ZRT_THROW(Error, "{}: write failed: {}", index_path, std::strerror(errno));
+    write_synced_file((staging / kIndexFile).string(), index.dump(2) + "\n");
     written.push_back(kIndexFile);
   }
-  // One consistent set: no earlier single file, index or shard stays beside the new ones.
+  fsync_path(staging.string(), /*directory=*/true);
+  // The earlier export's weights, listed before the new ones move in.
   static const std::regex shard(R"(model-[0-9]+-of-[0-9]+\.safetensors)");
   std::vector<fs::path> earlier;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (name == kSingleFile || name == kIndexFile || std::regex_match(name, shard)) {
+    const bool weights = name == kSingleFile || name == kIndexFile || std::regex_match(name, shard);
+    if (weights && std::find(written.begin(), written.end(), name) == written.end()) {
       earlier.push_back(e.path());
     }
   }
   if (ec) ZRT_THROW(Error, "{}: cannot list the folder: {}", dir, ec.message());
-  for (const fs::path& path : earlier) {
-    fs::remove(path, ec);
-    if (ec)
-      ZRT_THROW(Error, "{}: cannot remove the earlier {}: {}", dir, path.string(), ec.message());
-  }
+  // The index moves in last: a reader that finds it finds every shard it names.
   for (const std::string& name : written) {
     fs::rename(staging / name, fs::path(dir) / name, ec);
     if (ec) {
       ZRT_THROW(Error, "{}: cannot move {} into place: {}", dir, (staging / name).string(),
                 ec.message());
+    }
+  }
+  fsync_path(dir, /*directory=*/true);
+  // One consistent set: no earlier single file, index or shard stays beside the new ones.
+  for (const fs::path& path : earlier) {
+    fs::remove(path, ec);
+    if (ec) {
+      ZRT_THROW(Error,
+                "{}: the new weights are in place, but the earlier {} could not be removed: {}; "
+                "remove it by hand (it is not part of this export)",
+                dir, path.string(), ec.message());
     }
   }
   return written;

@@ -21,6 +21,7 @@
 #include "runtime/comm/mpi_runtime.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
+#include "runtime/common/synced_file.h"
 
 namespace zrt::checkpoint {
 
@@ -40,18 +41,7 @@ double seconds_since(Clock::time_point t) {
 
 void write_text_durably(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) ZRT_THROW(Error, "{}: cannot create: {}", tmp.string(), std::strerror(errno));
-  const ssize_t written = ::write(fd, text.data(), text.size());
-  const int err = errno;
-  const int sync_rc = written == static_cast<ssize_t>(text.size()) ? ::fsync(fd) : 0;
-  const int sync_err = errno;
-  ::close(fd);
-  if (written != static_cast<ssize_t>(text.size())) {
-    ZRT_THROW(Error, "{}: cannot write: {}", tmp.string(),
-              written < 0 ? std::strerror(err) : "short write");
-  }
-  if (sync_rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", tmp.string(), std::strerror(sync_err));
+  write_synced_file(tmp.string(), text);
   fs::rename(tmp, path);
   fsync_path(path.parent_path().string(), true);
 }
@@ -86,6 +76,7 @@ TestHooks TestHooks::from_env() {
   TestHooks h;
   h.kill_rank = env_int("ZRT_TEST_CKPT_KILL_RANK");
   h.probe_elsewhere_rank = env_int("ZRT_TEST_CKPT_PROBE_RANK");
+  h.unwritable_rank = env_int("ZRT_TEST_CKPT_UNWRITABLE_RANK");
   h.copy_delay_ms = env_int("ZRT_TEST_CKPT_COPY_DELAY_MS");
   h.write_delay_ms = env_int("ZRT_TEST_CKPT_WRITE_DELAY_MS");
   h.write_delay_step = env_int("ZRT_TEST_CKPT_WRITE_DELAY_STEP");

@@ -56,6 +56,7 @@ namespace zrt::checkpoint {
 // Test hooks, read from the environment by from_env() (never set them in production):
 //   ZRT_TEST_CKPT_KILL_RANK=r  rank r raises SIGKILL midway through writing its rank file;
 //   ZRT_TEST_CKPT_PROBE_RANK=r rank r looks for the shared-filesystem probe in a wrong directory;
+//   ZRT_TEST_CKPT_UNWRITABLE_RANK=r rank r's start-up write probe of save_dir is denied (EACCES);
 //   ZRT_TEST_CKPT_COPY_DELAY_MS=t an async save's state copy starts t ms late (on its stream), so
 //                              the next optimizer step must wait for it;
 //   ZRT_TEST_CKPT_WRITE_DELAY_MS=t every rank sleeps t ms before writing its file (a slow
@@ -64,6 +65,7 @@ namespace zrt::checkpoint {
 struct TestHooks {
   int kill_rank = -1;
   int probe_elsewhere_rank = -1;
+  int unwritable_rank = -1;
   int copy_delay_ms = -1;
   int write_delay_ms = -1;
   int write_delay_step = -1;  // -1: every save

@@ -5,6 +5,7 @@
 #include "runtime/checkpoint/h5.h"
 #include "runtime/checkpoint/rank_file.h"
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 
 namespace zrt::checkpoint {
 

@@ -12,17 +12,9 @@
 
 #include "runtime/checkpoint/tensor_writer.h"
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 
 namespace zrt::checkpoint {
-
-void fsync_path(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) ZRT_THROW(Error, "{}: cannot open to fsync: {}", path, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) ZRT_THROW(Error, "{}: fsync failed: {}", path, std::strerror(err));
-}
 
 void write_rank_file(const std::string& path, const RankState& snapshot, int world,
                      std::uint64_t seed, std::int64_t save_id, bool kill_midway,

@@ -90,9 +90,6 @@ inline void write_rank_file(const std::string& path, const RankSnapshot& snapsho
 // index is `index`: its format, rank and world, and (where the index has one) its save id.
 void check_rank_file(const H5File& file, const CheckpointIndex& index, int rank);
 
-// Flushes a file or directory to stable storage (fsync); throws naming it.
-void fsync_path(const std::string& path, bool directory = false);
-
 // Reads the slices a rank of a (possibly different) partition plan owns from the rank files of
 // the checkpoint in `dir` whose validated index is `index`. Each fill() reads only the ranges
 // of the old slices that fall in the requested new slice (HDF5 hyperslabs, rounded out to the

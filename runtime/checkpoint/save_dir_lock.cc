@@ -17,40 +17,61 @@ namespace zrt::checkpoint {
 
 namespace {
 
-// Whether a file can be made in `dir` (a save makes `<tag>.tmp` there): the reason if not. The
-// lock file's own open does not tell, as it may exist from an earlier run while the directory
-// itself is read-only now.
-std::string why_not_writable(const std::string& dir) {
-  const std::string probe =
-      (std::filesystem::path(dir) / (".write-probe-" + std::to_string(::getpid()))).string();
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return probe + ": " + std::strerror(errno);
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return {};
+// What to do about a failed create: the system's reason alone does not say.
+const char* remedy_for(int err) {
+  switch (err) {
+    case EACCES:
+    case EPERM:
+      return "the run's user may not write there: fix the directory's permissions or owner";
+    case EROFS:
+      return "the file system is mounted read-only: mount it read-write or pick another "
+             "save_dir";
+    case ENOSPC:
+    case EDQUOT:
+      return "the file system (or the user's quota) is full: free space or pick another "
+             "save_dir";
+    case ENOENT:
+    case ENOTDIR:
+      return "a part of the path is missing or is not a directory: fix the path";
+    default:
+      return "fix the path or the file system";
+  }
+}
+
+std::string failure(const std::string& path, int err) {
+  return path + ": " + std::strerror(err) + "; " + remedy_for(err);
 }
 
 }  // namespace
 
-SaveDirLock::SaveDirLock(const std::string& save_dir, bool must_be_writable) {
+std::string why_not_writable(const std::string& dir, const std::string& who, bool simulate_denied) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return failure(dir, ec.value());
+  // The lock file's own open does not tell: it may exist from an earlier run while the
+  // directory itself is read-only now.
+  const std::string base = (std::filesystem::path(dir) / (".write-probe-" + who)).string();
+  if (simulate_denied) return failure(base, EACCES) + " (simulated: ZRT_TEST_CKPT_UNWRITABLE_RANK)";
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const std::string probe = attempt == 0 ? base : base + "." + std::to_string(attempt);
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno == EEXIST) continue;  // left by a process killed mid-probe: not ours
+    if (fd < 0) return failure(probe, errno);
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return {};
+  }
+  return base + ": 100 probe names in use; remove the .write-probe-* files there";
+}
+
+SaveDirLock::SaveDirLock(const std::string& save_dir) {
   std::error_code ec;
   std::filesystem::create_directories(save_dir, ec);
   const std::string path = (std::filesystem::path(save_dir) / ".lock").string();
-  const std::string unwritable = ec ? save_dir + ": " + ec.message() : why_not_writable(save_dir);
-  if (!unwritable.empty() && must_be_writable) {
-    ZRT_THROW(InvalidArgument,
-              "checkpoint.save_dir {} cannot be written ({}): the first save would end the run "
-              "after training up to it; fix the path or its permissions, or set "
-              "checkpoint.on_save_error \"continue\" to train on without checkpoints",
-              save_dir, unwritable);
-  }
-  // With on_save_error "continue" the saves report such a directory (they are tolerated): the
-  // run goes on, without the lock.
-  const int fd =
-      !unwritable.empty() ? -1 : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  const int fd = ec ? -1 : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) {
     spdlog::warn("checkpoint.save_dir {}: not locked against a second job ({})", save_dir,
-                 !unwritable.empty() ? unwritable : path + ": " + std::strerror(errno));
+                 ec ? save_dir + ": " + ec.message() : path + ": " + std::strerror(errno));
     return;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {

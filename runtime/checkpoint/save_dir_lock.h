@@ -11,16 +11,22 @@
 
 namespace zrt::checkpoint {
 
+// Why a file cannot be made in `dir` (a save makes `<tag>.tmp` there, each rank its file in
+// it): empty if one can. Creates `dir` if needed, then creates and removes a probe file named
+// `.write-probe-<who>` (`who` unique among the processes probing at once: host, pid, rank; a
+// name left by a process killed mid-probe is stepped past, never reused). The reason names the
+// path, the system's error and what to do about it. `simulate_denied`: report EACCES without
+// trying (a test hook: one rank of a job on a directory only the others may write).
+std::string why_not_writable(const std::string& dir, const std::string& who,
+                             bool simulate_denied = false);
+
 class SaveDirLock {
  public:
   SaveDirLock() = default;
-  // Creates save_dir if needed, checks that a file can be made in it, and takes its lock, or
-  // throws InvalidArgument naming it when another job holds it. A directory that cannot be
-  // made or written is an InvalidArgument naming it and the system's reason when
-  // `must_be_writable` (checkpoint.on_save_error "stop": the first save would end the run after
-  // training up to it); otherwise it is logged and left unlocked, and the saves report it as
-  // on_save_error says.
-  explicit SaveDirLock(const std::string& save_dir, bool must_be_writable = false);
+  // Creates save_dir if needed and takes its lock, or throws InvalidArgument naming it when
+  // another job holds it. A lock file that cannot be made (a directory the run may not write:
+  // CheckpointPolicy::plan has refused it or warned already) is logged and left unlocked.
+  explicit SaveDirLock(const std::string& save_dir);
   ~SaveDirLock();
   SaveDirLock(SaveDirLock&& other) noexcept;
   SaveDirLock& operator=(SaveDirLock&& other) noexcept;

@@ -25,6 +25,7 @@
 #include "runtime/checkpoint/rank_share.h"
 #include "runtime/checkpoint/tensor_writer.h"
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 
 using namespace zrt;
 using namespace zrt::checkpoint;

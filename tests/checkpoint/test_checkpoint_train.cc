@@ -90,7 +90,9 @@ struct Job {
   nlohmann::json zero_extra = nlohmann::json::object();  // more zero_optimization keys
   int keep_last = 0;                                     // checkpoint.keep_last
   double fp16_loss_scale = 0.0;                          // fp16.loss_scale (0: dynamic)
-  std::string data;  // data.train (empty: the shared corpus, <root>/t_train_*.bin)
+  std::string data;           // data.train (empty: the shared corpus, <root>/t_train_*.bin)
+  std::string on_save_error;  // checkpoint.on_save_error (empty: the default, "stop")
+  int sample_tokens = 0;      // train.sample_tokens
 };
 
 std::string shell(const std::string& cmd, int* status) {
@@ -128,6 +130,7 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
       {"device", {{"type", "cpu"}}},
       {"output_dir", out.string()},
   };
+  if (job.sample_tokens > 0) c["train"]["sample_tokens"] = job.sample_tokens;
   if (job.lion) {
     c["optimizer"] = {{"type", "Lion"}, {"params", {{"lr", 2e-4}, {"weight_decay", 1.0}}}};
     c["scheduler"]["params"]["warmup_max_lr"] = 2e-4;
@@ -147,6 +150,7 @@ int launch(const std::string& name, const Job& job, std::string* output = nullpt
   k["save_dir"] = job.save_dir.empty() ? (out / "ckpt").string() : job.save_dir;
   if (!job.load.empty()) k["load"] = job.load;
   if (job.overwrite) k["overwrite"] = true;
+  if (!job.on_save_error.empty()) k["on_save_error"] = job.on_save_error;
   c["checkpoint"] = k;
   std::ofstream(out / "run.json") << c.dump(2);
   const std::string cmd = job.env + " " + ZRT_MPIEXEC + " -n " + std::to_string(job.ranks) +
@@ -724,7 +728,82 @@ TEST_CASE("a failed async save is logged at once and fails the run", "[async-fai
   // The writer thread's own report (tag, reason); the run then stops at the next save.
   CHECK_THAT(text, Catch::Contains("checkpoint global_step1: async save failed: "));
   CHECK_THAT(text, Catch::Contains("fault injected at checkpoint.write (rank 1, step 1)"));
-  CHECK_FALSE(read_latest(j.save_dir).has_value());
+  const fs::path save_dir = root() / "async_fail" / "ckpt";
+  REQUIRE(fs::is_directory(save_dir));  // the run's own save_dir, which it did make
+  CHECK_FALSE(read_latest(save_dir.string()).has_value());
+}
+
+// checkpoint.on_save_error "continue": a failed save is logged and training goes on; the run
+// ends in an error only when the state it ended with is in no checkpoint (the last save
+// failed), whatever `latest` held before, sync or async.
+TEST_CASE("on_save_error continue: only a failed last save fails the run", "[async-fail]") {
+  for (const bool async : {false, true}) {
+    for (const int failing : {2, 3}) {
+      Job j;
+      j.steps = 3;
+      j.save_interval = 1;
+      j.async = async;
+      j.on_save_error = "continue";
+      j.sample_tokens = 8;
+      j.env =
+          "ZRT_FAULT_INJECT=throw:point=checkpoint.write:rank=1:step=" + std::to_string(failing);
+      const std::string name =
+          std::string("continue_") + (async ? "async_" : "sync_") + std::to_string(failing);
+      std::string text;
+      const int status = launch(name, j, &text);
+      INFO(name << ":\n" << text);
+      CHECK(losses(name).size() == 3);  // every step trained
+      const auto latest = read_latest((root() / name / "ckpt").string());
+      if (failing == 2) {
+        CHECK(status == 0);
+        CHECK_THAT(text, Catch::Contains("training goes on (checkpoint.on_save_error "
+                                         "\"continue\"), latest is global_step1"));
+        CHECK_THAT(text, !Catch::Contains("no checkpoint holds it"));
+        CHECK(latest == std::optional<std::string>("global_step3"));
+      } else {
+        CHECK(status == 1);
+        CHECK_THAT(text, Catch::Contains("that was the run's last step"));
+        CHECK_THAT(text, Catch::Contains("training reached step 3, but no checkpoint holds it: "
+                                         "1 save(s) failed"));
+        CHECK(latest == std::optional<std::string>("global_step2"));
+      }
+      // The model trained every step either way: the demo sample is drawn.
+      CHECK_THAT(text, Catch::Contains("sample: "));
+    }
+  }
+}
+
+// Every rank writes its part of a checkpoint into save_dir: one rank that cannot (a node
+// whose mount is read-only) is named at the start, before any step is trained.
+TEST_CASE("a save_dir one rank cannot write is refused before training, naming the rank",
+          "[async-fail]") {
+  Job j;
+  j.steps = 2;
+  j.save_interval = 1;
+  j.env = "ZRT_TEST_CKPT_UNWRITABLE_RANK=1";
+  std::string text;
+  CHECK(launch("unwritable_rank", j, &text) != 0);
+  {
+    INFO(text);
+    const std::string save_dir = (root() / "unwritable_rank" / "ckpt").string();
+    CHECK_THAT(text,
+               Catch::Contains("checkpoint.save_dir " + save_dir +
+                               " cannot be written (rank 1: " + save_dir + "/.write-probe-") &&
+                   Catch::Contains("Permission denied; the run's user may not write there"));
+    CHECK(losses("unwritable_rank").empty());
+    // Rank 0's probe left nothing behind.
+    for (const auto& e : fs::directory_iterator(save_dir)) {
+      CHECK(e.path().filename().string().rfind(".write-probe-", 0) != 0);
+    }
+  }
+  // "continue": warned of, and trained (here the saves themselves succeed).
+  j.on_save_error = "continue";
+  text.clear();
+  CHECK(launch("unwritable_rank", j, &text) == 0);
+  INFO(text);
+  CHECK_THAT(text, Catch::Contains("cannot be written (rank 1: ") &&
+                       Catch::Contains("every save will fail and be logged"));
+  CHECK(losses("unwritable_rank").size() == 2);
 }
 
 TEST_CASE("a save_dir that cannot be written is refused before training", "[async-fail]") {
@@ -765,6 +844,13 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
   CHECK_THAT(verify, Catch::Contains("OK"));
   // The save_dir's `latest` file names the same checkpoint as the save_dir.
   CHECK(shell(tool + " inspect " + save_dir + "/latest", &status) == inspect);
+  CHECK(status == 0);
+  // ... also through a symbolic link elsewhere: the tags are beside the file it links to.
+  const fs::path link = root() / "tool" / "elsewhere" / "latest";
+  fs::remove_all(link.parent_path());
+  fs::create_directories(link.parent_path());
+  fs::create_symlink(fs::path(save_dir) / "latest", link);
+  CHECK(shell(tool + " inspect " + link.string(), &status) == inspect);
   CHECK(status == 0);
   // An option without its value is bad usage, named as such.
   CHECK_THAT(shell(tool + " consolidate " + dir + " --out", &status),
@@ -816,6 +902,11 @@ TEST_CASE("zrt-ckpt inspect, verify, consolidate, export", "[zrt-ckpt]") {
   CHECK(hf["n_positions"] == 32);
   CHECK(hf["vocab_size"] == 256);
   CHECK(hf["model_type"] == "gpt2");
+  // A 256-token vocabulary has no id 50256, GPT2Config's default bos/eos: null, not left out.
+  CHECK(hf.contains("bos_token_id"));
+  CHECK(hf["bos_token_id"].is_null());
+  CHECK(hf.contains("eos_token_id"));
+  CHECK(hf["eos_token_id"].is_null());
   // torch reads it back: names, shapes and sums in float64.
   const std::string probe = shell(std::string(ZRT_PYTHON) + " -c 'import torch' ", &status);
   if (status != 0) {

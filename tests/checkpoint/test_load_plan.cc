@@ -161,3 +161,27 @@ TEST_CASE("a save_dir another job holds is refused; released, it is free", "[sav
   // The lock file is not a checkpoint: listing and clearing the directory leave it be.
   CHECK(list_checkpoints(dir.string()).empty());
 }
+
+// The start-up write probe: a file of its own, created and removed; a name another process
+// left is stepped past (and kept); the failure names the path, the reason and the remedy.
+TEST_CASE("why_not_writable probes with a file of its own and says what to fix",
+          "[save-dir-lock]") {
+  const fs::path dir = fs::temp_directory_path() / "zrt_test_load_plan" / "probe";
+  fs::remove_all(dir);
+  CHECK(why_not_writable((dir / "made").string(), "host-1-rank0").empty());
+  CHECK(fs::is_directory(dir / "made"));  // created on the way
+  CHECK(fs::is_empty(dir / "made"));      // the probe removed
+  // A probe left by a killed process with the same name: not reused, not removed.
+  std::ofstream(dir / "made" / ".write-probe-host-1-rank0") << "left";
+  CHECK(why_not_writable((dir / "made").string(), "host-1-rank0").empty());
+  CHECK(fs::exists(dir / "made" / ".write-probe-host-1-rank0"));
+  CHECK_FALSE(fs::exists(dir / "made" / ".write-probe-host-1-rank0.1"));
+  // A path through a regular file.
+  std::ofstream(dir / "file") << "not a directory";
+  CHECK_THAT(why_not_writable((dir / "file" / "ckpt").string(), "x"),
+             Catch::Contains((dir / "file" / "ckpt").string() + ": Not a directory") &&
+                 Catch::Contains("fix the path"));
+  CHECK_THAT(why_not_writable((dir / "made").string(), "x", /*simulate_denied=*/true),
+             Catch::Contains((dir / "made" / ".write-probe-x").string() +
+                             ": Permission denied; the run's user may not write there"));
+}

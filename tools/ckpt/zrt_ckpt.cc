@@ -89,7 +89,9 @@ std::string resolve(const std::string& dir) {
   std::error_code ec;
   const fs::path path(dir);
   const bool latest_file = path.filename() == "latest" && fs::is_regular_file(path, ec);
-  const std::string save_dir = latest_file ? path.parent_path().string() : dir;
+  // A `latest` reached through a symbolic link names tags beside the file it links to.
+  const fs::path target = latest_file && fs::is_symlink(path, ec) ? fs::canonical(path, ec) : path;
+  const std::string save_dir = latest_file ? (ec ? path : target).parent_path().string() : dir;
   if (const auto tag = read_latest(save_dir.empty() ? "." : save_dir)) {
     return (fs::path(save_dir) / *tag).string();
   }
