@@ -5,6 +5,7 @@
 // an untied head, a foreign tensor); and the export of a Hugging Face directory.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -410,6 +411,22 @@ TEST_CASE("sharded weights: index written as transformers does, read back", "[hf
   for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
   CHECK(left == std::vector<std::string>{"model.safetensors"});
   CHECK(hf::HfWeights(dir.string()).read_f32("t1") == exact_values(100, 1));
+  // Over it again, sharded: a staging folder an interrupted export left is cleared first, the
+  // single file goes, a file that is no weight stays, and the same-named shards are replaced.
+  fs::create_directories(dir / ".zrt-export.tmp");
+  std::ofstream(dir / ".zrt-export.tmp" / "model-00001-of-00009.safetensors") << "partial";
+  std::ofstream(dir / "README.md") << "a model card";
+  for (int pass = 0; pass < 2; ++pass) {
+    CHECK(hf::write_hf_weights(dir.string(), tensors, DType::kBFloat16, 450).size() == 4);
+  }
+  left.clear();
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  CHECK(left == std::vector<std::string>{"README.md", "model-00001-of-00003.safetensors",
+                                         "model-00002-of-00003.safetensors",
+                                         "model-00003-of-00003.safetensors",
+                                         "model.safetensors.index.json"});
+  CHECK(hf::HfWeights(dir.string()).names().size() == 5);
 
   CHECK(hf::parse_byte_size("5GB", "s") == 5000000000ull);
   CHECK(hf::parse_byte_size("500MB", "s") == 500000000ull);
