@@ -347,6 +347,26 @@ TEST_CASE("checkpoint.preempt_grace_s running out during a slow save exits 76", 
   require_resume_bit_exact(job, 2);
 }
 
+// checkpoint.on_save_error "continue" trains on through a failed save, but a stop request's
+// save has no training after it: the run ends unsaved (76), saying so, and the previous
+// checkpoint resumes.
+TEST_CASE("a stop's save that fails under on_save_error continue exits 76", "[preempt]") {
+  reference_save_dir();
+  Job job;
+  job.name = "stop_save_fails";
+  job.checkpoint = {{"save_interval", 2}, {"on_save_error", "continue"}};
+  job.env = "ZRT_FAULT_INJECT=sigterm:step=3,throw:point=checkpoint.write:rank=1:step=3";
+  std::string log;
+  const int status = run(job, &log);
+  INFO(log);
+  CHECK(status == kExitPreemptedUnsaved);
+  CHECK_THAT(log, Catch::Contains("fault injected at checkpoint.write (rank 1, step 3)"));
+  CHECK_THAT(log, Catch::Contains("the run stops unsaved (checkpoint.on_save_error "
+                                  "\"continue\"), latest is global_step2"));
+  CHECK_THAT(log, !Catch::Contains("training goes on"));
+  require_resume_bit_exact(job, 2);
+}
+
 // ---- storage faults ------------------------------------------------------------------------
 
 namespace {
