@@ -88,6 +88,37 @@ hf::HfImportRules import_rules(const MoeConfig& config) {
     return names;
   };
   rules.pieces = [c](const std::string& name) { return expert_pieces(c, name); };
+  // Under expert parallelism a rank builds only its own experts (each rank reads its own from
+  // the file): the others' tensors are not a mismatch. Only a tensor of a real expert of an MoE
+  // layer is passed over; an expert index past num_experts, or experts in a dense layer, still
+  // match no parameter, and a rank's own expert missing from the file is still named.
+  rules.ignorable = [c, base = rules.ignorable](const std::string& name) {
+    if (base && base(name)) return true;
+    const std::string prefix = layer_prefix(name);
+    if (prefix.empty()) return false;
+    const std::string layer_digits = prefix.substr(13, prefix.size() - 14);  // "model.layers."
+    if (layer_digits.empty() || layer_digits.size() > 6 ||
+        layer_digits.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    const int layer = std::stoi(layer_digits);
+    if (layer >= c.num_hidden_layers || !c.is_moe_layer(layer)) return false;
+    const std::string head =
+        prefix + (c.architecture == "mixtral" ? "block_sparse_moe.experts." : "mlp.experts.");
+    if (name.compare(0, head.size(), head) != 0) return false;
+    const std::size_t dot = name.find('.', head.size());
+    const std::string digits = name.substr(head.size(), dot - head.size());
+    if (dot == std::string::npos || digits.empty() || digits.size() > 6 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
+    }
+    const int e = std::stoi(digits);
+    if (e >= c.num_experts) return false;
+    for (const char* which : {"gate", "up", "down"}) {
+      if (name == expert_tensor(c, prefix, e, which)) return true;
+    }
+    return false;
+  };
   return rules;
 }
 

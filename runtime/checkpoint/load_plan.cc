@@ -120,9 +120,12 @@ LoadPlan plan_load(const CheckpointConfig& config) {
     plan.dir = dir.string();
     return plan;
   }
-  // A fresh start. Its saves would replace `latest` and same-numbered tags of another run.
+  // A fresh start. Its saves would replace `latest` and same-numbered tags of another run:
+  // also a run that saves only when preempted (zrt-train saves then, save_interval 0 or not),
+  // and in the same output_dir its metrics.jsonl would replace the history of the checkpoints
+  // left there.
   const std::vector<std::string> existing = list_checkpoints(save_dir);
-  if (!config.saves() || existing.empty()) return plan;
+  if (existing.empty()) return plan;
   if (!config.overwrite) {
     // Said without a source location: this is the user's decision to make, not a bug.
     const std::string fix =
@@ -133,10 +136,11 @@ LoadPlan plan_load(const CheckpointConfig& config) {
             : "To continue that run, set checkpoint.load to \"auto\"";
     throw InvalidArgument(fmt::format(
         "checkpoint.save_dir {} already holds checkpoints ({}) and this run starts fresh "
-        "(checkpoint.load is \"{}\"), so its saves would overwrite them. {}; to keep both, "
+        "(checkpoint.load is \"{}\"), so its saves would overwrite them{}. {}; to keep both, "
         "choose another checkpoint.save_dir (or output_dir); to replace them, set "
         "checkpoint.overwrite to true",
-        save_dir, tag_list(existing), config.load, fix));
+        save_dir, tag_list(existing), config.load,
+        config.saves() ? "" : " (a preemption saves, whatever save_interval says)", fix));
   }
   plan.clear_save_dir = true;
   plan.note += fmt::format(" (checkpoint.overwrite: the checkpoints in {} are removed: {})",

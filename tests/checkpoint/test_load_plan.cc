@@ -84,8 +84,11 @@ TEST_CASE("none refuses to save over existing checkpoints, naming the dir and th
   CHECK_THAT(message, Catch::Contains("set checkpoint.load to \"auto\""));
   CHECK_THAT(message, Catch::Contains("set checkpoint.overwrite to true"));
   CHECK_THAT(message, Catch::Contains("choose another checkpoint.save_dir"));
-  // A run that saves nothing cannot overwrite anything.
-  CHECK_FALSE(plan_load(config_for(dir, "none", /*saves=*/false)).dir.has_value());
+  // A run with no save_interval too: a preemption saves (and in the same output_dir its
+  // metrics.jsonl would replace the history of the checkpoints kept there).
+  CHECK_THAT(error_of(config_for(dir, "none", /*saves=*/false)),
+             Catch::Contains("already holds checkpoints (global_step3, global_step6)") &&
+                 Catch::Contains("(a preemption saves, whatever save_interval says)"));
   // Nothing was touched.
   CHECK(list_checkpoints(dir.string()) == std::vector<std::string>{"global_step3", "global_step6"});
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -141,6 +142,63 @@ TEST_CASE("a per-expert file missing a piece, or with one misshapen, is refused 
   CHECK_THROWS_WITH(
       hf::HfParamSource(write_dir("extra", extra).string(), table, import_rules(c)),
       Catch::Contains("'model.layers.0.mlp.experts.8.up_proj.weight' matches no parameter"));
+  // So does an expert in a layer the model keeps dense (Qwen2-MoE-tiny's layer 1): a mismatch,
+  // not another expert-parallel rank's expert.
+  const MoeConfig q2 = MoeConfig::preset("qwen2-moe-tiny");
+  REQUIRE_FALSE(q2.is_moe_layer(1));
+  auto dense = hub_tensors(q2, model_tensors(q2));
+  dense.push_back({"model.layers.1.mlp.experts.0.up_proj.weight",
+                   {q2.moe_intermediate_size, q2.hidden_size},
+                   values_of(std::int64_t{q2.moe_intermediate_size} * q2.hidden_size, 1)});
+  CHECK_THROWS_WITH(hf::HfParamSource(write_dir("dense_expert", dense).string(),
+                                      MoeModel::parameter_table(q2), import_rules(q2)),
+                    Catch::Contains("'model.layers.1.mlp.experts.0.up_proj.weight' matches no "
+                                    "parameter"));
+}
+
+// model.init_from under expert parallelism: each rank's model holds only its own experts, and
+// reads them from the whole file; the other ranks' experts there are passed over, not refused.
+TEST_CASE("each expert-parallel rank reads its own experts from a Hub file", "[moe][hf]") {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    INFO(preset);
+    const MoeConfig c = MoeConfig::preset(preset);
+    const std::vector<ExportTensor> fused = model_tensors(c);
+    const fs::path dir = write_dir(std::string("ep_") + preset, hub_tensors(c, fused));
+    std::map<std::string, const ExportTensor*> whole;
+    for (const ExportTensor& t : fused) whole[t.name] = &t;
+    for (int ep_rank = 0; ep_rank < 2; ++ep_rank) {
+      ExpertPartition experts;
+      experts.num_experts = c.num_experts;
+      experts.ep_size = 2;
+      experts.ep_rank = ep_rank;
+      const auto table = MoeModel::parameter_table(c, experts);
+      const hf::HfParamSource src(dir.string(), table, import_rules(c));
+      int own_experts = 0;
+      for (std::size_t i = 0; i < table.size(); ++i) {
+        INFO(table[i].name);
+        std::vector<float> got(static_cast<std::size_t>(table[i].numel()));
+        src.read(static_cast<int>(i), 0, table[i].numel(), got.data());
+        const auto same = whole.find(table[i].name);
+        if (same != whole.end()) {
+          CHECK(got == same->second->values);  // a dense parameter: as the file holds it
+          continue;
+        }
+        // Expert e's own parameter: slice e of the stacked one.
+        const std::string name = table[i].name;
+        const std::size_t at = name.find("experts.") + 8;
+        const int e = std::stoi(name.substr(at));
+        CHECK(e / experts.local() == ep_rank);
+        const std::string stacked = name.substr(0, at) + name.substr(name.find('.', at) + 1);
+        REQUIRE(whole.count(stacked) == 1);
+        const std::vector<float>& all = whole[stacked]->values;
+        const std::size_t n = got.size();
+        CHECK(std::vector<float>(all.begin() + static_cast<std::ptrdiff_t>(e * n),
+                                 all.begin() + static_cast<std::ptrdiff_t>((e + 1) * n)) == got);
+        ++own_experts;
+      }
+      CHECK(own_experts == c.num_moe_layers() * experts.local() * 2);
+    }
+  }
 }
 
 TEST_CASE("MoE export writes the Hub's form and a config.json; it reads back as the same model",
