@@ -141,9 +141,13 @@ ModelConfig saved_model_config(const std::string& config_json, const std::string
   // The config's own parser reads the block (every key of every architecture, and the
   // architecture of an init_from directory), in a minimal run around it: the saved run's batch
   // and data settings do not matter here and need not fit this process.
+  // model.expert_rows_reserve sizes the run's buffers under expert parallelism, not the model:
+  // left out, as the run's expert_parallel block is (its warning without one would be noise).
+  nlohmann::json model = doc["model"];
+  if (model.is_object()) model.erase("expert_rows_reserve");
   nlohmann::json run = {{"train_batch_size", 1},
                         {"train_micro_batch_size_per_gpu", 1},
-                        {"model", doc["model"]},
+                        {"model", model},
                         {"data", {{"train", "unused"}}},
                         {"train", {{"steps", 1}}}};
   return parse_config(run, 1, where + " (its saved model block)").model;

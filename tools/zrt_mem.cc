@@ -415,6 +415,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    zrt::init_tool_logging("zrt-mem");  // a config's warnings on stderr, not in the table
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zrt-mem: %s\n", e.what());

@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "models/moe/moe_model.h"
 #include "models/rope_scaling_check.h"
 #include "runtime/common/error.h"
 
@@ -122,16 +123,35 @@ hf::HfImportRules import_rules(const MoeConfig& config) {
   return rules;
 }
 
+namespace {
+
+// The Hub's name of a parameter that is no expert's: Mixtral's router has its own.
+std::string hub_name(const MoeConfig& config, const std::string& name) {
+  const std::string prefix = layer_prefix(name);
+  if (config.architecture == "mixtral" && !prefix.empty() && ends_with(name, "mlp.gate.weight")) {
+    return prefix + "block_sparse_moe.gate.weight";
+  }
+  return name;
+}
+
+}  // namespace
+
+std::vector<hf::HfPiece> hub_layout(const MoeConfig& config) {
+  std::vector<hf::HfPiece> out;
+  for (const ParamSpec& p : MoeModel::parameter_table(config)) {
+    std::vector<hf::HfPiece> pieces = expert_pieces(config, p.name);
+    if (pieces.empty()) pieces.push_back({hub_name(config, p.name), p.shape});
+    for (hf::HfPiece& piece : pieces) out.push_back(std::move(piece));
+  }
+  return out;
+}
+
 std::vector<ExportTensor> hub_tensors(const MoeConfig& config, std::vector<ExportTensor> tensors) {
   std::vector<ExportTensor> out;
   for (ExportTensor& t : tensors) {
     const std::vector<hf::HfPiece> pieces = expert_pieces(config, t.name);
-    const std::string prefix = layer_prefix(t.name);
     if (pieces.empty()) {
-      if (config.architecture == "mixtral" && !prefix.empty() &&
-          ends_with(t.name, "mlp.gate.weight")) {
-        t.name = prefix + "block_sparse_moe.gate.weight";
-      }
+      t.name = hub_name(config, t.name);
       out.push_back(std::move(t));
       continue;
     }

@@ -33,7 +33,12 @@ hf::HfImportRules import_rules(const MoeConfig& config);
 
 // The model's tensors (zrt's names and order, fused experts) in the Hub's form: each fused
 // parameter split into its per-expert tensors in place, every other tensor as it is.
+// Also an expert-parallel checkpoint's tensors (each expert's own parameters, moe_model.h).
 std::vector<ExportTensor> hub_tensors(const MoeConfig& config, std::vector<ExportTensor> tensors);
+
+// The whole model's tensors in the Hub's form, names and shapes, in hub_tensors' order of the
+// fused model: what an export holds, however the experts were partitioned when saved.
+std::vector<hf::HfPiece> hub_layout(const MoeConfig& config);
 
 // transformers' config.json of the model (MixtralForCausalLM, Qwen2MoeForCausalLM,
 // Qwen3MoeForCausalLM).

@@ -4,8 +4,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernels/ops.h"
 #include "models/hf/hf_config.h"
@@ -130,21 +134,35 @@ class MoeDef final : public transformer::TransformerDefOf<MoeDef, MoeConfig, Moe
 void export_moe(ExportInput input, const std::string& out) {
   const ModelConfig saved = saved_model_config(input.config_json, input.checkpoint);
   const MoeConfig c = resolve_config(saved);
-  const std::vector<ParamSpec> table = MoeModel::parameter_table(c);
-  if (table.size() != input.tensors.size()) {
-    ZRT_THROW(InvalidArgument, "{}: {} tensors, but a {} has {}", input.checkpoint,
-              input.tensors.size(), c.describe(), table.size());
-  }
-  for (std::size_t i = 0; i < table.size(); ++i) {
-    const ExportTensor& t = input.tensors[i];
-    if (t.name != table[i].name || t.shape != table[i].shape) {
-      ZRT_THROW(InvalidArgument, "{}: tensor {} is {}, expected {} of {}", input.checkpoint, i,
-                t.name, table[i].name, c.describe());
+  // The Hub's form of the checkpoint's tensors, checked against the whole model's: a
+  // checkpoint saved under expert parallelism holds each expert's own parameters, the others
+  // the fused ones; both export to the same file, in the same order.
+  const std::string checkpoint = input.checkpoint;
+  std::vector<ExportTensor> hub = hub_tensors(c, std::move(input.tensors));
+  std::map<std::string, ExportTensor*> by_name;
+  for (ExportTensor& t : hub) {
+    if (!by_name.emplace(t.name, &t).second) {
+      ZRT_THROW(InvalidArgument, "{}: tensor {} twice", checkpoint, t.name);
     }
   }
+  const std::vector<hf::HfPiece> layout = hub_layout(c);
   SafetensorsTensors tensors;
-  for (ExportTensor& t : hub_tensors(c, std::move(input.tensors))) {
-    tensors.emplace_back(t.name, std::make_pair(t.shape, std::move(t.values)));
+  for (const hf::HfPiece& piece : layout) {
+    const auto it = by_name.find(piece.name);
+    if (it == by_name.end()) {
+      ZRT_THROW(InvalidArgument, "{}: no tensor {} of a {}", checkpoint, piece.name, c.describe());
+    }
+    ExportTensor& t = *it->second;
+    if (t.shape != piece.shape) {
+      ZRT_THROW(InvalidArgument, "{}: tensor {} has shape {}, a {} has {}", checkpoint, piece.name,
+                fmt::format("({})", fmt::join(t.shape, ", ")), c.describe(),
+                fmt::format("({})", fmt::join(piece.shape, ", ")));
+    }
+    tensors.emplace_back(piece.name, std::make_pair(t.shape, std::move(t.values)));
+  }
+  if (hub.size() != layout.size()) {
+    ZRT_THROW(InvalidArgument, "{}: {} tensors in the Hub's form, but a {} has {}", checkpoint,
+              hub.size(), c.describe(), layout.size());
   }
   write_safetensors(out, tensors, {{"format", "pt"}});
   const std::filesystem::path config_path =

@@ -20,7 +20,9 @@ spdlog::level::level_enum parse_log_level(const std::string& name) {
             name);
 }
 
-void init_logging(int rank, const std::string& level) {
+namespace {
+
+void configure_logger(const std::string& prefix, const std::string& level) {
   // ZRT_LOG_LEVEL wins over the level given (the config's log_level), as documented: one
   // switch for a whole job, without editing its file.
   const char* env = std::getenv("ZRT_LOG_LEVEL");
@@ -30,8 +32,18 @@ void init_logging(int rank, const std::string& level) {
     logger = spdlog::stderr_color_mt("zrt");
     spdlog::set_default_logger(logger);
   }
-  logger->set_pattern(fmt::format("[rank {}] [%^%l%$] %v", rank));
+  logger->set_pattern(prefix + " [%^%l%$] %v");
   logger->set_level(parse_log_level(chosen));
+}
+
+}  // namespace
+
+void init_logging(int rank, const std::string& level) {
+  configure_logger(fmt::format("[rank {}]", rank), level);
+}
+
+void init_tool_logging(const std::string& tool, const std::string& level) {
+  configure_logger(tool + ":", level);
 }
 
 }  // namespace zrt

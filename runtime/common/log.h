@@ -15,6 +15,10 @@ namespace zrt {
 // config's level becomes known).
 void init_logging(int rank, const std::string& level = "");
 
+// The same for a single-process tool (zrt-ckpt, zrt-mem): lines read "TOOL: [level] message",
+// on stderr like every log line, so a tool's own output on stdout (JSON, tables) stays clean.
+void init_tool_logging(const std::string& tool, const std::string& level = "");
+
 // Parses a level name; throws InvalidArgument naming the valid ones.
 spdlog::level::level_enum parse_log_level(const std::string& name);
 

@@ -157,8 +157,14 @@ def compare_logits(args, ckpt, model, label):
     import torch
     import transformers
     tokens = [(i * 37 + 11) % 256 for i in range(32)]
-    zrt = json.loads(run([args.zrt_ckpt, "logits", ckpt, "--tokens",
-                          ",".join(str(t) for t in tokens)]).strip().splitlines()[-1])
+    # stdout alone is the JSON (warnings go to stderr): a pipe into a JSON reader must work.
+    cmd = [args.zrt_ckpt, "logits", ckpt, "--tokens", ",".join(str(t) for t in tokens)]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        sys.exit("%s failed (%d):\n%s%s" % (" ".join(cmd), done.returncode, done.stdout,
+                                            done.stderr))
+    zrt = json.loads(done.stdout)
     ours = torch.tensor(zrt["logits"], dtype=torch.float64)
     with torch.no_grad():
         theirs = model(torch.tensor([tokens])).logits[0].double()

@@ -236,6 +236,59 @@ TEST_CASE("MoE export writes the Hub's form and a config.json; it reads back as 
   }
 }
 
+// A checkpoint saved under expert parallelism holds each expert's own parameters (in the order
+// the ranks' tables give them): export --safetensors writes the same file as from the fused
+// model, and a tensor missing is named.
+TEST_CASE("MoE export of an expert-parallel checkpoint equals the fused model's", "[moe][hf]") {
+  for (const char* preset : {"mixtral-tiny", "qwen3-moe-tiny"}) {
+    INFO(preset);
+    const MoeConfig c = MoeConfig::preset(preset);
+    const std::vector<ExportTensor> fused = model_tensors(c);
+    std::map<std::string, const ExportTensor*> whole;
+    for (const ExportTensor& t : fused) whole[t.name] = &t;
+    ExportInput input;
+    input.checkpoint = "ckpt";
+    input.config_json =
+        nlohmann::json{{"model", {{"type", c.architecture}, {"preset", preset}}}}.dump();
+    std::set<std::string> seen;
+    for (int ep_rank = 0; ep_rank < 2; ++ep_rank) {
+      ExpertPartition experts{c.num_experts, 2, ep_rank};
+      for (const ParamSpec& p : MoeModel::parameter_table(c, experts)) {
+        if (!seen.insert(p.name).second) continue;  // a dense parameter, every rank's
+        if (whole.count(p.name) != 0) {
+          input.tensors.push_back(*whole[p.name]);
+          continue;
+        }
+        const std::size_t at = p.name.find("experts.") + 8;
+        const int e = std::stoi(p.name.substr(at));
+        const std::string stacked = p.name.substr(0, at) + p.name.substr(p.name.find('.', at) + 1);
+        const std::vector<float>& all = whole.at(stacked)->values;
+        const std::ptrdiff_t n = p.numel();
+        input.tensors.push_back(
+            {p.name, p.shape, std::vector<float>(all.begin() + e * n, all.begin() + (e + 1) * n)});
+      }
+    }
+    REQUIRE(input.tensors.size() > fused.size());
+    const fs::path ep_dir = fresh_dir(std::string("export_ep_") + preset);
+    ExportInput missing = input;
+    builtin_models().export_safetensors(std::move(input), (ep_dir / "model.safetensors").string());
+    ExportInput from_fused = missing;
+    from_fused.tensors = fused;
+    const fs::path fused_dir = fresh_dir(std::string("export_fused_") + preset);
+    builtin_models().export_safetensors(from_fused, (fused_dir / "model.safetensors").string());
+    const hf::HfWeights a(ep_dir.string()), b(fused_dir.string());
+    REQUIRE(a.names() == b.names());
+    for (const std::string& name : a.names()) {
+      INFO(name);
+      CHECK(a.read_f32(name) == b.read_f32(name));
+    }
+    missing.tensors.pop_back();
+    CHECK_THROWS_WITH(builtin_models().export_safetensors(
+                          missing, (fresh_dir("export_missing") / "m.safetensors").string()),
+                      Catch::Contains("ckpt: no tensor "));
+  }
+}
+
 // The published sizes, from each model's config.json on the Hugging Face Hub (the values in
 // MoeConfig's presets): mistralai/Mixtral-8x7B-v0.1 (hidden 4096, intermediate 14336, 32 layers,
 // 32/8 heads of 128, vocab 32000, 8 experts, top 2: "46.7B total, 12.9B active" in Mistral's

@@ -29,6 +29,7 @@
 #include "runtime/checkpoint/consolidate.h"
 #include "runtime/checkpoint/param_match.h"
 #include "runtime/common/error.h"
+#include "runtime/common/log.h"
 #include "runtime/device/device.h"
 
 namespace {
@@ -46,8 +47,8 @@ void usage(std::FILE* to) {
       "  verify DIR                                  every checksum of the index and "
       "the rank files\n"
       "  consolidate DIR --out model.h5              one fp32 dataset per parameter\n"
-      "  export DIR --safetensors model.safetensors  Hugging Face GPT-2 safetensors + "
-      "config.json\n"
+      "  export DIR --safetensors model.safetensors  one fp32 file in Hugging Face's names "
+      "+ config.json\n"
       "  export DIR --hf OUT_DIR [--dtype fp32|bf16|fp16] [--max-shard-size 5GB]\n"
       "                                              a Hugging Face model directory "
       "(config.json,\n"
@@ -294,6 +295,8 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[1];
   try {
+    // Warnings (a saved model block's, OpenBLAS's) go to stderr: logits prints JSON on stdout.
+    zrt::init_tool_logging("zrt-ckpt");
     const std::string dir = resolve(argv[2]);
     std::string out, hf_dir, dtype, max_shard_size, tokens;
     for (int i = 3; i < argc; ++i) {
