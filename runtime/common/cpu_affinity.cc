@@ -70,6 +70,17 @@ std::optional<std::string> cpu_binding_warning(const CpuAffinity& affinity, int 
         "the slowest; set OMP_NUM_THREADS to at most {}",
         omp_threads, affinity.usable, affinity.list, affinity.usable);
   }
+  // Unbound ranks (mpirun --bind-to none) each start one thread per core of the node: the
+  // ranks' threads then share the cores, and OpenMP's waiting threads spin, so a parallel loop
+  // can take many times longer (100x measured, 2 ranks on 2 cores).
+  if (omp_threads > share) {
+    return fmt::format(
+        "{} OpenMP threads per rank and {} rank(s) on the node's {} cores: {} threads take "
+        "turns on them and OpenMP's waiting threads spin, so the CPU work (the CPU optimizer "
+        "with optimizer offload, the CPU backend's kernels) can run many times slower; set "
+        "OMP_NUM_THREADS={} (tools/zrt-run does)",
+        omp_threads, ranks_on_node, affinity.online, omp_threads * ranks_on_node, share);
+  }
   return std::nullopt;
 }
 

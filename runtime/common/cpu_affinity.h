@@ -27,8 +27,9 @@ std::string cpu_list(const std::vector<bool>& cores);
 
 // A warning when a rank runs CPU-heavy work (the CPU backend's kernels, a CPU optimizer) with
 // fewer cores than it could have: its affinity holds less than its share of the node
-// (online / ranks_on_node, at least 1) while the node has more, or it starts more OpenMP threads
-// than it may use. Empty when neither holds.
+// (online / ranks_on_node, at least 1) while the node has more, it starts more OpenMP threads
+// than it may use, or more than its share (unbound ranks whose threads together oversubscribe
+// the node). Empty when none holds.
 std::optional<std::string> cpu_binding_warning(const CpuAffinity& affinity, int ranks_on_node,
                                                int omp_threads);
 

@@ -39,6 +39,14 @@ TEST_CASE("a rank confined below its share of the node is warned, with the fix")
   REQUIRE(threads.has_value());
   CHECK_THAT(*threads, Catch::Contains("32 OpenMP threads on the 16 core(s)"));
   CHECK_THAT(*threads, Catch::Contains("set OMP_NUM_THREADS to at most 16"));
+  // Unbound ranks (mpirun --bind-to none without OMP_NUM_THREADS) each with a thread per core of
+  // the node: together they oversubscribe it.
+  const auto unbound = cpu_binding_warning(CpuAffinity{2, 2, "0-1"}, 2, 2);
+  REQUIRE(unbound.has_value());
+  CHECK_THAT(*unbound, Catch::Contains("2 OpenMP threads per rank and 2 rank(s) on the node's 2 "
+                                       "cores: 4 threads take turns"));
+  CHECK_THAT(*unbound, Catch::Contains("set OMP_NUM_THREADS=1"));
+  CHECK_FALSE(cpu_binding_warning(CpuAffinity{16, 16, "0-15"}, 2, 8).has_value());
 }
 
 TEST_CASE("cpu_affinity reads the calling thread's mask") {
