@@ -598,8 +598,18 @@ class Parser {
     }
     if (train && micro && accum) {
       if (*train != *micro * *accum * world) {
-        fail_plain(fmt::format("train_batch_size {} is not micro {} × accumulation {} × {} = {}",
-                               *train, *micro, *accum, ranks(world), *micro * *accum * world));
+        // The numbers are usually another rank count's: say which value of each fits this one.
+        std::string fixes = fmt::format("set train_batch_size {}", *micro * *accum * world);
+        if (*train % (*micro * world) == 0) {
+          fixes += fmt::format(", or gradient_accumulation_steps {}", *train / (*micro * world));
+        }
+        if (*train % (*accum * world) == 0) {
+          fixes += fmt::format(", or train_micro_batch_size_per_gpu {}", *train / (*accum * world));
+        }
+        fail_plain(fmt::format(
+            "train_batch_size {} is not micro {} × accumulation {} × {} = {}: {}, or leave one "
+            "of the three out to have it derived",
+            *train, *micro, *accum, ranks(world), *micro * *accum * world, fixes));
         return;
       }
       b.train_batch_size = *train;

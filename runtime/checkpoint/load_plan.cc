@@ -100,6 +100,14 @@ LoadPlan plan_load(const CheckpointConfig& config) {
   }
   if (!tag.empty()) {
     const fs::path dir = fs::path(save_dir) / tag;
+    std::error_code ec;
+    if (!fs::exists(dir, ec) && !fs::exists(fs::path(save_dir) / (tag + ".old"), ec)) {
+      const std::vector<std::string> there = list_checkpoints(save_dir);
+      ZRT_THROW(InvalidArgument, "checkpoint.load: no checkpoint {} in {}{} ({}){}", tag, save_dir,
+                config.loads_latest() ? " although 'latest' names it" : "",
+                there.empty() ? std::string("it holds none") : "it holds " + tag_list(there),
+                config.loads_latest() ? "" : "; name one of them, or \"auto\" for the newest");
+    }
     if (!fs::exists(dir / "index.h5")) {
       // Re-saving a tag moves the previous copy to <tag>.old, then the new one in: a job killed
       // between the two renames leaves the complete previous copy there.

@@ -118,6 +118,17 @@ TEST_CASE("checkpoints without latest are not overwritten by a fresh auto start"
 
 TEST_CASE("a tag or latest that is not a complete checkpoint is an error", "[load-plan]") {
   const fs::path dir = save_dir_with("missing", {2}, "global_step7");
+  // No such directory: said so, with the tags there are.
+  CHECK_THAT(error_of(config_for(dir, "auto")),
+             Catch::Contains("checkpoint.load: no checkpoint global_step7 in " + dir.string() +
+                             " although 'latest' names it (it holds global_step2)"));
+  CHECK_THAT(error_of(config_for(dir, "global_step3")),
+             Catch::Contains("no checkpoint global_step3 in " + dir.string() +
+                             " (it holds global_step2); name one of them, or \"auto\" for the "
+                             "newest"));
+  // A directory without its index: a save that did not complete.
+  fs::create_directories(dir / "global_step7");
+  fs::create_directories(dir / "global_step3");
   CHECK_THAT(error_of(config_for(dir, "auto")),
              Catch::Contains("global_step7 is not a complete checkpoint (no index.h5) although "
                              "'latest' names it"));

@@ -331,7 +331,19 @@ TEST_CASE("batch rule errors", "[config][batch]") {
   };
   const Case cases[] = {
       {R"("train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2)",
-       2, "b.json: train_batch_size 32 is not micro 4 × accumulation 2 × world 2 = 16"},
+       2,
+       "b.json: train_batch_size 32 is not micro 4 × accumulation 2 × world 2 = 16: set "
+       "train_batch_size 16, or gradient_accumulation_steps 4, or train_micro_batch_size_per_gpu "
+       "8, or leave one of the three out to have it derived"},
+      {R"("train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2)",
+       4,
+       "b.json: train_batch_size 8 is not micro 2 × accumulation 2 × world 4 = 16: set "
+       "train_batch_size 16, or gradient_accumulation_steps 1, or train_micro_batch_size_per_gpu "
+       "1, or leave one of the three out to have it derived"},
+      {R"("train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2)",
+       2,
+       "b.json: train_batch_size 6 is not micro 2 × accumulation 2 × world 2 = 8: set "
+       "train_batch_size 8, or leave one of the three out to have it derived"},
       {R"("train_batch_size": 10, "train_micro_batch_size_per_gpu": 2)", 2,
        "b.json: train_batch_size 10 is not divisible by micro 2 × world 2 = 4"},
       {R"("train_batch_size": 12, "gradient_accumulation_steps": 5)", 2,
