@@ -1652,7 +1652,12 @@ std::vector<std::string> apply_overrides(json& document, const ConfigOverrides& 
           "--{}: not a config key path (expected --block.key VALUE, e.g. --train.steps 5)", path));
     }
     json* node = &document;
+    std::string at;
     for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      at += (i > 0 ? "." : "") + parts[i];
+      // A block the file does not have is the command line's too: a misspelt one
+      // ("--trian.steps") is reported as the command line's, not the file's.
+      if (!node->contains(parts[i])) paths.push_back(at);
       json& child = (*node)[parts[i]];
       // The command line wins over what the file has on the way (null, or a value where a
       // block belongs, which the parser would reject anyway).

@@ -797,8 +797,11 @@ TEST_CASE("command-line overrides set keys and are validated like the file",
                             {"trace.path", "runs/trace.json"},
                             {"fp16.enabled", "false"},
                             {"device.memory_limit_gb", "1.5"}});
-  CHECK(paths.size() == 9);
-  CHECK(paths.front() == "train.steps");
+  // The paths set, and the blocks base_config() lacks, created on the way.
+  CHECK(paths == std::vector<std::string>{
+                     "train.steps", "train.eval_interval", "zero_optimization.offload_optimizer",
+                     "optimizer.params.betas", "checkpoint", "checkpoint.load", "data.val", "trace",
+                     "trace.path", "fp16", "fp16.enabled", "device", "device.memory_limit_gb"});
   CHECK(doc["checkpoint"]["load"] == "100");  // created the block
   const Config c = parse_config(doc, 2, "run.json", paths);
   CHECK(c.train.steps == 5);
@@ -844,6 +847,10 @@ TEST_CASE("command-line overrides set keys and are validated like the file",
         std::vector<std::string>{
             "--train.stpes: unknown key; did you mean 'steps'?",
             "run.json: zero_optimization.stge: unknown key; did you mean 'stage'?"});
+  // A misspelt block is the command line's too, not the file's.
+  CHECK_THAT(error_with({{"expert_paralel.autoep_size", "2"}}),
+             Catch::StartsWith("--expert_paralel: unknown key"));
+  CHECK_THAT(error_with({{"trian.steps", "5"}}), Catch::StartsWith("--trian: unknown key"));
   CHECK_THAT(error_with({{"train..steps", "5"}}),
              Catch::StartsWith("--train..steps: not a config key path"));
   CHECK_THAT(error_with({{"", "5"}}), Catch::StartsWith("--: not a config key path"));
