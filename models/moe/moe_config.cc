@@ -265,7 +265,8 @@ void MoeConfig::validate() const {
   }
   if (num_experts_per_tok > num_experts || num_experts_per_tok > kernels::kMoeMaxTopK) {
     ZRT_THROW(InvalidArgument,
-              "{} config {}: model.num_experts_per_tok={} must be at most num_experts={} (and {})",
+              "{} config {}: model.num_experts_per_tok={} must be at most num_experts={} (and at "
+              "most {}, the router kernel's top-k)",
               architecture, name, num_experts_per_tok, num_experts, kernels::kMoeMaxTopK);
   }
   if (num_attention_heads % num_key_value_heads != 0) {

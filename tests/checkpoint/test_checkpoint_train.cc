@@ -579,6 +579,10 @@ TEST_CASE("keep_last after a resume from an older tag keeps this run's newest", 
   REQUIRE(launch("keep", again, &text) == 0);
   CHECK_THAT(text, Catch::Contains("3 checkpoint(s) past the resumed step 2 (global_step4, "
                                    "global_step6, global_step8) are another run's timeline"));
+  // metrics.jsonl's rows past step 2 go, and the log says why (not "a run that did not reach a
+  // later checkpoint").
+  CHECK_THAT(text, Catch::Contains("kept 2 row(s) up to step 2, dropped 6 written after it (the "
+                                   "run resumed from an older checkpoint than the newest"));
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(j.save_dir)) {
     if (e.is_directory()) left.push_back(e.path().filename().string());
