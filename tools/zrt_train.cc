@@ -15,11 +15,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -236,11 +238,13 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
 int train(const Arguments& args, int* argc, char*** argv) {
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
+  bool configured = false;
   try {
     const zrt::cli::ConfigDocument d =
         zrt::cli::read_config_document(args.config_path, args.overrides);
     const zrt::Config config =
         zrt::parse_config(d.json, mpi.size(), args.config_path, d.command_line_paths);
+    configured = true;
     zrt::init_logging(mpi.rank(), config.log_level);
     zrt::train::TrainHooks hooks;
     // A hang (an operation past comm_timeout_s, reported by the watchdog with the operation,
@@ -276,6 +280,13 @@ int train(const Arguments& args, int* argc, char*** argv) {
         return 1;
     }
   } catch (const std::exception& e) {
+    // A config's problems are the same on every rank (one file, one world size): rank 0
+    // reports them and ends the job, and the others wait for that rather than print the same
+    // list once per rank. One whose rank 0 did not fail (a file that differs between nodes)
+    // reports its own after the wait.
+    if (!configured && mpi.rank() != 0) {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+    }
     // One log line per problem (a config may have several), each with the rank prefix.
     const std::string message = e.what();
     std::size_t begin = 0;
