@@ -746,6 +746,11 @@ class Parser {
     }
     e.expert_parallel_size = static_cast<int>(
         std::min<std::int64_t>(get_int(x + "autoep_size", 1), std::numeric_limits<int>::max()));
+    if (!has(x + "autoep_size")) {
+      warn(x + "autoep_size",
+           "not given: 1, so every rank holds every expert, as without the block; set it to the "
+           "number of ranks the experts are split over");
+    }
     const std::string hf_type = hf_model_type(get_string("model.init_from", ""));
     const std::string type = get_string("model.type", hf_type.empty() ? "gpt2" : hf_type);
     const bool dense = type == "gpt2" || type == "llama" || type == "qwen2" || type == "qwen3" ||

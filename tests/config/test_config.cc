@@ -1365,6 +1365,13 @@ TEST_CASE("expert_parallel: DeepSpeed's AutoEP section, each key implemented or 
   CHECK(std::any_of(off.warnings.begin(), off.warnings.end(), [](const std::string& w) {
     return w.find("expert_parallel.autoep_size: ignored") != std::string::npos;
   }));
+  // Enabled without autoep_size: 1, which splits nothing; said so.
+  const Config alone = parse_doc(patched(R"({"expert_parallel": {"enabled": true},
+      "model": {"type": "qwen3_moe", "preset": "qwen3-moe-tiny"}})"));
+  CHECK(alone.engine.expert_parallel_size == 1);
+  CHECK(has_warning(alone,
+                    "expert_parallel.autoep_size: not given: 1, so every rank holds every "
+                    "expert"));
   // A dense model has nothing to split.
   CHECK_THAT(
       error_of(patched(R"({"expert_parallel": {"enabled": true, "autoep_size": 2}})").dump()),
