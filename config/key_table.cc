@@ -174,8 +174,9 @@ std::vector<KeyInfo> build_table() {
       K("gradient_predivide_factor", E, kNumber, "1.0",
         "Divide gradients by this factor before the reduction")
           .off("1"),
-      K("seq_parallel_comm_data_type", W, kString, "fp32",
+      K("seq_parallel_communication_data_type", W, kEnum, "fp32",
         "Sequence-parallel communication dtype; zrt's all-to-alls move the compute dtype")
+          .choices("fp32|bf16|fp16")
           .off("\"fp32\""),
       K("sequence_parallel_size", I, kInt, documented(engine.sequence_parallel_size),
         "Ulysses sequence parallelism: each sequence in this many chunks over as many consecutive "

@@ -1469,5 +1469,18 @@ TEST_CASE("expert_parallel.autoep_size against the world and the stage (engine o
   CHECK_THAT(text(validate(o, 8)), Catch::Contains("must be >= 1"));
 }
 
+// DeepSpeed's name for the sequence-parallel all-to-alls' dtype (its constants.py), one of its
+// three values; zrt moves the compute dtype, so another value than fp32 is warned of.
+TEST_CASE("seq_parallel_communication_data_type: DeepSpeed's key and values", "[config]") {
+  const Config fp32 = parse_doc(patched(R"({"seq_parallel_communication_data_type": "fp32"})"));
+  CHECK(fp32.warnings.empty());
+  const Config bf16 = parse_doc(patched(R"({"seq_parallel_communication_data_type": "bf16"})"));
+  CHECK(has_warning(bf16, "seq_parallel_communication_data_type"));
+  CHECK_THAT(error_of(patched(R"({"seq_parallel_communication_data_type": "fp8"})").dump()),
+             Catch::Contains("seq_parallel_communication_data_type"));
+  CHECK_THAT(error_of(patched(R"({"seq_parallel_comm_data_type": "fp32"})").dump()),
+             Catch::Contains("did you mean 'seq_parallel_communication_data_type'"));
+}
+
 }  // namespace
 }  // namespace zrt
