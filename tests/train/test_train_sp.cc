@@ -401,11 +401,16 @@ TEST_CASE("sequence_parallel_size's config errors name the numbers and the fix",
   c.num_key_value_heads = 3;
   c.seq_len = 30;
   const std::vector<std::string> problems = llama::Llama::sequence_parallel_problems(c, 4);
-  REQUIRE(problems.size() == 2);
+  // Every problem at once, each with the values that fit.
+  REQUIRE(problems.size() == 3);
   CHECK_THAT(problems[0], Catch::Contains("sequence_parallel_size 4 does not divide the model's 6 "
-                                          "query heads (num_attention_heads)"));
-  CHECK_THAT(problems[1], Catch::Contains("sequence_parallel_size 4 does not divide the sequence "
-                                          "length 30"));
+                                          "query heads (num_attention_heads)") &&
+                              Catch::Contains("a divisor of 6 (1, 2, 3, 6)"));
+  CHECK_THAT(problems[1], Catch::Contains("sequence_parallel_size 4 and the model's 3 key/value "
+                                          "heads"));
+  CHECK_THAT(problems[2], Catch::Contains("sequence_parallel_size 4 does not divide the sequence "
+                                          "length 30") &&
+                              Catch::Contains("set model.seq_len to a multiple of 4 (28 or 32)"));
   c.num_attention_heads = 12;
   CHECK_THAT(llama::Llama::sequence_parallel_problems(c, 4)[0],
              Catch::Contains("sequence_parallel_size 4 and the model's 3 key/value heads"));
