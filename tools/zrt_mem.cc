@@ -257,9 +257,23 @@ int run(int argc, char** argv) {
     // micro-batch (what sets activation memory) and let the batch rule solve the global batch.
     const int world = args.count("--world") ? parse_int("--world", args["--world"]) : 0;
     nlohmann::json document = config::read_json_file(args["--config"]);
-    if (world > 0 && document.is_object() && document.contains("train_micro_batch_size_per_gpu") &&
-        document.contains("gradient_accumulation_steps")) {
-      document.erase("train_batch_size");
+    // The flags that enter the batch rule (sp divides the world into data-parallel ranks) go
+    // into the document before it is read, so trying --sp 1, 2, 4 against one file works.
+    if (document.is_object()) {
+      if (args.count("--sp")) {
+        document["sequence_parallel_size"] = parse_int("--sp", args["--sp"]);
+      }
+      if (args.count("--micro-batch")) {
+        document["train_micro_batch_size_per_gpu"] =
+            parse_int("--micro-batch", args["--micro-batch"]);
+      }
+      if (args.count("--gas")) {
+        document["gradient_accumulation_steps"] = parse_int("--gas", args["--gas"]);
+      }
+      if (world > 0 && document.contains("train_micro_batch_size_per_gpu") &&
+          document["train_micro_batch_size_per_gpu"].is_number()) {
+        document.erase("train_batch_size");
+      }
     }
     const Config config = parse_config(document, world, args["--config"]);
     in = mem::inputs_from_config(config);
@@ -375,7 +389,6 @@ int run(int argc, char** argv) {
   }
   // Without a stage the verdict picks one; the inputs are checked at the first the engine runs.
   in.engine.stage = chosen_stage.value_or(0);
-  in.validate();
 
   if (max_seq_len_flag) {
     if (!model) usage_error("--max-seq-len needs a model (--model or --config)");
@@ -388,6 +401,14 @@ int run(int argc, char** argv) {
                       "an equal chunk of every sequence)",
                       multiple, in.engine.sequence_parallel_size));
     }
+    // The search sets the length: the inputs are checked at its first candidate, not at the
+    // model's own seq_len, which --sp need not divide.
+    mem::Inputs first = in;
+    first.model = mem::model_spec(model->with_seq_len(multiple));
+    first.model->frozen = in.model->frozen;
+    first.model->trainable = in.model->trainable;
+    first.seq_len = multiple;
+    first.validate();
     const double host_gib =
         args.count("--host-gb") ? parse_number("--host-gb", args["--host-gb"]) : 0;
     if (host_gib < 0) usage_error("--host-gb must be >= 0");
@@ -395,6 +416,7 @@ int run(int argc, char** argv) {
                stdout);
     return 0;
   }
+  in.validate();
   std::vector<mem::Estimate> estimates;
   for (const mem::Setting& s : mem::table_order()) {
     estimates.push_back(mem::estimate(in, s));

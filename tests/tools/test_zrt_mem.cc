@@ -8,6 +8,8 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 
 #include <fmt/format.h>
@@ -530,6 +532,24 @@ TEST_CASE("zrt-mem rejects bad usage with a message naming the problem") {
   CHECK(status == 1);
 }
 
+// --sp, --micro-batch and --gas enter the config's batch rule: one file tried at sp 1, 2, 4 and
+// another world size (the file's own sp or global batch refused them before).
+TEST_CASE("zrt-mem --config: --sp and --world applied before the batch rule") {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / "zrt_test_zrt_mem_sp.json";
+  std::ofstream(file) << R"({"train_batch_size": 2, "sequence_parallel_size": 4,
+      "model": {"type": "llama", "preset": "llama-tiny", "seq_len": 64},
+      "data": {"train": "unused"}, "train": {"steps": 1}, "device": {"type": "cpu"}})";
+  for (const char* flags : {"--world 4 --sp 4", "--world 4 --sp 2 --micro-batch 1",
+                            "--world 2 --sp 2", "--world 4 --sp 1 --micro-batch 1"}) {
+    int status = -1;
+    const std::string out = run_tool("--config " + file.string() + " " + flags, &status);
+    INFO(flags << ":\n" << out);
+    CHECK(status == 0);
+    CHECK_THAT(out, Catch::Contains("verdict:"));
+  }
+}
+
 TEST_CASE("Lion keeps 8 bytes of fp32 state per parameter: the paper's setting with Lion") {
   // Ψ = 7.5B, N = 64, fp16 parameters and gradients (2Ψ + 2Ψ), and K = 8 instead of Adam's 12:
   // fp32 master weights (4Ψ) and one fp32 momentum (4Ψ).
@@ -671,7 +691,9 @@ TEST_CASE("--max-seq-len: the host per node and the model's own limit stop it to
   const auto llama = builtin_models().parse_spec("llama-tiny");
   const SequenceFit capped = longest_sequence(*llama, in, offload, std::int64_t{1} << 40, 0, 64);
   INFO(capped.limit);
-  CHECK_THAT(capped.limit, Catch::Contains("max_position_embeddings"));
+  // A table cell: the bound alone, without the source location or the remedy.
+  CHECK_THAT(capped.limit, Catch::Matches("model\\.seq_len=[0-9]+ exceeds "
+                                          "max_position_embeddings=[0-9]+"));
   CHECK(capped.seq_len > 0);
   CHECK_THROWS_AS(llama->with_seq_len(capped.seq_len + 64), InvalidArgument);
   // Host memory: the offloaded state alone exceeds a 1 MiB host, so nothing fits, for that reason.
@@ -758,6 +780,15 @@ TEST_CASE("zrt-mem --max-seq-len prints a line per setting") {
   const std::string none = run_tool("--params 1e9 --max-seq-len", &status);
   CHECK(status == 2);
   CHECK_THAT(none, Catch::Contains("--max-seq-len needs a model"));
+  // The model's own seq_len need not split over --sp: the search sets the length (8192 tokens
+  // at sp 3 was refused before the search began).
+  const std::string sp3 = run_tool(
+      "--model smollm2-135m --max-seq-len --activation-checkpointing --device-gb 4 --sp 3 "
+      "--world 3 --seq-multiple 192",
+      &status);
+  INFO(sp3);
+  CHECK(status == 0);
+  CHECK_THAT(sp3, Catch::Contains("sequence_parallel_size 3"));
 }
 
 TEST_CASE("--max-seq-len: cpu_checkpointing and tiling give a longer sequence, exactly fitted") {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <optional>
+#include <regex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,18 @@ struct Trial {
   std::string limit;
 };
 
+// The model's refusal as a table cell: "model.seq_len=8256 exceeds max_position_embeddings=8192",
+// without the source location, the model's name and the remedy (zrt-train gives them all).
+std::string brief_reason(const std::string& message) {
+  static const std::regex location(R"(^[A-Za-z0-9_./-]+:[0-9]+: )");
+  static const std::regex model_name(R"(^\S+ config \S+: )");
+  std::string text =
+      std::regex_replace(message, location, "", std::regex_constants::format_first_only);
+  text = std::regex_replace(text, model_name, "", std::regex_constants::format_first_only);
+  const std::size_t remedy = text.find(": ");
+  return remedy == std::string::npos ? text : text.substr(0, remedy);
+}
+
 Trial try_length(const ModelDef& model, Inputs in, const Setting& setting, int T,
                  std::int64_t device_capacity, std::int64_t host_capacity) {
   Trial t;
@@ -27,7 +41,7 @@ Trial try_length(const ModelDef& model, Inputs in, const Setting& setting, int T
   try {
     at_T = model.with_seq_len(T);
   } catch (const InvalidArgument& e) {
-    t.limit = e.what();  // the model's own bound (max_position_embeddings)
+    t.limit = brief_reason(e.what());  // the model's own bound (max_position_embeddings)
     return t;
   }
   in.model = model_spec(at_T);

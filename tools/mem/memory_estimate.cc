@@ -408,16 +408,10 @@ void Inputs::validate() const {
   if (sp < 1) ZRT_THROW(InvalidArgument, "--sp (sequence_parallel_size) must be >= 1, not {}", sp);
   if (model && model->def) {
     // What the model's build would refuse (its heads split over the sp ranks, its length in
-    // chunks), every problem at once, one per line; and a --seq of its own in chunks too.
+    // chunks), every problem at once, one per line.
     std::vector<std::string> lines;
     for (const std::string& p : model->def->sequence_parallel_problems(sp)) {
       lines.push_back(model->def->name() + ": " + p);
-    }
-    if (seq_len != model->def->seq_len() && seq_len % sp != 0) {
-      lines.push_back(fmt::format(
-          "--sp {} (sequence_parallel_size) does not divide --seq {}: each rank of a group "
-          "holds an equal chunk; give a multiple of {}",
-          sp, seq_len, sp));
     }
     if (!lines.empty()) throw InvalidArgument(fmt::format("{}", fmt::join(lines, "\n")));
   }
