@@ -19,12 +19,20 @@ namespace {
 // --check's default world size: the file's batch numbers when it gives all three, else 1.
 int default_check_world(const nlohmann::json& document) {
   if (!document.is_object()) return 1;
+  bool all_three = true;
   for (const char* key :
        {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}) {
     const auto it = document.find(key);
-    if (it == document.end() || !it->is_number()) return 1;
+    all_three = all_three && it != document.end() && it->is_number();
   }
-  return 0;  // parse_config takes it from the three numbers
+  if (all_three) return 0;  // parse_config takes it from the three numbers
+  // Sequence parallelism runs on at least one group of its size: the smallest world it fits.
+  const auto sp = document.find("sequence_parallel_size");
+  if (sp != document.end() && sp->is_number_integer() && sp->get<std::int64_t>() > 1 &&
+      sp->get<std::int64_t>() <= 1 << 20) {
+    return static_cast<int>(sp->get<std::int64_t>());
+  }
+  return 1;
 }
 
 void print_lines(std::FILE* out, const std::string& prefix, const std::string& text) {
@@ -60,9 +68,11 @@ ConfigDocument read_config_document(const std::string& config_path,
 
 int check_training_config(const CheckArguments& args) {
   Config config;
+  int assumed_world = 0;
   try {
     const ConfigDocument d = read_config_document(args.config_path, args.overrides);
-    const int world = args.world.value_or(default_check_world(d.json));
+    assumed_world = default_check_world(d.json);
+    const int world = args.world.value_or(assumed_world);
     config = parse_config(d.json, world, args.config_path, d.command_line_paths);
   } catch (const InvalidArgument& e) {
     const std::string message = e.what();
@@ -70,6 +80,12 @@ int check_training_config(const CheckArguments& args) {
     std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,
                 n == 1 ? "" : "s");
     print_lines(stdout, "  ", message);
+    if (!args.world && assumed_world > 0) {
+      std::printf(
+          "  (checked for %d rank(s), --check's assumption: give --world N, the rank "
+          "count the run will have)\n",
+          assumed_world);
+    }
     return 1;
   }
 

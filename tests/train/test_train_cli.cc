@@ -89,6 +89,22 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
   CHECK_THAT(three.output,
              Catch::Contains("train_batch_size 16 is not micro 4 × accumulation 1 × world 3"));
 
+  // Without the three batch numbers the world is assumed: sequence parallelism's group at
+  // least, and an invalid result says it was assumed.
+  const Outcome sp_assumed =
+      zrt_train("--check --config " + kDemo +
+                " --gradient_accumulation_steps null --sequence_parallel_size 2");
+  INFO(sp_assumed.output);
+  CHECK(sp_assumed.status == 0);
+  CHECK_THAT(sp_assumed.output, Catch::Contains("is valid for 2 ranks"));
+  const Outcome sp_bad = zrt_train("--check --config " + kDemo +
+                                   " --gradient_accumulation_steps null --sequence_parallel_size 2 "
+                                   "--train_batch_size 6");
+  INFO(sp_bad.output);
+  CHECK(sp_bad.status == 1);
+  CHECK_THAT(sp_bad.output, Catch::Contains("(checked for 2 rank(s), --check's assumption: give "
+                                            "--world N"));
+
   // Valid, but the setting does not fit the device it names.
   const Outcome small = zrt_train("--check --config " + kDemo + " --device.memory_limit_gb 0.001");
   INFO(small.output);
