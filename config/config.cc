@@ -329,7 +329,10 @@ class Parser {
     for (const KeyInfo& key : config::key_table()) {
       const std::string other = key.path;
       const std::size_t dot = other.rfind('.');
-      if (dot != std::string::npos && other.substr(dot + 1) == name) elsewhere.push_back(other);
+      // Also a top-level key put in a block ("zero_optimization.sequence_parallel_size").
+      const bool same_name = dot != std::string::npos ? other.substr(dot + 1) == name
+                                                      : !prefix.empty() && other == name;
+      if (same_name) elsewhere.push_back(other);
     }
     if (elsewhere.size() == 1) {
       meant(elsewhere.front());

@@ -847,6 +847,10 @@ TEST_CASE("command-line overrides set keys and are validated like the file",
         std::vector<std::string>{
             "--train.stpes: unknown key; did you mean 'steps'?",
             "run.json: zero_optimization.stge: unknown key; did you mean 'stage'?"});
+  // A top-level key put in a block: the key it is.
+  CHECK(error_with({{"zero_optimization.sequence_parallel_size", "2"}}) ==
+        "--zero_optimization.sequence_parallel_size: unknown key; did you mean "
+        "'sequence_parallel_size'?");
   // A misspelt block is the command line's too, not the file's.
   CHECK_THAT(error_with({{"expert_paralel.autoep_size", "2"}}),
              Catch::StartsWith("--expert_paralel: unknown key"));
