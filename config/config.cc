@@ -1087,6 +1087,11 @@ class Parser {
     }
     m.head_tile_rows = static_cast<int>(get_int("model.tiling.head_rows", 0));
     m.mlp_tile_rows = static_cast<int>(get_int("model.tiling.mlp_rows", 0));
+    if (has("model.tiling.mlp_rows") && m.type == "gpt2") {
+      warn("model.tiling.mlp_rows",
+           "no effect on GPT-2 (its MLP is not tiled: the Llama family's and the mixtures of "
+           "experts' are); model.tiling.head_rows tiles its head");
+    }
     m.expert_rows_reserve = get_number("model.expert_rows_reserve", kDefaultExpertRowsReserve);
     if (has("model.expert_rows_reserve") && c.engine.expert_parallel_size <= 1) {
       warn("model.expert_rows_reserve",

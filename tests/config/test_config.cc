@@ -1473,6 +1473,17 @@ TEST_CASE("expert_parallel.autoep_size against the world and the stage (engine o
   CHECK_THAT(text(validate(o, 8)), Catch::Contains("must be >= 1"));
 }
 
+// model.tiling.mlp_rows tiles the Llama family's and the mixtures of experts' MLP: on GPT-2 it
+// does nothing, and says so.
+TEST_CASE("model.tiling.mlp_rows on GPT-2 is warned of", "[config]") {
+  const Config gpt = parse_doc(patched(R"({"model": {"preset": "gpt2-tiny",
+      "tiling": {"mlp_rows": 64}}})"));
+  CHECK(has_warning(gpt, "model.tiling.mlp_rows: no effect on GPT-2"));
+  const Config llama = parse_doc(patched(R"({"model": {"type": "llama", "preset": "llama-tiny",
+      "tiling": {"mlp_rows": 64}}})"));
+  CHECK_FALSE(has_warning(llama, "model.tiling.mlp_rows"));
+}
+
 // DeepSpeed's name for the sequence-parallel all-to-alls' dtype (its constants.py), one of its
 // three values; zrt moves the compute dtype, so another value than fp32 is warned of.
 TEST_CASE("seq_parallel_communication_data_type: DeepSpeed's key and values", "[config]") {
