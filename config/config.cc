@@ -583,6 +583,12 @@ class Parser {
                      : fmt::format("data-parallel degree {} (world {} / sequence_parallel_size {})",
                                    dp, dp * sp, sp);
     };
+    // "set train_batch_size to a multiple of d (8 or 12)": the values either side that fit.
+    const auto multiples_fix = [](std::int64_t given, std::int64_t d) {
+      const std::int64_t below = given - given % d;
+      return fmt::format("; set train_batch_size to a multiple of {} ({}{})", d,
+                         below > 0 ? fmt::format("{} or ", below) : std::string(), below + d);
+    };
     if (world <= 0) {
       if (!train || !micro || !accum) {
         fail_plain(
@@ -621,8 +627,10 @@ class Parser {
     } else if (train && micro) {
       const std::int64_t d = *micro * world;
       if (*train % d != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by micro {} × {} = {}", *train,
-                               *micro, ranks(world), d));
+        error_plain(ProblemKind::kConflict,
+                    fmt::format("train_batch_size {} is not divisible by micro {} × {} = {}{}",
+                                *train, *micro, ranks(world), d, multiples_fix(*train, d)),
+                    "train_batch_size");
         return;
       }
       b.train_batch_size = *train;
@@ -631,8 +639,11 @@ class Parser {
     } else if (train && accum) {
       const std::int64_t d = *accum * world;
       if (*train % d != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by accumulation {} × {} = {}",
-                               *train, *accum, ranks(world), d));
+        error_plain(
+            ProblemKind::kConflict,
+            fmt::format("train_batch_size {} is not divisible by accumulation {} × {} = {}{}",
+                        *train, *accum, ranks(world), d, multiples_fix(*train, d)),
+            "train_batch_size");
         return;
       }
       b.train_batch_size = *train;
@@ -644,7 +655,10 @@ class Parser {
       b.gradient_accumulation_steps = static_cast<int>(*accum);
     } else if (train) {
       if (*train % world != 0) {
-        fail_plain(fmt::format("train_batch_size {} is not divisible by {}", *train, ranks(world)));
+        error_plain(ProblemKind::kConflict,
+                    fmt::format("train_batch_size {} is not divisible by {}{}", *train,
+                                ranks(world), multiples_fix(*train, world)),
+                    "train_batch_size");
         return;
       }
       b.train_batch_size = *train;

@@ -345,10 +345,14 @@ TEST_CASE("batch rule errors", "[config][batch]") {
        "b.json: train_batch_size 6 is not micro 2 × accumulation 2 × world 2 = 8: set "
        "train_batch_size 8, or leave one of the three out to have it derived"},
       {R"("train_batch_size": 10, "train_micro_batch_size_per_gpu": 2)", 2,
-       "b.json: train_batch_size 10 is not divisible by micro 2 × world 2 = 4"},
+       "b.json: train_batch_size 10 is not divisible by micro 2 × world 2 = 4; set "
+       "train_batch_size to a multiple of 4 (8 or 12)"},
       {R"("train_batch_size": 12, "gradient_accumulation_steps": 5)", 2,
-       "b.json: train_batch_size 12 is not divisible by accumulation 5 × world 2 = 10"},
-      {R"("train_batch_size": 6)", 4, "b.json: train_batch_size 6 is not divisible by world 4"},
+       "b.json: train_batch_size 12 is not divisible by accumulation 5 × world 2 = 10; set "
+       "train_batch_size to a multiple of 10 (10 or 20)"},
+      {R"("train_batch_size": 6)", 4,
+       "b.json: train_batch_size 6 is not divisible by world 4; set train_batch_size to a "
+       "multiple of 4 (4 or 8)"},
       {R"("gradient_accumulation_steps": 4)", 2,
        "b.json: no batch size: give train_batch_size or train_micro_batch_size_per_gpu as a "
        "number (\"auto\" counts as not given)"},
