@@ -71,11 +71,12 @@ std::string RopeScaling::position_limit_error(int seq_len, int max_position_embe
         static_cast<std::int64_t>(std::floor(factor * original_max_position_embeddings)));
   }
   return fmt::format(
-      "model.seq_len={} exceeds max_position_embeddings={}: shorten seq_len, or train past the "
-      "pretrained positions with rotary scaling (model.rope_scaling, in config.json with "
-      "init_from: rope_type yarn with factor x original_max_position_embeddings >= {}; Qwen's "
-      "model cards give factor 4 over 32768)",
-      seq_len, max_position_embeddings, seq_len);
+      "model.seq_len={} exceeds max_position_embeddings={}: shorten seq_len; for a model "
+      "trained from scratch, raise model.max_position_embeddings to at least {}; to train "
+      "pretrained weights past their positions, rotary scaling (model.rope_scaling, in "
+      "config.json with init_from: rope_type yarn with factor x "
+      "original_max_position_embeddings >= {}; Qwen's model cards give factor 4 over 32768)",
+      seq_len, max_position_embeddings, seq_len, seq_len);
 }
 
 std::string RopeScaling::describe() const {

@@ -120,6 +120,8 @@ TEST_CASE("a Qwen3 block with YaRN resolves, and its saved form reads back", "[l
                         Catch::Contains("32768 x 4 = 131072"));
   CHECK_THROWS_WITH(builtin_models().parse_spec("qwen3", "qwen3-0.6b:seq_len=65536"),
                     Catch::Contains("exceeds max_position_embeddings=40960") &&
+                        Catch::Contains("raise model.max_position_embeddings to at least "
+                                        "65536") &&
                         Catch::Contains("rope_type yarn with factor x "
                                         "original_max_position_embeddings >= 65536"));
   const Config again = parse_config(resolved_document(config), 1, "saved.json");
