@@ -180,7 +180,9 @@ void DataStream::restore(const DataStreamState& state) {
     ZRT_THROW(DataError,
               "{}: the saved data position is for a stream of {} samples (T = {}, group {}); "
               "this dataset has {} samples (T = {}, group {}): the sample indices would mean "
-              "other data",
+              "other data. To go on with other data or another seq_len from these weights, "
+              "start a new run from them: zrt-ckpt export --hf, then model.init_from (the "
+              "optimizer state starts afresh)",
               d.pattern(), state.num_samples, state.seq_len, state.group, d.num_samples(),
               d.seq_len(), d.group());
   }
