@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "runtime/common/dtype.h"
 #include "train/batch_feeder.h"
 
@@ -88,6 +90,34 @@ std::string sample_text(const Config& config, Device& device, Stream& compute, M
     text.push_back(static_cast<char>(draw(logits, vocab_size, dtype, rng)));
   }
   return text;
+}
+
+std::string printable_sample(const std::string& bytes) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    std::size_t length = c < 0x80           ? 1
+                         : (c >> 5) == 0x6  ? 2
+                         : (c >> 4) == 0xE  ? 3
+                         : (c >> 3) == 0x1E ? 4
+                                            : 0;
+    bool valid = length > 0 && i + length <= bytes.size();
+    for (std::size_t k = 1; valid && k < length; ++k) {
+      valid = (static_cast<unsigned char>(bytes[i + k]) >> 6) == 0x2;
+    }
+    if (c == '\n') {
+      out += "\\n";
+    } else if (valid && (c >= 0x20 && c != 0x7f)) {
+      out.append(bytes, i, length);
+      i += length;
+      continue;
+    } else {
+      out += fmt::format("\\x{:02x}", c);
+    }
+    ++i;
+  }
+  return out;
 }
 
 }  // namespace zrt::train

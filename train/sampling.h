@@ -18,4 +18,9 @@ namespace zrt::train {
 std::string sample_text(const Config& config, Device& device, Stream& compute, Model& model,
                         ZeroEngine& engine, int seq_len, int vocab_size);
 
+// A byte-level model's sample as one log line: UTF-8 text kept, a newline as "\n", other
+// control bytes and bytes that are no UTF-8 as \xNN (a terminal or grep would take the line as
+// binary otherwise).
+std::string printable_sample(const std::string& bytes);
+
 }  // namespace zrt::train

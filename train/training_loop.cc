@@ -507,7 +507,7 @@ void TrainingRun::sample() {
   }
   summary_.sample =
       sample_text(config_, *device_, *compute_, *model_, *engine_, T_, model_source_.vocab_size);
-  if (rank_ == 0) spdlog::info("sample: {}", summary_.sample);
+  if (rank_ == 0) spdlog::info("sample: {}", printable_sample(summary_.sample));
 }
 
 }  // namespace zrt::train
