@@ -55,9 +55,12 @@ GptConfig GptConfig::parse(const std::string& spec) {
     c.validate();
     return c;
   }
+  // A preset with keys changed is named after it (messages say which model it started from).
+  std::string modified = "custom";
   if (const auto colon = spec.find(':'); colon != std::string::npos) {
     c = preset(spec.substr(0, colon));
     rest = spec.substr(colon + 1);
+    modified = spec.substr(0, colon) + " (modified)";
   }
   for (const auto& [key, text] : spec_items("gpt", rest)) {
     const int value = parse_int_value(key, text);
@@ -75,7 +78,7 @@ GptConfig GptConfig::parse(const std::string& spec) {
       ZRT_THROW(InvalidArgument,
                 "gpt config: unknown key '{}' (n_layer, n_head, n_embd, vocab_size, seq_len)", key);
     }
-    c.name = "custom";
+    c.name = modified;
   }
   c.validate();
   return c;

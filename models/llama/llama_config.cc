@@ -122,8 +122,11 @@ LlamaConfig LlamaConfig::parse(const std::string& architecture, const std::strin
     rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
   }
   DecoderShapeKeysGiven given;
+  // A preset with keys changed is named after it (messages say which model it started from).
+  const std::string modified =
+      has_preset ? spec.substr(0, colon) + " (modified)" : std::string("custom");
   for (const auto& [key, value] : spec_items("llama", rest)) {
-    c.name = "custom";
+    c.name = modified;
     if (set_decoder_shape_key(c, "llama", key, value, given)) continue;
     if (key == "max_window_layers") {
       c.max_window_layers = parse_int_value(key, value);

@@ -187,8 +187,10 @@ MoeConfig MoeConfig::parse(const std::string& architecture, const std::string& s
   }
   DecoderShapeKeysGiven given;
   bool moe_width_given = false, norm_given = false;
+  // A preset with keys changed is named after it (messages say which model it started from).
+  const std::string modified = has_preset ? head + " (modified)" : std::string("custom");
   for (const auto& [key, value] : spec_items("moe", rest)) {
-    c.name = "custom";
+    c.name = modified;
     if (set_decoder_shape_key(c, "moe", key, value, given)) continue;
     if (key == "num_experts" || key == "num_local_experts") {
       c.num_experts = parse_int_value(key, value);
