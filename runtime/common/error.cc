@@ -6,8 +6,9 @@ namespace {
 // Paths are reported relative to the source tree, so messages do not depend on the checkout.
 const char* short_path(const char* file) {
   const std::string_view path(file);
-  for (const char* root :
-       {"runtime/", "optimizers/", "kernels/", "models/", "offload/", "tools/", "tests/"}) {
+  // Matched in this order: tests/ before config/ and train/, which are also its subfolders.
+  for (const char* root : {"runtime/", "optimizers/", "kernels/", "models/", "offload/", "tools/",
+                           "tests/", "config/", "train/"}) {
     const auto pos = path.rfind(root);
     if (pos != std::string_view::npos) return file + pos;
   }
