@@ -1,5 +1,6 @@
 // The cores a rank may use (its CPU affinity) and the warning when a launcher confined it to
-// fewer than its share of the node (mpirun binds each rank to a core by default at 2 ranks or fewer).
+// fewer than its share of the node (mpirun binds each rank to a core by default at 2 ranks or
+// fewer), or its OpenMP threads oversubscribe the node.
 #include <catch2/catch.hpp>
 
 #include <sched.h>
