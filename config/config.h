@@ -216,8 +216,8 @@ Config load_config(const std::string& path, int world_size, const ConfigOverride
 // is the text parsed as JSON when it is valid JSON (numbers, true/false, null, arrays,
 // objects), otherwise the text as a string; a key whose form is a string (or a choice of
 // strings) always takes the text, so "--checkpoint.load 100" names tag "100". Returns the
-// paths set and the blocks created on the way, for parse_config's messages. Throws InvalidArgument for an empty path or one with
-// an empty part ("--a..b").
+// paths set and the blocks created on the way, for parse_config's messages. Throws
+// InvalidArgument for an empty path or one with an empty part ("--a..b").
 std::vector<std::string> apply_overrides(nlohmann::json& document,
                                          const ConfigOverrides& overrides);
 

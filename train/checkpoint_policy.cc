@@ -221,7 +221,7 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
 
 // Resuming from an older tag: the checkpoints past it are another timeline's. They stay (this
 // run's pruning neither counts nor removes them), and `latest` will name this run's saves.
-void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) const {
+void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) {
   if (rank_ != 0) return;
   std::vector<std::string> later;
   std::error_code ec;
@@ -229,6 +229,7 @@ void CheckpointPolicy::warn_of_later_checkpoints(std::int64_t step) const {
     const std::string name = entry.path().filename().string();
     if (entry.is_directory(ec) && checkpoint::step_of_tag(name) > step) later.push_back(name);
   }
+  resumed_before_newest_ = !later.empty();
   if (later.empty()) return;
   std::sort(later.begin(), later.end());
   spdlog::warn(

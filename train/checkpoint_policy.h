@@ -59,6 +59,10 @@ class CheckpointPolicy {
   // then this step's checkpoint is committed). Returns how the run ended.
   RunStatus save_for_stop(std::int64_t step);
 
+  // Rank 0: whether resume() took a checkpoint older than others in save_dir (another
+  // timeline's later tags are there).
+  bool resumed_before_newest() const { return resumed_before_newest_; }
+
   // Saves that failed under checkpoint.on_save_error "continue".
   std::int64_t saves_failed() const { return saves_failed_; }
   // Whether the run saves, a save failed under "continue", and step `step`'s save did not
@@ -70,7 +74,7 @@ class CheckpointPolicy {
   using Clock = std::chrono::steady_clock;
 
   void save_checkpoint(std::int64_t step, bool synchronous);
-  void warn_of_later_checkpoints(std::int64_t step) const;
+  void warn_of_later_checkpoints(std::int64_t step);
   // `counts_recorded`: the index holds every parameter's own Adam step count (param_steps).
   void warn_of_model_changes(const std::string& dir, const std::string& saved_config,
                              bool counts_recorded) const;
@@ -88,6 +92,7 @@ class CheckpointPolicy {
   // The step of the save issued last while it has not yet reported (an async one writes on).
   std::optional<std::int64_t> pending_step_;
   std::int64_t last_committed_step_ = -1;  // the step of the last save every rank committed
+  bool resumed_before_newest_ = false;
   bool stopping_ = false;  // save_for_stop() was called: no training follows a failed save
 };
 

@@ -16,7 +16,6 @@
 #include "models/model_registry.h"
 #include "offload/cpu_optimizer_offload.h"
 #include "optimizers/optimizer.h"
-#include "runtime/checkpoint/load_plan.h"
 #include "runtime/common/cpu_affinity.h"
 #include "runtime/common/error.h"
 #include "runtime/common/fault.h"
@@ -425,13 +424,6 @@ void TrainingRun::open_logs() {
     metrics_.emplace((std::filesystem::path(config_.output_dir) / "metrics.jsonl").string(),
                      start_step_);
     const HistoryTrim& trim = metrics_->trimmed();
-    bool resumed_older = false;
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(config_.checkpoint.save_dir, ec)) {
-      if (checkpoint::step_of_tag(entry.path().filename().string()) > start_step_) {
-        resumed_older = start_step_ > 0;
-      }
-    }
     if (trim.dropped > 0 && start_step_ == 0) {
       spdlog::info(
           "{}: a fresh start begins a new history; the {} row(s) of an earlier run "
@@ -442,7 +434,7 @@ void TrainingRun::open_logs() {
       // it unsaved; an older one was chosen, and the rows past it are another timeline's.
       spdlog::info("{}: kept {} row(s) up to step {}, dropped {} written after it ({})",
                    metrics_->path(), trim.kept, start_step_, trim.dropped,
-                   resumed_older
+                   checkpoints_->resumed_before_newest()
                        ? "the run resumed from an older checkpoint than the newest: those rows "
                          "are the later checkpoints' timeline"
                        : "by a run that did not reach a later checkpoint");

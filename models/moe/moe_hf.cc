@@ -37,6 +37,15 @@ std::string expert_tensor(const MoeConfig& c, const std::string& prefix, int e,
   return prefix + "mlp.experts." + std::to_string(e) + "." + which + "_proj.weight";
 }
 
+// The number `digits` spells (a layer's or an expert's index), else -1.
+int index_of(const std::string& digits) {
+  if (digits.empty() || digits.size() > 6 ||
+      digits.find_first_not_of("0123456789") != std::string::npos) {
+    return -1;
+  }
+  return std::stoi(digits);
+}
+
 // e of "{prefix}mlp.experts.{e}.{kind}" (an expert's own parameter under expert parallelism),
 // else -1.
 int own_expert(const std::string& prefix, const std::string& name, const std::string& kind) {
@@ -46,9 +55,7 @@ int own_expert(const std::string& prefix, const std::string& name, const std::st
       !ends_with(name, tail)) {
     return -1;
   }
-  const std::string digits = name.substr(head.size(), name.size() - head.size() - tail.size());
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoi(digits);
+  return index_of(name.substr(head.size(), name.size() - head.size() - tail.size()));
 }
 
 std::vector<hf::HfPiece> expert_pieces(const MoeConfig& c, const std::string& name) {
@@ -97,24 +104,15 @@ hf::HfImportRules import_rules(const MoeConfig& config) {
     if (base && base(name)) return true;
     const std::string prefix = layer_prefix(name);
     if (prefix.empty()) return false;
-    const std::string layer_digits = prefix.substr(13, prefix.size() - 14);  // "model.layers."
-    if (layer_digits.empty() || layer_digits.size() > 6 ||
-        layer_digits.find_first_not_of("0123456789") != std::string::npos) {
-      return false;
-    }
-    const int layer = std::stoi(layer_digits);
-    if (layer >= c.num_hidden_layers || !c.is_moe_layer(layer)) return false;
+    const int layer = index_of(prefix.substr(13, prefix.size() - 14));  // "model.layers.{l}."
+    if (layer < 0 || layer >= c.num_hidden_layers || !c.is_moe_layer(layer)) return false;
     const std::string head =
         prefix + (c.architecture == "mixtral" ? "block_sparse_moe.experts." : "mlp.experts.");
     if (name.compare(0, head.size(), head) != 0) return false;
     const std::size_t dot = name.find('.', head.size());
-    const std::string digits = name.substr(head.size(), dot - head.size());
-    if (dot == std::string::npos || digits.empty() || digits.size() > 6 ||
-        digits.find_first_not_of("0123456789") != std::string::npos) {
-      return false;
-    }
-    const int e = std::stoi(digits);
-    if (e >= c.num_experts) return false;
+    if (dot == std::string::npos) return false;
+    const int e = index_of(name.substr(head.size(), dot - head.size()));
+    if (e < 0 || e >= c.num_experts) return false;
     for (const char* which : {"gate", "up", "down"}) {
       if (name == expert_tensor(c, prefix, e, which)) return true;
     }

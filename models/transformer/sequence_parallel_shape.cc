@@ -53,15 +53,17 @@ std::vector<std::string> sequence_parallel_problems(const SequenceParallelShape&
   return problems;
 }
 
+void throw_sequence_parallel_problems(const std::string& model,
+                                      const std::vector<std::string>& problems) {
+  if (problems.empty()) return;
+  std::vector<std::string> lines;
+  for (const std::string& p : problems) lines.push_back(model + ": " + p);
+  throw InvalidArgument(fmt::format("{}", fmt::join(lines, "\n")));
+}
+
 void require_sequence_parallel_fits(const std::string& model, const SequenceParallelShape& shape,
                                     int sp) {
-  const std::vector<std::string> problems = sequence_parallel_problems(shape, sp);
-  if (!problems.empty()) {
-    // One line per problem (zrt-train logs each as its own line).
-    std::vector<std::string> lines;
-    for (const std::string& p : problems) lines.push_back(model + ": " + p);
-    throw InvalidArgument(fmt::format("{}", fmt::join(lines, "\n")));
-  }
+  throw_sequence_parallel_problems(model, sequence_parallel_problems(shape, sp));
 }
 
 }  // namespace zrt::transformer

@@ -24,7 +24,12 @@ struct SequenceParallelShape {
 // sp <= 1 or the shape fits.
 std::vector<std::string> sequence_parallel_problems(const SequenceParallelShape& shape, int sp);
 
-// Throws InvalidArgument "`model`: <every problem>" when sequence_parallel_problems finds any.
+// Throws InvalidArgument with a line "`model`: <problem>" per problem in `problems`, if any
+// (zrt-train logs each line as its own; the source location is left out: the fix is the user's).
+void throw_sequence_parallel_problems(const std::string& model,
+                                      const std::vector<std::string>& problems);
+
+// throw_sequence_parallel_problems of what sequence_parallel_problems finds.
 void require_sequence_parallel_fits(const std::string& model, const SequenceParallelShape& shape,
                                     int sp);
 

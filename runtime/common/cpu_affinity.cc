@@ -58,9 +58,9 @@ std::optional<std::string> cpu_binding_warning(const CpuAffinity& affinity, int 
         "this rank may run on {} of the node's {} cores (CPU affinity {}) while its share is {} "
         "({} rank(s) on the node): its CPU work (the CPU optimizer with optimizer offload, the "
         "CPU backend's kernels) gets {} core(s) where it could have {}. mpirun binds ranks by "
-        "default (each to a core at 2 ranks or fewer): launch with `mpirun --bind-to none -x "
-        "OMP_NUM_THREADS={}` "
-        "(tools/zrt-run does both), or under srun with --cpus-per-task={}",
+        "default (each to a core at 2 ranks or fewer): launch with "
+        "`mpirun --bind-to none -x OMP_NUM_THREADS={}` (tools/zrt-run does both), or under "
+        "srun with --cpus-per-task={}",
         affinity.usable, affinity.online, affinity.list, share, ranks_on_node, affinity.usable,
         share, share, share);
   }

@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "kernels/kernel_context.h"
+#include "models/transformer/sequence_parallel_shape.h"
 #include "runtime/comm/quantized_collectives.h"
 #include "runtime/common/error.h"
 #include "runtime/device/device.h"
@@ -408,12 +409,9 @@ void Inputs::validate() const {
   if (sp < 1) ZRT_THROW(InvalidArgument, "--sp (sequence_parallel_size) must be >= 1, not {}", sp);
   if (model && model->def) {
     // What the model's build would refuse (its heads split over the sp ranks, its length in
-    // chunks), every problem at once, one per line.
-    std::vector<std::string> lines;
-    for (const std::string& p : model->def->sequence_parallel_problems(sp)) {
-      lines.push_back(model->def->name() + ": " + p);
-    }
-    if (!lines.empty()) throw InvalidArgument(fmt::format("{}", fmt::join(lines, "\n")));
+    // chunks), every problem at once, as the build says it.
+    transformer::throw_sequence_parallel_problems(model->def->name(),
+                                                  model->def->sequence_parallel_problems(sp));
   }
   if (!(device_gib > 0.0))
     ZRT_THROW(InvalidArgument, "--device-gb must be > 0, not {}", device_gib);
