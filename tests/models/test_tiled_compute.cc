@@ -74,6 +74,7 @@ bool rows_keep_their_bits(int rows, int tile, int in, int out) {
     for (std::int64_t i = 0; i < n; ++i)
       v[static_cast<std::size_t>(i)] = std::sin(0.37 * static_cast<double>(i) + salt) * 0.5f;
     device->copy_to_device(b.device<std::byte>(), v.data(), v.size() * 4, *stream);
+    stream->synchronize();  // v must outlive the copy (Device::copy_to_device)
     return b;
   };
   Buffer x = buffer(std::int64_t{rows} * in, 1), w = buffer(std::int64_t{out} * in, 2);
