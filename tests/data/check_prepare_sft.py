@@ -4,7 +4,8 @@
     check_prepare_sft.py --script tools/data/prepare-sft --work DIR
 
 With the fixture tokenizers of tests/data/sft (Llama-3 and Qwen2.5 templates, a template with
-{% generation %} blocks, SmolLM3's) and conversations in all three input forms:
+{% generation %} blocks, SmolLM3's) and conversations in all four input forms (TRL's
+language-modeling text records mixed with a chat record, and Llama 3.1's ipython role, too):
   * every conversation's ids and loss mask equal goldens.json (transformers' apply_chat_template
     ids and masks, tests/data/make_sft_goldens.py), unpacked and packed, for --train-on
     assistant and last-assistant; with transformers installed, goldens.json is recomputed and
@@ -351,8 +352,14 @@ def check_errors(args):
          r"does not render the conversation's first 1 message\(s\) as a prefix"),
         ("an id >= the vocabulary", qwen, [good], ["--vocab-size", "501"], 1,
          r"token id \d+ is not below the vocabulary size 501"),
-        ("neither messages nor prompt/completion", qwen, ['{"text": "hi"}'], [], 1,
-         r"a record needs messages"),
+        ("no known form", qwen, [good, '{"content": "hi"}'], [], 2,
+         r"a record needs messages, prompt and completion, conversations, or text"),
+        ("a language-modeling text that is not a string", qwen, ['{"text": ["a", "b"]}'], [], 1,
+         r"text must be a string, not list"),
+        ("an unknown role next to ipython", qwen,
+         ['{"messages": [{"role": "ipython", "content": "1"}, {"role": "function", "content": "2"}]}'],
+         [], 1, r"messages\[1\]: unknown role \"function\" \(expected system, user, assistant, "
+                r"tool, ipython\)"),
         ("a prompt string with a completion list", qwen,
          ['{"prompt": "a", "completion": [{"role": "assistant", "content": "b"}]}'], [], 1,
          r"two strings or two message lists"),

@@ -20,7 +20,9 @@ terms:
     message 0, where the template cannot render no messages, apply_chat_template(messages[:1])
     up to message 0's content stands for the first of those;
   * two strings: tokenizer(prompt) + tokenizer(completion, add_special_tokens=False) + [eos],
-    the completion and eos trained.
+    the completion and eos trained;
+  * a language-modeling record {"text"}: TRL's SFTTrainer rule, tokenizer(text + eos_token)
+    (text alone when it already ends with eos_token), every token trained.
 --check recomputes and compares with the file instead of writing it (check_prepare_sft.py does
 the same when transformers is installed). Needs transformers (no torch), tokenizers and jinja2.
 """
@@ -44,6 +46,10 @@ CASES += [("smollm3", "smollm3.jsonl")]
 # Conversations that open with the assistant's message (greeting-first data); the generation
 # template refuses them by design (check_prepare_sft.py's errors check that).
 CASES += [(tokenizer, "assistant_first.jsonl") for tokenizer in ("llama3", "qwen2.5")]
+# Language-modeling text records, mixed with a chat record.
+CASES += [(tokenizer, "text.jsonl") for tokenizer in ("llama3", "qwen2.5", "chatml-generation")]
+# Llama 3.1's ipython role (a tool's output), with Llama 3's template.
+CASES += [("llama3", "ipython.jsonl")]
 TRAIN_ON = ("assistant", "last-assistant")
 
 
@@ -87,6 +93,12 @@ def before_ids(tok, messages, start):
 
 def golden(tok, record, train_on):
     """(ids, mask) of one record, or the reason it is dropped."""
+    if "text" in record:
+        text = record["text"]
+        if not text:
+            return "empty"
+        ids = tok(text if text.endswith(tok.eos_token) else text + tok.eos_token)["input_ids"]
+        return ids, [1] * len(ids)
     if isinstance(record.get("prompt"), str):
         prompt_ids = tok(record["prompt"])["input_ids"]
         completion_ids = tok(record["completion"], add_special_tokens=False)["input_ids"]
