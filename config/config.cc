@@ -317,6 +317,14 @@ class Parser {
     const auto meant = [&](const std::string& intended) {
       if (find(intended) == nullptr) reject(intended);
     };
+    // Another framework's name for a zrt setting, written from habit: zrt's key, and why.
+    if (const config::ForeignKey* foreign = config::find_foreign_key(name)) {
+      meant(foreign->path);
+      error(ProblemKind::kUnknownKey, path,
+            fmt::format("unknown key; did you mean '{}'? ({} {})", foreign->path, name,
+                        foreign->origin));
+      return;
+    }
     const std::vector<std::string> siblings = config::child_keys(prefix);
     const std::string guess = detail::closest_match(name, siblings);
     if (!guess.empty()) {

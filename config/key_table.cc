@@ -1009,6 +1009,43 @@ const KeyInfo* find_key(const std::string& path) {
   return it == index.end() ? nullptr : it->second;
 }
 
+const std::vector<ForeignKey>& foreign_keys() {
+  // Context parallelism elsewhere (Megatron, torchtitan, Accelerate) is ring attention: it
+  // splits the sequence too, so zrt's sequence parallelism (DeepSpeed Ulysses: all-to-all
+  // over heads) is the setting such a user is looking for, with the head-count rule it brings.
+  static const char* const kRing =
+      "is ring-attention context parallelism; zrt splits the sequence with DeepSpeed Ulysses "
+      "(sequence_parallel_size must divide the head count)";
+  static const std::vector<ForeignKey> table = {
+      {"ep_size", "expert_parallel.autoep_size", "is DeepSpeed's MoE layer argument"},
+      {"expert_model_parallel_size", "expert_parallel.autoep_size",
+       "is Megatron's --expert-model-parallel-size"},
+      {"expert_parallel_degree", "expert_parallel.autoep_size",
+       "is torchtitan's parallelism.expert_parallel_degree"},
+      {"expert_parallel_size", "expert_parallel.autoep_size", "is the expert-parallel degree"},
+      {"ulysses_sequence_parallel_size", "sequence_parallel_size", "is veRL's Ulysses degree"},
+      {"sp_size", "sequence_parallel_size", "is the sequence-parallel degree"},
+      {"sequence_parallel_degree", "sequence_parallel_size", "is the sequence-parallel degree"},
+      {"context_parallel_size", "sequence_parallel_size", kRing},
+      {"context_parallel_degree", "sequence_parallel_size", kRing},
+      {"cp_size", "sequence_parallel_size", kRing},
+      {"micro_batch_size", "train_micro_batch_size_per_gpu", "is Megatron's --micro-batch-size"},
+      {"per_device_train_batch_size", "train_micro_batch_size_per_gpu",
+       "is Hugging Face TrainingArguments'"},
+      {"global_batch_size", "train_batch_size", "is Megatron's --global-batch-size"},
+      {"max_grad_norm", "gradient_clipping", "is Hugging Face TrainingArguments'"},
+      {"clip_grad", "gradient_clipping", "is Megatron's --clip-grad"},
+  };
+  return table;
+}
+
+const ForeignKey* find_foreign_key(const std::string& name) {
+  for (const ForeignKey& key : foreign_keys()) {
+    if (name == key.name) return &key;
+  }
+  return nullptr;
+}
+
 std::vector<std::string> child_keys(const std::string& parent) {
   std::vector<std::string> out;
   for (const KeyInfo& key : key_table()) {
@@ -1107,6 +1144,19 @@ std::string generate_key_table_markdown() {
     out += fmt::format("| `{}` | {} | {} | {} | {} | {} |\n", key.path, status,
                        markdown_text(expected_form(key)), markdown_text(key.default_text),
                        markdown_text(key.meaning), key.deepspeed ? "DeepSpeed" : "zrt");
+  }
+  out +=
+      "\n"
+      "## Names from other frameworks\n"
+      "\n"
+      "An unknown key whose last part is one of these, in any block, is answered with zrt's\n"
+      "key (still an error: nothing is renamed silently).\n"
+      "\n"
+      "| name | zrt's key | note |\n"
+      "|---|---|---|\n";
+  for (const ForeignKey& key : foreign_keys()) {
+    out += fmt::format("| `{}` | `{}` | `{}` {} |\n", key.name, key.path, key.name,
+                       markdown_text(key.origin));
   }
   return out;
 }

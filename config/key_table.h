@@ -70,6 +70,20 @@ const KeyInfo* find_key(const std::string& path);
 // The keys directly under `parent` ("" for the top level), in table order.
 std::vector<std::string> child_keys(const std::string& parent);
 
+// A name another framework gives one of zrt's settings ("ep_size"), so that an unknown key
+// written from habit is answered with zrt's key, not only with the closest spelling.
+struct ForeignKey {
+  const char* name;    // the key's last component as the user wrote it
+  const char* path;    // zrt's key
+  const char* origin;  // whose name it is, and what differs ("DeepSpeed's MoE layer argument")
+};
+
+// Every foreign name zrt recognises, in documentation order.
+const std::vector<ForeignKey>& foreign_keys();
+
+// The entry for a key's last component, or nullptr.
+const ForeignKey* find_foreign_key(const std::string& name);
+
 // "an integer in [0, 3]", "true or false", "one of \"cpu\", \"cuda\", \"auto\"" ...
 std::string expected_form(const KeyInfo& key);
 

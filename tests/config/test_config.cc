@@ -464,6 +464,17 @@ const BadConfig kBadConfigs[] = {
     {"key of several blocks in the wrong one", true, R"({"zero_optimization": {"enabled": true}})",
      "bad.json: zero_optimization.enabled: unknown key (docs/config-keys.md lists the valid "
      "keys)"},
+    // Another framework's name for a zrt setting: zrt's key, wherever it was written.
+    {"DeepSpeed's ep_size in expert_parallel", true, R"({"expert_parallel": {"ep_size": 2}})",
+     "bad.json: expert_parallel.ep_size: unknown key; did you mean "
+     "'expert_parallel.autoep_size'? (ep_size is DeepSpeed's MoE layer argument)"},
+    {"Megatron's context parallelism at the top level", true, R"({"context_parallel_size": 2})",
+     "bad.json: context_parallel_size: unknown key; did you mean 'sequence_parallel_size'? "
+     "(context_parallel_size is ring-attention context parallelism; zrt splits the sequence "
+     "with DeepSpeed Ulysses (sequence_parallel_size must divide the head count))"},
+    {"Hugging Face's max_grad_norm", true, R"({"max_grad_norm": 1.0})",
+     "bad.json: max_grad_norm: unknown key; did you mean 'gradient_clipping'? (max_grad_norm is "
+     "Hugging Face TrainingArguments')"},
     {"unknown key without a close one", true, R"({"model": {"dropout": 0.1}})",
      "bad.json: model.dropout: unknown key (docs/config-keys.md lists the valid keys)"},
     // Wrong types and values out of range, with the expected form.
@@ -764,6 +775,13 @@ TEST_CASE("a rejected value is not reported again through what depends on it",
            "train_micro_batch_size_per_gp": 2})",
        {"bad.json: train_micro_batch_size_per_gp: unknown key; did you mean "
         "'train_micro_batch_size_per_gpu'?"}},
+      {"Megatron's batch names: zrt's keys, and no batch-rule error",
+       R"({"train_batch_size": null, "train_micro_batch_size_per_gpu": null,
+           "gradient_accumulation_steps": null, "global_batch_size": 32, "micro_batch_size": 4})",
+       {"bad.json: global_batch_size: unknown key; did you mean 'train_batch_size'? "
+        "(global_batch_size is Megatron's --global-batch-size)",
+        "bad.json: micro_batch_size: unknown key; did you mean "
+        "'train_micro_batch_size_per_gpu'? (micro_batch_size is Megatron's --micro-batch-size)"}},
       {"a block of the wrong form: not also missing",
        R"({"model": "gpt2", "train": {"stpes": 10, "steps": null}})",
        {"bad.json: train.stpes: unknown key; did you mean 'steps'?",
