@@ -29,6 +29,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// "4 ranks at ZeRO stage 2", with the sequence- and expert-parallel degrees where above 1.
+std::string describe_layout(int world, int stage, int sp, int ep) {
+  std::string text = fmt::format("{} rank{} at ZeRO stage {}", world, world == 1 ? "" : "s", stage);
+  if (sp > 1) text += fmt::format(", sequence_parallel_size {}", sp);
+  if (ep > 1) text += fmt::format(", expert_parallel.autoep_size {}", ep);
+  return text;
+}
+
+// A degree from a checkpoint's saved config (the run's document as written): the key's value,
+// 1 where it is unset (the default) or the document is unreadable. "expert_parallel" reads
+// autoep_size, which counts only with enabled true.
+int saved_degree(const nlohmann::json& saved, const std::string& key) {
+  if (!saved.is_object() || !saved.contains(key)) return 1;
+  const nlohmann::json* value = &saved[key];
+  if (key == "expert_parallel") {
+    if (!value->is_object() || !value->value("enabled", false) || !value->contains("autoep_size")) {
+      return 1;
+    }
+    value = &(*value)["autoep_size"];
+  }
+  return value->is_number_integer() ? value->get<int>() : 1;
+}
+
 // The plan's collectives run before any group (and its watchdog) exists, so each is
 // nonblocking and polled with comm.timeout_s: a rank that dies or hangs here (rank 0 stuck on
 // the save directory's file system) ends the others with a Timeout naming the stage, never a
@@ -211,8 +234,18 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
                    lr_schedule_name(config_.scheduler.type));
     }
     if (rank_ == 0) {
-      spdlog::info("resumed from {} at step {} (saved by {} rank(s) at ZeRO stage {})", *dir,
-                   index.step, index.world, index.stage);
+      // The layout the checkpoint was saved at, and this run's where it differs: a resume at
+      // another world size, stage, sequence- or expert-parallel degree reshards, and the log
+      // says so instead of leaving the user to compare configs.
+      const nlohmann::json saved = nlohmann::json::parse(index.config_json, nullptr, false);
+      const std::string then =
+          describe_layout(index.world, index.stage, saved_degree(saved, "sequence_parallel_size"),
+                          saved_degree(saved, "expert_parallel"));
+      const std::string now = describe_layout(config_.batch.world_size, config_.engine.stage,
+                                              config_.engine.sequence_parallel_size,
+                                              config_.engine.expert_parallel_size);
+      spdlog::info("resumed from {} at step {} (saved by {}{})", *dir, index.step, then,
+                   now == then ? "" : ", resharded for " + now);
     }
   }
   last_save_ = Clock::now();  // checkpoint.save_interval_minutes counts from here

@@ -245,6 +245,16 @@ void bit_exact_case(const std::string& name, Job job) {
   require_identical_state(latest_dir((root() / whole / "ckpt").string()), latest_dir(j.save_dir));
 }
 
+// How the resume's log line describes a job's layout (docs/checkpoints.md).
+std::string layout_text(const Job& j) {
+  std::string text = std::to_string(j.ranks) + (j.ranks == 1 ? " rank" : " ranks") +
+                     " at ZeRO stage " + std::to_string(j.stage);
+  if (j.expert_parallel > 1) {
+    text += ", expert_parallel.autoep_size " + std::to_string(j.expert_parallel);
+  }
+  return text;
+}
+
 // K steps at `from`, then 2K at `to` from its checkpoint; against 2K at `to` in one job.
 void reshard_case(const std::string& name, Job from, Job to) {
   from.steps = 3;
@@ -262,6 +272,9 @@ void reshard_case(const std::string& name, Job from, Job to) {
   INFO(text);
   REQUIRE(status == 0);
   CHECK_THAT(text, Catch::Contains("resumed from") && Catch::Contains("global_step3"));
+  // The log names both layouts.
+  CHECK_THAT(text, Catch::Contains("at step 3 (saved by " + layout_text(from) + ", resharded for " +
+                                   layout_text(to) + ")"));
   to.steps = 6;
   to.save_interval = 6;
   run_ok(name + "_whole", to);
@@ -487,7 +500,8 @@ TEST_CASE("a rank killed during a save leaves the previous checkpoint loadable",
   j.env = "";
   text.clear();
   REQUIRE(launch("kill_third", j, &text) == 0);
-  CHECK_THAT(text, Catch::Contains("resumed from " + j.save_dir + "/global_step2 at step 2"));
+  CHECK_THAT(text, Catch::Contains("resumed from " + j.save_dir +
+                                   "/global_step2 at step 2 (saved by 2 ranks at ZeRO stage 2)"));
   CHECK(*read_latest(j.save_dir) == "global_step4");
   CHECK_FALSE(fs::exists(fs::path(j.save_dir) / "global_step4.tmp"));
   CHECK(verify_checkpoint(latest_dir(j.save_dir)) > 0);
