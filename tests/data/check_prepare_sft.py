@@ -5,7 +5,8 @@
 
 With the fixture tokenizers of tests/data/sft (Llama-3 and Qwen2.5 templates, a template with
 {% generation %} blocks, SmolLM3's) and conversations in all four input forms (TRL's
-language-modeling text records mixed with a chat record, and Llama 3.1's ipython role, too):
+language-modeling text records mixed with a chat record, Llama 3.1's ipython role, and
+chat_template_kwargs, per record and from --chat-template-kwargs, too):
   * every conversation's ids and loss mask equal goldens.json (transformers' apply_chat_template
     ids and masks, tests/data/make_sft_goldens.py), unpacked and packed, for --train-on
     assistant and last-assistant; with transformers installed, goldens.json is recomputed and
@@ -298,6 +299,32 @@ def check_templates(args, goldens):
     print("ok: chat_template.jinja wins over tokenizer_config.json; named templates give default")
 
 
+def check_template_kwargs(args, goldens):
+    """--chat-template-kwargs reaches every render of every record, and a record's own
+    chat_template_kwargs win over it: SmolLM3's enable_thinking false (empty think blocks in
+    every answer) given on the command line gives smollm3_kwargs.jsonl's goldens (transformers'
+    apply_chat_template(..., enable_thinking=False)) for smollm3.jsonl's conversations, and that
+    file's last record, which sets it true, keeps its own."""
+    smollm3 = os.path.join(SFT, "smollm3")
+    flag = ["--chat-template-kwargs", '{"enable_thinking": false}']
+    for train_on in ("assistant", "last-assistant"):
+        with_kwargs = kept(golden_case(goldens, "smollm3", "smollm3_kwargs.jsonl", train_on))
+        plain = kept(golden_case(goldens, "smollm3", "smollm3.jsonl", train_on))
+        check(with_kwargs[:len(plain)] != plain, "enable_thinking false changes nothing in the goldens")
+        out = os.path.join(args.work, "kwargs-flag-%s" % train_on)
+        run(args, ["--tokenizer", smollm3, "--input", os.path.join(SFT, "smollm3.jsonl"),
+                   "--output", out, "--seq-len", "256", "--train-on", train_on] + flag)
+        summary, docs = read_output(out)
+        check(summary["chat_template_kwargs"] == {"enable_thinking": False},
+              "summary.json's chat_template_kwargs: %s" % summary["chat_template_kwargs"])
+        match_goldens(docs, with_kwargs[:len(plain)], "--chat-template-kwargs, %s" % train_on)
+        out = os.path.join(args.work, "kwargs-record-%s" % train_on)
+        run(args, ["--tokenizer", smollm3, "--input", os.path.join(SFT, "smollm3_kwargs.jsonl"),
+                   "--output", out, "--seq-len", "256", "--train-on", train_on] + flag)
+        match_goldens(read_output(out)[1], with_kwargs, "a record's kwargs over the flag's, %s" % train_on)
+    print("ok: --chat-template-kwargs reaches every render; a record's chat_template_kwargs win")
+
+
 def check_determinism(args):
     base = ["--tokenizer", os.path.join(SFT, "llama3"), "--input", os.path.join(SFT, "chat.jsonl"),
             os.path.join(SFT, "sharegpt.jsonl"), os.path.join(SFT, "prompt_completion.jsonl"),
@@ -356,6 +383,14 @@ def check_errors(args):
          r"a record needs messages, prompt and completion, conversations, or text"),
         ("a language-modeling text that is not a string", qwen, ['{"text": ["a", "b"]}'], [], 1,
          r"text must be a string, not list"),
+        ("chat_template_kwargs that are not an object", qwen,
+         [good, '{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]}'],
+         [], 2, r"chat_template_kwargs must be an object of keyword arguments for the chat "
+                r"template, not list"),
+        ("chat_template_kwargs naming the conversation's own variable", qwen,
+         ['{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": '
+          '{"add_generation_prompt": true}}'], [], 1,
+         r"chat_template_kwargs: \"add_generation_prompt\" is the conversation's own"),
         ("an unknown role next to ipython", qwen,
          ['{"messages": [{"role": "ipython", "content": "1"}, {"role": "function", "content": "2"}]}'],
          [], 1, r"messages\[1\]: unknown role \"function\" \(expected system, user, assistant, "
@@ -508,6 +543,7 @@ def main():
     check_overlong(args, goldens)
     check_val_and_shards(args, goldens)
     check_templates(args, goldens)
+    check_template_kwargs(args, goldens)
     check_determinism(args)
     check_errors(args)
     check_input_edges(args)

@@ -22,7 +22,8 @@ terms:
   * two strings: tokenizer(prompt) + tokenizer(completion, add_special_tokens=False) + [eos],
     the completion and eos trained;
   * a language-modeling record {"text"}: TRL's SFTTrainer rule, tokenizer(text + eos_token)
-    (text alone when it already ends with eos_token), every token trained.
+    (text alone when it already ends with eos_token), every token trained;
+  * a record's chat_template_kwargs go to every apply_chat_template call of it.
 --check recomputes and compares with the file instead of writing it (check_prepare_sft.py does
 the same when transformers is installed). Needs transformers (no torch), tokenizers and jinja2.
 """
@@ -50,6 +51,8 @@ CASES += [(tokenizer, "assistant_first.jsonl") for tokenizer in ("llama3", "qwen
 CASES += [(tokenizer, "text.jsonl") for tokenizer in ("llama3", "qwen2.5", "chatml-generation")]
 # Llama 3.1's ipython role (a tool's output), with Llama 3's template.
 CASES += [("llama3", "ipython.jsonl")]
+# chat_template_kwargs: SmolLM3's enable_thinking, false on every record but the last.
+CASES += [("smollm3", "smollm3_kwargs.jsonl")]
 TRAIN_ON = ("assistant", "last-assistant")
 
 
@@ -65,16 +68,17 @@ def chat_ids(tok, messages, **kwargs):
     return tok.apply_chat_template(messages, tokenize=True, return_dict=True, **kwargs)
 
 
-def before_text(tok, messages, start):
+def before_text(tok, messages, start, **kwargs):
     """The text before trained message `start`: apply_chat_template(messages[:start],
     add_generation_prompt=True), or, before message 0 where the template cannot render an empty
     conversation (Qwen2.5's), message 0's own render up to its content."""
     try:
-        return tok.apply_chat_template(messages[:start], tokenize=False, add_generation_prompt=True)
+        return tok.apply_chat_template(messages[:start], tokenize=False, add_generation_prompt=True,
+                                       **kwargs)
     except Exception:
         if start > 0:
             raise
-    own = tok.apply_chat_template(messages[:1], tokenize=False)
+    own = tok.apply_chat_template(messages[:1], tokenize=False, **kwargs)
     content = messages[0]["content"]
     # A template may trim the content (Llama 3's `| trim`): then its stripped text is what the
     # render holds.
@@ -82,13 +86,13 @@ def before_text(tok, messages, start):
     return own[:at if at >= 0 else own.rindex(content.strip())]
 
 
-def before_ids(tok, messages, start):
+def before_ids(tok, messages, start, **kwargs):
     try:
-        return chat_ids(tok, messages[:start], add_generation_prompt=True)["input_ids"]
+        return chat_ids(tok, messages[:start], add_generation_prompt=True, **kwargs)["input_ids"]
     except Exception:
         if start > 0:
             raise
-    return tok(before_text(tok, messages, 0), add_special_tokens=False)["input_ids"]
+    return tok(before_text(tok, messages, 0, **kwargs), add_special_tokens=False)["input_ids"]
 
 
 def golden(tok, record, train_on):
@@ -105,6 +109,8 @@ def golden(tok, record, train_on):
         completion_ids = completion_ids + [tok.eos_token_id]
         return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
     first_trained = None
+    # TRL passes a record's chat_template_kwargs to apply_chat_template.
+    kwargs = record.get("chat_template_kwargs") or {}
     if "messages" in record:
         messages = record["messages"]
     elif "conversations" in record:
@@ -122,27 +128,27 @@ def golden(tok, record, train_on):
     else:
         regions = [(i, i + 1) for i in assistants]
     if re.search(r"\{\%-?\s*generation\s*-?\%\}", tok.get_chat_template()):
-        out = chat_ids(tok, messages, return_assistant_tokens_mask=True)
+        out = chat_ids(tok, messages, return_assistant_tokens_mask=True, **kwargs)
         ids, mask = out["input_ids"], list(out["assistant_masks"])
         if (first_trained is not None or train_on == "last-assistant") and regions:
             start = regions[0][0]
-            boundary = len(chat_ids(tok, messages[:start])["input_ids"]) if start else 0
+            boundary = len(chat_ids(tok, messages[:start], **kwargs)["input_ids"]) if start else 0
             mask = [0] * boundary + mask[boundary:]
         elif not regions:
             mask = [0] * len(ids)
     else:
-        ids = chat_ids(tok, messages)["input_ids"]
+        ids = chat_ids(tok, messages, **kwargs)["input_ids"]
         mask = [0] * len(ids)
         for start, end in regions:
-            before = before_ids(tok, messages, start)
-            through = chat_ids(tok, messages[:end])["input_ids"]
+            before = before_ids(tok, messages, start, **kwargs)
+            through = chat_ids(tok, messages[:end], **kwargs)["input_ids"]
             if ids[:len(before)] == before and ids[:len(through)] == through:
                 first, last = len(before), len(through)
             else:
                 # The tokenizer merged across the boundary: the tokens overlapping the characters
                 # the stretch adds.
-                text = lambda m, **kw: tok.apply_chat_template(m, tokenize=False, **kw)
-                lo = len(before_text(tok, messages, start))
+                text = lambda m, **kw: tok.apply_chat_template(m, tokenize=False, **kwargs, **kw)
+                lo = len(before_text(tok, messages, start, **kwargs))
                 hi = len(text(messages[:end]))
                 offsets = tok(text(messages), add_special_tokens=False,
                               return_offsets_mapping=True)["offset_mapping"]
