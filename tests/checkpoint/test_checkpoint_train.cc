@@ -462,6 +462,39 @@ TEST_CASE("a mixture of experts resumes at another expert-parallel degree and wo
     return j;
   };
   reshard_case("moe_ep4_to_ep2", job(4, 4), job(2, 2));
+  {
+    // zrt-ckpt inspect's rank files: each rank is its own expert-parallel position (autoep_size
+    // equals the world), so rank r holds experts E/ep r .. E/ep (r + 1) - 1 of the 8 (and only
+    // it: the expert-data-parallel group has one rank): 2 per rank in the step-3 checkpoint
+    // (4 ranks), 4 in the step-6 one the resumed run saved (2 ranks).
+    for (const auto& [tag, per_rank] :
+         {std::pair{"global_step3", 2}, std::pair{"global_step6", 4}}) {
+      int status = 0;
+      const std::string text = shell(
+          std::string(ZRT_CKPT) + " inspect " + (root() / "moe_ep4_to_ep2_ckpt" / tag).string(),
+          &status);
+      INFO(text);
+      REQUIRE(status == 0);
+      for (int layer = 0; layer < 2; ++layer) {
+        for (int e = 0; e < 8; ++e) {
+          const std::string name = "model.layers." + std::to_string(layer) + ".mlp.experts." +
+                                   std::to_string(e) + ".down_proj";
+          const std::size_t at = text.find(name + " ");
+          REQUIRE(at != std::string::npos);
+          const std::string line = text.substr(at, text.find('\n', at) - at);
+          INFO(line);
+          CHECK_THAT(line, Catch::EndsWith("  " + std::to_string(e / per_rank)));
+        }
+      }
+      // The dense unit (12096 elements, the embedding its last 4096 from offset 8000) is in
+      // one slice per rank: 3024 each at 4 ranks, so the embedding spans slices 2 and 3; 6048
+      // at 2, so it lies in slice 1.
+      const std::size_t at = text.find("model.embed_tokens.weight ");
+      REQUIRE(at != std::string::npos);
+      CHECK_THAT(text.substr(at, text.find('\n', at) - at),
+                 Catch::EndsWith(per_rank == 2 ? "  2-3" : "  1"));
+    }
+  }
   reshard_case("moe_ep2_to_ep1", job(2, 2), job(1, 0));
   reshard_case("moe_ep1_to_ep4", job(1, 0), job(4, 4));
   // MiCS (shard groups of 2) at autoep_size 2: the experts' slices are kept by their

@@ -14,11 +14,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
 #include <system_error>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "kernels/kernel_context.h"
@@ -236,6 +238,30 @@ int logits(const std::string& dir, const std::string& token_text) {
   return 0;
 }
 
+// The rank files holding a parameter's elements, as ranges ("0-2", "1", "0,2").
+std::string holding_ranks(const CheckpointIndex& index, const ParamEntry& p) {
+  if (p.unit < 0 || p.unit >= static_cast<std::int64_t>(index.units.size())) return "?";
+  const auto& unit = index.units[static_cast<std::size_t>(p.unit)];
+  if (unit.shard <= 0 || unit.slices.empty()) return "-";
+  std::set<std::int64_t> ranks;
+  const std::int64_t first = p.offset / unit.shard;
+  const std::int64_t last = p.numel > 0 ? (p.offset + p.numel - 1) / unit.shard : first;
+  for (std::int64_t s = first; s <= last && s < static_cast<std::int64_t>(unit.slices.size());
+       ++s) {
+    ranks.insert(unit.slices[static_cast<std::size_t>(s)].rank);
+  }
+  std::string text;
+  for (auto it = ranks.begin(); it != ranks.end();) {
+    std::int64_t end = *it;
+    auto next = std::next(it);
+    while (next != ranks.end() && *next == end + 1) end = *next++;
+    if (!text.empty()) text += ",";
+    text += end == *it ? std::to_string(*it) : fmt::format("{}-{}", *it, end);
+    it = next;
+  }
+  return text;
+}
+
 int inspect(const std::string& dir) {
   const CheckpointIndex index = open_index(dir);
   std::int64_t total = 0;
@@ -270,11 +296,15 @@ int inspect(const std::string& dir) {
     }
   }
   std::printf("\n");
-  std::printf("%-48s %-16s %10s %5s %10s\n", "name", "shape", "numel", "unit", "offset");
+  // "rank files": which rank_NNNNN.h5 hold the tensor's elements (the slices its range of the
+  // unit falls in), so an expert, or any tensor, can be found on disk.
+  std::printf("%-48s %-16s %10s %5s %10s  %s\n", "name", "shape", "numel", "unit", "offset",
+              "rank files");
   for (const auto& p : index.params) {
-    std::printf("%-48s %-16s %10lld %5lld %10lld\n", p.name.c_str(), shape_text(p.shape).c_str(),
-                static_cast<long long>(p.numel), static_cast<long long>(p.unit),
-                static_cast<long long>(p.offset));
+    std::printf("%-48s %-16s %10lld %5lld %10lld  %s\n", p.name.c_str(),
+                shape_text(p.shape).c_str(), static_cast<long long>(p.numel),
+                static_cast<long long>(p.unit), static_cast<long long>(p.offset),
+                holding_ranks(index, p).c_str());
   }
   return 0;
 }
