@@ -198,6 +198,18 @@ class Parser {
   }
 
   Config run() {
+    ConfigDraft draft = read();
+    if (!draft.problems.empty()) {
+      std::string message;
+      for (const std::string& line : draft.problems)
+        message += (message.empty() ? "" : "\n") + line;
+      throw InvalidArgument(message);
+    }
+    return std::move(draft.config);
+  }
+
+  // Every problem, sorted (the most fundamental first), with the config as read.
+  ConfigDraft read() {
     reject_parameters_of_unsupported_types();
     walk(doc_, "");
     read_sequence_parallel();
@@ -210,20 +222,22 @@ class Parser {
     read_checkpoint();
     read_monitors();
     read_device_comm_trace();
-    if (!errors_.empty()) {
-      std::stable_sort(errors_.begin(), errors_.end(),
-                       [](const Problem& a, const Problem& b) { return a.kind < b.kind; });
-      std::string message;
-      for (const Problem& e : errors_) message += (message.empty() ? "" : "\n") + e.line;
-      throw InvalidArgument(message);
+    std::stable_sort(errors_.begin(), errors_.end(),
+                     [](const Problem& a, const Problem& b) { return a.kind < b.kind; });
+    ConfigDraft draft;
+    for (const Problem& e : errors_) {
+      draft.problems.push_back(e.line);
+      draft.problem_keys.push_back(e.key);
     }
-    return std::move(config_);
+    draft.config = std::move(config_);
+    return draft;
   }
 
  private:
   struct Problem {
     ProblemKind kind;
     std::string line;  // "run.json: zero_optimization.stge: unknown key; ..."
+    std::string key;   // the key path it is about ("" for none): ConfigDraft::problem_keys
   };
 
   // True iff the value at `path` (or an enclosing block) came from a command-line override.
@@ -240,17 +254,23 @@ class Parser {
     return fmt::format("{}: {}: {}", source_, path, message);
   }
   void error(ProblemKind kind, const std::string& path, const std::string& message) {
-    errors_.push_back({kind, located(path, message)});
+    errors_.push_back({kind, located(path, message), path});
   }
-  // A message that names its keys itself; `path` only decides where the value came from.
+  // A message that names its keys itself; `path`, the key it is about, also decides where the
+  // value came from.
   void error_plain(ProblemKind kind, const std::string& message, const std::string& path = "") {
     const bool command_line = !path.empty() && from_command_line(path);
-    errors_.push_back({kind, command_line ? fmt::format("--{}: {}", path, message)
-                                          : fmt::format("{}: {}", source_, message)});
+    errors_.push_back({kind,
+                       command_line ? fmt::format("--{}: {}", path, message)
+                                    : fmt::format("{}: {}", source_, message),
+                       path});
   }
   // Problems found while reading the values (combinations, mostly): reported after the
-  // problems of single keys.
-  void fail_plain(const std::string& message) { error_plain(ProblemKind::kConflict, message); }
+  // problems of single keys. `about`: the key it concerns (ConfigDraft::problem_keys), which
+  // does not change where the message says the value came from.
+  void fail_plain(const std::string& message, const std::string& about = "") {
+    errors_.push_back({ProblemKind::kConflict, fmt::format("{}: {}", source_, message), about});
+  }
   void fail(const std::string& path, const std::string& message) {
     error(ProblemKind::kConflict, path, message);
   }
@@ -602,13 +622,15 @@ class Parser {
         fail_plain(
             "without a world size, train_batch_size, train_micro_batch_size_per_gpu and "
             "gradient_accumulation_steps must all be numbers (the world size is their "
-            "quotient)");
+            "quotient)",
+            "train_batch_size");
         return;
       }
       if (*train % (*micro * *accum) != 0) {
         fail_plain(
             fmt::format("train_batch_size {} is not a multiple of micro {} × accumulation {} = {}",
-                        *train, *micro, *accum, *micro * *accum));
+                        *train, *micro, *accum, *micro * *accum),
+            "train_batch_size");
         return;
       }
       world = *train / (*micro * *accum);
@@ -623,10 +645,12 @@ class Parser {
         if (*train % (*accum * world) == 0) {
           fixes += fmt::format(", or train_micro_batch_size_per_gpu {}", *train / (*accum * world));
         }
-        fail_plain(fmt::format(
-            "train_batch_size {} is not micro {} × accumulation {} × {} = {}: {}, or leave one "
-            "of the three out to have it derived",
-            *train, *micro, *accum, ranks(world), *micro * *accum * world, fixes));
+        fail_plain(
+            fmt::format(
+                "train_batch_size {} is not micro {} × accumulation {} × {} = {}: {}, or leave one "
+                "of the three out to have it derived",
+                *train, *micro, *accum, ranks(world), *micro * *accum * world, fixes),
+            "train_batch_size");
         return;
       }
       b.train_batch_size = *train;
@@ -679,7 +703,8 @@ class Parser {
     } else {
       fail_plain(
           "no batch size: give train_batch_size or train_micro_batch_size_per_gpu as a number "
-          "(\"auto\" counts as not given)");
+          "(\"auto\" counts as not given)",
+          "train_batch_size");
       b.train_batch_size = b.world_size;
       return;
     }
@@ -697,7 +722,7 @@ class Parser {
     const bool fp16 = get_bool("fp16.enabled", false);
     const bool bf16 = get_bool("bf16.enabled", false);
     if (fp16 && bf16) {
-      fail_plain("fp16.enabled and bf16.enabled are both true; choose one");
+      fail_plain("fp16.enabled and bf16.enabled are both true; choose one", "bf16.enabled");
       reject("bf16.enabled");  // the compute dtype is unknown: no rule that reads it applies
     }
     EngineOptions& e = config_.engine;
@@ -1080,7 +1105,8 @@ class Parser {
 
     if (!has("model") && !is_rejected("model")) {
       error_plain(ProblemKind::kMissing,
-                  "model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})");
+                  "model: required block is missing (e.g. \"model\": {\"preset\": \"gpt2-tiny\"})",
+                  "model");
     }
     ModelConfig& m = c.model;
     m.init_from = get_string("model.init_from", "");
@@ -1124,7 +1150,8 @@ class Parser {
     if (!has("data") && !is_rejected("data")) {
       error_plain(ProblemKind::kMissing,
                   "data: required block is missing (e.g. \"data\": {\"train\": "
-                  "\"data/kjv_train_*.bin\"})");
+                  "\"data/kjv_train_*.bin\"})",
+                  "data");
     }
     DataConfig& d = c.data;
     d.train = get_string("data.train", "");
@@ -1139,7 +1166,7 @@ class Parser {
 
     if (!has("train") && !is_rejected("train")) {
       error_plain(ProblemKind::kMissing,
-                  "train: required block is missing (e.g. \"train\": {\"steps\": 100})");
+                  "train: required block is missing (e.g. \"train\": {\"steps\": 100})", "train");
     }
     TrainConfig& t = c.train;
     if (has("train") && !has("train.steps") && !is_rejected("train.steps")) {
@@ -1636,6 +1663,11 @@ json resolved_document(const Config& c) {
 Config parse_config(const json& document, int world_size, const std::string& source_name,
                     const std::vector<std::string>& command_line_paths) {
   return Parser(document, world_size, source_name, command_line_paths).run();
+}
+
+ConfigDraft draft_config(const json& document, int world_size, const std::string& source_name,
+                         const std::vector<std::string>& command_line_paths) {
+  return Parser(document, world_size, source_name, command_line_paths).read();
 }
 
 Config parse_config(const json& document, int world_size, const std::string& source_name) {

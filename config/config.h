@@ -229,6 +229,22 @@ Config parse_config(const nlohmann::json& document, int world_size, const std::s
 Config parse_config(const nlohmann::json& document, int world_size, const std::string& source_name,
                     const std::vector<std::string>& command_line_paths);
 
+// What parse_config read of a document, problems and all: `problems` are its error lines, most
+// fundamental first (empty: the config is valid, and `config` is parse_config's result), and
+// `problem_keys` the key path each is about ("" for one about no single key). With problems,
+// `config` is what was read, every rejected value at its default: usable only for checks that
+// read no key a problem is about (zrt-train --check runs the model's own checks on it when the
+// problems lie elsewhere, so that they are reported with the config's).
+struct ConfigDraft {
+  Config config;
+  std::vector<std::string> problems;
+  std::vector<std::string> problem_keys;
+};
+// Throws only where nothing can be read (the document is not an object).
+ConfigDraft draft_config(const nlohmann::json& document, int world_size,
+                         const std::string& source_name,
+                         const std::vector<std::string>& command_line_paths);
+
 // The config as zrt runs it, as a config document: every key zrt reads, with the batch rule
 // solved and the defaults filled in (keys that would only draw a warning, such as stage-3
 // knobs below stage 3, are left out). parse_config of the result, at the same world size,

@@ -66,20 +66,98 @@ ConfigDocument read_config_document(const std::string& config_path,
   return d;
 }
 
+namespace {
+
+// What the run checks when it builds the model (dimensions against the preset, what sequence
+// and expert parallelism ask of its heads and experts, model.frozen / model.trainable against
+// its names), on `config`: the problems' text, empty when there are none.
+struct ModelCheck {
+  mem::Inputs in;
+  std::string frozen;             // describe_frozen's line, when parameters are marked
+  std::vector<ParamSpec> marked;  // the parameters with model.frozen / model.trainable marked
+  std::string problems;
+};
+
+ModelCheck check_model(const Config& config) {
+  ModelCheck m;
+  try {
+    m.in = mem::inputs_from_config(config);
+    m.in.validate();
+    // model.frozen / model.trainable against the model's names, as the run matches them (an
+    // expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name).
+    if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
+      m.marked = m.in.model->params;
+      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, m.marked);
+      train::check_frozen_patterns(config.model, marks.matches,
+                                   marks.total_params - marks.frozen_params, m.marked,
+                                   m.in.model->description);
+      m.frozen = train::describe_frozen(config.model, marks);
+    }
+  } catch (const InvalidArgument& e) {
+    m.problems = e.message();
+  }
+  return m;
+}
+
+// Whether the model's checks can run on a config with problems: only when every problem is
+// about a key they do not read (the optimizer, the schedule, checkpoints, monitors, the run's
+// length and logging), so a rejected value left at its default cannot make them report what
+// is not there.
+bool model_checks_apply(const ConfigDraft& draft) {
+  static const char* const kIndependent[] = {
+      "optimizer",        "scheduler",      "checkpoint",      "train",
+      "tensorboard",      "csv_monitor",    "wandb",           "comet",
+      "comms_logger",     "flops_profiler", "trace",           "seed",
+      "output_dir",       "log_level",      "steps_per_print", "wall_clock_breakdown",
+      "memory_breakdown", "dump_state",     "timers",          "gradient_clipping"};
+  for (const std::string& key : draft.problem_keys) {
+    const std::string top = key.substr(0, key.find('.'));
+    if (std::find(std::begin(kIndependent), std::end(kIndependent), top) ==
+        std::end(kIndependent)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void print_model_problems(const std::string& config_path, const std::string& problems) {
+  print_lines(stdout, fmt::format("  {}: model: ", config_path), problems);
+}
+
+}  // namespace
+
 int check_training_config(const CheckArguments& args) {
   Config config;
   int assumed_world = 0;
+  ConfigDocument d;
+  int world = 0;
   try {
-    const ConfigDocument d = read_config_document(args.config_path, args.overrides);
+    d = read_config_document(args.config_path, args.overrides);
     assumed_world = default_check_world(d.json);
-    const int world = args.world.value_or(assumed_world);
+    world = args.world.value_or(assumed_world);
     config = parse_config(d.json, world, args.config_path, d.command_line_paths);
   } catch (const InvalidArgument& e) {
     const std::string message = e.what();
-    const std::size_t n = count_lines(message);
+    // The model's own problems too, where the config's leave what they read intact: every
+    // problem of the file at once, not the model's only after the config's are fixed.
+    std::string model_problems;
+    if (d.json.is_object()) {
+      try {
+        const ConfigDraft draft =
+            draft_config(d.json, world, args.config_path, d.command_line_paths);
+        if (!draft.problems.empty() && model_checks_apply(draft)) {
+          model_problems = check_model(draft.config).problems;
+        }
+      } catch (const InvalidArgument&) {
+        // Reported above already.
+      }
+    }
+    const std::size_t n =
+        count_lines(message) + (model_problems.empty() ? 0 : count_lines(model_problems));
     std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,
                 n == 1 ? "" : "s");
     print_lines(stdout, "  ", message);
+    if (!model_problems.empty()) print_model_problems(args.config_path, model_problems);
     if (!args.world && assumed_world > 0) {
       std::printf(
           "  (checked for %d rank(s), --check's assumption: give --world N, the rank "
@@ -92,33 +170,20 @@ int check_training_config(const CheckArguments& args) {
   // The model's own checks (dimensions against the preset, what sequence parallelism asks of
   // its heads) happen when it is built: do them here too, before the config is called valid,
   // so --check finds what the start of the run would.
-  mem::Inputs in;
-  std::string frozen;
-  std::vector<ParamSpec> marked;  // the parameters with model.frozen / model.trainable marked
-  try {
-    in = mem::inputs_from_config(config);
-    in.validate();
-    // model.frozen / model.trainable against the model's names, as the run matches them (an
-    // expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name).
-    if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
-      marked = in.model->params;
-      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, marked);
-      train::check_frozen_patterns(config.model, marks.matches,
-                                   marks.total_params - marks.frozen_params, marked,
-                                   in.model->description);
-      frozen = train::describe_frozen(config.model, marks);
-    }
-  } catch (const InvalidArgument& e) {
-    const std::string message = e.what();
-    const std::size_t n = count_lines(message);
+  ModelCheck model = check_model(config);
+  if (!model.problems.empty()) {
+    const std::size_t n = count_lines(model.problems);
     std::printf("config: INVALID: %zu problem%s\n", n, n == 1 ? "" : "s");
-    print_lines(stdout, fmt::format("  {}: model: ", args.config_path), message);
+    print_model_problems(args.config_path, model.problems);
     if (!config.warnings.empty()) {
       std::printf("warnings: %zu\n", config.warnings.size());
       for (const std::string& w : config.warnings) std::printf("  %s\n", w.c_str());
     }
     return 1;
   }
+  const mem::Inputs& in = model.in;
+  const std::string& frozen = model.frozen;
+  const std::vector<ParamSpec>& marked = model.marked;
 
   const BatchConfig& b = config.batch;
   std::printf("config: %s is valid for %d rank%s%s\n", args.config_path.c_str(), b.world_size,

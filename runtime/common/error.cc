@@ -17,7 +17,8 @@ const char* short_path(const char* file) {
 }  // namespace
 
 Error::Error(const char* file, int line, const std::string& message)
-    : std::runtime_error(fmt::format("{}:{}: {}", short_path(file), line, message)) {}
+    : std::runtime_error(fmt::format("{}:{}: {}", short_path(file), line, message)),
+      message_(message) {}
 
 namespace detail {
 void throw_error(const char* file, int line, const std::string& message) {

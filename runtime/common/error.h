@@ -13,7 +13,13 @@ namespace zrt {
 class Error : public std::runtime_error {
  public:
   Error(const char* file, int line, const std::string& message);
-  explicit Error(const std::string& message) : std::runtime_error(message) {}
+  explicit Error(const std::string& message) : std::runtime_error(message), message_(message) {}
+  // The message without its source location: for a list of a user's own mistakes (zrt-train
+  // --check), where "train/frozen_parameters.cc:108:" tells them nothing.
+  const std::string& message() const { return message_; }
+
+ private:
+  std::string message_;
 };
 
 // A configuration or argument the user supplied is invalid.

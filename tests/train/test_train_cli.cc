@@ -153,6 +153,30 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
   CHECK_THAT(sp.output, Catch::Contains("sequence_parallel_size 8 does not divide the model's 4 "
                                         "heads (n_head)"));
   CHECK_THAT(sp.output, !Catch::Contains("is valid for"));
+  // ... and with the config's own problems, in the same list, when those leave what the model's
+  // checks read intact (an optimizer typo), so one run names both.
+  const Outcome sp_and_typo = zrt_train("--check --config " + kDemo +
+                                        " --world 8 --sequence_parallel_size 8 --train_batch_size 4"
+                                        " --optimizer.params.lrr 0.1");
+  INFO(sp_and_typo.output);
+  CHECK(sp_and_typo.status == 1);
+  CHECK_THAT(sp_and_typo.output,
+             Catch::Contains("config: INVALID: 2 problems (the most fundamental first)\n"
+                             "  --optimizer.params.lrr: unknown key; did you mean 'lr'?\n"
+                             "  " +
+                             kDemo +
+                             ": model: gpt2-tiny (modified): sequence_parallel_size 8 does not "
+                             "divide the model's 4 heads (n_head)"));
+  // A problem with a key they read (the micro-batch rule) leaves them out: reported then would
+  // be about a value the config does not have.
+  const Outcome sp_and_batch =
+      zrt_train("--check --config " + kDemo +
+                " --world 8 --sequence_parallel_size 8 --train_batch_size 3"
+                " --optimizer.params.lrr 0.1");
+  INFO(sp_and_batch.output);
+  CHECK(sp_and_batch.status == 1);
+  CHECK_THAT(sp_and_batch.output, Catch::Contains("config: INVALID: 2 problems"));
+  CHECK_THAT(sp_and_batch.output, !Catch::Contains("heads (n_head)"));
 
   // model.frozen's patterns against the model's names, as the run's start applies them: a
   // pattern matching nothing is a problem (with the names' shapes), a match is reported.
