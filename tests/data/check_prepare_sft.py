@@ -136,7 +136,8 @@ def match_goldens(docs, expected, what):
 
 def golden_case(goldens, tokenizer, data, train_on):
     for case in goldens["cases"]:
-        if (case["tokenizer"], case["input"], case["train_on"]) == (tokenizer, data, train_on):
+        if (case["tokenizer"], case["input"], case["train_on"]) == (tokenizer, data, train_on) \
+                and "chat_template" not in case:
             return case["conversations"]
     sys.exit("FAILED: goldens.json has no case %s %s %s" % (tokenizer, data, train_on))
 
@@ -153,20 +154,28 @@ def check_goldens(args, goldens):
         expected = kept(case["conversations"])
         check(any("0" in m for _, m in expected) and any("1" in m for _, m in expected),
               "goldens %s/%s: masks are all zeros or all ones" % (name, data))
+        # A case with its own template: --chat-template FILE over the tokenizer's.
+        template = case.get("chat_template")
+        template_args = ["--chat-template", os.path.join(SFT, template)] if template else []
         for packed in (False, True):
-            out = os.path.join(args.work, "golden-%s-%s-%s-%d" % (name, data, train_on, packed))
+            out = os.path.join(args.work, "golden-%s-%s-%s-%d%s" % (
+                name, data, train_on, packed, "-template" if template else ""))
             run(args, ["--tokenizer", os.path.join(SFT, name), "--input", os.path.join(SFT, data),
                        "--output", out, "--seq-len", "256", "--train-on", train_on]
-                + ([] if packed else ["--no-pack"]))
+                + ([] if packed else ["--no-pack"]) + template_args)
             summary, docs = read_output(out)
-            what = "%s %s --train-on %s%s" % (name, data, train_on, "" if packed else " --no-pack")
+            what = "%s %s --train-on %s%s%s" % (name, data, train_on, "" if packed else " --no-pack",
+                                               " --chat-template " + template if template else "")
+            if template:
+                check(summary["chat_template"] == os.path.join(SFT, template),
+                      "%s: summary's chat_template %s" % (what, summary["chat_template"]))
             match_goldens(docs, expected, what)
             dropped = [e["dropped"] for e in case["conversations"] if "dropped" in e]
             check((summary["dropped_empty"], summary["dropped_no_loss_token"], summary["kept"],
                    summary["conversations_read"])
                   == (dropped.count("empty"), dropped.count("no_loss_token"), len(expected),
                       len(case["conversations"])), "%s: drop counts %s" % (what, summary))
-            if name == "qwen2.5" and data == "chat.jsonl":
+            if name == "qwen2.5" and data == "chat.jsonl" and not template:
                 # Line 3's answer starts with a newline, which Qwen's tokenizer merges with the
                 # generation prompt's: the prefix rule falls back to character offsets.
                 check(summary["prefix_rule_offset_fallbacks"] == 1, "%s: fallbacks %d, expected 1"
@@ -178,8 +187,9 @@ def check_goldens(args, goldens):
                 check(summary["train"]["sequences"] == len(expected), "%s: not one per sequence" % what)
             else:
                 check(summary["train"]["sequences"] < len(expected), "%s: nothing was packed" % what)
-        print("ok: %s %s --train-on %s: %d conversations equal transformers' ids and masks, "
-              "packed and not" % (name, data, train_on, len(expected)))
+        print("ok: %s %s --train-on %s%s: %d conversations equal transformers' ids and masks, "
+              "packed and not" % (name, data, train_on,
+                                  " --chat-template " + template if template else "", len(expected)))
 
 
 def check_train_on_all(args, goldens):
@@ -285,7 +295,8 @@ def check_templates(args, goldens):
     shutil.copytree(os.path.join(SFT, "qwen2.5"), named)
     with open(os.path.join(named, "tokenizer_config.json"), "w") as f:
         json.dump(dict(config, chat_template=[{"name": "rag", "template": "{{ raise_exception('not me') }}"},
-                                              {"name": "default", "template": qwen_template}]), f)
+                                              {"name": "default", "template": qwen_template},
+                                              {"name": "gen", "template": generation_template}]), f)
     jinja = os.path.join(args.work, "tok-jinja")
     shutil.copytree(os.path.join(SFT, "qwen2.5"), jinja)
     with open(os.path.join(jinja, "chat_template.jinja"), "w") as f:
@@ -296,7 +307,19 @@ def check_templates(args, goldens):
                    "--output", out, "--seq-len", "256"])
         match_goldens(read_output(out)[1], kept(golden_case(goldens, golden, "chat.jsonl", "assistant")),
                       os.path.basename(directory))
-    print("ok: chat_template.jinja wins over tokenizer_config.json; named templates give default")
+    # --chat-template NAME picks a named one (apply_chat_template(chat_template=NAME)).
+    out = os.path.join(args.work, "out-named-gen")
+    run(args, ["--tokenizer", named, "--input", os.path.join(SFT, "chat.jsonl"), "--output", out,
+               "--seq-len", "256", "--chat-template", "gen"])
+    match_goldens(read_output(out)[1],
+                  kept(golden_case(goldens, "chatml-generation", "chat.jsonl", "assistant")),
+                  "--chat-template gen")
+    done = run(args, ["--tokenizer", named, "--input", os.path.join(SFT, "chat.jsonl"), "--output",
+                      os.path.join(args.work, "out-named-rag"), "--seq-len", "256",
+                      "--chat-template", "rag"], expect_ok=False)
+    check(done.returncode == 1 and "not me" in done.stderr, "--chat-template rag: %s" % done.stderr)
+    print("ok: chat_template.jinja wins over tokenizer_config.json; named templates give default; "
+          "--chat-template NAME picks one")
 
 
 def check_template_kwargs(args, goldens):
@@ -429,6 +452,21 @@ def check_errors(args):
         print("ok: %s: %s" % (what, done.stderr.strip()))
 
 
+def check_chat_template_errors(args):
+    """--chat-template that is neither a file nor a template of the tokenizer's: exit 1, naming
+    the templates there are, nothing written."""
+    out = os.path.join(args.work, "template-errors", "out")
+    done = run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input",
+                      os.path.join(SFT, "chat.jsonl"), "--output", out, "--seq-len", "64",
+                      "--chat-template", "tool_use"], expect_ok=False)
+    check(done.returncode == 1 and re.search(
+        r"^prepare-sft: error: --chat-template tool_use: neither a file nor one of the "
+        r"tokenizer's templates \(default\)", done.stderr, re.M), done.stderr)
+    check(not os.path.exists(os.path.dirname(out)) or not os.listdir(os.path.dirname(out)),
+          "--chat-template error: left output behind")
+    print("ok: an unknown --chat-template: %s" % done.stderr.strip())
+
+
 def check_input_edges(args):
     """A byte-order mark before the first record is read past (Windows editors write one); a
     --val file left empty is an error, not a run without evaluation data; a --val-fraction that
@@ -549,6 +587,7 @@ def main():
     check_template_kwargs(args, goldens)
     check_determinism(args)
     check_errors(args)
+    check_chat_template_errors(args)
     check_input_edges(args)
     check_efficiency(args)
     print("check_prepare_sft: all checks passed")

@@ -53,6 +53,9 @@ CASES += [(tokenizer, "text.jsonl") for tokenizer in ("llama3", "qwen2.5", "chat
 CASES += [("llama3", "ipython.jsonl")]
 # chat_template_kwargs: SmolLM3's enable_thinking, false on every record but the last.
 CASES += [("smollm3", "smollm3_kwargs.jsonl")]
+# --chat-template FILE: Llama 3's tokenizer with the {% generation %} ChatML template (a base
+# model's tokenizer given a template; <|im_start|> is plain text to it).
+TEMPLATE_CASES = [("llama3", "chat.jsonl", "chatml-generation/chat_template.jinja")]
 TRAIN_ON = ("assistant", "last-assistant")
 
 
@@ -95,8 +98,9 @@ def before_ids(tok, messages, start, **kwargs):
     return tok(before_text(tok, messages, 0, **kwargs), add_special_tokens=False)["input_ids"]
 
 
-def golden(tok, record, train_on):
-    """(ids, mask) of one record, or the reason it is dropped."""
+def golden(tok, record, train_on, template=None):
+    """(ids, mask) of one record, or the reason it is dropped; `template`: the text of a chat
+    template to use instead of the tokenizer's (apply_chat_template(chat_template=...))."""
     if "text" in record:
         text = record["text"]
         if not text:
@@ -110,7 +114,9 @@ def golden(tok, record, train_on):
         return prompt_ids + completion_ids, [0] * len(prompt_ids) + [1] * len(completion_ids)
     first_trained = None
     # TRL passes a record's chat_template_kwargs to apply_chat_template.
-    kwargs = record.get("chat_template_kwargs") or {}
+    kwargs = dict(record.get("chat_template_kwargs") or {})
+    if template is not None:
+        kwargs["chat_template"] = template
     if "messages" in record:
         messages = record["messages"]
     elif "conversations" in record:
@@ -127,7 +133,7 @@ def golden(tok, record, train_on):
         regions = [(assistants[-1], assistants[-1] + 1)] if assistants else []
     else:
         regions = [(i, i + 1) for i in assistants]
-    if re.search(r"\{\%-?\s*generation\s*-?\%\}", tok.get_chat_template()):
+    if re.search(r"\{\%-?\s*generation\s*-?\%\}", template or tok.get_chat_template()):
         out = chat_ids(tok, messages, return_assistant_tokens_mask=True, **kwargs)
         ids, mask = out["input_ids"], list(out["assistant_masks"])
         if (first_trained is not None or train_on == "last-assistant") and regions:
@@ -169,22 +175,29 @@ def compute():
     import transformers
     out = {"transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
            "cases": []}
-    for name, data in CASES:
+    for name, data, template_file in [c + (None,) for c in CASES] + TEMPLATE_CASES:
         tok = load_tokenizer(os.path.join(SFT, name))
         with open(os.path.join(SFT, data), encoding="utf-8") as f:
             records = [(n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip()]
+        template = None
+        if template_file is not None:
+            with open(os.path.join(SFT, template_file), encoding="utf-8") as f:
+                template = f.read()
         for train_on in TRAIN_ON:
             entries = []
             for number, record in records:
-                result = golden(tok, record, train_on)
+                result = golden(tok, record, train_on, template)
                 if isinstance(result, str):
                     entries.append({"line": number, "dropped": result})
                 else:
                     ids, mask = result
                     entries.append({"line": number, "ids": ids,
                                     "mask": "".join(str(m) for m in mask)})
-            out["cases"].append({"tokenizer": name, "input": data, "train_on": train_on,
-                                 "conversations": entries})
+            case = {"tokenizer": name, "input": data, "train_on": train_on}
+            if template_file is not None:
+                case["chat_template"] = template_file
+            case["conversations"] = entries
+            out["cases"].append(case)
     return out
 
 
@@ -206,9 +219,11 @@ def main():
         f.write('{"transformers": %s, "tokenizers": %s, "cases": [\n'
                 % (json.dumps(goldens["transformers"]), json.dumps(goldens["tokenizers"])))
         for c, case in enumerate(goldens["cases"]):
-            f.write(' {"tokenizer": %s, "input": %s, "train_on": %s, "conversations": [\n'
+            template = (', "chat_template": %s' % json.dumps(case["chat_template"])
+                        if "chat_template" in case else "")
+            f.write(' {"tokenizer": %s, "input": %s, "train_on": %s%s, "conversations": [\n'
                     % (json.dumps(case["tokenizer"]), json.dumps(case["input"]),
-                       json.dumps(case["train_on"])))
+                       json.dumps(case["train_on"]), template))
             f.write(",\n".join("  " + json.dumps(e) for e in case["conversations"]))
             f.write("\n ]}%s\n" % ("," if c + 1 < len(goldens["cases"]) else ""))
         f.write("]}\n")
