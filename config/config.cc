@@ -201,8 +201,9 @@ class Parser {
     ConfigDraft draft = read();
     if (!draft.problems.empty()) {
       std::string message;
-      for (const std::string& line : draft.problems)
+      for (const std::string& line : draft.problems) {
         message += (message.empty() ? "" : "\n") + line;
+      }
       throw InvalidArgument(message);
     }
     return std::move(draft.config);
