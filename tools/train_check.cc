@@ -56,18 +56,6 @@ std::string bytes_text(std::int64_t bytes) {
   return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
 }
 
-}  // namespace
-
-ConfigDocument read_config_document(const std::string& config_path,
-                                    const ConfigOverrides& overrides) {
-  ConfigDocument d;
-  d.json = config::read_json_file(config_path);
-  d.command_line_paths = apply_overrides(d.json, overrides);
-  return d;
-}
-
-namespace {
-
 // What the run checks when it builds the model (dimensions against the preset, what sequence
 // and expert parallelism ask of its heads and experts, model.frozen / model.trainable against
 // its names), on `config`: the problems' text, empty when there are none.
@@ -125,6 +113,14 @@ void print_model_problems(const std::string& config_path, const std::string& pro
 }
 
 }  // namespace
+
+ConfigDocument read_config_document(const std::string& config_path,
+                                    const ConfigOverrides& overrides) {
+  ConfigDocument d;
+  d.json = config::read_json_file(config_path);
+  d.command_line_paths = apply_overrides(d.json, overrides);
+  return d;
+}
 
 int check_training_config(const CheckArguments& args) {
   Config config;

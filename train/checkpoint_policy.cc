@@ -37,19 +37,12 @@ std::string describe_layout(int world, int stage, int sp, int ep) {
   return text;
 }
 
-// A degree from a checkpoint's saved config (the run's document as written): the key's value,
-// 1 where it is unset (the default) or the document is unreadable. "expert_parallel" reads
-// autoep_size, which counts only with enabled true.
-int saved_degree(const nlohmann::json& saved, const std::string& key) {
-  if (!saved.is_object() || !saved.contains(key)) return 1;
-  const nlohmann::json* value = &saved[key];
-  if (key == "expert_parallel") {
-    if (!value->is_object() || !value->value("enabled", false) || !value->contains("autoep_size")) {
-      return 1;
-    }
-    value = &(*value)["autoep_size"];
-  }
-  return value->is_number_integer() ? value->get<int>() : 1;
+// An integer of a checkpoint's saved config block (the run's document as written), 1 where it is
+// unset (the default) or not an integer: the parallel degrees the checkpoint was saved at.
+int saved_degree(const nlohmann::json& block, const char* key) {
+  if (!block.is_object()) return 1;
+  const auto it = block.find(key);
+  return it != block.end() && it->is_number_integer() ? it->get<int>() : 1;
 }
 
 // The plan's collectives run before any group (and its watchdog) exists, so each is
@@ -238,9 +231,14 @@ std::int64_t CheckpointPolicy::resume(const checkpoint::LoadPlan& plan) {
       // another world size, stage, sequence- or expert-parallel degree reshards, and the log
       // says so instead of leaving the user to compare configs.
       const nlohmann::json saved = nlohmann::json::parse(index.config_json, nullptr, false);
+      // autoep_size counts only with expert_parallel.enabled, as the parser reads it.
+      const nlohmann::json ep = saved.is_object()
+                                    ? saved.value("expert_parallel", nlohmann::json::object())
+                                    : nlohmann::json::object();
+      const bool ep_on = ep.is_object() && ep.value("enabled", false);
       const std::string then =
           describe_layout(index.world, index.stage, saved_degree(saved, "sequence_parallel_size"),
-                          saved_degree(saved, "expert_parallel"));
+                          ep_on ? saved_degree(ep, "autoep_size") : 1);
       const std::string now = describe_layout(config_.batch.world_size, config_.engine.stage,
                                               config_.engine.sequence_parallel_size,
                                               config_.engine.expert_parallel_size);
