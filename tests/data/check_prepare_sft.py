@@ -14,7 +14,8 @@ chat_template_kwargs, per record and from --chat-template-kwargs, too):
   * every shard parses with the reader below (written from docs/fine-tuning.md, not from the
     script): header, exact file size, document pointers and ends, padding = pad id with mask 0;
     packed documents are whole conversations, each exactly once, none split;
-  * overlong conversations are dropped or truncated and counted; the val split (fraction or
+  * overlong conversations are dropped, truncated or split (pieces overlapping by one token, every
+    target kept) and counted; the val split (fraction or
     file) is whole conversations; --shard-sequences splits shards; runs are deterministic;
   * each error (malformed JSON, unknown role, missing content, a template that raises, a
     tokenizer without a template, an id >= --vocab-size, an existing output) exits 1 with
@@ -259,6 +260,76 @@ def check_overlong(args, goldens):
           "(%d kept); at %d, %d cut to no loss token counted once, as dropped"
           % (seq_len, len(longer), seq_len, len(kept_cut), short,
              len(longer_short) - len(kept_short)))
+
+
+def expected_pieces(ids, mask, seq_len):
+    """--overlong split as docs/fine-tuning.md states it: piece k is tokens [k(T-1), k(T-1) + T),
+    the last one ending with the conversation; pieces without a target after their first token
+    are dropped."""
+    if len(ids) <= seq_len:
+        return [(ids, mask)]
+    pieces = []
+    for start in range(0, len(ids) - 1, seq_len - 1):
+        piece = (ids[start:start + seq_len], mask[start:start + seq_len])
+        if "1" in piece[1][1:]:
+            pieces.append(piece)
+        if start + seq_len >= len(ids):
+            break
+    return pieces
+
+
+def check_overlong_split(args, goldens):
+    """--overlong split keeps every target: the documents are the pieces of the rule, and the
+    loss tokens are the unsplit conversations' loss tokens, to the token."""
+    expected = (kept(golden_case(goldens, "llama3", "chat.jsonl", "assistant"))
+                + kept(golden_case(goldens, "llama3", "text.jsonl", "assistant")))
+    for seq_len in (2, 17, 40):
+        out = os.path.join(args.work, "overlong-split-%d" % seq_len)
+        done = run(args, ["--tokenizer", os.path.join(SFT, "llama3"), "--input",
+                          os.path.join(SFT, "chat.jsonl"), os.path.join(SFT, "text.jsonl"),
+                          "--seq-len", str(seq_len), "--overlong", "split", "--output", out,
+                          "--val-fraction", "0.3"])
+        summary, train = read_output(out, "train")
+        _, val = read_output(out, "val")
+        docs = train + val
+        check(all(len(ids) <= seq_len for ids, _ in docs), "--overlong split: a document over T")
+        pieces = [p for ids, m in expected for p in expected_pieces(ids, m, seq_len)]
+        match_goldens(docs, pieces, "--overlong split at %d" % seq_len)
+        targets = sum(m[1:].count("1") for _, m in expected)
+        got = summary["train"]["loss_tokens"] + summary["val"]["loss_tokens"]
+        check(got == targets, "--overlong split at %d: %d loss tokens, the unsplit conversations "
+              "have %d" % (seq_len, got, targets))
+        longer = [ids for ids, _ in expected if len(ids) > seq_len]
+        all_pieces = sum(len(range(0, len(ids) - 1, seq_len - 1)) for ids in longer)
+        dropped = all_pieces - sum(len(expected_pieces(ids, m, seq_len))
+                                   for ids, m in expected if len(ids) > seq_len)
+        check(summary["split"] == len(longer) and summary["truncated"] == 0
+              and summary["dropped_overlong"] == 0 and summary["kept"] == len(expected)
+              and summary["split_pieces_dropped_no_loss_token"] == dropped,
+              "--overlong split at %d: counts %s" % (seq_len, summary))
+        # The val split takes whole conversations: no conversation has pieces on both sides.
+        conversations = summary["train"]["conversations"] + summary["val"]["conversations"]
+        check(conversations == len(expected), "--overlong split: %d conversations in the splits, "
+              "%d kept" % (conversations, len(expected)))
+        owner = {}
+        for ids, m in expected:
+            for p in expected_pieces(ids, m, seq_len):
+                owner.setdefault(tuple(p[0]), set()).add(tuple(ids))
+        # Pieces of one conversation only say whose they are (at T = 2, [BOS, <|start...|>] is
+        # everyone's).
+        def owners(docs):
+            return set(o for ids, _ in docs for o in owner[tuple(ids)] if len(owner[tuple(ids)]) == 1)
+        train_owners, val_owners = owners(train), owners(val)
+        check(not train_owners & val_owners, "--overlong split: a conversation in both splits")
+        check("%d split" % len(longer) in done.stdout, "--overlong split: the count is not printed")
+    done = run(args, ["--tokenizer", os.path.join(SFT, "llama3"), "--input",
+                      os.path.join(SFT, "text.jsonl"), "--seq-len", "1", "--overlong", "split",
+                      "--output", os.path.join(args.work, "overlong-split-1")], expect_ok=False)
+    check(done.returncode == 1 and "--overlong split needs --seq-len of at least 2" in done.stderr
+          and not os.path.exists(os.path.join(args.work, "overlong-split-1")),
+          "--overlong split at --seq-len 1: %d %s" % (done.returncode, done.stderr))
+    print("ok: --overlong split at T = 2, 17, 40: the documents are the pieces of the rule, every "
+          "target of %d conversations kept, none across the val split" % len(expected))
 
 
 def check_val_and_shards(args, goldens):
@@ -582,6 +653,7 @@ def main():
     check_goldens(args, goldens)
     check_train_on_all(args, goldens)
     check_overlong(args, goldens)
+    check_overlong_split(args, goldens)
     check_val_and_shards(args, goldens)
     check_templates(args, goldens)
     check_template_kwargs(args, goldens)
