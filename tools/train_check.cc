@@ -114,6 +114,20 @@ void print_model_problems(const std::string& config_path, const std::string& pro
 
 }  // namespace
 
+std::string model_problems_beside(const ConfigDocument& d, int world,
+                                  const std::string& config_path) {
+  if (!d.json.is_object()) return {};
+  try {
+    const ConfigDraft draft = draft_config(d.json, world, config_path, d.command_line_paths);
+    if (!draft.problems.empty() && model_checks_apply(draft)) {
+      return check_model(draft.config).problems;
+    }
+  } catch (const InvalidArgument&) {
+    // The config's reading failed before a draft: its error is the one to report.
+  }
+  return {};
+}
+
 ConfigDocument read_config_document(const std::string& config_path,
                                     const ConfigOverrides& overrides) {
   ConfigDocument d;
@@ -134,20 +148,7 @@ int check_training_config(const CheckArguments& args) {
     config = parse_config(d.json, world, args.config_path, d.command_line_paths);
   } catch (const InvalidArgument& e) {
     const std::string message = e.what();
-    // The model's own problems too, where the config's leave what they read intact: every
-    // problem of the file at once, not the model's only after the config's are fixed.
-    std::string model_problems;
-    if (d.json.is_object()) {
-      try {
-        const ConfigDraft draft =
-            draft_config(d.json, world, args.config_path, d.command_line_paths);
-        if (!draft.problems.empty() && model_checks_apply(draft)) {
-          model_problems = check_model(draft.config).problems;
-        }
-      } catch (const InvalidArgument&) {
-        // Reported above already.
-      }
-    }
+    const std::string model_problems = model_problems_beside(d, world, args.config_path);
     const std::size_t n =
         count_lines(message) + (model_problems.empty() ? 0 : count_lines(model_problems));
     std::printf("config: INVALID: %zu problem%s (the most fundamental first)\n", n,

@@ -25,6 +25,14 @@ struct ConfigDocument {
 ConfigDocument read_config_document(const std::string& config_path,
                                     const ConfigOverrides& overrides);
 
+// The model's own problems (what its build, sequence and expert parallelism and model.frozen
+// would refuse) for a config that has problems of its own, checked on the config as read when
+// every one of those is about a key the model's checks do not read; "" when there are none or
+// the checks cannot run. Every problem at once: not the model's only after the config's are
+// fixed. Lines without "file:line:"; the caller prefixes them ("FILE: model: ").
+std::string model_problems_beside(const ConfigDocument& d, int world,
+                                  const std::string& config_path);
+
 struct CheckArguments {
   std::string config_path;
   ConfigOverrides overrides;

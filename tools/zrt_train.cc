@@ -235,13 +235,24 @@ std::optional<Arguments> parse_arguments(int argc, char** argv) {
   return args;
 }
 
+// One log line per problem (a config may have several), each with the rank prefix.
+void log_error_lines(const std::string& prefix, const std::string& text) {
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    std::size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    spdlog::error("{}{}", prefix, text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+}
+
 int train(const Arguments& args, int* argc, char*** argv) {
   zrt::MpiRuntime mpi(argc, argv);
   zrt::init_logging(mpi.rank());
   bool configured = false;
+  zrt::cli::ConfigDocument d;
   try {
-    const zrt::cli::ConfigDocument d =
-        zrt::cli::read_config_document(args.config_path, args.overrides);
+    d = zrt::cli::read_config_document(args.config_path, args.overrides);
     const zrt::Config config =
         zrt::parse_config(d.json, mpi.size(), args.config_path, d.command_line_paths);
     configured = true;
@@ -287,14 +298,12 @@ int train(const Arguments& args, int* argc, char*** argv) {
     if (!configured && mpi.rank() != 0) {
       std::this_thread::sleep_for(std::chrono::seconds(5));
     }
-    // One log line per problem (a config may have several), each with the rank prefix.
-    const std::string message = e.what();
-    std::size_t begin = 0;
-    while (begin <= message.size()) {
-      std::size_t end = message.find('\n', begin);
-      if (end == std::string::npos) end = message.size();
-      spdlog::error("{}", message.substr(begin, end - begin));
-      begin = end + 1;
+    log_error_lines("", e.what());
+    // The model's problems with the config's, as --check lists them, so one failed start
+    // names both.
+    if (!configured && dynamic_cast<const zrt::InvalidArgument*>(&e) != nullptr) {
+      const std::string model = zrt::cli::model_problems_beside(d, mpi.size(), args.config_path);
+      if (!model.empty()) log_error_lines(args.config_path + ": model: ", model);
     }
     // The other ranks may be waiting in a collective: end the whole job now rather than let
     // them time out. A wait past comm.timeout_s (a rank died or hangs: during a checkpoint's

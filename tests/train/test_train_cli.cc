@@ -360,4 +360,28 @@ TEST_CASE("zrt-train: an override sets the steps; ZRT_LOG_LEVEL wins over log_le
   CHECK_THAT(bad.output,
              Catch::Contains("[error] --zero_optimization.stge: unknown key; did you mean "
                              "'stage'?\n"));
+  // With the model's problems beside them, as --check lists them: one failed start names both
+  // (a model.frozen pattern that matches nothing, with an optimizer typo, which leaves what the
+  // model's checks read intact).
+  const std::string both_config = config_with_level("both", "info");
+  const Outcome both =
+      run_command(std::string(ZRT_MPIEXEC) + " -n 1 --oversubscribe " + ZRT_TRAIN_EXE +
+                  " --config " + both_config +
+                  " --optimizer '{\"type\": \"AdamW\", \"params\": {\"lrr\": 0.1}}'"
+                  " --model.frozen '[\"transformer.h.9.*\"]'");
+  INFO(both.output);
+  CHECK(both.status != 0);
+  CHECK_THAT(both.output,
+             Catch::Contains("[error] --optimizer.params.lrr: unknown key; did you mean 'lr'?\n"));
+  CHECK_THAT(both.output, Catch::Contains("[error] " + both_config +
+                                          ": model: model.frozen[0] 'transformer.h.9.*' matches "
+                                          "no parameter of"));
+  // A problem with a key the model's checks read leaves them out (the micro-batch here).
+  const Outcome batch = run_command(
+      std::string(ZRT_MPIEXEC) + " -n 1 --oversubscribe " + ZRT_TRAIN_EXE + " --config " +
+      both_config + " --train_micro_batch_size_per_gpu 0 --model.frozen '[\"transformer.h.9.*\"]'");
+  INFO(batch.output);
+  CHECK(batch.status != 0);
+  CHECK_THAT(batch.output, Catch::Contains("train_micro_batch_size_per_gpu"));
+  CHECK_THAT(batch.output, !Catch::Contains(": model: "));
 }
