@@ -20,7 +20,9 @@ chat_template_kwargs, per record and from --chat-template-kwargs, too):
   * each error (malformed JSON, unknown role, missing content, a template that raises, a
     tokenizer without a template, an id >= --vocab-size, an existing output) exits 1 with
     prepare-sft: error: FILE:LINE: ... and leaves nothing behind;
-  * a realistic length mix (lognormal, median ~300 tokens) packs into 4096 at >= 95%.
+  * a realistic length mix (lognormal, median ~300 tokens) packs into 4096 at >= 95%; long text
+    records (median ~3000 tokens) in 2048 keep every target with --overlong split (as many as
+    the records whole), more than truncate, more than drop, and pack at >= 95%.
 Needs tokenizers and jinja2 (tools/install-python-deps installs them, and transformers).
 """
 import argparse
@@ -605,6 +607,43 @@ def check_efficiency(args):
     sys.stdout.write(done.stdout)
 
 
+def check_long_text_mix(args):
+    """Long {"text"} records (lognormal, median ~3000 tokens) in T = 2048: --overlong drop and
+    truncate lose targets, split keeps every one and still packs at >= 95%."""
+    rng = random.Random(11)
+    words = ("the model is an optimizer step per rank and every stage of zrt offload as it runs "
+             "on one rank with a step that is true for its stage").split()
+    path = os.path.join(args.work, "long_text.jsonl")
+    with open(path, "w") as f:
+        for _ in range(200):
+            n = max(16, int(rng.lognormvariate(math.log(3000), 0.8)))
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
+    figures = {}
+    # "whole": every record in one sequence (T above the longest), nothing cut: the targets
+    # split must keep, counted without splitting.
+    for mode, seq_len in (("drop", 2048), ("truncate", 2048), ("split", 2048), ("whole", 65536)):
+        out = os.path.join(args.work, "long-text-" + mode)
+        run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", path, "--output", out,
+                   "--seq-len", str(seq_len), "--no-pack", "--overlong", "drop"]
+            if mode == "whole" else
+            ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", path, "--output", out,
+             "--seq-len", str(seq_len), "--overlong", mode])
+        figures[mode] = read_output(out)[0]
+    check(figures["whole"]["dropped_overlong"] == 0, "long text: a record over 65536 tokens")
+    targets = {m: figures[m]["train"]["loss_tokens"] for m in figures}
+    check(targets["drop"] < targets["truncate"] < targets["split"] == targets["whole"],
+          "long text: loss tokens drop %(drop)d, truncate %(truncate)d, split %(split)d, "
+          "the records whole %(whole)d" % targets)
+    efficiency = figures["split"]["train"]["packing_efficiency"]
+    check(efficiency >= 0.95, "long text, split: packing efficiency %.4f < 0.95" % efficiency)
+    print("ok: 200 long text records (median ~3000 tokens) in T = 2048: loss tokens %d of %d "
+          "with drop (%d records kept), %d with truncate, %d with split (%.2f%% packed, %d "
+          "documents in %d sequences)"
+          % (targets["drop"], targets["whole"], figures["drop"]["kept"], targets["truncate"],
+             targets["split"], 100 * efficiency, figures["split"]["train"]["documents"],
+             figures["split"]["train"]["sequences"]))
+
+
 def check_live_transformers(goldens):
     try:
         import transformers
@@ -662,6 +701,7 @@ def main():
     check_chat_template_errors(args)
     check_input_edges(args)
     check_efficiency(args)
+    check_long_text_mix(args)
     print("check_prepare_sft: all checks passed")
 
 
