@@ -89,15 +89,31 @@ ModelCheck check_model(const Config& config) {
 
 // Whether the model's checks can run on a config with problems: only when every problem is
 // about a key they do not read (the optimizer, the schedule, checkpoints, monitors, the run's
-// length and logging), so a rejected value left at its default cannot make them report what
+// length and logging, the data: of data they read only document_mask, for the memory estimate,
+// never for a problem), so a rejected value left at its default cannot make them report what
 // is not there.
 bool model_checks_apply(const ConfigDraft& draft) {
-  static const char* const kIndependent[] = {
-      "optimizer",        "scheduler",      "checkpoint",      "train",
-      "tensorboard",      "csv_monitor",    "wandb",           "comet",
-      "comms_logger",     "flops_profiler", "trace",           "seed",
-      "output_dir",       "log_level",      "steps_per_print", "wall_clock_breakdown",
-      "memory_breakdown", "dump_state",     "timers",          "gradient_clipping"};
+  static const char* const kIndependent[] = {"optimizer",
+                                             "scheduler",
+                                             "checkpoint",
+                                             "train",
+                                             "data",
+                                             "tensorboard",
+                                             "csv_monitor",
+                                             "wandb",
+                                             "comet",
+                                             "comms_logger",
+                                             "flops_profiler",
+                                             "trace",
+                                             "seed",
+                                             "output_dir",
+                                             "log_level",
+                                             "steps_per_print",
+                                             "wall_clock_breakdown",
+                                             "memory_breakdown",
+                                             "dump_state",
+                                             "timers",
+                                             "gradient_clipping"};
   for (const std::string& key : draft.problem_keys) {
     const std::string top = key.substr(0, key.find('.'));
     if (std::find(std::begin(kIndependent), std::end(kIndependent), top) ==

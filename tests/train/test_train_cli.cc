@@ -167,6 +167,17 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
                              kDemo +
                              ": model: gpt2-tiny (modified): sequence_parallel_size 8 does not "
                              "divide the model's 4 heads (n_head)"));
+  // A data typo leaves them too (of data they read only document_mask, for the estimate).
+  const Outcome sp_and_data = zrt_train("--check --config " + kDemo +
+                                        " --world 8 --sequence_parallel_size 8 --train_batch_size 4"
+                                        " --data.shufle false");
+  INFO(sp_and_data.output);
+  CHECK(sp_and_data.status == 1);
+  CHECK_THAT(sp_and_data.output,
+             Catch::Contains("config: INVALID: 2 problems (the most fundamental first)\n"
+                             "  --data.shufle: unknown key; did you mean 'shuffle'?\n"
+                             "  " +
+                             kDemo + ": model: gpt2-tiny (modified): sequence_parallel_size 8"));
   // A problem with a key they read (the micro-batch rule) leaves them out: reported then would
   // be about a value the config does not have.
   const Outcome sp_and_batch =
