@@ -540,6 +540,38 @@ def check_chat_template_errors(args):
     print("ok: an unknown --chat-template: %s" % done.stderr.strip())
 
 
+def check_write_failure(args):
+    """A write that fails (a full disk; here the file-size limit, EFBIG, as no mount is needed)
+    is one plain error, leaves nothing behind, and an OUT being replaced stays as it was."""
+    out = os.path.join(args.work, "write-failure")
+    base = ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", os.path.join(SFT, "chat.jsonl"),
+            "--output", out]
+    run(args, base + ["--seq-len", "256"])
+    with open(os.path.join(out, "summary.json")) as f:
+        before = f.read()
+
+    def limited():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, not kills
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    # --seq-len 4096: the shard is over 4 KiB, the limit.
+    done = subprocess.run([sys.executable, args.script] + base + ["--seq-len", "4096", "--overwrite"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=limited)
+    check(done.returncode == 1 and "prepare-sft: error: writing " in done.stderr
+          and "File too large (nothing written; %s is as it was)" % out in done.stderr
+          and "Traceback" not in done.stderr,
+          "a failed write: exit %d, %s" % (done.returncode, done.stderr))
+    with open(os.path.join(out, "summary.json")) as f:
+        check(f.read() == before, "a failed write changed the OUT it was replacing")
+    read_output(out)
+    left = [n for n in os.listdir(args.work) if n.startswith(".write-failure.")]
+    check(not left, "a failed write left %s behind" % left)
+    print("ok: a failed write: %s" % done.stderr.strip())
+
+
 def check_input_edges(args):
     """A byte-order mark before the first record is read past (Windows editors write one); a
     --val file left empty is an error, not a run without evaluation data; a --val-fraction that
@@ -700,6 +732,7 @@ def main():
     check_errors(args)
     check_chat_template_errors(args)
     check_input_edges(args)
+    check_write_failure(args)
     check_efficiency(args)
     check_long_text_mix(args)
     print("check_prepare_sft: all checks passed")
