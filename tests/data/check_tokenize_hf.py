@@ -5,7 +5,8 @@ A BPE tokenizer trained here (vocabulary 300) gives GPT-2 style shards (uint16);
 tokenizer of 70000 words gives Llama-3 style shards (uint32, ids above 65535). For each, the
 shard bytes (header and tokens) must be the tokenizer's own ids with the separator before each
 document, split into val and train, and zrt-data --inspect must accept them with the width named.
-An id at or above --vocab-size is refused. Exits 77 (skipped, with the reason) without tokenizers.
+An id at or above --vocab-size is refused; a failed write leaves the shards as they were; an
+input that is missing or not UTF-8 is named. Exits 77 (skipped, with the reason) without tokenizers.
 """
 import argparse
 import os
@@ -118,7 +119,49 @@ def main():
                "--vocab-size", "60000"], expect_ok=False)
     check(bad.returncode != 0 and "token id 69999 is not below the vocabulary size 60000"
           in bad.stdout, bad.stdout)
-    print("ok: uint16 and uint32 shards equal the tokenizers package's ids")
+    # A write that fails (the file-size limit here, EFBIG, as a full disk would) over existing
+    # shards: one plain error, no temporary file left, the old shards as they were (never a new
+    # val split beside an old train split).
+    before = {}
+    for name in sorted(os.listdir(os.path.join(args.work, "s"))):
+        with open(os.path.join(args.work, "s", name), "rb") as f:
+            before[name] = f.read()
+
+    def limited():
+        import resource
+        import signal
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500))  # the val shard fits, train not
+
+    longer = os.path.join(args.work, "longer.txt")
+    with open(longer, "w") as f:
+        f.write(docs[2] * 10)
+    done = subprocess.run([sys.executable, args.script, "--tokenizer", small, "--input", inputs[0],
+                           longer, "--out", os.path.join(args.work, "s/corpus"),
+                           "--val-fraction", "0.2"], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, preexec_fn=limited)
+    check(done.returncode == 1 and "tokenize_hf: error: writing " in done.stdout
+          and "File too large (nothing written; the shards at" in done.stdout
+          and "Traceback" not in done.stdout, "a failed write: %s" % done.stdout)
+    after = {}
+    for name in sorted(os.listdir(os.path.join(args.work, "s"))):
+        with open(os.path.join(args.work, "s", name), "rb") as f:
+            after[name] = f.read()
+    check(after == before, "a failed write changed the shards: %s" % sorted(after))
+
+    # Inputs that cannot be read: named, without a traceback.
+    latin = os.path.join(args.work, "latin1.txt")
+    with open(latin, "wb") as f:
+        f.write(b"caf\xe9")
+    for name, expected in ((latin, "latin1.txt: not UTF-8 text: byte 0xe9 at byte offset 3"),
+                           (os.path.join(args.work, "missing.txt"),
+                            "missing.txt: No such file or directory")):
+        bad = run([sys.executable, args.script, "--tokenizer", small, "--input", name, "--out",
+                   os.path.join(args.work, "d/x")], expect_ok=False)
+        check(bad.returncode == 1 and expected in bad.stdout and "Traceback" not in bad.stdout,
+              bad.stdout)
+    print("ok: uint16 and uint32 shards equal the tokenizers package's ids; a failed write leaves "
+          "the shards as they were; unreadable inputs are named")
     return 0
 
 

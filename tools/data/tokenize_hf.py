@@ -11,8 +11,10 @@ to PREFIX_val_000000.bin ..., the rest to PREFIX_train_000000.bin ..., at most -
 per shard, as zrt-data names them. The width follows the vocabulary (the larger of the
 tokenizer's and config.json's vocab_size, or --vocab-size): up to 65536 ids, GPT-2 style shards
 (magic 20240520, version 1, uint16 tokens); above, Llama-3 style (magic 20240801, version 7,
-uint32 tokens). Every shard is written to a temporary file and renamed; shards with the same
-prefix and a higher number, left by an earlier run, are removed. An id at or above the
+uint32 tokens). Every shard is written to a temporary file and fsynced, and only when all are
+written are they renamed into place (a failed write, a full disk say, leaves the shards at
+PREFIX as they were); shards with the same prefix and a higher number, left by an earlier run,
+are removed. An id at or above the
 vocabulary size is an error. Needs the `tokenizers` package from PyPI (pip install tokenizers).
 """
 import argparse
@@ -31,32 +33,64 @@ def fail(message):
     sys.exit("tokenize_hf: error: " + message)
 
 
-def write_shard(path, tokens, width):
+def write_shard(tmp, tokens, width):
+    """One shard into the temporary file `tmp`, on disk before it is renamed into place."""
     header = [0] * 256
     header[0], header[1] = (GPT2_MAGIC, GPT2_VERSION) if width == 2 else (LLAMA3_MAGIC,
                                                                           LLAMA3_VERSION)
     header[2] = len(tokens)
-    tmp = "%s.tmp.%d" % (path, os.getpid())
     with open(tmp, "wb") as f:
         f.write(struct.pack("<256i", *header))
         f.write(struct.pack("<%d%s" % (len(tokens), "H" if width == 2 else "I"), *tokens))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
-def write_split(prefix, split, tokens, width, shard_tokens):
-    paths = []
+def stage_split(prefix, split, tokens, width, shard_tokens, staged):
+    """Writes a split's shards as temporary files, appending (tmp, path) pairs to `staged`."""
     for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
         path = "%s_%s_%06d.bin" % (prefix, split, i)
-        write_shard(path, tokens[start:start + shard_tokens], width)
-        paths.append(path)
+        staged.append(("%s.tmp.%d" % (path, os.getpid()), path))
+        write_shard(staged[-1][0], tokens[start:start + shard_tokens], width)
+
+
+def stale_shards(prefix, split, count):
+    """Shards of the split numbered `count` and above, left by an earlier, longer run."""
     pattern = re.compile(re.escape(os.path.basename(prefix)) + "_" + split + r"_(\d{6})\.bin$")
+    stale = []
     for old in glob.glob("%s_%s_*.bin" % (prefix, split)):
         m = pattern.search(os.path.basename(old))
-        if m and int(m.group(1)) >= len(paths):
+        if m and int(m.group(1)) >= count:
+            stale.append(old)
+    return stale
+
+
+def write_shards(prefix, splits, width, shard_tokens):
+    """Every split's shards, all written (and fsynced) before any is renamed into place, so a
+    write that fails (a full disk) leaves the shards at PREFIX as they were: never a new val
+    split beside an old train split. Returns the paths."""
+    staged = []
+    try:
+        for split, tokens in splits:
+            stage_split(prefix, split, tokens, width, shard_tokens, staged)
+    except BaseException:
+        for tmp, _ in staged:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+        raise
+    for tmp, path in staged:
+        os.replace(tmp, path)
+    for split, _ in splits:
+        count = sum(1 for _, path in staged if path.startswith("%s_%s_" % (prefix, split)))
+        for old in stale_shards(prefix, split, count):
             os.remove(old)
-    return paths
+    directory = os.path.dirname(prefix) or "."
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the renames on disk
+    finally:
+        os.close(fd)
+    return [path for _, path in staged]
 
 
 def main():
@@ -100,8 +134,17 @@ def main():
     width = 2 if vocab <= 65536 else 4
     documents = []
     for name in args.input:
-        with open(name, encoding="utf-8") as f:
-            ids = tokenizer.encode(f.read(), add_special_tokens=False).ids
+        try:
+            with open(name, "rb") as f:
+                raw = f.read()
+        except OSError as e:
+            fail("%s: %s" % (name, e.strerror))
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            fail("%s: not UTF-8 text: byte 0x%02x at byte offset %d (convert the file, e.g. with "
+                 "iconv -f latin1 -t utf-8)" % (name, raw[e.start], e.start))
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
         bad = [i for i in ids if i >= vocab]
         if bad:
             fail("%s: token id %d is not below the vocabulary size %d" % (name, bad[0], vocab))
@@ -113,13 +156,15 @@ def main():
         to_val = seen < args.val_fraction * total and i < len(documents) - 1
         (val if to_val else train).extend(doc)
         seen += len(doc)
-    out_dir = os.path.dirname(args.out)
-    if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-    written = []
-    if args.val_fraction > 0:
-        written += write_split(args.out, "val", val, width, args.shard_tokens)
-    written += write_split(args.out, "train", train, width, args.shard_tokens)
+    splits = ([("val", val)] if args.val_fraction > 0 else []) + [("train", train)]
+    try:
+        out_dir = os.path.dirname(args.out)
+        if out_dir:
+            os.makedirs(out_dir, exist_ok=True)
+        written = write_shards(args.out, splits, width, args.shard_tokens)
+    except OSError as e:
+        fail("writing %s: %s (nothing written; the shards at %s are as they were)"
+             % (e.filename or args.out + "_*.bin", e.strerror or e, args.out))
     print("tokenize_hf: %d document(s), %d tokens (%d val, %d train), vocabulary %d: %s shards %s"
           % (len(documents), total, len(val), len(train), vocab,
              "uint16 (GPT-2 style)" if width == 2 else "uint32 (Llama-3 style)",
