@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
     zrt::init_tool_logging("zrt-mem");  // a config's warnings on stderr, not in the table
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zrt-mem: %s\n", e.what());
+    std::fprintf(stderr, "zrt-mem: %s\n", zrt::error_text(e).c_str());
     return 1;
   }
 }

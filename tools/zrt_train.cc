@@ -341,7 +341,7 @@ int main(int argc, char** argv) {
     }
     return train(*args, &argc, &argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zrt-train: %s\n", e.what());
+    std::fprintf(stderr, "zrt-train: %s\n", zrt::error_text(e).c_str());
     return 1;
   }
 }

@@ -20,9 +20,15 @@ Error::Error(const char* file, int line, const std::string& message)
     : std::runtime_error(fmt::format("{}:{}: {}", short_path(file), line, message)),
       message_(message) {}
 
+std::string error_text(const std::exception& e) {
+  if (dynamic_cast<const InternalError*>(&e) != nullptr) return e.what();
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return error->message();
+  return e.what();
+}
+
 namespace detail {
 void throw_error(const char* file, int line, const std::string& message) {
-  throw Error(file, line, message);
+  throw InternalError(file, line, message);
 }
 }  // namespace detail
 

@@ -40,13 +40,25 @@ class Timeout : public Error {
   using Error::Error;
 };
 
+// A ZRT_CHECK that failed: zrt's own invariant broken, a bug, not the user's mistake.
+class InternalError : public Error {
+ public:
+  using Error::Error;
+};
+
+// What a command-line tool prints for an error: the message alone for the user's mistakes and
+// their machine's (a value, a file, a full disk), where "runtime/data/token_shard.cc:102:" tells
+// them nothing; what() with its source location for an InternalError (a bug: the location is
+// what a report needs) and for exceptions zrt did not throw.
+std::string error_text(const std::exception& e);
+
 namespace detail {
 [[noreturn]] void throw_error(const char* file, int line, const std::string& message);
 }  // namespace detail
 
 }  // namespace zrt
 
-// ZRT_CHECK(cond, "fmt {}", args...): throws zrt::Error naming the failed condition.
+// ZRT_CHECK(cond, "fmt {}", args...): throws zrt::InternalError naming the failed condition.
 #define ZRT_CHECK(cond, ...)                                                    \
   do {                                                                          \
     if (!(cond)) {                                                              \

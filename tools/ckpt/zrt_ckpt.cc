@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zrt-ckpt: %s\n", e.what());
+    std::fprintf(stderr, "zrt-ckpt: %s\n", zrt::error_text(e).c_str());
     return 1;
   }
 }

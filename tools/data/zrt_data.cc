@@ -314,7 +314,7 @@ int main(int argc, char** argv) {
     const Args a = parse_args(argc, argv);
     return a.inspect.empty() ? convert(a) : inspect(a);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "zrt-data: error: %s\n", e.what());
+    std::fprintf(stderr, "zrt-data: error: %s\n", zrt::error_text(e).c_str());
     return 1;
   }
 }
