@@ -538,6 +538,18 @@ def check_chat_template_errors(args):
     check(not os.path.exists(os.path.dirname(out)) or not os.listdir(os.path.dirname(out)),
           "--chat-template error: left output behind")
     print("ok: an unknown --chat-template: %s" % done.stderr.strip())
+    # A file that is no chat template (tokenizer_config.json given by mistake): named as such
+    # rather than rendered the same for every record, leaving nothing to train on.
+    not_template = os.path.join(args.work, "special_tokens_map.json")
+    with open(not_template, "w") as f:
+        f.write('{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}\n')
+    done = run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input",
+                      os.path.join(SFT, "chat.jsonl"), "--output", out, "--seq-len", "64",
+                      "--chat-template", not_template], expect_ok=False)
+    check(done.returncode == 1 and re.search(
+        r"^prepare-sft: error: --chat-template \S+: not a chat template: it never reads "
+        r"`messages`", done.stderr, re.M), done.stderr)
+    print("ok: a --chat-template file that is no template: %s" % done.stderr.strip())
 
 
 def check_write_failure(args):
