@@ -19,7 +19,8 @@ chat_template_kwargs, per record and from --chat-template-kwargs, too):
     file) is whole conversations; --shard-sequences splits shards; runs are deterministic;
   * each error (malformed JSON, unknown role, missing content, a template that raises, a
     tokenizer without a template, an id >= --vocab-size, an existing output) exits 1 with
-    prepare-sft: error: FILE:LINE: ... and leaves nothing behind;
+    prepare-sft: error: FILE:LINE: ... and leaves nothing behind; so do a failed write (an old
+    OUT kept) and SIGTERM while reading or writing (exit 130);
   * a realistic length mix (lognormal, median ~300 tokens) packs into 4096 at >= 95%; long text
     records (median ~3000 tokens) in 2048 keep every target with --overlong split (as many as
     the records whole), more than truncate, more than drop, and pack at >= 95%.
@@ -32,9 +33,11 @@ import os
 import random
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SFT = os.path.join(HERE, "sft")
@@ -688,6 +691,36 @@ def check_long_text_mix(args):
              figures["split"]["train"]["sequences"]))
 
 
+def check_interrupt(args):
+    """SIGTERM (a job's limit) ends prepare-sft through its cleanup: exit 130, one line, nothing
+    left beside OUT, whether it comes while reading or while the shards are being written."""
+    with open(os.path.join(args.work, "long_text.jsonl")) as f:
+        records = f.read()
+    path = os.path.join(args.work, "long_text_x8.jsonl")
+    with open(path, "w") as f:
+        f.write(records * 8)
+    parent = os.path.join(args.work, "interrupt")
+    os.makedirs(parent)
+    out = os.path.join(parent, "out")
+    cmd = [sys.executable, args.script, "--tokenizer", os.path.join(SFT, "qwen2.5"), "--input",
+           path, "--output", out, "--seq-len", "2048", "--overlong", "split"]
+    for when in ("reading", "writing"):
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if when == "reading":
+            time.sleep(0.5)
+        else:
+            # The staging directory beside OUT appears when the writing starts.
+            while p.poll() is None and not any(n.startswith(".out.tmp-") for n in os.listdir(parent)):
+                time.sleep(0.002)
+        check(p.poll() is None, "interrupt while %s: prepare-sft ended before the signal" % when)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate()
+        check(p.returncode == 130 and "prepare-sft: interrupted" in err and "Traceback" not in err,
+              "interrupt while %s: exit %d, %s" % (when, p.returncode, err))
+        check(not os.listdir(parent), "interrupt while %s: left %s" % (when, os.listdir(parent)))
+    print("ok: SIGTERM while reading and while writing: exit 130, nothing left beside OUT")
+
+
 def check_live_transformers(goldens):
     try:
         import transformers
@@ -747,6 +780,7 @@ def main():
     check_write_failure(args)
     check_efficiency(args)
     check_long_text_mix(args)
+    check_interrupt(args)
     print("check_prepare_sft: all checks passed")
 
 

@@ -22,6 +22,7 @@ import glob
 import json
 import os
 import re
+import signal
 import struct
 import sys
 
@@ -78,12 +79,18 @@ def write_shards(prefix, splits, width, shard_tokens):
             if os.path.lexists(tmp):
                 os.remove(tmp)
         raise
-    for tmp, path in staged:
-        os.replace(tmp, path)
-    for split, _ in splits:
-        count = sum(1 for _, path in staged if path.startswith("%s_%s_" % (prefix, split)))
-        for old in stale_shards(prefix, split, count):
-            os.remove(old)
+    # The renames and the stale shards' removal with SIGINT and SIGTERM held back (delivered
+    # after): an interrupt never leaves old and new shards mixed.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        for tmp, path in staged:
+            os.replace(tmp, path)
+        for split, _ in splits:
+            count = sum(1 for _, path in staged if path.startswith("%s_%s_" % (prefix, split)))
+            for old in stale_shards(prefix, split, count):
+                os.remove(old)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     directory = os.path.dirname(prefix) or "."
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -171,5 +178,16 @@ def main():
              " ".join(written)))
 
 
+def interrupted(signum, frame):
+    """SIGTERM (a job's time limit, kill) ends the run as Ctrl-C does: through the cleanup that
+    removes what was half-written."""
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        main()
+    except KeyboardInterrupt:
+        sys.stderr.write("tokenize_hf: interrupted (the shards at the prefix are whole, old or new)\n")
+        sys.exit(130)
