@@ -624,19 +624,31 @@ def check_input_edges(args):
     print("ok: a byte-order mark is read past; an empty --val split fails; an empty fraction warns")
 
 
+# Words that are one token each (with their leading space) in the fixture tokenizer, so a text
+# of n words is about n tokens.
+MIX_WORDS = ("the model is an optimizer step per rank and every stage of zrt offload as it runs "
+             "on one rank with a step that is true for its stage").split()
+
+
+def mix_lengths(seed, count, median, sigma, least):
+    """(the seeded generator, a length) `count` times: lognormal around `median`, at least
+    `least`; each drawn when the caller has drawn the record before it from the same generator."""
+    rng = random.Random(seed)
+    for _ in range(count):
+        yield rng, max(least, int(rng.lognormvariate(math.log(median), sigma)))
+
+
+def mix_text(rng, n):
+    return " ".join(rng.choice(MIX_WORDS) for _ in range(n))
+
+
 def check_efficiency(args):
     """A realistic length mix: lognormal conversation lengths, median ~300 tokens, in 4096."""
-    rng = random.Random(7)
-    # Words that are one token each (with their leading space) in the fixture tokenizer, so a
-    # message of n words is about n tokens.
-    words = ("the model is an optimizer step per rank and every stage of zrt offload as it runs "
-             "on one rank with a step that is true for its stage").split()
     path = os.path.join(args.work, "mix.jsonl")
     with open(path, "w") as f:
-        for _ in range(3000):
-            n = max(8, int(rng.lognormvariate(math.log(220), 0.9)))
+        for rng, n in mix_lengths(7, 3000, 220, 0.9, 8):
             q = max(2, n // 5)
-            text = lambda k: " ".join(rng.choice(words) for _ in range(k))
+            text = lambda k: mix_text(rng, k)
             f.write(json.dumps({"messages": [{"role": "user", "content": text(q)},
                                              {"role": "assistant", "content": text(n - q)}]}) + "\n")
     out = os.path.join(args.work, "mix")
@@ -657,14 +669,10 @@ def check_efficiency(args):
 def check_long_text_mix(args):
     """Long {"text"} records (lognormal, median ~3000 tokens) in T = 2048: --overlong drop and
     truncate lose targets, split keeps every one and still packs at >= 95%."""
-    rng = random.Random(11)
-    words = ("the model is an optimizer step per rank and every stage of zrt offload as it runs "
-             "on one rank with a step that is true for its stage").split()
     path = os.path.join(args.work, "long_text.jsonl")
     with open(path, "w") as f:
-        for _ in range(200):
-            n = max(16, int(rng.lognormvariate(math.log(3000), 0.8)))
-            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(n))}) + "\n")
+        for rng, n in mix_lengths(11, 200, 3000, 0.8, 16):
+            f.write(json.dumps({"text": mix_text(rng, n)}) + "\n")
     figures = {}
     # "whole": every record in one sequence (T above the longest), nothing cut: the targets
     # split must keep, counted without splitting.
