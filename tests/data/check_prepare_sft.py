@@ -699,6 +699,40 @@ def check_long_text_mix(args):
              figures["split"]["train"]["sequences"]))
 
 
+def check_workers(args):
+    """--workers: the same bytes for 1, 2 and 3 processes on the realistic mix (the val split too),
+    and with several bad lines the error reported is the first in file order, whichever worker
+    got there first."""
+    path = os.path.join(args.work, "mix.jsonl")
+    outputs = []
+    for workers in ("1", "2", "3"):
+        out = os.path.join(args.work, "workers-%s" % workers)
+        run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", path, "--output", out,
+                   "--seq-len", "4096", "--val-fraction", "0.05", "--workers", workers])
+        files = {}
+        for directory, _, names in os.walk(out):
+            for name in names:
+                with open(os.path.join(directory, name), "rb") as f:
+                    files[os.path.relpath(os.path.join(directory, name), out)] = f.read()
+        outputs.append(files)
+    check(outputs[0] == outputs[1] == outputs[2], "--workers 1, 2 and 3 give different outputs")
+    with open(path) as f:
+        lines = f.readlines()
+    bad = os.path.join(args.work, "workers-bad.jsonl")
+    lines[1500] = '{"messages": [{"role": "narrator", "content": "x"}]}\n'
+    lines[2900] = '{"messages": [\n'
+    with open(bad, "w") as f:
+        f.writelines(lines)
+    done = run(args, ["--tokenizer", os.path.join(SFT, "qwen2.5"), "--input", bad, "--output",
+                      os.path.join(args.work, "workers-bad"), "--seq-len", "4096", "--workers", "2"],
+               expect_ok=False)
+    check(done.returncode == 1 and re.search(r"^prepare-sft: error: %s:1501: .*unknown role"
+                                             % re.escape(bad), done.stderr, re.M)
+          and "Traceback" not in done.stderr, "--workers 2, two bad lines: %s" % done.stderr)
+    check(not os.path.exists(os.path.join(args.work, "workers-bad")), "--workers: left output")
+    print("ok: --workers 1, 2, 3 write the same bytes; the first bad line in file order is named")
+
+
 def check_interrupt(args):
     """SIGTERM (a job's limit) ends prepare-sft through its cleanup: exit 130, one line, nothing
     left beside OUT, whether it comes while reading or while the shards are being written."""
@@ -788,6 +822,7 @@ def main():
     check_write_failure(args)
     check_efficiency(args)
     check_long_text_mix(args)
+    check_workers(args)
     check_interrupt(args)
     print("check_prepare_sft: all checks passed")
 
