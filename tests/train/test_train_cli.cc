@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/data/token_shard.h"
@@ -154,30 +155,23 @@ TEST_CASE("zrt-train --check validates and estimates without mpirun", "[cli][che
                                         "heads (n_head)"));
   CHECK_THAT(sp.output, !Catch::Contains("is valid for"));
   // ... and with the config's own problems, in the same list, when those leave what the model's
-  // checks read intact (an optimizer typo), so one run names both.
-  const Outcome sp_and_typo = zrt_train("--check --config " + kDemo +
-                                        " --world 8 --sequence_parallel_size 8 --train_batch_size 4"
-                                        " --optimizer.params.lrr 0.1");
-  INFO(sp_and_typo.output);
-  CHECK(sp_and_typo.status == 1);
-  CHECK_THAT(sp_and_typo.output,
-             Catch::Contains("config: INVALID: 2 problems (the most fundamental first)\n"
-                             "  --optimizer.params.lrr: unknown key; did you mean 'lr'?\n"
-                             "  " +
-                             kDemo +
-                             ": model: gpt2-tiny (modified): sequence_parallel_size 8 does not "
-                             "divide the model's 4 heads (n_head)"));
-  // A data typo leaves them too (of data they read only document_mask, for the estimate).
-  const Outcome sp_and_data = zrt_train("--check --config " + kDemo +
-                                        " --world 8 --sequence_parallel_size 8 --train_batch_size 4"
-                                        " --data.shufle false");
-  INFO(sp_and_data.output);
-  CHECK(sp_and_data.status == 1);
-  CHECK_THAT(sp_and_data.output,
-             Catch::Contains("config: INVALID: 2 problems (the most fundamental first)\n"
-                             "  --data.shufle: unknown key; did you mean 'shuffle'?\n"
-                             "  " +
-                             kDemo + ": model: gpt2-tiny (modified): sequence_parallel_size 8"));
+  // checks read intact (an optimizer typo; a data typo: of data they read only document_mask,
+  // for the estimate), so one run names both.
+  const std::vector<std::pair<std::string, std::string>> beside = {
+      {"--optimizer.params.lrr 0.1", "--optimizer.params.lrr: unknown key; did you mean 'lr'?"},
+      {"--data.shufle false", "--data.shufle: unknown key; did you mean 'shuffle'?"}};
+  for (const auto& [typo, problem] : beside) {
+    const Outcome both =
+        zrt_train("--check --config " + kDemo +
+                  " --world 8 --sequence_parallel_size 8 --train_batch_size 4 " + typo);
+    INFO(both.output);
+    CHECK(both.status == 1);
+    CHECK_THAT(both.output,
+               Catch::Contains("config: INVALID: 2 problems (the most fundamental first)\n  " +
+                               problem + "\n  " + kDemo +
+                               ": model: gpt2-tiny (modified): sequence_parallel_size 8 does not "
+                               "divide the model's 4 heads (n_head)"));
+  }
   // A problem with a key they read (the micro-batch rule) leaves them out: reported then would
   // be about a value the config does not have.
   const Outcome sp_and_batch =
