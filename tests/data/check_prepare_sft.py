@@ -553,6 +553,22 @@ def check_chat_template_errors(args):
         r"^prepare-sft: error: --chat-template \S+: not a chat template: it never reads "
         r"`messages`", done.stderr, re.M), done.stderr)
     print("ok: a --chat-template file that is no template: %s" % done.stderr.strip())
+    # A template that does not compile, with workers: found before any record, never a worker
+    # that exits and leaves the run waiting.
+    broken = os.path.join(args.work, "broken.jinja")
+    with open(broken, "w") as f:
+        f.write("{% for m in messages %}{{ m.content }}{% endfor")
+    try:
+        done = subprocess.run([sys.executable, args.script, "--tokenizer", os.path.join(SFT, "qwen2.5"),
+                               "--input", os.path.join(SFT, "chat.jsonl"), "--output", out,
+                               "--seq-len", "64", "--chat-template", broken, "--workers", "2"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        sys.exit("FAILED: a chat template that does not compile left prepare-sft waiting")
+    check(done.returncode == 1 and re.search(r"^prepare-sft: error: %s: chat template 'default' "
+                                             r"does not compile: " % re.escape(broken),
+                                             done.stderr, re.M), done.stderr)
+    print("ok: a --chat-template that does not compile: %s" % done.stderr.strip())
 
 
 def check_write_failure(args):
@@ -733,6 +749,42 @@ def check_workers(args):
     print("ok: --workers 1, 2, 3 write the same bytes; the first bad line in file order is named")
 
 
+def children(pid):
+    """The process ids of pid's children (Linux /proc)."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def check_worker_death(args):
+    """A worker killed mid-run (the OOM killer, say) ends prepare-sft with that said, exit 1,
+    nothing left: never the wait forever a plain multiprocessing pool would do."""
+    parent = os.path.join(args.work, "worker-death")
+    os.makedirs(parent)
+    p = subprocess.Popen([sys.executable, args.script, "--tokenizer", os.path.join(SFT, "qwen2.5"),
+                          "--input", os.path.join(args.work, "long_text_x8.jsonl"), "--output",
+                          os.path.join(parent, "out"), "--seq-len", "2048", "--overlong", "split",
+                          "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while p.poll() is None and len(children(p.pid)) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # the workers at work
+    workers = children(p.pid)
+    check(p.poll() is None and workers, "worker death: no workers to kill")
+    os.kill(workers[0], signal.SIGKILL)
+    try:
+        _, err = p.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        sys.exit("FAILED: a killed worker left prepare-sft waiting")
+    check(p.returncode == 1 and "prepare-sft: error: a worker process ended abruptly" in err
+          and "Traceback" not in err, "worker death: exit %d, %s" % (p.returncode, err))
+    check(not os.listdir(parent), "worker death: left %s" % os.listdir(parent))
+    print("ok: a worker killed mid-run: %s" % err.strip())
+
+
 def check_interrupt(args):
     """SIGTERM (a job's limit) ends prepare-sft through its cleanup: exit 130, one line, nothing
     left beside OUT, whether it comes while reading or while the shards are being written."""
@@ -824,6 +876,7 @@ def main():
     check_long_text_mix(args)
     check_workers(args)
     check_interrupt(args)
+    check_worker_death(args)
     print("check_prepare_sft: all checks passed")
 
 
