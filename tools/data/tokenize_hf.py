@@ -48,11 +48,14 @@ def write_shard(tmp, tokens, width):
 
 
 def stage_split(prefix, split, tokens, width, shard_tokens, staged):
-    """Writes a split's shards as temporary files, appending (tmp, path) pairs to `staged`."""
-    for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
+    """Writes a split's shards as temporary files, appending (tmp, path) pairs to `staged`;
+    returns how many."""
+    starts = range(0, max(len(tokens), 1), shard_tokens)
+    for i, start in enumerate(starts):
         path = "%s_%s_%06d.bin" % (prefix, split, i)
         staged.append(("%s.tmp.%d" % (path, os.getpid()), path))
         write_shard(staged[-1][0], tokens[start:start + shard_tokens], width)
+    return len(starts)
 
 
 def stale_shards(prefix, split, count):
@@ -70,10 +73,10 @@ def write_shards(prefix, splits, width, shard_tokens):
     """Every split's shards, all written (and fsynced) before any is renamed into place, so a
     write that fails (a full disk) leaves the shards at PREFIX as they were: never a new val
     split beside an old train split. Returns the paths."""
-    staged = []
+    staged, counts = [], {}
     try:
         for split, tokens in splits:
-            stage_split(prefix, split, tokens, width, shard_tokens, staged)
+            counts[split] = stage_split(prefix, split, tokens, width, shard_tokens, staged)
     except BaseException:
         for tmp, _ in staged:
             if os.path.lexists(tmp):
@@ -85,8 +88,7 @@ def write_shards(prefix, splits, width, shard_tokens):
     try:
         for tmp, path in staged:
             os.replace(tmp, path)
-        for split, _ in splits:
-            count = sum(1 for _, path in staged if path.startswith("%s_%s_" % (prefix, split)))
+        for split, count in counts.items():
             for old in stale_shards(prefix, split, count):
                 os.remove(old)
     finally:
