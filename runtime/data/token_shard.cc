@@ -270,7 +270,7 @@ ShardWriter::ShardWriter(std::string path, int token_bytes)
   if (fd_ < 0) ZRT_THROW(DataError, "{}: cannot create: {}", tmp_path_, errno_text(errno));
   const std::uint8_t zeros[kShardHeaderBytes] = {};
   try {
-    write_all(fd_, zeros, sizeof(zeros), 0, tmp_path_);
+    write_all(fd_, zeros, sizeof(zeros), 0, path_);
   } catch (...) {
     ::close(fd_);
     ::unlink(tmp_path_.c_str());
@@ -279,10 +279,8 @@ ShardWriter::ShardWriter(std::string path, int token_bytes)
 }
 
 ShardWriter::~ShardWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_path_.c_str());
-  }
+  if (fd_ >= 0) ::close(fd_);
+  if (fd_ >= 0 || (sealed_ && !committed_)) ::unlink(tmp_path_.c_str());
 }
 
 void ShardWriter::append(const std::uint16_t* tokens, std::size_t count) {
@@ -301,7 +299,7 @@ void ShardWriter::append(const std::uint16_t* tokens, std::size_t count) {
   le16_to_host(le.data(), count);  // the swap is its own inverse
   tokens = le.data();
 #endif
-  write_all(fd_, tokens, count * 2, shard_file_bytes(num_tokens_, 2), tmp_path_);
+  write_all(fd_, tokens, count * 2, shard_file_bytes(num_tokens_, 2), path_);
   num_tokens_ += static_cast<std::int64_t>(count);
 }
 
@@ -330,29 +328,40 @@ void ShardWriter::append(const std::uint32_t* tokens, std::size_t count) {
   le32_to_host(le.data(), count);
   tokens = le.data();
 #endif
-  write_all(fd_, tokens, count * 4, shard_file_bytes(num_tokens_, 4), tmp_path_);
+  write_all(fd_, tokens, count * 4, shard_file_bytes(num_tokens_, 4), path_);
   num_tokens_ += static_cast<std::int64_t>(count);
 }
 
 void ShardWriter::finish() {
-  ZRT_CHECK(fd_ >= 0, "finish() called twice ({})", path_);
+  seal();
+  commit();
+}
+
+void ShardWriter::seal() {
+  ZRT_CHECK(fd_ >= 0 && !sealed_, "seal() or finish() called twice ({})", path_);
   std::uint8_t header[kShardHeaderBytes] = {};
   store_le_i32(header, token_bytes_ == 4 ? kLlama3ShardMagic : kShardMagic);
   store_le_i32(header + 4, token_bytes_ == 4 ? kLlama3ShardVersion : kShardVersion);
   store_le_i32(header + 8, static_cast<std::int32_t>(num_tokens_));
-  write_all(fd_, header, sizeof(header), 0, tmp_path_);
-  if (::fsync(fd_) != 0) ZRT_THROW(DataError, "{}: fsync failed: {}", tmp_path_, errno_text(errno));
+  write_all(fd_, header, sizeof(header), 0, path_);
+  if (::fsync(fd_) != 0) ZRT_THROW(DataError, "{}: fsync failed: {}", path_, errno_text(errno));
   const int fd = std::exchange(fd_, -1);
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp_path_.c_str());
-    ZRT_THROW(DataError, "{}: close failed: {}", tmp_path_, errno_text(err));
+    ZRT_THROW(DataError, "{}: close failed: {}", path_, errno_text(err));
   }
+  sealed_ = true;
+}
+
+void ShardWriter::commit() {
+  ZRT_CHECK(sealed_ && !committed_, "commit() of a shard not sealed, or twice ({})", path_);
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp_path_.c_str());
     ZRT_THROW(DataError, "{}: cannot rename {} into place: {}", path_, tmp_path_, errno_text(err));
   }
+  committed_ = true;
 }
 
 void write_shard(const std::string& path, const std::uint16_t* tokens, std::size_t count) {

@@ -119,13 +119,21 @@ class ShardWriter {
   // The same from uint32 tokens; into a uint16 shard each must be below 65536 (else DataError).
   void append(const std::uint32_t* tokens, std::size_t count);
   std::int64_t num_tokens() const { return num_tokens_; }
-  // Writes the header, fsyncs and renames the file into place. Call once.
+  // seal() + commit(). Call once.
   void finish();
+  // Writes the header, fsyncs and closes the temporary file: complete, but not yet at `path`.
+  // A writer destroyed sealed but not committed still removes it, so a tool writing several
+  // shards can seal them all and commit none when one of them fails (zrt-data).
+  void seal();
+  // Renames the sealed file onto `path`.
+  void commit();
 
  private:
   std::string path_;
   std::string tmp_path_;
   int fd_ = -1;
+  bool sealed_ = false;
+  bool committed_ = false;
   std::int64_t num_tokens_ = 0;
   int token_bytes_ = 2;
 };

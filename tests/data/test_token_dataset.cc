@@ -1,8 +1,10 @@
 // llm.c token shards and the sample stream: header validation with the messages users see,
 // llm.c's DataLoader reproduced token for token, the global-sample-index stream at any world
-// size and across a resume at another one, shuffling, and zrt-data's byte-level round trip.
+// size and across a resume at another one, shuffling, and zrt-data's byte-level round trip
+// (and its output left as it was by a failed write or a signal).
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -624,4 +627,103 @@ TEST_CASE("zrt-data turns bytes into tokens one to one") {
   CHECK_THAT(std::string(err.begin(), err.end()),
              Contains("in.txt: neither an llm.c token shard") &&
                  Contains("not an llm.c token shard: magic"));
+}
+
+namespace {
+
+// Every file under `dir` with its bytes: the output as a user would find it.
+std::map<std::string, std::vector<std::uint8_t>> snapshot(const fs::path& dir) {
+  std::map<std::string, std::vector<std::uint8_t>> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    files[e.path().filename().string()] = read_bytes(e.path().string());
+  }
+  return files;
+}
+
+int temporary_files(const fs::path& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    n += it->path().filename().string().find(".tmp.") != std::string::npos;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("zrt-data leaves the earlier output as it was when a write fails or a signal stops it") {
+  TempDir dir;
+  const std::string tool = ZRT_DATA_TOOL;
+  // 32 MiB of text: long enough (tens of milliseconds of writing) for a signal to land while
+  // the shards are being written.
+  std::vector<std::uint8_t> text(32u << 20);
+  std::mt19937 rng(7);
+  for (auto& b : text) b = static_cast<std::uint8_t>('a' + rng() % 26);
+  for (std::size_t i = 79; i < text.size(); i += 80) text[i] = '\n';
+  write_bytes(dir / "in.txt", text);
+  fs::create_directories(dir / "out");
+  const std::string convert = tool + " --input " + (dir / "in.txt") + " --out " + (dir / "out/c");
+  REQUIRE(run(convert + " --shard-tokens 8000000 > " + (dir / "log.txt") + " 2>&1") == 0);
+  const auto before = snapshot(dir / "out");
+  REQUIRE(before.size() == 5);  // val (1.6M tokens) and 4 train shards
+
+  SECTION("a write that fails (the file-size limit, EFBIG, as a full disk would)") {
+    // Files of at most 64 KiB (bash's ulimit counts KiB): the first shard of 40K tokens (81 KB)
+    // fails; SIGXFSZ ignored, the write returns EFBIG. The error names the shard, not its
+    // temporary file, and says that the earlier output is intact (shards complete before a
+    // failure: the SIGTERM section).
+    const std::string limited = "bash -c \"trap '' XFSZ; ulimit -f 64; exec " + convert +
+                                " --shard-tokens 40000\" > " + (dir / "log.txt") + " 2>&1";
+    CHECK(run(limited) == 1);
+    const auto log = read_bytes(dir / "log.txt");
+    CHECK_THAT(
+        std::string(log.begin(), log.end()),
+        Contains("zrt-data: error: " + (dir / "out/c") + "_val_000000.bin: write failed: ") &&
+            Contains("nothing written; " + (dir / "out/c") + "_*.bin is as it was"));
+    CHECK(snapshot(dir / "out") == before);  // no new shard, no temporary file, none removed
+  }
+
+  SECTION("SIGTERM while writing") {
+    // The signal is sent once three temporary shards exist (of 1M tokens each), so two are
+    // complete; should the conversion have finished first on a stalled machine, the attempt
+    // is repeated (its output must then be whole).
+    bool interrupted = false;
+    for (int attempt = 0; attempt < 5 && !interrupted; ++attempt) {
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        const std::string log = dir / "log.txt";
+        std::FILE* out = std::freopen(log.c_str(), "w", stdout);
+        if (out == nullptr || ::dup2(::fileno(stdout), 2) < 0) ::_exit(127);
+        const std::string input = dir / "in.txt", prefix = dir / "out/c";
+        ::execl(tool.c_str(), tool.c_str(), "--input", input.c_str(), "--out", prefix.c_str(),
+                "--shard-tokens", "1000000", static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      while (temporary_files(dir / "out") < 3) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;  // done before it was seen
+        ::usleep(200);
+      }
+      ::kill(pid, SIGTERM);
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      REQUIRE(WIFEXITED(status));
+      if (WEXITSTATUS(status) == 0) {
+        // Finished before the signal: the new output is whole (34 shards), and it goes back.
+        CHECK(snapshot(dir / "out").size() == 34);
+        REQUIRE(run(convert + " --shard-tokens 8000000 > /dev/null 2>&1") == 0);
+        REQUIRE(snapshot(dir / "out") == before);
+        continue;
+      }
+      interrupted = true;
+      CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+      const auto log = read_bytes(dir / "log.txt");
+      CHECK_THAT(std::string(log.begin(), log.end()),
+                 Contains("zrt-data: interrupted (SIGTERM): nothing written; " + (dir / "out/c") +
+                          "_*.bin is as it was"));
+      CHECK(snapshot(dir / "out") == before);
+    }
+    CHECK(interrupted);
+  }
 }

@@ -4,9 +4,11 @@
 //   zrt-data --input text.txt --out dir/prefix [--val-fraction 0.05] [--shard-tokens N]
 //     writes dir/prefix_val_000000.bin ... (the first val-fraction of the text, extended to the
 //     end of its line) and dir/prefix_train_000000.bin ... (the rest), each shard at most N
-//     tokens (default 100M, as llm.c), atomically (temporary file + rename). Shards with the
-//     same prefix and a higher number, left by an earlier run, are removed so a glob over the
-//     prefix sees only this run's data.
+//     tokens (default 100M, as llm.c). Every shard is written to a temporary file first and
+//     none is renamed into place until all are complete, so a failure (a full disk) or a
+//     SIGINT/SIGTERM part-way leaves the earlier output as it was, never a mix of two runs'
+//     shards under one prefix. Shards with the same prefix and a higher number, left by an
+//     earlier run, are removed then, so a glob over the prefix sees only this run's data.
 //   zrt-data --inspect 'dir/prefix_train_*.bin' [--seq-len T]
 //     validates the shards (uint16 GPT-2 style or uint32 Llama-3 style) and prints their token
 //     counts (and windows of T+1 tokens). A value naming zrt SFT shards (prepare-sft's OUT/train
@@ -15,10 +17,12 @@
 //     tokens (mask ones not at a document's first token, what a step trains on).
 // Text in a model's own tokenizer (tokenizer.json) is tools/data/tokenize_hf.py's job: it
 // writes shards of the width the vocabulary needs, in the same naming.
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "runtime/common/error.h"
+#include "runtime/common/synced_file.h"
 #include "runtime/data/open_dataset.h"
 #include "runtime/data/sft_shard.h"
 #include "runtime/data/token_dataset.h"
@@ -43,8 +48,10 @@ constexpr const char* kUsage =
     "       zrt-data --inspect GLOB|SFT_DIR [--seq-len T]\n"
     "Converts text into byte-level (vocab 256) llm.c token shards PREFIX_val_NNNNNN.bin (the\n"
     "first F of the text, default 0.05, to the end of a line) and PREFIX_train_NNNNNN.bin (the\n"
-    "rest), at most N tokens per shard (default 100000000); or validates shards: llm.c token\n"
-    "shards, or prepare-sft's SFT shards (a directory or a glob), every sequence read.\n"
+    "rest), at most N tokens per shard (default 100000000), none in place until all are\n"
+    "complete (a failure or a signal leaves the earlier shards as they were); or validates\n"
+    "shards: llm.c token shards, or prepare-sft's SFT shards (a directory or a glob), every\n"
+    "sequence read.\n"
     "With a model's tokenizer.json instead of bytes: tools/data/tokenize_hf.py (the same\n"
     "shards, uint32 tokens when the vocabulary needs them).\n";
 
@@ -124,7 +131,50 @@ std::string shard_path(const std::string& prefix, const std::string& split, int 
   return fmt::format("{}_{}_{:06d}.bin", prefix, split, index);
 }
 
-// The shards of one split: bytes in, shards of at most shard_tokens tokens out.
+// SIGINT/SIGTERM while converting: the handler only records the signal (a signal flag is
+// necessarily process-wide), the conversion polls it between chunks and unwinds, and the
+// writers' destructors remove their temporary files.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+void on_stop_signal(int signal) {
+  g_stop_signal = signal;
+}
+
+// Thrown when a stop signal is seen while converting.
+struct Interrupted {
+  int signal;
+};
+
+// Thrown when a rename fails with some shards already in place: the one failure after which
+// the earlier output is not as it was.
+struct PartlyPublished {
+  std::string message;
+};
+
+void poll_stop_signal() {
+  if (g_stop_signal != 0) throw Interrupted{static_cast<int>(g_stop_signal)};
+}
+
+// SIGINT and SIGTERM held for its lifetime: the renames that publish the output run to the end.
+class SignalsHeld {
+ public:
+  SignalsHeld() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &set, &previous_);
+  }
+  ~SignalsHeld() { ::sigprocmask(SIG_SETMASK, &previous_, nullptr); }
+  SignalsHeld(const SignalsHeld&) = delete;
+  SignalsHeld& operator=(const SignalsHeld&) = delete;
+
+ private:
+  sigset_t previous_;
+};
+
+// The shards of one split: bytes in, shards of at most shard_tokens tokens out, each sealed in
+// its temporary file; commit() renames them all into place.
 class SplitWriter {
  public:
   SplitWriter(std::string prefix, std::string split, std::int64_t shard_tokens)
@@ -143,12 +193,24 @@ class SplitWriter {
       bytes += take;
       n -= take;
       tokens_ += static_cast<std::int64_t>(take);
-      if (writer_->num_tokens() == shard_tokens_) close_shard();
+      if (writer_->num_tokens() == shard_tokens_) seal_shard();
     }
   }
 
-  void finish() {
-    if (writer_) close_shard();
+  // The last shard sealed too: every shard complete, none in place yet.
+  void seal() {
+    if (writer_) seal_shard();
+  }
+
+  // Renames every shard into place, counting them in *committed (for the message when one
+  // rename fails).
+  void commit(std::size_t* committed) {
+    for (std::size_t i = 0; i < sealed_.size(); ++i) {
+      sealed_[i]->commit();
+      ++*committed;
+      std::printf("zrt-data: wrote %s (%lld tokens)\n", paths_[i].c_str(),
+                  static_cast<long long>(sealed_[i]->num_tokens()));
+    }
   }
 
   // Removes PREFIX_SPLIT_NNNNNN.bin beyond the ones written (left by an earlier, longer run).
@@ -164,16 +226,15 @@ class SplitWriter {
   std::size_t shards() const { return paths_.size(); }
 
  private:
-  void close_shard() {
-    writer_->finish();
-    std::printf("zrt-data: wrote %s (%lld tokens)\n", paths_.back().c_str(),
-                static_cast<long long>(writer_->num_tokens()));
-    writer_.reset();
+  void seal_shard() {
+    writer_->seal();
+    sealed_.push_back(std::move(writer_));
   }
 
   std::string prefix_, split_;
   std::int64_t shard_tokens_;
   std::unique_ptr<zrt::ShardWriter> writer_;
+  std::vector<std::unique_ptr<zrt::ShardWriter>> sealed_;  // complete, not yet in place
   std::vector<std::string> paths_;
   std::vector<std::uint16_t> buf_;
   std::int64_t tokens_ = 0;
@@ -203,6 +264,7 @@ int convert(const Args& a) {
   std::uint64_t seen = 0;
   std::vector<unsigned char> chunk(1 << 20);
   for (;;) {
+    poll_stop_signal();
     const std::size_t n = std::fread(chunk.data(), 1, chunk.size(), in.get());
     if (n == 0) {
       if (std::ferror(in.get())) ZRT_THROW(DataError, "{}: read error", a.input);
@@ -231,10 +293,29 @@ int convert(const Args& a) {
     ZRT_THROW(DataError, "{}: nothing left for training after the validation split ({} bytes)",
               a.input, val.tokens());
   }
-  val.finish();
-  train.finish();
-  val.remove_stale();
-  train.remove_stale();
+  val.seal();
+  train.seal();
+  poll_stop_signal();
+  {
+    // Every shard is complete: they go into place together, the stale ones go, and the
+    // directory is flushed, with SIGINT/SIGTERM held until the output is whole.
+    const SignalsHeld held;
+    std::size_t committed = 0;
+    try {
+      val.commit(&committed);
+      train.commit(&committed);
+    } catch (const std::exception& e) {
+      // Only a rename can fail here (the same directory, every file complete): rare, and
+      // the earlier output is then part replaced, which the message says.
+      throw PartlyPublished{fmt::format(
+          "{} ({} of the {} shards were in place before it: {}_*.bin is a mix of this run's "
+          "shards and an earlier one's; run again)",
+          zrt::error_text(e), committed, val.shards() + train.shards(), a.out)};
+    }
+    val.remove_stale();
+    train.remove_stale();
+    zrt::fsync_path(parent.empty() ? "." : parent.string(), true);
+  }
   std::printf(
       "zrt-data: %s: %llu bytes -> %lld train tokens in %zu shard(s), %lld val tokens in %zu "
       "shard(s), vocab 256\n",
@@ -310,11 +391,33 @@ int inspect(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Args a;
   try {
-    const Args a = parse_args(argc, argv);
-    return a.inspect.empty() ? convert(a) : inspect(a);
+    a = parse_args(argc, argv);
+    if (!a.inspect.empty()) return inspect(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zrt-data: error: %s\n", zrt::error_text(e).c_str());
+    return 1;
+  }
+  struct sigaction action {};
+  sigemptyset(&action.sa_mask);
+  action.sa_handler = on_stop_signal;
+  for (int signal : {SIGINT, SIGTERM}) sigaction(signal, &action, nullptr);
+  // Until the commit, an error or a signal leaves nothing: the shards written so far were
+  // temporary files, removed as the conversion unwinds.
+  const std::string unchanged = fmt::format("nothing written; {}_*.bin is as it was", a.out);
+  try {
+    return convert(a);
+  } catch (const Interrupted& stop) {
+    std::fprintf(stderr, "zrt-data: interrupted (%s): %s\n",
+                 stop.signal == SIGINT ? "SIGINT" : "SIGTERM", unchanged.c_str());
+    return 128 + stop.signal;
+  } catch (const PartlyPublished& e) {
+    std::fprintf(stderr, "zrt-data: error: %s\n", e.message.c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "zrt-data: error: %s (%s)\n", zrt::error_text(e).c_str(),
+                 unchanged.c_str());
     return 1;
   }
 }
