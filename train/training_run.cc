@@ -368,8 +368,9 @@ void TrainingRun::log_setup() {
   peak_ = device_peak(*device_, config_.engine.compute_dtype, ranks_.local_size);
   if (rank_ == 0) {
     spdlog::info(
-        "model {}; {} ranks, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step{}",
-        model_source_.description, world_, config_.engine.stage, B_, G_, share_.dp_size, T_,
+        "model {}; {} rank{}, ZeRO stage {}, {} x {} x {} sequences of {} tokens per step{}",
+        model_source_.description, world_, world_ == 1 ? "" : "s", config_.engine.stage, B_, G_,
+        share_.dp_size, T_,
         share_.chunked() ? fmt::format(", each in {} chunks of {} over a sequence-parallel "
                                        "group",
                                        share_.sp_size, share_.chunk_length(T_))

@@ -1,5 +1,6 @@
 #include "models/gpt/gpt_config.h"
 
+#include "models/param_count_text.h"
 #include "models/spec_values.h"
 #include "runtime/common/error.h"
 
@@ -104,8 +105,8 @@ std::int64_t GptConfig::num_parameters() const {
 }
 
 std::string GptConfig::describe() const {
-  return fmt::format("{} (L{} H{} C{} V{} T{}, {:.1f}M params)", name, n_layer, n_head, n_embd,
-                     vocab_size, seq_len, static_cast<double>(num_parameters()) / 1e6);
+  return fmt::format("{} (L{} H{} C{} V{} T{}, {} params)", name, n_layer, n_head, n_embd,
+                     vocab_size, seq_len, param_count_text(num_parameters()));
 }
 
 }  // namespace zrt::gpt

@@ -5,6 +5,7 @@
 
 #include "kernels/rope_table.h"
 #include "models/decoder_shape_keys.h"
+#include "models/param_count_text.h"
 #include "models/spec_values.h"
 #include "runtime/common/error.h"
 
@@ -254,11 +255,10 @@ std::string LlamaConfig::describe() const {
     if (max_window_layers > 0) window += fmt::format(" from layer {}", max_window_layers);
   }
   const std::string rope = rope_scaling.describe();
-  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}{}{}, {:.1f}M params)", name,
-                     architecture, num_hidden_layers, hidden_size, intermediate_size,
-                     num_attention_heads, num_key_value_heads, head_dim, vocab_size, seq_len,
-                     window, rope, tie_word_embeddings ? " tied" : "",
-                     static_cast<double>(num_parameters()) / 1e6);
+  return fmt::format("{} ({} L{} C{} I{} H{}/{}x{} V{} T{}{}{}{}, {} params)", name, architecture,
+                     num_hidden_layers, hidden_size, intermediate_size, num_attention_heads,
+                     num_key_value_heads, head_dim, vocab_size, seq_len, window, rope,
+                     tie_word_embeddings ? " tied" : "", param_count_text(num_parameters()));
 }
 
 }  // namespace zrt::llama

@@ -7,6 +7,7 @@
 #include "kernels/moe_limits.h"
 #include "kernels/rope_table.h"
 #include "models/decoder_shape_keys.h"
+#include "models/param_count_text.h"
 #include "models/spec_values.h"
 #include "runtime/common/error.h"
 
@@ -403,13 +404,12 @@ std::int64_t MoeConfig::num_active_parameters() const {
 
 std::string MoeConfig::describe() const {
   return fmt::format(
-      "{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}{}, {:.1f}M params, {:.1f}M "
+      "{} ({} L{} C{} E{}/k{} I{} H{}/{}x{} V{} T{}{}{}, {} params, {} "
       "active)",
       name, architecture, num_hidden_layers, hidden_size, num_experts, num_experts_per_tok,
       moe_intermediate_size, num_attention_heads, num_key_value_heads, head_dim, vocab_size,
       seq_len, rope_scaling.describe(), tie_word_embeddings ? " tied" : "",
-      static_cast<double>(num_parameters()) / 1e6,
-      static_cast<double>(num_active_parameters()) / 1e6);
+      param_count_text(num_parameters()), param_count_text(num_active_parameters()));
 }
 
 }  // namespace zrt::moe

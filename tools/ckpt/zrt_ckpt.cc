@@ -279,8 +279,9 @@ int inspect(const std::string& dir) {
               static_cast<long long>(index.data.position), index.data.shuffle ? "on" : "off",
               static_cast<unsigned long long>(index.data.seed));
   std::printf("scheduler    %s\n", index.scheduler.c_str());
-  std::printf("parameters   %zu tensors, %lld elements, %zu units\n", index.params.size(),
-              static_cast<long long>(total), index.units.size());
+  std::printf("parameters   %zu tensor%s, %lld elements, %zu unit%s\n", index.params.size(),
+              index.params.size() == 1 ? "" : "s", static_cast<long long>(total),
+              index.units.size(), index.units.size() == 1 ? "" : "s");
   // Several shard groups (expert parallelism): each group's units and how they were sliced.
   std::map<std::int64_t, std::pair<std::int64_t, std::set<std::size_t>>> groups;
   for (const auto& u : index.units) {
