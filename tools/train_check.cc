@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 
 #include <fmt/format.h>
 
 #include "config/json_reader.h"
+#include "models/model_registry.h"
 #include "runtime/common/error.h"
 #include "tools/mem/mem_report.h"
 #include "tools/mem/memory_estimate.h"
@@ -66,25 +68,48 @@ struct ModelCheck {
   std::string problems;
 };
 
+// model.frozen / model.trainable against the model's names, as the run matches them (an
+// expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name): marks
+// `params` and returns describe_frozen's line; InvalidArgument for a pattern that matches
+// nothing or leaves nothing to train.
+std::string check_frozen(const ModelConfig& model, std::vector<ParamSpec>& params,
+                         const std::string& description) {
+  const train::FrozenMarks marks = train::mark_frozen_parameters(model, params);
+  train::check_frozen_patterns(model, marks.matches, marks.total_params - marks.frozen_params,
+                               params, description);
+  return train::describe_frozen(model, marks);
+}
+
 ModelCheck check_model(const Config& config) {
   ModelCheck m;
   try {
     m.in = mem::inputs_from_config(config);
     m.in.validate();
-    // model.frozen / model.trainable against the model's names, as the run matches them (an
-    // expert's tensors by their fused names at any autoep_size, ParamSpec::pattern_name).
     if (!config.model.frozen.empty() || !config.model.trainable.empty()) {
       m.marked = m.in.model->params;
-      const train::FrozenMarks marks = train::mark_frozen_parameters(config.model, m.marked);
-      train::check_frozen_patterns(config.model, marks.matches,
-                                   marks.total_params - marks.frozen_params, m.marked,
-                                   m.in.model->description);
-      m.frozen = train::describe_frozen(config.model, marks);
+      m.frozen = check_frozen(config.model, m.marked, m.in.model->description);
     }
   } catch (const InvalidArgument& e) {
     m.problems = e.message();
   }
   return m;
+}
+
+// The checks that read the model block alone: its dimensions resolved against the preset, and
+// model.frozen / model.trainable against its names. They hold whatever the rest of the config
+// says, so they run beside problems in the keys check_model also reads (the ZeRO block, the
+// precision, the batch), where check_model cannot.
+std::string model_block_problems(const ModelConfig& model) {
+  try {
+    const std::unique_ptr<ModelDef> def = builtin_models().resolve(model);
+    if (!model.frozen.empty() || !model.trainable.empty()) {
+      std::vector<ParamSpec> params = def->parameters();
+      check_frozen(model, params, def->describe());
+    }
+  } catch (const InvalidArgument& e) {
+    return e.message();
+  }
+  return {};
 }
 
 // Whether the model's checks can run on a config with problems: only when every problem is
@@ -135,9 +160,14 @@ std::string model_problems_beside(const ConfigDocument& d, int world,
   if (!d.json.is_object()) return {};
   try {
     const ConfigDraft draft = draft_config(d.json, world, config_path, d.command_line_paths);
-    if (!draft.problems.empty() && model_checks_apply(draft)) {
-      return check_model(draft.config).problems;
+    if (draft.problems.empty()) return {};
+    if (model_checks_apply(draft)) return check_model(draft.config).problems;
+    // A problem in the model block itself (or in no single key) leaves its draft at defaults
+    // that are not the user's model: nothing is checked then.
+    for (const std::string& key : draft.problem_keys) {
+      if (key.empty() || key.substr(0, key.find('.')) == "model") return {};
     }
+    return model_block_problems(draft.config.model);
   } catch (const InvalidArgument&) {
     // The config's reading failed before a draft: its error is the one to report.
   }
@@ -173,9 +203,9 @@ int check_training_config(const CheckArguments& args) {
     if (!model_problems.empty()) print_model_problems(args.config_path, model_problems);
     if (!args.world && assumed_world > 0) {
       std::printf(
-          "  (checked for %d rank(s), --check's assumption: give --world N, the rank "
+          "  (checked for %d rank%s, --check's assumption: give --world N, the rank "
           "count the run will have)\n",
-          assumed_world);
+          assumed_world, assumed_world == 1 ? "" : "s");
     }
     return 1;
   }
